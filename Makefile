@@ -1,0 +1,31 @@
+# Two commands do all set-up from a fresh clone:
+#   make run   - create .venv, install trainsim, run the demo and write its plots to out/demo/
+#   make test  - create .venv, install trainsim with test extras, run the whole suite
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+# The CPU build of torch that installs from local disk; a bare "torch" pulls a multi-GB CUDA build.
+TORCH_PIN := torch==2.13.0
+
+.PHONY: run test clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+
+$(VENV)/.installed: pyproject.toml | $(BIN)/python
+	$(BIN)/pip install -q -e .
+	touch $@
+
+$(VENV)/.installed-test: pyproject.toml | $(BIN)/python
+	$(BIN)/pip install -q -e '.[test]'
+	touch $@
+
+run: $(VENV)/.installed
+	$(BIN)/trainsim demo --out out/demo
+
+test: $(VENV)/.installed-test
+	$(BIN)/python -m pytest
+
+clean:
+	rm -rf $(VENV) out experiments/out

@@ -1,0 +1,61 @@
+"""The ``trainsim`` command line.
+
+Each subcommand lives in its own module under ``sim.commands`` and exposes
+``NAME``, ``HELP``, ``add_arguments(parser)`` and ``run(args) -> int``. This module only
+wires them together and turns user errors into one line on stderr with exit code 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from sim.errors import DeadlockError, InputError
+
+# Subcommand modules, in the order ``trainsim --help`` lists them.
+COMMANDS = ["collective", "demo"]
+
+
+class _Parser(argparse.ArgumentParser):
+    """An ArgumentParser whose errors are one line (no usage dump) and exit code 2."""
+
+    def error(self, message: str):  # noqa: D401 - argparse API
+        raise InputError(message)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(
+        prog="trainsim",
+        description="Discrete-event simulator of LLM training on GPU clusters.",
+    )
+    from sim import __version__
+
+    parser.add_argument("--version", action="version", version=f"trainsim {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    for name in COMMANDS:
+        mod = importlib.import_module(f"sim.commands.{name}")
+        p = sub.add_parser(mod.NAME, help=mod.HELP, description=mod.HELP)
+        mod.add_arguments(p)
+        p.set_defaults(_run=mod.run)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+        if not getattr(args, "_run", None):
+            parser.print_help()
+            return 2
+        return int(args._run(args) or 0)
+    except (InputError, DeadlockError) as exc:
+        print(f"trainsim: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("trainsim: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":  # pragma: no cover
+    raise SystemExit(main())

@@ -1,0 +1,35 @@
+"""Errors the user can act on.
+
+Every problem with input (a flag, a file, a field) is an ``InputError`` whose message
+is one line naming the field, the value and what is allowed. The CLI prints it as
+``trainsim: error: <message>`` and exits with code 2, never with a traceback.
+A program whose actions can never all complete raises ``DeadlockError``.
+"""
+
+
+class InputError(ValueError):
+    """Bad input: the message names the field, the value given and what is allowed."""
+
+
+class DeadlockError(RuntimeError):
+    """A program cannot complete: some actions wait for something that never happens.
+
+    ``stuck`` maps each rank with unfinished work to a one-line description of the action
+    it is blocked on and what that action waits for.
+    """
+
+    def __init__(self, stuck: dict[int, str], time_s: float):
+        self.stuck = dict(sorted(stuck.items()))
+        self.time_s = time_s
+        lines = [f"rank {r}: {why}" for r, why in self.stuck.items()]
+        shown = lines[:16]
+        more = f"; ... and {len(lines) - 16} more ranks" if len(lines) > 16 else ""
+        super().__init__(
+            f"deadlock at t={time_s:.6g} s: {len(lines)} rank(s) stuck: " + "; ".join(shown) + more
+        )
+
+
+def require(cond: bool, field: str, value, allowed: str) -> None:
+    """Raise ``InputError('<field>: got <value>; <allowed>')`` unless ``cond``."""
+    if not cond:
+        raise InputError(f"{field}: got {value!r}; {allowed}")
