@@ -14,7 +14,7 @@ import sys
 from sim.errors import DeadlockError, InputError
 
 # Subcommand modules, in the order ``trainsim --help`` lists them.
-COMMANDS = ["collective", "demo"]
+COMMANDS = ["collective", "demo", "estimate"]
 
 
 class _Parser(argparse.ArgumentParser):
@@ -52,6 +52,9 @@ def main(argv: list[str] | None = None) -> int:
     except (InputError, DeadlockError) as exc:
         print(f"trainsim: error: {exc}", file=sys.stderr)
         return 2
+    except BrokenPipeError:  # output piped into head & co.
+        sys.stderr.close()
+        return 0
     except KeyboardInterrupt:
         print("trainsim: interrupted", file=sys.stderr)
         return 130

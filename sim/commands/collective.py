@@ -1,11 +1,134 @@
-"""``trainsim collective``: placeholder until the engine lands."""
+"""``trainsim collective``: time one collective on a topology, as nccl-tests reports it.
+
+Prints the time, the algorithm bandwidth (algbw = size / time) and the bus bandwidth
+(busbw = algbw × 2(n−1)/n for all-reduce, × (n−1)/n for all-gather, reduce-scatter and
+all-to-all, × 1 for broadcast and send/recv; nccl-tests' PERFORMANCE.md), plus the bytes
+each kind of link carried. ``--out DIR`` also writes the Perfetto trace, a timeline PNG
+and the summary JSON.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+from sim.actions import Action, Program
+from sim.collectives import ALGOS, OPS
+from sim.engine import simulate
+from sim.errors import InputError
+from sim.export import write_chrome, write_json_atomic
+from sim.topology_build import FABRICS, FabricSpec, load_topology
+from sim.units import format_bytes, format_time, parse_size
+
 NAME = "collective"
-HELP = "Simulate one collective on a topology."
+HELP = "Simulate one collective (all-reduce, all-gather, ...) and report time, algbw and busbw."
+
+_ALIASES = {"all_reduce": "allreduce", "all-reduce": "allreduce", "all_gather": "allgather", "all-gather": "allgather",
+            "reduce_scatter": "reducescatter", "reduce-scatter": "reducescatter", "all_to_all": "alltoall",
+            "all-to-all": "alltoall", "p2p": "sendrecv"}
 
 
-def add_arguments(p):
-    pass
+def bus_factor(op: str, n: int) -> float:
+    """busbw / algbw for ``op`` on ``n`` ranks (nccl-tests' definitions)."""
+    if n <= 1:
+        return 1.0
+    if op == "allreduce":
+        return 2 * (n - 1) / n
+    if op in ("allgather", "reducescatter", "alltoall"):
+        return (n - 1) / n
+    return 1.0
 
 
-def run(args):
+def add_arguments(p) -> None:
+    p.add_argument("--op", default="allreduce", help=f"one of {', '.join(OPS)} (default allreduce)")
+    p.add_argument("--size", default="1GiB", help="buffer size, e.g. 1GiB, 256MB, 4096 (default 1GiB)")
+    p.add_argument("--gpus", type=int, default=None, help="GPUs taking part, ranks 0..N-1 (default: all)")
+    p.add_argument("--topology", default="dgx-h100",
+                   help="built-in name (dgx-a100, dgx-h100, dgx-h200, ...) or a TOML file (default dgx-h100)")
+    p.add_argument("--nodes", type=int, default=None, help="number of nodes (default: enough for --gpus)")
+    p.add_argument("--fabric", default=None, help=f"inter-node fabric: {' | '.join(FABRICS)} (default rail)")
+    p.add_argument("--oversubscription", type=float, default=None, help="leaf uplink oversubscription (default 1)")
+    p.add_argument("--algo", default="ring", help=f"{' | '.join(ALGOS)} (default ring)")
+    p.add_argument("--channels", type=int, default=None,
+                   help="rings run at once by ring algorithms (default: GPUs per node when the group spans nodes, else 1)")
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
+    p.add_argument("--out", default=None, help="directory for trace.json, timeline.png and summary.json")
+
+
+def _topology(args):
+    fabric = None
+    if args.fabric is not None or args.oversubscription is not None:
+        if args.fabric is not None and args.fabric not in FABRICS:
+            raise InputError(f"--fabric: got {args.fabric!r}; allowed: {', '.join(FABRICS)}")
+        fabric = FabricSpec(type=args.fabric or "rail", oversubscription=args.oversubscription or 1.0)
+    nodes = args.nodes
+    if nodes is not None and nodes < 1:
+        raise InputError(f"--nodes: got {nodes}; expected an integer >= 1")
+    if args.gpus is not None and args.gpus < 1:
+        raise InputError(f"--gpus: got {args.gpus}; expected an integer >= 1")
+    return load_topology(args.topology, nodes=nodes, fabric=fabric, min_gpus=args.gpus)
+
+
+def run_collective(op: str, nbytes: int, gpus: int, topo, algo: str = "ring", channels: int | None = None):
+    """Simulate one collective on ranks 0..gpus-1 of ``topo``; return (trace, summary dict)."""
+    if gpus > topo.num_gpus:
+        raise InputError(f"--gpus: got {gpus}; topology {topo.name} has only {topo.num_gpus} GPUs")
+    if op == "sendrecv":
+        if gpus < 2:
+            raise InputError(f"--gpus: got {gpus}; sendrecv needs at least 2 (it sends from rank 0 to rank N-1)")
+        src, dst = 0, gpus - 1
+        prog = Program({src: [Action("send", kind="send", peer=dst, nbytes=nbytes, category="send")],
+                        dst: [Action("recv", kind="recv", peer=src, nbytes=nbytes, category="recv")]})
+    else:
+        group = tuple(range(gpus))
+        if channels is not None and channels < 1:
+            raise InputError(f"--channels: got {channels}; expected an integer >= 1")
+        prog = Program({r: [Action(op, kind="collective", op=op, group=group, nbytes=nbytes, algo=algo,
+                                   channels=channels or 0)] for r in group})
+    trace = simulate(prog, topo)
+    t = trace.end_s
+    algbw = nbytes / t if t > 0 else math.inf
+    n = 2 if op == "sendrecv" else gpus
+    summary = {
+        "op": op, "algo": algo, "size_bytes": nbytes, "gpus": gpus, "topology": topo.name,
+        "nodes": topo.num_nodes, "time_s": t, "algbw_Bps": algbw, "busbw_Bps": algbw * bus_factor(op, n),
+        "bytes_by_link_kind": trace.bytes_by_link_kind(), "transfers": len(trace.transfers),
+    }
+    return trace, summary
+
+
+def run(args) -> int:
+    op = _ALIASES.get(args.op, args.op)
+    if op not in OPS:
+        raise InputError(f"--op: got {args.op!r}; allowed: {', '.join(OPS)}")
+    if args.algo not in ALGOS:
+        raise InputError(f"--algo: got {args.algo!r}; allowed: {', '.join(ALGOS)}")
+    if args.algo == "hierarchical" and op != "allreduce":
+        raise InputError(f"--algo: got 'hierarchical' with --op {op}; hierarchical is implemented for allreduce only")
+    nbytes = parse_size(args.size, "--size")
+    topo = _topology(args)
+    gpus = args.gpus if args.gpus is not None else topo.num_gpus
+    trace, summary = run_collective(op, nbytes, gpus, topo, args.algo, args.channels)
+    if args.out:
+        out = Path(args.out)
+        from sim.plot import plot_timeline
+
+        write_chrome(trace, out / "trace.json")
+        plot_timeline(trace, out / "timeline.png", show_transfers=True, max_lanes=32,
+                      title=f"{op} ({args.algo}) of {format_bytes(nbytes)} on {gpus} GPUs, {topo.name}")
+        write_json_atomic(summary, out / "summary.json")
+    if args.json:
+        print(json.dumps(summary, sort_keys=True))
+        return 0
+    print(f"{op} ({args.algo}) of {format_bytes(nbytes)} on {gpus} GPUs of {topo.describe()}")
+    print(f"  time   {format_time(summary['time_s'])}")
+    print(f"  algbw  {summary['algbw_Bps'] / 1e9:.2f} GB/s")
+    print(f"  busbw  {summary['busbw_Bps'] / 1e9:.2f} GB/s   (nccl-tests definition, GB = 1e9 bytes)")
+    for kind, b in summary["bytes_by_link_kind"].items():
+        busiest, most = trace.busiest_link(kind)
+        print(f"  {kind:<8} {format_bytes(b):>12} over {trace.links_used(kind)} directed links, "
+              f"busiest {busiest[0]} -> {busiest[1]}: {format_bytes(most)}")
+    if args.out:
+        print(f"  wrote {Path(args.out) / 'trace.json'}, timeline.png, summary.json")
     return 0

@@ -1,0 +1,122 @@
+"""Actions and programs: what each rank does, as data.
+
+A ``Program`` maps each rank to its list of ``Action``s. An action runs on one of its
+rank's *streams* (like a CUDA stream: ``compute``, ``comm``, or any other name); actions
+on one stream run one at a time, in list order, and actions on different streams
+overlap. An action may also wait for other actions, on its own rank or another, named
+in ``deps``.
+
+Kinds of action:
+
+- ``compute``: busy its stream for ``duration_s`` (costs come from outside: the engine
+  knows no hardware figures). ``flops`` and ``nbytes`` are carried for metrics.
+- ``send`` / ``recv``: a point-to-point transfer of ``nbytes`` to / from ``peer``. They
+  rendezvous as NCCL does: the transfer starts once both sides have reached their
+  action, and both actions end when it arrives. The n-th untagged send from a to b
+  matches the n-th untagged recv on b from a; a ``tag`` matches explicitly.
+- ``collective``: ``op`` over ``group`` with ``nbytes`` (see ``sim.collectives``).
+  Every rank of the group runs the same action; it starts when all have arrived, and
+  each rank's action ends when its own part of the transfers is done. The n-th untagged
+  collective on a group matches the n-th on each member.
+
+Names are unique per rank; a dependency is a name on the same rank or ``(rank, name)``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from sim.collectives import ALGOS, OPS
+from sim.errors import InputError
+
+KINDS = ("compute", "send", "recv", "collective")
+
+Ref = tuple[int, str]
+
+
+@dataclass(frozen=True, slots=True)
+class Action:
+    """One step of one rank's work."""
+
+    name: str
+    kind: str = "compute"
+    stream: str = "compute"
+    duration_s: float = 0.0
+    flops: float = 0.0
+    nbytes: float = 0
+    peer: int | None = None
+    group: tuple[int, ...] = ()
+    op: str = ""
+    algo: str = "ring"
+    channels: int = 0
+    """Rings a ring collective runs at once; 0 picks ``collectives.default_channels``."""
+    tag: str = ""
+    category: str = ""
+    """What the action is for, used for colours and metrics (e.g. F, B, W, tp, pp, dp)."""
+    deps: tuple = field(default=())
+    """Names of actions on this rank, or (rank, name) pairs, that must finish first."""
+
+    def __post_init__(self):
+        if self.kind not in KINDS:
+            raise InputError(f"action {self.name!r}: kind: got {self.kind!r}; allowed: {', '.join(KINDS)}")
+        for key in ("duration_s", "flops", "nbytes"):
+            v = getattr(self, key)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not (0 <= v < math.inf):
+                raise InputError(f"action {self.name!r}: {key}: got {v!r}; expected a finite number >= 0")
+        if self.kind in ("send", "recv") and (self.peer is None or self.peer < 0):
+            raise InputError(f"action {self.name!r}: peer: got {self.peer!r}; a {self.kind} needs a peer rank >= 0")
+        if self.kind == "collective":
+            if self.op not in OPS or self.op == "sendrecv":
+                raise InputError(f"action {self.name!r}: op: got {self.op!r}; allowed: {', '.join(o for o in OPS if o != 'sendrecv')}")
+            if self.algo not in ALGOS:
+                raise InputError(f"action {self.name!r}: algo: got {self.algo!r}; allowed: {', '.join(ALGOS)}")
+            object.__setattr__(self, "group", tuple(self.group))
+        if self.kind != "compute" and self.stream == "compute":
+            object.__setattr__(self, "stream", "comm")
+        object.__setattr__(self, "deps", tuple(d if isinstance(d, str) else (int(d[0]), str(d[1])) for d in self.deps))
+
+
+class Program:
+    """Per-rank action lists, checked for consistency when built."""
+
+    def __init__(self, actions: dict[int, list[Action]]):
+        self.actions: dict[int, tuple[Action, ...]] = {int(r): tuple(a) for r, a in sorted(actions.items())}
+        self._check()
+
+    @property
+    def ranks(self) -> list[int]:
+        return list(self.actions)
+
+    def __len__(self) -> int:
+        return sum(len(a) for a in self.actions.values())
+
+    def resolve(self, rank: int, dep) -> Ref:
+        return (rank, dep) if isinstance(dep, str) else dep
+
+    def _check(self) -> None:
+        names: dict[int, set[str]] = {}
+        for r, acts in self.actions.items():
+            seen: set[str] = set()
+            for a in acts:
+                if a.name in seen:
+                    raise InputError(f"program: rank {r}: action name {a.name!r} appears twice; names must be unique per rank")
+                seen.add(a.name)
+            names[r] = seen
+        for r, acts in self.actions.items():
+            for a in acts:
+                for d in a.deps:
+                    dr, dn = self.resolve(r, d)
+                    if dn not in names.get(dr, ()):
+                        raise InputError(f"program: rank {r}: action {a.name!r}: dependency {dr}:{dn} is not an action in the program")
+                if a.kind in ("send", "recv") and (a.peer not in self.actions or a.peer == r):
+                    raise InputError(f"program: rank {r}: action {a.name!r}: peer: got {a.peer}; expected another rank of the program")
+                if a.kind == "collective":
+                    if r not in a.group:
+                        raise InputError(f"program: rank {r}: action {a.name!r}: group {list(a.group)} does not include rank {r}")
+                    missing = [g for g in a.group if g not in self.actions]
+                    if missing:
+                        raise InputError(f"program: rank {r}: action {a.name!r}: group ranks {missing} have no actions in the program")
+
+    def max_rank(self) -> int:
+        return max(self.actions) if self.actions else -1

@@ -1,0 +1,234 @@
+"""The discrete-event engine: runs a Program on a topology and returns a Trace.
+
+This is the only module that drives SimPy. Each (rank, stream) pair gets one SimPy
+process that walks its actions in order: it waits for the action's dependencies, then
+holds the stream for as long as the action takes, records a span and signals the
+action's completion event. Compute actions take the duration they carry (costs are
+computed outside, from a hardware profile); sends, receives and collectives take as
+long as the flow-level network model (``sim.network``) needs for their transfers.
+
+The engine does not know which schedule produced a program, nor any hardware figure.
+
+Deadlock: SimPy stops when no event is left. If some action has not finished by then,
+nothing can ever finish it (a receive with no matching send, a collective that a member
+never joins, a cycle of dependencies), and ``DeadlockError`` names every blocked rank,
+the action it is stuck on and what that action waits for. A simulation never hangs.
+"""
+
+from __future__ import annotations
+
+import simpy
+
+from sim import collectives
+from sim.actions import Action, Program
+from sim.errors import DeadlockError, InputError
+from sim.network import Network
+from sim.topology import Topology
+from sim.trace import Span, Trace
+
+
+def simulate(program: Program, topology: Topology, *, link_efficiency: dict[str, float] | None = None) -> Trace:
+    """Run ``program`` on ``topology`` and return its ``Trace``.
+
+    ``link_efficiency`` scales each link kind's bandwidth (e.g. ``{"ib": 0.96}``).
+    """
+    return _Engine(program, topology, link_efficiency).run()
+
+
+class _Rendezvous:
+    __slots__ = ("posted", "done", "meta")
+
+    def __init__(self):
+        self.posted: dict = {}
+        self.done = None
+        self.meta = None
+
+
+class _Engine:
+    def __init__(self, program: Program, topology: Topology, link_efficiency):
+        top = program.max_rank()
+        if top >= topology.num_gpus:
+            raise InputError(
+                f"program: uses rank {top}, but topology {topology.name} has {topology.num_gpus} GPUs (ranks 0..{topology.num_gpus - 1})"
+            )
+        self.program = program
+        self.topology = topology
+        self.env = simpy.Environment()
+        self.net = Network(self.env, topology, link_efficiency)
+        self.done: dict[tuple[int, str], simpy.Event] = {}
+        self.spans: list[Span] = []
+        self.blocked: dict[tuple[int, str], tuple[Action, str]] = {}
+        self._p2p: dict[tuple, _Rendezvous] = {}
+        self._coll: dict[tuple, _Rendezvous] = {}
+        self._keys: dict[tuple[int, str], tuple] = {}
+        self._link_ids = 0
+        self._assign_match_keys()
+
+    def _assign_match_keys(self) -> None:
+        """Static matching: the n-th untagged send a->b meets the n-th recv on b from a."""
+        p2p_seq: dict[tuple, int] = {}
+        coll_seq: dict[tuple, int] = {}
+        for r, acts in self.program.actions.items():
+            for a in acts:
+                if a.kind in ("send", "recv"):
+                    pair = (r, a.peer) if a.kind == "send" else (a.peer, r)
+                    if a.tag:
+                        key = (*pair, "tag", a.tag)
+                    else:
+                        n = p2p_seq.get((pair, a.kind), 0)
+                        p2p_seq[(pair, a.kind)] = n + 1
+                        key = (*pair, "seq", n)
+                    self._keys[(r, a.name)] = key
+                elif a.kind == "collective":
+                    group = tuple(sorted(a.group))
+                    if a.tag:
+                        key = (group, "tag", a.tag)
+                    else:
+                        n = coll_seq.get((group, r), 0)
+                        coll_seq[(group, r)] = n + 1
+                        key = (group, "seq", n)
+                    self._keys[(r, a.name)] = key
+
+    # ------------------------------------------------------------------ run
+    def run(self) -> Trace:
+        env = self.env
+        for r, acts in self.program.actions.items():
+            for a in acts:
+                self.done[(r, a.name)] = env.event()
+        for r, acts in self.program.actions.items():
+            streams: dict[str, list[Action]] = {}
+            for a in acts:
+                streams.setdefault(a.stream, []).append(a)
+            for s in sorted(streams):
+                env.process(self._stream(r, s, streams[s]))
+        env.run()
+        if self.blocked:
+            raise DeadlockError(self._explain(), env.now)
+        self.spans.sort(key=lambda s: (s.rank, s.stream, s.start_s, s.end_s, s.name))
+        link_bytes = {self.net.link_names[i]: b for i, b in enumerate(self.net.link_bytes) if b > 0}
+        kinds = {self.net.link_names[i]: self.net.link_kinds[i] for i, b in enumerate(self.net.link_bytes) if b > 0}
+        ranks = {r: {"node": self.topology.node_of(r), "device": self.topology.gpu(r)} for r in self.program.ranks}
+        return Trace(self.spans, list(self.net.records), link_bytes, kinds, ranks, self.topology.name)
+
+    def _stream(self, rank: int, stream: str, actions: list[Action]):
+        env = self.env
+        resolve = self.program.resolve
+        for a in actions:
+            waits = [self.done[resolve(rank, d)] for d in a.deps]
+            waits = [w for w in waits if not w.processed]
+            if waits:
+                self.blocked[(rank, stream)] = (a, "deps")
+                yield env.all_of(waits)
+            self.blocked[(rank, stream)] = (a, "run")
+            start = env.now
+            link_id = None
+            if a.kind == "compute":
+                if a.duration_s > 0:
+                    yield env.timeout(a.duration_s)
+            elif a.kind == "collective":
+                yield self._join_collective(rank, a)
+            else:
+                ev, link_id = self._join_p2p(rank, a)
+                yield ev
+            self.spans.append(Span(rank, stream, a.name, a.kind, a.category or (a.op or a.kind), start, env.now,
+                                   a.nbytes, a.flops, a.peer, a.op, link_id))
+            self.done[(rank, a.name)].succeed()
+        self.blocked.pop((rank, stream), None)
+
+    # ------------------------------------------------------------------ p2p
+    def _join_p2p(self, rank: int, a: Action):
+        key = self._keys[(rank, a.name)]
+        rv = self._p2p.get(key)
+        if rv is None:
+            rv = self._p2p[key] = _Rendezvous()
+            rv.done = self.env.event()
+            self._link_ids += 1
+            rv.meta = self._link_ids
+        rv.posted[a.kind] = (rank, a)
+        if len(rv.posted) == 2:
+            (src, send), (dst, recv) = rv.posted["send"], rv.posted["recv"]
+            if recv.nbytes and recv.nbytes != send.nbytes:
+                raise InputError(
+                    f"program: recv {recv.name!r} on rank {dst} expects {recv.nbytes} bytes but the matching send {send.name!r} on rank {src} sends {send.nbytes}"
+                )
+            ev = self.net.transfer(src, dst, send.nbytes, f"p2p {send.name}")
+            ev.callbacks.append(lambda _e, d=rv.done: d.succeed())
+            del self._p2p[key]
+        return rv.done, rv.meta
+
+    # ------------------------------------------------------------------ collectives
+    def _join_collective(self, rank: int, a: Action) -> simpy.Event:
+        key = self._keys[(rank, a.name)]
+        rv = self._coll.get(key)
+        if rv is None:
+            rv = self._coll[key] = _Rendezvous()
+            rv.meta = a
+        first = rv.meta
+        if (a.op, a.nbytes, a.algo, a.channels, a.group) != (first.op, first.nbytes, first.algo, first.channels, first.group):
+            raise InputError(
+                f"program: collective {a.name!r} on rank {rank} ({a.op}, {a.nbytes} B, {a.algo}) does not match "
+                f"{first.name!r} on the other members ({first.op}, {first.nbytes} B, {first.algo})"
+            )
+        rv.posted[rank] = self.env.event()
+        if len(rv.posted) == len(a.group):
+            del self._coll[key]
+            steps = collectives.build(a.op, a.group, a.nbytes, self.topology, a.algo, channels=a.channels or None)
+            self._run_steps(steps, rv.posted, f"{a.op} {a.name}")
+        return rv.posted[rank]
+
+    def _run_steps(self, steps, rank_done: dict[int, simpy.Event], label: str) -> None:
+        """Start each step when its dependencies are done; signal each rank when its
+        own steps (as sender or receiver) are all done."""
+        waiting = [len(s.deps) for s in steps]
+        children: list[list[int]] = [[] for _ in steps]
+        left = {r: 0 for r in rank_done}
+        for i, s in enumerate(steps):
+            for d in s.deps:
+                children[d].append(i)
+            left[s.src] += 1
+            left[s.dst] += 1
+        net = self.net
+
+        def finished(i):
+            s = steps[i]
+            for r in (s.src, s.dst):
+                left[r] -= 1
+                if left[r] == 0:
+                    rank_done[r].succeed()
+            for c in children[i]:
+                waiting[c] -= 1
+                if waiting[c] == 0:
+                    start(c)
+
+        def start(i):
+            s = steps[i]
+            net.transfer(s.src, s.dst, s.nbytes, f"{label} {s.label}").callbacks.append(lambda _e: finished(i))
+
+        for r in sorted(left):
+            if left[r] == 0:
+                rank_done[r].succeed()
+        for i in range(len(steps)):
+            if waiting[i] == 0:
+                start(i)
+
+    # ------------------------------------------------------------------ deadlock
+    def _explain(self) -> dict[int, str]:
+        out: dict[int, list[str]] = {}
+        resolve = self.program.resolve
+        for (rank, stream), (a, phase) in sorted(self.blocked.items()):
+            if phase == "deps":
+                pending = [f"{r}:{n}" for r, n in (resolve(rank, d) for d in a.deps) if not self.done[(r, n)].triggered]
+                why = f"waits for {', '.join(pending)}"
+            elif a.kind == "collective":
+                key = self._keys[(rank, a.name)]
+                rv = self._coll.get(key)
+                missing = [g for g in a.group if rv is None or g not in rv.posted]
+                why = f"{a.op} over ranks {list(a.group)} waits for ranks {missing} to join"
+            elif a.kind == "send":
+                why = f"waits for rank {a.peer} to post the matching recv"
+            elif a.kind == "recv":
+                why = f"waits for rank {a.peer} to post the matching send"
+            else:
+                why = "did not finish"
+            out.setdefault(rank, []).append(f"{a.kind} {a.name!r} on stream {stream} {why}")
+        return {r: " | ".join(v) for r, v in out.items()}

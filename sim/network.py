@@ -1,0 +1,218 @@
+"""A flow-level network model on SimPy: transfers share links fairly.
+
+Each transfer is a *flow* over the directed links of its route. It first spends the
+route's latency (the sum of its links' ``latency_s``), then moves its bytes at a rate
+set by **max-min fair sharing**: progressive filling raises every flow's rate together
+until some link is full; the flows crossing that link are frozen at their share, and
+filling continues for the rest (Bertsekas & Gallager, *Data Networks*, 6.5.2). Rates are
+recomputed whenever a flow starts or ends, only for the flows connected to it through
+shared links, and flows that start or end at the same instant are handled in one batch.
+
+So an uncontended transfer of S bytes takes ``latency + S / bottleneck_bandwidth``; two
+flows over one link take twice as long as one; the two directions of a full-duplex link
+are separate resources and do not slow each other.
+
+A link's usable capacity is its ``bandwidth_Bps`` times an optional per-kind efficiency
+(e.g. from a calibrated hardware profile); the network knows nothing else about
+hardware. Every completed transfer is recorded as a ``TransferRecord``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import simpy
+
+from sim.topology import Topology
+
+_EPS = 1e-12
+
+
+@dataclass(frozen=True, slots=True)
+class TransferRecord:
+    """One completed point-to-point transfer."""
+
+    src: int
+    dst: int
+    nbytes: int
+    start_s: float  # when it was issued (before the latency)
+    end_s: float
+    label: str  # what it belongs to, e.g. "allreduce ar hier inter allreduce rail 0 step 2"
+    medium: str  # the slowest class of link crossed: "ib" or "ethernet", else "pcie", else "nvlink"
+
+
+class _Flow:
+    __slots__ = ("links", "remaining", "rate", "last_t", "version", "done", "src", "dst", "nbytes", "start", "label",
+                 "medium")
+
+    def __init__(self, links, nbytes, done, src, dst, start, label, medium):
+        self.links = links
+        self.remaining = float(nbytes)
+        self.rate = 0.0
+        self.last_t = start
+        self.version = 0
+        self.done = done
+        self.src, self.dst, self.nbytes, self.start, self.label = src, dst, nbytes, start, label
+        self.medium = medium
+
+
+class Network:
+    """Links of a topology as shared, full-duplex resources for flows."""
+
+    def __init__(self, env: simpy.Environment, topology: Topology, efficiency: dict[str, float] | None = None):
+        self.env = env
+        self.topology = topology
+        eff = efficiency or {}
+        self._link_id: dict[tuple[str, str], int] = {}
+        self.capacity: list[float] = []
+        self.link_names: list[tuple[str, str]] = []
+        self.link_kinds: list[str] = []
+        for u, v, d in sorted(topology.graph.edges(data=True), key=lambda e: (str(e[0]), str(e[1]))):
+            cap = d["bandwidth_Bps"] * eff.get(d["kind"], 1.0)
+            for a, b in ((u, v), (v, u)):
+                self._link_id[(a, b)] = len(self.capacity)
+                self.capacity.append(cap)
+                self.link_names.append((a, b))
+                self.link_kinds.append(d["kind"])
+        self._flows_on: list[set[_Flow]] = [set() for _ in self.capacity]
+        self.link_bytes: list[float] = [0.0] * len(self.capacity)
+        self._route: dict[tuple[int, int], tuple[tuple[int, ...], float, str]] = {}
+        self._dirty: set[int] = set()
+        self._pending = False
+        self.records: list[TransferRecord] = []
+        self.active = 0
+
+    # ------------------------------------------------------------------ public
+    def transfer(self, src: int, dst: int, nbytes: int, label: str = "") -> simpy.Event:
+        """Start moving ``nbytes`` from GPU ``src`` to GPU ``dst``; the event fires when done."""
+        done = self.env.event()
+        links, latency, medium = self._route_of(src, dst)
+        flow = _Flow(links, nbytes, done, src, dst, self.env.now, label, medium)
+        self.active += 1
+        for l in links:
+            self.link_bytes[l] += nbytes
+        if latency > 0:
+            t = self.env.timeout(latency)
+            t.callbacks.append(lambda _e, f=flow: self._join(f))
+        else:
+            self._join(flow)
+        return done
+
+    # ------------------------------------------------------------------ internals
+    def _route_of(self, src: int, dst: int) -> tuple[tuple[int, ...], float, str]:
+        key = (src, dst)
+        r = self._route.get(key)
+        if r is None:
+            links = self.topology.route(src, dst)
+            ids = tuple(self._link_id[l] for l in links)
+            kinds = {self.link_kinds[i] for i in ids}
+            medium = next((k for k in ("ethernet", "ib", "pcie", "nvlink") if k in kinds), "local")
+            r = (ids, self.topology.path_latency_s(src, dst), medium)
+            self._route[key] = r
+        return r
+
+    def _join(self, flow: _Flow) -> None:
+        flow.last_t = self.env.now
+        if flow.remaining <= 0 or all(math.isinf(self.capacity[l]) for l in flow.links):
+            self._finish(flow)
+            return
+        for l in flow.links:
+            self._flows_on[l].add(flow)
+            self._dirty.add(l)
+        self._request_reallocation()
+
+    def _request_reallocation(self) -> None:
+        if not self._pending:
+            self._pending = True
+            ev = self.env.timeout(0)
+            ev.callbacks.append(self._reallocate)
+
+    def _finish(self, flow: _Flow) -> None:
+        now = self.env.now
+        for l in flow.links:
+            fl = self._flows_on[l]
+            if flow in fl:
+                fl.discard(flow)
+                self._dirty.add(l)
+        flow.remaining = 0.0
+        self.active -= 1
+        self.records.append(TransferRecord(flow.src, flow.dst, flow.nbytes, flow.start, now, flow.label, flow.medium))
+        flow.done.succeed()
+        if self._dirty:
+            self._request_reallocation()
+
+    def _on_timer(self, flow: _Flow, version: int) -> None:
+        if flow.version == version and flow.remaining > 0:
+            self._finish(flow)
+
+    def _reallocate(self, _event=None) -> None:
+        """Max-min fair rates for every flow connected to a changed link."""
+        self._pending = False
+        now = self.env.now
+        # The component: flows reachable from the dirty links through shared links.
+        flows: set[_Flow] = set()
+        links: set[int] = set()
+        stack = list(self._dirty)
+        self._dirty.clear()
+        while stack:
+            l = stack.pop()
+            if l in links:
+                continue
+            links.add(l)
+            for f in self._flows_on[l]:
+                if f not in flows:
+                    flows.add(f)
+                    stack.extend(f.links)
+        if not flows:
+            return
+        for f in flows:  # bring progress up to now at the old rate
+            if f.rate > 0:
+                f.remaining -= f.rate * (now - f.last_t)
+            f.last_t = now
+        new_rate = _max_min_rates(flows, links, self.capacity, self._flows_on)
+        for f in sorted(flows, key=_flow_key):
+            r = new_rate[f]
+            if r == f.rate:
+                continue
+            f.rate = r
+            f.version += 1
+            left = max(f.remaining, 0.0)
+            delay = left / r if r > 0 else math.inf
+            if math.isinf(delay):
+                continue
+            t = self.env.timeout(delay)
+            t.callbacks.append(lambda _e, fl=f, v=f.version: self._on_timer(fl, v))
+
+
+def _flow_key(f: _Flow):
+    return (f.start, f.src, f.dst, f.label, f.nbytes)
+
+
+def _max_min_rates(flows: set[_Flow], links: set[int], capacity: list[float], flows_on: list[set]) -> dict:
+    """Progressive filling: the max-min fair rate of each flow (deterministic)."""
+    rate: dict[_Flow, float] = {}
+    left = {l: capacity[l] for l in links if not math.isinf(capacity[l])}
+    count = {l: len(flows_on[l]) for l in left}
+    unfrozen = set(flows)
+    while unfrozen:
+        best_l, best_share = -1, math.inf
+        for l in sorted(left):
+            c = count[l]
+            if c > 0:
+                share = left[l] / c
+                if share < best_share - _EPS * share:
+                    best_l, best_share = l, share
+        if best_l < 0:  # only infinite links remain
+            for f in unfrozen:
+                rate[f] = math.inf
+            break
+        best_share = max(best_share, 0.0)
+        for f in sorted(flows_on[best_l] & unfrozen, key=_flow_key):
+            rate[f] = best_share
+            unfrozen.discard(f)
+            for l in f.links:
+                if l in left:
+                    left[l] -= best_share
+                    count[l] -= 1
+    return rate

@@ -1,0 +1,130 @@
+"""Timeline pictures (the only module that imports matplotlib).
+
+``plot_timeline`` draws a Gantt chart: one lane per (rank, stream), time in
+milliseconds on x, one bar per span coloured by what it is (forward, backward, weight
+gradient, pipeline p2p, tensor- or data-parallel collectives...), with the action's name
+written inside the bar when it fits. Idle time is left blank, so pipeline bubbles and
+waiting are visible as gaps.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib.patches import Patch  # noqa: E402
+
+from sim.trace import Trace  # noqa: E402
+
+# Fixed colours for the categories schedules and passes use; others get tab20 colours.
+COLOURS = {
+    "F": "#4C72B0", "forward": "#4C72B0",
+    "B": "#55A868", "backward": "#55A868", "I": "#55A868",
+    "W": "#8C8C3C",
+    "opt": "#C44E52", "optimizer": "#C44E52",
+    "pp": "#DD8452", "send": "#DD8452", "recv": "#E6A86B",
+    "tp": "#8172B3", "dp": "#937860", "zero": "#DA8BC3",
+    "allreduce": "#8172B3", "reducescatter": "#64B5CD", "allgather": "#DA8BC3",
+    "broadcast": "#CCB974", "alltoall": "#937860", "compute": "#4C72B0",
+    "via nvlink": "#76B900", "via pcie": "#999999", "via ib": "#D62728", "via ethernet": "#FF7F0E",
+}
+_LABELS = {"F": "forward", "B": "backward", "I": "backward (input grad)", "W": "backward (weight grad)",
+           "pp": "pipeline p2p", "tp": "tensor-parallel comm", "dp": "data-parallel comm", "opt": "optimizer",
+           "via nvlink": "transfer over NVLink", "via pcie": "transfer over PCIe",
+           "via ib": "transfer over InfiniBand", "via ethernet": "transfer over Ethernet"}
+
+
+def _colour(category: str, extra: dict[str, str]) -> str:
+    if category in COLOURS:
+        return COLOURS[category]
+    if category not in extra:
+        extra[category] = matplotlib.colormaps["tab20"](len(extra) % 20)
+    return extra[category]
+
+
+def plot_timeline(trace: Trace, path: str | Path, title: str = "", lane_names: dict[int, str] | None = None,
+                  max_lanes: int = 64, show_transfers: bool = False) -> Path:
+    """Draw the trace as a Gantt PNG at ``path`` (written atomically) and return the path.
+
+    With ``show_transfers`` each rank gets a ``sends`` lane showing every point-to-point
+    transfer it sent (collective steps included), coloured by the slowest kind of link
+    it crossed. At most ``max_lanes`` lanes are drawn (the first ranks); the title says
+    so when ranks were left out.
+    """
+    streams = trace.streams()
+    if show_transfers:
+        streams = {r: ss + ["sends"] for r, ss in streams.items()}
+    lanes: list[tuple[int, str]] = [(r, s) for r, ss in streams.items() for s in ss]
+    dropped = 0
+    if len(lanes) > max_lanes:
+        kept_ranks = sorted({r for r, _ in lanes[:max_lanes]})
+        dropped = len(streams) - len(kept_ranks)
+        lanes = [(r, s) for r, s in lanes if r in kept_ranks][:max_lanes]
+    lane_of = {lane: i for i, lane in enumerate(lanes)}
+    t_end_ms = max(trace.end_s * 1e3, 1e-9)
+    fig_h = max(2.2, 0.42 * len(lanes) + 1.4)
+    fig, ax = plt.subplots(figsize=(13, fig_h), dpi=110)
+    extra: dict[str, str] = {}
+    used: dict[str, str] = {}
+    min_label_ms = t_end_ms / 60
+    for sp in trace.spans:
+        y = lane_of.get((sp.rank, sp.stream))
+        if y is None:
+            continue
+        x0, w = sp.start_s * 1e3, (sp.end_s - sp.start_s) * 1e3
+        c = _colour(sp.category, extra)
+        used.setdefault(sp.category, c)
+        ax.barh(y, w, left=x0, height=0.8, color=c, edgecolor="white", linewidth=0.4)
+        if w >= min_label_ms and len(sp.name) * t_end_ms / 170 < w:
+            ax.text(x0 + w / 2, y, sp.name, ha="center", va="center", fontsize=7, color="white", clip_on=True)
+    if show_transfers:
+        for tr in trace.transfers:
+            y = lane_of.get((tr.src, "sends"))
+            if y is None:
+                continue
+            cat = f"via {tr.medium}"
+            c = _colour(cat, extra)
+            used.setdefault(cat, c)
+            ax.barh(y, (tr.end_s - tr.start_s) * 1e3, left=tr.start_s * 1e3, height=0.6, color=c,
+                    edgecolor="white", linewidth=0.3)
+    ax.set_yticks(range(len(lanes)))
+    names = lane_names or {}
+    multi = any(len(ss) > 1 for ss in streams.values())
+    ax.set_yticklabels([
+        (names.get(r, f"rank {r}") + (f" · {s}" if multi else "")) for r, s in lanes
+    ], fontsize=8)
+    ax.set_ylim(len(lanes) - 0.5, -0.5)
+    ax.set_xlim(0, t_end_ms * 1.01)
+    ax.set_xlabel("time (ms)")
+    ax.grid(axis="x", linestyle=":", alpha=0.5)
+    ax.set_axisbelow(True)
+    full_title = title or "timeline"
+    if dropped:
+        full_title += f" (first {len(streams) - dropped} of {len(streams)} ranks shown)"
+    ax.set_title(full_title, fontsize=10)
+    handles = [Patch(color=c, label=_LABELS.get(k, k)) for k, c in sorted(used.items())]
+    if handles:
+        ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.005, 1.0), fontsize=8, frameon=False)
+    fig.tight_layout()
+    return _save(fig, path)
+
+
+def _save(fig, path: str | Path) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.stem}.", suffix=".png", dir=path.parent)
+    os.close(fd)
+    try:
+        fig.savefig(tmp, format="png")
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    finally:
+        plt.close(fig)
+    return path

@@ -1,0 +1,180 @@
+"""The cluster as a networkx graph, and routes through it.
+
+A topology is an undirected ``networkx.Graph`` whose nodes are devices with a ``kind``
+(``gpu``, ``nvswitch``, ``nic``, ``switch``, ``cpu``) and whose edges are full-duplex
+links with a ``kind`` (``nvlink``, ``pcie``, ``ib``, ``ethernet``), a per-direction
+``bandwidth_Bps`` and a ``latency_s``. GPUs carry a ``rank`` (0..n-1, the index programs
+and collectives use) and a ``node`` (the host they sit in).
+
+Routing picks a shortest path by hop count. GPUs are endpoints only: traffic never
+transits through a GPU on its way elsewhere (NCCL's PXN, which does that on purpose,
+is not modelled). Where several shortest paths exist (ECMP through different spines),
+the choice is a deterministic hash of the (source, destination) pair, so the same
+input always gives the same routes and different pairs spread over the spines.
+
+Builders for DGX-style nodes and rail-optimized or fat-tree clusters, and the TOML
+loader, live in ``sim.topology_build``.
+"""
+
+from __future__ import annotations
+
+import math
+import zlib
+from functools import lru_cache
+
+import networkx as nx
+
+from sim.errors import InputError
+
+DEVICE_KINDS = ("gpu", "nvswitch", "nic", "switch", "cpu")
+LINK_KINDS = ("nvlink", "pcie", "ib", "ethernet")
+
+Link = tuple[str, str]  # a directed link (from device, to device)
+
+
+class Topology:
+    """A validated cluster graph with GPU ranks, routes and link attributes.
+
+    ``graph`` is the networkx graph (undirected; each edge is a full-duplex link whose
+    two directions carry ``bandwidth_Bps`` each, independently).
+    """
+
+    def __init__(self, graph: nx.Graph, name: str = "custom"):
+        self.graph = graph
+        self.name = name
+        self._validate()
+        gpus = sorted(
+            (d["rank"], n) for n, d in graph.nodes(data=True) if d["kind"] == "gpu"
+        )
+        self.gpus: list[str] = [n for _, n in gpus]
+        self._route_cache: dict[tuple[int, int], tuple[Link, ...]] = {}
+        self._bfs = lru_cache(maxsize=4096)(self._bfs_from)
+
+    # ----------------------------------------------------------------- validation
+    def _validate(self) -> None:
+        g = self.graph
+        ranks = []
+        for n, d in g.nodes(data=True):
+            kind = d.get("kind")
+            if kind not in DEVICE_KINDS:
+                raise InputError(
+                    f"topology {self.name}: device {n!r}: kind: got {kind!r}; allowed: {', '.join(DEVICE_KINDS)}"
+                )
+            if kind == "gpu":
+                for key in ("rank", "node"):
+                    v = d.get(key)
+                    if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+                        raise InputError(
+                            f"topology {self.name}: gpu {n!r}: {key}: got {v!r}; expected an integer >= 0"
+                        )
+                ranks.append(d["rank"])
+        if not ranks:
+            raise InputError(f"topology {self.name}: has no device of kind 'gpu'")
+        if sorted(ranks) != list(range(len(ranks))):
+            raise InputError(
+                f"topology {self.name}: gpu ranks: got {sorted(ranks)[:8]}...; expected each of 0..{len(ranks) - 1} exactly once"
+            )
+        for u, v, d in g.edges(data=True):
+            where = f"topology {self.name}: link {u!r}-{v!r}"
+            if d.get("kind") not in LINK_KINDS:
+                raise InputError(f"{where}: kind: got {d.get('kind')!r}; allowed: {', '.join(LINK_KINDS)}")
+            bw = d.get("bandwidth_Bps")
+            if isinstance(bw, bool) or not isinstance(bw, (int, float)) or not bw > 0 or math.isnan(bw):
+                raise InputError(f"{where}: bandwidth_Bps: got {bw!r}; expected a number > 0")
+            lat = d.get("latency_s")
+            if isinstance(lat, bool) or not isinstance(lat, (int, float)) or not (0 <= lat < math.inf):
+                raise InputError(f"{where}: latency_s: got {lat!r}; expected a finite number >= 0")
+
+    # ------------------------------------------------------------------ queries
+    @property
+    def num_gpus(self) -> int:
+        return len(self.gpus)
+
+    def gpu(self, rank: int) -> str:
+        """The device id of the GPU with this rank."""
+        if not 0 <= rank < len(self.gpus):
+            raise InputError(f"rank: got {rank}; topology {self.name} has ranks 0..{len(self.gpus) - 1}")
+        return self.gpus[rank]
+
+    def node_of(self, rank: int) -> int:
+        """The host (node index) a GPU rank sits in."""
+        return self.graph.nodes[self.gpu(rank)]["node"]
+
+    @property
+    def gpus_per_node(self) -> int:
+        counts: dict[int, int] = {}
+        for n in self.gpus:
+            h = self.graph.nodes[n]["node"]
+            counts[h] = counts.get(h, 0) + 1
+        return max(counts.values())
+
+    @property
+    def num_nodes(self) -> int:
+        return len({self.graph.nodes[n]["node"] for n in self.gpus})
+
+    def link(self, u: str, v: str) -> dict:
+        """Attributes (kind, bandwidth_Bps, latency_s) of the link between u and v."""
+        return self.graph.edges[u, v]
+
+    # ------------------------------------------------------------------ routing
+    def _bfs_from(self, source: str) -> tuple[dict[str, list[str]], dict[str, int]]:
+        """BFS predecessors and hop counts from ``source`` over devices that may carry
+        transit traffic (every device but the other GPUs)."""
+        kinds = self.graph.nodes
+        view = nx.subgraph_view(self.graph, filter_node=lambda n: n == source or kinds[n]["kind"] != "gpu")
+        return nx.predecessor(view, source, return_seen=True)
+
+    def route(self, src: int, dst: int) -> tuple[Link, ...]:
+        """The directed links a transfer from GPU ``src`` to GPU ``dst`` crosses."""
+        key = (src, dst)
+        cached = self._route_cache.get(key)
+        if cached is not None:
+            return cached
+        if src == dst:
+            self._route_cache[key] = ()
+            return ()
+        s, d = self.gpu(src), self.gpu(dst)
+        pred, dist = self._bfs(s)
+        # The destination GPU is reached from its neighbours that BFS reached first.
+        hops = [n for n in self.graph.neighbors(d) if n in dist]
+        if not hops:
+            raise InputError(f"topology {self.name}: no route from rank {src} to rank {dst}")
+        best = min(dist[n] for n in hops)
+        h = zlib.crc32(f"{src}->{dst}".encode())
+        cur = _pick(sorted(n for n in hops if dist[n] == best), h)
+        path = [d, cur]
+        while cur != s:
+            cur = _pick(sorted(pred[cur]), h)
+            path.append(cur)
+        path.reverse()
+        links = tuple(zip(path[:-1], path[1:]))
+        self._route_cache[key] = links
+        return links
+
+    def path_latency_s(self, src: int, dst: int) -> float:
+        """Sum of the link latencies on the route from ``src`` to ``dst``."""
+        return sum(self.graph.edges[u, v]["latency_s"] for u, v in self.route(src, dst))
+
+    def bottleneck_Bps(self, src: int, dst: int) -> float:
+        """The smallest per-direction bandwidth on the route (inf for src == dst)."""
+        return min((self.graph.edges[u, v]["bandwidth_Bps"] for u, v in self.route(src, dst)), default=math.inf)
+
+    def route_kinds(self, src: int, dst: int) -> tuple[str, ...]:
+        """Link kinds along the route, e.g. ``('pcie', 'ib', 'ib', 'pcie')``."""
+        return tuple(self.graph.edges[u, v]["kind"] for u, v in self.route(src, dst))
+
+    # ------------------------------------------------------------------ export
+    def write_graphml(self, path) -> None:
+        """Write the graph as GraphML (through networkx) for other tools to read."""
+        nx.write_graphml(self.graph, path)
+
+    def describe(self) -> str:
+        kinds: dict[str, int] = {}
+        for _, d in self.graph.nodes(data=True):
+            kinds[d["kind"]] = kinds.get(d["kind"], 0) + 1
+        parts = ", ".join(f"{kinds[k]} {k}" for k in DEVICE_KINDS if k in kinds)
+        return f"{self.name}: {self.num_nodes} node(s), {parts}, {self.graph.number_of_edges()} links"
+
+
+def _pick(candidates: list[str], h: int) -> str:
+    return candidates[h % len(candidates)]

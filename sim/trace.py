@@ -1,0 +1,86 @@
+"""What a simulation leaves behind: spans, transfers and per-link traffic.
+
+A ``Span`` is one action as it ran: rank, stream, start and end in seconds, and what it
+moved or computed. The ``Trace`` holds every span sorted by (rank, stream, start), every
+point-to-point transfer the network carried (collective steps included), and the bytes
+each directed link carried, so questions like "how much crossed InfiniBand, and on which
+links" are answered from the trace, not from a formula.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from sim.network import TransferRecord
+
+
+@dataclass(frozen=True, slots=True)
+class Span:
+    """One action as it ran on one rank's stream (times in seconds)."""
+
+    rank: int
+    stream: str
+    name: str
+    kind: str
+    category: str
+    start_s: float
+    end_s: float
+    nbytes: float = 0.0
+    flops: float = 0.0
+    peer: int | None = None
+    op: str = ""
+    link_id: int | None = None
+    """Shared by a send and its matching recv (flow arrows in the Perfetto trace)."""
+
+    @property
+    def duration_s(self) -> float:
+        return self.end_s - self.start_s
+
+
+@dataclass
+class Trace:
+    """Everything one simulated run produced."""
+
+    spans: list[Span]
+    transfers: list[TransferRecord]
+    link_bytes: dict[tuple[str, str], float]
+    """Bytes carried by each directed link (from device, to device) that carried any."""
+    link_kind: dict[tuple[str, str], str]
+    ranks: dict[int, dict] = field(default_factory=dict)
+    """Per rank: ``node`` (host index) and ``device`` (topology GPU id)."""
+    topology: str = ""
+
+    @property
+    def end_s(self) -> float:
+        """When the last action finished (the makespan)."""
+        return max((s.end_s for s in self.spans), default=0.0)
+
+    def spans_of(self, rank: int, stream: str | None = None) -> list[Span]:
+        return [s for s in self.spans if s.rank == rank and (stream is None or s.stream == stream)]
+
+    def streams(self) -> dict[int, list[str]]:
+        """Each rank's streams, compute first, then others by name."""
+        out: dict[int, set[str]] = {}
+        for s in self.spans:
+            out.setdefault(s.rank, set()).add(s.stream)
+        return {r: sorted(v, key=lambda x: (x != "compute", x)) for r, v in sorted(out.items())}
+
+    def bytes_by_link_kind(self) -> dict[str, float]:
+        """Total bytes over all directed links of each kind (a byte crossing 3 IB links counts 3 times)."""
+        out: dict[str, float] = {}
+        for link, b in self.link_bytes.items():
+            k = self.link_kind[link]
+            out[k] = out.get(k, 0.0) + b
+        return dict(sorted(out.items()))
+
+    def busiest_link(self, kind: str) -> tuple[tuple[str, str] | None, float]:
+        """The directed link of ``kind`` that carried the most bytes, and how many."""
+        best, most = None, 0.0
+        for link in sorted(self.link_bytes):
+            if self.link_kind[link] == kind and self.link_bytes[link] > most:
+                best, most = link, self.link_bytes[link]
+        return best, most
+
+    def links_used(self, kind: str) -> int:
+        """How many directed links of ``kind`` carried any bytes."""
+        return sum(1 for l, b in self.link_bytes.items() if b > 0 and self.link_kind[l] == kind)

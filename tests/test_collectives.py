@@ -1,0 +1,125 @@
+"""Collectives from point-to-point steps, against the closed forms."""
+
+import pytest
+
+from sim.actions import Action, Program
+from sim.collectives import build, ring_order
+from sim.commands.collective import run_collective
+from sim.engine import simulate
+from sim.errors import InputError
+from sim.topology_build import load_topology
+
+
+def _time(op, n, nbytes, topo, algo="ring", channels=None):
+    prog = Program({r: [Action(op, kind="collective", op=op, group=tuple(range(n)), nbytes=nbytes, algo=algo,
+                               channels=channels or 0)] for r in range(n)})
+    return simulate(prog, topo)
+
+
+@pytest.mark.parametrize("node", ["dgx-a100", "dgx-h100"])
+@pytest.mark.parametrize("n", [2, 3, 5, 8])
+@pytest.mark.parametrize("nbytes", [8 * 2**10, 2**30])
+def test_ring_allreduce_matches_closed_form(node, n, nbytes):
+    # Ring all-reduce: 2(n-1)(alpha + S/(nB)), alpha = path latency, B = bottleneck bandwidth.
+    t = load_topology(node)
+    alpha, B = t.path_latency_s(0, 1), t.bottleneck_Bps(0, 1)
+    expect = 2 * (n - 1) * (alpha + nbytes / (n * B))
+    assert _time("allreduce", n, nbytes, t).end_s == pytest.approx(expect, rel=1e-9)
+
+
+@pytest.mark.parametrize("op", ["reducescatter", "allgather"])
+@pytest.mark.parametrize("n", [2, 4, 8])
+def test_ring_reduce_scatter_and_all_gather_match_closed_form(op, n):
+    t = load_topology("dgx-h100")
+    S = 3 * 2**28
+    alpha, B = t.path_latency_s(0, 1), t.bottleneck_Bps(0, 1)
+    assert _time(op, n, S, t).end_s == pytest.approx((n - 1) * (alpha + S / (n * B)), rel=1e-9)
+
+
+def test_channels_do_not_change_an_uncontended_node():
+    t = load_topology("dgx-h100")
+    one = _time("allreduce", 8, 2**30, t, channels=1).end_s
+    four = _time("allreduce", 8, 2**30, t, channels=4).end_s
+    assert four == pytest.approx(one, rel=1e-9)
+
+
+def test_busbw_inside_one_dgx_h100_is_the_nvlink_bandwidth():
+    t = load_topology("dgx-h100")
+    _, s = run_collective("allreduce", 8 * 2**30, 8, t)
+    nvlink = t.bottleneck_Bps(0, 1)  # 450 GB/s per direction (900 GB/s both ways)
+    assert s["busbw_Bps"] == pytest.approx(nvlink, rel=1e-3)
+    assert s["busbw_Bps"] < nvlink
+
+
+def test_broadcast_pipelined_chain_closed_form():
+    # c chunks along n-1 hops: (n - 2 + c)(alpha + S/(cB)).
+    from sim.collectives import BROADCAST_CHUNKS as c
+
+    t = load_topology("dgx-a100")
+    n, S = 6, 2**30
+    alpha, B = t.path_latency_s(0, 1), t.bottleneck_Bps(0, 1)
+    assert _time("broadcast", n, S, t).end_s == pytest.approx((n - 2 + c) * (alpha + S / (c * B)), rel=1e-9)
+
+
+def test_alltoall_inside_a_node_closed_form():
+    # Every rank sends S/n to each of n-1 peers at once: each uplink carries n-1 equal
+    # flows, so the time is alpha + (n-1) S / (n B).
+    t = load_topology("dgx-h100")
+    n, S = 8, 2**30
+    alpha, B = t.path_latency_s(0, 1), t.bottleneck_Bps(0, 1)
+    assert _time("alltoall", n, S, t).end_s == pytest.approx(alpha + (n - 1) * S / (n * B), rel=1e-9)
+
+
+def test_ring_order_keeps_inter_node_hops_on_one_rail():
+    t = load_topology("dgx-h100", nodes=4)
+    order = ring_order(t, range(32))
+    assert sorted(order) == list(range(32))
+    for i in range(32):
+        a, b = order[i], order[(i + 1) % 32]
+        if t.node_of(a) != t.node_of(b):
+            assert a % 8 == b % 8, (a, b)  # same local index -> same rail leaf
+
+
+@pytest.mark.parametrize("nodes", [4, 8])
+def test_hierarchical_beats_flat_ring_across_nodes_and_the_trace_shows_why(nodes):
+    t = load_topology("dgx-h100", nodes=nodes)
+    n, g, S = 8 * nodes, 8, 2**30
+    flat = _time("allreduce", n, S, t)
+    hier = _time("allreduce", n, S, t, algo="hierarchical")
+    assert hier.end_s < flat.end_s
+    # Inter-node bytes: each flat-ring channel (k = g of them) sends 2(n-1)/n * S/k over
+    # each node-crossing link; hierarchical sends 2(N-1)/N * S/g over each rail link.
+    _, flat_ib = flat.busiest_link("ib")
+    _, hier_ib = hier.busiest_link("ib")
+    assert flat_ib == pytest.approx(2 * (n - 1) / n * S / g, rel=1e-9)
+    assert hier_ib == pytest.approx(2 * (nodes - 1) / nodes * S / g, rel=1e-9)
+    assert hier.bytes_by_link_kind()["ib"] < flat.bytes_by_link_kind()["ib"]
+    assert hier.links_used("ib") >= flat.links_used("ib")
+
+
+def test_hierarchical_is_much_faster_for_small_messages():
+    t = load_topology("dgx-h100", nodes=4)
+    flat = _time("allreduce", 32, 2**20, t).end_s
+    hier = _time("allreduce", 32, 2**20, t, algo="hierarchical").end_s
+    assert hier < flat / 2  # 2(g-1) + 2(N-1) latency steps instead of 2(n-1)
+
+
+def test_step_counts():
+    t = load_topology("dgx-h100")
+    assert len(build("allreduce", range(8), 800, t, channels=1)) == 8 * 2 * 7
+    assert len(build("allgather", range(8), 800, t, channels=1)) == 8 * 7
+    assert len(build("alltoall", range(8), 800, t)) == 8 * 7
+    assert build("allreduce", [3], 800, t) == []
+
+
+def test_bad_collective_arguments():
+    t = load_topology("dgx-h100")
+    with pytest.raises(InputError, match="op"):
+        build("allsum", range(4), 10, t)
+    with pytest.raises(InputError, match="distinct"):
+        build("allreduce", [0, 0, 1], 10, t)
+    with pytest.raises(InputError, match="hierarchical"):
+        build("allgather", range(4), 10, t, algo="hierarchical")
+    t2 = load_topology("dgx-h100", nodes=2)
+    with pytest.raises(InputError, match="same number of ranks on every node"):
+        build("allreduce", [0, 1, 8], 10, t2, algo="hierarchical")

@@ -1,0 +1,125 @@
+"""The engine: streams, dependencies, exact timelines, deadlocks, determinism."""
+
+import pytest
+
+from sim.actions import Action, Program
+from sim.engine import simulate
+from sim.errors import DeadlockError, InputError
+
+
+def _log(trace):
+    return [(s.rank, s.stream, s.name, s.start_s, s.end_s) for s in trace.spans]
+
+
+def test_exact_timeline_of_a_tiny_two_stage_program(make_star):
+    # Rank 0 computes F0 (2 s), sends 10 B to rank 1 at 10 B/s (1 s, no latency) while
+    # computing F1 (2 s); rank 1 computes G0 (3 s) after the data arrives.
+    t = make_star([10.0, 10.0])
+    prog = Program({
+        0: [Action("F0", duration_s=2.0),
+            Action("s0", kind="send", peer=1, nbytes=10, deps=("F0",)),
+            Action("F1", duration_s=2.0)],
+        1: [Action("r0", kind="recv", peer=0, nbytes=10),
+            Action("G0", duration_s=3.0, deps=("r0",))],
+    })
+    log = _log(simulate(prog, t))
+    assert log == [
+        (0, "comm", "s0", 2.0, 3.0),
+        (0, "compute", "F0", 0.0, 2.0),
+        (0, "compute", "F1", 2.0, 4.0),
+        (1, "comm", "r0", 0.0, 3.0),  # posted at 0, waits for the send, ends on arrival
+        (1, "compute", "G0", 3.0, 6.0),
+    ]
+
+
+def test_two_compute_ops_on_one_stream_never_overlap(make_star):
+    t = make_star([1.0])
+    prog = Program({0: [Action("a", duration_s=1.5), Action("b", duration_s=2.5)]})
+    tr = simulate(prog, t)
+    (a, b) = tr.spans_of(0, "compute")
+    assert (a.start_s, a.end_s, b.start_s, b.end_s) == (0.0, 1.5, 1.5, 4.0)
+
+
+def test_cross_rank_dependency_is_honoured(make_star):
+    t = make_star([1.0, 1.0])
+    prog = Program({0: [Action("a", duration_s=2.0)], 1: [Action("b", duration_s=1.0, deps=((0, "a"),))]})
+    tr = simulate(prog, t)
+    assert tr.spans_of(1)[0].start_s == 2.0
+
+
+def test_collective_starts_when_the_last_member_arrives(make_star):
+    t = make_star([100.0] * 3)
+    group = (0, 1, 2)
+    prog = Program({r: [Action("c", duration_s=float(r)),
+                        Action("ar", kind="collective", op="allreduce", group=group, nbytes=300, deps=("c",))]
+                    for r in group})
+    tr = simulate(prog, t)
+    # ring all-reduce of 300 B over 3 ranks: 4 steps of 100 B at 100 B/s = 4 s, from t=2
+    for r in group:
+        span = [s for s in tr.spans_of(r) if s.name == "ar"][0]
+        assert span.start_s == float(r) and span.end_s == pytest.approx(6.0, rel=1e-12)
+
+
+def test_mismatched_send_recv_raises_deadlock_naming_ranks(make_star):
+    t = make_star([1.0, 1.0])
+    prog = Program({
+        0: [Action("x", kind="send", peer=1, nbytes=4, tag="grad")],
+        1: [Action("y", kind="recv", peer=0, nbytes=4, tag="act")],
+    })
+    with pytest.raises(DeadlockError) as e:
+        simulate(prog, t)
+    assert set(e.value.stuck) == {0, 1}
+    assert "'x'" in e.value.stuck[0] and "rank 1" in e.value.stuck[0]
+    assert "'y'" in e.value.stuck[1]
+
+
+def test_cyclic_wait_is_a_deadlock_not_a_hang(make_star):
+    # Both ranks receive first, then send, on one stream: each waits for the other.
+    t = make_star([1.0, 1.0])
+    prog = Program({
+        0: [Action("r", kind="recv", peer=1), Action("s", kind="send", peer=1, nbytes=1)],
+        1: [Action("r", kind="recv", peer=0), Action("s", kind="send", peer=0, nbytes=1)],
+    })
+    with pytest.raises(DeadlockError, match="2 rank"):
+        simulate(prog, t)
+
+
+def test_missing_collective_member_is_a_deadlock(make_star):
+    t = make_star([1.0] * 3)
+    ar = Action("ar", kind="collective", op="allreduce", group=(0, 1, 2), nbytes=3)
+    prog = Program({0: [ar], 1: [ar], 2: [Action("idle", duration_s=1.0)]})
+    with pytest.raises(DeadlockError, match=r"waits for ranks \[2\]"):
+        simulate(prog, t)
+
+
+def test_dependency_cycle_is_a_deadlock(make_star):
+    t = make_star([1.0, 1.0])
+    prog = Program({0: [Action("a", deps=((1, "b"),))], 1: [Action("b", deps=((0, "a"),))]})
+    with pytest.raises(DeadlockError, match="waits for 1:b"):
+        simulate(prog, t)
+
+
+@pytest.mark.parametrize("acts,needle", [
+    ({0: [Action("a"), Action("a")]}, "appears twice"),
+    ({0: [Action("a", deps=("zz",))]}, "dependency 0:zz"),
+    ({0: [Action("s", kind="send", peer=5, nbytes=1)]}, "peer"),
+    ({0: [Action("c", kind="collective", op="allreduce", group=(1, 2))]}, "does not include rank 0"),
+])
+def test_inconsistent_programs_are_rejected(acts, needle):
+    with pytest.raises(InputError, match=needle):
+        Program(acts)
+
+
+def test_bad_action_fields():
+    with pytest.raises(InputError, match="duration_s"):
+        Action("a", duration_s=-1.0)
+    with pytest.raises(InputError, match="kind"):
+        Action("a", kind="sleep")
+    with pytest.raises(InputError, match="op"):
+        Action("a", kind="collective", op="allsum", group=(0,))
+
+
+def test_program_larger_than_topology_is_an_error(make_star):
+    t = make_star([1.0, 1.0])
+    with pytest.raises(InputError, match="has 2 GPUs"):
+        simulate(Program({0: [Action("a")], 5: [Action("b")]}), t)

@@ -1,0 +1,107 @@
+"""The flow-level network: fair sharing, full duplex, bottlenecks, latency."""
+
+import math
+
+import networkx as nx
+import pytest
+
+from sim.actions import Action, Program
+from sim.engine import simulate
+from sim.topology import Topology
+
+
+def _p2p(pairs, nbytes):
+    """A program where each (src, dst) pair moves nbytes at time 0."""
+    acts = {}
+    for i, (s, d) in enumerate(pairs):
+        acts.setdefault(s, []).append(Action(f"send{i}", kind="send", peer=d, nbytes=nbytes, stream=f"s{i}"))
+        acts.setdefault(d, []).append(Action(f"recv{i}", kind="recv", peer=s, nbytes=nbytes, stream=f"s{i}"))
+    return Program(acts)
+
+
+def _span_end(trace, name):
+    return next(s.end_s for s in trace.spans if s.name == name)
+
+
+def test_one_flow_takes_latency_plus_bytes_over_bottleneck(make_star):
+    t = make_star([100.0, 40.0], latency_s=0.5)
+    tr = simulate(_p2p([(0, 1)], 400), t)
+    assert tr.end_s == pytest.approx(2 * 0.5 + 400 / 40.0, rel=1e-12)
+
+
+def test_two_flows_on_one_link_take_twice_as_long(make_star):
+    t = make_star([10.0, 10.0, 10.0])
+    one = simulate(_p2p([(0, 1)], 100), t).end_s
+    two = simulate(_p2p([(0, 1), (0, 2)], 100), t).end_s  # share gpu0's uplink
+    assert one == pytest.approx(10.0, rel=1e-12)
+    assert two == pytest.approx(2 * one, rel=1e-12)
+
+
+def test_opposite_directions_do_not_contend(make_star):
+    t = make_star([10.0, 10.0])
+    one = simulate(_p2p([(0, 1)], 100), t).end_s
+    both = simulate(_p2p([(0, 1), (1, 0)], 100), t).end_s
+    assert both == pytest.approx(one, rel=1e-12)
+
+
+def test_max_min_fair_sharing_hand_computed():
+    # gpu0 -L1(10)- sw -(100)- gpu1 ; sw -L2(2)- gpu2.
+    # Flow A: 0->1 (80 B), flow B: 0->2 (4 B). Max-min: B is limited to 2 by L2, so A
+    # gets 10 - 2 = 8 on L1. B ends at t = 4/2 = 2; A has 80 - 16 = 64 left, now at 10:
+    # A ends at 2 + 6.4 = 8.4. (Equal split would give B 2 and A 5 -> different times.)
+    g = nx.Graph()
+    g.add_node("sw", kind="switch")
+    for i in range(3):
+        g.add_node(f"gpu{i}", kind="gpu", rank=i, node=0)
+    g.add_edge("gpu0", "sw", kind="nvlink", bandwidth_Bps=10.0, latency_s=0.0)
+    g.add_edge("gpu1", "sw", kind="nvlink", bandwidth_Bps=100.0, latency_s=0.0)
+    g.add_edge("gpu2", "sw", kind="nvlink", bandwidth_Bps=2.0, latency_s=0.0)
+    prog = Program({
+        0: [Action("A", kind="send", peer=1, nbytes=80, stream="a"), Action("B", kind="send", peer=2, nbytes=4, stream="b")],
+        1: [Action("rA", kind="recv", peer=0, nbytes=80)],
+        2: [Action("rB", kind="recv", peer=0, nbytes=4)],
+    })
+    tr = simulate(prog, Topology(g))
+    assert _span_end(tr, "B") == pytest.approx(2.0, rel=1e-12)
+    assert _span_end(tr, "A") == pytest.approx(8.4, rel=1e-12)
+
+
+def test_late_flow_resharing_hand_computed(make_star):
+    # One link of 10 B/s. A (100 B) starts at 0, B (20 B) at t=5 (after a 5 s compute).
+    # 0..5: A alone at 10 -> 50 left. Then both at 5: B needs 4 s (ends 9); A moved 20,
+    # has 30 left at 10 B/s -> ends at 12.
+    t = make_star([10.0, 1000.0, 1000.0])
+    prog = Program({
+        0: [Action("A", kind="send", peer=1, nbytes=100, stream="a"),
+            Action("wait", duration_s=5.0),
+            Action("B", kind="send", peer=2, nbytes=20, stream="b", deps=("wait",))],
+        1: [Action("rA", kind="recv", peer=0)],
+        2: [Action("rB", kind="recv", peer=0)],
+    })
+    tr = simulate(prog, t)
+    assert _span_end(tr, "B") == pytest.approx(9.0, rel=1e-12)
+    assert _span_end(tr, "A") == pytest.approx(12.0, rel=1e-12)
+
+
+def test_link_efficiency_scales_capacity(make_star):
+    t = make_star([10.0, 10.0], kind="ib")
+    full = simulate(_p2p([(0, 1)], 100), t).end_s
+    half = simulate(_p2p([(0, 1)], 100), t, link_efficiency={"ib": 0.5}).end_s
+    assert half == pytest.approx(2 * full, rel=1e-12)
+
+
+def test_infinite_bandwidth_costs_only_latency():
+    g = nx.Graph()
+    g.add_node("gpu0", kind="gpu", rank=0, node=0)
+    g.add_node("gpu1", kind="gpu", rank=1, node=0)
+    g.add_edge("gpu0", "gpu1", kind="nvlink", bandwidth_Bps=math.inf, latency_s=3e-6)
+    tr = simulate(_p2p([(0, 1)], 10**12), Topology(g))
+    assert tr.end_s == pytest.approx(3e-6, rel=1e-12)
+
+
+def test_every_byte_sent_is_carried(make_star):
+    t = make_star([10.0, 10.0, 10.0])
+    tr = simulate(_p2p([(0, 1), (0, 2), (2, 1)], 100), t)
+    assert sum(r.nbytes for r in tr.transfers) == 300
+    # each transfer crosses two links of the star
+    assert sum(tr.link_bytes.values()) == pytest.approx(600)
