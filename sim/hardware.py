@@ -1,0 +1,274 @@
+"""What one GPU and its links can do: the calibrated hardware profile.
+
+A ``HardwareProfile`` holds the numbers every cost in trainsim comes from: peak FLOP/s
+per dtype, HBM bandwidth and capacity, a GEMM efficiency model, the efficiency of
+memory-bound kernels, a fixed per-kernel overhead, and per link kind (``nvlink``,
+``pcie``, ``ib``, ``ethernet``, the ``kind`` strings of topology edges) an α-β model
+with an efficiency factor: a transfer of n bytes takes ``latency_s + n /
+(bandwidth_Bps · efficiency)``, where ``bandwidth_Bps`` is the per-direction line rate
+(what a topology edge carries) and ``efficiency`` the fraction NCCL achieves on it.
+
+GEMM efficiency (fraction of peak) of an m × n × k product, batched ``batch`` times, is
+
+    best · max over tiles (r_tile · tile_q · wave_q) · k / (k + k0)
+
+where ``best`` is the measured best large-GEMM efficiency (Bekman's "maximum achievable
+matmul FLOPS": 267.9 TFLOP/s on A100 SXM), each candidate output tile (tm × tn, either
+orientation, with a relative efficiency r_tile, as cuBLAS picks among kernels
+``..._256x128_...``, ``..._128x128_...``) loses
+
+    tile_q = m·n / (⌈m/tm⌉·tm · ⌈n/tn⌉·tn)             (tile quantization)
+    wave_q = T / (⌈T / SMs⌉ · SMs),  T = ⌈m/tm⌉⌈n/tn⌉·batch   (wave quantization)
+
+and k0 is a prologue/epilogue cost in units of k. It never exceeds ``best``. Calibration
+(a later issue) fits the same fields from measured kernels and writes a profile JSON
+that loads into this type; presets live in ``sim/profiles/*.json`` with a ``sources``
+entry naming where each number comes from.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field, fields
+from importlib import resources
+from pathlib import Path
+
+from sim.errors import InputError
+
+DTYPES = ("fp32", "tf32", "bf16", "fp16", "fp8")
+LINK_KINDS = ("nvlink", "pcie", "ib", "ethernet")
+PRESETS = ("a100-80gb", "h100-sxm", "h200")
+
+
+@dataclass(frozen=True)
+class LinkModel:
+    """α-β model of one link kind: per-direction line rate, achieved fraction, latency."""
+
+    latency_s: float
+    bandwidth_Bps: float
+    efficiency: float
+
+    @property
+    def effective_Bps(self) -> float:
+        return self.bandwidth_Bps * self.efficiency
+
+    def time(self, nbytes: float) -> float:
+        """Seconds to move ``nbytes`` over one link of this kind (no contention)."""
+        return self.latency_s + nbytes / self.effective_Bps
+
+
+@dataclass(frozen=True)
+class HardwareProfile:
+    """One GPU model and the links around it, in SI units."""
+
+    name: str
+    peak_flops: dict
+    """Dense peak FLOP/s per dtype (keys from DTYPES); 'fp32' is the non-tensor-core rate."""
+    hbm_bandwidth_Bps: float
+    hbm_capacity_bytes: float
+    sm_count: int
+    gemm_tiles: tuple
+    """Candidate output tiles as (tile_m, tile_n, relative efficiency)."""
+    gemm_k_overhead: float
+    """k0: fixed per-tile cost (prologue/epilogue) in units of the k dimension."""
+    gemm_max_efficiency: float
+    """Measured best dense GEMM throughput as a fraction of peak (the model's cap)."""
+    attention_max_efficiency: float
+    """Best fused (flash) attention throughput as a fraction of peak."""
+    memory_efficiency: float
+    """Fraction of hbm_bandwidth_Bps that memory-bound kernels reach."""
+    kernel_launch_s: float
+    """Fixed cost added to every kernel."""
+    links: dict
+    """Link kind -> LinkModel."""
+    sources: dict = field(default_factory=dict, compare=False)
+    """Field -> where its number comes from (datasheet, measurement, assumption)."""
+
+    def __post_init__(self):
+        try:
+            _check_profile(self)
+        except InputError as exc:
+            raise InputError(f"profile {self.name!r}: {exc}") from None
+
+    # ----------------------------------------------------------------- queries
+    def peak(self, dtype: str = "bf16") -> float:
+        if dtype not in self.peak_flops:
+            raise InputError(f"profile {self.name}: peak_flops: no entry for dtype {dtype!r}; "
+                             f"has {', '.join(sorted(self.peak_flops))}")
+        return self.peak_flops[dtype]
+
+    def link(self, kind: str) -> LinkModel:
+        """The α-β model of a link kind (``nvlink``, ``pcie``, ``ib``, ``ethernet``)."""
+        if kind not in self.links:
+            raise InputError(f"profile {self.name}: links: no entry for kind {kind!r}; "
+                             f"has {', '.join(sorted(self.links))}")
+        return self.links[kind]
+
+    def link_efficiencies(self) -> dict:
+        """Link kind -> achieved fraction of line rate (what the network model scales by)."""
+        return {kind: link.efficiency for kind, link in sorted(self.links.items())}
+
+    def gemm_efficiency(self, m: int, n: int, k: int, batch: int = 1) -> float:
+        """Fraction of peak an m×n×k GEMM (``batch`` of them) reaches; see the module doc."""
+        if min(m, n, k, batch) <= 0:
+            raise InputError(f"gemm shape: got {m}x{n}x{k} (batch {batch}); expected positive sizes")
+        sms = self.sm_count
+        best_q = 0.0
+        for tm, tn, rel in self.gemm_tiles:
+            for a, b in ((tm, tn), (tn, tm)):
+                tiles_m, tiles_n = math.ceil(m / a), math.ceil(n / b)
+                tiles = tiles_m * tiles_n * batch
+                tile_q = (m * n) / (tiles_m * a * tiles_n * b)
+                wave_q = tiles / (math.ceil(tiles / sms) * sms)
+                best_q = max(best_q, rel * tile_q * wave_q)
+        return self.gemm_max_efficiency * min(1.0, best_q) * k / (k + self.gemm_k_overhead)
+
+    def attention_efficiency(self, seq_q: int, seq_k: int, head_dim: int, batch_heads: int) -> float:
+        """Fraction of peak a flash-attention kernel reaches: one CTA per 128 query rows
+        of one (sequence, head), wave-quantized over the SMs, a k0 cost per tile in units
+        of the keys it loops over, capped at ``attention_max_efficiency``."""
+        tiles = math.ceil(seq_q / 128) * batch_heads
+        tile_q = seq_q / (math.ceil(seq_q / 128) * 128)
+        wave_q = tiles / (math.ceil(tiles / self.sm_count) * self.sm_count)
+        return self.attention_max_efficiency * tile_q * wave_q * seq_k / (seq_k + self.gemm_k_overhead)
+
+    # ---------------------------------------------------------------- files
+    def to_dict(self) -> dict:
+        out = {}
+        for f in fields(self):
+            v = getattr(self, f.name)
+            if f.name == "links":
+                v = {k: {"latency_s": l.latency_s, "bandwidth_Bps": l.bandwidth_Bps,
+                         "efficiency": l.efficiency} for k, l in v.items()}
+            elif f.name == "gemm_tiles":
+                v = [list(t) for t in v]
+            elif isinstance(v, dict):
+                v = dict(v)
+            out[f.name] = v
+        return out
+
+    @classmethod
+    def from_dict(cls, d: dict, where: str = "profile") -> "HardwareProfile":
+        """A profile from plain data, strictly: unknown or missing keys are errors."""
+        if not isinstance(d, dict):
+            raise InputError(f"{where}: got {type(d).__name__}; expected a JSON object")
+        names = [f.name for f in fields(cls)]
+        _strict_keys(d, names, where, optional=("sources",))
+        kw = dict(d)
+        kw["peak_flops"] = _number_map(d["peak_flops"], f"{where}: peak_flops", DTYPES)
+        kw["links"] = _links(d["links"], f"{where}: links")
+        tiles = d["gemm_tiles"]
+        if not isinstance(tiles, list) or not tiles or not all(
+                isinstance(t, list) and len(t) == 3 and all(_is_num(x) for x in t) for t in tiles):
+            raise InputError(f"{where}: gemm_tiles: got {tiles!r}; expected a non-empty list of "
+                             "[tile_m, tile_n, relative_efficiency]")
+        kw["gemm_tiles"] = tuple((int(a), int(b), float(r)) for a, b, r in tiles)
+        src = d.get("sources", {})
+        if not isinstance(src, dict):
+            raise InputError(f"{where}: sources: got {src!r}; expected an object of field -> text")
+        for key in src:
+            if key.split(".")[0] not in names:
+                raise InputError(f"{where}: sources: unknown field {key!r}; allowed: {', '.join(names)}")
+        kw["sources"] = dict(src)
+        try:
+            return cls(**kw)
+        except InputError as exc:
+            msg = str(exc).removeprefix(f"profile {kw.get('name')!r}: ")
+            raise InputError(f"{where}: {msg}") from None
+
+    def save(self, path: str | Path) -> None:
+        Path(path).write_text(json.dumps(self.to_dict(), indent=2) + "\n")
+
+
+def load_profile(name_or_path: str | Path) -> HardwareProfile:
+    """A preset by name (``a100-80gb``, ``h100-sxm``, ``h200``) or a profile JSON file."""
+    text = str(name_or_path)
+    if text in PRESETS:
+        data = resources.files("sim").joinpath("profiles", f"{text}.json").read_text()
+        return HardwareProfile.from_dict(json.loads(data), where=f"profile {text}")
+    path = Path(text)
+    if not path.suffix == ".json" and not path.exists():
+        raise InputError(f"gpu: got {text!r}; allowed: {', '.join(PRESETS)} or a profile .json file")
+    try:
+        data = json.loads(path.read_text())
+    except OSError as exc:
+        raise InputError(f"gpu: got {text!r}; cannot read it ({exc.strerror})") from None
+    except json.JSONDecodeError as exc:
+        raise InputError(f"{text}: not valid JSON (line {exc.lineno}: {exc.msg})") from None
+    return HardwareProfile.from_dict(data, where=text)
+
+
+# ----------------------------------------------------------------- checking
+def _is_num(x) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+
+def _strict_keys(d: dict, allowed, where: str, optional=()) -> None:
+    for key in d:
+        if key not in allowed:
+            raise InputError(f"{where}: unknown key {key!r}; allowed: {', '.join(allowed)}")
+    for key in allowed:
+        if key not in d and key not in optional:
+            raise InputError(f"{where}: missing key {key!r}")
+
+
+def _number_map(d, where: str, allowed) -> dict:
+    if not isinstance(d, dict) or not d:
+        raise InputError(f"{where}: got {d!r}; expected an object like {{\"bf16\": 3.12e14}}")
+    for key in d:
+        if key not in allowed:
+            raise InputError(f"{where}: unknown key {key!r}; allowed: {', '.join(allowed)}")
+    return dict(d)
+
+
+def _links(d, where: str) -> dict:
+    if not isinstance(d, dict) or not d:
+        raise InputError(f"{where}: got {d!r}; expected an object of link kind -> "
+                         "{latency_s, bandwidth_Bps, efficiency}")
+    out = {}
+    for kind, spec in d.items():
+        if kind not in LINK_KINDS:
+            raise InputError(f"{where}: unknown key {kind!r}; allowed: {', '.join(LINK_KINDS)}")
+        if not isinstance(spec, dict):
+            raise InputError(f"{where}.{kind}: got {spec!r}; expected an object")
+        _strict_keys(spec, ("latency_s", "bandwidth_Bps", "efficiency"), f"{where}.{kind}")
+        out[kind] = LinkModel(spec["latency_s"], spec["bandwidth_Bps"], spec["efficiency"])
+    return out
+
+
+def _require_num(where: str, value, ok: bool, allowed: str) -> None:
+    if not (_is_num(value) and ok):
+        raise InputError(f"{where}: got {value!r}; expected {allowed}")
+
+
+def _check_profile(p: HardwareProfile) -> None:
+    if not isinstance(p.name, str) or not p.name:
+        raise InputError(f"name: got {p.name!r}; expected a non-empty string")
+    for dtype, v in p.peak_flops.items():
+        _require_num(f"peak_flops.{dtype}", v, _is_num(v) and v > 0, "a number > 0 (FLOP/s)")
+    for name, unit in (("hbm_bandwidth_Bps", "bytes/s"), ("hbm_capacity_bytes", "bytes")):
+        v = getattr(p, name)
+        _require_num(name, v, _is_num(v) and v > 0, f"a number > 0 ({unit})")
+    sm = p.sm_count
+    if isinstance(sm, bool) or not isinstance(sm, int) or sm <= 0:
+        raise InputError(f"sm_count: got {sm!r}; expected an integer > 0")
+    for tm, tn, rel in p.gemm_tiles:
+        if tm <= 0 or tn <= 0 or not 0 < rel <= 1:
+            raise InputError(f"gemm_tiles: got {[tm, tn, rel]!r}; expected tile sizes > 0 and a "
+                             "relative efficiency in (0, 1]")
+    for name in ("gemm_max_efficiency", "attention_max_efficiency", "memory_efficiency"):
+        v = getattr(p, name)
+        _require_num(name, v, _is_num(v) and 0 < v <= 1, "a fraction in (0, 1]")
+    for name in ("gemm_k_overhead", "kernel_launch_s"):
+        v = getattr(p, name)
+        _require_num(name, v, _is_num(v) and v >= 0, "a number >= 0")
+    for kind, link in p.links.items():
+        if kind not in LINK_KINDS:
+            raise InputError(f"links: unknown key {kind!r}; allowed: {', '.join(LINK_KINDS)}")
+        _require_num(f"links.{kind}.bandwidth_Bps", link.bandwidth_Bps,
+                     _is_num(link.bandwidth_Bps) and link.bandwidth_Bps > 0, "a number > 0 (bytes/s)")
+        _require_num(f"links.{kind}.latency_s", link.latency_s,
+                     _is_num(link.latency_s) and link.latency_s >= 0, "a number >= 0 (seconds)")
+        _require_num(f"links.{kind}.efficiency", link.efficiency,
+                     _is_num(link.efficiency) and 0 < link.efficiency <= 1, "a fraction in (0, 1]")

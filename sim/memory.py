@@ -1,0 +1,213 @@
+"""What each GPU holds: model states, activations and temporary buffers.
+
+Model states (ZeRO, Rajbhandari et al. SC'20). Mixed-precision Adam keeps, per
+parameter, a 16-bit weight (2Ψ bytes), a 16-bit gradient (2Ψ) and K = 12 bytes of
+optimizer state (fp32 master weight, momentum, variance): 16Ψ in all. Over Nd
+data-parallel ranks ZeRO shards them as
+
+    stage 0:        2Ψ + 2Ψ + 12Ψ
+    stage 1 (P_os):     4Ψ + 12Ψ/Nd
+    stage 2 (P_os+g):   2Ψ + 14Ψ/Nd
+    stage 3 (P_os+g+p): 16Ψ/Nd
+
+where Ψ is the parameter count on the rank (its tensor- and pipeline-parallel shard).
+
+Activations (Korthikanti et al. 2022, "Reducing Activation Recomputation", Table 2):
+bytes stored per layer per micro-batch, for sequence s, micro-batch b, hidden h,
+heads a, tensor-parallel size t, 16-bit activations and 1-byte dropout masks:
+
+    no parallelism              sbh(34 + 5as/h)
+    tensor parallel             sbh(10 + 24/t + 5as/(ht))
+    tensor + sequence parallel  (sbh/t)(34 + 5as/h)
+    tp + selective recompute    sbh(10 + 24/t)
+    tp + sp + selective         sbh·34/t
+    full recompute              2sbh  (the layer input; /t under sequence parallelism)
+
+``activation_terms`` itemizes the same tensors (LayerNorm inputs, QKV input, Q, K, V,
+softmax and its dropout, projection input, GeLU input and output, dropout masks) so
+that SwiGLU, grouped-query attention, models without dropout and flash attention
+(which stores no s×s tensor, only a 4-byte log-sum-exp per query row) follow from
+the same accounting; with ``flash_attention=False`` and a GPT layer it reproduces the
+table above exactly. With 1F1B, stage i holds p − i micro-batches in flight (the first
+stage p); interleaving with v chunks multiplies the first stage's by 1 + (p−1)/(p·v).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from sim.errors import require
+from sim.model import ModelSpec
+from sim.plan import RECOMPUTE, ParallelPlan
+
+# DeepSpeed defaults (zero_optimization.reduce_bucket_size, stage3_max_live_parameters).
+DEEPSPEED_REDUCE_BUCKET_ELEMS = 500_000_000
+DEEPSPEED_MAX_LIVE_PARAMETERS = 1_000_000_000
+
+
+@dataclass(frozen=True)
+class ModelStates:
+    """Bytes of weights, gradients and optimizer states on one rank."""
+
+    params_bytes: float
+    grads_bytes: float
+    optimizer_bytes: float
+
+    @property
+    def total(self) -> float:
+        return self.params_bytes + self.grads_bytes + self.optimizer_bytes
+
+
+def model_state_bytes(num_params: float, dp: int = 1, zero_stage: int = 0, *, param_bytes: int = 2,
+                      grad_bytes: int = 2, optimizer_bytes: int = 12) -> ModelStates:
+    """Weights, gradients and Adam states of ``num_params`` parameters on one of ``dp``
+    ranks under ZeRO stage ``zero_stage`` (see the module doc)."""
+    require(num_params >= 0, "num_params", num_params, "expected a count >= 0")
+    require(isinstance(dp, int) and dp > 0, "dp", dp, "expected an integer > 0")
+    require(zero_stage in (0, 1, 2, 3), "zero_stage", zero_stage, "allowed: 0, 1, 2, 3")
+    p, g, o = param_bytes * num_params, grad_bytes * num_params, optimizer_bytes * num_params
+    return ModelStates(p / dp if zero_stage >= 3 else p,
+                       g / dp if zero_stage >= 2 else g,
+                       o / dp if zero_stage >= 1 else o)
+
+
+# ------------------------------------------------------------------ parameters
+def layer_params_per_rank(model: ModelSpec, tp: int = 1) -> float:
+    """Parameters of one layer on one tensor-parallel rank: column-parallel weights and
+    biases and row-parallel weights are split; row-parallel biases and norms replicated."""
+    m, h, t = model, model.hidden_size, tp
+    f_up = (2 if m.mlp == "swiglu" else 1) * m.ffn_hidden_size
+    qkv = h + 2 * m.kv_dim
+    split = h * qkv + h * h + h * f_up + m.ffn_hidden_size * h
+    if m.bias:
+        split += qkv + f_up
+    replicated = 2 * m.norm_params + (2 * h if m.bias else 0)
+    return split / t + replicated
+
+
+def stage_params_per_rank(model: ModelSpec, plan: ParallelPlan, stage: int) -> float:
+    """Parameters one rank of pipeline stage ``stage`` holds (all its chunks)."""
+    plan.check_model(model)
+    require(0 <= stage < plan.pp, "stage", stage, f"expected 0..{plan.pp - 1}")
+    t, h = plan.tp, model.hidden_size
+    n = model.num_layers // plan.pp * layer_params_per_rank(model, t)
+    word = model.vocab_size * h / t                       # vocab-parallel table
+    if stage == 0:
+        pos = model.max_position_embeddings if model.position_embedding == "learned" else 0
+        n += word + pos * h
+    if stage == plan.pp - 1:
+        n += model.norm_params
+        if not model.tied_embeddings or plan.pp > 1:      # untied, or a tied copy on the last stage
+            n += word
+    return n
+
+
+# ----------------------------------------------------------------- activations
+def activation_terms(model: ModelSpec, micro_batch: int, tp: int = 1, sequence_parallel: bool = False,
+                     recompute: str = "none", flash_attention: bool = True) -> dict:
+    """Bytes each stored tensor of one layer takes for one micro-batch on one rank."""
+    require(recompute in RECOMPUTE, "recompute", recompute, f"allowed: {', '.join(RECOMPUTE)}")
+    m, b, t = model, micro_batch, tp
+    s, h, a = m.seq_length, m.hidden_size, m.num_attention_heads
+    sp = sequence_parallel and t > 1
+    sbh = s * b * h
+    rep = t if sp else 1                     # divisor of the non-tensor-parallel regions
+    if recompute == "full":
+        return {"layer.input": 2 * sbh / rep}
+    r = m.num_key_value_heads / a
+    f = m.ffn_hidden_size / h                # MLP width in units of h
+    mask = 1 if m.dropout else 0
+    terms = {
+        "attn.norm.input": 2 * sbh / rep,
+        "attn.qkv.input": 2 * sbh / rep,
+        "attn.q": 2 * sbh / t,
+        "attn.k": 2 * sbh * r / t,
+        "attn.v": 2 * sbh * r / t,
+    }
+    if recompute == "none":
+        if flash_attention:
+            terms["attn.softmax.lse"] = 4 * a * s * b / t
+        else:
+            terms["attn.softmax"] = 2 * a * s * s * b / t
+            if m.dropout:
+                terms["attn.softmax.dropout_mask"] = a * s * s * b / t
+                terms["attn.softmax.dropout"] = 2 * a * s * s * b / t
+    terms["attn.proj.input"] = 2 * sbh / t
+    terms["attn.dropout_mask"] = mask * sbh / rep
+    terms["mlp.norm.input"] = 2 * sbh / rep
+    terms["mlp.up.input"] = 2 * sbh / rep
+    if m.mlp == "gelu":
+        terms["mlp.gelu.input"] = 2 * sbh * f / t
+    else:
+        terms["mlp.gate"] = 2 * sbh * f / t
+        terms["mlp.up"] = 2 * sbh * f / t
+    terms["mlp.down.input"] = 2 * sbh * f / t
+    terms["mlp.dropout_mask"] = mask * sbh / rep
+    return {k: v for k, v in terms.items() if v}
+
+
+def activation_bytes_per_layer(model: ModelSpec, micro_batch: int, tp: int = 1,
+                               sequence_parallel: bool = False, recompute: str = "none",
+                               flash_attention: bool = True) -> float:
+    """Activation bytes one layer stores for one micro-batch on one rank (Korthikanti Table 2
+    when ``flash_attention`` is False and the layer is GPT-style)."""
+    return sum(activation_terms(model, micro_batch, tp, sequence_parallel, recompute,
+                                flash_attention).values())
+
+
+def head_activation_bytes(model: ModelSpec, micro_batch: int, tp: int = 1,
+                          sequence_parallel: bool = False) -> float:
+    """Last stage, per micro-batch: final norm input, logit GEMM input and the fp32
+    softmax the vocab-parallel cross-entropy keeps (Korthikanti: 4sbV/t)."""
+    sp = sequence_parallel and tp > 1
+    sbh = model.seq_length * micro_batch * model.hidden_size
+    norm_and_logit_inputs = 2 * (2 * sbh / (tp if sp else 1))
+    return norm_and_logit_inputs + 4 * model.seq_length * micro_batch * model.vocab_size / tp
+
+
+def embedding_activation_bytes(model: ModelSpec, micro_batch: int, tp: int = 1,
+                               sequence_parallel: bool = False) -> float:
+    """First stage, per micro-batch: the embedding dropout mask (GPT-style models)."""
+    sp = sequence_parallel and tp > 1
+    sbh = model.seq_length * micro_batch * model.hidden_size
+    return sbh / (tp if sp else 1) if model.dropout else 0.0
+
+
+def inflight_chunks(plan: ParallelPlan, stage: int) -> int:
+    """Chunk-micro-batches whose activations stage ``stage`` holds at its peak under
+    1F1B (interleaved when vpp > 1): Megatron's warm-up count plus one,
+    (p − i − 1)·2 + (v − 1)·p + 1, or p − i without interleaving, at most m·v."""
+    p, v, m = plan.pp, plan.vpp, plan.num_microbatches
+    require(0 <= stage < p, "stage", stage, f"expected 0..{p - 1}")
+    warm = (p - stage - 1) * 2 + (v - 1) * p if v > 1 else p - stage - 1
+    return min(warm + 1, m * v)
+
+
+def stage_activation_bytes(model: ModelSpec, plan: ParallelPlan, stage: int,
+                           flash_attention: bool = True) -> float:
+    """Peak activation bytes on one rank of pipeline stage ``stage``."""
+    plan.check_model(model)
+    b, t, sp = plan.micro_batch_size, plan.tp, plan.sequence_parallel
+    per_layer = activation_bytes_per_layer(model, b, t, sp, plan.recompute, flash_attention)
+    layers_per_chunk = model.num_layers // (plan.pp * plan.vpp)
+    total = inflight_chunks(plan, stage) * layers_per_chunk * per_layer
+    if stage == 0:
+        total += min(plan.pp, plan.num_microbatches) * embedding_activation_bytes(model, b, t, sp)
+    if stage == plan.pp - 1:
+        total += head_activation_bytes(model, b, t, sp)
+    return total
+
+
+# ------------------------------------------------------------------ temporaries
+def zero3_gathered_param_bytes(layer_params: float, prefetch_layers: int = 1, param_bytes: int = 2,
+                               max_live_parameters: float = DEEPSPEED_MAX_LIVE_PARAMETERS) -> float:
+    """ZeRO-3: full (dp-gathered) weights of the layer in use and of ``prefetch_layers``
+    ahead, at most ``max_live_parameters`` (DeepSpeed ``stage3_max_live_parameters``)."""
+    require(prefetch_layers >= 0, "prefetch_layers", prefetch_layers, "expected an integer >= 0")
+    return param_bytes * min(layer_params * (1 + prefetch_layers), max(layer_params, max_live_parameters))
+
+
+def grad_bucket_bytes(bucket_elems: float = DEEPSPEED_REDUCE_BUCKET_ELEMS, grad_bytes: int = 2) -> float:
+    """A gradient communication bucket (DeepSpeed ``reduce_bucket_size`` elements)."""
+    require(bucket_elems >= 0, "bucket_elems", bucket_elems, "expected a count >= 0")
+    return grad_bytes * bucket_elems

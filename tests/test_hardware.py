@@ -1,0 +1,158 @@
+"""HardwareProfile: presets from REFERENCE.md, the GEMM efficiency model, strict JSON, costs."""
+
+import json
+import random
+
+import pytest
+
+from sim.costs import collective_time, op_time, transfer_time
+from sim.errors import InputError
+from sim.hardware import LINK_KINDS, PRESETS, HardwareProfile, LinkModel, load_profile
+from sim.workload import Op
+
+
+@pytest.fixture(params=PRESETS)
+def profile(request):
+    return load_profile(request.param)
+
+
+def test_presets_carry_reference_figures():
+    a100, h100, h200 = (load_profile(n) for n in ("a100-80gb", "h100-sxm", "h200"))
+    # REFERENCE.md hardware table (datasheet peaks).
+    assert (a100.peak("bf16"), a100.hbm_bandwidth_Bps) == (312e12, 2.039e12)
+    assert (h100.peak("bf16"), h100.hbm_bandwidth_Bps) == (989e12, 3.35e12)
+    assert (h200.peak("bf16"), h200.hbm_bandwidth_Bps) == (989e12, 4.8e12)
+    assert a100.hbm_capacity_bytes >= 80e9 and h200.hbm_capacity_bytes >= 141e9
+    # NVLink: per-direction line rate is half the datasheet total (600 / 900 GB/s) ...
+    assert a100.link("nvlink").bandwidth_Bps == 600e9 / 2
+    assert h100.link("nvlink").bandwidth_Bps == h200.link("nvlink").bandwidth_Bps == 900e9 / 2
+    # ... and the efficiency turns it into what NCCL achieves: ~230 GB/s (A100), ~370 GB/s (H100).
+    assert a100.link("nvlink").effective_Bps == pytest.approx(230e9, rel=0.002)
+    assert h100.link("nvlink").effective_Bps == pytest.approx(370e9, rel=0.002)
+    # InfiniBand: HDR ~24 GB/s per NIC; NDR 46-49 GB/s per NIC.
+    assert a100.link("ib").effective_Bps == pytest.approx(24e9, rel=0.002)
+    assert 46e9 <= h100.link("ib").effective_Bps <= 49e9
+    # Measured best GEMM: 85.9% (A100), ~80% (H100, 792-795 of 989).
+    assert a100.gemm_max_efficiency * 312 == pytest.approx(267.9, rel=0.001)
+    assert 792 <= h100.gemm_max_efficiency * 989 <= 795
+
+
+def test_every_field_cites_a_source(profile):
+    cited = {k.split(".")[0] for k in profile.sources}
+    cited |= {"links"} if all(f"links.{k}" in profile.sources for k in profile.links) else set()
+    for field in profile.to_dict():
+        if field not in ("name", "sources"):
+            assert field in cited, field
+
+
+def test_link_kinds_are_the_topology_kinds(profile):
+    assert sorted(profile.links) == sorted(LINK_KINDS) == ["ethernet", "ib", "nvlink", "pcie"]
+    assert profile.link_efficiencies() == {k: profile.link(k).efficiency for k in sorted(LINK_KINDS)}
+
+
+def test_a100_gemm_6912x16384x2048_near_measured_best():
+    a100 = load_profile("a100-80gb")
+    tflops = a100.gemm_efficiency(6912, 16384, 2048) * a100.peak("bf16") / 1e12
+    assert tflops == pytest.approx(267.9, rel=0.05)
+    op = Op("g", "F", "gemm", 2 * 6912 * 16384 * 2048, 0, 0, 0, (6912, 16384, 2048))
+    assert op.flops / (op_time(op, a100) - a100.kernel_launch_s) / 1e12 == pytest.approx(tflops, rel=1e-9)
+
+
+def test_gemm_efficiency_monotone_on_the_diagonal_and_capped(profile):
+    sizes = [2**i for i in range(5, 16)]      # square GEMMs 32 .. 32768
+    effs = [profile.gemm_efficiency(x, x, x) for x in sizes]
+    assert all(b >= a for a, b in zip(effs, effs[1:])), effs
+    assert effs[-1] > 0.95 * profile.gemm_max_efficiency
+    rng = random.Random(3)
+    for _ in range(2000):
+        m, n, k = (rng.choice([1, 7, 64, 100, 128, 1000, 4096, 5120, 12288, 65536]) for _ in range(3))
+        assert 0 < profile.gemm_efficiency(m, n, k, rng.choice([1, 3, 96])) <= profile.gemm_max_efficiency
+
+
+def _tiny(**kw):
+    base = dict(name="tiny", peak_flops={"bf16": 100.0, "fp32": 10.0}, hbm_bandwidth_Bps=10.0,
+                hbm_capacity_bytes=1e9, sm_count=4, gemm_tiles=((128, 128, 1.0),), gemm_k_overhead=0,
+                gemm_max_efficiency=0.5, attention_max_efficiency=0.5, memory_efficiency=1.0,
+                kernel_launch_s=0.0, links={"nvlink": LinkModel(1e-6, 100.0, 0.5)})
+    base.update(kw)
+    return HardwareProfile(**base)
+
+
+def test_tile_and_wave_quantization_by_hand():
+    p = _tiny()
+    assert p.gemm_efficiency(256, 256, 64) == 0.5                  # 4 tiles on 4 SMs: one full wave
+    assert p.gemm_efficiency(256, 384, 64) == 0.5 * 6 / 8          # 6 tiles: two waves, 6 of 8 slots busy
+    assert p.gemm_efficiency(200, 256, 64) == 0.5 * (200 * 256) / (256 * 256)   # tile padding
+    assert p.gemm_efficiency(128, 128, 64) == 0.5 / 4              # one tile, 3 SMs idle
+    assert p.gemm_efficiency(128, 128, 64, batch=4) == 0.5         # batched: full wave
+    q = _tiny(gemm_k_overhead=64)
+    assert q.gemm_efficiency(256, 256, 64) == 0.5 * 64 / 128
+
+
+def test_roofline_op_time_by_hand():
+    p = _tiny(kernel_launch_s=1.0)
+    compute_bound = Op("g", "F", "gemm", 2 * 256 * 256 * 64, 10, 10, 10, (256, 256, 64))
+    assert op_time(compute_bound, p) == pytest.approx(2 * 256 * 256 * 64 / 50.0 + 1.0)
+    memory_bound = Op("n", "F", "memory", 100.0, 300.0, 200.0, 200.0)
+    assert op_time(memory_bound, p) == pytest.approx(500.0 / 10.0 + 1.0)
+
+
+def test_link_and_ring_closed_forms():
+    p = _tiny()
+    assert transfer_time(1000, "nvlink", p) == pytest.approx(1e-6 + 1000 / 50.0)
+    n, S = 8, 8000.0
+    # REFERENCE.md: ring all-reduce 2(n-1)(α + S/(nB)); all-gather/reduce-scatter (n-1)(...).
+    assert collective_time("all_reduce", S, n, "nvlink", p) == pytest.approx(2 * (n - 1) * (1e-6 + S / (n * 50.0)))
+    assert collective_time("all_gather", S, n, "nvlink", p) == pytest.approx((n - 1) * (1e-6 + S / (n * 50.0)))
+    assert collective_time("reduce_scatter", S, 1, "nvlink", p) == 0.0
+    with pytest.raises(InputError, match="ib"):
+        transfer_time(10, "ib", p)
+
+
+def test_json_round_trip(tmp_path, profile):
+    path = tmp_path / "p.json"
+    profile.save(path)
+    again = load_profile(path)
+    assert again == profile and again.sources == profile.sources
+    assert again.to_dict() == json.loads(path.read_text())
+
+
+def one_line(exc_info, *words):
+    msg = str(exc_info.value)
+    assert "\n" not in msg
+    for w in words:
+        assert w in msg, msg
+
+
+def _write(tmp_path, data):
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps(data))
+    return path
+
+
+def test_bad_profiles_are_one_line_errors(tmp_path):
+    good = load_profile("a100-80gb").to_dict()
+    cases = []
+    d = dict(good); del d["sm_count"]; cases.append((d, ["missing key", "sm_count"]))
+    d = dict(good, turbo=True); cases.append((d, ["unknown key", "turbo"]))
+    d = json.loads(json.dumps(good)); d["links"]["ib"]["bandwidth_Bps"] = -25e9
+    cases.append((d, ["links.ib.bandwidth_Bps", "-25"]))
+    d = json.loads(json.dumps(good)); d["links"]["infiniband"] = d["links"].pop("ib")
+    cases.append((d, ["unknown key", "infiniband", "nvlink, pcie, ib, ethernet"]))
+    d = json.loads(json.dumps(good)); del d["links"]["nvlink"]["efficiency"]
+    cases.append((d, ["links.nvlink", "missing key", "efficiency"]))
+    d = json.loads(json.dumps(good)); d["links"]["nvlink"]["efficiency"] = 1.3
+    cases.append((d, ["links.nvlink.efficiency", "1.3"]))
+    d = dict(good, gemm_max_efficiency=0); cases.append((d, ["gemm_max_efficiency"]))
+    d = dict(good, peak_flops={"bf17": 1e12}); cases.append((d, ["peak_flops", "bf17"]))
+    d = dict(good, sources={"nonsense": "x"}); cases.append((d, ["sources", "nonsense"]))
+    for data, words in cases:
+        with pytest.raises(InputError) as info:
+            load_profile(_write(tmp_path, data))
+        one_line(info, "bad.json", *words)
+    with pytest.raises(InputError) as info:
+        load_profile("b200")
+    one_line(info, "b200", "a100-80gb")
+    with pytest.raises(InputError) as info:
+        _tiny(hbm_bandwidth_Bps=-1.0)
+    one_line(info, "tiny", "hbm_bandwidth_Bps", "-1")
