@@ -85,6 +85,11 @@ class HardwareProfile:
     sources: dict = field(default_factory=dict, compare=False)
     """Field -> where its number comes from (datasheet, measurement, assumption)."""
 
+    def __hash__(self):
+        d = self.to_dict()
+        d.pop("sources")
+        return hash(json.dumps(d, sort_keys=True))
+
     def __post_init__(self):
         try:
             _check_profile(self)

@@ -37,7 +37,7 @@ from dataclasses import dataclass, replace
 
 from sim.errors import require
 from sim.model import ModelSpec
-from sim.plan import RECOMPUTE
+from sim.plan import RECOMPUTE, ParallelPlan
 
 PHASES = ("F", "B", "W")
 OP_KINDS = ("gemm", "attention", "memory")
@@ -287,6 +287,23 @@ def head_work(model: ModelSpec, micro_batch: int, tp: int = 1, sequence_parallel
         w.comm("head.all_gather.input", "all_gather", e * n_tok * h)
     w.gemm("head.logits.wgrad", v, h, n_tok)
     return w.build()
+
+
+def chunk_work(model: ModelSpec, plan: ParallelPlan, virtual_stage: int) -> list:
+    """The works of one model chunk in execution order: the embedding (first chunk only),
+    its layers (one shared ``Work`` per layer) and the head (last chunk only). Chunk c of
+    pipeline stage s is virtual stage c·pp + s (Megatron's interleaved assignment)."""
+    n = plan.pp * plan.vpp
+    require(isinstance(virtual_stage, int) and 0 <= virtual_stage < n, "virtual_stage", virtual_stage,
+            f"expected 0..{n - 1} (pp x vpp = {plan.pp} x {plan.vpp})")
+    b, t, sp = plan.micro_batch_size, plan.tp, plan.sequence_parallel
+    layer = layer_work(model, b, t, sp, plan.recompute)
+    works = [layer] * plan.layers_per_chunk(model)
+    if virtual_stage == 0:
+        works.insert(0, embedding_work(model, b, t, sp))
+    if virtual_stage == n - 1:
+        works.append(head_work(model, b, t, sp))
+    return works
 
 
 def p2p_bytes(model: ModelSpec, micro_batch: int, tp: int = 1, sequence_parallel: bool = False,

@@ -156,3 +156,9 @@ def test_bad_profiles_are_one_line_errors(tmp_path):
     with pytest.raises(InputError) as info:
         _tiny(hbm_bandwidth_Bps=-1.0)
     one_line(info, "tiny", "hbm_bandwidth_Bps", "-1")
+
+
+def test_profiles_are_hashable_and_sources_do_not_matter(profile):
+    again = HardwareProfile.from_dict({**profile.to_dict(), "sources": {}})
+    assert again == profile and hash(again) == hash(profile)
+    assert len({profile, again}) == 1

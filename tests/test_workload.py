@@ -141,3 +141,16 @@ def test_bad_tp_is_one_line_error():
     assert "num_attention_heads 25" in str(info.value) and "\n" not in str(info.value)
     with pytest.raises(InputError, match="recompute"):
         layer_work(preset("gpt2-1.5b"), 1, recompute="some")
+
+
+def test_chunk_work_places_embedding_and_head():
+    from sim.plan import ParallelPlan
+    from sim.workload import chunk_work
+    m = preset("llama3-8b")
+    plan = ParallelPlan(pp=4, vpp=2, global_batch_size=8)
+    names = {v: [w.name for w in chunk_work(m, plan, v)] for v in range(8)}
+    assert names[0] == ["embedding"] + ["layer"] * 4
+    assert names[7] == ["layer"] * 4 + ["head"]
+    assert all(names[v] == ["layer"] * 4 for v in range(1, 7))
+    with pytest.raises(InputError, match="virtual_stage"):
+        chunk_work(m, plan, 8)

@@ -1,0 +1,162 @@
+"""ParallelPlan validation, the analytic estimate and ``trainsim estimate``."""
+
+import json
+
+import pytest
+
+from sim.cli import main
+from sim.costs import op_time
+from sim.errors import InputError
+from sim.estimate import estimate, model_flops_per_sequence
+from sim.hardware import load_profile
+from sim.model import preset
+from sim.plan import ParallelPlan
+from sim.workload import embedding_work, head_work, layer_work
+
+A100 = load_profile("a100-80gb")
+
+
+# ------------------------------------------------------------------------ plan
+def one_line(fn, *words):
+    with pytest.raises(InputError) as info:
+        fn()
+    msg = str(info.value)
+    assert "\n" not in msg
+    for w in words:
+        assert w in msg, msg
+
+
+def test_plan_validation_names_each_factor():
+    one_line(lambda: ParallelPlan(tp=0), "tp", "0")
+    one_line(lambda: ParallelPlan(dp=2, micro_batch_size=3, global_batch_size=8), "global_batch_size", "8", "6")
+    one_line(lambda: ParallelPlan(recompute="most"), "recompute", "most")
+    one_line(lambda: ParallelPlan(zero_stage=4), "zero_stage", "4")
+    one_line(lambda: ParallelPlan(vpp=2), "vpp", "pp > 1")
+    one_line(lambda: ParallelPlan(pp=4, vpp=2, global_batch_size=6), "multiple of pp = 4")
+    one_line(lambda: ParallelPlan.for_world(12, tp=8), "world_size", "12", "8")
+    one_line(lambda: ParallelPlan(tp=8).check_model(preset("gpt2-1.5b")), "tp", "num_attention_heads 25")
+    one_line(lambda: ParallelPlan(pp=5).check_model(preset("llama3-8b")), "pp x vpp", "num_layers 32")
+
+
+def test_plan_derived_values():
+    p = ParallelPlan.for_world(64, tp=4, pp=2, micro_batch_size=2, global_batch_size=512)
+    assert (p.dp, p.world_size, p.num_microbatches) == (8, 64, 32)
+    assert ParallelPlan(dp=4).global_batch_size == 4
+    assert not ParallelPlan(sequence_parallel=True).sp and ParallelPlan(tp=2, sequence_parallel=True).sp
+
+
+# -------------------------------------------------------------------- estimate
+def test_single_gpu_step_is_the_sum_of_op_times():
+    m = preset("gpt2-1.5b")
+    plan = ParallelPlan(micro_batch_size=2, global_batch_size=8)
+    est = estimate(m, plan, A100)
+    ops = [*embedding_work(m, 2).ops(), *head_work(m, 2).ops()]
+    per_mb = sum(op_time(o, A100) for o in ops) + m.num_layers * sum(op_time(o, A100) for o in layer_work(m, 2).ops())
+    assert est.time["compute"] == pytest.approx(4 * per_mb, rel=1e-12)
+    assert est.time["tp_comm"] == est.time["pipeline_bubble"] == est.time["dp_comm"] == 0
+    parts = sum(v for k, v in est.time.items() if k != "step")
+    assert est.time["step"] == pytest.approx(parts)
+    assert est.tokens_per_s == pytest.approx(8 * 1024 / est.time["step"])
+    # states 16Ψ on one GPU; activations for one micro-batch in flight
+    assert est.memory["weights"] + est.memory["gradients"] + est.memory["optimizer"] == 16 * m.num_params
+    assert est.memory["total"] == pytest.approx(sum(v for k, v in est.memory.items() if k != "total"))
+
+
+def test_model_flops_are_korthikanti_eq7_and_mfu_follows():
+    m = preset("gpt-175b")
+    plan = ParallelPlan(dp=16, tp=8, pp=12, global_batch_size=1536, recompute="full")
+    est = estimate(m, plan, A100)
+    B, s, L, h, V = 1536, m.seq_length, m.num_layers, m.hidden_size, m.vocab_size
+    assert est.model_flops_per_step == pytest.approx(72 * B * L * s * h * h * (1 + s / (6 * h) + V / (12 * h * L)), rel=1e-12)
+    assert est.hardware_flops_per_step == pytest.approx(96 * B * s * L * h * h * (1 + s / (6 * h) + V / (16 * L * h)), rel=1e-12)
+    assert est.mfu == pytest.approx(est.model_flops_per_step / (est.time["step"] * 1536 * 312e12))
+    assert est.model_flops_per_step == B * model_flops_per_sequence(m)
+
+
+def test_pipeline_bubble_fraction():
+    # Narayanan et al.: bubble / ideal compute = (p-1)/(v·m) for equal stages.
+    m = preset("llama3-8b")
+    for p, v, mb in ((4, 1, 8), (4, 2, 8), (8, 4, 16)):
+        est = estimate(m, ParallelPlan(pp=p, vpp=v, global_batch_size=mb), A100)
+        busy = est.time["compute"] + est.time["tp_comm"]
+        assert est.time["pipeline_bubble"] / busy == pytest.approx((p - 1) / (v * mb), rel=1e-12)
+
+
+def test_zero3_moves_one_and_a_half_times_the_bytes_of_dp():
+    # ZeRO paper: DP 2Ψ per step (reduce-scatter + all-gather), ZeRO-3 3Ψ (1.5x); one micro-batch.
+    m = preset("gpt2-1.5b")
+    dp = estimate(m, ParallelPlan(dp=64, global_batch_size=64), A100).time["dp_comm"]
+    z3 = estimate(m, ParallelPlan(dp=64, global_batch_size=64, zero_stage=3), A100).time["dp_comm"]
+    assert z3 == pytest.approx(1.5 * dp, rel=1e-12)
+
+
+def test_memory_shrinks_with_zero_and_recompute():
+    m = preset("llama3-70b")
+    base = dict(dp=8, tp=8, micro_batch_size=1, global_batch_size=64)
+    mems = [estimate(m, ParallelPlan(**base, zero_stage=z), A100).memory for z in range(4)]
+    states = [x["weights"] + x["gradients"] + x["optimizer"] for x in mems]
+    assert states[0] > states[1] > states[2] > states[3]
+    acts = [estimate(m, ParallelPlan(**base, recompute=r), A100).memory["activations"]
+            for r in ("none", "selective", "full")]
+    assert acts[0] > acts[1] > acts[2]
+    assert not estimate(m, ParallelPlan(dp=64, global_batch_size=64), A100).fits   # 70B on one GPU: no
+
+
+@pytest.mark.parametrize("kind,gpus,arg,published", [
+    # Megatron-LM SC'21 Table 2 (REFERENCE.md): 174.6B, A100-80GB, batch 1536, TFLOP/s per GPU.
+    ("ptd-p", 384, 4, 153), ("ptd-p", 768, 8, 149), ("ptd-p", 1536, 16, 141),
+    ("zero-3", 384, 4, 144), ("zero-3", 768, 2, 88), ("zero-3", 1536, 1, 44),
+])
+def test_first_order_estimate_near_megatron_table2(kind, gpus, arg, published):
+    """The first-order estimate is not a simulation: it ignores overlap and contention and
+    assumes the best GEMM efficiency. We hold it to within 25% of the published figures
+    (it is 8-20% off today); the simulator has to do better."""
+    m = preset("gpt-175b")
+    if kind == "ptd-p":
+        plan = ParallelPlan(dp=arg, tp=8, pp=12, global_batch_size=1536, recompute="full")
+    else:
+        plan = ParallelPlan(dp=gpus, micro_batch_size=arg, global_batch_size=1536, recompute="full", zero_stage=3)
+    est = estimate(m, plan, A100)
+    assert est.hardware_tflops_per_gpu == pytest.approx(published, rel=0.25)
+
+
+# ------------------------------------------------------------------------- CLI
+def test_cli_json(capsys):
+    assert main(["estimate", "--model", "llama3-8b", "--gpu", "h100-sxm", "--gpus", "16",
+                 "--tensor-model-parallel-size", "2", "--global-batch-size", "64",
+                 "--recompute-granularity", "selective", "--sequence-parallel", "--zero", "1", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["plan"]["dp"] == 8 and out["plan"]["tp"] == 2 and out["plan"]["sequence_parallel"]
+    assert out["gpu"] == "h100-sxm" and out["num_params"] == 8_030_261_248
+    assert set(out["memory"]) == {"weights", "gradients", "optimizer", "activations", "temporaries", "total"}
+
+
+def test_cli_table_and_model_sources(capsys, tmp_path):
+    assert main(["estimate", "--num-layers", "24", "--hidden-size", "2048", "--num-attention-heads", "16",
+                 "--vocab-size", "51200", "--seq-length", "2048", "--gpus", "8", "--global-batch-size", "32"]) == 0
+    text = capsys.readouterr().out
+    for word in ("memory per GPU", "total", "step time", "MFU", "dp 8 x tp 1 x pp 1"):
+        assert word in text
+    cfg = tmp_path / "config.json"
+    cfg.write_text(json.dumps({"model_type": "llama", "hidden_size": 4096, "intermediate_size": 14336,
+                               "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8,
+                               "vocab_size": 128256, "max_position_embeddings": 8192}))
+    assert main(["estimate", "--hf-config", str(cfg), "--seq-length", "4096", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["num_params"] == 8_030_261_248
+
+
+@pytest.mark.parametrize("argv,words", [
+    (["--model", "gpt-9"], ["gpt-9"]),
+    (["--model", "gpt-22b", "--hf-config", "x.json"], ["--model", "--hf-config", "exactly one"]),
+    ([], ["nothing"]),
+    (["--model", "gpt-22b", "--gpus", "12", "--tensor-model-parallel-size", "8"], ["--gpus", "12"]),
+    (["--model", "gpt2-1.5b", "--tensor-model-parallel-size", "2"], ["num_attention_heads 25"]),
+    (["--model", "gpt-22b", "--gpu", "b200"], ["b200"]),
+    (["--model", "gpt-22b", "--zero", "5"], ["--zero"]),
+])
+def test_cli_errors_are_one_line_exit_2(capsys, argv, words):
+    assert main(["estimate", *argv]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("trainsim: error:")
+    for w in words:
+        assert w in err[0], err[0]
