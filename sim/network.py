@@ -19,6 +19,7 @@ hardware. Every completed transfer is recorded as a ``TransferRecord``.
 
 from __future__ import annotations
 
+import heapq
 import math
 from dataclasses import dataclass
 
@@ -190,29 +191,35 @@ def _flow_key(f: _Flow):
 
 
 def _max_min_rates(flows: set[_Flow], links: set[int], capacity: list[float], flows_on: list[set]) -> dict:
-    """Progressive filling: the max-min fair rate of each flow (deterministic)."""
+    """Progressive filling: the max-min fair rate of each flow (deterministic).
+
+    The link with the smallest fair share (capacity left / flows not yet frozen) is the
+    next bottleneck; its flows are frozen at that share. Freezing a flow at the smallest
+    share never lowers another link's share, so a heap with lazy updates finds each next
+    bottleneck.
+    """
     rate: dict[_Flow, float] = {}
     left = {l: capacity[l] for l in links if not math.isinf(capacity[l])}
     count = {l: len(flows_on[l]) for l in left}
+    heap = [(left[l] / count[l], l) for l in sorted(left) if count[l] > 0]
+    heapq.heapify(heap)
     unfrozen = set(flows)
-    while unfrozen:
-        best_l, best_share = -1, math.inf
-        for l in sorted(left):
-            c = count[l]
-            if c > 0:
-                share = left[l] / c
-                if share < best_share - _EPS * share:
-                    best_l, best_share = l, share
-        if best_l < 0:  # only infinite links remain
-            for f in unfrozen:
-                rate[f] = math.inf
-            break
-        best_share = max(best_share, 0.0)
-        for f in sorted(flows_on[best_l] & unfrozen, key=_flow_key):
-            rate[f] = best_share
+    while unfrozen and heap:
+        share, l = heapq.heappop(heap)
+        c = count[l]
+        if c == 0:
+            continue
+        current = max(left[l], 0.0) / c
+        if current > share * (1 + _EPS) + _EPS:
+            heapq.heappush(heap, (current, l))
+            continue
+        for f in sorted(flows_on[l] & unfrozen, key=_flow_key):
+            rate[f] = current
             unfrozen.discard(f)
-            for l in f.links:
-                if l in left:
-                    left[l] -= best_share
-                    count[l] -= 1
+            for m in f.links:
+                if m in left:
+                    left[m] -= current
+                    count[m] -= 1
+    for f in unfrozen:  # flows that cross only infinite links
+        rate[f] = math.inf
     return rate

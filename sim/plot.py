@@ -72,6 +72,7 @@ def plot_timeline(trace: Trace, path: str | Path, title: str = "", lane_names: d
     extra: dict[str, str] = {}
     used: dict[str, str] = {}
     min_label_ms = t_end_ms / 60
+    bars: dict[int, list[tuple[float, float, str]]] = {}
     for sp in trace.spans:
         y = lane_of.get((sp.rank, sp.stream))
         if y is None:
@@ -79,10 +80,15 @@ def plot_timeline(trace: Trace, path: str | Path, title: str = "", lane_names: d
         x0, w = sp.start_s * 1e3, (sp.end_s - sp.start_s) * 1e3
         c = _colour(sp.category, extra)
         used.setdefault(sp.category, c)
-        ax.barh(y, w, left=x0, height=0.8, color=c, edgecolor="white", linewidth=0.4)
+        bars.setdefault(y, []).append((x0, w, c))
         if w >= min_label_ms and len(sp.name) * t_end_ms / 170 < w:
             ax.text(x0 + w / 2, y, sp.name, ha="center", va="center", fontsize=7, color="white", clip_on=True)
     if show_transfers:
+        # One band per kind of link inside the "sends" lane, so concurrent transfers
+        # (several channels, or phases that overlap) do not hide each other.
+        media = [m for m in ("nvlink", "pcie", "ib", "ethernet", "local") if any(t.medium == m for t in trace.transfers)]
+        band = 0.8 / max(len(media), 1)
+        xfers: dict[tuple[int, int], list[tuple[float, float, str]]] = {}
         for tr in trace.transfers:
             y = lane_of.get((tr.src, "sends"))
             if y is None:
@@ -90,8 +96,13 @@ def plot_timeline(trace: Trace, path: str | Path, title: str = "", lane_names: d
             cat = f"via {tr.medium}"
             c = _colour(cat, extra)
             used.setdefault(cat, c)
-            ax.barh(y, (tr.end_s - tr.start_s) * 1e3, left=tr.start_s * 1e3, height=0.6, color=c,
-                    edgecolor="white", linewidth=0.3)
+            xfers.setdefault((y, media.index(tr.medium)), []).append((tr.start_s * 1e3, (tr.end_s - tr.start_s) * 1e3, c))
+        for (y, k), items in sorted(xfers.items()):
+            ax.broken_barh([(x, w) for x, w, _ in items], (y - 0.4 + k * band, band * 0.9),
+                           facecolors=[c for _, _, c in items], edgecolor="white", linewidth=0.3)
+    for y, items in sorted(bars.items()):  # one collection per lane: fast for many bars
+        ax.broken_barh([(x, w) for x, w, _ in items], (y - 0.4, 0.8), facecolors=[c for _, _, c in items],
+                       edgecolor="white", linewidth=0.4)
     ax.set_yticks(range(len(lanes)))
     names = lane_names or {}
     multi = any(len(ss) > 1 for ss in streams.values())
