@@ -54,6 +54,9 @@ class Action:
     tag: str = ""
     category: str = ""
     """What the action is for, used for colours and metrics (e.g. F, B, W, tp, pp, dp)."""
+    layer: int | None = None
+    """The model layer a compute action works on (-1 embedding, num_layers the output
+    head), for passes that act per layer (gradient buckets, ZeRO-3 gathers)."""
     deps: tuple = field(default=())
     """Names of actions on this rank, or (rank, name) pairs, that must finish first."""
 

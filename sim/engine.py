@@ -36,12 +36,13 @@ def simulate(program: Program, topology: Topology, *, link_efficiency: dict[str,
 
 
 class _Rendezvous:
-    __slots__ = ("posted", "done", "meta")
+    __slots__ = ("posted", "done", "meta", "began")
 
     def __init__(self):
         self.posted: dict = {}
         self.done = None
         self.meta = None
+        self.began = None  # when the last party arrived and data started to move
 
 
 class _Engine:
@@ -122,16 +123,20 @@ class _Engine:
             self.blocked[(rank, stream)] = (a, "run")
             start = env.now
             link_id = None
+            rv = None
             if a.kind == "compute":
                 if a.duration_s > 0:
                     yield env.timeout(a.duration_s)
             elif a.kind == "collective":
-                yield self._join_collective(rank, a)
+                rv = self._join_collective(rank, a)
+                yield rv.posted[rank]
             else:
-                ev, link_id = self._join_p2p(rank, a)
-                yield ev
+                rv = self._join_p2p(rank, a)
+                link_id = rv.meta
+                yield rv.done
+            busy = start if rv is None else rv.began
             self.spans.append(Span(rank, stream, a.name, a.kind, a.category or (a.op or a.kind), start, env.now,
-                                   a.nbytes, a.flops, a.peer, a.op, link_id))
+                                   a.nbytes, a.flops, a.peer, a.op, link_id, busy, a.layer))
             self.done[(rank, a.name)].succeed()
         self.blocked.pop((rank, stream), None)
 
@@ -146,6 +151,7 @@ class _Engine:
             rv.meta = self._link_ids
         rv.posted[a.kind] = (rank, a)
         if len(rv.posted) == 2:
+            rv.began = self.env.now
             (src, send), (dst, recv) = rv.posted["send"], rv.posted["recv"]
             if recv.nbytes and recv.nbytes != send.nbytes:
                 raise InputError(
@@ -154,10 +160,10 @@ class _Engine:
             ev = self.net.transfer(src, dst, send.nbytes, f"p2p {send.name}")
             ev.callbacks.append(lambda _e, d=rv.done: d.succeed())
             del self._p2p[key]
-        return rv.done, rv.meta
+        return rv
 
     # ------------------------------------------------------------------ collectives
-    def _join_collective(self, rank: int, a: Action) -> simpy.Event:
+    def _join_collective(self, rank: int, a: Action) -> _Rendezvous:
         key = self._keys[(rank, a.name)]
         rv = self._coll.get(key)
         if rv is None:
@@ -172,9 +178,10 @@ class _Engine:
         rv.posted[rank] = self.env.event()
         if len(rv.posted) == len(a.group):
             del self._coll[key]
+            rv.began = self.env.now
             steps = collectives.build(a.op, a.group, a.nbytes, self.topology, a.algo, channels=a.channels or None)
             self._run_steps(steps, rv.posted, f"{a.op} {a.name}")
-        return rv.posted[rank]
+        return rv
 
     def _run_steps(self, steps, rank_done: dict[int, simpy.Event], label: str) -> None:
         """Start each step when its dependencies are done; signal each rank when its

@@ -48,15 +48,25 @@ def _colour(category: str, extra: dict[str, str]) -> str:
 
 
 def plot_timeline(trace: Trace, path: str | Path, title: str = "", lane_names: dict[int, str] | None = None,
-                  max_lanes: int = 64, show_transfers: bool = False) -> Path:
+                  max_lanes: int = 64, show_transfers: bool = False, ranks=None, lane_of_stream=None) -> Path:
     """Draw the trace as a Gantt PNG at ``path`` (written atomically) and return the path.
 
+    ``ranks`` picks the ranks to draw (default all); ``lane_of_stream`` maps a stream
+    name to a lane name, so several streams can share a lane (e.g. every ``pp`` stream).
     With ``show_transfers`` each rank gets a ``sends`` lane showing every point-to-point
     transfer it sent (collective steps included), coloured by the slowest kind of link
     it crossed. At most ``max_lanes`` lanes are drawn (the first ranks); the title says
     so when ranks were left out.
     """
-    streams = trace.streams()
+    merge = lane_of_stream or (lambda s: s)
+    streams = {}
+    for r, ss in trace.streams().items():
+        if ranks is None or r in ranks:
+            lanes_r = []
+            for st in ss:
+                if merge(st) not in lanes_r:
+                    lanes_r.append(merge(st))
+            streams[r] = lanes_r
     if show_transfers:
         streams = {r: ss + ["sends"] for r, ss in streams.items()}
     lanes: list[tuple[int, str]] = [(r, s) for r, ss in streams.items() for s in ss]
@@ -74,7 +84,7 @@ def plot_timeline(trace: Trace, path: str | Path, title: str = "", lane_names: d
     min_label_ms = t_end_ms / 60
     bars: dict[int, list[tuple[float, float, str]]] = {}
     for sp in trace.spans:
-        y = lane_of.get((sp.rank, sp.stream))
+        y = lane_of.get((sp.rank, merge(sp.stream)))
         if y is None:
             continue
         x0, w = sp.start_s * 1e3, (sp.end_s - sp.start_s) * 1e3

@@ -31,6 +31,15 @@ class Span:
     op: str = ""
     link_id: int | None = None
     """Shared by a send and its matching recv (flow arrows in the Perfetto trace)."""
+    busy_start_s: float | None = None
+    """When data started to move (all parties had arrived); before it the action waited.
+    Equal to ``start_s`` for compute."""
+    layer: int | None = None
+
+    @property
+    def busy_s(self) -> float:
+        """Time spent moving data or computing, without waiting for the other parties."""
+        return self.end_s - (self.start_s if self.busy_start_s is None else self.busy_start_s)
 
     @property
     def duration_s(self) -> float:
