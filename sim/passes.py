@@ -1,0 +1,189 @@
+"""Passes: pure functions Program -> Program that turn a schedule into training.
+
+A pipeline schedule (``sim.schedules``) gives one compute action per step (``2F0``) on
+each *pipeline* rank, with data dependencies between ranks as plain cross-rank deps
+(communication for free). The passes below, applied in order, make it a full iteration
+on every GPU:
+
+1. ``replicate``: copy each pipeline rank's actions onto every GPU of that stage
+   (all data- and tensor-parallel replicas), rewiring deps to the matching replica.
+2. ``add_tp_collectives``: cut each step into its per-layer compute segments and the
+   Megatron tensor-parallel collectives between them (all-reduce, or all-gather /
+   reduce-scatter with sequence parallelism), which block the compute that follows.
+3. ``add_p2p``: replace every cross-stage dependency by a send on the producer and a
+   receive on the consumer (activations forward, gradients backward), on one stream per
+   peer and direction, posted in the producer's order so streams never cross-wait.
+4. ``add_grad_sync``: DDP-style gradient buckets, filled in the order gradients become
+   final (the last micro-batch's backward), each all-reduced over the data-parallel group
+   as soon as it is full, overlapping the rest of backward (or all after backward).
+5. ``add_optimizer``: the optimizer step after the rank's gradient syncs.
+
+Action names are kept: the last action of a step keeps the step's name (``2F0``), so
+dependencies on a step mean "the step is complete".
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Callable
+
+from sim.actions import Action, Program
+
+
+@dataclass(frozen=True)
+class Segment:
+    """A piece of a step: a compute stretch of one layer, or a tensor-parallel collective."""
+
+    kind: str  # "compute" or "collective"
+    duration_s: float = 0.0
+    flops: float = 0.0
+    op: str = ""  # allreduce / allgather / reducescatter
+    nbytes: float = 0.0
+    layer: int | None = None
+
+
+def replicate(prog: Program, world_size: int, coords: Callable[[int], tuple], rank_of: Callable[..., int]) -> Program:
+    """Copy pipeline rank p's actions to every GPU g with coords(g) = (dp, p, tp)."""
+    out: dict[int, list[Action]] = {}
+    for g in range(world_size):
+        d, p, t = coords(g)
+        acts = []
+        for a in prog.actions.get(p, ()):
+            if any(not isinstance(dep, str) for dep in a.deps):
+                deps = tuple(dep if isinstance(dep, str) else (rank_of(dp=d, pp=dep[0], tp=t), dep[1]) for dep in a.deps)
+                a = replace(a, deps=deps)
+            acts.append(a)
+        out[g] = acts
+    return Program(out)
+
+
+def add_tp_collectives(prog: Program, segments: Callable[[int, Action], list[Segment] | None],
+                       tp_group: Callable[[int], tuple[int, ...]]) -> Program:
+    """Expand each action for which ``segments(rank, action)`` returns a list into a chain:
+    compute segments on the action's stream, collectives over the rank's tp group on
+    stream ``tp``. The first piece takes the action's deps; the last takes its name."""
+    out: dict[int, list[Action]] = {}
+    for r, acts in prog.actions.items():
+        group = tp_group(r)
+        new: list[Action] = []
+        for a in acts:
+            segs = segments(r, a)
+            if not segs:
+                new.append(a)
+                continue
+            prev = None
+            for i, s in enumerate(segs):
+                last = i == len(segs) - 1
+                name = a.name if last else f"{a.name}.{i}"
+                deps = a.deps if prev is None else (prev,)
+                if s.kind == "collective":
+                    if len(group) < 2:
+                        continue
+                    new.append(Action(name, kind="collective", op=s.op, group=group, nbytes=s.nbytes,
+                                      category="tp", deps=deps, stream="tp", layer=s.layer))
+                else:
+                    new.append(Action(name, duration_s=s.duration_s, flops=s.flops, category=a.category,
+                                      stream=a.stream, deps=deps, layer=s.layer))
+                prev = name
+            if prev != a.name:  # a trailing collective was dropped (tp = 1): rename the last piece
+                new[-1] = replace(new[-1], name=a.name)
+        out[r] = new
+    return Program(out)
+
+
+def add_p2p(prog: Program, nbytes: Callable[[Action], float]) -> Program:
+    """Replace each cross-rank dependency by a send after the producer and a receive before
+    the consumer (``nbytes(consumer)`` bytes, category ``pp``)."""
+    acts = {r: list(a) for r, a in prog.actions.items()}
+    position = {(r, a.name): i for r, lst in acts.items() for i, a in enumerate(lst)}
+    sends: dict[int, dict[str, list[Action]]] = {r: {} for r in acts}
+    recvs: dict[int, list[tuple[int, Action]]] = {r: [] for r in acts}
+    for r, lst in acts.items():
+        for i, a in enumerate(lst):
+            if all(isinstance(d, str) or d[0] == r for d in a.deps):
+                continue
+            deps = []
+            for d in a.deps:
+                if isinstance(d, str) or d[0] == r:
+                    deps.append(d)
+                    continue
+                src, producer = d
+                tag = f"{producer}>{a.name}"
+                size = nbytes(a)
+                send = Action(f"send {producer} to {r} for {a.name}", kind="send", peer=r, nbytes=size, tag=tag,
+                              category="pp", stream=f"pp>{r}", deps=(producer,))
+                recv = Action(f"recv {producer} from {src} for {a.name}", kind="recv", peer=src, nbytes=size,
+                              tag=tag, category="pp", stream=f"pp<{src}")
+                sends[src].setdefault(producer, []).append(send)
+                recvs[r].append((position[(src, producer)], recv))
+                deps.append(recv.name)
+            lst[i] = replace(a, deps=tuple(deps))
+    out: dict[int, list[Action]] = {}
+    for r, lst in acts.items():
+        # Receives in the producer's order, so each pp stream matches its peer's order.
+        new = [rv for _, rv in sorted(recvs[r], key=lambda x: (x[1].peer, x[0]))]
+        for a in lst:
+            new.append(a)
+            new.extend(sends[r].get(a.name, ()))
+        out[r] = new
+    return Program(out)
+
+
+def add_grad_sync(prog: Program, grad_bytes: Callable[[int, int], float], dp_group: Callable[[int], tuple[int, ...]],
+                  bucket_bytes: float, overlap: bool = True, backward=("B", "W")) -> Program:
+    """DDP gradient buckets: per rank, the layers' gradients (``grad_bytes(rank, layer)``)
+    in the order they become final, packed into buckets of at least ``bucket_bytes``;
+    each bucket is all-reduced over the rank's dp group (stream ``dp``) once its last
+    layer's final backward action is done (with ``overlap``), else after all backward."""
+    out: dict[int, list[Action]] = {}
+    for r, acts in prog.actions.items():
+        group = dp_group(r)
+        lst = list(acts)
+        if len(group) < 2:
+            out[r] = lst
+            continue
+        final: dict[int, int] = {}  # layer -> index of its last backward action
+        for i, a in enumerate(lst):
+            if a.kind == "compute" and a.category in backward and a.layer is not None:
+                final[a.layer] = i
+        if not final:
+            out[r] = lst
+            continue
+        last_backward = max(final.values())
+        buckets: list[tuple[int, float, list[int]]] = []  # (ready index, bytes, layers)
+        size, layers = 0.0, []
+        for layer, idx in sorted(final.items(), key=lambda kv: (kv[1], -kv[0])):
+            size += grad_bytes(r, layer)
+            layers.append(layer)
+            if size >= bucket_bytes:
+                buckets.append((idx, size, layers))
+                size, layers = 0.0, []
+        if layers:
+            buckets.append((final[layers[-1]], size, layers))
+        after: dict[int, list[Action]] = {}
+        for k, (idx, nb, ls) in enumerate(buckets):
+            anchor = idx if overlap else last_backward
+            act = Action(f"grad bucket {k} (layers {ls[0]}..{ls[-1]})", kind="collective", op="allreduce",
+                         group=group, nbytes=nb, category="dp", stream="dp", deps=(lst[anchor].name,))
+            after.setdefault(anchor, []).append(act)
+        new = []
+        for i, a in enumerate(lst):
+            new.append(a)
+            new.extend(after.get(i, ()))
+        out[r] = new
+    return Program(out)
+
+
+def add_optimizer(prog: Program, duration: Callable[[int], float]) -> Program:
+    """One optimizer step per rank (category ``opt``) after all its other actions."""
+    out: dict[int, list[Action]] = {}
+    for r, acts in prog.actions.items():
+        lst = list(acts)
+        # The step needs every gradient: wait for the last action of each stream.
+        last_per_stream: dict[str, str] = {}
+        for a in lst:
+            last_per_stream[a.stream] = a.name
+        deps = tuple(last_per_stream[s] for s in sorted(last_per_stream))
+        lst.append(Action("optimizer", duration_s=duration(r), category="opt", deps=deps))
+        out[r] = lst
+    return Program(out)

@@ -1,0 +1,88 @@
+"""Passes on hand-made programs, and the time breakdown on hand-computed traces."""
+
+import pytest
+
+from sim import passes
+from sim.actions import Action, Program
+from sim.engine import simulate
+from sim.metrics import critical_rank, rank_breakdown
+
+
+def _two_stage():
+    # rank 0 = stage 0, rank 1 = stage 1; 1 micro-batch, free-comm deps.
+    return Program({
+        0: [Action("0F0", duration_s=1.0, category="F", layer=0),
+            Action("0B0", duration_s=2.0, category="B", layer=0, deps=((1, "1B0"),))],
+        1: [Action("1F0", duration_s=1.0, category="F", layer=1, deps=((0, "0F0"),)),
+            Action("1B0", duration_s=2.0, category="B", layer=1, deps=("1F0",))],
+    })
+
+
+def test_add_p2p_turns_cross_rank_deps_into_matched_sends_and_recvs(make_star):
+    prog = passes.add_p2p(_two_stage(), lambda consumer: 10.0)
+    kinds = sorted((r, a.kind, a.stream) for r, acts in prog.actions.items() for a in acts if a.kind != "compute")
+    assert kinds == [(0, "recv", "pp<1"), (0, "send", "pp>1"), (1, "recv", "pp<0"), (1, "send", "pp>0")]
+    for acts in prog.actions.values():
+        for a in acts:
+            assert all(isinstance(d, str) for d in a.deps)  # no cross-rank deps left
+    # 10 B at 10 B/s per hop-link, two links of the star but one bottleneck: 1 s per transfer
+    tr = simulate(prog, make_star([10.0, 10.0]))
+    assert tr.end_s == pytest.approx(1 + 1 + 1 + 2 + 1 + 2)
+
+
+def test_free_program_and_p2p_program_agree_when_transfers_are_free(make_star):
+    free = simulate(_two_stage(), make_star([1.0, 1.0])).end_s
+    with_p2p = simulate(passes.add_p2p(_two_stage(), lambda c: 0.0), make_star([1.0, 1.0])).end_s
+    assert with_p2p == pytest.approx(free)
+
+
+def test_tp_expansion_keeps_the_step_name_on_the_last_piece(make_star):
+    prog = Program({0: [Action("0F0", category="F")], 1: [Action("0F0", category="F")]})
+    segs = [passes.Segment("compute", 1.0, 5.0, layer=0), passes.Segment("collective", op="allreduce", nbytes=4.0, layer=0),
+            passes.Segment("compute", 2.0, 7.0, layer=1)]
+    out = passes.add_tp_collectives(prog, lambda r, a: segs, lambda r: (0, 1))
+    names = [a.name for a in out.actions[0]]
+    assert names == ["0F0.0", "0F0.1", "0F0"]
+    assert out.actions[0][1].kind == "collective" and out.actions[0][1].group == (0, 1)
+    # 1 s compute, all-reduce of 4 B over 2 ranks on 4 B/s links (2 steps of 2 B: 1 s), 2 s compute
+    tr = simulate(out, make_star([4.0, 4.0]))
+    assert tr.end_s == pytest.approx(4.0)
+    # tp = 1: the collective disappears and the last compute keeps the name
+    solo = passes.add_tp_collectives(Program({0: [Action("0F0", category="F")]}), lambda r, a: segs, lambda r: (0,))
+    assert [a.name for a in solo.actions[0]] == ["0F0.0", "0F0"]
+
+
+def test_grad_buckets_fill_in_backward_order_and_start_early(make_star):
+    # One rank pair in dp; 4 layers whose backward runs 3, 2, 1, 0; 1 B of grads per layer.
+    def rank_prog():
+        return [Action(f"B{l}", duration_s=1.0, category="B", layer=l) for l in (3, 2, 1, 0)]
+    prog = Program({0: rank_prog(), 1: rank_prog()})
+    out = passes.add_grad_sync(prog, lambda r, l: 1.0, lambda r: (0, 1), bucket_bytes=2.0, overlap=True)
+    buckets = [a for a in out.actions[0] if a.category == "dp"]
+    assert [(b.nbytes, b.deps) for b in buckets] == [(2.0, ("B2",)), (2.0, ("B0",))]
+    late = passes.add_grad_sync(prog, lambda r, l: 1.0, lambda r: (0, 1), bucket_bytes=2.0, overlap=False)
+    assert [b.deps for b in late.actions[0] if b.category == "dp"] == [("B0",), ("B0",)]
+    # Overlap hides the first bucket behind the last two layers' backward.
+    star = make_star([1.0, 1.0])
+    t_on, t_off = simulate(out, star).end_s, simulate(late, star).end_s
+    assert t_on < t_off
+
+
+def test_breakdown_hand_computed(make_star):
+    # rank 0: compute 0..2, then a send of 2 B at 1 B/s (2..4) while computing 3..5.
+    prog = Program({
+        0: [Action("c1", duration_s=2.0), Action("s", kind="send", peer=1, nbytes=2, category="pp", deps=("c1",)),
+            Action("gap", kind="compute", duration_s=1.0, stream="other-queue"),
+            Action("c2", duration_s=2.0, deps=("gap",), stream="compute2")],
+        1: [Action("r", kind="recv", peer=0, nbytes=2, category="pp")],
+    })
+    tr = simulate(prog, make_star([1.0, 1.0]))
+    b = rank_breakdown(tr, 0)
+    # compute busy: 0..2 (c1), 0..1 (gap), 1..3 (c2) -> union 0..3; send 2..4 (1 s overlapped, 1 exposed)
+    assert b["compute_s"] == pytest.approx(3.0)
+    assert b["exposed_comm_s"]["pp"] == pytest.approx(1.0)
+    assert b["overlap_s"] == pytest.approx(1.0) and b["comm_s"] == pytest.approx(2.0)
+    # rank 1's recv waits 0..2 for the send: waiting is idle, not communication
+    b1 = rank_breakdown(tr, 1)
+    assert b1["exposed_comm_s"]["pp"] == pytest.approx(2.0) and b1["idle_s"] == pytest.approx(2.0)
+    assert critical_rank(tr) == 0
