@@ -1,25 +1,34 @@
 """A first-order answer without simulation: per-GPU memory and step time of a plan.
 
 This is the fast path for sweeps and the baseline the simulator must beat on fidelity.
-It adds up, never overlaps:
+It adds up, never overlaps (``dp_overlap`` and the bucket size are the simulator's):
 
-    step = m·T + (p − 1)/v · T + pp_comm + dp_comm + optimizer
+    step = m·T + bubble + pp_comm + dp_comm + optimizer
 
-where T is the slowest pipeline stage's time for one micro-batch (its layers' F, B and W
-op times from ``sim.costs`` plus their tensor-parallel collectives, the embedding on the
-first stage and the output head on the last), m the micro-batches per step, p the
-pipeline stages and v the chunks per stage ((p−1)/v·T is the 1F1B/interleaved bubble of
-Narayanan et al. SC'21). Collectives use the ring closed forms over the slowest link the
-group spans (``nvlink`` inside a node, ``ib`` across nodes, with Megatron's rank order
-tp, then dp, then pp). Gradient sync is an all-reduce of the 16-bit gradients per step
-for ZeRO-0/1, a reduce-scatter per micro-batch plus one all-gather for ZeRO-2, and two
-all-gathers and a reduce-scatter per micro-batch for ZeRO-3 (the 1.5× of the ZeRO
-paper). The optimizer step is memory-bound: 28 bytes moved per local parameter.
+where T = T_F + T_B + T_W is the slowest pipeline stage's time for one micro-batch (the
+F, B and W op times from ``sim.costs`` of the layers ``plan.stage_layers`` puts on it, over
+all its chunks, plus their tensor-parallel collectives, the embedding on the first stage
+and the output head on the last) and m the micro-batches per step. The bubble follows
+the schedule, for p stages and v chunks per stage:
+
+    gpipe, 1f1b   (p − 1)·T                        (GPipe; Narayanan et al. SC'21)
+    interleaved   (p − 1)·T / v                    (Narayanan et al. SC'21)
+    zb-h1         (p − 1)·(T_F + T_B − T_W)        (Qi et al., Zero Bubble PP, ICLR 2024)
+    zb-h2         (p − 1)·max(0, T_F + T_B − 2T_W) (same paper)
+
+('custom' is costed as 1F1B, or interleaved when v > 1.) Collectives use the ring closed
+forms over the slowest link the group spans: ``nvlink`` when every group of that
+dimension stays inside a node under the plan's ``placement``, else ``ib``. Gradient sync
+is an all-reduce of the 16-bit gradients per step for ZeRO-0/1, a reduce-scatter per
+micro-batch plus one all-gather for ZeRO-2, and two all-gathers and a reduce-scatter per
+micro-batch for ZeRO-3 (the 1.5× of the ZeRO paper). The optimizer step is memory-bound:
+28 bytes moved per local parameter.
 
 Model FLOPs are F + B + W of every GEMM and attention op without recomputation, which
 for GPT shapes is Korthikanti et al.'s Eq. 7, 72·B·L·s·h²·(1 + s/(6h) + V/(12hL));
 MFU = model FLOPs / (step · GPUs · peak). Hardware FLOPs add the recomputed work.
-Memory is the worst stage's model states, activations and temporaries (``sim.memory``).
+Memory is the worst stage's model states, activations (in flight per the schedule,
+``sim.memory``) and temporaries.
 """
 
 from __future__ import annotations
@@ -76,9 +85,19 @@ class Estimate:
 
 
 def _links(plan: ParallelPlan, gpus_per_node: int) -> dict:
-    def kind(span: int) -> str:
-        return "nvlink" if span <= gpus_per_node else "ib"
-    return {"tp": kind(plan.tp), "dp": kind(plan.tp * plan.dp), "pp": kind(plan.world_size)}
+    """Link kind each dimension's groups use under the plan's placement."""
+    return {d: "nvlink" if plan.max_nodes_spanned(d, gpus_per_node) == 1 else "ib"
+            for d in ("tp", "dp", "pp")}
+
+
+def _bubble(plan: ParallelPlan, t_f: float, t_b: float, t_w: float) -> float:
+    """Pipeline bubble of one step for the slowest stage's per-micro-batch phase times."""
+    p, v = plan.pp, plan.vpp
+    if plan.schedule == "zb-h1":
+        return (p - 1) * max(0.0, t_f + t_b - t_w)
+    if plan.schedule == "zb-h2":
+        return (p - 1) * max(0.0, t_f + t_b - 2 * t_w)
+    return (p - 1) / v * (t_f + t_b + t_w)
 
 
 def model_flops_per_sequence(model: ModelSpec, recompute: str = "none") -> float:
@@ -95,25 +114,30 @@ def estimate(model: ModelSpec, plan: ParallelPlan, profile: HardwareProfile, *,
     links = _links(plan, gpus_per_node)
     b, t, p, v, m = plan.micro_batch_size, plan.tp, plan.pp, plan.vpp, plan.num_microbatches
     sp = plan.sequence_parallel
-    layers_per_stage = model.num_layers // p
+    layers = plan.stage_layers(model)
 
-    def split(work):
-        times = work_times(work, profile, t, links["tp"], dtype)
-        return sum(c for c, _ in times.values()), sum(x for _, x in times.values())
+    def phases(work):
+        """Per phase (compute_s, tp_comm_s) of one micro-batch."""
+        return work_times(work, profile, t, links["tp"], dtype)
 
-    layer_c, layer_x = split(layer_work(model, b, t, sp, plan.recompute))
-    emb_c, emb_x = split(embedding_work(model, b, t, sp))
-    head_c, head_x = split(head_work(model, b, t, sp))
-    stage_times = []
+    layer_t = phases(layer_work(model, b, t, sp, plan.recompute))
+    emb_t, head_t = phases(embedding_work(model, b, t, sp)), phases(head_work(model, b, t, sp))
+    stage_times = []          # per stage: {phase: (compute_s, tp_comm_s)}
     for stage in range(p):
-        c, x = layers_per_stage * layer_c, layers_per_stage * layer_x
-        if stage == 0:
-            c, x = c + emb_c, x + emb_x
-        if stage == p - 1:
-            c, x = c + head_c, x + head_x
-        stage_times.append((c, x))
-    compute_mb, tp_mb = max(stage_times, key=sum)
-    per_mb = compute_mb + tp_mb
+        n = sum(layers[c * p + stage] for c in range(v))
+        times = {}
+        for ph in layer_t:
+            c, x = n * layer_t[ph][0], n * layer_t[ph][1]
+            if stage == 0:
+                c, x = c + emb_t[ph][0], x + emb_t[ph][1]
+            if stage == p - 1:
+                c, x = c + head_t[ph][0], x + head_t[ph][1]
+            times[ph] = (c, x)
+        stage_times.append(times)
+    slowest = max(stage_times, key=lambda st: sum(c + x for c, x in st.values()))
+    compute_mb = sum(c for c, _ in slowest.values())
+    tp_mb = sum(x for _, x in slowest.values())
+    t_f, t_b, t_w = (sum(slowest[ph]) for ph in ("F", "B", "W"))
 
     pp_comm = m * 2 * v * transfer_time(p2p_bytes(model, b, t, sp), links["pp"], profile) if p > 1 else 0.0
 
@@ -137,7 +161,7 @@ def estimate(model: ModelSpec, plan: ParallelPlan, profile: HardwareProfile, *,
     time = {
         "compute": m * compute_mb,
         "tp_comm": m * tp_mb,
-        "pipeline_bubble": (p - 1) / v * per_mb,
+        "pipeline_bubble": _bubble(plan, t_f, t_b, t_w),
         "pp_comm": pp_comm,
         "dp_comm": dp_comm,
         "optimizer": optimizer,

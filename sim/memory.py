@@ -28,8 +28,28 @@ softmax and its dropout, projection input, GeLU input and output, dropout masks)
 that SwiGLU, grouped-query attention, models without dropout and flash attention
 (which stores no s×s tensor, only a 4-byte log-sum-exp per query row) follow from
 the same accounting; with ``flash_attention=False`` and a GPT layer it reproduces the
-table above exactly. With 1F1B, stage i holds p − i micro-batches in flight (the first
-stage p); interleaving with v chunks multiplies the first stage's by 1 + (p−1)/(p·v).
+table above exactly.
+
+In flight. A pipeline stage's activation peak is the activations of the (chunk,
+micro-batch) pairs it has run forward but not yet backward. Per schedule, for stage i of
+p, m micro-batches and v chunks per stage (``inflight_per_chunk``):
+
+    gpipe        m                     all forwards run before any backward (GPipe)
+    1f1b         min(p − i, m)         PipeDream-Flush (Narayanan et al. SC'21)
+    zb-h1        min(p − i, m)         same peak as 1F1B (Qi et al. ICLR 2024: p·M_B)
+    zb-h2        min(2(p − i) − 1, m)  the first stage 2p − 1 (Qi et al.: (2p−1)·M_B)
+    interleaved  min(2(p − i − 1) + (v − 1)·p + 1, m·v) chunk-micro-batches
+
+The interleaved count is Megatron-LM's warm-up length plus the first steady-state
+forward; for the first stage it is p·v·(1 + (p−1)/(p·v)) chunks, the (1 + (p−1)/(p·v))
+factor of Korthikanti et al. Which chunks they belong to follows Megatron's forward
+order (groups of p micro-batches per chunk: chunk ⌊k/p⌋ mod v for the k-th forward),
+which matters when chunks differ in size (uneven splits). ZB-H2's per-stage count comes
+from the paper's construction with equal F, B and W times: stage i can run forwards from
+time i until its first B arrives at time 2p − 1 − i. A 'custom' schedule is counted as
+1F1B (interleaved when v > 1); the simulator's memory pass tracks the real program.
+The embedding's stored tensors count with the micro-batches in flight on virtual stage
+0, the output layer's with those on the last virtual stage.
 """
 
 from __future__ import annotations
@@ -86,11 +106,14 @@ def layer_params_per_rank(model: ModelSpec, tp: int = 1) -> float:
 
 
 def stage_params_per_rank(model: ModelSpec, plan: ParallelPlan, stage: int) -> float:
-    """Parameters one rank of pipeline stage ``stage`` holds (all its chunks)."""
+    """Parameters one rank of pipeline stage ``stage`` holds (the layers of all its chunks,
+    as ``plan.stage_layers`` splits them, plus the embedding on the first stage and the
+    final norm and output layer on the last)."""
     plan.check_model(model)
     require(0 <= stage < plan.pp, "stage", stage, f"expected 0..{plan.pp - 1}")
     t, h = plan.tp, model.hidden_size
-    n = model.num_layers // plan.pp * layer_params_per_rank(model, t)
+    layers = plan.stage_layers(model)
+    n = sum(layers[c * plan.pp + stage] for c in range(plan.vpp)) * layer_params_per_rank(model, t)
     word = model.vocab_size * h / t                       # vocab-parallel table
     if stage == 0:
         pos = model.max_position_embeddings if model.position_embedding == "learned" else 0
@@ -173,28 +196,46 @@ def embedding_activation_bytes(model: ModelSpec, micro_batch: int, tp: int = 1,
     return sbh / (tp if sp else 1) if model.dropout else 0.0
 
 
-def inflight_chunks(plan: ParallelPlan, stage: int) -> int:
-    """Chunk-micro-batches whose activations stage ``stage`` holds at its peak under
-    1F1B (interleaved when vpp > 1): Megatron's warm-up count plus one,
-    (p − i − 1)·2 + (v − 1)·p + 1, or p − i without interleaving, at most m·v."""
+def inflight_per_chunk(plan: ParallelPlan, stage: int) -> tuple:
+    """Micro-batches whose activations each chunk of pipeline stage ``stage`` holds at the
+    stage's peak, under ``plan.schedule`` (see the module doc); one entry per chunk."""
     p, v, m = plan.pp, plan.vpp, plan.num_microbatches
-    require(0 <= stage < p, "stage", stage, f"expected 0..{p - 1}")
-    warm = (p - stage - 1) * 2 + (v - 1) * p if v > 1 else p - stage - 1
-    return min(warm + 1, m * v)
+    require(isinstance(stage, int) and 0 <= stage < p, "stage", stage, f"expected 0..{p - 1}")
+    if plan.schedule == "gpipe":
+        return (m,)
+    if v == 1:
+        held = 2 * (p - stage) - 1 if plan.schedule == "zb-h2" else p - stage
+        return (min(held, m),)
+    held = min(2 * (p - stage - 1) + (v - 1) * p + 1, m * v)
+    counts = [0] * v
+    for k in range(held):
+        counts[k // p % v] += 1
+    return tuple(counts)
+
+
+def inflight_chunks(plan: ParallelPlan, stage: int) -> int:
+    """Chunk-micro-batches whose activations stage ``stage`` holds at its peak: p − i under
+    1F1B, Megatron's warm-up count plus one, (p − i − 1)·2 + (v − 1)·p + 1, interleaved (at
+    most m·v), m under GPipe, 2(p − i) − 1 under ZB-H2 (see the module doc)."""
+    return sum(inflight_per_chunk(plan, stage))
 
 
 def stage_activation_bytes(model: ModelSpec, plan: ParallelPlan, stage: int,
                            flash_attention: bool = True) -> float:
-    """Peak activation bytes on one rank of pipeline stage ``stage``."""
+    """Peak activation bytes on one rank of pipeline stage ``stage``: for each of its
+    chunks, the micro-batches in flight times the chunk's layers, plus the embedding's
+    (virtual stage 0) and the output layer's (last virtual stage) tensors."""
     plan.check_model(model)
     b, t, sp = plan.micro_batch_size, plan.tp, plan.sequence_parallel
+    p, v = plan.pp, plan.vpp
     per_layer = activation_bytes_per_layer(model, b, t, sp, plan.recompute, flash_attention)
-    layers_per_chunk = model.num_layers // (plan.pp * plan.vpp)
-    total = inflight_chunks(plan, stage) * layers_per_chunk * per_layer
+    layers = plan.stage_layers(model)
+    held = inflight_per_chunk(plan, stage)
+    total = sum(held[c] * layers[c * p + stage] for c in range(v)) * per_layer
     if stage == 0:
-        total += min(plan.pp, plan.num_microbatches) * embedding_activation_bytes(model, b, t, sp)
-    if stage == plan.pp - 1:
-        total += head_activation_bytes(model, b, t, sp)
+        total += held[0] * embedding_activation_bytes(model, b, t, sp)
+    if stage == p - 1:
+        total += held[v - 1] * head_activation_bytes(model, b, t, sp)
     return total
 
 

@@ -290,15 +290,17 @@ def head_work(model: ModelSpec, micro_batch: int, tp: int = 1, sequence_parallel
 
 
 def chunk_work(model: ModelSpec, plan: ParallelPlan, virtual_stage: int) -> list:
-    """The works of one model chunk in execution order: the embedding (first chunk only),
-    its layers (one shared ``Work`` per layer) and the head (last chunk only). Chunk c of
-    pipeline stage s is virtual stage c·pp + s (Megatron's interleaved assignment)."""
+    """The works of one model chunk in execution order: the embedding (virtual stage 0
+    only), its layers (one shared ``Work`` per layer, ``plan.stage_layers(model)`` of them,
+    so uneven splits are honoured) and the head with the loss (last virtual stage only).
+    Chunk c of pipeline stage s is virtual stage c·pp + s (Megatron's interleaved assignment)."""
     n = plan.pp * plan.vpp
     require(isinstance(virtual_stage, int) and 0 <= virtual_stage < n, "virtual_stage", virtual_stage,
             f"expected 0..{n - 1} (pp x vpp = {plan.pp} x {plan.vpp})")
     b, t, sp = plan.micro_batch_size, plan.tp, plan.sequence_parallel
+    plan.check_model(model)
     layer = layer_work(model, b, t, sp, plan.recompute)
-    works = [layer] * plan.layers_per_chunk(model)
+    works = [layer] * plan.stage_layers(model)[virtual_stage]
     if virtual_stage == 0:
         works.insert(0, embedding_work(model, b, t, sp))
     if virtual_stage == n - 1:

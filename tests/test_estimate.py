@@ -5,7 +5,7 @@ import json
 import pytest
 
 from sim.cli import main
-from sim.costs import op_time
+from sim.costs import op_time, work_times
 from sim.errors import InputError
 from sim.estimate import estimate, model_flops_per_sequence
 from sim.hardware import load_profile
@@ -82,6 +82,46 @@ def test_pipeline_bubble_fraction():
         assert est.time["pipeline_bubble"] / busy == pytest.approx((p - 1) / (v * mb), rel=1e-12)
 
 
+def test_zero_bubble_closed_forms():
+    # Qi et al. (ICLR 2024): bubble 1F1B (p-1)(T_F+T_B+T_W), ZB-H1 (p-1)(T_F+T_B-T_W),
+    # ZB-H2 (p-1)(T_F+T_B-2T_W), with T the slowest stage's per-micro-batch phase times.
+    m = preset("gpt2-1.5b")
+    p = 4
+    est = {s: estimate(m, ParallelPlan(pp=p, global_batch_size=8, schedule=s), A100)
+           for s in ("gpipe", "1f1b", "zb-h1", "zb-h2")}
+    layer, head, emb = (work_times(w, A100) for w in (layer_work(m, 1), head_work(m, 1), embedding_work(m, 1)))
+    n = m.num_layers // p
+    stages = [{ph: n * layer[ph][0] + (emb[ph][0] if s == 0 else 0) + (head[ph][0] if s == p - 1 else 0)
+               for ph in "FBW"} for s in range(p)]
+    t = max(stages, key=lambda st: sum(st.values()))
+    f, b, w = t["F"], t["B"], t["W"]
+    assert est["1f1b"].time["pipeline_bubble"] == pytest.approx((p - 1) * (f + b + w), rel=1e-12)
+    assert est["gpipe"].time["pipeline_bubble"] == est["1f1b"].time["pipeline_bubble"]
+    assert est["zb-h1"].time["pipeline_bubble"] == pytest.approx((p - 1) * (f + b - w), rel=1e-12)
+    assert est["zb-h2"].time["pipeline_bubble"] == pytest.approx((p - 1) * max(0, f + b - 2 * w), rel=1e-12)
+    # GPipe stashes all 8 micro-batches, 1F1B and ZB-H1 p = 4, ZB-H2 2p - 1 = 7 on the first stage.
+    acts = {s: e.memory["activations"] for s, e in est.items()}
+    assert acts["gpipe"] > acts["zb-h2"] > acts["1f1b"] == acts["zb-h1"]
+
+
+def test_uneven_split_moves_the_worst_stage():
+    from sim.memory import layer_params_per_rank
+    m = preset("llama3-8b")
+    even = estimate(m, ParallelPlan(pp=4, global_batch_size=8), A100)
+    uneven = estimate(m, ParallelPlan(pp=4, global_batch_size=8, first_stage_layers=5), A100)   # 5, 9, 9, 9
+    assert uneven.worst_stage == 1
+    assert uneven.memory["weights"] == 2 * 9 * layer_params_per_rank(m)
+    assert uneven.time["compute"] > even.time["compute"]       # 9 layers on the slowest stage instead of 8 + head
+
+
+def test_links_follow_the_placement():
+    m = preset("llama3-8b")
+    kw = dict(dp=2, tp=4, pp=2, global_batch_size=4)
+    assert estimate(m, ParallelPlan(**kw), A100).links == {"tp": "nvlink", "pp": "nvlink", "dp": "ib"}
+    assert estimate(m, ParallelPlan(**kw, placement="tp-dp-pp"), A100).links == {"tp": "nvlink", "pp": "ib", "dp": "nvlink"}
+    assert estimate(m, ParallelPlan(dp=2, tp=8, global_batch_size=2, placement="dp-tp-pp"), A100).links["tp"] == "ib"
+
+
 def test_zero3_moves_one_and_a_half_times_the_bytes_of_dp():
     # ZeRO paper: DP 2Ψ per step (reduce-scatter + all-gather), ZeRO-3 3Ψ (1.5x); one micro-batch.
     m = preset("gpt2-1.5b")
@@ -131,6 +171,24 @@ def test_cli_json(capsys):
     assert set(out["memory"]) == {"weights", "gradients", "optimizer", "activations", "temporaries", "total"}
 
 
+def test_cli_pipeline_flags(capsys):
+    assert main(["estimate", "--model", "llama3-405b", "--gpus", "128", "--tensor-model-parallel-size", "8",
+                 "--pipeline-model-parallel-size", "16", "--global-batch-size", "32", "--schedule", "zb-h1",
+                 "--account-for-embedding-in-pipeline-split", "--account-for-loss-in-pipeline-split",
+                 "--placement", "tp-dp-pp", "--json"]) == 0
+    plan = json.loads(capsys.readouterr().out)["plan"]
+    assert (plan["schedule"], plan["placement"], plan["account_for_embedding"], plan["account_for_loss"]) == \
+        ("zb-h1", "tp-dp-pp", True, True)
+    assert main(["estimate", "--model", "llama3-8b", "--pipeline-model-parallel-size", "4",
+                 "--decoder-first-pipeline-num-layers", "5", "--global-batch-size", "8"]) == 0
+    assert "layers per pipeline stage: 5 9 9 9" in capsys.readouterr().out
+    assert main(["estimate", "--model", "llama3-8b", "--pipeline-model-parallel-size", "4",
+                 "--decoder-first-pipeline-num-layers", "4", "--decoder-last-pipeline-num-layers", "4",
+                 "--num-virtual-stages-per-pipeline-rank", "2", "--global-batch-size", "8", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["plan"]["vpp"] == 2 and out["plan"]["schedule"] == "interleaved"
+
+
 def test_cli_table_and_model_sources(capsys, tmp_path):
     assert main(["estimate", "--num-layers", "24", "--hidden-size", "2048", "--num-attention-heads", "16",
                  "--vocab-size", "51200", "--seq-length", "2048", "--gpus", "8", "--global-batch-size", "32"]) == 0
@@ -153,6 +211,16 @@ def test_cli_table_and_model_sources(capsys, tmp_path):
     (["--model", "gpt2-1.5b", "--tensor-model-parallel-size", "2"], ["num_attention_heads 25"]),
     (["--model", "gpt-22b", "--gpu", "b200"], ["b200"]),
     (["--model", "gpt-22b", "--zero", "5"], ["--zero"]),
+    (["--model", "gpt-22b", "--schedule", "pipedream"], ["--schedule", "pipedream"]),
+    (["--model", "gpt-22b", "--pipeline-model-parallel-size", "4", "--num-layers-per-virtual-pipeline-stage", "6",
+      "--schedule", "1f1b", "--global-batch-size", "8"], ["plan: vpp", "'1f1b'"]),
+    (["--model", "llama3-8b", "--pipeline-model-parallel-size", "4", "--decoder-first-pipeline-num-layers", "6"],
+     ["--decoder-first-pipeline-num-layers", "6", "would divide"]),
+    (["--model", "llama3-8b", "--pipeline-model-parallel-size", "5", "--account-for-loss-in-pipeline-split"],
+     ["--account-for-loss-in-pipeline-split", "33"]),
+    (["--model", "llama3-8b", "--pipeline-model-parallel-size", "4", "--decoder-last-pipeline-num-layers", "8",
+      "--num-layers-per-virtual-pipeline-stage", "2"], ["--num-virtual-stages-per-pipeline-rank"]),
+    (["--model", "gpt-22b", "--placement", "dp-tp"], ["placement", "dp-tp"]),
 ])
 def test_cli_errors_are_one_line_exit_2(capsys, argv, words):
     assert main(["estimate", *argv]) == 2

@@ -8,7 +8,10 @@ from sim.memory import (
     activation_bytes_per_layer,
     activation_terms,
     grad_bucket_bytes,
+    embedding_activation_bytes,
+    head_activation_bytes,
     inflight_chunks,
+    inflight_per_chunk,
     layer_params_per_rank,
     model_state_bytes,
     stage_activation_bytes,
@@ -126,6 +129,64 @@ def test_pipeline_inflight_counts():
         layers_per_stage = m.num_layers // p
         first = stage_activation_bytes(m, pl, 0)
         assert first == pytest.approx(p * layers_per_stage * per_layer * (1 + (p - 1) / (p * v)))
+
+
+def test_inflight_by_schedule():
+    # p = 4, m = 8. GPipe: all m forwards before any backward. 1F1B and ZB-H1: p - i.
+    # ZB-H2: 2(p - i) - 1, the first stage 2p - 1 (Qi et al. ICLR 2024, (2p-1)·M_B).
+    def counts(schedule, m=8):
+        plan = ParallelPlan(pp=4, global_batch_size=m, schedule=schedule)
+        return [inflight_chunks(plan, i) for i in range(4)]
+    assert counts("gpipe") == [8, 8, 8, 8]
+    assert counts("1f1b") == counts("zb-h1") == [4, 3, 2, 1]
+    assert counts("zb-h2") == [7, 5, 3, 1]
+    assert counts("zb-h2", m=2) == [2, 2, 2, 1] and counts("gpipe", m=2) == [2, 2, 2, 2]
+
+
+def test_interleaved_inflight_by_chunk_follows_megatron_order():
+    # p = 2, v = 2, m = 4. Rank 0 warms up with (p-1)·2 + (v-1)·p = 4 forwards,
+    # mb0/c0, mb1/c0, mb0/c1, mb1/c1, then forwards mb2/c0 before its first backward.
+    plan = ParallelPlan(pp=2, vpp=2, global_batch_size=4)
+    assert inflight_per_chunk(plan, 0) == (3, 2)
+    # rank 1: (v-1)·p = 2 warm-up forwards mb0/c0, mb1/c0, then mb0/c1.
+    assert inflight_per_chunk(plan, 1) == (2, 1)
+    # m = p caps the count at m·v: every chunk holds all m micro-batches.
+    assert inflight_per_chunk(ParallelPlan(pp=4, vpp=3, global_batch_size=4), 0) == (4, 4, 4)
+
+
+def test_gpipe_holds_every_microbatch_on_every_stage():
+    m = preset("gpt-22b")                              # dropout: the embedding stores a mask
+    plan = ParallelPlan(pp=4, global_batch_size=8, schedule="gpipe")
+    per_layer = activation_bytes_per_layer(m, 1)
+    assert stage_activation_bytes(m, plan, 0) == pytest.approx(
+        8 * 12 * per_layer + 8 * embedding_activation_bytes(m, 1))
+    assert stage_activation_bytes(m, plan, 1) == pytest.approx(8 * 12 * per_layer)
+    assert stage_activation_bytes(m, plan, 3) == pytest.approx(8 * 12 * per_layer + 8 * head_activation_bytes(m, 1))
+    one = ParallelPlan(pp=4, global_batch_size=8)      # 1F1B: the last stage keeps one micro-batch's logits
+    assert stage_activation_bytes(m, one, 3) == pytest.approx(12 * per_layer + head_activation_bytes(m, 1))
+
+
+def test_uneven_stages_memory():
+    m = preset("llama3-8b")
+    plan = ParallelPlan(pp=4, global_batch_size=8, first_stage_layers=5)     # 5, 9, 9, 9
+    per_layer = activation_bytes_per_layer(m, 1)
+    assert stage_activation_bytes(m, plan, 0) == pytest.approx(4 * 5 * per_layer)
+    assert stage_activation_bytes(m, plan, 1) == pytest.approx(3 * 9 * per_layer)
+    lp = layer_params_per_rank(m)
+    assert stage_params_per_rank(m, plan, 1) == 9 * lp
+    assert stage_params_per_rank(m, plan, 0) == 5 * lp + m.vocab_size * m.hidden_size
+    assert sum(stage_params_per_rank(m, plan, s) for s in range(4)) == m.num_params
+    # Llama 3 405B: 126 layers over 16 stages counting embedding and loss as a layer each.
+    big = preset("llama3-405b")
+    p405 = ParallelPlan(pp=16, tp=8, account_for_embedding=True, account_for_loss=True)
+    params = [stage_params_per_rank(big, p405, s) for s in range(16)]
+    lp8 = layer_params_per_rank(big, 8)
+    assert params[1] == 8 * lp8 and params[0] == 7 * lp8 + big.vocab_size * big.hidden_size / 8
+    assert params[15] == 7 * lp8 + big.vocab_size * big.hidden_size / 8 + big.norm_params
+    # interleaved with uneven chunks: rank 0 holds chunk 0 (7 layers) and chunk 1 (8 layers)
+    pi = ParallelPlan(pp=8, vpp=2, global_batch_size=16, account_for_embedding=True, account_for_loss=True)
+    held = inflight_per_chunk(pi, 0)                                           # Megatron order
+    assert stage_activation_bytes(big, pi, 0) == pytest.approx((held[0] * 7 + held[1] * 8) * activation_bytes_per_layer(big, 1))
 
 
 def test_stage_params_add_up():

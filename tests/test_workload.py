@@ -154,3 +154,7 @@ def test_chunk_work_places_embedding_and_head():
     assert all(names[v] == ["layer"] * 4 for v in range(1, 7))
     with pytest.raises(InputError, match="virtual_stage"):
         chunk_work(m, plan, 8)
+    # first and last rank 4 layers, middle ranks (32 - 8) / 2 = 12; each over vpp = 2 chunks
+    uneven = ParallelPlan(pp=4, vpp=2, global_batch_size=8, first_stage_layers=4, last_stage_layers=4)
+    counts = [[w.name for w in chunk_work(m, uneven, v)].count("layer") for v in range(8)]
+    assert counts == [2, 6, 6, 2] * 2 and sum(counts) == 32

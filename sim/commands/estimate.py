@@ -2,8 +2,9 @@
 
 The model comes from a preset (``--model``), a Hugging Face config.json
 (``--hf-config``) or Megatron-LM's shape flags; the plan from Megatron-LM's parallelism
-flags (``--tensor-model-parallel-size``, ``--pipeline-model-parallel-size``, ...), with
-data parallelism filling ``--gpus``. Prints a table, or one JSON object with ``--json``.
+flags (``--tensor-model-parallel-size``, ``--pipeline-model-parallel-size``,
+``--decoder-first-pipeline-num-layers``, ``--account-for-embedding-in-pipeline-split``, ...)
+plus ``--schedule`` and ``--placement``, with data parallelism filling ``--gpus``. Prints a table, or one JSON object with ``--json``.
 """
 
 from __future__ import annotations
@@ -44,6 +45,21 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     par.add_argument("--tensor-model-parallel-size", type=int, default=1)
     par.add_argument("--pipeline-model-parallel-size", type=int, default=1)
     par.add_argument("--num-layers-per-virtual-pipeline-stage", type=int)
+    par.add_argument("--num-virtual-stages-per-pipeline-rank", type=int,
+                     help="model chunks per pipeline rank (vpp), Megatron-LM's alternative to the flag above")
+    par.add_argument("--schedule", choices=["gpipe", "1f1b", "interleaved", "zb-h1", "zb-h2"],
+                     help="pipeline schedule (default 1f1b, interleaved when vpp > 1)")
+    par.add_argument("--decoder-first-pipeline-num-layers", type=int, metavar="N",
+                     help="transformer layers on the first pipeline stage (the rest split evenly)")
+    par.add_argument("--decoder-last-pipeline-num-layers", type=int, metavar="N",
+                     help="transformer layers on the last pipeline stage (the rest split evenly)")
+    par.add_argument("--account-for-embedding-in-pipeline-split", action="store_true",
+                     help="count the embedding as one layer when splitting layers over stages")
+    par.add_argument("--account-for-loss-in-pipeline-split", action="store_true",
+                     help="count the output layer and loss as one layer when splitting layers over stages")
+    par.add_argument("--placement", default="tp-pp-dp",
+                     help="order of tp, pp, dp from innermost (consecutive ranks) to outermost "
+                          "(default tp-pp-dp; Megatron-LM's order is tp-dp-pp)")
     par.add_argument("--sequence-parallel", action="store_true")
     par.add_argument("--micro-batch-size", type=int, default=1)
     par.add_argument("--global-batch-size", type=int, help="default micro-batch size x data-parallel size")
@@ -73,15 +89,30 @@ def _plan(args, model) -> ParallelPlan:
     gpus = args.gpus if args.gpus is not None else tp * pp
     require(gpus > 0 and tp > 0 and pp > 0 and gpus % (tp * pp) == 0, "--gpus", gpus,
             f"must be a positive multiple of tensor x pipeline parallel size = {tp} x {pp}")
+    uneven = (args.decoder_first_pipeline_num_layers is not None
+              or args.decoder_last_pipeline_num_layers is not None
+              or args.account_for_embedding_in_pipeline_split or args.account_for_loss_in_pipeline_split)
     vpp = 1
-    if args.num_layers_per_virtual_pipeline_stage:
-        per = args.num_layers_per_virtual_pipeline_stage
+    per, chunks = args.num_layers_per_virtual_pipeline_stage, args.num_virtual_stages_per_pipeline_rank
+    require(per is None or chunks is None, "--num-virtual-stages-per-pipeline-rank", chunks,
+            "give it or --num-layers-per-virtual-pipeline-stage, not both")
+    if per is not None:
+        require(not uneven, "--num-layers-per-virtual-pipeline-stage", per,
+                "assumes an even split; with uneven stages give --num-virtual-stages-per-pipeline-rank")
         require(per > 0 and model.num_layers % (pp * per) == 0, "--num-layers-per-virtual-pipeline-stage",
                 per, f"must divide num_layers / pp = {model.num_layers} / {pp}")
         vpp = model.num_layers // (pp * per)
+    elif chunks is not None:
+        require(chunks > 0, "--num-virtual-stages-per-pipeline-rank", chunks, "expected an integer > 0")
+        vpp = chunks
     plan = ParallelPlan(dp=gpus // (tp * pp), tp=tp, pp=pp, vpp=vpp, sequence_parallel=args.sequence_parallel,
                         micro_batch_size=args.micro_batch_size, global_batch_size=args.global_batch_size,
-                        recompute=args.recompute_granularity, zero_stage=args.zero)
+                        recompute=args.recompute_granularity, zero_stage=args.zero, schedule=args.schedule,
+                        placement=args.placement,
+                        first_stage_layers=args.decoder_first_pipeline_num_layers,
+                        last_stage_layers=args.decoder_last_pipeline_num_layers,
+                        account_for_embedding=args.account_for_embedding_in_pipeline_split,
+                        account_for_loss=args.account_for_loss_in_pipeline_split)
     plan.check_model(model)
     return plan
 
@@ -99,9 +130,14 @@ def run(args) -> int:
     print(f"gpu: {profile.name} ({profile.peak() / 1e12:.0f} TFLOP/s bf16, "
           f"{format_bytes(profile.hbm_capacity_bytes)} HBM)")
     print(f"plan: {pl.world_size} GPUs = dp {pl.dp} x tp {pl.tp} x pp {pl.pp}"
-          f"{f' (vpp {pl.vpp})' if pl.vpp > 1 else ''}, sp {'on' if pl.sp else 'off'}, "
+          f"{f' (vpp {pl.vpp})' if pl.vpp > 1 else ''}, schedule {pl.schedule}, placement {pl.placement}, "
+          f"sp {'on' if pl.sp else 'off'}, "
           f"micro-batch {pl.micro_batch_size}, global batch {pl.global_batch_size} "
           f"({pl.num_microbatches} micro-batches), recompute {pl.recompute}, ZeRO-{pl.zero_stage}")
+    if pl.pp > 1:
+        layers = pl.stage_layers(model)
+        per_stage = [sum(layers[c * pl.pp + r] for c in range(pl.vpp)) for r in range(pl.pp)]
+        print(f"layers per pipeline stage: {' '.join(map(str, per_stage))}")
     print()
     print(f"memory per GPU (worst: pipeline stage {est.worst_stage})")
     for key in ("weights", "gradients", "optimizer", "activations", "temporaries"):
