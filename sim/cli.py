@@ -14,7 +14,7 @@ import sys
 from sim.errors import DeadlockError, InputError
 
 # Subcommand modules, in the order ``trainsim --help`` lists them.
-COMMANDS = ["collective", "demo", "estimate"]
+COMMANDS = ["run", "estimate", "collective", "demo"]
 
 
 class _Parser(argparse.ArgumentParser):
@@ -37,14 +37,16 @@ def build_parser() -> argparse.ArgumentParser:
         mod = importlib.import_module(f"sim.commands.{name}")
         p = sub.add_parser(mod.NAME, help=mod.HELP, description=mod.HELP)
         mod.add_arguments(p)
-        p.set_defaults(_run=mod.run)
+        p.set_defaults(_run=mod.run, _parser=p)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     try:
+        argv = list(sys.argv[1:] if argv is None else argv)
         args = parser.parse_args(argv)
+        args._argv = argv
         if not getattr(args, "_run", None):
             parser.print_help()
             return 2

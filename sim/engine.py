@@ -157,7 +157,7 @@ class _Engine:
                 raise InputError(
                     f"program: recv {recv.name!r} on rank {dst} expects {recv.nbytes} bytes but the matching send {send.name!r} on rank {src} sends {send.nbytes}"
                 )
-            ev = self.net.transfer(src, dst, send.nbytes, f"p2p {send.name}")
+            ev = self.net.transfer(src, dst, send.nbytes, f"{send.category or 'p2p'} {send.name}")
             ev.callbacks.append(lambda _e, d=rv.done: d.succeed())
             del self._p2p[key]
         return rv
@@ -180,7 +180,7 @@ class _Engine:
             del self._coll[key]
             rv.began = self.env.now
             steps = collectives.build(a.op, a.group, a.nbytes, self.topology, a.algo, channels=a.channels or None)
-            self._run_steps(steps, rv.posted, f"{a.op} {a.name}")
+            self._run_steps(steps, rv.posted, f"{a.category or a.op} {a.op} {a.name}")
         return rv
 
     def _run_steps(self, steps, rank_done: dict[int, simpy.Event], label: str) -> None:

@@ -83,16 +83,28 @@ def plot_timeline(trace: Trace, path: str | Path, title: str = "", lane_names: d
     used: dict[str, str] = {}
     min_label_ms = t_end_ms / 60
     bars: dict[int, list[tuple[float, float, str]]] = {}
+    # Compute pieces of one step (named "2F0.0", "2F0.1", ..., "2F0") draw as one bar;
+    # communication draws only while data moves (not while it waits for its peers).
+    items: dict[tuple, list] = {}
     for sp in trace.spans:
         y = lane_of.get((sp.rank, merge(sp.stream)))
         if y is None:
             continue
-        x0, w = sp.start_s * 1e3, (sp.end_s - sp.start_s) * 1e3
-        c = _colour(sp.category, extra)
-        used.setdefault(sp.category, c)
+        if sp.kind == "compute":
+            key = (y, sp.category, sp.name.split(".")[0])
+            start = sp.start_s
+        else:
+            key = (y, sp.category, sp.name, sp.start_s)
+            start = sp.start_s if sp.busy_start_s is None else sp.busy_start_s
+        it = items.get(key)
+        items[key] = [start, sp.end_s] if it is None else [min(it[0], start), max(it[1], sp.end_s)]
+    for (y, cat, name, *_), (a, b) in items.items():
+        x0, w = a * 1e3, (b - a) * 1e3
+        c = _colour(cat, extra)
+        used.setdefault(cat, c)
         bars.setdefault(y, []).append((x0, w, c))
-        if w >= min_label_ms and len(sp.name) * t_end_ms / 170 < w:
-            ax.text(x0 + w / 2, y, sp.name, ha="center", va="center", fontsize=7, color="white", clip_on=True)
+        if w >= min_label_ms and len(name) * t_end_ms / 170 < w:
+            ax.text(x0 + w / 2, y, name, ha="center", va="center", fontsize=7, color="white", clip_on=True)
     if show_transfers:
         # One band per kind of link inside the "sends" lane, so concurrent transfers
         # (several channels, or phases that overlap) do not hide each other.

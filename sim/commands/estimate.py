@@ -9,117 +9,23 @@ plus ``--schedule`` and ``--placement``, with data parallelism filling ``--gpus`
 
 from __future__ import annotations
 
-import argparse
 import json
 
-from sim.errors import InputError, require
+from sim.commands._spec import add_arguments, model_from_args, plan_from_args
 from sim.estimate import estimate
-from sim.hardware import PRESETS as GPU_PRESETS
 from sim.hardware import load_profile
-from sim.model import (
-    PRESETS,
-    add_megatron_model_arguments,
-    model_from_hf_config,
-    model_from_megatron_namespace,
-    preset,
-    with_seq_length,
-)
-from sim.plan import ParallelPlan
 from sim.units import format_bytes, format_time
 
 NAME = "estimate"
 HELP = "Analytic per-GPU memory and first-order step time of a training plan (no simulation)."
 
 
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    src = p.add_argument_group("model (one of)")
-    src.add_argument("--model", metavar="PRESET", help=f"one of: {', '.join(PRESETS)}")
-    src.add_argument("--hf-config", metavar="PATH", help="a Hugging Face config.json")
-    add_megatron_model_arguments(p)
-    hw = p.add_argument_group("hardware")
-    hw.add_argument("--gpu", default="a100-80gb",
-                    help=f"{', '.join(GPU_PRESETS)} or a profile .json (default a100-80gb)")
-    hw.add_argument("--gpus", type=int, help="total GPUs; data parallelism fills them (default tp x pp)")
-    hw.add_argument("--gpus-per-node", type=int, default=8)
-    par = p.add_argument_group("parallelism and batch (Megatron-LM flags)")
-    par.add_argument("--tensor-model-parallel-size", type=int, default=1)
-    par.add_argument("--pipeline-model-parallel-size", type=int, default=1)
-    par.add_argument("--num-layers-per-virtual-pipeline-stage", type=int)
-    par.add_argument("--num-virtual-stages-per-pipeline-rank", type=int,
-                     help="model chunks per pipeline rank (vpp), Megatron-LM's alternative to the flag above")
-    par.add_argument("--schedule", choices=["gpipe", "1f1b", "interleaved", "zb-h1", "zb-h2"],
-                     help="pipeline schedule (default 1f1b, interleaved when vpp > 1)")
-    par.add_argument("--decoder-first-pipeline-num-layers", type=int, metavar="N",
-                     help="transformer layers on the first pipeline stage (the rest split evenly)")
-    par.add_argument("--decoder-last-pipeline-num-layers", type=int, metavar="N",
-                     help="transformer layers on the last pipeline stage (the rest split evenly)")
-    par.add_argument("--account-for-embedding-in-pipeline-split", action="store_true",
-                     help="count the embedding as one layer when splitting layers over stages")
-    par.add_argument("--account-for-loss-in-pipeline-split", action="store_true",
-                     help="count the output layer and loss as one layer when splitting layers over stages")
-    par.add_argument("--placement", default="tp-pp-dp",
-                     help="order of tp, pp, dp from innermost (consecutive ranks) to outermost "
-                          "(default tp-pp-dp; Megatron-LM's order is tp-dp-pp)")
-    par.add_argument("--sequence-parallel", action="store_true")
-    par.add_argument("--micro-batch-size", type=int, default=1)
-    par.add_argument("--global-batch-size", type=int, help="default micro-batch size x data-parallel size")
-    par.add_argument("--recompute-granularity", choices=["none", "selective", "full"], default="none")
-    par.add_argument("--zero", type=int, choices=[0, 1, 2, 3], default=0, help="ZeRO stage (default 0)")
-    p.add_argument("--json", action="store_true", help="print one JSON object")
-
-
-def _model(args):
-    megatron = any(getattr(args, k) is not None for k in
-                   ("num_layers", "hidden_size", "num_attention_heads", "ffn_hidden_size", "vocab_size"))
-    chosen = [n for n, on in (("--model", args.model), ("--hf-config", args.hf_config),
-                              ("Megatron shape flags", megatron)) if on]
-    if len(chosen) != 1:
-        raise InputError(f"model: got {', '.join(chosen) or 'nothing'}; give exactly one of --model PRESET, "
-                         "--hf-config PATH or Megatron flags (--num-layers --hidden-size ...)")
-    if args.model:
-        model = preset(args.model)
-        return with_seq_length(model, args.seq_length) if args.seq_length else model
-    if args.hf_config:
-        return model_from_hf_config(args.hf_config, seq_length=args.seq_length)
-    return model_from_megatron_namespace(args)
-
-
-def _plan(args, model) -> ParallelPlan:
-    tp, pp = args.tensor_model_parallel_size, args.pipeline_model_parallel_size
-    gpus = args.gpus if args.gpus is not None else tp * pp
-    require(gpus > 0 and tp > 0 and pp > 0 and gpus % (tp * pp) == 0, "--gpus", gpus,
-            f"must be a positive multiple of tensor x pipeline parallel size = {tp} x {pp}")
-    uneven = (args.decoder_first_pipeline_num_layers is not None
-              or args.decoder_last_pipeline_num_layers is not None
-              or args.account_for_embedding_in_pipeline_split or args.account_for_loss_in_pipeline_split)
-    vpp = 1
-    per, chunks = args.num_layers_per_virtual_pipeline_stage, args.num_virtual_stages_per_pipeline_rank
-    require(per is None or chunks is None, "--num-virtual-stages-per-pipeline-rank", chunks,
-            "give it or --num-layers-per-virtual-pipeline-stage, not both")
-    if per is not None:
-        require(not uneven, "--num-layers-per-virtual-pipeline-stage", per,
-                "assumes an even split; with uneven stages give --num-virtual-stages-per-pipeline-rank")
-        require(per > 0 and model.num_layers % (pp * per) == 0, "--num-layers-per-virtual-pipeline-stage",
-                per, f"must divide num_layers / pp = {model.num_layers} / {pp}")
-        vpp = model.num_layers // (pp * per)
-    elif chunks is not None:
-        require(chunks > 0, "--num-virtual-stages-per-pipeline-rank", chunks, "expected an integer > 0")
-        vpp = chunks
-    plan = ParallelPlan(dp=gpus // (tp * pp), tp=tp, pp=pp, vpp=vpp, sequence_parallel=args.sequence_parallel,
-                        micro_batch_size=args.micro_batch_size, global_batch_size=args.global_batch_size,
-                        recompute=args.recompute_granularity, zero_stage=args.zero, schedule=args.schedule,
-                        placement=args.placement,
-                        first_stage_layers=args.decoder_first_pipeline_num_layers,
-                        last_stage_layers=args.decoder_last_pipeline_num_layers,
-                        account_for_embedding=args.account_for_embedding_in_pipeline_split,
-                        account_for_loss=args.account_for_loss_in_pipeline_split)
-    plan.check_model(model)
-    return plan
+__all__ = ["add_arguments", "run"]
 
 
 def run(args) -> int:
-    model = _model(args)
-    plan = _plan(args, model)
+    model = model_from_args(args)
+    plan = plan_from_args(args, model)
     profile = load_profile(args.gpu)
     est = estimate(model, plan, profile, gpus_per_node=args.gpus_per_node)
     if args.json:

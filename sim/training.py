@@ -1,0 +1,157 @@
+"""One training iteration, end to end: model + plan + hardware + topology -> trace.
+
+The three inputs stay separate (as Calculon keeps model, system and execution apart):
+``sim.workload`` says what each layer computes, ``sim.costs`` how long each kernel takes
+on the profile, the schedule says in which order each pipeline rank runs its steps, and
+the passes (``sim.passes``) add the communication. The engine then runs the program on
+the topology, where collectives and p2p transfers share the links.
+
+    schedule -> to_program -> replicate -> add_tp_collectives -> add_p2p
+             -> add_grad_sync -> add_optimizer -> engine.simulate -> metrics
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+
+from sim import passes
+from sim.actions import Action, Program
+from sim.costs import op_time
+from sim.engine import simulate
+from sim.errors import InputError
+from sim.estimate import ADAM_BYTES_PER_PARAM
+from sim.hardware import HardwareProfile
+from sim.memory import layer_params_per_rank, stage_params_per_rank
+from sim.model import ModelSpec
+from sim.plan import ParallelPlan
+from sim.schedules import Schedule, Step, build_schedule, to_program, validate
+from sim.topology import Topology
+from sim.trace import Trace
+from sim.workload import Comm, chunk_work, p2p_bytes
+
+_COLLECTIVE = {"all_reduce": "allreduce", "all_gather": "allgather", "reduce_scatter": "reducescatter"}
+PIPELINE_KINDS = ("F", "B", "I", "W")
+
+
+@dataclass
+class TrainingRun:
+    """A simulated iteration and everything needed to explain it."""
+
+    model: ModelSpec
+    plan: ParallelPlan
+    profile: HardwareProfile
+    topology: Topology
+    schedule: Schedule
+    program: Program
+    trace: Trace
+
+
+class _Segments:
+    """Per (virtual stage, step kind): the step's compute segments and tp collectives."""
+
+    def __init__(self, model: ModelSpec, plan: ParallelPlan, profile: HardwareProfile):
+        self.model, self.plan, self.profile = model, plan, profile
+        self._cache = lru_cache(maxsize=None)(self._build)
+
+    def layers(self, stage: int) -> list:
+        """(layer id, Work) of a virtual stage in forward order: -1 embedding, L the head."""
+        works = chunk_work(self.model, self.plan, stage)
+        ids = list(self.plan.layer_range(self.model, stage))
+        out, k = [], 0
+        for w in works:
+            if w.name == "embedding":
+                out.append((-1, w))
+            elif w.name == "head":
+                out.append((self.model.num_layers, w))
+            else:
+                out.append((ids[k], w))
+                k += 1
+        return out
+
+    def _build(self, stage: int, kind: str) -> tuple[passes.Segment, ...]:
+        seq = self.layers(stage)
+        if kind == "F":
+            parts = [(lid, w.phase("F")) for lid, w in seq]
+        elif kind == "B":
+            parts = [(lid, w.phase("B") + w.phase("W")) for lid, w in reversed(seq)]
+        elif kind == "I":
+            parts = [(lid, w.phase("B")) for lid, w in reversed(seq)]
+        else:
+            parts = [(lid, w.phase("W")) for lid, w in reversed(seq)]
+        segs: list[passes.Segment] = []
+        for lid, items in parts:
+            dur = flops = 0.0
+            for it in items:
+                if isinstance(it, Comm):
+                    if dur:
+                        segs.append(passes.Segment("compute", dur, flops, layer=lid))
+                        dur = flops = 0.0
+                    if self.plan.tp > 1:
+                        segs.append(passes.Segment("collective", op=_COLLECTIVE[it.collective], nbytes=it.nbytes, layer=lid))
+                else:
+                    dur += op_time(it, self.profile)
+                    flops += it.flops
+            if dur or not items:
+                segs.append(passes.Segment("compute", dur, flops, layer=lid))
+        return tuple(segs)
+
+    def __call__(self, rank: int, action: Action):
+        if action.kind != "compute" or action.category not in PIPELINE_KINDS:
+            return None
+        step = Step.parse(action.name)
+        return list(self._cache(step.stage, step.kind))
+
+
+def build_program(model: ModelSpec, plan: ParallelPlan, profile: HardwareProfile,
+                  schedule: Schedule | None = None) -> tuple[Schedule, Program]:
+    """The full iteration program of ``plan`` (every GPU's compute and communication)."""
+    plan.check_model(model)
+    if schedule is None:
+        schedule = build_schedule(plan.schedule, plan.pp, plan.num_microbatches, plan.vpp)
+    elif (schedule.pp, schedule.vpp, schedule.num_microbatches) != (plan.pp, plan.vpp, plan.num_microbatches):
+        raise InputError(
+            f"schedule {schedule.name}: has pp={schedule.pp}, vpp={schedule.vpp}, m={schedule.num_microbatches}; "
+            f"the plan needs pp={plan.pp}, vpp={plan.vpp}, m={plan.num_microbatches}"
+        )
+    validate(schedule)
+    segments = _Segments(model, plan, profile)
+    prog = to_program(schedule, lambda step: 0.0)
+    prog = passes.replicate(prog, plan.world_size, plan.coords, plan.rank)
+    prog = passes.add_tp_collectives(prog, segments, plan.tp_group)
+    act_bytes = p2p_bytes(model, plan.micro_batch_size, plan.tp, plan.sequence_parallel)
+    prog = passes.add_p2p(prog, lambda consumer: act_bytes)
+
+    layer_grad = 2.0 * layer_params_per_rank(model, plan.tp)
+    emb_grad = 2.0 * model.embedding_params / plan.tp
+    head_grad = 2.0 * model.output_params / plan.tp
+
+    def grad_bytes(rank: int, layer: int) -> float:
+        if layer == -1:
+            return emb_grad
+        if layer == model.num_layers:
+            return head_grad
+        return layer_grad
+
+    prog = passes.add_grad_sync(prog, grad_bytes, plan.dp_group, plan.bucket_size_bytes, plan.dp_overlap)
+    hbm = profile.hbm_bandwidth_Bps * profile.memory_efficiency
+
+    def optimizer_s(rank: int) -> float:
+        _, stage, _ = plan.coords(rank)
+        return ADAM_BYTES_PER_PARAM * stage_params_per_rank(model, plan, stage) / hbm
+
+    prog = passes.add_optimizer(prog, optimizer_s)
+    return schedule, prog
+
+
+def simulate_training(model: ModelSpec, plan: ParallelPlan, profile: HardwareProfile, topology: Topology,
+                      schedule: Schedule | None = None) -> TrainingRun:
+    """Simulate one iteration of ``plan`` on ``topology`` and return the run."""
+    if plan.world_size > topology.num_gpus:
+        raise InputError(
+            f"plan: needs dp x tp x pp = {plan.dp} x {plan.tp} x {plan.pp} = {plan.world_size} GPUs; "
+            f"topology {topology.name} has {topology.num_gpus}"
+        )
+    schedule, prog = build_program(model, plan, profile, schedule)
+    trace = simulate(prog, topology, link_efficiency=profile.link_efficiencies())
+    return TrainingRun(model, plan, profile, topology, schedule, prog, trace)
