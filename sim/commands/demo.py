@@ -1,10 +1,13 @@
-"""``trainsim demo``: a small built-in demonstration, run by ``make run``.
+"""``trainsim demo``: the built-in demonstration, run by ``make run``.
 
-It answers one question end to end on a built-in cluster (4 DGX H100 nodes on a
-rail-optimized InfiniBand fabric): how long does a gradient all-reduce take with a flat
-ring versus a hierarchical (intra-node, then across rails, then intra-node) algorithm,
-over message sizes from 1 MiB to 4 GiB? It prints a table, and writes the Perfetto
-traces and timeline PNGs of the 1 GiB case, plus a bandwidth-versus-size chart.
+Two questions answered end to end on built-in DGX H100 clusters:
+
+1. Which pipeline schedule trains Llama 2 7B fastest on 16 GPUs (dp 2 x tp 2 x pp 4,
+   16 micro-batches)? One simulated iteration per schedule (GPipe, 1F1B, interleaved,
+   ZB-H1, ZB-H2): a table, and a timeline PNG and Perfetto trace of each.
+2. How long does a gradient all-reduce take on 4 nodes with a flat ring versus a
+   hierarchical algorithm, from 1 MiB to 4 GiB? A table, a bandwidth chart, and the
+   timelines and traces of the 1 GiB case.
 """
 
 from __future__ import annotations
@@ -29,14 +32,44 @@ def add_arguments(p) -> None:
     p.add_argument("--json", action="store_true", help="print the results as one JSON object")
 
 
+def _training(out: Path) -> list[dict]:
+    from sim.commands.run import summarize, write_outputs
+    from sim.hardware import load_profile
+    from sim.model import preset
+    from sim.plan import ParallelPlan
+    from sim.training import simulate_training
+
+    model, profile = preset("llama2-7b"), load_profile("h100-sxm")
+    topo = load_topology("dgx-h100", nodes=2)
+    rows = []
+    for schedule, vpp in (("gpipe", 1), ("1f1b", 1), ("interleaved", 2), ("zb-h1", 1), ("zb-h2", 1)):
+        plan = ParallelPlan(dp=2, tp=2, pp=4, vpp=vpp, global_batch_size=32, schedule=schedule)
+        run_ = simulate_training(model, plan, profile, topo)
+        s = summarize(run_)
+        write_outputs(run_, s, out / f"train-{schedule}")
+        rows.append(s)
+    print(f"One training iteration of {model.describe()}")
+    print(f"on {topo.num_gpus} GPUs of {topo.name}: dp 2 x tp 2 x pp 4, 16 micro-batches of 1 x 4096 tokens")
+    print(f"{'schedule':>12} | {'iteration':>10} {'tokens/s':>10} {'MFU':>6} {'bubble':>7} | peak memory (analytic)")
+    best = min(rows, key=lambda r: r["iteration_time_s"])
+    for r in rows:
+        mark = "  <- fastest" if r is best else ""
+        print(f"{r['schedule']:>12} | {format_time(r['iteration_time_s']):>10} {r['tokens_per_s']:>10,.0f} "
+              f"{r['mfu'] * 100:5.1f}% {r['bubble_fraction'] * 100:6.1f}% | {format_bytes(r['memory']['peak_bytes'])}{mark}")
+    print(f"Wrote {out}/train-<schedule>/timeline.png, trace.json, summary.json")
+    print()
+    return rows
+
+
 def run(args) -> int:
     from sim.errors import InputError
 
     if args.nodes < 1:
         raise InputError(f"--nodes: got {args.nodes}; expected an integer >= 1")
+    out = Path(args.out)
+    training = _training(out) if not args.json else []
     topo = load_topology("dgx-h100", nodes=args.nodes)
     gpus = topo.num_gpus
-    out = Path(args.out)
     rows = []
     for size in SIZES:
         row = {"size_bytes": size}
