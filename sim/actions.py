@@ -57,6 +57,9 @@ class Action:
     layer: int | None = None
     """The model layer a compute action works on (-1 embedding, num_layers the output
     head), for passes that act per layer (gradient buckets, ZeRO-3 gathers)."""
+    mem: tuple = ()
+    """Memory changes of this rank's GPU as (when, category, bytes): when is "start" or
+    "end" of the action, bytes > 0 allocates and < 0 frees (see ``sim.memory_timeline``)."""
     deps: tuple = field(default=())
     """Names of actions on this rank, or (rank, name) pairs, that must finish first."""
 
@@ -78,6 +81,10 @@ class Action:
         if self.kind != "compute" and self.stream == "compute":
             object.__setattr__(self, "stream", "comm")
         object.__setattr__(self, "deps", tuple(d if isinstance(d, str) else (int(d[0]), str(d[1])) for d in self.deps))
+        for m in self.mem:
+            if len(m) != 3 or m[0] not in ("start", "end") or not isinstance(m[1], str) \
+                    or isinstance(m[2], bool) or not isinstance(m[2], (int, float)) or not math.isfinite(m[2]):
+                raise InputError(f"action {self.name!r}: mem: got {m!r}; expected (\"start\"|\"end\", category, bytes)")
 
 
 class Program:

@@ -48,8 +48,11 @@ def transfer_time(nbytes: float, kind: str, profile: HardwareProfile) -> float:
 
 
 def collective_time(collective: str, nbytes: float, ranks: int, kind: str,
-                    profile: HardwareProfile) -> float:
-    """Ring closed form of a collective over ``ranks`` GPUs whose slowest hop is ``kind``."""
+                    profile: HardwareProfile, channels: int = 1) -> float:
+    """Ring closed form of a collective over ``ranks`` GPUs whose slowest hop is ``kind``.
+
+    ``channels`` rings run at once (NCCL's channels), each over its own link of that kind
+    (one NIC per GPU), so the bandwidth term divides by it; it never beats NVLink."""
     require(collective in ("all_reduce", "all_gather", "reduce_scatter", "send_recv"),
             "collective", collective, "allowed: all_reduce, all_gather, reduce_scatter, send_recv")
     require(isinstance(ranks, int) and ranks > 0, "ranks", ranks, "expected an integer > 0")
@@ -58,8 +61,11 @@ def collective_time(collective: str, nbytes: float, ranks: int, kind: str,
     if ranks == 1:
         return 0.0
     link = profile.link(kind)
+    bw = link.effective_Bps * max(1, channels)
+    if channels > 1 and "nvlink" in profile.links:
+        bw = min(bw, profile.link("nvlink").effective_Bps)
     steps = 2 * (ranks - 1) if collective == "all_reduce" else ranks - 1
-    return steps * (link.latency_s + nbytes / (ranks * link.effective_Bps))
+    return steps * (link.latency_s + nbytes / (ranks * bw))
 
 
 def work_times(work: Work, profile: HardwareProfile, tp: int = 1, tp_link: str = "nvlink",

@@ -58,6 +58,7 @@ class _Engine:
         self.net = Network(self.env, topology, link_efficiency)
         self.done: dict[tuple[int, str], simpy.Event] = {}
         self.spans: list[Span] = []
+        self.memory: list[tuple[float, int, str, float]] = []
         self.blocked: dict[tuple[int, str], tuple[Action, str]] = {}
         self._p2p: dict[tuple, _Rendezvous] = {}
         self._coll: dict[tuple, _Rendezvous] = {}
@@ -109,7 +110,7 @@ class _Engine:
         link_bytes = {self.net.link_names[i]: b for i, b in enumerate(self.net.link_bytes) if b > 0}
         kinds = {self.net.link_names[i]: self.net.link_kinds[i] for i, b in enumerate(self.net.link_bytes) if b > 0}
         ranks = {r: {"node": self.topology.node_of(r), "device": self.topology.gpu(r)} for r in self.program.ranks}
-        return Trace(self.spans, list(self.net.records), link_bytes, kinds, ranks, self.topology.name)
+        return Trace(self.spans, list(self.net.records), link_bytes, kinds, ranks, self.topology.name, self.memory)
 
     def _stream(self, rank: int, stream: str, actions: list[Action]):
         env = self.env
@@ -122,6 +123,8 @@ class _Engine:
                 yield env.all_of(waits)
             self.blocked[(rank, stream)] = (a, "run")
             start = env.now
+            if a.mem:
+                self._apply_mem(rank, a, "start")
             link_id = None
             rv = None
             if a.kind == "compute":
@@ -134,11 +137,19 @@ class _Engine:
                 rv = self._join_p2p(rank, a)
                 link_id = rv.meta
                 yield rv.done
+            if a.mem:
+                self._apply_mem(rank, a, "end")
             busy = start if rv is None else rv.began
             self.spans.append(Span(rank, stream, a.name, a.kind, a.category or (a.op or a.kind), start, env.now,
                                    a.nbytes, a.flops, a.peer, a.op, link_id, busy, a.layer))
             self.done[(rank, a.name)].succeed()
         self.blocked.pop((rank, stream), None)
+
+    def _apply_mem(self, rank: int, a: Action, when: str) -> None:
+        now = self.env.now
+        for w, category, nbytes in a.mem:
+            if w == when:
+                self.memory.append((now, rank, category, float(nbytes)))
 
     # ------------------------------------------------------------------ p2p
     def _join_p2p(self, rank: int, a: Action):

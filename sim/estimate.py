@@ -35,7 +35,8 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from sim.costs import collective_time, transfer_time, work_times
+from sim.costs import collective_time as _collective_time
+from sim.costs import transfer_time, work_times
 from sim.hardware import HardwareProfile
 from sim.memory import (
     grad_bucket_bytes,
@@ -108,8 +109,13 @@ def model_flops_per_sequence(model: ModelSpec, recompute: str = "none") -> float
 
 
 def estimate(model: ModelSpec, plan: ParallelPlan, profile: HardwareProfile, *,
-             gpus_per_node: int = 8, dtype: str = "bf16", flash_attention: bool = True) -> Estimate:
-    """Per-GPU memory and first-order step time of ``plan`` for ``model`` on ``profile``."""
+             gpus_per_node: int = 8, dtype: str = "bf16", flash_attention: bool = True,
+             dp_channels: int | None = None) -> Estimate:
+    """Per-GPU memory and first-order step time of ``plan`` for ``model`` on ``profile``.
+
+    ``dp_channels``: rings a data-parallel collective across nodes runs at once, each
+    through its own NIC; default one per group member on a node, as NCCL does (and as
+    the simulator's network does); 1 models a single ring through one NIC."""
     plan.check_model(model)
     links = _links(plan, gpus_per_node)
     b, t, p, v, m = plan.micro_batch_size, plan.tp, plan.pp, plan.vpp, plan.num_microbatches
@@ -145,6 +151,14 @@ def estimate(model: ModelSpec, plan: ParallelPlan, profile: HardwareProfile, *,
     psi = max(params)
     grad_bytes = 2 * psi
     dp, z, dp_link = plan.dp, plan.zero_stage, links["dp"]
+    # A dp group spanning nodes runs one ring per member on a node (NCCL channels), each
+    # through its own NIC (sim.collectives.default_channels).
+    spanned = plan.max_nodes_spanned("dp", gpus_per_node)
+    ch = (max(1, dp // spanned) if dp_channels is None else dp_channels) if dp_link == "ib" else 1
+
+    def collective_time(kind, nbytes, n, link, prof):
+        return _collective_time(kind, nbytes, n, link, prof, channels=ch)
+
     if dp == 1:
         dp_comm = 0.0
     elif z <= 1:

@@ -82,12 +82,21 @@ class HardwareProfile:
     """Fixed cost added to every kernel."""
     links: dict
     """Link kind -> LinkModel."""
+    memory_reserve_bytes: float = 0.0
+    """HBM no tensor can use: CUDA context, communication buffers, allocator fragmentation."""
+    host_memory_bandwidth_Bps: float = 0.0
+    """Host (CPU) memory bandwidth of the node, shared by its GPUs: bounds the CPU optimizer
+    step under ZeRO-Offload. 0 means unknown (offload then cannot be simulated)."""
     sources: dict = field(default_factory=dict, compare=False)
     """Field -> where its number comes from (datasheet, measurement, assumption)."""
+    provenance: dict = field(default_factory=dict, compare=False)
+    """How a measured profile was made (machine, library versions, date; written by
+    ``trainsim calibrate``). Empty, and left out of the JSON, for presets."""
 
     def __hash__(self):
         d = self.to_dict()
         d.pop("sources")
+        d.pop("provenance", None)
         return hash(json.dumps(d, sort_keys=True))
 
     def __post_init__(self):
@@ -151,6 +160,8 @@ class HardwareProfile:
             elif isinstance(v, dict):
                 v = dict(v)
             out[f.name] = v
+        if not out["provenance"]:
+            del out["provenance"]
         return out
 
     @classmethod
@@ -159,7 +170,7 @@ class HardwareProfile:
         if not isinstance(d, dict):
             raise InputError(f"{where}: got {type(d).__name__}; expected a JSON object")
         names = [f.name for f in fields(cls)]
-        _strict_keys(d, names, where, optional=("sources",))
+        _strict_keys(d, names, where, optional=("sources", "provenance", "memory_reserve_bytes", "host_memory_bandwidth_Bps"))
         kw = dict(d)
         kw["peak_flops"] = _number_map(d["peak_flops"], f"{where}: peak_flops", DTYPES)
         kw["links"] = _links(d["links"], f"{where}: links")
@@ -176,6 +187,10 @@ class HardwareProfile:
             if key.split(".")[0] not in names:
                 raise InputError(f"{where}: sources: unknown field {key!r}; allowed: {', '.join(names)}")
         kw["sources"] = dict(src)
+        prov = d.get("provenance", {})
+        if not isinstance(prov, dict) or not all(isinstance(k, str) for k in prov):
+            raise InputError(f"{where}: provenance: got {prov!r}; expected an object of name -> value")
+        kw["provenance"] = dict(prov)
         try:
             return cls(**kw)
         except InputError as exc:
@@ -265,7 +280,7 @@ def _check_profile(p: HardwareProfile) -> None:
     for name in ("gemm_max_efficiency", "attention_max_efficiency", "memory_efficiency"):
         v = getattr(p, name)
         _require_num(name, v, _is_num(v) and 0 < v <= 1, "a fraction in (0, 1]")
-    for name in ("gemm_k_overhead", "kernel_launch_s"):
+    for name in ("gemm_k_overhead", "kernel_launch_s", "memory_reserve_bytes", "host_memory_bandwidth_Bps"):
         v = getattr(p, name)
         _require_num(name, v, _is_num(v) and v >= 0, "a number >= 0")
     for kind, link in p.links.items():

@@ -129,45 +129,82 @@ def add_p2p(prog: Program, nbytes: Callable[[Action], float]) -> Program:
     return Program(out)
 
 
+def _backward_uses(acts, backward) -> list[tuple[str, int, int, int]]:
+    """(step, layer, first index, last index) of each layer's backward compute within
+    each backward step, in program order."""
+    uses: list[list] = []
+    for i, a in enumerate(acts):
+        if a.kind != "compute" or a.category not in backward or a.layer is None:
+            continue
+        step = a.name.split(".")[0]
+        if uses and uses[-1][0] == step and uses[-1][1] == a.layer:
+            uses[-1][3] = i
+        else:
+            uses.append([step, a.layer, i, i])
+    return [tuple(u) for u in uses]
+
+
 def add_grad_sync(prog: Program, grad_bytes: Callable[[int, int], float], dp_group: Callable[[int], tuple[int, ...]],
-                  bucket_bytes: float, overlap: bool = True, backward=("B", "W")) -> Program:
-    """DDP gradient buckets: per rank, the layers' gradients (``grad_bytes(rank, layer)``)
-    in the order they become final, packed into buckets of at least ``bucket_bytes``;
-    each bucket is all-reduced over the rank's dp group (stream ``dp``) once its last
-    layer's final backward action is done (with ``overlap``), else after all backward."""
+                  bucket_bytes: float, overlap: bool = True, backward=("B", "W"), op: str = "allreduce",
+                  every_microbatch: bool = False, bucket_memory: bool = False) -> Program:
+    """Gradient buckets over the data-parallel group (stream ``dp``).
+
+    Per rank, the layers' gradients (``grad_bytes(rank, layer)``) are packed, in the order
+    they become ready, into buckets of at least ``bucket_bytes``; each bucket's ``op``
+    (all-reduce for DDP, reduce-scatter for ZeRO) starts once its last layer's backward is
+    done (``overlap``), or after all backward. By default only the last micro-batch's
+    backward syncs (gradient accumulation, DDP's ``no_sync``); ``every_microbatch`` syncs
+    each micro-batch's gradients (ZeRO-2/3 reduce-scatter into the sharded gradients).
+    With ``bucket_memory`` the bucket's full-size gradients are counted (category
+    ``buckets``) from its first layer's backward until its collective ends.
+    """
     out: dict[int, list[Action]] = {}
     for r, acts in prog.actions.items():
         group = dp_group(r)
         lst = list(acts)
-        if len(group) < 2:
+        uses = _backward_uses(lst, backward)
+        if len(group) < 2 or not uses:
             out[r] = lst
             continue
-        final: dict[int, int] = {}  # layer -> index of its last backward action
-        for i, a in enumerate(lst):
-            if a.kind == "compute" and a.category in backward and a.layer is not None:
-                final[a.layer] = i
-        if not final:
-            out[r] = lst
-            continue
-        last_backward = max(final.values())
-        buckets: list[tuple[int, float, list[int]]] = []  # (ready index, bytes, layers)
-        size, layers = 0.0, []
-        for layer, idx in sorted(final.items(), key=lambda kv: (kv[1], -kv[0])):
-            size += grad_bytes(r, layer)
-            layers.append(layer)
-            if size >= bucket_bytes:
-                buckets.append((idx, size, layers))
-                size, layers = 0.0, []
-        if layers:
-            buckets.append((final[layers[-1]], size, layers))
+        last_backward = max(u[3] for u in uses)
+        if every_microbatch:
+            rounds: dict[str, list] = {}
+            for u in uses:
+                rounds.setdefault(u[0], []).append(u)
+            groups = list(rounds.values())
+        else:
+            final: dict[int, tuple] = {}
+            for u in uses:
+                final[u[1]] = u  # the last use of each layer: its gradient is final
+            groups = [sorted(final.values(), key=lambda u: (u[3], -u[1]))]
         after: dict[int, list[Action]] = {}
-        for k, (idx, nb, ls) in enumerate(buckets):
-            anchor = idx if overlap else last_backward
-            act = Action(f"grad bucket {k} (layers {ls[0]}..{ls[-1]})", kind="collective", op="allreduce",
-                         group=group, nbytes=nb, category="dp", stream="dp", deps=(lst[anchor].name,))
-            after.setdefault(anchor, []).append(act)
+        mem_start: dict[int, list[tuple]] = {}
+        k = 0
+        for grp in groups:
+            buckets, size, members = [], 0.0, []
+            for u in grp:
+                size += grad_bytes(r, u[1])
+                members.append(u)
+                if size >= bucket_bytes:
+                    buckets.append((size, members))
+                    size, members = 0.0, []
+            if members:
+                buckets.append((size, members))
+            for nb, members in buckets:
+                anchor = members[-1][3] if overlap else last_backward
+                layers = [u[1] for u in members]
+                tag = f" of {members[0][0]}" if every_microbatch else ""
+                act = Action(f"grad bucket {k} (layers {layers[0]}..{layers[-1]}){tag}", kind="collective", op=op,
+                             group=group, nbytes=nb, category="dp", stream="dp", deps=(lst[anchor].name,),
+                             mem=(("end", "buckets", -nb),) if bucket_memory else ())
+                after.setdefault(anchor, []).append(act)
+                if bucket_memory:
+                    mem_start.setdefault(members[0][2], []).append(("start", "buckets", nb))
+                k += 1
         new = []
         for i, a in enumerate(lst):
+            if i in mem_start:
+                a = replace(a, mem=a.mem + tuple(mem_start[i]))
             new.append(a)
             new.extend(after.get(i, ()))
         out[r] = new

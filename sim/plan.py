@@ -112,6 +112,19 @@ class ParallelPlan:
     account_for_loss: bool = False
     """Count the output layer and loss as one layer when splitting
     (``--account-for-loss-in-pipeline-split``): the last virtual stage gets one fewer."""
+    zero3_prefetch_depth: int = 1
+    """ZeRO-3: layers whose parameters are all-gathered ahead of the one computing
+    (0: each gather waits until its layer is needed). DeepSpeed sets the same thing in
+    parameters with ``stage3_prefetch_bucket_size``."""
+    zero_bucket_size_bytes: int | None = None
+    """ZeRO-2/3 gradient reduce-scatter bucket (DeepSpeed ``reduce_bucket_size``, in bytes
+    here); None uses ``bucket_size_bytes``."""
+    zero3_max_live_parameters: float | None = None
+    """ZeRO-3: most gathered parameters alive at once (DeepSpeed
+    ``stage3_max_live_parameters``); caps the prefetch depth. None: no cap."""
+    offload_optimizer: bool = False
+    """ZeRO-Offload: optimizer states live in host memory and the optimizer step runs on
+    the CPU; gradients go to the host and updated parameters come back over PCIe."""
 
     def __post_init__(self):
         for f in ("dp", "tp", "pp", "vpp", "micro_batch_size"):
@@ -133,6 +146,18 @@ class ParallelPlan:
             require(self.pp > 1, "plan: vpp", self.vpp, "interleaving needs pp > 1")
         self._check_schedule()
         _pos("bucket_size_bytes", self.bucket_size_bytes)
+        require(isinstance(self.zero3_prefetch_depth, int) and not isinstance(self.zero3_prefetch_depth, bool)
+                and self.zero3_prefetch_depth >= 0, "plan: zero3_prefetch_depth", self.zero3_prefetch_depth,
+                "expected an integer >= 0")
+        if self.zero_bucket_size_bytes is not None:
+            _pos("zero_bucket_size_bytes", self.zero_bucket_size_bytes)
+        if self.zero3_max_live_parameters is not None:
+            require(isinstance(self.zero3_max_live_parameters, (int, float)) and self.zero3_max_live_parameters > 0,
+                    "plan: zero3_max_live_parameters", self.zero3_max_live_parameters, "expected a number > 0")
+        require(isinstance(self.offload_optimizer, bool), "plan: offload_optimizer", self.offload_optimizer,
+                "expected true or false")
+        require(not self.offload_optimizer or self.zero_stage >= 1, "plan: offload_optimizer", True,
+                "needs ZeRO stage 1, 2 or 3 (the optimizer states offloaded are the sharded ones)")
         _pl.parse_placement(self.placement)
         self._check_uneven()
 

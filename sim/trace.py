@@ -58,6 +58,9 @@ class Trace:
     ranks: dict[int, dict] = field(default_factory=dict)
     """Per rank: ``node`` (host index) and ``device`` (topology GPU id)."""
     topology: str = ""
+    memory: list = field(default_factory=list)
+    """Memory changes as (time_s, rank, category, bytes), in the order they happened
+    (see ``sim.memory_timeline``)."""
 
     @property
     def end_s(self) -> float:

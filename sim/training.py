@@ -15,14 +15,21 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import lru_cache
 
-from sim import passes
+from sim import passes, zero
 from sim.actions import Action, Program
 from sim.costs import op_time
 from sim.engine import simulate
 from sim.errors import InputError
 from sim.estimate import ADAM_BYTES_PER_PARAM
 from sim.hardware import HardwareProfile
-from sim.memory import layer_params_per_rank, stage_params_per_rank
+from sim.memory import (
+    activation_bytes_per_layer,
+    embedding_activation_bytes,
+    head_activation_bytes,
+    layer_params_per_rank,
+    model_state_bytes,
+    stage_params_per_rank,
+)
 from sim.model import ModelSpec
 from sim.plan import ParallelPlan
 from sim.schedules import Schedule, Step, build_schedule, to_program, validate
@@ -133,15 +140,68 @@ def build_program(model: ModelSpec, plan: ParallelPlan, profile: HardwareProfile
             return head_grad
         return layer_grad
 
-    prog = passes.add_grad_sync(prog, grad_bytes, plan.dp_group, plan.bucket_size_bytes, plan.dp_overlap)
+    z = plan.zero_stage
+    bucket = (plan.zero_bucket_size_bytes or plan.bucket_size_bytes) if z >= 2 else plan.bucket_size_bytes
+    prog = passes.add_grad_sync(prog, grad_bytes, plan.dp_group, bucket, plan.dp_overlap,
+                                op="allreduce" if z == 0 else "reducescatter",
+                                every_microbatch=z >= 2, bucket_memory=z >= 2)
+    if z == 3:
+        prog = zero.add_param_gathers(prog, grad_bytes, plan.dp_group, zero3_depth(model, plan))
     hbm = profile.hbm_bandwidth_Bps * profile.memory_efficiency
+    psi = [stage_params_per_rank(model, plan, s) for s in range(plan.pp)]
 
     def optimizer_s(rank: int) -> float:
-        _, stage, _ = plan.coords(rank)
-        return ADAM_BYTES_PER_PARAM * stage_params_per_rank(model, plan, stage) / hbm
+        local = psi[plan.coords(rank)[1]] / (plan.dp if z >= 1 else 1)
+        return ADAM_BYTES_PER_PARAM * local / hbm
 
     prog = passes.add_optimizer(prog, optimizer_s)
+    if z in (1, 2):
+        prog = zero.add_param_allgather(prog, lambda r: 2.0 * psi[plan.coords(r)[1]], plan.dp_group, bucket)
+    prog = add_memory(prog, model, plan, profile, segments)
     return schedule, prog
+
+
+def zero3_depth(model: ModelSpec, plan: ParallelPlan) -> int:
+    """Layers gathered ahead under ZeRO-3: the plan's depth, capped so that at most
+    ``zero3_max_live_parameters`` gathered parameters are alive at once."""
+    depth = plan.zero3_prefetch_depth
+    if plan.zero3_max_live_parameters is not None:
+        per_layer = layer_params_per_rank(model, plan.tp)
+        depth = min(depth, max(0, int(plan.zero3_max_live_parameters // per_layer) - 1))
+    return depth
+
+
+def add_memory(prog: Program, model: ModelSpec, plan: ParallelPlan, profile: HardwareProfile,
+               segments: "_Segments") -> Program:
+    """Resident model states (sharded per the ZeRO stage), the reserve, and each
+    (stage, micro-batch)'s stored activations while they are alive."""
+    states = [model_state_bytes(stage_params_per_rank(model, plan, s), plan.dp, plan.zero_stage)
+              for s in range(plan.pp)]
+
+    def resident(rank: int) -> dict:
+        st = states[plan.coords(rank)[1]]
+        return {"parameters": st.params_bytes, "gradients": st.grads_bytes,
+                "optimizer": 0.0 if plan.offload_optimizer else st.optimizer_bytes,
+                "reserve": profile.memory_reserve_bytes}
+
+    b, t, sp = plan.micro_batch_size, plan.tp, plan.sequence_parallel
+    per_layer = activation_bytes_per_layer(model, b, t, sp, plan.recompute)
+    full_layer = activation_bytes_per_layer(model, b, t, sp, "none")
+    last = plan.pp * plan.vpp - 1
+    layers = plan.stage_layers(model)
+
+    def stored(rank: int, step: str) -> float:
+        st = Step.parse(step)
+        total = layers[st.stage] * per_layer
+        if st.stage == 0:
+            total += embedding_activation_bytes(model, b, t, sp)
+        if st.stage == last:
+            total += head_activation_bytes(model, b, t, sp)
+        return total
+
+    transient = (lambda rank, step: full_layer) if plan.recompute == "full" else None
+    prog = zero.add_activation_memory(prog, stored, transient)
+    return zero.add_resident(prog, resident)
 
 
 def simulate_training(model: ModelSpec, plan: ParallelPlan, profile: HardwareProfile, topology: Topology,

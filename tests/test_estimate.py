@@ -149,15 +149,33 @@ def test_memory_shrinks_with_zero_and_recompute():
 ])
 def test_first_order_estimate_near_megatron_table2(kind, gpus, arg, published):
     """The first-order estimate is not a simulation: it ignores overlap and contention and
-    assumes the best GEMM efficiency. We hold it to within 25% of the published figures
-    (it is 8-20% off today); the simulator has to do better."""
+    assumes the best GEMM efficiency. We hold it to within 25% of the published figures.
+
+    ZeRO-3's published figures are only reached if each data-parallel ring crosses nodes
+    through one NIC (``dp_channels=1``): 60 s of exposed communication per step at 1536
+    GPUs is about 1 TB per GPU at one HDR NIC's ~24 GB/s. With NCCL's one ring per NIC
+    (the default, and the simulator's network; REFERENCE.md's 192 GB/s across DGX A100
+    nodes) the estimate is far more optimistic than DeepSpeed's 2021 ZeRO-3 achieved;
+    ``test_zero3_default_channels_are_optimistic`` pins that gap down."""
     m = preset("gpt-175b")
     if kind == "ptd-p":
         plan = ParallelPlan(dp=arg, tp=8, pp=12, global_batch_size=1536, recompute="full")
     else:
         plan = ParallelPlan(dp=gpus, micro_batch_size=arg, global_batch_size=1536, recompute="full", zero_stage=3)
-    est = estimate(m, plan, A100)
+    est = estimate(m, plan, A100, dp_channels=1)
     assert est.hardware_tflops_per_gpu == pytest.approx(published, rel=0.25)
+
+
+def test_zero3_default_channels_are_optimistic_against_megatron_table2():
+    # With all 8 NICs per node carrying the rings, ZeRO-3 at 1536 GPUs would be
+    # compute-bound, far above the 44 TFLOP/s published: the published run did not get
+    # NCCL's multi-NIC bandwidth. The default never predicts less than one NIC would.
+    m = preset("gpt-175b")
+    for gpus, mb, published in ((384, 4, 144), (768, 2, 88), (1536, 1, 44)):
+        plan = ParallelPlan(dp=gpus, micro_batch_size=mb, global_batch_size=1536, recompute="full", zero_stage=3)
+        default = estimate(m, plan, A100).hardware_tflops_per_gpu
+        one_nic = estimate(m, plan, A100, dp_channels=1).hardware_tflops_per_gpu
+        assert default > one_nic and default > 1.25 * published
 
 
 # ------------------------------------------------------------------------- CLI

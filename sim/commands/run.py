@@ -20,6 +20,7 @@ from sim.errors import InputError
 from sim.estimate import estimate, model_flops_per_sequence
 from sim.experiment import experiment_argv
 from sim.hardware import load_profile
+from sim.memory_timeline import highest_peak
 from sim.metrics import iteration_metrics
 from sim.schedules import load_schedule_csv
 from sim.topology_build import FABRICS, FabricSpec, load_topology
@@ -89,17 +90,21 @@ def summarize(run: TrainingRun) -> dict:
         hardware_flops=seqs * model_flops_per_sequence(model, plan.recompute),
         gpus=plan.world_size, peak_flops=profile.peak())
     est = estimate(model, plan, profile, gpus_per_node=run.topology.gpus_per_node)
-    mem = est.memory
+    pk = highest_peak(run.trace)
+    br = pk.breakdown
+    d, stage, t = plan.coords(pk.rank)
     return {
         "model": model.name, "params": model.num_params, "gpu": profile.name, "topology": run.topology.name,
         "gpus": plan.world_size, "schedule": run.schedule.name, "plan": asdict(plan),
         **met,
-        "memory": {"parameters_bytes": mem["weights"], "gradients_bytes": mem["gradients"],
-                   "optimizer_bytes": mem["optimizer"], "activations_bytes": mem["activations"],
-                   "temporaries_bytes": mem["temporaries"], "peak_bytes": mem["total"],
-                   "pipeline_stage": est.worst_stage, "source": "analytic (sim.memory)"},
+        "memory": {"parameters_bytes": br.get("parameters", 0.0) + br.get("gathered", 0.0),
+                   "gradients_bytes": br.get("gradients", 0.0) + br.get("buckets", 0.0),
+                   "optimizer_bytes": br.get("optimizer", 0.0), "activations_bytes": br.get("activations", 0.0),
+                   "reserve_bytes": br.get("reserve", 0.0), "peak_bytes": pk.total_bytes,
+                   "breakdown_at_peak_bytes": br, "rank": pk.rank, "pipeline_stage": stage, "peak_time_s": pk.time_s,
+                   "analytic_peak_bytes": est.memory["total"]},
         "memory_capacity_bytes": profile.hbm_capacity_bytes,
-        "fits": est.fits,
+        "fits": pk.total_bytes <= profile.hbm_capacity_bytes,
         "estimate_iteration_time_s": est.time["step"],
         "actions": len(run.program), "transfers": len(run.trace.transfers),
     }
@@ -182,9 +187,9 @@ def _print(s: dict, run: TrainingRun) -> None:
     print(f"    idle             {format_time(s['idle_s']):>12}  {s['idle_fraction'] * 100:5.1f}%")
     print(f"    comm hidden under compute: {s['comm_overlap_fraction'] * 100:.1f}%")
     m = s["memory"]
-    print(f"  memory (stage {m['pipeline_stage']}, analytic): params {format_bytes(m['parameters_bytes'])}, "
-          f"grads {format_bytes(m['gradients_bytes'])}, optimizer {format_bytes(m['optimizer_bytes'])}, "
-          f"activations {format_bytes(m['activations_bytes'])}")
-    verdict = "fits" if s["fits"] else "DOES NOT FIT"
-    print(f"  peak memory        {format_bytes(m['peak_bytes']):>12} of {format_bytes(s['memory_capacity_bytes'])}: "
-          f"{verdict}")
+    verdict = "fits" if s["fits"] else "DOES NOT FIT: this plan cannot run as configured (times are shown anyway)"
+    print(f"  peak memory        {format_bytes(m['peak_bytes']):>12} of {format_bytes(s['memory_capacity_bytes'])} "
+          f"on rank {m['rank']} (stage {m['pipeline_stage']}) at {format_time(m['peak_time_s'])}: {verdict}")
+    for cat, v in m["breakdown_at_peak_bytes"].items():
+        if v:
+            print(f"    {cat:<16} {format_bytes(v):>12}")
