@@ -88,10 +88,17 @@ class Action:
 
 
 class Program:
-    """Per-rank action lists, checked for consistency when built."""
+    """Per-rank action lists, checked for consistency when built.
 
-    def __init__(self, actions: dict[int, list[Action]]):
+    ``shadows`` are ranks of the cluster that are not simulated because they do exactly
+    what a simulated rank does (data-parallel replicas, under reduced fidelity). They may
+    be members of collectives: each is taken to arrive with the simulated members, and
+    its transfers still cross the network.
+    """
+
+    def __init__(self, actions: dict[int, list[Action]], shadows=()):
         self.actions: dict[int, tuple[Action, ...]] = {int(r): tuple(a) for r, a in sorted(actions.items())}
+        self.shadows = frozenset(int(r) for r in shadows) - set(self.actions)
         self._check()
 
     @property
@@ -124,9 +131,13 @@ class Program:
                 if a.kind == "collective":
                     if r not in a.group:
                         raise InputError(f"program: rank {r}: action {a.name!r}: group {list(a.group)} does not include rank {r}")
-                    missing = [g for g in a.group if g not in self.actions]
+                    missing = [g for g in a.group if g not in self.actions and g not in self.shadows]
                     if missing:
                         raise InputError(f"program: rank {r}: action {a.name!r}: group ranks {missing} have no actions in the program")
 
     def max_rank(self) -> int:
-        return max(self.actions) if self.actions else -1
+        return max([*self.actions, *self.shadows], default=-1)
+
+    def with_actions(self, actions: dict[int, list[Action]]) -> "Program":
+        """A program with new action lists and the same shadows (what passes return)."""
+        return Program(actions, self.shadows)

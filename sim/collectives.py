@@ -54,6 +54,9 @@ class Transfer:
     nbytes: float
     deps: tuple[int, ...]
     label: str
+    latency_steps: int = 1
+    """How many times the route's latency the transfer pays (a fluid ring hop carries
+    all its steps at once and pays each step's latency)."""
 
 
 def _by_node(topology: Topology, ranks) -> dict[int, list[int]]:
@@ -83,11 +86,12 @@ def default_channels(topology: Topology, ranks) -> int:
 
 
 class _Builder:
-    def __init__(self):
+    def __init__(self, fluid: bool = False):
         self.steps: list[Transfer] = []
+        self.fluid = fluid
 
-    def add(self, src, dst, nbytes, deps, label) -> int:
-        self.steps.append(Transfer(src, dst, nbytes, tuple(sorted(set(deps))), label))
+    def add(self, src, dst, nbytes, deps, label, latency_steps: int = 1) -> int:
+        self.steps.append(Transfer(src, dst, nbytes, tuple(sorted(set(deps))), label, latency_steps))
         return len(self.steps) - 1
 
     def ring(self, order: list[int], nsteps: int, chunk: float, label: str,
@@ -103,6 +107,16 @@ class _Builder:
         """
         n = len(order)
         ready, after = ready or {}, after or {}
+        if self.fluid:
+            # One transfer per ring hop carrying all its steps' bytes and latencies.
+            recv, sends = {}, {}
+            for i, r in enumerate(order):
+                dst = order[(i + 1) % n]
+                idx = self.add(r, dst, chunk * nsteps, list(ready.get(r, ())) + list(after.get(r, ())),
+                               f"{label} {nsteps} steps", latency_steps=nsteps)
+                sends[r] = [idx]
+                recv[dst] = [idx]
+            return recv, sends
         last_recv = {r: list(ready.get(r, ())) for r in order}
         sends: dict[int, list[int]] = {r: [] for r in order}
         for k in range(nsteps):
@@ -125,13 +139,16 @@ class _Builder:
 
 
 def build(op: str, ranks, nbytes: float, topology: Topology, algo: str = "ring", root: int | None = None,
-          channels: int | None = None) -> list[Transfer]:
+          channels: int | None = None, fluid: bool = False) -> list[Transfer]:
     """The transfer steps of collective ``op`` over ``ranks`` on ``topology``.
 
     ``nbytes`` is the buffer size as nccl-tests reports it: the full (per-rank) buffer
     for all-reduce, broadcast and all-to-all, the full gathered (or pre-scatter) buffer
     for all-gather and reduce-scatter. ``sendrecv`` takes ``ranks = (src, dst)``.
-    ``channels`` (ring algorithms) defaults to ``default_channels``.
+    ``channels`` (ring algorithms) defaults to ``default_channels``. With ``fluid``, each
+    ring hop is one transfer of all its steps' bytes paying all their latencies: on an
+    uncontended homogeneous ring that is exactly the step-by-step time, n transfers
+    instead of n·steps, and contention still comes from the network (see the module doc).
     """
     if op not in OPS:
         raise InputError(f"op: got {op!r}; allowed: {', '.join(OPS)}")
@@ -142,7 +159,7 @@ def build(op: str, ranks, nbytes: float, topology: Topology, algo: str = "ring",
         raise InputError(f"group: got {ranks}; ranks in a collective must be distinct")
     if nbytes < 0:
         raise InputError(f"size: got {nbytes}; expected bytes >= 0")
-    b = _Builder()
+    b = _Builder(fluid)
     n = len(ranks)
     if op == "sendrecv":
         if n != 2:

@@ -27,12 +27,14 @@ from sim.topology import Topology
 from sim.trace import Span, Trace
 
 
-def simulate(program: Program, topology: Topology, *, link_efficiency: dict[str, float] | None = None) -> Trace:
+def simulate(program: Program, topology: Topology, *, link_efficiency: dict[str, float] | None = None,
+             fluid_collectives: bool = False) -> Trace:
     """Run ``program`` on ``topology`` and return its ``Trace``.
 
     ``link_efficiency`` scales each link kind's bandwidth (e.g. ``{"ib": 0.96}``).
+    ``fluid_collectives`` prices each ring hop as one transfer (``sim.collectives``).
     """
-    return _Engine(program, topology, link_efficiency).run()
+    return _Engine(program, topology, link_efficiency, fluid_collectives).run()
 
 
 class _Rendezvous:
@@ -46,7 +48,7 @@ class _Rendezvous:
 
 
 class _Engine:
-    def __init__(self, program: Program, topology: Topology, link_efficiency):
+    def __init__(self, program: Program, topology: Topology, link_efficiency, fluid: bool = False):
         top = program.max_rank()
         if top >= topology.num_gpus:
             raise InputError(
@@ -54,6 +56,7 @@ class _Engine:
             )
         self.program = program
         self.topology = topology
+        self.fluid = fluid
         self.env = simpy.Environment()
         self.net = Network(self.env, topology, link_efficiency)
         self.done: dict[tuple[int, str], simpy.Event] = {}
@@ -187,10 +190,11 @@ class _Engine:
                 f"{first.name!r} on the other members ({first.op}, {first.nbytes} B, {first.algo})"
             )
         rv.posted[rank] = self.env.event()
-        if len(rv.posted) == len(a.group):
+        if len(rv.posted) == sum(1 for g in a.group if g not in self.program.shadows):
             del self._coll[key]
             rv.began = self.env.now
-            steps = collectives.build(a.op, a.group, a.nbytes, self.topology, a.algo, channels=a.channels or None)
+            steps = collectives.build(a.op, a.group, a.nbytes, self.topology, a.algo, channels=a.channels or None,
+                                      fluid=self.fluid)
             self._run_steps(steps, rv.posted, f"{a.category or a.op} {a.op} {a.name}")
         return rv
 
@@ -203,16 +207,18 @@ class _Engine:
         for i, s in enumerate(steps):
             for d in s.deps:
                 children[d].append(i)
-            left[s.src] += 1
-            left[s.dst] += 1
+            for r in (s.src, s.dst):
+                if r in left:
+                    left[r] += 1
         net = self.net
 
         def finished(i):
             s = steps[i]
             for r in (s.src, s.dst):
-                left[r] -= 1
-                if left[r] == 0:
-                    rank_done[r].succeed()
+                if r in left:
+                    left[r] -= 1
+                    if left[r] == 0:
+                        rank_done[r].succeed()
             for c in children[i]:
                 waiting[c] -= 1
                 if waiting[c] == 0:
@@ -220,7 +226,8 @@ class _Engine:
 
         def start(i):
             s = steps[i]
-            net.transfer(s.src, s.dst, s.nbytes, f"{label} {s.label}").callbacks.append(lambda _e: finished(i))
+            net.transfer(s.src, s.dst, s.nbytes, f"{label} {s.label}", s.latency_steps).callbacks.append(
+                lambda _e: finished(i))
 
         for r in sorted(left):
             if left[r] == 0:
@@ -240,7 +247,7 @@ class _Engine:
             elif a.kind == "collective":
                 key = self._keys[(rank, a.name)]
                 rv = self._coll.get(key)
-                missing = [g for g in a.group if rv is None or g not in rv.posted]
+                missing = [g for g in a.group if (rv is None or g not in rv.posted) and g not in self.program.shadows]
                 why = f"{a.op} over ranks {list(a.group)} waits for ranks {missing} to join"
             elif a.kind == "send":
                 why = f"waits for rank {a.peer} to post the matching recv"

@@ -29,13 +29,18 @@ TABLES = {
               "untie_embeddings_and_output_weights": None, "disable_bias_linear": None,
               "attention_dropout": None, "hidden_dropout": None},
     "cluster": {"gpu": None, "gpus": None, "gpus_per_node": None, "nodes": None, "topology": None,
-                "fabric": None, "oversubscription": None},
+                "fabric": None, "oversubscription": None, "fidelity": None},
     "plan": {"tensor_model_parallel_size": None, "pipeline_model_parallel_size": None,
              "num_layers_per_virtual_pipeline_stage": None, "num_virtual_stages_per_pipeline_rank": None,
              "schedule": None, "decoder_first_pipeline_num_layers": None, "decoder_last_pipeline_num_layers": None,
              "account_for_embedding_in_pipeline_split": None, "account_for_loss_in_pipeline_split": None,
              "placement": None, "sequence_parallel": None, "micro_batch_size": None, "global_batch_size": None,
-             "recompute_granularity": None, "zero": None, "overlap_grad_reduce": None, "bucket_size": None},
+             "recompute_granularity": None, "zero": None, "overlap_grad_reduce": None, "bucket_size": None,
+             "zero3_prefetch_depth": None, "zero_bucket_size": None},
+    # DeepSpeed's names (its JSON config's "zero_optimization" object).
+    "zero_optimization": {"zero": "stage", "offload_optimizer": None,
+                          "zero3_prefetch_bucket_size": "stage3_prefetch_bucket_size",
+                          "zero3_max_live_parameters": "stage3_max_live_parameters"},
 }
 _TOP = {"name", "description", *TABLES}
 # Values that may be file paths, resolved against the experiment file's folder.

@@ -71,11 +71,25 @@ def to_chrome(trace: Trace, names: dict[int, str] | None = None) -> dict:
             else:
                 flow.update(ph="f", bp="e")
             events.append(flow)
+    events.extend(_memory_counters(trace))
     return {
         "traceEvents": events,
         "displayTimeUnit": "ms",
         "otherData": {"generator": "trainsim", "topology": trace.topology},
     }
+
+
+def _memory_counters(trace: Trace) -> list[dict]:
+    """One counter track per rank: bytes held per category over time."""
+    from sim.memory_timeline import timeline
+
+    out = []
+    for r in sorted({rank for _, rank, _, _ in trace.memory}):
+        times, series = timeline(trace, r)
+        for i, t in enumerate(times):
+            out.append({"ph": "C", "name": "memory_bytes", "pid": r, "ts": t * _US,
+                        "args": {c: s[i] for c, s in series.items()}})
+    return out
 
 
 def write_json_atomic(obj, path: str | Path) -> Path:

@@ -85,10 +85,12 @@ class Network:
         self.active = 0
 
     # ------------------------------------------------------------------ public
-    def transfer(self, src: int, dst: int, nbytes: int, label: str = "") -> simpy.Event:
-        """Start moving ``nbytes`` from GPU ``src`` to GPU ``dst``; the event fires when done."""
+    def transfer(self, src: int, dst: int, nbytes: int, label: str = "", latency_steps: int = 1) -> simpy.Event:
+        """Start moving ``nbytes`` from GPU ``src`` to GPU ``dst``; the event fires when done.
+        The route's latency is paid ``latency_steps`` times."""
         done = self.env.event()
         links, latency, medium = self._route_of(src, dst)
+        latency *= latency_steps
         flow = _Flow(links, nbytes, done, src, dst, self.env.now, label, medium)
         self.active += 1
         for l in links:

@@ -42,10 +42,18 @@ class Segment:
     layer: int | None = None
 
 
-def replicate(prog: Program, world_size: int, coords: Callable[[int], tuple], rank_of: Callable[..., int]) -> Program:
-    """Copy pipeline rank p's actions to every GPU g with coords(g) = (dp, p, tp)."""
+def replicate(prog: Program, world_size: int, coords: Callable[[int], tuple], rank_of: Callable[..., int],
+              keep: Callable[[int], bool] | None = None) -> Program:
+    """Copy pipeline rank p's actions to every GPU g with coords(g) = (dp, p, tp).
+
+    With ``keep``, only the GPUs it accepts are simulated; the others become shadows
+    (they do the same as a kept replica; see ``Program``)."""
     out: dict[int, list[Action]] = {}
+    shadows = []
     for g in range(world_size):
+        if keep is not None and not keep(g):
+            shadows.append(g)
+            continue
         d, p, t = coords(g)
         acts = []
         for a in prog.actions.get(p, ()):
@@ -54,7 +62,7 @@ def replicate(prog: Program, world_size: int, coords: Callable[[int], tuple], ra
                 a = replace(a, deps=deps)
             acts.append(a)
         out[g] = acts
-    return Program(out)
+    return Program(out, shadows)
 
 
 def add_tp_collectives(prog: Program, segments: Callable[[int, Action], list[Segment] | None],
@@ -88,7 +96,7 @@ def add_tp_collectives(prog: Program, segments: Callable[[int, Action], list[Seg
             if prev != a.name:  # a trailing collective was dropped (tp = 1): rename the last piece
                 new[-1] = replace(new[-1], name=a.name)
         out[r] = new
-    return Program(out)
+    return prog.with_actions(out)
 
 
 def add_p2p(prog: Program, nbytes: Callable[[Action], float]) -> Program:
@@ -126,7 +134,7 @@ def add_p2p(prog: Program, nbytes: Callable[[Action], float]) -> Program:
             new.append(a)
             new.extend(sends[r].get(a.name, ()))
         out[r] = new
-    return Program(out)
+    return prog.with_actions(out)
 
 
 def _backward_uses(acts, backward) -> list[tuple[str, int, int, int]]:
@@ -208,7 +216,7 @@ def add_grad_sync(prog: Program, grad_bytes: Callable[[int, int], float], dp_gro
             new.append(a)
             new.extend(after.get(i, ()))
         out[r] = new
-    return Program(out)
+    return prog.with_actions(out)
 
 
 def add_optimizer(prog: Program, duration: Callable[[int], float]) -> Program:
@@ -223,4 +231,4 @@ def add_optimizer(prog: Program, duration: Callable[[int], float]) -> Program:
         deps = tuple(last_per_stream[s] for s in sorted(last_per_stream))
         lst.append(Action("optimizer", duration_s=duration(r), category="opt", deps=deps))
         out[r] = lst
-    return Program(out)
+    return prog.with_actions(out)

@@ -161,3 +161,66 @@ def _save(fig, path: str | Path) -> Path:
     finally:
         plt.close(fig)
     return path
+
+
+def plot_memory(trace: Trace, path: str | Path, ranks, lane_names: dict[int, str] | None = None,
+                capacity_bytes: float | None = None, title: str = "") -> Path:
+    """Memory over time per rank (one panel each): stacked bytes per category in GiB,
+    with the GPU's capacity as a dashed line."""
+    from sim.memory_timeline import CATEGORIES, timeline
+
+    ranks = list(ranks)
+    fig, axes = plt.subplots(len(ranks), 1, figsize=(12, 1.9 * len(ranks) + 1.0), dpi=110, sharex=True,
+                             squeeze=False)
+    colours = dict(zip(CATEGORIES, ("#4C72B0", "#55A868", "#C44E52", "#DD8452", "#8172B3", "#937860", "#BBBBBB")))
+    end_ms = trace.end_s * 1e3
+    for ax, r in zip(axes[:, 0], ranks):
+        times, series = timeline(trace, r)
+        if not times:
+            continue
+        xs = [t * 1e3 for t in times] + [end_ms]
+        cats = sorted(series, key=lambda c: c != "reserve")  # the reserve at the bottom
+        ys = [[v / 2**30 for v in series[c]] + [series[c][-1] / 2**30] for c in cats]
+        ax.stackplot(xs, ys, labels=cats, colors=[colours.get(c, "#999999") for c in cats], step="post")
+        if capacity_bytes:
+            ax.axhline(capacity_bytes / 2**30, color="black", linestyle="--", linewidth=1)
+            ax.text(end_ms * 0.995, capacity_bytes / 2**30, "GPU capacity", va="bottom", ha="right", fontsize=7)
+        ax.set_ylabel((lane_names or {}).get(r, f"rank {r}") + "\nGiB", fontsize=8)
+        ax.grid(axis="y", linestyle=":", alpha=0.5)
+        if capacity_bytes:
+            ax.set_ylim(0, max(ax.get_ylim()[1], capacity_bytes / 2**30 * 1.08))
+    axes[0, 0].legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False)
+    axes[-1, 0].set_xlabel("time (ms)")
+    axes[-1, 0].set_xlim(0, end_ms * 1.01)
+    axes[0, 0].set_title(title or "memory over time", fontsize=10)
+    fig.tight_layout()
+    return _save(fig, path)
+
+
+def plot_pareto(points, path: str | Path, title: str = "", capacity_bytes: float | None = None) -> Path:
+    """Tokens/s against peak memory per GPU, one dot per plan: ``points`` are
+    ``(peak_bytes, tokens_per_s, on_front, label)``; the Pareto front (no plan both faster
+    and smaller) is joined by a line, labelled points are annotated (the best plan)."""
+    fig, ax = plt.subplots(figsize=(9, 5.5), dpi=110)
+    xs = [p[0] / 2**30 for p in points]
+    ys = [p[1] for p in points]
+    ax.scatter(xs, ys, s=14, color="#9DB4D3", label="simulated plan", zorder=2)
+    front = sorted((p[0] / 2**30, p[1]) for p in points if p[2])
+    if front:
+        ax.plot([x for x, _ in front], [y for _, y in front], "-o", color="#C44E52", markersize=5,
+                label="Pareto front", zorder=3)
+    for x, y, (_, _, _, label) in zip(xs, ys, points):
+        if label:
+            ax.scatter([x], [y], marker="*", s=160, color="#DD8452", zorder=4)
+            ax.annotate(label, (x, y), textcoords="offset points", xytext=(6, 6), fontsize=8)
+    if capacity_bytes:
+        ax.axvline(capacity_bytes / 2**30, color="black", linestyle="--", linewidth=1, label="GPU memory")
+    ax.set_xlabel("peak memory per GPU (GiB)")
+    ax.set_ylabel("tokens/s")
+    ax.grid(linestyle=":", alpha=0.5)
+    ax.set_axisbelow(True)
+    ax.set_title(title or "plans: throughput against memory", fontsize=10)
+    if points:
+        ax.legend(fontsize=8, loc="lower right")
+    fig.tight_layout()
+    return _save(fig, path)

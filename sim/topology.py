@@ -6,9 +6,11 @@ links with a ``kind`` (``nvlink``, ``pcie``, ``ib``, ``ethernet``), a per-direct
 ``bandwidth_Bps`` and a ``latency_s``. GPUs carry a ``rank`` (0..n-1, the index programs
 and collectives use) and a ``node`` (the host they sit in).
 
-Routing picks a shortest path by hop count. GPUs are endpoints only: traffic never
-transits through a GPU on its way elsewhere (NCCL's PXN, which does that on purpose,
-is not modelled). Where several shortest paths exist (ECMP through different spines),
+Routing picks a shortest path by hop count. GPUs and CPUs are endpoints only: traffic
+never transits through them on its way elsewhere (NCCL's PXN, which routes through a
+peer GPU on purpose, is not modelled). Paths are found between the transit devices next
+to the two GPUs, with a bidirectional search and two small balls around the ends, so a
+route costs little even on clusters of thousands of nodes. Where several shortest paths exist (ECMP through different spines),
 the choice is a deterministic hash of the (source, destination) pair, so the same
 input always gives the same routes and different pairs spread over the spines.
 
@@ -20,7 +22,6 @@ from __future__ import annotations
 
 import math
 import zlib
-from functools import lru_cache
 
 import networkx as nx
 
@@ -48,7 +49,7 @@ class Topology:
         )
         self.gpus: list[str] = [n for _, n in gpus]
         self._route_cache: dict[tuple[int, int], tuple[Link, ...]] = {}
-        self._bfs = lru_cache(maxsize=4096)(self._bfs_from)
+        self._core: nx.Graph | None = None
 
     # ----------------------------------------------------------------- validation
     def _validate(self) -> None:
@@ -117,12 +118,12 @@ class Topology:
         return self.graph.edges[u, v]
 
     # ------------------------------------------------------------------ routing
-    def _bfs_from(self, source: str) -> tuple[dict[str, list[str]], dict[str, int]]:
-        """BFS predecessors and hop counts from ``source`` over devices that may carry
-        transit traffic (every device but the other GPUs)."""
-        kinds = self.graph.nodes
-        view = nx.subgraph_view(self.graph, filter_node=lambda n: n == source or kinds[n]["kind"] != "gpu")
-        return nx.predecessor(view, source, return_seen=True)
+    def _core_graph(self) -> nx.Graph:
+        """The devices that may carry transit traffic (all but GPUs and CPUs)."""
+        if self._core is None:
+            keep = [n for n, d in self.graph.nodes(data=True) if d["kind"] not in ("gpu", "cpu")]
+            self._core = self.graph.subgraph(keep).copy()
+        return self._core
 
     def route(self, src: int, dst: int) -> tuple[Link, ...]:
         """The directed links a transfer from GPU ``src`` to GPU ``dst`` crosses."""
@@ -134,22 +135,52 @@ class Topology:
             self._route_cache[key] = ()
             return ()
         s, d = self.gpu(src), self.gpu(dst)
-        pred, dist = self._bfs(s)
-        # The destination GPU is reached from its neighbours that BFS reached first.
-        hops = [n for n in self.graph.neighbors(d) if n in dist]
-        if not hops:
-            raise InputError(f"topology {self.name}: no route from rank {src} to rank {dst}")
-        best = min(dist[n] for n in hops)
         h = zlib.crc32(f"{src}->{dst}".encode())
-        cur = _pick(sorted(n for n in hops if dist[n] == best), h)
-        path = [d, cur]
-        while cur != s:
-            cur = _pick(sorted(pred[cur]), h)
-            path.append(cur)
-        path.reverse()
+        if self.graph.has_edge(s, d):
+            path = [s, d]
+        else:
+            path = [s, *self._core_path(s, d, h), d]
         links = tuple(zip(path[:-1], path[1:]))
         self._route_cache[key] = links
         return links
+
+    def _core_path(self, s: str, d: str, h: int) -> list[str]:
+        """A shortest path between the transit devices next to GPUs s and d; among
+        equal ones, a deterministic choice by the hash ``h`` (ECMP)."""
+        core = self._core_graph()
+        firsts = sorted(n for n in self.graph.neighbors(s) if n in core)
+        lasts = sorted(n for n in self.graph.neighbors(d) if n in core)
+        best, ends = None, []
+        for a in firsts:
+            for b in lasts:
+                try:
+                    n = len(nx.bidirectional_shortest_path(core, a, b)) - 1
+                except nx.NetworkXNoPath:
+                    continue
+                if best is None or n < best:
+                    best, ends = n, [(a, b)]
+                elif n == best:
+                    ends.append((a, b))
+        if best is None:
+            raise InputError(f"topology {self.name}: no route from {s} to {d}")
+        a, b = _pick(ends, h)
+        if best == 0:
+            return [a]
+        # Nodes on shortest a-b paths: half-way nodes x with dist(a, x) = m and
+        # dist(x, b) = best - m; then walk back to a and on to b, one hop at a time.
+        m = (best + 1) // 2
+        da = nx.single_source_shortest_path_length(core, a, cutoff=m)
+        db = nx.single_source_shortest_path_length(core, b, cutoff=best - m)
+        mid = _pick(sorted(x for x, k in da.items() if k == m and db.get(x) == best - m), h)
+        back = [mid]
+        while back[-1] != a:
+            k = da[back[-1]]
+            back.append(_pick(sorted(y for y in core.neighbors(back[-1]) if da.get(y) == k - 1), h))
+        fwd = [mid]
+        while fwd[-1] != b:
+            k = db[fwd[-1]]
+            fwd.append(_pick(sorted(y for y in core.neighbors(fwd[-1]) if db.get(y) == k - 1), h))
+        return back[::-1] + fwd[1:]
 
     def path_latency_s(self, src: int, dst: int) -> float:
         """Sum of the link latencies on the route from ``src`` to ``dst``."""

@@ -52,6 +52,7 @@ class TrainingRun:
     schedule: Schedule
     program: Program
     trace: Trace
+    fidelity: str = "full"
 
 
 class _Segments:
@@ -110,9 +111,22 @@ class _Segments:
         return list(self._cache(step.stage, step.kind))
 
 
+FIDELITIES = ("full", "reduced")
+AUTO_REDUCED_ABOVE_GPUS = 256
+
+
 def build_program(model: ModelSpec, plan: ParallelPlan, profile: HardwareProfile,
-                  schedule: Schedule | None = None) -> tuple[Schedule, Program]:
-    """The full iteration program of ``plan`` (every GPU's compute and communication)."""
+                  schedule: Schedule | None = None, fidelity: str = "full") -> tuple[Schedule, Program]:
+    """The iteration program of ``plan``: every GPU's compute and communication.
+
+    ``fidelity="reduced"`` simulates one data-parallel replica (the GPUs with dp index
+    0); the other replicas do the same work at the same times, so they are shadows:
+    they still take part in every data-parallel collective, whose transfers cross the
+    full topology, but their own compute and tensor/pipeline traffic is not simulated.
+    Reduced fidelity also prices ring collectives as fluid hops (``sim.collectives``).
+    """
+    if fidelity not in FIDELITIES:
+        raise InputError(f"fidelity: got {fidelity!r}; allowed: {', '.join(FIDELITIES)}")
     plan.check_model(model)
     if schedule is None:
         schedule = build_schedule(plan.schedule, plan.pp, plan.num_microbatches, plan.vpp)
@@ -124,7 +138,8 @@ def build_program(model: ModelSpec, plan: ParallelPlan, profile: HardwareProfile
     validate(schedule)
     segments = _Segments(model, plan, profile)
     prog = to_program(schedule, lambda step: 0.0)
-    prog = passes.replicate(prog, plan.world_size, plan.coords, plan.rank)
+    keep = (lambda g: plan.coords(g)[0] == 0) if fidelity == "reduced" else None
+    prog = passes.replicate(prog, plan.world_size, plan.coords, plan.rank, keep)
     prog = passes.add_tp_collectives(prog, segments, plan.tp_group)
     act_bytes = p2p_bytes(model, plan.micro_batch_size, plan.tp, plan.sequence_parallel)
     prog = passes.add_p2p(prog, lambda consumer: act_bytes)
@@ -205,13 +220,17 @@ def add_memory(prog: Program, model: ModelSpec, plan: ParallelPlan, profile: Har
 
 
 def simulate_training(model: ModelSpec, plan: ParallelPlan, profile: HardwareProfile, topology: Topology,
-                      schedule: Schedule | None = None) -> TrainingRun:
-    """Simulate one iteration of ``plan`` on ``topology`` and return the run."""
+                      schedule: Schedule | None = None, fidelity: str = "full") -> TrainingRun:
+    """Simulate one iteration of ``plan`` on ``topology`` and return the run
+    (``fidelity``: "full", "reduced", or "auto": reduced above 256 GPUs)."""
+    if fidelity == "auto":
+        fidelity = "reduced" if plan.world_size > AUTO_REDUCED_ABOVE_GPUS else "full"
     if plan.world_size > topology.num_gpus:
         raise InputError(
             f"plan: needs dp x tp x pp = {plan.dp} x {plan.tp} x {plan.pp} = {plan.world_size} GPUs; "
             f"topology {topology.name} has {topology.num_gpus}"
         )
-    schedule, prog = build_program(model, plan, profile, schedule)
-    trace = simulate(prog, topology, link_efficiency=profile.link_efficiencies())
-    return TrainingRun(model, plan, profile, topology, schedule, prog, trace)
+    schedule, prog = build_program(model, plan, profile, schedule, fidelity)
+    trace = simulate(prog, topology, link_efficiency=profile.link_efficiencies(),
+                     fluid_collectives=fidelity == "reduced")
+    return TrainingRun(model, plan, profile, topology, schedule, prog, trace, fidelity)

@@ -38,7 +38,7 @@ def add_resident(prog: Program, resident: Callable[[int], dict]) -> Program:
     for r, acts in prog.actions.items():
         mem = tuple(("start", cat, float(b)) for cat, b in sorted(resident(r).items()) if b)
         out[r] = [Action("resident memory", duration_s=0.0, category="mem", stream="memory", mem=mem), *acts]
-    return Program(out)
+    return prog.with_actions(out)
 
 
 def _steps(acts) -> dict[str, tuple[int, int]]:
@@ -80,7 +80,7 @@ def add_activation_memory(prog: Program, stored: Callable[[int, str], float],
                     add.setdefault(first, []).append(("start", "activations", t))
                     add.setdefault(last, []).append(("end", "activations", -t))
         out[r] = [replace(a, mem=a.mem + tuple(add[i])) if i in add else a for i, a in enumerate(lst)]
-    return Program(out)
+    return prog.with_actions(out)
 
 
 def _split(step: str) -> tuple[int, str, int]:
@@ -130,7 +130,7 @@ def add_param_gathers(prog: Program, layer_bytes: Callable[[int, int], float],
                 a = replace(a, deps=a.deps + tuple(extra_deps.get(i, ())), mem=a.mem + tuple(frees.get(i, ())))
             new.append(a)
         out[r] = new
-    return Program(out)
+    return prog.with_actions(out)
 
 
 def add_param_allgather(prog: Program, param_bytes: Callable[[int], float], dp_group: Callable[[int], tuple[int, ...]],
@@ -151,4 +151,4 @@ def add_param_allgather(prog: Program, param_bytes: Callable[[int], float], dp_g
             lst.append(Action(f"param allgather {k}", kind="collective", op="allgather", group=group, nbytes=nb,
                               category="dp", stream="dp", deps=("optimizer",)))
         out[r] = lst
-    return Program(out)
+    return prog.with_actions(out)

@@ -11,6 +11,7 @@ read the same flags, and experiment TOML files use the same names with underscor
 from __future__ import annotations
 
 import argparse
+import math
 from pathlib import Path
 
 from sim.errors import InputError, require
@@ -64,6 +65,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     par.add_argument("--global-batch-size", type=int, help="default micro-batch size x data-parallel size")
     par.add_argument("--recompute-granularity", choices=["none", "selective", "full"], default="none")
     par.add_argument("--zero", type=int, choices=[0, 1, 2, 3], default=0, help="ZeRO stage (default 0)")
+    par.add_argument("--zero3-prefetch-depth", type=int, default=None, metavar="N",
+                     help="ZeRO-3: layers whose parameters are gathered ahead (default 1)")
+    par.add_argument("--zero3-prefetch-bucket-size", type=float, default=None, metavar="PARAMS",
+                     help="ZeRO-3: parameters gathered ahead, as DeepSpeed's stage3_prefetch_bucket_size "
+                          "(sets the depth in whole layers)")
+    par.add_argument("--zero3-max-live-parameters", type=float, default=None, metavar="PARAMS",
+                     help="ZeRO-3: most gathered parameters alive at once (DeepSpeed stage3_max_live_parameters)")
+    par.add_argument("--zero-bucket-size", default=None, metavar="BYTES",
+                     help="ZeRO-2/3 gradient reduce-scatter bucket, e.g. 500MB (default: --bucket-size)")
+    par.add_argument("--offload-optimizer", action="store_true",
+                     help="ZeRO-Offload: optimizer states in host memory, optimizer step on the CPU")
     par.add_argument("--overlap-grad-reduce", action=argparse.BooleanOptionalAction, default=True,
                      help="overlap the data-parallel gradient all-reduce with backward (default on)")
     par.add_argument("--bucket-size", default=None, metavar="BYTES",
@@ -117,10 +129,25 @@ def plan_from_args(args, model) -> ParallelPlan:
         require(Path(schedule).is_file(), "--schedule", schedule, "no such schedule file")
         schedule = "custom"
     bucket = parse_size(args.bucket_size, "--bucket-size") if args.bucket_size is not None else DDP_BUCKET_BYTES
+    zbucket = parse_size(args.zero_bucket_size, "--zero-bucket-size") if args.zero_bucket_size is not None else None
+    depth = args.zero3_prefetch_depth
+    if args.zero3_prefetch_bucket_size is not None:
+        require(depth is None, "--zero3-prefetch-bucket-size", args.zero3_prefetch_bucket_size,
+                "give it or --zero3-prefetch-depth, not both")
+        require(args.zero3_prefetch_bucket_size >= 0, "--zero3-prefetch-bucket-size",
+                args.zero3_prefetch_bucket_size, "expected a number of parameters >= 0")
+        from sim.memory import layer_params_per_rank
+
+        depth = math.ceil(args.zero3_prefetch_bucket_size / layer_params_per_rank(model, tp))
+    if depth is not None:
+        require(depth >= 0, "--zero3-prefetch-depth", depth, "expected an integer >= 0")
     plan = ParallelPlan(dp=gpus // (tp * pp), tp=tp, pp=pp, vpp=vpp, sequence_parallel=args.sequence_parallel,
                         micro_batch_size=args.micro_batch_size, global_batch_size=args.global_batch_size,
                         recompute=args.recompute_granularity, zero_stage=args.zero, schedule=schedule,
                         dp_overlap=args.overlap_grad_reduce, bucket_size_bytes=bucket,
+                        zero3_prefetch_depth=1 if depth is None else depth, zero_bucket_size_bytes=zbucket,
+                        zero3_max_live_parameters=args.zero3_max_live_parameters,
+                        offload_optimizer=args.offload_optimizer,
                         placement=args.placement,
                         first_stage_layers=args.decoder_first_pipeline_num_layers,
                         last_stage_layers=args.decoder_last_pipeline_num_layers,

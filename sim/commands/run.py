@@ -41,7 +41,10 @@ def add_arguments(p) -> None:
     c.add_argument("--topology", help="node or cluster .toml, or a built-in name (default: the GPU's DGX node)")
     c.add_argument("--fabric", choices=FABRICS, default=None, help="inter-node fabric (default rail)")
     c.add_argument("--oversubscription", type=float, default=None, help="fat-tree/leaf uplink oversubscription")
-    p.add_argument("--out", help="directory for summary.json, trace.json and timeline.png")
+    p.add_argument("--fidelity", choices=("auto", "full", "reduced"), default="auto",
+                   help="full: every GPU; reduced: one data-parallel replica, the others as shadows in its "
+                        "collectives (default auto: reduced above 256 GPUs)")
+    p.add_argument("--out", help="directory for summary.json, trace.json, timeline.png and memory.png")
 
 
 def _parse_with_experiment(args):
@@ -95,7 +98,8 @@ def summarize(run: TrainingRun) -> dict:
     d, stage, t = plan.coords(pk.rank)
     return {
         "model": model.name, "params": model.num_params, "gpu": profile.name, "topology": run.topology.name,
-        "gpus": plan.world_size, "schedule": run.schedule.name, "plan": asdict(plan),
+        "gpus": plan.world_size, "schedule": run.schedule.name, "plan": asdict(plan), "fidelity": run.fidelity,
+        "simulated_gpus": len(run.program.actions),
         **met,
         "memory": {"parameters_bytes": br.get("parameters", 0.0) + br.get("gathered", 0.0),
                    "gradients_bytes": br.get("gradients", 0.0) + br.get("buckets", 0.0),
@@ -126,7 +130,7 @@ def _lane(stream: str) -> str:
 
 def write_outputs(run: TrainingRun, summary: dict, out: Path) -> None:
     from sim.export import write_chrome, write_json_atomic
-    from sim.plot import plot_timeline
+    from sim.plot import plot_memory, plot_timeline
 
     plan = run.plan
     if plan.pp > 1:
@@ -140,6 +144,8 @@ def write_outputs(run: TrainingRun, summary: dict, out: Path) -> None:
              f"{run.schedule.name}, m={plan.num_microbatches}: {summary['iteration_time_s'] * 1e3:.1f} ms")
     plot_timeline(run.trace, out / "timeline.png", title=title, ranks=set(ranks), lane_names=names,
                   lane_of_stream=_lane)
+    plot_memory(run.trace, out / "memory.png", ranks, names, run.profile.hbm_capacity_bytes,
+                title=f"{run.model.name}: memory per GPU over one iteration ({run.schedule.name}, ZeRO-{plan.zero_stage})")
     write_json_atomic(summary, out / "summary.json")
 
 
@@ -152,7 +158,7 @@ def run(args) -> int:
     plan = plan_from_args(args, model)
     schedule = load_schedule_csv(args.schedule) if plan.schedule == "custom" else None
     topo = _cluster(args, plan.world_size, profile.name)
-    run_ = simulate_training(model, plan, profile, topo, schedule)
+    run_ = simulate_training(model, plan, profile, topo, schedule, args.fidelity)
     summary = summarize(run_)
     if args.out:
         write_outputs(run_, summary, Path(args.out))
@@ -161,7 +167,7 @@ def run(args) -> int:
         return 0
     _print(summary, run_)
     if args.out:
-        print(f"\nwrote {Path(args.out) / 'summary.json'}, trace.json, timeline.png")
+        print(f"\nwrote {Path(args.out) / 'summary.json'}, trace.json, timeline.png, memory.png")
     return 0
 
 
@@ -169,6 +175,9 @@ def _print(s: dict, run: TrainingRun) -> None:
     plan = run.plan
     print(f"{run.model.describe()}")
     print(f"{s['gpus']} x {s['gpu']} on {run.topology.describe()}")
+    if run.fidelity == "reduced":
+        print(f"fidelity: reduced ({s['simulated_gpus']} GPUs simulated; the other data-parallel replicas are shadows"
+              " in its collectives)")
     print(f"plan: dp {plan.dp} x tp {plan.tp} x pp {plan.pp}{f' (vpp {plan.vpp})' if plan.vpp > 1 else ''}, "
           f"schedule {s['schedule']}, micro-batch {plan.micro_batch_size} x {plan.num_microbatches}, "
           f"global batch {plan.global_batch_size}, recompute {plan.recompute}, ZeRO-{plan.zero_stage}, "
