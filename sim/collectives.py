@@ -42,7 +42,8 @@ from sim.topology import Topology
 OPS = ("allreduce", "reducescatter", "allgather", "broadcast", "alltoall", "sendrecv")
 ALGOS = ("ring", "hierarchical")
 BROADCAST_CHUNKS = 8  # pipeline chunks of a ring broadcast
-PIPELINE_PIECE_BYTES = 4 * 2**20  # hierarchical all-reduce: at least this much per pipelined piece
+PIPELINE_PIECE_BYTES = 4 * 2**20
+FLUID_PIECES = 4  # transfers per ring hop in the fluid model  # hierarchical all-reduce: at least this much per pipelined piece
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,12 +109,20 @@ class _Builder:
         n = len(order)
         ready, after = ready or {}, after or {}
         if self.fluid:
-            # One transfer per ring hop carrying all its steps' bytes and latencies.
+            # Each ring hop carries its steps in at most FLUID_PIECES transfers, each of
+            # several steps' bytes paying their latencies, one after another.
+            pieces = min(nsteps, FLUID_PIECES)
             recv, sends = {}, {}
             for i, r in enumerate(order):
                 dst = order[(i + 1) % n]
-                idx = self.add(r, dst, chunk * nsteps, list(ready.get(r, ())) + list(after.get(r, ())),
-                               f"{label} {nsteps} steps", latency_steps=nsteps)
+                prev = list(ready.get(r, ())) + list(after.get(r, ()))
+                done = 0
+                for k in range(pieces):
+                    steps = (nsteps * (k + 1)) // pieces - done
+                    done += steps
+                    idx = self.add(r, dst, chunk * steps, prev, f"{label} steps {done - steps}..{done - 1}",
+                                   latency_steps=steps)
+                    prev = [idx]
                 sends[r] = [idx]
                 recv[dst] = [idx]
             return recv, sends

@@ -1,0 +1,179 @@
+"""ZeRO stages and memory over time, against the ZeRO paper and Korthikanti's formulas."""
+
+import math
+
+import pytest
+
+from sim.hardware import load_profile
+from sim.memory_timeline import final, highest_peak, min_level, peak, timeline
+from sim.model import gpt, preset
+from sim.plan import ParallelPlan
+from sim.topology_build import NodeSpec, build_cluster, load_topology
+from sim.training import build_program, simulate_training
+
+H100 = load_profile("h100-sxm")
+A100 = load_profile("a100-80gb")
+# Small vocabulary: the embedding is smaller than a layer, so layers dominate gathers.
+SMALL = gpt("small", 8, 1024, 16, 1024, 512)
+
+
+def _resident(prog, rank):
+    act = next(a for a in prog.actions[rank] if a.name == "resident memory")
+    return {cat: b for _, cat, b in act.mem}
+
+
+@pytest.mark.parametrize("dp", [4, 16, 64, 256, 1024])
+@pytest.mark.parametrize("zero", [0, 1, 2, 3])
+def test_model_states_follow_the_zero_formulas_for_the_7_5b_shape(dp, zero):
+    # ZeRO (Rajbhandari et al. SC'20): 2Ψ + 2Ψ + 12Ψ; P_os 4Ψ + 12Ψ/Nd; P_os+g 2Ψ + 14Ψ/Nd;
+    # P_os+g+p 16Ψ/Nd; Ψ from the simulator's own parameter count.
+    model = preset("zero-7.5b")
+    psi = model.num_params
+    expected = {0: 16 * psi, 1: 4 * psi + 12 * psi / dp, 2: 2 * psi + 14 * psi / dp, 3: 16 * psi / dp}[zero]
+    plan = ParallelPlan(dp=dp, global_batch_size=dp, zero_stage=zero)
+    _, prog = build_program(model, plan, A100, fidelity="reduced")
+    res = _resident(prog, 0)
+    states = res["parameters"] + res["gradients"] + res["optimizer"]
+    assert states == pytest.approx(expected, rel=1e-12)
+    assert res["reserve"] == A100.memory_reserve_bytes
+
+
+def _dp_bytes(run):
+    return sum(t.nbytes for t in run.trace.transfers if t.label.split()[0] in ("dp", "zero"))
+
+
+def test_zero3_moves_one_and_a_half_times_the_bytes_of_zero2_counted_from_the_trace():
+    topo = load_topology("dgx-h100")
+    runs = {z: simulate_training(SMALL, ParallelPlan(dp=8, global_batch_size=8, zero_stage=z), H100, topo)
+            for z in (2, 3)}
+    assert _dp_bytes(runs[3]) == pytest.approx(1.5 * _dp_bytes(runs[2]), rel=1e-9)
+    # and ZeRO-0's all-reduce moves what ZeRO-2's reduce-scatter + all-gather move
+    z0 = simulate_training(SMALL, ParallelPlan(dp=8, global_batch_size=8), H100, topo)
+    assert _dp_bytes(z0) == pytest.approx(_dp_bytes(runs[2]), rel=1e-9)
+
+
+def _zero3(depth, topo, model=SMALL):
+    plan = ParallelPlan(dp=8, micro_batch_size=4, global_batch_size=32, zero_stage=3, zero3_prefetch_depth=depth)
+    return simulate_training(model, plan, H100, topo)
+
+
+def _exposed_zero(run):
+    from sim.metrics import rank_breakdown
+
+    return rank_breakdown(run.trace, 0)["exposed_comm_s"]["zero"]
+
+
+def test_prefetch_depth_zero_exposes_every_gather_and_depth_one_hides_them():
+    # A node whose NVLink is fast enough for a layer's gather to take less than a
+    # layer's compute (10x an H100's, 0.1 us per hop).
+    fast = build_cluster(NodeSpec("fast", 8, "h100-sxm", 4.5e12, 1e-7, 63e9, 5e-7, 8, "ib", 50e9, 1e-6), 1)
+    d0, d1 = _zero3(0, fast), _zero3(1, fast)
+    gathers = [s for s in d0.trace.spans_of(0) if s.category == "zero"]
+    compute = [s for s in d0.trace.spans_of(0) if s.kind == "compute" and s.duration_s > 0]
+    # depth 0: no compute runs while any gather moves data (every gather is exposed)
+    for g in gathers:
+        assert not any(c.start_s < g.end_s - 1e-12 and c.end_s > g.busy_start_s + 1e-12 for c in compute)
+    assert _exposed_zero(d0) > 0
+    # depth 1 on NVLink: only the very first gather of the iteration is exposed
+    first = min(gathers, key=lambda s: s.start_s)
+    assert _exposed_zero(d1) <= first.busy_s * 1.000001
+    assert d1.trace.end_s < d0.trace.end_s
+
+
+def test_peak_gathered_memory_grows_with_depth_by_one_layer_each():
+    from sim.memory import layer_params_per_rank
+
+    topo = load_topology("dgx-h100")
+    layer = 2 * layer_params_per_rank(SMALL, 1)
+    for depth in range(4):
+        run = _zero3(depth, topo)
+        _, series = timeline(run.trace, 0)
+        assert max(series["gathered"]) == pytest.approx((depth + 1) * layer, rel=1e-9)
+
+
+def test_gpipe_activations_grow_with_m_and_1f1b_stays_at_p():
+    # Stage 1 of 4 (no embedding, no head): 2 layers of SMALL per stage.
+    from sim.memory import activation_bytes_per_layer
+
+    per_mb = 2 * activation_bytes_per_layer(SMALL, 1)
+    topo = load_topology("dgx-h100")
+    for m in (4, 8, 16):
+        acts = {}
+        for sched in ("gpipe", "1f1b"):
+            run = simulate_training(SMALL, ParallelPlan(pp=4, global_batch_size=m, schedule=sched), H100, topo)
+            _, series = timeline(run.trace, 1)
+            acts[sched] = max(series["activations"])
+        assert acts["gpipe"] == pytest.approx(m * per_mb, rel=1e-9)
+        assert acts["1f1b"] == pytest.approx(min(m, 4 - 1) * per_mb, rel=1e-9)  # stage 1 holds p - 1
+
+
+def test_recompute_shrinks_stored_activations_per_korthikanti():
+    # Korthikanti et al. Table 2: full recompute stores 2sbh per layer; selective (with
+    # tensor parallelism t) sbh(10 + 24/t); none stores more than selective.
+    model = gpt("k", 8, 1024, 16, 1024, 512)
+    s, b, h, a, t = 512, 1, 1024, 16, 2
+    topo = load_topology("dgx-h100")
+    level = {}
+    for rc in ("none", "selective", "full"):
+        run = simulate_training(model, ParallelPlan(tp=t, pp=4, global_batch_size=4, recompute=rc), H100, topo)
+        rank = run.plan.rank(dp=0, pp=1, tp=0)
+        # the level right after stage 1's first forward: one micro-batch's 2 layers
+        f0 = next(sp for sp in run.trace.spans_of(rank) if sp.name == "1F0")
+        times, series = timeline(run.trace, rank)
+        i = max(k for k, tt in enumerate(times) if tt <= f0.end_s)
+        level[rc] = series["activations"][i] / 2
+    sbh = s * b * h
+    assert level["full"] == pytest.approx(2 * sbh, rel=1e-12)
+    assert level["selective"] == pytest.approx(sbh * (10 + 24 / t), rel=1e-12)
+    assert level["none"] > level["selective"] > level["full"]
+
+
+@pytest.mark.parametrize("zero,sched", [(0, "1f1b"), (1, "gpipe"), (2, "zb-h2"), (3, "1f1b")])
+def test_memory_returns_to_the_resident_baseline_and_never_goes_negative(zero, sched):
+    topo = load_topology("dgx-h100")
+    plan = ParallelPlan(dp=2, pp=2, tp=2, global_batch_size=8, zero_stage=zero, schedule=sched)
+    run = simulate_training(SMALL, plan, H100, topo)
+    for r in run.program.ranks:
+        end = final(run.trace, r)
+        assert _resident(run.program, r) == {k: v for k, v in end.items() if v}
+        assert min_level(run.trace, r) >= -1e-6
+
+
+def test_175b_plain_dp_does_not_fit_and_3d_with_zero1_fits():
+    model = preset("gpt3-175b")
+    # Plain data parallelism on 8 GPUs (one bucket: the timing is not the point here).
+    dp = simulate_training(model, ParallelPlan(dp=8, global_batch_size=8, bucket_size_bytes=2**42), A100,
+                           load_topology("dgx-a100"))
+    pk = highest_peak(dp.trace)
+    assert pk.total_bytes > A100.hbm_capacity_bytes
+    assert pk.breakdown["optimizer"] == pytest.approx(12 * model.num_params)
+    # DP64 x TP8 x PP4 with ZeRO-1 on 2048 A100s (one replica simulated; the others shadow it)
+    plan = ParallelPlan(dp=64, tp=8, pp=4, global_batch_size=64, zero_stage=1, bucket_size_bytes=4 * 10**9)
+    run = simulate_training(model, plan, A100, load_topology("dgx-a100", nodes=256), fidelity="reduced")
+    assert highest_peak(run.trace).total_bytes < A100.hbm_capacity_bytes
+
+
+def test_run_json_reports_the_verdict_with_the_breakdown(capsys):
+    import json
+
+    from sim.cli import main
+
+    assert main(["run", "--model", "gpt3-175b", "--gpu", "a100-80gb", "--gpus", "8", "--global-batch-size", "8",
+                 "--bucket-size", "4TB", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["fits"] is False and out["iteration_time_s"] > 0
+    mem = out["memory"]
+    assert mem["peak_bytes"] > out["memory_capacity_bytes"]
+    assert mem["optimizer_bytes"] == pytest.approx(12 * out["params"])
+
+
+def test_full_and_reduced_fidelity_agree():
+    topo = load_topology("dgx-h100", nodes=4)
+    for plan in (ParallelPlan(dp=32, global_batch_size=32),
+                 ParallelPlan(dp=4, tp=2, pp=4, global_batch_size=16),
+                 ParallelPlan(dp=32, global_batch_size=32, zero_stage=3)):
+        full = simulate_training(SMALL, plan, H100, topo, fidelity="full")
+        red = simulate_training(SMALL, plan, H100, topo, fidelity="reduced")
+        assert red.trace.end_s == pytest.approx(full.trace.end_s, rel=0.01)
+        assert highest_peak(red.trace).total_bytes == highest_peak(full.trace).total_bytes
+        assert len(red.program.actions) == plan.world_size // plan.dp
