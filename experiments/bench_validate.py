@@ -1,0 +1,101 @@
+"""How right is trainsim on this machine? Calibrate, then validate four plans.
+
+    .venv/bin/python experiments/bench_validate.py [--quick] [--repeats N]
+
+Runs ``trainsim calibrate`` + ``trainsim validate`` for data parallel only, a GPipe and
+a 1F1B pipeline (2 processes), and data × pipeline (dp 2 × pp 2, 4 processes; its own
+calibration on 4 processes, since on a CPU the processes share the cores), on the
+default reference GPT (4 layers, hidden 256, 4 heads, vocab 2048, sequence 128,
+micro-batch 2, 4 micro-batches). ``--repeats N`` runs the whole thing N times, each with
+a fresh calibration, so run-to-run noise shows beside the error. Writes under
+``experiments/out/validate/``: ``table.csv`` (every row of every repeat),
+``summary.json`` (mean and max |Δ| of the iteration time per repeat and overall,
+the machine's load), ``summary.md``, and each run's report, profile, profiler traces and
+measured-vs-simulated PNGs in ``run<i>-procs<n>/``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import os
+import statistics
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from sim.export import write_json_atomic  # noqa: E402
+
+OUT = ROOT / "experiments" / "out" / "validate"
+
+
+def _validate(procs: int, configs: str, out: Path, quick: bool) -> dict:
+    import contextlib
+    import io
+
+    from sim.cli import main
+
+    argv = ["validate", "--procs", str(procs), "--configs", configs, "--json", "--out", str(out)]
+    if quick:
+        argv.append("--quick")
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        rc = main(argv)
+    if rc != 0:
+        raise SystemExit(f"trainsim {' '.join(argv)} failed with exit code {rc}")
+    return json.loads(buf.getvalue())
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="the small model (seconds, for a smoke run)")
+    ap.add_argument("--repeats", type=int, default=1)
+    args = ap.parse_args()
+    OUT.mkdir(parents=True, exist_ok=True)
+    rows, runs = [], []
+    for i in range(args.repeats):
+        for procs, configs in ((2, "dp,gpipe,1f1b"), (4, "dp-pp")):
+            report = _validate(procs, configs, OUT / f"run{i}-procs{procs}", args.quick)
+            runs.append({"repeat": i, "procs": procs, "mean_abs_error": report["mean_abs_error"],
+                         "max_abs_error": report["max_abs_error"], "load_average": report["load_average"],
+                         "profile": report["profile_provenance"]})
+            for r in report["rows"]:
+                rows.append({"repeat": i, "procs": procs, **{k: r[k] for k in ("config", "measured_s", "simulated_s",
+                                                                                "error")}})
+    its = [r for r in rows if r["config"].endswith("iteration time")]
+    summary = {
+        "mean_abs_error": statistics.fmean(abs(r["error"]) for r in its),
+        "max_abs_error": max(abs(r["error"]) for r in its),
+        "breakdown_mean_abs_error": statistics.fmean(abs(r["error"]) for r in rows),
+        "breakdown_max_abs_error": max(abs(r["error"]) for r in rows),
+        "repeats": args.repeats, "quick": args.quick, "cpus": os.cpu_count(), "runs": runs,
+    }
+    tmp = OUT / ".table.csv"
+    with tmp.open("w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=["repeat", "procs", "config", "measured_s", "simulated_s", "error"])
+        w.writeheader()
+        w.writerows(rows)
+    os.replace(tmp, OUT / "table.csv")
+    write_json_atomic(summary, OUT / "summary.json")
+    lines = ["| configuration | measured | simulated | Δ% |", "|---|---:|---:|---:|"]
+    for r in rows:
+        tag = f" (run {r['repeat']})" if args.repeats > 1 else ""
+        lines.append(f"| {r['config']}{tag} | {r['measured_s'] * 1e3:.1f} ms | {r['simulated_s'] * 1e3:.1f} ms | "
+                     f"{r['error'] * 100:+.1f}% |")
+    lines.append("")
+    lines.append(f"Iteration time: mean |Δ| {summary['mean_abs_error'] * 100:.1f}%, max |Δ| "
+                 f"{summary['max_abs_error'] * 100:.1f}% over {len(its)} runs; all rows: mean |Δ| "
+                 f"{summary['breakdown_mean_abs_error'] * 100:.1f}%, max |Δ| {summary['breakdown_max_abs_error'] * 100:.1f}%.")
+    loads = ", ".join(f"{r['load_average']['before'][0]:.2f}" for r in runs)
+    lines.append(f"Load average (1 min) before each validation: {loads} on {os.cpu_count()} CPUs.")
+    (OUT / "summary.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    print(f"wrote {OUT / 'table.csv'}, summary.json, summary.md")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

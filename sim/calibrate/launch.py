@@ -1,0 +1,254 @@
+"""Worker processes and device timing for measurements.
+
+``run_workers(fn, procs, payload)`` runs ``fn(ctx, payload)`` on every rank of a fresh
+``torch.distributed`` group and returns each rank's result, in rank order. It starts
+the processes itself with ``torch.multiprocessing`` (the ``spawn`` method, a rendezvous
+on a free loopback port), or, when the calling process is already one rank of a
+``torchrun`` job (``RANK``/``WORLD_SIZE`` in the environment), it runs ``fn`` right there
+on the job's ranks and gathers the results onto rank 0 (other ranks get ``None``). The
+backend is NCCL when CUDA is available (rank i on GPU ``LOCAL_RANK``), else gloo on CPU,
+where each process gets ``cores // procs`` threads (at least one) so processes do not
+fight over cores more than the machine forces them to.
+
+``measure`` times a callable the way a GPU needs it: warm-up calls first, then samples
+of several back-to-back calls (enough for a sample to last ``min_sample_s``), bracketed
+by CUDA events on a GPU and by ``perf_counter`` on CPU; the result is the median time of
+one call. A failing worker becomes a ``CalibrationError`` with the worker's last error
+line, never a hang: the parent waits with a timeout.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import socket
+import statistics
+import tempfile
+import time
+import traceback
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+
+from sim.calibrate import CalibrationError, require_torch
+
+
+@dataclass
+class Context:
+    """What a worker knows about itself."""
+
+    rank: int
+    world: int
+    local_rank: int
+    device: object
+    """A ``torch.device`` (``cuda:i`` or ``cpu``)."""
+    backend: str
+    threads: int
+
+    @property
+    def is_cuda(self) -> bool:
+        return self.device.type == "cuda"
+
+    def sync(self) -> None:
+        if self.is_cuda:
+            require_torch().cuda.synchronize(self.device)
+
+
+def torchrun_env() -> tuple[int, int, int] | None:
+    """(rank, world size, local rank) when this process is a rank of a torchrun job."""
+    if "RANK" in os.environ and "WORLD_SIZE" in os.environ and not os.environ.get("TRAINSIM_WORKER"):
+        world = int(os.environ["WORLD_SIZE"])
+        if world > 1:
+            return int(os.environ["RANK"]), world, int(os.environ.get("LOCAL_RANK", os.environ["RANK"]))
+    return None
+
+
+def default_procs() -> int:
+    """Processes to start by default: one per GPU, or 2 on CPU."""
+    torch = require_torch()
+    if torch.cuda.is_available():
+        return max(1, torch.cuda.device_count())
+    return 2
+
+
+def threads_per_proc(procs: int) -> int:
+    return max(1, (os.cpu_count() or 1) // max(1, procs))
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _setup(rank: int, world: int, local_rank: int, procs_on_host: int, init: bool) -> Context:
+    torch = require_torch()
+    import torch.distributed as dist
+
+    if torch.cuda.is_available():
+        device = torch.device("cuda", local_rank % torch.cuda.device_count())
+        torch.cuda.set_device(device)
+        backend = "nccl"
+    else:
+        device, backend = torch.device("cpu"), "gloo"
+    threads = threads_per_proc(procs_on_host)
+    torch.set_num_threads(threads)
+    if init and world > 1 and not dist.is_initialized():
+        kw = {"device_id": device} if backend == "nccl" else {}
+        dist.init_process_group(backend, rank=rank, world_size=world, timeout=timedelta(minutes=5), **kw)
+    return Context(rank, world, local_rank, device, backend, threads)
+
+
+def _worker(rank: int, world: int, port: int, fn, payload, outdir: str) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
+                      WORLD_SIZE=str(world), LOCAL_RANK=str(rank), TRAINSIM_WORKER="1")
+    out = Path(outdir) / f"rank{rank}.pkl"
+    try:
+        ctx = _setup(rank, world, rank, world, init=True)
+        result = fn(ctx, payload)
+        data = {"ok": True, "result": result}
+    except BaseException as exc:  # report every failure to the parent, then exit non-zero
+        last = traceback.format_exception_only(type(exc), exc)[-1].strip()
+        data = {"ok": False, "error": last, "trace": traceback.format_exc()}
+    try:
+        import torch.distributed as dist
+
+        if dist.is_initialized():
+            dist.destroy_process_group()
+    except Exception:
+        pass
+    out.write_bytes(pickle.dumps(data))
+    if not data["ok"]:
+        raise SystemExit(1)
+
+
+def run_workers(fn, procs: int, payload=None, *, timeout_s: float = 900.0) -> list | None:
+    """``fn(ctx, payload)`` on every rank; the results in rank order (``None`` on the
+    non-zero ranks of a torchrun job). ``fn`` must be a module-level function."""
+    env = torchrun_env()
+    if env is not None:
+        return _run_in_job(fn, payload, *env)
+    torch = require_torch()
+    import torch.multiprocessing as mp
+
+    if procs == 1:
+        ctx = _setup(0, 1, 0, 1, init=False)
+        return [fn(ctx, payload)]
+    with tempfile.TemporaryDirectory(prefix="trainsim-workers-") as outdir:
+        port = _free_port()
+        ctx = mp.start_processes(_worker, args=(procs, port, fn, payload, outdir), nprocs=procs,
+                                 join=False, start_method="spawn")
+        deadline = time.monotonic() + timeout_s
+        failure = None
+        try:
+            while not ctx.join(timeout=1.0):
+                if time.monotonic() > deadline:
+                    failure = f"workers did not finish within {timeout_s:.0f} s"
+                    break
+        except Exception as exc:  # a worker exited non-zero; its own report says why
+            failure = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        finally:
+            for p in ctx.processes:
+                if p.is_alive():
+                    p.terminate()
+        results = []
+        for r in range(procs):
+            f = Path(outdir) / f"rank{r}.pkl"
+            if not f.exists():
+                results.append(None)
+                continue
+            data = pickle.loads(f.read_bytes())
+            if not data["ok"]:
+                raise CalibrationError(f"worker rank {r} failed: {data['error']}")
+            results.append(data["result"])
+        if failure or any(r is None for r in results):
+            raise CalibrationError(f"worker processes failed: {failure or 'a rank left no result'}")
+        del torch
+        return results
+
+
+def _run_in_job(fn, payload, rank: int, world: int, local_rank: int) -> list | None:
+    torch = require_torch()
+    import torch.distributed as dist
+
+    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", world))
+    ctx = _setup(rank, world, local_rank, local_world, init=True)
+    result = fn(ctx, payload)
+    gathered = [None] * world if rank == 0 else None
+    dist.gather_object(result, gathered, dst=0)
+    del torch
+    return gathered
+
+
+# ---------------------------------------------------------------------- timing
+def measure(ctx: Context, fn, *, warmup: int = 2, repeats: int = 7, min_sample_s: float = 2e-4,
+            inner: int | None = None) -> float:
+    """Median seconds of one call of ``fn`` on ``ctx``'s device (see the module doc).
+    ``inner`` fixes the calls per sample (collectives need the same count on every rank)."""
+    torch = require_torch()
+    for _ in range(max(1, warmup)):
+        fn()
+    ctx.sync()
+    if inner is None:
+        # How many calls make one sample long enough to time well.
+        t0 = time.perf_counter()
+        fn()
+        ctx.sync()
+        one = max(time.perf_counter() - t0, 1e-7)
+        inner = max(1, min(1000, int(min_sample_s / one)))
+    samples = []
+    for _ in range(max(1, repeats)):
+        if ctx.is_cuda:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            for _ in range(inner):
+                fn()
+            end.record()
+            end.synchronize()
+            samples.append(start.elapsed_time(end) * 1e-3 / inner)
+        else:
+            t0 = time.perf_counter()
+            for _ in range(inner):
+                fn()
+            samples.append((time.perf_counter() - t0) / inner)
+    return statistics.median(samples)
+
+
+def machine_info(ctx: Context) -> dict:
+    """The machine, library versions and date, for a profile's provenance."""
+    import platform
+    from datetime import datetime, timezone
+
+    import numpy
+
+    torch = require_torch()
+    info = {
+        "host": socket.gethostname(),
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "numpy": numpy.__version__,
+        "backend": ctx.backend,
+        "date": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "processes": ctx.world,
+        "threads_per_process": ctx.threads,
+    }
+    if ctx.is_cuda:
+        props = torch.cuda.get_device_properties(ctx.device)
+        info.update(device=props.name, cuda=torch.version.cuda,
+                    nccl=".".join(map(str, torch.cuda.nccl.version())), gpus=torch.cuda.device_count())
+    else:
+        info.update(device=_cpu_name(), cpus=os.cpu_count())
+    return info
+
+
+def _cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    import platform
+
+    return platform.processor() or "cpu"

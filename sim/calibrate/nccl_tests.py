@@ -1,0 +1,286 @@
+"""Importer for nccl-tests results (``all_reduce_perf`` and friends): text logs and JSON.
+
+Text output, as ``all_reduce_perf -b 8 -e 8G -f 2 -g 8`` prints it: comment lines start
+with ``#`` (the command's parameters, one ``#  Rank  N Group ... device ...`` line per
+rank, the column header ``size count type redop root time algbw busbw #wrong time algbw
+busbw #wrong``, and a footer ``# Avg bus bandwidth : X``); each result row gives the
+size in bytes, the element count and type, then time (µs), algbw and busbw (GB/s =
+1e9 bytes/s) out-of-place and then in-place. Older versions have no ``root`` column (or
+no ``redop`` for the gathers) and call ``#wrong`` ``error``; the header says which, so
+columns are found by name. A row may carry only the in-place group (trace replays print
+the out-of-place columns blank); the out-of-place time is used when present.
+
+JSON: nccl-tests' own (``"results": [{"size", "count", "type", "out_of_place": {"time",
+"alg_bw", "bus_bw"}, "in_place": {...}}]``, the op from ``args[0]``) and rccl-tests'
+one-object-per-line form (``{"name": "AllReduce", "size", "time", "algBw", "busBw",
+"gpus", "inPlace"}``).
+
+The op comes from the log (``# Collective test starting: all_reduce_perf``, the JSON's
+program name), else from the file name, else ``op=``; the number of ranks from the
+``# Rank`` lines, else from busbw / algbw (2(n−1)/n for all-reduce, (n−1)/n for the
+gathers), else ``ranks=``. ``fit_link`` fits α-β with the ring closed forms
+(``sim.calibrate.fit``) and ``link_model`` turns the fit into a profile's ``LinkModel``.
+A missing footer is noted (``complete`` false), a file cut inside a row is an error
+naming the line.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+from sim.calibrate.fit import fit_alpha_beta
+from sim.errors import InputError
+from sim.hardware import HardwareProfile, LinkModel
+
+_OPS = {"all_reduce": "all_reduce", "allreduce": "all_reduce", "all_gather": "all_gather",
+        "allgather": "all_gather", "reduce_scatter": "reduce_scatter", "reducescatter": "reduce_scatter",
+        "alltoall": "alltoall", "all_to_all": "alltoall", "broadcast": "broadcast", "reduce": "reduce",
+        "sendrecv": "send_recv", "send_recv": "send_recv"}
+
+
+@dataclass
+class NcclTestsResult:
+    """One nccl-tests run: rows in SI units."""
+
+    op: str
+    ranks: int | None
+    rows: list = field(default_factory=list)
+    """Each: ``bytes``, ``count``, ``dtype``, ``time_s``, ``algbw_Bps``, ``busbw_Bps``, ``in_place``."""
+    avg_busbw_Bps: float | None = None
+    complete: bool = True
+    """False when the footer (``# Avg bus bandwidth``) is missing: the run may have been cut short."""
+    source: str = ""
+
+
+def _op_from(text: str) -> str | None:
+    base = Path(text).name.lower()
+    for key in sorted(_OPS, key=len, reverse=True):
+        if re.search(rf"(^|[^a-z]){key}(_perf|[^a-z]|$)", base):
+            return _OPS[key]
+    return None
+
+
+def _canon_op(op: str | None, where: str) -> str | None:
+    if op is None:
+        return None
+    key = op.lower().replace("-", "_")
+    if key not in _OPS:
+        raise InputError(f"{where}: op: got {op!r}; allowed: {', '.join(sorted(set(_OPS.values())))}")
+    return _OPS[key]
+
+
+def _ranks_from_ratio(op: str, rows: list) -> int | None:
+    best = max((r for r in rows if r["algbw_Bps"] > 0), key=lambda r: r["bytes"], default=None)
+    if best is None or op in ("broadcast", "reduce", "send_recv"):
+        return None
+    ratio = best["busbw_Bps"] / best["algbw_Bps"]
+    if op == "all_reduce":
+        n = 2 / (2 - ratio) if ratio < 2 else None
+    else:
+        n = 1 / (1 - ratio) if ratio < 1 else None
+    if n is None or n < 1.5:
+        return None
+    return int(round(n))
+
+
+def parse_text(text: str, where: str = "log", op: str | None = None, ranks: int | None = None) -> NcclTestsResult:
+    header, rows, rank_ids, avg, found_op = None, [], set(), None, None
+    for lineno, raw in enumerate(text.splitlines(), 1):
+        line = raw.strip()
+        if not line:
+            continue
+        if line.startswith("#"):
+            body = line.lstrip("#").strip()
+            toks = body.split()
+            if "size" in toks and "count" in toks and ("time" in toks or "cputime" in toks):
+                header = ["time" if t == "cputime" else ("#wrong" if t == "error" else t) for t in toks]
+            m = re.match(r"Rank\s+(\d+)\s+(Group|Pid)", body)
+            if m:
+                rank_ids.add(int(m.group(1)))
+            m = re.match(r"Avg bus bandwidth\s*:\s*([0-9.eE+-]+)", body)
+            if m:
+                avg = float(m.group(1)) * 1e9
+            m = re.match(r"Collective test starting:\s*(\S+)", body)
+            if m:
+                found_op = _op_from(m.group(1))
+            continue
+        m = re.match(r"Avg bus bandwidth\s*:\s*([0-9.eE+-]+)", line)
+        if m:  # older versions print the footer without '#'
+            avg = float(m.group(1)) * 1e9
+            continue
+        toks = line.split()
+        if not toks[0].isdigit():
+            continue  # NCCL INFO/WARN lines mixed into the output
+        rows.append(_row(toks, header, where, lineno))
+    if not rows:
+        raise InputError(f"{where}: no result rows (lines of size count type ... time algbw busbw); "
+                         "is this nccl-tests output, and did the run get past its header?")
+    op = _canon_op(op, where) or found_op or _op_from(where)
+    if op is None:
+        raise InputError(f"{where}: op: cannot tell which collective this is; give op (allowed: "
+                         f"{', '.join(sorted(set(_OPS.values())))})")
+    n = ranks or (len(rank_ids) if len(rank_ids) > 1 else None) or _ranks_from_ratio(op, rows)
+    return NcclTestsResult(op, n, rows, avg, avg is not None, where)
+
+
+def _layout(header: list | None) -> tuple[list, int, int]:
+    """(leading column names, columns per time group, groups) from the header."""
+    if not header or "time" not in header:
+        return ["size", "count", "type", "redop", "root"], 4, 2
+    first = header.index("time")
+    times = [i for i, t in enumerate(header) if t == "time"]
+    group = (times[1] - times[0]) if len(times) > 1 else len(header) - first
+    return header[:first], group, len(times)
+
+
+def _row(toks: list, header: list | None, where: str, lineno: int) -> dict:
+    lead, group, groups = _layout(header)
+    rest = toks[len(lead):]
+    if len(rest) not in (group, group * groups):
+        raise InputError(f"{where}: line {lineno}: got {len(toks)} columns, expected {len(lead) + group * groups} "
+                         f"({' '.join(lead)}, then time algbw busbw #wrong out-of-place and in-place); "
+                         "the file looks truncated")
+    vals = dict(zip(lead, toks))
+    in_place = len(rest) == group and groups > 1  # out-of-place columns left blank
+    try:
+        t_us, alg, bus = float(rest[0]), float(rest[1]), float(rest[2])
+        nbytes, count = int(vals["size"]), int(vals.get("count", 0))
+    except (ValueError, KeyError):
+        raise InputError(f"{where}: line {lineno}: got {' '.join(toks)!r}; expected numbers for size, time, "
+                         "algbw and busbw; the file looks truncated or garbled") from None
+    if t_us <= 0:
+        raise InputError(f"{where}: line {lineno}: time: got {t_us}; expected microseconds > 0")
+    return {"bytes": nbytes, "count": count, "dtype": vals.get("type", ""), "time_s": t_us * 1e-6,
+            "algbw_Bps": alg * 1e9, "busbw_Bps": bus * 1e9, "in_place": in_place}
+
+
+def parse_json(data, where: str = "json", op: str | None = None, ranks: int | None = None) -> NcclTestsResult:
+    if isinstance(data, list):  # rccl-tests: one object per measurement
+        rows, names, gpus = [], set(), set()
+        for i, d in enumerate(data):
+            try:
+                rows.append({"bytes": int(d["size"]), "count": int(d.get("count", 0)), "dtype": d.get("type", ""),
+                             "time_s": float(d["time"]) * 1e-6, "algbw_Bps": float(d["algBw"]) * 1e9,
+                             "busbw_Bps": float(d["busBw"]) * 1e9, "in_place": bool(d.get("inPlace", 0))})
+            except (KeyError, TypeError, ValueError):
+                raise InputError(f"{where}: record {i}: expected size, time, algBw and busBw") from None
+            names.add(str(d.get("name", "")))
+            gpus.add(d.get("gpus"))
+        oop = [r for r in rows if not r["in_place"]] or rows
+        first = _canon_op(op, where) or _op_from(re.sub(r"(?<!^)([A-Z])", r"_\1", next(iter(names))).lower())
+        n = ranks or (next(iter(gpus)) if len(gpus) == 1 and isinstance(next(iter(gpus)), int) else None)
+        if first is None:
+            raise InputError(f"{where}: op: got {sorted(names)!r}; give op")
+        return NcclTestsResult(first, n or _ranks_from_ratio(first, oop), oop, None, True, where)
+    if not isinstance(data, dict) or not isinstance(data.get("results"), list):
+        raise InputError(f"{where}: results: missing; expected nccl-tests JSON output (a 'results' list)")
+    rows = []
+    for i, r in enumerate(data["results"]):
+        body = r.get("out_of_place") or r.get("in_place")
+        if not isinstance(body, dict) or "size" not in r:
+            raise InputError(f"{where}: results[{i}]: expected size and an out_of_place or in_place object")
+        t = body.get("time", body.get("cpu_time"))
+        try:
+            rows.append({"bytes": int(r["size"]), "count": int(r.get("count", 0)), "dtype": r.get("type", ""),
+                         "time_s": float(t) * 1e-6, "algbw_Bps": float(body["alg_bw"]) * 1e9,
+                         "busbw_Bps": float(body["bus_bw"]) * 1e9, "in_place": r.get("out_of_place") is None})
+        except (KeyError, TypeError, ValueError):
+            raise InputError(f"{where}: results[{i}]: expected numbers for time, alg_bw and bus_bw") from None
+    if not rows:
+        raise InputError(f"{where}: results: empty; the run produced no measurement")
+    args = data.get("args") or []
+    found = _op_from(str(args[0])) if args else None
+    op = _canon_op(op, where) or found or _op_from(where)
+    if op is None:
+        raise InputError(f"{where}: op: cannot tell which collective this is; give op")
+    avg = (data.get("average_bus_bandwidth") or {}).get("bandwidth")
+    devices = ((data.get("config") or {}).get("devices")) or []
+    n = ranks or (len(devices) if len(devices) > 1 else None) or _ranks_from_ratio(op, rows)
+    return NcclTestsResult(op, n, rows, float(avg) * 1e9 if isinstance(avg, (int, float)) else None,
+                           "end_time" in data or avg is not None, where)
+
+
+def load_nccl_tests(path, op: str | None = None, ranks: int | None = None) -> NcclTestsResult:
+    """Parse a text or JSON nccl-tests result file (see the module doc)."""
+    where = str(path)
+    try:
+        text = Path(path).read_text()
+    except OSError as exc:
+        raise InputError(f"nccl-tests log: got {where!r}; cannot read it ({exc.strerror})") from None
+    stripped = text.lstrip()
+    if stripped.startswith("{") or stripped.startswith("["):
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError:
+            try:  # rccl-tests: one JSON object per line
+                data = [json.loads(l) for l in text.splitlines() if l.strip()]
+            except json.JSONDecodeError as exc:
+                raise InputError(f"{where}: not valid JSON (line {exc.lineno}: {exc.msg}); the file looks "
+                                 "truncated") from None
+        return parse_json(data, where, op, ranks)
+    return parse_text(text, where, op, ranks)
+
+
+def fit_link(results, min_bytes: int = 0) -> dict:
+    """α-β over every row of every result (sizes below ``min_bytes`` left out)."""
+    points = []
+    for res in results:
+        n = 2 if res.op == "send_recv" else res.ranks
+        if n is None:
+            raise InputError(f"{res.source}: ranks: unknown for op {res.op}; give ranks")
+        points += [(res.op, n, r["bytes"], r["time_s"]) for r in res.rows if r["bytes"] >= min_bytes and r["bytes"] > 0]
+    fit = fit_alpha_beta(points)
+    fit["largest_busbw_Bps"] = max(r["busbw_Bps"] for res in results for r in res.rows)
+    return fit
+
+
+def link_model(fit: dict, base: LinkModel | None, links_per_rank: int = 1) -> tuple[LinkModel, str]:
+    """A ``LinkModel`` from a fit: the fitted B is spread over ``links_per_rank`` links (the
+    NICs each rank's traffic uses); the base's line rate is kept when the result fits
+    under it, and the efficiency is what was achieved of it."""
+    per_link = fit["bandwidth_Bps"] / max(1, links_per_rank)
+    if base is not None and per_link <= base.bandwidth_Bps:
+        return (LinkModel(fit["latency_s"], base.bandwidth_Bps, per_link / base.bandwidth_Bps),
+                f"line rate {base.bandwidth_Bps / 1e9:.1f} GB/s kept, efficiency = fitted {per_link / 1e9:.2f} GB/s over it")
+    return LinkModel(fit["latency_s"], per_link, 1.0), f"bandwidth = fitted {per_link / 1e9:.2f} GB/s, efficiency 1"
+
+
+def apply_to_profile(profile: HardwareProfile, kind: str, fit: dict, sources: list[str],
+                     links_per_rank: int = 1) -> HardwareProfile:
+    """``profile`` with link ``kind`` replaced by the fit, its source naming the logs."""
+    from sim.hardware import LINK_KINDS
+
+    if kind not in LINK_KINDS:
+        raise InputError(f"--link: got {kind!r}; allowed: {', '.join(LINK_KINDS)}")
+    model, how = link_model(fit, profile.links.get(kind), links_per_rank)
+    text = (f"fitted from nccl-tests ({', '.join(sources)}): ring closed forms over {fit['points']} sizes, "
+            f"alpha {fit['latency_s'] * 1e6:.2f} us, B {fit['bandwidth_Bps'] / 1e9:.2f} GB/s"
+            f"{f' over {links_per_rank} links per rank' if links_per_rank > 1 else ''}, "
+            f"RMS error {fit['rms_rel_error']:.1%}; {how}")
+    return replace(profile, links={**profile.links, kind: model}, sources={**profile.sources, f"links.{kind}": text})
+
+
+
+def to_text(records, op: str, ranks: int, program: str = "") -> str:
+    """Collective records (``sim.calibrate.collectives``) of one op in nccl-tests' text
+    layout, so measurements made here read like (and import like) an nccl-tests log.
+    The in-place columns repeat the out-of-place ones (one measurement per size)."""
+    rows = [r for r in records if r["op"] == op]
+    if not rows:
+        raise InputError(f"op: got {op!r}; no records of it")
+    name = program or f"{op.replace('send_recv', 'sendrecv')}_perf (trainsim calibrate, torch.distributed)"
+    lines = [f"# Collective test starting: {name}", "#", "# Using devices"]
+    lines += [f"#  Rank {r:2d} Group  0 Pid      0 on  localhost device  0 [cpu] process {r}" for r in range(ranks)]
+    lines += ["#", "#       size         count      type   redop    root     time   algbw   busbw #wrong     time"
+              "   algbw   busbw #wrong", "#        (B)    (elements)                               (us)  (GB/s)  (GB/s)"
+              "            (us)  (GB/s)  (GB/s)"]
+    total = 0.0
+    for r in rows:
+        body = f"{r['time_s'] * 1e6:8.2f} {r['algbw_Bps'] / 1e9:7.4f} {r['busbw_Bps'] / 1e9:7.4f}      0"
+        lines.append(f"{r['bytes']:12d} {r['bytes'] // 4:13d}     float     sum      -1 {body} {body}")
+        total += r["busbw_Bps"] / 1e9
+    lines += ["# Out of bounds values : 0 OK", f"# Avg bus bandwidth    : {total / len(rows):.6g} ", "#"]
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,306 @@
+"""The real reference run: a small GPT trained across N local processes.
+
+Every process is one GPU of a ``ParallelPlan`` with tp = 1 (``plan.coords`` places it
+exactly as the simulator does). Each holds its pipeline stage of a GPT built from the
+same ``ModelSpec`` the simulator reads: token and learned position embeddings (first
+stage), pre-norm blocks of LayerNorm, fused QKV projection, causal
+``scaled_dot_product_attention``, output projection, LayerNorm, GeLU MLP (last stage:
+final LayerNorm, an untied output layer and the cross-entropy loss). Biases follow
+``model.bias``; there is no dropout (build the spec with ``dropout=False``).
+
+An iteration runs the rank's steps of the *simulator's own schedule*
+(``sim.schedules.build_schedule``: GPipe or 1F1B), so both sides execute the same order.
+Pipeline communication is torch.distributed point-to-point written here: after each
+step, its sends (activations forward, input gradients backward) are posted together
+with the receives the next step needs, as one ``batch_isend_irecv`` (what Megatron-LM's
+``send_forward_recv_backward`` does, and what keeps NCCL from deadlocking when both
+neighbours send at once); the rank waits only for the receives before computing, and for
+its sends at the end of the iteration. After the last backward the gradients are
+all-reduced over the data-parallel group in DDP-sized buckets (after backward, not
+overlapped: the simulated plan says ``dp_overlap=False``), then Adam steps.
+
+Timing: a barrier starts each iteration; every step, wait and all-reduce is bracketed
+(``perf_counter`` on CPU, CUDA events on GPU) relative to that start, and an
+iteration's time is the slowest rank's. Iterations after the warm-up are timed; one more
+runs under ``torch.profiler`` and each rank writes its Chrome trace
+(``trace_rank{r}.json``) when a trace directory is given.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from pathlib import Path
+
+from sim.calibrate import require_torch
+from sim.calibrate.launch import Context, run_workers
+from sim.errors import InputError
+from sim.model import ModelSpec
+from sim.plan import ParallelPlan
+from sim.schedules import Step, build_schedule
+
+SCHEDULES = ("gpipe", "1f1b")
+
+
+def check_supported(model: ModelSpec, plan: ParallelPlan) -> None:
+    """What the reference implements; an ``InputError`` naming the field otherwise."""
+    if plan.tp != 1:
+        raise InputError(f"plan: tp: got {plan.tp}; the reference run implements data and pipeline parallelism (tp = 1)")
+    if plan.schedule not in SCHEDULES or plan.vpp != 1:
+        raise InputError(f"plan: schedule: got {plan.schedule!r}; the reference run implements {', '.join(SCHEDULES)}")
+    if plan.recompute != "none" or plan.zero_stage != 0 or plan.sequence_parallel:
+        raise InputError("plan: the reference run implements recompute 'none', ZeRO-0 and no sequence parallelism")
+    if model.mlp != "gelu" or model.norm != "layernorm" or model.position_embedding != "learned":
+        raise InputError(f"model {model.name}: the reference run builds GPT layers (gelu, layernorm, learned positions)")
+    if model.dropout or model.tied_embeddings:
+        raise InputError(f"model {model.name}: build it with dropout=False, tied_embeddings=False for the reference run")
+
+
+def p2p_groups(schedule, rank: int) -> list[tuple[str | None, list, list]]:
+    """Rank ``rank``'s communication, in order: ``(step before which it happens or None
+    at the end, sends, receives)``. Sends are ``(peer, 'act'|'grad', stage, mb)`` posted
+    after the previous step; receives are what the next step consumes."""
+    last = schedule.num_stages - 1
+    groups, pending = [], []
+    for st in schedule.ranks[rank]:
+        recvs = []
+        if st.kind == "F" and st.stage > 0:
+            recvs.append((schedule.owner(st.stage - 1), "act", st.stage - 1, st.mb))
+        if st.kind == "B" and st.stage < last:
+            recvs.append((schedule.owner(st.stage + 1), "grad", st.stage + 1, st.mb))
+        if pending or recvs:
+            groups.append((str(st), pending, recvs))
+        pending = []
+        if st.kind == "F" and st.stage < last:
+            pending.append((schedule.owner(st.stage + 1), "act", st.stage, st.mb))
+        if st.kind == "B" and st.stage > 0:
+            pending.append((schedule.owner(st.stage - 1), "grad", st.stage, st.mb))
+    if pending:
+        groups.append((None, pending, []))
+    return groups
+
+
+def _modules(torch, model: ModelSpec, first: bool, last: bool, layers: int):
+    nn, F = torch.nn, torch.nn.functional
+    h, bias = model.hidden_size, model.bias
+
+    class Block(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.ln1, self.ln2 = nn.LayerNorm(h), nn.LayerNorm(h)
+            self.qkv = nn.Linear(h, 3 * h, bias=bias)
+            self.proj = nn.Linear(h, h, bias=bias)
+            self.up = nn.Linear(h, model.ffn_hidden_size, bias=bias)
+            self.down = nn.Linear(model.ffn_hidden_size, h, bias=bias)
+
+        def forward(self, x):
+            b, s, _ = x.shape
+            a, d = model.num_attention_heads, model.head_dim
+            q, k, v = self.qkv(self.ln1(x)).view(b, s, 3, a, d).permute(2, 0, 3, 1, 4)
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            x = x + self.proj(y.transpose(1, 2).reshape(b, s, h))
+            return x + self.down(F.gelu(self.up(self.ln2(x))))
+
+    class Stage(nn.Module):
+        def __init__(self):
+            super().__init__()
+            if first:
+                self.tok = nn.Embedding(model.vocab_size, h)
+                self.pos = nn.Embedding(model.max_position_embeddings, h)
+            self.blocks = nn.ModuleList(Block() for _ in range(layers))
+            if last:
+                self.ln_f = nn.LayerNorm(h)
+                self.out = nn.Linear(h, model.vocab_size, bias=False)
+
+        def forward(self, x):
+            if first:
+                x = self.tok(x) + self.pos.weight[: x.shape[1]]
+            for blk in self.blocks:
+                x = blk(x)
+            return self.out(self.ln_f(x)) if last else x
+
+    return Stage()
+
+
+class _Clock:
+    """Marks on the device's timeline, read back as seconds after the iteration start."""
+
+    def __init__(self, torch, ctx: Context):
+        self.torch, self.cuda = torch, ctx.is_cuda
+        self.marks = []
+
+    def mark(self):
+        if self.cuda:
+            ev = self.torch.cuda.Event(enable_timing=True)
+            ev.record()
+            return ev
+        return time.perf_counter()
+
+    def seconds(self, start, mark) -> float:
+        return start.elapsed_time(mark) * 1e-3 if self.cuda else mark - start
+
+
+def _buckets(params, bucket_bytes: float) -> list[list]:
+    """Gradients in reverse order (the order backward makes them final), packed into
+    buckets of at least ``bucket_bytes`` (as the simulator's DDP pass packs them)."""
+    out, cur, size = [], [], 0
+    for p in reversed(list(params)):
+        cur.append(p)
+        size += p.numel() * p.element_size()
+        if size >= bucket_bytes:
+            out.append(cur)
+            cur, size = [], 0
+    if cur:
+        out.append(cur)
+    return out
+
+
+def _worker(ctx: Context, payload: dict) -> dict:
+    torch = require_torch()
+    import torch.distributed as dist
+
+    model, plan = payload["model"], payload["plan"]
+    d, p, _ = plan.coords(ctx.rank)
+    dp_group = None
+    for grp in plan.groups("dp"):  # every rank creates every group, in the same order
+        g = dist.new_group(list(grp)) if plan.dp > 1 else None
+        if ctx.rank in grp:
+            dp_group = g
+    sched = build_schedule(plan.schedule, plan.pp, plan.num_microbatches)
+    first, last = p == 0, p == plan.pp - 1
+    torch.manual_seed(1234 + p)  # identical stage weights in every data-parallel replica
+    dt = torch.bfloat16 if ctx.is_cuda else torch.float32
+    stage = _modules(torch, model, first, last, len(plan.layer_range(model, p))).to(ctx.device, dt)
+    opt = torch.optim.Adam(stage.parameters(), lr=1e-4)
+    b, s, h, m = plan.micro_batch_size, model.seq_length, model.hidden_size, plan.num_microbatches
+    gen = torch.Generator().manual_seed(99 + d)
+    tokens = [torch.randint(0, model.vocab_size, (b, s), generator=gen).to(ctx.device) for _ in range(m)]
+    targets = [torch.randint(0, model.vocab_size, (b, s), generator=gen).to(ctx.device) for _ in range(m)]
+    groups = {g[0]: g for g in p2p_groups(sched, p)}
+    rank_of = {q: plan.rank(dp=d, pp=q) for q in range(plan.pp)}
+    buckets = _buckets(stage.parameters(), plan.bucket_size_bytes)
+    clock = _Clock(torch, ctx)
+
+    def post(sends, recvs, bufs, saved):
+        ops, rbufs = [], []
+        for peer, what, st, mb in sends:
+            t = saved[(st, mb)][1].detach() if what == "act" else saved[(st, mb)][0].grad
+            ops.append(dist.P2POp(dist.isend, t.contiguous(), rank_of[peer]))
+        for peer, what, st, mb in recvs:
+            buf = torch.empty(b, s, h, device=ctx.device, dtype=dt)
+            ops.append(dist.P2POp(dist.irecv, buf, rank_of[peer]))
+            rbufs.append(((what, st, mb), buf))
+        works = dist.batch_isend_irecv(ops) if ops else []
+        if len(works) != len(ops):  # coalesced (NCCL): one work for the group, waited as a whole
+            return [], works, rbufs
+        return works[: len(sends)], works[len(sends):], rbufs
+
+    def iteration(record):
+        spans, saved, got, send_works, losses = [], {}, {}, [], []
+        dist.barrier() if ctx.world > 1 else None
+        ctx.sync()
+        t0w = time.perf_counter()
+        t0 = clock.mark()
+
+        def span(name, kind, cat, a, z):
+            spans.append((name, kind, cat, a, z))
+
+        for st in sched.ranks[p]:
+            key = str(st)
+            if key in groups:
+                _, sends, recvs = groups[key]
+                a = clock.mark()
+                with record("pp wait " + key):
+                    sw, rw, rbufs = post(sends, recvs, None, saved)
+                    for w in rw:
+                        w.wait()
+                send_works += sw
+                for k, buf in rbufs:
+                    got[k] = buf
+                span(f"pp before {key}", "recv", "pp", a, clock.mark())
+            a = clock.mark()
+            with record(key):
+                if st.kind == "F":
+                    x = tokens[st.mb] if first else got.pop(("act", st.stage - 1, st.mb)).requires_grad_()
+                    y = stage(x)
+                    if last:
+                        y = torch.nn.functional.cross_entropy(y.float().view(-1, model.vocab_size),
+                                                              targets[st.mb].view(-1)) / m
+                        losses.append(y.detach())
+                    saved[(st.stage, st.mb)] = (x, y)
+                else:
+                    x, y = saved[(st.stage, st.mb)]
+                    if last:
+                        y.backward()
+                    else:
+                        y.backward(got.pop(("grad", st.stage + 1, st.mb)))
+                    if first:
+                        saved.pop((st.stage, st.mb))
+            span(key, "compute", st.kind, a, clock.mark())
+            if st.kind == "B" and not first:  # keep x until its gradient is sent
+                saved[(st.stage, st.mb)] = (saved[(st.stage, st.mb)][0], None)
+        if None in groups:
+            sw, _, _ = post(groups[None][1], [], None, saved)
+            send_works += sw
+        a = clock.mark()
+        with record("pp sends"):
+            for w in send_works:
+                w.wait()
+        span("pp sends", "send", "pp", a, clock.mark())
+        if dp_group is not None:
+            a = clock.mark()
+            with record("dp all-reduce"):
+                for bucket in buckets:
+                    flat = torch.cat([q.grad.reshape(-1) for q in bucket])
+                    dist.all_reduce(flat, group=dp_group)
+                    flat /= plan.dp
+                    off = 0
+                    for q in bucket:
+                        q.grad.copy_(flat[off: off + q.numel()].view_as(q.grad))
+                        off += q.numel()
+            span("dp all-reduce", "collective", "dp", a, clock.mark())
+        a = clock.mark()
+        with record("optimizer"):
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+        span("optimizer", "compute", "opt", a, clock.mark())
+        ctx.sync()
+        total = time.perf_counter() - t0w
+        spans = [(n, k, c, clock.seconds(t0, x), clock.seconds(t0, z)) for n, k, c, x, z in spans]
+        loss = float(sum(losses)) if losses else math.nan
+        return {"time_s": total, "spans": spans, "loss": loss}
+
+    from contextlib import nullcontext
+
+    no_record = lambda name: nullcontext()  # noqa: E731
+    iters = [iteration(no_record) for _ in range(payload["warmup"] + payload["iters"])][payload["warmup"]:]
+    trace_file = None
+    if payload.get("trace_dir"):
+        from torch.profiler import ProfilerActivity, profile, record_function
+
+        acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if ctx.is_cuda else [])
+        with profile(activities=acts) as prof:
+            iteration(record_function)
+        trace_file = str(Path(payload["trace_dir"]) / f"trace_rank{ctx.rank}.json")
+        prof.export_chrome_trace(trace_file)
+    if ctx.world > 1:  # an iteration takes as long as its slowest rank
+        t = torch.tensor([it["time_s"] for it in iters], dtype=torch.float64, device=ctx.device)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        for it, v in zip(iters, t.tolist()):
+            it["iteration_s"] = v
+    else:
+        for it in iters:
+            it["iteration_s"] = it["time_s"]
+    return {"rank": ctx.rank, "coords": (d, p), "iterations": iters, "trace_file": trace_file}
+
+
+def run_reference(model: ModelSpec, plan: ParallelPlan, *, warmup: int = 2, iters: int = 5,
+                  trace_dir: str | Path | None = None) -> list | None:
+    """Train ``iters`` timed iterations (after ``warmup``) on ``plan.world_size`` processes;
+    each rank's result (None on a torchrun job's other ranks)."""
+    check_supported(model, plan)
+    if trace_dir is not None:
+        Path(trace_dir).mkdir(parents=True, exist_ok=True)
+    payload = {"model": model, "plan": plan, "warmup": warmup, "iters": iters,
+               "trace_dir": str(trace_dir) if trace_dir else None}
+    return run_workers(_worker, plan.world_size, payload)

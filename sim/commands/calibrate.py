@@ -1,0 +1,118 @@
+"""``trainsim calibrate``: measure this machine with real kernels and write a profile.
+
+Runs the microbenchmarks (GEMMs of the given model and plan plus a grid, attention,
+norms, activations, softmax, a large copy) on ``--procs`` processes at once and the
+collective sweep between them, fits the profile's models and writes a HardwareProfile
+JSON that ``--gpu PROFILE.json`` accepts (``sim.calibrate.profile`` explains what is
+measured and what is taken from a base profile). Works unchanged on a CPU machine (gloo
+over loopback, float32) and a GPU node (NCCL, bf16); started under ``torchrun`` on
+several nodes it measures across them (rank 0 writes the file). Needs the
+``trainsim[calibrate]`` extra (torch).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from sim.errors import InputError
+
+NAME = "calibrate"
+HELP = "Measure this machine with real kernels and collectives; write a hardware profile JSON."
+
+
+def add_arguments(p) -> None:
+    from sim.model import PRESETS, add_megatron_model_arguments
+
+    src = p.add_argument_group("model whose GEMM shapes to measure (optional; one of)")
+    src.add_argument("--model", metavar="PRESET", help=f"one of: {', '.join(PRESETS)}")
+    src.add_argument("--hf-config", metavar="PATH", help="a Hugging Face config.json")
+    add_megatron_model_arguments(p)
+    par = p.add_argument_group("plan (what changes the GEMM shapes)")
+    par.add_argument("--tensor-model-parallel-size", type=int, default=1)
+    par.add_argument("--micro-batch-size", type=int, default=1)
+    par.add_argument("--sequence-parallel", action="store_true")
+    m = p.add_argument_group("measurement")
+    m.add_argument("--procs", type=int, help="processes to start (default: one per GPU, 2 on CPU; "
+                                             "under torchrun the job's ranks)")
+    m.add_argument("--quick", action="store_true", help="a short sweep (seconds on a CPU)")
+    m.add_argument("--base", metavar="PROFILE", help="profile to take peak FLOP/s, tiles and unmeasured links from "
+                                                    "(default: the preset matching the GPU's name; none on CPU)")
+    m.add_argument("--link", help="link kind the processes talk over (default nvlink on one GPU node, ib across "
+                                  "nodes, ethernet for CPU processes)")
+    m.add_argument("--name", help="profile name (default calibrated-<device>)")
+    p.add_argument("--out", default="calibrated.json", help="profile JSON to write (default calibrated.json)")
+    p.add_argument("--measurements", metavar="FILE", help="also write every raw measurement and fit as JSON")
+    p.add_argument("--json", action="store_true", help="print the profile as JSON instead of a summary")
+
+
+def _model_and_plan(args):
+    from sim.commands._spec import model_from_args
+    from sim.plan import ParallelPlan
+
+    shape = any(getattr(args, k) is not None for k in
+                ("num_layers", "hidden_size", "num_attention_heads", "ffn_hidden_size", "vocab_size"))
+    if not (args.model or args.hf_config or shape):
+        if args.seq_length is not None:
+            raise InputError("--seq-length: given without a model; add --model, --hf-config or Megatron shape flags")
+        return None, None
+    model = model_from_args(args)
+    plan = ParallelPlan(tp=args.tensor_model_parallel_size, micro_batch_size=args.micro_batch_size,
+                        sequence_parallel=args.sequence_parallel)
+    plan.check_model(model)
+    return model, plan
+
+
+def run(args) -> int:
+    from sim.calibrate import CalibrationError, require_torch
+    from sim.export import write_json_atomic
+
+    require_torch()
+    from sim.calibrate.launch import default_procs, torchrun_env
+    from sim.calibrate.profile import calibrate
+
+    model, plan = _model_and_plan(args)
+    out = Path(args.out)
+    if out.suffix != ".json":
+        raise InputError(f"--out: got {args.out!r}; expected a path ending in .json")
+    procs = args.procs if args.procs is not None else default_procs()
+    try:
+        result = calibrate(model, plan, procs=procs, quick=args.quick, name=args.name, base=args.base, link=args.link)
+    except CalibrationError as exc:
+        print(f"trainsim: calibration failed: {exc}")
+        return 1
+    if result is None:  # a non-zero rank of a torchrun job: rank 0 reports
+        return 0
+    profile, fits, meas = result
+    write_json_atomic(profile.to_dict(), out)
+    if args.measurements:
+        write_json_atomic({"measurements": meas, "fits": fits}, args.measurements)
+    if args.json:
+        print(json.dumps(profile.to_dict(), indent=2))
+        return 0
+    _print(profile, fits, meas, out, torchrun_env() is not None)
+    return 0
+
+
+def _print(profile, fits, meas, out: Path, job: bool) -> None:
+    prov = profile.provenance
+    print(f"calibrated {prov.get('device')} ({prov.get('backend')}, {prov.get('dtype')}), "
+          f"{prov.get('processes')} process(es) x {prov.get('threads_per_process')} thread(s)"
+          f"{' in a torchrun job' if job else ''}; torch {prov.get('torch')}, {prov.get('date')}")
+    micro = meas["micro"]
+    print(f"  peak               {profile.peak() / 1e12:10.3f} TFLOP/s  ({profile.sources['peak_flops'].split(':')[0]})")
+    g = fits["gemm"]
+    print(f"  GEMM efficiency    best {g['gemm_max_efficiency']:.3f}, k0 {g['gemm_k_overhead']:.0f}, "
+          f"{len(micro['gemm'])} shapes, RMS log error {g['rms_log_error']:.3f}")
+    a = fits["attention"]
+    print(f"  attention          best {a['attention_max_efficiency']:.3f}, RMS log error {a['rms_log_error']:.3f}"
+          f"{' (capped at 1)' if a['clipped'] else ''}")
+    mem = fits["memory"]
+    print(f"  memory             {profile.hbm_bandwidth_Bps / 1e9:8.2f} GB/s x efficiency {profile.memory_efficiency:.3f} "
+          f"(copy {micro['copy']['bandwidth_Bps'] / 1e9:.2f} GB/s), RMS error {mem['rms_rel_error']:.1%}")
+    print(f"  kernel overhead    {profile.kernel_launch_s * 1e6:8.2f} us")
+    if "link" in fits:
+        lf = fits["link"]
+        print(f"  link {lf['kind']:<13} alpha {lf['latency_s'] * 1e6:.1f} us, B {lf['bandwidth_Bps'] / 1e9:.2f} GB/s "
+              f"(largest message busbw {lf['largest_busbw_Bps'] / 1e9:.2f} GB/s), RMS error {lf['rms_rel_error']:.1%}")
+    print(f"wrote {out}; use it with --gpu {out}")

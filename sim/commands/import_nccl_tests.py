@@ -1,0 +1,84 @@
+"""``trainsim import-nccl-tests``: α-β of a link kind from nccl-tests results.
+
+Reads one or more nccl-tests outputs (``all_reduce_perf``, ``all_gather_perf``,
+``reduce_scatter_perf``, ``sendrecv_perf``, ...; the text log or the JSON file),
+fits latency α and bandwidth B with the ring closed forms, prints the fit beside the
+measured rows, and with ``--profile IN.json --out OUT.json`` writes a copy of the
+profile whose ``--link`` kind carries the fit (its ``sources`` naming the logs). Across
+nodes, NCCL spreads a rank's traffic over the node's NICs: ``--links-per-rank`` divides
+the fitted B among them. No torch needed.
+"""
+
+from __future__ import annotations
+
+import json
+
+from sim.errors import InputError
+
+NAME = "import-nccl-tests"
+HELP = "Fit a link kind's latency and bandwidth from nccl-tests logs; optionally write them into a profile."
+
+
+def add_arguments(p) -> None:
+    p.add_argument("logs", nargs="+", metavar="LOG", help="nccl-tests output files (text or JSON)")
+    p.add_argument("--op", help="collective, when the log does not say (all_reduce, all_gather, reduce_scatter, "
+                                "alltoall, broadcast, reduce, send_recv)")
+    p.add_argument("--ranks", type=int, help="ranks of the run, when the log does not say")
+    p.add_argument("--min-size", default="0", help="leave out smaller messages from the fit (e.g. 1MiB)")
+    p.add_argument("--link", default="ib", help="link kind the fit describes (default ib)")
+    p.add_argument("--links-per-rank", type=int, default=1,
+                   help="links (NICs) one rank's traffic is spread over; B is divided among them (default 1)")
+    p.add_argument("--profile", metavar="IN", help="profile (preset name or .json) to update")
+    p.add_argument("--out", metavar="OUT.json", help="write the updated profile here (needs --profile)")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+
+
+def run(args) -> int:
+    from sim.calibrate.nccl_tests import apply_to_profile, fit_link, link_model, load_nccl_tests
+    from sim.export import write_json_atomic
+    from sim.hardware import LINK_KINDS, load_profile
+    from sim.units import parse_size
+
+    if args.link not in LINK_KINDS:
+        raise InputError(f"--link: got {args.link!r}; allowed: {', '.join(LINK_KINDS)}")
+    if args.links_per_rank < 1:
+        raise InputError(f"--links-per-rank: got {args.links_per_rank}; expected an integer >= 1")
+    if args.out and not args.profile:
+        raise InputError("--out: needs --profile (the profile to write the fitted link into)")
+    if args.out and not args.out.endswith(".json"):
+        raise InputError(f"--out: got {args.out!r}; expected a path ending in .json")
+    min_size = parse_size(args.min_size, "--min-size")
+    results = [load_nccl_tests(path, op=args.op, ranks=args.ranks) for path in args.logs]
+    fit = fit_link(results, min_bytes=min_size)
+    profile = load_profile(args.profile) if args.profile else None
+    model, how = link_model(fit, profile.links.get(args.link) if profile else None, args.links_per_rank)
+    if profile is not None and args.out:
+        updated = apply_to_profile(profile, args.link, fit, [str(p) for p in args.logs], args.links_per_rank)
+        write_json_atomic(updated.to_dict(), args.out)
+    if args.json:
+        print(json.dumps({"link": args.link, "latency_s": fit["latency_s"], "bandwidth_Bps": fit["bandwidth_Bps"],
+                          "rms_rel_error": fit["rms_rel_error"], "points": fit["points"],
+                          "link_model": {"latency_s": model.latency_s, "bandwidth_Bps": model.bandwidth_Bps,
+                                         "efficiency": model.efficiency},
+                          "runs": [{"source": r.source, "op": r.op, "ranks": r.ranks, "rows": len(r.rows),
+                                    "complete": r.complete, "avg_busbw_Bps": r.avg_busbw_Bps} for r in results]},
+                         sort_keys=True))
+        return 0
+    for r in results:
+        note = "" if r.complete else "  (no '# Avg bus bandwidth' footer: the run may have been cut short)"
+        print(f"{r.source}: {r.op} on {r.ranks or '?'} ranks, {len(r.rows)} sizes{note}")
+        print(f"  {'size':>12} {'time':>12} {'busbw':>10} {'fit':>12}")
+        from sim.calibrate.fit import ring_coefficients
+
+        n = 2 if r.op == "send_recv" else r.ranks
+        ca, cb = ring_coefficients(r.op, n)
+        for row in r.rows:
+            pred = ca * fit["latency_s"] + cb * row["bytes"] / fit["bandwidth_Bps"]
+            print(f"  {row['bytes']:>12} {row['time_s'] * 1e6:>9.1f} us {row['busbw_Bps'] / 1e9:>6.2f} GB/s "
+                  f"{pred * 1e6:>9.1f} us")
+    print(f"fit over {fit['points']} points: alpha {fit['latency_s'] * 1e6:.2f} us, B {fit['bandwidth_Bps'] / 1e9:.2f} GB/s "
+          f"(largest busbw {fit['largest_busbw_Bps'] / 1e9:.2f} GB/s), RMS error {fit['rms_rel_error']:.1%}")
+    print(f"{args.link}: latency {model.latency_s * 1e6:.2f} us, {how}")
+    if profile is not None and args.out:
+        print(f"wrote {args.out} (profile {profile.name} with links.{args.link} from these logs)")
+    return 0

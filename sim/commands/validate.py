@@ -1,0 +1,136 @@
+"""``trainsim validate``: a real training run and its simulation, side by side.
+
+Calibrates this machine (a quick sweep plus the reference model's own GEMM shapes;
+``--profile`` skips it), then for each configuration trains a small GPT for real across
+``--procs`` local processes (data parallel, a GPipe or 1F1B pipeline, data × pipeline)
+and simulates the same model, plan and schedule on the calibrated profile and a
+topology of this machine (``sim.calibrate.validate``). Prints the table configuration |
+measured | simulated | Δ% for the iteration time and each stage's compute and idle time
+with the mean and max error, or one JSON object with ``--json`` (``rows`` of
+``config``, ``measured_s``, ``simulated_s``, ``error``; ``mean_abs_error`` and
+``max_abs_error`` over the iteration times, as fractions). ``--out DIR`` writes
+``report.json``, ``table.txt``, the profile, each configuration's profiler traces and a
+PNG per configuration with the measured timeline above the simulated one.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from sim.errors import InputError
+
+NAME = "validate"
+HELP = "Train a small GPT for real across local processes and compare it with its simulation."
+
+
+def add_arguments(p) -> None:
+    p.add_argument("--procs", type=int, default=2, help="processes (GPUs) of the reference run (default 2)")
+    p.add_argument("--configs", help="comma-separated, from dp, gpipe, 1f1b, dp-pp "
+                                     "(default all that fit: dp-pp needs --procs 4 or more)")
+    p.add_argument("--profile", metavar="PROFILE.json", help="use this profile instead of calibrating now")
+    p.add_argument("--link", help="link kind joining the processes in the simulated topology "
+                                  "(default: the one the profile's calibration fitted)")
+    p.add_argument("--quick", action="store_true", help="a smaller model and fewer iterations (for tests)")
+    g = p.add_argument_group("reference model and batch (defaults: a 4-layer, 256-wide GPT; smaller with --quick)")
+    g.add_argument("--num-layers", type=int)
+    g.add_argument("--hidden-size", type=int)
+    g.add_argument("--num-attention-heads", type=int)
+    g.add_argument("--vocab-size", type=int)
+    g.add_argument("--seq-length", type=int)
+    g.add_argument("--micro-batch-size", type=int, default=2)
+    g.add_argument("--num-microbatches", type=int, help="per replica (default 4; 2 with --quick)")
+    g.add_argument("--warmup", type=int, help="untimed iterations first (default 2; 1 with --quick)")
+    g.add_argument("--iters", type=int, help="timed iterations (default 5; 3 with --quick)")
+    p.add_argument("--out", metavar="DIR", help="write report.json, table.txt, profile.json, traces and PNGs here")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+
+
+def _positive(name: str, value) -> None:
+    if value is not None and (not isinstance(value, int) or value < 1):
+        raise InputError(f"--{name}: got {value!r}; expected an integer >= 1")
+
+
+def run(args) -> int:
+    from sim.calibrate import CalibrationError, require_torch
+
+    require_torch()
+    from sim.calibrate import validate as v
+    from sim.calibrate.reference import check_supported
+    from sim.export import write_json_atomic
+    from sim.hardware import load_profile
+
+    for name in ("procs", "num_layers", "hidden_size", "num_attention_heads", "vocab_size", "seq_length",
+                 "micro_batch_size", "num_microbatches", "iters"):
+        _positive(name.replace("_", "-"), getattr(args, name))
+    if args.warmup is not None and args.warmup < 0:
+        raise InputError(f"--warmup: got {args.warmup}; expected an integer >= 0")
+    from sim.calibrate.launch import torchrun_env
+
+    job = torchrun_env()
+    if job is not None:  # under torchrun the job's ranks are the processes
+        args.procs = job[1]
+    configs = [c.strip() for c in args.configs.split(",") if c.strip()] if args.configs else v.default_configs(args.procs)
+    if not configs:
+        raise InputError(f"--configs: got {args.configs!r}; allowed: {', '.join(v.CONFIGS)}")
+    model = v.default_model(args.quick, num_layers=args.num_layers, hidden_size=args.hidden_size,
+                            num_attention_heads=args.num_attention_heads, vocab_size=args.vocab_size,
+                            seq_length=args.seq_length)
+    m = args.num_microbatches or (2 if args.quick else 4)
+    plans = {c: v.config_plan(c, args.procs, args.micro_batch_size, m) for c in configs}
+    for plan in plans.values():  # every input error before anything runs
+        plan.check_model(model)
+        check_supported(model, plan)
+    out = Path(args.out) if args.out else None
+    warmup = args.warmup if args.warmup is not None else (1 if args.quick else 2)
+    iters = args.iters or (3 if args.quick else 5)
+    try:
+        if args.profile:
+            profile = load_profile(args.profile)
+        else:
+            from sim.calibrate.profile import calibrate
+
+            result = calibrate(model, plans[configs[0]], procs=args.procs, quick=True, link=args.link)
+            if result is None:
+                return _follow(model, plans, warmup, iters, out)
+            profile = result[0]
+        load_before = os.getloadavg()
+        report = v.run_validation(configs, procs=args.procs, profile=profile, model=model,
+                                  micro_batch=args.micro_batch_size, microbatches=m,
+                                  warmup=warmup, iters=iters, out=out, link=args.link)
+    except CalibrationError as exc:
+        print(f"trainsim: validation failed: {exc}")
+        return 1
+    if report is None:
+        return 0
+    report["load_average"] = {"before": list(load_before), "after": list(os.getloadavg()),
+                              "cpus": os.cpu_count()}
+    report["profile_provenance"] = profile.provenance
+    table = v.format_table(report["rows"], report)
+    if out is not None:
+        write_json_atomic(profile.to_dict(), out / "profile.json")
+        write_json_atomic(report, out / "report.json")
+        (out / "table.txt").write_text(table + "\n")
+    if args.json:
+        print(json.dumps(report, sort_keys=True))
+        return 0
+    print(f"reference: {model.describe()}; {args.procs} processes, profile {profile.name}")
+    print(table)
+    la = report["load_average"]
+    print(f"load average {la['before'][0]:.2f} before, {la['after'][0]:.2f} after, on {la['cpus']} CPUs "
+          "(a busy machine makes the measured side noisy)")
+    if out is not None:
+        print(f"wrote {out / 'report.json'}, table.txt, profile.json, traces/ and "
+              f"{', '.join(c + '.png' for c in configs)}")
+    return 0
+
+
+def _follow(model, plans: dict, warmup: int, iters: int, out: Path | None) -> int:
+    """A non-zero rank of a torchrun job: take part in the reference runs as rank 0 does."""
+    from sim.calibrate.reference import run_reference
+
+    for config, plan in plans.items():
+        run_reference(model, plan, warmup=warmup, iters=iters,
+                      trace_dir=(out / "traces" / config) if out is not None else None)
+    return 0
