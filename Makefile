@@ -17,8 +17,8 @@ $(VENV)/.installed: pyproject.toml | $(BIN)/python
 	$(BIN)/pip install -q -e .
 	touch $@
 
-$(VENV)/.installed-test: pyproject.toml | $(BIN)/python
-	$(BIN)/pip install -q -e '.[test]'
+$(VENV)/.installed-test: pyproject.toml Makefile | $(BIN)/python
+	$(BIN)/pip install -q -e '.[test]' $(TORCH_PIN)
 	touch $@
 
 run: $(VENV)/.installed
