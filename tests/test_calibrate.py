@@ -67,10 +67,10 @@ def test_memory_fit_recovers_launch_and_efficiency():
 def test_gemm_and_attention_fits_recover_a_known_profile():
     truth = replace(load_profile("h100-sxm"), gemm_k_overhead=64.0, gemm_max_efficiency=0.7,
                     attention_max_efficiency=0.55, kernel_launch_s=4e-6)
-    shapes = grid_gemms((256, 512, 1024, 2048, 4096, 8192)) + [(4096, 12288, 4096, 1), (8192, 128, 8192, 1)]
+    shapes = grid_gemms((256, 512, 1024, 2048, 4096, 8192)) + [(4096, 12288, 4096, 1, "nt"), (8192, 128, 8192, 1, "tn")]
     recs = [{"m": m, "n": n, "k": k, "batch": b, "flops": 2.0 * m * n * k * b,
              "time_s": 2.0 * m * n * k * b / (truth.peak() * truth.gemm_efficiency(m, n, k, b)) + truth.kernel_launch_s}
-            for m, n, k, b in shapes]
+            for m, n, k, b, _ in shapes]
     start = replace(truth, gemm_k_overhead=0.0, gemm_max_efficiency=1.0,
                     gemm_tiles=tuple((a, b, 1.0) for a, b, _ in truth.gemm_tiles))
     fit = fit_gemm(recs, start, truth.kernel_launch_s)
@@ -91,9 +91,11 @@ def test_gemm_shapes_come_from_the_simulators_workload():
     model = preset("llama2-7b")
     shapes = workload_gemms(model, ParallelPlan(tp=2, micro_batch_size=1))
     n_tok, h = model.seq_length, model.hidden_size
-    assert (n_tok, 3 * h // 2, h, 1) in shapes          # column-parallel QKV (MHA)
-    assert (n_tok, h, h // 2, 1) in shapes              # row-parallel output projection
-    assert all(m > 0 and n > 0 and k > 0 and b == 1 for m, n, k, b in shapes)
+    assert (n_tok, 3 * h // 2, h, 1, "nt") in shapes    # column-parallel QKV (MHA), x @ W.T
+    assert (n_tok, h, h // 2, 1, "nt") in shapes        # row-parallel output projection
+    assert (n_tok, h, 3 * h // 2, 1, "nn") in shapes    # QKV input gradient, dy @ W
+    assert (h, 3 * h // 2, n_tok, 1, "tn") in shapes    # QKV weight gradient, dy.T @ x
+    assert all(m > 0 and n > 0 and k > 0 and b == 1 for m, n, k, b, _ in shapes)
 
 
 def test_calibrate_command_on_this_machine(tmp_path, capsys):
@@ -147,4 +149,4 @@ def test_calibrate_input_errors_are_one_line(tmp_path, capsys):
 def test_reference_model_for_calibration_shapes():
     model = gpt("m", 2, 64, 2, 256, 32, tied_embeddings=False, dropout=False)
     shapes = workload_gemms(model, ParallelPlan(micro_batch_size=2))
-    assert (64, 256, 64, 1) in shapes  # the logits GEMM: tokens x vocab x hidden
+    assert (64, 256, 64, 1, "nt") in shapes  # the logits GEMM: tokens x vocab x hidden

@@ -8,7 +8,8 @@ on a free loopback port), or, when the calling process is already one rank of a
 on the job's ranks and gathers the results onto rank 0 (other ranks get ``None``). The
 backend is NCCL when CUDA is available (rank i on GPU ``LOCAL_RANK``), else gloo on CPU,
 where each process gets ``cores // procs`` threads (at least one) so processes do not
-fight over cores more than the machine forces them to.
+fight over cores more than the machine forces them to, and glibc malloc keeps freed
+memory (``CPU_MALLOC``) as a GPU's caching allocator does.
 
 ``measure`` times a callable the way a GPU needs it: warm-up calls first, then samples
 of several back-to-back calls (enough for a sample to last ``min_sample_s``), bracketed
@@ -31,6 +32,14 @@ from datetime import timedelta
 from pathlib import Path
 
 from sim.calibrate import CalibrationError, require_torch
+
+
+CPU_MALLOC = {"MALLOC_MMAP_THRESHOLD_": str(32 * 2**20), "MALLOC_TRIM_THRESHOLD_": str(2**30)}
+"""glibc malloc settings for CPU workers: keep freed blocks instead of returning them to
+the OS, so a new activation does not page-fault its way into fresh memory. PyTorch on a
+GPU has a caching allocator that does the same (and CPU PyTorch deployments preload
+jemalloc or tcmalloc for this reason); without it every step of the CPU reference run
+pays page faults the kernel benchmarks never see. Values already in the environment win."""
 
 
 @dataclass
@@ -136,8 +145,15 @@ def run_workers(fn, procs: int, payload=None, *, timeout_s: float = 900.0) -> li
         return [fn(ctx, payload)]
     with tempfile.TemporaryDirectory(prefix="trainsim-workers-") as outdir:
         port = _free_port()
-        ctx = mp.start_processes(_worker, args=(procs, port, fn, payload, outdir), nprocs=procs,
-                                 join=False, start_method="spawn")
+        saved = dict(os.environ)
+        if not torch.cuda.is_available():
+            os.environ.update({k: v for k, v in CPU_MALLOC.items() if k not in saved})
+        try:
+            ctx = mp.start_processes(_worker, args=(procs, port, fn, payload, outdir), nprocs=procs,
+                                     join=False, start_method="spawn")
+        finally:
+            os.environ.clear()
+            os.environ.update(saved)
         deadline = time.monotonic() + timeout_s
         failure = None
         try:
@@ -238,7 +254,8 @@ def machine_info(ctx: Context) -> dict:
         info.update(device=props.name, cuda=torch.version.cuda,
                     nccl=".".join(map(str, torch.cuda.nccl.version())), gpus=torch.cuda.device_count())
     else:
-        info.update(device=_cpu_name(), cpus=os.cpu_count())
+        info.update(device=_cpu_name(), cpus=os.cpu_count(),
+                    malloc=" ".join(f"{k}={os.environ[k]}" for k in CPU_MALLOC if k in os.environ) or "glibc defaults")
     return info
 
 

@@ -8,7 +8,8 @@ profile:
 
 - **GEMM**: every distinct (m, n, k, batch) the model and plan run (``workload_gemms``:
   forward, input-gradient and weight-gradient products of every layer, the embedding
-  and the logit layer, read from ``sim.workload`` so the shapes are the simulator's own)
+  and the logit layer, read from ``sim.workload`` so the shapes are the simulator's own,
+  each with the operand layout PyTorch gives it: ``x @ W.T``, ``dy @ W``, ``dy.T @ x``)
   plus a grid of squares and skinny shapes for the efficiency model's tile and k terms;
 - **attention**: ``torch.nn.functional.scaled_dot_product_attention`` (causal, as a GPT
   runs it) forward, and forward + backward, at the model's shape and a few more;
@@ -48,26 +49,34 @@ def training_dtype(ctx: Context):
     return torch.bfloat16 if ctx.is_cuda else torch.float32
 
 
-def workload_gemms(model: ModelSpec, plan: ParallelPlan) -> list[tuple[int, int, int, int]]:
-    """Distinct (m, n, k, batch) of the GEMMs one rank runs for ``model`` under ``plan``."""
+def _layout(name: str) -> str:
+    """How PyTorch lays the operands out: forward ``x @ W.T`` ("nt"), input gradient
+    ``dy @ W`` ("nn"), weight gradient ``dy.T @ x`` ("tn")."""
+    if name.endswith(".wgrad"):
+        return "tn"
+    return "nn" if name.endswith(".dgrad") else "nt"
+
+
+def workload_gemms(model: ModelSpec, plan: ParallelPlan) -> list[tuple[int, int, int, int, str]]:
+    """Distinct (m, n, k, batch, layout) of the GEMMs one rank runs for ``model`` under ``plan``."""
     shapes = set()
     for vs in range(plan.pp * plan.vpp):
         for work in chunk_work(model, plan, vs):
             for op in work.ops():
                 if op.kind == "gemm":
                     m, n, k = op.shape
-                    shapes.add((int(m), int(n), int(k), int(op.batch)))
+                    shapes.add((int(m), int(n), int(k), int(op.batch), _layout(op.name)))
     return sorted(shapes)
 
 
-def grid_gemms(sizes) -> list[tuple[int, int, int, int]]:
+def grid_gemms(sizes) -> list[tuple[int, int, int, int, str]]:
     """Squares, and each size against a short and a long k (the k term of the model)."""
     out = set()
     small, big = min(sizes), max(sizes)
     for s in sizes:
-        out.add((s, s, s, 1))
-        out.add((s, s, small, 1))
-        out.add((big, s, s, 1))
+        out.add((s, s, s, 1, "nn"))
+        out.add((s, s, small, 1, "nn"))
+        out.add((big, s, s, 1, "nn"))
     return sorted(out)
 
 
@@ -83,12 +92,16 @@ def bench_gemms(ctx: Context, shapes, repeats: int, warmup: int) -> list[dict]:
     torch = require_torch()
     dt = training_dtype(ctx)
     out = []
-    for m, n, k, batch in shapes:
-        a = torch.randn(batch, m, k, device=ctx.device, dtype=dt) if batch > 1 else torch.randn(m, k, device=ctx.device, dtype=dt)
-        b = torch.randn(batch, k, n, device=ctx.device, dtype=dt) if batch > 1 else torch.randn(k, n, device=ctx.device, dtype=dt)
+    for m, n, k, batch, layout in shapes:
+        lead = (batch,) if batch > 1 else ()
+        a = torch.randn(*lead, *((k, m) if layout[0] == "t" else (m, k)), device=ctx.device, dtype=dt)
+        b = torch.randn(*lead, *((n, k) if layout[1] == "t" else (k, n)), device=ctx.device, dtype=dt)
+        a = a.transpose(-1, -2) if layout[0] == "t" else a
+        b = b.transpose(-1, -2) if layout[1] == "t" else b
         fn = (lambda a=a, b=b: torch.bmm(a, b)) if batch > 1 else (lambda a=a, b=b: torch.mm(a, b))
         t = measure(ctx, fn, warmup=warmup, repeats=repeats)
-        out.append({"m": m, "n": n, "k": k, "batch": batch, "flops": 2.0 * m * n * k * batch, "time_s": t})
+        out.append({"m": m, "n": n, "k": k, "batch": batch, "layout": layout, "flops": 2.0 * m * n * k * batch,
+                    "time_s": t})
     return out
 
 
@@ -182,7 +195,7 @@ def run_microbenchmarks(ctx: Context, model: ModelSpec | None, plan: ParallelPla
         shapes |= set(workload_gemms(model, plan))
     # A CPU takes seconds over a large model's GEMMs; the efficiency model extrapolates.
     limit = MAX_GEMM_FLOPS["cuda" if ctx.is_cuda else "cpu"]
-    shapes = {s for s in shapes if 2.0 * s[0] * s[1] * s[2] * s[3] <= limit}
+    shapes = {sh for sh in shapes if 2.0 * sh[0] * sh[1] * sh[2] * sh[3] <= limit}
     mem_sizes = set(p["mem_elems"])
     if model is not None and plan is not None:
         n_tok = plan.micro_batch_size * model.seq_length
