@@ -14,6 +14,8 @@ Kinds of action:
   rendezvous as NCCL does: the transfer starts once both sides have reached their
   action, and both actions end when it arrives. The n-th untagged send from a to b
   matches the n-th untagged recv on b from a; a ``tag`` matches explicitly.
+- ``copy``: ``nbytes`` between the GPU and its host CPU (``op`` "d2h" or "h2d") over
+  their PCIe link (optimizer offload).
 - ``collective``: ``op`` over ``group`` with ``nbytes`` (see ``sim.collectives``).
   Every rank of the group runs the same action; it starts when all have arrived, and
   each rank's action ends when its own part of the transfers is done. The n-th untagged
@@ -30,7 +32,7 @@ from dataclasses import dataclass, field
 from sim.collectives import ALGOS, OPS
 from sim.errors import InputError
 
-KINDS = ("compute", "send", "recv", "collective")
+KINDS = ("compute", "send", "recv", "collective", "copy")
 
 Ref = tuple[int, str]
 
@@ -72,6 +74,8 @@ class Action:
                 raise InputError(f"action {self.name!r}: {key}: got {v!r}; expected a finite number >= 0")
         if self.kind in ("send", "recv") and (self.peer is None or self.peer < 0):
             raise InputError(f"action {self.name!r}: peer: got {self.peer!r}; a {self.kind} needs a peer rank >= 0")
+        if self.kind == "copy" and self.op not in ("d2h", "h2d"):
+            raise InputError(f"action {self.name!r}: op: got {self.op!r}; a copy is 'd2h' or 'h2d'")
         if self.kind == "collective":
             if self.op not in OPS or self.op == "sendrecv":
                 raise InputError(f"action {self.name!r}: op: got {self.op!r}; allowed: {', '.join(o for o in OPS if o != 'sendrecv')}")

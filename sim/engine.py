@@ -136,6 +136,8 @@ class _Engine:
             elif a.kind == "collective":
                 rv = self._join_collective(rank, a)
                 yield rv.posted[rank]
+            elif a.kind == "copy":
+                yield self.net.transfer_host(rank, a.nbytes, a.op == "d2h", f"{a.category or 'copy'} {a.name}")
             else:
                 rv = self._join_p2p(rank, a)
                 link_id = rv.meta

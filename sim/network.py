@@ -102,6 +102,19 @@ class Network:
             self._join(flow)
         return done
 
+    def transfer_host(self, rank: int, nbytes: float, to_host: bool, label: str = "") -> simpy.Event:
+        """Copy ``nbytes`` between GPU ``rank`` and its host CPU over their PCIe link."""
+        done = self.env.event()
+        links = tuple(self._link_id[l] for l in self.topology.host_route(rank, to_host))
+        latency = sum(self.topology.graph.edges[l]["latency_s"] for l in self.topology.host_route(rank, to_host))
+        flow = _Flow(links, nbytes, done, rank, rank, self.env.now, label, "pcie")
+        self.active += 1
+        for l in links:
+            self.link_bytes[l] += nbytes
+        t = self.env.timeout(latency)
+        t.callbacks.append(lambda _e, f=flow: self._join(f))
+        return done
+
     # ------------------------------------------------------------------ internals
     def _route_of(self, src: int, dst: int) -> tuple[tuple[int, ...], float, str]:
         key = (src, dst)

@@ -64,6 +64,8 @@ def plot_timeline(trace: Trace, path: str | Path, title: str = "", lane_names: d
         if ranks is None or r in ranks:
             lanes_r = []
             for st in ss:
+                if st == "memory":  # holds only the instant that sets up resident memory
+                    continue
                 if merge(st) not in lanes_r:
                     lanes_r.append(merge(st))
             streams[r] = lanes_r
@@ -122,9 +124,12 @@ def plot_timeline(trace: Trace, path: str | Path, title: str = "", lane_names: d
         for (y, k), items in sorted(xfers.items()):
             ax.broken_barh([(x, w) for x, w, _ in items], (y - 0.4 + k * band, band * 0.9),
                            facecolors=[c for _, _, c in items], edgecolor="white", linewidth=0.3)
+    thin = t_end_ms / 400  # bars narrower than this get no white edge, which would hide them
     for y, items in sorted(bars.items()):  # one collection per lane: fast for many bars
-        ax.broken_barh([(x, w) for x, w, _ in items], (y - 0.4, 0.8), facecolors=[c for _, _, c in items],
-                       edgecolor="white", linewidth=0.4)
+        for group, edge in (([i for i in items if i[1] >= thin], 0.4), ([i for i in items if i[1] < thin], 0.0)):
+            if group:
+                ax.broken_barh([(x, w) for x, w, _ in group], (y - 0.4, 0.8), facecolors=[c for _, _, c in group],
+                               edgecolor="white", linewidth=edge)
     ax.set_yticks(range(len(lanes)))
     names = lane_names or {}
     multi = any(len(ss) > 1 for ss in streams.values())
@@ -213,14 +218,19 @@ def plot_pareto(points, path: str | Path, title: str = "", capacity_bytes: float
         if label:
             ax.scatter([x], [y], marker="*", s=160, color="#DD8452", zorder=4)
             ax.annotate(label, (x, y), textcoords="offset points", xytext=(6, 6), fontsize=8)
-    if capacity_bytes:
-        ax.axvline(capacity_bytes / 2**30, color="black", linestyle="--", linewidth=1, label="GPU memory")
+    cap = capacity_bytes / 2**30 if capacity_bytes else None
+    if cap and (not xs or cap <= 1.5 * max(xs)):
+        ax.axvline(cap, color="black", linestyle="--", linewidth=1, label="GPU memory")
+    elif cap:  # far to the right: say so rather than squash the plans into a corner
+        ax.text(0.99, 0.01, f"GPU memory {cap:.0f} GiB (off the chart)", transform=ax.transAxes,
+                ha="right", va="bottom", fontsize=8)
+    ax.yaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda y, _: f"{y:,.0f}"))
     ax.set_xlabel("peak memory per GPU (GiB)")
     ax.set_ylabel("tokens/s")
     ax.grid(linestyle=":", alpha=0.5)
     ax.set_axisbelow(True)
     ax.set_title(title or "plans: throughput against memory", fontsize=10)
     if points:
-        ax.legend(fontsize=8, loc="lower right")
+        ax.legend(fontsize=8, loc="lower left")
     fig.tight_layout()
     return _save(fig, path)

@@ -182,6 +182,15 @@ class Topology:
             fwd.append(_pick(sorted(y for y in core.neighbors(fwd[-1]) if db.get(y) == k - 1), h))
         return back[::-1] + fwd[1:]
 
+    def host_route(self, rank: int, to_host: bool = True) -> tuple[Link, ...]:
+        """The link between GPU ``rank`` and its host CPU, in the direction of the copy."""
+        g = self.gpu(rank)
+        cpus = sorted(n for n in self.graph.neighbors(g) if self.graph.nodes[n]["kind"] == "cpu")
+        if not cpus:
+            raise InputError(f"topology {self.name}: rank {rank} has no link to a device of kind 'cpu' "
+                             "(optimizer offload needs one)")
+        return ((g, cpus[0]),) if to_host else ((cpus[0], g),)
+
     def path_latency_s(self, src: int, dst: int) -> float:
         """Sum of the link latencies on the route from ``src`` to ``dst``."""
         return sum(self.graph.edges[u, v]["latency_s"] for u, v in self.route(src, dst))

@@ -96,13 +96,19 @@ def _add_link(g: nx.Graph, a: str, b: str, kind: str, bandwidth_Bps: float, late
 
 
 def add_node(g: nx.Graph, spec: NodeSpec, index: int) -> None:
-    """Add node ``index`` (GPUs, NVSwitch, NICs) to graph ``g``."""
+    """Add node ``index`` (GPUs, NVSwitch, NICs, and the host CPU) to graph ``g``.
+
+    Each GPU has its own PCIe link to the host CPU (its memory), which is what
+    optimizer offload crosses; the CPU never carries GPU-to-GPU traffic."""
     nvs = f"node{index}/nvswitch"
     g.add_node(nvs, kind="nvswitch", node=index)
+    cpu = f"node{index}/cpu"
+    g.add_node(cpu, kind="cpu", node=index)
     for i in range(spec.gpus):
         gpu = f"node{index}/gpu{i}"
         g.add_node(gpu, kind="gpu", rank=index * spec.gpus + i, node=index, local=i)
         _add_link(g, gpu, nvs, "nvlink", spec.nvlink_bandwidth_Bps, spec.nvlink_latency_s)
+        _add_link(g, gpu, cpu, "pcie", spec.pcie_bandwidth_Bps, spec.pcie_latency_s)
     for j in range(spec.nics):
         nic = f"node{index}/nic{j}"
         g.add_node(nic, kind="nic", node=index, rail=j)

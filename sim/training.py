@@ -116,7 +116,8 @@ AUTO_REDUCED_ABOVE_GPUS = 256
 
 
 def build_program(model: ModelSpec, plan: ParallelPlan, profile: HardwareProfile,
-                  schedule: Schedule | None = None, fidelity: str = "full") -> tuple[Schedule, Program]:
+                  schedule: Schedule | None = None, fidelity: str = "full",
+                  gpus_per_node: int = 8) -> tuple[Schedule, Program]:
     """The iteration program of ``plan``: every GPU's compute and communication.
 
     ``fidelity="reduced"`` simulates one data-parallel replica (the GPUs with dp index
@@ -169,9 +170,24 @@ def build_program(model: ModelSpec, plan: ParallelPlan, profile: HardwareProfile
         local = psi[plan.coords(rank)[1]] / (plan.dp if z >= 1 else 1)
         return ADAM_BYTES_PER_PARAM * local / hbm
 
-    prog = passes.add_optimizer(prog, optimizer_s)
+    if plan.offload_optimizer:
+        if profile.host_memory_bandwidth_Bps <= 0:
+            raise InputError(f"profile {profile.name}: host_memory_bandwidth_Bps is not set; "
+                             "optimizer offload needs it to time the CPU optimizer step")
+
+        def cpu_s(rank: int) -> float:
+            # Memory-bound Adam on the host, whose bandwidth the node's GPUs share.
+            local = psi[plan.coords(rank)[1]] / plan.dp
+            return ADAM_BYTES_PER_PARAM * local / (profile.host_memory_bandwidth_Bps * profile.memory_efficiency
+                                                   / min(gpus_per_node, plan.world_size))
+
+        prog = zero.add_offloaded_optimizer(prog, lambda r: 2.0 * psi[plan.coords(r)[1]] / plan.dp, cpu_s)
+        done = "params to GPU"
+    else:
+        prog = passes.add_optimizer(prog, optimizer_s)
+        done = "optimizer"
     if z in (1, 2):
-        prog = zero.add_param_allgather(prog, lambda r: 2.0 * psi[plan.coords(r)[1]], plan.dp_group, bucket)
+        prog = zero.add_param_allgather(prog, lambda r: 2.0 * psi[plan.coords(r)[1]], plan.dp_group, bucket, done)
     prog = add_memory(prog, model, plan, profile, segments)
     return schedule, prog
 
@@ -230,7 +246,7 @@ def simulate_training(model: ModelSpec, plan: ParallelPlan, profile: HardwarePro
             f"plan: needs dp x tp x pp = {plan.dp} x {plan.tp} x {plan.pp} = {plan.world_size} GPUs; "
             f"topology {topology.name} has {topology.num_gpus}"
         )
-    schedule, prog = build_program(model, plan, profile, schedule, fidelity)
+    schedule, prog = build_program(model, plan, profile, schedule, fidelity, topology.gpus_per_node)
     trace = simulate(prog, topology, link_efficiency=profile.link_efficiencies(),
                      fluid_collectives=fidelity == "reduced")
     return TrainingRun(model, plan, profile, topology, schedule, prog, trace, fidelity)

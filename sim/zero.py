@@ -133,10 +133,32 @@ def add_param_gathers(prog: Program, layer_bytes: Callable[[int, int], float],
     return prog.with_actions(out)
 
 
+def add_offloaded_optimizer(prog: Program, shard_bytes: Callable[[int], float], cpu_s: Callable[[int], float]) -> Program:
+    """ZeRO-Offload (Ren et al. 2021): once a rank's gradients are reduced, its 16-bit
+    gradient shard (``shard_bytes(rank)``) is copied to the host over PCIe, the CPU runs
+    the Adam step (``cpu_s(rank)`` seconds, stream ``cpu``), and the updated 16-bit
+    parameter shard comes back. The last copy is named ``params to GPU``."""
+    out = {}
+    for r, acts in prog.actions.items():
+        lst = list(acts)
+        last_per_stream: dict[str, str] = {}
+        for a in lst:
+            last_per_stream[a.stream] = a.name
+        deps = tuple(last_per_stream[s] for s in sorted(last_per_stream))
+        nb = shard_bytes(r)
+        lst += [Action("grads to host", kind="copy", op="d2h", nbytes=nb, category="offload", stream="pcie", deps=deps),
+                Action("optimizer (CPU)", duration_s=cpu_s(r), category="opt", stream="cpu", deps=("grads to host",)),
+                Action("params to GPU", kind="copy", op="h2d", nbytes=nb, category="offload", stream="pcie",
+                       deps=("optimizer (CPU)",))]
+        out[r] = lst
+    return prog.with_actions(out)
+
+
 def add_param_allgather(prog: Program, param_bytes: Callable[[int], float], dp_group: Callable[[int], tuple[int, ...]],
-                        bucket_bytes: float) -> Program:
-    """ZeRO-1/2: after the optimizer step, all-gather the updated 16-bit parameters
-    (``param_bytes(rank)`` in all) over the dp group in buckets (stream ``dp``)."""
+                        bucket_bytes: float, after: str = "optimizer") -> Program:
+    """ZeRO-1/2: after the optimizer step (action ``after``), all-gather the updated
+    16-bit parameters (``param_bytes(rank)`` in all) over the dp group in buckets
+    (stream ``dp``)."""
     out = {}
     for r, acts in prog.actions.items():
         group = dp_group(r)
@@ -149,6 +171,6 @@ def add_param_allgather(prog: Program, param_bytes: Callable[[int], float], dp_g
         for k in range(n):
             nb = total / n
             lst.append(Action(f"param allgather {k}", kind="collective", op="allgather", group=group, nbytes=nb,
-                              category="dp", stream="dp", deps=("optimizer",)))
+                              category="dp", stream="dp", deps=(after,)))
         out[r] = lst
     return prog.with_actions(out)

@@ -177,3 +177,56 @@ def test_full_and_reduced_fidelity_agree():
         assert red.trace.end_s == pytest.approx(full.trace.end_s, rel=0.01)
         assert highest_peak(red.trace).total_bytes == highest_peak(full.trace).total_bytes
         assert len(red.program.actions) == plan.world_size // plan.dp
+
+
+def test_optimizer_offload_moves_states_to_the_host_over_pcie():
+    topo = load_topology("dgx-h100", nodes=1)
+    base = dict(dp=8, global_batch_size=8, zero_stage=2)
+    on = simulate_training(SMALL, ParallelPlan(**base, offload_optimizer=True), H100, topo)
+    off = simulate_training(SMALL, ParallelPlan(**base), H100, topo)
+    assert "optimizer" not in _resident(on.program, 0) or _resident(on.program, 0)["optimizer"] == 0
+    assert _resident(off.program, 0)["optimizer"] == pytest.approx(12 * SMALL.num_params / 8)
+    copies = [t for t in on.trace.transfers if t.label.startswith("offload")]
+    # the 16-bit gradient shard goes to the host and the parameter shard comes back
+    assert len(copies) == 2 * 8 and all(t.medium == "pcie" for t in copies)
+    assert sum(t.nbytes for t in copies if t.src == 0) == pytest.approx(2 * 2 * SMALL.num_params / 8)
+    cpu = [s for s in on.trace.spans_of(0) if s.stream == "cpu"]
+    assert len(cpu) == 1 and cpu[0].duration_s > 0
+    with pytest.raises(Exception, match="needs ZeRO stage"):
+        ParallelPlan(offload_optimizer=True)
+
+
+def test_memory_outputs(tmp_path, capsys):
+    import json
+
+    from sim.cli import main
+
+    out = tmp_path / "o"
+    assert main(["run", "--num-layers", "4", "--hidden-size", "512", "--num-attention-heads", "8", "--vocab-size",
+                 "1024", "--seq-length", "256", "--gpu", "h100-sxm", "--gpus", "4", "--pipeline-model-parallel-size",
+                 "2", "--global-batch-size", "4", "--zero", "1", "--out", str(out)]) == 0
+    capsys.readouterr()
+    assert (out / "memory.png").read_bytes()[:4] == b"\x89PNG"
+    events = json.loads((out / "trace.json").read_text())["traceEvents"]
+    counters = [e for e in events if e["ph"] == "C"]
+    assert counters and {e["pid"] for e in counters} == {0, 1, 2, 3}
+    assert all(set(e["args"]) >= {"parameters", "gradients", "optimizer"} for e in counters)
+
+
+def test_zero_flags_and_deepspeed_toml_names(tmp_path, capsys):
+    import json
+
+    from sim.cli import main
+
+    f = tmp_path / "ds.toml"
+    f.write_text("[model]\nnum_layers = 4\nhidden_size = 512\nnum_attention_heads = 8\nvocab_size = 1024\n"
+                 "seq_length = 256\n[cluster]\ngpu = 'h100-sxm'\ngpus = 4\n[plan]\nglobal_batch_size = 4\n"
+                 "[zero_optimization]\nstage = 3\nstage3_prefetch_bucket_size = 1\nstage3_max_live_parameters = 1e9\n")
+    assert main(["run", str(f), "--json"]) == 0
+    plan = json.loads(capsys.readouterr().out)["plan"]
+    assert plan["zero_stage"] == 3 and plan["zero3_prefetch_depth"] == 1 and plan["zero3_max_live_parameters"] == 1e9
+    assert main(["run", str(f), "--zero3-prefetch-depth", "2", "--json"]) == 2  # both ways of saying it
+    assert "not both" in capsys.readouterr().err
+    f.write_text(f.read_text().replace("stage = 3", "stage = 5"))
+    assert main(["run", str(f)]) == 2
+    assert "zero_optimization.stage: got 5" in capsys.readouterr().err
