@@ -61,7 +61,7 @@ def test_memory_fit_recovers_launch_and_efficiency():
     assert fit["hbm_bandwidth_Bps"] == copy and not fit["clipped"]
     fast = fit_memory(recs, rate / 2)  # kernels faster than the copy (cache-resident)
     assert fast["clipped"] and fast["memory_efficiency"] == 1.0
-    assert fast["hbm_bandwidth_Bps"] == pytest.approx(rate, rel=1e-6)
+    assert fast["hbm_bandwidth_Bps"] == rate / 2 and fast["kernel_rate_Bps"] == pytest.approx(rate, rel=1e-6)
 
 
 def test_gemm_and_attention_fits_recover_a_known_profile():

@@ -16,7 +16,8 @@ calibration report prints beside the numbers.
   are linear in (α, 1/B): one weighted ``numpy.linalg.lstsq`` over every point of every
   op. A negative α (noise at small sizes) is refitted with α = 0.
 - **Memory-bound kernels**: t = launch + bytes / (bandwidth · efficiency), linear in
-  (launch, 1/rate): lstsq again; ``kernel_launch_s`` is the intercept.
+  (launch, 1/rate): lstsq again; ``kernel_launch_s`` is the intercept, the bandwidth
+  is a large copy's.
 - **GEMM efficiency model** (``HardwareProfile.gemm_efficiency``, the simulator's own
   function): for each k0 on a grid and tile relative efficiencies by coordinate descent,
   the best-GEMM efficiency has a closed form (weighted least squares of
@@ -81,9 +82,10 @@ def fit_memory(records, copy_bandwidth_Bps: float) -> dict:
     """``kernel_launch_s``, ``hbm_bandwidth_Bps`` and ``memory_efficiency`` from
     memory-bound kernels (``bytes``, ``time_s``) and a large copy's bandwidth.
 
-    The copy gives the bandwidth; the kernels' fitted rate over it is the efficiency.
-    Where the kernels ran faster than the copy (on a CPU they fit in cache), the
-    bandwidth becomes their rate and the efficiency 1 (``clipped`` says so)."""
+    The copy gives the bandwidth (what large, streaming work such as the optimizer step
+    sees); the kernels' fitted rate over it is the efficiency, capped at 1 where the
+    kernels ran faster than the copy (on a CPU they fit in cache; ``clipped`` says so,
+    and the simulator then takes such kernels at the copy's rate)."""
     rows = [(float(r["bytes"]), float(r["time_s"])) for r in records if r["time_s"] > 0]
     if len(rows) < 2:
         raise InputError("memory fit: need at least 2 kernel timings")
@@ -100,10 +102,7 @@ def fit_memory(records, copy_bandwidth_Bps: float) -> dict:
     eff = rate / copy_bandwidth_Bps
     out = {"kernel_launch_s": float(launch), "kernel_rate_Bps": float(rate),
            "rms_rel_error": float(np.sqrt(np.mean((pred - 1.0) ** 2))), "clipped": bool(eff > 1.0)}
-    if eff > 1.0:
-        out.update(hbm_bandwidth_Bps=float(rate), memory_efficiency=1.0)
-    else:
-        out.update(hbm_bandwidth_Bps=float(copy_bandwidth_Bps), memory_efficiency=float(eff))
+    out.update(hbm_bandwidth_Bps=float(copy_bandwidth_Bps), memory_efficiency=float(min(eff, 1.0)))
     return out
 
 

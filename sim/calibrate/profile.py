@@ -134,11 +134,11 @@ def build_profile(meas: dict, *, name: str | None = None, base: str | None = Non
     prof = replace(prof, attention_max_efficiency=a["attention_max_efficiency"])
     src.update({
         "hbm_bandwidth_Bps": (f"measured: {micro['copy']['bytes'] / 2**20:.0f} MiB read+write copy at "
-                              f"{micro['copy']['bandwidth_Bps'] / 1e9:.2f} GB/s"
-                              + (f"; memory-bound kernels ran faster ({mem['kernel_rate_Bps'] / 1e9:.2f} GB/s, "
-                                 "cache-resident), so this is their rate" if mem["clipped"] else "") + f"; {how}"),
+                              f"{micro['copy']['bandwidth_Bps'] / 1e9:.2f} GB/s; {how}"),
         "memory_efficiency": (f"fitted: t = launch + bytes/(bandwidth x efficiency) over {len(micro['memory'])} "
-                              f"norm/activation/softmax/add kernels, RMS error {mem['rms_rel_error']:.1%}; {how}"),
+                              f"norm/activation/softmax/add kernels, RMS error {mem['rms_rel_error']:.1%}"
+                              + (f"; they ran at {mem['kernel_rate_Bps'] / 1e9:.2f} GB/s, faster than the copy "
+                                 "(cache-resident), so capped at 1" if mem["clipped"] else "") + f"; {how}"),
         "kernel_launch_s": f"fitted: intercept of the memory-bound kernel fit; {how}",
         "gemm_max_efficiency": (f"fitted to {g['points']} GEMMs (the model's shapes and a grid), RMS log error "
                                 f"{g['rms_log_error']:.3f}{', capped at 1' if g['clipped'] else ''}; {how}"),

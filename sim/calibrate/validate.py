@@ -16,6 +16,11 @@ signed error (simulated − measured) / measured. ``mean_abs_error`` and
 ``max_abs_error`` are over the iteration-time rows (the headline); the ``breakdown_``
 figures cover every row.
 
+Machine speed. A probe GEMM (the model's largest) is timed on every rank before and
+after each reference run; ``probe.slowdown`` is its median time over the time the
+profile predicts for it. Near 1 the machine ran as calibrated; well above 1 something
+else was using it, and the measured side is slower for that reason, not the model's.
+
 Element size. trainsim's workload counts 2-byte (bf16) elements. A GPU reference trains
 in bf16 and nothing changes; a CPU one trains in float32, which moves twice the bytes
 per element, so the simulation sees every byte rate of the profile (memory bandwidth
@@ -163,6 +168,17 @@ def measured_trace(results: list, iteration: int | None = None) -> Trace:
     return Trace(spans, [], {}, {}, topology="measured")
 
 
+def format_probes(configs: dict) -> str:
+    """One line per configuration: how fast the probe GEMM ran against the profile."""
+    parts = []
+    for name, d in configs.items():
+        p = d.get("probe") or {}
+        if p.get("slowdown"):
+            parts.append(f"{name} {p['slowdown']:.2f}x")
+    return ("probe GEMM time / profile's prediction during each run (1 = the machine as calibrated): "
+            + ", ".join(parts)) if parts else ""
+
+
 def format_table(rows: list[dict], errors: dict) -> str:
     """The report as text: configuration | measured | simulated | Δ%."""
     width = max(len(r["config"]) for r in rows) if rows else 20
@@ -195,9 +211,13 @@ def run_validation(configs, *, procs: int, profile: HardwareProfile, model: Mode
     for config in configs:
         plan = config_plan(config, procs, micro_batch, microbatches)
         trace_dir = (out / "traces" / config) if out is not None else None
-        results = run_reference(model, plan, warmup=warmup, iters=iters, trace_dir=trace_dir)
+        probe = probe_shape(model, plan)
+        results = run_reference(model, plan, warmup=warmup, iters=iters, trace_dir=trace_dir, probe=probe)
         if results is None:
             return None
+        m_, n_, k_, _ = probe
+        predicted = 2.0 * m_ * n_ * k_ / (profile.peak() * profile.gemm_efficiency(m_, n_, k_)) + profile.kernel_launch_s
+        probe_s = [t for r in results for t in r.get("probe_s", [])]
         run = simulate_training(model, plan, sprof, topo)
         meas, sim = measured_breakdown(results, plan), simulated_breakdown(run)
         rows += rows_for(config, meas, sim)
@@ -205,7 +225,9 @@ def run_validation(configs, *, procs: int, profile: HardwareProfile, model: Mode
                                     "micro_batch_size": plan.micro_batch_size,
                                     "num_microbatches": plan.num_microbatches},
                            "measured": meas, "simulated": sim,
-                           "measured_iterations_s": [it["iteration_s"] for it in results[0]["iterations"]]}
+                           "measured_iterations_s": [it["iteration_s"] for it in results[0]["iterations"]],
+                           "probe": {"gemm": list(probe), "predicted_s": predicted, "measured_s": probe_s,
+                                     "slowdown": statistics.median(probe_s) / predicted if probe_s else None}}
         if out is not None:
             from sim.plot_validate import plot_measured_vs_simulated
 
@@ -222,6 +244,14 @@ def run_validation(configs, *, procs: int, profile: HardwareProfile, model: Mode
                                     "num_attention_heads": model.num_attention_heads, "vocab_size": model.vocab_size,
                                     "seq_length": model.seq_length},
             "profile": profile.name}
+
+
+def probe_shape(model: ModelSpec, plan: ParallelPlan) -> tuple:
+    """The largest GEMM the model runs, (m, n, k, layout), as the machine-speed probe."""
+    from sim.calibrate.microbench import workload_gemms
+
+    m, n, k, _, layout = max(workload_gemms(model, plan), key=lambda s: (s[0] * s[1] * s[2] * s[3], s))
+    return (m, n, k, layout)
 
 
 def _profile_link(profile: HardwareProfile) -> str:

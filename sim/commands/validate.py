@@ -111,12 +111,16 @@ def run(args) -> int:
     if out is not None:
         write_json_atomic(profile.to_dict(), out / "profile.json")
         write_json_atomic(report, out / "report.json")
-        (out / "table.txt").write_text(table + "\n")
+        probes_line = v.format_probes(report["configs"])
+        (out / "table.txt").write_text(table + "\n" + (probes_line + "\n" if probes_line else ""))
     if args.json:
         print(json.dumps(report, sort_keys=True))
         return 0
     print(f"reference: {model.describe()}; {args.procs} processes, profile {profile.name}")
     print(table)
+    probes = v.format_probes(report["configs"])
+    if probes:
+        print(probes)
     la = report["load_average"]
     print(f"load average {la['before'][0]:.2f} before, {la['after'][0]:.2f} after, on {la['cpus']} CPUs "
           "(a busy machine makes the measured side noisy)")
@@ -130,7 +134,10 @@ def _follow(model, plans: dict, warmup: int, iters: int, out: Path | None) -> in
     """A non-zero rank of a torchrun job: take part in the reference runs as rank 0 does."""
     from sim.calibrate.reference import run_reference
 
+    from sim.calibrate.validate import probe_shape
+
     for config, plan in plans.items():
         run_reference(model, plan, warmup=warmup, iters=iters,
-                      trace_dir=(out / "traces" / config) if out is not None else None)
+                      trace_dir=(out / "traces" / config) if out is not None else None,
+                      probe=probe_shape(model, plan))
     return 0
