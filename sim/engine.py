@@ -66,6 +66,7 @@ class _Engine:
         self._p2p: dict[tuple, _Rendezvous] = {}
         self._coll: dict[tuple, _Rendezvous] = {}
         self._keys: dict[tuple[int, str], tuple] = {}
+        self._step_plans: dict[tuple, tuple] = {}
         self._link_ids = 0
         self._assign_match_keys()
 
@@ -195,28 +196,50 @@ class _Engine:
         if len(rv.posted) == sum(1 for g in a.group if g not in self.program.shadows):
             del self._coll[key]
             rv.began = self.env.now
-            steps = collectives.build(a.op, a.group, a.nbytes, self.topology, a.algo, channels=a.channels or None,
-                                      fluid=self.fluid)
-            self._run_steps(steps, rv.posted, f"{a.category or a.op} {a.op} {a.name}")
+            self._run_steps(self._plan_steps(a), rv.posted, f"{a.category or a.op} {a.op} {a.name}")
         return rv
 
-    def _run_steps(self, steps, rank_done: dict[int, simpy.Event], label: str) -> None:
+    def _plan_steps(self, a: Action):
+        """The collective's steps and their bookkeeping, built once per distinct
+        (op, group, size, algorithm): a training iteration repeats the same few
+        collectives thousands of times. Under reduced fidelity with fluid rings, hops
+        between two shadows are dropped: no simulated rank waits for them, and by
+        symmetry they take as long as the hops that are simulated."""
+        key = (a.op, a.group, a.nbytes, a.algo, a.channels)
+        plan = self._step_plans.get(key)
+        if plan is not None:
+            return plan
+        steps = collectives.build(a.op, a.group, a.nbytes, self.topology, a.algo, channels=a.channels or None,
+                                  fluid=self.fluid)
+        shadows = self.program.shadows
+        if self.fluid and a.algo == "ring" and shadows:
+            keep = [i for i, s in enumerate(steps) if s.src not in shadows or s.dst not in shadows]
+            index = {old: new for new, old in enumerate(keep)}
+            steps = [collectives.Transfer(s.src, s.dst, s.nbytes, tuple(index[d] for d in s.deps), s.label,
+                                          s.latency_steps) for s in (steps[i] for i in keep)]
+        children: list[list[int]] = [[] for _ in steps]
+        involved: dict[int, int] = {}
+        for i, st in enumerate(steps):
+            for d in st.deps:
+                children[d].append(i)
+            for r in {st.src, st.dst}:
+                if r not in shadows:
+                    involved[r] = involved.get(r, 0) + 1
+        plan = (steps, children, [len(st.deps) for st in steps], involved)
+        self._step_plans[key] = plan
+        return plan
+
+    def _run_steps(self, plan, rank_done: dict[int, simpy.Event], label: str) -> None:
         """Start each step when its dependencies are done; signal each rank when its
         own steps (as sender or receiver) are all done."""
-        waiting = [len(s.deps) for s in steps]
-        children: list[list[int]] = [[] for _ in steps]
-        left = {r: 0 for r in rank_done}
-        for i, s in enumerate(steps):
-            for d in s.deps:
-                children[d].append(i)
-            for r in (s.src, s.dst):
-                if r in left:
-                    left[r] += 1
+        steps, children, waiting0, involved = plan
+        waiting = list(waiting0)
+        left = {r: involved.get(r, 0) for r in rank_done}
         net = self.net
 
         def finished(i):
             s = steps[i]
-            for r in (s.src, s.dst):
+            for r in (s.src, s.dst) if s.src != s.dst else (s.src,):
                 if r in left:
                     left[r] -= 1
                     if left[r] == 0:

@@ -120,11 +120,14 @@ def build_program(model: ModelSpec, plan: ParallelPlan, profile: HardwareProfile
                   gpus_per_node: int = 8) -> tuple[Schedule, Program]:
     """The iteration program of ``plan``: every GPU's compute and communication.
 
-    ``fidelity="reduced"`` simulates one data-parallel replica (the GPUs with dp index
-    0); the other replicas do the same work at the same times, so they are shadows:
-    they still take part in every data-parallel collective, whose transfers cross the
-    full topology, but their own compute and tensor/pipeline traffic is not simulated.
-    Reduced fidelity also prices ring collectives as fluid hops (``sim.collectives``).
+    ``fidelity="reduced"`` simulates one GPU per pipeline stage (dp index 0, tp index
+    0). The other GPUs do the same work at the same times, so they are shadows: they take
+    part in every collective, whose ring hops touching a simulated GPU cross the full
+    topology, but their own compute and traffic are not simulated; by symmetry each
+    shadow's hops take as long as the simulated ones. Reduced fidelity also prices ring
+    collectives as fluid hops (``sim.collectives``). Left out: contention between
+    collectives of different tensor-parallel ranks on shared links (on rail-optimized
+    fabrics with tensor parallelism inside a node they use different rails).
     """
     if fidelity not in FIDELITIES:
         raise InputError(f"fidelity: got {fidelity!r}; allowed: {', '.join(FIDELITIES)}")
@@ -139,7 +142,7 @@ def build_program(model: ModelSpec, plan: ParallelPlan, profile: HardwareProfile
     validate(schedule)
     segments = _Segments(model, plan, profile)
     prog = to_program(schedule, lambda step: 0.0)
-    keep = (lambda g: plan.coords(g)[0] == 0) if fidelity == "reduced" else None
+    keep = (lambda g: plan.coords(g)[0] == 0 and plan.coords(g)[2] == 0) if fidelity == "reduced" else None
     prog = passes.replicate(prog, plan.world_size, plan.coords, plan.rank, keep)
     prog = passes.add_tp_collectives(prog, segments, plan.tp_group)
     act_bytes = p2p_bytes(model, plan.micro_batch_size, plan.tp, plan.sequence_parallel)

@@ -42,9 +42,12 @@ def add_arguments(p) -> None:
     c.add_argument("--fabric", choices=FABRICS, default=None, help="inter-node fabric (default rail)")
     c.add_argument("--oversubscription", type=float, default=None, help="fat-tree/leaf uplink oversubscription")
     p.add_argument("--fidelity", choices=("auto", "full", "reduced"), default="auto",
-                   help="full: every GPU; reduced: one data-parallel replica, the others as shadows in its "
+                   help="full: every GPU; reduced: one GPU per pipeline stage, the others as shadows in its "
                         "collectives (default auto: reduced above 256 GPUs)")
     p.add_argument("--out", help="directory for summary.json, trace.json, timeline.png and memory.png")
+    p.add_argument("--kineto", metavar="DIR",
+                   help="directory for PyTorch-profiler-shaped traces, trace_rank{r}.json per simulated GPU "
+                        "(for Holistic Trace Analysis)")
 
 
 def _parse_with_experiment(args):
@@ -158,16 +161,26 @@ def run(args) -> int:
     plan = plan_from_args(args, model)
     schedule = load_schedule_csv(args.schedule) if plan.schedule == "custom" else None
     topo = _cluster(args, plan.world_size, profile.name)
-    run_ = simulate_training(model, plan, profile, topo, schedule, args.fidelity)
+    from sim.progress import Progress
+
+    with Progress() as bar:
+        bar.update(f"simulating {plan.world_size} GPUs")
+        run_ = simulate_training(model, plan, profile, topo, schedule, args.fidelity)
     summary = summarize(run_)
     if args.out:
         write_outputs(run_, summary, Path(args.out))
+    if args.kineto:
+        from sim.api import write_kineto_files
+
+        write_kineto_files(run_, args.kineto)
     if args.json:
         print(json.dumps(summary, sort_keys=True))
         return 0
     _print(summary, run_)
     if args.out:
         print(f"\nwrote {Path(args.out) / 'summary.json'}, trace.json, timeline.png, memory.png")
+    if args.kineto:
+        print(f"wrote {Path(args.kineto)}/trace_rank<r>.json (PyTorch profiler format)")
     return 0
 
 
@@ -176,7 +189,7 @@ def _print(s: dict, run: TrainingRun) -> None:
     print(f"{run.model.describe()}")
     print(f"{s['gpus']} x {s['gpu']} on {run.topology.describe()}")
     if run.fidelity == "reduced":
-        print(f"fidelity: reduced ({s['simulated_gpus']} GPUs simulated; the other data-parallel replicas are shadows"
+        print(f"fidelity: reduced ({s['simulated_gpus']} GPUs simulated, one per pipeline stage; the others are shadows"
               " in its collectives)")
     print(f"plan: dp {plan.dp} x tp {plan.tp} x pp {plan.pp}{f' (vpp {plan.vpp})' if plan.vpp > 1 else ''}, "
           f"schedule {s['schedule']}, micro-batch {plan.micro_batch_size} x {plan.num_microbatches}, "
