@@ -11,13 +11,28 @@ Each key is checked against the flag it stands for: unknown keys, wrong types an
 unknown tables are errors naming the file, line and key. The file becomes the flags it
 stands for, and flags typed on the command line after it override it, so a file and
 the CLI can never disagree about what a key means.
+
+A file for ``trainsim compare`` also lists several plans, each a ``[[plans]]`` table
+with a ``name`` (unique), an optional ``description``, any [plan] key and an optional
+``[plans.zero_optimization]`` sub-table; a plan's keys override the file's [plan]:
+
+    [plan]     pipeline_model_parallel_size = 4, global_batch_size = 64
+    [[plans]]  name = "gpipe", schedule = "gpipe"
+    [[plans]]  name = "1f1b", schedule = "1f1b"
+
+``read_experiment`` checks all of it up front, so an error in the third plan is
+reported (with its line) before anything is simulated.
 """
 
 from __future__ import annotations
 
 import argparse
+import re
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import NamedTuple
 
+from sim.errors import InputError
 from sim.tomlio import TomlFile
 
 # Which flags (by argparse dest) each table may set.
@@ -53,27 +68,253 @@ def _key_of(dest: str, table: str) -> str:
     return TABLES[table][dest] or dest
 
 
-def experiment_argv(path: str, parser: argparse.ArgumentParser) -> list[str]:
-    """The flags an experiment file stands for, in the order a user would type them."""
+class Setting(NamedTuple):
+    """One value an experiment sets: its flag's dest, its name in the file, where it was written."""
+
+    dest: str
+    key: str
+    value: object
+    where: "Where"
+
+
+class Where:
+    """Where a value was written (a file and line, or nothing for values given in Python),
+    so that every error names it."""
+
+    def __init__(self, f: TomlFile | None = None, line: int | None = None):
+        self.f, self.line = f, line
+
+    def error(self, key: str, message: str) -> InputError:
+        if self.f is None:
+            return InputError(f"{key}: {message}")
+        if self.line is None:
+            return self.f.error(key, message)
+        return InputError(f"{self.f.path}:{self.line}: {key}: {message}")
+
+
+@dataclass
+class PlanEntry:
+    """One ``[[plans]]`` table: a name and the plan keys it sets over the file's [plan]."""
+
+    name: str
+    description: str
+    line: int | None
+    settings: dict[str, Setting]
+
+
+@dataclass
+class Experiment:
+    """An experiment file, read and checked: the settings of its tables and its plans."""
+
+    path: Path
+    name: str
+    description: str
+    settings: dict[str, Setting]
+    """By flag dest: what [model], [cluster], [plan] and [zero_optimization] set."""
+    plans: list[PlanEntry] = field(default_factory=list)
+
+    def plan_settings(self, entry: PlanEntry | None = None) -> dict[str, Setting]:
+        """The file's settings with one plan's keys over them."""
+        return {**self.settings, **(entry.settings if entry else {})}
+
+    def plan(self, name: str) -> PlanEntry:
+        for p in self.plans:
+            if p.name == name:
+                return p
+        raise InputError(f"{self.path}: plans: no plan named {name!r}; the file has "
+                         f"{', '.join(repr(p.name) for p in self.plans) or 'no [[plans]]'}")
+
+    @property
+    def has_model(self) -> bool:
+        return any(d in TABLES["model"] for d in self.settings)
+
+
+_HEADER = re.compile(r"^\s*(\[\[?)\s*([A-Za-z0-9_.\-]+)\s*\]\]?\s*(#.*)?$")
+
+
+def _sections(text: str) -> list[tuple[str, int, int, int]]:
+    """Table headers of a TOML text: (name, occurrence of that array table, first line,
+    last line), lines counted from 1."""
+    heads, seen = [], {}
+    lines = text.splitlines()
+    for i, line in enumerate(lines, start=1):
+        m = _HEADER.match(line)
+        if m:
+            name = m.group(2)
+            k = seen.get(name, 0) if m.group(1) == "[[" else 0
+            if m.group(1) == "[[":
+                seen[name] = k + 1
+            heads.append((name, k, i))
+    out = []
+    for j, (name, k, i) in enumerate(heads):
+        last = heads[j + 1][2] - 1 if j + 1 < len(heads) else len(lines)
+        out.append((name, k, i, last))
+    return out
+
+
+def _line_of(f: TomlFile, table: str, key: str | None, occurrence: int = 0) -> int | None:
+    """The line of ``key`` inside table ``table`` (its ``occurrence``-th copy for an array of
+    tables), or of the table's header when ``key`` is None or not found there."""
+    lines = f.text.splitlines()
+    pat = re.compile(rf"^\s*{re.escape(key)}\s*=") if key else None
+    sections = _sections(f.text)
+    parent = table.split(".")[0]
+    if "." in table:  # a sub-table of the occurrence-th [[parent]]: look between it and the next
+        starts = [first for name, _, first, _ in sections if name == parent]
+        lo = starts[occurrence] if occurrence < len(starts) else 0
+        hi = starts[occurrence + 1] if occurrence + 1 < len(starts) else len(lines) + 1
+        sections = [(n, 0, a, b) for n, _, a, b in sections if lo < a < hi]
+        occurrence = 0
+    for name, k, first, last in sections:
+        if name == table and k == occurrence:
+            if pat is None:
+                return first
+            for i in range(first, last + 1):
+                if pat.match(lines[i - 1]):
+                    return i
+            return first
+    return None
+
+
+def _table_settings(f: TomlFile, where_of, table: str, values: dict, prefix: str, actions: dict) -> dict[str, Setting]:
+    """The settings of one table's values, each checked against its flag."""
+    dests = TABLES[table]
+    keys = {_key_of(d, table): d for d in dests if d in actions}
+    out = {}
+    for key, value in values.items():
+        dest = keys[key]
+        where = where_of(key)
+        if dest in _PATHS and isinstance(value, str) and _PATHS[dest](value):
+            p = Path(value)
+            if not p.is_absolute() and (f.path.parent / p).exists():
+                value = str(f.path.parent / p)  # relative to the experiment file
+        _flag(where, f"{prefix}{key}", actions[dest], value)  # check the type now, with the line
+        out[dest] = Setting(dest, f"{prefix}{key}", value, where)
+    return out
+
+
+def _unknown(where, prefix: str, table: dict, allowed) -> None:
+    for key in table:
+        if key not in allowed:
+            raise where(key).error(f"{prefix}{key}", f"unknown key; allowed keys are {', '.join(sorted(allowed))}")
+
+
+PLAN_KEYS = ("name", "description", *TABLES["plan"], "zero_optimization")
+"""What a ``[[plans]]`` table may hold: its name, a description, any [plan] key, and a
+``[plans.zero_optimization]`` sub-table."""
+
+
+def read_experiment(path: str | Path, parser: argparse.ArgumentParser) -> Experiment:
+    """Read and check an experiment file: every key known, every value of its flag's type,
+    plans named uniquely. Errors name the file, the line and the key."""
     f = TomlFile(path)
     data = f.data
-    f.check_keys(data, _TOP, "")
+    f.check_keys(data, _TOP | {"plans"}, "")
     actions = {a.dest: a for a in parser._actions}
-    argv: list[str] = []
-    for table, dests in TABLES.items():
+    settings: dict[str, Setting] = {}
+    for table in TABLES:
         t = data.get(table, {})
         if not isinstance(t, dict):
             raise f.error(table, f"got {t!r}; expected a table [{table}]")
-        keys = {_key_of(d, table): d for d in dests if d in actions}
-        f.check_keys(t, keys, f"{table}.")
-        for key, value in t.items():
-            dest = keys[key]
-            if dest in _PATHS and isinstance(value, str) and _PATHS[dest](value):
-                p = Path(value)
-                if not p.is_absolute() and (f.path.parent / p).exists():
-                    value = str(f.path.parent / p)  # relative to the experiment file
-            argv += _flag(f, f"{table}.{key}", actions[dest], value)
+        keys = {_key_of(d, table): d for d in TABLES[table] if d in actions}
+        _unknown(lambda k, table=table: Where(f, _line_of(f, table, k) or _where_line(f, f"{table}.{k}")),
+                 f"{table}.", t, keys)
+        settings.update(_table_settings(
+            f, lambda k, table=table: Where(f, _line_of(f, table, k) or _where_line(f, f"{table}.{k}")),
+            table, t, f"{table}.", actions))
+    for key in ("name", "description"):
+        if key in data and not isinstance(data[key], str):
+            raise f.error(key, f"got {data[key]!r}; expected a string")
+    plans = _read_plans(f, data.get("plans"), actions) if "plans" in data else []
+    return Experiment(f.path, data.get("name", ""), data.get("description", ""), settings, plans)
+
+
+def _where_line(f: TomlFile, key: str) -> int | None:
+    m = re.match(r".*:(\d+): ", f.where(key) + " ")
+    return int(m.group(1)) if m else None
+
+
+def _read_plans(f: TomlFile, plans, actions: dict) -> list[PlanEntry]:
+    if isinstance(plans, dict):
+        raise f.error("plans", "got a single table [plans]; expected an array of tables: write [[plans]] "
+                               "(double brackets) before each plan")
+    if not isinstance(plans, list):
+        raise f.error("plans", f"got {plans!r}; expected an array of tables, one [[plans]] per plan")
+    if not plans:
+        raise f.error("plans", "got an empty array; give at least one [[plans]] table")
+    out: list[PlanEntry] = []
+    plan_keys = {_key_of(d, "plan"): d for d in TABLES["plan"] if d in actions}
+    zero_keys = {_key_of(d, "zero_optimization"): d for d in TABLES["zero_optimization"] if d in actions}
+    allowed = {"name", "description", "zero_optimization", *plan_keys}
+    for i, entry in enumerate(plans):
+        head = _line_of(f, "plans", None, i)
+        at = lambda k, i=i, head=head: Where(f, _line_of(f, "plans", k, i) if k else head)  # noqa: E731
+        if not isinstance(entry, dict):
+            raise at(None).error(f"plans[{i}]", f"got {entry!r}; expected a table with a name and plan keys")
+        _unknown(at, f"plans[{i}].", entry, allowed)
+        name = entry.get("name")
+        if name is None:
+            raise at(None).error(f"plans[{i}].name", "missing; every [[plans]] table needs a name")
+        if not isinstance(name, str) or not name.strip():
+            raise at("name").error(f"plans[{i}].name", f"got {name!r}; expected a non-empty string")
+        for other in out:
+            if other.name == name:
+                raise at("name").error(f"plans[{i}].name", f"got {name!r} again (first at line {other.line}); "
+                                                           "plan names must be unique")
+        desc = entry.get("description", "")
+        if not isinstance(desc, str):
+            raise at("description").error(f"plans[{i}].description", f"got {desc!r}; expected a string")
+        values = {k: v for k, v in entry.items() if k in plan_keys}
+        settings = _table_settings(f, at, "plan", values, f"plans[{i}].", actions)
+        z = entry.get("zero_optimization", {})
+        zat = lambda k, i=i, head=head: Where(f, _line_of(f, "plans.zero_optimization", k, i) or head)  # noqa: E731
+        if not isinstance(z, dict):
+            raise at("zero_optimization").error(f"plans[{i}].zero_optimization",
+                                                f"got {z!r}; expected a table [plans.zero_optimization]")
+        _unknown(zat, f"plans[{i}].zero_optimization.", z, zero_keys)
+        settings.update(_table_settings(f, zat, "zero_optimization", z, f"plans[{i}].zero_optimization.", actions))
+        out.append(PlanEntry(name, desc, head, settings))
+    return out
+
+
+def settings_argv(settings: dict[str, Setting], parser: argparse.ArgumentParser) -> list[str]:
+    """The flags that ``settings`` stand for, in table order."""
+    actions = {a.dest: a for a in parser._actions}
+    order = [d for t in TABLES.values() for d in t]
+    argv: list[str] = []
+    for dest in sorted(settings, key=lambda d: order.index(d) if d in order else len(order)):
+        s = settings[dest]
+        argv += _flag(s.where, s.key, actions[dest], s.value)
     return argv
+
+
+def settings_from_values(values: dict, parser: argparse.ArgumentParser, prefix: str = "") -> dict[str, Setting]:
+    """Settings from Python values keyed by flag dest (``tensor_model_parallel_size=2``), as
+    ``sim.run`` takes them; checked like a file's values."""
+    actions = {a.dest: a for a in parser._actions}
+    known = {d for t in TABLES.values() for d in t if d in actions}
+    out = {}
+    for dest, value in values.items():
+        if dest not in known:
+            raise InputError(f"{prefix}{dest}: unknown setting; allowed: {', '.join(sorted(known))}")
+        if value is None:
+            continue
+        _flag(Where(), f"{prefix}{dest}", actions[dest], value)
+        out[dest] = Setting(dest, f"{prefix}{dest}", value, Where())
+    return out
+
+
+def experiment_argv(path: str, parser: argparse.ArgumentParser, plan: str | None = None) -> list[str]:
+    """The flags an experiment file stands for, in the order a user would type them
+    (with ``plan``, those of the named ``[[plans]]`` table over the file's [plan])."""
+    exp = read_experiment(path, parser)
+    if plan is not None:
+        return settings_argv(exp.plan_settings(exp.plan(plan)), parser)
+    if exp.plans:
+        raise InputError(f"{exp.path}: plans: the file lists {len(exp.plans)} plans "
+                         f"({', '.join(p.name for p in exp.plans)}); `trainsim run` simulates one: "
+                         f"compare them with `trainsim compare {path}`")
+    return settings_argv(exp.settings, parser)
 
 
 def _flag(f: TomlFile, key: str, action: argparse.Action, value) -> list[str]:

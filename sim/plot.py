@@ -234,3 +234,84 @@ def plot_pareto(points, path: str | Path, title: str = "", capacity_bytes: float
         ax.legend(fontsize=8, loc="lower left")
     fig.tight_layout()
     return _save(fig, path)
+
+
+# Parts of an iteration in ``plot_compare``: (row key, label, colour, hatch).
+_COMPARE_TIME_PARTS = (
+    ("compute_s", "compute", "#4C72B0", None),
+    ("tp", "exposed tensor-parallel comm", "#8172B3", None),
+    ("pp", "exposed pipeline p2p", "#DD8452", None),
+    ("dp", "exposed data-parallel comm", "#937860", None),
+    ("zero", "exposed ZeRO gathers", "#DA8BC3", None),
+    ("other", "exposed other comm", "#999999", None),
+    ("bubble_s", "pipeline bubble (idle)", "#FFFFFF", "///"),
+    ("other_idle_s", "other idle (waiting)", "#E8E8E8", None),
+)
+_COMPARE_MEMORY_PARTS = (("parameters", "#4C72B0"), ("gradients", "#55A868"), ("optimizer", "#C44E52"),
+                         ("activations", "#DD8452"), ("other", "#BBBBBB"))
+
+
+def plot_compare(rows: list[dict], path: str | Path, title: str = "") -> Path:
+    """One bar per plan (``rows`` as ``sim.api.Comparison.rows``): on the left the
+    iteration time of the critical rank split into compute, exposed communication by
+    kind and idle time (pipeline bubble hatched), in ms; on the right the peak memory of
+    the fullest GPU by category, in GiB, against the GPU's capacity (dashed). The best
+    plan is marked ★; plans that do not fit are marked OOM."""
+    n = len(rows)
+    fig, (ax, mx) = plt.subplots(1, 2, figsize=(13, 0.55 * n + 2.4), dpi=110, sharey=True,
+                                 gridspec_kw={"width_ratios": [2.2, 1]})
+    ys = list(range(n))
+    longest = max((r["iteration_time_s"] for r in rows), default=0.0)
+    unit, scale = ("s", 1.0) if longest >= 1 else ("ms", 1e3)
+    left = [0.0] * n
+    used = []
+    for key, label, colour, hatch in _COMPARE_TIME_PARTS:
+        vals = [(r[key] if key.endswith("_s") else r["exposed_comm_s"].get(key, 0.0)) * scale for r in rows]
+        if not any(v > 0 for v in vals):
+            continue
+        ax.barh(ys, vals, left=left, height=0.62, color=colour, hatch=hatch, edgecolor="#777777" if hatch else "white",
+                linewidth=0.6, label=label)
+        left = [a + b for a, b in zip(left, vals)]
+        used.append(label)
+    for y, r in zip(ys, rows):
+        t = r["iteration_time_s"] * scale
+        ax.text(t, y, f"  {t:.3g} {unit}", va="center", ha="left", fontsize=8)
+    ax.set_xlim(0, max(left + [1e-12]) * 1.16)
+    ax.set_yticks(ys)
+    ax.set_yticklabels([("★ " if r["best"] else "") + r["name"] for r in rows], fontsize=9)
+    ax.set_ylim(n - 0.5, -0.5)
+    ax.set_xlabel(f"iteration time ({unit}), critical rank")
+    ax.grid(axis="x", linestyle=":", alpha=0.5)
+    ax.set_axisbelow(True)
+    ax.set_title("where the iteration goes", fontsize=10)
+    below = matplotlib.transforms.offset_copy(ax.transAxes, fig=fig, y=-34, units="points")
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, 0.0), bbox_transform=below, ncol=min(4, len(used)),
+              fontsize=8, frameon=False)
+    mleft = [0.0] * n
+    for cat, colour in _COMPARE_MEMORY_PARTS:
+        vals = [r["memory_bytes"].get(cat, 0.0) / 2**30 for r in rows]
+        if not any(v > 0 for v in vals):
+            continue
+        mx.barh(ys, vals, left=mleft, height=0.62, color=colour, edgecolor="white", linewidth=0.6,
+                label="reserve & other" if cat == "other" else cat)
+        mleft = [a + b for a, b in zip(mleft, vals)]
+    cap = rows[0]["capacity_bytes"] / 2**30 if rows else 0.0
+    top = max(mleft + [cap]) * 1.22
+    for y, r in zip(ys, rows):
+        peak = r["peak_bytes"] / 2**30
+        mx.text(peak, y, f" {peak:.1f} GiB" + ("" if r["fits"] else "  OOM"), va="center", ha="left", fontsize=8,
+                color="black" if r["fits"] else "#C00000", fontweight="normal" if r["fits"] else "bold",
+                bbox={"facecolor": "white", "edgecolor": "none", "pad": 0.5, "alpha": 0.85})
+    if cap:
+        mx.axvline(cap, color="black", linestyle="--", linewidth=1, label=f"GPU capacity ({cap:.0f} GiB)")
+    mx.set_xlim(0, top)
+    mx.set_xlabel("peak memory per GPU (GiB)")
+    mx.grid(axis="x", linestyle=":", alpha=0.5)
+    mx.set_axisbelow(True)
+    mx.set_title("peak memory (fullest GPU)", fontsize=10)
+    below = matplotlib.transforms.offset_copy(mx.transAxes, fig=fig, y=-34, units="points")
+    mx.legend(loc="upper center", bbox_to_anchor=(0.5, 0.0), bbox_transform=below, ncol=3, fontsize=8,
+              frameon=False)
+    fig.suptitle(title or "plans compared", fontsize=11)
+    fig.tight_layout()
+    return _save(fig, path)

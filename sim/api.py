@@ -1,0 +1,498 @@
+"""The Python API: ``sim.run`` and ``sim.compare``, the command line's twins.
+
+Both take what the command line takes, under the flags' names with underscores
+(``tensor_model_parallel_size=2``, ``global_batch_size=64``, ``schedule="1f1b"``,
+``gpu="h100-sxm"``, ``nodes=2``, ...), an experiment file, or both (keywords override
+the file, as flags after a file do). The values go through the very parser ``trainsim
+run`` uses, so the API, the CLI and experiment files cannot disagree: ``sim.run(...)
+.to_json()`` is what ``trainsim run ... --json`` prints.
+
+    >>> import sim
+    >>> tiny = {"num_layers": 4, "hidden_size": 512, "num_attention_heads": 8,
+    ...         "vocab_size": 8192, "seq_length": 512}
+    >>> r = sim.run(model=tiny, gpu="h100-sxm", gpus=8, tensor_model_parallel_size=2,
+    ...             global_batch_size=8)
+    >>> r.plan.dp, r.plan.tp, r.fits
+    (4, 2, True)
+    >>> r.iteration_time_s == r.to_dict()["iteration_time_s"] > 0
+    True
+
+A ``RunResult`` keeps the whole simulated run: ``.trace`` (every span, for your own
+analysis), ``.summary`` (the JSON summary), ``.save(dir)`` (the files ``--out``
+writes). ``sim.compare`` runs several plans and returns a ``Comparison``: one
+``RunResult`` per plan, the table rows, and the best plan.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from functools import lru_cache
+from pathlib import Path
+
+from sim.errors import InputError
+from sim.experiment import Experiment, Setting, Where, read_experiment, settings_argv, settings_from_values
+
+__all__ = ["RunResult", "Comparison", "run", "compare"]
+
+
+@lru_cache(maxsize=1)
+def _parser():
+    """The parser of ``trainsim run`` (errors are ``InputError``s, as on the command line)."""
+    from sim.cli import _Parser
+    from sim.commands import run as run_cmd
+
+    p = _Parser(prog="trainsim run")
+    run_cmd.add_arguments(p)
+    return p
+
+
+# ---------------------------------------------------------------- results
+@dataclass
+class RunResult:
+    """One simulated training iteration: its JSON summary and the run behind it.
+
+    The headline figures are attributes (``iteration_time_s``, ``tokens_per_s``, ``mfu``,
+    ``bubble_fraction``, ``peak_memory_bytes``, ``fits``); ``summary`` holds them all,
+    exactly as ``trainsim run --json`` prints them.
+    """
+
+    summary: dict
+    run: object = field(repr=False)
+    """The ``sim.training.TrainingRun``: model, plan, profile, topology, schedule, program, trace."""
+    name: str = ""
+    description: str = ""
+
+    @property
+    def trace(self):
+        """The ``sim.trace.Trace``: every span of every simulated GPU, transfers, memory."""
+        return self.run.trace
+
+    @property
+    def model(self):
+        return self.run.model
+
+    @property
+    def plan(self):
+        return self.run.plan
+
+    @property
+    def iteration_time_s(self) -> float:
+        return self.summary["iteration_time_s"]
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.summary["tokens_per_s"]
+
+    @property
+    def mfu(self) -> float:
+        return self.summary["mfu"]
+
+    @property
+    def bubble_fraction(self) -> float:
+        return self.summary["bubble_fraction"]
+
+    @property
+    def peak_memory_bytes(self) -> float:
+        return self.summary["memory"]["peak_bytes"]
+
+    @property
+    def fits(self) -> bool:
+        return self.summary["fits"]
+
+    def to_dict(self) -> dict:
+        """The summary as plain JSON-ready data (a copy)."""
+        return json.loads(self.to_json())
+
+    def to_json(self) -> str:
+        """The summary as one JSON object, byte for byte what ``trainsim run --json`` prints."""
+        return json.dumps(self.summary, sort_keys=True)
+
+    def save(self, out: str | Path, *, kineto: bool = False) -> Path:
+        """Write summary.json, trace.json (Perfetto), timeline.png and memory.png into
+        ``out`` (and ``kineto/trace_rank{r}.json`` with ``kineto=True``); returns ``out``."""
+        from sim.commands.run import write_outputs
+
+        out = Path(out)
+        if kineto:
+            write_kineto_files(self.run, out / "kineto")
+        write_outputs(self.run, self.summary, out)
+        return out
+
+    def __repr__(self) -> str:
+        s = self.summary
+        return (f"RunResult({self.name + ': ' if self.name else ''}{s['model']} on {s['gpus']} x {s['gpu']}, "
+                f"iteration {s['iteration_time_s'] * 1e3:.3f} ms, {s['tokens_per_s']:,.0f} tokens/s, "
+                f"MFU {s['mfu'] * 100:.1f}%, peak {s['memory']['peak_bytes'] / 2**30:.2f} GiB "
+                f"({'fits' if s['fits'] else 'OOM'}))")
+
+
+def write_kineto_files(training_run, out: str | Path) -> list[Path]:
+    """The Kineto-shaped traces of a run, one ``trace_rank{r}.json`` per simulated GPU."""
+    from sim.commands.run import _names
+    from sim.export_kineto import collective_groups, write_kineto
+
+    return write_kineto(training_run.trace, out, world_size=training_run.plan.world_size,
+                        device_name=training_run.profile.name,
+                        memory_bytes=training_run.profile.hbm_capacity_bytes,
+                        groups=collective_groups(training_run.program), names=_names(training_run))
+
+
+@dataclass
+class Comparison:
+    """Several plans simulated on the same model and cluster.
+
+    Iterating gives the ``RunResult``s in order; ``rows`` the table ``trainsim compare``
+    prints, as dicts; ``best`` the plan with the most tokens/s among those that fit.
+    """
+
+    results: list[RunResult]
+    title: str = ""
+
+    def __iter__(self):
+        return iter(self.results)
+
+    def __len__(self) -> int:
+        return len(self.results)
+
+    def __getitem__(self, key: int | str) -> RunResult:
+        if isinstance(key, str):
+            for r in self.results:
+                if r.name == key:
+                    return r
+            raise KeyError(key)
+        return self.results[key]
+
+    @property
+    def best(self) -> RunResult | None:
+        """The fitting plan with the most tokens/s (ties: the first listed); None if none fits."""
+        fitting = [r for r in self.results if r.fits]
+        return max(fitting, key=lambda r: r.tokens_per_s) if fitting else None
+
+    @property
+    def rows(self) -> list[dict]:
+        """One dict per plan: the figures of the table and of the chart (SI units)."""
+        best = self.best
+        return [_row(r, r is best) for r in self.results]
+
+    def to_dict(self) -> dict:
+        best = self.best
+        return {"title": self.title, "best": best.name if best else None, "rows": self.rows,
+                "plans": [{"name": r.name, "description": r.description, "summary": r.summary}
+                          for r in self.results]}
+
+    def to_json(self) -> str:
+        """``trainsim compare --json``'s output: the rows, the best plan's name and every summary."""
+        return json.dumps(self.to_dict(), sort_keys=True)
+
+    def save(self, out: str | Path, *, kineto: bool = False) -> Path:
+        """Write each plan's outputs into ``out/<plan>/``, plus ``compare.png`` (iteration
+        time split into compute, exposed communication and bubble, and peak memory) and
+        ``compare.json``; returns ``out``."""
+        from sim.export import write_json_atomic
+        from sim.plot import plot_compare
+
+        out = Path(out)
+        for r, d in zip(self.results, plan_dirs([r.name for r in self.results])):
+            r.save(out / d, kineto=kineto)
+        plot_compare(self.rows, out / "compare.png", title=self.title)
+        write_json_atomic(self.to_dict(), out / "compare.json")
+        return out
+
+    def __repr__(self) -> str:
+        best = self.best
+        return f"Comparison({len(self.results)} plans, best: {best.name if best else 'none fits'})"
+
+
+def plan_dirs(names: list[str]) -> list[str]:
+    """A folder name per plan: lower case, runs of other characters as '-', unique."""
+    out: list[str] = []
+    for n in names:
+        base = re.sub(r"[^a-z0-9._]+", "-", n.lower()).strip("-.") or "plan"
+        d, k = base, 2
+        while d in out:
+            d, k = f"{base}-{k}", k + 1
+        out.append(d)
+    return out
+
+
+def _row(r: RunResult, best: bool) -> dict:
+    s = r.summary
+    T = s["iteration_time_s"]
+    bubble = s["bubble_fraction"] * T
+    m = s["memory"]
+    parts = {"parameters": m["parameters_bytes"], "gradients": m["gradients_bytes"],
+             "optimizer": m["optimizer_bytes"], "activations": m["activations_bytes"]}
+    parts["other"] = max(0.0, m["peak_bytes"] - sum(parts.values()))
+    return {"name": r.name, "description": r.description, "best": best, "iteration_time_s": T,
+            "tokens_per_s": s["tokens_per_s"], "mfu": s["mfu"], "bubble_fraction": s["bubble_fraction"],
+            "compute_s": s["compute_s"], "exposed_comm_s": dict(s["exposed_comm_s"]), "bubble_s": bubble,
+            "other_idle_s": max(0.0, s["idle_s"] - bubble), "idle_s": s["idle_s"],
+            "peak_bytes": m["peak_bytes"], "memory_bytes": parts,
+            "capacity_bytes": s["memory_capacity_bytes"], "fits": s["fits"], "gpus": s["gpus"],
+            "schedule": s["schedule"], "zero_stage": s["plan"]["zero_stage"]}
+
+
+# ---------------------------------------------------------------- running
+def simulate_namespace(ns, model=None, plan=None):
+    """Simulate what parsed ``trainsim run`` flags describe; returns ``(TrainingRun, summary)``.
+    ``model`` (a ``ModelSpec``) and ``plan`` (a ``ParallelPlan``) replace what the flags say."""
+    from sim.commands import run as run_cmd
+    from sim.commands._spec import model_from_args, plan_from_args
+    from sim.hardware import load_profile
+    from sim.schedules import load_schedule_csv
+    from sim.training import simulate_training
+
+    model = model if model is not None else model_from_args(ns)
+    profile = load_profile(ns.gpu)
+    ns.gpus = run_cmd._gpus(ns)
+    if plan is None:
+        plan = plan_from_args(ns, model)
+    elif plan.schedule == "custom":
+        raise InputError("plan: a ParallelPlan with schedule 'custom' needs its CSV: "
+                         "pass schedule='path/to.csv' instead of a ParallelPlan")
+    else:
+        plan.check_model(model)
+    schedule = load_schedule_csv(ns.schedule) if plan.schedule == "custom" else None
+    topo = run_cmd._cluster(ns, plan.world_size, profile.name)
+    training_run = simulate_training(model, plan, profile, topo, schedule, ns.fidelity)
+    return training_run, run_cmd.summarize(training_run)
+
+
+def _model_settings(model, parser) -> tuple[dict[str, Setting], object]:
+    """Settings for ``model=`` (a preset name, a config.json path or a dict of [model]
+    keys), or a ``ModelSpec`` to use as it is."""
+    from sim.model import ModelSpec
+
+    if model is None:
+        return {}, None
+    if isinstance(model, ModelSpec):
+        return {}, model
+    if isinstance(model, (str, Path)):
+        key = "hf_config" if str(model).endswith(".json") else "model"
+        return settings_from_values({key: str(model)}, parser, "model."), None
+    if isinstance(model, dict):
+        values = {("model" if k == "preset" else k): v for k, v in model.items()}
+        return settings_from_values(values, parser, "model."), None
+    raise InputError(f"model: got {model!r}; expected a preset name, a config.json path, a dict of "
+                     "[model] keys (num_layers=..., ...) or a sim.model.ModelSpec")
+
+
+def _plan_settings(plan, parser) -> tuple[dict[str, Setting], object]:
+    from sim.plan import ParallelPlan
+
+    if plan is None or isinstance(plan, str):
+        return {}, None
+    if isinstance(plan, ParallelPlan):
+        return {}, plan
+    if isinstance(plan, dict):
+        values = {("zero" if k == "stage" else k): v for k, v in plan.items() if k not in ("name", "description")}
+        return settings_from_values(values, parser, "plan."), None
+    raise InputError(f"plan: got {plan!r}; expected a dict of [plan] keys, a sim.plan.ParallelPlan, "
+                     "or the name of one of the experiment file's [[plans]]")
+
+
+def _base(experiment, model, settings: dict, parser) -> tuple[Experiment | None, dict[str, Setting], object]:
+    """The experiment file (if any) and the settings that every plan shares."""
+    exp = read_experiment(experiment, parser) if experiment is not None else None
+    base = dict(exp.settings) if exp else {}
+    model_set, model_obj = _model_settings(model, parser)
+    if model is not None:  # model= replaces the file's [model] as a whole
+        from sim.experiment import TABLES
+
+        base = {d: s for d, s in base.items() if d not in TABLES["model"]}
+    base.update(model_set)
+    base.update(settings_from_values(settings, parser))
+    return exp, base, model_obj
+
+
+def _check_model(exp: Experiment | None, settings: dict, model_obj) -> None:
+    from sim.experiment import TABLES
+
+    if model_obj is None and not any(d in TABLES["model"] and d != "seq_length" for d in settings):
+        where = f"{exp.path}: " if exp else ""
+        raise InputError(f"{where}model: missing; add a [model] table (preset = \"llama2-7b\", "
+                         "hf_config = \"config.json\" or num_layers = ..., hidden_size = ...) or pass --model")
+
+
+def _simulate(settings: dict[str, Setting], parser, extra_argv=(), model_obj=None, plan_obj=None,
+              name: str = "", description: str = "") -> RunResult:
+    ns = parser.parse_args(settings_argv(settings, parser) + list(extra_argv))
+    training_run, summary = simulate_namespace(ns, model_obj, plan_obj)
+    return RunResult(summary, training_run, name, description)
+
+
+def run(experiment: str | Path | None = None, *, model=None, plan=None, progress: bool | None = False,
+        **settings) -> RunResult:
+    """Simulate one training iteration and return its ``RunResult``.
+
+    ``experiment``: an experiment TOML file (optional). ``model``: a preset name
+    (``"llama2-7b"``), a Hugging Face ``config.json`` path, a dict of [model] keys, or a
+    ``sim.model.ModelSpec``. ``plan``: a dict of [plan] keys, a ``sim.plan.ParallelPlan``,
+    or the name of one of the file's ``[[plans]]``. Any other keyword is a ``trainsim
+    run`` flag with underscores (``gpu``, ``gpus``, ``nodes``, ``topology``, ``fabric``,
+    ``fidelity``, ``tensor_model_parallel_size``, ``schedule``, ``zero``, ...) and
+    overrides the file. ``progress=None`` shows progress on a terminal's stderr.
+    Bad input raises ``sim.errors.InputError`` with the one-line message the CLI prints.
+
+    >>> import sim
+    >>> r = sim.run(model={"num_layers": 4, "hidden_size": 512, "num_attention_heads": 8,
+    ...                    "vocab_size": 8192, "seq_length": 512},
+    ...             gpu="h100-sxm", gpus=8, pipeline_model_parallel_size=2,
+    ...             global_batch_size=16, schedule="gpipe")
+    >>> r.summary["schedule"], r.plan.pp, r.plan.num_microbatches
+    ('gpipe', 2, 4)
+    >>> 0 < r.bubble_fraction < 0.5 and r.fits
+    True
+    >>> sorted(r.summary["exposed_comm_s"])
+    ['dp', 'pp', 'tp', 'zero']
+    >>> sim.run(model="llama2-7b", tensor_model_parallel_size=3)  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    sim.errors.InputError: plan: tp: got 3; must divide num_attention_heads 32 of llama2-7b...
+    """
+    from sim.progress import Progress
+
+    parser = _parser()
+    exp, base, model_obj = _base(experiment, model, settings, parser)
+    plan_set, plan_obj = _plan_settings(plan, parser)
+    if isinstance(plan, str):
+        if exp is None:
+            raise InputError(f"plan: got {plan!r}; a plan name needs an experiment file with [[plans]]")
+        entry = exp.plan(plan)
+        base = {**base, **entry.settings, **settings_from_values(settings, parser)}
+    elif exp is not None and exp.plans:
+        raise InputError(f"{exp.path}: plans: the file lists {len(exp.plans)} plans "
+                         f"({', '.join(p.name for p in exp.plans)}); pass plan=NAME, or use sim.compare")
+    base.update(plan_set)
+    _check_model(exp, base, model_obj)
+    with Progress(enabled=progress) as bar:
+        bar.update("simulating")
+        return _simulate(base, parser, model_obj=model_obj, plan_obj=plan_obj,
+                         name=plan if isinstance(plan, str) else "")
+
+
+def compare(experiment: str | Path | None = None, plans: list | None = None, *, model=None,
+            schedules: list[str] | None = None, zero_stages: list[int] | None = None,
+            progress: bool | None = False, **settings) -> Comparison:
+    """Simulate several plans on one model and cluster; returns a ``Comparison``.
+
+    The plans are the experiment file's ``[[plans]]``, or ``plans`` (dicts of [plan] keys
+    with a ``"name"``, or ``ParallelPlan``s), each also run under every value of
+    ``schedules`` and ``zero_stages`` when given (alone, those vary one base plan).
+    Other keywords are as for ``run`` and apply to every plan.
+
+    >>> import sim
+    >>> c = sim.compare(model={"num_layers": 4, "hidden_size": 512, "num_attention_heads": 8,
+    ...                        "vocab_size": 8192, "seq_length": 512},
+    ...                 gpu="h100-sxm", gpus=8, pipeline_model_parallel_size=4,
+    ...                 global_batch_size=16, schedules=["gpipe", "1f1b"])
+    >>> [r.name for r in c]
+    ['gpipe', '1f1b']
+    >>> c["gpipe"].iteration_time_s > 0 and c.best is not None
+    True
+    >>> c["gpipe"].peak_memory_bytes > c["1f1b"].peak_memory_bytes   # GPipe stashes every micro-batch
+    True
+    >>> sorted(c.rows[0])[:4]
+    ['best', 'bubble_fraction', 'bubble_s', 'capacity_bytes']
+    """
+    from sim.progress import Progress
+
+    parser = _parser()
+    exp, base, model_obj = _base(experiment, model, settings, parser)
+    variants = variants_of(exp, plans, parser, schedules, zero_stages)
+    keywords = settings_from_values(settings, parser)
+    results = []
+    with Progress(total=len(variants), enabled=progress) as bar:
+        for i, v in enumerate(variants):
+            # Keywords override the file's plans; plans given here override the keywords.
+            merged = ({**base, **v.settings, **keywords, **v.axis} if v.from_file
+                      else {**base, **v.settings, **v.axis})
+            if i == 0:
+                _check_model(exp, merged, model_obj)
+            bar.update(f"simulating plan {i + 1}/{len(variants)} ({v.name})", done=i)
+            results.append(simulate_variant(exp, v, merged, parser, (), model_obj))
+    return Comparison(results, title=_title(results))
+
+
+@dataclass
+class Variant:
+    """One plan of a comparison, before it is simulated."""
+
+    name: str
+    description: str = ""
+    settings: dict = field(default_factory=dict)
+    """The plan's own settings (a [[plans]] table's, or a dict's)."""
+    axis: dict = field(default_factory=dict)
+    """Settings from --schedules / --zero-stages (applied last)."""
+    plan: object = None
+    """A ParallelPlan to use as it is."""
+    line: int | None = None
+    from_file: bool = False
+
+
+def variants_of(exp: Experiment | None, plans, parser, schedules=None, zero_stages=None) -> list[Variant]:
+    """The plans to simulate: the file's [[plans]] or ``plans``, times every schedule and
+    ZeRO stage given (which alone vary one base plan)."""
+    from sim.plan import ParallelPlan
+
+    out: list[Variant] = []
+    if plans is not None:
+        if exp is not None and exp.plans:
+            raise InputError(f"plans: given, and {exp.path} has [[plans]] too; use one or the other")
+        if not isinstance(plans, (list, tuple)) or not plans:
+            raise InputError(f"plans: got {plans!r}; expected a non-empty list of dicts or ParallelPlans")
+        for i, p in enumerate(plans):
+            if isinstance(p, ParallelPlan):
+                out.append(Variant(f"plan {i + 1}", plan=p))
+            elif isinstance(p, dict):
+                name = p.get("name")
+                if not isinstance(name, str) or not name.strip():
+                    raise InputError(f"plans[{i}].name: got {name!r}; every plan needs a name (a non-empty string)")
+                sets, _ = _plan_settings(p, parser)
+                out.append(Variant(name, str(p.get("description", "")), sets))
+            else:
+                raise InputError(f"plans[{i}]: got {p!r}; expected a dict of [plan] keys with a name, or a ParallelPlan")
+            if any(v.name == out[-1].name for v in out[:-1]):
+                raise InputError(f"plans[{i}].name: got {out[-1].name!r} again; plan names must be unique")
+    elif exp is not None and exp.plans:
+        out = [Variant(p.name, p.description, p.settings, line=p.line, from_file=True) for p in exp.plans]
+    axes = []
+    if schedules:
+        axes.append([(str(s), {"schedule": str(s)}) for s in schedules])
+    if zero_stages:
+        axes.append([(f"zero-{z}", {"zero": z}) for z in zero_stages])
+    if not out and not axes:
+        where = f"{exp.path}: " if exp else ""
+        raise InputError(f"{where}plans: nothing to compare; list [[plans]] in the file, or give "
+                         "--schedules gpipe,1f1b,... or --zero-stages 0,1,2,3")
+    if not out:
+        out = [Variant("", from_file=True)]
+    for axis in axes:
+        grown = []
+        for v in out:
+            if v.plan is not None:
+                raise InputError("schedules / zero_stages: cannot vary a ParallelPlan; give the plans as dicts")
+            for label, values in axis:
+                extra = settings_from_values(values, parser, "plan.")
+                grown.append(Variant(f"{v.name}, {label}" if v.name else label, v.description, v.settings,
+                                     {**v.axis, **extra}, None, v.line, v.from_file))
+        out = grown
+    return out
+
+
+def simulate_variant(exp, v: Variant, settings: dict, parser, extra_argv=(), model_obj=None) -> RunResult:
+    """Simulate one plan of a comparison; an input error names the plan (and its line)."""
+    try:
+        return _simulate(settings, parser, extra_argv, model_obj, v.plan, v.name, v.description)
+    except InputError as exc:
+        loc = f"{exp.path}:{v.line}: " if exp is not None and v.line else ""
+        raise InputError(f"{loc}plan {v.name!r}: {exc}") from None
+
+
+def _title(results: list[RunResult]) -> str:
+    if not results:
+        return ""
+    s = results[0].summary
+    return f"{s['model']} on {s['gpus']} x {s['gpu']} ({s['topology']}): {len(results)} plans"

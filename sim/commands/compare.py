@@ -1,0 +1,143 @@
+"""``trainsim compare``: several plans of one model on one cluster, side by side.
+
+The plans come from an experiment file's ``[[plans]]`` tables (each a name and the
+[plan] keys it changes), from ``--schedules gpipe,1f1b,...`` / ``--zero-stages 0,1,2,3``
+over one base plan (the file's or the flags'), or both (every plan under every value).
+Every flag ``trainsim run`` takes works here too and, typed after the file, overrides
+it for every plan. Prints one row per plan (iteration time, tokens/s, MFU, bubble,
+exposed communication by kind, peak memory against capacity, fits) with the best plan
+marked: the most tokens/s among the plans that fit in memory. ``--json`` prints the
+rows and every plan's summary; ``--out DIR`` writes each plan's outputs into
+``DIR/<plan>/`` and ``compare.png``, a bar per plan of iteration time split into
+compute, exposed communication and bubble, beside its peak memory.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from sim.errors import InputError
+from sim.units import format_bytes
+
+NAME = "compare"
+HELP = "Simulate several plans (an experiment file's [[plans]], or --schedules / --zero-stages) side by side."
+
+
+def _list(kind):
+    def parse(text: str):
+        items = [t.strip() for t in text.split(",") if t.strip()]
+        if not items:
+            raise InputError(f"got {text!r}; expected a comma-separated list")
+        try:
+            return [kind(t) for t in items]
+        except ValueError:
+            raise InputError(f"got {text!r}; expected a comma-separated list of "
+                             f"{'integers' if kind is int else 'names'}") from None
+    return parse
+
+
+def add_arguments(p) -> None:
+    from sim.commands import run as run_cmd
+    from sim.schedules import SCHEDULES
+
+    run_cmd.add_arguments(p)
+    for a in p._actions:
+        if a.dest == "experiment":
+            a.help = "an experiment .toml, usually with [[plans]] (flags after it override it for every plan)"
+        elif a.dest == "out":
+            a.help = "directory for compare.png, compare.json and each plan's outputs in DIR/<plan>/"
+        elif a.dest == "kineto":
+            a.help = "directory for each plan's PyTorch-profiler-shaped traces, in DIR/<plan>/trace_rank{r}.json"
+    g = p.add_argument_group("what to compare")
+    g.add_argument("--schedules", type=_list(str), metavar="LIST",
+                   help=f"pipeline schedules to compare, e.g. gpipe,1f1b ({', '.join(s for s in SCHEDULES if s != 'custom')})")
+    g.add_argument("--zero-stages", type=_list(int), metavar="LIST", help="ZeRO stages to compare, e.g. 0,1,2,3")
+
+
+def run(args) -> int:
+    from sim import api
+    from sim.experiment import read_experiment
+    from sim.progress import Progress
+
+    parser = args._parser
+    cli = list(args._argv)
+    cli.remove(NAME)
+    if args.experiment:
+        cli.remove(args.experiment)
+    for z in args.zero_stages or ():
+        if z not in (0, 1, 2, 3):
+            raise InputError(f"--zero-stages: got {z}; allowed: 0, 1, 2, 3")
+    exp = read_experiment(args.experiment, parser) if args.experiment else None
+    variants = api.variants_of(exp, None, parser, args.schedules, args.zero_stages)
+    if not any(getattr(args, k) is not None for k in ("model", "hf_config", "num_layers", "hidden_size")) \
+            and not (exp and exp.has_model):
+        where = f"{exp.path}: " if exp else ""
+        raise InputError(f"{where}model: missing; add a [model] table (preset = \"llama2-7b\", "
+                         "hf_config = \"config.json\" or num_layers = ...) or pass --model PRESET")
+    base = exp.settings if exp else {}
+    results = []
+    with Progress(total=len(variants)) as bar:
+        for i, v in enumerate(variants):
+            bar.update(f"simulating plan {i + 1}/{len(variants)} ({v.name})", done=i)
+            results.append(api.simulate_variant(exp, v, {**base, **v.settings, **v.axis}, parser, cli))
+    comp = api.Comparison(results, title=api._title(results))
+    if args.out:
+        comp.save(args.out)
+    if args.kineto:
+        for r, d in zip(results, api.plan_dirs([r.name for r in results])):
+            api.write_kineto_files(r.run, Path(args.kineto) / d)
+    if args.json:
+        print(comp.to_json())
+        return 0
+    print_table(comp)
+    if args.out:
+        print(f"\nwrote {Path(args.out) / 'compare.png'}, compare.json and each plan's outputs in "
+              f"{Path(args.out)}/<plan>/")
+    if args.kineto:
+        print(f"wrote Kineto traces in {Path(args.kineto)}/<plan>/trace_rank<r>.json")
+    return 0
+
+
+def print_table(comp, out=None) -> None:
+    """The comparison as a table, one row per plan, the best marked with ``*``."""
+    out = out or sys.stdout
+    results, rows = comp.results, comp.rows
+    first = results[0].run
+    print(first.model.describe(), file=out)
+    print(f"{first.plan.world_size} x {first.profile.name} on {first.topology.describe()}", file=out)
+    if any(r.run.fidelity == "reduced" for r in results):
+        print("fidelity: reduced (one data-parallel replica simulated; the others are shadows in its collectives)",
+              file=out)
+    print(file=out)
+    longest = max(r["iteration_time_s"] for r in rows)
+    unit, scale = ("s", 1.0) if longest >= 1 else ("ms", 1e3)
+    kinds = [k for k in ("tp", "pp", "dp", "zero", "other") if any(r["exposed_comm_s"].get(k, 0) > 0 for r in rows)]
+    best = comp.best
+    name_w = max(4, *(len(r["name"]) for r in rows))
+    cap = rows[0]["capacity_bytes"]
+    head = (f"  {'plan':<{name_w}}  {'time (' + unit + ')':>10}  {'vs best':>7}  {'tokens/s':>11}  {'MFU':>6}  "
+            f"{'bubble':>6}  " + "".join(f"{'exp. ' + k:>9}  " for k in kinds)
+            + f"{'peak memory':>11}  {'fits':>4}")
+    print(head, file=out)
+    print("  " + "-" * (len(head) - 2), file=out)
+    for r in rows:
+        t = r["iteration_time_s"]
+        vs = f"{(t / best.iteration_time_s - 1) * 100:+.1f}%" if best is not None and not r["best"] else ""
+        line = (f"{'*' if r['best'] else ' '} {r['name']:<{name_w}}  {t * scale:>10.3f}  {vs:>7}  "
+                f"{r['tokens_per_s']:>11,.0f}  {r['mfu'] * 100:>5.1f}%  {r['bubble_fraction'] * 100:>5.1f}%  "
+                + "".join(f"{r['exposed_comm_s'].get(k, 0.0) * scale:>9.3f}  " for k in kinds)
+                + f"{r['peak_bytes'] / 2**30:>7.2f} GiB  {'yes' if r['fits'] else 'OOM':>4}")
+        print(line, file=out)
+    print(file=out)
+    print(f"times in {unit}; exp. = communication not hidden under compute on the critical rank; peak memory of the "
+          f"fullest GPU, of {format_bytes(cap)}", file=out)
+    if best is not None:
+        slowest = max(r.iteration_time_s for r in results if r.fits)
+        print(f"* best: {best.name} (the most tokens/s among the plans that fit; "
+              f"{slowest / best.iteration_time_s:.2f}x the slowest that fits)", file=out)
+    else:
+        print("no plan fits in GPU memory: none is marked best", file=out)
+    for r in results:
+        if r.description:
+            print(f"  {r.name}: {r.description}", file=out)
