@@ -1,0 +1,316 @@
+"""``trainsim search``: the best parallel plan for a model, a cluster and a batch.
+
+Enumerates every valid plan (dp, tp, pp, vpp, micro-batch, ZeRO stage, schedule,
+recompute, sequence parallelism; ``sim.search``), drops those the analytic memory model
+says do not fit, simulates the others in order of their estimated time until none left
+can beat the N-th best by the estimate's error margin, and prints the top N with why the
+best wins. ``--out DIR`` writes ``results.jsonl`` (simulated plans, appended as they
+finish, resumable with ``--resume``), ``results.csv`` (every plan, with its status),
+``pareto.png`` (tokens/s against peak memory) and ``search.json`` (what ``--json``
+prints). The helpers for outputs are shared with ``trainsim sweep``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import csv
+import io
+import json
+import math
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from sim.commands.run import NODE_OF_GPU, _cluster
+from sim.errors import InputError, require
+from sim.hardware import PRESETS as GPU_PRESETS
+from sim.hardware import load_profile
+from sim.model import PRESETS, add_megatron_model_arguments
+from sim.plan import RECOMPUTE, SCHEDULES
+from sim.search import (
+    DEFAULT_MARGIN,
+    PLAN_COLUMNS,
+    SearchSpace,
+    candidates,
+    describe_plan,
+    enumerate_plans,
+    explain,
+    search,
+)
+from sim.sweep import RESULTS_FILE, ResultsLog, Runner, make_context
+from sim.topology_build import FABRICS
+from sim.units import format_bytes, format_time
+
+NAME = "search"
+HELP = "Find the best parallel plan: enumerate, prune with the analytic model, simulate the rest, rank."
+
+
+def add_executor_arguments(p) -> None:
+    """--workers, --dask, --out, --resume, --top, --json (shared with ``trainsim sweep``)."""
+    ex = p.add_argument_group("execution and output")
+    ex.add_argument("--workers", type=int, default=None,
+                    help="local worker processes (default: the core count; 0 runs in this process)")
+    ex.add_argument("--dask", metavar="ADDRESS",
+                    help="run on a Dask cluster: tcp://HOST:8786, or 'local' to start a LocalCluster "
+                         "of --workers processes (needs trainsim[sweep])")
+    ex.add_argument("--out", metavar="DIR",
+                    help="write results.jsonl, results.csv, pareto.png and a JSON summary here")
+    ex.add_argument("--resume", action="store_true", help="continue the sweep in --out, skipping finished plans")
+    ex.add_argument("--top", type=int, default=5, help="plans to list (default 5)")
+    ex.add_argument("--json", action="store_true", help="print one JSON object")
+
+
+def add_arguments(p) -> None:
+    src = p.add_argument_group("model (one of)")
+    src.add_argument("--model", metavar="PRESET", help=f"one of: {', '.join(PRESETS)}")
+    src.add_argument("--hf-config", metavar="PATH", help="a Hugging Face config.json")
+    add_megatron_model_arguments(p)
+    c = p.add_argument_group("cluster")
+    c.add_argument("--gpu", default="a100-80gb", help=f"{', '.join(GPU_PRESETS)} or a profile .json")
+    c.add_argument("--gpus", type=int, help="total GPUs (default: all GPUs of --nodes)")
+    c.add_argument("--nodes", type=int, help="nodes in the cluster (default: enough for --gpus)")
+    c.add_argument("--gpus-per-node", type=int, default=8)
+    c.add_argument("--topology", help="node or cluster .toml, or a built-in name (default: the GPU's DGX node)")
+    c.add_argument("--fabric", choices=FABRICS, default=None, help="inter-node fabric (default rail)")
+    c.add_argument("--oversubscription", type=float, default=None, help="fat-tree/leaf uplink oversubscription")
+    b = p.add_argument_group("batch")
+    b.add_argument("--global-batch-size", type=int, required=True, help="sequences per optimizer step")
+    s = p.add_argument_group("search space (comma-separated lists; default every valid value)")
+    s.add_argument("--tp", help="tensor-parallel sizes (default: divisors up to --max-tp)")
+    s.add_argument("--max-tp", type=int, help="largest tensor-parallel size (default --gpus-per-node)")
+    s.add_argument("--pp", help="pipeline-parallel sizes")
+    s.add_argument("--vpp", help="model chunks per pipeline stage")
+    s.add_argument("--micro-batch-size", help="micro-batch sizes")
+    s.add_argument("--zero", help="ZeRO stages, of 0,1,2,3")
+    s.add_argument("--schedule", help=f"pipeline schedules, of {','.join(x for x in SCHEDULES if x != 'custom')}")
+    s.add_argument("--recompute", help=f"recompute granularities, of {','.join(RECOMPUTE)}")
+    s.add_argument("--sequence-parallel", help="on, off or on,off")
+    s.add_argument("--margin", type=float, default=DEFAULT_MARGIN,
+                   help=f"the estimate's error factor: a plan is simulated unless its estimated bound / margin "
+                        f"exceeds the N-th best simulated time (default {DEFAULT_MARGIN}; inf: no time pruning)")
+    s.add_argument("--wave", type=int, default=16, help="plans simulated between pruning checks (default 16)")
+    add_executor_arguments(p)
+
+
+def _list(args, name: str, kind=int):
+    text = getattr(args, name)
+    if text is None:
+        return None
+    flag = "--" + name.replace("_", "-")
+    items = [x.strip() for x in str(text).split(",") if x.strip()]
+    require(items, flag, text, "expected a comma-separated list")
+    out = []
+    for x in items:
+        if kind is bool:
+            require(x in ("on", "off", "true", "false"), flag, x, "allowed: on, off")
+            out.append(x in ("on", "true"))
+        elif kind is int:
+            require(x.isdigit() and int(x) > 0 or (name == "zero" and x == "0"), flag, x,
+                    "expected a comma-separated list of integers" + (" >= 0" if name == "zero" else " > 0"))
+            out.append(int(x))
+        else:
+            out.append(x)
+    return tuple(out)
+
+
+def space_from_args(args) -> SearchSpace:
+    if args.max_tp is not None:
+        require(args.max_tp > 0, "--max-tp", args.max_tp, "expected an integer > 0")
+    return SearchSpace(tp=_list(args, "tp"), pp=_list(args, "pp"), vpp=_list(args, "vpp"),
+                       micro_batch_size=_list(args, "micro_batch_size"), zero_stage=_list(args, "zero"),
+                       schedule=_list(args, "schedule", str), recompute=_list(args, "recompute", str),
+                       sequence_parallel=_list(args, "sequence_parallel", bool), max_tp=args.max_tp)
+
+
+def check_executor_args(args) -> None:
+    require(args.top >= 1, "--top", args.top, "expected an integer >= 1")
+    if args.workers is not None:
+        require(args.workers >= 0, "--workers", args.workers, "expected an integer >= 0 (0: run in this process)")
+    if args.dask is not None:
+        require(args.dask == "local" or "://" in args.dask, "--dask", args.dask,
+                "expected 'local' or a scheduler address such as tcp://HOST:8786")
+        require(args.dask != "local" or args.workers != 0, "--workers", 0,
+                "a Dask LocalCluster needs at least 1 worker")
+    require(not args.resume or args.out, "--resume", True, "needs --out DIR (the sweep to continue)")
+
+
+def open_log(args, context: dict) -> ResultsLog:
+    """The results log in --out, after checking that a resumed one is the same sweep."""
+    if not args.out:
+        return ResultsLog(None)
+    out = Path(args.out)
+    require(not out.exists() or out.is_dir(), "--out", args.out, "exists and is not a directory")
+    manifest = out / "manifest.json"
+    if args.resume and manifest.exists():
+        old = json.loads(manifest.read_text())
+        if old != json.loads(json.dumps(context, sort_keys=True)):
+            diff = sorted(k for k in set(old) | set(context) if old.get(k) != context.get(k))
+            raise InputError(f"--resume: {args.out} holds another sweep (it differs in {', '.join(diff)}); "
+                             "give another --out or the same inputs")
+    log = ResultsLog(out / RESULTS_FILE, resume=args.resume)
+    write_text_atomic(json.dumps(context, sort_keys=True, indent=1) + "\n", manifest)
+    return log
+
+
+@contextlib.contextmanager
+def interrupted_note(log: ResultsLog):
+    """On Ctrl-C, say how many results are safe and how to continue, then stop."""
+    try:
+        yield
+    except KeyboardInterrupt:
+        if log.path is not None:
+            print(f"trainsim: {len(log.done)} results are in {log.path}; rerun with --resume to finish",
+                  file=sys.stderr)
+        raise
+
+
+def write_text_atomic(text: str, path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def entry(rec: dict) -> dict:
+    """A ranked plan as --json reports it: its key, then ``trainsim run --json``'s object."""
+    return {"key": rec["key"], **rec["summary"]}
+
+
+def rank(records: list[dict]) -> list[dict]:
+    """Records that ran and fit, fastest first (ties by key)."""
+    ok = [r for r in records if r["status"] == "ok" and r["summary"].get("fits", True)]
+    return sorted(ok, key=lambda r: (r["summary"]["iteration_time_s"], r["key"]))
+
+
+def pareto(records: list[dict]) -> list[dict]:
+    """The records no other beats on both tokens/s and peak memory, by memory."""
+    pts = sorted(records, key=lambda r: (r["summary"]["memory"]["peak_bytes"], -r["summary"]["tokens_per_s"], r["key"]))
+    front, best = [], -math.inf
+    for r in pts:
+        if r["summary"]["tokens_per_s"] > best:
+            front.append(r)
+            best = r["summary"]["tokens_per_s"]
+    return front
+
+
+CSV_METRICS = ("iteration_time_s", "tokens_per_s", "mfu", "tflops_per_gpu", "bubble_fraction", "compute_s", "idle_s")
+
+
+def csv_text(rows: list[dict]) -> str:
+    """CSV of rows ``{"key", "status", "plan", "summary", "error", ...extra}`` sorted by key."""
+    extra_plan = sorted({k for r in rows for k in r["plan"]} - set(PLAN_COLUMNS))
+    extras = sorted({k for r in rows for k in r.get("extra", {})})
+    kinds = sorted({k for r in rows if r.get("summary") for k in r["summary"]["exposed_comm_s"]})
+    head = (["key", "status", *PLAN_COLUMNS, "num_microbatches", *CSV_METRICS, *(f"exposed_{k}_s" for k in kinds),
+             "peak_memory_bytes", "fits", *extras, *extra_plan, "error"])
+    buf = io.StringIO()
+    w = csv.writer(buf, lineterminator="\n")
+    w.writerow(head)
+    for r in sorted(rows, key=lambda r: r["key"]):
+        s, p = r.get("summary"), r["plan"]
+        m = p["global_batch_size"] // (p["micro_batch_size"] * p["dp"]) if p else ""
+        row = [r["key"], r["status"], *(p.get(k, "") for k in PLAN_COLUMNS), m]
+        row += [s[k] if s else "" for k in CSV_METRICS]
+        row += [s["exposed_comm_s"].get(k, 0.0) if s else "" for k in kinds]
+        row += [s["memory"]["peak_bytes"] if s else "", s["fits"] if s else ""]
+        row += [r.get("extra", {}).get(k, "") for k in extras]
+        row += [p.get(k, "") for k in extra_plan] + [r.get("error") or ""]
+        w.writerow(row)
+    return buf.getvalue()
+
+
+def write_outputs(out: Path, rows: list[dict], ranked: list[dict], obj: dict, title: str,
+                  capacity_bytes: float, name: str) -> None:
+    from sim.export import write_json_atomic
+    from sim.plot import plot_pareto
+
+    write_text_atomic(csv_text(rows), out / "results.csv")
+    front = {r["key"] for r in pareto(ranked)}
+    pts = [(r["summary"]["memory"]["peak_bytes"], r["summary"]["tokens_per_s"], r["key"] in front,
+            describe_plan(r["plan"]) if r is ranked[0] else "") for r in ranked]
+    plot_pareto(pts, out / "pareto.png", title=title, capacity_bytes=capacity_bytes)
+    write_json_atomic(obj, out / f"{name}.json")
+
+
+def print_top(ranked: list[dict], top: int) -> None:
+    print(f"{'#':>3}  {'plan':<62}{'iteration':>11}{'tokens/s':>12}{'MFU':>7}{'peak mem':>12}")
+    for i, r in enumerate(ranked[:top], start=1):
+        s = r["summary"]
+        print(f"{i:>3}  {describe_plan(r['plan']):<62}{format_time(s['iteration_time_s']):>11}"
+              f"{s['tokens_per_s']:>12,.0f}{s['mfu'] * 100:>6.1f}%{format_bytes(s['memory']['peak_bytes']):>12}")
+
+
+def run(args) -> int:
+    from sim.commands._spec import model_from_args
+
+    model = model_from_args(args)
+    profile = load_profile(args.gpu)
+    require(args.gpus_per_node > 0, "--gpus-per-node", args.gpus_per_node, "expected an integer > 0")
+    gpus = args.gpus if args.gpus is not None else (args.nodes * args.gpus_per_node if args.nodes else None)
+    require(gpus is not None, "--gpus", None, "give --gpus N or --nodes N")
+    require(gpus > 0, "--gpus", gpus, "expected an integer > 0")
+    require(args.global_batch_size > 0, "--global-batch-size", args.global_batch_size, "expected an integer > 0")
+    require(args.margin >= 1, "--margin", args.margin, "expected a number >= 1 (inf: no time pruning)")
+    require(args.wave >= 1, "--wave", args.wave, "expected an integer >= 1")
+    check_executor_args(args)
+    space = space_from_args(args)
+    topo = _cluster(args, gpus, profile.name)
+    require(gpus <= topo.num_gpus, "--gpus", gpus, f"topology {topo.name} has only {topo.num_gpus} GPUs")
+    plans = enumerate_plans(model, gpus, args.global_batch_size, space, topo.gpus_per_node)
+    require(plans, "search", f"{gpus} GPUs, global batch {args.global_batch_size}",
+            "no valid plan: dp must divide the global batch, tp the heads and pp the layers")
+    ctx = make_context(model, profile, topo)
+    from dataclasses import asdict
+
+    context = {"command": "search", "model": asdict(model), "gpu": profile.name, "topology": topo.name,
+               "gpus": gpus, "global_batch_size": args.global_batch_size}
+    cands = candidates(model, plans, profile, topo.gpus_per_node)
+    log = open_log(args, context)
+    t0 = time.monotonic()
+    with interrupted_note(log), Runner(args.workers, args.dask, log) as runner:
+        result = search(cands, lambda ps: runner.run(ctx, ps), margin=args.margin, wave=args.wave)
+    wall = time.monotonic() - t0
+    ranked = rank(result.ranked)
+    c = result.counts
+    obj = {"best": entry(ranked[0]) if ranked else None, "top": [entry(r) for r in ranked[:args.top]],
+           "evaluated": c["evaluated"], "pruned": c["pruned"], "failed": c["failed"],
+           "pruned_memory": c["pruned_memory"], "pruned_time": c["pruned_time"], "plans": c["plans"],
+           "margin": args.margin if math.isfinite(args.margin) else None}
+    if args.out:
+        rows = [{"key": cd.key, "status": cd.status, "plan": asdict(cd.plan),
+                 "summary": cd.record["summary"] if cd.record else None,
+                 "error": cd.record.get("error") if cd.record else None,
+                 "extra": {"estimate_step_s": cd.estimate.time["step"], "estimate_bound_s": cd.bound_s,
+                           "estimate_peak_memory_bytes": cd.estimate.memory["total"]}} for cd in result.candidates]
+        title = f"{model.name} on {gpus} x {profile.name}, global batch {args.global_batch_size}: {len(ranked)} plans simulated"
+        write_outputs(Path(args.out), rows, ranked, obj, title, profile.hbm_capacity_bytes, "search")
+    if args.json:
+        print(json.dumps(obj, sort_keys=True))
+        return 0
+    print(model.describe())
+    print(f"{gpus} x {profile.name} on {topo.describe()}; global batch {args.global_batch_size} x {model.seq_length} tokens")
+    margin = f"x {args.margin:g}" if math.isfinite(args.margin) else "off"
+    print(f"{c['plans']} plans: {c['pruned_memory']} do not fit in memory, {c['pruned_time']} cannot beat the "
+          f"best two (estimate margin {margin}), {c['evaluated']} simulated ({c['failed']} failed) "
+          f"in {wall:.1f} s")
+    if not ranked:
+        print("no plan ran and fits")
+        return 1
+    print()
+    print_top(ranked, args.top)
+    print()
+    for line in explain(ranked[0], ranked[1] if len(ranked) > 1 else None):
+        print(line)
+    if args.out:
+        print(f"\nwrote {Path(args.out) / 'results.csv'}, results.jsonl, pareto.png, search.json")
+    return 0
+
+
+__all__ = ["NAME", "HELP", "add_arguments", "run", "NODE_OF_GPU"]

@@ -1,0 +1,192 @@
+"""``trainsim sweep FILE.toml``: simulate every combination of the plan values a file lists.
+
+The file is an experiment file (``sim.experiment``: ``[model]``, ``[cluster]``,
+``[plan]``, ...) in which any plan field may be a list::
+
+    [cluster]
+    gpu = "h100-sxm"
+    gpus = 16
+    [plan]
+    tensor_model_parallel_size = [1, 2, 4]
+    pipeline_model_parallel_size = [1, 2]
+    micro_batch_size = [1, 2]
+    global_batch_size = 32
+    schedule = ["1f1b", "zb-h1"]
+
+Every combination (the Cartesian product, in file order) becomes one plan; data
+parallelism fills ``cluster.gpus`` (or ``cluster.nodes``), which a sweep must give. A
+combination that is not a valid plan is recorded with its error and the sweep goes on,
+as is a plan whose simulation raises. It runs on the same executors as ``trainsim
+search`` (local processes, ``--dask``), appends results as they finish, resumes with
+``--resume``, and writes the same outputs (``results.jsonl``, ``results.csv``,
+``pareto.png``, ``sweep.json``). Nothing is pruned: every valid point is simulated.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+from sim import experiment
+from sim.commands.search import (
+    add_executor_arguments,
+    check_executor_args,
+    entry,
+    interrupted_note,
+    open_log,
+    print_top,
+    rank,
+    write_outputs,
+)
+from sim.errors import InputError, require
+from sim.hardware import load_profile
+from sim.search import explain, plan_key
+from sim.sweep import Runner, make_context
+from sim.tomlio import TomlFile
+
+NAME = "sweep"
+HELP = "Simulate every combination of the plan values an experiment file lists (lists allowed in [plan])."
+LIST_TABLES = ("plan", "zero_optimization")
+"""Tables whose values may be lists (the plan's fields)."""
+
+
+def add_arguments(p) -> None:
+    p.add_argument("experiment", metavar="FILE", help="an experiment .toml whose plan fields may be lists")
+    add_executor_arguments(p)
+
+
+def _spec_parser():
+    """The parser ``trainsim run`` uses, for the flags an experiment file stands for."""
+    from sim.cli import _Parser
+    from sim.commands import run as run_cmd
+
+    p = _Parser(prog="trainsim sweep")
+    run_cmd.add_arguments(p)
+    return p
+
+
+def expand(path: str, parser) -> tuple[list[str], list[tuple[str, list[tuple]]]]:
+    """The file's fixed flags, and per listed field (file order) each value with its flags."""
+    f = TomlFile(path)
+    data = f.data
+    f.check_keys(data, experiment._TOP, "")
+    actions = {a.dest: a for a in parser._actions}
+    base: list[str] = []
+    axes: list[tuple[str, list[list[str]]]] = []
+    for table, dests in experiment.TABLES.items():
+        t = data.get(table, {})
+        if not isinstance(t, dict):
+            raise f.error(table, f"got {t!r}; expected a table [{table}]")
+        keys = {experiment._key_of(d, table): d for d in dests if d in actions}
+        f.check_keys(t, keys, f"{table}.")
+        for key, value in t.items():
+            dest, name = keys[key], f"{table}.{key}"
+            if isinstance(value, list):
+                if table not in LIST_TABLES:
+                    raise f.error(name, f"got a list {value!r}; only the fields of "
+                                        f"{', '.join(f'[{x}]' for x in LIST_TABLES)} may be lists in a sweep")
+                if not value:
+                    raise f.error(name, "got an empty list; give at least one value")
+                axes.append((name, [(v, experiment._flag(f, f"{name}[{i}]", actions[dest], _path(f, dest, v)))
+                                    for i, v in enumerate(value)]))
+            else:
+                base += experiment._flag(f, name, actions[dest], _path(f, dest, value))
+    return base, axes
+
+
+def _path(f: TomlFile, dest: str, value):
+    """A relative file path in the file is relative to the file (as ``sim.experiment`` does)."""
+    check = experiment._PATHS.get(dest)
+    if check and isinstance(value, str) and check(value):
+        if dest == "schedule":
+            raise f.error("schedule", f"got {value!r}; a sweep takes schedule names, not schedule .csv files")
+        p = Path(value)
+        if not p.is_absolute() and (f.path.parent / p).exists():
+            return str(f.path.parent / p)
+    return value
+
+
+def points(path: str):
+    """(model, profile, topology, points) of a sweep file; a point is ``(key, plan or None,
+    description, error)``: the plan when the combination is valid, else its error."""
+    from sim.commands import run as run_cmd
+    from sim.commands._spec import model_from_args, plan_from_args
+
+    parser = _spec_parser()
+    base, axes = expand(path, parser)
+    ns = parser.parse_args(base)
+    model = model_from_args(ns)
+    profile = load_profile(ns.gpu)
+    gpus = run_cmd._gpus(ns)
+    require(gpus is not None, f"{path}: cluster.gpus", None, "a sweep needs cluster.gpus or cluster.nodes")
+    require(gpus > 0, f"{path}: cluster.gpus", gpus, "expected an integer > 0")
+    topo = run_cmd._cluster(ns, gpus, profile.name)
+    out, seen = [], set()
+    for combo in itertools.product(*(vals for _, vals in axes)):
+        argv = base + [x for _, flags in combo for x in flags]
+        desc = " ".join(f"{name}={json.dumps(v)}" for (name, _), (v, _) in zip(axes, combo))
+        a = parser.parse_args(argv)
+        a.gpus = gpus
+        try:
+            plan = plan_from_args(a, model)
+        except InputError as exc:
+            key = "invalid: " + desc
+            if key not in seen:
+                seen.add(key)
+                out.append((key, None, desc, f"InputError: {exc}"))
+            continue
+        key = plan_key(plan)
+        if key not in seen:
+            seen.add(key)
+            out.append((key, plan, desc, None))
+    return model, profile, topo, gpus, out
+
+
+def run(args) -> int:
+    check_executor_args(args)
+    model, profile, topo, gpus, pts = points(args.experiment)
+    ctx = make_context(model, profile, topo)
+    context = {"command": "sweep", "model": asdict(model), "gpu": profile.name, "topology": topo.name, "gpus": gpus}
+    log = open_log(args, context)
+    invalid = [{"key": k, "plan": {}, "status": "error", "error": err, "summary": None, "point": desc}
+               for k, plan, desc, err in pts if plan is None]
+    for rec in invalid:
+        if rec["key"] not in log.done:
+            log.append(rec)
+    valid = [plan for _, plan, _, _ in pts if plan is not None]
+    t0 = time.monotonic()
+    with interrupted_note(log), Runner(args.workers, args.dask, log) as runner:
+        records = runner.run(ctx, valid)
+    wall = time.monotonic() - t0
+    records = sorted(records + invalid, key=lambda r: r["key"])
+    ranked = rank(records)
+    failed = sum(r["status"] != "ok" for r in records)
+    obj = {"best": entry(ranked[0]) if ranked else None, "top": [entry(r) for r in ranked[:args.top]],
+           "points": len(records), "evaluated": len(records), "pruned": 0, "failed": failed,
+           "invalid": len(invalid), "does_not_fit": sum(r["status"] == "ok" and not r["summary"]["fits"]
+                                                         for r in records)}
+    if args.out:
+        title = f"{model.name} on {gpus} x {profile.name}: sweep of {len(records)} points"
+        write_outputs(Path(args.out), records, ranked, obj, title, profile.hbm_capacity_bytes, "sweep")
+    if args.json:
+        print(json.dumps(obj, sort_keys=True))
+        return 0
+    print(model.describe())
+    print(f"{gpus} x {profile.name} on {topo.describe()}")
+    print(f"{len(records)} points: {len(records) - failed} ran ({obj['does_not_fit']} do not fit), "
+          f"{len(invalid)} invalid, {failed - len(invalid)} failed; {wall:.1f} s")
+    for r in records:
+        if r["status"] != "ok":
+            print(f"  {r['key']}: {r['error']}")
+    if ranked:
+        print()
+        print_top(ranked, args.top)
+        print()
+        for line in explain(ranked[0], ranked[1] if len(ranked) > 1 else None):
+            print(line)
+    if args.out:
+        print(f"\nwrote {Path(args.out) / 'results.csv'}, results.jsonl, pareto.png, sweep.json")
+    return 0 if ranked else 1

@@ -1,0 +1,377 @@
+"""Running many simulations: local worker processes or a Dask cluster, resumable.
+
+A sweep is a list of *points*, each a ``ParallelPlan`` to simulate in one shared
+``Context`` (model, hardware profile, topology). ``evaluate`` simulates one point in a
+worker and returns a *record*, a plain JSON-able dict::
+
+    {"key": plan key, "plan": {plan fields}, "status": "ok" | "error" | "crashed",
+     "error": null | "InputError: ...", "summary": trainsim run --json's object | null}
+
+``Runner`` hands points to an executor and gathers the records:
+
+- **Executors.** Local worker processes (``concurrent.futures.ProcessPoolExecutor``,
+  spawned, ``workers`` of them, default the core count; 0 runs in this process), or a
+  Dask cluster through ``distributed.Client(...).get_executor()`` (``dask="tcp://HOST:8786"``,
+  or ``"local"`` to start a ``LocalCluster`` of ``workers`` single-threaded processes).
+  Records depend only on the point, so they are identical whichever executor ran them;
+  callers sort them by key.
+- **Results as they finish.** Each record is appended to a JSON Lines file (one
+  ``write`` of a whole line, flushed) the moment it arrives, so a sweep interrupted by
+  Ctrl-C, a kill or a crash leaves a valid file; ``resume=True`` reads it back (dropping
+  a torn last line) and skips the points already there.
+- **Failures.** A point whose simulation raises is recorded with ``status: "error"`` and
+  the exception, and the sweep goes on. When a local worker process dies, the points
+  that were running are retried one at a time on a fresh pool, so the one that killed it
+  is found; after ``max_retries`` retries it is recorded as ``"crashed"``. (Dask's
+  scheduler retries tasks of a dead worker elsewhere by itself; a task that kills its
+  workers too often comes back as ``KilledWorker`` and is recorded as ``"crashed"``.)
+- **Progress.** On a terminal, a bar with the count, rate and ETA on stderr; silent
+  otherwise.
+
+Only a bounded number of points is in flight at a time (twice the workers), so Ctrl-C
+stops quickly: queued points are cancelled and worker processes are terminated (they
+ignore SIGINT themselves, so only this process decides).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import json
+import multiprocessing
+import os
+import signal
+import sys
+import time
+import traceback
+from collections import deque
+from concurrent.futures.process import BrokenProcessPool
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import networkx as nx
+
+from sim.errors import InputError, require
+from sim.hardware import HardwareProfile
+from sim.model import ModelSpec
+from sim.plan import ParallelPlan
+
+RESULTS_FILE = "results.jsonl"
+
+
+@dataclass(frozen=True, eq=False)
+class Context:
+    """What every point of a sweep shares: the model, the GPU profile and the cluster.
+
+    The topology travels as its networkx graph and name (a ``Topology`` keeps caches
+    that do not pickle); workers rebuild it once per context and keep it."""
+
+    model: ModelSpec
+    profile: HardwareProfile
+    graph: nx.Graph
+    topology_name: str
+    token: str
+    """Identifies the context inside a worker's cache (set by ``make_context``)."""
+
+    @property
+    def gpus_per_node(self) -> int:
+        return self.topology().gpus_per_node
+
+    def topology(self):
+        return _topology(self)
+
+
+def make_context(model: ModelSpec, profile: HardwareProfile, topology) -> Context:
+    """A ``Context`` for a built ``sim.topology.Topology``."""
+    token = f"{os.getpid()}-{id(topology)}-{time.time_ns()}"
+    ctx = Context(model, profile, topology.graph, topology.name, token)
+    _TOPOLOGIES[token] = topology
+    return ctx
+
+
+_TOPOLOGIES: dict = {}
+
+
+def _topology(ctx: Context):
+    topo = _TOPOLOGIES.get(ctx.token)
+    if topo is None:
+        from sim.topology import Topology
+
+        if len(_TOPOLOGIES) > 8:
+            _TOPOLOGIES.clear()
+        topo = _TOPOLOGIES[ctx.token] = Topology(ctx.graph, ctx.topology_name)
+    return topo
+
+
+def plan_record_key(plan: ParallelPlan) -> str:
+    from sim.search import plan_key
+
+    return plan_key(plan)
+
+
+def evaluate(ctx: Context, plan: ParallelPlan) -> dict:
+    """Simulate one point and return its record (never raises for a bad plan)."""
+    from sim.commands.run import summarize
+    from sim.training import simulate_training
+
+    rec = {"key": plan_record_key(plan), "plan": asdict(plan), "status": "ok", "error": None, "summary": None}
+    try:
+        rec["summary"] = summarize(simulate_training(ctx.model, plan, ctx.profile, ctx.topology()))
+    except Exception as exc:  # recorded, and the sweep goes on
+        rec["status"] = "error"
+        rec["error"] = _one_line(exc)
+    return rec
+
+
+def _one_line(exc: BaseException) -> str:
+    where = traceback.extract_tb(exc.__traceback__)[-1:] if exc.__traceback__ else []
+    at = f" (at {Path(where[0].filename).name}:{where[0].lineno})" if where else ""
+    return f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}{at}"[:500]
+
+
+# ---------------------------------------------------------------- results file
+class ResultsLog:
+    """The JSON Lines file records are appended to as they finish (see the module doc)."""
+
+    def __init__(self, path: str | Path | None, resume: bool = False):
+        self.path = Path(path) if path is not None else None
+        self.done: dict[str, dict] = {}
+        self._fh = None
+        if self.path is None:
+            return
+        if self.path.exists() and not resume:
+            raise InputError(f"--out: {self.path} already exists; pass --resume to continue that sweep "
+                             "or give another directory")
+        if resume and self.path.exists():
+            self._load()
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+
+    def _load(self) -> None:
+        data = self.path.read_bytes()
+        lines = data.split(b"\n")
+        keep = len(data)
+        if lines and lines[-1] != b"":  # a torn last line: drop it
+            keep -= len(lines[-1])
+            lines = lines[:-1]
+        lines = lines[:-1] if lines and lines[-1] == b"" else lines
+        for i, raw in enumerate(lines, start=1):
+            try:
+                rec = json.loads(raw)
+                key = rec["key"]
+            except (ValueError, KeyError, TypeError):
+                if i == len(lines):  # the last complete line may still be torn inside
+                    keep -= len(raw) + 1
+                    break
+                raise InputError(f"{self.path}:{i}: not a results record; delete the file or fix the line") from None
+            self.done[key] = rec
+        if keep != len(data):
+            with open(self.path, "r+b") as fh:
+                fh.truncate(keep)
+
+    def append(self, rec: dict) -> None:
+        self.done[rec["key"]] = rec
+        if self.path is None:
+            return
+        if self._fh is None:
+            self._fh = open(self.path, "a", encoding="utf-8")
+        self._fh.write(json.dumps(rec, sort_keys=True, separators=(",", ":")) + "\n")
+        self._fh.flush()
+
+    def close(self) -> None:
+        if self._fh is not None:
+            self._fh.close()
+            self._fh = None
+
+
+# ---------------------------------------------------------------- progress
+class Progress:
+    """``[#####.....] 12/40  30%  3.1 plans/s  ETA 0:09`` on a terminal; nothing otherwise."""
+
+    def __init__(self, total: int, enabled: bool | None = None, stream=None):
+        self.stream = stream or sys.stderr
+        self.enabled = self.stream.isatty() if enabled is None else enabled
+        self.total, self.done, self.start = total, 0, time.monotonic()
+
+    def step(self, n: int = 1) -> None:
+        self.done += n
+        if not self.enabled:
+            return
+        elapsed = time.monotonic() - self.start
+        rate = self.done / elapsed if elapsed > 0 else 0.0
+        left = (self.total - self.done) / rate if rate > 0 else 0.0
+        frac = self.done / self.total if self.total else 1.0
+        bar = "#" * int(frac * 30)
+        self.stream.write(f"\r[{bar:<30}] {self.done}/{self.total} {frac * 100:3.0f}%  {rate:.1f} plans/s  "
+                          f"ETA {int(left) // 60}:{int(left) % 60:02d} ")
+        self.stream.flush()
+
+    def close(self) -> None:
+        if self.enabled:
+            self.stream.write("\n")
+            self.stream.flush()
+
+
+# ---------------------------------------------------------------- executors
+def _ignore_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+class _Inline(cf.Executor):
+    """Runs each call at submit time, in this process (``workers=0``)."""
+
+    def submit(self, fn, *args, **kwargs):
+        f = cf.Future()
+        try:
+            f.set_result(fn(*args, **kwargs))
+        except BaseException as exc:  # noqa: BLE001 - handed to the caller through the future
+            f.set_exception(exc)
+        return f
+
+
+class Runner:
+    """Runs points on local processes or Dask and appends their records to a ``ResultsLog``.
+
+    Use as a context manager; ``run(ctx, plans)`` may be called several times (the search
+    calls it once per wave) and reuses the same workers."""
+
+    def __init__(self, workers: int | None = None, dask: str | None = None, log: ResultsLog | None = None,
+                 progress: bool | None = None, max_retries: int = 2, fn=evaluate):
+        if workers is not None:
+            require(isinstance(workers, int) and workers >= 0, "--workers", workers,
+                    "expected an integer >= 0 (0: run in this process)")
+        require(isinstance(max_retries, int) and max_retries >= 0, "max_retries", max_retries,
+                "expected an integer >= 0")
+        self.dask, self.fn, self.max_retries = dask, fn, max_retries
+        self.workers = workers if workers is not None else (os.cpu_count() or 1)
+        if dask is None and workers is None:
+            self.workers = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else self.workers
+        self.log = log or ResultsLog(None)
+        self.progress_enabled = progress
+        self.progress: Progress | None = None
+        self._pool = self._client = self._cluster = None
+        self.retried = 0
+
+    # -- executor lifecycle
+    def __enter__(self):
+        self._start()
+        return self
+
+    def __exit__(self, *exc):
+        self.close(kill=exc[0] is not None)
+        return False
+
+    def _start(self) -> None:
+        if self.dask is not None:
+            self._pool = self._dask_executor()
+        elif self.workers == 0:
+            self._pool = _Inline()
+        else:
+            self._pool = cf.ProcessPoolExecutor(self.workers, mp_context=multiprocessing.get_context("spawn"),
+                                                initializer=_ignore_sigint)
+
+    def _dask_executor(self):
+        try:
+            from distributed import Client, LocalCluster
+        except ImportError:
+            raise InputError("--dask: needs dask[distributed]; install it with pip install 'trainsim[sweep]'") from None
+        import logging
+
+        if self.dask == "local":
+            self._cluster = LocalCluster(n_workers=max(1, self.workers), threads_per_worker=1, processes=True,
+                                         dashboard_address=None, silence_logs=logging.ERROR)
+            self._client = Client(self._cluster)
+        else:
+            require(self.dask.startswith(("tcp://", "tls://", "ucx://", "inproc://")), "--dask", self.dask,
+                    "expected 'local' or a scheduler address such as tcp://HOST:8786")
+            try:
+                self._client = Client(self.dask, timeout=30)
+            except OSError as exc:
+                raise InputError(f"--dask: got {self.dask!r}; cannot reach the scheduler ({exc})") from None
+            self.workers = max(1, sum(self._client.nthreads().values()))
+        return self._client.get_executor(pure=False)
+
+    def _restart_pool(self) -> None:
+        self.close(kill=True, keep_dask=True)
+        self._start()
+
+    def close(self, kill: bool = False, keep_dask: bool = False) -> None:
+        pool = self._pool
+        self._pool = None
+        if isinstance(pool, cf.ProcessPoolExecutor):
+            procs = list((getattr(pool, "_processes", None) or {}).values())
+            pool.shutdown(wait=not kill, cancel_futures=True)
+            if kill:
+                for p in procs:
+                    if p.is_alive():
+                        p.terminate()
+                for p in procs:
+                    p.join(5)
+        elif pool is not None and not isinstance(pool, _Inline):
+            pool.shutdown(wait=not kill)
+        if not keep_dask:
+            if self._client is not None:
+                self._client.close()
+                self._client = None
+            if self._cluster is not None:
+                self._cluster.close()
+                self._cluster = None
+        self.log.close()
+
+    # -- running
+    def run(self, ctx: Context, plans: list[ParallelPlan]) -> list[dict]:
+        """Records for ``plans`` in the same order: from the results file where finished
+        there, else simulated (and appended as they finish)."""
+        keys = [plan_record_key(p) for p in plans]
+        todo = [(k, p) for k, p in zip(keys, plans) if k not in self.log.done]
+        todo = list({k: (k, p) for k, p in todo}.values())
+        if todo:
+            self.progress = Progress(len(todo), self.progress_enabled)
+            try:
+                self._drive(ctx, todo)
+            finally:
+                self.progress.close()
+        return [self.log.done[k] for k in keys]
+
+    def _submit(self, ctx, plan):
+        return self._pool.submit(self.fn, ctx, plan)
+
+    def _record(self, rec: dict) -> None:
+        self.log.append(rec)
+        self.progress.step()
+
+    def _drive(self, ctx: Context, todo: list) -> None:
+        queue, suspects = deque(todo), deque()
+        strikes: dict[str, int] = {}
+        inflight: dict[cf.Future, tuple] = {}
+        limit = 2 * max(1, self.workers)
+        while queue or suspects or inflight:
+            if suspects:  # after a worker died: one at a time, so a death points at its point
+                if not inflight:
+                    k, p = item = suspects.popleft()
+                    inflight[self._submit(ctx, p)] = item
+            else:
+                while queue and len(inflight) < limit:
+                    item = queue.popleft()
+                    inflight[self._submit(ctx, item[1])] = item
+            done, _ = cf.wait(inflight, return_when=cf.FIRST_COMPLETED)
+            broken = []
+            for f in sorted(done, key=lambda f: inflight[f][0]):
+                k, p = item = inflight.pop(f)
+                try:
+                    self._record(f.result())
+                except BrokenProcessPool:
+                    broken.append(item)
+                except Exception as exc:  # noqa: BLE001 - e.g. Dask's KilledWorker
+                    self._record({"key": k, "plan": asdict(p), "status": "crashed", "error": _one_line(exc),
+                                  "summary": None})
+            if broken:
+                broken += list(inflight.values())
+                inflight.clear()
+                self._restart_pool()
+                for k, p in sorted(broken, key=lambda it: it[0]):
+                    strikes[k] = strikes.get(k, 0) + 1
+                    if strikes[k] > self.max_retries:
+                        self._record({"key": k, "plan": asdict(p), "status": "crashed", "summary": None,
+                                      "error": f"worker process died {strikes[k]} times running this plan"})
+                    else:
+                        self.retried += 1
+                        suspects.append((k, p))

@@ -1,0 +1,225 @@
+"""Configuration search: enumeration, pruning that never drops the winner, explanation, CLI."""
+
+import itertools
+import json
+import math
+import random
+
+import pytest
+
+from sim.cli import main
+from sim.errors import InputError
+from sim.hardware import load_profile
+from sim.model import gpt, preset
+from sim.plan import RECOMPUTE, SCHEDULES, ParallelPlan
+from sim.search import (
+    DEFAULT_MARGIN,
+    SearchSpace,
+    candidates,
+    enumerate_plans,
+    explain,
+    measure_margin,
+    plan_key,
+    search,
+)
+from sim.sweep import Runner, make_context
+from sim.topology_build import load_topology
+
+H100 = load_profile("h100-sxm")
+TINY = gpt("tiny", 4, 512, 8, 4096, 256)
+TINY_FLAGS = ["--num-layers", "4", "--hidden-size", "512", "--num-attention-heads", "8", "--vocab-size", "4096",
+              "--seq-length", "256", "--gpu", "h100-sxm"]
+SPACE = SearchSpace(tp=(1, 2), pp=(1, 2, 4), micro_batch_size=(1, 2), zero_stage=(0, 3),
+                    schedule=("1f1b", "zb-h1", "interleaved"), recompute=("none",), sequence_parallel=(False,))
+
+
+def _brute_force(model, gpus, gbs, max_tp=8):
+    """Every plan ParallelPlan and check_model accept, by trying every combination; the
+    search's conventions: sp only with tp > 1, ZeRO only with dp > 1, no schedule choice
+    without a pipeline, tp within a node."""
+    out = set()
+    divs = [d for d in range(1, gpus + 1) if gpus % d == 0]
+    for tp, pp in itertools.product(divs, divs):
+        if gpus % (tp * pp) or tp > max_tp:
+            continue
+        dp = gpus // (tp * pp)
+        for vpp, mbs, z, sched, rec, sp in itertools.product(range(1, 9), range(1, gbs + 1), range(4),
+                                                            [s for s in SCHEDULES if s != "custom"], RECOMPUTE,
+                                                            (False, True)):
+            if (sp and tp == 1) or (z and dp == 1) or (pp == 1 and sched != "1f1b"):
+                continue
+            try:
+                plan = ParallelPlan(dp=dp, tp=tp, pp=pp, vpp=vpp, micro_batch_size=mbs, global_batch_size=gbs,
+                                    zero_stage=z, schedule=sched, recompute=rec, sequence_parallel=sp)
+                plan.check_model(model)
+            except InputError:
+                continue
+            out.add(plan_key(plan))
+    return out
+
+
+def test_enumeration_is_every_plan_the_plan_validation_accepts():
+    model = gpt("enum", 4, 512, 8, 4096, 256)
+    plans = enumerate_plans(model, 8, 8)
+    keys = [plan_key(p) for p in plans]
+    assert keys == sorted(keys) and len(set(keys)) == len(keys)
+    assert set(keys) == _brute_force(model, 8, 8)
+    # The dimensions the issue names all vary.
+    for field, want in (("tp", {1, 2, 4, 8}), ("pp", {1, 2, 4}), ("vpp", {1, 2}), ("zero_stage", {0, 1, 2, 3}),
+                        ("recompute", set(RECOMPUTE)), ("sequence_parallel", {False, True}),
+                        ("schedule", {"gpipe", "1f1b", "zb-h1", "zb-h2", "interleaved"})):
+        assert {getattr(p, field) for p in plans} == want, field
+    assert {p.micro_batch_size for p in plans if p.dp == 1} == {1, 2, 4, 8}
+
+
+def test_space_narrows_and_checks_its_values():
+    plans = enumerate_plans(TINY, 16, 16, SPACE)
+    assert {p.tp for p in plans} == {1, 2} and {p.zero_stage for p in plans} == {0, 3}
+    assert all(p.recompute == "none" and not p.sequence_parallel for p in plans)
+    with pytest.raises(InputError, match="search: schedule: got 'zb-h3'"):
+        SearchSpace(schedule=("zb-h3",))
+    with pytest.raises(InputError, match="search: zero_stage"):
+        SearchSpace(zero_stage=(4,))
+
+
+def test_search_finds_the_winner_of_an_exhaustive_simulation():
+    # 44 plans of a small GPT on 16 H100s (2 nodes): dp, tp, pp, vpp, micro-batch, ZeRO and
+    # schedule vary. Simulate all of them, then search with pruning, asking the simulator
+    # only for the plans the search picks (the records are the exhaustive run's, which is
+    # what a second simulation gives: the simulator is deterministic).
+    plans = enumerate_plans(TINY, 16, 16, SPACE)
+    assert len(plans) == 44
+    ctx = make_context(TINY, H100, load_topology("dgx-h100", nodes=2))
+    cands = candidates(TINY, plans, H100)
+    with Runner(workers=2, progress=False) as runner:
+        full = search(cands, lambda ps: runner.run(ctx, ps), margin=math.inf)
+    assert full.counts["evaluated"] == full.counts["ok"] == 44
+    by_key = {c.key: c.record for c in full.candidates}
+    asked = []
+
+    def simulate(ps):
+        asked.extend(ps)
+        return [by_key[plan_key(p)] for p in ps]
+
+    pruned = search(cands, simulate, wave=4)
+    assert pruned.best["key"] == full.best["key"]
+    assert pruned.ranked[1]["key"] == full.ranked[1]["key"]  # the runner-up is exact too
+    assert 0 < pruned.counts["evaluated"] == len(asked) < 44
+    assert pruned.counts["pruned_time"] == 44 - len(asked)
+    # What makes it safe: on these plans the bound never exceeds the simulated time by
+    # more than the margin.
+    m = measure_margin(full.candidates)
+    assert m["plans"] == 44 and m["max"] <= DEFAULT_MARGIN
+
+
+def _fake_simulator(cands, factor):
+    """Records whose iteration time is bound x factor(key): a simulator the estimate is off from."""
+    bound = {c.key: c.bound_s for c in cands}
+
+    def simulate(ps):
+        return [{"key": plan_key(p), "status": "ok",
+                 "summary": {"iteration_time_s": bound[plan_key(p)] * factor(plan_key(p)), "fits": True}}
+                for p in ps]
+    return simulate
+
+
+@pytest.fixture(scope="module")
+def big():
+    """Llama 2 70B on 64 H100s: hundreds of plans, about half of which do not fit."""
+    model = preset("llama2-70b")
+    space = SearchSpace(recompute=("none", "full"), zero_stage=(0, 3), sequence_parallel=(False,),
+                        schedule=("1f1b", "interleaved"), micro_batch_size=(1, 2))
+    return candidates(model, enumerate_plans(model, 64, 128, space), H100)
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_pruning_never_drops_the_best_two_while_the_margin_holds(big, seed):
+    # Simulated times anywhere from bound / margin to 3 x bound, at random.
+    rng = random.Random(seed)
+    f = {c.key: rng.uniform(1 / DEFAULT_MARGIN, 3.0) for c in big}
+    res = search(big, _fake_simulator(big, f.get))
+    fits = [c for c in big if c.estimate.fits]
+    truth = sorted(fits, key=lambda c: (c.bound_s * f[c.key], c.key))
+    assert [r["key"] for r in res.ranked[:2]] == [c.key for c in truth[:2]]
+    assert res.counts["pruned_memory"] == len(big) - len(fits) > len(big) // 4
+    assert res.counts["pruned_time"] > len(fits) // 2
+    assert all(c.status == "pruned: memory" for c in res.candidates if not c.estimate.fits)
+    assert all(c.status == "pending" for c in big if c.estimate.fits)  # the input is left alone
+
+
+def test_a_simulator_faster_than_the_margin_allows_can_be_missed(big):
+    # The guarantee rests on the margin: a plan that simulates far below its bound / margin
+    # (and is ranked late by its bound) is pruned and lost. This is why the margin is measured.
+    fits = [c for c in big if c.estimate.fits]
+    hidden = max(fits, key=lambda c: c.bound_s).key
+    sim = _fake_simulator(big, lambda k: 0.01 if k == hidden else 1.0)
+    assert search(big, sim).best["key"] != hidden
+    assert search(big, sim, margin=math.inf).best["key"] == hidden
+
+
+def test_explain_names_what_makes_the_difference():
+    def rec(key, compute, dp, idle, act):
+        mem = {"parameters_bytes": 1e9, "activations_bytes": act, "peak_bytes": 1e9 + act}
+        return {"key": key, "summary": {
+            "plan": {"dp": 4, "tp": 2, "pp": 2, "vpp": 1, "schedule": "1f1b", "micro_batch_size": 1,
+                     "zero_stage": 0, "recompute": "none", "sequence_parallel": False},
+            "iteration_time_s": compute + dp + idle, "compute_s": compute, "idle_s": idle,
+            "exposed_comm_s": {"dp": dp, "tp": 0.0}, "memory": mem}}
+    lines = explain(rec("a", 0.010, 0.001, 0.002, 2e9), rec("b", 0.010, 0.004, 0.0025, 1e9))
+    text = "\n".join(lines)
+    assert "3.500 ms (21.2%) faster" in text
+    assert "3.000 ms less exposed dp, 500.00 us less idle" in text
+    assert "953.67 MiB more memory" in text
+    assert any(line.startswith("  activations") for line in lines)
+
+
+def test_search_cli_json_best_is_what_trainsim_run_reports(capsys, tmp_path):
+    argv = ["search", *TINY_FLAGS, "--gpus", "8", "--global-batch-size", "8", "--tp", "1,2", "--pp", "1,2",
+            "--micro-batch-size", "1", "--zero", "0", "--recompute", "none", "--sequence-parallel", "off",
+            "--schedule", "1f1b", "--workers", "0", "--top", "3", "--json", "--out", str(tmp_path / "s")]
+    assert main(argv) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert {"best", "top", "evaluated", "pruned", "failed"} <= set(out)
+    assert out["evaluated"] + out["pruned"] == out["plans"] == 4 and out["failed"] == 0
+    assert out["top"][0] == out["best"] and len(out["top"]) == min(3, out["evaluated"])
+    times = [t["iteration_time_s"] for t in out["top"]]
+    assert times == sorted(times)
+    best = out["best"]
+    plan = best["plan"]
+    run_argv = ["run", *TINY_FLAGS, "--gpus", "8", "--global-batch-size", "8", "--json",
+                "--tensor-model-parallel-size", str(plan["tp"]), "--pipeline-model-parallel-size", str(plan["pp"]),
+                "--micro-batch-size", str(plan["micro_batch_size"])]
+    assert main(run_argv) == 0
+    ran = json.loads(capsys.readouterr().out)
+    assert {k: v for k, v in best.items() if k != "key"} == ran
+    d = tmp_path / "s"
+    rows = (d / "results.csv").read_text().splitlines()
+    assert rows[0].startswith("key,status,dp,tp,pp") and len(rows) == 5
+    assert len((d / "results.jsonl").read_text().splitlines()) == out["evaluated"]
+    assert (d / "pareto.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert json.loads((d / "search.json").read_text()) == out
+
+
+def test_search_cli_prints_the_top_and_why(capsys):
+    argv = ["search", *TINY_FLAGS, "--gpus", "8", "--global-batch-size", "8", "--tp", "1,2", "--pp", "1",
+            "--micro-batch-size", "1,2", "--zero", "0", "--recompute", "none,full", "--sequence-parallel", "off",
+            "--workers", "0"]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "6 plans: 0 do not fit in memory" in out
+    assert "  1  dp " in out and "runner-up dp" in out and "why: the best is" in out
+
+
+@pytest.mark.parametrize("extra,message", [
+    (["--tp", "1,x"], "--tp: got 'x'"),
+    (["--margin", "0.5"], "--margin: got 0.5"),
+    (["--sequence-parallel", "maybe"], "--sequence-parallel: got 'maybe'"),
+    (["--tp", "3"], "search: got '8 GPUs, global batch 8'; no valid plan"),
+    (["--workers", "-1"], "--workers: got -1"),
+])
+def test_search_cli_input_errors_are_one_line_and_write_nothing(capsys, tmp_path, extra, message):
+    argv = ["search", *TINY_FLAGS, "--gpus", "8", "--global-batch-size", "8", "--out", str(tmp_path / "o"), *extra]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("trainsim: error: ") and message in err and err.count("\n") == 1
+    assert not (tmp_path / "o").exists()

@@ -1,0 +1,223 @@
+"""Sweeps: identical results on every executor (Dask included), failures recorded, dead
+workers retried, interrupted sweeps resumed with every point exactly once."""
+
+import io
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from sim.cli import main
+from sim.hardware import load_profile
+from sim.model import gpt
+from sim.plan import ParallelPlan
+from sim.search import plan_key
+from sim.sweep import Progress, ResultsLog, Runner, evaluate, make_context
+from sim.topology_build import load_topology
+
+H100 = load_profile("h100-sxm")
+TINY = gpt("tiny", 4, 512, 8, 4096, 256)
+CTX = make_context(TINY, H100, load_topology("dgx-h100", nodes=1))
+PLANS = [ParallelPlan(dp=8 // (tp * pp), tp=tp, pp=pp, micro_batch_size=mb, global_batch_size=16, zero_stage=z)
+         for tp, pp, mb, z in ((1, 1, 1, 0), (1, 1, 2, 1), (2, 1, 1, 0), (2, 2, 1, 0), (1, 2, 2, 3), (1, 4, 1, 0))]
+ROOT = Path(__file__).resolve().parent.parent
+
+SWEEP_TOML = """\
+name = "sweep test"
+[model]
+num_layers = 4
+hidden_size = 512
+num_attention_heads = 8
+vocab_size = 4096
+seq_length = 256
+[cluster]
+gpu = "h100-sxm"
+gpus = 8
+[plan]
+tensor_model_parallel_size = [1, 2, 3]
+pipeline_model_parallel_size = [1, 2]
+micro_batch_size = [1, 2]
+sequence_parallel = [false, true]
+global_batch_size = 64
+"""
+
+
+# Worker hooks: module-level, so spawned workers can import them (they see the test's sys.path).
+def _die_once(ctx, plan):
+    marker = Path(os.environ["TRAINSIM_TEST_DIR"]) / f"died-{plan_key(plan)}"
+    if plan.tp == 2 and plan.pp == 1 and not marker.exists():
+        marker.touch()
+        os._exit(1)
+    return evaluate(ctx, plan)
+
+
+def _always_die(ctx, plan):
+    if plan.tp == 2 and plan.pp == 1:
+        os._exit(1)
+    return evaluate(ctx, plan)
+
+
+def _strip(records):
+    return sorted(records, key=lambda r: r["key"])
+
+
+@pytest.fixture(scope="module")
+def local_records():
+    with Runner(workers=2, progress=False) as runner:
+        return runner.run(CTX, PLANS)
+
+
+def test_local_records_are_those_of_trainsim_run_and_do_not_depend_on_the_worker_count(local_records):
+    assert [r["key"] for r in local_records] == [plan_key(p) for p in PLANS]  # in the order asked
+    assert all(r["status"] == "ok" and r["error"] is None for r in local_records)
+    with Runner(workers=0) as inline:
+        assert inline.run(CTX, PLANS) == local_records
+    # The summary is exactly what ``trainsim run --json`` prints for that plan.
+    from sim.commands.run import summarize
+    from sim.training import simulate_training
+
+    assert local_records[3]["summary"] == summarize(simulate_training(TINY, PLANS[3], H100, CTX.topology()))
+
+
+def test_a_dask_local_cluster_gives_the_local_executors_records(local_records):
+    pytest.importorskip("distributed")
+    with Runner(workers=2, dask="local", progress=False) as runner:
+        assert len(runner._client.scheduler_info()["workers"]) == 2
+        records = runner.run(CTX, PLANS)
+    assert json.dumps(_strip(records), sort_keys=True) == json.dumps(_strip(local_records), sort_keys=True)
+
+
+def test_a_plan_that_raises_is_recorded_and_the_sweep_goes_on(tmp_path):
+    too_big = ParallelPlan(dp=16, global_batch_size=16)  # 16 GPUs on an 8-GPU node
+    log = ResultsLog(tmp_path / "r.jsonl")
+    with Runner(workers=0, log=log) as runner:
+        recs = runner.run(CTX, [PLANS[0], too_big, PLANS[2]])
+    assert [r["status"] for r in recs] == ["ok", "error", "ok"]
+    assert recs[1]["error"].startswith("InputError: plan: needs dp x tp x pp = 16 x 1 x 1 = 16 GPUs")
+    lines = [json.loads(x) for x in (tmp_path / "r.jsonl").read_text().splitlines()]
+    assert sorted(x["key"] for x in lines) == sorted(r["key"] for r in recs)
+
+
+def test_a_dead_worker_is_retried_and_the_sweep_completes(tmp_path, monkeypatch, local_records):
+    monkeypatch.setenv("TRAINSIM_TEST_DIR", str(tmp_path))
+    with Runner(workers=2, fn=_die_once, progress=False) as runner:
+        recs = runner.run(CTX, PLANS)
+        assert runner.retried >= 1
+    assert (tmp_path / f"died-{plan_key(PLANS[2])}").exists()
+    assert recs == local_records
+
+
+def test_a_plan_that_kills_every_worker_is_recorded_as_crashed(local_records):
+    with Runner(workers=2, fn=_always_die, progress=False, max_retries=1) as runner:
+        recs = runner.run(CTX, PLANS)
+    assert recs[2]["status"] == "crashed" and "worker process died 2 times" in recs[2]["error"]
+    assert [r for i, r in enumerate(recs) if i != 2] == [r for i, r in enumerate(local_records) if i != 2]
+
+
+def test_interrupted_in_process_then_resumed_every_point_once(tmp_path):
+    calls = []
+
+    def interrupt_after_two(ctx, plan):
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        calls.append(plan)
+        return evaluate(ctx, plan)
+
+    path = tmp_path / "results.jsonl"
+    with pytest.raises(KeyboardInterrupt):
+        with Runner(workers=0, log=ResultsLog(path), fn=interrupt_after_two) as runner:
+            runner.run(CTX, PLANS)
+    first = path.read_text().splitlines()
+    assert len(first) == 2 and all(json.loads(x)["status"] == "ok" for x in first)
+    with open(path, "a") as fh:  # as if killed in the middle of writing a third line
+        fh.write('{"key": "dp0002-tp0')
+    ran = []
+
+    def counting(ctx, plan):
+        ran.append(plan)
+        return evaluate(ctx, plan)
+
+    with Runner(workers=0, log=ResultsLog(path, resume=True), fn=counting) as runner:
+        recs = runner.run(CTX, PLANS)
+    lines = path.read_text().splitlines()
+    assert lines[:2] == first and len(ran) == len(PLANS) - 2
+    keys = [json.loads(x)["key"] for x in lines]
+    assert sorted(keys) == sorted(plan_key(p) for p in PLANS) and len(set(keys)) == len(keys)
+    assert [r["key"] for r in recs] == [plan_key(p) for p in PLANS]
+
+
+def test_sweep_killed_by_sigint_leaves_a_valid_file_and_resume_finishes_it(tmp_path, capsys):
+    toml = tmp_path / "sweep.toml"
+    toml.write_text(SWEEP_TOML)
+    out = tmp_path / "out"
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.Popen([sys.executable, "-m", "sim", "sweep", str(toml), "--out", str(out), "--workers", "1"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=tmp_path)
+    results = out / "results.jsonl"
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and proc.poll() is None:
+        # 8 invalid (tp 3) points are written first, then the simulated ones as they finish.
+        if results.exists() and len(results.read_text().splitlines()) >= 10:
+            break
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    assert "rerun with --resume" in err and "Traceback" not in err
+    before = results.read_text().splitlines()
+    done = [json.loads(x) for x in before]  # every line is a whole record
+    assert 10 <= len(done) < 24
+    assert main(["sweep", str(toml), "--out", str(out), "--workers", "0"]) == 2
+    assert "pass --resume" in capsys.readouterr().err
+    assert main(["sweep", str(toml), "--out", str(out), "--resume", "--workers", "0", "--json"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    lines = results.read_text().splitlines()
+    assert lines[:len(before)] == before
+    keys = [json.loads(x)["key"] for x in lines]
+    assert len(keys) == len(set(keys)) == 24 == summary["points"]
+    assert summary["invalid"] == 8 and summary["failed"] == 8 and summary["best"]["key"] in keys
+    invalid = [json.loads(x) for x in lines if json.loads(x)["status"] == "error"]
+    assert all(r["error"].startswith("InputError: --gpus: got 8") for r in invalid)
+    assert all("plan.tensor_model_parallel_size=3" in r["point"] for r in invalid)
+    csv_rows = (out / "results.csv").read_text().splitlines()
+    assert len(csv_rows) == 25 and csv_rows[0].startswith("key,status,")
+    assert (out / "pareto.png").exists() and json.loads((out / "sweep.json").read_text()) == summary
+
+
+@pytest.mark.parametrize("text,message", [
+    ('[model]\npreset = ["gpt2-1.5b"]\n[cluster]\ngpus = 8\n', ":2: model.preset: got a list"),
+    ('[model]\npreset = "gpt2-1.5b"\n[cluster]\ngpus = 8\n[plan]\nmicro_batch_size = []\n',
+     ":6: plan.micro_batch_size: got an empty list"),
+    ('[model]\npreset = "gpt2-1.5b"\n[cluster]\ngpus = 8\n[plan]\nmicro_batch_size = [1, "two"]\n',
+     "plan.micro_batch_size[1]: got 'two'; expected an integer"),
+    ('[model]\npreset = "gpt2-1.5b"\n[plan]\nmicro_batch_size = [1, 2]\n', "a sweep needs cluster.gpus"),
+    ('[model]\npreset = "gpt2-1.5b"\n[cluster]\ngpus = 8\n[plan]\nmicro_batchsize = [1, 2]\n',
+     "plan.micro_batchsize: unknown key"),
+])
+def test_sweep_file_errors_are_one_line_and_write_nothing(tmp_path, capsys, text, message):
+    f = tmp_path / "bad.toml"
+    f.write_text(text)
+    assert main(["sweep", str(f), "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1
+    assert not (tmp_path / "o").exists()
+
+
+def test_progress_bar_on_a_terminal_only():
+    class Tty(io.StringIO):
+        def isatty(self):
+            return True
+
+    tty, pipe = Tty(), io.StringIO()
+    for stream in (tty, pipe):
+        p = Progress(4, stream=stream)
+        p.step()
+        p.step()
+        p.close()
+    assert "2/4" in tty.getvalue() and "ETA" in tty.getvalue() and "plans/s" in tty.getvalue()
+    assert pipe.getvalue() == ""
