@@ -10,7 +10,8 @@ micro-batch 2, 4 micro-batches). ``--repeats N`` runs the whole thing N times, e
 a fresh calibration, so run-to-run noise shows beside the error. Writes under
 ``experiments/out/validate/``: ``table.csv`` (every row of every repeat),
 ``summary.json`` (mean and max |Δ| of the iteration time per repeat and overall,
-the machine's load), ``summary.md``, and each run's report, profile, profiler traces and
+the machine's load), ``summary.md`` (with each run's probe slowdown: how much slower
+than calibrated a GEMM ran on the machine meanwhile), and each run's report, profile, profiler traces and
 measured-vs-simulated PNGs in ``run<i>-procs<n>/``.
 """
 
@@ -63,8 +64,9 @@ def main() -> int:
                          "max_abs_error": report["max_abs_error"], "load_average": report["load_average"],
                          "profile": report["profile_provenance"]})
             for r in report["rows"]:
-                rows.append({"repeat": i, "procs": procs, **{k: r[k] for k in ("config", "measured_s", "simulated_s",
-                                                                                "error")}})
+                probe = report["configs"][r["configuration"]]["probe"]["slowdown"]
+                rows.append({"repeat": i, "procs": procs, "probe_slowdown": probe,
+                             **{k: r[k] for k in ("config", "measured_s", "simulated_s", "error")}})
     its = [r for r in rows if r["config"].endswith("iteration time")]
     summary = {
         "mean_abs_error": statistics.fmean(abs(r["error"]) for r in its),
@@ -75,16 +77,18 @@ def main() -> int:
     }
     tmp = OUT / ".table.csv"
     with tmp.open("w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=["repeat", "procs", "config", "measured_s", "simulated_s", "error"])
+        w = csv.DictWriter(f, fieldnames=["repeat", "procs", "config", "measured_s", "simulated_s", "error",
+                                           "probe_slowdown"])
         w.writeheader()
         w.writerows(rows)
     os.replace(tmp, OUT / "table.csv")
     write_json_atomic(summary, OUT / "summary.json")
-    lines = ["| configuration | measured | simulated | Δ% |", "|---|---:|---:|---:|"]
+    lines = ["| configuration | measured | simulated | Δ% | probe slowdown |", "|---|---:|---:|---:|---:|"]
     for r in rows:
         tag = f" (run {r['repeat']})" if args.repeats > 1 else ""
+        probe = f"{r['probe_slowdown']:.2f}x" if r["config"].endswith("iteration time") else ""
         lines.append(f"| {r['config']}{tag} | {r['measured_s'] * 1e3:.1f} ms | {r['simulated_s'] * 1e3:.1f} ms | "
-                     f"{r['error'] * 100:+.1f}% |")
+                     f"{r['error'] * 100:+.1f}% | {probe} |")
     lines.append("")
     lines.append(f"Iteration time: mean |Δ| {summary['mean_abs_error'] * 100:.1f}%, max |Δ| "
                  f"{summary['max_abs_error'] * 100:.1f}% over {len(its)} runs; all rows: mean |Δ| "

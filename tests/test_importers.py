@@ -178,6 +178,11 @@ def test_gpu_kernels_and_nccl_kernels_become_compute_and_comm(tmp_path):
         (3, "comm", "dp", pytest.approx(40e-6), pytest.approx(70e-6)),
         (3, "compute", "compute", 0.0, pytest.approx(50e-6))]
     assert list(op_times(path)["ops"]) == ["sm90_xmma_gemm_bf16", "ncclDevKernel_AllReduce_Sum_bf16_RING_LL"]
+    # record_function ranges as the GPU ran them win over the CPU thread's
+    events += [{"ph": "X", "cat": "user_annotation", "name": "0F0", "ts": 80.0, "dur": 15.0, "pid": 1, "tid": 1},
+               {"ph": "X", "cat": "gpu_user_annotation", "name": "0F0", "ts": 100.0, "dur": 50.0, "pid": 0, "tid": 7}]
+    ann = trace_from_kineto([{"traceEvents": events}], level="annotations")
+    assert [(s.name, s.category, s.end_s - s.start_s) for s in ann.spans] == [("0F0", "F", pytest.approx(50e-6))]
 
 
 def test_bad_traces_are_clear_errors(tmp_path):

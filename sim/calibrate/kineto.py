@@ -19,8 +19,8 @@ timeline plot draws like a simulated one. What becomes a span (``level``):
 - ``kernels``: every GPU kernel; NCCL kernels on a ``comm`` stream as collectives
   (category from the collective's name: p2p ``pp``, others ``dp``), the rest on
   ``compute``;
-- ``annotations``: the ``record_function`` ranges on the main thread: the reference
-  run's steps (``1F0``: compute, category F), ``pp ...`` (p2p), ``dp ...``
+- ``annotations``: the ``record_function`` ranges (as the GPU ran them when the trace
+  has ``gpu_user_annotation`` events, else on the main CPU thread): the reference run's steps (``1F0``: compute, category F), ``pp ...`` (p2p), ``dp ...``
   (gradient all-reduce) and ``optimizer``;
 - ``auto``: kernels when the trace has any, else annotations, else top-level CPU ops.
 
@@ -181,8 +181,11 @@ def trace_from_kineto(sources, level: str = "auto") -> Trace:
         if lvl == "kernels":
             events = kernels
         elif lvl == "annotations":
-            main = {e.get("pid") for e in data["traceEvents"] if e.get("ph") == "X"}
-            events = [e for e in _complete(data, ("user_annotation",)) if e.get("tid") in main]
+            # On a GPU the ranges as the GPU ran them; on a CPU the main thread's.
+            events = _complete(data, ("gpu_user_annotation",))
+            if not events:
+                main = {e.get("pid") for e in data["traceEvents"] if e.get("ph") == "X"}
+                events = [e for e in _complete(data, ("user_annotation",)) if e.get("tid") in main]
         else:
             events = _top_level(_complete(data, ("cpu_op",)))
         picked.append((rank, lvl, events))

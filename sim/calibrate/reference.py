@@ -21,9 +21,9 @@ overlapped: the simulated plan says ``dp_overlap=False``), then Adam steps.
 
 Timing: a barrier starts each iteration; every step, wait and all-reduce is bracketed
 (``perf_counter`` on CPU, CUDA events on GPU) relative to that start, and an
-iteration's time is the slowest rank's. A probe GEMM timed on every rank before and
-after the iterations tells how fast the machine was meanwhile (a shared machine's other
-work shows there). Iterations after the warm-up are timed; one more
+iteration's time is the slowest rank's. A probe GEMM timed on every rank before each
+timed iteration (outside its timing) tells how fast the machine was meanwhile (a shared
+machine's other work shows there). Iterations after the warm-up are timed; one more
 runs under ``torch.profiler`` and each rank writes its Chrome trace
 (``trace_rank{r}.json``) when a trace directory is given.
 """
@@ -275,9 +275,12 @@ def _worker(ctx: Context, payload: dict) -> dict:
     from contextlib import nullcontext
 
     no_record = lambda name: nullcontext()  # noqa: E731
-    probe = [_probe(torch, ctx, payload.get("probe"))]
-    iters = [iteration(no_record) for _ in range(payload["warmup"] + payload["iters"])][payload["warmup"]:]
-    probe.append(_probe(torch, ctx, payload.get("probe")))
+    iters, probe = [], []
+    for i in range(payload["warmup"] + payload["iters"]):
+        if i >= payload["warmup"]:  # between iterations, untimed
+            probe.append(_probe(torch, ctx, payload.get("probe")))
+        iters.append(iteration(no_record))
+    iters = iters[payload["warmup"]:]
     trace_file = None
     if payload.get("trace_dir"):
         from torch.profiler import ProfilerActivity, profile, record_function
@@ -309,14 +312,14 @@ def _probe(torch, ctx: Context, shape) -> float | None:
     if ctx.world > 1:
         require_torch().distributed.barrier()
     m, n, k, layout = shape
-    return bench_gemms(ctx, [(m, n, k, 1, layout)], repeats=5, warmup=1)[0]["time_s"]
+    return bench_gemms(ctx, [(m, n, k, 1, layout)], repeats=3, warmup=1)[0]["time_s"]
 
 
 def run_reference(model: ModelSpec, plan: ParallelPlan, *, warmup: int = 2, iters: int = 5,
                   trace_dir: str | Path | None = None, probe: tuple | None = None) -> list | None:
     """Train ``iters`` timed iterations (after ``warmup``) on ``plan.world_size`` processes;
     each rank's result (None on a torchrun job's other ranks). With ``probe`` (m, n, k,
-    layout), every rank also times that GEMM before and after the timed iterations."""
+    layout), every rank also times that GEMM before each timed iteration."""
     check_supported(model, plan)
     if trace_dir is not None:
         Path(trace_dir).mkdir(parents=True, exist_ok=True)
