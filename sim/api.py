@@ -32,7 +32,7 @@ from functools import lru_cache
 from pathlib import Path
 
 from sim.errors import InputError
-from sim.experiment import Experiment, Setting, Where, read_experiment, settings_argv, settings_from_values
+from sim.experiment import Experiment, Setting, read_experiment, settings_argv, settings_from_values
 
 __all__ = ["RunResult", "Comparison", "run", "compare"]
 
@@ -149,6 +149,11 @@ class Comparison:
 
     results: list[RunResult]
     title: str = ""
+    """The chart's title (default: the model, the GPUs and the number of plans)."""
+
+    def __post_init__(self):
+        if not self.title:
+            self.title = _title(self.results)
 
     def __iter__(self):
         return iter(self.results)
@@ -411,9 +416,10 @@ def compare(experiment: str | Path | None = None, plans: list | None = None, *, 
                       else {**base, **v.settings, **v.axis})
             if i == 0:
                 _check_model(exp, merged, model_obj)
-            bar.update(f"simulating plan {i + 1}/{len(variants)} ({v.name})", done=i)
+            gpus = f"{results[0].summary['gpus']} GPUs, " if results else ""
+            bar.update(f"simulating {gpus}plan {i + 1}/{len(variants)} ({v.name})", done=i)
             results.append(simulate_variant(exp, v, merged, parser, (), model_obj))
-    return Comparison(results, title=_title(results))
+    return Comparison(results)
 
 
 @dataclass

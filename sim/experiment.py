@@ -27,6 +27,7 @@ reported (with its line) before anything is simulated.
 from __future__ import annotations
 
 import argparse
+import difflib
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -196,7 +197,9 @@ def _table_settings(f: TomlFile, where_of, table: str, values: dict, prefix: str
 def _unknown(where, prefix: str, table: dict, allowed) -> None:
     for key in table:
         if key not in allowed:
-            raise where(key).error(f"{prefix}{key}", f"unknown key; allowed keys are {', '.join(sorted(allowed))}")
+            close = difflib.get_close_matches(key, list(allowed), n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise where(key).error(f"{prefix}{key}", f"unknown key{hint}; allowed keys are {', '.join(sorted(allowed))}")
 
 
 PLAN_KEYS = ("name", "description", *TABLES["plan"], "zero_optimization")

@@ -79,9 +79,10 @@ def run(args) -> int:
     results = []
     with Progress(total=len(variants)) as bar:
         for i, v in enumerate(variants):
-            bar.update(f"simulating plan {i + 1}/{len(variants)} ({v.name})", done=i)
+            gpus = f"{results[0].summary['gpus']} GPUs, " if results else ""
+            bar.update(f"simulating {gpus}plan {i + 1}/{len(variants)} ({v.name})", done=i)
             results.append(api.simulate_variant(exp, v, {**base, **v.settings, **v.axis}, parser, cli))
-    comp = api.Comparison(results, title=api._title(results))
+    comp = api.Comparison(results)
     if args.out:
         comp.save(args.out)
     if args.kineto:
