@@ -14,6 +14,9 @@ Kinds of action:
   rendezvous as NCCL does: the transfer starts once both sides have reached their
   action, and both actions end when it arrives. The n-th untagged send from a to b
   matches the n-th untagged recv on b from a; a ``tag`` matches explicitly.
+- ``comm``: communication priced outside the network model: it busies its stream for
+  ``duration_s`` like compute, but counts as communication. Used when collectives that
+  provably have their links to themselves are coalesced (``sim.training``).
 - ``copy``: ``nbytes`` between the GPU and its host CPU (``op`` "d2h" or "h2d") over
   their PCIe link (optimizer offload).
 - ``collective``: ``op`` over ``group`` with ``nbytes`` (see ``sim.collectives``).
@@ -32,7 +35,7 @@ from dataclasses import dataclass, field
 from sim.collectives import ALGOS, OPS
 from sim.errors import InputError
 
-KINDS = ("compute", "send", "recv", "collective", "copy")
+KINDS = ("compute", "comm", "send", "recv", "collective", "copy")
 
 Ref = tuple[int, str]
 
@@ -43,7 +46,8 @@ class Action:
 
     name: str
     kind: str = "compute"
-    stream: str = "compute"
+    stream: str = ""
+    """Default: ``compute`` for compute and comm actions, ``comm`` for the others."""
     duration_s: float = 0.0
     flops: float = 0.0
     nbytes: float = 0
@@ -82,8 +86,8 @@ class Action:
             if self.algo not in ALGOS:
                 raise InputError(f"action {self.name!r}: algo: got {self.algo!r}; allowed: {', '.join(ALGOS)}")
             object.__setattr__(self, "group", tuple(self.group))
-        if self.kind != "compute" and self.stream == "compute":
-            object.__setattr__(self, "stream", "comm")
+        if not self.stream:
+            object.__setattr__(self, "stream", "compute" if self.kind in ("compute", "comm") else "comm")
         object.__setattr__(self, "deps", tuple(d if isinstance(d, str) else (int(d[0]), str(d[1])) for d in self.deps))
         for m in self.mem:
             if len(m) != 3 or m[0] not in ("start", "end") or not isinstance(m[1], str) \

@@ -131,7 +131,7 @@ class _Engine:
                 self._apply_mem(rank, a, "start")
             link_id = None
             rv = None
-            if a.kind == "compute":
+            if a.kind == "compute" or a.kind == "comm":
                 if a.duration_s > 0:
                     yield env.timeout(a.duration_s)
             elif a.kind == "collective":

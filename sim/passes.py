@@ -34,7 +34,7 @@ from sim.actions import Action, Program
 class Segment:
     """A piece of a step: a compute stretch of one layer, or a tensor-parallel collective."""
 
-    kind: str  # "compute" or "collective"
+    kind: str  # "compute", "collective", or "comm" (a collective priced outside the network)
     duration_s: float = 0.0
     flops: float = 0.0
     op: str = ""  # allreduce / allgather / reducescatter
@@ -67,9 +67,10 @@ def replicate(prog: Program, world_size: int, coords: Callable[[int], tuple], ra
 
 def add_tp_collectives(prog: Program, segments: Callable[[int, Action], list[Segment] | None],
                        tp_group: Callable[[int], tuple[int, ...]]) -> Program:
-    """Expand each action for which ``segments(rank, action)`` returns a list into a chain:
-    compute segments on the action's stream, collectives over the rank's tp group on
-    stream ``tp``. The first piece takes the action's deps; the last takes its name."""
+    """Expand each action for which ``segments(rank, action)`` returns a list into a chain
+    of compute segments and collectives over the rank's tp group, all on the action's
+    stream: as in Megatron-LM, tensor-parallel NCCL kernels run on the compute stream and
+    block it. The first piece takes the action's deps; the last takes its name."""
     out: dict[int, list[Action]] = {}
     for r, acts in prog.actions.items():
         group = tp_group(r)
@@ -88,7 +89,12 @@ def add_tp_collectives(prog: Program, segments: Callable[[int, Action], list[Seg
                     if len(group) < 2:
                         continue
                     new.append(Action(name, kind="collective", op=s.op, group=group, nbytes=s.nbytes,
-                                      category="tp", deps=deps, stream="tp", layer=s.layer))
+                                      category="tp", deps=deps, stream=a.stream, layer=s.layer))
+                elif s.kind == "comm":
+                    if len(group) < 2:
+                        continue
+                    new.append(Action(name, kind="comm", op=s.op, duration_s=s.duration_s, nbytes=s.nbytes,
+                                      category="tp", deps=deps, stream=a.stream, layer=s.layer))
                 else:
                     new.append(Action(name, duration_s=s.duration_s, flops=s.flops, category=a.category,
                                       stream=a.stream, deps=deps, layer=s.layer))
@@ -137,12 +143,22 @@ def add_p2p(prog: Program, nbytes: Callable[[Action], float]) -> Program:
     return prog.with_actions(out)
 
 
-def _backward_uses(acts, backward) -> list[tuple[str, int, int, int]]:
-    """(step, layer, first index, last index) of each layer's backward compute within
-    each backward step, in program order."""
+def step_kind(name: str) -> str:
+    """The kind letter of a pipeline step name (``"2B0.3"`` -> ``"B"``), or ``""``."""
+    head = name.split(".")[0]
+    letters = [ch for ch in head if ch.isalpha()]
+    return letters[0] if len(letters) == 1 and head[0].isdigit() and head[-1].isdigit() else ""
+
+
+def layer_uses(acts, kinds) -> list[tuple[str, int, int, int]]:
+    """(step, layer, first index, last index) of each layer's stretch of work (compute and
+    the tensor-parallel collectives between it) within each pipeline step whose kind is in
+    ``kinds``, in program order."""
     uses: list[list] = []
     for i, a in enumerate(acts):
-        if a.kind != "compute" or a.category not in backward or a.layer is None:
+        if a.layer is None or a.kind not in ("compute", "comm", "collective"):
+            continue
+        if (a.category if a.category in ("F", "B", "I", "W") else step_kind(a.name)) not in kinds:
             continue
         step = a.name.split(".")[0]
         if uses and uses[-1][0] == step and uses[-1][1] == a.layer:
@@ -170,7 +186,7 @@ def add_grad_sync(prog: Program, grad_bytes: Callable[[int, int], float], dp_gro
     for r, acts in prog.actions.items():
         group = dp_group(r)
         lst = list(acts)
-        uses = _backward_uses(lst, backward)
+        uses = layer_uses(lst, backward)
         if len(group) < 2 or not uses:
             out[r] = lst
             continue

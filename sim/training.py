@@ -17,6 +17,7 @@ from functools import lru_cache
 
 from sim import passes, zero
 from sim.actions import Action, Program
+from sim.coalesce import coalesce, isolated_tp_pricer
 from sim.costs import op_time
 from sim.engine import simulate
 from sim.errors import InputError
@@ -58,9 +59,16 @@ class TrainingRun:
 class _Segments:
     """Per (virtual stage, step kind): the step's compute segments and tp collectives."""
 
-    def __init__(self, model: ModelSpec, plan: ParallelPlan, profile: HardwareProfile):
+    def __init__(self, model: ModelSpec, plan: ParallelPlan, profile: HardwareProfile,
+                 price=None, keep_layers=None):
         self.model, self.plan, self.profile = model, plan, profile
         self._cache = lru_cache(maxsize=None)(self._build)
+        self._coalesced = lru_cache(maxsize=None)(self._coalesce)
+        self.price = price  # closed-form price of isolated tp collectives (sim.coalesce), or None
+        self.keep_layers = keep_layers or (lambda step: True)
+
+    def _coalesce(self, stage: int, kind: str, keep: bool):
+        return coalesce(self._cache(stage, kind), self.price, keep)
 
     def layers(self, stage: int) -> list:
         """(layer id, Work) of a virtual stage in forward order: -1 embedding, L the head."""
@@ -108,6 +116,8 @@ class _Segments:
         if action.kind != "compute" or action.category not in PIPELINE_KINDS:
             return None
         step = Step.parse(action.name)
+        if self.price is not None:
+            return list(self._coalesced(step.stage, step.kind, self.keep_layers(step)))
         return list(self._cache(step.stage, step.kind))
 
 
@@ -117,7 +127,8 @@ AUTO_REDUCED_ABOVE_GPUS = 256
 
 def build_program(model: ModelSpec, plan: ParallelPlan, profile: HardwareProfile,
                   schedule: Schedule | None = None, fidelity: str = "full",
-                  gpus_per_node: int = 8) -> tuple[Schedule, Program]:
+                  gpus_per_node: int = 8, topology: Topology | None = None,
+                  coalesce_tp: bool = True) -> tuple[Schedule, Program]:
     """The iteration program of ``plan``: every GPU's compute and communication.
 
     ``fidelity="reduced"`` simulates one GPU per pipeline stage (dp index 0, tp index
@@ -140,7 +151,10 @@ def build_program(model: ModelSpec, plan: ParallelPlan, profile: HardwareProfile
             f"the plan needs pp={plan.pp}, vpp={plan.vpp}, m={plan.num_microbatches}"
         )
     validate(schedule)
-    segments = _Segments(model, plan, profile)
+    price = None
+    if coalesce_tp and topology is not None:
+        price = isolated_tp_pricer(plan, topology, profile.link_efficiencies())
+    segments = _Segments(model, plan, profile, price, _layer_steps(schedule, plan))
     prog = to_program(schedule, lambda step: 0.0)
     keep = (lambda g: plan.coords(g)[0] == 0 and plan.coords(g)[2] == 0) if fidelity == "reduced" else None
     prog = passes.replicate(prog, plan.world_size, plan.coords, plan.rank, keep)
@@ -195,6 +209,30 @@ def build_program(model: ModelSpec, plan: ParallelPlan, profile: HardwareProfile
     return schedule, prog
 
 
+def _layer_steps(schedule: Schedule, plan: ParallelPlan):
+    """Which steps must keep per-layer pieces: every step under ZeRO-3 (gathers per
+    layer), every backward under ZeRO-2 (reduce-scatter per layer and micro-batch), and
+    otherwise each stage's last backward on its rank (gradient buckets), when dp > 1."""
+    last: set[Step] = set()
+    for steps in schedule.ranks:
+        final: dict[int, Step] = {}
+        for st in steps:
+            if st.kind in ("B", "W"):
+                final[st.stage] = st
+        last.update(final.values())
+
+    def keep(step: Step) -> bool:
+        if plan.dp == 1:
+            return False
+        if plan.zero_stage == 3:
+            return True
+        if plan.zero_stage == 2:
+            return step.kind in ("B", "W")
+        return step in last
+
+    return keep
+
+
 def zero3_depth(model: ModelSpec, plan: ParallelPlan) -> int:
     """Layers gathered ahead under ZeRO-3: the plan's depth, capped so that at most
     ``zero3_max_live_parameters`` gathered parameters are alive at once."""
@@ -239,7 +277,8 @@ def add_memory(prog: Program, model: ModelSpec, plan: ParallelPlan, profile: Har
 
 
 def simulate_training(model: ModelSpec, plan: ParallelPlan, profile: HardwareProfile, topology: Topology,
-                      schedule: Schedule | None = None, fidelity: str = "full") -> TrainingRun:
+                      schedule: Schedule | None = None, fidelity: str = "full",
+                      coalesce_tp: bool = True) -> TrainingRun:
     """Simulate one iteration of ``plan`` on ``topology`` and return the run
     (``fidelity``: "full", "reduced", or "auto": reduced above 256 GPUs)."""
     if fidelity == "auto":
@@ -249,7 +288,8 @@ def simulate_training(model: ModelSpec, plan: ParallelPlan, profile: HardwarePro
             f"plan: needs dp x tp x pp = {plan.dp} x {plan.tp} x {plan.pp} = {plan.world_size} GPUs; "
             f"topology {topology.name} has {topology.num_gpus}"
         )
-    schedule, prog = build_program(model, plan, profile, schedule, fidelity, topology.gpus_per_node)
+    schedule, prog = build_program(model, plan, profile, schedule, fidelity, topology.gpus_per_node, topology,
+                                   coalesce_tp)
     trace = simulate(prog, topology, link_efficiency=profile.link_efficiencies(),
                      fluid_collectives=fidelity == "reduced")
     return TrainingRun(model, plan, profile, topology, schedule, prog, trace, fidelity)

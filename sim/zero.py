@@ -28,6 +28,7 @@ from dataclasses import replace
 from typing import Callable
 
 from sim.actions import Action, Program
+from sim.passes import layer_uses
 
 PIPELINE = ("F", "B", "I", "W")
 
@@ -102,15 +103,7 @@ def add_param_gathers(prog: Program, layer_bytes: Callable[[int, int], float],
         if len(group) < 2:
             out[r] = lst
             continue
-        uses: list[list] = []  # [step, layer, first, last]
-        for i, a in enumerate(lst):
-            if a.kind != "compute" or a.category not in PIPELINE or a.layer is None:
-                continue
-            step = a.name.split(".")[0]
-            if uses and uses[-1][0] == step and uses[-1][1] == a.layer:
-                uses[-1][3] = i
-            else:
-                uses.append([step, a.layer, i, i])
+        uses = layer_uses(lst, PIPELINE)  # (step, layer, first, last)
         before: dict[int, list[Action]] = {}
         extra_deps: dict[int, list[str]] = {}
         frees: dict[int, list[tuple]] = {}

@@ -89,8 +89,9 @@ def test_tp_across_a_node_boundary_is_markedly_slower_and_the_trace_shows_infini
     # Same 16 GPUs, same work per GPU: tp 8 x dp 2 against tp 16 across two nodes.
     model = gpt("tp-model", 4, 4096, 32, 32000, 2048)
     topo = load_topology("dgx-h100", nodes=2)
-    t8 = simulate_training(model, ParallelPlan(tp=8, dp=2, global_batch_size=4), H100, topo)
-    t16 = simulate_training(model, ParallelPlan(tp=16, dp=1, global_batch_size=4), H100, topo)
+    # coalesce_tp=False keeps every tensor-parallel transfer in the trace
+    t8 = simulate_training(model, ParallelPlan(tp=8, dp=2, global_batch_size=4), H100, topo, coalesce_tp=False)
+    t16 = simulate_training(model, ParallelPlan(tp=16, dp=1, global_batch_size=4), H100, topo, coalesce_tp=False)
     assert t16.trace.end_s > 1.3 * t8.trace.end_s
     exp8 = rank_breakdown(t8.trace, 0)["exposed_comm_s"]["tp"]
     exp16 = rank_breakdown(t16.trace, 0)["exposed_comm_s"]["tp"]
@@ -207,3 +208,36 @@ def test_custom_schedule_csv(tmp_path, capsys):
                     "--schedule", str(path))
     ref = _run_json(capsys, *ARGS, "--pipeline-model-parallel-size", "2", "--gpus", "2", "--global-batch-size", "4")
     assert out["iteration_time_s"] == ref["iteration_time_s"] and out["schedule"] == "mine"
+
+
+@pytest.mark.parametrize("plan", [
+    ParallelPlan(tp=8, dp=2, global_batch_size=8),
+    ParallelPlan(tp=8, pp=2, dp=1, global_batch_size=8, schedule="1f1b"),
+    ParallelPlan(tp=8, pp=2, dp=1, global_batch_size=8, schedule="zb-h1"),
+    ParallelPlan(tp=8, dp=2, global_batch_size=8, zero_stage=3),
+    ParallelPlan(tp=8, dp=2, global_batch_size=8, zero_stage=2, sequence_parallel=True),
+])
+def test_coalescing_isolated_tp_collectives_keeps_the_iteration_time(plan):
+    model = gpt("co", 4, 2048, 16, 8192, 1024)
+    topo = load_topology("dgx-h100", nodes=2)
+    on = simulate_training(model, plan, H100, topo)
+    off = simulate_training(model, plan, H100, topo, coalesce_tp=False)
+    assert any(a.kind == "comm" for acts in on.program.actions.values() for a in acts)  # it did coalesce
+    assert len(on.program) < len(off.program)
+    assert on.trace.end_s == pytest.approx(off.trace.end_s, rel=1e-3)
+    # the same time is spent communicating (how it splits between tp and dp where they
+    # overlap depends on the order of the pieces inside a layer)
+    b_on, b_off = rank_breakdown(on.trace, 0), rank_breakdown(off.trace, 0)
+    assert sum(b_on["exposed_comm_s"].values()) == pytest.approx(sum(b_off["exposed_comm_s"].values()), rel=1e-3)
+    assert b_on["compute_s"] == pytest.approx(b_off["compute_s"], rel=1e-9)
+
+
+def test_no_coalescing_when_tp_shares_nvlink_with_other_traffic():
+    from sim.coalesce import isolated_tp_pricer
+
+    topo = load_topology("dgx-h100", nodes=2)
+    eff = H100.link_efficiencies()
+    assert isolated_tp_pricer(ParallelPlan(tp=8, dp=2, global_batch_size=8), topo, eff) is not None
+    assert isolated_tp_pricer(ParallelPlan(tp=4, dp=4, global_batch_size=8), topo, eff) is None  # dp inside a node
+    assert isolated_tp_pricer(ParallelPlan(tp=4, pp=2, dp=2, global_batch_size=8), topo, eff) is None  # pp inside
+    assert isolated_tp_pricer(ParallelPlan(tp=16, global_batch_size=8), topo, eff) is None  # tp across nodes
