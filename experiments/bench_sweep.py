@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import csv
 import json
+import os
 import random
 import statistics
 import time
@@ -38,7 +39,7 @@ GPT = gpt("gpt-8l-1024", 8, 1024, 16, 8192, 512)
 LLAMA = llama("llama-8l-1024-gqa", 8, 1024, 16, 4, 2816, 8192, 1024)
 
 
-def _fitting(model, gpus, gbs, **space):
+def _fitting(model, gpus, gbs):
     return [c for c in candidates(model, enumerate_plans(model, gpus, gbs), H100) if c.status == "pending"]
 
 
@@ -111,11 +112,14 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=1)
     a = ap.parse_args()
     OUT.mkdir(parents=True, exist_ok=True)
-    print("plans simulated per second (small GPT, 16 x H100):")
+    load = os.getloadavg()[0]
+    print(f"plans simulated per second (small GPT, 16 x H100; {os.cpu_count()} cores, load average {load:.1f} "
+          "before: other processes on the machine slow the workers down):")
     thr = throughput(a.plans, a.seed)
     print(f"estimate vs simulation on a sample (seed {a.seed}):")
     mar = margin(a.sample, a.seed, 2)
-    summary = {"throughput": thr, "margin": {}, "default_margin": DEFAULT_MARGIN}
+    summary = {"throughput": thr, "margin": {}, "default_margin": DEFAULT_MARGIN, "cores": os.cpu_count(),
+               "load_average_before": load}
     for name in sorted({r["model"] for r in mar}) + ["all"]:
         rs = [r for r in mar if name in ("all", r["model"])]
         b, e = _stats([r["bound_ratio"] for r in rs]), _stats([r["estimate_ratio"] for r in rs])
@@ -128,7 +132,9 @@ def main() -> None:
     _write_csv(thr, OUT / "throughput.csv")
     _write_csv(mar, OUT / "margin.csv")
     (OUT / "summary.json").write_text(json.dumps(summary, indent=1, sort_keys=True) + "\n")
-    md = ["# Sweep throughput and estimate margin", "", "| executor | workers | plans/s |", "|---|---|---|"]
+    md = ["# Sweep throughput and estimate margin", "",
+          f"{os.cpu_count()} cores, load average {load:.1f} before the run.", "",
+          "| executor | workers | plans/s |", "|---|---|---|"]
     md += [f"| {r['executor']} | {r['workers']} | {r['plans_per_s']:.2f} |" for r in thr]
     md += ["", "| model | plans | bound/sim min | median | max | estimate/sim min | median | max |",
            "|---|---|---|---|---|---|---|---|"]

@@ -186,10 +186,10 @@ class ResultsLog:
 class Progress:
     """``[#####.....] 12/40  30%  3.1 plans/s  ETA 0:09`` on a terminal; nothing otherwise."""
 
-    def __init__(self, total: int, enabled: bool | None = None, stream=None):
+    def __init__(self, total: int, enabled: bool | None = None, stream=None, label: str = ""):
         self.stream = stream or sys.stderr
         self.enabled = self.stream.isatty() if enabled is None else enabled
-        self.total, self.done, self.start = total, 0, time.monotonic()
+        self.total, self.done, self.start, self.label = total, 0, time.monotonic(), label
 
     def step(self, n: int = 1) -> None:
         self.done += n
@@ -200,7 +200,7 @@ class Progress:
         left = (self.total - self.done) / rate if rate > 0 else 0.0
         frac = self.done / self.total if self.total else 1.0
         bar = "#" * int(frac * 30)
-        self.stream.write(f"\r[{bar:<30}] {self.done}/{self.total} {frac * 100:3.0f}%  {rate:.1f} plans/s  "
+        self.stream.write(f"\r{self.label}[{bar:<30}] {self.done}/{self.total} {frac * 100:3.0f}%  {rate:.1f} plans/s  "
                           f"ETA {int(left) // 60}:{int(left) % 60:02d} ")
         self.stream.flush()
 
@@ -317,14 +317,15 @@ class Runner:
         self.log.close()
 
     # -- running
-    def run(self, ctx: Context, plans: list[ParallelPlan]) -> list[dict]:
+    def run(self, ctx: Context, plans: list[ParallelPlan], label: str = "") -> list[dict]:
         """Records for ``plans`` in the same order: from the results file where finished
-        there, else simulated (and appended as they finish)."""
+        there, else simulated (and appended as they finish). ``label`` prefixes the
+        progress bar."""
         keys = [plan_record_key(p) for p in plans]
         todo = [(k, p) for k, p in zip(keys, plans) if k not in self.log.done]
         todo = list({k: (k, p) for k, p in todo}.values())
         if todo:
-            self.progress = Progress(len(todo), self.progress_enabled)
+            self.progress = Progress(len(todo), self.progress_enabled, label=label)
             try:
                 self._drive(ctx, todo)
             finally:

@@ -84,12 +84,19 @@ def test_local_records_are_those_of_trainsim_run_and_do_not_depend_on_the_worker
     assert local_records[3]["summary"] == summarize(simulate_training(TINY, PLANS[3], H100, CTX.topology()))
 
 
-def test_a_dask_local_cluster_gives_the_local_executors_records(local_records):
+def test_a_dask_local_cluster_gives_the_local_executors_records(local_records, tmp_path, monkeypatch):
     pytest.importorskip("distributed")
+    monkeypatch.setenv("TRAINSIM_TEST_DIR", str(tmp_path))
     with Runner(workers=2, dask="local", progress=False) as runner:
-        assert len(runner._client.scheduler_info()["workers"]) == 2
+        info = runner._client.scheduler_info()["workers"]
+        assert len(info) == 2 and len({w["id"] for w in info.values()}) == 2
+        assert len(set(runner._client.run(os.getpid).values()) | {os.getpid()}) == 3  # processes
         records = runner.run(CTX, PLANS)
-    assert json.dumps(_strip(records), sort_keys=True) == json.dumps(_strip(local_records), sort_keys=True)
+        assert json.dumps(_strip(records), sort_keys=True) == json.dumps(_strip(local_records), sort_keys=True)
+        # A worker that dies mid-plan: Dask's scheduler runs the plan again on a live worker.
+        runner.fn = _die_once
+        again = runner.run(CTX, [ParallelPlan(dp=4, tp=2, global_batch_size=32)])
+    assert (tmp_path / f"died-{again[0]['key']}").exists() and again[0]["status"] == "ok"
 
 
 def test_a_plan_that_raises_is_recorded_and_the_sweep_goes_on(tmp_path):
@@ -180,7 +187,8 @@ def test_sweep_killed_by_sigint_leaves_a_valid_file_and_resume_finishes_it(tmp_p
     assert lines[:len(before)] == before
     keys = [json.loads(x)["key"] for x in lines]
     assert len(keys) == len(set(keys)) == 24 == summary["points"]
-    assert summary["invalid"] == 8 and summary["failed"] == 8 and summary["best"]["key"] in keys
+    assert summary["invalid"] == 8 and summary["evaluated"] == 16 and summary["failed"] == 0
+    assert summary["best"]["key"] in keys
     invalid = [json.loads(x) for x in lines if json.loads(x)["status"] == "error"]
     assert all(r["error"].startswith("InputError: --gpus: got 8") for r in invalid)
     assert all("plan.tensor_model_parallel_size=3" in r["point"] for r in invalid)

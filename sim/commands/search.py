@@ -89,7 +89,7 @@ def add_arguments(p) -> None:
     s.add_argument("--sequence-parallel", help="on, off or on,off")
     s.add_argument("--margin", type=float, default=DEFAULT_MARGIN,
                    help=f"the estimate's error factor: a plan is simulated unless its estimated bound / margin "
-                        f"exceeds the N-th best simulated time (default {DEFAULT_MARGIN}; inf: no time pruning)")
+                        f"exceeds the second-best simulated time (default {DEFAULT_MARGIN}; inf: no time pruning)")
     s.add_argument("--wave", type=int, default=16, help="plans simulated between pruning checks (default 16)")
     add_executor_arguments(p)
 
@@ -275,13 +275,20 @@ def run(args) -> int:
     log = open_log(args, context)
     t0 = time.monotonic()
     with interrupted_note(log), Runner(args.workers, args.dask, log) as runner:
-        result = search(cands, lambda ps: runner.run(ctx, ps), margin=args.margin, wave=args.wave)
+        waves = []
+
+        def simulate(plans):
+            waves.append(len(plans))
+            return runner.run(ctx, plans, label=f"wave {len(waves)} ({sum(waves) - len(plans)} plans done) ")
+
+        result = search(cands, simulate, margin=args.margin, wave=args.wave)
     wall = time.monotonic() - t0
     ranked = rank(result.ranked)
     c = result.counts
     obj = {"best": entry(ranked[0]) if ranked else None, "top": [entry(r) for r in ranked[:args.top]],
            "evaluated": c["evaluated"], "pruned": c["pruned"], "failed": c["failed"],
            "pruned_memory": c["pruned_memory"], "pruned_time": c["pruned_time"], "plans": c["plans"],
+           "does_not_fit": c["does_not_fit"],
            "margin": args.margin if math.isfinite(args.margin) else None}
     if args.out:
         rows = [{"key": cd.key, "status": cd.status, "plan": asdict(cd.plan),
@@ -300,6 +307,8 @@ def run(args) -> int:
     print(f"{c['plans']} plans: {c['pruned_memory']} do not fit in memory, {c['pruned_time']} cannot beat the "
           f"best two (estimate margin {margin}), {c['evaluated']} simulated ({c['failed']} failed) "
           f"in {wall:.1f} s")
+    if c["does_not_fit"]:
+        print(f"{c['does_not_fit']} simulated plan(s) did not fit in memory after all (simulated peak)")
     if not ranked:
         print("no plan ran and fits")
         return 1

@@ -163,11 +163,11 @@ def run(args) -> int:
     wall = time.monotonic() - t0
     records = sorted(records + invalid, key=lambda r: r["key"])
     ranked = rank(records)
-    failed = sum(r["status"] != "ok" for r in records)
+    failed = sum(r["status"] != "ok" for r in records) - len(invalid)
     obj = {"best": entry(ranked[0]) if ranked else None, "top": [entry(r) for r in ranked[:args.top]],
-           "points": len(records), "evaluated": len(records), "pruned": 0, "failed": failed,
-           "invalid": len(invalid), "does_not_fit": sum(r["status"] == "ok" and not r["summary"]["fits"]
-                                                         for r in records)}
+           "points": len(records), "invalid": len(invalid), "evaluated": len(records) - len(invalid),
+           "pruned": 0, "failed": failed,
+           "does_not_fit": sum(r["status"] == "ok" and not r["summary"]["fits"] for r in records)}
     if args.out:
         title = f"{model.name} on {gpus} x {profile.name}: sweep of {len(records)} points"
         write_outputs(Path(args.out), records, ranked, obj, title, profile.hbm_capacity_bytes, "sweep")
@@ -176,8 +176,8 @@ def run(args) -> int:
         return 0
     print(model.describe())
     print(f"{gpus} x {profile.name} on {topo.describe()}")
-    print(f"{len(records)} points: {len(records) - failed} ran ({obj['does_not_fit']} do not fit), "
-          f"{len(invalid)} invalid, {failed - len(invalid)} failed; {wall:.1f} s")
+    print(f"{len(records)} points: {len(invalid)} invalid, {obj['evaluated']} simulated ({failed} failed, "
+          f"{obj['does_not_fit']} do not fit) in {wall:.1f} s")
     for r in records:
         if r["status"] != "ok":
             print(f"  {r['key']}: {r['error']}")
