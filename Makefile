@@ -29,3 +29,16 @@ test: $(VENV)/.installed-test
 
 clean:
 	rm -rf $(VENV) out experiments/out
+
+# The experiments of issue 8: one script per question, then experiments/out/REPORT.md.
+.PHONY: experiments
+experiments: $(VENV)/.installed
+	$(BIN)/python experiments/pipeline_bubble.py
+	$(BIN)/python experiments/allreduce_scaling.py
+	$(BIN)/python experiments/tensor_parallel.py
+	$(BIN)/python experiments/zero_stages.py
+	$(BIN)/python experiments/gpt3_3d.py
+	$(BIN)/python experiments/grad_accumulation.py
+	$(BIN)/python experiments/megatron_table2.py
+	$(BIN)/python experiments/stage_imbalance.py
+	$(BIN)/python experiments/report.py
