@@ -50,16 +50,32 @@ def _validate(procs: int, configs: str, out: Path, quick: bool) -> dict:
     return json.loads(buf.getvalue())
 
 
+def _wait_quiet(limit_s: float, load: float) -> float:
+    """Seconds spent waiting for the load average to fall below ``load`` (at most ``limit_s``)."""
+    import time
+
+    start = time.monotonic()
+    while limit_s > 0 and os.getloadavg()[0] >= load and time.monotonic() - start < limit_s:
+        time.sleep(10)
+    return time.monotonic() - start
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="the small model (seconds, for a smoke run)")
     ap.add_argument("--repeats", type=int, default=1)
+    ap.add_argument("--wait-quiet", type=float, default=0, metavar="SECONDS",
+                    help="before each validation wait up to this long for the 1-minute load average to drop "
+                         "below --quiet-load (a shared machine's other work shows up as error)")
+    ap.add_argument("--quiet-load", type=float, default=1.0)
     args = ap.parse_args()
     OUT.mkdir(parents=True, exist_ok=True)
     rows, runs = [], []
     for i in range(args.repeats):
         for procs, configs in ((2, "dp,gpipe,1f1b"), (4, "dp-pp")):
+            waited = _wait_quiet(args.wait_quiet, args.quiet_load)
             report = _validate(procs, configs, OUT / f"run{i}-procs{procs}", args.quick)
+            report["load_average"]["waited_s"] = waited
             runs.append({"repeat": i, "procs": procs, "mean_abs_error": report["mean_abs_error"],
                          "max_abs_error": report["max_abs_error"], "load_average": report["load_average"],
                          "profile": report["profile_provenance"]})

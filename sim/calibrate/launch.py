@@ -179,12 +179,11 @@ def run_workers(fn, procs: int, payload=None, *, timeout_s: float = 900.0) -> li
             results.append(data["result"])
         if failure or any(r is None for r in results):
             raise CalibrationError(f"worker processes failed: {failure or 'a rank left no result'}")
-        del torch
         return results
 
 
 def _run_in_job(fn, payload, rank: int, world: int, local_rank: int) -> list | None:
-    torch = require_torch()
+    require_torch()
     import torch.distributed as dist
 
     local_world = int(os.environ.get("LOCAL_WORLD_SIZE", world))
@@ -192,7 +191,6 @@ def _run_in_job(fn, payload, rank: int, world: int, local_rank: int) -> list | N
     result = fn(ctx, payload)
     gathered = [None] * world if rank == 0 else None
     dist.gather_object(result, gathered, dst=0)
-    del torch
     return gathered
 
 

@@ -39,7 +39,7 @@ from sim.calibrate.launch import Context, run_workers
 from sim.errors import InputError
 from sim.model import ModelSpec
 from sim.plan import ParallelPlan
-from sim.schedules import Step, build_schedule
+from sim.schedules import build_schedule
 
 SCHEDULES = ("gpipe", "1f1b")
 
