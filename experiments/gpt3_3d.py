@@ -215,7 +215,7 @@ def main(argv=None) -> dict:
         f"ZeRO-1 the simulated peak is {z1['peak_bytes'] / GB:.0f} GB ({z1['states_bytes'] / GB:.0f} GB model states, "
         f"{z1['activations_bytes'] / GB:.0f} GB activations of p = 4 micro-batches on stage 0), with ZeRO-2 "
         f"{z2['peak_bytes'] / GB:.0f} GB, of which {z2['zero_buffers_bytes'] / GB:.0f} GB are gradient buckets "
-        f"waiting for their reduce-scatter ({z2['peak_bytes'] / load_profile(PROFILE).hbm_capacity_bytes:.0%} of "
+        f"waiting for their reduce-scatter ({z2['peak_bytes'] / load_profile(PROFILE).hbm_capacity_bytes:.1%} of "
         f"the GPU's memory){'' if z2['fits'] else ' (does not fit)'}: \"about 40 GB\" is right for "
         f"the 3D plan with ZeRO-1. Iteration time {z1['iteration_s']:.2f} s with ZeRO-1 "
         f"({z1['tflops_per_gpu']:.0f} model TFLOP/s per GPU, MFU {z1['mfu'] * 100:.0f}%, bubble "

@@ -112,10 +112,10 @@ def plot(rows, path, quick) -> None:
     ax.plot(xs, [r["closed_s"] for r in rs], "_", color="black", ms=12, mew=1.5,
             label="closed form Σ T_i + (m−1)·max T_i")
     ax.plot(xs, [r["lower_s"] for r in rs], "_", color="gray", ms=12, mew=1.5, label="lower bound m·max T_i")
-    for kind, c, mk in (("even", "#d62728", "o"), ("first/last split", "#2ca02c", "s")):
+    for kind, c, mk, ms in (("first/last split", "#2ca02c", "s", 6), ("even", "#d62728", "o", 8)):
         sel = [r for r in rows if r["kind"] == kind]
-        ax.plot([r["max_stage_s"] * 1e3 for r in sel], [r["iteration_s"] for r in sel], mk, color=c, ms=6,
-                label=f"{kind} (sim)")
+        ax.plot([r["max_stage_s"] * 1e3 for r in sel], [r["iteration_s"] for r in sel], mk, color=c, ms=ms,
+                label=f"{kind} (sim)", zorder=5)
     sel = [r for r in rows if r["kind"].startswith("first stage")]
     ax.plot([r["max_stage_s"] * 1e3 for r in sel], [r["iteration_s"] for r in sel], "^", color="#1f77b4", ms=7,
             label="one heavier/lighter first stage (sim)")
