@@ -4,7 +4,9 @@ Two questions, one script (``python experiments/bench_sweep.py [--plans N] [--sa
 
 1. **Plans simulated per second** with 1 and 2 local worker processes (and a Dask
    LocalCluster of 2 workers when dask is installed): the same plans of a small GPT
-   (8 layers, h = 1024) on 16 H100s, timed after the workers have started.
+   (8 layers, h = 1024) on 16 H100s, timed after the workers have started. A control
+   (two CPU-bound loops in one process, then in two) says how much a second worker can
+   gain on this machine right now: on a machine shared with other work, little.
 2. **The estimate's error margin** that ``trainsim search`` prunes with
    (``sim.search.DEFAULT_MARGIN``): over a seeded random sample of valid plans of two
    small models (a GPT on 16 GPUs, a Llama-style model with grouped-query attention on
@@ -41,6 +43,28 @@ LLAMA = llama("llama-8l-1024-gqa", 8, 1024, 16, 4, 2816, 8192, 1024)
 
 def _fitting(model, gpus, gbs):
     return [c for c in candidates(model, enumerate_plans(model, gpus, gbs), H100) if c.status == "pending"]
+
+
+def _burn(n: int = 5_000_000) -> int:
+    s = 0
+    for i in range(n):
+        s += i
+    return s
+
+
+def headroom() -> float:
+    """Speed-up of two pure-Python loops in two processes over one after the other: what
+    the machine can give a second worker right now (2 on an idle machine with 2 cores)."""
+    from concurrent.futures import ProcessPoolExecutor
+
+    t0 = time.perf_counter()
+    _burn(), _burn()
+    serial = time.perf_counter() - t0
+    with ProcessPoolExecutor(2) as ex:
+        list(ex.map(_burn, [10, 10]))
+        t0 = time.perf_counter()
+        list(ex.map(_burn, [5_000_000] * 2))
+        return serial / (time.perf_counter() - t0)
 
 
 def throughput(n: int, seed: int) -> list[dict]:
@@ -108,18 +132,24 @@ def _write_csv(rows, path):
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--plans", type=int, default=24, help="plans timed per executor")
-    ap.add_argument("--sample", type=int, default=120, help="plans of the GPT sampled for the margin (Llama: half)")
+    ap.add_argument("--sample", type=int, default=120, help="plans of the GPT sampled for the margin (Llama: half; 0: skip)")
     ap.add_argument("--seed", type=int, default=1)
     a = ap.parse_args()
     OUT.mkdir(parents=True, exist_ok=True)
     load = os.getloadavg()[0]
     print(f"plans simulated per second (small GPT, 16 x H100; {os.cpu_count()} cores, load average {load:.1f} "
           "before: other processes on the machine slow the workers down):")
+    head = headroom()
+    print(f"  control: two CPU-bound loops run {head:.2f}x faster in two processes than in one")
     thr = throughput(a.plans, a.seed)
+    if a.sample == 0:
+        _write_csv(thr, OUT / "throughput.csv")
+        return
     print(f"estimate vs simulation on a sample (seed {a.seed}):")
     mar = margin(a.sample, a.seed, 2)
     summary = {"throughput": thr, "margin": {}, "default_margin": DEFAULT_MARGIN, "cores": os.cpu_count(),
-               "load_average_before": load}
+               "load_average_before": load,
+               "two_process_headroom": head}
     for name in sorted({r["model"] for r in mar}) + ["all"]:
         rs = [r for r in mar if name in ("all", r["model"])]
         b, e = _stats([r["bound_ratio"] for r in rs]), _stats([r["estimate_ratio"] for r in rs])
@@ -133,7 +163,8 @@ def main() -> None:
     _write_csv(mar, OUT / "margin.csv")
     (OUT / "summary.json").write_text(json.dumps(summary, indent=1, sort_keys=True) + "\n")
     md = ["# Sweep throughput and estimate margin", "",
-          f"{os.cpu_count()} cores, load average {load:.1f} before the run.", "",
+          f"{os.cpu_count()} cores, load average {load:.1f} before the run; two CPU-bound loops ran "
+          f"{head:.2f}x faster in two processes than in one.", "",
           "| executor | workers | plans/s |", "|---|---|---|"]
     md += [f"| {r['executor']} | {r['workers']} | {r['plans_per_s']:.2f} |" for r in thr]
     md += ["", "| model | plans | bound/sim min | median | max | estimate/sim min | median | max |",

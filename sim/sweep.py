@@ -36,6 +36,7 @@ ignore SIGINT themselves, so only this process decides).
 from __future__ import annotations
 
 import concurrent.futures as cf
+import contextlib
 import json
 import multiprocessing
 import os
@@ -215,6 +216,34 @@ def _ignore_sigint() -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
+@contextlib.contextmanager
+def _sigint_ignored():
+    try:
+        old = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    except ValueError:  # not the main thread: leave signals alone
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, old)
+
+
+@contextlib.contextmanager
+def _sigint_blocked():
+    """Hold SIGINT back while a local worker may be started: the worker inherits the
+    blocked signal (so Ctrl-C on the terminal never reaches it), and this process gets a
+    Ctrl-C that came in meanwhile as soon as the block ends (nothing is lost)."""
+    if not hasattr(signal, "pthread_sigmask"):
+        yield
+        return
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+
+
 class _Inline(cf.Executor):
     """Runs each call at submit time, in this process (``workers=0``)."""
 
@@ -276,8 +305,13 @@ class Runner:
         import logging
 
         if self.dask == "local":
-            self._cluster = LocalCluster(n_workers=max(1, self.workers), threads_per_worker=1, processes=True,
-                                         dashboard_address=None, silence_logs=logging.ERROR)
+            # Workers started while SIGINT is ignored keep ignoring it (Python installs its
+            # handler only over the default), so Ctrl-C stops this process alone, cleanly.
+            # (They start on Dask's own thread, so blocking the signal here would not reach
+            # them; a Ctrl-C during these few seconds of start-up is dropped.)
+            with _sigint_ignored():
+                self._cluster = LocalCluster(n_workers=max(1, self.workers), threads_per_worker=1,
+                                             processes=True, dashboard_address=None, silence_logs=logging.ERROR)
             self._client = Client(self._cluster)
         else:
             require(self.dask.startswith(("tcp://", "tls://", "ucx://", "inproc://")), "--dask", self.dask,
@@ -333,6 +367,9 @@ class Runner:
         return [self.log.done[k] for k in keys]
 
     def _submit(self, ctx, plan):
+        if isinstance(self._pool, cf.ProcessPoolExecutor):  # it may start a worker: see _sigint_blocked
+            with _sigint_blocked():
+                return self._pool.submit(self.fn, ctx, plan)
         return self._pool.submit(self.fn, ctx, plan)
 
     def _record(self, rec: dict) -> None:
