@@ -30,7 +30,7 @@ Names are unique per rank; a dependency is a name on the same rank or ``(rank, n
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 from sim.collectives import ALGOS, OPS
 from sim.errors import InputError
@@ -94,6 +94,18 @@ class Action:
                     or isinstance(m[2], bool) or not isinstance(m[2], (int, float)) or not math.isfinite(m[2]):
                 raise InputError(f"action {self.name!r}: mem: got {m!r}; expected (\"start\"|\"end\", category, bytes)")
 
+    def evolve(self, **changes) -> "Action":
+        """A copy with some fields changed, for passes (whose inputs were checked when
+        first built): skips the checks, which matter at the user boundary and cost time
+        on programs of millions of actions. ``deps`` must already be normalized."""
+        new = object.__new__(Action)
+        for f in _FIELDS:
+            object.__setattr__(new, f, changes[f] if f in changes else getattr(self, f))
+        return new
+
+
+_FIELDS = tuple(f.name for f in fields(Action))
+
 
 class Program:
     """Per-rank action lists, checked for consistency when built.
@@ -104,10 +116,12 @@ class Program:
     its transfers still cross the network.
     """
 
-    def __init__(self, actions: dict[int, list[Action]], shadows=()):
+    def __init__(self, actions: dict[int, list[Action]], shadows=(), check: bool = True):
         self.actions: dict[int, tuple[Action, ...]] = {int(r): tuple(a) for r, a in sorted(actions.items())}
         self.shadows = frozenset(int(r) for r in shadows) - set(self.actions)
-        self._check()
+        self.checked = False
+        if check:
+            self.check()
 
     @property
     def ranks(self) -> list[int]:
@@ -119,7 +133,12 @@ class Program:
     def resolve(self, rank: int, dep) -> Ref:
         return (rank, dep) if isinstance(dep, str) else dep
 
-    def _check(self) -> None:
+    def check(self) -> None:
+        """Names unique per rank, dependencies and peers exist, collective groups valid.
+        Runs once per program; passes build intermediate programs unchecked and the
+        engine checks the final one."""
+        if self.checked:
+            return
         names: dict[int, set[str]] = {}
         for r, acts in self.actions.items():
             seen: set[str] = set()
@@ -142,10 +161,12 @@ class Program:
                     missing = [g for g in a.group if g not in self.actions and g not in self.shadows]
                     if missing:
                         raise InputError(f"program: rank {r}: action {a.name!r}: group ranks {missing} have no actions in the program")
+        self.checked = True
 
     def max_rank(self) -> int:
         return max([*self.actions, *self.shadows], default=-1)
 
     def with_actions(self, actions: dict[int, list[Action]]) -> "Program":
-        """A program with new action lists and the same shadows (what passes return)."""
-        return Program(actions, self.shadows)
+        """A program with new action lists and the same shadows (what passes return);
+        checked when simulated."""
+        return Program(actions, self.shadows, check=False)

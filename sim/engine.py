@@ -17,6 +17,8 @@ the action it is stuck on and what that action waits for. A simulation never han
 
 from __future__ import annotations
 
+import time
+
 import simpy
 
 from sim import collectives
@@ -37,6 +39,18 @@ def simulate(program: Program, topology: Topology, *, link_efficiency: dict[str,
     return _Engine(program, topology, link_efficiency, fluid_collectives).run()
 
 
+class _CountingEnvironment(simpy.Environment):
+    """A SimPy environment that counts the events it processes (for benchmarks)."""
+
+    def __init__(self):
+        super().__init__()
+        self.events_processed = 0
+
+    def step(self):
+        self.events_processed += 1
+        super().step()
+
+
 class _Rendezvous:
     __slots__ = ("posted", "done", "meta", "began")
 
@@ -54,10 +68,11 @@ class _Engine:
             raise InputError(
                 f"program: uses rank {top}, but topology {topology.name} has {topology.num_gpus} GPUs (ranks 0..{topology.num_gpus - 1})"
             )
+        program.check()
         self.program = program
         self.topology = topology
         self.fluid = fluid
-        self.env = simpy.Environment()
+        self.env = _CountingEnvironment()
         self.net = Network(self.env, topology, link_efficiency)
         self.done: dict[tuple[int, str], simpy.Event] = {}
         self.spans: list[Span] = []
@@ -107,49 +122,58 @@ class _Engine:
                 streams.setdefault(a.stream, []).append(a)
             for s in sorted(streams):
                 env.process(self._stream(r, s, streams[s]))
+        t0 = time.perf_counter()
         env.run()
+        engine_s = time.perf_counter() - t0
         if self.blocked:
             raise DeadlockError(self._explain(), env.now)
         self.spans.sort(key=lambda s: (s.rank, s.stream, s.start_s, s.end_s, s.name))
         link_bytes = {self.net.link_names[i]: b for i, b in enumerate(self.net.link_bytes) if b > 0}
         kinds = {self.net.link_names[i]: self.net.link_kinds[i] for i, b in enumerate(self.net.link_bytes) if b > 0}
         ranks = {r: {"node": self.topology.node_of(r), "device": self.topology.gpu(r)} for r in self.program.ranks}
-        return Trace(self.spans, list(self.net.records), link_bytes, kinds, ranks, self.topology.name, self.memory)
+        trace = Trace(self.spans, list(self.net.records), link_bytes, kinds, ranks, self.topology.name, self.memory)
+        trace.stats = {"events": env.events_processed - 1, "actions": len(self.program),
+                       "transfers": len(self.net.records), "simulated_gpus": len(self.program.actions),
+                       "engine_wall_s": engine_s}
+        return trace
 
     def _stream(self, rank: int, stream: str, actions: list[Action]):
         env = self.env
-        resolve = self.program.resolve
+        done = self.done
+        blocked = self.blocked
+        key = (rank, stream)
+        spans = self.spans
         for a in actions:
-            waits = [self.done[resolve(rank, d)] for d in a.deps]
-            waits = [w for w in waits if not w.processed]
+            waits = [w for w in (done[(rank, d) if d.__class__ is str else d] for d in a.deps) if not w.processed]
             if waits:
-                self.blocked[(rank, stream)] = (a, "deps")
-                yield env.all_of(waits)
-            self.blocked[(rank, stream)] = (a, "run")
+                blocked[key] = (a, "deps")
+                yield waits[0] if len(waits) == 1 else env.all_of(waits)
+            blocked[key] = (a, "run")
             start = env.now
             if a.mem:
                 self._apply_mem(rank, a, "start")
-            link_id = None
-            rv = None
-            if a.kind == "compute" or a.kind == "comm":
+            kind = a.kind
+            if kind == "compute" or kind == "comm":
                 if a.duration_s > 0:
                     yield env.timeout(a.duration_s)
-            elif a.kind == "collective":
+                busy, link_id = start, None
+            elif kind == "collective":
                 rv = self._join_collective(rank, a)
                 yield rv.posted[rank]
-            elif a.kind == "copy":
+                busy, link_id = rv.began, None
+            elif kind == "copy":
                 yield self.net.transfer_host(rank, a.nbytes, a.op == "d2h", f"{a.category or 'copy'} {a.name}")
+                busy, link_id = start, None
             else:
                 rv = self._join_p2p(rank, a)
-                link_id = rv.meta
                 yield rv.done
+                busy, link_id = rv.began, rv.meta
             if a.mem:
                 self._apply_mem(rank, a, "end")
-            busy = start if rv is None else rv.began
-            self.spans.append(Span(rank, stream, a.name, a.kind, a.category or (a.op or a.kind), start, env.now,
-                                   a.nbytes, a.flops, a.peer, a.op, link_id, busy, a.layer))
-            self.done[(rank, a.name)].succeed()
-        self.blocked.pop((rank, stream), None)
+            spans.append(Span(rank, stream, a.name, kind, a.category or (a.op or kind), start, env.now,
+                              a.nbytes, a.flops, a.peer, a.op, link_id, busy, a.layer))
+            done[(rank, a.name)].succeed()
+        blocked.pop(key, None)
 
     def _apply_mem(self, rank: int, a: Action, when: str) -> None:
         now = self.env.now

@@ -32,9 +32,21 @@ class MemoryPeak:
     breakdown: dict
 
 
+def _events_of(trace: Trace, rank: int) -> list[tuple[float, str, float]]:
+    """The rank's memory changes, indexed once per trace (traces hold millions)."""
+    index = getattr(trace, "_memory_by_rank", None)
+    if index is None or index[0] != len(trace.memory):
+        by: dict[int, list] = {}
+        for t, r, c, b in trace.memory:
+            by.setdefault(r, []).append((t, c, b))
+        index = (len(trace.memory), by)
+        trace._memory_by_rank = index
+    return index[1].get(rank, [])
+
+
 def timeline(trace: Trace, rank: int) -> tuple[list[float], dict[str, list[float]]]:
     """Times and, per category, the bytes held just after each time (step function)."""
-    events = [(t, c, b) for t, r, c, b in trace.memory if r == rank]
+    events = _events_of(trace, rank)
     cats = sorted({c for _, c, _ in events}, key=lambda c: (CATEGORIES.index(c) if c in CATEGORIES else 99, c))
     level = {c: 0.0 for c in cats}
     times: list[float] = []

@@ -24,7 +24,7 @@ dependencies on a step mean "the step is complete".
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Callable
 
 from sim.actions import Action, Program
@@ -59,7 +59,7 @@ def replicate(prog: Program, world_size: int, coords: Callable[[int], tuple], ra
         for a in prog.actions.get(p, ()):
             if any(not isinstance(dep, str) for dep in a.deps):
                 deps = tuple(dep if isinstance(dep, str) else (rank_of(dp=d, pp=dep[0], tp=t), dep[1]) for dep in a.deps)
-                a = replace(a, deps=deps)
+                a = a.evolve(deps=deps)
             acts.append(a)
         out[g] = acts
     return Program(out, shadows)
@@ -100,7 +100,7 @@ def add_tp_collectives(prog: Program, segments: Callable[[int, Action], list[Seg
                                       stream=a.stream, deps=deps, layer=s.layer))
                 prev = name
             if prev != a.name:  # a trailing collective was dropped (tp = 1): rename the last piece
-                new[-1] = replace(new[-1], name=a.name)
+                new[-1] = new[-1].evolve(name=a.name)
         out[r] = new
     return prog.with_actions(out)
 
@@ -131,7 +131,7 @@ def add_p2p(prog: Program, nbytes: Callable[[Action], float]) -> Program:
                 sends[src].setdefault(producer, []).append(send)
                 recvs[r].append((position[(src, producer)], recv))
                 deps.append(recv.name)
-            lst[i] = replace(a, deps=tuple(deps))
+            lst[i] = a.evolve(deps=tuple(deps))
     out: dict[int, list[Action]] = {}
     for r, lst in acts.items():
         # Receives in the producer's order, so each pp stream matches its peer's order.
@@ -228,7 +228,7 @@ def add_grad_sync(prog: Program, grad_bytes: Callable[[int, int], float], dp_gro
         new = []
         for i, a in enumerate(lst):
             if i in mem_start:
-                a = replace(a, mem=a.mem + tuple(mem_start[i]))
+                a = a.evolve(mem=a.mem + tuple(mem_start[i]))
             new.append(a)
             new.extend(after.get(i, ()))
         out[r] = new

@@ -10,13 +10,14 @@ links" are answered from the trace, not from a formula.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from sim.network import TransferRecord
 
 
-@dataclass(frozen=True, slots=True)
-class Span:
-    """One action as it ran on one rank's stream (times in seconds)."""
+class Span(NamedTuple):
+    """One action as it ran on one rank's stream (times in seconds). A named tuple:
+    traces hold millions of them."""
 
     rank: int
     stream: str
@@ -59,6 +60,8 @@ class Trace:
     """Per rank: ``node`` (host index) and ``device`` (topology GPU id)."""
     topology: str = ""
     memory: list = field(default_factory=list)
+    stats: dict = field(default_factory=dict)
+    """How big the simulation was: SimPy events processed, actions, transfers."""
     """Memory changes as (time_s, rank, category, bytes), in the order they happened
     (see ``sim.memory_timeline``)."""
 

@@ -24,7 +24,6 @@ zero-bubble schedules' counts come out of the schedule itself.
 
 from __future__ import annotations
 
-from dataclasses import replace
 from typing import Callable
 
 from sim.actions import Action, Program
@@ -80,7 +79,7 @@ def add_activation_memory(prog: Program, stored: Callable[[int, str], float],
                 if t:
                     add.setdefault(first, []).append(("start", "activations", t))
                     add.setdefault(last, []).append(("end", "activations", -t))
-        out[r] = [replace(a, mem=a.mem + tuple(add[i])) if i in add else a for i, a in enumerate(lst)]
+        out[r] = [a.evolve(mem=a.mem + tuple(add[i])) if i in add else a for i, a in enumerate(lst)]
     return prog.with_actions(out)
 
 
@@ -120,7 +119,7 @@ def add_param_gathers(prog: Program, layer_bytes: Callable[[int, int], float],
         for i, a in enumerate(lst):
             new.extend(before.get(i, ()))
             if i in extra_deps or i in frees:
-                a = replace(a, deps=a.deps + tuple(extra_deps.get(i, ())), mem=a.mem + tuple(frees.get(i, ())))
+                a = a.evolve(deps=a.deps + tuple(extra_deps.get(i, ())), mem=a.mem + tuple(frees.get(i, ())))
             new.append(a)
         out[r] = new
     return prog.with_actions(out)
