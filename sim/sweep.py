@@ -29,8 +29,9 @@ worker and returns a *record*, a plain JSON-able dict::
   otherwise.
 
 Only a bounded number of points is in flight at a time (twice the workers), so Ctrl-C
-stops quickly: queued points are cancelled and worker processes are terminated (they
-ignore SIGINT themselves, so only this process decides).
+stops quickly: queued points are cancelled and worker processes are terminated. Workers
+never see the terminal's Ctrl-C themselves (local ones start with SIGINT blocked, Dask
+LocalCluster ones with it ignored), so only this process decides.
 """
 
 from __future__ import annotations
@@ -55,6 +56,7 @@ from sim.errors import InputError, require
 from sim.hardware import HardwareProfile
 from sim.model import ModelSpec
 from sim.plan import ParallelPlan
+from sim.search import plan_key
 
 RESULTS_FILE = "results.jsonl"
 
@@ -72,10 +74,6 @@ class Context:
     topology_name: str
     token: str
     """Identifies the context inside a worker's cache (set by ``make_context``)."""
-
-    @property
-    def gpus_per_node(self) -> int:
-        return self.topology().gpus_per_node
 
     def topology(self):
         return _topology(self)
@@ -103,18 +101,12 @@ def _topology(ctx: Context):
     return topo
 
 
-def plan_record_key(plan: ParallelPlan) -> str:
-    from sim.search import plan_key
-
-    return plan_key(plan)
-
-
 def evaluate(ctx: Context, plan: ParallelPlan) -> dict:
     """Simulate one point and return its record (never raises for a bad plan)."""
     from sim.commands.run import summarize
     from sim.training import simulate_training
 
-    rec = {"key": plan_record_key(plan), "plan": asdict(plan), "status": "ok", "error": None, "summary": None}
+    rec = {"key": plan_key(plan), "plan": asdict(plan), "status": "ok", "error": None, "summary": None}
     try:
         rec["summary"] = summarize(simulate_training(ctx.model, plan, ctx.profile, ctx.topology()))
     except Exception as exc:  # recorded, and the sweep goes on
@@ -355,7 +347,7 @@ class Runner:
         """Records for ``plans`` in the same order: from the results file where finished
         there, else simulated (and appended as they finish). ``label`` prefixes the
         progress bar."""
-        keys = [plan_record_key(p) for p in plans]
+        keys = [plan_key(p) for p in plans]
         todo = [(k, p) for k, p in zip(keys, plans) if k not in self.log.done]
         todo = list({k: (k, p) for k, p in todo}.values())
         if todo:

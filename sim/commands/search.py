@@ -23,7 +23,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from sim.commands.run import NODE_OF_GPU, _cluster
+from sim.commands.run import _cluster
 from sim.errors import InputError, require
 from sim.hardware import PRESETS as GPU_PRESETS
 from sim.hardware import load_profile
@@ -321,5 +321,3 @@ def run(args) -> int:
         print(f"\nwrote {Path(args.out) / 'results.csv'}, results.jsonl, pareto.png, search.json")
     return 0
 
-
-__all__ = ["NAME", "HELP", "add_arguments", "run", "NODE_OF_GPU"]
