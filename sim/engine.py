@@ -237,7 +237,12 @@ class _Engine:
                                   fluid=self.fluid)
         shadows = self.program.shadows
         if self.fluid and a.algo == "ring" and shadows:
-            keep = [i for i, s in enumerate(steps) if s.src not in shadows or s.dst not in shadows]
+            # Drop hops between two shadows, unless they share a link with a kept hop
+            # (then they are contention the simulated ranks must see).
+            touching = [i for i, s in enumerate(steps) if s.src not in shadows or s.dst not in shadows]
+            used = {l for i in touching for l in self.topology.route(steps[i].src, steps[i].dst)}
+            keep = [i for i, s in enumerate(steps) if s.src not in shadows or s.dst not in shadows
+                    or not used.isdisjoint(self.topology.route(s.src, s.dst))]
             index = {old: new for new, old in enumerate(keep)}
             steps = [collectives.Transfer(s.src, s.dst, s.nbytes, tuple(index[d] for d in s.deps), s.label,
                                           s.latency_steps) for s in (steps[i] for i in keep)]

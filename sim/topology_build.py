@@ -120,7 +120,7 @@ def add_node(g: nx.Graph, spec: NodeSpec, index: int) -> None:
 
 def build_node(spec: NodeSpec) -> Topology:
     """A single node on its own."""
-    g = nx.Graph()
+    g = nx.Graph(gpu_profile=spec.gpu_profile)
     add_node(g, spec, 0)
     return Topology(g, spec.name)
 
@@ -138,7 +138,7 @@ def build_cluster(spec: NodeSpec, nodes: int, fabric: FabricSpec = FabricSpec(),
         raise InputError(f"nodes: got {nodes!r}; expected an integer >= 1")
     if spec.nics < 1 and nodes > 1:
         raise InputError(f"node {spec.name}: nics: got {spec.nics}; a multi-node cluster needs at least 1 NIC per node")
-    g = nx.Graph()
+    g = nx.Graph(gpu_profile=spec.gpu_profile)
     for n in range(nodes):
         add_node(g, spec, n)
     if nodes > 1:

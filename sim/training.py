@@ -156,7 +156,12 @@ def build_program(model: ModelSpec, plan: ParallelPlan, profile: HardwareProfile
         price = isolated_tp_pricer(plan, topology, profile.link_efficiencies())
     segments = _Segments(model, plan, profile, price, _layer_steps(schedule, plan))
     prog = to_program(schedule, lambda step: 0.0)
-    keep = (lambda g: plan.coords(g)[0] == 0 and plan.coords(g)[2] == 0) if fidelity == "reduced" else None
+    keep = None
+    if fidelity == "reduced":
+        # Tensor-parallel peers are shadows only where each GPU has a NIC of its own, so
+        # that their own data-parallel traffic could not contend with the simulated one's.
+        own_nics = topology is None or _own_nics(topology)
+        keep = lambda g: plan.coords(g)[0] == 0 and (not own_nics or plan.coords(g)[2] == 0)  # noqa: E731
     prog = passes.replicate(prog, plan.world_size, plan.coords, plan.rank, keep)
     prog = passes.add_tp_collectives(prog, segments, plan.tp_group)
     act_bytes = p2p_bytes(model, plan.micro_batch_size, plan.tp, plan.sequence_parallel)
@@ -207,6 +212,21 @@ def build_program(model: ModelSpec, plan: ParallelPlan, profile: HardwareProfile
         prog = zero.add_param_allgather(prog, lambda r: 2.0 * psi[plan.coords(r)[1]], plan.dp_group, bucket, done)
     prog = add_memory(prog, model, plan, profile, segments)
     return schedule, prog
+
+
+def _own_nics(topology: Topology) -> bool:
+    """Whether every GPU reaches the network through a NIC no other GPU uses."""
+    g = topology.graph
+    seen: set[str] = set()
+    for gpu in topology.gpus:
+        nics = [n for n in g.neighbors(gpu) if g.nodes[n]["kind"] == "nic"]
+        if len(nics) > 1 or any(n in seen for n in nics):
+            return False
+        seen.update(nics)
+        for n in nics:
+            if sum(1 for m in g.neighbors(n) if g.nodes[m]["kind"] == "gpu") > 1:
+                return False
+    return True
 
 
 def _layer_steps(schedule: Schedule, plan: ParallelPlan):

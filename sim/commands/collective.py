@@ -52,6 +52,10 @@ def add_arguments(p) -> None:
     p.add_argument("--algo", default="ring", help=f"{' | '.join(ALGOS)} (default ring)")
     p.add_argument("--channels", type=int, default=None,
                    help="rings run at once by ring algorithms (default: GPUs per node when the group spans nodes, else 1)")
+    p.add_argument("--gpu", default=None,
+                   help="hardware profile whose link efficiencies apply (default: the topology's GPU, e.g. h100-sxm "
+                        "for dgx-h100; none for hand-written graphs)")
+    p.add_argument("--line-rate", action="store_true", help="ignore link efficiencies: links at their line rate")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
     p.add_argument("--out", default=None, help="directory for trace.json, timeline.png and summary.json")
 
@@ -70,8 +74,10 @@ def _topology(args):
     return load_topology(args.topology, nodes=nodes, fabric=fabric, min_gpus=args.gpus)
 
 
-def run_collective(op: str, nbytes: int, gpus: int, topo, algo: str = "ring", channels: int | None = None):
-    """Simulate one collective on ranks 0..gpus-1 of ``topo``; return (trace, summary dict)."""
+def run_collective(op: str, nbytes: int, gpus: int, topo, algo: str = "ring", channels: int | None = None,
+                   link_efficiency: dict[str, float] | None = None):
+    """Simulate one collective on ranks 0..gpus-1 of ``topo``; return (trace, summary dict).
+    ``link_efficiency`` scales link kinds' line rates (a profile's achieved fractions)."""
     if gpus > topo.num_gpus:
         raise InputError(f"--gpus: got {gpus}; topology {topo.name} has only {topo.num_gpus} GPUs")
     if op == "sendrecv":
@@ -86,7 +92,7 @@ def run_collective(op: str, nbytes: int, gpus: int, topo, algo: str = "ring", ch
             raise InputError(f"--channels: got {channels}; expected an integer >= 1")
         prog = Program({r: [Action(op, kind="collective", op=op, group=group, nbytes=nbytes, algo=algo,
                                    channels=channels or 0)] for r in group})
-    trace = simulate(prog, topo)
+    trace = simulate(prog, topo, link_efficiency=link_efficiency)
     t = trace.end_s
     algbw = nbytes / t if t > 0 else math.inf
     n = 2 if op == "sendrecv" else gpus
@@ -94,6 +100,7 @@ def run_collective(op: str, nbytes: int, gpus: int, topo, algo: str = "ring", ch
         "op": op, "algo": algo, "size_bytes": nbytes, "gpus": gpus, "topology": topo.name,
         "nodes": topo.num_nodes, "time_s": t, "algbw_Bps": algbw, "busbw_Bps": algbw * bus_factor(op, n),
         "bytes_by_link_kind": trace.bytes_by_link_kind(), "transfers": len(trace.transfers),
+        "link_efficiency": dict(link_efficiency or {}),
     }
     return trace, summary
 
@@ -109,7 +116,13 @@ def run(args) -> int:
     nbytes = parse_size(args.size, "--size")
     topo = _topology(args)
     gpus = args.gpus if args.gpus is not None else topo.num_gpus
-    trace, summary = run_collective(op, nbytes, gpus, topo, args.algo, args.channels)
+    eff = None
+    gpu = args.gpu or topo.graph.graph.get("gpu_profile")
+    if gpu and not args.line_rate:
+        from sim.hardware import load_profile
+
+        eff = load_profile(gpu).link_efficiencies()
+    trace, summary = run_collective(op, nbytes, gpus, topo, args.algo, args.channels, eff)
     if args.out:
         out = Path(args.out)
         from sim.plot import plot_timeline
@@ -122,6 +135,8 @@ def run(args) -> int:
         print(json.dumps(summary, sort_keys=True))
         return 0
     print(f"{op} ({args.algo}) of {format_bytes(nbytes)} on {gpus} GPUs of {topo.describe()}")
+    print("  links at " + (", ".join(f"{k} {v:.0%}" for k, v in sorted(eff.items())) + f" of line rate ({gpu})"
+                           if eff else "line rate"))
     print(f"  time   {format_time(summary['time_s'])}")
     print(f"  algbw  {summary['algbw_Bps'] / 1e9:.2f} GB/s")
     print(f"  busbw  {summary['busbw_Bps'] / 1e9:.2f} GB/s   (nccl-tests definition, GB = 1e9 bytes)")

@@ -70,11 +70,14 @@ def run(args) -> int:
     training = _training(out) if not args.json else []
     topo = load_topology("dgx-h100", nodes=args.nodes)
     gpus = topo.num_gpus
+    from sim.hardware import load_profile
+
+    eff = load_profile("h100-sxm").link_efficiencies()  # achieved fractions of line rate
     rows = []
     for size in SIZES:
         row = {"size_bytes": size}
         for algo in ("ring", "hierarchical"):
-            trace, s = run_collective("allreduce", size, gpus, topo, algo)
+            trace, s = run_collective("allreduce", size, gpus, topo, algo, link_efficiency=eff)
             row[algo] = {"time_s": s["time_s"], "busbw_Bps": s["busbw_Bps"], "ib_bytes": s["bytes_by_link_kind"].get("ib", 0.0)}
             if size == 2**30:
                 from sim.plot import plot_timeline
