@@ -50,7 +50,7 @@ def _training(out: Path) -> list[dict]:
         rows.append(s)
     print(f"One training iteration of {model.describe()}")
     print(f"on {topo.num_gpus} GPUs of {topo.name}: dp 2 x tp 2 x pp 4, 16 micro-batches of 1 x 4096 tokens")
-    print(f"{'schedule':>12} | {'iteration':>10} {'tokens/s':>10} {'MFU':>6} {'bubble':>7} | peak memory (analytic)")
+    print(f"{'schedule':>12} | {'iteration':>10} {'tokens/s':>10} {'MFU':>6} {'bubble':>7} | peak memory")
     best = min(rows, key=lambda r: r["iteration_time_s"])
     for r in rows:
         mark = "  <- fastest" if r is best else ""
