@@ -352,6 +352,8 @@ class Runner:
         todo = list({k: (k, p) for k, p in todo}.values())
         if todo:
             self.progress = Progress(len(todo), self.progress_enabled, label=label)
+            if self._client is not None:  # send the context to every Dask worker once, not with each plan
+                ctx = self._client.scatter(ctx, broadcast=True, hash=False)
             try:
                 self._drive(ctx, todo)
             finally:
