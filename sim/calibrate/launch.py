@@ -22,8 +22,10 @@ from __future__ import annotations
 
 import os
 import pickle
+import signal
 import socket
 import statistics
+import sys
 import tempfile
 import time
 import traceback
@@ -126,9 +128,19 @@ def _worker(rank: int, world: int, port: int, fn, payload, outdir: str) -> None:
             dist.destroy_process_group()
     except Exception:
         pass
-    out.write_bytes(pickle.dumps(data))
-    if not data["ok"]:
-        raise SystemExit(1)
+    tmp = out.with_suffix(".tmp")
+    tmp.write_bytes(pickle.dumps(data))
+    os.replace(tmp, out)  # the parent sees a whole result or none
+    # Leave without the interpreter's teardown: C++ destructors of library threads
+    # (the profiler's, the process group's) can abort a process that has finished its
+    # work ("terminate called without an active exception"), which would turn a
+    # complete measurement into a failure.
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except Exception:
+            pass
+    os._exit(0 if data["ok"] else 1)
 
 
 def run_workers(fn, procs: int, payload=None, *, timeout_s: float = 900.0) -> list | None:
@@ -154,19 +166,7 @@ def run_workers(fn, procs: int, payload=None, *, timeout_s: float = 900.0) -> li
         finally:
             os.environ.clear()
             os.environ.update(saved)
-        deadline = time.monotonic() + timeout_s
-        failure = None
-        try:
-            while not ctx.join(timeout=1.0):
-                if time.monotonic() > deadline:
-                    failure = f"workers did not finish within {timeout_s:.0f} s"
-                    break
-        except Exception as exc:  # a worker exited non-zero; its own report says why
-            failure = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        finally:
-            for p in ctx.processes:
-                if p.is_alive():
-                    p.terminate()
+        failure = _wait(ctx.processes, outdir, timeout_s)
         results = []
         for r in range(procs):
             f = Path(outdir) / f"rank{r}.pkl"
@@ -177,9 +177,47 @@ def run_workers(fn, procs: int, payload=None, *, timeout_s: float = 900.0) -> li
             if not data["ok"]:
                 raise CalibrationError(f"worker rank {r} failed: {data['error']}")
             results.append(data["result"])
-        if failure or any(r is None for r in results):
+        if any(r is None for r in results):
             raise CalibrationError(f"worker processes failed: {failure or 'a rank left no result'}")
         return results
+
+
+def _finished(outdir: str, rank: int) -> bool:
+    f = Path(outdir) / f"rank{rank}.pkl"
+    return f.exists() and pickle.loads(f.read_bytes())["ok"]
+
+
+def _wait(processes, outdir: str, timeout_s: float) -> str | None:
+    """Wait for every worker; None when all exited cleanly, else why not. A rank that
+    died without a successful result stops the others (they would wait for it in a
+    collective until their own timeout); one that died after writing a complete result
+    (a crash in library teardown) does not."""
+    deadline = time.monotonic() + timeout_s
+    failure = None
+    while any(p.is_alive() for p in processes):
+        if time.monotonic() > deadline:
+            failure = f"workers did not finish within {timeout_s:.0f} s"
+            break
+        bad = [r for r, p in enumerate(processes)
+               if p.exitcode not in (None, 0) and not _finished(outdir, r)]
+        if bad:
+            code = processes[bad[0]].exitcode
+            how = f"signal {signal.Signals(-code).name}" if code < 0 else f"exit code {code}"
+            failure = f"process {bad[0]} terminated with {how}"
+            break
+        time.sleep(0.1)
+    for p in processes:
+        if p.is_alive():
+            p.terminate()
+    for p in processes:
+        p.join(timeout=10)
+    if failure is None:
+        bad = [r for r, p in enumerate(processes) if p.exitcode != 0 and not _finished(outdir, r)]
+        if bad:
+            code = processes[bad[0]].exitcode
+            how = f"signal {signal.Signals(-code).name}" if code < 0 else f"exit code {code}"
+            failure = f"process {bad[0]} terminated with {how}"
+    return failure
 
 
 def _run_in_job(fn, payload, rank: int, world: int, local_rank: int) -> list | None:
