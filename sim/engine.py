@@ -21,7 +21,7 @@ import time
 
 import simpy
 
-from sim import collectives
+from sim import collectives, invariants
 from sim.actions import Action, Program
 from sim.errors import DeadlockError, InputError
 from sim.network import Network
@@ -30,13 +30,17 @@ from sim.trace import Span, Trace
 
 
 def simulate(program: Program, topology: Topology, *, link_efficiency: dict[str, float] | None = None,
-             fluid_collectives: bool = False) -> Trace:
+             fluid_collectives: bool = False, check_invariants: bool | None = None) -> Trace:
     """Run ``program`` on ``topology`` and return its ``Trace``.
 
     ``link_efficiency`` scales each link kind's bandwidth (e.g. ``{"ib": 0.96}``).
     ``fluid_collectives`` prices each ring hop as one transfer (``sim.collectives``).
+    ``check_invariants`` checks ``sim.invariants`` during and after the run (default:
+    debug mode, the environment variable ``TRAINSIM_DEBUG``).
     """
-    return _Engine(program, topology, link_efficiency, fluid_collectives).run()
+    if check_invariants is None:
+        check_invariants = invariants.enabled()
+    return _Engine(program, topology, link_efficiency, fluid_collectives, check_invariants).run()
 
 
 class _CountingEnvironment(simpy.Environment):
@@ -51,6 +55,16 @@ class _CountingEnvironment(simpy.Environment):
         super().step()
 
 
+class _CheckingEnvironment(_CountingEnvironment):
+    """Debug mode: also checks that simulated time never goes backwards."""
+
+    def step(self):
+        before = self._now
+        super().step()
+        if self._now < before:
+            invariants.violation(f"simulated time went backwards from {before!r} s to {self._now!r} s")
+
+
 class _Rendezvous:
     __slots__ = ("posted", "done", "meta", "began")
 
@@ -62,7 +76,8 @@ class _Rendezvous:
 
 
 class _Engine:
-    def __init__(self, program: Program, topology: Topology, link_efficiency, fluid: bool = False):
+    def __init__(self, program: Program, topology: Topology, link_efficiency, fluid: bool = False,
+                 check: bool = False):
         top = program.max_rank()
         if top >= topology.num_gpus:
             raise InputError(
@@ -72,8 +87,9 @@ class _Engine:
         self.program = program
         self.topology = topology
         self.fluid = fluid
-        self.env = _CountingEnvironment()
-        self.net = Network(self.env, topology, link_efficiency)
+        self.check = check
+        self.env = _CheckingEnvironment() if check else _CountingEnvironment()
+        self.net = Network(self.env, topology, link_efficiency, check=check)
         self.done: dict[tuple[int, str], simpy.Event] = {}
         self.spans: list[Span] = []
         self.memory: list[tuple[float, int, str, float]] = []
@@ -135,6 +151,10 @@ class _Engine:
         trace.stats = {"events": env.events_processed - 1, "actions": len(self.program),
                        "transfers": len(self.net.records), "simulated_gpus": len(self.program.actions),
                        "engine_wall_s": engine_s}
+        if self.check:
+            if self.net.active:
+                invariants.violation(f"{self.net.active} network flows never finished")
+            invariants.check(self.program, trace, self.net)
         return trace
 
     def _stream(self, rank: int, stream: str, actions: list[Action]):

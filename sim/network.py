@@ -61,8 +61,11 @@ class _Flow:
 class Network:
     """Links of a topology as shared, full-duplex resources for flows."""
 
-    def __init__(self, env: simpy.Environment, topology: Topology, efficiency: dict[str, float] | None = None):
+    def __init__(self, env: simpy.Environment, topology: Topology, efficiency: dict[str, float] | None = None,
+                 check: bool = False):
         self.env = env
+        self.check = check
+        """Debug mode: check link capacities and byte accounting (``sim.invariants``)."""
         self.topology = topology
         eff = efficiency or {}
         self._link_id: dict[tuple[str, str], int] = {}
@@ -160,6 +163,13 @@ class Network:
 
     def _on_timer(self, flow: _Flow, version: int) -> None:
         if flow.version == version and flow.remaining > 0:
+            if self.check:
+                left = flow.remaining - flow.rate * (self.env.now - flow.last_t)
+                if abs(left) > max(1e-6 * flow.nbytes, 1.0):
+                    from sim.invariants import violation
+
+                    violation(f"flow {flow.label!r} {flow.src}->{flow.dst} finished at t={self.env.now!r} with "
+                              f"{left:.6g} of its {flow.nbytes} bytes not delivered")
             self._finish(flow)
 
     def _reallocate(self, _event=None) -> None:
@@ -199,6 +209,21 @@ class Network:
                 continue
             t = self.env.timeout(delay)
             t.callbacks.append(lambda _e, fl=f, v=f.version: self._on_timer(fl, v))
+        if self.check:
+            self._check_capacity(links)
+
+    def _check_capacity(self, links) -> None:
+        """Debug mode: the flows on each link together stay within its capacity."""
+        for l in links:
+            cap = self.capacity[l]
+            if math.isinf(cap):
+                continue
+            used = sum(f.rate for f in self._flows_on[l])
+            if used > cap * (1 + 1e-9):
+                from sim.invariants import violation
+
+                violation(f"link {self.link_names[l][0]}->{self.link_names[l][1]} carries {used:.6g} B/s at "
+                          f"t={self.env.now!r}, over its capacity {cap:.6g} B/s")
 
 
 def _flow_key(f: _Flow):

@@ -1,7 +1,16 @@
-"""Shared helpers for the tests: tiny hand-made topologies."""
+"""Shared helpers for the tests: tiny hand-made topologies.
 
-import networkx as nx
-import pytest
+Debug mode is on for the whole suite: every simulation any test runs (worker
+processes of sweeps included, they inherit the environment) checks the invariants of
+``sim.invariants`` during and after the run.
+"""
+
+import os
+
+os.environ.setdefault("TRAINSIM_DEBUG", "1")
+
+import networkx as nx  # noqa: E402
+import pytest  # noqa: E402
 
 from sim.topology import Topology
 
