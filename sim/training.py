@@ -23,6 +23,7 @@ from sim.engine import simulate
 from sim.errors import InputError
 from sim.estimate import ADAM_BYTES_PER_PARAM
 from sim.hardware import HardwareProfile
+from sim.limits import DEFAULT_MAX_EVENTS, check_size
 from sim.memory import (
     activation_bytes_per_layer,
     embedding_activation_bytes,
@@ -128,7 +129,7 @@ AUTO_REDUCED_ABOVE_GPUS = 256
 def build_program(model: ModelSpec, plan: ParallelPlan, profile: HardwareProfile,
                   schedule: Schedule | None = None, fidelity: str = "full",
                   gpus_per_node: int = 8, topology: Topology | None = None,
-                  coalesce_tp: bool = True) -> tuple[Schedule, Program]:
+                  coalesce_tp: bool = True, max_events: float | None = DEFAULT_MAX_EVENTS) -> tuple[Schedule, Program]:
     """The iteration program of ``plan``: every GPU's compute and communication.
 
     ``fidelity="reduced"`` simulates one GPU per pipeline stage (dp index 0, tp index
@@ -139,10 +140,14 @@ def build_program(model: ModelSpec, plan: ParallelPlan, profile: HardwareProfile
     collectives as fluid hops (``sim.collectives``). Left out: contention between
     collectives of different tensor-parallel ranks on shared links (on rail-optimized
     fabrics with tensor parallelism inside a node they use different rails).
+
+    A plan whose simulation would exceed ``max_events`` SimPy events (None: no limit) is
+    refused before anything is built (``sim.limits``).
     """
     if fidelity not in FIDELITIES:
         raise InputError(f"fidelity: got {fidelity!r}; allowed: {', '.join(FIDELITIES)}")
     plan.check_model(model)
+    check_size(model, plan, fidelity, max_events, topology)
     if schedule is None:
         schedule = build_schedule(plan.schedule, plan.pp, plan.num_microbatches, plan.vpp)
     elif (schedule.pp, schedule.vpp, schedule.num_microbatches) != (plan.pp, plan.vpp, plan.num_microbatches):
@@ -298,9 +303,10 @@ def add_memory(prog: Program, model: ModelSpec, plan: ParallelPlan, profile: Har
 
 def simulate_training(model: ModelSpec, plan: ParallelPlan, profile: HardwareProfile, topology: Topology,
                       schedule: Schedule | None = None, fidelity: str = "full",
-                      coalesce_tp: bool = True) -> TrainingRun:
+                      coalesce_tp: bool = True, max_events: float | None = DEFAULT_MAX_EVENTS) -> TrainingRun:
     """Simulate one iteration of ``plan`` on ``topology`` and return the run
-    (``fidelity``: "full", "reduced", or "auto": reduced above 256 GPUs)."""
+    (``fidelity``: "full", "reduced", or "auto": reduced above 256 GPUs). Plans over
+    ``max_events`` are refused up front (``sim.limits``)."""
     if fidelity == "auto":
         fidelity = "reduced" if plan.world_size > AUTO_REDUCED_ABOVE_GPUS else "full"
     if plan.world_size > topology.num_gpus:
@@ -309,7 +315,7 @@ def simulate_training(model: ModelSpec, plan: ParallelPlan, profile: HardwarePro
             f"topology {topology.name} has {topology.num_gpus}"
         )
     schedule, prog = build_program(model, plan, profile, schedule, fidelity, topology.gpus_per_node, topology,
-                                   coalesce_tp)
+                                   coalesce_tp, max_events)
     trace = simulate(prog, topology, link_efficiency=profile.link_efficiencies(),
                      fluid_collectives=fidelity == "reduced")
     return TrainingRun(model, plan, profile, topology, schedule, prog, trace, fidelity)

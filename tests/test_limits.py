@@ -1,0 +1,65 @@
+"""Resource limits: absurd plans are refused up front with the estimate; the estimate
+tracks the events real runs process (within a factor of four, as sim/limits.py says)."""
+
+import time
+
+import pytest
+
+from sim.errors import InputError
+from sim.hardware import load_profile
+from sim.limits import DEFAULT_MAX_EVENTS, check_size, estimate_events
+from sim.model import gpt, preset
+from sim.plan import ParallelPlan
+from sim.topology_build import load_topology
+from sim.training import simulate_training
+
+H100 = load_profile("h100-sxm")
+SMALL = gpt("small", 8, 1024, 16, 8192, 512)
+
+
+@pytest.mark.parametrize("plan,nodes,fidelity", [
+    (ParallelPlan(dp=4, tp=2, pp=2, micro_batch_size=1, global_batch_size=32, zero_stage=1), 2, "full"),
+    (ParallelPlan(dp=8, pp=2, micro_batch_size=1, global_batch_size=32, zero_stage=3), 2, "full"),
+    (ParallelPlan(dp=2, tp=8, micro_batch_size=1, global_batch_size=16), 2, "full"),
+    (ParallelPlan(pp=4, vpp=2, global_batch_size=16, schedule="interleaved"), 1, "full"),
+    (ParallelPlan(dp=2, pp=4, global_batch_size=16, schedule="zb-h1"), 1, "full"),
+    (ParallelPlan(dp=16, micro_batch_size=1, global_batch_size=32, zero_stage=2), 2, "full"),
+    (ParallelPlan(dp=8, tp=2, pp=2, micro_batch_size=1, global_batch_size=32), 4, "reduced"),
+])
+def test_estimate_is_within_a_factor_of_four_of_real_runs(plan, nodes, fidelity):
+    topo = load_topology("dgx-h100", nodes=nodes)
+    real = simulate_training(SMALL, plan, H100, topo, fidelity=fidelity).trace.stats["events"]
+    est = estimate_events(SMALL, plan, fidelity, topo)["events"]
+    assert real / 4 <= est <= real * 4
+
+
+def test_a_billion_micro_batches_is_refused_at_once():
+    plan = ParallelPlan(dp=8, micro_batch_size=1, global_batch_size=8 * 10**9)
+    t0 = time.perf_counter()
+    with pytest.raises(InputError) as e:
+        simulate_training(preset("llama2-7b"), plan, H100, load_topology("dgx-h100", nodes=1))
+    assert time.perf_counter() - t0 < 5  # nothing was built
+    msg = str(e.value)
+    assert "\n" not in msg and "1,000,000,000 micro-batches" in msg and "--max-events" in msg
+    # 8 GPUs x 2e9 steps x (33 layers x 2 events + nothing else) is about 1.1e12
+    assert "1.1e+12 events" in msg
+
+
+def test_the_limit_can_be_raised_or_lowered():
+    plan = ParallelPlan(dp=2, micro_batch_size=1, global_batch_size=4)
+    topo = load_topology("dgx-h100", nodes=1)
+    with pytest.raises(InputError, match="over the limit of 10"):
+        simulate_training(SMALL, plan, H100, topo, max_events=10)
+    est = check_size(SMALL, plan, "full", None, topo)["events"]
+    assert est < DEFAULT_MAX_EVENTS
+    assert simulate_training(SMALL, plan, H100, topo, max_events=None).trace.end_s > 0
+    for bad in (0, -5, float("nan"), True, "many"):
+        with pytest.raises(InputError, match="max_events: got"):
+            check_size(SMALL, plan, "full", bad)
+
+
+def test_reduced_fidelity_counts_one_gpu_per_stage():
+    plan = ParallelPlan(dp=64, tp=8, pp=4, micro_batch_size=1, global_batch_size=1024)
+    full, red = estimate_events(SMALL, plan, "full"), estimate_events(SMALL, plan, "reduced")
+    assert (full["simulated_gpus"], red["simulated_gpus"]) == (2048, 4)
+    assert red["events"] * 2048 / 4 == pytest.approx(full["events"])
