@@ -18,8 +18,11 @@ the action it is stuck on and what that action waits for. A simulation never han
 from __future__ import annotations
 
 import time
+from collections import deque
+from functools import partial
 
 import simpy
+from simpy.events import Timeout
 
 from sim import collectives, invariants
 from sim.actions import Action, Program
@@ -76,6 +79,18 @@ class _Rendezvous:
 
 
 class _Engine:
+    """Streams as dependency counters driven by SimPy callbacks.
+
+    Each action gets an index; ``pending[i]`` counts its unfinished dependencies and
+    ``dependents[i]`` lists the actions waiting for it. A stream starts its head action
+    when it is idle and the action's count is zero. A compute action is one SimPy
+    timeout whose callback finishes it; sends, receives, copies and collectives finish
+    from the network's events. Finishing an action starts its stream's next one and
+    releases its dependents; actions that become ready at the same instant start in
+    the order they became ready (a queue, not recursion), so a simulation is
+    deterministic and never deep in the Python stack.
+    """
+
     def __init__(self, program: Program, topology: Topology, link_efficiency, fluid: bool = False,
                  check: bool = False):
         top = program.max_rank()
@@ -90,16 +105,60 @@ class _Engine:
         self.check = check
         self.env = _CheckingEnvironment() if check else _CountingEnvironment()
         self.net = Network(self.env, topology, link_efficiency, check=check)
-        self.done: dict[tuple[int, str], simpy.Event] = {}
         self.spans: list[Span] = []
         self.memory: list[tuple[float, int, str, float]] = []
-        self.blocked: dict[tuple[int, str], tuple[Action, str]] = {}
         self._p2p: dict[tuple, _Rendezvous] = {}
         self._coll: dict[tuple, _Rendezvous] = {}
         self._keys: dict[tuple[int, str], tuple] = {}
         self._step_plans: dict[tuple, tuple] = {}
         self._link_ids = 0
+        self._index()
         self._assign_match_keys()
+
+    def _index(self) -> None:
+        acts: list[Action] = []
+        rank_of: list[int] = []
+        stream_of: list[int] = []
+        streams: list[tuple[int, str]] = []
+        members: list[list[int]] = []
+        ids: dict[tuple[int, str], int] = {}
+        for r, lst in self.program.actions.items():
+            by: dict[str, list[Action]] = {}
+            for a in lst:
+                by.setdefault(a.stream, []).append(a)
+            for name in sorted(by):
+                sid = len(streams)
+                streams.append((r, name))
+                mine = []
+                for a in by[name]:
+                    i = len(acts)
+                    ids[(r, a.name)] = i
+                    acts.append(a)
+                    rank_of.append(r)
+                    stream_of.append(sid)
+                    mine.append(i)
+                members.append(mine)
+        pending = [0] * len(acts)
+        dependents: list[list[int] | None] = [None] * len(acts)
+        for i, a in enumerate(acts):
+            if a.deps:
+                r = rank_of[i]
+                for d in a.deps:
+                    j = ids[(r, d) if d.__class__ is str else d]
+                    pending[i] += 1
+                    if dependents[j] is None:
+                        dependents[j] = [i]
+                    else:
+                        dependents[j].append(i)
+        self._acts, self._rank_of, self._stream_of = acts, rank_of, stream_of
+        self._streams, self._members, self._ids = streams, members, ids
+        self._pending, self._dependents = pending, dependents
+        self._pos = [0] * len(streams)
+        self._busy = [False] * len(streams)
+        self._start = [0.0] * len(acts)
+        self._finished = bytearray(len(acts))
+        self._ready: deque[int] = deque()
+        self._draining = False
 
     def _assign_match_keys(self) -> None:
         """Static matching: the n-th untagged send a->b meets the n-th recv on b from a."""
@@ -129,26 +188,20 @@ class _Engine:
     # ------------------------------------------------------------------ run
     def run(self) -> Trace:
         env = self.env
-        for r, acts in self.program.actions.items():
-            for a in acts:
-                self.done[(r, a.name)] = env.event()
-        for r, acts in self.program.actions.items():
-            streams: dict[str, list[Action]] = {}
-            for a in acts:
-                streams.setdefault(a.stream, []).append(a)
-            for s in sorted(streams):
-                env.process(self._stream(r, s, streams[s]))
         t0 = time.perf_counter()
+        for sid in range(len(self._streams)):
+            self._kick(sid)
         env.run()
         engine_s = time.perf_counter() - t0
-        if self.blocked:
-            raise DeadlockError(self._explain(), env.now)
+        unfinished = [sid for sid, mine in enumerate(self._members) if self._pos[sid] < len(mine)]
+        if unfinished:
+            raise DeadlockError(self._explain(unfinished), env.now)
         self.spans.sort(key=lambda s: (s.rank, s.stream, s.start_s, s.end_s, s.name))
         link_bytes = {self.net.link_names[i]: b for i, b in enumerate(self.net.link_bytes) if b > 0}
         kinds = {self.net.link_names[i]: self.net.link_kinds[i] for i, b in enumerate(self.net.link_bytes) if b > 0}
         ranks = {r: {"node": self.topology.node_of(r), "device": self.topology.gpu(r)} for r in self.program.ranks}
         trace = Trace(self.spans, list(self.net.records), link_bytes, kinds, ranks, self.topology.name, self.memory)
-        trace.stats = {"events": env.events_processed - 1, "actions": len(self.program),
+        trace.stats = {"events": env.events_processed, "actions": len(self.program),
                        "transfers": len(self.net.records), "simulated_gpus": len(self.program.actions),
                        "engine_wall_s": engine_s}
         if self.check:
@@ -157,74 +210,108 @@ class _Engine:
             invariants.check(self.program, trace, self.net)
         return trace
 
-    def _stream(self, rank: int, stream: str, actions: list[Action]):
-        env = self.env
-        done = self.done
-        blocked = self.blocked
-        key = (rank, stream)
-        spans = self.spans
-        for a in actions:
-            waits = [w for w in (done[(rank, d) if d.__class__ is str else d] for d in a.deps) if not w.processed]
-            if waits:
-                blocked[key] = (a, "deps")
-                yield waits[0] if len(waits) == 1 else env.all_of(waits)
-            blocked[key] = (a, "run")
-            start = env.now
-            if a.mem:
-                self._apply_mem(rank, a, "start")
-            kind = a.kind
-            if kind == "compute" or kind == "comm":
-                if a.duration_s > 0:
-                    yield env.timeout(a.duration_s)
-                busy, link_id = start, None
-            elif kind == "collective":
-                rv = self._join_collective(rank, a)
-                yield rv.posted[rank]
-                busy, link_id = rv.began, None
-            elif kind == "copy":
-                yield self.net.transfer_host(rank, a.nbytes, a.op == "d2h", f"{a.category or 'copy'} {a.name}")
-                busy, link_id = start, None
+    def _kick(self, sid: int) -> None:
+        """Start stream ``sid``'s head action if it can start now (and whatever that
+        makes ready, in order)."""
+        ready = self._ready
+        ready.append(sid)
+        if self._draining:
+            return
+        self._draining = True
+        pos, busy, members, pending = self._pos, self._busy, self._members, self._pending
+        try:
+            while ready:
+                sid = ready.popleft()
+                if busy[sid]:
+                    continue
+                mine = members[sid]
+                k = pos[sid]
+                if k < len(mine) and pending[mine[k]] == 0:
+                    busy[sid] = True
+                    self._begin(mine[k])
+        finally:
+            self._draining = False
+
+    def _begin(self, i: int) -> None:
+        a = self._acts[i]
+        rank = self._rank_of[i]
+        now = self.env._now
+        self._start[i] = now
+        if a.mem:
+            self._apply_mem(rank, a, "start")
+        kind = a.kind
+        if kind == "compute" or kind == "comm":
+            if a.duration_s > 0:
+                Timeout(self.env, a.duration_s).callbacks.append(partial(self._timed_out, i))
             else:
-                rv = self._join_p2p(rank, a)
-                yield rv.done
-                busy, link_id = rv.began, rv.meta
-            if a.mem:
-                self._apply_mem(rank, a, "end")
-            spans.append(Span(rank, stream, a.name, kind, a.category or (a.op or kind), start, env.now,
-                              a.nbytes, a.flops, a.peer, a.op, link_id, busy, a.layer))
-            done[(rank, a.name)].succeed()
-        blocked.pop(key, None)
+                self._finish(i, now, None)
+        elif kind == "collective":
+            self._join_collective(rank, a, i)
+        elif kind == "copy":
+            self.net.transfer_host(rank, a.nbytes, a.op == "d2h", f"{a.category or 'copy'} {a.name}").callbacks.append(
+                partial(self._copied, i, now))
+        else:
+            self._join_p2p(rank, a, i)
+
+    def _timed_out(self, i: int, _event) -> None:
+        self._finish(i, self._start[i], None)
+
+    def _copied(self, i: int, began: float, _event) -> None:
+        self._finish(i, began, None)
+
+    def _finish(self, i: int, busy_start: float, link_id) -> None:
+        a = self._acts[i]
+        rank = self._rank_of[i]
+        if a.mem:
+            self._apply_mem(rank, a, "end")
+        sid = self._stream_of[i]
+        self.spans.append(Span(rank, self._streams[sid][1], a.name, a.kind, a.category or (a.op or a.kind),
+                               self._start[i], self.env._now, a.nbytes, a.flops, a.peer, a.op, link_id, busy_start,
+                               a.layer))
+        self._finished[i] = 1
+        self._busy[sid] = False
+        self._pos[sid] += 1
+        self._kick(sid)
+        deps = self._dependents[i]
+        if deps:
+            pending, stream_of = self._pending, self._stream_of
+            for j in deps:
+                pending[j] -= 1
+                if pending[j] == 0:
+                    self._kick(stream_of[j])
 
     def _apply_mem(self, rank: int, a: Action, when: str) -> None:
-        now = self.env.now
+        now = self.env._now
         for w, category, nbytes in a.mem:
             if w == when:
                 self.memory.append((now, rank, category, float(nbytes)))
 
     # ------------------------------------------------------------------ p2p
-    def _join_p2p(self, rank: int, a: Action):
+    def _join_p2p(self, rank: int, a: Action, i: int) -> None:
         key = self._keys[(rank, a.name)]
         rv = self._p2p.get(key)
         if rv is None:
             rv = self._p2p[key] = _Rendezvous()
-            rv.done = self.env.event()
             self._link_ids += 1
             rv.meta = self._link_ids
-        rv.posted[a.kind] = (rank, a)
+        rv.posted[a.kind] = (rank, a, i)
         if len(rv.posted) == 2:
-            rv.began = self.env.now
-            (src, send), (dst, recv) = rv.posted["send"], rv.posted["recv"]
+            rv.began = self.env._now
+            (src, send, si), (dst, recv, ri) = rv.posted["send"], rv.posted["recv"]
             if recv.nbytes and recv.nbytes != send.nbytes:
                 raise InputError(
                     f"program: recv {recv.name!r} on rank {dst} expects {recv.nbytes} bytes but the matching send {send.name!r} on rank {src} sends {send.nbytes}"
                 )
             ev = self.net.transfer(src, dst, send.nbytes, f"{send.category or 'p2p'} {send.name}")
-            ev.callbacks.append(lambda _e, d=rv.done: d.succeed())
+            ev.callbacks.append(partial(self._delivered, si, ri, rv))
             del self._p2p[key]
-        return rv
+
+    def _delivered(self, si: int, ri: int, rv: _Rendezvous, _event) -> None:
+        self._finish(si, rv.began, rv.meta)
+        self._finish(ri, rv.began, rv.meta)
 
     # ------------------------------------------------------------------ collectives
-    def _join_collective(self, rank: int, a: Action) -> _Rendezvous:
+    def _join_collective(self, rank: int, a: Action, i: int) -> None:
         key = self._keys[(rank, a.name)]
         rv = self._coll.get(key)
         if rv is None:
@@ -236,12 +323,11 @@ class _Engine:
                 f"program: collective {a.name!r} on rank {rank} ({a.op}, {a.nbytes} B, {a.algo}) does not match "
                 f"{first.name!r} on the other members ({first.op}, {first.nbytes} B, {first.algo})"
             )
-        rv.posted[rank] = self.env.event()
+        rv.posted[rank] = i
         if len(rv.posted) == sum(1 for g in a.group if g not in self.program.shadows):
             del self._coll[key]
-            rv.began = self.env.now
-            self._run_steps(self._plan_steps(a), rv.posted, f"{a.category or a.op} {a.op} {a.name}")
-        return rv
+            rv.began = self.env._now
+            self._run_steps(self._plan_steps(a), rv, f"{a.category or a.op} {a.op} {a.name}")
 
     def _plan_steps(self, a: Action):
         """The collective's steps and their bookkeeping, built once per distinct
@@ -278,13 +364,15 @@ class _Engine:
         self._step_plans[key] = plan
         return plan
 
-    def _run_steps(self, plan, rank_done: dict[int, simpy.Event], label: str) -> None:
-        """Start each step when its dependencies are done; signal each rank when its
-        own steps (as sender or receiver) are all done."""
+    def _run_steps(self, plan, rv: _Rendezvous, label: str) -> None:
+        """Start each step when its dependencies are done; finish each rank's action
+        when its own steps (as sender or receiver) are all done."""
         steps, children, waiting0, involved = plan
         waiting = list(waiting0)
-        left = {r: involved.get(r, 0) for r in rank_done}
+        action_of = rv.posted
+        left = {r: involved.get(r, 0) for r in action_of}
         net = self.net
+        began = rv.began
 
         def finished(i):
             s = steps[i]
@@ -292,7 +380,7 @@ class _Engine:
                 if r in left:
                     left[r] -= 1
                     if left[r] == 0:
-                        rank_done[r].succeed()
+                        self._finish(action_of[r], began, None)
             for c in children[i]:
                 waiting[c] -= 1
                 if waiting[c] == 0:
@@ -305,18 +393,22 @@ class _Engine:
 
         for r in sorted(left):
             if left[r] == 0:
-                rank_done[r].succeed()
+                self._finish(action_of[r], began, None)
         for i in range(len(steps)):
             if waiting[i] == 0:
                 start(i)
 
     # ------------------------------------------------------------------ deadlock
-    def _explain(self) -> dict[int, str]:
+    def _explain(self, unfinished: list[int]) -> dict[int, str]:
         out: dict[int, list[str]] = {}
         resolve = self.program.resolve
-        for (rank, stream), (a, phase) in sorted(self.blocked.items()):
-            if phase == "deps":
-                pending = [f"{r}:{n}" for r, n in (resolve(rank, d) for d in a.deps) if not self.done[(r, n)].triggered]
+        for sid in unfinished:
+            rank, stream = self._streams[sid]
+            i = self._members[sid][self._pos[sid]]
+            a = self._acts[i]
+            if self._pending[i] > 0:
+                pending = [f"{r}:{n}" for r, n in (resolve(rank, d) for d in a.deps)
+                           if not self._finished[self._ids[(r, n)]]]
                 why = f"waits for {', '.join(pending)}"
             elif a.kind == "collective":
                 key = self._keys[(rank, a.name)]
@@ -330,4 +422,4 @@ class _Engine:
             else:
                 why = "did not finish"
             out.setdefault(rank, []).append(f"{a.kind} {a.name!r} on stream {stream} {why}")
-        return {r: " | ".join(v) for r, v in out.items()}
+        return {r: " | ".join(v) for r, v in sorted(out.items())}
