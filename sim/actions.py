@@ -98,13 +98,36 @@ class Action:
         """A copy with some fields changed, for passes (whose inputs were checked when
         first built): skips the checks, which matter at the user boundary and cost time
         on programs of millions of actions. ``deps`` must already be normalized."""
-        new = object.__new__(Action)
-        for f in _FIELDS:
-            object.__setattr__(new, f, changes[f] if f in changes else getattr(self, f))
-        return new
+        return _evolve(self, changes)
+
+    @staticmethod
+    def new(name: str, **fields_) -> "Action":
+        """An action built by a pass from values already checked: the same fields and
+        defaults as ``Action(...)`` without the checks (``deps`` a tuple of names or
+        (rank, name) pairs, numbers finite and >= 0)."""
+        return _new(name, **fields_)
 
 
 _FIELDS = tuple(f.name for f in fields(Action))
+_DEFAULTS = {f.name: f.default for f in fields(Action) if f.name != "name"}
+
+
+def _generate():
+    """Straight-line ``evolve`` and ``new``: a loop over the fields costs twice as much,
+    and passes call these millions of times."""
+    env = {"_obj_new": object.__new__, "_set": object.__setattr__, "Action": Action, "_D": _DEFAULTS}
+    ev = ["def _evolve(self, c):", "    o = _obj_new(Action)"]
+    ev += [f"    _set(o, {f!r}, c[{f!r}] if {f!r} in c else self.{f})" for f in _FIELDS]
+    ev += ["    return o"]
+    args = ", ".join(f"{f}=_D[{f!r}]" for f in _FIELDS if f != "name")
+    nw = [f"def _new(name, *, {args}):", "    o = _obj_new(Action)"]
+    nw += [f"    _set(o, {f!r}, {f})" for f in _FIELDS if f != "stream"]
+    nw += ["    _set(o, 'stream', stream or ('compute' if kind in ('compute', 'comm') else 'comm'))", "    return o"]
+    exec("\n".join(ev) + "\n\n" + "\n".join(nw) + "\n", env)  # noqa: S102 - code generated from field names
+    return env["_evolve"], env["_new"]
+
+
+_evolve, _new = _generate()
 
 
 class Program:

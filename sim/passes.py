@@ -56,10 +56,18 @@ def replicate(prog: Program, world_size: int, coords: Callable[[int], tuple], ra
             continue
         d, p, t = coords(g)
         acts = []
+        peer: dict[int, int] = {}
         for a in prog.actions.get(p, ()):
-            if any(not isinstance(dep, str) for dep in a.deps):
-                deps = tuple(dep if isinstance(dep, str) else (rank_of(dp=d, pp=dep[0], tp=t), dep[1]) for dep in a.deps)
-                a = a.evolve(deps=deps)
+            if any(dep.__class__ is not str for dep in a.deps):
+                deps = []
+                for dep in a.deps:
+                    if dep.__class__ is not str:
+                        q = peer.get(dep[0])
+                        if q is None:
+                            q = peer[dep[0]] = rank_of(dp=d, pp=dep[0], tp=t)
+                        dep = (q, dep[1])
+                    deps.append(dep)
+                a = a.evolve(deps=tuple(deps))
             acts.append(a)
         out[g] = acts
     return Program(out, shadows)
@@ -88,15 +96,15 @@ def add_tp_collectives(prog: Program, segments: Callable[[int, Action], list[Seg
                 if s.kind == "collective":
                     if len(group) < 2:
                         continue
-                    new.append(Action(name, kind="collective", op=s.op, group=group, nbytes=s.nbytes,
+                    new.append(Action.new(name, kind="collective", op=s.op, group=group, nbytes=s.nbytes,
                                       category="tp", deps=deps, stream=a.stream, layer=s.layer))
                 elif s.kind == "comm":
                     if len(group) < 2:
                         continue
-                    new.append(Action(name, kind="comm", op=s.op, duration_s=s.duration_s, nbytes=s.nbytes,
+                    new.append(Action.new(name, kind="comm", op=s.op, duration_s=s.duration_s, nbytes=s.nbytes,
                                       category="tp", deps=deps, stream=a.stream, layer=s.layer))
                 else:
-                    new.append(Action(name, duration_s=s.duration_s, flops=s.flops, category=a.category,
+                    new.append(Action.new(name, duration_s=s.duration_s, flops=s.flops, category=a.category,
                                       stream=a.stream, deps=deps, layer=s.layer))
                 prev = name
             if prev != a.name:  # a trailing collective was dropped (tp = 1): rename the last piece
@@ -124,9 +132,9 @@ def add_p2p(prog: Program, nbytes: Callable[[Action], float]) -> Program:
                 src, producer = d
                 tag = f"{producer}>{a.name}"
                 size = nbytes(a)
-                send = Action(f"send {producer} to {r} for {a.name}", kind="send", peer=r, nbytes=size, tag=tag,
+                send = Action.new(f"send {producer} to {r} for {a.name}", kind="send", peer=r, nbytes=size, tag=tag,
                               category="pp", stream=f"pp>{r}", deps=(producer,))
-                recv = Action(f"recv {producer} from {src} for {a.name}", kind="recv", peer=src, nbytes=size,
+                recv = Action.new(f"recv {producer} from {src} for {a.name}", kind="recv", peer=src, nbytes=size,
                               tag=tag, category="pp", stream=f"pp<{src}")
                 sends[src].setdefault(producer, []).append(send)
                 recvs[r].append((position[(src, producer)], recv))

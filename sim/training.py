@@ -19,7 +19,7 @@ from sim import passes, zero
 from sim.actions import Action, Program
 from sim.coalesce import coalesce, isolated_tp_pricer
 from sim.costs import op_time
-from sim.engine import simulate
+from sim.engine import gc_paused, simulate
 from sim.errors import InputError
 from sim.estimate import ADAM_BYTES_PER_PARAM
 from sim.hardware import HardwareProfile
@@ -314,8 +314,9 @@ def simulate_training(model: ModelSpec, plan: ParallelPlan, profile: HardwarePro
             f"plan: needs dp x tp x pp = {plan.dp} x {plan.tp} x {plan.pp} = {plan.world_size} GPUs; "
             f"topology {topology.name} has {topology.num_gpus}"
         )
-    schedule, prog = build_program(model, plan, profile, schedule, fidelity, topology.gpus_per_node, topology,
-                                   coalesce_tp, max_events)
+    with gc_paused():
+        schedule, prog = build_program(model, plan, profile, schedule, fidelity, topology.gpus_per_node, topology,
+                                       coalesce_tp, max_events)
     trace = simulate(prog, topology, link_efficiency=profile.link_efficiencies(),
                      fluid_collectives=fidelity == "reduced")
     return TrainingRun(model, plan, profile, topology, schedule, prog, trace, fidelity)

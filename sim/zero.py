@@ -110,7 +110,7 @@ def add_param_gathers(prog: Program, layer_bytes: Callable[[int, int], float],
             nb = layer_bytes(r, layer)
             name = f"gather layer {layer} for {step}"
             deps = (lst[uses[k - depth - 1][3]].name,) if k - depth - 1 >= 0 else ()
-            g = Action(name, kind="collective", op="allgather", group=group, nbytes=nb, category="zero",
+            g = Action.new(name, kind="collective", op="allgather", group=group, nbytes=nb, category="zero",
                        stream="zero", deps=deps, mem=(("start", "gathered", nb),))
             before.setdefault(first, []).append(g)
             extra_deps.setdefault(first, []).append(name)
