@@ -80,6 +80,7 @@ def add_tp_collectives(prog: Program, segments: Callable[[int, Action], list[Seg
     stream: as in Megatron-LM, tensor-parallel NCCL kernels run on the compute stream and
     block it. The first piece takes the action's deps; the last takes its name."""
     out: dict[int, list[Action]] = {}
+    shared: dict[tuple, list[Action]] = {}  # tensor-parallel peers build the same pieces
     for r, acts in prog.actions.items():
         group = tp_group(r)
         new: list[Action] = []
@@ -88,6 +89,13 @@ def add_tp_collectives(prog: Program, segments: Callable[[int, Action], list[Seg
             if not segs:
                 new.append(a)
                 continue
+            key = (group, a.name, a.stream, a.category, tuple(segs))
+            pieces = shared.get(key)
+            if pieces is not None:  # the same after the first piece, which takes the action's deps
+                new.append(pieces[0].evolve(deps=a.deps))
+                new.extend(pieces[1:])
+                continue
+            start = len(new)
             prev = None
             for i, s in enumerate(segs):
                 last = i == len(segs) - 1
@@ -109,6 +117,8 @@ def add_tp_collectives(prog: Program, segments: Callable[[int, Action], list[Seg
                 prev = name
             if prev != a.name:  # a trailing collective was dropped (tp = 1): rename the last piece
                 new[-1] = new[-1].evolve(name=a.name)
+            if len(group) > 1:
+                shared[key] = new[start:]
         out[r] = new
     return prog.with_actions(out)
 
@@ -122,8 +132,11 @@ def add_p2p(prog: Program, nbytes: Callable[[Action], float]) -> Program:
     recvs: dict[int, list[tuple[int, Action]]] = {r: [] for r in acts}
     for r, lst in acts.items():
         for i, a in enumerate(lst):
-            if all(isinstance(d, str) or d[0] == r for d in a.deps):
-                continue
+            for d in a.deps:
+                if d.__class__ is not str and d[0] != r:
+                    break
+            else:
+                continue  # no dependency on another rank
             deps = []
             for d in a.deps:
                 if isinstance(d, str) or d[0] == r:
