@@ -302,8 +302,11 @@ class Runner:
             # (They start on Dask's own thread, so blocking the signal here would not reach
             # them; a Ctrl-C during these few seconds of start-up is dropped.)
             with _sigint_ignored():
+                # Bound to loopback: a scheduler runs whatever pickled task it is sent,
+                # so it must not listen where other machines can reach it.
                 self._cluster = LocalCluster(n_workers=max(1, self.workers), threads_per_worker=1,
-                                             processes=True, dashboard_address=None, silence_logs=logging.ERROR)
+                                             processes=True, host="127.0.0.1", dashboard_address=None,
+                                             silence_logs=logging.ERROR)
             self._client = Client(self._cluster)
         else:
             require(self.dask.startswith(("tcp://", "tls://", "ucx://", "inproc://")), "--dask", self.dask,
