@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import io
 import json
 import os
 import random
@@ -29,6 +30,7 @@ import statistics
 import time
 from pathlib import Path
 
+from sim.fileio import write_text_atomic
 from sim.hardware import load_profile
 from sim.model import gpt, llama
 from sim.search import DEFAULT_MARGIN, candidates, enumerate_plans
@@ -123,10 +125,11 @@ def _stats(xs):
 
 
 def _write_csv(rows, path):
-    with open(path, "w", newline="") as fh:
-        w = csv.DictWriter(fh, fieldnames=list(rows[0]))
-        w.writeheader()
-        w.writerows(rows)
+    buf = io.StringIO()
+    w = csv.DictWriter(buf, fieldnames=list(rows[0]), lineterminator="\r\n")
+    w.writeheader()
+    w.writerows(rows)
+    write_text_atomic(buf.getvalue(), path)
 
 
 def main() -> None:
@@ -161,7 +164,7 @@ def main() -> None:
           f"DEFAULT_MARGIN = {DEFAULT_MARGIN} {'covers' if DEFAULT_MARGIN >= worst['bound_ratio'] else 'DOES NOT cover'} it")
     _write_csv(thr, OUT / "throughput.csv")
     _write_csv(mar, OUT / "margin.csv")
-    (OUT / "summary.json").write_text(json.dumps(summary, indent=1, sort_keys=True) + "\n")
+    write_text_atomic(json.dumps(summary, indent=1, sort_keys=True) + "\n", OUT / "summary.json")
     md = ["# Sweep throughput and estimate margin", "",
           f"{os.cpu_count()} cores, load average {load:.1f} before the run; two CPU-bound loops ran "
           f"{head:.2f}x faster in two processes than in one.", "",
@@ -173,7 +176,7 @@ def main() -> None:
         b, e = m["bound_over_sim"], m["estimate_over_sim"]
         md.append(f"| {name} | {m['plans']} | {b['min']:.2f} | {b['median']:.2f} | {b['max']:.3f} | "
                   f"{e['min']:.2f} | {e['median']:.2f} | {e['max']:.2f} |")
-    (OUT / "summary.md").write_text("\n".join(md) + "\n")
+    write_text_atomic("\n".join(md) + "\n", OUT / "summary.md")
     print(f"wrote {OUT}/throughput.csv, margin.csv, summary.json, summary.md")
 
 

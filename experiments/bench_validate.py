@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import io
 import json
 import os
 import statistics
@@ -28,7 +29,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from sim.export import write_json_atomic  # noqa: E402
+from sim.fileio import write_json_atomic, write_text_atomic  # noqa: E402
 
 OUT = ROOT / "experiments" / "out" / "validate"
 
@@ -91,13 +92,12 @@ def main() -> int:
         "breakdown_max_abs_error": max(abs(r["error"]) for r in rows),
         "repeats": args.repeats, "quick": args.quick, "cpus": os.cpu_count(), "runs": runs,
     }
-    tmp = OUT / ".table.csv"
-    with tmp.open("w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=["repeat", "procs", "config", "measured_s", "simulated_s", "error",
-                                           "probe_slowdown"])
-        w.writeheader()
-        w.writerows(rows)
-    os.replace(tmp, OUT / "table.csv")
+    buf = io.StringIO()
+    w = csv.DictWriter(buf, fieldnames=["repeat", "procs", "config", "measured_s", "simulated_s", "error",
+                                         "probe_slowdown"], lineterminator="\r\n")
+    w.writeheader()
+    w.writerows(rows)
+    write_text_atomic(buf.getvalue(), OUT / "table.csv")
     write_json_atomic(summary, OUT / "summary.json")
     lines = ["| configuration | measured | simulated | Δ% | probe slowdown |", "|---|---:|---:|---:|---:|"]
     for r in rows:
@@ -111,7 +111,7 @@ def main() -> int:
                  f"{summary['breakdown_mean_abs_error'] * 100:.1f}%, max |Δ| {summary['breakdown_max_abs_error'] * 100:.1f}%.")
     loads = ", ".join(f"{r['load_average']['before'][0]:.2f}" for r in runs)
     lines.append(f"Load average (1 min) before each validation: {loads} on {os.cpu_count()} CPUs.")
-    (OUT / "summary.md").write_text("\n".join(lines) + "\n")
+    write_text_atomic("\n".join(lines) + "\n", OUT / "summary.md")
     print("\n".join(lines))
     print(f"wrote {OUT / 'table.csv'}, summary.json, summary.md")
     return 0

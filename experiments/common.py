@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import io
 import json
 import math
 import os
@@ -27,6 +28,7 @@ if str(ROOT) not in sys.path:
 
 from sim.actions import Action, Program  # noqa: E402
 from sim.engine import simulate  # noqa: E402
+from sim.fileio import atomic_path, write_text_atomic  # noqa: E402
 from sim.topology_build import NodeSpec, build_cluster, load_node_spec, load_topology  # noqa: E402
 
 OUT = ROOT / "experiments" / "out"
@@ -146,12 +148,14 @@ def time_collective(op: str, nbytes: float, gpus: int, topology, profile, algo: 
 
 # ----------------------------------------------------------------- outputs
 def write_csv(path: Path, rows: list[dict], columns: list[str] | None = None) -> None:
+    """Write ``rows`` as CSV through a temporary file and a rename (as every output here)."""
     cols = columns or list(dict.fromkeys(k for r in rows for k in r))
-    with open(path, "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=cols, extrasaction="ignore")
-        w.writeheader()
-        for r in rows:
-            w.writerow({k: _csv_value(r.get(k)) for k in cols})
+    buf = io.StringIO()
+    w = csv.DictWriter(buf, fieldnames=cols, extrasaction="ignore", lineterminator="\r\n")
+    w.writeheader()
+    for r in rows:
+        w.writerow({k: _csv_value(r.get(k)) for k in cols})
+    write_text_atomic(buf.getvalue(), path)
 
 
 def _csv_value(v):
@@ -161,9 +165,7 @@ def _csv_value(v):
 
 
 def write_json(path: Path, obj) -> None:
-    with open(path, "w") as f:
-        json.dump(obj, f, indent=1, sort_keys=True, default=str)
-        f.write("\n")
+    write_text_atomic(json.dumps(obj, indent=1, sort_keys=True, default=str) + "\n", path)
 
 
 def md_table(rows: list[dict], columns: list[tuple[str, str, str]]) -> str:
@@ -191,7 +193,7 @@ def write_verdict(args, *, title: str, question: str, answer: str, figures: list
     section of the report; ``report.py`` stitches them together), and ``headline.md``,
     the one-line answer for the report's summary table."""
     if headline:
-        (args.out / "headline.md").write_text(headline.strip() + "\n")
+        write_text_atomic(headline.strip() + "\n", args.out / "headline.md")
     parts = [f"## {title}", "", f"**Question.** {question}", ""]
     if setup:
         parts += [f"**Setup.** {setup}", ""]
@@ -206,7 +208,7 @@ def write_verdict(args, *, title: str, question: str, answer: str, figures: list
     parts += [f"*Simulated with trainsim ({mode} run) by `experiments/{args.name}.py`; "
               f"data in `{args.name}.csv`.*", ""]
     path = args.out / "verdict.md"
-    path.write_text("\n".join(parts))
+    write_text_atomic("\n".join(parts), path)
     return path
 
 
@@ -225,10 +227,14 @@ def pyplot():
 
 
 def save(fig, path: Path) -> None:
-    fig.savefig(path)
+    """Save ``fig`` (format from the suffix) through a temporary file and a rename."""
     import matplotlib.pyplot as plt
 
-    plt.close(fig)
+    try:
+        with atomic_path(path, suffix=Path(path).suffix) as tmp:
+            fig.savefig(tmp)
+    finally:
+        plt.close(fig)
 
 
 COLORS = {"gpipe": "#1f77b4", "1f1b": "#ff7f0e", "interleaved v=2": "#2ca02c", "interleaved v=4": "#17becf",

@@ -22,6 +22,8 @@ sys.path.insert(0, str(HERE))
 
 from common import OUT  # noqa: E402
 
+from sim.fileio import write_text_atomic  # noqa: E402
+
 EXPERIMENTS = [
     ("pipeline_bubble", "Pipeline bubble vs micro-batches"),
     ("allreduce_scaling", "Ring all-reduce: busbw vs GPUs and size"),
@@ -157,7 +159,7 @@ def main(argv=None) -> Path:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     path = out / "REPORT.md"
-    path.write_text(build(out))
+    write_text_atomic(build(out), path)
     return path
 
 

@@ -11,17 +11,25 @@ import argparse
 import importlib
 import sys
 
-from sim.errors import DeadlockError, InputError
+from sim.errors import NEGATIVE_VALUE, DeadlockError, InputError, from_argparse
 
 # Subcommand modules, in the order ``trainsim --help`` lists them.
 COMMANDS = ["run", "compare", "estimate", "search", "sweep", "collective", "demo", "calibrate", "validate", "import_nccl_tests", "import_trace"]
 
 
 class _Parser(argparse.ArgumentParser):
-    """An ArgumentParser whose errors are one line (no usage dump) and exit code 2."""
+    """An ArgumentParser whose errors are one line (no usage dump) and exit code 2.
+
+    A value that starts with '-' and a digit (``--size -1MiB``, ``--zero3-max-live-parameters
+    -1e9``) or is ``-inf``/``-nan`` is taken as the flag's value, so its range check names
+    it, instead of argparse calling it an unknown flag."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._negative_number_matcher = NEGATIVE_VALUE
 
     def error(self, message: str):  # noqa: D401 - argparse API
-        raise InputError(message)
+        raise from_argparse(message)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -57,6 +65,10 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:  # output piped into head & co.
         sys.stderr.close()
         return 0
+    except OSError as exc:  # a file problem no check foresaw: still one line, never a traceback
+        where = f"{exc.filename}: " if exc.filename else ""
+        print(f"trainsim: error: {where}{exc.strerror or exc}", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         print("trainsim: interrupted", file=sys.stderr)
         return 130

@@ -33,3 +33,28 @@ def require(cond: bool, field: str, value, allowed: str) -> None:
     """Raise ``InputError('<field>: got <value>; <allowed>')`` unless ``cond``."""
     if not cond:
         raise InputError(f"{field}: got {value!r}; {allowed}")
+
+
+NEGATIVE_VALUE = __import__("re").compile(r"^-(\.?\d|inf|nan|infinity)", __import__("re").IGNORECASE)
+"""What argparse should take as a (negative) value rather than a flag (``_negative_number_matcher``)."""
+
+
+def from_argparse(message: str) -> InputError:
+    """argparse's error as trainsim's one line: ``argument --zero: invalid choice: 5
+    (choose from 0, 1, 2, 3)`` becomes ``--zero: got 5; allowed: 0, 1, 2, 3``."""
+    import re
+
+    msg = " ".join(message.split())
+    m = re.match(r"argument (\S+): (.*)$", msg)
+    if not m:
+        return InputError(msg)
+    flag, rest = m.group(1).split("/")[-1], m.group(2)
+    m = re.match(r"invalid choice: (.*) \(choose from (.*)\)$", rest)
+    if m:
+        value, choices = m.group(1), m.group(2).replace("'", "")
+        return InputError(f"{flag}: got {value}; allowed: {choices}")
+    m = re.match(r"invalid (\w+) value: (.*)$", rest)
+    if m:
+        kind = {"int": "an integer", "float": "a number"}.get(m.group(1), f"a {m.group(1)}")
+        return InputError(f"{flag}: got {m.group(2)}; expected {kind}")
+    return InputError(f"{flag}: {rest}")

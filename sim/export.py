@@ -10,11 +10,9 @@ receive, sharing an ``id``). Output is deterministic: same trace, same bytes.
 
 from __future__ import annotations
 
-import json
-import os
-import tempfile
 from pathlib import Path
 
+from sim.fileio import write_json_atomic, write_text_atomic  # noqa: F401  (re-exported: the writers live there)
 from sim.trace import Trace
 
 _US = 1e6
@@ -90,29 +88,6 @@ def _memory_counters(trace: Trace) -> list[dict]:
             out.append({"ph": "C", "name": "memory_bytes", "pid": r, "ts": t * _US,
                         "args": {c: s[i] for c, s in series.items()}})
     return out
-
-
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
-
-
-def write_json_atomic(obj, path: str | Path) -> Path:
-    """Write JSON to ``path`` through a temporary file and a rename (never half-written)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; give the file the usual mode
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            json.dump(obj, fh, separators=(",", ":"), sort_keys=True)
-            fh.write("\n")
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
 
 
 def write_chrome(trace: Trace, path: str | Path, names: dict[int, str] | None = None) -> Path:

@@ -47,11 +47,9 @@ and its compute/communication overlap the share of NCCL-kernel time under comput
 
 from __future__ import annotations
 
-import json
-import os
-import tempfile
 from pathlib import Path
 
+from sim.fileio import write_json_atomic
 from sim.trace import Span, Trace
 
 COMPUTE_STREAM = 7
@@ -272,21 +270,9 @@ def write_kineto(trace: Trace, out_dir: str | Path, *, ranks=None, world_size: i
         for e in events:
             e["ts"] += offset
         doc["trainsim"]["time_offset_us"] = offset
-    out.mkdir(parents=True, exist_ok=True)
     return [_write(doc, out / f"trace_rank{r}.json") for r, doc in docs]
 
 
 def _write(obj: dict, path: Path) -> Path:
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)  # as open() would make it, not mkstemp's 0600
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            json.dump(obj, fh)  # default separators: '"rank": 3', which HTA looks for
-            fh.write("\n")
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
+    # default separators ('"rank": 3', which HTA looks for) and key order, atomically
+    return write_json_atomic(obj, path, sort_keys=False, compact=False)

@@ -9,8 +9,6 @@ waiting are visible as gaps.
 
 from __future__ import annotations
 
-import os
-import tempfile
 from pathlib import Path
 
 import matplotlib
@@ -153,19 +151,13 @@ def plot_timeline(trace: Trace, path: str | Path, title: str = "", lane_names: d
 
 
 def _save(fig, path: str | Path) -> Path:
+    """Save ``fig`` as a PNG at ``path`` through a temporary file and a rename (never half-written)."""
+    from sim.fileio import atomic_path
+
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.stem}.", suffix=".png", dir=path.parent)
-    os.close(fd)
-    mask = os.umask(0)
-    os.umask(mask)
-    os.chmod(tmp, 0o666 & ~mask)  # mkstemp makes 0600; give the file the usual mode
     try:
-        fig.savefig(tmp, format="png")
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+        with atomic_path(path, suffix=".png") as tmp:
+            fig.savefig(tmp, format="png")
     finally:
         plt.close(fig)
     return path

@@ -53,3 +53,64 @@ def format_time(seconds: float) -> str:
     if seconds >= 1e-3:
         return f"{seconds * 1e3:.3f} ms"
     return f"{seconds * 1e6:.2f} us"
+
+
+class Number:
+    """An argparse ``type=`` for a bounded number, whose error says what is allowed.
+
+    ``Number(int, minimum=1)`` parses ``'8'`` and refuses ``'-8'``, ``'4.5'`` and ``'x'``
+    with ``got -8; expected an integer >= 1``; floats refuse ``nan`` and (unless
+    ``allow_inf``) infinities. Experiment files check their values with ``check``, so a
+    flag and its TOML key accept exactly the same numbers.
+    """
+
+    def __init__(self, kind=int, *, minimum=None, maximum=None, above=None, allow_inf: bool = False):
+        self.kind, self.minimum, self.maximum, self.above, self.allow_inf = kind, minimum, maximum, above, allow_inf
+        self.__name__ = "integer" if kind is int else "number"  # argparse's name for the type
+
+    def describe(self) -> str:
+        what = "an integer" if self.kind is int else "a finite number" if not self.allow_inf else "a number"
+        bounds = []
+        if self.above is not None:
+            bounds.append(f"> {self.above:g}")
+        if self.minimum is not None and self.maximum is not None:
+            return f"{what} in [{self.minimum:g}, {self.maximum:g}]"
+        if self.minimum is not None:
+            bounds.append(f">= {self.minimum:g}")
+        if self.maximum is not None:
+            bounds.append(f"<= {self.maximum:g}")
+        return " ".join([what, *bounds]) + (" (inf allowed)" if self.allow_inf else "")
+
+    def check(self, value) -> str | None:
+        """Why ``value`` (already a Python number) is not allowed, or None."""
+        if isinstance(value, bool) or not isinstance(value, (int, float) if self.kind is float else int):
+            return f"got {value!r}; expected {self.describe()}"
+        if math.isnan(value) or (math.isinf(value) and not self.allow_inf):
+            return f"got {value!r}; expected {self.describe()}"
+        if ((self.minimum is not None and value < self.minimum) or (self.maximum is not None and value > self.maximum)
+                or (self.above is not None and value <= self.above)):
+            return f"got {value!r}; expected {self.describe()}"
+        return None
+
+    def __call__(self, text: str):
+        import argparse
+
+        try:
+            value = self.kind(text)
+        except (TypeError, ValueError):
+            raise argparse.ArgumentTypeError(f"got {text!r}; expected {self.describe()}") from None
+        why = self.check(value)
+        if why is not None:
+            raise argparse.ArgumentTypeError(f"got {str(text).strip()}; expected {self.describe()}")
+        return value
+
+    def __repr__(self) -> str:
+        return f"Number({self.describe()})"
+
+
+POSITIVE_INT = Number(int, minimum=1)
+"""Counts and sizes: GPUs, nodes, layers, batch sizes, parallel sizes."""
+NONNEGATIVE_INT = Number(int, minimum=0)
+"""Counts that may be 0 (prefetch depth, warm-up iterations, workers)."""
+FRACTION = Number(float, minimum=0, maximum=1)
+"""Probabilities such as dropout."""
