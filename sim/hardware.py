@@ -176,16 +176,19 @@ class HardwareProfile:
         kw["links"] = _links(d["links"], f"{where}: links")
         tiles = d["gemm_tiles"]
         if not isinstance(tiles, list) or not tiles or not all(
-                isinstance(t, list) and len(t) == 3 and all(_is_num(x) for x in t) for t in tiles):
+                isinstance(t, list) and len(t) == 3 and all(_is_num(x) for x in t)
+                and all(isinstance(x, int) for x in t[:2]) for t in tiles):
             raise InputError(f"{where}: gemm_tiles: got {tiles!r}; expected a non-empty list of "
                              "[tile_m, tile_n, relative_efficiency]")
         kw["gemm_tiles"] = tuple((int(a), int(b), float(r)) for a, b, r in tiles)
         src = d.get("sources", {})
         if not isinstance(src, dict):
             raise InputError(f"{where}: sources: got {src!r}; expected an object of field -> text")
-        for key in src:
+        for key, text in src.items():
             if key.split(".")[0] not in names:
                 raise InputError(f"{where}: sources: unknown field {key!r}; allowed: {', '.join(names)}")
+            if not isinstance(text, str):
+                raise InputError(f"{where}: sources.{key}: got {text!r}; expected a string")
         kw["sources"] = dict(src)
         prov = d.get("provenance", {})
         if not isinstance(prov, dict) or not all(isinstance(k, str) for k in prov):
@@ -198,25 +201,25 @@ class HardwareProfile:
             raise InputError(f"{where}: {msg}") from None
 
     def save(self, path: str | Path) -> None:
-        Path(path).write_text(json.dumps(self.to_dict(), indent=2) + "\n")
+        """Write the profile as indented JSON, through a temporary file and a rename."""
+        from sim.fileio import write_json_atomic
+
+        write_json_atomic(self.to_dict(), path, indent=2, sort_keys=False)
 
 
-def load_profile(name_or_path: str | Path) -> HardwareProfile:
-    """A preset by name (``a100-80gb``, ``h100-sxm``, ``h200``) or a profile JSON file."""
+def load_profile(name_or_path: str | Path, flag: str = "gpu") -> HardwareProfile:
+    """A preset by name (``a100-80gb``, ``h100-sxm``, ``h200``) or a profile JSON file.
+    ``flag`` names the setting in errors about the name itself (``--base``, ``--profile``)."""
+    from sim.fileio import read_json
+
     text = str(name_or_path)
     if text in PRESETS:
         data = resources.files("sim").joinpath("profiles", f"{text}.json").read_text()
         return HardwareProfile.from_dict(json.loads(data), where=f"profile {text}")
     path = Path(text)
     if not path.suffix == ".json" and not path.exists():
-        raise InputError(f"gpu: got {text!r}; allowed: {', '.join(PRESETS)} or a profile .json file")
-    try:
-        data = json.loads(path.read_text())
-    except OSError as exc:
-        raise InputError(f"gpu: got {text!r}; cannot read it ({exc.strerror})") from None
-    except json.JSONDecodeError as exc:
-        raise InputError(f"{text}: not valid JSON (line {exc.lineno}: {exc.msg})") from None
-    return HardwareProfile.from_dict(data, where=text)
+        raise InputError(f"{flag}: got {text!r}; allowed: {', '.join(PRESETS)} or a profile .json file")
+    return HardwareProfile.from_dict(read_json(path, flag), where=text)
 
 
 # ----------------------------------------------------------------- checking

@@ -27,12 +27,12 @@ read are checked, strictly; unknown Megatron flags, on the other hand, are error
 from __future__ import annotations
 
 import argparse
-import json
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Sequence
 
-from sim.errors import InputError, require
+from sim.errors import NEGATIVE_VALUE, InputError, from_argparse, require
+from sim.units import FRACTION, POSITIVE_INT
 
 MLP_KINDS = ("gelu", "swiglu")
 NORM_KINDS = ("layernorm", "rmsnorm")
@@ -234,23 +234,46 @@ def model_from_hf_config(source: str | Path | dict, seq_length: int | None = Non
     """
     where = "config.json"
     if not isinstance(source, dict):
+        from sim.fileio import read_json
+
         where = str(source)
-        try:
-            cfg = json.loads(Path(source).read_text())
-        except OSError as exc:
-            raise InputError(f"hf config: got {str(source)!r}; cannot read it ({exc.strerror})") from None
-        except json.JSONDecodeError as exc:
-            raise InputError(f"{where}: not valid JSON (line {exc.lineno}: {exc.msg})") from None
+        cfg = read_json(source, "--hf-config")
     else:
         cfg = source
     require(isinstance(cfg, dict), where, type(cfg).__name__, "expected a JSON object")
+    try:
+        return _from_hf(cfg, where, seq_length, name)
+    except InputError as exc:  # e.g. heads that do not divide the width: still name the file
+        msg = str(exc)
+        raise (exc if msg.startswith(where) else InputError(f"{where}: {msg}")) from None
+
+
+def _hf_bool(cfg: dict, key: str, where: str, default: bool) -> bool:
+    v = cfg.get(key, default)
+    require(isinstance(v, bool), f"{where}: {key}", v, "expected true or false")
+    return v
+
+
+def _hf_dropout(cfg: dict, key: str, where: str) -> float:
+    v = cfg.get(key, 0.1)
+    if v is None:
+        return 0.0
+    require(isinstance(v, (int, float)) and not isinstance(v, bool) and 0 <= v <= 1, f"{where}: {key}", v,
+            "expected a probability in [0, 1]")
+    return float(v)
+
+
+def _from_hf(cfg: dict, where: str, seq_length: int | None, name: str | None) -> ModelSpec:
     mtype = cfg.get("model_type") or ("gpt2" if "n_embd" in cfg else "llama" if "intermediate_size" in cfg else None)
-    name = name or cfg.get("_name_or_path") or (Path(where).parent.name if where != "config.json" else None) or mtype
+    if name is None and "_name_or_path" in cfg:
+        name = cfg["_name_or_path"]
+        require(isinstance(name, str), f"{where}: _name_or_path", name, "expected a string")
+    name = name or (Path(where).parent.name if where != "config.json" else None) or mtype
     if mtype == "gpt2":
         h = _hf_int(cfg, "n_embd", where)
         n_pos = _hf_int(cfg, "n_positions", where)
         inner = cfg.get("n_inner")
-        drop = any(float(cfg.get(k, 0.1) or 0) > 0 for k in ("resid_pdrop", "attn_pdrop", "embd_pdrop"))
+        drop = any([_hf_dropout(cfg, k, where) > 0 for k in ("resid_pdrop", "attn_pdrop", "embd_pdrop")])
         return gpt(str(name), _hf_int(cfg, "n_layer", where), h, _hf_int(cfg, "n_head", where),
                    _hf_int(cfg, "vocab_size", where), seq_length or n_pos,
                    ffn_hidden_size=_hf_int(cfg, "n_inner", where) if inner is not None else 4 * h,
@@ -259,38 +282,36 @@ def model_from_hf_config(source: str | Path | dict, seq_length: int | None = Non
             f"supported: gpt2, {', '.join(_LLAMA_TYPES)}")
     heads = _hf_int(cfg, "num_attention_heads", where)
     kv = cfg.get("num_key_value_heads")
-    tie = cfg.get("tie_word_embeddings", False)
-    require(isinstance(tie, bool), f"{where}: tie_word_embeddings", tie, "expected true or false")
+    tie = _hf_bool(cfg, "tie_word_embeddings", where, False)
+    bias = _hf_bool(cfg, "attention_bias", where, False) or _hf_bool(cfg, "mlp_bias", where, False)
     max_pos = _hf_int(cfg, "max_position_embeddings", where)
     return llama(str(name), _hf_int(cfg, "num_hidden_layers", where), _hf_int(cfg, "hidden_size", where),
                  heads, heads if kv is None else _hf_int(cfg, "num_key_value_heads", where),
                  _hf_int(cfg, "intermediate_size", where), _hf_int(cfg, "vocab_size", where),
-                 seq_length or max_pos, tied_embeddings=tie,
-                 bias=bool(cfg.get("attention_bias", False) or cfg.get("mlp_bias", False)),
-                 max_position_embeddings=max_pos)
+                 seq_length or max_pos, tied_embeddings=tie, bias=bias, max_position_embeddings=max_pos)
 
 
 # ------------------------------------------------------------------- Megatron
 def add_megatron_model_arguments(parser: argparse.ArgumentParser) -> None:
     """Megatron-LM's model-shape flags, spelled as Megatron spells them."""
     g = parser.add_argument_group("model shape (Megatron-LM flags)")
-    g.add_argument("--num-layers", type=int)
-    g.add_argument("--hidden-size", type=int)
-    g.add_argument("--num-attention-heads", type=int)
-    g.add_argument("--ffn-hidden-size", type=int, help="default 4 x hidden size (GeLU) ")
-    g.add_argument("--vocab-size", type=int)
-    g.add_argument("--seq-length", type=int)
-    g.add_argument("--max-position-embeddings", type=int)
+    g.add_argument("--num-layers", type=POSITIVE_INT)
+    g.add_argument("--hidden-size", type=POSITIVE_INT)
+    g.add_argument("--num-attention-heads", type=POSITIVE_INT)
+    g.add_argument("--ffn-hidden-size", type=POSITIVE_INT, help="default 4 x hidden size (GeLU) ")
+    g.add_argument("--vocab-size", type=POSITIVE_INT)
+    g.add_argument("--seq-length", type=POSITIVE_INT)
+    g.add_argument("--max-position-embeddings", type=POSITIVE_INT)
     g.add_argument("--group-query-attention", action="store_true")
-    g.add_argument("--num-query-groups", type=int)
+    g.add_argument("--num-query-groups", type=POSITIVE_INT)
     g.add_argument("--swiglu", action="store_true")
     g.add_argument("--normalization", choices=["LayerNorm", "RMSNorm"], default="LayerNorm")
     g.add_argument("--position-embedding-type", choices=["learned_absolute", "rope"],
                    default="learned_absolute")
     g.add_argument("--untie-embeddings-and-output-weights", action="store_true")
     g.add_argument("--disable-bias-linear", action="store_true")
-    g.add_argument("--attention-dropout", type=float, default=0.1)
-    g.add_argument("--hidden-dropout", type=float, default=0.1)
+    g.add_argument("--attention-dropout", type=FRACTION, default=0.1)
+    g.add_argument("--hidden-dropout", type=FRACTION, default=0.1)
 
 
 _MEGATRON_SHAPE = ("num_layers", "hidden_size", "num_attention_heads", "vocab_size", "seq_length")
@@ -299,11 +320,12 @@ _MEGATRON_SHAPE = ("num_layers", "hidden_size", "num_attention_heads", "vocab_si
 def model_from_megatron_namespace(ns: argparse.Namespace, name: str = "megatron") -> ModelSpec:
     """A spec from parsed Megatron flags (``add_megatron_model_arguments``)."""
     for key in _MEGATRON_SHAPE:
-        require(getattr(ns, key, None) is not None, "--" + key.replace("_", "-"), None,
-                "required to describe the model with Megatron flags")
+        if getattr(ns, key, None) is None:
+            raise InputError(f"--{key.replace('_', '-')}: missing; required to describe the model with Megatron "
+                             f"flags (--{' --'.join(k.replace('_', '-') for k in _MEGATRON_SHAPE)})")
     kv = ns.num_query_groups if ns.group_query_attention else None
-    require(not ns.group_query_attention or kv is not None, "--num-query-groups", None,
-            "required with --group-query-attention")
+    if ns.group_query_attention and kv is None:
+        raise InputError("--num-query-groups: missing; required with --group-query-attention")
     ffn = ns.ffn_hidden_size or 4 * ns.hidden_size
     return ModelSpec(
         name, ns.num_layers, ns.hidden_size, ns.num_attention_heads, ffn, ns.vocab_size,
@@ -316,8 +338,12 @@ def model_from_megatron_namespace(ns: argparse.Namespace, name: str = "megatron"
 
 
 class _StrictParser(argparse.ArgumentParser):
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._negative_number_matcher = NEGATIVE_VALUE  # '-4' is a value to check, not a flag
+
     def error(self, message: str):  # noqa: D401 - argparse API
-        raise InputError(message)
+        raise from_argparse(message)
 
 
 def model_from_megatron_args(argv: Sequence[str], name: str = "megatron") -> ModelSpec:

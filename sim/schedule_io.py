@@ -216,11 +216,10 @@ def from_csv(text: str, name: str = "custom") -> Schedule:
 
 def load_schedule_csv(path) -> Schedule:
     """Read, parse and ``validate`` a schedule CSV; errors start with the file name."""
+    from sim.fileio import read_text
+
     p = Path(path)
-    try:
-        text = p.read_text()
-    except OSError as e:
-        raise InputError(f"schedule file {str(p)!r}: cannot read it ({e.strerror or e})") from None
+    text = read_text(p, "schedule file")
     try:
         sched = from_csv(text, name=p.stem)
         validate(sched)

@@ -14,6 +14,7 @@ import tomllib
 from pathlib import Path
 
 from sim.errors import InputError
+from sim.fileio import read_text
 
 
 class TomlFile:
@@ -21,16 +22,39 @@ class TomlFile:
 
     def __init__(self, path: str | Path):
         self.path = Path(path)
-        try:
-            self.text = self.path.read_text(encoding="utf-8")
-        except FileNotFoundError:
-            raise InputError(f"{self.path}: file not found") from None
-        except (OSError, UnicodeDecodeError) as exc:
-            raise InputError(f"{self.path}: cannot read: {exc}") from None
+        self.text = read_text(self.path)  # missing, a folder, empty, not UTF-8: one line naming the file
         try:
             self.data = tomllib.loads(self.text)
         except tomllib.TOMLDecodeError as exc:
-            raise InputError(f"{self.path}: not valid TOML: {exc}") from None
+            msg = str(exc)
+            m = re.search(r"\(at line (\d+), column \d+\)$", msg)
+            if m:
+                line = int(m.group(1))
+            else:  # "(at end of document)": the last line
+                line = max(1, len(self.text.rstrip("\n").split("\n")))
+                msg += "; the file looks truncated"
+            raise InputError(f"{self.path}:{line}: not valid TOML ({msg})") from None
+
+    def table(self, data: dict, key: str, prefix: str = "", default=None) -> dict:
+        """``data[key]`` checked to be a table (``{}`` or ``default`` when absent)."""
+        if key not in data:
+            return {} if default is None else default
+        value = data[key]
+        if not isinstance(value, dict):
+            raise self.error(f"{prefix}{key}", f"got {value!r}; expected a table [{prefix}{key}]")
+        return value
+
+    def tables(self, data: dict, key: str) -> list[dict]:
+        """``data[key]`` checked to be an array of tables (``[[key]]``), each a dict."""
+        value = data.get(key, [])
+        if isinstance(value, dict):
+            raise self.error(key, f"got a single table [{key}]; expected an array of tables: write [[{key}]]")
+        if not isinstance(value, list):
+            raise self.error(key, f"got {value!r}; expected an array of tables ([[{key}]])")
+        for i, item in enumerate(value):
+            if not isinstance(item, dict):
+                raise self.error(f"{key}[{i}]", f"got {item!r}; expected a table ([[{key}]])")
+        return value
 
     def where(self, key: str) -> str:
         """``'file.toml:12: key'`` where the key is first written, or ``'file.toml: key'``."""
@@ -46,6 +70,9 @@ class TomlFile:
 
     def check_keys(self, table: dict, allowed: set[str] | dict, prefix: str, required=()) -> None:
         """Unknown keys and missing required keys are errors naming the key."""
+        if not isinstance(table, dict):
+            name = prefix.rstrip(".") or "file"
+            raise self.error(name, f"got {table!r}; expected a table [{name}]")
         for key in table:
             if key not in allowed:
                 raise self.error(

@@ -28,10 +28,13 @@ import networkx as nx
 from sim.errors import InputError
 from sim.tomlio import TomlFile
 from sim.topology import DEVICE_KINDS, LINK_KINDS, Topology
+from sim.units import Number
 
 GB = 1e9
 US = 1e-6
 FABRICS = ("rail", "fat-tree")
+OVERSUBSCRIPTION = Number(float, minimum=1)
+"""What ``--oversubscription`` (and ``fabric.oversubscription``) accepts."""
 
 
 def topologies_dir() -> Path:
@@ -218,15 +221,23 @@ def _parse_fabric(f: TomlFile, t: dict) -> FabricSpec:
             switch_latency_s=f.number(t, "switch_latency_us", p, default=0.5, minimum=0) * US,
         )
     except InputError as exc:
-        raise InputError(f"{f.path}: {exc}") from None
+        raise _in_file(f, exc) from None
+
+
+def _in_file(f: TomlFile, exc: InputError) -> InputError:
+    """``exc`` prefixed with the file's name unless it already names it."""
+    msg = str(exc)
+    return exc if msg.startswith(str(f.path)) else InputError(f"{f.path}: {msg}")
+
+
+def _name(f: TomlFile, table: dict, key: str, prefix: str, default: str) -> str:
+    return f.string(table, key, prefix, default=default)
 
 
 def _parse_graph(f: TomlFile, data: dict) -> Topology:
     g = nx.Graph()
-    devices = data.get("device", [])
-    links = data.get("link", [])
-    if not isinstance(devices, list) or not isinstance(links, list):
-        raise InputError(f"{f.path}: device and link must be arrays of tables ([[device]], [[link]])")
+    devices = f.tables(data, "device")
+    links = f.tables(data, "link")
     for i, d in enumerate(devices):
         p = f"device[{i}]."
         f.check_keys(d, _DEVICE_KEYS, p, required=("id", "kind"))
@@ -252,12 +263,12 @@ def _parse_graph(f: TomlFile, data: dict) -> Topology:
             f.number(l, "latency_us", p, default=1.0, minimum=0) * US,
         )
     try:
-        return Topology(g, data.get("name", f.path.stem))
+        return Topology(g, _name(f, data, "name", "", f.path.stem))
     except InputError as exc:
-        raise InputError(f"{f.path}: {exc}") from None
+        raise _in_file(f, exc) from None
 
 
-def _resolve(name_or_path: str) -> Path:
+def _resolve(name_or_path: str, flag: str = "topology") -> Path:
     p = Path(name_or_path)
     if p.suffix == ".toml" or p.exists():
         return p
@@ -265,7 +276,7 @@ def _resolve(name_or_path: str) -> Path:
     if cand.exists():
         return cand
     raise InputError(
-        f"topology: got {name_or_path!r}; expected a path to a .toml file or one of: {', '.join(builtin_names())}"
+        f"{flag}: got {name_or_path!r}; expected a path to a .toml file or one of: {', '.join(builtin_names())}"
     )
 
 
@@ -273,42 +284,56 @@ def load_node_spec(name_or_path: str) -> NodeSpec:
     f = TomlFile(_resolve(name_or_path))
     if "node" not in f.data:
         raise InputError(f"{f.path}: not a node file (it has no [node] table)")
-    return _parse_node(f, f.data["node"])
+    return _parse_node(f, f.table(f.data, "node"))
 
 
 def load_topology(name_or_path: str, nodes: int | None = None, fabric: FabricSpec | None = None,
-                  min_gpus: int | None = None) -> Topology:
+                  min_gpus: int | None = None, flag: str = "topology") -> Topology:
     """A topology from a built-in name or a TOML file.
 
     For a node file, ``nodes`` copies are joined by ``fabric`` (default rail-optimized);
     ``nodes`` defaults to enough nodes for ``min_gpus`` GPUs (or 1). For a cluster file, ``nodes`` and ``fabric`` override the file's.
     A graph file is taken as it is (``nodes`` must then be None).
     """
-    f = TomlFile(_resolve(name_or_path))
+    f = TomlFile(_resolve(name_or_path, flag))
     data = f.data
     f.check_keys(data, {"name", "description", "node", "cluster", "fabric", "device", "link"}, "")
     if "device" in data or "link" in data:
         if nodes is not None:
             raise InputError(f"nodes: got {nodes}; {f.path} is a device-by-device topology, so it fixes its own size")
         return _parse_graph(f, data)
+    _name(f, data, "name", "", "")  # a string, if given
+    if "description" in data:
+        f.string(data, "description", "")
     if "cluster" in data:
-        c = data["cluster"]
+        c = f.table(data, "cluster")
         f.check_keys(c, {"name", "node", "nodes"}, "cluster.", required=("node", "nodes"))
         node_ref = f.string(c, "node", "cluster.")
+        cname = _name(f, c, "name", "cluster.", "")
+        n_file = int(f.number(c, "nodes", "cluster.", integer=True, positive=True))
         if "node" in data:
-            spec = _parse_node(f, data["node"])
+            spec = _parse_node(f, f.table(data, "node"))
         else:
             ref = Path(node_ref)
             if not ref.is_absolute() and ref.suffix == ".toml":
                 ref = f.path.parent / ref
-            spec = load_node_spec(str(ref))
-        n = nodes if nodes is not None else int(f.number(c, "nodes", "cluster.", integer=True, positive=True))
-        fab = fabric or _parse_fabric(f, data.get("fabric", {}))
-        return build_cluster(spec, n, fab, name=c.get("name") if nodes is None else None)
+            try:
+                spec = load_node_spec(str(ref))
+            except InputError as exc:
+                raise f.error("cluster.node", str(exc)) from None
+        n = nodes if nodes is not None else n_file
+        fab = fabric or _parse_fabric(f, f.table(data, "fabric"))
+        try:
+            return build_cluster(spec, n, fab, name=(cname or None) if nodes is None else None)
+        except InputError as exc:
+            raise _in_file(f, exc) from None
     if "node" in data:
-        spec = _parse_node(f, data["node"])
-        fab = fabric or _parse_fabric(f, data.get("fabric", {}))
+        spec = _parse_node(f, f.table(data, "node"))
+        fab = fabric or _parse_fabric(f, f.table(data, "fabric"))
         if nodes is None:
             nodes = max(1, math.ceil((min_gpus or 1) / spec.gpus))
-        return build_cluster(spec, nodes, fab)
+        try:
+            return build_cluster(spec, nodes, fab)
+        except InputError as exc:
+            raise _in_file(f, exc) from None
     raise InputError(f"{f.path}: no [node], [cluster] or [[device]] table; nothing to build")

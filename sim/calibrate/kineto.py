@@ -33,8 +33,9 @@ from __future__ import annotations
 
 import gzip
 import json
+import math
 import re
-from pathlib import Path
+import zlib
 
 from sim.errors import InputError
 from sim.schedules import Step
@@ -49,14 +50,22 @@ def load_kineto(source) -> dict:
     if isinstance(source, dict):
         data, where = source, "trace"
     else:
+        from sim.fileio import read_bytes
+
         where = str(source)
-        try:
-            raw = Path(source).read_bytes()
-            text = (gzip.decompress(raw) if raw[:2] == b"\x1f\x8b" else raw).decode("utf-8", "replace")
-        except (OSError, EOFError) as exc:
-            if isinstance(exc, EOFError):
+        raw = read_bytes(source, "trace")
+        if raw[:2] == b"\x1f\x8b":
+            try:
+                raw = gzip.decompress(raw)
+            except EOFError:
                 raise InputError(f"{where}: a truncated gzip file; export the trace again") from None
-            raise InputError(f"trace: got {where!r}; cannot read it ({exc.strerror})") from None
+            except (OSError, zlib.error) as exc:
+                raise InputError(f"{where}: a damaged gzip file ({exc}); export the trace again") from None
+        # A stray byte that is not UTF-8 (in a kernel name, say) is replaced rather than
+        # costing the whole trace; a file that is not JSON still fails below.
+        text = raw.decode("utf-8", "replace")
+        if not text.strip():
+            raise InputError(f"{where}: the file is empty; expected Chrome trace JSON from torch.profiler")
         try:
             data = json.loads(text)
         except json.JSONDecodeError as exc:
@@ -64,6 +73,9 @@ def load_kineto(source) -> dict:
                              "a truncated profiler trace? export it again") from None
     if isinstance(data, list):
         data = {"traceEvents": data}
+    if isinstance(data, dict) and "traceEvents" in data and not isinstance(data["traceEvents"], list):
+        raise InputError(f"{where}: traceEvents: got {type(data['traceEvents']).__name__}; expected a list of "
+                         "events")
     if not isinstance(data, dict) or not isinstance(data.get("traceEvents"), list):
         raise InputError(f"{where}: traceEvents: missing; expected Chrome trace JSON "
                          "({\"traceEvents\": [...]}) as torch.profiler's export_chrome_trace writes")
@@ -71,11 +83,22 @@ def load_kineto(source) -> dict:
         if not isinstance(e, dict):
             raise InputError(f"{where}: traceEvents[{i}]: got {e!r}; expected an event object")
         if e.get("ph") == "X":
+            if not isinstance(e.get("name"), str):
+                raise InputError(f"{where}: traceEvents[{i}]: name: got {e.get('name')!r}; expected a string "
+                                 "(a complete event, ph 'X', needs a name)")
             for key in ("ts", "dur"):
                 v = e.get(key)
-                if isinstance(v, bool) or not isinstance(v, (int, float)) or (key == "dur" and v < 0):
+                if (isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v)
+                        or (key == "dur" and v < 0)):
                     raise InputError(f"{where}: traceEvents[{i}] ({e.get('name')!r}): {key}: got {v!r}; "
-                                     "expected a number of microseconds")
+                                     f"expected a finite number of microseconds{' >= 0' if key == 'dur' else ''}")
+    info = data.get("distributedInfo")
+    if info is not None:
+        if not isinstance(info, dict):
+            raise InputError(f"{where}: distributedInfo: got {info!r}; expected an object (rank, world_size, ...)")
+        r = info.get("rank")
+        if r is not None and (isinstance(r, bool) or not isinstance(r, int) or r < 0):
+            raise InputError(f"{where}: distributedInfo.rank: got {r!r}; expected an integer >= 0")
     data.setdefault("_where", where)
     return data
 
@@ -191,7 +214,10 @@ def trace_from_kineto(sources, level: str = "auto") -> Trace:
         picked.append((rank, lvl, events))
     ranks = [r for r, _, _ in picked]
     if len(set(ranks)) != len(ranks):
-        raise InputError(f"trace: ranks {ranks}: two files claim the same rank; give one trace per rank")
+        dup = next(r for r in ranks if ranks.count(r) > 1)
+        files = [d["_where"] for d, (r, _, _) in zip(datas, picked) if r == dup]
+        raise InputError(f"trace: ranks {ranks}: two files claim the same rank {dup} ({', '.join(files)}); "
+                         "give one trace per rank")
     starts = [e["ts"] for _, _, ev in picked for e in ev]
     if not starts:
         raise InputError(f"{datas[0]['_where']}: no events at level {level!r}: nothing to draw")

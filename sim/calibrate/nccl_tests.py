@@ -27,6 +27,7 @@ naming the line.
 from __future__ import annotations
 
 import json
+import math
 import re
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -102,14 +103,14 @@ def parse_text(text: str, where: str = "log", op: str | None = None, ranks: int 
                 rank_ids.add(int(m.group(1)))
             m = re.match(r"Avg bus bandwidth\s*:\s*([0-9.eE+-]+)", body)
             if m:
-                avg = float(m.group(1)) * 1e9
+                avg = _avg(m.group(1))
             m = re.match(r"Collective test starting:\s*(\S+)", body)
             if m:
                 found_op = _op_from(m.group(1))
             continue
         m = re.match(r"Avg bus bandwidth\s*:\s*([0-9.eE+-]+)", line)
         if m:  # older versions print the footer without '#'
-            avg = float(m.group(1)) * 1e9
+            avg = _avg(m.group(1))
             continue
         toks = line.split()
         if not toks[0].isdigit():
@@ -124,6 +125,15 @@ def parse_text(text: str, where: str = "log", op: str | None = None, ranks: int 
                          f"{', '.join(sorted(set(_OPS.values())))})")
     n = ranks or (len(rank_ids) if len(rank_ids) > 1 else None) or _ranks_from_ratio(op, rows)
     return NcclTestsResult(op, n, rows, avg, avg is not None, where)
+
+
+def _avg(text: str) -> float | None:
+    """The footer's average bus bandwidth in bytes/s (None when it is not a number)."""
+    try:
+        v = float(text) * 1e9
+    except ValueError:
+        return None
+    return v if math.isfinite(v) else None
 
 
 def _layout(header: list | None) -> tuple[list, int, int]:
@@ -151,26 +161,56 @@ def _row(toks: list, header: list | None, where: str, lineno: int) -> dict:
     except (ValueError, KeyError):
         raise InputError(f"{where}: line {lineno}: got {' '.join(toks)!r}; expected numbers for size, time, "
                          "algbw and busbw; the file looks truncated or garbled") from None
-    if t_us <= 0:
-        raise InputError(f"{where}: line {lineno}: time: got {t_us}; expected microseconds > 0")
+    for name, v, unit in (("time", t_us, "microseconds"), ("algbw", alg, "GB/s"), ("busbw", bus, "GB/s")):
+        _check_measure(f"{where}: line {lineno}: {name}", v, unit, positive=name == "time")
     return {"bytes": nbytes, "count": count, "dtype": vals.get("type", ""), "time_s": t_us * 1e-6,
             "algbw_Bps": alg * 1e9, "busbw_Bps": bus * 1e9, "in_place": in_place}
+
+
+def _check_measure(field: str, v, unit: str, positive: bool = False) -> None:
+    """A measured number: finite, >= 0 (> 0 with ``positive``)."""
+    ok = isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and (v > 0 if positive else v >= 0)
+    if not ok:
+        raise InputError(f"{field}: got {v!r}; expected a finite number of {unit} {'> 0' if positive else '>= 0'}")
+
+
+def _json_row(rec: dict, body: dict, where: str, names: tuple) -> dict:
+    """One measurement of nccl-tests' (``names``: size, time, alg_bw, bus_bw keys) or
+    rccl-tests' JSON, checked."""
+    size_k, time_k, alg_k, bus_k = names
+    size = rec.get(size_k)
+    if isinstance(size, bool) or not isinstance(size, int) or size < 0:
+        raise InputError(f"{where}: {size_k}: got {size!r}; expected a number of bytes (an integer >= 0)")
+    count = rec.get("count", 0)
+    if isinstance(count, str) and count.strip().isdigit():
+        count = int(count)
+    if isinstance(count, bool) or not isinstance(count, int) or count < 0:
+        raise InputError(f"{where}: count: got {count!r}; expected an integer >= 0")
+    vals = {}
+    for key, unit in ((time_k, "microseconds"), (alg_k, "GB/s"), (bus_k, "GB/s")):
+        if key not in body:
+            raise InputError(f"{where}: {key}: missing; expected a number of {unit}")
+        _check_measure(f"{where}: {key}", body[key], unit, positive=key == time_k)
+        vals[key] = float(body[key])
+    return {"bytes": size, "count": count, "dtype": str(rec.get("type", "")), "time_s": vals[time_k] * 1e-6,
+            "algbw_Bps": vals[alg_k] * 1e9, "busbw_Bps": vals[bus_k] * 1e9}
 
 
 def parse_json(data, where: str = "json", op: str | None = None, ranks: int | None = None) -> NcclTestsResult:
     if isinstance(data, list):  # rccl-tests: one object per measurement
         rows, names, gpus = [], set(), set()
+        if not data:
+            raise InputError(f"{where}: no result records (an empty list); the run produced no measurement")
         for i, d in enumerate(data):
-            try:
-                rows.append({"bytes": int(d["size"]), "count": int(d.get("count", 0)), "dtype": d.get("type", ""),
-                             "time_s": float(d["time"]) * 1e-6, "algbw_Bps": float(d["algBw"]) * 1e9,
-                             "busbw_Bps": float(d["busBw"]) * 1e9, "in_place": bool(d.get("inPlace", 0))})
-            except (KeyError, TypeError, ValueError):
-                raise InputError(f"{where}: record {i}: expected size, time, algBw and busBw") from None
+            if not isinstance(d, dict):
+                raise InputError(f"{where}: record {i}: got {d!r}; expected an object with size, time, algBw "
+                                 "and busBw")
+            row = _json_row(d, d, f"{where}: record {i}", ("size", "time", "algBw", "busBw"))
+            rows.append({**row, "in_place": bool(d.get("inPlace", 0))})
             names.add(str(d.get("name", "")))
             gpus.add(d.get("gpus"))
         oop = [r for r in rows if not r["in_place"]] or rows
-        first = _canon_op(op, where) or _op_from(re.sub(r"(?<!^)([A-Z])", r"_\1", next(iter(names))).lower())
+        first = _canon_op(op, where) or _op_from(re.sub(r"(?<!^)([A-Z])", r"_\1", sorted(names)[0]).lower())
         n = ranks or (next(iter(gpus)) if len(gpus) == 1 and isinstance(next(iter(gpus)), int) else None)
         if first is None:
             raise InputError(f"{where}: op: got {sorted(names)!r}; give op")
@@ -179,49 +219,65 @@ def parse_json(data, where: str = "json", op: str | None = None, ranks: int | No
         raise InputError(f"{where}: results: missing; expected nccl-tests JSON output (a 'results' list)")
     rows = []
     for i, r in enumerate(data["results"]):
+        at = f"{where}: results[{i}]"
+        if not isinstance(r, dict):
+            raise InputError(f"{at}: got {r!r}; expected an object with size and out_of_place or in_place")
         body = r.get("out_of_place") or r.get("in_place")
         if not isinstance(body, dict) or "size" not in r:
-            raise InputError(f"{where}: results[{i}]: expected size and an out_of_place or in_place object")
-        t = body.get("time", body.get("cpu_time"))
-        try:
-            rows.append({"bytes": int(r["size"]), "count": int(r.get("count", 0)), "dtype": r.get("type", ""),
-                         "time_s": float(t) * 1e-6, "algbw_Bps": float(body["alg_bw"]) * 1e9,
-                         "busbw_Bps": float(body["bus_bw"]) * 1e9, "in_place": r.get("out_of_place") is None})
-        except (KeyError, TypeError, ValueError):
-            raise InputError(f"{where}: results[{i}]: expected numbers for time, alg_bw and bus_bw") from None
+            raise InputError(f"{at}: expected size and an out_of_place or in_place object")
+        part = "out_of_place" if r.get("out_of_place") else "in_place"
+        if "time" not in body and "cpu_time" in body:
+            body = {**body, "time": body["cpu_time"]}
+        row = _json_row(r, body, at, ("size", "time", "alg_bw", "bus_bw"))
+        rows.append({**row, "in_place": part == "in_place"})
     if not rows:
         raise InputError(f"{where}: results: empty; the run produced no measurement")
-    args = data.get("args") or []
+    args = data.get("args", [])
+    if not isinstance(args, list):
+        raise InputError(f"{where}: args: got {args!r}; expected the list of the command's arguments")
     found = _op_from(str(args[0])) if args else None
     op = _canon_op(op, where) or found or _op_from(where)
     if op is None:
         raise InputError(f"{where}: op: cannot tell which collective this is; give op")
-    avg = (data.get("average_bus_bandwidth") or {}).get("bandwidth")
-    devices = ((data.get("config") or {}).get("devices")) or []
+    average = data.get("average_bus_bandwidth") or {}
+    if not isinstance(average, dict):
+        raise InputError(f"{where}: average_bus_bandwidth: got {average!r}; expected an object with a bandwidth")
+    avg = average.get("bandwidth")
+    config = data.get("config") or {}
+    if not isinstance(config, dict):
+        raise InputError(f"{where}: config: got {config!r}; expected an object")
+    devices = config.get("devices") or []
+    if not isinstance(devices, list):
+        raise InputError(f"{where}: config.devices: got {devices!r}; expected a list")
     n = ranks or (len(devices) if len(devices) > 1 else None) or _ranks_from_ratio(op, rows)
-    return NcclTestsResult(op, n, rows, float(avg) * 1e9 if isinstance(avg, (int, float)) else None,
+    ok_avg = isinstance(avg, (int, float)) and not isinstance(avg, bool) and math.isfinite(avg)
+    return NcclTestsResult(op, n, rows, float(avg) * 1e9 if ok_avg else None,
                            "end_time" in data or avg is not None, where)
 
 
 def load_nccl_tests(path, op: str | None = None, ranks: int | None = None) -> NcclTestsResult:
     """Parse a text or JSON nccl-tests result file (see the module doc)."""
+    from sim.fileio import read_text
+
     where = str(path)
-    try:
-        text = Path(path).read_text()
-    except OSError as exc:
-        raise InputError(f"nccl-tests log: got {where!r}; cannot read it ({exc.strerror})") from None
+    text = read_text(path, "nccl-tests log")
     stripped = text.lstrip()
     if stripped.startswith("{") or stripped.startswith("["):
         try:
             data = json.loads(text)
-        except json.JSONDecodeError:
-            try:  # rccl-tests: one JSON object per line
-                data = [json.loads(l) for l in text.splitlines() if l.strip()]
-            except json.JSONDecodeError as exc:
-                raise InputError(f"{where}: not valid JSON (line {exc.lineno}: {exc.msg}); the file looks "
-                                 "truncated") from None
+        except json.JSONDecodeError:  # rccl-tests: one JSON object per line
+            lines = text.splitlines()
+            data = [_json_line(line, where, i) for i, line in enumerate(lines, 1) if line.strip()]
         return parse_json(data, where, op, ranks)
     return parse_text(text, where, op, ranks)
+
+
+def _json_line(line: str, where: str, lineno: int):
+    try:
+        return json.loads(line)
+    except json.JSONDecodeError as exc:
+        raise InputError(f"{where}:{lineno}: not valid JSON ({exc.msg}, column {exc.colno}); the file looks "
+                         "truncated or garbled") from None
 
 
 def fit_link(results, min_bytes: int = 0) -> dict:
