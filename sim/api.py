@@ -246,13 +246,22 @@ def simulate_namespace(ns, model=None, plan=None):
     """Simulate what parsed ``trainsim run`` flags describe; returns ``(TrainingRun, summary)``.
     ``model`` (a ``ModelSpec``) and ``plan`` (a ``ParallelPlan``) replace what the flags say."""
     from sim.commands import run as run_cmd
-    from sim.commands._spec import model_from_args, plan_from_args
-    from sim.hardware import load_profile
-    from sim.schedules import load_schedule_csv
     from sim.training import simulate_training
 
+    model, plan, profile, topo, schedule = prepare_namespace(ns, model, plan)
+    training_run = simulate_training(model, plan, profile, topo, schedule, ns.fidelity)
+    return training_run, run_cmd.summarize(training_run)
+
+
+def prepare_namespace(ns, model=None, plan=None):
+    """Everything ``simulate_namespace`` checks and builds before simulating: ``(model,
+    plan, profile, topology, schedule)``; every input error is raised here."""
+    from sim.commands import run as run_cmd
+    from sim.commands._spec import model_from_args, plan_from_args, schedule_from_args
+    from sim.hardware import load_profile
+
     model = model if model is not None else model_from_args(ns)
-    profile = load_profile(ns.gpu)
+    profile = load_profile(ns.gpu, flag="--gpu")
     ns.gpus = run_cmd._gpus(ns)
     if plan is None:
         plan = plan_from_args(ns, model)
@@ -261,10 +270,9 @@ def simulate_namespace(ns, model=None, plan=None):
                          "pass schedule='path/to.csv' instead of a ParallelPlan")
     else:
         plan.check_model(model)
-    schedule = load_schedule_csv(ns.schedule) if plan.schedule == "custom" else None
+    schedule = schedule_from_args(ns, plan)
     topo = run_cmd._cluster(ns, plan.world_size, profile.name)
-    training_run = simulate_training(model, plan, profile, topo, schedule, ns.fidelity)
-    return training_run, run_cmd.summarize(training_run)
+    return model, plan, profile, topo, schedule
 
 
 def _model_settings(model, parser) -> tuple[dict[str, Setting], object]:
@@ -362,8 +370,15 @@ def run(experiment: str | Path | None = None, *, model=None, plan=None, progress
     _check_model(exp, base, model_obj)
     with Progress(enabled=progress) as bar:
         bar.update("simulating")
-        return _simulate(base, parser, model_obj=model_obj, plan_obj=plan_obj,
-                         name=plan if isinstance(plan, str) else "")
+        try:
+            return _simulate(base, parser, model_obj=model_obj, plan_obj=plan_obj,
+                             name=plan if isinstance(plan, str) else "")
+        except InputError as exc:
+            if exp is None:
+                raise
+            from sim.experiment import blame
+
+            raise blame(exc, exp.path, base) from None
 
 
 def compare(experiment: str | Path | None = None, plans: list | None = None, *, model=None,
@@ -396,17 +411,19 @@ def compare(experiment: str | Path | None = None, plans: list | None = None, *, 
     exp, base, model_obj = _base(experiment, model, settings, parser)
     variants = variants_of(exp, plans, parser, schedules, zero_stages)
     keywords = settings_from_values(settings, parser)
+    # Keywords override the file's plans; plans given here override the keywords.
+    merged = [({**base, **v.settings, **keywords, **v.axis} if v.from_file else {**base, **v.settings, **v.axis})
+              for v in variants]
+    if variants:
+        _check_model(exp, merged[0], model_obj)
+    for v, m in zip(variants, merged):  # every plan's input errors before anything is simulated
+        check_variant(exp, v, m, parser, (), model_obj)
     results = []
     with Progress(total=len(variants), enabled=progress) as bar:
-        for i, v in enumerate(variants):
-            # Keywords override the file's plans; plans given here override the keywords.
-            merged = ({**base, **v.settings, **keywords, **v.axis} if v.from_file
-                      else {**base, **v.settings, **v.axis})
-            if i == 0:
-                _check_model(exp, merged, model_obj)
+        for i, (v, m) in enumerate(zip(variants, merged)):
             gpus = f"{results[0].summary['gpus']} GPUs, " if results else ""
             bar.update(f"simulating {gpus}plan {i + 1}/{len(variants)} ({v.name})", done=i)
-            results.append(simulate_variant(exp, v, merged, parser, (), model_obj))
+            results.append(simulate_variant(exp, v, m, parser, (), model_obj))
     return Comparison(results)
 
 
@@ -415,8 +432,22 @@ def simulate_variant(exp, v: Variant, settings: dict, parser, extra_argv=(), mod
     try:
         return _simulate(settings, parser, extra_argv, model_obj, v.plan, v.name, v.description)
     except InputError as exc:
-        loc = f"{exp.path}:{v.line}: " if exp is not None and v.line else ""
-        raise InputError(f"{loc}plan {v.name!r}: {exc}") from None
+        raise _in_plan(exc, exp, v) from None
+
+
+def check_variant(exp, v: Variant, settings: dict, parser, extra_argv=(), model_obj=None) -> None:
+    """Check one plan of a comparison without simulating it (errors as ``simulate_variant``'s),
+    so that a bad third plan is reported before the first is simulated."""
+    try:
+        ns = parser.parse_args(settings_argv(settings, parser) + list(extra_argv))
+        prepare_namespace(ns, model_obj, v.plan)
+    except InputError as exc:
+        raise _in_plan(exc, exp, v) from None
+
+
+def _in_plan(exc: InputError, exp, v: Variant) -> InputError:
+    loc = f"{exp.path}:{v.line}: " if exp is not None and v.line else ""
+    return InputError(f"{loc}plan {v.name!r}: {exc}")
 
 
 def _title(results: list[RunResult]) -> str:

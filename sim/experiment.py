@@ -35,6 +35,7 @@ from typing import NamedTuple
 
 from sim.errors import InputError
 from sim.tomlio import TomlFile
+from sim.units import Number
 
 # Which flags (by argparse dest) each table may set.
 TABLES = {
@@ -212,6 +213,9 @@ def read_experiment(path: str | Path, parser: argparse.ArgumentParser) -> Experi
     plans named uniquely. Errors name the file, the line and the key."""
     f = TomlFile(path)
     data = f.data
+    if not data:
+        raise InputError(f"{f.path}: empty: no tables, only comments; expected [model], [cluster] and [plan] "
+                         "tables, or [[plans]]")
     f.check_keys(data, _TOP | {"plans"}, "")
     actions = {a.dest: a for a in parser._actions}
     settings: dict[str, Setting] = {}
@@ -330,6 +334,10 @@ def _flag(f: TomlFile, key: str, action: argparse.Action, value) -> list[str]:
         if not isinstance(value, bool):
             raise f.error(key, f"got {value!r}; expected true or false")
         return [opt] if value else []
+    if isinstance(action.type, Number):  # the flag's own bounds (> 0, finite, ...)
+        why = action.type.check(value)
+        if why is not None:
+            raise f.error(key, why)
     if action.type is int and (isinstance(value, bool) or not isinstance(value, int)):
         raise f.error(key, f"got {value!r}; expected an integer")
     if action.type is float and (isinstance(value, bool) or not isinstance(value, (int, float))):
@@ -339,3 +347,55 @@ def _flag(f: TomlFile, key: str, action: argparse.Action, value) -> list[str]:
     if action.choices is not None and value not in action.choices:
         raise f.error(key, f"got {value!r}; allowed: {', '.join(map(str, action.choices))}")
     return [opt, str(value)]
+
+
+# What a message calls a field, when it is not the flag's dest (ParallelPlan's and ModelSpec's names).
+_ALIASES = {"tp": "tensor_model_parallel_size", "pp": "pipeline_model_parallel_size",
+            "vpp": "num_virtual_stages_per_pipeline_rank", "zero_stage": "zero", "recompute": "recompute_granularity",
+            "first_stage_layers": "decoder_first_pipeline_num_layers",
+            "last_stage_layers": "decoder_last_pipeline_num_layers", "num_key_value_heads": "num_query_groups",
+            "bucket_size_bytes": "bucket_size", "zero_bucket_size_bytes": "zero_bucket_size", "sp": "sequence_parallel",
+            "dp_overlap": "overlap_grad_reduce", "mlp": "swiglu", "preset": "model"}
+
+
+def blame(exc: InputError, path, settings: dict[str, Setting], skip=frozenset()) -> InputError:
+    """An error met while using an experiment file's values, pointed at the value it is
+    about: ``--gpus: got 8; must be ...`` becomes ``exp.toml:9: cluster.gpus: got 8; must
+    be ...``, and a file a value names that failed to load is reported at that value. An
+    error about no value of the file gets the file's name in front. ``skip``: dests set
+    elsewhere (flags typed after the file), whose errors are left as they are."""
+    msg = str(exc)
+    if msg.startswith(str(path)):
+        return exc
+    first = msg.split("\n", 1)[0]
+    for dest, s in settings.items():  # a file named by a value: hf_config, topology, schedule, gpu
+        if dest not in skip and dest in _PATHS and isinstance(s.value, str) and _PATHS[dest](s.value) \
+                and s.where.f is not None \
+                and (first.startswith(s.value) or f": got {s.value!r}" in first or f"{s.value}: " in first):
+            for flag in (f"--{dest.replace('_', '-')}: ", f"{dest}: "):  # the key says it already
+                msg = msg.removeprefix(flag)
+            return s.where.error(s.key, msg)
+    parts = first.split(": ")
+    for i, part in enumerate(parts[:-1]):
+        if parts[i + 1].startswith("got "):
+            name = part.split()[-1].lstrip("-").replace("-", "_") if part.split() else ""
+            dest = _ALIASES.get(name, name)
+            if dest in skip:
+                return exc
+            s = settings.get(dest)
+            if s is not None and s.where.f is None:  # a value given in Python, not in the file
+                return exc
+            if s is not None:
+                return s.where.error(s.key, ": ".join(parts[i + 1:]) + msg[len(first):])
+            break
+    return InputError(f"{path}: {msg}")
+
+
+def given_dests(argv, parser: argparse.ArgumentParser) -> set[str]:
+    """The dests of the flags typed in ``argv``."""
+    out = set()
+    for a in parser._actions:
+        for opt in a.option_strings:
+            if any(t == opt or t.startswith(opt + "=") for t in argv):
+                out.add(a.dest)
+    return out

@@ -26,7 +26,7 @@ from sim.model import (
 )
 from sim.plan import DDP_BUCKET_BYTES, ParallelPlan
 from sim.schedules import SCHEDULES
-from sim.units import parse_size
+from sim.units import NONNEGATIVE_INT, POSITIVE_INT, Number, parse_size
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -38,20 +38,20 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     hw = p.add_argument_group("hardware")
     hw.add_argument("--gpu", default="a100-80gb",
                     help=f"{', '.join(GPU_PRESETS)} or a profile .json (default a100-80gb)")
-    hw.add_argument("--gpus", type=int, help="total GPUs; data parallelism fills them (default tp x pp)")
-    hw.add_argument("--gpus-per-node", type=int, default=8)
+    hw.add_argument("--gpus", type=POSITIVE_INT, help="total GPUs; data parallelism fills them (default tp x pp)")
+    hw.add_argument("--gpus-per-node", type=POSITIVE_INT, default=8)
     par = p.add_argument_group("parallelism and batch (Megatron-LM flags)")
-    par.add_argument("--tensor-model-parallel-size", type=int, default=1)
-    par.add_argument("--pipeline-model-parallel-size", type=int, default=1)
-    par.add_argument("--num-layers-per-virtual-pipeline-stage", type=int)
-    par.add_argument("--num-virtual-stages-per-pipeline-rank", type=int,
+    par.add_argument("--tensor-model-parallel-size", type=POSITIVE_INT, default=1)
+    par.add_argument("--pipeline-model-parallel-size", type=POSITIVE_INT, default=1)
+    par.add_argument("--num-layers-per-virtual-pipeline-stage", type=POSITIVE_INT)
+    par.add_argument("--num-virtual-stages-per-pipeline-rank", type=POSITIVE_INT,
                      help="model chunks per pipeline rank (vpp), Megatron-LM's alternative to the flag above")
     par.add_argument("--schedule", metavar="NAME|CSV",
                      help=f"pipeline schedule: {', '.join(SCHEDULES)}, or a schedule .csv file "
                           "(default 1f1b, interleaved when vpp > 1)")
-    par.add_argument("--decoder-first-pipeline-num-layers", type=int, metavar="N",
+    par.add_argument("--decoder-first-pipeline-num-layers", type=POSITIVE_INT, metavar="N",
                      help="transformer layers on the first pipeline stage (the rest split evenly)")
-    par.add_argument("--decoder-last-pipeline-num-layers", type=int, metavar="N",
+    par.add_argument("--decoder-last-pipeline-num-layers", type=POSITIVE_INT, metavar="N",
                      help="transformer layers on the last pipeline stage (the rest split evenly)")
     par.add_argument("--account-for-embedding-in-pipeline-split", action="store_true",
                      help="count the embedding as one layer when splitting layers over stages")
@@ -61,16 +61,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                      help="order of tp, pp, dp from innermost (consecutive ranks) to outermost "
                           "(default tp-pp-dp; Megatron-LM's order is tp-dp-pp)")
     par.add_argument("--sequence-parallel", action="store_true")
-    par.add_argument("--micro-batch-size", type=int, default=1)
-    par.add_argument("--global-batch-size", type=int, help="default micro-batch size x data-parallel size")
+    par.add_argument("--micro-batch-size", type=POSITIVE_INT, default=1)
+    par.add_argument("--global-batch-size", type=POSITIVE_INT, help="default micro-batch size x data-parallel size")
     par.add_argument("--recompute-granularity", choices=["none", "selective", "full"], default="none")
     par.add_argument("--zero", type=int, choices=[0, 1, 2, 3], default=0, help="ZeRO stage (default 0)")
-    par.add_argument("--zero3-prefetch-depth", type=int, default=None, metavar="N",
+    par.add_argument("--zero3-prefetch-depth", type=NONNEGATIVE_INT, default=None, metavar="N",
                      help="ZeRO-3: layers whose parameters are gathered ahead (default 1)")
-    par.add_argument("--zero3-prefetch-bucket-size", type=float, default=None, metavar="PARAMS",
+    par.add_argument("--zero3-prefetch-bucket-size", type=Number(float, minimum=0), default=None, metavar="PARAMS",
                      help="ZeRO-3: parameters gathered ahead, as DeepSpeed's stage3_prefetch_bucket_size "
                           "(sets the depth in whole layers)")
-    par.add_argument("--zero3-max-live-parameters", type=float, default=None, metavar="PARAMS",
+    par.add_argument("--zero3-max-live-parameters", type=Number(float, above=0), default=None, metavar="PARAMS",
                      help="ZeRO-3: most gathered parameters alive at once (DeepSpeed stage3_max_live_parameters)")
     par.add_argument("--zero-bucket-size", default=None, metavar="BYTES",
                      help="ZeRO-2/3 gradient reduce-scatter bucket, e.g. 500MB (default: --bucket-size)")
@@ -93,6 +93,7 @@ def model_from_args(args):
         raise InputError(f"model: got {', '.join(chosen) or 'nothing'}; give exactly one of --model PRESET, "
                          "--hf-config PATH or Megatron flags (--num-layers --hidden-size ...)")
     if args.model:
+        require(args.model in PRESETS, "--model", args.model, f"allowed presets: {', '.join(PRESETS)}")
         model = preset(args.model)
         return with_seq_length(model, args.seq_length) if args.seq_length else model
     if args.hf_config:
@@ -126,6 +127,7 @@ def plan_from_args(args, model) -> ParallelPlan:
     if schedule is not None and schedule not in SCHEDULES:
         require(schedule.endswith(".csv"), "--schedule", schedule,
                 f"allowed: {', '.join(s for s in SCHEDULES if s != 'custom')}, or a path to a schedule .csv")
+        require(not Path(schedule).is_dir(), "--schedule", schedule, "is a directory; expected a schedule .csv file")
         require(Path(schedule).is_file(), "--schedule", schedule, "no such schedule file")
         schedule = "custom"
     bucket = parse_size(args.bucket_size, "--bucket-size") if args.bucket_size is not None else DDP_BUCKET_BYTES
@@ -155,3 +157,20 @@ def plan_from_args(args, model) -> ParallelPlan:
                         account_for_loss=args.account_for_loss_in_pipeline_split)
     plan.check_model(model)
     return plan
+
+
+def schedule_from_args(args, plan: ParallelPlan):
+    """The ``Schedule`` of ``--schedule FILE.csv``, checked against the plan's pipeline
+    size, model chunks and micro-batches (None for a built-in schedule)."""
+    if plan.schedule != "custom":
+        return None
+    from sim.schedules import load_schedule_csv
+
+    sched = load_schedule_csv(args.schedule)
+    have = (sched.pp, sched.vpp, sched.num_microbatches)
+    need = (plan.pp, plan.vpp, plan.num_microbatches)
+    if have != need:
+        raise InputError(f"{args.schedule}: schedule {sched.name}: has pp={have[0]}, vpp={have[1]}, m={have[2]} "
+                         f"(rows, model chunks per row, micro-batches); the plan needs pp={need[0]}, vpp={need[1]}, "
+                         f"m={need[2]} (global batch / (micro-batch size x dp))")
+    return sched

@@ -16,6 +16,7 @@ import json
 from pathlib import Path
 
 from sim.errors import InputError
+from sim.units import POSITIVE_INT
 
 NAME = "calibrate"
 HELP = "Measure this machine with real kernels and collectives; write a hardware profile JSON."
@@ -29,11 +30,11 @@ def add_arguments(p) -> None:
     src.add_argument("--hf-config", metavar="PATH", help="a Hugging Face config.json")
     add_megatron_model_arguments(p)
     par = p.add_argument_group("plan (what changes the GEMM shapes)")
-    par.add_argument("--tensor-model-parallel-size", type=int, default=1)
-    par.add_argument("--micro-batch-size", type=int, default=1)
+    par.add_argument("--tensor-model-parallel-size", type=POSITIVE_INT, default=1)
+    par.add_argument("--micro-batch-size", type=POSITIVE_INT, default=1)
     par.add_argument("--sequence-parallel", action="store_true")
     m = p.add_argument_group("measurement")
-    m.add_argument("--procs", type=int, help="processes to start (default: one per GPU, 2 on CPU; "
+    m.add_argument("--procs", type=POSITIVE_INT, help="processes to start (default: one per GPU, 2 on CPU; "
                                              "under torchrun the job's ranks)")
     m.add_argument("--quick", action="store_true", help="a short sweep (seconds on a CPU)")
     m.add_argument("--base", metavar="PROFILE", help="profile to take peak FLOP/s, tiles and unmeasured links from "
@@ -65,16 +66,21 @@ def _model_and_plan(args):
 
 def run(args) -> int:
     from sim.calibrate import CalibrationError, require_torch
-    from sim.export import write_json_atomic
+    from sim.fileio import check_output_file, write_json_atomic
+    from sim.hardware import LINK_KINDS, load_profile
 
+    # Every input error before torch is imported and anything is measured.
+    model, plan = _model_and_plan(args)
+    out = check_output_file(args.out, "--out", suffix=".json")
+    check_output_file(args.measurements, "--measurements")
+    if args.link is not None and args.link not in LINK_KINDS:
+        raise InputError(f"--link: got {args.link!r}; allowed: {', '.join(LINK_KINDS)}")
+    if args.base is not None:
+        load_profile(args.base, flag="--base")
     require_torch()
     from sim.calibrate.launch import default_procs, torchrun_env
     from sim.calibrate.profile import calibrate
 
-    model, plan = _model_and_plan(args)
-    out = Path(args.out)
-    if out.suffix != ".json":
-        raise InputError(f"--out: got {args.out!r}; expected a path ending in .json")
     procs = args.procs if args.procs is not None else default_procs()
     try:
         result = calibrate(model, plan, procs=procs, quick=args.quick, name=args.name, base=args.base, link=args.link)

@@ -18,8 +18,9 @@ from sim.collectives import ALGOS, OPS
 from sim.engine import simulate
 from sim.errors import InputError
 from sim.export import write_chrome, write_json_atomic
-from sim.topology_build import FABRICS, FabricSpec, load_topology
-from sim.units import format_bytes, format_time, parse_size
+from sim.fileio import check_output_dir
+from sim.topology_build import FABRICS, OVERSUBSCRIPTION, FabricSpec, load_topology
+from sim.units import POSITIVE_INT, format_bytes, format_time, parse_size
 
 NAME = "collective"
 HELP = "Simulate one collective (all-reduce, all-gather, ...) and report time, algbw and busbw."
@@ -43,14 +44,14 @@ def bus_factor(op: str, n: int) -> float:
 def add_arguments(p) -> None:
     p.add_argument("--op", default="allreduce", help=f"one of {', '.join(OPS)} (default allreduce)")
     p.add_argument("--size", default="1GiB", help="buffer size, e.g. 1GiB, 256MB, 4096 (default 1GiB)")
-    p.add_argument("--gpus", type=int, default=None, help="GPUs taking part, ranks 0..N-1 (default: all)")
+    p.add_argument("--gpus", type=POSITIVE_INT, default=None, help="GPUs taking part, ranks 0..N-1 (default: all)")
     p.add_argument("--topology", default="dgx-h100",
                    help="built-in name (dgx-a100, dgx-h100, dgx-h200, ...) or a TOML file (default dgx-h100)")
-    p.add_argument("--nodes", type=int, default=None, help="number of nodes (default: enough for --gpus)")
+    p.add_argument("--nodes", type=POSITIVE_INT, default=None, help="number of nodes (default: enough for --gpus)")
     p.add_argument("--fabric", default=None, help=f"inter-node fabric: {' | '.join(FABRICS)} (default rail)")
-    p.add_argument("--oversubscription", type=float, default=None, help="leaf uplink oversubscription (default 1)")
+    p.add_argument("--oversubscription", type=OVERSUBSCRIPTION, default=None, help="leaf uplink oversubscription (default 1)")
     p.add_argument("--algo", default="ring", help=f"{' | '.join(ALGOS)} (default ring)")
-    p.add_argument("--channels", type=int, default=None,
+    p.add_argument("--channels", type=POSITIVE_INT, default=None,
                    help="rings run at once by ring algorithms (default: GPUs per node when the group spans nodes, else 1)")
     p.add_argument("--gpu", default=None,
                    help="hardware profile whose link efficiencies apply (default: the topology's GPU, e.g. h100-sxm "
@@ -71,7 +72,7 @@ def _topology(args):
         raise InputError(f"--nodes: got {nodes}; expected an integer >= 1")
     if args.gpus is not None and args.gpus < 1:
         raise InputError(f"--gpus: got {args.gpus}; expected an integer >= 1")
-    return load_topology(args.topology, nodes=nodes, fabric=fabric, min_gpus=args.gpus)
+    return load_topology(args.topology, nodes=nodes, fabric=fabric, min_gpus=args.gpus, flag="--topology")
 
 
 def run_collective(op: str, nbytes: int, gpus: int, topo, algo: str = "ring", channels: int | None = None,
@@ -114,6 +115,7 @@ def run(args) -> int:
     if args.algo == "hierarchical" and op != "allreduce":
         raise InputError(f"--algo: got 'hierarchical' with --op {op}; hierarchical is implemented for allreduce only")
     nbytes = parse_size(args.size, "--size")
+    check_output_dir(args.out, "--out")
     topo = _topology(args)
     gpus = args.gpus if args.gpus is not None else topo.num_gpus
     eff = None
@@ -121,7 +123,7 @@ def run(args) -> int:
     if gpu and not args.line_rate:
         from sim.hardware import load_profile
 
-        eff = load_profile(gpu).link_efficiencies()
+        eff = load_profile(gpu, flag="--gpu").link_efficiencies()
     trace, summary = run_collective(op, nbytes, gpus, topo, args.algo, args.channels, eff)
     if args.out:
         out = Path(args.out)

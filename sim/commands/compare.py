@@ -25,15 +25,19 @@ HELP = "Simulate several plans (an experiment file's [[plans]], or --schedules /
 
 
 def _list(kind):
+    import argparse
+
+    what = f"a comma-separated list of {'integers' if kind is int else 'names'}"
+
     def parse(text: str):
         items = [t.strip() for t in text.split(",") if t.strip()]
-        if not items:
-            raise InputError(f"got {text!r}; expected a comma-separated list")
         try:
-            return [kind(t) for t in items]
+            if items:
+                return [kind(t) for t in items]
         except ValueError:
-            raise InputError(f"got {text!r}; expected a comma-separated list of "
-                             f"{'integers' if kind is int else 'names'}") from None
+            pass
+        raise argparse.ArgumentTypeError(f"got {text!r}; expected {what}")
+    parse.__name__ = "list"
     return parse
 
 
@@ -60,6 +64,9 @@ def run(args) -> int:
     from sim.experiment import read_experiment
     from sim.progress import Progress
 
+    from sim.commands.run import check_outputs
+
+    check_outputs(args)
     parser = args._parser
     cli = list(args._argv)
     cli.remove(NAME)
@@ -76,6 +83,8 @@ def run(args) -> int:
         raise InputError(f"{where}model: missing; add a [model] table (preset = \"llama2-7b\", "
                          "hf_config = \"config.json\" or num_layers = ...) or pass --model PRESET")
     base = exp.settings if exp else {}
+    for v in variants:  # every plan's input errors before anything is simulated
+        api.check_variant(exp, v, {**base, **v.settings, **v.axis}, parser, cli)
     results = []
     with Progress(total=len(variants)) as bar:
         for i, v in enumerate(variants):

@@ -18,7 +18,7 @@ from pathlib import Path
 from sim.commands.collective import run_collective
 from sim.export import write_chrome, write_json_atomic
 from sim.topology_build import load_topology
-from sim.units import format_bytes, format_time
+from sim.units import POSITIVE_INT, format_bytes, format_time
 
 NAME = "demo"
 HELP = "Run the built-in demo (flat ring vs hierarchical all-reduce on 4 DGX H100 nodes) and write its plots."
@@ -28,7 +28,7 @@ SIZES = [2**20 * 4**k for k in range(7)]  # 1 MiB .. 4 GiB
 
 def add_arguments(p) -> None:
     p.add_argument("--out", default="out/demo", help="output directory (default out/demo)")
-    p.add_argument("--nodes", type=int, default=4, help="DGX H100 nodes (default 4)")
+    p.add_argument("--nodes", type=POSITIVE_INT, default=4, help="DGX H100 nodes (default 4)")
     p.add_argument("--json", action="store_true", help="print the results as one JSON object")
 
 
@@ -64,9 +64,11 @@ def _training(out: Path) -> list[dict]:
 def run(args) -> int:
     from sim.errors import InputError
 
+    from sim.fileio import check_output_dir
+
     if args.nodes < 1:
         raise InputError(f"--nodes: got {args.nodes}; expected an integer >= 1")
-    out = Path(args.out)
+    out = check_output_dir(args.out, "--out")
     training = _training(out) if not args.json else []
     topo = load_topology("dgx-h100", nodes=args.nodes)
     gpus = topo.num_gpus

@@ -26,7 +26,7 @@ __all__ = ["add_arguments", "run"]
 def run(args) -> int:
     model = model_from_args(args)
     plan = plan_from_args(args, model)
-    profile = load_profile(args.gpu)
+    profile = load_profile(args.gpu, flag="--gpu")
     est = estimate(model, plan, profile, gpus_per_node=args.gpus_per_node)
     if args.json:
         print(json.dumps(est.to_dict(), indent=2))

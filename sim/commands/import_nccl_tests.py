@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 
 from sim.errors import InputError
+from sim.units import POSITIVE_INT
 
 NAME = "import-nccl-tests"
 HELP = "Fit a link kind's latency and bandwidth from nccl-tests logs; optionally write them into a profile."
@@ -23,10 +24,10 @@ def add_arguments(p) -> None:
     p.add_argument("logs", nargs="+", metavar="LOG", help="nccl-tests output files (text or JSON)")
     p.add_argument("--op", help="collective, when the log does not say (all_reduce, all_gather, reduce_scatter, "
                                 "alltoall, broadcast, reduce, send_recv)")
-    p.add_argument("--ranks", type=int, help="ranks of the run, when the log does not say")
+    p.add_argument("--ranks", type=POSITIVE_INT, help="ranks of the run, when the log does not say")
     p.add_argument("--min-size", default="0", help="leave out smaller messages from the fit (e.g. 1MiB)")
     p.add_argument("--link", default="ib", help="link kind the fit describes (default ib)")
-    p.add_argument("--links-per-rank", type=int, default=1,
+    p.add_argument("--links-per-rank", type=POSITIVE_INT, default=1,
                    help="links (NICs) one rank's traffic is spread over; B is divided among them (default 1)")
     p.add_argument("--profile", metavar="IN", help="profile (preset name or .json) to update")
     p.add_argument("--out", metavar="OUT.json", help="write the updated profile here (needs --profile)")
@@ -35,7 +36,7 @@ def add_arguments(p) -> None:
 
 def run(args) -> int:
     from sim.calibrate.nccl_tests import apply_to_profile, fit_link, link_model, load_nccl_tests
-    from sim.export import write_json_atomic
+    from sim.fileio import check_output_file, write_json_atomic
     from sim.hardware import LINK_KINDS, load_profile
     from sim.units import parse_size
 
@@ -45,12 +46,19 @@ def run(args) -> int:
         raise InputError(f"--links-per-rank: got {args.links_per_rank}; expected an integer >= 1")
     if args.out and not args.profile:
         raise InputError("--out: needs --profile (the profile to write the fitted link into)")
-    if args.out and not args.out.endswith(".json"):
-        raise InputError(f"--out: got {args.out!r}; expected a path ending in .json")
+    check_output_file(args.out, "--out", suffix=".json")
     min_size = parse_size(args.min_size, "--min-size")
+    profile = load_profile(args.profile, flag="--profile") if args.profile else None
     results = [load_nccl_tests(path, op=args.op, ranks=args.ranks) for path in args.logs]
-    fit = fit_link(results, min_bytes=min_size)
-    profile = load_profile(args.profile) if args.profile else None
+    sizes = sorted({r["bytes"] for res in results for r in res.rows if r["bytes"] > 0})
+    kept = [s for s in sizes if s >= min_size]
+    if len(kept) < 2:
+        raise InputError(f"--min-size: got {args.min_size!r}; leaves {len(kept)} of the {len(sizes)} measured sizes "
+                         f"(largest {sizes[-1] if sizes else 0} bytes), and the fit needs at least 2")
+    try:
+        fit = fit_link(results, min_bytes=min_size)
+    except InputError as exc:
+        raise InputError(f"{', '.join(map(str, args.logs))}: {exc}") from None
     model, how = link_model(fit, profile.links.get(args.link) if profile else None, args.links_per_rank)
     if profile is not None and args.out:
         updated = apply_to_profile(profile, args.link, fit, [str(p) for p in args.logs], args.links_per_rank)

@@ -15,17 +15,17 @@ from dataclasses import asdict
 from pathlib import Path
 
 from sim.commands._spec import add_arguments as add_spec_arguments
-from sim.commands._spec import model_from_args, plan_from_args
+from sim.commands._spec import model_from_args, plan_from_args, schedule_from_args
 from sim.errors import InputError
 from sim.estimate import estimate, model_flops_per_sequence
-from sim.experiment import experiment_argv
+from sim.experiment import TABLES, blame, experiment_argv, given_dests, read_experiment
+from sim.fileio import check_output_dir
 from sim.hardware import load_profile
 from sim.memory_timeline import highest_peak
 from sim.metrics import iteration_metrics
-from sim.schedules import load_schedule_csv
-from sim.topology_build import FABRICS, FabricSpec, load_topology
+from sim.topology_build import FABRICS, OVERSUBSCRIPTION, FabricSpec, load_topology
 from sim.training import TrainingRun, simulate_training
-from sim.units import format_bytes, format_time
+from sim.units import POSITIVE_INT, format_bytes, format_time
 
 NAME = "run"
 HELP = "Simulate one training iteration (every GPU's compute and communication) and report its metrics."
@@ -37,10 +37,10 @@ def add_arguments(p) -> None:
     p.add_argument("experiment", nargs="?", metavar="FILE", help="an experiment .toml (flags after it override it)")
     add_spec_arguments(p)
     c = p.add_argument_group("cluster")
-    c.add_argument("--nodes", type=int, help="nodes in the cluster (default: enough for the plan's GPUs)")
+    c.add_argument("--nodes", type=POSITIVE_INT, help="nodes in the cluster (default: enough for the plan's GPUs)")
     c.add_argument("--topology", help="node or cluster .toml, or a built-in name (default: the GPU's DGX node)")
     c.add_argument("--fabric", choices=FABRICS, default=None, help="inter-node fabric (default rail)")
-    c.add_argument("--oversubscription", type=float, default=None, help="fat-tree/leaf uplink oversubscription")
+    c.add_argument("--oversubscription", type=OVERSUBSCRIPTION, default=None, help="fat-tree/leaf uplink oversubscription")
     p.add_argument("--fidelity", choices=("auto", "full", "reduced"), default="auto",
                    help="full: every GPU; reduced: one GPU per pipeline stage, the others as shadows in its "
                         "collectives (default auto: reduced above 256 GPUs)")
@@ -70,7 +70,10 @@ def _cluster(args, world: int, profile_name: str):
         fabric = FabricSpec(type=args.fabric or "rail", oversubscription=args.oversubscription or 1.0)
     if args.nodes is not None and args.nodes < 1:
         raise InputError(f"--nodes: got {args.nodes}; expected an integer >= 1")
-    topo = load_topology(topo_name, nodes=args.nodes, fabric=fabric, min_gpus=world)
+    topo = load_topology(topo_name, nodes=args.nodes, fabric=fabric, min_gpus=world, flag="--topology")
+    if topo.num_gpus < world:
+        raise InputError(f"--gpus: got {world}; topology {topo.name} has {topo.num_gpus} GPUs"
+                         + (f" (--nodes {args.nodes})" if args.nodes is not None else ""))
     if topo.gpus_per_node != args.gpus_per_node:
         raise InputError(f"--gpus-per-node: got {args.gpus_per_node}; topology {topo.name} has "
                          f"{topo.gpus_per_node} GPUs per node")
@@ -152,20 +155,42 @@ def write_outputs(run: TrainingRun, summary: dict, out: Path) -> None:
     write_json_atomic(summary, out / "summary.json")
 
 
-def run(args) -> int:
-    if args.experiment:
-        args = _parse_with_experiment(args)
+def check_outputs(args) -> None:
+    """``--out`` and ``--kineto`` must be folders that can be written: checked before any work."""
+    check_output_dir(args.out, "--out")
+    check_output_dir(args.kineto, "--kineto")
+
+
+def _simulate(args):
     model = model_from_args(args)
-    profile = load_profile(args.gpu)
+    profile = load_profile(args.gpu, flag="--gpu")
     args.gpus = _gpus(args)
     plan = plan_from_args(args, model)
-    schedule = load_schedule_csv(args.schedule) if plan.schedule == "custom" else None
+    schedule = schedule_from_args(args, plan)
     topo = _cluster(args, plan.world_size, profile.name)
     from sim.progress import Progress
 
     with Progress() as bar:
         bar.update(f"simulating {plan.world_size} GPUs")
-        run_ = simulate_training(model, plan, profile, topo, schedule, args.fidelity)
+        return simulate_training(model, plan, profile, topo, schedule, args.fidelity)
+
+
+def run(args) -> int:
+    check_outputs(args)
+    if args.experiment:
+        exp = read_experiment(args.experiment, args._parser)
+        cli = list(args._argv)
+        args = _parse_with_experiment(args)
+        given = given_dests(cli, args._parser)
+        if not exp.has_model and not given & set(TABLES["model"]):
+            raise InputError(f"{exp.path}: model: missing; add a [model] table (preset = \"llama2-7b\", "
+                             "hf_config = \"config.json\" or num_layers = ...) or pass --model PRESET")
+        try:
+            run_ = _simulate(args)
+        except InputError as exc:
+            raise blame(exc, exp.path, exp.settings, skip=given) from None
+    else:
+        run_ = _simulate(args)
     summary = summarize(run_)
     if args.out:
         write_outputs(run_, summary, Path(args.out))

@@ -17,14 +17,14 @@ import csv
 import io
 import json
 import math
-import os
+import re
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 from sim.commands.run import _cluster
 from sim.errors import InputError, require
+from sim.fileio import check_output_dir, read_json, write_text_atomic
 from sim.hardware import PRESETS as GPU_PRESETS
 from sim.hardware import load_profile
 from sim.model import PRESETS, add_megatron_model_arguments
@@ -40,8 +40,8 @@ from sim.search import (
     search,
 )
 from sim.sweep import RESULTS_FILE, ResultsLog, Runner, make_context
-from sim.topology_build import FABRICS
-from sim.units import format_bytes, format_time
+from sim.topology_build import FABRICS, OVERSUBSCRIPTION
+from sim.units import NONNEGATIVE_INT, POSITIVE_INT, Number, format_bytes, format_time
 
 NAME = "search"
 HELP = "Find the best parallel plan: enumerate, prune with the analytic model, simulate the rest, rank."
@@ -50,7 +50,7 @@ HELP = "Find the best parallel plan: enumerate, prune with the analytic model, s
 def add_executor_arguments(p) -> None:
     """--workers, --dask, --out, --resume, --top, --json (shared with ``trainsim sweep``)."""
     ex = p.add_argument_group("execution and output")
-    ex.add_argument("--workers", type=int, default=None,
+    ex.add_argument("--workers", type=NONNEGATIVE_INT, default=None,
                     help="local worker processes (default: the core count; 0 runs in this process)")
     ex.add_argument("--dask", metavar="ADDRESS",
                     help="run on a Dask cluster: tcp://HOST:8786, or 'local' to start a LocalCluster "
@@ -58,7 +58,7 @@ def add_executor_arguments(p) -> None:
     ex.add_argument("--out", metavar="DIR",
                     help="write results.jsonl, results.csv, pareto.png and a JSON summary here")
     ex.add_argument("--resume", action="store_true", help="continue the sweep in --out, skipping finished plans")
-    ex.add_argument("--top", type=int, default=5, help="plans to list (default 5)")
+    ex.add_argument("--top", type=POSITIVE_INT, default=5, help="plans to list (default 5)")
     ex.add_argument("--json", action="store_true", help="print one JSON object")
 
 
@@ -69,17 +69,17 @@ def add_arguments(p) -> None:
     add_megatron_model_arguments(p)
     c = p.add_argument_group("cluster")
     c.add_argument("--gpu", default="a100-80gb", help=f"{', '.join(GPU_PRESETS)} or a profile .json")
-    c.add_argument("--gpus", type=int, help="total GPUs (default: all GPUs of --nodes)")
-    c.add_argument("--nodes", type=int, help="nodes in the cluster (default: enough for --gpus)")
-    c.add_argument("--gpus-per-node", type=int, default=8)
+    c.add_argument("--gpus", type=POSITIVE_INT, help="total GPUs (default: all GPUs of --nodes)")
+    c.add_argument("--nodes", type=POSITIVE_INT, help="nodes in the cluster (default: enough for --gpus)")
+    c.add_argument("--gpus-per-node", type=POSITIVE_INT, default=8)
     c.add_argument("--topology", help="node or cluster .toml, or a built-in name (default: the GPU's DGX node)")
     c.add_argument("--fabric", choices=FABRICS, default=None, help="inter-node fabric (default rail)")
-    c.add_argument("--oversubscription", type=float, default=None, help="fat-tree/leaf uplink oversubscription")
+    c.add_argument("--oversubscription", type=OVERSUBSCRIPTION, default=None, help="fat-tree/leaf uplink oversubscription")
     b = p.add_argument_group("batch")
-    b.add_argument("--global-batch-size", type=int, required=True, help="sequences per optimizer step")
+    b.add_argument("--global-batch-size", type=POSITIVE_INT, required=True, help="sequences per optimizer step")
     s = p.add_argument_group("search space (comma-separated lists; default every valid value)")
     s.add_argument("--tp", help="tensor-parallel sizes (default: divisors up to --max-tp)")
-    s.add_argument("--max-tp", type=int, help="largest tensor-parallel size (default --gpus-per-node)")
+    s.add_argument("--max-tp", type=POSITIVE_INT, help="largest tensor-parallel size (default --gpus-per-node)")
     s.add_argument("--pp", help="pipeline-parallel sizes")
     s.add_argument("--vpp", help="model chunks per pipeline stage")
     s.add_argument("--micro-batch-size", help="micro-batch sizes")
@@ -87,10 +87,10 @@ def add_arguments(p) -> None:
     s.add_argument("--schedule", help=f"pipeline schedules, of {','.join(x for x in SCHEDULES if x != 'custom')}")
     s.add_argument("--recompute", help=f"recompute granularities, of {','.join(RECOMPUTE)}")
     s.add_argument("--sequence-parallel", help="on, off or on,off")
-    s.add_argument("--margin", type=float, default=DEFAULT_MARGIN,
+    s.add_argument("--margin", type=Number(float, minimum=1, allow_inf=True), default=DEFAULT_MARGIN,
                    help=f"the estimate's error factor: a plan is simulated unless its estimated bound / margin "
                         f"exceeds the second-best simulated time (default {DEFAULT_MARGIN}; inf: no time pruning)")
-    s.add_argument("--wave", type=int, default=16, help="plans simulated between pruning checks (default 16)")
+    s.add_argument("--wave", type=POSITIVE_INT, default=16, help="plans simulated between pruning checks (default 16)")
     add_executor_arguments(p)
 
 
@@ -118,6 +118,17 @@ def _list(args, name: str, kind=int):
 def space_from_args(args) -> SearchSpace:
     if args.max_tp is not None:
         require(args.max_tp > 0, "--max-tp", args.max_tp, "expected an integer > 0")
+    try:
+        return _space(args)
+    except InputError as exc:  # SearchSpace names its fields; say which flag
+        msg = str(exc)
+        for field, flag in (("zero_stage", "zero"), ("micro_batch_size", "micro-batch-size"),
+                            ("sequence_parallel", "sequence-parallel"), ("max_tp", "max-tp")):
+            msg = msg.replace(f"search: {field}:", f"--{flag}:")
+        raise InputError(re.sub(r"^search: (\w+):", r"--\1:", msg)) from None
+
+
+def _space(args) -> SearchSpace:
     return SearchSpace(tp=_list(args, "tp"), pp=_list(args, "pp"), vpp=_list(args, "vpp"),
                        micro_batch_size=_list(args, "micro_batch_size"), zero_stage=_list(args, "zero"),
                        schedule=_list(args, "schedule", str), recompute=_list(args, "recompute", str),
@@ -134,6 +145,7 @@ def check_executor_args(args) -> None:
         require(args.dask != "local" or args.workers != 0, "--workers", 0,
                 "a Dask LocalCluster needs at least 1 worker")
     require(not args.resume or args.out, "--resume", True, "needs --out DIR (the sweep to continue)")
+    check_output_dir(args.out, "--out")
 
 
 def open_log(args, context: dict) -> ResultsLog:
@@ -144,7 +156,10 @@ def open_log(args, context: dict) -> ResultsLog:
     require(not out.exists() or out.is_dir(), "--out", args.out, "exists and is not a directory")
     manifest = out / "manifest.json"
     if args.resume and manifest.exists():
-        old = json.loads(manifest.read_text())
+        old = read_json(manifest)
+        if not isinstance(old, dict):
+            raise InputError(f"{manifest}: got {type(old).__name__}; expected the JSON object trainsim writes "
+                             "(delete the folder's contents, or give another --out)")
         if old != json.loads(json.dumps(context, sort_keys=True)):
             diff = sorted(k for k in set(old) | set(context) if old.get(k) != context.get(k))
             raise InputError(f"--resume: {args.out} holds another sweep (it differs in {', '.join(diff)}); "
@@ -163,18 +178,6 @@ def interrupted_note(log: ResultsLog):
         if log.path is not None:
             print(f"trainsim: {len(log.done)} results are in {log.path}; rerun with --resume to finish",
                   file=sys.stderr)
-        raise
-
-
-def write_text_atomic(text: str, path: Path) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
         raise
 
 
@@ -250,16 +253,16 @@ def print_top(ranked: list[dict], top: int) -> None:
 def run(args) -> int:
     from sim.commands._spec import model_from_args
 
+    check_executor_args(args)
     model = model_from_args(args)
-    profile = load_profile(args.gpu)
-    require(args.gpus_per_node > 0, "--gpus-per-node", args.gpus_per_node, "expected an integer > 0")
+    profile = load_profile(args.gpu, flag="--gpu")
     gpus = args.gpus if args.gpus is not None else (args.nodes * args.gpus_per_node if args.nodes else None)
-    require(gpus is not None, "--gpus", None, "give --gpus N or --nodes N")
+    if gpus is None:
+        raise InputError("--gpus: missing; give --gpus N or --nodes N")
     require(gpus > 0, "--gpus", gpus, "expected an integer > 0")
     require(args.global_batch_size > 0, "--global-batch-size", args.global_batch_size, "expected an integer > 0")
     require(args.margin >= 1, "--margin", args.margin, "expected a number >= 1 (inf: no time pruning)")
     require(args.wave >= 1, "--wave", args.wave, "expected an integer >= 1")
-    check_executor_args(args)
     space = space_from_args(args)
     topo = _cluster(args, gpus, profile.name)
     require(gpus <= topo.num_gpus, "--gpus", gpus, f"topology {topo.name} has only {topo.num_gpus} GPUs")

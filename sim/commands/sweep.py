@@ -41,7 +41,7 @@ from sim.commands.search import (
     rank,
     write_outputs,
 )
-from sim.errors import InputError, require
+from sim.errors import InputError
 from sim.hardware import load_profile
 from sim.search import explain, plan_key
 from sim.sweep import Runner, make_context
@@ -68,10 +68,15 @@ def _spec_parser():
     return p
 
 
-def expand(path: str, parser) -> tuple[list[str], list[tuple[str, list[tuple]]]]:
-    """The file's fixed flags, and per listed field (file order) each value with its flags."""
+def expand(path: str, parser, settings: dict | None = None) -> tuple[list[str], list[tuple[str, list[tuple]]]]:
+    """The file's fixed flags, and per listed field (file order) each value with its flags.
+    ``settings``, when given, receives the fixed values as ``experiment.Setting``s (by dest),
+    so that later errors can point at their lines."""
     f = TomlFile(path)
     data = f.data
+    if not data:
+        raise InputError(f"{f.path}: empty: no tables, only comments; expected [model], [cluster] and [plan] "
+                         "tables")
     f.check_keys(data, experiment._TOP, "")
     actions = {a.dest: a for a in parser._actions}
     base: list[str] = []
@@ -84,6 +89,9 @@ def expand(path: str, parser) -> tuple[list[str], list[tuple[str, list[tuple]]]]
         f.check_keys(t, keys, f"{table}.")
         for key, value in t.items():
             dest, name = keys[key], f"{table}.{key}"
+            if settings is not None and not isinstance(value, list):
+                where = experiment.Where(f, experiment._line_of(f, table, key))
+                settings[dest] = experiment.Setting(dest, name, _path(f, dest, value), where)
             if isinstance(value, list):
                 if table not in LIST_TABLES:
                     raise f.error(name, f"got a list {value!r}; only the fields of "
@@ -116,14 +124,18 @@ def points(path: str):
     from sim.commands._spec import model_from_args, plan_from_args
 
     parser = _spec_parser()
-    base, axes = expand(path, parser)
+    settings: dict = {}
+    base, axes = expand(path, parser, settings)
     ns = parser.parse_args(base)
-    model = model_from_args(ns)
-    profile = load_profile(ns.gpu)
-    gpus = run_cmd._gpus(ns)
-    require(gpus is not None, f"{path}: cluster.gpus", None, "a sweep needs cluster.gpus or cluster.nodes")
-    require(gpus > 0, f"{path}: cluster.gpus", gpus, "expected an integer > 0")
-    topo = run_cmd._cluster(ns, gpus, profile.name)
+    try:
+        model = model_from_args(ns)
+        profile = load_profile(ns.gpu, flag="--gpu")
+        gpus = run_cmd._gpus(ns)
+        if gpus is None:
+            raise InputError("cluster.gpus: missing; a sweep needs cluster.gpus or cluster.nodes")
+        topo = run_cmd._cluster(ns, gpus, profile.name)
+    except InputError as exc:
+        raise experiment.blame(exc, Path(path), settings) from None
     out, seen = [], set()
     for combo in itertools.product(*(vals for _, vals in axes)):
         argv = base + [x for _, flags in combo for x in flags]

@@ -20,13 +20,14 @@ import os
 from pathlib import Path
 
 from sim.errors import InputError
+from sim.units import NONNEGATIVE_INT, POSITIVE_INT
 
 NAME = "validate"
 HELP = "Train a small GPT for real across local processes and compare it with its simulation."
 
 
 def add_arguments(p) -> None:
-    p.add_argument("--procs", type=int, default=2, help="processes (GPUs) of the reference run (default 2)")
+    p.add_argument("--procs", type=POSITIVE_INT, default=2, help="processes (GPUs) of the reference run (default 2)")
     p.add_argument("--configs", help="comma-separated, from dp, gpipe, 1f1b, dp-pp "
                                      "(default all that fit: dp-pp needs --procs 4 or more)")
     p.add_argument("--profile", metavar="PROFILE.json", help="use this profile instead of calibrating now")
@@ -34,15 +35,15 @@ def add_arguments(p) -> None:
                                   "(default: the one the profile's calibration fitted)")
     p.add_argument("--quick", action="store_true", help="a smaller model and fewer iterations (for tests)")
     g = p.add_argument_group("reference model and batch (defaults: a 4-layer, 256-wide GPT; smaller with --quick)")
-    g.add_argument("--num-layers", type=int)
-    g.add_argument("--hidden-size", type=int)
-    g.add_argument("--num-attention-heads", type=int)
-    g.add_argument("--vocab-size", type=int)
-    g.add_argument("--seq-length", type=int)
-    g.add_argument("--micro-batch-size", type=int, default=2)
-    g.add_argument("--num-microbatches", type=int, help="per replica (default 4; 2 with --quick)")
-    g.add_argument("--warmup", type=int, help="untimed iterations first (default 2; 1 with --quick)")
-    g.add_argument("--iters", type=int, help="timed iterations (default 5; 3 with --quick)")
+    g.add_argument("--num-layers", type=POSITIVE_INT)
+    g.add_argument("--hidden-size", type=POSITIVE_INT)
+    g.add_argument("--num-attention-heads", type=POSITIVE_INT)
+    g.add_argument("--vocab-size", type=POSITIVE_INT)
+    g.add_argument("--seq-length", type=POSITIVE_INT)
+    g.add_argument("--micro-batch-size", type=POSITIVE_INT, default=2)
+    g.add_argument("--num-microbatches", type=POSITIVE_INT, help="per replica (default 4; 2 with --quick)")
+    g.add_argument("--warmup", type=NONNEGATIVE_INT, help="untimed iterations first (default 2; 1 with --quick)")
+    g.add_argument("--iters", type=POSITIVE_INT, help="timed iterations (default 5; 3 with --quick)")
     p.add_argument("--out", metavar="DIR", help="write report.json, table.txt, profile.json, traces and PNGs here")
     p.add_argument("--json", action="store_true", help="print one JSON object")
 
@@ -54,12 +55,10 @@ def _positive(name: str, value) -> None:
 
 def run(args) -> int:
     from sim.calibrate import CalibrationError, require_torch
-
-    require_torch()
     from sim.calibrate import validate as v
     from sim.calibrate.reference import check_supported
-    from sim.export import write_json_atomic
-    from sim.hardware import load_profile
+    from sim.fileio import check_output_dir, write_json_atomic, write_text_atomic
+    from sim.hardware import LINK_KINDS, load_profile
 
     for name in ("procs", "num_layers", "hidden_size", "num_attention_heads", "vocab_size", "seq_length",
                  "micro_batch_size", "num_microbatches", "iters"):
@@ -82,12 +81,16 @@ def run(args) -> int:
     for plan in plans.values():  # every input error before anything runs
         plan.check_model(model)
         check_supported(model, plan)
-    out = Path(args.out) if args.out else None
+    if args.link is not None and args.link not in LINK_KINDS:
+        raise InputError(f"--link: got {args.link!r}; allowed: {', '.join(LINK_KINDS)}")
+    out = check_output_dir(args.out, "--out")
+    given = load_profile(args.profile, flag="--profile") if args.profile else None
+    require_torch()
     warmup = args.warmup if args.warmup is not None else (1 if args.quick else 2)
     iters = args.iters or (3 if args.quick else 5)
     try:
-        if args.profile:
-            profile = load_profile(args.profile)
+        if given is not None:
+            profile = given
         else:
             from sim.calibrate.profile import calibrate
 
@@ -112,7 +115,7 @@ def run(args) -> int:
         write_json_atomic(profile.to_dict(), out / "profile.json")
         write_json_atomic(report, out / "report.json")
         probes_line = v.format_probes(report["configs"])
-        (out / "table.txt").write_text(table + "\n" + (probes_line + "\n" if probes_line else ""))
+        write_text_atomic(table + "\n" + (probes_line + "\n" if probes_line else ""), out / "table.txt")
     if args.json:
         print(json.dumps(report, sort_keys=True))
         return 0
