@@ -249,7 +249,8 @@ def simulate_namespace(ns, model=None, plan=None):
     from sim.training import simulate_training
 
     model, plan, profile, topo, schedule = prepare_namespace(ns, model, plan)
-    training_run = simulate_training(model, plan, profile, topo, schedule, ns.fidelity)
+    training_run = simulate_training(model, plan, profile, topo, schedule, ns.fidelity,
+                                     max_events=run_cmd.max_events_of(ns))
     return training_run, run_cmd.summarize(training_run)
 
 

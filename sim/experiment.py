@@ -46,7 +46,7 @@ TABLES = {
               "untie_embeddings_and_output_weights": None, "disable_bias_linear": None,
               "attention_dropout": None, "hidden_dropout": None},
     "cluster": {"gpu": None, "gpus": None, "gpus_per_node": None, "nodes": None, "topology": None,
-                "fabric": None, "oversubscription": None, "fidelity": None},
+                "fabric": None, "oversubscription": None, "fidelity": None, "max_events": None},
     "plan": {"tensor_model_parallel_size": None, "pipeline_model_parallel_size": None,
              "num_layers_per_virtual_pipeline_stage": None, "num_virtual_stages_per_pipeline_rank": None,
              "schedule": None, "decoder_first_pipeline_num_layers": None, "decoder_last_pipeline_num_layers": None,

@@ -24,6 +24,11 @@ import math
 
 from sim.errors import InputError
 
+MAX_CLUSTER_GPUS = 131_072
+"""Largest cluster built: eight times the largest published training run (Llama 3 405B
+on 16,384 H100s). Building its graph takes tens of seconds and about a GB; a typo'd
+``--nodes 1000000`` would take hours."""
+
 DEFAULT_MAX_EVENTS = 100_000_000
 """Largest simulation attempted without ``--max-events``: about 20-30 minutes of
 engine time and several GB of memory."""
@@ -82,6 +87,16 @@ def estimate_events(model, plan, fidelity: str = "full", topology=None) -> dict:
     events = gpus * (steps * per_step + sync)
     return {"events": events, "simulated_gpus": gpus, "steps_per_gpu": steps, "events_per_step": per_step,
             "sync_events_per_gpu": sync}
+
+
+def check_cluster_size(nodes: int, gpus_per_node: int) -> None:
+    """Refuse to build a cluster of more than ``MAX_CLUSTER_GPUS`` GPUs."""
+    gpus = nodes * gpus_per_node
+    if gpus > MAX_CLUSTER_GPUS:
+        raise InputError(
+            f"nodes: got {nodes:,} ({gpus:,} GPUs at {gpus_per_node} per node); trainsim builds clusters of up to "
+            f"{MAX_CLUSTER_GPUS:,} GPUs, eight times the largest published training run"
+        )
 
 
 def check_size(model, plan, fidelity: str = "full", max_events: float | None = DEFAULT_MAX_EVENTS,

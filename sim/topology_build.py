@@ -26,6 +26,7 @@ from pathlib import Path
 import networkx as nx
 
 from sim.errors import InputError
+from sim.limits import check_cluster_size
 from sim.tomlio import TomlFile
 from sim.topology import DEVICE_KINDS, LINK_KINDS, Topology
 from sim.units import Number
@@ -141,6 +142,7 @@ def build_cluster(spec: NodeSpec, nodes: int, fabric: FabricSpec = FabricSpec(),
         raise InputError(f"nodes: got {nodes!r}; expected an integer >= 1")
     if spec.nics < 1 and nodes > 1:
         raise InputError(f"node {spec.name}: nics: got {spec.nics}; a multi-node cluster needs at least 1 NIC per node")
+    check_cluster_size(nodes, spec.gpus)
     g = nx.Graph(gpu_profile=spec.gpu_profile)
     for n in range(nodes):
         add_node(g, spec, n)

@@ -63,3 +63,47 @@ def test_reduced_fidelity_counts_one_gpu_per_stage():
     full, red = estimate_events(SMALL, plan, "full"), estimate_events(SMALL, plan, "reduced")
     assert (full["simulated_gpus"], red["simulated_gpus"]) == (2048, 4)
     assert red["events"] * 2048 / 4 == pytest.approx(full["events"])
+
+
+def _cli(capsys, *argv):
+    from sim.cli import main
+
+    rc = main(list(argv))
+    cap = capsys.readouterr()
+    return rc, cap.out, cap.err.strip().splitlines()
+
+
+def test_the_command_line_refuses_an_absurd_plan_with_the_estimate(capsys, tmp_path):
+    rc, out, err = _cli(capsys, "run", "--model", "llama2-7b", "--gpu", "h100-sxm", "--nodes", "1",
+                        "--global-batch-size", str(8 * 10**9), "--out", str(tmp_path / "o"))
+    assert rc == 2 and out == "" and len(err) == 1
+    assert err[0].startswith("trainsim: error: plan: this simulation would process about 1.1e+12 events")
+    assert not (tmp_path / "o").exists()
+
+
+def test_max_events_flag_and_experiment_key(capsys, tmp_path):
+    base = ("run", "--model", "gpt2-1.5b", "--gpu", "h100-sxm", "--nodes", "1", "--global-batch-size", "16")
+    rc, _, err = _cli(capsys, *base, "--max-events", "1000")
+    assert rc == 2 and "over the limit of 1e+03" in err[0]
+    rc, _, err = _cli(capsys, *base, "--max-events", "-3")
+    assert rc == 2 and err == ["trainsim: error: --max-events: got -3; expected a number > 0 (inf allowed)"]
+    assert _cli(capsys, *base, "--max-events", "inf")[0] == 0
+    exp = tmp_path / "e.toml"
+    exp.write_text('[model]\npreset = "gpt2-1.5b"\n[cluster]\ngpu = "h100-sxm"\nnodes = 1\nmax_events = 500\n'
+                   '[plan]\nglobal_batch_size = 16\n')
+    rc, _, err = _cli(capsys, "run", str(exp))
+    assert rc == 2 and len(err) == 1 and "over the limit of 5e+02" in err[0] and str(exp) in err[0]
+
+
+def test_an_absurd_cluster_is_refused_before_it_is_built(capsys):
+    from sim.limits import MAX_CLUSTER_GPUS
+    from sim.topology_build import load_topology
+
+    t0 = time.perf_counter()
+    with pytest.raises(InputError, match=r"nodes: got 1,000,000 \(8,000,000 GPUs at 8 per node\)"):
+        load_topology("dgx-h100", nodes=10**6)
+    assert time.perf_counter() - t0 < 5
+    assert MAX_CLUSTER_GPUS >= 16_384 * 8  # the largest published run fits, eight times over
+    rc, _, err = _cli(capsys, "run", "--model", "llama2-7b", "--gpu", "h100-sxm", "--nodes", "1000000",
+                      "--global-batch-size", "1000000", "--tensor-model-parallel-size", "8")
+    assert rc == 2 and len(err) == 1 and "trainsim builds clusters of up to 131,072 GPUs" in err[0]

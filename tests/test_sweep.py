@@ -96,7 +96,7 @@ def test_a_dask_local_cluster_gives_the_local_executors_records(local_records, t
         # A worker that dies mid-plan: Dask's scheduler runs the plan again on a live worker.
         runner.fn = _die_once
         again = runner.run(CTX, [ParallelPlan(dp=4, tp=2, global_batch_size=32)])
-    assert (tmp_path / f"died-{again[0]['key']}").exists() and again[0]["status"] == "ok"
+    assert (tmp_path / f"died-{again[0]['key']}").exists() and again[0]["status"] == "ok", again[0]
 
 
 def test_a_plan_that_raises_is_recorded_and_the_sweep_goes_on(tmp_path):

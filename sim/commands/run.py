@@ -25,7 +25,8 @@ from sim.memory_timeline import highest_peak
 from sim.metrics import iteration_metrics
 from sim.topology_build import FABRICS, OVERSUBSCRIPTION, FabricSpec, load_topology
 from sim.training import TrainingRun, simulate_training
-from sim.units import POSITIVE_INT, format_bytes, format_time
+from sim.limits import DEFAULT_MAX_EVENTS
+from sim.units import POSITIVE_INT, Number, format_bytes, format_time
 
 NAME = "run"
 HELP = "Simulate one training iteration (every GPU's compute and communication) and report its metrics."
@@ -44,10 +45,21 @@ def add_arguments(p) -> None:
     p.add_argument("--fidelity", choices=("auto", "full", "reduced"), default="auto",
                    help="full: every GPU; reduced: one GPU per pipeline stage, the others as shadows in its "
                         "collectives (default auto: reduced above 256 GPUs)")
+    p.add_argument("--max-events", type=Number(float, above=0, allow_inf=True), default=DEFAULT_MAX_EVENTS,
+                   metavar="N",
+                   help="refuse a plan whose simulation would process more SimPy events than this, estimated "
+                        f"before anything is built (default {DEFAULT_MAX_EVENTS:.0e}, about half an hour; inf: "
+                        "no limit)")
     p.add_argument("--out", help="directory for summary.json, trace.json, timeline.png and memory.png")
     p.add_argument("--kineto", metavar="DIR",
                    help="directory for PyTorch-profiler-shaped traces, trace_rank{r}.json per simulated GPU "
                         "(for Holistic Trace Analysis)")
+
+
+def max_events_of(args) -> float | None:
+    """The event limit the flags ask for (None: no limit)."""
+    limit = getattr(args, "max_events", DEFAULT_MAX_EVENTS)
+    return None if limit == float("inf") else limit
 
 
 def _parse_with_experiment(args):
@@ -172,7 +184,8 @@ def _simulate(args):
 
     with Progress() as bar:
         bar.update(f"simulating {plan.world_size} GPUs")
-        return simulate_training(model, plan, profile, topo, schedule, args.fidelity)
+        return simulate_training(model, plan, profile, topo, schedule, args.fidelity,
+                                 max_events=max_events_of(args))
 
 
 def run(args) -> int:
