@@ -8,7 +8,7 @@ the peak RSS. Each case runs in a fresh process (so RSS is its own) with a time 
 cases over the limit are reported as such, not guessed. It also measures a bare SimPy
 loop of timeouts in the same run and reports the engine's event rate as a ratio of it.
 
-    python experiments/bench_scale.py [--repeat 2] [--limit 600] [--only reduced|full]
+    python experiments/bench_scale.py [--repeat 2] [--limit 600] [--only reduced|full] [--case TEXT]
 
 Targets (benchmarks, not tests): reduced fidelity Llama 3 405B on 16,384 GPUs under
 10 s and 2 GB; full fidelity GPT-3 175B on 1,024 GPUs under 60 s; engine event rate at
@@ -90,6 +90,7 @@ def main() -> int:
     ap.add_argument("--repeat", type=int, default=2, help="runs per case; the median is printed (default 2)")
     ap.add_argument("--limit", type=float, default=600, help="seconds allowed per run (default 600)")
     ap.add_argument("--only", choices=("reduced", "full"), help="one fidelity only")
+    ap.add_argument("--case", default="", help="only the cases whose name contains this text (e.g. 1024xA100)")
     args = ap.parse_args()
     bare = statistics.median(bare_simpy_rate() for _ in range(3))
     print(f"bare SimPy loop: {bare:,.0f} events/s")
@@ -97,7 +98,7 @@ def main() -> int:
     print("processed per second of the engine's own run, and as a ratio of the bare loop's rate")
     print(f"{'case':<24} {'fidelity':<8} {'wall s':>8} {'events':>11} {'events/s':>10} {'vs bare':>8} "
           f"{'RSS MB':>8} {'iteration s':>12}")
-    for case in CASES:
+    for case in (c for c in CASES if args.case in c[0]):
         for fidelity in ("reduced", "full"):
             if args.only and fidelity != args.only:
                 continue
