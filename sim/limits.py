@@ -45,11 +45,12 @@ def _ring_hops(n: int, op: str) -> int:
     return 2 * (n - 1) if op == "allreduce" else n - 1
 
 
-def estimate_events(model, plan, fidelity: str = "full", topology=None) -> dict:
+def estimate_events(model, plan, fidelity: str = "full", topology=None, coalesced: bool | None = None) -> dict:
     """The estimate and its parts: ``events``, ``simulated_gpus``, ``steps_per_gpu``,
     ``events_per_step``, ``sync_events_per_gpu``. With the ``topology``, collectives
     count their rings (NCCL channels) and tensor-parallel collectives that will be
-    coalesced count as one action (``sim.coalesce``)."""
+    coalesced count as one action (``sim.coalesce``; ``coalesced`` says so when the
+    caller knows already)."""
     reduced = fidelity == "reduced"
     gpus = plan.pp if reduced else plan.world_size
     m, vpp = plan.num_microbatches, plan.vpp
@@ -58,13 +59,14 @@ def estimate_events(model, plan, fidelity: str = "full", topology=None) -> dict:
     layers = model.num_layers / (plan.pp * vpp) + 1  # + embedding or head on the end stages
     fits = topology is not None and plan.world_size <= topology.num_gpus
     dp_rings = 1
-    coalesced = False
     if fits:
         from sim.coalesce import isolated_tp_pricer
         from sim.collectives import default_channels
 
         dp_rings = default_channels(topology, plan.groups("dp")[0]) if plan.dp > 1 else 1
-        coalesced = isolated_tp_pricer(plan, topology, {}) is not None
+        if coalesced is None:
+            coalesced = isolated_tp_pricer(plan, topology, {}) is not None
+    coalesced = bool(coalesced)
     per_layer = _EVENTS_PER_COMPUTE
     if plan.tp > 1 and not coalesced:  # two collectives per layer and step
         per_layer += 2 * _ring_hops(plan.tp, "allreduce") * _EVENTS_PER_HOP
@@ -100,13 +102,13 @@ def check_cluster_size(nodes: int, gpus_per_node: int) -> None:
 
 
 def check_size(model, plan, fidelity: str = "full", max_events: float | None = DEFAULT_MAX_EVENTS,
-               topology=None) -> dict:
+               topology=None, coalesced: bool | None = None) -> dict:
     """Raise ``InputError`` when the simulation would exceed ``max_events`` (None: no
     limit); otherwise return the estimate."""
     if max_events is not None and (isinstance(max_events, bool) or not isinstance(max_events, (int, float))
                                    or math.isnan(max_events) or max_events <= 0):
         raise InputError(f"max_events: got {max_events!r}; expected a number > 0")
-    est = estimate_events(model, plan, fidelity, topology)
+    est = estimate_events(model, plan, fidelity, topology, coalesced)
     if max_events is not None and est["events"] > max_events:
         raise InputError(
             f"plan: this simulation would process about {est['events']:.2g} events "

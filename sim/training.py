@@ -147,7 +147,10 @@ def build_program(model: ModelSpec, plan: ParallelPlan, profile: HardwareProfile
     if fidelity not in FIDELITIES:
         raise InputError(f"fidelity: got {fidelity!r}; allowed: {', '.join(FIDELITIES)}")
     plan.check_model(model)
-    check_size(model, plan, fidelity, max_events, topology)
+    price = None
+    if coalesce_tp and topology is not None:
+        price = isolated_tp_pricer(plan, topology, profile.link_efficiencies())
+    check_size(model, plan, fidelity, max_events, topology, coalesced=price is not None if topology else None)
     if schedule is None:
         schedule = build_schedule(plan.schedule, plan.pp, plan.num_microbatches, plan.vpp)
     elif (schedule.pp, schedule.vpp, schedule.num_microbatches) != (plan.pp, plan.vpp, plan.num_microbatches):
@@ -156,9 +159,6 @@ def build_program(model: ModelSpec, plan: ParallelPlan, profile: HardwareProfile
             f"the plan needs pp={plan.pp}, vpp={plan.vpp}, m={plan.num_microbatches}"
         )
     validate(schedule)
-    price = None
-    if coalesce_tp and topology is not None:
-        price = isolated_tp_pricer(plan, topology, profile.link_efficiencies())
     segments = _Segments(model, plan, profile, price, _layer_steps(schedule, plan))
     prog = to_program(schedule, lambda step: 0.0)
     keep = None
