@@ -27,6 +27,12 @@ run: $(VENV)/.installed
 test: $(VENV)/.installed-test
 	$(BIN)/python -m pytest
 
+# The property tests with hypothesis' "fuzz" profile (tests/_hypothesis_profiles.py): random
+# seeds, 500-2000 examples per test instead of the CI profile's few dozen; a few minutes.
+.PHONY: fuzz
+fuzz: $(VENV)/.installed-test
+	HYPOTHESIS_PROFILE=fuzz $(BIN)/python -m pytest tests/test_properties.py --hypothesis-show-statistics
+
 clean:
 	rm -rf $(VENV) out experiments/out
 
