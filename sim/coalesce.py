@@ -46,6 +46,8 @@ def isolated_tp_pricer(plan: ParallelPlan, topology: Topology,
     if {topology.link(u, v)["kind"] for u, v in route} != {"nvlink"} or len(route) != 2 \
             or topology.graph.nodes[route[0][1]]["kind"] != "nvswitch":
         return None
+    if not _uniform_nvlink(plan, topology, topology.link(*route[0])):
+        return None
     alpha = topology.path_latency_s(a, b)
     bw = topology.bottleneck_Bps(a, b) * link_efficiency.get("nvlink", 1.0)
     n = plan.tp
@@ -54,6 +56,33 @@ def isolated_tp_pricer(plan: ParallelPlan, topology: Topology,
         return _STEPS[seg.op](n) * (alpha + seg.nbytes / (n * bw))
 
     return price
+
+
+def _uniform_nvlink(plan: ParallelPlan, topology: Topology, ref: dict) -> bool:
+    """Every GPU of the plan reaches one NVSwitch over a link like ``ref``, no GPU has a
+    direct link to another, and no device shared by two GPUs (a NIC) offers a wider link
+    than NVLink: then every tensor-parallel pair's route is GPU-NVSwitch-GPU (routing
+    prefers it, ``Topology.route``) with the bandwidth and latency the closed form is
+    priced on."""
+    g = topology.graph
+    for r in range(plan.world_size):
+        gpu = topology.gpu(r)
+        switches = 0
+        for n in g.neighbors(gpu):
+            kind = g.nodes[n]["kind"]
+            if kind == "gpu":
+                return False
+            e = g.edges[gpu, n]
+            if kind == "nvswitch":
+                if (e["kind"], e["bandwidth_Bps"], e["latency_s"]) != (ref["kind"], ref["bandwidth_Bps"], ref["latency_s"]):
+                    return False
+                switches += 1
+            elif e["bandwidth_Bps"] > ref["bandwidth_Bps"] \
+                    and sum(1 for m in g.neighbors(n) if g.nodes[m]["kind"] == "gpu") > 1:
+                return False  # a shared NIC wider than NVLink: node traffic would take it
+        if switches != 1:
+            return False
+    return True
 
 
 def coalesce(segs, price: Callable[[Segment], float], keep_layers: bool) -> tuple[Segment, ...]:

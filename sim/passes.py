@@ -78,7 +78,9 @@ def add_tp_collectives(prog: Program, segments: Callable[[int, Action], list[Seg
     """Expand each action for which ``segments(rank, action)`` returns a list into a chain
     of compute segments and collectives over the rank's tp group, all on the action's
     stream: as in Megatron-LM, tensor-parallel NCCL kernels run on the compute stream and
-    block it. The first piece takes the action's deps; the last takes its name."""
+    block it. The first piece takes the action's deps; the last takes its name. A
+    ``comm`` piece (a collective priced outside the network) carries its ``group`` for
+    ``add_tp_rendezvous``."""
     out: dict[int, list[Action]] = {}
     shared: dict[tuple, list[Action]] = {}  # tensor-parallel peers build the same pieces
     for r, acts in prog.actions.items():
@@ -110,7 +112,7 @@ def add_tp_collectives(prog: Program, segments: Callable[[int, Action], list[Seg
                     if len(group) < 2:
                         continue
                     new.append(Action.new(name, kind="comm", op=s.op, duration_s=s.duration_s, nbytes=s.nbytes,
-                                      category="tp", deps=deps, stream=a.stream, layer=s.layer))
+                                          group=group, category="tp", deps=deps, stream=a.stream, layer=s.layer))
                 else:
                     new.append(Action.new(name, duration_s=s.duration_s, flops=s.flops, category=a.category,
                                       stream=a.stream, deps=deps, layer=s.layer))
@@ -160,6 +162,44 @@ def add_p2p(prog: Program, nbytes: Callable[[Action], float]) -> Program:
         for a in lst:
             new.append(a)
             new.extend(sends[r].get(a.name, ()))
+        out[r] = new
+    return prog.with_actions(out)
+
+
+def add_tp_rendezvous(prog: Program) -> Program:
+    """Make each ``comm`` action with a ``group`` start only when every simulated member
+    of the group could start its own: a real collective begins when its last member
+    arrives, and members may arrive at different times (their inputs came over
+    differently loaded links). Each gets, per peer, the peer's dependencies for its
+    action of the same name and the action before it on the same stream. Run after
+    ``add_p2p``: these are waits, not transfers."""
+    index: dict[int, dict[str, int]] = {}
+
+    def where(g: int) -> dict[str, int]:
+        if g not in index:
+            index[g] = {x.name: i for i, x in enumerate(prog.actions[g])}
+        return index[g]
+
+    def ready_refs(g: int, name: str) -> list:
+        lst = prog.actions[g]
+        i = where(g)[name]
+        a = lst[i]
+        refs = [(g, d) if d.__class__ is str else d for d in a.deps]
+        for j in range(i - 1, -1, -1):  # the previous action on its stream
+            if lst[j].stream == a.stream:
+                refs.append((g, lst[j].name))
+                break
+        return refs
+
+    out: dict[int, list[Action]] = {}
+    for r, acts in prog.actions.items():
+        new = list(acts)
+        for i, a in enumerate(new):
+            if a.kind != "comm" or len(a.group) < 2:
+                continue
+            extra = [ref for g in a.group if g != r and g in prog.actions for ref in ready_refs(g, a.name)]
+            if extra:
+                new[i] = a.evolve(deps=tuple(dict.fromkeys((*a.deps, *extra))))
         out[r] = new
     return prog.with_actions(out)
 

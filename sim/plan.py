@@ -34,6 +34,8 @@ virtual stage, whichever split is used.
 
 from __future__ import annotations
 
+import math
+
 from dataclasses import dataclass
 
 from sim import placement as _pl
@@ -152,8 +154,11 @@ class ParallelPlan:
         if self.zero_bucket_size_bytes is not None:
             _pos("zero_bucket_size_bytes", self.zero_bucket_size_bytes)
         if self.zero3_max_live_parameters is not None:
-            require(isinstance(self.zero3_max_live_parameters, (int, float)) and self.zero3_max_live_parameters > 0,
-                    "plan: zero3_max_live_parameters", self.zero3_max_live_parameters, "expected a number > 0")
+            require(isinstance(self.zero3_max_live_parameters, (int, float))
+                    and not isinstance(self.zero3_max_live_parameters, bool)
+                    and math.isfinite(self.zero3_max_live_parameters) and self.zero3_max_live_parameters > 0,
+                    "plan: zero3_max_live_parameters", self.zero3_max_live_parameters,
+                    "expected a finite number > 0 (leave it unset for no cap)")
         require(isinstance(self.offload_optimizer, bool), "plan: offload_optimizer", self.offload_optimizer,
                 "expected true or false")
         require(not self.offload_optimizer or self.zero_stage >= 1, "plan: offload_optimizer", True,

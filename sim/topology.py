@@ -151,18 +151,26 @@ class Topology:
         firsts = sorted(n for n in self.graph.neighbors(s) if n in core)
         lasts = sorted(n for n in self.graph.neighbors(d) if n in core)
         best, ends = None, []
+        g = self.graph
         for a in firsts:
             for b in lasts:
                 try:
                     n = len(nx.bidirectional_shortest_path(core, a, b)) - 1
                 except nx.NetworkXNoPath:
                     continue
-                if best is None or n < best:
-                    best, ends = n, [(a, b)]
-                elif n == best:
+                # Fewest hops first; among those, the widest links out of s and into d,
+                # then the better kind of link, so GPUs of a node that share a NIC talk
+                # through the NVSwitch, not over PCIe.
+                ea, eb = g.edges[s, a], g.edges[b, d]
+                score = (n, -min(ea["bandwidth_Bps"], eb["bandwidth_Bps"]),
+                         max(_KIND_ORDER.get(ea["kind"], 9), _KIND_ORDER.get(eb["kind"], 9)))
+                if best is None or score < best:
+                    best, ends = score, [(a, b)]
+                elif score == best:
                     ends.append((a, b))
         if best is None:
             raise InputError(f"topology {self.name}: no route from {s} to {d}")
+        best = best[0]
         a, b = _pick(ends, h)
         if best == 0:
             return [a]
@@ -214,6 +222,10 @@ class Topology:
             kinds[d["kind"]] = kinds.get(d["kind"], 0) + 1
         parts = ", ".join(f"{kinds[k]} {k}" for k in DEVICE_KINDS if k in kinds)
         return f"{self.name}: {self.num_nodes} node(s), {parts}, {self.graph.number_of_edges()} links"
+
+
+_KIND_ORDER = {"nvlink": 0, "pcie": 1, "ib": 2, "ethernet": 3}
+"""Preference among link kinds when routes tie on hops and bandwidth."""
 
 
 def _pick(candidates: list[str], h: int) -> str:
