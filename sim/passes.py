@@ -173,31 +173,24 @@ def add_tp_rendezvous(prog: Program) -> Program:
     differently loaded links). Each gets, per peer, the peer's dependencies for its
     action of the same name and the action before it on the same stream. Run after
     ``add_p2p``: these are waits, not transfers."""
-    index: dict[int, dict[str, int]] = {}
-
-    def where(g: int) -> dict[str, int]:
-        if g not in index:
-            index[g] = {x.name: i for i, x in enumerate(prog.actions[g])}
-        return index[g]
-
-    def ready_refs(g: int, name: str) -> list:
-        lst = prog.actions[g]
-        i = where(g)[name]
-        a = lst[i]
-        refs = [(g, d) if d.__class__ is str else d for d in a.deps]
-        for j in range(i - 1, -1, -1):  # the previous action on its stream
-            if lst[j].stream == a.stream:
-                refs.append((g, lst[j].name))
-                break
-        return refs
-
+    ready: dict[tuple[int, str], tuple] = {}  # what each member's comm action waits for
+    for r, acts in prog.actions.items():
+        last: dict[str, str] = {}
+        for a in acts:
+            if a.kind == "comm" and len(a.group) > 1:
+                refs = [(r, d) if d.__class__ is str else d for d in a.deps]
+                before = last.get(a.stream)
+                if before is not None:
+                    refs.append((r, before))
+                ready[(r, a.name)] = tuple(refs)
+            last[a.stream] = a.name
     out: dict[int, list[Action]] = {}
     for r, acts in prog.actions.items():
         new = list(acts)
         for i, a in enumerate(new):
             if a.kind != "comm" or len(a.group) < 2:
                 continue
-            extra = [ref for g in a.group if g != r and g in prog.actions for ref in ready_refs(g, a.name)]
+            extra = [ref for g in a.group if g != r for ref in ready.get((g, a.name), ())]
             if extra:
                 new[i] = a.evolve(deps=tuple(dict.fromkeys((*a.deps, *extra))))
         out[r] = new
