@@ -1,11 +1,12 @@
 """The discrete-event engine: runs a Program on a topology and returns a Trace.
 
-This is the only module that drives SimPy. Each (rank, stream) pair gets one SimPy
-process that walks its actions in order: it waits for the action's dependencies, then
-holds the stream for as long as the action takes, records a span and signals the
-action's completion event. Compute actions take the duration they carry (costs are
-computed outside, from a hardware profile); sends, receives and collectives take as
-long as the flow-level network model (``sim.network``) needs for their transfers.
+This is the only module that drives SimPy. Each (rank, stream) pair runs its actions
+in order, one at a time: an action starts when its stream is free and every action it
+depends on has finished, holds the stream for as long as it takes, and records a span.
+Streams are dependency counters driven by SimPy callbacks, not one SimPy process each:
+a compute action is a single timeout (the duration it carries; costs are computed
+outside, from a hardware profile); sends, receives, copies and collectives take as long
+as the flow-level network model (``sim.network``) needs for their transfers.
 
 The engine does not know which schedule produced a program, nor any hardware figure.
 
@@ -92,11 +93,14 @@ class _CheckingEnvironment(_CountingEnvironment):
 
 
 class _Rendezvous:
-    __slots__ = ("posted", "done", "meta", "began")
+    """Where the parties of a send/recv pair or of a collective meet: ``posted`` maps
+    each party to its action index, ``meta`` is the link id (p2p) or the first member's
+    action (collective)."""
+
+    __slots__ = ("posted", "meta", "began")
 
     def __init__(self):
         self.posted: dict = {}
-        self.done = None
         self.meta = None
         self.began = None  # when the last party arrived and data started to move
 
