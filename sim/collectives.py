@@ -29,6 +29,10 @@ Channels: like NCCL, a ring collective that spans nodes runs several rings at on
 starting at local GPU c, so the inter-node hops of different channels use different
 rails and every NIC carries traffic. Inside one node, or with ``channels=1``, it is the
 single ring above; on an uncontended node, k channels take exactly as long as one.
+
+Broadcast is a pipelined chain from the root along each channel's ring: the buffer is
+cut into pieces of at least ``BROADCAST_PIECE_BYTES`` (at most 8(n−2) of them) and piece
+j+1 follows piece j hop by hop, so a large broadcast runs near the link bandwidth.
 """
 
 from __future__ import annotations
@@ -41,9 +45,15 @@ from sim.topology import Topology
 
 OPS = ("allreduce", "reducescatter", "allgather", "broadcast", "alltoall", "sendrecv")
 ALGOS = ("ring", "hierarchical")
-BROADCAST_CHUNKS = 8  # pipeline chunks of a ring broadcast
 PIPELINE_PIECE_BYTES = 4 * 2**20
-FLUID_PIECES = 4  # transfers per ring hop in the fluid model  # hierarchical all-reduce: at least this much per pipelined piece
+"""Hierarchical all-reduce: at least this much per pipelined piece."""
+BROADCAST_PIECE_BYTES = 2**20
+"""Chain broadcast: at least this much per piece. NCCL pipelines 512 KiB chunks; twice
+that keeps a 1 GiB broadcast to about as many transfers as a 1 GiB ring all-reduce."""
+BROADCAST_PIECES_PER_HOP = 8
+"""A chain broadcast over n ranks uses at most this many pieces per hop beyond the first,
+8(n−2): filling and draining the pipeline then costs at most 1/8 of S/B."""
+FLUID_PIECES = 4  # transfers per ring hop in the fluid model
 
 
 @dataclass(frozen=True, slots=True)
@@ -193,7 +203,12 @@ def build(op: str, ranks, nbytes: float, topology: Topology, algo: str = "ring",
     elif op in ("reducescatter", "allgather"):
         b.rings(topology, ranks, n - 1, nbytes, op, channels)
     elif op == "broadcast":
-        _ring_broadcast(b, ring_order(topology, ranks), nbytes, ranks[0] if root is None else root)
+        root = ranks[0] if root is None else root
+        if root not in ranks:
+            raise InputError(f"root: got {root}; not in the group {sorted(ranks)}")
+        for c in range(channels):
+            _ring_broadcast(b, ring_order(topology, ranks, rotate=c), nbytes / channels, root,
+                            f"broadcast ch{c}" if channels > 1 else "broadcast")
     elif op == "alltoall":
         for r in sorted(ranks):
             for q in sorted(ranks):
@@ -202,24 +217,34 @@ def build(op: str, ranks, nbytes: float, topology: Topology, algo: str = "ring",
     return b.steps
 
 
-def _ring_broadcast(b: _Builder, order: list[int], nbytes: float, root: int) -> None:
-    """Pipelined chain from ``root`` along the ring: c chunks over n−1 hops.
+def broadcast_chunks(n: int, nbytes: float) -> int:
+    """Pieces a chain broadcast over ``n`` ranks cuts ``nbytes`` into: one per
+    ``BROADCAST_PIECE_BYTES`` (as NCCL pipelines fixed-size chunks), at most
+    ``BROADCAST_PIECES_PER_HOP``·(n−2) (pieces only pay off when there is a hop to
+    overlap with; the cap keeps the transfer count bounded), at least 1."""
+    cap = BROADCAST_PIECES_PER_HOP * (n - 2)
+    return max(1, min(math.ceil(nbytes / BROADCAST_PIECE_BYTES), cap))
+
+
+def _ring_broadcast(b: _Builder, order: list[int], nbytes: float, root: int, label: str = "broadcast") -> None:
+    """Pipelined chain from ``root`` along the ring: c chunks (``broadcast_chunks``)
+    over n−1 hops. Across nodes ``build`` runs one chain per channel, each on its own
+    channel's ring (so on its own rail) with 1/channels of the buffer, as NCCL does.
 
     Chunk j's hop k waits for chunk j's hop k−1 and chunk j−1's hop k, so on an
-    uncontended chain it takes (n − 2 + c)(α + S/(cB)).
+    uncontended chain it takes (n − 2 + c)(α + S/(cB)) = (n − 2 + c)α + S/B·(1 + (n−2)/c):
+    for large buffers close to the (n−1)α + S/B that nccl-tests' broadcast busbw implies.
     """
-    if root not in order:
-        raise InputError(f"root: got {root}; not in the group {sorted(order)}")
     n = len(order)
     start = order.index(root)
     chain = order[start:] + order[:start]
-    c = BROADCAST_CHUNKS
+    c = broadcast_chunks(n, nbytes)
     prev_hop: list[int | None] = [None] * (n - 1)  # last chunk's step on each hop
     for j in range(c):
         below = None
         for k in range(n - 1):
             deps = [d for d in (below, prev_hop[k]) if d is not None]
-            below = b.add(chain[k], chain[k + 1], nbytes / c, deps, f"broadcast chunk {j}")
+            below = b.add(chain[k], chain[k + 1], nbytes / c, deps, f"{label} chunk {j}")
             prev_hop[k] = below
 
 

@@ -51,14 +51,34 @@ def test_busbw_inside_one_dgx_h100_is_the_nvlink_bandwidth():
     assert s["busbw_Bps"] < nvlink
 
 
-def test_broadcast_pipelined_chain_closed_form():
+@pytest.mark.parametrize("n,S,c", [
+    # c pieces of at least 1 MiB, at most 8(n-2) of them, at least one (worked by hand):
+    (6, 2**30, 32),            # 1024 pieces of 1 MiB, capped at 8 x 4
+    (8, 2**30, 48),            # capped at 8 x 6
+    (8, 10.5 * 2**20, 11),     # ceil(10.5 MiB / 1 MiB)
+    (8, 2**19, 1),             # below one piece: a plain chain
+    (2, 2**30, 1),             # one hop: nothing to overlap, one transfer
+])
+def test_broadcast_pipelined_chain_closed_form(n, S, c):
     # c chunks along n-1 hops: (n - 2 + c)(alpha + S/(cB)).
-    from sim.collectives import BROADCAST_CHUNKS as c
-
     t = load_topology("dgx-a100")
-    n, S = 6, 2**30
     alpha, B = t.path_latency_s(0, 1), t.bottleneck_Bps(0, 1)
-    assert _time("broadcast", n, S, t).end_s == pytest.approx((n - 2 + c) * (alpha + S / (c * B)), rel=1e-9)
+    tr = _time("broadcast", n, S, t)
+    assert len(tr.transfers) == c * (n - 1)
+    assert tr.end_s == pytest.approx((n - 2 + c) * (alpha + S / (c * B)), rel=1e-9)
+
+
+def test_large_broadcast_busbw_approaches_the_link_bandwidth():
+    # nccl-tests: broadcast busbw = algbw (factor 1), which for large buffers approaches the
+    # link bandwidth, as the pipelined chain's (n-1)alpha + S/B does. With c <= 8(n-2)
+    # pieces the chain takes (n-2+c)alpha + S/B (1 + (n-2)/c): at most 9(n-2)alpha more
+    # latency and 1/8 more transfer time than that.
+    t = load_topology("dgx-h100")
+    n, S = 8, 2**30
+    alpha, B = t.path_latency_s(0, 1), t.bottleneck_Bps(0, 1)
+    _, s = run_collective("broadcast", S, n, t)
+    assert (n - 1) * alpha + S / B < s["time_s"] <= 9 * (n - 2) * alpha + 9 / 8 * S / B
+    assert s["busbw_Bps"] > 0.85 * B          # was 0.57 B with a fixed 8 pieces
 
 
 def test_alltoall_inside_a_node_closed_form():
@@ -123,3 +143,25 @@ def test_bad_collective_arguments():
     t2 = load_topology("dgx-h100", nodes=2)
     with pytest.raises(InputError, match="same number of ranks on every node"):
         build("allreduce", [0, 1, 8], 10, t2, algo="hierarchical")
+
+
+def test_broadcast_across_nodes_runs_one_chain_per_rail():
+    # One chain crosses nodes through one NIC per hop; like NCCL, one chain per channel
+    # (each on its own rail, 1/8 of the buffer) uses all eight NICs of a node.
+    t = load_topology("dgx-h100", nodes=2)
+    S = 2**28
+    one = _time("broadcast", 16, S, t, channels=1)
+    eight = _time("broadcast", 16, S, t)
+    assert one.links_used("ib") == 2          # NIC -> leaf, leaf -> NIC on the one node-crossing hop
+    # Channel c's chain leaves root 0 mid-ring, so (c > 0) it crosses to node 1 on rail c - 1
+    # and back on rail c; no InfiniBand link carries two chains.
+    assert eight.links_used("ib") == 2 * (1 + 7 * 2)
+    assert eight.busiest_link("ib")[1] == pytest.approx(S / 8)
+    nic = t.bottleneck_Bps(0, 8)              # one NDR NIC, 50 GB/s per direction
+    assert S / one.end_s < nic
+    assert S / eight.end_s > 5 * nic
+    # every rank receives the whole buffer once: S bytes into each of the 15 non-roots
+    into = {}
+    for x in eight.transfers:
+        into[x.dst] = into.get(x.dst, 0) + x.nbytes
+    assert sorted(into) == list(range(1, 16)) and all(v == pytest.approx(S) for v in into.values())
