@@ -301,8 +301,12 @@ def load_topology(name_or_path: str, nodes: int | None = None, fabric: FabricSpe
     data = f.data
     f.check_keys(data, {"name", "description", "node", "cluster", "fabric", "device", "link"}, "")
     if "device" in data or "link" in data:
+        dashes = "--" if flag.startswith("--") else ""  # name the command line's flags as the user typed them
         if nodes is not None:
-            raise InputError(f"nodes: got {nodes}; {f.path} is a device-by-device topology, so it fixes its own size")
+            raise InputError(f"{dashes}nodes: got {nodes}; {f.path} is a device-by-device topology, so it fixes its own size")
+        if fabric is not None:
+            raise InputError(f"{dashes}fabric: got {fabric.type!r}; {f.path} is a device-by-device topology, "
+                             "so it has its own links and no fabric to choose")
         return _parse_graph(f, data)
     _name(f, data, "name", "", "")  # a string, if given
     if "description" in data:

@@ -39,6 +39,9 @@ def test_out_writes_trace_png_and_summary(tmp_path, capsys):
     (["collective", "--algo", "tree"], "--algo"),
     (["collective", "--gpus", "12", "--algo", "hierarchical"], "same number of ranks on every node"),
     (["collective", "--fabric", "torus", "--nodes", "2"], "--fabric"),
+    (["collective", "--gpus", "1"], "--gpus: got 1; allreduce needs at least 2 GPUs"),
+    (["collective", "--topology", "example-custom", "--nodes", "2"], "--nodes: got 2"),
+    (["collective", "--topology", "example-custom", "--fabric", "fat-tree"], "--fabric"),
 ])
 def test_bad_input_is_one_line_with_exit_code_2(tmp_path, capsys, argv, needle):
     out = tmp_path / "never"
@@ -67,3 +70,76 @@ def test_demo_writes_its_plots(tmp_path, capsys):
     assert main(["demo", "--out", str(tmp_path), "--nodes", "2"]) == 0
     names = {p.name for p in tmp_path.iterdir()}
     assert {"allreduce-ring.png", "allreduce-hierarchical.png", "allreduce-busbw.png", "demo.json"} <= names
+
+
+def _json(capsys, argv):
+    assert main(argv + ["--json"]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+@pytest.mark.parametrize("topology,gpus,published_GBps", [
+    # REFERENCE.md: ~230 GB/s all-reduce busbw inside a DGX A100; 192 GB/s measured across
+    # DGX A100 nodes with 8 HDR NICs; ~370 GB/s effective NVLink on 8 H100 (ring).
+    ("dgx-a100", 8, 230), ("dgx-a100", 16, 192), ("dgx-h100", 8, 370),
+])
+def test_large_allreduce_busbw_near_published_measurements(capsys, topology, gpus, published_GBps):
+    out = _json(capsys, ["collective", "--topology", topology, "--gpus", str(gpus), "--size", "8GiB"])
+    assert out["busbw_Bps"] / 1e9 == pytest.approx(published_GBps, rel=0.02)
+
+
+def test_a_topology_file_written_by_the_user(tmp_path, capsys):
+    # A node file: 4 GPUs on a 100 GB/s NVSwitch, 1 us per link (2 us GPU to GPU).
+    node = tmp_path / "mynode.toml"
+    node.write_text("[node]\ngpus = 4\nnvlink_bandwidth_GBps = 100\nnvlink_latency_us = 1\n"
+                    "nic_bandwidth_GBps = 10\n")
+    out = _json(capsys, ["collective", "--topology", str(node), "--size", "64MiB", "--line-rate"])
+    n, S, alpha, B = 4, 64 * 2**20, 2e-6, 100e9
+    assert out["gpus"] == n and out["time_s"] == pytest.approx(2 * (n - 1) * (alpha + S / (n * B)), rel=1e-9)
+    # A graph file, device by device: three GPUs in a line a - b - c (GPUs never carry
+    # transit traffic, so a and c need the switch): a ring all-gather over 3 ranks.
+    graph = tmp_path / "line.toml"
+    graph.write_text("".join(f"[[device]]\nid = 'g{i}'\nkind = 'gpu'\nrank = {i}\nnode = 0\n\n" for i in range(3))
+                     + "[[device]]\nid = 'sw'\nkind = 'switch'\n\n"
+                     + "".join(f"[[link]]\na = 'g{i}'\nb = 'sw'\nkind = 'pcie'\nbandwidth_GBps = 20\nlatency_us = 3\n\n"
+                               for i in range(3)))
+    out = _json(capsys, ["collective", "--topology", str(graph), "--op", "allgather", "--size", "3MiB"])
+    S = 3 * 2**20
+    assert out["time_s"] == pytest.approx(2 * (6e-6 + S / (3 * 20e9)), rel=1e-9)
+    assert out["bytes_by_link_kind"] == {"pcie": pytest.approx(2 * 2 * S)}   # 2 steps x 3 hops x 2 links x S/3
+
+
+def test_same_command_twice_writes_identical_files(tmp_path, capsys):
+    argv = ["collective", "--gpus", "16", "--algo", "hierarchical", "--size", "8MiB", "--fabric", "fat-tree"]
+    assert main(argv + ["--out", str(tmp_path / "a")]) == 0
+    assert main(argv + ["--out", str(tmp_path / "b")]) == 0
+    for name in ("trace.json", "summary.json"):
+        assert (tmp_path / "a" / name).read_bytes() == (tmp_path / "b" / name).read_bytes(), name
+
+
+def test_timeline_png_has_ranks_on_y_time_on_x_and_colours_by_kind(tmp_path, capsys, monkeypatch):
+    import matplotlib.colors as mcolors
+
+    import sim.plot
+
+    figs = []
+    real_save = sim.plot._save
+    monkeypatch.setattr(sim.plot, "_save", lambda fig, path: (figs.append(fig), real_save(fig, path))[1])
+    assert main(["collective", "--gpus", "16", "--size", "16MiB", "--out", str(tmp_path), "--json"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    (fig,) = figs
+    ax = fig.axes[0]
+    labels = [t.get_text() for t in ax.get_yticklabels()]
+    assert labels == [f"rank {r} · {lane}" for r in range(16) for lane in ("comm", "sends")]
+    assert ax.get_xlabel() == "time (ms)"
+    assert ax.get_xlim()[1] >= summary["time_s"] * 1e3
+    # one colour per kind: the collective, and each kind of link a transfer crossed
+    legend = {t.get_text(): mcolors.to_hex(h.get_facecolor()) for t, h in
+              zip(ax.get_legend().get_texts(), ax.get_legend().legend_handles)}
+    assert set(legend) == {"allreduce", "transfer over NVLink", "transfer over InfiniBand"}
+    assert len(set(legend.values())) == 3
+    drawn = {mcolors.to_hex(c) for coll in ax.collections for c in coll.get_facecolors()}
+    assert drawn == set(legend.values())
+    # readable: at least 40 pixels per lane, tick labels of 8 pt
+    height_px = fig.get_size_inches()[1] * fig.dpi
+    assert height_px / len(labels) >= 40 and all(t.get_fontsize() >= 8 for t in ax.get_yticklabels())
+    assert (tmp_path / "timeline.png").read_bytes()[:4] == b"\x89PNG"

@@ -88,6 +88,8 @@ def run_collective(op: str, nbytes: int, gpus: int, topo, algo: str = "ring", ch
         prog = Program({src: [Action("send", kind="send", peer=dst, nbytes=nbytes, category="send")],
                         dst: [Action("recv", kind="recv", peer=src, nbytes=nbytes, category="recv")]})
     else:
+        if gpus < 2:
+            raise InputError(f"--gpus: got {gpus}; {op} needs at least 2 GPUs (one GPU has nothing to exchange)")
         group = tuple(range(gpus))
         if channels is not None and channels < 1:
             raise InputError(f"--channels: got {channels}; expected an integer >= 1")
@@ -95,7 +97,9 @@ def run_collective(op: str, nbytes: int, gpus: int, topo, algo: str = "ring", ch
                                    channels=channels or 0)] for r in group})
     trace = simulate(prog, topo, link_efficiency=link_efficiency)
     t = trace.end_s
-    algbw = nbytes / t if t > 0 else math.inf
+    # A zero time happens only for an empty buffer on zero-latency links (or links of
+    # infinite bandwidth): report no bandwidth rather than a division by zero.
+    algbw = nbytes / t if t > 0 else (0.0 if nbytes == 0 else math.inf)
     n = 2 if op == "sendrecv" else gpus
     summary = {
         "op": op, "algo": algo, "size_bytes": nbytes, "gpus": gpus, "topology": topo.name,
@@ -134,7 +138,9 @@ def run(args) -> int:
                       title=f"{op} ({args.algo}) of {format_bytes(nbytes)} on {gpus} GPUs, {topo.name}")
         write_json_atomic(summary, out / "summary.json")
     if args.json:
-        print(json.dumps(summary, sort_keys=True))
+        # strict JSON: a non-finite bandwidth (zero time) is null, never Infinity
+        print(json.dumps({k: (None if isinstance(v, float) and not math.isfinite(v) else v)
+                          for k, v in summary.items()}, sort_keys=True))
         return 0
     print(f"{op} ({args.algo}) of {format_bytes(nbytes)} on {gpus} GPUs of {topo.describe()}")
     print("  links at " + (", ".join(f"{k} {v:.0%}" for k, v in sorted(eff.items())) + f" of line rate ({gpu})"
