@@ -114,3 +114,27 @@ def test_unknown_topology_name_lists_choices():
     with pytest.raises(InputError, match="dgx-h100"):
         load_topology("dgx-z900")
 
+
+
+@pytest.mark.parametrize("name,nodes,fabric", [
+    ("dgx-h100", 4, None),
+    ("dgx-a100", 6, FabricSpec(type="fat-tree", nodes_per_leaf=2, spines=3, oversubscription=2.0)),
+    ("a100-fattree-8nodes-2to1", None, None),
+])
+def test_routes_are_shortest_paths_with_gpus_as_endpoints_only(name, nodes, fabric):
+    # Independent check with networkx on the whole graph: drop every GPU and CPU but the
+    # two ends, and the route must be as short as the shortest path left, link by link.
+    t = load_topology(name, nodes=nodes, fabric=fabric)
+    endpoints_only = {n for n, d in t.graph.nodes(data=True) if d["kind"] in ("gpu", "cpu")}
+    n = t.num_gpus
+    for src in (0, 5, n - 1):
+        for dst in range(n):
+            if dst == src:
+                continue
+            route = t.route(src, dst)
+            s, d = t.gpu(src), t.gpu(dst)
+            transit = t.graph.subgraph(set(t.graph) - endpoints_only | {s, d})
+            assert len(route) == nx.shortest_path_length(transit, s, d), (src, dst, route)
+            assert route[0][0] == s and route[-1][1] == d
+            assert all(a[1] == b[0] for a, b in zip(route, route[1:]))
+            assert all(transit.has_edge(u, v) for u, v in route)
