@@ -123,3 +123,16 @@ def test_program_larger_than_topology_is_an_error(make_star):
     t = make_star([1.0, 1.0])
     with pytest.raises(InputError, match="has 2 GPUs"):
         simulate(Program({0: [Action("a")], 5: [Action("b")]}), t)
+
+
+def test_spans_carry_rank_stream_name_times_bytes_and_flops(make_star):
+    # The Trace of the issue: (rank, stream, name, start, end, bytes, FLOPs) per action.
+    t = make_star([10.0, 10.0])
+    prog = Program({
+        0: [Action("F0", duration_s=2.0, flops=5e12), Action("s0", kind="send", peer=1, nbytes=30, deps=("F0",))],
+        1: [Action("r0", kind="recv", peer=0, nbytes=30)],
+    })
+    got = {(s.rank, s.stream, s.name, s.start_s, s.end_s, s.nbytes, s.flops) for s in simulate(prog, t).spans}
+    assert got == {(0, "compute", "F0", 0.0, 2.0, 0, 5e12),
+                   (0, "comm", "s0", 2.0, 5.0, 30, 0.0),      # 30 B at 10 B/s over two links
+                   (1, "comm", "r0", 0.0, 5.0, 30, 0.0)}
