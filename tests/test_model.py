@@ -42,6 +42,7 @@ def test_megatron_sc21_model_sizes():
     ("llama2-70b", 68_976_648_192),
     ("llama3-8b", 8_030_261_248),
     ("llama3-70b", 70_553_706_496),
+    ("llama3-405b", 405_853_388_800),      # Llama 3.1 405B
 ])
 def test_presets_match_released_checkpoints(name, published):
     assert preset(name).num_params == published
@@ -110,6 +111,18 @@ def test_hf_kv_heads_null_means_mha_and_tied_flag():
     m = model_from_hf_config(cfg, seq_length=2048)
     assert m.num_key_value_heads == 32 and m.seq_length == 2048
     assert m.num_params == 8_030_261_248 + 2 * 4096 * 3072 * 32 - 128256 * 4096
+
+
+def test_hf_llama2_70b_config_gives_the_released_count():
+    # Public meta-llama/Llama-2-70b-hf config.json values; 68,976,648,192 parameters released.
+    cfg = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_act": "silu",
+           "hidden_size": 8192, "intermediate_size": 28672, "num_hidden_layers": 80,
+           "num_attention_heads": 64, "num_key_value_heads": 8, "vocab_size": 32000,
+           "max_position_embeddings": 4096, "rms_norm_eps": 1e-05, "tie_word_embeddings": False,
+           "torch_dtype": "float16"}
+    m = model_from_hf_config(cfg)
+    assert m.num_params == 68_976_648_192
+    assert (m.num_key_value_heads, m.kv_dim, m.seq_length) == (8, 1024, 4096)
 
 
 def test_hf_gpt2_xl_config():
