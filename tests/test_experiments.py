@@ -49,6 +49,13 @@ def test_pipeline_bubble_matches_the_closed_forms(out_root):
             assert b == pytest.approx(by[("1f1b", p, m)], abs=1e-9)  # 1F1B does not shrink the bubble
             assert by[("interleaved v=4", p, m)] < by[("interleaved v=2", p, m)] < b
             assert by[("zb-h1", p, m)] < b and by[("zb-h2", p, m)] <= by[("zb-h1", p, m)] + 1e-9
+    # "how large must m be for a bubble under 10%": for GPipe and 1F1B the smallest swept m the
+    # simulation puts under 10% is the smallest swept m with (p-1)/(m+p-1) < 10%, i.e. m > 9(p-1)
+    for t in res["thresholds"]:
+        if t["schedule"] in ("gpipe", "1f1b"):
+            p = t["p"]
+            swept = sorted(r["m"] for r in rows if (r["schedule"], r["p"]) == (t["schedule"], p))
+            assert t["sim_m"] == next(m for m in swept if m > 9 * (p - 1)), t
     # activations: GPipe keeps m micro-batches in flight on stage 0, 1F1B p (Narayanan et al.)
     for r in rows:
         assert r["stage0_activation_peak_bytes"] == pytest.approx(r["stage0_activation_closed_bytes"], rel=0.01)
@@ -87,7 +94,9 @@ def test_tensor_parallel_across_ib_costs_more_and_tp_bytes_follow_the_batch(out_
     ib = {r["tp"]: r for r in rows if r["fabric"].startswith("InfiniBand")}
     for t in ib:
         assert ib[t]["exposed_tp_fraction"] > nv[t]["exposed_tp_fraction"]
-        assert ib[t]["exposed_tp_s"] == pytest.approx(ib[t]["closed_tp_s"], rel=0.15)  # 4L·m ring all-reduces
+    for d in (nv, ib):  # 4L·m ring all-reduces, 2(t-1)(α + S/(tB)) each; t = 16 on DGX nodes crosses the NICs
+        for t in d:
+            assert d[t]["exposed_tp_s"] == pytest.approx(d[t]["closed_tp_s"], rel=0.15)
     for d in (nv, ib):
         ts = sorted(t for t in d if t > 1)
         assert all(d[a]["exposed_tp_fraction"] < d[b]["exposed_tp_fraction"] for a, b in zip(ts, ts[1:]))
@@ -179,7 +188,17 @@ def test_megatron_table2_trends(out_root):
     assert slow[768] / slow[1536] > 1.5
     assert ideal[768] / ideal[1536] < 1.5
     assert all(slow[g] < ideal[g] for g in slow)
-    assert ptdp[-1]["sim_tflops"] > slow[ptdp[-1]["gpus"]]  # published: PTD-P wins at 1536 GPUs
+    # published: PTD-P wins at every GPU count both ran (153 vs 144, 149 vs 88, 141 vs 44); the
+    # communication-bound ZeRO-3 reproduces that ordering
+    published = {(r["scheme"], r["gpus"]): r["published_tflops"] for r in rows}
+    for g in slow:
+        assert (published[("PTD-P", g)] > published[("ZeRO-3", g)]) == (by_gpus(ptdp)[g] > slow[g]), g
+    for r in rows:  # Δ% per row, against the published figure
+        assert r["delta_pct"] == pytest.approx(100 * (r["sim_tflops"] - r["published_tflops"]) / r["published_tflops"])
+
+
+def by_gpus(rows):
+    return {r["gpus"]: r["sim_tflops"] for r in rows}
 
 
 def test_stage_imbalance_slowest_stage_sets_the_pace(out_root):
