@@ -129,6 +129,22 @@ def test_calibrate_command_on_this_machine(tmp_path, capsys):
     gemms = data["measurements"]["micro"]["gemm"]
     assert any((r["m"], r["n"], r["k"]) == (64, 3 * 64, 64) for r in gemms)  # the model's QKV shape
     assert all(r["time_s"] > 0 for r in gemms)
+    micro = data["measurements"]["micro"]
+    assert micro["dtype"] == ("float32" if prov["backend"] == "gloo" else "bfloat16")
+    # scaled_dot_product_attention at the model's shape (micro-batch 2, 2 heads, seq 32, head dim 32)
+    att = micro["attention"]
+    assert any((r["batch"], r["heads"], r["seq"], r["head_dim"]) == (2, 2, 32, 32) for r in att)
+    assert all(r["forward_s"] > 0 and r["backward_s"] >= 0 and r["causal"] for r in att)
+    # every memory-bound kernel the cost model stands for, each over a rising size sweep
+    kernels = {r["kernel"] for r in micro["memory"]}
+    assert {"layernorm", "gelu", "swiglu", "softmax", "add"} <= kernels
+    import torch.nn.functional as F
+
+    assert "rmsnorm" in kernels or not hasattr(F, "rms_norm")  # torch >= 2.4 has the fused RMSNorm
+    for k in kernels:
+        sizes = [r["bytes"] for r in micro["memory"] if r["kernel"] == k]
+        assert len(sizes) >= 4 and sizes == sorted(sizes) and all(r["time_s"] > 0 for r in micro["memory"])
+    assert micro["copy"]["bytes"] >= 2**26 and micro["copy"]["bandwidth_Bps"] > 0
     # The profile drives a simulation.
     assert main(["estimate", "--gpu", str(out), "--num-layers", "2", "--hidden-size", "64",
                  "--num-attention-heads", "2", "--vocab-size", "256", "--seq-length", "32"]) == 0
