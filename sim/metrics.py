@@ -8,7 +8,10 @@ Figures follow the definitions users already know:
 - **Time breakdown per rank** as Holistic Trace Analysis reports it on real traces:
   every instant is *compute* when the compute stream runs a kernel; otherwise *exposed
   communication* of the kinds (tp, pp, dp, ...) moving data at that instant (shared
-  equally when several are); otherwise *idle*. A send, receive or collective counts only
+  equally when several are); otherwise *idle*. Kinds: ``tp``, ``pp``, ``dp`` (gradient
+  all-reduce or ZeRO's reduce-scatter), ``zero`` (ZeRO's parameter all-gathers),
+  ``offload`` (ZeRO-Offload's PCIe copies; listed only when there are any) and
+  ``other``. A send, receive or collective counts only
   while data moves, not while it waits for its peers. *Overlap* is the share of a rank's
   communication time that runs under compute.
 - **Critical rank**: the rank whose work ends last (ties: most compute, then lowest
@@ -24,6 +27,7 @@ from sim.trace import Trace
 
 PIPELINE = ("F", "B", "I", "W")
 COMM_KINDS = ("tp", "pp", "dp", "zero")
+OPTIONAL_KINDS = ("offload",)
 
 
 def rank_breakdown(trace: Trace, rank: int) -> dict:
@@ -31,7 +35,7 @@ def rank_breakdown(trace: Trace, rank: int) -> dict:
     spans = trace.spans_of(rank)
     comp = [(s.start_s, s.end_s) for s in spans if s.kind == "compute" and s.end_s > s.start_s]
     comm = [(s.busy_start_s if s.busy_start_s is not None else s.start_s, s.end_s,
-             s.category if s.category in COMM_KINDS else "other")
+             s.category if s.category in COMM_KINDS + OPTIONAL_KINDS else "other")
             for s in spans if s.kind != "compute" and s.end_s > s.start_s]
     pipe_end = max((s.end_s for s in spans if s.kind == "compute" and s.category in PIPELINE), default=0.0)
     end = trace.end_s
@@ -44,7 +48,7 @@ def rank_breakdown(trace: Trace, rank: int) -> dict:
     events.append((end, 0, 0, ""))
     events.sort(key=lambda e: (e[0], e[1]))
     out = {"compute_s": 0.0, "idle_s": 0.0, "bubble_s": 0.0, "comm_s": 0.0, "overlap_s": 0.0,
-           "exposed_comm_s": {k: 0.0 for k in COMM_KINDS + ("other",)}}
+           "exposed_comm_s": {k: 0.0 for k in COMM_KINDS + OPTIONAL_KINDS + ("other",)}}
     n_comp, active = 0, {}
     t = 0.0
     for time, delta, is_comp, kind in events:
@@ -68,6 +72,10 @@ def rank_breakdown(trace: Trace, rank: int) -> dict:
             n_comp += delta
         elif delta:
             active[kind] = active.get(kind, 0) + delta
+    seen = {k for _, _, k in comm}
+    for k in OPTIONAL_KINDS:
+        if k not in seen:
+            del out["exposed_comm_s"][k]
     if out["exposed_comm_s"]["other"] == 0.0:
         del out["exposed_comm_s"]["other"]
     return out

@@ -238,6 +238,7 @@ _COMPARE_TIME_PARTS = (
     ("pp", "exposed pipeline p2p", "#DD8452", None),
     ("dp", "exposed data-parallel comm", "#937860", None),
     ("zero", "exposed ZeRO gathers", "#DA8BC3", None),
+    ("offload", "exposed offload copies (PCIe)", "#8C8C3C", None),
     ("other", "exposed other comm", "#999999", None),
     ("bubble_s", "pipeline bubble (idle)", "#FFFFFF", "///"),
     ("other_idle_s", "other idle (waiting)", "#E8E8E8", None),

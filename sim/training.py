@@ -215,7 +215,15 @@ def build_program(model: ModelSpec, plan: ParallelPlan, profile: HardwareProfile
         prog = passes.add_optimizer(prog, optimizer_s)
         done = "optimizer"
     if z in (1, 2):
-        prog = zero.add_param_allgather(prog, lambda r: 2.0 * psi[plan.coords(r)[1]], plan.dp_group, bucket, done)
+        stage_layers = plan.stage_layers(model)
+
+        def tensors(rank: int) -> int:
+            # the rank's layers over its model chunks, plus the embedding and the head
+            p = plan.coords(rank)[1]
+            return sum(stage_layers[c * plan.pp + p] for c in range(plan.vpp)) + 2
+
+        prog = zero.add_param_allgather(prog, lambda r: 2.0 * psi[plan.coords(r)[1]], plan.dp_group, bucket, done,
+                                        tensors)
     prog = add_memory(prog, model, plan, profile, segments)
     return schedule, prog
 

@@ -24,6 +24,7 @@ zero-bubble schedules' counts come out of the schedule itself.
 
 from __future__ import annotations
 
+import math
 from typing import Callable
 
 from sim.actions import Action, Program
@@ -147,10 +148,13 @@ def add_offloaded_optimizer(prog: Program, shard_bytes: Callable[[int], float], 
 
 
 def add_param_allgather(prog: Program, param_bytes: Callable[[int], float], dp_group: Callable[[int], tuple[int, ...]],
-                        bucket_bytes: float, after: str = "optimizer") -> Program:
+                        bucket_bytes: float, after: str = "optimizer",
+                        max_buckets: Callable[[int], int] | None = None) -> Program:
     """ZeRO-1/2: after the optimizer step (action ``after``), all-gather the updated
     16-bit parameters (``param_bytes(rank)`` in all) over the dp group in buckets
-    (stream ``dp``)."""
+    (stream ``dp``, category ``zero``: ZeRO's parameter traffic, reported apart from the
+    gradient sync). At most ``max_buckets(rank)`` buckets (a bucket holds whole parameter
+    tensors, so no more buckets than the rank has layers), however small ``bucket_bytes``."""
     out = {}
     for r, acts in prog.actions.items():
         group = dp_group(r)
@@ -159,10 +163,10 @@ def add_param_allgather(prog: Program, param_bytes: Callable[[int], float], dp_g
         if len(group) < 2 or total <= 0:
             out[r] = lst
             continue
-        n = max(1, int(total // bucket_bytes))
+        n = max(1, int(min(total // bucket_bytes, max_buckets(r) if max_buckets else math.inf)))
         for k in range(n):
             nb = total / n
             lst.append(Action(f"param allgather {k}", kind="collective", op="allgather", group=group, nbytes=nb,
-                              category="dp", stream="dp", deps=(after,)))
+                              category="zero", stream="dp", deps=(after,)))
         out[r] = lst
     return prog.with_actions(out)

@@ -85,10 +85,14 @@ def test_peak_gathered_memory_grows_with_depth_by_one_layer_each():
 
     topo = load_topology("dgx-h100")
     layer = 2 * layer_params_per_rank(SMALL, 1)
+    peaks = []
     for depth in range(4):
         run = _zero3(depth, topo)
         _, series = timeline(run.trace, 0)
         assert max(series["gathered"]) == pytest.approx((depth + 1) * layer, rel=1e-9)
+        peaks.append(peak(run.trace, 0).total_bytes)
+    # one micro-batch: the rank's peak total grows by one gathered layer per layer of depth
+    assert [b - a for a, b in zip(peaks, peaks[1:])] == pytest.approx([layer] * 3, rel=1e-9)
 
 
 def test_gpipe_activations_grow_with_m_and_1f1b_stays_at_p():
@@ -230,3 +234,83 @@ def test_zero_flags_and_deepspeed_toml_names(tmp_path, capsys):
     f.write_text(f.read_text().replace("stage = 3", "stage = 5"))
     assert main(["run", str(f)]) == 2
     assert "zero_optimization.stage: got 5" in capsys.readouterr().err
+
+
+def test_zero_parameter_allgathers_and_offload_copies_are_reported_by_kind():
+    # ZeRO-1/2's all-gather of the updated 16-bit parameters runs after the optimizer step,
+    # with nothing left to hide it: its whole busy time is exposed, as kind "zero"; the
+    # gradient reduce-scatter stays "dp". ZeRO-Offload's PCIe copies are kind "offload".
+    from sim.metrics import rank_breakdown
+
+    topo = load_topology("dgx-h100")
+    for z in (1, 2):
+        run = simulate_training(SMALL, ParallelPlan(dp=8, global_batch_size=8, zero_stage=z), H100, topo)
+        spans = run.trace.spans_of(0)
+        gathers = [s for s in spans if s.name.startswith("param allgather")]
+        assert gathers and all(s.category == "zero" for s in gathers)
+        assert sum(s.nbytes for s in gathers) == pytest.approx(2 * SMALL.num_params, rel=1e-12)  # 2Ψ, tp = pp = 1
+        opt = next(s for s in spans if s.name == "optimizer")
+        assert min(s.start_s for s in gathers) >= opt.end_s
+        # one stream, one after another: exposed = the sum of their busy times
+        exposed = rank_breakdown(run.trace, 0)["exposed_comm_s"]
+        assert exposed["zero"] == pytest.approx(sum(s.end_s - s.busy_start_s for s in gathers), rel=1e-9)
+        assert "offload" not in exposed
+    off = simulate_training(SMALL, ParallelPlan(dp=8, global_batch_size=8, zero_stage=2, offload_optimizer=True),
+                            H100, topo)
+    copies = [s for s in off.trace.spans_of(0) if s.category == "offload"]
+    assert len(copies) == 2
+    exposed = rank_breakdown(off.trace, 0)["exposed_comm_s"]
+    assert exposed["offload"] == pytest.approx(sum(s.end_s - s.busy_start_s for s in copies), rel=1e-9)
+    assert "other" not in exposed
+
+
+def test_zero3_max_live_parameters_caps_the_gathered_layers():
+    # DeepSpeed's stage3_max_live_parameters: at most that many gathered parameters alive,
+    # whatever the prefetch depth asks for. Room for 2 layers: the layer in use + 1 ahead.
+    from sim.memory import layer_params_per_rank
+
+    per_layer = layer_params_per_rank(SMALL, 1)
+    topo = load_topology("dgx-h100")
+    for live_layers, depth, held in ((2, 4, 2), (3, 4, 3), (10, 2, 3)):
+        plan = ParallelPlan(dp=8, micro_batch_size=4, global_batch_size=32, zero_stage=3, zero3_prefetch_depth=depth,
+                            zero3_max_live_parameters=live_layers * per_layer)
+        _, series = timeline(simulate_training(SMALL, plan, H100, topo).trace, 0)
+        assert max(series["gathered"]) == pytest.approx(held * 2 * per_layer, rel=1e-9)
+
+
+def test_zero_bucket_size_sets_the_reduce_scatters_per_micro_batch():
+    # ZeRO-2 reduce-scatters every micro-batch's gradients: one bucket per micro-batch when
+    # the bucket holds them all, one per layer (+ embedding and head) when it holds one byte.
+    topo = load_topology("dgx-h100")
+    m = 2
+    for bucket, per_mb in ((2**40, 1), (1, SMALL.num_layers + 2)):
+        plan = ParallelPlan(dp=8, global_batch_size=8 * m, zero_stage=2, zero_bucket_size_bytes=bucket)
+        run = simulate_training(SMALL, plan, H100, topo)
+        rs = [s for s in run.trace.spans_of(0) if s.name.startswith("grad bucket")]
+        assert len(rs) == m * per_mb
+        assert sum(s.nbytes for s in rs) == pytest.approx(m * 2 * SMALL.num_params, rel=1e-12)
+        # the parameter all-gather after the step: whole tensors per bucket, so at most one
+        # bucket per layer (+ embedding and head), however small the bucket (was 2Ψ actions)
+        ag = [s for s in run.trace.spans_of(0) if s.name.startswith("param allgather")]
+        assert 1 <= len(ag) <= SMALL.num_layers + 2
+        assert sum(s.nbytes for s in ag) == pytest.approx(2 * SMALL.num_params, rel=1e-12)
+
+
+@pytest.mark.parametrize("schedule,vpp", [("1f1b", 1), ("zb-h1", 1), ("zb-h2", 1), ("interleaved", 2)])
+def test_first_stage_activation_peak_follows_each_schedules_rule(schedule, vpp):
+    # p = 4, m = 8 (m >= 2p - 1, so every schedule reaches its steady state). Chunk-micro-
+    # batches held by the first stage at its peak: 1F1B p; ZB-H1 p, its peak equal to 1F1B's
+    # (Qi et al. ICLR 2024: p·M_B); ZB-H2 2p - 1 ((2p-1)·M_B); interleaved with v chunks
+    # p·v·(1 + (p-1)/(p·v)) (Korthikanti et al. 2022). No dropout, so the embedding stores
+    # nothing and a chunk-micro-batch is its chunk's layers' activations. Measured on the
+    # memory timeline of rank 0.
+    from sim.memory import activation_bytes_per_layer
+
+    p, m, v = 4, 8, vpp
+    expected = {"1f1b": p, "zb-h1": p, "zb-h2": 2 * p - 1, "interleaved": p * v * (1 + (p - 1) / (p * v))}[schedule]
+    model = gpt("nodrop", 8, 1024, 16, 1024, 512, dropout=False)
+    plan = ParallelPlan(pp=p, vpp=v, global_batch_size=m, schedule=schedule)
+    run = simulate_training(model, plan, H100, load_topology("dgx-h100"))
+    _, series = timeline(run.trace, plan.rank(pp=0))
+    per_chunk_mb = model.num_layers // (p * v) * activation_bytes_per_layer(model, 1)
+    assert max(series["activations"]) == pytest.approx(expected * per_chunk_mb, rel=1e-12)
