@@ -237,3 +237,14 @@ def test_rank_and_coords_out_of_range():
     one_line(lambda: plan.coords(8), "rank", "8", "0..7")
     one_line(lambda: plan.rank(tp=2), "tp", "2", "0..1")
     one_line(lambda: plan.layer_range(model(8), 2), "virtual_stage", "0..1")
+
+
+def test_model_checks_name_tp_and_the_dimension_it_cuts():
+    # tp must split the heads, the kv heads and the MLP (Megatron's column/row split)
+    m = llama("m", 8, 256, 8, 2, 512, 1000, 64)       # 8 heads, 2 kv heads, ffn 512
+    one_line(lambda: ParallelPlan(tp=3).check_model(m), "plan: tp", "3", "num_attention_heads 8")
+    one_line(lambda: ParallelPlan(tp=4).check_model(m), "plan: tp", "4", "num_key_value_heads 2")
+    ParallelPlan(tp=2).check_model(m)
+    # dp x tp x pp must fill the GPUs: each factor named
+    one_line(lambda: ParallelPlan.for_world(96, tp=8, pp=5), "world_size", "96", "tp x pp = 8 x 5 = 40")
+    assert ParallelPlan.for_world(64, tp=8, pp=4).dp == 2

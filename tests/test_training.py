@@ -241,3 +241,57 @@ def test_no_coalescing_when_tp_shares_nvlink_with_other_traffic():
     assert isolated_tp_pricer(ParallelPlan(tp=4, dp=4, global_batch_size=8), topo, eff) is None  # dp inside a node
     assert isolated_tp_pricer(ParallelPlan(tp=4, pp=2, dp=2, global_batch_size=8), topo, eff) is None  # pp inside
     assert isolated_tp_pricer(ParallelPlan(tp=16, global_batch_size=8), topo, eff) is None  # tp across nodes
+
+
+@pytest.mark.parametrize("p,m", [(2, 4), (4, 8), (4, 16)])
+def test_bubble_fraction_metric_is_the_closed_form_for_1f1b(make_star, p, m):
+    # With free communication and equal F/B times the metric (idle share of the iteration
+    # on the critical rank) is (p-1)/(m+p-1) (Huang et al. 2019; Narayanan et al. SC'21).
+    tr = simulate(to_program(build_schedule("1f1b", p, m), lambda st: 1.0 if st.kind == "F" else 2.0),
+                  make_star([1.0] * p))
+    met = iteration_metrics(tr, tokens=1, model_flops=1, hardware_flops=1, gpus=p, peak_flops=1)
+    assert met["bubble_fraction"] == pytest.approx((p - 1) / (m + p - 1), rel=1e-12)
+
+
+def test_interleaved_p2p_crosses_every_virtual_stage_boundary():
+    # v chunks per rank: each micro-batch crosses p·v - 1 boundaries forward and as many
+    # backward, including the wrap from the last rank's chunk c to the first rank's c + 1
+    # (v times the p2p traffic of 1F1B, Narayanan et al. SC'21).
+    p, v, m = 4, 2, 8
+    _, prog = build_program(TINY, ParallelPlan(pp=p, vpp=v, global_batch_size=m), H100)
+    sends = [(r, a.peer) for r, acts in prog.actions.items() for a in acts if a.kind == "send"]
+    assert len(sends) == m * (p * v - 1) * 2
+    assert sum(1 for r, peer in sends if (r, peer) == (p - 1, 0)) == m * (v - 1)  # forward wrap-around
+
+
+@pytest.mark.parametrize("sp", [False, True])
+def test_megatron_tp_collectives_inside_each_layer(sp):
+    # Megatron-LM (Shoeybi et al.; Korthikanti et al. for sequence parallelism): per layer
+    # the forward all-reduces its attention and MLP outputs (2sbh bytes in 16-bit), the
+    # backward its two input gradients; with sequence parallelism each all-reduce becomes
+    # a reduce-scatter + all-gather pair, and backward re-gathers the two sharded inputs
+    # of the weight-gradient GEMMs.
+    model = gpt("tp", 2, 1024, 16, 8192, 512)
+    _, prog = build_program(model, ParallelPlan(tp=2, global_batch_size=1, sequence_parallel=sp), H100)
+    nbytes = 2 * 512 * 1 * 1024
+    for layer in range(model.num_layers):
+        ops = {}
+        for a in prog.actions[0]:
+            if a.kind == "collective" and a.layer == layer:
+                ops.setdefault((a.name.split(".")[0][1], a.op), []).append(a.nbytes)
+        expected = ({("F", "allgather"): 2, ("F", "reducescatter"): 2, ("B", "allgather"): 4,
+                     ("B", "reducescatter"): 2} if sp else {("F", "allreduce"): 2, ("B", "allreduce"): 2})
+        assert {k: len(v) for k, v in ops.items()} == expected
+        assert all(b == nbytes for v in ops.values() for b in v)
+
+
+def test_run_mfu_is_korthikanti_eq7_over_the_iteration(capsys):
+    # MFU = 72·B·L·s·h²·(1 + s/(6h) + V/(12hL)) / (T · GPUs · peak) (Korthikanti Eq. 7),
+    # with B the global batch, T the simulated iteration time, H100 peak 989 TFLOP/s.
+    out = _run_json(capsys, *ARGS, "--gpus", "4", "--pipeline-model-parallel-size", "2", "--global-batch-size", "8")
+    B, L, s, h, V = 8, 8, 512, 1024, 8192
+    eq7 = 72 * B * L * s * h * h * (1 + s / (6 * h) + V / (12 * h * L))
+    T = out["iteration_time_s"]
+    assert out["mfu"] == pytest.approx(eq7 / (T * 4 * 989e12), rel=1e-9)
+    assert out["tflops_per_gpu"] == pytest.approx(eq7 / T / 4 / 1e12, rel=1e-9)
+    assert out["hfu"] == out["mfu"]  # nothing recomputed
