@@ -7,6 +7,7 @@ showed), never this machine's speed.
 """
 
 import json
+import time
 from dataclasses import replace
 
 import pytest
@@ -166,3 +167,37 @@ def test_reference_model_for_calibration_shapes():
     model = gpt("m", 2, 64, 2, 256, 32, tied_embeddings=False, dropout=False)
     shapes = workload_gemms(model, ParallelPlan(micro_batch_size=2))
     assert (64, 256, 64, 1, "nt") in shapes  # the logits GEMM: tokens x vocab x hidden
+
+
+def test_collective_sweep_reaches_the_largest_message():
+    from sim.calibrate.collectives import sweep_sizes
+
+    base = sweep_sizes(True, False)
+    assert sweep_sizes(True, False, base[-1] // 2) == base  # already covered: nothing added
+    sizes = sweep_sizes(True, False, 17_000_000)  # a 17 MB data-parallel bucket
+    assert sizes[: len(base)] == base and sizes == tuple(sorted(set(sizes)))
+    assert sizes[-1] >= 17_000_000 > sizes[-2]
+    assert all(b == 2 * a for a, b in zip(sizes[len(base) - 1:], sizes[len(base):]))
+
+
+def test_shared_cores_time_samples_across_scheduler_slices():
+    # CPU processes that outnumber the cores take turns on them: a sample must span several
+    # time slices, or the median picks the samples that had a core to themselves.
+    torch = pytest.importorskip("torch")
+    from sim.calibrate.launch import SHARED_SAMPLE_S, Context, measure
+
+    calls = []
+
+    def fn():  # at least 1 ms
+        calls.append(1)
+        time.sleep(1e-3)
+
+    def run(shared):
+        calls.clear()
+        t0 = time.perf_counter()
+        measure(Context(0, 1, 0, torch.device("cpu"), "gloo", 1, shared_cores=shared), fn, warmup=1, repeats=1)
+        return len(calls), time.perf_counter() - t0
+
+    assert run(False)[0] == 3  # warm-up, the sizing call, a one-call sample (2e-4 s is enough)
+    n, wall = run(True)        # the sample repeats the call until it lasts about SHARED_SAMPLE_S
+    assert n > 3 and wall > 0.5 * SHARED_SAMPLE_S

@@ -29,10 +29,15 @@ FULL_SIZES = tuple(2**p for p in range(10, 27))            # 1 KiB .. 64 MiB
 GPU_SIZES = tuple(2**p for p in range(10, 31, 2))          # 1 KiB .. 1 GiB
 
 
-def sweep_sizes(quick: bool, cuda: bool) -> tuple[int, ...]:
-    if cuda:
-        return GPU_SIZES[:8] if quick else GPU_SIZES
-    return QUICK_SIZES if quick else FULL_SIZES
+def sweep_sizes(quick: bool, cuda: bool, up_to: int | None = None) -> tuple[int, ...]:
+    """The sizes to sweep; with ``up_to``, doubled beyond the sweep until one reaches it
+    (``validate`` passes the largest message its reference run sends, so the link fit
+    covers it instead of extrapolating)."""
+    sizes = (GPU_SIZES[:8] if quick else GPU_SIZES) if cuda else (QUICK_SIZES if quick else FULL_SIZES)
+    extra = []
+    while up_to is not None and (extra or sizes)[-1] < up_to:
+        extra.append(2 * (extra or sizes)[-1])
+    return tuple(sizes) + tuple(extra)
 
 
 def _op(torch, dist, ctx: Context, op: str, nbytes: int):

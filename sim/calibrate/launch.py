@@ -14,7 +14,11 @@ memory (``CPU_MALLOC``) as a GPU's caching allocator does.
 ``measure`` times a callable the way a GPU needs it: warm-up calls first, then samples
 of several back-to-back calls (enough for a sample to last ``min_sample_s``), bracketed
 by CUDA events on a GPU and by ``perf_counter`` on CPU; the result is the median time of
-one call. A failing worker becomes a ``CalibrationError`` with the worker's last error
+one call. When CPU processes outnumber the cores (``Context.shared_cores``, e.g. 4 ranks
+on 2 cores) a sample lasts at least ``SHARED_SAMPLE_S``, several scheduler time slices:
+the median of sub-millisecond samples would pick the ones that ran on a core of their
+own and report a whole core's speed, while a training step, long enough to take its
+turns, runs at the share of a core each process gets. A failing worker becomes a ``CalibrationError`` with the worker's last error
 line, never a hang: the parent waits with a timeout.
 """
 
@@ -55,6 +59,9 @@ class Context:
     """A ``torch.device`` (``cuda:i`` or ``cpu``)."""
     backend: str
     threads: int
+    shared_cores: bool = False
+    """More threads on this host than CPU cores (CPU processes only): the processes
+    take turns on the cores, and ``measure`` times samples long enough to see that."""
 
     @property
     def is_cuda(self) -> bool:
@@ -107,7 +114,8 @@ def _setup(rank: int, world: int, local_rank: int, procs_on_host: int, init: boo
     if init and world > 1 and not dist.is_initialized():
         kw = {"device_id": device} if backend == "nccl" else {}
         dist.init_process_group(backend, rank=rank, world_size=world, timeout=timedelta(minutes=5), **kw)
-    return Context(rank, world, local_rank, device, backend, threads)
+    shared = backend == "gloo" and procs_on_host * threads > (os.cpu_count() or 1)
+    return Context(rank, world, local_rank, device, backend, threads, shared)
 
 
 def _worker(rank: int, world: int, port: int, fn, payload, outdir: str) -> None:
@@ -233,6 +241,10 @@ def _run_in_job(fn, payload, rank: int, world: int, local_rank: int) -> list | N
 
 
 # ---------------------------------------------------------------------- timing
+SHARED_SAMPLE_S = 0.05
+"""Shortest sample on CPU processes that share cores (Linux gives a task a few ms at a time)."""
+
+
 def measure(ctx: Context, fn, *, warmup: int = 2, repeats: int = 7, min_sample_s: float = 2e-4,
             inner: int | None = None) -> float:
     """Median seconds of one call of ``fn`` on ``ctx``'s device (see the module doc).
@@ -241,6 +253,8 @@ def measure(ctx: Context, fn, *, warmup: int = 2, repeats: int = 7, min_sample_s
     for _ in range(max(1, warmup)):
         fn()
     ctx.sync()
+    if ctx.shared_cores:
+        min_sample_s = max(min_sample_s, SHARED_SAMPLE_S)
     if inner is None:
         # How many calls make one sample long enough to time well.
         t0 = time.perf_counter()

@@ -60,7 +60,7 @@ def _worker(ctx: Context, payload: dict) -> dict:
         hosts = [None] * ctx.world
         dist.all_gather_object(hosts, socket.gethostname())
         out["hosts"] = sorted(set(hosts))
-        sizes = coll.sweep_sizes(payload["quick"], ctx.is_cuda)
+        sizes = coll.sweep_sizes(payload["quick"], ctx.is_cuda, payload.get("collective_up_to"))
         out["collectives"] = coll.bench_collectives(ctx, sizes, repeats=3 if payload["quick"] else 5)
     return out
 
@@ -82,12 +82,15 @@ def base_profile(base: str | None, device_name: str, cuda: bool) -> HardwareProf
     return None
 
 
-def measure(model=None, plan=None, *, procs: int, quick: bool = False, timeout_s: float = 1800.0) -> dict | None:
+def measure(model=None, plan=None, *, procs: int, quick: bool = False, timeout_s: float = 1800.0,
+            collective_up_to: int | None = None) -> dict | None:
     """Run the benchmarks on ``procs`` processes; the merged measurements (None on the
-    non-zero ranks of a torchrun job)."""
+    non-zero ranks of a torchrun job). ``collective_up_to``: extend the collective sweep
+    to at least this many bytes."""
     if not isinstance(procs, int) or procs < 1:
         raise InputError(f"--procs: got {procs!r}; expected an integer >= 1")
-    per_rank = run_workers(_worker, procs, {"model": model, "plan": plan, "quick": quick}, timeout_s=timeout_s)
+    payload = {"model": model, "plan": plan, "quick": quick, "collective_up_to": collective_up_to}
+    per_rank = run_workers(_worker, procs, payload, timeout_s=timeout_s)
     if per_rank is None:
         return None
     first = per_rank[0]
@@ -188,11 +191,11 @@ def build_profile(meas: dict, *, name: str | None = None, base: str | None = Non
 
 
 def calibrate(model=None, plan=None, *, procs: int, quick: bool = False, name: str | None = None,
-              base: str | None = None, link: str | None = None) -> tuple | None:
+              base: str | None = None, link: str | None = None, collective_up_to: int | None = None) -> tuple | None:
     """Measure and fit: (profile, fits, measurements), or None on a torchrun job's other ranks."""
     if link is not None and link not in LINK_KINDS:
         raise InputError(f"--link: got {link!r}; allowed: {', '.join(LINK_KINDS)}")
-    meas = measure(model, plan, procs=procs, quick=quick)
+    meas = measure(model, plan, procs=procs, quick=quick, collective_up_to=collective_up_to)
     if meas is None:
         return None
     prof, fits = build_profile(meas, name=name, base=base, link=link)

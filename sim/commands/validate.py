@@ -1,6 +1,7 @@
 """``trainsim validate``: a real training run and its simulation, side by side.
 
-Calibrates this machine (a quick sweep plus the reference model's own GEMM shapes;
+Calibrates this machine (a quick sweep, its collectives extended to the largest data-parallel
+message, plus the reference model's own GEMM shapes;
 ``--profile`` skips it), then for each configuration trains a small GPT for real across
 ``--procs`` local processes (data parallel, a GPipe or 1F1B pipeline, data × pipeline)
 and simulates the same model, plan and schedule on the calibrated profile and a
@@ -94,7 +95,11 @@ def run(args) -> int:
         else:
             from sim.calibrate.profile import calibrate
 
-            result = calibrate(model, plans[configs[0]], procs=args.procs, quick=True, link=args.link)
+            # The link fit covers the largest message the reference sends: a data-parallel
+            # bucket can hold every gradient of the model (float32 on a CPU).
+            up_to = model.num_params * 4 if any(p.dp > 1 for p in plans.values()) else None
+            result = calibrate(model, plans[configs[0]], procs=args.procs, quick=True, link=args.link,
+                               collective_up_to=up_to)
             if result is None:
                 return _follow(model, plans, warmup, iters, out)
             profile = result[0]
