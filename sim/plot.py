@@ -166,14 +166,17 @@ def _save(fig, path: str | Path) -> Path:
 def plot_memory(trace: Trace, path: str | Path, ranks, lane_names: dict[int, str] | None = None,
                 capacity_bytes: float | None = None, title: str = "") -> Path:
     """Memory over time per rank (one panel each): stacked bytes per category in GiB,
-    with the GPU's capacity as a dashed line."""
-    from sim.memory_timeline import CATEGORIES, timeline
+    with the GPU's capacity as a dashed line, or, when the highest rank uses less than
+    half of it, in the panel's corner (so a small plan's memory is not a flat line)."""
+    from sim.memory_timeline import CATEGORIES, peak, timeline
 
     ranks = list(ranks)
     fig, axes = plt.subplots(len(ranks), 1, figsize=(12, 1.9 * len(ranks) + 1.0), dpi=110, sharex=True,
                              squeeze=False)
     colours = dict(zip(CATEGORIES, ("#4C72B0", "#55A868", "#C44E52", "#DD8452", "#8172B3", "#937860", "#BBBBBB")))
     end_ms = trace.end_s * 1e3
+    top = max((peak(trace, r).total_bytes for r in ranks), default=0.0)
+    show_cap = bool(capacity_bytes) and top >= 0.5 * capacity_bytes
     for ax, r in zip(axes[:, 0], ranks):
         times, series = timeline(trace, r)
         if not times:
@@ -182,13 +185,18 @@ def plot_memory(trace: Trace, path: str | Path, ranks, lane_names: dict[int, str
         cats = sorted(series, key=lambda c: c != "reserve")  # the reserve at the bottom
         ys = [[v / 2**30 for v in series[c]] + [series[c][-1] / 2**30] for c in cats]
         ax.stackplot(xs, ys, labels=cats, colors=[colours.get(c, "#999999") for c in cats], step="post")
-        if capacity_bytes:
+        if show_cap:
             ax.axhline(capacity_bytes / 2**30, color="black", linestyle="--", linewidth=1)
             ax.text(end_ms * 0.995, capacity_bytes / 2**30, "GPU capacity", va="bottom", ha="right", fontsize=7)
+        elif capacity_bytes:
+            ax.text(0.995, 0.97, f"GPU capacity {capacity_bytes / 2**30:.0f} GiB (off the chart)",
+                    transform=ax.transAxes, va="top", ha="right", fontsize=7)
         ax.set_ylabel((lane_names or {}).get(r, f"rank {r}") + "\nGiB", fontsize=8)
         ax.grid(axis="y", linestyle=":", alpha=0.5)
-        if capacity_bytes:
+        if show_cap:
             ax.set_ylim(0, max(ax.get_ylim()[1], capacity_bytes / 2**30 * 1.08))
+        else:
+            ax.set_ylim(0, top / 2**30 * 1.15 or 1.0)
     axes[0, 0].legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False)
     axes[-1, 0].set_xlabel("time (ms)")
     axes[-1, 0].set_xlim(0, end_ms * 1.01)
