@@ -12,11 +12,13 @@ Kinds of action:
   knows no hardware figures). ``flops`` and ``nbytes`` are carried for metrics.
 - ``send`` / ``recv``: a point-to-point transfer of ``nbytes`` to / from ``peer``. They
   rendezvous as NCCL does: the transfer starts once both sides have reached their
-  action, and both actions end when it arrives. The n-th untagged send from a to b
-  matches the n-th untagged recv on b from a; a ``tag`` matches explicitly.
+  action, and both actions end when it arrives. The n-th send from a to b with a given
+  ``tag`` (or none) matches the n-th recv on b from a with the same tag.
 - ``comm``: communication priced outside the network model: it busies its stream for
   ``duration_s`` like compute, but counts as communication. Used when collectives that
-  provably have their links to themselves are coalesced (``sim.training``).
+  provably have their links to themselves are coalesced (``sim.training``). With a
+  ``group`` of two or more simulated ranks, it is a meeting: each member's action of the
+  same name starts when the last member is ready to start its own.
 - ``copy``: ``nbytes`` between the GPU and its host CPU (``op`` "d2h" or "h2d") over
   their PCIe link (optimizer offload).
 - ``collective``: ``op`` over ``group`` with ``nbytes`` (see ``sim.collectives``).

@@ -25,9 +25,11 @@ from contextlib import contextmanager
 from functools import partial
 
 import simpy
-from simpy.events import Timeout
+from simpy.events import NORMAL, Timeout
+from heapq import heappush
 
 _tuple_new = tuple.__new__  # a Span without the named tuple's Python-level __new__
+_new_object = object.__new__  # a Timeout without its Python-level __init__ (set up in _build_core)
 
 from sim import collectives, invariants
 from sim.actions import Action, Program
@@ -130,17 +132,16 @@ class _Engine:
         self.topology = topology
         self.fluid = fluid
         self.check = check
-        self.env = _CheckingEnvironment() if check else _CountingEnvironment()
+        self.env = _CheckingEnvironment(0.0) if check else _CountingEnvironment(0.0)  # float time from the start
         self.net = Network(self.env, topology, link_efficiency, check=check)
         self.spans: list[Span] = []
         self.memory: list[tuple[float, int, str, float]] = []
-        self._p2p: dict[tuple, _Rendezvous] = {}
         self._coll: dict[tuple, _Rendezvous] = {}
-        self._keys: dict[tuple[int, str], tuple] = {}
         self._step_plans: dict[tuple, tuple] = {}
         self._link_ids = 0
         self._index()
         self._assign_match_keys()
+        self._build_core()
 
     def _index(self) -> None:
         acts: list[Action] = []
@@ -183,46 +184,77 @@ class _Engine:
         self._pos = [0] * len(streams)
         self._busy = [False] * len(streams)
         self._start = [0.0] * len(acts)
-        self._finished = bytearray(len(acts))
+        self._end = [-1.0] * len(acts)  # -1 until the action finishes
+        self._busy_start: list[float | None] = [None] * len(acts)  # when data started to move, if not at start
+        self._link_of: list[int | None] = [None] * len(acts)
         self._ready: deque[int] = deque()
-        self._draining = False
 
     def _assign_match_keys(self) -> None:
-        """Static matching: the n-th untagged send a->b meets the n-th recv on b from a."""
+        """Static matching: the n-th send a->b with a given tag (or none) meets the n-th
+        recv on b from a with that tag (``_partner``: index of the matching action, or
+        -1); a collective's members meet under one key (``_key_of``)."""
         p2p_seq: dict[tuple, int] = {}
         coll_seq: dict[tuple, int] = {}
+        ids = self._ids
+        n = len(self._acts)
+        key_of: list = [None] * n
+        waiting: dict[tuple, int] = {}
+        partner = [-1] * n
         for r, acts in self.program.actions.items():
             for a in acts:
                 if a.kind in ("send", "recv"):
                     pair = (r, a.peer) if a.kind == "send" else (a.peer, r)
-                    if a.tag:
-                        key = (*pair, "tag", a.tag)
+                    k = p2p_seq.get((pair, a.kind, a.tag), 0)
+                    p2p_seq[(pair, a.kind, a.tag)] = k + 1
+                    key = (*pair, a.tag, k)
+                    i = ids[(r, a.name)]
+                    j = waiting.pop(key, None)
+                    if j is None:
+                        waiting[key] = i
                     else:
-                        n = p2p_seq.get((pair, a.kind), 0)
-                        p2p_seq[(pair, a.kind)] = n + 1
-                        key = (*pair, "seq", n)
-                    self._keys[(r, a.name)] = key
+                        partner[i], partner[j] = j, i
                 elif a.kind == "collective":
                     group = tuple(sorted(a.group))
                     if a.tag:
                         key = (group, "tag", a.tag)
                     else:
-                        n = coll_seq.get((group, r), 0)
-                        coll_seq[(group, r)] = n + 1
-                        key = (group, "seq", n)
-                    self._keys[(r, a.name)] = key
+                        k = coll_seq.get((group, r), 0)
+                        coll_seq[(group, r)] = k + 1
+                        key = (group, "seq", k)
+                    key_of[ids[(r, a.name)]] = key
+        self._key_of, self._partner = key_of, partner
+        self._arrived = bytearray(n)  # a send or recv that waits for its partner
+        self._pair_link: list[int] = [0] * n
+        shadows = self.program.shadows
+        self._needed = {g: sum(1 for x in g if x not in shadows)
+                        for g in {a.group for a in self._acts if a.kind in ("collective", "comm")}}
+        # A comm action with a group starts when every simulated member is ready to start
+        # its own (the one of the same name): members share one barrier, [members still
+        # to arrive, indices of those arrived].
+        barrier_of: list = [None] * n
+        barriers: dict[tuple, list] = {}
+        for i, a in enumerate(self._acts):
+            if a.kind == "comm" and len(a.group) > 1 and self._needed[a.group] > 1:
+                key = (tuple(sorted(a.group)), a.name)
+                b = barriers.get(key)
+                if b is None:
+                    b = barriers[key] = [self._needed[a.group], []]
+                barrier_of[i] = b
+        self._barrier_of = barrier_of
 
     # ------------------------------------------------------------------ run
     def run(self) -> Trace:
         env = self.env
         t0 = time.perf_counter()
+        self._prepare()
+        t1 = time.perf_counter()
         for sid in range(len(self._streams)):
             self._kick(sid)
         env.run()
-        engine_s = time.perf_counter() - t0
         unfinished = [sid for sid, mine in enumerate(self._members) if self._pos[sid] < len(mine)]
         if unfinished:
             raise DeadlockError(self._explain(unfinished), env.now)
+        self.spans = self._spans()
         self.spans.sort(key=lambda s: (s.rank, s.stream, s.start_s, s.end_s, s.name))
         link_bytes = {self.net.link_names[i]: b for i, b in enumerate(self.net.link_bytes) if b > 0}
         kinds = {self.net.link_names[i]: self.net.link_kinds[i] for i, b in enumerate(self.net.link_bytes) if b > 0}
@@ -230,120 +262,172 @@ class _Engine:
         trace = Trace(self.spans, list(self.net.records), link_bytes, kinds, ranks, self.topology.name, self.memory)
         trace.stats = {"events": env.events_processed, "actions": len(self.program),
                        "transfers": len(self.net.records), "simulated_gpus": len(self.program.actions),
-                       "engine_wall_s": engine_s}
+                       "engine_setup_s": t1 - t0, "engine_wall_s": time.perf_counter() - t1}
         if self.check:
             if self.net.active:
                 invariants.violation(f"{self.net.active} network flows never finished")
             invariants.check(self.program, trace, self.net)
         return trace
 
-    def _kick(self, sid: int) -> None:
-        """Start stream ``sid``'s head action if it can start now (and whatever that
-        makes ready, in order)."""
-        self._ready.append(sid)
-        if not self._draining:
-            self._drain()
+    def _prepare(self) -> None:
+        """Set-up before the clock starts: the route of every point-to-point pair and the
+        steps of every distinct collective (routing is the costly part)."""
+        pairs = set()
+        for i, a in enumerate(self._acts):
+            if a.kind == "send":
+                pairs.add((self._rank_of[i], a.peer))
+            elif a.kind == "collective":
+                self._plan_steps(a)
+        for src, dst in sorted(pairs):
+            self.net.prepare_route(src, dst)
 
-    def _drain(self) -> None:
+    def _spans(self) -> list[Span]:
+        """The trace's spans, from what the run recorded per action."""
+        start, end, busy_start, link_of = self._start, self._end, self._busy_start, self._link_of
+        names = [name for _, name in self._streams]
+        stream_of, rank_of = self._stream_of, self._rank_of
+        return [_tuple_new(Span, (rank_of[i], names[stream_of[i]], a.name, a.kind, a.category or (a.op or a.kind),
+                                  start[i], end[i], a.nbytes, a.flops, a.peer, a.op, link_of[i],
+                                  start[i] if busy_start[i] is None else busy_start[i], a.layer))
+                for i, a in enumerate(self._acts)]
+
+    def _build_core(self) -> None:
+        """The hot path, as closures over local lists (cheaper than attribute lookups):
+        ``_finish(i, busy_start, link_id)`` ends action ``i`` now and starts what that
+        makes ready; ``_kick(sid)`` starts stream ``sid`` if it can start. A compute
+        action's timeout goes straight onto SimPy's queue, carrying the action's index."""
+        env = self.env
+        queue, eid = env._queue, env._eid
+        acts, rank_of, stream_of = self._acts, self._rank_of, self._stream_of
+        members, pending, dependents = self._members, self._pending, self._dependents
+        pos, busy, start, end = self._pos, self._busy, self._start, self._end
+        busy_start, link_of = self._busy_start, self._link_of
+        barrier_of = self._barrier_of
+        memory = self.memory
         ready = self._ready
-        self._draining = True
-        pos, busy, members, pending, begin = self._pos, self._busy, self._members, self._pending, self._begin
-        try:
-            while ready:
-                sid = ready.popleft()
-                if busy[sid]:
-                    continue
-                mine = members[sid]
-                k = pos[sid]
-                if k < len(mine) and pending[mine[k]] == 0:
-                    busy[sid] = True
-                    begin(mine[k])
-        finally:
-            self._draining = False
+        popleft = ready.popleft
+        join_collective, join_p2p, copy = self._join_collective, self._join_p2p, self._copy
+        draining = False
 
-    def _begin(self, i: int) -> None:
-        a = self._acts[i]
-        now = self.env._now
-        self._start[i] = now
-        if a.mem:
-            self._apply_mem(self._rank_of[i], a, "start")
-        kind = a.kind
-        if kind == "compute" or kind == "comm":
-            if a.duration_s > 0:
-                Timeout(self.env, a.duration_s).callbacks.append(partial(self._timed_out, i))
+        def compute_done(ev):
+            finish(ev._value, None, None)
+
+        def begin(i):
+            a = acts[i]
+            now = env._now
+            start[i] = now
+            if a.mem:
+                for w, category, nbytes in a.mem:
+                    if w == "start":
+                        memory.append((now, rank_of[i], category, float(nbytes)))
+            kind = a.kind
+            if kind == "compute" or kind == "comm":
+                d = a.duration_s
+                if d > 0:
+                    ev = _new_object(Timeout)
+                    ev.env = env
+                    ev.callbacks = [compute_done]
+                    ev._value = i
+                    ev._ok = True
+                    heappush(queue, (now + d, NORMAL, next(eid), ev))
+                else:
+                    finish(i, None, None)
+            elif kind == "collective":
+                join_collective(rank_of[i], a, i)
+            elif kind == "copy":
+                copy(i, a, now)
             else:
-                self._finish(i, now, None)
-        elif kind == "collective":
-            self._join_collective(self._rank_of[i], a, i)
-        elif kind == "copy":
-            self.net.transfer_host(self._rank_of[i], a.nbytes, a.op == "d2h",
-                                   f"{a.category or 'copy'} {a.name}").callbacks.append(partial(self._copied, i, now))
-        else:
-            self._join_p2p(self._rank_of[i], a, i)
+                join_p2p(rank_of[i], a, i)
 
-    def _timed_out(self, i: int, _event) -> None:
-        self._finish(i, self._start[i], None)
+        def drain():
+            nonlocal draining
+            draining = True
+            try:
+                while ready:
+                    sid = popleft()
+                    if busy[sid]:
+                        continue
+                    mine = members[sid]
+                    k = pos[sid]
+                    if k < len(mine):
+                        i = mine[k]
+                        if not pending[i]:
+                            busy[sid] = True
+                            b = barrier_of[i]
+                            if b is None:
+                                begin(i)
+                            else:  # ready; the group starts when its last member is
+                                b[0] -= 1
+                                b[1].append(i)
+                                if not b[0]:
+                                    for j in b[1]:
+                                        begin(j)
+            finally:
+                draining = False
+
+        def finish(i, bstart, lid):
+            a = acts[i]
+            now = end[i] = env._now
+            if a.mem:
+                for w, category, nbytes in a.mem:
+                    if w == "end":
+                        memory.append((now, rank_of[i], category, float(nbytes)))
+            if bstart is not None:
+                busy_start[i] = bstart
+                link_of[i] = lid
+            sid = stream_of[i]
+            busy[sid] = False
+            pos[sid] += 1
+            ready.append(sid)
+            deps = dependents[i]
+            if deps:
+                for j in deps:
+                    pending[j] -= 1
+                    if not pending[j]:
+                        ready.append(stream_of[j])
+            if not draining:
+                drain()
+
+        def kick(sid):
+            ready.append(sid)
+            if not draining:
+                drain()
+
+        self._finish, self._kick = finish, kick
+
+    def _copy(self, i: int, a: Action, now: float) -> None:
+        self.net.transfer_host(self._rank_of[i], a.nbytes, a.op == "d2h",
+                               f"{a.category or 'copy'} {a.name}").callbacks.append(partial(self._copied, i, now))
 
     def _copied(self, i: int, began: float, _event) -> None:
         self._finish(i, began, None)
 
-    def _finish(self, i: int, busy_start: float, link_id) -> None:
-        a = self._acts[i]
-        rank = self._rank_of[i]
-        if a.mem:
-            self._apply_mem(rank, a, "end")
-        sid = self._stream_of[i]
-        self.spans.append(_tuple_new(Span, (rank, self._streams[sid][1], a.name, a.kind, a.category or (a.op or a.kind),
-                                            self._start[i], self.env._now, a.nbytes, a.flops, a.peer, a.op, link_id,
-                                            busy_start, a.layer)))
-        self._finished[i] = 1
-        self._busy[sid] = False
-        self._pos[sid] += 1
-        ready = self._ready
-        ready.append(sid)
-        deps = self._dependents[i]
-        if deps:
-            pending, stream_of = self._pending, self._stream_of
-            for j in deps:
-                pending[j] -= 1
-                if pending[j] == 0:
-                    ready.append(stream_of[j])
-        if not self._draining:
-            self._drain()
-
-    def _apply_mem(self, rank: int, a: Action, when: str) -> None:
-        now = self.env._now
-        for w, category, nbytes in a.mem:
-            if w == when:
-                self.memory.append((now, rank, category, float(nbytes)))
-
     # ------------------------------------------------------------------ p2p
     def _join_p2p(self, rank: int, a: Action, i: int) -> None:
-        key = self._keys[(rank, a.name)]
-        rv = self._p2p.get(key)
-        if rv is None:
-            rv = self._p2p[key] = _Rendezvous()
+        j = self._partner[i]
+        if j < 0 or not self._arrived[j]:  # first of the pair (or never matched: a deadlock)
+            self._arrived[i] = 1
             self._link_ids += 1
-            rv.meta = self._link_ids
-        rv.posted[a.kind] = (rank, a, i)
-        if len(rv.posted) == 2:
-            rv.began = self.env._now
-            (src, send, si), (dst, recv, ri) = rv.posted["send"], rv.posted["recv"]
-            if recv.nbytes and recv.nbytes != send.nbytes:
-                raise InputError(
-                    f"program: recv {recv.name!r} on rank {dst} expects {recv.nbytes} bytes but the matching send {send.name!r} on rank {src} sends {send.nbytes}"
-                )
-            ev = self.net.transfer(src, dst, send.nbytes, f"{send.category or 'p2p'} {send.name}")
-            ev.callbacks.append(partial(self._delivered, si, ri, rv))
-            del self._p2p[key]
+            self._pair_link[i] = self._link_ids
+            return
+        lid = self._pair_link[j]
+        si, ri = (i, j) if a.kind == "send" else (j, i)
+        send, recv = self._acts[si], self._acts[ri]
+        if recv.nbytes and recv.nbytes != send.nbytes:
+            raise InputError(
+                f"program: recv {recv.name!r} on rank {self._rank_of[ri]} expects {recv.nbytes} bytes but the matching send {send.name!r} on rank {self._rank_of[si]} sends {send.nbytes}"
+            )
+        ev = self.net.transfer(self._rank_of[si], self._rank_of[ri], send.nbytes,
+                               f"{send.category or 'p2p'} {send.name}")
+        ev.callbacks.append(partial(self._delivered, si, ri, self.env._now, lid))
 
-    def _delivered(self, si: int, ri: int, rv: _Rendezvous, _event) -> None:
-        self._finish(si, rv.began, rv.meta)
-        self._finish(ri, rv.began, rv.meta)
+    def _delivered(self, si: int, ri: int, began: float, lid: int, _event) -> None:
+        self._finish(si, began, lid)
+        self._finish(ri, began, lid)
 
     # ------------------------------------------------------------------ collectives
     def _join_collective(self, rank: int, a: Action, i: int) -> None:
-        key = self._keys[(rank, a.name)]
+        key = self._key_of[i]
         rv = self._coll.get(key)
         if rv is None:
             rv = self._coll[key] = _Rendezvous()
@@ -355,7 +439,7 @@ class _Engine:
                 f"{first.name!r} on the other members ({first.op}, {first.nbytes} B, {first.algo})"
             )
         rv.posted[rank] = i
-        if len(rv.posted) == sum(1 for g in a.group if g not in self.program.shadows):
+        if len(rv.posted) == self._needed[a.group]:
             del self._coll[key]
             rv.began = self.env._now
             self._run_steps(self._plan_steps(a), rv, f"{a.category or a.op} {a.op} {a.name}")
@@ -439,13 +523,16 @@ class _Engine:
             a = self._acts[i]
             if self._pending[i] > 0:
                 pending = [f"{r}:{n}" for r, n in (resolve(rank, d) for d in a.deps)
-                           if not self._finished[self._ids[(r, n)]]]
+                           if self._end[self._ids[(r, n)]] < 0]
                 why = f"waits for {', '.join(pending)}"
             elif a.kind == "collective":
-                key = self._keys[(rank, a.name)]
-                rv = self._coll.get(key)
+                rv = self._coll.get(self._key_of[i])
                 missing = [g for g in a.group if (rv is None or g not in rv.posted) and g not in self.program.shadows]
                 why = f"{a.op} over ranks {list(a.group)} waits for ranks {missing} to join"
+            elif self._barrier_of[i] is not None:
+                here = {self._rank_of[j] for j in self._barrier_of[i][1]}
+                missing = [g for g in a.group if g not in here and g not in self.program.shadows]
+                why = f"{a.op or 'comm'} over ranks {list(a.group)} waits for ranks {missing} to reach it"
             elif a.kind == "send":
                 why = f"waits for rank {a.peer} to post the matching recv"
             elif a.kind == "recv":

@@ -33,9 +33,9 @@ DEFAULT_MAX_EVENTS = 100_000_000
 """Largest simulation attempted without ``--max-events``: about 20-30 minutes of
 engine time and several GB of memory."""
 
-_EVENTS_PER_HOP = 3  # a transfer's latency timeout, its re-allocation, its finish
-_EVENTS_PER_COMPUTE = 2  # the timeout and the completion event
-_EVENTS_PER_P2P = 6  # both sides' rendezvous, plus one transfer
+_EVENTS_PER_HOP = 3  # a transfer's latency, its finish and its completion (plus re-allocations if shared)
+_EVENTS_PER_COMPUTE = 1  # its timeout
+_EVENTS_PER_P2P = 3  # one transfer: the two sides meet without an event
 
 
 def _ring_hops(n: int, op: str) -> int:

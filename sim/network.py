@@ -24,6 +24,7 @@ import math
 from dataclasses import dataclass
 
 import simpy
+from simpy.events import Timeout
 
 from sim.topology import Topology
 
@@ -82,6 +83,7 @@ class Network:
         self._flows_on: list[set[_Flow]] = [set() for _ in self.capacity]
         self.link_bytes: list[float] = [0.0] * len(self.capacity)
         self._route: dict[tuple[int, int], tuple[tuple[int, ...], float, str]] = {}
+        self._bottleneck: dict[tuple[int, ...], float] = {}  # a route's smallest capacity
         self._dirty: set[int] = set()
         self._pending = False
         self.records: list[TransferRecord] = []
@@ -118,6 +120,10 @@ class Network:
         t.callbacks.append(lambda _e, f=flow: self._join(f))
         return done
 
+    def prepare_route(self, src: int, dst: int) -> None:
+        """Look up the route from ``src`` to ``dst`` now (set-up), not at its first transfer."""
+        self._route_of(src, dst)
+
     # ------------------------------------------------------------------ internals
     def _route_of(self, src: int, dst: int) -> tuple[tuple[int, ...], float, str]:
         key = (src, dst)
@@ -132,14 +138,32 @@ class Network:
         return r
 
     def _join(self, flow: _Flow) -> None:
-        flow.last_t = self.env.now
-        if flow.remaining <= 0 or all(math.isinf(self.capacity[l]) for l in flow.links):
+        now = flow.last_t = self.env._now
+        links = flow.links
+        if flow.remaining <= 0 or all(math.isinf(self.capacity[l]) for l in links):
             self._finish(flow)
             return
-        for l in flow.links:
-            self._flows_on[l].add(flow)
-            self._dirty.add(l)
-        self._request_reallocation()
+        flows_on = self._flows_on
+        if any(flows_on[l] for l in links):
+            for l in links:
+                flows_on[l].add(flow)
+                self._dirty.add(l)
+            self._request_reallocation()
+            return
+        # Alone on every link of its route: max-min gives it the route's bottleneck, and
+        # nobody else's rate changes. (A flow that joins one of these links later at this
+        # same instant triggers the shared re-allocation, which re-times this one.)
+        bottleneck = self._bottleneck.get(links)
+        if bottleneck is None:
+            bottleneck = self._bottleneck[links] = min(self.capacity[l] for l in links)
+        for l in links:
+            flows_on[l].add(flow)
+        flow.rate = bottleneck
+        flow.version += 1
+        t = Timeout(self.env, flow.remaining / bottleneck)
+        t.callbacks.append(lambda _e, fl=flow, v=flow.version: self._on_timer(fl, v))
+        if self.check:
+            self._check_capacity(links)
 
     def _request_reallocation(self) -> None:
         if not self._pending:
@@ -148,12 +172,13 @@ class Network:
             ev.callbacks.append(self._reallocate)
 
     def _finish(self, flow: _Flow) -> None:
-        now = self.env.now
+        now = self.env._now
         for l in flow.links:
             fl = self._flows_on[l]
             if flow in fl:
                 fl.discard(flow)
-                self._dirty.add(l)
+                if fl:  # the flows left on this link may now go faster
+                    self._dirty.add(l)
         flow.remaining = 0.0
         self.active -= 1
         self.records.append(TransferRecord(flow.src, flow.dst, flow.nbytes, flow.start, now, flow.label, flow.medium))
@@ -196,7 +221,11 @@ class Network:
             if f.rate > 0:
                 f.remaining -= f.rate * (now - f.last_t)
             f.last_t = now
-        new_rate = _max_min_rates(flows, links, self.capacity, self._flows_on)
+        if len(flows) == 1:  # alone: its route's bottleneck (what progressive filling gives)
+            (f,) = flows
+            new_rate = {f: min(self.capacity[l] for l in f.links)}
+        else:
+            new_rate = _max_min_rates(flows, links, self.capacity, self._flows_on)
         for f in sorted(flows, key=_flow_key):
             r = new_rate[f]
             if r == f.rate:

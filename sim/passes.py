@@ -79,8 +79,8 @@ def add_tp_collectives(prog: Program, segments: Callable[[int, Action], list[Seg
     of compute segments and collectives over the rank's tp group, all on the action's
     stream: as in Megatron-LM, tensor-parallel NCCL kernels run on the compute stream and
     block it. The first piece takes the action's deps; the last takes its name. A
-    ``comm`` piece (a collective priced outside the network) carries its ``group`` for
-    ``add_tp_rendezvous``."""
+    ``comm`` piece (a collective priced outside the network) carries its ``group``: the
+    engine starts it when every simulated member of the group can start its own."""
     out: dict[int, list[Action]] = {}
     shared: dict[tuple, list[Action]] = {}  # tensor-parallel peers build the same pieces
     for r, acts in prog.actions.items():
@@ -162,37 +162,6 @@ def add_p2p(prog: Program, nbytes: Callable[[Action], float]) -> Program:
         for a in lst:
             new.append(a)
             new.extend(sends[r].get(a.name, ()))
-        out[r] = new
-    return prog.with_actions(out)
-
-
-def add_tp_rendezvous(prog: Program) -> Program:
-    """Make each ``comm`` action with a ``group`` start only when every simulated member
-    of the group could start its own: a real collective begins when its last member
-    arrives, and members may arrive at different times (their inputs came over
-    differently loaded links). Each gets, per peer, the peer's dependencies for its
-    action of the same name and the action before it on the same stream. Run after
-    ``add_p2p``: these are waits, not transfers."""
-    ready: dict[tuple[int, str], tuple] = {}  # what each member's comm action waits for
-    for r, acts in prog.actions.items():
-        last: dict[str, str] = {}
-        for a in acts:
-            if a.kind == "comm" and len(a.group) > 1:
-                refs = [(r, d) if d.__class__ is str else d for d in a.deps]
-                before = last.get(a.stream)
-                if before is not None:
-                    refs.append((r, before))
-                ready[(r, a.name)] = tuple(refs)
-            last[a.stream] = a.name
-    out: dict[int, list[Action]] = {}
-    for r, acts in prog.actions.items():
-        new = list(acts)
-        for i, a in enumerate(new):
-            if a.kind != "comm" or len(a.group) < 2:
-                continue
-            extra = [ref for g in a.group if g != r for ref in ready.get((g, a.name), ())]
-            if extra:
-                new[i] = a.evolve(deps=tuple(dict.fromkeys((*a.deps, *extra))))
         out[r] = new
     return prog.with_actions(out)
 

@@ -171,7 +171,6 @@ def build_program(model: ModelSpec, plan: ParallelPlan, profile: HardwareProfile
     prog = passes.add_tp_collectives(prog, segments, plan.tp_group)
     act_bytes = p2p_bytes(model, plan.micro_batch_size, plan.tp, plan.sequence_parallel)
     prog = passes.add_p2p(prog, lambda consumer: act_bytes)
-    prog = passes.add_tp_rendezvous(prog)
 
     layer_grad = 2.0 * layer_params_per_rank(model, plan.tp)
     emb_grad = 2.0 * model.embedding_params / plan.tp

@@ -136,3 +136,44 @@ def test_spans_carry_rank_stream_name_times_bytes_and_flops(make_star):
     assert got == {(0, "compute", "F0", 0.0, 2.0, 0, 5e12),
                    (0, "comm", "s0", 2.0, 5.0, 30, 0.0),      # 30 B at 10 B/s over two links
                    (1, "comm", "r0", 0.0, 5.0, 30, 0.0)}
+
+
+def test_a_grouped_comm_starts_when_its_last_member_is_ready(make_star):
+    # A comm with a group (a collective priced outside the network) is a meeting: rank 0
+    # is ready at 1 s, rank 1 at 3 s (its compute) and rank 2 at 2 s (a dependency on
+    # rank 0's second compute); all three run the 0.5 s comm from 3 s to 3.5 s.
+    t = make_star([1.0] * 3)
+    g = (0, 1, 2)
+    prog = Program({
+        0: [Action("a", duration_s=1.0), Action("c", kind="comm", group=g, duration_s=0.5),
+            Action("x", duration_s=1.0, stream="side", deps=("a",))],
+        1: [Action("a", duration_s=3.0), Action("c", kind="comm", group=g, duration_s=0.5)],
+        2: [Action("c", kind="comm", group=g, duration_s=0.5, deps=((0, "x"),))],
+    })
+    tr = simulate(prog, t)
+    assert [(s.rank, s.start_s, s.end_s) for s in tr.spans if s.name == "c"] == [(0, 3.0, 3.5), (1, 3.0, 3.5),
+                                                                                  (2, 3.0, 3.5)]
+
+
+def test_a_grouped_comm_waits_only_for_simulated_members(make_star):
+    # Rank 2 is a shadow (not simulated): the comm starts when ranks 0 and 1 are ready.
+    t = make_star([1.0] * 3)
+    g = (0, 1, 2)
+    prog = Program({0: [Action("a", duration_s=1.0), Action("c", kind="comm", group=g, duration_s=0.5)],
+                    1: [Action("a", duration_s=2.0), Action("c", kind="comm", group=g, duration_s=0.5)]},
+                   shadows=(2,))
+    tr = simulate(prog, t)
+    assert {(s.start_s, s.end_s) for s in tr.spans if s.name == "c"} == {(2.0, 2.5)}
+
+
+def test_a_grouped_comm_a_member_never_reaches_is_a_deadlock(make_star):
+    t = make_star([1.0] * 2)
+    prog = Program({0: [Action("c", kind="comm", group=(0, 1), duration_s=0.5)],
+                    1: [Action("d", duration_s=1.0)]})
+    with pytest.raises(DeadlockError, match=r"rank 0.*'c'.*waits for ranks \[1\] to reach it"):
+        simulate(prog, t)
+
+
+def test_simulated_time_is_a_float_from_the_start(make_star):
+    tr = simulate(Program({0: [Action("a", duration_s=1.0)]}), make_star([1.0]))
+    assert type(tr.spans[0].start_s) is float

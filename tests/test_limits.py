@@ -41,8 +41,8 @@ def test_a_billion_micro_batches_is_refused_at_once():
     assert time.perf_counter() - t0 < 5  # nothing was built
     msg = str(e.value)
     assert "\n" not in msg and "1,000,000,000 micro-batches" in msg and "--max-events" in msg
-    # 8 GPUs x 2e9 steps x (33 layers x 2 events + nothing else) is about 1.1e12
-    assert "1.1e+12 events" in msg
+    # 8 GPUs x 2e9 steps x (33 layers x 1 event + nothing else) is about 5.3e11
+    assert "5.3e+11 events" in msg
 
 
 def test_the_limit_can_be_raised_or_lowered():
@@ -77,7 +77,7 @@ def test_the_command_line_refuses_an_absurd_plan_with_the_estimate(capsys, tmp_p
     rc, out, err = _cli(capsys, "run", "--model", "llama2-7b", "--gpu", "h100-sxm", "--nodes", "1",
                         "--global-batch-size", str(8 * 10**9), "--out", str(tmp_path / "o"))
     assert rc == 2 and out == "" and len(err) == 1
-    assert err[0].startswith("trainsim: error: plan: this simulation would process about 1.1e+12 events")
+    assert err[0].startswith("trainsim: error: plan: this simulation would process about 5.3e+11 events")
     assert not (tmp_path / "o").exists()
 
 

@@ -422,7 +422,7 @@ def test_coalesced_tp_collectives_keep_the_iteration_time(case):
     # bandwidths the closed form used the wrong bandwidth (now: no coalescing); where GPUs
     # share a NIC some node traffic was routed over PCIe; and when tp peers reach a
     # collective at different times the coalesced program let the early ones go on
-    # without waiting (now: sim.passes.add_tp_rendezvous).
+    # without waiting (now: the engine starts a grouped comm when its last member is ready).
     topo = case.topo.build()
     # Not coalesced where a NIC shared by two GPUs is wider than NVLink (node traffic
     # would take it); the generator makes that rare.
