@@ -21,18 +21,19 @@ from __future__ import annotations
 
 import heapq
 import math
-from dataclasses import dataclass
+from typing import NamedTuple
 
 import simpy
-from simpy.events import Timeout
+from simpy.events import Event, Timeout
+
+_tuple_new = tuple.__new__  # a TransferRecord without the named tuple's Python-level __new__
 
 from sim.topology import Topology
 
 _EPS = 1e-12
 
 
-@dataclass(frozen=True, slots=True)
-class TransferRecord:
+class TransferRecord(NamedTuple):
     """One completed point-to-point transfer."""
 
     src: int
@@ -93,16 +94,17 @@ class Network:
     def transfer(self, src: int, dst: int, nbytes: int, label: str = "", latency_steps: int = 1) -> simpy.Event:
         """Start moving ``nbytes`` from GPU ``src`` to GPU ``dst``; the event fires when done.
         The route's latency is paid ``latency_steps`` times."""
-        done = self.env.event()
+        env = self.env
+        done = Event(env)
         links, latency, medium = self._route_of(src, dst)
-        latency *= latency_steps
-        flow = _Flow(links, nbytes, done, src, dst, self.env.now, label, medium)
+        flow = _Flow(links, nbytes, done, src, dst, env._now, label, medium)
         self.active += 1
+        link_bytes = self.link_bytes
         for l in links:
-            self.link_bytes[l] += nbytes
+            link_bytes[l] += nbytes
         if latency > 0:
-            t = self.env.timeout(latency)
-            t.callbacks.append(lambda _e, f=flow: self._join(f))
+            t = Timeout(env, latency * latency_steps, flow)
+            t.callbacks.append(self._arrived)
         else:
             self._join(flow)
         return done
@@ -116,8 +118,8 @@ class Network:
         self.active += 1
         for l in links:
             self.link_bytes[l] += nbytes
-        t = self.env.timeout(latency)
-        t.callbacks.append(lambda _e, f=flow: self._join(f))
+        t = Timeout(self.env, latency, flow)
+        t.callbacks.append(self._arrived)
         return done
 
     def prepare_route(self, src: int, dst: int) -> None:
@@ -137,31 +139,35 @@ class Network:
             self._route[key] = r
         return r
 
+    def _arrived(self, event) -> None:
+        """The flow's latency is over: its bytes start to move."""
+        self._join(event._value)
+
     def _join(self, flow: _Flow) -> None:
-        now = flow.last_t = self.env._now
+        flow.last_t = self.env._now
         links = flow.links
-        if flow.remaining <= 0 or all(math.isinf(self.capacity[l]) for l in links):
+        bottleneck = self._bottleneck.get(links)
+        if bottleneck is None:
+            bottleneck = self._bottleneck[links] = min((self.capacity[l] for l in links), default=math.inf)
+        if flow.remaining <= 0 or bottleneck == math.inf:
             self._finish(flow)
             return
         flows_on = self._flows_on
-        if any(flows_on[l] for l in links):
-            for l in links:
-                flows_on[l].add(flow)
-                self._dirty.add(l)
-            self._request_reallocation()
-            return
+        for l in links:
+            if flows_on[l]:
+                for m in links:
+                    flows_on[m].add(flow)
+                    self._dirty.add(m)
+                self._request_reallocation()
+                return
         # Alone on every link of its route: max-min gives it the route's bottleneck, and
         # nobody else's rate changes. (A flow that joins one of these links later at this
         # same instant triggers the shared re-allocation, which re-times this one.)
-        bottleneck = self._bottleneck.get(links)
-        if bottleneck is None:
-            bottleneck = self._bottleneck[links] = min(self.capacity[l] for l in links)
         for l in links:
             flows_on[l].add(flow)
         flow.rate = bottleneck
         flow.version += 1
-        t = Timeout(self.env, flow.remaining / bottleneck)
-        t.callbacks.append(lambda _e, fl=flow, v=flow.version: self._on_timer(fl, v))
+        Timeout(self.env, flow.remaining / bottleneck, (flow, flow.version)).callbacks.append(self._timer)
         if self.check:
             self._check_capacity(links)
 
@@ -181,12 +187,15 @@ class Network:
                     self._dirty.add(l)
         flow.remaining = 0.0
         self.active -= 1
-        self.records.append(TransferRecord(flow.src, flow.dst, flow.nbytes, flow.start, now, flow.label, flow.medium))
+        self.records.append(_tuple_new(TransferRecord, (flow.src, flow.dst, flow.nbytes, flow.start, now, flow.label,
+                                                        flow.medium)))
         flow.done.succeed()
         if self._dirty:
             self._request_reallocation()
 
-    def _on_timer(self, flow: _Flow, version: int) -> None:
+    def _timer(self, event) -> None:
+        """A flow's finish time at its last rate has come; stale if its rate changed since."""
+        flow, version = event._value
         if flow.version == version and flow.remaining > 0:
             if self.check:
                 left = flow.remaining - flow.rate * (self.env.now - flow.last_t)
@@ -236,8 +245,7 @@ class Network:
             delay = left / r if r > 0 else math.inf
             if math.isinf(delay):
                 continue
-            t = self.env.timeout(delay)
-            t.callbacks.append(lambda _e, fl=f, v=f.version: self._on_timer(fl, v))
+            Timeout(self.env, delay, (f, f.version)).callbacks.append(self._timer)
         if self.check:
             self._check_capacity(links)
 
