@@ -177,18 +177,10 @@ class Topology:
         # Nodes on shortest a-b paths: half-way nodes x with dist(a, x) = m and
         # dist(x, b) = best - m; then walk back to a and on to b, one hop at a time.
         m = (best + 1) // 2
-        da = nx.single_source_shortest_path_length(core, a, cutoff=m)
-        db = nx.single_source_shortest_path_length(core, b, cutoff=best - m)
-        mid = _pick(sorted(x for x, k in da.items() if k == m and db.get(x) == best - m), h)
-        back = [mid]
-        while back[-1] != a:
-            k = da[back[-1]]
-            back.append(_pick(sorted(y for y in core.neighbors(back[-1]) if da.get(y) == k - 1), h))
-        fwd = [mid]
-        while fwd[-1] != b:
-            k = db[fwd[-1]]
-            fwd.append(_pick(sorted(y for y in core.neighbors(fwd[-1]) if db.get(y) == k - 1), h))
-        return back[::-1] + fwd[1:]
+        da = _levels(nx.single_source_shortest_path_length(core, a, cutoff=m))
+        db = _levels(nx.single_source_shortest_path_length(core, b, cutoff=best - m))
+        mid = _pick(sorted(x for x in da[m] if x in db[best - m]), h)
+        return _walk(core, da, mid, m, h)[::-1] + _walk(core, db, mid, best - m, h)[1:]
 
     def host_route(self, rank: int, to_host: bool = True) -> tuple[Link, ...]:
         """The link between GPU ``rank`` and its host CPU, in the direction of the copy."""
@@ -222,6 +214,33 @@ class Topology:
             kinds[d["kind"]] = kinds.get(d["kind"], 0) + 1
         parts = ", ".join(f"{kinds[k]} {k}" for k in DEVICE_KINDS if k in kinds)
         return f"{self.name}: {self.num_nodes} node(s), {parts}, {self.graph.number_of_edges()} links"
+
+
+def _levels(dist: dict) -> list[set]:
+    """Nodes by their distance from a BFS source: ``levels[k]`` holds those k hops away."""
+    levels: list[set] = [set() for _ in range(max(dist.values()) + 1)]
+    for x, k in dist.items():
+        levels[k].add(x)
+    return levels
+
+
+def _walk(core: nx.Graph, levels: list[set], x, k: int, h: int) -> list:
+    """From ``x`` (``k`` hops from the source of ``levels``) back to the source, one hop at
+    a time; among equal next hops, the choice by hash ``h``. Checks the smaller of the
+    next level and ``x``'s neighbours (a spine has hundreds of neighbours, the level
+    towards a NIC one or two nodes)."""
+    path = [x]
+    while k > 0:
+        below = levels[k - 1]
+        adj = core.adj[x]
+        if len(below) <= len(adj):
+            options = [y for y in below if y in adj]
+        else:
+            options = [y for y in adj if y in below]
+        x = _pick(sorted(options), h)
+        path.append(x)
+        k -= 1
+    return path
 
 
 _KIND_ORDER = {"nvlink": 0, "pcie": 1, "ib": 2, "ethernet": 3}
