@@ -112,6 +112,38 @@ def test_search_finds_the_winner_of_an_exhaustive_simulation():
     assert m["plans"] == 44 and m["max"] <= DEFAULT_MARGIN
 
 
+def test_search_over_every_valid_plan_finds_the_exhaustive_winner():
+    # No narrowing: every plan enumerate_plans finds (dp x tp x pp, micro-batch, ZeRO 0-3,
+    # every schedule, recompute none/selective/full, sequence parallel on/off) for a
+    # 4-layer GPT on 16 H100s (2 nodes), global batch 2: 240 plans, each simulated.
+    model = gpt("tiny-4l-256", 4, 256, 4, 1024, 128)
+    plans = enumerate_plans(model, 16, 2)
+    assert len(plans) == 240
+    for field in ("tp", "pp", "zero_stage", "schedule", "recompute", "sequence_parallel"):
+        assert len({getattr(p, field) for p in plans}) > 1, field
+    ctx = make_context(model, H100, load_topology("dgx-h100", nodes=2))
+    cands = candidates(model, plans, H100)
+    with Runner(workers=0, progress=False) as runner:
+        full = search(cands, lambda ps: runner.run(ctx, ps), margin=math.inf)
+        assert full.counts["evaluated"] == full.counts["ok"] == 240
+        by_key = {c.key: c.record for c in full.candidates}
+        exhaustive = sorted((r for r in by_key.values() if r["summary"]["fits"]),
+                            key=lambda r: (r["summary"]["iteration_time_s"], r["key"]))
+        asked = []
+
+        def simulate(ps):
+            asked.extend(ps)
+            return [by_key[plan_key(p)] for p in ps]
+
+        pruned = search(cands, simulate)
+        assert pruned.best["key"] == exhaustive[0]["key"] == full.best["key"]
+        assert pruned.ranked[1]["key"] == exhaustive[1]["key"]
+        assert pruned.counts["pruned_time"] == 240 - len(asked) > 0
+        # The records looked up are what simulating again gives (the simulator is deterministic).
+        winners = [p for p in plans if plan_key(p) in (exhaustive[0]["key"], exhaustive[1]["key"])]
+        assert runner.run(ctx, winners) == [by_key[plan_key(p)] for p in winners]
+
+
 def _fake_simulator(cands, factor):
     """Records whose iteration time is bound x factor(key): a simulator the estimate is off from."""
     bound = {c.key: c.bound_s for c in cands}
