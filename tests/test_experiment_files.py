@@ -25,10 +25,23 @@ def test_every_example_file_is_tested():
     assert sorted(p.name for p in EXPERIMENTS.glob("*.toml")) == ["gpt3-175b-3d.toml", "schedules.toml", "zero.toml"]
 
 
+def _check_outputs(d: Path, summary: dict) -> None:
+    """A run's --out files exist and parse, and summary.json is the summary printed."""
+    assert json.loads((d / "summary.json").read_text()) == summary
+    assert json.loads((d / "trace.json").read_text())["traceEvents"]
+    for png in ("timeline.png", "memory.png"):
+        assert (d / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", d / png
+
+
 def test_schedules_example(tmp_path):
-    data = json.loads(_stdout("compare", EXPERIMENTS / "schedules.toml", "--json"))
+    out = tmp_path / "schedules"
+    data = json.loads(_stdout("compare", EXPERIMENTS / "schedules.toml", "--json", "--out", out))
     api = sim.compare(EXPERIMENTS / "schedules.toml")
     assert json.loads(api.to_json()) == data
+    assert json.loads((out / "compare.json").read_text()) == data
+    assert (out / "compare.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    for p in data["plans"]:
+        _check_outputs(out / p["name"], p["summary"])
     rows = {r["name"]: r for r in data["rows"]}
     assert list(rows) == ["gpipe", "1f1b", "interleaved", "zb-h1", "zb-h2"]
     assert [p["summary"]["schedule"] for p in data["plans"]] == list(rows)
@@ -49,10 +62,7 @@ def test_zero_example_with_outputs(tmp_path):
     data = json.loads((out / "compare.json").read_text())
     assert (out / "compare.png").read_bytes()[:4] == b"\x89PNG"
     for d in ("zero-0", "zero-1", "zero-2", "zero-3"):
-        s = json.loads((out / d / "summary.json").read_text())
-        assert s == next(p["summary"] for p in data["plans"] if p["name"] == d)
-        assert json.loads((out / d / "trace.json").read_text())["traceEvents"]
-        assert (out / d / "timeline.png").stat().st_size > 0 and (out / d / "memory.png").stat().st_size > 0
+        _check_outputs(out / d, next(p["summary"] for p in data["plans"] if p["name"] == d))
     api = sim.compare(EXPERIMENTS / "zero.toml")
     assert json.loads(api.to_json()) == data
     rows = {r["name"]: r for r in data["rows"]}
@@ -65,10 +75,11 @@ def test_zero_example_with_outputs(tmp_path):
     assert api.best.name == data["best"] != "zero-0"
 
 
-def test_gpt3_example():
-    cli = _stdout("run", EXPERIMENTS / "gpt3-175b-3d.toml", "--json").strip()
+def test_gpt3_example(tmp_path):
+    cli = _stdout("run", EXPERIMENTS / "gpt3-175b-3d.toml", "--json", "--out", tmp_path / "gpt3").strip()
     r = sim.run(EXPERIMENTS / "gpt3-175b-3d.toml")
     assert r.to_json() == cli
+    _check_outputs(tmp_path / "gpt3", r.to_dict())
     s = r.summary
     assert (s["gpus"], s["plan"]["tp"], s["plan"]["pp"], s["plan"]["dp"]) == (1024, 8, 16, 8)
     assert s["fidelity"] == "reduced" and s["fits"] and s["model"] == "gpt3-175b"
