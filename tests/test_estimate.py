@@ -99,9 +99,19 @@ def test_zero_bubble_closed_forms():
     assert est["gpipe"].time["pipeline_bubble"] == est["1f1b"].time["pipeline_bubble"]
     assert est["zb-h1"].time["pipeline_bubble"] == pytest.approx((p - 1) * (f + b - w), rel=1e-12)
     assert est["zb-h2"].time["pipeline_bubble"] == pytest.approx((p - 1) * max(0, f + b - 2 * w), rel=1e-12)
-    # GPipe stashes all 8 micro-batches, 1F1B and ZB-H1 p = 4, ZB-H2 2p - 1 = 7 on the first stage.
+    # Micro-batches stashed on stage i: GPipe all 8, 1F1B p - i; ZB-H1 p = 4 and ZB-H2
+    # 2p - 1 = 7 on every stage, since a micro-batch's activations stay until its W (so the
+    # last stage keeps p micro-batches' logits under ZB-H1 where 1F1B keeps one).
+    from sim.memory import activation_bytes_per_layer, embedding_activation_bytes, head_activation_bytes
+    held = {"gpipe": lambda i: 8, "1f1b": lambda i: p - i, "zb-h1": lambda i: p, "zb-h2": lambda i: 2 * p - 1}
+    per_layer, on_first, on_last = (activation_bytes_per_layer(m, 1), embedding_activation_bytes(m, 1),
+                                    head_activation_bytes(m, 1))
+    for s, e in est.items():
+        i = e.worst_stage
+        per_mb = n * per_layer + (on_first if i == 0 else 0) + (on_last if i == p - 1 else 0)
+        assert e.memory["activations"] == pytest.approx(held[s](i) * per_mb, rel=1e-12), s
     acts = {s: e.memory["activations"] for s, e in est.items()}
-    assert acts["gpipe"] > acts["zb-h2"] > acts["1f1b"] == acts["zb-h1"]
+    assert acts["gpipe"] > acts["zb-h2"] > acts["zb-h1"] > acts["1f1b"]
 
 
 def test_uneven_split_moves_the_worst_stage():

@@ -132,15 +132,90 @@ def test_pipeline_inflight_counts():
 
 
 def test_inflight_by_schedule():
-    # p = 4, m = 8. GPipe: all m forwards before any backward. 1F1B and ZB-H1: p - i.
-    # ZB-H2: 2(p - i) - 1, the first stage 2p - 1 (Qi et al. ICLR 2024, (2p-1)·M_B).
+    # p = 4, m = 8. GPipe: all m forwards before any backward. 1F1B: p - i. ZB-H1: rank i
+    # runs p - 1 - i warm-up forwards and delays its W passes by i micro-batches, and W
+    # frees a micro-batch's activations, so (p - i) + i = p on every stage (Qi et al. ICLR
+    # 2024: p·M_B). ZB-H2 fills every stage to its limit 2p - 1 ((2p-1)·M_B).
     def counts(schedule, m=8):
         plan = ParallelPlan(pp=4, global_batch_size=m, schedule=schedule)
         return [inflight_chunks(plan, i) for i in range(4)]
     assert counts("gpipe") == [8, 8, 8, 8]
-    assert counts("1f1b") == counts("zb-h1") == [4, 3, 2, 1]
-    assert counts("zb-h2") == [7, 5, 3, 1]
-    assert counts("zb-h2", m=2) == [2, 2, 2, 1] and counts("gpipe", m=2) == [2, 2, 2, 2]
+    assert counts("1f1b") == [4, 3, 2, 1]
+    assert counts("zb-h1") == [4, 4, 4, 4]
+    assert counts("zb-h2") == [7, 7, 7, 7]
+    assert counts("zb-h2", m=2) == counts("zb-h1", m=2) == counts("gpipe", m=2) == [2, 2, 2, 2]
+
+
+def _schedule_peak_per_chunk(schedule, rank, weights=None):
+    """Walk the rank's steps: per chunk, the (stage, micro-batch) pairs between their F
+    and their last backward step (B, or W when split), at the first moment their
+    (weighted) total is highest."""
+    weights = weights or (1,) * schedule.vpp
+    live, best, at_best = [0] * schedule.vpp, -1, None
+    last_bwd = "W" if any(st.kind == "W" for st in schedule.ranks[rank]) else "B"
+    for st in schedule.ranks[rank]:
+        chunk = st.stage // schedule.pp
+        if st.kind == "F":
+            live[chunk] += 1
+        elif st.kind == last_bwd:
+            live[chunk] -= 1
+        level = sum(w * n for w, n in zip(weights, live))
+        if level > best:
+            best, at_best = level, tuple(live)
+    return at_best
+
+
+@pytest.mark.parametrize("name,vpps", [("gpipe", (1,)), ("1f1b", (1,)), ("zb-h1", (1,)), ("zb-h2", (1,)),
+                                       ("interleaved", (2, 3, 4))])
+def test_inflight_counts_are_what_the_generated_schedules_hold(name, vpps):
+    # The estimate's counts against the schedules the simulator runs, p = 2..8 and m below,
+    # at and above p (interleaved: multiples of p, m = p included), chunk by chunk.
+    from sim.schedules import build_schedule
+
+    for p in range(2, 9):
+        for v in vpps:
+            ms = {1, 2, p - 1, p, p + 1, 2 * p - 1, 2 * p, 3 * p + 1}
+            if name == "interleaved":
+                ms = {p, 2 * p, 3 * p}
+            for m in sorted(x for x in ms if x >= 1):
+                sched = build_schedule(name, p, m, v)
+                plan = ParallelPlan(pp=p, vpp=v, global_batch_size=m, schedule=name)
+                for i in range(p):
+                    assert inflight_per_chunk(plan, i) == _schedule_peak_per_chunk(sched, i), (p, v, m, i)
+                    if v > 1:   # chunks of unequal bytes: the byte peak, not the count peak
+                        for w in ((7,) + (1,) * (v - 1), (1,) * (v - 1) + (9,), tuple(range(1, v + 1))):
+                            assert inflight_per_chunk(plan, i, w) == _schedule_peak_per_chunk(sched, i, w)
+                if name in ("zb-h1", "zb-h2"):
+                    # Qi et al.: the peak over stages is p·M_B (ZB-H1), (2p-1)·M_B (ZB-H2)
+                    limit = p if name == "zb-h1" else 2 * p - 1
+                    assert max(inflight_chunks(plan, i) for i in range(p)) == min(limit, m)
+
+
+@pytest.mark.parametrize("schedule,vpp,m,first", [
+    ("gpipe", 1, 4, None), ("1f1b", 1, 8, None), ("1f1b", 1, 2, None), ("zb-h1", 1, 8, None),
+    ("zb-h1", 1, 3, None), ("zb-h2", 1, 8, None), ("zb-h2", 1, 5, None), ("interleaved", 2, 8, None),
+    ("interleaved", 2, 4, None), ("zb-h1", 1, 8, 1), ("interleaved", 2, 8, 10)])
+def test_estimated_stage_activations_match_the_simulated_memory_timeline(schedule, vpp, m, first):
+    # What the estimate says each stage stores (sim.estimate uses stage_activation_bytes)
+    # against the peak of the activations category on that stage's rank in a real
+    # simulate_training run; a model with dropout, so the embedding's mask and the
+    # output layer's logits count on the first and last stage too.
+    from sim.estimate import estimate
+    from sim.hardware import load_profile
+    from sim.memory_timeline import timeline
+    from sim.topology_build import load_topology
+    from sim.training import simulate_training
+
+    h100 = load_profile("h100-sxm")
+    model = gpt("small", 16, 256, 4, 512, 128)
+    p = 4
+    plan = ParallelPlan(pp=p, vpp=vpp, global_batch_size=m, schedule=schedule, first_stage_layers=first)
+    run = simulate_training(model, plan, h100, load_topology("dgx-h100"))
+    simulated = [max(timeline(run.trace, plan.rank(pp=s))[1]["activations"]) for s in range(p)]
+    estimated = [stage_activation_bytes(model, plan, s) for s in range(p)]
+    assert estimated == pytest.approx(simulated, rel=1e-12)
+    est = estimate(model, plan, h100)
+    assert est.memory["activations"] == pytest.approx(simulated[est.worst_stage], rel=1e-12)
 
 
 def test_interleaved_inflight_by_chunk_follows_megatron_order():
