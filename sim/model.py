@@ -316,6 +316,24 @@ def add_megatron_model_arguments(parser: argparse.ArgumentParser) -> None:
 
 _MEGATRON_SHAPE = ("num_layers", "hidden_size", "num_attention_heads", "vocab_size", "seq_length")
 
+# The flag that sets each ModelSpec field a shape given by flags can get wrong, so that an
+# error names what the user typed (``--num-attention-heads``, not ``num_attention_heads``).
+_MEGATRON_FLAGS = {f: "--" + f.replace("_", "-") for f in
+                   ("num_layers", "hidden_size", "num_attention_heads", "ffn_hidden_size", "vocab_size",
+                    "seq_length", "max_position_embeddings")}
+_MEGATRON_FLAGS["num_key_value_heads"] = "--num-query-groups"
+
+
+def _name_megatron_flags(exc: InputError, name: str) -> InputError:
+    """``model megatron: num_attention_heads: got 7; must divide hidden_size 512`` as
+    ``--num-attention-heads: got 7; must divide hidden_size 512``. The reason keeps the
+    field names: an experiment file's shape comes through here too, and ``blame`` puts
+    the file's key in front, where a flag in the reason would read oddly."""
+    field, _, rest = str(exc).removeprefix(f"model {name}: ").partition(": ")
+    if field not in _MEGATRON_FLAGS or not rest.startswith("got "):
+        return exc
+    return InputError(f"{_MEGATRON_FLAGS[field]}: {rest}")
+
 
 def model_from_megatron_namespace(ns: argparse.Namespace, name: str = "megatron") -> ModelSpec:
     """A spec from parsed Megatron flags (``add_megatron_model_arguments``)."""
@@ -327,14 +345,17 @@ def model_from_megatron_namespace(ns: argparse.Namespace, name: str = "megatron"
     if ns.group_query_attention and kv is None:
         raise InputError("--num-query-groups: missing; required with --group-query-attention")
     ffn = ns.ffn_hidden_size or 4 * ns.hidden_size
-    return ModelSpec(
-        name, ns.num_layers, ns.hidden_size, ns.num_attention_heads, ffn, ns.vocab_size,
-        ns.seq_length, num_key_value_heads=kv, mlp="swiglu" if ns.swiglu else "gelu",
-        norm=ns.normalization.lower(),
-        position_embedding="learned" if ns.position_embedding_type == "learned_absolute" else "rope",
-        max_position_embeddings=ns.max_position_embeddings,
-        tied_embeddings=not ns.untie_embeddings_and_output_weights, bias=not ns.disable_bias_linear,
-        dropout=(ns.attention_dropout or 0) > 0 or (ns.hidden_dropout or 0) > 0)
+    try:
+        return ModelSpec(
+            name, ns.num_layers, ns.hidden_size, ns.num_attention_heads, ffn, ns.vocab_size,
+            ns.seq_length, num_key_value_heads=kv, mlp="swiglu" if ns.swiglu else "gelu",
+            norm=ns.normalization.lower(),
+            position_embedding="learned" if ns.position_embedding_type == "learned_absolute" else "rope",
+            max_position_embeddings=ns.max_position_embeddings,
+            tied_embeddings=not ns.untie_embeddings_and_output_weights, bias=not ns.disable_bias_linear,
+            dropout=(ns.attention_dropout or 0) > 0 or (ns.hidden_dropout or 0) > 0)
+    except InputError as exc:
+        raise _name_megatron_flags(exc, name) from None
 
 
 class _StrictParser(argparse.ArgumentParser):

@@ -647,6 +647,7 @@ FLAG_CASES = [
     (RUN + ["--no-such-flag"], ["--no-such-flag"]),
     (["estimate", *TINY, *PLAN, "--gpus", "-4"], ["--gpus", "-4"]),
     (["estimate", *TINY, *PLAN, "--micro-batch-size", "nan"], ["--micro-batch-size", "nan"]),
+    (["estimate", *TINY, *PLAN, "--num-attention-heads", "7"], ["--num-attention-heads: got 7", "hidden_size"]),
     (["compare", *TINY, *PLAN, "--schedules", "gpipe,2f2b"], ["2f2b"]),
     (["compare", *TINY, *PLAN, "--zero-stages", "0,7"], ["--zero-stages", "7"]),
     (["compare", *TINY, *PLAN, "--zero-stages", "0,x"], ["--zero-stages", "0,x"]),

@@ -256,3 +256,25 @@ def test_cli_errors_are_one_line_exit_2(capsys, argv, words):
     assert len(err) == 1 and err[0].startswith("trainsim: error:")
     for w in words:
         assert w in err[0], err[0]
+
+
+SHAPE = ["--num-layers", "4", "--vocab-size", "8192", "--seq-length", "512"]
+
+
+@pytest.mark.parametrize("command", ["estimate", "run"])
+@pytest.mark.parametrize("argv,flag,value", [
+    (["--hidden-size", "512", "--num-attention-heads", "7"], "--num-attention-heads", "7"),
+    (["--hidden-size", "512", "--num-attention-heads", "8", "--group-query-attention", "--num-query-groups", "3"],
+     "--num-query-groups", "3"),
+    (["--hidden-size", "512", "--num-attention-heads", "8", "--seq-length", "1024",
+      "--max-position-embeddings", "512"], "--seq-length", "1024"),
+])
+def test_shape_errors_name_the_megatron_flag_typed(capsys, command, argv, flag, value):
+    # A shape given by flags that does not fit together is reported against the flag the
+    # user typed, not against the ModelSpec field of a model called 'megatron'.
+    assert main([command, *SHAPE, *argv, "--gpu", "h100-sxm"]) == 2
+    out, err = capsys.readouterr()
+    lines = err.strip().splitlines()
+    assert out == "" and len(lines) == 1, err
+    assert lines[0].startswith(f"trainsim: error: {flag}: got {value};"), lines[0]
+    assert "megatron" not in lines[0]
