@@ -17,8 +17,16 @@ $(VENV)/.installed: pyproject.toml | $(BIN)/python
 	$(BIN)/pip install -q -e .
 	touch $@
 
+# Holistic Trace Analysis: tests/test_kineto.py loads the Kineto-shaped traces with it. Its
+# package declares JupyterLab (hundreds of MB) that the analysis never imports, so it goes
+# in without its declared requirements, followed by the ones it does import.
+HTA := HolisticTraceAnalysis==0.5.0
+HTA_DEPS := pandas plotly pydot psutil pyyaml
+
 $(VENV)/.installed-test: pyproject.toml Makefile | $(BIN)/python
 	$(BIN)/pip install -q -e '.[test]' $(TORCH_PIN)
+	$(BIN)/pip install -q --no-deps $(HTA)
+	$(BIN)/pip install -q $(HTA_DEPS)
 	touch $@
 
 run: $(VENV)/.installed

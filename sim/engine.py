@@ -150,22 +150,27 @@ class _Engine:
         streams: list[tuple[int, str]] = []
         members: list[list[int]] = []
         ids: dict[tuple[int, str], int] = {}
+        order: list[int] = []  # indices in program order, rank by rank
         for r, lst in self.program.actions.items():
-            by: dict[str, list[Action]] = {}
-            for a in lst:
-                by.setdefault(a.stream, []).append(a)
+            by: dict[str, list[tuple[int, Action]]] = {}
+            for k, a in enumerate(lst):
+                by.setdefault(a.stream, []).append((k, a))
+            local = [0] * len(lst)
             for name in sorted(by):
                 sid = len(streams)
                 streams.append((r, name))
                 mine = []
-                for a in by[name]:
+                for k, a in by[name]:
                     i = len(acts)
                     ids[(r, a.name)] = i
+                    local[k] = i
                     acts.append(a)
                     rank_of.append(r)
                     stream_of.append(sid)
                     mine.append(i)
                 members.append(mine)
+            order.extend(local)
+        self._order = order
         pending = [0] * len(acts)
         dependents: list[list[int] | None] = [None] * len(acts)
         for i, a in enumerate(acts):
@@ -195,33 +200,36 @@ class _Engine:
         -1); a collective's members meet under one key (``_key_of``)."""
         p2p_seq: dict[tuple, int] = {}
         coll_seq: dict[tuple, int] = {}
-        ids = self._ids
         n = len(self._acts)
         key_of: list = [None] * n
         waiting: dict[tuple, int] = {}
         partner = [-1] * n
-        for r, acts in self.program.actions.items():
-            for a in acts:
-                if a.kind in ("send", "recv"):
-                    pair = (r, a.peer) if a.kind == "send" else (a.peer, r)
-                    k = p2p_seq.get((pair, a.kind, a.tag), 0)
-                    p2p_seq[(pair, a.kind, a.tag)] = k + 1
-                    key = (*pair, a.tag, k)
-                    i = ids[(r, a.name)]
-                    j = waiting.pop(key, None)
-                    if j is None:
-                        waiting[key] = i
-                    else:
-                        partner[i], partner[j] = j, i
-                elif a.kind == "collective":
-                    group = tuple(sorted(a.group))
-                    if a.tag:
-                        key = (group, "tag", a.tag)
-                    else:
-                        k = coll_seq.get((group, r), 0)
-                        coll_seq[(group, r)] = k + 1
-                        key = (group, "seq", k)
-                    key_of[ids[(r, a.name)]] = key
+        rank_of = self._rank_of
+        acts = self._acts
+        for i in self._order:  # program order: "the n-th send" counts across the rank's streams
+            a = acts[i]
+            kind = a.kind
+            if kind == "send" or kind == "recv":
+                r = rank_of[i]
+                pair = (r, a.peer, a.tag) if kind == "send" else (a.peer, r, a.tag)
+                k = p2p_seq.get((pair, kind), 0)
+                p2p_seq[(pair, kind)] = k + 1
+                key = (pair, k)
+                j = waiting.pop(key, None)
+                if j is None:
+                    waiting[key] = i
+                else:
+                    partner[i], partner[j] = j, i
+            elif kind == "collective":
+                r = rank_of[i]
+                group = tuple(sorted(a.group))
+                if a.tag:
+                    key = (group, "tag", a.tag)
+                else:
+                    k = coll_seq.get((group, r), 0)
+                    coll_seq[(group, r)] = k + 1
+                    key = (group, "seq", k)
+                key_of[i] = key
         self._key_of, self._partner = key_of, partner
         self._arrived = bytearray(n)  # a send or recv that waits for its partner
         self._pair_link: list[int] = [0] * n

@@ -177,3 +177,18 @@ def test_a_grouped_comm_a_member_never_reaches_is_a_deadlock(make_star):
 def test_simulated_time_is_a_float_from_the_start(make_star):
     tr = simulate(Program({0: [Action("a", duration_s=1.0)]}), make_star([1.0]))
     assert type(tr.spans[0].start_s) is float
+
+
+def test_the_nth_send_matches_the_nth_recv_in_program_order_across_streams(make_star):
+    # Rank 0 posts "a" (stream x) before "b" (stream y), both to rank 1: the first recv
+    # on rank 1 (100 B) matches "a" whatever the streams are called.
+    t = make_star([100.0, 100.0])
+    prog = Program({0: [Action("a", kind="send", peer=1, nbytes=100, stream="y2"),
+                        Action("b", kind="send", peer=1, nbytes=300, stream="x1")],
+                    1: [Action("ra", kind="recv", peer=0, nbytes=100, stream="s"),
+                        Action("rb", kind="recv", peer=0, nbytes=300, stream="s")]})
+    tr = simulate(prog, t)
+    ends = {s.name: s.end_s for s in tr.spans}
+    # a meets ra at 0 (100 B at 100 B/s: 1 s); b waits for rb, posted when ra ends, then
+    # takes 3 s. Matched the other way round, the sizes would disagree (an error).
+    assert ends["ra"] == pytest.approx(1.0) and ends["rb"] == pytest.approx(4.0)
