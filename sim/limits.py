@@ -14,8 +14,8 @@ reduce-scatters and the data-parallel gradient buckets; each collective costs ab
 three events per ring hop of the rank. It is a rough guide, not a promise: tests check
 it stays within a factor of four of the events real runs process (coalescing of
 isolated tensor-parallel collectives makes it high, collectives over many GPUs make it
-low). At the engine's measured 50-100 thousand events per second, the default limit is
-roughly half an hour of simulation.
+low). At the engine's measured 80-200 thousand events per second, the default limit is
+roughly ten to twenty minutes of simulation.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ on 16,384 H100s). Building its graph takes tens of seconds and about a GB; a typ
 ``--nodes 1000000`` would take hours."""
 
 DEFAULT_MAX_EVENTS = 100_000_000
-"""Largest simulation attempted without ``--max-events``: about 20-30 minutes of
+"""Largest simulation attempted without ``--max-events``: about 10-20 minutes of
 engine time and several GB of memory."""
 
 _EVENTS_PER_HOP = 3  # a transfer's latency, its finish and its completion (plus re-allocations if shared)
