@@ -195,6 +195,41 @@ def _table_settings(f: TomlFile, where_of, table: str, values: dict, prefix: str
     return out
 
 
+OFFLOAD_DEVICES = {"cpu": True, "none": False}
+"""DeepSpeed's ``offload_optimizer.device`` values that are modelled: on (host memory) or off."""
+OFFLOAD_KEYS = ("device", "pin_memory")
+
+
+def _offload_table(f: TomlFile, z: dict, prefix: str, at, sub: str, occurrence: int = 0) -> dict:
+    """``z`` (a zero_optimization table) with DeepSpeed's object form of ``offload_optimizer``
+    (``{device = "cpu", pin_memory = true}``) turned into the boolean it stands for:
+    device "cpu" is on, "none" (DeepSpeed's default) off; ``pin_memory`` is accepted and
+    not modelled. ``at(key)`` is where the key ``offload_optimizer`` is written; ``sub`` the
+    name of its sub-table (``zero_optimization.offload_optimizer``) when written as one."""
+    value = z.get("offload_optimizer")
+    if not isinstance(value, dict):
+        if "offload_optimizer" in z and not isinstance(value, bool):
+            raise at("offload_optimizer").error(
+                f"{prefix}offload_optimizer",
+                f"got {value!r}; expected true, false or a table such as {{device = \"cpu\"}}")
+        return z
+
+    def where(key):  # the key's line in a [...offload_optimizer] sub-table, else the offload_optimizer line
+        line = _line_of(f, sub, key, occurrence)
+        return Where(f, line) if line is not None else at("offload_optimizer")
+
+    name = f"{prefix}offload_optimizer."
+    _unknown(where, name, value, OFFLOAD_KEYS)
+    pin = value.get("pin_memory", False)
+    if not isinstance(pin, bool):
+        raise where("pin_memory").error(f"{name}pin_memory", f"got {pin!r}; expected true or false")
+    device = value.get("device", "none")
+    if not isinstance(device, str) or device not in OFFLOAD_DEVICES:
+        why = " (offload to NVMe is not modelled)" if device == "nvme" else ""
+        raise where("device").error(f"{name}device", f"got {device!r}; allowed: {', '.join(OFFLOAD_DEVICES)}{why}")
+    return {**z, "offload_optimizer": OFFLOAD_DEVICES[device]}
+
+
 def _unknown(where, prefix: str, table: dict, allowed) -> None:
     for key in table:
         if key not in allowed:
@@ -226,8 +261,13 @@ def read_experiment(path: str | Path, parser: argparse.ArgumentParser) -> Experi
         keys = {_key_of(d, table): d for d in TABLES[table] if d in actions}
         _unknown(lambda k, table=table: Where(f, _line_of(f, table, k) or _where_line(f, f"{table}.{k}")),
                  f"{table}.", t, keys)
-        settings.update(_table_settings(
-            f, lambda k, table=table: Where(f, _line_of(f, table, k) or _where_line(f, f"{table}.{k}")),
+        if table == "zero_optimization":
+            t = _offload_table(f, t, f"{table}.", lambda k: Where(f, _line_of(f, table, k)
+                                                                  or _where_line(f, f"{table}.{k}")),
+                               "zero_optimization.offload_optimizer")
+        settings.update(_table_settings(  # (a key written as a sub-table: its header's line)
+            f, lambda k, table=table: Where(f, _line_of(f, table, k) or _line_of(f, f"{table}.{k}", None)
+                                            or _where_line(f, f"{table}.{k}")),
             table, t, f"{table}.", actions))
     for key in ("name", "description"):
         if key in data and not isinstance(data[key], str):
@@ -279,6 +319,7 @@ def _read_plans(f: TomlFile, plans, actions: dict) -> list[PlanEntry]:
             raise at("zero_optimization").error(f"plans[{i}].zero_optimization",
                                                 f"got {z!r}; expected a table [plans.zero_optimization]")
         _unknown(zat, f"plans[{i}].zero_optimization.", z, zero_keys)
+        z = _offload_table(f, z, f"plans[{i}].zero_optimization.", zat, "plans.zero_optimization.offload_optimizer", i)
         settings.update(_table_settings(f, zat, "zero_optimization", z, f"plans[{i}].zero_optimization.", actions))
         out.append(PlanEntry(name, desc, head, settings))
     return out

@@ -186,3 +186,73 @@ def test_flags_after_the_file_override_every_plan(tmp_path):
     assert [p["summary"]["plan"]["global_batch_size"] for p in data["plans"]] == [4, 4]
     assert [p["summary"]["schedule"] for p in data["plans"]] == ["gpipe", "1f1b"]
     assert [p["summary"]["plan"]["dp"] for p in data["plans"]] == [4, 4]
+
+
+# ---------------------------------------------------------------- DeepSpeed's offload_optimizer object
+ZERO = TINY + """[plan]
+global_batch_size = 8
+[zero_optimization]
+stage = 2
+"""
+
+
+@pytest.mark.parametrize("form", [
+    "offload_optimizer = true\n",
+    'offload_optimizer = {device = "cpu"}\n',
+    'offload_optimizer = {device = "cpu", pin_memory = true}\n',
+    '[zero_optimization.offload_optimizer]\ndevice = "cpu"\npin_memory = false\n',
+])
+def test_offload_optimizer_as_a_boolean_or_deepspeeds_object_is_the_flag(tmp_path, capsys, form):
+    f = tmp_path / "offload.toml"
+    f.write_text(ZERO + form)
+    flag = json.loads(_stdout("run", f, "--json"))
+    assert flag == json.loads(_stdout("run", tmp_path / "offload.toml", "--json", "--offload-optimizer"))
+    (tmp_path / "plain.toml").write_text(ZERO)
+    assert flag == json.loads(_stdout("run", tmp_path / "plain.toml", "--json", "--offload-optimizer"))
+    assert flag["plan"]["offload_optimizer"] is True and flag["memory"]["optimizer_bytes"] == 0
+    assert flag != json.loads(_stdout("run", tmp_path / "plain.toml", "--json"))  # it does change the result
+    assert capsys.readouterr().err == ""  # pin_memory is accepted without a word
+
+
+@pytest.mark.parametrize("form", ["offload_optimizer = false\n", 'offload_optimizer = {device = "none"}\n',
+                                  "offload_optimizer = {pin_memory = true}\n"])  # DeepSpeed's default device: none
+def test_offload_optimizer_off_forms(tmp_path, form):
+    (tmp_path / "off.toml").write_text(ZERO + form)
+    (tmp_path / "plain.toml").write_text(ZERO)
+    off = json.loads(_stdout("run", tmp_path / "off.toml", "--json"))
+    assert off["plan"]["offload_optimizer"] is False
+    assert off == json.loads(_stdout("run", tmp_path / "plain.toml", "--json"))
+
+
+_NVME_PLAN = TINY + PLANS + '[plans.zero_optimization]\nstage = 1\n[plans.zero_optimization.offload_optimizer]\n' \
+                            'device = "nvme"\n'
+OFFLOAD_BAD = {
+    "nvme": (ZERO + 'offload_optimizer = {device = "nvme", pin_memory = true}\n',
+             "zero_optimization.offload_optimizer.device: got 'nvme'; allowed: cpu, none (offload to NVMe is not "
+             "modelled)", "offload_optimizer ="),
+    "other device": (ZERO + '[zero_optimization.offload_optimizer]\npin_memory = true\ndevice = "gpu"\n',
+                     "zero_optimization.offload_optimizer.device: got 'gpu'; allowed: cpu, none", 'device = "gpu"'),
+    "nvme in a plan": (_NVME_PLAN, "plans[1].zero_optimization.offload_optimizer.device: got 'nvme'; allowed: cpu, none",
+                       'device = "nvme"'),
+    "unknown key": (ZERO + 'offload_optimizer = {device = "cpu", nvme_path = "/local_nvme"}\n',
+                    "zero_optimization.offload_optimizer.nvme_path: unknown key; allowed keys are device, pin_memory",
+                    "offload_optimizer ="),
+    "pin_memory not a bool": (ZERO + 'offload_optimizer = {device = "cpu", pin_memory = "yes"}\n',
+                              "zero_optimization.offload_optimizer.pin_memory: got 'yes'; expected true or false",
+                              "offload_optimizer ="),
+    "a string": (ZERO + 'offload_optimizer = "cpu"\n',
+                 "zero_optimization.offload_optimizer: got 'cpu'; expected true, false or a table such as "
+                 '{device = "cpu"}', "offload_optimizer ="),
+}
+
+
+@pytest.mark.parametrize("kind", list(OFFLOAD_BAD))
+def test_bad_offload_optimizer_objects_are_one_line_errors(tmp_path, capsys, kind):
+    text, message, at = OFFLOAD_BAD[kind]
+    f = tmp_path / "bad.toml"
+    f.write_text(text)
+    assert main(["compare" if "[[plans]]" in text else "run", str(f)]) == 2, kind
+    captured = capsys.readouterr()
+    err = captured.err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("trainsim: error: ") and captured.out == "", (kind, captured)
+    assert f"{f}:{_line_of(text, at)}: {message}" in err[0], (kind, err[0])
