@@ -22,7 +22,13 @@ worker and returns a *record*, a plain JSON-able dict::
 - **Failures.** A point whose simulation raises is recorded with ``status: "error"`` and
   the exception, and the sweep goes on. When a local worker process dies, the points
   that were running are retried one at a time on a fresh pool, so the one that killed it
-  is found; after ``max_retries`` retries it is recorded as ``"crashed"``. (Dask's
+  is found; after ``max_retries`` retries it is recorded as ``"crashed"``. Workers that
+  die while *starting* (before any of them could take a plan: a spawned worker first
+  imports the main module, so a script that starts a sweep without an
+  ``if __name__ == "__main__":`` guard, or whose import fails, kills every worker) are not
+  a plan's fault: after two fresh pools in a row die that way the sweep stops at once with
+  a ``WorkerStartError`` naming the likely cause and the worker's own exception, and
+  records nothing for the plans that never ran (the results file stays valid). (Dask's
   scheduler retries tasks of a dead worker elsewhere by itself; a task that kills its
   workers too often comes back as ``KilledWorker`` and is recorded as ``"crashed"``.)
 - **Progress.** On a terminal, a bar with the count, rate and ETA on stderr; silent
@@ -43,6 +49,7 @@ import multiprocessing
 import os
 import signal
 import sys
+import tempfile
 import time
 import traceback
 from collections import deque
@@ -59,6 +66,38 @@ from sim.plan import ParallelPlan
 from sim.search import plan_key
 
 RESULTS_FILE = "results.jsonl"
+
+
+class WorkerStartError(InputError):
+    """Local worker processes die while starting, before they can run any plan."""
+
+
+# A spawned worker imports the main module before it can take work; if sim.sweep is
+# imported there (the script imports it) and that import fails, the worker also writes
+# its exception to the file the sweep named in this variable, so the sweep can say why.
+_STARTUP_ENV = "TRAINSIM_SWEEP_STARTUP_LOG"
+
+
+def _brief(exc: BaseException) -> str:
+    text = " ".join(str(exc).split())
+    return f"{type(exc).__name__}: {text}"[:600] if text else type(exc).__name__
+
+
+def _report_startup_failure() -> None:
+    path = os.environ.get(_STARTUP_ENV)
+    if not path or not getattr(multiprocessing.current_process(), "_inheriting", False):
+        return  # not a local sweep worker still importing the main module
+    previous = sys.excepthook
+
+    def hook(kind, exc, tb):
+        with contextlib.suppress(OSError), open(path, "a", encoding="utf-8") as fh:
+            fh.write(_brief(exc) + "\n")
+        previous(kind, exc, tb)
+
+    sys.excepthook = hook
+
+
+_report_startup_failure()
 
 
 @dataclass(frozen=True, eq=False)
@@ -208,6 +247,13 @@ def _ignore_sigint() -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
+def _init_worker(started) -> None:
+    """A local worker's start: Ctrl-C is for the sweep to handle, and the sweep learns
+    that this worker got through start-up (``started``, shared memory)."""
+    _ignore_sigint()
+    started.value = 1
+
+
 @contextlib.contextmanager
 def _sigint_ignored():
     try:
@@ -270,6 +316,11 @@ class Runner:
         self.progress: Progress | None = None
         self._pool = self._client = self._cluster = None
         self.retried = 0
+        self._started = None  # set to 1 by a local pool's first worker through start-up
+        self._startup_log: str | None = None
+        self._env_before: str | None = None
+        self.startup_failures = 0
+        """Local pools in a row whose workers all died before finishing start-up."""
 
     # -- executor lifecycle
     def __enter__(self):
@@ -286,8 +337,15 @@ class Runner:
         elif self.workers == 0:
             self._pool = _Inline()
         else:
-            self._pool = cf.ProcessPoolExecutor(self.workers, mp_context=multiprocessing.get_context("spawn"),
-                                                initializer=_ignore_sigint)
+            mp = multiprocessing.get_context("spawn")
+            if self._startup_log is None:
+                fd, self._startup_log = tempfile.mkstemp(prefix="trainsim-sweep-start-", suffix=".log")
+                os.close(fd)
+                self._env_before = os.environ.get(_STARTUP_ENV)
+                os.environ[_STARTUP_ENV] = self._startup_log  # inherited by the workers
+            self._started = mp.RawValue("b", 0)
+            self._pool = cf.ProcessPoolExecutor(self.workers, mp_context=mp, initializer=_init_worker,
+                                                initargs=(self._started,))
 
     def _dask_executor(self):
         try:
@@ -337,6 +395,15 @@ class Runner:
         elif pool is not None and not isinstance(pool, _Inline):
             pool.shutdown(wait=not kill)
         if not keep_dask:
+            if self._startup_log is not None:
+                if os.environ.get(_STARTUP_ENV) == self._startup_log:
+                    if self._env_before is None:
+                        os.environ.pop(_STARTUP_ENV, None)
+                    else:
+                        os.environ[_STARTUP_ENV] = self._env_before
+                with contextlib.suppress(OSError):
+                    os.unlink(self._startup_log)
+                self._startup_log = None
             if self._client is not None:
                 self._client.close()
                 self._client = None
@@ -401,6 +468,7 @@ class Runner:
             if broken:
                 broken += list(inflight.values())
                 inflight.clear()
+                self._check_start()
                 self._restart_pool()
                 for k, p in sorted(broken, key=lambda it: it[0]):
                     strikes[k] = strikes.get(k, 0) + 1
@@ -410,3 +478,34 @@ class Runner:
                     else:
                         self.retried += 1
                         suspects.append((k, p))
+
+    def _check_start(self) -> None:
+        """After a local pool broke: if none of its workers got through start-up, twice in a
+        row, stop with the reason instead of retrying plans that never ran."""
+        if self._started is None or self._started.value:
+            self.startup_failures = 0
+            return
+        self.startup_failures += 1
+        if self.startup_failures < 2:
+            return
+        pool = self._pool
+        codes = sorted({p.exitcode for p in (getattr(pool, "_processes", None) or {}).values()
+                        if p.exitcode is not None})
+        said = []
+        with contextlib.suppress(OSError, TypeError):
+            said = [x for x in Path(self._startup_log).read_text(encoding="utf-8").splitlines() if x.strip()]
+        main = getattr(sys.modules.get("__main__"), "__file__", None)
+        guard = (f"spawned workers import the main module{f' ({main})' if main else ''} again, so a script "
+                 "that starts a sweep must do it under `if __name__ == \"__main__\":`")
+        if said:
+            why = f"the worker said: {said[-1]}"
+            if "bootstrapping phase" in said[-1]:
+                why += f"; likely cause: {guard}"
+        else:
+            why = (f"likely cause: {guard}, or the worker could not import what the sweep's function needs "
+                   "(its traceback is on stderr above)")
+        exits = f" (exit code {', '.join(map(str, codes))})" if codes else ""
+        self.close(kill=True, keep_dask=True)
+        raise WorkerStartError(f"sweep: the local worker processes died while starting{exits}, "
+                               f"{self.startup_failures} pools in a row, before running any plan "
+                               f"({len(self.log.done)} recorded so far, kept); {why}")

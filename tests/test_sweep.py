@@ -229,3 +229,68 @@ def test_progress_bar_on_a_terminal_only():
         p.close()
     assert "2/4" in tty.getvalue() and "ETA" in tty.getvalue() and "plans/s" in tty.getvalue()
     assert pipe.getvalue() == ""
+
+
+# ---------------------------------------------------------------- workers that cannot start
+_SCRIPT = """\
+import multiprocessing, sys
+from sim.plan import ParallelPlan
+from sim.sweep import ResultsLog, Runner, evaluate
+{before}
+def sweep():
+    plans = [ParallelPlan(dp=d, global_batch_size=8) for d in (1, 2, 4, 8)]
+    with Runner(workers=2, progress=False, log=ResultsLog(sys.argv[1])) as runner:
+        runner.run(None, plans)
+    print("done")
+{call}
+"""
+
+
+def _script(tmp_path, before="", guarded=False):
+    script = tmp_path / "my_sweep.py"
+    script.write_text(_SCRIPT.format(before=before, call='if __name__ == "__main__":\n    sweep()' if guarded
+                                     else "sweep()"))
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    start = time.monotonic()
+    p = subprocess.run([sys.executable, str(script), str(tmp_path / "out" / "results.jsonl")], cwd=tmp_path, env=env,
+                       capture_output=True, text=True, timeout=120)
+    return p, time.monotonic() - start
+
+
+def _error_line(stderr: str) -> str:
+    lines = [x for x in stderr.splitlines() if x.startswith("sim.sweep.WorkerStartError: ")]
+    assert len(lines) == 1, stderr[-3000:]
+    return lines[0]
+
+
+def _results_valid(tmp_path):
+    f = tmp_path / "out" / "results.jsonl"
+    assert not f.exists() or all(json.loads(x) for x in f.read_text().splitlines())  # nothing half-written
+
+
+def test_a_script_without_the_main_guard_fails_fast_naming_the_guard(tmp_path):
+    # Every spawned worker imports the script again, which starts a sweep of its own
+    # while still bootstrapping: multiprocessing refuses, so no worker ever starts.
+    p, took = _script(tmp_path)
+    assert p.returncode != 0 and "done" not in p.stdout
+    line = _error_line(p.stderr)
+    assert "died while starting" in line and "before running any plan" in line, line
+    assert "bootstrapping phase" in line and 'under `if __name__ == "__main__":`' in line, line
+    assert "my_sweep.py" in line, line
+    assert took < 45, took  # was minutes of retries
+    _results_valid(tmp_path)
+
+
+def test_a_worker_whose_import_fails_fails_fast_with_its_exception(tmp_path):
+    before = ("if __name__ == '__mp_main__':  # imported again, in a spawned worker\n"
+              "    raise ImportError('fancy_kernels: not installed on this machine')\n")
+    p, took = _script(tmp_path, before=before, guarded=True)
+    line = _error_line(p.stderr)
+    assert "the worker said: ImportError: fancy_kernels: not installed on this machine" in line, line
+    assert "bootstrapping" not in line and took < 45, (line, took)
+    _results_valid(tmp_path)
+    # The same script with workers that start: the sweep runs.
+    (tmp_path / "out" / "results.jsonl").unlink(missing_ok=True)
+    p, _ = _script(tmp_path, guarded=True)
+    assert p.returncode == 0 and p.stdout.strip() == "done", p.stderr[-3000:]
+    assert len((tmp_path / "out" / "results.jsonl").read_text().splitlines()) == 4
