@@ -17,7 +17,10 @@ with the receives the next step needs, as one ``batch_isend_irecv`` (what Megatr
 neighbours send at once); the rank waits only for the receives before computing, and for
 its sends at the end of the iteration. After the last backward the gradients are
 all-reduced over the data-parallel group in DDP-sized buckets (after backward, not
-overlapped: the simulated plan says ``dp_overlap=False``), then Adam steps.
+overlapped: the simulated plan says ``dp_overlap=False``), then Adam steps. Each
+bucket's gradients are views of one flat buffer, as in Megatron-LM's DDP, so the
+all-reduce has no packing or copy-back around it (the scaling by 1/dp is one pass over
+the buffer, which the simulator does not cost).
 
 Timing: a barrier starts each iteration; every step, wait and all-reduce is bracketed
 (``perf_counter`` on CPU, CUDA events on GPU) relative to that start, and an
@@ -180,7 +183,17 @@ def _worker(ctx: Context, payload: dict) -> dict:
     targets = [torch.randint(0, model.vocab_size, (b, s), generator=gen).to(ctx.device) for _ in range(m)]
     groups = {g[0]: g for g in p2p_groups(sched, p)}
     rank_of = {q: plan.rank(dp=d, pp=q) for q in range(plan.pp)}
-    buckets = _buckets(stage.parameters(), plan.bucket_size_bytes)
+    # Gradients live in one flat buffer per bucket (each parameter's .grad a view of it,
+    # as Megatron-LM's DDP keeps them): backward accumulates straight into the buffers,
+    # and the all-reduce needs no packing or copy-back.
+    flats = []
+    for bucket in _buckets(stage.parameters(), plan.bucket_size_bytes):
+        flat = torch.zeros(sum(q.numel() for q in bucket), device=ctx.device, dtype=dt)
+        off = 0
+        for q in bucket:
+            q.grad = flat[off: off + q.numel()].view_as(q)
+            off += q.numel()
+        flats.append(flat)
     clock = _Clock(torch, ctx)
 
     def post(sends, recvs, bufs, saved):
@@ -252,19 +265,15 @@ def _worker(ctx: Context, payload: dict) -> dict:
         if dp_group is not None:
             a = clock.mark()
             with record("dp all-reduce"):
-                for bucket in buckets:
-                    flat = torch.cat([q.grad.reshape(-1) for q in bucket])
+                for flat in flats:
                     dist.all_reduce(flat, group=dp_group)
                     flat /= plan.dp
-                    off = 0
-                    for q in bucket:
-                        q.grad.copy_(flat[off: off + q.numel()].view_as(q.grad))
-                        off += q.numel()
             span("dp all-reduce", "collective", "dp", a, clock.mark())
         a = clock.mark()
         with record("optimizer"):
             opt.step()
-            opt.zero_grad(set_to_none=True)
+            for flat in flats:  # the views stay; the buffers start the next iteration at zero
+                flat.zero_()
         span("optimizer", "compute", "opt", a, clock.mark())
         ctx.sync()
         total = time.perf_counter() - t0w
