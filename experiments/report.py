@@ -55,7 +55,8 @@ SEED_CLAIMS = [
      "Wrong: same bubble; 1F1B keeps p instead of m micro-batches of activations. Interleaving and zero-bubble "
      "schedules are what shrink the bubble."),
     ("Stage imbalance: profile and rebalance", "stage_imbalance",
-     "Right; the usual culprit is the output layer with a large vocabulary, not uneven layers."),
+     "Right; the usual culprit is the output layer with a large vocabulary, not uneven layers, and a rebalanced "
+     "split must still fit: under 1F1B a layer on the first stage holds p micro-batches of activations."),
     ("ZeRO-1/2/3 save 4×/8×/16× memory", "zero_stages",
      "4× and 8× are the large-Nd limits; ZeRO-3 divides the model states by Nd (64× on 64 GPUs), not 16."),
     ("ZeRO-2 keeps the communication volume unchanged", "zero_stages",

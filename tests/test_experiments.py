@@ -215,6 +215,50 @@ def test_stage_imbalance_slowest_stage_sets_the_pace(out_root):
     assert heavy["iteration_s"] > even["iteration_s"]
 
 
+def test_stage_imbalance_suggests_the_fastest_split_that_fits(out_root):
+    import stage_imbalance
+
+    res = _run("stage_imbalance", out_root)
+    rows = res["rows"]
+    p = len(rows[0]["layers"])
+    for r in rows:  # a row fits when its highest stage peak is within the GPU's memory
+        assert r["peak_gb"] == pytest.approx(max(r["stage_peak_gb"]))
+        assert r["fits"] == (r["peak_gb"] <= r["capacity_gb"])
+    assert not all(r["fits"] for r in rows), "the reduced run should include a split that does not fit"
+    best = next(r for r in rows if r["split"] == res["best_split"])
+    assert best["fits"]
+    assert all(r["iteration_s"] >= best["iteration_s"] for r in rows if r["fits"])
+    fastest = min(rows, key=lambda r: r["iteration_s"])
+    assert res["fastest_split"] == fastest["split"] and res["fastest_fits"] == fastest["fits"]
+    # 1F1B: stage i holds p - i micro-batches of activations (even split, stages before the logit stage)
+    even = next(r for r in rows if r["kind"] == "even")
+    per = [even["stage_act_gb"][i] / (p - i) for i in range(p - 1)]
+    assert max(per) == pytest.approx(min(per), rel=0.02)
+    # so the first stage's peak grows with its layers, and by more per layer than any other stage's
+    by_first = sorted({(r["layers"][0], round(r["stage_peak_gb"][0], 6)) for r in rows})
+    assert len({n for n, _ in by_first}) == len(by_first) >= 3
+    assert all(b[1] > a[1] for a, b in zip(by_first, by_first[1:]))
+    slopes = res["peak_gb_per_layer"]
+    assert slopes[0] == max(slopes) and slopes[0] > slopes[-1]
+    # the verdict's table gives every row's peak and marks exactly the rows that do not fit
+    text = (out_root / "stage_imbalance" / "verdict.md").read_text()
+    lines = [ln for ln in text.splitlines() if ln.startswith("| ") and ln.split(" | ")[0][2:] in
+             {r["split"] for r in rows}]
+    assert len(lines) == len(rows)
+    for ln, r in zip(lines, sorted(rows, key=lambda r: r["iteration_s"])):
+        assert ln.startswith(f"| {r['split']} |") and f"{r['peak_gb']:.1f}" in ln
+        assert ("does not fit" in ln) == (not r["fits"])
+    assert f"fastest that fits in memory, is {best['split']}" in text
+    # when the fastest split does not fit, the verdict names it with its peak against the capacity
+    oom = dict(fastest, fits=False, peak_gb=fastest["capacity_gb"] * 1.2, split="fastest-but-oom")
+    others = [r for r in rows if r is not fastest]
+    b, f = stage_imbalance.suggestion([oom] + others)
+    assert f is oom and b is not None and b["fits"]
+    msg = stage_imbalance.memory_verdict(b, f, even)
+    assert "fastest-but-oom" in msg and "does not fit" in msg and f"{oom['peak_gb']:.1f} GB" in msg
+    assert f"{oom['capacity_gb']:.1f} GB" in msg and b["split"] in msg
+
+
 def test_report_has_every_section_and_picture(out_root):
     for name in NAMES:
         _run(name, out_root)
