@@ -39,11 +39,12 @@ OVERSUBSCRIPTION = Number(float, minimum=1)
 
 
 def topologies_dir() -> Path:
-    """The folder of built-in topology files (``topologies/`` beside the package)."""
+    """The folder of built-in topology files: ``topologies/`` at the repository's top, which
+    the package links as ``sim/topologies`` (an installed wheel holds the files there)."""
     here = Path(__file__).resolve().parent
     for cand in (here / "topologies", here.parent / "topologies"):
         if cand.is_dir():
-            return cand
+            return cand.resolve()
     return here.parent / "topologies"
 
 
