@@ -185,6 +185,7 @@ def test_kineto_round_trip_through_the_importer(outputs):
     assert ops["kind"] == "kernel" and any(k.startswith("ncclDevKernel_AllReduce") for k in ops["ops"])
 
 
+@pytest.mark.filterwarnings("ignore:The inplace keyword:Warning")  # HTA 0.5.0 on pandas 3
 def test_hta_reads_the_kineto_traces(outputs):
     """Holistic Trace Analysis (if installed: pip install HolisticTraceAnalysis) loads the
     traces and reports the same breakdown and overlap as trainsim."""
