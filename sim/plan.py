@@ -306,7 +306,12 @@ class ParallelPlan:
 
 
 def _divisors(n: int, limit: int = 8) -> str:
-    ds = [d for d in range(2, n + 1) if n % d == 0][:limit]
+    """The ``limit`` smallest divisors of ``n`` above 1, for messages: divisors up to
+    sqrt(n) (at most a million tried, so a typo'd layer count of 1e11 does not hang)
+    and their partners."""
+    small = [d for d in range(2, min(math.isqrt(n), 10**6) + 1) if n % d == 0]
+    large = sorted({n // d for d in small} | ({n} if n > 1 else set()))
+    ds = sorted(set(small) | set(large))[:limit]
     return ", ".join(map(str, ds)) or "none"
 
 

@@ -248,3 +248,20 @@ def test_model_checks_name_tp_and_the_dimension_it_cuts():
     # dp x tp x pp must fill the GPUs: each factor named
     one_line(lambda: ParallelPlan.for_world(96, tp=8, pp=5), "world_size", "96", "tp x pp = 8 x 5 = 40")
     assert ParallelPlan.for_world(64, tp=8, pp=4).dp == 2
+
+
+def test_a_huge_layer_count_that_pp_does_not_divide_is_refused_at_once():
+    # Found by `make fuzz` (--num-layers 99999999999): the message lists the divisors that
+    # would work, and finding them used to try every number up to the layer count.
+    from sim.plan import split_layers
+
+    n = 99_999_999_999  # = 3^2 x 21649 x 513239
+    with pytest.raises(InputError, match=r"3, 9, 21649, 64947, 194841, 513239, 1539717, 4619151") as e:
+        split_layers(n, 4)
+    assert "\n" not in str(e.value)
+    # every number listed divides n, and none in between is missed
+    from sim.plan import _divisors
+
+    for m in (36, 97, 1000, 2**20, 720720):
+        listed = [int(x) for x in _divisors(m).split(", ")]
+        assert listed == [d for d in range(2, m + 1) if m % d == 0][:8]
