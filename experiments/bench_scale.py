@@ -38,7 +38,20 @@ CASES = [
       "--recompute-granularity", "full", "--sequence-parallel"]),
 ]
 
-_CHILD = r"""
+_BARE = r"""
+import time
+import simpy
+def bare(n=200_000):  # events per second of a bare SimPy loop of timeouts
+    env = simpy.Environment()
+    def proc():
+        for _ in range(n):
+            yield env.timeout(1.0)
+    env.process(proc())
+    t = time.perf_counter(); env.run()
+    return n / (time.perf_counter() - t)
+"""
+
+_CHILD = _BARE + r"""
 import json, resource, sys, time
 from sim.cli import build_parser
 from sim.commands import run as R
@@ -52,37 +65,19 @@ plan = plan_from_args(args, model); topo = R._cluster(args, plan.world_size, pro
 run = simulate_training(model, plan, profile, topo, None, args.fidelity)
 wall = time.perf_counter() - t0
 rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-import simpy
-def bare(n=200_000):
-    env = simpy.Environment()
-    def proc():
-        for _ in range(n):
-            yield env.timeout(1.0)
-    env.process(proc())
-    t = time.perf_counter(); env.run()
-    return n / (time.perf_counter() - t)
 print(json.dumps({"wall_s": wall, "iteration_s": run.trace.end_s, **run.trace.stats, "rss_bytes": rss,
                   "bare_events_per_s": max(bare() for _ in range(3))}))
 """
 
 
-_FLOOR = r"""
+_FLOOR = _BARE + r"""
 import json, time
 from sim.actions import Action, Program
 from sim.engine import simulate
 from sim.topology_build import load_topology
-import simpy
 acts = {r: [Action.new(f"c{i}", stream="compute", duration_s=1e-3 * (1 + (i * 7 + r) % 5), deps=(f"c{i-1}",) if i else ())
             for i in range(4000)] for r in range(32)}
 trace = simulate(Program(acts, check=False), load_topology("dgx-h100", nodes=4), check_invariants=False)
-def bare(n=200_000):
-    env = simpy.Environment()
-    def proc():
-        for _ in range(n):
-            yield env.timeout(1.0)
-    env.process(proc())
-    t = time.perf_counter(); env.run()
-    return n / (time.perf_counter() - t)
 print(json.dumps({**trace.stats, "bare_events_per_s": max(bare() for _ in range(3))}))
 """
 
