@@ -35,6 +35,7 @@ from sim import collectives, invariants
 from sim.actions import Action, Program
 from sim.errors import DeadlockError, InputError
 from sim.network import Network
+from sim.program_index import index_program
 from sim.topology import Topology
 from sim.trace import Span, Trace
 
@@ -139,116 +140,22 @@ class _Engine:
         self._coll: dict[tuple, _Rendezvous] = {}
         self._step_plans: dict[tuple, tuple] = {}
         self._link_ids = 0
-        self._index()
-        self._assign_match_keys()
-        self._build_core()
-
-    def _index(self) -> None:
-        acts: list[Action] = []
-        rank_of: list[int] = []
-        stream_of: list[int] = []
-        streams: list[tuple[int, str]] = []
-        members: list[list[int]] = []
-        ids: dict[tuple[int, str], int] = {}
-        order: list[int] = []  # indices in program order, rank by rank
-        for r, lst in self.program.actions.items():
-            by: dict[str, list[tuple[int, Action]]] = {}
-            for k, a in enumerate(lst):
-                by.setdefault(a.stream, []).append((k, a))
-            local = [0] * len(lst)
-            for name in sorted(by):
-                sid = len(streams)
-                streams.append((r, name))
-                mine = []
-                for k, a in by[name]:
-                    i = len(acts)
-                    ids[(r, a.name)] = i
-                    local[k] = i
-                    acts.append(a)
-                    rank_of.append(r)
-                    stream_of.append(sid)
-                    mine.append(i)
-                members.append(mine)
-            order.extend(local)
-        self._order = order
-        pending = [0] * len(acts)
-        dependents: list[list[int] | None] = [None] * len(acts)
-        for i, a in enumerate(acts):
-            if a.deps:
-                r = rank_of[i]
-                for d in a.deps:
-                    j = ids[(r, d) if d.__class__ is str else d]
-                    pending[i] += 1
-                    if dependents[j] is None:
-                        dependents[j] = [i]
-                    else:
-                        dependents[j].append(i)
-        self._acts, self._rank_of, self._stream_of = acts, rank_of, stream_of
-        self._streams, self._members, self._ids = streams, members, ids
-        self._pending, self._dependents = pending, dependents
-        self._pos = [0] * len(streams)
-        self._busy = [False] * len(streams)
-        self._start = [0.0] * len(acts)
-        self._end = [-1.0] * len(acts)  # -1 until the action finishes
-        self._busy_start: list[float | None] = [None] * len(acts)  # when data started to move, if not at start
-        self._link_of: list[int | None] = [None] * len(acts)
+        ix = index_program(program)
+        self._acts, self._rank_of, self._stream_of = ix.acts, ix.rank_of, ix.stream_of
+        self._streams, self._members, self._ids = ix.streams, ix.members, ix.ids
+        self._pending, self._dependents = ix.pending, ix.dependents
+        self._key_of, self._partner, self._needed, self._barrier_of = ix.key_of, ix.partner, ix.needed, ix.barrier_of
+        n = len(ix.acts)
+        self._pos = [0] * len(ix.streams)
+        self._busy = [False] * len(ix.streams)
+        self._start = [0.0] * n
+        self._end = [-1.0] * n  # -1 until the action finishes
+        self._busy_start: list[float | None] = [None] * n  # when data started to move, if not at start
+        self._link_of: list[int | None] = [None] * n
         self._ready: deque[int] = deque()
-
-    def _assign_match_keys(self) -> None:
-        """Static matching: the n-th send a->b with a given tag (or none) meets the n-th
-        recv on b from a with that tag (``_partner``: index of the matching action, or
-        -1); a collective's members meet under one key (``_key_of``)."""
-        p2p_seq: dict[tuple, int] = {}
-        coll_seq: dict[tuple, int] = {}
-        n = len(self._acts)
-        key_of: list = [None] * n
-        waiting: dict[tuple, int] = {}
-        partner = [-1] * n
-        rank_of = self._rank_of
-        acts = self._acts
-        for i in self._order:  # program order: "the n-th send" counts across the rank's streams
-            a = acts[i]
-            kind = a.kind
-            if kind == "send" or kind == "recv":
-                r = rank_of[i]
-                pair = (r, a.peer, a.tag) if kind == "send" else (a.peer, r, a.tag)
-                k = p2p_seq.get((pair, kind), 0)
-                p2p_seq[(pair, kind)] = k + 1
-                key = (pair, k)
-                j = waiting.pop(key, None)
-                if j is None:
-                    waiting[key] = i
-                else:
-                    partner[i], partner[j] = j, i
-            elif kind == "collective":
-                r = rank_of[i]
-                group = tuple(sorted(a.group))
-                if a.tag:
-                    key = (group, "tag", a.tag)
-                else:
-                    k = coll_seq.get((group, r), 0)
-                    coll_seq[(group, r)] = k + 1
-                    key = (group, "seq", k)
-                key_of[i] = key
-        self._key_of, self._partner = key_of, partner
         self._arrived = bytearray(n)  # a send or recv that waits for its partner
         self._pair_link: list[int] = [0] * n
-        shadows = self.program.shadows
-        self._needed = {g: sum(1 for x in g if x not in shadows)
-                        for g in {a.group for a in self._acts if a.kind in ("collective", "comm")}}
-        # A comm action with a group starts when every simulated member is ready to start
-        # its own (the one of the same name): members share one barrier, [members still
-        # to arrive, indices of those arrived].
-        barrier_of: list = [None] * n
-        barriers: dict[tuple, list] = {}
-        for i, a in enumerate(self._acts):
-            if a.kind == "comm" and len(a.group) > 1 and self._needed[a.group] > 1:
-                key = (tuple(sorted(a.group)), a.name)
-                b = barriers.get(key)
-                if b is None:
-                    b = barriers[key] = [self._needed[a.group], []]
-                barrier_of[i] = b
-        self._barrier_of = barrier_of
+        self._build_core()
 
     # ------------------------------------------------------------------ run
     def run(self) -> Trace:
