@@ -30,7 +30,9 @@ worker and returns a *record*, a plain JSON-able dict::
   a ``WorkerStartError`` naming the likely cause and the worker's own exception, and
   records nothing for the plans that never ran (the results file stays valid). (Dask's
   scheduler retries tasks of a dead worker elsewhere by itself; a task that kills its
-  workers too often comes back as ``KilledWorker`` and is recorded as ``"crashed"``.)
+  workers too often comes back as ``KilledWorker`` and is recorded as ``"crashed"``. A
+  task the cluster cancels, as it sometimes does when a worker dies, is submitted again,
+  up to ``max_retries`` times.)
 - **Progress.** On a terminal, a bar with the count, rate and ETA on stderr; silent
   otherwise.
 
@@ -462,6 +464,14 @@ class Runner:
                     self._record(f.result())
                 except BrokenProcessPool:
                     broken.append(item)
+                except cf.CancelledError:  # the executor dropped it (Dask, when its worker died): again
+                    strikes[k] = strikes.get(k, 0) + 1
+                    if strikes[k] > self.max_retries:
+                        self._record({"key": k, "plan": asdict(p), "status": "crashed", "summary": None,
+                                      "error": f"the executor cancelled this plan {strikes[k]} times"})
+                    else:
+                        self.retried += 1
+                        queue.appendleft(item)
                 except Exception as exc:  # noqa: BLE001 - e.g. Dask's KilledWorker
                     self._record({"key": k, "plan": asdict(p), "status": "crashed", "error": _one_line(exc),
                                   "summary": None})

@@ -294,3 +294,41 @@ def test_a_worker_whose_import_fails_fails_fast_with_its_exception(tmp_path):
     p, _ = _script(tmp_path, guarded=True)
     assert p.returncode == 0 and p.stdout.strip() == "done", p.stderr[-3000:]
     assert len((tmp_path / "out" / "results.jsonl").read_text().splitlines()) == 4
+
+
+class _Cancelling:
+    """An executor that cancels the first ``n`` submissions of each plan (as a Dask cluster
+    sometimes does with the task of a worker that died) and runs the rest inline."""
+
+    def __init__(self, n):
+        import concurrent.futures as cf
+
+        self.cf, self.n, self.seen = cf, n, {}
+
+    def submit(self, fn, ctx, plan):
+        f = self.cf.Future()
+        k = plan_key(plan)
+        self.seen[k] = self.seen.get(k, 0) + 1
+        if self.seen[k] <= self.n:
+            f.cancel()
+        else:
+            f.set_result(fn(ctx, plan))
+        return f
+
+    def shutdown(self, *a, **k):
+        pass
+
+
+@pytest.mark.parametrize("cancels,status", [(1, "ok"), (2, "ok"), (3, "crashed")])
+def test_a_plan_the_executor_cancels_is_submitted_again(cancels, status):
+    plans = PLANS[:2]
+    with Runner(workers=0, max_retries=2) as runner:
+        runner._pool = _Cancelling(cancels)
+        records = runner.run(CTX, plans)
+    assert [r["status"] for r in records] == [status, status]
+    assert runner._pool.seen == {plan_key(p): min(cancels + 1, 3) for p in plans}  # at most 1 + max_retries
+    if status == "crashed":
+        assert records[0]["error"] == "the executor cancelled this plan 3 times"
+    else:
+        with Runner(workers=0) as inline:
+            assert records == inline.run(CTX, plans)
