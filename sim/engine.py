@@ -143,11 +143,10 @@ class _Engine:
         ix = index_program(program)
         self._acts, self._rank_of, self._stream_of = ix.acts, ix.rank_of, ix.stream_of
         self._streams, self._members, self._ids = ix.streams, ix.members, ix.ids
-        self._pending, self._dependents = ix.pending, ix.dependents
+        self._pending, self._dependents, self._nxt = ix.pending, ix.dependents, ix.nxt
         self._key_of, self._partner, self._needed, self._barrier_of = ix.key_of, ix.partner, ix.needed, ix.barrier_of
+        self._dur, self._mem_start, self._mem_end = ix.dur, ix.mem_start, ix.mem_end
         n = len(ix.acts)
-        self._pos = [0] * len(ix.streams)
-        self._busy = [False] * len(ix.streams)
         self._start = [0.0] * n
         self._end = [-1.0] * n  # -1 until the action finishes
         self._busy_start: list[float | None] = [None] * n  # when data started to move, if not at start
@@ -163,10 +162,9 @@ class _Engine:
         t0 = time.perf_counter()
         self._prepare()
         t1 = time.perf_counter()
-        for sid in range(len(self._streams)):
-            self._kick(sid)
+        self._start_ready()
         env.run()
-        unfinished = [sid for sid, mine in enumerate(self._members) if self._pos[sid] < len(mine)]
+        unfinished = [sid for sid, mine in enumerate(self._members) if mine and self._end[mine[-1]] < 0]
         if unfinished:
             raise DeadlockError(self._explain(unfinished), env.now)
         self.spans = self._spans()
@@ -214,40 +212,55 @@ class _Engine:
         env = self.env
         queue, eid = env._queue, env._eid
         acts, rank_of, stream_of = self._acts, self._rank_of, self._stream_of
-        members, pending, dependents = self._members, self._pending, self._dependents
-        pos, busy, start, end = self._pos, self._busy, self._start, self._end
+        members, pending, dependents, nxt = self._members, self._pending, self._dependents, self._nxt
+        start, end = self._start, self._end
         busy_start, link_of = self._busy_start, self._link_of
         barrier_of = self._barrier_of
         memory = self.memory
+        dur, mem_start, mem_end = self._dur, self._mem_start, self._mem_end
         ready = self._ready
         popleft = ready.popleft
         join_collective, join_p2p, copy = self._join_collective, self._join_p2p, self._copy
         draining = False
 
+        batch_t, batch_e, batch = -1.0, -2, []  # the last compute timeout queued: its time, id and actions
+
         def compute_done(ev):
-            finish(ev._value, None, None)
+            for i in ev._value:  # (the list may grow while this runs: see begin)
+                finish(i, None, None)
 
         def begin(i):
-            a = acts[i]
             now = env._now
             start[i] = now
-            if a.mem:
-                for w, category, nbytes in a.mem:
-                    if w == "start":
-                        memory.append((now, rank_of[i], category, float(nbytes)))
-            kind = a.kind
-            if kind == "compute" or kind == "comm":
-                d = a.duration_s
+            m = mem_start[i]
+            if m is not None:
+                r = rank_of[i]
+                for category, nbytes in m:
+                    memory.append((now, r, category, nbytes))
+            d = dur[i]
+            if d is not None:  # compute or comm
                 if d > 0:
-                    ev = _new_object(Timeout)
-                    ev.env = env
-                    ev.callbacks = [compute_done]
-                    ev._value = i
-                    ev._ok = True
-                    heappush(queue, (now + d, NORMAL, next(eid), ev))
+                    nonlocal batch_t, batch_e, batch
+                    t = now + d
+                    e = next(eid)
+                    if e == batch_e + 1 and t == batch_t:  # next in line at the same instant: same entry
+                        batch.append(i)
+                    else:
+                        batch = [i]
+                        ev = _new_object(Timeout)
+                        ev.env = env
+                        ev.callbacks = [compute_done]
+                        ev._value = batch
+                        ev._ok = True
+                        heappush(queue, (t, NORMAL, e, ev))
+                        batch_t = t
+                    batch_e = e
                 else:
                     finish(i, None, None)
-            elif kind == "collective":
+                return
+            a = acts[i]
+            kind = a.kind
+            if kind == "collective":
                 join_collective(rank_of[i], a, i)
             elif kind == "copy":
                 copy(i, a, now)
@@ -259,56 +272,48 @@ class _Engine:
             draining = True
             try:
                 while ready:
-                    sid = popleft()
-                    if busy[sid]:
-                        continue
-                    mine = members[sid]
-                    k = pos[sid]
-                    if k < len(mine):
-                        i = mine[k]
-                        if not pending[i]:
-                            busy[sid] = True
-                            b = barrier_of[i]
-                            if b is None:
-                                begin(i)
-                            else:  # ready; the group starts when its last member is
-                                b[0] -= 1
-                                b[1].append(i)
-                                if not b[0]:
-                                    for j in b[1]:
-                                        begin(j)
+                    i = popleft()
+                    b = barrier_of[i]
+                    if b is None:
+                        begin(i)
+                    else:  # ready; the group starts when its last member is
+                        b[0] -= 1
+                        b[1].append(i)
+                        if not b[0]:
+                            for j in b[1]:
+                                begin(j)
             finally:
                 draining = False
 
         def finish(i, bstart, lid):
-            a = acts[i]
             now = end[i] = env._now
-            if a.mem:
-                for w, category, nbytes in a.mem:
-                    if w == "end":
-                        memory.append((now, rank_of[i], category, float(nbytes)))
+            m = mem_end[i]
+            if m is not None:
+                r = rank_of[i]
+                for category, nbytes in m:
+                    memory.append((now, r, category, nbytes))
             if bstart is not None:
                 busy_start[i] = bstart
                 link_of[i] = lid
-            sid = stream_of[i]
-            busy[sid] = False
-            pos[sid] += 1
-            ready.append(sid)
+            j = nxt[i]
+            if j >= 0:
+                pending[j] -= 1
+                if not pending[j]:
+                    ready.append(j)
             deps = dependents[i]
             if deps:
                 for j in deps:
                     pending[j] -= 1
                     if not pending[j]:
-                        ready.append(stream_of[j])
+                        ready.append(j)
             if not draining:
                 drain()
 
-        def kick(sid):
-            ready.append(sid)
-            if not draining:
-                drain()
+        def start_ready():
+            ready.extend(mine[0] for mine in members if mine and not pending[mine[0]])
+            drain()
 
-        self._finish, self._kick = finish, kick
+        self._finish, self._start_ready = finish, start_ready
 
     def _copy(self, i: int, a: Action, now: float) -> None:
         self.net.transfer_host(self._rank_of[i], a.nbytes, a.op == "d2h",
@@ -434,7 +439,7 @@ class _Engine:
         resolve = self.program.resolve
         for sid in unfinished:
             rank, stream = self._streams[sid]
-            i = self._members[sid][self._pos[sid]]
+            i = next(j for j in self._members[sid] if self._end[j] < 0)
             a = self._acts[i]
             if self._pending[i] > 0:
                 pending = [f"{r}:{n}" for r, n in (resolve(rank, d) for d in a.deps)

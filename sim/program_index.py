@@ -4,7 +4,12 @@ to know before the clock starts is computed once here.
 - ``acts``, ``rank_of``, ``stream_of``: each action and where it runs; ``streams`` lists
   (rank, stream name); ``members[sid]`` the actions of a stream in order; ``ids`` maps
   (rank, name) to an index.
-- ``pending[i]`` counts action i's dependencies; ``dependents[j]`` lists those waiting on j.
+- ``pending[i]`` counts action i's dependencies, and one more for the action before it
+  on its stream, if any: ``nxt[j]`` (or -1). ``dependents[j]`` lists the actions that name
+  j in their ``deps``.
+- ``dur[i]``: the duration of a compute or comm action (None for the others);
+  ``mem_start[i]``, ``mem_end[i]``: its memory changes, as (category, bytes) pairs, when
+  it starts and when it ends (None if none), so that the run need not read the action.
 - ``partner[i]``: the send or recv that action i meets (or -1). The n-th send from a to b
   with a given tag (or none) meets the n-th recv on b from a with that tag, counted in
   each rank's program order across its streams.
@@ -25,7 +30,8 @@ class ProgramIndex:
     """What ``index_program`` returns (see the module doc)."""
 
     __slots__ = ("acts", "rank_of", "stream_of", "streams", "members", "ids", "order", "pending", "dependents",
-                 "key_of", "partner", "needed", "barrier_of")
+                 "key_of", "partner", "needed", "barrier_of",
+                 "dur", "mem_start", "mem_end", "nxt")
 
 
 def index_program(program: Program) -> ProgramIndex:
@@ -64,7 +70,18 @@ def _index(ix: ProgramIndex, program: Program) -> None:
         order.extend(local)
     pending = [0] * len(acts)
     dependents: list[list[int] | None] = [None] * len(acts)
+    dur: list[float | None] = [None] * len(acts)
+    mem_start: list[tuple | None] = [None] * len(acts)
+    mem_end: list[tuple | None] = [None] * len(acts)
     for i, a in enumerate(acts):
+        kind = a.kind
+        if kind == "compute" or kind == "comm":
+            dur[i] = a.duration_s
+        if a.mem:
+            for when, table in (("start", mem_start), ("end", mem_end)):
+                m = tuple((category, float(nbytes)) for w, category, nbytes in a.mem if w == when)
+                if m:
+                    table[i] = m
         if a.deps:
             r = rank_of[i]
             for d in a.deps:
@@ -75,7 +92,13 @@ def _index(ix: ProgramIndex, program: Program) -> None:
                 else:
                     dependents[j].append(i)
     ix.acts, ix.rank_of, ix.stream_of, ix.streams, ix.members = acts, rank_of, stream_of, streams, members
-    ix.ids, ix.order, ix.pending, ix.dependents = ids, order, pending, dependents
+    nxt = [-1] * len(acts)
+    for mine in members:
+        for i, j in zip(mine, mine[1:]):
+            nxt[i] = j
+            pending[j] += 1
+    ix.ids, ix.order, ix.pending, ix.dependents, ix.nxt = ids, order, pending, dependents, nxt
+    ix.dur, ix.mem_start, ix.mem_end = dur, mem_start, mem_end
 
 
 def _match(ix: ProgramIndex, program: Program) -> None:
