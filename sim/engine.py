@@ -23,12 +23,15 @@ import time
 from collections import deque
 from contextlib import contextmanager
 from functools import partial
+from heapq import heappush
+from itertools import compress, count, islice
+from operator import attrgetter, eq
 
 import simpy
 from simpy.events import NORMAL, Timeout
-from heapq import heappush
 
 _tuple_new = tuple.__new__  # a Span without the named tuple's Python-level __new__
+_SPAN_ORDER = attrgetter("rank", "stream", "start_s", "end_s", "name")  # the trace's order
 _new_object = object.__new__  # a Timeout without its Python-level __init__ (set up in _build_core)
 
 from sim import collectives, invariants
@@ -168,7 +171,8 @@ class _Engine:
         if unfinished:
             raise DeadlockError(self._explain(unfinished), env.now)
         self.spans = self._spans()
-        self.spans.sort(key=lambda s: (s.rank, s.stream, s.start_s, s.end_s, s.name))
+        if not self._spans_in_order():
+            self.spans.sort(key=_SPAN_ORDER)
         link_bytes = {self.net.link_names[i]: b for i, b in enumerate(self.net.link_bytes) if b > 0}
         kinds = {self.net.link_names[i]: self.net.link_kinds[i] for i, b in enumerate(self.net.link_bytes) if b > 0}
         ranks = {r: {"node": self.topology.node_of(r), "device": self.topology.gpu(r)} for r in self.program.ranks}
@@ -193,6 +197,19 @@ class _Engine:
                 self._plan_steps(a)
         for src, dst in sorted(pairs):
             self.net.prepare_route(src, dst)
+
+    def _spans_in_order(self) -> bool:
+        """Whether the spans, built in index order, are already in the trace's order
+        (rank, stream, start, end, name). Indices go stream by stream, in each stream in
+        the order its actions ran, so starts never decrease within a stream; only streams
+        listed out of (rank, name) order or actions that start at the same instant (ones
+        that take no time) can be out of order, and only those are compared."""
+        if self._streams != sorted(self._streams):
+            return False
+        start, stream_of, spans = self._start, self._stream_of, self.spans
+        ties = compress(count(), map(eq, start, islice(start, 1, None)))  # i where start[i] == start[i + 1]
+        return all(stream_of[i] != stream_of[i + 1] or _SPAN_ORDER(spans[i]) <= _SPAN_ORDER(spans[i + 1])
+                   for i in ties)
 
     def _spans(self) -> list[Span]:
         """The trace's spans, from what the run recorded per action."""

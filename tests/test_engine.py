@@ -192,3 +192,21 @@ def test_the_nth_send_matches_the_nth_recv_in_program_order_across_streams(make_
     # a meets ra at 0 (100 B at 100 B/s: 1 s); b waits for rb, posted when ra ends, then
     # takes 3 s. Matched the other way round, the sizes would disagree (an error).
     assert ends["ra"] == pytest.approx(1.0) and ends["rb"] == pytest.approx(4.0)
+
+
+def test_spans_come_in_rank_stream_start_end_name_order(make_star):
+    # Ranks listed out of order, and a stream whose zero-length actions start at the same
+    # instant in an order their names do not follow: the trace is still in (rank, stream,
+    # start, end, name) order, as the Trace promises.
+    t = make_star([1.0, 1.0, 1.0])
+    prog = Program({
+        2: [Action("x", duration_s=1.0)],
+        0: [Action("z", duration_s=0.0), Action("b", duration_s=0.0), Action("a", duration_s=2.0),
+            Action("m", duration_s=0.0, stream="aux"), Action("c", duration_s=1.0, stream="aux")],
+        1: [Action("q", duration_s=1.0), Action("p", duration_s=0.0)],
+    })
+    log = _log(simulate(prog, t))
+    assert log == sorted(log, key=lambda r: (r[0], r[1], r[3], r[4], r[2]))
+    assert [r[2] for r in log] == ["m", "c", "b", "z", "a", "q", "p", "x"]
+    prog = Program({0: [Action("a", duration_s=1.0), Action("b", duration_s=0.0), Action("c", duration_s=1.0)]})
+    assert [r[2] for r in _log(simulate(prog, make_star([1.0])))] == ["a", "b", "c"]  # in order already
