@@ -28,7 +28,7 @@ from itertools import compress, count, islice
 from operator import attrgetter, eq
 
 import simpy
-from simpy.events import NORMAL, Timeout
+from simpy.events import NORMAL, PENDING, Event, Timeout
 
 _tuple_new = tuple.__new__  # a Span without the named tuple's Python-level __new__
 _SPAN_ORDER = attrgetter("rank", "stream", "start_s", "end_s", "name")  # the trace's order
@@ -74,6 +74,16 @@ def gc_paused():
         if was:
             gc.freeze()
             gc.enable()
+
+
+def _event_calling(env: simpy.Environment, callback) -> Event:
+    """``Event(env)`` with ``callback`` as its one callback, without SimPy's Python-level
+    ``__init__`` (for the network's ``start``)."""
+    ev = _new_object(Event)
+    ev.env = env
+    ev.callbacks = [callback]
+    ev._value = PENDING
+    return ev
 
 
 class _CountingEnvironment(simpy.Environment):
@@ -354,9 +364,8 @@ class _Engine:
             raise InputError(
                 f"program: recv {recv.name!r} on rank {self._rank_of[ri]} expects {recv.nbytes} bytes but the matching send {send.name!r} on rank {self._rank_of[si]} sends {send.nbytes}"
             )
-        ev = self.net.transfer(self._rank_of[si], self._rank_of[ri], send.nbytes,
-                               f"{send.category or 'p2p'} {send.name}")
-        ev.callbacks.append(partial(self._delivered, si, ri, self.env._now, lid))
+        self.net.start(self._rank_of[si], self._rank_of[ri], send.nbytes, f"{send.category or 'p2p'} {send.name}", 1,
+                       _event_calling(self.env, partial(self._delivered, si, ri, self.env._now, lid)))
 
     def _delivered(self, si: int, ri: int, began: float, lid: int, _event) -> None:
         self._finish(si, began, lid)
@@ -423,7 +432,7 @@ class _Engine:
         waiting = list(waiting0)
         action_of = rv.posted
         left = {r: involved.get(r, 0) for r in action_of}
-        net = self.net
+        net, env = self.net, self.env
         began = rv.began
 
         def finished(i):
@@ -440,8 +449,8 @@ class _Engine:
 
         def start(i):
             s = steps[i]
-            net.transfer(s.src, s.dst, s.nbytes, f"{label} {s.label}", s.latency_steps).callbacks.append(
-                lambda _e: finished(i))
+            net.start(s.src, s.dst, s.nbytes, f"{label} {s.label}", s.latency_steps,
+                      _event_calling(env, lambda _e: finished(i)))
 
         for r in sorted(left):
             if left[r] == 0:

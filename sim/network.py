@@ -21,12 +21,26 @@ from __future__ import annotations
 
 import heapq
 import math
+from heapq import heappush
 from typing import NamedTuple
 
 import simpy
-from simpy.events import Event, Timeout
+from simpy.events import NORMAL, Event, Timeout
 
 _tuple_new = tuple.__new__  # a TransferRecord without the named tuple's Python-level __new__
+_new_object = object.__new__
+
+
+def _later(env: simpy.Environment, delay: float, value, callback) -> None:
+    """What ``Timeout(env, delay, value).callbacks.append(callback)`` does, without SimPy's
+    Python-level ``__init__`` (the network's hot path): the same event, queued the same way."""
+    ev = _new_object(Timeout)
+    ev.env = env
+    ev.callbacks = [callback]
+    ev._value = value
+    ev._ok = True
+    ev._delay = delay
+    heappush(env._queue, (env._now + delay, NORMAL, next(env._eid), ev))
 
 from sim.topology import Topology
 
@@ -47,10 +61,11 @@ class TransferRecord(NamedTuple):
 
 class _Flow:
     __slots__ = ("links", "remaining", "rate", "last_t", "version", "done", "src", "dst", "nbytes", "start", "label",
-                 "medium")
+                 "medium", "bottleneck")
 
-    def __init__(self, links, nbytes, done, src, dst, start, label, medium):
+    def __init__(self, links, nbytes, done, src, dst, start, label, medium, bottleneck):
         self.links = links
+        self.bottleneck = bottleneck
         self.remaining = float(nbytes)
         self.rate = 0.0
         self.last_t = start
@@ -83,8 +98,7 @@ class Network:
                 self.link_kinds.append(d["kind"])
         self._flows_on: list[set[_Flow]] = [set() for _ in self.capacity]
         self.link_bytes: list[float] = [0.0] * len(self.capacity)
-        self._route: dict[tuple[int, int], tuple[tuple[int, ...], float, str]] = {}
-        self._bottleneck: dict[tuple[int, ...], float] = {}  # a route's smallest capacity
+        self._route: dict[tuple[int, int], tuple[tuple[int, ...], float, str, float]] = {}
         self._dirty: set[int] = set()
         self._pending = False
         self.records: list[TransferRecord] = []
@@ -94,32 +108,36 @@ class Network:
     def transfer(self, src: int, dst: int, nbytes: int, label: str = "", latency_steps: int = 1) -> simpy.Event:
         """Start moving ``nbytes`` from GPU ``src`` to GPU ``dst``; the event fires when done.
         The route's latency is paid ``latency_steps`` times."""
+        done = Event(self.env)
+        self.start(src, dst, nbytes, label, latency_steps, done)
+        return done
+
+    def start(self, src: int, dst: int, nbytes: int, label: str, latency_steps: int, done: Event) -> None:
+        """``transfer`` with the event to fire given (the engine's hot path builds its own)."""
         env = self.env
-        done = Event(env)
-        links, latency, medium = self._route_of(src, dst)
-        flow = _Flow(links, nbytes, done, src, dst, env._now, label, medium)
+        r = self._route.get((src, dst))
+        links, latency, medium, bottleneck = self._route_of(src, dst) if r is None else r
+        flow = _Flow(links, nbytes, done, src, dst, env._now, label, medium, bottleneck)
         self.active += 1
         link_bytes = self.link_bytes
         for l in links:
             link_bytes[l] += nbytes
         if latency > 0:
-            t = Timeout(env, latency * latency_steps, flow)
-            t.callbacks.append(self._arrived)
+            _later(env, latency * latency_steps, flow, self._arrived)
         else:
             self._join(flow)
-        return done
 
     def transfer_host(self, rank: int, nbytes: float, to_host: bool, label: str = "") -> simpy.Event:
         """Copy ``nbytes`` between GPU ``rank`` and its host CPU over their PCIe link."""
         done = self.env.event()
         links = tuple(self._link_id[l] for l in self.topology.host_route(rank, to_host))
         latency = sum(self.topology.graph.edges[l]["latency_s"] for l in self.topology.host_route(rank, to_host))
-        flow = _Flow(links, nbytes, done, rank, rank, self.env.now, label, "pcie")
+        flow = _Flow(links, nbytes, done, rank, rank, self.env.now, label, "pcie",
+                     min((self.capacity[l] for l in links), default=math.inf))
         self.active += 1
         for l in links:
             self.link_bytes[l] += nbytes
-        t = Timeout(self.env, latency, flow)
-        t.callbacks.append(self._arrived)
+        _later(self.env, latency, flow, self._arrived)
         return done
 
     def prepare_route(self, src: int, dst: int) -> None:
@@ -127,7 +145,8 @@ class Network:
         self._route_of(src, dst)
 
     # ------------------------------------------------------------------ internals
-    def _route_of(self, src: int, dst: int) -> tuple[tuple[int, ...], float, str]:
+    def _route_of(self, src: int, dst: int) -> tuple[tuple[int, ...], float, str, float]:
+        """The route's link ids, its latency, its medium and its bottleneck capacity."""
         key = (src, dst)
         r = self._route.get(key)
         if r is None:
@@ -135,7 +154,8 @@ class Network:
             ids = tuple(self._link_id[l] for l in links)
             kinds = {self.link_kinds[i] for i in ids}
             medium = next((k for k in ("ethernet", "ib", "pcie", "nvlink") if k in kinds), "local")
-            r = (ids, self.topology.path_latency_s(src, dst), medium)
+            bottleneck = min((self.capacity[i] for i in ids), default=math.inf)
+            r = (ids, self.topology.path_latency_s(src, dst), medium, bottleneck)
             self._route[key] = r
         return r
 
@@ -146,9 +166,7 @@ class Network:
     def _join(self, flow: _Flow) -> None:
         flow.last_t = self.env._now
         links = flow.links
-        bottleneck = self._bottleneck.get(links)
-        if bottleneck is None:
-            bottleneck = self._bottleneck[links] = min((self.capacity[l] for l in links), default=math.inf)
+        bottleneck = flow.bottleneck
         if flow.remaining <= 0 or bottleneck == math.inf:
             self._finish(flow)
             return
@@ -167,7 +185,7 @@ class Network:
             flows_on[l].add(flow)
         flow.rate = bottleneck
         flow.version += 1
-        Timeout(self.env, flow.remaining / bottleneck, (flow, flow.version)).callbacks.append(self._timer)
+        _later(self.env, flow.remaining / bottleneck, (flow, flow.version), self._timer)
         if self.check:
             self._check_capacity(links)
 
@@ -178,7 +196,8 @@ class Network:
             ev.callbacks.append(self._reallocate)
 
     def _finish(self, flow: _Flow) -> None:
-        now = self.env._now
+        env = self.env
+        now = env._now
         for l in flow.links:
             fl = self._flows_on[l]
             if flow in fl:
@@ -189,7 +208,10 @@ class Network:
         self.active -= 1
         self.records.append(_tuple_new(TransferRecord, (flow.src, flow.dst, flow.nbytes, flow.start, now, flow.label,
                                                         flow.medium)))
-        flow.done.succeed()
+        done = flow.done  # what done.succeed() does, without its Python-level checks
+        done._ok = True
+        done._value = None
+        heappush(env._queue, (now, NORMAL, next(env._eid), done))
         if self._dirty:
             self._request_reallocation()
 
@@ -245,7 +267,7 @@ class Network:
             delay = left / r if r > 0 else math.inf
             if math.isinf(delay):
                 continue
-            Timeout(self.env, delay, (f, f.version)).callbacks.append(self._timer)
+            _later(self.env, delay, (f, f.version), self._timer)
         if self.check:
             self._check_capacity(links)
 
