@@ -6,9 +6,10 @@ pp 16, batch 2048 sequences of 8192 tokens), at reduced and full fidelity, it pr
 wall time of one simulated iteration, the SimPy events processed, events per second and
 the peak RSS. Each case runs in a fresh process (so RSS is its own) with a time limit;
 cases over the limit are reported as such, not guessed. The engine's time is split into
-set-up (routes and collective steps, before the clock starts) and the event loop with
-trace assembly; its event rate (SimPy events per second of the latter) is also given as
-a ratio of a bare SimPy loop of timeouts run in the same process right after.
+set-up (indexing the program, routes and collective steps, before the clock starts) and
+the event loop with trace assembly; its event rate (SimPy events per second of the
+latter) is also given as a ratio of a bare SimPy loop of timeouts run in the same
+process right after.
 
     python experiments/bench_scale.py [--repeat 2] [--limit 600] [--only reduced|full] [--case TEXT]
 
@@ -112,8 +113,8 @@ def main() -> int:
     ap.add_argument("--case", default="", help="only the cases whose name contains this text (e.g. 1024xA100)")
     args = ap.parse_args()
     print("wall s: one simulated iteration end to end (topology, program, engine); set-up s: the engine's")
-    print("routing and collective planning before the clock starts; engine s: its event loop and trace")
-    print("assembly; events/s: SimPy events per engine second, and as a ratio of a bare SimPy loop of")
+    print("indexing of the program, routing and collective planning before the clock starts; engine s: its")
+    print("event loop and trace assembly; events/s: SimPy events per engine second, and as a ratio of a bare SimPy loop of")
     print("timeouts run in the same process right after (best of 3)")
     print(f"{'case':<24} {'fidelity':<8} {'wall s':>7} {'set-up s':>8} {'engine s':>8} {'events':>11} {'events/s':>9} "
           f"{'vs bare':>7} {'RSS MB':>7} {'iteration s':>11}")

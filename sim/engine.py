@@ -153,6 +153,7 @@ class _Engine:
         self._coll: dict[tuple, _Rendezvous] = {}
         self._step_plans: dict[tuple, tuple] = {}
         self._link_ids = 0
+        t0 = time.perf_counter()
         ix = index_program(program)
         self._acts, self._rank_of, self._stream_of = ix.acts, ix.rank_of, ix.stream_of
         self._streams, self._members, self._ids = ix.streams, ix.members, ix.ids
@@ -168,6 +169,7 @@ class _Engine:
         self._arrived = bytearray(n)  # a send or recv that waits for its partner
         self._pair_link: list[int] = [0] * n
         self._build_core()
+        self._index_s = time.perf_counter() - t0
 
     # ------------------------------------------------------------------ run
     def run(self) -> Trace:
@@ -189,7 +191,7 @@ class _Engine:
         trace = Trace(self.spans, list(self.net.records), link_bytes, kinds, ranks, self.topology.name, self.memory)
         trace.stats = {"events": env.events_processed, "actions": len(self.program),
                        "transfers": len(self.net.records), "simulated_gpus": len(self.program.actions),
-                       "engine_setup_s": t1 - t0, "engine_wall_s": time.perf_counter() - t1}
+                       "engine_setup_s": self._index_s + t1 - t0, "engine_wall_s": time.perf_counter() - t1}
         if self.check:
             if self.net.active:
                 invariants.violation(f"{self.net.active} network flows never finished")
@@ -209,27 +211,29 @@ class _Engine:
             self.net.prepare_route(src, dst)
 
     def _spans_in_order(self) -> bool:
-        """Whether the spans, built in index order, are already in the trace's order
-        (rank, stream, start, end, name). Indices go stream by stream, in each stream in
-        the order its actions ran, so starts never decrease within a stream; only streams
-        listed out of (rank, name) order or actions that start at the same instant (ones
-        that take no time) can be out of order, and only those are compared."""
+        """Whether the spans, built stream by stream, are already in the trace's order
+        (rank, stream, start, end, name). Within a stream the actions ran one after the
+        other, so starts never decrease; only streams listed out of (rank, name) order or
+        actions that start at the same instant (ones that take no time) can be out of
+        order, and only those are compared."""
         if self._streams != sorted(self._streams):
             return False
-        start, stream_of, spans = self._start, self._stream_of, self.spans
-        ties = compress(count(), map(eq, start, islice(start, 1, None)))  # i where start[i] == start[i + 1]
-        return all(stream_of[i] != stream_of[i + 1] or _SPAN_ORDER(spans[i]) <= _SPAN_ORDER(spans[i + 1])
-                   for i in ties)
+        spans = self.spans
+        starts = [s.start_s for s in spans]
+        ties = compress(count(), map(eq, starts, islice(starts, 1, None)))  # k where spans k, k+1 start together
+        return all(spans[k].stream != spans[k + 1].stream or spans[k].rank != spans[k + 1].rank
+                   or _SPAN_ORDER(spans[k]) <= _SPAN_ORDER(spans[k + 1]) for k in ties)
 
     def _spans(self) -> list[Span]:
-        """The trace's spans, from what the run recorded per action."""
-        start, end, busy_start, link_of = self._start, self._end, self._busy_start, self._link_of
-        names = [name for _, name in self._streams]
-        stream_of, rank_of = self._stream_of, self._rank_of
-        return [_tuple_new(Span, (rank_of[i], names[stream_of[i]], a.name, a.kind, a.category or (a.op or a.kind),
-                                  start[i], end[i], a.nbytes, a.flops, a.peer, a.op, link_of[i],
-                                  start[i] if busy_start[i] is None else busy_start[i], a.layer))
-                for i, a in enumerate(self._acts)]
+        """The trace's spans, from what the run recorded per action, stream by stream."""
+        start, end, busy_start, link_of, acts = self._start, self._end, self._busy_start, self._link_of, self._acts
+        out: list[Span] = []
+        for (rank, stream), mine in zip(self._streams, self._members):
+            out += [_tuple_new(Span, (rank, stream, a.name, a.kind, a.category or (a.op or a.kind),
+                                      start[i], end[i], a.nbytes, a.flops, a.peer, a.op, link_of[i],
+                                      start[i] if busy_start[i] is None else busy_start[i], a.layer))
+                    for i, a in zip(mine, map(acts.__getitem__, mine))]
+        return out
 
     def _build_core(self) -> None:
         """The hot path, as closures over local lists (cheaper than attribute lookups):

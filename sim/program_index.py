@@ -3,7 +3,7 @@ to know before the clock starts is computed once here.
 
 - ``acts``, ``rank_of``, ``stream_of``: each action and where it runs; ``streams`` lists
   (rank, stream name); ``members[sid]`` the actions of a stream in order; ``ids`` maps
-  (rank, name) to an index.
+  (rank, name) to an index. Indices go round the streams (see ``_index``).
 - ``pending[i]`` counts action i's dependencies, and one more for the action before it
   on its stream, if any: ``nxt[j]`` (or -1). ``dependents[j]`` lists the actions that name
   j in their ``deps``.
@@ -42,61 +42,77 @@ def index_program(program: Program) -> ProgramIndex:
 
 
 def _index(ix: ProgramIndex, program: Program) -> None:
-    acts: list[Action] = []
-    rank_of: list[int] = []
-    stream_of: list[int] = []
+    """Indices go round the streams: the first action of every stream, then the second,
+    and so on. Actions that run at about the same time on different ranks then sit side
+    by side in the engine's arrays, which on a thousand ranks nearly halves the time the
+    run spends waiting for memory. The actions are read stream by stream (the order they
+    were made in, and so the cheap one), and lists are built in that order too
+    (``dependents[j]``, for one, lists its actions stream by stream)."""
     streams: list[tuple[int, str]] = []
-    members: list[list[int]] = []
-    ids: dict[tuple[int, str], int] = {}
-    order: list[int] = []  # indices in program order, rank by rank
+    slots: list[list[tuple[int, Action]]] = []  # per stream: (position in the rank's list, action)
     for r, lst in program.actions.items():
         by: dict[str, list[tuple[int, Action]]] = {}
         for k, a in enumerate(lst):
             by.setdefault(a.stream, []).append((k, a))
-        local = [0] * len(lst)
         for name in sorted(by):
-            sid = len(streams)
             streams.append((r, name))
-            mine = []
-            for k, a in by[name]:
-                i = len(acts)
-                ids[(r, a.name)] = i
-                local[k] = i
-                acts.append(a)
-                rank_of.append(r)
-                stream_of.append(sid)
-                mine.append(i)
-            members.append(mine)
-        order.extend(local)
-    pending = [0] * len(acts)
-    dependents: list[list[int] | None] = [None] * len(acts)
-    dur: list[float | None] = [None] * len(acts)
-    mem_start: list[tuple | None] = [None] * len(acts)
-    mem_end: list[tuple | None] = [None] * len(acts)
-    for i, a in enumerate(acts):
-        kind = a.kind
-        if kind == "compute" or kind == "comm":
-            dur[i] = a.duration_s
-        if a.mem:
-            for when, table in (("start", mem_start), ("end", mem_end)):
-                m = tuple((category, float(nbytes)) for w, category, nbytes in a.mem if w == when)
-                if m:
-                    table[i] = m
-        if a.deps:
-            r = rank_of[i]
-            for d in a.deps:
-                j = ids[(r, d) if d.__class__ is str else d]
-                pending[i] += 1
-                if dependents[j] is None:
-                    dependents[j] = [i]
-                else:
-                    dependents[j].append(i)
+            slots.append(by[name])
+    members: list[list[int]] = [[] for _ in streams]
+    live = list(range(len(streams)))
+    n = depth = 0
+    while live:
+        for sid in live:
+            members[sid].append(n)
+            n += 1
+        depth += 1
+        live = [sid for sid in live if len(slots[sid]) > depth]
+    acts: list = [None] * n
+    rank_of = [0] * n
+    stream_of = [0] * n
+    ids: dict[tuple[int, str], int] = {}
+    order: list[int] = []  # indices in program order, rank by rank
+    pending = [0] * n
+    nxt = [-1] * n
+    dur: list[float | None] = [None] * n
+    mem_start: list[tuple | None] = [None] * n
+    mem_end: list[tuple | None] = [None] * n
+    local: list[int] = []
+    for sid, (r, _) in enumerate(streams):
+        if sid == 0 or streams[sid - 1][0] != r:
+            order += local
+            local = [0] * len(program.actions[r])
+        prev = -1
+        for (k, a), i in zip(slots[sid], members[sid]):
+            acts[i] = a
+            rank_of[i] = r
+            stream_of[i] = sid
+            ids[(r, a.name)] = i
+            local[k] = i
+            if prev >= 0:
+                nxt[prev] = i
+                pending[i] = 1
+            prev = i
+            kind = a.kind
+            if kind == "compute" or kind == "comm":
+                dur[i] = a.duration_s
+            if a.mem:
+                for when, table in (("start", mem_start), ("end", mem_end)):
+                    m = tuple((category, float(nbytes)) for w, category, nbytes in a.mem if w == when)
+                    if m:
+                        table[i] = m
+    order += local
+    dependents: list[list[int] | None] = [None] * n
+    for sid, (r, _) in enumerate(streams):
+        for (_, a), i in zip(slots[sid], members[sid]):
+            if a.deps:
+                for d in a.deps:
+                    j = ids[(r, d) if d.__class__ is str else d]
+                    pending[i] += 1
+                    if dependents[j] is None:
+                        dependents[j] = [i]
+                    else:
+                        dependents[j].append(i)
     ix.acts, ix.rank_of, ix.stream_of, ix.streams, ix.members = acts, rank_of, stream_of, streams, members
-    nxt = [-1] * len(acts)
-    for mine in members:
-        for i, j in zip(mine, mine[1:]):
-            nxt[i] = j
-            pending[j] += 1
     ix.ids, ix.order, ix.pending, ix.dependents, ix.nxt = ids, order, pending, dependents, nxt
     ix.dur, ix.mem_start, ix.mem_end = dur, mem_start, mem_end
 
@@ -135,10 +151,11 @@ def _match(ix: ProgramIndex, program: Program) -> None:
             key_of[i] = key
     shadows = program.shadows
     needed = {g: sum(1 for x in g if x not in shadows)
-              for g in {a.group for a in acts if a.kind in ("collective", "comm")}}
+              for g in {a.group for lst in program.actions.values() for a in lst if a.kind in ("collective", "comm")}}
     barrier_of: list = [None] * n
     barriers: dict[tuple, list] = {}
-    for i, a in enumerate(acts):
+    for i in ix.order:
+        a = acts[i]
         if a.kind == "comm" and len(a.group) > 1 and needed[a.group] > 1:
             key = (tuple(sorted(a.group)), a.name)
             b = barriers.get(key)
@@ -146,3 +163,5 @@ def _match(ix: ProgramIndex, program: Program) -> None:
                 b = barriers[key] = [needed[a.group], []]
             barrier_of[i] = b
     ix.key_of, ix.partner, ix.needed, ix.barrier_of = key_of, partner, needed, barrier_of
+
+
