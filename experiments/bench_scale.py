@@ -114,8 +114,8 @@ def main() -> int:
     args = ap.parse_args()
     print("wall s: one simulated iteration end to end (topology, program, engine); set-up s: the engine's")
     print("indexing of the program, routing and collective planning before the clock starts; engine s: its")
-    print("event loop and trace assembly; events/s: SimPy events per engine second, and as a ratio of a bare SimPy loop of")
-    print("timeouts run in the same process right after (best of 3)")
+    print("event loop and trace assembly; events/s: SimPy events per engine second, and as a ratio of a")
+    print("bare SimPy loop of timeouts run in the same process right after (best of 3)")
     print(f"{'case':<24} {'fidelity':<8} {'wall s':>7} {'set-up s':>8} {'engine s':>8} {'events':>11} {'events/s':>9} "
           f"{'vs bare':>7} {'RSS MB':>7} {'iteration s':>11}")
     floors = [engine_floor() for _ in range(args.repeat)]
