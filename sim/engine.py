@@ -251,7 +251,7 @@ class _Engine:
         dur, mem_start, mem_end = self._dur, self._mem_start, self._mem_end
         ready = self._ready
         popleft = ready.popleft
-        join_collective, join_p2p, copy = self._join_collective, self._join_p2p, self._copy
+        join_collective, copy = self._join_collective, self._copy
         draining = False
 
         batch_t, batch_e, batch = -1.0, -2, []  # the last compute timeout queued: its time, id and actions
@@ -344,6 +344,7 @@ class _Engine:
             ready.extend(mine[0] for mine in members if mine and not pending[mine[0]])
             drain()
 
+        join_p2p = self._p2p_join(finish)
         self._finish, self._start_ready = finish, start_ready
 
     def _copy(self, i: int, a: Action, now: float) -> None:
@@ -354,26 +355,38 @@ class _Engine:
         self._finish(i, began, None)
 
     # ------------------------------------------------------------------ p2p
-    def _join_p2p(self, rank: int, a: Action, i: int) -> None:
-        j = self._partner[i]
-        if j < 0 or not self._arrived[j]:  # first of the pair (or never matched: a deadlock)
-            self._arrived[i] = 1
-            self._link_ids += 1
-            self._pair_link[i] = self._link_ids
-            return
-        lid = self._pair_link[j]
-        si, ri = (i, j) if a.kind == "send" else (j, i)
-        send, recv = self._acts[si], self._acts[ri]
-        if recv.nbytes and recv.nbytes != send.nbytes:
-            raise InputError(
-                f"program: recv {recv.name!r} on rank {self._rank_of[ri]} expects {recv.nbytes} bytes but the matching send {send.name!r} on rank {self._rank_of[si]} sends {send.nbytes}"
-            )
-        self.net.start(self._rank_of[si], self._rank_of[ri], send.nbytes, f"{send.category or 'p2p'} {send.name}", 1,
-                       _event_calling(self.env, partial(self._delivered, si, ri, self.env._now, lid)))
+    def _p2p_join(self, finish):
+        """``join_p2p(rank, action, i)`` for the hot path: the first of a send/recv pair
+        to arrive waits; the second starts the transfer, whose arrival finishes both."""
+        partner, arrived, pair_link, acts, rank_of = self._partner, self._arrived, self._pair_link, self._acts, self._rank_of
+        env, start = self.env, self.net.start
 
-    def _delivered(self, si: int, ri: int, began: float, lid: int, _event) -> None:
-        self._finish(si, began, lid)
-        self._finish(ri, began, lid)
+        def join_p2p(rank: int, a: Action, i: int) -> None:
+            j = partner[i]
+            if j < 0 or not arrived[j]:  # first of the pair (or never matched: a deadlock)
+                arrived[i] = 1
+                self._link_ids += 1
+                pair_link[i] = self._link_ids
+                return
+            lid = pair_link[j]
+            if a.kind == "send":
+                si, ri, send, recv = i, j, a, acts[j]
+            else:
+                si, ri, send, recv = j, i, acts[j], a
+            if recv.nbytes and recv.nbytes != send.nbytes:
+                raise InputError(
+                    f"program: recv {recv.name!r} on rank {rank_of[ri]} expects {recv.nbytes} bytes but the matching send {send.name!r} on rank {rank_of[si]} sends {send.nbytes}"
+                )
+            began = env._now
+
+            def delivered(_event):
+                finish(si, began, lid)
+                finish(ri, began, lid)
+
+            start(rank_of[si], rank_of[ri], send.nbytes, f"{send.category or 'p2p'} {send.name}", 1,
+                  _event_calling(env, delivered))
+
+        return join_p2p
 
     # ------------------------------------------------------------------ collectives
     def _join_collective(self, rank: int, a: Action, i: int) -> None:
