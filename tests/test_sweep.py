@@ -311,6 +311,7 @@ class _Cancelling:
         self.seen[k] = self.seen.get(k, 0) + 1
         if self.seen[k] <= self.n:
             f.cancel()
+            f.set_running_or_notify_cancel()  # as an executor does: waiters now see it done
         else:
             f.set_result(fn(ctx, plan))
         return f
@@ -323,10 +324,10 @@ class _Cancelling:
 def test_a_plan_the_executor_cancels_is_submitted_again(cancels, status):
     plans = PLANS[:2]
     with Runner(workers=0, max_retries=2) as runner:
-        runner._pool = _Cancelling(cancels)
+        runner._pool = pool = _Cancelling(cancels)
         records = runner.run(CTX, plans)
     assert [r["status"] for r in records] == [status, status]
-    assert runner._pool.seen == {plan_key(p): min(cancels + 1, 3) for p in plans}  # at most 1 + max_retries
+    assert pool.seen == {plan_key(p): min(cancels + 1, 3) for p in plans}  # at most 1 + max_retries
     if status == "crashed":
         assert records[0]["error"] == "the executor cancelled this plan 3 times"
     else:
