@@ -160,7 +160,8 @@ def test_interrupted_in_process_then_resumed_every_point_once(tmp_path):
 
 def test_sweep_killed_by_sigint_leaves_a_valid_file_and_resume_finishes_it(tmp_path, capsys):
     toml = tmp_path / "sweep.toml"
-    toml.write_text(SWEEP_TOML)
+    # Points of about half a second each, so that the signal lands with several still to run.
+    toml.write_text(SWEEP_TOML.replace("global_batch_size = 64", "global_batch_size = 512"))
     out = tmp_path / "out"
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     proc = subprocess.Popen([sys.executable, "-m", "sim", "sweep", str(toml), "--out", str(out), "--workers", "1"],
