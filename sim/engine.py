@@ -124,14 +124,17 @@ class _Rendezvous:
 class _Engine:
     """Streams as dependency counters driven by SimPy callbacks.
 
-    Each action gets an index; ``pending[i]`` counts its unfinished dependencies and
-    ``dependents[i]`` lists the actions waiting for it. A stream starts its head action
-    when it is idle and the action's count is zero. A compute action is one SimPy
-    timeout whose callback finishes it; sends, receives, copies and collectives finish
-    from the network's events. Finishing an action starts its stream's next one and
-    releases its dependents; actions that become ready at the same instant start in
-    the order they became ready (a queue, not recursion), so a simulation is
-    deterministic and never deep in the Python stack.
+    Each action gets an index (``sim.program_index``); ``pending[i]`` counts its
+    unfinished dependencies, the action before it on its stream included, and
+    ``dependents[i]`` lists the actions waiting for it. An action starts when its count
+    reaches zero. A compute action is one SimPy timeout whose callback finishes it
+    (completions due at the same instant, queued one right after another, share one
+    queue entry and are finished in that order: exactly what separate entries would do;
+    each still counts as an event); sends, receives, copies and collectives finish from
+    the network's events. Finishing an action releases the next one on its stream, then
+    its dependents; actions that become ready at the same instant start in the order
+    they became ready (a queue, not recursion), so a simulation is deterministic and
+    never deep in the Python stack.
     """
 
     def __init__(self, program: Program, topology: Topology, link_efficiency, fluid: bool = False,
@@ -238,8 +241,9 @@ class _Engine:
     def _build_core(self) -> None:
         """The hot path, as closures over local lists (cheaper than attribute lookups):
         ``_finish(i, busy_start, link_id)`` ends action ``i`` now and starts what that
-        makes ready; ``_kick(sid)`` starts stream ``sid`` if it can start. A compute
-        action's timeout goes straight onto SimPy's queue, carrying the action's index."""
+        makes ready; ``_start_ready()`` starts the actions that wait for nothing. A
+        compute action's timeout goes straight onto SimPy's queue, carrying the indices
+        of the actions it finishes."""
         env = self.env
         queue, eid = env._queue, env._eid
         acts, rank_of, stream_of = self._acts, self._rank_of, self._stream_of

@@ -210,3 +210,20 @@ def test_spans_come_in_rank_stream_start_end_name_order(make_star):
     assert [r[2] for r in log] == ["m", "c", "b", "z", "a", "q", "p", "x"]
     prog = Program({0: [Action("a", duration_s=1.0), Action("b", duration_s=0.0), Action("c", duration_s=1.0)]})
     assert [r[2] for r in _log(simulate(prog, make_star([1.0])))] == ["a", "b", "c"]  # in order already
+
+
+def test_completions_at_one_instant_are_each_an_event_and_keep_their_order(make_star):
+    # Four ranks of five 1 s actions: every completion is due at the same instants as three
+    # others (the engine queues those together). Each still counts as one event, the
+    # timeline is exact, and a zero-length action released at such an instant runs
+    # between them in the order it became ready.
+    t = make_star([1.0] * 4)
+    prog = Program({r: [Action(f"c{i}", duration_s=1.0) for i in range(5)] for r in range(4)})
+    tr = simulate(prog, t)
+    assert tr.stats["events"] == 20
+    assert [(s.rank, s.start_s, s.end_s) for s in tr.spans] == [(r, float(i), i + 1.0) for r in range(4) for i in range(5)]
+    prog = Program({0: [Action("a", duration_s=1.0), Action("b", duration_s=1.0, deps=((1, "z"),))],
+                    1: [Action("y", duration_s=1.0), Action("z", duration_s=0.0), Action("w", duration_s=1.0)]})
+    assert _log(simulate(prog, make_star([1.0, 1.0]))) == [
+        (0, "compute", "a", 0.0, 1.0), (0, "compute", "b", 1.0, 2.0),
+        (1, "compute", "y", 0.0, 1.0), (1, "compute", "z", 1.0, 1.0), (1, "compute", "w", 1.0, 2.0)]
