@@ -465,12 +465,7 @@ class Runner:
                 except BrokenProcessPool:
                     broken.append(item)
                 except cf.CancelledError:  # the executor dropped it (Dask, when its worker died): again
-                    strikes[k] = strikes.get(k, 0) + 1
-                    if strikes[k] > self.max_retries:
-                        self._record({"key": k, "plan": asdict(p), "status": "crashed", "summary": None,
-                                      "error": f"the executor cancelled this plan {strikes[k]} times"})
-                    else:
-                        self.retried += 1
+                    if self._strike(strikes, k, p, "the executor cancelled this plan {n} times"):
                         queue.appendleft(item)
                 except Exception as exc:  # noqa: BLE001 - e.g. Dask's KilledWorker
                     self._record({"key": k, "plan": asdict(p), "status": "crashed", "error": _one_line(exc),
@@ -481,13 +476,19 @@ class Runner:
                 self._check_start()
                 self._restart_pool()
                 for k, p in sorted(broken, key=lambda it: it[0]):
-                    strikes[k] = strikes.get(k, 0) + 1
-                    if strikes[k] > self.max_retries:
-                        self._record({"key": k, "plan": asdict(p), "status": "crashed", "summary": None,
-                                      "error": f"worker process died {strikes[k]} times running this plan"})
-                    else:
-                        self.retried += 1
+                    if self._strike(strikes, k, p, "worker process died {n} times running this plan"):
                         suspects.append((k, p))
+
+    def _strike(self, strikes: dict, k: str, p, why: str) -> bool:
+        """One more failed attempt at plan ``p``: True if it may run again, else it is
+        recorded as crashed with ``why`` (``{n}``: the attempts)."""
+        strikes[k] = strikes.get(k, 0) + 1
+        if strikes[k] > self.max_retries:
+            self._record({"key": k, "plan": asdict(p), "status": "crashed", "summary": None,
+                          "error": why.format(n=strikes[k])})
+            return False
+        self.retried += 1
+        return True
 
     def _check_start(self) -> None:
         """After a local pool broke: if none of its workers got through start-up, twice in a
