@@ -158,7 +158,7 @@ class _Engine:
         self._link_ids = 0
         t0 = time.perf_counter()
         ix = index_program(program)
-        self._acts, self._rank_of, self._stream_of = ix.acts, ix.rank_of, ix.stream_of
+        self._acts, self._rank_of = ix.acts, ix.rank_of
         self._streams, self._members, self._ids = ix.streams, ix.members, ix.ids
         self._pending, self._dependents, self._nxt = ix.pending, ix.dependents, ix.nxt
         self._key_of, self._partner, self._needed, self._barrier_of = ix.key_of, ix.partner, ix.needed, ix.barrier_of
@@ -246,7 +246,7 @@ class _Engine:
         of the actions it finishes."""
         env = self.env
         queue, eid = env._queue, env._eid
-        acts, rank_of, stream_of = self._acts, self._rank_of, self._stream_of
+        acts, rank_of = self._acts, self._rank_of
         members, pending, dependents, nxt = self._members, self._pending, self._dependents, self._nxt
         start, end = self._start, self._end
         busy_start, link_of = self._busy_start, self._link_of

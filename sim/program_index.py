@@ -1,7 +1,7 @@
 """A program as arrays, for the engine: every action gets an index, and what the run needs
 to know before the clock starts is computed once here.
 
-- ``acts``, ``rank_of``, ``stream_of``: each action and where it runs; ``streams`` lists
+- ``acts``, ``rank_of``: each action and the rank it runs on; ``streams`` lists
   (rank, stream name); ``members[sid]`` the actions of a stream in order; ``ids`` maps
   (rank, name) to an index. Indices go round the streams (see ``_index``).
 - ``pending[i]`` counts action i's dependencies, and one more for the action before it
@@ -29,7 +29,7 @@ from sim.actions import Action, Program
 class ProgramIndex:
     """What ``index_program`` returns (see the module doc)."""
 
-    __slots__ = ("acts", "rank_of", "stream_of", "streams", "members", "ids", "order", "pending", "dependents",
+    __slots__ = ("acts", "rank_of", "streams", "members", "ids", "order", "pending", "dependents",
                  "key_of", "partner", "needed", "barrier_of",
                  "dur", "mem_start", "mem_end", "nxt")
 
@@ -68,7 +68,6 @@ def _index(ix: ProgramIndex, program: Program) -> None:
         live = [sid for sid in live if len(slots[sid]) > depth]
     acts: list = [None] * n
     rank_of = [0] * n
-    stream_of = [0] * n
     ids: dict[tuple[int, str], int] = {}
     order: list[int] = []  # indices in program order, rank by rank
     pending = [0] * n
@@ -85,7 +84,6 @@ def _index(ix: ProgramIndex, program: Program) -> None:
         for (k, a), i in zip(slots[sid], members[sid]):
             acts[i] = a
             rank_of[i] = r
-            stream_of[i] = sid
             ids[(r, a.name)] = i
             local[k] = i
             if prev >= 0:
@@ -112,7 +110,7 @@ def _index(ix: ProgramIndex, program: Program) -> None:
                         dependents[j] = [i]
                     else:
                         dependents[j].append(i)
-    ix.acts, ix.rank_of, ix.stream_of, ix.streams, ix.members = acts, rank_of, stream_of, streams, members
+    ix.acts, ix.rank_of, ix.streams, ix.members = acts, rank_of, streams, members
     ix.ids, ix.order, ix.pending, ix.dependents, ix.nxt = ids, order, pending, dependents, nxt
     ix.dur, ix.mem_start, ix.mem_end = dur, mem_start, mem_end
 
