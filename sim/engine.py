@@ -28,16 +28,17 @@ from itertools import compress, count, islice
 from operator import attrgetter, eq
 
 import simpy
-from simpy.events import NORMAL, PENDING, Event, Timeout
+from simpy.events import NORMAL, Timeout
 
 _tuple_new = tuple.__new__  # a Span without the named tuple's Python-level __new__
 _SPAN_ORDER = attrgetter("rank", "stream", "start_s", "end_s", "name")  # the trace's order
 _new_object = object.__new__  # a Timeout without its Python-level __init__ (set up in _build_core)
 
-from sim import collectives, invariants
+from sim import invariants
 from sim.actions import Action, Program
 from sim.errors import DeadlockError, InputError
-from sim.network import Network
+from sim.engine_collectives import Collectives
+from sim.network import Network, event_calling
 from sim.program_index import index_program
 from sim.topology import Topology
 from sim.trace import Span, Trace
@@ -76,16 +77,6 @@ def gc_paused():
             gc.enable()
 
 
-def _event_calling(env: simpy.Environment, callback) -> Event:
-    """``Event(env)`` with ``callback`` as its one callback, without SimPy's Python-level
-    ``__init__`` (for the network's ``start``)."""
-    ev = _new_object(Event)
-    ev.env = env
-    ev.callbacks = [callback]
-    ev._value = PENDING
-    return ev
-
-
 class _CountingEnvironment(simpy.Environment):
     """A SimPy environment that knows how many events it has processed (for benchmarks):
     every event scheduled draws the next number of ``_eid``, and a run that ends has
@@ -106,19 +97,6 @@ class _CheckingEnvironment(_CountingEnvironment):
         super().step()
         if self._now < before:
             invariants.violation(f"simulated time went backwards from {before!r} s to {self._now!r} s")
-
-
-class _Rendezvous:
-    """Where the parties of a send/recv pair or of a collective meet: ``posted`` maps
-    each party to its action index, ``meta`` is the link id (p2p) or the first member's
-    action (collective)."""
-
-    __slots__ = ("posted", "meta", "began")
-
-    def __init__(self):
-        self.posted: dict = {}
-        self.meta = None
-        self.began = None  # when the last party arrived and data started to move
 
 
 class _Engine:
@@ -153,8 +131,6 @@ class _Engine:
         self.net = Network(self.env, topology, link_efficiency, check=check)
         self.spans: list[Span] = []
         self.memory: list[tuple[float, int, str, float]] = []
-        self._coll: dict[tuple, _Rendezvous] = {}
-        self._step_plans: dict[tuple, tuple] = {}
         self._link_ids = 0
         t0 = time.perf_counter()
         ix = index_program(program)
@@ -209,7 +185,7 @@ class _Engine:
             if a.kind == "send":
                 pairs.add((self._rank_of[i], a.peer))
             elif a.kind == "collective":
-                self._plan_steps(a)
+                self._coll.plan_steps(a)
         for src, dst in sorted(pairs):
             self.net.prepare_route(src, dst)
 
@@ -255,7 +231,7 @@ class _Engine:
         dur, mem_start, mem_end = self._dur, self._mem_start, self._mem_end
         ready = self._ready
         popleft = ready.popleft
-        join_collective, copy = self._join_collective, self._copy
+        copy = self._copy
         draining = False
 
         batch_t, batch_e, batch = -1.0, -2, []  # the last compute timeout queued: its time, id and actions
@@ -349,6 +325,9 @@ class _Engine:
             drain()
 
         join_p2p = self._p2p_join(finish)
+        self._coll = Collectives(env, self.net, self.topology, self.program.shadows, self.fluid, self._key_of,
+                                 self._needed, finish)
+        join_collective = self._coll.join
         self._finish, self._start_ready = finish, start_ready
 
     def _copy(self, i: int, a: Action, now: float) -> None:
@@ -388,97 +367,9 @@ class _Engine:
                 finish(ri, began, lid)
 
             start(rank_of[si], rank_of[ri], send.nbytes, f"{send.category or 'p2p'} {send.name}", 1,
-                  _event_calling(env, delivered))
+                  event_calling(env, delivered))
 
         return join_p2p
-
-    # ------------------------------------------------------------------ collectives
-    def _join_collective(self, rank: int, a: Action, i: int) -> None:
-        key = self._key_of[i]
-        rv = self._coll.get(key)
-        if rv is None:
-            rv = self._coll[key] = _Rendezvous()
-            rv.meta = a
-        first = rv.meta
-        if (a.op, a.nbytes, a.algo, a.channels, a.group) != (first.op, first.nbytes, first.algo, first.channels, first.group):
-            raise InputError(
-                f"program: collective {a.name!r} on rank {rank} ({a.op}, {a.nbytes} B, {a.algo}) does not match "
-                f"{first.name!r} on the other members ({first.op}, {first.nbytes} B, {first.algo})"
-            )
-        rv.posted[rank] = i
-        if len(rv.posted) == self._needed[a.group]:
-            del self._coll[key]
-            rv.began = self.env._now
-            self._run_steps(self._plan_steps(a), rv, f"{a.category or a.op} {a.op} {a.name}")
-
-    def _plan_steps(self, a: Action):
-        """The collective's steps and their bookkeeping, built once per distinct
-        (op, group, size, algorithm): a training iteration repeats the same few
-        collectives thousands of times. Under reduced fidelity with fluid rings, hops
-        between two shadows are dropped: no simulated rank waits for them, and by
-        symmetry they take as long as the hops that are simulated."""
-        key = (a.op, a.group, a.nbytes, a.algo, a.channels)
-        plan = self._step_plans.get(key)
-        if plan is not None:
-            return plan
-        steps = collectives.build(a.op, a.group, a.nbytes, self.topology, a.algo, channels=a.channels or None,
-                                  fluid=self.fluid)
-        shadows = self.program.shadows
-        if self.fluid and a.algo == "ring" and shadows:
-            # Drop hops between two shadows, unless they share a link with a kept hop
-            # (then they are contention the simulated ranks must see).
-            touching = [i for i, s in enumerate(steps) if s.src not in shadows or s.dst not in shadows]
-            used = {l for i in touching for l in self.topology.route(steps[i].src, steps[i].dst)}
-            keep = [i for i, s in enumerate(steps) if s.src not in shadows or s.dst not in shadows
-                    or not used.isdisjoint(self.topology.route(s.src, s.dst))]
-            index = {old: new for new, old in enumerate(keep)}
-            steps = [collectives.Transfer(s.src, s.dst, s.nbytes, tuple(index[d] for d in s.deps), s.label,
-                                          s.latency_steps) for s in (steps[i] for i in keep)]
-        children: list[list[int]] = [[] for _ in steps]
-        involved: dict[int, int] = {}
-        for i, st in enumerate(steps):
-            for d in st.deps:
-                children[d].append(i)
-            for r in {st.src, st.dst}:
-                if r not in shadows:
-                    involved[r] = involved.get(r, 0) + 1
-        plan = (steps, children, [len(st.deps) for st in steps], involved)
-        self._step_plans[key] = plan
-        return plan
-
-    def _run_steps(self, plan, rv: _Rendezvous, label: str) -> None:
-        """Start each step when its dependencies are done; finish each rank's action
-        when its own steps (as sender or receiver) are all done."""
-        steps, children, waiting0, involved = plan
-        waiting = list(waiting0)
-        action_of = rv.posted
-        left = {r: involved.get(r, 0) for r in action_of}
-        net, env = self.net, self.env
-        began = rv.began
-
-        def finished(i):
-            s = steps[i]
-            for r in (s.src, s.dst) if s.src != s.dst else (s.src,):
-                if r in left:
-                    left[r] -= 1
-                    if left[r] == 0:
-                        self._finish(action_of[r], began, None)
-            for c in children[i]:
-                waiting[c] -= 1
-                if waiting[c] == 0:
-                    start(c)
-
-        def start(i):
-            s = steps[i]
-            net.start(s.src, s.dst, s.nbytes, f"{label} {s.label}", s.latency_steps,
-                      _event_calling(env, lambda _e: finished(i)))
-
-        for r in sorted(left):
-            if left[r] == 0:
-                self._finish(action_of[r], began, None)
-        for i in range(len(steps)):
-            if waiting[i] == 0:
-                start(i)
 
     # ------------------------------------------------------------------ deadlock
     def _explain(self, unfinished: list[int]) -> dict[int, str]:
@@ -493,7 +384,7 @@ class _Engine:
                            if self._end[self._ids[(r, n)]] < 0]
                 why = f"waits for {', '.join(pending)}"
             elif a.kind == "collective":
-                rv = self._coll.get(self._key_of[i])
+                rv = self._coll.waiting(self._key_of[i])
                 missing = [g for g in a.group if (rv is None or g not in rv.posted) and g not in self.program.shadows]
                 why = f"{a.op} over ranks {list(a.group)} waits for ranks {missing} to join"
             elif self._barrier_of[i] is not None:

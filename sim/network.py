@@ -25,10 +25,20 @@ from heapq import heappush
 from typing import NamedTuple
 
 import simpy
-from simpy.events import NORMAL, Event, Timeout
+from simpy.events import NORMAL, PENDING, Event, Timeout
 
 _tuple_new = tuple.__new__  # a TransferRecord without the named tuple's Python-level __new__
 _new_object = object.__new__
+
+
+def event_calling(env: simpy.Environment, callback) -> Event:
+    """``Event(env)`` with ``callback`` as its one callback, without SimPy's Python-level
+    ``__init__`` (the engine's hot path builds the events it gives ``Network.start``)."""
+    ev = _new_object(Event)
+    ev.env = env
+    ev.callbacks = [callback]
+    ev._value = PENDING
+    return ev
 
 
 def _later(env: simpy.Environment, delay: float, value, callback) -> None:

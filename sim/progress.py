@@ -12,6 +12,9 @@ the command prints afterwards starts on a clean line.
         for i, plan in enumerate(plans):
             bar.update(f"simulating {gpus} GPUs (plan {i + 1}/{len(plans)}: {name})", done=i)
             ...
+
+``ProgressBar`` is the sweeps' display: a bar with the count, rate and ETA of many
+short points, also on a terminal only.
 """
 
 from __future__ import annotations
@@ -95,3 +98,31 @@ class Progress:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+class ProgressBar:
+    """``[#####.....] 12/40  30%  3.1 plans/s  ETA 0:09`` on a terminal, a new line when
+    closed; nothing otherwise (sweeps: many short points, counted)."""
+
+    def __init__(self, total: int, enabled: bool | None = None, stream=None, label: str = ""):
+        self.stream = stream or sys.stderr
+        self.enabled = self.stream.isatty() if enabled is None else enabled
+        self.total, self.done, self.start, self.label = total, 0, time.monotonic(), label
+
+    def step(self, n: int = 1) -> None:
+        self.done += n
+        if not self.enabled:
+            return
+        elapsed = time.monotonic() - self.start
+        rate = self.done / elapsed if elapsed > 0 else 0.0
+        left = (self.total - self.done) / rate if rate > 0 else 0.0
+        frac = self.done / self.total if self.total else 1.0
+        bar = "#" * int(frac * 30)
+        self.stream.write(f"\r{self.label}[{bar:<30}] {self.done}/{self.total} {frac * 100:3.0f}%  {rate:.1f} plans/s  "
+                          f"ETA {int(left) // 60}:{int(left) % 60:02d} ")
+        self.stream.flush()
+
+    def close(self) -> None:
+        if self.enabled:
+            self.stream.write("\n")
+            self.stream.flush()

@@ -46,7 +46,6 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import contextlib
-import json
 import multiprocessing
 import os
 import signal
@@ -65,7 +64,9 @@ from sim.errors import InputError, require
 from sim.hardware import HardwareProfile
 from sim.model import ModelSpec
 from sim.plan import ParallelPlan
+from sim.progress import ProgressBar as Progress
 from sim.search import plan_key
+from sim.sweep_results import ResultsLog
 
 RESULTS_FILE = "results.jsonl"
 
@@ -160,88 +161,6 @@ def _one_line(exc: BaseException) -> str:
     where = traceback.extract_tb(exc.__traceback__)[-1:] if exc.__traceback__ else []
     at = f" (at {Path(where[0].filename).name}:{where[0].lineno})" if where else ""
     return f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}{at}"[:500]
-
-
-# ---------------------------------------------------------------- results file
-class ResultsLog:
-    """The JSON Lines file records are appended to as they finish (see the module doc)."""
-
-    def __init__(self, path: str | Path | None, resume: bool = False):
-        self.path = Path(path) if path is not None else None
-        self.done: dict[str, dict] = {}
-        self._fh = None
-        if self.path is None:
-            return
-        if self.path.exists() and not resume:
-            raise InputError(f"--out: {self.path} already exists; pass --resume to continue that sweep "
-                             "or give another directory")
-        if resume and self.path.exists():
-            self._load()
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-
-    def _load(self) -> None:
-        data = self.path.read_bytes()
-        lines = data.split(b"\n")
-        keep = len(data)
-        if lines and lines[-1] != b"":  # a torn last line: drop it
-            keep -= len(lines[-1])
-            lines = lines[:-1]
-        lines = lines[:-1] if lines and lines[-1] == b"" else lines
-        for i, raw in enumerate(lines, start=1):
-            try:
-                rec = json.loads(raw)
-                key = rec["key"]
-            except (ValueError, KeyError, TypeError):
-                if i == len(lines):  # the last complete line may still be torn inside
-                    keep -= len(raw) + 1
-                    break
-                raise InputError(f"{self.path}:{i}: not a results record; delete the file or fix the line") from None
-            self.done[key] = rec
-        if keep != len(data):
-            with open(self.path, "r+b") as fh:
-                fh.truncate(keep)
-
-    def append(self, rec: dict) -> None:
-        self.done[rec["key"]] = rec
-        if self.path is None:
-            return
-        if self._fh is None:
-            self._fh = open(self.path, "a", encoding="utf-8")
-        self._fh.write(json.dumps(rec, sort_keys=True, separators=(",", ":")) + "\n")
-        self._fh.flush()
-
-    def close(self) -> None:
-        if self._fh is not None:
-            self._fh.close()
-            self._fh = None
-
-
-# ---------------------------------------------------------------- progress
-class Progress:
-    """``[#####.....] 12/40  30%  3.1 plans/s  ETA 0:09`` on a terminal; nothing otherwise."""
-
-    def __init__(self, total: int, enabled: bool | None = None, stream=None, label: str = ""):
-        self.stream = stream or sys.stderr
-        self.enabled = self.stream.isatty() if enabled is None else enabled
-        self.total, self.done, self.start, self.label = total, 0, time.monotonic(), label
-
-    def step(self, n: int = 1) -> None:
-        self.done += n
-        if not self.enabled:
-            return
-        elapsed = time.monotonic() - self.start
-        rate = self.done / elapsed if elapsed > 0 else 0.0
-        left = (self.total - self.done) / rate if rate > 0 else 0.0
-        frac = self.done / self.total if self.total else 1.0
-        bar = "#" * int(frac * 30)
-        self.stream.write(f"\r{self.label}[{bar:<30}] {self.done}/{self.total} {frac * 100:3.0f}%  {rate:.1f} plans/s  "
-                          f"ETA {int(left) // 60}:{int(left) % 60:02d} ")
-        self.stream.flush()
-
-    def close(self) -> None:
-        if self.enabled:
-            self.stream.write("\n")
-            self.stream.flush()
 
 
 # ---------------------------------------------------------------- executors
