@@ -38,7 +38,7 @@ from sim import invariants
 from sim.actions import Action, Program
 from sim.errors import DeadlockError, InputError
 from sim.engine_collectives import Collectives
-from sim.network import Network, event_calling
+from sim.network import Network
 from sim.program_index import index_program
 from sim.topology import Topology
 from sim.trace import Span, Trace
@@ -131,13 +131,13 @@ class _Engine:
         self.net = Network(self.env, topology, link_efficiency, check=check)
         self.spans: list[Span] = []
         self.memory: list[tuple[float, int, str, float]] = []
-        self._link_ids = 0
         t0 = time.perf_counter()
         ix = index_program(program)
         self._acts, self._rank_of = ix.acts, ix.rank_of
         self._streams, self._members, self._ids = ix.streams, ix.members, ix.ids
         self._pending, self._dependents, self._nxt = ix.pending, ix.dependents, ix.nxt
-        self._key_of, self._partner, self._needed, self._barrier_of = ix.key_of, ix.partner, ix.needed, ix.barrier_of
+        self._key_of, self._needed, self._barrier_of = ix.key_of, ix.needed, ix.barrier_of
+        self._partner, self._p2p = ix.partner, ix.p2p
         self._dur, self._mem_start, self._mem_end = ix.dur, ix.mem_start, ix.mem_end
         n = len(ix.acts)
         self._start = [0.0] * n
@@ -164,8 +164,9 @@ class _Engine:
         self.spans = self._spans()
         if not self._spans_in_order():
             self.spans.sort(key=_SPAN_ORDER)
-        link_bytes = {self.net.link_names[i]: b for i, b in enumerate(self.net.link_bytes) if b > 0}
-        kinds = {self.net.link_names[i]: self.net.link_kinds[i] for i, b in enumerate(self.net.link_bytes) if b > 0}
+        carried = self.net.link_bytes
+        link_bytes = {self.net.link_names[i]: b for i, b in enumerate(carried) if b > 0}
+        kinds = {self.net.link_names[i]: self.net.link_kinds[i] for i, b in enumerate(carried) if b > 0}
         ranks = {r: {"node": self.topology.node_of(r), "device": self.topology.gpu(r)} for r in self.program.ranks}
         trace = Trace(self.spans, list(self.net.records), link_bytes, kinds, ranks, self.topology.name, self.memory)
         trace.stats = {"events": env.events_processed, "actions": len(self.program),
@@ -232,67 +233,71 @@ class _Engine:
         ready = self._ready
         popleft = ready.popleft
         copy = self._copy
+        p2p, arrived = self._p2p, self._arrived
         draining = False
 
         batch_t, batch_e, batch = -1.0, -2, []  # the last compute timeout queued: its time, id and actions
 
         def compute_done(ev):
-            for i in ev._value:  # (the list may grow while this runs: see begin)
+            for i in ev._value:  # (the list may grow while this runs: see drain)
                 finish(i, None, None)
 
-        def begin(i):
-            now = env._now
-            start[i] = now
-            m = mem_start[i]
-            if m is not None:
-                r = rank_of[i]
-                for category, nbytes in m:
-                    memory.append((now, r, category, nbytes))
-            d = dur[i]
-            if d is not None:  # compute or comm
-                if d > 0:
-                    nonlocal batch_t, batch_e, batch
-                    t = now + d
-                    e = next(eid)
-                    if e == batch_e + 1 and t == batch_t:  # next in line at the same instant: same entry
-                        batch.append(i)
-                    else:
-                        batch = [i]
-                        ev = _new_object(Timeout)
-                        ev.env = env
-                        ev.callbacks = [compute_done]
-                        ev._value = batch
-                        ev._ok = True
-                        heappush(queue, (t, NORMAL, e, ev))
-                        batch_t = t
-                    batch_e = e
-                else:
-                    finish(i, None, None)
-                return
-            a = acts[i]
-            kind = a.kind
-            if kind == "collective":
-                join_collective(rank_of[i], a, i)
-            elif kind == "copy":
-                copy(i, a, now)
-            else:
-                join_p2p(rank_of[i], a, i)
-
         def drain():
-            nonlocal draining
+            """Start the ready actions, in the order they became ready (each one's start
+            inline: a call per action costs)."""
+            nonlocal draining, batch_t, batch_e, batch
             draining = True
+            now = env._now
             try:
                 while ready:
                     i = popleft()
                     b = barrier_of[i]
-                    if b is None:
-                        begin(i)
-                    else:  # ready; the group starts when its last member is
+                    if b is not None:  # ready; the group starts when its last member is
                         b[0] -= 1
                         b[1].append(i)
-                        if not b[0]:
+                        if not b[0]:  # released: the members start next, in the order they came
                             for j in b[1]:
-                                begin(j)
+                                barrier_of[j] = None
+                            ready.extendleft(reversed(b[1]))
+                        continue
+                    start[i] = now
+                    m = mem_start[i]
+                    if m is not None:
+                        r = rank_of[i]
+                        for category, nbytes in m:
+                            memory.append((now, r, category, nbytes))
+                    d = dur[i]
+                    if d is not None:  # compute or comm
+                        if d > 0:
+                            t = now + d
+                            e = next(eid)
+                            if e == batch_e + 1 and t == batch_t:  # next in line at the same instant: same entry
+                                batch.append(i)
+                            else:
+                                batch = [i]
+                                ev = _new_object(Timeout)
+                                ev.env = env
+                                ev.callbacks = [compute_done]
+                                ev._value = batch
+                                ev._ok = True
+                                heappush(queue, (t, NORMAL, e, ev))
+                                batch_t = t
+                            batch_e = e
+                        else:
+                            finish(i, None, None)
+                        continue
+                    p = p2p[i]
+                    if p is not None:
+                        join_p2p(i, p)
+                        continue
+                    a = acts[i]
+                    kind = a.kind
+                    if kind == "collective":
+                        join_collective(rank_of[i], a, i)
+                    elif kind == "copy":
+                        copy(i, a, now)
+                    else:  # a send or recv with no partner: waits for ever (a deadlock)
+                        arrived[i] = 1
             finally:
                 draining = False
 
@@ -339,35 +344,26 @@ class _Engine:
 
     # ------------------------------------------------------------------ p2p
     def _p2p_join(self, finish):
-        """``join_p2p(rank, action, i)`` for the hot path: the first of a send/recv pair
-        to arrive waits; the second starts the transfer, whose arrival finishes both."""
-        partner, arrived, pair_link, acts, rank_of = self._partner, self._arrived, self._pair_link, self._acts, self._rank_of
+        """``join_p2p(i, pair)`` for the hot path, ``pair`` being ``p2p[i]`` (see
+        ``sim.program_index``): the first of a send/recv pair to arrive waits; the second
+        starts the transfer, whose arrival finishes both."""
+        partner, arrived, pair_link = self._partner, self._arrived, self._pair_link
         env, start = self.env, self.net.start
+        link_ids = count(1)
 
-        def join_p2p(rank: int, a: Action, i: int) -> None:
+        def delivered(event):
+            si, ri, began, lid = event._value
+            finish(si, began, lid)
+            finish(ri, began, lid)
+
+        def join_p2p(i: int, pair: tuple) -> None:
             j = partner[i]
-            if j < 0 or not arrived[j]:  # first of the pair (or never matched: a deadlock)
+            if not arrived[j]:  # first of the pair
                 arrived[i] = 1
-                self._link_ids += 1
-                pair_link[i] = self._link_ids
+                pair_link[i] = next(link_ids)
                 return
-            lid = pair_link[j]
-            if a.kind == "send":
-                si, ri, send, recv = i, j, a, acts[j]
-            else:
-                si, ri, send, recv = j, i, acts[j], a
-            if recv.nbytes and recv.nbytes != send.nbytes:
-                raise InputError(
-                    f"program: recv {recv.name!r} on rank {rank_of[ri]} expects {recv.nbytes} bytes but the matching send {send.name!r} on rank {rank_of[si]} sends {send.nbytes}"
-                )
-            began = env._now
-
-            def delivered(_event):
-                finish(si, began, lid)
-                finish(ri, began, lid)
-
-            start(rank_of[si], rank_of[ri], send.nbytes, f"{send.category or 'p2p'} {send.name}", 1,
-                  event_calling(env, delivered))
+            si, ri, src, dst, nbytes, label = pair
+            start(src, dst, nbytes, label, 1, delivered, (si, ri, env._now, pair_link[j]))
 
         return join_p2p
 

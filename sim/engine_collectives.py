@@ -18,7 +18,7 @@ import simpy
 from sim import collectives
 from sim.actions import Action
 from sim.errors import InputError
-from sim.network import Network, event_calling
+from sim.network import Network
 from sim.topology import Topology
 
 
@@ -110,7 +110,7 @@ class Collectives:
         waiting = list(waiting0)
         action_of = rv.posted
         left = {r: involved.get(r, 0) for r in action_of}
-        net, env, finish = self.net, self.env, self.finish
+        net, finish = self.net, self.finish
         began = rv.began
 
         def finished(i):
@@ -125,10 +125,12 @@ class Collectives:
                 if waiting[c] == 0:
                     start(c)
 
+        def arrived(event):
+            finished(event._value)
+
         def start(i):
             s = steps[i]
-            net.start(s.src, s.dst, s.nbytes, f"{label} {s.label}", s.latency_steps,
-                      event_calling(env, lambda _e: finished(i)))
+            net.start(s.src, s.dst, s.nbytes, f"{label} {s.label}", s.latency_steps, arrived, i)
 
         for r in sorted(left):
             if left[r] == 0:

@@ -31,16 +31,6 @@ _tuple_new = tuple.__new__  # a TransferRecord without the named tuple's Python-
 _new_object = object.__new__
 
 
-def event_calling(env: simpy.Environment, callback) -> Event:
-    """``Event(env)`` with ``callback`` as its one callback, without SimPy's Python-level
-    ``__init__`` (the engine's hot path builds the events it gives ``Network.start``)."""
-    ev = _new_object(Event)
-    ev.env = env
-    ev.callbacks = [callback]
-    ev._value = PENDING
-    return ev
-
-
 def _later(env: simpy.Environment, delay: float, value, callback) -> None:
     """What ``Timeout(env, delay, value).callbacks.append(callback)`` does, without SimPy's
     Python-level ``__init__`` (the network's hot path): the same event, queued the same way."""
@@ -70,17 +60,17 @@ class TransferRecord(NamedTuple):
 
 
 class _Flow:
-    __slots__ = ("links", "remaining", "rate", "last_t", "version", "done", "src", "dst", "nbytes", "start", "label",
-                 "medium", "bottleneck")
+    __slots__ = ("links", "remaining", "rate", "last_t", "version", "callback", "arg", "src", "dst", "nbytes", "start",
+                 "label", "medium", "bottleneck")
 
-    def __init__(self, links, nbytes, done, src, dst, start, label, medium, bottleneck):
+    def __init__(self, links, nbytes, callback, arg, src, dst, start, label, medium, bottleneck):
         self.links = links
         self.bottleneck = bottleneck
         self.remaining = float(nbytes)
         self.rate = 0.0
         self.last_t = start
         self.version = 0
-        self.done = done
+        self.callback, self.arg = callback, arg  # on arrival: callback(event with value arg), or arg.succeed()
         self.src, self.dst, self.nbytes, self.start, self.label = src, dst, nbytes, start, label
         self.medium = medium
 
@@ -107,8 +97,8 @@ class Network:
                 self.link_names.append((a, b))
                 self.link_kinds.append(d["kind"])
         self._flows_on: list[set[_Flow]] = [set() for _ in self.capacity]
-        self.link_bytes: list[float] = [0.0] * len(self.capacity)
-        self._route: dict[tuple[int, int], tuple[tuple[int, ...], float, str, float]] = {}
+        self._host_bytes: list[float] = [0.0] * len(self.capacity)  # carried by host copies, per link
+        self._route: dict[tuple[int, int], tuple[tuple[int, ...], float, str, float, list[float]]] = {}
         self._dirty: set[int] = set()
         self._pending = False
         self.records: list[TransferRecord] = []
@@ -119,21 +109,28 @@ class Network:
         """Start moving ``nbytes`` from GPU ``src`` to GPU ``dst``; the event fires when done.
         The route's latency is paid ``latency_steps`` times."""
         done = Event(self.env)
-        self.start(src, dst, nbytes, label, latency_steps, done)
+        self.start(src, dst, nbytes, label, latency_steps, None, done)
         return done
 
-    def start(self, src: int, dst: int, nbytes: int, label: str, latency_steps: int, done: Event) -> None:
-        """``transfer`` with the event to fire given (the engine's hot path builds its own)."""
+    def start(self, src: int, dst: int, nbytes: int, label: str, latency_steps: int, callback, arg) -> None:
+        """``transfer`` for the engine's hot path: when the bytes have arrived, an event
+        whose value is ``arg`` is processed with ``callback`` as its one callback (or, with
+        no callback, event ``arg`` is triggered). No event object is built until then."""
         env = self.env
         r = self._route.get((src, dst))
-        links, latency, medium, bottleneck = self._route_of(src, dst) if r is None else r
-        flow = _Flow(links, nbytes, done, src, dst, env._now, label, medium, bottleneck)
+        links, latency, medium, bottleneck, carried = self._route_of(src, dst) if r is None else r
+        now = env._now
+        flow = _Flow(links, nbytes, callback, arg, src, dst, now, label, medium, bottleneck)
         self.active += 1
-        link_bytes = self.link_bytes
-        for l in links:
-            link_bytes[l] += nbytes
-        if latency > 0:
-            _later(env, latency * latency_steps, flow, self._arrived)
+        carried[0] += nbytes
+        if latency > 0:  # _later(env, latency * latency_steps, flow, self._arrived), inline
+            ev = _new_object(Timeout)
+            ev.env = env
+            ev.callbacks = [self._arrived]
+            ev._value = flow
+            ev._ok = True
+            ev._delay = delay = latency * latency_steps
+            heappush(env._queue, (now + delay, NORMAL, next(env._eid), ev))
         else:
             self._join(flow)
 
@@ -142,21 +139,35 @@ class Network:
         done = self.env.event()
         links = tuple(self._link_id[l] for l in self.topology.host_route(rank, to_host))
         latency = sum(self.topology.graph.edges[l]["latency_s"] for l in self.topology.host_route(rank, to_host))
-        flow = _Flow(links, nbytes, done, rank, rank, self.env.now, label, "pcie",
+        flow = _Flow(links, nbytes, None, done, rank, rank, self.env.now, label, "pcie",
                      min((self.capacity[l] for l in links), default=math.inf))
         self.active += 1
         for l in links:
-            self.link_bytes[l] += nbytes
+            self._host_bytes[l] += nbytes
         _later(self.env, latency, flow, self._arrived)
         return done
+
+    @property
+    def link_bytes(self) -> list[float]:
+        """Bytes issued onto each link so far (by link id). Each route keeps its own
+        total, which is spread over its links here: one addition per transfer instead of
+        one per link crossed."""
+        out = list(self._host_bytes)
+        for links, _, _, _, carried in self._route.values():
+            b = carried[0]
+            if b:
+                for l in links:
+                    out[l] += b
+        return out
 
     def prepare_route(self, src: int, dst: int) -> None:
         """Look up the route from ``src`` to ``dst`` now (set-up), not at its first transfer."""
         self._route_of(src, dst)
 
     # ------------------------------------------------------------------ internals
-    def _route_of(self, src: int, dst: int) -> tuple[tuple[int, ...], float, str, float]:
-        """The route's link ids, its latency, its medium and its bottleneck capacity."""
+    def _route_of(self, src: int, dst: int) -> tuple[tuple[int, ...], float, str, float, list[float]]:
+        """The route's link ids, its latency, its medium, its bottleneck capacity and the
+        bytes issued onto it so far (a one-item list)."""
         key = (src, dst)
         r = self._route.get(key)
         if r is None:
@@ -165,7 +176,7 @@ class Network:
             kinds = {self.link_kinds[i] for i in ids}
             medium = next((k for k in ("ethernet", "ib", "pcie", "nvlink") if k in kinds), "local")
             bottleneck = min((self.capacity[i] for i in ids), default=math.inf)
-            r = (ids, self.topology.path_latency_s(src, dst), medium, bottleneck)
+            r = (ids, self.topology.path_latency_s(src, dst), medium, bottleneck, [0.0])
             self._route[key] = r
         return r
 
@@ -174,7 +185,8 @@ class Network:
         self._join(event._value)
 
     def _join(self, flow: _Flow) -> None:
-        flow.last_t = self.env._now
+        env = self.env
+        flow.last_t = now = env._now
         links = flow.links
         bottleneck = flow.bottleneck
         if flow.remaining <= 0 or bottleneck == math.inf:
@@ -194,8 +206,14 @@ class Network:
         for l in links:
             flows_on[l].add(flow)
         flow.rate = bottleneck
-        flow.version += 1
-        _later(self.env, flow.remaining / bottleneck, (flow, flow.version), self._timer)
+        flow.version = version = flow.version + 1
+        ev = _new_object(Timeout)  # _later(env, flow.remaining / bottleneck, (flow, version), self._timer), inline
+        ev.env = env
+        ev.callbacks = [self._timer]
+        ev._value = (flow, version)
+        ev._ok = True
+        ev._delay = delay = flow.remaining / bottleneck
+        heappush(env._queue, (now + delay, NORMAL, next(env._eid), ev))
         if self.check:
             self._check_capacity(links)
 
@@ -218,10 +236,13 @@ class Network:
         self.active -= 1
         self.records.append(_tuple_new(TransferRecord, (flow.src, flow.dst, flow.nbytes, flow.start, now, flow.label,
                                                         flow.medium)))
-        done = flow.done  # what done.succeed() does, without its Python-level checks
-        done._ok = True
-        done._value = None
-        heappush(env._queue, (now, NORMAL, next(env._eid), done))
+        if flow.callback is not None:
+            _later(env, 0.0, flow.arg, flow.callback)
+        else:
+            done = flow.arg  # what done.succeed() does, without its Python-level checks
+            done._ok = True
+            done._value = None
+            heappush(env._queue, (now, NORMAL, next(env._eid), done))
         if self._dirty:
             self._request_reallocation()
 

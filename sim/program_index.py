@@ -5,14 +5,16 @@ to know before the clock starts is computed once here.
   (rank, stream name); ``members[sid]`` the actions of a stream in order; ``ids`` maps
   (rank, name) to an index. Indices go round the streams (see ``_index``).
 - ``pending[i]`` counts action i's dependencies, and one more for the action before it
-  on its stream, if any: ``nxt[j]`` (or -1). ``dependents[j]`` lists the actions that name
+  on its stream, if any (a ``bytearray`` when every count fits in a byte): ``nxt[j]`` (or -1). ``dependents[j]`` lists the actions that name
   j in their ``deps``.
 - ``dur[i]``: the duration of a compute or comm action (None for the others);
   ``mem_start[i]``, ``mem_end[i]``: its memory changes, as (category, bytes) pairs, when
   it starts and when it ends (None if none), so that the run need not read the action.
 - ``partner[i]``: the send or recv that action i meets (or -1). The n-th send from a to b
   with a given tag (or none) meets the n-th recv on b from a with that tag, counted in
-  each rank's program order across its streams.
+  each rank's program order across its streams. ``p2p[i]``, shared by both of a matched
+  pair: (send index, recv index, source rank, destination rank, bytes, transfer label);
+  None for the others. A recv that names a size must name the send's.
 - ``key_of[i]``: the meeting key of a collective (its sorted group and its tag, or its
   sequence number on that group).
 - ``needed[group]``: the simulated members of a group (shadows arrive implicitly).
@@ -24,13 +26,14 @@ to know before the clock starts is computed once here.
 from __future__ import annotations
 
 from sim.actions import Action, Program
+from sim.errors import InputError
 
 
 class ProgramIndex:
     """What ``index_program`` returns (see the module doc)."""
 
     __slots__ = ("acts", "rank_of", "streams", "members", "ids", "order", "pending", "dependents",
-                 "key_of", "partner", "needed", "barrier_of",
+                 "key_of", "partner", "p2p", "needed", "barrier_of",
                  "dur", "mem_start", "mem_end", "nxt")
 
 
@@ -111,6 +114,8 @@ def _index(ix: ProgramIndex, program: Program) -> None:
                     else:
                         dependents[j].append(i)
     ix.acts, ix.rank_of, ix.streams, ix.members = acts, rank_of, streams, members
+    if max(pending, default=0) < 256:  # the usual case: a byte each is quicker to count down
+        pending = bytearray(pending)
     ix.ids, ix.order, ix.pending, ix.dependents, ix.nxt = ids, order, pending, dependents, nxt
     ix.dur, ix.mem_start, ix.mem_end = dur, mem_start, mem_end
 
@@ -123,6 +128,7 @@ def _match(ix: ProgramIndex, program: Program) -> None:
     key_of: list = [None] * n
     waiting: dict[tuple, int] = {}
     partner = [-1] * n
+    p2p: list = [None] * n
     for i in ix.order:  # program order: "the n-th send" counts across the rank's streams
         a = acts[i]
         kind = a.kind
@@ -137,6 +143,13 @@ def _match(ix: ProgramIndex, program: Program) -> None:
                 waiting[key] = i
             else:
                 partner[i], partner[j] = j, i
+                si, ri = (i, j) if kind == "send" else (j, i)
+                send, recv = acts[si], acts[ri]
+                if recv.nbytes and recv.nbytes != send.nbytes:
+                    raise InputError(
+                        f"program: recv {recv.name!r} on rank {rank_of[ri]} expects {recv.nbytes} bytes but the matching send {send.name!r} on rank {rank_of[si]} sends {send.nbytes}"
+                    )
+                p2p[i] = p2p[j] = (si, ri, rank_of[si], rank_of[ri], send.nbytes, f"{send.category or 'p2p'} {send.name}")
         elif kind == "collective":
             r = rank_of[i]
             group = tuple(sorted(a.group))
@@ -160,6 +173,6 @@ def _match(ix: ProgramIndex, program: Program) -> None:
             if b is None:
                 b = barriers[key] = [needed[a.group], []]
             barrier_of[i] = b
-    ix.key_of, ix.partner, ix.needed, ix.barrier_of = key_of, partner, needed, barrier_of
+    ix.key_of, ix.partner, ix.p2p, ix.needed, ix.barrier_of = key_of, partner, p2p, needed, barrier_of
 
 

@@ -119,6 +119,17 @@ def test_bad_action_fields():
         Action("a", kind="collective", op="allsum", group=(0,))
 
 
+def test_a_recv_that_expects_another_size_than_its_send_is_an_error(make_star):
+    # Checked when the program is indexed, before the clock starts, even if the pair
+    # would only meet late in the run.
+    prog = Program({0: [Action("a", duration_s=5.0), Action("s", kind="send", peer=1, nbytes=100, deps=("a",))],
+                    1: [Action("r", kind="recv", peer=0, nbytes=64)]})
+    with pytest.raises(InputError, match=r"recv 'r' on rank 1 expects 64 bytes but the matching send 's' on rank 0 sends 100"):
+        simulate(prog, make_star([1.0, 1.0]))
+    ok = Program({0: [Action("s", kind="send", peer=1, nbytes=100)], 1: [Action("r", kind="recv", peer=0)]})
+    assert [s.nbytes for s in simulate(ok, make_star([1.0, 1.0])).spans] == [100, 0]  # a recv may leave its size out
+
+
 def test_program_larger_than_topology_is_an_error(make_star):
     t = make_star([1.0, 1.0])
     with pytest.raises(InputError, match="has 2 GPUs"):
