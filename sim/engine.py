@@ -23,22 +23,19 @@ import time
 from collections import deque
 from contextlib import contextmanager
 from functools import partial
-from heapq import heappush
 from itertools import compress, count, islice
 from operator import attrgetter, eq
 
 import simpy
-from simpy.events import NORMAL, Timeout
 
 _tuple_new = tuple.__new__  # a Span without the named tuple's Python-level __new__
 _SPAN_ORDER = attrgetter("rank", "stream", "start_s", "end_s", "name")  # the trace's order
-_new_object = object.__new__  # a Timeout without its Python-level __init__ (set up in _build_core)
 
 from sim import invariants
 from sim.actions import Action, Program
 from sim.errors import DeadlockError, InputError
 from sim.engine_collectives import Collectives
-from sim.network import Network
+from sim.network import Calls, Network
 from sim.program_index import index_program
 from sim.topology import Topology
 from sim.trace import Span, Trace
@@ -105,11 +102,10 @@ class _Engine:
     Each action gets an index (``sim.program_index``); ``pending[i]`` counts its
     unfinished dependencies, the action before it on its stream included, and
     ``dependents[i]`` lists the actions waiting for it. An action starts when its count
-    reaches zero. A compute action is one SimPy timeout whose callback finishes it
-    (completions due at the same instant, queued one right after another, share one
-    queue entry and are finished in that order: exactly what separate entries would do;
-    each still counts as an event); sends, receives, copies and collectives finish from
-    the network's events. Finishing an action releases the next one on its stream, then
+    reaches zero. A compute action is one call to finish it, due when its time is up
+    (``sim.network.Calls``: one SimPy event each, though calls due at one instant, queued
+    one right after another, share a queue entry); sends, receives, copies and
+    collectives finish from the network's calls and events. Finishing an action releases the next one on its stream, then
     its dependents; actions that become ready at the same instant start in the order
     they became ready (a queue, not recursion), so a simulation is deterministic and
     never deep in the Python stack.
@@ -128,7 +124,8 @@ class _Engine:
         self.fluid = fluid
         self.check = check
         self.env = _CheckingEnvironment(0.0) if check else _CountingEnvironment(0.0)  # float time from the start
-        self.net = Network(self.env, topology, link_efficiency, check=check)
+        self.calls = Calls(self.env)
+        self.net = Network(self.env, topology, link_efficiency, check=check, calls=self.calls)
         self.spans: list[Span] = []
         self.memory: list[tuple[float, int, str, float]] = []
         t0 = time.perf_counter()
@@ -161,17 +158,19 @@ class _Engine:
         unfinished = [sid for sid, mine in enumerate(self._members) if mine and self._end[mine[-1]] < 0]
         if unfinished:
             raise DeadlockError(self._explain(unfinished), env.now)
+        t2 = time.perf_counter()
         self.spans = self._spans()
         if not self._spans_in_order():
             self.spans.sort(key=_SPAN_ORDER)
-        carried = self.net.link_bytes
-        link_bytes = {self.net.link_names[i]: b for i, b in enumerate(carried) if b > 0}
-        kinds = {self.net.link_names[i]: self.net.link_kinds[i] for i, b in enumerate(carried) if b > 0}
+        carried = self.net.link_bytes()
+        link_bytes = {self.net.link_names[i]: b for i, b in carried.items()}
+        kinds = {self.net.link_names[i]: self.net.link_kinds[i] for i in carried}
         ranks = {r: {"node": self.topology.node_of(r), "device": self.topology.gpu(r)} for r in self.program.ranks}
         trace = Trace(self.spans, list(self.net.records), link_bytes, kinds, ranks, self.topology.name, self.memory)
         trace.stats = {"events": env.events_processed, "actions": len(self.program),
                        "transfers": len(self.net.records), "simulated_gpus": len(self.program.actions),
-                       "engine_setup_s": self._index_s + t1 - t0, "engine_wall_s": time.perf_counter() - t1}
+                       "engine_setup_s": self._index_s + t1 - t0, "engine_loop_s": t2 - t1,
+                       "engine_wall_s": time.perf_counter() - t1}
         if self.check:
             if self.net.active:
                 invariants.violation(f"{self.net.active} network flows never finished")
@@ -180,15 +179,15 @@ class _Engine:
 
     def _prepare(self) -> None:
         """Set-up before the clock starts: the route of every point-to-point pair and the
-        steps of every distinct collective (routing is the costly part)."""
-        pairs = set()
-        for i, a in enumerate(self._acts):
-            if a.kind == "send":
-                pairs.add((self._rank_of[i], a.peer))
-            elif a.kind == "collective":
+        steps of every distinct collective (routing is the costly part). Each matched
+        pair's entry in ``p2p`` gets its route, so the run need not look it up."""
+        for a in self._acts:
+            if a.kind == "collective":
                 self._coll.plan_steps(a)
-        for src, dst in sorted(pairs):
-            self.net.prepare_route(src, dst)
+        p2p, route = self._p2p, self.net.route
+        for i, pair in enumerate(p2p):
+            if pair is not None and pair[0] == i:  # once per pair, at its send
+                p2p[i] = p2p[pair[1]] = (*pair, route(pair[2], pair[3]))
 
     def _spans_in_order(self) -> bool:
         """Whether the spans, built stream by stream, are already in the trace's order
@@ -218,11 +217,9 @@ class _Engine:
     def _build_core(self) -> None:
         """The hot path, as closures over local lists (cheaper than attribute lookups):
         ``_finish(i, busy_start, link_id)`` ends action ``i`` now and starts what that
-        makes ready; ``_start_ready()`` starts the actions that wait for nothing. A
-        compute action's timeout goes straight onto SimPy's queue, carrying the indices
-        of the actions it finishes."""
+        makes ready; ``_start_ready()`` starts the actions that wait for nothing."""
         env = self.env
-        queue, eid = env._queue, env._eid
+        at = self.calls.at
         acts, rank_of = self._acts, self._rank_of
         members, pending, dependents, nxt = self._members, self._pending, self._dependents, self._nxt
         start, end = self._start, self._end
@@ -236,16 +233,10 @@ class _Engine:
         p2p, arrived = self._p2p, self._arrived
         draining = False
 
-        batch_t, batch_e, batch = -1.0, -2, []  # the last compute timeout queued: its time, id and actions
-
-        def compute_done(ev):
-            for i in ev._value:  # (the list may grow while this runs: see drain)
-                finish(i, None, None)
-
         def drain():
             """Start the ready actions, in the order they became ready (each one's start
             inline: a call per action costs)."""
-            nonlocal draining, batch_t, batch_e, batch
+            nonlocal draining
             draining = True
             now = env._now
             try:
@@ -269,22 +260,9 @@ class _Engine:
                     d = dur[i]
                     if d is not None:  # compute or comm
                         if d > 0:
-                            t = now + d
-                            e = next(eid)
-                            if e == batch_e + 1 and t == batch_t:  # next in line at the same instant: same entry
-                                batch.append(i)
-                            else:
-                                batch = [i]
-                                ev = _new_object(Timeout)
-                                ev.env = env
-                                ev.callbacks = [compute_done]
-                                ev._value = batch
-                                ev._ok = True
-                                heappush(queue, (t, NORMAL, e, ev))
-                                batch_t = t
-                            batch_e = e
+                            at(now + d, finish, i)
                         else:
-                            finish(i, None, None)
+                            finish(i)
                         continue
                     p = p2p[i]
                     if p is not None:
@@ -301,7 +279,7 @@ class _Engine:
             finally:
                 draining = False
 
-        def finish(i, bstart, lid):
+        def finish(i, bstart=None, lid=None):
             now = end[i] = env._now
             m = mem_end[i]
             if m is not None:
@@ -345,14 +323,14 @@ class _Engine:
     # ------------------------------------------------------------------ p2p
     def _p2p_join(self, finish):
         """``join_p2p(i, pair)`` for the hot path, ``pair`` being ``p2p[i]`` (see
-        ``sim.program_index``): the first of a send/recv pair to arrive waits; the second
+        ``sim.program_index``; ``_prepare`` adds the route): the first of a send/recv pair to arrive waits; the second
         starts the transfer, whose arrival finishes both."""
         partner, arrived, pair_link = self._partner, self._arrived, self._pair_link
         env, start = self.env, self.net.start
         link_ids = count(1)
 
-        def delivered(event):
-            si, ri, began, lid = event._value
+        def delivered(pair):
+            si, ri, began, lid = pair
             finish(si, began, lid)
             finish(ri, began, lid)
 
@@ -362,8 +340,8 @@ class _Engine:
                 arrived[i] = 1
                 pair_link[i] = next(link_ids)
                 return
-            si, ri, src, dst, nbytes, label = pair
-            start(src, dst, nbytes, label, 1, delivered, (si, ri, env._now, pair_link[j]))
+            si, ri, src, dst, nbytes, label, route = pair
+            start(route, src, dst, nbytes, label, 1, delivered, (si, ri, env._now, pair_link[j]))
 
         return join_p2p
 

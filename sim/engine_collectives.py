@@ -91,6 +91,7 @@ class Collectives:
             index = {old: new for new, old in enumerate(keep)}
             steps = [collectives.Transfer(s.src, s.dst, s.nbytes, tuple(index[d] for d in s.deps), s.label,
                                           s.latency_steps) for s in (steps[i] for i in keep)]
+        routes = [self.net.route(st.src, st.dst) for st in steps]
         children: list[list[int]] = [[] for _ in steps]
         involved: dict[int, int] = {}
         for i, st in enumerate(steps):
@@ -99,14 +100,14 @@ class Collectives:
             for r in {st.src, st.dst}:
                 if r not in shadows:
                     involved[r] = involved.get(r, 0) + 1
-        plan = (steps, children, [len(st.deps) for st in steps], involved)
+        plan = (steps, routes, children, [len(st.deps) for st in steps], involved)
         self._plans[key] = plan
         return plan
 
     def _run(self, plan, rv: _Rendezvous, label: str) -> None:
         """Start each step when its dependencies are done; finish each rank's action
         when its own steps (as sender or receiver) are all done."""
-        steps, children, waiting0, involved = plan
+        steps, routes, children, waiting0, involved = plan
         waiting = list(waiting0)
         action_of = rv.posted
         left = {r: involved.get(r, 0) for r in action_of}
@@ -125,12 +126,9 @@ class Collectives:
                 if waiting[c] == 0:
                     start(c)
 
-        def arrived(event):
-            finished(event._value)
-
         def start(i):
             s = steps[i]
-            net.start(s.src, s.dst, s.nbytes, f"{label} {s.label}", s.latency_steps, arrived, i)
+            net.start(routes[i], s.src, s.dst, s.nbytes, f"{label} {s.label}", s.latency_steps, finished, i)
 
         for r in sorted(left):
             if left[r] == 0:

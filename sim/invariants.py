@@ -173,7 +173,7 @@ def _check_transfers(trace, network) -> None:
     for rec in trace.transfers:
         if rec.src == rec.dst:
             continue  # host copies are checked by the flow accounting
-        links, latency, _, _, _ = network._route_of(rec.src, rec.dst)
+        links, latency, _, _, _ = network.route(rec.src, rec.dst)
         caps = [network.capacity[l] for l in links]
         bottleneck = min(caps, default=math.inf)
         fastest = rec.nbytes / bottleneck if bottleneck > 0 and not math.isinf(bottleneck) else 0.0

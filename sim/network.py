@@ -25,22 +25,52 @@ from heapq import heappush
 from typing import NamedTuple
 
 import simpy
-from simpy.events import NORMAL, PENDING, Event, Timeout
+from simpy.events import NORMAL, Event, Timeout
 
 _tuple_new = tuple.__new__  # a TransferRecord without the named tuple's Python-level __new__
 _new_object = object.__new__
 
 
-def _later(env: simpy.Environment, delay: float, value, callback) -> None:
-    """What ``Timeout(env, delay, value).callbacks.append(callback)`` does, without SimPy's
-    Python-level ``__init__`` (the network's hot path): the same event, queued the same way."""
-    ev = _new_object(Timeout)
-    ev.env = env
-    ev.callbacks = [callback]
-    ev._value = value
-    ev._ok = True
-    ev._delay = delay
-    heappush(env._queue, (env._now + delay, NORMAL, next(env._eid), ev))
+class Calls:
+    """Function calls due at simulated times, on SimPy's event queue.
+
+    ``at(t, fn, arg)`` has ``fn(arg)`` called at time ``t`` (not before now), exactly as
+    a SimPy timeout with that callback would: it draws the next event id, and counts as
+    one event. Calls due at the same instant whose ids follow one another share one queue
+    entry and are made in id order, which is what separate entries would do (nothing can
+    come between two consecutive ids at one instant), without a heap push, a pop and an
+    event object each. In a synchronous training step most calls come in such runs (every
+    replica's transfer lands at once), so this halves the entries SimPy handles. A call
+    may add to the run being made (a call due now, with the next id, joins its end)."""
+
+    __slots__ = ("env", "_t", "_e", "_run")
+
+    def __init__(self, env: simpy.Environment):
+        self.env = env
+        self._t, self._e, self._run = -math.inf, -2, None  # the last entry queued: its time, last id, calls
+
+    def at(self, t: float, fn, arg) -> None:
+        env = self.env
+        e = next(env._eid)
+        if e == self._e + 1 and t == self._t:
+            self._run.append((fn, arg))
+        else:
+            self._run = run = [(fn, arg)]
+            ev = _new_object(Timeout)  # a Timeout without SimPy's Python-level __init__
+            ev.env = env
+            ev.callbacks = [_make_calls]
+            ev._value = run
+            ev._ok = True
+            ev._delay = t - env._now
+            heappush(env._queue, (t, NORMAL, e, ev))
+            self._t = t
+        self._e = e
+
+
+def _make_calls(event) -> None:
+    for fn, arg in event._value:  # (the list may grow while this runs: see Calls)
+        fn(arg)
+
 
 from sim.topology import Topology
 
@@ -79,8 +109,10 @@ class Network:
     """Links of a topology as shared, full-duplex resources for flows."""
 
     def __init__(self, env: simpy.Environment, topology: Topology, efficiency: dict[str, float] | None = None,
-                 check: bool = False):
+                 check: bool = False, calls: Calls | None = None):
         self.env = env
+        self.calls = calls or Calls(env)
+        """Where the network's timers go (the engine shares its own)."""
         self.check = check
         """Debug mode: check link capacities and byte accounting (``sim.invariants``)."""
         self.topology = topology
@@ -97,7 +129,7 @@ class Network:
                 self.link_names.append((a, b))
                 self.link_kinds.append(d["kind"])
         self._flows_on: list[set[_Flow]] = [set() for _ in self.capacity]
-        self._host_bytes: list[float] = [0.0] * len(self.capacity)  # carried by host copies, per link
+        self._host_bytes: dict[int, float] = {}  # carried by host copies, per link
         self._route: dict[tuple[int, int], tuple[tuple[int, ...], float, str, float, list[float]]] = {}
         self._dirty: set[int] = set()
         self._pending = False
@@ -109,28 +141,22 @@ class Network:
         """Start moving ``nbytes`` from GPU ``src`` to GPU ``dst``; the event fires when done.
         The route's latency is paid ``latency_steps`` times."""
         done = Event(self.env)
-        self.start(src, dst, nbytes, label, latency_steps, None, done)
+        self.start(self.route(src, dst), src, dst, nbytes, label, latency_steps, None, done)
         return done
 
-    def start(self, src: int, dst: int, nbytes: int, label: str, latency_steps: int, callback, arg) -> None:
-        """``transfer`` for the engine's hot path: when the bytes have arrived, an event
-        whose value is ``arg`` is processed with ``callback`` as its one callback (or, with
-        no callback, event ``arg`` is triggered). No event object is built until then."""
+    def start(self, route: tuple, src: int, dst: int, nbytes: int, label: str, latency_steps: int, callback,
+              arg) -> None:
+        """``transfer`` for the engine's hot path, on ``route`` (``route(src, dst)``, looked
+        up before the clock starts): when the bytes have arrived, ``callback(arg)`` is
+        called (``Calls``), or with no callback, event ``arg`` is triggered."""
         env = self.env
-        r = self._route.get((src, dst))
-        links, latency, medium, bottleneck, carried = self._route_of(src, dst) if r is None else r
+        links, latency, medium, bottleneck, carried = route
         now = env._now
         flow = _Flow(links, nbytes, callback, arg, src, dst, now, label, medium, bottleneck)
         self.active += 1
         carried[0] += nbytes
-        if latency > 0:  # _later(env, latency * latency_steps, flow, self._arrived), inline
-            ev = _new_object(Timeout)
-            ev.env = env
-            ev.callbacks = [self._arrived]
-            ev._value = flow
-            ev._ok = True
-            ev._delay = delay = latency * latency_steps
-            heappush(env._queue, (now + delay, NORMAL, next(env._eid), ev))
+        if latency > 0:
+            self.calls.at(now + latency * latency_steps, self._join, flow)
         else:
             self._join(flow)
 
@@ -143,31 +169,27 @@ class Network:
                      min((self.capacity[l] for l in links), default=math.inf))
         self.active += 1
         for l in links:
-            self._host_bytes[l] += nbytes
-        _later(self.env, latency, flow, self._arrived)
+            self._host_bytes[l] = self._host_bytes.get(l, 0.0) + nbytes
+        self.calls.at(self.env._now + latency, self._join, flow)
         return done
 
-    @property
-    def link_bytes(self) -> list[float]:
-        """Bytes issued onto each link so far (by link id). Each route keeps its own
-        total, which is spread over its links here: one addition per transfer instead of
-        one per link crossed."""
-        out = list(self._host_bytes)
+    def link_bytes(self) -> dict[int, float]:
+        """Bytes issued so far onto each link that carried any, by link id in increasing
+        order. Each route keeps its own total, spread over its links here: one addition
+        per transfer instead of one per link crossed, and no walk over every link of a
+        large fabric."""
+        out = dict(self._host_bytes)
         for links, _, _, _, carried in self._route.values():
             b = carried[0]
             if b:
                 for l in links:
-                    out[l] += b
-        return out
+                    out[l] = out.get(l, 0.0) + b
+        return {l: out[l] for l in sorted(out) if out[l] > 0}
 
-    def prepare_route(self, src: int, dst: int) -> None:
-        """Look up the route from ``src`` to ``dst`` now (set-up), not at its first transfer."""
-        self._route_of(src, dst)
-
-    # ------------------------------------------------------------------ internals
-    def _route_of(self, src: int, dst: int) -> tuple[tuple[int, ...], float, str, float, list[float]]:
-        """The route's link ids, its latency, its medium, its bottleneck capacity and the
-        bytes issued onto it so far (a one-item list)."""
+    def route(self, src: int, dst: int) -> tuple[tuple[int, ...], float, str, float, list[float]]:
+        """The route from GPU ``src`` to GPU ``dst``, for ``start``: its link ids, its
+        latency, its medium, its bottleneck capacity and the bytes issued onto it so far
+        (a one-item list). Looked up once per pair (routing is the costly part)."""
         key = (src, dst)
         r = self._route.get(key)
         if r is None:
@@ -180,13 +202,9 @@ class Network:
             self._route[key] = r
         return r
 
-    def _arrived(self, event) -> None:
-        """The flow's latency is over: its bytes start to move."""
-        self._join(event._value)
-
     def _join(self, flow: _Flow) -> None:
-        env = self.env
-        flow.last_t = now = env._now
+        """The flow's latency is over: its bytes start to move."""
+        flow.last_t = now = self.env._now
         links = flow.links
         bottleneck = flow.bottleneck
         if flow.remaining <= 0 or bottleneck == math.inf:
@@ -206,22 +224,15 @@ class Network:
         for l in links:
             flows_on[l].add(flow)
         flow.rate = bottleneck
-        flow.version = version = flow.version + 1
-        ev = _new_object(Timeout)  # _later(env, flow.remaining / bottleneck, (flow, version), self._timer), inline
-        ev.env = env
-        ev.callbacks = [self._timer]
-        ev._value = (flow, version)
-        ev._ok = True
-        ev._delay = delay = flow.remaining / bottleneck
-        heappush(env._queue, (now + delay, NORMAL, next(env._eid), ev))
+        flow.version += 1
+        self.calls.at(now + flow.remaining / bottleneck, self._timer, (flow, flow.version))
         if self.check:
             self._check_capacity(links)
 
     def _request_reallocation(self) -> None:
         if not self._pending:
             self._pending = True
-            ev = self.env.timeout(0)
-            ev.callbacks.append(self._reallocate)
+            self.calls.at(self.env._now, self._reallocate, None)
 
     def _finish(self, flow: _Flow) -> None:
         env = self.env
@@ -237,7 +248,7 @@ class Network:
         self.records.append(_tuple_new(TransferRecord, (flow.src, flow.dst, flow.nbytes, flow.start, now, flow.label,
                                                         flow.medium)))
         if flow.callback is not None:
-            _later(env, 0.0, flow.arg, flow.callback)
+            self.calls.at(now, flow.callback, flow.arg)
         else:
             done = flow.arg  # what done.succeed() does, without its Python-level checks
             done._ok = True
@@ -246,9 +257,9 @@ class Network:
         if self._dirty:
             self._request_reallocation()
 
-    def _timer(self, event) -> None:
+    def _timer(self, timer: tuple[_Flow, int]) -> None:
         """A flow's finish time at its last rate has come; stale if its rate changed since."""
-        flow, version = event._value
+        flow, version = timer
         if flow.version == version and flow.remaining > 0:
             if self.check:
                 left = flow.remaining - flow.rate * (self.env.now - flow.last_t)
@@ -259,7 +270,7 @@ class Network:
                               f"{left:.6g} of its {flow.nbytes} bytes not delivered")
             self._finish(flow)
 
-    def _reallocate(self, _event=None) -> None:
+    def _reallocate(self, _arg=None) -> None:
         """Max-min fair rates for every flow connected to a changed link."""
         self._pending = False
         now = self.env.now
@@ -298,7 +309,7 @@ class Network:
             delay = left / r if r > 0 else math.inf
             if math.isinf(delay):
                 continue
-            _later(self.env, delay, (f, f.version), self._timer)
+            self.calls.at(now + delay, self._timer, (f, f.version))
         if self.check:
             self._check_capacity(links)
 

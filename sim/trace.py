@@ -60,10 +60,13 @@ class Trace:
     """Per rank: ``node`` (host index) and ``device`` (topology GPU id)."""
     topology: str = ""
     memory: list = field(default_factory=list)
-    stats: dict = field(default_factory=dict)
-    """How big the simulation was: SimPy events processed, actions, transfers."""
     """Memory changes as (time_s, rank, category, bytes), in the order they happened
     (see ``sim.memory_timeline``)."""
+    stats: dict = field(default_factory=dict)
+    """How big the simulation was and what it cost: ``events`` (SimPy events processed),
+    ``actions``, ``transfers``, ``simulated_gpus``; ``engine_setup_s`` (indexing, routing
+    and collective planning before the clock starts), ``engine_loop_s`` (the event loop)
+    and ``engine_wall_s`` (the event loop and the assembly of this trace)."""
 
     @property
     def end_s(self) -> float:
