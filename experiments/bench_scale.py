@@ -117,9 +117,10 @@ def main() -> int:
     print("indexing of the program, routing and collective planning before the clock starts; loop s: its")
     print("event loop; trace s: assembling the trace after it; events/s: SimPy events per second of the")
     print("loop; vs bare: that rate as a ratio of a bare SimPy loop of timeouts run in the same process")
-    print("right after (best of 3); +trace: the same ratio over the loop and the trace assembly together")
+    print("right after (best of 3); +trace: the same ratio over the loop and the trace assembly together;")
+    print("entries: SimPy queue entries (events due at one instant with consecutive ids share one)")
     print(f"{'case':<24} {'fidelity':<8} {'wall s':>7} {'set-up s':>8} {'loop s':>7} {'trace s':>7} {'events':>11} "
-          f"{'events/s':>9} {'vs bare':>7} {'+trace':>6} {'RSS MB':>7} {'iteration s':>11}")
+          f"{'entries':>10} {'events/s':>9} {'vs bare':>7} {'+trace':>6} {'RSS MB':>7} {'iteration s':>11}")
 
     def rates(runs):
         rate = statistics.median(r["events"] / r["engine_loop_s"] for r in runs)
@@ -130,7 +131,8 @@ def main() -> int:
     floors = [engine_floor() for _ in range(args.repeat)]
     fmed = lambda key: statistics.median(r[key] for r in floors)  # noqa: E731
     print(f"{'compute actions only':<24} {'-':<8} {'':>7} {'':>8} {fmed('engine_loop_s'):7.2f} "
-          f"{fmed('engine_wall_s') - fmed('engine_loop_s'):7.2f} {floors[0]['events']:11,d} {rates(floors)}", flush=True)
+          f"{fmed('engine_wall_s') - fmed('engine_loop_s'):7.2f} {floors[0]['events']:11,d} "
+          f"{floors[0]['queue_entries']:10,d} {rates(floors)}", flush=True)
     for case in (c for c in CASES if args.case in c[0]):
         for fidelity in ("reduced", "full"):
             if args.only and fidelity != args.only:
@@ -145,7 +147,7 @@ def main() -> int:
             rss = max(r["rss_bytes"] for r in done) / 2**20
             trace_s = statistics.median(r["engine_wall_s"] - r["engine_loop_s"] for r in done)
             print(f"{case[0]:<24} {fidelity:<8} {med('wall_s'):7.2f} {med('engine_setup_s'):8.2f} "
-                  f"{med('engine_loop_s'):7.2f} {trace_s:7.2f} {ev:11,d} {rates(done)} {rss:7.0f} "
+                  f"{med('engine_loop_s'):7.2f} {trace_s:7.2f} {ev:11,d} {done[0]['queue_entries']:10,d} {rates(done)} {rss:7.0f} "
                   f"{done[0]['iteration_s']:11.3f}", flush=True)
     return 0
 

@@ -43,10 +43,12 @@ class Calls:
     replica's transfer lands at once), so this halves the entries SimPy handles. A call
     may add to the run being made (a call due now, with the next id, joins its end)."""
 
-    __slots__ = ("env", "_t", "_e", "_run")
+    __slots__ = ("env", "entries", "_t", "_e", "_run")
 
     def __init__(self, env: simpy.Environment):
         self.env = env
+        self.entries = 0
+        """Queue entries made so far (each holding one or more calls)."""
         self._t, self._e, self._run = -math.inf, -2, None  # the last entry queued: its time, last id, calls
 
     def at(self, t: float, fn, arg) -> None:
@@ -64,6 +66,7 @@ class Calls:
             ev._delay = t - env._now
             heappush(env._queue, (t, NORMAL, e, ev))
             self._t = t
+            self.entries += 1
         self._e = e
 
 
@@ -135,6 +138,8 @@ class Network:
         self._pending = False
         self.records: list[TransferRecord] = []
         self.active = 0
+        self.events_triggered = 0
+        """SimPy events this network triggered (``transfer``'s), each a queue entry of its own."""
 
     # ------------------------------------------------------------------ public
     def transfer(self, src: int, dst: int, nbytes: int, label: str = "", latency_steps: int = 1) -> simpy.Event:
@@ -250,6 +255,7 @@ class Network:
         if flow.callback is not None:
             self.calls.at(now, flow.callback, flow.arg)
         else:
+            self.events_triggered += 1
             done = flow.arg  # what done.succeed() does, without its Python-level checks
             done._ok = True
             done._value = None

@@ -232,6 +232,9 @@ def test_completions_at_one_instant_are_each_an_event_and_keep_their_order(make_
     prog = Program({r: [Action(f"c{i}", duration_s=1.0) for i in range(5)] for r in range(4)})
     tr = simulate(prog, t)
     assert tr.stats["events"] == 20
+    # At each of the five instants the four ranks' next completions are queued one right
+    # after another (nothing else happens in between), so they share one queue entry.
+    assert tr.stats["queue_entries"] == 5
     assert [(s.rank, s.start_s, s.end_s) for s in tr.spans] == [(r, float(i), i + 1.0) for r in range(4) for i in range(5)]
     prog = Program({0: [Action("a", duration_s=1.0), Action("b", duration_s=1.0, deps=((1, "z"),))],
                     1: [Action("y", duration_s=1.0), Action("z", duration_s=0.0), Action("w", duration_s=1.0)]})

@@ -4,9 +4,11 @@ import math
 
 import networkx as nx
 import pytest
+import simpy
 
 from sim.actions import Action, Program
 from sim.engine import simulate
+from sim.network import Calls
 from sim.topology import Topology
 
 
@@ -105,3 +107,21 @@ def test_every_byte_sent_is_carried(make_star):
     assert sum(r.nbytes for r in tr.transfers) == 300
     # each transfer crosses two links of the star
     assert sum(tr.link_bytes.values()) == pytest.approx(600)
+
+
+def test_calls_at_one_instant_with_consecutive_ids_share_a_queue_entry_and_keep_their_order():
+    # Separate SimPy timeouts would run a, b, the SimPy event, c (in id order at t=1),
+    # then d and the call d makes for its own instant. Calls give the same order, with
+    # a, b in one entry (consecutive ids), c in its own (the SimPy event took the id in
+    # between), and e joining d's entry while it runs.
+    env = simpy.Environment()
+    calls = Calls(env)
+    log = []
+    calls.at(1.0, log.append, "a")
+    calls.at(1.0, log.append, "b")
+    env.timeout(1.0).callbacks.append(lambda _e: log.append("simpy"))
+    calls.at(1.0, log.append, "c")
+    calls.at(2.0, lambda x: (log.append(x), calls.at(env.now, log.append, "e")), "d")
+    env.run()
+    assert log == ["a", "b", "simpy", "c", "d", "e"]
+    assert calls.entries == 3 and env.now == 2.0
