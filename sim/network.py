@@ -25,10 +25,19 @@ from heapq import heappush
 from typing import NamedTuple
 
 import simpy
-from simpy.events import NORMAL, Event, Timeout
+from simpy.events import NORMAL, Event
 
 _tuple_new = tuple.__new__  # a TransferRecord without the named tuple's Python-level __new__
 _new_object = object.__new__
+
+
+class _Entry:
+    """What SimPy's ``Environment.step`` reads of a queued event: its callbacks (which it
+    takes and sets to None) and that it did not fail. Cheaper to make than a ``Timeout``
+    (no ``__dict__``), and all ``Calls`` needs of one."""
+
+    __slots__ = ("callbacks", "_value")
+    _ok = True
 
 
 class Calls:
@@ -39,40 +48,40 @@ class Calls:
     one event. Calls due at the same instant whose ids follow one another share one queue
     entry and are made in id order, which is what separate entries would do (nothing can
     come between two consecutive ids at one instant), without a heap push, a pop and an
-    event object each. In a synchronous training step most calls come in such runs (every
-    replica's transfer lands at once), so this halves the entries SimPy handles. A call
-    may add to the run being made (a call due now, with the next id, joins its end)."""
+    entry each. In a synchronous training step most calls come in such runs (every
+    replica's transfer lands at once), so this cuts the entries SimPy handles several
+    times over. A call may add to the run being made (a call due now, with the next id,
+    joins its end)."""
 
-    __slots__ = ("env", "entries", "_t", "_e", "_run")
+    __slots__ = ("entries", "_queue", "_eid", "_t", "_e", "_run")
 
     def __init__(self, env: simpy.Environment):
-        self.env = env
+        self._queue, self._eid = env._queue, env._eid
         self.entries = 0
         """Queue entries made so far (each holding one or more calls)."""
         self._t, self._e, self._run = -math.inf, -2, None  # the last entry queued: its time, last id, calls
 
     def at(self, t: float, fn, arg) -> None:
-        env = self.env
-        e = next(env._eid)
+        e = next(self._eid)
         if e == self._e + 1 and t == self._t:
             self._run.append((fn, arg))
         else:
             self._run = run = [(fn, arg)]
-            ev = _new_object(Timeout)  # a Timeout without SimPy's Python-level __init__
-            ev.env = env
-            ev.callbacks = [_make_calls]
-            ev._value = run
-            ev._ok = True
-            ev._delay = t - env._now
-            heappush(env._queue, (t, NORMAL, e, ev))
+            entry = _new_object(_Entry)
+            entry.callbacks = _MAKE_CALLS  # step() only reads it, then sets the entry's to None
+            entry._value = run
+            heappush(self._queue, (t, NORMAL, e, entry))
             self._t = t
             self.entries += 1
         self._e = e
 
 
-def _make_calls(event) -> None:
-    for fn, arg in event._value:  # (the list may grow while this runs: see Calls)
+def _make_calls(entry) -> None:
+    for fn, arg in entry._value:  # (the list may grow while this runs: see Calls)
         fn(arg)
+
+
+_MAKE_CALLS = [_make_calls]
 
 
 from sim.topology import Topology
