@@ -31,8 +31,9 @@ worker and returns a *record*, a plain JSON-able dict::
   records nothing for the plans that never ran (the results file stays valid). (Dask's
   scheduler retries tasks of a dead worker elsewhere by itself; a task that kills its
   workers too often comes back as ``KilledWorker`` and is recorded as ``"crashed"``. A
-  task the cluster cancels, as it sometimes does when a worker dies, is submitted again,
-  up to ``max_retries`` times.)
+  task the cluster cancels, as it does when a worker dies, is submitted again, up to
+  ``max_retries`` times, with the context scattered to the workers again: the dead worker
+  may have held its only copy.)
 - **Progress.** On a terminal, a bar with the count, rate and ETA on stderr; silent
   otherwise.
 
@@ -344,9 +345,13 @@ class Runner:
         if todo:
             self.progress = Progress(len(todo), self.progress_enabled, label=label)
             if self._client is not None:  # send the context to every Dask worker once, not with each plan
-                ctx = self._client.scatter(ctx, broadcast=True, hash=False)
+                def share(ctx=ctx):
+                    return self._client.scatter(ctx, broadcast=True, hash=False)
+            else:
+                def share(ctx=ctx):
+                    return ctx
             try:
-                self._drive(ctx, todo)
+                self._drive(share, todo)
             finally:
                 self.progress.close()
         return [self.log.done[k] for k in keys]
@@ -361,7 +366,11 @@ class Runner:
         self.log.append(rec)
         self.progress.step()
 
-    def _drive(self, ctx: Context, todo: list) -> None:
+    def _drive(self, share, todo: list) -> None:
+        """Run ``todo``; ``share()`` gives the context as the workers take it (for Dask,
+        scattered to them: a plan the cluster cancels may have lost it with a dead
+        worker, so it is scattered again before the plan is)."""
+        ctx = share()
         queue, suspects = deque(todo), deque()
         strikes: dict[str, int] = {}
         inflight: dict[cf.Future, tuple] = {}
@@ -376,7 +385,7 @@ class Runner:
                     item = queue.popleft()
                     inflight[self._submit(ctx, item[1])] = item
             done, _ = cf.wait(inflight, return_when=cf.FIRST_COMPLETED)
-            broken = []
+            broken, cancelled = [], False
             for f in sorted(done, key=lambda f: inflight[f][0]):
                 k, p = item = inflight.pop(f)
                 try:
@@ -385,10 +394,13 @@ class Runner:
                     broken.append(item)
                 except cf.CancelledError:  # the executor dropped it (Dask, when its worker died): again
                     if self._strike(strikes, k, p, "the executor cancelled this plan {n} times"):
+                        cancelled = True
                         queue.appendleft(item)
                 except Exception as exc:  # noqa: BLE001 - e.g. Dask's KilledWorker
                     self._record({"key": k, "plan": asdict(p), "status": "crashed", "error": _one_line(exc),
                                   "summary": None})
+            if cancelled:
+                ctx = share()
             if broken:
                 broken += list(inflight.values())
                 inflight.clear()

@@ -321,6 +321,49 @@ class _Cancelling:
         pass
 
 
+class _LosesScatteredContext:
+    """Stands in for a Dask client and its executor: the first context scattered is lost
+    (as when the one worker holding it dies), so the cluster cancels every task that
+    needs it; a context scattered later is there."""
+
+    def __init__(self):
+        import concurrent.futures as cf
+
+        self.cf, self.scattered, self.submitted = cf, [], []
+
+    def scatter(self, obj, broadcast=False, hash=True):
+        self.scattered.append(obj)
+        return ("scattered", len(self.scattered) - 1)
+
+    def submit(self, fn, ref, plan):
+        self.submitted.append(ref[1])
+        f = self.cf.Future()
+        if ref[1] == 0:
+            f.cancel()
+            f.set_running_or_notify_cancel()
+        else:
+            f.set_result(fn(self.scattered[ref[1]], plan))
+        return f
+
+    def shutdown(self, *a, **k):
+        pass
+
+    def close(self):
+        pass
+
+
+def test_a_plan_cancelled_with_its_scattered_context_lost_runs_again_with_it_scattered_again():
+    plans = PLANS[:2]
+    with Runner(workers=0, progress=False) as runner:
+        runner._pool = runner._client = fake = _LosesScatteredContext()
+        records = runner.run(CTX, plans)
+    assert [r["status"] for r in records] == ["ok", "ok"]
+    assert len(fake.scattered) == 2  # up front, and again once the cancelled plans came back
+    assert fake.submitted == [0, 0, 1, 1]  # both plans with the lost context, then again with the new one
+    with Runner(workers=0) as inline:
+        assert records == inline.run(CTX, plans)
+
+
 @pytest.mark.parametrize("cancels,status", [(1, "ok"), (2, "ok"), (3, "crashed")])
 def test_a_plan_the_executor_cancels_is_submitted_again(cancels, status):
     plans = PLANS[:2]
