@@ -1,12 +1,13 @@
 """The discrete-event engine: runs a Program on a topology and returns a Trace.
 
-This is the only module that drives SimPy. Each (rank, stream) pair runs its actions
-in order, one at a time: an action starts when its stream is free and every action it
-depends on has finished, holds the stream for as long as it takes, and records a span.
-Streams are dependency counters driven by SimPy callbacks, not one SimPy process each:
-a compute action is a single timeout (the duration it carries; costs are computed
-outside, from a hardware profile); sends, receives, copies and collectives take as long
-as the flow-level network model (``sim.network``) needs for their transfers.
+This module and the flow model ``sim.network`` are the only ones that drive SimPy.
+Each (rank, stream) pair runs its actions in order, one at a time: an action starts
+when its stream is free and every action it depends on has finished, holds the stream
+for as long as it takes, and records a span. Streams are dependency counters driven by
+SimPy callbacks, not one SimPy process each: a compute action is one timed call that
+finishes it (the duration it carries; costs are computed outside, from a hardware
+profile; ``sim.network.Calls``); sends, receives, copies and collectives take as long as
+the flow-level network model needs for their transfers.
 
 The engine does not know which schedule produced a program, nor any hardware figure.
 
