@@ -106,10 +106,10 @@ class _Engine:
     reaches zero. A compute action is one call to finish it, due when its time is up
     (``sim.network.Calls``: one SimPy event each, though calls due at one instant, queued
     one right after another, share a queue entry); sends, receives, copies and
-    collectives finish from the network's calls and events. Finishing an action releases the next one on its stream, then
-    its dependents; actions that become ready at the same instant start in the order
-    they became ready (a queue, not recursion), so a simulation is deterministic and
-    never deep in the Python stack.
+    collectives finish from the network's calls and events. Finishing an action
+    releases the next one on its stream, then its dependents; actions that become ready
+    at the same instant start in the order they became ready (a queue, not recursion), so
+    a simulation is deterministic and never deep in the Python stack.
     """
 
     def __init__(self, program: Program, topology: Topology, link_efficiency, fluid: bool = False,
@@ -325,8 +325,9 @@ class _Engine:
     # ------------------------------------------------------------------ p2p
     def _p2p_join(self, finish):
         """``join_p2p(i, pair)`` for the hot path, ``pair`` being ``p2p[i]`` (see
-        ``sim.program_index``; ``_prepare`` adds the route): the first of a send/recv pair to arrive waits; the second
-        starts the transfer, whose arrival finishes both."""
+        ``sim.program_index``; ``_prepare`` adds the route): the first of a send/recv
+        pair to arrive waits; the second starts the transfer, whose arrival finishes
+        both."""
         partner, arrived, pair_link = self._partner, self._arrived, self._pair_link
         env, start = self.env, self.net.start
         link_ids = count(1)

@@ -112,7 +112,7 @@ class _Flow:
         self.rate = 0.0
         self.last_t = start
         self.version = 0
-        self.callback, self.arg = callback, arg  # on arrival: callback(event with value arg), or arg.succeed()
+        self.callback, self.arg = callback, arg  # on arrival: callback(arg) is called, or event arg triggered
         self.src, self.dst, self.nbytes, self.start, self.label = src, dst, nbytes, start, label
         self.medium = medium
 

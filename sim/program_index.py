@@ -5,16 +5,17 @@ to know before the clock starts is computed once here.
   (rank, stream name); ``members[sid]`` the actions of a stream in order; ``ids`` maps
   (rank, name) to an index. Indices go round the streams (see ``_index``).
 - ``pending[i]`` counts action i's dependencies, and one more for the action before it
-  on its stream, if any (a ``bytearray`` when every count fits in a byte): ``nxt[j]`` (or -1). ``dependents[j]`` lists the actions that name
-  j in their ``deps``.
+  on its stream, if any: ``nxt[j]`` (or -1). It is a ``bytearray`` when every count fits
+  in a byte. ``dependents[j]`` lists the actions that name j in their ``deps``.
 - ``dur[i]``: the duration of a compute or comm action (None for the others);
   ``mem_start[i]``, ``mem_end[i]``: its memory changes, as (category, bytes) pairs, when
   it starts and when it ends (None if none), so that the run need not read the action.
 - ``partner[i]``: the send or recv that action i meets (or -1). The n-th send from a to b
   with a given tag (or none) meets the n-th recv on b from a with that tag, counted in
   each rank's program order across its streams. ``p2p[i]``, shared by both of a matched
-  pair: (send index, recv index, source rank, destination rank, bytes, transfer label);
-  None for the others. A recv that names a size must name the send's.
+  pair: (send index, recv index, source rank, destination rank, bytes, transfer label),
+  to which the engine adds the route; None for the others. A recv that names a size must
+  name the send's.
 - ``key_of[i]``: the meeting key of a collective (its sorted group and its tag, or its
   sequence number on that group).
 - ``needed[group]``: the simulated members of a group (shadows arrive implicitly).
