@@ -302,7 +302,7 @@ class _Engine:
                     pending[j] -= 1
                     if not pending[j]:
                         ready.append(j)
-            if not draining:
+            if ready and not draining:  # (nothing made ready: nothing to start)
                 drain()
 
         def start_ready():
