@@ -344,14 +344,8 @@ class Runner:
         todo = list({k: (k, p) for k, p in todo}.values())
         if todo:
             self.progress = Progress(len(todo), self.progress_enabled, label=label)
-            if self._client is not None:  # send the context to every Dask worker once, not with each plan
-                def share(ctx=ctx):
-                    return self._client.scatter(ctx, broadcast=True, hash=False)
-            else:
-                def share(ctx=ctx):
-                    return ctx
             try:
-                self._drive(share, todo)
+                self._drive(ctx, todo)
             finally:
                 self.progress.close()
         return [self.log.done[k] for k in keys]
@@ -366,11 +360,15 @@ class Runner:
         self.log.append(rec)
         self.progress.step()
 
-    def _drive(self, share, todo: list) -> None:
-        """Run ``todo``; ``share()`` gives the context as the workers take it (for Dask,
-        scattered to them: a plan the cluster cancels may have lost it with a dead
-        worker, so it is scattered again before the plan is)."""
-        ctx = share()
+    def _shared(self, ctx: Context):
+        """``ctx`` as the workers take it: for Dask, scattered to every worker once, not
+        sent with each plan."""
+        return ctx if self._client is None else self._client.scatter(ctx, broadcast=True, hash=False)
+
+    def _drive(self, context: Context, todo: list) -> None:
+        """Run ``todo``. A plan the Dask cluster cancels may have lost the scattered
+        context with a dead worker, so it is scattered again before the plan goes back."""
+        ctx = self._shared(context)
         queue, suspects = deque(todo), deque()
         strikes: dict[str, int] = {}
         inflight: dict[cf.Future, tuple] = {}
@@ -400,7 +398,7 @@ class Runner:
                     self._record({"key": k, "plan": asdict(p), "status": "crashed", "error": _one_line(exc),
                                   "summary": None})
             if cancelled:
-                ctx = share()
+                ctx = self._shared(context)
             if broken:
                 broken += list(inflight.values())
                 inflight.clear()
