@@ -167,10 +167,10 @@ class _Engine:
         link_bytes = {self.net.link_names[i]: b for i, b in carried.items()}
         kinds = {self.net.link_names[i]: self.net.link_kinds[i] for i in carried}
         ranks = {r: {"node": self.topology.node_of(r), "device": self.topology.gpu(r)} for r in self.program.ranks}
-        trace = Trace(self.spans, list(self.net.records), link_bytes, kinds, ranks, self.topology.name, self.memory)
+        trace = Trace(self.spans, self.net.transfer_records(), link_bytes, kinds, ranks, self.topology.name, self.memory)
         trace.stats = {"events": env.events_processed, "queue_entries": self.calls.entries + self.net.events_triggered,
                        "actions": len(self.program),
-                       "transfers": len(self.net.records), "simulated_gpus": len(self.program.actions),
+                       "transfers": len(trace.transfers), "simulated_gpus": len(self.program.actions),
                        "engine_setup_s": self._index_s + t1 - t0, "engine_loop_s": t2 - t1,
                        "engine_wall_s": time.perf_counter() - t1}
         if self.check:

@@ -103,7 +103,7 @@ class TransferRecord(NamedTuple):
 
 class _Flow:
     __slots__ = ("links", "remaining", "rate", "last_t", "version", "callback", "arg", "src", "dst", "nbytes", "start",
-                 "label", "medium", "bottleneck")
+                 "label", "medium", "bottleneck", "end")
 
     def __init__(self, links, nbytes, callback, arg, src, dst, start, label, medium, bottleneck):
         self.links = links
@@ -145,7 +145,9 @@ class Network:
         self._route: dict[tuple[int, int], tuple[tuple[int, ...], float, str, float, list[float]]] = {}
         self._dirty: set[int] = set()
         self._pending = False
-        self.records: list[TransferRecord] = []
+        self._done: list[_Flow] = []  # finished flows, in the order they finished
+        self._at = self.calls.at
+        self._join_call, self._timer_call = self._join, self._timer  # bound once, not per call
         self.active = 0
         self.events_triggered = 0
         """SimPy events this network triggered (``transfer``'s), each a queue entry of its own."""
@@ -166,11 +168,15 @@ class Network:
         env = self.env
         links, latency, medium, bottleneck, carried = route
         now = env._now
-        flow = _Flow(links, nbytes, callback, arg, src, dst, now, label, medium, bottleneck)
+        flow = _new_object(_Flow)  # (what _Flow() does, without the call to __init__)
+        flow.links, flow.bottleneck, flow.remaining, flow.rate, flow.last_t, flow.version = \
+            links, bottleneck, float(nbytes), 0.0, now, 0
+        flow.callback, flow.arg, flow.src, flow.dst, flow.nbytes, flow.start, flow.label, flow.medium = \
+            callback, arg, src, dst, nbytes, now, label, medium
         self.active += 1
         carried[0] += nbytes
         if latency > 0:
-            self.calls.at(now + latency * latency_steps, self._join, flow)
+            self._at(now + latency * latency_steps, self._join_call, flow)
         else:
             self._join(flow)
 
@@ -184,8 +190,14 @@ class Network:
         self.active += 1
         for l in links:
             self._host_bytes[l] = self._host_bytes.get(l, 0.0) + nbytes
-        self.calls.at(self.env._now + latency, self._join, flow)
+        self._at(self.env._now + latency, self._join_call, flow)
         return done
+
+    def transfer_records(self) -> list[TransferRecord]:
+        """The transfers completed so far, in the order they completed. Made from the
+        finished flows when asked, not one by one as the run goes."""
+        return [_tuple_new(TransferRecord, (f.src, f.dst, f.nbytes, f.start, f.end, f.label, f.medium))
+                for f in self._done]
 
     def link_bytes(self) -> dict[int, float]:
         """Bytes issued so far onto each link that carried any, by link id in increasing
@@ -239,14 +251,14 @@ class Network:
             flows_on[l].add(flow)
         flow.rate = bottleneck
         flow.version += 1
-        self.calls.at(now + flow.remaining / bottleneck, self._timer, (flow, flow.version))
+        self._at(now + flow.remaining / bottleneck, self._timer_call, (flow, flow.version))
         if self.check:
             self._check_capacity(links)
 
     def _request_reallocation(self) -> None:
         if not self._pending:
             self._pending = True
-            self.calls.at(self.env._now, self._reallocate, None)
+            self._at(self.env._now, self._reallocate, None)
 
     def _finish(self, flow: _Flow) -> None:
         env = self.env
@@ -259,10 +271,10 @@ class Network:
                     self._dirty.add(l)
         flow.remaining = 0.0
         self.active -= 1
-        self.records.append(_tuple_new(TransferRecord, (flow.src, flow.dst, flow.nbytes, flow.start, now, flow.label,
-                                                        flow.medium)))
+        flow.end = now
+        self._done.append(flow)  # (its TransferRecord is made after the run: transfer_records)
         if flow.callback is not None:
-            self.calls.at(now, flow.callback, flow.arg)
+            self._at(now, flow.callback, flow.arg)
         else:
             self.events_triggered += 1
             done = flow.arg  # what done.succeed() does, without its Python-level checks
@@ -324,7 +336,7 @@ class Network:
             delay = left / r if r > 0 else math.inf
             if math.isinf(delay):
                 continue
-            self.calls.at(now + delay, self._timer, (f, f.version))
+            self._at(now + delay, self._timer_call, (f, f.version))
         if self.check:
             self._check_capacity(links)
 
