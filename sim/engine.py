@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import gc
 import time
+from heapq import heappop
 from collections import deque
 from contextlib import contextmanager
 from functools import partial
@@ -36,7 +37,7 @@ from sim import invariants
 from sim.actions import Action, Program
 from sim.errors import DeadlockError, InputError
 from sim.engine_collectives import Collectives
-from sim.network import Calls, Network
+from sim.network import _MAKE_CALLS, Calls, Network
 from sim.program_index import index_program
 from sim.topology import Topology
 from sim.trace import Span, Trace
@@ -86,9 +87,34 @@ class _CountingEnvironment(simpy.Environment):
         scheduled = self._eid.__reduce__()[1][0]  # the counter's next value, without drawing it
         return scheduled - len(self._queue)
 
+    def run(self, until=None):
+        """Process events until none is left: SimPy's ``run()`` with the work of its
+        ``step()`` inline, and the calls of a ``Calls`` entry made right here. Same
+        events, same order, same handling of a failed event; a Python call or two less
+        per queue entry. (With ``until``, SimPy's own loop.)"""
+        if until is not None:
+            return super().run(until)
+        queue = self._queue
+        while queue:
+            self._now, _, _, event = heappop(queue)
+            callbacks, event.callbacks = event.callbacks, None
+            if callbacks is _MAKE_CALLS:
+                for fn, arg in event._value:  # (the list may grow while this runs: see Calls)
+                    fn(arg)
+                continue
+            for callback in callbacks:
+                callback(event)
+            if not event._ok and not hasattr(event, "_defused"):  # a failed event nobody handled: as SimPy
+                exc = type(event._value)(*event._value.args)
+                exc.__cause__ = event._value
+                raise exc
+        return None
+
 
 class _CheckingEnvironment(_CountingEnvironment):
     """Debug mode: also checks that simulated time never goes backwards."""
+
+    run = simpy.Environment.run  # (one step at a time, through the checking step below)
 
     def step(self):
         before = self._now

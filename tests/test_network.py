@@ -125,3 +125,47 @@ def test_calls_at_one_instant_with_consecutive_ids_share_a_queue_entry_and_keep_
     env.run()
     assert log == ["a", "b", "simpy", "c", "d", "e"]
     assert calls.entries == 3 and env.now == 2.0
+
+
+def _mixed_schedule(env):
+    """Calls (some sharing an entry, one joining its run while it runs), SimPy timeouts
+    and a triggered event at the same and at different instants; returns the log."""
+    calls = Calls(env)
+    log = []
+    calls.at(1.0, log.append, "a")
+    calls.at(1.0, log.append, "b")
+    env.timeout(1.0).callbacks.append(lambda _e: log.append("simpy"))
+    calls.at(1.0, lambda x: (log.append(x), calls.at(env.now, log.append, "c2")), "c")
+    ev = env.event()
+    calls.at(0.5, lambda _x: ev.succeed(), None)
+    ev.callbacks.append(lambda _e: log.append(("event", env.now)))
+    calls.at(2.0, log.append, "d")
+    return log
+
+
+def test_the_engine_loop_processes_events_exactly_as_simpys_run():
+    # The engine's environment runs the queue with its own loop (step's work inline);
+    # the same schedule must give the same order and end time as SimPy's own run().
+    from sim.engine import _CountingEnvironment
+
+    ours, theirs = _CountingEnvironment(0.0), simpy.Environment(0.0)
+    log_ours, log_theirs = _mixed_schedule(ours), _mixed_schedule(theirs)
+    ours.run()
+    theirs.run()
+    assert log_ours == log_theirs == [("event", 0.5), "a", "b", "simpy", "c", "c2", "d"]
+    assert ours.now == theirs.now == 2.0
+    assert ours.events_processed == 8  # 6 calls, a timeout and the event
+
+
+def test_the_engine_loop_raises_a_failed_event_as_simpy_does():
+    from sim.engine import _CountingEnvironment
+
+    for env in (_CountingEnvironment(0.0), simpy.Environment(0.0)):
+        env.event().fail(ValueError("link down"))
+        with pytest.raises(ValueError, match="link down") as info:
+            env.run()
+        assert isinstance(info.value.__cause__, ValueError)
+        defused = env.event()
+        defused.fail(ValueError("handled"))
+        defused.defused = True
+        env.run()  # a defused failure does not stop the run
