@@ -258,7 +258,8 @@ class _Engine:
         ready = self._ready
         popleft = ready.popleft
         copy = self._copy
-        p2p, arrived = self._p2p, self._arrived
+        p2p, arrived, partner, pair_link = self._p2p, self._arrived, self._partner, self._pair_link
+        link_ids = count(1)  # a transfer's id, drawn when the first of its pair arrives
         draining = False
 
         def drain():
@@ -294,7 +295,11 @@ class _Engine:
                         continue
                     p = p2p[i]
                     if p is not None:
-                        join_p2p(i, p)
+                        if arrived[partner[i]]:  # the second of a send/recv pair: the transfer starts
+                            join_p2p(i, p)
+                        else:  # the first waits for its partner
+                            arrived[i] = 1
+                            pair_link[i] = next(link_ids)
                         continue
                     a = acts[i]
                     kind = a.kind
@@ -350,13 +355,12 @@ class _Engine:
 
     # ------------------------------------------------------------------ p2p
     def _p2p_join(self, finish):
-        """``join_p2p(i, pair)`` for the hot path, ``pair`` being ``p2p[i]`` (see
-        ``sim.program_index``; ``_prepare`` adds the route): the first of a send/recv
-        pair to arrive waits; the second starts the transfer, whose arrival finishes
-        both."""
-        partner, arrived, pair_link = self._partner, self._arrived, self._pair_link
+        """``join_p2p(i, pair)`` for the hot path, when the second of a send/recv pair
+        arrives (the first waits: ``drain``), ``pair`` being ``p2p[i]`` (see
+        ``sim.program_index``; ``_prepare`` adds the route): starts the transfer, whose
+        arrival finishes both."""
+        partner, pair_link = self._partner, self._pair_link
         env, start = self.env, self.net.start
-        link_ids = count(1)
 
         def delivered(pair):
             si, ri, began, lid = pair
@@ -364,13 +368,8 @@ class _Engine:
             finish(ri, began, lid)
 
         def join_p2p(i: int, pair: tuple) -> None:
-            j = partner[i]
-            if not arrived[j]:  # first of the pair
-                arrived[i] = 1
-                pair_link[i] = next(link_ids)
-                return
             si, ri, src, dst, nbytes, label, route = pair
-            start(route, src, dst, nbytes, label, 1, delivered, (si, ri, env._now, pair_link[j]))
+            start(route, src, dst, nbytes, label, 1, delivered, (si, ri, env._now, pair_link[partner[i]]))
 
         return join_p2p
 

@@ -233,7 +233,8 @@ class Network:
         flow.last_t = now = self.env._now
         links = flow.links
         bottleneck = flow.bottleneck
-        if flow.remaining <= 0 or bottleneck == math.inf:
+        if flow.remaining <= 0 or bottleneck == math.inf:  # nothing to move, or nothing in the way
+            flow.links = ()  # it never joins its links
             self._finish(flow)
             return
         flows_on = self._flows_on
@@ -263,12 +264,12 @@ class Network:
     def _finish(self, flow: _Flow) -> None:
         env = self.env
         now = env._now
-        for l in flow.links:
-            fl = self._flows_on[l]
-            if flow in fl:
-                fl.discard(flow)
-                if fl:  # the flows left on this link may now go faster
-                    self._dirty.add(l)
+        flows_on = self._flows_on
+        for l in flow.links:  # (a flow that never joined its links has none left: see _join)
+            fl = flows_on[l]
+            fl.remove(flow)
+            if fl:  # the flows left on this link may now go faster
+                self._dirty.add(l)
         flow.remaining = 0.0
         self.active -= 1
         flow.end = now
