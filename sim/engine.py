@@ -193,7 +193,7 @@ class _Engine:
         link_bytes = {self.net.link_names[i]: b for i, b in carried.items()}
         kinds = {self.net.link_names[i]: self.net.link_kinds[i] for i in carried}
         ranks = {r: {"node": self.topology.node_of(r), "device": self.topology.gpu(r)} for r in self.program.ranks}
-        trace = Trace(self.spans, self.net.transfer_records(), link_bytes, kinds, ranks, self.topology.name, self.memory)
+        trace = Trace(self.spans, list(self.net.records), link_bytes, kinds, ranks, self.topology.name, self.memory)
         trace.stats = {"events": env.events_processed, "queue_entries": self.calls.entries + self.net.events_triggered,
                        "actions": len(self.program),
                        "transfers": len(trace.transfers), "simulated_gpus": len(self.program.actions),

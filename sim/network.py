@@ -103,7 +103,7 @@ class TransferRecord(NamedTuple):
 
 class _Flow:
     __slots__ = ("links", "remaining", "rate", "last_t", "version", "callback", "arg", "src", "dst", "nbytes", "start",
-                 "label", "medium", "bottleneck", "end")
+                 "label", "medium", "bottleneck")
 
     def __init__(self, links, nbytes, callback, arg, src, dst, start, label, medium, bottleneck):
         self.links = links
@@ -145,7 +145,7 @@ class Network:
         self._route: dict[tuple[int, int], tuple[tuple[int, ...], float, str, float, list[float]]] = {}
         self._dirty: set[int] = set()
         self._pending = False
-        self._done: list[_Flow] = []  # finished flows, in the order they finished
+        self.records: list[TransferRecord] = []
         self._at = self.calls.at
         self._join_call, self._timer_call = self._join, self._timer  # bound once, not per call
         self.active = 0
@@ -192,12 +192,6 @@ class Network:
             self._host_bytes[l] = self._host_bytes.get(l, 0.0) + nbytes
         self._at(self.env._now + latency, self._join_call, flow)
         return done
-
-    def transfer_records(self) -> list[TransferRecord]:
-        """The transfers completed so far, in the order they completed. Made from the
-        finished flows when asked, not one by one as the run goes."""
-        return [_tuple_new(TransferRecord, (f.src, f.dst, f.nbytes, f.start, f.end, f.label, f.medium))
-                for f in self._done]
 
     def link_bytes(self) -> dict[int, float]:
         """Bytes issued so far onto each link that carried any, by link id in increasing
@@ -272,8 +266,8 @@ class Network:
                 self._dirty.add(l)
         flow.remaining = 0.0
         self.active -= 1
-        flow.end = now
-        self._done.append(flow)  # (its TransferRecord is made after the run: transfer_records)
+        self.records.append(_tuple_new(TransferRecord, (flow.src, flow.dst, flow.nbytes, flow.start, now, flow.label,
+                                                        flow.medium)))
         if flow.callback is not None:
             self._at(now, flow.callback, flow.arg)
         else:
