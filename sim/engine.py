@@ -21,10 +21,10 @@ from __future__ import annotations
 
 import gc
 import time
-from heapq import heappop
 from collections import deque
 from contextlib import contextmanager
 from functools import partial
+from heapq import heappop
 from itertools import compress, count, islice
 from operator import attrgetter, eq
 
