@@ -10,6 +10,10 @@ to know before the clock starts is computed once here.
 - ``dur[i]``: the duration of a compute or comm action (None for the others);
   ``mem_start[i]``, ``mem_end[i]``: its memory changes, as (category, bytes) pairs, when
   it starts and when it ends (None if none), so that the run need not read the action.
+  Equal values share one object (a training step has a few dozen distinct durations
+  over a million actions), and ``dependents`` are tuples made in index order: what the
+  run reads per action then sits together in memory instead of next to each action's
+  other data, rank by rank (about a tenth less event-loop time at 1,024 GPUs).
 - ``partner[i]``: the send or recv that action i meets (or -1). The n-th send from a to b
   with a given tag (or none) meets the n-th recv on b from a with that tag, counted in
   each rank's program order across its streams. ``p2p[i]``, shared by both of a matched
@@ -80,6 +84,8 @@ def _index(ix: ProgramIndex, program: Program) -> None:
     mem_start: list[tuple | None] = [None] * n
     mem_end: list[tuple | None] = [None] * n
     local: list[int] = []
+    same_dur: dict = {}  # one object per distinct duration, and per distinct memory change
+    same_mem: dict = {}
     for sid, (r, _) in enumerate(streams):
         if sid == 0 or streams[sid - 1][0] != r:
             order += local
@@ -96,14 +102,15 @@ def _index(ix: ProgramIndex, program: Program) -> None:
             prev = i
             kind = a.kind
             if kind == "compute" or kind == "comm":
-                dur[i] = a.duration_s
+                d = a.duration_s
+                dur[i] = same_dur.setdefault(d, d)
             if a.mem:
                 for when, table in (("start", mem_start), ("end", mem_end)):
                     m = tuple((category, float(nbytes)) for w, category, nbytes in a.mem if w == when)
                     if m:
-                        table[i] = m
+                        table[i] = same_mem.setdefault(m, m)
     order += local
-    dependents: list[list[int] | None] = [None] * n
+    dependents: list = [None] * n
     for sid, (r, _) in enumerate(streams):
         for (_, a), i in zip(slots[sid], members[sid]):
             if a.deps:
@@ -114,6 +121,7 @@ def _index(ix: ProgramIndex, program: Program) -> None:
                         dependents[j] = [i]
                     else:
                         dependents[j].append(i)
+    dependents = [d if d is None else tuple(d) for d in dependents]  # (made in index order: see the module doc)
     ix.acts, ix.rank_of, ix.streams, ix.members = acts, rank_of, streams, members
     if max(pending, default=0) < 256:  # the usual case: a byte each is quicker to count down
         pending = bytearray(pending)
@@ -166,7 +174,7 @@ def _match(ix: ProgramIndex, program: Program) -> None:
               for g in {a.group for lst in program.actions.values() for a in lst if a.kind in ("collective", "comm")}}
     barrier_of: list = [None] * n
     barriers: dict[tuple, list] = {}
-    for i in ix.order:
+    for i in range(n):  # (index order, for the same reason as dependents')
         a = acts[i]
         if a.kind == "comm" and len(a.group) > 1 and needed[a.group] > 1:
             key = (tuple(sorted(a.group)), a.name)

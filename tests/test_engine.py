@@ -241,3 +241,23 @@ def test_completions_at_one_instant_are_each_an_event_and_keep_their_order(make_
     assert _log(simulate(prog, make_star([1.0, 1.0]))) == [
         (0, "compute", "a", 0.0, 1.0), (0, "compute", "b", 1.0, 2.0),
         (1, "compute", "y", 0.0, 1.0), (1, "compute", "z", 1.0, 1.0), (1, "compute", "w", 1.0, 2.0)]
+
+
+def test_program_index_counts_dependencies_and_shares_equal_values():
+    from sim.program_index import index_program
+
+    # Two ranks, the same two ops each; "b" on rank 1 also waits for rank 0's "a".
+    prog = Program({r: [Action("a", duration_s=float("0.25"), mem=(("start", "act", 4),)),  # (a new float each)
+                        Action("b", duration_s=0.5, deps=("a",) if r == 0 else ("a", (0, "a")))]
+                    for r in (0, 1)})
+    ix = index_program(prog)
+    a0, b0, a1, b1 = ix.ids[(0, "a")], ix.ids[(0, "b")], ix.ids[(1, "a")], ix.ids[(1, "b")]
+    # b waits for a on its stream (nxt) and for each named dependency.
+    assert [ix.pending[i] for i in (a0, b0, a1, b1)] == [0, 2, 0, 3]
+    assert (ix.nxt[a0], ix.nxt[a1], ix.nxt[b0]) == (b0, b1, -1)
+    assert sorted(ix.dependents[a0]) == sorted([b0, b1]) and list(ix.dependents[a1]) == [b1]
+    assert ix.dependents[b0] is None
+    # Equal durations and memory changes on different ranks are one object each.
+    assert prog.actions[0][0].duration_s is not prog.actions[1][0].duration_s
+    assert ix.dur[a0] == ix.dur[a1] == 0.25 and ix.dur[a0] is ix.dur[a1]
+    assert ix.mem_start[a0] == (("act", 4.0),) and ix.mem_start[a0] is ix.mem_start[a1]
