@@ -158,7 +158,6 @@ def _match(ix: ProgramIndex, program: Program) -> None:
                     raise InputError(
                         f"program: recv {recv.name!r} on rank {rank_of[ri]} expects {recv.nbytes} bytes but the matching send {send.name!r} on rank {rank_of[si]} sends {send.nbytes}"
                     )
-                p2p[i] = p2p[j] = (si, ri, rank_of[si], rank_of[ri], send.nbytes, f"{send.category or 'p2p'} {send.name}")
         elif kind == "collective":
             r = rank_of[i]
             group = tuple(sorted(a.group))
@@ -169,6 +168,14 @@ def _match(ix: ProgramIndex, program: Program) -> None:
                 coll_seq[(group, r)] = k + 1
                 key = (group, "seq", k)
             key_of[i] = key
+    same: dict = {}  # one object per distinct size (of one type: 4 and 4.0 stay apart)
+    for si in range(n):  # each pair's entry, made at its send in index order (like dependents)
+        ri = partner[si]
+        if ri >= 0 and acts[si].kind == "send":
+            send = acts[si]
+            b = send.nbytes
+            p2p[si] = p2p[ri] = (si, ri, rank_of[si], rank_of[ri], same.setdefault((b.__class__, b), b),
+                                 f"{send.category or 'p2p'} {send.name}")
     shadows = program.shadows
     needed = {g: sum(1 for x in g if x not in shadows)
               for g in {a.group for lst in program.actions.values() for a in lst if a.kind in ("collective", "comm")}}
