@@ -91,48 +91,49 @@ class Collectives:
             index = {old: new for new, old in enumerate(keep)}
             steps = [collectives.Transfer(s.src, s.dst, s.nbytes, tuple(index[d] for d in s.deps), s.label,
                                           s.latency_steps) for s in (steps[i] for i in keep)]
-        routes = [self.net.route(st.src, st.dst) for st in steps]
+        route = self.net.route
+        # Per step: what the network's start takes, the simulated ranks whose action it
+        # counts toward, and the steps that wait for it.
+        args = [(route(st.src, st.dst), st.src, st.dst, st.nbytes, st.label, st.latency_steps) for st in steps]
+        ends = [tuple(r for r in ((st.src, st.dst) if st.src != st.dst else (st.src,)) if r not in shadows)
+                for st in steps]
         children: list[list[int]] = [[] for _ in steps]
         involved: dict[int, int] = {}
         for i, st in enumerate(steps):
             for d in st.deps:
                 children[d].append(i)
-            for r in {st.src, st.dst}:
-                if r not in shadows:
-                    involved[r] = involved.get(r, 0) + 1
-        plan = (steps, routes, children, [len(st.deps) for st in steps], involved)
+            for r in ends[i]:
+                involved[r] = involved.get(r, 0) + 1
+        plan = (args, ends, [tuple(c) for c in children], [len(st.deps) for st in steps], involved)
         self._plans[key] = plan
         return plan
 
     def _run(self, plan, rv: _Rendezvous, label: str) -> None:
         """Start each step when its dependencies are done; finish each rank's action
         when its own steps (as sender or receiver) are all done."""
-        steps, routes, children, waiting0, involved = plan
+        args, ends, children, waiting0, involved = plan
         waiting = list(waiting0)
         action_of = rv.posted
         left = {r: involved.get(r, 0) for r in action_of}
-        net, finish = self.net, self.finish
+        start, finish = self.net.start, self.finish
         began = rv.began
 
         def finished(i):
-            s = steps[i]
-            for r in (s.src, s.dst) if s.src != s.dst else (s.src,):
+            for r in ends[i]:
                 if r in left:
                     left[r] -= 1
-                    if left[r] == 0:
+                    if not left[r]:
                         finish(action_of[r], began, None)
             for c in children[i]:
                 waiting[c] -= 1
-                if waiting[c] == 0:
-                    start(c)
-
-        def start(i):
-            s = steps[i]
-            net.start(routes[i], s.src, s.dst, s.nbytes, f"{label} {s.label}", s.latency_steps, finished, i)
+                if not waiting[c]:  # (the step starts: its start inline, a call less per step)
+                    route, src, dst, nbytes, step_label, latency_steps = args[c]
+                    start(route, src, dst, nbytes, f"{label} {step_label}", latency_steps, finished, c)
 
         for r in sorted(left):
             if left[r] == 0:
                 finish(action_of[r], began, None)
-        for i in range(len(steps)):
-            if waiting[i] == 0:
-                start(i)
+        for i, w in enumerate(waiting):
+            if w == 0:
+                route, src, dst, nbytes, step_label, latency_steps = args[i]
+                start(route, src, dst, nbytes, f"{label} {step_label}", latency_steps, finished, i)

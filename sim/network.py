@@ -232,18 +232,19 @@ class Network:
             self._finish(flow)
             return
         flows_on = self._flows_on
+        shared = False
         for l in links:
-            if flows_on[l]:
-                for m in links:
-                    flows_on[m].add(flow)
-                    self._dirty.add(m)
-                self._request_reallocation()
-                return
+            fl = flows_on[l]
+            if fl:
+                shared = True
+            fl.add(flow)
+        if shared:  # rates change on its links: re-allocated in one batch at this instant
+            self._dirty.update(links)
+            self._request_reallocation()
+            return
         # Alone on every link of its route: max-min gives it the route's bottleneck, and
         # nobody else's rate changes. (A flow that joins one of these links later at this
         # same instant triggers the shared re-allocation, which re-times this one.)
-        for l in links:
-            flows_on[l].add(flow)
         flow.rate = bottleneck
         flow.version += 1
         self._at(now + flow.remaining / bottleneck, self._timer_call, (flow, flow.version))
