@@ -118,7 +118,7 @@ def main() -> int:
     print("event loop; trace s: assembling the trace after it; events/s: SimPy events per second of the")
     print("loop; vs bare: that rate as a ratio of a bare SimPy loop of timeouts run in the same process")
     print("right after (best of 3); +trace: the same ratio over the loop and the trace assembly together;")
-    print("entries: SimPy queue entries (events due at one instant with consecutive ids share one)")
+    print("entries: SimPy queue entries (timed calls due at one instant share one: sim.network.Calls)")
     print(f"{'case':<24} {'fidelity':<8} {'wall s':>7} {'set-up s':>8} {'loop s':>7} {'trace s':>7} {'events':>11} "
           f"{'entries':>10} {'events/s':>9} {'vs bare':>7} {'+trace':>6} {'RSS MB':>7} {'iteration s':>11}")
 

@@ -37,7 +37,7 @@ from sim import invariants
 from sim.actions import Action, Program
 from sim.errors import DeadlockError, InputError
 from sim.engine_collectives import Collectives
-from sim.network import _MAKE_CALLS, Calls, Network
+from sim.network import Calls, Network
 from sim.program_index import index_program
 from sim.topology import Topology
 from sim.trace import Span, Trace
@@ -82,6 +82,9 @@ class _CountingEnvironment(simpy.Environment):
     processed every event it scheduled. (Counting in ``step`` would add a Python call
     to every event.)"""
 
+    calls: Calls | None = None
+    """The ``Calls`` whose entries ``run`` makes itself (the first one made on it)."""
+
     @property
     def events_processed(self) -> int:
         scheduled = self._eid.__reduce__()[1][0]  # the counter's next value, without drawing it
@@ -95,12 +98,14 @@ class _CountingEnvironment(simpy.Environment):
         if until is not None:
             return super().run(until)
         queue = self._queue
+        mine, opened = (self.calls.callbacks, self.calls._open) if self.calls is not None else (None, None)
         while queue:
             self._now, _, _, event = heappop(queue)
             callbacks, event.callbacks = event.callbacks, None
-            if callbacks is _MAKE_CALLS:
-                for fn, arg in event._value:  # (the list may grow while this runs: see Calls)
+            if callbacks is mine:  # what Calls._make does
+                for fn, arg in event._value:  # (the list may grow while this runs)
                     fn(arg)
+                opened.pop(self._now, None)
                 continue
             for callback in callbacks:
                 callback(event)
@@ -130,8 +135,8 @@ class _Engine:
     unfinished dependencies, the action before it on its stream included, and
     ``dependents[i]`` lists the actions waiting for it. An action starts when its count
     reaches zero. A compute action is one call to finish it, due when its time is up
-    (``sim.network.Calls``: one SimPy event each, though calls due at one instant, queued
-    one right after another, share a queue entry); sends, receives, copies and
+    (``sim.network.Calls``: one SimPy event each, though calls due at one instant mostly
+    share a queue entry); sends, receives, copies and
     collectives finish from the network's calls and events. Finishing an action
     releases the next one on its stream, then its dependents; actions that become ready
     at the same instant start in the order they became ready (a queue, not recursion), so

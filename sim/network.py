@@ -45,43 +45,59 @@ class Calls:
 
     ``at(t, fn, arg)`` has ``fn(arg)`` called at time ``t`` (not before now), exactly as
     a SimPy timeout with that callback would: it draws the next event id, and counts as
-    one event. Calls due at the same instant whose ids follow one another share one queue
-    entry and are made in id order, which is what separate entries would do (nothing can
-    come between two consecutive ids at one instant), without a heap push, a pop and an
-    entry each. In a synchronous training step most calls come in such runs (every
-    replica's transfer lands at once), so this cuts the entries SimPy handles several
-    times over. A call may add to the run being made (a call due now, with the next id,
-    joins its end)."""
+    one event. Calls due at one instant share one queue entry, made in id order, for as
+    long as only ``Calls`` draws ids: SimPy orders events at one instant by id, and no
+    other event can then sit between two of them. When anything else draws an id (a
+    SimPy event is scheduled), every entry still open takes no more calls, and later
+    calls start new ones behind it. In a synchronous training step thousands of calls
+    land at one instant
+    (every replica's step of a collective, every GPU's layer), so this saves a heap
+    push, a pop and an entry for each but one of them. A call may join the entry being
+    made (a call due now joins its end).
 
-    __slots__ = ("entries", "_queue", "_eid", "_t", "_e", "_run")
+    On the engine's environment (``sim.engine``), the first ``Calls`` made registers
+    itself as ``env.calls``, and its loop makes an entry's calls itself; elsewhere SimPy
+    does, through the entry's callback."""
+
+    __slots__ = ("entries", "callbacks", "_open", "_queue", "_eid", "_e", "_env")
 
     def __init__(self, env: simpy.Environment):
-        self._queue, self._eid = env._queue, env._eid
+        self._env, self._queue, self._eid = env, env._queue, env._eid
         self.entries = 0
         """Queue entries made so far (each holding one or more calls)."""
-        self._t, self._e, self._run = -math.inf, -2, None  # the last entry queued: its time, last id, calls
+        self.callbacks = [self._make]
+        """Every entry's callbacks (so that a loop can tell this object's entries)."""
+        self._open: dict[float, list] = {}  # time -> the calls of the entry still open at that time
+        self._e = -2  # the last id drawn here
+        if getattr(env, "calls", False) is None:
+            env.calls = self
 
     def at(self, t: float, fn, arg) -> None:
         e = next(self._eid)
-        if e == self._e + 1 and t == self._t:
-            self._run.append((fn, arg))
+        opened = self._open
+        if e != self._e + 1:  # something else drew an id since: it stays ahead of later calls
+            opened.clear()
+        self._e = e
+        run = opened.get(t)
+        if run is not None:
+            run.append((fn, arg))
         else:
-            self._run = run = [(fn, arg)]
+            opened[t] = run = [(fn, arg)]
             entry = _new_object(_Entry)
-            entry.callbacks = _MAKE_CALLS  # step() only reads it, then sets the entry's to None
+            entry.callbacks = self.callbacks  # step() only reads it, then sets the entry's to None
             entry._value = run
             heappush(self._queue, (t, NORMAL, e, entry))
-            self._t = t
             self.entries += 1
-        self._e = e
 
-
-def _make_calls(entry) -> None:
-    for fn, arg in entry._value:  # (the list may grow while this runs: see Calls)
-        fn(arg)
-
-
-_MAKE_CALLS = [_make_calls]
+    def _make(self, entry) -> None:
+        """An entry's calls, made in order (the list may grow while this runs); then the
+        entry leaves the open ones. (No later call could join it anyway: any event at
+        this instant still to come drew its id after the entry's, so either it is a call
+        in this entry or an id drawn elsewhere closed it. Closing an entry still open
+        behind it, early, would be safe too: later calls then go behind it.)"""
+        for fn, arg in entry._value:
+            fn(arg)
+        self._open.pop(self._env._now, None)
 
 
 from sim.topology import Topology

@@ -64,8 +64,8 @@ class Trace:
     (see ``sim.memory_timeline``)."""
     stats: dict = field(default_factory=dict)
     """How big the simulation was and what it cost: ``events`` (SimPy events processed:
-    every timed call counts, though calls due at one instant with consecutive ids share
-    one of the ``queue_entries``, see ``sim.network.Calls``), ``actions``, ``transfers``, ``simulated_gpus``; ``engine_setup_s`` (indexing, routing
+    every timed call counts, though calls due at one instant mostly share one of the
+    ``queue_entries``, see ``sim.network.Calls``), ``actions``, ``transfers``, ``simulated_gpus``; ``engine_setup_s`` (indexing, routing
     and collective planning before the clock starts), ``engine_loop_s`` (the event loop)
     and ``engine_wall_s`` (the event loop and the assembly of this trace)."""
 
