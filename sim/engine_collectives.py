@@ -46,6 +46,7 @@ class Collectives:
         self.key_of, self.needed, self.finish = key_of, needed, finish
         self._open: dict[tuple, _Rendezvous] = {}
         self._plans: dict[tuple, tuple] = {}
+        self._labels: dict[str, dict[str, str]] = {}  # a collective's label -> its steps' transfer labels
 
     def waiting(self, key) -> _Rendezvous | None:
         """The rendezvous still waiting for members under ``key``, if any (for deadlocks)."""
@@ -117,6 +118,11 @@ class Collectives:
         left = {r: involved.get(r, 0) for r in action_of}
         start, finish = self.net.start, self.finish
         began = rv.began
+        # The transfers' labels: one string per distinct label, however many collectives
+        # share it (every data-parallel group's all-reduce of a bucket does).
+        labels = self._labels.get(label)
+        if labels is None:
+            labels = self._labels[label] = {}
 
         def finished(i):
             for r in ends[i]:
@@ -128,7 +134,10 @@ class Collectives:
                 waiting[c] -= 1
                 if not waiting[c]:  # (the step starts: its start inline, a call less per step)
                     route, src, dst, nbytes, step_label, latency_steps = args[c]
-                    start(route, src, dst, nbytes, f"{label} {step_label}", latency_steps, finished, c)
+                    full = labels.get(step_label)
+                    if full is None:
+                        full = labels[step_label] = f"{label} {step_label}"
+                    start(route, src, dst, nbytes, full, latency_steps, finished, c)
 
         for r in sorted(left):
             if left[r] == 0:
@@ -136,4 +145,7 @@ class Collectives:
         for i, w in enumerate(waiting):
             if w == 0:
                 route, src, dst, nbytes, step_label, latency_steps = args[i]
-                start(route, src, dst, nbytes, f"{label} {step_label}", latency_steps, finished, i)
+                full = labels.get(step_label)
+                if full is None:
+                    full = labels[step_label] = f"{label} {step_label}"
+                start(route, src, dst, nbytes, full, latency_steps, finished, i)
