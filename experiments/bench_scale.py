@@ -9,8 +9,10 @@ cases over the limit are reported as such, not guessed. The engine's time is spl
 set-up (indexing the program, routes and collective steps, before the clock starts), the
 event loop, and the assembly of the trace (spans, link totals) after it. Its event rate
 (SimPy events per second of the event loop) is also given as a ratio of a bare SimPy
-loop of timeouts run in the same process right after, and, to show what the trace
-costs, the same ratio over the event loop and trace assembly together.
+loop of timeouts run in the same process right after (best of 3), and, to show what the
+trace costs, the same ratio over the event loop and trace assembly together. A loop
+shorter than a second (reduced fidelity: a few thousand events) is timed as the bare
+loop is, best of 3 runs of the engine on the same program; a longer one, once.
 
     python experiments/bench_scale.py [--repeat 2] [--limit 600] [--only reduced|full] [--case TEXT]
 
@@ -67,7 +69,14 @@ plan = plan_from_args(args, model); topo = R._cluster(args, plan.world_size, pro
 run = simulate_training(model, plan, profile, topo, None, args.fidelity)
 wall = time.perf_counter() - t0
 rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-print(json.dumps({"wall_s": wall, "iteration_s": run.trace.end_s, **run.trace.stats, "rss_bytes": rss,
+stats = dict(run.trace.stats)
+if stats["engine_loop_s"] < 1.0:  # a short loop: the engine's best of 3, as the bare loop's
+    from sim.engine import simulate
+    again = [simulate(run.program, topo, link_efficiency=profile.link_efficiencies(),
+                      fluid_collectives=args.fidelity == "reduced").stats for _ in range(2)]
+    best = min([stats, *again], key=lambda s: s["engine_loop_s"])
+    stats["engine_loop_s"], stats["engine_wall_s"] = best["engine_loop_s"], best["engine_wall_s"]
+print(json.dumps({"wall_s": wall, "iteration_s": run.trace.end_s, **stats, "rss_bytes": rss,
                   "bare_events_per_s": max(bare() for _ in range(3))}))
 """
 
@@ -79,8 +88,9 @@ from sim.engine import simulate
 from sim.topology_build import load_topology
 acts = {r: [Action.new(f"c{i}", stream="compute", duration_s=1e-3 * (1 + (i * 7 + r) % 5), deps=(f"c{i-1}",) if i else ())
             for i in range(4000)] for r in range(32)}
-trace = simulate(Program(acts, check=False), load_topology("dgx-h100", nodes=4), check_invariants=False)
-print(json.dumps({**trace.stats, "bare_events_per_s": max(bare() for _ in range(3))}))
+runs = [simulate(Program(acts, check=False), load_topology("dgx-h100", nodes=4), check_invariants=False).stats
+        for _ in range(3)]  # (a loop under a second: best of 3, as the bare loop's)
+print(json.dumps({**min(runs, key=lambda s: s["engine_loop_s"]), "bare_events_per_s": max(bare() for _ in range(3))}))
 """
 
 
@@ -116,8 +126,9 @@ def main() -> int:
     print("wall s: one simulated iteration end to end (topology, program, engine); set-up s: the engine's")
     print("indexing of the program, routing and collective planning before the clock starts; loop s: its")
     print("event loop; trace s: assembling the trace after it; events/s: SimPy events per second of the")
-    print("loop; vs bare: that rate as a ratio of a bare SimPy loop of timeouts run in the same process")
-    print("right after (best of 3); +trace: the same ratio over the loop and the trace assembly together;")
+    print("loop (best of 3 if under a second); vs bare: that rate as a ratio of a bare SimPy loop of")
+    print("timeouts run in the same process right after (best of 3); +trace: the same ratio over the loop")
+    print("and the trace assembly together;")
     print("entries: SimPy queue entries (timed calls due at one instant share one: sim.network.Calls)")
     print(f"{'case':<24} {'fidelity':<8} {'wall s':>7} {'set-up s':>8} {'loop s':>7} {'trace s':>7} {'events':>11} "
           f"{'entries':>10} {'events/s':>9} {'vs bare':>7} {'+trace':>6} {'RSS MB':>7} {'iteration s':>11}")
