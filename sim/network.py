@@ -50,10 +50,9 @@ class Calls:
     other event can then sit between two of them. When anything else draws an id (a
     SimPy event is scheduled), every entry still open takes no more calls, and later
     calls start new ones behind it. In a synchronous training step thousands of calls
-    land at one instant
-    (every replica's step of a collective, every GPU's layer), so this saves a heap
-    push, a pop and an entry for each but one of them. A call may join the entry being
-    made (a call due now joins its end).
+    land at one instant (every replica's step of a collective, every GPU's layer), so
+    this saves a heap push, a pop and an entry for each but one of them. A call may join
+    the entry being made (a call due now joins its end).
 
     On the engine's environment (``sim.engine``), the first ``Calls`` made registers
     itself as ``env.calls``, and its loop makes an entry's calls itself; elsewhere SimPy
