@@ -8,9 +8,9 @@ Two questions, one script (``python experiments/bench_sweep.py [--plans N] [--sa
    (two CPU-bound loops in one process, then in two) says how much a second worker can
    gain on this machine right now: on a machine shared with other work, little.
 2. **The estimate's error margin** that ``trainsim search`` prunes with
-   (``sim.search.DEFAULT_MARGIN``): over a seeded random sample of valid plans of two
+   (``sim.studies.search.DEFAULT_MARGIN``): over a seeded random sample of valid plans of two
    small models (a GPT on 16 GPUs, a Llama-style model with grouped-query attention on
-   32), the ratio of the estimate's bound (``sim.search.bound_s``) to the simulated
+   32), the ratio of the estimate's bound (``sim.studies.search.bound_s``) to the simulated
    iteration time, and of the full estimate to it. The margin must be at least the
    largest bound ratio, or pruning could drop the winner.
 
@@ -31,11 +31,11 @@ import time
 from pathlib import Path
 
 from sim.fileio import write_text_atomic
-from sim.hardware import load_profile
-from sim.model import gpt, llama
-from sim.search import DEFAULT_MARGIN, candidates, enumerate_plans
-from sim.sweep import Runner, make_context
-from sim.topology_build import load_topology
+from sim.inputs.hardware import load_profile
+from sim.inputs.model import gpt, llama
+from sim.studies.search import DEFAULT_MARGIN, candidates, enumerate_plans
+from sim.studies.sweep import Runner, make_context
+from sim.inputs.topology_build import load_topology
 
 OUT = Path(__file__).resolve().parent / "out" / "bench_sweep"
 H100 = load_profile("h100-sxm")

@@ -26,10 +26,10 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from sim.actions import Action, Program  # noqa: E402
-from sim.engine import simulate  # noqa: E402
+from sim.build.actions import Action, Program  # noqa: E402
+from sim.engine.core import simulate  # noqa: E402
 from sim.fileio import atomic_path, write_text_atomic  # noqa: E402
-from sim.topology_build import NodeSpec, build_cluster, load_node_spec, load_topology  # noqa: E402
+from sim.inputs.topology_build import NodeSpec, build_cluster, load_node_spec, load_topology  # noqa: E402
 
 OUT = ROOT / "experiments" / "out"
 GB = 1e9
@@ -115,7 +115,7 @@ def one_nic_per_ring_cluster(node: str, nodes: int):
 def run_summary(model, plan, profile, topology, fidelity: str = "auto", keep_run: bool = False):
     """Simulate one iteration and return ``trainsim run --json``'s summary (and the run)."""
     from sim.commands.run import summarize
-    from sim.training import simulate_training
+    from sim.build.training import simulate_training
 
     run = simulate_training(model, plan, profile, topology, fidelity=fidelity)
     s = summarize(run)
@@ -138,7 +138,7 @@ def time_collective(op: str, nbytes: float, gpus: int, topology, profile, algo: 
     """Seconds one collective of ``nbytes`` over ranks 0..gpus-1 takes on ``topology``,
     links derated by the profile's achieved efficiency (as in training runs).
 
-    ``fluid`` prices each ring hop as one transfer of all its steps (``sim.collectives``);
+    ``fluid`` prices each ring hop as one transfer of all its steps (``sim.engine.algorithms``);
     on uncontended rings that is exactly the step-by-step time, and far cheaper."""
     group = tuple(range(gpus))
     prog = Program({r: [Action(op, kind="collective", op=op, group=group, nbytes=nbytes, algo=algo,

@@ -3,7 +3,7 @@
 The seed answer's configuration, DP × TP × PP = 64 × 8 × 4 with ZeRO-1 and with ZeRO-2,
 beside plain data parallelism over the same 2048 GPUs (ZeRO-0, which does not fit, and
 ZeRO-1/2/3), and the best plan the simulator finds for the same GPUs and batch
-(``sim.search``: every plan in a search space, pruned by the analytic estimate's
+(``sim.studies.search``: every plan in a search space, pruned by the analytic estimate's
 memory and time bound, the survivors simulated).
 
 GPT-3 175B (96 layers, hidden 12288, 96 heads, sequence 2048), global batch 1536
@@ -29,10 +29,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import GB, dgx, md_table, parallel_map, parse_args, pyplot, run_summary, save  # noqa: E402
 from common import write_csv, write_json, write_verdict  # noqa: E402
 
-from sim.hardware import load_profile  # noqa: E402
-from sim.memory import model_state_bytes, stage_activation_bytes, stage_params_per_rank  # noqa: E402
-from sim.model import preset  # noqa: E402
-from sim.plan import ParallelPlan  # noqa: E402
+from sim.inputs.hardware import load_profile  # noqa: E402
+from sim.build.memory import model_state_bytes, stage_activation_bytes, stage_params_per_rank  # noqa: E402
+from sim.inputs.model import preset  # noqa: E402
+from sim.inputs.plan import ParallelPlan  # noqa: E402
 
 NAME = "gpt3_3d"
 PROFILE = "a100-80gb"
@@ -86,7 +86,7 @@ def simulate_point(item) -> dict:
 
 # ------------------------------------------------------------------ search
 def _search_simulate(plan: ParallelPlan) -> dict:
-    from sim.search import plan_key
+    from sim.studies.search import plan_key
 
     s = run_summary(MODEL, replace(plan, bucket_size_bytes=BUCKET), load_profile(PROFILE), _topo(),
                     fidelity="reduced")
@@ -94,8 +94,8 @@ def _search_simulate(plan: ParallelPlan) -> dict:
 
 
 def best_plan(quick: bool, workers: int) -> dict:
-    """The best plan ``sim.search`` finds (tensor parallelism inside a node)."""
-    from sim import search as S
+    """The best plan ``sim.studies.search`` finds (tensor parallelism inside a node)."""
+    from sim.studies import search as S
 
     if quick:
         space = S.SearchSpace(tp=(8,), pp=(4, 8), vpp=(1,), micro_batch_size=(1,), zero_stage=(1,),

@@ -25,9 +25,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import GB, dgx, ethernet_cluster, md_table, parallel_map, parse_args, pyplot, run_summary, save  # noqa: E402,E501
 from common import write_csv, write_json, write_verdict  # noqa: E402
 
-from sim.hardware import load_profile  # noqa: E402
-from sim.model import preset  # noqa: E402
-from sim.plan import ParallelPlan  # noqa: E402
+from sim.inputs.hardware import load_profile  # noqa: E402
+from sim.inputs.model import preset  # noqa: E402
+from sim.inputs.plan import ParallelPlan  # noqa: E402
 
 NAME = "grad_accumulation"
 PROFILE = "a100-80gb"

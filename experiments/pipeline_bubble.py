@@ -29,10 +29,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import (COLORS, GB, free_cluster, md_table, parallel_map, parse_args, pyplot, run_summary,  # noqa: E402
                     save, step_seconds, write_csv, write_json, write_verdict)
 
-from sim.hardware import load_profile  # noqa: E402
-from sim.memory import stage_activation_bytes  # noqa: E402
-from sim.model import gpt, preset  # noqa: E402
-from sim.plan import ParallelPlan  # noqa: E402
+from sim.inputs.hardware import load_profile  # noqa: E402
+from sim.build.memory import stage_activation_bytes  # noqa: E402
+from sim.inputs.model import gpt, preset  # noqa: E402
+from sim.inputs.plan import ParallelPlan  # noqa: E402
 
 NAME = "pipeline_bubble"
 PROFILE = "h100-sxm"

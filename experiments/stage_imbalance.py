@@ -32,10 +32,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import dgx, md_table, parallel_map, parse_args, pyplot, run_summary, save, write_csv  # noqa: E402
 from common import write_json, write_verdict  # noqa: E402
 
-from sim.hardware import load_profile  # noqa: E402
-from sim.memory_timeline import peak  # noqa: E402
-from sim.model import llama, preset  # noqa: E402
-from sim.plan import ParallelPlan  # noqa: E402
+from sim.inputs.hardware import load_profile  # noqa: E402
+from sim.results.memory_timeline import peak  # noqa: E402
+from sim.inputs.model import llama, preset  # noqa: E402
+from sim.inputs.plan import ParallelPlan  # noqa: E402
 
 NAME = "stage_imbalance"
 PROFILE = "h100-sxm"

@@ -29,9 +29,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import GB, dgx, md_table, parallel_map, parse_args, pyplot, run_summary, save  # noqa: E402
 from common import write_csv, write_json, write_verdict  # noqa: E402
 
-from sim.hardware import load_profile  # noqa: E402
-from sim.model import gpt, preset  # noqa: E402
-from sim.plan import ParallelPlan  # noqa: E402
+from sim.inputs.hardware import load_profile  # noqa: E402
+from sim.inputs.model import gpt, preset  # noqa: E402
+from sim.inputs.plan import ParallelPlan  # noqa: E402
 
 NAME = "tensor_parallel"
 PROFILE = "h100-sxm"

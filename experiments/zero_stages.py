@@ -24,10 +24,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import GB, comm_bytes, dgx, ethernet_cluster, md_table, parallel_map, parse_args, pyplot  # noqa: E402
 from common import run_summary, save, write_csv, write_json, write_verdict  # noqa: E402
 
-from sim.hardware import load_profile  # noqa: E402
-from sim.memory import model_state_bytes  # noqa: E402
-from sim.model import gpt, llama, preset  # noqa: E402
-from sim.plan import ParallelPlan  # noqa: E402
+from sim.inputs.hardware import load_profile  # noqa: E402
+from sim.build.memory import model_state_bytes  # noqa: E402
+from sim.inputs.model import gpt, llama, preset  # noqa: E402
+from sim.inputs.plan import ParallelPlan  # noqa: E402
 
 NAME = "zero_stages"
 PROFILE = "h100-sxm"

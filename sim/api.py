@@ -32,9 +32,9 @@ from functools import lru_cache
 from pathlib import Path
 
 from sim.errors import InputError
-from sim.experiment import Experiment, Setting, read_experiment, settings_argv, settings_from_values
+from sim.inputs.experiment import Experiment, Setting, read_experiment, settings_argv, settings_from_values
 
-from sim.variants import Variant, plan_settings as _plan_settings, variants_of  # noqa: F401  (re-exported)
+from sim.inputs.variants import Variant, plan_settings as _plan_settings, variants_of  # noqa: F401  (re-exported)
 
 __all__ = ["RunResult", "Comparison", "run", "compare"]
 
@@ -62,13 +62,13 @@ class RunResult:
 
     summary: dict
     run: object = field(repr=False)
-    """The ``sim.training.TrainingRun``: model, plan, profile, topology, schedule, program, trace."""
+    """The ``sim.build.training.TrainingRun``: model, plan, profile, topology, schedule, program, trace."""
     name: str = ""
     description: str = ""
 
     @property
     def trace(self):
-        """The ``sim.trace.Trace``: every span of every simulated GPU, transfers, memory."""
+        """The ``sim.results.trace.Trace``: every span of every simulated GPU, transfers, memory."""
         return self.run.trace
 
     @property
@@ -133,7 +133,7 @@ class RunResult:
 def write_kineto_files(training_run, out: str | Path) -> list[Path]:
     """The Kineto-shaped traces of a run, one ``trace_rank{r}.json`` per simulated GPU."""
     from sim.commands.run import _names
-    from sim.export_kineto import collective_groups, write_kineto
+    from sim.results.export_kineto import collective_groups, write_kineto
 
     return write_kineto(training_run.trace, out, world_size=training_run.plan.world_size,
                         device_name=training_run.profile.name,
@@ -197,8 +197,8 @@ class Comparison:
         """Write each plan's outputs into ``out/<plan>/``, plus ``compare.png`` (iteration
         time split into compute, exposed communication and bubble, and peak memory) and
         ``compare.json``; returns ``out``."""
-        from sim.export import write_json_atomic
-        from sim.plot import plot_compare
+        from sim.results.export import write_json_atomic
+        from sim.results.plot import plot_compare
 
         out = Path(out)
         for r, d in zip(self.results, plan_dirs([r.name for r in self.results])):
@@ -246,7 +246,7 @@ def simulate_namespace(ns, model=None, plan=None):
     """Simulate what parsed ``trainsim run`` flags describe; returns ``(TrainingRun, summary)``.
     ``model`` (a ``ModelSpec``) and ``plan`` (a ``ParallelPlan``) replace what the flags say."""
     from sim.commands import run as run_cmd
-    from sim.training import simulate_training
+    from sim.build.training import simulate_training
 
     model, plan, profile, topo, schedule = prepare_namespace(ns, model, plan)
     training_run = simulate_training(model, plan, profile, topo, schedule, ns.fidelity,
@@ -259,7 +259,7 @@ def prepare_namespace(ns, model=None, plan=None):
     plan, profile, topology, schedule)``; every input error is raised here."""
     from sim.commands import run as run_cmd
     from sim.commands._spec import model_from_args, plan_from_args, schedule_from_args
-    from sim.hardware import load_profile
+    from sim.inputs.hardware import load_profile
 
     model = model if model is not None else model_from_args(ns)
     profile = load_profile(ns.gpu, flag="--gpu")
@@ -279,7 +279,7 @@ def prepare_namespace(ns, model=None, plan=None):
 def _model_settings(model, parser) -> tuple[dict[str, Setting], object]:
     """Settings for ``model=`` (a preset name, a config.json path or a dict of [model]
     keys), or a ``ModelSpec`` to use as it is."""
-    from sim.model import ModelSpec
+    from sim.inputs.model import ModelSpec
 
     if model is None:
         return {}, None
@@ -292,7 +292,7 @@ def _model_settings(model, parser) -> tuple[dict[str, Setting], object]:
         values = {("model" if k == "preset" else k): v for k, v in model.items()}
         return settings_from_values(values, parser, "model."), None
     raise InputError(f"model: got {model!r}; expected a preset name, a config.json path, a dict of "
-                     "[model] keys (num_layers=..., ...) or a sim.model.ModelSpec")
+                     "[model] keys (num_layers=..., ...) or a sim.inputs.model.ModelSpec")
 
 
 def _base(experiment, model, settings: dict, parser) -> tuple[Experiment | None, dict[str, Setting], object]:
@@ -301,7 +301,7 @@ def _base(experiment, model, settings: dict, parser) -> tuple[Experiment | None,
     base = dict(exp.settings) if exp else {}
     model_set, model_obj = _model_settings(model, parser)
     if model is not None:  # model= replaces the file's [model] as a whole
-        from sim.experiment import TABLES
+        from sim.inputs.experiment import TABLES
 
         base = {d: s for d, s in base.items() if d not in TABLES["model"]}
     base.update(model_set)
@@ -310,7 +310,7 @@ def _base(experiment, model, settings: dict, parser) -> tuple[Experiment | None,
 
 
 def _check_model(exp: Experiment | None, settings: dict, model_obj) -> None:
-    from sim.experiment import TABLES
+    from sim.inputs.experiment import TABLES
 
     if model_obj is None and not any(d in TABLES["model"] and d != "seq_length" for d in settings):
         where = f"{exp.path}: " if exp else ""
@@ -331,7 +331,7 @@ def run(experiment: str | Path | None = None, *, model=None, plan=None, progress
 
     ``experiment``: an experiment TOML file (optional). ``model``: a preset name
     (``"llama2-7b"``), a Hugging Face ``config.json`` path, a dict of [model] keys, or a
-    ``sim.model.ModelSpec``. ``plan``: a dict of [plan] keys, a ``sim.plan.ParallelPlan``,
+    ``sim.inputs.model.ModelSpec``. ``plan``: a dict of [plan] keys, a ``sim.inputs.plan.ParallelPlan``,
     or the name of one of the file's ``[[plans]]``. Any other keyword is a ``trainsim
     run`` flag with underscores (``gpu``, ``gpus``, ``nodes``, ``topology``, ``fabric``,
     ``fidelity``, ``tensor_model_parallel_size``, ``schedule``, ``zero``, ...) and
@@ -377,7 +377,7 @@ def run(experiment: str | Path | None = None, *, model=None, plan=None, progress
         except InputError as exc:
             if exp is None:
                 raise
-            from sim.experiment import blame
+            from sim.inputs.experiment import blame
 
             raise blame(exc, exp.path, base) from None
 

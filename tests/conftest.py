@@ -2,7 +2,7 @@
 
 Debug mode is on for the whole suite: every simulation any test runs (worker
 processes of sweeps included, they inherit the environment) checks the invariants of
-``sim.invariants`` during and after the run.
+``sim.engine.invariants`` during and after the run.
 """
 
 import os
@@ -12,7 +12,7 @@ os.environ.setdefault("TRAINSIM_DEBUG", "1")
 import networkx as nx  # noqa: E402
 import pytest  # noqa: E402
 
-from sim.topology import Topology
+from sim.inputs.topology import Topology
 
 
 def star(bandwidths_Bps, latency_s=0.0, kind="nvlink"):

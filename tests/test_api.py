@@ -34,7 +34,7 @@ def test_doctests_of_sim_api_run():
 
 def test_import_sim_stays_light():
     out = subprocess.run([sys.executable, "-c", "import sys, sim; print(sorted(m for m in "
-                          "('simpy', 'matplotlib', 'sim.api', 'sim.engine') if m in sys.modules))"],
+                          "('simpy', 'matplotlib', 'sim.api', 'sim.engine.core') if m in sys.modules))"],
                          capture_output=True, text=True, check=True).stdout.strip()
     assert out == "[]"
     assert {"run", "compare", "RunResult", "Comparison"} <= set(dir(sim))
@@ -55,7 +55,7 @@ def test_run_to_json_is_what_the_cli_prints():
 
 
 def test_run_with_spec_objects_and_experiment_file(tmp_path):
-    from sim.plan import ParallelPlan
+    from sim.inputs.plan import ParallelPlan
 
     model = sim.run(model=TINY, gpus=2, gpu="h100-sxm").model
     plan = ParallelPlan(dp=1, tp=1, pp=2, global_batch_size=4, schedule="gpipe")

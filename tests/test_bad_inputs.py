@@ -48,9 +48,9 @@ def bad(tmp_path, capsys, monkeypatch):
     import sim.calibrate.profile
     import sim.calibrate.validate
     import sim.commands.collective
-    import sim.training
+    import sim.build.training
 
-    for mod, name in ((sim.training, "simulate"), (sim.commands.collective, "simulate"),
+    for mod, name in ((sim.build.training, "simulate"), (sim.commands.collective, "simulate"),
                       (sim.calibrate.profile, "calibrate"), (sim.calibrate.validate, "run_validation")):
         monkeypatch.setattr(mod, name, no_work)
 
@@ -196,10 +196,10 @@ def test_the_good_files_are_good(tmp_path):
     """The good samples above load, so each broken variant fails for its own reason."""
     from sim.calibrate.kineto import load_kineto
     from sim.calibrate.nccl_tests import load_nccl_tests
-    from sim.hardware import load_profile
-    from sim.model import model_from_hf_config
-    from sim.schedules import load_schedule_csv
-    from sim.topology_build import load_topology
+    from sim.inputs.hardware import load_profile
+    from sim.inputs.model import model_from_hf_config
+    from sim.build.schedule_io import load_schedule_csv
+    from sim.inputs.topology_build import load_topology
 
     assert load_profile(_write(tmp_path, "gpu.json", PROFILE_TEXT)).name == "h100-sxm"
     assert model_from_hf_config(_write(tmp_path, "config.json", HF)).num_layers == 4
@@ -449,7 +449,7 @@ def test_seq_length_beyond_learned_positions_names_the_file(bad, tmp_path):
 
 
 def test_megatron_args_are_strict():
-    from sim.model import model_from_megatron_args
+    from sim.inputs.model import model_from_megatron_args
 
     for argv, says in ((["--num-layers", "4", "--hidden-size", "x"], "--hidden-size: got 'x'"),
                        (["--num-layers", "-4"], "--num-layers: got -4"),
@@ -775,7 +775,9 @@ def test_read_only_output_folder(bad, tmp_path):
 
 # ---------------------------------------------------------------- atomic writers
 def _writers():
-    from sim import export, export_kineto, plot
+    from sim.results import export
+    from sim.results import export_kineto
+    from sim.results import plot
     import matplotlib
 
     matplotlib.use("Agg")
@@ -815,7 +817,7 @@ def test_a_write_that_fails_leaves_no_file(tmp_path, kind):
 
 
 def test_profile_save_is_atomic(tmp_path):
-    from sim.hardware import load_profile
+    from sim.inputs.hardware import load_profile
 
     p = load_profile("h100-sxm")
     p.save(tmp_path / "p.json")

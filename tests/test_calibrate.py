@@ -22,9 +22,9 @@ from sim.calibrate.fit import (
 from sim.calibrate.microbench import grid_gemms, workload_gemms
 from sim.cli import main
 from sim.errors import InputError
-from sim.hardware import load_profile
-from sim.model import gpt, preset
-from sim.plan import ParallelPlan
+from sim.inputs.hardware import load_profile
+from sim.inputs.model import gpt, preset
+from sim.inputs.plan import ParallelPlan
 
 
 def test_ring_closed_forms_match_reference():

@@ -14,7 +14,7 @@ def test_run_accepts_every_model_source_gpu_and_fabric(tmp_path, capsys):
     # profile .json; H200 nodes; a fat-tree fabric; sequence parallelism and recompute.
     import json
 
-    from sim.hardware import load_profile
+    from sim.inputs.hardware import load_profile
 
     def run(*argv):
         assert main(["run", *argv, "--json"]) == 0, capsys.readouterr().err

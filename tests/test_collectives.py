@@ -2,12 +2,12 @@
 
 import pytest
 
-from sim.actions import Action, Program
-from sim.collectives import build, ring_order
+from sim.build.actions import Action, Program
+from sim.engine.algorithms import build, ring_order
 from sim.commands.collective import run_collective
-from sim.engine import simulate
+from sim.engine.core import simulate
 from sim.errors import InputError
-from sim.topology_build import load_topology
+from sim.inputs.topology_build import load_topology
 
 
 def _time(op, n, nbytes, topo, algo="ring", channels=None):

@@ -2,8 +2,8 @@
 
 import pytest
 
-from sim.actions import Action, Program
-from sim.engine import simulate
+from sim.build.actions import Action, Program
+from sim.engine.core import simulate
 from sim.errors import DeadlockError, InputError
 
 
@@ -244,7 +244,7 @@ def test_completions_at_one_instant_are_each_an_event_and_keep_their_order(make_
 
 
 def test_program_index_counts_dependencies_and_shares_equal_values():
-    from sim.program_index import index_program
+    from sim.engine.program_index import index_program
 
     # Two ranks, the same two ops each; "b" on rank 1 also waits for rank 0's "a".
     prog = Program({r: [Action("a", duration_s=float("0.25"), mem=(("start", "act", 4),)),  # (a new float each)

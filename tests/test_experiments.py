@@ -130,7 +130,7 @@ def test_zero_stages_follow_the_zero_paper(out_root):
 
 
 def test_gpt3_3d_fits_where_plain_dp_does_not(out_root):
-    from sim.model import preset
+    from sim.inputs.model import preset
 
     res = _run("gpt3_3d", out_root)
     by = {r["plan_label"]: r for r in res["rows"]}
@@ -161,7 +161,7 @@ def test_gradient_accumulation_divides_ddp_bytes_per_sample(out_root):
 
 
 def _psi(name):
-    from sim.model import preset
+    from sim.inputs.model import preset
 
     return preset(name).num_params
 

@@ -5,10 +5,10 @@ import random
 
 import pytest
 
-from sim.costs import collective_time, op_time, transfer_time
+from sim.build.costs import collective_time, op_time, transfer_time
 from sim.errors import InputError
-from sim.hardware import LINK_KINDS, PRESETS, HardwareProfile, LinkModel, load_profile
-from sim.workload import Op
+from sim.inputs.hardware import LINK_KINDS, PRESETS, HardwareProfile, LinkModel, load_profile
+from sim.build.workload import Op
 
 
 @pytest.fixture(params=PRESETS)

@@ -17,7 +17,7 @@ from sim.calibrate.kineto import load_kineto, op_times, trace_from_kineto
 from sim.calibrate.nccl_tests import apply_to_profile, fit_link, load_nccl_tests, parse_text, to_text
 from sim.cli import main
 from sim.errors import InputError
-from sim.hardware import load_profile
+from sim.inputs.hardware import load_profile
 
 DATA = Path(__file__).resolve().parent / "data"
 ALPHA, B = 2.5e-6, 370e9  # what make_fixtures.py wrote the 8-GPU logs from

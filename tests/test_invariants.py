@@ -6,15 +6,15 @@ import math
 import pytest
 import simpy
 
-from sim import invariants
-from sim.engine import _CheckingEnvironment, simulate
-from sim.hardware import load_profile
-from sim.invariants import InvariantError, check
-from sim.model import gpt
-from sim.network import Network
-from sim.plan import ParallelPlan
-from sim.topology_build import load_topology
-from sim.training import simulate_training
+from sim.engine import invariants
+from sim.engine.core import _CheckingEnvironment, simulate
+from sim.inputs.hardware import load_profile
+from sim.engine.invariants import InvariantError, check
+from sim.inputs.model import gpt
+from sim.engine.network import Network
+from sim.inputs.plan import ParallelPlan
+from sim.inputs.topology_build import load_topology
+from sim.build.training import simulate_training
 
 H100 = load_profile("h100-sxm")
 TINY = gpt("tiny", 4, 512, 8, 4096, 256)
@@ -127,11 +127,11 @@ def test_memory_left_over_at_the_end_is_caught(run):
 
 def test_a_transfer_faster_than_its_bottleneck_is_caught(make_star):
     topo = make_star([100e9, 100e9])
-    from sim.actions import Action, Program
+    from sim.build.actions import Action, Program
 
     prog = Program({0: [Action("s", kind="send", peer=1, nbytes=1e9)],
                     1: [Action("r", kind="recv", peer=0, nbytes=1e9)]})
-    from sim.engine import _Engine
+    from sim.engine.core import _Engine
 
     eng = _Engine(prog, topo, None, check=True)
     trace = eng.run()
@@ -144,7 +144,7 @@ def test_a_transfer_faster_than_its_bottleneck_is_caught(make_star):
 
 
 def _two_flows(topo):
-    from sim.actions import Action, Program
+    from sim.build.actions import Action, Program
 
     return Program({0: [Action("s", kind="send", peer=2, nbytes=1e9)],
                     1: [Action("s", kind="send", peer=2, nbytes=1e9)],
@@ -155,10 +155,10 @@ def _two_flows(topo):
 def test_a_link_over_its_capacity_is_caught(make_star, monkeypatch):
     topo = make_star([100e9, 100e9, 100e9])
     assert simulate(_two_flows(topo), topo).end_s == pytest.approx(2e9 / 100e9)  # they share gpu2's link
-    import sim.network
+    import sim.engine.network
 
-    real = sim.network._max_min_rates
-    monkeypatch.setattr(sim.network, "_max_min_rates", lambda *a: {f: 2 * r for f, r in real(*a).items()})
+    real = sim.engine.network._max_min_rates
+    monkeypatch.setattr(sim.engine.network, "_max_min_rates", lambda *a: {f: 2 * r for f, r in real(*a).items()})
     with pytest.raises(InvariantError, match="over its capacity"):
         simulate(_two_flows(topo), topo)
 
@@ -188,10 +188,10 @@ def test_time_going_backwards_is_caught():
 
 def test_checks_are_off_without_debug_mode(make_star, monkeypatch):
     monkeypatch.setenv("TRAINSIM_DEBUG", "0")
-    import sim.network
+    import sim.engine.network
 
-    real = sim.network._max_min_rates
-    monkeypatch.setattr(sim.network, "_max_min_rates", lambda *a: {f: 2 * r for f, r in real(*a).items()})
+    real = sim.engine.network._max_min_rates
+    monkeypatch.setattr(sim.engine.network, "_max_min_rates", lambda *a: {f: 2 * r for f, r in real(*a).items()})
     topo = make_star([100e9, 100e9, 100e9])
     assert simulate(_two_flows(topo), topo).end_s == pytest.approx(1e9 / 100e9)  # wrong, and unchecked
     assert not math.isnan(simulate(_two_flows(topo), topo, check_invariants=False).end_s)

@@ -6,12 +6,12 @@ import time
 import pytest
 
 from sim.errors import InputError
-from sim.hardware import load_profile
-from sim.limits import DEFAULT_MAX_EVENTS, check_size, estimate_events
-from sim.model import gpt, preset
-from sim.plan import ParallelPlan
-from sim.topology_build import load_topology
-from sim.training import simulate_training
+from sim.inputs.hardware import load_profile
+from sim.engine.limits import DEFAULT_MAX_EVENTS, check_size, estimate_events
+from sim.inputs.model import gpt, preset
+from sim.inputs.plan import ParallelPlan
+from sim.inputs.topology_build import load_topology
+from sim.build.training import simulate_training
 
 H100 = load_profile("h100-sxm")
 SMALL = gpt("small", 8, 1024, 16, 8192, 512)
@@ -96,8 +96,8 @@ def test_max_events_flag_and_experiment_key(capsys, tmp_path):
 
 
 def test_an_absurd_cluster_is_refused_before_it_is_built(capsys):
-    from sim.limits import MAX_CLUSTER_GPUS
-    from sim.topology_build import load_topology
+    from sim.inputs.topology_build import MAX_CLUSTER_GPUS
+    from sim.inputs.topology_build import load_topology
 
     t0 = time.perf_counter()
     with pytest.raises(InputError, match=r"nodes: got 1,000,000 \(8,000,000 GPUs at 8 per node\)"):

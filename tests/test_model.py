@@ -5,7 +5,7 @@ import json
 import pytest
 
 from sim.errors import InputError
-from sim.model import (
+from sim.inputs.model import (
     PRESETS,
     ModelSpec,
     gpt,

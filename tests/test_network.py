@@ -6,10 +6,10 @@ import networkx as nx
 import pytest
 import simpy
 
-from sim.actions import Action, Program
-from sim.engine import simulate
-from sim.network import Calls
-from sim.topology import Topology
+from sim.build.actions import Action, Program
+from sim.engine.core import simulate
+from sim.engine.network import Calls
+from sim.inputs.topology import Topology
 
 
 def _p2p(pairs, nbytes):
@@ -166,7 +166,7 @@ def test_the_engine_loop_processes_events_exactly_as_simpys_run():
     # The engine's environment runs the queue with its own loop (step's work inline,
     # a Calls entry's calls made right there); the same schedule must give the same
     # order and end time as SimPy's own run().
-    from sim.engine import _CountingEnvironment
+    from sim.engine.core import _CountingEnvironment
 
     ours, theirs = _CountingEnvironment(0.0), simpy.Environment(0.0)
     log_ours, log_theirs = _mixed_schedule(ours), _mixed_schedule(theirs)
@@ -179,7 +179,7 @@ def test_the_engine_loop_processes_events_exactly_as_simpys_run():
 
 
 def test_the_engine_loop_raises_a_failed_event_as_simpy_does():
-    from sim.engine import _CountingEnvironment
+    from sim.engine.core import _CountingEnvironment
 
     for env in (_CountingEnvironment(0.0), simpy.Environment(0.0)):
         env.event().fail(ValueError("link down"))

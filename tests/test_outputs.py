@@ -2,11 +2,11 @@
 
 import json
 
-from sim.actions import Action, Program
-from sim.engine import simulate
-from sim.export import to_chrome, write_chrome
-from sim.plot import plot_timeline
-from sim.topology_build import load_topology
+from sim.build.actions import Action, Program
+from sim.engine.core import simulate
+from sim.results.export import to_chrome, write_chrome
+from sim.results.plot import plot_timeline
+from sim.inputs.topology_build import load_topology
 
 
 def _program():

@@ -2,10 +2,10 @@
 
 import pytest
 
-from sim import passes
-from sim.actions import Action, Program
-from sim.engine import simulate
-from sim.metrics import critical_rank, rank_breakdown
+from sim.build import passes
+from sim.build.actions import Action, Program
+from sim.engine.core import simulate
+from sim.results.metrics import critical_rank, rank_breakdown
 
 
 def _two_stage():

@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 
 from sim.errors import InputError
-from sim.model import llama, preset
-from sim.plan import DDP_BUCKET_BYTES, ParallelPlan
-from sim.workload import chunk_work
+from sim.inputs.model import llama, preset
+from sim.inputs.plan import DDP_BUCKET_BYTES, ParallelPlan
+from sim.build.workload import chunk_work
 
 PERMS = ["-".join(p) for p in itertools.permutations(("tp", "pp", "dp"))]
 
@@ -253,14 +253,14 @@ def test_model_checks_name_tp_and_the_dimension_it_cuts():
 def test_a_huge_layer_count_that_pp_does_not_divide_is_refused_at_once():
     # Found by `make fuzz` (--num-layers 99999999999): the message lists the divisors that
     # would work, and finding them used to try every number up to the layer count.
-    from sim.plan import split_layers
+    from sim.inputs.plan import split_layers
 
     n = 99_999_999_999  # = 3^2 x 21649 x 513239
     with pytest.raises(InputError, match=r"3, 9, 21649, 64947, 194841, 513239, 1539717, 4619151") as e:
         split_layers(n, 4)
     assert "\n" not in str(e.value)
     # every number listed divides n, and none in between is missed
-    from sim.plan import _divisors
+    from sim.inputs.plan import _divisors
 
     for m in (36, 97, 1000, 2**20, 720720):
         listed = [int(x) for x in _divisors(m).split(", ")]

@@ -13,11 +13,11 @@ import re
 
 import pytest
 
-from sim.engine import simulate
+from sim.engine.core import simulate
 from sim.errors import InputError
-from sim.schedule_io import _unit_run
-from sim.schedules import (SCHEDULES, Schedule, Step, build_schedule, from_csv, in_flight, interleaved,
-                           load_schedule_csv, one_f_one_b, render, step_deps, to_csv, to_program, validate, zb_h1)
+from sim.build.schedule_io import _unit_run, from_csv, load_schedule_csv, render, to_csv, validate
+from sim.build.schedules import (SCHEDULES, Schedule, Step, build_schedule, in_flight, interleaved, one_f_one_b,
+                                 step_deps, to_program, zb_h1)
 
 
 def _times(tf, tb=None, ti=None, tw=None):

@@ -9,10 +9,10 @@ import pytest
 
 from sim.cli import main
 from sim.errors import InputError
-from sim.hardware import load_profile
-from sim.model import gpt, preset
-from sim.plan import RECOMPUTE, SCHEDULES, ParallelPlan
-from sim.search import (
+from sim.inputs.hardware import load_profile
+from sim.inputs.model import gpt, preset
+from sim.inputs.plan import RECOMPUTE, SCHEDULES, ParallelPlan
+from sim.studies.search import (
     DEFAULT_MARGIN,
     SearchSpace,
     candidates,
@@ -22,8 +22,8 @@ from sim.search import (
     plan_key,
     search,
 )
-from sim.sweep import Runner, make_context
-from sim.topology_build import load_topology
+from sim.studies.sweep import Runner, make_context
+from sim.inputs.topology_build import load_topology
 
 H100 = load_profile("h100-sxm")
 TINY = gpt("tiny", 4, 512, 8, 4096, 256)

@@ -13,12 +13,12 @@ from pathlib import Path
 import pytest
 
 from sim.cli import main
-from sim.hardware import load_profile
-from sim.model import gpt
-from sim.plan import ParallelPlan
-from sim.search import plan_key
-from sim.sweep import Progress, ResultsLog, Runner, evaluate, make_context
-from sim.topology_build import load_topology
+from sim.inputs.hardware import load_profile
+from sim.inputs.model import gpt
+from sim.inputs.plan import ParallelPlan
+from sim.studies.search import plan_key
+from sim.studies.sweep import Progress, ResultsLog, Runner, evaluate, make_context
+from sim.inputs.topology_build import load_topology
 
 H100 = load_profile("h100-sxm")
 TINY = gpt("tiny", 4, 512, 8, 4096, 256)
@@ -79,7 +79,7 @@ def test_local_records_are_those_of_trainsim_run_and_do_not_depend_on_the_worker
         assert inline.run(CTX, PLANS) == local_records
     # The summary is exactly what ``trainsim run --json`` prints for that plan.
     from sim.commands.run import summarize
-    from sim.training import simulate_training
+    from sim.build.training import simulate_training
 
     assert local_records[3]["summary"] == summarize(simulate_training(TINY, PLANS[3], H100, CTX.topology()))
 
@@ -235,8 +235,8 @@ def test_progress_bar_on_a_terminal_only():
 # ---------------------------------------------------------------- workers that cannot start
 _SCRIPT = """\
 import multiprocessing, sys
-from sim.plan import ParallelPlan
-from sim.sweep import ResultsLog, Runner, evaluate
+from sim.inputs.plan import ParallelPlan
+from sim.studies.sweep import ResultsLog, Runner, evaluate
 {before}
 def sweep():
     plans = [ParallelPlan(dp=d, global_batch_size=8) for d in (1, 2, 4, 8)]
@@ -259,7 +259,7 @@ def _script(tmp_path, before="", guarded=False):
 
 
 def _error_line(stderr: str) -> str:
-    lines = [x for x in stderr.splitlines() if x.startswith("sim.sweep.WorkerStartError: ")]
+    lines = [x for x in stderr.splitlines() if x.startswith("sim.studies.sweep.WorkerStartError: ")]
     assert len(lines) == 1, stderr[-3000:]
     return lines[0]
 

@@ -4,7 +4,7 @@ import networkx as nx
 import pytest
 
 from sim.errors import InputError
-from sim.topology_build import FabricSpec, build_cluster, builtin_names, load_node_spec, load_topology
+from sim.inputs.topology_build import FabricSpec, build_cluster, builtin_names, load_node_spec, load_topology
 
 
 @pytest.mark.parametrize("name,nvlink_GBps,nic_GBps", [

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from sim.actions import Action, Program
+from sim.build.actions import Action, Program
 from sim.calibrate.reference import p2p_groups
 from sim.calibrate.validate import (
     config_plan,
@@ -18,10 +18,10 @@ from sim.calibrate.validate import (
     summarize_errors,
 )
 from sim.cli import main
-from sim.engine import simulate
+from sim.engine.core import simulate
 from sim.errors import InputError
-from sim.hardware import HardwareProfile, LinkModel
-from sim.schedules import build_schedule
+from sim.inputs.hardware import HardwareProfile, LinkModel
+from sim.build.schedules import build_schedule
 
 
 def _groups_complete(schedule) -> bool:

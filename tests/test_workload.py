@@ -4,8 +4,8 @@ tensor- and sequence-parallel splits; bytes of hand-computed tiny cases."""
 import pytest
 
 from sim.errors import InputError
-from sim.model import gpt, llama, preset
-from sim.workload import Op, embedding_work, head_work, layer_work, p2p_bytes
+from sim.inputs.model import gpt, llama, preset
+from sim.build.workload import Op, embedding_work, head_work, layer_work, p2p_bytes
 
 MATMUL = ("gemm", "attention")
 
@@ -144,8 +144,8 @@ def test_bad_tp_is_one_line_error():
 
 
 def test_chunk_work_places_embedding_and_head():
-    from sim.plan import ParallelPlan
-    from sim.workload import chunk_work
+    from sim.inputs.plan import ParallelPlan
+    from sim.build.workload import chunk_work
     m = preset("llama3-8b")
     plan = ParallelPlan(pp=4, vpp=2, global_batch_size=8)
     names = {v: [w.name for w in chunk_work(m, plan, v)] for v in range(8)}

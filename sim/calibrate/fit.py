@@ -38,7 +38,7 @@ from dataclasses import replace
 import numpy as np
 
 from sim.errors import InputError
-from sim.hardware import HardwareProfile
+from sim.inputs.hardware import HardwareProfile
 
 _ALPHA_STEPS = {"all_reduce": lambda n: 2 * (n - 1), "all_gather": lambda n: n - 1,
                 "reduce_scatter": lambda n: n - 1, "alltoall": lambda n: n - 1,

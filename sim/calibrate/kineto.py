@@ -13,7 +13,7 @@ Needs no torch: this reads files.
 time without the operators nested in it on its thread, so ``aten::linear`` and the
 ``aten::addmm`` inside it are not counted twice); GPU kernels never nest.
 
-``trace_from_kineto`` turns one trace per rank into a ``sim.trace.Trace`` that the
+``trace_from_kineto`` turns one trace per rank into a ``sim.results.trace.Trace`` that the
 timeline plot draws like a simulated one. What becomes a span (``level``):
 
 - ``kernels``: every GPU kernel; NCCL kernels on a ``comm`` stream as collectives
@@ -38,8 +38,8 @@ import re
 import zlib
 
 from sim.errors import InputError
-from sim.schedules import Step
-from sim.trace import Span, Trace
+from sim.build.schedules import Step
+from sim.results.trace import Span, Trace
 
 LEVELS = ("auto", "kernels", "annotations", "cpu_ops")
 _NCCL = re.compile(r"^nccl(Dev)?Kernel_", re.I)

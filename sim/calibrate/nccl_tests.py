@@ -34,7 +34,7 @@ from pathlib import Path
 
 from sim.calibrate.fit import fit_alpha_beta
 from sim.errors import InputError
-from sim.hardware import HardwareProfile, LinkModel
+from sim.inputs.hardware import HardwareProfile, LinkModel
 
 _OPS = {"all_reduce": "all_reduce", "allreduce": "all_reduce", "all_gather": "all_gather",
         "allgather": "all_gather", "reduce_scatter": "reduce_scatter", "reducescatter": "reduce_scatter",
@@ -307,7 +307,7 @@ def link_model(fit: dict, base: LinkModel | None, links_per_rank: int = 1) -> tu
 def apply_to_profile(profile: HardwareProfile, kind: str, fit: dict, sources: list[str],
                      links_per_rank: int = 1) -> HardwareProfile:
     """``profile`` with link ``kind`` replaced by the fit, its source naming the logs."""
-    from sim.hardware import LINK_KINDS
+    from sim.inputs.hardware import LINK_KINDS
 
     if kind not in LINK_KINDS:
         raise InputError(f"--link: got {kind!r}; allowed: {', '.join(LINK_KINDS)}")

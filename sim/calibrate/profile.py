@@ -33,7 +33,7 @@ from sim.calibrate import collectives as coll
 from sim.calibrate import fit, microbench
 from sim.calibrate.launch import Context, machine_info, run_workers
 from sim.errors import InputError
-from sim.hardware import LINK_KINDS, HardwareProfile, LinkModel, load_profile
+from sim.inputs.hardware import LINK_KINDS, HardwareProfile, LinkModel, load_profile
 
 CPU_TILES = ((64, 64, 1.0), (32, 32, 1.0), (16, 16, 1.0))
 """Output blocks of CPU GEMM kernels (register/cache blocking); one thread per 'SM'."""

@@ -2,7 +2,7 @@
 
 For each configuration (a ``ParallelPlan`` over the local processes: data-parallel only,
 a GPipe or 1F1B pipeline, data × pipeline), the reference run (``sim.calibrate.reference``)
-trains the small GPT for real and ``sim.training.simulate_training`` simulates the same
+trains the small GPT for real and ``sim.build.training.simulate_training`` simulates the same
 model, plan and schedule on a freshly calibrated profile and on a topology describing
 this machine (``machine_topology``: every process a "gpu" joined through one switch by
 links of the calibrated kind, each with half the fitted α, so a transfer between two
@@ -37,12 +37,12 @@ from pathlib import Path
 import networkx as nx
 
 from sim.errors import InputError
-from sim.hardware import HardwareProfile, LinkModel
-from sim.metrics import rank_breakdown
-from sim.model import ModelSpec, gpt
-from sim.plan import ParallelPlan
-from sim.topology import Topology
-from sim.trace import Span, Trace
+from sim.inputs.hardware import HardwareProfile, LinkModel
+from sim.results.metrics import rank_breakdown
+from sim.inputs.model import ModelSpec, gpt
+from sim.inputs.plan import ParallelPlan
+from sim.inputs.topology import Topology
+from sim.results.trace import Span, Trace
 
 CONFIGS = ("dp", "gpipe", "1f1b", "dp-pp")
 SIM_ELEMENT_BYTES = 2
@@ -201,7 +201,7 @@ def run_validation(configs, *, procs: int, profile: HardwareProfile, model: Mode
     ``out/traces/CONFIG/`` and a PNG ``out/CONFIG.png`` (measured above simulated)."""
     from sim.calibrate.kineto import trace_from_kineto
     from sim.calibrate.reference import run_reference
-    from sim.training import simulate_training
+    from sim.build.training import simulate_training
 
     element_bytes = int(profile.provenance.get("element_bytes", 4 if profile.provenance.get("backend") == "gloo" else 2))
     link = link or _profile_link(profile)
@@ -229,7 +229,7 @@ def run_validation(configs, *, procs: int, profile: HardwareProfile, model: Mode
                            "probe": {"gemm": list(probe), "predicted_s": predicted, "measured_s": probe_s,
                                      "slowdown": statistics.median(probe_s) / predicted if probe_s else None}}
         if out is not None:
-            from sim.plot_validate import plot_measured_vs_simulated
+            from sim.results.plot_validate import plot_measured_vs_simulated
 
             files = [r["trace_file"] for r in sorted(results, key=lambda r: r["rank"]) if r.get("trace_file")]
             measured = trace_from_kineto(files, level="annotations") if files else measured_trace(results)

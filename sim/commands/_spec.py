@@ -15,8 +15,8 @@ import math
 from pathlib import Path
 
 from sim.errors import InputError, require
-from sim.hardware import PRESETS as GPU_PRESETS
-from sim.model import (
+from sim.inputs.hardware import PRESETS as GPU_PRESETS
+from sim.inputs.model import (
     PRESETS,
     add_megatron_model_arguments,
     model_from_hf_config,
@@ -24,8 +24,8 @@ from sim.model import (
     preset,
     with_seq_length,
 )
-from sim.plan import DDP_BUCKET_BYTES, ParallelPlan
-from sim.schedules import SCHEDULES
+from sim.inputs.plan import DDP_BUCKET_BYTES, ParallelPlan
+from sim.build.schedules import SCHEDULES
 from sim.units import NONNEGATIVE_INT, POSITIVE_INT, Number, parse_size
 
 
@@ -138,7 +138,7 @@ def plan_from_args(args, model) -> ParallelPlan:
                 "give it or --zero3-prefetch-depth, not both")
         require(args.zero3_prefetch_bucket_size >= 0, "--zero3-prefetch-bucket-size",
                 args.zero3_prefetch_bucket_size, "expected a number of parameters >= 0")
-        from sim.memory import layer_params_per_rank
+        from sim.build.memory import layer_params_per_rank
 
         depth = math.ceil(args.zero3_prefetch_bucket_size / layer_params_per_rank(model, tp))
     if depth is not None:
@@ -164,7 +164,7 @@ def schedule_from_args(args, plan: ParallelPlan):
     size, model chunks and micro-batches (None for a built-in schedule)."""
     if plan.schedule != "custom":
         return None
-    from sim.schedules import load_schedule_csv
+    from sim.build.schedule_io import load_schedule_csv
 
     sched = load_schedule_csv(args.schedule)
     have = (sched.pp, sched.vpp, sched.num_microbatches)

@@ -23,7 +23,7 @@ HELP = "Measure this machine with real kernels and collectives; write a hardware
 
 
 def add_arguments(p) -> None:
-    from sim.model import PRESETS, add_megatron_model_arguments
+    from sim.inputs.model import PRESETS, add_megatron_model_arguments
 
     src = p.add_argument_group("model whose GEMM shapes to measure (optional; one of)")
     src.add_argument("--model", metavar="PRESET", help=f"one of: {', '.join(PRESETS)}")
@@ -49,7 +49,7 @@ def add_arguments(p) -> None:
 
 def _model_and_plan(args):
     from sim.commands._spec import model_from_args
-    from sim.plan import ParallelPlan
+    from sim.inputs.plan import ParallelPlan
 
     shape = any(getattr(args, k) is not None for k in
                 ("num_layers", "hidden_size", "num_attention_heads", "ffn_hidden_size", "vocab_size"))
@@ -67,7 +67,7 @@ def _model_and_plan(args):
 def run(args) -> int:
     from sim.calibrate import CalibrationError, require_torch
     from sim.fileio import check_output_file, write_json_atomic
-    from sim.hardware import LINK_KINDS, load_profile
+    from sim.inputs.hardware import LINK_KINDS, load_profile
 
     # Every input error before torch is imported and anything is measured.
     model, plan = _model_and_plan(args)

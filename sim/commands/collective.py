@@ -13,13 +13,13 @@ import json
 import math
 from pathlib import Path
 
-from sim.actions import Action, Program
-from sim.collectives import ALGOS, OPS
-from sim.engine import simulate
+from sim.build.actions import Action, Program
+from sim.engine.algorithms import ALGOS, OPS
+from sim.engine.core import simulate
 from sim.errors import InputError
-from sim.export import write_chrome, write_json_atomic
+from sim.results.export import write_chrome, write_json_atomic
 from sim.fileio import check_output_dir
-from sim.topology_build import FABRICS, OVERSUBSCRIPTION, FabricSpec, load_topology
+from sim.inputs.topology_build import FABRICS, OVERSUBSCRIPTION, FabricSpec, load_topology
 from sim.units import POSITIVE_INT, format_bytes, format_time, parse_size
 
 NAME = "collective"
@@ -125,13 +125,13 @@ def run(args) -> int:
     eff = None
     gpu = args.gpu or topo.graph.graph.get("gpu_profile")
     if gpu and not args.line_rate:
-        from sim.hardware import load_profile
+        from sim.inputs.hardware import load_profile
 
         eff = load_profile(gpu, flag="--gpu").link_efficiencies()
     trace, summary = run_collective(op, nbytes, gpus, topo, args.algo, args.channels, eff)
     if args.out:
         out = Path(args.out)
-        from sim.plot import plot_timeline
+        from sim.results.plot import plot_timeline
 
         write_chrome(trace, out / "trace.json")
         plot_timeline(trace, out / "timeline.png", show_transfers=True, max_lanes=32,

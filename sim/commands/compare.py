@@ -43,7 +43,7 @@ def _list(kind):
 
 def add_arguments(p) -> None:
     from sim.commands import run as run_cmd
-    from sim.schedules import SCHEDULES
+    from sim.build.schedules import SCHEDULES
 
     run_cmd.add_arguments(p)
     for a in p._actions:
@@ -61,7 +61,7 @@ def add_arguments(p) -> None:
 
 def run(args) -> int:
     from sim import api
-    from sim.experiment import read_experiment
+    from sim.inputs.experiment import read_experiment
     from sim.progress import Progress
 
     from sim.commands.run import check_outputs

@@ -16,8 +16,8 @@ import json
 from pathlib import Path
 
 from sim.commands.collective import run_collective
-from sim.export import write_chrome, write_json_atomic
-from sim.topology_build import load_topology
+from sim.results.export import write_chrome, write_json_atomic
+from sim.inputs.topology_build import load_topology
 from sim.units import POSITIVE_INT, format_bytes, format_time
 
 NAME = "demo"
@@ -34,10 +34,10 @@ def add_arguments(p) -> None:
 
 def _training(out: Path) -> list[dict]:
     from sim.commands.run import summarize, write_outputs
-    from sim.hardware import load_profile
-    from sim.model import preset
-    from sim.plan import ParallelPlan
-    from sim.training import simulate_training
+    from sim.inputs.hardware import load_profile
+    from sim.inputs.model import preset
+    from sim.inputs.plan import ParallelPlan
+    from sim.build.training import simulate_training
 
     model, profile = preset("llama2-7b"), load_profile("h100-sxm")
     topo = load_topology("dgx-h100", nodes=2)
@@ -72,7 +72,7 @@ def run(args) -> int:
     training = _training(out) if not args.json else []
     topo = load_topology("dgx-h100", nodes=args.nodes)
     gpus = topo.num_gpus
-    from sim.hardware import load_profile
+    from sim.inputs.hardware import load_profile
 
     eff = load_profile("h100-sxm").link_efficiencies()  # achieved fractions of line rate
     rows = []
@@ -82,7 +82,7 @@ def run(args) -> int:
             trace, s = run_collective("allreduce", size, gpus, topo, algo, link_efficiency=eff)
             row[algo] = {"time_s": s["time_s"], "busbw_Bps": s["busbw_Bps"], "ib_bytes": s["bytes_by_link_kind"].get("ib", 0.0)}
             if size == 2**30:
-                from sim.plot import plot_timeline
+                from sim.results.plot import plot_timeline
 
                 write_chrome(trace, out / f"allreduce-{algo}.trace.json")
                 plot_timeline(trace, out / f"allreduce-{algo}.png", show_transfers=True, max_lanes=32,
@@ -114,7 +114,7 @@ def _plot_busbw(rows, path: Path, name: str, gpus: int) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from sim.plot import _save
+    from sim.results.plot import _save
 
     fig, ax = plt.subplots(figsize=(8, 4.5), dpi=110)
     sizes = [r["size_bytes"] for r in rows]

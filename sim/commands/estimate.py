@@ -12,8 +12,8 @@ from __future__ import annotations
 import json
 
 from sim.commands._spec import add_arguments, model_from_args, plan_from_args
-from sim.estimate import estimate
-from sim.hardware import load_profile
+from sim.build.estimate import estimate
+from sim.inputs.hardware import load_profile
 from sim.units import format_bytes, format_time
 
 NAME = "estimate"

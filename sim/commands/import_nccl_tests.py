@@ -37,7 +37,7 @@ def add_arguments(p) -> None:
 def run(args) -> int:
     from sim.calibrate.nccl_tests import apply_to_profile, fit_link, link_model, load_nccl_tests
     from sim.fileio import check_output_file, write_json_atomic
-    from sim.hardware import LINK_KINDS, load_profile
+    from sim.inputs.hardware import LINK_KINDS, load_profile
     from sim.units import parse_size
 
     if args.link not in LINK_KINDS:

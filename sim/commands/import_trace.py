@@ -40,8 +40,8 @@ def run(args) -> int:
     trace = trace_from_kineto(args.traces, level=args.level)
     per_file = [(str(path), op_times(path)) for path in args.traces]
     if args.out:
-        from sim.export import write_chrome
-        from sim.plot import plot_timeline
+        from sim.results.export import write_chrome
+        from sim.results.plot import plot_timeline
 
         out = Path(args.out)
         write_chrome(trace, out / "trace.json")

@@ -17,15 +17,15 @@ from pathlib import Path
 from sim.commands._spec import add_arguments as add_spec_arguments
 from sim.commands._spec import model_from_args, plan_from_args, schedule_from_args
 from sim.errors import InputError
-from sim.estimate import estimate, model_flops_per_sequence
-from sim.experiment import TABLES, blame, experiment_argv, given_dests, read_experiment
+from sim.build.estimate import estimate, model_flops_per_sequence
+from sim.inputs.experiment import TABLES, blame, experiment_argv, given_dests, read_experiment
 from sim.fileio import check_output_dir
-from sim.hardware import load_profile
-from sim.memory_timeline import highest_peak
-from sim.metrics import iteration_metrics
-from sim.topology_build import FABRICS, OVERSUBSCRIPTION, FabricSpec, load_topology
-from sim.training import TrainingRun, simulate_training
-from sim.limits import DEFAULT_MAX_EVENTS
+from sim.inputs.hardware import load_profile
+from sim.results.memory_timeline import highest_peak
+from sim.results.metrics import iteration_metrics
+from sim.inputs.topology_build import FABRICS, OVERSUBSCRIPTION, FabricSpec, load_topology
+from sim.build.training import TrainingRun, simulate_training
+from sim.engine.limits import DEFAULT_MAX_EVENTS
 from sim.units import POSITIVE_INT, Number, format_bytes, format_time
 
 NAME = "run"
@@ -147,8 +147,8 @@ def _lane(stream: str) -> str:
 
 
 def write_outputs(run: TrainingRun, summary: dict, out: Path) -> None:
-    from sim.export import write_chrome, write_json_atomic
-    from sim.plot import plot_memory, plot_timeline
+    from sim.results.export import write_chrome, write_json_atomic
+    from sim.results.plot import plot_memory, plot_timeline
 
     plan = run.plan
     if plan.pp > 1:

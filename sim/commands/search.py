@@ -1,7 +1,7 @@
 """``trainsim search``: the best parallel plan for a model, a cluster and a batch.
 
 Enumerates every valid plan (dp, tp, pp, vpp, micro-batch, ZeRO stage, schedule,
-recompute, sequence parallelism; ``sim.search``), drops those the analytic memory model
+recompute, sequence parallelism; ``sim.studies.search``), drops those the analytic memory model
 says do not fit, simulates the others in order of their estimated time until none left
 can beat the N-th best by the estimate's error margin, and prints the top N with why the
 best wins. ``--out DIR`` writes ``results.jsonl`` (simulated plans, appended as they
@@ -25,11 +25,11 @@ from pathlib import Path
 from sim.commands.run import _cluster
 from sim.errors import InputError, require
 from sim.fileio import check_output_dir, read_json, write_text_atomic
-from sim.hardware import PRESETS as GPU_PRESETS
-from sim.hardware import load_profile
-from sim.model import PRESETS, add_megatron_model_arguments
-from sim.plan import RECOMPUTE, SCHEDULES
-from sim.search import (
+from sim.inputs.hardware import PRESETS as GPU_PRESETS
+from sim.inputs.hardware import load_profile
+from sim.inputs.model import PRESETS, add_megatron_model_arguments
+from sim.inputs.plan import RECOMPUTE, SCHEDULES
+from sim.studies.search import (
     DEFAULT_MARGIN,
     PLAN_COLUMNS,
     SearchSpace,
@@ -39,8 +39,8 @@ from sim.search import (
     explain,
     search,
 )
-from sim.sweep import RESULTS_FILE, ResultsLog, Runner, make_context
-from sim.topology_build import FABRICS, OVERSUBSCRIPTION
+from sim.studies.sweep import RESULTS_FILE, ResultsLog, Runner, make_context
+from sim.inputs.topology_build import FABRICS, OVERSUBSCRIPTION
 from sim.units import NONNEGATIVE_INT, POSITIVE_INT, Number, format_bytes, format_time
 
 NAME = "search"
@@ -231,8 +231,8 @@ def csv_text(rows: list[dict]) -> str:
 
 def write_outputs(out: Path, rows: list[dict], ranked: list[dict], obj: dict, title: str,
                   capacity_bytes: float, name: str) -> None:
-    from sim.export import write_json_atomic
-    from sim.plot import plot_pareto
+    from sim.results.export import write_json_atomic
+    from sim.results.plot import plot_pareto
 
     write_text_atomic(csv_text(rows), out / "results.csv")
     front = {r["key"] for r in pareto(ranked)}

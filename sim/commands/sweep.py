@@ -1,6 +1,6 @@
 """``trainsim sweep FILE.toml``: simulate every combination of the plan values a file lists.
 
-The file is an experiment file (``sim.experiment``: ``[model]``, ``[cluster]``,
+The file is an experiment file (``sim.inputs.experiment``: ``[model]``, ``[cluster]``,
 ``[plan]``, ...) in which any plan field may be a list::
 
     [cluster]
@@ -30,7 +30,7 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
-from sim import experiment
+from sim.inputs import experiment
 from sim.commands.search import (
     add_executor_arguments,
     check_executor_args,
@@ -42,10 +42,10 @@ from sim.commands.search import (
     write_outputs,
 )
 from sim.errors import InputError
-from sim.hardware import load_profile
-from sim.search import explain, plan_key
-from sim.sweep import Runner, make_context
-from sim.tomlio import TomlFile
+from sim.inputs.hardware import load_profile
+from sim.studies.search import explain, plan_key
+from sim.studies.sweep import Runner, make_context
+from sim.inputs.tomlio import TomlFile
 
 NAME = "sweep"
 HELP = "Simulate every combination of the plan values an experiment file lists (lists allowed in [plan])."
@@ -106,7 +106,7 @@ def expand(path: str, parser, settings: dict | None = None) -> tuple[list[str], 
 
 
 def _path(f: TomlFile, dest: str, value):
-    """A relative file path in the file is relative to the file (as ``sim.experiment`` does)."""
+    """A relative file path in the file is relative to the file (as ``sim.inputs.experiment`` does)."""
     check = experiment._PATHS.get(dest)
     if check and isinstance(value, str) and check(value):
         if dest == "schedule":

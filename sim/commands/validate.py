@@ -59,7 +59,7 @@ def run(args) -> int:
     from sim.calibrate import validate as v
     from sim.calibrate.reference import check_supported
     from sim.fileio import check_output_dir, write_json_atomic, write_text_atomic
-    from sim.hardware import LINK_KINDS, load_profile
+    from sim.inputs.hardware import LINK_KINDS, load_profile
 
     for name in ("procs", "num_layers", "hidden_size", "num_attention_heads", "vocab_size", "seq_length",
                  "micro_batch_size", "num_microbatches", "iters"):

@@ -1,0 +1,200 @@
+"""Actions and programs: what each rank does, as data.
+
+A ``Program`` maps each rank to its list of ``Action``s. An action runs on one of its
+rank's *streams* (like a CUDA stream: ``compute``, ``comm``, or any other name); actions
+on one stream run one at a time, in list order, and actions on different streams
+overlap. An action may also wait for other actions, on its own rank or another, named
+in ``deps``.
+
+Kinds of action:
+
+- ``compute``: busy its stream for ``duration_s`` (costs come from outside: the engine
+  knows no hardware figures). ``flops`` and ``nbytes`` are carried for metrics.
+- ``send`` / ``recv``: a point-to-point transfer of ``nbytes`` to / from ``peer``. They
+  rendezvous as NCCL does: the transfer starts once both sides have reached their
+  action, and both actions end when it arrives. The n-th send from a to b with a given
+  ``tag`` (or none) matches the n-th recv on b from a with the same tag.
+- ``comm``: communication priced outside the network model: it busies its stream for
+  ``duration_s`` like compute, but counts as communication. Used when collectives that
+  provably have their links to themselves are coalesced (``sim.build.training``). With a
+  ``group`` of two or more simulated ranks, it is a meeting: each member's action of the
+  same name starts when the last member is ready to start its own.
+- ``copy``: ``nbytes`` between the GPU and its host CPU (``op`` "d2h" or "h2d") over
+  their PCIe link (optimizer offload).
+- ``collective``: ``op`` over ``group`` with ``nbytes`` (see ``sim.engine.algorithms``).
+  Every rank of the group runs the same action; it starts when all have arrived, and
+  each rank's action ends when its own part of the transfers is done. The n-th untagged
+  collective on a group matches the n-th on each member.
+
+Names are unique per rank; a dependency is a name on the same rank or ``(rank, name)``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, fields
+
+from sim.errors import InputError
+
+OPS = ("allreduce", "reducescatter", "allgather", "broadcast", "alltoall", "sendrecv")
+"""Collective operations an action may name (``sim.engine.algorithms`` builds each)."""
+ALGOS = ("ring", "hierarchical")
+"""Collective algorithms."""
+KINDS = ("compute", "comm", "send", "recv", "collective", "copy")
+
+Ref = tuple[int, str]
+
+
+@dataclass(frozen=True, slots=True)
+class Action:
+    """One step of one rank's work."""
+
+    name: str
+    kind: str = "compute"
+    stream: str = ""
+    """Default: ``compute`` for compute and comm actions, ``comm`` for the others."""
+    duration_s: float = 0.0
+    flops: float = 0.0
+    nbytes: float = 0
+    peer: int | None = None
+    group: tuple[int, ...] = ()
+    op: str = ""
+    algo: str = "ring"
+    channels: int = 0
+    """Rings a ring collective runs at once; 0 picks ``collectives.default_channels``."""
+    tag: str = ""
+    category: str = ""
+    """What the action is for, used for colours and metrics (e.g. F, B, W, tp, pp, dp)."""
+    layer: int | None = None
+    """The model layer a compute action works on (-1 embedding, num_layers the output
+    head), for passes that act per layer (gradient buckets, ZeRO-3 gathers)."""
+    mem: tuple = ()
+    """Memory changes of this rank's GPU as (when, category, bytes): when is "start" or
+    "end" of the action, bytes > 0 allocates and < 0 frees (see ``sim.results.memory_timeline``)."""
+    deps: tuple = field(default=())
+    """Names of actions on this rank, or (rank, name) pairs, that must finish first."""
+
+    def __post_init__(self):
+        if self.kind not in KINDS:
+            raise InputError(f"action {self.name!r}: kind: got {self.kind!r}; allowed: {', '.join(KINDS)}")
+        for key in ("duration_s", "flops", "nbytes"):
+            v = getattr(self, key)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not (0 <= v < math.inf):
+                raise InputError(f"action {self.name!r}: {key}: got {v!r}; expected a finite number >= 0")
+        if self.kind in ("send", "recv") and (self.peer is None or self.peer < 0):
+            raise InputError(f"action {self.name!r}: peer: got {self.peer!r}; a {self.kind} needs a peer rank >= 0")
+        if self.kind == "copy" and self.op not in ("d2h", "h2d"):
+            raise InputError(f"action {self.name!r}: op: got {self.op!r}; a copy is 'd2h' or 'h2d'")
+        if self.kind == "collective":
+            if self.op not in OPS or self.op == "sendrecv":
+                raise InputError(f"action {self.name!r}: op: got {self.op!r}; allowed: {', '.join(o for o in OPS if o != 'sendrecv')}")
+            if self.algo not in ALGOS:
+                raise InputError(f"action {self.name!r}: algo: got {self.algo!r}; allowed: {', '.join(ALGOS)}")
+            object.__setattr__(self, "group", tuple(self.group))
+        if not self.stream:
+            object.__setattr__(self, "stream", "compute" if self.kind in ("compute", "comm") else "comm")
+        object.__setattr__(self, "deps", tuple(d if isinstance(d, str) else (int(d[0]), str(d[1])) for d in self.deps))
+        for m in self.mem:
+            if len(m) != 3 or m[0] not in ("start", "end") or not isinstance(m[1], str) \
+                    or isinstance(m[2], bool) or not isinstance(m[2], (int, float)) or not math.isfinite(m[2]):
+                raise InputError(f"action {self.name!r}: mem: got {m!r}; expected (\"start\"|\"end\", category, bytes)")
+
+    def evolve(self, **changes) -> "Action":
+        """A copy with some fields changed, for passes (whose inputs were checked when
+        first built): skips the checks, which matter at the user boundary and cost time
+        on programs of millions of actions. ``deps`` must already be normalized."""
+        return _evolve(self, changes)
+
+    @staticmethod
+    def new(name: str, **fields_) -> "Action":
+        """An action built by a pass from values already checked: the same fields and
+        defaults as ``Action(...)`` without the checks (``deps`` a tuple of names or
+        (rank, name) pairs, numbers finite and >= 0)."""
+        return _new(name, **fields_)
+
+
+_FIELDS = tuple(f.name for f in fields(Action))
+_DEFAULTS = {f.name: f.default for f in fields(Action) if f.name != "name"}
+
+
+def _generate():
+    """Straight-line ``evolve`` and ``new``: a loop over the fields costs twice as much,
+    and passes call these millions of times."""
+    env = {"_obj_new": object.__new__, "_set": object.__setattr__, "Action": Action, "_D": _DEFAULTS}
+    ev = ["def _evolve(self, c):", "    o = _obj_new(Action)"]
+    ev += [f"    _set(o, {f!r}, c[{f!r}] if {f!r} in c else self.{f})" for f in _FIELDS]
+    ev += ["    return o"]
+    args = ", ".join(f"{f}=_D[{f!r}]" for f in _FIELDS if f != "name")
+    nw = [f"def _new(name, *, {args}):", "    o = _obj_new(Action)"]
+    nw += [f"    _set(o, {f!r}, {f})" for f in _FIELDS if f != "stream"]
+    nw += ["    _set(o, 'stream', stream or ('compute' if kind in ('compute', 'comm') else 'comm'))", "    return o"]
+    exec("\n".join(ev) + "\n\n" + "\n".join(nw) + "\n", env)  # noqa: S102 - code generated from field names
+    return env["_evolve"], env["_new"]
+
+
+_evolve, _new = _generate()
+
+
+class Program:
+    """Per-rank action lists, checked for consistency when built.
+
+    ``shadows`` are ranks of the cluster that are not simulated because they do exactly
+    what a simulated rank does (data-parallel replicas, under reduced fidelity). They may
+    be members of collectives: each is taken to arrive with the simulated members, and
+    its transfers still cross the network.
+    """
+
+    def __init__(self, actions: dict[int, list[Action]], shadows=(), check: bool = True):
+        self.actions: dict[int, tuple[Action, ...]] = {int(r): tuple(a) for r, a in sorted(actions.items())}
+        self.shadows = frozenset(int(r) for r in shadows) - set(self.actions)
+        self.checked = False
+        if check:
+            self.check()
+
+    @property
+    def ranks(self) -> list[int]:
+        return list(self.actions)
+
+    def __len__(self) -> int:
+        return sum(len(a) for a in self.actions.values())
+
+    def resolve(self, rank: int, dep) -> Ref:
+        return (rank, dep) if isinstance(dep, str) else dep
+
+    def check(self) -> None:
+        """Names unique per rank, dependencies and peers exist, collective groups valid.
+        Runs once per program; passes build intermediate programs unchecked and the
+        engine checks the final one."""
+        if self.checked:
+            return
+        names: dict[int, set[str]] = {}
+        for r, acts in self.actions.items():
+            seen: set[str] = set()
+            for a in acts:
+                if a.name in seen:
+                    raise InputError(f"program: rank {r}: action name {a.name!r} appears twice; names must be unique per rank")
+                seen.add(a.name)
+            names[r] = seen
+        for r, acts in self.actions.items():
+            for a in acts:
+                for d in a.deps:
+                    dr, dn = self.resolve(r, d)
+                    if dn not in names.get(dr, ()):
+                        raise InputError(f"program: rank {r}: action {a.name!r}: dependency {dr}:{dn} is not an action in the program")
+                if a.kind in ("send", "recv") and (a.peer not in self.actions or a.peer == r):
+                    raise InputError(f"program: rank {r}: action {a.name!r}: peer: got {a.peer}; expected another rank of the program")
+                if a.kind == "collective":
+                    if r not in a.group:
+                        raise InputError(f"program: rank {r}: action {a.name!r}: group {list(a.group)} does not include rank {r}")
+                    missing = [g for g in a.group if g not in self.actions and g not in self.shadows]
+                    if missing:
+                        raise InputError(f"program: rank {r}: action {a.name!r}: group ranks {missing} have no actions in the program")
+        self.checked = True
+
+    def max_rank(self) -> int:
+        return max([*self.actions, *self.shadows], default=-1)
+
+    def with_actions(self, actions: dict[int, list[Action]]) -> "Program":
+        """A program with new action lists and the same shadows (what passes return);
+        checked when simulated."""
+        return Program(actions, self.shadows, check=False)

@@ -1,0 +1,273 @@
+"""Passes: pure functions Program -> Program that turn a schedule into training.
+
+A pipeline schedule (``sim.build.schedules``) gives one compute action per step (``2F0``) on
+each *pipeline* rank, with data dependencies between ranks as plain cross-rank deps
+(communication for free). The passes below, applied in order, make it a full iteration
+on every GPU:
+
+1. ``replicate``: copy each pipeline rank's actions onto every GPU of that stage
+   (all data- and tensor-parallel replicas), rewiring deps to the matching replica.
+2. ``add_tp_collectives``: cut each step into its per-layer compute segments and the
+   Megatron tensor-parallel collectives between them (all-reduce, or all-gather /
+   reduce-scatter with sequence parallelism), which block the compute that follows.
+3. ``add_p2p``: replace every cross-stage dependency by a send on the producer and a
+   receive on the consumer (activations forward, gradients backward), on one stream per
+   peer and direction, posted in the producer's order so streams never cross-wait.
+4. ``add_grad_sync``: DDP-style gradient buckets, filled in the order gradients become
+   final (the last micro-batch's backward), each all-reduced over the data-parallel group
+   as soon as it is full, overlapping the rest of backward (or all after backward).
+5. ``add_optimizer``: the optimizer step after the rank's gradient syncs.
+
+Action names are kept: the last action of a step keeps the step's name (``2F0``), so
+dependencies on a step mean "the step is complete".
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+from sim.build.actions import Action, Program
+
+
+@dataclass(frozen=True)
+class Segment:
+    """A piece of a step: a compute stretch of one layer, or a tensor-parallel collective."""
+
+    kind: str  # "compute", "collective", or "comm" (a collective priced outside the network)
+    duration_s: float = 0.0
+    flops: float = 0.0
+    op: str = ""  # allreduce / allgather / reducescatter
+    nbytes: float = 0.0
+    layer: int | None = None
+
+
+def replicate(prog: Program, world_size: int, coords: Callable[[int], tuple], rank_of: Callable[..., int],
+              keep: Callable[[int], bool] | None = None) -> Program:
+    """Copy pipeline rank p's actions to every GPU g with coords(g) = (dp, p, tp).
+
+    With ``keep``, only the GPUs it accepts are simulated; the others become shadows
+    (they do the same as a kept replica; see ``Program``)."""
+    out: dict[int, list[Action]] = {}
+    shadows = []
+    for g in range(world_size):
+        if keep is not None and not keep(g):
+            shadows.append(g)
+            continue
+        d, p, t = coords(g)
+        acts = []
+        peer: dict[int, int] = {}
+        for a in prog.actions.get(p, ()):
+            if any(dep.__class__ is not str for dep in a.deps):
+                deps = []
+                for dep in a.deps:
+                    if dep.__class__ is not str:
+                        q = peer.get(dep[0])
+                        if q is None:
+                            q = peer[dep[0]] = rank_of(dp=d, pp=dep[0], tp=t)
+                        dep = (q, dep[1])
+                    deps.append(dep)
+                a = a.evolve(deps=tuple(deps))
+            acts.append(a)
+        out[g] = acts
+    return Program(out, shadows)
+
+
+def add_tp_collectives(prog: Program, segments: Callable[[int, Action], list[Segment] | None],
+                       tp_group: Callable[[int], tuple[int, ...]]) -> Program:
+    """Expand each action for which ``segments(rank, action)`` returns a list into a chain
+    of compute segments and collectives over the rank's tp group, all on the action's
+    stream: as in Megatron-LM, tensor-parallel NCCL kernels run on the compute stream and
+    block it. The first piece takes the action's deps; the last takes its name. A
+    ``comm`` piece (a collective priced outside the network) carries its ``group``: the
+    engine starts it when every simulated member of the group can start its own."""
+    out: dict[int, list[Action]] = {}
+    shared: dict[tuple, list[Action]] = {}  # tensor-parallel peers build the same pieces
+    for r, acts in prog.actions.items():
+        group = tp_group(r)
+        new: list[Action] = []
+        for a in acts:
+            segs = segments(r, a)
+            if not segs:
+                new.append(a)
+                continue
+            key = (group, a.name, a.stream, a.category, tuple(segs))
+            pieces = shared.get(key)
+            if pieces is not None:  # the same after the first piece, which takes the action's deps
+                new.append(pieces[0].evolve(deps=a.deps))
+                new.extend(pieces[1:])
+                continue
+            start = len(new)
+            prev = None
+            for i, s in enumerate(segs):
+                last = i == len(segs) - 1
+                name = a.name if last else f"{a.name}.{i}"
+                deps = a.deps if prev is None else (prev,)
+                if s.kind == "collective":
+                    if len(group) < 2:
+                        continue
+                    new.append(Action.new(name, kind="collective", op=s.op, group=group, nbytes=s.nbytes,
+                                      category="tp", deps=deps, stream=a.stream, layer=s.layer))
+                elif s.kind == "comm":
+                    if len(group) < 2:
+                        continue
+                    new.append(Action.new(name, kind="comm", op=s.op, duration_s=s.duration_s, nbytes=s.nbytes,
+                                          group=group, category="tp", deps=deps, stream=a.stream, layer=s.layer))
+                else:
+                    new.append(Action.new(name, duration_s=s.duration_s, flops=s.flops, category=a.category,
+                                      stream=a.stream, deps=deps, layer=s.layer))
+                prev = name
+            if prev != a.name:  # a trailing collective was dropped (tp = 1): rename the last piece
+                new[-1] = new[-1].evolve(name=a.name)
+            if len(group) > 1:
+                shared[key] = new[start:]
+        out[r] = new
+    return prog.with_actions(out)
+
+
+def add_p2p(prog: Program, nbytes: Callable[[Action], float]) -> Program:
+    """Replace each cross-rank dependency by a send after the producer and a receive before
+    the consumer (``nbytes(consumer)`` bytes, category ``pp``)."""
+    acts = {r: list(a) for r, a in prog.actions.items()}
+    position = {(r, a.name): i for r, lst in acts.items() for i, a in enumerate(lst)}
+    sends: dict[int, dict[str, list[Action]]] = {r: {} for r in acts}
+    recvs: dict[int, list[tuple[int, Action]]] = {r: [] for r in acts}
+    for r, lst in acts.items():
+        for i, a in enumerate(lst):
+            for d in a.deps:
+                if d.__class__ is not str and d[0] != r:
+                    break
+            else:
+                continue  # no dependency on another rank
+            deps = []
+            for d in a.deps:
+                if isinstance(d, str) or d[0] == r:
+                    deps.append(d)
+                    continue
+                src, producer = d
+                tag = f"{producer}>{a.name}"
+                size = nbytes(a)
+                send = Action.new(f"send {producer} to {r} for {a.name}", kind="send", peer=r, nbytes=size, tag=tag,
+                              category="pp", stream=f"pp>{r}", deps=(producer,))
+                recv = Action.new(f"recv {producer} from {src} for {a.name}", kind="recv", peer=src, nbytes=size,
+                              tag=tag, category="pp", stream=f"pp<{src}")
+                sends[src].setdefault(producer, []).append(send)
+                recvs[r].append((position[(src, producer)], recv))
+                deps.append(recv.name)
+            lst[i] = a.evolve(deps=tuple(deps))
+    out: dict[int, list[Action]] = {}
+    for r, lst in acts.items():
+        # Receives in the producer's order, so each pp stream matches its peer's order.
+        new = [rv for _, rv in sorted(recvs[r], key=lambda x: (x[1].peer, x[0]))]
+        for a in lst:
+            new.append(a)
+            new.extend(sends[r].get(a.name, ()))
+        out[r] = new
+    return prog.with_actions(out)
+
+
+def step_kind(name: str) -> str:
+    """The kind letter of a pipeline step name (``"2B0.3"`` -> ``"B"``), or ``""``."""
+    head = name.split(".")[0]
+    letters = [ch for ch in head if ch.isalpha()]
+    return letters[0] if len(letters) == 1 and head[0].isdigit() and head[-1].isdigit() else ""
+
+
+def layer_uses(acts, kinds) -> list[tuple[str, int, int, int]]:
+    """(step, layer, first index, last index) of each layer's stretch of work (compute and
+    the tensor-parallel collectives between it) within each pipeline step whose kind is in
+    ``kinds``, in program order."""
+    uses: list[list] = []
+    for i, a in enumerate(acts):
+        if a.layer is None or a.kind not in ("compute", "comm", "collective"):
+            continue
+        if (a.category if a.category in ("F", "B", "I", "W") else step_kind(a.name)) not in kinds:
+            continue
+        step = a.name.split(".")[0]
+        if uses and uses[-1][0] == step and uses[-1][1] == a.layer:
+            uses[-1][3] = i
+        else:
+            uses.append([step, a.layer, i, i])
+    return [tuple(u) for u in uses]
+
+
+def add_grad_sync(prog: Program, grad_bytes: Callable[[int, int], float], dp_group: Callable[[int], tuple[int, ...]],
+                  bucket_bytes: float, overlap: bool = True, backward=("B", "W"), op: str = "allreduce",
+                  every_microbatch: bool = False, bucket_memory: bool = False) -> Program:
+    """Gradient buckets over the data-parallel group (stream ``dp``).
+
+    Per rank, the layers' gradients (``grad_bytes(rank, layer)``) are packed, in the order
+    they become ready, into buckets of at least ``bucket_bytes``; each bucket's ``op``
+    (all-reduce for DDP, reduce-scatter for ZeRO) starts once its last layer's backward is
+    done (``overlap``), or after all backward. By default only the last micro-batch's
+    backward syncs (gradient accumulation, DDP's ``no_sync``); ``every_microbatch`` syncs
+    each micro-batch's gradients (ZeRO-2/3 reduce-scatter into the sharded gradients).
+    With ``bucket_memory`` the bucket's full-size gradients are counted (category
+    ``buckets``) from its first layer's backward until its collective ends.
+    """
+    out: dict[int, list[Action]] = {}
+    for r, acts in prog.actions.items():
+        group = dp_group(r)
+        lst = list(acts)
+        uses = layer_uses(lst, backward)
+        if len(group) < 2 or not uses:
+            out[r] = lst
+            continue
+        last_backward = max(u[3] for u in uses)
+        if every_microbatch:
+            rounds: dict[str, list] = {}
+            for u in uses:
+                rounds.setdefault(u[0], []).append(u)
+            groups = list(rounds.values())
+        else:
+            final: dict[int, tuple] = {}
+            for u in uses:
+                final[u[1]] = u  # the last use of each layer: its gradient is final
+            groups = [sorted(final.values(), key=lambda u: (u[3], -u[1]))]
+        after: dict[int, list[Action]] = {}
+        mem_start: dict[int, list[tuple]] = {}
+        k = 0
+        for grp in groups:
+            buckets, size, members = [], 0.0, []
+            for u in grp:
+                size += grad_bytes(r, u[1])
+                members.append(u)
+                if size >= bucket_bytes:
+                    buckets.append((size, members))
+                    size, members = 0.0, []
+            if members:
+                buckets.append((size, members))
+            for nb, members in buckets:
+                anchor = members[-1][3] if overlap else last_backward
+                layers = [u[1] for u in members]
+                tag = f" of {members[0][0]}" if every_microbatch else ""
+                act = Action(f"grad bucket {k} (layers {layers[0]}..{layers[-1]}){tag}", kind="collective", op=op,
+                             group=group, nbytes=nb, category="dp", stream="dp", deps=(lst[anchor].name,),
+                             mem=(("end", "buckets", -nb),) if bucket_memory else ())
+                after.setdefault(anchor, []).append(act)
+                if bucket_memory:
+                    mem_start.setdefault(members[0][2], []).append(("start", "buckets", nb))
+                k += 1
+        new = []
+        for i, a in enumerate(lst):
+            if i in mem_start:
+                a = a.evolve(mem=a.mem + tuple(mem_start[i]))
+            new.append(a)
+            new.extend(after.get(i, ()))
+        out[r] = new
+    return prog.with_actions(out)
+
+
+def add_optimizer(prog: Program, duration: Callable[[int], float]) -> Program:
+    """One optimizer step per rank (category ``opt``) after all its other actions."""
+    out: dict[int, list[Action]] = {}
+    for r, acts in prog.actions.items():
+        lst = list(acts)
+        # The step needs every gradient: wait for the last action of each stream.
+        last_per_stream: dict[str, str] = {}
+        for a in lst:
+            last_per_stream[a.stream] = a.name
+        deps = tuple(last_per_stream[s] for s in sorted(last_per_stream))
+        lst.append(Action("optimizer", duration_s=duration(r), category="opt", deps=deps))
+        out[r] = lst
+    return prog.with_actions(out)

@@ -1,0 +1,332 @@
+"""One training iteration, end to end: model + plan + hardware + topology -> trace.
+
+The three inputs stay separate (as Calculon keeps model, system and execution apart):
+``sim.build.workload`` says what each layer computes, ``sim.build.costs`` how long each kernel takes
+on the profile, the schedule says in which order each pipeline rank runs its steps, and
+the passes (``sim.build.passes``) add the communication. The engine then runs the program on
+the topology, where collectives and p2p transfers share the links.
+
+    schedule -> to_program -> replicate -> add_tp_collectives -> add_p2p
+             -> add_grad_sync -> add_optimizer -> engine.simulate -> metrics
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+
+from sim.build import passes
+from sim.build import zero
+from sim.build.actions import Action, Program
+from sim.build.coalesce import coalesce, isolated_tp_pricer
+from sim.build.costs import op_time
+from sim.engine.core import gc_paused, simulate
+from sim.errors import InputError
+from sim.build.estimate import ADAM_BYTES_PER_PARAM
+from sim.inputs.hardware import HardwareProfile
+from sim.engine.limits import DEFAULT_MAX_EVENTS, check_size
+from sim.build.memory import (
+    activation_bytes_per_layer,
+    embedding_activation_bytes,
+    head_activation_bytes,
+    layer_params_per_rank,
+    model_state_bytes,
+    stage_params_per_rank,
+)
+from sim.inputs.model import ModelSpec
+from sim.inputs.plan import ParallelPlan
+from sim.build.schedule_io import validate
+from sim.build.schedules import Schedule, Step, build_schedule, to_program
+from sim.inputs.topology import Topology
+from sim.results.trace import Trace
+from sim.build.workload import Comm, chunk_work, p2p_bytes
+
+_COLLECTIVE = {"all_reduce": "allreduce", "all_gather": "allgather", "reduce_scatter": "reducescatter"}
+PIPELINE_KINDS = ("F", "B", "I", "W")
+
+
+@dataclass
+class TrainingRun:
+    """A simulated iteration and everything needed to explain it."""
+
+    model: ModelSpec
+    plan: ParallelPlan
+    profile: HardwareProfile
+    topology: Topology
+    schedule: Schedule
+    program: Program
+    trace: Trace
+    fidelity: str = "full"
+
+
+class _Segments:
+    """Per (virtual stage, step kind): the step's compute segments and tp collectives."""
+
+    def __init__(self, model: ModelSpec, plan: ParallelPlan, profile: HardwareProfile,
+                 price=None, keep_layers=None):
+        self.model, self.plan, self.profile = model, plan, profile
+        self._cache = lru_cache(maxsize=None)(self._build)
+        self._coalesced = lru_cache(maxsize=None)(self._coalesce)
+        self.price = price  # closed-form price of isolated tp collectives (sim.build.coalesce), or None
+        self.keep_layers = keep_layers or (lambda step: True)
+
+    def _coalesce(self, stage: int, kind: str, keep: bool):
+        return coalesce(self._cache(stage, kind), self.price, keep)
+
+    def layers(self, stage: int) -> list:
+        """(layer id, Work) of a virtual stage in forward order: -1 embedding, L the head."""
+        works = chunk_work(self.model, self.plan, stage)
+        ids = list(self.plan.layer_range(self.model, stage))
+        out, k = [], 0
+        for w in works:
+            if w.name == "embedding":
+                out.append((-1, w))
+            elif w.name == "head":
+                out.append((self.model.num_layers, w))
+            else:
+                out.append((ids[k], w))
+                k += 1
+        return out
+
+    def _build(self, stage: int, kind: str) -> tuple[passes.Segment, ...]:
+        seq = self.layers(stage)
+        if kind == "F":
+            parts = [(lid, w.phase("F")) for lid, w in seq]
+        elif kind == "B":
+            parts = [(lid, w.phase("B") + w.phase("W")) for lid, w in reversed(seq)]
+        elif kind == "I":
+            parts = [(lid, w.phase("B")) for lid, w in reversed(seq)]
+        else:
+            parts = [(lid, w.phase("W")) for lid, w in reversed(seq)]
+        segs: list[passes.Segment] = []
+        for lid, items in parts:
+            dur = flops = 0.0
+            for it in items:
+                if isinstance(it, Comm):
+                    if dur:
+                        segs.append(passes.Segment("compute", dur, flops, layer=lid))
+                        dur = flops = 0.0
+                    if self.plan.tp > 1:
+                        segs.append(passes.Segment("collective", op=_COLLECTIVE[it.collective], nbytes=it.nbytes, layer=lid))
+                else:
+                    dur += op_time(it, self.profile)
+                    flops += it.flops
+            if dur or not items:
+                segs.append(passes.Segment("compute", dur, flops, layer=lid))
+        return tuple(segs)
+
+    def __call__(self, rank: int, action: Action):
+        if action.kind != "compute" or action.category not in PIPELINE_KINDS:
+            return None
+        step = Step.parse(action.name)
+        if self.price is not None:
+            return list(self._coalesced(step.stage, step.kind, self.keep_layers(step)))
+        return list(self._cache(step.stage, step.kind))
+
+
+FIDELITIES = ("full", "reduced")
+AUTO_REDUCED_ABOVE_GPUS = 256
+
+
+def build_program(model: ModelSpec, plan: ParallelPlan, profile: HardwareProfile,
+                  schedule: Schedule | None = None, fidelity: str = "full",
+                  gpus_per_node: int = 8, topology: Topology | None = None,
+                  coalesce_tp: bool = True, max_events: float | None = DEFAULT_MAX_EVENTS) -> tuple[Schedule, Program]:
+    """The iteration program of ``plan``: every GPU's compute and communication.
+
+    ``fidelity="reduced"`` simulates one GPU per pipeline stage (dp index 0, tp index
+    0). The other GPUs do the same work at the same times, so they are shadows: they take
+    part in every collective, whose ring hops touching a simulated GPU cross the full
+    topology, but their own compute and traffic are not simulated; by symmetry each
+    shadow's hops take as long as the simulated ones. Reduced fidelity also prices ring
+    collectives as fluid hops (``sim.engine.algorithms``). Left out: contention between
+    collectives of different tensor-parallel ranks on shared links (on rail-optimized
+    fabrics with tensor parallelism inside a node they use different rails).
+
+    A plan whose simulation would exceed ``max_events`` SimPy events (None: no limit) is
+    refused before anything is built (``sim.engine.limits``).
+    """
+    if fidelity not in FIDELITIES:
+        raise InputError(f"fidelity: got {fidelity!r}; allowed: {', '.join(FIDELITIES)}")
+    plan.check_model(model)
+    price = None
+    if coalesce_tp and topology is not None:
+        price = isolated_tp_pricer(plan, topology, profile.link_efficiencies())
+    check_size(model, plan, fidelity, max_events, topology, coalesced=price is not None if topology else None)
+    if schedule is None:
+        schedule = build_schedule(plan.schedule, plan.pp, plan.num_microbatches, plan.vpp)
+    elif (schedule.pp, schedule.vpp, schedule.num_microbatches) != (plan.pp, plan.vpp, plan.num_microbatches):
+        raise InputError(
+            f"schedule {schedule.name}: has pp={schedule.pp}, vpp={schedule.vpp}, m={schedule.num_microbatches}; "
+            f"the plan needs pp={plan.pp}, vpp={plan.vpp}, m={plan.num_microbatches}"
+        )
+    validate(schedule)
+    segments = _Segments(model, plan, profile, price, _layer_steps(schedule, plan))
+    prog = to_program(schedule, lambda step: 0.0)
+    keep = None
+    if fidelity == "reduced":
+        # Tensor-parallel peers are shadows only where each GPU has a NIC of its own, so
+        # that their own data-parallel traffic could not contend with the simulated one's.
+        own_nics = topology is None or _own_nics(topology)
+        keep = lambda g: plan.coords(g)[0] == 0 and (not own_nics or plan.coords(g)[2] == 0)  # noqa: E731
+    prog = passes.replicate(prog, plan.world_size, plan.coords, plan.rank, keep)
+    prog = passes.add_tp_collectives(prog, segments, plan.tp_group)
+    act_bytes = p2p_bytes(model, plan.micro_batch_size, plan.tp, plan.sequence_parallel)
+    prog = passes.add_p2p(prog, lambda consumer: act_bytes)
+
+    layer_grad = 2.0 * layer_params_per_rank(model, plan.tp)
+    emb_grad = 2.0 * model.embedding_params / plan.tp
+    head_grad = 2.0 * model.output_params / plan.tp
+
+    def grad_bytes(rank: int, layer: int) -> float:
+        if layer == -1:
+            return emb_grad
+        if layer == model.num_layers:
+            return head_grad
+        return layer_grad
+
+    z = plan.zero_stage
+    bucket = (plan.zero_bucket_size_bytes or plan.bucket_size_bytes) if z >= 2 else plan.bucket_size_bytes
+    prog = passes.add_grad_sync(prog, grad_bytes, plan.dp_group, bucket, plan.dp_overlap,
+                                op="allreduce" if z == 0 else "reducescatter",
+                                every_microbatch=z >= 2, bucket_memory=z >= 2)
+    if z == 3:
+        prog = zero.add_param_gathers(prog, grad_bytes, plan.dp_group, zero3_depth(model, plan))
+    hbm = profile.hbm_bandwidth_Bps * profile.memory_efficiency
+    psi = [stage_params_per_rank(model, plan, s) for s in range(plan.pp)]
+
+    def optimizer_s(rank: int) -> float:
+        local = psi[plan.coords(rank)[1]] / (plan.dp if z >= 1 else 1)
+        return ADAM_BYTES_PER_PARAM * local / hbm
+
+    if plan.offload_optimizer:
+        if profile.host_memory_bandwidth_Bps <= 0:
+            raise InputError(f"profile {profile.name}: host_memory_bandwidth_Bps is not set; "
+                             "optimizer offload needs it to time the CPU optimizer step")
+
+        def cpu_s(rank: int) -> float:
+            # Memory-bound Adam on the host, whose bandwidth the node's GPUs share.
+            local = psi[plan.coords(rank)[1]] / plan.dp
+            return ADAM_BYTES_PER_PARAM * local / (profile.host_memory_bandwidth_Bps * profile.memory_efficiency
+                                                   / min(gpus_per_node, plan.world_size))
+
+        prog = zero.add_offloaded_optimizer(prog, lambda r: 2.0 * psi[plan.coords(r)[1]] / plan.dp, cpu_s)
+        done = "params to GPU"
+    else:
+        prog = passes.add_optimizer(prog, optimizer_s)
+        done = "optimizer"
+    if z in (1, 2):
+        stage_layers = plan.stage_layers(model)
+
+        def tensors(rank: int) -> int:
+            # the rank's layers over its model chunks, plus the embedding and the head
+            p = plan.coords(rank)[1]
+            return sum(stage_layers[c * plan.pp + p] for c in range(plan.vpp)) + 2
+
+        prog = zero.add_param_allgather(prog, lambda r: 2.0 * psi[plan.coords(r)[1]], plan.dp_group, bucket, done,
+                                        tensors)
+    prog = add_memory(prog, model, plan, profile, segments)
+    return schedule, prog
+
+
+def _own_nics(topology: Topology) -> bool:
+    """Whether every GPU reaches the network through a NIC no other GPU uses."""
+    g = topology.graph
+    seen: set[str] = set()
+    for gpu in topology.gpus:
+        nics = [n for n in g.neighbors(gpu) if g.nodes[n]["kind"] == "nic"]
+        if len(nics) > 1 or any(n in seen for n in nics):
+            return False
+        seen.update(nics)
+        for n in nics:
+            if sum(1 for m in g.neighbors(n) if g.nodes[m]["kind"] == "gpu") > 1:
+                return False
+    return True
+
+
+def _layer_steps(schedule: Schedule, plan: ParallelPlan):
+    """Which steps must keep per-layer pieces: every step under ZeRO-3 (gathers per
+    layer), every backward under ZeRO-2 (reduce-scatter per layer and micro-batch), and
+    otherwise each stage's last backward on its rank (gradient buckets), when dp > 1."""
+    last: set[Step] = set()
+    for steps in schedule.ranks:
+        final: dict[int, Step] = {}
+        for st in steps:
+            if st.kind in ("B", "W"):
+                final[st.stage] = st
+        last.update(final.values())
+
+    def keep(step: Step) -> bool:
+        if plan.dp == 1:
+            return False
+        if plan.zero_stage == 3:
+            return True
+        if plan.zero_stage == 2:
+            return step.kind in ("B", "W")
+        return step in last
+
+    return keep
+
+
+def zero3_depth(model: ModelSpec, plan: ParallelPlan) -> int:
+    """Layers gathered ahead under ZeRO-3: the plan's depth, capped so that at most
+    ``zero3_max_live_parameters`` gathered parameters are alive at once."""
+    depth = plan.zero3_prefetch_depth
+    if plan.zero3_max_live_parameters is not None:
+        per_layer = layer_params_per_rank(model, plan.tp)
+        depth = min(depth, max(0, int(plan.zero3_max_live_parameters // per_layer) - 1))
+    return depth
+
+
+def add_memory(prog: Program, model: ModelSpec, plan: ParallelPlan, profile: HardwareProfile,
+               segments: "_Segments") -> Program:
+    """Resident model states (sharded per the ZeRO stage), the reserve, and each
+    (stage, micro-batch)'s stored activations while they are alive."""
+    states = [model_state_bytes(stage_params_per_rank(model, plan, s), plan.dp, plan.zero_stage)
+              for s in range(plan.pp)]
+
+    def resident(rank: int) -> dict:
+        st = states[plan.coords(rank)[1]]
+        return {"parameters": st.params_bytes, "gradients": st.grads_bytes,
+                "optimizer": 0.0 if plan.offload_optimizer else st.optimizer_bytes,
+                "reserve": profile.memory_reserve_bytes}
+
+    b, t, sp = plan.micro_batch_size, plan.tp, plan.sequence_parallel
+    per_layer = activation_bytes_per_layer(model, b, t, sp, plan.recompute)
+    full_layer = activation_bytes_per_layer(model, b, t, sp, "none")
+    last = plan.pp * plan.vpp - 1
+    layers = plan.stage_layers(model)
+
+    def stored(rank: int, step: str) -> float:
+        st = Step.parse(step)
+        total = layers[st.stage] * per_layer
+        if st.stage == 0:
+            total += embedding_activation_bytes(model, b, t, sp)
+        if st.stage == last:
+            total += head_activation_bytes(model, b, t, sp)
+        return total
+
+    transient = (lambda rank, step: full_layer) if plan.recompute == "full" else None
+    prog = zero.add_activation_memory(prog, stored, transient)
+    return zero.add_resident(prog, resident)
+
+
+def simulate_training(model: ModelSpec, plan: ParallelPlan, profile: HardwareProfile, topology: Topology,
+                      schedule: Schedule | None = None, fidelity: str = "full",
+                      coalesce_tp: bool = True, max_events: float | None = DEFAULT_MAX_EVENTS) -> TrainingRun:
+    """Simulate one iteration of ``plan`` on ``topology`` and return the run
+    (``fidelity``: "full", "reduced", or "auto": reduced above 256 GPUs). Plans over
+    ``max_events`` are refused up front (``sim.engine.limits``)."""
+    if fidelity == "auto":
+        fidelity = "reduced" if plan.world_size > AUTO_REDUCED_ABOVE_GPUS else "full"
+    if plan.world_size > topology.num_gpus:
+        raise InputError(
+            f"plan: needs dp x tp x pp = {plan.dp} x {plan.tp} x {plan.pp} = {plan.world_size} GPUs; "
+            f"topology {topology.name} has {topology.num_gpus}"
+        )
+    with gc_paused():
+        schedule, prog = build_program(model, plan, profile, schedule, fidelity, topology.gpus_per_node, topology,
+                                       coalesce_tp, max_events)
+    trace = simulate(prog, topology, link_efficiency=profile.link_efficiencies(),
+                     fluid_collectives=fidelity == "reduced")
+    return TrainingRun(model, plan, profile, topology, schedule, prog, trace, fidelity)

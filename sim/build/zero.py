@@ -1,0 +1,172 @@
+"""ZeRO and memory passes: who holds what, and the traffic sharding costs.
+
+ZeRO (Rajbhandari et al. SC'20) shards the model states of mixed-precision Adam over
+the Nd data-parallel ranks. The passes here make each stage's traffic and memory
+explicit in the program, so the simulator times it and the memory timeline shows it:
+
+- ZeRO-1 (P_os): gradients are reduce-scattered after the last micro-batch instead of
+  all-reduced, each rank updates its 1/Nd of the optimizer states, and the updated
+  16-bit parameters are all-gathered (``add_param_allgather``).
+- ZeRO-2 (P_os+g): gradients are reduce-scattered bucket by bucket during every
+  micro-batch's backward, and the full-size bucket is freed when its reduce-scatter
+  ends; parameters are all-gathered after the step as in ZeRO-1.
+- ZeRO-3 (P_os+g+p): parameters are sharded too. Each layer's parameters are
+  all-gathered before each use (forward, and again backward) and freed after it
+  (``add_param_gathers``), up to ``depth`` layers ahead (prefetch); gradients are
+  reduce-scattered per layer in backward. Per step it moves 1.5× ZeRO-2's bytes.
+
+``add_resident`` puts each rank's resident model states (and the profile's reserve) in
+memory at the start; ``add_activation_memory`` allocates each (stage, micro-batch)'s
+stored activations at the start of its forward and frees them at the end of its last
+backward step (B, or W when backward is split), so GPipe's m, 1F1B's p and the
+zero-bubble schedules' counts come out of the schedule itself.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Callable
+
+from sim.build.actions import Action, Program
+from sim.build.passes import layer_uses
+
+PIPELINE = ("F", "B", "I", "W")
+
+
+def add_resident(prog: Program, resident: Callable[[int], dict]) -> Program:
+    """Each rank starts holding ``resident(rank)`` bytes per category."""
+    out = {}
+    for r, acts in prog.actions.items():
+        mem = tuple(("start", cat, float(b)) for cat, b in sorted(resident(r).items()) if b)
+        out[r] = [Action("resident memory", duration_s=0.0, category="mem", stream="memory", mem=mem), *acts]
+    return prog.with_actions(out)
+
+
+def _steps(acts) -> dict[str, tuple[int, int]]:
+    """First and last index of each pipeline step's pieces (named ``2F0``, ``2F0.1``...)."""
+    where: dict[str, list[int]] = {}
+    for i, a in enumerate(acts):
+        if a.kind == "compute" and a.category in PIPELINE:
+            step = a.name.split(".")[0]
+            w = where.setdefault(step, [i, i])
+            w[1] = i
+    return {k: (v[0], v[1]) for k, v in where.items()}
+
+
+def add_activation_memory(prog: Program, stored: Callable[[int, str], float],
+                          transient: Callable[[int, str], float] | None = None) -> Program:
+    """Stored activations of step ``2F0`` (``stored(rank, "2F0")`` bytes) from the start
+    of that forward to the end of its last backward step (``2B0``, or ``2W0``); and
+    ``transient(rank, step)`` bytes for the duration of each backward step (the one
+    layer recomputed at a time under full recomputation)."""
+    out = {}
+    for r, acts in prog.actions.items():
+        lst = list(acts)
+        steps = _steps(lst)
+        add: dict[int, list[tuple]] = {}
+        for step, (first, last) in steps.items():
+            stage, kind, mb = _split(step)
+            if kind == "F":
+                nbytes = stored(r, step)
+                if not nbytes:
+                    continue
+                add.setdefault(first, []).append(("start", "activations", nbytes))
+                end = steps.get(f"{stage}W{mb}") or steps.get(f"{stage}B{mb}") or steps.get(f"{stage}I{mb}")
+                if end is None:
+                    raise ValueError(f"rank {r}: forward {step} has no backward step")
+                add.setdefault(end[1], []).append(("end", "activations", -nbytes))
+            elif kind in ("B", "I") and transient is not None:
+                t = transient(r, step)
+                if t:
+                    add.setdefault(first, []).append(("start", "activations", t))
+                    add.setdefault(last, []).append(("end", "activations", -t))
+        out[r] = [a.evolve(mem=a.mem + tuple(add[i])) if i in add else a for i, a in enumerate(lst)]
+    return prog.with_actions(out)
+
+
+def _split(step: str) -> tuple[int, str, int]:
+    for i, ch in enumerate(step):
+        if ch.isalpha():
+            return int(step[:i]), ch, int(step[i + 1:])
+    raise ValueError(f"not a step name: {step!r}")
+
+
+def add_param_gathers(prog: Program, layer_bytes: Callable[[int, int], float],
+                      dp_group: Callable[[int], tuple[int, ...]], depth: int) -> Program:
+    """ZeRO-3: all-gather a layer's parameters (stream ``zero``) before each use and free
+    them after it. The gather for the i-th use may start once use i − depth − 1 is done,
+    so ``depth`` layers are fetched ahead while earlier ones compute."""
+    out = {}
+    for r, acts in prog.actions.items():
+        group = dp_group(r)
+        lst = list(acts)
+        if len(group) < 2:
+            out[r] = lst
+            continue
+        uses = layer_uses(lst, PIPELINE)  # (step, layer, first, last)
+        before: dict[int, list[Action]] = {}
+        extra_deps: dict[int, list[str]] = {}
+        frees: dict[int, list[tuple]] = {}
+        for k, (step, layer, first, last) in enumerate(uses):
+            nb = layer_bytes(r, layer)
+            name = f"gather layer {layer} for {step}"
+            deps = (lst[uses[k - depth - 1][3]].name,) if k - depth - 1 >= 0 else ()
+            g = Action.new(name, kind="collective", op="allgather", group=group, nbytes=nb, category="zero",
+                       stream="zero", deps=deps, mem=(("start", "gathered", nb),))
+            before.setdefault(first, []).append(g)
+            extra_deps.setdefault(first, []).append(name)
+            frees.setdefault(last, []).append(("end", "gathered", -nb))
+        new = []
+        for i, a in enumerate(lst):
+            new.extend(before.get(i, ()))
+            if i in extra_deps or i in frees:
+                a = a.evolve(deps=a.deps + tuple(extra_deps.get(i, ())), mem=a.mem + tuple(frees.get(i, ())))
+            new.append(a)
+        out[r] = new
+    return prog.with_actions(out)
+
+
+def add_offloaded_optimizer(prog: Program, shard_bytes: Callable[[int], float], cpu_s: Callable[[int], float]) -> Program:
+    """ZeRO-Offload (Ren et al. 2021): once a rank's gradients are reduced, its 16-bit
+    gradient shard (``shard_bytes(rank)``) is copied to the host over PCIe, the CPU runs
+    the Adam step (``cpu_s(rank)`` seconds, stream ``cpu``), and the updated 16-bit
+    parameter shard comes back. The last copy is named ``params to GPU``."""
+    out = {}
+    for r, acts in prog.actions.items():
+        lst = list(acts)
+        last_per_stream: dict[str, str] = {}
+        for a in lst:
+            last_per_stream[a.stream] = a.name
+        deps = tuple(last_per_stream[s] for s in sorted(last_per_stream))
+        nb = shard_bytes(r)
+        lst += [Action("grads to host", kind="copy", op="d2h", nbytes=nb, category="offload", stream="pcie", deps=deps),
+                Action("optimizer (CPU)", duration_s=cpu_s(r), category="opt", stream="cpu", deps=("grads to host",)),
+                Action("params to GPU", kind="copy", op="h2d", nbytes=nb, category="offload", stream="pcie",
+                       deps=("optimizer (CPU)",))]
+        out[r] = lst
+    return prog.with_actions(out)
+
+
+def add_param_allgather(prog: Program, param_bytes: Callable[[int], float], dp_group: Callable[[int], tuple[int, ...]],
+                        bucket_bytes: float, after: str = "optimizer",
+                        max_buckets: Callable[[int], int] | None = None) -> Program:
+    """ZeRO-1/2: after the optimizer step (action ``after``), all-gather the updated
+    16-bit parameters (``param_bytes(rank)`` in all) over the dp group in buckets
+    (stream ``dp``, category ``zero``: ZeRO's parameter traffic, reported apart from the
+    gradient sync). At most ``max_buckets(rank)`` buckets (a bucket holds whole parameter
+    tensors, so no more buckets than the rank has layers), however small ``bucket_bytes``."""
+    out = {}
+    for r, acts in prog.actions.items():
+        group = dp_group(r)
+        lst = list(acts)
+        total = param_bytes(r)
+        if len(group) < 2 or total <= 0:
+            out[r] = lst
+            continue
+        n = max(1, int(min(total // bucket_bytes, max_buckets(r) if max_buckets else math.inf)))
+        for k in range(n):
+            nb = total / n
+            lst.append(Action(f"param allgather {k}", kind="collective", op="allgather", group=group, nbytes=nb,
+                              category="zero", stream="dp", deps=(after,)))
+        out[r] = lst
+    return prog.with_actions(out)

@@ -1,0 +1,8 @@
+"""The engine: runs a ``Program`` on a SimPy model of the cluster and returns a ``Trace``.
+
+``core`` walks each rank's actions; ``network`` shares link bandwidth among flows;
+``algorithms`` turns a collective into its transfers, and ``collectives`` runs them;
+``program_index`` flattens a program for the event loop; ``limits`` estimates a run's
+events before anything is built; ``invariants`` checks a finished run (debug mode).
+The only package that imports SimPy.
+"""

@@ -1,0 +1,151 @@
+"""Collectives in the engine: where a collective's members meet, and how its steps run.
+
+Each member's ``collective`` action joins a rendezvous keyed by its meeting key (its
+group and tag, or its sequence number on that group: ``sim.engine.program_index``). When the
+last simulated member has joined, the collective's steps (``sim.engine.algorithms``: point-to-
+point transfers with dependencies) start on the network, each when the steps it depends
+on are done, and each member's action finishes when its own steps, as sender or
+receiver, are all done. Steps are planned once per distinct (op, group, size,
+algorithm, channels): an iteration repeats the same few collectives thousands of times.
+
+Used by ``sim.engine.core`` only; it drives no SimPy event of its own beyond the network's.
+"""
+
+from __future__ import annotations
+
+import simpy
+
+from sim.engine import algorithms as collectives
+from sim.build.actions import Action
+from sim.errors import InputError
+from sim.engine.network import Network
+from sim.inputs.topology import Topology
+
+
+class _Rendezvous:
+    """Where the members of one collective meet: ``posted`` maps each member that has
+    arrived to its action index, ``first`` is the first member's action, ``began`` is when
+    the last member arrived and data started to move."""
+
+    __slots__ = ("posted", "first", "began")
+
+    def __init__(self, first: Action):
+        self.posted: dict[int, int] = {}
+        self.first = first
+        self.began = None
+
+
+class Collectives:
+    """The engine's collectives. ``finish(i, busy_start, link_id)`` is the engine's: it
+    ends action ``i`` now."""
+
+    def __init__(self, env: simpy.Environment, net: Network, topology: Topology, shadows, fluid: bool,
+                 key_of: list, needed: dict, finish):
+        self.env, self.net, self.topology = env, net, topology
+        self.shadows, self.fluid = shadows, fluid
+        self.key_of, self.needed, self.finish = key_of, needed, finish
+        self._open: dict[tuple, _Rendezvous] = {}
+        self._plans: dict[tuple, tuple] = {}
+        self._labels: dict[str, dict[str, str]] = {}  # a collective's label -> its steps' transfer labels
+
+    def waiting(self, key) -> _Rendezvous | None:
+        """The rendezvous still waiting for members under ``key``, if any (for deadlocks)."""
+        return self._open.get(key)
+
+    def join(self, rank: int, a: Action, i: int) -> None:
+        """Action ``i`` of ``rank`` reaches collective ``a``; the last member starts it."""
+        key = self.key_of[i]
+        rv = self._open.get(key)
+        if rv is None:
+            rv = self._open[key] = _Rendezvous(a)
+        first = rv.first
+        if (a.op, a.nbytes, a.algo, a.channels, a.group) != (first.op, first.nbytes, first.algo, first.channels, first.group):
+            raise InputError(
+                f"program: collective {a.name!r} on rank {rank} ({a.op}, {a.nbytes} B, {a.algo}) does not match "
+                f"{first.name!r} on the other members ({first.op}, {first.nbytes} B, {first.algo})"
+            )
+        rv.posted[rank] = i
+        if len(rv.posted) == self.needed[a.group]:
+            del self._open[key]
+            rv.began = self.env._now
+            self._run(self.plan_steps(a), rv, f"{a.category or a.op} {a.op} {a.name}")
+
+    def plan_steps(self, a: Action):
+        """The collective's steps and their bookkeeping, built once per distinct
+        (op, group, size, algorithm, channels). Under reduced fidelity with fluid rings,
+        hops between two shadows are dropped: no simulated rank waits for them, and by
+        symmetry they take as long as the hops that are simulated."""
+        key = (a.op, a.group, a.nbytes, a.algo, a.channels)
+        plan = self._plans.get(key)
+        if plan is not None:
+            return plan
+        steps = collectives.build(a.op, a.group, a.nbytes, self.topology, a.algo, channels=a.channels or None,
+                                  fluid=self.fluid)
+        shadows = self.shadows
+        if self.fluid and a.algo == "ring" and shadows:
+            # Drop hops between two shadows, unless they share a link with a kept hop
+            # (then they are contention the simulated ranks must see).
+            touching = [i for i, s in enumerate(steps) if s.src not in shadows or s.dst not in shadows]
+            used = {l for i in touching for l in self.topology.route(steps[i].src, steps[i].dst)}
+            keep = [i for i, s in enumerate(steps) if s.src not in shadows or s.dst not in shadows
+                    or not used.isdisjoint(self.topology.route(s.src, s.dst))]
+            index = {old: new for new, old in enumerate(keep)}
+            steps = [collectives.Transfer(s.src, s.dst, s.nbytes, tuple(index[d] for d in s.deps), s.label,
+                                          s.latency_steps) for s in (steps[i] for i in keep)]
+        route = self.net.route
+        # Per step: what the network's start takes, the simulated ranks whose action it
+        # counts toward, and the steps that wait for it.
+        args = [(route(st.src, st.dst), st.src, st.dst, st.nbytes, st.label, st.latency_steps) for st in steps]
+        ends = [tuple(r for r in ((st.src, st.dst) if st.src != st.dst else (st.src,)) if r not in shadows)
+                for st in steps]
+        children: list[list[int]] = [[] for _ in steps]
+        involved: dict[int, int] = {}
+        for i, st in enumerate(steps):
+            for d in st.deps:
+                children[d].append(i)
+            for r in ends[i]:
+                involved[r] = involved.get(r, 0) + 1
+        plan = (args, ends, [tuple(c) for c in children], [len(st.deps) for st in steps], involved)
+        self._plans[key] = plan
+        return plan
+
+    def _run(self, plan, rv: _Rendezvous, label: str) -> None:
+        """Start each step when its dependencies are done; finish each rank's action
+        when its own steps (as sender or receiver) are all done."""
+        args, ends, children, waiting0, involved = plan
+        waiting = list(waiting0)
+        action_of = rv.posted
+        left = {r: involved.get(r, 0) for r in action_of}
+        start, finish = self.net.start, self.finish
+        began = rv.began
+        # The transfers' labels: one string per distinct label, however many collectives
+        # share it (every data-parallel group's all-reduce of a bucket does).
+        labels = self._labels.get(label)
+        if labels is None:
+            labels = self._labels[label] = {}
+
+        def finished(i):
+            for r in ends[i]:
+                if r in left:
+                    left[r] -= 1
+                    if not left[r]:
+                        finish(action_of[r], began, None)
+            for c in children[i]:
+                waiting[c] -= 1
+                if not waiting[c]:  # (the step starts: its start inline, a call less per step)
+                    route, src, dst, nbytes, step_label, latency_steps = args[c]
+                    full = labels.get(step_label)
+                    if full is None:
+                        full = labels[step_label] = f"{label} {step_label}"
+                    start(route, src, dst, nbytes, full, latency_steps, finished, c)
+
+        for r in sorted(left):
+            if left[r] == 0:
+                finish(action_of[r], began, None)
+        for i, w in enumerate(waiting):
+            if w == 0:
+                route, src, dst, nbytes, step_label, latency_steps = args[i]
+                full = labels.get(step_label)
+                if full is None:
+                    full = labels[step_label] = f"{label} {step_label}"
+                start(route, src, dst, nbytes, full, latency_steps, finished, i)

@@ -1,0 +1,408 @@
+"""The discrete-event engine: runs a Program on a topology and returns a Trace.
+
+This module and the flow model ``sim.engine.network`` are the only ones that drive SimPy.
+Each (rank, stream) pair runs its actions in order, one at a time: an action starts
+when its stream is free and every action it depends on has finished, holds the stream
+for as long as it takes, and records a span. Streams are dependency counters driven by
+SimPy callbacks, not one SimPy process each: a compute action is one timed call that
+finishes it (the duration it carries; costs are computed outside, from a hardware
+profile; ``sim.engine.network.Calls``); sends, receives, copies and collectives take as long as
+the flow-level network model needs for their transfers.
+
+The engine does not know which schedule produced a program, nor any hardware figure.
+
+Deadlock: SimPy stops when no event is left. If some action has not finished by then,
+nothing can ever finish it (a receive with no matching send, a collective that a member
+never joins, a cycle of dependencies), and ``DeadlockError`` names every blocked rank,
+the action it is stuck on and what that action waits for. A simulation never hangs.
+"""
+
+from __future__ import annotations
+
+import gc
+import time
+from collections import deque
+from contextlib import contextmanager
+from functools import partial
+from heapq import heappop
+from itertools import compress, count, islice
+from operator import attrgetter, eq
+
+import simpy
+
+_tuple_new = tuple.__new__  # a Span without the named tuple's Python-level __new__
+_SPAN_ORDER = attrgetter("rank", "stream", "start_s", "end_s", "name")  # the trace's order
+
+from sim.engine import invariants
+from sim.build.actions import Action, Program
+from sim.errors import DeadlockError, InputError
+from sim.engine.collectives import Collectives
+from sim.engine.network import Calls, Network
+from sim.engine.program_index import index_program
+from sim.inputs.topology import Topology
+from sim.results.trace import Span, Trace
+
+
+def simulate(program: Program, topology: Topology, *, link_efficiency: dict[str, float] | None = None,
+             fluid_collectives: bool = False, check_invariants: bool | None = None) -> Trace:
+    """Run ``program`` on ``topology`` and return its ``Trace``.
+
+    ``link_efficiency`` scales each link kind's bandwidth (e.g. ``{"ib": 0.96}``).
+    ``fluid_collectives`` prices each ring hop as one transfer (``sim.engine.algorithms``).
+    ``check_invariants`` checks ``sim.engine.invariants`` during and after the run (default:
+    debug mode, the environment variable ``TRAINSIM_DEBUG``).
+    """
+    if check_invariants is None:
+        check_invariants = invariants.enabled()
+    with gc_paused():
+        return _Engine(program, topology, link_efficiency, fluid_collectives, check_invariants).run()
+
+
+@contextmanager
+def gc_paused():
+    """Python's cyclic garbage collector off for a while. Building and running a program
+    allocates millions of small objects and no reference cycles; with the collector on,
+    its full passes walk every one of them again and again. On the way out the objects
+    still alive are frozen (``gc.freeze``), so that the next full pass does not walk
+    them either (2.5-3 s on GPT-3 175B at 256 GPUs); reference counting still frees
+    them as usual."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.freeze()
+            gc.enable()
+
+
+class _CountingEnvironment(simpy.Environment):
+    """A SimPy environment that knows how many events it has processed (for benchmarks):
+    every event scheduled draws the next number of ``_eid``, and a run that ends has
+    processed every event it scheduled. (Counting in ``step`` would add a Python call
+    to every event.)"""
+
+    calls: Calls | None = None
+    """The ``Calls`` whose entries ``run`` makes itself (the first one made on it)."""
+
+    @property
+    def events_processed(self) -> int:
+        scheduled = self._eid.__reduce__()[1][0]  # the counter's next value, without drawing it
+        return scheduled - len(self._queue)
+
+    def run(self, until=None):
+        """Process events until none is left: SimPy's ``run()`` with the work of its
+        ``step()`` inline, and the calls of a ``Calls`` entry made right here. Same
+        events, same order, same handling of a failed event; a Python call or two less
+        per queue entry. (With ``until``, SimPy's own loop.)"""
+        if until is not None:
+            return super().run(until)
+        queue = self._queue
+        mine, opened = (self.calls.callbacks, self.calls._open) if self.calls is not None else (None, None)
+        while queue:
+            self._now, _, _, event = heappop(queue)
+            callbacks, event.callbacks = event.callbacks, None
+            if callbacks is mine:  # what Calls._make does
+                for fn, arg in event._value:  # (the list may grow while this runs)
+                    fn(arg)
+                opened.pop(self._now, None)
+                continue
+            for callback in callbacks:
+                callback(event)
+            if not event._ok and not hasattr(event, "_defused"):  # a failed event nobody handled: as SimPy
+                exc = type(event._value)(*event._value.args)
+                exc.__cause__ = event._value
+                raise exc
+        return None
+
+
+class _CheckingEnvironment(_CountingEnvironment):
+    """Debug mode: also checks that simulated time never goes backwards."""
+
+    run = simpy.Environment.run  # (one step at a time, through the checking step below)
+
+    def step(self):
+        before = self._now
+        super().step()
+        if self._now < before:
+            invariants.violation(f"simulated time went backwards from {before!r} s to {self._now!r} s")
+
+
+class _Engine:
+    """Streams as dependency counters driven by SimPy callbacks.
+
+    Each action gets an index (``sim.engine.program_index``); ``pending[i]`` counts its
+    unfinished dependencies, the action before it on its stream included, and
+    ``dependents[i]`` lists the actions waiting for it. An action starts when its count
+    reaches zero. A compute action is one call to finish it, due when its time is up
+    (``sim.engine.network.Calls``: one SimPy event each, though calls due at one instant mostly
+    share a queue entry); sends, receives, copies and
+    collectives finish from the network's calls and events. Finishing an action
+    releases the next one on its stream, then its dependents; actions that become ready
+    at the same instant start in the order they became ready (a queue, not recursion), so
+    a simulation is deterministic and never deep in the Python stack.
+    """
+
+    def __init__(self, program: Program, topology: Topology, link_efficiency, fluid: bool = False,
+                 check: bool = False):
+        top = program.max_rank()
+        if top >= topology.num_gpus:
+            raise InputError(
+                f"program: uses rank {top}, but topology {topology.name} has {topology.num_gpus} GPUs (ranks 0..{topology.num_gpus - 1})"
+            )
+        program.check()
+        self.program = program
+        self.topology = topology
+        self.fluid = fluid
+        self.check = check
+        self.env = _CheckingEnvironment(0.0) if check else _CountingEnvironment(0.0)  # float time from the start
+        self.calls = Calls(self.env)
+        self.net = Network(self.env, topology, link_efficiency, check=check, calls=self.calls)
+        self.spans: list[Span] = []
+        self.memory: list[tuple[float, int, str, float]] = []
+        t0 = time.perf_counter()
+        ix = index_program(program)
+        self._acts, self._rank_of = ix.acts, ix.rank_of
+        self._streams, self._members, self._ids = ix.streams, ix.members, ix.ids
+        self._pending, self._dependents, self._nxt = ix.pending, ix.dependents, ix.nxt
+        self._key_of, self._needed, self._barrier_of = ix.key_of, ix.needed, ix.barrier_of
+        self._partner, self._p2p = ix.partner, ix.p2p
+        self._dur, self._mem_start, self._mem_end = ix.dur, ix.mem_start, ix.mem_end
+        n = len(ix.acts)
+        self._start = [0.0] * n
+        self._end = [-1.0] * n  # -1 until the action finishes
+        self._busy_start: list[float | None] = [None] * n  # when data started to move, if not at start
+        self._link_of: list[int | None] = [None] * n
+        self._ready: deque[int] = deque()
+        self._arrived = bytearray(n)  # a send or recv that waits for its partner
+        self._pair_link: list[int] = [0] * n
+        self._build_core()
+        self._index_s = time.perf_counter() - t0
+
+    # ------------------------------------------------------------------ run
+    def run(self) -> Trace:
+        env = self.env
+        t0 = time.perf_counter()
+        self._prepare()
+        t1 = time.perf_counter()
+        self._start_ready()
+        env.run()
+        unfinished = [sid for sid, mine in enumerate(self._members) if mine and self._end[mine[-1]] < 0]
+        if unfinished:
+            raise DeadlockError(self._explain(unfinished), env.now)
+        t2 = time.perf_counter()
+        self.spans = self._spans()
+        if not self._spans_in_order():
+            self.spans.sort(key=_SPAN_ORDER)
+        carried = self.net.link_bytes()
+        link_bytes = {self.net.link_names[i]: b for i, b in carried.items()}
+        kinds = {self.net.link_names[i]: self.net.link_kinds[i] for i in carried}
+        ranks = {r: {"node": self.topology.node_of(r), "device": self.topology.gpu(r)} for r in self.program.ranks}
+        trace = Trace(self.spans, list(self.net.records), link_bytes, kinds, ranks, self.topology.name, self.memory)
+        trace.stats = {"events": env.events_processed, "queue_entries": self.calls.entries + self.net.events_triggered,
+                       "actions": len(self.program),
+                       "transfers": len(trace.transfers), "simulated_gpus": len(self.program.actions),
+                       "engine_setup_s": self._index_s + t1 - t0, "engine_loop_s": t2 - t1,
+                       "engine_wall_s": time.perf_counter() - t1}
+        if self.check:
+            if self.net.active:
+                invariants.violation(f"{self.net.active} network flows never finished")
+            invariants.check(self.program, trace, self.net)
+        return trace
+
+    def _prepare(self) -> None:
+        """Set-up before the clock starts: the route of every point-to-point pair and the
+        steps of every distinct collective (routing is the costly part). Each matched
+        pair's entry in ``p2p`` gets its route, so the run need not look it up."""
+        for a in self._acts:
+            if a.kind == "collective":
+                self._coll.plan_steps(a)
+        p2p, route = self._p2p, self.net.route
+        for i, pair in enumerate(p2p):
+            if pair is not None and pair[0] == i:  # once per pair, at its send
+                p2p[i] = p2p[pair[1]] = (*pair, route(pair[2], pair[3]))
+
+    def _spans_in_order(self) -> bool:
+        """Whether the spans, built stream by stream, are already in the trace's order
+        (rank, stream, start, end, name). Within a stream the actions ran one after the
+        other, so starts never decrease; only streams listed out of (rank, name) order or
+        actions that start at the same instant (ones that take no time) can be out of
+        order, and only those are compared."""
+        if self._streams != sorted(self._streams):
+            return False
+        spans = self.spans
+        starts = [s.start_s for s in spans]
+        ties = compress(count(), map(eq, starts, islice(starts, 1, None)))  # k where spans k, k+1 start together
+        return all(spans[k].stream != spans[k + 1].stream or spans[k].rank != spans[k + 1].rank
+                   or _SPAN_ORDER(spans[k]) <= _SPAN_ORDER(spans[k + 1]) for k in ties)
+
+    def _spans(self) -> list[Span]:
+        """The trace's spans, from what the run recorded per action, stream by stream."""
+        start, end, busy_start, link_of, acts = self._start, self._end, self._busy_start, self._link_of, self._acts
+        out: list[Span] = []
+        for (rank, stream), mine in zip(self._streams, self._members):
+            out += [_tuple_new(Span, (rank, stream, a.name, a.kind, a.category or (a.op or a.kind),
+                                      start[i], end[i], a.nbytes, a.flops, a.peer, a.op, link_of[i],
+                                      start[i] if busy_start[i] is None else busy_start[i], a.layer))
+                    for i, a in zip(mine, map(acts.__getitem__, mine))]
+        return out
+
+    def _build_core(self) -> None:
+        """The hot path, as closures over local lists (cheaper than attribute lookups):
+        ``_finish(i, busy_start, link_id)`` ends action ``i`` now and starts what that
+        makes ready; ``_start_ready()`` starts the actions that wait for nothing."""
+        env = self.env
+        at = self.calls.at
+        acts, rank_of = self._acts, self._rank_of
+        members, pending, dependents, nxt = self._members, self._pending, self._dependents, self._nxt
+        start, end = self._start, self._end
+        busy_start, link_of = self._busy_start, self._link_of
+        barrier_of = self._barrier_of
+        memory = self.memory
+        dur, mem_start, mem_end = self._dur, self._mem_start, self._mem_end
+        ready = self._ready
+        popleft = ready.popleft
+        copy = self._copy
+        p2p, arrived, partner, pair_link = self._p2p, self._arrived, self._partner, self._pair_link
+        link_ids = count(1)  # a transfer's id, drawn when the first of its pair arrives
+        draining = False
+
+        def drain():
+            """Start the ready actions, in the order they became ready (each one's start
+            inline: a call per action costs)."""
+            nonlocal draining
+            draining = True
+            now = env._now
+            try:
+                while ready:
+                    i = popleft()
+                    b = barrier_of[i]
+                    if b is not None:  # ready; the group starts when its last member is
+                        b[0] -= 1
+                        b[1].append(i)
+                        if not b[0]:  # released: the members start next, in the order they came
+                            for j in b[1]:
+                                barrier_of[j] = None
+                            ready.extendleft(reversed(b[1]))
+                        continue
+                    start[i] = now
+                    m = mem_start[i]
+                    if m is not None:
+                        r = rank_of[i]
+                        for category, nbytes in m:
+                            memory.append((now, r, category, nbytes))
+                    d = dur[i]
+                    if d is not None:  # compute or comm
+                        if d > 0:
+                            at(now + d, finish, i)
+                        else:
+                            finish(i)
+                        continue
+                    p = p2p[i]
+                    if p is not None:
+                        if arrived[partner[i]]:  # the second of a send/recv pair: the transfer starts
+                            join_p2p(i, p)
+                        else:  # the first waits for its partner
+                            arrived[i] = 1
+                            pair_link[i] = next(link_ids)
+                        continue
+                    a = acts[i]
+                    kind = a.kind
+                    if kind == "collective":
+                        join_collective(rank_of[i], a, i)
+                    elif kind == "copy":
+                        copy(i, a, now)
+                    else:  # a send or recv with no partner: waits for ever (a deadlock)
+                        arrived[i] = 1
+            finally:
+                draining = False
+
+        def finish(i, bstart=None, lid=None):
+            now = end[i] = env._now
+            m = mem_end[i]
+            if m is not None:
+                r = rank_of[i]
+                for category, nbytes in m:
+                    memory.append((now, r, category, nbytes))
+            if bstart is not None:
+                busy_start[i] = bstart
+                link_of[i] = lid
+            j = nxt[i]
+            if j >= 0:
+                pending[j] -= 1
+                if not pending[j]:
+                    ready.append(j)
+            deps = dependents[i]
+            if deps:
+                for j in deps:
+                    pending[j] -= 1
+                    if not pending[j]:
+                        ready.append(j)
+            if ready and not draining:  # (nothing made ready: nothing to start)
+                drain()
+
+        def start_ready():
+            ready.extend(mine[0] for mine in members if mine and not pending[mine[0]])
+            drain()
+
+        join_p2p = self._p2p_join(finish)
+        self._coll = Collectives(env, self.net, self.topology, self.program.shadows, self.fluid, self._key_of,
+                                 self._needed, finish)
+        join_collective = self._coll.join
+        self._finish, self._start_ready = finish, start_ready
+
+    def _copy(self, i: int, a: Action, now: float) -> None:
+        self.net.transfer_host(self._rank_of[i], a.nbytes, a.op == "d2h",
+                               f"{a.category or 'copy'} {a.name}").callbacks.append(partial(self._copied, i, now))
+
+    def _copied(self, i: int, began: float, _event) -> None:
+        self._finish(i, began, None)
+
+    # ------------------------------------------------------------------ p2p
+    def _p2p_join(self, finish):
+        """``join_p2p(i, pair)`` for the hot path, when the second of a send/recv pair
+        arrives (the first waits: ``drain``), ``pair`` being ``p2p[i]`` (see
+        ``sim.engine.program_index``; ``_prepare`` adds the route): starts the transfer, whose
+        arrival finishes both."""
+        partner, pair_link = self._partner, self._pair_link
+        env, start = self.env, self.net.start
+
+        def delivered(pair):
+            si, ri, began, lid = pair
+            finish(si, began, lid)
+            finish(ri, began, lid)
+
+        def join_p2p(i: int, pair: tuple) -> None:
+            si, ri, src, dst, nbytes, label, route = pair
+            start(route, src, dst, nbytes, label, 1, delivered, (si, ri, env._now, pair_link[partner[i]]))
+
+        return join_p2p
+
+    # ------------------------------------------------------------------ deadlock
+    def _explain(self, unfinished: list[int]) -> dict[int, str]:
+        out: dict[int, list[str]] = {}
+        resolve = self.program.resolve
+        for sid in unfinished:
+            rank, stream = self._streams[sid]
+            i = next(j for j in self._members[sid] if self._end[j] < 0)
+            a = self._acts[i]
+            if self._pending[i] > 0:
+                pending = [f"{r}:{n}" for r, n in (resolve(rank, d) for d in a.deps)
+                           if self._end[self._ids[(r, n)]] < 0]
+                why = f"waits for {', '.join(pending)}"
+            elif a.kind == "collective":
+                rv = self._coll.waiting(self._key_of[i])
+                missing = [g for g in a.group if (rv is None or g not in rv.posted) and g not in self.program.shadows]
+                why = f"{a.op} over ranks {list(a.group)} waits for ranks {missing} to join"
+            elif self._barrier_of[i] is not None:
+                here = {self._rank_of[j] for j in self._barrier_of[i][1]}
+                missing = [g for g in a.group if g not in here and g not in self.program.shadows]
+                why = f"{a.op or 'comm'} over ranks {list(a.group)} waits for ranks {missing} to reach it"
+            elif a.kind == "send":
+                why = f"waits for rank {a.peer} to post the matching recv"
+            elif a.kind == "recv":
+                why = f"waits for rank {a.peer} to post the matching send"
+            else:
+                why = "did not finish"
+            out.setdefault(rank, []).append(f"{a.kind} {a.name!r} on stream {stream} {why}")
+        return {r: " | ".join(v) for r, v in sorted(out.items())}

@@ -1,0 +1,104 @@
+"""Refusing absurd simulations up front.
+
+A typo such as ``--global-batch 1000000000`` asks for a billion micro-batches; building
+that program would exhaust memory and simulating it would take years. Before any
+schedule or program is built, ``check_size`` estimates how many SimPy events the
+simulation would process and refuses, with the estimate and what drives it, when that
+is above the limit (``DEFAULT_MAX_EVENTS``, raised with ``--max-events`` or the
+``max_events`` argument).
+
+The estimate counts, per simulated GPU, what the passes create: a compute segment per
+layer and pipeline step, the tensor-parallel collectives of each layer, the pipeline
+sends and receives, ZeRO-3's parameter gathers, ZeRO-2's per-micro-batch
+reduce-scatters and the data-parallel gradient buckets; each collective costs about
+three events per ring hop of the rank. It is a rough guide, not a promise: tests check
+it stays within a factor of four of the events real runs process (coalescing of
+isolated tensor-parallel collectives makes it high, collectives over many GPUs make it
+low). At the engine's measured 80-200 thousand events per second, the default limit is
+roughly ten to twenty minutes of simulation.
+"""
+
+from __future__ import annotations
+
+import math
+
+from sim.errors import InputError
+
+DEFAULT_MAX_EVENTS = 100_000_000
+"""Largest simulation attempted without ``--max-events``: about 10-20 minutes of
+engine time and several GB of memory."""
+
+_EVENTS_PER_HOP = 3  # a transfer's latency, its finish and its completion (plus re-allocations if shared)
+_EVENTS_PER_COMPUTE = 1  # its timeout
+_EVENTS_PER_P2P = 3  # one transfer: the two sides meet without an event
+
+
+def _ring_hops(n: int, op: str) -> int:
+    """Transfers one rank takes part in during a ring collective over ``n`` ranks."""
+    if n <= 1:
+        return 0
+    return 2 * (n - 1) if op == "allreduce" else n - 1
+
+
+def estimate_events(model, plan, fidelity: str = "full", topology=None, coalesced: bool | None = None) -> dict:
+    """The estimate and its parts: ``events``, ``simulated_gpus``, ``steps_per_gpu``,
+    ``events_per_step``, ``sync_events_per_gpu``. With the ``topology``, collectives
+    count their rings (NCCL channels) and tensor-parallel collectives that will be
+    coalesced count as one action (``sim.build.coalesce``; ``coalesced`` says so when the
+    caller knows already)."""
+    reduced = fidelity == "reduced"
+    gpus = plan.pp if reduced else plan.world_size
+    m, vpp = plan.num_microbatches, plan.vpp
+    kinds = 3 if plan.schedule in ("zb-h1", "zb-h2") else 2
+    steps = m * vpp * kinds
+    layers = model.num_layers / (plan.pp * vpp) + 1  # + embedding or head on the end stages
+    fits = topology is not None and plan.world_size <= topology.num_gpus
+    dp_rings = 1
+    if fits:
+        from sim.build.coalesce import isolated_tp_pricer
+        from sim.engine.algorithms import default_channels
+
+        dp_rings = default_channels(topology, plan.groups("dp")[0]) if plan.dp > 1 else 1
+        if coalesced is None:
+            coalesced = isolated_tp_pricer(plan, topology, {}) is not None
+    coalesced = bool(coalesced)
+    per_layer = _EVENTS_PER_COMPUTE
+    if plan.tp > 1 and not coalesced:  # two collectives per layer and step
+        per_layer += 2 * _ring_hops(plan.tp, "allreduce") * _EVENTS_PER_HOP
+    elif plan.tp > 1 and plan.dp > 1 and plan.zero_stage >= 2:  # coalesced, but per layer
+        per_layer += _EVENTS_PER_COMPUTE
+    if plan.dp > 1 and plan.zero_stage == 3:
+        per_layer += _ring_hops(plan.dp, "allgather") * dp_rings * _EVENTS_PER_HOP
+    if plan.dp > 1 and plan.zero_stage == 2:  # a reduce-scatter per layer in each backward step
+        per_layer += _ring_hops(plan.dp, "reducescatter") * dp_rings * _EVENTS_PER_HOP / kinds
+    if coalesced and not (plan.dp > 1 and plan.zero_stage >= 2):  # a step is one compute and one comm
+        per_step = 2 * _EVENTS_PER_COMPUTE + layers * (per_layer - _EVENTS_PER_COMPUTE)
+    else:
+        per_step = layers * per_layer + (_EVENTS_PER_COMPUTE if coalesced else 0)
+    per_step += 2 * _EVENTS_PER_P2P if plan.pp > 1 else 0
+    sync = 0.0
+    if plan.dp > 1:
+        grad_bytes = 2.0 * model.num_params / (plan.tp * plan.pp)
+        buckets = max(1.0, grad_bytes / max(plan.bucket_size_bytes, 1))
+        sync = buckets * _ring_hops(plan.dp, "allreduce") * dp_rings * _EVENTS_PER_HOP
+    events = gpus * (steps * per_step + sync)
+    return {"events": events, "simulated_gpus": gpus, "steps_per_gpu": steps, "events_per_step": per_step,
+            "sync_events_per_gpu": sync}
+
+
+def check_size(model, plan, fidelity: str = "full", max_events: float | None = DEFAULT_MAX_EVENTS,
+               topology=None, coalesced: bool | None = None) -> dict:
+    """Raise ``InputError`` when the simulation would exceed ``max_events`` (None: no
+    limit); otherwise return the estimate."""
+    if max_events is not None and (isinstance(max_events, bool) or not isinstance(max_events, (int, float))
+                                   or math.isnan(max_events) or max_events <= 0):
+        raise InputError(f"max_events: got {max_events!r}; expected a number > 0")
+    est = estimate_events(model, plan, fidelity, topology, coalesced)
+    if max_events is not None and est["events"] > max_events:
+        raise InputError(
+            f"plan: this simulation would process about {est['events']:.2g} events "
+            f"({est['simulated_gpus']} simulated GPUs x {est['steps_per_gpu']:,} pipeline steps each, "
+            f"{plan.num_microbatches:,} micro-batches), over the limit of {max_events:.2g}; check the batch sizes, "
+            f"use --fidelity reduced, or raise the limit with --max-events"
+        )
+    return est

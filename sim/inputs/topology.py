@@ -1,0 +1,251 @@
+"""The cluster as a networkx graph, and routes through it.
+
+A topology is an undirected ``networkx.Graph`` whose nodes are devices with a ``kind``
+(``gpu``, ``nvswitch``, ``nic``, ``switch``, ``cpu``) and whose edges are full-duplex
+links with a ``kind`` (``nvlink``, ``pcie``, ``ib``, ``ethernet``), a per-direction
+``bandwidth_Bps`` and a ``latency_s``. GPUs carry a ``rank`` (0..n-1, the index programs
+and collectives use) and a ``node`` (the host they sit in).
+
+Routing picks a shortest path by hop count. GPUs and CPUs are endpoints only: traffic
+never transits through them on its way elsewhere (NCCL's PXN, which routes through a
+peer GPU on purpose, is not modelled). Paths are found between the transit devices next
+to the two GPUs, with a bidirectional search and two small balls around the ends, so a
+route costs little even on clusters of thousands of nodes. Where several shortest paths exist (ECMP through different spines),
+the choice is a deterministic hash of the (source, destination) pair, so the same
+input always gives the same routes and different pairs spread over the spines.
+
+Builders for DGX-style nodes and rail-optimized or fat-tree clusters, and the TOML
+loader, live in ``sim.inputs.topology_build``.
+"""
+
+from __future__ import annotations
+
+import math
+import zlib
+
+import networkx as nx
+
+from sim.errors import InputError
+
+DEVICE_KINDS = ("gpu", "nvswitch", "nic", "switch", "cpu")
+LINK_KINDS = ("nvlink", "pcie", "ib", "ethernet")
+
+Link = tuple[str, str]  # a directed link (from device, to device)
+
+
+class Topology:
+    """A validated cluster graph with GPU ranks, routes and link attributes.
+
+    ``graph`` is the networkx graph (undirected; each edge is a full-duplex link whose
+    two directions carry ``bandwidth_Bps`` each, independently).
+    """
+
+    def __init__(self, graph: nx.Graph, name: str = "custom"):
+        self.graph = graph
+        self.name = name
+        self._validate()
+        gpus = sorted(
+            (d["rank"], n) for n, d in graph.nodes(data=True) if d["kind"] == "gpu"
+        )
+        self.gpus: list[str] = [n for _, n in gpus]
+        self._route_cache: dict[tuple[int, int], tuple[Link, ...]] = {}
+        self._core: nx.Graph | None = None
+
+    # ----------------------------------------------------------------- validation
+    def _validate(self) -> None:
+        g = self.graph
+        ranks = []
+        for n, d in g.nodes(data=True):
+            kind = d.get("kind")
+            if kind not in DEVICE_KINDS:
+                raise InputError(
+                    f"topology {self.name}: device {n!r}: kind: got {kind!r}; allowed: {', '.join(DEVICE_KINDS)}"
+                )
+            if kind == "gpu":
+                for key in ("rank", "node"):
+                    v = d.get(key)
+                    if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+                        raise InputError(
+                            f"topology {self.name}: gpu {n!r}: {key}: got {v!r}; expected an integer >= 0"
+                        )
+                ranks.append(d["rank"])
+        if not ranks:
+            raise InputError(f"topology {self.name}: has no device of kind 'gpu'")
+        if sorted(ranks) != list(range(len(ranks))):
+            raise InputError(
+                f"topology {self.name}: gpu ranks: got {sorted(ranks)[:8]}...; expected each of 0..{len(ranks) - 1} exactly once"
+            )
+        for u, v, d in g.edges(data=True):
+            where = f"topology {self.name}: link {u!r}-{v!r}"
+            if d.get("kind") not in LINK_KINDS:
+                raise InputError(f"{where}: kind: got {d.get('kind')!r}; allowed: {', '.join(LINK_KINDS)}")
+            bw = d.get("bandwidth_Bps")
+            if isinstance(bw, bool) or not isinstance(bw, (int, float)) or not bw > 0 or math.isnan(bw):
+                raise InputError(f"{where}: bandwidth_Bps: got {bw!r}; expected a number > 0")
+            lat = d.get("latency_s")
+            if isinstance(lat, bool) or not isinstance(lat, (int, float)) or not (0 <= lat < math.inf):
+                raise InputError(f"{where}: latency_s: got {lat!r}; expected a finite number >= 0")
+
+    # ------------------------------------------------------------------ queries
+    @property
+    def num_gpus(self) -> int:
+        return len(self.gpus)
+
+    def gpu(self, rank: int) -> str:
+        """The device id of the GPU with this rank."""
+        if not 0 <= rank < len(self.gpus):
+            raise InputError(f"rank: got {rank}; topology {self.name} has ranks 0..{len(self.gpus) - 1}")
+        return self.gpus[rank]
+
+    def node_of(self, rank: int) -> int:
+        """The host (node index) a GPU rank sits in."""
+        return self.graph.nodes[self.gpu(rank)]["node"]
+
+    @property
+    def gpus_per_node(self) -> int:
+        counts: dict[int, int] = {}
+        for n in self.gpus:
+            h = self.graph.nodes[n]["node"]
+            counts[h] = counts.get(h, 0) + 1
+        return max(counts.values())
+
+    @property
+    def num_nodes(self) -> int:
+        return len({self.graph.nodes[n]["node"] for n in self.gpus})
+
+    def link(self, u: str, v: str) -> dict:
+        """Attributes (kind, bandwidth_Bps, latency_s) of the link between u and v."""
+        return self.graph.edges[u, v]
+
+    # ------------------------------------------------------------------ routing
+    def _core_graph(self) -> nx.Graph:
+        """The devices that may carry transit traffic (all but GPUs and CPUs)."""
+        if self._core is None:
+            keep = [n for n, d in self.graph.nodes(data=True) if d["kind"] not in ("gpu", "cpu")]
+            self._core = self.graph.subgraph(keep).copy()
+        return self._core
+
+    def route(self, src: int, dst: int) -> tuple[Link, ...]:
+        """The directed links a transfer from GPU ``src`` to GPU ``dst`` crosses."""
+        key = (src, dst)
+        cached = self._route_cache.get(key)
+        if cached is not None:
+            return cached
+        if src == dst:
+            self._route_cache[key] = ()
+            return ()
+        s, d = self.gpu(src), self.gpu(dst)
+        h = zlib.crc32(f"{src}->{dst}".encode())
+        if self.graph.has_edge(s, d):
+            path = [s, d]
+        else:
+            path = [s, *self._core_path(s, d, h), d]
+        links = tuple(zip(path[:-1], path[1:]))
+        self._route_cache[key] = links
+        return links
+
+    def _core_path(self, s: str, d: str, h: int) -> list[str]:
+        """A shortest path between the transit devices next to GPUs s and d; among
+        equal ones, a deterministic choice by the hash ``h`` (ECMP)."""
+        core = self._core_graph()
+        firsts = sorted(n for n in self.graph.neighbors(s) if n in core)
+        lasts = sorted(n for n in self.graph.neighbors(d) if n in core)
+        best, ends = None, []
+        g = self.graph
+        for a in firsts:
+            for b in lasts:
+                try:
+                    n = len(nx.bidirectional_shortest_path(core, a, b)) - 1
+                except nx.NetworkXNoPath:
+                    continue
+                # Fewest hops first; among those, the widest links out of s and into d,
+                # then the better kind of link, so GPUs of a node that share a NIC talk
+                # through the NVSwitch, not over PCIe.
+                ea, eb = g.edges[s, a], g.edges[b, d]
+                score = (n, -min(ea["bandwidth_Bps"], eb["bandwidth_Bps"]),
+                         max(_KIND_ORDER.get(ea["kind"], 9), _KIND_ORDER.get(eb["kind"], 9)))
+                if best is None or score < best:
+                    best, ends = score, [(a, b)]
+                elif score == best:
+                    ends.append((a, b))
+        if best is None:
+            raise InputError(f"topology {self.name}: no route from {s} to {d}")
+        best = best[0]
+        a, b = _pick(ends, h)
+        if best == 0:
+            return [a]
+        # Nodes on shortest a-b paths: half-way nodes x with dist(a, x) = m and
+        # dist(x, b) = best - m; then walk back to a and on to b, one hop at a time.
+        m = (best + 1) // 2
+        da = _levels(nx.single_source_shortest_path_length(core, a, cutoff=m))
+        db = _levels(nx.single_source_shortest_path_length(core, b, cutoff=best - m))
+        mid = _pick(sorted(x for x in da[m] if x in db[best - m]), h)
+        return _walk(core, da, mid, m, h)[::-1] + _walk(core, db, mid, best - m, h)[1:]
+
+    def host_route(self, rank: int, to_host: bool = True) -> tuple[Link, ...]:
+        """The link between GPU ``rank`` and its host CPU, in the direction of the copy."""
+        g = self.gpu(rank)
+        cpus = sorted(n for n in self.graph.neighbors(g) if self.graph.nodes[n]["kind"] == "cpu")
+        if not cpus:
+            raise InputError(f"topology {self.name}: rank {rank} has no link to a device of kind 'cpu' "
+                             "(optimizer offload needs one)")
+        return ((g, cpus[0]),) if to_host else ((cpus[0], g),)
+
+    def path_latency_s(self, src: int, dst: int) -> float:
+        """Sum of the link latencies on the route from ``src`` to ``dst``."""
+        return sum(self.graph.edges[u, v]["latency_s"] for u, v in self.route(src, dst))
+
+    def bottleneck_Bps(self, src: int, dst: int) -> float:
+        """The smallest per-direction bandwidth on the route (inf for src == dst)."""
+        return min((self.graph.edges[u, v]["bandwidth_Bps"] for u, v in self.route(src, dst)), default=math.inf)
+
+    def route_kinds(self, src: int, dst: int) -> tuple[str, ...]:
+        """Link kinds along the route, e.g. ``('pcie', 'ib', 'ib', 'pcie')``."""
+        return tuple(self.graph.edges[u, v]["kind"] for u, v in self.route(src, dst))
+
+    # ------------------------------------------------------------------ export
+    def write_graphml(self, path) -> None:
+        """Write the graph as GraphML (through networkx) for other tools to read."""
+        nx.write_graphml(self.graph, path)
+
+    def describe(self) -> str:
+        kinds: dict[str, int] = {}
+        for _, d in self.graph.nodes(data=True):
+            kinds[d["kind"]] = kinds.get(d["kind"], 0) + 1
+        parts = ", ".join(f"{kinds[k]} {k}" for k in DEVICE_KINDS if k in kinds)
+        return f"{self.name}: {self.num_nodes} node(s), {parts}, {self.graph.number_of_edges()} links"
+
+
+def _levels(dist: dict) -> list[set]:
+    """Nodes by their distance from a BFS source: ``levels[k]`` holds those k hops away."""
+    levels: list[set] = [set() for _ in range(max(dist.values()) + 1)]
+    for x, k in dist.items():
+        levels[k].add(x)
+    return levels
+
+
+def _walk(core: nx.Graph, levels: list[set], x, k: int, h: int) -> list:
+    """From ``x`` (``k`` hops from the source of ``levels``) back to the source, one hop at
+    a time; among equal next hops, the choice by hash ``h``. Checks the smaller of the
+    next level and ``x``'s neighbours (a spine has hundreds of neighbours, the level
+    towards a NIC one or two nodes)."""
+    path = [x]
+    while k > 0:
+        below = levels[k - 1]
+        adj = core.adj[x]
+        if len(below) <= len(adj):
+            options = [y for y in below if y in adj]
+        else:
+            options = [y for y in adj if y in below]
+        x = _pick(sorted(options), h)
+        path.append(x)
+        k -= 1
+    return path
+
+
+_KIND_ORDER = {"nvlink": 0, "pcie": 1, "ib": 2, "ethernet": 3}
+"""Preference among link kinds when routes tie on hops and bandwidth."""
+
+
+def _pick(candidates: list[str], h: int) -> str:
+    return candidates[h % len(candidates)]

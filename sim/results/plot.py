@@ -1,0 +1,321 @@
+"""Timeline pictures (the only module that imports matplotlib).
+
+``plot_timeline`` draws a Gantt chart: one lane per (rank, stream), time in
+milliseconds on x, one bar per span coloured by what it is (forward, backward, weight
+gradient, pipeline p2p, tensor- or data-parallel collectives...), with the action's name
+written inside the bar when it fits. Idle time is left blank, so pipeline bubbles and
+waiting are visible as gaps.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib.patches import Patch  # noqa: E402
+
+from sim.results.trace import Trace  # noqa: E402
+
+# Fixed colours for the categories schedules and passes use; others get tab20 colours.
+COLOURS = {
+    "F": "#4C72B0", "forward": "#4C72B0",
+    "B": "#55A868", "backward": "#55A868", "I": "#55A868",
+    "W": "#8C8C3C",
+    "opt": "#C44E52", "optimizer": "#C44E52",
+    "pp": "#DD8452", "send": "#DD8452", "recv": "#E6A86B",
+    "tp": "#8172B3", "dp": "#937860", "zero": "#DA8BC3",
+    "allreduce": "#8172B3", "reducescatter": "#64B5CD", "allgather": "#DA8BC3",
+    "broadcast": "#CCB974", "alltoall": "#937860", "compute": "#4C72B0",
+    "via nvlink": "#76B900", "via pcie": "#999999", "via ib": "#D62728", "via ethernet": "#FF7F0E",
+}
+_LABELS = {"F": "forward", "B": "backward", "I": "backward (input grad)", "W": "backward (weight grad)",
+           "pp": "pipeline p2p", "tp": "tensor-parallel comm", "dp": "data-parallel comm", "opt": "optimizer",
+           "via nvlink": "transfer over NVLink", "via pcie": "transfer over PCIe",
+           "via ib": "transfer over InfiniBand", "via ethernet": "transfer over Ethernet"}
+
+
+def _colour(category: str, extra: dict[str, str]) -> str:
+    if category in COLOURS:
+        return COLOURS[category]
+    if category not in extra:
+        extra[category] = matplotlib.colormaps["tab20"](len(extra) % 20)
+    return extra[category]
+
+
+def plot_timeline(trace: Trace, path: str | Path, title: str = "", lane_names: dict[int, str] | None = None,
+                  max_lanes: int = 64, show_transfers: bool = False, ranks=None, lane_of_stream=None) -> Path:
+    """Draw the trace as a Gantt PNG at ``path`` (written atomically) and return the path.
+
+    ``ranks`` picks the ranks to draw (default all); ``lane_of_stream`` maps a stream
+    name to a lane name, so several streams can share a lane (e.g. every ``pp`` stream).
+    With ``show_transfers`` each rank gets a ``sends`` lane showing every point-to-point
+    transfer it sent (collective steps included), coloured by the slowest kind of link
+    it crossed. At most ``max_lanes`` lanes are drawn (the first ranks); the title says
+    so when ranks were left out.
+    """
+    merge = lane_of_stream or (lambda s: s)
+    streams = {}
+    for r, ss in trace.streams().items():
+        if ranks is None or r in ranks:
+            lanes_r = []
+            for st in ss:
+                if st == "memory":  # holds only the instant that sets up resident memory
+                    continue
+                if merge(st) not in lanes_r:
+                    lanes_r.append(merge(st))
+            streams[r] = lanes_r
+    if show_transfers:
+        streams = {r: ss + ["sends"] for r, ss in streams.items()}
+    lanes: list[tuple[int, str]] = [(r, s) for r, ss in streams.items() for s in ss]
+    dropped = 0
+    if len(lanes) > max_lanes:
+        kept_ranks = sorted({r for r, _ in lanes[:max_lanes]})
+        dropped = len(streams) - len(kept_ranks)
+        lanes = [(r, s) for r, s in lanes if r in kept_ranks][:max_lanes]
+    lane_of = {lane: i for i, lane in enumerate(lanes)}
+    t_end_ms = max(trace.end_s * 1e3, 1e-9)
+    fig_h = max(2.2, 0.42 * len(lanes) + 1.4)
+    fig, ax = plt.subplots(figsize=(13, fig_h), dpi=110)
+    extra: dict[str, str] = {}
+    used: dict[str, str] = {}
+    min_label_ms = t_end_ms / 60
+    bars: dict[int, list[tuple[float, float, str]]] = {}
+    # Compute pieces of one step (named "2F0.0", "2F0.1", ..., "2F0") draw as one bar;
+    # communication draws only while data moves (not while it waits for its peers).
+    items: dict[tuple, list] = {}
+    for sp in trace.spans:
+        y = lane_of.get((sp.rank, merge(sp.stream)))
+        if y is None:
+            continue
+        if sp.kind == "compute":
+            key = (y, sp.category, sp.name.split(".")[0])
+            start = sp.start_s
+        else:
+            key = (y, sp.category, sp.name, sp.start_s)
+            start = sp.start_s if sp.busy_start_s is None else sp.busy_start_s
+        it = items.get(key)
+        items[key] = [start, sp.end_s] if it is None else [min(it[0], start), max(it[1], sp.end_s)]
+    for (y, cat, name, *_), (a, b) in items.items():
+        x0, w = a * 1e3, (b - a) * 1e3
+        c = _colour(cat, extra)
+        used.setdefault(cat, c)
+        bars.setdefault(y, []).append((x0, w, c))
+        if w >= min_label_ms and len(name) * t_end_ms / 170 < w:
+            ax.text(x0 + w / 2, y, name, ha="center", va="center", fontsize=7, color="white", clip_on=True)
+    if show_transfers:
+        # One band per kind of link inside the "sends" lane, so concurrent transfers
+        # (several channels, or phases that overlap) do not hide each other.
+        media = [m for m in ("nvlink", "pcie", "ib", "ethernet", "local") if any(t.medium == m for t in trace.transfers)]
+        band = 0.8 / max(len(media), 1)
+        xfers: dict[tuple[int, int], list[tuple[float, float, str]]] = {}
+        for tr in trace.transfers:
+            y = lane_of.get((tr.src, "sends"))
+            if y is None:
+                continue
+            cat = f"via {tr.medium}"
+            c = _colour(cat, extra)
+            used.setdefault(cat, c)
+            xfers.setdefault((y, media.index(tr.medium)), []).append((tr.start_s * 1e3, (tr.end_s - tr.start_s) * 1e3, c))
+        for (y, k), items in sorted(xfers.items()):
+            ax.broken_barh([(x, w) for x, w, _ in items], (y - 0.4 + k * band, band * 0.9),
+                           facecolors=[c for _, _, c in items], edgecolor="white", linewidth=0.3)
+    thin = t_end_ms / 400  # bars narrower than this get no white edge, which would hide them
+    for y, items in sorted(bars.items()):  # one collection per lane: fast for many bars
+        for group, edge in (([i for i in items if i[1] >= thin], 0.4), ([i for i in items if i[1] < thin], 0.0)):
+            if group:
+                ax.broken_barh([(x, w) for x, w, _ in group], (y - 0.4, 0.8), facecolors=[c for _, _, c in group],
+                               edgecolor="white", linewidth=edge)
+    ax.set_yticks(range(len(lanes)))
+    names = lane_names or {}
+    multi = any(len(ss) > 1 for ss in streams.values())
+    ax.set_yticklabels([
+        (names.get(r, f"rank {r}") + (f" · {s}" if multi else "")) for r, s in lanes
+    ], fontsize=8)
+    ax.set_ylim(len(lanes) - 0.5, -0.5)
+    ax.set_xlim(0, t_end_ms * 1.01)
+    ax.set_xlabel("time (ms)")
+    ax.grid(axis="x", linestyle=":", alpha=0.5)
+    ax.set_axisbelow(True)
+    full_title = title or "timeline"
+    if dropped:
+        full_title += f" (first {len(streams) - dropped} of {len(streams)} ranks shown)"
+    ax.set_title(full_title, fontsize=10)
+    handles = [Patch(color=c, label=_LABELS.get(k, k)) for k, c in sorted(used.items())]
+    if handles:
+        ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.005, 1.0), fontsize=8, frameon=False)
+    fig.tight_layout()
+    return _save(fig, path)
+
+
+def _save(fig, path: str | Path) -> Path:
+    """Save ``fig`` as a PNG at ``path`` through a temporary file and a rename (never half-written)."""
+    from sim.fileio import atomic_path
+
+    path = Path(path)
+    try:
+        with atomic_path(path, suffix=".png") as tmp:
+            fig.savefig(tmp, format="png")
+    finally:
+        plt.close(fig)
+    return path
+
+
+def plot_memory(trace: Trace, path: str | Path, ranks, lane_names: dict[int, str] | None = None,
+                capacity_bytes: float | None = None, title: str = "") -> Path:
+    """Memory over time per rank (one panel each): stacked bytes per category in GiB,
+    with the GPU's capacity as a dashed line, or, when the highest rank uses less than
+    half of it, in the panel's corner (so a small plan's memory is not a flat line)."""
+    from sim.results.memory_timeline import CATEGORIES, peak, timeline
+
+    ranks = list(ranks)
+    fig, axes = plt.subplots(len(ranks), 1, figsize=(12, 1.9 * len(ranks) + 1.0), dpi=110, sharex=True,
+                             squeeze=False)
+    colours = dict(zip(CATEGORIES, ("#4C72B0", "#55A868", "#C44E52", "#DD8452", "#8172B3", "#937860", "#BBBBBB")))
+    end_ms = trace.end_s * 1e3
+    top = max((peak(trace, r).total_bytes for r in ranks), default=0.0)
+    show_cap = bool(capacity_bytes) and top >= 0.5 * capacity_bytes
+    for ax, r in zip(axes[:, 0], ranks):
+        times, series = timeline(trace, r)
+        if not times:
+            continue
+        xs = [t * 1e3 for t in times] + [end_ms]
+        cats = sorted(series, key=lambda c: c != "reserve")  # the reserve at the bottom
+        ys = [[v / 2**30 for v in series[c]] + [series[c][-1] / 2**30] for c in cats]
+        ax.stackplot(xs, ys, labels=cats, colors=[colours.get(c, "#999999") for c in cats], step="post")
+        if show_cap:
+            ax.axhline(capacity_bytes / 2**30, color="black", linestyle="--", linewidth=1)
+            ax.text(end_ms * 0.995, capacity_bytes / 2**30, "GPU capacity", va="bottom", ha="right", fontsize=7)
+        elif capacity_bytes:
+            ax.text(0.995, 0.97, f"GPU capacity {capacity_bytes / 2**30:.0f} GiB (off the chart)",
+                    transform=ax.transAxes, va="top", ha="right", fontsize=7)
+        ax.set_ylabel((lane_names or {}).get(r, f"rank {r}") + "\nGiB", fontsize=8)
+        ax.grid(axis="y", linestyle=":", alpha=0.5)
+        if show_cap:
+            ax.set_ylim(0, max(ax.get_ylim()[1], capacity_bytes / 2**30 * 1.08))
+        else:
+            ax.set_ylim(0, top / 2**30 * 1.15 or 1.0)
+    axes[0, 0].legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False)
+    axes[-1, 0].set_xlabel("time (ms)")
+    axes[-1, 0].set_xlim(0, end_ms * 1.01)
+    axes[0, 0].set_title(title or "memory over time", fontsize=10)
+    fig.tight_layout()
+    return _save(fig, path)
+
+
+def plot_pareto(points, path: str | Path, title: str = "", capacity_bytes: float | None = None) -> Path:
+    """Tokens/s against peak memory per GPU, one dot per plan: ``points`` are
+    ``(peak_bytes, tokens_per_s, on_front, label)``; the Pareto front (no plan both faster
+    and smaller) is joined by a line, labelled points are annotated (the best plan)."""
+    fig, ax = plt.subplots(figsize=(9, 5.5), dpi=110)
+    xs = [p[0] / 2**30 for p in points]
+    ys = [p[1] for p in points]
+    ax.scatter(xs, ys, s=14, color="#9DB4D3", label="simulated plan", zorder=2)
+    front = sorted((p[0] / 2**30, p[1]) for p in points if p[2])
+    if front:
+        ax.plot([x for x, _ in front], [y for _, y in front], "-o", color="#C44E52", markersize=5,
+                label="Pareto front", zorder=3)
+    for x, y, (_, _, _, label) in zip(xs, ys, points):
+        if label:
+            ax.scatter([x], [y], marker="*", s=160, color="#DD8452", zorder=4)
+            ax.annotate(label, (x, y), textcoords="offset points", xytext=(6, 6), fontsize=8)
+    cap = capacity_bytes / 2**30 if capacity_bytes else None
+    if cap and (not xs or cap <= 1.5 * max(xs)):
+        ax.axvline(cap, color="black", linestyle="--", linewidth=1, label="GPU memory")
+    elif cap:  # far to the right: say so rather than squash the plans into a corner
+        ax.text(0.99, 0.01, f"GPU memory {cap:.0f} GiB (off the chart)", transform=ax.transAxes,
+                ha="right", va="bottom", fontsize=8)
+    ax.yaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda y, _: f"{y:,.0f}"))
+    ax.set_xlabel("peak memory per GPU (GiB)")
+    ax.set_ylabel("tokens/s")
+    ax.grid(linestyle=":", alpha=0.5)
+    ax.set_axisbelow(True)
+    ax.set_title(title or "plans: throughput against memory", fontsize=10)
+    if points:
+        ax.legend(fontsize=8, loc="lower left")
+    fig.tight_layout()
+    return _save(fig, path)
+
+
+# Parts of an iteration in ``plot_compare``: (row key, label, colour, hatch).
+_COMPARE_TIME_PARTS = (
+    ("compute_s", "compute", "#4C72B0", None),
+    ("tp", "exposed tensor-parallel comm", "#8172B3", None),
+    ("pp", "exposed pipeline p2p", "#DD8452", None),
+    ("dp", "exposed data-parallel comm", "#937860", None),
+    ("zero", "exposed ZeRO gathers", "#DA8BC3", None),
+    ("offload", "exposed offload copies (PCIe)", "#8C8C3C", None),
+    ("other", "exposed other comm", "#999999", None),
+    ("bubble_s", "pipeline bubble (idle)", "#FFFFFF", "///"),
+    ("other_idle_s", "other idle (waiting)", "#E8E8E8", None),
+)
+_COMPARE_MEMORY_PARTS = (("parameters", "#4C72B0"), ("gradients", "#55A868"), ("optimizer", "#C44E52"),
+                         ("activations", "#DD8452"), ("other", "#BBBBBB"))
+
+
+def plot_compare(rows: list[dict], path: str | Path, title: str = "") -> Path:
+    """One bar per plan (``rows`` as ``sim.api.Comparison.rows``): on the left the
+    iteration time of the critical rank split into compute, exposed communication by
+    kind and idle time (pipeline bubble hatched), in ms; on the right the peak memory of
+    the fullest GPU by category, in GiB, against the GPU's capacity (dashed). The best
+    plan is marked ★; plans that do not fit are marked OOM."""
+    n = len(rows)
+    fig, (ax, mx) = plt.subplots(1, 2, figsize=(13, 0.55 * n + 2.4), dpi=110, sharey=True,
+                                 gridspec_kw={"width_ratios": [2.2, 1]})
+    ys = list(range(n))
+    longest = max((r["iteration_time_s"] for r in rows), default=0.0)
+    unit, scale = ("s", 1.0) if longest >= 1 else ("ms", 1e3)
+    left = [0.0] * n
+    used = []
+    for key, label, colour, hatch in _COMPARE_TIME_PARTS:
+        vals = [(r[key] if key.endswith("_s") else r["exposed_comm_s"].get(key, 0.0)) * scale for r in rows]
+        if not any(v > 0 for v in vals):
+            continue
+        ax.barh(ys, vals, left=left, height=0.62, color=colour, hatch=hatch, edgecolor="#777777" if hatch else "white",
+                linewidth=0.6, label=label)
+        left = [a + b for a, b in zip(left, vals)]
+        used.append(label)
+    for y, r in zip(ys, rows):
+        t = r["iteration_time_s"] * scale
+        ax.text(t, y, f"  {t:.3g} {unit}", va="center", ha="left", fontsize=8)
+    ax.set_xlim(0, max(left + [1e-12]) * 1.16)
+    ax.set_yticks(ys)
+    ax.set_yticklabels([("★ " if r["best"] else "") + r["name"] for r in rows], fontsize=9)
+    ax.set_ylim(n - 0.5, -0.5)
+    ax.set_xlabel(f"iteration time ({unit}), critical rank")
+    ax.grid(axis="x", linestyle=":", alpha=0.5)
+    ax.set_axisbelow(True)
+    ax.set_title("where the iteration goes", fontsize=10)
+    below = matplotlib.transforms.offset_copy(ax.transAxes, fig=fig, y=-34, units="points")
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, 0.0), bbox_transform=below, ncol=min(4, len(used)),
+              fontsize=8, frameon=False)
+    mleft = [0.0] * n
+    for cat, colour in _COMPARE_MEMORY_PARTS:
+        vals = [r["memory_bytes"].get(cat, 0.0) / 2**30 for r in rows]
+        if not any(v > 0 for v in vals):
+            continue
+        mx.barh(ys, vals, left=mleft, height=0.62, color=colour, edgecolor="white", linewidth=0.6,
+                label="reserve & other" if cat == "other" else cat)
+        mleft = [a + b for a, b in zip(mleft, vals)]
+    cap = rows[0]["capacity_bytes"] / 2**30 if rows else 0.0
+    top = max(mleft + [cap]) * 1.22
+    for y, r in zip(ys, rows):
+        peak = r["peak_bytes"] / 2**30
+        mx.text(peak, y, f" {peak:.1f} GiB" + ("" if r["fits"] else "  OOM"), va="center", ha="left", fontsize=8,
+                color="black" if r["fits"] else "#C00000", fontweight="normal" if r["fits"] else "bold",
+                bbox={"facecolor": "white", "edgecolor": "none", "pad": 0.5, "alpha": 0.85})
+    if cap:
+        mx.axvline(cap, color="black", linestyle="--", linewidth=1, label=f"GPU capacity ({cap:.0f} GiB)")
+    mx.set_xlim(0, top)
+    mx.set_xlabel("peak memory per GPU (GiB)")
+    mx.grid(axis="x", linestyle=":", alpha=0.5)
+    mx.set_axisbelow(True)
+    mx.set_title("peak memory (fullest GPU)", fontsize=10)
+    below = matplotlib.transforms.offset_copy(mx.transAxes, fig=fig, y=-34, units="points")
+    mx.legend(loc="upper center", bbox_to_anchor=(0.5, 0.0), bbox_transform=below, ncol=3, fontsize=8,
+              frameon=False)
+    fig.suptitle(title or "plans compared", fontsize=11)
+    fig.tight_layout()
+    return _save(fig, path)

@@ -1,0 +1,105 @@
+"""What a simulation leaves behind: spans, transfers and per-link traffic.
+
+A ``Span`` is one action as it ran: rank, stream, start and end in seconds, and what it
+moved or computed. The ``Trace`` holds every span sorted by (rank, stream, start), every
+point-to-point transfer the network carried (collective steps included), and the bytes
+each directed link carried, so questions like "how much crossed InfiniBand, and on which
+links" are answered from the trace, not from a formula.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
+from sim.engine.network import TransferRecord
+
+
+class Span(NamedTuple):
+    """One action as it ran on one rank's stream (times in seconds). A named tuple:
+    traces hold millions of them."""
+
+    rank: int
+    stream: str
+    name: str
+    kind: str
+    category: str
+    start_s: float
+    end_s: float
+    nbytes: float = 0.0
+    flops: float = 0.0
+    peer: int | None = None
+    op: str = ""
+    link_id: int | None = None
+    """Shared by a send and its matching recv (flow arrows in the Perfetto trace)."""
+    busy_start_s: float | None = None
+    """When data started to move (all parties had arrived); before it the action waited.
+    Equal to ``start_s`` for compute."""
+    layer: int | None = None
+
+    @property
+    def busy_s(self) -> float:
+        """Time spent moving data or computing, without waiting for the other parties."""
+        return self.end_s - (self.start_s if self.busy_start_s is None else self.busy_start_s)
+
+    @property
+    def duration_s(self) -> float:
+        return self.end_s - self.start_s
+
+
+@dataclass
+class Trace:
+    """Everything one simulated run produced."""
+
+    spans: list[Span]
+    transfers: list[TransferRecord]
+    link_bytes: dict[tuple[str, str], float]
+    """Bytes carried by each directed link (from device, to device) that carried any."""
+    link_kind: dict[tuple[str, str], str]
+    ranks: dict[int, dict] = field(default_factory=dict)
+    """Per rank: ``node`` (host index) and ``device`` (topology GPU id)."""
+    topology: str = ""
+    memory: list = field(default_factory=list)
+    """Memory changes as (time_s, rank, category, bytes), in the order they happened
+    (see ``sim.results.memory_timeline``)."""
+    stats: dict = field(default_factory=dict)
+    """How big the simulation was and what it cost: ``events`` (SimPy events processed:
+    every timed call counts, though calls due at one instant mostly share one of the
+    ``queue_entries``, see ``sim.engine.network.Calls``), ``actions``, ``transfers``, ``simulated_gpus``; ``engine_setup_s`` (indexing, routing
+    and collective planning before the clock starts), ``engine_loop_s`` (the event loop)
+    and ``engine_wall_s`` (the event loop and the assembly of this trace)."""
+
+    @property
+    def end_s(self) -> float:
+        """When the last action finished (the makespan)."""
+        return max((s.end_s for s in self.spans), default=0.0)
+
+    def spans_of(self, rank: int, stream: str | None = None) -> list[Span]:
+        return [s for s in self.spans if s.rank == rank and (stream is None or s.stream == stream)]
+
+    def streams(self) -> dict[int, list[str]]:
+        """Each rank's streams, compute first, then others by name."""
+        out: dict[int, set[str]] = {}
+        for s in self.spans:
+            out.setdefault(s.rank, set()).add(s.stream)
+        return {r: sorted(v, key=lambda x: (x != "compute", x)) for r, v in sorted(out.items())}
+
+    def bytes_by_link_kind(self) -> dict[str, float]:
+        """Total bytes over all directed links of each kind (a byte crossing 3 IB links counts 3 times)."""
+        out: dict[str, float] = {}
+        for link, b in self.link_bytes.items():
+            k = self.link_kind[link]
+            out[k] = out.get(k, 0.0) + b
+        return dict(sorted(out.items()))
+
+    def busiest_link(self, kind: str) -> tuple[tuple[str, str] | None, float]:
+        """The directed link of ``kind`` that carried the most bytes, and how many."""
+        best, most = None, 0.0
+        for link in sorted(self.link_bytes):
+            if self.link_kind[link] == kind and self.link_bytes[link] > most:
+                best, most = link, self.link_bytes[link]
+        return best, most
+
+    def links_used(self, kind: str) -> int:
+        """How many directed links of ``kind`` carried any bytes."""
+        return sum(1 for l, b in self.link_bytes.items() if b > 0 and self.link_kind[l] == kind)

@@ -1,0 +1,362 @@
+"""Finding the best plan: enumerate every valid plan, prune analytically, simulate the rest.
+
+For a model, a GPU count and a global batch, ``enumerate_plans`` lists every plan the
+simulator can run: each tensor-parallel size that divides the heads, K/V heads and FFN
+width (at most one node, ``max_tp``), each pipeline depth that splits the layers evenly,
+data parallelism filling the GPUs and dividing the batch, each micro-batch size that
+divides the per-replica batch, interleaving (vpp > 1, Megatron-LM's rule that the
+micro-batches be a multiple of pp), every schedule (gpipe, 1f1b, zb-h1, zb-h2 for one
+chunk per stage; interleaved for several), ZeRO stages 0–3 (0 only when dp = 1),
+recompute none/selective/full and sequence parallelism (only when tp > 1, where it
+means something). Uneven layer splits, placements and DDP bucket sizes keep their
+defaults; ``trainsim sweep`` varies those. ``SearchSpace`` narrows any dimension.
+
+``search`` then works in three steps:
+
+1. **Memory.** ``sim.build.estimate`` gives each plan's per-GPU peak; a plan that does not
+   fit the GPU is dropped without simulation.
+2. **Time.** Each plan gets an analytic *bound* (``bound_s``): the part of its
+   estimated step the simulator cannot hide, priced as ``sim.build.estimate`` prices it,
+
+       bound = m·T + bubble + optimizer
+
+   with T the slowest pipeline rank's F + B + W per micro-batch (compute and the
+   tensor-parallel collectives that block it), m the micro-batches, and the schedule's
+   bubble summed over the *other* ranks, so that unequal stages (the embedding on the
+   first, the output layer on the last) are not all charged at the slowest one's rate:
+   Σ T_r / v for gpipe, 1f1b and interleaved (which is (p−1)·T/v for equal stages,
+   Narayanan et al. SC'21), Σ max(0, F_r + B_r − W_r) for zb-h1 and
+   Σ max(0, F_r + B_r − 2·W_r) for zb-h2 (Qi et al., ICLR 2024). Data-parallel and
+   pipeline p2p traffic is left out: the simulator overlaps it with backward.
+   Plans are simulated in order of increasing bound, in waves of fixed size; before
+   each wave, if the next plan's ``bound / margin`` exceeds the second-best simulated
+   time (``exact`` = 2: the best and the runner-up the explanation compares), it and
+   every plan after it are pruned. ``margin`` is the estimate's error factor
+   (``DEFAULT_MARGIN``): the simulator must never be more than ``margin`` times faster
+   than the bound, i.e. ``bound / simulated ≤ margin`` for every plan, and then pruning
+   never drops the best two. ``measure_margin`` and ``experiments/bench_sweep.py``
+   measure that ratio on a sample. Waves have a fixed size, so which plans are simulated,
+   and so every result, does not depend on the executor or the number of workers.
+3. **Rank and explain.** Simulated plans that fit are ranked by iteration time (the
+   batch is fixed, so this is tokens/s), ties by plan key; ``explain`` sets the best
+   plan's time and memory parts against the runner-up's.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+from functools import lru_cache
+
+from sim.build.costs import work_times
+from sim.errors import require
+from sim.build.estimate import Estimate, estimate
+from sim.inputs.hardware import HardwareProfile
+from sim.inputs.model import ModelSpec
+from sim.inputs.plan import RECOMPUTE, SCHEDULES, ZERO_STAGES, ParallelPlan
+from sim.units import format_bytes, format_time
+from sim.build.workload import embedding_work, head_work, layer_work
+
+DEFAULT_MARGIN = 1.1
+"""The estimate's error factor for pruning (see the module doc): how far below its bound
+a plan's simulated time may come (bound / simulated ≤ margin). Measured with ``experiments/bench_sweep.py`` (seed 1):
+over 180 valid plans (120 of an 8-layer GPT on 16 H100s, 60 of an 8-layer Llama-style
+model with grouped-query attention on 32), bound / simulated time ranged 0.22–0.943,
+median 0.82; 1.1 leaves about 17% above the largest. A larger value prunes less and is
+safer; ``math.inf`` simulates every plan that fits."""
+
+PIPELINE_SCHEDULES = tuple(s for s in SCHEDULES if s not in ("interleaved", "custom"))
+PLAN_COLUMNS = ("dp", "tp", "pp", "vpp", "micro_batch_size", "zero_stage", "schedule", "recompute",
+                "sequence_parallel")
+"""The plan fields a search varies (the columns of its CSV)."""
+
+
+@dataclass(frozen=True)
+class SearchSpace:
+    """Which values each dimension may take; None means every valid one."""
+
+    tp: tuple | None = None
+    pp: tuple | None = None
+    vpp: tuple | None = None
+    micro_batch_size: tuple | None = None
+    zero_stage: tuple | None = None
+    schedule: tuple | None = None
+    recompute: tuple | None = None
+    sequence_parallel: tuple | None = None
+    max_tp: int | None = None
+    """Largest tensor-parallel size when ``tp`` is not given (default: GPUs per node)."""
+
+    def __post_init__(self):
+        for name in ("tp", "pp", "vpp", "micro_batch_size"):
+            for v in getattr(self, name) or ():
+                require(isinstance(v, int) and not isinstance(v, bool) and v > 0, f"search: {name}", v,
+                        "expected integers > 0")
+        for v in self.zero_stage or ():
+            require(v in ZERO_STAGES and not isinstance(v, bool), "search: zero_stage", v, "allowed: 0, 1, 2, 3")
+        for v in self.schedule or ():
+            require(v in SCHEDULES and v != "custom", "search: schedule", v,
+                    f"allowed: {', '.join(s for s in SCHEDULES if s != 'custom')}")
+        for v in self.recompute or ():
+            require(v in RECOMPUTE, "search: recompute", v, f"allowed: {', '.join(RECOMPUTE)}")
+        for v in self.sequence_parallel or ():
+            require(isinstance(v, bool), "search: sequence_parallel", v, "expected true or false")
+
+    def allows(self, name: str, value) -> bool:
+        allowed = getattr(self, name)
+        return allowed is None or value in allowed
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def plan_key(plan: ParallelPlan) -> str:
+    """A short, unique, sortable name of a plan, e.g.
+    ``dp0004-tp02-pp02-v1-mb001-gbs000032-z0-1f1b-none-sp0`` (fields a search does not vary
+    are appended as ``name=value`` when they differ from the defaults)."""
+    d = asdict(plan)
+    key = (f"dp{plan.dp:04d}-tp{plan.tp:02d}-pp{plan.pp:02d}-v{plan.vpp}-mb{plan.micro_batch_size:03d}"
+           f"-gbs{plan.global_batch_size:06d}-z{plan.zero_stage}-{plan.schedule}-{plan.recompute}"
+           f"-sp{int(plan.sequence_parallel)}")
+    extra = [f"{k}={d[k]}" for k, v in sorted(_defaults().items())
+             if k not in PLAN_COLUMNS and k != "global_batch_size" and d.get(k) != v]
+    return "-".join([key, *extra])
+
+
+@lru_cache(maxsize=1)
+def _defaults() -> dict:
+    return asdict(ParallelPlan())
+
+
+def enumerate_plans(model: ModelSpec, gpus: int, global_batch_size: int, space: SearchSpace = SearchSpace(),
+                    gpus_per_node: int = 8) -> list[ParallelPlan]:
+    """Every valid plan for ``gpus`` GPUs and ``global_batch_size`` sequences, sorted by key."""
+    require(isinstance(gpus, int) and gpus > 0, "search: gpus", gpus, "expected an integer > 0")
+    require(isinstance(global_batch_size, int) and global_batch_size > 0, "search: global_batch_size",
+            global_batch_size, "expected an integer > 0")
+    max_tp = space.max_tp or gpus_per_node
+    plans = []
+    for tp in _divisors(gpus):
+        if not space.allows("tp", tp) or (space.tp is None and tp > max_tp):
+            continue
+        if any(x % tp for x in (model.num_attention_heads, model.num_key_value_heads or model.num_attention_heads,
+                                model.ffn_hidden_size)):
+            continue
+        for pp in _divisors(gpus // tp):
+            dp = gpus // (tp * pp)
+            if not space.allows("pp", pp) or model.num_layers % pp or global_batch_size % dp:
+                continue
+            for mbs in _divisors(global_batch_size // dp):
+                if space.allows("micro_batch_size", mbs):
+                    plans += _variants(model, global_batch_size, space, dp, tp, pp, mbs)
+    plans.sort(key=plan_key)
+    return plans
+
+
+def _variants(model, gbs, space, dp, tp, pp, mbs) -> list[ParallelPlan]:
+    m = gbs // (mbs * dp)
+    shapes = []  # (vpp, schedule)
+    if pp == 1:
+        shapes.append((1, "1f1b"))
+    else:
+        shapes += [(1, s) for s in PIPELINE_SCHEDULES]
+        shapes += [(v, "interleaved") for v in range(2, model.num_layers // pp + 1)
+                   if model.num_layers % (pp * v) == 0 and m % pp == 0]
+    out = []
+    for vpp, schedule in shapes:
+        if not (space.allows("vpp", vpp) and space.allows("schedule", schedule)):
+            continue
+        for zero in (ZERO_STAGES if dp > 1 else (0,)):
+            for rec in RECOMPUTE:
+                for sp in ((False, True) if tp > 1 else (False,)):
+                    if space.allows("zero_stage", zero) and space.allows("recompute", rec) and \
+                            space.allows("sequence_parallel", sp):
+                        out.append(ParallelPlan(dp=dp, tp=tp, pp=pp, vpp=vpp, sequence_parallel=sp,
+                                                micro_batch_size=mbs, global_batch_size=gbs, recompute=rec,
+                                                zero_stage=zero, schedule=schedule))
+    return out
+
+
+@lru_cache(maxsize=4096)
+def _phases(model: ModelSpec, profile: HardwareProfile, b: int, t: int, sp: bool, recompute: str,
+            tp_link: str) -> tuple:
+    """Per phase F, B, W: (phase, layer_s, embedding_s, head_s), compute plus tp collectives."""
+    def times(work):
+        return work_times(work, profile, t, tp_link)
+
+    layer = times(layer_work(model, b, t, sp, recompute))
+    emb, head = times(embedding_work(model, b, t, sp)), times(head_work(model, b, t, sp))
+    return tuple((ph, sum(layer[ph]), sum(emb[ph]), sum(head[ph])) for ph in ("F", "B", "W"))
+
+
+def bound_s(model: ModelSpec, plan: ParallelPlan, profile: HardwareProfile, est: Estimate) -> float:
+    """The part of the estimated step the simulator cannot overlap (see the module doc):
+    m·T + bubble + optimizer, T the slowest pipeline rank's F + B + W per micro-batch
+    (compute and tensor-parallel collectives, as ``sim.build.estimate`` prices them)."""
+    p, v, m = plan.pp, plan.vpp, plan.num_microbatches
+    ph = _phases(model, profile, plan.micro_batch_size, plan.tp, plan.sequence_parallel, plan.recompute,
+                 est.links["tp"])
+    layers = plan.stage_layers(model)
+    ranks = []  # per pipeline rank: (F, B, W) seconds per micro-batch over its chunks
+    for r in range(p):
+        n = sum(layers[c * p + r] for c in range(v))
+        ranks.append(tuple(n * lay + (emb if r == 0 else 0.0) + (head if r == p - 1 else 0.0)
+                           for _, lay, emb, head in ph))
+    slowest = max(range(p), key=lambda r: sum(ranks[r]))
+    others = [ranks[r] for r in range(p) if r != slowest]
+    if plan.schedule == "zb-h1":
+        bubble = sum(max(0.0, f + b - w) for f, b, w in others)
+    elif plan.schedule == "zb-h2":
+        bubble = sum(max(0.0, f + b - 2 * w) for f, b, w in others)
+    else:
+        bubble = sum(f + b + w for f, b, w in others) / v
+    return m * sum(ranks[slowest]) + bubble + est.time["optimizer"]
+
+
+@dataclass
+class Candidate:
+    """One enumerated plan with its estimate and what the search made of it."""
+
+    plan: ParallelPlan
+    key: str
+    estimate: Estimate
+    bound_s: float
+    status: str = "pending"
+    """'pruned: memory', 'pruned: time', or the simulation's status ('ok', 'error', 'crashed')."""
+    record: dict | None = None
+    """The simulation's record (``sim.studies.sweep.evaluate``) when it was simulated."""
+
+
+@dataclass
+class SearchResult:
+    candidates: list[Candidate]
+    ranked: list[dict]
+    """Simulated plans that ran, best first: records with ``summary``."""
+    margin: float
+    counts: dict = field(default_factory=dict)
+
+    @property
+    def best(self) -> dict | None:
+        return self.ranked[0] if self.ranked else None
+
+
+def candidates(model: ModelSpec, plans: list[ParallelPlan], profile: HardwareProfile,
+               gpus_per_node: int = 8) -> list[Candidate]:
+    """Estimate each plan; those that do not fit the GPU are marked 'pruned: memory'."""
+    out = []
+    for plan in plans:
+        est = estimate(model, plan, profile, gpus_per_node=gpus_per_node)
+        c = Candidate(plan, plan_key(plan), est, bound_s(model, plan, profile, est))
+        if not est.fits:
+            c.status = "pruned: memory"
+        out.append(c)
+    return out
+
+
+def search(cands: list[Candidate], simulate, *, margin: float = DEFAULT_MARGIN, exact: int = 2,
+           wave: int = 16) -> SearchResult:
+    """Prune ``cands`` (from ``candidates``) and simulate the survivors with
+    ``simulate(plans) -> records`` (one record per plan, in order; ``sim.studies.sweep.Runner.run``
+    gives them). ``cands`` are left as they are; the result holds copies."""
+    require(isinstance(margin, (int, float)) and not math.isnan(margin) and margin >= 1, "search: margin",
+            margin, "expected a number >= 1 (inf: no time pruning)")
+    require(isinstance(exact, int) and exact >= 1, "search: exact", exact, "expected an integer >= 1")
+    require(isinstance(wave, int) and wave >= 1, "search: wave", wave, "expected an integer >= 1")
+    cands = [Candidate(c.plan, c.key, c.estimate, c.bound_s, "pending" if c.estimate.fits else "pruned: memory")
+             for c in cands]
+    order = sorted((c for c in cands if c.status == "pending"), key=lambda c: (c.bound_s, c.key))
+    times: list[float] = []
+    i = 0
+    while i < len(order):
+        threshold = sorted(times)[exact - 1] if len(times) >= exact else math.inf
+        if order[i].bound_s / margin > threshold:
+            for c in order[i:]:
+                c.status = "pruned: time"
+            break
+        batch = order[i:i + wave]
+        i += len(batch)
+        for c, rec in zip(batch, simulate([c.plan for c in batch])):
+            c.record, c.status = rec, rec["status"]
+            if rec["status"] == "ok" and rec["summary"].get("fits", True):
+                times.append(rec["summary"]["iteration_time_s"])
+    ranked = sorted((c.record for c in cands if c.status == "ok" and c.record["summary"].get("fits", True)),
+                    key=lambda r: (r["summary"]["iteration_time_s"], r["key"]))
+    counts = {"plans": len(cands), "evaluated": sum(c.record is not None for c in cands),
+              "ok": len(ranked), "does_not_fit": sum(c.status == "ok" for c in cands) - len(ranked),
+              "failed": sum(c.status in ("error", "crashed") for c in cands),
+              "pruned_memory": sum(c.status == "pruned: memory" for c in cands),
+              "pruned_time": sum(c.status == "pruned: time" for c in cands)}
+    counts["pruned"] = counts["pruned_memory"] + counts["pruned_time"]
+    return SearchResult(cands, ranked, margin, counts)
+
+
+def measure_margin(cands: list[Candidate]) -> dict:
+    """How the estimate's bound compares with simulation over the simulated candidates:
+    the ratios ``bound_s / simulated time`` (min, median, max). The margin a search needs
+    is at least ``max``."""
+    ratios = sorted(c.bound_s / c.record["summary"]["iteration_time_s"] for c in cands
+                    if c.record is not None and c.record["status"] == "ok")
+    if not ratios:
+        return {"plans": 0}
+    return {"plans": len(ratios), "min": ratios[0], "median": ratios[len(ratios) // 2], "max": ratios[-1]}
+
+
+# ------------------------------------------------------------------ explaining
+def describe_plan(plan: dict) -> str:
+    """``dp 4 x tp 2 x pp 2 (vpp 2), interleaved, mb 2, ZeRO-1, recompute none, sp``."""
+    s = f"dp {plan['dp']} x tp {plan['tp']} x pp {plan['pp']}"
+    if plan["vpp"] > 1:
+        s += f" (vpp {plan['vpp']})"
+    if plan["pp"] > 1:
+        s += f", {plan['schedule']}"
+    s += f", mb {plan['micro_batch_size']}, ZeRO-{plan['zero_stage']}, recompute {plan['recompute']}"
+    if plan["sequence_parallel"] and plan["tp"] > 1:
+        s += ", sp"
+    return s
+
+
+def time_parts(summary: dict) -> dict:
+    """The critical rank's time by part (seconds): compute, exposed comm by kind, idle."""
+    parts = {"compute": summary["compute_s"]}
+    parts.update({f"exposed {k}": v for k, v in summary["exposed_comm_s"].items()})
+    parts["idle (bubble, waiting)"] = summary["idle_s"]
+    return parts
+
+
+def explain(best: dict, runner_up: dict | None) -> list[str]:
+    """Lines saying why ``best`` beats ``runner_up`` (records with ``summary``): the time
+    parts and memory parts side by side and the parts that make the difference."""
+    b = best["summary"]
+    if runner_up is None:
+        return [f"only one plan ran: {describe_plan(b['plan'])}"]
+    r = runner_up["summary"]
+    tb, tr = b["iteration_time_s"], r["iteration_time_s"]
+    lines = [f"best      {describe_plan(b['plan'])}",
+             f"runner-up {describe_plan(r['plan'])}",
+             f"{'':<24}{'best':>12}{'runner-up':>12}{'difference':>13}",
+             f"{'iteration time':<24}{format_time(tb):>12}{format_time(tr):>12}{format_time(tr - tb):>13}"]
+    pb, pr = time_parts(b), time_parts(r)
+    for k in sorted(set(pb) | set(pr), key=lambda k: list({**pb, **pr}).index(k)):
+        x, y = pb.get(k, 0.0), pr.get(k, 0.0)
+        if x or y:
+            lines.append(f"  {k:<22}{format_time(x):>12}{format_time(y):>12}{format_time(y - x):>13}")
+    mb, mr = b["memory"], r["memory"]
+    parts = [k for k, v in mb.items() if k.endswith("_bytes") and k != "peak_bytes" and isinstance(v, (int, float))
+             and k in mr and not k.startswith(("analytic", "breakdown"))]
+    for k in parts + ["peak_bytes"]:
+        name = "peak memory" if k == "peak_bytes" else "  " + k.removesuffix("_bytes")
+        lines.append(f"{name:<24}{format_bytes(mb[k]):>12}{format_bytes(mr[k]):>12}"
+                     f"{format_bytes(mr[k] - mb[k]):>13}")
+    gain = {k: pr.get(k, 0.0) - pb.get(k, 0.0) for k in set(pb) | set(pr)}
+    why = [f"{format_time(v)} less {k}" for k, v in sorted(gain.items(), key=lambda kv: (-kv[1], kv[0])) if v > 0][:2]
+    cost = [f"{format_time(-v)} more {k}" for k, v in sorted(gain.items(), key=lambda kv: (kv[1], kv[0])) if v < 0][:1]
+    pct = (tr - tb) / tr * 100 if tr else 0.0
+    verdict = f"why: the best is {format_time(tr - tb)} ({pct:.1f}%) faster per iteration"
+    if why:
+        verdict += ": " + ", ".join(why)
+    if cost:
+        verdict += "; it pays " + cost[0]
+    dm = mb["peak_bytes"] - mr["peak_bytes"]
+    verdict += f"; it needs {format_bytes(abs(dm))} {'more' if dm > 0 else 'less'} memory per GPU"
+    lines.append(verdict)
+    return lines
