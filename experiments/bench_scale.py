@@ -61,7 +61,7 @@ from sim.cli import build_parser
 from sim.commands import run as R
 from sim.commands._spec import model_from_args, plan_from_args
 from sim.inputs.hardware import load_profile
-from sim.build.training import simulate_training
+from sim.session import simulate_training
 args = build_parser().parse_args(json.loads(sys.argv[1]))
 t0 = time.perf_counter()
 model = model_from_args(args); profile = load_profile(args.gpu); args.gpus = R._gpus(args)
@@ -83,7 +83,7 @@ print(json.dumps({"wall_s": wall, "iteration_s": run.trace.end_s, **stats, "rss_
 
 _FLOOR = _BARE + r"""
 import json, time
-from sim.build.actions import Action, Program
+from sim.program.actions import Action, Program
 from sim.engine.core import simulate
 from sim.inputs.topology_build import load_topology
 acts = {r: [Action.new(f"c{i}", stream="compute", duration_s=1e-3 * (1 + (i * 7 + r) % 5), deps=(f"c{i-1}",) if i else ())
@@ -129,7 +129,7 @@ def main() -> int:
     print("loop (best of 3 if under a second); vs bare: that rate as a ratio of a bare SimPy loop of")
     print("timeouts run in the same process right after (best of 3); +trace: the same ratio over the loop")
     print("and the trace assembly together;")
-    print("entries: SimPy queue entries (timed calls due at one instant share one: sim.engine.network.Calls)")
+    print("entries: SimPy queue entries (timed calls due at one instant share one: sim.engine.kernel.Calls)")
     print(f"{'case':<24} {'fidelity':<8} {'wall s':>7} {'set-up s':>8} {'loop s':>7} {'trace s':>7} {'events':>11} "
           f"{'entries':>10} {'events/s':>9} {'vs bare':>7} {'+trace':>6} {'RSS MB':>7} {'iteration s':>11}")
 

@@ -26,7 +26,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from sim.build.actions import Action, Program  # noqa: E402
+from sim.program.actions import Action, Program  # noqa: E402
 from sim.engine.core import simulate  # noqa: E402
 from sim.fileio import atomic_path, write_text_atomic  # noqa: E402
 from sim.inputs.topology_build import NodeSpec, build_cluster, load_node_spec, load_topology  # noqa: E402
@@ -114,8 +114,8 @@ def one_nic_per_ring_cluster(node: str, nodes: int):
 # ----------------------------------------------------------------- simulation
 def run_summary(model, plan, profile, topology, fidelity: str = "auto", keep_run: bool = False):
     """Simulate one iteration and return ``trainsim run --json``'s summary (and the run)."""
-    from sim.commands.run import summarize
-    from sim.build.training import simulate_training
+    from sim.session import summarize
+    from sim.session import simulate_training
 
     run = simulate_training(model, plan, profile, topology, fidelity=fidelity)
     s = summarize(run)

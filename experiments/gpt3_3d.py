@@ -30,7 +30,7 @@ from common import GB, dgx, md_table, parallel_map, parse_args, pyplot, run_summ
 from common import write_csv, write_json, write_verdict  # noqa: E402
 
 from sim.inputs.hardware import load_profile  # noqa: E402
-from sim.build.memory import model_state_bytes, stage_activation_bytes, stage_params_per_rank  # noqa: E402
+from sim.program.memory import model_state_bytes, stage_activation_bytes, stage_params_per_rank  # noqa: E402
 from sim.inputs.model import preset  # noqa: E402
 from sim.inputs.plan import ParallelPlan  # noqa: E402
 

@@ -19,7 +19,7 @@ Both schemes use full activation recompute; PTD-P runs the 1F1B schedule (its bu
 ZeRO-3 is simulated three ways, to find out why the default disagrees with the paper:
 with NCCL-style rings (one ring per NIC, 8 per node) and one layer of prefetch; with one
 NIC's bandwidth per ring; and with one NIC per ring and no prefetch (every gather exposed).
-The analytic estimate (``sim.build.estimate``, which adds communication to compute without
+The analytic estimate (``sim.program.estimate``, which adds communication to compute without
 overlap) is shown with 8 channels and with one (``dp_channels=1``).
 
     .venv/bin/python experiments/megatron_table2.py [--quick]
@@ -35,7 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import dgx, md_table, one_nic_per_ring_cluster, parallel_map, parse_args, pyplot, run_summary, save  # noqa: E402,E501
 from common import write_csv, write_json, write_verdict  # noqa: E402
 
-from sim.build.estimate import estimate  # noqa: E402
+from sim.program.estimate import estimate  # noqa: E402
 from sim.inputs.hardware import load_profile  # noqa: E402
 from sim.inputs.model import gpt, preset  # noqa: E402
 from sim.inputs.plan import ParallelPlan  # noqa: E402

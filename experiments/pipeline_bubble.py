@@ -30,7 +30,7 @@ from common import (COLORS, GB, free_cluster, md_table, parallel_map, parse_args
                     save, step_seconds, write_csv, write_json, write_verdict)
 
 from sim.inputs.hardware import load_profile  # noqa: E402
-from sim.build.memory import stage_activation_bytes  # noqa: E402
+from sim.program.memory import stage_activation_bytes  # noqa: E402
 from sim.inputs.model import gpt, preset  # noqa: E402
 from sim.inputs.plan import ParallelPlan  # noqa: E402
 

@@ -25,7 +25,7 @@ from common import GB, comm_bytes, dgx, ethernet_cluster, md_table, parallel_map
 from common import run_summary, save, write_csv, write_json, write_verdict  # noqa: E402
 
 from sim.inputs.hardware import load_profile  # noqa: E402
-from sim.build.memory import model_state_bytes  # noqa: E402
+from sim.program.memory import model_state_bytes  # noqa: E402
 from sim.inputs.model import gpt, llama, preset  # noqa: E402
 from sim.inputs.plan import ParallelPlan  # noqa: E402
 

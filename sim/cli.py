@@ -45,7 +45,7 @@ def build_parser() -> argparse.ArgumentParser:
         mod = importlib.import_module(f"sim.commands.{name}")
         p = sub.add_parser(mod.NAME, help=mod.HELP, description=mod.HELP)
         mod.add_arguments(p)
-        p.set_defaults(_run=mod.run, _parser=p)
+        p.set_defaults(_run=mod.run)
     return parser
 
 
@@ -54,7 +54,6 @@ def main(argv: list[str] | None = None) -> int:
     try:
         argv = list(sys.argv[1:] if argv is None else argv)
         args = parser.parse_args(argv)
-        args._argv = argv
         if not getattr(args, "_run", None):
             parser.print_help()
             return 2

@@ -48,9 +48,9 @@ def bad(tmp_path, capsys, monkeypatch):
     import sim.calibrate.profile
     import sim.calibrate.validate
     import sim.commands.collective
-    import sim.build.training
+    import sim.session
 
-    for mod, name in ((sim.build.training, "simulate"), (sim.commands.collective, "simulate"),
+    for mod, name in ((sim.session, "simulate"), (sim.commands.collective, "simulate"),
                       (sim.calibrate.profile, "calibrate"), (sim.calibrate.validate, "run_validation")):
         monkeypatch.setattr(mod, name, no_work)
 
@@ -198,7 +198,7 @@ def test_the_good_files_are_good(tmp_path):
     from sim.calibrate.nccl_tests import load_nccl_tests
     from sim.inputs.hardware import load_profile
     from sim.inputs.model import model_from_hf_config
-    from sim.build.schedule_io import load_schedule_csv
+    from sim.program.schedule_io import load_schedule_csv
     from sim.inputs.topology_build import load_topology
 
     assert load_profile(_write(tmp_path, "gpu.json", PROFILE_TEXT)).name == "h100-sxm"
@@ -449,7 +449,7 @@ def test_seq_length_beyond_learned_positions_names_the_file(bad, tmp_path):
 
 
 def test_megatron_args_are_strict():
-    from sim.inputs.model import model_from_megatron_args
+    from sim.inputs.resolve import model_from_megatron_args
 
     for argv, says in ((["--num-layers", "4", "--hidden-size", "x"], "--hidden-size: got 'x'"),
                        (["--num-layers", "-4"], "--num-layers: got -4"),

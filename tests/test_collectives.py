@@ -2,7 +2,7 @@
 
 import pytest
 
-from sim.build.actions import Action, Program
+from sim.program.actions import Action, Program
 from sim.engine.algorithms import build, ring_order
 from sim.commands.collective import run_collective
 from sim.engine.core import simulate

@@ -2,7 +2,7 @@
 
 import pytest
 
-from sim.build.actions import Action, Program
+from sim.program.actions import Action, Program
 from sim.engine.core import simulate
 from sim.errors import DeadlockError, InputError
 

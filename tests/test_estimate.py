@@ -5,13 +5,13 @@ import json
 import pytest
 
 from sim.cli import main
-from sim.build.costs import op_time, work_times
+from sim.program.costs import op_time, work_times
 from sim.errors import InputError
-from sim.build.estimate import estimate, model_flops_per_sequence
+from sim.program.estimate import estimate, model_flops_per_sequence
 from sim.inputs.hardware import load_profile
 from sim.inputs.model import preset
 from sim.inputs.plan import ParallelPlan
-from sim.build.workload import embedding_work, head_work, layer_work
+from sim.program.workload import embedding_work, head_work, layer_work
 
 A100 = load_profile("a100-80gb")
 
@@ -102,7 +102,7 @@ def test_zero_bubble_closed_forms():
     # Micro-batches stashed on stage i: GPipe all 8, 1F1B p - i; ZB-H1 p = 4 and ZB-H2
     # 2p - 1 = 7 on every stage, since a micro-batch's activations stay until its W (so the
     # last stage keeps p micro-batches' logits under ZB-H1 where 1F1B keeps one).
-    from sim.build.memory import activation_bytes_per_layer, embedding_activation_bytes, head_activation_bytes
+    from sim.program.memory import activation_bytes_per_layer, embedding_activation_bytes, head_activation_bytes
     held = {"gpipe": lambda i: 8, "1f1b": lambda i: p - i, "zb-h1": lambda i: p, "zb-h2": lambda i: 2 * p - 1}
     per_layer, on_first, on_last = (activation_bytes_per_layer(m, 1), embedding_activation_bytes(m, 1),
                                     head_activation_bytes(m, 1))
@@ -115,7 +115,7 @@ def test_zero_bubble_closed_forms():
 
 
 def test_uneven_split_moves_the_worst_stage():
-    from sim.build.memory import layer_params_per_rank
+    from sim.program.memory import layer_params_per_rank
     m = preset("llama3-8b")
     even = estimate(m, ParallelPlan(pp=4, global_batch_size=8), A100)
     uneven = estimate(m, ParallelPlan(pp=4, global_batch_size=8, first_stage_layers=5), A100)   # 5, 9, 9, 9

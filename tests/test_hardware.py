@@ -5,10 +5,10 @@ import random
 
 import pytest
 
-from sim.build.costs import collective_time, op_time, transfer_time
+from sim.program.costs import collective_time, op_time, transfer_time
 from sim.errors import InputError
 from sim.inputs.hardware import LINK_KINDS, PRESETS, HardwareProfile, LinkModel, load_profile
-from sim.build.workload import Op
+from sim.program.workload import Op
 
 
 @pytest.fixture(params=PRESETS)

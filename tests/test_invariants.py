@@ -7,14 +7,15 @@ import pytest
 import simpy
 
 from sim.engine import invariants
-from sim.engine.core import _CheckingEnvironment, simulate
+from sim.engine.core import simulate
 from sim.inputs.hardware import load_profile
 from sim.engine.invariants import InvariantError, check
+from sim.engine.kernel import CheckingEnvironment
 from sim.inputs.model import gpt
 from sim.engine.network import Network
 from sim.inputs.plan import ParallelPlan
 from sim.inputs.topology_build import load_topology
-from sim.build.training import simulate_training
+from sim.session import simulate_training
 
 H100 = load_profile("h100-sxm")
 TINY = gpt("tiny", 4, 512, 8, 4096, 256)
@@ -127,7 +128,7 @@ def test_memory_left_over_at_the_end_is_caught(run):
 
 def test_a_transfer_faster_than_its_bottleneck_is_caught(make_star):
     topo = make_star([100e9, 100e9])
-    from sim.build.actions import Action, Program
+    from sim.program.actions import Action, Program
 
     prog = Program({0: [Action("s", kind="send", peer=1, nbytes=1e9)],
                     1: [Action("r", kind="recv", peer=0, nbytes=1e9)]})
@@ -144,7 +145,7 @@ def test_a_transfer_faster_than_its_bottleneck_is_caught(make_star):
 
 
 def _two_flows(topo):
-    from sim.build.actions import Action, Program
+    from sim.program.actions import Action, Program
 
     return Program({0: [Action("s", kind="send", peer=2, nbytes=1e9)],
                     1: [Action("s", kind="send", peer=2, nbytes=1e9)],
@@ -179,7 +180,7 @@ def test_a_flow_whose_rate_history_does_not_add_up_is_caught(make_star, monkeypa
 
 
 def test_time_going_backwards_is_caught():
-    env = _CheckingEnvironment()
+    env = CheckingEnvironment()
     env.timeout(5.0)
     env._now = 10.0  # as if something had advanced the clock past a pending event
     with pytest.raises(InvariantError, match="went backwards from 10.0 s to 5.0 s"):

@@ -11,7 +11,7 @@ from sim.engine.limits import DEFAULT_MAX_EVENTS, check_size, estimate_events
 from sim.inputs.model import gpt, preset
 from sim.inputs.plan import ParallelPlan
 from sim.inputs.topology_build import load_topology
-from sim.build.training import simulate_training
+from sim.session import simulate_training
 
 H100 = load_profile("h100-sxm")
 SMALL = gpt("small", 8, 1024, 16, 8192, 512)

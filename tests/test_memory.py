@@ -4,7 +4,7 @@ in-flight counts, per-rank parameter shards, ZeRO-3 temporaries."""
 import pytest
 
 from sim.errors import InputError
-from sim.build.memory import (
+from sim.program.memory import (
     activation_bytes_per_layer,
     activation_terms,
     grad_bucket_bytes,
@@ -170,7 +170,7 @@ def _schedule_peak_per_chunk(schedule, rank, weights=None):
 def test_inflight_counts_are_what_the_generated_schedules_hold(name, vpps):
     # The estimate's counts against the schedules the simulator runs, p = 2..8 and m below,
     # at and above p (interleaved: multiples of p, m = p included), chunk by chunk.
-    from sim.build.schedules import build_schedule
+    from sim.program.schedules import build_schedule
 
     for p in range(2, 9):
         for v in vpps:
@@ -196,15 +196,15 @@ def test_inflight_counts_are_what_the_generated_schedules_hold(name, vpps):
     ("zb-h1", 1, 3, None), ("zb-h2", 1, 8, None), ("zb-h2", 1, 5, None), ("interleaved", 2, 8, None),
     ("interleaved", 2, 4, None), ("zb-h1", 1, 8, 1), ("interleaved", 2, 8, 10)])
 def test_estimated_stage_activations_match_the_simulated_memory_timeline(schedule, vpp, m, first):
-    # What the estimate says each stage stores (sim.build.estimate uses stage_activation_bytes)
+    # What the estimate says each stage stores (sim.program.estimate uses stage_activation_bytes)
     # against the peak of the activations category on that stage's rank in a real
     # simulate_training run; a model with dropout, so the embedding's mask and the
     # output layer's logits count on the first and last stage too.
-    from sim.build.estimate import estimate
+    from sim.program.estimate import estimate
     from sim.inputs.hardware import load_profile
     from sim.results.memory_timeline import timeline
     from sim.inputs.topology_build import load_topology
-    from sim.build.training import simulate_training
+    from sim.session import simulate_training
 
     h100 = load_profile("h100-sxm")
     model = gpt("small", 16, 256, 4, 512, 128)

@@ -10,10 +10,10 @@ from sim.inputs.model import (
     ModelSpec,
     gpt,
     model_from_hf_config,
-    model_from_megatron_args,
     preset,
     with_seq_length,
 )
+from sim.inputs.resolve import model_from_megatron_args
 
 
 def megatron_eq2(l, h, V, s):

@@ -4,11 +4,9 @@ import math
 
 import networkx as nx
 import pytest
-import simpy
 
-from sim.build.actions import Action, Program
+from sim.program.actions import Action, Program
 from sim.engine.core import simulate
-from sim.engine.network import Calls
 from sim.inputs.topology import Topology
 
 
@@ -107,86 +105,3 @@ def test_every_byte_sent_is_carried(make_star):
     assert sum(r.nbytes for r in tr.transfers) == 300
     # each transfer crosses two links of the star
     assert sum(tr.link_bytes.values()) == pytest.approx(600)
-
-
-def test_calls_at_one_instant_share_a_queue_entry_and_keep_their_order():
-    # Separate SimPy timeouts would run a, b, the SimPy event, c (in id order at t=1),
-    # then d, the call d makes for its own instant, and f. Calls give the same order,
-    # with a, b in one entry, c in its own (the SimPy event took an id after b's, so b's
-    # entry takes no more calls), and at t=2 d, f and e in one: f's id came after x's,
-    # but x is a call at another instant, and e joins the entry while it runs.
-    env = simpy.Environment()
-    calls = Calls(env)
-    log = []
-    calls.at(1.0, log.append, "a")
-    calls.at(1.0, log.append, "b")
-    env.timeout(1.0).callbacks.append(lambda _e: log.append("simpy"))
-    calls.at(1.0, log.append, "c")
-    calls.at(2.0, lambda x: (log.append(x), calls.at(env.now, log.append, "e")), "d")
-    calls.at(1.5, log.append, "x")
-    calls.at(2.0, log.append, "f")
-    env.run()
-    assert log == ["a", "b", "simpy", "c", "x", "d", "f", "e"]
-    assert calls.entries == 4 and env.now == 2.0
-
-
-def test_a_call_after_a_simpy_event_at_one_instant_stays_behind_it():
-    # The timeout draws an id after a's, so b gets an entry of its own behind it; at t=1
-    # the timeout's callback asks for a call now, which goes after b (SimPy: a, the
-    # timeout, b, then the new call, in id order).
-    env = simpy.Environment()
-    calls = Calls(env)
-    log = []
-    calls.at(1.0, log.append, "a")
-    env.timeout(1.0).callbacks.append(lambda _e: (log.append("simpy"), calls.at(env.now, log.append, "late")))
-    calls.at(1.0, log.append, "b")
-    env.run()
-    assert log == ["a", "simpy", "b", "late"]
-
-
-def _mixed_schedule(env):
-    """Calls (some sharing an entry, one joining its run while it runs), SimPy timeouts
-    and a triggered event at the same and at different instants; returns the log."""
-    calls = Calls(env)
-    log = []
-    calls.at(1.0, log.append, "a")
-    calls.at(1.0, log.append, "b")
-    env.timeout(1.0).callbacks.append(lambda _e: log.append("simpy"))
-    calls.at(1.0, lambda x: (log.append(x), calls.at(env.now, log.append, "c2")), "c")
-    ev = env.event()
-    calls.at(0.5, lambda _x: ev.succeed(), None)
-    ev.callbacks.append(lambda _e: (log.append(("event", env.now)), calls.at(2.0, log.append, "d3")))
-    calls.at(2.0, log.append, "d")
-    calls.at(1.5, log.append, "x")
-    calls.at(2.0, log.append, "d2")
-    return log
-
-
-def test_the_engine_loop_processes_events_exactly_as_simpys_run():
-    # The engine's environment runs the queue with its own loop (step's work inline,
-    # a Calls entry's calls made right there); the same schedule must give the same
-    # order and end time as SimPy's own run().
-    from sim.engine.core import _CountingEnvironment
-
-    ours, theirs = _CountingEnvironment(0.0), simpy.Environment(0.0)
-    log_ours, log_theirs = _mixed_schedule(ours), _mixed_schedule(theirs)
-    assert ours.calls is not None  # (so its loop makes the calls itself)
-    ours.run()
-    theirs.run()
-    assert log_ours == log_theirs == [("event", 0.5), "a", "b", "simpy", "c", "c2", "x", "d", "d2", "d3"]
-    assert ours.now == theirs.now == 2.0
-    assert ours.events_processed == 11  # 9 calls, a timeout and the event
-
-
-def test_the_engine_loop_raises_a_failed_event_as_simpy_does():
-    from sim.engine.core import _CountingEnvironment
-
-    for env in (_CountingEnvironment(0.0), simpy.Environment(0.0)):
-        env.event().fail(ValueError("link down"))
-        with pytest.raises(ValueError, match="link down") as info:
-            env.run()
-        assert isinstance(info.value.__cause__, ValueError)
-        defused = env.event()
-        defused.fail(ValueError("handled"))
-        defused.defused = True
-        env.run()  # a defused failure does not stop the run

@@ -2,7 +2,7 @@
 
 import json
 
-from sim.build.actions import Action, Program
+from sim.program.actions import Action, Program
 from sim.engine.core import simulate
 from sim.results.export import to_chrome, write_chrome
 from sim.results.plot import plot_timeline

@@ -2,8 +2,8 @@
 
 import pytest
 
-from sim.build import passes
-from sim.build.actions import Action, Program
+from sim.program import passes
+from sim.program.actions import Action, Program
 from sim.engine.core import simulate
 from sim.results.metrics import critical_rank, rank_breakdown
 

@@ -9,7 +9,7 @@ import pytest
 from sim.errors import InputError
 from sim.inputs.model import llama, preset
 from sim.inputs.plan import DDP_BUCKET_BYTES, ParallelPlan
-from sim.build.workload import chunk_work
+from sim.program.workload import chunk_work
 
 PERMS = ["-".join(p) for p in itertools.permutations(("tp", "pp", "dp"))]
 

@@ -61,10 +61,10 @@ from hypothesis import strategies as st
 from _hypothesis_profiles import examples
 from conftest import star
 from sim.engine import invariants
-from sim.build.actions import Action, Program
+from sim.program.actions import Action, Program
 from sim.cli import main as cli_main
-from sim.build.coalesce import isolated_tp_pricer
-from sim.commands.run import summarize
+from sim.program.coalesce import isolated_tp_pricer
+from sim.session import summarize
 from sim.engine.core import simulate
 from sim.errors import DeadlockError, InputError
 from sim.results.export import write_chrome
@@ -72,11 +72,11 @@ from sim.inputs.hardware import load_profile
 from sim.results.metrics import critical_rank, rank_breakdown
 from sim.inputs.model import ModelSpec, gpt, llama
 from sim.inputs.plan import ParallelPlan, split_layers
-from sim.build.schedule_io import validate
-from sim.build.schedules import Schedule, Step, build_schedule, one_f_one_b, to_program
+from sim.program.schedule_io import validate
+from sim.program.schedules import Schedule, Step, build_schedule, one_f_one_b, to_program
 from sim.inputs.topology import Topology
 from sim.inputs.topology_build import FabricSpec, NodeSpec, build_cluster
-from sim.build.training import simulate_training
+from sim.session import simulate_training
 
 
 PROFILES = ("a100-80gb", "h100-sxm", "h200")
@@ -226,7 +226,7 @@ def plans(draw, model: ModelSpec, max_gpus: int = MAX_GPUS, schedules=ALL_SCHEDU
 # ================================================================ schedules
 def _deps(step: Step, num_stages: int, split: dict) -> list[Step]:
     """Data dependencies of a step, written out here independently of
-    ``sim.build.schedules.step_deps``: F(s,j) <- F(s-1,j); B or I of (s,j) <- F(s,j) and the
+    ``sim.program.schedules.step_deps``: F(s,j) <- F(s-1,j); B or I of (s,j) <- F(s,j) and the
     input gradient of stage s+1 (its I when it splits its backward, else its B);
     W(s,j) <- I(s,j)."""
     s, j = step.stage, step.mb
@@ -399,7 +399,7 @@ def test_random_training_runs_complete_and_keep_invariants(case):
 
 @st.composite
 def coalescible_cases(draw) -> Case:
-    """Cases where sim.build.coalesce applies: each tensor-parallel group fills a node (so every
+    """Cases where sim.program.coalesce applies: each tensor-parallel group fills a node (so every
     pipeline and data-parallel group has one GPU per node) and NVLink is the same for
     every GPU; NICs may be shared and the fabric may be a fat-tree with spines, so tp
     peers can reach a collective at different times (their transfers met different
@@ -417,7 +417,7 @@ def coalescible_cases(draw) -> Case:
 @examples(ci=30, fuzz=300)
 @given(coalescible_cases())
 def test_coalesced_tp_collectives_keep_the_iteration_time(case):
-    # sim.build.coalesce replaces tensor-parallel collectives that provably have NVLink to
+    # sim.program.coalesce replaces tensor-parallel collectives that provably have NVLink to
     # themselves by their closed-form time; the step must end exactly when it would have.
     # Three bugs found here are fixed, each kept as a test at the end: with unequal NVLink
     # bandwidths the closed form used the wrong bandwidth (now: no coalescing); where GPUs
@@ -935,7 +935,7 @@ def test_cli_run_fuzz(argv):
 
 
 # ================================================================ bugs found here (fixed)
-# Was: ParallelPlan accepted zero3_max_live_parameters=inf, then sim.build.training.zero3_depth did
+# Was: ParallelPlan accepted zero3_max_live_parameters=inf, then sim.program.training.zero3_depth did
 # int(inf // params): a bare ValueError, not an InputError.
 def test_zero3_max_live_parameters_inf_is_refused_or_means_no_cap():
     model = gpt("g", 2, 64, 4, 128, 32)
@@ -949,7 +949,7 @@ def test_zero3_max_live_parameters_inf_is_refused_or_means_no_cap():
     assert run.trace.end_s == simulate_training(model, ParallelPlan(dp=2, zero_stage=3), h100, topo).trace.end_s
 
 
-# Was: sim.build.coalesce.isolated_tp_pricer prices every tensor-parallel collective with the
+# Was: sim.program.coalesce.isolated_tp_pricer prices every tensor-parallel collective with the
 # bandwidth between the first two ranks of the first tp group, so on a node with unequal
 # NVLink bandwidths coalescing changes the iteration time (0.334 ms instead of 0.927 ms
 # here)
@@ -976,7 +976,7 @@ def test_gpus_of_a_node_talk_over_nvlink_when_they_share_a_nic():
     assert over_pcie == []
 
 
-# Was: coalesced tensor-parallel collectives (sim.build.coalesce) are plain durations with no
+# Was: coalesced tensor-parallel collectives (sim.program.coalesce) are plain durations with no
 # rendezvous, so a tp rank whose input arrived early does not wait for its late peers as the
 # real collective would: on a fat-tree whose spines split the tp ranks' p2p transfers
 # unevenly, the coalesced iteration ends 80 ns early here

@@ -15,8 +15,8 @@ import pytest
 
 from sim.engine.core import simulate
 from sim.errors import InputError
-from sim.build.schedule_io import _unit_run, from_csv, load_schedule_csv, render, to_csv, validate
-from sim.build.schedules import (SCHEDULES, Schedule, Step, build_schedule, in_flight, interleaved, one_f_one_b,
+from sim.program.schedule_io import _unit_run, from_csv, load_schedule_csv, render, to_csv, validate
+from sim.program.schedules import (SCHEDULES, Schedule, Step, build_schedule, in_flight, interleaved, one_f_one_b,
                                  step_deps, to_program, zb_h1)
 
 

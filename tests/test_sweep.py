@@ -78,8 +78,8 @@ def test_local_records_are_those_of_trainsim_run_and_do_not_depend_on_the_worker
     with Runner(workers=0) as inline:
         assert inline.run(CTX, PLANS) == local_records
     # The summary is exactly what ``trainsim run --json`` prints for that plan.
-    from sim.commands.run import summarize
-    from sim.build.training import simulate_training
+    from sim.session import summarize
+    from sim.session import simulate_training
 
     assert local_records[3]["summary"] == summarize(simulate_training(TINY, PLANS[3], H100, CTX.topology()))
 

@@ -10,10 +10,11 @@ from sim.inputs.hardware import load_profile
 from sim.results.metrics import iteration_metrics, rank_breakdown
 from sim.inputs.model import gpt
 from sim.inputs.plan import ParallelPlan
-from sim.build.schedules import build_schedule, to_program
+from sim.program.schedules import build_schedule, to_program
 from sim.engine.core import simulate
 from sim.inputs.topology_build import NodeSpec, build_cluster, load_topology
-from sim.build.training import _Segments, build_program, simulate_training
+from sim.program.training import _Segments, build_program
+from sim.session import simulate_training
 
 H100 = load_profile("h100-sxm")
 TINY = gpt("tiny", 8, 1024, 16, 8192, 512)
@@ -200,7 +201,7 @@ def test_experiment_file_and_override(tmp_path, capsys):
 
 
 def test_custom_schedule_csv(tmp_path, capsys):
-    from sim.build.schedule_io import to_csv
+    from sim.program.schedule_io import to_csv
 
     path = tmp_path / "mine.csv"
     path.write_text(to_csv(build_schedule("1f1b", 2, 4)))
@@ -233,7 +234,7 @@ def test_coalescing_isolated_tp_collectives_keeps_the_iteration_time(plan):
 
 
 def test_no_coalescing_when_tp_shares_nvlink_with_other_traffic():
-    from sim.build.coalesce import isolated_tp_pricer
+    from sim.program.coalesce import isolated_tp_pricer
 
     topo = load_topology("dgx-h100", nodes=2)
     eff = H100.link_efficiencies()

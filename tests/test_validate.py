@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from sim.build.actions import Action, Program
+from sim.program.actions import Action, Program
 from sim.calibrate.reference import p2p_groups
 from sim.calibrate.validate import (
     config_plan,
@@ -21,7 +21,7 @@ from sim.cli import main
 from sim.engine.core import simulate
 from sim.errors import InputError
 from sim.inputs.hardware import HardwareProfile, LinkModel
-from sim.build.schedules import build_schedule
+from sim.program.schedules import build_schedule
 
 
 def _groups_complete(schedule) -> bool:

@@ -5,7 +5,7 @@ import pytest
 
 from sim.errors import InputError
 from sim.inputs.model import gpt, llama, preset
-from sim.build.workload import Op, embedding_work, head_work, layer_work, p2p_bytes
+from sim.program.workload import Op, embedding_work, head_work, layer_work, p2p_bytes
 
 MATMUL = ("gemm", "attention")
 
@@ -145,7 +145,7 @@ def test_bad_tp_is_one_line_error():
 
 def test_chunk_work_places_embedding_and_head():
     from sim.inputs.plan import ParallelPlan
-    from sim.build.workload import chunk_work
+    from sim.program.workload import chunk_work
     m = preset("llama3-8b")
     plan = ParallelPlan(pp=4, vpp=2, global_batch_size=8)
     names = {v: [w.name for w in chunk_work(m, plan, v)] for v in range(8)}

@@ -9,7 +9,8 @@ from sim.results.memory_timeline import final, highest_peak, min_level, peak, ti
 from sim.inputs.model import gpt, preset
 from sim.inputs.plan import ParallelPlan
 from sim.inputs.topology_build import NodeSpec, build_cluster, load_topology
-from sim.build.training import build_program, simulate_training
+from sim.program.training import build_program
+from sim.session import simulate_training
 
 H100 = load_profile("h100-sxm")
 A100 = load_profile("a100-80gb")
@@ -81,7 +82,7 @@ def test_prefetch_depth_zero_exposes_every_gather_and_depth_one_hides_them():
 
 
 def test_peak_gathered_memory_grows_with_depth_by_one_layer_each():
-    from sim.build.memory import layer_params_per_rank
+    from sim.program.memory import layer_params_per_rank
 
     topo = load_topology("dgx-h100")
     layer = 2 * layer_params_per_rank(SMALL, 1)
@@ -97,7 +98,7 @@ def test_peak_gathered_memory_grows_with_depth_by_one_layer_each():
 
 def test_gpipe_activations_grow_with_m_and_1f1b_stays_at_p():
     # Stage 1 of 4 (no embedding, no head): 2 layers of SMALL per stage.
-    from sim.build.memory import activation_bytes_per_layer
+    from sim.program.memory import activation_bytes_per_layer
 
     per_mb = 2 * activation_bytes_per_layer(SMALL, 1)
     topo = load_topology("dgx-h100")
@@ -267,7 +268,7 @@ def test_zero_parameter_allgathers_and_offload_copies_are_reported_by_kind():
 def test_zero3_max_live_parameters_caps_the_gathered_layers():
     # DeepSpeed's stage3_max_live_parameters: at most that many gathered parameters alive,
     # whatever the prefetch depth asks for. Room for 2 layers: the layer in use + 1 ahead.
-    from sim.build.memory import layer_params_per_rank
+    from sim.program.memory import layer_params_per_rank
 
     per_layer = layer_params_per_rank(SMALL, 1)
     topo = load_topology("dgx-h100")
@@ -304,7 +305,7 @@ def test_first_stage_activation_peak_follows_each_schedules_rule(schedule, vpp):
     # p·v·(1 + (p-1)/(p·v)) (Korthikanti et al. 2022). No dropout, so the embedding stores
     # nothing and a chunk-micro-batch is its chunk's layers' activations. Measured on the
     # memory timeline of rank 0.
-    from sim.build.memory import activation_bytes_per_layer
+    from sim.program.memory import activation_bytes_per_layer
 
     p, m, v = 4, 8, vpp
     expected = {"1f1b": p, "zb-h1": p, "zb-h2": 2 * p - 1, "interleaved": p * v * (1 + (p - 1) / (p * v))}[schedule]

@@ -38,7 +38,7 @@ import re
 import zlib
 
 from sim.errors import InputError
-from sim.build.schedules import Step
+from sim.program.schedules import Step
 from sim.results.trace import Span, Trace
 
 LEVELS = ("auto", "kernels", "annotations", "cpu_ops")

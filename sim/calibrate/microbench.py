@@ -8,7 +8,7 @@ profile:
 
 - **GEMM**: every distinct (m, n, k, batch) the model and plan run (``workload_gemms``:
   forward, input-gradient and weight-gradient products of every layer, the embedding
-  and the logit layer, read from ``sim.build.workload`` so the shapes are the simulator's own,
+  and the logit layer, read from ``sim.program.workload`` so the shapes are the simulator's own,
   each with the operand layout PyTorch gives it: ``x @ W.T``, ``dy @ W``, ``dy.T @ x``)
   plus a grid of squares and skinny shapes for the efficiency model's tile and k terms;
 - **attention**: ``torch.nn.functional.scaled_dot_product_attention`` (causal, as a GPT
@@ -32,7 +32,7 @@ from sim.calibrate import require_torch
 from sim.calibrate.launch import Context, measure
 from sim.inputs.model import ModelSpec
 from sim.inputs.plan import ParallelPlan
-from sim.build.workload import chunk_work
+from sim.program.workload import chunk_work
 
 QUICK = {"gemm_grid": (64, 256, 1024), "mem_elems": (2**12, 2**15, 2**18, 2**20), "copy_bytes": 64 * 2**20,
          "repeats": 5, "warmup": 2}

@@ -2,7 +2,7 @@
 
 For each configuration (a ``ParallelPlan`` over the local processes: data-parallel only,
 a GPipe or 1F1B pipeline, data × pipeline), the reference run (``sim.calibrate.reference``)
-trains the small GPT for real and ``sim.build.training.simulate_training`` simulates the same
+trains the small GPT for real and ``sim.session.simulate_training`` simulates the same
 model, plan and schedule on a freshly calibrated profile and on a topology describing
 this machine (``machine_topology``: every process a "gpu" joined through one switch by
 links of the calibrated kind, each with half the fitted α, so a transfer between two
@@ -201,7 +201,7 @@ def run_validation(configs, *, procs: int, profile: HardwareProfile, model: Mode
     ``out/traces/CONFIG/`` and a PNG ``out/CONFIG.png`` (measured above simulated)."""
     from sim.calibrate.kineto import trace_from_kineto
     from sim.calibrate.reference import run_reference
-    from sim.build.training import simulate_training
+    from sim.session import simulate_training
 
     element_bytes = int(profile.provenance.get("element_bytes", 4 if profile.provenance.get("backend") == "gloo" else 2))
     link = link or _profile_link(profile)

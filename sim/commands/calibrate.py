@@ -15,24 +15,22 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from sim.commands.settings import MODEL_FLAGS
 from sim.errors import InputError
+from sim.inputs.flags import add_arguments as add_schema_arguments, given
+from sim.inputs.schema import RunSettings
 from sim.units import POSITIVE_INT
 
+CALIBRATE_FLAGS = [*MODEL_FLAGS, "tensor_model_parallel_size", "micro_batch_size", "sequence_parallel"]
+"""The run settings calibration takes: the model and what changes its GEMM shapes."""
 NAME = "calibrate"
 HELP = "Measure this machine with real kernels and collectives; write a hardware profile JSON."
 
 
 def add_arguments(p) -> None:
-    from sim.inputs.model import PRESETS, add_megatron_model_arguments
-
-    src = p.add_argument_group("model whose GEMM shapes to measure (optional; one of)")
-    src.add_argument("--model", metavar="PRESET", help=f"one of: {', '.join(PRESETS)}")
-    src.add_argument("--hf-config", metavar="PATH", help="a Hugging Face config.json")
-    add_megatron_model_arguments(p)
-    par = p.add_argument_group("plan (what changes the GEMM shapes)")
-    par.add_argument("--tensor-model-parallel-size", type=POSITIVE_INT, default=1)
-    par.add_argument("--micro-batch-size", type=POSITIVE_INT, default=1)
-    par.add_argument("--sequence-parallel", action="store_true")
+    add_schema_arguments(p, CALIBRATE_FLAGS, groups={
+        "model (one of)": "model whose GEMM shapes to measure (optional; one of)",
+        "parallelism and batch (Megatron-LM flags)": "plan (what changes the GEMM shapes)"})
     m = p.add_argument_group("measurement")
     m.add_argument("--procs", type=POSITIVE_INT, help="processes to start (default: one per GPU, 2 on CPU; "
                                              "under torchrun the job's ranks)")
@@ -48,18 +46,18 @@ def add_arguments(p) -> None:
 
 
 def _model_and_plan(args):
-    from sim.commands._spec import model_from_args
     from sim.inputs.plan import ParallelPlan
+    from sim.inputs.resolve import has_model, model_from_settings
 
-    shape = any(getattr(args, k) is not None for k in
-                ("num_layers", "hidden_size", "num_attention_heads", "ffn_hidden_size", "vocab_size"))
-    if not (args.model or args.hf_config or shape):
-        if args.seq_length is not None:
+    settings = RunSettings.from_values({k: v for k, v in given(args).items() if k in CALIBRATE_FLAGS})
+    if not has_model(settings.model):
+        if settings.model.seq_length is not None:
             raise InputError("--seq-length: given without a model; add --model, --hf-config or Megatron shape flags")
         return None, None
-    model = model_from_args(args)
-    plan = ParallelPlan(tp=args.tensor_model_parallel_size, micro_batch_size=args.micro_batch_size,
-                        sequence_parallel=args.sequence_parallel)
+    model = model_from_settings(settings.model)
+    p = settings.plan
+    plan = ParallelPlan(tp=p.tensor_model_parallel_size, micro_batch_size=p.micro_batch_size,
+                        sequence_parallel=p.sequence_parallel)
     plan.check_model(model)
     return model, plan
 

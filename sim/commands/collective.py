@@ -13,7 +13,7 @@ import json
 import math
 from pathlib import Path
 
-from sim.build.actions import Action, Program
+from sim.program.actions import Action, Program
 from sim.engine.algorithms import ALGOS, OPS
 from sim.engine.core import simulate
 from sim.errors import InputError

@@ -17,7 +17,10 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+from sim import session
+from sim.commands.settings import RUN_FLAGS, check_outputs, typed
 from sim.errors import InputError
+from sim.inputs.flags import add_arguments as add_schema_arguments
 from sim.units import format_bytes
 
 NAME = "compare"
@@ -42,17 +45,13 @@ def _list(kind):
 
 
 def add_arguments(p) -> None:
-    from sim.commands import run as run_cmd
-    from sim.build.schedules import SCHEDULES
+    from sim.inputs.plan import SCHEDULES
 
-    run_cmd.add_arguments(p)
-    for a in p._actions:
-        if a.dest == "experiment":
-            a.help = "an experiment .toml, usually with [[plans]] (flags after it override it for every plan)"
-        elif a.dest == "out":
-            a.help = "directory for compare.png, compare.json and each plan's outputs in DIR/<plan>/"
-        elif a.dest == "kineto":
-            a.help = "directory for each plan's PyTorch-profiler-shaped traces, in DIR/<plan>/trace_rank{r}.json"
+    p.add_argument("experiment", nargs="?", metavar="FILE",
+                   help="an experiment .toml, usually with [[plans]] (flags after it override it for every plan)")
+    add_schema_arguments(p, RUN_FLAGS, helps={
+        "out": "directory for compare.png, compare.json and each plan's outputs in DIR/<plan>/",
+        "kineto": "directory for each plan's PyTorch-profiler-shaped traces, in DIR/<plan>/trace_rank{r}.json"})
     g = p.add_argument_group("what to compare")
     g.add_argument("--schedules", type=_list(str), metavar="LIST",
                    help=f"pipeline schedules to compare, e.g. gpipe,1f1b ({', '.join(s for s in SCHEDULES if s != 'custom')})")
@@ -64,39 +63,33 @@ def run(args) -> int:
     from sim.inputs.experiment import read_experiment
     from sim.progress import Progress
 
-    from sim.commands.run import check_outputs
-
     check_outputs(args)
-    parser = args._parser
-    cli = list(args._argv)
-    cli.remove(NAME)
-    if args.experiment:
-        cli.remove(args.experiment)
+    cli = typed(args)
     for z in args.zero_stages or ():
         if z not in (0, 1, 2, 3):
             raise InputError(f"--zero-stages: got {z}; allowed: 0, 1, 2, 3")
-    exp = read_experiment(args.experiment, parser) if args.experiment else None
-    variants = api.variants_of(exp, None, parser, args.schedules, args.zero_stages)
-    if not any(getattr(args, k) is not None for k in ("model", "hf_config", "num_layers", "hidden_size")) \
-            and not (exp and exp.has_model):
+    exp = read_experiment(args.experiment) if args.experiment else None
+    variants = api.variants_of(exp, None, args.schedules, args.zero_stages)
+    if not any(k in cli for k in ("model", "hf_config", "num_layers", "hidden_size")) and not (exp and exp.has_model):
         where = f"{exp.path}: " if exp else ""
         raise InputError(f"{where}model: missing; add a [model] table (preset = \"llama2-7b\", "
                          "hf_config = \"config.json\" or num_layers = ...) or pass --model PRESET")
     base = exp.settings if exp else {}
-    for v in variants:  # every plan's input errors before anything is simulated
-        api.check_variant(exp, v, {**base, **v.settings, **v.axis}, parser, cli)
+    plans = [{**base, **v.settings, **v.axis, **cli} for v in variants]
+    for v, settings in zip(variants, plans):  # every plan's input errors before anything is simulated
+        api.check_variant(exp, v, settings)
     results = []
     with Progress(total=len(variants)) as bar:
-        for i, v in enumerate(variants):
+        for i, (v, settings) in enumerate(zip(variants, plans)):
             gpus = f"{results[0].summary['gpus']} GPUs, " if results else ""
             bar.update(f"simulating {gpus}plan {i + 1}/{len(variants)} ({v.name})", done=i)
-            results.append(api.simulate_variant(exp, v, {**base, **v.settings, **v.axis}, parser, cli))
+            results.append(api.simulate_variant(exp, v, settings))
     comp = api.Comparison(results)
     if args.out:
         comp.save(args.out)
     if args.kineto:
         for r, d in zip(results, api.plan_dirs([r.name for r in results])):
-            api.write_kineto_files(r.run, Path(args.kineto) / d)
+            session.write_kineto_files(r.run, Path(args.kineto) / d)
     if args.json:
         print(comp.to_json())
         return 0

@@ -33,11 +33,11 @@ def add_arguments(p) -> None:
 
 
 def _training(out: Path) -> list[dict]:
-    from sim.commands.run import summarize, write_outputs
+    from sim.session import summarize, write_outputs
     from sim.inputs.hardware import load_profile
     from sim.inputs.model import preset
     from sim.inputs.plan import ParallelPlan
-    from sim.build.training import simulate_training
+    from sim.session import simulate_training
 
     model, profile = preset("llama2-7b"), load_profile("h100-sxm")
     topo = load_topology("dgx-h100", nodes=2)

@@ -11,23 +11,27 @@ from __future__ import annotations
 
 import json
 
-from sim.commands._spec import add_arguments, model_from_args, plan_from_args
-from sim.build.estimate import estimate
+from sim.program.estimate import estimate
+from sim.commands.settings import ESTIMATE_FLAGS, run_settings
 from sim.inputs.hardware import load_profile
+from sim.inputs.resolve import model_from_settings, plan_from_settings
+from sim.inputs.flags import add_arguments as add_schema_arguments
 from sim.units import format_bytes, format_time
 
 NAME = "estimate"
 HELP = "Analytic per-GPU memory and first-order step time of a training plan (no simulation)."
 
 
-__all__ = ["add_arguments", "run"]
+def add_arguments(p) -> None:
+    add_schema_arguments(p, ESTIMATE_FLAGS)
 
 
 def run(args) -> int:
-    model = model_from_args(args)
-    plan = plan_from_args(args, model)
-    profile = load_profile(args.gpu, flag="--gpu")
-    est = estimate(model, plan, profile, gpus_per_node=args.gpus_per_node)
+    settings = run_settings(args)
+    model = model_from_settings(settings.model)
+    plan = plan_from_settings(settings.plan, settings.cluster.total_gpus(), model)
+    profile = load_profile(settings.cluster.gpu, flag="--gpu")
+    est = estimate(model, plan, profile, gpus_per_node=settings.cluster.gpus_per_node)
     if args.json:
         print(json.dumps(est.to_dict(), indent=2))
         return 0

@@ -22,12 +22,13 @@ import sys
 import time
 from pathlib import Path
 
-from sim.commands.run import _cluster
+from sim.commands.settings import CLUSTER_FLAGS, HARDWARE_FLAGS, MODEL_FLAGS
 from sim.errors import InputError, require
 from sim.fileio import check_output_dir, read_json, write_text_atomic
-from sim.inputs.hardware import PRESETS as GPU_PRESETS
 from sim.inputs.hardware import load_profile
-from sim.inputs.model import PRESETS, add_megatron_model_arguments
+from sim.inputs.resolve import model_from_settings, topology_from_settings
+from sim.inputs.flags import add_arguments as add_schema_arguments, given
+from sim.inputs.schema import RunSettings
 from sim.inputs.plan import RECOMPUTE, SCHEDULES
 from sim.studies.search import (
     DEFAULT_MARGIN,
@@ -40,7 +41,6 @@ from sim.studies.search import (
     search,
 )
 from sim.studies.sweep import RESULTS_FILE, ResultsLog, Runner, make_context
-from sim.inputs.topology_build import FABRICS, OVERSUBSCRIPTION
 from sim.units import NONNEGATIVE_INT, POSITIVE_INT, Number, format_bytes, format_time
 
 NAME = "search"
@@ -62,19 +62,14 @@ def add_executor_arguments(p) -> None:
     ex.add_argument("--json", action="store_true", help="print one JSON object")
 
 
+SEARCH_FLAGS = [*MODEL_FLAGS, *HARDWARE_FLAGS[:2], "nodes", "gpus_per_node", *CLUSTER_FLAGS[1:]]
+"""The run settings search takes as flags: the model and the cluster (the plan is what it searches)."""
+
+
 def add_arguments(p) -> None:
-    src = p.add_argument_group("model (one of)")
-    src.add_argument("--model", metavar="PRESET", help=f"one of: {', '.join(PRESETS)}")
-    src.add_argument("--hf-config", metavar="PATH", help="a Hugging Face config.json")
-    add_megatron_model_arguments(p)
-    c = p.add_argument_group("cluster")
-    c.add_argument("--gpu", default="a100-80gb", help=f"{', '.join(GPU_PRESETS)} or a profile .json")
-    c.add_argument("--gpus", type=POSITIVE_INT, help="total GPUs (default: all GPUs of --nodes)")
-    c.add_argument("--nodes", type=POSITIVE_INT, help="nodes in the cluster (default: enough for --gpus)")
-    c.add_argument("--gpus-per-node", type=POSITIVE_INT, default=8)
-    c.add_argument("--topology", help="node or cluster .toml, or a built-in name (default: the GPU's DGX node)")
-    c.add_argument("--fabric", choices=FABRICS, default=None, help="inter-node fabric (default rail)")
-    c.add_argument("--oversubscription", type=OVERSUBSCRIPTION, default=None, help="fat-tree/leaf uplink oversubscription")
+    add_schema_arguments(p, SEARCH_FLAGS, groups={"hardware": "cluster"}, helps={
+        "gpus": "total GPUs (default: all GPUs of --nodes)",
+        "nodes": "nodes in the cluster (default: enough for --gpus)"})
     b = p.add_argument_group("batch")
     b.add_argument("--global-batch-size", type=POSITIVE_INT, required=True, help="sequences per optimizer step")
     s = p.add_argument_group("search space (comma-separated lists; default every valid value)")
@@ -251,12 +246,12 @@ def print_top(ranked: list[dict], top: int) -> None:
 
 
 def run(args) -> int:
-    from sim.commands._spec import model_from_args
 
     check_executor_args(args)
-    model = model_from_args(args)
-    profile = load_profile(args.gpu, flag="--gpu")
-    gpus = args.gpus if args.gpus is not None else (args.nodes * args.gpus_per_node if args.nodes else None)
+    settings = RunSettings.from_values({k: v for k, v in given(args).items() if k in SEARCH_FLAGS})
+    model = model_from_settings(settings.model)
+    profile = load_profile(settings.cluster.gpu, flag="--gpu")
+    gpus = settings.cluster.total_gpus()
     if gpus is None:
         raise InputError("--gpus: missing; give --gpus N or --nodes N")
     require(gpus > 0, "--gpus", gpus, "expected an integer > 0")
@@ -264,7 +259,7 @@ def run(args) -> int:
     require(args.margin >= 1, "--margin", args.margin, "expected a number >= 1 (inf: no time pruning)")
     require(args.wave >= 1, "--wave", args.wave, "expected an integer >= 1")
     space = space_from_args(args)
-    topo = _cluster(args, gpus, profile.name)
+    topo = topology_from_settings(settings.cluster, gpus, profile.name)
     require(gpus <= topo.num_gpus, "--gpus", gpus, f"topology {topo.name} has only {topo.num_gpus} GPUs")
     plans = enumerate_plans(model, gpus, args.global_batch_size, space, topo.gpus_per_node)
     require(plans, "search", f"{gpus} GPUs, global batch {args.global_batch_size}",

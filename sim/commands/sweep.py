@@ -45,7 +45,9 @@ from sim.errors import InputError
 from sim.inputs.hardware import load_profile
 from sim.studies.search import explain, plan_key
 from sim.studies.sweep import Runner, make_context
-from sim.inputs.tomlio import TomlFile
+from sim.inputs.resolve import model_from_settings, plan_from_settings, topology_from_settings
+from sim.inputs.schema import RunSettings
+from sim.inputs.tomlio import TomlFile, line_of
 
 NAME = "sweep"
 HELP = "Simulate every combination of the plan values an experiment file lists (lists allowed in [plan])."
@@ -58,92 +60,77 @@ def add_arguments(p) -> None:
     add_executor_arguments(p)
 
 
-def _spec_parser():
-    """The parser ``trainsim run`` uses, for the flags an experiment file stands for."""
-    from sim.cli import _Parser
-    from sim.commands import run as run_cmd
-
-    p = _Parser(prog="trainsim sweep")
-    run_cmd.add_arguments(p)
-    return p
-
-
-def expand(path: str, parser, settings: dict | None = None) -> tuple[list[str], list[tuple[str, list[tuple]]]]:
-    """The file's fixed flags, and per listed field (file order) each value with its flags.
-    ``settings``, when given, receives the fixed values as ``experiment.Setting``s (by dest),
-    so that later errors can point at their lines."""
+def expand(path: str, settings: dict | None = None) -> tuple[dict, list[tuple[str, list[tuple]]]]:
+    """The file's fixed values (by field), and per listed field (file order) each value
+    with the settings it stands for. ``settings``, when given, receives the fixed values as
+    ``experiment.Setting``s (by field), so that later errors can point at their lines."""
     f = TomlFile(path)
     data = f.data
     if not data:
         raise InputError(f"{f.path}: empty: no tables, only comments; expected [model], [cluster] and [plan] "
                          "tables")
-    f.check_keys(data, experiment._TOP, "")
-    actions = {a.dest: a for a in parser._actions}
-    base: list[str] = []
-    axes: list[tuple[str, list[list[str]]]] = []
-    for table, dests in experiment.TABLES.items():
+    f.check_keys(data, experiment.TOP_KEYS, "")
+    base: dict = {}
+    axes: list[tuple[str, list[tuple]]] = []
+    for table, fields in experiment.TABLES.items():
         t = data.get(table, {})
         if not isinstance(t, dict):
             raise f.error(table, f"got {t!r}; expected a table [{table}]")
-        keys = {experiment._key_of(d, table): d for d in dests if d in actions}
+        keys = {key: field for field, key in fields.items()}
         f.check_keys(t, keys, f"{table}.")
         for key, value in t.items():
-            dest, name = keys[key], f"{table}.{key}"
+            field, name = keys[key], f"{table}.{key}"
             if settings is not None and not isinstance(value, list):
-                where = experiment.Where(f, experiment._line_of(f, table, key))
-                settings[dest] = experiment.Setting(dest, name, _path(f, dest, value), where)
+                where = experiment.Where(f, line_of(f, table, key))
+                settings[field] = experiment.Setting(field, name, _path(f, field, value), where)
             if isinstance(value, list):
                 if table not in LIST_TABLES:
                     raise f.error(name, f"got a list {value!r}; only the fields of "
                                         f"{', '.join(f'[{x}]' for x in LIST_TABLES)} may be lists in a sweep")
                 if not value:
                     raise f.error(name, "got an empty list; give at least one value")
-                axes.append((name, [(v, experiment._flag(f, f"{name}[{i}]", actions[dest], _path(f, dest, v)))
-                                    for i, v in enumerate(value)]))
+                axes.append((name, [(v, {field: _checked(f, f"{name}[{i}]", field, v)}) for i, v in enumerate(value)]))
             else:
-                base += experiment._flag(f, name, actions[dest], _path(f, dest, value))
+                base[field] = _checked(f, name, field, value)
     return base, axes
 
 
-def _path(f: TomlFile, dest: str, value):
-    """A relative file path in the file is relative to the file (as ``sim.inputs.experiment`` does)."""
-    check = experiment._PATHS.get(dest)
-    if check and isinstance(value, str) and check(value):
-        if dest == "schedule":
-            raise f.error("schedule", f"got {value!r}; a sweep takes schedule names, not schedule .csv files")
-        p = Path(value)
-        if not p.is_absolute() and (f.path.parent / p).exists():
-            return str(f.path.parent / p)
+def _checked(f: TomlFile, name: str, field: str, value):
+    value = _path(f, field, value)
+    experiment.check(f, name, field, value)
     return value
+
+
+def _path(f: TomlFile, field: str, value):
+    """A relative file path in the file is relative to the file (as ``sim.inputs.experiment`` does)."""
+    if field == "schedule" and isinstance(value, str) and value.endswith(".csv"):
+        raise f.error("schedule", f"got {value!r}; a sweep takes schedule names, not schedule .csv files")
+    return experiment.resolve_path(f.path, field, value)
 
 
 def points(path: str):
     """(model, profile, topology, points) of a sweep file; a point is ``(key, plan or None,
     description, error)``: the plan when the combination is valid, else its error."""
-    from sim.commands import run as run_cmd
-    from sim.commands._spec import model_from_args, plan_from_args
-
-    parser = _spec_parser()
     settings: dict = {}
-    base, axes = expand(path, parser, settings)
-    ns = parser.parse_args(base)
+    base, axes = expand(path, settings)
+    fixed = RunSettings.from_values(base)
     try:
-        model = model_from_args(ns)
-        profile = load_profile(ns.gpu, flag="--gpu")
-        gpus = run_cmd._gpus(ns)
+        model = model_from_settings(fixed.model)
+        profile = load_profile(fixed.cluster.gpu, flag="--gpu")
+        gpus = fixed.cluster.total_gpus()
         if gpus is None:
             raise InputError("cluster.gpus: missing; a sweep needs cluster.gpus or cluster.nodes")
-        topo = run_cmd._cluster(ns, gpus, profile.name)
+        topo = topology_from_settings(fixed.cluster, gpus, profile.name)
     except InputError as exc:
         raise experiment.blame(exc, Path(path), settings) from None
     out, seen = [], set()
     for combo in itertools.product(*(vals for _, vals in axes)):
-        argv = base + [x for _, flags in combo for x in flags]
+        values = dict(base)
+        for _, v in combo:
+            values.update(v)
         desc = " ".join(f"{name}={json.dumps(v)}" for (name, _), (v, _) in zip(axes, combo))
-        a = parser.parse_args(argv)
-        a.gpus = gpus
         try:
-            plan = plan_from_args(a, model)
+            plan = plan_from_settings(RunSettings.from_values(values).plan, gpus, model)
         except InputError as exc:
             key = "invalid: " + desc
             if key not in seen:

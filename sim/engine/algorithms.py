@@ -40,7 +40,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from sim.build.actions import ALGOS, OPS
+from sim.program.actions import ALGOS, OPS
 from sim.errors import InputError
 from sim.inputs.topology import Topology
 

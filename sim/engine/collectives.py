@@ -13,12 +13,11 @@ Used by ``sim.engine.core`` only; it drives no SimPy event of its own beyond the
 
 from __future__ import annotations
 
-import simpy
-
+from sim.program.actions import Action
 from sim.engine import algorithms as collectives
-from sim.build.actions import Action
-from sim.errors import InputError
+from sim.engine.kernel import Environment
 from sim.engine.network import Network
+from sim.errors import InputError
 from sim.inputs.topology import Topology
 
 
@@ -39,7 +38,7 @@ class Collectives:
     """The engine's collectives. ``finish(i, busy_start, link_id)`` is the engine's: it
     ends action ``i`` now."""
 
-    def __init__(self, env: simpy.Environment, net: Network, topology: Topology, shadows, fluid: bool,
+    def __init__(self, env: Environment, net: Network, topology: Topology, shadows, fluid: bool,
                  key_of: list, needed: dict, finish):
         self.env, self.net, self.topology = env, net, topology
         self.shadows, self.fluid = shadows, fluid
@@ -67,7 +66,7 @@ class Collectives:
         rv.posted[rank] = i
         if len(rv.posted) == self.needed[a.group]:
             del self._open[key]
-            rv.began = self.env._now
+            rv.began = self.env.now
             self._run(self.plan_steps(a), rv, f"{a.category or a.op} {a.op} {a.name}")
 
     def plan_steps(self, a: Action):

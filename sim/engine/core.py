@@ -1,13 +1,14 @@
 """The discrete-event engine: runs a Program on a topology and returns a Trace.
 
-This module and the flow model ``sim.engine.network`` are the only ones that drive SimPy.
 Each (rank, stream) pair runs its actions in order, one at a time: an action starts
 when its stream is free and every action it depends on has finished, holds the stream
 for as long as it takes, and records a span. Streams are dependency counters driven by
 SimPy callbacks, not one SimPy process each: a compute action is one timed call that
 finishes it (the duration it carries; costs are computed outside, from a hardware
-profile; ``sim.engine.network.Calls``); sends, receives, copies and collectives take as long as
-the flow-level network model needs for their transfers.
+profile; ``sim.engine.kernel.Calls``); sends, receives, copies and collectives take as
+long as the flow-level network model (``sim.engine.network``) needs for their transfers.
+The event loop, and everything else that depends on how SimPy works inside, is in
+``sim.engine.kernel``.
 
 The engine does not know which schedule produced a program, nor any hardware figure.
 
@@ -24,23 +25,21 @@ import time
 from collections import deque
 from contextlib import contextmanager
 from functools import partial
-from heapq import heappop
 from itertools import compress, count, islice
 from operator import attrgetter, eq
 
-import simpy
+from sim.program.actions import Action, Program
+from sim.engine import invariants
+from sim.engine.collectives import Collectives
+from sim.engine.kernel import Calls, CheckingEnvironment, Environment
+from sim.engine.network import Network
+from sim.engine.program_index import index_program
+from sim.errors import DeadlockError, InputError
+from sim.inputs.topology import Topology
+from sim.results.trace import Span, Trace
 
 _tuple_new = tuple.__new__  # a Span without the named tuple's Python-level __new__
 _SPAN_ORDER = attrgetter("rank", "stream", "start_s", "end_s", "name")  # the trace's order
-
-from sim.engine import invariants
-from sim.build.actions import Action, Program
-from sim.errors import DeadlockError, InputError
-from sim.engine.collectives import Collectives
-from sim.engine.network import Calls, Network
-from sim.engine.program_index import index_program
-from sim.inputs.topology import Topology
-from sim.results.trace import Span, Trace
 
 
 def simulate(program: Program, topology: Topology, *, link_efficiency: dict[str, float] | None = None,
@@ -64,8 +63,7 @@ def gc_paused():
     allocates millions of small objects and no reference cycles; with the collector on,
     its full passes walk every one of them again and again. On the way out the objects
     still alive are frozen (``gc.freeze``), so that the next full pass does not walk
-    them either (2.5-3 s on GPT-3 175B at 256 GPUs); reference counting still frees
-    them as usual."""
+    them either; reference counting still frees them as usual."""
     was = gc.isenabled()
     gc.disable()
     try:
@@ -76,58 +74,6 @@ def gc_paused():
             gc.enable()
 
 
-class _CountingEnvironment(simpy.Environment):
-    """A SimPy environment that knows how many events it has processed (for benchmarks):
-    every event scheduled draws the next number of ``_eid``, and a run that ends has
-    processed every event it scheduled. (Counting in ``step`` would add a Python call
-    to every event.)"""
-
-    calls: Calls | None = None
-    """The ``Calls`` whose entries ``run`` makes itself (the first one made on it)."""
-
-    @property
-    def events_processed(self) -> int:
-        scheduled = self._eid.__reduce__()[1][0]  # the counter's next value, without drawing it
-        return scheduled - len(self._queue)
-
-    def run(self, until=None):
-        """Process events until none is left: SimPy's ``run()`` with the work of its
-        ``step()`` inline, and the calls of a ``Calls`` entry made right here. Same
-        events, same order, same handling of a failed event; a Python call or two less
-        per queue entry. (With ``until``, SimPy's own loop.)"""
-        if until is not None:
-            return super().run(until)
-        queue = self._queue
-        mine, opened = (self.calls.callbacks, self.calls._open) if self.calls is not None else (None, None)
-        while queue:
-            self._now, _, _, event = heappop(queue)
-            callbacks, event.callbacks = event.callbacks, None
-            if callbacks is mine:  # what Calls._make does
-                for fn, arg in event._value:  # (the list may grow while this runs)
-                    fn(arg)
-                opened.pop(self._now, None)
-                continue
-            for callback in callbacks:
-                callback(event)
-            if not event._ok and not hasattr(event, "_defused"):  # a failed event nobody handled: as SimPy
-                exc = type(event._value)(*event._value.args)
-                exc.__cause__ = event._value
-                raise exc
-        return None
-
-
-class _CheckingEnvironment(_CountingEnvironment):
-    """Debug mode: also checks that simulated time never goes backwards."""
-
-    run = simpy.Environment.run  # (one step at a time, through the checking step below)
-
-    def step(self):
-        before = self._now
-        super().step()
-        if self._now < before:
-            invariants.violation(f"simulated time went backwards from {before!r} s to {self._now!r} s")
-
-
 class _Engine:
     """Streams as dependency counters driven by SimPy callbacks.
 
@@ -135,9 +81,9 @@ class _Engine:
     unfinished dependencies, the action before it on its stream included, and
     ``dependents[i]`` lists the actions waiting for it. An action starts when its count
     reaches zero. A compute action is one call to finish it, due when its time is up
-    (``sim.engine.network.Calls``: one SimPy event each, though calls due at one instant mostly
-    share a queue entry); sends, receives, copies and
-    collectives finish from the network's calls and events. Finishing an action
+    (``sim.engine.kernel.Calls``: one SimPy event each, though calls due at one instant
+    mostly share a queue entry); sends, receives, copies and collectives finish from the
+    network's calls and events. Finishing an action
     releases the next one on its stream, then its dependents; actions that become ready
     at the same instant start in the order they became ready (a queue, not recursion), so
     a simulation is deterministic and never deep in the Python stack.
@@ -155,7 +101,7 @@ class _Engine:
         self.topology = topology
         self.fluid = fluid
         self.check = check
-        self.env = _CheckingEnvironment(0.0) if check else _CountingEnvironment(0.0)  # float time from the start
+        self.env = CheckingEnvironment(0.0) if check else Environment(0.0)  # float time from the start
         self.calls = Calls(self.env)
         self.net = Network(self.env, topology, link_efficiency, check=check, calls=self.calls)
         self.spans: list[Span] = []
@@ -272,7 +218,7 @@ class _Engine:
             inline: a call per action costs)."""
             nonlocal draining
             draining = True
-            now = env._now
+            now = env.now
             try:
                 while ready:
                     i = popleft()
@@ -318,7 +264,7 @@ class _Engine:
                 draining = False
 
         def finish(i, bstart=None, lid=None):
-            now = end[i] = env._now
+            now = end[i] = env.now
             m = mem_end[i]
             if m is not None:
                 r = rank_of[i]
@@ -374,7 +320,7 @@ class _Engine:
 
         def join_p2p(i: int, pair: tuple) -> None:
             si, ri, src, dst, nbytes, label, route = pair
-            start(route, src, dst, nbytes, label, 1, delivered, (si, ri, env._now, pair_link[partner[i]]))
+            start(route, src, dst, nbytes, label, 1, delivered, (si, ri, env.now, pair_link[partner[i]]))
 
         return join_p2p
 

@@ -2,10 +2,9 @@
 
 Debug mode is on when the environment variable ``TRAINSIM_DEBUG`` is set to anything
 but ``""`` or ``"0"`` (the test suite sets it for every test), or when ``simulate`` is
-called with ``check_invariants=True``. It makes a simulation about a quarter slower
-(measured on Llama 2 7B, 32 H100s, 225k events: 3.4-3.9 s off, 4.3-4.7 s on): the
-checks below are linear in the size of the trace, and the network's run at each
-re-allocation.
+called with ``check_invariants=True``. It makes a simulation slower (by about a
+quarter): the checks below are linear in the size of the trace, and the network's run
+at each re-allocation.
 
 Checked after the run, from the program and its trace (``check``):
 
@@ -46,7 +45,7 @@ TRANSIENT = ("activations", "gathered", "buckets")
 """Memory categories that must be empty again at the end of an iteration."""
 
 RESIDENT_ACTION = "resident memory"
-"""The action the passes use to allocate the resident model states (``sim.build.zero``)."""
+"""The action the passes use to allocate the resident model states (``sim.program.zero``)."""
 
 
 class InvariantError(AssertionError):

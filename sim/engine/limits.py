@@ -14,8 +14,9 @@ reduce-scatters and the data-parallel gradient buckets; each collective costs ab
 three events per ring hop of the rank. It is a rough guide, not a promise: tests check
 it stays within a factor of four of the events real runs process (coalescing of
 isolated tensor-parallel collectives makes it high, collectives over many GPUs make it
-low). At the engine's measured 80-200 thousand events per second, the default limit is
-roughly ten to twenty minutes of simulation.
+low). A simulation processes roughly 80-200 thousand events per second end to end,
+building its program included (``experiments/bench_scale.py`` measures it), so the
+default limit is roughly ten to twenty minutes of simulation.
 """
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ def estimate_events(model, plan, fidelity: str = "full", topology=None, coalesce
     """The estimate and its parts: ``events``, ``simulated_gpus``, ``steps_per_gpu``,
     ``events_per_step``, ``sync_events_per_gpu``. With the ``topology``, collectives
     count their rings (NCCL channels) and tensor-parallel collectives that will be
-    coalesced count as one action (``sim.build.coalesce``; ``coalesced`` says so when the
+    coalesced count as one action (``sim.program.coalesce``; ``coalesced`` says so when the
     caller knows already)."""
     reduced = fidelity == "reduced"
     gpus = plan.pp if reduced else plan.world_size
@@ -55,7 +56,7 @@ def estimate_events(model, plan, fidelity: str = "full", topology=None, coalesce
     fits = topology is not None and plan.world_size <= topology.num_gpus
     dp_rings = 1
     if fits:
-        from sim.build.coalesce import isolated_tp_pricer
+        from sim.program.coalesce import isolated_tp_pricer
         from sim.engine.algorithms import default_channels
 
         dp_rings = default_channels(topology, plan.groups("dp")[0]) if plan.dp > 1 else 1

@@ -14,106 +14,29 @@ are separate resources and do not slow each other.
 
 A link's usable capacity is its ``bandwidth_Bps`` times an optional per-kind efficiency
 (e.g. from a calibrated hardware profile); the network knows nothing else about
-hardware. Every completed transfer is recorded as a ``TransferRecord``.
+hardware. Every completed transfer is recorded as a ``TransferRecord`` (the trace's,
+``sim.results.trace``).
+
+Timers go through ``sim.engine.kernel.Calls`` (a flow's latency, its finish at its
+current rate, a re-allocation), so the network adds calls, not SimPy events, to the
+event loop; ``transfer`` and ``transfer_host`` return SimPy events for callers that wait
+on one.
 """
 
 from __future__ import annotations
 
 import heapq
 import math
-from heapq import heappush
-from typing import NamedTuple
 
-import simpy
-from simpy.events import NORMAL, Event
+from simpy.events import Event
+
+from sim.engine.kernel import Calls, Environment
+from sim.inputs.topology import Topology
+from sim.results.trace import TransferRecord
 
 _tuple_new = tuple.__new__  # a TransferRecord without the named tuple's Python-level __new__
 _new_object = object.__new__
-
-
-class _Entry:
-    """What SimPy's ``Environment.step`` reads of a queued event: its callbacks (which it
-    takes and sets to None) and that it did not fail. Cheaper to make than a ``Timeout``
-    (no ``__dict__``), and all ``Calls`` needs of one."""
-
-    __slots__ = ("callbacks", "_value")
-    _ok = True
-
-
-class Calls:
-    """Function calls due at simulated times, on SimPy's event queue.
-
-    ``at(t, fn, arg)`` has ``fn(arg)`` called at time ``t`` (not before now), exactly as
-    a SimPy timeout with that callback would: it draws the next event id, and counts as
-    one event. Calls due at one instant share one queue entry, made in id order, for as
-    long as only ``Calls`` draws ids: SimPy orders events at one instant by id, and no
-    other event can then sit between two of them. When anything else draws an id (a
-    SimPy event is scheduled), every entry still open takes no more calls, and later
-    calls start new ones behind it. In a synchronous training step thousands of calls
-    land at one instant (every replica's step of a collective, every GPU's layer), so
-    this saves a heap push, a pop and an entry for each but one of them. A call may join
-    the entry being made (a call due now joins its end).
-
-    On the engine's environment (``sim.engine.core``), the first ``Calls`` made registers
-    itself as ``env.calls``, and its loop makes an entry's calls itself; elsewhere SimPy
-    does, through the entry's callback."""
-
-    __slots__ = ("entries", "callbacks", "_open", "_queue", "_eid", "_e", "_env")
-
-    def __init__(self, env: simpy.Environment):
-        self._env, self._queue, self._eid = env, env._queue, env._eid
-        self.entries = 0
-        """Queue entries made so far (each holding one or more calls)."""
-        self.callbacks = [self._make]
-        """Every entry's callbacks (so that a loop can tell this object's entries)."""
-        self._open: dict[float, list] = {}  # time -> the calls of the entry still open at that time
-        self._e = -2  # the last id drawn here
-        if getattr(env, "calls", False) is None:
-            env.calls = self
-
-    def at(self, t: float, fn, arg) -> None:
-        e = next(self._eid)
-        opened = self._open
-        if e != self._e + 1:  # something else drew an id since: it stays ahead of later calls
-            opened.clear()
-        self._e = e
-        run = opened.get(t)
-        if run is not None:
-            run.append((fn, arg))
-        else:
-            opened[t] = run = [(fn, arg)]
-            entry = _new_object(_Entry)
-            entry.callbacks = self.callbacks  # step() only reads it, then sets the entry's to None
-            entry._value = run
-            heappush(self._queue, (t, NORMAL, e, entry))
-            self.entries += 1
-
-    def _make(self, entry) -> None:
-        """An entry's calls, made in order (the list may grow while this runs); then the
-        entry leaves the open ones. (No later call could join it anyway: any event at
-        this instant still to come drew its id after the entry's, so either it is a call
-        in this entry or an id drawn elsewhere closed it. Closing an entry still open
-        behind it, early, would be safe too: later calls then go behind it.)"""
-        for fn, arg in entry._value:
-            fn(arg)
-        self._open.pop(self._env._now, None)
-
-
-from sim.inputs.topology import Topology
-
 _EPS = 1e-12
-
-
-class TransferRecord(NamedTuple):
-    """One completed point-to-point transfer."""
-
-    src: int
-    dst: int
-    nbytes: int
-    start_s: float  # when it was issued (before the latency)
-    end_s: float
-    label: str  # what it belongs to, e.g. "allreduce ar hier inter allreduce rail 0 step 2"
-    medium: str  # the slowest class of link crossed: "ib" or "ethernet", else "pcie", else "nvlink"
 
 
 class _Flow:
@@ -135,7 +58,7 @@ class _Flow:
 class Network:
     """Links of a topology as shared, full-duplex resources for flows."""
 
-    def __init__(self, env: simpy.Environment, topology: Topology, efficiency: dict[str, float] | None = None,
+    def __init__(self, env: Environment, topology: Topology, efficiency: dict[str, float] | None = None,
                  check: bool = False, calls: Calls | None = None):
         self.env = env
         self.calls = calls or Calls(env)
@@ -168,7 +91,7 @@ class Network:
         """SimPy events this network triggered (``transfer``'s), each a queue entry of its own."""
 
     # ------------------------------------------------------------------ public
-    def transfer(self, src: int, dst: int, nbytes: int, label: str = "", latency_steps: int = 1) -> simpy.Event:
+    def transfer(self, src: int, dst: int, nbytes: int, label: str = "", latency_steps: int = 1) -> Event:
         """Start moving ``nbytes`` from GPU ``src`` to GPU ``dst``; the event fires when done.
         The route's latency is paid ``latency_steps`` times."""
         done = Event(self.env)
@@ -180,9 +103,8 @@ class Network:
         """``transfer`` for the engine's hot path, on ``route`` (``route(src, dst)``, looked
         up before the clock starts): when the bytes have arrived, ``callback(arg)`` is
         called (``Calls``), or with no callback, event ``arg`` is triggered."""
-        env = self.env
         links, latency, medium, bottleneck, carried = route
-        now = env._now
+        now = self.env.now
         flow = _new_object(_Flow)  # (what _Flow() does, without the call to __init__)
         flow.links, flow.bottleneck, flow.remaining, flow.rate, flow.last_t, flow.version = \
             links, bottleneck, float(nbytes), 0.0, now, 0
@@ -195,7 +117,7 @@ class Network:
         else:
             self._join(flow)
 
-    def transfer_host(self, rank: int, nbytes: float, to_host: bool, label: str = "") -> simpy.Event:
+    def transfer_host(self, rank: int, nbytes: float, to_host: bool, label: str = "") -> Event:
         """Copy ``nbytes`` between GPU ``rank`` and its host CPU over their PCIe link."""
         done = self.env.event()
         links = tuple(self._link_id[l] for l in self.topology.host_route(rank, to_host))
@@ -205,7 +127,7 @@ class Network:
         self.active += 1
         for l in links:
             self._host_bytes[l] = self._host_bytes.get(l, 0.0) + nbytes
-        self._at(self.env._now + latency, self._join_call, flow)
+        self._at(self.env.now + latency, self._join_call, flow)
         return done
 
     def link_bytes(self) -> dict[int, float]:
@@ -239,7 +161,7 @@ class Network:
 
     def _join(self, flow: _Flow) -> None:
         """The flow's latency is over: its bytes start to move."""
-        flow.last_t = now = self.env._now
+        flow.last_t = now = self.env.now
         links = flow.links
         bottleneck = flow.bottleneck
         if flow.remaining <= 0 or bottleneck == math.inf:  # nothing to move, or nothing in the way
@@ -269,11 +191,10 @@ class Network:
     def _request_reallocation(self) -> None:
         if not self._pending:
             self._pending = True
-            self._at(self.env._now, self._reallocate, None)
+            self._at(self.env.now, self._reallocate, None)
 
     def _finish(self, flow: _Flow) -> None:
-        env = self.env
-        now = env._now
+        now = self.env.now
         flows_on = self._flows_on
         for l in flow.links:  # (a flow that never joined its links has none left: see _join)
             fl = flows_on[l]
@@ -288,10 +209,7 @@ class Network:
             self._at(now, flow.callback, flow.arg)
         else:
             self.events_triggered += 1
-            done = flow.arg  # what done.succeed() does, without its Python-level checks
-            done._ok = True
-            done._value = None
-            heappush(env._queue, (now, NORMAL, next(env._eid), done))
+            flow.arg.succeed()
         if self._dirty:
             self._request_reallocation()
 

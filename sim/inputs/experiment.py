@@ -7,10 +7,10 @@ An experiment file uses the command line's names with underscores, in three tabl
     [plan]     tensor_model_parallel_size = 8, pipeline_model_parallel_size = 16,
                micro_batch_size = 1, global_batch_size = 1536, schedule = "1f1b", ...
 
-Each key is checked against the flag it stands for: unknown keys, wrong types and
-unknown tables are errors naming the file, line and key. The file becomes the flags it
-stands for, and flags typed on the command line after it override it, so a file and
-the CLI can never disagree about what a key means.
+Each key is a field of the settings schema (``sim.inputs.schema``), checked as that
+field is checked wherever it comes from: unknown keys, wrong types and unknown tables
+are errors naming the file, line and key. Flags typed on the command line after a file
+override it, field by field.
 
 A file for ``trainsim compare`` also lists several plans, each a ``[[plans]]`` table
 with a ``name`` (unique), an optional ``description``, any [plan] key and an optional
@@ -26,52 +26,42 @@ reported (with its line) before anything is simulated.
 
 from __future__ import annotations
 
-import argparse
 import difflib
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import NamedTuple
 
 from sim.errors import InputError
-from sim.inputs.tomlio import TomlFile
-from sim.units import Number
+from sim.inputs import schema
+from sim.inputs.tomlio import TomlFile, line_of, where_line
 
-# Which flags (by argparse dest) each table may set.
-TABLES = {
-    "model": {"model": "preset", "hf_config": None, "num_layers": None, "hidden_size": None,
-              "num_attention_heads": None, "ffn_hidden_size": None, "vocab_size": None, "seq_length": None,
-              "max_position_embeddings": None, "group_query_attention": None, "num_query_groups": None,
-              "swiglu": None, "normalization": None, "position_embedding_type": None,
-              "untie_embeddings_and_output_weights": None, "disable_bias_linear": None,
-              "attention_dropout": None, "hidden_dropout": None},
-    "cluster": {"gpu": None, "gpus": None, "gpus_per_node": None, "nodes": None, "topology": None,
-                "fabric": None, "oversubscription": None, "fidelity": None, "max_events": None},
-    "plan": {"tensor_model_parallel_size": None, "pipeline_model_parallel_size": None,
-             "num_layers_per_virtual_pipeline_stage": None, "num_virtual_stages_per_pipeline_rank": None,
-             "schedule": None, "decoder_first_pipeline_num_layers": None, "decoder_last_pipeline_num_layers": None,
-             "account_for_embedding_in_pipeline_split": None, "account_for_loss_in_pipeline_split": None,
-             "placement": None, "sequence_parallel": None, "micro_batch_size": None, "global_batch_size": None,
-             "recompute_granularity": None, "zero": None, "overlap_grad_reduce": None, "bucket_size": None,
-             "zero3_prefetch_depth": None, "zero_bucket_size": None},
-    # DeepSpeed's names (its JSON config's "zero_optimization" object).
-    "zero_optimization": {"zero": "stage", "offload_optimizer": None,
-                          "zero3_prefetch_bucket_size": "stage3_prefetch_bucket_size",
-                          "zero3_max_live_parameters": "stage3_max_live_parameters"},
-}
-_TOP = {"name", "description", *TABLES}
-# Values that may be file paths, resolved against the experiment file's folder.
-_PATHS = {"hf_config": lambda v: True, "topology": lambda v: v.endswith(".toml"),
-          "schedule": lambda v: v.endswith(".csv"), "gpu": lambda v: v.endswith(".json")}
+TABLES = {table: {field: key for key, field in keys.items()} for table, keys in schema.tables().items()}
+"""Per table, the fields it may set and the key each is written as: ``[model]`` ``preset``
+is the field ``model``; DeepSpeed's ``[zero_optimization]`` names (``stage``,
+``stage3_prefetch_bucket_size``, ...) stand for plan fields."""
+TOP_KEYS = {"name", "description", *TABLES}
+"""What may stand at the top of an experiment file (with ``plans``, the ``[[plans]]`` tables)."""
+MODEL_FIELDS = frozenset(schema.fields_of("model"))
 
 
-def _key_of(dest: str, table: str) -> str:
-    """The TOML key for a flag's dest (``--model`` is ``preset`` in [model])."""
-    return TABLES[table][dest] or dest
+def key_of(field: str, table: str) -> str:
+    """The key a field is written as in ``table`` (``model`` is ``preset`` in [model])."""
+    return TABLES[table][field]
+
+
+def resolve_path(base: Path, field: str, value):
+    """A value that names a file (``hf_config``, ``topology``, ``schedule``, ``gpu``), relative
+    to the experiment file's folder when it is relative and the file exists there."""
+    is_path = schema.FIELDS[field].path
+    if is_path is not None and isinstance(value, str) and is_path(value):
+        p = Path(value)
+        if not p.is_absolute() and (base.parent / p).exists():
+            return str(base.parent / p)
+    return value
 
 
 class Setting(NamedTuple):
-    """One value an experiment sets: its flag's dest, its name in the file, where it was written."""
+    """One value an experiment sets: its schema field, its name in the file, where it was written."""
 
     dest: str
     key: str
@@ -112,7 +102,7 @@ class Experiment:
     name: str
     description: str
     settings: dict[str, Setting]
-    """By flag dest: what [model], [cluster], [plan] and [zero_optimization] set."""
+    """By field: what [model], [cluster], [plan] and [zero_optimization] set."""
     plans: list[PlanEntry] = field(default_factory=list)
 
     def plan_settings(self, entry: PlanEntry | None = None) -> dict[str, Setting]:
@@ -128,70 +118,19 @@ class Experiment:
 
     @property
     def has_model(self) -> bool:
-        return any(d in TABLES["model"] for d in self.settings)
+        return any(d in MODEL_FIELDS for d in self.settings)
 
 
-_HEADER = re.compile(r"^\s*(\[\[?)\s*([A-Za-z0-9_.\-]+)\s*\]\]?\s*(#.*)?$")
-
-
-def _sections(text: str) -> list[tuple[str, int, int, int]]:
-    """Table headers of a TOML text: (name, occurrence of that array table, first line,
-    last line), lines counted from 1."""
-    heads, seen = [], {}
-    lines = text.splitlines()
-    for i, line in enumerate(lines, start=1):
-        m = _HEADER.match(line)
-        if m:
-            name = m.group(2)
-            k = seen.get(name, 0) if m.group(1) == "[[" else 0
-            if m.group(1) == "[[":
-                seen[name] = k + 1
-            heads.append((name, k, i))
-    out = []
-    for j, (name, k, i) in enumerate(heads):
-        last = heads[j + 1][2] - 1 if j + 1 < len(heads) else len(lines)
-        out.append((name, k, i, last))
-    return out
-
-
-def _line_of(f: TomlFile, table: str, key: str | None, occurrence: int = 0) -> int | None:
-    """The line of ``key`` inside table ``table`` (its ``occurrence``-th copy for an array of
-    tables), or of the table's header when ``key`` is None or not found there."""
-    lines = f.text.splitlines()
-    pat = re.compile(rf"^\s*{re.escape(key)}\s*=") if key else None
-    sections = _sections(f.text)
-    parent = table.split(".")[0]
-    if "." in table:  # a sub-table of the occurrence-th [[parent]]: look between it and the next
-        starts = [first for name, _, first, _ in sections if name == parent]
-        lo = starts[occurrence] if occurrence < len(starts) else 0
-        hi = starts[occurrence + 1] if occurrence + 1 < len(starts) else len(lines) + 1
-        sections = [(n, 0, a, b) for n, _, a, b in sections if lo < a < hi]
-        occurrence = 0
-    for name, k, first, last in sections:
-        if name == table and k == occurrence:
-            if pat is None:
-                return first
-            for i in range(first, last + 1):
-                if pat.match(lines[i - 1]):
-                    return i
-            return first
-    return None
-
-
-def _table_settings(f: TomlFile, where_of, table: str, values: dict, prefix: str, actions: dict) -> dict[str, Setting]:
-    """The settings of one table's values, each checked against its flag."""
-    dests = TABLES[table]
-    keys = {_key_of(d, table): d for d in dests if d in actions}
+def _table_settings(f: TomlFile, where_of, table: str, values: dict, prefix: str) -> dict[str, Setting]:
+    """The settings of one table's values, each checked as its field is."""
+    keys = {key: field for field, key in TABLES[table].items()}
     out = {}
     for key, value in values.items():
-        dest = keys[key]
+        field = keys[key]
         where = where_of(key)
-        if dest in _PATHS and isinstance(value, str) and _PATHS[dest](value):
-            p = Path(value)
-            if not p.is_absolute() and (f.path.parent / p).exists():
-                value = str(f.path.parent / p)  # relative to the experiment file
-        _flag(where, f"{prefix}{key}", actions[dest], value)  # check the type now, with the line
-        out[dest] = Setting(dest, f"{prefix}{key}", value, where)
+        value = resolve_path(f.path, field, value)
+        check(where, f"{prefix}{key}", field, value)  # now, with the line
+        out[field] = Setting(field, f"{prefix}{key}", value, where)
     return out
 
 
@@ -215,7 +154,7 @@ def _offload_table(f: TomlFile, z: dict, prefix: str, at, sub: str, occurrence: 
         return z
 
     def where(key):  # the key's line in a [...offload_optimizer] sub-table, else the offload_optimizer line
-        line = _line_of(f, sub, key, occurrence)
+        line = line_of(f, sub, key, occurrence)
         return Where(f, line) if line is not None else at("offload_optimizer")
 
     name = f"{prefix}offload_optimizer."
@@ -238,50 +177,44 @@ def _unknown(where, prefix: str, table: dict, allowed) -> None:
             raise where(key).error(f"{prefix}{key}", f"unknown key{hint}; allowed keys are {', '.join(sorted(allowed))}")
 
 
-PLAN_KEYS = ("name", "description", *TABLES["plan"], "zero_optimization")
+PLAN_KEYS = ("name", "description", *TABLES["plan"].values(), "zero_optimization")
 """What a ``[[plans]]`` table may hold: its name, a description, any [plan] key, and a
 ``[plans.zero_optimization]`` sub-table."""
 
 
-def read_experiment(path: str | Path, parser: argparse.ArgumentParser) -> Experiment:
-    """Read and check an experiment file: every key known, every value of its flag's type,
+def read_experiment(path: str | Path) -> Experiment:
+    """Read and check an experiment file: every key known, every value of its field's type,
     plans named uniquely. Errors name the file, the line and the key."""
     f = TomlFile(path)
     data = f.data
     if not data:
         raise InputError(f"{f.path}: empty: no tables, only comments; expected [model], [cluster] and [plan] "
                          "tables, or [[plans]]")
-    f.check_keys(data, _TOP | {"plans"}, "")
-    actions = {a.dest: a for a in parser._actions}
+    f.check_keys(data, TOP_KEYS | {"plans"}, "")
     settings: dict[str, Setting] = {}
     for table in TABLES:
         t = data.get(table, {})
         if not isinstance(t, dict):
             raise f.error(table, f"got {t!r}; expected a table [{table}]")
-        keys = {_key_of(d, table): d for d in TABLES[table] if d in actions}
-        _unknown(lambda k, table=table: Where(f, _line_of(f, table, k) or _where_line(f, f"{table}.{k}")),
+        keys = {key: field for field, key in TABLES[table].items()}
+        _unknown(lambda k, table=table: Where(f, line_of(f, table, k) or where_line(f, f"{table}.{k}")),
                  f"{table}.", t, keys)
         if table == "zero_optimization":
-            t = _offload_table(f, t, f"{table}.", lambda k: Where(f, _line_of(f, table, k)
-                                                                  or _where_line(f, f"{table}.{k}")),
+            t = _offload_table(f, t, f"{table}.", lambda k: Where(f, line_of(f, table, k)
+                                                                  or where_line(f, f"{table}.{k}")),
                                "zero_optimization.offload_optimizer")
         settings.update(_table_settings(  # (a key written as a sub-table: its header's line)
-            f, lambda k, table=table: Where(f, _line_of(f, table, k) or _line_of(f, f"{table}.{k}", None)
-                                            or _where_line(f, f"{table}.{k}")),
-            table, t, f"{table}.", actions))
+            f, lambda k, table=table: Where(f, line_of(f, table, k) or line_of(f, f"{table}.{k}", None)
+                                            or where_line(f, f"{table}.{k}")),
+            table, t, f"{table}."))
     for key in ("name", "description"):
         if key in data and not isinstance(data[key], str):
             raise f.error(key, f"got {data[key]!r}; expected a string")
-    plans = _read_plans(f, data.get("plans"), actions) if "plans" in data else []
+    plans = _read_plans(f, data.get("plans")) if "plans" in data else []
     return Experiment(f.path, data.get("name", ""), data.get("description", ""), settings, plans)
 
 
-def _where_line(f: TomlFile, key: str) -> int | None:
-    m = re.match(r".*:(\d+): ", f.where(key) + " ")
-    return int(m.group(1)) if m else None
-
-
-def _read_plans(f: TomlFile, plans, actions: dict) -> list[PlanEntry]:
+def _read_plans(f: TomlFile, plans) -> list[PlanEntry]:
     if isinstance(plans, dict):
         raise f.error("plans", "got a single table [plans]; expected an array of tables: write [[plans]] "
                                "(double brackets) before each plan")
@@ -290,12 +223,12 @@ def _read_plans(f: TomlFile, plans, actions: dict) -> list[PlanEntry]:
     if not plans:
         raise f.error("plans", "got an empty array; give at least one [[plans]] table")
     out: list[PlanEntry] = []
-    plan_keys = {_key_of(d, "plan"): d for d in TABLES["plan"] if d in actions}
-    zero_keys = {_key_of(d, "zero_optimization"): d for d in TABLES["zero_optimization"] if d in actions}
+    plan_keys = {key: field for field, key in TABLES["plan"].items()}
+    zero_keys = {key: field for field, key in TABLES["zero_optimization"].items()}
     allowed = {"name", "description", "zero_optimization", *plan_keys}
     for i, entry in enumerate(plans):
-        head = _line_of(f, "plans", None, i)
-        at = lambda k, i=i, head=head: Where(f, _line_of(f, "plans", k, i) if k else head)  # noqa: E731
+        head = line_of(f, "plans", None, i)
+        at = lambda k, i=i, head=head: Where(f, line_of(f, "plans", k, i) if k else head)  # noqa: E731
         if not isinstance(entry, dict):
             raise at(None).error(f"plans[{i}]", f"got {entry!r}; expected a table with a name and plan keys")
         _unknown(at, f"plans[{i}].", entry, allowed)
@@ -312,82 +245,47 @@ def _read_plans(f: TomlFile, plans, actions: dict) -> list[PlanEntry]:
         if not isinstance(desc, str):
             raise at("description").error(f"plans[{i}].description", f"got {desc!r}; expected a string")
         values = {k: v for k, v in entry.items() if k in plan_keys}
-        settings = _table_settings(f, at, "plan", values, f"plans[{i}].", actions)
+        settings = _table_settings(f, at, "plan", values, f"plans[{i}].")
         z = entry.get("zero_optimization", {})
-        zat = lambda k, i=i, head=head: Where(f, _line_of(f, "plans.zero_optimization", k, i) or head)  # noqa: E731
+        zat = lambda k, i=i, head=head: Where(f, line_of(f, "plans.zero_optimization", k, i) or head)  # noqa: E731
         if not isinstance(z, dict):
             raise at("zero_optimization").error(f"plans[{i}].zero_optimization",
                                                 f"got {z!r}; expected a table [plans.zero_optimization]")
         _unknown(zat, f"plans[{i}].zero_optimization.", z, zero_keys)
         z = _offload_table(f, z, f"plans[{i}].zero_optimization.", zat, "plans.zero_optimization.offload_optimizer", i)
-        settings.update(_table_settings(f, zat, "zero_optimization", z, f"plans[{i}].zero_optimization.", actions))
+        settings.update(_table_settings(f, zat, "zero_optimization", z, f"plans[{i}].zero_optimization."))
         out.append(PlanEntry(name, desc, head, settings))
     return out
 
 
-def settings_argv(settings: dict[str, Setting], parser: argparse.ArgumentParser) -> list[str]:
-    """The flags that ``settings`` stand for, in table order."""
-    actions = {a.dest: a for a in parser._actions}
-    order = [d for t in TABLES.values() for d in t]
-    argv: list[str] = []
-    for dest in sorted(settings, key=lambda d: order.index(d) if d in order else len(order)):
-        s = settings[dest]
-        argv += _flag(s.where, s.key, actions[dest], s.value)
-    return argv
+SETTABLE = frozenset(field for keys in TABLES.values() for field in keys)
+"""The fields a file, or a keyword of ``sim.run``, may set."""
 
 
-def settings_from_values(values: dict, parser: argparse.ArgumentParser, prefix: str = "") -> dict[str, Setting]:
-    """Settings from Python values keyed by flag dest (``tensor_model_parallel_size=2``), as
+def settings_from_values(values: dict, prefix: str = "") -> dict[str, Setting]:
+    """Settings from Python values keyed by field (``tensor_model_parallel_size=2``), as
     ``sim.run`` takes them; checked like a file's values."""
-    actions = {a.dest: a for a in parser._actions}
-    known = {d for t in TABLES.values() for d in t if d in actions}
     out = {}
-    for dest, value in values.items():
-        if dest not in known:
-            raise InputError(f"{prefix}{dest}: unknown setting; allowed: {', '.join(sorted(known))}")
+    for field, value in values.items():
+        if field not in SETTABLE:
+            raise InputError(f"{prefix}{field}: unknown setting; allowed: {', '.join(sorted(SETTABLE))}")
         if value is None:
             continue
-        _flag(Where(), f"{prefix}{dest}", actions[dest], value)
-        out[dest] = Setting(dest, f"{prefix}{dest}", value, Where())
+        check(Where(), f"{prefix}{field}", field, value)
+        out[field] = Setting(field, f"{prefix}{field}", value, Where())
     return out
 
 
-def experiment_argv(path: str, parser: argparse.ArgumentParser, plan: str | None = None) -> list[str]:
-    """The flags an experiment file stands for, in the order a user would type them
-    (with ``plan``, those of the named ``[[plans]]`` table over the file's [plan])."""
-    exp = read_experiment(path, parser)
-    if plan is not None:
-        return settings_argv(exp.plan_settings(exp.plan(plan)), parser)
-    if exp.plans:
-        raise InputError(f"{exp.path}: plans: the file lists {len(exp.plans)} plans "
-                         f"({', '.join(p.name for p in exp.plans)}); `trainsim run` simulates one: "
-                         f"compare them with `trainsim compare {path}`")
-    return settings_argv(exp.settings, parser)
+def values_of(settings: dict[str, Setting]) -> dict[str, object]:
+    """The values of ``settings``, by field."""
+    return {field: s.value for field, s in settings.items()}
 
 
-def _flag(f: TomlFile, key: str, action: argparse.Action, value) -> list[str]:
-    opt = action.option_strings[0]
-    if isinstance(action, argparse.BooleanOptionalAction):
-        if not isinstance(value, bool):
-            raise f.error(key, f"got {value!r}; expected true or false")
-        return [opt] if value else [next(o for o in action.option_strings if o.startswith("--no-"))]
-    if action.nargs == 0:  # store_true
-        if not isinstance(value, bool):
-            raise f.error(key, f"got {value!r}; expected true or false")
-        return [opt] if value else []
-    if isinstance(action.type, Number):  # the flag's own bounds (> 0, finite, ...)
-        why = action.type.check(value)
-        if why is not None:
-            raise f.error(key, why)
-    if action.type is int and (isinstance(value, bool) or not isinstance(value, int)):
-        raise f.error(key, f"got {value!r}; expected an integer")
-    if action.type is float and (isinstance(value, bool) or not isinstance(value, (int, float))):
-        raise f.error(key, f"got {value!r}; expected a number")
-    if action.type is None and not isinstance(value, (str, int)) or isinstance(value, bool):
-        raise f.error(key, f"got {value!r}; expected a string")
-    if action.choices is not None and value not in action.choices:
-        raise f.error(key, f"got {value!r}; allowed: {', '.join(map(str, action.choices))}")
-    return [opt, str(value)]
+def check(where, key: str, field: str, value) -> None:
+    """Raise the error ``where`` makes (file, line and ``key``) unless ``value`` is allowed for ``field``."""
+    why = schema.why_not(field, value)
+    if why is not None:
+        raise where.error(key, why)
 
 
 # What a message calls a field, when it is not the flag's dest (ParallelPlan's and ModelSpec's names).
@@ -410,7 +308,8 @@ def blame(exc: InputError, path, settings: dict[str, Setting], skip=frozenset())
         return exc
     first = msg.split("\n", 1)[0]
     for dest, s in settings.items():  # a file named by a value: hf_config, topology, schedule, gpu
-        if dest not in skip and dest in _PATHS and isinstance(s.value, str) and _PATHS[dest](s.value) \
+        is_path = schema.FIELDS[dest].path
+        if dest not in skip and is_path is not None and isinstance(s.value, str) and is_path(s.value) \
                 and s.where.f is not None \
                 and (first.startswith(s.value) or f": got {s.value!r}" in first or f"{s.value}: " in first):
             for flag in (f"--{dest.replace('_', '-')}: ", f"{dest}: "):  # the key says it already
@@ -430,13 +329,3 @@ def blame(exc: InputError, path, settings: dict[str, Setting], skip=frozenset())
                 return s.where.error(s.key, ": ".join(parts[i + 1:]) + msg[len(first):])
             break
     return InputError(f"{path}: {msg}")
-
-
-def given_dests(argv, parser: argparse.ArgumentParser) -> set[str]:
-    """The dests of the flags typed in ``argv``."""
-    out = set()
-    for a in parser._actions:
-        for opt in a.option_strings:
-            if any(t == opt or t.startswith(opt + "=") for t in argv):
-                out.add(a.dest)
-    return out

@@ -26,13 +26,10 @@ read are checked, strictly; unknown Megatron flags, on the other hand, are error
 
 from __future__ import annotations
 
-import argparse
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Sequence
 
-from sim.errors import NEGATIVE_VALUE, InputError, from_argparse, require
-from sim.units import FRACTION, POSITIVE_INT
+from sim.errors import InputError, require
 
 MLP_KINDS = ("gelu", "swiglu")
 NORM_KINDS = ("layernorm", "rmsnorm")
@@ -292,26 +289,17 @@ def _from_hf(cfg: dict, where: str, seq_length: int | None, name: str | None) ->
 
 
 # ------------------------------------------------------------------- Megatron
-def add_megatron_model_arguments(parser: argparse.ArgumentParser) -> None:
-    """Megatron-LM's model-shape flags, spelled as Megatron spells them."""
-    g = parser.add_argument_group("model shape (Megatron-LM flags)")
-    g.add_argument("--num-layers", type=POSITIVE_INT)
-    g.add_argument("--hidden-size", type=POSITIVE_INT)
-    g.add_argument("--num-attention-heads", type=POSITIVE_INT)
-    g.add_argument("--ffn-hidden-size", type=POSITIVE_INT, help="default 4 x hidden size (GeLU) ")
-    g.add_argument("--vocab-size", type=POSITIVE_INT)
-    g.add_argument("--seq-length", type=POSITIVE_INT)
-    g.add_argument("--max-position-embeddings", type=POSITIVE_INT)
-    g.add_argument("--group-query-attention", action="store_true")
-    g.add_argument("--num-query-groups", type=POSITIVE_INT)
-    g.add_argument("--swiglu", action="store_true")
-    g.add_argument("--normalization", choices=["LayerNorm", "RMSNorm"], default="LayerNorm")
-    g.add_argument("--position-embedding-type", choices=["learned_absolute", "rope"],
-                   default="learned_absolute")
-    g.add_argument("--untie-embeddings-and-output-weights", action="store_true")
-    g.add_argument("--disable-bias-linear", action="store_true")
-    g.add_argument("--attention-dropout", type=FRACTION, default=0.1)
-    g.add_argument("--hidden-dropout", type=FRACTION, default=0.1)
+def layer_params_per_rank(model: ModelSpec, tp: int = 1) -> float:
+    """Parameters of one layer on one tensor-parallel rank: column-parallel weights and
+    biases and row-parallel weights are split; row-parallel biases and norms replicated."""
+    m, h, t = model, model.hidden_size, tp
+    f_up = (2 if m.mlp == "swiglu" else 1) * m.ffn_hidden_size
+    qkv = h + 2 * m.kv_dim
+    split = h * qkv + h * h + h * f_up + m.ffn_hidden_size * h
+    if m.bias:
+        split += qkv + f_up
+    replicated = 2 * m.norm_params + (2 * h if m.bias else 0)
+    return split / t + replicated
 
 
 _MEGATRON_SHAPE = ("num_layers", "hidden_size", "num_attention_heads", "vocab_size", "seq_length")
@@ -335,8 +323,9 @@ def _name_megatron_flags(exc: InputError, name: str) -> InputError:
     return InputError(f"{_MEGATRON_FLAGS[field]}: {rest}")
 
 
-def model_from_megatron_namespace(ns: argparse.Namespace, name: str = "megatron") -> ModelSpec:
-    """A spec from parsed Megatron flags (``add_megatron_model_arguments``)."""
+def model_from_megatron_settings(ns, name: str = "megatron") -> ModelSpec:
+    """A spec from Megatron-LM shape settings (``sim.inputs.schema.ModelSettings``: ``num_layers``,
+    ``hidden_size``, ... ``normalization``, ``position_embedding_type``)."""
     for key in _MEGATRON_SHAPE:
         if getattr(ns, key, None) is None:
             raise InputError(f"--{key.replace('_', '-')}: missing; required to describe the model with Megatron "
@@ -356,22 +345,6 @@ def model_from_megatron_namespace(ns: argparse.Namespace, name: str = "megatron"
             dropout=(ns.attention_dropout or 0) > 0 or (ns.hidden_dropout or 0) > 0)
     except InputError as exc:
         raise _name_megatron_flags(exc, name) from None
-
-
-class _StrictParser(argparse.ArgumentParser):
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        self._negative_number_matcher = NEGATIVE_VALUE  # '-4' is a value to check, not a flag
-
-    def error(self, message: str):  # noqa: D401 - argparse API
-        raise from_argparse(message)
-
-
-def model_from_megatron_args(argv: Sequence[str], name: str = "megatron") -> ModelSpec:
-    """A spec from a Megatron-LM argument list, e.g. ``['--num-layers', '96', ...]``."""
-    parser = _StrictParser(prog="megatron-args", add_help=False)
-    add_megatron_model_arguments(parser)
-    return model_from_megatron_namespace(parser.parse_args(list(argv)), name)
 
 
 def with_seq_length(model: ModelSpec, seq_length: int) -> ModelSpec:

@@ -113,3 +113,57 @@ class TomlFile:
         if choices is not None and value not in choices:
             raise self.error(f"{prefix}{key}", f"got {value!r}; allowed: {', '.join(choices)}")
         return value
+
+
+# Where a key was written: the line of a key inside a table (or an array of tables'
+# n-th copy), for errors that point at a value checked after the file was parsed.
+_HEADER = re.compile(r"^\s*(\[\[?)\s*([A-Za-z0-9_.\-]+)\s*\]\]?\s*(#.*)?$")
+
+
+def table_spans(text: str) -> list[tuple[str, int, int, int]]:
+    """Table headers of a TOML text: (name, occurrence of that array table, first line,
+    last line), lines counted from 1."""
+    heads, seen = [], {}
+    lines = text.splitlines()
+    for i, line in enumerate(lines, start=1):
+        m = _HEADER.match(line)
+        if m:
+            name = m.group(2)
+            k = seen.get(name, 0) if m.group(1) == "[[" else 0
+            if m.group(1) == "[[":
+                seen[name] = k + 1
+            heads.append((name, k, i))
+    out = []
+    for j, (name, k, i) in enumerate(heads):
+        last = heads[j + 1][2] - 1 if j + 1 < len(heads) else len(lines)
+        out.append((name, k, i, last))
+    return out
+
+
+def line_of(f: TomlFile, table: str, key: str | None, occurrence: int = 0) -> int | None:
+    """The line of ``key`` inside table ``table`` (its ``occurrence``-th copy for an array of
+    tables), or of the table's header when ``key`` is None or not found there."""
+    lines = f.text.splitlines()
+    pat = re.compile(rf"^\s*{re.escape(key)}\s*=") if key else None
+    sections = table_spans(f.text)
+    parent = table.split(".")[0]
+    if "." in table:  # a sub-table of the occurrence-th [[parent]]: look between it and the next
+        starts = [first for name, _, first, _ in sections if name == parent]
+        lo = starts[occurrence] if occurrence < len(starts) else 0
+        hi = starts[occurrence + 1] if occurrence + 1 < len(starts) else len(lines) + 1
+        sections = [(n, 0, a, b) for n, _, a, b in sections if lo < a < hi]
+        occurrence = 0
+    for name, k, first, last in sections:
+        if name == table and k == occurrence:
+            if pat is None:
+                return first
+            for i in range(first, last + 1):
+                if pat.match(lines[i - 1]):
+                    return i
+            return first
+    return None
+
+
+def where_line(f: TomlFile, key: str) -> int | None:
+    m = re.match(r".*:(\d+): ", f.where(key) + " ")
+    return int(m.group(1)) if m else None

@@ -1,6 +1,6 @@
 """The plans a comparison runs: a file's ``[[plans]]``, a list given to ``sim.compare``,
 and every schedule or ZeRO stage asked for with ``--schedules`` / ``--zero-stages``
-(which alone vary one base plan). Split from ``sim.api``, which simulates them.
+(which alone vary one base plan). ``sim.api.compare`` and ``trainsim compare`` simulate them.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from sim.errors import InputError
 from sim.inputs.experiment import Experiment, Setting, settings_from_values
 
 
-def plan_settings(plan, parser) -> tuple[dict[str, Setting], object]:
+def plan_settings(plan) -> tuple[dict[str, Setting], object]:
     """Settings from a plan given as a dict of [plan] keys, or the ParallelPlan itself."""
     from sim.inputs.plan import ParallelPlan
 
@@ -21,7 +21,7 @@ def plan_settings(plan, parser) -> tuple[dict[str, Setting], object]:
         return {}, plan
     if isinstance(plan, dict):
         values = {("zero" if k == "stage" else k): v for k, v in plan.items() if k not in ("name", "description")}
-        return settings_from_values(values, parser, "plan."), None
+        return settings_from_values(values, "plan."), None
     raise InputError(f"plan: got {plan!r}; expected a dict of [plan] keys, a sim.inputs.plan.ParallelPlan, "
                      "or the name of one of the experiment file's [[plans]]")
 
@@ -42,7 +42,7 @@ class Variant:
     from_file: bool = False
 
 
-def variants_of(exp: Experiment | None, plans, parser, schedules=None, zero_stages=None) -> list[Variant]:
+def variants_of(exp: Experiment | None, plans, schedules=None, zero_stages=None) -> list[Variant]:
     """The plans to simulate: the file's [[plans]] or ``plans``, times every schedule and
     ZeRO stage given (which alone vary one base plan)."""
     from sim.inputs.plan import ParallelPlan
@@ -60,7 +60,7 @@ def variants_of(exp: Experiment | None, plans, parser, schedules=None, zero_stag
                 name = p.get("name")
                 if not isinstance(name, str) or not name.strip():
                     raise InputError(f"plans[{i}].name: got {name!r}; every plan needs a name (a non-empty string)")
-                sets, _ = plan_settings(p, parser)
+                sets, _ = plan_settings(p)
                 out.append(Variant(name, str(p.get("description", "")), sets))
             else:
                 raise InputError(f"plans[{i}]: got {p!r}; expected a dict of [plan] keys with a name, or a ParallelPlan")
@@ -85,7 +85,7 @@ def variants_of(exp: Experiment | None, plans, parser, schedules=None, zero_stag
             if v.plan is not None:
                 raise InputError("schedules / zero_stages: cannot vary a ParallelPlan; give the plans as dicts")
             for label, values in axis:
-                extra = settings_from_values(values, parser, "plan.")
+                extra = settings_from_values(values, "plan.")
                 grown.append(Variant(f"{v.name}, {label}" if v.name else label, v.description, v.settings,
                                      {**v.axis, **extra}, None, v.line, v.from_file))
         out = grown

@@ -1,10 +1,15 @@
 """What a simulation leaves behind: spans, transfers and per-link traffic.
 
 A ``Span`` is one action as it ran: rank, stream, start and end in seconds, and what it
-moved or computed. The ``Trace`` holds every span sorted by (rank, stream, start), every
-point-to-point transfer the network carried (collective steps included), and the bytes
-each directed link carried, so questions like "how much crossed InfiniBand, and on which
-links" are answered from the trace, not from a formula.
+moved or computed. A ``TransferRecord`` is one point-to-point transfer the network
+carried (collective steps included). The ``Trace`` holds every span sorted by (rank,
+stream, start), every transfer, and the bytes each directed link carried, so questions
+like "how much crossed InfiniBand, and on which links" are answered from the trace, not
+from a formula.
+
+The trace owns these records: they are plain data, and the engine (``sim.engine``)
+imports them from here to fill them in. Reading a trace (metrics, exports, plots)
+therefore needs no SimPy.
 """
 
 from __future__ import annotations
@@ -12,7 +17,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-from sim.engine.network import TransferRecord
 
 
 class Span(NamedTuple):
@@ -47,6 +51,19 @@ class Span(NamedTuple):
         return self.end_s - self.start_s
 
 
+class TransferRecord(NamedTuple):
+    """One completed point-to-point transfer (times in seconds). A named tuple: traces
+    hold millions of them."""
+
+    src: int
+    dst: int
+    nbytes: int
+    start_s: float  # when it was issued (before the latency)
+    end_s: float
+    label: str  # what it belongs to, e.g. "allreduce ar hier inter allreduce rail 0 step 2"
+    medium: str  # the slowest class of link crossed: "ib" or "ethernet", else "pcie", else "nvlink"
+
+
 @dataclass
 class Trace:
     """Everything one simulated run produced."""
@@ -65,9 +82,10 @@ class Trace:
     stats: dict = field(default_factory=dict)
     """How big the simulation was and what it cost: ``events`` (SimPy events processed:
     every timed call counts, though calls due at one instant mostly share one of the
-    ``queue_entries``, see ``sim.engine.network.Calls``), ``actions``, ``transfers``, ``simulated_gpus``; ``engine_setup_s`` (indexing, routing
-    and collective planning before the clock starts), ``engine_loop_s`` (the event loop)
-    and ``engine_wall_s`` (the event loop and the assembly of this trace)."""
+    ``queue_entries``, see ``sim.engine.kernel.Calls``), ``actions``, ``transfers``,
+    ``simulated_gpus``; ``engine_setup_s`` (indexing, routing and collective planning
+    before the clock starts), ``engine_loop_s`` (the event loop) and ``engine_wall_s``
+    (the event loop and the assembly of this trace)."""
 
     @property
     def end_s(self) -> float:

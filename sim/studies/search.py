@@ -13,10 +13,10 @@ defaults; ``trainsim sweep`` varies those. ``SearchSpace`` narrows any dimension
 
 ``search`` then works in three steps:
 
-1. **Memory.** ``sim.build.estimate`` gives each plan's per-GPU peak; a plan that does not
+1. **Memory.** ``sim.program.estimate`` gives each plan's per-GPU peak; a plan that does not
    fit the GPU is dropped without simulation.
 2. **Time.** Each plan gets an analytic *bound* (``bound_s``): the part of its
-   estimated step the simulator cannot hide, priced as ``sim.build.estimate`` prices it,
+   estimated step the simulator cannot hide, priced as ``sim.program.estimate`` prices it,
 
        bound = m·T + bubble + optimizer
 
@@ -48,14 +48,14 @@ import math
 from dataclasses import asdict, dataclass, field
 from functools import lru_cache
 
-from sim.build.costs import work_times
+from sim.program.costs import work_times
 from sim.errors import require
-from sim.build.estimate import Estimate, estimate
+from sim.program.estimate import Estimate, estimate
 from sim.inputs.hardware import HardwareProfile
 from sim.inputs.model import ModelSpec
 from sim.inputs.plan import RECOMPUTE, SCHEDULES, ZERO_STAGES, ParallelPlan
 from sim.units import format_bytes, format_time
-from sim.build.workload import embedding_work, head_work, layer_work
+from sim.program.workload import embedding_work, head_work, layer_work
 
 DEFAULT_MARGIN = 1.1
 """The estimate's error factor for pruning (see the module doc): how far below its bound
@@ -192,7 +192,7 @@ def _phases(model: ModelSpec, profile: HardwareProfile, b: int, t: int, sp: bool
 def bound_s(model: ModelSpec, plan: ParallelPlan, profile: HardwareProfile, est: Estimate) -> float:
     """The part of the estimated step the simulator cannot overlap (see the module doc):
     m·T + bubble + optimizer, T the slowest pipeline rank's F + B + W per micro-batch
-    (compute and tensor-parallel collectives, as ``sim.build.estimate`` prices them)."""
+    (compute and tensor-parallel collectives, as ``sim.program.estimate`` prices them)."""
     p, v, m = plan.pp, plan.vpp, plan.num_microbatches
     ph = _phases(model, profile, plan.micro_batch_size, plan.tp, plan.sequence_parallel, plan.recompute,
                  est.links["tp"])

@@ -146,8 +146,8 @@ def _topology(ctx: Context):
 
 def evaluate(ctx: Context, plan: ParallelPlan) -> dict:
     """Simulate one point and return its record (never raises for a bad plan)."""
-    from sim.commands.run import summarize
-    from sim.build.training import simulate_training
+    from sim.session import summarize
+    from sim.session import simulate_training
 
     rec = {"key": plan_key(plan), "plan": asdict(plan), "status": "ok", "error": None, "summary": None}
     try:

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from typing import Callable
 
-from sim.build.passes import Segment
+from sim.program.passes import Segment
 from sim.inputs.plan import ParallelPlan
 from sim.inputs.topology import Topology
 

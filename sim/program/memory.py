@@ -47,7 +47,7 @@ its I. Per schedule, for stage i of p, m micro-batches and v chunks per stage
     interleaved  min(2(p − i − 1) + (v − 1)·p + 1, m·v) chunk-micro-batches; m·v when
                                        m = p (Megatron then runs every forward first)
 
-These are the counts of the generated schedules (``sim.build.schedules``) themselves: walking
+These are the counts of the generated schedules (``sim.program.schedules``) themselves: walking
 each rank's steps and counting the pairs between their F and their last backward step
 gives exactly these numbers, chunk by chunk, at the first moment of the peak (the tests
 check p = 2..8, m below, at and above p). Under ZB-H1 and ZB-H2 the last stage holds
@@ -71,7 +71,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from sim.errors import require
-from sim.inputs.model import ModelSpec
+from sim.inputs.model import ModelSpec, layer_params_per_rank  # noqa: F401  (layer_params_per_rank re-exported)
 from sim.inputs.plan import RECOMPUTE, ParallelPlan
 
 # DeepSpeed defaults (zero_optimization.reduce_bucket_size, stage3_max_live_parameters).
@@ -106,19 +106,6 @@ def model_state_bytes(num_params: float, dp: int = 1, zero_stage: int = 0, *, pa
 
 
 # ------------------------------------------------------------------ parameters
-def layer_params_per_rank(model: ModelSpec, tp: int = 1) -> float:
-    """Parameters of one layer on one tensor-parallel rank: column-parallel weights and
-    biases and row-parallel weights are split; row-parallel biases and norms replicated."""
-    m, h, t = model, model.hidden_size, tp
-    f_up = (2 if m.mlp == "swiglu" else 1) * m.ffn_hidden_size
-    qkv = h + 2 * m.kv_dim
-    split = h * qkv + h * h + h * f_up + m.ffn_hidden_size * h
-    if m.bias:
-        split += qkv + f_up
-    replicated = 2 * m.norm_params + (2 * h if m.bias else 0)
-    return split / t + replicated
-
-
 def stage_params_per_rank(model: ModelSpec, plan: ParallelPlan, stage: int) -> float:
     """Parameters one rank of pipeline stage ``stage`` holds (the layers of all its chunks,
     as ``plan.stage_layers`` splits them, plus the embedding on the first stage and the
@@ -228,7 +215,7 @@ def inflight_per_chunk(plan: ParallelPlan, stage: int, weights: tuple | None = N
 
 
 def _interleaved_peak(p: int, v: int, m: int, stage: int, weights: tuple) -> tuple:
-    """Megatron's interleaved order on rank ``stage`` (``sim.build.schedules.interleaved``): the
+    """Megatron's interleaved order on rank ``stage`` (``sim.program.schedules.interleaved``): the
     k-th forward is chunk ⌊(k mod pv)/p⌋, the k-th backward chunk v − 1 − ⌊(k mod pv)/p⌋,
     after ``warm`` warm-up forwards one forward then one backward. The held pairs peak
     at the end of the warm-up or just after a steady-state forward (backwards only free);

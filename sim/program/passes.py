@@ -1,6 +1,6 @@
 """Passes: pure functions Program -> Program that turn a schedule into training.
 
-A pipeline schedule (``sim.build.schedules``) gives one compute action per step (``2F0``) on
+A pipeline schedule (``sim.program.schedules``) gives one compute action per step (``2F0``) on
 each *pipeline* rank, with data dependencies between ranks as plain cross-rank deps
 (communication for free). The passes below, applied in order, make it a full iteration
 on every GPU:
@@ -27,7 +27,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-from sim.build.actions import Action, Program
+from sim.program.actions import Action, Program
 
 
 @dataclass(frozen=True)

@@ -27,8 +27,8 @@ from __future__ import annotations
 import math
 from typing import Callable
 
-from sim.build.actions import Action, Program
-from sim.build.passes import layer_uses
+from sim.program.actions import Action, Program
+from sim.program.passes import layer_uses
 
 PIPELINE = ("F", "B", "I", "W")
 

@@ -1,31 +1,29 @@
-"""One training iteration, end to end: model + plan + hardware + topology -> trace.
+"""One training iteration as a program: model + plan + hardware (+ topology) -> Program.
 
 The three inputs stay separate (as Calculon keeps model, system and execution apart):
-``sim.build.workload`` says what each layer computes, ``sim.build.costs`` how long each kernel takes
+``sim.program.workload`` says what each layer computes, ``sim.program.costs`` how long each kernel takes
 on the profile, the schedule says in which order each pipeline rank runs its steps, and
-the passes (``sim.build.passes``) add the communication. The engine then runs the program on
-the topology, where collectives and p2p transfers share the links.
+the passes (``sim.program.passes``) add the communication. ``sim.session`` hands the
+program to the engine, which runs it on the topology.
 
     schedule -> to_program -> replicate -> add_tp_collectives -> add_p2p
-             -> add_grad_sync -> add_optimizer -> engine.simulate -> metrics
+             -> add_grad_sync -> add_optimizer -> add_memory
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from functools import lru_cache
 
-from sim.build import passes
-from sim.build import zero
-from sim.build.actions import Action, Program
-from sim.build.coalesce import coalesce, isolated_tp_pricer
-from sim.build.costs import op_time
-from sim.engine.core import gc_paused, simulate
+from sim.program import passes
+from sim.program import zero
+from sim.program.actions import Action, Program
+from sim.program.coalesce import coalesce, isolated_tp_pricer
+from sim.program.costs import op_time
 from sim.errors import InputError
-from sim.build.estimate import ADAM_BYTES_PER_PARAM
+from sim.program.estimate import ADAM_BYTES_PER_PARAM
 from sim.inputs.hardware import HardwareProfile
 from sim.engine.limits import DEFAULT_MAX_EVENTS, check_size
-from sim.build.memory import (
+from sim.program.memory import (
     activation_bytes_per_layer,
     embedding_activation_bytes,
     head_activation_bytes,
@@ -35,28 +33,13 @@ from sim.build.memory import (
 )
 from sim.inputs.model import ModelSpec
 from sim.inputs.plan import ParallelPlan
-from sim.build.schedule_io import validate
-from sim.build.schedules import Schedule, Step, build_schedule, to_program
+from sim.program.schedule_io import validate
+from sim.program.schedules import Schedule, Step, build_schedule, to_program
 from sim.inputs.topology import Topology
-from sim.results.trace import Trace
-from sim.build.workload import Comm, chunk_work, p2p_bytes
+from sim.program.workload import Comm, chunk_work, p2p_bytes
 
 _COLLECTIVE = {"all_reduce": "allreduce", "all_gather": "allgather", "reduce_scatter": "reducescatter"}
 PIPELINE_KINDS = ("F", "B", "I", "W")
-
-
-@dataclass
-class TrainingRun:
-    """A simulated iteration and everything needed to explain it."""
-
-    model: ModelSpec
-    plan: ParallelPlan
-    profile: HardwareProfile
-    topology: Topology
-    schedule: Schedule
-    program: Program
-    trace: Trace
-    fidelity: str = "full"
 
 
 class _Segments:
@@ -67,7 +50,7 @@ class _Segments:
         self.model, self.plan, self.profile = model, plan, profile
         self._cache = lru_cache(maxsize=None)(self._build)
         self._coalesced = lru_cache(maxsize=None)(self._coalesce)
-        self.price = price  # closed-form price of isolated tp collectives (sim.build.coalesce), or None
+        self.price = price  # closed-form price of isolated tp collectives (sim.program.coalesce), or None
         self.keep_layers = keep_layers or (lambda step: True)
 
     def _coalesce(self, stage: int, kind: str, keep: bool):
@@ -309,24 +292,3 @@ def add_memory(prog: Program, model: ModelSpec, plan: ParallelPlan, profile: Har
     transient = (lambda rank, step: full_layer) if plan.recompute == "full" else None
     prog = zero.add_activation_memory(prog, stored, transient)
     return zero.add_resident(prog, resident)
-
-
-def simulate_training(model: ModelSpec, plan: ParallelPlan, profile: HardwareProfile, topology: Topology,
-                      schedule: Schedule | None = None, fidelity: str = "full",
-                      coalesce_tp: bool = True, max_events: float | None = DEFAULT_MAX_EVENTS) -> TrainingRun:
-    """Simulate one iteration of ``plan`` on ``topology`` and return the run
-    (``fidelity``: "full", "reduced", or "auto": reduced above 256 GPUs). Plans over
-    ``max_events`` are refused up front (``sim.engine.limits``)."""
-    if fidelity == "auto":
-        fidelity = "reduced" if plan.world_size > AUTO_REDUCED_ABOVE_GPUS else "full"
-    if plan.world_size > topology.num_gpus:
-        raise InputError(
-            f"plan: needs dp x tp x pp = {plan.dp} x {plan.tp} x {plan.pp} = {plan.world_size} GPUs; "
-            f"topology {topology.name} has {topology.num_gpus}"
-        )
-    with gc_paused():
-        schedule, prog = build_program(model, plan, profile, schedule, fidelity, topology.gpus_per_node, topology,
-                                       coalesce_tp, max_events)
-    trace = simulate(prog, topology, link_efficiency=profile.link_efficiencies(),
-                     fluid_collectives=fidelity == "reduced")
-    return TrainingRun(model, plan, profile, topology, schedule, prog, trace, fidelity)

@@ -16,7 +16,7 @@ Kinds of action:
   ``tag`` (or none) matches the n-th recv on b from a with the same tag.
 - ``comm``: communication priced outside the network model: it busies its stream for
   ``duration_s`` like compute, but counts as communication. Used when collectives that
-  provably have their links to themselves are coalesced (``sim.build.training``). With a
+  provably have their links to themselves are coalesced (``sim.program.training``). With a
   ``group`` of two or more simulated ranks, it is a meeting: each member's action of the
   same name starts when the last member is ready to start its own.
 - ``copy``: ``nbytes`` between the GPU and its host CPU (``op`` "d2h" or "h2d") over

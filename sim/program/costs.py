@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from sim.errors import require
 from sim.inputs.hardware import HardwareProfile
-from sim.build.workload import PHASES, Op, Work
+from sim.program.workload import PHASES, Op, Work
 
 
 def op_time(op: Op, profile: HardwareProfile, dtype: str = "bf16") -> float:

@@ -24,7 +24,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from sim.errors import InputError
-from sim.build.schedules import KINDS, Schedule, Step, step_deps
+from sim.program.schedules import KINDS, Schedule, Step, step_deps
 
 _MAX_ROWS = 24
 _MAX_LISTED = 4

@@ -6,7 +6,7 @@ It adds up, never overlaps (``dp_overlap`` and the bucket size are the simulator
     step = m·T + bubble + pp_comm + dp_comm + optimizer
 
 where T = T_F + T_B + T_W is the slowest pipeline stage's time for one micro-batch (the
-F, B and W op times from ``sim.build.costs`` of the layers ``plan.stage_layers`` puts on it, over
+F, B and W op times from ``sim.program.costs`` of the layers ``plan.stage_layers`` puts on it, over
 all its chunks, plus their tensor-parallel collectives, the embedding on the first stage
 and the output head on the last) and m the micro-batches per step. The bubble follows
 the schedule, for p stages and v chunks per stage:
@@ -28,17 +28,17 @@ Model FLOPs are F + B + W of every GEMM and attention op without recomputation, 
 for GPT shapes is Korthikanti et al.'s Eq. 7, 72·B·L·s·h²·(1 + s/(6h) + V/(12hL));
 MFU = model FLOPs / (step · GPUs · peak). Hardware FLOPs add the recomputed work.
 Memory is the worst stage's model states, activations (in flight per the schedule,
-``sim.build.memory``) and temporaries.
+``sim.program.memory``) and temporaries.
 """
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from sim.build.costs import collective_time as _collective_time
-from sim.build.costs import transfer_time, work_times
+from sim.program.costs import collective_time as _collective_time
+from sim.program.costs import transfer_time, work_times
 from sim.inputs.hardware import HardwareProfile
-from sim.build.memory import (
+from sim.program.memory import (
     grad_bucket_bytes,
     layer_params_per_rank,
     model_state_bytes,
@@ -48,7 +48,7 @@ from sim.build.memory import (
 )
 from sim.inputs.model import ModelSpec
 from sim.inputs.plan import ParallelPlan
-from sim.build.workload import embedding_work, head_work, layer_work, p2p_bytes
+from sim.program.workload import embedding_work, head_work, layer_work, p2p_bytes
 
 ADAM_BYTES_PER_PARAM = 28  # read fp32 weight, m, v (12) + 16-bit grad (2); write 12 + 16-bit weight (2)
 _MATMUL = ("gemm", "attention")

@@ -12,7 +12,7 @@ path) and ``W`` (weight gradient, which only has to happen before the optimizer)
 A ``Schedule`` is nothing but each rank's steps in execution order. Its data
 dependencies are fixed by the model (``step_deps``): F(s,j) needs F(s-1,j); B or I of
 (s,j) needs F(s,j) and the input gradient of stage s+1; W(s,j) needs I(s,j). So any
-order a user writes down can be checked (``validate``, in ``sim.build.schedule_io``, with a
+order a user writes down can be checked (``validate``, in ``sim.program.schedule_io``, with a
 step x rank grid pointing at the problem), saved and loaded as CSV, and turned into a
 compute-only ``Program`` (``to_program``) that later passes give communication to.
 
@@ -55,7 +55,7 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import Callable
 
-from sim.build.actions import Action, Program
+from sim.program.actions import Action, Program
 from sim.errors import InputError
 
 KINDS = ("F", "B", "I", "W")

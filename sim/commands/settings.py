@@ -1,0 +1,38 @@
+"""The run settings on the command line: which schema fields each command takes as
+flags, and the settings a parsed command line (over an experiment file) stands for.
+
+The flags themselves come from the schema (``sim.inputs.schema.add_arguments``): a
+field's flag, help, type and choices are written once, there.
+"""
+
+from __future__ import annotations
+
+from sim.fileio import check_output_dir
+from sim.inputs.experiment import Setting, Where
+from sim.inputs.flags import given
+from sim.inputs.schema import RunSettings, fields_of
+
+MODEL_FLAGS = fields_of("model")
+HARDWARE_FLAGS = ["gpu", "gpus", "gpus_per_node"]
+CLUSTER_FLAGS = ["nodes", "topology", "fabric", "oversubscription"]
+ESTIMATE_FLAGS = [*MODEL_FLAGS, *HARDWARE_FLAGS, *fields_of("plan"), "json"]
+"""What ``trainsim estimate`` takes: the model, the GPUs and the plan."""
+RUN_FLAGS = [*ESTIMATE_FLAGS, *CLUSTER_FLAGS, *fields_of("simulation"), "out", "kineto"]
+"""What ``trainsim run`` (and ``compare``) take: all of it."""
+
+
+def typed(args) -> dict[str, Setting]:
+    """The settings typed on the command line (no file, no line: errors about them are
+    left as the flag's own)."""
+    return {name: Setting(name, name, value, Where()) for name, value in given(args).items()}
+
+
+def run_settings(args) -> RunSettings:
+    """The settings a command line stands for, defaults filled in."""
+    return RunSettings.from_values(given(args))
+
+
+def check_outputs(args) -> None:
+    """``--out`` and ``--kineto`` must be folders that can be written: checked before any work."""
+    check_output_dir(args.out, "--out")
+    check_output_dir(args.kineto, "--kineto")

@@ -1,0 +1,46 @@
+"""The JSON summary of a simulated iteration: the figures ``trainsim run --json`` prints.
+
+Throughput and MFU (``sim.results.metrics``), the time on the critical rank split into
+compute, exposed communication and idle, the highest memory peak with its breakdown
+(``sim.results.memory_timeline``), and the analytic estimate beside the simulated
+figures (``sim.program.estimate``). Deterministic for the same run.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+
+from sim.program.estimate import estimate, model_flops_per_sequence
+from sim.results.memory_timeline import highest_peak
+from sim.results.metrics import iteration_metrics
+
+
+def summarize(run) -> dict:
+    """The summary of a ``sim.session.TrainingRun`` (deterministic for the same input)."""
+    model, plan, profile = run.model, run.plan, run.profile
+    seqs = plan.global_batch_size
+    met = iteration_metrics(
+        run.trace, tokens=seqs * model.seq_length,
+        model_flops=seqs * model_flops_per_sequence(model),
+        hardware_flops=seqs * model_flops_per_sequence(model, plan.recompute),
+        gpus=plan.world_size, peak_flops=profile.peak())
+    est = estimate(model, plan, profile, gpus_per_node=run.topology.gpus_per_node)
+    pk = highest_peak(run.trace)
+    br = pk.breakdown
+    d, stage, t = plan.coords(pk.rank)
+    return {
+        "model": model.name, "params": model.num_params, "gpu": profile.name, "topology": run.topology.name,
+        "gpus": plan.world_size, "schedule": run.schedule.name, "plan": asdict(plan), "fidelity": run.fidelity,
+        "simulated_gpus": len(run.program.actions),
+        **met,
+        "memory": {"parameters_bytes": br.get("parameters", 0.0) + br.get("gathered", 0.0),
+                   "gradients_bytes": br.get("gradients", 0.0) + br.get("buckets", 0.0),
+                   "optimizer_bytes": br.get("optimizer", 0.0), "activations_bytes": br.get("activations", 0.0),
+                   "reserve_bytes": br.get("reserve", 0.0), "peak_bytes": pk.total_bytes,
+                   "breakdown_at_peak_bytes": br, "rank": pk.rank, "pipeline_stage": stage, "peak_time_s": pk.time_s,
+                   "analytic_peak_bytes": est.memory["total"]},
+        "memory_capacity_bytes": profile.hbm_capacity_bytes,
+        "fits": pk.total_bytes <= profile.hbm_capacity_bytes,
+        "estimate_iteration_time_s": est.time["step"],
+        "actions": len(run.program), "transfers": len(run.trace.transfers),
+    }

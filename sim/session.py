@@ -1,0 +1,170 @@
+"""A run, start to finish: settings -> inputs -> program -> engine -> summary -> files.
+
+This is the layer every front end stands on (``sim.api``, each ``trainsim`` command,
+the studies); none of them builds a run any other way:
+
+    RunSettings (sim.inputs.schema)
+      -> prepare: model, plan, hardware profile, topology, schedule   (sim.inputs.resolve)
+      -> simulate_training: build_program (sim.program) -> engine.simulate -> Trace
+      -> summarize (sim.results.summary)
+      -> write_outputs: summary.json, trace.json, timeline.png, memory.png (sim.results)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from sim.program.actions import Program
+from sim.program.schedules import Schedule
+from sim.program.training import AUTO_REDUCED_ABOVE_GPUS, build_program
+from sim.engine.core import gc_paused, simulate
+from sim.errors import InputError
+from sim.inputs.hardware import HardwareProfile, load_profile
+from sim.inputs.model import ModelSpec
+from sim.inputs.plan import ParallelPlan
+from sim.inputs.resolve import model_from_settings, plan_from_settings, topology_from_settings
+from sim.inputs.schema import DEFAULT_MAX_EVENTS, PlanSettings, RunSettings
+from sim.inputs.topology import Topology
+from sim.results.summary import summarize
+from sim.results.trace import Trace
+
+__all__ = ["TrainingRun", "Prepared", "prepare", "simulate_training", "run", "summarize", "write_outputs",
+           "write_kineto_files", "rank_names"]
+
+
+@dataclass
+class TrainingRun:
+    """A simulated iteration and everything needed to explain it."""
+
+    model: ModelSpec
+    plan: ParallelPlan
+    profile: HardwareProfile
+    topology: Topology
+    schedule: Schedule
+    program: Program
+    trace: Trace
+    fidelity: str = "full"
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """Everything a run is built from, checked: what ``prepare`` returns."""
+
+    settings: RunSettings
+    model: ModelSpec
+    plan: ParallelPlan
+    profile: HardwareProfile
+    topology: Topology
+    schedule: Schedule | None
+    """A schedule read from a .csv file (None: the plan's built-in schedule)."""
+
+
+def schedule_from_settings(p: PlanSettings, plan: ParallelPlan) -> Schedule | None:
+    """The ``Schedule`` of ``schedule = "FILE.csv"``, checked against the plan's pipeline
+    size, model chunks and micro-batches (None for a built-in schedule)."""
+    if plan.schedule != "custom":
+        return None
+    from sim.program.schedule_io import load_schedule_csv
+
+    sched = load_schedule_csv(p.schedule)
+    have = (sched.pp, sched.vpp, sched.num_microbatches)
+    need = (plan.pp, plan.vpp, plan.num_microbatches)
+    if have != need:
+        raise InputError(f"{p.schedule}: schedule {sched.name}: has pp={have[0]}, vpp={have[1]}, m={have[2]} "
+                         f"(rows, model chunks per row, micro-batches); the plan needs pp={need[0]}, vpp={need[1]}, "
+                         f"m={need[2]} (global batch / (micro-batch size x dp))")
+    return sched
+
+
+def prepare(settings: RunSettings, model: ModelSpec | None = None, plan: ParallelPlan | None = None) -> Prepared:
+    """Check the settings and build what the run needs; every input error is raised here,
+    before anything is simulated. ``model`` and ``plan`` replace what the settings say."""
+    model = model if model is not None else model_from_settings(settings.model)
+    profile = load_profile(settings.cluster.gpu, flag="--gpu")
+    if plan is None:
+        plan = plan_from_settings(settings.plan, settings.cluster.total_gpus(), model)
+    elif plan.schedule == "custom":
+        raise InputError("plan: a ParallelPlan with schedule 'custom' needs its CSV: "
+                         "pass schedule='path/to.csv' instead of a ParallelPlan")
+    else:
+        plan.check_model(model)
+    schedule = schedule_from_settings(settings.plan, plan)
+    topo = topology_from_settings(settings.cluster, plan.world_size, profile.name)
+    return Prepared(settings, model, plan, profile, topo, schedule)
+
+
+def simulate_training(model: ModelSpec, plan: ParallelPlan, profile: HardwareProfile, topology: Topology,
+                      schedule: Schedule | None = None, fidelity: str = "full",
+                      coalesce_tp: bool = True, max_events: float | None = DEFAULT_MAX_EVENTS) -> TrainingRun:
+    """Simulate one iteration of ``plan`` on ``topology`` and return the run
+    (``fidelity``: "full", "reduced", or "auto": reduced above 256 GPUs). Plans over
+    ``max_events`` are refused up front (``sim.engine.limits``)."""
+    if fidelity == "auto":
+        fidelity = "reduced" if plan.world_size > AUTO_REDUCED_ABOVE_GPUS else "full"
+    if plan.world_size > topology.num_gpus:
+        raise InputError(
+            f"plan: needs dp x tp x pp = {plan.dp} x {plan.tp} x {plan.pp} = {plan.world_size} GPUs; "
+            f"topology {topology.name} has {topology.num_gpus}"
+        )
+    with gc_paused():
+        schedule, prog = build_program(model, plan, profile, schedule, fidelity, topology.gpus_per_node, topology,
+                                       coalesce_tp, max_events)
+    trace = simulate(prog, topology, link_efficiency=profile.link_efficiencies(),
+                     fluid_collectives=fidelity == "reduced")
+    return TrainingRun(model, plan, profile, topology, schedule, prog, trace, fidelity)
+
+
+def run(prepared: Prepared) -> tuple[TrainingRun, dict]:
+    """Simulate what ``prepare`` built; returns the run and its JSON summary."""
+    sim_settings = prepared.settings.simulation
+    training_run = simulate_training(prepared.model, prepared.plan, prepared.profile, prepared.topology,
+                                     prepared.schedule, sim_settings.fidelity, max_events=sim_settings.event_limit)
+    return training_run, summarize(training_run)
+
+
+def rank_names(run: TrainingRun) -> dict[int, str]:
+    """Each simulated rank's place, for trace viewers: node, GPU, stage, tp and dp index."""
+    out = {}
+    for r in run.program.ranks:
+        d, p, t = run.plan.coords(r)
+        dev = run.topology.gpu(r)
+        local = dev.rsplit("gpu", 1)[-1] if "gpu" in dev else str(r)
+        out[r] = f"node {run.topology.node_of(r)} / GPU {local} (stage {p}, tp {t}, dp {d})"
+    return out
+
+
+def _lane(stream: str) -> str:
+    return "pp" if stream.startswith("pp") else stream
+
+
+def write_outputs(run: TrainingRun, summary: dict, out: Path) -> None:
+    """summary.json, trace.json (Perfetto), timeline.png and memory.png in ``out``."""
+    from sim.results.export import write_chrome, write_json_atomic
+    from sim.results.plot import plot_memory, plot_timeline
+
+    plan = run.plan
+    if plan.pp > 1:
+        ranks = [plan.rank(dp=0, pp=s, tp=0) for s in range(plan.pp)]
+        names = {r: f"stage {plan.coords(r)[1]} (rank {r})" for r in ranks}
+    else:
+        ranks = [plan.rank(dp=d, pp=0, tp=0) for d in range(min(plan.dp, 4))]
+        names = {r: f"dp {plan.coords(r)[0]} (rank {r})" for r in ranks}
+    write_chrome(run.trace, out / "trace.json", names=rank_names(run))
+    title = (f"{run.model.name}, {plan.world_size} GPUs (dp {plan.dp} x tp {plan.tp} x pp {plan.pp}), "
+             f"{run.schedule.name}, m={plan.num_microbatches}: {summary['iteration_time_s'] * 1e3:.1f} ms")
+    plot_timeline(run.trace, out / "timeline.png", title=title, ranks=set(ranks), lane_names=names,
+                  lane_of_stream=_lane)
+    plot_memory(run.trace, out / "memory.png", ranks, names, run.profile.hbm_capacity_bytes,
+                title=f"{run.model.name}: memory per GPU over one iteration ({run.schedule.name}, ZeRO-{plan.zero_stage})")
+    write_json_atomic(summary, out / "summary.json")
+
+
+def write_kineto_files(training_run: TrainingRun, out: str | Path) -> list[Path]:
+    """The Kineto-shaped traces of a run, one ``trace_rank{r}.json`` per simulated GPU."""
+    from sim.results.export_kineto import collective_groups, write_kineto
+
+    return write_kineto(training_run.trace, out, world_size=training_run.plan.world_size,
+                        device_name=training_run.profile.name,
+                        memory_bytes=training_run.profile.hbm_capacity_bytes,
+                        groups=collective_groups(training_run.program), names=rank_names(training_run))
