@@ -24,7 +24,7 @@ def _python_examples(text: str) -> list[tuple[str, str]]:
 def test_python_examples_run_and_print_what_the_readme_claims(tmp_path, monkeypatch):
     text = README.read_text()
     examples = _python_examples(text)
-    assert len(examples) == len(re.findall(r"```python\n", text)) == 2
+    assert len(examples) == len(re.findall(r"```python\n", text)) == 3
     monkeypatch.chdir(tmp_path)
     for code, claimed in examples:
         buf = io.StringIO()

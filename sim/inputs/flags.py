@@ -54,3 +54,30 @@ def add_arguments(parser: argparse.ArgumentParser, names, *, groups: Mapping[str
 def given(ns: argparse.Namespace) -> dict[str, object]:
     """The schema fields a parsed command line typed, by field name."""
     return {name: v for name, v in vars(ns).items() if name in FIELDS and v is not None}
+
+
+def settings_markdown() -> str:
+    """Every setting as a Markdown table per section (``docs/settings.md``)."""
+    import dataclasses
+
+    from sim.inputs.schema import SECTIONS
+
+    out = ["# Settings", "",
+           "Every setting a run takes, generated from `sim/inputs/schema.py` "
+           "(`python -m sim.inputs.flags > docs/settings.md`). The same field is a command-line flag, "
+           "a key of an experiment file (in the table shown) and a keyword of `sim.run` (the field name).", ""]
+    for name, cls in SECTIONS.items():
+        out += [f"## {cls.__name__}", "", " ".join((cls.__doc__ or "").split()), "",
+                "| field | flag | experiment file | default | what |", "|---|---|---|---|---|"]
+        for f in dataclasses.fields(cls):
+            meta = FIELDS[f.name]
+            keys = ", ".join(f"`[{t}] {k}`" for t, k in meta.tables) or "(command line and API only)"
+            allowed = f" ({', '.join(map(str, meta.choices))})" if meta.choices else ""
+            what = ((help_of(f.name) or "").strip() + allowed).replace("|", "\\|")
+            out.append(f"| `{f.name}` | `{meta.flag}` | {keys} | `{f.default!r}` | {what} |")
+        out.append("")
+    return "\n".join(out)
+
+
+if __name__ == "__main__":
+    print(settings_markdown(), end="")

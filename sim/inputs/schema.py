@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Callable, Mapping
+from typing import Callable, ClassVar, Mapping
 
 from sim.errors import InputError
 from sim.inputs.plan import DDP_BUCKET_BYTES
@@ -42,8 +42,8 @@ FIDELITIES = ("auto", "full", "reduced")
 class Field:
     """What the schema knows of one setting besides its name and default."""
 
-    flag: str
-    """The command-line flag (Megatron-LM's spelling where Megatron has it)."""
+    flag: str | None = None
+    """The command-line flag (default: the name, ``--with-dashes``; Megatron-LM's spelling)."""
     help: str | Callable[[], str] | None = None
     """What it is and its unit (a callable when the text lists what is installed)."""
     type: Callable | None = None
@@ -53,25 +53,23 @@ class Field:
     """``value`` (takes one argument), ``switch`` (present = true) or ``bool`` (``--x``/``--no-x``)."""
     metavar: str | None = None
     group: str | None = None
-    """The ``--help`` section it is listed in (None: the command's own options)."""
-    tables: tuple[tuple[str, str], ...] = ()
-    """(experiment-file table, key) pairs it may be written under."""
+    """The ``--help`` section it is listed in (default: its section's; None: the command's own options)."""
+    tables: tuple[tuple[str, str], ...] | None = None
+    """(experiment-file table, key) pairs it may be written under (default: its section's
+    table, under its name; () for none)."""
     path: Callable[[str], bool] | None = None
     """For values that may name a file: which strings do (resolved against the experiment file)."""
 
 
-def setting(default=None, *, flag: str, help: str | None = None, type=None, choices=None, kind: str = "value",
-            metavar: str | None = None, group: str | None = None, tables=(), path=None):
+_SECTION_GROUP = object()
+
+
+def setting(default=None, *, help=None, type=None, choices=None, kind: str = "value", flag: str | None = None,
+            metavar: str | None = None, group=_SECTION_GROUP, tables=None, path=None):
     """A dataclass field with its schema entry (``Field``) in the metadata."""
-    return field(default=default, metadata={"schema": Field(
-        flag, help, type, tuple(choices) if choices is not None else None, kind, metavar, group, tuple(tables), path)})
-
-
-_MODEL_SRC = "model (one of)"
-_SHAPE = "model shape (Megatron-LM flags)"
-_HW = "hardware"
-_PAR = "parallelism and batch (Megatron-LM flags)"
-_CLUSTER = "cluster"
+    return field(default=default, metadata={"schema": (Field(
+        flag, help, type, tuple(choices) if choices is not None else None, kind, metavar, None,
+        None if tables is None else tuple(tables), path), group)})
 
 
 def _model_presets() -> str:
@@ -92,8 +90,7 @@ def _schedules() -> str:
     return ", ".join(s for s in SCHEDULES if s != "custom")
 
 
-def _m(key: str | None = None):
-    return (("model", key),) if key else ()
+_DROPOUT = "dropout probability (default 0.1; > 0 adds the dropout kernels)"
 
 
 @dataclass(frozen=True)
@@ -101,47 +98,37 @@ class ModelSettings:
     """Which model is trained: exactly one of a preset, a Hugging Face config.json, or
     Megatron-LM's shape flags (``num_layers``, ``hidden_size``, ...)."""
 
-    model: str | None = setting(flag="--model", metavar="PRESET", group=_MODEL_SRC, tables=(("model", "preset"),),
-                                help=lambda: f"one of: {_model_presets()}")
-    hf_config: str | None = setting(flag="--hf-config", metavar="PATH", group=_MODEL_SRC, tables=_m("hf_config"),
-                                    help="a Hugging Face config.json", path=lambda v: True)
-    num_layers: int | None = setting(flag="--num-layers", type=POSITIVE_INT, group=_SHAPE, tables=_m("num_layers"))
-    hidden_size: int | None = setting(flag="--hidden-size", type=POSITIVE_INT, group=_SHAPE, tables=_m("hidden_size"))
-    num_attention_heads: int | None = setting(flag="--num-attention-heads", type=POSITIVE_INT, group=_SHAPE,
-                                              tables=_m("num_attention_heads"))
-    ffn_hidden_size: int | None = setting(flag="--ffn-hidden-size", type=POSITIVE_INT, group=_SHAPE,
-                                          tables=_m("ffn_hidden_size"), help="default 4 x hidden size (GeLU) ")
-    vocab_size: int | None = setting(flag="--vocab-size", type=POSITIVE_INT, group=_SHAPE, tables=_m("vocab_size"))
-    seq_length: int | None = setting(flag="--seq-length", type=POSITIVE_INT, group=_SHAPE, tables=_m("seq_length"))
-    """Tokens per sequence."""
-    max_position_embeddings: int | None = setting(flag="--max-position-embeddings", type=POSITIVE_INT, group=_SHAPE,
-                                                  tables=_m("max_position_embeddings"))
-    group_query_attention: bool = setting(False, flag="--group-query-attention", kind="switch", group=_SHAPE,
-                                          tables=_m("group_query_attention"))
-    num_query_groups: int | None = setting(flag="--num-query-groups", type=POSITIVE_INT, group=_SHAPE,
-                                           tables=_m("num_query_groups"))
-    swiglu: bool = setting(False, flag="--swiglu", kind="switch", group=_SHAPE, tables=_m("swiglu"))
-    normalization: str = setting("LayerNorm", flag="--normalization", choices=("LayerNorm", "RMSNorm"), group=_SHAPE,
-                                 tables=_m("normalization"))
-    position_embedding_type: str = setting("learned_absolute", flag="--position-embedding-type",
-                                           choices=("learned_absolute", "rope"), group=_SHAPE,
-                                           tables=_m("position_embedding_type"))
-    untie_embeddings_and_output_weights: bool = setting(False, flag="--untie-embeddings-and-output-weights",
-                                                        kind="switch", group=_SHAPE,
-                                                        tables=_m("untie_embeddings_and_output_weights"))
-    disable_bias_linear: bool = setting(False, flag="--disable-bias-linear", kind="switch", group=_SHAPE,
-                                        tables=_m("disable_bias_linear"))
-    attention_dropout: float = setting(0.1, flag="--attention-dropout", type=FRACTION, group=_SHAPE,
-                                       tables=_m("attention_dropout"))
-    hidden_dropout: float = setting(0.1, flag="--hidden-dropout", type=FRACTION, group=_SHAPE,
-                                    tables=_m("hidden_dropout"))
+    TABLE: ClassVar[str | None] = "model"
+    GROUP: ClassVar[str | None] = "model shape (Megatron-LM flags)"
+
+    model: str | None = setting(help=lambda: f"one of: {_model_presets()}", metavar="PRESET", group="model (one of)",
+                                tables=(("model", "preset"),))
+    hf_config: str | None = setting(help="a Hugging Face config.json", metavar="PATH", group="model (one of)",
+                                    path=lambda v: True)
+    num_layers: int | None = setting(help="transformer layers", type=POSITIVE_INT)
+    hidden_size: int | None = setting(help="model width (hidden size)", type=POSITIVE_INT)
+    num_attention_heads: int | None = setting(help="attention heads", type=POSITIVE_INT)
+    ffn_hidden_size: int | None = setting(help="default 4 x hidden size (GeLU) ", type=POSITIVE_INT)
+    vocab_size: int | None = setting(help="vocabulary size (tokens)", type=POSITIVE_INT)
+    seq_length: int | None = setting(help="tokens per sequence", type=POSITIVE_INT)
+    max_position_embeddings: int | None = setting(
+        help="positions learned position embeddings cover (default: the sequence length)", type=POSITIVE_INT)
+    group_query_attention: bool = setting(False, help="grouped-query attention (with --num-query-groups)",
+                                          kind="switch")
+    num_query_groups: int | None = setting(help="key/value heads under grouped-query attention", type=POSITIVE_INT)
+    swiglu: bool = setting(False, help="SwiGLU MLP (default GeLU)", kind="switch")
+    normalization: str = setting("LayerNorm", help="normalization layer (default LayerNorm)",
+                                 choices=("LayerNorm", "RMSNorm"))
+    position_embedding_type: str = setting("learned_absolute", help="position embeddings (default learned_absolute)",
+                                           choices=("learned_absolute", "rope"))
+    untie_embeddings_and_output_weights: bool = setting(
+        False, help="output layer with weights of its own (default: tied to the embedding)", kind="switch")
+    disable_bias_linear: bool = setting(False, help="linear layers without biases", kind="switch")
+    attention_dropout: float = setting(0.1, help="attention " + _DROPOUT, type=FRACTION)
+    hidden_dropout: float = setting(0.1, help="hidden " + _DROPOUT, type=FRACTION)
 
     def __post_init__(self):
         _check_section(self)
-
-
-def _c(key: str):
-    return (("cluster", key),)
 
 
 @dataclass(frozen=True)
@@ -149,21 +136,19 @@ class ClusterSettings:
     """The hardware and the cluster: a GPU profile, how many GPUs, and the nodes and
     fabric between them (default: the GPU's DGX node, rail-optimized)."""
 
-    gpu: str = setting("a100-80gb", flag="--gpu", group=_HW, tables=_c("gpu"), path=lambda v: v.endswith(".json"),
-                       help=lambda: f"{_gpu_presets()} or a profile .json (default a100-80gb)")
-    gpus: int | None = setting(flag="--gpus", type=POSITIVE_INT, group=_HW, tables=_c("gpus"),
-                               help="total GPUs; data parallelism fills them (default tp x pp)")
-    gpus_per_node: int = setting(8, flag="--gpus-per-node", type=POSITIVE_INT, group=_HW, tables=_c("gpus_per_node"))
-    nodes: int | None = setting(flag="--nodes", type=POSITIVE_INT, group=_CLUSTER, tables=_c("nodes"),
-                                help="nodes in the cluster (default: enough for the plan's GPUs)")
-    topology: str | None = setting(flag="--topology", group=_CLUSTER, tables=_c("topology"),
-                                   path=lambda v: v.endswith(".toml"),
-                                   help="node or cluster .toml, or a built-in name (default: the GPU's DGX node)")
-    fabric: str | None = setting(flag="--fabric", choices=FABRICS, group=_CLUSTER, tables=_c("fabric"),
-                                 help="inter-node fabric (default rail)")
-    oversubscription: float | None = setting(flag="--oversubscription", type=OVERSUBSCRIPTION, group=_CLUSTER,
-                                             tables=_c("oversubscription"),
-                                             help="fat-tree/leaf uplink oversubscription")
+    TABLE: ClassVar[str | None] = "cluster"
+    GROUP: ClassVar[str | None] = "cluster"
+
+    gpu: str = setting("a100-80gb", help=lambda: f"{_gpu_presets()} or a profile .json (default a100-80gb)",
+                       group="hardware", path=lambda v: v.endswith(".json"))
+    gpus: int | None = setting(help="total GPUs; data parallelism fills them (default tp x pp)", type=POSITIVE_INT,
+                               group="hardware")
+    gpus_per_node: int = setting(8, help="GPUs per node (default 8)", type=POSITIVE_INT, group="hardware")
+    nodes: int | None = setting(help="nodes in the cluster (default: enough for the plan's GPUs)", type=POSITIVE_INT)
+    topology: str | None = setting(help="node or cluster .toml, or a built-in name (default: the GPU's DGX node)",
+                                   path=lambda v: v.endswith(".toml"))
+    fabric: str | None = setting(help="inter-node fabric (default rail)", choices=FABRICS)
+    oversubscription: float | None = setting(help="fat-tree/leaf uplink oversubscription", type=OVERSUBSCRIPTION)
 
     def __post_init__(self):
         _check_section(self)
@@ -177,12 +162,7 @@ class ClusterSettings:
         return None
 
 
-def _p(key: str):
-    return (("plan", key),)
-
-
-def _z(key: str):
-    return (("zero_optimization", key),)
+_ZERO = "zero_optimization"  # DeepSpeed's table and names
 
 
 @dataclass(frozen=True)
@@ -190,76 +170,57 @@ class PlanSettings:
     """How the model is trained on the GPUs: parallel sizes (data parallelism fills the
     GPUs), the pipeline schedule and layer split, batch, recompute and ZeRO."""
 
-    tensor_model_parallel_size: int = setting(1, flag="--tensor-model-parallel-size", type=POSITIVE_INT, group=_PAR,
-                                              tables=_p("tensor_model_parallel_size"))
-    pipeline_model_parallel_size: int = setting(1, flag="--pipeline-model-parallel-size", type=POSITIVE_INT,
-                                                group=_PAR, tables=_p("pipeline_model_parallel_size"))
+    TABLE: ClassVar[str | None] = "plan"
+    GROUP: ClassVar[str | None] = "parallelism and batch (Megatron-LM flags)"
+
+    tensor_model_parallel_size: int = setting(1, help="tensor-parallel size: GPUs that split each layer (default 1)",
+                                              type=POSITIVE_INT)
+    pipeline_model_parallel_size: int = setting(
+        1, help="pipeline-parallel size: stages the layers are split into (default 1)", type=POSITIVE_INT)
     num_layers_per_virtual_pipeline_stage: int | None = setting(
-        flag="--num-layers-per-virtual-pipeline-stage", type=POSITIVE_INT, group=_PAR,
-        tables=_p("num_layers_per_virtual_pipeline_stage"))
+        help="layers per model chunk (interleaved schedule; sets vpp)", type=POSITIVE_INT)
     num_virtual_stages_per_pipeline_rank: int | None = setting(
-        flag="--num-virtual-stages-per-pipeline-rank", type=POSITIVE_INT, group=_PAR,
-        tables=_p("num_virtual_stages_per_pipeline_rank"),
-        help="model chunks per pipeline rank (vpp), Megatron-LM's alternative to the flag above")
-    schedule: str | None = setting(flag="--schedule", metavar="NAME|CSV", group=_PAR, tables=_p("schedule"),
-                                   path=lambda v: v.endswith(".csv"),
-                                   help=lambda: f"pipeline schedule: {_schedules()}, or a schedule .csv file "
-                                                "(default 1f1b, interleaved when vpp > 1)")
+        help="model chunks per pipeline rank (vpp), Megatron-LM's alternative to the flag above", type=POSITIVE_INT)
+    schedule: str | None = setting(
+        help=lambda: f"pipeline schedule: {_schedules()}, or a schedule .csv file (default 1f1b, interleaved when "
+                     "vpp > 1)", metavar="NAME|CSV", path=lambda v: v.endswith(".csv"))
     decoder_first_pipeline_num_layers: int | None = setting(
-        flag="--decoder-first-pipeline-num-layers", type=POSITIVE_INT, metavar="N", group=_PAR,
-        tables=_p("decoder_first_pipeline_num_layers"),
-        help="transformer layers on the first pipeline stage (the rest split evenly)")
+        help="transformer layers on the first pipeline stage (the rest split evenly)", type=POSITIVE_INT, metavar="N")
     decoder_last_pipeline_num_layers: int | None = setting(
-        flag="--decoder-last-pipeline-num-layers", type=POSITIVE_INT, metavar="N", group=_PAR,
-        tables=_p("decoder_last_pipeline_num_layers"),
-        help="transformer layers on the last pipeline stage (the rest split evenly)")
+        help="transformer layers on the last pipeline stage (the rest split evenly)", type=POSITIVE_INT, metavar="N")
     account_for_embedding_in_pipeline_split: bool = setting(
-        False, flag="--account-for-embedding-in-pipeline-split", kind="switch", group=_PAR,
-        tables=_p("account_for_embedding_in_pipeline_split"),
-        help="count the embedding as one layer when splitting layers over stages")
+        False, help="count the embedding as one layer when splitting layers over stages", kind="switch")
     account_for_loss_in_pipeline_split: bool = setting(
-        False, flag="--account-for-loss-in-pipeline-split", kind="switch", group=_PAR,
-        tables=_p("account_for_loss_in_pipeline_split"),
-        help="count the output layer and loss as one layer when splitting layers over stages")
-    placement: str = setting("tp-pp-dp", flag="--placement", group=_PAR, tables=_p("placement"),
-                             help="order of tp, pp, dp from innermost (consecutive ranks) to outermost "
-                                  "(default tp-pp-dp; Megatron-LM's order is tp-dp-pp)")
-    sequence_parallel: bool = setting(False, flag="--sequence-parallel", kind="switch", group=_PAR,
-                                      tables=_p("sequence_parallel"))
-    micro_batch_size: int = setting(1, flag="--micro-batch-size", type=POSITIVE_INT, group=_PAR,
-                                    tables=_p("micro_batch_size"))
-    """Sequences per micro-batch."""
-    global_batch_size: int | None = setting(flag="--global-batch-size", type=POSITIVE_INT, group=_PAR,
-                                            tables=_p("global_batch_size"),
-                                            help="default micro-batch size x data-parallel size")
-    recompute_granularity: str = setting("none", flag="--recompute-granularity", choices=("none", "selective", "full"),
-                                         group=_PAR, tables=_p("recompute_granularity"))
-    zero: int = setting(0, flag="--zero", type=int, choices=(0, 1, 2, 3), group=_PAR,
-                        tables=(("plan", "zero"), ("zero_optimization", "stage")), help="ZeRO stage (default 0)")
-    zero3_prefetch_depth: int | None = setting(flag="--zero3-prefetch-depth", type=NONNEGATIVE_INT, metavar="N",
-                                               group=_PAR, tables=_p("zero3_prefetch_depth"),
-                                               help="ZeRO-3: layers whose parameters are gathered ahead (default 1)")
+        False, help="count the output layer and loss as one layer when splitting layers over stages", kind="switch")
+    placement: str = setting("tp-pp-dp", help="order of tp, pp, dp from innermost (consecutive ranks) to outermost "
+                                              "(default tp-pp-dp; Megatron-LM's order is tp-dp-pp)")
+    sequence_parallel: bool = setting(False, help="Megatron-LM sequence parallelism in the tensor-parallel group",
+                                      kind="switch")
+    micro_batch_size: int = setting(1, help="sequences per micro-batch (default 1)", type=POSITIVE_INT)
+    global_batch_size: int | None = setting(help="default micro-batch size x data-parallel size", type=POSITIVE_INT)
+    recompute_granularity: str = setting("none", help="activation recomputation in backward (default none)",
+                                         choices=("none", "selective", "full"))
+    zero: int = setting(0, help="ZeRO stage (default 0)", type=int, choices=(0, 1, 2, 3),
+                        tables=(("plan", "zero"), (_ZERO, "stage")))
+    zero3_prefetch_depth: int | None = setting(help="ZeRO-3: layers whose parameters are gathered ahead (default 1)",
+                                               type=NONNEGATIVE_INT, metavar="N")
     zero3_prefetch_bucket_size: float | None = setting(
-        flag="--zero3-prefetch-bucket-size", type=Number(float, minimum=0), metavar="PARAMS", group=_PAR,
-        tables=_z("stage3_prefetch_bucket_size"),
-        help="ZeRO-3: parameters gathered ahead, as DeepSpeed's stage3_prefetch_bucket_size "
-             "(sets the depth in whole layers)")
+        help="ZeRO-3: parameters gathered ahead, as DeepSpeed's stage3_prefetch_bucket_size (sets the depth in "
+             "whole layers)", type=Number(float, minimum=0), metavar="PARAMS",
+        tables=((_ZERO, "stage3_prefetch_bucket_size"),))
     zero3_max_live_parameters: float | None = setting(
-        flag="--zero3-max-live-parameters", type=Number(float, above=0), metavar="PARAMS", group=_PAR,
-        tables=_z("stage3_max_live_parameters"),
-        help="ZeRO-3: most gathered parameters alive at once (DeepSpeed stage3_max_live_parameters)")
+        help="ZeRO-3: most gathered parameters alive at once (DeepSpeed stage3_max_live_parameters)",
+        type=Number(float, above=0), metavar="PARAMS", tables=((_ZERO, "stage3_max_live_parameters"),))
     zero_bucket_size: str | int | None = setting(
-        flag="--zero-bucket-size", metavar="BYTES", group=_PAR, tables=_p("zero_bucket_size"),
-        help="ZeRO-2/3 gradient reduce-scatter bucket, e.g. 500MB (default: --bucket-size)")
-    offload_optimizer: bool = setting(False, flag="--offload-optimizer", kind="switch", group=_PAR,
-                                      tables=_z("offload_optimizer"),
-                                      help="ZeRO-Offload: optimizer states in host memory, optimizer step on the CPU")
-    overlap_grad_reduce: bool = setting(True, flag="--overlap-grad-reduce", kind="bool", group=_PAR,
-                                        tables=_p("overlap_grad_reduce"),
-                                        help="overlap the data-parallel gradient all-reduce with backward (default on)")
+        help="ZeRO-2/3 gradient reduce-scatter bucket, e.g. 500MB (default: --bucket-size)", metavar="BYTES")
+    offload_optimizer: bool = setting(
+        False, help="ZeRO-Offload: optimizer states in host memory, optimizer step on the CPU", kind="switch",
+        tables=((_ZERO, "offload_optimizer"),))
+    overlap_grad_reduce: bool = setting(
+        True, help="overlap the data-parallel gradient all-reduce with backward (default on)", kind="bool")
     bucket_size: str | int | None = setting(
-        flag="--bucket-size", metavar="BYTES", group=_PAR, tables=_p("bucket_size"),
-        help=f"gradient bucket size, e.g. 25MiB (default {DDP_BUCKET_BYTES // 2**20} MiB, PyTorch DDP's)")
+        help=f"gradient bucket size, e.g. 25MiB (default {DDP_BUCKET_BYTES // 2**20} MiB, PyTorch DDP's)",
+        metavar="BYTES")
 
     def __post_init__(self):
         _check_section(self)
@@ -269,14 +230,16 @@ class PlanSettings:
 class SimulationSettings:
     """How the iteration is simulated (written in an experiment file's [cluster] table)."""
 
-    fidelity: str = setting("auto", flag="--fidelity", choices=FIDELITIES, tables=_c("fidelity"),
-                            help="full: every GPU; reduced: one GPU per pipeline stage, the others as shadows in its "
-                                 "collectives (default auto: reduced above 256 GPUs)")
-    max_events: float = setting(DEFAULT_MAX_EVENTS, flag="--max-events",
-                                type=Number(float, above=0, allow_inf=True), metavar="N", tables=_c("max_events"),
-                                help="refuse a plan whose simulation would process more SimPy events than this, "
-                                     f"estimated before anything is built (default {DEFAULT_MAX_EVENTS:.0e}, about "
-                                     "half an hour; inf: no limit)")
+    TABLE: ClassVar[str | None] = "cluster"
+    GROUP: ClassVar[str | None] = None
+
+    fidelity: str = setting("auto", help="full: every GPU; reduced: one GPU per pipeline stage, the others as "
+                                         "shadows in its collectives (default auto: reduced above 256 GPUs)",
+                            choices=FIDELITIES)
+    max_events: float = setting(
+        DEFAULT_MAX_EVENTS, help="refuse a plan whose simulation would process more SimPy events than this, "
+                                 f"estimated before anything is built (default {DEFAULT_MAX_EVENTS:.0e}, about half "
+                                 "an hour; inf: no limit)", type=Number(float, above=0, allow_inf=True), metavar="N")
 
     def __post_init__(self):
         _check_section(self)
@@ -291,11 +254,13 @@ class SimulationSettings:
 class OutputSettings:
     """Where results go (the command line and ``RunResult.save``; not experiment files)."""
 
-    json: bool = setting(False, flag="--json", kind="switch", help="print one JSON object")
-    out: str | None = setting(flag="--out", help="directory for summary.json, trace.json, timeline.png and memory.png")
-    kineto: str | None = setting(flag="--kineto", metavar="DIR",
-                                 help="directory for PyTorch-profiler-shaped traces, trace_rank{r}.json per "
-                                      "simulated GPU (for Holistic Trace Analysis)")
+    TABLE: ClassVar[str | None] = None
+    GROUP: ClassVar[str | None] = None
+
+    json: bool = setting(False, help="print one JSON object", kind="switch")
+    out: str | None = setting(help="directory for summary.json, trace.json, timeline.png and memory.png")
+    kineto: str | None = setting(help="directory for PyTorch-profiler-shaped traces, trace_rank{r}.json per "
+                                      "simulated GPU (for Holistic Trace Analysis)", metavar="DIR")
 
     def __post_init__(self):
         _check_section(self)
@@ -337,7 +302,17 @@ def section_of(cls, values: Mapping[str, object]):
     return cls(**{f.name: values[f.name] for f in dataclasses.fields(cls) if f.name in values})
 
 
-FIELDS: dict[str, Field] = {f.name: f.metadata["schema"] for cls in SECTIONS.values() for f in dataclasses.fields(cls)}
+def _resolved(cls, f) -> Field:
+    """A field's schema entry with its defaults filled in from its name and section."""
+    meta, group = f.metadata["schema"]
+    table = cls.TABLE
+    return dataclasses.replace(
+        meta, flag=meta.flag or "--" + f.name.replace("_", "-"),
+        group=cls.GROUP if group is _SECTION_GROUP else group,
+        tables=meta.tables if meta.tables is not None else (((table, f.name),) if table else ()))
+
+
+FIELDS: dict[str, Field] = {f.name: _resolved(cls, f) for cls in SECTIONS.values() for f in dataclasses.fields(cls)}
 """Every setting's schema entry, by field name, in section order."""
 DEFAULTS: dict[str, object] = {f.name: f.default for cls in SECTIONS.values() for f in dataclasses.fields(cls)}
 SECTION_OF: dict[str, str] = {f.name: sec for sec, cls in SECTIONS.items() for f in dataclasses.fields(cls)}
