@@ -1,9 +1,11 @@
 """trainsim: a discrete-event simulator of LLM training on GPU clusters.
 
-The package is laid out as one data flow (see DESIGN.md): specs (model, plan,
-hardware, topology) become a per-rank ``Program`` of actions, passes add
-communication, ``sim.engine.core.simulate`` runs it on a SimPy model of the cluster and
-returns a ``Trace``, from which metrics, Perfetto JSON and PNG timelines are made.
+The package follows the data of one run (docs/architecture.md): ``sim.inputs`` (the
+settings schema, model, plan, hardware, topology) -> ``sim.program`` (a per-rank
+``Program`` of actions, with costs and memory) -> ``sim.engine`` (SimPy; returns a
+``Trace``) -> ``sim.results`` (metrics, summary, Perfetto JSON, PNG timelines).
+``sim.session`` runs those steps; ``sim.studies`` and ``sim.calibrate`` stand on it, and
+the Python API (``sim.run``, ``sim.compare``) and the ``trainsim`` command on top.
 """
 
 __version__ = "0.1.0"
