@@ -1,7 +1,7 @@
 """Worker launching: a rank that fails is reported with its own error, never a hang, and
 a rank that dies in library teardown after writing a complete result does not turn a
-finished measurement into a failure (the CI failure of 2026-11-30: a gloo worker aborted
-with "terminate called without an active exception" after its work was done)."""
+finished measurement into a failure (a gloo worker can abort with "terminate called
+without an active exception" after its work is done)."""
 
 import pickle
 import time

@@ -64,7 +64,7 @@ def test_enumeration_is_every_plan_the_plan_validation_accepts():
     keys = [plan_key(p) for p in plans]
     assert keys == sorted(keys) and len(set(keys)) == len(keys)
     assert set(keys) == _brute_force(model, 8, 8)
-    # The dimensions the issue names all vary.
+    # Every dimension a search varies takes each of its values.
     for field, want in (("tp", {1, 2, 4, 8}), ("pp", {1, 2, 4}), ("vpp", {1, 2}), ("zero_stage", {0, 1, 2, 3}),
                         ("recompute", set(RECOMPUTE)), ("sequence_parallel", {False, True}),
                         ("schedule", {"gpipe", "1f1b", "zb-h1", "zb-h2", "interleaved"})):

@@ -278,7 +278,7 @@ def test_a_script_without_the_main_guard_fails_fast_naming_the_guard(tmp_path):
     assert "died while starting" in line and "before running any plan" in line, line
     assert "bootstrapping phase" in line and 'under `if __name__ == "__main__":`' in line, line
     assert "my_sweep.py" in line, line
-    assert took < 45, took  # was minutes of retries
+    assert took < 45, took  # not minutes of retries
     _results_valid(tmp_path)
 
 

@@ -114,7 +114,7 @@ def _plot_busbw(rows, path: Path, name: str, gpus: int) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from sim.results.plot import _save
+    from sim.results.plot import save_png
 
     fig, ax = plt.subplots(figsize=(8, 4.5), dpi=110)
     sizes = [r["size_bytes"] for r in rows]
@@ -128,4 +128,4 @@ def _plot_busbw(rows, path: Path, name: str, gpus: int) -> None:
     ax.grid(linestyle=":", alpha=0.6)
     ax.legend()
     fig.tight_layout()
-    _save(fig, path)
+    save_png(fig, path)

@@ -15,6 +15,7 @@ micro-batch and stage), ``gathered`` (ZeRO-3 parameters gathered for a layer),
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass
 
 from sim.results.trace import Trace
@@ -32,15 +33,22 @@ class MemoryPeak:
     breakdown: dict
 
 
+_BY_RANK: dict[int, tuple[int, dict[int, list]]] = {}
+"""Per live trace (by ``id``): how many memory changes it had when indexed, and its
+changes by rank. An entry goes when its trace is garbage-collected."""
+
+
 def _events_of(trace: Trace, rank: int) -> list[tuple[float, str, float]]:
     """The rank's memory changes, indexed once per trace (traces hold millions)."""
-    index = getattr(trace, "_memory_by_rank", None)
+    key = id(trace)
+    index = _BY_RANK.get(key)
     if index is None or index[0] != len(trace.memory):
         by: dict[int, list] = {}
         for t, r, c, b in trace.memory:
             by.setdefault(r, []).append((t, c, b))
-        index = (len(trace.memory), by)
-        trace._memory_by_rank = index
+        if index is None:
+            weakref.finalize(trace, _BY_RANK.pop, key, None)
+        index = _BY_RANK[key] = (len(trace.memory), by)
     return index[1].get(rank, [])
 
 

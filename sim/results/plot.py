@@ -31,13 +31,16 @@ COLOURS = {
     "broadcast": "#CCB974", "alltoall": "#937860", "compute": "#4C72B0",
     "via nvlink": "#76B900", "via pcie": "#999999", "via ib": "#D62728", "via ethernet": "#FF7F0E",
 }
-_LABELS = {"F": "forward", "B": "backward", "I": "backward (input grad)", "W": "backward (weight grad)",
-           "pp": "pipeline p2p", "tp": "tensor-parallel comm", "dp": "data-parallel comm", "opt": "optimizer",
-           "via nvlink": "transfer over NVLink", "via pcie": "transfer over PCIe",
-           "via ib": "transfer over InfiniBand", "via ethernet": "transfer over Ethernet"}
+LABELS = {"F": "forward", "B": "backward", "I": "backward (input grad)", "W": "backward (weight grad)",
+          "pp": "pipeline p2p", "tp": "tensor-parallel comm", "dp": "data-parallel comm", "opt": "optimizer",
+          "via nvlink": "transfer over NVLink", "via pcie": "transfer over PCIe",
+          "via ib": "transfer over InfiniBand", "via ethernet": "transfer over Ethernet"}
+"""Legend text for the categories whose names are short codes (others are shown as they are)."""
 
 
-def _colour(category: str, extra: dict[str, str]) -> str:
+def category_colour(category: str, extra: dict[str, str]) -> str:
+    """The colour of spans of ``category``: fixed in ``COLOURS``, else the next tab20
+    colour, remembered in ``extra`` so one figure gives a category one colour."""
     if category in COLOURS:
         return COLOURS[category]
     if category not in extra:
@@ -100,7 +103,7 @@ def plot_timeline(trace: Trace, path: str | Path, title: str = "", lane_names: d
         items[key] = [start, sp.end_s] if it is None else [min(it[0], start), max(it[1], sp.end_s)]
     for (y, cat, name, *_), (a, b) in items.items():
         x0, w = a * 1e3, (b - a) * 1e3
-        c = _colour(cat, extra)
+        c = category_colour(cat, extra)
         used.setdefault(cat, c)
         bars.setdefault(y, []).append((x0, w, c))
         if w >= min_label_ms and len(name) * t_end_ms / 170 < w:
@@ -116,7 +119,7 @@ def plot_timeline(trace: Trace, path: str | Path, title: str = "", lane_names: d
             if y is None:
                 continue
             cat = f"via {tr.medium}"
-            c = _colour(cat, extra)
+            c = category_colour(cat, extra)
             used.setdefault(cat, c)
             xfers.setdefault((y, media.index(tr.medium)), []).append((tr.start_s * 1e3, (tr.end_s - tr.start_s) * 1e3, c))
         for (y, k), items in sorted(xfers.items()):
@@ -143,15 +146,16 @@ def plot_timeline(trace: Trace, path: str | Path, title: str = "", lane_names: d
     if dropped:
         full_title += f" (first {len(streams) - dropped} of {len(streams)} ranks shown)"
     ax.set_title(full_title, fontsize=10)
-    handles = [Patch(color=c, label=_LABELS.get(k, k)) for k, c in sorted(used.items())]
+    handles = [Patch(color=c, label=LABELS.get(k, k)) for k, c in sorted(used.items())]
     if handles:
         ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.005, 1.0), fontsize=8, frameon=False)
     fig.tight_layout()
     return _save(fig, path)
 
 
-def _save(fig, path: str | Path) -> Path:
-    """Save ``fig`` as a PNG at ``path`` through a temporary file and a rename (never half-written)."""
+def save_png(fig, path: str | Path) -> Path:
+    """Save ``fig`` as a PNG at ``path`` through a temporary file and a rename (never
+    half-written), close it, and return the path."""
     from sim.fileio import atomic_path
 
     path = Path(path)
@@ -161,6 +165,9 @@ def _save(fig, path: str | Path) -> Path:
     finally:
         plt.close(fig)
     return path
+
+
+_save = save_png  # what this module's figures go through (tests put a wrapper here to catch them)
 
 
 def plot_memory(trace: Trace, path: str | Path, ranks, lane_names: dict[int, str] | None = None,

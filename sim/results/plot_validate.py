@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from sim.results.plot import _LABELS, _colour, _save, plt
+from sim.results.plot import LABELS, category_colour, plt, save_png
 from sim.results.trace import Trace
 
 
@@ -38,7 +38,7 @@ def _draw(ax, trace: Trace, lanes, used: dict, extra: dict) -> None:
         a = s.start_s if s.busy_start_s is None else s.busy_start_s
         if s.end_s <= a:
             continue
-        c = _colour(s.category, extra)
+        c = category_colour(s.category, extra)
         used.setdefault(s.category, c)
         bars.setdefault(y, []).append((a * 1e3, (s.end_s - a) * 1e3, c))
     for y, items in sorted(bars.items()):
@@ -70,8 +70,8 @@ def plot_measured_vs_simulated(measured: Trace, simulated: Trace, path: str | Pa
         fig.suptitle(title, fontsize=10)
     from matplotlib.patches import Patch
 
-    handles = [Patch(color=c, label=_LABELS.get(k, k)) for k, c in sorted(used.items())]
+    handles = [Patch(color=c, label=LABELS.get(k, k)) for k, c in sorted(used.items())]
     if handles:
         top.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.005, 1.0), fontsize=8, frameon=False)
     fig.tight_layout()
-    return _save(fig, path)
+    return save_png(fig, path)

@@ -1,22 +1,19 @@
 """Running many simulations: local worker processes or a Dask cluster, resumable.
 
 A sweep is a list of *points*, each a ``ParallelPlan`` to simulate in one shared
-``Context`` (model, hardware profile, topology). ``evaluate`` simulates one point in a
-worker and returns a *record*, a plain JSON-able dict::
-
-    {"key": plan key, "plan": {plan fields}, "status": "ok" | "error" | "crashed",
-     "error": null | "InputError: ...", "summary": trainsim run --json's object | null}
+``Context`` (model, hardware profile, topology); ``evaluate`` simulates one point and
+returns its *record*, a plain JSON-able dict (``sim.studies.sweep_point``).
 
 ``Runner`` hands points to an executor and gathers the records:
 
-- **Executors.** Local worker processes (``concurrent.futures.ProcessPoolExecutor``,
-  spawned, ``workers`` of them, default the core count; 0 runs in this process), or a
-  Dask cluster through ``distributed.Client(...).get_executor()`` (``dask="tcp://HOST:8786"``,
-  or ``"local"`` to start a ``LocalCluster`` of ``workers`` single-threaded processes).
-  Records depend only on the point, so they are identical whichever executor ran them;
-  callers sort them by key.
-- **Results as they finish.** Each record is appended to a JSON Lines file (one
-  ``write`` of a whole line, flushed) the moment it arrives, so a sweep interrupted by
+- **Executors** (``sim.studies.sweep_executors``). Local worker processes (spawned,
+  ``workers`` of them, default the cores this process may use; 0 runs in this process),
+  or a Dask cluster through ``distributed.Client(...).get_executor()``
+  (``dask="tcp://HOST:8786"``, or ``"local"`` to start a ``LocalCluster`` of ``workers``
+  single-threaded processes). Records depend only on the point, so they are identical
+  whichever executor ran them; callers sort them by key.
+- **Results as they finish.** Each record is appended to a JSON Lines file
+  (``sim.studies.sweep_results``) the moment it arrives, so a sweep interrupted by
   Ctrl-C, a kill or a crash leaves a valid file; ``resume=True`` reads it back (dropping
   a torn last line) and skips the points already there.
 - **Failures.** A point whose simulation raises is recorded with ``status: "error"`` and
@@ -46,174 +43,28 @@ LocalCluster ones with it ignored), so only this process decides.
 from __future__ import annotations
 
 import concurrent.futures as cf
-import contextlib
-import multiprocessing
 import os
-import signal
-import sys
-import tempfile
-import time
-import traceback
 from collections import deque
 from concurrent.futures.process import BrokenProcessPool
-from dataclasses import asdict, dataclass
-from pathlib import Path
-
-import networkx as nx
+from dataclasses import asdict
 
 from sim.errors import InputError, require
-from sim.inputs.hardware import HardwareProfile
-from sim.inputs.model import ModelSpec
 from sim.inputs.plan import ParallelPlan
 from sim.progress import ProgressBar as Progress
 from sim.studies.search import plan_key
+from sim.studies.sweep_executors import (InlineExecutor, StartupLog, dask_client, exit_codes, local_pool, shutdown,
+                                         sigint_blocked, why_workers_died)
+from sim.studies.sweep_point import Context, evaluate, make_context, one_line
 from sim.studies.sweep_results import ResultsLog
+
+__all__ = ["RESULTS_FILE", "Context", "Progress", "ResultsLog", "Runner", "WorkerStartError", "evaluate",
+           "make_context"]
 
 RESULTS_FILE = "results.jsonl"
 
 
 class WorkerStartError(InputError):
     """Local worker processes die while starting, before they can run any plan."""
-
-
-# A spawned worker imports the main module before it can take work; if sim.studies.sweep is
-# imported there (the script imports it) and that import fails, the worker also writes
-# its exception to the file the sweep named in this variable, so the sweep can say why.
-_STARTUP_ENV = "TRAINSIM_SWEEP_STARTUP_LOG"
-
-
-def _brief(exc: BaseException) -> str:
-    text = " ".join(str(exc).split())
-    return f"{type(exc).__name__}: {text}"[:600] if text else type(exc).__name__
-
-
-def _report_startup_failure() -> None:
-    path = os.environ.get(_STARTUP_ENV)
-    if not path or not getattr(multiprocessing.current_process(), "_inheriting", False):
-        return  # not a local sweep worker still importing the main module
-    previous = sys.excepthook
-
-    def hook(kind, exc, tb):
-        with contextlib.suppress(OSError), open(path, "a", encoding="utf-8") as fh:
-            fh.write(_brief(exc) + "\n")
-        previous(kind, exc, tb)
-
-    sys.excepthook = hook
-
-
-_report_startup_failure()
-
-
-@dataclass(frozen=True, eq=False)
-class Context:
-    """What every point of a sweep shares: the model, the GPU profile and the cluster.
-
-    The topology travels as its networkx graph and name (a ``Topology`` keeps caches
-    that do not pickle); workers rebuild it once per context and keep it."""
-
-    model: ModelSpec
-    profile: HardwareProfile
-    graph: nx.Graph
-    topology_name: str
-    token: str
-    """Identifies the context inside a worker's cache (set by ``make_context``)."""
-
-    def topology(self):
-        return _topology(self)
-
-
-def make_context(model: ModelSpec, profile: HardwareProfile, topology) -> Context:
-    """A ``Context`` for a built ``sim.inputs.topology.Topology``."""
-    token = f"{os.getpid()}-{id(topology)}-{time.time_ns()}"
-    ctx = Context(model, profile, topology.graph, topology.name, token)
-    _TOPOLOGIES[token] = topology
-    return ctx
-
-
-_TOPOLOGIES: dict = {}
-
-
-def _topology(ctx: Context):
-    topo = _TOPOLOGIES.get(ctx.token)
-    if topo is None:
-        from sim.inputs.topology import Topology
-
-        if len(_TOPOLOGIES) > 8:
-            _TOPOLOGIES.clear()
-        topo = _TOPOLOGIES[ctx.token] = Topology(ctx.graph, ctx.topology_name)
-    return topo
-
-
-def evaluate(ctx: Context, plan: ParallelPlan) -> dict:
-    """Simulate one point and return its record (never raises for a bad plan)."""
-    from sim.session import summarize
-    from sim.session import simulate_training
-
-    rec = {"key": plan_key(plan), "plan": asdict(plan), "status": "ok", "error": None, "summary": None}
-    try:
-        rec["summary"] = summarize(simulate_training(ctx.model, plan, ctx.profile, ctx.topology()))
-    except Exception as exc:  # recorded, and the sweep goes on
-        rec["status"] = "error"
-        rec["error"] = _one_line(exc)
-    return rec
-
-
-def _one_line(exc: BaseException) -> str:
-    where = traceback.extract_tb(exc.__traceback__)[-1:] if exc.__traceback__ else []
-    at = f" (at {Path(where[0].filename).name}:{where[0].lineno})" if where else ""
-    return f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}{at}"[:500]
-
-
-# ---------------------------------------------------------------- executors
-def _ignore_sigint() -> None:
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-
-
-def _init_worker(started) -> None:
-    """A local worker's start: Ctrl-C is for the sweep to handle, and the sweep learns
-    that this worker got through start-up (``started``, shared memory)."""
-    _ignore_sigint()
-    started.value = 1
-
-
-@contextlib.contextmanager
-def _sigint_ignored():
-    try:
-        old = signal.signal(signal.SIGINT, signal.SIG_IGN)
-    except ValueError:  # not the main thread: leave signals alone
-        yield
-        return
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, old)
-
-
-@contextlib.contextmanager
-def _sigint_blocked():
-    """Hold SIGINT back while a local worker may be started: the worker inherits the
-    blocked signal (so Ctrl-C on the terminal never reaches it), and this process gets a
-    Ctrl-C that came in meanwhile as soon as the block ends (nothing is lost)."""
-    if not hasattr(signal, "pthread_sigmask"):
-        yield
-        return
-    old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
-    try:
-        yield
-    finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, old)
-
-
-class _Inline(cf.Executor):
-    """Runs each call at submit time, in this process (``workers=0``)."""
-
-    def submit(self, fn, *args, **kwargs):
-        f = cf.Future()
-        try:
-            f.set_result(fn(*args, **kwargs))
-        except BaseException as exc:  # noqa: BLE001 - handed to the caller through the future
-            f.set_exception(exc)
-        return f
 
 
 class Runner:
@@ -239,8 +90,7 @@ class Runner:
         self._pool = self._client = self._cluster = None
         self.retried = 0
         self._started = None  # set to 1 by a local pool's first worker through start-up
-        self._startup_log: str | None = None
-        self._env_before: str | None = None
+        self._startup_log: StartupLog | None = None
         self.startup_failures = 0
         """Local pools in a row whose workers all died before finishing start-up."""
 
@@ -257,44 +107,15 @@ class Runner:
         if self.dask is not None:
             self._pool = self._dask_executor()
         elif self.workers == 0:
-            self._pool = _Inline()
+            self._pool = InlineExecutor()
         else:
-            mp = multiprocessing.get_context("spawn")
             if self._startup_log is None:
-                fd, self._startup_log = tempfile.mkstemp(prefix="trainsim-sweep-start-", suffix=".log")
-                os.close(fd)
-                self._env_before = os.environ.get(_STARTUP_ENV)
-                os.environ[_STARTUP_ENV] = self._startup_log  # inherited by the workers
-            self._started = mp.RawValue("b", 0)
-            self._pool = cf.ProcessPoolExecutor(self.workers, mp_context=mp, initializer=_init_worker,
-                                                initargs=(self._started,))
+                self._startup_log = StartupLog()
+            self._pool, self._started = local_pool(self.workers)
 
     def _dask_executor(self):
-        try:
-            from distributed import Client, LocalCluster
-        except ImportError:
-            raise InputError("--dask: needs dask[distributed]; install it with pip install 'trainsim[sweep]'") from None
-        import logging
-
-        if self.dask == "local":
-            # Workers started while SIGINT is ignored keep ignoring it (Python installs its
-            # handler only over the default), so Ctrl-C stops this process alone, cleanly.
-            # (They start on Dask's own thread, so blocking the signal here would not reach
-            # them; a Ctrl-C during these few seconds of start-up is dropped.)
-            with _sigint_ignored():
-                # Bound to loopback: a scheduler runs whatever pickled task it is sent,
-                # so it must not listen where other machines can reach it.
-                self._cluster = LocalCluster(n_workers=max(1, self.workers), threads_per_worker=1,
-                                             processes=True, host="127.0.0.1", dashboard_address=None,
-                                             silence_logs=logging.ERROR)
-            self._client = Client(self._cluster)
-        else:
-            require(self.dask.startswith(("tcp://", "tls://", "ucx://", "inproc://")), "--dask", self.dask,
-                    "expected 'local' or a scheduler address such as tcp://HOST:8786")
-            try:
-                self._client = Client(self.dask, timeout=30)
-            except OSError as exc:
-                raise InputError(f"--dask: got {self.dask!r}; cannot reach the scheduler ({exc})") from None
+        self._client, self._cluster = dask_client(self.dask, self.workers)
+        if self._cluster is None:  # a remote scheduler: its workers' threads
             self.workers = max(1, sum(self._client.nthreads().values()))
         return self._client.get_executor(pure=False)
 
@@ -305,26 +126,10 @@ class Runner:
     def close(self, kill: bool = False, keep_dask: bool = False) -> None:
         pool = self._pool
         self._pool = None
-        if isinstance(pool, cf.ProcessPoolExecutor):
-            procs = list((getattr(pool, "_processes", None) or {}).values())
-            pool.shutdown(wait=not kill, cancel_futures=True)
-            if kill:
-                for p in procs:
-                    if p.is_alive():
-                        p.terminate()
-                for p in procs:
-                    p.join(5)
-        elif pool is not None and not isinstance(pool, _Inline):
-            pool.shutdown(wait=not kill)
+        shutdown(pool, kill)
         if not keep_dask:
             if self._startup_log is not None:
-                if os.environ.get(_STARTUP_ENV) == self._startup_log:
-                    if self._env_before is None:
-                        os.environ.pop(_STARTUP_ENV, None)
-                    else:
-                        os.environ[_STARTUP_ENV] = self._env_before
-                with contextlib.suppress(OSError):
-                    os.unlink(self._startup_log)
+                self._startup_log.close()
                 self._startup_log = None
             if self._client is not None:
                 self._client.close()
@@ -351,8 +156,8 @@ class Runner:
         return [self.log.done[k] for k in keys]
 
     def _submit(self, ctx, plan):
-        if isinstance(self._pool, cf.ProcessPoolExecutor):  # it may start a worker: see _sigint_blocked
-            with _sigint_blocked():
+        if isinstance(self._pool, cf.ProcessPoolExecutor):  # it may start a worker: see sigint_blocked
+            with sigint_blocked():
                 return self._pool.submit(self.fn, ctx, plan)
         return self._pool.submit(self.fn, ctx, plan)
 
@@ -395,7 +200,7 @@ class Runner:
                         cancelled = True
                         queue.appendleft(item)
                 except Exception as exc:  # noqa: BLE001 - e.g. Dask's KilledWorker
-                    self._record({"key": k, "plan": asdict(p), "status": "crashed", "error": _one_line(exc),
+                    self._record({"key": k, "plan": asdict(p), "status": "crashed", "error": one_line(exc),
                                   "summary": None})
             if cancelled:
                 ctx = self._shared(context)
@@ -428,22 +233,8 @@ class Runner:
         self.startup_failures += 1
         if self.startup_failures < 2:
             return
-        pool = self._pool
-        codes = sorted({p.exitcode for p in (getattr(pool, "_processes", None) or {}).values()
-                        if p.exitcode is not None})
-        said = []
-        with contextlib.suppress(OSError, TypeError):
-            said = [x for x in Path(self._startup_log).read_text(encoding="utf-8").splitlines() if x.strip()]
-        main = getattr(sys.modules.get("__main__"), "__file__", None)
-        guard = (f"spawned workers import the main module{f' ({main})' if main else ''} again, so a script "
-                 "that starts a sweep must do it under `if __name__ == \"__main__\":`")
-        if said:
-            why = f"the worker said: {said[-1]}"
-            if "bootstrapping phase" in said[-1]:
-                why += f"; likely cause: {guard}"
-        else:
-            why = (f"likely cause: {guard}, or the worker could not import what the sweep's function needs "
-                   "(its traceback is on stderr above)")
+        codes = exit_codes(self._pool)
+        why = why_workers_died(self._startup_log.lines() if self._startup_log is not None else [])
         exits = f" (exit code {', '.join(map(str, codes))})" if codes else ""
         self.close(kill=True, keep_dask=True)
         raise WorkerStartError(f"sweep: the local worker processes died while starting{exits}, "
