@@ -46,6 +46,48 @@ def test_plan_derived_values():
 
 
 # -------------------------------------------------------------------- estimate
+def test_the_analytic_terms_are_the_cost_formulas():
+    from sim.program.costs import (
+        ADAM_BYTES_PER_PARAM,
+        collective_time,
+        grad_sync_time,
+        optimizer_step_time,
+        pipeline_bubble_time,
+        ring_time,
+    )
+    from sim.program.memory import stage_memory_bytes, stage_params_per_rank
+    from sim.program.training import build_program
+
+    # ring closed forms: 2(n-1)(α + S/(nB)) and (n-1)(α + S/(nB))
+    link = A100.link("ib")
+    for op, steps in (("all_reduce", 14), ("all_gather", 7), ("reduce_scatter", 7)):
+        closed = steps * (link.latency_s + 1e9 / (8 * link.effective_Bps))
+        assert collective_time(op, 1e9, 8, "ib", A100) == ring_time(op, 1e9, 8, link.latency_s,
+                                                                     link.effective_Bps) == closed
+        assert ring_time(op.replace("_", ""), 1e9, 8, link.latency_s, link.effective_Bps) == closed
+    ar, ag, rs = (collective_time(op, 1e9, 8, "ib", A100) for op in ("all_reduce", "all_gather", "reduce_scatter"))
+    assert grad_sync_time(1, 1e9, 8, 4, "ib", A100) == ar
+    assert grad_sync_time(2, 1e9, 8, 4, "ib", A100) == 4 * rs + ag
+    assert grad_sync_time(3, 1e9, 8, 4, "ib", A100) == 4 * (2 * ag + rs)
+    assert grad_sync_time(3, 1e9, 1, 4, "ib", A100) == 0.0
+    # bubbles: (p-1)T, (p-1)T/v, (p-1)(T_F+T_B-T_W), (p-1)max(0, T_F+T_B-2T_W)
+    assert pipeline_bubble_time("1f1b", 4, 1, 1.0, 2.0, 0.5) == 3 * 3.5
+    assert pipeline_bubble_time("interleaved", 4, 2, 1.0, 2.0, 0.5) == 3 * 3.5 / 2
+    assert pipeline_bubble_time("zb-h1", 4, 1, 1.0, 2.0, 0.5) == 3 * 2.5
+    assert pipeline_bubble_time("zb-h2", 4, 1, 1.0, 1.0, 1.0) == 0.0
+
+    # the simulator's optimizer step and the estimate's are one formula: 28 bytes per local parameter
+    m = preset("gpt2-1.5b")
+    plan = ParallelPlan(dp=4, zero_stage=1, micro_batch_size=2, global_batch_size=8)
+    psi = stage_params_per_rank(m, plan, 0)
+    est = estimate(m, plan, A100)
+    opt = next(a for a in build_program(m, plan, A100)[1].actions[0] if a.name == "optimizer")
+    assert opt.duration_s == est.time["optimizer"] == optimizer_step_time(psi / 4, A100)
+    assert est.time["optimizer"] == pytest.approx(
+        ADAM_BYTES_PER_PARAM * psi / 4 / (A100.hbm_bandwidth_Bps * A100.memory_efficiency), rel=1e-12)
+    assert est.memory == stage_memory_bytes(m, plan, est.worst_stage)
+
+
 def test_single_gpu_step_is_the_sum_of_op_times():
     m = preset("gpt2-1.5b")
     plan = ParallelPlan(micro_batch_size=2, global_batch_size=8)

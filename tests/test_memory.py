@@ -7,16 +7,27 @@ from sim.errors import InputError
 from sim.program.memory import (
     activation_bytes_per_layer,
     activation_terms,
+    chunk_activation_bytes,
     grad_bucket_bytes,
     embedding_activation_bytes,
     head_activation_bytes,
     inflight_chunks,
     inflight_per_chunk,
+    layer_param_bytes,
     layer_params_per_rank,
     model_state_bytes,
+    offload_copy_bytes,
+    optimizer_shard_params,
+    param_allgather_bytes,
+    recompute_working_bytes,
     stage_activation_bytes,
+    stage_memory_bytes,
     stage_params_per_rank,
+    stage_resident_bytes,
+    sync_bucket_bytes,
+    zero3_depth,
     zero3_gathered_param_bytes,
+    zero_temporary_bytes,
 )
 from sim.inputs.model import gpt, llama, preset
 from sim.inputs.plan import ParallelPlan
@@ -286,3 +297,58 @@ def test_temporaries():
         zero3_gathered_param_bytes(1e8, prefetch_layers=-1)
     with pytest.raises(InputError, match="zero_stage"):
         model_state_bytes(1e9, 8, 4)
+
+
+def test_sixteen_bit_buffers_add_up_to_the_stage_states():
+    m = preset("gpt2-1.5b")              # tied embeddings, learned positions
+    plan = ParallelPlan()
+    psi = stage_params_per_rank(m, plan, 0)
+    # the per-layer gradients (embedding -1, layers, head L) are the stage's 2Ψ
+    per_layer = [layer_param_bytes(m, 1, layer) for layer in range(-1, m.num_layers + 1)]
+    assert sum(per_layer) == pytest.approx(model_state_bytes(psi).grads_bytes, rel=1e-12)
+    assert layer_param_bytes(m, 4, 0) == 2 * layer_params_per_rank(m, 4)
+    assert param_allgather_bytes(psi) == 2 * psi
+    assert offload_copy_bytes(psi, 8) == 2 * psi / 8
+    assert optimizer_shard_params(psi, 8, 0) == psi and optimizer_shard_params(psi, 8, 1) == psi / 8
+
+
+def test_buckets_and_zero3_prefetch_depth():
+    assert sync_bucket_bytes(ParallelPlan(dp=2, zero_stage=2, bucket_size_bytes=100, zero_bucket_size_bytes=50)) == 50
+    assert sync_bucket_bytes(ParallelPlan(dp=2, zero_stage=1, bucket_size_bytes=100, zero_bucket_size_bytes=50)) == 100
+    assert sync_bucket_bytes(ParallelPlan(dp=2, zero_stage=3, bucket_size_bytes=100)) == 100
+    m = preset("gpt2-1.5b")
+    per_layer = layer_params_per_rank(m, 1)
+    assert zero3_depth(m, ParallelPlan(dp=2, zero_stage=3, zero3_prefetch_depth=4)) == 4
+    # at most 3.5 layers alive: the one in use and 2 ahead
+    assert zero3_depth(m, ParallelPlan(dp=2, zero_stage=3, zero3_prefetch_depth=4,
+                                       zero3_max_live_parameters=3.5 * per_layer)) == 2
+
+
+def test_what_a_rank_holds():
+    m = preset("gpt2-1.5b")
+    plan = ParallelPlan(dp=8, zero_stage=2, global_batch_size=8)
+    st = model_state_bytes(stage_params_per_rank(m, plan, 0), 8, 2)
+    assert stage_resident_bytes(m, plan, 0, 1e9) == {"parameters": st.params_bytes, "gradients": st.grads_bytes,
+                                                     "optimizer": st.optimizer_bytes, "reserve": 1e9}
+    off = ParallelPlan(dp=8, zero_stage=2, global_batch_size=8, offload_optimizer=True)
+    assert stage_resident_bytes(m, off, 0, 0.0)["optimizer"] == 0.0     # ZeRO-Offload: the states live on the host
+    # a chunk stores its layers' tensors plus the embedding's (first) and the head's (last);
+    # GPipe holds every micro-batch's
+    gp = ParallelPlan(pp=2, schedule="gpipe", micro_batch_size=1, global_batch_size=4)
+    b = activation_bytes_per_layer(m, 1)
+    layers = gp.stage_layers(m)
+    assert chunk_activation_bytes(m, gp, 0) == layers[0] * b + embedding_activation_bytes(m, 1)
+    assert chunk_activation_bytes(m, gp, 1) == layers[1] * b + head_activation_bytes(m, 1)
+    for s in (0, 1):
+        assert stage_activation_bytes(m, gp, s) == pytest.approx(4 * chunk_activation_bytes(m, gp, s), rel=1e-12)
+    assert recompute_working_bytes(m, gp) == 0.0
+    full = ParallelPlan(recompute="full")
+    assert recompute_working_bytes(m, full) == activation_bytes_per_layer(m, 1, recompute="none")
+    # the estimate's temporaries: one DeepSpeed bucket, plus ZeRO-3's gathered layer and one ahead
+    z3 = ParallelPlan(dp=8, zero_stage=3, global_batch_size=8)
+    psi = stage_params_per_rank(m, z3, 0)
+    assert zero_temporary_bytes(m, z3, psi) == grad_bucket_bytes(min(psi, 5e8)) + \
+        zero3_gathered_param_bytes(layer_params_per_rank(m, 1))
+    assert zero_temporary_bytes(m, ParallelPlan(dp=8, global_batch_size=8), psi) == 0.0
+    mem = stage_memory_bytes(m, z3, 0)
+    assert mem["total"] == pytest.approx(model_state_bytes(psi, 8, 3).total + mem["activations"] + mem["temporaries"])

@@ -315,3 +315,32 @@ def test_first_stage_activation_peak_follows_each_schedules_rule(schedule, vpp):
     _, series = timeline(run.trace, plan.rank(pp=0))
     per_chunk_mb = model.num_layers // (p * v) * activation_bytes_per_layer(model, 1)
     assert max(series["activations"]) == pytest.approx(expected * per_chunk_mb, rel=1e-12)
+
+
+def test_the_program_takes_its_optimizer_times_and_offload_bytes_from_costs_and_memory():
+    from dataclasses import replace
+
+    from sim.errors import InputError
+    from sim.program.costs import ADAM_BYTES_PER_PARAM, cpu_optimizer_step_time, optimizer_step_time
+    from sim.program.memory import offload_copy_bytes, param_allgather_bytes, stage_params_per_rank
+
+    plan = ParallelPlan(dp=8, global_batch_size=8, zero_stage=2, offload_optimizer=True)
+    _, prog = build_program(SMALL, plan, H100)
+    psi = stage_params_per_rank(SMALL, plan, 0)
+    acts = {a.name: a for a in prog.actions[0]}
+    # ZeRO-Offload: Adam moves 28 bytes per parameter of the rank's shard, at the host's
+    # memory bandwidth shared by the node's 8 GPUs
+    cpu = acts["optimizer (CPU)"].duration_s
+    assert cpu == cpu_optimizer_step_time(psi / 8, H100, 8)
+    assert cpu == pytest.approx(ADAM_BYTES_PER_PARAM * psi / 8
+                                / (H100.host_memory_bandwidth_Bps * H100.memory_efficiency / 8), rel=1e-12)
+    assert acts["grads to host"].nbytes == acts["params to GPU"].nbytes == offload_copy_bytes(psi, 8) == 2.0 * psi / 8
+    with pytest.raises(InputError, match="host_memory_bandwidth_Bps is not set"):
+        build_program(SMALL, plan, replace(H100, host_memory_bandwidth_Bps=0.0))
+
+    plan = ParallelPlan(dp=8, global_batch_size=8, zero_stage=1)
+    _, prog = build_program(SMALL, plan, H100)
+    acts = {a.name: a for a in prog.actions[0]}
+    assert acts["optimizer"].duration_s == optimizer_step_time(psi / 8, H100)
+    gathers = [a for a in prog.actions[0] if a.name.startswith("param allgather")]
+    assert sum(a.nbytes for a in gathers) == pytest.approx(param_allgather_bytes(psi), rel=1e-12)

@@ -1,9 +1,11 @@
 """Program building: from model, plan and hardware to a per-rank ``Program``.
 
-``workload`` lists each layer's ops (FLOPs, bytes, tensor sizes); ``costs`` prices them
-on a hardware profile; ``memory`` holds the memory model (model states, activations,
-ZeRO buffers); ``schedules`` generates the pipeline schedule as per-rank actions
-(``actions``); ``passes`` and ``zero`` add communication and memory; ``training`` puts
-it all together as ``build_program``; ``estimate`` is the analytic (closed-form) twin.
+``workload`` lists each layer's ops (FLOPs, bytes, tensor sizes); ``costs`` holds every
+time formula (kernels, collectives, the optimizer step, the analytic step terms);
+``memory`` holds every byte formula (model states, activations in flight, ZeRO and
+offload buffers, what each rank holds); ``schedules`` generates the pipeline schedule
+as per-rank actions (``actions``); ``passes`` and ``zero`` add communication and memory
+events, with the numbers from ``costs`` and ``memory``; ``training`` puts it all
+together as ``build_program``; ``estimate`` is the analytic (closed-form) twin.
 Pure functions: no SimPy, no matplotlib.
 """

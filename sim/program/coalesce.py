@@ -10,29 +10,31 @@ and its time is exactly the ring closed form
 
     all-reduce 2(n−1)(α + S/(nB)),   all-gather, reduce-scatter (n−1)(α + S/(nB))
 
-with α the GPU-NVSwitch-GPU latency and B the NVLink bandwidth times its efficiency:
-what the network model computes for them (``tests/test_collectives.py`` checks that to
-1e-9). Then a layer's pieces can become one compute span and one communication span of
-the same total length, and a step's layers one pair when nothing needs the layer
-boundaries (only the last backward of each layer anchors gradient buckets, and ZeRO-3
-gathers need every layer). The step ends at exactly the same time.
+(``sim.program.costs.ring_time``) with α the GPU-NVSwitch-GPU latency and B the NVLink
+bandwidth times its efficiency: what the network model computes for them
+(``tests/test_collectives.py`` checks that to 1e-9). Then a layer's pieces can become
+one compute span and one communication span of the same total length, and a step's
+layers one pair when nothing needs the layer boundaries (only the last backward of each
+layer anchors gradient buckets, and ZeRO-3 gathers need every layer). The step ends at
+exactly the same time.
 """
 
 from __future__ import annotations
 
 from typing import Callable
 
-from sim.program.passes import Segment
 from sim.inputs.plan import ParallelPlan
 from sim.inputs.topology import Topology
-
-_STEPS = {"allreduce": lambda n: 2 * (n - 1), "allgather": lambda n: n - 1, "reducescatter": lambda n: n - 1}
+from sim.program.costs import ring_time
+from sim.program.passes import Segment
 
 
 def isolated_tp_pricer(plan: ParallelPlan, topology: Topology,
                        link_efficiency: dict[str, float]) -> Callable[[Segment], float] | None:
     """The closed-form price of a tensor-parallel collective when TP traffic provably has
-    NVLink to itself (see the module doc), else None."""
+    NVLink to itself (see the module doc), else None. The formula is
+    ``sim.program.costs.ring_time``; this function only decides whether it is exact and
+    reads α and B off the topology."""
     if plan.tp < 2 or plan.world_size > topology.num_gpus:
         return None
     node = topology.node_of
@@ -53,7 +55,7 @@ def isolated_tp_pricer(plan: ParallelPlan, topology: Topology,
     n = plan.tp
 
     def price(seg: Segment) -> float:
-        return _STEPS[seg.op](n) * (alpha + seg.nbytes / (n * bw))
+        return ring_time(seg.op, seg.nbytes, n, alpha, bw)
 
     return price
 

@@ -1,33 +1,80 @@
-"""How long things take: pure cost functions of a ``HardwareProfile``.
+"""How long things take: every time formula of the program, as pure functions of a
+``HardwareProfile``.
 
-An op's time is a roofline with measured efficiencies plus a fixed kernel overhead:
+Kernels. An op's time is a roofline with measured efficiencies plus a fixed kernel
+overhead (``op_time``):
 
     t = max(flops / (peak · eff), bytes / (hbm_bandwidth · memory_efficiency)) + launch
 
-where ``eff`` is the profile's shape-dependent GEMM efficiency for GEMMs, its
-flash-attention efficiency for attention, and 1 against the non-tensor-core (``fp32``)
-peak for elementwise kernels, which in practice are bound by the second term.
+where ``eff`` is the profile's shape-dependent GEMM efficiency (``gemm_efficiency``) for
+GEMMs, its flash-attention efficiency (``attention_efficiency``) for attention, and 1
+against the non-tensor-core (``fp32``) peak for elementwise kernels, which in practice
+are bound by the second term (``hbm_bandwidth_Bps``, ``memory_efficiency`` and
+``kernel_launch_s`` are profile fields, measured by ``sim.calibrate``).
 
-A transfer of n bytes over one link of a kind takes ``α + n / (β · efficiency)`` (the
-profile's ``LinkModel``). The ring closed forms for collectives without contention,
-used by the analytic estimate and by tests of the network model, are (n ranks, S the
-nccl-tests buffer size, per-step latency α, effective bandwidth B)
+Links and collectives. A transfer of n bytes over one link of a kind takes
+``α + n / (β · efficiency)`` (the profile's ``LinkModel``). The ring closed forms of
+collectives without contention, used by the analytic estimate, by the coalesced
+tensor-parallel collectives (``sim.program.coalesce``) and by tests of the network
+model, are (n ranks, S the nccl-tests buffer size, per-step latency α, effective
+bandwidth B; nccl-tests' bus-bandwidth factors 2(n−1)/n and (n−1)/n count the same
+steps)
 
     all-reduce                 2(n−1)·(α + S/(n·B))
     all-gather, reduce-scatter  (n−1)·(α + S/(n·B))
+
+Optimizer step. Mixed-precision Adam (ZeRO, Rajbhandari et al. SC'20: a 16-bit weight
+and gradient and K = 12 bytes of fp32 weight, momentum and variance per parameter) is
+memory-bound: per local parameter it reads the 12 bytes of fp32 states and the 2-byte
+gradient and writes back the 12 bytes and the 2-byte weight, ``ADAM_BYTES_PER_PARAM``
+= 28 bytes, so
+
+    t_opt = 28·Ψ_local / (hbm_bandwidth · memory_efficiency)
+
+with Ψ_local the parameters whose states the rank updates (``sim.program.memory``).
+With the optimizer offloaded (ZeRO-Offload, Ren et al., USENIX ATC 2021) the same step
+runs on the host CPU out of host memory, whose bandwidth (the profile's
+``host_memory_bandwidth_Bps``) the G GPUs of a node share:
+
+    t_cpu = 28·Ψ_local / (host_memory_bandwidth · memory_efficiency / G)
+
+Analytic step terms (``sim.program.estimate``; the simulator gets them from the schedule
+and the network instead). The pipeline bubble for p stages, v chunks per stage and the
+slowest stage's per-micro-batch phase times T_F, T_B, T_W (T their sum):
+
+    gpipe, 1f1b   (p − 1)·T                        (GPipe; Narayanan et al. SC'21)
+    interleaved   (p − 1)·T / v                    (Narayanan et al. SC'21)
+    zb-h1         (p − 1)·max(0, T_F + T_B − T_W)  (Qi et al., Zero Bubble PP, ICLR 2024)
+    zb-h2         (p − 1)·max(0, T_F + T_B − 2T_W) (same paper)
+
+('custom' is costed as 1F1B, or interleaved when v > 1.) Gradient synchronization of
+the 16-bit gradients G = 2Ψ over Nd data-parallel ranks and m micro-batches follows the
+ZeRO paper's communication volumes: one all-reduce per step for ZeRO-0/1 (2Ψ), a
+reduce-scatter per micro-batch plus one all-gather of the updated parameters for
+ZeRO-2, and per micro-batch two all-gathers (forward and backward) and a
+reduce-scatter for ZeRO-3 (3Ψ, 1.5× the others). Pipeline point-to-point traffic is one
+activation forward and one gradient back per micro-batch and chunk.
 
 Nothing here knows about topology or contention: that is the network model's job.
 """
 
 from __future__ import annotations
 
-from sim.errors import require
+from sim.errors import InputError, require
 from sim.inputs.hardware import HardwareProfile
 from sim.program.workload import PHASES, Op, Work
 
+ADAM_BYTES_PER_PARAM = 28
+"""Bytes mixed-precision Adam moves per local parameter: read the fp32 weight, momentum
+and variance (12) and the 16-bit gradient (2); write the 12 and the 16-bit weight (2)."""
 
+_RING_FACTOR = {"all_reduce": 2, "all_gather": 1, "reduce_scatter": 1,
+                "allreduce": 2, "allgather": 1, "reducescatter": 1}
+
+
+# ----------------------------------------------------------------------- kernels
 def op_time(op: Op, profile: HardwareProfile, dtype: str = "bf16") -> float:
-    """Seconds one op takes on one GPU of ``profile``."""
+    """Seconds one op takes on one GPU of ``profile`` (the roofline of the module doc)."""
     if op.kind == "gemm":
         m, n, k = op.shape
         rate = profile.peak(dtype) * profile.gemm_efficiency(m, n, k, op.batch)
@@ -41,10 +88,32 @@ def op_time(op: Op, profile: HardwareProfile, dtype: str = "bf16") -> float:
     return max(compute, memory) + profile.kernel_launch_s
 
 
+def work_times(work: Work, profile: HardwareProfile, tp: int = 1, tp_link: str = "nvlink",
+               dtype: str = "bf16") -> dict:
+    """Per phase ``(compute_s, tp_comm_s)`` of ``work`` on one rank of a tp group of ``tp``
+    GPUs whose collectives run over ``tp_link`` without overlap."""
+    out = {}
+    for phase in PHASES:
+        compute = sum(op_time(o, profile, dtype) for o in work.ops(phase))
+        comm = sum(collective_time(c.collective, c.nbytes, tp, tp_link, profile)
+                   for c in work.comms(phase)) if tp > 1 else 0.0
+        out[phase] = (compute, comm)
+    return out
+
+
+# --------------------------------------------------------- links and collectives
 def transfer_time(nbytes: float, kind: str, profile: HardwareProfile) -> float:
-    """Seconds to send ``nbytes`` over one uncontended link of ``kind``."""
+    """Seconds to send ``nbytes`` over one uncontended link of ``kind``: α + n/(β·efficiency)."""
     require(nbytes >= 0, "transfer bytes", nbytes, "expected a size >= 0")
     return profile.link(kind).time(nbytes)
+
+
+def ring_time(collective: str, nbytes: float, ranks: int, latency_s: float, bandwidth_Bps: float) -> float:
+    """The ring closed form of the module doc: 2(n−1)·(α + S/(n·B)) for an all-reduce,
+    (n−1)·(α + S/(n·B)) for an all-gather or a reduce-scatter (``collective`` spelled
+    ``all_reduce`` or ``allreduce`` alike), S = ``nbytes``, n = ``ranks``."""
+    steps = _RING_FACTOR[collective] * (ranks - 1)
+    return steps * (latency_s + nbytes / (ranks * bandwidth_Bps))
 
 
 def collective_time(collective: str, nbytes: float, ranks: int, kind: str,
@@ -64,19 +133,60 @@ def collective_time(collective: str, nbytes: float, ranks: int, kind: str,
     bw = link.effective_Bps * max(1, channels)
     if channels > 1 and "nvlink" in profile.links:
         bw = min(bw, profile.link("nvlink").effective_Bps)
-    steps = 2 * (ranks - 1) if collective == "all_reduce" else ranks - 1
-    return steps * (link.latency_s + nbytes / (ranks * bw))
+    return ring_time(collective, nbytes, ranks, link.latency_s, bw)
 
 
-def work_times(work: Work, profile: HardwareProfile, tp: int = 1, tp_link: str = "nvlink",
-               dtype: str = "bf16") -> dict:
-    """Per phase ``(compute_s, tp_comm_s)`` of ``work`` on one rank of a tp group of ``tp``
-    GPUs whose collectives run over ``tp_link`` without overlap."""
-    out = {}
-    for phase in PHASES:
-        compute = sum(op_time(o, profile, dtype) for o in work.ops(phase))
-        comm = sum(collective_time(c.collective, c.nbytes, tp, tp_link, profile)
-                   for c in work.comms(phase)) if tp > 1 else 0.0
-        out[phase] = (compute, comm)
-    return out
+# ---------------------------------------------------------------- optimizer step
+def optimizer_step_time(local_params: float, profile: HardwareProfile) -> float:
+    """Seconds of the memory-bound Adam step over ``local_params`` parameters on the GPU:
+    28·Ψ_local / (hbm_bandwidth · memory_efficiency)."""
+    return ADAM_BYTES_PER_PARAM * local_params / (profile.hbm_bandwidth_Bps * profile.memory_efficiency)
 
+
+def cpu_optimizer_step_time(local_params: float, profile: HardwareProfile, gpus_per_host: int) -> float:
+    """Seconds of the offloaded Adam step over ``local_params`` parameters on the host CPU
+    (ZeRO-Offload), whose memory bandwidth ``gpus_per_host`` GPUs share:
+    28·Ψ_local / (host_memory_bandwidth · memory_efficiency / G)."""
+    if profile.host_memory_bandwidth_Bps <= 0:
+        raise InputError(f"profile {profile.name}: host_memory_bandwidth_Bps is not set; "
+                         "optimizer offload needs it to time the CPU optimizer step")
+    return ADAM_BYTES_PER_PARAM * local_params / (profile.host_memory_bandwidth_Bps * profile.memory_efficiency
+                                                  / gpus_per_host)
+
+
+# ------------------------------------------------------------ analytic step terms
+def pipeline_bubble_time(schedule: str, pp: int, vpp: int, t_f: float, t_b: float, t_w: float) -> float:
+    """Pipeline bubble of one step for the slowest stage's per-micro-batch phase times
+    (the table of the module doc)."""
+    p, v = pp, vpp
+    if schedule == "zb-h1":
+        return (p - 1) * max(0.0, t_f + t_b - t_w)
+    if schedule == "zb-h2":
+        return (p - 1) * max(0.0, t_f + t_b - 2 * t_w)
+    return (p - 1) / v * (t_f + t_b + t_w)
+
+
+def pipeline_p2p_time(nbytes: float, microbatches: int, pp: int, vpp: int, kind: str,
+                      profile: HardwareProfile) -> float:
+    """Point-to-point time of one step on a stage: an activation forward and its gradient
+    back (``nbytes`` each) per micro-batch and chunk, over one link of ``kind``."""
+    return microbatches * 2 * vpp * transfer_time(nbytes, kind, profile) if pp > 1 else 0.0
+
+
+def grad_sync_time(zero_stage: int, grad_bytes: float, dp: int, microbatches: int, kind: str,
+                   profile: HardwareProfile, channels: int = 1) -> float:
+    """Data-parallel traffic of one step under ZeRO stage ``zero_stage`` (the ZeRO paper's
+    volumes, see the module doc), ring closed forms over ``dp`` ranks on ``kind`` links
+    with ``channels`` rings at once; ``grad_bytes`` the rank's 16-bit gradients."""
+    if dp == 1:
+        return 0.0
+    m = microbatches
+
+    def ring(collective: str) -> float:
+        return collective_time(collective, grad_bytes, dp, kind, profile, channels=channels)
+
+    if zero_stage <= 1:
+        return ring("all_reduce")
+    if zero_stage == 2:
+        return m * ring("reduce_scatter") + ring("all_gather")
+    return m * (2 * ring("all_gather") + ring("reduce_scatter"))

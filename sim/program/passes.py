@@ -18,6 +18,10 @@ on every GPU:
    as soon as it is full, overlapping the rest of backward (or all after backward).
 5. ``add_optimizer``: the optimizer step after the rank's gradient syncs.
 
+Sizes and durations come in as functions of the rank (and layer): the passes decide
+where actions go and what they wait for, ``sim.program.memory`` and
+``sim.program.costs`` (through ``sim.program.training``) how many bytes and seconds.
+
 Action names are kept: the last action of a step keeps the step's name (``2F0``), so
 dependencies on a step mean "the step is complete".
 """

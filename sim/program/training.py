@@ -1,10 +1,13 @@
 """One training iteration as a program: model + plan + hardware (+ topology) -> Program.
 
 The three inputs stay separate (as Calculon keeps model, system and execution apart):
-``sim.program.workload`` says what each layer computes, ``sim.program.costs`` how long each kernel takes
-on the profile, the schedule says in which order each pipeline rank runs its steps, and
-the passes (``sim.program.passes``) add the communication. ``sim.session`` hands the
-program to the engine, which runs it on the topology.
+``sim.program.workload`` says what each layer computes, ``sim.program.costs`` how long
+each kernel and the optimizer step take on the profile, ``sim.program.memory`` how many
+bytes each rank holds and moves (model states, activations, gradient and parameter
+buffers), the schedule says in which order each pipeline rank runs its steps, and the
+passes (``sim.program.passes``, ``sim.program.zero``) add the communication and the
+memory events. ``sim.session`` hands the program to the engine, which runs it on the
+topology.
 
     schedule -> to_program -> replicate -> add_tp_collectives -> add_p2p
              -> add_grad_sync -> add_optimizer -> add_memory
@@ -18,18 +21,21 @@ from sim.program import passes
 from sim.program import zero
 from sim.program.actions import Action, Program
 from sim.program.coalesce import coalesce, isolated_tp_pricer
-from sim.program.costs import op_time
+from sim.program.costs import cpu_optimizer_step_time, op_time, optimizer_step_time
 from sim.errors import InputError
-from sim.program.estimate import ADAM_BYTES_PER_PARAM
 from sim.inputs.hardware import HardwareProfile
 from sim.engine.limits import DEFAULT_MAX_EVENTS, check_size
 from sim.program.memory import (
-    activation_bytes_per_layer,
-    embedding_activation_bytes,
-    head_activation_bytes,
-    layer_params_per_rank,
-    model_state_bytes,
+    chunk_activation_bytes,
+    layer_param_bytes,
+    offload_copy_bytes,
+    optimizer_shard_params,
+    param_allgather_bytes,
+    recompute_working_bytes,
     stage_params_per_rank,
+    stage_resident_bytes,
+    sync_bucket_bytes,
+    zero3_depth,
 )
 from sim.inputs.model import ModelSpec
 from sim.inputs.plan import ParallelPlan
@@ -157,9 +163,9 @@ def build_program(model: ModelSpec, plan: ParallelPlan, profile: HardwareProfile
     act_bytes = p2p_bytes(model, plan.micro_batch_size, plan.tp, plan.sequence_parallel)
     prog = passes.add_p2p(prog, lambda consumer: act_bytes)
 
-    layer_grad = 2.0 * layer_params_per_rank(model, plan.tp)
-    emb_grad = 2.0 * model.embedding_params / plan.tp
-    head_grad = 2.0 * model.output_params / plan.tp
+    layer_grad = layer_param_bytes(model, plan.tp, 0)
+    emb_grad = layer_param_bytes(model, plan.tp, -1)
+    head_grad = layer_param_bytes(model, plan.tp, model.num_layers)
 
     def grad_bytes(rank: int, layer: int) -> float:
         if layer == -1:
@@ -169,44 +175,34 @@ def build_program(model: ModelSpec, plan: ParallelPlan, profile: HardwareProfile
         return layer_grad
 
     z = plan.zero_stage
-    bucket = (plan.zero_bucket_size_bytes or plan.bucket_size_bytes) if z >= 2 else plan.bucket_size_bytes
+    bucket = sync_bucket_bytes(plan)
     prog = passes.add_grad_sync(prog, grad_bytes, plan.dp_group, bucket, plan.dp_overlap,
                                 op="allreduce" if z == 0 else "reducescatter",
                                 every_microbatch=z >= 2, bucket_memory=z >= 2)
     if z == 3:
         prog = zero.add_param_gathers(prog, grad_bytes, plan.dp_group, zero3_depth(model, plan))
-    hbm = profile.hbm_bandwidth_Bps * profile.memory_efficiency
     psi = [stage_params_per_rank(model, plan, s) for s in range(plan.pp)]
-
-    def optimizer_s(rank: int) -> float:
-        local = psi[plan.coords(rank)[1]] / (plan.dp if z >= 1 else 1)
-        return ADAM_BYTES_PER_PARAM * local / hbm
-
     if plan.offload_optimizer:
-        if profile.host_memory_bandwidth_Bps <= 0:
-            raise InputError(f"profile {profile.name}: host_memory_bandwidth_Bps is not set; "
-                             "optimizer offload needs it to time the CPU optimizer step")
-
-        def cpu_s(rank: int) -> float:
-            # Memory-bound Adam on the host, whose bandwidth the node's GPUs share.
-            local = psi[plan.coords(rank)[1]] / plan.dp
-            return ADAM_BYTES_PER_PARAM * local / (profile.host_memory_bandwidth_Bps * profile.memory_efficiency
-                                                   / min(gpus_per_node, plan.world_size))
-
-        prog = zero.add_offloaded_optimizer(prog, lambda r: 2.0 * psi[plan.coords(r)[1]] / plan.dp, cpu_s)
+        # Memory-bound Adam on the host, whose bandwidth the node's GPUs share.
+        sharing = min(gpus_per_node, plan.world_size)
+        cpu = [cpu_optimizer_step_time(optimizer_shard_params(n, plan.dp, z), profile, sharing) for n in psi]
+        copy = [offload_copy_bytes(n, plan.dp) for n in psi]
+        prog = zero.add_offloaded_optimizer(prog, lambda r: copy[plan.coords(r)[1]], lambda r: cpu[plan.coords(r)[1]])
         done = "params to GPU"
     else:
-        prog = passes.add_optimizer(prog, optimizer_s)
+        step_s = [optimizer_step_time(optimizer_shard_params(n, plan.dp, z), profile) for n in psi]
+        prog = passes.add_optimizer(prog, lambda r: step_s[plan.coords(r)[1]])
         done = "optimizer"
     if z in (1, 2):
         stage_layers = plan.stage_layers(model)
+        gathered = [param_allgather_bytes(n) for n in psi]
 
         def tensors(rank: int) -> int:
             # the rank's layers over its model chunks, plus the embedding and the head
             p = plan.coords(rank)[1]
             return sum(stage_layers[c * plan.pp + p] for c in range(plan.vpp)) + 2
 
-        prog = zero.add_param_allgather(prog, lambda r: 2.0 * psi[plan.coords(r)[1]], plan.dp_group, bucket, done,
+        prog = zero.add_param_allgather(prog, lambda r: gathered[plan.coords(r)[1]], plan.dp_group, bucket, done,
                                         tensors)
     prog = add_memory(prog, model, plan, profile, segments)
     return schedule, prog
@@ -251,44 +247,18 @@ def _layer_steps(schedule: Schedule, plan: ParallelPlan):
     return keep
 
 
-def zero3_depth(model: ModelSpec, plan: ParallelPlan) -> int:
-    """Layers gathered ahead under ZeRO-3: the plan's depth, capped so that at most
-    ``zero3_max_live_parameters`` gathered parameters are alive at once."""
-    depth = plan.zero3_prefetch_depth
-    if plan.zero3_max_live_parameters is not None:
-        per_layer = layer_params_per_rank(model, plan.tp)
-        depth = min(depth, max(0, int(plan.zero3_max_live_parameters // per_layer) - 1))
-    return depth
-
-
 def add_memory(prog: Program, model: ModelSpec, plan: ParallelPlan, profile: HardwareProfile,
                segments: "_Segments") -> Program:
     """Resident model states (sharded per the ZeRO stage), the reserve, and each
-    (stage, micro-batch)'s stored activations while they are alive."""
-    states = [model_state_bytes(stage_params_per_rank(model, plan, s), plan.dp, plan.zero_stage)
-              for s in range(plan.pp)]
-
-    def resident(rank: int) -> dict:
-        st = states[plan.coords(rank)[1]]
-        return {"parameters": st.params_bytes, "gradients": st.grads_bytes,
-                "optimizer": 0.0 if plan.offload_optimizer else st.optimizer_bytes,
-                "reserve": profile.memory_reserve_bytes}
-
-    b, t, sp = plan.micro_batch_size, plan.tp, plan.sequence_parallel
-    per_layer = activation_bytes_per_layer(model, b, t, sp, plan.recompute)
-    full_layer = activation_bytes_per_layer(model, b, t, sp, "none")
-    last = plan.pp * plan.vpp - 1
-    layers = plan.stage_layers(model)
+    (stage, micro-batch)'s stored activations while they are alive; the bytes are
+    ``sim.program.memory``'s."""
+    resident = [stage_resident_bytes(model, plan, s, profile.memory_reserve_bytes) for s in range(plan.pp)]
+    chunk = [chunk_activation_bytes(model, plan, vs) for vs in range(plan.pp * plan.vpp)]
 
     def stored(rank: int, step: str) -> float:
-        st = Step.parse(step)
-        total = layers[st.stage] * per_layer
-        if st.stage == 0:
-            total += embedding_activation_bytes(model, b, t, sp)
-        if st.stage == last:
-            total += head_activation_bytes(model, b, t, sp)
-        return total
+        return chunk[Step.parse(step).stage]
 
-    transient = (lambda rank, step: full_layer) if plan.recompute == "full" else None
+    working = recompute_working_bytes(model, plan)
+    transient = (lambda rank, step: working) if plan.recompute == "full" else None
     prog = zero.add_activation_memory(prog, stored, transient)
-    return zero.add_resident(prog, resident)
+    return zero.add_resident(prog, lambda rank: resident[plan.coords(rank)[1]])

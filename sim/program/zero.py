@@ -20,6 +20,11 @@ memory at the start; ``add_activation_memory`` allocates each (stage, micro-batc
 stored activations at the start of its forward and frees them at the end of its last
 backward step (B, or W when backward is split), so GPipe's m, 1F1B's p and the
 zero-bubble schedules' counts come out of the schedule itself.
+
+The passes only place allocations, frees and transfers on the actions: every byte
+count (resident states, stored activations, gathered weights, offload copies) and the
+CPU optimizer's time arrive as functions of the rank, which ``sim.program.training``
+builds from ``sim.program.memory`` and ``sim.program.costs``.
 """
 
 from __future__ import annotations

@@ -1,0 +1,128 @@
+"""Activations: the tensors a layer stores in forward for its backward.
+
+Korthikanti et al. 2022 ("Reducing Activation Recomputation in Large Transformer
+Models", Table 2) give the bytes stored per layer per micro-batch, for sequence s,
+micro-batch b, hidden h, heads a, tensor-parallel size t, 16-bit activations and 1-byte
+dropout masks:
+
+    no parallelism              sbh(34 + 5as/h)
+    tensor parallel             sbh(10 + 24/t + 5as/(ht))
+    tensor + sequence parallel  (sbh/t)(34 + 5as/h)
+    tp + selective recompute    sbh(10 + 24/t)
+    tp + sp + selective         sbh·34/t
+    full recompute              2sbh  (the layer input; /t under sequence parallelism)
+
+``activation_terms`` itemizes the same tensors (LayerNorm inputs, QKV input, Q, K, V,
+softmax and its dropout, projection input, GeLU input and output, dropout masks) so
+that SwiGLU, grouped-query attention, models without dropout and flash attention
+(which stores no s×s tensor, only a 4-byte log-sum-exp per query row) follow from
+the same accounting; with ``flash_attention=False`` and a GPT layer it reproduces the
+table above exactly.
+
+Outside the layers, the first pipeline stage stores the embedding's dropout mask and
+the last the final norm's and the logit GEMM's inputs and the fp32 softmax of the
+vocab-parallel cross-entropy (Korthikanti: 4sbV/t). A model chunk (virtual stage)
+stores its layers' tensors plus those (``chunk_activation_bytes``): that is what the
+simulator allocates at each forward step and frees at the step's last backward. Under
+full recomputation the backward re-runs one layer's forward at a time and holds that
+layer's full set of tensors while it runs (``recompute_working_bytes``).
+"""
+
+from __future__ import annotations
+
+from sim.errors import require
+from sim.inputs.model import ModelSpec
+from sim.inputs.plan import RECOMPUTE, ParallelPlan
+
+
+def activation_terms(model: ModelSpec, micro_batch: int, tp: int = 1, sequence_parallel: bool = False,
+                     recompute: str = "none", flash_attention: bool = True) -> dict:
+    """Bytes each stored tensor of one layer takes for one micro-batch on one rank."""
+    require(recompute in RECOMPUTE, "recompute", recompute, f"allowed: {', '.join(RECOMPUTE)}")
+    m, b, t = model, micro_batch, tp
+    s, h, a = m.seq_length, m.hidden_size, m.num_attention_heads
+    sp = sequence_parallel and t > 1
+    sbh = s * b * h
+    rep = t if sp else 1                     # divisor of the non-tensor-parallel regions
+    if recompute == "full":
+        return {"layer.input": 2 * sbh / rep}
+    r = m.num_key_value_heads / a
+    f = m.ffn_hidden_size / h                # MLP width in units of h
+    mask = 1 if m.dropout else 0
+    terms = {
+        "attn.norm.input": 2 * sbh / rep,
+        "attn.qkv.input": 2 * sbh / rep,
+        "attn.q": 2 * sbh / t,
+        "attn.k": 2 * sbh * r / t,
+        "attn.v": 2 * sbh * r / t,
+    }
+    if recompute == "none":
+        if flash_attention:
+            terms["attn.softmax.lse"] = 4 * a * s * b / t
+        else:
+            terms["attn.softmax"] = 2 * a * s * s * b / t
+            if m.dropout:
+                terms["attn.softmax.dropout_mask"] = a * s * s * b / t
+                terms["attn.softmax.dropout"] = 2 * a * s * s * b / t
+    terms["attn.proj.input"] = 2 * sbh / t
+    terms["attn.dropout_mask"] = mask * sbh / rep
+    terms["mlp.norm.input"] = 2 * sbh / rep
+    terms["mlp.up.input"] = 2 * sbh / rep
+    if m.mlp == "gelu":
+        terms["mlp.gelu.input"] = 2 * sbh * f / t
+    else:
+        terms["mlp.gate"] = 2 * sbh * f / t
+        terms["mlp.up"] = 2 * sbh * f / t
+    terms["mlp.down.input"] = 2 * sbh * f / t
+    terms["mlp.dropout_mask"] = mask * sbh / rep
+    return {k: v for k, v in terms.items() if v}
+
+
+def activation_bytes_per_layer(model: ModelSpec, micro_batch: int, tp: int = 1,
+                               sequence_parallel: bool = False, recompute: str = "none",
+                               flash_attention: bool = True) -> float:
+    """Activation bytes one layer stores for one micro-batch on one rank (Korthikanti Table 2
+    when ``flash_attention`` is False and the layer is GPT-style)."""
+    return sum(activation_terms(model, micro_batch, tp, sequence_parallel, recompute,
+                                flash_attention).values())
+
+
+def head_activation_bytes(model: ModelSpec, micro_batch: int, tp: int = 1,
+                          sequence_parallel: bool = False) -> float:
+    """Last stage, per micro-batch: final norm input, logit GEMM input and the fp32
+    softmax the vocab-parallel cross-entropy keeps (Korthikanti: 4sbV/t)."""
+    sp = sequence_parallel and tp > 1
+    sbh = model.seq_length * micro_batch * model.hidden_size
+    norm_and_logit_inputs = 2 * (2 * sbh / (tp if sp else 1))
+    return norm_and_logit_inputs + 4 * model.seq_length * micro_batch * model.vocab_size / tp
+
+
+def embedding_activation_bytes(model: ModelSpec, micro_batch: int, tp: int = 1,
+                               sequence_parallel: bool = False) -> float:
+    """First stage, per micro-batch: the embedding dropout mask (GPT-style models)."""
+    sp = sequence_parallel and tp > 1
+    sbh = model.seq_length * micro_batch * model.hidden_size
+    return sbh / (tp if sp else 1) if model.dropout else 0.0
+
+
+def chunk_activation_bytes(model: ModelSpec, plan: ParallelPlan, virtual_stage: int,
+                           flash_attention: bool = True) -> float:
+    """Bytes one micro-batch's forward stores on a rank of model chunk ``virtual_stage``:
+    its layers' (``plan.stage_layers``), plus the embedding's on virtual stage 0 and the
+    output layer's on the last."""
+    b, t, sp = plan.micro_batch_size, plan.tp, plan.sequence_parallel
+    per_layer = activation_bytes_per_layer(model, b, t, sp, plan.recompute, flash_attention)
+    total = plan.stage_layers(model)[virtual_stage] * per_layer
+    if virtual_stage == 0:
+        total += embedding_activation_bytes(model, b, t, sp)
+    if virtual_stage == plan.pp * plan.vpp - 1:
+        total += head_activation_bytes(model, b, t, sp)
+    return total
+
+
+def recompute_working_bytes(model: ModelSpec, plan: ParallelPlan) -> float:
+    """Under full recomputation, the one layer's full activations (as without recompute)
+    that a backward step holds while it re-runs that layer's forward; 0 otherwise."""
+    if plan.recompute != "full":
+        return 0.0
+    return activation_bytes_per_layer(model, plan.micro_batch_size, plan.tp, plan.sequence_parallel, "none")

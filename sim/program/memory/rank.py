@@ -1,0 +1,70 @@
+"""What one rank holds in all: the sums the simulator and the analytic estimate use.
+
+A rank of pipeline stage i holds, for its Ψ_i parameters over Nd data-parallel ranks:
+
+    resident      weights + gradients + optimizer states (ZeRO-sharded, ``states``)
+                  + the profile's reserve (CUDA context, allocator slack)
+    activations   each in-flight micro-batch's stored tensors (``activations``,
+                  ``inflight``)
+    temporaries   gradient buckets being reduced; ZeRO-3's gathered weights
+
+With the optimizer offloaded (ZeRO-Offload) the optimizer states live in host memory and
+the GPU holds none of them.
+
+The simulator's memory pass (``sim.program.training.add_memory``) starts each rank with
+``stage_resident_bytes`` and allocates ``chunk_activation_bytes`` per forward step; the
+passes add buckets and gathered weights as they run, so its peak comes out of the
+program. The analytic estimate (``sim.program.estimate``) adds the worst moment up
+instead: ``stage_memory_bytes`` is the model states, the activations in flight at the
+stage's peak and one DeepSpeed-default bucket (ZeRO ≥ 1) plus the layer in use and one
+prefetched (ZeRO-3), at data parallelism above 1.
+"""
+
+from __future__ import annotations
+
+from sim.inputs.model import ModelSpec, layer_params_per_rank
+from sim.inputs.plan import ParallelPlan
+from sim.program.memory.inflight import stage_activation_bytes
+from sim.program.memory.states import (
+    DEEPSPEED_REDUCE_BUCKET_ELEMS,
+    grad_bucket_bytes,
+    model_state_bytes,
+    stage_params_per_rank,
+    zero3_gathered_param_bytes,
+)
+
+
+def stage_resident_bytes(model: ModelSpec, plan: ParallelPlan, stage: int, reserve_bytes: float) -> dict:
+    """Bytes per category a rank of pipeline stage ``stage`` holds from the start of the
+    iteration: its sharded model states (none of the optimizer's when it is offloaded)
+    and ``reserve_bytes``."""
+    st = model_state_bytes(stage_params_per_rank(model, plan, stage), plan.dp, plan.zero_stage)
+    return {"parameters": st.params_bytes, "gradients": st.grads_bytes,
+            "optimizer": 0.0 if plan.offload_optimizer else st.optimizer_bytes,
+            "reserve": reserve_bytes}
+
+
+def zero_temporary_bytes(model: ModelSpec, plan: ParallelPlan, stage_params: float) -> float:
+    """The estimate's temporaries on a rank holding ``stage_params`` parameters: one
+    DeepSpeed-default gradient bucket (at most the rank's gradients) under ZeRO ≥ 1, and
+    ZeRO-3's gathered weights of the layer in use and one ahead, when dp > 1."""
+    z, dp = plan.zero_stage, plan.dp
+    temp = 0.0
+    if z >= 1 and dp > 1:
+        temp += grad_bucket_bytes(min(stage_params, float(DEEPSPEED_REDUCE_BUCKET_ELEMS)))
+    if z == 3 and dp > 1:
+        temp += zero3_gathered_param_bytes(layer_params_per_rank(model, plan.tp))
+    return temp
+
+
+def stage_memory_bytes(model: ModelSpec, plan: ParallelPlan, stage: int, flash_attention: bool = True) -> dict:
+    """The estimate's peak on a rank of pipeline stage ``stage``, bytes: weights,
+    gradients, optimizer, activations, temporaries and their total."""
+    params = stage_params_per_rank(model, plan, stage)
+    states = model_state_bytes(params, plan.dp, plan.zero_stage)
+    mem = {"weights": states.params_bytes, "gradients": states.grads_bytes,
+           "optimizer": states.optimizer_bytes,
+           "activations": stage_activation_bytes(model, plan, stage, flash_attention),
+           "temporaries": zero_temporary_bytes(model, plan, params)}
+    mem["total"] = sum(mem.values())
+    return mem

@@ -1,0 +1,159 @@
+"""Model states and the buffers that carry them: the bytes behind a rank's parameters.
+
+Model states (ZeRO, Rajbhandari et al. SC'20). Mixed-precision Adam keeps, per
+parameter, a 16-bit weight (2Ψ bytes), a 16-bit gradient (2Ψ) and K = 12 bytes of
+optimizer state (fp32 master weight, momentum, variance): 16Ψ in all. Over Nd
+data-parallel ranks ZeRO shards them as
+
+    stage 0:        2Ψ + 2Ψ + 12Ψ
+    stage 1 (P_os):     4Ψ + 12Ψ/Nd
+    stage 2 (P_os+g):   2Ψ + 14Ψ/Nd
+    stage 3 (P_os+g+p): 16Ψ/Nd
+
+where Ψ is the parameter count on the rank (its tensor- and pipeline-parallel shard,
+``stage_params_per_rank``). A rank runs the optimizer step over the parameters whose
+states it holds: Ψ, or Ψ/Nd from ZeRO-1 on (``optimizer_shard_params``).
+
+16-bit copies. Every buffer that carries weights or gradients takes 2 bytes per
+parameter:
+
+- a layer's gradient on one tensor-parallel rank, which is also the size of ZeRO-3's
+  all-gathered copy of its weights (``layer_param_bytes``: 2·layer parameters per rank
+  for a transformer layer, 2·(V + positions)·h/t for the embedding, 2·(norm + untied
+  output matrix)/t for the head);
+- ZeRO-1/2's all-gather of the updated weights after the step, 2Ψ in all
+  (``param_allgather_bytes``);
+- ZeRO-Offload (Ren et al., USENIX ATC 2021): the 16-bit gradient shard copied to the
+  host and the updated 16-bit weight shard copied back, 2Ψ/Nd each way
+  (``offload_copy_bytes``). The KΨ/Nd bytes of optimizer state then live in host
+  memory, not on the GPU.
+
+Temporaries (DeepSpeed's knobs). ZeRO-3 holds the full weights of the layer in use and
+of the layers prefetched ahead, at most ``stage3_max_live_parameters`` of them
+(``zero3_gathered_param_bytes``; the simulator's prefetch depth under that cap is
+``zero3_depth``). Gradients are reduced in buckets: DeepSpeed's ``reduce_bucket_size``
+elements in 16 bits (``grad_bucket_bytes``); the simulator's bucket is the plan's
+(``sync_bucket_bytes``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from sim.errors import require
+from sim.inputs.model import ModelSpec, layer_params_per_rank
+from sim.inputs.plan import ParallelPlan
+
+DEEPSPEED_REDUCE_BUCKET_ELEMS = 500_000_000
+"""DeepSpeed's default ``zero_optimization.reduce_bucket_size`` (elements)."""
+DEEPSPEED_MAX_LIVE_PARAMETERS = 1_000_000_000
+"""DeepSpeed's default ``zero_optimization.stage3_max_live_parameters``."""
+
+
+@dataclass(frozen=True)
+class ModelStates:
+    """Bytes of weights, gradients and optimizer states on one rank."""
+
+    params_bytes: float
+    grads_bytes: float
+    optimizer_bytes: float
+
+    @property
+    def total(self) -> float:
+        return self.params_bytes + self.grads_bytes + self.optimizer_bytes
+
+
+def model_state_bytes(num_params: float, dp: int = 1, zero_stage: int = 0, *, param_bytes: int = 2,
+                      grad_bytes: int = 2, optimizer_bytes: int = 12) -> ModelStates:
+    """Weights, gradients and Adam states of ``num_params`` parameters on one of ``dp``
+    ranks under ZeRO stage ``zero_stage`` (see the module doc)."""
+    require(num_params >= 0, "num_params", num_params, "expected a count >= 0")
+    require(isinstance(dp, int) and dp > 0, "dp", dp, "expected an integer > 0")
+    require(zero_stage in (0, 1, 2, 3), "zero_stage", zero_stage, "allowed: 0, 1, 2, 3")
+    p, g, o = param_bytes * num_params, grad_bytes * num_params, optimizer_bytes * num_params
+    return ModelStates(p / dp if zero_stage >= 3 else p,
+                       g / dp if zero_stage >= 2 else g,
+                       o / dp if zero_stage >= 1 else o)
+
+
+def optimizer_shard_params(num_params: float, dp: int, zero_stage: int) -> float:
+    """Parameters whose optimizer step one of ``dp`` ranks runs: all ``num_params``
+    without ZeRO, its 1/Nd shard from ZeRO-1 on."""
+    return num_params / dp if zero_stage >= 1 else num_params
+
+
+# ------------------------------------------------------------------ parameters
+def stage_params_per_rank(model: ModelSpec, plan: ParallelPlan, stage: int) -> float:
+    """Parameters one rank of pipeline stage ``stage`` holds (the layers of all its chunks,
+    as ``plan.stage_layers`` splits them, plus the embedding on the first stage and the
+    final norm and output layer on the last)."""
+    plan.check_model(model)
+    require(0 <= stage < plan.pp, "stage", stage, f"expected 0..{plan.pp - 1}")
+    t, h = plan.tp, model.hidden_size
+    layers = plan.stage_layers(model)
+    n = sum(layers[c * plan.pp + stage] for c in range(plan.vpp)) * layer_params_per_rank(model, t)
+    word = model.vocab_size * h / t                       # vocab-parallel table
+    if stage == 0:
+        pos = model.max_position_embeddings if model.position_embedding == "learned" else 0
+        n += word + pos * h
+    if stage == plan.pp - 1:
+        n += model.norm_params
+        if not model.tied_embeddings or plan.pp > 1:      # untied, or a tied copy on the last stage
+            n += word
+    return n
+
+
+# ------------------------------------------------------------- 16-bit copies
+def layer_param_bytes(model: ModelSpec, tp: int, layer: int) -> float:
+    """16-bit bytes of one layer's gradient (and of its gathered weights) on one of ``tp``
+    tensor-parallel ranks; ``layer`` -1 is the embedding, ``num_layers`` the head."""
+    if layer == -1:
+        return 2.0 * model.embedding_params / tp
+    if layer == model.num_layers:
+        return 2.0 * model.output_params / tp
+    return 2.0 * layer_params_per_rank(model, tp)
+
+
+def param_allgather_bytes(num_params: float) -> float:
+    """ZeRO-1/2: the updated 16-bit weights of ``num_params`` parameters, all-gathered
+    over the data-parallel group after the optimizer step (2Ψ)."""
+    return 2.0 * num_params
+
+
+def offload_copy_bytes(num_params: float, dp: int) -> float:
+    """ZeRO-Offload: the 16-bit gradient shard a rank copies to the host, and the 16-bit
+    weight shard it copies back, for ``num_params`` parameters over ``dp`` ranks (2Ψ/Nd)."""
+    return 2.0 * num_params / dp
+
+
+# ------------------------------------------------------------------ temporaries
+def zero3_gathered_param_bytes(layer_params: float, prefetch_layers: int = 1, param_bytes: int = 2,
+                               max_live_parameters: float = DEEPSPEED_MAX_LIVE_PARAMETERS) -> float:
+    """ZeRO-3: full (dp-gathered) weights of the layer in use and of ``prefetch_layers``
+    ahead, at most ``max_live_parameters`` (DeepSpeed ``stage3_max_live_parameters``)."""
+    require(prefetch_layers >= 0, "prefetch_layers", prefetch_layers, "expected an integer >= 0")
+    return param_bytes * min(layer_params * (1 + prefetch_layers), max(layer_params, max_live_parameters))
+
+
+def zero3_depth(model: ModelSpec, plan: ParallelPlan) -> int:
+    """Layers gathered ahead under ZeRO-3: the plan's depth, capped so that at most
+    ``zero3_max_live_parameters`` gathered parameters are alive at once."""
+    depth = plan.zero3_prefetch_depth
+    if plan.zero3_max_live_parameters is not None:
+        per_layer = layer_params_per_rank(model, plan.tp)
+        depth = min(depth, max(0, int(plan.zero3_max_live_parameters // per_layer) - 1))
+    return depth
+
+
+def grad_bucket_bytes(bucket_elems: float = DEEPSPEED_REDUCE_BUCKET_ELEMS, grad_bytes: int = 2) -> float:
+    """A gradient communication bucket (DeepSpeed ``reduce_bucket_size`` elements)."""
+    require(bucket_elems >= 0, "bucket_elems", bucket_elems, "expected a count >= 0")
+    return grad_bytes * bucket_elems
+
+
+def sync_bucket_bytes(plan: ParallelPlan) -> float:
+    """Bytes per gradient bucket the simulated sync packs: ZeRO-2/3's own reduce bucket
+    (``zero_bucket_size_bytes``) when set, else the DDP bucket (``bucket_size_bytes``)."""
+    if plan.zero_stage >= 2:
+        return plan.zero_bucket_size_bytes or plan.bucket_size_bytes
+    return plan.bucket_size_bytes
