@@ -173,6 +173,9 @@ def test_sweep_killed_by_sigint_leaves_a_valid_file_and_resume_finishes_it(tmp_p
         if results.exists() and len(results.read_text().splitlines()) >= 10:
             break
         time.sleep(0.02)
+    # Popen.send_signal skips a process that has exited: a sweep that finished first would
+    # look like one that ignored the signal (exit 0, nothing on stderr).
+    assert proc.poll() is None, f"the sweep finished before the signal was sent (exit {proc.returncode})"
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 130, err

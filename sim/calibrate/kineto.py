@@ -20,8 +20,9 @@ timeline plot draws like a simulated one. What becomes a span (``level``):
   (category from the collective's name: p2p ``pp``, others ``dp``), the rest on
   ``compute``;
 - ``annotations``: the ``record_function`` ranges (as the GPU ran them when the trace
-  has ``gpu_user_annotation`` events, else on the main CPU thread): the reference run's steps (``1F0``: compute, category F), ``pp ...`` (p2p), ``dp ...``
-  (gradient all-reduce) and ``optimizer``;
+  has ``gpu_user_annotation`` events, else on the main CPU thread): the reference run's
+  steps (``1F0``: compute, category F), ``pp ...`` (p2p), ``dp ...`` (gradient
+  all-reduce) and ``optimizer``;
 - ``auto``: kernels when the trace has any, else annotations, else top-level CPU ops.
 
 Time zero is the earliest span over all ranks (ranks of one host share a clock; across

@@ -18,8 +18,9 @@ one call. When CPU processes outnumber the cores (``Context.shared_cores``, e.g.
 on 2 cores) a sample lasts at least ``SHARED_SAMPLE_S``, several scheduler time slices:
 the median of sub-millisecond samples would pick the ones that ran on a core of their
 own and report a whole core's speed, while a training step, long enough to take its
-turns, runs at the share of a core each process gets. A failing worker becomes a ``CalibrationError`` with the worker's last error
-line, never a hang: the parent waits with a timeout.
+turns, runs at the share of a core each process gets. A failing worker becomes a
+``CalibrationError`` with the worker's last error line, never a hang: the parent waits
+with a timeout.
 """
 
 from __future__ import annotations

@@ -8,8 +8,9 @@ profile:
 
 - **GEMM**: every distinct (m, n, k, batch) the model and plan run (``workload_gemms``:
   forward, input-gradient and weight-gradient products of every layer, the embedding
-  and the logit layer, read from ``sim.program.workload`` so the shapes are the simulator's own,
-  each with the operand layout PyTorch gives it: ``x @ W.T``, ``dy @ W``, ``dy.T @ x``)
+  and the logit layer, read from ``sim.program.workload`` so the shapes are the
+  simulator's own, each with the operand layout PyTorch gives it: ``x @ W.T``,
+  ``dy @ W``, ``dy.T @ x``)
   plus a grid of squares and skinny shapes for the efficiency model's tile and k terms;
 - **attention**: ``torch.nn.functional.scaled_dot_product_attention`` (causal, as a GPT
   runs it) forward, and forward + backward, at the model's shape and a few more;

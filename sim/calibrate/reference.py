@@ -9,7 +9,8 @@ final LayerNorm, an untied output layer and the cross-entropy loss). Biases foll
 ``model.bias``; there is no dropout (build the spec with ``dropout=False``).
 
 An iteration runs the rank's steps of the *simulator's own schedule*
-(``sim.program.schedules.build_schedule``: GPipe or 1F1B), so both sides execute the same order.
+(``sim.program.schedules.build_schedule``: GPipe or 1F1B), so both sides execute the
+same order.
 Pipeline communication is torch.distributed point-to-point written here: after each
 step, its sends (activations forward, input gradients backward) are posted together
 with the receives the next step needs, as one ``batch_isend_irecv`` (what Megatron-LM's

@@ -18,8 +18,9 @@ figures cover every row.
 
 Machine speed. A probe GEMM (the model's largest) is timed on every rank before each
 timed iteration of the reference run; ``probe.slowdown`` is its median time over the
-time the profile predicts for it. Near 1 the machine ran as calibrated; well above 1 something
-else was using it, and the measured side is slower for that reason, not the model's.
+time the profile predicts for it. Near 1 the machine ran as calibrated; well above 1
+something else was using it, and the measured side is slower for that reason, not the
+model's.
 
 Element size. trainsim's workload counts 2-byte (bf16) elements. A GPU reference trains
 in bf16 and nothing changes; a CPU one trains in float32, which moves twice the bytes

@@ -37,9 +37,9 @@ the end), which would open a 1 µs gap between back-to-back kernels; rounding bo
 to the nearest microsecond here keeps adjacent kernels adjacent and every error under
 0.5 µs per boundary.
 
-What HTA then reports is what ``sim.results.metrics.rank_breakdown`` reports for the rank: its
-*compute* time is the union of the compute kernels (trainsim's ``compute_s``), its
-*non-compute* time the communication and copies not under compute (the sum of
+What HTA then reports is what ``sim.results.metrics.rank_breakdown`` reports for the
+rank: its *compute* time is the union of the compute kernels (trainsim's ``compute_s``),
+its *non-compute* time the communication and copies not under compute (the sum of
 ``exposed_comm_s``), its *idle* time the rest between the rank's first and last kernel,
 and its compute/communication overlap the share of NCCL-kernel time under compute
 (``comm_overlap_fraction``); the tests check this with HTA itself.

@@ -1,11 +1,11 @@
 """Measured and simulated timelines one above the other (``trainsim validate``'s PNG).
 
-Two Gantt panels on one time axis: the reference run as the profiler saw it on top,
-the simulation below, one lane per rank for compute and one for communication (all of
-a rank's p2p and collective streams merged; simulated communication drawn only while
-data moves). Colours are the timeline's (``sim.results.plot``), so a forward is the same blue
-in both panels and a bubble is a gap in both. Matplotlib comes through ``sim.results.plot``,
-which stays the only module that imports it.
+Two Gantt panels on one time axis: the reference run as the profiler saw it on top, the
+simulation below, one lane per rank for compute and one for communication (all of a
+rank's p2p and collective streams merged; simulated communication drawn only while data
+moves). Colours are the timeline's (``sim.results.plot``), so a forward is the same blue
+in both panels and a bubble is a gap in both. Matplotlib comes through
+``sim.results.plot``, which stays the only module that imports it.
 """
 
 from __future__ import annotations

@@ -59,11 +59,12 @@ from sim.program.workload import embedding_work, head_work, layer_work
 
 DEFAULT_MARGIN = 1.1
 """The estimate's error factor for pruning (see the module doc): how far below its bound
-a plan's simulated time may come (bound / simulated ≤ margin). Measured with ``experiments/bench_sweep.py`` (seed 1):
-over 180 valid plans (120 of an 8-layer GPT on 16 H100s, 60 of an 8-layer Llama-style
-model with grouped-query attention on 32), bound / simulated time ranged 0.22–0.943,
-median 0.82; 1.1 leaves about 17% above the largest. A larger value prunes less and is
-safer; ``math.inf`` simulates every plan that fits."""
+a plan's simulated time may come (bound / simulated ≤ margin). Measured with
+``experiments/bench_sweep.py`` (seed 1): over 180 valid plans (120 of an 8-layer GPT on
+16 H100s, 60 of an 8-layer Llama-style model with grouped-query attention on 32),
+bound / simulated time ranged 0.22–0.943, median 0.82; 1.1 leaves about 17% above the
+largest. A larger value prunes less and is safer; ``math.inf`` simulates every plan that
+fits."""
 
 PIPELINE_SCHEDULES = tuple(s for s in SCHEDULES if s not in ("interleaved", "custom"))
 PLAN_COLUMNS = ("dp", "tp", "pp", "vpp", "micro_batch_size", "zero_stage", "schedule", "recompute",
@@ -256,8 +257,9 @@ def candidates(model: ModelSpec, plans: list[ParallelPlan], profile: HardwarePro
 def search(cands: list[Candidate], simulate, *, margin: float = DEFAULT_MARGIN, exact: int = 2,
            wave: int = 16) -> SearchResult:
     """Prune ``cands`` (from ``candidates``) and simulate the survivors with
-    ``simulate(plans) -> records`` (one record per plan, in order; ``sim.studies.sweep.Runner.run``
-    gives them). ``cands`` are left as they are; the result holds copies."""
+    ``simulate(plans) -> records`` (one record per plan, in order;
+    ``sim.studies.sweep.Runner.run`` gives them). ``cands`` are left as they are; the
+    result holds copies."""
     require(isinstance(margin, (int, float)) and not math.isnan(margin) and margin >= 1, "search: margin",
             margin, "expected a number >= 1 (inf: no time pruning)")
     require(isinstance(exact, int) and exact >= 1, "search: exact", exact, "expected an integer >= 1")
