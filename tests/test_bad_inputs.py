@@ -786,7 +786,7 @@ def _writers():
     def png(path):
         fig, ax = plt.subplots()
         ax.plot([0, 1])
-        plot._save(fig, path)
+        plot.save_png(fig, path)
 
     return {
         "json": lambda p: export.write_json_atomic({"a": 1}, p),

@@ -122,8 +122,8 @@ def test_timeline_png_has_ranks_on_y_time_on_x_and_colours_by_kind(tmp_path, cap
     import sim.results.plot
 
     figs = []
-    real_save = sim.results.plot._save
-    monkeypatch.setattr(sim.results.plot, "_save", lambda fig, path: (figs.append(fig), real_save(fig, path))[1])
+    real_save = sim.results.plot.save_png
+    monkeypatch.setattr(sim.results.plot, "save_png", lambda fig, path: (figs.append(fig), real_save(fig, path))[1])
     assert main(["collective", "--gpus", "16", "--size", "16MiB", "--out", str(tmp_path), "--json"]) == 0
     summary = json.loads(capsys.readouterr().out)
     (fig,) = figs

@@ -150,7 +150,7 @@ def plot_timeline(trace: Trace, path: str | Path, title: str = "", lane_names: d
     if handles:
         ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.005, 1.0), fontsize=8, frameon=False)
     fig.tight_layout()
-    return _save(fig, path)
+    return save_png(fig, path)
 
 
 def save_png(fig, path: str | Path) -> Path:
@@ -166,8 +166,6 @@ def save_png(fig, path: str | Path) -> Path:
         plt.close(fig)
     return path
 
-
-_save = save_png  # what this module's figures go through (tests put a wrapper here to catch them)
 
 
 def plot_memory(trace: Trace, path: str | Path, ranks, lane_names: dict[int, str] | None = None,
@@ -209,7 +207,7 @@ def plot_memory(trace: Trace, path: str | Path, ranks, lane_names: dict[int, str
     axes[-1, 0].set_xlim(0, end_ms * 1.01)
     axes[0, 0].set_title(title or "memory over time", fontsize=10)
     fig.tight_layout()
-    return _save(fig, path)
+    return save_png(fig, path)
 
 
 def plot_pareto(points, path: str | Path, title: str = "", capacity_bytes: float | None = None) -> Path:
@@ -243,7 +241,7 @@ def plot_pareto(points, path: str | Path, title: str = "", capacity_bytes: float
     if points:
         ax.legend(fontsize=8, loc="lower left")
     fig.tight_layout()
-    return _save(fig, path)
+    return save_png(fig, path)
 
 
 # Parts of an iteration in ``plot_compare``: (row key, label, colour, hatch).
@@ -325,4 +323,4 @@ def plot_compare(rows: list[dict], path: str | Path, title: str = "") -> Path:
               frameon=False)
     fig.suptitle(title or "plans compared", fontsize=11)
     fig.tight_layout()
-    return _save(fig, path)
+    return save_png(fig, path)
