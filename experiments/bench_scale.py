@@ -57,16 +57,16 @@ def bare(n=200_000):  # events per second of a bare SimPy loop of timeouts
 
 _CHILD = _BARE + r"""
 import json, resource, sys, time
+from sim import session
 from sim.cli import build_parser
-from sim.commands import run as R
-from sim.commands._spec import model_from_args, plan_from_args
-from sim.inputs.hardware import load_profile
-from sim.session import simulate_training
+from sim.inputs.flags import given
+from sim.inputs.schema import RunSettings
 args = build_parser().parse_args(json.loads(sys.argv[1]))
 t0 = time.perf_counter()
-model = model_from_args(args); profile = load_profile(args.gpu); args.gpus = R._gpus(args)
-plan = plan_from_args(args, model); topo = R._cluster(args, plan.world_size, profile.name)
-run = simulate_training(model, plan, profile, topo, None, args.fidelity)
+prepared = session.prepare(RunSettings.from_values(given(args)))
+profile, topo = prepared.profile, prepared.topology
+run = session.simulate_training(prepared.model, prepared.plan, profile, topo, None,
+                                prepared.settings.simulation.fidelity)
 wall = time.perf_counter() - t0
 rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 stats = dict(run.trace.stats)
