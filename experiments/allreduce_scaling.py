@@ -30,7 +30,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import GB, GiB, MiB, dgx, fmt_bytes, md_table, parallel_map, parse_args, pyplot, save, time_collective  # noqa: E402,E501
 from common import write_csv, write_json, write_verdict  # noqa: E402
 
-from sim.engine.algorithms import PIPELINE_PIECE_BYTES, default_channels, ring_order  # noqa: E402
+from sim.engine.algorithms import PIPELINE_PIECE_BYTES, ring_order  # noqa: E402
+from sim.inputs.topology import default_channels  # noqa: E402
 from sim.inputs.hardware import load_profile  # noqa: E402
 
 NAME = "allreduce_scaling"

@@ -99,7 +99,7 @@ def simulate_training(model: ModelSpec, plan: ParallelPlan, profile: HardwarePro
                       coalesce_tp: bool = True, max_events: float | None = DEFAULT_MAX_EVENTS) -> TrainingRun:
     """Simulate one iteration of ``plan`` on ``topology`` and return the run
     (``fidelity``: "full", "reduced", or "auto": reduced above 256 GPUs). Plans over
-    ``max_events`` are refused up front (``sim.engine.limits``)."""
+    ``max_events`` are refused up front (``sim.program.limits``)."""
     if fidelity == "auto":
         fidelity = "reduced" if plan.world_size > AUTO_REDUCED_ABOVE_GPUS else "full"
     if plan.world_size > topology.num_gpus:

@@ -7,7 +7,7 @@ import pytest
 
 from sim.errors import InputError
 from sim.inputs.hardware import load_profile
-from sim.engine.limits import DEFAULT_MAX_EVENTS, check_size, estimate_events
+from sim.program.limits import DEFAULT_MAX_EVENTS, check_size, estimate_events
 from sim.inputs.model import gpt, preset
 from sim.inputs.plan import ParallelPlan
 from sim.inputs.topology_build import load_topology

@@ -73,6 +73,7 @@ def run(args) -> int:
     topo = load_topology("dgx-h100", nodes=args.nodes)
     gpus = topo.num_gpus
     from sim.inputs.hardware import load_profile
+    from sim.results.plot import plot_busbw, plot_timeline
 
     eff = load_profile("h100-sxm").link_efficiencies()  # achieved fractions of line rate
     rows = []
@@ -82,13 +83,11 @@ def run(args) -> int:
             trace, s = run_collective("allreduce", size, gpus, topo, algo, link_efficiency=eff)
             row[algo] = {"time_s": s["time_s"], "busbw_Bps": s["busbw_Bps"], "ib_bytes": s["bytes_by_link_kind"].get("ib", 0.0)}
             if size == 2**30:
-                from sim.results.plot import plot_timeline
-
                 write_chrome(trace, out / f"allreduce-{algo}.trace.json")
                 plot_timeline(trace, out / f"allreduce-{algo}.png", show_transfers=True, max_lanes=32,
                               title=f"all-reduce ({algo}) of 1 GiB on {gpus} GPUs, {topo.name}")
         rows.append(row)
-    _plot_busbw(rows, out / "allreduce-busbw.png", topo.name, gpus)
+    plot_busbw(rows, out / "allreduce-busbw.png", topo.name, gpus)
     result = {"topology": topo.name, "gpus": gpus, "rows": rows}
     write_json_atomic(result, out / "demo.json")
     if args.json:
@@ -106,26 +105,3 @@ def run(args) -> int:
           f" {r['ib_bytes'] / h['ib_bytes']:.2f}x fewer bytes over InfiniBand.")
     print(f"Wrote {out}/allreduce-ring.png, allreduce-hierarchical.png, allreduce-busbw.png, *.trace.json, demo.json")
     return 0
-
-
-def _plot_busbw(rows, path: Path, name: str, gpus: int) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    from sim.results.plot import save_png
-
-    fig, ax = plt.subplots(figsize=(8, 4.5), dpi=110)
-    sizes = [r["size_bytes"] for r in rows]
-    for algo, colour in (("ring", "#8172B3"), ("hierarchical", "#55A868")):
-        ax.plot(sizes, [r[algo]["busbw_Bps"] / 1e9 for r in rows], marker="o", color=colour, label=algo)
-    ax.set_xscale("log", base=2)
-    ax.set_xticks(sizes, [format_bytes(s).replace(".00", "") for s in sizes])
-    ax.set_xlabel("message size")
-    ax.set_ylabel("bus bandwidth (GB/s)")
-    ax.set_title(f"all-reduce bus bandwidth on {gpus} GPUs ({name})", fontsize=10)
-    ax.grid(linestyle=":", alpha=0.6)
-    ax.legend()
-    fig.tight_layout()
-    save_png(fig, path)

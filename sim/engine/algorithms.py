@@ -42,7 +42,7 @@ from dataclasses import dataclass
 
 from sim.program.actions import ALGOS, OPS
 from sim.errors import InputError
-from sim.inputs.topology import Topology
+from sim.inputs.topology import Topology, default_channels, ranks_by_node
 
 PIPELINE_PIECE_BYTES = 4 * 2**20
 """Hierarchical all-reduce: at least this much per pipelined piece."""
@@ -69,30 +69,15 @@ class Transfer:
     all its steps at once and pays each step's latency)."""
 
 
-def _by_node(topology: Topology, ranks) -> dict[int, list[int]]:
-    by_node: dict[int, list[int]] = {}
-    for r in ranks:
-        by_node.setdefault(topology.node_of(r), []).append(r)
-    return {h: sorted(v) for h, v in sorted(by_node.items())}
-
-
 def ring_order(topology: Topology, ranks, rotate: int = 0) -> list[int]:
     """Ranks ordered as a ring: by node, alternating direction inside successive nodes,
     each node's members rotated to start at position ``rotate`` (a channel's ring)."""
     order: list[int] = []
-    for k, members in enumerate(_by_node(topology, ranks).values()):
+    for k, members in enumerate(ranks_by_node(topology, ranks).values()):
         c = rotate % len(members)
         members = members[c:] + members[:c]
         order.extend(members if k % 2 == 0 else reversed(members))
     return order
-
-
-def default_channels(topology: Topology, ranks) -> int:
-    """Rings to run at once: one per group member on a node when the group spans nodes."""
-    groups = _by_node(topology, ranks)
-    if len(groups) < 2:
-        return 1
-    return min(len(v) for v in groups.values())
 
 
 class _Builder:
@@ -251,7 +236,7 @@ def _hierarchical_allreduce(b: _Builder, ranks: list[int], nbytes: float, topolo
     """Intra-node reduce-scatter, inter-node all-reduce per rail, intra-node all-gather,
     pipelined over ``chunks`` pieces of the buffer: piece j+1 enters a phase as soon as
     piece j has left it on the same connections, so the phases overlap."""
-    by_node = _by_node(topology, ranks)
+    by_node = ranks_by_node(topology, ranks)
     sizes = sorted(len(v) for v in by_node.values())
     if sizes[0] != sizes[-1]:
         raise InputError(

@@ -249,3 +249,20 @@ _KIND_ORDER = {"nvlink": 0, "pcie": 1, "ib": 2, "ethernet": 3}
 
 def _pick(candidates: list[str], h: int) -> str:
     return candidates[h % len(candidates)]
+
+
+def ranks_by_node(topology: Topology, ranks) -> dict[int, list[int]]:
+    """``ranks`` grouped by the node they are on, nodes and members in order."""
+    by_node: dict[int, list[int]] = {}
+    for r in ranks:
+        by_node.setdefault(topology.node_of(r), []).append(r)
+    return {h: sorted(v) for h, v in sorted(by_node.items())}
+
+
+def default_channels(topology: Topology, ranks) -> int:
+    """Rings a ring collective over ``ranks`` runs at once, as NCCL's channels: one per
+    group member on a node (one per NIC of a DGX node) when the group spans nodes, else one."""
+    groups = ranks_by_node(topology, ranks)
+    if len(groups) < 2:
+        return 1
+    return min(len(v) for v in groups.values())

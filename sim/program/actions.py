@@ -61,7 +61,7 @@ class Action:
     op: str = ""
     algo: str = "ring"
     channels: int = 0
-    """Rings a ring collective runs at once; 0 picks ``collectives.default_channels``."""
+    """Rings a ring collective runs at once; 0 picks ``sim.inputs.topology.default_channels``."""
     tag: str = ""
     category: str = ""
     """What the action is for, used for colours and metrics (e.g. F, B, W, tp, pp, dp)."""

@@ -131,7 +131,7 @@ def estimate(model: ModelSpec, plan: ParallelPlan, profile: HardwareProfile, *,
     psi = max(params)
     dp, z, dp_link = plan.dp, plan.zero_stage, links["dp"]
     # A dp group spanning nodes runs one ring per member on a node (NCCL channels), each
-    # through its own NIC (sim.engine.algorithms.default_channels).
+    # through its own NIC (sim.inputs.topology.default_channels).
     spanned = plan.max_nodes_spanned("dp", gpus_per_node)
     ch = (max(1, dp // spanned) if dp_channels is None else dp_channels) if dp_link == "ib" else 1
 

@@ -24,7 +24,7 @@ from sim.program.coalesce import coalesce, isolated_tp_pricer
 from sim.program.costs import cpu_optimizer_step_time, op_time, optimizer_step_time
 from sim.errors import InputError
 from sim.inputs.hardware import HardwareProfile
-from sim.engine.limits import DEFAULT_MAX_EVENTS, check_size
+from sim.program.limits import DEFAULT_MAX_EVENTS, check_size
 from sim.program.memory import (
     chunk_activation_bytes,
     layer_param_bytes,
@@ -133,7 +133,7 @@ def build_program(model: ModelSpec, plan: ParallelPlan, profile: HardwareProfile
     fabrics with tensor parallelism inside a node they use different rails).
 
     A plan whose simulation would exceed ``max_events`` SimPy events (None: no limit) is
-    refused before anything is built (``sim.engine.limits``).
+    refused before anything is built (``sim.program.limits``).
     """
     if fidelity not in FIDELITIES:
         raise InputError(f"fidelity: got {fidelity!r}; allowed: {', '.join(FIDELITIES)}")

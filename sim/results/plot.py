@@ -324,3 +324,23 @@ def plot_compare(rows: list[dict], path: str | Path, title: str = "") -> Path:
     fig.suptitle(title or "plans compared", fontsize=11)
     fig.tight_layout()
     return save_png(fig, path)
+
+
+def plot_busbw(rows, path: Path, name: str, gpus: int) -> Path:
+    """All-reduce bus bandwidth against message size, one line per algorithm (``rows``:
+    ``{"size_bytes", "ring": {"busbw_Bps"}, "hierarchical": {"busbw_Bps"}}``)."""
+    from sim.units import format_bytes
+
+    fig, ax = plt.subplots(figsize=(8, 4.5), dpi=110)
+    sizes = [r["size_bytes"] for r in rows]
+    for algo, colour in (("ring", "#8172B3"), ("hierarchical", "#55A868")):
+        ax.plot(sizes, [r[algo]["busbw_Bps"] / 1e9 for r in rows], marker="o", color=colour, label=algo)
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(sizes, [format_bytes(s).replace(".00", "") for s in sizes])
+    ax.set_xlabel("message size")
+    ax.set_ylabel("bus bandwidth (GB/s)")
+    ax.set_title(f"all-reduce bus bandwidth on {gpus} GPUs ({name})", fontsize=10)
+    ax.grid(linestyle=":", alpha=0.6)
+    ax.legend()
+    fig.tight_layout()
+    return save_png(fig, path)

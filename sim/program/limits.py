@@ -24,10 +24,8 @@ from __future__ import annotations
 import math
 
 from sim.errors import InputError
-
-DEFAULT_MAX_EVENTS = 100_000_000
-"""Largest simulation attempted without ``--max-events``: about 10-20 minutes of
-engine time and several GB of memory."""
+from sim.inputs.schema import DEFAULT_MAX_EVENTS
+from sim.inputs.topology import default_channels
 
 _EVENTS_PER_HOP = 3  # a transfer's latency, its finish and its completion (plus re-allocations if shared)
 _EVENTS_PER_COMPUTE = 1  # its timeout
@@ -57,7 +55,6 @@ def estimate_events(model, plan, fidelity: str = "full", topology=None, coalesce
     dp_rings = 1
     if fits:
         from sim.program.coalesce import isolated_tp_pricer
-        from sim.engine.algorithms import default_channels
 
         dp_rings = default_channels(topology, plan.groups("dp")[0]) if plan.dp > 1 else 1
         if coalesced is None:
