@@ -2,8 +2,8 @@
 
 ``core`` walks each rank's actions; ``network`` shares link bandwidth among flows;
 ``algorithms`` turns a collective into its transfers, and ``collectives`` runs them;
-``program_index`` flattens a program for the event loop; ``limits`` estimates a run's
-events before anything is built; ``invariants`` checks a finished run (debug mode).
+``program_index`` flattens a program for the event loop; ``invariants`` checks a
+finished run (debug mode).
 ``kernel`` is the event loop and the timed calls on SimPy's event queue: the only module
 that relies on how SimPy works inside. The only package that imports SimPy.
 """

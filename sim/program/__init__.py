@@ -6,6 +6,7 @@ time formula (kernels, collectives, the optimizer step, the analytic step terms)
 offload buffers, what each rank holds); ``schedules`` generates the pipeline schedule
 as per-rank actions (``actions``); ``passes`` and ``zero`` add communication and memory
 events, with the numbers from ``costs`` and ``memory``; ``training`` puts it all
-together as ``build_program``; ``estimate`` is the analytic (closed-form) twin.
+together as ``build_program``, after ``limits`` has estimated the events its simulation
+would take and refused an absurd one; ``estimate`` is the analytic (closed-form) twin.
 Pure functions: no SimPy, no matplotlib.
 """
