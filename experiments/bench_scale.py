@@ -1,8 +1,10 @@
 """Benchmark: how fast trainsim simulates production-size runs (issue "Speed and scale").
 
-For GPT-3 175B on 1,024 and 1,536 A100s (Megatron-LM plans: tp 8 x pp 16 x dp 8 and
+For the ZeRO paper's 7.5B model on 64 A100s (plain data parallelism, ZeRO-1, batch 64),
+GPT-3 175B on 1,024 and 1,536 A100s (Megatron-LM plans: tp 8 x pp 16 x dp 8 and
 tp 8 x pp 12 x dp 16, batch 1536) and Llama 3 405B on 8,192 and 16,384 H100s (tp 8 x
-pp 16, batch 2048 sequences of 8192 tokens), at reduced and full fidelity, it prints the
+pp 16, batch 2048 sequences of 8192 tokens), at reduced fidelity and at full fidelity
+under both collective models (flows and steps), it prints the
 wall time of one simulated iteration, the SimPy events processed, events per second and
 the peak RSS. Each case runs in a fresh process (so RSS is its own) with a time limit;
 cases over the limit are reported as such, not guessed. The engine's time is split into
@@ -15,6 +17,7 @@ shorter than a second (reduced fidelity: a few thousand events) is timed as the 
 loop is, best of 3 runs of the engine on the same program; a longer one, once.
 
     python experiments/bench_scale.py [--repeat 2] [--limit 600] [--only reduced|full] [--case TEXT]
+                                      [--collective-models flows,steps]
 
 Targets (benchmarks, not tests): reduced fidelity Llama 3 405B on 16,384 GPUs under
 10 s and 2 GB; full fidelity GPT-3 175B on 1,024 GPUs under 60 s; engine event rate at
@@ -32,6 +35,7 @@ import time
 
 CASES = [
     # name, model, gpu, nodes, tp, pp, global batch, extra flags
+    ("zero-7.5b 64xA100 dp", "zero-7.5b", "a100-80gb", 8, 1, 1, 64, ["--zero", "1"]),
     ("gpt3-175b 1024xA100", "gpt3-175b", "a100-80gb", 128, 8, 16, 1536, []),
     ("gpt3-175b 1536xA100", "gpt3-175b", "a100-80gb", 192, 8, 12, 1536, []),
     ("llama3-405b 8192xH100", "llama3-405b", "h100-sxm", 1024, 8, 16, 2048,
@@ -65,15 +69,16 @@ args = build_parser().parse_args(json.loads(sys.argv[1]))
 t0 = time.perf_counter()
 prepared = session.prepare(RunSettings.from_values(given(args)))
 profile, topo = prepared.profile, prepared.topology
-run = session.simulate_training(prepared.model, prepared.plan, profile, topo, None,
-                                prepared.settings.simulation.fidelity)
+sim_settings = prepared.settings.simulation
+run = session.simulate_training(prepared.model, prepared.plan, profile, topo, None, sim_settings.fidelity,
+                                max_events=None, collective_model=sim_settings.collective_model)
 wall = time.perf_counter() - t0
 rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 stats = dict(run.trace.stats)
 if stats["engine_loop_s"] < 1.0:  # a short loop: the engine's best of 3, as the bare loop's
     from sim.engine.core import simulate
     again = [simulate(run.program, topo, link_efficiency=profile.link_efficiencies(),
-                      fluid_collectives=args.fidelity == "reduced").stats for _ in range(2)]
+                      fluid_collectives=run.collective_model == "flows").stats for _ in range(2)]
     best = min([stats, *again], key=lambda s: s["engine_loop_s"])
     stats["engine_loop_s"], stats["engine_wall_s"] = best["engine_loop_s"], best["engine_wall_s"]
 print(json.dumps({"wall_s": wall, "iteration_s": run.trace.end_s, **stats, "rss_bytes": rss,
@@ -101,11 +106,11 @@ def engine_floor() -> dict:
     return json.loads(out.stdout)
 
 
-def run_case(case, fidelity: str, limit: float) -> dict:
+def run_case(case, fidelity: str, limit: float, collective_model: str = "flows") -> dict:
     name, model, gpu, nodes, tp, pp, gb, extra = case
     argv = ["run", "--model", model, "--gpu", gpu, "--nodes", str(nodes), "--tensor-model-parallel-size", str(tp),
             "--pipeline-model-parallel-size", str(pp), "--global-batch-size", str(gb), "--fidelity", fidelity,
-            "--bucket-size", "1GB", *extra]
+            "--collective-model", collective_model, "--bucket-size", "1GB", *extra]
     try:
         out = subprocess.run([sys.executable, "-c", _CHILD, json.dumps(argv)], capture_output=True, text=True,
                              timeout=limit)
@@ -122,6 +127,9 @@ def main() -> int:
     ap.add_argument("--limit", type=float, default=600, help="seconds allowed per run (default 600)")
     ap.add_argument("--only", choices=("reduced", "full"), help="one fidelity only")
     ap.add_argument("--case", default="", help="only the cases whose name contains this text (e.g. 1024xA100)")
+    ap.add_argument("--collective-models", default="flows,steps",
+                    help="collective models to run at full fidelity, comma-separated (default flows,steps; "
+                         "reduced fidelity always runs flows)")
     args = ap.parse_args()
     print("wall s: one simulated iteration end to end (topology, program, engine); set-up s: the engine's")
     print("indexing of the program, routing and collective planning before the clock starts; loop s: its")
@@ -130,7 +138,9 @@ def main() -> int:
     print("timeouts run in the same process right after (best of 3); +trace: the same ratio over the loop")
     print("and the trace assembly together;")
     print("entries: SimPy queue entries (timed calls due at one instant share one: sim.engine.kernel.Calls)")
-    print(f"{'case':<24} {'fidelity':<8} {'wall s':>7} {'set-up s':>8} {'loop s':>7} {'trace s':>7} {'events':>11} "
+    models = [m for m in args.collective_models.split(",") if m]
+    print("model: the collective model (flows: a ring hop is one flow; steps: 2(n-1) lock-step rounds)")
+    print(f"{'case':<24} {'fidelity':<8} {'model':<6} {'wall s':>7} {'set-up s':>8} {'loop s':>7} {'trace s':>7} {'events':>11} "
           f"{'entries':>10} {'events/s':>9} {'vs bare':>7} {'+trace':>6} {'RSS MB':>7} {'iteration s':>11}")
 
     def rates(runs):
@@ -141,23 +151,23 @@ def main() -> int:
 
     floors = [engine_floor() for _ in range(args.repeat)]
     fmed = lambda key: statistics.median(r[key] for r in floors)  # noqa: E731
-    print(f"{'compute actions only':<24} {'-':<8} {'':>7} {'':>8} {fmed('engine_loop_s'):7.2f} "
+    print(f"{'compute actions only':<24} {'-':<8} {'-':<6} {'':>7} {'':>8} {fmed('engine_loop_s'):7.2f} "
           f"{fmed('engine_wall_s') - fmed('engine_loop_s'):7.2f} {floors[0]['events']:11,d} "
           f"{floors[0]['queue_entries']:10,d} {rates(floors)}", flush=True)
     for case in (c for c in CASES if args.case in c[0]):
-        for fidelity in ("reduced", "full"):
+        for fidelity, model in [("reduced", "flows")] + [("full", m) for m in models]:
             if args.only and fidelity != args.only:
                 continue
-            runs = [run_case(case, fidelity, args.limit) for _ in range(args.repeat)]
+            runs = [run_case(case, fidelity, args.limit, model) for _ in range(args.repeat)]
             done = [r for r in runs if "skipped" not in r]
             if not done:
-                print(f"{case[0]:<24} {fidelity:<8} skipped: {runs[0]['skipped']}")
+                print(f"{case[0]:<24} {fidelity:<8} {model:<6} skipped: {runs[0]['skipped']}")
                 continue
             med = lambda key: statistics.median(r[key] for r in done)  # noqa: E731
             ev = done[0]["events"]
             rss = max(r["rss_bytes"] for r in done) / 2**20
             trace_s = statistics.median(r["engine_wall_s"] - r["engine_loop_s"] for r in done)
-            print(f"{case[0]:<24} {fidelity:<8} {med('wall_s'):7.2f} {med('engine_setup_s'):8.2f} "
+            print(f"{case[0]:<24} {fidelity:<8} {model:<6} {med('wall_s'):7.2f} {med('engine_setup_s'):8.2f} "
                   f"{med('engine_loop_s'):7.2f} {trace_s:7.2f} {ev:11,d} {done[0]['queue_entries']:10,d} {rates(done)} {rss:7.0f} "
                   f"{done[0]['iteration_s']:11.3f}", flush=True)
     return 0

@@ -17,14 +17,14 @@ from pathlib import Path
 
 from sim.program.actions import Program
 from sim.program.schedules import Schedule
-from sim.program.training import AUTO_REDUCED_ABOVE_GPUS, build_program
+from sim.program.training import build_program
 from sim.engine.core import gc_paused, simulate
 from sim.errors import InputError
 from sim.inputs.hardware import HardwareProfile, load_profile
 from sim.inputs.model import ModelSpec
 from sim.inputs.plan import ParallelPlan
 from sim.inputs.resolve import model_from_settings, plan_from_settings, topology_from_settings
-from sim.inputs.schema import DEFAULT_MAX_EVENTS, PlanSettings, RunSettings
+from sim.inputs.schema import AUTO_FULL_FIDELITY_EVENTS, DEFAULT_MAX_EVENTS, PlanSettings, RunSettings
 from sim.inputs.topology import Topology
 from sim.results.summary import summarize
 from sim.results.trace import Trace
@@ -45,6 +45,9 @@ class TrainingRun:
     program: Program
     trace: Trace
     fidelity: str = "full"
+    fidelity_reason: str = ""
+    """Why this fidelity ran (asked for, or what ``auto`` weighed)."""
+    collective_model: str = "flows"
 
 
 @dataclass(frozen=True)
@@ -96,30 +99,48 @@ def prepare(settings: RunSettings, model: ModelSpec | None = None, plan: Paralle
 
 def simulate_training(model: ModelSpec, plan: ParallelPlan, profile: HardwareProfile, topology: Topology,
                       schedule: Schedule | None = None, fidelity: str = "full",
-                      coalesce_tp: bool = True, max_events: float | None = DEFAULT_MAX_EVENTS) -> TrainingRun:
-    """Simulate one iteration of ``plan`` on ``topology`` and return the run
-    (``fidelity``: "full", "reduced", or "auto": reduced above 256 GPUs). Plans over
-    ``max_events`` are refused up front (``sim.program.limits``)."""
-    if fidelity == "auto":
-        fidelity = "reduced" if plan.world_size > AUTO_REDUCED_ABOVE_GPUS else "full"
+                      coalesce_tp: bool = True, max_events: float | None = DEFAULT_MAX_EVENTS,
+                      collective_model: str = "flows") -> TrainingRun:
+    """Simulate one iteration of ``plan`` on ``topology`` and return the run.
+
+    ``fidelity``: "full", "reduced", or "auto" (``choose_fidelity``). ``collective_model``:
+    "flows" or "steps" (reduced fidelity always runs flows). Plans over ``max_events`` are
+    refused up front (``sim.program.limits``)."""
     if plan.world_size > topology.num_gpus:
         raise InputError(
             f"plan: needs dp x tp x pp = {plan.dp} x {plan.tp} x {plan.pp} = {plan.world_size} GPUs; "
             f"topology {topology.name} has {topology.num_gpus}"
         )
+    reason = f"asked for ({fidelity})"
+    if fidelity == "auto":
+        fidelity, reason = choose_fidelity(model, plan, topology, collective_model)
+    flows = collective_model == "flows" or fidelity == "reduced"
     with gc_paused():
         schedule, prog = build_program(model, plan, profile, schedule, fidelity, topology.gpus_per_node, topology,
-                                       coalesce_tp, max_events)
-    trace = simulate(prog, topology, link_efficiency=profile.link_efficiencies(),
-                     fluid_collectives=fidelity == "reduced")
-    return TrainingRun(model, plan, profile, topology, schedule, prog, trace, fidelity)
+                                       coalesce_tp, max_events, collective_model)
+    trace = simulate(prog, topology, link_efficiency=profile.link_efficiencies(), fluid_collectives=flows)
+    return TrainingRun(model, plan, profile, topology, schedule, prog, trace, fidelity, reason,
+                       "flows" if flows else "steps")
+
+
+def choose_fidelity(model: ModelSpec, plan: ParallelPlan, topology: Topology,
+                    collective_model: str = "flows") -> tuple[str, str]:
+    """What ``fidelity = "auto"`` runs, and why: every GPU when the estimated events of a
+    full-fidelity run fit in ``AUTO_FULL_FIDELITY_EVENTS``, else one GPU per stage."""
+    from sim.program.limits import estimate_events
+
+    events = estimate_events(model, plan, "full", topology, collective_model=collective_model)["events"]
+    if events <= AUTO_FULL_FIDELITY_EVENTS:
+        return "full", f"auto: about {events:.2g} events at full fidelity, within {AUTO_FULL_FIDELITY_EVENTS:.2g}"
+    return "reduced", f"auto: about {events:.2g} events at full fidelity, over {AUTO_FULL_FIDELITY_EVENTS:.2g}"
 
 
 def run(prepared: Prepared) -> tuple[TrainingRun, dict]:
     """Simulate what ``prepare`` built; returns the run and its JSON summary."""
     sim_settings = prepared.settings.simulation
     training_run = simulate_training(prepared.model, prepared.plan, prepared.profile, prepared.topology,
-                                     prepared.schedule, sim_settings.fidelity, max_events=sim_settings.event_limit)
+                                     prepared.schedule, sim_settings.fidelity, max_events=sim_settings.event_limit,
+                                     collective_model=sim_settings.collective_model)
     return training_run, summarize(training_run)
 
 

@@ -1,6 +1,7 @@
 """Resource limits: absurd plans are refused up front with the estimate; the estimate
 tracks the events real runs process (within a factor of four, as sim/limits.py says)."""
 
+import json
 import time
 
 import pytest
@@ -77,7 +78,10 @@ def test_the_command_line_refuses_an_absurd_plan_with_the_estimate(capsys, tmp_p
     rc, out, err = _cli(capsys, "run", "--model", "llama2-7b", "--gpu", "h100-sxm", "--nodes", "1",
                         "--global-batch-size", str(8 * 10**9), "--out", str(tmp_path / "o"))
     assert rc == 2 and out == "" and len(err) == 1
-    assert err[0].startswith("trainsim: error: plan: this simulation would process about 5.3e+11 events")
+    # Absurd at any fidelity: auto falls back to reduced (one GPU: pp = 1), whose estimate is
+    # 2e9 steps (1e9 micro-batches, forward and backward) x 33 compute events (32 layers and
+    # the embedding or head) = 6.6e10, and refuses that.
+    assert err[0].startswith("trainsim: error: plan: this simulation would process about 6.6e+10 events")
     assert not (tmp_path / "o").exists()
 
 
@@ -107,3 +111,29 @@ def test_an_absurd_cluster_is_refused_before_it_is_built(capsys):
     rc, _, err = _cli(capsys, "run", "--model", "llama2-7b", "--gpu", "h100-sxm", "--nodes", "1000000",
                       "--global-batch-size", "1000000", "--tensor-model-parallel-size", "8")
     assert rc == 2 and len(err) == 1 and "trainsim builds clusters of up to 131,072 GPUs" in err[0]
+
+
+def test_the_zero_papers_7_5b_on_64_gpus_runs_with_default_flags_and_says_which_fidelity(capsys):
+    # Plain data parallelism over 8 nodes: a ring of 64 ranks per bucket. As lock-step
+    # rounds that was about 1.1e8 events and refused; as flows it is a few million.
+    rc, out, err = _cli(capsys, "run", "--num-layers", "36", "--hidden-size", "4096", "--num-attention-heads", "32",
+                        "--vocab-size", "51200", "--seq-length", "2048", "--gpu", "a100-80gb", "--nodes", "8",
+                        "--global-batch-size", "64", "--zero", "1", "--json")
+    assert rc == 0 and err == []
+    s = json.loads(out)
+    assert s["gpus"] == 64 and s["plan"]["dp"] == 64 and s["collective_model"] == "flows"
+    assert s["fidelity"] in ("full", "reduced") and s["fidelity_reason"].startswith(f"auto: about ")
+
+
+def test_auto_fidelity_is_chosen_by_the_estimated_events_not_the_gpu_count():
+    from sim.inputs.schema import AUTO_FULL_FIDELITY_EVENTS
+    from sim.session import choose_fidelity
+
+    topo = load_topology("dgx-h100", nodes=64)
+    small = ParallelPlan(dp=512, global_batch_size=512)  # 512 GPUs, one micro-batch each
+    big = ParallelPlan(dp=8, global_batch_size=8 * 32768)  # 8 GPUs, 32,768 micro-batches each
+    for plan, want in ((small, "full"), (big, "reduced")):
+        events = estimate_events(SMALL, plan, "full", topo)["events"]
+        assert (events <= AUTO_FULL_FIDELITY_EVENTS) == (want == "full"), (plan, events)
+        fidelity, why = choose_fidelity(SMALL, plan, topo)
+        assert fidelity == want and f"{events:.2g} events" in why

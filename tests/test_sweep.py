@@ -81,7 +81,8 @@ def test_local_records_are_those_of_trainsim_run_and_do_not_depend_on_the_worker
     from sim.session import summarize
     from sim.session import simulate_training
 
-    assert local_records[3]["summary"] == summarize(simulate_training(TINY, PLANS[3], H100, CTX.topology()))
+    assert local_records[3]["summary"] == summarize(simulate_training(TINY, PLANS[3], H100, CTX.topology(),
+                                                                    fidelity="auto"))
 
 
 def test_a_dask_local_cluster_gives_the_local_executors_records(local_records, tmp_path, monkeypatch):

@@ -17,6 +17,7 @@ from sim.program.actions import Action, Program
 from sim.engine.algorithms import ALGOS, OPS
 from sim.engine.core import simulate
 from sim.errors import InputError
+from sim.inputs.schema import COLLECTIVE_MODELS
 from sim.results.export import write_chrome, write_json_atomic
 from sim.fileio import check_output_dir
 from sim.inputs.topology_build import FABRICS, OVERSUBSCRIPTION, FabricSpec, load_topology
@@ -51,6 +52,9 @@ def add_arguments(p) -> None:
     p.add_argument("--fabric", default=None, help=f"inter-node fabric: {' | '.join(FABRICS)} (default rail)")
     p.add_argument("--oversubscription", type=OVERSUBSCRIPTION, default=None, help="leaf uplink oversubscription (default 1)")
     p.add_argument("--algo", default="ring", help=f"{' | '.join(ALGOS)} (default ring)")
+    p.add_argument("--collective-model", choices=COLLECTIVE_MODELS, default="flows",
+                   help="flows: each ring hop one flow for the whole collective; steps: 2(n-1) lock-step rounds "
+                        "(default flows; the timeline shows each step with steps)")
     p.add_argument("--channels", type=POSITIVE_INT, default=None,
                    help="rings run at once by ring algorithms (default: GPUs per node when the group spans nodes, else 1)")
     p.add_argument("--gpu", default=None,
@@ -76,9 +80,10 @@ def _topology(args):
 
 
 def run_collective(op: str, nbytes: int, gpus: int, topo, algo: str = "ring", channels: int | None = None,
-                   link_efficiency: dict[str, float] | None = None):
+                   link_efficiency: dict[str, float] | None = None, collective_model: str = "flows"):
     """Simulate one collective on ranks 0..gpus-1 of ``topo``; return (trace, summary dict).
-    ``link_efficiency`` scales link kinds' line rates (a profile's achieved fractions)."""
+    ``link_efficiency`` scales link kinds' line rates (a profile's achieved fractions);
+    ``collective_model`` is "flows" or "steps" (``sim.engine.algorithms``)."""
     if gpus > topo.num_gpus:
         raise InputError(f"--gpus: got {gpus}; topology {topo.name} has only {topo.num_gpus} GPUs")
     if op == "sendrecv":
@@ -95,14 +100,14 @@ def run_collective(op: str, nbytes: int, gpus: int, topo, algo: str = "ring", ch
             raise InputError(f"--channels: got {channels}; expected an integer >= 1")
         prog = Program({r: [Action(op, kind="collective", op=op, group=group, nbytes=nbytes, algo=algo,
                                    channels=channels or 0)] for r in group})
-    trace = simulate(prog, topo, link_efficiency=link_efficiency)
+    trace = simulate(prog, topo, link_efficiency=link_efficiency, fluid_collectives=collective_model == "flows")
     t = trace.end_s
     # A zero time happens only for an empty buffer on zero-latency links (or links of
     # infinite bandwidth): report no bandwidth rather than a division by zero.
     algbw = nbytes / t if t > 0 else (0.0 if nbytes == 0 else math.inf)
     n = 2 if op == "sendrecv" else gpus
     summary = {
-        "op": op, "algo": algo, "size_bytes": nbytes, "gpus": gpus, "topology": topo.name,
+        "op": op, "algo": algo, "collective_model": collective_model, "size_bytes": nbytes, "gpus": gpus, "topology": topo.name,
         "nodes": topo.num_nodes, "time_s": t, "algbw_Bps": algbw, "busbw_Bps": algbw * bus_factor(op, n),
         "bytes_by_link_kind": trace.bytes_by_link_kind(), "transfers": len(trace.transfers),
         "link_efficiency": dict(link_efficiency or {}),
@@ -128,7 +133,7 @@ def run(args) -> int:
         from sim.inputs.hardware import load_profile
 
         eff = load_profile(gpu, flag="--gpu").link_efficiencies()
-    trace, summary = run_collective(op, nbytes, gpus, topo, args.algo, args.channels, eff)
+    trace, summary = run_collective(op, nbytes, gpus, topo, args.algo, args.channels, eff, args.collective_model)
     if args.out:
         out = Path(args.out)
         from sim.results.plot import plot_timeline
@@ -142,7 +147,7 @@ def run(args) -> int:
         print(json.dumps({k: (None if isinstance(v, float) and not math.isfinite(v) else v)
                           for k, v in summary.items()}, sort_keys=True))
         return 0
-    print(f"{op} ({args.algo}) of {format_bytes(nbytes)} on {gpus} GPUs of {topo.describe()}")
+    print(f"{op} ({args.algo}, {args.collective_model}) of {format_bytes(nbytes)} on {gpus} GPUs of {topo.describe()}")
     print("  links at " + (", ".join(f"{k} {v:.0%}" for k, v in sorted(eff.items())) + f" of line rate ({gpu})"
                            if eff else "line rate"))
     print(f"  time   {format_time(summary['time_s'])}")

@@ -85,6 +85,10 @@ def _print(s: dict, run: session.TrainingRun) -> None:
     if run.fidelity == "reduced":
         print(f"fidelity: reduced ({s['simulated_gpus']} GPUs simulated, one per pipeline stage; the others are shadows"
               " in its collectives)")
+    elif run.fidelity_reason.startswith("auto"):
+        print("fidelity: full (every GPU simulated)")
+    if run.fidelity_reason.startswith("auto"):
+        print(f"  chosen by {run.fidelity_reason}")
     print(f"plan: dp {plan.dp} x tp {plan.tp} x pp {plan.pp}{f' (vpp {plan.vpp})' if plan.vpp > 1 else ''}, "
           f"schedule {s['schedule']}, micro-batch {plan.micro_batch_size} x {plan.num_microbatches}, "
           f"global batch {plan.global_batch_size}, recompute {plan.recompute}, ZeRO-{plan.zero_stage}, "

@@ -30,6 +30,15 @@ starting at local GPU c, so the inter-node hops of different channels use differ
 rails and every NIC carries traffic. Inside one node, or with ``channels=1``, it is the
 single ring above; on an uncontended node, k channels take exactly as long as one.
 
+Flows (the default collective model; ``fluid=True`` here): each hop of each ring channel
+is one flow that carries all its steps' bytes, 2(n−1)/n·S/k for an all-reduce, in at
+most ``FLOW_PIECES`` transfers one after another, each paying its steps' share of the
+latencies; every hop starts at once and the collective ends with its last hop. On an
+uncontended ring that is exactly the step-by-step time above, with n·k·FLOW_PIECES
+transfers instead of 2(n−1)·n·k; under contention each hop shares its links max-min
+fairly for as long as it runs (a hop on fast links may finish before the ring's slowest,
+where lock-step rounds would pace it).
+
 Broadcast is a pipelined chain from the root along each channel's ring: the buffer is
 cut into pieces of at least ``BROADCAST_PIECE_BYTES`` (at most 8(n−2) of them) and piece
 j+1 follows piece j hop by hop, so a large broadcast runs near the link bandwidth.
@@ -40,7 +49,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from sim.program.actions import ALGOS, OPS
+from sim.program.actions import ALGOS, FLOW_PIECES, OPS
 from sim.errors import InputError
 from sim.inputs.topology import Topology, default_channels, ranks_by_node
 
@@ -52,7 +61,6 @@ that keeps a 1 GiB broadcast to about as many transfers as a 1 GiB ring all-redu
 BROADCAST_PIECES_PER_HOP = 8
 """A chain broadcast over n ranks uses at most this many pieces per hop beyond the first,
 8(n−2): filling and draining the pipeline then costs at most 1/8 of S/B."""
-FLUID_PIECES = 4  # transfers per ring hop in the fluid model
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,9 +111,9 @@ class _Builder:
         n = len(order)
         ready, after = ready or {}, after or {}
         if self.fluid:
-            # Each ring hop carries its steps in at most FLUID_PIECES transfers, each of
+            # Each ring hop carries its steps in at most FLOW_PIECES transfers, each of
             # several steps' bytes paying their latencies, one after another.
-            pieces = min(nsteps, FLUID_PIECES)
+            pieces = min(nsteps, FLOW_PIECES)
             recv, sends = {}, {}
             for i, r in enumerate(order):
                 dst = order[(i + 1) % n]

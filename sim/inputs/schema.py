@@ -36,6 +36,14 @@ DEFAULT_MAX_EVENTS = 100_000_000
 """Largest simulation attempted without ``--max-events``: about 10-20 minutes of
 engine time and several GB of memory."""
 FIDELITIES = ("auto", "full", "reduced")
+AUTO_FULL_FIDELITY_EVENTS = 2_000_000
+"""``fidelity = "auto"`` simulates every GPU when the estimated events of doing so
+(``sim.program.limits``, a rough and usually high count) fit in this, which keeps a
+default run to seconds; one GPU per pipeline stage otherwise."""
+COLLECTIVE_MODELS = ("flows", "steps")
+"""How the engine runs a ring collective: ``flows``, each hop of each channel one flow
+carrying all its steps' bytes while the collective runs, every hop at once; or ``steps``,
+2(n-1) lock-step rounds of n transfers (``sim.engine.algorithms``)."""
 
 
 @dataclass(frozen=True)
@@ -234,8 +242,13 @@ class SimulationSettings:
     GROUP: ClassVar[str | None] = None
 
     fidelity: str = setting("auto", help="full: every GPU; reduced: one GPU per pipeline stage, the others as "
-                                         "shadows in its collectives (default auto: reduced above 256 GPUs)",
+                                         "shadows in its collectives (default auto: full when its estimated events "
+                                         f"fit in {AUTO_FULL_FIDELITY_EVENTS:.0e}, else reduced)",
                             choices=FIDELITIES)
+    collective_model: str = setting(
+        "flows", help="flows: each ring hop one flow carrying its share of the bytes while the collective runs "
+                      "(events grow with n); steps: 2(n-1) lock-step rounds of n transfers (default flows; reduced "
+                      "fidelity always runs flows)", choices=COLLECTIVE_MODELS)
     max_events: float = setting(
         DEFAULT_MAX_EVENTS, help="refuse a plan whose simulation would process more SimPy events than this, "
                                  f"estimated before anything is built (default {DEFAULT_MAX_EVENTS:.0e}, about half "

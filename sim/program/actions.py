@@ -40,6 +40,9 @@ OPS = ("allreduce", "reducescatter", "allgather", "broadcast", "alltoall", "send
 """Collective operations an action may name (``sim.engine.algorithms`` builds each)."""
 ALGOS = ("ring", "hierarchical")
 """Collective algorithms."""
+FLOW_PIECES = 4
+"""Transfers a ring hop's flow is cut into under the ``flows`` collective model (each pays
+its share of the steps' latencies; ``sim.engine.algorithms``)."""
 KINDS = ("compute", "comm", "send", "recv", "collective", "copy")
 
 Ref = tuple[int, str]

@@ -26,26 +26,31 @@ import math
 from sim.errors import InputError
 from sim.inputs.schema import DEFAULT_MAX_EVENTS
 from sim.inputs.topology import default_channels
+from sim.program.actions import FLOW_PIECES
 
 _EVENTS_PER_HOP = 3  # a transfer's latency, its finish and its completion (plus re-allocations if shared)
 _EVENTS_PER_COMPUTE = 1  # its timeout
 _EVENTS_PER_P2P = 3  # one transfer: the two sides meet without an event
 
 
-def _ring_hops(n: int, op: str) -> int:
-    """Transfers one rank takes part in during a ring collective over ``n`` ranks."""
+def _ring_hops(n: int, op: str, flows: bool = True) -> int:
+    """Transfers one rank sends during a ring collective over ``n`` ranks: one per step
+    (2(n-1) for all-reduce, n-1 otherwise), or as flows at most ``FLOW_PIECES``."""
     if n <= 1:
         return 0
-    return 2 * (n - 1) if op == "allreduce" else n - 1
+    steps = 2 * (n - 1) if op == "allreduce" else n - 1
+    return min(steps, FLOW_PIECES) if flows else steps
 
 
-def estimate_events(model, plan, fidelity: str = "full", topology=None, coalesced: bool | None = None) -> dict:
+def estimate_events(model, plan, fidelity: str = "full", topology=None, coalesced: bool | None = None,
+                    collective_model: str = "flows") -> dict:
     """The estimate and its parts: ``events``, ``simulated_gpus``, ``steps_per_gpu``,
     ``events_per_step``, ``sync_events_per_gpu``. With the ``topology``, collectives
     count their rings (NCCL channels) and tensor-parallel collectives that will be
     coalesced count as one action (``sim.program.coalesce``; ``coalesced`` says so when the
-    caller knows already)."""
+    caller knows already). Reduced fidelity always runs rings as flows."""
     reduced = fidelity == "reduced"
+    flows = collective_model == "flows" or reduced
     gpus = plan.pp if reduced else plan.world_size
     m, vpp = plan.num_microbatches, plan.vpp
     kinds = 3 if plan.schedule in ("zb-h1", "zb-h2") else 2
@@ -62,13 +67,13 @@ def estimate_events(model, plan, fidelity: str = "full", topology=None, coalesce
     coalesced = bool(coalesced)
     per_layer = _EVENTS_PER_COMPUTE
     if plan.tp > 1 and not coalesced:  # two collectives per layer and step
-        per_layer += 2 * _ring_hops(plan.tp, "allreduce") * _EVENTS_PER_HOP
+        per_layer += 2 * _ring_hops(plan.tp, "allreduce", flows) * _EVENTS_PER_HOP
     elif plan.tp > 1 and plan.dp > 1 and plan.zero_stage >= 2:  # coalesced, but per layer
         per_layer += _EVENTS_PER_COMPUTE
     if plan.dp > 1 and plan.zero_stage == 3:
-        per_layer += _ring_hops(plan.dp, "allgather") * dp_rings * _EVENTS_PER_HOP
+        per_layer += _ring_hops(plan.dp, "allgather", flows) * dp_rings * _EVENTS_PER_HOP
     if plan.dp > 1 and plan.zero_stage == 2:  # a reduce-scatter per layer in each backward step
-        per_layer += _ring_hops(plan.dp, "reducescatter") * dp_rings * _EVENTS_PER_HOP / kinds
+        per_layer += _ring_hops(plan.dp, "reducescatter", flows) * dp_rings * _EVENTS_PER_HOP / kinds
     if coalesced and not (plan.dp > 1 and plan.zero_stage >= 2):  # a step is one compute and one comm
         per_step = 2 * _EVENTS_PER_COMPUTE + layers * (per_layer - _EVENTS_PER_COMPUTE)
     else:
@@ -78,20 +83,20 @@ def estimate_events(model, plan, fidelity: str = "full", topology=None, coalesce
     if plan.dp > 1:
         grad_bytes = 2.0 * model.num_params / (plan.tp * plan.pp)
         buckets = max(1.0, grad_bytes / max(plan.bucket_size_bytes, 1))
-        sync = buckets * _ring_hops(plan.dp, "allreduce") * dp_rings * _EVENTS_PER_HOP
+        sync = buckets * _ring_hops(plan.dp, "allreduce", flows) * dp_rings * _EVENTS_PER_HOP
     events = gpus * (steps * per_step + sync)
     return {"events": events, "simulated_gpus": gpus, "steps_per_gpu": steps, "events_per_step": per_step,
             "sync_events_per_gpu": sync}
 
 
 def check_size(model, plan, fidelity: str = "full", max_events: float | None = DEFAULT_MAX_EVENTS,
-               topology=None, coalesced: bool | None = None) -> dict:
+               topology=None, coalesced: bool | None = None, collective_model: str = "flows") -> dict:
     """Raise ``InputError`` when the simulation would exceed ``max_events`` (None: no
     limit); otherwise return the estimate."""
     if max_events is not None and (isinstance(max_events, bool) or not isinstance(max_events, (int, float))
                                    or math.isnan(max_events) or max_events <= 0):
         raise InputError(f"max_events: got {max_events!r}; expected a number > 0")
-    est = estimate_events(model, plan, fidelity, topology, coalesced)
+    est = estimate_events(model, plan, fidelity, topology, coalesced, collective_model)
     if max_events is not None and est["events"] > max_events:
         raise InputError(
             f"plan: this simulation would process about {est['events']:.2g} events "

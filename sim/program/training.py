@@ -114,13 +114,13 @@ class _Segments:
 
 
 FIDELITIES = ("full", "reduced")
-AUTO_REDUCED_ABOVE_GPUS = 256
 
 
 def build_program(model: ModelSpec, plan: ParallelPlan, profile: HardwareProfile,
                   schedule: Schedule | None = None, fidelity: str = "full",
                   gpus_per_node: int = 8, topology: Topology | None = None,
-                  coalesce_tp: bool = True, max_events: float | None = DEFAULT_MAX_EVENTS) -> tuple[Schedule, Program]:
+                  coalesce_tp: bool = True, max_events: float | None = DEFAULT_MAX_EVENTS,
+                  collective_model: str = "flows") -> tuple[Schedule, Program]:
     """The iteration program of ``plan``: every GPU's compute and communication.
 
     ``fidelity="reduced"`` simulates one GPU per pipeline stage (dp index 0, tp index
@@ -141,7 +141,8 @@ def build_program(model: ModelSpec, plan: ParallelPlan, profile: HardwareProfile
     price = None
     if coalesce_tp and topology is not None:
         price = isolated_tp_pricer(plan, topology, profile.link_efficiencies())
-    check_size(model, plan, fidelity, max_events, topology, coalesced=price is not None if topology else None)
+    check_size(model, plan, fidelity, max_events, topology, coalesced=price is not None if topology else None,
+               collective_model=collective_model)
     if schedule is None:
         schedule = build_schedule(plan.schedule, plan.pp, plan.num_microbatches, plan.vpp)
     elif (schedule.pp, schedule.vpp, schedule.num_microbatches) != (plan.pp, plan.vpp, plan.num_microbatches):

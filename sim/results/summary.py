@@ -31,6 +31,7 @@ def summarize(run) -> dict:
     return {
         "model": model.name, "params": model.num_params, "gpu": profile.name, "topology": run.topology.name,
         "gpus": plan.world_size, "schedule": run.schedule.name, "plan": asdict(plan), "fidelity": run.fidelity,
+        "fidelity_reason": run.fidelity_reason, "collective_model": run.collective_model,
         "simulated_gpus": len(run.program.actions),
         **met,
         "memory": {"parameters_bytes": br.get("parameters", 0.0) + br.get("gathered", 0.0),

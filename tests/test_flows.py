@@ -1,0 +1,77 @@
+"""Collectives as flows against collectives as lock-step rounds, and against closed forms.
+
+Under the ``flows`` model each hop of each ring channel is one flow (in at most
+``FLOW_PIECES`` transfers) that carries all its steps' bytes for as long as the
+collective runs; under ``steps`` it is 2(n-1) rounds of n transfers. Where nothing else
+contends the two give the same time, which is the ring's closed form.
+"""
+
+import pytest
+
+from sim.commands.collective import run_collective
+from sim.engine.core import simulate
+from sim.inputs.topology_build import load_topology
+from sim.program.actions import FLOW_PIECES, Action, Program
+from sim.session import simulate_training
+from sim.inputs.hardware import load_profile
+from sim.inputs.model import gpt
+from sim.inputs.plan import ParallelPlan
+
+H100 = load_profile("h100-sxm")
+
+
+@pytest.mark.parametrize("op", ["allreduce", "reducescatter", "allgather", "alltoall", "broadcast"])
+@pytest.mark.parametrize("n", [2, 4, 8, 16, 32, 64])  # one node over NVLink up to 8, then 2-8 nodes over IB
+@pytest.mark.parametrize("size", [64 * 2**10, 256 * 2**20])
+def test_flows_and_steps_agree_within_one_percent_when_nothing_contends(op, n, size):
+    topo = load_topology("dgx-h100", nodes=max(1, n // 8))
+    eff = H100.link_efficiencies()
+    _, flows = run_collective(op, size, n, topo, link_efficiency=eff, collective_model="flows")
+    _, steps = run_collective(op, size, n, topo, link_efficiency=eff, collective_model="steps")
+    assert flows["time_s"] == pytest.approx(steps["time_s"], rel=0.01)
+    if op in ("allreduce", "reducescatter", "allgather"):
+        # events grow with n: each hop of each channel is at most FLOW_PIECES transfers
+        channels = 8 if n > 8 else 1
+        assert flows["transfers"] <= FLOW_PIECES * n * channels
+        assert steps["transfers"] == (2 if op == "allreduce" else 1) * (n - 1) * n * channels
+
+
+@pytest.mark.parametrize("n", [2, 4, 8])
+def test_flows_match_the_ring_closed_form(n):
+    # 2(n-1)(alpha + S/(nB)) (Patarasuk & Yuan 2009), alpha the path latency, B the bottleneck
+    t = load_topology("dgx-h100")
+    S = 2**30
+    alpha, B = t.path_latency_s(0, 1), t.bottleneck_Bps(0, 1)
+    _, s = run_collective("allreduce", S, n, t, collective_model="flows")
+    assert s["time_s"] == pytest.approx(2 * (n - 1) * (alpha + S / (n * B)), rel=1e-9)
+
+
+@pytest.mark.parametrize("model", ["flows", "steps"])
+def test_a_ring_sharing_two_links_with_a_long_send_takes_the_hand_computed_time(model):
+    # Four GPUs of a DGX node (each GPU one link up to the NVSwitch and one down), a ring
+    # all-reduce over 0-1-2-3 and a large send 0 -> 2 that outlasts it. The send shares
+    # GPU 0's uplink with the hop 0->1 and GPU 2's downlink with the hop 1->2: max-min
+    # fair, each of those hops gets B/2. Each hop carries 2(n-1)/n S = 1.5 S and pays
+    # 2(n-1) = 6 latencies, so the slowest hop ends at 6 alpha + 1.5 S / (B/2) = 6 alpha + 3 S/B.
+    t = load_topology("dgx-h100")
+    S = 2**28
+    alpha, B = t.path_latency_s(0, 1), t.bottleneck_Bps(0, 1)
+    ring = tuple(range(4))
+    prog = {r: [Action("ar", kind="collective", op="allreduce", group=ring, nbytes=S, channels=1)] for r in ring}
+    prog[0].append(Action("bulk", kind="send", peer=2, nbytes=20 * S, stream="bulk"))
+    prog[2].append(Action("bulk", kind="recv", peer=0, nbytes=20 * S, stream="bulk"))
+    trace = simulate(Program(prog), t, fluid_collectives=model == "flows")
+    ends = {s.rank: s.end_s for s in trace.spans if s.name == "ar"}
+    assert max(ends.values()) == pytest.approx(6 * alpha + 3 * S / B, rel=1e-9)
+
+
+def test_a_training_step_agrees_between_the_models_and_flows_use_fewer_transfers():
+    # Data parallelism over 2 nodes (16 GPUs), gradient buckets overlapping backward.
+    model = gpt("small", 4, 1024, 16, 8192, 512)
+    plan = ParallelPlan(dp=16, global_batch_size=32)
+    topo = load_topology("dgx-h100", nodes=2)
+    flows = simulate_training(model, plan, H100, topo, collective_model="flows")
+    steps = simulate_training(model, plan, H100, topo, collective_model="steps")
+    assert flows.trace.end_s == pytest.approx(steps.trace.end_s, rel=0.01)
+    assert len(flows.trace.transfers) * 4 < len(steps.trace.transfers)
+    assert (flows.collective_model, steps.collective_model) == ("flows", "steps")
