@@ -29,8 +29,8 @@ from sim.inputs.topology import Topology
 from sim.results.summary import summarize
 from sim.results.trace import Trace
 
-__all__ = ["TrainingRun", "Prepared", "prepare", "simulate_training", "run", "summarize", "write_outputs",
-           "write_kineto_files", "rank_names"]
+__all__ = ["TrainingRun", "Prepared", "prepare", "simulate_training", "choose_fidelity", "run", "summarize",
+           "write_outputs", "write_kineto_files", "rank_names"]
 
 
 @dataclass
