@@ -106,7 +106,7 @@ class Action:
         """A copy with some fields changed, for passes (whose inputs were checked when
         first built): skips the checks, which matter at the user boundary and cost time
         on programs of millions of actions. ``deps`` must already be normalized."""
-        return _evolve(self, changes)
+        return _evolve(self, **changes)
 
     @staticmethod
     def new(name: str, **fields_) -> "Action":
@@ -121,21 +121,27 @@ _DEFAULTS = {f.name: f.default for f in fields(Action) if f.name != "name"}
 
 
 def _generate():
-    """Straight-line ``evolve`` and ``new``: a loop over the fields costs twice as much,
-    and passes call these millions of times."""
-    env = {"_obj_new": object.__new__, "_set": object.__setattr__, "Action": Action, "_D": _DEFAULTS}
-    ev = ["def _evolve(self, c):", "    o = _obj_new(Action)"]
-    ev += [f"    _set(o, {f!r}, c[{f!r}] if {f!r} in c else self.{f})" for f in _FIELDS]
-    ev += ["    return o"]
+    """Straight-line ``evolve`` and ``new``, which passes call millions of times. Each
+    fills a ``_Draft`` (a plain class with Action's slots, so its attributes are set
+    without the frozen dataclass's ``object.__setattr__`` per field) and then gives it
+    Action's class: the same object layout, so the result is an ordinary Action."""
+    draft = type("_Draft", (), {"__slots__": Action.__slots__})
+    env = {"_obj_new": object.__new__, "_setattr": setattr, "Action": Action, "_Draft": draft, "_D": _DEFAULTS}
+    ev = ["def _evolve(self, **c):", "    o = _obj_new(_Draft)"]
+    ev += [f"    o.{f} = self.{f}" for f in _FIELDS]
+    ev += ["    for k in c:", "        _setattr(o, k, c[k])", "    o.__class__ = Action", "    return o"]
     args = ", ".join(f"{f}=_D[{f!r}]" for f in _FIELDS if f != "name")
-    nw = [f"def _new(name, *, {args}):", "    o = _obj_new(Action)"]
-    nw += [f"    _set(o, {f!r}, {f})" for f in _FIELDS if f != "stream"]
-    nw += ["    _set(o, 'stream', stream or ('compute' if kind in ('compute', 'comm') else 'comm'))", "    return o"]
+    nw = [f"def _new(name, *, {args}):", "    o = _obj_new(_Draft)"]
+    nw += [f"    o.{f} = {f}" for f in _FIELDS if f != "stream"]
+    nw += ["    o.stream = stream or ('compute' if kind in ('compute', 'comm') else 'comm')",
+           "    o.__class__ = Action", "    return o"]
     exec("\n".join(ev) + "\n\n" + "\n".join(nw) + "\n", env)  # noqa: S102 - code generated from field names
     return env["_evolve"], env["_new"]
 
 
 _evolve, _new = _generate()
+_evolve.__doc__, _new.__doc__ = Action.evolve.__doc__, Action.new.__doc__
+Action.evolve, Action.new = _evolve, staticmethod(_new)  # called directly: no second packing of the arguments
 
 
 class Program:

@@ -58,6 +58,7 @@ class _Segments:
         self._coalesced = lru_cache(maxsize=None)(self._coalesce)
         self.price = price  # closed-form price of isolated tp collectives (sim.program.coalesce), or None
         self.keep_layers = keep_layers or (lambda step: True)
+        self._by_name: dict[str, tuple] = {}
 
     def _coalesce(self, stage: int, kind: str, keep: bool):
         return coalesce(self._cache(stage, kind), self.price, keep)
@@ -105,12 +106,19 @@ class _Segments:
         return tuple(segs)
 
     def __call__(self, rank: int, action: Action):
+        """The step's segments (one tuple per step name, whatever the rank: the pieces
+        depend on the step alone)."""
         if action.kind != "compute" or action.category not in PIPELINE_KINDS:
             return None
-        step = Step.parse(action.name)
-        if self.price is not None:
-            return list(self._coalesced(step.stage, step.kind, self.keep_layers(step)))
-        return list(self._cache(step.stage, step.kind))
+        segs = self._by_name.get(action.name)
+        if segs is None:
+            step = Step.parse(action.name)
+            if self.price is not None:
+                segs = tuple(self._coalesced(step.stage, step.kind, self.keep_layers(step)))
+            else:
+                segs = tuple(self._cache(step.stage, step.kind))
+            self._by_name[action.name] = segs
+        return segs
 
 
 FIDELITIES = ("full", "reduced")
@@ -256,8 +264,13 @@ def add_memory(prog: Program, model: ModelSpec, plan: ParallelPlan, profile: Har
     resident = [stage_resident_bytes(model, plan, s, profile.memory_reserve_bytes) for s in range(plan.pp)]
     chunk = [chunk_activation_bytes(model, plan, vs) for vs in range(plan.pp * plan.vpp)]
 
+    stage_of: dict[str, int] = {}
+
     def stored(rank: int, step: str) -> float:
-        return chunk[Step.parse(step).stage]
+        stage = stage_of.get(step)
+        if stage is None:
+            stage = stage_of[step] = Step.parse(step).stage
+        return chunk[stage]
 
     working = recompute_working_bytes(model, plan)
     transient = (lambda rank, step: working) if plan.recompute == "full" else None
