@@ -30,7 +30,9 @@ to know before the clock starts is computed once here.
 
 from __future__ import annotations
 
-from sim.program.actions import Action, Program
+from itertools import islice
+
+from sim.program.actions import Program
 from sim.errors import InputError
 
 
@@ -49,6 +51,23 @@ def index_program(program: Program) -> ProgramIndex:
     return ix
 
 
+class _Ids:
+    """(rank, name) -> action index, read through each rank's own name -> position table
+    (small tables, and no million-entry dict of tuples to build)."""
+
+    __slots__ = ("pos_of", "local_of")
+
+    def __init__(self, pos_of: dict, local_of: dict):
+        self.pos_of, self.local_of = pos_of, local_of
+
+    def __getitem__(self, ref: tuple[int, str]) -> int:
+        r, name = ref
+        return self.local_of[r][self.pos_of[r][name]]
+
+    def __contains__(self, ref) -> bool:
+        return ref[0] in self.pos_of and ref[1] in self.pos_of[ref[0]]
+
+
 def _index(ix: ProgramIndex, program: Program) -> None:
     """Indices go round the streams: the first action of every stream, then the second,
     and so on. Actions that run at about the same time on different ranks then sit side
@@ -58,14 +77,24 @@ def _index(ix: ProgramIndex, program: Program) -> None:
     one), and lists are built in that order too (``dependents[j]``, for one, lists its
     actions stream by stream)."""
     streams: list[tuple[int, str]] = []
-    slots: list[list[tuple[int, Action]]] = []  # per stream: (position in the rank's list, action)
+    slots: list[list[int]] = []  # per stream: the positions of its actions in the rank's list
+    lists: list = []  # per stream: its rank's list
+    pos_of: dict[int, dict[str, int]] = {}  # per rank: name -> position in its list
+    local_of: dict[int, list[int]] = {}  # per rank: position -> index
     for r, lst in program.actions.items():
-        by: dict[str, list[tuple[int, Action]]] = {}
-        for k, a in enumerate(lst):
-            by.setdefault(a.stream, []).append((k, a))
+        by: dict[str, list[int]] = {}
+        for k, name in enumerate([a.stream for a in lst]):
+            got = by.get(name)
+            if got is None:
+                by[name] = [k]
+            else:
+                got.append(k)
         for name in sorted(by):
             streams.append((r, name))
             slots.append(by[name])
+            lists.append(lst)
+        pos_of[r] = {a.name: k for k, a in enumerate(lst)}
+        local_of[r] = [0] * len(lst)
     members: list[list[int]] = [[] for _ in streams]
     live = list(range(len(streams)))
     n = depth = 0
@@ -77,30 +106,19 @@ def _index(ix: ProgramIndex, program: Program) -> None:
         live = [sid for sid in live if len(slots[sid]) > depth]
     acts: list = [None] * n
     rank_of = [0] * n
-    ids: dict[tuple[int, str], int] = {}
-    order: list[int] = []  # indices in program order, rank by rank
     pending = [0] * n
     nxt = [-1] * n
     dur: list[float | None] = [None] * n
     mem_start: list[tuple | None] = [None] * n
     mem_end: list[tuple | None] = [None] * n
-    local: list[int] = []
     same_dur: dict = {}  # one object per distinct duration, and per distinct memory change
     same_mem: dict = {}
     for sid, (r, _) in enumerate(streams):
-        if sid == 0 or streams[sid - 1][0] != r:
-            order += local
-            local = [0] * len(program.actions[r])
-        prev = -1
-        for (k, a), i in zip(slots[sid], members[sid]):
-            acts[i] = a
+        lst, mine, local = lists[sid], members[sid], local_of[r]
+        for i, k in zip(mine, slots[sid]):
+            a = acts[i] = lst[k]
             rank_of[i] = r
-            ids[(r, a.name)] = i
             local[k] = i
-            if prev >= 0:
-                nxt[prev] = i
-                pending[i] = 1
-            prev = i
             kind = a.kind
             if kind == "compute" or kind == "comm":
                 d = a.duration_s
@@ -110,23 +128,31 @@ def _index(ix: ProgramIndex, program: Program) -> None:
                     m = tuple((category, float(nbytes)) for w, category, nbytes in a.mem if w == when)
                     if m:
                         table[i] = same_mem.setdefault(m, m)
-    order += local
+        for prev, i in zip(mine, islice(mine, 1, None)):
+            nxt[prev] = i
+            pending[i] = 1
+    order: list[int] = []  # indices in program order, rank by rank
+    for local in local_of.values():
+        order += local
     dependents: list = [None] * n
     for sid, (r, _) in enumerate(streams):
-        for (_, a), i in zip(slots[sid], members[sid]):
-            if a.deps:
-                for d in a.deps:
-                    j = ids[(r, d) if d.__class__ is str else d]
+        lst, pos, local = lists[sid], pos_of[r], local_of[r]
+        for i, k in zip(members[sid], slots[sid]):
+            deps = lst[k].deps
+            if deps:
+                for d in deps:
+                    j = local[pos[d]] if d.__class__ is str else local_of[d[0]][pos_of[d[0]][d[1]]]
                     pending[i] += 1
-                    if dependents[j] is None:
+                    got = dependents[j]
+                    if got is None:
                         dependents[j] = [i]
                     else:
-                        dependents[j].append(i)
+                        got.append(i)
     dependents = [d if d is None else tuple(d) for d in dependents]  # (made in index order: see the module doc)
     ix.acts, ix.rank_of, ix.streams, ix.members = acts, rank_of, streams, members
     if max(pending, default=0) < 256:  # the usual case: a byte each is quicker to count down
         pending = bytearray(pending)
-    ix.ids, ix.order, ix.pending, ix.dependents, ix.nxt = ids, order, pending, dependents, nxt
+    ix.ids, ix.order, ix.pending, ix.dependents, ix.nxt = _Ids(pos_of, local_of), order, pending, dependents, nxt
     ix.dur, ix.mem_start, ix.mem_end = dur, mem_start, mem_end
 
 
@@ -139,15 +165,19 @@ def _match(ix: ProgramIndex, program: Program) -> None:
     waiting: dict[tuple, int] = {}
     partner = [-1] * n
     p2p: list = [None] * n
+    sorted_group: dict[tuple, tuple] = {}
+    grouped: dict[tuple, None] = {}  # the groups of collective and comm actions, in program order
     for i in ix.order:  # program order: "the n-th send" counts across the rank's streams
         a = acts[i]
         kind = a.kind
+        if kind == "compute":
+            continue
         if kind == "send" or kind == "recv":
             r = rank_of[i]
-            pair = (r, a.peer, a.tag) if kind == "send" else (a.peer, r, a.tag)
-            k = p2p_seq.get((pair, kind), 0)
-            p2p_seq[(pair, kind)] = k + 1
-            key = (pair, k)
+            seq = (r, a.peer, a.tag, kind) if kind == "send" else (a.peer, r, a.tag, kind)
+            k = p2p_seq.get(seq, 0)
+            p2p_seq[seq] = k + 1
+            key = (seq[0], seq[1], seq[2], k)  # (source, destination, tag, count)
             j = waiting.pop(key, None)
             if j is None:
                 waiting[key] = i
@@ -160,8 +190,11 @@ def _match(ix: ProgramIndex, program: Program) -> None:
                         f"program: recv {recv.name!r} on rank {rank_of[ri]} expects {recv.nbytes} bytes but the matching send {send.name!r} on rank {rank_of[si]} sends {send.nbytes}"
                     )
         elif kind == "collective":
+            grouped[a.group] = None
             r = rank_of[i]
-            group = tuple(sorted(a.group))
+            group = sorted_group.get(a.group)
+            if group is None:
+                group = sorted_group[a.group] = tuple(sorted(a.group))
             if a.tag:
                 key = (group, "tag", a.tag)
             else:
@@ -169,21 +202,21 @@ def _match(ix: ProgramIndex, program: Program) -> None:
                 coll_seq[(group, r)] = k + 1
                 key = (group, "seq", k)
             key_of[i] = key
+        elif kind == "comm":
+            grouped[a.group] = None
     same: dict = {}  # one object per distinct size (of one type: 4 and 4.0 stay apart)
-    for si in range(n):  # each pair's entry, made at its send in index order (like dependents)
-        ri = partner[si]
-        if ri >= 0 and acts[si].kind == "send":
+    for si, ri in enumerate(partner):  # each pair's entry, made at its send in index order (like dependents)
+        if ri >= 0:
             send = acts[si]
-            b = send.nbytes
-            p2p[si] = p2p[ri] = (si, ri, rank_of[si], rank_of[ri], same.setdefault((b.__class__, b), b),
-                                 f"{send.category or 'p2p'} {send.name}")
+            if send.kind == "send":
+                b = send.nbytes
+                p2p[si] = p2p[ri] = (si, ri, rank_of[si], rank_of[ri], same.setdefault((b.__class__, b), b),
+                                     f"{send.category or 'p2p'} {send.name}")
     shadows = program.shadows
-    needed = {g: sum(1 for x in g if x not in shadows)
-              for g in {a.group for lst in program.actions.values() for a in lst if a.kind in ("collective", "comm")}}
+    needed = {g: sum(1 for x in g if x not in shadows) for g in grouped}
     barrier_of: list = [None] * n
     barriers: dict[tuple, list] = {}
-    for i in range(n):  # (index order, for the same reason as dependents')
-        a = acts[i]
+    for i, a in enumerate(acts):  # (index order, for the same reason as dependents')
         if a.kind == "comm" and len(a.group) > 1 and needed[a.group] > 1:
             key = (tuple(sorted(a.group)), a.name)
             b = barriers.get(key)
@@ -191,5 +224,3 @@ def _match(ix: ProgramIndex, program: Program) -> None:
                 b = barriers[key] = [needed[a.group], []]
             barrier_of[i] = b
     ix.key_of, ix.partner, ix.p2p, ix.needed, ix.barrier_of = key_of, partner, p2p, needed, barrier_of
-
-

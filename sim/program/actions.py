@@ -178,26 +178,37 @@ class Program:
             return
         names: dict[int, set[str]] = {}
         for r, acts in self.actions.items():
-            seen: set[str] = set()
-            for a in acts:
-                if a.name in seen:
-                    raise InputError(f"program: rank {r}: action name {a.name!r} appears twice; names must be unique per rank")
-                seen.add(a.name)
+            seen = {a.name for a in acts}
+            if len(seen) != len(acts):  # find the first repeat, in order
+                seen = set()
+                for a in acts:
+                    if a.name in seen:
+                        raise InputError(f"program: rank {r}: action name {a.name!r} appears twice; names must be unique per rank")
+                    seen.add(a.name)
             names[r] = seen
+        groups_seen: set[tuple] = set()
         for r, acts in self.actions.items():
+            mine = names[r]
             for a in acts:
                 for d in a.deps:
+                    if d.__class__ is str and d in mine:
+                        continue
                     dr, dn = self.resolve(r, d)
                     if dn not in names.get(dr, ()):
                         raise InputError(f"program: rank {r}: action {a.name!r}: dependency {dr}:{dn} is not an action in the program")
-                if a.kind in ("send", "recv") and (a.peer not in self.actions or a.peer == r):
+                kind = a.kind
+                if kind == "compute":
+                    continue
+                if kind in ("send", "recv") and (a.peer not in self.actions or a.peer == r):
                     raise InputError(f"program: rank {r}: action {a.name!r}: peer: got {a.peer}; expected another rank of the program")
-                if a.kind == "collective":
+                if kind == "collective":
                     if r not in a.group:
                         raise InputError(f"program: rank {r}: action {a.name!r}: group {list(a.group)} does not include rank {r}")
-                    missing = [g for g in a.group if g not in self.actions and g not in self.shadows]
-                    if missing:
-                        raise InputError(f"program: rank {r}: action {a.name!r}: group ranks {missing} have no actions in the program")
+                    if a.group not in groups_seen:
+                        missing = [g for g in a.group if g not in self.actions and g not in self.shadows]
+                        if missing:
+                            raise InputError(f"program: rank {r}: action {a.name!r}: group ranks {missing} have no actions in the program")
+                        groups_seen.add(a.group)
         self.checked = True
 
     def max_rank(self) -> int:

@@ -54,25 +54,28 @@ def replicate(prog: Program, world_size: int, coords: Callable[[int], tuple], ra
     (they do the same as a kept replica; see ``Program``)."""
     out: dict[int, list[Action]] = {}
     shadows = []
+    cross: dict[int, list[int]] = {}  # per pipeline rank: where its actions wait on another rank
+    for p, template in prog.actions.items():
+        cross[p] = [k for k, a in enumerate(template) if any(dep.__class__ is not str for dep in a.deps)]
     for g in range(world_size):
         if keep is not None and not keep(g):
             shadows.append(g)
             continue
         d, p, t = coords(g)
-        acts = []
+        template = prog.actions.get(p, ())
+        acts = list(template)
         peer: dict[int, int] = {}
-        for a in prog.actions.get(p, ()):
-            if any(dep.__class__ is not str for dep in a.deps):
-                deps = []
-                for dep in a.deps:
-                    if dep.__class__ is not str:
-                        q = peer.get(dep[0])
-                        if q is None:
-                            q = peer[dep[0]] = rank_of(dp=d, pp=dep[0], tp=t)
-                        dep = (q, dep[1])
-                    deps.append(dep)
-                a = a.evolve(deps=tuple(deps))
-            acts.append(a)
+        for k in cross.get(p, ()):
+            a = template[k]
+            deps = []
+            for dep in a.deps:
+                if dep.__class__ is not str:
+                    q = peer.get(dep[0])
+                    if q is None:
+                        q = peer[dep[0]] = rank_of(dp=d, pp=dep[0], tp=t)
+                    dep = (q, dep[1])
+                deps.append(dep)
+            acts[k] = a.evolve(deps=tuple(deps))
         out[g] = acts
     return Program(out, shadows)
 
@@ -133,11 +136,20 @@ def add_p2p(prog: Program, nbytes: Callable[[Action], float]) -> Program:
     """Replace each cross-rank dependency by a send after the producer and a receive before
     the consumer (``nbytes(consumer)`` bytes, category ``pp``)."""
     acts = {r: list(a) for r, a in prog.actions.items()}
-    position = {(r, a.name): i for r, lst in acts.items() for i, a in enumerate(lst)}
+    pos_of: dict[int, dict[str, int]] = {}  # per rank: name -> position, made when first needed
+
+    def positions(r: int) -> dict[str, int]:
+        got = pos_of.get(r)
+        if got is None:
+            got = pos_of[r] = {a.name: i for i, a in enumerate(acts[r])}
+        return got
+
     sends: dict[int, dict[str, list[Action]]] = {r: {} for r in acts}
     recvs: dict[int, list[tuple[int, Action]]] = {r: [] for r in acts}
     for r, lst in acts.items():
         for i, a in enumerate(lst):
+            if not a.deps:
+                continue
             for d in a.deps:
                 if d.__class__ is not str and d[0] != r:
                     break
@@ -152,20 +164,30 @@ def add_p2p(prog: Program, nbytes: Callable[[Action], float]) -> Program:
                 tag = f"{producer}>{a.name}"
                 size = nbytes(a)
                 send = Action.new(f"send {producer} to {r} for {a.name}", kind="send", peer=r, nbytes=size, tag=tag,
-                              category="pp", stream=f"pp>{r}", deps=(producer,))
+                                  category="pp", stream=f"pp>{r}", deps=(producer,))
                 recv = Action.new(f"recv {producer} from {src} for {a.name}", kind="recv", peer=src, nbytes=size,
-                              tag=tag, category="pp", stream=f"pp<{src}")
-                sends[src].setdefault(producer, []).append(send)
-                recvs[r].append((position[(src, producer)], recv))
+                                  tag=tag, category="pp", stream=f"pp<{src}")
+                got = sends[src].get(producer)
+                if got is None:
+                    sends[src][producer] = [send]
+                else:
+                    got.append(send)
+                recvs[r].append((positions(src)[producer], recv))
                 deps.append(recv.name)
             lst[i] = a.evolve(deps=tuple(deps))
     out: dict[int, list[Action]] = {}
     for r, lst in acts.items():
         # Receives in the producer's order, so each pp stream matches its peer's order.
         new = [rv for _, rv in sorted(recvs[r], key=lambda x: (x[1].peer, x[0]))]
-        for a in lst:
-            new.append(a)
-            new.extend(sends[r].get(a.name, ()))
+        mine = sends[r]
+        prev = 0
+        if mine:  # each producer's sends right after it
+            where = positions(r)
+            for k in sorted(where[name] for name in mine):
+                new += lst[prev:k + 1]
+                new += mine[lst[k].name]
+                prev = k + 1
+        new += lst[prev:]
         out[r] = new
     return prog.with_actions(out)
 

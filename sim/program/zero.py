@@ -65,18 +65,24 @@ def add_activation_memory(prog: Program, stored: Callable[[int, str], float],
     ``transient(rank, step)`` bytes for the duration of each backward step (the one
     layer recomputed at a time under full recomputation)."""
     out = {}
+    ends: dict[str, tuple] = {}  # per forward step: its stage, and the names of its backward steps
+    made: dict[tuple, Action] = {}  # (id of an action, its additions) -> the action with them
     for r, acts in prog.actions.items():
         lst = list(acts)
         steps = _steps(lst)
         add: dict[int, list[tuple]] = {}
         for step, (first, last) in steps.items():
-            stage, kind, mb = _split(step)
+            got = ends.get(step)
+            if got is None:
+                stage, kind, mb = _split(step)
+                got = ends[step] = (kind, f"{stage}W{mb}", f"{stage}B{mb}", f"{stage}I{mb}")
+            kind = got[0]
             if kind == "F":
                 nbytes = stored(r, step)
                 if not nbytes:
                     continue
                 add.setdefault(first, []).append(("start", "activations", nbytes))
-                end = steps.get(f"{stage}W{mb}") or steps.get(f"{stage}B{mb}") or steps.get(f"{stage}I{mb}")
+                end = steps.get(got[1]) or steps.get(got[2]) or steps.get(got[3])
                 if end is None:
                     raise ValueError(f"rank {r}: forward {step} has no backward step")
                 add.setdefault(end[1], []).append(("end", "activations", -nbytes))
@@ -85,7 +91,15 @@ def add_activation_memory(prog: Program, stored: Callable[[int, str], float],
                 if t:
                     add.setdefault(first, []).append(("start", "activations", t))
                     add.setdefault(last, []).append(("end", "activations", -t))
-        out[r] = [a.evolve(mem=a.mem + tuple(add[i])) if i in add else a for i, a in enumerate(lst)]
+        for i, more in add.items():
+            # Actions shared by several ranks (tensor-parallel peers' pieces) get one copy.
+            a, more = lst[i], tuple(more)
+            key = (id(a), more)
+            b = made.get(key)
+            if b is None:
+                b = made[key] = a.evolve(mem=a.mem + more)
+            lst[i] = b
+        out[r] = lst
     return prog.with_actions(out)
 
 
