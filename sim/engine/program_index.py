@@ -217,10 +217,15 @@ def _match(ix: ProgramIndex, program: Program) -> None:
     barrier_of: list = [None] * n
     barriers: dict[tuple, list] = {}
     for i, a in enumerate(acts):  # (index order, for the same reason as dependents')
-        if a.kind == "comm" and len(a.group) > 1 and needed[a.group] > 1:
-            key = (tuple(sorted(a.group)), a.name)
-            b = barriers.get(key)
-            if b is None:
-                b = barriers[key] = [needed[a.group], []]
-            barrier_of[i] = b
+        if a.kind == "comm":
+            g = a.group
+            if len(g) > 1 and needed[g] > 1:
+                group = sorted_group.get(g)
+                if group is None:
+                    group = sorted_group[g] = tuple(sorted(g))
+                key = (group, a.name)
+                b = barriers.get(key)
+                if b is None:
+                    b = barriers[key] = [needed[g], []]
+                barrier_of[i] = b
     ix.key_of, ix.partner, ix.p2p, ix.needed, ix.barrier_of = key_of, partner, p2p, needed, barrier_of
