@@ -284,16 +284,22 @@ def add_grad_sync(prog: Program, grad_bytes: Callable[[int, int], float], dp_gro
     return prog.with_actions(out)
 
 
+def last_of_each_stream(acts) -> tuple[str, ...]:
+    """The names of the last action on each stream of ``acts``, streams in sorted order:
+    what a step that needs everything before it (the optimizer) waits for."""
+    last: dict[str, str] = {}
+    for a in acts:
+        last[a.stream] = a.name
+    return tuple(last[s] for s in sorted(last))
+
+
 def add_optimizer(prog: Program, duration: Callable[[int], float]) -> Program:
     """One optimizer step per rank (category ``opt``) after all its other actions."""
     out: dict[int, list[Action]] = {}
     for r, acts in prog.actions.items():
         lst = list(acts)
         # The step needs every gradient: wait for the last action of each stream.
-        last_per_stream: dict[str, str] = {}
-        for a in lst:
-            last_per_stream[a.stream] = a.name
-        deps = tuple(last_per_stream[s] for s in sorted(last_per_stream))
+        deps = last_of_each_stream(lst)
         lst.append(Action("optimizer", duration_s=duration(r), category="opt", deps=deps))
         out[r] = lst
     return prog.with_actions(out)

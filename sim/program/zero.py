@@ -33,7 +33,7 @@ import math
 from typing import Callable
 
 from sim.program.actions import Action, Program
-from sim.program.passes import layer_uses
+from sim.program.passes import last_of_each_stream, layer_uses
 
 PIPELINE = ("F", "B", "I", "W")
 
@@ -153,10 +153,7 @@ def add_offloaded_optimizer(prog: Program, shard_bytes: Callable[[int], float], 
     out = {}
     for r, acts in prog.actions.items():
         lst = list(acts)
-        last_per_stream: dict[str, str] = {}
-        for a in lst:
-            last_per_stream[a.stream] = a.name
-        deps = tuple(last_per_stream[s] for s in sorted(last_per_stream))
+        deps = last_of_each_stream(lst)
         nb = shard_bytes(r)
         lst += [Action("grads to host", kind="copy", op="d2h", nbytes=nb, category="offload", stream="pcie", deps=deps),
                 Action("optimizer (CPU)", duration_s=cpu_s(r), category="opt", stream="cpu", deps=("grads to host",)),
