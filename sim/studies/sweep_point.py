@@ -16,6 +16,7 @@ and the sweep goes on.
 
 from __future__ import annotations
 
+import gc
 import os
 import time
 import traceback
@@ -82,6 +83,11 @@ def evaluate(ctx: Context, plan: ParallelPlan) -> dict:
     except Exception as exc:  # recorded, and the sweep goes on
         rec["status"] = "error"
         rec["error"] = one_line(exc)
+    # A simulation leaves what it froze for the collector's sake (``gc_paused``) behind, and
+    # some of it in reference cycles: a worker that runs point after point would hold every
+    # point's program and trace. Unfrozen and collected here, a worker stays at one point's size.
+    gc.unfreeze()
+    gc.collect()
     return rec
 
 
