@@ -30,10 +30,17 @@ to know before the clock starts is computed once here.
 
 from __future__ import annotations
 
-from itertools import islice
+from collections import deque
+from functools import partial
+
+import numpy as np
 
 from sim.program.actions import Program
 from sim.errors import InputError
+
+
+consume = partial(deque, maxlen=0)
+"""Runs an iterator to its end, keeping nothing (``map`` of a setter, at C speed)."""
 
 
 class ProgramIndex:
@@ -68,20 +75,14 @@ class _Ids:
         return ref[0] in self.pos_of and ref[1] in self.pos_of[ref[0]]
 
 
-def _index(ix: ProgramIndex, program: Program) -> None:
-    """Indices go round the streams: the first action of every stream, then the second,
-    and so on. Actions that run at about the same time on different ranks then sit side
-    by side in the engine's arrays, so the run, which moves across ranks at each
-    instant, reads memory close to what it just read rather than a rank's worth away.
-    The actions are read stream by stream (the order they were made in, and so the cheap
-    one), and lists are built in that order too (``dependents[j]``, for one, lists its
-    actions stream by stream)."""
-    streams: list[tuple[int, str]] = []
-    slots: list[list[int]] = []  # per stream: the positions of its actions in the rank's list
-    lists: list = []  # per stream: its rank's list
-    pos_of: dict[int, dict[str, int]] = {}  # per rank: name -> position in its list
-    local_of: dict[int, list[int]] = {}  # per rank: position -> index
-    for r, lst in program.actions.items():
+class _Shape:
+    """What the index needs of one rank's list, made once for every rank ``like`` it
+    (``Program.like``): positions are a rank's own list's."""
+
+    __slots__ = ("names", "slots", "pos", "dur", "mem_start", "mem_end", "nxt", "pending", "dep_src", "dep_dst",
+                 "cross")
+
+    def __init__(self, lst):
         by: dict[str, list[int]] = {}
         for k, name in enumerate([a.stream for a in lst]):
             got = by.get(name)
@@ -89,71 +90,161 @@ def _index(ix: ProgramIndex, program: Program) -> None:
                 by[name] = [k]
             else:
                 got.append(k)
-        for name in sorted(by):
-            streams.append((r, name))
-            slots.append(by[name])
-            lists.append(lst)
-        pos_of[r] = {a.name: k for k, a in enumerate(lst)}
-        local_of[r] = [0] * len(lst)
-    members: list[list[int]] = [[] for _ in streams]
-    live = list(range(len(streams)))
-    n = depth = 0
-    while live:
-        for sid in live:
-            members[sid].append(n)
-            n += 1
-        depth += 1
-        live = [sid for sid in live if len(slots[sid]) > depth]
-    acts: list = [None] * n
-    rank_of = [0] * n
-    pending = [0] * n
-    nxt = [-1] * n
-    dur: list[float | None] = [None] * n
-    mem_start: list[tuple | None] = [None] * n
-    mem_end: list[tuple | None] = [None] * n
-    same_dur: dict = {}  # one object per distinct duration, and per distinct memory change
-    same_mem: dict = {}
-    for sid, (r, _) in enumerate(streams):
-        lst, mine, local = lists[sid], members[sid], local_of[r]
-        for i, k in zip(mine, slots[sid]):
-            a = acts[i] = lst[k]
-            rank_of[i] = r
-            local[k] = i
+        self.names = sorted(by)
+        self.slots = [by[name] for name in self.names]
+        self.pos = pos = {a.name: k for k, a in enumerate(lst)}
+        n = len(lst)
+        nxt = np.full(n, -1, dtype=np.int64)
+        pending = np.zeros(n, dtype=np.int64)
+        for ks in self.slots:
+            nxt[ks[:-1]] = ks[1:]
+            pending[ks[1:]] = 1
+        dur: list = [None] * n
+        mem_start: list = [None] * n
+        mem_end: list = [None] * n
+        src, dst, cross = [], [], []
+        for k, a in enumerate(lst):
             kind = a.kind
             if kind == "compute" or kind == "comm":
-                d = a.duration_s
-                dur[i] = same_dur.setdefault(d, d)
+                dur[k] = a.duration_s
             if a.mem:
                 for when, table in (("start", mem_start), ("end", mem_end)):
                     m = tuple((category, float(nbytes)) for w, category, nbytes in a.mem if w == when)
                     if m:
-                        table[i] = same_mem.setdefault(m, m)
-        for prev, i in zip(mine, islice(mine, 1, None)):
-            nxt[prev] = i
-            pending[i] = 1
-    order: list[int] = []  # indices in program order, rank by rank
-    for local in local_of.values():
-        order += local
+                        table[k] = m
+            if a.deps:
+                pending[k] += len(a.deps)
+                if any(d.__class__ is not str for d in a.deps):
+                    cross.append(k)  # (read from each rank's own action: its ranks differ)
+                    continue
+                for d in a.deps:
+                    src.append(pos[d])
+                    dst.append(k)
+        self.dur, self.mem_start, self.mem_end = dur, mem_start, mem_end
+        self.nxt, self.pending = nxt, pending
+        self.dep_src, self.dep_dst = np.array(src, dtype=np.int64), np.array(dst, dtype=np.int64)
+        self.cross = cross
+
+
+def _index(ix: ProgramIndex, program: Program) -> None:
+    """Indices go round the ranks: the first action of every rank, then the second, and
+    so on. Actions that run at about the same time on different ranks then sit side by
+    side in the engine's arrays, so the run, which moves across ranks at each instant,
+    reads memory close to what it just read rather than a rank's worth away. Ranks
+    ``like`` another (``Program.like``) share its shape (``_Shape``), and the arrays are
+    filled for all of them at once (numpy), then handed to the run as lists."""
+    actions = program.actions
+    ranks = list(actions)
+    row_of = {r: q for q, r in enumerate(ranks)}
+    lengths = np.array([len(actions[r]) for r in ranks], dtype=np.int64)
+    width = int(lengths.max(initial=0))
+    n = int(lengths.sum())
+    # idx[q, k]: the index of position k of ranks[q] (counted column by column)
+    live = (np.arange(width)[:, None] < lengths[None, :]).ravel()
+    idx = (np.cumsum(live) - 1).reshape(width, len(ranks)).T
+    del live
+    like = program.like
+    classes: dict[int, list[int]] = {}
+    for r in ranks:
+        t = like.get(r, r)
+        if t not in actions or len(actions[t]) != len(actions[r]):
+            t = r
+        classes.setdefault(t, []).append(r)
+    acts: list = [None] * n
+    dur_a = np.empty(n, dtype=object)
+    mem_start_a = np.empty(n, dtype=object)
+    mem_end_a = np.empty(n, dtype=object)
+    nxt_a = np.empty(n, dtype=np.int64)
+    pending_a = np.empty(n, dtype=np.int64)
+    rank_a = np.empty(n, dtype=np.int64)
+    srcs, dsts = [], []
+    streams: list[tuple[int, str]] = []
+    members: list[list[int]] = []
+    pos_of: dict[int, dict[str, int]] = {}
+    local_of: dict[int, list[int]] = {}
+    stream_of: dict[int, list] = {}
+    same_dur: dict = {}  # one object per distinct duration, and per distinct memory change
+    same_mem: dict = {}
+    for t, rs in classes.items():
+        lst = actions[t]
+        shape = _Shape(lst)
+        m = len(lst)
+        rows = np.array([row_of[r] for r in rs], dtype=np.int64)
+        at = idx[rows, :m]  # (ranks of the class) x positions
+        dur_a[at] = _objects([None if d is None else same_dur.setdefault(d, d) for d in shape.dur])
+        mem_start_a[at] = _objects([None if x is None else same_mem.setdefault(x, x) for x in shape.mem_start])
+        mem_end_a[at] = _objects([None if x is None else same_mem.setdefault(x, x) for x in shape.mem_end])
+        nxt_a[at] = np.where(shape.nxt >= 0, at[:, np.maximum(shape.nxt, 0)], -1)
+        pending_a[at] = shape.pending
+        rank_a[at] = np.array(rs, dtype=np.int64)[:, None]
+        if len(shape.dep_src):
+            srcs.append(at[:, shape.dep_src].ravel())
+            dsts.append(at[:, shape.dep_dst].ravel())
+        for r, row in zip(rs, at.tolist()):
+            consume(map(acts.__setitem__, row, actions[r]))
+            pos_of[r] = shape.pos
+            local_of[r] = row
+            stream_of[r] = [(name, [row[k] for k in ks]) for name, ks in zip(shape.names, shape.slots)]
+        if shape.cross:
+            cross_src, cross_dst = [], []
+            for r in rs:
+                lst_r, row = actions[r], local_of[r]
+                for k in shape.cross:
+                    for d in lst_r[k].deps:
+                        j = row[pos_of[r][d]] if d.__class__ is str else None
+                        if j is None:
+                            dr, dn = d
+                            j = ("x", dr, dn)
+                        cross_src.append(j)
+                        cross_dst.append(row[k])
+            srcs.append(cross_src)  # (resolved below, once every rank's table exists)
+            dsts.append(cross_dst)
+    for r in ranks:
+        for name, mine in stream_of[r]:
+            streams.append((r, name))
+            members.append(mine)
+    src_all: list[int] = []
+    dst_all: list[int] = []
+    for s_, d_ in zip(srcs, dsts):
+        if isinstance(s_, list):
+            s_ = np.array([j if j.__class__ is not tuple else local_of[j[1]][pos_of[j[1]][j[2]]] for j in s_],
+                          dtype=np.int64)
+            d_ = np.array(d_, dtype=np.int64)
+        src_all.append(s_)
+        dst_all.append(d_)
     dependents: list = [None] * n
-    for sid, (r, _) in enumerate(streams):
-        lst, pos, local = lists[sid], pos_of[r], local_of[r]
-        for i, k in zip(members[sid], slots[sid]):
-            deps = lst[k].deps
-            if deps:
-                for d in deps:
-                    j = local[pos[d]] if d.__class__ is str else local_of[d[0]][pos_of[d[0]][d[1]]]
-                    pending[i] += 1
-                    got = dependents[j]
-                    if got is None:
-                        dependents[j] = [i]
-                    else:
-                        got.append(i)
-    dependents = [d if d is None else tuple(d) for d in dependents]  # (made in index order: see the module doc)
-    ix.acts, ix.rank_of, ix.streams, ix.members = acts, rank_of, streams, members
+    if src_all:
+        src = np.concatenate(src_all)
+        dst = np.concatenate(dst_all)
+        # Each action's dependents in index order (as the run reads them; see the module doc),
+        # made as tuples by zip for all sources with the same number of dependents at once.
+        order = np.lexsort((dst, src))
+        src, dst = src[order], dst[order]
+        first = np.flatnonzero(np.concatenate(([True], src[1:] != src[:-1])))
+        sizes = np.diff(np.append(first, len(src)))
+        for size in np.unique(sizes).tolist():
+            at = first[sizes == size]
+            columns = [dst[at + c].tolist() for c in range(size)]
+            consume(map(dependents.__setitem__, src[at].tolist(), zip(*columns)))
+    ix.acts, ix.rank_of, ix.streams, ix.members = acts, rank_a.tolist(), streams, members
+    pending = pending_a.tolist()
     if max(pending, default=0) < 256:  # the usual case: a byte each is quicker to count down
         pending = bytearray(pending)
-    ix.ids, ix.order, ix.pending, ix.dependents, ix.nxt = _Ids(pos_of, local_of), order, pending, dependents, nxt
-    ix.dur, ix.mem_start, ix.mem_end = dur, mem_start, mem_end
+    ix.ids, ix.pending, ix.dependents, ix.nxt = _Ids(pos_of, local_of), pending, dependents, nxt_a.tolist()
+    ix.order = [i for r in ranks for i in local_of[r]]  # indices in program order, rank by rank
+    ix.dur, ix.mem_start, ix.mem_end = dur_a.tolist(), mem_start_a.tolist(), mem_end_a.tolist()
+
+
+def _objects(values: list) -> np.ndarray:
+    """A one-dimensional numpy array of these Python objects (set one by one where some
+    are tuples, which numpy would otherwise take for rows)."""
+    out = np.empty(len(values), dtype=object)
+    if any(v.__class__ is tuple for v in values):
+        for k, v in enumerate(values):
+            out[k] = v
+    else:
+        out[:] = values
+    return out
 
 
 def _match(ix: ProgramIndex, program: Program) -> None:

@@ -153,9 +153,16 @@ class Program:
     its transfers still cross the network.
     """
 
-    def __init__(self, actions: dict[int, list[Action]], shadows=(), check: bool = True):
+    def __init__(self, actions: dict[int, list[Action]], shadows=(), check: bool = True,
+                 like: dict[int, int] | None = None):
         self.actions: dict[int, tuple[Action, ...]] = {int(r): tuple(a) for r, a in sorted(actions.items())}
         self.shadows = frozenset(int(r) for r in shadows) - set(self.actions)
+        self.like = like or {}
+        """Rank g -> rank t when g's actions are t's with other ranks renamed: at every
+        position the same name, kind, stream, duration, memory changes and same-rank
+        dependencies; only peers, groups and the ranks of dependencies differ (what
+        ``sim.program.passes.expand`` makes). The engine then indexes t's structure once
+        for all of them. Ranks not listed are indexed on their own."""
         self.checked = False
         if check:
             self.check()

@@ -80,6 +80,78 @@ def replicate(prog: Program, world_size: int, coords: Callable[[int], tuple], ra
     return Program(out, shadows)
 
 
+def expand(template: Program, world_size: int, rep_of: Callable[[int], int], moved: Callable[[int, int], int],
+           keep: Callable[[int], bool] | None = None) -> Program:
+    """Copy a template program onto every GPU: GPU g does what template rank ``rep_of(g)``
+    does, with every other rank x that action names (a peer, a group member, the rank of
+    a dependency) replaced by ``moved(x, g)``, the rank that plays for g the part x plays
+    for ``rep_of(g)``. ``moved(., g)`` must be a bijection of the cluster that maps
+    ``rep_of(g)`` to g and each of its groups onto g's; groups come out in rank order
+    (the plan's order). With ``keep``, only the GPUs it accepts are simulated; the others
+    become shadows.
+
+    The passes then run once per pipeline stage instead of once per GPU, and the actions
+    that name no other rank (compute, memory, the optimizer step) are one object shared
+    by every GPU of the stage; actions whose group moves the same way on several GPUs
+    (a tensor-parallel group's pieces, on its members) are shared by them."""
+    template.check()
+    named: dict[int, list[tuple]] = {}  # per template rank: (position, action, what it names)
+    for r, lst in template.actions.items():
+        named[r] = [(k, a, a.peer, a.group, any(d.__class__ is not str for d in a.deps)) for k, a in enumerate(lst)
+                    if a.peer is not None or a.group or any(d.__class__ is not str for d in a.deps)]
+    out: dict[int, list[Action]] = {}
+    shadows = []
+    shared: dict[tuple, Action] = {}  # (id of a template action, its moved group) -> the moved action
+    evolve = Action.evolve
+    for g in range(world_size):
+        if keep is not None and not keep(g):
+            shadows.append(g)
+            continue
+        rep = rep_of(g)
+        lst = template.actions.get(rep, ())
+        if g == rep:
+            out[g] = list(lst)
+            continue
+        to: dict[int, int] = {}
+        groups: dict[tuple, tuple] = {}
+        acts = list(lst)
+        for k, a, peer, group, cross in named.get(rep, ()):
+            if group:
+                grp = groups.get(group)
+                if grp is None:
+                    grp = groups[group] = tuple(sorted(moved(x, g) for x in group))
+                if peer is None and not cross:  # the same on every GPU the group moves to
+                    key = (id(a), grp)
+                    b = shared.get(key)
+                    if b is None:
+                        b = shared[key] = evolve(a, group=grp)
+                    acts[k] = b
+                    continue
+            if peer is not None and not cross and not group:  # a send or receive
+                q = to.get(peer)
+                if q is None:
+                    q = to[peer] = moved(peer, g)
+                acts[k] = evolve(a, peer=q)
+                continue
+            changes = {}
+            if group:
+                changes["group"] = grp
+            if peer is not None:
+                changes["peer"] = to[peer] if peer in to else to.setdefault(peer, moved(peer, g))
+            if cross:
+                changes["deps"] = tuple(d if d.__class__ is str else
+                                        (to[d[0]] if d[0] in to else to.setdefault(d[0], moved(d[0], g)), d[1])
+                                        for d in a.deps)
+            acts[k] = evolve(a, **changes)
+        out[g] = acts
+    prog = Program(out, shadows, check=False, like={g: rep_of(g) for g in out})
+    # Names, same-rank dependencies and groups' sizes are the template's; peers, groups and
+    # dependencies moved by a bijection stay in the cluster. With every GPU simulated,
+    # they all name simulated ranks or shadows, so the copy is as valid as the template.
+    prog.checked = keep is None
+    return prog
+
+
 def add_tp_collectives(prog: Program, segments: Callable[[int, Action], list[Segment] | None],
                        tp_group: Callable[[int], tuple[int, ...]]) -> Program:
     """Expand each action for which ``segments(rank, action)`` returns a list into a chain
@@ -163,9 +235,9 @@ def add_p2p(prog: Program, nbytes: Callable[[Action], float]) -> Program:
                 src, producer = d
                 tag = f"{producer}>{a.name}"
                 size = nbytes(a)
-                send = Action.new(f"send {producer} to {r} for {a.name}", kind="send", peer=r, nbytes=size, tag=tag,
+                send = Action.new(f"send {producer} for {a.name}", kind="send", peer=r, nbytes=size, tag=tag,
                                   category="pp", stream=f"pp>{r}", deps=(producer,))
-                recv = Action.new(f"recv {producer} from {src} for {a.name}", kind="recv", peer=src, nbytes=size,
+                recv = Action.new(f"recv {producer} for {a.name}", kind="recv", peer=src, nbytes=size,
                                   tag=tag, category="pp", stream=f"pp<{src}")
                 got = sends[src].get(producer)
                 if got is None:

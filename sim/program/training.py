@@ -167,7 +167,17 @@ def build_program(model: ModelSpec, plan: ParallelPlan, profile: HardwareProfile
         # that their own data-parallel traffic could not contend with the simulated one's.
         own_nics = topology is None or _own_nics(topology)
         keep = lambda g: plan.coords(g)[0] == 0 and (not own_nics or plan.coords(g)[2] == 0)  # noqa: E731
-    prog = passes.replicate(prog, plan.world_size, plan.coords, plan.rank, keep)
+    # The passes run on one GPU per pipeline stage (dp 0, tp 0); ``passes.expand`` then
+    # copies each stage's program onto its GPUs (``keep``: the simulated ones).
+    coords = [plan.coords(g) for g in range(plan.world_size)]
+    rep = [plan.rank(dp=0, pp=p, tp=0) for p in range(plan.pp)]
+    rep_set = set(rep)
+
+    def moved(x: int, g: int) -> int:
+        (d, _, t), (dx, px, tx) = coords[g], coords[x]
+        return plan.rank(dp=(dx + d) % plan.dp, pp=px, tp=(tx + t) % plan.tp)
+
+    prog = passes.replicate(prog, plan.world_size, plan.coords, plan.rank, lambda g: g in rep_set)
     prog = passes.add_tp_collectives(prog, segments, plan.tp_group)
     act_bytes = p2p_bytes(model, plan.micro_batch_size, plan.tp, plan.sequence_parallel)
     prog = passes.add_p2p(prog, lambda consumer: act_bytes)
@@ -214,6 +224,7 @@ def build_program(model: ModelSpec, plan: ParallelPlan, profile: HardwareProfile
         prog = zero.add_param_allgather(prog, lambda r: gathered[plan.coords(r)[1]], plan.dp_group, bucket, done,
                                         tensors)
     prog = add_memory(prog, model, plan, profile, segments)
+    prog = passes.expand(prog, plan.world_size, lambda g: rep[coords[g][1]], moved, keep)
     return schedule, prog
 
 
