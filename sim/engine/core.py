@@ -113,6 +113,7 @@ class _Engine:
         self._pending, self._dependents, self._nxt = ix.pending, ix.dependents, ix.nxt
         self._key_of, self._needed, self._barrier_of = ix.key_of, ix.needed, ix.barrier_of
         self._partner, self._p2p = ix.partner, ix.p2p
+        self._sends, self._collectives = ix.sends, ix.collectives
         self._dur, self._mem_start, self._mem_end = ix.dur, ix.mem_start, ix.mem_end
         n = len(ix.acts)
         self._start = [0.0] * n
@@ -160,13 +161,13 @@ class _Engine:
         """Set-up before the clock starts: the route of every point-to-point pair and the
         steps of every distinct collective (routing is the costly part). Each matched
         pair's entry in ``p2p`` gets its route, so the run need not look it up."""
-        for a in self._acts:
-            if a.kind == "collective":
-                self._coll.plan_steps(a)
+        acts, plan = self._acts, self._coll.plan_steps
+        for i in self._collectives:
+            plan(acts[i])
         p2p, route = self._p2p, self.net.route
-        for i, pair in enumerate(p2p):
-            if pair is not None and pair[0] == i:  # once per pair, at its send
-                p2p[i] = p2p[pair[1]] = (*pair, route(pair[2], pair[3]))
+        for i in self._sends:  # once per pair, at its send
+            pair = p2p[i]
+            p2p[i] = p2p[pair[1]] = (*pair, route(pair[2], pair[3]))
 
     def _spans_in_order(self) -> bool:
         """Whether the spans, built stream by stream, are already in the trace's order

@@ -20,6 +20,8 @@ to know before the clock starts is computed once here.
   pair: (send index, recv index, source rank, destination rank, bytes, transfer label),
   to which the engine adds the route; None for the others. A recv that names a size must
   name the send's.
+- ``sends``: the sends that meet a recv, in index order; ``collectives``: the indices of
+  the collective actions, in index order.
 - ``key_of[i]``: the meeting key of a collective (its sorted group and its tag, or its
   sequence number on that group).
 - ``needed[group]``: the simulated members of a group (shadows arrive implicitly).
@@ -48,7 +50,7 @@ class ProgramIndex:
 
     __slots__ = ("acts", "rank_of", "streams", "members", "ids", "order", "pending", "dependents",
                  "key_of", "partner", "p2p", "needed", "barrier_of",
-                 "dur", "mem_start", "mem_end", "nxt")
+                 "dur", "mem_start", "mem_end", "nxt", "shapes", "sends", "collectives")
 
 
 def index_program(program: Program) -> ProgramIndex:
@@ -80,7 +82,7 @@ class _Shape:
     (``Program.like``): positions are a rank's own list's."""
 
     __slots__ = ("names", "slots", "pos", "dur", "mem_start", "mem_end", "nxt", "pending", "dep_src", "dep_dst",
-                 "cross")
+                 "cross", "p2p", "coll", "comm")
 
     def __init__(self, lst):
         by: dict[str, list[int]] = {}
@@ -103,10 +105,17 @@ class _Shape:
         mem_start: list = [None] * n
         mem_end: list = [None] * n
         src, dst, cross = [], [], []
+        self.p2p, self.coll, self.comm = [], [], []
         for k, a in enumerate(lst):
             kind = a.kind
             if kind == "compute" or kind == "comm":
                 dur[k] = a.duration_s
+                if kind == "comm":
+                    self.comm.append(k)
+            elif kind == "send" or kind == "recv":
+                self.p2p.append(k)
+            elif kind == "collective":
+                self.coll.append(k)
             if a.mem:
                 for when, table in (("start", mem_start), ("end", mem_end)):
                     m = tuple((category, float(nbytes)) for w, category, nbytes in a.mem if w == when)
@@ -165,12 +174,14 @@ def _index(ix: ProgramIndex, program: Program) -> None:
     stream_of: dict[int, list] = {}
     same_dur: dict = {}  # one object per distinct duration, and per distinct memory change
     same_mem: dict = {}
+    shapes = []
     for t, rs in classes.items():
         lst = actions[t]
         shape = _Shape(lst)
         m = len(lst)
         rows = np.array([row_of[r] for r in rs], dtype=np.int64)
         at = idx[rows, :m]  # (ranks of the class) x positions
+        shapes.append((shape, rs, at))
         dur_a[at] = _objects([None if d is None else same_dur.setdefault(d, d) for d in shape.dur])
         mem_start_a[at] = _objects([None if x is None else same_mem.setdefault(x, x) for x in shape.mem_start])
         mem_end_a[at] = _objects([None if x is None else same_mem.setdefault(x, x) for x in shape.mem_end])
@@ -231,7 +242,7 @@ def _index(ix: ProgramIndex, program: Program) -> None:
     if max(pending, default=0) < 256:  # the usual case: a byte each is quicker to count down
         pending = bytearray(pending)
     ix.ids, ix.pending, ix.dependents, ix.nxt = _Ids(pos_of, local_of), pending, dependents, nxt_a.tolist()
-    ix.order = [i for r in ranks for i in local_of[r]]  # indices in program order, rank by rank
+    ix.shapes = shapes
     ix.dur, ix.mem_start, ix.mem_end = dur_a.tolist(), mem_start_a.tolist(), mem_end_a.tolist()
 
 
@@ -248,75 +259,128 @@ def _objects(values: list) -> np.ndarray:
 
 
 def _match(ix: ProgramIndex, program: Program) -> None:
-    p2p_seq: dict[tuple, int] = {}
-    coll_seq: dict[tuple, int] = {}
     acts, rank_of = ix.acts, ix.rank_of
     n = len(acts)
+    partner, p2p, ix.sends = _pair(ix, program)
     key_of: list = [None] * n
-    waiting: dict[tuple, int] = {}
-    partner = [-1] * n
-    p2p: list = [None] * n
+    coll_seq: dict[tuple, int] = {}
     sorted_group: dict[tuple, tuple] = {}
-    grouped: dict[tuple, None] = {}  # the groups of collective and comm actions, in program order
-    for i in ix.order:  # program order: "the n-th send" counts across the rank's streams
-        a = acts[i]
-        kind = a.kind
-        if kind == "compute":
+    grouped: dict[tuple, None] = {}  # the groups of collective and comm actions, in order met
+    comms: list[tuple[int, object]] = []
+    colls: list[int] = []
+    for shape, rs, at in ix.shapes:
+        if not shape.coll and not shape.comm:
             continue
-        if kind == "send" or kind == "recv":
-            r = rank_of[i]
-            seq = (r, a.peer, a.tag, kind) if kind == "send" else (a.peer, r, a.tag, kind)
-            k = p2p_seq.get(seq, 0)
-            p2p_seq[seq] = k + 1
-            key = (seq[0], seq[1], seq[2], k)  # (source, destination, tag, count)
-            j = waiting.pop(key, None)
-            if j is None:
-                waiting[key] = i
-            else:
-                partner[i], partner[j] = j, i
-                si, ri = (i, j) if kind == "send" else (j, i)
-                send, recv = acts[si], acts[ri]
-                if recv.nbytes and recv.nbytes != send.nbytes:
-                    raise InputError(
-                        f"program: recv {recv.name!r} on rank {rank_of[ri]} expects {recv.nbytes} bytes but the matching send {send.name!r} on rank {rank_of[si]} sends {send.nbytes}"
-                    )
-        elif kind == "collective":
-            grouped[a.group] = None
-            r = rank_of[i]
-            group = sorted_group.get(a.group)
-            if group is None:
-                group = sorted_group[a.group] = tuple(sorted(a.group))
-            if a.tag:
-                key = (group, "tag", a.tag)
-            else:
-                k = coll_seq.get((group, r), 0)
-                coll_seq[(group, r)] = k + 1
-                key = (group, "seq", k)
-            key_of[i] = key
-        elif kind == "comm":
-            grouped[a.group] = None
-    same: dict = {}  # one object per distinct size (of one type: 4 and 4.0 stay apart)
-    for si, ri in enumerate(partner):  # each pair's entry, made at its send in index order (like dependents)
-        if ri >= 0:
-            send = acts[si]
-            if send.kind == "send":
-                b = send.nbytes
-                p2p[si] = p2p[ri] = (si, ri, rank_of[si], rank_of[ri], same.setdefault((b.__class__, b), b),
-                                     f"{send.category or 'p2p'} {send.name}")
+        for r, row in zip(rs, at.tolist()):
+            lst = program.actions[r]
+            for k in shape.coll:  # in program order: "the n-th collective on a group"
+                a = lst[k]
+                grouped[a.group] = None
+                group = sorted_group.get(a.group)
+                if group is None:
+                    group = sorted_group[a.group] = tuple(sorted(a.group))
+                if a.tag:
+                    key = (group, "tag", a.tag)
+                else:
+                    c = coll_seq.get((group, r), 0)
+                    coll_seq[(group, r)] = c + 1
+                    key = (group, "seq", c)
+                key_of[row[k]] = key
+                colls.append(row[k])
+            for k in shape.comm:
+                a = lst[k]
+                grouped[a.group] = None
+                comms.append((row[k], a))
     shadows = program.shadows
     needed = {g: sum(1 for x in g if x not in shadows) for g in grouped}
     barrier_of: list = [None] * n
     barriers: dict[tuple, list] = {}
-    for i, a in enumerate(acts):  # (index order, for the same reason as dependents')
-        if a.kind == "comm":
-            g = a.group
-            if len(g) > 1 and needed[g] > 1:
-                group = sorted_group.get(g)
-                if group is None:
-                    group = sorted_group[g] = tuple(sorted(g))
-                key = (group, a.name)
-                b = barriers.get(key)
-                if b is None:
-                    b = barriers[key] = [needed[g], []]
-                barrier_of[i] = b
+    for i, a in comms:
+        g = a.group
+        if len(g) > 1 and needed[g] > 1:
+            group = sorted_group.get(g)
+            if group is None:
+                group = sorted_group[g] = tuple(sorted(g))
+            key = (group, a.name)
+            b = barriers.get(key)
+            if b is None:
+                b = barriers[key] = [needed[g], []]
+            barrier_of[i] = b
     ix.key_of, ix.partner, ix.p2p, ix.needed, ix.barrier_of = key_of, partner, p2p, needed, barrier_of
+    ix.collectives = sorted(colls)
+    ix.shapes = None
+
+
+def _pair(ix: ProgramIndex, program: Program) -> tuple[list, list, list]:
+    """``partner``, ``p2p`` (see the module doc) and the sends that met a recv, in index
+    order. The n-th send from a to b with a tag
+    meets the n-th recv on b from a with that tag, counting in each rank's program
+    order: every send and recv is numbered within its (source, destination, tag, kind)
+    by sorting (numpy), and equal numbers meet."""
+    n = len(ix.acts)
+    partner = [-1] * n
+    p2p: list = [None] * n
+    tags: dict[str, int] = {}
+    parts = []  # per class: (indices, ranks, peers, positions, kinds, tags, sizes, labels)
+    for shape, rs, at in ix.shapes:
+        if not shape.p2p:
+            continue
+        ks = shape.p2p
+        tmpl = program.actions[rs[0]]
+        kinds = np.array([tmpl[k].kind == "recv" for k in ks], dtype=np.int64)
+        tag = np.array([tags.setdefault(tmpl[k].tag, len(tags)) for k in ks], dtype=np.int64)
+        sizes = _column([tmpl[k].nbytes for k in ks])
+        labels = _column([f"{tmpl[k].category or 'p2p'} {tmpl[k].name}" for k in ks])
+        peers = [a.peer for r in rs for a in map(program.actions[r].__getitem__, ks)]
+        parts.append((at[:, ks].ravel(), np.repeat(np.array(rs, dtype=np.int64), len(ks)),
+                      np.array(peers, dtype=np.int64), np.tile(np.array(ks, dtype=np.int64), len(rs)),
+                      np.tile(kinds, len(rs)), np.tile(tag, len(rs)), np.tile(sizes, len(rs)),
+                      np.tile(labels, len(rs))))
+    if not parts:
+        return partner, p2p, []
+    idx, rank, peer, pos, recv, tag, size, label = (np.concatenate(c) for c in zip(*parts))
+    src = np.where(recv == 1, peer, rank)
+    dst = np.where(recv == 1, rank, peer)
+    o = np.lexsort((pos, recv, tag, dst, src))  # by (source, destination, tag, kind), then program order
+    new = np.ones(len(o), dtype=bool)
+    new[1:] = (np.diff(src[o]) != 0) | (np.diff(dst[o]) != 0) | (np.diff(tag[o]) != 0) | (np.diff(recv[o]) != 0)
+    starts = np.flatnonzero(new)
+    nth = np.empty(len(o), dtype=np.int64)
+    nth[o] = np.arange(len(o)) - np.repeat(starts, np.diff(np.append(starts, len(o))))
+    o = np.lexsort((recv, nth, tag, dst, src))  # a send right before the recv it meets
+    a, b = o[:-1], o[1:]
+    met = (recv[a] == 0) & (recv[b] == 1) & (src[a] == src[b]) & (dst[a] == dst[b]) & (tag[a] == tag[b]) \
+        & (nth[a] == nth[b])
+    s_, r_ = a[met], b[met]
+    s_ = s_[np.argsort(idx[s_], kind="stable")]  # each pair's entry made at its send, in index order
+    r_ = _partner_of(s_, a[met], b[met])
+    bad = np.flatnonzero((size[r_] != 0) & (size[r_] != size[s_]))
+    if len(bad):
+        si, ri = int(idx[s_[bad[0]]]), int(idx[r_[bad[0]]])
+        send, recv_a = ix.acts[si], ix.acts[ri]
+        raise InputError(
+            f"program: recv {recv_a.name!r} on rank {ix.rank_of[ri]} expects {recv_a.nbytes} bytes but the matching "
+            f"send {send.name!r} on rank {ix.rank_of[si]} sends {send.nbytes}"
+        )
+    sends = idx[s_].tolist()
+    for si, ri, a_, b_, nb, lab in zip(sends, idx[r_].tolist(), rank[s_].tolist(), rank[r_].tolist(),
+                                       size[s_].tolist(), label[s_].tolist()):
+        partner[si], partner[ri] = ri, si
+        p2p[si] = p2p[ri] = (si, ri, a_, b_, nb, lab)
+    return partner, p2p, sends
+
+
+def _partner_of(order: np.ndarray, sends: np.ndarray, recvs: np.ndarray) -> np.ndarray:
+    """The recvs of ``sends`` (met pairwise with ``recvs``), in the order of ``order``."""
+    where = np.empty(int(sends.max(initial=-1)) + 1, dtype=np.int64)
+    where[sends] = recvs
+    return where[order]
+
+
+def _column(values: list) -> np.ndarray:
+    """A numpy array of Python objects, one per value (sizes keep their type: 4 and 4.0
+    stay apart, as the actions gave them)."""
+    out = np.empty(len(values), dtype=object)
+    for k, v in enumerate(values):
+        out[k] = v
+    return out

@@ -50,6 +50,9 @@ class Topology:
         self.gpus: list[str] = [n for _, n in gpus]
         self._route_cache: dict[tuple[int, int], tuple[Link, ...]] = {}
         self._core: nx.Graph | None = None
+        self._hops: dict[tuple, int | None] = {}  # (u, v) -> hops between them in the core graph
+        self._bfs: dict[tuple, list[set]] = {}  # (u, cutoff) -> nodes by distance from u
+        self._stems: dict[str, str] = {}
 
     # ----------------------------------------------------------------- validation
     def _validate(self) -> None:
@@ -154,9 +157,8 @@ class Topology:
         g = self.graph
         for a in firsts:
             for b in lasts:
-                try:
-                    n = len(nx.bidirectional_shortest_path(core, a, b)) - 1
-                except nx.NetworkXNoPath:
+                n = self._core_hops(a, b)
+                if n is None:
                     continue
                 # Fewest hops first; among those, the widest links out of s and into d,
                 # then the better kind of link, so GPUs of a node that share a NIC talk
@@ -177,10 +179,48 @@ class Topology:
         # Nodes on shortest a-b paths: half-way nodes x with dist(a, x) = m and
         # dist(x, b) = best - m; then walk back to a and on to b, one hop at a time.
         m = (best + 1) // 2
-        da = _levels(nx.single_source_shortest_path_length(core, a, cutoff=m))
-        db = _levels(nx.single_source_shortest_path_length(core, b, cutoff=best - m))
+        da, db = self._core_levels(a, m), self._core_levels(b, best - m)
         mid = _pick(sorted(x for x in da[m] if x in db[best - m]), h)
         return _walk(core, da, mid, m, h)[::-1] + _walk(core, db, mid, best - m, h)[1:]
+
+    def _stem(self, u: str) -> str:
+        """The one core neighbour of ``u`` if it has just one (a NIC's switch), else ``u``:
+        distances from a NIC are its switch's plus one, so a large fabric's searches are
+        made (and kept) once per switch instead of once per NIC."""
+        r = self._stems.get(u)
+        if r is None:
+            adj = self._core_graph().adj[u]
+            r = self._stems[u] = next(iter(adj)) if len(adj) == 1 else u
+        return r
+
+    def _core_hops(self, a: str, b: str) -> int | None:
+        """Hops between a and b in the core graph (None: no path), through their stems."""
+        if a == b:
+            return 0
+        ra, rb = self._stem(a), self._stem(b)
+        if ra == b or rb == a:
+            return 1
+        key = (ra, rb)
+        if key not in self._hops:
+            try:
+                self._hops[key] = len(nx.bidirectional_shortest_path(self._core_graph(), ra, rb)) - 1
+            except nx.NetworkXNoPath:
+                self._hops[key] = None
+        n = self._hops[key]
+        return None if n is None else n + (ra != a) + (rb != b)
+
+    def _core_levels(self, u: str, cutoff: int) -> list[set]:
+        """Core nodes by distance from ``u`` up to ``cutoff`` (``levels[k]``: k hops away),
+        from its stem's (kept) when u hangs off one: u at 0, the stem at 1, then the
+        stem's levels one further out, without u."""
+        r = self._stem(u)
+        if r == u or cutoff == 0:
+            key = (u, cutoff)
+            if key not in self._bfs:
+                self._bfs[key] = _levels(nx.single_source_shortest_path_length(self._core_graph(), u, cutoff=cutoff))
+            return self._bfs[key]
+        inner = self._core_levels(r, cutoff - 1)
+        return [{u}, *(level - {u} for level in inner)]
 
     def host_route(self, rank: int, to_host: bool = True) -> tuple[Link, ...]:
         """The link between GPU ``rank`` and its host CPU, in the direction of the copy."""

@@ -81,14 +81,16 @@ def replicate(prog: Program, world_size: int, coords: Callable[[int], tuple], ra
 
 
 def expand(template: Program, world_size: int, rep_of: Callable[[int], int], moved: Callable[[int, int], int],
-           keep: Callable[[int], bool] | None = None) -> Program:
+           keep: Callable[[int], bool] | None = None,
+           groups_of: Callable[[int], dict[tuple, tuple]] | None = None) -> Program:
     """Copy a template program onto every GPU: GPU g does what template rank ``rep_of(g)``
     does, with every other rank x that action names (a peer, a group member, the rank of
     a dependency) replaced by ``moved(x, g)``, the rank that plays for g the part x plays
     for ``rep_of(g)``. ``moved(., g)`` must be a bijection of the cluster that maps
     ``rep_of(g)`` to g and each of its groups onto g's; groups come out in rank order
-    (the plan's order). With ``keep``, only the GPUs it accepts are simulated; the others
-    become shadows.
+    (the plan's order); ``groups_of(g)``, if given, maps some template groups to g's
+    directly. With ``keep``, only the GPUs it accepts are simulated; the others become
+    shadows.
 
     The passes then run once per pipeline stage instead of once per GPU, and the actions
     that name no other rank (compute, memory, the optimizer step) are one object shared
@@ -113,7 +115,7 @@ def expand(template: Program, world_size: int, rep_of: Callable[[int], int], mov
             out[g] = list(lst)
             continue
         to: dict[int, int] = {}
-        groups: dict[tuple, tuple] = {}
+        groups: dict[tuple, tuple] = dict(groups_of(g)) if groups_of is not None else {}
         acts = list(lst)
         for k, a, peer, group, cross in named.get(rep, ()):
             if group:

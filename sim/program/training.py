@@ -169,14 +169,8 @@ def build_program(model: ModelSpec, plan: ParallelPlan, profile: HardwareProfile
         keep = lambda g: plan.coords(g)[0] == 0 and (not own_nics or plan.coords(g)[2] == 0)  # noqa: E731
     # The passes run on one GPU per pipeline stage (dp 0, tp 0); ``passes.expand`` then
     # copies each stage's program onto its GPUs (``keep``: the simulated ones).
-    coords = [plan.coords(g) for g in range(plan.world_size)]
-    rep = [plan.rank(dp=0, pp=p, tp=0) for p in range(plan.pp)]
-    rep_set = set(rep)
-
-    def moved(x: int, g: int) -> int:
-        (d, _, t), (dx, px, tx) = coords[g], coords[x]
-        return plan.rank(dp=(dx + d) % plan.dp, pp=px, tp=(tx + t) % plan.tp)
-
+    rep_of, moved, groups_of = _copies(plan)
+    rep_set = {rep_of(g) for g in range(plan.world_size)}
     prog = passes.replicate(prog, plan.world_size, plan.coords, plan.rank, lambda g: g in rep_set)
     prog = passes.add_tp_collectives(prog, segments, plan.tp_group)
     act_bytes = p2p_bytes(model, plan.micro_batch_size, plan.tp, plan.sequence_parallel)
@@ -224,8 +218,46 @@ def build_program(model: ModelSpec, plan: ParallelPlan, profile: HardwareProfile
         prog = zero.add_param_allgather(prog, lambda r: gathered[plan.coords(r)[1]], plan.dp_group, bucket, done,
                                         tensors)
     prog = add_memory(prog, model, plan, profile, segments)
-    prog = passes.expand(prog, plan.world_size, lambda g: rep[coords[g][1]], moved, keep)
+    prog = passes.expand(prog, plan.world_size, rep_of, moved, keep, groups_of)
     return schedule, prog
+
+
+def _copies(plan: ParallelPlan):
+    """What ``passes.expand`` needs to copy the stage programs (made on dp 0, tp 0) onto
+    every GPU: ``rep_of(g)``, the GPU of g's stage that the passes ran on; ``moved(x, g)``,
+    the rank whose dp and tp indices are x's shifted by g's (a bijection of the cluster
+    that maps ``rep_of(g)`` to g, its tp group onto g's and its dp group onto g's); and
+    ``groups_of(g)``, the template's tp and dp groups -> g's (each a tuple of the plan's,
+    made once, instead of moving their members one by one)."""
+    size = {"tp": plan.tp, "pp": plan.pp, "dp": plan.dp}
+    stride, s = {}, 1
+    for dim in plan.placement_order:  # ranks are mixed-radix numbers (sim.inputs.placement)
+        stride[dim], s = s, s * size[dim]
+    sd, sp, st = stride["dp"], stride["pp"], stride["tp"]
+    nd, npp, nt = plan.dp, plan.pp, plan.tp
+
+    def rep_of(g: int) -> int:
+        return g // sp % npp * sp
+
+    def moved(x: int, g: int) -> int:
+        d = (x // sd + g // sd) % nd
+        t = (x // st + g // st) % nt
+        return d * sd + x // sp % npp * sp + t * st
+
+    tp_groups: dict[int, tuple] = {}  # by first member
+    dp_groups: dict[int, tuple] = {}
+
+    def groups_of(g: int) -> dict[tuple, tuple]:
+        rep = rep_of(g)
+        tg = g - g // st % nt * st
+        dg = g - g // sd % nd * sd
+        if tg not in tp_groups:
+            tp_groups[tg] = tuple(tg + i * st for i in range(nt))
+        if dg not in dp_groups:
+            dp_groups[dg] = tuple(dg + i * sd for i in range(nd))
+        return {plan.tp_group(rep): tp_groups[tg], plan.dp_group(rep): dp_groups[dg]}
+
+    return rep_of, moved, groups_of
 
 
 def _own_nics(topology: Topology) -> bool:
