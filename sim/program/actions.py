@@ -135,11 +135,15 @@ def _generate():
     nw += [f"    o.{f} = {f}" for f in _FIELDS if f != "stream"]
     nw += ["    o.stream = stream or ('compute' if kind in ('compute', 'comm') else 'comm')",
            "    o.__class__ = Action", "    return o"]
-    exec("\n".join(ev) + "\n\n" + "\n".join(nw) + "\n", env)  # noqa: S102 - code generated from field names
-    return env["_evolve"], env["_new"]
+    wp = ["def _with_peer(self, peer):", "    o = _obj_new(_Draft)"]
+    wp += [f"    o.{f} = self.{f}" if f != "peer" else "    o.peer = peer" for f in _FIELDS]
+    wp += ["    o.__class__ = Action", "    return o"]
+    exec("\n".join(ev) + "\n\n" + "\n".join(nw) + "\n\n" + "\n".join(wp) + "\n", env)  # noqa: S102 - code generated from field names
+    return env["_evolve"], env["_new"], env["_with_peer"]
 
 
-_evolve, _new = _generate()
+_evolve, _new, with_peer = _generate()
+with_peer.__doc__ = """``action.evolve(peer=peer)``, for the passes that copy millions of sends and receives."""
 _evolve.__doc__, _new.__doc__ = Action.evolve.__doc__, Action.new.__doc__
 Action.evolve, Action.new = _evolve, staticmethod(_new)  # called directly: no second packing of the arguments
 

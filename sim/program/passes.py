@@ -28,10 +28,16 @@ dependencies on a step mean "the step is complete".
 
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass
+from functools import partial
+from itertools import repeat
 from typing import Callable
 
-from sim.program.actions import Action, Program
+from sim.program.actions import Action, Program, with_peer
+
+
+consume = partial(deque, maxlen=0)  # runs an iterator (a map of a setter) to its end
 
 
 @dataclass(frozen=True)
@@ -97,13 +103,29 @@ def expand(template: Program, world_size: int, rep_of: Callable[[int], int], mov
     by every GPU of the stage; actions whose group moves the same way on several GPUs
     (a tensor-parallel group's pieces, on its members) are shared by them."""
     template.check()
-    named: dict[int, list[tuple]] = {}  # per template rank: (position, action, what it names)
+    # Per template rank, the actions that name other ranks, sorted by what they name:
+    # sends and receives by peer, actions with a group and nothing else by group, the rest.
+    by_peer: dict[int, dict[int, tuple[list, list]]] = {}
+    by_group: dict[int, dict[tuple, tuple[list, list]]] = {}
+    other: dict[int, list[tuple[int, Action]]] = {}
     for r, lst in template.actions.items():
-        named[r] = [(k, a, a.peer, a.group, any(d.__class__ is not str for d in a.deps)) for k, a in enumerate(lst)
-                    if a.peer is not None or a.group or any(d.__class__ is not str for d in a.deps)]
+        peers, grouped, rest = by_peer[r], by_group[r], other[r] = {}, {}, []
+        for k, a in enumerate(lst):
+            cross = any(d.__class__ is not str for d in a.deps)
+            if a.peer is not None and not a.group and not cross:
+                ks, acts = peers.setdefault(a.peer, ([], []))
+            elif a.group and a.peer is None and not cross:
+                ks, acts = grouped.setdefault(a.group, ([], []))
+            elif cross or a.peer is not None or a.group:
+                rest.append((k, a))
+                continue
+            else:
+                continue
+            ks.append(k)
+            acts.append(a)
     out: dict[int, list[Action]] = {}
     shadows = []
-    shared: dict[tuple, Action] = {}  # (id of a template action, its moved group) -> the moved action
+    shared: dict[tuple, list[Action]] = {}  # (template rank, group, its moved group) -> the moved actions
     evolve = Action.evolve
     for g in range(world_size):
         if keep is not None and not keep(g):
@@ -114,36 +136,32 @@ def expand(template: Program, world_size: int, rep_of: Callable[[int], int], mov
         if g == rep:
             out[g] = list(lst)
             continue
-        to: dict[int, int] = {}
         groups: dict[tuple, tuple] = dict(groups_of(g)) if groups_of is not None else {}
+
+        def group_of(group: tuple) -> tuple:
+            got = groups.get(group)
+            if got is None:
+                got = groups[group] = tuple(sorted(moved(x, g) for x in group))
+            return got
+
         acts = list(lst)
-        for k, a, peer, group, cross in named.get(rep, ()):
-            if group:
-                grp = groups.get(group)
-                if grp is None:
-                    grp = groups[group] = tuple(sorted(moved(x, g) for x in group))
-                if peer is None and not cross:  # the same on every GPU the group moves to
-                    key = (id(a), grp)
-                    b = shared.get(key)
-                    if b is None:
-                        b = shared[key] = evolve(a, group=grp)
-                    acts[k] = b
-                    continue
-            if peer is not None and not cross and not group:  # a send or receive
-                q = to.get(peer)
-                if q is None:
-                    q = to[peer] = moved(peer, g)
-                acts[k] = evolve(a, peer=q)
-                continue
+        for peer, (ks, these) in by_peer[rep].items():  # a send or receive
+            consume(map(acts.__setitem__, ks, map(with_peer, these, repeat(moved(peer, g)))))
+        for group, (ks, these) in by_group[rep].items():  # the same on every GPU the group moves to
+            grp = group_of(group)
+            key = (rep, group, grp)
+            made = shared.get(key)
+            if made is None:
+                made = shared[key] = [evolve(a, group=grp) for a in these]
+            consume(map(acts.__setitem__, ks, made))
+        for k, a in other[rep]:
             changes = {}
-            if group:
-                changes["group"] = grp
-            if peer is not None:
-                changes["peer"] = to[peer] if peer in to else to.setdefault(peer, moved(peer, g))
-            if cross:
-                changes["deps"] = tuple(d if d.__class__ is str else
-                                        (to[d[0]] if d[0] in to else to.setdefault(d[0], moved(d[0], g)), d[1])
-                                        for d in a.deps)
+            if a.group:
+                changes["group"] = group_of(a.group)
+            if a.peer is not None:
+                changes["peer"] = moved(a.peer, g)
+            if any(d.__class__ is not str for d in a.deps):
+                changes["deps"] = tuple(d if d.__class__ is str else (moved(d[0], g), d[1]) for d in a.deps)
             acts[k] = evolve(a, **changes)
         out[g] = acts
     prog = Program(out, shadows, check=False, like={g: rep_of(g) for g in out})
