@@ -159,14 +159,24 @@ def test_interrupted_in_process_then_resumed_every_point_once(tmp_path):
     assert [r["key"] for r in recs] == [plan_key(p) for p in PLANS]
 
 
+def _foreground_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+
+
 def test_sweep_killed_by_sigint_leaves_a_valid_file_and_resume_finishes_it(tmp_path, capsys):
     toml = tmp_path / "sweep.toml"
     # Points of about half a second each, so that the signal lands with several still to run.
     toml.write_text(SWEEP_TOML.replace("global_batch_size = 64", "global_batch_size = 512"))
     out = tmp_path / "out"
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    # As a terminal's foreground job gets it: SIGINT at its default and not blocked. A test
+    # run started in the background by a script (``make test &``) has SIGINT ignored, as
+    # background jobs of non-interactive shells do, and a child inherits that: the sweep
+    # would then ignore the signal, as it should, and this test would fail for that alone.
     proc = subprocess.Popen([sys.executable, "-m", "sim", "sweep", str(toml), "--out", str(out), "--workers", "1"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=tmp_path)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=tmp_path,
+                            preexec_fn=_foreground_sigint)
     results = out / "results.jsonl"
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline and proc.poll() is None:

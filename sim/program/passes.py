@@ -5,8 +5,9 @@ each *pipeline* rank, with data dependencies between ranks as plain cross-rank d
 (communication for free). The passes below, applied in order, make it a full iteration
 on every GPU:
 
-1. ``replicate``: copy each pipeline rank's actions onto every GPU of that stage
-   (all data- and tensor-parallel replicas), rewiring deps to the matching replica.
+1. ``replicate``: copy each pipeline rank's actions onto GPUs of that stage (data- and
+   tensor-parallel replicas), rewiring deps to the matching replica. Training keeps one
+   GPU per stage here (dp 0, tp 0) and runs the passes below on those alone.
 2. ``add_tp_collectives``: cut each step into its per-layer compute segments and the
    Megatron tensor-parallel collectives between them (all-reduce, or all-gather /
    reduce-scatter with sequence parallelism), which block the compute that follows.
@@ -17,6 +18,8 @@ on every GPU:
    final (the last micro-batch's backward), each all-reduced over the data-parallel group
    as soon as it is full, overlapping the rest of backward (or all after backward).
 5. ``add_optimizer``: the optimizer step after the rank's gradient syncs.
+6. ``expand`` (after ``sim.program.zero``'s passes): copy each stage's program onto every
+   GPU of the stage, moving peers, groups and cross-rank deps to that GPU's.
 
 Sizes and durations come in as functions of the rank (and layer): the passes decide
 where actions go and what they wait for, ``sim.program.memory`` and
