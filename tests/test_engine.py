@@ -261,3 +261,34 @@ def test_program_index_counts_dependencies_and_shares_equal_values():
     assert prog.actions[0][0].duration_s is not prog.actions[1][0].duration_s
     assert ix.dur[a0] == ix.dur[a1] == 0.25 and ix.dur[a0] is ix.dur[a1]
     assert ix.mem_start[a0] == (("act", 4.0),) and ix.mem_start[a0] is ix.mem_start[a1]
+
+
+def test_a_finished_run_leaves_no_actions_in_reference_cycles():
+    """The engine's closures and the network's callbacks refer to one another, and
+    ``gc_paused`` freezes what is alive after a run: unless the run lets go of its state,
+    every run's index (an entry per action) stays in memory for good. After a run and
+    its result are dropped, a full collection finds no Action and no engine list left
+    in unreachable cycles."""
+    import gc
+
+    import sim
+    from sim.engine.core import _Engine
+
+    gc.unfreeze()
+    gc.collect()  # (what earlier tests left: their exceptions' tracebacks hold engines)
+    r = sim.run(model="llama2-7b", gpu="a100-80gb", nodes=2, tensor_model_parallel_size=2,
+                pipeline_model_parallel_size=2, global_batch_size=16, fidelity="full")
+    actions = r.run.trace.stats["actions"]
+    assert actions > 1000
+    del r
+    was = gc.get_debug()
+    gc.unfreeze()  # (the run froze what was alive when it ended)
+    gc.set_debug(gc.DEBUG_SAVEALL)
+    try:
+        gc.collect()
+        left = list(gc.garbage)
+    finally:
+        gc.garbage.clear()
+        gc.set_debug(was)
+    assert not [o for o in left if isinstance(o, (Action, _Engine))]
+    assert max((len(o) for o in left if isinstance(o, list)), default=0) < actions / 10

@@ -54,7 +54,11 @@ def simulate(program: Program, topology: Topology, *, link_efficiency: dict[str,
     if check_invariants is None:
         check_invariants = invariants.enabled()
     with gc_paused():
-        return _Engine(program, topology, link_efficiency, fluid_collectives, check_invariants).run()
+        engine = _Engine(program, topology, link_efficiency, fluid_collectives, check_invariants)
+        try:
+            return engine.run()
+        finally:
+            engine.release()
 
 
 @contextmanager
@@ -156,6 +160,28 @@ class _Engine:
                 invariants.violation(f"{self.net.active} network flows never finished")
             invariants.check(self.program, trace, self.net)
         return trace
+
+    _RUN_STATE = ("_acts", "_rank_of", "_streams", "_members", "_pending", "_dependents", "_nxt", "_key_of",
+                  "_needed", "_barrier_of", "_partner", "_p2p", "_dur", "_mem_start", "_mem_end", "_start", "_end",
+                  "_busy_start", "_link_of", "_arrived", "_pair_link", "_sends", "_collectives", "_ready")
+
+    def release(self) -> None:
+        """Let go of the run's state once its trace is made. The event loop's closures and
+        the network's and collectives' callbacks refer to one another, and ``gc_paused``
+        freezes what is alive when the run ends, so the cyclic collector would never free
+        that state: emptied here (the index's arrays are the engine's own), each run leaves
+        a few small objects behind, not its millions of entries."""
+        for name in self._RUN_STATE:
+            value = self.__dict__.get(name)
+            if isinstance(value, (list, dict, bytearray, deque)):
+                value.clear()
+        for fn in (self.__dict__.get("_finish"), self.__dict__.get("_start_ready")):
+            for cell in getattr(fn, "__closure__", None) or ():  # the hot path's closures name each other
+                cell.cell_contents = None
+        for part in (self.__dict__.get("net"), self.__dict__.get("_coll")):
+            if part is not None:
+                part.__dict__.clear()
+        self.__dict__.clear()
 
     def _prepare(self) -> None:
         """Set-up before the clock starts: the route of every point-to-point pair and the
