@@ -1,0 +1,150 @@
+"""Where the time goes, kernel by kernel: the report behind ``trainsim explain``.
+
+For one micro-batch on one GPU (one tensor-parallel rank) of a plan, it lists every
+kernel the simulator charges for one transformer layer, the embedding (first pipeline
+stage) and the output head with the loss (last stage), phase by phase (F forward, B
+input gradient, W weight gradient, the recomputed forward marked ``R``), each with its
+shape, FLOPs, bytes moved, the time ``sim.program.costs.op_time`` gives it, what bounds
+it (compute or memory), the rate it runs at and the efficiency the profile grants it;
+and every tensor-parallel collective with its buffer, link and time. Then the same
+totals per phase and per micro-batch, and the per-iteration terms of the first-order
+estimate (``sim.program.estimate``): micro-batches, bubble, pipeline and gradient
+traffic, the optimizer step.
+
+The kernels are those of ``sim.program.workload``, which follows Megatron-LM's layer
+(fused bias-GeLU / SwiGLU, fused bias-dropout-add, flash attention, column- and
+row-parallel GEMMs); the times are exactly what the simulator uses, so a user can hold
+each line against a profiler trace of their own model.
+"""
+
+from __future__ import annotations
+
+from sim.inputs.hardware import HardwareProfile
+from sim.inputs.model import ModelSpec
+from sim.inputs.plan import ParallelPlan
+from sim.program.costs import collective_time, op_time
+from sim.program.estimate import estimate
+from sim.program.workload import Comm, Op, Work, embedding_work, head_work, layer_work
+from sim.units import format_bytes, format_time
+
+PARTS = ("layer", "embedding", "head")
+
+
+def _op_row(op: Op, profile: HardwareProfile, dtype: str = "bf16") -> dict:
+    t = op_time(op, profile, dtype)
+    moved = op.bytes_read + op.bytes_written
+    busy = t - profile.kernel_launch_s
+    if op.kind == "gemm":
+        eff = profile.gemm_efficiency(*op.shape, op.batch)
+    elif op.kind == "attention":
+        eff = profile.attention_efficiency(*op.shape, op.batch)
+    else:
+        eff = profile.memory_efficiency
+    compute_s = op.flops / (profile.peak(dtype) * eff) if op.kind in ("gemm", "attention") and op.flops else 0.0
+    bound = "compute" if op.kind in ("gemm", "attention") and compute_s >= busy - 1e-15 else "memory"
+    return {
+        "phase": "R" if op.recompute else op.phase,
+        "name": op.name,
+        "kind": op.kind,
+        "shape": list(op.shape),
+        "batch": op.batch,
+        "flops": op.flops,
+        "bytes": moved,
+        "time_s": t,
+        "bound": bound,
+        "flops_per_s": op.flops / t if t > 0 else 0.0,
+        "bytes_per_s": moved / t if t > 0 else 0.0,
+        "efficiency": eff,
+    }
+
+
+def _comm_row(c: Comm, plan: ParallelPlan, link: str, profile: HardwareProfile) -> dict:
+    t = collective_time(c.collective, c.nbytes, plan.tp, link, profile) if plan.tp > 1 else 0.0
+    return {"phase": "R" if c.recompute else c.phase, "name": c.name, "kind": "tp comm",
+            "collective": c.collective, "bytes": c.nbytes, "ranks": plan.tp, "link": link, "time_s": t}
+
+
+def _part(work: Work, plan: ParallelPlan, link: str, profile: HardwareProfile) -> dict:
+    rows = [_op_row(i, profile) if isinstance(i, Op) else _comm_row(i, plan, link, profile) for i in work.items]
+    phases: dict[str, dict] = {}
+    for r in rows:
+        p = phases.setdefault(r["phase"], {"compute_s": 0.0, "tp_comm_s": 0.0, "kernels": 0})
+        if r["kind"] == "tp comm":
+            p["tp_comm_s"] += r["time_s"]
+        else:
+            p["compute_s"] += r["time_s"]
+            p["kernels"] += 1
+    total = sum(p["compute_s"] + p["tp_comm_s"] for p in phases.values())
+    return {"rows": rows, "phases": phases, "total_s": total}
+
+
+def explain(model: ModelSpec, plan: ParallelPlan, profile: HardwareProfile, gpus_per_node: int = 8) -> dict:
+    """The report as a dict (the JSON ``trainsim explain --json`` prints)."""
+    est = estimate(model, plan, profile, gpus_per_node=gpus_per_node)
+    link = est.links["tp"]
+    b, t, sp = plan.micro_batch_size, plan.tp, plan.sequence_parallel
+    works = {"layer": layer_work(model, b, t, sp, plan.recompute), "embedding": embedding_work(model, b, t, sp),
+             "head": head_work(model, b, t, sp)}
+    parts = {name: _part(w, plan, link, profile) for name, w in works.items()}
+    layers = plan.stage_layers(model)
+    per_stage = [sum(layers[c * plan.pp + r] for c in range(plan.vpp)) for r in range(plan.pp)]
+    return {
+        "model": model.name,
+        "gpu": profile.name,
+        "plan": {"dp": plan.dp, "tp": plan.tp, "pp": plan.pp, "vpp": plan.vpp, "sequence_parallel": plan.sp,
+                 "micro_batch_size": plan.micro_batch_size, "num_microbatches": plan.num_microbatches,
+                 "recompute": plan.recompute, "zero_stage": plan.zero_stage},
+        "tp_link": link,
+        "kernel_launch_s": profile.kernel_launch_s,
+        "parts": parts,
+        "layers_per_stage": per_stage,
+        "estimate": dict(est.time),
+    }
+
+
+def _cell_shape(r: dict) -> str:
+    if r["kind"] == "tp comm":
+        return f"{r['collective']} of {format_bytes(r['bytes'])} over {r['ranks']} ({r['link']})"
+    if not r["shape"]:
+        return ""
+    dims = "x".join(str(int(x)) for x in r["shape"])
+    return dims + (f" (x{r['batch']})" if r["batch"] > 1 else "")
+
+
+def render(report: dict) -> str:
+    """The report as text, one table per part."""
+    p = report["plan"]
+    out = [f"{report['model']} on {report['gpu']}: tp {p['tp']} ({report['tp_link']}), "
+           f"sequence parallel {'on' if p['sequence_parallel'] else 'off'}, micro-batch {p['micro_batch_size']}, "
+           f"recompute {p['recompute']}",
+           "Times are what the simulator charges one GPU for one micro-batch "
+           f"(each kernel includes the profile's {format_time(report['kernel_launch_s'])} launch cost). "
+           "Phases: F forward, R recomputed forward, B input gradient, W weight gradient.",
+           ""]
+    what = {"layer": "one transformer layer", "embedding": "embedding (first pipeline stage)",
+            "head": "output head and loss (last pipeline stage)"}
+    for name in PARTS:
+        part = report["parts"][name]
+        out.append(f"{what[name]}")
+        out.append(f"  {'ph':<3}{'kernel':<26}{'kind':<10}{'shape':<38}{'GFLOP':>9}{'moved':>11}"
+                   f"{'time':>11}  {'bound':<8}{'rate':>12}{'eff':>6}")
+        for r in part["rows"]:
+            if r["kind"] == "tp comm":
+                rate, eff, flops, bound = "", "", "", "link"
+            else:
+                flops = f"{r['flops'] / 1e9:.1f}" if r["flops"] else "-"
+                rate = (f"{r['flops_per_s'] / 1e12:.0f} TFLOP/s" if r["bound"] == "compute"
+                        else f"{r['bytes_per_s'] / 1e9:.0f} GB/s")
+                eff, bound = f"{r['efficiency']:.0%}", r["bound"]
+            out.append(f"  {r['phase']:<3}{r['name']:<26}{r['kind']:<10}{_cell_shape(r):<38}{flops:>9}"
+                       f"{format_bytes(r['bytes']):>11}{format_time(r['time_s']):>11}  {bound:<8}{rate:>12}{eff:>6}")
+        sums = ", ".join(f"{ph} {format_time(v['compute_s'])} compute + {format_time(v['tp_comm_s'])} tp"
+                         for ph, v in part["phases"].items())
+        out.append(f"  total {format_time(part['total_s'])}: {sums}")
+        out.append("")
+    e = report["estimate"]
+    out.append(f"per iteration (first-order estimate, no overlap; layers per stage "
+               f"{' '.join(map(str, report['layers_per_stage']))}, {p['num_microbatches']} micro-batches):")
+    for key, value in e.items():
+        out.append(f"  {key:<28}{format_time(value):>12}")
+    return "\n".join(out)

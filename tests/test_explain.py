@@ -1,0 +1,68 @@
+"""``trainsim explain``: the kernel-by-kernel report is the simulator's own costs."""
+
+import json
+
+import pytest
+
+from sim.cli import main
+from sim.inputs.hardware import load_profile
+from sim.inputs.model import preset
+from sim.inputs.plan import ParallelPlan
+from sim.program.costs import work_times
+from sim.program.workload import layer_work
+from sim.results.explain import explain, render
+
+
+@pytest.fixture(scope="module")
+def report():
+    model = preset("gpt3-175b")
+    plan = ParallelPlan(dp=4, tp=8, pp=12, micro_batch_size=1, global_batch_size=1536, recompute="full")
+    return model, plan, load_profile("a100-80gb"), explain(model, plan, load_profile("a100-80gb"))
+
+
+def test_layer_totals_are_what_the_cost_model_charges(report):
+    model, plan, profile, rep = report
+    # work_times sums every op and tp collective of the layer per phase (the estimate's path)
+    expected = work_times(layer_work(model, 1, 8, False, "full"), profile, tp=8, tp_link="nvlink")
+    phases = rep["parts"]["layer"]["phases"]
+    for ph in ("F", "B", "W"):
+        compute = phases[ph]["compute_s"] + (phases["R"]["compute_s"] if ph == "B" else 0.0)
+        comm = phases[ph]["tp_comm_s"] + (phases["R"]["tp_comm_s"] if ph == "B" else 0.0)
+        assert compute == pytest.approx(expected[ph][0], rel=1e-12)
+        assert comm == pytest.approx(expected[ph][1], rel=1e-12)
+
+
+def test_gemm_rows_carry_their_closed_form_flops_and_recompute_repeats_forward(report):
+    _, _, profile, rep = report
+    rows = rep["parts"]["layer"]["rows"]
+    gemms = [r for r in rows if r["kind"] == "gemm"]
+    assert len([r for r in gemms if r["phase"] != "R"]) == 12  # 4 GEMMs each for forward, dgrad and wgrad
+    for r in gemms:
+        m, n, k = r["shape"]
+        assert r["flops"] == 2 * m * n * k * r["batch"]
+        assert r["flops_per_s"] <= profile.peak() * profile.gemm_max_efficiency
+    # GPT-3 175B, tp 8: the QKV GEMM of one 2048-token sequence is 2048 x 3h/8 x h
+    assert [2048, 3 * 12288 // 8, 12288] in [r["shape"] for r in gemms if r["name"] == "attn.qkv"]
+    fwd = [(r["name"], r["time_s"]) for r in rows if r["phase"] == "F"]
+    again = [(r["name"], r["time_s"]) for r in rows if r["phase"] == "R"]
+    assert fwd == again
+
+
+def test_render_names_every_kernel(report):
+    *_, rep = report
+    text = render(rep)
+    for part in rep["parts"].values():
+        for r in part["rows"]:
+            assert r["name"] in text
+    assert "per iteration" in text
+
+
+def test_cli_json_and_bad_input(capsys):
+    assert main(["explain", "--model", "llama2-7b", "--gpu", "h100-sxm", "--gpus", "8",
+                 "--tensor-model-parallel-size", "2", "--global-batch-size", "8", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert set(out["parts"]) == {"layer", "embedding", "head"} and out["tp_link"] == "nvlink"
+    assert main(["explain", "--model", "llama2-7b", "--gpu", "h100-sxm", "--gpus", "8",
+                 "--tensor-model-parallel-size", "3"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "3" in err
