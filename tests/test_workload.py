@@ -1,6 +1,8 @@
 """Per-layer ops: FLOPs against Zero Bubble's F/B/W, Megatron Eq. 3, Korthikanti Eq. 7/8;
 tensor- and sequence-parallel splits; bytes of hand-computed tiny cases."""
 
+import json
+
 import pytest
 
 from sim.errors import InputError
@@ -158,3 +160,48 @@ def test_chunk_work_places_embedding_and_head():
     uneven = ParallelPlan(pp=4, vpp=2, global_batch_size=8, first_stage_layers=4, last_stage_layers=4)
     counts = [[w.name for w in chunk_work(m, uneven, v)].count("layer") for v in range(8)]
     assert counts == [2, 6, 6, 2] * 2 and sum(counts) == 32
+
+
+def test_unfused_attention_has_flash_flops_and_moves_the_scores():
+    """Megatron-LM's original core attention: the same matmul FLOPs as the flash kernel
+    (4·b·s²·h/t forward, 8·b·s²·h/t backward), but the b·(a/t)·s² bf16 scores are written
+    by QKᵀ, read and written by the softmax and read by AV."""
+    from sim.inputs.model import preset
+    from sim.program.workload import layer_work
+
+    m = preset("gpt3-175b")
+    b, t, s, h, a = 1, 8, m.seq_length, m.hidden_size, m.num_attention_heads
+    flash = layer_work(m, b, t, attention="flash")
+    unfused = layer_work(m, b, t, attention="unfused")
+    for phase in ("F", "B", "W"):
+        assert unfused.flops(phase, kinds=("gemm", "attention")) == pytest.approx(
+            flash.flops(phase, kinds=("gemm", "attention")), rel=1e-12)
+    assert unfused.flops("F", kinds=("gemm", "attention")) == pytest.approx(b * s * h * (24 * h + 4 * s) / t)
+    scores = 2 * b * (a // t) * s * s  # bytes of the bf16 scores
+    softmax = next(o for o in unfused.ops("F") if o.name == "attn.softmax")
+    assert softmax.bytes_read == scores and softmax.bytes_written == scores
+    qk = next(o for o in unfused.ops("F") if o.name == "attn.scores")
+    assert qk.shape == (s, s, m.head_dim) and qk.batch == b * a // t and qk.bytes_written == scores
+    assert not [o for o in unfused.ops() if o.kind == "attention"]
+    # more bytes, so never faster on the same GPU
+    from sim.inputs.hardware import load_profile
+    from sim.program.costs import work_times
+
+    prof = load_profile("a100-80gb")
+    slow, fast = work_times(unfused, prof, t), work_times(flash, prof, t)
+    assert slow["B"][0] > fast["B"][0] and slow["F"][0] > fast["F"][0]
+
+
+def test_attention_flag_reaches_the_run(capsys):
+    from sim.cli import main
+
+    base = ["run", "--model", "gpt2-1.5b", "--gpu", "a100-80gb", "--gpus", "8", "--global-batch-size", "8", "--json"]
+    assert main(base) == 0
+    flash = json.loads(capsys.readouterr().out)
+    assert main(base + ["--attention", "unfused"]) == 0
+    unfused = json.loads(capsys.readouterr().out)
+    assert unfused["iteration_time_s"] > flash["iteration_time_s"]
+    assert unfused["memory"]["activations_bytes"] > flash["memory"]["activations_bytes"]
+    assert main(base + ["--attention", "fused"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "fused" in err and "unfused" in err

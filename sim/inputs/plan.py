@@ -42,6 +42,7 @@ from sim.inputs import placement as _pl
 from sim.errors import InputError, require
 
 RECOMPUTE = ("none", "selective", "full")
+ATTENTION = ("flash", "unfused")
 ZERO_STAGES = (0, 1, 2, 3)
 SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb-h1", "zb-h2", "custom")
 DDP_BUCKET_BYTES = 25 * 2**20
@@ -83,6 +84,10 @@ class ParallelPlan:
     """Sequences per optimizer step over all replicas (B); None means micro_batch_size·dp."""
     recompute: str = "none"
     """Activation recomputation: 'none', 'selective' (attention core) or 'full' (whole layer)."""
+    attention: str = "flash"
+    """'flash': attention is one fused kernel that never writes the s×s scores
+    (FlashAttention, cuDNN); 'unfused': Megatron-LM's original core attention (batched
+    GEMMs around a fused scale-mask-softmax and dropout over the scores in memory)."""
     zero_stage: int = 0
     """ZeRO stage over the dp group: 0 none, 1 optimizer states, 2 +gradients, 3 +parameters."""
     schedule: str | None = None
@@ -136,6 +141,7 @@ class ParallelPlan:
         _pos("global_batch_size", self.global_batch_size)
         for f in ("sequence_parallel", "dp_overlap", "account_for_embedding", "account_for_loss"):
             _bool(f, getattr(self, f))
+        require(self.attention in ATTENTION, "plan: attention", self.attention, f"allowed: {', '.join(ATTENTION)}")
         require(self.recompute in RECOMPUTE, "plan: recompute", self.recompute,
                 f"allowed: {', '.join(RECOMPUTE)}")
         require(self.zero_stage in ZERO_STAGES and not isinstance(self.zero_stage, bool),

@@ -112,7 +112,8 @@ def plan_from_settings(p: PlanSettings, gpus: int | None, model: ModelSpec) -> P
         require(depth >= 0, "--zero3-prefetch-depth", depth, "expected an integer >= 0")
     plan = ParallelPlan(dp=gpus // (tp * pp), tp=tp, pp=pp, vpp=vpp, sequence_parallel=p.sequence_parallel,
                         micro_batch_size=p.micro_batch_size, global_batch_size=p.global_batch_size,
-                        recompute=p.recompute_granularity, zero_stage=p.zero, schedule=schedule,
+                        recompute=p.recompute_granularity, attention=p.attention, zero_stage=p.zero,
+                        schedule=schedule,
                         dp_overlap=p.overlap_grad_reduce, bucket_size_bytes=bucket,
                         zero3_prefetch_depth=1 if depth is None else depth, zero_bucket_size_bytes=zbucket,
                         zero3_max_live_parameters=p.zero3_max_live_parameters,

@@ -208,6 +208,11 @@ class PlanSettings:
     global_batch_size: int | None = setting(help="default micro-batch size x data-parallel size", type=POSITIVE_INT)
     recompute_granularity: str = setting("none", help="activation recomputation in backward (default none)",
                                          choices=("none", "selective", "full"))
+    attention: str = setting("flash", help="how attention runs: flash (one fused kernel: FlashAttention or cuDNN, "
+                                           "Megatron-Core with Transformer Engine; the default) or unfused "
+                                           "(Megatron-LM without --use-flash-attn: QK^T and AV as batched GEMMs, "
+                                           "softmax and dropout over the s x s scores in memory)",
+                             choices=("flash", "unfused"))
     zero: int = setting(0, help="ZeRO stage (default 0)", type=int, choices=(0, 1, 2, 3),
                         tables=(("plan", "zero"), (_ZERO, "stage")))
     zero3_prefetch_depth: int | None = setting(help="ZeRO-3: layers whose parameters are gathered ahead (default 1)",

@@ -89,7 +89,7 @@ def model_flops_per_sequence(model: ModelSpec, recompute: str = "none") -> float
 
 
 def estimate(model: ModelSpec, plan: ParallelPlan, profile: HardwareProfile, *,
-             gpus_per_node: int = 8, dtype: str = "bf16", flash_attention: bool = True,
+             gpus_per_node: int = 8, dtype: str = "bf16", flash_attention: bool | None = None,
              dp_channels: int | None = None) -> Estimate:
     """Per-GPU memory and first-order step time of ``plan`` for ``model`` on ``profile``.
 
@@ -106,7 +106,7 @@ def estimate(model: ModelSpec, plan: ParallelPlan, profile: HardwareProfile, *,
         """Per phase (compute_s, tp_comm_s) of one micro-batch."""
         return work_times(work, profile, t, links["tp"], dtype)
 
-    layer_t = phases(layer_work(model, b, t, sp, plan.recompute))
+    layer_t = phases(layer_work(model, b, t, sp, plan.recompute, attention=plan.attention))
     emb_t, head_t = phases(embedding_work(model, b, t, sp)), phases(head_work(model, b, t, sp))
     stage_times = []          # per stage: {phase: (compute_s, tp_comm_s)}
     for stage in range(p):

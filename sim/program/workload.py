@@ -26,7 +26,10 @@ b·s·h activation follows each row-parallel GEMM in F and each column-parallel 
 gradient in B; with it (Korthikanti et al. 2022) norms, dropout and residuals run on
 s/t of the sequence, the all-reduces become all-gather/reduce-scatter pairs, and the
 sequence-sharded GEMM inputs are all-gathered again for the weight gradients (in W).
-Attention is flash-style: no s×s tensor is written to memory. Activations are bf16
+Attention is flash-style by default (one kernel; no s×s tensor is written to memory);
+``attention="unfused"`` gives Megatron-LM's original core attention instead: QKᵀ and AV
+as batched GEMMs per head around a fused scale-mask-softmax and the attention dropout,
+which read and write the b·(a/t)·s² scores (same FLOPs, far more bytes). Activations are bf16
 (``dtype_bytes``); dropout masks are one byte per element.
 """
 
@@ -37,7 +40,7 @@ from dataclasses import dataclass, replace
 
 from sim.errors import require
 from sim.inputs.model import ModelSpec
-from sim.inputs.plan import RECOMPUTE, ParallelPlan
+from sim.inputs.plan import ATTENTION, RECOMPUTE, ParallelPlan
 
 PHASES = ("F", "B", "W")
 OP_KINDS = ("gemm", "attention", "memory")
@@ -137,12 +140,54 @@ def _check(model: ModelSpec, micro_batch: int, tp: int, recompute: str) -> None:
                 f"must divide {field} {getattr(model, field)} of {model.name}")
 
 
-def _layer_forward(w: _Builder, m: ModelSpec, b: int, t: int, sp: bool) -> None:
+def _attention_forward(w: _Builder, m: ModelSpec, b: int, t: int, attention: str) -> None:
+    """The attention core's forward: one flash kernel, or Megatron-LM's unfused core
+    attention (QKᵀ as a batched GEMM per head, the fused scale-mask-softmax and the
+    dropout over the b·(a/t)·s² scores in memory, then AV); the same FLOPs either way."""
+    e, s, h = w.e, m.seq_length, m.hidden_size
+    heads, d = m.num_attention_heads // t, m.head_dim
+    n_tok, qkv = b * s, (h + 2 * m.kv_dim) // t
+    if attention == "flash":
+        w.attention("attn.core", 4 * b * s * s * h / t, e * n_tok * qkv, e * n_tok * h / t + 4 * b * heads * s,
+                    e * n_tok * h / t, s, d, b * heads)
+        return
+    bh = b * heads
+    scores = bh * s * s
+    w.gemm("attn.scores", s, s, d, batch=bh)
+    w.mem("attn.softmax", e * scores, e * scores, 5 * scores)
+    if m.dropout:
+        w.mem("attn.dropout", e * scores, e * scores + scores, scores)  # (and its 1-byte mask)
+    w.gemm("attn.context", s, d, s, batch=bh)
+
+
+def _attention_backward(w: _Builder, m: ModelSpec, b: int, t: int, attention: str) -> None:
+    """The attention core's backward (input gradients only: it has no weights): the flash
+    kernel's, or the unfused one's dV = PᵀdO, dP = dO·Vᵀ, dropout and softmax backward
+    over the scores, dQ = dS·K and dK = dSᵀ·Q."""
+    e, s, h = w.e, m.seq_length, m.hidden_size
+    heads, d = m.num_attention_heads // t, m.head_dim
+    n_tok, qkv = b * s, (h + 2 * m.kv_dim) // t
+    if attention == "flash":
+        w.attention("attn.core.grad", 8 * b * s * s * h / t,
+                    e * (n_tok * qkv + 2 * n_tok * h / t) + 4 * b * heads * s,
+                    e * n_tok * qkv, e * n_tok * qkv, s, d, b * heads)
+        return
+    bh = b * heads
+    scores = bh * s * s
+    w.gemm("attn.context.dgrad_v", s, d, s, batch=bh)
+    w.gemm("attn.context.dgrad_p", s, s, d, batch=bh)
+    if m.dropout:
+        w.mem("attn.dropout.grad", e * scores + scores, e * scores, scores)
+    w.mem("attn.softmax.grad", 2 * e * scores, e * scores, 4 * scores)
+    w.gemm("attn.scores.dgrad_q", s, d, s, batch=bh)
+    w.gemm("attn.scores.dgrad_k", s, d, s, batch=bh)
+
+
+def _layer_forward(w: _Builder, m: ModelSpec, b: int, t: int, sp: bool, attention: str = "flash") -> None:
     """Append one layer's forward (ops and collectives) to ``w`` in its current phase."""
     e, s, h = w.e, m.seq_length, m.hidden_size
     n_tok = b * s
     nn = n_tok // t if sp else n_tok                 # tokens seen by norms/dropout/residuals
-    heads, d = m.num_attention_heads // t, m.head_dim
     qkv = (h + 2 * m.kv_dim) // t
     f = m.ffn_hidden_size // t
     f_up = (2 if m.mlp == "swiglu" else 1) * f
@@ -155,9 +200,7 @@ def _layer_forward(w: _Builder, m: ModelSpec, b: int, t: int, sp: bool) -> None:
             w.comm(f"{blk}.all_gather", "all_gather", e * n_tok * h)
         w.gemm(f"{blk}.{'qkv' if blk == 'attn' else 'up'}", n_tok, gemm_in, h)
         if blk == "attn":
-            w.attention("attn.core", 4 * b * s * s * h / t,
-                        e * n_tok * qkv, e * n_tok * h / t + 4 * b * heads * s,
-                        e * n_tok * h / t, s, d, b * heads)
+            _attention_forward(w, m, b, t, attention)
             w.gemm("attn.proj", n_tok, h, h // t)
         else:
             read = (2 if m.mlp == "swiglu" else 1) * n_tok * f
@@ -171,15 +214,16 @@ def _layer_forward(w: _Builder, m: ModelSpec, b: int, t: int, sp: bool) -> None:
 
 
 def layer_work(model: ModelSpec, micro_batch: int, tp: int = 1, sequence_parallel: bool = False,
-               recompute: str = "none", dtype_bytes: int = 2) -> Work:
-    """One transformer layer's F, B and W for one micro-batch on one tensor-parallel rank."""
+               recompute: str = "none", dtype_bytes: int = 2, attention: str = "flash") -> Work:
+    """One transformer layer's F, B and W for one micro-batch on one tensor-parallel rank
+    (``attention``: "flash" or "unfused", ``ParallelPlan.attention``)."""
     _check(model, micro_batch, tp, recompute)
+    require(attention in ATTENTION, "attention", attention, f"allowed: {', '.join(ATTENTION)}")
     m, b, t, e = model, micro_batch, tp, dtype_bytes
     sp = sequence_parallel and t > 1
     s, h = m.seq_length, m.hidden_size
     n_tok = b * s
     nn = n_tok // t if sp else n_tok
-    heads, d = m.num_attention_heads // t, m.head_dim
     qkv = (h + 2 * m.kv_dim) // t
     f = m.ffn_hidden_size // t
     f_up = (2 if m.mlp == "swiglu" else 1) * f
@@ -187,17 +231,15 @@ def layer_work(model: ModelSpec, micro_batch: int, tp: int = 1, sequence_paralle
     norm_flops = _NORM_FLOPS[m.norm]
 
     w = _Builder("layer", e)
-    _layer_forward(w, m, b, t, sp)
+    _layer_forward(w, m, b, t, sp, attention)
 
     w.phase = "B"
+    start = len(w.items)
     if recompute == "full":
-        start = len(w.items)
-        _layer_forward(w, m, b, t, sp)
-        w.items[start:] = [_as_recompute(i) for i in w.items[start:]]
+        _layer_forward(w, m, b, t, sp, attention)
     elif recompute == "selective":
-        w.attention("attn.core", 4 * b * s * s * h / t, e * n_tok * qkv,
-                    e * n_tok * h / t + 4 * b * heads * s, e * n_tok * h / t, s, d, b * heads)
-        w.items[-1] = _as_recompute(w.items[-1])
+        _attention_forward(w, m, b, t, attention)
+    w.items[start:] = [_as_recompute(i) for i in w.items[start:]]
     for blk, k_in, act in (("mlp", f_up, True), ("attn", qkv, False)):
         w.mem(f"{blk}.residual.grad", e * nn * h + mask, e * nn * h, nn * h)
         if t > 1 and sp:
@@ -210,9 +252,7 @@ def layer_work(model: ModelSpec, micro_batch: int, tp: int = 1, sequence_paralle
             w.gemm("mlp.up.dgrad", n_tok, h, f_up)
         else:
             w.gemm("attn.proj.dgrad", n_tok, h // t, h)
-            w.attention("attn.core.grad", 8 * b * s * s * h / t,
-                        e * (n_tok * qkv + 2 * n_tok * h / t) + 4 * b * heads * s,
-                        e * n_tok * qkv, e * n_tok * qkv, s, d, b * heads)
+            _attention_backward(w, m, b, t, attention)
             w.gemm("attn.qkv.dgrad", n_tok, h, qkv)
         if t > 1:
             w.comm(f"{blk}.{'reduce_scatter' if sp else 'all_reduce'}.grad",
@@ -299,7 +339,7 @@ def chunk_work(model: ModelSpec, plan: ParallelPlan, virtual_stage: int) -> list
             f"expected 0..{n - 1} (pp x vpp = {plan.pp} x {plan.vpp})")
     b, t, sp = plan.micro_batch_size, plan.tp, plan.sequence_parallel
     plan.check_model(model)
-    layer = layer_work(model, b, t, sp, plan.recompute)
+    layer = layer_work(model, b, t, sp, plan.recompute, attention=plan.attention)
     works = [layer] * plan.stage_layers(model)[virtual_stage]
     if virtual_stage == 0:
         works.insert(0, embedding_work(model, b, t, sp))

@@ -83,7 +83,8 @@ def explain(model: ModelSpec, plan: ParallelPlan, profile: HardwareProfile, gpus
     est = estimate(model, plan, profile, gpus_per_node=gpus_per_node)
     link = est.links["tp"]
     b, t, sp = plan.micro_batch_size, plan.tp, plan.sequence_parallel
-    works = {"layer": layer_work(model, b, t, sp, plan.recompute), "embedding": embedding_work(model, b, t, sp),
+    works = {"layer": layer_work(model, b, t, sp, plan.recompute, attention=plan.attention),
+             "embedding": embedding_work(model, b, t, sp),
              "head": head_work(model, b, t, sp)}
     parts = {name: _part(w, plan, link, profile) for name, w in works.items()}
     layers = plan.stage_layers(model)

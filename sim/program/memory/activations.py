@@ -106,10 +106,12 @@ def embedding_activation_bytes(model: ModelSpec, micro_batch: int, tp: int = 1,
 
 
 def chunk_activation_bytes(model: ModelSpec, plan: ParallelPlan, virtual_stage: int,
-                           flash_attention: bool = True) -> float:
+                           flash_attention: bool | None = None) -> float:
     """Bytes one micro-batch's forward stores on a rank of model chunk ``virtual_stage``:
     its layers' (``plan.stage_layers``), plus the embedding's on virtual stage 0 and the
     output layer's on the last."""
+    if flash_attention is None:  # (the plan's attention)
+        flash_attention = plan.attention == "flash"
     b, t, sp = plan.micro_batch_size, plan.tp, plan.sequence_parallel
     per_layer = activation_bytes_per_layer(model, b, t, sp, plan.recompute, flash_attention)
     total = plan.stage_layers(model)[virtual_stage] * per_layer

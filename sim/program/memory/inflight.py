@@ -98,12 +98,14 @@ def inflight_chunks(plan: ParallelPlan, stage: int) -> int:
 
 
 def stage_activation_bytes(model: ModelSpec, plan: ParallelPlan, stage: int,
-                           flash_attention: bool = True) -> float:
+                           flash_attention: bool | None = None) -> float:
     """Peak activation bytes on one rank of pipeline stage ``stage``: for each of its
     chunks, the micro-batches in flight times the chunk's layers, plus the embedding's
     (virtual stage 0) and the output layer's (last virtual stage) tensors, at the moment
     their sum is highest."""
     plan.check_model(model)
+    if flash_attention is None:  # (the plan's attention)
+        flash_attention = plan.attention == "flash"
     b, t, sp = plan.micro_batch_size, plan.tp, plan.sequence_parallel
     p, v = plan.pp, plan.vpp
     per_layer = activation_bytes_per_layer(model, b, t, sp, plan.recompute, flash_attention)

@@ -57,7 +57,8 @@ def zero_temporary_bytes(model: ModelSpec, plan: ParallelPlan, stage_params: flo
     return temp
 
 
-def stage_memory_bytes(model: ModelSpec, plan: ParallelPlan, stage: int, flash_attention: bool = True) -> dict:
+def stage_memory_bytes(model: ModelSpec, plan: ParallelPlan, stage: int,
+                       flash_attention: bool | None = None) -> dict:
     """The estimate's peak on a rank of pipeline stage ``stage``, bytes: weights,
     gradients, optimizer, activations, temporaries and their total."""
     params = stage_params_per_rank(model, plan, stage)
