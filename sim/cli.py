@@ -14,7 +14,8 @@ import sys
 from sim.errors import NEGATIVE_VALUE, DeadlockError, InputError, from_argparse
 
 # Subcommand modules, in the order ``trainsim --help`` lists them.
-COMMANDS = ["run", "compare", "estimate", "explain", "search", "sweep", "collective", "demo", "calibrate", "validate", "import_nccl_tests", "import_trace"]
+COMMANDS = ["run", "compare", "estimate", "explain", "search", "sweep", "collective", "demo", "calibrate", "validate", "fit",
+            "import_nccl_tests", "import_trace"]
 
 
 class _Parser(argparse.ArgumentParser):

@@ -1,0 +1,324 @@
+"""Fitting a hardware profile to measured training runs (``trainsim fit``).
+
+The calibration a user with a history of training jobs can do without microbenchmarks:
+a few of the profile's physical parameters (``PARAMETERS``, each bounded to a physical
+range) are chosen so that trainsim's simulated iteration times match the measured ones
+(``sim.calibrate.runs_csv`` reads them).
+
+- **Simulation.** Each run goes through the session layer (``sim.session.prepare`` once,
+  then ``simulate_training`` per parameter vector) on the GPU's default cluster with the
+  row's GPU count, at ``reduced`` fidelity (one GPU per pipeline stage, the others as
+  shadows: the runs are symmetric, every data-parallel replica and tensor-parallel peer
+  does the same work; full and reduced fidelity agree within 1%) and the ``flows``
+  collective model. Simulations are cached by (row, parameter vector), so the fits that
+  start from the same point share their first evaluations.
+- **Objective.** Relative residuals, predicted / measured − 1, each weighted by
+  1/√(rows of its group) so that every group weighs the same (a weak-scaling table's
+  rows are near copies; five of them are not five times the evidence).
+  ``scipy.optimize.least_squares`` (trust-region reflective, bounded) works on the
+  parameters scaled to [0, 1], with a finite-difference step of 1e-3 of each range (the
+  simulator's output is piecewise smooth in its costs) and few iterations.
+- **Held out.** Leave-one-group-out: for each group, the same fit without the group's
+  rows, from the same starting point, predicts them. A fit needs fewer parameters than
+  groups, so each held-out fit still has at least as many groups as parameters.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, fields, is_dataclass, replace
+
+import numpy as np
+
+from sim.errors import InputError
+from sim.inputs.hardware import HardwareProfile
+
+FIDELITY = "reduced"
+COLLECTIVE_MODEL = "flows"
+DIFF_STEP = 1e-3
+"""Finite-difference step, as a fraction of each parameter's range."""
+TOLERANCE = 1e-6
+"""``ftol`` and ``xtol`` of the least-squares fit (relative change of cost and of the scaled parameters)."""
+MAX_EVALUATIONS = 30
+"""Most residual evaluations of one fit (each simulates every row it has not simulated at that point)."""
+
+
+@dataclass(frozen=True)
+class Parameter:
+    """A profile field the fit may set (a dotted path into ``HardwareProfile``) and its bounds."""
+
+    path: str
+    low: float
+    high: float
+    why: str
+    default: bool = False
+    """In the default set (``DEFAULT_PARAMETERS``, table order is the priority)."""
+
+
+PARAMETERS = (
+    Parameter("gemm_max_efficiency", 0.50, 0.95, "best large-GEMM fraction of the datasheet peak: cuBLAS reaches "
+              "80-86% on A100/H100 (REFERENCE.md); nothing sustains 95%, and below 50% the peak or the model is "
+              "wrong, not the GEMMs", True),
+    Parameter("attention_max_efficiency", 0.30, 0.90, "best flash-attention fraction of peak: FlashAttention-2 "
+              "50-73% on A100, FlashAttention-3 up to 75% on H100; backward passes run lower", True),
+    Parameter("memory_efficiency", 0.50, 0.95, "fraction of HBM peak streaming kernels reach: large copies reach "
+              "~90%; short fused elementwise kernels less", True),
+    Parameter("kernel_launch_s", 0.0, 20e-6, "fixed per-kernel cost: CUDA launch latency is 2-5 us, framework "
+              "overhead per op adds a few more; 20 us would mean the CPU, not the GPU, sets the pace", True),
+    Parameter("links.ib.efficiency", 0.60, 1.0, "fraction of the InfiniBand line rate NCCL achieves: ~96% at large "
+              "messages (REFERENCE.md); 60% allows congested fabrics"),
+    Parameter("links.nvlink.efficiency", 0.60, 1.0, "fraction of the NVLink line rate NCCL achieves: 77% (A100) to "
+              "82% (H100) all-reduce busbw of the per-direction rate"),
+)
+"""Every parameter the fit may set: name (dotted path), bounds and why those bounds.
+Adding one is one line here."""
+DEFAULT_PARAMETERS = tuple(p.path for p in PARAMETERS if p.default)
+
+
+def parameter(path: str) -> Parameter:
+    for p in PARAMETERS:
+        if p.path == path:
+            return p
+    raise InputError(f"--params: got {path!r}; allowed: {', '.join(p.path for p in PARAMETERS)}")
+
+
+def choose_parameters(names: list[str] | None, groups: int) -> tuple[tuple[Parameter, ...], str]:
+    """The parameters to fit to ``groups`` groups, and how they were chosen. Without
+    ``names``: the default set, cut to its first ``groups − 1`` (table order)."""
+    if groups < 2:
+        raise InputError(f"{groups} group(s) to fit; leave-one-group-out needs at least 2 (rows of one "
+                         "model from one source form a group)")
+    if names is None:
+        chosen = DEFAULT_PARAMETERS[:groups - 1]
+        how = ("the default set" if len(chosen) == len(DEFAULT_PARAMETERS) else
+               f"the first {len(chosen)} of the default set ({', '.join(DEFAULT_PARAMETERS)}): a fit needs fewer "
+               f"parameters than the {groups} groups")
+        return tuple(parameter(n) for n in chosen), how
+    if not names or len(set(names)) != len(names):
+        raise InputError(f"--params: got {','.join(names)!r}; expected distinct names separated by commas")
+    params = tuple(parameter(n) for n in names)
+    if len(params) >= groups:
+        raise InputError(f"--params: got {len(params)} parameters ({', '.join(names)}); the rows form {groups} "
+                         f"groups and a fit needs fewer parameters than groups (so that each held-out fit keeps "
+                         f"at least as many groups as parameters): give at most {groups - 1}")
+    return params, "--params"
+
+
+# ---------------------------------------------------------------- profile paths
+def get_value(profile: HardwareProfile, path: str) -> float:
+    obj = profile
+    for part in path.split("."):
+        obj = obj[part] if isinstance(obj, dict) else getattr(obj, part)
+    return float(obj)
+
+
+def _set(obj, parts: list[str], value):
+    if not parts:
+        return value
+    head, rest = parts[0], parts[1:]
+    if isinstance(obj, dict):
+        return {**obj, head: _set(obj[head], rest, value)}
+    if is_dataclass(obj) and head in {f.name for f in fields(obj)}:
+        return replace(obj, **{head: _set(getattr(obj, head), rest, value)})
+    raise KeyError(head)
+
+
+def with_values(profile: HardwareProfile, params, values) -> HardwareProfile:
+    """``profile`` with each parameter's field set (``dataclasses.replace``)."""
+    for p, v in zip(params, values):
+        try:
+            profile = _set(profile, p.path.split("."), float(v))
+        except KeyError:
+            raise InputError(f"--params: {p.path}: profile {profile.name} has no such field") from None
+    return profile
+
+
+# ---------------------------------------------------------------- simulations
+class Simulations:
+    """Each row's prepared run and its simulated iteration time per parameter vector (cached)."""
+
+    def __init__(self, profile: HardwareProfile, params, prepared: list):
+        self.profile, self.params, self.prepared = profile, tuple(params), list(prepared)
+        self.cache: dict = {}
+        self.count, self.seconds = 0, 0.0
+
+    def time_s(self, row: int, values) -> float:
+        from sim.session import simulate_training
+
+        key = (row, tuple(float(v) for v in values))
+        if key not in self.cache:
+            p = self.prepared[row]
+            start = time.monotonic()
+            run = simulate_training(p.model, p.plan, with_values(self.profile, self.params, key[1]), p.topology,
+                                    p.schedule, fidelity=FIDELITY, max_events=p.settings.simulation.event_limit,
+                                    collective_model=COLLECTIVE_MODEL)
+            self.cache[key] = float(run.trace.end_s)
+            self.count += 1
+            self.seconds += time.monotonic() - start
+        return self.cache[key]
+
+
+def prepare_rows(runs, gpu: str, where: str = "RUNS.csv") -> list:
+    """The session's ``Prepared`` run of each row on ``gpu`` (a preset or profile path);
+    an error names the row's line."""
+    from sim.inputs.schema import RunSettings
+    from sim.session import prepare
+
+    out = []
+    for r in runs:
+        try:
+            out.append(prepare(RunSettings.from_values({**r.values, "gpu": gpu, "fidelity": FIDELITY})))
+        except InputError as exc:
+            raise InputError(f"{where}: line {r.line}: {exc}") from None
+    return out
+
+
+@dataclass(frozen=True)
+class Fit:
+    values: tuple
+    evaluations: int
+    status: str
+
+
+def fit(sims: Simulations, rows: list[int], measured, weights, start) -> Fit:
+    """The parameter values (physical units) that minimise the weighted relative residuals
+    of ``rows``, from ``start``."""
+    from scipy.optimize import least_squares
+
+    low = np.array([p.low for p in sims.params])
+    span = np.array([p.high - p.low for p in sims.params])
+
+    def residuals(u):
+        x = low + np.clip(u, 0.0, 1.0) * span
+        return np.array([(sims.time_s(i, x) / measured[i] - 1.0) * weights[i] for i in rows])
+
+    u0 = np.clip((np.asarray(start, float) - low) / span, 0.0, 1.0)
+    res = least_squares(residuals, u0, bounds=(0.0, 1.0), method="trf", diff_step=DIFF_STEP, x_scale=1.0,
+                        ftol=TOLERANCE, xtol=TOLERANCE, gtol=TOLERANCE, max_nfev=MAX_EVALUATIONS)
+    return Fit(tuple(float(v) for v in low + np.clip(res.x, 0.0, 1.0) * span), int(res.nfev), res.message)
+
+
+def group_weights(groups: list) -> list[float]:
+    """1/√(rows in the row's group): every group weighs the same."""
+    return [1.0 / math.sqrt(groups.count(g)) for g in groups]
+
+
+def fit_and_hold_out(sims: Simulations, measured: list[float], groups: list, start) -> dict:
+    """The fit on every row, and per group the fit without it and its rows' predictions."""
+    rows = list(range(len(measured)))
+    weights = group_weights(groups)
+    full = fit(sims, rows, measured, weights, start)
+    held_out, per_group = [None] * len(rows), {}
+    for g in sorted(set(groups)):
+        train = [i for i in rows if groups[i] != g]
+        # the weights are recomputed as if the group had never been in the file (they do not change)
+        part = fit(sims, train, measured, weights, start)
+        per_group[g] = part
+        for i in rows:
+            if groups[i] == g:
+                held_out[i] = sims.time_s(i, part.values)
+    return {"full": full, "per_group": per_group,
+            "initial": [sims.time_s(i, start) for i in rows],
+            "fitted": [sims.time_s(i, full.values) for i in rows], "held_out": held_out}
+
+
+def mean_abs(errors) -> float:
+    return float(np.mean(np.abs(errors))) if len(errors) else 0.0
+
+
+# ---------------------------------------------------------------- the whole job
+def _describe(run) -> str:
+    v = run.values
+    return (f"{v['num_layers']} layers, hidden {v['hidden_size']}, {run.group[2][-1]}, seq {v['seq_length']}, "
+            f"{run.group[1]}")
+
+
+def fit_runs(path, gpu: str, names: list[str] | None = None) -> dict:
+    """Read ``path``, fit the profile ``gpu`` (a preset or a profile .json) to its rows of
+    that GPU, hold out each group in turn, and return the report (see ``sim.commands.fit``
+    for its keys)."""
+    import hashlib
+
+    from sim.calibrate.runs_csv import BLANKS, read_runs
+    from sim.fileio import read_bytes
+    from sim.inputs.hardware import load_profile
+
+    started = time.monotonic()
+    profile = load_profile(gpu, flag="--gpu")
+    runs = read_runs(path)
+    sha = hashlib.sha256(read_bytes(path, "RUNS.csv")).hexdigest()
+    mine = [r for r in runs if r.gpu in (None, profile.name)]
+    left_out = [{"line": r.line, "gpu": r.gpu} for r in runs if r.gpu not in (None, profile.name)]
+    skipped = [{"line": r.line, "reason": r.skip} for r in mine if r.skip]
+    used = [r for r in mine if not r.skip]
+    if not used:
+        raise InputError(f"{path}: no rows to fit for GPU {profile.name}: {len(left_out)} row(s) of other GPUs, "
+                         f"{len(skipped)} skipped; the gpu column must name the profile ({profile.name})")
+    order = list(dict.fromkeys(r.group for r in used))
+    ids = {g: f"g{k + 1}" for k, g in enumerate(order)}
+    try:
+        params, how = choose_parameters(names, len(order))
+    except InputError as exc:
+        raise InputError(f"{path}: {exc}") from None
+    sims = Simulations(profile, params, prepare_rows(used, gpu, str(path)))
+    start = [min(max(get_value(profile, p.path), p.low), p.high) for p in params]
+    measured = [r.measured_s for r in used]
+    groups = [ids[r.group] for r in used]
+    res = fit_and_hold_out(sims, measured, groups, start)
+
+    def errors(key):
+        return [t / m - 1.0 for t, m in zip(res[key], measured)]
+
+    init_e, fit_e, loo_e = errors("initial"), errors("fitted"), errors("held_out")
+    rows = [{"line": r.line, "group": groups[i], "gpus": r.values["gpus"], "measured_s": measured[i],
+             "initial_s": res["initial"][i], "fitted_s": res["fitted"][i], "held_out_s": res["held_out"][i],
+             "initial_error": init_e[i], "fitted_error": fit_e[i], "held_out_error": loo_e[i],
+             "blank_cells": list(r.filled)} for i, r in enumerate(used)]
+    group_rows = [{"id": ids[g], "source": g[0], "precision": g[1],
+                   "model": _describe(next(r for r in used if r.group == g)),
+                   "lines": [r.line for r in used if r.group == g],
+                   "held_out_fit": dict(zip((p.path for p in params), res["per_group"][ids[g]].values)),
+                   "loo_mean_abs_error": mean_abs([loo_e[i] for i in range(len(used)) if groups[i] == ids[g]])}
+                  for g in order]
+    summary = {"row_count": len(used), "group_count": len(order), "initial_mean_abs_error": mean_abs(init_e),
+               "mean_abs_error": mean_abs(fit_e), "max_abs_error": float(max(abs(e) for e in fit_e)),
+               "loo_mean_abs_error": mean_abs(loo_e), "loo_max_abs_error": float(max(abs(e) for e in loo_e))}
+    filled = sorted({c for r in used for c in r.filled})
+    return {
+        "gpu": profile.name, "profile": str(gpu), "data": str(path), "data_sha256": sha,
+        "fidelity": FIDELITY, "collective_model": COLLECTIVE_MODEL, "parameters_chosen": how,
+        "parameters": [{"name": p.path, "low": p.low, "high": p.high, "initial": s, "fitted": v, "why": p.why}
+                       for p, s, v in zip(params, start, res["full"].values)],
+        "evaluations": res["full"].evaluations, "groups": group_rows, "rows": rows, "skipped": skipped,
+        "left_out": left_out, "blank_cells": {c: {"value": _shown(BLANKS[c][0]), "why": BLANKS[c][1]} for c in filled},
+        **summary, "by_gpu": {profile.name: summary},
+        "simulations": sims.count, "wall_s": time.monotonic() - started,
+    }
+
+
+def _shown(value):
+    return "depends on the row" if callable(value) else value
+
+
+def fitted_profile(profile: HardwareProfile, report: dict, date: str) -> HardwareProfile:
+    """``profile`` with the fitted values, its ``sources`` naming the fit (data file, its
+    sha256, the parameters, the held-out error, the date) and ``provenance["fit"]`` the same as data."""
+    from pathlib import Path
+
+    params = [parameter(p["name"]) for p in report["parameters"]]
+    out = with_values(profile, params, [p["fitted"] for p in report["parameters"]])
+    names = ", ".join(p.path for p in params)
+    sources = dict(profile.sources)
+    for p in report["parameters"]:
+        sources[p["name"]] = (
+            f"trainsim fit {date}: fitted to {Path(report['data']).name} (sha256 {report['data_sha256']}), "
+            f"{report['row_count']} {report['gpu']} rows in {report['group_count']} groups, parameters {names}: "
+            f"{p['fitted']:.6g} within [{p['low']:g}, {p['high']:g}] (was {p['initial']:.6g}); mean |error| "
+            f"{report['mean_abs_error']:.1%} fitted, {report['loo_mean_abs_error']:.1%} leave-one-group-out")
+    fit_info = {"command": "trainsim fit", "date": date, "data": report["data"], "data_sha256": report["data_sha256"],
+                "base_profile": report["profile"], "parameters": {p["name"]: p["fitted"] for p in report["parameters"]},
+                "initial": {p["name"]: p["initial"] for p in report["parameters"]}, "rows": report["row_count"],
+                "groups": report["group_count"], "mean_abs_error": report["mean_abs_error"],
+                "loo_mean_abs_error": report["loo_mean_abs_error"], "fidelity": report["fidelity"]}
+    return replace(out, sources=sources, provenance={**profile.provenance, "fit": fit_info})

@@ -1,0 +1,218 @@
+"""Measured training runs from a CSV file: the input of ``trainsim fit``.
+
+One row per run. The columns are the settings of ``trainsim run`` by their field names
+(Megatron-LM's flags with underscores: ``num_layers``, ``hidden_size``,
+``tensor_model_parallel_size``, ``global_batch_size``, ... and ``gpus``), plus
+
+    measured_iteration_time_s   the measured time of one whole iteration (required)
+    activation                  gelu | swiglu | squared-relu (the MLP)
+    context_parallel_size       rows with more than 1 are skipped (not simulated yet)
+    gpu                         the profile the run was measured on; other GPUs are left out
+    precision                   rows other than bf16 are skipped
+    needs                       a capability the run needs (context_parallel, fp8): skipped
+    source, notes               free text (``source`` also names the row's group)
+
+Any other column is an error, and so is a cell the column does not allow: one line
+naming the file, the line, the column, the value and what is allowed.
+
+**Blank cells** (a value the source did not publish) take the values in ``BLANKS``, the
+one place those choices are made, each with the reason. Settings that have no column take
+trainsim's defaults, which are Megatron-LM's (LayerNorm, learned positions, biases,
+dropout 0.1, tied embeddings); add the column to say otherwise.
+
+**Groups.** Rows of one model (the shape columns and the activation) from one source at
+one precision form a group: a weak-scaling table's rows are near copies of each other,
+so held-out fitting leaves out a whole group at a time (``sim.calibrate.fit_runs``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import io
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from sim.errors import InputError
+from sim.inputs.schema import FIELDS, fields_of, why_not
+from sim.units import Number
+
+MEASURED = "measured_iteration_time_s"
+SETTING_COLUMNS = tuple(n for n in fields_of("model", "plan") if n not in ("model", "hf_config")) + ("gpus",)
+"""Schema fields a column may set (the model's shape and the plan; the cluster is the GPU's default one)."""
+EXTRA_COLUMNS = ("activation", "context_parallel_size", "gpu", "precision", "needs", "source", "notes")
+ACTIVATIONS = {"gelu": False, "swiglu": True, "squared-relu": False}
+"""MLP activation -> whether it is gated (``swiglu``). Squared ReLU (Nemotron-4, Megatron's
+``--squared-relu``) is non-gated with GeLU's GEMM shapes; trainsim times its elementwise
+kernel as GeLU's (both read and write the same bytes)."""
+REQUIRED = (MEASURED, "gpus", "num_layers", "hidden_size", "num_attention_heads", "vocab_size", "seq_length")
+SHAPE = ("num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads", "num_query_groups", "vocab_size",
+         "seq_length", "activation")
+"""The columns that say which model a row trains (with ``source`` and ``precision``, its group)."""
+
+
+def _sequence_parallel_default(row: dict) -> bool:
+    return (row.get("tensor_model_parallel_size") or 1) > 1
+
+
+BLANKS = {
+    # column: (value, or a function of the row's other values; why)
+    "precision": ("bf16", "the precision trainsim simulates; every published row states it"),
+    "activation": ("gelu", "Megatron-LM's default MLP (non-gated GeLU) when no activation flag is given"),
+    "num_query_groups": (None, "no grouped-query attention (Megatron-LM's default): as many key/value heads as "
+                               "attention heads"),
+    "ffn_hidden_size": (None, "Megatron-LM's default, 4 x hidden_size"),
+    "num_virtual_stages_per_pipeline_rank": (
+        None, "not interleaved: Megatron-LM's 1F1B without the flag (Narayanan et al.'s Table 2 prints no schedule)"),
+    "context_parallel_size": (1, "no context parallelism (Megatron-LM's default)"),
+    "micro_batch_size": (1, "Megatron-LM's default"),
+    "recompute_granularity": ("none", "no recomputation: the default of Megatron-LM and of NeMo 2.0's GPT-3 175B "
+                                      "and Nemotron-4 340B recipes, which the DGX Cloud benchmarks run"),
+    "sequence_parallel": (_sequence_parallel_default,
+                          "on when tensor-parallel (tp > 1): NeMo 2.0's GPT-3 175B and Nemotron-4 340B recipes set "
+                          "sequence_parallel=True with tp > 1; off at tp 1 (Megatron-LM's default)"),
+}
+"""Blank cell -> the value taken and why. The one place these choices are made."""
+
+
+@dataclass(frozen=True)
+class MeasuredRun:
+    """One row of the file, checked."""
+
+    line: int
+    """The file's line the row starts on (the header is line 1)."""
+    values: dict
+    """Settings by schema field name (``RunSettings.from_values``), the GPU left out."""
+    measured_s: float
+    gpu: str | None
+    group: tuple
+    """(source, precision, shape): rows with the same key form one group."""
+    source: str = ""
+    skip: str | None = None
+    """Why the row is not simulated (None: it is)."""
+    filled: tuple = field(default=())
+    """The columns that were blank and took ``BLANKS``'s value."""
+
+    def label(self) -> str:
+        v = self.values
+        return f"{v['num_layers']}L h{v['hidden_size']}, {v['gpus']} GPUs"
+
+
+def read_runs(path: str | Path) -> list[MeasuredRun]:
+    """Every row of ``path``, checked (rows to skip carry ``skip``)."""
+    from sim.fileio import read_text
+
+    text = read_text(path, "RUNS.csv")
+    reader = csv.reader(io.StringIO(text))
+    try:
+        header = [h.strip() for h in next(reader)]
+    except StopIteration:
+        raise InputError(f"{path}: empty; expected a header line with {MEASURED} and the run's settings") from None
+    _check_header(path, header)
+    runs, start = [], reader.line_num + 1
+    for cells in reader:
+        line, start = start, reader.line_num + 1
+        if not any(c.strip() for c in cells):
+            continue
+        if len(cells) != len(header):
+            raise InputError(f"{path}: line {line}: got {len(cells)} cells; the header has {len(header)} columns")
+        runs.append(_run(path, line, dict(zip(header, (c.strip() for c in cells)))))
+    if not runs:
+        raise InputError(f"{path}: no rows; expected one run per line under the header")
+    return runs
+
+
+def _check_header(path, header: list[str]) -> None:
+    allowed = SETTING_COLUMNS + EXTRA_COLUMNS + (MEASURED,)
+    for name in header:
+        if name not in allowed:
+            raise InputError(f"{path}: line 1: unknown column {name!r}; allowed: {', '.join(allowed)}")
+    dup = sorted({n for n in header if header.count(n) > 1})
+    if dup:
+        raise InputError(f"{path}: line 1: column {dup[0]!r} appears more than once")
+    missing = [n for n in REQUIRED if n not in header]
+    if missing:
+        raise InputError(f"{path}: line 1: missing column {missing[0]!r}; required: {', '.join(REQUIRED)}")
+
+
+def _bad(path, line: int, column: str, text: str, allowed: str) -> InputError:
+    return InputError(f"{path}: line {line}: column {column}: got {text!r}; {allowed}")
+
+
+def _setting(path, line: int, name: str, text: str):
+    """A cell of a schema field as the field's Python value (checked like a flag)."""
+    f = FIELDS[name]
+    if f.kind in ("switch", "bool"):
+        low = text.lower()
+        if low not in ("true", "false", "1", "0", "yes", "no"):
+            raise _bad(path, line, name, text, "expected true or false")
+        return low in ("true", "1", "yes")
+    value = text
+    if isinstance(f.type, Number) or f.type is int:
+        kind = f.type.kind if isinstance(f.type, Number) else int
+        try:
+            value = kind(text)
+        except ValueError:
+            what = f.type.describe() if isinstance(f.type, Number) else "an integer"
+            raise _bad(path, line, name, text, f"expected {what}") from None
+    elif f.type is not None:
+        try:
+            value = f.type(text)
+        except (argparse.ArgumentTypeError, ValueError, InputError) as exc:
+            raise _bad(path, line, name, text, str(exc).split("; ", 1)[-1]) from None
+    why = why_not(name, value)
+    if why is not None:
+        raise _bad(path, line, name, text, why.split("; ", 1)[-1])
+    return value
+
+
+def _positive_float(path, line: int, name: str, text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value > 0):
+        raise _bad(path, line, name, text, "expected a number of seconds > 0")
+    return value
+
+
+def _run(path, line: int, cells: dict) -> MeasuredRun:
+    for name in REQUIRED:
+        if not cells[name]:
+            raise _bad(path, line, name, "", "a run needs it; the cell is blank")
+    values = {name: _setting(path, line, name, cells[name]) for name in SETTING_COLUMNS if cells.get(name)}
+    filled = []
+
+    def blank(name: str):
+        filled.append(name)
+        fill = BLANKS[name][0]
+        return fill(values) if callable(fill) else fill
+
+    for name in ("num_query_groups", "ffn_hidden_size", "num_virtual_stages_per_pipeline_rank", "micro_batch_size",
+                 "recompute_granularity", "sequence_parallel"):
+        if name not in values and (fill := blank(name)) is not None:
+            values[name] = fill
+    activation = cells.get("activation") or blank("activation")
+    if activation not in ACTIVATIONS:
+        raise _bad(path, line, "activation", activation, f"allowed: {', '.join(ACTIVATIONS)}")
+    if ACTIVATIONS[activation]:
+        values["swiglu"] = True
+    cp_text = cells.get("context_parallel_size") or str(blank("context_parallel_size"))
+    cp = int(cp_text) if cp_text.isdigit() else 0
+    if cp < 1:
+        raise _bad(path, line, "context_parallel_size", cp_text, "expected an integer >= 1")
+    if values.get("num_query_groups") == values["num_attention_heads"]:
+        del values["num_query_groups"]
+    elif "num_query_groups" in values:
+        values["group_query_attention"] = True
+    measured = _positive_float(path, line, MEASURED, cells[MEASURED])
+    precision = cells.get("precision") or blank("precision")
+    needs = cells.get("needs", "")
+    skip = (f"needs {needs} (not simulated yet)" if needs
+            else f"precision {precision}: trainsim simulates bf16 only" if precision != "bf16"
+            else f"context_parallel_size {cp}: context parallelism is not simulated yet" if cp != 1 else None)
+    source = cells.get("source", "")
+    shape = tuple(values.get(n) for n in SHAPE if n != "activation") + (activation,)
+    return MeasuredRun(line, values, measured, cells.get("gpu") or None, (source, precision, shape), source, skip,
+                       tuple(filled))

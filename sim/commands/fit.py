@@ -1,0 +1,120 @@
+"""``trainsim fit``: calibrate a hardware profile against measured training runs.
+
+``trainsim fit RUNS.csv --gpu PROFILE --out FITTED.json [--json] [--params a,b]`` reads
+one run per row (``sim.calibrate.runs_csv``: the settings of ``trainsim run`` as columns
+plus ``measured_iteration_time_s``), simulates the rows measured on PROFILE's GPU, fits
+a few of the profile's physical parameters, each within physical bounds
+(``sim.calibrate.fit_runs.PARAMETERS``), and prints per row the measured, fitted and
+held-out predicted time: held out means leave-one-group-out, the prediction for a row
+comes from a fit without its whole group (one model's rows from one source). ``--out``
+writes the fitted profile, its ``sources`` naming the fit.
+
+``--json`` prints one object (errors are fractions, predicted / measured − 1; times in s):
+
+    gpu, profile, data, data_sha256     the profile fitted, as given and by name; the CSV and its sha256
+    fidelity, collective_model          how each row was simulated ("reduced", "flows")
+    parameters                          [{name, low, high, initial, fitted, why}]
+    parameters_chosen                   "--params", "the default set", or why fewer were fitted
+    rows                                [{line, group, gpus, measured_s, initial_s, fitted_s, held_out_s,
+                                          initial_error, fitted_error, held_out_error, blank_cells}]
+    groups                              [{id, source, precision, model, lines, held_out_fit, loo_mean_abs_error}]
+    skipped                             [{line, reason}]: rows of this GPU not simulated (needs, precision)
+    left_out                            [{line, gpu}]: rows of other GPUs
+    blank_cells                         {column: {value, why}}: what blank cells of the fitted rows took
+    row_count, group_count, initial_mean_abs_error, mean_abs_error, max_abs_error,
+    loo_mean_abs_error, loo_max_abs_error
+    by_gpu                              {gpu: the same counts and errors}, per GPU type
+    evaluations                         residual evaluations of the fit on every row
+    simulations, wall_s                 simulations run (the cache's misses) and seconds taken (the only
+                                        key that changes from run to run)
+    out                                 the profile written, or null
+"""
+
+from __future__ import annotations
+
+import json
+
+from sim.errors import InputError
+
+NAME = "fit"
+HELP = "Fit a hardware profile's efficiencies to measured training runs (CSV); report held-out errors."
+
+
+def add_arguments(p) -> None:
+    p.add_argument("runs", metavar="RUNS.csv", help="measured runs: trainsim run's settings as columns plus "
+                                                    "measured_iteration_time_s")
+    p.add_argument("--gpu", required=True, metavar="PROFILE", help="preset (a100-80gb, h100-sxm, h200) or profile "
+                                                                   ".json to fit; rows of other GPUs are left out")
+    p.add_argument("--out", metavar="FITTED.json", help="write the fitted profile here")
+    p.add_argument("--params", metavar="A,B", help="profile fields to fit, by dotted path (default: "
+                                                   "gemm_max_efficiency, attention_max_efficiency, "
+                                                   "memory_efficiency, kernel_launch_s, fewer than the groups)")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+
+
+def run(args) -> int:
+    import datetime
+
+    from sim.calibrate.fit_runs import fit_runs, fitted_profile, parameter
+    from sim.fileio import check_output_file
+    from sim.inputs.hardware import load_profile
+    from sim.progress import Progress
+
+    check_output_file(args.out, "--out", suffix=".json")
+    names = None
+    if args.params is not None:
+        names = [n.strip() for n in args.params.split(",")]
+        if not all(names):
+            raise InputError(f"--params: got {args.params!r}; expected profile fields separated by commas")
+        for n in names:
+            parameter(n)
+    profile = load_profile(args.gpu, flag="--gpu")
+    with Progress() as bar:
+        bar.update(f"fitting {profile.name} to {args.runs}")
+        report = fit_runs(args.runs, args.gpu, names)
+    report["out"] = args.out
+    if args.out:
+        fitted_profile(profile, report, datetime.date.today().isoformat()).save(args.out)
+    if args.json:
+        print(json.dumps(report, sort_keys=True))
+        return 0
+    _print(report)
+    return 0
+
+
+def _pct(x: float) -> str:
+    return f"{x * 100:+.1f}%"
+
+
+def _print(r: dict) -> None:
+    print(f"trainsim fit: {r['gpu']} ({r['profile']}) to {r['data']}")
+    print(f"  sha256 {r['data_sha256']}")
+    print(f"  {r['row_count']} rows in {r['group_count']} groups, simulated at {r['fidelity']} fidelity (the runs are "
+          f"symmetric: one GPU per pipeline stage), {r['collective_model']} collectives")
+    print(f"\nparameters ({r['parameters_chosen']}):")
+    for p in r["parameters"]:
+        print(f"  {p['name']:<26} {p['initial']:.4g} -> {p['fitted']:.4g}   bounds [{p['low']:g}, {p['high']:g}]")
+    print("\ngroups (each held out in turn; its rows predicted by a fit without it):")
+    for g in r["groups"]:
+        vals = ", ".join(f"{k} {v:.4g}" for k, v in g["held_out_fit"].items())
+        print(f"  {g['id']}: {g['model']} - {g['source']}")
+        print(f"      lines {', '.join(map(str, g['lines']))}; fit without it: {vals}")
+    print(f"\n{'line':>5} {'group':>5} {'gpus':>6} {'measured':>10} {'initial':>17} {'fitted':>17} "
+          f"{'held out':>17}")
+    for row in r["rows"]:
+        cells = [f"{row[k + '_s']:9.3f} s {_pct(row[k + '_error']):>6}" for k in ("initial", "fitted", "held_out")]
+        print(f"{row['line']:>5} {row['group']:>5} {row['gpus']:>6} {row['measured_s']:8.3f} s " + " ".join(cells))
+    print(f"\nmean |error|: initial {r['initial_mean_abs_error']:.1%}, fitted {r['mean_abs_error']:.1%} "
+          f"(max {r['max_abs_error']:.1%}), held out {r['loo_mean_abs_error']:.1%} (max {r['loo_max_abs_error']:.1%})")
+    if r["blank_cells"]:
+        print("blank cells took: " + "; ".join(f"{c} = {v['value']} ({v['why']})" for c, v in r["blank_cells"].items()))
+    for s in r["skipped"]:
+        print(f"skipped line {s['line']}: {s['reason']}")
+    if r["left_out"]:
+        by = {}
+        for x in r["left_out"]:
+            by.setdefault(x["gpu"], []).append(str(x["line"]))
+        print("left out (other GPUs): " + "; ".join(f"{g}: lines {', '.join(v)}" for g, v in sorted(by.items())))
+    print(f"{r['simulations']} simulations in {r['wall_s']:.1f} s ({r['evaluations']} evaluations of the fit on every row)")
+    if r["out"]:
+        print(f"wrote {r['out']} (profile {r['gpu']} with the fitted values; sources name the fit)")
