@@ -38,7 +38,7 @@ FIDELITY = "reduced"
 COLLECTIVE_MODEL = "flows"
 DIFF_STEP = 1e-3
 """Finite-difference step, as a fraction of each parameter's range."""
-TOLERANCE = 1e-6
+TOLERANCE = 1e-4
 """``ftol`` and ``xtol`` of the least-squares fit (relative change of cost and of the scaled parameters)."""
 MAX_EVALUATIONS = 30
 """Most residual evaluations of one fit (each simulates every row it has not simulated at that point)."""
