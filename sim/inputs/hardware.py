@@ -87,6 +87,19 @@ class HardwareProfile:
     host_memory_bandwidth_Bps: float = 0.0
     """Host (CPU) memory bandwidth of the node, shared by its GPUs: bounds the CPU optimizer
     step under ZeRO-Offload. 0 means unknown (offload then cannot be simulated)."""
+    framework_kernel_efficiency: float | None = None
+    """Fraction of hbm_bandwidth_Bps that the training framework's own elementwise
+    kernels reach (Megatron-LM's torch.compile fusions: bias-GeLU, bias-SwiGLU,
+    bias-dropout-add; PyTorch's eager ops in the cross-entropy and the embedding), which
+    run well below tuned library kernels (norms, flash attention: ``memory_efficiency``).
+    None: the same as ``memory_efficiency``."""
+
+    def memory_rate(self, framework: bool = False) -> float:
+        """Bytes/s a memory-bound kernel moves: a tuned library kernel's, or with
+        ``framework`` one of the framework's own (``framework_kernel_efficiency``)."""
+        eff = self.framework_kernel_efficiency if framework and self.framework_kernel_efficiency else \
+            self.memory_efficiency
+        return self.hbm_bandwidth_Bps * eff
     sources: dict = field(default_factory=dict, compare=False)
     """Field -> where its number comes from (datasheet, measurement, assumption)."""
     provenance: dict = field(default_factory=dict, compare=False)
@@ -162,6 +175,8 @@ class HardwareProfile:
             out[f.name] = v
         if not out["provenance"]:
             del out["provenance"]
+        if out["framework_kernel_efficiency"] is None:
+            del out["framework_kernel_efficiency"]
         return out
 
     @classmethod
@@ -170,7 +185,8 @@ class HardwareProfile:
         if not isinstance(d, dict):
             raise InputError(f"{where}: got {type(d).__name__}; expected a JSON object")
         names = [f.name for f in fields(cls)]
-        _strict_keys(d, names, where, optional=("sources", "provenance", "memory_reserve_bytes", "host_memory_bandwidth_Bps"))
+        _strict_keys(d, names, where, optional=("sources", "provenance", "memory_reserve_bytes", "host_memory_bandwidth_Bps",
+                                          "framework_kernel_efficiency"))
         kw = dict(d)
         kw["peak_flops"] = _number_map(d["peak_flops"], f"{where}: peak_flops", DTYPES)
         kw["links"] = _links(d["links"], f"{where}: links")
@@ -280,8 +296,11 @@ def _check_profile(p: HardwareProfile) -> None:
         if tm <= 0 or tn <= 0 or not 0 < rel <= 1:
             raise InputError(f"gemm_tiles: got {[tm, tn, rel]!r}; expected tile sizes > 0 and a "
                              "relative efficiency in (0, 1]")
-    for name in ("gemm_max_efficiency", "attention_max_efficiency", "memory_efficiency"):
+    for name in ("gemm_max_efficiency", "attention_max_efficiency", "memory_efficiency",
+                 "framework_kernel_efficiency"):
         v = getattr(p, name)
+        if v is None and name == "framework_kernel_efficiency":
+            continue
         _require_num(name, v, _is_num(v) and 0 < v <= 1, "a fraction in (0, 1]")
     for name in ("gemm_k_overhead", "kernel_launch_s", "memory_reserve_bytes", "host_memory_bandwidth_Bps"):
         v = getattr(p, name)

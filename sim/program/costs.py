@@ -4,13 +4,17 @@
 Kernels. An op's time is a roofline with measured efficiencies plus a fixed kernel
 overhead (``op_time``):
 
-    t = max(flops / (peak · eff), bytes / (hbm_bandwidth · memory_efficiency)) + launch
+    t = max(flops / (peak · eff), bytes / (hbm_bandwidth · mem_eff)) + launch
 
 where ``eff`` is the profile's shape-dependent GEMM efficiency (``gemm_efficiency``) for
 GEMMs, its flash-attention efficiency (``attention_efficiency``) for attention, and 1
 against the non-tensor-core (``fp32``) peak for elementwise kernels, which in practice
-are bound by the second term (``hbm_bandwidth_Bps``, ``memory_efficiency`` and
-``kernel_launch_s`` are profile fields, measured by ``sim.calibrate``).
+are bound by the second term. ``mem_eff`` is the profile's ``memory_efficiency`` for
+tuned library kernels (norms, flash attention) and its ``framework_kernel_efficiency``
+for the framework's own (Megatron-LM's torch.compile fusions and PyTorch's eager ops:
+``Op.framework``), which stream at little more than half the HBM peak
+(``hbm_bandwidth_Bps``, the efficiencies and ``kernel_launch_s`` are profile fields,
+measured by ``sim.calibrate`` or named in the preset's sources).
 
 Links and collectives. A transfer of n bytes over one link of a kind takes
 ``α + n / (β · efficiency)`` (the profile's ``LinkModel``). The ring closed forms of
@@ -27,9 +31,14 @@ Optimizer step. Mixed-precision Adam (ZeRO, Rajbhandari et al. SC'20: a 16-bit w
 and gradient and K = 12 bytes of fp32 weight, momentum and variance per parameter) is
 memory-bound: per local parameter it reads the 12 bytes of fp32 states and the 2-byte
 gradient and writes back the 12 bytes and the 2-byte weight, ``ADAM_BYTES_PER_PARAM``
-= 28 bytes, so
+= 28 bytes. Megatron-LM's optimizer step also passes over the parameters three more
+times, each a multi-tensor kernel over the rank's shard: the gradient norm reads the
+fp32 gradients (4 bytes; ``clip_grads.get_grad_norm_fp32``), clipping scales them in
+place every step (read and write, 8 bytes; ``clip_grad_by_total_norm_fp32``), and the
+updated fp32 weights are copied to the 16-bit model weights (read 4, write 2: 6 bytes;
+``distrib_optimizer._copy_main_params_to_model_params``), so on the GPU
 
-    t_opt = 28·Ψ_local / (hbm_bandwidth · memory_efficiency)
+    t_opt = 46·Ψ_local / (hbm_bandwidth · memory_efficiency)     (``OPTIMIZER_STEP_BYTES_PER_PARAM``)
 
 with Ψ_local the parameters whose states the rank updates (``sim.program.memory``).
 With the optimizer offloaded (ZeRO-Offload, Ren et al., USENIX ATC 2021) the same step
@@ -65,6 +74,16 @@ from sim.inputs.hardware import HardwareProfile
 from sim.program.workload import PHASES, Op, Work
 
 ADAM_BYTES_PER_PARAM = 28
+"""Adam's own pass: read fp32 weight, momentum, variance and the gradient, write the three states and the weight."""
+GRAD_NORM_BYTES_PER_PARAM = 4
+"""The gradient norm reads each fp32 gradient once (Megatron-LM ``clip_grads.get_grad_norm_fp32``)."""
+GRAD_CLIP_BYTES_PER_PARAM = 8
+"""Clipping scales each fp32 gradient in place, every step on Transformer Engine's path
+(``clip_grad_by_total_norm_fp32`` with a clamped coefficient)."""
+PARAM_COPY_BYTES_PER_PARAM = 6
+"""The fp32 weight copied to the 16-bit model weight (Megatron-LM's distributed optimizer)."""
+OPTIMIZER_STEP_BYTES_PER_PARAM = (ADAM_BYTES_PER_PARAM + GRAD_NORM_BYTES_PER_PARAM + GRAD_CLIP_BYTES_PER_PARAM
+                                  + PARAM_COPY_BYTES_PER_PARAM)
 """Bytes mixed-precision Adam moves per local parameter: read the fp32 weight, momentum
 and variance (12) and the 16-bit gradient (2); write the 12 and the 16-bit weight (2)."""
 
@@ -84,7 +103,7 @@ def op_time(op: Op, profile: HardwareProfile, dtype: str = "bf16") -> float:
     else:
         rate = profile.peak("fp32") if "fp32" in profile.peak_flops else profile.peak(dtype)
     compute = op.flops / rate if op.flops else 0.0
-    memory = (op.bytes_read + op.bytes_written) / (profile.hbm_bandwidth_Bps * profile.memory_efficiency)
+    memory = (op.bytes_read + op.bytes_written) / profile.memory_rate(op.framework)
     return max(compute, memory) + profile.kernel_launch_s
 
 
@@ -138,9 +157,10 @@ def collective_time(collective: str, nbytes: float, ranks: int, kind: str,
 
 # ---------------------------------------------------------------- optimizer step
 def optimizer_step_time(local_params: float, profile: HardwareProfile) -> float:
-    """Seconds of the memory-bound Adam step over ``local_params`` parameters on the GPU:
-    28·Ψ_local / (hbm_bandwidth · memory_efficiency)."""
-    return ADAM_BYTES_PER_PARAM * local_params / (profile.hbm_bandwidth_Bps * profile.memory_efficiency)
+    """Seconds of the memory-bound optimizer step over ``local_params`` parameters on the
+    GPU (Adam, the gradient norm, clipping and the weight copy):
+    46·Ψ_local / (hbm_bandwidth · memory_efficiency)."""
+    return OPTIMIZER_STEP_BYTES_PER_PARAM * local_params / (profile.hbm_bandwidth_Bps * profile.memory_efficiency)
 
 
 def cpu_optimizer_step_time(local_params: float, profile: HardwareProfile, gpus_per_host: int) -> float:

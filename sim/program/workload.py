@@ -68,6 +68,10 @@ class Op:
     batch: int = 1
     """Independent GEMMs (or sequences × heads for attention) in the kernel."""
     recompute: bool = False
+    framework: bool = False
+    """A memory-bound kernel of the framework's own (Megatron-LM's torch.compile fusions,
+    PyTorch eager ops), not a tuned library kernel: it streams at the profile's
+    ``framework_kernel_efficiency``."""
 
 
 @dataclass(frozen=True)
@@ -115,9 +119,9 @@ class _Builder:
                              e * (m * k + k * n) * batch, e * m * n * batch, e * m * n * batch,
                              (m, n, k), batch))
 
-    def mem(self, name, read, written, flops=0.0, output=None):
+    def mem(self, name, read, written, flops=0.0, output=None, framework=False):
         self.items.append(Op(name, self.phase, "memory", float(flops), float(read), float(written),
-                             float(written if output is None else output)))
+                             float(written if output is None else output), framework=framework))
 
     def attention(self, name, flops, read, written, output, seq, head_dim, batch):
         self.items.append(Op(name, self.phase, "attention", float(flops), float(read), float(written),
@@ -156,7 +160,7 @@ def _attention_forward(w: _Builder, m: ModelSpec, b: int, t: int, attention: str
     w.gemm("attn.scores", s, s, d, batch=bh)
     w.mem("attn.softmax", e * scores, e * scores, 5 * scores)
     if m.dropout:
-        w.mem("attn.dropout", e * scores, e * scores + scores, scores)  # (and its 1-byte mask)
+        w.mem("attn.dropout", e * scores, e * scores + scores, scores, framework=True)  # (and its 1-byte mask)
     w.gemm("attn.context", s, d, s, batch=bh)
 
 
@@ -177,7 +181,7 @@ def _attention_backward(w: _Builder, m: ModelSpec, b: int, t: int, attention: st
     w.gemm("attn.context.dgrad_v", s, d, s, batch=bh)
     w.gemm("attn.context.dgrad_p", s, s, d, batch=bh)
     if m.dropout:
-        w.mem("attn.dropout.grad", e * scores + scores, e * scores, scores)
+        w.mem("attn.dropout.grad", e * scores + scores, e * scores, scores, framework=True)
     w.mem("attn.softmax.grad", 2 * e * scores, e * scores, 4 * scores)
     w.gemm("attn.scores.dgrad_q", s, d, s, batch=bh)
     w.gemm("attn.scores.dgrad_k", s, d, s, batch=bh)
@@ -204,13 +208,13 @@ def _layer_forward(w: _Builder, m: ModelSpec, b: int, t: int, sp: bool, attentio
             w.gemm("attn.proj", n_tok, h, h // t)
         else:
             read = (2 if m.mlp == "swiglu" else 1) * n_tok * f
-            w.mem(f"mlp.{m.mlp}", e * read, e * n_tok * f, _ACT_FLOPS[m.mlp] * n_tok * f)
+            w.mem(f"mlp.{m.mlp}", e * read, e * n_tok * f, _ACT_FLOPS[m.mlp] * n_tok * f, framework=True)
             w.gemm("mlp.down", n_tok, h, f)
         if t > 1:
             w.comm(f"{blk}.{'reduce_scatter' if sp else 'all_reduce'}",
                    "reduce_scatter" if sp else "all_reduce", e * n_tok * h)
         # bias + dropout + residual add, fused as in Megatron-LM
-        w.mem(f"{blk}.residual", 2 * e * nn * h, e * nn * h + mask, 3 * nn * h, output=e * nn * h)
+        w.mem(f"{blk}.residual", 2 * e * nn * h, e * nn * h + mask, 3 * nn * h, output=e * nn * h, framework=True)
 
 
 def layer_work(model: ModelSpec, micro_batch: int, tp: int = 1, sequence_parallel: bool = False,
@@ -241,14 +245,14 @@ def layer_work(model: ModelSpec, micro_batch: int, tp: int = 1, sequence_paralle
         _attention_forward(w, m, b, t, attention)
     w.items[start:] = [_as_recompute(i) for i in w.items[start:]]
     for blk, k_in, act in (("mlp", f_up, True), ("attn", qkv, False)):
-        w.mem(f"{blk}.residual.grad", e * nn * h + mask, e * nn * h, nn * h)
+        w.mem(f"{blk}.residual.grad", e * nn * h + mask, e * nn * h, nn * h, framework=True)
         if t > 1 and sp:
             w.comm(f"{blk}.all_gather.grad", "all_gather", e * n_tok * h)
         if act:
             w.gemm("mlp.down.dgrad", n_tok, f, h)
             read = (3 if m.mlp == "swiglu" else 2) * n_tok * f
             wrote = (2 if m.mlp == "swiglu" else 1) * n_tok * f
-            w.mem(f"mlp.{m.mlp}.grad", e * read, e * wrote, 2 * _ACT_FLOPS[m.mlp] * n_tok * f)
+            w.mem(f"mlp.{m.mlp}.grad", e * read, e * wrote, 2 * _ACT_FLOPS[m.mlp] * n_tok * f, framework=True)
             w.gemm("mlp.up.dgrad", n_tok, h, f_up)
         else:
             w.gemm("attn.proj.dgrad", n_tok, h // t, h)
@@ -282,7 +286,7 @@ def embedding_work(model: ModelSpec, micro_batch: int, tp: int = 1, sequence_par
     n_tok, h = b * m.seq_length, m.hidden_size
     pos = 1 if m.position_embedding == "learned" else 0
     w = _Builder("embedding", e)
-    w.mem("embed.lookup", 8 * n_tok + e * n_tok * h * (1 + pos), e * n_tok * h, n_tok * h * pos)
+    w.mem("embed.lookup", 8 * n_tok + e * n_tok * h * (1 + pos), e * n_tok * h, n_tok * h * pos, framework=True)
     if t > 1:
         w.comm("embed.reduce_scatter" if sp else "embed.all_reduce",
                "reduce_scatter" if sp else "all_reduce", e * n_tok * h)
@@ -290,7 +294,7 @@ def embedding_work(model: ModelSpec, micro_batch: int, tp: int = 1, sequence_par
     if sp:
         w.comm("embed.all_gather.grad", "all_gather", e * n_tok * h)
     # scatter-add of the gradient rows into the (vocab shard of the) table
-    w.mem("embed.wgrad", e * n_tok * h * (2 + pos), e * n_tok * h * (1 + pos), n_tok * h * (1 + pos))
+    w.mem("embed.wgrad", e * n_tok * h * (2 + pos), e * n_tok * h * (1 + pos), n_tok * h * (1 + pos), framework=True)
     return w.build()
 
 
@@ -311,11 +315,11 @@ def head_work(model: ModelSpec, micro_batch: int, tp: int = 1, sequence_parallel
     w.gemm("head.logits", n_tok, v, h)
     # vocab-parallel cross-entropy: fp32 softmax kept for backward; max, sum and target
     # logit all-reduced over the tp group (3 floats per token)
-    w.mem("head.loss", e * n_tok * v, 4 * n_tok * v, 5 * n_tok * v)
+    w.mem("head.loss", e * n_tok * v, 4 * n_tok * v, 5 * n_tok * v, framework=True)
     if t > 1:
         w.comm("head.loss.all_reduce", "all_reduce", 3 * 4 * n_tok)
     w.phase = "B"
-    w.mem("head.loss.grad", 4 * n_tok * v, e * n_tok * v, 2 * n_tok * v)
+    w.mem("head.loss.grad", 4 * n_tok * v, e * n_tok * v, 2 * n_tok * v, framework=True)
     w.gemm("head.logits.dgrad", n_tok, h, v)
     if t > 1:
         w.comm("head.reduce_scatter.grad" if sp else "head.all_reduce.grad",
