@@ -118,7 +118,8 @@ def simulate_training(model: ModelSpec, plan: ParallelPlan, profile: HardwarePro
     with gc_paused():
         schedule, prog = build_program(model, plan, profile, schedule, fidelity, topology.gpus_per_node, topology,
                                        coalesce_tp, max_events, collective_model)
-    trace = simulate(prog, topology, link_efficiency=profile.link_efficiencies(), fluid_collectives=flows)
+    trace = simulate(prog, topology, link_efficiency=profile.link_efficiencies(), fluid_collectives=flows,
+                     overlap_slowdown=profile.overlap_compute_slowdown)
     return TrainingRun(model, plan, profile, topology, schedule, prog, trace, fidelity, reason,
                        "flows" if flows else "steps")
 

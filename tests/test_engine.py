@@ -292,3 +292,57 @@ def test_a_finished_run_leaves_no_actions_in_reference_cycles():
         gc.set_debug(was)
     assert not [o for o in left if isinstance(o, (Action, _Engine))]
     assert max((len(o) for o in left if isinstance(o, list)), default=0) < actions / 10
+
+
+def test_compute_slows_while_an_nccl_kernel_runs_on_its_gpu(make_star):
+    # The two-stage program above with sigma = 0.5: F1 starts with the send (2 s), runs at
+    # 1/1.5 until the send ends (3 s), so 1/1.5 s of its 2 s are done by then and the
+    # remaining 4/3 s run at full speed: it ends at 3 + 4/3. Rank 1 computes nothing
+    # while its receive runs.
+    t = make_star([10.0, 10.0])
+    prog = Program({
+        0: [Action("F0", duration_s=2.0),
+            Action("s0", kind="send", peer=1, nbytes=10, deps=("F0",)),
+            Action("F1", duration_s=2.0)],
+        1: [Action("r0", kind="recv", peer=0, nbytes=10),
+            Action("G0", duration_s=3.0, deps=("r0",))],
+    })
+    log = {(r, n): (a, b) for r, _, n, a, b in _log(simulate(prog, t, overlap_slowdown=0.5))}
+    assert log[(0, "F0")] == (0.0, 2.0) and log[(0, "s0")] == (2.0, 3.0)
+    assert log[(0, "F1")][0] == 2.0 and log[(0, "F1")][1] == pytest.approx(3.0 + (2.0 - 1.0 / 1.5), rel=1e-12)
+    assert log[(1, "G0")] == (3.0, 6.0)
+    assert _log(simulate(prog, t, overlap_slowdown=0.0)) == _log(simulate(prog, t))
+    with pytest.raises(InputError, match="overlap_slowdown"):
+        simulate(prog, t, overlap_slowdown=-1.0)
+
+
+def test_a_compute_action_that_outlasts_two_nccl_kernels_is_slowed_for_each(make_star):
+    # C (10 s) runs while two sends run one after the other on another stream (1 s each,
+    # back to back from 0): it is slowed for 2 s, so 2/(1 + sigma) of its work is done by
+    # then and it ends at 2 + 10 - 2/(1 + sigma).
+    t = make_star([10.0, 10.0])
+    sigma = 0.25
+    prog = Program({
+        0: [Action("C", duration_s=10.0),
+            Action("a", kind="send", peer=1, nbytes=10, stream="comm"),
+            Action("b", kind="send", peer=1, nbytes=10, stream="comm")],
+        1: [Action("ra", kind="recv", peer=0, nbytes=10), Action("rb", kind="recv", peer=0, nbytes=10)],
+    })
+    spans = {s.name: s for s in simulate(prog, t, overlap_slowdown=sigma).spans}
+    assert spans["b"].end_s == pytest.approx(2.0)
+    assert spans["C"].end_s == pytest.approx(2.0 + 10.0 - 2.0 / (1 + sigma), rel=1e-12)
+
+
+def test_a_receive_waiting_for_its_send_does_not_slow_compute(make_star):
+    # Rank 1 posts its receive at 0 and computes H (5 s) meanwhile; the data moves from 2 s
+    # (when rank 0's F0 ends and the send starts) to 3 s. Only that second slows H:
+    # it ends at 5 + 1 - 1/(1 + sigma).
+    t = make_star([10.0, 10.0])
+    sigma = 0.5
+    prog = Program({
+        0: [Action("F0", duration_s=2.0), Action("s0", kind="send", peer=1, nbytes=10, deps=("F0",))],
+        1: [Action("r0", kind="recv", peer=0, nbytes=10), Action("H", duration_s=5.0)],
+    })
+    spans = {s.name: s for s in simulate(prog, t, overlap_slowdown=sigma).spans}
+    assert (spans["r0"].start_s, spans["r0"].busy_start_s, spans["r0"].end_s) == (0.0, 2.0, 3.0)
+    assert spans["H"].end_s == pytest.approx(5.0 + 1.0 - 1.0 / (1 + sigma), rel=1e-12)

@@ -54,6 +54,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 import networkx as nx
+from dataclasses import replace
+
 import pytest
 from hypothesis import assume, event, example, given, note
 from hypothesis import strategies as st
@@ -342,9 +344,11 @@ class Case:
     topo: TopoRecipe
     schedule: Schedule | None
 
-    def run(self, **kw):
-        return simulate_training(self.model, self.plan, load_profile(self.profile), self.topo.build(),
-                                 self.schedule, **kw)
+    def run(self, profile_changes=None, **kw):
+        profile = load_profile(self.profile)
+        if profile_changes:
+            profile = replace(profile, **profile_changes)
+        return simulate_training(self.model, self.plan, profile, self.topo.build(), self.schedule, **kw)
 
 
 @st.composite
@@ -428,8 +432,13 @@ def test_coalesced_tp_collectives_keep_the_iteration_time(case):
     # Not coalesced where a NIC shared by two GPUs is wider than NVLink (node traffic
     # would take it); the generator makes that rare.
     assume(isolated_tp_pricer(case.plan, topo, load_profile(case.profile).link_efficiencies()) is not None)
-    fine = case.run(coalesce_tp=False).trace.end_s
-    assert case.run(coalesce_tp=True).trace.end_s == pytest.approx(fine, rel=REL)
+    # Without the compute slowdown under overlapped NCCL kernels: it depends on when each
+    # piece starts relative to other streams' transfers, which the closed form moves by
+    # a little (up to 0.4% of a rank's exposed communication on the plans of
+    # tests/test_training.py); this property is about the pricing of the collectives.
+    off = {"overlap_compute_slowdown": 0.0}
+    fine = case.run(off, coalesce_tp=False).trace.end_s
+    assert case.run(off, coalesce_tp=True).trace.end_s == pytest.approx(fine, rel=REL)
 
 
 # ================================================================ monotonicity: bandwidth

@@ -219,10 +219,15 @@ def test_custom_schedule_csv(tmp_path, capsys):
     ParallelPlan(tp=8, dp=2, global_batch_size=8, zero_stage=2, sequence_parallel=True),
 ])
 def test_coalescing_isolated_tp_collectives_keeps_the_iteration_time(plan):
+    from dataclasses import replace
+
     model = gpt("co", 4, 2048, 16, 8192, 1024)
     topo = load_topology("dgx-h100", nodes=2)
-    on = simulate_training(model, plan, H100, topo)
-    off = simulate_training(model, plan, H100, topo, coalesce_tp=False)
+    # (without the compute slowdown under overlapped NCCL kernels, which the closed form
+    # shifts a little: see tests/test_properties.py)
+    prof = replace(H100, overlap_compute_slowdown=0.0)
+    on = simulate_training(model, plan, prof, topo)
+    off = simulate_training(model, plan, prof, topo, coalesce_tp=False)
     assert any(a.kind == "comm" for acts in on.program.actions.values() for a in acts)  # it did coalesce
     assert len(on.program) < len(off.program)
     assert on.trace.end_s == pytest.approx(off.trace.end_s, rel=1e-3)

@@ -46,6 +46,9 @@ class Collectives:
         self._open: dict[tuple, _Rendezvous] = {}
         self._plans: dict[tuple, tuple] = {}
         self._labels: dict[str, dict[str, str]] = {}  # a collective's label -> its steps' transfer labels
+        self.on_begin = None
+        """Called as ``on_begin(rank, now)`` for each simulated member when a collective's
+        data starts to move (the engine's overlap slowdown), if set."""
 
     def waiting(self, key) -> _Rendezvous | None:
         """The rendezvous still waiting for members under ``key``, if any (for deadlocks)."""
@@ -67,6 +70,9 @@ class Collectives:
         if len(rv.posted) == self.needed[a.group]:
             del self._open[key]
             rv.began = self.env.now
+            if self.on_begin is not None:  # (every member's NCCL kernel now moves data)
+                for r in rv.posted:
+                    self.on_begin(r, rv.began)
             self._run(self.plan_steps(a), rv, f"{a.category or a.op} {a.op} {a.name}")
 
     def plan_steps(self, a: Action):

@@ -33,6 +33,7 @@ from sim.engine import invariants
 from sim.engine.collectives import Collectives
 from sim.engine.kernel import Calls, CheckingEnvironment, Environment
 from sim.engine.network import Network
+from sim.engine.slowdown import Slowdown
 from sim.engine.program_index import index_program
 from sim.errors import DeadlockError, InputError
 from sim.inputs.topology import Topology
@@ -43,18 +44,23 @@ _SPAN_ORDER = attrgetter("rank", "stream", "start_s", "end_s", "name")  # the tr
 
 
 def simulate(program: Program, topology: Topology, *, link_efficiency: dict[str, float] | None = None,
-             fluid_collectives: bool = False, check_invariants: bool | None = None) -> Trace:
+             fluid_collectives: bool = False, check_invariants: bool | None = None,
+             overlap_slowdown: float = 0.0) -> Trace:
     """Run ``program`` on ``topology`` and return its ``Trace``.
 
     ``link_efficiency`` scales each link kind's bandwidth (e.g. ``{"ib": 0.96}``).
     ``fluid_collectives`` prices each ring hop as one transfer (``sim.engine.algorithms``).
+    ``overlap_slowdown`` σ: compute on a rank runs at 1/(1 + σ) while one of its sends,
+    receives or collectives moves data (``sim.engine.slowdown``).
     ``check_invariants`` checks ``sim.engine.invariants`` during and after the run (default:
     debug mode, the environment variable ``TRAINSIM_DEBUG``).
     """
     if check_invariants is None:
         check_invariants = invariants.enabled()
     with gc_paused():
-        engine = _Engine(program, topology, link_efficiency, fluid_collectives, check_invariants)
+        if not 0.0 <= overlap_slowdown < float("inf"):
+            raise InputError(f"overlap_slowdown: got {overlap_slowdown!r}; expected a number >= 0")
+        engine = _Engine(program, topology, link_efficiency, fluid_collectives, check_invariants, overlap_slowdown)
         try:
             return engine.run()
         finally:
@@ -94,7 +100,7 @@ class _Engine:
     """
 
     def __init__(self, program: Program, topology: Topology, link_efficiency, fluid: bool = False,
-                 check: bool = False):
+                 check: bool = False, overlap_slowdown: float = 0.0):
         top = program.max_rank()
         if top >= topology.num_gpus:
             raise InputError(
@@ -127,6 +133,7 @@ class _Engine:
         self._ready: deque[int] = deque()
         self._arrived = bytearray(n)  # a send or recv that waits for its partner
         self._pair_link: list[int] = [0] * n
+        self._overlap_slowdown = overlap_slowdown
         self._build_core()
         self._index_s = time.perf_counter() - t0
 
@@ -161,9 +168,9 @@ class _Engine:
             invariants.check(self.program, trace, self.net)
         return trace
 
-    _RUN_STATE = ("_acts", "_rank_of", "_streams", "_members", "_pending", "_dependents", "_nxt", "_key_of",
-                  "_needed", "_barrier_of", "_partner", "_p2p", "_dur", "_mem_start", "_mem_end", "_start", "_end",
-                  "_busy_start", "_link_of", "_arrived", "_pair_link", "_sends", "_collectives", "_ready")
+    _RUN_STATE = tuple(f"_{n}" for n in "acts rank_of streams members pending dependents nxt key_of needed barrier_of "
+                       "partner p2p dur mem_start mem_end start end busy_start link_of arrived pair_link sends "
+                       "collectives ready".split())
 
     def release(self) -> None:
         """Let go of the run's state once its trace is made. The event loop's closures and
@@ -171,16 +178,14 @@ class _Engine:
         freezes what is alive when the run ends, so the cyclic collector would never free
         that state: emptied here (the index's arrays are the engine's own), each run leaves
         a few small objects behind, not its millions of entries."""
-        for name in self._RUN_STATE:
-            value = self.__dict__.get(name)
+        for value in map(self.__dict__.get, self._RUN_STATE):
             if isinstance(value, (list, dict, bytearray, deque)):
                 value.clear()
-        for fn in (self.__dict__.get("_finish"), self.__dict__.get("_start_ready")):
+        for fn in self.__dict__.get("_closures", ()):
             for cell in getattr(fn, "__closure__", None) or ():  # the hot path's closures name each other
                 cell.cell_contents = None
-        for part in (self.__dict__.get("net"), self.__dict__.get("_coll")):
-            if part is not None:
-                part.__dict__.clear()
+        for part in filter(None, (self.__dict__.get("net"), self.__dict__.get("_coll"))):
+            part.__dict__.clear()
         self.__dict__.clear()
 
     def _prepare(self) -> None:
@@ -267,7 +272,10 @@ class _Engine:
                     d = dur[i]
                     if d is not None:  # compute or comm
                         if d > 0:
-                            at(now + d, finish, i)
+                            if slow is None or not slow.slowable[i]:
+                                at(now + d, finish, i)
+                            else:
+                                slow.start(i, d, now)
                         else:
                             finish(i)
                         continue
@@ -318,9 +326,16 @@ class _Engine:
             ready.extend(mine[0] for mine in members if mine and not pending[mine[0]])
             drain()
 
-        join_p2p = self._p2p_join(finish)
+        slow = None
+        self._closures = (finish, start_ready, drain)  # (what release() unties)
+        if self._overlap_slowdown > 0:
+            slow = Slowdown(self._acts, self._rank_of, self.env, finish, at, self._overlap_slowdown)
+            finish = slow.finish  # (drain's and the network's finish: it also counts NCCL kernels ending)
+        join_p2p = self._p2p_join(finish, slow.nccl_started if slow is not None else None)
         self._coll = Collectives(env, self.net, self.topology, self.program.shadows, self.fluid, self._key_of,
                                  self._needed, finish)
+        if slow is not None:
+            self._coll.on_begin = slow.nccl_started
         join_collective = self._coll.join
         self._finish, self._start_ready = finish, start_ready
 
@@ -332,7 +347,7 @@ class _Engine:
         self._finish(i, began, None)
 
     # ------------------------------------------------------------------ p2p
-    def _p2p_join(self, finish):
+    def _p2p_join(self, finish, on_begin=None):
         """``join_p2p(i, pair)`` for the hot path, when the second of a send/recv pair
         arrives (the first waits: ``drain``), ``pair`` being ``p2p[i]`` (see
         ``sim.engine.program_index``; ``_prepare`` adds the route): starts the transfer, whose
@@ -347,6 +362,9 @@ class _Engine:
 
         def join_p2p(i: int, pair: tuple) -> None:
             si, ri, src, dst, nbytes, label, route = pair
+            if on_begin is not None:  # (both NCCL kernels now move data)
+                on_begin(src, env.now)
+                on_begin(dst, env.now)
             start(route, src, dst, nbytes, label, 1, delivered, (si, ri, env.now, pair_link[partner[i]]))
 
         return join_p2p
@@ -379,3 +397,4 @@ class _Engine:
                 why = "did not finish"
             out.setdefault(rank, []).append(f"{a.kind} {a.name!r} on stream {stream} {why}")
         return {r: " | ".join(v) for r, v in sorted(out.items())}
+

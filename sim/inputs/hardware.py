@@ -94,6 +94,11 @@ class HardwareProfile:
     run well below tuned library kernels (norms, flash attention: ``memory_efficiency``).
     None: the same as ``memory_efficiency``."""
 
+    overlap_compute_slowdown: float = 0.0
+    """σ: while an NCCL kernel (a send, receive or collective on another stream) runs on a
+    GPU, the GPU's compute kernels take (1 + σ) times as long: NCCL holds some SMs (one
+    thread block per channel) and HBM bandwidth. 0: overlap is free."""
+
     def memory_rate(self, framework: bool = False) -> float:
         """Bytes/s a memory-bound kernel moves: a tuned library kernel's, or with
         ``framework`` one of the framework's own (``framework_kernel_efficiency``)."""
@@ -186,7 +191,7 @@ class HardwareProfile:
             raise InputError(f"{where}: got {type(d).__name__}; expected a JSON object")
         names = [f.name for f in fields(cls)]
         _strict_keys(d, names, where, optional=("sources", "provenance", "memory_reserve_bytes", "host_memory_bandwidth_Bps",
-                                          "framework_kernel_efficiency"))
+                                          "framework_kernel_efficiency", "overlap_compute_slowdown"))
         kw = dict(d)
         kw["peak_flops"] = _number_map(d["peak_flops"], f"{where}: peak_flops", DTYPES)
         kw["links"] = _links(d["links"], f"{where}: links")
@@ -302,7 +307,8 @@ def _check_profile(p: HardwareProfile) -> None:
         if v is None and name == "framework_kernel_efficiency":
             continue
         _require_num(name, v, _is_num(v) and 0 < v <= 1, "a fraction in (0, 1]")
-    for name in ("gemm_k_overhead", "kernel_launch_s", "memory_reserve_bytes", "host_memory_bandwidth_Bps"):
+    for name in ("gemm_k_overhead", "kernel_launch_s", "memory_reserve_bytes", "host_memory_bandwidth_Bps",
+                 "overlap_compute_slowdown"):
         v = getattr(p, name)
         _require_num(name, v, _is_num(v) and v >= 0, "a number >= 0")
     for kind, link in p.links.items():
