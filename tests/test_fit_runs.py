@@ -161,6 +161,9 @@ def test_unknown_columns_and_too_many_parameters_are_refused(tmp_path):
     assert code == 2 and "3 parameters" in err and "3 groups" in err and "at most 2" in err and not out.exists()
     code, _, err = _cli(["fit", str(data), "--gpu", "a100-80gb", "--params", "peak_flops"])
     assert code == 2 and "--params: got 'peak_flops'; allowed: gemm_max_efficiency" in err
+    (tmp_path / "d.json").mkdir()
+    code, _, err = _cli(["fit", str(data), "--gpu", "a100-80gb", "--out", str(tmp_path / "d.json")])  # before any work
+    assert code == 2 and "--out" in err and "it is a directory" in err
     with pytest.raises(InputError, match="at least 2"):
         choose_parameters(None, 1)
     assert [p.path for p in choose_parameters(None, 9)[0]] == list(DEFAULT_PARAMETERS)
@@ -176,3 +179,18 @@ def test_the_published_runs_read_into_groups():
     nemotron = next(r for r in runs if r.values["hidden_size"] == 18432)
     assert nemotron.values["num_query_groups"] == 8 and nemotron.values["group_query_attention"]
     assert nemotron.values["sequence_parallel"] is True and "sequence_parallel" in nemotron.filled
+
+
+def test_parameters_are_profile_fields_by_dotted_path():
+    from sim.calibrate.fit_runs import PARAMETERS, get_value, parameter, start_value, with_values
+
+    base = load_profile("h100-sxm")
+    ib = parameter("links.ib.efficiency")
+    moved = with_values(base, [ib, parameter("kernel_launch_s")], [0.7, 5e-6])
+    assert get_value(moved, "links.ib.efficiency") == 0.7 and moved.kernel_launch_s == 5e-6
+    assert moved.links["nvlink"] == base.links["nvlink"] and base.links["ib"].efficiency != 0.7
+    for p in PARAMETERS:  # every bound is physical and every preset value can start a fit
+        assert p.low < p.high and p.low >= 0 and p.why
+        assert p.low <= start_value(base, p) <= p.high
+    unset = replace(base, framework_kernel_efficiency=None)
+    assert start_value(unset, parameter("framework_kernel_efficiency")) == pytest.approx((0.30 + 0.95) / 2)

@@ -64,6 +64,8 @@ PARAMETERS = (
               "50-73% on A100, FlashAttention-3 up to 75% on H100; backward passes run lower", True),
     Parameter("memory_efficiency", 0.50, 0.95, "fraction of HBM peak streaming kernels reach: large copies reach "
               "~90%; short fused elementwise kernels less", True),
+    Parameter("framework_kernel_efficiency", 0.30, 0.95, "fraction of HBM peak the framework's own elementwise "
+              "kernels (torch.compile fusions, eager cross-entropy) reach: below hand-written kernels, above 30%"),
     Parameter("kernel_launch_s", 0.0, 20e-6, "fixed per-kernel cost: CUDA launch latency is 2-5 us, framework "
               "overhead per op adds a few more; 20 us would mean the CPU, not the GPU, sets the pace", True),
     Parameter("links.ib.efficiency", 0.60, 1.0, "fraction of the InfiniBand line rate NCCL achieves: ~96% at large "
@@ -106,11 +108,21 @@ def choose_parameters(names: list[str] | None, groups: int) -> tuple[tuple[Param
 
 
 # ---------------------------------------------------------------- profile paths
-def get_value(profile: HardwareProfile, path: str) -> float:
+def get_value(profile: HardwareProfile, path: str) -> float | None:
+    """The field at ``path`` (None where the profile leaves it unset)."""
     obj = profile
     for part in path.split("."):
-        obj = obj[part] if isinstance(obj, dict) else getattr(obj, part)
-    return float(obj)
+        try:
+            obj = obj[part] if isinstance(obj, dict) else getattr(obj, part)
+        except (KeyError, AttributeError):
+            raise InputError(f"--params: {path}: profile {profile.name} has no such field") from None
+    return None if obj is None else float(obj)
+
+
+def start_value(profile: HardwareProfile, p: Parameter) -> float:
+    """Where the fit starts: the profile's value, clipped into the bounds (unset: the middle)."""
+    v = get_value(profile, p.path)
+    return (p.low + p.high) / 2 if v is None else min(max(v, p.low), p.high)
 
 
 def _set(obj, parts: list[str], value):
@@ -261,8 +273,8 @@ def fit_runs(path, gpu: str, names: list[str] | None = None) -> dict:
         params, how = choose_parameters(names, len(order))
     except InputError as exc:
         raise InputError(f"{path}: {exc}") from None
+    start = [start_value(profile, p) for p in params]
     sims = Simulations(profile, params, prepare_rows(used, gpu, str(path)))
-    start = [min(max(get_value(profile, p.path), p.low), p.high) for p in params]
     measured = [r.measured_s for r in used]
     groups = [ids[r.group] for r in used]
     res = fit_and_hold_out(sims, measured, groups, start)
