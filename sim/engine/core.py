@@ -184,7 +184,9 @@ class _Engine:
         for fn in self.__dict__.get("_closures", ()):
             for cell in getattr(fn, "__closure__", None) or ():  # the hot path's closures name each other
                 cell.cell_contents = None
-        for part in filter(None, (self.__dict__.get("net"), self.__dict__.get("_coll"))):
+        if self.__dict__.get("_slow") is not None:
+            self._slow.release()
+        for part in filter(None, map(self.__dict__.get, ("net", "_coll"))):
             part.__dict__.clear()
         self.__dict__.clear()
 
@@ -272,10 +274,10 @@ class _Engine:
                     d = dur[i]
                     if d is not None:  # compute or comm
                         if d > 0:
-                            if slow is None or not slow.slowable[i]:
+                            if slowable is None or not slowable[i]:
                                 at(now + d, finish, i)
                             else:
-                                slow.start(i, d, now)
+                                slow_start(i, d, now)
                         else:
                             finish(i)
                         continue
@@ -326,16 +328,16 @@ class _Engine:
             ready.extend(mine[0] for mine in members if mine and not pending[mine[0]])
             drain()
 
-        slow = None
-        self._closures = (finish, start_ready, drain)  # (what release() unties)
-        if self._overlap_slowdown > 0:
-            slow = Slowdown(self._acts, self._rank_of, self.env, finish, at, self._overlap_slowdown)
-            finish = slow.finish  # (drain's and the network's finish: it also counts NCCL kernels ending)
-        join_p2p = self._p2p_join(finish, slow.nccl_started if slow is not None else None)
+        slowable = slow_start = began = None
+        self._closures, self._slow = (finish, start_ready, drain), None  # (what release() unties)
+        if self._overlap_slowdown > 0:  # finish, drain's and the network's, also counts NCCL kernels ending
+            self._slow = Slowdown(self._acts, self._rank_of, self.env, finish, at, self._overlap_slowdown)
+            slowable, slow_start, finish, began = (self._slow.slowable, self._slow.start, self._slow.finish,
+                                                   self._slow.nccl_started)
+        join_p2p = self._p2p_join(finish, began)
         self._coll = Collectives(env, self.net, self.topology, self.program.shadows, self.fluid, self._key_of,
                                  self._needed, finish)
-        if slow is not None:
-            self._coll.on_begin = slow.nccl_started
+        self._coll.on_begin = began
         join_collective = self._coll.join
         self._finish, self._start_ready = finish, start_ready
 
@@ -346,7 +348,6 @@ class _Engine:
     def _copied(self, i: int, began: float, _event) -> None:
         self._finish(i, began, None)
 
-    # ------------------------------------------------------------------ p2p
     def _p2p_join(self, finish, on_begin=None):
         """``join_p2p(i, pair)`` for the hot path, when the second of a send/recv pair
         arrives (the first waits: ``drain``), ``pair`` being ``p2p[i]`` (see
@@ -369,7 +370,6 @@ class _Engine:
 
         return join_p2p
 
-    # ------------------------------------------------------------------ deadlock
     def _explain(self, unfinished: list[int]) -> dict[int, str]:
         out: dict[int, list[str]] = {}
         resolve = self.program.resolve

@@ -9,63 +9,102 @@ and a compute action (any stream but ``cpu``) progresses at 1/(1 + σ) of its sp
 that count is above 0. A send or receive counts from the moment both sides have arrived
 (a receive posted early and waiting holds nothing worth modelling), a collective from the
 moment its last member joins, each until it ends.
+
+Lazily, so that the common case costs little: each rank keeps the total time it has
+been busy so far, and a compute action its start time, the rank's busy total then and
+its work left. Its end is called when it would end at its current rate; the call works
+out the work done since from the busy time in between and, if some is left (the rank
+became busy meanwhile), calls again for the rest at the rank's rate now. Only actions
+called at the slow rate must be called earlier when their rank stops being busy; they
+are kept per rank, and a superseded call is told by its time.
 """
 
 from __future__ import annotations
+
+
 class Slowdown:
-    """Compute slowed by concurrent NCCL kernels: per rank, how many sends, receives and
-    collectives are running (``busy``), and the compute actions running on it, each with
-    its remaining work at full speed. A compute action that starts while ``busy`` runs at
-    1/(1 + σ); when a rank's ``busy`` goes from 0 to 1 or back, each of its running compute
-    actions is re-timed: the work done since its last re-timing is taken off at the old
-    rate, and its end is called again at the new rate (the earlier call, now stale, is
-    skipped by its generation number)."""
+    """See the module doc. ``start(i, d, now)`` begins a compute action of ``d`` seconds at
+    full speed, ``nccl_started(rank, now)`` and ``finish`` (the engine's finish, wrapped)
+    count a rank's NCCL kernels. The hot paths are closures over local lists."""
 
     def __init__(self, acts: list, rank_of: list, env, finish, at, sigma: float):
-        self.factor = 1.0 + sigma
+        n = len(acts)
+        factor, k = 1.0 + sigma, sigma / (1.0 + sigma)
         self.slowable = bytearray(a.kind == "compute" and a.stream != "cpu" for a in acts)
-        self.nccl = bytearray(a.kind in ("send", "recv", "collective") for a in acts)
-        self.rank_of, self.env = rank_of, env
-        self.busy: dict[int, int] = {}
-        self.running: dict[int, dict[int, list]] = {}  # rank -> action -> [remaining s, since, generation]
-        self._finish, self._at = finish, at
+        nccl = bytearray(a.kind in ("send", "recv", "collective") for a in acts)
+        ranks = max(rank_of, default=-1) + 1
+        busy, since, total = [0] * ranks, [0.0] * ranks, [0.0] * ranks
+        t0, c0, left_of, due = [0.0] * n, [0.0] * n, [0.0] * n, [-1.0] * n
+        slowed: dict[int, set] = {}  # rank -> actions called at the slow rate
+        self._state = (busy, since, total, t0, c0, left_of, due, slowed)
 
-    def start(self, i: int, d: float, now: float) -> None:
-        r = self.rank_of[i]
-        state = [d, now, 0]
-        self.running.setdefault(r, {})[i] = state
-        self._at(now + d * (self.factor if self.busy.get(r) else 1.0), self._ended, (i, 0))
+        def call(i: int, r: int, now: float, left: float) -> None:
+            """Call ``is_due(i)`` when ``left`` seconds of work at the rank's rate now are done."""
+            b = busy[r]
+            t0[i] = now
+            c0[i] = total[r] + (now - since[r] if b else 0.0)
+            left_of[i] = left
+            if b:
+                slowed.setdefault(r, set()).add(i)
+                t = now + left * factor
+            else:
+                t = now + left
+            due[i] = t
+            at(t, is_due, i)
 
-    def _ended(self, arg) -> None:
-        i, gen = arg
-        r = self.rank_of[i]
-        mine = self.running.get(r)
-        state = mine.get(i) if mine else None
-        if state is None or state[2] != gen:
-            return  # re-timed since: a later call ends it
-        del mine[i]
-        self._finish(i)
+        def start(i: int, d: float, now: float) -> None:
+            r = rank_of[i]
+            if busy[r]:
+                call(i, r, now, d)
+                return
+            t0[i] = now  # (the common case, inline)
+            c0[i] = total[r]
+            left_of[i] = d
+            t = due[i] = now + d
+            at(t, is_due, i)
 
-    def _retime(self, r: int, now: float, was_busy: bool) -> None:
-        old, new = (self.factor, 1.0) if was_busy else (1.0, self.factor)
-        for i, state in (self.running.get(r) or {}).items():
-            state[0] = max(0.0, state[0] - (now - state[1]) / old)
-            state[1] = now
-            state[2] += 1
-            self._at(now + state[0] * new, self._ended, (i, state[2]))
+        def is_due(i: int) -> None:
+            now = env.now
+            if now != due[i]:
+                return  # superseded by an earlier call
+            r = rank_of[i]
+            b = busy[r]
+            tot = total[r] + (now - since[r] if b else 0.0)
+            if tot == c0[i] and not b:  # never busy meanwhile: done
+                due[i] = -1.0
+                finish(i)
+                return
+            left = left_of[i] - ((now - t0[i]) - (tot - c0[i]) * k)
+            mine = slowed.get(r)
+            if mine:
+                mine.discard(i)
+            if left <= 1e-9 * left_of[i]:
+                due[i] = -1.0
+                finish(i)
+            else:  # the rank was busy for part of the time: the rest, at its rate now
+                call(i, r, now, left)
 
-    def nccl_started(self, r: int, now: float) -> None:
-        b = self.busy.get(r, 0)
-        self.busy[r] = b + 1
-        if b == 0:
-            self._retime(r, now, False)
+        def nccl_started(r: int, now: float) -> None:
+            if not busy[r]:
+                since[r] = now
+            busy[r] += 1
 
-    def finish(self, i, bstart=None, lid=None) -> None:
-        if self.nccl[i]:
-            r = self.rank_of[i]
-            b = self.busy[r] - 1
-            self.busy[r] = b
-            if b == 0:
-                self._retime(r, self.env.now, True)
-        self._finish(i, bstart, lid)
+        def wrapped_finish(i, bstart=None, lid=None) -> None:
+            if nccl[i]:
+                r = rank_of[i]
+                busy[r] -= 1
+                if not busy[r]:
+                    now = env.now
+                    total[r] += now - since[r]
+                    for j in sorted(slowed.pop(r, ())):  # called at the slow rate: now sooner
+                        done = (now - t0[j]) - (total[r] - c0[j]) * k
+                        call(j, r, now, max(0.0, left_of[j] - done))
+            finish(i, bstart, lid)
 
+        self.start, self.nccl_started, self.finish = start, nccl_started, wrapped_finish
+
+    def release(self) -> None:
+        """Empty the per-action state (the closures above hold it)."""
+        for part in self._state:
+            part.clear()
+        self.__dict__.clear()
