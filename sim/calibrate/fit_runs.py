@@ -252,7 +252,7 @@ def fit_runs(path, gpu: str, names: list[str] | None = None) -> dict:
     for its keys)."""
     import hashlib
 
-    from sim.calibrate.runs_csv import BLANKS, read_runs
+    from sim.calibrate.runs_csv import BY_SOURCE, BLANKS, read_runs
     from sim.fileio import read_bytes
     from sim.inputs.hardware import load_profile
 
@@ -304,6 +304,8 @@ def fit_runs(path, gpu: str, names: list[str] | None = None) -> dict:
                        for p, s, v in zip(params, start, res["full"].values)],
         "evaluations": res["full"].evaluations, "groups": group_rows, "rows": rows, "skipped": skipped,
         "left_out": left_out, "blank_cells": {c: {"value": _shown(BLANKS[c][0]), "why": BLANKS[c][1]} for c in filled},
+        "by_source": {text: {"settings": settings, "why": why} for text, settings, why in BY_SOURCE
+                      if any(text in r.by_source for r in used)},
         **summary, "by_gpu": {profile.name: summary},
         "simulations": sims.count, "wall_s": time.monotonic() - started,
     }

@@ -75,6 +75,19 @@ BLANKS = {
 }
 """Blank cell -> the value taken and why. The one place these choices are made."""
 
+BY_SOURCE = (
+    # (text the row's source contains, settings it has no column for, why)
+    ("Narayanan et al. SC'21", {"attention": "unfused"},
+     "Megatron-LM in 2021 had no fused attention kernel (FlashAttention, Dao et al., came in 2022; Megatron-LM's "
+     "--use-flash-attn later): its core attention wrote the s x s scores (QK^T, fused scale-mask-softmax, dropout, AV)"),
+    ("Nemotron-4 340B", {"position_embedding_type": "rope", "disable_bias_linear": True,
+                         "untie_embeddings_and_output_weights": True, "hidden_dropout": 0.0, "attention_dropout": 0.0},
+     "the Nemotron-4 architecture (Nemotron-4 15B and 340B technical reports, NVIDIA 2024): rotary position "
+     "embeddings, no bias terms, untied input and output embeddings, dropout 0"),
+)
+"""Settings a source's rows take for columns the file does not have: the framework or
+model facts of that source, each with the reason. Columns the file has win."""
+
 
 @dataclass(frozen=True)
 class MeasuredRun:
@@ -93,6 +106,8 @@ class MeasuredRun:
     """Why the row is not simulated (None: it is)."""
     filled: tuple = field(default=())
     """The columns that were blank and took ``BLANKS``'s value."""
+    by_source: tuple = field(default=())
+    """The ``BY_SOURCE`` entries (their source text) whose settings the row took."""
 
     def label(self) -> str:
         v = self.values
@@ -193,6 +208,12 @@ def _run(path, line: int, cells: dict) -> MeasuredRun:
                  "recompute_granularity", "sequence_parallel"):
         if name not in values and (fill := blank(name)) is not None:
             values[name] = fill
+    by_source = []
+    for text, settings, _ in BY_SOURCE:
+        if text in cells.get("source", ""):
+            by_source.append(text)
+            for name, value in settings.items():
+                values.setdefault(name, value)
     activation = cells.get("activation") or blank("activation")
     if activation not in ACTIVATIONS:
         raise _bad(path, line, "activation", activation, f"allowed: {', '.join(ACTIVATIONS)}")
@@ -215,4 +236,4 @@ def _run(path, line: int, cells: dict) -> MeasuredRun:
     source = cells.get("source", "")
     shape = tuple(values.get(n) for n in SHAPE if n != "activation") + (activation,)
     return MeasuredRun(line, values, measured, cells.get("gpu") or None, (source, precision, shape), source, skip,
-                       tuple(filled))
+                       tuple(filled), tuple(by_source))

@@ -21,6 +21,8 @@ writes the fitted profile, its ``sources`` naming the fit.
     skipped                             [{line, reason}]: rows of this GPU not simulated (needs, precision)
     left_out                            [{line, gpu}]: rows of other GPUs
     blank_cells                         {column: {value, why}}: what blank cells of the fitted rows took
+    by_source                           {source text: {settings, why}}: settings without a column that
+                                        rows of that source took (sim.calibrate.runs_csv.BY_SOURCE)
     row_count, group_count, initial_mean_abs_error, mean_abs_error, max_abs_error,
     loo_mean_abs_error, loo_max_abs_error
     by_gpu                              {gpu: the same counts and errors}, per GPU type
@@ -108,6 +110,8 @@ def _print(r: dict) -> None:
           f"(max {r['max_abs_error']:.1%}), held out {r['loo_mean_abs_error']:.1%} (max {r['loo_max_abs_error']:.1%})")
     if r["blank_cells"]:
         print("blank cells took: " + "; ".join(f"{c} = {v['value']} ({v['why']})" for c, v in r["blank_cells"].items()))
+    for text, v in r.get("by_source", {}).items():
+        print(f"rows of {text} took {v['settings']} ({v['why']})")
     for s in r["skipped"]:
         print(f"skipped line {s['line']}: {s['reason']}")
     if r["left_out"]:
