@@ -346,3 +346,4 @@ def test_a_receive_waiting_for_its_send_does_not_slow_compute(make_star):
     spans = {s.name: s for s in simulate(prog, t, overlap_slowdown=sigma).spans}
     assert (spans["r0"].start_s, spans["r0"].busy_start_s, spans["r0"].end_s) == (0.0, 2.0, 3.0)
     assert spans["H"].end_s == pytest.approx(5.0 + 1.0 - 1.0 / (1 + sigma), rel=1e-12)
+

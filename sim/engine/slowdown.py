@@ -78,7 +78,7 @@ class Slowdown:
             mine = slowed.get(r)
             if mine:
                 mine.discard(i)
-            if left <= 1e-9 * left_of[i]:
+            if left <= 1e-9 * left_of[i] or now + left <= now:  # (done, or less than the clock can tell)
                 due[i] = -1.0
                 finish(i)
             else:  # the rank was busy for part of the time: the rest, at its rate now
