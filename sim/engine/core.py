@@ -31,6 +31,7 @@ from operator import attrgetter, eq
 from sim.program.actions import Action, Program
 from sim.engine import invariants
 from sim.engine.collectives import Collectives
+from sim.engine.deadlock import explain_deadlock
 from sim.engine.kernel import Calls, CheckingEnvironment, Environment
 from sim.engine.network import Network
 from sim.engine.slowdown import Slowdown
@@ -123,7 +124,7 @@ class _Engine:
         self._pending, self._dependents, self._nxt = ix.pending, ix.dependents, ix.nxt
         self._key_of, self._needed, self._barrier_of = ix.key_of, ix.needed, ix.barrier_of
         self._partner, self._p2p = ix.partner, ix.p2p
-        self._sends, self._collectives = ix.sends, ix.collectives
+        self._sends, self._collectives, self._slowable = ix.sends, ix.collectives, ix.slowable
         self._dur, self._mem_start, self._mem_end = ix.dur, ix.mem_start, ix.mem_end
         n = len(ix.acts)
         self._start = [0.0] * n
@@ -147,7 +148,7 @@ class _Engine:
         env.run()
         unfinished = [sid for sid, mine in enumerate(self._members) if mine and self._end[mine[-1]] < 0]
         if unfinished:
-            raise DeadlockError(self._explain(unfinished), env.now)
+            raise DeadlockError(explain_deadlock(self, unfinished), env.now)
         t2 = time.perf_counter()
         self.spans = self._spans()
         if not self._spans_in_order():
@@ -170,7 +171,7 @@ class _Engine:
 
     _RUN_STATE = tuple(f"_{n}" for n in "acts rank_of streams members pending dependents nxt key_of needed barrier_of "
                        "partner p2p dur mem_start mem_end start end busy_start link_of arrived pair_link sends "
-                       "collectives ready".split())
+                       "collectives slowable ready".split())
 
     def release(self) -> None:
         """Let go of the run's state once its trace is made. The event loop's closures and
@@ -329,14 +330,17 @@ class _Engine:
             drain()
 
         slowable = slow_start = began = None
+        nccl_finish = finish  # (sends', receives' and collectives' ends, which count NCCL kernels)
         self._closures, self._slow = (finish, start_ready, drain), None  # (what release() unties)
-        if self._overlap_slowdown > 0:  # finish, drain's and the network's, also counts NCCL kernels ending
-            self._slow = Slowdown(self._acts, self._rank_of, self.env, finish, at, self._overlap_slowdown)
-            slowable, slow_start, finish, began = (self._slow.slowable, self._slow.start, self._slow.finish,
-                                                   self._slow.nccl_started)
-        join_p2p = self._p2p_join(finish, began)
+        if self._overlap_slowdown > 0:
+            self._slow = Slowdown(self._slowable, self._rank_of, self.env, finish, at, self._overlap_slowdown)
+            slowable, slow_start, nccl_finish, began = (self._slow.slowable, self._slow.start,
+                                                        self._slow.nccl_finish, self._slow.nccl_started)
+            join_p2p = self._slow.p2p_join(self.net.start, self._partner, self._pair_link)
+        else:
+            join_p2p = self._p2p_join(finish)
         self._coll = Collectives(env, self.net, self.topology, self.program.shadows, self.fluid, self._key_of,
-                                 self._needed, finish)
+                                 self._needed, nccl_finish)
         self._coll.on_begin = began
         join_collective = self._coll.join
         self._finish, self._start_ready = finish, start_ready
@@ -348,7 +352,7 @@ class _Engine:
     def _copied(self, i: int, began: float, _event) -> None:
         self._finish(i, began, None)
 
-    def _p2p_join(self, finish, on_begin=None):
+    def _p2p_join(self, finish):
         """``join_p2p(i, pair)`` for the hot path, when the second of a send/recv pair
         arrives (the first waits: ``drain``), ``pair`` being ``p2p[i]`` (see
         ``sim.engine.program_index``; ``_prepare`` adds the route): starts the transfer, whose
@@ -363,38 +367,6 @@ class _Engine:
 
         def join_p2p(i: int, pair: tuple) -> None:
             si, ri, src, dst, nbytes, label, route = pair
-            if on_begin is not None:  # (both NCCL kernels now move data)
-                on_begin(src, env.now)
-                on_begin(dst, env.now)
             start(route, src, dst, nbytes, label, 1, delivered, (si, ri, env.now, pair_link[partner[i]]))
 
         return join_p2p
-
-    def _explain(self, unfinished: list[int]) -> dict[int, str]:
-        out: dict[int, list[str]] = {}
-        resolve = self.program.resolve
-        for sid in unfinished:
-            rank, stream = self._streams[sid]
-            i = next(j for j in self._members[sid] if self._end[j] < 0)
-            a = self._acts[i]
-            if self._pending[i] > 0:
-                pending = [f"{r}:{n}" for r, n in (resolve(rank, d) for d in a.deps)
-                           if self._end[self._ids[(r, n)]] < 0]
-                why = f"waits for {', '.join(pending)}"
-            elif a.kind == "collective":
-                rv = self._coll.waiting(self._key_of[i])
-                missing = [g for g in a.group if (rv is None or g not in rv.posted) and g not in self.program.shadows]
-                why = f"{a.op} over ranks {list(a.group)} waits for ranks {missing} to join"
-            elif self._barrier_of[i] is not None:
-                here = {self._rank_of[j] for j in self._barrier_of[i][1]}
-                missing = [g for g in a.group if g not in here and g not in self.program.shadows]
-                why = f"{a.op or 'comm'} over ranks {list(a.group)} waits for ranks {missing} to reach it"
-            elif a.kind == "send":
-                why = f"waits for rank {a.peer} to post the matching recv"
-            elif a.kind == "recv":
-                why = f"waits for rank {a.peer} to post the matching send"
-            else:
-                why = "did not finish"
-            out.setdefault(rank, []).append(f"{a.kind} {a.name!r} on stream {stream} {why}")
-        return {r: " | ".join(v) for r, v in sorted(out.items())}
-

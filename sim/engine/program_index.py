@@ -20,6 +20,8 @@ to know before the clock starts is computed once here.
   pair: (send index, recv index, source rank, destination rank, bytes, transfer label),
   to which the engine adds the route; None for the others. A recv that names a size must
   name the send's.
+- ``slowable[i]``: 1 for a compute action on a GPU stream (any but ``cpu``), the actions
+  that concurrent NCCL kernels slow (``sim.engine.slowdown``); a ``bytearray``.
 - ``sends``: the sends that meet a recv, in index order; ``collectives``: the indices of
   the collective actions, in index order.
 - ``key_of[i]``: the meeting key of a collective (its sorted group and its tag, or its
@@ -50,7 +52,7 @@ class ProgramIndex:
 
     __slots__ = ("acts", "rank_of", "streams", "members", "ids", "order", "pending", "dependents",
                  "key_of", "partner", "p2p", "needed", "barrier_of",
-                 "dur", "mem_start", "mem_end", "nxt", "shapes", "sends", "collectives")
+                 "dur", "mem_start", "mem_end", "nxt", "shapes", "sends", "collectives", "slowable")
 
 
 def index_program(program: Program) -> ProgramIndex:
@@ -82,7 +84,7 @@ class _Shape:
     (``Program.like``): positions are a rank's own list's."""
 
     __slots__ = ("names", "slots", "pos", "dur", "mem_start", "mem_end", "nxt", "pending", "dep_src", "dep_dst",
-                 "cross", "p2p", "coll", "comm")
+                 "cross", "p2p", "coll", "comm", "slowable")
 
     def __init__(self, lst):
         by: dict[str, list[int]] = {}
@@ -102,6 +104,7 @@ class _Shape:
             nxt[ks[:-1]] = ks[1:]
             pending[ks[1:]] = 1
         dur: list = [None] * n
+        self.slowable = np.array([a.kind == "compute" and a.stream != "cpu" for a in lst], dtype=np.uint8)
         mem_start: list = [None] * n
         mem_end: list = [None] * n
         src, dst, cross = [], [], []
@@ -166,6 +169,7 @@ def _index(ix: ProgramIndex, program: Program) -> None:
     nxt_a = np.empty(n, dtype=np.int64)
     pending_a = np.empty(n, dtype=np.int64)
     rank_a = np.empty(n, dtype=np.int64)
+    slow_a = np.zeros(n, dtype=np.uint8)
     srcs, dsts = [], []
     streams: list[tuple[int, str]] = []
     members: list[list[int]] = []
@@ -187,6 +191,7 @@ def _index(ix: ProgramIndex, program: Program) -> None:
         mem_end_a[at] = _objects([None if x is None else same_mem.setdefault(x, x) for x in shape.mem_end])
         nxt_a[at] = np.where(shape.nxt >= 0, at[:, np.maximum(shape.nxt, 0)], -1)
         pending_a[at] = shape.pending
+        slow_a[at] = shape.slowable
         rank_a[at] = np.array(rs, dtype=np.int64)[:, None]
         if len(shape.dep_src):
             srcs.append(at[:, shape.dep_src].ravel())
@@ -242,7 +247,7 @@ def _index(ix: ProgramIndex, program: Program) -> None:
     if max(pending, default=0) < 256:  # the usual case: a byte each is quicker to count down
         pending = bytearray(pending)
     ix.ids, ix.pending, ix.dependents, ix.nxt = _Ids(pos_of, local_of), pending, dependents, nxt_a.tolist()
-    ix.shapes = shapes
+    ix.shapes, ix.slowable = shapes, bytearray(slow_a.tobytes())
     ix.dur, ix.mem_start, ix.mem_end = dur_a.tolist(), mem_start_a.tolist(), mem_end_a.tolist()
 
 

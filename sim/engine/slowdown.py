@@ -24,14 +24,15 @@ from __future__ import annotations
 
 class Slowdown:
     """See the module doc. ``start(i, d, now)`` begins a compute action of ``d`` seconds at
-    full speed, ``nccl_started(rank, now)`` and ``finish`` (the engine's finish, wrapped)
-    count a rank's NCCL kernels. The hot paths are closures over local lists."""
+    full speed (one of ``slowable``, the index's); ``nccl_started(rank, now)`` and
+    ``nccl_finish`` (the engine's finish, wrapped: for collectives) count a rank's NCCL
+    kernels, and ``p2p_join`` makes the engine's send/recv join that counts both ranks'.
+    The hot paths are closures over local lists."""
 
-    def __init__(self, acts: list, rank_of: list, env, finish, at, sigma: float):
-        n = len(acts)
+    def __init__(self, slowable: bytearray, rank_of: list, env, finish, at, sigma: float):
+        n = len(slowable)
         factor, k = 1.0 + sigma, sigma / (1.0 + sigma)
-        self.slowable = bytearray(a.kind == "compute" and a.stream != "cpu" for a in acts)
-        nccl = bytearray(a.kind in ("send", "recv", "collective") for a in acts)
+        self.slowable = slowable
         ranks = max(rank_of, default=-1) + 1
         busy, since, total = [0] * ranks, [0.0] * ranks, [0.0] * ranks
         t0, c0, left_of, due = [0.0] * n, [0.0] * n, [0.0] * n, [-1.0] * n
@@ -89,19 +90,51 @@ class Slowdown:
                 since[r] = now
             busy[r] += 1
 
-        def wrapped_finish(i, bstart=None, lid=None) -> None:
-            if nccl[i]:
-                r = rank_of[i]
-                busy[r] -= 1
-                if not busy[r]:
-                    now = env.now
-                    total[r] += now - since[r]
-                    for j in sorted(slowed.pop(r, ())):  # called at the slow rate: now sooner
-                        done = (now - t0[j]) - (total[r] - c0[j]) * k
-                        call(j, r, now, max(0.0, left_of[j] - done))
+        def idle(r: int, now: float) -> None:
+            """Rank ``r``'s last NCCL kernel has ended: what was called at the slow rate, sooner."""
+            total[r] += now - since[r]
+            mine = slowed.pop(r, None)
+            if mine:
+                for j in sorted(mine):
+                    done = (now - t0[j]) - (total[r] - c0[j]) * k
+                    call(j, r, now, max(0.0, left_of[j] - done))
+
+        def nccl_finish(i, bstart=None, lid=None) -> None:
+            r = rank_of[i]
+            busy[r] -= 1
+            if not busy[r]:
+                idle(r, env.now)
             finish(i, bstart, lid)
 
-        self.start, self.nccl_started, self.finish = start, nccl_started, wrapped_finish
+        def p2p_join(start, partner, pair_link):
+            """The engine's ``join_p2p`` (``_Engine._p2p_join``), with both ranks' counts inline."""
+
+            def delivered(pair):
+                si, ri, src, dst, began, lid = pair
+                now = env.now
+                busy[src] -= 1
+                if not busy[src]:
+                    idle(src, now)
+                finish(si, began, lid)
+                busy[dst] -= 1
+                if not busy[dst]:
+                    idle(dst, now)
+                finish(ri, began, lid)
+
+            def join_p2p(i: int, pair: tuple) -> None:
+                si, ri, src, dst, nbytes, label, route = pair
+                now = env.now
+                if not busy[src]:
+                    since[src] = now
+                busy[src] += 1
+                if not busy[dst]:
+                    since[dst] = now
+                busy[dst] += 1
+                start(route, src, dst, nbytes, label, 1, delivered, (si, ri, src, dst, now, pair_link[partner[i]]))
+
+            return join_p2p
+
+        self.start, self.nccl_started, self.nccl_finish, self.p2p_join = start, nccl_started, nccl_finish, p2p_join
 
     def release(self) -> None:
         """Empty the per-action state (the closures above hold it)."""
