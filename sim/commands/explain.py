@@ -12,10 +12,8 @@ from __future__ import annotations
 
 import json
 
-from sim.commands.settings import ESTIMATE_FLAGS, run_settings
+from sim.commands.settings import ESTIMATE_FLAGS, analytic_inputs
 from sim.inputs.flags import add_arguments as add_schema_arguments
-from sim.inputs.hardware import load_profile
-from sim.inputs.resolve import model_from_settings, plan_from_settings
 from sim.results.explain import explain, render
 
 NAME = "explain"
@@ -27,10 +25,7 @@ def add_arguments(p) -> None:
 
 
 def run(args) -> int:
-    settings = run_settings(args)
-    model = model_from_settings(settings.model)
-    plan = plan_from_settings(settings.plan, settings.cluster.total_gpus(), model)
-    profile = load_profile(settings.cluster.gpu, flag="--gpu")
+    settings, model, plan, profile = analytic_inputs(args)
     report = explain(model, plan, profile, gpus_per_node=settings.cluster.gpus_per_node)
     if args.json:
         print(json.dumps(report, indent=2))

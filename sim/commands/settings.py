@@ -32,6 +32,18 @@ def run_settings(args) -> RunSettings:
     return RunSettings.from_values(given(args))
 
 
+def analytic_inputs(args):
+    """What the analytic commands (``estimate``, ``explain``) work on: the settings, the
+    model, the plan and the GPU's profile of a command line."""
+    from sim.inputs.hardware import load_profile
+    from sim.inputs.resolve import model_from_settings, plan_from_settings
+
+    settings = run_settings(args)
+    model = model_from_settings(settings.model)
+    plan = plan_from_settings(settings.plan, settings.cluster.total_gpus(), model)
+    return settings, model, plan, load_profile(settings.cluster.gpu, flag="--gpu")
+
+
 def check_outputs(args) -> None:
     """``--out`` and ``--kineto`` must be folders that can be written: checked before any work."""
     check_output_dir(args.out, "--out")

@@ -205,8 +205,8 @@ class Network:
         self.active -= 1
         self.records.append(_tuple_new(TransferRecord, (flow.src, flow.dst, flow.nbytes, flow.start, now, flow.label,
                                                         flow.medium)))
-        if flow.callback is not None:
-            self._at(now, flow.callback, flow.arg)
+        if flow.callback is not None:  # (the engine's: finishes actions, may start flows)
+            flow.callback(flow.arg)
         else:
             self.events_triggered += 1
             flow.arg.succeed()
