@@ -36,7 +36,7 @@ MODELS = {
     "d": dict(num_layers=4, hidden_size=1536, num_attention_heads=12, vocab_size=50304, seq_length=2048,
               activation="gelu", tensor_model_parallel_size=2, pipeline_model_parallel_size=1),
 }
-TRUTH = {"gemm_max_efficiency": 0.70, "attention_max_efficiency": 0.55}
+TRUTH = {"sustained_compute_fraction": 0.80, "attention_max_efficiency": 0.55}
 
 
 def _rows(models, truth_profile: Path, noise: float = 0.0):
@@ -99,8 +99,8 @@ def test_fit_recovers_the_parameters_the_runs_were_made_with(truth, tmp_path):
     assert report["skipped"] == [{"line": 9, "reason": "needs fp8 (not simulated yet)"}]
     assert len(report["rows"]) == 6 and {r["group"] for r in report["rows"]} == {"g1", "g2", "g3"}
     fitted = load_profile(out)
-    assert fitted.name == "a100-80gb" and fitted.gemm_max_efficiency == report["parameters"][0]["fitted"]
-    assert report["data_sha256"] in fitted.sources["gemm_max_efficiency"]
+    assert fitted.name == "a100-80gb" and fitted.sustained_compute_fraction == report["parameters"][0]["fitted"]
+    assert report["data_sha256"] in fitted.sources["sustained_compute_fraction"]
     assert "leave-one-group-out" in fitted.sources["attention_max_efficiency"]
     assert fitted.provenance["fit"]["parameters"] == {p["name"]: p["fitted"] for p in report["parameters"]}
     assert fitted.peak_flops == load_profile("a100-80gb").peak_flops
@@ -111,7 +111,7 @@ def test_fit_recovers_the_parameters_the_runs_were_made_with(truth, tmp_path):
 def test_held_out_prediction_is_a_fit_without_the_group(truth, tmp_path):
     rows = _rows("abcd", truth, noise=0.03)
     data = _write(tmp_path / "runs.csv", rows)
-    names = ["gemm_max_efficiency", "attention_max_efficiency"]
+    names = ["sustained_compute_fraction", "attention_max_efficiency"]
     report = fit_runs(data, "a100-80gb", names)
     group = report["groups"][1]
     left = [r for r, row in zip(rows, report["rows"]) if row["group"] != group["id"]]
@@ -160,7 +160,7 @@ def test_unknown_columns_and_too_many_parameters_are_refused(tmp_path):
                          "--params", "gemm_max_efficiency,memory_efficiency,kernel_launch_s"])
     assert code == 2 and "3 parameters" in err and "3 groups" in err and "at most 2" in err and not out.exists()
     code, _, err = _cli(["fit", str(data), "--gpu", "a100-80gb", "--params", "peak_flops"])
-    assert code == 2 and "--params: got 'peak_flops'; allowed: gemm_max_efficiency" in err
+    assert code == 2 and "--params: got 'peak_flops'; allowed: sustained_compute_fraction, gemm_max_efficiency" in err
     (tmp_path / "d.json").mkdir()
     code, _, err = _cli(["fit", str(data), "--gpu", "a100-80gb", "--out", str(tmp_path / "d.json")])  # before any work
     assert code == 2 and "--out" in err and "it is a directory" in err

@@ -128,7 +128,8 @@ def fit_gemm(records, profile: HardwareProfile, launch_s: float, dtype: str = "b
 
     def evaluate(k0, rels):
         trial = replace(profile, gemm_tiles=tuple((a, b, r) for (a, b, _), r in zip(tiles, rels)),
-                        gemm_k_overhead=float(k0), gemm_max_efficiency=1.0)
+                        gemm_k_overhead=float(k0), gemm_max_efficiency=1.0,
+                        sustained_compute_fraction=1.0)  # (kernels run alone)
         q = np.array([trial.gemm_efficiency(r["m"], r["n"], r["k"], r["batch"]) for r in rows])
         x, err = _scale_fit(flops / (peak * q), t, launch_s)
         return err, x, trial
@@ -150,7 +151,8 @@ def fit_gemm(records, profile: HardwareProfile, launch_s: float, dtype: str = "b
     clipped = eff > 1.0
     eff = min(eff, 1.0)
     if clipped:  # refit the error with the capped value
-        q = np.array([replace(trial, gemm_max_efficiency=1.0).gemm_efficiency(r["m"], r["n"], r["k"], r["batch"])
+        alone = replace(trial, gemm_max_efficiency=1.0, sustained_compute_fraction=1.0)
+        q = np.array([alone.gemm_efficiency(r["m"], r["n"], r["k"], r["batch"])
                       for r in rows])
         err = float(np.sqrt(np.mean(np.log((flops / (peak * q) + launch_s) / t) ** 2)))
     return {"gemm_max_efficiency": float(eff), "gemm_k_overhead": trial.gemm_k_overhead,
@@ -162,7 +164,7 @@ def fit_attention(records, profile: HardwareProfile, launch_s: float, dtype: str
     """``attention_max_efficiency`` from forward and backward times (``profile`` gives the
     peak, SM count and k0)."""
     peak = profile.peak(dtype)
-    unit = replace(profile, attention_max_efficiency=1.0)
+    unit = replace(profile, attention_max_efficiency=1.0, sustained_compute_fraction=1.0)
     a, t = [], []
     for r in records:
         b, h, s, d = r["batch"], r["heads"], r["seq"], r["head_dim"]

@@ -153,6 +153,8 @@ def build_profile(meas: dict, *, name: str | None = None, base: str | None = Non
                                      f"(4bs^2h forward, 8bs^2h backward), RMS log error {a['rms_log_error']:.3f}"
                                      + (f", capped at 1 (unclipped {a['unclipped']:.2f})" if a["clipped"] else "")
                                      + f"; {how}"),
+        "sustained_compute_fraction": ("1: microbenchmarks time kernels alone, for a short while; `trainsim fit` "
+                                       "sets it from measured training runs"),
         "sm_count": ("device property (multiprocessors)" if cuda else
                      "threads per process: each is one independent 'SM' of the GEMM wave model"),
         "hbm_capacity_bytes": "device property (total memory)" if cuda else "physical RAM of the machine",

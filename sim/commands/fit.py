@@ -49,7 +49,7 @@ def add_arguments(p) -> None:
                                                                    ".json to fit; rows of other GPUs are left out")
     p.add_argument("--out", metavar="FITTED.json", help="write the fitted profile here")
     p.add_argument("--params", metavar="A,B", help="profile fields to fit, by dotted path (default: "
-                                                   "gemm_max_efficiency, attention_max_efficiency, "
+                                                   "sustained_compute_fraction, attention_max_efficiency, "
                                                    "memory_efficiency, kernel_launch_s, fewer than the groups)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
 

@@ -94,6 +94,15 @@ class HardwareProfile:
     run well below tuned library kernels (norms, flash attention: ``memory_efficiency``).
     None: the same as ``memory_efficiency``."""
 
+    sustained_compute_fraction: float = 1.0
+    """Fraction of the microbenchmark throughput of compute-bound kernels (GEMMs and
+    attention: ``gemm_max_efficiency``, ``attention_max_efficiency``, measured on kernels
+    run alone for a short while) that a GPU sustains through whole training steps. Under
+    a whole model's continuous power draw the SM clock settles below the boost clock a
+    short benchmark runs at (the HBM clock does not move: memory-bound kernels keep
+    ``memory_efficiency``), and each kernel shares L2 with its neighbours. 1: the
+    microbenchmark's. Fitted to published runs (``trainsim fit``)."""
+
     overlap_compute_slowdown: float = 0.0
     """σ: while an NCCL kernel (a send, receive or collective on another stream) runs on a
     GPU, the GPU's compute kernels take (1 + σ) times as long: NCCL holds some SMs (one
@@ -154,16 +163,19 @@ class HardwareProfile:
                 tile_q = (m * n) / (tiles_m * a * tiles_n * b)
                 wave_q = tiles / (math.ceil(tiles / sms) * sms)
                 best_q = max(best_q, rel * tile_q * wave_q)
-        return self.gemm_max_efficiency * min(1.0, best_q) * k / (k + self.gemm_k_overhead)
+        return (self.gemm_max_efficiency * self.sustained_compute_fraction * min(1.0, best_q)
+                * k / (k + self.gemm_k_overhead))
 
     def attention_efficiency(self, seq_q: int, seq_k: int, head_dim: int, batch_heads: int) -> float:
         """Fraction of peak a flash-attention kernel reaches: one CTA per 128 query rows
         of one (sequence, head), wave-quantized over the SMs, a k0 cost per tile in units
-        of the keys it loops over, capped at ``attention_max_efficiency``."""
+        of the keys it loops over, capped at ``attention_max_efficiency`` (times the
+        ``sustained_compute_fraction`` of a training step)."""
         tiles = math.ceil(seq_q / 128) * batch_heads
         tile_q = seq_q / (math.ceil(seq_q / 128) * 128)
         wave_q = tiles / (math.ceil(tiles / self.sm_count) * self.sm_count)
-        return self.attention_max_efficiency * tile_q * wave_q * seq_k / (seq_k + self.gemm_k_overhead)
+        return (self.attention_max_efficiency * self.sustained_compute_fraction * tile_q * wave_q
+                * seq_k / (seq_k + self.gemm_k_overhead))
 
     # ---------------------------------------------------------------- files
     def to_dict(self) -> dict:
@@ -191,7 +203,8 @@ class HardwareProfile:
             raise InputError(f"{where}: got {type(d).__name__}; expected a JSON object")
         names = [f.name for f in fields(cls)]
         _strict_keys(d, names, where, optional=("sources", "provenance", "memory_reserve_bytes", "host_memory_bandwidth_Bps",
-                                          "framework_kernel_efficiency", "overlap_compute_slowdown"))
+                                          "framework_kernel_efficiency", "overlap_compute_slowdown",
+                                          "sustained_compute_fraction"))
         kw = dict(d)
         kw["peak_flops"] = _number_map(d["peak_flops"], f"{where}: peak_flops", DTYPES)
         kw["links"] = _links(d["links"], f"{where}: links")
@@ -302,7 +315,7 @@ def _check_profile(p: HardwareProfile) -> None:
             raise InputError(f"gemm_tiles: got {[tm, tn, rel]!r}; expected tile sizes > 0 and a "
                              "relative efficiency in (0, 1]")
     for name in ("gemm_max_efficiency", "attention_max_efficiency", "memory_efficiency",
-                 "framework_kernel_efficiency"):
+                 "framework_kernel_efficiency", "sustained_compute_fraction"):
         v = getattr(p, name)
         if v is None and name == "framework_kernel_efficiency":
             continue
