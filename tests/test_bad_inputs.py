@@ -662,7 +662,7 @@ FLAG_CASES = [
     (["collective", "--oversubscription", "0.5"], ["--oversubscription", "0.5"]),
     (["collective", "--channels", "0"], ["--channels", "0"]),
     (["collective", "--op", "allsum"], ["--op", "allsum"]),
-    (["collective", "--algo", "tree"], ["--algo", "tree"]),
+    (["collective", "--algo", "collnet"], ["--algo", "collnet"]),
     (["collective", "--fabric", "torus"], ["--fabric", "torus"]),
     (["collective", "--gpu", "b200"], ["gpu", "b200"]),
     (["collective", "--gpus", "1"], ["--gpus", "1", "at least 2 GPUs"]),

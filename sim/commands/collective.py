@@ -15,6 +15,9 @@ from pathlib import Path
 
 from sim.program.actions import Action, Program
 from sim.engine.algorithms import ALGOS, OPS
+from sim.engine.nccl import NcclModel
+from sim.engine.tuner import choose
+from sim.program.actions import PROTOCOLS
 from sim.engine.core import simulate
 from sim.errors import InputError
 from sim.inputs.schema import COLLECTIVE_MODELS
@@ -51,7 +54,11 @@ def add_arguments(p) -> None:
     p.add_argument("--nodes", type=POSITIVE_INT, default=None, help="number of nodes (default: enough for --gpus)")
     p.add_argument("--fabric", default=None, help=f"inter-node fabric: {' | '.join(FABRICS)} (default rail)")
     p.add_argument("--oversubscription", type=OVERSUBSCRIPTION, default=None, help="leaf uplink oversubscription (default 1)")
-    p.add_argument("--algo", default="ring", help=f"{' | '.join(ALGOS)} (default ring)")
+    p.add_argument("--algo", default="auto", help=f"{' | '.join(ALGOS)} (default auto: NCCL's tuner's choice, "
+                                                  "as NCCL_ALGO overrides it)")
+    p.add_argument("--protocol", default="auto", help=f"{' | '.join(PROTOCOLS)} (default auto: NCCL's choice by size)")
+    p.add_argument("--sweep", default=None, metavar="MIN:MAX",
+                   help="print nccl-tests style rows (all_reduce_perf columns) for sizes MIN..MAX in factor-2 steps")
     p.add_argument("--collective-model", choices=COLLECTIVE_MODELS, default="flows",
                    help="flows: each ring hop one flow for the whole collective; steps: 2(n-1) lock-step rounds "
                         "(default flows; the timeline shows each step with steps)")
@@ -80,10 +87,12 @@ def _topology(args):
 
 
 def run_collective(op: str, nbytes: int, gpus: int, topo, algo: str = "ring", channels: int | None = None,
-                   link_efficiency: dict[str, float] | None = None, collective_model: str = "flows"):
+                   link_efficiency: dict[str, float] | None = None, collective_model: str = "flows",
+                   protocol: str = "simple", nccl: NcclModel | None = None):
     """Simulate one collective on ranks 0..gpus-1 of ``topo``; return (trace, summary dict).
     ``link_efficiency`` scales link kinds' line rates (a profile's achieved fractions);
-    ``collective_model`` is "flows" or "steps" (``sim.engine.algorithms``)."""
+    ``collective_model`` is "flows" or "steps" (``sim.engine.algorithms``); ``algo`` and
+    ``protocol`` "auto" are NCCL's choice (``sim.engine.nccl``), reported in the summary."""
     if gpus > topo.num_gpus:
         raise InputError(f"--gpus: got {gpus}; topology {topo.name} has only {topo.num_gpus} GPUs")
     if op == "sendrecv":
@@ -98,16 +107,19 @@ def run_collective(op: str, nbytes: int, gpus: int, topo, algo: str = "ring", ch
         group = tuple(range(gpus))
         if channels is not None and channels < 1:
             raise InputError(f"--channels: got {channels}; expected an integer >= 1")
+        if "auto" in (algo, protocol):
+            algo, protocol = choose(op, group, nbytes, topo, link_efficiency, nccl, algo, protocol)
         prog = Program({r: [Action(op, kind="collective", op=op, group=group, nbytes=nbytes, algo=algo,
-                                   channels=channels or 0)] for r in group})
-    trace = simulate(prog, topo, link_efficiency=link_efficiency, fluid_collectives=collective_model == "flows")
+                                   protocol=protocol, channels=channels or 0)] for r in group})
+    trace = simulate(prog, topo, link_efficiency=link_efficiency, fluid_collectives=collective_model == "flows",
+                     nccl=nccl)
     t = trace.end_s
     # A zero time happens only for an empty buffer on zero-latency links (or links of
     # infinite bandwidth): report no bandwidth rather than a division by zero.
     algbw = nbytes / t if t > 0 else (0.0 if nbytes == 0 else math.inf)
     n = 2 if op == "sendrecv" else gpus
     summary = {
-        "op": op, "algo": algo, "collective_model": collective_model, "size_bytes": nbytes, "gpus": gpus, "topology": topo.name,
+        "op": op, "algo": algo, "protocol": protocol, "collective_model": collective_model, "size_bytes": nbytes, "gpus": gpus, "topology": topo.name,
         "nodes": topo.num_nodes, "time_s": t, "algbw_Bps": algbw, "busbw_Bps": algbw * bus_factor(op, n),
         "bytes_by_link_kind": trace.bytes_by_link_kind(), "transfers": len(trace.transfers),
         "link_efficiency": dict(link_efficiency or {}),
@@ -121,33 +133,42 @@ def run(args) -> int:
         raise InputError(f"--op: got {args.op!r}; allowed: {', '.join(OPS)}")
     if args.algo not in ALGOS:
         raise InputError(f"--algo: got {args.algo!r}; allowed: {', '.join(ALGOS)}")
-    if args.algo == "hierarchical" and op != "allreduce":
-        raise InputError(f"--algo: got 'hierarchical' with --op {op}; hierarchical is implemented for allreduce only")
+    if args.protocol not in PROTOCOLS:
+        raise InputError(f"--protocol: got {args.protocol!r}; allowed: {', '.join(PROTOCOLS)}")
+    if args.algo in ("hierarchical", "tree") and op != "allreduce":
+        raise InputError(f"--algo: got {args.algo!r} with --op {op}; {args.algo} is implemented for allreduce only")
     nbytes = parse_size(args.size, "--size")
     check_output_dir(args.out, "--out")
     topo = _topology(args)
     gpus = args.gpus if args.gpus is not None else topo.num_gpus
-    eff = None
+    eff, nccl = None, None
     gpu = args.gpu or topo.graph.graph.get("gpu_profile")
     if gpu and not args.line_rate:
         from sim.inputs.hardware import load_profile
 
-        eff = load_profile(gpu, flag="--gpu").link_efficiencies()
-    trace, summary = run_collective(op, nbytes, gpus, topo, args.algo, args.channels, eff, args.collective_model)
+        profile = load_profile(gpu, flag="--gpu")
+        eff, nccl = profile.link_efficiencies(), NcclModel.from_profile(profile)
+    _check_algo(args.algo, op, gpus, topo)
+    if args.sweep:
+        from sim.commands.collective_sweep import print_sweep
+
+        return print_sweep(args, op, gpus, topo, eff, nccl, run_collective)
+    trace, summary = run_collective(op, nbytes, gpus, topo, args.algo, args.channels, eff, args.collective_model,
+                                    args.protocol, nccl)
     if args.out:
         out = Path(args.out)
         from sim.results.plot import plot_timeline
 
         write_chrome(trace, out / "trace.json")
         plot_timeline(trace, out / "timeline.png", show_transfers=True, max_lanes=32,
-                      title=f"{op} ({args.algo}) of {format_bytes(nbytes)} on {gpus} GPUs, {topo.name}")
+                      title=f"{op} ({summary['algo']}) of {format_bytes(nbytes)} on {gpus} GPUs, {topo.name}")
         write_json_atomic(summary, out / "summary.json")
     if args.json:
         # strict JSON: a non-finite bandwidth (zero time) is null, never Infinity
         print(json.dumps({k: (None if isinstance(v, float) and not math.isfinite(v) else v)
                           for k, v in summary.items()}, sort_keys=True))
         return 0
-    print(f"{op} ({args.algo}, {args.collective_model}) of {format_bytes(nbytes)} on {gpus} GPUs of {topo.describe()}")
+    print(f"{op} ({summary['algo']}, {summary['protocol']}, {args.collective_model}) of {format_bytes(nbytes)} on {gpus} GPUs of {topo.describe()}")
     print("  links at " + (", ".join(f"{k} {v:.0%}" for k, v in sorted(eff.items())) + f" of line rate ({gpu})"
                            if eff else "line rate"))
     print(f"  time   {format_time(summary['time_s'])}")
@@ -160,3 +181,14 @@ def run(args) -> int:
     if args.out:
         print(f"  wrote {Path(args.out) / 'trace.json'}, timeline.png, summary.json")
     return 0
+
+
+def _check_algo(algo: str, op: str, gpus: int, topo) -> None:
+    """``--algo nvls`` / ``nvls_tree`` where they cannot run: a one-line error."""
+    if algo in ("nvls", "nvls_tree") and op != "sendrecv" and 2 <= gpus <= topo.num_gpus:
+        from sim.engine.algorithms_nccl import check_nvls
+
+        try:
+            check_nvls(op, list(range(gpus)), topo, algo)
+        except InputError as exc:
+            raise InputError(f"--{exc}") from None

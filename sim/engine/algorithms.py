@@ -75,6 +75,12 @@ class Transfer:
     latency_steps: int = 1
     """How many times the route's latency the transfer pays (a fluid ring hop carries
     all its steps at once and pays each step's latency)."""
+    path: tuple = ()
+    """Directed device links to cross instead of the route from src to dst (NVLS: a
+    GPU's link to its NVSwitch)."""
+    nvls: bool = False
+    """An NVLS transfer (``sim.engine.algorithms_nccl``): priced at the profile's NVLS
+    efficiency and latency (``sim.engine.nccl``)."""
 
 
 def ring_order(topology: Topology, ranks, rotate: int = 0) -> list[int]:
@@ -93,8 +99,8 @@ class _Builder:
         self.steps: list[Transfer] = []
         self.fluid = fluid
 
-    def add(self, src, dst, nbytes, deps, label, latency_steps: int = 1) -> int:
-        self.steps.append(Transfer(src, dst, nbytes, tuple(sorted(set(deps))), label, latency_steps))
+    def add(self, src, dst, nbytes, deps, label, latency_steps: int = 1, path: tuple = (), nvls: bool = False) -> int:
+        self.steps.append(Transfer(src, dst, nbytes, tuple(sorted(set(deps))), label, latency_steps, path, nvls))
         return len(self.steps) - 1
 
     def ring(self, order: list[int], nsteps: int, chunk: float, label: str,
@@ -163,8 +169,8 @@ def build(op: str, ranks, nbytes: float, topology: Topology, algo: str = "ring",
     """
     if op not in OPS:
         raise InputError(f"op: got {op!r}; allowed: {', '.join(OPS)}")
-    if algo not in ALGOS:
-        raise InputError(f"algo: got {algo!r}; allowed: {', '.join(ALGOS)}")
+    if algo not in ALGOS or algo == "auto":
+        raise InputError(f"algo: got {algo!r}; allowed: {', '.join(a for a in ALGOS if a != 'auto')}")
     ranks = list(ranks)
     if len(set(ranks)) != len(ranks):
         raise InputError(f"group: got {ranks}; ranks in a collective must be distinct")
@@ -187,6 +193,19 @@ def build(op: str, ranks, nbytes: float, topology: Topology, algo: str = "ring",
         pieces = channels or default_channels(topology, ranks)
         pieces = max(1, min(pieces, math.ceil(nbytes / PIPELINE_PIECE_BYTES)))
         _hierarchical_allreduce(b, ranks, nbytes, topology, pieces)
+        return b.steps
+    if algo in ("tree", "nvls", "nvls_tree"):
+        from sim.engine import algorithms_nccl as nccl
+
+        if algo == "tree":
+            if op != "allreduce":
+                raise InputError(f"algo: got 'tree' for op {op!r}; tree runs allreduce only (as in NCCL)")
+            nccl.tree_allreduce(b, ranks, nbytes, topology, channels or default_channels(topology, ranks))
+        elif algo == "nvls":
+            nccl.check_nvls(op, ranks, topology, "nvls")
+            nccl.nvls_steps(b, ranks, op, nbytes, topology)
+        else:
+            nccl.nvls_tree_allreduce(b, ranks, nbytes, topology)
         return b.steps
     if channels is None:
         channels = default_channels(topology, ranks)

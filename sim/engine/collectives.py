@@ -18,7 +18,9 @@ from sim.engine import algorithms as collectives
 from sim.engine.kernel import Environment
 from sim.engine.network import Network
 from sim.errors import InputError
-from sim.inputs.topology import Topology
+from sim.engine.nccl import DEFAULT_MODEL, nvls_capable, transfer_cost
+from sim.engine.tuner import choose
+from sim.inputs.topology import Topology, ranks_by_node
 
 
 class _Rendezvous:
@@ -39,13 +41,16 @@ class Collectives:
     ends action ``i`` now."""
 
     def __init__(self, env: Environment, net: Network, topology: Topology, shadows, fluid: bool,
-                 key_of: list, needed: dict, finish):
+                 key_of: list, needed: dict, finish, nccl=None):
         self.env, self.net, self.topology = env, net, topology
         self.shadows, self.fluid = shadows, fluid
         self.key_of, self.needed, self.finish = key_of, needed, finish
         self._open: dict[tuple, _Rendezvous] = {}
         self._plans: dict[tuple, tuple] = {}
         self._labels: dict[str, dict[str, str]] = {}  # a collective's label -> its steps' transfer labels
+        self.nccl = nccl or DEFAULT_MODEL
+        """Protocols and NVLS figures (``sim.engine.nccl``)."""
+        self._choices: dict[tuple, tuple[str, str]] = {}
         self.on_begin = None
         """Called as ``on_begin(rank, now)`` for each simulated member when a collective's
         data starts to move (the engine's overlap slowdown), if set."""
@@ -61,7 +66,8 @@ class Collectives:
         if rv is None:
             rv = self._open[key] = _Rendezvous(a)
         first = rv.first
-        if (a.op, a.nbytes, a.algo, a.channels, a.group) != (first.op, first.nbytes, first.algo, first.channels, first.group):
+        if (a.op, a.nbytes, a.algo, a.protocol, a.channels, a.group) != \
+                (first.op, first.nbytes, first.algo, first.protocol, first.channels, first.group):
             raise InputError(
                 f"program: collective {a.name!r} on rank {rank} ({a.op}, {a.nbytes} B, {a.algo}) does not match "
                 f"{first.name!r} on the other members ({first.op}, {first.nbytes} B, {first.algo})"
@@ -80,14 +86,15 @@ class Collectives:
         (op, group, size, algorithm, channels). Under reduced fidelity with fluid rings,
         hops between two shadows are dropped: no simulated rank waits for them, and by
         symmetry they take as long as the hops that are simulated."""
-        key = (a.op, a.group, a.nbytes, a.algo, a.channels)
+        key = (a.op, a.group, a.nbytes, a.algo, a.protocol, a.channels)
         plan = self._plans.get(key)
         if plan is not None:
             return plan
-        steps = collectives.build(a.op, a.group, a.nbytes, self.topology, a.algo, channels=a.channels or None,
+        algo, protocol = self.choose(a)
+        steps = collectives.build(a.op, a.group, a.nbytes, self.topology, algo, channels=a.channels or None,
                                   fluid=self.fluid)
         shadows = self.shadows
-        if self.fluid and a.algo == "ring" and shadows:
+        if self.fluid and algo == "ring" and shadows:
             # Drop hops between two shadows, unless they share a link with a kept hop
             # (then they are contention the simulated ranks must see).
             touching = [i for i, s in enumerate(steps) if s.src not in shadows or s.dst not in shadows]
@@ -96,11 +103,10 @@ class Collectives:
                     or not used.isdisjoint(self.topology.route(s.src, s.dst))]
             index = {old: new for new, old in enumerate(keep)}
             steps = [collectives.Transfer(s.src, s.dst, s.nbytes, tuple(index[d] for d in s.deps), s.label,
-                                          s.latency_steps) for s in (steps[i] for i in keep)]
-        route = self.net.route
+                                          s.latency_steps, s.path, s.nvls) for s in (steps[i] for i in keep)]
         # Per step: what the network's start takes, the simulated ranks whose action it
         # counts toward, and the steps that wait for it.
-        args = [(route(st.src, st.dst), st.src, st.dst, st.nbytes, st.label, st.latency_steps) for st in steps]
+        args = self._step_args(steps, protocol)
         ends = [tuple(r for r in ((st.src, st.dst) if st.src != st.dst else (st.src,)) if r not in shadows)
                 for st in steps]
         children: list[list[int]] = [[] for _ in steps]
@@ -113,6 +119,48 @@ class Collectives:
         plan = (args, ends, [tuple(c) for c in children], [len(st.deps) for st in steps], involved)
         self._plans[key] = plan
         return plan
+
+    def efficiency(self) -> dict[str, float]:
+        """Each link kind's capacity over its line rate (the profile's efficiencies)."""
+        net, g = self.net, self.topology.graph
+        out = {}
+        for i, (u, v) in enumerate(net.link_names):
+            out.setdefault(net.link_kinds[i], net.capacity[i] / g.edges[u, v]["bandwidth_Bps"])
+        return out
+
+    def choose(self, a: Action) -> tuple[str, str]:
+        """The action's algorithm and protocol, NCCL's tuner's choice where "auto"
+        (``sim.engine.nccl.choose``), one choice per shape of group and size."""
+        if a.algo != "auto" and a.protocol != "auto":
+            return a.algo, a.protocol
+        nodes = ranks_by_node(self.topology, a.group)
+        key = (a.op, a.nbytes, a.algo, a.protocol, tuple(len(v) for v in nodes.values()), nvls_capable(self.topology, a.group))
+        c = self._choices.get(key)
+        if c is None:
+            c = self._choices[key] = choose(a.op, a.group, a.nbytes, self.topology, self.efficiency(), self.nccl,
+                                            a.algo, a.protocol)
+        return c
+
+    def _step_args(self, steps, protocol: str) -> list[tuple]:
+        """The network's ``start`` arguments of each step under ``protocol``: Simple and
+        plain steps on their routes as they are; other protocols and NVLS steps on a
+        copy of the route whose latency and the bytes follow ``sim.engine.nccl``."""
+        route, net, topo = self.net.route, self.net, self.topology
+        if protocol == "simple" and not any(st.nvls or st.path for st in steps):
+            return [(route(st.src, st.dst), st.src, st.dst, st.nbytes, st.label, st.latency_steps) for st in steps]
+        eff = self.efficiency()
+        args = []
+        for st in steps:
+            if st.path:
+                ids = tuple(net._link_id[l] for l in st.path)
+                # kept with the network's routes, so that its bytes count in link_bytes
+                r = net._route.setdefault(("path",) + st.path, (ids, 0.0, net.link_kinds[ids[0]],
+                                                                min(net.capacity[i] for i in ids), [0.0]))
+            else:
+                r = route(st.src, st.dst)
+            lat, nbytes, _ = transfer_cost(st, topo, eff, self.nccl, protocol)
+            args.append(((r[0], lat, r[2], r[3], r[4]), st.src, st.dst, nbytes, st.label, 1))
+        return args
 
     def _run(self, plan, rv: _Rendezvous, label: str) -> None:
         """Start each step when its dependencies are done; finish each rank's action

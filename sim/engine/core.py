@@ -46,13 +46,13 @@ _SPAN_ORDER = attrgetter("rank", "stream", "start_s", "end_s", "name")  # the tr
 
 def simulate(program: Program, topology: Topology, *, link_efficiency: dict[str, float] | None = None,
              fluid_collectives: bool = False, check_invariants: bool | None = None,
-             overlap_slowdown: float = 0.0) -> Trace:
+             overlap_slowdown: float = 0.0, nccl=None) -> Trace:
     """Run ``program`` on ``topology`` and return its ``Trace``.
 
     ``link_efficiency`` scales each link kind's bandwidth (e.g. ``{"ib": 0.96}``).
     ``fluid_collectives`` prices each ring hop as one transfer (``sim.engine.algorithms``).
     ``overlap_slowdown`` σ: compute on a rank runs at 1/(1 + σ) while one of its sends,
-    receives or collectives moves data (``sim.engine.slowdown``).
+    receives or collectives moves data (``sim.engine.slowdown``). ``nccl``: protocols and NVLS (``sim.engine.nccl``).
     ``check_invariants`` checks ``sim.engine.invariants`` during and after the run (default:
     debug mode, the environment variable ``TRAINSIM_DEBUG``).
     """
@@ -61,7 +61,7 @@ def simulate(program: Program, topology: Topology, *, link_efficiency: dict[str,
     with gc_paused():
         if not 0.0 <= overlap_slowdown < float("inf"):
             raise InputError(f"overlap_slowdown: got {overlap_slowdown!r}; expected a number >= 0")
-        engine = _Engine(program, topology, link_efficiency, fluid_collectives, check_invariants, overlap_slowdown)
+        engine = _Engine(program, topology, link_efficiency, fluid_collectives, check_invariants, overlap_slowdown, nccl)
         try:
             return engine.run()
         finally:
@@ -101,7 +101,7 @@ class _Engine:
     """
 
     def __init__(self, program: Program, topology: Topology, link_efficiency, fluid: bool = False,
-                 check: bool = False, overlap_slowdown: float = 0.0):
+                 check: bool = False, overlap_slowdown: float = 0.0, nccl=None):
         top = program.max_rank()
         if top >= topology.num_gpus:
             raise InputError(
@@ -110,7 +110,7 @@ class _Engine:
         program.check()
         self.program = program
         self.topology = topology
-        self.fluid = fluid
+        self.fluid, self.nccl = fluid, nccl
         self.check = check
         self.env = CheckingEnvironment(0.0) if check else Environment(0.0)  # float time from the start
         self.calls = Calls(self.env)
@@ -340,7 +340,7 @@ class _Engine:
         else:
             join_p2p = self._p2p_join(finish)
         self._coll = Collectives(env, self.net, self.topology, self.program.shadows, self.fluid, self._key_of,
-                                 self._needed, nccl_finish)
+                                 self._needed, nccl_finish, self.nccl)
         self._coll.on_begin = began
         join_collective = self._coll.join
         self._finish, self._start_ready = finish, start_ready

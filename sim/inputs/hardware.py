@@ -108,6 +108,14 @@ class HardwareProfile:
     GPU, the GPU's compute kernels take (1 + σ) times as long: NCCL holds some SMs (one
     thread block per channel) and HBM bandwidth. 0: overlap is free."""
 
+    nccl_protocols: dict | None = None
+    """NCCL protocol -> {bandwidth_fraction, hop_latency_nvlink_s, hop_latency_net_s}
+    (``sim.engine.nccl``: LL and LL128 relative to Simple). None: NCCL's tuning constants."""
+    nvls_efficiency: float | None = None
+    """Fraction of the NVLink line rate a GPU's NVLS (NVLink SHARP) traffic reaches. None: 1."""
+    nvls_latency_s: float | None = None
+    """Latency of one NVLS collective. None: NCCL's tuning constant (25 µs)."""
+
     def memory_rate(self, framework: bool = False) -> float:
         """Bytes/s a memory-bound kernel moves: a tuned library kernel's, or with
         ``framework`` one of the framework's own (``framework_kernel_efficiency``)."""
@@ -192,8 +200,9 @@ class HardwareProfile:
             out[f.name] = v
         if not out["provenance"]:
             del out["provenance"]
-        if out["framework_kernel_efficiency"] is None:
-            del out["framework_kernel_efficiency"]
+        for key in ("framework_kernel_efficiency", "nccl_protocols", "nvls_efficiency", "nvls_latency_s"):
+            if out[key] is None:
+                del out[key]
         return out
 
     @classmethod
@@ -204,7 +213,8 @@ class HardwareProfile:
         names = [f.name for f in fields(cls)]
         _strict_keys(d, names, where, optional=("sources", "provenance", "memory_reserve_bytes", "host_memory_bandwidth_Bps",
                                           "framework_kernel_efficiency", "overlap_compute_slowdown",
-                                          "sustained_compute_fraction"))
+                                          "sustained_compute_fraction", "nccl_protocols", "nvls_efficiency",
+                                          "nvls_latency_s"))
         kw = dict(d)
         kw["peak_flops"] = _number_map(d["peak_flops"], f"{where}: peak_flops", DTYPES)
         kw["links"] = _links(d["links"], f"{where}: links")
@@ -215,6 +225,8 @@ class HardwareProfile:
             raise InputError(f"{where}: gemm_tiles: got {tiles!r}; expected a non-empty list of "
                              "[tile_m, tile_n, relative_efficiency]")
         kw["gemm_tiles"] = tuple((int(a), int(b), float(r)) for a, b, r in tiles)
+        if d.get("nccl_protocols") is not None:
+            kw["nccl_protocols"] = check_protocols(d["nccl_protocols"], f"{where}: nccl_protocols")
         src = d.get("sources", {})
         if not isinstance(src, dict):
             raise InputError(f"{where}: sources: got {src!r}; expected an object of field -> text")
@@ -320,6 +332,12 @@ def _check_profile(p: HardwareProfile) -> None:
         if v is None and name == "framework_kernel_efficiency":
             continue
         _require_num(name, v, _is_num(v) and 0 < v <= 1, "a fraction in (0, 1]")
+    if p.nvls_efficiency is not None:
+        _require_num("nvls_efficiency", p.nvls_efficiency, _is_num(p.nvls_efficiency) and 0 < p.nvls_efficiency <= 1,
+                     "a fraction in (0, 1]")
+    if p.nvls_latency_s is not None:
+        _require_num("nvls_latency_s", p.nvls_latency_s, _is_num(p.nvls_latency_s) and p.nvls_latency_s >= 0,
+                     "a number >= 0 (seconds)")
     for name in ("gemm_k_overhead", "kernel_launch_s", "memory_reserve_bytes", "host_memory_bandwidth_Bps",
                  "overlap_compute_slowdown"):
         v = getattr(p, name)
@@ -333,3 +351,22 @@ def _check_profile(p: HardwareProfile) -> None:
                      _is_num(link.latency_s) and link.latency_s >= 0, "a number >= 0 (seconds)")
         _require_num(f"links.{kind}.efficiency", link.efficiency,
                      _is_num(link.efficiency) and 0 < link.efficiency <= 1, "a fraction in (0, 1]")
+
+
+NCCL_PROTOCOLS = ("ll", "ll128", "simple")
+_PROTOCOL_KEYS = ("bandwidth_fraction", "hop_latency_nvlink_s", "hop_latency_net_s")
+
+
+def check_protocols(d, where: str) -> dict:
+    """A profile's ``nccl_protocols``, checked strictly (one-line errors)."""
+    if not isinstance(d, dict) or set(d) != set(NCCL_PROTOCOLS):
+        raise InputError(f"{where}: got {d!r}; expected an object with keys {', '.join(NCCL_PROTOCOLS)}")
+    for p, v in d.items():
+        if not isinstance(v, dict) or set(v) != set(_PROTOCOL_KEYS):
+            raise InputError(f"{where}.{p}: got {v!r}; expected keys {', '.join(_PROTOCOL_KEYS)}")
+        for k, x in v.items():
+            ok = not isinstance(x, bool) and isinstance(x, (int, float)) and math.isfinite(x) and x > 0
+            if not ok or (k == "bandwidth_fraction" and x > 1):
+                raise InputError(f"{where}.{p}.{k}: got {x!r}; expected a number > 0"
+                                 + (" and <= 1" if k == "bandwidth_fraction" else ""))
+    return {p: {k: float(x) for k, x in v.items()} for p, v in d.items()}

@@ -82,6 +82,10 @@ class NodeSpec:
     nic_kind: str
     nic_bandwidth_Bps: float
     nic_latency_s: float
+    nvlink_sharp: bool = False
+    """The NVSwitch reduces and multicasts (NVLink SHARP, third-generation NVSwitch:
+    DGX H100/H200; not DGX A100): NCCL's NVLS algorithms can run. Set on the nvswitch
+    device as ``nvlink_sharp``."""
 
 
 @dataclass(frozen=True)
@@ -120,7 +124,7 @@ def add_node(g: nx.Graph, spec: NodeSpec, index: int) -> None:
     Each GPU has its own PCIe link to the host CPU (its memory), which is what
     optimizer offload crosses; the CPU never carries GPU-to-GPU traffic."""
     nvs = f"node{index}/nvswitch"
-    g.add_node(nvs, kind="nvswitch", node=index)
+    g.add_node(nvs, kind="nvswitch", node=index, nvlink_sharp=bool(spec.nvlink_sharp))
     cpu = f"node{index}/cpu"
     g.add_node(cpu, kind="cpu", node=index)
     for i in range(spec.gpus):
@@ -201,6 +205,7 @@ def _add_fabric(g: nx.Graph, spec: NodeSpec, nodes: int, fabric: FabricSpec) -> 
 _NODE_KEYS = {
     "name", "gpus", "gpu_profile", "nvlink_bandwidth_GBps", "nvlink_latency_us",
     "pcie_bandwidth_GBps", "pcie_latency_us", "nics", "nic_kind", "nic_bandwidth_GBps", "nic_latency_us",
+    "nvlink_sharp",
 }
 _FABRIC_KEYS = {"type", "nodes_per_leaf", "spines", "oversubscription", "switch_latency_us"}
 _DEVICE_KEYS = {"id", "kind", "rank", "node"}
@@ -223,7 +228,15 @@ def _parse_node(f: TomlFile, t: dict) -> NodeSpec:
         nic_kind=f.string(t, "nic_kind", p, choices=("ib", "ethernet"), default="ib"),
         nic_bandwidth_Bps=num(t, "nic_bandwidth_GBps", p, default=25.0, positive=True) * GB,
         nic_latency_s=num(t, "nic_latency_us", p, default=1.0, minimum=0) * US,
+        nvlink_sharp=_flag(f, t, "nvlink_sharp", p),
     )
+
+
+def _flag(f: TomlFile, t: dict, key: str, prefix: str) -> bool:
+    v = t.get(key, False)
+    if not isinstance(v, bool):
+        raise f.error(prefix + key, f"got {v!r}; expected true or false")
+    return v
 
 
 def _parse_fabric(f: TomlFile, t: dict) -> FabricSpec:

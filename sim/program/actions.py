@@ -38,8 +38,11 @@ from sim.errors import InputError
 
 OPS = ("allreduce", "reducescatter", "allgather", "broadcast", "alltoall", "sendrecv")
 """Collective operations an action may name (``sim.engine.algorithms`` builds each)."""
-ALGOS = ("ring", "hierarchical")
-"""Collective algorithms."""
+ALGOS = ("ring", "hierarchical", "tree", "nvls", "nvls_tree", "auto")
+"""Collective algorithms (``sim.engine.algorithms``, ``sim.engine.algorithms_nccl``); auto:
+NCCL's choice (``sim.engine.nccl``)."""
+PROTOCOLS = ("ll", "ll128", "simple", "auto")
+"""NCCL protocols (``sim.engine.nccl``); auto: NCCL's choice by size."""
 FLOW_PIECES = 4
 """Transfers a ring hop's flow is cut into under the ``flows`` collective model (each pays
 its share of the steps' latencies; ``sim.engine.algorithms``)."""
@@ -63,6 +66,7 @@ class Action:
     group: tuple[int, ...] = ()
     op: str = ""
     algo: str = "ring"
+    protocol: str = "simple"
     channels: int = 0
     """Rings a ring collective runs at once; 0 picks ``sim.inputs.topology.default_channels``."""
     tag: str = ""
@@ -93,6 +97,8 @@ class Action:
                 raise InputError(f"action {self.name!r}: op: got {self.op!r}; allowed: {', '.join(o for o in OPS if o != 'sendrecv')}")
             if self.algo not in ALGOS:
                 raise InputError(f"action {self.name!r}: algo: got {self.algo!r}; allowed: {', '.join(ALGOS)}")
+            if self.protocol not in PROTOCOLS:
+                raise InputError(f"action {self.name!r}: protocol: got {self.protocol!r}; allowed: {', '.join(PROTOCOLS)}")
             object.__setattr__(self, "group", tuple(self.group))
         if not self.stream:
             object.__setattr__(self, "stream", "compute" if self.kind in ("compute", "comm") else "comm")

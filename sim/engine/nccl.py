@@ -1,0 +1,104 @@
+"""NCCL's protocols and its choice of algorithm and protocol ("tuner").
+
+Protocols (NCCL's LL, LL128 and Simple) change each step's α and β. The topology's
+link latencies and the profile's link efficiencies describe Simple, NCCL's protocol for
+large buffers; another protocol ``p`` moves ``nbytes / bandwidth_fraction[p]`` bytes on
+the wire (LL sends a 4-byte flag with every 4 bytes of data; LL128 8 bytes of flag per
+128-byte line) and pays its route's latency times ``hop_latency[p] / hop_latency[simple]``
+(per medium: NVLink or PCIe, and the network). The figures are NCCL's own tuning
+constants (``src/graph/tuning.cc``: ``hwLatencies`` for ring, and the ring bandwidth
+refinements ``busBw * .5`` for LL and ``busBw * 0.92`` for LL128), kept in the hardware
+profile (``nccl_protocols``) with their sources.
+
+NVLS (NVLink SHARP): the NVSwitch reduces (multimem.ld_reduce) and multicasts
+(multimem.st); its transfers run at ``nvls_efficiency`` of the NVLink line rate and pay
+``nvls_latency_s`` (NCCL's ``hwLatencies[NVLINK][NVLS][Simple]``, 25 µs) instead of hop
+latencies. NVLS runs Simple only, as in NCCL.
+
+``sim.engine.tuner.choose`` is the tuner: like NCCL's ``ncclTopoTuneModel`` it estimates each enabled
+(algorithm, protocol)'s time as latency + size / bandwidth and takes the fastest, but it
+takes both terms from the collective's own transfer steps on the topology (the longest
+chain of latencies through the steps, and the most loaded link's bytes over its
+capacity), so the choice and the simulated times agree. NCCL's rules on what is
+enabled are kept: NVLS only inside one node on NVLink-SHARP switches, NVLS-tree only
+across nodes, tree for all-reduce only, broadcast and all-to-all ring only.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+PROTOCOLS = ("ll", "ll128", "simple")
+NCCL_TUNING = "NVIDIA/nccl src/graph/tuning.cc (ncclTopoTuneModel)"
+
+DEFAULT_PROTOCOLS = {
+    "ll": {"bandwidth_fraction": 0.5, "hop_latency_nvlink_s": 0.6e-6, "hop_latency_net_s": 2.7e-6},
+    "ll128": {"bandwidth_fraction": 0.92, "hop_latency_nvlink_s": 1.9e-6, "hop_latency_net_s": 4.0e-6},
+    "simple": {"bandwidth_fraction": 1.0, "hop_latency_nvlink_s": 3.4e-6, "hop_latency_net_s": 14.0e-6},
+}
+"""NCCL's ring figures: hwLatencies[NVLINK|NET][RING][LL, LL128, Simple] (µs) and the
+ring bandwidth refinements (LL: busBw·0.5; LL128: busBw·0.92 = 120/128 of Simple)."""
+DEFAULT_NVLS_LATENCY_S = 25e-6
+"""hwLatencies[NVLINK][NVLS][Simple] in NCCL's tuning.cc."""
+PROTOCOL_KEYS = ("bandwidth_fraction", "hop_latency_nvlink_s", "hop_latency_net_s")
+
+
+@dataclass(frozen=True)
+class NcclModel:
+    """What the engine needs to price protocols and NVLS (from a hardware profile)."""
+
+    protocols: dict
+    """protocol -> {bandwidth_fraction, hop_latency_nvlink_s, hop_latency_net_s}."""
+    nvls_efficiency: float = 1.0
+    """Fraction of the NVLink line rate one GPU's NVLS traffic reaches."""
+    nvls_latency_s: float = DEFAULT_NVLS_LATENCY_S
+
+    @staticmethod
+    def from_profile(profile) -> "NcclModel":
+        if profile is None:
+            return DEFAULT_MODEL
+        return NcclModel(dict(profile.nccl_protocols or DEFAULT_PROTOCOLS), profile.nvls_efficiency or 1.0,
+                         profile.nvls_latency_s if profile.nvls_latency_s is not None else DEFAULT_NVLS_LATENCY_S)
+
+    def fraction(self, protocol: str) -> float:
+        return self.protocols[protocol]["bandwidth_fraction"] / self.protocols["simple"]["bandwidth_fraction"]
+
+    def latency_ratio(self, protocol: str, medium: str) -> float:
+        key = "hop_latency_net_s" if medium in ("ib", "ethernet") else "hop_latency_nvlink_s"
+        return self.protocols[protocol][key] / self.protocols["simple"][key]
+
+
+DEFAULT_MODEL = NcclModel(DEFAULT_PROTOCOLS)
+
+
+def transfer_cost(step, topology, efficiency: dict, model: NcclModel, protocol: str):
+    """(latency_s, wire bytes, directed links) of one transfer step under ``protocol``."""
+    g = topology.graph
+    links = step.path or topology.route(step.src, step.dst)
+    if step.nvls:
+        eff = efficiency.get("nvlink", 1.0)
+        return model.nvls_latency_s * bool(step.latency_steps), step.nbytes * eff / model.nvls_efficiency, links
+    kinds = {g.edges[l]["kind"] for l in links}
+    medium = "ib" if kinds & {"ib", "ethernet"} else "nvlink"
+    lat = sum(g.edges[l]["latency_s"] for l in links) * step.latency_steps
+    if protocol != "simple":
+        lat *= model.latency_ratio(protocol, medium)
+        return lat, step.nbytes / model.fraction(protocol), links
+    return lat, step.nbytes, links
+
+
+def nvls_capable(topology, ranks) -> bool:
+    """Every GPU of ``ranks`` hangs off an NVSwitch with NVLink SHARP."""
+    return all(nvswitch_of(topology, r) is not None for r in ranks)
+
+
+def nvswitch_of(topology, rank: int):
+    """The NVLink-SHARP NVSwitch device next to GPU ``rank``, or None."""
+    g = topology.graph
+    gpu = topology.gpu(rank)
+    for n in sorted(g.neighbors(gpu)):
+        d = g.nodes[n]
+        if d["kind"] == "nvswitch" and d.get("nvlink_sharp"):
+            return n
+    return None

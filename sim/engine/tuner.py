@@ -1,0 +1,79 @@
+"""NCCL's tuner: which algorithm and protocol run a collective (``sim.engine.nccl``).
+
+Like NCCL's ``ncclTopoTuneModel`` (NVIDIA/nccl ``src/graph/tuning.cc``) it estimates each
+enabled (algorithm, protocol)'s time as latency + size / bandwidth and takes the
+fastest, with NCCL's rules on what is enabled (NVLS inside one node on NVLink-SHARP
+switches only, NVLS-tree across nodes only, tree for all-reduce only, NVLS Simple only,
+broadcast and all-to-all ring only). Both terms come from the collective's own transfer
+steps on the topology (the longest chain of latencies through the steps, and the most
+loaded directed link's bytes over its capacity), so choice and simulation agree.
+"""
+
+from __future__ import annotations
+
+import math
+
+from sim.engine.algorithms import build
+from sim.engine.nccl import DEFAULT_MODEL, PROTOCOLS, NcclModel, nvls_capable, transfer_cost
+from sim.inputs.topology import ranks_by_node
+
+
+def candidates(op: str, nodes: int, sharp: bool, equal_nodes: bool) -> list[tuple[str, str]]:
+    """(algorithm, protocol) pairs NCCL enables for ``op`` on a group over ``nodes`` nodes."""
+    out = []
+    algos = ["ring"]
+    if op == "allreduce":
+        algos.append("tree")
+        if sharp and nodes == 1:
+            algos.append("nvls")
+        if sharp and nodes > 1 and equal_nodes:
+            algos.append("nvls_tree")
+    elif op in ("reducescatter", "allgather") and sharp and nodes == 1:
+        algos.append("nvls")
+    for a in algos:
+        for p in (("simple",) if a.startswith("nvls") else PROTOCOLS):
+            out.append((a, p))
+    return out
+
+
+def estimate(steps, topology, efficiency: dict, model: NcclModel, protocol: str) -> float:
+    """Seconds the steps take by the tuner's estimate: the longest chain of latencies
+    (through dependencies) plus the most loaded directed link's bytes over its capacity."""
+    g = topology.graph
+    finish = [0.0] * len(steps)
+    load: dict = {}
+    for i, s in enumerate(steps):
+        lat, nbytes, links = transfer_cost(s, topology, efficiency, model, protocol)
+        finish[i] = lat + max((finish[d] for d in s.deps), default=0.0)
+        for l in links:
+            load[l] = load.get(l, 0.0) + nbytes
+    bw = max((b / (g.edges[l]["bandwidth_Bps"] * efficiency.get(g.edges[l]["kind"], 1.0)) for l, b in load.items()),
+             default=0.0)
+    return max(finish, default=0.0) + bw
+
+
+def choose(op: str, ranks, nbytes: float, topology, efficiency: dict | None = None, model: NcclModel | None = None,
+           algo: str = "auto", protocol: str = "auto") -> tuple[str, str]:
+    """The (algorithm, protocol) NCCL's tuner would run: the fastest enabled pair by
+    ``estimate``; ``algo`` or ``protocol`` other than "auto" fixes that part (as
+    NCCL_ALGO and NCCL_PROTO do)."""
+    model = model or DEFAULT_MODEL
+    efficiency = efficiency or {}
+    if op in ("alltoall", "sendrecv"):
+        return ("ring", "simple" if protocol == "auto" else protocol)
+    by_node = ranks_by_node(topology, ranks)
+    sizes = {len(v) for v in by_node.values()}
+    sharp = nvls_capable(topology, ranks)
+    options = [(a, p) for a, p in candidates(op, len(by_node), sharp, len(sizes) == 1)
+               if algo in ("auto", a) and protocol in ("auto", p)]
+    if not options:
+        return (algo if algo != "auto" else "ring", protocol if protocol != "auto" else "simple")
+    best, best_t = None, math.inf
+    built: dict = {}
+    for a, p in options:
+        if a not in built:
+            built[a] = build(op, ranks, nbytes, topology, a, fluid=True)
+        t = estimate(built[a], topology, efficiency, model, p)
+        if t < best_t * (1 - 1e-9):
+            best, best_t = (a, p), t
+    return best
