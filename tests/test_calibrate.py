@@ -66,8 +66,9 @@ def test_memory_fit_recovers_launch_and_efficiency():
 
 
 def test_gemm_and_attention_fits_recover_a_known_profile():
+    # Microbenchmarks time kernels alone: the in-step sustained fraction does not apply.
     truth = replace(load_profile("h100-sxm"), gemm_k_overhead=64.0, gemm_max_efficiency=0.7,
-                    attention_max_efficiency=0.55, kernel_launch_s=4e-6)
+                    attention_max_efficiency=0.55, kernel_launch_s=4e-6, sustained_compute_fraction=1.0)
     shapes = grid_gemms((256, 512, 1024, 2048, 4096, 8192)) + [(4096, 12288, 4096, 1, "nt"), (8192, 128, 8192, 1, "tn")]
     recs = [{"m": m, "n": n, "k": k, "batch": b, "flops": 2.0 * m * n * k * b,
              "time_s": 2.0 * m * n * k * b / (truth.peak() * truth.gemm_efficiency(m, n, k, b)) + truth.kernel_launch_s}
