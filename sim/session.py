@@ -13,12 +13,15 @@ the studies); none of them builds a run any other way:
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 from sim.program.actions import Program
 from sim.program.schedules import Schedule
 from sim.program.training import build_program
 from sim.engine.core import gc_paused, simulate
+from sim.engine.nccl import NcclModel
+from sim.engine.tuner import alone_time, check_forced
 from sim.errors import InputError
 from sim.inputs.hardware import HardwareProfile, load_profile
 from sim.inputs.model import ModelSpec
@@ -94,18 +97,26 @@ def prepare(settings: RunSettings, model: ModelSpec | None = None, plan: Paralle
         plan.check_model(model)
     schedule = schedule_from_settings(settings.plan, plan)
     topo = topology_from_settings(settings.cluster, plan.world_size, profile.name)
+    check_forced(settings.simulation.nccl_algo, topo)
     return Prepared(settings, model, plan, profile, topo, schedule)
 
 
 def simulate_training(model: ModelSpec, plan: ParallelPlan, profile: HardwareProfile, topology: Topology,
                       schedule: Schedule | None = None, fidelity: str = "full",
                       coalesce_tp: bool = True, max_events: float | None = DEFAULT_MAX_EVENTS,
-                      collective_model: str = "flows") -> TrainingRun:
+                      collective_model: str = "flows", nccl_algo: str = "auto",
+                      nccl_protocol: str = "auto") -> TrainingRun:
     """Simulate one iteration of ``plan`` on ``topology`` and return the run.
 
     ``fidelity``: "full", "reduced", or "auto" (``choose_fidelity``). ``collective_model``:
-    "flows" or "steps" (reduced fidelity always runs flows). Plans over ``max_events`` are
-    refused up front (``sim.program.limits``)."""
+    "flows" or "steps" (reduced fidelity always runs flows). ``nccl_algo``, ``nccl_protocol``:
+    what every collective runs, as NCCL_ALGO and NCCL_PROTO ("auto": NCCL's tuner,
+    ``sim.engine.tuner``, per collective). Plans over ``max_events`` are refused up front
+    (``sim.program.limits``)."""
+    check_forced(nccl_algo, topology)
+    nccl = NcclModel.from_profile(profile).forcing(nccl_algo, nccl_protocol)
+    eff = profile.link_efficiencies()
+    alone = partial(alone_time, topology=topology, efficiency=eff, model=nccl)  # (coalesced TP collectives)
     if plan.world_size > topology.num_gpus:
         raise InputError(
             f"plan: needs dp x tp x pp = {plan.dp} x {plan.tp} x {plan.pp} = {plan.world_size} GPUs; "
@@ -117,9 +128,9 @@ def simulate_training(model: ModelSpec, plan: ParallelPlan, profile: HardwarePro
     flows = collective_model == "flows" or fidelity == "reduced"
     with gc_paused():
         schedule, prog = build_program(model, plan, profile, schedule, fidelity, topology.gpus_per_node, topology,
-                                       coalesce_tp, max_events, collective_model)
+                                       coalesce_tp, max_events, collective_model, alone)
     trace = simulate(prog, topology, link_efficiency=profile.link_efficiencies(), fluid_collectives=flows,
-                     overlap_slowdown=profile.overlap_compute_slowdown)
+                     overlap_slowdown=profile.overlap_compute_slowdown, nccl=nccl)
     return TrainingRun(model, plan, profile, topology, schedule, prog, trace, fidelity, reason,
                        "flows" if flows else "steps")
 
@@ -141,7 +152,8 @@ def run(prepared: Prepared) -> tuple[TrainingRun, dict]:
     sim_settings = prepared.settings.simulation
     training_run = simulate_training(prepared.model, prepared.plan, prepared.profile, prepared.topology,
                                      prepared.schedule, sim_settings.fidelity, max_events=sim_settings.event_limit,
-                                     collective_model=sim_settings.collective_model)
+                                     collective_model=sim_settings.collective_model,
+                                     nccl_algo=sim_settings.nccl_algo, nccl_protocol=sim_settings.nccl_protocol)
     return training_run, summarize(training_run)
 
 

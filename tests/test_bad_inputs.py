@@ -645,6 +645,8 @@ FLAG_CASES = [
     (RUN + ["--topology", "dgx-z100"], ["topology", "dgx-z100"]),
     (RUN + ["--gpus", "16", "--nodes", "1"], ["--gpus", "16"]),
     (RUN + ["--no-such-flag"], ["--no-such-flag"]),
+    (RUN + ["--nccl-algo", "collnet"], ["--nccl-algo", "collnet", "allowed"]),
+    (["run", *TINY, *PLAN[2:], "--gpu", "a100-80gb", "--nccl-algo", "nvls"], ["nccl_algo", "nvls", "allowed: auto, ring"]),
     (["estimate", *TINY, *PLAN, "--gpus", "-4"], ["--gpus", "-4"]),
     (["estimate", *TINY, *PLAN, "--micro-batch-size", "nan"], ["--micro-batch-size", "nan"]),
     (["estimate", *TINY, *PLAN, "--num-attention-heads", "7"], ["--num-attention-heads: got 7", "hidden_size"]),

@@ -90,9 +90,11 @@ def test_tp_across_a_node_boundary_is_markedly_slower_and_the_trace_shows_infini
     # Same 16 GPUs, same work per GPU: tp 8 x dp 2 against tp 16 across two nodes.
     model = gpt("tp-model", 4, 4096, 32, 32000, 2048)
     topo = load_topology("dgx-h100", nodes=2)
-    # coalesce_tp=False keeps every tensor-parallel transfer in the trace
-    t8 = simulate_training(model, ParallelPlan(tp=8, dp=2, global_batch_size=4), H100, topo, coalesce_tp=False)
-    t16 = simulate_training(model, ParallelPlan(tp=16, dp=1, global_batch_size=4), H100, topo, coalesce_tp=False)
+    # coalesce_tp=False keeps every tensor-parallel transfer in the trace; rings both
+    # (NCCL_ALGO=ring), so that only where the ring runs differs
+    ring = dict(coalesce_tp=False, nccl_algo="ring", nccl_protocol="simple")
+    t8 = simulate_training(model, ParallelPlan(tp=8, dp=2, global_batch_size=4), H100, topo, **ring)
+    t16 = simulate_training(model, ParallelPlan(tp=16, dp=1, global_batch_size=4), H100, topo, **ring)
     assert t16.trace.end_s > 1.3 * t8.trace.end_s
     exp8 = rank_breakdown(t8.trace, 0)["exposed_comm_s"]["tp"]
     exp16 = rank_breakdown(t16.trace, 0)["exposed_comm_s"]["tp"]

@@ -19,7 +19,7 @@ from sim.engine.kernel import Environment
 from sim.engine.network import Network
 from sim.errors import InputError
 from sim.engine.nccl import DEFAULT_MODEL, nvls_capable, transfer_cost
-from sim.engine.tuner import choose
+from sim.engine.tuner import choose, runnable
 from sim.inputs.topology import Topology, ranks_by_node
 
 
@@ -51,6 +51,7 @@ class Collectives:
         self.nccl = nccl or DEFAULT_MODEL
         """Protocols and NVLS figures (``sim.engine.nccl``)."""
         self._choices: dict[tuple, tuple[str, str]] = {}
+        self._efficiency: dict | None = None
         self.on_begin = None
         """Called as ``on_begin(rank, now)`` for each simulated member when a collective's
         data starts to move (the engine's overlap slowdown), if set."""
@@ -122,8 +123,10 @@ class Collectives:
 
     def efficiency(self) -> dict[str, float]:
         """Each link kind's capacity over its line rate (the profile's efficiencies)."""
+        if self._efficiency is not None:
+            return self._efficiency
         net, g = self.net, self.topology.graph
-        out = {}
+        out = self._efficiency = {}
         for i, (u, v) in enumerate(net.link_names):
             out.setdefault(net.link_kinds[i], net.capacity[i] / g.edges[u, v]["bandwidth_Bps"])
         return out
@@ -131,14 +134,21 @@ class Collectives:
     def choose(self, a: Action) -> tuple[str, str]:
         """The action's algorithm and protocol, NCCL's tuner's choice where "auto"
         (``sim.engine.nccl.choose``), one choice per shape of group and size."""
-        if a.algo != "auto" and a.protocol != "auto":
-            return a.algo, a.protocol
+        algo = a.algo if self.nccl.algo is None else self.nccl.algo
+        protocol = a.protocol if self.nccl.protocol is None else self.nccl.protocol
+        if self.nccl.algo is None and algo != "auto" and protocol != "auto":
+            return algo, protocol
         nodes = ranks_by_node(self.topology, a.group)
-        key = (a.op, a.nbytes, a.algo, a.protocol, tuple(len(v) for v in nodes.values()), nvls_capable(self.topology, a.group))
+        key = (a.op, a.nbytes, algo, protocol, tuple(len(v) for v in nodes.values()), nvls_capable(self.topology, a.group))
         c = self._choices.get(key)
         if c is None:
-            c = self._choices[key] = choose(a.op, a.group, a.nbytes, self.topology, self.efficiency(), self.nccl,
-                                            a.algo, a.protocol)
+            if self.nccl.algo is not None and not runnable(a.op, a.group, self.topology, algo):
+                algo = "auto"  # (a run-wide algorithm this collective cannot run: the tuner's choice)
+            if algo != "auto" and protocol != "auto":
+                c = (algo, protocol)
+            else:
+                c = choose(a.op, a.group, a.nbytes, self.topology, self.efficiency(), self.nccl, algo, protocol)
+            self._choices[key] = c
         return c
 
     def _step_args(self, steps, protocol: str) -> list[tuple]:

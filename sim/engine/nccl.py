@@ -27,7 +27,7 @@ across nodes, tree for all-reduce only, broadcast and all-to-all ring only.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 PROTOCOLS = ("ll", "ll128", "simple")
 NCCL_TUNING = "NVIDIA/nccl src/graph/tuning.cc (ncclTopoTuneModel)"
@@ -53,6 +53,16 @@ class NcclModel:
     nvls_efficiency: float = 1.0
     """Fraction of the NVLink line rate one GPU's NVLS traffic reaches."""
     nvls_latency_s: float = DEFAULT_NVLS_LATENCY_S
+    algo: str | None = None
+    """The algorithm of every collective of the run, as NCCL_ALGO ("auto": the tuner's
+    choice; None: each action's own). A collective the forced algorithm cannot run (tree
+    for an all-gather, NVLS across nodes) keeps the tuner's choice (``forced_or_auto``)."""
+    protocol: str | None = None
+    """The protocol of every collective of the run, as NCCL_PROTO (None: each action's own)."""
+
+    def forcing(self, algo: str | None, protocol: str | None) -> "NcclModel":
+        """This model with the run-wide ``algo`` and ``protocol`` (``nccl_algo``, ``nccl_protocol``)."""
+        return replace(self, algo=algo, protocol=protocol)
 
     @staticmethod
     def from_profile(profile) -> "NcclModel":

@@ -74,6 +74,42 @@ def choose(op: str, ranks, nbytes: float, topology, efficiency: dict | None = No
         if a not in built:
             built[a] = build(op, ranks, nbytes, topology, a, fluid=True)
         t = estimate(built[a], topology, efficiency, model, p)
-        if t < best_t * (1 - 1e-9):
+        if best is None or t < best_t * (1 - 1e-9):  # (the first when none is finite: a free network)
             best, best_t = (a, p), t
     return best
+
+
+def runnable(op: str, ranks, topology, algo: str) -> bool:
+    """Whether NCCL could run ``op`` over ``ranks`` with ``algo`` (the rules of
+    ``candidates``; hierarchical: all-reduce only)."""
+    if algo in ("auto", "ring"):
+        return True
+    if algo == "hierarchical":
+        return op == "allreduce"
+    by_node = ranks_by_node(topology, ranks)
+    ok = candidates(op, len(by_node), nvls_capable(topology, ranks), len({len(v) for v in by_node.values()}) == 1)
+    return any(a == algo for a, _ in ok)
+
+
+def check_forced(algo: str, topology) -> None:
+    """A run-wide ``nccl_algo`` the topology can never run is an input error (NVLS
+    without NVLink SHARP); one line naming the field, the value and what is allowed."""
+    from sim.errors import InputError
+
+    if algo in ("nvls", "nvls_tree") and not nvls_capable(topology, range(topology.num_gpus)):
+        raise InputError(f"nccl_algo: got {algo!r}; topology {topology.name} has no NVLink SHARP (nvlink_sharp = "
+                         "false on its NVSwitch; H100/H200 NVSwitch only); allowed: auto, ring, tree, hierarchical")
+
+
+def alone_time(op: str, ranks, nbytes: float, topology, efficiency: dict, model: NcclModel) -> float:
+    """Seconds a collective takes with nothing else on the network, under what the engine
+    runs for it (``sim.engine.collectives.Collectives.choose``: ``model.algo`` and
+    ``model.protocol`` where set and runnable, else the tuner's choice): ``estimate`` of
+    its steps, which is the flow model's time when nothing contends."""
+    algo, protocol = model.algo or "auto", model.protocol or "auto"
+    if not runnable(op, ranks, topology, algo):
+        algo = "auto"
+    if algo == "auto" or protocol == "auto":
+        algo, protocol = choose(op, ranks, nbytes, topology, efficiency, model, algo, protocol)
+    return estimate(build(op, ranks, nbytes, topology, algo, fluid=True), topology, efficiency, model, protocol)
+

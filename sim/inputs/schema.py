@@ -44,6 +44,10 @@ COLLECTIVE_MODELS = ("flows", "steps")
 """How the engine runs a ring collective: ``flows``, each hop of each channel one flow
 carrying all its steps' bytes while the collective runs, every hop at once; or ``steps``,
 2(n-1) lock-step rounds of n transfers (``sim.engine.algorithms``)."""
+NCCL_ALGOS = ("auto", "ring", "tree", "nvls", "nvls_tree", "hierarchical")
+"""What ``nccl_algo`` takes (``sim.engine.algorithms``, ``sim.engine.algorithms_nccl``)."""
+NCCL_PROTOCOLS = ("auto", "ll", "ll128", "simple")
+"""What ``nccl_protocol`` takes (``sim.engine.nccl``)."""
 
 
 @dataclass(frozen=True)
@@ -254,6 +258,14 @@ class SimulationSettings:
         "flows", help="flows: each ring hop one flow carrying its share of the bytes while the collective runs "
                       "(events grow with n); steps: 2(n-1) lock-step rounds of n transfers (default flows; reduced "
                       "fidelity always runs flows)", choices=COLLECTIVE_MODELS)
+    nccl_algo: str = setting(
+        "auto", help="NCCL algorithm of the training collectives, as NCCL_ALGO: auto (NCCL's tuner picks per "
+                     "op, size, group and topology: sim.engine.tuner; the default), ring, tree, nvls (NVLink SHARP, "
+                     "H100/H200 NVSwitch), nvls_tree or hierarchical; a collective the forced one cannot run "
+                     "keeps the tuner's choice", choices=NCCL_ALGOS)
+    nccl_protocol: str = setting(
+        "auto", help="NCCL protocol of the training collectives, as NCCL_PROTO: auto (the tuner's choice by size; "
+                     "the default), ll, ll128 or simple", choices=NCCL_PROTOCOLS)
     max_events: float = setting(
         DEFAULT_MAX_EVENTS, help="refuse a plan whose simulation would process more SimPy events than this, "
                                  f"estimated before anything is built (default {DEFAULT_MAX_EVENTS:.0e}, about half "

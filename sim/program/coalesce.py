@@ -29,12 +29,18 @@ from sim.program.costs import ring_time
 from sim.program.passes import Segment
 
 
-def isolated_tp_pricer(plan: ParallelPlan, topology: Topology,
-                       link_efficiency: dict[str, float]) -> Callable[[Segment], float] | None:
+def isolated_tp_pricer(plan: ParallelPlan, topology: Topology, link_efficiency: dict[str, float],
+                       alone: Callable[[str, tuple, float], float] | None = None) -> Callable[[Segment], float] | None:
     """The closed-form price of a tensor-parallel collective when TP traffic provably has
-    NVLink to itself (see the module doc), else None. The formula is
+    NVLink to itself (see the module doc), else None. Without ``nccl`` the formula is
     ``sim.program.costs.ring_time``; this function only decides whether it is exact and
-    reads α and B off the topology."""
+    reads α and B off the topology. With ``alone`` (``sim.engine.tuner.alone_time`` bound to
+    the run's topology and NCCL settings, ``nccl_algo``/``nccl_protocol``) each collective
+    is priced as the engine runs it alone: the algorithm and protocol NCCL's tuner picks
+    (or the forced one), the longest chain of latencies through its steps plus the most
+    loaded link's bytes over its capacity, which for a ring is ``ring_time`` (with the
+    protocol's α and β) and for NVLS ``costs.nvls_time`` (tests/test_nccl_training.py
+    checks both against the engine)."""
     if plan.tp < 2 or plan.world_size > topology.num_gpus:
         return None
     node = topology.node_of
@@ -50,12 +56,29 @@ def isolated_tp_pricer(plan: ParallelPlan, topology: Topology,
         return None
     if not _uniform_nvlink(plan, topology, topology.link(*route[0])):
         return None
+    if alone is not None:
+        return _nccl_pricer(tuple(plan.groups("tp")[0]), alone)
     alpha = topology.path_latency_s(a, b)
     bw = topology.bottleneck_Bps(a, b) * link_efficiency.get("nvlink", 1.0)
     n = plan.tp
 
     def price(seg: Segment) -> float:
         return ring_time(seg.op, seg.nbytes, n, alpha, bw)
+
+    return price
+
+
+def _nccl_pricer(group, alone: Callable[[str, tuple, float], float]) -> Callable[[Segment], float]:
+    """Each collective's time alone on its group, as ``alone(op, group, nbytes)`` gives it
+    (cached per op and size)."""
+    cache: dict[tuple, float] = {}
+
+    def price(seg: Segment) -> float:
+        key = (seg.op, seg.nbytes)
+        t = cache.get(key)
+        if t is None:
+            t = cache[key] = alone(seg.op, group, seg.nbytes)
+        return t
 
     return price
 

@@ -27,6 +27,23 @@ steps)
     all-reduce                 2(n−1)·(α + S/(n·B))
     all-gather, reduce-scatter  (n−1)·(α + S/(n·B))
 
+NCCL's other algorithms and protocols (``sim.engine.nccl``, ``sim.engine.algorithms_nccl``),
+which the simulator runs where NCCL's tuner picks them (``nccl_algo = "auto"``, the
+default) or where they are forced, have these uncontended times (``nvls_time``; the
+protocols scale α by hop_latency[p]/hop_latency[simple] and B by bandwidth_fraction[p]):
+
+    NVLS all-reduce            α_nvls + S·(n+1)/n / (B_line·nvls_efficiency)
+    NVLS all-gather, reduce-scatter  α_nvls + S / (B_line·nvls_efficiency)
+    tree all-reduce            2((g−1)α_intra + ⌊log2 N⌋α_inter) + busiest link's bytes / B
+
+The coalesced tensor-parallel collectives (``sim.program.coalesce``) are priced as the
+engine runs them, algorithm and protocol included. Where it does not agree: the analytic
+estimate (``sim.program.estimate``: ``trainsim estimate``, ``explain``) prices every
+collective as a Simple ring (``collective_time``), as NCCL_ALGO=ring NCCL_PROTO=simple
+would run it; with NVLS on an H100/H200 node its TP all-reduce time is ring/NVLS =
+2(n−1)/(n+1)·nvls_efficiency/(NVLink efficiency) times the simulator's for large S (the
+busbw ratio 480/370 ≈ 1.3 at n = 8 on H100).
+
 Optimizer step. Mixed-precision Adam (ZeRO, Rajbhandari et al. SC'20: a 16-bit weight
 and gradient and K = 12 bytes of fp32 weight, momentum and variance per parameter) is
 memory-bound: per local parameter it reads the 12 bytes of fp32 states and the 2-byte
@@ -133,6 +150,15 @@ def ring_time(collective: str, nbytes: float, ranks: int, latency_s: float, band
     ``all_reduce`` or ``allreduce`` alike), S = ``nbytes``, n = ``ranks``."""
     steps = _RING_FACTOR[collective] * (ranks - 1)
     return steps * (latency_s + nbytes / (ranks * bandwidth_Bps))
+
+
+def nvls_time(collective: str, nbytes: float, ranks: int, latency_s: float, line_Bps: float,
+              nvls_efficiency: float) -> float:
+    """NVLS (NVLink SHARP) inside one node, the switch-reduction closed form of the module
+    doc: α_nvls + S·k/(B_line·nvls_efficiency), k = (n+1)/n for an all-reduce, 1 for an
+    all-gather or a reduce-scatter (``sim.engine.algorithms_nccl``)."""
+    k = (ranks + 1) / ranks if _RING_FACTOR[collective] == 2 else 1.0
+    return latency_s + nbytes * k / (line_Bps * nvls_efficiency)
 
 
 def collective_time(collective: str, nbytes: float, ranks: int, kind: str,

@@ -128,7 +128,7 @@ def build_program(model: ModelSpec, plan: ParallelPlan, profile: HardwareProfile
                   schedule: Schedule | None = None, fidelity: str = "full",
                   gpus_per_node: int = 8, topology: Topology | None = None,
                   coalesce_tp: bool = True, max_events: float | None = DEFAULT_MAX_EVENTS,
-                  collective_model: str = "flows") -> tuple[Schedule, Program]:
+                  collective_model: str = "flows", nccl=None) -> tuple[Schedule, Program]:
     """The iteration program of ``plan``: every GPU's compute and communication.
 
     ``fidelity="reduced"`` simulates one GPU per pipeline stage (dp index 0, tp index
@@ -148,7 +148,7 @@ def build_program(model: ModelSpec, plan: ParallelPlan, profile: HardwareProfile
     plan.check_model(model)
     price = None
     if coalesce_tp and topology is not None:
-        price = isolated_tp_pricer(plan, topology, profile.link_efficiencies())
+        price = isolated_tp_pricer(plan, topology, profile.link_efficiencies(), nccl)  # nccl: op, group, bytes -> s
     check_size(model, plan, fidelity, max_events, topology, coalesced=price is not None if topology else None,
                collective_model=collective_model)
     if schedule is None:
