@@ -78,6 +78,10 @@ class ParallelPlan:
     sequence_parallel: bool = False
     """Megatron sequence parallelism: norms, dropout and residuals split over the tp group.
     A no-op when tp = 1 (as in Megatron-LM)."""
+    tp_comm_overlap: bool = False
+    """Overlap tensor-parallel all-gathers and reduce-scatters with the GEMMs beside them,
+    in tp chunks (Megatron-LM ``--tp-comm-overlap``, Transformer Engine's userbuffers;
+    needs sequence parallelism; ``sim.program.tp``)."""
     micro_batch_size: int = 1
     """Sequences per micro-batch per data-parallel replica (b)."""
     global_batch_size: int | None = None
@@ -139,8 +143,11 @@ class ParallelPlan:
         if self.global_batch_size is None:
             object.__setattr__(self, "global_batch_size", self.micro_batch_size * self.dp)
         _pos("global_batch_size", self.global_batch_size)
-        for f in ("sequence_parallel", "dp_overlap", "account_for_embedding", "account_for_loss"):
+        for f in ("sequence_parallel", "dp_overlap", "account_for_embedding", "account_for_loss", "tp_comm_overlap"):
             _bool(f, getattr(self, f))
+        require(not self.tp_comm_overlap or self.tp == 1 or self.sequence_parallel, "plan: tp_comm_overlap", True,
+                "it needs sequence_parallel (Megatron-LM's --tp-comm-overlap overlaps the sequence-parallel "
+                "all-gathers and reduce-scatters)")
         require(self.attention in ATTENTION, "plan: attention", self.attention, f"allowed: {', '.join(ATTENTION)}")
         require(self.recompute in RECOMPUTE, "plan: recompute", self.recompute,
                 f"allowed: {', '.join(RECOMPUTE)}")

@@ -110,7 +110,10 @@ def plan_from_settings(p: PlanSettings, gpus: int | None, model: ModelSpec) -> P
         depth = math.ceil(p.zero3_prefetch_bucket_size / layer_params_per_rank(model, tp))
     if depth is not None:
         require(depth >= 0, "--zero3-prefetch-depth", depth, "expected an integer >= 0")
+    require(not p.tp_comm_overlap or tp == 1 or p.sequence_parallel, "--tp-comm-overlap", True,
+            "needs --sequence-parallel (it overlaps the sequence-parallel all-gathers and reduce-scatters)")
     plan = ParallelPlan(dp=gpus // (tp * pp), tp=tp, pp=pp, vpp=vpp, sequence_parallel=p.sequence_parallel,
+                        tp_comm_overlap=p.tp_comm_overlap,
                         micro_batch_size=p.micro_batch_size, global_batch_size=p.global_batch_size,
                         recompute=p.recompute_granularity, attention=p.attention, zero_stage=p.zero,
                         schedule=schedule,

@@ -208,6 +208,9 @@ class PlanSettings:
                                               "(default tp-pp-dp; Megatron-LM's order is tp-dp-pp)")
     sequence_parallel: bool = setting(False, help="Megatron-LM sequence parallelism in the tensor-parallel group",
                                       kind="switch")
+    tp_comm_overlap: bool = setting(False, help="overlap tensor-parallel all-gathers and reduce-scatters with the "
+                                    "GEMMs beside them, in tp chunks (Megatron-LM/Transformer Engine; needs "
+                                    "--sequence-parallel)", kind="switch")
     micro_batch_size: int = setting(1, help="sequences per micro-batch (default 1)", type=POSITIVE_INT)
     global_batch_size: int | None = setting(help="default micro-batch size x data-parallel size", type=POSITIVE_INT)
     recompute_granularity: str = setting("none", help="activation recomputation in backward (default none)",

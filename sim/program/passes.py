@@ -32,27 +32,15 @@ dependencies on a step mean "the step is complete".
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass
 from functools import partial
 from itertools import repeat
 from typing import Callable
 
 from sim.program.actions import Action, Program, with_peer
+from sim.program.tp import Segment, add_tp_collectives  # noqa: F401 (the pass, re-exported)
 
 
 consume = partial(deque, maxlen=0)  # runs an iterator (a map of a setter) to its end
-
-
-@dataclass(frozen=True)
-class Segment:
-    """A piece of a step: a compute stretch of one layer, or a tensor-parallel collective."""
-
-    kind: str  # "compute", "collective", or "comm" (a collective priced outside the network)
-    duration_s: float = 0.0
-    flops: float = 0.0
-    op: str = ""  # allreduce / allgather / reducescatter
-    nbytes: float = 0.0
-    layer: int | None = None
 
 
 def replicate(prog: Program, world_size: int, coords: Callable[[int], tuple], rank_of: Callable[..., int],
@@ -173,58 +161,6 @@ def expand(template: Program, world_size: int, rep_of: Callable[[int], int], mov
     # they all name simulated ranks or shadows, so the copy is as valid as the template.
     prog.checked = keep is None
     return prog
-
-
-def add_tp_collectives(prog: Program, segments: Callable[[int, Action], list[Segment] | None],
-                       tp_group: Callable[[int], tuple[int, ...]]) -> Program:
-    """Expand each action for which ``segments(rank, action)`` returns a list into a chain
-    of compute segments and collectives over the rank's tp group, all on the action's
-    stream: as in Megatron-LM, tensor-parallel NCCL kernels run on the compute stream and
-    block it. The first piece takes the action's deps; the last takes its name. A
-    ``comm`` piece (a collective priced outside the network) carries its ``group``: the
-    engine starts it when every simulated member of the group can start its own."""
-    out: dict[int, list[Action]] = {}
-    shared: dict[tuple, list[Action]] = {}  # tensor-parallel peers build the same pieces
-    for r, acts in prog.actions.items():
-        group = tp_group(r)
-        new: list[Action] = []
-        for a in acts:
-            segs = segments(r, a)
-            if not segs:
-                new.append(a)
-                continue
-            key = (group, a.name, a.stream, a.category, tuple(segs))
-            pieces = shared.get(key)
-            if pieces is not None:  # the same after the first piece, which takes the action's deps
-                new.append(pieces[0].evolve(deps=a.deps))
-                new.extend(pieces[1:])
-                continue
-            start = len(new)
-            prev = None
-            for i, s in enumerate(segs):
-                last = i == len(segs) - 1
-                name = a.name if last else f"{a.name}.{i}"
-                deps = a.deps if prev is None else (prev,)
-                if s.kind == "collective":
-                    if len(group) < 2:
-                        continue
-                    new.append(Action.new(name, kind="collective", op=s.op, group=group, nbytes=s.nbytes,
-                                      category="tp", deps=deps, stream=a.stream, layer=s.layer))
-                elif s.kind == "comm":
-                    if len(group) < 2:
-                        continue
-                    new.append(Action.new(name, kind="comm", op=s.op, duration_s=s.duration_s, nbytes=s.nbytes,
-                                          group=group, category="tp", deps=deps, stream=a.stream, layer=s.layer))
-                else:
-                    new.append(Action.new(name, duration_s=s.duration_s, flops=s.flops, category=a.category,
-                                      stream=a.stream, deps=deps, layer=s.layer))
-                prev = name
-            if prev != a.name:  # a trailing collective was dropped (tp = 1): rename the last piece
-                new[-1] = new[-1].evolve(name=a.name)
-            if len(group) > 1:
-                shared[key] = new[start:]
-        out[r] = new
-    return prog.with_actions(out)
 
 
 def add_p2p(prog: Program, nbytes: Callable[[Action], float]) -> Program:

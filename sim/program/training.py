@@ -43,6 +43,7 @@ from sim.program.schedule_io import validate
 from sim.program.schedules import Schedule, Step, build_schedule, to_program
 from sim.inputs.topology import Topology
 from sim.program.workload import Comm, chunk_work, p2p_bytes
+from sim.program.tp import overlapped_layer
 
 _COLLECTIVE = {"all_reduce": "allreduce", "all_gather": "allgather", "reduce_scatter": "reducescatter"}
 PIPELINE_KINDS = ("F", "B", "I", "W")
@@ -90,6 +91,11 @@ class _Segments:
             parts = [(lid, w.phase("W")) for lid, w in reversed(seq)]
         segs: list[passes.Segment] = []
         for lid, items in parts:
+            if self.plan.tp_comm_overlap and self.plan.tp > 1:
+                segs += overlapped_layer(items, lid, lambda op: op_time(op, self.profile), self.plan.tp,
+                                         lambda it: isinstance(it, Comm), lambda c: _COLLECTIVE[c.collective],
+                                         base=len(segs))
+                continue
             dur = flops = 0.0
             for it in items:
                 if isinstance(it, Comm):
@@ -147,7 +153,7 @@ def build_program(model: ModelSpec, plan: ParallelPlan, profile: HardwareProfile
         raise InputError(f"fidelity: got {fidelity!r}; allowed: {', '.join(FIDELITIES)}")
     plan.check_model(model)
     price = None
-    if coalesce_tp and topology is not None:
+    if coalesce_tp and topology is not None and not plan.tp_comm_overlap:  # (overlapped chunks: not a chain)
         price = isolated_tp_pricer(plan, topology, profile.link_efficiencies(), nccl)  # nccl: op, group, bytes -> s
     check_size(model, plan, fidelity, max_events, topology, coalesced=price is not None if topology else None,
                collective_model=collective_model)

@@ -1,0 +1,214 @@
+"""Tensor-parallel pieces of a step: compute segments and the collectives between them,
+and their overlap with the GEMMs beside them (``--tp-comm-overlap``).
+
+Without overlap (Megatron-LM's default) each step is a chain on the compute stream:
+compute, collective, compute, ...; the NCCL kernels block the compute that follows.
+
+With ``tp_comm_overlap`` (Megatron-LM ``--tp-comm-overlap``, Transformer Engine's
+userbuffers; it needs sequence parallelism), each sequence-parallel all-gather is
+overlapped with the GEMM that consumes it, and each reduce-scatter with the GEMM that
+produces it, by cutting both into ``tp`` chunks along the tokens (TE's ring-exchange
+all-gather and split-pipelined reduce-scatter):
+
+- all-gather then GEMM: chunk i of the GEMM waits for chunk i of the gather, which runs
+  on a stream of its own (``TP_COMM_STREAM``) while chunk i − 1 computes;
+- GEMM then reduce-scatter: chunk i of the scatter waits for chunk i of the GEMM and runs
+  while chunk i + 1 computes; what follows the scatter waits for its last chunk;
+- the all-gather of a weight gradient's input (it needs nothing of the backward step) is
+  issued whole at the start of the layer's backward, beside the input-gradient GEMMs, and
+  the weight-gradient GEMM waits for it (TE's bulk overlap).
+
+So a pair takes about max(GEMM, collective) plus one chunk of the other, instead of their
+sum; the engine slows the GEMM chunks that overlap a chunk in flight
+(``overlap_compute_slowdown``: the NCCL kernels share the SMs). Each chunk is a
+collective of 1/tp of the bytes, priced by the network like any other (so it pays the
+collective's latency per chunk, where TE's ring exchange pays one hop per chunk: a few
+microseconds more per chunk on NVLink). Each GEMM chunk is priced at its own shape (the
+tokens cut in tp: fewer rows for forward and input-gradient GEMMs, a shorter reduction
+for weight gradients), with its own launch. All-reduces (no sequence parallelism) and
+collectives with no GEMM beside them are not overlapped.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Callable
+
+from sim.program.actions import Action, Program
+
+TP_COMM_STREAM = "tp-comm"
+"""The stream overlapped tensor-parallel chunks run on (Transformer Engine's userbuffers
+communicate on their own CUDA stream)."""
+
+
+@dataclass(frozen=True)
+class Segment:
+    """A piece of a step: a compute stretch of one layer, or a tensor-parallel collective."""
+
+    kind: str  # "compute", "collective", or "comm" (a collective priced outside the network)
+    duration_s: float = 0.0
+    flops: float = 0.0
+    op: str = ""  # allreduce / allgather / reducescatter
+    nbytes: float = 0.0
+    layer: int | None = None
+    side: bool = False
+    """Runs on ``TP_COMM_STREAM`` beside the step's stream (an overlapped chunk)."""
+    waits: tuple[int, ...] = ()
+    """Earlier segments of the same step (by position) it waits for, besides the one before
+    it on its own stream."""
+
+
+def overlapped_layer(items, layer, time_of: Callable, tp: int, is_comm: Callable, op_of: Callable,
+                     base: int = 0) -> list[Segment]:
+    """One layer's ``items`` (ops and collectives of one phase, in order) as segments with
+    each all-gather → GEMM and GEMM → reduce-scatter pair cut into ``tp`` overlapped chunks
+    (see the module doc). ``time_of(op)`` prices an op, ``is_comm(item)`` tells a collective,
+    ``op_of(comm)`` its engine op (allgather, reducescatter, allreduce). ``base``: how many
+    segments of the step come before these (``Segment.waits`` counts in the whole step)."""
+    out: list[Segment] = []
+    dur = flops = 0.0
+    pending: list[int] = []  # side chunks the next piece on the main stream must wait for
+    last_main = base - 1  # the step's latest piece on its own stream (a layer ends on it)
+
+    def main(seg: Segment) -> None:
+        nonlocal pending, last_main
+        if pending:
+            seg = replace(seg, waits=seg.waits + (pending[-1],))
+            pending = []
+        last_main = base + len(out)
+        out.append(seg)
+
+    def flush() -> None:
+        nonlocal dur, flops
+        if dur:
+            main(Segment("compute", dur, flops, layer=layer))
+            dur = flops = 0.0
+
+    def gemm(it) -> bool:
+        return it is not None and not is_comm(it) and it.kind == "gemm"
+
+    n = len(items)
+    # A weight gradient's input all-gather needs nothing of this step: it goes first, whole,
+    # beside the input-gradient GEMMs (Transformer Engine's bulk overlap).
+    bulk: dict[int, int] = {}
+    for i, it in enumerate(items):
+        nxt = items[i + 1] if i + 1 < n else None
+        if is_comm(it) and op_of(it) == "allgather" and gemm(nxt) and nxt.name.endswith("wgrad"):
+            bulk[i] = base + len(out)
+            out.append(Segment("collective", op="allgather", nbytes=it.nbytes, layer=layer, side=True))
+    i = 0
+    while i < n:
+        it = items[i]
+        nxt = items[i + 1] if i + 1 < n else None
+        if i in bulk:
+            flush()
+            main(Segment("compute", time_of(nxt), nxt.flops, layer=layer, waits=(bulk[i],)))
+            i += 2
+            continue
+        if is_comm(it) and op_of(it) == "allgather" and gemm(nxt):
+            flush()
+            chunk = _chunk(nxt, tp)
+            t = time_of(chunk)
+            before = (last_main,) if last_main >= 0 else ()  # the gather's input: what the stream made last
+            for c in range(tp):
+                out.append(Segment("collective", op="allgather", nbytes=it.nbytes / tp, layer=layer, side=True,
+                                   waits=before if c == 0 else ()))
+                main(Segment("compute", t, chunk.flops, layer=layer, waits=(base + len(out) - 1,)))
+            i += 2
+            continue
+        if gemm(it) and nxt is not None and is_comm(nxt) and op_of(nxt) == "reducescatter":
+            flush()
+            chunk = _chunk(it, tp)
+            t = time_of(chunk)
+            for c in range(tp):
+                main(Segment("compute", t, chunk.flops, layer=layer))
+                out.append(Segment("collective", op="reducescatter", nbytes=nxt.nbytes / tp, layer=layer,
+                                   side=True, waits=(base + len(out) - 1,)))
+            pending = [base + len(out) - 1]
+            i += 2
+            continue
+        if is_comm(it):
+            flush()
+            main(Segment("collective", op=op_of(it), nbytes=it.nbytes, layer=layer))
+        else:
+            dur += time_of(it)
+            flops += it.flops
+        i += 1
+    flush()
+    if pending or not out or out[-1].side:  # the layer ends on its own stream, after every chunk
+        main(Segment("compute", 0.0, 0.0, layer=layer))
+    return out
+
+
+def _chunk(op, parts: int):
+    """One of ``parts`` equal pieces of GEMM ``op`` cut along the tokens: the rows (m) of
+    a forward or input-gradient GEMM, the reduction (k) of a weight gradient."""
+    m, n, k = op.shape
+    shape = (m, n, max(1, k // parts)) if op.name.endswith("wgrad") else (max(1, m // parts), n, k)
+    return replace(op, flops=op.flops / parts, bytes_read=op.bytes_read / parts,
+                   bytes_written=op.bytes_written / parts, output_bytes=op.output_bytes / parts, shape=shape)
+
+
+def add_tp_collectives(prog: Program, segments: Callable[[int, Action], list[Segment] | None],
+                       tp_group: Callable[[int], tuple[int, ...]]) -> Program:
+    """Expand each action for which ``segments(rank, action)`` returns a list into its
+    compute segments and collectives over the rank's tp group, on the action's stream: as
+    in Megatron-LM, tensor-parallel NCCL kernels run on the compute stream and block it.
+    Overlapped chunks (``Segment.side``) run on ``TP_COMM_STREAM`` instead. A piece waits
+    for the one before it on its stream (the first on each stream takes the action's
+    deps) and for its ``waits``; the last piece takes the action's name. A ``comm`` piece
+    (a collective priced outside the network) carries its ``group``: the engine starts it
+    when every simulated member of the group can start its own."""
+    out: dict[int, list[Action]] = {}
+    shared: dict[tuple, tuple[list[Action], tuple[int, ...]]] = {}  # tensor-parallel peers build the same pieces
+    for r, acts in prog.actions.items():
+        group = tp_group(r)
+        new: list[Action] = []
+        for a in acts:
+            segs = segments(r, a)
+            if not segs:
+                new.append(a)
+                continue
+            key = (group, a.name, a.stream, a.category, tuple(segs))
+            got = shared.get(key)
+            if got is not None:  # the same but for the pieces that take the action's deps
+                pieces, firsts = got
+                new.extend(p.evolve(deps=a.deps) if k in firsts else p for k, p in enumerate(pieces))
+                continue
+            pieces, firsts = _pieces(a, segs, group)
+            if pieces[-1].name != a.name:  # a trailing collective was dropped (tp = 1): rename the last piece
+                pieces[-1] = pieces[-1].evolve(name=a.name)
+            if len(group) > 1:
+                shared[key] = (pieces, firsts)
+            new.extend(pieces)
+        out[r] = new
+    return prog.with_actions(out)
+
+
+def _pieces(a: Action, segs, group: tuple) -> tuple[list[Action], tuple[int, ...]]:
+    """Action ``a``'s pieces, and the positions of those that took ``a``'s deps."""
+    pieces: list[Action] = []
+    firsts: list[int] = []
+    name_of: dict[int, str] = {}
+    last_on: dict[bool, str] = {}
+    for i, s in enumerate(segs):
+        if s.kind in ("collective", "comm") and len(group) < 2:
+            continue
+        name = a.name if i == len(segs) - 1 else f"{a.name}.{i}"
+        prev = last_on.get(s.side)
+        deps = (a.deps if prev is None else (prev,)) + tuple(name_of[j] for j in s.waits if j in name_of)
+        if prev is None:
+            firsts.append(len(pieces))
+        stream = TP_COMM_STREAM if s.side else a.stream
+        if s.kind == "collective":
+            act = Action.new(name, kind="collective", op=s.op, group=group, nbytes=s.nbytes, category="tp",
+                             deps=deps, stream=stream, layer=s.layer)
+        elif s.kind == "comm":
+            act = Action.new(name, kind="comm", op=s.op, duration_s=s.duration_s, nbytes=s.nbytes, group=group,
+                             category="tp", deps=deps, stream=stream, layer=s.layer)
+        else:
+            act = Action.new(name, duration_s=s.duration_s, flops=s.flops, category=a.category, stream=stream,
+                             deps=deps, layer=s.layer)
+        pieces.append(act)
+        name_of[i] = last_on[s.side] = name
+    return pieces, tuple(firsts)

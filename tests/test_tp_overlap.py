@@ -1,0 +1,109 @@
+"""Tensor-parallel communication overlapped with GEMMs (``--tp-comm-overlap``,
+``sim.program.tp``): hand-computed timelines of the chunk pipelines, and what a training
+step gains and never beats."""
+
+import contextlib
+import io
+
+import pytest
+
+import sim
+from sim.cli import main
+from sim.engine.core import simulate
+from sim.program.actions import Action, Program
+from sim.program.tp import TP_COMM_STREAM, add_tp_collectives, overlapped_layer
+from sim.program.workload import Comm, Op
+
+OPS = {"all_gather": "allgather", "reduce_scatter": "reducescatter", "all_reduce": "allreduce"}
+
+
+def _gemm(name, flops, shape=(4, 2, 2)):
+    return Op(name, "F", "gemm", float(flops), 0.0, 0.0, 0.0, shape)
+
+
+def _memory(name, flops):
+    return Op(name, "F", "memory", float(flops), 0.0, 0.0, 0.0)
+
+
+def _run(items, star, tp=2):
+    """The items as one step on each of ``tp`` ranks, an op taking its FLOPs in seconds,
+    on a star of 1 B/s links (a collective of S bytes over 2 ranks: S/2 s)."""
+    segs = overlapped_layer(items, 0, lambda op: op.flops, tp, lambda it: isinstance(it, Comm),
+                            lambda c: OPS[c.collective])
+    prog = Program({r: [Action("0F0", category="F")] for r in range(tp)})
+    out = add_tp_collectives(prog, lambda r, a: segs, lambda r: tuple(range(tp)))
+    return simulate(out, star([1.0] * tp))
+
+
+def _spans(trace, rank=0, stream=None):
+    """(stream, start, end) of a rank's spans, times to 1e-9 s."""
+    return sorted((s.stream, round(s.start_s, 9), round(s.end_s, 9)) for s in trace.spans
+                  if s.rank == rank and stream in (None, s.stream))
+
+
+def test_all_gather_chunks_feed_the_gemm_chunks(make_star):
+    # norm 1 s; gather 8 B in 2 chunks of 4 B (2 s each); GEMM 12 s in 2 chunks of 6 s.
+    # Chunk 0 of the gather waits for the norm, GEMM chunk i for gather chunk i:
+    # norm [0,1], gather0 [1,3], gemm0 [3,9] beside gather1 [3,5], gemm1 [9,15].
+    items = [_memory("attn.norm", 1), Comm("attn.all_gather", "F", "all_gather", 8.0), _gemm("attn.qkv", 12)]
+    tr = _run(items, make_star)
+    assert tr.end_s == pytest.approx(15.0)
+    assert _spans(tr) == [("compute", 0.0, 1.0), ("compute", 3.0, 9.0), ("compute", 9.0, 15.0),
+                          (TP_COMM_STREAM, 1.0, 3.0), (TP_COMM_STREAM, 3.0, 5.0)]
+    # Without overlap the same step is the chain 1 + 4 + 12 = 17 s.
+    assert 1 + 8 / 2 + 12 == 17 > tr.end_s
+
+
+def test_reduce_scatter_chunks_follow_the_gemm_chunks(make_star):
+    # GEMM 12 s in 2 chunks; scatter 8 B in 2 chunks of 4 B (2 s); residual 1 s after the
+    # last chunk: gemm0 [0,6], rs0 [6,8] beside gemm1 [6,12], rs1 [12,14], residual [14,15].
+    items = [_gemm("attn.proj", 12), Comm("attn.reduce_scatter", "F", "reduce_scatter", 8.0),
+             _memory("attn.residual", 1)]
+    tr = _run(items, make_star)
+    assert tr.end_s == pytest.approx(15.0)
+    assert _spans(tr, stream=TP_COMM_STREAM) == [(TP_COMM_STREAM, 6.0, 8.0), (TP_COMM_STREAM, 12.0, 14.0)]
+
+
+def test_weight_gradient_gather_runs_whole_beside_the_input_gradient(make_star):
+    # The gather of the wgrad's input (8 B: 4 s) starts with the step, beside the dgrad
+    # GEMM (6 s); the wgrad (4 s) waits for both: 6 + 4 = 10 s instead of 6 + 4 + 4.
+    items = [_gemm("mlp.up.dgrad", 6), Comm("mlp.up.all_gather.input", "W", "all_gather", 8.0),
+             _gemm("mlp.up.wgrad", 4)]
+    tr = _run(items, make_star)
+    assert tr.end_s == pytest.approx(10.0)
+    assert _spans(tr, stream=TP_COMM_STREAM) == [(TP_COMM_STREAM, 0.0, 4.0)]
+
+
+def test_all_reduce_is_not_overlapped(make_star):
+    items = [_gemm("attn.proj", 2), Comm("attn.all_reduce", "F", "all_reduce", 4.0), _memory("attn.residual", 1)]
+    tr = _run(items, make_star)
+    # A chain: GEMM 2 s, all-reduce of 4 B over 2 ranks (2(n-1) steps of S/n: 2 x 2 s), residual 1 s.
+    assert tr.end_s == pytest.approx(2 + 4 + 1)
+    assert not any(s.stream == TP_COMM_STREAM for s in tr.spans)
+
+
+_SMALL_175B = dict(num_layers=8, hidden_size=12288, num_attention_heads=96, vocab_size=51200, seq_length=4096,
+                   gpus=16, tensor_model_parallel_size=8, pipeline_model_parallel_size=2, global_batch_size=8,
+                   sequence_parallel=True, gpu="h100-sxm")
+
+
+def test_overlap_hides_tp_time_and_never_beats_the_compute_bound():
+    off = sim.run(**_SMALL_175B, fidelity="full")
+    on = sim.run(**_SMALL_175B, tp_comm_overlap=True, fidelity="full")
+    assert on.summary["exposed_comm_s"]["tp"] < 0.5 * off.summary["exposed_comm_s"]["tp"]
+    for run in (on, off):  # no rank finishes before its own compute is done
+        for r in {s.rank for s in run.trace.spans}:
+            busy = sum(s.end_s - s.start_s for s in run.trace.spans if s.rank == r and s.stream == "compute")
+            assert run.iteration_time_s >= busy
+    reduced = sim.run(**_SMALL_175B, tp_comm_overlap=True, fidelity="reduced")
+    assert reduced.iteration_time_s == pytest.approx(on.iteration_time_s, rel=0.01)
+
+
+def test_tp_comm_overlap_needs_sequence_parallel():
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+        code = main(["run", "--model", "llama2-7b", "--gpu", "h100-sxm", "--gpus", "8",
+                     "--tensor-model-parallel-size", "8", "--tp-comm-overlap"])
+    assert code == 2
+    lines = err.getvalue().strip().splitlines()
+    assert len(lines) == 1 and "--tp-comm-overlap: got True; needs --sequence-parallel" in lines[0]
