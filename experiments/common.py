@@ -112,12 +112,13 @@ def one_nic_per_ring_cluster(node: str, nodes: int):
 
 
 # ----------------------------------------------------------------- simulation
-def run_summary(model, plan, profile, topology, fidelity: str = "auto", keep_run: bool = False):
-    """Simulate one iteration and return ``trainsim run --json``'s summary (and the run)."""
+def run_summary(model, plan, profile, topology, fidelity: str = "auto", keep_run: bool = False, **nccl):
+    """Simulate one iteration and return ``trainsim run --json``'s summary (and the run);
+    ``nccl``: ``nccl_algo``, ``nccl_protocol`` (default auto, as ``trainsim run``)."""
     from sim.session import summarize
     from sim.session import simulate_training
 
-    run = simulate_training(model, plan, profile, topology, fidelity=fidelity)
+    run = simulate_training(model, plan, profile, topology, fidelity=fidelity, **nccl)
     s = summarize(run)
     return (s, run) if keep_run else s
 

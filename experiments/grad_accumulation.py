@@ -51,7 +51,8 @@ def closed_bytes_per_sample(zero: int, k: int) -> float:
 def simulate_point(point) -> dict:
     fabric, zero, k = point
     plan = ParallelPlan(dp=GPUS, micro_batch_size=MICRO, global_batch_size=GPUS * MICRO * k, zero_stage=zero)
-    s, run = run_summary(MODEL, plan, load_profile(PROFILE), cluster(fabric), fidelity="reduced", keep_run=True)
+    s, run = run_summary(MODEL, plan, load_profile(PROFILE), cluster(fabric), fidelity="reduced", keep_run=True,
+                         nccl_algo="ring", nccl_protocol="simple")  # (the ring closed forms checked here)
     sent = sum(t.nbytes for t in run.trace.transfers if t.src == 0 and t.label.split()[0] in ("dp", "zero"))
     samples_per_gpu = MICRO * k
     return {"fabric": fabric, "zero": zero, "k": k, "global_batch": plan.global_batch_size,

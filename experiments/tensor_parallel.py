@@ -79,7 +79,8 @@ def simulate_point(point) -> dict:
     model = model_for(quick)
     profile = load_profile(PROFILE)
     plan = ParallelPlan(tp=tp, micro_batch_size=mb, global_batch_size=mb * m)
-    s, run = run_summary(model, plan, profile, topology(fabric, tp), fidelity="reduced", keep_run=True)
+    s, run = run_summary(model, plan, profile, topology(fabric, tp), fidelity="reduced", keep_run=True,
+                         nccl_algo="ring", nccl_protocol="simple")  # (the ring closed forms checked here)
     tokens = plan.global_batch_size * model.seq_length
     return {"fabric": fabric, "tp": tp, "micro_batch": mb, "m": m, "model": model.name,
             "iteration_s": s["iteration_time_s"], "compute_s": s["compute_s"],
