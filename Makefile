@@ -55,4 +55,5 @@ experiments: $(VENV)/.installed
 	$(BIN)/python experiments/grad_accumulation.py
 	$(BIN)/python experiments/megatron_table2.py
 	$(BIN)/python experiments/stage_imbalance.py
+	$(BIN)/python experiments/nccl_algorithms.py
 	$(BIN)/python experiments/report.py
