@@ -22,6 +22,16 @@ gathers), else ``ranks=``. ``fit_link`` fits α-β with the ring closed forms
 (``sim.calibrate.fit``) and ``link_model`` turns the fit into a profile's ``LinkModel``.
 A missing footer is noted (``complete`` false), a file cut inside a row is an error
 naming the line.
+
+Which algorithm and protocol ran: a log run with ``NCCL_ALGO`` / ``NCCL_PROTO`` says so in
+NCCL's own INFO line (``NCCL INFO NCCL_ALGO set by environment to Tree``, with
+``NCCL_DEBUG=INFO``) or in an environment line of the log or its header
+(``NCCL_ALGO=NVLS``, ``-x NCCL_PROTO=Simple``); ``algo`` and ``protocol`` carry them in
+trainsim's names (None: not said, the tuner chose). NCCL's names Ring, Tree, NVLS,
+NVLSTree map to ring, tree, nvls, nvls_tree; a list (``Ring,Tree``) or a ``^`` exclusion
+leaves the choice to the tuner (None); CollNet and PAT are not modelled (an error).
+``sim.calibrate.nccl_tests_algos`` fits the parameters that belong to the algorithm a
+log names (``nvls_efficiency`` and ``nvls_latency_s`` from NVLS logs).
 """
 
 from __future__ import annotations
@@ -54,6 +64,31 @@ class NcclTestsResult:
     complete: bool = True
     """False when the footer (``# Avg bus bandwidth``) is missing: the run may have been cut short."""
     source: str = ""
+    algo: str | None = None
+    """The algorithm the log says ran (NCCL_ALGO, in trainsim's names), or None."""
+    protocol: str | None = None
+    """The protocol the log says ran (NCCL_PROTO: ll, ll128, simple), or None."""
+
+
+_NCCL_ALGOS = {"ring": "ring", "tree": "tree", "nvls": "nvls", "nvlstree": "nvls_tree", "nvls_tree": "nvls_tree"}
+_NCCL_PROTOS = {"ll": "ll", "ll128": "ll128", "simple": "simple"}
+_ENV = re.compile(r"\b(NCCL_ALGO|NCCL_PROTO)(?:\s*=\s*|\s+set by environment to\s+)([\^A-Za-z0-9_,]+)")
+
+
+def _env_setting(line: str, found: dict, where: str, lineno: int) -> None:
+    """NCCL_ALGO / NCCL_PROTO named on ``line`` into ``found`` (trainsim's names)."""
+    for key, value in _ENV.findall(line):
+        table = _NCCL_ALGOS if key == "NCCL_ALGO" else _NCCL_PROTOS
+        v = value.strip().lower()
+        if "," in v or v.startswith("^"):
+            found[key] = None  # a list or an exclusion: the tuner still chooses
+            continue
+        if v not in table:
+            allowed = "Ring, Tree, NVLS, NVLSTree" if key == "NCCL_ALGO" else "LL, LL128, Simple"
+            raise InputError(f"{where}: line {lineno}: {key}: got {value!r}; allowed: {allowed} (CollNet and PAT "
+                             "are not modelled)" if key == "NCCL_ALGO" else
+                             f"{where}: line {lineno}: {key}: got {value!r}; allowed: {allowed}")
+        found[key] = table[v]
 
 
 def _op_from(text: str) -> str | None:
@@ -88,11 +123,13 @@ def _ranks_from_ratio(op: str, rows: list) -> int | None:
 
 
 def parse_text(text: str, where: str = "log", op: str | None = None, ranks: int | None = None) -> NcclTestsResult:
-    header, rows, rank_ids, avg, found_op = None, [], set(), None, None
+    header, rows, rank_ids, avg, found_op, env = None, [], set(), None, None, {}
     for lineno, raw in enumerate(text.splitlines(), 1):
         line = raw.strip()
         if not line:
             continue
+        if "NCCL_ALGO" in line or "NCCL_PROTO" in line:
+            _env_setting(line, env, where, lineno)
         if line.startswith("#"):
             body = line.lstrip("#").strip()
             toks = body.split()
@@ -124,7 +161,7 @@ def parse_text(text: str, where: str = "log", op: str | None = None, ranks: int 
         raise InputError(f"{where}: op: cannot tell which collective this is; give op (allowed: "
                          f"{', '.join(sorted(set(_OPS.values())))})")
     n = ranks or (len(rank_ids) if len(rank_ids) > 1 else None) or _ranks_from_ratio(op, rows)
-    return NcclTestsResult(op, n, rows, avg, avg is not None, where)
+    return NcclTestsResult(op, n, rows, avg, avg is not None, where, env.get("NCCL_ALGO"), env.get("NCCL_PROTO"))
 
 
 def _avg(text: str) -> float | None:
@@ -317,7 +354,6 @@ def apply_to_profile(profile: HardwareProfile, kind: str, fit: dict, sources: li
             f"{f' over {links_per_rank} links per rank' if links_per_rank > 1 else ''}, "
             f"RMS error {fit['rms_rel_error']:.1%}; {how}")
     return replace(profile, links={**profile.links, kind: model}, sources={**profile.sources, f"links.{kind}": text})
-
 
 
 def to_text(records, op: str, ranks: int, program: str = "") -> str:
