@@ -34,6 +34,7 @@ EXPERIMENTS = [
     ("grad_accumulation", "Gradient accumulation"),
     ("megatron_table2", "Megatron-LM Table 2: PTD-P vs ZeRO-3"),
     ("stage_imbalance", "Pipeline stage imbalance"),
+    ("nccl_algorithms", "NCCL algorithms: all-reduce busbw by algorithm and size"),
 ]
 
 SEED_CLAIMS = [

@@ -12,7 +12,7 @@ EXPERIMENTS = Path(__file__).resolve().parent.parent / "experiments"
 sys.path.insert(0, str(EXPERIMENTS))
 
 NAMES = ("pipeline_bubble", "allreduce_scaling", "tensor_parallel", "zero_stages", "gpt3_3d",
-         "grad_accumulation", "megatron_table2", "stage_imbalance")
+         "grad_accumulation", "megatron_table2", "stage_imbalance", "nccl_algorithms")
 
 
 @pytest.fixture(scope="module")
@@ -260,6 +260,18 @@ def test_stage_imbalance_suggests_the_fastest_split_that_fits(out_root):
     msg = stage_imbalance.memory_verdict(b, f, even)
     assert "fastest-but-oom" in msg and "does not fit" in msg and f"{oom['peak_gb']:.1f} GB" in msg
     assert f"{oom['capacity_gb']:.1f} GB" in msg and b["split"] in msg
+
+
+def test_nccl_algorithms_auto_takes_the_fastest_at_large_sizes(out_root):
+    # At the largest size latency no longer matters: the tuner's pick (its estimate from the
+    # same steps) must be the algorithm the simulation finds fastest, and NVLS on one H100
+    # node must reach REFERENCE.md's ~480 GB/s plateau (ring ~370).
+    res = _run("nccl_algorithms", out_root)
+    for cluster, by_algo in res["busbw_at_largest_GBps"].items():
+        best = max(v for k, v in by_algo.items() if k != "auto")
+        assert by_algo["auto"] == pytest.approx(best, rel=0.01), cluster
+    one_node = res["busbw_at_largest_GBps"]["8 H100, one node"]
+    assert one_node["nvls"] == pytest.approx(480, rel=0.05) and one_node["ring"] == pytest.approx(370, rel=0.05)
 
 
 def test_report_has_every_section_and_picture(out_root):
