@@ -168,6 +168,16 @@ class Collectives:
                                                                 min(net.capacity[i] for i in ids), [0.0]))
             else:
                 r = route(st.src, st.dst)
+                if not st.nvls:  # (transfer_cost's arithmetic, from the route the network keeps: no graph lookups)
+                    lat = r[1] * st.latency_steps
+                    if protocol != "simple":
+                        medium = "ib" if r[2] in ("ib", "ethernet") else "nvlink"
+                        lat *= self.nccl.latency_ratio(protocol, medium)
+                        nbytes = st.nbytes / self.nccl.fraction(protocol)
+                    else:
+                        nbytes = st.nbytes
+                    args.append(((r[0], lat, r[2], r[3], r[4]), st.src, st.dst, nbytes, st.label, 1))
+                    continue
             lat, nbytes, _ = transfer_cost(st, topo, eff, self.nccl, protocol)
             args.append(((r[0], lat, r[2], r[3], r[4]), st.src, st.dst, nbytes, st.label, 1))
         return args
