@@ -203,9 +203,10 @@ class Topology:
         key = (ra, rb)
         if key not in self._hops:
             try:
-                self._hops[key] = len(nx.bidirectional_shortest_path(self._core_graph(), ra, rb)) - 1
+                n = len(nx.bidirectional_shortest_path(self._core_graph(), ra, rb)) - 1
             except nx.NetworkXNoPath:
-                self._hops[key] = None
+                n = None
+            self._hops[key] = self._hops[(rb, ra)] = n  # (links go both ways: the way back is as long)
         n = self._hops[key]
         return None if n is None else n + (ra != a) + (rb != b)
 
