@@ -11,17 +11,21 @@ def _log(trace):
     return [(s.rank, s.stream, s.name, s.start_s, s.end_s) for s in trace.spans]
 
 
-def test_exact_timeline_of_a_tiny_two_stage_program(make_star):
-    # Rank 0 computes F0 (2 s), sends 10 B to rank 1 at 10 B/s (1 s, no latency) while
-    # computing F1 (2 s); rank 1 computes G0 (3 s) after the data arrives.
-    t = make_star([10.0, 10.0])
-    prog = Program({
+def _two_stage() -> Program:
+    """Rank 0: F0 (2 s), a 10 B send to rank 1 after it, F1 (2 s); rank 1: G0 (3 s) after the receive."""
+    return Program({
         0: [Action("F0", duration_s=2.0),
             Action("s0", kind="send", peer=1, nbytes=10, deps=("F0",)),
             Action("F1", duration_s=2.0)],
         1: [Action("r0", kind="recv", peer=0, nbytes=10),
             Action("G0", duration_s=3.0, deps=("r0",))],
     })
+
+
+def test_exact_timeline_of_a_tiny_two_stage_program(make_star):
+    # Rank 0 computes F0 (2 s), sends 10 B to rank 1 at 10 B/s (1 s, no latency) while
+    # computing F1 (2 s); rank 1 computes G0 (3 s) after the data arrives.
+    t, prog = make_star([10.0, 10.0]), _two_stage()
     log = _log(simulate(prog, t))
     assert log == [
         (0, "comm", "s0", 2.0, 3.0),
@@ -299,14 +303,7 @@ def test_compute_slows_while_an_nccl_kernel_runs_on_its_gpu(make_star):
     # 1/1.5 until the send ends (3 s), so 1/1.5 s of its 2 s are done by then and the
     # remaining 4/3 s run at full speed: it ends at 3 + 4/3. Rank 1 computes nothing
     # while its receive runs.
-    t = make_star([10.0, 10.0])
-    prog = Program({
-        0: [Action("F0", duration_s=2.0),
-            Action("s0", kind="send", peer=1, nbytes=10, deps=("F0",)),
-            Action("F1", duration_s=2.0)],
-        1: [Action("r0", kind="recv", peer=0, nbytes=10),
-            Action("G0", duration_s=3.0, deps=("r0",))],
-    })
+    t, prog = make_star([10.0, 10.0]), _two_stage()
     log = {(r, n): (a, b) for r, _, n, a, b in _log(simulate(prog, t, overlap_slowdown=0.5))}
     assert log[(0, "F0")] == (0.0, 2.0) and log[(0, "s0")] == (2.0, 3.0)
     assert log[(0, "F1")][0] == 2.0 and log[(0, "F1")][1] == pytest.approx(3.0 + (2.0 - 1.0 / 1.5), rel=1e-12)

@@ -18,7 +18,7 @@ from sim.engine import algorithms as collectives
 from sim.engine.kernel import Environment
 from sim.engine.network import Network
 from sim.errors import InputError
-from sim.engine.nccl import DEFAULT_MODEL, nvls_capable, transfer_cost
+from sim.engine.nccl import DEFAULT_MODEL, nvls_capable, protocol_cost, transfer_cost
 from sim.engine.tuner import choose, runnable
 from sim.inputs.topology import Topology, ranks_by_node
 
@@ -168,14 +168,8 @@ class Collectives:
                                                                 min(net.capacity[i] for i in ids), [0.0]))
             else:
                 r = route(st.src, st.dst)
-                if not st.nvls:  # (transfer_cost's arithmetic, from the route the network keeps: no graph lookups)
-                    lat = r[1] * st.latency_steps
-                    if protocol != "simple":
-                        medium = "ib" if r[2] in ("ib", "ethernet") else "nvlink"
-                        lat *= self.nccl.latency_ratio(protocol, medium)
-                        nbytes = st.nbytes / self.nccl.fraction(protocol)
-                    else:
-                        nbytes = st.nbytes
+                if not st.nvls:  # (from the route the network keeps: its latency and medium, no graph lookups)
+                    lat, nbytes = protocol_cost(r[1], r[2], st.nbytes, st.latency_steps, self.nccl, protocol)
                     args.append(((r[0], lat, r[2], r[3], r[4]), st.src, st.dst, nbytes, st.label, 1))
                     continue
             lat, nbytes, _ = transfer_cost(st, topo, eff, self.nccl, protocol)

@@ -91,11 +91,19 @@ def transfer_cost(step, topology, efficiency: dict, model: NcclModel, protocol: 
         return model.nvls_latency_s * bool(step.latency_steps), step.nbytes * eff / model.nvls_efficiency, links
     kinds = {g.edges[l]["kind"] for l in links}
     medium = "ib" if kinds & {"ib", "ethernet"} else "nvlink"
-    lat = sum(g.edges[l]["latency_s"] for l in links) * step.latency_steps
+    lat, nbytes = protocol_cost(sum(g.edges[l]["latency_s"] for l in links), medium, step.nbytes,
+                                step.latency_steps, model, protocol)
+    return lat, nbytes, links
+
+
+def protocol_cost(latency_s: float, medium: str, nbytes: float, latency_steps: int, model: NcclModel,
+                  protocol: str) -> tuple[float, float]:
+    """(latency_s, wire bytes) of a step that is not NVLS, on a route of ``latency_s``
+    whose slowest medium is ``medium``, under ``protocol`` (see the module doc)."""
+    lat = latency_s * latency_steps
     if protocol != "simple":
-        lat *= model.latency_ratio(protocol, medium)
-        return lat, step.nbytes / model.fraction(protocol), links
-    return lat, step.nbytes, links
+        return lat * model.latency_ratio(protocol, medium), nbytes / model.fraction(protocol)
+    return lat, nbytes
 
 
 def nvls_capable(topology, ranks) -> bool:
