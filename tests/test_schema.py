@@ -66,7 +66,7 @@ def test_a_new_setting_is_one_field_and_reaches_toml_api_and_cli(tmp_path):
     pkg = tmp_path / "sim"
     shutil.copytree(ROOT / "sim", pkg, ignore=shutil.ignore_patterns("__pycache__"))
     src = (pkg / "inputs" / "schema.py").read_text()
-    anchor = "    def __post_init__(self):\n        _check_section(self)\n\n\n@dataclass(frozen=True)\nclass SimulationSettings"
+    anchor = "    def __post_init__(self):\n        check_section(self)\n\n\nSECTIONS = "
     assert src.count(anchor) == 1
     (pkg / "inputs" / "schema.py").write_text(src.replace(anchor, NEW_FIELD + "\n" + anchor))
     good = tmp_path / "good.toml"

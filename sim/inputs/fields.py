@@ -1,0 +1,75 @@
+"""How a setting is declared: ``setting(...)``, a dataclass field whose metadata carries its
+schema entry (``Field``: flag, help, type, choices, experiment-file tables). The sections
+that use it live in ``sim.inputs.schema`` (cluster and plan), ``sim.inputs.schema_model``
+(the model) and ``sim.inputs.schema_sim`` (simulation and output)."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Callable
+
+from sim.errors import InputError
+from sim.units import Number
+
+
+@dataclass(frozen=True)
+class Field:
+    """What the schema knows of one setting besides its name and default."""
+
+    flag: str | None = None
+    """The command-line flag (default: the name, ``--with-dashes``; Megatron-LM's spelling)."""
+    help: str | Callable[[], str] | None = None
+    """What it is and its unit (a callable when the text lists what is installed)."""
+    type: Callable | None = None
+    """How a command-line string becomes the value (a ``sim.units.Number``, ``int``, ...)."""
+    choices: tuple | None = None
+    kind: str = "value"
+    """``value`` (takes one argument), ``switch`` (present = true) or ``bool`` (``--x``/``--no-x``)."""
+    metavar: str | None = None
+    group: str | None = None
+    """The ``--help`` section it is listed in (default: its section's; None: the command's own options)."""
+    tables: tuple[tuple[str, str], ...] | None = None
+    """(experiment-file table, key) pairs it may be written under (default: its section's
+    table, under its name; () for none)."""
+    path: Callable[[str], bool] | None = None
+    """For values that may name a file: which strings do (resolved against the experiment file)."""
+
+
+SECTION_GROUP = object()
+
+
+def setting(default=None, *, help=None, type=None, choices=None, kind: str = "value", flag: str | None = None,
+            metavar: str | None = None, group=SECTION_GROUP, tables=None, path=None):
+    """A dataclass field with its schema entry (``Field``) in the metadata."""
+    return field(default=default, metadata={"schema": (Field(
+        flag, help, type, tuple(choices) if choices is not None else None, kind, metavar, None,
+        None if tables is None else tuple(tables), path), group)})
+
+
+def check_section(obj) -> None:
+    """Check every field of a section that is set to something else than its default."""
+    for f in dataclasses.fields(obj):
+        value = getattr(obj, f.name)
+        if value is not None and value != f.default:
+            why = why_not_field(f.metadata["schema"][0], value)
+            if why is not None:
+                raise InputError(f"{f.name}: {why}")
+
+
+def why_not_field(f: Field, value) -> str | None:
+    """Why ``value`` (a Python value, as from TOML or the API) is not allowed for a field
+    with schema entry ``f``, or None when it is."""
+    if f.kind in ("switch", "bool"):
+        return None if isinstance(value, bool) else f"got {value!r}; expected true or false"
+    if isinstance(f.type, Number):  # the field's own bounds (> 0, finite, ...)
+        why = f.type.check(value)
+        if why is not None:
+            return why
+    if f.type is int and (isinstance(value, bool) or not isinstance(value, int)):
+        return f"got {value!r}; expected an integer"
+    if f.type is None and not isinstance(value, (str, int)) or isinstance(value, bool):
+        return f"got {value!r}; expected a string"
+    if f.choices is not None and value not in f.choices:
+        return f"got {value!r}; allowed: {', '.join(map(str, f.choices))}"
+    return None
