@@ -197,7 +197,7 @@ def test_the_good_files_are_good(tmp_path):
     from sim.calibrate.kineto import load_kineto
     from sim.calibrate.nccl_tests import load_nccl_tests
     from sim.inputs.hardware import load_profile
-    from sim.inputs.model import model_from_hf_config
+    from sim.inputs.hf_config import model_from_hf_config
     from sim.program.schedule_io import load_schedule_csv
     from sim.inputs.topology_build import load_topology
 

@@ -9,10 +9,10 @@ from sim.inputs.model import (
     PRESETS,
     ModelSpec,
     gpt,
-    model_from_hf_config,
     preset,
     with_seq_length,
 )
+from sim.inputs.hf_config import model_from_hf_config
 from sim.inputs.resolve import model_from_megatron_args
 
 

@@ -260,7 +260,7 @@ def test_a_huge_layer_count_that_pp_does_not_divide_is_refused_at_once():
         split_layers(n, 4)
     assert "\n" not in str(e.value)
     # every number listed divides n, and none in between is missed
-    from sim.inputs.plan import _divisors
+    from sim.inputs.layer_split import divisors_text as _divisors
 
     for m in (36, 97, 1000, 2**20, 720720):
         listed = [int(x) for x in _divisors(m).split(", ")]

@@ -17,26 +17,27 @@ counts the same things, plus the final LayerNorm's 2h that Eq. 2 leaves out; for
 shapes it counts each weight matrix from the shape (K/V projections are h × kv_dim,
 SwiGLU has three h × ffn matrices, an untied output layer adds another V·h).
 
+Mixtures of experts and multi-head latent attention (``sim.inputs.moe``) are fields of the
+same spec: ``num_params`` counts every expert, ``active_params`` the ones a token uses.
+
 Three ways in: presets (``preset(name)``), a Hugging Face ``config.json``
-(``model_from_hf_config``; Llama-family and GPT-2 field names) and Megatron-LM's
-command-line arguments (``model_from_megatron_args``). A config.json is a foreign file
-with dozens of keys irrelevant here (token ids, rope scaling, dtype), so only the keys
-read are checked, strictly; unknown Megatron flags, on the other hand, are errors.
+(``sim.inputs.hf_config.model_from_hf_config``) and Megatron-LM's command-line arguments
+(``model_from_megatron_args``); unknown Megatron flags are errors.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from pathlib import Path
-
 from sim.errors import InputError, require
+from sim.inputs.moe import check_moe_fields, mla_params, mla_params_per_rank, moe_mlp_params
 
 MLP_KINDS = ("gelu", "swiglu")
 NORM_KINDS = ("layernorm", "rmsnorm")
 POSITION_KINDS = ("learned", "rope")
 
 
-def _positive_int(field: str, value) -> None:
+def positive_int(field: str, value) -> None:
+    """Require ``value`` to be an integer > 0 (``field`` names it in the error)."""
     require(isinstance(value, int) and not isinstance(value, bool) and value > 0,
             field, value, "expected an integer > 0")
 
@@ -74,21 +75,50 @@ class ModelSpec:
     """Linear layers carry biases (GPT) or not (Llama)."""
     dropout: bool = True
     """Dropout after attention and MLP (and on attention probabilities): GPT yes, Llama no."""
+    kv_channels: int | None = None
+    """Width of one attention head (Megatron ``--kv-channels``, HF ``head_dim``); None
+    means hidden_size / heads. Qwen3 sets it apart from the width (h 4096, 64 × 128)."""
+    # Mixture of experts (sim.inputs.moe): None = a dense model.
+    num_experts: int | None = None
+    """Routed experts per MoE layer (Megatron ``--num-experts``)."""
+    moe_router_topk: int = 2
+    """Experts each token is routed to (k)."""
+    moe_ffn_hidden_size: int | None = None
+    """One routed expert's MLP width; None means ffn_hidden_size."""
+    moe_shared_expert_intermediate_size: int | None = None
+    """Total width of the shared experts every token passes through (DeepSeek); None: none."""
+    moe_layer_freq: int = 1
+    """Every n-th layer is an MoE layer (layer i when i % n == 0; Megatron ``--moe-layer-freq``)."""
+    moe_first_k_dense: int = 0
+    """The first k layers stay dense (HF ``first_k_dense_replace``; DeepSeek-V3: 3)."""
+    # Multi-head latent attention (DeepSeek-V2/V3): set by kv_lora_rank.
+    q_lora_rank: int | None = None
+    """MLA: rank of the query's low-rank projection; None projects queries directly."""
+    kv_lora_rank: int | None = None
+    """MLA: rank of the joint key/value compression; None means standard attention."""
+    qk_head_dim: int | None = None
+    """MLA: per-head query/key width without the rotary part (DeepSeek-V3: 128)."""
+    qk_pos_emb_head_dim: int | None = None
+    """MLA: per-head rotary query/key width, the rotary key shared by all heads (64)."""
+    v_head_dim: int | None = None
+    """MLA: per-head value width (128)."""
 
     def __post_init__(self):
         where = f"model {self.name}"
         for f in ("num_layers", "hidden_size", "num_attention_heads", "ffn_hidden_size",
                   "vocab_size", "seq_length"):
-            _positive_int(f"{where}: {f}", getattr(self, f))
+            positive_int(f"{where}: {f}", getattr(self, f))
         if self.num_key_value_heads is None:
             object.__setattr__(self, "num_key_value_heads", self.num_attention_heads)
-        _positive_int(f"{where}: num_key_value_heads", self.num_key_value_heads)
+        positive_int(f"{where}: num_key_value_heads", self.num_key_value_heads)
         if self.max_position_embeddings is None:
             object.__setattr__(self, "max_position_embeddings", self.seq_length)
-        _positive_int(f"{where}: max_position_embeddings", self.max_position_embeddings)
-        require(self.hidden_size % self.num_attention_heads == 0,
-                f"{where}: num_attention_heads", self.num_attention_heads,
-                f"must divide hidden_size {self.hidden_size}")
+        positive_int(f"{where}: max_position_embeddings", self.max_position_embeddings)
+        if self.kv_channels is None and self.kv_lora_rank is None:
+            require(self.hidden_size % self.num_attention_heads == 0,
+                    f"{where}: num_attention_heads", self.num_attention_heads,
+                    f"must divide hidden_size {self.hidden_size} (or set kv_channels)")
+        check_moe_fields(self, where)
         require(self.num_attention_heads % self.num_key_value_heads == 0,
                 f"{where}: num_key_value_heads", self.num_key_value_heads,
                 f"must divide num_attention_heads {self.num_attention_heads}")
@@ -104,12 +134,39 @@ class ModelSpec:
     # ------------------------------------------------------------------ shape
     @property
     def head_dim(self) -> int:
-        return self.hidden_size // self.num_attention_heads
+        """One head's width (``kv_channels``, else h / heads); under MLA the query/key
+        width, rotary part included."""
+        if self.mla:
+            return self.qk_head_dim + self.qk_pos_emb_head_dim
+        return self.kv_channels or self.hidden_size // self.num_attention_heads
 
     @property
     def kv_dim(self) -> int:
         """Width of the K (and of the V) projection: kv_heads × head_dim."""
         return self.num_key_value_heads * self.head_dim
+
+    @property
+    def q_dim(self) -> int:
+        """Width of the query projection (and of the attention output before its
+        projection): heads × head_dim, which is h unless ``kv_channels`` says otherwise."""
+        return self.num_attention_heads * self.head_dim
+
+    @property
+    def mla(self) -> bool:
+        """Multi-head latent attention (DeepSeek-V2/V3)."""
+        return self.kv_lora_rank is not None
+
+    @property
+    def moe(self) -> bool:
+        return self.num_experts is not None
+
+    def is_moe_layer(self, layer: int) -> bool:
+        """Whether transformer layer ``layer`` (0-based) has routed experts."""
+        return self.moe and layer >= self.moe_first_k_dense and layer % self.moe_layer_freq == 0
+
+    @property
+    def num_moe_layers(self) -> int:
+        return sum(1 for i in range(self.num_layers) if self.is_moe_layer(i))
 
     # ------------------------------------------------------------- parameters
     @property
@@ -119,21 +176,35 @@ class ModelSpec:
 
     @property
     def attention_params(self) -> int:
-        h, kv = self.hidden_size, self.kv_dim
-        weights = h * (h + 2 * kv) + h * h
-        biases = (h + 2 * kv) + h if self.bias else 0
+        if self.mla:
+            return mla_params(self)
+        h, q, kv = self.hidden_size, self.q_dim, self.kv_dim
+        weights = h * (q + 2 * kv) + q * h
+        biases = (q + 2 * kv) + h if self.bias else 0
         return weights + biases
 
-    @property
-    def mlp_params(self) -> int:
-        h, f = self.hidden_size, self.ffn_hidden_size
+    def mlp_params_of(self, width: int) -> int:
+        """Parameters of one MLP (or expert) of inner width ``width``."""
+        h, f = self.hidden_size, width
         if self.mlp == "gelu":
             return 2 * h * f + ((f + h) if self.bias else 0)
         return 3 * h * f + ((2 * f + h) if self.bias else 0)
 
     @property
+    def mlp_params(self) -> int:
+        return self.mlp_params_of(self.ffn_hidden_size)
+
+    @property
     def params_per_layer(self) -> int:
+        """Parameters of a dense layer (every layer of a dense model)."""
         return self.attention_params + self.mlp_params + 2 * self.norm_params
+
+    def layer_params(self, layer: int, active: bool = False) -> int:
+        """Parameters of transformer layer ``layer``; with ``active``, those one token
+        uses (its top-k routed experts instead of all of them)."""
+        if not self.is_moe_layer(layer):
+            return self.params_per_layer
+        return self.attention_params + 2 * self.norm_params + moe_mlp_params(self, active)
 
     @property
     def embedding_params(self) -> int:
@@ -149,10 +220,26 @@ class ModelSpec:
     @property
     def num_params(self) -> int:
         """Total parameters, each shared matrix counted once."""
-        return self.num_layers * self.params_per_layer + self.embedding_params + self.output_params
+        moe = self.num_moe_layers
+        return ((self.num_layers - moe) * self.params_per_layer + moe * self._moe_layer_params(False)
+                + self.embedding_params + self.output_params)
+
+    @property
+    def active_params(self) -> int:
+        """Parameters one token passes through: every dense weight, and in each MoE
+        layer its k routed experts and the shared ones (the total for a dense model)."""
+        moe = self.num_moe_layers
+        return ((self.num_layers - moe) * self.params_per_layer + moe * self._moe_layer_params(True)
+                + self.embedding_params + self.output_params)
+
+    def _moe_layer_params(self, active: bool) -> int:
+        return self.attention_params + 2 * self.norm_params + (moe_mlp_params(self, active) if self.moe else 0)
 
     def describe(self) -> str:
         gqa = f", {self.num_key_value_heads} kv heads" if self.num_key_value_heads != self.num_attention_heads else ""
+        if self.moe:
+            gqa += (f", {self.num_experts} experts top-{self.moe_router_topk} in {self.num_moe_layers} layers "
+                    f"({self.active_params / 1e9:.2f}B active)")
         return (f"{self.name}: {self.num_params / 1e9:.2f}B params, {self.num_layers} layers, h={self.hidden_size}, "
                 f"{self.num_attention_heads} heads{gqa}, ffn={self.ffn_hidden_size} ({self.mlp}), "
                 f"V={self.vocab_size}, s={self.seq_length}")
@@ -197,6 +284,32 @@ _PRESETS = {
     "llama3-8b": lambda: llama("llama3-8b", 32, 4096, 32, 8, 14336, 128256, 8192),
     "llama3-70b": lambda: llama("llama3-70b", 80, 8192, 64, 8, 28672, 128256, 8192),
     "llama3-405b": lambda: llama("llama3-405b", 126, 16384, 128, 8, 53248, 128256, 8192),
+    # Mixtures of experts, from their Hugging Face config.json files. The training sequence
+    # length is not in a config (it holds the position limit): 4096 is assumed for the
+    # Mixtrals, Qwen3's and DeepSeek-V3's pre-training length (V3 report §4.2) is used.
+    # Mixtral 8x7B (mistralai/Mixtral-8x7B-v0.1): 46.7B total, 12.9B active (Jiang et al. 2024).
+    "mixtral-8x7b": lambda: llama("mixtral-8x7b", 32, 4096, 32, 8, 14336, 32000, 4096,
+                                  num_experts=8, moe_router_topk=2),
+    # Mixtral 8x22B (mistralai/Mixtral-8x22B-v0.1): 141B total, 39B active (Mistral AI).
+    "mixtral-8x22b": lambda: llama("mixtral-8x22b", 56, 6144, 48, 8, 16384, 32768, 4096,
+                                   num_experts=8, moe_router_topk=2),
+    # Qwen3-235B-A22B (Qwen/Qwen3-235B-A22B config.json): 128 experts of 1536, top-8, head_dim
+    # 128 with 64 query heads (q width 8192 > h); trained at 4096 tokens (Qwen3 report §3.2).
+    "qwen3-235b-a22b": lambda: llama("qwen3-235b-a22b", 94, 4096, 64, 4, 12288, 151936, 4096,
+                                     kv_channels=128, num_experts=128, moe_router_topk=8,
+                                     moe_ffn_hidden_size=1536),
+    # DeepSeek-V3 (deepseek-ai/DeepSeek-V3 config.json; Liu et al. 2024): MLA, 3 dense layers
+    # of 18432, then 256 routed experts of 2048 (top-8) and one shared; 671B total, 37B active,
+    # the multi-token-prediction module left out as in those counts; trained at 4096 tokens.
+    "deepseek-v3": lambda: llama("deepseek-v3", 61, 7168, 128, 128, 18432, 129280, 4096,
+                                 num_experts=256, moe_router_topk=8, moe_ffn_hidden_size=2048,
+                                 moe_shared_expert_intermediate_size=2048, moe_first_k_dense=3,
+                                 q_lora_rank=1536, kv_lora_rank=512, qk_head_dim=128, qk_pos_emb_head_dim=64,
+                                 v_head_dim=128),
+    # Grok-1 (xai-org/grok-1 model.py and run.py): 8 experts top-2, gated MLP of 32768
+    # (widening factor 8 × 2/3), tied embeddings, 8192 tokens; 314B total (xAI).
+    "grok-1": lambda: llama("grok-1", 64, 6144, 48, 8, 32768, 131072, 8192, tied_embeddings=True,
+                            num_experts=8, moe_router_topk=2),
 }
 PRESETS = tuple(_PRESETS)
 
@@ -207,144 +320,49 @@ def preset(name: str) -> ModelSpec:
     return _PRESETS[name]()
 
 
-# --------------------------------------------------------------- Hugging Face
-_LLAMA_TYPES = ("llama", "mistral")
-
-
-def _hf_int(cfg: dict, key: str, where: str, default=None) -> int:
-    v = cfg.get(key, default)
-    if v is None:
-        raise InputError(f"{where}: {key}: missing; expected an integer > 0")
-    _positive_int(f"{where}: {key}", v)
-    return v
-
-
-def model_from_hf_config(source: str | Path | dict, seq_length: int | None = None,
-                         name: str | None = None) -> ModelSpec:
-    """A spec from a Hugging Face ``config.json`` (a path or the parsed dict).
-
-    Llama-family (``model_type`` llama or mistral): hidden_size, intermediate_size,
-    num_hidden_layers, num_attention_heads, num_key_value_heads (null = heads),
-    vocab_size, max_position_embeddings, tie_word_embeddings (default false).
-    GPT-2: n_embd, n_layer, n_head, n_positions, n_inner (null = 4·n_embd), vocab_size;
-    embeddings tied. ``seq_length`` defaults to the position limit.
-    """
-    where = "config.json"
-    if not isinstance(source, dict):
-        from sim.fileio import read_json
-
-        where = str(source)
-        cfg = read_json(source, "--hf-config")
-    else:
-        cfg = source
-    require(isinstance(cfg, dict), where, type(cfg).__name__, "expected a JSON object")
-    try:
-        return _from_hf(cfg, where, seq_length, name)
-    except InputError as exc:  # e.g. heads that do not divide the width: still name the file
-        msg = str(exc)
-        raise (exc if msg.startswith(where) else InputError(f"{where}: {msg}")) from None
-
-
-def _hf_bool(cfg: dict, key: str, where: str, default: bool) -> bool:
-    v = cfg.get(key, default)
-    require(isinstance(v, bool), f"{where}: {key}", v, "expected true or false")
-    return v
-
-
-def _hf_dropout(cfg: dict, key: str, where: str) -> float:
-    v = cfg.get(key, 0.1)
-    if v is None:
-        return 0.0
-    require(isinstance(v, (int, float)) and not isinstance(v, bool) and 0 <= v <= 1, f"{where}: {key}", v,
-            "expected a probability in [0, 1]")
-    return float(v)
-
-
-def _from_hf(cfg: dict, where: str, seq_length: int | None, name: str | None) -> ModelSpec:
-    mtype = cfg.get("model_type") or ("gpt2" if "n_embd" in cfg else "llama" if "intermediate_size" in cfg else None)
-    if name is None and "_name_or_path" in cfg:
-        name = cfg["_name_or_path"]
-        require(isinstance(name, str), f"{where}: _name_or_path", name, "expected a string")
-    name = name or (Path(where).parent.name if where != "config.json" else None) or mtype
-    if mtype == "gpt2":
-        h = _hf_int(cfg, "n_embd", where)
-        n_pos = _hf_int(cfg, "n_positions", where)
-        inner = cfg.get("n_inner")
-        drop = any([_hf_dropout(cfg, k, where) > 0 for k in ("resid_pdrop", "attn_pdrop", "embd_pdrop")])
-        return gpt(str(name), _hf_int(cfg, "n_layer", where), h, _hf_int(cfg, "n_head", where),
-                   _hf_int(cfg, "vocab_size", where), seq_length or n_pos,
-                   ffn_hidden_size=_hf_int(cfg, "n_inner", where) if inner is not None else 4 * h,
-                   max_position_embeddings=n_pos, dropout=drop)
-    require(mtype in _LLAMA_TYPES, f"{where}: model_type", mtype,
-            f"supported: gpt2, {', '.join(_LLAMA_TYPES)}")
-    heads = _hf_int(cfg, "num_attention_heads", where)
-    kv = cfg.get("num_key_value_heads")
-    tie = _hf_bool(cfg, "tie_word_embeddings", where, False)
-    bias = _hf_bool(cfg, "attention_bias", where, False) or _hf_bool(cfg, "mlp_bias", where, False)
-    max_pos = _hf_int(cfg, "max_position_embeddings", where)
-    return llama(str(name), _hf_int(cfg, "num_hidden_layers", where), _hf_int(cfg, "hidden_size", where),
-                 heads, heads if kv is None else _hf_int(cfg, "num_key_value_heads", where),
-                 _hf_int(cfg, "intermediate_size", where), _hf_int(cfg, "vocab_size", where),
-                 seq_length or max_pos, tied_embeddings=tie, bias=bias, max_position_embeddings=max_pos)
-
-
 # ------------------------------------------------------------------- Megatron
-def layer_params_per_rank(model: ModelSpec, tp: int = 1) -> float:
-    """Parameters of one layer on one tensor-parallel rank: column-parallel weights and
-    biases and row-parallel weights are split; row-parallel biases and norms replicated."""
+def _mlp_split(m: ModelSpec, width: int) -> tuple[float, float]:
+    """(split, replicated) parameters of an MLP of ``width`` under tensor parallelism:
+    up (column-parallel, with its bias) and down (row-parallel) split, the down bias not."""
+    f_up = (2 if m.mlp == "swiglu" else 1) * width
+    split = m.hidden_size * f_up + width * m.hidden_size + (f_up if m.bias else 0)
+    return split, (m.hidden_size if m.bias else 0)
+
+
+def layer_param_split(model: ModelSpec, layer: int | None = None, tp: int = 1, ep: int = 1,
+                      etp: int | None = None) -> tuple[float, float]:
+    """(dense, expert) parameters of transformer layer ``layer`` on one rank, under tensor
+    parallelism ``tp`` and, for the routed experts, expert parallelism ``ep`` with expert
+    tensor parallelism ``etp`` (default tp). Column-parallel weights and biases and
+    row-parallel weights are split over tp; row-parallel biases, norms and the router
+    are replicated. The expert part is the rank's num_experts/ep experts, each split
+    over etp; 0 for a dense layer (``layer`` None: a dense one)."""
     m, h, t = model, model.hidden_size, tp
-    f_up = (2 if m.mlp == "swiglu" else 1) * m.ffn_hidden_size
-    qkv = h + 2 * m.kv_dim
-    split = h * qkv + h * h + h * f_up + m.ffn_hidden_size * h
-    if m.bias:
-        split += qkv + f_up
-    replicated = 2 * m.norm_params + (2 * h if m.bias else 0)
-    return split / t + replicated
+    if m.mla:
+        attn = mla_params_per_rank(m, t)
+    else:
+        qkv = m.q_dim + 2 * m.kv_dim
+        attn_split = h * qkv + m.q_dim * h + (qkv if m.bias else 0)
+        attn_rep = h if m.bias else 0
+        attn = attn_split / t + attn_rep
+    dense = attn + 2 * m.norm_params
+    if layer is None or not m.is_moe_layer(layer):
+        split, rep = _mlp_split(m, m.ffn_hidden_size)
+        return dense + split / t + rep, 0.0
+    dense += h * m.num_experts
+    if m.moe_shared_expert_intermediate_size:
+        split, rep = _mlp_split(m, m.moe_shared_expert_intermediate_size)
+        dense += split / t + rep
+    split, rep = _mlp_split(m, m.moe_ffn_hidden_size)
+    return dense, m.num_experts // ep * (split / (etp or t) + rep)
 
 
-_MEGATRON_SHAPE = ("num_layers", "hidden_size", "num_attention_heads", "vocab_size", "seq_length")
-
-# The flag that sets each ModelSpec field a shape given by flags can get wrong, so that an
-# error names what the user typed (``--num-attention-heads``, not ``num_attention_heads``).
-_MEGATRON_FLAGS = {f: "--" + f.replace("_", "-") for f in
-                   ("num_layers", "hidden_size", "num_attention_heads", "ffn_hidden_size", "vocab_size",
-                    "seq_length", "max_position_embeddings")}
-_MEGATRON_FLAGS["num_key_value_heads"] = "--num-query-groups"
-
-
-def _name_megatron_flags(exc: InputError, name: str) -> InputError:
-    """``model megatron: num_attention_heads: got 7; must divide hidden_size 512`` as
-    ``--num-attention-heads: got 7; must divide hidden_size 512``. The reason keeps the
-    field names: an experiment file's shape comes through here too, and ``blame`` puts
-    the file's key in front, where a flag in the reason would read oddly."""
-    field, _, rest = str(exc).removeprefix(f"model {name}: ").partition(": ")
-    if field not in _MEGATRON_FLAGS or not rest.startswith("got "):
-        return exc
-    return InputError(f"{_MEGATRON_FLAGS[field]}: {rest}")
-
-
-def model_from_megatron_settings(ns, name: str = "megatron") -> ModelSpec:
-    """A spec from Megatron-LM shape settings (``sim.inputs.schema.ModelSettings``: ``num_layers``,
-    ``hidden_size``, ... ``normalization``, ``position_embedding_type``)."""
-    for key in _MEGATRON_SHAPE:
-        if getattr(ns, key, None) is None:
-            raise InputError(f"--{key.replace('_', '-')}: missing; required to describe the model with Megatron "
-                             f"flags (--{' --'.join(k.replace('_', '-') for k in _MEGATRON_SHAPE)})")
-    kv = ns.num_query_groups if ns.group_query_attention else None
-    if ns.group_query_attention and kv is None:
-        raise InputError("--num-query-groups: missing; required with --group-query-attention")
-    ffn = ns.ffn_hidden_size or 4 * ns.hidden_size
-    try:
-        return ModelSpec(
-            name, ns.num_layers, ns.hidden_size, ns.num_attention_heads, ffn, ns.vocab_size,
-            ns.seq_length, num_key_value_heads=kv, mlp="swiglu" if ns.swiglu else "gelu",
-            norm=ns.normalization.lower(),
-            position_embedding="learned" if ns.position_embedding_type == "learned_absolute" else "rope",
-            max_position_embeddings=ns.max_position_embeddings,
-            tied_embeddings=not ns.untie_embeddings_and_output_weights, bias=not ns.disable_bias_linear,
-            dropout=(ns.attention_dropout or 0) > 0 or (ns.hidden_dropout or 0) > 0)
-    except InputError as exc:
-        raise _name_megatron_flags(exc, name) from None
+def layer_params_per_rank(model: ModelSpec, tp: int = 1, layer: int | None = None, ep: int = 1,
+                          etp: int | None = None) -> float:
+    """Parameters of one layer on one tensor-parallel rank (``layer_param_split``'s sum;
+    ``layer`` None: a dense layer, every layer of a dense model)."""
+    dense, experts = layer_param_split(model, layer, tp, ep, etp)
+    return dense + experts
 
 
 def with_seq_length(model: ModelSpec, seq_length: int) -> ModelSpec:

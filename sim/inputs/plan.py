@@ -39,19 +39,20 @@ import math
 from dataclasses import dataclass
 
 from sim.inputs import placement as _pl
-from sim.errors import InputError, require
+from sim.inputs.experts import check_expert_model, check_expert_plan
+from sim.inputs.layer_split import FIRST, LAST, split_layers
+from sim.errors import require
 
 RECOMPUTE = ("none", "selective", "full")
 ATTENTION = ("flash", "unfused")
+FP8_FORMATS = ("e4m3", "hybrid")
+"""Transformer Engine's FP8 formats (Megatron-LM ``--fp8-format``): all tensors E4M3, or E4M3
+forward and E5M2 gradients."""
 ZERO_STAGES = (0, 1, 2, 3)
 SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb-h1", "zb-h2", "custom")
 DDP_BUCKET_BYTES = 25 * 2**20
 """PyTorch DDP's default bucket: ``bucket_cap_mb=25``, i.e. 25 MiB (torch.nn.parallel.DistributedDataParallel)."""
 
-_FIRST = "first_stage_layers (--decoder-first-pipeline-num-layers)"
-_LAST = "last_stage_layers (--decoder-last-pipeline-num-layers)"
-_EMB = "account_for_embedding (--account-for-embedding-in-pipeline-split)"
-_LOSS = "account_for_loss (--account-for-loss-in-pipeline-split)"
 
 
 def _pos(field: str, value) -> None:
@@ -92,6 +93,9 @@ class ParallelPlan:
     """'flash': attention is one fused kernel that never writes the s×s scores
     (FlashAttention, cuDNN); 'unfused': Megatron-LM's original core attention (batched
     GEMMs around a fused scale-mask-softmax and dropout over the scores in memory)."""
+    fp8_format: str | None = None
+    """FP8 training with Transformer Engine (``sim.program.fp8``): 'e4m3' or 'hybrid'
+    (Megatron-LM ``--fp8-format``); the transformer layers' GEMMs run in FP8. None: BF16."""
     zero_stage: int = 0
     """ZeRO stage over the dp group: 0 none, 1 optimizer states, 2 +gradients, 3 +parameters."""
     schedule: str | None = None
@@ -136,6 +140,17 @@ class ParallelPlan:
     offload_optimizer: bool = False
     """ZeRO-Offload: optimizer states live in host memory and the optimizer step runs on
     the CPU; gradients go to the host and updated parameters come back over PCIe."""
+    ep: int = 1
+    """Expert-parallel size: the GPUs a layer's routed experts are spread over, carved out
+    of each stage's tp × dp GPUs (``sim.inputs.experts``)."""
+    etp: int | None = None
+    """Expert tensor-parallel size (each expert split over etp GPUs); None means tp."""
+    moe_routing: str = "balanced"
+    """Tokens per expert: 'balanced', 'zipf:S', 'dirichlet:A' or a histogram file (``sim.program.routing``)."""
+    moe_capacity_factor: float | None = None
+    """Expert capacity as a multiple of the balanced load (tokens above it are dropped); None: dropless."""
+    moe_seed: int = 0
+    """Seed of the routing draws."""
 
     def __post_init__(self):
         for f in ("dp", "tp", "pp", "vpp", "micro_batch_size"):
@@ -149,6 +164,8 @@ class ParallelPlan:
                 "it needs sequence_parallel (Megatron-LM's --tp-comm-overlap overlaps the sequence-parallel "
                 "all-gathers and reduce-scatters)")
         require(self.attention in ATTENTION, "plan: attention", self.attention, f"allowed: {', '.join(ATTENTION)}")
+        require(self.fp8_format is None or self.fp8_format in FP8_FORMATS, "plan: fp8_format", self.fp8_format,
+                f"allowed: {', '.join(FP8_FORMATS)}, or None for BF16")
         require(self.recompute in RECOMPUTE, "plan: recompute", self.recompute,
                 f"allowed: {', '.join(RECOMPUTE)}")
         require(self.zero_stage in ZERO_STAGES and not isinstance(self.zero_stage, bool),
@@ -178,6 +195,7 @@ class ParallelPlan:
                 "needs ZeRO stage 1, 2 or 3 (the optimizer states offloaded are the sharded ones)")
         _pl.parse_placement(self.placement)
         self._check_uneven()
+        check_expert_plan(self)
 
     def _check_schedule(self) -> None:
         if self.schedule is None:
@@ -199,7 +217,7 @@ class ParallelPlan:
                     f"to be a multiple of pp = {self.pp} (Megatron-LM's rule)")
 
     def _check_uneven(self) -> None:
-        for field, value in ((_FIRST, self.first_stage_layers), (_LAST, self.last_stage_layers)):
+        for field, value in ((FIRST, self.first_stage_layers), (LAST, self.last_stage_layers)):
             if value is None:
                 continue
             _pos(field, value)
@@ -316,70 +334,9 @@ class ParallelPlan:
                              ("ffn_hidden_size", model.ffn_hidden_size)):
             require(value % self.tp == 0, "plan: tp", self.tp,
                     f"must divide {field} {value} of {model.name}")
+        check_expert_model(self, model)
 
-
-def _divisors(n: int, limit: int = 8) -> str:
-    """The ``limit`` smallest divisors of ``n`` above 1, for messages: divisors up to
-    sqrt(n) (at most a million tried, so a typo'd layer count of 1e11 does not hang)
-    and their partners."""
-    small = [d for d in range(2, min(math.isqrt(n), 10**6) + 1) if n % d == 0]
-    large = sorted({n // d for d in small} | ({n} if n > 1 else set()))
-    ds = sorted(set(small) | set(large))[:limit]
-    return ", ".join(map(str, ds)) or "none"
-
-
-def split_layers(num_layers: int, pp: int, vpp: int = 1, first: int | None = None,
-                 last: int | None = None, account_for_embedding: bool = False,
-                 account_for_loss: bool = False, name: str = "the model") -> tuple:
-    """Layers per virtual stage (index ``chunk·pp + pp_rank``), Megatron-LM's split
-    (see the module doc); an ``InputError`` naming the flag when it cannot be done."""
-    L, p, v = num_layers, pp, vpp
-    if first is None and last is None and not (account_for_embedding or account_for_loss):
-        require(L % (p * v) == 0, "plan: pp x vpp", f"{p} x {v}",
-                f"must divide num_layers {L} of {name} (pp x vpp of {_divisors(L)} would); or split "
-                "unevenly with --decoder-first-pipeline-num-layers / --decoder-last-pipeline-num-layers "
-                "or --account-for-embedding-in-pipeline-split / --account-for-loss-in-pipeline-split")
-        return (L // (p * v),) * (p * v)
-    if first is None and last is None:
-        extra = int(account_for_embedding) + int(account_for_loss)
-        total = L + extra
-        field = " and ".join(f for f, on in ((_EMB, account_for_embedding), (_LOSS, account_for_loss)) if on)
-        require(total % (p * v) == 0, f"plan: {field}", True,
-                f"num_layers {L} + {extra} = {total} must be a multiple of pp x vpp = {p} x {v} = {p * v}; "
-                f"pp x vpp of {_divisors(total)} would divide")
-        layers = [total // (p * v)] * (p * v)
-        if account_for_embedding:
-            layers[0] -= 1
-        if account_for_loss:
-            layers[-1] -= 1
-        require(min(layers) >= 0, f"plan: {field}", True,
-                f"the first/last virtual stage has no layer to give up ({total} layers over {p * v} stages)")
-        return tuple(layers)
-    n_first, n_last = first or 0, last or 0
-    rest = L - n_first - n_last
-    middle = p - (first is not None) - (last is not None)
-    flag = _FIRST if first is not None else _LAST
-    given = first if first is not None else last
-    require(rest >= 0, f"plan: {flag}", given,
-            f"first + last stage layers {n_first} + {n_last} exceed num_layers {L} of {name}")
-    if middle == 0:
-        require(rest == 0, f"plan: {flag}", given,
-                f"with pp = {p} there are no middle stages, so first + last stage layers "
-                f"({n_first} + {n_last}) must add up to num_layers {L}")
-        per_mid = 0
-    else:
-        if rest % (middle * v):
-            fixed = n_last if first is not None else n_first
-            ok = [n for n in range(v, L - fixed + 1, v) if (L - fixed - n) % (middle * v) == 0]
-            ok = sorted(sorted(ok, key=lambda n: abs(n - given))[:4])
-            raise InputError(
-                f"plan: {flag}: got {given!r}; the remaining {rest} of {L} layers must split evenly over "
-                f"the {middle} middle stage(s){f' x vpp {v} chunks' if v > 1 else ''} "
-                f"(a multiple of {middle * v}); {', '.join(map(str, ok)) or 'no value'} would divide")
-        per_mid = rest // middle
-    per_rank = [per_mid] * p
-    if first is not None:
-        per_rank[0] = first
-    if last is not None:
-        per_rank[-1] = last
-    return tuple(per_rank[r] // v for _ in range(v) for r in range(p))
+    @property
+    def etp_size(self) -> int:
+        """Expert tensor-parallel size in effect (``etp``, default tp)."""
+        return self.tp if self.etp is None else self.etp

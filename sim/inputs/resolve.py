@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import argparse
 import math
+from dataclasses import replace
 from pathlib import Path
 from typing import Sequence
 
 from sim.errors import NEGATIVE_VALUE, InputError, from_argparse, require
-from sim.inputs.model import PRESETS, ModelSpec, layer_params_per_rank, model_from_hf_config, \
-    model_from_megatron_settings, preset, with_seq_length
+from sim.inputs.hf_config import model_from_hf_config
+from sim.inputs.megatron_model import MOE_FIELDS, model_from_megatron_settings
+from sim.inputs.model import PRESETS, ModelSpec, layer_params_per_rank, preset, with_seq_length
 from sim.inputs.plan import DDP_BUCKET_BYTES, SCHEDULES, ParallelPlan
 from sim.inputs.flags import add_arguments, given
 from sim.inputs.schema import ClusterSettings, ModelSettings, PlanSettings, fields_of
@@ -43,10 +45,25 @@ def model_from_settings(m: ModelSettings) -> ModelSpec:
     if m.model:
         require(m.model in PRESETS, "--model", m.model, f"allowed presets: {', '.join(PRESETS)}")
         model = preset(m.model)
-        return with_seq_length(model, m.seq_length) if m.seq_length else model
-    if m.hf_config:
-        return model_from_hf_config(m.hf_config, seq_length=m.seq_length)
-    return model_from_megatron_settings(m)
+        model = with_seq_length(model, m.seq_length) if m.seq_length else model
+    elif m.hf_config:
+        model = model_from_hf_config(m.hf_config, seq_length=m.seq_length)
+    else:
+        return model_from_megatron_settings(m)
+    return with_moe_settings(model, m)
+
+
+def with_moe_settings(model: ModelSpec, m: ModelSettings) -> ModelSpec:
+    """A preset's or config.json's model with the MoE/MLA flags given on top (``--num-experts 16``,
+    ``--moe-router-topk 1``, ...); an error names the flag."""
+    changes = {f: getattr(m, f) for f in MOE_FIELDS if getattr(m, f) is not None}
+    if not changes:
+        return model
+    try:
+        return replace(model, **changes)
+    except InputError as exc:
+        field, _, rest = str(exc).removeprefix(f"model {model.name}: ").partition(": ")
+        raise InputError(f"--{field.replace('_', '-')}: {rest}" if field in changes else str(exc)) from None
 
 
 class _StrictParser(argparse.ArgumentParser):
@@ -116,6 +133,10 @@ def plan_from_settings(p: PlanSettings, gpus: int | None, model: ModelSpec) -> P
                         tp_comm_overlap=p.tp_comm_overlap,
                         micro_batch_size=p.micro_batch_size, global_batch_size=p.global_batch_size,
                         recompute=p.recompute_granularity, attention=p.attention, zero_stage=p.zero,
+                        fp8_format=p.fp8_format,
+                        ep=p.expert_model_parallel_size, etp=p.expert_tensor_parallel_size,
+                        moe_routing=p.moe_routing, moe_capacity_factor=p.moe_expert_capacity_factor,
+                        moe_seed=p.moe_routing_seed,
                         schedule=schedule,
                         dp_overlap=p.overlap_grad_reduce, bucket_size_bytes=bucket,
                         zero3_prefetch_depth=1 if depth is None else depth, zero_bucket_size_bytes=zbucket,

@@ -81,6 +81,7 @@ class ClusterSettings:
 
 
 _ZERO = "zero_optimization"  # DeepSpeed's table and names
+_EXPERTS = "mixture of experts: parallelism and routing"
 
 
 @dataclass(frozen=True)
@@ -117,6 +118,20 @@ class PlanSettings:
     tp_comm_overlap: bool = setting(False, help="overlap tensor-parallel all-gathers and reduce-scatters with the "
                                     "GEMMs beside them, in tp chunks (Megatron-LM/Transformer Engine; needs "
                                     "--sequence-parallel)", kind="switch")
+    expert_model_parallel_size: int = setting(
+        1, help="expert-parallel size: GPUs each MoE layer's routed experts are spread over, folded out of each "
+                "stage's tp x dp GPUs (default 1)", type=POSITIVE_INT, group=_EXPERTS)
+    expert_tensor_parallel_size: int | None = setting(
+        help="GPUs each expert is split over (default: the tensor-parallel size)", type=POSITIVE_INT, group=_EXPERTS)
+    moe_routing: str = setting(
+        "balanced", help="tokens per expert: balanced, zipf:S (expert popularity by rank^-S), dirichlet:A "
+                         "(popularity drawn from a Dirichlet of concentration A) or a histogram .json/.csv of "
+                         "tokens per expert measured from a router (default balanced)",
+        metavar="MODEL|FILE", group=_EXPERTS, path=lambda v: v.endswith((".json", ".csv")))
+    moe_expert_capacity_factor: float | None = setting(
+        help="expert capacity as a multiple of the balanced load; tokens above it are dropped (default: dropless)",
+        type=Number(float, above=0), group=_EXPERTS)
+    moe_routing_seed: int = setting(0, help="seed of the routing draws (default 0)", type=int, group=_EXPERTS)
     micro_batch_size: int = setting(1, help="sequences per micro-batch (default 1)", type=POSITIVE_INT)
     global_batch_size: int | None = setting(help="default micro-batch size x data-parallel size", type=POSITIVE_INT)
     recompute_granularity: str = setting("none", help="activation recomputation in backward (default none)",
@@ -126,6 +141,10 @@ class PlanSettings:
                                            "(Megatron-LM without --use-flash-attn: QK^T and AV as batched GEMMs, "
                                            "softmax and dropout over the s x s scores in memory)",
                              choices=("flash", "unfused"))
+    fp8_format: str | None = setting(help="train the transformer layers' GEMMs in FP8 with Transformer Engine: e4m3 "
+                                          "(all tensors E4M3) or hybrid (E4M3 forward, E5M2 gradients); needs a GPU "
+                                          "with an FP8 peak (H100, H200); default off (BF16)",
+                                     choices=("e4m3", "hybrid"))
     zero: int = setting(0, help="ZeRO stage (default 0)", type=int, choices=(0, 1, 2, 3),
                         tables=(("plan", "zero"), (_ZERO, "stage")))
     zero3_prefetch_depth: int | None = setting(help="ZeRO-3: layers whose parameters are gathered ahead (default 1)",

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from sim.inputs.fields import check_section, setting
-from sim.units import FRACTION, POSITIVE_INT
+from sim.units import FRACTION, NONNEGATIVE_INT, POSITIVE_INT
 
 
 def _model_presets() -> str:
@@ -16,6 +16,8 @@ def _model_presets() -> str:
     return ", ".join(PRESETS)
 
 
+_MOE = "mixture of experts (Megatron-LM flags)"
+_MLA = "multi-head latent attention (Megatron-LM flags)"
 _DROPOUT = "dropout probability (default 0.1; > 0 adds the dropout kernels)"
 
 
@@ -52,6 +54,31 @@ class ModelSettings:
     disable_bias_linear: bool = setting(False, help="linear layers without biases", kind="switch")
     attention_dropout: float = setting(0.1, help="attention " + _DROPOUT, type=FRACTION)
     hidden_dropout: float = setting(0.1, help="hidden " + _DROPOUT, type=FRACTION)
+    kv_channels: int | None = setting(help="width of one attention head (default hidden size / heads)",
+                                      type=POSITIVE_INT)
+    num_experts: int | None = setting(help="routed experts per MoE layer (a mixture of experts; also overrides a "
+                                           "preset's or config.json's)", type=POSITIVE_INT, group=_MOE)
+    moe_router_topk: int | None = setting(help="experts each token is routed to (default 2)", type=POSITIVE_INT,
+                                          group=_MOE)
+    moe_ffn_hidden_size: int | None = setting(help="one routed expert's MLP width (default --ffn-hidden-size)",
+                                              type=POSITIVE_INT, group=_MOE)
+    moe_shared_expert_intermediate_size: int | None = setting(
+        help="total MLP width of the shared experts every token passes through (default none)", type=POSITIVE_INT,
+        group=_MOE)
+    moe_layer_freq: int | None = setting(help="every n-th layer is MoE (layer i when i %% n == 0; default 1)",
+                                         type=POSITIVE_INT, group=_MOE)
+    moe_first_k_dense: int | None = setting(help="the first k layers stay dense (Hugging Face "
+                                                 "first_k_dense_replace; default 0)", type=NONNEGATIVE_INT,
+                                            group=_MOE)
+    q_lora_rank: int | None = setting(help="MLA: rank of the query's low-rank projection (default: none)",
+                                      type=POSITIVE_INT, group=_MLA)
+    kv_lora_rank: int | None = setting(help="MLA: rank of the key/value compression (sets multi-head latent "
+                                            "attention)", type=POSITIVE_INT, group=_MLA)
+    qk_head_dim: int | None = setting(help="MLA: per-head query/key width without the rotary part",
+                                      type=POSITIVE_INT, group=_MLA)
+    qk_pos_emb_head_dim: int | None = setting(help="MLA: per-head rotary query/key width", type=POSITIVE_INT,
+                                              group=_MLA)
+    v_head_dim: int | None = setting(help="MLA: per-head value width", type=POSITIVE_INT, group=_MLA)
 
     def __post_init__(self):
         check_section(self)

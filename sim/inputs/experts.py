@@ -1,0 +1,127 @@
+"""Expert parallelism: where a mixture of experts' routed experts live.
+
+Megatron-Core's "MoE parallel folding" (Liu et al. 2025): attention and the dense parts
+run on each pipeline stage's tp × dp GPUs as usual, and the same GPUs are folded again
+for the routed experts as etp × ep × edp, expert tensor parallelism innermost:
+
+    x = tp_index + tp · dp_index                  (the GPU's place in its stage)
+    etp_index = x mod etp
+    ep_index  = (x div etp) mod ep
+    edp_index = x div (etp · ep)
+
+so with etp = tp (Megatron's default) each expert-parallel group is ep consecutive
+data-parallel replicas at one tp index. Each rank of an ep group holds num_experts / ep
+experts, each split over its etp group; the experts' gradients are reduced over the
+edp group (tp · dp / (etp · ep) ranks that hold the same experts), the dense ones over
+the data-parallel group.
+
+``Folding`` gives the groups and ``moved``, the bijection ``passes.expand`` needs to copy a
+stage's program from its first GPU onto the others (each digit added modulo its size,
+which maps every tp, dp, ep, etp and edp group onto one of the same kind as long as the
+sizes nest: each of tp, etp, etp·ep divides the next of them in size order).
+"""
+
+from __future__ import annotations
+
+import math
+
+from sim.errors import require
+
+PLAN_FIELDS = ("ep", "etp", "moe_routing", "moe_capacity_factor", "moe_seed")
+
+
+def _pos(field: str, value) -> None:
+    require(isinstance(value, int) and not isinstance(value, bool) and value > 0, f"plan: {field}", value,
+            "expected an integer > 0")
+
+
+def check_expert_plan(plan) -> None:
+    """The expert-parallel fields on their own (``ParallelPlan.__post_init__``)."""
+    _pos("ep", plan.ep)
+    if plan.etp is not None:
+        _pos("etp", plan.etp)
+    require(isinstance(plan.moe_routing, str) and plan.moe_routing, "plan: moe_routing", plan.moe_routing,
+            "expected balanced, zipf:S, dirichlet:A or a histogram file")
+    cf = plan.moe_capacity_factor
+    if cf is not None:
+        require(isinstance(cf, (int, float)) and not isinstance(cf, bool) and math.isfinite(cf) and cf > 0,
+                "plan: moe_capacity_factor", cf, "expected a finite number > 0 (leave it unset for dropless)")
+    require(isinstance(plan.moe_seed, int) and not isinstance(plan.moe_seed, bool), "plan: moe_seed", plan.moe_seed,
+            "expected an integer")
+    folded = plan.ep * plan.etp_size
+    require((plan.tp * plan.dp) % folded == 0, "plan: expert_model_parallel_size", plan.ep,
+            f"ep x etp = {plan.ep} x {plan.etp_size} must divide the tp x dp = {plan.tp} x {plan.dp} GPUs of each "
+            "pipeline stage")
+    sizes = sorted({1, plan.tp, plan.tp * plan.dp, plan.etp_size, folded})
+    require(all(b % a == 0 for a, b in zip(sizes, sizes[1:])), "plan: expert_tensor_parallel_size", plan.etp_size,
+            f"tp {plan.tp}, etp {plan.etp_size} and etp x ep {folded} must each divide the next larger of them")
+
+
+def check_expert_model(plan, model) -> None:
+    """Checks that need the model (``ParallelPlan.check_model``)."""
+    if not model.moe:
+        require(plan.ep == 1 and plan.etp is None, "plan: expert_model_parallel_size", plan.ep,
+                f"{model.name} has no experts (expert parallelism needs --num-experts)")
+        return
+    require(model.num_experts % plan.ep == 0, "plan: expert_model_parallel_size", plan.ep,
+            f"must divide num_experts {model.num_experts} of {model.name}")
+    etp = plan.etp_size
+    for field in ("moe_ffn_hidden_size", "moe_shared_expert_intermediate_size"):
+        width = getattr(model, field)
+        if width is not None:
+            require(width % (etp if field == "moe_ffn_hidden_size" else plan.tp) == 0,
+                    "plan: expert_tensor_parallel_size" if field == "moe_ffn_hidden_size" else "plan: tp",
+                    etp if field == "moe_ffn_hidden_size" else plan.tp, f"must divide {field} {width} of {model.name}")
+    require(plan.tp == 1 or plan.sequence_parallel, "plan: sequence_parallel", False,
+            "a mixture of experts with tp > 1 needs --sequence-parallel (Megatron-LM's rule)")
+    require(plan.zero_stage < 3, "plan: zero_stage", plan.zero_stage,
+            "ZeRO-3 is not modelled for mixtures of experts (Megatron-LM's distributed optimizer is ZeRO-1; use 0-2)")
+
+
+class Folding:
+    """The expert groups of a plan (see the module doc)."""
+
+    def __init__(self, plan):
+        self.plan = plan
+        self.tp, self.dp = plan.tp, plan.dp
+        self.etp, self.ep = plan.etp_size, plan.ep
+        self.edp = plan.tp * plan.dp // (self.etp * self.ep)
+        bounds = sorted({1, self.tp, self.etp, self.etp * self.ep, self.tp * self.dp})
+        self.radix = [(a, b // a) for a, b in zip(bounds, bounds[1:])]  # (place value, digit size)
+        self._coords = plan.coords
+        self._rank = plan.rank
+
+    def local(self, rank: int) -> tuple[int, int]:
+        """(index within the stage, pipeline stage) of a global rank."""
+        d, p, t = self._coords(rank)
+        return t + self.tp * d, p
+
+    def glob(self, x: int, p: int) -> int:
+        return self._rank(dp=x // self.tp, pp=p, tp=x % self.tp)
+
+    def _group(self, rank: int, stride: int, size: int) -> tuple[int, ...]:
+        x, p = self.local(rank)
+        base = x - (x // stride % size) * stride
+        return tuple(sorted(self.glob(base + i * stride, p) for i in range(size)))
+
+    def ep_group(self, rank: int) -> tuple[int, ...]:
+        """The ranks that share ``rank``'s layer's routed experts between them."""
+        return self._group(rank, self.etp, self.ep)
+
+    def etp_group(self, rank: int) -> tuple[int, ...]:
+        """The ranks that split ``rank``'s experts (its tp group when etp = tp)."""
+        return self._group(rank, 1, self.etp)
+
+    def edp_group(self, rank: int) -> tuple[int, ...]:
+        """The ranks that hold the same experts: their gradients are reduced together."""
+        return self._group(rank, self.etp * self.ep, self.edp)
+
+    def moved(self, x: int, g: int) -> int:
+        """The rank that plays for g the part x plays for the first GPU of g's stage: each
+        digit of x's place in its stage plus g's, modulo the digit's size."""
+        xl, p = self.local(x)
+        gl, _ = self.local(g)
+        y = 0
+        for value, size in self.radix:
+            y += ((xl // value % size + gl // value % size) % size) * value
+        return self.glob(y, p)

@@ -1,0 +1,137 @@
+"""Models from a Hugging Face ``config.json``: Llama-family and GPT-2 field names, and
+the mixtures of experts (Mixtral, Qwen-MoE, DeepSeek-V2/V3 with MLA) of ``sim.inputs.moe``.
+
+A config.json is a foreign file with dozens of keys irrelevant here (token ids, rope
+scaling, dtype), so only the keys read are checked, strictly.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from sim.errors import InputError, require
+from sim.inputs.model import ModelSpec, gpt, llama, positive_int
+
+
+_LLAMA_TYPES = ("llama", "mistral", "qwen2", "qwen3", "mixtral", "qwen3_moe", "qwen2_moe", "deepseek_v2", "deepseek_v3")
+
+
+def _hf_int(cfg: dict, key: str, where: str, default=None) -> int:
+    v = cfg.get(key, default)
+    if v is None:
+        raise InputError(f"{where}: {key}: missing; expected an integer > 0")
+    positive_int(f"{where}: {key}", v)
+    return v
+
+
+def model_from_hf_config(source: str | Path | dict, seq_length: int | None = None,
+                         name: str | None = None) -> ModelSpec:
+    """A spec from a Hugging Face ``config.json`` (a path or the parsed dict).
+
+    Llama-family (``model_type`` llama, mistral, qwen2, qwen3): hidden_size,
+    intermediate_size, num_hidden_layers, num_attention_heads, num_key_value_heads (null =
+    heads), head_dim (null = hidden / heads), vocab_size, max_position_embeddings,
+    tie_word_embeddings (default false). Mixtures of experts (``sim.inputs.moe``):
+    mixtral (num_local_experts, num_experts_per_tok), qwen2_moe / qwen3_moe (num_experts,
+    num_experts_per_tok, moe_intermediate_size, shared_expert_intermediate_size,
+    decoder_sparse_step, mlp_only_layers = [] only) and deepseek_v2 / deepseek_v3
+    (n_routed_experts, num_experts_per_tok, moe_intermediate_size, n_shared_experts,
+    first_k_dense_replace, moe_layer_freq, and MLA's q_lora_rank, kv_lora_rank,
+    qk_nope_head_dim, qk_rope_head_dim, v_head_dim).
+    GPT-2: n_embd, n_layer, n_head, n_positions, n_inner (null = 4·n_embd), vocab_size;
+    embeddings tied. ``seq_length`` defaults to the position limit.
+    """
+    where = "config.json"
+    if not isinstance(source, dict):
+        from sim.fileio import read_json
+
+        where = str(source)
+        cfg = read_json(source, "--hf-config")
+    else:
+        cfg = source
+    require(isinstance(cfg, dict), where, type(cfg).__name__, "expected a JSON object")
+    try:
+        return _from_hf(cfg, where, seq_length, name)
+    except InputError as exc:  # e.g. heads that do not divide the width: still name the file
+        msg = str(exc)
+        raise (exc if msg.startswith(where) else InputError(f"{where}: {msg}")) from None
+
+
+def _hf_bool(cfg: dict, key: str, where: str, default: bool) -> bool:
+    v = cfg.get(key, default)
+    require(isinstance(v, bool), f"{where}: {key}", v, "expected true or false")
+    return v
+
+
+def _hf_dropout(cfg: dict, key: str, where: str) -> float:
+    v = cfg.get(key, 0.1)
+    if v is None:
+        return 0.0
+    require(isinstance(v, (int, float)) and not isinstance(v, bool) and 0 <= v <= 1, f"{where}: {key}", v,
+            "expected a probability in [0, 1]")
+    return float(v)
+
+
+def _from_hf(cfg: dict, where: str, seq_length: int | None, name: str | None) -> ModelSpec:
+    mtype = cfg.get("model_type") or ("gpt2" if "n_embd" in cfg else "llama" if "intermediate_size" in cfg else None)
+    if name is None and "_name_or_path" in cfg:
+        name = cfg["_name_or_path"]
+        require(isinstance(name, str), f"{where}: _name_or_path", name, "expected a string")
+    name = name or (Path(where).parent.name if where != "config.json" else None) or mtype
+    if mtype == "gpt2":
+        h = _hf_int(cfg, "n_embd", where)
+        n_pos = _hf_int(cfg, "n_positions", where)
+        inner = cfg.get("n_inner")
+        drop = any([_hf_dropout(cfg, k, where) > 0 for k in ("resid_pdrop", "attn_pdrop", "embd_pdrop")])
+        return gpt(str(name), _hf_int(cfg, "n_layer", where), h, _hf_int(cfg, "n_head", where),
+                   _hf_int(cfg, "vocab_size", where), seq_length or n_pos,
+                   ffn_hidden_size=_hf_int(cfg, "n_inner", where) if inner is not None else 4 * h,
+                   max_position_embeddings=n_pos, dropout=drop)
+    require(mtype in _LLAMA_TYPES, f"{where}: model_type", mtype,
+            f"supported: gpt2, {', '.join(_LLAMA_TYPES)}")
+    heads = _hf_int(cfg, "num_attention_heads", where)
+    kv = cfg.get("num_key_value_heads")
+    tie = _hf_bool(cfg, "tie_word_embeddings", where, False)
+    bias = _hf_bool(cfg, "attention_bias", where, False) or _hf_bool(cfg, "mlp_bias", where, False)
+    max_pos = _hf_int(cfg, "max_position_embeddings", where)
+    kw = _hf_moe(cfg, mtype, where)
+    if cfg.get("head_dim") is not None and "kv_lora_rank" not in kw:
+        kw["kv_channels"] = _hf_int(cfg, "head_dim", where)
+    return llama(str(name), _hf_int(cfg, "num_hidden_layers", where), _hf_int(cfg, "hidden_size", where),
+                 heads, heads if kv is None else _hf_int(cfg, "num_key_value_heads", where),
+                 _hf_int(cfg, "intermediate_size", where), _hf_int(cfg, "vocab_size", where),
+                 seq_length or max_pos, tied_embeddings=tie, bias=bias, max_position_embeddings=max_pos, **kw)
+
+
+def _hf_moe(cfg: dict, mtype: str, where: str) -> dict:
+    """The MoE and MLA fields of a config.json of ``mtype``, as ModelSpec keywords."""
+    kw: dict = {}
+    if mtype == "mixtral":
+        kw = {"num_experts": _hf_int(cfg, "num_local_experts", where)}
+    elif mtype in ("qwen2_moe", "qwen3_moe"):
+        kw = {"num_experts": _hf_int(cfg, "num_experts", where),
+              "moe_ffn_hidden_size": _hf_int(cfg, "moe_intermediate_size", where),
+              "moe_layer_freq": _hf_int(cfg, "decoder_sparse_step", where, 1)}
+        if cfg.get("shared_expert_intermediate_size"):
+            kw["moe_shared_expert_intermediate_size"] = _hf_int(cfg, "shared_expert_intermediate_size", where)
+        dense = cfg.get("mlp_only_layers") or []
+        require(dense == [], f"{where}: mlp_only_layers", dense, "only [] is supported (every sparse step is MoE)")
+    elif mtype in ("deepseek_v2", "deepseek_v3"):
+        kw = {"num_experts": _hf_int(cfg, "n_routed_experts", where),
+              "moe_ffn_hidden_size": _hf_int(cfg, "moe_intermediate_size", where),
+              "moe_layer_freq": _hf_int(cfg, "moe_layer_freq", where, 1),
+              "moe_first_k_dense": cfg.get("first_k_dense_replace", 0) or 0,
+              "kv_lora_rank": _hf_int(cfg, "kv_lora_rank", where),
+              "qk_head_dim": _hf_int(cfg, "qk_nope_head_dim", where),
+              "qk_pos_emb_head_dim": _hf_int(cfg, "qk_rope_head_dim", where),
+              "v_head_dim": _hf_int(cfg, "v_head_dim", where)}
+        if cfg.get("q_lora_rank") is not None:
+            kw["q_lora_rank"] = _hf_int(cfg, "q_lora_rank", where)
+        shared = cfg.get("n_shared_experts") or 0
+        if shared:
+            positive_int(f"{where}: n_shared_experts", shared)
+            kw["moe_shared_expert_intermediate_size"] = shared * kw["moe_ffn_hidden_size"]
+    else:
+        return kw
+    kw["moe_router_topk"] = _hf_int(cfg, "num_experts_per_tok", where)
+    return kw
