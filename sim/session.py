@@ -17,6 +17,7 @@ from functools import partial
 from pathlib import Path
 
 from sim.program.actions import Program
+from sim.program.fp8 import check_fp8_support
 from sim.program.schedules import Schedule
 from sim.program.training import build_program
 from sim.engine.core import gc_paused, simulate
@@ -28,7 +29,9 @@ from sim.inputs.model import ModelSpec
 from sim.inputs.plan import ParallelPlan
 from sim.inputs.resolve import model_from_settings, plan_from_settings, topology_from_settings
 from sim.inputs.schema import AUTO_FULL_FIDELITY_EVENTS, DEFAULT_MAX_EVENTS, PlanSettings, RunSettings
+from sim.inputs.stragglers import Stragglers, degrade, resolve_stragglers, straggler_fidelity
 from sim.inputs.topology import Topology
+from sim.results.stragglers import plotted_stragglers, straggler_report
 from sim.results.summary import summarize
 from sim.results.trace import Trace
 
@@ -51,6 +54,8 @@ class TrainingRun:
     fidelity_reason: str = ""
     """Why this fidelity ran (asked for, or what ``auto`` weighed)."""
     collective_model: str = "flows"
+    stragglers: Stragglers | None = None
+    """Its slow GPUs and degraded links (``topology`` is the degraded one), if any."""
 
 
 @dataclass(frozen=True)
@@ -64,6 +69,8 @@ class Prepared:
     topology: Topology
     schedule: Schedule | None
     """A schedule read from a .csv file (None: the plan's built-in schedule)."""
+    stragglers: Stragglers | None = None
+    """Slow GPUs and degraded links (``sim.inputs.stragglers``), if any."""
 
 
 def schedule_from_settings(p: PlanSettings, plan: ParallelPlan) -> Schedule | None:
@@ -95,24 +102,31 @@ def prepare(settings: RunSettings, model: ModelSpec | None = None, plan: Paralle
                          "pass schedule='path/to.csv' instead of a ParallelPlan")
     else:
         plan.check_model(model)
+    check_fp8_support(plan.fp8_format, profile)
     schedule = schedule_from_settings(settings.plan, plan)
     topo = topology_from_settings(settings.cluster, plan.world_size, profile.name)
     check_forced(settings.simulation.nccl_algo, topo)
-    return Prepared(settings, model, plan, profile, topo, schedule)
+    return Prepared(settings, model, plan, profile, topo, schedule,
+                    resolve_stragglers(settings.simulation, topo, plan.world_size))
 
 
 def simulate_training(model: ModelSpec, plan: ParallelPlan, profile: HardwareProfile, topology: Topology,
                       schedule: Schedule | None = None, fidelity: str = "full",
                       coalesce_tp: bool = True, max_events: float | None = DEFAULT_MAX_EVENTS,
                       collective_model: str = "flows", nccl_algo: str = "auto",
-                      nccl_protocol: str = "auto") -> TrainingRun:
+                      nccl_protocol: str = "auto", stragglers: Stragglers | None = None) -> TrainingRun:
     """Simulate one iteration of ``plan`` on ``topology`` and return the run.
 
     ``fidelity``: "full", "reduced", or "auto" (``choose_fidelity``). ``collective_model``:
     "flows" or "steps" (reduced fidelity always runs flows). ``nccl_algo``, ``nccl_protocol``:
     what every collective runs, as NCCL_ALGO and NCCL_PROTO ("auto": NCCL's tuner,
     ``sim.engine.tuner``, per collective). Plans over ``max_events`` are refused up front
-    (``sim.program.limits``)."""
+    (``sim.program.limits``). ``stragglers``: slow GPUs and degraded links, which need every
+    GPU simulated (``sim.inputs.stragglers``)."""
+    reason = f"asked for ({fidelity})"
+    if stragglers:
+        fidelity, reason = straggler_fidelity(fidelity)
+        topology = degrade(topology, stragglers.links)
     check_forced(nccl_algo, topology)
     nccl = NcclModel.from_profile(profile).forcing(nccl_algo, nccl_protocol)
     eff = profile.link_efficiencies()
@@ -122,7 +136,6 @@ def simulate_training(model: ModelSpec, plan: ParallelPlan, profile: HardwarePro
             f"plan: needs dp x tp x pp = {plan.dp} x {plan.tp} x {plan.pp} = {plan.world_size} GPUs; "
             f"topology {topology.name} has {topology.num_gpus}"
         )
-    reason = f"asked for ({fidelity})"
     if fidelity == "auto":
         fidelity, reason = choose_fidelity(model, plan, topology, collective_model)
     flows = collective_model == "flows" or fidelity == "reduced"
@@ -130,9 +143,10 @@ def simulate_training(model: ModelSpec, plan: ParallelPlan, profile: HardwarePro
         schedule, prog = build_program(model, plan, profile, schedule, fidelity, topology.gpus_per_node, topology,
                                        coalesce_tp, max_events, collective_model, alone)
     trace = simulate(prog, topology, link_efficiency=profile.link_efficiencies(), fluid_collectives=flows,
-                     overlap_slowdown=profile.overlap_compute_slowdown, nccl=nccl)
+                     overlap_slowdown=profile.overlap_compute_slowdown, nccl=nccl,
+                     gpu_slowdown=stragglers.slow if stragglers else None)
     return TrainingRun(model, plan, profile, topology, schedule, prog, trace, fidelity, reason,
-                       "flows" if flows else "steps")
+                       "flows" if flows else "steps", stragglers or None)
 
 
 def choose_fidelity(model: ModelSpec, plan: ParallelPlan, topology: Topology,
@@ -150,11 +164,15 @@ def choose_fidelity(model: ModelSpec, plan: ParallelPlan, topology: Topology,
 def run(prepared: Prepared) -> tuple[TrainingRun, dict]:
     """Simulate what ``prepare`` built; returns the run and its JSON summary."""
     sim_settings = prepared.settings.simulation
-    training_run = simulate_training(prepared.model, prepared.plan, prepared.profile, prepared.topology,
-                                     prepared.schedule, sim_settings.fidelity, max_events=sim_settings.event_limit,
-                                     collective_model=sim_settings.collective_model,
-                                     nccl_algo=sim_settings.nccl_algo, nccl_protocol=sim_settings.nccl_protocol)
-    return training_run, summarize(training_run)
+    simulate_ = partial(simulate_training, prepared.model, prepared.plan, prepared.profile, prepared.topology,
+                        prepared.schedule, max_events=sim_settings.event_limit,
+                        collective_model=sim_settings.collective_model,
+                        nccl_algo=sim_settings.nccl_algo, nccl_protocol=sim_settings.nccl_protocol)
+    training_run = simulate_(sim_settings.fidelity, stragglers=prepared.stragglers)
+    summary = summarize(training_run)
+    if training_run.stragglers:  # the same iteration without them: what they cost
+        summary["stragglers"] = straggler_report(training_run, simulate_(training_run.fidelity))
+    return training_run, summary
 
 
 def rank_names(run: TrainingRun) -> dict[int, str]:
@@ -164,7 +182,9 @@ def rank_names(run: TrainingRun) -> dict[int, str]:
         d, p, t = run.plan.coords(r)
         dev = run.topology.gpu(r)
         local = dev.rsplit("gpu", 1)[-1] if "gpu" in dev else str(r)
-        out[r] = f"node {run.topology.node_of(r)} / GPU {local} (stage {p}, tp {t}, dp {d})"
+        slow = run.stragglers.slow.get(r) if run.stragglers else None
+        out[r] = f"node {run.topology.node_of(r)} / GPU {local} (stage {p}, tp {t}, dp {d}" + \
+            (f", slow x{slow:.3g})" if slow else ")")
     return out
 
 
@@ -184,6 +204,7 @@ def write_outputs(run: TrainingRun, summary: dict, out: Path) -> None:
     else:
         ranks = [plan.rank(dp=d, pp=0, tp=0) for d in range(min(plan.dp, 4))]
         names = {r: f"dp {plan.coords(r)[0]} (rank {r})" for r in ranks}
+    ranks, names = plotted_stragglers(run, summary, ranks, names)
     write_chrome(run.trace, out / "trace.json", names=rank_names(run))
     title = (f"{run.model.name}, {plan.world_size} GPUs (dp {plan.dp} x tp {plan.tp} x pp {plan.pp}), "
              f"{run.schedule.name}, m={plan.num_microbatches}: {summary['iteration_time_s'] * 1e3:.1f} ms")

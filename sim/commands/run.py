@@ -20,6 +20,7 @@ from sim.inputs.experiment import MODEL_FIELDS, blame, read_experiment, values_o
 from sim.inputs.flags import add_arguments as add_schema_arguments
 from sim.inputs.schema import RunSettings
 from sim.progress import Progress
+from sim.results.stragglers import straggler_lines
 from sim.units import format_bytes, format_time
 
 NAME = "run"
@@ -92,7 +93,7 @@ def _print(s: dict, run: session.TrainingRun) -> None:
     print(f"plan: dp {plan.dp} x tp {plan.tp} x pp {plan.pp}{f' (vpp {plan.vpp})' if plan.vpp > 1 else ''}, "
           f"schedule {s['schedule']}, micro-batch {plan.micro_batch_size} x {plan.num_microbatches}, "
           f"global batch {plan.global_batch_size}, recompute {plan.recompute}, ZeRO-{plan.zero_stage}, "
-          f"sp {'on' if plan.sp else 'off'}")
+          f"sp {'on' if plan.sp else 'off'}, precision {s['precision']}")
     T = s["iteration_time_s"]
     print()
     print(f"  iteration time     {format_time(T):>12}   (analytic estimate {format_time(s['estimate_iteration_time_s'])})")
@@ -106,6 +107,8 @@ def _print(s: dict, run: session.TrainingRun) -> None:
             print(f"    exposed {kind:<8} {format_time(v):>12}  {v / T * 100:5.1f}%")
     print(f"    idle             {format_time(s['idle_s']):>12}  {s['idle_fraction'] * 100:5.1f}%")
     print(f"    comm hidden under compute: {s['comm_overlap_fraction'] * 100:.1f}%")
+    if "stragglers" in s:
+        print("\n".join(straggler_lines(s["stragglers"])))
     m = s["memory"]
     verdict = "fits" if s["fits"] else "DOES NOT FIT: this plan cannot run as configured (times are shown anyway)"
     print(f"  peak memory        {format_bytes(m['peak_bytes']):>12} of {format_bytes(s['memory_capacity_bytes'])} "

@@ -32,6 +32,7 @@ from sim.program.actions import Action, Program
 from sim.engine import invariants
 from sim.engine.collectives import Collectives
 from sim.engine.deadlock import explain_deadlock
+from sim.engine.gpu_speed import slow_down
 from sim.engine.kernel import Calls, CheckingEnvironment, Environment
 from sim.engine.network import Network
 from sim.engine.slowdown import Slowdown
@@ -46,14 +47,15 @@ _SPAN_ORDER = attrgetter("rank", "stream", "start_s", "end_s", "name")  # the tr
 
 def simulate(program: Program, topology: Topology, *, link_efficiency: dict[str, float] | None = None,
              fluid_collectives: bool = False, check_invariants: bool | None = None,
-             overlap_slowdown: float = 0.0, nccl=None) -> Trace:
+             overlap_slowdown: float = 0.0, nccl=None, gpu_slowdown: dict[int, float] | None = None) -> Trace:
     """Run ``program`` on ``topology`` and return its ``Trace``.
 
     ``link_efficiency`` scales each link kind's bandwidth (e.g. ``{"ib": 0.96}``).
     ``fluid_collectives`` prices each ring hop as one transfer (``sim.engine.algorithms``).
     ``overlap_slowdown`` σ: compute on a rank runs at 1/(1 + σ) while one of its sends,
     receives or collectives moves data (``sim.engine.slowdown``). ``nccl``: protocols and NVLS (``sim.engine.nccl``).
-    ``check_invariants`` checks ``sim.engine.invariants`` during and after the run (default:
+    ``gpu_slowdown``: rank -> factor, each slow GPU's compute taking that many times as long
+    (``sim.engine.gpu_speed``). ``check_invariants`` checks ``sim.engine.invariants`` during and after the run (default:
     debug mode, the environment variable ``TRAINSIM_DEBUG``).
     """
     if check_invariants is None:
@@ -61,7 +63,11 @@ def simulate(program: Program, topology: Topology, *, link_efficiency: dict[str,
     with gc_paused():
         if not 0.0 <= overlap_slowdown < float("inf"):
             raise InputError(f"overlap_slowdown: got {overlap_slowdown!r}; expected a number >= 0")
-        engine = _Engine(program, topology, link_efficiency, fluid_collectives, check_invariants, overlap_slowdown, nccl)
+        for r, f in (gpu_slowdown or {}).items():
+            if not 0 < f < float("inf"):
+                raise InputError(f"gpu_slowdown: rank {r}: got {f!r}; expected a factor > 0")
+        engine = _Engine(program, topology, link_efficiency, fluid_collectives, check_invariants, overlap_slowdown,
+                         nccl, gpu_slowdown)
         try:
             return engine.run()
         finally:
@@ -101,7 +107,7 @@ class _Engine:
     """
 
     def __init__(self, program: Program, topology: Topology, link_efficiency, fluid: bool = False,
-                 check: bool = False, overlap_slowdown: float = 0.0, nccl=None):
+                 check: bool = False, overlap_slowdown: float = 0.0, nccl=None, gpu_slowdown=None):
         top = program.max_rank()
         if top >= topology.num_gpus:
             raise InputError(
@@ -119,6 +125,8 @@ class _Engine:
         self.memory: list[tuple[float, int, str, float]] = []
         t0 = time.perf_counter()
         ix = index_program(program)
+        if gpu_slowdown:
+            slow_down(ix.dur, ix.slowable, ix.rank_of, gpu_slowdown)
         self._acts, self._rank_of = ix.acts, ix.rank_of
         self._streams, self._members, self._ids = ix.streams, ix.members, ix.ids
         self._pending, self._dependents, self._nxt = ix.pending, ix.dependents, ix.nxt

@@ -7,7 +7,8 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from sim.inputs.fields import check_section, setting
-from sim.units import Number
+from sim.inputs.stragglers import SLOWDOWN_FORMS, Checked, normalized, parse_slowdown
+from sim.units import NONNEGATIVE_INT, FRACTION, Number
 
 # Bounds shared with the modules that use the values.
 DEFAULT_MAX_EVENTS = 100_000_000
@@ -55,9 +56,33 @@ class SimulationSettings:
         DEFAULT_MAX_EVENTS, help="refuse a plan whose simulation would process more SimPy events than this, "
                                  f"estimated before anything is built (default {DEFAULT_MAX_EVENTS:.0e}, about half "
                                  "an hour; inf: no limit)", type=Number(float, above=0, allow_inf=True), metavar="N")
+    slow_gpu: str | None = setting(
+        help="slow GPUs: GPU=FACTOR[,...], each GPU's compute kernels taking FACTOR times as long (1.3: 30 "
+             "percent slower; GPU: a device id such as node3/gpu5, or a rank); runs every GPU (full fidelity), "
+             "and the ideal iteration too to report the cost", type=Checked("slow_gpu", link=False),
+        metavar="GPU=FACTOR[,...]", tables=(("stragglers", "slow_gpu"),))
+    degrade_link: str | None = setting(
+        help="degraded links: LINK=FACTOR[,...], each link keeping FACTOR (0-1] of its bandwidth both ways "
+             "(LINK: A-B, e.g. node0/gpu2-node0/nvswitch, or a device for all its links, e.g. node1/nic3)",
+        type=Checked("degrade_link", link=True), metavar="LINK=FACTOR[,...]",
+        tables=(("stragglers", "degrade_link"),))
+    straggler_fraction: float | None = setting(
+        help="draw this fraction of the plan's GPUs as slow (round(fraction x GPUs), at least 1), with "
+             "--straggler-slowdown and --straggler-seed", type=FRACTION, tables=(("stragglers", "fraction"),))
+    straggler_slowdown: str | None = setting(
+        help=f"the drawn GPUs' compute slowdown factor: {SLOWDOWN_FORMS} (median x exp(sigma x Z))",
+        type=Checked("straggler_slowdown"), metavar="DIST", tables=(("stragglers", "slowdown"),))
+    straggler_seed: int = setting(0, help="seed of the drawn stragglers (numpy PCG64; default 0)",
+                                  type=NONNEGATIVE_INT, tables=(("stragglers", "seed"),))
 
     def __post_init__(self):
         check_section(self)
+        for name, link in (("slow_gpu", False), ("degrade_link", True)):
+            value = getattr(self, name)
+            if value is not None:  # (kept as one canonical string, whether given as a string or a list)
+                object.__setattr__(self, name, normalized(value, name, link))
+        if self.straggler_slowdown is not None:
+            parse_slowdown(self.straggler_slowdown)
 
     @property
     def event_limit(self) -> float | None:

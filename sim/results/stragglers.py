@@ -1,0 +1,171 @@
+"""Who set the pace, and what the stragglers cost: the report of a run with slow GPUs or
+degraded links (``sim.inputs.stragglers``), against the same iteration without them.
+
+**Waiting.** A collective starts moving data when its last member arrives, and a
+point-to-point transfer when the second of its send and receive does; every span records
+when its action was posted (``start_s``) and when data started to move
+(``busy_start_s``). The time in between is the rank's *wait*, and it is put down to the
+member (or members, shared equally) that arrived last: the rank that *set the pace* of
+that collective or transfer. Summed over an iteration, ``others_waited_s`` of a rank is
+how long the others waited for it; ``waited_s`` how long it waited for others.
+
+**Cost.** The ideal is the same plan simulated again on the same cluster with no slow
+GPU and no degraded link, at the same (full) fidelity: ``cost_s`` is the difference of
+the two iteration times. The ranks that set the pace are those whom the others waited on
+longer than in the ideal, the longest first (a pipeline's stages wait on one another even
+when every GPU is equal; that part is not the stragglers' doing).
+"""
+
+from __future__ import annotations
+
+PACE_SETTERS = 8
+"""Ranks listed as setting the pace (the JSON lists every slow GPU besides)."""
+WAITERS = 4
+"""Ranks listed as waiting on each of them."""
+
+
+def waits(trace, program) -> tuple[dict[int, float], dict[int, float], dict[int, dict[int, float]]]:
+    """Per rank, seconds spent waiting for others (``waited``) and seconds others spent
+    waiting for it (``waited_on``), and for each rank that was waited on, how long each
+    other rank waited for it (``by``: setter -> waiter -> seconds; only waits > 0)."""
+    groups = {(r, a.name): a.group for r, acts in program.actions.items() for a in acts if a.kind == "collective"}
+    meetings: dict[tuple, list] = {}
+    for s in trace.spans:
+        if s.busy_start_s is None:
+            continue
+        if s.kind == "collective":
+            key = ("c", tuple(sorted(groups.get((s.rank, s.name), ()))), s.name, s.busy_start_s)
+        elif s.kind in ("send", "recv") and s.link_id is not None:
+            key = ("p", s.link_id)
+        else:
+            continue
+        meetings.setdefault(key, []).append(s)
+    waited: dict[int, float] = {}
+    waited_on: dict[int, float] = {}
+    by: dict[int, dict[int, float]] = {}
+    for spans in meetings.values():
+        last = max(s.start_s for s in spans)
+        setters = sorted({s.rank for s in spans if s.start_s == last})
+        for s in spans:
+            w = s.busy_start_s - s.start_s
+            if w <= 0 or s.rank in setters:
+                continue
+            waited[s.rank] = waited.get(s.rank, 0.0) + w
+            for r in setters:
+                share = w / len(setters)
+                waited_on[r] = waited_on.get(r, 0.0) + share
+                mine = by.setdefault(r, {})
+                mine[s.rank] = mine.get(s.rank, 0.0) + share
+    return waited, waited_on, by
+
+
+def gpu_compute_s(trace) -> dict[int, float]:
+    """Per rank, seconds of compute on its GPU streams (host work on ``cpu`` left out)."""
+    out: dict[int, float] = {}
+    for s in trace.spans:
+        if s.kind == "compute" and s.stream != "cpu":
+            out[s.rank] = out.get(s.rank, 0.0) + s.end_s - s.start_s
+    return out
+
+
+def straggler_report(run, ideal) -> dict:
+    """The ``stragglers`` part of the summary of ``run`` (a ``sim.session.TrainingRun`` with
+    stragglers), against ``ideal`` (the same plan without them)."""
+    st, topo = run.stragglers, run.topology
+    T, T0 = run.trace.end_s, ideal.trace.end_s
+    waited, on, by = waits(run.trace, run.program)
+    waited0, on0, _ = waits(ideal.trace, ideal.program)
+    comp, comp0 = gpu_compute_s(run.trace), gpu_compute_s(ideal.trace)
+    most_on: dict[int, tuple[float, int]] = {}  # waiter -> (seconds, the rank it waited on longest)
+    for setter, mine in sorted(by.items()):
+        for w, sec in mine.items():
+            if sec > most_on.get(w, (0.0, -1))[0]:
+                most_on[w] = (sec, setter)
+
+    def rank_entry(r: int) -> dict:
+        waiters = sorted(by.get(r, {}).items(), key=lambda kv: (-kv[1], kv[0]))[:WAITERS]
+        return {"rank": r, "device": topo.gpu(r), "factor": st.slow.get(r, 1.0), "drawn": r in st.drawn,
+                "others_waited_s": on.get(r, 0.0), "ideal_others_waited_s": on0.get(r, 0.0),
+                "waited_s": waited.get(r, 0.0), "ideal_waited_s": waited0.get(r, 0.0),
+                "compute_s": comp.get(r, 0.0), "ideal_compute_s": comp0.get(r, 0.0),
+                "waiters": [{"rank": w, "waited_s": s} for w, s in waiters],
+                "waited_most_on": most_on[r][1] if r in most_on else None}
+
+    extra = {r: on.get(r, 0.0) - on0.get(r, 0.0) for r in on}
+    pace = sorted((r for r, x in extra.items() if x > 1e-12 * max(T, 1e-30)), key=lambda r: (-extra[r], r))
+    carried = run.trace.link_bytes
+    return {
+        "compared_with": "the same plan without slow GPUs or degraded links, every GPU simulated",
+        "ideal_iteration_time_s": T0,
+        "iteration_time_s": T,
+        "cost_s": T - T0,
+        "cost_fraction": (T - T0) / T0 if T0 > 0 else 0.0,
+        "ideal_tokens_per_s": run.plan.global_batch_size * run.model.seq_length / T0 if T0 > 0 else 0.0,
+        "slow_gpus": [rank_entry(r) for r in st.slow],
+        "drawn": st.draw,
+        "degraded_links": [{"link": f"{a}-{b}", "factor": f, "bandwidth_Bps": topo.link(a, b)["bandwidth_Bps"],
+                            "bytes_carried": carried.get((a, b), 0.0) + carried.get((b, a), 0.0)}
+                           for (a, b), f in st.links.items()],
+        "pace_setters": [rank_entry(r) for r in pace[:PACE_SETTERS]],
+    }
+
+
+def straggler_lines(report: dict) -> list[str]:
+    """The report as the text ``trainsim run`` prints."""
+    from sim.units import format_time
+
+    slow, links = report["slow_gpus"], report["degraded_links"]
+    T, T0 = report["iteration_time_s"], report["ideal_iteration_time_s"]
+    sign = "+" if report["cost_s"] >= 0 else "-"
+    out = ["  stragglers (against the same iteration without them, every GPU simulated):"]
+    what = []
+    if slow:
+        shown = ", ".join(f"{e['device']} x{e['factor']:.3g}" for e in slow[:4])
+        what.append(f"{len(slow)} slow GPU{'s' * (len(slow) > 1)} ({shown}{', ...' if len(slow) > 4 else ''})")
+    if links:
+        shown = ", ".join(f"{e['link']} x{e['factor']:.3g}" for e in links[:3])
+        what.append(f"{len(links)} degraded link{'s' * (len(links) > 1)} ({shown}{', ...' if len(links) > 3 else ''})")
+    if report["drawn"]:
+        d = report["drawn"]
+        what.append(f"{d['gpus']} drawn: fraction {d['fraction']:g}, slowdown {d['slowdown']}, seed {d['seed']}")
+    out.append("    " + "; ".join(what))
+    out.append(f"    iteration time {format_time(T)}, ideal {format_time(T0)}: {sign}{format_time(abs(T - T0))} "
+               f"({report['cost_fraction'] * 100:+.1f}%)")
+    if report["pace_setters"]:
+        out.append("    ranks that set the pace (others waited on them, beyond the ideal):")
+        for e in report["pace_setters"]:
+            slow_txt = f", slow x{e['factor']:.3g}" if e["factor"] != 1.0 else ""
+            who = ", ".join(str(w["rank"]) for w in e["waiters"])
+            more = e["others_waited_s"] - e["ideal_others_waited_s"]
+            itself = e["waited_s"] - e["ideal_waited_s"]
+            chain = (f"; it waited {format_time(itself)} more itself, most on rank {e['waited_most_on']}"
+                     if itself > 0 and e["waited_most_on"] is not None else "")
+            out.append(f"      rank {e['rank']} ({e['device']}{slow_txt}): others waited {format_time(more)} more"
+                       f" in total (most: rank{'s' * (len(e['waiters']) > 1)} {who}){chain}")
+    else:
+        out.append("    no rank kept the others waiting longer than in the ideal")
+    return out
+
+
+def plotted_stragglers(run, summary: dict, ranks: list[int], names: dict[int, str],
+                       most: int = 4) -> tuple[list[int], dict[int, str]]:
+    """The timeline's ranks with the ranks that set the pace and the slow GPUs added (up to
+    ``most`` more), so that the picture shows who waits on whom."""
+    report = summary.get("stragglers")
+    if not report:
+        return ranks, names
+    ranks, names = list(ranks), dict(names)
+    wanted = [e["rank"] for e in report["pace_setters"]] + [e["rank"] for e in report["slow_gpus"]]
+    added = 0
+    for r in dict.fromkeys(wanted):
+        if r in names or added >= most:
+            continue
+        d, p, t = run.plan.coords(r)
+        names[r] = f"stage {p}, dp {d}, tp {t} (rank {r})"
+        ranks.append(r)
+        added += 1
+    for r in ranks:
+        f = run.stragglers.slow.get(r) if run.stragglers else None
+        if f and "slow x" not in names[r]:
+            names[r] += f" slow x{f:.3g}"
+    return ranks, names
