@@ -12,7 +12,7 @@ the studies); none of them builds a run any other way:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
 
@@ -32,6 +32,7 @@ from sim.inputs.schema import AUTO_FULL_FIDELITY_EVENTS, DEFAULT_MAX_EVENTS, Pla
 from sim.inputs.stragglers import Stragglers, degrade, resolve_stragglers, straggler_fidelity
 from sim.inputs.topology import Topology
 from sim.results.stragglers import plotted_stragglers, straggler_report
+from sim.results.moe_report import moe_report
 from sim.results.summary import summarize
 from sim.results.trace import Trace
 
@@ -172,6 +173,18 @@ def run(prepared: Prepared) -> tuple[TrainingRun, dict]:
     summary = summarize(training_run)
     if training_run.stragglers:  # the same iteration without them: what they cost
         summary["stragglers"] = straggler_report(training_run, simulate_(training_run.fidelity))
+    if prepared.model.moe:  # routing's imbalance, against the same plan routed evenly when it was not
+        plan = prepared.plan
+        even = replace(plan, moe_routing="balanced", moe_capacity_factor=None)
+        balanced = None
+        if (plan.moe_routing, plan.moe_capacity_factor) != ("balanced", None):
+            balanced = simulate_training(prepared.model, even, prepared.profile, prepared.topology,
+                                         prepared.schedule, training_run.fidelity,
+                                         max_events=sim_settings.event_limit,
+                                         collective_model=sim_settings.collective_model,
+                                         nccl_algo=sim_settings.nccl_algo,
+                                         nccl_protocol=sim_settings.nccl_protocol).trace.end_s
+        summary["moe"] = moe_report(training_run, summary, balanced)
     return training_run, summary
 
 

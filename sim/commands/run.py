@@ -20,6 +20,7 @@ from sim.inputs.experiment import MODEL_FIELDS, blame, read_experiment, values_o
 from sim.inputs.flags import add_arguments as add_schema_arguments
 from sim.inputs.schema import RunSettings
 from sim.progress import Progress
+from sim.results.moe_report import moe_lines
 from sim.results.stragglers import straggler_lines
 from sim.units import format_bytes, format_time
 
@@ -109,6 +110,8 @@ def _print(s: dict, run: session.TrainingRun) -> None:
     print(f"    comm hidden under compute: {s['comm_overlap_fraction'] * 100:.1f}%")
     if "stragglers" in s:
         print("\n".join(straggler_lines(s["stragglers"])))
+    if "moe" in s:
+        print("\n".join(moe_lines(s["moe"])))
     m = s["memory"]
     verdict = "fits" if s["fits"] else "DOES NOT FIT: this plan cannot run as configured (times are shown anyway)"
     print(f"  peak memory        {format_bytes(m['peak_bytes']):>12} of {format_bytes(s['memory_capacity_bytes'])} "

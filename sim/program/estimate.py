@@ -17,9 +17,15 @@ parameter). Collectives run over the slowest link their group spans: ``nvlink`` 
 every group of that dimension stays inside a node under the plan's ``placement``, else
 ``ib``; a data-parallel group across nodes runs one ring per member on a node.
 
+Under FP8 (``plan.fp8_format``) the layers' work is what ``sim.program.fp8`` makes of it
+(FP8 GEMMs at the fp8 peak, Transformer Engine's casts and transposes around them), the
+same work the simulator runs.
+
 Model FLOPs are F + B + W of every GEMM and attention op without recomputation, which
 for GPT shapes is Korthikanti et al.'s Eq. 7, 72·B·L·s·h²·(1 + s/(6h) + V/(12hL));
-MFU = model FLOPs / (step · GPUs · peak). Hardware FLOPs add the recomputed work.
+MFU = model FLOPs / (step · GPUs · peak), against the BF16 dense peak whatever the
+precision, so that BF16 and FP8 runs compare on one scale. Hardware FLOPs add the
+recomputed work.
 Memory is the worst stage's model states, activations in flight at the stage's peak
 and temporaries, as ``sim.program.memory`` adds them up (``stage_memory_bytes``).
 """
@@ -31,6 +37,7 @@ from dataclasses import asdict, dataclass
 from sim.inputs.hardware import HardwareProfile
 from sim.inputs.model import ModelSpec
 from sim.inputs.plan import ParallelPlan
+from sim.program.fp8 import check_fp8_support, fp8_layer_work
 from sim.program.costs import (
     grad_sync_time,
     optimizer_step_time,
@@ -39,6 +46,7 @@ from sim.program.costs import (
     work_times,
 )
 from sim.program.memory import model_state_bytes, optimizer_shard_params, stage_memory_bytes, stage_params_per_rank
+from sim.program.workload_moe import MoeShape
 from sim.program.workload import embedding_work, head_work, layer_work, p2p_bytes
 
 _MATMUL = ("gemm", "attention")
@@ -83,9 +91,15 @@ def _links(plan: ParallelPlan, gpus_per_node: int) -> dict:
 
 def model_flops_per_sequence(model: ModelSpec, recompute: str = "none") -> float:
     """GEMM and attention FLOPs of forward and backward for one sequence (incl. recompute
-    when given); the sum Korthikanti's Eq. 7 (none) and Megatron's Eq. 3 (full) close-form."""
+    when given); the sum Korthikanti's Eq. 7 (none) and Megatron's Eq. 3 (full) close-form.
+    For a mixture of experts, the FLOPs of the parameters each token uses (router, its k
+    experts, shared experts): MFU counts active-parameter FLOPs."""
     layer = layer_work(model, 1, recompute=recompute).flops(kinds=_MATMUL)
-    return model.num_layers * layer + head_work(model, 1).flops(kinds=_MATMUL)
+    total = (model.num_layers - model.num_moe_layers) * layer + head_work(model, 1).flops(kinds=_MATMUL)
+    if model.moe:  # a mixture of experts: active-parameter FLOPs (each token's k experts, balanced)
+        moe = MoeShape(1, 1, model.seq_length * model.moe_router_topk)
+        total += model.num_moe_layers * layer_work(model, 1, recompute=recompute, moe=moe).flops(kinds=_MATMUL)
+    return total
 
 
 def estimate(model: ModelSpec, plan: ParallelPlan, profile: HardwareProfile, *,
@@ -97,6 +111,7 @@ def estimate(model: ModelSpec, plan: ParallelPlan, profile: HardwareProfile, *,
     through its own NIC; default one per group member on a node, as NCCL does (and as
     the simulator's network does); 1 models a single ring through one NIC."""
     plan.check_model(model)
+    check_fp8_support(plan.fp8_format, profile)
     links = _links(plan, gpus_per_node)
     b, t, p, v, m = plan.micro_batch_size, plan.tp, plan.pp, plan.vpp, plan.num_microbatches
     sp = plan.sequence_parallel
@@ -106,7 +121,8 @@ def estimate(model: ModelSpec, plan: ParallelPlan, profile: HardwareProfile, *,
         """Per phase (compute_s, tp_comm_s) of one micro-batch."""
         return work_times(work, profile, t, links["tp"], dtype)
 
-    layer_t = phases(layer_work(model, b, t, sp, plan.recompute, attention=plan.attention))
+    layer_t = phases(fp8_layer_work(layer_work(model, b, t, sp, plan.recompute, attention=plan.attention),
+                                    plan.fp8_format, t, sp, m))
     emb_t, head_t = phases(embedding_work(model, b, t, sp)), phases(head_work(model, b, t, sp))
     stage_times = []          # per stage: {phase: (compute_s, tp_comm_s)}
     for stage in range(p):

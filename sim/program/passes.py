@@ -250,7 +250,8 @@ def layer_uses(acts, kinds) -> list[tuple[str, int, int, int]]:
 
 def add_grad_sync(prog: Program, grad_bytes: Callable[[int, int], float], dp_group: Callable[[int], tuple[int, ...]],
                   bucket_bytes: float, overlap: bool = True, backward=("B", "W"), op: str = "allreduce",
-                  every_microbatch: bool = False, bucket_memory: bool = False) -> Program:
+                  every_microbatch: bool = False, bucket_memory: bool = False,
+                  label: str = "grad bucket") -> Program:
     """Gradient buckets over the data-parallel group (stream ``dp``).
 
     Per rank, the layers' gradients (``grad_bytes(rank, layer)``) are packed, in the order
@@ -260,7 +261,9 @@ def add_grad_sync(prog: Program, grad_bytes: Callable[[int, int], float], dp_gro
     backward syncs (gradient accumulation, DDP's ``no_sync``); ``every_microbatch`` syncs
     each micro-batch's gradients (ZeRO-2/3 reduce-scatter into the sharded gradients).
     With ``bucket_memory`` the bucket's full-size gradients are counted (category
-    ``buckets``) from its first layer's backward until its collective ends.
+    ``buckets``) from its first layer's backward until its collective ends. Layers with no
+    gradient of the kind (``grad_bytes`` 0: a dense layer's experts) are left out; ``label``
+    names the buckets.
     """
     out: dict[int, list[Action]] = {}
     for r, acts in prog.actions.items():
@@ -287,7 +290,10 @@ def add_grad_sync(prog: Program, grad_bytes: Callable[[int, int], float], dp_gro
         for grp in groups:
             buckets, size, members = [], 0.0, []
             for u in grp:
-                size += grad_bytes(r, u[1])
+                nb = grad_bytes(r, u[1])
+                if not nb:
+                    continue
+                size += nb
                 members.append(u)
                 if size >= bucket_bytes:
                     buckets.append((size, members))
@@ -298,7 +304,7 @@ def add_grad_sync(prog: Program, grad_bytes: Callable[[int, int], float], dp_gro
                 anchor = members[-1][3] if overlap else last_backward
                 layers = [u[1] for u in members]
                 tag = f" of {members[0][0]}" if every_microbatch else ""
-                act = Action(f"grad bucket {k} (layers {layers[0]}..{layers[-1]}){tag}", kind="collective", op=op,
+                act = Action(f"{label} {k} (layers {layers[0]}..{layers[-1]}){tag}", kind="collective", op=op,
                              group=group, nbytes=nb, category="dp", stream="dp", deps=(lst[anchor].name,),
                              mem=(("end", "buckets", -nb),) if bucket_memory else ())
                 after.setdefault(anchor, []).append(act)

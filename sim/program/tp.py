@@ -56,15 +56,20 @@ class Segment:
     waits: tuple[int, ...] = ()
     """Earlier segments of the same step (by position) it waits for, besides the one before
     it on its own stream."""
+    group: str = "tp"
+    """Which of the rank's groups a collective runs over (``sim.program.ops.GROUPS``)."""
 
 
 def overlapped_layer(items, layer, time_of: Callable, tp: int, is_comm: Callable, op_of: Callable,
-                     base: int = 0) -> list[Segment]:
+                     base: int = 0, group_of: Callable = lambda c: "tp") -> list[Segment]:
     """One layer's ``items`` (ops and collectives of one phase, in order) as segments with
     each all-gather → GEMM and GEMM → reduce-scatter pair cut into ``tp`` overlapped chunks
     (see the module doc). ``time_of(op)`` prices an op, ``is_comm(item)`` tells a collective,
     ``op_of(comm)`` its engine op (allgather, reducescatter, allreduce). ``base``: how many
-    segments of the step come before these (``Segment.waits`` counts in the whole step)."""
+    segments of the step come before these (``Segment.waits`` counts in the whole step).
+    ``group_of(comm)``: the group it runs over; only tensor-parallel ones overlap."""
+    tp_comm = is_comm
+    is_comm = lambda it: tp_comm(it) and group_of(it) == "tp"  # noqa: E731
     out: list[Segment] = []
     dur = flops = 0.0
     pending: list[int] = []  # side chunks the next piece on the main stream must wait for
@@ -127,9 +132,9 @@ def overlapped_layer(items, layer, time_of: Callable, tp: int, is_comm: Callable
             pending = [base + len(out) - 1]
             i += 2
             continue
-        if is_comm(it):
+        if tp_comm(it):
             flush()
-            main(Segment("collective", op=op_of(it), nbytes=it.nbytes, layer=layer))
+            main(Segment("collective", op=op_of(it), nbytes=it.nbytes, layer=layer, group=group_of(it)))
         else:
             dur += time_of(it)
             flops += it.flops
@@ -150,7 +155,8 @@ def _chunk(op, parts: int):
 
 
 def add_tp_collectives(prog: Program, segments: Callable[[int, Action], list[Segment] | None],
-                       tp_group: Callable[[int], tuple[int, ...]]) -> Program:
+                       tp_group: Callable[[int], tuple[int, ...]],
+                       other_groups: Callable[[int], dict[str, tuple[int, ...]]] | None = None) -> Program:
     """Expand each action for which ``segments(rank, action)`` returns a list into its
     compute segments and collectives over the rank's tp group, on the action's stream: as
     in Megatron-LM, tensor-parallel NCCL kernels run on the compute stream and block it.
@@ -158,18 +164,19 @@ def add_tp_collectives(prog: Program, segments: Callable[[int, Action], list[Seg
     for the one before it on its stream (the first on each stream takes the action's
     deps) and for its ``waits``; the last piece takes the action's name. A ``comm`` piece
     (a collective priced outside the network) carries its ``group``: the engine starts it
-    when every simulated member of the group can start its own."""
+    when every simulated member of the group can start its own. A segment whose ``group`` is
+    not "tp" runs over ``other_groups(rank)[group]`` (the expert-parallel groups), category ``ep``."""
     out: dict[int, list[Action]] = {}
     shared: dict[tuple, tuple[list[Action], tuple[int, ...]]] = {}  # tensor-parallel peers build the same pieces
     for r, acts in prog.actions.items():
-        group = tp_group(r)
+        group = {"tp": tp_group(r), **(other_groups(r) if other_groups is not None else {})}
         new: list[Action] = []
         for a in acts:
             segs = segments(r, a)
             if not segs:
                 new.append(a)
                 continue
-            key = (group, a.name, a.stream, a.category, tuple(segs))
+            key = (tuple(group.items()), a.name, a.stream, a.category, tuple(segs))
             got = shared.get(key)
             if got is not None:  # the same but for the pieces that take the action's deps
                 pieces, firsts = got
@@ -178,20 +185,21 @@ def add_tp_collectives(prog: Program, segments: Callable[[int, Action], list[Seg
             pieces, firsts = _pieces(a, segs, group)
             if pieces[-1].name != a.name:  # a trailing collective was dropped (tp = 1): rename the last piece
                 pieces[-1] = pieces[-1].evolve(name=a.name)
-            if len(group) > 1:
+            if len(group["tp"]) > 1:
                 shared[key] = (pieces, firsts)
             new.extend(pieces)
         out[r] = new
     return prog.with_actions(out)
 
 
-def _pieces(a: Action, segs, group: tuple) -> tuple[list[Action], tuple[int, ...]]:
+def _pieces(a: Action, segs, groups: dict) -> tuple[list[Action], tuple[int, ...]]:
     """Action ``a``'s pieces, and the positions of those that took ``a``'s deps."""
     pieces: list[Action] = []
     firsts: list[int] = []
     name_of: dict[int, str] = {}
     last_on: dict[bool, str] = {}
     for i, s in enumerate(segs):
+        group = groups[s.group]
         if s.kind in ("collective", "comm") and len(group) < 2:
             continue
         name = a.name if i == len(segs) - 1 else f"{a.name}.{i}"
@@ -201,8 +209,8 @@ def _pieces(a: Action, segs, group: tuple) -> tuple[list[Action], tuple[int, ...
             firsts.append(len(pieces))
         stream = TP_COMM_STREAM if s.side else a.stream
         if s.kind == "collective":
-            act = Action.new(name, kind="collective", op=s.op, group=group, nbytes=s.nbytes, category="tp",
-                             deps=deps, stream=stream, layer=s.layer)
+            act = Action.new(name, kind="collective", op=s.op, group=group, nbytes=s.nbytes,
+                             category="tp" if s.group == "tp" else "ep", deps=deps, stream=stream, layer=s.layer)
         elif s.kind == "comm":
             act = Action.new(name, kind="comm", op=s.op, duration_s=s.duration_s, nbytes=s.nbytes, group=group,
                              category="tp", deps=deps, stream=stream, layer=s.layer)

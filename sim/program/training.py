@@ -25,6 +25,7 @@ from sim.program.costs import cpu_optimizer_step_time, op_time, optimizer_step_t
 from sim.errors import InputError
 from sim.inputs.hardware import HardwareProfile
 from sim.program.limits import DEFAULT_MAX_EVENTS, check_size
+from sim.program.memory.states import expert_data_parallel, stage_param_split
 from sim.program.memory import (
     chunk_activation_bytes,
     layer_param_bytes,
@@ -32,20 +33,22 @@ from sim.program.memory import (
     optimizer_shard_params,
     param_allgather_bytes,
     recompute_working_bytes,
-    stage_params_per_rank,
     stage_resident_bytes,
     sync_bucket_bytes,
     zero3_depth,
 )
-from sim.inputs.model import ModelSpec
+from sim.inputs.experts import Folding
+from sim.inputs.model import ModelSpec, layer_param_split
 from sim.inputs.plan import ParallelPlan
 from sim.program.schedule_io import validate
 from sim.program.schedules import Schedule, Step, build_schedule, to_program
 from sim.inputs.topology import Topology
+from sim.program.routing import Routing
 from sim.program.workload import Comm, chunk_work, p2p_bytes
 from sim.program.tp import overlapped_layer
 
-_COLLECTIVE = {"all_reduce": "allreduce", "all_gather": "allgather", "reduce_scatter": "reducescatter"}
+_COLLECTIVE = {"all_reduce": "allreduce", "all_gather": "allgather", "reduce_scatter": "reducescatter",
+               "all_to_all": "alltoall"}
 PIPELINE_KINDS = ("F", "B", "I", "W")
 
 
@@ -60,13 +63,18 @@ class _Segments:
         self.price = price  # closed-form price of isolated tp collectives (sim.program.coalesce), or None
         self.keep_layers = keep_layers or (lambda step: True)
         self._by_name: dict[str, tuple] = {}
+        self.routing = Routing(model, plan) if model.moe else None
+        """Tokens per expert (``sim.program.routing``); steps differ by micro-batch unless balanced."""
+        self._per_mb = self.routing is not None and not self.routing.balanced
+        self._sizes = {"tp": plan.tp, "ep": plan.ep, "etp": plan.etp_size}
 
-    def _coalesce(self, stage: int, kind: str, keep: bool):
-        return coalesce(self._cache(stage, kind), self.price, keep)
+    def _coalesce(self, stage: int, kind: str, keep: bool, mb=None):
+        return coalesce(self._cache(stage, kind, mb), self.price, keep)
 
-    def layers(self, stage: int) -> list:
-        """(layer id, Work) of a virtual stage in forward order: -1 embedding, L the head."""
-        works = chunk_work(self.model, self.plan, stage)
+    def layers(self, stage: int, mb: int | None = None) -> list:
+        """(layer id, Work) of a virtual stage in forward order: -1 embedding, L the head
+        (``mb``: the micro-batch, for the expert loads of uneven routing)."""
+        works = chunk_work(self.model, self.plan, stage, mb, self.routing)
         ids = list(self.plan.layer_range(self.model, stage))
         out, k = [], 0
         for w in works:
@@ -79,8 +87,8 @@ class _Segments:
                 k += 1
         return out
 
-    def _build(self, stage: int, kind: str) -> tuple[passes.Segment, ...]:
-        seq = self.layers(stage)
+    def _build(self, stage: int, kind: str, mb: int | None = None) -> tuple[passes.Segment, ...]:
+        seq = self.layers(stage, mb)
         if kind == "F":
             parts = [(lid, w.phase("F")) for lid, w in seq]
         elif kind == "B":
@@ -93,8 +101,9 @@ class _Segments:
         for lid, items in parts:
             if self.plan.tp_comm_overlap and self.plan.tp > 1:
                 segs += overlapped_layer(items, lid, lambda op: op_time(op, self.profile), self.plan.tp,
-                                         lambda it: isinstance(it, Comm), lambda c: _COLLECTIVE[c.collective],
-                                         base=len(segs))
+                                         lambda it: isinstance(it, Comm) and self._sizes[it.group] > 1,
+                                         lambda c: _COLLECTIVE[c.collective], base=len(segs),
+                                         group_of=lambda c: c.group)
                 continue
             dur = flops = 0.0
             for it in items:
@@ -102,8 +111,9 @@ class _Segments:
                     if dur:
                         segs.append(passes.Segment("compute", dur, flops, layer=lid))
                         dur = flops = 0.0
-                    if self.plan.tp > 1:
-                        segs.append(passes.Segment("collective", op=_COLLECTIVE[it.collective], nbytes=it.nbytes, layer=lid))
+                    if self._sizes[it.group] > 1:
+                        segs.append(passes.Segment("collective", op=_COLLECTIVE[it.collective], nbytes=it.nbytes,
+                                                   layer=lid, group=it.group))
                 else:
                     dur += op_time(it, self.profile)
                     flops += it.flops
@@ -119,10 +129,11 @@ class _Segments:
         segs = self._by_name.get(action.name)
         if segs is None:
             step = Step.parse(action.name)
+            mb = step.mb if self._per_mb else None
             if self.price is not None:
-                segs = tuple(self._coalesced(step.stage, step.kind, self.keep_layers(step)))
+                segs = tuple(self._coalesced(step.stage, step.kind, self.keep_layers(step), mb))
             else:
-                segs = tuple(self._cache(step.stage, step.kind))
+                segs = tuple(self._cache(step.stage, step.kind, mb))
             self._by_name[action.name] = segs
         return segs
 
@@ -153,7 +164,9 @@ def build_program(model: ModelSpec, plan: ParallelPlan, profile: HardwareProfile
         raise InputError(f"fidelity: got {fidelity!r}; allowed: {', '.join(FIDELITIES)}")
     plan.check_model(model)
     price = None
-    if coalesce_tp and topology is not None and not plan.tp_comm_overlap:  # (overlapped chunks: not a chain)
+    expert_groups = plan.ep > 1 or (model.moe and plan.etp_size not in (1, plan.tp))
+    if coalesce_tp and topology is not None and not plan.tp_comm_overlap and not expert_groups:
+        # (overlapped chunks are not a chain; expert all-to-alls share links with other traffic)
         price = isolated_tp_pricer(plan, topology, profile.link_efficiencies(), nccl)  # nccl: op, group, bytes -> s
     check_size(model, plan, fidelity, max_events, topology, coalesced=price is not None if topology else None,
                collective_model=collective_model)
@@ -175,32 +188,41 @@ def build_program(model: ModelSpec, plan: ParallelPlan, profile: HardwareProfile
         keep = lambda g: plan.coords(g)[0] == 0 and (not own_nics or plan.coords(g)[2] == 0)  # noqa: E731
     # The passes run on one GPU per pipeline stage (dp 0, tp 0); ``passes.expand`` then
     # copies each stage's program onto its GPUs (``keep``: the simulated ones).
-    rep_of, moved, groups_of = _copies(plan)
+    folding = Folding(plan) if model.moe else None
+    rep_of, moved, groups_of = _copies(plan, folding)
     rep_set = {rep_of(g) for g in range(plan.world_size)}
     prog = passes.replicate(prog, plan.world_size, plan.coords, plan.rank, lambda g: g in rep_set)
-    prog = passes.add_tp_collectives(prog, segments, plan.tp_group)
+    prog = passes.add_tp_collectives(prog, segments, plan.tp_group, None if folding is None else (
+        lambda r: {"ep": folding.ep_group(r), "etp": folding.etp_group(r)}))
     act_bytes = p2p_bytes(model, plan.micro_batch_size, plan.tp, plan.sequence_parallel)
     prog = passes.add_p2p(prog, lambda consumer: act_bytes)
 
     layer_grad = layer_param_bytes(model, plan.tp, 0)
     emb_grad = layer_param_bytes(model, plan.tp, -1)
     head_grad = layer_param_bytes(model, plan.tp, model.num_layers)
+    split = {lid: [2.0 * x for x in layer_param_split(model, lid, plan.tp, plan.ep, plan.etp_size)]
+             for lid in range(model.num_layers) if model.is_moe_layer(lid)}
 
     def grad_bytes(rank: int, layer: int) -> float:
         if layer == -1:
             return emb_grad
         if layer == model.num_layers:
             return head_grad
-        return layer_grad
+        got = split.get(layer)
+        return layer_grad if got is None else got[0]
 
     z = plan.zero_stage
     bucket = sync_bucket_bytes(plan)
-    prog = passes.add_grad_sync(prog, grad_bytes, plan.dp_group, bucket, plan.dp_overlap,
-                                op="allreduce" if z == 0 else "reducescatter",
-                                every_microbatch=z >= 2, bucket_memory=z >= 2)
+    sync = dict(op="allreduce" if z == 0 else "reducescatter", every_microbatch=z >= 2, bucket_memory=z >= 2)
+    prog = passes.add_grad_sync(prog, grad_bytes, plan.dp_group, bucket, plan.dp_overlap, **sync)
+    if split:  # the experts' gradients, over the ranks that hold the same experts
+        prog = passes.add_grad_sync(prog, lambda r, lid: split[lid][1] if lid in split else 0.0, folding.edp_group,
+                                    bucket, plan.dp_overlap, label="expert grad bucket", **sync)
     if z == 3:
         prog = zero.add_param_gathers(prog, grad_bytes, plan.dp_group, zero3_depth(model, plan))
-    psi = [stage_params_per_rank(model, plan, s) for s in range(plan.pp)]
+    psi_split = [stage_param_split(model, plan, s) for s in range(plan.pp)]
+    edp = expert_data_parallel(plan)
+    psi = [d + x for d, x in psi_split]
     if plan.offload_optimizer:
         # Memory-bound Adam on the host, whose bandwidth the node's GPUs share.
         sharing = min(gpus_per_node, plan.world_size)
@@ -209,12 +231,13 @@ def build_program(model: ModelSpec, plan: ParallelPlan, profile: HardwareProfile
         prog = zero.add_offloaded_optimizer(prog, lambda r: copy[plan.coords(r)[1]], lambda r: cpu[plan.coords(r)[1]])
         done = "params to GPU"
     else:
-        step_s = [optimizer_step_time(optimizer_shard_params(n, plan.dp, z), profile) for n in psi]
+        step_s = [optimizer_step_time(optimizer_shard_params(d, plan.dp, z) + optimizer_shard_params(x, edp, z),
+                                      profile) for d, x in psi_split]
         prog = passes.add_optimizer(prog, lambda r: step_s[plan.coords(r)[1]])
         done = "optimizer"
     if z in (1, 2):
         stage_layers = plan.stage_layers(model)
-        gathered = [param_allgather_bytes(n) for n in psi]
+        gathered = [param_allgather_bytes(d) for d, _ in psi_split]
 
         def tensors(rank: int) -> int:
             # the rank's layers over its model chunks, plus the embedding and the head
@@ -223,18 +246,22 @@ def build_program(model: ModelSpec, plan: ParallelPlan, profile: HardwareProfile
 
         prog = zero.add_param_allgather(prog, lambda r: gathered[plan.coords(r)[1]], plan.dp_group, bucket, done,
                                         tensors)
+        if split:
+            prog = zero.add_param_allgather(prog, lambda r: param_allgather_bytes(psi_split[plan.coords(r)[1]][1]),
+                                            folding.edp_group, bucket, done, tensors, label="expert param allgather")
     prog = add_memory(prog, model, plan, profile, segments)
     prog = passes.expand(prog, plan.world_size, rep_of, moved, keep, groups_of)
     return schedule, prog
 
 
-def _copies(plan: ParallelPlan):
+def _copies(plan: ParallelPlan, folding: Folding | None = None):
     """What ``passes.expand`` needs to copy the stage programs (made on dp 0, tp 0) onto
     every GPU: ``rep_of(g)``, the GPU of g's stage that the passes ran on; ``moved(x, g)``,
     the rank whose dp and tp indices are x's shifted by g's (a bijection of the cluster
     that maps ``rep_of(g)`` to g, its tp group onto g's and its dp group onto g's); and
     ``groups_of(g)``, the template's tp and dp groups -> g's (each a tuple of the plan's,
-    made once, instead of moving their members one by one)."""
+    made once, instead of moving their members one by one). With expert parallelism
+    ``moved`` is ``folding.moved``, which also keeps the expert groups."""
     size = {"tp": plan.tp, "pp": plan.pp, "dp": plan.dp}
     stride, s = {}, 1
     for dim in plan.placement_order:  # ranks are mixed-radix numbers (sim.inputs.placement)
@@ -263,6 +290,8 @@ def _copies(plan: ParallelPlan):
             dp_groups[dg] = tuple(dg + i * sd for i in range(nd))
         return {plan.tp_group(rep): tp_groups[tg], plan.dp_group(rep): dp_groups[dg]}
 
+    if folding is not None and (plan.ep > 1 or plan.etp_size != plan.tp):
+        moved = folding.moved  # noqa: F811 (the expert groups need the folded digits)
     return rep_of, moved, groups_of
 
 

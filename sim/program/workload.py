@@ -36,102 +36,22 @@ which read and write the b·(a/t)·s² scores (same FLOPs, far more bytes). Acti
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import replace
+from functools import lru_cache
 
 from sim.errors import require
 from sim.inputs.model import ModelSpec
 from sim.inputs.plan import ATTENTION, RECOMPUTE, ParallelPlan
+from sim.program.fp8 import fp8_layer_work
+from sim.program.ops import COLLECTIVES, OP_KINDS, PHASES, Builder, Comm, Op, Work  # noqa: F401 (re-exported)
+from sim.program.workload_moe import (MoeShape, attention_widths, moe_backward, moe_forward, moe_wgrads, qkv_dgrad,
+                                      qkv_forward, qkv_wgrads)
+from sim.program.fp8 import fp8_layer_work
 
-PHASES = ("F", "B", "W")
-OP_KINDS = ("gemm", "attention", "memory")
-COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter")
 
 # Nominal FLOPs per element of memory-bound kernels (they never bound the time).
 _NORM_FLOPS = {"layernorm": 8, "rmsnorm": 5}
 _ACT_FLOPS = {"gelu": 10, "swiglu": 6}
-
-
-@dataclass(frozen=True)
-class Op:
-    """One kernel: what it computes and what it moves, for one micro-batch on one rank."""
-
-    name: str
-    phase: str
-    kind: str
-    """'gemm', 'attention' (fused flash) or 'memory' (elementwise, norm, embedding, loss)."""
-    flops: float
-    bytes_read: float
-    bytes_written: float
-    output_bytes: float
-    shape: tuple = ()
-    """GEMM (m, n, k); attention (seq_q, seq_k, head_dim)."""
-    batch: int = 1
-    """Independent GEMMs (or sequences × heads for attention) in the kernel."""
-    recompute: bool = False
-    framework: bool = False
-    """A memory-bound kernel of the framework's own (Megatron-LM's torch.compile fusions,
-    PyTorch eager ops), not a tuned library kernel: it streams at the profile's
-    ``framework_kernel_efficiency``."""
-
-
-@dataclass(frozen=True)
-class Comm:
-    """A collective over the tensor-parallel group. ``nbytes`` follows nccl-tests: the
-    full buffer on one rank (the tensor all-reduced, the gathered output of an
-    all-gather, the unreduced input of a reduce-scatter)."""
-
-    name: str
-    phase: str
-    collective: str
-    nbytes: float
-    recompute: bool = False
-
-
-@dataclass(frozen=True)
-class Work:
-    """Ops and collectives of one piece of the model, in execution order (F, then B, then W)."""
-
-    name: str
-    items: tuple
-
-    def ops(self, phase: str | None = None, recompute: bool = True) -> tuple:
-        return tuple(i for i in self.items if isinstance(i, Op) and (phase is None or i.phase == phase)
-                     and (recompute or not i.recompute))
-
-    def comms(self, phase: str | None = None, recompute: bool = True) -> tuple:
-        return tuple(i for i in self.items if isinstance(i, Comm) and (phase is None or i.phase == phase)
-                     and (recompute or not i.recompute))
-
-    def flops(self, phase: str | None = None, recompute: bool = True, kinds=OP_KINDS) -> float:
-        return sum(o.flops for o in self.ops(phase, recompute) if o.kind in kinds)
-
-    def phase(self, phase: str) -> tuple:
-        return tuple(i for i in self.items if i.phase == phase)
-
-
-class _Builder:
-    def __init__(self, name: str, e: int):
-        self.name, self.e, self.items, self.phase = name, e, [], "F"
-
-    def gemm(self, name, m, n, k, batch=1):
-        e = self.e
-        self.items.append(Op(name, self.phase, "gemm", 2.0 * m * n * k * batch,
-                             e * (m * k + k * n) * batch, e * m * n * batch, e * m * n * batch,
-                             (m, n, k), batch))
-
-    def mem(self, name, read, written, flops=0.0, output=None, framework=False):
-        self.items.append(Op(name, self.phase, "memory", float(flops), float(read), float(written),
-                             float(written if output is None else output), framework=framework))
-
-    def attention(self, name, flops, read, written, output, seq, head_dim, batch):
-        self.items.append(Op(name, self.phase, "attention", float(flops), float(read), float(written),
-                             float(output), (seq, seq, head_dim), batch))
-
-    def comm(self, name, collective, nbytes):
-        self.items.append(Comm(name, self.phase, collective, float(nbytes)))
-
-    def build(self) -> Work:
-        return Work(self.name, tuple(self.items))
 
 
 def _check(model: ModelSpec, micro_batch: int, tp: int, recompute: str) -> None:
@@ -144,16 +64,17 @@ def _check(model: ModelSpec, micro_batch: int, tp: int, recompute: str) -> None:
                 f"must divide {field} {getattr(model, field)} of {model.name}")
 
 
-def _attention_forward(w: _Builder, m: ModelSpec, b: int, t: int, attention: str) -> None:
+def _attention_forward(w: Builder, m: ModelSpec, b: int, t: int, attention: str) -> None:
     """The attention core's forward: one flash kernel, or Megatron-LM's unfused core
     attention (QKᵀ as a batched GEMM per head, the fused scale-mask-softmax and the
     dropout over the b·(a/t)·s² scores in memory, then AV); the same FLOPs either way."""
-    e, s, h = w.e, m.seq_length, m.hidden_size
+    e, s = w.e, m.seq_length
     heads, d = m.num_attention_heads // t, m.head_dim
-    n_tok, qkv = b * s, (h + 2 * m.kv_dim) // t
+    width, out, d_qk, d_v = attention_widths(m)
+    n_tok, qkv = b * s, width // t
     if attention == "flash":
-        w.attention("attn.core", 4 * b * s * s * h / t, e * n_tok * qkv, e * n_tok * h / t + 4 * b * heads * s,
-                    e * n_tok * h / t, s, d, b * heads)
+        w.attention("attn.core", 2 * b * s * s * heads * (d_qk + d_v), e * n_tok * qkv,
+                    e * n_tok * out / t + 4 * b * heads * s, e * n_tok * out / t, s, d, b * heads)
         return
     bh = b * heads
     scores = bh * s * s
@@ -164,16 +85,17 @@ def _attention_forward(w: _Builder, m: ModelSpec, b: int, t: int, attention: str
     w.gemm("attn.context", s, d, s, batch=bh)
 
 
-def _attention_backward(w: _Builder, m: ModelSpec, b: int, t: int, attention: str) -> None:
+def _attention_backward(w: Builder, m: ModelSpec, b: int, t: int, attention: str) -> None:
     """The attention core's backward (input gradients only: it has no weights): the flash
     kernel's, or the unfused one's dV = PᵀdO, dP = dO·Vᵀ, dropout and softmax backward
     over the scores, dQ = dS·K and dK = dSᵀ·Q."""
-    e, s, h = w.e, m.seq_length, m.hidden_size
+    e, s = w.e, m.seq_length
     heads, d = m.num_attention_heads // t, m.head_dim
-    n_tok, qkv = b * s, (h + 2 * m.kv_dim) // t
+    width, out, d_qk, d_v = attention_widths(m)
+    n_tok, qkv = b * s, width // t
     if attention == "flash":
-        w.attention("attn.core.grad", 8 * b * s * s * h / t,
-                    e * (n_tok * qkv + 2 * n_tok * h / t) + 4 * b * heads * s,
+        w.attention("attn.core.grad", 4 * b * s * s * heads * (d_qk + d_v),
+                    e * (n_tok * qkv + 2 * n_tok * out / t) + 4 * b * heads * s,
                     e * n_tok * qkv, e * n_tok * qkv, s, d, b * heads)
         return
     bh = b * heads
@@ -187,40 +109,46 @@ def _attention_backward(w: _Builder, m: ModelSpec, b: int, t: int, attention: st
     w.gemm("attn.scores.dgrad_k", s, d, s, batch=bh)
 
 
-def _layer_forward(w: _Builder, m: ModelSpec, b: int, t: int, sp: bool, attention: str = "flash") -> None:
-    """Append one layer's forward (ops and collectives) to ``w`` in its current phase."""
+def _layer_forward(w: Builder, m: ModelSpec, b: int, t: int, sp: bool, attention: str = "flash",
+                   moe: MoeShape | None = None) -> None:
+    """Append one layer's forward (ops and collectives) to ``w`` in its current phase;
+    ``moe``: the layer's MLP is a mixture of experts (``sim.program.workload_moe``)."""
     e, s, h = w.e, m.seq_length, m.hidden_size
     n_tok = b * s
     nn = n_tok // t if sp else n_tok                 # tokens seen by norms/dropout/residuals
-    qkv = (h + 2 * m.kv_dim) // t
     f = m.ffn_hidden_size // t
-    f_up = (2 if m.mlp == "swiglu" else 1) * f
     mask = nn * h if m.dropout else 0
     norm_flops = _NORM_FLOPS[m.norm]
 
-    for blk, gemm_in in (("attn", qkv), ("mlp", f_up)):
+    for blk in ("attn", "mlp"):
         w.mem(f"{blk}.norm", e * (nn * h + m.norm_params), e * nn * h, norm_flops * nn * h)
-        if t > 1 and sp:
-            w.comm(f"{blk}.all_gather", "all_gather", e * n_tok * h)
-        w.gemm(f"{blk}.{'qkv' if blk == 'attn' else 'up'}", n_tok, gemm_in, h)
-        if blk == "attn":
-            _attention_forward(w, m, b, t, attention)
-            w.gemm("attn.proj", n_tok, h, h // t)
+        if blk == "mlp" and moe is not None:
+            moe_forward(w, m, b, t, sp, moe)
         else:
-            read = (2 if m.mlp == "swiglu" else 1) * n_tok * f
-            w.mem(f"mlp.{m.mlp}", e * read, e * n_tok * f, _ACT_FLOPS[m.mlp] * n_tok * f, framework=True)
-            w.gemm("mlp.down", n_tok, h, f)
-        if t > 1:
-            w.comm(f"{blk}.{'reduce_scatter' if sp else 'all_reduce'}",
-                   "reduce_scatter" if sp else "all_reduce", e * n_tok * h)
+            if t > 1 and sp:
+                w.comm(f"{blk}.all_gather", "all_gather", e * n_tok * h)
+            if blk == "attn":
+                qkv_forward(w, m, n_tok, t)
+                _attention_forward(w, m, b, t, attention)
+                w.gemm("attn.proj", n_tok, h, attention_widths(m)[1] // t)
+            else:
+                w.gemm("mlp.up", n_tok, (2 if m.mlp == "swiglu" else 1) * f, h)
+                read = (2 if m.mlp == "swiglu" else 1) * n_tok * f
+                w.mem(f"mlp.{m.mlp}", e * read, e * n_tok * f, _ACT_FLOPS[m.mlp] * n_tok * f, framework=True)
+                w.gemm("mlp.down", n_tok, h, f)
+            if t > 1:
+                w.comm(f"{blk}.{'reduce_scatter' if sp else 'all_reduce'}",
+                       "reduce_scatter" if sp else "all_reduce", e * n_tok * h)
         # bias + dropout + residual add, fused as in Megatron-LM
         w.mem(f"{blk}.residual", 2 * e * nn * h, e * nn * h + mask, 3 * nn * h, output=e * nn * h, framework=True)
 
 
 def layer_work(model: ModelSpec, micro_batch: int, tp: int = 1, sequence_parallel: bool = False,
-               recompute: str = "none", dtype_bytes: int = 2, attention: str = "flash") -> Work:
+               recompute: str = "none", dtype_bytes: int = 2, attention: str = "flash",
+               moe: MoeShape | None = None) -> Work:
     """One transformer layer's F, B and W for one micro-batch on one tensor-parallel rank
-    (``attention``: "flash" or "unfused", ``ParallelPlan.attention``)."""
+    (``attention``: "flash" or "unfused", ``ParallelPlan.attention``; ``moe``: how its
+    mixture of experts runs, None for a dense layer)."""
     _check(model, micro_batch, tp, recompute)
     require(attention in ATTENTION, "attention", attention, f"allowed: {', '.join(ATTENTION)}")
     m, b, t, e = model, micro_batch, tp, dtype_bytes
@@ -228,48 +156,55 @@ def layer_work(model: ModelSpec, micro_batch: int, tp: int = 1, sequence_paralle
     s, h = m.seq_length, m.hidden_size
     n_tok = b * s
     nn = n_tok // t if sp else n_tok
-    qkv = (h + 2 * m.kv_dim) // t
+    out = attention_widths(m)[1] // t
     f = m.ffn_hidden_size // t
     f_up = (2 if m.mlp == "swiglu" else 1) * f
     mask = nn * h if m.dropout else 0
     norm_flops = _NORM_FLOPS[m.norm]
 
-    w = _Builder("layer", e)
-    _layer_forward(w, m, b, t, sp, attention)
+    w = Builder("layer", e)
+    _layer_forward(w, m, b, t, sp, attention, moe)
 
     w.phase = "B"
     start = len(w.items)
     if recompute == "full":
-        _layer_forward(w, m, b, t, sp, attention)
+        _layer_forward(w, m, b, t, sp, attention, moe)
     elif recompute == "selective":
         _attention_forward(w, m, b, t, attention)
     w.items[start:] = [_as_recompute(i) for i in w.items[start:]]
-    for blk, k_in, act in (("mlp", f_up, True), ("attn", qkv, False)):
+    for blk in ("mlp", "attn"):
         w.mem(f"{blk}.residual.grad", e * nn * h + mask, e * nn * h, nn * h, framework=True)
-        if t > 1 and sp:
-            w.comm(f"{blk}.all_gather.grad", "all_gather", e * n_tok * h)
-        if act:
-            w.gemm("mlp.down.dgrad", n_tok, f, h)
-            read = (3 if m.mlp == "swiglu" else 2) * n_tok * f
-            wrote = (2 if m.mlp == "swiglu" else 1) * n_tok * f
-            w.mem(f"mlp.{m.mlp}.grad", e * read, e * wrote, 2 * _ACT_FLOPS[m.mlp] * n_tok * f, framework=True)
-            w.gemm("mlp.up.dgrad", n_tok, h, f_up)
+        if blk == "mlp" and moe is not None:
+            moe_backward(w, m, b, t, sp, moe)
         else:
-            w.gemm("attn.proj.dgrad", n_tok, h // t, h)
-            _attention_backward(w, m, b, t, attention)
-            w.gemm("attn.qkv.dgrad", n_tok, h, qkv)
-        if t > 1:
-            w.comm(f"{blk}.{'reduce_scatter' if sp else 'all_reduce'}.grad",
-                   "reduce_scatter" if sp else "all_reduce", e * n_tok * h)
+            if t > 1 and sp:
+                w.comm(f"{blk}.all_gather.grad", "all_gather", e * n_tok * h)
+            if blk == "mlp":
+                w.gemm("mlp.down.dgrad", n_tok, f, h)
+                read = (3 if m.mlp == "swiglu" else 2) * n_tok * f
+                wrote = (2 if m.mlp == "swiglu" else 1) * n_tok * f
+                w.mem(f"mlp.{m.mlp}.grad", e * read, e * wrote, 2 * _ACT_FLOPS[m.mlp] * n_tok * f, framework=True)
+                w.gemm("mlp.up.dgrad", n_tok, h, f_up)
+            else:
+                w.gemm("attn.proj.dgrad", n_tok, out, h)
+                _attention_backward(w, m, b, t, attention)
+                qkv_dgrad(w, m, n_tok, t)
+            if t > 1:
+                w.comm(f"{blk}.{'reduce_scatter' if sp else 'all_reduce'}.grad",
+                       "reduce_scatter" if sp else "all_reduce", e * n_tok * h)
         w.mem(f"{blk}.norm.grad", 2 * e * nn * h + e * m.norm_params, e * nn * h + e * m.norm_params,
               2 * norm_flops * nn * h, output=e * nn * h)
 
     w.phase = "W"
-    for name, rows, cols, regather in (("mlp.down", f, h, False), ("mlp.up", h, f_up, True),
-                                       ("attn.proj", h // t, h, False), ("attn.qkv", h, qkv, True)):
-        if regather and sp:
-            w.comm(f"{name}.all_gather.input", "all_gather", e * n_tok * h)
-        w.gemm(f"{name}.wgrad", rows, cols, n_tok)
+    if moe is not None:
+        moe_wgrads(w, m, b, t, sp, moe)
+    else:
+        w.gemm("mlp.down.wgrad", f, h, n_tok)
+        if sp:
+            w.comm("mlp.up.all_gather.input", "all_gather", e * n_tok * h)
+        w.gemm("mlp.up.wgrad", h, f_up, n_tok)
+    w.gemm("attn.proj.wgrad", out, h, n_tok)
+    qkv_wgrads(w, m, n_tok, t, sp)
     return w.build()
 
 
@@ -285,7 +220,7 @@ def embedding_work(model: ModelSpec, micro_batch: int, tp: int = 1, sequence_par
     sp = sequence_parallel and t > 1
     n_tok, h = b * m.seq_length, m.hidden_size
     pos = 1 if m.position_embedding == "learned" else 0
-    w = _Builder("embedding", e)
+    w = Builder("embedding", e)
     w.mem("embed.lookup", 8 * n_tok + e * n_tok * h * (1 + pos), e * n_tok * h, n_tok * h * pos, framework=True)
     if t > 1:
         w.comm("embed.reduce_scatter" if sp else "embed.all_reduce",
@@ -308,7 +243,7 @@ def head_work(model: ModelSpec, micro_batch: int, tp: int = 1, sequence_parallel
     nn = n_tok // t if sp else n_tok
     v = math.ceil(m.vocab_size / t)
     norm_flops = _NORM_FLOPS[m.norm]
-    w = _Builder("head", e)
+    w = Builder("head", e)
     w.mem("head.norm", e * (nn * h + m.norm_params), e * nn * h, norm_flops * nn * h)
     if sp:
         w.comm("head.all_gather", "all_gather", e * n_tok * h)
@@ -333,23 +268,41 @@ def head_work(model: ModelSpec, micro_batch: int, tp: int = 1, sequence_parallel
     return w.build()
 
 
-def chunk_work(model: ModelSpec, plan: ParallelPlan, virtual_stage: int) -> list:
+def chunk_work(model: ModelSpec, plan: ParallelPlan, virtual_stage: int, mb: int | None = None,
+               routing=None) -> list:
     """The works of one model chunk in execution order: the embedding (virtual stage 0
-    only), its layers (one shared ``Work`` per layer, ``plan.stage_layers(model)`` of them,
-    so uneven splits are honoured) and the head with the loss (last virtual stage only).
-    Chunk c of pipeline stage s is virtual stage c·pp + s (Megatron's interleaved assignment)."""
+    only), its layers (``plan.stage_layers(model)`` of them, so uneven splits are
+    honoured; dense layers share one ``Work``) and the head with the loss (last virtual
+    stage only). Chunk c of pipeline stage s is virtual stage c·pp + s (Megatron's
+    interleaved assignment). A mixture of experts' layers take the busiest expert rank's
+    tokens of micro-batch ``mb`` from ``routing`` (``sim.program.routing.Routing``), or the
+    balanced load without them."""
     n = plan.pp * plan.vpp
     require(isinstance(virtual_stage, int) and 0 <= virtual_stage < n, "virtual_stage", virtual_stage,
             f"expected 0..{n - 1} (pp x vpp = {plan.pp} x {plan.vpp})")
     b, t, sp = plan.micro_batch_size, plan.tp, plan.sequence_parallel
     plan.check_model(model)
-    layer = layer_work(model, b, t, sp, plan.recompute, attention=plan.attention)
-    works = [layer] * plan.stage_layers(model)[virtual_stage]
+    works = []
+    for lid in plan.layer_range(model, virtual_stage):
+        moe = None
+        if model.is_moe_layer(lid):
+            tokens = b * model.seq_length // (t if plan.sp else 1)
+            load = routing.max_load(lid, mb) if routing is not None and mb is not None else tokens * \
+                model.moe_router_topk
+            moe = MoeShape(plan.ep, plan.etp_size, load)
+        works.append(_layer(model, b, t, sp, plan.recompute, plan.attention, moe, plan.fp8_format,
+                            plan.num_microbatches))
     if virtual_stage == 0:
         works.insert(0, embedding_work(model, b, t, sp))
     if virtual_stage == n - 1:
         works.append(head_work(model, b, t, sp))
     return works
+
+
+@lru_cache(maxsize=4096)
+def _layer(model, b, t, sp, recompute, attention, moe, fp8_format, microbatches) -> Work:
+    layer = layer_work(model, b, t, sp, recompute, attention=attention, moe=moe)
+    return fp8_layer_work(layer, fp8_format, t, sp, microbatches)
 
 
 def p2p_bytes(model: ModelSpec, micro_batch: int, tp: int = 1, sequence_parallel: bool = False,

@@ -165,7 +165,7 @@ def add_offloaded_optimizer(prog: Program, shard_bytes: Callable[[int], float], 
 
 def add_param_allgather(prog: Program, param_bytes: Callable[[int], float], dp_group: Callable[[int], tuple[int, ...]],
                         bucket_bytes: float, after: str = "optimizer",
-                        max_buckets: Callable[[int], int] | None = None) -> Program:
+                        max_buckets: Callable[[int], int] | None = None, label: str = "param allgather") -> Program:
     """ZeRO-1/2: after the optimizer step (action ``after``), all-gather the updated
     16-bit parameters (``param_bytes(rank)`` in all) over the dp group in buckets
     (stream ``dp``, category ``zero``: ZeRO's parameter traffic, reported apart from the
@@ -182,7 +182,7 @@ def add_param_allgather(prog: Program, param_bytes: Callable[[int], float], dp_g
         n = max(1, int(min(total // bucket_bytes, max_buckets(r) if max_buckets else math.inf)))
         for k in range(n):
             nb = total / n
-            lst.append(Action(f"param allgather {k}", kind="collective", op="allgather", group=group, nbytes=nb,
+            lst.append(Action(f"{label} {k}", kind="collective", op="allgather", group=group, nbytes=nb,
                               category="zero", stream="dp", deps=(after,)))
         out[r] = lst
     return prog.with_actions(out)

@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import asdict
 
 from sim.program.estimate import estimate, model_flops_per_sequence
+from sim.program.fp8 import precision
 from sim.results.memory_timeline import highest_peak
 from sim.results.metrics import iteration_metrics
 
@@ -29,8 +30,9 @@ def summarize(run) -> dict:
     br = pk.breakdown
     d, stage, t = plan.coords(pk.rank)
     return {
-        "model": model.name, "params": model.num_params, "gpu": profile.name, "topology": run.topology.name,
+        "model": model.name, "params": model.num_params, "active_params": model.active_params, "gpu": profile.name, "topology": run.topology.name,
         "gpus": plan.world_size, "schedule": run.schedule.name, "plan": asdict(plan), "fidelity": run.fidelity,
+        "precision": precision(plan.fp8_format),
         "fidelity_reason": run.fidelity_reason, "collective_model": run.collective_model,
         "simulated_gpus": len(run.program.actions),
         **met,

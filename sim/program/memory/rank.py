@@ -28,7 +28,8 @@ from sim.program.memory.inflight import stage_activation_bytes
 from sim.program.memory.states import (
     DEEPSPEED_REDUCE_BUCKET_ELEMS,
     grad_bucket_bytes,
-    model_state_bytes,
+    fp8_weight_copy_bytes,
+    stage_model_states,
     stage_params_per_rank,
     zero3_gathered_param_bytes,
 )
@@ -36,10 +37,11 @@ from sim.program.memory.states import (
 
 def stage_resident_bytes(model: ModelSpec, plan: ParallelPlan, stage: int, reserve_bytes: float) -> dict:
     """Bytes per category a rank of pipeline stage ``stage`` holds from the start of the
-    iteration: its sharded model states (none of the optimizer's when it is offloaded)
-    and ``reserve_bytes``."""
-    st = model_state_bytes(stage_params_per_rank(model, plan, stage), plan.dp, plan.zero_stage)
-    return {"parameters": st.params_bytes, "gradients": st.grads_bytes,
+    iteration: its sharded model states (none of the optimizer's when it is offloaded),
+    under FP8 Transformer Engine's FP8 weight copies (with the parameters), and
+    ``reserve_bytes``."""
+    st = stage_model_states(model, plan, stage)
+    return {"parameters": st.params_bytes + fp8_weight_copy_bytes(model, plan, stage), "gradients": st.grads_bytes,
             "optimizer": 0.0 if plan.offload_optimizer else st.optimizer_bytes,
             "reserve": reserve_bytes}
 
@@ -62,8 +64,8 @@ def stage_memory_bytes(model: ModelSpec, plan: ParallelPlan, stage: int,
     """The estimate's peak on a rank of pipeline stage ``stage``, bytes: weights,
     gradients, optimizer, activations, temporaries and their total."""
     params = stage_params_per_rank(model, plan, stage)
-    states = model_state_bytes(params, plan.dp, plan.zero_stage)
-    mem = {"weights": states.params_bytes, "gradients": states.grads_bytes,
+    states = stage_model_states(model, plan, stage)
+    mem = {"weights": states.params_bytes + fp8_weight_copy_bytes(model, plan, stage), "gradients": states.grads_bytes,
            "optimizer": states.optimizer_bytes,
            "activations": stage_activation_bytes(model, plan, stage, flash_attention),
            "temporaries": zero_temporary_bytes(model, plan, params)}

@@ -41,7 +41,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from sim.errors import require
-from sim.inputs.model import ModelSpec, layer_params_per_rank
+from sim.inputs.model import ModelSpec, layer_param_split, layer_params_per_rank
 from sim.inputs.plan import ParallelPlan
 
 DEEPSPEED_REDUCE_BUCKET_ELEMS = 500_000_000
@@ -87,11 +87,27 @@ def stage_params_per_rank(model: ModelSpec, plan: ParallelPlan, stage: int) -> f
     """Parameters one rank of pipeline stage ``stage`` holds (the layers of all its chunks,
     as ``plan.stage_layers`` splits them, plus the embedding on the first stage and the
     final norm and output layer on the last)."""
+    dense, experts = stage_param_split(model, plan, stage)
+    return dense + experts
+
+
+def stage_param_split(model: ModelSpec, plan: ParallelPlan, stage: int) -> tuple[float, float]:
+    """(dense, expert) parameters one rank of pipeline stage ``stage`` holds: the routed
+    experts' (a mixture of experts' num_experts/ep per layer, split over etp; their states
+    are sharded over the expert data-parallel group) and everything else."""
     plan.check_model(model)
     require(0 <= stage < plan.pp, "stage", stage, f"expected 0..{plan.pp - 1}")
     t, h = plan.tp, model.hidden_size
-    layers = plan.stage_layers(model)
-    n = sum(layers[c * plan.pp + stage] for c in range(plan.vpp)) * layer_params_per_rank(model, t)
+    if model.moe:
+        n = experts = 0.0
+        for c in range(plan.vpp):
+            for lid in plan.layer_range(model, c * plan.pp + stage):
+                d, x = layer_param_split(model, lid, t, plan.ep, plan.etp_size)
+                n, experts = n + d, experts + x
+    else:
+        layers = plan.stage_layers(model)
+        n = sum(layers[c * plan.pp + stage] for c in range(plan.vpp)) * layer_params_per_rank(model, t)
+        experts = 0.0
     word = model.vocab_size * h / t                       # vocab-parallel table
     if stage == 0:
         pos = model.max_position_embeddings if model.position_embedding == "learned" else 0
@@ -100,7 +116,43 @@ def stage_params_per_rank(model: ModelSpec, plan: ParallelPlan, stage: int) -> f
         n += model.norm_params
         if not model.tied_embeddings or plan.pp > 1:      # untied, or a tied copy on the last stage
             n += word
-    return n
+    return n, experts
+
+
+def expert_data_parallel(plan: ParallelPlan) -> int:
+    """Ranks that hold the same experts (tp·dp / (etp·ep)): their states' ZeRO group."""
+    return plan.tp * plan.dp // (plan.etp_size * plan.ep)
+
+
+def stage_model_states(model: ModelSpec, plan: ParallelPlan, stage: int) -> ModelStates:
+    """Model states of a rank of ``stage``: dense ones sharded over dp, the experts' over
+    the expert data-parallel group."""
+    dense, experts = stage_param_split(model, plan, stage)
+    a = model_state_bytes(dense, plan.dp, plan.zero_stage)
+    if not experts:
+        return a
+    b = model_state_bytes(experts, expert_data_parallel(plan), plan.zero_stage)
+    return ModelStates(a.params_bytes + b.params_bytes, a.grads_bytes + b.grads_bytes,
+                       a.optimizer_bytes + b.optimizer_bytes)
+
+
+FP8_WEIGHT_COPY_BYTES = 2
+"""FP8 training: bytes per transformer-layer GEMM weight parameter of Transformer Engine's FP8
+copies, the FP8 weight and its transpose for the input-gradient GEMM (TE's
+``get_fp8_workspace`` keeps both while gradients are enabled), beside the 16-bit weight."""
+
+
+def fp8_weight_copy_bytes(model: ModelSpec, plan: ParallelPlan, stage: int) -> float:
+    """The FP8 weight copies (``FP8_WEIGHT_COPY_BYTES`` per parameter) of the QKV,
+    projection and MLP weights of the layers a rank of pipeline stage ``stage`` holds, on
+    one of ``plan.tp`` ranks; not sharded by ZeRO (they are TE's buffers). 0 in BF16."""
+    if plan.fp8_format is None:
+        return 0.0
+    h, kv, f = model.hidden_size, model.kv_dim, model.ffn_hidden_size
+    gemm = h * (h + 2 * kv) + h * h + (3 if model.mlp == "swiglu" else 2) * h * f
+    layers = plan.stage_layers(model)
+    n = sum(layers[c * plan.pp + stage] for c in range(plan.vpp))
+    return FP8_WEIGHT_COPY_BYTES * n * gemm / plan.tp
 
 
 # ------------------------------------------------------------- 16-bit copies

@@ -1,0 +1,104 @@
+"""The pieces a layer's work is made of: kernels (``Op``), collectives (``Comm``), and the
+``Work`` that lists them in execution order (``sim.program.workload`` builds them)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+PHASES = ("F", "B", "W")
+OP_KINDS = ("gemm", "attention", "memory")
+COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all")
+GROUPS = ("tp", "ep", "etp")
+"""Which of the rank's groups a ``Comm`` runs over: tensor-parallel, expert-parallel
+(token dispatch and combine) or expert tensor-parallel (``sim.inputs.experts``)."""
+
+
+@dataclass(frozen=True)
+class Op:
+    """One kernel: what it computes and what it moves, for one micro-batch on one rank."""
+
+    name: str
+    phase: str
+    kind: str
+    """'gemm', 'attention' (fused flash) or 'memory' (elementwise, norm, embedding, loss)."""
+    flops: float
+    bytes_read: float
+    bytes_written: float
+    output_bytes: float
+    shape: tuple = ()
+    """GEMM (m, n, k); attention (seq_q, seq_k, head_dim)."""
+    batch: int = 1
+    """Independent GEMMs (or sequences × heads for attention) in the kernel."""
+    recompute: bool = False
+    framework: bool = False
+    """A memory-bound kernel of the framework's own (Megatron-LM's torch.compile fusions,
+    PyTorch eager ops), not a tuned library kernel: it streams at the profile's
+    ``framework_kernel_efficiency``."""
+    dtype: str = "bf16"
+    """What a GEMM's operands are: 'bf16', or 'fp8' (``sim.program.fp8``: the profile's FP8 peak)."""
+
+
+@dataclass(frozen=True)
+class Comm:
+    """A collective over the tensor-parallel group. ``nbytes`` follows nccl-tests: the
+    full buffer on one rank (the tensor all-reduced, the gathered output of an
+    all-gather, the unreduced input of a reduce-scatter)."""
+
+    name: str
+    phase: str
+    collective: str
+    nbytes: float
+    recompute: bool = False
+    group: str = "tp"
+    """``GROUPS``: the tensor-parallel group, or the expert-parallel ones."""
+
+
+@dataclass(frozen=True)
+class Work:
+    """Ops and collectives of one piece of the model, in execution order (F, then B, then W)."""
+
+    name: str
+    items: tuple
+
+    def ops(self, phase: str | None = None, recompute: bool = True) -> tuple:
+        return tuple(i for i in self.items if isinstance(i, Op) and (phase is None or i.phase == phase)
+                     and (recompute or not i.recompute))
+
+    def comms(self, phase: str | None = None, recompute: bool = True) -> tuple:
+        return tuple(i for i in self.items if isinstance(i, Comm) and (phase is None or i.phase == phase)
+                     and (recompute or not i.recompute))
+
+    def flops(self, phase: str | None = None, recompute: bool = True, kinds=OP_KINDS) -> float:
+        return sum(o.flops for o in self.ops(phase, recompute) if o.kind in kinds)
+
+    def phase(self, phase: str) -> tuple:
+        return tuple(i for i in self.items if i.phase == phase)
+
+
+class Builder:
+    """Appends ops and collectives to a ``Work`` under construction, phase by phase."""
+
+    def __init__(self, name: str, e: int):
+        self.name, self.e, self.items, self.phase = name, e, [], "F"
+
+    def gemm(self, name, m, n, k, batch=1):
+        e = self.e
+        self.items.append(Op(name, self.phase, "gemm", 2.0 * m * n * k * batch,
+                             e * (m * k + k * n) * batch, e * m * n * batch, e * m * n * batch,
+                             (m, n, k), batch))
+
+    def mem(self, name, read, written, flops=0.0, output=None, framework=False):
+        self.items.append(Op(name, self.phase, "memory", float(flops), float(read), float(written),
+                             float(written if output is None else output), framework=framework))
+
+    def attention(self, name, flops, read, written, output, seq, head_dim, batch):
+        self.items.append(Op(name, self.phase, "attention", float(flops), float(read), float(written),
+                             float(output), (seq, seq, head_dim), batch))
+
+    def comm(self, name, collective, nbytes, group="tp"):
+        self.items.append(Comm(name, self.phase, collective, float(nbytes), group=group))
+
+    def build(self) -> Work:
+        return Work(self.name, tuple(self.items))
+
+
