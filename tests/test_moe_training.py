@@ -1,0 +1,114 @@
+"""Expert parallelism in a simulated iteration: the MoE layer's work against hand-computed
+shapes, all-to-all bytes against their closed form, expert gradients on their own group,
+expert states sharded over it, fidelity agreement and the routing report."""
+
+import json
+
+import pytest
+
+from sim.inputs.experts import Folding
+from sim.inputs.model import layer_param_split, llama
+from sim.inputs.plan import ParallelPlan
+from sim.inputs.topology_build import load_topology
+from sim.program.memory.states import stage_model_states, stage_param_split
+from sim.program.training import build_program
+from sim.program.workload import chunk_work, layer_work
+from sim.program.workload_moe import MoeShape
+from sim.inputs.hardware import load_profile
+from sim.session import simulate_training
+
+TINY = llama("tiny-moe", 4, 512, 8, 8, 1024, 2000, 256, num_experts=4, moe_router_topk=2,
+             moe_ffn_hidden_size=512)
+
+
+def _item(work, name):
+    return next(i for i in work.items if i.name == name)
+
+
+def test_balanced_dispatch_carries_every_routed_token_copy():
+    # T = 256 tokens, k = 2: 512 copies of h = 512 in bf16 leave each rank's send buffer;
+    # nccl-tests' all-to-all size is that buffer, of which (ep-1)/ep crosses links.
+    w = layer_work(TINY, 1, moe=MoeShape(ep=4, etp=1, load=256 * 2))
+    for name in ("moe.dispatch", "moe.combine", "moe.dispatch.grad", "moe.combine.grad"):
+        c = _item(w, name)
+        assert (c.collective, c.group, c.nbytes) == ("all_to_all", "ep", 256 * 2 * 512 * 2)
+    up = _item(w, "moe.experts.up")
+    assert up.shape == (512, 2 * 512, 512) and up.batch == 1      # 4/4 = 1 local expert, all 512 copies
+    assert not any(i.name.startswith("moe.dispatch") for i in layer_work(TINY, 1, moe=MoeShape(1, 1, 512)).items)
+
+
+def test_moe_layer_flops_are_the_active_parameters():
+    # forward GEMM FLOPs per token: 2 x (attention weights + k experts + router), plus attention's s-terms
+    w = layer_work(TINY, 1, moe=MoeShape(1, 1, 256 * 2))
+    gemm_f = sum(o.flops for o in w.ops("F") if o.kind == "gemm")
+    h, f, E, k, s = 512, 512, 4, 2, 256
+    weights = 4 * h * h + k * 3 * h * f + h * E
+    assert gemm_f == pytest.approx(2 * s * weights)
+
+
+def test_an_uneven_histogram_gives_the_busiest_rank_its_tokens(tmp_path):
+    hist = tmp_path / "router.json"
+    hist.write_text(json.dumps([1, 1, 1, 5]))         # experts 0-1 on rank 0, 2-3 on rank 1
+    plan = ParallelPlan(dp=2, ep=2, moe_routing=str(hist))
+    from sim.program.routing import Routing
+
+    works = chunk_work(TINY, plan, 0, mb=0, routing=Routing(TINY, plan))
+    layer = works[1]
+    # 2 ranks x 256 tokens x top-2 = 1024 copies: experts get 128, 128, 128, 640;
+    # rank 1 receives 768, which every rank of the group waits for
+    assert _item(layer, "moe.dispatch").nbytes == 768 * 512 * 2
+    assert _item(layer, "moe.experts.up").shape == (384, 1024, 512) and _item(layer, "moe.experts.up").batch == 2
+
+
+def _run(plan, model=TINY, fidelity="full"):
+    topo = load_topology("dgx-a100", nodes=max(1, plan.world_size // 8))
+    return simulate_training(model, plan, load_profile("a100-80gb"), topo, fidelity=fidelity)
+
+
+def test_all_to_all_bytes_on_the_wire_match_the_closed_form():
+    plan = ParallelPlan(dp=4, ep=4, global_batch_size=4)
+    run = _run(plan)
+    sent = sum(t.nbytes for t in run.trace.transfers if t.src == 0 and "alltoall" in t.label)
+    per = 256 * 2 * 512 * 2 * 3 / 4                      # T·k·h·bytes·(ep-1)/ep
+    assert sent == pytest.approx(4 * 4 * per)             # 4 MoE layers x (2 forward + 2 backward)
+
+
+def test_expert_gradients_sync_over_the_expert_data_parallel_group():
+    plan = ParallelPlan(dp=4, ep=2, global_batch_size=8)
+    _, prog = build_program(TINY, plan, load_profile("a100-80gb"))
+    f = Folding(plan)
+    expert = [a for a in prog.actions[0] if a.name.startswith("expert grad bucket")]
+    dense = [a for a in prog.actions[0] if a.name.startswith("grad bucket")]
+    assert expert and {a.group for a in expert} == {f.edp_group(0)} == {(0, 2)}
+    assert {a.group for a in dense} == {plan.dp_group(0)}
+    per_layer = [2 * layer_param_split(TINY, i, 1, 2, 1)[1] for i in range(4)]
+    assert sum(a.nbytes for a in expert) == pytest.approx(sum(per_layer))
+
+
+def test_expert_states_are_sharded_over_their_own_group():
+    plan = ParallelPlan(dp=8, ep=4, zero_stage=1)
+    dense, experts = stage_param_split(TINY, plan, 0)
+    st = stage_model_states(TINY, plan, 0)
+    assert st.optimizer_bytes == pytest.approx(12 * dense / 8 + 12 * experts / 2)   # edp = 8 / 4
+    assert st.params_bytes == pytest.approx(2 * (dense + experts))
+
+
+def test_full_and_reduced_fidelity_agree_and_imbalance_costs_time():
+    plan = ParallelPlan(dp=8, ep=4, global_batch_size=16)
+    full = _run(plan).trace.end_s
+    reduced = _run(plan, fidelity="reduced").trace.end_s
+    assert reduced == pytest.approx(full, rel=0.01)
+    skewed = _run(ParallelPlan(dp=8, ep=4, global_batch_size=16, moe_routing="zipf:1.5")).trace.end_s
+    assert skewed > full
+
+
+def test_run_reports_active_params_and_the_routing(tmp_path):
+    from sim.api import run
+
+    r = run(model="mixtral-8x7b", gpu="h100-sxm", gpus=16, expert_model_parallel_size=8,
+            global_batch_size=16, seq_length=1024, moe_routing="dirichlet:2")
+    s = r.summary
+    assert s["params"] == pytest.approx(46.7e9, rel=0.01) and s["active_params"] == pytest.approx(12.9e9, rel=0.01)
+    moe = s["moe"]
+    assert moe["ep"] == 8 and moe["imbalance_max"] >= moe["imbalance_mean"] > 1
+    assert moe["imbalance_cost_s"] == pytest.approx(s["iteration_time_s"] - moe["balanced_iteration_time_s"])
