@@ -28,7 +28,8 @@ def run(args) -> int:
     settings, model, plan, profile = analytic_inputs(args)
     est = estimate(model, plan, profile, gpus_per_node=settings.cluster.gpus_per_node)
     if args.json:
-        print(json.dumps(est.to_dict(), indent=2))
+        print(json.dumps({"model": model.name, "params": model.num_params, "active_params": model.active_params,
+                          **est.to_dict()}, indent=2))
         return 0
     pl = plan
     print(model.describe())
@@ -38,7 +39,8 @@ def run(args) -> int:
           f"{f' (vpp {pl.vpp})' if pl.vpp > 1 else ''}, schedule {pl.schedule}, placement {pl.placement}, "
           f"sp {'on' if pl.sp else 'off'}, "
           f"micro-batch {pl.micro_batch_size}, global batch {pl.global_batch_size} "
-          f"({pl.num_microbatches} micro-batches), recompute {pl.recompute}, ZeRO-{pl.zero_stage}")
+          f"({pl.num_microbatches} micro-batches), recompute {pl.recompute}, ZeRO-{pl.zero_stage}"
+          + (f", ep {pl.ep}, etp {pl.etp_size}" if model.moe else ""))
     if pl.pp > 1:
         layers = pl.stage_layers(model)
         per_stage = [sum(layers[c * pl.pp + r] for c in range(pl.vpp)) for r in range(pl.pp)]

@@ -43,11 +43,13 @@ from sim.program.costs import (
     optimizer_step_time,
     pipeline_bubble_time,
     pipeline_p2p_time,
+    transfer_time,
     work_times,
 )
 from sim.program.memory import model_state_bytes, optimizer_shard_params, stage_memory_bytes, stage_params_per_rank
+from sim.inputs.experts import Folding
 from sim.program.workload_moe import MoeShape
-from sim.program.workload import embedding_work, head_work, layer_work, p2p_bytes
+from sim.program.workload import Work, embedding_work, head_work, layer_work, p2p_bytes
 
 _MATMUL = ("gemm", "attention")
 
@@ -102,6 +104,32 @@ def model_flops_per_sequence(model: ModelSpec, recompute: str = "none") -> float
     return total
 
 
+def _moe_layer_times(model: ModelSpec, plan: ParallelPlan, profile: HardwareProfile, tp_link: str,
+                     gpus_per_node: int, dtype: str) -> dict:
+    """Per phase (compute_s, comm_s) of one MoE layer and micro-batch under balanced routing:
+    tensor-parallel collectives as ``work_times`` prices them, and each expert-parallel
+    all-to-all (or expert-TP collective) as its bytes leaving a rank, (n-1)/n of the
+    buffer, over the link its group crosses (NVLink inside a node, else the network)."""
+    b, t, sp = plan.micro_batch_size, plan.tp, plan.sequence_parallel
+    tokens = b * model.seq_length // (t if plan.sp else 1)
+    work = layer_work(model, b, t, sp, plan.recompute, attention=plan.attention,
+                      moe=MoeShape(plan.ep, plan.etp_size, tokens * model.moe_router_topk))
+    base = work_times(Work(work.name, tuple(i for i in work.items if getattr(i, "group", "tp") == "tp")),
+                      profile, t, tp_link, dtype)
+    fold = Folding(plan)
+    sizes = {"ep": plan.ep, "etp": plan.etp_size}
+    link = {k: "nvlink" if len({r // gpus_per_node for r in getattr(fold, f"{k}_group")(0)}) == 1 else "ib"
+            for k in sizes}
+    out = {}
+    for ph, (comp, comm) in base.items():
+        for c in work.comms(ph):
+            n = sizes.get(c.group, 1)
+            if n > 1:
+                comm += transfer_time(c.nbytes * (n - 1) / n, link[c.group], profile)
+        out[ph] = (comp, comm)
+    return out
+
+
 def estimate(model: ModelSpec, plan: ParallelPlan, profile: HardwareProfile, *,
              gpus_per_node: int = 8, dtype: str = "bf16", flash_attention: bool | None = None,
              dp_channels: int | None = None) -> Estimate:
@@ -123,13 +151,17 @@ def estimate(model: ModelSpec, plan: ParallelPlan, profile: HardwareProfile, *,
 
     layer_t = phases(fp8_layer_work(layer_work(model, b, t, sp, plan.recompute, attention=plan.attention),
                                     plan.fp8_format, t, sp, m))
+    moe_t = _moe_layer_times(model, plan, profile, links["tp"], gpus_per_node, dtype) if model.moe else layer_t
     emb_t, head_t = phases(embedding_work(model, b, t, sp)), phases(head_work(model, b, t, sp))
     stage_times = []          # per stage: {phase: (compute_s, tp_comm_s)}
     for stage in range(p):
-        n = sum(layers[c * p + stage] for c in range(v))
+        ids = [i for c in range(v) for i in plan.layer_range(model, c * p + stage)]
+        n_moe = sum(1 for i in ids if model.is_moe_layer(i))
+        n = len(ids) - n_moe
         times = {}
         for ph in layer_t:
-            c, x = n * layer_t[ph][0], n * layer_t[ph][1]
+            c = n * layer_t[ph][0] + n_moe * moe_t[ph][0]
+            x = n * layer_t[ph][1] + n_moe * moe_t[ph][1]
             if stage == 0:
                 c, x = c + emb_t[ph][0], x + emb_t[ph][1]
             if stage == p - 1:
