@@ -80,6 +80,22 @@ def test_one_slow_gpu_with_overlap_delays_each_bucket_by_the_max_plus_closed_for
     assert slow.trace.end_s > ideal.trace.end_s
 
 
+def test_a_slow_gpu_keeps_its_tensor_parallel_peer_waiting_for_its_extra_compute():
+    # tp 2: the peers meet at every tensor-parallel collective (priced outside the network,
+    # started on both at once), so the step grows by (f-1) x rank 1's compute, and rank 0
+    # waits (f-1) x the compute rank 1 does before their last meeting, all of it on rank 1.
+    f = 1.2
+    ideal, slow = _pair(ParallelPlan(tp=2, global_batch_size=2), profile=QUIET, slow={1: f})
+    spans = ideal.trace.spans_of(1)
+    assert {s.kind for s in spans} >= {"comm"}
+    assert slow.trace.end_s - ideal.trace.end_s == pytest.approx((f - 1) * _gpu_compute(ideal.trace, 1), rel=1e-9)
+    last = max(s.start_s for s in spans if s.kind in ("comm", "collective"))
+    before = sum(s.duration_s for s in spans if s.kind == "compute" and s.end_s <= last)
+    waited, waited_on, by = waits(slow.trace, slow.program)
+    assert waited == pytest.approx({0: (f - 1) * before}, rel=1e-9)
+    assert waited_on == pytest.approx({1: (f - 1) * before}, rel=1e-9) and set(by) == {1}
+
+
 def test_a_degraded_link_on_a_ring_takes_the_closed_form_of_its_slowest_hop(make_star):
     # Ring all-reduce of S bytes over 4 GPUs on one switch, GPU 2's link at half its
     # bandwidth: 2(n-1)(alpha + S/(n*B/2)), alpha the 2-link route's latency.

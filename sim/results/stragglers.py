@@ -6,7 +6,9 @@ point-to-point transfer when the second of its send and receive does; every span
 when its action was posted (``start_s``) and when data started to move
 (``busy_start_s``). The time in between is the rank's *wait*, and it is put down to the
 member (or members, shared equally) that arrived last: the rank that *set the pace* of
-that collective or transfer. Summed over an iteration, ``others_waited_s`` of a rank is
+that collective or transfer. Tensor-parallel collectives priced outside the network
+(``comm`` actions) start on all members together; there a member's wait runs from when
+it was ready (see ``waits``). Summed over an iteration, ``others_waited_s`` of a rank is
 how long the others waited for it; ``waited_s`` how long it waited for others.
 
 **Cost.** The ideal is the same plan simulated again on the same cluster with no slow
@@ -18,6 +20,9 @@ when every GPU is equal; that part is not the stragglers' doing).
 
 from __future__ import annotations
 
+from itertools import groupby
+from operator import attrgetter
+
 PACE_SETTERS = 8
 """Ranks listed as setting the pace (the JSON lists every slow GPU besides)."""
 WAITERS = 4
@@ -27,35 +32,48 @@ WAITERS = 4
 def waits(trace, program) -> tuple[dict[int, float], dict[int, float], dict[int, dict[int, float]]]:
     """Per rank, seconds spent waiting for others (``waited``) and seconds others spent
     waiting for it (``waited_on``), and for each rank that was waited on, how long each
-    other rank waited for it (``by``: setter -> waiter -> seconds; only waits > 0)."""
-    groups = {(r, a.name): a.group for r, acts in program.actions.items() for a in acts if a.kind == "collective"}
-    meetings: dict[tuple, list] = {}
-    for s in trace.spans:
-        if s.busy_start_s is None:
-            continue
-        if s.kind == "collective":
-            key = ("c", tuple(sorted(groups.get((s.rank, s.name), ()))), s.name, s.busy_start_s)
-        elif s.kind in ("send", "recv") and s.link_id is not None:
-            key = ("p", s.link_id)
-        else:
-            continue
-        meetings.setdefault(key, []).append(s)
+    other rank waited for it (``by``: setter -> waiter -> seconds; only waits > 0).
+
+    A collective's or a transfer's members arrive when their spans start and meet when
+    data starts to move (``busy_start_s``). A ``comm`` action shared by a group (tensor-
+    parallel collectives priced outside the network) starts on every member at once, when
+    the last is ready; a member is ready when the action before it on its stream and the
+    actions it depends on on its own rank have ended."""
+    meetings: dict[tuple, list[tuple[int, float, float]]] = {}  # key -> (rank, arrived, met)
+    for r, spans in groupby(trace.spans, key=attrgetter("rank")):
+        spans = list(spans)
+        mine = {a.name: a for a in program.actions.get(r, ()) if a.kind in ("collective", "comm")}
+        end_of = {sp.name: sp.end_s for sp in spans} if any(sp.kind == "comm" for sp in spans) else {}
+        prev_stream, prev_end = None, 0.0
+        for sp in spans:
+            kind = sp.kind
+            before = prev_end if sp.stream == prev_stream else 0.0
+            prev_stream, prev_end = sp.stream, sp.end_s
+            if kind == "collective":
+                key = ("c", tuple(sorted(mine[sp.name].group)), sp.name, sp.busy_start_s)
+                meetings.setdefault(key, []).append((r, sp.start_s, sp.busy_start_s))
+            elif (kind == "send" or kind == "recv") and sp.link_id is not None:
+                meetings.setdefault(("p", sp.link_id), []).append((r, sp.start_s, sp.busy_start_s))
+            elif kind == "comm" and sp.name in mine and len(mine[sp.name].group) > 1:
+                a = mine[sp.name]
+                ready = max([before, *(end_of.get(d, 0.0) for d in a.deps if d.__class__ is str)])
+                meetings.setdefault(("b", tuple(sorted(a.group)), sp.name), []).append((r, ready, sp.start_s))
     waited: dict[int, float] = {}
     waited_on: dict[int, float] = {}
     by: dict[int, dict[int, float]] = {}
-    for spans in meetings.values():
-        last = max(s.start_s for s in spans)
-        setters = sorted({s.rank for s in spans if s.start_s == last})
-        for s in spans:
-            w = s.busy_start_s - s.start_s
-            if w <= 0 or s.rank in setters:
+    for members in meetings.values():
+        last = max(arrived for _, arrived, _ in members)
+        setters = sorted({r for r, arrived, _ in members if arrived == last})
+        for r, arrived, met in members:
+            w = met - arrived
+            if w <= 0 or r in setters:
                 continue
-            waited[s.rank] = waited.get(s.rank, 0.0) + w
-            for r in setters:
-                share = w / len(setters)
-                waited_on[r] = waited_on.get(r, 0.0) + share
-                mine = by.setdefault(r, {})
-                mine[s.rank] = mine.get(s.rank, 0.0) + share
+            waited[r] = waited.get(r, 0.0) + w
+            share = w / len(setters)
+            for s in setters:
+                waited_on[s] = waited_on.get(s, 0.0) + share
+                theirs = by.setdefault(s, {})
+                theirs[r] = theirs.get(r, 0.0) + share
     return waited, waited_on, by
 
 
@@ -112,7 +130,7 @@ def straggler_report(run, ideal) -> dict:
 
 def straggler_lines(report: dict) -> list[str]:
     """The report as the text ``trainsim run`` prints."""
-    from sim.units import format_time
+    from sim.units import format_bytes, format_time
 
     slow, links = report["slow_gpus"], report["degraded_links"]
     T, T0 = report["iteration_time_s"], report["ideal_iteration_time_s"]
@@ -131,6 +149,9 @@ def straggler_lines(report: dict) -> list[str]:
     out.append("    " + "; ".join(what))
     out.append(f"    iteration time {format_time(T)}, ideal {format_time(T0)}: {sign}{format_time(abs(T - T0))} "
                f"({report['cost_fraction'] * 100:+.1f}%)")
+    for e in links[:3]:
+        out.append(f"    link {e['link']}: {e['factor'] * 100:.0f}% of its bandwidth "
+                   f"({e['bandwidth_Bps'] / 1e9:.3g} GB/s each way), carried {format_bytes(e['bytes_carried'])}")
     if report["pace_setters"]:
         out.append("    ranks that set the pace (others waited on them, beyond the ideal):")
         for e in report["pace_setters"]:
