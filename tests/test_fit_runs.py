@@ -96,7 +96,7 @@ def test_fit_recovers_the_parameters_the_runs_were_made_with(truth, tmp_path):
     assert report["loo_mean_abs_error"] < 0.01  # the data are exactly the model's: held-out predicts them too
     assert report["by_gpu"]["a100-80gb"]["loo_mean_abs_error"] == report["loo_mean_abs_error"]
     assert report["left_out"] == [{"line": 8, "gpu": "h100-sxm"}]
-    assert report["skipped"] == [{"line": 9, "reason": "needs fp8 (not simulated yet)"}]
+    assert report["skipped"] == [{"line": 9, "reason": "precision fp8: GPU a100-80gb has no fp8 peak"}]
     assert len(report["rows"]) == 6 and {r["group"] for r in report["rows"]} == {"g1", "g2", "g3"}
     fitted = load_profile(out)
     assert fitted.name == "a100-80gb" and fitted.sustained_compute_fraction == report["parameters"][0]["fitted"]
@@ -174,8 +174,10 @@ def test_the_published_runs_read_into_groups():
     runs = read_runs(PUBLISHED)
     a100 = {r.group for r in runs if r.gpu == "a100-80gb" and not r.skip}
     h100 = {r.group for r in runs if r.gpu == "h100-sxm" and not r.skip}
-    assert len(a100) == 2 and len(h100) == 2  # FP8 and context-parallel rows wait for those features
-    assert {r.skip.split()[1] for r in runs if r.skip} == {"fp8", "context_parallel"}
+    assert len(a100) == 2 and len(h100) == 3  # GPT-3 in BF16 and in FP8, Nemotron-4; context-parallel rows wait
+    assert {r.skip.split()[1] for r in runs if r.skip} == {"context_parallel"}
+    fp8 = [r for r in runs if r.group[1] == "fp8"]
+    assert len(fp8) == 5 and all(r.values["fp8_format"] == "hybrid" and not r.skip for r in fp8)
     nemotron = next(r for r in runs if r.values["hidden_size"] == 18432)
     assert nemotron.values["num_query_groups"] == 8 and nemotron.values["group_query_attention"]
     assert nemotron.values["sequence_parallel"] is True and "sequence_parallel" in nemotron.filled

@@ -8,9 +8,13 @@ One row per run. The columns are the settings of ``trainsim run`` by their field
     activation                  gelu | swiglu | squared-relu (the MLP)
     context_parallel_size       rows with more than 1 are skipped (not simulated yet)
     gpu                         the profile the run was measured on; other GPUs are left out
-    precision                   rows other than bf16 are skipped
-    needs                       a capability the run needs (context_parallel, fp8): skipped
+    precision                   bf16 or fp8; rows of any other precision are skipped
+    needs                       a capability the run needs: fp8 is simulated, rows that need
+                                anything else (context_parallel) are skipped
     source, notes               free text (``source`` also names the row's group)
+
+An ``fp8`` row trains its layers' GEMMs in FP8 (``fp8_format``: its own column, or
+``FP8_FORMAT``'s value when that is blank); a ``bf16`` row cannot set ``fp8_format``.
 
 Any other column is an error, and so is a cell the column does not allow: one line
 naming the file, the line, the column, the value and what is allowed.
@@ -74,6 +78,13 @@ BLANKS = {
                           "sequence_parallel=True with tp > 1; off at tp 1 (Megatron-LM's default)"),
 }
 """Blank cell -> the value taken and why. The one place these choices are made."""
+
+PRECISIONS = ("bf16", "fp8")
+FP8_FORMAT = ("hybrid", "the format of NeMo 2.0's FP8 recipe (bf16_with_fp8_mixed: fp8='hybrid', E4M3 forward and "
+                        "E5M2 gradients, delayed scaling), which the DGX Cloud benchmarks' FP8 rows run")
+"""What an fp8 row with a blank ``fp8_format`` trains in, and why."""
+SIMULATED_NEEDS = ("fp8",)
+"""Capabilities in the ``needs`` column that trainsim simulates (other rows are skipped)."""
 
 BY_SOURCE = (
     # (text the row's source contains, settings it has no column for, why)
@@ -229,9 +240,14 @@ def _run(path, line: int, cells: dict) -> MeasuredRun:
         values["group_query_attention"] = True
     measured = _positive_float(path, line, MEASURED, cells[MEASURED])
     precision = cells.get("precision") or blank("precision")
+    if precision == "fp8":
+        values.setdefault("fp8_format", FP8_FORMAT[0])
+    elif "fp8_format" in values:
+        raise _bad(path, line, "fp8_format", cells["fp8_format"], f"the row's precision is {precision}; an FP8 "
+                                                                  "format needs precision fp8")
     needs = cells.get("needs", "")
-    skip = (f"needs {needs} (not simulated yet)" if needs
-            else f"precision {precision}: trainsim simulates bf16 only" if precision != "bf16"
+    skip = (f"needs {needs} (not simulated yet)" if needs and needs not in SIMULATED_NEEDS
+            else f"precision {precision}: trainsim simulates {' and '.join(PRECISIONS)}" if precision not in PRECISIONS
             else f"context_parallel_size {cp}: context parallelism is not simulated yet" if cp != 1 else None)
     source = cells.get("source", "")
     shape = tuple(values.get(n) for n in SHAPE if n != "activation") + (activation,)

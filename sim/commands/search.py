@@ -1,7 +1,8 @@
 """``trainsim search``: the best parallel plan for a model, a cluster and a batch.
 
 Enumerates every valid plan (dp, tp, pp, vpp, micro-batch, ZeRO stage, schedule,
-recompute, sequence parallelism; ``sim.studies.search``), drops those the analytic memory model
+recompute, sequence parallelism, and with ``--fp8-format off,hybrid`` BF16 and FP8;
+``sim.studies.search``), drops those the analytic memory model
 says do not fit, simulates the others in order of their estimated time until none left
 can beat the N-th best by the estimate's error margin, and prints the top N with why the
 best wins. ``--out DIR`` writes ``results.jsonl`` (simulated plans, appended as they
@@ -30,6 +31,7 @@ from sim.inputs.resolve import model_from_settings, topology_from_settings
 from sim.inputs.flags import add_arguments as add_schema_arguments, given
 from sim.inputs.schema import RunSettings
 from sim.inputs.plan import RECOMPUTE, SCHEDULES
+from sim.program.fp8 import FP8_FORMATS, check_fp8_support
 from sim.studies.search import (
     DEFAULT_MARGIN,
     PLAN_COLUMNS,
@@ -82,6 +84,8 @@ def add_arguments(p) -> None:
     s.add_argument("--schedule", help=f"pipeline schedules, of {','.join(x for x in SCHEDULES if x != 'custom')}")
     s.add_argument("--recompute", help=f"recompute granularities, of {','.join(RECOMPUTE)}")
     s.add_argument("--sequence-parallel", help="on, off or on,off")
+    s.add_argument("--fp8-format", help="precisions: off (BF16), e4m3, hybrid, e.g. off,hybrid to compare BF16 with "
+                                        "FP8 (default off; FP8 needs a GPU with an fp8 peak)")
     s.add_argument("--margin", type=Number(float, minimum=1, allow_inf=True), default=DEFAULT_MARGIN,
                    help=f"the estimate's error factor: a plan is simulated unless its estimated bound / margin "
                         f"exceeds the second-best simulated time (default {DEFAULT_MARGIN}; inf: no time pruning)")
@@ -127,7 +131,18 @@ def _space(args) -> SearchSpace:
     return SearchSpace(tp=_list(args, "tp"), pp=_list(args, "pp"), vpp=_list(args, "vpp"),
                        micro_batch_size=_list(args, "micro_batch_size"), zero_stage=_list(args, "zero"),
                        schedule=_list(args, "schedule", str), recompute=_list(args, "recompute", str),
-                       sequence_parallel=_list(args, "sequence_parallel", bool), max_tp=args.max_tp)
+                       sequence_parallel=_list(args, "sequence_parallel", bool), max_tp=args.max_tp,
+                       fp8_format=_fp8_formats(args))
+
+
+def _fp8_formats(args) -> tuple:
+    """``--fp8-format off,hybrid`` as ``(None, "hybrid")`` (default: BF16 only)."""
+    items = _list(args, "fp8_format", str)
+    if items is None:
+        return (None,)
+    for x in items:
+        require(x == "off" or x in FP8_FORMATS, "--fp8-format", x, f"allowed: off, {', '.join(FP8_FORMATS)}")
+    return tuple(None if x == "off" else x for x in items)
 
 
 def check_executor_args(args) -> None:
@@ -259,6 +274,8 @@ def run(args) -> int:
     require(args.margin >= 1, "--margin", args.margin, "expected a number >= 1 (inf: no time pruning)")
     require(args.wave >= 1, "--wave", args.wave, "expected an integer >= 1")
     space = space_from_args(args)
+    for fmt in space.fp8_format:
+        check_fp8_support(fmt, profile)
     topo = topology_from_settings(settings.cluster, gpus, profile.name)
     require(gpus <= topo.num_gpus, "--gpus", gpus, f"topology {topo.name} has only {topo.num_gpus} GPUs")
     plans = enumerate_plans(model, gpus, args.global_batch_size, space, topo.gpus_per_node)

@@ -115,6 +115,9 @@ class HardwareProfile:
     """Fraction of the NVLink line rate a GPU's NVLS (NVLink SHARP) traffic reaches. None: 1."""
     nvls_latency_s: float | None = None
     """Latency of one NVLS collective. None: NCCL's tuning constant (25 µs)."""
+    fp8_gemm_max_efficiency: float | None = None
+    """Measured best dense FP8 GEMM throughput as a fraction of the fp8 peak: the cap of FP8
+    GEMMs (``gemm_efficiency(..., dtype="fp8")``). None: the same as ``gemm_max_efficiency``."""
 
     def memory_rate(self, framework: bool = False) -> float:
         """Bytes/s a memory-bound kernel moves: a tuned library kernel's, or with
@@ -158,8 +161,11 @@ class HardwareProfile:
         """Link kind -> achieved fraction of line rate (what the network model scales by)."""
         return {kind: link.efficiency for kind, link in sorted(self.links.items())}
 
-    def gemm_efficiency(self, m: int, n: int, k: int, batch: int = 1) -> float:
-        """Fraction of peak an m×n×k GEMM (``batch`` of them) reaches; see the module doc."""
+    def gemm_efficiency(self, m: int, n: int, k: int, batch: int = 1, dtype: str = "bf16") -> float:
+        """Fraction of peak an m×n×k GEMM (``batch`` of them) reaches; see the module doc.
+        ``dtype="fp8"``: capped at ``fp8_gemm_max_efficiency``, with k0 longer by the
+        fp8/bf16 peak ratio (the per-tile prologue and epilogue take the same time while
+        the main loop over k runs that much faster)."""
         if min(m, n, k, batch) <= 0:
             raise InputError(f"gemm shape: got {m}x{n}x{k} (batch {batch}); expected positive sizes")
         sms = self.sm_count
@@ -171,8 +177,11 @@ class HardwareProfile:
                 tile_q = (m * n) / (tiles_m * a * tiles_n * b)
                 wave_q = tiles / (math.ceil(tiles / sms) * sms)
                 best_q = max(best_q, rel * tile_q * wave_q)
-        return (self.gemm_max_efficiency * self.sustained_compute_fraction * min(1.0, best_q)
-                * k / (k + self.gemm_k_overhead))
+        best, k0 = self.gemm_max_efficiency, self.gemm_k_overhead
+        if dtype == "fp8":
+            best = self.fp8_gemm_max_efficiency or best
+            k0 *= self.peak("fp8") / self.peak("bf16")
+        return best * self.sustained_compute_fraction * min(1.0, best_q) * k / (k + k0)
 
     def attention_efficiency(self, seq_q: int, seq_k: int, head_dim: int, batch_heads: int) -> float:
         """Fraction of peak a flash-attention kernel reaches: one CTA per 128 query rows
@@ -200,7 +209,8 @@ class HardwareProfile:
             out[f.name] = v
         if not out["provenance"]:
             del out["provenance"]
-        for key in ("framework_kernel_efficiency", "nccl_protocols", "nvls_efficiency", "nvls_latency_s"):
+        for key in ("framework_kernel_efficiency", "nccl_protocols", "nvls_efficiency", "nvls_latency_s",
+                    "fp8_gemm_max_efficiency"):
             if out[key] is None:
                 del out[key]
         return out
@@ -214,7 +224,7 @@ class HardwareProfile:
         _strict_keys(d, names, where, optional=("sources", "provenance", "memory_reserve_bytes", "host_memory_bandwidth_Bps",
                                           "framework_kernel_efficiency", "overlap_compute_slowdown",
                                           "sustained_compute_fraction", "nccl_protocols", "nvls_efficiency",
-                                          "nvls_latency_s"))
+                                          "nvls_latency_s", "fp8_gemm_max_efficiency"))
         kw = dict(d)
         kw["peak_flops"] = _number_map(d["peak_flops"], f"{where}: peak_flops", DTYPES)
         kw["links"] = _links(d["links"], f"{where}: links")
@@ -335,6 +345,12 @@ def _check_profile(p: HardwareProfile) -> None:
     if p.nvls_efficiency is not None:
         _require_num("nvls_efficiency", p.nvls_efficiency, _is_num(p.nvls_efficiency) and 0 < p.nvls_efficiency <= 1,
                      "a fraction in (0, 1]")
+    if p.fp8_gemm_max_efficiency is not None:
+        _require_num("fp8_gemm_max_efficiency", p.fp8_gemm_max_efficiency,
+                     _is_num(p.fp8_gemm_max_efficiency) and 0 < p.fp8_gemm_max_efficiency <= 1, "a fraction in (0, 1]")
+        if "fp8" not in p.peak_flops:
+            raise InputError(f"fp8_gemm_max_efficiency: got {p.fp8_gemm_max_efficiency!r}; peak_flops has no fp8 "
+                             "entry (give the GPU's fp8 peak, or leave the field out)")
     if p.nvls_latency_s is not None:
         _require_num("nvls_latency_s", p.nvls_latency_s, _is_num(p.nvls_latency_s) and p.nvls_latency_s >= 0,
                      "a number >= 0 (seconds)")

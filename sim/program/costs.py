@@ -7,7 +7,8 @@ overhead (``op_time``):
     t = max(flops / (peak · eff), bytes / (hbm_bandwidth · mem_eff)) + launch
 
 where ``eff`` is the profile's shape-dependent GEMM efficiency (``gemm_efficiency``) for
-GEMMs, its flash-attention efficiency (``attention_efficiency``) for attention, and 1
+GEMMs (an FP8 GEMM, ``Op.dtype == "fp8"`` from ``sim.program.fp8``, against the fp8 peak with
+the profile's FP8 efficiency), its flash-attention efficiency (``attention_efficiency``) for attention, and 1
 against the non-tensor-core (``fp32``) peak for elementwise kernels, which in practice
 are bound by the second term. ``mem_eff`` is the profile's ``memory_efficiency`` for
 tuned library kernels (norms, flash attention) and its ``framework_kernel_efficiency``
@@ -113,7 +114,12 @@ def op_time(op: Op, profile: HardwareProfile, dtype: str = "bf16") -> float:
     """Seconds one op takes on one GPU of ``profile`` (the roofline of the module doc)."""
     if op.kind == "gemm":
         m, n, k = op.shape
-        rate = profile.peak(dtype) * profile.gemm_efficiency(m, n, k, op.batch)
+        if op.dtype == "fp8":
+            dtype = "fp8"
+            if "fp8" not in profile.peak_flops:
+                raise InputError(f"fp8_format: GPU {profile.name} has no FP8 peak (peak_flops has "
+                                 f"{', '.join(sorted(profile.peak_flops))}); FP8 GEMMs need one (H100, H200)")
+        rate = profile.peak(dtype) * profile.gemm_efficiency(m, n, k, op.batch, dtype)
     elif op.kind == "attention":
         sq, sk, d = op.shape
         rate = profile.peak(dtype) * profile.attention_efficiency(sq, sk, d, op.batch)

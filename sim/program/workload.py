@@ -46,7 +46,6 @@ from sim.program.fp8 import fp8_layer_work
 from sim.program.ops import COLLECTIVES, OP_KINDS, PHASES, Builder, Comm, Op, Work  # noqa: F401 (re-exported)
 from sim.program.workload_moe import (MoeShape, attention_widths, moe_backward, moe_forward, moe_wgrads, qkv_dgrad,
                                       qkv_forward, qkv_wgrads)
-from sim.program.fp8 import fp8_layer_work
 
 
 # Nominal FLOPs per element of memory-bound kernels (they never bound the time).

@@ -9,7 +9,11 @@ micro-batches be a multiple of pp), every schedule (gpipe, 1f1b, zb-h1, zb-h2 fo
 chunk per stage; interleaved for several), ZeRO stages 0–3 (0 only when dp = 1),
 recompute none/selective/full and sequence parallelism (only when tp > 1, where it
 means something). Uneven layer splits, placements and DDP bucket sizes keep their
-defaults; ``trainsim sweep`` varies those. ``SearchSpace`` narrows any dimension.
+defaults; ``trainsim sweep`` varies those. ``SearchSpace`` narrows any dimension. FP8
+(``fp8_format``) is searched only when asked (``SearchSpace.fp8_format``, ``trainsim search
+--fp8-format off,hybrid``): it changes the training's numerics, which is the user's choice,
+and it doubles the plans; the two formats cost the same (``sim.program.fp8``), so one of
+them is enough to compare with BF16.
 
 ``search`` then works in three steps:
 
@@ -55,6 +59,7 @@ from sim.inputs.hardware import HardwareProfile
 from sim.inputs.model import ModelSpec
 from sim.inputs.plan import RECOMPUTE, SCHEDULES, ZERO_STAGES, ParallelPlan
 from sim.units import format_bytes, format_time
+from sim.program.fp8 import FP8_FORMATS, fp8_layer_work
 from sim.program.workload import embedding_work, head_work, layer_work
 
 DEFAULT_MARGIN = 1.1
@@ -86,6 +91,8 @@ class SearchSpace:
     sequence_parallel: tuple | None = None
     max_tp: int | None = None
     """Largest tensor-parallel size when ``tp`` is not given (default: GPUs per node)."""
+    fp8_format: tuple = (None,)
+    """FP8 formats to try, None for BF16 (the default: BF16 only; see the module doc)."""
 
     def __post_init__(self):
         for name in ("tp", "pp", "vpp", "micro_batch_size"):
@@ -101,6 +108,11 @@ class SearchSpace:
             require(v in RECOMPUTE, "search: recompute", v, f"allowed: {', '.join(RECOMPUTE)}")
         for v in self.sequence_parallel or ():
             require(isinstance(v, bool), "search: sequence_parallel", v, "expected true or false")
+        require(isinstance(self.fp8_format, tuple) and self.fp8_format, "search: fp8_format", self.fp8_format,
+                "expected a non-empty tuple")
+        for v in self.fp8_format:
+            require(v is None or v in FP8_FORMATS, "search: fp8_format", v,
+                    f"allowed: {', '.join(FP8_FORMATS)}, or None for BF16")
 
     def allows(self, name: str, value) -> bool:
         allowed = getattr(self, name)
@@ -172,20 +184,21 @@ def _variants(model, gbs, space, dp, tp, pp, mbs) -> list[ParallelPlan]:
                 for sp in ((False, True) if tp > 1 else (False,)):
                     if space.allows("zero_stage", zero) and space.allows("recompute", rec) and \
                             space.allows("sequence_parallel", sp):
-                        out.append(ParallelPlan(dp=dp, tp=tp, pp=pp, vpp=vpp, sequence_parallel=sp,
-                                                micro_batch_size=mbs, global_batch_size=gbs, recompute=rec,
-                                                zero_stage=zero, schedule=schedule))
+                        out += [ParallelPlan(dp=dp, tp=tp, pp=pp, vpp=vpp, sequence_parallel=sp,
+                                             micro_batch_size=mbs, global_batch_size=gbs, recompute=rec,
+                                             zero_stage=zero, schedule=schedule, fp8_format=fp8)
+                                for fp8 in dict.fromkeys(space.fp8_format)]
     return out
 
 
 @lru_cache(maxsize=4096)
 def _phases(model: ModelSpec, profile: HardwareProfile, b: int, t: int, sp: bool, recompute: str,
-            tp_link: str) -> tuple:
+            tp_link: str, fp8_format: str | None = None, microbatches: int = 1) -> tuple:
     """Per phase F, B, W: (phase, layer_s, embedding_s, head_s), compute plus tp collectives."""
     def times(work):
         return work_times(work, profile, t, tp_link)
 
-    layer = times(layer_work(model, b, t, sp, recompute))
+    layer = times(fp8_layer_work(layer_work(model, b, t, sp, recompute), fp8_format, t, sp, microbatches))
     emb, head = times(embedding_work(model, b, t, sp)), times(head_work(model, b, t, sp))
     return tuple((ph, sum(layer[ph]), sum(emb[ph]), sum(head[ph])) for ph in ("F", "B", "W"))
 
@@ -196,7 +209,7 @@ def bound_s(model: ModelSpec, plan: ParallelPlan, profile: HardwareProfile, est:
     (compute and tensor-parallel collectives, as ``sim.program.estimate`` prices them)."""
     p, v, m = plan.pp, plan.vpp, plan.num_microbatches
     ph = _phases(model, profile, plan.micro_batch_size, plan.tp, plan.sequence_parallel, plan.recompute,
-                 est.links["tp"])
+                 est.links["tp"], plan.fp8_format, m)
     layers = plan.stage_layers(model)
     ranks = []  # per pipeline rank: (F, B, W) seconds per micro-batch over its chunks
     for r in range(p):
@@ -305,7 +318,7 @@ def measure_margin(cands: list[Candidate]) -> dict:
 
 # ------------------------------------------------------------------ explaining
 def describe_plan(plan: dict) -> str:
-    """``dp 4 x tp 2 x pp 2 (vpp 2), interleaved, mb 2, ZeRO-1, recompute none, sp``."""
+    """``dp 4 x tp 2 x pp 2 (vpp 2), interleaved, mb 2, ZeRO-1, recompute none, sp, fp8 hybrid``."""
     s = f"dp {plan['dp']} x tp {plan['tp']} x pp {plan['pp']}"
     if plan["vpp"] > 1:
         s += f" (vpp {plan['vpp']})"
@@ -314,6 +327,8 @@ def describe_plan(plan: dict) -> str:
     s += f", mb {plan['micro_batch_size']}, ZeRO-{plan['zero_stage']}, recompute {plan['recompute']}"
     if plan["sequence_parallel"] and plan["tp"] > 1:
         s += ", sp"
+    if plan.get("fp8_format"):
+        s += f", fp8 {plan['fp8_format']}"
     return s
 
 

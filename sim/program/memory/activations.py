@@ -12,6 +12,12 @@ dropout masks:
     tp + sp + selective         sbh·34/t
     full recompute              2sbh  (the layer input; /t under sequence parallelism)
 
+Under FP8 training (``plan.fp8_format``) Transformer Engine saves the FP8 cast of each FP8
+GEMM's input for its weight gradient (the norm's FP8 output for QKV and MLP-up, the FP8
+input or its transpose for the projection and MLP-down: ``save_for_backward`` in TE's
+``layernorm_linear.py`` and ``linear.py``), 1 byte per element instead of 2; the norms'
+inputs, Q, K, V and the activation's input stay 16-bit (``activation_terms(fp8=True)``).
+
 ``activation_terms`` itemizes the same tensors (LayerNorm inputs, QKV input, Q, K, V,
 softmax and its dropout, projection input, GeLU input and output, dropout masks) so
 that SwiGLU, grouped-query attention, models without dropout and flash attention
@@ -36,8 +42,10 @@ from sim.inputs.plan import RECOMPUTE, ParallelPlan
 
 
 def activation_terms(model: ModelSpec, micro_batch: int, tp: int = 1, sequence_parallel: bool = False,
-                     recompute: str = "none", flash_attention: bool = True) -> dict:
-    """Bytes each stored tensor of one layer takes for one micro-batch on one rank."""
+                     recompute: str = "none", flash_attention: bool = True, fp8: bool = False) -> dict:
+    """Bytes each stored tensor of one layer takes for one micro-batch on one rank
+    (``fp8``: the FP8 GEMMs' inputs are stored in 1 byte, see the module doc)."""
+    g = 1 if fp8 else 2                      # bytes per element of a stored GEMM input
     require(recompute in RECOMPUTE, "recompute", recompute, f"allowed: {', '.join(RECOMPUTE)}")
     m, b, t = model, micro_batch, tp
     s, h, a = m.seq_length, m.hidden_size, m.num_attention_heads
@@ -51,7 +59,7 @@ def activation_terms(model: ModelSpec, micro_batch: int, tp: int = 1, sequence_p
     mask = 1 if m.dropout else 0
     terms = {
         "attn.norm.input": 2 * sbh / rep,
-        "attn.qkv.input": 2 * sbh / rep,
+        "attn.qkv.input": g * sbh / rep,
         "attn.q": 2 * sbh / t,
         "attn.k": 2 * sbh * r / t,
         "attn.v": 2 * sbh * r / t,
@@ -64,27 +72,27 @@ def activation_terms(model: ModelSpec, micro_batch: int, tp: int = 1, sequence_p
             if m.dropout:
                 terms["attn.softmax.dropout_mask"] = a * s * s * b / t
                 terms["attn.softmax.dropout"] = 2 * a * s * s * b / t
-    terms["attn.proj.input"] = 2 * sbh / t
+    terms["attn.proj.input"] = g * sbh / t
     terms["attn.dropout_mask"] = mask * sbh / rep
     terms["mlp.norm.input"] = 2 * sbh / rep
-    terms["mlp.up.input"] = 2 * sbh / rep
+    terms["mlp.up.input"] = g * sbh / rep
     if m.mlp == "gelu":
         terms["mlp.gelu.input"] = 2 * sbh * f / t
     else:
         terms["mlp.gate"] = 2 * sbh * f / t
         terms["mlp.up"] = 2 * sbh * f / t
-    terms["mlp.down.input"] = 2 * sbh * f / t
+    terms["mlp.down.input"] = g * sbh * f / t
     terms["mlp.dropout_mask"] = mask * sbh / rep
     return {k: v for k, v in terms.items() if v}
 
 
 def activation_bytes_per_layer(model: ModelSpec, micro_batch: int, tp: int = 1,
                                sequence_parallel: bool = False, recompute: str = "none",
-                               flash_attention: bool = True) -> float:
+                               flash_attention: bool = True, fp8: bool = False) -> float:
     """Activation bytes one layer stores for one micro-batch on one rank (Korthikanti Table 2
     when ``flash_attention`` is False and the layer is GPT-style)."""
     return sum(activation_terms(model, micro_batch, tp, sequence_parallel, recompute,
-                                flash_attention).values())
+                                flash_attention, fp8).values())
 
 
 def head_activation_bytes(model: ModelSpec, micro_batch: int, tp: int = 1,
@@ -113,7 +121,8 @@ def chunk_activation_bytes(model: ModelSpec, plan: ParallelPlan, virtual_stage: 
     if flash_attention is None:  # (the plan's attention)
         flash_attention = plan.attention == "flash"
     b, t, sp = plan.micro_batch_size, plan.tp, plan.sequence_parallel
-    per_layer = activation_bytes_per_layer(model, b, t, sp, plan.recompute, flash_attention)
+    per_layer = activation_bytes_per_layer(model, b, t, sp, plan.recompute, flash_attention,
+                                           plan.fp8_format is not None)
     total = plan.stage_layers(model)[virtual_stage] * per_layer
     if virtual_stage == 0:
         total += embedding_activation_bytes(model, b, t, sp)
@@ -127,4 +136,5 @@ def recompute_working_bytes(model: ModelSpec, plan: ParallelPlan) -> float:
     that a backward step holds while it re-runs that layer's forward; 0 otherwise."""
     if plan.recompute != "full":
         return 0.0
-    return activation_bytes_per_layer(model, plan.micro_batch_size, plan.tp, plan.sequence_parallel, "none")
+    return activation_bytes_per_layer(model, plan.micro_batch_size, plan.tp, plan.sequence_parallel, "none",
+                                      fp8=plan.fp8_format is not None)

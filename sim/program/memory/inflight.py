@@ -108,7 +108,8 @@ def stage_activation_bytes(model: ModelSpec, plan: ParallelPlan, stage: int,
         flash_attention = plan.attention == "flash"
     b, t, sp = plan.micro_batch_size, plan.tp, plan.sequence_parallel
     p, v = plan.pp, plan.vpp
-    per_layer = activation_bytes_per_layer(model, b, t, sp, plan.recompute, flash_attention)
+    per_layer = activation_bytes_per_layer(model, b, t, sp, plan.recompute, flash_attention,
+                                           plan.fp8_format is not None)
     layers = plan.stage_layers(model)
     emb = embedding_activation_bytes(model, b, t, sp) if stage == 0 else 0.0
     head = head_activation_bytes(model, b, t, sp) if stage == p - 1 else 0.0

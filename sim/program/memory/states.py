@@ -145,14 +145,16 @@ copies, the FP8 weight and its transpose for the input-gradient GEMM (TE's
 def fp8_weight_copy_bytes(model: ModelSpec, plan: ParallelPlan, stage: int) -> float:
     """The FP8 weight copies (``FP8_WEIGHT_COPY_BYTES`` per parameter) of the QKV,
     projection and MLP weights of the layers a rank of pipeline stage ``stage`` holds, on
-    one of ``plan.tp`` ranks; not sharded by ZeRO (they are TE's buffers). 0 in BF16."""
+    one of ``plan.tp`` ranks; not sharded by ZeRO (they are TE's buffers). 0 in BF16.
+    A mixture-of-experts layer's expert and router GEMMs stay BF16 (``sim.program.fp8``):
+    only its attention weights have copies."""
     if plan.fp8_format is None:
         return 0.0
     h, kv, f = model.hidden_size, model.kv_dim, model.ffn_hidden_size
-    gemm = h * (h + 2 * kv) + h * h + (3 if model.mlp == "swiglu" else 2) * h * f
-    layers = plan.stage_layers(model)
-    n = sum(layers[c * plan.pp + stage] for c in range(plan.vpp))
-    return FP8_WEIGHT_COPY_BYTES * n * gemm / plan.tp
+    attention, mlp = h * (h + 2 * kv) + h * h, (3 if model.mlp == "swiglu" else 2) * h * f
+    ids = [i for c in range(plan.vpp) for i in plan.layer_range(model, c * plan.pp + stage)]
+    dense = sum(1 for i in ids if not model.is_moe_layer(i))
+    return FP8_WEIGHT_COPY_BYTES * (len(ids) * attention + dense * mlp) / plan.tp
 
 
 # ------------------------------------------------------------- 16-bit copies
