@@ -206,6 +206,20 @@ def test_the_flag_reaches_run_estimate_and_experiment_files(tmp_path):
     assert code == 0 and json.loads(out)["iteration_time_s"] == pytest.approx(r.iteration_time_s, rel=1e-12)
 
 
+def test_explain_lists_the_fp8_kernels():
+    from sim.results.explain import explain
+
+    plan = ParallelPlan(tp=2, sequence_parallel=True, global_batch_size=4, fp8_format="hybrid")
+    rows = {r["name"]: r for r in explain(LAYER, plan, H100)["parts"]["layer"]["rows"]}
+    work = fp8_layer_work(layer_work(LAYER, 1, 2, True), "hybrid", 2, True, 4)
+    assert list(rows) == [i.name for i in work.items]
+    for o in work.ops():
+        assert rows[o.name]["time_s"] == op_time(o, H100)
+        if o.kind == "gemm":
+            assert rows[o.name]["efficiency"] == H100.gemm_efficiency(*o.shape, o.batch, o.dtype)
+    assert rows["mlp.down"]["flops_per_s"] > H100.peak("bf16")  # faster than BF16 could run
+
+
 def test_fp8_with_tensor_parallel_overlap_runs():
     r = sim.run(model={"num_layers": 2, "hidden_size": 1024, "num_attention_heads": 8, "vocab_size": 4096,
                        "seq_length": 512}, gpu="h100-sxm", gpus=4, tensor_model_parallel_size=4,

@@ -24,6 +24,7 @@ from sim.inputs.model import ModelSpec
 from sim.inputs.plan import ParallelPlan
 from sim.program.costs import collective_time, op_time
 from sim.program.estimate import estimate
+from sim.program.fp8 import fp8_layer_work
 from sim.program.workload import Comm, Op, Work, embedding_work, head_work, layer_work
 from sim.units import format_bytes, format_time
 
@@ -32,10 +33,11 @@ PARTS = ("layer", "embedding", "head")
 
 def _op_row(op: Op, profile: HardwareProfile, dtype: str = "bf16") -> dict:
     t = op_time(op, profile, dtype)
+    dtype = "fp8" if op.dtype == "fp8" else dtype  # (an FP8 GEMM: sim.program.fp8)
     moved = op.bytes_read + op.bytes_written
     busy = t - profile.kernel_launch_s
     if op.kind == "gemm":
-        eff = profile.gemm_efficiency(*op.shape, op.batch)
+        eff = profile.gemm_efficiency(*op.shape, op.batch, dtype)
     elif op.kind == "attention":
         eff = profile.attention_efficiency(*op.shape, op.batch)
     else:
@@ -83,7 +85,8 @@ def explain(model: ModelSpec, plan: ParallelPlan, profile: HardwareProfile, gpus
     est = estimate(model, plan, profile, gpus_per_node=gpus_per_node)
     link = est.links["tp"]
     b, t, sp = plan.micro_batch_size, plan.tp, plan.sequence_parallel
-    works = {"layer": layer_work(model, b, t, sp, plan.recompute, attention=plan.attention),
+    works = {"layer": fp8_layer_work(layer_work(model, b, t, sp, plan.recompute, attention=plan.attention),
+                                     plan.fp8_format, t, sp, plan.num_microbatches),
              "embedding": embedding_work(model, b, t, sp),
              "head": head_work(model, b, t, sp)}
     parts = {name: _part(w, plan, link, profile) for name, w in works.items()}
