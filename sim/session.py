@@ -19,6 +19,7 @@ from pathlib import Path
 from sim.program.actions import Program
 from sim.program.fp8 import check_fp8_support
 from sim.program.schedules import Schedule
+from sim.program.mixed import auto_layer_split, build_mixed
 from sim.program.training import build_program
 from sim.engine.core import gc_paused, simulate
 from sim.engine.nccl import NcclModel
@@ -29,8 +30,10 @@ from sim.inputs.model import ModelSpec
 from sim.inputs.plan import ParallelPlan
 from sim.inputs.resolve import model_from_settings, plan_from_settings, topology_from_settings
 from sim.inputs.schema import AUTO_FULL_FIDELITY_EVENTS, DEFAULT_MAX_EVENTS, PlanSettings, RunSettings
-from sim.inputs.stragglers import Stragglers, degrade, resolve_stragglers, straggler_fidelity
+from sim.inputs.mixed import MixedGpus, mixed_gpus
+from sim.inputs.stragglers import Stragglers, degrade, per_gpu_fidelity, resolve_stragglers
 from sim.inputs.topology import Topology
+from sim.results.mixed import mixed_report
 from sim.results.stragglers import plotted_stragglers, straggler_report
 from sim.results.moe_report import moe_report
 from sim.results.summary import summarize
@@ -57,6 +60,8 @@ class TrainingRun:
     collective_model: str = "flows"
     stragglers: Stragglers | None = None
     """Its slow GPUs and degraded links (``topology`` is the degraded one), if any."""
+    mixed: MixedGpus | None = None
+    """The GPU type of each rank on a mixed cluster (``profile`` is rank 0's), if any."""
 
 
 @dataclass(frozen=True)
@@ -72,6 +77,8 @@ class Prepared:
     """A schedule read from a .csv file (None: the plan's built-in schedule)."""
     stragglers: Stragglers | None = None
     """Slow GPUs and degraded links (``sim.inputs.stragglers``), if any."""
+    mixed: MixedGpus | None = None
+    """GPU types per rank on a mixed cluster (``sim.inputs.mixed``; ``profile`` is rank 0's)."""
 
 
 def schedule_from_settings(p: PlanSettings, plan: ParallelPlan) -> Schedule | None:
@@ -107,15 +114,21 @@ def prepare(settings: RunSettings, model: ModelSpec | None = None, plan: Paralle
     schedule = schedule_from_settings(settings.plan, plan)
     topo = topology_from_settings(settings.cluster, plan.world_size, profile.name)
     check_forced(settings.simulation.nccl_algo, topo)
+    mixed = mixed_gpus(topo, plan.world_size, profile)
+    if mixed is not None:
+        profile = next(iter(mixed.profiles.values()))  # rank 0's: the run's links, NCCL figures and summary
+    if settings.plan.layer_split == "auto":
+        plan = auto_layer_split(model, plan, profile, mixed)
     return Prepared(settings, model, plan, profile, topo, schedule,
-                    resolve_stragglers(settings.simulation, topo, plan.world_size))
+                    resolve_stragglers(settings.simulation, topo, plan.world_size), mixed)
 
 
 def simulate_training(model: ModelSpec, plan: ParallelPlan, profile: HardwareProfile, topology: Topology,
                       schedule: Schedule | None = None, fidelity: str = "full",
                       coalesce_tp: bool = True, max_events: float | None = DEFAULT_MAX_EVENTS,
                       collective_model: str = "flows", nccl_algo: str = "auto",
-                      nccl_protocol: str = "auto", stragglers: Stragglers | None = None) -> TrainingRun:
+                      nccl_protocol: str = "auto", stragglers: Stragglers | None = None,
+                      mixed: MixedGpus | None = None) -> TrainingRun:
     """Simulate one iteration of ``plan`` on ``topology`` and return the run.
 
     ``fidelity``: "full", "reduced", or "auto" (``choose_fidelity``). ``collective_model``:
@@ -123,11 +136,14 @@ def simulate_training(model: ModelSpec, plan: ParallelPlan, profile: HardwarePro
     what every collective runs, as NCCL_ALGO and NCCL_PROTO ("auto": NCCL's tuner,
     ``sim.engine.tuner``, per collective). Plans over ``max_events`` are refused up front
     (``sim.program.limits``). ``stragglers``: slow GPUs and degraded links, which need every
-    GPU simulated (``sim.inputs.stragglers``)."""
+    GPU simulated (``sim.inputs.stragglers``); ``mixed``: each rank's GPU type on a mixed
+    cluster, each priced on its own profile (``sim.program.mixed``), every GPU simulated."""
     reason = f"asked for ({fidelity})"
     if stragglers:
-        fidelity, reason = straggler_fidelity(fidelity)
+        fidelity, reason = per_gpu_fidelity(fidelity)
         topology = degrade(topology, stragglers.links)
+    if mixed is not None:
+        fidelity, reason = per_gpu_fidelity(fidelity, "GPUs of several types")
     check_forced(nccl_algo, topology)
     nccl = NcclModel.from_profile(profile).forcing(nccl_algo, nccl_protocol)
     eff = profile.link_efficiencies()
@@ -141,13 +157,16 @@ def simulate_training(model: ModelSpec, plan: ParallelPlan, profile: HardwarePro
         fidelity, reason = choose_fidelity(model, plan, topology, collective_model)
     flows = collective_model == "flows" or fidelity == "reduced"
     with gc_paused():
-        schedule, prog = build_program(model, plan, profile, schedule, fidelity, topology.gpus_per_node, topology,
-                                       coalesce_tp, max_events, collective_model, alone)
+        build = partial(build_program, model, plan, schedule=schedule, fidelity=fidelity,
+                        gpus_per_node=topology.gpus_per_node, topology=topology, coalesce_tp=coalesce_tp,
+                        max_events=max_events, collective_model=collective_model, nccl=alone)
+        schedule, prog = build(profile=profile) if mixed is None else build_mixed(
+            lambda p: build(profile=p), mixed.profiles, mixed.of_rank)
     trace = simulate(prog, topology, link_efficiency=profile.link_efficiencies(), fluid_collectives=flows,
                      overlap_slowdown=profile.overlap_compute_slowdown, nccl=nccl,
                      gpu_slowdown=stragglers.slow if stragglers else None)
     return TrainingRun(model, plan, profile, topology, schedule, prog, trace, fidelity, reason,
-                       "flows" if flows else "steps", stragglers or None)
+                       "flows" if flows else "steps", stragglers or None, mixed)
 
 
 def choose_fidelity(model: ModelSpec, plan: ParallelPlan, topology: Topology,
@@ -168,9 +187,12 @@ def run(prepared: Prepared) -> tuple[TrainingRun, dict]:
     simulate_ = partial(simulate_training, prepared.model, prepared.plan, prepared.profile, prepared.topology,
                         prepared.schedule, max_events=sim_settings.event_limit,
                         collective_model=sim_settings.collective_model,
-                        nccl_algo=sim_settings.nccl_algo, nccl_protocol=sim_settings.nccl_protocol)
+                        nccl_algo=sim_settings.nccl_algo, nccl_protocol=sim_settings.nccl_protocol,
+                        mixed=prepared.mixed)
     training_run = simulate_(sim_settings.fidelity, stragglers=prepared.stragglers)
     summary = summarize(training_run)
+    if training_run.mixed is not None:
+        summary["mixed"] = mixed_report(training_run, summary, auto=prepared.settings.plan.layer_split == "auto")
     if training_run.stragglers:  # the same iteration without them: what they cost
         summary["stragglers"] = straggler_report(training_run, simulate_(training_run.fidelity))
     if prepared.model.moe:  # routing's imbalance, against the same plan routed evenly when it was not
@@ -197,7 +219,7 @@ def rank_names(run: TrainingRun) -> dict[int, str]:
         local = dev.rsplit("gpu", 1)[-1] if "gpu" in dev else str(r)
         slow = run.stragglers.slow.get(r) if run.stragglers else None
         out[r] = f"node {run.topology.node_of(r)} / GPU {local} (stage {p}, tp {t}, dp {d}" + \
-            (f", slow x{slow:.3g})" if slow else ")")
+            (f", {run.mixed.of_rank[r]}" if run.mixed else "") + (f", slow x{slow:.3g})" if slow else ")")
     return out
 
 

@@ -21,6 +21,7 @@ from sim.inputs.flags import add_arguments as add_schema_arguments
 from sim.inputs.schema import RunSettings
 from sim.progress import Progress
 from sim.results.moe_report import moe_lines
+from sim.results.mixed import mixed_lines
 from sim.results.stragglers import straggler_lines
 from sim.units import format_bytes, format_time
 
@@ -108,6 +109,8 @@ def _print(s: dict, run: session.TrainingRun) -> None:
             print(f"    exposed {kind:<8} {format_time(v):>12}  {v / T * 100:5.1f}%")
     print(f"    idle             {format_time(s['idle_s']):>12}  {s['idle_fraction'] * 100:5.1f}%")
     print(f"    comm hidden under compute: {s['comm_overlap_fraction'] * 100:.1f}%")
+    if "mixed" in s:
+        print("\n".join(mixed_lines(s["mixed"])))
     if "stragglers" in s:
         print("\n".join(straggler_lines(s["stragglers"])))
     if "moe" in s:

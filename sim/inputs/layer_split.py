@@ -11,6 +11,24 @@ FIRST = "first_stage_layers (--decoder-first-pipeline-num-layers)"
 LAST = "last_stage_layers (--decoder-last-pipeline-num-layers)"
 EMB = "account_for_embedding (--account-for-embedding-in-pipeline-split)"
 LOSS = "account_for_loss (--account-for-loss-in-pipeline-split)"
+SPLIT = "layer_split (--layer-split)"
+
+
+def check_layer_split(plan) -> None:
+    """``plan.layer_split``: pp integers >= 1, each a multiple of vpp, and no other uneven
+    option beside it."""
+    split = plan.layer_split
+    text = ",".join(map(str, split)) if isinstance(split, (tuple, list)) else split
+    require(isinstance(split, tuple) and all(isinstance(n, int) and not isinstance(n, bool) and n >= 1
+                                              for n in split), f"plan: {SPLIT}", text,
+            "expected transformer layers per pipeline stage, integers >= 1 separated by commas")
+    require(len(split) == plan.pp, f"plan: {SPLIT}", text,
+            f"has {len(split)} entries; expected one per pipeline stage (pp = {plan.pp})")
+    require(all(n % plan.vpp == 0 for n in split), f"plan: {SPLIT}", text,
+            f"each stage's layers must be a multiple of vpp = {plan.vpp} (its chunks get the same layers)")
+    others = [f for f, on in ((FIRST, plan.first_stage_layers is not None), (LAST, plan.last_stage_layers is not None),
+                              (EMB, plan.account_for_embedding), (LOSS, plan.account_for_loss)) if on]
+    require(not others, f"plan: {SPLIT}", text, f"cannot be combined with {', '.join(others)}")
 
 
 def divisors_text(n: int, limit: int = 8) -> str:
@@ -25,10 +43,15 @@ def divisors_text(n: int, limit: int = 8) -> str:
 
 def split_layers(num_layers: int, pp: int, vpp: int = 1, first: int | None = None,
                  last: int | None = None, account_for_embedding: bool = False,
-                 account_for_loss: bool = False, name: str = "the model") -> tuple:
+                 account_for_loss: bool = False, name: str = "the model", split: tuple | None = None) -> tuple:
     """Layers per virtual stage (index ``chunk·pp + pp_rank``), Megatron-LM's split
-    (see the module doc); an ``InputError`` naming the flag when it cannot be done."""
+    (see the module doc), or ``split`` (layers per pipeline rank, ``--layer-split``); an
+    ``InputError`` naming the flag when it cannot be done."""
     L, p, v = num_layers, pp, vpp
+    if split is not None:
+        require(sum(split) == L, f"plan: {SPLIT}", ",".join(map(str, split)),
+                f"adds up to {sum(split)}; the {p} stages must hold the {L} layers of {name}")
+        return tuple(split[r] // v for _ in range(v) for r in range(p))
     if first is None and last is None and not (account_for_embedding or account_for_loss):
         require(L % (p * v) == 0, "plan: pp x vpp", f"{p} x {v}",
                 f"must divide num_layers {L} of {name} (pp x vpp of {divisors_text(L)} would); or split "
@@ -78,3 +101,14 @@ def split_layers(num_layers: int, pp: int, vpp: int = 1, first: int | None = Non
     if last is not None:
         per_rank[-1] = last
     return tuple(per_rank[r] // v for _ in range(v) for r in range(p))
+
+
+def parse_layer_split(value) -> tuple[int, ...] | None:
+    """``--layer-split``: "10,10,12" as a tuple; None for None and "auto" (``sim.session``
+    balances the stages once it knows their GPUs: ``sim.program.mixed``)."""
+    if value is None or value == "auto":
+        return None
+    parts = [p.strip() for p in str(value).split(",")]
+    require(all(p.isdigit() for p in parts), "--layer-split", value,
+            "expected transformer layers per pipeline stage, integers separated by commas (10,10,12), or auto")
+    return tuple(int(p) for p in parts)

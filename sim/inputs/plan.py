@@ -40,7 +40,7 @@ from dataclasses import dataclass
 
 from sim.inputs import placement as _pl
 from sim.inputs.experts import check_expert_model, check_expert_plan
-from sim.inputs.layer_split import FIRST, LAST, split_layers
+from sim.inputs.layer_split import FIRST, LAST, check_layer_split, split_layers
 from sim.errors import require
 
 RECOMPUTE = ("none", "selective", "full")
@@ -121,6 +121,9 @@ class ParallelPlan:
     last_stage_layers: int | None = None
     """Transformer layers on the last pipeline rank (``--decoder-last-pipeline-num-layers``);
     None: an even share. A multiple of vpp."""
+    layer_split: tuple[int, ...] | None = None
+    """Transformer layers on each pipeline rank, first to last (``--layer-split``; pp entries,
+    each a multiple of vpp, split evenly over the rank's chunks); None: the split above."""
     account_for_embedding: bool = False
     """Count the embedding as one layer when splitting layers over stages
     (``--account-for-embedding-in-pipeline-split``): the first virtual stage gets one fewer."""
@@ -217,6 +220,8 @@ class ParallelPlan:
                     f"to be a multiple of pp = {self.pp} (Megatron-LM's rule)")
 
     def _check_uneven(self) -> None:
+        if self.layer_split is not None:
+            check_layer_split(self)
         for field, value in ((FIRST, self.first_stage_layers), (LAST, self.last_stage_layers)):
             if value is None:
                 continue
@@ -251,6 +256,7 @@ class ParallelPlan:
     def uneven(self) -> bool:
         """Whether any of the uneven-split options is set."""
         return (self.first_stage_layers is not None or self.last_stage_layers is not None
+                or self.layer_split is not None
                 or self.account_for_embedding or self.account_for_loss)
 
     # ------------------------------------------------------------- placement
@@ -296,7 +302,7 @@ class ParallelPlan:
         """Transformer layers of each virtual stage; index ``chunk·pp + pp_rank``."""
         return split_layers(model.num_layers, self.pp, self.vpp, self.first_stage_layers,
                             self.last_stage_layers, self.account_for_embedding,
-                            self.account_for_loss, getattr(model, "name", "the model"))
+                            self.account_for_loss, getattr(model, "name", "the model"), self.layer_split)
 
     def layer_range(self, model, virtual_stage: int) -> range:
         """Global indices of the transformer layers of ``virtual_stage``."""

@@ -20,6 +20,7 @@ from sim.inputs.megatron_model import MOE_FIELDS, model_from_megatron_settings
 from sim.inputs.model import PRESETS, ModelSpec, layer_params_per_rank, preset, with_seq_length
 from sim.inputs.plan import DDP_BUCKET_BYTES, SCHEDULES, ParallelPlan
 from sim.inputs.flags import add_arguments, given
+from sim.inputs.layer_split import parse_layer_split
 from sim.inputs.schema import ClusterSettings, ModelSettings, PlanSettings, fields_of
 from sim.inputs.topology import Topology
 from sim.units import parse_size
@@ -146,7 +147,8 @@ def plan_from_settings(p: PlanSettings, gpus: int | None, model: ModelSpec) -> P
                         first_stage_layers=p.decoder_first_pipeline_num_layers,
                         last_stage_layers=p.decoder_last_pipeline_num_layers,
                         account_for_embedding=p.account_for_embedding_in_pipeline_split,
-                        account_for_loss=p.account_for_loss_in_pipeline_split)
+                        account_for_loss=p.account_for_loss_in_pipeline_split,
+                        layer_split=parse_layer_split(p.layer_split))
     plan.check_model(model)
     return plan
 

@@ -107,6 +107,10 @@ class PlanSettings:
         help="transformer layers on the first pipeline stage (the rest split evenly)", type=POSITIVE_INT, metavar="N")
     decoder_last_pipeline_num_layers: int | None = setting(
         help="transformer layers on the last pipeline stage (the rest split evenly)", type=POSITIVE_INT, metavar="N")
+    layer_split: str | None = setting(
+        help="transformer layers per pipeline stage, first to last, e.g. 10,10,12 (uneven stages, as on GPUs "
+             "of different speeds), or auto: the split that balances the stages' estimated times on their GPUs",
+        metavar="N,N,...|auto")
     account_for_embedding_in_pipeline_split: bool = setting(
         False, help="count the embedding as one layer when splitting layers over stages", kind="switch")
     account_for_loss_in_pipeline_split: bool = setting(

@@ -262,12 +262,13 @@ def degrade(topology: Topology, links: dict[tuple[str, str], float]) -> Topology
     return Topology(g, topology.name)
 
 
-def straggler_fidelity(fidelity: str) -> tuple[str, str]:
-    """The fidelity a run with stragglers takes, and why: every GPU, since a slow GPU or a
-    slow link is not shared by the GPUs reduced fidelity lets one of them stand for."""
+def per_gpu_fidelity(fidelity: str, what: str = "slow GPUs and degraded links") -> tuple[str, str]:
+    """The fidelity a run with per-GPU effects (``what``: stragglers, GPUs of several types)
+    takes, and why: every GPU, since those effects are not shared by the GPUs reduced
+    fidelity lets one of them stand for."""
     if fidelity == "reduced":
-        raise InputError("fidelity: got 'reduced'; slow GPUs and degraded links are per-GPU effects that reduced "
-                         "fidelity (one GPU per stage standing for the others) cannot show: use full or auto")
+        raise InputError(f"fidelity: got 'reduced'; {what} are per-GPU effects that reduced fidelity (one GPU "
+                         "per stage standing for the others) cannot show: use full or auto")
     if fidelity == "auto":
-        return "full", "auto: slow GPUs or degraded links need every GPU simulated"
+        return "full", f"auto: {what} need every GPU simulated"
     return fidelity, f"asked for ({fidelity})"

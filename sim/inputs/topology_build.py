@@ -12,15 +12,14 @@ Three kinds of TOML file live under ``topologies/`` (and users write their own):
 - a **graph** file (``[[device]]`` and ``[[link]]`` tables): any topology, device by
   device.
 
-Inside a node every GPU has one link to a single NVSwitch device (the node's NVSwitch
-chips act as one non-blocking crossbar) and one PCIe link to its own NIC. Units are
-converted to SI here, once.
+The builders (``NodeSpec``, ``FabricSpec``, ``build_cluster``) live in
+``sim.inputs.topology_nodes`` and are re-exported here. Units are converted to SI here,
+once.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from pathlib import Path
 
 import networkx as nx
@@ -28,28 +27,10 @@ import networkx as nx
 from sim.errors import InputError
 from sim.inputs.tomlio import TomlFile
 from sim.inputs.topology import DEVICE_KINDS, LINK_KINDS, Topology
-from sim.units import Number
-
-GB = 1e9
-US = 1e-6
-FABRICS = ("rail", "fat-tree")
-OVERSUBSCRIPTION = Number(float, minimum=1)
-"""What ``--oversubscription`` (and ``fabric.oversubscription``) accepts."""
-
-MAX_CLUSTER_GPUS = 131_072
-"""Largest cluster built: eight times the largest published training run (Llama 3 405B
-on 16,384 H100s). Building its graph takes tens of seconds and about a GB; a typo'd
-``--nodes 1000000`` would take hours."""
-
-
-def check_cluster_size(nodes: int, gpus_per_node: int) -> None:
-    """Refuse to build a cluster of more than ``MAX_CLUSTER_GPUS`` GPUs."""
-    gpus = nodes * gpus_per_node
-    if gpus > MAX_CLUSTER_GPUS:
-        raise InputError(
-            f"nodes: got {nodes:,} ({gpus:,} GPUs at {gpus_per_node} per node); trainsim builds clusters of up to "
-            f"{MAX_CLUSTER_GPUS:,} GPUs, eight times the largest published training run"
-        )
+from sim.inputs.topology_mixed import build_mixed_cluster
+from sim.inputs.topology_nodes import (  # noqa: F401 (re-exported: where builders were first)
+    FABRICS, GB, MAX_CLUSTER_GPUS, OVERSUBSCRIPTION, US, FabricSpec, NodeSpec, add_fabric, add_link, add_node,
+    build_cluster, build_node, check_cluster_size)
 
 
 def topologies_dir() -> Path:
@@ -67,140 +48,6 @@ def builtin_names() -> list[str]:
     return sorted(p.stem for p in topologies_dir().glob("*.toml"))
 
 
-@dataclass(frozen=True)
-class NodeSpec:
-    """One server: GPUs on NVLink through NVSwitch, each GPU with its own NIC over PCIe."""
-
-    name: str
-    gpus: int
-    gpu_profile: str
-    nvlink_bandwidth_Bps: float
-    nvlink_latency_s: float
-    pcie_bandwidth_Bps: float
-    pcie_latency_s: float
-    nics: int
-    nic_kind: str
-    nic_bandwidth_Bps: float
-    nic_latency_s: float
-    nvlink_sharp: bool = False
-    """The NVSwitch reduces and multicasts (NVLink SHARP, third-generation NVSwitch:
-    DGX H100/H200; not DGX A100): NCCL's NVLS algorithms can run. Set on the nvswitch
-    device as ``nvlink_sharp``."""
-
-
-@dataclass(frozen=True)
-class FabricSpec:
-    """How nodes are joined: ``rail`` (leaf per rail) or ``fat-tree`` (leaf per rack)."""
-
-    type: str = "rail"
-    nodes_per_leaf: int = 0  # 0: 32 for rail, 4 for fat-tree
-    spines: int = 8
-    oversubscription: float = 1.0
-    switch_latency_s: float = 0.5 * US
-
-    def __post_init__(self):
-        if self.type not in FABRICS:
-            raise InputError(f"fabric: got {self.type!r}; allowed: {', '.join(FABRICS)}")
-        if not (math.isfinite(self.oversubscription) and self.oversubscription >= 1):
-            raise InputError(f"oversubscription: got {self.oversubscription!r}; expected a number >= 1")
-        if self.spines < 1:
-            raise InputError(f"spines: got {self.spines!r}; expected an integer >= 1")
-        if self.nodes_per_leaf < 0:
-            raise InputError(f"nodes_per_leaf: got {self.nodes_per_leaf!r}; expected an integer >= 1")
-
-    @property
-    def leaf_size(self) -> int:
-        return self.nodes_per_leaf or (32 if self.type == "rail" else 4)
-
-
-# ---------------------------------------------------------------------- builders
-def _add_link(g: nx.Graph, a: str, b: str, kind: str, bandwidth_Bps: float, latency_s: float) -> None:
-    g.add_edge(a, b, kind=kind, bandwidth_Bps=float(bandwidth_Bps), latency_s=float(latency_s))
-
-
-def add_node(g: nx.Graph, spec: NodeSpec, index: int) -> None:
-    """Add node ``index`` (GPUs, NVSwitch, NICs, and the host CPU) to graph ``g``.
-
-    Each GPU has its own PCIe link to the host CPU (its memory), which is what
-    optimizer offload crosses; the CPU never carries GPU-to-GPU traffic."""
-    nvs = f"node{index}/nvswitch"
-    g.add_node(nvs, kind="nvswitch", node=index, nvlink_sharp=bool(spec.nvlink_sharp))
-    cpu = f"node{index}/cpu"
-    g.add_node(cpu, kind="cpu", node=index)
-    for i in range(spec.gpus):
-        gpu = f"node{index}/gpu{i}"
-        g.add_node(gpu, kind="gpu", rank=index * spec.gpus + i, node=index, local=i)
-        _add_link(g, gpu, nvs, "nvlink", spec.nvlink_bandwidth_Bps, spec.nvlink_latency_s)
-        _add_link(g, gpu, cpu, "pcie", spec.pcie_bandwidth_Bps, spec.pcie_latency_s)
-    for j in range(spec.nics):
-        nic = f"node{index}/nic{j}"
-        g.add_node(nic, kind="nic", node=index, rail=j)
-        # NIC j serves GPU j (GPUs share NICs round-robin when there are fewer NICs).
-        for i in range(spec.gpus):
-            if i % spec.nics == j:
-                _add_link(g, f"node{index}/gpu{i}", nic, "pcie", spec.pcie_bandwidth_Bps, spec.pcie_latency_s)
-
-
-def build_node(spec: NodeSpec) -> Topology:
-    """A single node on its own."""
-    g = nx.Graph(gpu_profile=spec.gpu_profile)
-    add_node(g, spec, 0)
-    return Topology(g, spec.name)
-
-
-def build_cluster(spec: NodeSpec, nodes: int, fabric: FabricSpec = FabricSpec(), name: str | None = None) -> Topology:
-    """``nodes`` copies of ``spec`` joined by ``fabric``.
-
-    Rail-optimized: leaf ``rail r / group k`` connects NIC r of the nodes in group k
-    (``nodes_per_leaf`` nodes per group); every leaf connects to every spine.
-    Fat-tree: leaf k connects all NICs of the nodes in group k; every leaf connects to
-    every spine. In both, a leaf's uplinks together carry its downlink bandwidth divided
-    by ``oversubscription``, split evenly over the spines.
-    """
-    if isinstance(nodes, bool) or not isinstance(nodes, int) or nodes < 1:
-        raise InputError(f"nodes: got {nodes!r}; expected an integer >= 1")
-    if spec.nics < 1 and nodes > 1:
-        raise InputError(f"node {spec.name}: nics: got {spec.nics}; a multi-node cluster needs at least 1 NIC per node")
-    check_cluster_size(nodes, spec.gpus)
-    g = nx.Graph(gpu_profile=spec.gpu_profile)
-    for n in range(nodes):
-        add_node(g, spec, n)
-    if nodes > 1:
-        _add_fabric(g, spec, nodes, fabric)
-    return Topology(g, name or f"{spec.name}x{nodes}-{fabric.type}")
-
-
-def _add_fabric(g: nx.Graph, spec: NodeSpec, nodes: int, fabric: FabricSpec) -> None:
-    per_leaf = fabric.leaf_size
-    groups = math.ceil(nodes / per_leaf)
-    nic_bw, kind = spec.nic_bandwidth_Bps, spec.nic_kind
-    leaves: list[tuple[str, int]] = []  # (leaf id, downlink count)
-    for k in range(groups):
-        members = range(k * per_leaf, min(nodes, (k + 1) * per_leaf))
-        if fabric.type == "rail":
-            for r in range(spec.nics):
-                leaf = f"rail{r}/leaf{k}"
-                g.add_node(leaf, kind="switch", role="leaf", rail=r)
-                for n in members:
-                    _add_link(g, f"node{n}/nic{r}", leaf, kind, nic_bw, spec.nic_latency_s)
-                leaves.append((leaf, len(members)))
-        else:
-            leaf = f"leaf{k}"
-            g.add_node(leaf, kind="switch", role="leaf")
-            for n in members:
-                for r in range(spec.nics):
-                    _add_link(g, f"node{n}/nic{r}", leaf, kind, nic_bw, spec.nic_latency_s)
-            leaves.append((leaf, len(members) * spec.nics))
-    if len(leaves) == 1:
-        return
-    for s in range(fabric.spines):
-        g.add_node(f"spine{s}", kind="switch", role="spine")
-    for leaf, down in leaves:
-        up_bw = down * nic_bw / fabric.oversubscription / fabric.spines
-        for s in range(fabric.spines):
-            _add_link(g, leaf, f"spine{s}", kind, up_bw, fabric.switch_latency_s)
-
-
 # ---------------------------------------------------------------------- TOML
 _NODE_KEYS = {
     "name", "gpus", "gpu_profile", "nvlink_bandwidth_GBps", "nvlink_latency_us",
@@ -208,7 +55,7 @@ _NODE_KEYS = {
     "nvlink_sharp",
 }
 _FABRIC_KEYS = {"type", "nodes_per_leaf", "spines", "oversubscription", "switch_latency_us"}
-_DEVICE_KEYS = {"id", "kind", "rank", "node"}
+_DEVICE_KEYS = {"id", "kind", "rank", "node", "gpu_profile"}
 _LINK_KEYS = {"a", "b", "kind", "bandwidth_GBps", "latency_us"}
 
 
@@ -276,6 +123,8 @@ def _parse_graph(f: TomlFile, data: dict) -> Topology:
         if kind == "gpu":
             attrs["rank"] = int(f.number(d, "rank", p, integer=True, minimum=0))
             attrs["node"] = int(f.number(d, "node", p, integer=True, minimum=0, default=0))
+            if "gpu_profile" in d:  # (a mixed cluster: this GPU's profile; default the run's --gpu)
+                attrs["gpu_profile"] = f.string(d, "gpu_profile", p)
         dev_id = f.string(d, "id", p)
         if dev_id in g:
             raise f.error(f"{p}id", f"got {dev_id!r}; device ids must be unique")
@@ -287,7 +136,7 @@ def _parse_graph(f: TomlFile, data: dict) -> Topology:
         for end, name in (("a", a), ("b", b)):
             if name not in g:
                 raise f.error(f"{p}{end}", f"got {name!r}; not a declared device id")
-        _add_link(
+        add_link(
             g, a, b, f.string(l, "kind", p, choices=LINK_KINDS),
             f.number(l, "bandwidth_GBps", p, positive=True) * GB,
             f.number(l, "latency_us", p, default=1.0, minimum=0) * US,
@@ -308,6 +157,32 @@ def _resolve(name_or_path: str, flag: str = "topology") -> Path:
     raise InputError(
         f"{flag}: got {name_or_path!r}; expected a path to a .toml file or one of: {', '.join(builtin_names())}"
     )
+
+
+def _node_list(f: TomlFile, c: dict) -> tuple[list[str], list[int]]:
+    """``cluster.node`` and ``cluster.nodes``: one node file and a count, or lists of equal
+    length (a cluster of several node kinds, the nodes of each kind in turn)."""
+    refs, counts = c["node"], c["nodes"]
+    if not isinstance(refs, list):
+        return [f.string(c, "node", "cluster.")], [int(f.number(c, "nodes", "cluster.", integer=True, positive=True))]
+    if not refs or not all(isinstance(r, str) for r in refs):
+        raise f.error("cluster.node", f"got {refs!r}; expected a node file name or a list of them")
+    if not isinstance(counts, list) or len(counts) != len(refs) or not all(
+            isinstance(n, int) and not isinstance(n, bool) and n > 0 for n in counts):
+        raise f.error("cluster.nodes", f"got {counts!r}; expected a list of {len(refs)} integers >= 1, the nodes of "
+                                       f"each kind in cluster.node")
+    return refs, counts
+
+
+def _cluster_node(f: TomlFile, node_ref: str, k: int | None) -> NodeSpec:
+    """The node file a cluster file names (relative to the cluster file when a path)."""
+    ref = Path(node_ref)
+    if not ref.is_absolute() and ref.suffix == ".toml":
+        ref = f.path.parent / ref
+    try:
+        return load_node_spec(str(ref))
+    except InputError as exc:
+        raise f.error("cluster.node" + (f"[{k}]" if k is not None else ""), str(exc)) from None
 
 
 def load_node_spec(name_or_path: str) -> NodeSpec:
@@ -342,23 +217,23 @@ def load_topology(name_or_path: str, nodes: int | None = None, fabric: FabricSpe
     if "cluster" in data:
         c = f.table(data, "cluster")
         f.check_keys(c, {"name", "node", "nodes"}, "cluster.", required=("node", "nodes"))
-        node_ref = f.string(c, "node", "cluster.")
+        refs, counts = _node_list(f, c)
         cname = _name(f, c, "name", "cluster.", "")
-        n_file = int(f.number(c, "nodes", "cluster.", integer=True, positive=True))
-        if "node" in data:
-            spec = _parse_node(f, f.table(data, "node"))
+        if "node" in data and len(refs) == 1:
+            specs = [_parse_node(f, f.table(data, "node"))]
         else:
-            ref = Path(node_ref)
-            if not ref.is_absolute() and ref.suffix == ".toml":
-                ref = f.path.parent / ref
-            try:
-                spec = load_node_spec(str(ref))
-            except InputError as exc:
-                raise f.error("cluster.node", str(exc)) from None
-        n = nodes if nodes is not None else n_file
+            specs = [_cluster_node(f, ref, k if len(refs) > 1 else None) for k, ref in enumerate(refs)]
         fab = fabric or _parse_fabric(f, f.table(data, "fabric"))
         try:
-            return build_cluster(spec, n, fab, name=(cname or None) if nodes is None else None)
+            if len(specs) > 1:
+                if nodes is not None:
+                    dashes = "--" if flag.startswith("--") else ""
+                    raise InputError(f"{dashes}nodes: got {nodes}; {f.path} lists nodes of {len(specs)} kinds "
+                                     f"({' + '.join(f'{n} x {s.name}' for s, n in zip(specs, counts))}), so it "
+                                     "fixes its own size")
+                return build_mixed_cluster(list(zip(specs, counts)), fab, name=cname or f.path.stem)
+            n = nodes if nodes is not None else counts[0]
+            return build_cluster(specs[0], n, fab, name=(cname or None) if nodes is None else None)
         except InputError as exc:
             raise _in_file(f, exc) from None
     if "node" in data:
