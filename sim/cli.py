@@ -15,7 +15,7 @@ from sim.errors import NEGATIVE_VALUE, DeadlockError, InputError, from_argparse
 
 # Subcommand modules, in the order ``trainsim --help`` lists them.
 COMMANDS = ["run", "compare", "estimate", "explain", "search", "sweep", "collective", "demo", "calibrate", "validate", "fit",
-            "import_nccl_tests", "import_trace"]
+            "import_nccl_tests", "import_trace", "goodput"]
 
 
 class _Parser(argparse.ArgumentParser):

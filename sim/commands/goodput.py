@@ -1,0 +1,208 @@
+"""``trainsim goodput``: a training campaign over days, with failures, checkpoints and restarts.
+
+Takes ``trainsim run``'s model, cluster and plan flags (or an experiment file), simulates
+one iteration for the step time (``--step-time-s`` skips it), and then the job's life
+over ``--days``: failures drawn per cause from ``--failures`` (a preset such as
+``llama3``, or a TOML file) at rates per device-hour scaled by the job's GPUs, hosts,
+NICs and switches; detection, restarts, waits for ``--hot-spares``; checkpoint saves
+(synchronous, or ``--async-save``) whose bytes come from the memory model and whose time
+from ``--storage-bandwidth``. Prints goodput, interruptions and time lost by cause, and
+the checkpoint interval that maximises goodput next to Young's and Daly's; ``--json``
+prints one object; ``--out DIR`` writes the report and the pictures.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+from sim import session
+from sim.commands.run import settings_of
+from sim.commands.settings import RUN_FLAGS
+from sim.errors import InputError
+from sim.fileio import check_output_dir, write_json_atomic
+from sim.inputs.experiment import blame, values_of
+from sim.inputs.flags import add_arguments as add_schema_arguments
+from sim.inputs.schema import RunSettings
+from sim.progress import Progress
+from sim.studies.goodput import DEFAULT_STORAGE_BPS, Study, checkpoint_of, daly_goodput, device_counts, \
+    load_failures, preset_names, run_study
+from sim.studies.goodput.timeline import busiest_window, progress_points, window_spans
+from sim.units import NONNEGATIVE_INT, Number, parse_size
+
+NAME = "goodput"
+HELP = ("Simulate a training campaign over days (failures, detection, restarts, checkpoints, hot spares) and report "
+        "goodput and the best checkpoint interval.")
+_FLAGS = [f for f in RUN_FLAGS if f not in ("kineto",)]
+DAYS = Number(float, above=0, maximum=36500)
+
+
+def _interval(text: str):
+    if text == "auto":
+        return None
+    try:
+        v = float(text)
+    except ValueError:
+        v = math.nan
+    if not (v > 0 and math.isfinite(v)):
+        raise InputError(f"--checkpoint-interval: got {text!r}; expected a number of seconds > 0 or auto")
+    return v
+
+
+def _spares(text: str):
+    if text == "unlimited":
+        return None
+    if not text.isdigit():
+        raise InputError(f"--hot-spares: got {text!r}; expected an integer >= 0 or unlimited")
+    return int(text)
+
+
+def add_arguments(p) -> None:
+    p.add_argument("experiment", nargs="?", metavar="FILE", help="an experiment .toml (flags after it override it)")
+    add_schema_arguments(p, _FLAGS, helps={
+        "out": "directory for goodput.json and the pictures (goodput_timeline.png, goodput_interval.png)",
+        "json": "print one JSON object"})
+    g = p.add_argument_group("campaign")
+    g.add_argument("--failures", default="llama3", metavar="PRESET|FILE.toml",
+                   help=f"failure rates per device-hour and costs: {', '.join(preset_names())} or a TOML file "
+                        "(default llama3: the Llama 3 paper's interruption table)")
+    g.add_argument("--days", type=DAYS, default=54.0, help="wall-clock length of the campaign, days (default 54)")
+    g.add_argument("--checkpoint-interval", type=str, default="auto", metavar="S|auto",
+                   help="training seconds between checkpoint saves, rounded to whole iterations; auto: the "
+                        "interval with the best simulated goodput (default auto)")
+    g.add_argument("--seed", type=NONNEGATIVE_INT, default=0, help="seed of the failure draws (default 0)")
+    g.add_argument("--hot-spares", type=str, default="unlimited", metavar="N|unlimited",
+                   help="spare nodes that replace a failed one at once; a failed node returns after its repair "
+                        "time; with none free the job waits (default unlimited)")
+    g.add_argument("--async-save", action="store_true",
+                   help="asynchronous checkpoint saves: training stalls only for the copy to host memory, the "
+                        "write runs in the background (Megatron-LM --async-save)")
+    g.add_argument("--storage-bandwidth", type=str, default=None, metavar="BYTES",
+                   help="checkpoint storage's aggregate bandwidth per second, shared by all writers, e.g. 500GB "
+                        f"(default {DEFAULT_STORAGE_BPS / 1e12:g}TB: Llama 3's Tectonic, sustained)")
+    g.add_argument("--step-time-s", type=Number(float, above=0), default=None, metavar="S",
+                   help="seconds per training iteration; skips the iteration's simulation")
+
+
+def run(args) -> int:
+    check_output_dir(args.out, "--out")
+    interval = _interval(args.checkpoint_interval)
+    spares = _spares(args.hot_spares)
+    storage = DEFAULT_STORAGE_BPS if args.storage_bandwidth is None else \
+        float(parse_size(args.storage_bandwidth, "--storage-bandwidth"))
+    if storage <= 0:
+        raise InputError(f"--storage-bandwidth: got {args.storage_bandwidth!r}; expected a bandwidth > 0 bytes/s")
+    failures = load_failures(args.failures)
+    exp, settings = settings_of(args)
+    try:
+        prepared = session.prepare(RunSettings.from_values(values_of(settings)))
+        step, summary = _step_time(prepared, args.step_time_s)
+    except InputError as exc:
+        if exp is None:
+            raise
+        raise blame(exc, exp.path, settings) from None
+    plan, profile = prepared.plan, prepared.profile
+    pcie = profile.links["pcie"]
+    ckpt = checkpoint_of(prepared.model.num_params, plan.world_size, storage, pcie.bandwidth_Bps * pcie.efficiency,
+                         asynchronous=args.async_save)
+    devices = device_counts(prepared.topology, plan.world_size)
+    study = Study(step, ckpt, failures, devices, args.days * 86400.0, spares)
+    with Progress() as bar:
+        bar.update("simulating the campaign and searching the checkpoint interval")
+        rep, camp = run_study(study, interval, args.seed, record=bool(args.out))
+    rep["step_time_source"] = "given" if args.step_time_s is not None else "simulated"
+    rep["run"] = {"model": prepared.model.name, "gpus": plan.world_size, "gpu": profile.name,
+                  "plan": {"dp": plan.dp, "tp": plan.tp, "pp": plan.pp}, "fits": summary.get("fits")}
+    if args.out:
+        _write(rep, study, camp, Path(args.out))
+    if args.json:
+        print(json.dumps(rep, sort_keys=True))
+        return 0
+    _print(rep, prepared)
+    if args.out:
+        print(f"\nwrote {Path(args.out) / 'goodput.json'}, goodput_timeline.png, goodput_interval.png")
+    return 0
+
+
+def _step_time(prepared, given: float | None) -> tuple[float, dict]:
+    if given is not None:
+        return given, {}
+    with Progress() as bar:
+        bar.update(f"simulating one iteration on {prepared.plan.world_size} GPUs")
+        _, summary = session.run(prepared)
+    return summary["iteration_time_s"], summary
+
+
+WINDOW_S = 12 * 3600.0
+"""The hours the timeline picture shows second by second."""
+
+
+def _write(rep: dict, study, camp, out: Path) -> None:
+    from sim.results.plot_goodput import plot_interval, plot_timeline
+
+    out.mkdir(parents=True, exist_ok=True)
+    length = min(WINDOW_S, camp.horizon_s)
+    lo = busiest_window([t for t, _, planned in camp.failures if not planned], length, camp.horizon_s)
+    window = (lo, lo + length)
+    categories = {c.name: c.category or c.name for c in study.failures.causes}
+    plot_timeline(rep, window_spans(camp, *window), progress_points(camp), camp.failures, window, categories,
+                  out / "goodput_timeline.png")
+    m, ck, r = study.mtbf_s, study.checkpoint, study.mean_restart_s
+    closed = (lambda tau: daly_goodput(tau, ck.stall_s, m, r)) if math.isfinite(m) else None
+    plot_interval(rep, closed, out / "goodput_interval.png")
+    write_json_atomic(rep, out / "goodput.json")
+
+
+def _hours(s: float) -> str:
+    if s >= 86400 * 2:
+        return f"{s / 86400:.1f} d"
+    if s >= 3600:
+        return f"{s / 3600:.1f} h"
+    if s >= 60:
+        return f"{s / 60:.1f} min"
+    return f"{s:.1f} s"
+
+
+def _print(r: dict, prepared) -> None:
+    plan, ck, dev = prepared.plan, r["checkpoint"], r["devices"]
+    print(prepared.model.describe())
+    print(f"{plan.world_size} x {prepared.profile.name} on {prepared.topology.describe()}; "
+          f"dp {plan.dp} x tp {plan.tp} x pp {plan.pp}")
+    src = "simulated iteration" if r["step_time_source"] == "simulated" else "given"
+    fits = "" if r["run"]["fits"] in (None, True) else " (the plan does not fit in memory; see trainsim run)"
+    print(f"step time {r['step_time_s']:.3f} s ({src}){fits}")
+    stall = f"stalls {ck['stall_s']:.3g} s" if ck["mode"] == "sync" else \
+        f"stalls {ck['copy_to_host_s']:.3g} s (copy to host), writes {ck['write_s']:.3g} s in the background"
+    print(f"checkpoint {ck['bytes'] / 1e12:.2f} TB (16-bit weights + optimizer states, each shard once), "
+          f"{ck['mode']} save {stall}; read back in {ck['load_s']:.3g} s")
+    mtbf = r["mtbf_s"]
+    print(f"failures: {r['failures']['name']}" + (f" ({r['failures']['source']})" if r['failures']['source'] else ""))
+    print(f"  on {dev['gpu']:,} GPUs, {dev['node']:,} hosts, {dev['nic']:,} NICs, {dev['switch']:,} switches: "
+          + (f"an unexpected interruption every {_hours(mtbf)} on average" if mtbf else "no unexpected failures"))
+    print(f"  hot spares: {r['hot_spares']}")
+    how = "auto: the best simulated" if r["checkpoint_interval_auto"] else "as given"
+    print(f"\ncampaign: {r['days']:g} days, seed {r['seed']}, a checkpoint every {r['checkpoint_interval_s']:.1f} s of "
+          f"training ({r['checkpoint_interval_iterations']} iterations; {how})")
+    print(f"  goodput            {r['goodput'] * 100:6.1f}%   (useful training {_hours(r['useful_s'])} of "
+          f"{_hours(r['wall_s'])})")
+    print(f"  interruptions      {r['unexpected_interruptions']:6d}    unexpected (+ {r['planned_interruptions']} planned)")
+    print(f"  checkpoint stalls  {_hours(r['checkpoint_stall_s']):>7}   ({r['checkpoints_durable']:,} checkpoints durable)")
+    print("\n  time lost by cause          count (expected)   lost work     detect       wait    restart   total")
+    lost = r["time_lost_by_cause_s"]
+    names = sorted(lost, key=lambda n: (-lost[n]["total_s"], n))
+    for n in names:
+        k, e, t = r["interruptions_by_cause"][n], r["expected_interruptions_by_cause"][n], lost[n]
+        if k == 0 and e < 0.5:
+            continue
+        restart = t["restart_s"] + t["save_s"]
+        print(f"  {n:<26} {k:5d} ({e:7.1f})  {_hours(t['lost_work_s']):>10} {_hours(t['detect_s']):>10} "
+              f"{_hours(t['wait_s']):>10} {_hours(restart):>10} {_hours(t['total_s']):>8}")
+    print("\ncheckpoint interval that maximises goodput:")
+    print(f"  simulated          {r['best_checkpoint_interval_s']:9.1f} s   goodput {r['best_goodput'] * 100:.2f}% "
+          f"(over {r['search']['horizon_days']:,.0f} simulated days)")
+    if r["daly_interval_s"] is not None:
+        print(f"  Daly 2006          {r['daly_interval_s']:9.1f} s   closed-form goodput "
+              f"{r['daly_goodput_at_best'] * 100:.2f}% at the simulated best (M {_hours(mtbf)}, "
+              f"checkpoint {ck['stall_s']:.3g} s, restart {r['mean_restart_s']:.0f} s)")
+        print(f"  Young 1974         {r['young_interval_s']:9.1f} s")
