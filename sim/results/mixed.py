@@ -33,6 +33,7 @@ def mixed_report(run, summary: dict, auto: bool = False) -> dict:
         "gpu_types": mixed.counts(),
         "layer_split": split,
         "layer_split_auto": auto,
+        "layer_split_given": plan.layer_split is not None,
         "stages": stages,
         "slowest_stage": max(range(plan.pp), key=lambda s: (stages[s]["compute_s"], -s)),
         "data_parallel_groups_span_types": any(len(t) > 1 for t in spanning),
@@ -45,7 +46,8 @@ def mixed_lines(report: dict) -> list[str]:
     from sim.units import format_time
 
     counts = ", ".join(f"{n} x {name}" for name, n in report["gpu_types"].items())
-    how = "auto: balanced on the stages' GPUs" if report["layer_split_auto"] else "as given"
+    how = ("auto: balanced on the stages' GPUs" if report["layer_split_auto"] else "as given"
+           if report["layer_split_given"] else "the plan's split; --layer-split auto balances the stages")
     out = [f"  mixed cluster: {counts}; MFU {report['mfu'] * 100:.1f}% of their own peaks",
            f"    layer split {','.join(map(str, report['layer_split']))} ({how})"]
     for st in report["stages"]:
