@@ -150,7 +150,7 @@ def simulate_training(model: ModelSpec, plan: ParallelPlan, profile: HardwarePro
     alone = partial(alone_time, topology=topology, efficiency=eff, model=nccl)  # (coalesced TP collectives)
     if plan.world_size > topology.num_gpus:
         raise InputError(
-            f"plan: needs dp x tp x pp = {plan.dp} x {plan.tp} x {plan.pp} = {plan.world_size} GPUs; "
+            f"plan: needs dp x cp x tp x pp = {plan.dp} x {plan.cp} x {plan.tp} x {plan.pp} = {plan.world_size} GPUs; "
             f"topology {topology.name} has {topology.num_gpus}"
         )
     if fidelity == "auto":
@@ -237,7 +237,7 @@ def write_outputs(run: TrainingRun, summary: dict, out: Path) -> None:
         ranks = [plan.rank(dp=0, pp=s, tp=0) for s in range(plan.pp)]
         names = {r: f"stage {plan.coords(r)[1]} (rank {r})" for r in ranks}
     else:
-        ranks = [plan.rank(dp=d, pp=0, tp=0) for d in range(min(plan.dp, 4))]
+        ranks = [plan.rank(dp=d, pp=0, tp=0) for d in range(min(plan.dp_cp, 4))]
         names = {r: f"dp {plan.coords(r)[0]} (rank {r})" for r in ranks}
     ranks, names = plotted_stragglers(run, summary, ranks, names)
     write_chrome(run.trace, out / "trace.json", names=rank_names(run))

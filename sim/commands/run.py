@@ -92,7 +92,9 @@ def _print(s: dict, run: session.TrainingRun) -> None:
         print("fidelity: full (every GPU simulated)")
     if run.fidelity_reason.startswith("auto"):
         print(f"  chosen by {run.fidelity_reason}")
-    print(f"plan: dp {plan.dp} x tp {plan.tp} x pp {plan.pp}{f' (vpp {plan.vpp})' if plan.vpp > 1 else ''}, "
+    print(f"plan: dp {plan.dp}{f' x cp {plan.cp} ({plan.cp_comm_type})' if plan.cp > 1 else ''} x tp {plan.tp} x "
+          f"pp {plan.pp}{f' (vpp {plan.vpp})' if plan.vpp > 1 else ''}"
+          f"{f', ep {plan.ep} x etp {plan.etp_size}' if s.get('moe') else ''}, "
           f"schedule {s['schedule']}, micro-batch {plan.micro_batch_size} x {plan.num_microbatches}, "
           f"global batch {plan.global_batch_size}, recompute {plan.recompute}, ZeRO-{plan.zero_stage}, "
           f"sp {'on' if plan.sp else 'off'}, precision {s['precision']}")

@@ -161,7 +161,8 @@ def build(op: str, ranks, nbytes: float, topology: Topology, algo: str = "ring",
 
     ``nbytes`` is the buffer size as nccl-tests reports it: the full (per-rank) buffer
     for all-reduce, broadcast and all-to-all, the full gathered (or pre-scatter) buffer
-    for all-gather and reduce-scatter. ``sendrecv`` takes ``ranks = (src, dst)``.
+    for all-gather and reduce-scatter; ``shift`` sends each rank's ``nbytes`` to the next
+    rank of the group (in rank order, the last to the first). ``sendrecv`` takes ``ranks = (src, dst)``.
     ``channels`` (ring algorithms) defaults to ``default_channels``. With ``fluid``, each
     ring hop is one transfer of all its steps' bytes paying all their latencies: on an
     uncontended homogeneous ring that is exactly the step-by-step time, n transfers
@@ -225,6 +226,10 @@ def build(op: str, ranks, nbytes: float, topology: Topology, algo: str = "ring",
             for q in sorted(ranks):
                 if q != r:
                     b.add(r, q, nbytes / n, (), "alltoall")
+    elif op == "shift":  # each rank's buffer to the next in rank order (ring attention's exchange)
+        order = sorted(ranks)
+        for i, r in enumerate(order):
+            b.add(r, order[(i + 1) % n], nbytes, (), "shift")
     return b.steps
 
 

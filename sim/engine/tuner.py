@@ -59,7 +59,7 @@ def choose(op: str, ranks, nbytes: float, topology, efficiency: dict | None = No
     NCCL_ALGO and NCCL_PROTO do)."""
     model = model or DEFAULT_MODEL
     efficiency = efficiency or {}
-    if op in ("alltoall", "sendrecv"):
+    if op in ("alltoall", "shift", "sendrecv"):
         return ("ring", "simple" if protocol == "auto" else protocol)
     by_node = ranks_by_node(topology, ranks)
     sizes = {len(v) for v in by_node.values()}

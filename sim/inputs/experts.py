@@ -49,12 +49,13 @@ def check_expert_plan(plan) -> None:
     require(isinstance(plan.moe_seed, int) and not isinstance(plan.moe_seed, bool), "plan: moe_seed", plan.moe_seed,
             "expected an integer")
     folded = plan.ep * plan.etp_size
-    require((plan.tp * plan.dp) % folded == 0, "plan: expert_model_parallel_size", plan.ep,
-            f"ep x etp = {plan.ep} x {plan.etp_size} must divide the tp x dp = {plan.tp} x {plan.dp} GPUs of each "
-            "pipeline stage")
-    sizes = sorted({1, plan.tp, plan.tp * plan.dp, plan.etp_size, folded})
+    require((plan.tp * plan.dp_cp) % folded == 0, "plan: expert_model_parallel_size", plan.ep,
+            f"ep x etp = {plan.ep} x {plan.etp_size} must divide the tp x dp x cp = {plan.tp} x {plan.dp} x "
+            f"{plan.cp} GPUs of each pipeline stage")
+    sizes = sorted({1, plan.tp, plan.tp * plan.cp, plan.tp * plan.dp_cp, plan.etp_size, folded})
     require(all(b % a == 0 for a, b in zip(sizes, sizes[1:])), "plan: expert_tensor_parallel_size", plan.etp_size,
-            f"tp {plan.tp}, etp {plan.etp_size} and etp x ep {folded} must each divide the next larger of them")
+            f"tp {plan.tp}, tp x cp {plan.tp * plan.cp}, etp {plan.etp_size} and etp x ep {folded} must each "
+            "divide the next larger of them")
 
 
 def check_expert_model(plan, model) -> None:
@@ -83,10 +84,10 @@ class Folding:
 
     def __init__(self, plan):
         self.plan = plan
-        self.tp, self.dp = plan.tp, plan.dp
+        self.tp, self.dp = plan.tp, plan.dp_cp
         self.etp, self.ep = plan.etp_size, plan.ep
-        self.edp = plan.tp * plan.dp // (self.etp * self.ep)
-        bounds = sorted({1, self.tp, self.etp, self.etp * self.ep, self.tp * self.dp})
+        self.edp = plan.tp * plan.dp_cp // (self.etp * self.ep)
+        bounds = sorted({1, self.tp, self.tp * plan.cp, self.etp, self.etp * self.ep, self.tp * self.dp})
         self.radix = [(a, b // a) for a, b in zip(bounds, bounds[1:])]  # (place value, digit size)
         self._coords = plan.coords
         self._rank = plan.rank
@@ -125,3 +126,4 @@ class Folding:
         for value, size in self.radix:
             y += ((xl // value % size + gl // value % size) % size) * value
         return self.glob(y, p)
+

@@ -39,6 +39,7 @@ import math
 from dataclasses import dataclass
 
 from sim.inputs import placement as _pl
+from sim.inputs.context import check_context_model, check_context_plan
 from sim.inputs.experts import check_expert_model, check_expert_plan
 from sim.inputs.layer_split import FIRST, LAST, check_layer_split, split_layers
 from sim.errors import require
@@ -143,6 +144,13 @@ class ParallelPlan:
     offload_optimizer: bool = False
     """ZeRO-Offload: optimizer states live in host memory and the optimizer step runs on
     the CPU; gradients go to the host and updated parameters come back over PCIe."""
+    cp: int = 1
+    """Context-parallel size: GPUs each sequence is split over (``sim.program.context``).
+    They sit inside the data-parallel dimension, cp innermost (each replica's cp GPUs
+    consecutive along it), and reduce gradients with it: ``dp_group`` has dp·cp ranks."""
+    cp_comm_type: str = "p2p"
+    """How context-parallel attention gets the other chunks' keys and values: 'p2p'
+    (ring attention, Megatron's default) or 'all-gather' (Llama 3's)."""
     ep: int = 1
     """Expert-parallel size: the GPUs a layer's routed experts are spread over, carved out
     of each stage's tp × dp GPUs (``sim.inputs.experts``)."""
@@ -199,6 +207,7 @@ class ParallelPlan:
         _pl.parse_placement(self.placement)
         self._check_uneven()
         check_expert_plan(self)
+        check_context_plan(self)
 
     def _check_schedule(self) -> None:
         if self.schedule is None:
@@ -235,7 +244,19 @@ class ParallelPlan:
 
     @property
     def world_size(self) -> int:
-        return self.dp * self.tp * self.pp
+        return self.dp * self.cp * self.tp * self.pp
+
+    @property
+    def dp_cp(self) -> int:
+        """Ranks a stage's parameters are replicated over, and its gradients reduced and ZeRO
+        states sharded over: data × context parallel (Megatron's data-parallel group with CP)."""
+        return self.dp * self.cp
+
+    def cp_group(self, rank: int) -> tuple:
+        """Global ranks of ``rank``'s context-parallel group (consecutive along dp), by cp index."""
+        d, p, t = self.coords(rank)
+        base = d - d % self.cp
+        return tuple(self.rank(dp=base + i, pp=p, tp=t) for i in range(self.cp))
 
     @property
     def num_microbatches(self) -> int:
@@ -261,7 +282,7 @@ class ParallelPlan:
 
     # ------------------------------------------------------------- placement
     def _sizes(self) -> dict:
-        return {"tp": self.tp, "pp": self.pp, "dp": self.dp}
+        return {"tp": self.tp, "pp": self.pp, "dp": self.dp * self.cp}
 
     @property
     def placement_order(self) -> tuple:
@@ -269,7 +290,8 @@ class ParallelPlan:
         return _pl.parse_placement(self.placement)
 
     def coords(self, rank: int) -> tuple:
-        """``(dp_index, pp_index, tp_index)`` of global ``rank`` under ``placement``."""
+        """``(dp_index, pp_index, tp_index)`` of global ``rank`` under ``placement``; with
+        context parallelism the dp index runs over dp·cp, the cp index innermost."""
         c = _pl.coords(rank, self.placement_order, self._sizes())
         return c["dp"], c["pp"], c["tp"]
 
@@ -324,12 +346,14 @@ class ParallelPlan:
     def for_world(cls, world_size: int, **kw) -> "ParallelPlan":
         """A plan whose dp fills ``world_size`` given tp and pp (each must divide it)."""
         _pos("world_size", world_size)
-        tp, pp = kw.get("tp", 1), kw.get("pp", 1)
+        tp, pp, cp = kw.get("tp", 1), kw.get("pp", 1), kw.get("cp", 1)
         _pos("tp", tp)
         _pos("pp", pp)
-        require(world_size % (tp * pp) == 0, "plan: world_size", world_size,
-                f"must be a multiple of tp x pp = {tp} x {pp} = {tp * pp}")
-        return cls(dp=world_size // (tp * pp), **kw)
+        _pos("cp", cp)
+        names, sizes = ("tp x pp", f"{tp} x {pp}") if cp == 1 else ("tp x pp x cp", f"{tp} x {pp} x {cp}")
+        require(world_size % (tp * pp * cp) == 0, "plan: world_size", world_size,
+                f"must be a multiple of {names} = {sizes} = {tp * pp * cp}")
+        return cls(dp=world_size // (tp * pp * cp), **kw)
 
     def check_model(self, model) -> None:
         """Checks that need the model: each factor must split the layer it cuts, and the
@@ -341,6 +365,7 @@ class ParallelPlan:
             require(value % self.tp == 0, "plan: tp", self.tp,
                     f"must divide {field} {value} of {model.name}")
         check_expert_model(self, model)
+        check_context_model(self, model)
 
     @property
     def etp_size(self) -> int:

@@ -18,6 +18,7 @@ from sim.errors import NEGATIVE_VALUE, InputError, from_argparse, require
 from sim.inputs.hf_config import model_from_hf_config
 from sim.inputs.megatron_model import MOE_FIELDS, model_from_megatron_settings
 from sim.inputs.model import PRESETS, ModelSpec, layer_params_per_rank, preset, with_seq_length
+from sim.inputs.placement import DEFAULT_PLACEMENT
 from sim.inputs.plan import DDP_BUCKET_BYTES, SCHEDULES, ParallelPlan
 from sim.inputs.flags import add_arguments, given
 from sim.inputs.layer_split import parse_layer_split
@@ -90,10 +91,10 @@ def model_from_megatron_args(argv: Sequence[str], name: str = "megatron") -> Mod
 def plan_from_settings(p: PlanSettings, gpus: int | None, model: ModelSpec) -> ParallelPlan:
     """The ParallelPlan the settings describe on ``gpus`` GPUs (None: tp x pp), checked
     against the model."""
-    tp, pp = p.tensor_model_parallel_size, p.pipeline_model_parallel_size
-    gpus = gpus if gpus is not None else tp * pp
-    require(gpus > 0 and tp > 0 and pp > 0 and gpus % (tp * pp) == 0, "--gpus", gpus,
-            f"must be a positive multiple of tensor x pipeline parallel size = {tp} x {pp}")
+    tp, pp, cp = p.tensor_model_parallel_size, p.pipeline_model_parallel_size, p.context_parallel_size
+    gpus = gpus if gpus is not None else tp * pp * cp
+    require(gpus > 0 and tp > 0 and pp > 0 and gpus % (tp * pp * cp) == 0, "--gpus", gpus,
+            f"must be a positive multiple of tensor x pipeline x context parallel size = {tp} x {pp} x {cp}")
     uneven = (p.decoder_first_pipeline_num_layers is not None or p.decoder_last_pipeline_num_layers is not None
               or p.account_for_embedding_in_pipeline_split or p.account_for_loss_in_pipeline_split)
     vpp = 1
@@ -130,7 +131,11 @@ def plan_from_settings(p: PlanSettings, gpus: int | None, model: ModelSpec) -> P
         require(depth >= 0, "--zero3-prefetch-depth", depth, "expected an integer >= 0")
     require(not p.tp_comm_overlap or tp == 1 or p.sequence_parallel, "--tp-comm-overlap", True,
             "needs --sequence-parallel (it overlaps the sequence-parallel all-gathers and reduce-scatters)")
-    plan = ParallelPlan(dp=gpus // (tp * pp), tp=tp, pp=pp, vpp=vpp, sequence_parallel=p.sequence_parallel,
+    placement = p.placement
+    if cp > 1 and placement == DEFAULT_PLACEMENT:
+        placement = "tp-dp-pp"  # Megatron-LM's order: tp, cp, dp, pp from innermost
+    plan = ParallelPlan(dp=gpus // (tp * pp * cp), tp=tp, pp=pp, vpp=vpp, sequence_parallel=p.sequence_parallel,
+                        cp=cp, cp_comm_type=p.cp_comm_type,
                         tp_comm_overlap=p.tp_comm_overlap,
                         micro_batch_size=p.micro_batch_size, global_batch_size=p.global_batch_size,
                         recompute=p.recompute_granularity, attention=p.attention, zero_stage=p.zero,
@@ -143,7 +148,7 @@ def plan_from_settings(p: PlanSettings, gpus: int | None, model: ModelSpec) -> P
                         zero3_prefetch_depth=1 if depth is None else depth, zero_bucket_size_bytes=zbucket,
                         zero3_max_live_parameters=p.zero3_max_live_parameters,
                         offload_optimizer=p.offload_optimizer,
-                        placement=p.placement,
+                        placement=placement,
                         first_stage_layers=p.decoder_first_pipeline_num_layers,
                         last_stage_layers=p.decoder_last_pipeline_num_layers,
                         account_for_embedding=p.account_for_embedding_in_pipeline_split,

@@ -122,6 +122,12 @@ class PlanSettings:
     tp_comm_overlap: bool = setting(False, help="overlap tensor-parallel all-gathers and reduce-scatters with the "
                                     "GEMMs beside them, in tp chunks (Megatron-LM/Transformer Engine; needs "
                                     "--sequence-parallel)", kind="switch")
+    context_parallel_size: int = setting(
+        1, help="context-parallel size: GPUs each sequence is split over (ring attention or an all-gather of keys "
+                "and values; inside the data-parallel dimension, cp innermost; default 1)", type=POSITIVE_INT)
+    cp_comm_type: str = setting("p2p", help="how context-parallel attention gets the other chunks' keys and values: "
+                                            "p2p (ring attention, overlapped with compute; the default) or "
+                                            "all-gather (Llama 3's)", choices=("p2p", "all-gather"))
     expert_model_parallel_size: int = setting(
         1, help="expert-parallel size: GPUs each MoE layer's routed experts are spread over, folded out of each "
                 "stage's tp x dp GPUs (default 1)", type=POSITIVE_INT, group=_EXPERTS)

@@ -36,7 +36,7 @@ from dataclasses import dataclass, field, fields
 
 from sim.errors import InputError
 
-OPS = ("allreduce", "reducescatter", "allgather", "broadcast", "alltoall", "sendrecv")
+OPS = ("allreduce", "reducescatter", "allgather", "broadcast", "alltoall", "shift", "sendrecv")
 """Collective operations an action may name (``sim.engine.algorithms`` builds each)."""
 ALGOS = ("ring", "hierarchical", "tree", "nvls", "nvls_tree", "auto")
 """Collective algorithms (``sim.engine.algorithms``, ``sim.engine.algorithms_nccl``); auto:

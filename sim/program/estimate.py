@@ -49,7 +49,7 @@ from sim.program.costs import (
 from sim.program.memory import model_state_bytes, optimizer_shard_params, stage_memory_bytes, stage_params_per_rank
 from sim.inputs.experts import Folding
 from sim.program.workload_moe import MoeShape
-from sim.program.workload import Work, embedding_work, head_work, layer_work, p2p_bytes
+from sim.program.workload import Work, embedding_work, head_work, layer_work, local_sequence, p2p_bytes
 
 _MATMUL = ("gemm", "attention")
 
@@ -104,28 +104,36 @@ def model_flops_per_sequence(model: ModelSpec, recompute: str = "none") -> float
     return total
 
 
-def _moe_layer_times(model: ModelSpec, plan: ParallelPlan, profile: HardwareProfile, tp_link: str,
-                     gpus_per_node: int, dtype: str) -> dict:
-    """Per phase (compute_s, comm_s) of one MoE layer and micro-batch under balanced routing:
-    tensor-parallel collectives as ``work_times`` prices them, and each expert-parallel
-    all-to-all (or expert-TP collective) as its bytes leaving a rank, (n-1)/n of the
-    buffer, over the link its group crosses (NVLink inside a node, else the network)."""
+def _layer_times(model: ModelSpec, plan: ParallelPlan, profile: HardwareProfile, tp_link: str,
+                 gpus_per_node: int, dtype: str, moe: bool) -> dict:
+    """Per phase (compute_s, comm_s) of one layer and micro-batch (an MoE one under balanced
+    routing): tensor-parallel collectives as ``work_times`` prices them, and each
+    expert- or context-parallel one as the bytes leaving a rank ((n-1)/n of the buffer;
+    all of it for a ring shift) over the link its group crosses (NVLink inside a node,
+    else the network). Ring attention's exchanges beside the attention compute are taken
+    as hidden under it."""
     b, t, sp = plan.micro_batch_size, plan.tp, plan.sequence_parallel
-    tokens = b * model.seq_length // (t if plan.sp else 1)
-    work = layer_work(model, b, t, sp, plan.recompute, attention=plan.attention,
-                      moe=MoeShape(plan.ep, plan.etp_size, tokens * model.moe_router_topk))
+    tokens = b * model.seq_length // plan.cp // (t if plan.sp else 1)
+    shape = MoeShape(plan.ep, plan.etp_size, tokens * model.moe_router_topk) if moe else None
+    work = fp8_layer_work(layer_work(model, b, t, sp, plan.recompute, attention=plan.attention, moe=shape,
+                                     cp=plan.cp, cp_comm=plan.cp_comm_type),
+                          plan.fp8_format, t, sp, plan.num_microbatches)
     base = work_times(Work(work.name, tuple(i for i in work.items if getattr(i, "group", "tp") == "tp")),
                       profile, t, tp_link, dtype)
-    fold = Folding(plan)
-    sizes = {"ep": plan.ep, "etp": plan.etp_size}
-    link = {k: "nvlink" if len({r // gpus_per_node for r in getattr(fold, f"{k}_group")(0)}) == 1 else "ib"
-            for k in sizes}
+    sizes = {"cp": plan.cp}
+    groups = {"cp": plan.cp_group(0)}
+    if moe:
+        fold = Folding(plan)
+        sizes.update(ep=plan.ep, etp=plan.etp_size)
+        groups.update(ep=fold.ep_group(0), etp=fold.etp_group(0))
+    link = {k: "nvlink" if len({r // gpus_per_node for r in g}) == 1 else "ib" for k, g in groups.items()}
     out = {}
     for ph, (comp, comm) in base.items():
         for c in work.comms(ph):
             n = sizes.get(c.group, 1)
-            if n > 1:
-                comm += transfer_time(c.nbytes * (n - 1) / n, link[c.group], profile)
+            if n > 1 and not c.side:
+                comm += transfer_time(c.nbytes if c.collective == "shift" else c.nbytes * (n - 1) / n,
+                                      link[c.group], profile)
         out[ph] = (comp, comm)
     return out
 
@@ -149,10 +157,14 @@ def estimate(model: ModelSpec, plan: ParallelPlan, profile: HardwareProfile, *,
         """Per phase (compute_s, tp_comm_s) of one micro-batch."""
         return work_times(work, profile, t, links["tp"], dtype)
 
-    layer_t = phases(fp8_layer_work(layer_work(model, b, t, sp, plan.recompute, attention=plan.attention),
-                                    plan.fp8_format, t, sp, m))
-    moe_t = _moe_layer_times(model, plan, profile, links["tp"], gpus_per_node, dtype) if model.moe else layer_t
-    emb_t, head_t = phases(embedding_work(model, b, t, sp)), phases(head_work(model, b, t, sp))
+    if plan.cp == 1:
+        layer_t = phases(fp8_layer_work(layer_work(model, b, t, sp, plan.recompute, attention=plan.attention),
+                                        plan.fp8_format, t, sp, m))
+    else:
+        layer_t = _layer_times(model, plan, profile, links["tp"], gpus_per_node, dtype, False)
+    moe_t = _layer_times(model, plan, profile, links["tp"], gpus_per_node, dtype, True) if model.moe else layer_t
+    local = local_sequence(model, plan.cp)
+    emb_t, head_t = phases(embedding_work(local, b, t, sp)), phases(head_work(local, b, t, sp))
     stage_times = []          # per stage: {phase: (compute_s, tp_comm_s)}
     for stage in range(p):
         ids = [i for c in range(v) for i in plan.layer_range(model, c * p + stage)]
@@ -173,11 +185,11 @@ def estimate(model: ModelSpec, plan: ParallelPlan, profile: HardwareProfile, *,
     tp_mb = sum(x for _, x in slowest.values())
     t_f, t_b, t_w = (sum(slowest[ph]) for ph in ("F", "B", "W"))
 
-    pp_comm = pipeline_p2p_time(p2p_bytes(model, b, t, sp), m, p, v, links["pp"], profile)
+    pp_comm = pipeline_p2p_time(p2p_bytes(model, b, t, sp, cp=plan.cp), m, p, v, links["pp"], profile)
 
     params = [stage_params_per_rank(model, plan, s) for s in range(p)]
     psi = max(params)
-    dp, z, dp_link = plan.dp, plan.zero_stage, links["dp"]
+    dp, z, dp_link = plan.dp_cp, plan.zero_stage, links["dp"]
     # A dp group spanning nodes runs one ring per member on a node (NCCL channels), each
     # through its own NIC (sim.inputs.topology.default_channels).
     spanned = plan.max_nodes_spanned("dp", gpus_per_node)

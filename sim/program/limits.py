@@ -61,29 +61,29 @@ def estimate_events(model, plan, fidelity: str = "full", topology=None, coalesce
     if fits:
         from sim.program.coalesce import isolated_tp_pricer
 
-        dp_rings = default_channels(topology, plan.groups("dp")[0]) if plan.dp > 1 else 1
+        dp_rings = default_channels(topology, plan.groups("dp")[0]) if plan.dp_cp > 1 else 1
         if coalesced is None:
             coalesced = isolated_tp_pricer(plan, topology, {}) is not None
     coalesced = bool(coalesced)
     per_layer = _EVENTS_PER_COMPUTE
     if plan.tp > 1 and not coalesced:  # two collectives per layer and step
         per_layer += 2 * _ring_hops(plan.tp, "allreduce", flows) * _EVENTS_PER_HOP
-    elif plan.tp > 1 and plan.dp > 1 and plan.zero_stage >= 2:  # coalesced, but per layer
+    elif plan.tp > 1 and plan.dp_cp > 1 and plan.zero_stage >= 2:  # coalesced, but per layer
         per_layer += _EVENTS_PER_COMPUTE
-    if plan.dp > 1 and plan.zero_stage == 3:
-        per_layer += _ring_hops(plan.dp, "allgather", flows) * dp_rings * _EVENTS_PER_HOP
-    if plan.dp > 1 and plan.zero_stage == 2:  # a reduce-scatter per layer in each backward step
-        per_layer += _ring_hops(plan.dp, "reducescatter", flows) * dp_rings * _EVENTS_PER_HOP / kinds
-    if coalesced and not (plan.dp > 1 and plan.zero_stage >= 2):  # a step is one compute and one comm
+    if plan.dp_cp > 1 and plan.zero_stage == 3:
+        per_layer += _ring_hops(plan.dp_cp, "allgather", flows) * dp_rings * _EVENTS_PER_HOP
+    if plan.dp_cp > 1 and plan.zero_stage == 2:  # a reduce-scatter per layer in each backward step
+        per_layer += _ring_hops(plan.dp_cp, "reducescatter", flows) * dp_rings * _EVENTS_PER_HOP / kinds
+    if coalesced and not (plan.dp_cp > 1 and plan.zero_stage >= 2):  # a step is one compute and one comm
         per_step = 2 * _EVENTS_PER_COMPUTE + layers * (per_layer - _EVENTS_PER_COMPUTE)
     else:
         per_step = layers * per_layer + (_EVENTS_PER_COMPUTE if coalesced else 0)
     per_step += 2 * _EVENTS_PER_P2P if plan.pp > 1 else 0
     sync = 0.0
-    if plan.dp > 1:
+    if plan.dp_cp > 1:
         grad_bytes = 2.0 * model.num_params / (plan.tp * plan.pp)
         buckets = max(1.0, grad_bytes / max(plan.bucket_size_bytes, 1))
-        sync = buckets * _ring_hops(plan.dp, "allreduce", flows) * dp_rings * _EVENTS_PER_HOP
+        sync = buckets * _ring_hops(plan.dp_cp, "allreduce", flows) * dp_rings * _EVENTS_PER_HOP
     events = gpus * (steps * per_step + sync)
     return {"events": events, "simulated_gpus": gpus, "steps_per_gpu": steps, "events_per_step": per_step,
             "sync_events_per_gpu": sync}

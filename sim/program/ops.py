@@ -7,10 +7,13 @@ from dataclasses import dataclass
 
 PHASES = ("F", "B", "W")
 OP_KINDS = ("gemm", "attention", "memory")
-COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all")
-GROUPS = ("tp", "ep", "etp")
+COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "shift")
+"""``shift``: every rank of the group sends its buffer to the next in the ring and receives
+the previous one's (ring attention's exchange of key/value chunks)."""
+GROUPS = ("tp", "ep", "etp", "cp")
 """Which of the rank's groups a ``Comm`` runs over: tensor-parallel, expert-parallel
-(token dispatch and combine) or expert tensor-parallel (``sim.inputs.experts``)."""
+(token dispatch and combine), expert tensor-parallel (``sim.inputs.experts``) or
+context-parallel (``sim.program.context``)."""
 
 
 @dataclass(frozen=True)
@@ -34,6 +37,8 @@ class Op:
     """A memory-bound kernel of the framework's own (Megatron-LM's torch.compile fusions,
     PyTorch eager ops), not a tuned library kernel: it streams at the profile's
     ``framework_kernel_efficiency``."""
+    after: str | None = None
+    """The name of a side collective (``Comm.side``) this op waits for."""
     dtype: str = "bf16"
     """What a GEMM's operands are: 'bf16', or 'fp8' (``sim.program.fp8``: the profile's FP8 peak)."""
 
@@ -50,7 +55,10 @@ class Comm:
     nbytes: float
     recompute: bool = False
     group: str = "tp"
-    """``GROUPS``: the tensor-parallel group, or the expert-parallel ones."""
+    """``GROUPS``: the tensor-parallel group, or the expert- or context-parallel ones."""
+    side: bool = False
+    """Runs beside the compute stream (ring attention's exchanges), from the work before
+    it; the op that needs it names it in ``Op.after``."""
 
 
 @dataclass(frozen=True)
@@ -91,12 +99,12 @@ class Builder:
         self.items.append(Op(name, self.phase, "memory", float(flops), float(read), float(written),
                              float(written if output is None else output), framework=framework))
 
-    def attention(self, name, flops, read, written, output, seq, head_dim, batch):
+    def attention(self, name, flops, read, written, output, seq, head_dim, batch, seq_k=None, after=None):
         self.items.append(Op(name, self.phase, "attention", float(flops), float(read), float(written),
-                             float(output), (seq, seq, head_dim), batch))
+                             float(output), (seq, seq if seq_k is None else seq_k, head_dim), batch, after=after))
 
-    def comm(self, name, collective, nbytes, group="tp"):
-        self.items.append(Comm(name, self.phase, collective, float(nbytes), group=group))
+    def comm(self, name, collective, nbytes, group="tp", side=False):
+        self.items.append(Comm(name, self.phase, collective, float(nbytes), group=group, side=side))
 
     def build(self) -> Work:
         return Work(self.name, tuple(self.items))

@@ -1,7 +1,7 @@
 """Routing: how many tokens each expert receives, per MoE layer and micro-batch.
 
-In one expert-parallel group of ``ep`` ranks, each rank routes its T tokens (b·s, or
-b·s/tp under sequence parallelism) to k experts each, so N = ep·T·k token copies go to
+In one expert-parallel group of ``ep`` ranks, each rank routes its T tokens (b·s/cp, or
+b·s/(cp·tp) under sequence parallelism) to k experts each, so N = ep·T·k token copies go to
 the E experts per layer and micro-batch. Rank r holds experts r·E/ep .. (r+1)·E/ep − 1
 (Megatron's contiguous assignment) and receives the tokens routed to them.
 
@@ -88,7 +88,7 @@ class Routing:
     def __init__(self, model, plan):
         self.E, self.k = model.num_experts, model.moe_router_topk
         self.ep = plan.ep
-        tokens = plan.micro_batch_size * model.seq_length
+        tokens = plan.micro_batch_size * model.seq_length // plan.cp
         self.tokens_per_rank = tokens // plan.tp if plan.sp else tokens
         self.N = self.ep * self.tokens_per_rank * self.k
         self.kind, self.param = parse_routing(plan.moe_routing)

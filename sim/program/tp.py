@@ -36,6 +36,8 @@ from typing import Callable
 
 from sim.program.actions import Action, Program
 
+_CATEGORY = {"etp": "ep"}
+"""The trace category of a collective by its group (expert-TP collectives count as expert-parallel)."""
 TP_COMM_STREAM = "tp-comm"
 """The stream overlapped tensor-parallel chunks run on (Transformer Engine's userbuffers
 communicate on their own CUDA stream)."""
@@ -210,7 +212,7 @@ def _pieces(a: Action, segs, groups: dict) -> tuple[list[Action], tuple[int, ...
         stream = TP_COMM_STREAM if s.side else a.stream
         if s.kind == "collective":
             act = Action.new(name, kind="collective", op=s.op, group=group, nbytes=s.nbytes,
-                             category="tp" if s.group == "tp" else "ep", deps=deps, stream=stream, layer=s.layer)
+                             category=_CATEGORY.get(s.group, s.group), deps=deps, stream=stream, layer=s.layer)
         elif s.kind == "comm":
             act = Action.new(name, kind="comm", op=s.op, duration_s=s.duration_s, nbytes=s.nbytes, group=group,
                              category="tp", deps=deps, stream=stream, layer=s.layer)

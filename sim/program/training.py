@@ -48,7 +48,7 @@ from sim.program.workload import Comm, chunk_work, p2p_bytes
 from sim.program.tp import overlapped_layer
 
 _COLLECTIVE = {"all_reduce": "allreduce", "all_gather": "allgather", "reduce_scatter": "reducescatter",
-               "all_to_all": "alltoall"}
+               "all_to_all": "alltoall", "shift": "shift"}
 PIPELINE_KINDS = ("F", "B", "I", "W")
 
 
@@ -66,7 +66,7 @@ class _Segments:
         self.routing = Routing(model, plan) if model.moe else None
         """Tokens per expert (``sim.program.routing``); steps differ by micro-batch unless balanced."""
         self._per_mb = self.routing is not None and not self.routing.balanced
-        self._sizes = {"tp": plan.tp, "ep": plan.ep, "etp": plan.etp_size}
+        self._sizes = {"tp": plan.tp, "ep": plan.ep, "etp": plan.etp_size, "cp": plan.cp}
 
     def _coalesce(self, stage: int, kind: str, keep: bool, mb=None):
         return coalesce(self._cache(stage, kind, mb), self.price, keep)
@@ -106,19 +106,33 @@ class _Segments:
                                          group_of=lambda c: c.group)
                 continue
             dur = flops = 0.0
+            side: dict[str, int] = {}  # side collectives of the layer by name -> their segment's position
+            waits: tuple = ()
             for it in items:
                 if isinstance(it, Comm):
-                    if dur:
-                        segs.append(passes.Segment("compute", dur, flops, layer=lid))
-                        dur = flops = 0.0
+                    if dur or waits:
+                        segs.append(passes.Segment("compute", dur, flops, layer=lid, waits=waits))
+                        dur, flops, waits = 0.0, 0.0, ()
                     if self._sizes[it.group] > 1:
-                        segs.append(passes.Segment("collective", op=_COLLECTIVE[it.collective], nbytes=it.nbytes,
-                                                   layer=lid, group=it.group))
+                        if it.side:  # issued now, beside the compute that follows (ring attention)
+                            side[it.name] = len(segs)
+                            main = [k for k, g in enumerate(segs) if not g.side]
+                            segs.append(passes.Segment("collective", op=_COLLECTIVE[it.collective], nbytes=it.nbytes,
+                                                       layer=lid, group=it.group, side=True,
+                                                       waits=(main[-1],) if main else ()))
+                        else:
+                            segs.append(passes.Segment("collective", op=_COLLECTIVE[it.collective],
+                                                       nbytes=it.nbytes, layer=lid, group=it.group))
                 else:
+                    if it.after in side:  # this op needs that side collective: a new piece waits for it
+                        if dur or waits:
+                            segs.append(passes.Segment("compute", dur, flops, layer=lid, waits=waits))
+                            dur = flops = 0.0
+                        waits = (side[it.after],)
                     dur += op_time(it, self.profile)
                     flops += it.flops
-            if dur or not items:
-                segs.append(passes.Segment("compute", dur, flops, layer=lid))
+            if dur or waits or not items:
+                segs.append(passes.Segment("compute", dur, flops, layer=lid, waits=waits))
         return tuple(segs)
 
     def __call__(self, rank: int, action: Action):
@@ -164,7 +178,7 @@ def build_program(model: ModelSpec, plan: ParallelPlan, profile: HardwareProfile
         raise InputError(f"fidelity: got {fidelity!r}; allowed: {', '.join(FIDELITIES)}")
     plan.check_model(model)
     price = None
-    expert_groups = plan.ep > 1 or (model.moe and plan.etp_size not in (1, plan.tp))
+    expert_groups = plan.ep > 1 or (model.moe and plan.etp_size not in (1, plan.tp)) or plan.cp > 1
     if coalesce_tp and topology is not None and not plan.tp_comm_overlap and not expert_groups:
         # (overlapped chunks are not a chain; expert all-to-alls share links with other traffic)
         price = isolated_tp_pricer(plan, topology, profile.link_efficiencies(), nccl)  # nccl: op, group, bytes -> s
@@ -192,9 +206,14 @@ def build_program(model: ModelSpec, plan: ParallelPlan, profile: HardwareProfile
     rep_of, moved, groups_of = _copies(plan, folding)
     rep_set = {rep_of(g) for g in range(plan.world_size)}
     prog = passes.replicate(prog, plan.world_size, plan.coords, plan.rank, lambda g: g in rep_set)
-    prog = passes.add_tp_collectives(prog, segments, plan.tp_group, None if folding is None else (
-        lambda r: {"ep": folding.ep_group(r), "etp": folding.etp_group(r)}))
-    act_bytes = p2p_bytes(model, plan.micro_batch_size, plan.tp, plan.sequence_parallel)
+    def other_groups(r: int) -> dict:
+        out = {"cp": plan.cp_group(r)} if plan.cp > 1 else {}
+        if folding is not None:
+            out.update(ep=folding.ep_group(r), etp=folding.etp_group(r))
+        return out
+
+    prog = passes.add_tp_collectives(prog, segments, plan.tp_group, other_groups)
+    act_bytes = p2p_bytes(model, plan.micro_batch_size, plan.tp, plan.sequence_parallel, cp=plan.cp)
     prog = passes.add_p2p(prog, lambda consumer: act_bytes)
 
     layer_grad = layer_param_bytes(model, plan.tp, 0)
@@ -226,12 +245,12 @@ def build_program(model: ModelSpec, plan: ParallelPlan, profile: HardwareProfile
     if plan.offload_optimizer:
         # Memory-bound Adam on the host, whose bandwidth the node's GPUs share.
         sharing = min(gpus_per_node, plan.world_size)
-        cpu = [cpu_optimizer_step_time(optimizer_shard_params(n, plan.dp, z), profile, sharing) for n in psi]
-        copy = [offload_copy_bytes(n, plan.dp) for n in psi]
+        cpu = [cpu_optimizer_step_time(optimizer_shard_params(n, plan.dp_cp, z), profile, sharing) for n in psi]
+        copy = [offload_copy_bytes(n, plan.dp_cp) for n in psi]
         prog = zero.add_offloaded_optimizer(prog, lambda r: copy[plan.coords(r)[1]], lambda r: cpu[plan.coords(r)[1]])
         done = "params to GPU"
     else:
-        step_s = [optimizer_step_time(optimizer_shard_params(d, plan.dp, z) + optimizer_shard_params(x, edp, z),
+        step_s = [optimizer_step_time(optimizer_shard_params(d, plan.dp_cp, z) + optimizer_shard_params(x, edp, z),
                                       profile) for d, x in psi_split]
         prog = passes.add_optimizer(prog, lambda r: step_s[plan.coords(r)[1]])
         done = "optimizer"
@@ -262,18 +281,19 @@ def _copies(plan: ParallelPlan, folding: Folding | None = None):
     ``groups_of(g)``, the template's tp and dp groups -> g's (each a tuple of the plan's,
     made once, instead of moving their members one by one). With expert parallelism
     ``moved`` is ``folding.moved``, which also keeps the expert groups."""
-    size = {"tp": plan.tp, "pp": plan.pp, "dp": plan.dp}
+    size = {"tp": plan.tp, "pp": plan.pp, "dp": plan.dp_cp}
     stride, s = {}, 1
     for dim in plan.placement_order:  # ranks are mixed-radix numbers (sim.inputs.placement)
         stride[dim], s = s, s * size[dim]
     sd, sp, st = stride["dp"], stride["pp"], stride["tp"]
-    nd, npp, nt = plan.dp, plan.pp, plan.tp
+    nd, npp, nt, nc = plan.dp_cp, plan.pp, plan.tp, plan.cp
 
     def rep_of(g: int) -> int:
         return g // sp % npp * sp
 
     def moved(x: int, g: int) -> int:
-        d = (x // sd + g // sd) % nd
+        xd, gd = x // sd % nd, g // sd % nd  # the dp index runs over dp·cp, cp the inner digit
+        d = (xd // nc + gd // nc) % plan.dp * nc + (xd + gd) % nc
         t = (x // st + g // st) % nt
         return d * sd + x // sp % npp * sp + t * st
 
@@ -323,7 +343,7 @@ def _layer_steps(schedule: Schedule, plan: ParallelPlan):
         last.update(final.values())
 
     def keep(step: Step) -> bool:
-        if plan.dp == 1:
+        if plan.dp_cp == 1:
             return False
         if plan.zero_stage == 3:
             return True

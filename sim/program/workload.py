@@ -44,6 +44,7 @@ from sim.inputs.model import ModelSpec
 from sim.inputs.plan import ATTENTION, RECOMPUTE, ParallelPlan
 from sim.program.fp8 import fp8_layer_work
 from sim.program.ops import COLLECTIVES, OP_KINDS, PHASES, Builder, Comm, Op, Work  # noqa: F401 (re-exported)
+from sim.program.context import cp_attention_backward, cp_attention_forward
 from sim.program.workload_moe import (MoeShape, attention_widths, moe_backward, moe_forward, moe_wgrads, qkv_dgrad,
                                       qkv_forward, qkv_wgrads)
 
@@ -63,10 +64,15 @@ def _check(model: ModelSpec, micro_batch: int, tp: int, recompute: str) -> None:
                 f"must divide {field} {getattr(model, field)} of {model.name}")
 
 
-def _attention_forward(w: Builder, m: ModelSpec, b: int, t: int, attention: str) -> None:
+def _attention_forward(w: Builder, m: ModelSpec, b: int, t: int, attention: str, cp: int = 1,
+                       cp_comm: str = "p2p") -> None:
     """The attention core's forward: one flash kernel, or Megatron-LM's unfused core
     attention (QKᵀ as a batched GEMM per head, the fused scale-mask-softmax and the
-    dropout over the b·(a/t)·s² scores in memory, then AV); the same FLOPs either way."""
+    dropout over the b·(a/t)·s² scores in memory, then AV); the same FLOPs either way.
+    Under context parallelism (``cp`` > 1) ``sim.program.context``'s."""
+    if cp > 1:
+        cp_attention_forward(w, m, b, t, cp, cp_comm)
+        return
     e, s = w.e, m.seq_length
     heads, d = m.num_attention_heads // t, m.head_dim
     width, out, d_qk, d_v = attention_widths(m)
@@ -84,10 +90,14 @@ def _attention_forward(w: Builder, m: ModelSpec, b: int, t: int, attention: str)
     w.gemm("attn.context", s, d, s, batch=bh)
 
 
-def _attention_backward(w: Builder, m: ModelSpec, b: int, t: int, attention: str) -> None:
+def _attention_backward(w: Builder, m: ModelSpec, b: int, t: int, attention: str, cp: int = 1,
+                        cp_comm: str = "p2p") -> None:
     """The attention core's backward (input gradients only: it has no weights): the flash
     kernel's, or the unfused one's dV = PᵀdO, dP = dO·Vᵀ, dropout and softmax backward
     over the scores, dQ = dS·K and dK = dSᵀ·Q."""
+    if cp > 1:
+        cp_attention_backward(w, m, b, t, cp, cp_comm)
+        return
     e, s = w.e, m.seq_length
     heads, d = m.num_attention_heads // t, m.head_dim
     width, out, d_qk, d_v = attention_widths(m)
@@ -109,7 +119,7 @@ def _attention_backward(w: Builder, m: ModelSpec, b: int, t: int, attention: str
 
 
 def _layer_forward(w: Builder, m: ModelSpec, b: int, t: int, sp: bool, attention: str = "flash",
-                   moe: MoeShape | None = None) -> None:
+                   moe: MoeShape | None = None, cp: tuple = (1, "p2p")) -> None:
     """Append one layer's forward (ops and collectives) to ``w`` in its current phase;
     ``moe``: the layer's MLP is a mixture of experts (``sim.program.workload_moe``)."""
     e, s, h = w.e, m.seq_length, m.hidden_size
@@ -128,7 +138,7 @@ def _layer_forward(w: Builder, m: ModelSpec, b: int, t: int, sp: bool, attention
                 w.comm(f"{blk}.all_gather", "all_gather", e * n_tok * h)
             if blk == "attn":
                 qkv_forward(w, m, n_tok, t)
-                _attention_forward(w, m, b, t, attention)
+                _attention_forward(w, m, b, t, attention, *cp)
                 w.gemm("attn.proj", n_tok, h, attention_widths(m)[1] // t)
             else:
                 w.gemm("mlp.up", n_tok, (2 if m.mlp == "swiglu" else 1) * f, h)
@@ -144,13 +154,15 @@ def _layer_forward(w: Builder, m: ModelSpec, b: int, t: int, sp: bool, attention
 
 def layer_work(model: ModelSpec, micro_batch: int, tp: int = 1, sequence_parallel: bool = False,
                recompute: str = "none", dtype_bytes: int = 2, attention: str = "flash",
-               moe: MoeShape | None = None) -> Work:
+               moe: MoeShape | None = None, cp: int = 1, cp_comm: str = "p2p") -> Work:
     """One transformer layer's F, B and W for one micro-batch on one tensor-parallel rank
     (``attention``: "flash" or "unfused", ``ParallelPlan.attention``; ``moe``: how its
-    mixture of experts runs, None for a dense layer)."""
+    mixture of experts runs, None for a dense layer; ``cp``: context-parallel size, the
+    rank's s/cp tokens, and ``cp_comm`` how attention gets the rest, ``sim.program.context``)."""
     _check(model, micro_batch, tp, recompute)
     require(attention in ATTENTION, "attention", attention, f"allowed: {', '.join(ATTENTION)}")
-    m, b, t, e = model, micro_batch, tp, dtype_bytes
+    m, b, t, e = local_sequence(model, cp), micro_batch, tp, dtype_bytes
+    ctx = (cp, cp_comm)
     sp = sequence_parallel and t > 1
     s, h = m.seq_length, m.hidden_size
     n_tok = b * s
@@ -162,14 +174,14 @@ def layer_work(model: ModelSpec, micro_batch: int, tp: int = 1, sequence_paralle
     norm_flops = _NORM_FLOPS[m.norm]
 
     w = Builder("layer", e)
-    _layer_forward(w, m, b, t, sp, attention, moe)
+    _layer_forward(w, m, b, t, sp, attention, moe, ctx)
 
     w.phase = "B"
     start = len(w.items)
     if recompute == "full":
-        _layer_forward(w, m, b, t, sp, attention, moe)
+        _layer_forward(w, m, b, t, sp, attention, moe, ctx)
     elif recompute == "selective":
-        _attention_forward(w, m, b, t, attention)
+        _attention_forward(w, m, b, t, attention, *ctx)
     w.items[start:] = [_as_recompute(i) for i in w.items[start:]]
     for blk in ("mlp", "attn"):
         w.mem(f"{blk}.residual.grad", e * nn * h + mask, e * nn * h, nn * h, framework=True)
@@ -186,7 +198,7 @@ def layer_work(model: ModelSpec, micro_batch: int, tp: int = 1, sequence_paralle
                 w.gemm("mlp.up.dgrad", n_tok, h, f_up)
             else:
                 w.gemm("attn.proj.dgrad", n_tok, out, h)
-                _attention_backward(w, m, b, t, attention)
+                _attention_backward(w, m, b, t, attention, *ctx)
                 qkv_dgrad(w, m, n_tok, t)
             if t > 1:
                 w.comm(f"{blk}.{'reduce_scatter' if sp else 'all_reduce'}.grad",
@@ -285,28 +297,34 @@ def chunk_work(model: ModelSpec, plan: ParallelPlan, virtual_stage: int, mb: int
     for lid in plan.layer_range(model, virtual_stage):
         moe = None
         if model.is_moe_layer(lid):
-            tokens = b * model.seq_length // (t if plan.sp else 1)
+            tokens = b * model.seq_length // plan.cp // (t if plan.sp else 1)
             load = routing.max_load(lid, mb) if routing is not None and mb is not None else tokens * \
                 model.moe_router_topk
             moe = MoeShape(plan.ep, plan.etp_size, load)
         works.append(_layer(model, b, t, sp, plan.recompute, plan.attention, moe, plan.fp8_format,
-                            plan.num_microbatches))
+                            plan.num_microbatches, plan.cp, plan.cp_comm_type))
+    local = local_sequence(model, plan.cp)  # the embedding and the head see the rank's tokens only
     if virtual_stage == 0:
-        works.insert(0, embedding_work(model, b, t, sp))
+        works.insert(0, embedding_work(local, b, t, sp))
     if virtual_stage == n - 1:
-        works.append(head_work(model, b, t, sp))
+        works.append(head_work(local, b, t, sp))
     return works
 
 
+def local_sequence(model: ModelSpec, cp: int) -> ModelSpec:
+    """The model as one of ``cp`` context-parallel ranks sees it: s/cp tokens per sequence."""
+    return model if cp == 1 else replace(model, seq_length=model.seq_length // cp)
+
+
 @lru_cache(maxsize=4096)
-def _layer(model, b, t, sp, recompute, attention, moe, fp8_format, microbatches) -> Work:
-    layer = layer_work(model, b, t, sp, recompute, attention=attention, moe=moe)
+def _layer(model, b, t, sp, recompute, attention, moe, fp8_format, microbatches, cp=1, cp_comm="p2p") -> Work:
+    layer = layer_work(model, b, t, sp, recompute, attention=attention, moe=moe, cp=cp, cp_comm=cp_comm)
     return fp8_layer_work(layer, fp8_format, t, sp, microbatches)
 
 
 def p2p_bytes(model: ModelSpec, micro_batch: int, tp: int = 1, sequence_parallel: bool = False,
-              dtype_bytes: int = 2) -> float:
+              dtype_bytes: int = 2, cp: int = 1) -> float:
     """Bytes one rank sends to the next pipeline stage per micro-batch (and its gradient
     back): the b·s·h activation, split over the tp group under sequence parallelism."""
     sp = sequence_parallel and tp > 1
-    return dtype_bytes * micro_batch * model.seq_length * model.hidden_size / (tp if sp else 1)
+    return dtype_bytes * micro_batch * model.seq_length * model.hidden_size / (tp if sp else 1) / cp

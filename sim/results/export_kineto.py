@@ -67,6 +67,7 @@ _NCCL = {
     "allgather": ("ncclDevKernel_AllGather_RING_LL", "_allgather_base"),
     "broadcast": ("ncclDevKernel_Broadcast_RING_LL", "broadcast"),
     "alltoall": ("ncclDevKernel_SendRecv", "all_to_all"),
+    "shift": ("ncclDevKernel_SendRecv", "batch_isend_irecv"),
 }
 _KIND_NAMES = {"F": "forward", "B": "backward", "I": "backward_input", "W": "backward_weight",
                "opt": "optimizer_step"}

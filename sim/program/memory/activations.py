@@ -117,7 +117,9 @@ def chunk_activation_bytes(model: ModelSpec, plan: ParallelPlan, virtual_stage: 
                            flash_attention: bool | None = None) -> float:
     """Bytes one micro-batch's forward stores on a rank of model chunk ``virtual_stage``:
     its layers' (``plan.stage_layers``), plus the embedding's on virtual stage 0 and the
-    output layer's on the last."""
+    output layer's on the last. Under context parallelism each rank stores its s/cp tokens’
+    tensors: 1/cp of them (context parallelism runs flash attention only, whose stored
+    tensors are all linear in s)."""
     if flash_attention is None:  # (the plan's attention)
         flash_attention = plan.attention == "flash"
     b, t, sp = plan.micro_batch_size, plan.tp, plan.sequence_parallel
@@ -128,7 +130,7 @@ def chunk_activation_bytes(model: ModelSpec, plan: ParallelPlan, virtual_stage: 
         total += embedding_activation_bytes(model, b, t, sp)
     if virtual_stage == plan.pp * plan.vpp - 1:
         total += head_activation_bytes(model, b, t, sp)
-    return total
+    return total / plan.cp  # context parallelism: every stored tensor holds s/cp of the tokens
 
 
 def recompute_working_bytes(model: ModelSpec, plan: ParallelPlan) -> float:
@@ -137,4 +139,4 @@ def recompute_working_bytes(model: ModelSpec, plan: ParallelPlan) -> float:
     if plan.recompute != "full":
         return 0.0
     return activation_bytes_per_layer(model, plan.micro_batch_size, plan.tp, plan.sequence_parallel, "none",
-                                      fp8=plan.fp8_format is not None)
+                                      fp8=plan.fp8_format is not None) / plan.cp

@@ -116,4 +116,4 @@ def stage_activation_bytes(model: ModelSpec, plan: ParallelPlan, stage: int,
     weights = tuple(chunk_activation_bytes(model, plan, c * p + stage, flash_attention) for c in range(v))
     held = inflight_per_chunk(plan, stage, weights)
     total = sum(held[c] * layers[c * p + stage] for c in range(v)) * per_layer
-    return total + held[0] * emb + held[v - 1] * head
+    return (total + held[0] * emb + held[v - 1] * head) / plan.cp  # a cp rank stores its s/cp tokens

@@ -50,7 +50,7 @@ def zero_temporary_bytes(model: ModelSpec, plan: ParallelPlan, stage_params: flo
     """The estimate's temporaries on a rank holding ``stage_params`` parameters: one
     DeepSpeed-default gradient bucket (at most the rank's gradients) under ZeRO ≥ 1, and
     ZeRO-3's gathered weights of the layer in use and one ahead, when dp > 1."""
-    z, dp = plan.zero_stage, plan.dp
+    z, dp = plan.zero_stage, plan.dp_cp
     temp = 0.0
     if z >= 1 and dp > 1:
         temp += grad_bucket_bytes(min(stage_params, float(DEEPSPEED_REDUCE_BUCKET_ELEMS)))

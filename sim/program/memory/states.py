@@ -121,14 +121,14 @@ def stage_param_split(model: ModelSpec, plan: ParallelPlan, stage: int) -> tuple
 
 def expert_data_parallel(plan: ParallelPlan) -> int:
     """Ranks that hold the same experts (tp·dp / (etp·ep)): their states' ZeRO group."""
-    return plan.tp * plan.dp // (plan.etp_size * plan.ep)
+    return plan.tp * plan.dp_cp // (plan.etp_size * plan.ep)
 
 
 def stage_model_states(model: ModelSpec, plan: ParallelPlan, stage: int) -> ModelStates:
     """Model states of a rank of ``stage``: dense ones sharded over dp, the experts' over
     the expert data-parallel group."""
     dense, experts = stage_param_split(model, plan, stage)
-    a = model_state_bytes(dense, plan.dp, plan.zero_stage)
+    a = model_state_bytes(dense, plan.dp_cp, plan.zero_stage)
     if not experts:
         return a
     b = model_state_bytes(experts, expert_data_parallel(plan), plan.zero_stage)
