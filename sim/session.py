@@ -150,7 +150,8 @@ def simulate_training(model: ModelSpec, plan: ParallelPlan, profile: HardwarePro
     alone = partial(alone_time, topology=topology, efficiency=eff, model=nccl)  # (coalesced TP collectives)
     if plan.world_size > topology.num_gpus:
         raise InputError(
-            f"plan: needs dp x cp x tp x pp = {plan.dp} x {plan.cp} x {plan.tp} x {plan.pp} = {plan.world_size} GPUs; "
+            f"plan: needs dp x {'cp x ' if plan.cp > 1 else ''}tp x pp = {plan.dp} x "
+            f"{f'{plan.cp} x ' if plan.cp > 1 else ''}{plan.tp} x {plan.pp} = {plan.world_size} GPUs; "
             f"topology {topology.name} has {topology.num_gpus}"
         )
     if fidelity == "auto":

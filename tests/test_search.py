@@ -17,11 +17,11 @@ from sim.studies.search import (
     SearchSpace,
     candidates,
     enumerate_plans,
-    explain,
     measure_margin,
     plan_key,
     search,
 )
+from sim.studies.search_explain import explain
 from sim.studies.sweep import Runner, make_context
 from sim.inputs.topology_build import load_topology
 

@@ -34,14 +34,14 @@ from sim.inputs.plan import RECOMPUTE, SCHEDULES
 from sim.program.fp8 import FP8_FORMATS, check_fp8_support
 from sim.studies.search import (
     DEFAULT_MARGIN,
+    LONG_SEQUENCE,
     PLAN_COLUMNS,
     SearchSpace,
     candidates,
-    describe_plan,
     enumerate_plans,
-    explain,
     search,
 )
+from sim.studies.search_explain import describe_plan, explain
 from sim.studies.sweep import RESULTS_FILE, ResultsLog, Runner, make_context
 from sim.units import NONNEGATIVE_INT, POSITIVE_INT, Number, format_bytes, format_time
 
@@ -84,6 +84,8 @@ def add_arguments(p) -> None:
     s.add_argument("--schedule", help=f"pipeline schedules, of {','.join(x for x in SCHEDULES if x != 'custom')}")
     s.add_argument("--recompute", help=f"recompute granularities, of {','.join(RECOMPUTE)}")
     s.add_argument("--sequence-parallel", help="on, off or on,off")
+    s.add_argument("--ep", help="expert-parallel sizes (default: every valid one for a mixture of experts)")
+    s.add_argument("--cp", help=f"context-parallel sizes (default 1,2,4,8 from {LONG_SEQUENCE} tokens on, else 1)")
     s.add_argument("--fp8-format", help="precisions: off (BF16), e4m3, hybrid, e.g. off,hybrid to compare BF16 with "
                                         "FP8 (default off; FP8 needs a GPU with an fp8 peak)")
     s.add_argument("--margin", type=Number(float, minimum=1, allow_inf=True), default=DEFAULT_MARGIN,
@@ -132,7 +134,7 @@ def _space(args) -> SearchSpace:
                        micro_batch_size=_list(args, "micro_batch_size"), zero_stage=_list(args, "zero"),
                        schedule=_list(args, "schedule", str), recompute=_list(args, "recompute", str),
                        sequence_parallel=_list(args, "sequence_parallel", bool), max_tp=args.max_tp,
-                       fp8_format=_fp8_formats(args))
+                       fp8_format=_fp8_formats(args), ep=_list(args, "ep"), cp=_list(args, "cp"))
 
 
 def _fp8_formats(args) -> tuple:

@@ -43,7 +43,8 @@ from sim.commands.search import (
 )
 from sim.errors import InputError
 from sim.inputs.hardware import load_profile
-from sim.studies.search import explain, plan_key
+from sim.studies.search import plan_key
+from sim.studies.search_explain import explain
 from sim.studies.sweep import Runner, make_context
 from sim.inputs.resolve import model_from_settings, plan_from_settings, topology_from_settings
 from sim.inputs.schema import RunSettings

@@ -104,7 +104,7 @@ def model_flops_per_sequence(model: ModelSpec, recompute: str = "none") -> float
     return total
 
 
-def _layer_times(model: ModelSpec, plan: ParallelPlan, profile: HardwareProfile, tp_link: str,
+def layer_phase_times(model: ModelSpec, plan: ParallelPlan, profile: HardwareProfile, tp_link: str,
                  gpus_per_node: int, dtype: str, moe: bool) -> dict:
     """Per phase (compute_s, comm_s) of one layer and micro-batch (an MoE one under balanced
     routing): tensor-parallel collectives as ``work_times`` prices them, and each
@@ -161,8 +161,8 @@ def estimate(model: ModelSpec, plan: ParallelPlan, profile: HardwareProfile, *,
         layer_t = phases(fp8_layer_work(layer_work(model, b, t, sp, plan.recompute, attention=plan.attention),
                                         plan.fp8_format, t, sp, m))
     else:
-        layer_t = _layer_times(model, plan, profile, links["tp"], gpus_per_node, dtype, False)
-    moe_t = _layer_times(model, plan, profile, links["tp"], gpus_per_node, dtype, True) if model.moe else layer_t
+        layer_t = layer_phase_times(model, plan, profile, links["tp"], gpus_per_node, dtype, False)
+    moe_t = layer_phase_times(model, plan, profile, links["tp"], gpus_per_node, dtype, True) if model.moe else layer_t
     local = local_sequence(model, plan.cp)
     emb_t, head_t = phases(embedding_work(local, b, t, sp)), phases(head_work(local, b, t, sp))
     stage_times = []          # per stage: {phase: (compute_s, tp_comm_s)}

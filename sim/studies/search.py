@@ -8,7 +8,9 @@ divides the per-replica batch, interleaving (vpp > 1, Megatron-LM's rule that th
 micro-batches be a multiple of pp), every schedule (gpipe, 1f1b, zb-h1, zb-h2 for one
 chunk per stage; interleaved for several), ZeRO stages 0–3 (0 only when dp = 1),
 recompute none/selective/full and sequence parallelism (only when tp > 1, where it
-means something). Uneven layer splits, placements and DDP bucket sizes keep their
+means something), expert parallelism for a mixture of experts (every divisor of the
+experts that folds into the stage's GPUs; ``sim.inputs.experts``) and context parallelism
+from ``LONG_SEQUENCE`` tokens on (cp 1, 2, 4, 8; ``sim.program.context``). Uneven layer splits, placements and DDP bucket sizes keep their
 defaults; ``trainsim sweep`` varies those. ``SearchSpace`` narrows any dimension. FP8
 (``fp8_format``) is searched only when asked (``SearchSpace.fp8_format``, ``trainsim search
 --fp8-format off,hybrid``): it changes the training's numerics, which is the user's choice,
@@ -49,18 +51,17 @@ them is enough to compare with BF16.
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from functools import lru_cache
 
 from sim.program.costs import work_times
-from sim.errors import require
-from sim.program.estimate import Estimate, estimate
+from sim.errors import InputError, require
+from sim.program.estimate import Estimate, estimate, layer_phase_times
 from sim.inputs.hardware import HardwareProfile
 from sim.inputs.model import ModelSpec
 from sim.inputs.plan import RECOMPUTE, SCHEDULES, ZERO_STAGES, ParallelPlan
-from sim.units import format_bytes, format_time
 from sim.program.fp8 import FP8_FORMATS, fp8_layer_work
-from sim.program.workload import embedding_work, head_work, layer_work
+from sim.program.workload import embedding_work, head_work, layer_work, local_sequence
 
 DEFAULT_MARGIN = 1.1
 """The estimate's error factor for pruning (see the module doc): how far below its bound
@@ -93,9 +94,13 @@ class SearchSpace:
     """Largest tensor-parallel size when ``tp`` is not given (default: GPUs per node)."""
     fp8_format: tuple = (None,)
     """FP8 formats to try, None for BF16 (the default: BF16 only; see the module doc)."""
+    ep: tuple | None = None
+    """Expert-parallel sizes (default: every valid one for a mixture of experts, 1 otherwise)."""
+    cp: tuple | None = None
+    """Context-parallel sizes (default: 1, 2, 4, 8 from ``LONG_SEQUENCE`` tokens on, else 1)."""
 
     def __post_init__(self):
-        for name in ("tp", "pp", "vpp", "micro_batch_size"):
+        for name in ("tp", "pp", "vpp", "micro_batch_size", "ep", "cp"):
             for v in getattr(self, name) or ():
                 require(isinstance(v, int) and not isinstance(v, bool) and v > 0, f"search: {name}", v,
                         "expected integers > 0")
@@ -148,6 +153,7 @@ def enumerate_plans(model: ModelSpec, gpus: int, global_batch_size: int, space: 
     require(isinstance(global_batch_size, int) and global_batch_size > 0, "search: global_batch_size",
             global_batch_size, "expected an integer > 0")
     max_tp = space.max_tp or gpus_per_node
+    cps = space.cp or ((1, 2, 4, 8) if model.seq_length >= LONG_SEQUENCE else (1,))
     plans = []
     for tp in _divisors(gpus):
         if not space.allows("tp", tp) or (space.tp is None and tp > max_tp):
@@ -156,17 +162,43 @@ def enumerate_plans(model: ModelSpec, gpus: int, global_batch_size: int, space: 
                                 model.ffn_hidden_size)):
             continue
         for pp in _divisors(gpus // tp):
-            dp = gpus // (tp * pp)
-            if not space.allows("pp", pp) or model.num_layers % pp or global_batch_size % dp:
-                continue
-            for mbs in _divisors(global_batch_size // dp):
-                if space.allows("micro_batch_size", mbs):
-                    plans += _variants(model, global_batch_size, space, dp, tp, pp, mbs)
+            for cp in cps:
+                if (gpus // tp // pp) % cp:
+                    continue
+                dp = gpus // (tp * pp * cp)
+                if not space.allows("pp", pp) or model.num_layers % pp or global_batch_size % dp:
+                    continue
+                for mbs in _divisors(global_batch_size // dp):
+                    if space.allows("micro_batch_size", mbs):
+                        plans += _with_experts(model, space, _variants(model, global_batch_size, space, dp, tp, pp,
+                                                                       mbs, cp))
     plans.sort(key=plan_key)
     return plans
 
 
-def _variants(model, gbs, space, dp, tp, pp, mbs) -> list[ParallelPlan]:
+LONG_SEQUENCE = 16384
+"""From this sequence length on, ``enumerate_plans`` tries context parallelism by default
+(shorter sequences rarely need it, and it multiplies the plans)."""
+
+
+def _with_experts(model, space, plans: list[ParallelPlan]) -> list[ParallelPlan]:
+    """Each plan under every expert-parallel size the space allows (a mixture of experts:
+    divisors of the experts that fold into the stage's GPUs); plans the model or the
+    folding rules refuse are left out."""
+    out = []
+    for plan in plans:
+        eps = space.ep or (_divisors(model.num_experts) if model.moe else (1,))
+        for ep in eps:
+            try:
+                cand = replace(plan, ep=ep) if ep != plan.ep else plan
+                cand.check_model(model)
+            except InputError:
+                continue
+            out.append(cand)
+    return out
+
+
+def _variants(model, gbs, space, dp, tp, pp, mbs, cp=1) -> list[ParallelPlan]:
     m = gbs // (mbs * dp)
     shapes = []  # (vpp, schedule)
     if pp == 1:
@@ -179,15 +211,16 @@ def _variants(model, gbs, space, dp, tp, pp, mbs) -> list[ParallelPlan]:
     for vpp, schedule in shapes:
         if not (space.allows("vpp", vpp) and space.allows("schedule", schedule)):
             continue
-        for zero in (ZERO_STAGES if dp > 1 else (0,)):
+        for zero in (ZERO_STAGES if dp * cp > 1 else (0,)):
             for rec in RECOMPUTE:
                 for sp in ((False, True) if tp > 1 else (False,)):
                     if space.allows("zero_stage", zero) and space.allows("recompute", rec) and \
                             space.allows("sequence_parallel", sp):
                         out += [ParallelPlan(dp=dp, tp=tp, pp=pp, vpp=vpp, sequence_parallel=sp,
                                              micro_batch_size=mbs, global_batch_size=gbs, recompute=rec,
-                                             zero_stage=zero, schedule=schedule, fp8_format=fp8)
-                                for fp8 in dict.fromkeys(space.fp8_format)]
+                                             zero_stage=zero, schedule=schedule, fp8_format=fp8, cp=cp)
+                                for fp8 in dict.fromkeys(space.fp8_format)
+                                if not model.moe or ((sp or tp == 1) and zero < 3)]
     return out
 
 
@@ -200,22 +233,41 @@ def _phases(model: ModelSpec, profile: HardwareProfile, b: int, t: int, sp: bool
 
     layer = times(fp8_layer_work(layer_work(model, b, t, sp, recompute), fp8_format, t, sp, microbatches))
     emb, head = times(embedding_work(model, b, t, sp)), times(head_work(model, b, t, sp))
-    return tuple((ph, sum(layer[ph]), sum(emb[ph]), sum(head[ph])) for ph in ("F", "B", "W"))
+    return tuple((ph, sum(layer[ph]), sum(emb[ph]), sum(head[ph]), sum(layer[ph])) for ph in ("F", "B", "W"))
 
 
-def bound_s(model: ModelSpec, plan: ParallelPlan, profile: HardwareProfile, est: Estimate) -> float:
+def _layered_phases(model, plan, profile, est, gpus_per_node) -> tuple:
+    """``_phases`` for a mixture of experts or context parallelism: dense and MoE layers
+    priced apart (``sim.program.estimate.layer_phase_times``), the embedding and head on
+    the rank's s/cp tokens; per phase (phase, dense layer, embedding, head, MoE layer)."""
+    b, t, sp = plan.micro_batch_size, plan.tp, plan.sequence_parallel
+    dense = layer_phase_times(model, plan, profile, est.links["tp"], gpus_per_node, "bf16", False)
+    moe = layer_phase_times(model, plan, profile, est.links["tp"], gpus_per_node, "bf16", True) \
+        if model.moe else dense
+    local = local_sequence(model, plan.cp)
+    emb = work_times(embedding_work(local, b, t, sp), profile, t, est.links["tp"])
+    head = work_times(head_work(local, b, t, sp), profile, t, est.links["tp"])
+    return tuple((ph, sum(dense[ph]), sum(emb[ph]), sum(head[ph]), sum(moe[ph])) for ph in ("F", "B", "W"))
+
+
+def bound_s(model: ModelSpec, plan: ParallelPlan, profile: HardwareProfile, est: Estimate,
+            gpus_per_node: int = 8) -> float:
     """The part of the estimated step the simulator cannot overlap (see the module doc):
     m·T + bubble + optimizer, T the slowest pipeline rank's F + B + W per micro-batch
-    (compute and tensor-parallel collectives, as ``sim.program.estimate`` prices them)."""
+    (compute and tensor-, expert- and context-parallel collectives, as ``sim.program.estimate``
+    prices them)."""
     p, v, m = plan.pp, plan.vpp, plan.num_microbatches
-    ph = _phases(model, profile, plan.micro_batch_size, plan.tp, plan.sequence_parallel, plan.recompute,
-                 est.links["tp"], plan.fp8_format, m)
-    layers = plan.stage_layers(model)
+    if model.moe or plan.cp > 1:
+        ph = _layered_phases(model, plan, profile, est, gpus_per_node)
+    else:
+        ph = _phases(model, profile, plan.micro_batch_size, plan.tp, plan.sequence_parallel, plan.recompute,
+                     est.links["tp"], plan.fp8_format, m)
     ranks = []  # per pipeline rank: (F, B, W) seconds per micro-batch over its chunks
     for r in range(p):
-        n = sum(layers[c * p + r] for c in range(v))
-        ranks.append(tuple(n * lay + (emb if r == 0 else 0.0) + (head if r == p - 1 else 0.0)
-                           for _, lay, emb, head in ph))
+        ids = [i for c in range(v) for i in plan.layer_range(model, c * p + r)]
+        n_moe = sum(1 for i in ids if model.is_moe_layer(i))
+        ranks.append(tuple((len(ids) - n_moe) * lay + n_moe * moe + (emb if r == 0 else 0.0)
+                           + (head if r == p - 1 else 0.0) for _, lay, emb, head, moe in ph))
     slowest = max(range(p), key=lambda r: sum(ranks[r]))
     others = [ranks[r] for r in range(p) if r != slowest]
     if plan.schedule == "zb-h1":
@@ -260,7 +312,7 @@ def candidates(model: ModelSpec, plans: list[ParallelPlan], profile: HardwarePro
     out = []
     for plan in plans:
         est = estimate(model, plan, profile, gpus_per_node=gpus_per_node)
-        c = Candidate(plan, plan_key(plan), est, bound_s(model, plan, profile, est))
+        c = Candidate(plan, plan_key(plan), est, bound_s(model, plan, profile, est, gpus_per_node))
         if not est.fits:
             c.status = "pruned: memory"
         out.append(c)
@@ -314,66 +366,3 @@ def measure_margin(cands: list[Candidate]) -> dict:
     if not ratios:
         return {"plans": 0}
     return {"plans": len(ratios), "min": ratios[0], "median": ratios[len(ratios) // 2], "max": ratios[-1]}
-
-
-# ------------------------------------------------------------------ explaining
-def describe_plan(plan: dict) -> str:
-    """``dp 4 x tp 2 x pp 2 (vpp 2), interleaved, mb 2, ZeRO-1, recompute none, sp, fp8 hybrid``."""
-    s = f"dp {plan['dp']} x tp {plan['tp']} x pp {plan['pp']}"
-    if plan["vpp"] > 1:
-        s += f" (vpp {plan['vpp']})"
-    if plan["pp"] > 1:
-        s += f", {plan['schedule']}"
-    s += f", mb {plan['micro_batch_size']}, ZeRO-{plan['zero_stage']}, recompute {plan['recompute']}"
-    if plan["sequence_parallel"] and plan["tp"] > 1:
-        s += ", sp"
-    if plan.get("fp8_format"):
-        s += f", fp8 {plan['fp8_format']}"
-    return s
-
-
-def time_parts(summary: dict) -> dict:
-    """The critical rank's time by part (seconds): compute, exposed comm by kind, idle."""
-    parts = {"compute": summary["compute_s"]}
-    parts.update({f"exposed {k}": v for k, v in summary["exposed_comm_s"].items()})
-    parts["idle (bubble, waiting)"] = summary["idle_s"]
-    return parts
-
-
-def explain(best: dict, runner_up: dict | None) -> list[str]:
-    """Lines saying why ``best`` beats ``runner_up`` (records with ``summary``): the time
-    parts and memory parts side by side and the parts that make the difference."""
-    b = best["summary"]
-    if runner_up is None:
-        return [f"only one plan ran: {describe_plan(b['plan'])}"]
-    r = runner_up["summary"]
-    tb, tr = b["iteration_time_s"], r["iteration_time_s"]
-    lines = [f"best      {describe_plan(b['plan'])}",
-             f"runner-up {describe_plan(r['plan'])}",
-             f"{'':<24}{'best':>12}{'runner-up':>12}{'difference':>13}",
-             f"{'iteration time':<24}{format_time(tb):>12}{format_time(tr):>12}{format_time(tr - tb):>13}"]
-    pb, pr = time_parts(b), time_parts(r)
-    for k in sorted(set(pb) | set(pr), key=lambda k: list({**pb, **pr}).index(k)):
-        x, y = pb.get(k, 0.0), pr.get(k, 0.0)
-        if x or y:
-            lines.append(f"  {k:<22}{format_time(x):>12}{format_time(y):>12}{format_time(y - x):>13}")
-    mb, mr = b["memory"], r["memory"]
-    parts = [k for k, v in mb.items() if k.endswith("_bytes") and k != "peak_bytes" and isinstance(v, (int, float))
-             and k in mr and not k.startswith(("analytic", "breakdown"))]
-    for k in parts + ["peak_bytes"]:
-        name = "peak memory" if k == "peak_bytes" else "  " + k.removesuffix("_bytes")
-        lines.append(f"{name:<24}{format_bytes(mb[k]):>12}{format_bytes(mr[k]):>12}"
-                     f"{format_bytes(mr[k] - mb[k]):>13}")
-    gain = {k: pr.get(k, 0.0) - pb.get(k, 0.0) for k in set(pb) | set(pr)}
-    why = [f"{format_time(v)} less {k}" for k, v in sorted(gain.items(), key=lambda kv: (-kv[1], kv[0])) if v > 0][:2]
-    cost = [f"{format_time(-v)} more {k}" for k, v in sorted(gain.items(), key=lambda kv: (kv[1], kv[0])) if v < 0][:1]
-    pct = (tr - tb) / tr * 100 if tr else 0.0
-    verdict = f"why: the best is {format_time(tr - tb)} ({pct:.1f}%) faster per iteration"
-    if why:
-        verdict += ": " + ", ".join(why)
-    if cost:
-        verdict += "; it pays " + cost[0]
-    dm = mb["peak_bytes"] - mr["peak_bytes"]
-    verdict += f"; it needs {format_bytes(abs(dm))} {'more' if dm > 0 else 'less'} memory per GPU"
-    lines.append(verdict)
-    return lines
