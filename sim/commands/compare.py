@@ -115,7 +115,7 @@ def print_table(comp, out=None) -> None:
     print(file=out)
     longest = max(r["iteration_time_s"] for r in rows)
     unit, scale = ("s", 1.0) if longest >= 1 else ("ms", 1e3)
-    kinds = [k for k in ("tp", "pp", "dp", "zero", "offload", "other") if any(r["exposed_comm_s"].get(k, 0) > 0 for r in rows)]
+    kinds = [k for k in ("tp", "pp", "dp", "zero", "offload", "ep", "cp", "other") if any(r["exposed_comm_s"].get(k, 0) > 0 for r in rows)]
     best = comp.best
     name_w = max(4, *(len(r["name"]) for r in rows))
     cap = rows[0]["capacity_bytes"]
