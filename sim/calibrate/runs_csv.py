@@ -6,11 +6,11 @@ One row per run. The columns are the settings of ``trainsim run`` by their field
 
     measured_iteration_time_s   the measured time of one whole iteration (required)
     activation                  gelu | swiglu | squared-relu (the MLP)
-    context_parallel_size       rows with more than 1 are skipped (not simulated yet)
+    context_parallel_size       context parallelism (``sim.program.context``; ring attention)
     gpu                         the profile the run was measured on; other GPUs are left out
     precision                   bf16 or fp8; rows of any other precision are skipped
-    needs                       a capability the run needs: fp8 is simulated, rows that need
-                                anything else (context_parallel) are skipped
+    needs                       a capability the run needs: fp8 and context_parallel are
+                                simulated, rows that need anything else are skipped
     source, notes               free text (``source`` also names the row's group)
 
 An ``fp8`` row trains its layers' GEMMs in FP8 (``fp8_format``: its own column, or
@@ -83,7 +83,7 @@ PRECISIONS = ("bf16", "fp8")
 FP8_FORMAT = ("hybrid", "the format of NeMo 2.0's FP8 recipe (bf16_with_fp8_mixed: fp8='hybrid', E4M3 forward and "
                         "E5M2 gradients, delayed scaling), which the DGX Cloud benchmarks' FP8 rows run")
 """What an fp8 row with a blank ``fp8_format`` trains in, and why."""
-SIMULATED_NEEDS = ("fp8",)
+SIMULATED_NEEDS = ("fp8", "context_parallel")
 """Capabilities in the ``needs`` column that trainsim simulates (other rows are skipped)."""
 
 BY_SOURCE = (
@@ -234,6 +234,8 @@ def _run(path, line: int, cells: dict) -> MeasuredRun:
     cp = int(cp_text) if cp_text.isdigit() else 0
     if cp < 1:
         raise _bad(path, line, "context_parallel_size", cp_text, "expected an integer >= 1")
+    if cp > 1:
+        values["context_parallel_size"] = cp
     if values.get("num_query_groups") == values["num_attention_heads"]:
         del values["num_query_groups"]
     elif "num_query_groups" in values:
@@ -248,7 +250,7 @@ def _run(path, line: int, cells: dict) -> MeasuredRun:
     needs = cells.get("needs", "")
     skip = (f"needs {needs} (not simulated yet)" if needs and needs not in SIMULATED_NEEDS
             else f"precision {precision}: trainsim simulates {' and '.join(PRECISIONS)}" if precision not in PRECISIONS
-            else f"context_parallel_size {cp}: context parallelism is not simulated yet" if cp != 1 else None)
+            else None)
     source = cells.get("source", "")
     shape = tuple(values.get(n) for n in SHAPE if n != "activation") + (activation,)
     return MeasuredRun(line, values, measured, cells.get("gpu") or None, (source, precision, shape), source, skip,
