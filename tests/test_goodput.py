@@ -17,7 +17,7 @@ import pytest
 from sim.cli import main
 from sim.studies.goodput import Cause, CampaignConfig, Study, checkpoint_of, daly_goodput, daly_interval_s, \
     load_failures, run_study, search_interval, simulate_campaign, young_interval_s
-from sim.studies.goodput.cycle import Cycle
+from sim.engine.checkpoint_cycle import Cycle
 
 DAY = 86400.0
 

@@ -8,7 +8,7 @@ Processes:
   causes see the same failures whatever their checkpoint interval (common random
   numbers: interval comparisons are not blurred by different luck);
 - the *job* moves through ``train`` (iterations and periodic checkpoint saves, as
-  ``sim.studies.goodput.cycle`` computes them: the only events are interruptions),
+  ``sim.engine.checkpoint_cycle`` computes them: the only events are interruptions),
   ``detect``, ``wait`` (for a hot spare), ``restart`` and, for a planned interruption,
   ``save`` (a final checkpoint before stopping); detection and restart are one event
   when no spare is awaited;
@@ -39,8 +39,7 @@ import numpy as np
 import simpy
 
 from sim.errors import InputError
-from sim.studies.goodput.cycle import Cycle
-from sim.studies.goodput.failures import Cause
+from sim.engine.checkpoint_cycle import Cycle
 
 MAX_FAILURES = 2_000_000
 """Expected failures in one campaign above which it is refused (memory and minutes)."""
@@ -63,8 +62,10 @@ class CampaignConfig:
     """A planned stop's final, synchronous save."""
     load_s: float
     """Reading the checkpoint back at a restart."""
-    causes: tuple[tuple[Cause, float], ...]
-    """(cause, the job's failures per second of it)."""
+    causes: tuple[tuple[object, float], ...]
+    """(cause, the job's failures per second of it). A cause is anything with ``name``,
+    ``planned``, ``replace``, ``detect_s``, ``restart_s`` and ``repair_s`` (a
+    ``sim.studies.goodput.Cause``)."""
     spares: int | None = None
     """Hot spare nodes (None: always one at hand)."""
 
@@ -160,7 +161,7 @@ class _Life:
         return self.out
 
     # ------------------------------------------------------------------ processes
-    def _arrivals(self, cause: Cause, rate: float, rng):
+    def _arrivals(self, cause, rate: float, rng):
         mean, timeout, interrupt = 1.0 / rate, self.env.timeout, self.job.interrupt
         while True:  # drawn in blocks: the same numbers as one draw at a time, fewer calls
             for gap in rng.exponential(mean, 256).tolist():
@@ -193,7 +194,7 @@ class _Life:
                 self._interrupted(stop.cause)
 
     # ------------------------------------------------------------------ transitions
-    def _begin(self, mode: str, cause, duration: float = math.inf, lose: Cause | None = None) -> None:
+    def _begin(self, mode: str, cause, duration: float = math.inf, lose: object | None = None) -> None:
         """Close the activity under way (``lose``: the failure that ends it, rolling back the
         work since the last durable checkpoint) and start ``mode`` for ``duration``."""
         now = self.env.now
@@ -213,7 +214,7 @@ class _Life:
         elif self.mode in ("restart", "down"):
             self._begin("train", None)
 
-    def _interrupted(self, cause: Cause) -> None:
+    def _interrupted(self, cause) -> None:
         now = self.env.now
         if cause.planned:
             if self.mode != "train":
@@ -230,14 +231,14 @@ class _Life:
         else:  # detection then restart, one event (split again when the time is booked)
             self._begin("down", cause, cause.detect_s + cause.restart_s + self.cfg.load_s, lose=cause)
 
-    def _count(self, cause: Cause, now: float) -> None:
+    def _count(self, cause, now: float) -> None:
         self.out.interruptions[cause.name] += 1
         if not cause.planned:
             self.out.unexpected += 1
         if self.record:
             self.out.failures.append((now, cause.name, cause.planned))
 
-    def _close(self, now: float, lose: Cause | None) -> None:
+    def _close(self, now: float, lose: object | None) -> None:
         """End the activity under way at ``now``; ``lose``: the failure that ends it (None
         at the horizon or at a planned transition), which loses the undurable work."""
         mode, since = self.mode, self.since
@@ -273,7 +274,7 @@ class _Life:
                 if self.record and b > a:
                     self.out.activities.append((kind, self.cause.name, a, b, None))
 
-    def _lose(self, cause: Cause) -> None:
+    def _lose(self, cause) -> None:
         self.out.lost[cause.name]["lost_work"] += self.progress - self.durable
         self.progress = self.durable
 

@@ -10,14 +10,16 @@ often to checkpoint.
 
 - ``failures``: causes with rates per device-hour, device kinds and costs; TOML presets
   (``presets/llama3.toml``) and files;
-- ``cycle``: training with periodic (synchronous or asynchronous) saves, as arithmetic;
-- ``campaign``: the SimPy model (failure arrivals per cause, the job, hot spares);
+- ``sim.engine.checkpoint_cycle``: training with periodic (synchronous or asynchronous)
+  saves, as arithmetic; ``sim.engine.campaign``: the SimPy model (failure arrivals per
+  cause, the job, hot spares), in the engine with the other SimPy model;
+- ``timeline``: a recorded campaign as spans and points for pictures;
 - ``optimum``: Young's and Daly's optimum intervals, Daly's expected goodput, and the
   search for the best interval by simulation;
 - ``study``: checkpoint bytes and times from the memory model, device counts, and the report.
 """
 
-from sim.studies.goodput.campaign import Campaign, CampaignConfig, simulate_campaign
+from sim.engine.campaign import Campaign, CampaignConfig, simulate_campaign
 from sim.studies.goodput.failures import DEVICE_KINDS, Cause, FailureModel, device_counts, load_failures, preset_names
 from sim.studies.goodput.optimum import daly_goodput, daly_interval_s, search_interval, young_interval_s
 from sim.studies.goodput.study import DEFAULT_STORAGE_BPS, Checkpoint, Study, checkpoint_of, run_study

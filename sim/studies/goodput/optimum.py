@@ -34,7 +34,7 @@ from typing import Callable
 
 import numpy as np
 
-from sim.studies.goodput.campaign import CampaignConfig, simulate_campaign
+from sim.engine.campaign import CampaignConfig, simulate_campaign
 
 SEARCH_FAILURES = 4000
 """Expected unexpected failures over a search's horizon (with seeds, in all)."""

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 from sim.errors import InputError
 from sim.program.memory import model_state_bytes
-from sim.studies.goodput.campaign import LOSS_KINDS, CampaignConfig, simulate_campaign
+from sim.engine.campaign import LOSS_KINDS, CampaignConfig, simulate_campaign
 from sim.studies.goodput.failures import FailureModel
 from sim.studies.goodput.optimum import SEARCH_FAILURES, daly_goodput, daly_interval_s, search_interval, \
     young_interval_s
