@@ -242,7 +242,8 @@ def write_outputs(run: TrainingRun, summary: dict, out: Path) -> None:
         names = {r: f"dp {plan.coords(r)[0]} (rank {r})" for r in ranks}
     ranks, names = plotted_stragglers(run, summary, ranks, names)
     write_chrome(run.trace, out / "trace.json", names=rank_names(run))
-    title = (f"{run.model.name}, {plan.world_size} GPUs (dp {plan.dp} x tp {plan.tp} x pp {plan.pp}), "
+    extra = (f" x cp {plan.cp}" if plan.cp > 1 else "") + (f", ep {plan.ep}" if plan.ep > 1 else "")
+    title = (f"{run.model.name}, {plan.world_size} GPUs (dp {plan.dp} x tp {plan.tp} x pp {plan.pp}{extra}), "
              f"{run.schedule.name}, m={plan.num_microbatches}: {summary['iteration_time_s'] * 1e3:.1f} ms")
     plot_timeline(run.trace, out / "timeline.png", title=title, ranks=set(ranks), lane_names=names,
                   lane_of_stream=_lane)
