@@ -22,13 +22,16 @@ from __future__ import annotations
 from sim.inputs.hardware import HardwareProfile
 from sim.inputs.model import ModelSpec
 from sim.inputs.plan import ParallelPlan
-from sim.program.costs import collective_time, op_time
+from sim.program.costs import collective_time, op_time, transfer_time
 from sim.program.estimate import estimate
 from sim.program.fp8 import fp8_layer_work
-from sim.program.workload import Comm, Op, Work, embedding_work, head_work, layer_work
+from sim.inputs.experts import Folding
+from sim.program.workload import Comm, Op, Work, embedding_work, head_work, layer_work, local_sequence
+from sim.program.workload_moe import MoeShape
 from sim.units import format_bytes, format_time
 
-PARTS = ("layer", "embedding", "head")
+PARTS = ("layer", "moe layer", "embedding", "head")
+"""The parts a report may have ("moe layer" for a mixture of experts), in the order shown."""
 
 
 def _op_row(op: Op, profile: HardwareProfile, dtype: str = "bf16") -> dict:
@@ -60,18 +63,27 @@ def _op_row(op: Op, profile: HardwareProfile, dtype: str = "bf16") -> dict:
     }
 
 
-def _comm_row(c: Comm, plan: ParallelPlan, link: str, profile: HardwareProfile) -> dict:
-    t = collective_time(c.collective, c.nbytes, plan.tp, link, profile) if plan.tp > 1 else 0.0
-    return {"phase": "R" if c.recompute else c.phase, "name": c.name, "kind": "tp comm",
-            "collective": c.collective, "bytes": c.nbytes, "ranks": plan.tp, "link": link, "time_s": t}
+def _comm_row(c: Comm, plan: ParallelPlan, link: str, profile: HardwareProfile, links: dict | None = None) -> dict:
+    if c.group == "tp":
+        t = collective_time(c.collective, c.nbytes, plan.tp, link, profile) if plan.tp > 1 else 0.0
+        n = plan.tp
+    else:  # expert- or context-parallel: the bytes leaving a rank over its group's link (estimate's pricing)
+        n = {"ep": plan.ep, "etp": plan.etp_size, "cp": plan.cp}[c.group]
+        link = (links or {}).get(c.group, "nvlink")
+        sent = c.nbytes if c.collective == "shift" else c.nbytes * (n - 1) / n
+        t = transfer_time(sent, link, profile) if n > 1 else 0.0
+    return {"phase": "R" if c.recompute else c.phase, "name": c.name,
+            "kind": f"{'ep' if c.group == 'etp' else c.group} comm", "collective": c.collective, "bytes": c.nbytes, "ranks": n, "link": link, "time_s": t,
+            "group": c.group, "beside_compute": c.side}
 
 
-def _part(work: Work, plan: ParallelPlan, link: str, profile: HardwareProfile) -> dict:
-    rows = [_op_row(i, profile) if isinstance(i, Op) else _comm_row(i, plan, link, profile) for i in work.items]
+def _part(work: Work, plan: ParallelPlan, link: str, profile: HardwareProfile, links: dict | None = None) -> dict:
+    rows = [_op_row(i, profile) if isinstance(i, Op) else _comm_row(i, plan, link, profile, links)
+            for i in work.items]
     phases: dict[str, dict] = {}
     for r in rows:
         p = phases.setdefault(r["phase"], {"compute_s": 0.0, "tp_comm_s": 0.0, "kernels": 0})
-        if r["kind"] == "tp comm":
+        if r["kind"].endswith(" comm"):
             p["tp_comm_s"] += r["time_s"]
         else:
             p["compute_s"] += r["time_s"]
@@ -85,11 +97,23 @@ def explain(model: ModelSpec, plan: ParallelPlan, profile: HardwareProfile, gpus
     est = estimate(model, plan, profile, gpus_per_node=gpus_per_node)
     link = est.links["tp"]
     b, t, sp = plan.micro_batch_size, plan.tp, plan.sequence_parallel
-    works = {"layer": fp8_layer_work(layer_work(model, b, t, sp, plan.recompute, attention=plan.attention),
+    local = local_sequence(model, plan.cp)
+    works = {"layer": fp8_layer_work(layer_work(model, b, t, sp, plan.recompute, attention=plan.attention,
+                                                cp=plan.cp, cp_comm=plan.cp_comm_type),
                                      plan.fp8_format, t, sp, plan.num_microbatches),
-             "embedding": embedding_work(model, b, t, sp),
-             "head": head_work(model, b, t, sp)}
-    parts = {name: _part(w, plan, link, profile) for name, w in works.items()}
+             "embedding": embedding_work(local, b, t, sp),
+             "head": head_work(local, b, t, sp)}
+    groups = {"cp": plan.cp_group(0)}
+    if model.moe:  # an MoE layer under balanced routing
+        tokens = b * local.seq_length // (t if plan.sp else 1)
+        works["moe layer"] = fp8_layer_work(
+            layer_work(model, b, t, sp, plan.recompute, attention=plan.attention, cp=plan.cp,
+                       cp_comm=plan.cp_comm_type, moe=MoeShape(plan.ep, plan.etp_size, tokens * model.moe_router_topk)),
+            plan.fp8_format, t, sp, plan.num_microbatches)
+        fold = Folding(plan)
+        groups.update(ep=fold.ep_group(0), etp=fold.etp_group(0))
+    links = {k: "nvlink" if len({r // gpus_per_node for r in g}) == 1 else "ib" for k, g in groups.items()}
+    parts = {name: _part(w, plan, link, profile, links) for name, w in works.items()}
     layers = plan.stage_layers(model)
     per_stage = [sum(layers[c * plan.pp + r] for c in range(plan.vpp)) for r in range(plan.pp)]
     return {
@@ -107,8 +131,8 @@ def explain(model: ModelSpec, plan: ParallelPlan, profile: HardwareProfile, gpus
 
 
 def _cell_shape(r: dict) -> str:
-    if r["kind"] == "tp comm":
-        return f"{r['collective']} of {format_bytes(r['bytes'])} over {r['ranks']} ({r['link']})"
+    if r["kind"].endswith(" comm"):
+        return f"{r['collective']} of {format_bytes(r['bytes'])} over {r['ranks']} ({r['link']})"[:37]
     if not r["shape"]:
         return ""
     dims = "x".join(str(int(x)) for x in r["shape"])
@@ -126,14 +150,17 @@ def render(report: dict) -> str:
            "Phases: F forward, R recomputed forward, B input gradient, W weight gradient.",
            ""]
     what = {"layer": "one transformer layer", "embedding": "embedding (first pipeline stage)",
-            "head": "output head and loss (last pipeline stage)"}
-    for name in PARTS:
+            "head": "output head and loss (last pipeline stage)",
+            "moe layer": "one mixture-of-experts layer (balanced routing)"}
+    if "moe layer" in report["parts"]:
+        what["layer"] = "one dense transformer layer"
+    for name in [n for n in ("layer", "moe layer") if n in report["parts"]] + ["embedding", "head"]:
         part = report["parts"][name]
         out.append(f"{what[name]}")
         out.append(f"  {'ph':<3}{'kernel':<26}{'kind':<10}{'shape':<38}{'GFLOP':>9}{'moved':>11}"
                    f"{'time':>11}  {'bound':<8}{'rate':>12}{'eff':>6}")
         for r in part["rows"]:
-            if r["kind"] == "tp comm":
+            if r["kind"].endswith(" comm"):
                 rate, eff, flops, bound = "", "", "", "link"
             else:
                 flops = f"{r['flops'] / 1e9:.1f}" if r["flops"] else "-"
@@ -142,7 +169,7 @@ def render(report: dict) -> str:
                 eff, bound = f"{r['efficiency']:.0%}", r["bound"]
             out.append(f"  {r['phase']:<3}{r['name']:<26}{r['kind']:<10}{_cell_shape(r):<38}{flops:>9}"
                        f"{format_bytes(r['bytes']):>11}{format_time(r['time_s']):>11}  {bound:<8}{rate:>12}{eff:>6}")
-        sums = ", ".join(f"{ph} {format_time(v['compute_s'])} compute + {format_time(v['tp_comm_s'])} tp"
+        sums = ", ".join(f"{ph} {format_time(v['compute_s'])} compute + {format_time(v['tp_comm_s'])} comm"
                          for ph, v in part["phases"].items())
         out.append(f"  total {format_time(part['total_s'])}: {sums}")
         out.append("")
