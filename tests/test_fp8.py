@@ -303,10 +303,11 @@ def test_fp8_rows_of_the_fit_data_run_in_fp8(tmp_path):
 
     rows = read_runs(_runs_csv(tmp_path / "r.csv", [{}, {"precision": "fp8", "needs": "fp8"},
                                                     {"precision": "fp8", "fp8_format": "e4m3"},
-                                                    {"precision": "fp16"}, {"needs": "context_parallel"}]))
-    assert [r.values.get("fp8_format") for r in rows] == [None, "hybrid", "e4m3", None, None]
-    assert [r.skip for r in rows[:3]] == [None, None, None]
-    assert "precision fp16" in rows[3].skip and "context_parallel" in rows[4].skip
+                                                    {"precision": "fp16"}, {"needs": "sparsity"},
+                                                    {"needs": "context_parallel"}]))
+    assert [r.values.get("fp8_format") for r in rows] == [None, "hybrid", "e4m3", None, None, None]
+    assert [r.skip for r in rows[:3]] == [None, None, None] and rows[5].skip is None
+    assert "precision fp16" in rows[3].skip and "sparsity" in rows[4].skip
     assert rows[1].group != rows[0].group  # FP8 rows form their own group
     assert unsupported(rows[1], A100) == "precision fp8: GPU a100-80gb has no fp8 peak"
     assert unsupported(rows[1], H100) is None and unsupported(rows[0], A100) is None

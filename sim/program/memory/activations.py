@@ -42,9 +42,11 @@ from sim.inputs.plan import RECOMPUTE, ParallelPlan
 
 
 def activation_terms(model: ModelSpec, micro_batch: int, tp: int = 1, sequence_parallel: bool = False,
-                     recompute: str = "none", flash_attention: bool = True, fp8: bool = False) -> dict:
+                     recompute: str = "none", flash_attention: bool = True, fp8: bool = False,
+                     experts: tuple[int, int] | None = None) -> dict:
     """Bytes each stored tensor of one layer takes for one micro-batch on one rank
-    (``fp8``: the FP8 GEMMs' inputs are stored in 1 byte, see the module doc)."""
+    (``fp8``: the FP8 GEMMs' inputs are stored in 1 byte, see the module doc;
+    ``experts``: (ep, etp) of an MoE layer under balanced routing, ``moe_terms``)."""
     g = 1 if fp8 else 2                      # bytes per element of a stored GEMM input
     require(recompute in RECOMPUTE, "recompute", recompute, f"allowed: {', '.join(RECOMPUTE)}")
     m, b, t = model, micro_batch, tp
@@ -75,6 +77,10 @@ def activation_terms(model: ModelSpec, micro_batch: int, tp: int = 1, sequence_p
     terms["attn.proj.input"] = g * sbh / t
     terms["attn.dropout_mask"] = mask * sbh / rep
     terms["mlp.norm.input"] = 2 * sbh / rep
+    if experts is not None:
+        terms.update(moe_terms(m, b, t, sp, experts))
+        terms["mlp.dropout_mask"] = mask * sbh / rep
+        return {k: v for k, v in terms.items() if v}
     terms["mlp.up.input"] = g * sbh / rep
     if m.mlp == "gelu":
         terms["mlp.gelu.input"] = 2 * sbh * f / t
@@ -86,13 +92,55 @@ def activation_terms(model: ModelSpec, micro_batch: int, tp: int = 1, sequence_p
     return {k: v for k, v in terms.items() if v}
 
 
+def moe_terms(m: ModelSpec, b: int, t: int, sp: bool, experts: tuple[int, int]) -> dict:
+    """What an MoE block stores for its backward on one rank, balanced routing: the router's
+    fp32 probabilities, the R = T·k token copies entering the rank's experts (gathered over
+    etp) with their gate/up outputs and down inputs, the experts' outputs the weighted sum
+    needs, and the shared experts' tensors as a tensor-parallel MLP's. T = b·s (/tp under
+    sequence parallelism)."""
+    ep, etp = experts
+    T = b * m.seq_length // (t if sp else 1)
+    R = T * m.moe_router_topk
+    h, f = m.hidden_size, m.moe_ffn_hidden_size
+    n = R * etp                                 # tokens through this rank's expert shards
+    out = {"moe.router.probs": 4 * T * m.num_experts, "moe.experts.up.input": 2 * n * h,
+           "moe.experts.down.input": 2 * n * f / etp, "moe.experts.output": 2 * R * h}
+    if m.mlp == "gelu":
+        out["moe.experts.gelu.input"] = 2 * n * f / etp
+    else:
+        out["moe.experts.gate"] = out["moe.experts.up"] = 2 * n * f / etp
+    fs = m.moe_shared_expert_intermediate_size
+    if fs:
+        full = b * m.seq_length
+        out["moe.shared.up.input"] = 2 * full * h / (t if sp else 1)
+        out["moe.shared.act"] = (2 if m.mlp == "gelu" else 4) * full * fs / t
+        out["moe.shared.down.input"] = 2 * full * fs / t
+    return out
+
+
 def activation_bytes_per_layer(model: ModelSpec, micro_batch: int, tp: int = 1,
                                sequence_parallel: bool = False, recompute: str = "none",
-                               flash_attention: bool = True, fp8: bool = False) -> float:
+                               flash_attention: bool = True, fp8: bool = False,
+                               experts: tuple[int, int] | None = None) -> float:
     """Activation bytes one layer stores for one micro-batch on one rank (Korthikanti Table 2
-    when ``flash_attention`` is False and the layer is GPT-style)."""
+    when ``flash_attention`` is False and the layer is GPT-style; ``experts``: an MoE layer's)."""
     return sum(activation_terms(model, micro_batch, tp, sequence_parallel, recompute,
-                                flash_attention, fp8).values())
+                                flash_attention, fp8, experts).values())
+
+
+def stage_layer_bytes(model: ModelSpec, plan: ParallelPlan, virtual_stage: int, flash_attention: bool,
+                      recompute: str | None = None) -> float:
+    """Activation bytes of a chunk's transformer layers for one micro-batch (dense and MoE
+    layers each at their own size), before the division by cp."""
+    b, t, sp = plan.micro_batch_size, plan.tp, plan.sequence_parallel
+    rec = plan.recompute if recompute is None else recompute
+    fp8 = plan.fp8_format is not None
+    dense = activation_bytes_per_layer(model, b, t, sp, rec, flash_attention, fp8)
+    ids = plan.layer_range(model, virtual_stage)
+    n_moe = sum(1 for i in ids if model.is_moe_layer(i))
+    moe = activation_bytes_per_layer(model, b, t, sp, rec, flash_attention, fp8, (plan.ep, plan.etp_size)) \
+        if n_moe else 0.0
+    return (len(ids) - n_moe) * dense + n_moe * moe
 
 
 def head_activation_bytes(model: ModelSpec, micro_batch: int, tp: int = 1,
@@ -123,9 +171,7 @@ def chunk_activation_bytes(model: ModelSpec, plan: ParallelPlan, virtual_stage: 
     if flash_attention is None:  # (the plan's attention)
         flash_attention = plan.attention == "flash"
     b, t, sp = plan.micro_batch_size, plan.tp, plan.sequence_parallel
-    per_layer = activation_bytes_per_layer(model, b, t, sp, plan.recompute, flash_attention,
-                                           plan.fp8_format is not None)
-    total = plan.stage_layers(model)[virtual_stage] * per_layer
+    total = stage_layer_bytes(model, plan, virtual_stage, flash_attention)
     if virtual_stage == 0:
         total += embedding_activation_bytes(model, b, t, sp)
     if virtual_stage == plan.pp * plan.vpp - 1:

@@ -44,10 +44,10 @@ from sim.errors import require
 from sim.inputs.model import ModelSpec
 from sim.inputs.plan import ParallelPlan
 from sim.program.memory.activations import (
-    activation_bytes_per_layer,
     chunk_activation_bytes,
     embedding_activation_bytes,
     head_activation_bytes,
+    stage_layer_bytes,
 )
 
 
@@ -108,12 +108,9 @@ def stage_activation_bytes(model: ModelSpec, plan: ParallelPlan, stage: int,
         flash_attention = plan.attention == "flash"
     b, t, sp = plan.micro_batch_size, plan.tp, plan.sequence_parallel
     p, v = plan.pp, plan.vpp
-    per_layer = activation_bytes_per_layer(model, b, t, sp, plan.recompute, flash_attention,
-                                           plan.fp8_format is not None)
-    layers = plan.stage_layers(model)
     emb = embedding_activation_bytes(model, b, t, sp) if stage == 0 else 0.0
     head = head_activation_bytes(model, b, t, sp) if stage == p - 1 else 0.0
     weights = tuple(chunk_activation_bytes(model, plan, c * p + stage, flash_attention) for c in range(v))
     held = inflight_per_chunk(plan, stage, weights)
-    total = sum(held[c] * layers[c * p + stage] for c in range(v)) * per_layer
+    total = sum(held[c] * stage_layer_bytes(model, plan, c * p + stage, flash_attention) for c in range(v))
     return (total + held[0] * emb + held[v - 1] * head) / plan.cp  # a cp rank stores its s/cp tokens
