@@ -56,4 +56,5 @@ experiments: $(VENV)/.installed
 	$(BIN)/python experiments/megatron_table2.py
 	$(BIN)/python experiments/stage_imbalance.py
 	$(BIN)/python experiments/nccl_algorithms.py
+	$(BIN)/python experiments/goodput_scale.py
 	$(BIN)/python experiments/report.py

@@ -35,6 +35,7 @@ EXPERIMENTS = [
     ("megatron_table2", "Megatron-LM Table 2: PTD-P vs ZeRO-3"),
     ("stage_imbalance", "Pipeline stage imbalance"),
     ("nccl_algorithms", "NCCL algorithms: all-reduce busbw by algorithm and size"),
+    ("goodput_scale", "Goodput from 1K to 100K GPUs: checkpoints, spares, recovery"),
 ]
 
 SEED_CLAIMS = [

@@ -12,7 +12,7 @@ EXPERIMENTS = Path(__file__).resolve().parent.parent / "experiments"
 sys.path.insert(0, str(EXPERIMENTS))
 
 NAMES = ("pipeline_bubble", "allreduce_scaling", "tensor_parallel", "zero_stages", "gpt3_3d",
-         "grad_accumulation", "megatron_table2", "stage_imbalance", "nccl_algorithms")
+         "grad_accumulation", "megatron_table2", "stage_imbalance", "nccl_algorithms", "goodput_scale")
 
 
 @pytest.fixture(scope="module")
@@ -272,6 +272,34 @@ def test_nccl_algorithms_auto_takes_the_fastest_at_large_sizes(out_root):
         assert by_algo["auto"] == pytest.approx(best, rel=0.01), cluster
     one_node = res["busbw_at_largest_GBps"]["8 H100, one node"]
     assert one_node["nvls"] == pytest.approx(480, rel=0.05) and one_node["ring"] == pytest.approx(370, rel=0.05)
+
+
+def test_goodput_scale_follows_daly_and_the_device_count(out_root):
+    res = _run("goodput_scale", out_root)
+    rows = res["rows"]
+    for r in rows:
+        # the llama3 preset's counts (Dubey et al. 2024, Table 5) per 54 days on 16,384 GPUs: 56 unexpected
+        # interruptions charged per job (software bug, dependency), the other 363 per GPU, host or NIC,
+        # all of which scale with the GPU count here (8 GPUs and 8 NICs per host)
+        per_day = (363 * r["gpus"] / 16384 + 56) / 54
+        assert r["interruptions_per_day"] == pytest.approx(per_day, rel=1e-9)
+        # exponential failures, fixed costs: the simulated optimum near Daly's (the quick search's noise;
+        # intervals are whole iterations)
+        assert abs(r["best_interval_s"] - r["daly_interval_s"]) <= max(0.06 * r["daly_interval_s"], r["step_s"]), r
+        # Daly's closed form leaves out the planned stops, which only cost: a little below it
+        assert r["goodput"] < r["daly_goodput"] and r["goodput"] == pytest.approx(r["daly_goodput"], rel=0.02)
+        # hot spares: without any the job waits a day's repair now and then; enough spares never wait
+        by = {p["spares"]: p["goodput"] for p in r["by_spares"]}
+        for p in r["by_spares"]:  # the job runs while nodes in repair <= spares: Poisson (Palm's theorem)
+            assert p["goodput"] == pytest.approx(p["closed_form"], abs=0.05), p
+        assert by[0] < r["unlimited_spares_goodput"] - 0.005
+        assert by[max(by)] == pytest.approx(r["unlimited_spares_goodput"], abs=0.002)
+        # a faster recovery per failure can only raise goodput
+        g = [v["goodput"] for v in sorted(r["by_recovery"], key=lambda v: v["recovery_s"])]
+        assert g == sorted(g, reverse=True)
+    small, large = rows[0], rows[-1]
+    assert large["goodput"] < small["goodput"] and large["best_interval_s"] < small["best_interval_s"]
+    assert large["spares_within_half_point"] >= small["spares_within_half_point"]
 
 
 def test_report_has_every_section_and_picture(out_root):

@@ -193,6 +193,20 @@ def test_without_spares_each_failure_waits_for_the_repair():
         assert out.accounted_s() == pytest.approx(out.horizon_s, rel=1e-9)
 
 
+def test_with_k_spares_the_job_runs_while_at_most_k_nodes_are_in_repair():
+    # Failures take nodes out at rate λ for a repair of D: the nodes in repair are Poisson with
+    # mean m = λ·D (Palm's theorem, an M/G/∞ queue), and with k hot spares the job can run only
+    # while at most k are out, so goodput(k) ≈ goodput(∞)·P(N ≤ k) when detection and restart
+    # are short against the repair
+    m = 3.0
+    cause = _cause(DAY / m, detect_s=30.0, restart_s=30.0, repair_s=DAY, replace=True)
+    runs = {k: simulate_campaign(_config(cause, 600.0, 4000 * DAY, stall_s=5.0, spares=k), seed=5).goodput
+            for k in (None, 0, 1, 3, 6)}
+    for k in (0, 1, 3, 6):  # over 4,000 days the ratio's spread is about 0.005 (8 seeds)
+        cdf = sum(math.exp(-m) * m ** i / math.factorial(i) for i in range(k + 1))
+        assert runs[k] / runs[None] == pytest.approx(cdf, abs=0.025), (k, runs[k] / runs[None], cdf)
+
+
 def test_asynchronous_saves_stall_less_and_become_durable_later():
     cause = _cause(4 * 3600.0)
     sync = simulate_campaign(_config(cause, 900.0, 300 * DAY, stall_s=120.0), seed=4)
@@ -288,3 +302,54 @@ def test_a_failure_file_with_rates_runs():
     assert code == 0 and set(rep["interruptions_by_cause"]) == {"gpu", "net"}
     # a GPU cause scales with the job's 16 GPUs: 1e-4 per GPU-hour
     assert rep["expected_interruptions_by_cause"]["gpu"] == pytest.approx(1e-4 * 16 * 30 * 24)
+
+
+# ----------------------------------------------------------------- the README's example
+def _same_but_last_digits(quoted: str, printed: str) -> bool:
+    """Equal text, and numbers equal to within one unit of their last printed digit."""
+    num = r"-?\d[\d,]*(?:\.\d+)?"
+    import re
+
+    if re.sub(num, "#", quoted) != re.sub(num, "#", printed):
+        return False
+    for a, b in zip(re.findall(num, quoted), re.findall(num, printed)):
+        unit = 10.0 ** -len(a.split(".")[1]) if "." in a else 1.0
+        if abs(float(a.replace(",", "")) - float(b.replace(",", ""))) > unit * 1.01:
+            return False
+    return True
+
+
+def test_readme_quotes_what_goodput_prints(tmp_path):
+    # The README's campaign, with the step time it quotes given instead of simulated (the
+    # iteration of Llama 3 405B on 16,384 GPUs is `trainsim run`'s, checked there): every other
+    # line as printed, numbers to their last digit (a step rounded to 1 ms moves a few by one)
+    import re
+    import tomllib
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    block = re.search(r"```\n\$ trainsim goodput (.*?)```", readme, re.S).group(1)
+    lines = block.splitlines()
+    n = next(i for i, line in enumerate(lines) if not line.rstrip().endswith("\\"))
+    argv = " ".join(line.strip().rstrip("\\") for line in lines[:n + 1]).split()
+    quoted = [line for line in lines[n + 1:] if not line.startswith("wrote ")]
+    step = re.search(r"step time ([\d.]+) s \(simulated iteration\)", block).group(1)
+    i = argv.index("--out")
+    argv = argv[:i] + argv[i + 2:]  # (the pictures are checked elsewhere)
+    code, out, _ = _cli(*argv, "--step-time-s", step)
+    assert code == 0
+    quoted = [q for q in quoted if q.strip()]
+    printed = [p for p in out.splitlines() if p.strip()]
+    assert len(printed) == len(quoted)
+    for q, p in zip(quoted, printed):
+        if q.startswith("step time"):
+            assert p == q.replace("(simulated iteration)", "(given)")
+        else:
+            assert _same_but_last_digits(q, p), (q, p)
+    # the failure file example parses, with the key names the text gives
+    toml = re.search(r"A failure file lists causes.*?```toml\n(.*?)```", readme, re.S).group(1)
+    path = tmp_path / "example.toml"
+    path.write_text(toml)
+    tomllib.loads(toml)
+    model = load_failures(str(path))
+    assert [c.name for c in model.causes] == ["gpu_xid", "rack_power"] and model.causes[0].detect_s == 60

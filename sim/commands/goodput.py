@@ -154,7 +154,13 @@ def _write(rep: dict, study, camp, out: Path) -> None:
     write_json_atomic(rep, out / "goodput.json")
 
 
+TOP_CAUSES = 10
+"""Causes listed one by one (by time lost); the rest are summed in one line."""
+
+
 def _hours(s: float) -> str:
+    if s == 0:
+        return "0"
     if s >= 86400 * 2:
         return f"{s / 86400:.1f} d"
     if s >= 3600:
@@ -188,21 +194,26 @@ def _print(r: dict, prepared) -> None:
           f"{_hours(r['wall_s'])})")
     print(f"  interruptions      {r['unexpected_interruptions']:6d}    unexpected (+ {r['planned_interruptions']} planned)")
     print(f"  checkpoint stalls  {_hours(r['checkpoint_stall_s']):>7}   ({r['checkpoints_durable']:,} checkpoints durable)")
-    print("\n  time lost by cause          count (expected)   lost work     detect       wait    restart   total")
+    heads = ("lost work", "detect", "wait", "restart", "total")
+    print(f"\n  {'time lost by cause':<26} {'count (expected)':>15} " + " ".join(f"{h:>9}" for h in heads))
     lost = r["time_lost_by_cause_s"]
-    names = sorted(lost, key=lambda n: (-lost[n]["total_s"], n))
-    for n in names:
+    names = [n for n in sorted(lost, key=lambda n: (-lost[n]["total_s"], n))
+             if r["interruptions_by_cause"][n] or r["expected_interruptions_by_cause"][n] >= 0.5]
+    for n in names[:TOP_CAUSES]:
         k, e, t = r["interruptions_by_cause"][n], r["expected_interruptions_by_cause"][n], lost[n]
-        if k == 0 and e < 0.5:
-            continue
-        restart = t["restart_s"] + t["save_s"]
-        print(f"  {n:<26} {k:5d} ({e:7.1f})  {_hours(t['lost_work_s']):>10} {_hours(t['detect_s']):>10} "
-              f"{_hours(t['wait_s']):>10} {_hours(restart):>10} {_hours(t['total_s']):>8}")
+        cells = [t["lost_work_s"], t["detect_s"], t["wait_s"], t["restart_s"] + t["save_s"], t["total_s"]]
+        print(f"  {n:<26} {k:5d} ({e:7.1f}) " + " ".join(f"{_hours(v):>9}" for v in cells))
+    rest = names[TOP_CAUSES:]
+    if rest:
+        k = sum(r["interruptions_by_cause"][n] for n in rest)
+        e = sum(r["expected_interruptions_by_cause"][n] for n in rest)
+        print(f"  {f'{len(rest)} more causes':<26} {k:5d} ({e:7.1f}) {'':>39} "
+              f"{_hours(sum(lost[n]['total_s'] for n in rest)):>9}   (--json has each)")
     print("\ncheckpoint interval that maximises goodput:")
     print(f"  simulated          {r['best_checkpoint_interval_s']:9.1f} s   goodput {r['best_goodput'] * 100:.2f}% "
           f"(over {r['search']['horizon_days']:,.0f} simulated days)")
     if r["daly_interval_s"] is not None:
         print(f"  Daly 2006          {r['daly_interval_s']:9.1f} s   closed-form goodput "
-              f"{r['daly_goodput_at_best'] * 100:.2f}% at the simulated best (M {_hours(mtbf)}, "
-              f"checkpoint {ck['stall_s']:.3g} s, restart {r['mean_restart_s']:.0f} s)")
-        print(f"  Young 1974         {r['young_interval_s']:9.1f} s")
+              f"{r['daly_goodput_at_best'] * 100:.2f}% at the simulated best")
+        print(f"  Young 1974         {r['young_interval_s']:9.1f} s   (both with M = {_hours(mtbf)} between unexpected "
+              f"failures, checkpoint {ck['stall_s']:.3g} s, restart {r['mean_restart_s']:.0f} s)")

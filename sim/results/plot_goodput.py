@@ -56,7 +56,7 @@ def _progress_panel(ax, rep, progress, failures, window, categories) -> None:
     w = np.array([p[1] for p in progress]) / DAY
     end = rep["wall_s"] / DAY
     ax.plot([0, end], [0, end], color="#999999", ls="--", lw=1, label="ideal: training all the time")
-    ax.plot(t, w, color=KIND_COLOURS["train"], lw=1.6, label=f"useful training (goodput {rep['goodput'] * 100:.1f}%)")
+    ax.plot(t, w, color="black", lw=1.6, label=f"useful training (goodput {rep['goodput'] * 100:.1f}%)")
     colours = _category_colours(categories.values())
     seen = set()
     for time, cause, planned in failures:
@@ -90,7 +90,7 @@ def _window_panel(ax, spans, failures, window) -> None:
             ax.axvline(x, color="black", lw=0.8)
             ax.text(x, 0.36, cause.replace("_", " "), rotation=90, fontsize=6.5, va="bottom", ha="right")
     ax.set_xlim(0, hours)
-    ax.set_ylim(-0.4, 2.1)
+    ax.set_ylim(-0.4, 3.2)
     ax.set_yticks([])
     ax.set_xlabel(f"hours after day {lo / DAY:.2f} of the campaign")
     ax.set_title(f"{hours:.0f} hours of the campaign, second by second (black lines: interruptions; checkpoint "
