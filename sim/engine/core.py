@@ -80,8 +80,14 @@ def gc_paused():
     allocates millions of small objects and no reference cycles; with the collector on,
     its full passes walk every one of them again and again. On the way out the objects
     still alive are frozen (``gc.freeze``), so that the next full pass does not walk
-    them either; reference counting still frees them as usual."""
+    them either; reference counting still frees them as usual. On the way in, what an
+    earlier run froze is unfrozen and collected once: a process that simulates many plans
+    (``trainsim fit``, a search worker) must let the collector free the cycles runs leave,
+    or they stay for good (7 MB per small run before this, gigabytes over a fit)."""
     was = gc.isenabled()
+    if was:
+        gc.unfreeze()
+        gc.collect()
     gc.disable()
     try:
         yield
