@@ -96,6 +96,7 @@ def _search_simulate(plan: ParallelPlan) -> dict:
 def best_plan(quick: bool, workers: int) -> dict:
     """The best plan ``sim.studies.search`` finds (tensor parallelism inside a node)."""
     from sim.studies import search as S
+    from sim.studies.search_explain import explain
 
     if quick:
         space = S.SearchSpace(tp=(8,), pp=(4, 8), vpp=(1,), micro_batch_size=(1,), zero_stage=(1,),
@@ -118,8 +119,8 @@ def best_plan(quick: bool, workers: int) -> dict:
         res = S.search(MODEL, plans, profile, simulate, margin=1.05, exact=1, wave=wave)
     ranked = [{"key": r["key"], "iteration_s": r["summary"]["iteration_time_s"], "plan": _plan_dict(r)}
               for r in res.ranked]
-    explain = S.explain(res.ranked[0], res.ranked[1] if len(res.ranked) > 1 else None)
-    return {"ranked": ranked, "counts": dict(res.counts), "explain": explain,
+    lines = explain(res.ranked[0], res.ranked[1] if len(res.ranked) > 1 else None)
+    return {"ranked": ranked, "counts": dict(res.counts), "explain": lines,
             "best_summary": res.ranked[0]["summary"]}
 
 
