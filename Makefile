@@ -57,4 +57,6 @@ experiments: $(VENV)/.installed
 	$(BIN)/python experiments/stage_imbalance.py
 	$(BIN)/python experiments/nccl_algorithms.py
 	$(BIN)/python experiments/goodput_scale.py
+	$(BIN)/python experiments/moe_imbalance.py
+	$(BIN)/python experiments/context_parallel.py
 	$(BIN)/python experiments/report.py

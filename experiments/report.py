@@ -36,6 +36,8 @@ EXPERIMENTS = [
     ("stage_imbalance", "Pipeline stage imbalance"),
     ("nccl_algorithms", "NCCL algorithms: all-reduce busbw by algorithm and size"),
     ("goodput_scale", "Goodput from 1K to 100K GPUs: checkpoints, spares, recovery"),
+    ("moe_imbalance", "Expert load imbalance and expert parallelism"),
+    ("context_parallel", "Context vs tensor parallelism at 128K tokens"),
 ]
 
 SEED_CLAIMS = [
@@ -72,6 +74,12 @@ SEED_CLAIMS = [
      "\"About 40 GB\" is right for ZeRO-1; plain DP needs 2.8 TB per GPU (16 bytes per parameter), 350 GB is "
      "the 16-bit weights alone; ZeRO-2 with 24 micro-batches is slower and can run out of memory."),
 ]
+
+
+def number_of(name: str) -> int:
+    """A question's number in the report (its place in ``EXPERIMENTS``), for a script that
+    numbers its own section's heading so that the summary table's link resolves."""
+    return [n for n, _ in EXPERIMENTS].index(name) + 1
 
 
 def _section(out: Path, name: str, number: int) -> str | None:

@@ -12,7 +12,8 @@ EXPERIMENTS = Path(__file__).resolve().parent.parent / "experiments"
 sys.path.insert(0, str(EXPERIMENTS))
 
 NAMES = ("pipeline_bubble", "allreduce_scaling", "tensor_parallel", "zero_stages", "gpt3_3d",
-         "grad_accumulation", "megatron_table2", "stage_imbalance", "nccl_algorithms", "goodput_scale")
+         "grad_accumulation", "megatron_table2", "stage_imbalance", "nccl_algorithms", "goodput_scale",
+         "moe_imbalance", "context_parallel")
 
 
 @pytest.fixture(scope="module")
@@ -300,6 +301,108 @@ def test_goodput_scale_follows_daly_and_the_device_count(out_root):
     small, large = rows[0], rows[-1]
     assert large["goodput"] < small["goodput"] and large["best_interval_s"] < small["best_interval_s"]
     assert large["spares_within_half_point"] >= small["spares_within_half_point"]
+
+
+def test_moe_imbalance_follows_the_routing_closed_forms(out_root):
+    import moe_imbalance
+
+    res = _run("moe_imbalance", out_root)
+    rows = res["rows"]
+    by = {(r["ep"], r["etp"], r["routing"]): r for r in rows}
+    for r in rows:
+        if r["routing"] == "balanced":
+            # every rank receives the mean; each dispatch or combine all-to-all (forward, backward and,
+            # under full recomputation, forward again; every MoE layer and micro-batch) puts
+            # T·k·h·bytes·(ep−1)/ep of rank 0's bytes on the wire
+            assert r["imbalance_mean"] == r["imbalance_max"] == 1.0
+            per = r["tokens_per_rank"] * r["topk"] * r["hidden"] * 2 * (r["ep"] - 1) / r["ep"]
+            passes = 4 + 2 * (r["recompute"] == "full")
+            assert r["a2a_bytes_rank0"] == pytest.approx(passes * r["moe_layers"] * r["m"] * per)
+        if r["ep"] == 1:
+            # one rank holds (a slice of) every expert: no routing unbalances it, no skew costs anything
+            assert r["imbalance_mean"] == 1.0 and r["a2a_bytes_rank0"] == 0
+            assert r["iteration_s"] == by[(1, r["etp"], "balanced")]["iteration_s"]
+    skews = res["zipf_skews"]
+    for ep, etp in {(r["ep"], r["etp"]) for r in rows if r["ep"] > 1}:
+        # more skew, more imbalance, a slower step
+        zipf = [by[(ep, etp, f"zipf:{s:g}")] for s in skews]
+        assert [r["imbalance_mean"] for r in zipf] == sorted(r["imbalance_mean"] for r in zipf)
+        assert [r["iteration_s"] for r in zipf] == sorted(r["iteration_s"] for r in zipf)
+        assert zipf[-1]["imbalance_mean"] > zipf[0]["imbalance_mean"] + 0.1 and zipf[-1]["cost_s"] > 0
+    E = rows[0]["experts"]
+    for s in skews:
+        # one expert per rank: the busiest gets E/H(E, S) times the mean, within the multinomial
+        # draw's noise (4 standard deviations of the busiest expert's share of N = E·T·k copies)
+        r = by[(E, 1, f"zipf:{s:g}")]
+        closed = moe_imbalance.zipf_closed_imbalance(E, s)
+        n, p = E * r["tokens_per_rank"] * r["topk"], closed / E
+        assert abs(r["imbalance_mean"] - closed) <= 4 * E * (p * (1 - p) / n) ** 0.5, (s, r["imbalance_mean"])
+        # and more ranks share fewer experts each: the imbalance grows with ep
+        assert r["imbalance_mean"] >= by[(E // 2, 1, f"zipf:{s:g}")]["imbalance_mean"] - 0.01
+    # the same memory (experts split 8 ways), balanced: expert TP's all-gathers bring every rank etp·T·k
+    # tokens where an all-to-all brings T·k, so all-EP exposes less expert communication than all-ETP
+    assert by[(E, 1, "balanced")]["exposed_ep_s"] < by[(1, E, "balanced")]["exposed_ep_s"]
+    # a reported crossover lies where the two placements' step times change order
+    for family, cs in res["crossovers"].items():
+        fam = moe_imbalance.family_rows(rows, family)
+        for c in cs:
+            d = {s: fam[(c["big"], f"zipf:{s:g}")]["iteration_s"] - fam[(c["small"], f"zipf:{s:g}")]["iteration_s"]
+                 for s in skews}
+            below = [s for s in skews if s <= c["s"]]
+            above = [s for s in skews if s > c["s"]]
+            if c["where"] == "at":
+                assert d[below[-1]] <= 0 < d[above[0]]
+            elif c["where"] == "below":
+                assert d[skews[0]] > 0
+
+
+def test_context_parallel_divides_activations_and_hides_its_exchanges(out_root):
+    import context_parallel
+
+    res = _run("context_parallel", out_root)
+    rows = res["rows"]
+    at = [r for r in rows if r["seq"] == context_parallel.SEQ]
+    # each cp rank holds s/cp of every token-wise activation: at fixed tp and recomputation,
+    # activations per GPU are divided by cp exactly (and equal for equal tp·cp, sequence parallel)
+    groups = {}
+    for r in at:
+        groups.setdefault((r["tp"], r["recompute"]), []).append(r)
+    pairs = 0
+    for g in groups.values():
+        for a in g:
+            for b in g:
+                if b["cp"] > a["cp"]:
+                    assert b["activations_gb"] == pytest.approx(a["activations_gb"] * a["cp"] / b["cp"], rel=1e-12)
+                    pairs += 1
+    assert pairs >= 4
+    for r in at:
+        same = [x for x in at if x["tp"] * x["cp"] == r["tp"] * r["cp"] and x["recompute"] == r["recompute"]]
+        assert all(x["activations_gb"] == pytest.approx(r["activations_gb"], rel=1e-12) for x in same)
+    for r in rows:
+        # the bytes a rank hands to its context-parallel exchanges, with B = (s/cp)·(kv width/tp)·2 bytes
+        # per layer and sequence: ring attention shifts B (cp−1) times forward, 2B (cp−1) times backward
+        # and B home; the all-gather variant gathers cp·B twice and reduce-scatters cp·B; full
+        # recomputation repeats the forward's
+        cp, tp, full = r["cp"], r["tp"], r["recompute"] == "full"
+        B = r["seq"] // cp * r["kv_width"] // tp * 2
+        per = (0 if cp == 1 else (3 + full) * cp * B if r["cp_comm"] == "all-gather"
+               else (3 * (cp - 1) + 1 + full * (cp - 1)) * B)
+        assert r["cp_bytes_rank0"] == pytest.approx(per * r["layers"] * r["sequences"])
+        # exposed communication: none of a kind without its group, never more than that kind's
+        # communication time, and compute + exposed + idle is the iteration
+        assert (r["exposed_tp_s"] > 0) == (tp > 1) and (r["exposed_cp_s"] > 0) == (cp > 1)
+        assert r["exposed_tp_s"] <= r["tp_busy_s"] + 1e-12 and r["exposed_cp_s"] <= r["cp_busy_s"] + 1e-12
+        assert r["compute_s"] + r["exposed_tp_s"] + r["exposed_cp_s"] + r["exposed_other_s"] + r["idle_s"] == \
+            pytest.approx(r["iteration_s"], rel=1e-9)
+    # TP keeps its b·s·h collectives on the critical path; the ring's key/value exchanges inside one
+    # node run beside the attention steps, so most of their time is hidden
+    one = [r for r in at if r["nodes"] == 1]
+    for r in one:
+        if r["cp"] > 1 and r["cp_comm"] == "p2p":
+            assert r["exposed_cp_s"] < 0.5 * r["cp_busy_s"], r
+    # only TP divides the weights: at fixed tp·cp they grow as 1/tp
+    w = {r["tp"]: r["weights_grads_gb"] for r in one}
+    assert all(w[t] == pytest.approx(w[8] * 8 / t, rel=0.01) for t in w)
 
 
 def test_report_has_every_section_and_picture(out_root):
