@@ -122,6 +122,17 @@ def poisson_cdf(k: int, mean: float) -> float:
     return min(1.0, total)
 
 
+def _frame(ax, xlabel: str, ylabel: str, title: str, target: bool = False, legend: float = 8) -> None:
+    """Log x axis, labels, title, legend, and the 90% line where goodput is drawn."""
+    if target:
+        ax.axhline(TARGET * 100, color="black", lw=0.8)
+    ax.set_xscale("log")
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.legend(fontsize=legend)
+
+
 def plot(rows, path: Path) -> None:
     plt = pyplot()
     fig, axes = plt.subplots(2, 2, figsize=(13, 9.5))
@@ -134,48 +145,31 @@ def plot(rows, path: Path) -> None:
         ys = [next((p["goodput"] for p in r["by_spares"] if p["spares"] == k), None) for r in rows]
         if all(y is not None for y in ys):
             ax.plot(n, [y * 100 for y in ys], "s:", ms=4, color=c, label=f"simulated, {k} hot spares (1-day repair)")
-    ax.axhline(TARGET * 100, color="black", lw=0.8)
-    ax.set_xscale("log")
-    ax.set_xlabel("GPUs (H100)")
-    ax.set_ylabel("goodput (% of wall time on useful training)")
-    ax.set_title("Goodput at the best checkpoint interval (10 min detection + 10 min restart)")
-    ax.legend(fontsize=8)
+    _frame(ax, "GPUs (H100)", "goodput (% of wall time on useful training)",
+           "Goodput at the best checkpoint interval (10 min detection + 10 min restart)", target=True)
     ax = axes[0][1]
     ax.plot(n, [r["best_interval_s"] for r in rows], "o", color="#c44e52", label="simulated best")
     ax.plot(n, [r["daly_interval_s"] for r in rows], "--", color="black", label="Daly 2006")
     ax.plot(n, [r["young_interval_s"] for r in rows], ":", color="black", label="Young 1974")
-    ax.set_xscale("log")
     ax.set_yscale("log")
-    ax.set_xlabel("GPUs (H100)")
-    ax.set_ylabel("checkpoint interval (s of training between saves)")
-    ax.set_title("The interval that maximises goodput (checkpoint stall 2.84 s)")
-    ax.legend(fontsize=8)
+    _frame(ax, "GPUs (H100)", "checkpoint interval (s of training between saves)",
+           "The interval that maximises goodput (checkpoint stall 2.84 s)")
     ax = axes[1][0]
     cmap = plt.get_cmap("viridis")
     for i, r in enumerate(rows):
-        ax.plot([max(p["spares"], 0.5) for p in r["by_spares"]], [p["closed_form"] * 100 for p in r["by_spares"]],
-                "--", lw=0.8, color=cmap(i / max(1, len(rows) - 1)))
-        ax.plot([max(p["spares"], 0.5) for p in r["by_spares"]], [p["goodput"] * 100 for p in r["by_spares"]], "o",
-                ms=3.5,
-                color=cmap(i / max(1, len(rows) - 1)), label=f"{r['gpus']:,} GPUs (mean in repair "
-                                                              f"{r['in_repair_mean']:.1f} nodes)")
-    ax.set_xscale("log")
-    ax.set_xlabel("hot spare nodes (0 drawn at 0.5)")
-    ax.set_ylabel("goodput (%)")
-    ax.set_title("Hot spares (a failed node back after 1 day): simulated (dots), and unlimited-spare\n"
-                 "goodput x P(nodes in repair <= spares), Poisson (dashed)", fontsize=10)
-    ax.legend(fontsize=7)
+        colour, ks = cmap(i / max(1, len(rows) - 1)), [max(p["spares"], 0.5) for p in r["by_spares"]]
+        ax.plot(ks, [p["closed_form"] * 100 for p in r["by_spares"]], "--", lw=0.8, color=colour)
+        ax.plot(ks, [p["goodput"] * 100 for p in r["by_spares"]], "o", ms=3.5, color=colour,
+                label=f"{r['gpus']:,} GPUs (mean in repair {r['in_repair_mean']:.1f} nodes)")
+    _frame(ax, "hot spare nodes (0 drawn at 0.5)", "goodput (%)",
+           "Hot spares (a failed node back after 1 day): simulated (dots), and unlimited-spare\n"
+           "goodput x P(nodes in repair <= spares), Poisson (dashed)", legend=7)
     ax = axes[1][1]
     for i, r in enumerate(rows):
         ax.plot([v["recovery_s"] / 60 for v in r["by_recovery"]], [v["goodput"] * 100 for v in r["by_recovery"]],
-                "o-", ms=3,
-                color=cmap(i / max(1, len(rows) - 1)), label=f"{r['gpus']:,} GPUs")
-    ax.axhline(TARGET * 100, color="black", lw=0.8)
-    ax.set_xscale("log")
-    ax.set_xlabel("recovery per failure: detection + restart (minutes)")
-    ax.set_ylabel("goodput at the best interval (%)")
-    ax.set_title("What recovery time keeps goodput above 90%")
-    ax.legend(fontsize=7)
+                "o-", ms=3, color=cmap(i / max(1, len(rows) - 1)), label=f"{r['gpus']:,} GPUs")
+    _frame(ax, "recovery per failure: detection + restart (minutes)", "goodput at the best interval (%)",
+           "What recovery time keeps goodput above 90%", target=True, legend=7)
     fig.suptitle("Llama 3 405B on H100s with the Llama 3 paper's failure rates per device (trainsim goodput)")
     fig.tight_layout()
     save(fig, path)
@@ -206,14 +200,15 @@ def main(argv=None) -> dict:
         f"{first['in_repair_mean']:.1f} to {last['in_repair_mean']:.1f}, and the job runs only while they are no "
         f"more than the spares (the simulated goodput follows that closed form within "
         f"{_spare_err(rows) * 100:.1f} points). Keeping 90% "
-        f"needs a faster recovery (detection + restart) per failure — at most {rec}.")
+        f"needs a faster recovery per failure: the longest detection + restart tried (1 to 20 min) that keeps "
+        f"it is {rec}.")
     table = md_table(flat, [("gpus", "GPUs", ",d"), ("mtbf_h", "MTBF h", ".2f"), ("step_s", "step s", ".2f"),
                             ("best_interval_s", "best interval s", ".0f"), ("daly_interval_s", "Daly s", ".0f"),
                             ("young_interval_s", "Young s", ".0f"), ("goodput", "goodput", ".3f"),
                             ("daly_goodput", "Daly goodput", ".3f"), ("in_repair_mean", "mean in repair", ".1f"),
                             ("spares_within_half_point", "spares (≤0.5 pt)", ""),
                             ("max_recovery_for_target_s", "max recovery for 90% (s)", ".0f")])
-    write_verdict(args, title="Goodput from 1K to 100K GPUs", question=(
+    write_verdict(args, title=f"{_number()}Goodput from 1K to 100K GPUs", question=(
         "How does goodput fall from 1K to 100K GPUs, and what checkpoint interval and spare count keep it above "
         "90%?"), setup=(
             "Llama 3 405B (tp 8, pp 16, 16 micro-batches of 8K tokens per data-parallel replica: weak scaling, a "
@@ -234,6 +229,15 @@ def main(argv=None) -> dict:
                   f"(Daly within {_max_err(rows):.1f}%); 90% needs recovery ≤ {_minutes(last['max_recovery_for_target_s'])} "
                   f"per failure at {last['gpus']:,} GPUs"))
     return results
+
+
+def _number() -> str:
+    """This question's number in the report (its place in report.EXPERIMENTS), so that the
+    summary table's link to the section resolves."""
+    from report import EXPERIMENTS
+
+    names = [n for n, _ in EXPERIMENTS]
+    return f"{names.index(NAME) + 1}. " if NAME in names else ""
 
 
 def _spares(r) -> str:

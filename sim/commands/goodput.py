@@ -67,7 +67,8 @@ def add_arguments(p) -> None:
     g.add_argument("--failures", default="llama3", metavar="PRESET|FILE.toml",
                    help=f"failure rates per device-hour and costs: {', '.join(preset_names())} or a TOML file "
                         "(default llama3: the Llama 3 paper's interruption table)")
-    g.add_argument("--days", type=DAYS, default=54.0, help="wall-clock length of the campaign, days (default 54)")
+    g.add_argument("--days", type=DAYS, default=54.0, help="wall-clock length of the campaign, days (default 54; up to 36,500: the campaign steps from "
+                        "interruption to interruption, never iteration by iteration)")
     g.add_argument("--checkpoint-interval", type=str, default="auto", metavar="S|auto",
                    help="training seconds between checkpoint saves, rounded to whole iterations; auto: the "
                         "interval with the best simulated goodput (default auto)")

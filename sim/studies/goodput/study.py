@@ -154,8 +154,7 @@ def report(study: Study, cfg: CampaignConfig, camp, search, seed: int, auto: boo
         "days": camp.horizon_s / DAY_S,
         "seed": seed,
         "unexpected_interruptions": camp.unexpected,
-        "planned_interruptions": sum(n for c in study.failures.causes if c.planned
-                                     for n in [camp.interruptions[c.name]]),
+        "planned_interruptions": sum(camp.interruptions[c.name] for c in study.failures.causes if c.planned),
         "interruptions_by_cause": dict(camp.interruptions),
         "expected_interruptions_by_cause": {c.name: rates[c.name] * camp.horizon_s for c in study.failures.causes},
         "time_lost_by_cause_s": lost,
