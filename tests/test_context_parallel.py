@@ -91,3 +91,18 @@ def test_bad_context_parallel_input_is_one_line():
         ParallelPlan(dp=1, cp=2, attention="unfused")
     with pytest.raises(InputError, match=r"cp_comm_type: got 'ring'"):
         ParallelPlan(dp=1, cp=2, cp_comm_type="ring")
+
+
+def test_tp_comm_overlap_keeps_the_ring_exchange_beside_the_compute():
+    from sim.program.tp import TP_COMM_STREAM
+    from sim.program.training import build_program
+
+    plan = ParallelPlan(dp=1, cp=2, tp=2, sequence_parallel=True, tp_comm_overlap=True, global_batch_size=1)
+    _, prog = build_program(TINY, plan, A100)
+    shifts = [a for a in prog.actions[0] if a.category == "cp" and a.op == "shift"]
+    assert shifts and all(a.stream in (TP_COMM_STREAM, "compute") for a in shifts)
+    assert sum(a.stream == TP_COMM_STREAM for a in shifts) == len(shifts) - TINY.num_layers  # but the dkv homes
+    waiting = [a for a in prog.actions[0] if any(d in {s.name for s in shifts} for d in a.deps)
+               and a.kind == "compute"]
+    assert waiting                                          # the attention steps wait for their chunk
+    simulate_training(TINY, plan, A100, load_topology("dgx-a100"), fidelity="full")

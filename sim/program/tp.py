@@ -80,7 +80,7 @@ def overlapped_layer(items, layer, time_of: Callable, tp: int, is_comm: Callable
     def main(seg: Segment) -> None:
         nonlocal pending, last_main
         if pending:
-            seg = replace(seg, waits=seg.waits + (pending[-1],))
+            seg = replace(seg, waits=seg.waits + tuple(dict.fromkeys(pending)))
             pending = []
         last_main = base + len(out)
         out.append(seg)
@@ -92,7 +92,9 @@ def overlapped_layer(items, layer, time_of: Callable, tp: int, is_comm: Callable
             dur = flops = 0.0
 
     def gemm(it) -> bool:
-        return it is not None and not is_comm(it) and it.kind == "gemm"
+        return it is not None and not tp_comm(it) and it.kind == "gemm"
+
+    side: dict[str, int] = {}  # collectives beside the compute (ring attention's shifts) by name
 
     n = len(items)
     # A weight gradient's input all-gather needs nothing of this step: it goes first, whole,
@@ -134,10 +136,18 @@ def overlapped_layer(items, layer, time_of: Callable, tp: int, is_comm: Callable
             pending = [base + len(out) - 1]
             i += 2
             continue
-        if tp_comm(it):
+        if tp_comm(it) and getattr(it, "side", False):  # issued now on the side stream, from the main one
+            flush()
+            side[it.name] = base + len(out)
+            out.append(Segment("collective", op=op_of(it), nbytes=it.nbytes, layer=layer, group=group_of(it),
+                               side=True, waits=(last_main,) if last_main >= 0 else ()))
+        elif tp_comm(it):
             flush()
             main(Segment("collective", op=op_of(it), nbytes=it.nbytes, layer=layer, group=group_of(it)))
         else:
+            if getattr(it, "after", None) in side:  # needs that side collective: a new piece waits for it
+                flush()
+                pending.append(side[it.after])
             dur += time_of(it)
             flops += it.flops
         i += 1

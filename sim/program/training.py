@@ -100,10 +100,10 @@ class _Segments:
         segs: list[passes.Segment] = []
         for lid, items in parts:
             if self.plan.tp_comm_overlap and self.plan.tp > 1:
-                segs += overlapped_layer(items, lid, lambda op: op_time(op, self.profile), self.plan.tp,
-                                         lambda it: isinstance(it, Comm) and self._sizes[it.group] > 1,
-                                         lambda c: _COLLECTIVE[c.collective], base=len(segs),
-                                         group_of=lambda c: c.group)
+                live = [it for it in items if not isinstance(it, Comm) or self._sizes[it.group] > 1]
+                segs += overlapped_layer(live, lid, lambda op: op_time(op, self.profile), self.plan.tp,
+                                         lambda it: isinstance(it, Comm), lambda c: _COLLECTIVE[c.collective],
+                                         base=len(segs), group_of=lambda c: c.group)
                 continue
             dur = flops = 0.0
             side: dict[str, int] = {}  # side collectives of the layer by name -> their segment's position
