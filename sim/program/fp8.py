@@ -41,8 +41,10 @@ Weight gradient (W)
   MLP-down do the same under sequence parallelism (without it their input was transposed
   in the forward cast).
 
-Transposes that TE runs before the GEMM they feed are placed right after the GEMM beside
-them: on one stream the order inside a phase does not change its time, and each
+The kernels are named after the GEMM they serve: ``mlp.down.to_fp8`` (a cast),
+``mlp.down.to_fp8_t`` (a cast with its transpose), ``mlp.down.weight_to_fp8_t``,
+``mlp.down.dgrad.to_fp8_t``, ``mlp.down.wgrad.transpose``. Transposes that TE runs before
+the GEMM they feed are placed right after the GEMM beside them: on one stream the order inside a phase does not change its time, and each
 all-gather stays next to the GEMM it feeds (``sim.program.tp`` overlaps such pairs).
 
 Amax: TE's cast kernels record each tensor's absolute maximum as they write it, so the
@@ -126,11 +128,11 @@ def _as_fp8(op):
     return replace(op, dtype="fp8", bytes_read=float(FP8_BYTES * (m * k + k * n) * op.batch))
 
 
-def _insert_before(out: list, items: list, gather_first: bool = True) -> None:
+def _insert_before(out: list, items: list) -> None:
     """Put ``items`` at the end of ``out``, ahead of an all-gather that ends it (so the
     gather stays next to the GEMM that follows)."""
     at = len(out)
-    if gather_first and out and getattr(out[-1], "collective", None) == "all_gather":
+    if out and getattr(out[-1], "collective", None) == "all_gather":
         at -= 1
     out[at:at] = items
 
@@ -168,25 +170,25 @@ def fp8_layer_work(work, fp8_format: str | None, tp: int = 1, sequence_parallel:
             pre = []
             if base in ROW_PARALLEL:
                 x = m * k * it.batch
-                pre.append(_memory(it, "input_cast" if sp else "input_cast_transpose", BF16_BYTES * x,
+                pre.append(_memory(it, "to_fp8" if sp else "to_fp8_t", BF16_BYTES * x,
                                    FP8_BYTES * x * (1 if sp else 2)))
             if not it.recompute:
                 w = k * n * it.batch / microbatches
-                pre.append(_memory(it, "weight_cast_transpose", BF16_BYTES * w, 2 * FP8_BYTES * w))
+                pre.append(_memory(it, "weight_to_fp8_t", BF16_BYTES * w, 2 * FP8_BYTES * w))
             _insert_before(out, pre)
             out.append(gemm)
         elif role == "dgrad":
             g = m * k * it.batch  # the output gradient, tokens x the forward GEMM's outputs
             if base in ROW_PARALLEL and sp:  # the local shard cast before its all-gather; transposed once gathered
-                _insert_before(out, [_memory(it, "grad_cast", BF16_BYTES * g / tp, FP8_BYTES * g / tp)])
-                out += [gemm, _memory(it, "grad_transpose", FP8_BYTES * g, FP8_BYTES * g)]
+                _insert_before(out, [_memory(it, "to_fp8", BF16_BYTES * g / tp, FP8_BYTES * g / tp)])
+                out += [gemm, _memory(it, "transpose", FP8_BYTES * g, FP8_BYTES * g)]
             else:
-                _insert_before(out, [_memory(it, "grad_cast_transpose", BF16_BYTES * g, 2 * FP8_BYTES * g)])
+                _insert_before(out, [_memory(it, "to_fp8_t", BF16_BYTES * g, 2 * FP8_BYTES * g)])
                 out.append(gemm)
         else:  # wgrad
             out.append(gemm)
             if base in NORM_FUSED or sp:
                 x = m * k * it.batch  # the saved FP8 input, inputs x tokens
-                out.append(_memory(it, "input_transpose", FP8_BYTES * x, FP8_BYTES * x))
+                out.append(_memory(it, "transpose", FP8_BYTES * x, FP8_BYTES * x))
     return replace(work, items=tuple(out))
 
