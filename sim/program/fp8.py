@@ -25,7 +25,8 @@ Forward
   passes ``is_first_microbatch`` and TE caches the FP8 copies (``get_fp8_workspace``,
   ``update_workspace = is_first_microbatch is None or is_first_microbatch``) for the
   other micro-batches. The program gives every micro-batch the same work, so each
-  forward carries 1/m of that cast (m micro-batches): the same bytes per step, spread.
+  forward carries 1/m of that cast (m micro-batches): the same bytes per step, spread
+  (the kernel's launch cost, a few microseconds, is then charged m times instead of once).
   Recomputed forwards reuse the cached copies.
 Backward (B)
 - Gradient of a row-parallel GEMM (projection, MLP-down) under sequence parallelism:
