@@ -163,9 +163,11 @@ def simulate_training(model: ModelSpec, plan: ParallelPlan, profile: HardwarePro
                         max_events=max_events, collective_model=collective_model, nccl=alone)
         schedule, prog = build(profile=profile) if mixed is None else build_mixed(
             lambda p: build(profile=p), mixed.profiles, mixed.of_rank)
-    trace = simulate(prog, topology, link_efficiency=profile.link_efficiencies(), fluid_collectives=flows,
-                     overlap_slowdown=profile.overlap_compute_slowdown, nccl=nccl,
-                     gpu_slowdown=stragglers.slow if stragglers else None)
+        # (inside the same pause: the engine's own finds the collector off and leaves the
+        # program it was given alone, instead of walking it once more)
+        trace = simulate(prog, topology, link_efficiency=profile.link_efficiencies(), fluid_collectives=flows,
+                         overlap_slowdown=profile.overlap_compute_slowdown, nccl=nccl,
+                         gpu_slowdown=stragglers.slow if stragglers else None)
     return TrainingRun(model, plan, profile, topology, schedule, prog, trace, fidelity, reason,
                        "flows" if flows else "steps", stragglers or None, mixed)
 
