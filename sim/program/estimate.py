@@ -104,6 +104,12 @@ def model_flops_per_sequence(model: ModelSpec, recompute: str = "none") -> float
     return total
 
 
+def group_comm_time(c, n: int, link: str, profile: HardwareProfile) -> float:
+    """An expert- or context-parallel collective ``c`` over ``n`` ranks: the bytes leaving a
+    rank, (n-1)/n of the buffer (all of it for a ring shift), over ``link``."""
+    return transfer_time(c.nbytes if c.collective == "shift" else c.nbytes * (n - 1) / n, link, profile)
+
+
 def layer_phase_times(model: ModelSpec, plan: ParallelPlan, profile: HardwareProfile, tp_link: str,
                  gpus_per_node: int, dtype: str, moe: bool) -> dict:
     """Per phase (compute_s, comm_s) of one layer and micro-batch (an MoE one under balanced
@@ -132,8 +138,7 @@ def layer_phase_times(model: ModelSpec, plan: ParallelPlan, profile: HardwarePro
         for c in work.comms(ph):
             n = sizes.get(c.group, 1)
             if n > 1 and not c.side:
-                comm += transfer_time(c.nbytes if c.collective == "shift" else c.nbytes * (n - 1) / n,
-                                      link[c.group], profile)
+                comm += group_comm_time(c, n, link[c.group], profile)
         out[ph] = (comp, comm)
     return out
 

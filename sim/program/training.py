@@ -116,10 +116,10 @@ class _Segments:
                     if self._sizes[it.group] > 1:
                         if it.side:  # issued now, beside the compute that follows (ring attention)
                             side[it.name] = len(segs)
-                            main = [k for k, g in enumerate(segs) if not g.side]
+                            main = next((k for k in range(len(segs) - 1, -1, -1) if not segs[k].side), None)
                             segs.append(passes.Segment("collective", op=_COLLECTIVE[it.collective], nbytes=it.nbytes,
                                                        layer=lid, group=it.group, side=True,
-                                                       waits=(main[-1],) if main else ()))
+                                                       waits=() if main is None else (main,)))
                         else:
                             segs.append(passes.Segment("collective", op=_COLLECTIVE[it.collective],
                                                        nbytes=it.nbytes, layer=lid, group=it.group))

@@ -22,8 +22,8 @@ from __future__ import annotations
 from sim.inputs.hardware import HardwareProfile
 from sim.inputs.model import ModelSpec
 from sim.inputs.plan import ParallelPlan
-from sim.program.costs import collective_time, op_time, transfer_time
-from sim.program.estimate import estimate
+from sim.program.costs import collective_time, op_time
+from sim.program.estimate import estimate, group_comm_time
 from sim.program.fp8 import fp8_layer_work
 from sim.inputs.experts import Folding
 from sim.program.workload import Comm, Op, Work, embedding_work, head_work, layer_work, local_sequence
@@ -70,8 +70,7 @@ def _comm_row(c: Comm, plan: ParallelPlan, link: str, profile: HardwareProfile, 
     else:  # expert- or context-parallel: the bytes leaving a rank over its group's link (estimate's pricing)
         n = {"ep": plan.ep, "etp": plan.etp_size, "cp": plan.cp}[c.group]
         link = (links or {}).get(c.group, "nvlink")
-        sent = c.nbytes if c.collective == "shift" else c.nbytes * (n - 1) / n
-        t = transfer_time(sent, link, profile) if n > 1 else 0.0
+        t = group_comm_time(c, n, link, profile) if n > 1 else 0.0
     return {"phase": "R" if c.recompute else c.phase, "name": c.name,
             "kind": f"{'ep' if c.group == 'etp' else c.group} comm", "collective": c.collective, "bytes": c.nbytes, "ranks": n, "link": link, "time_s": t,
             "group": c.group, "beside_compute": c.side}
