@@ -32,8 +32,10 @@ $(VENV)/.installed-test: pyproject.toml Makefile | $(BIN)/python
 run: $(VENV)/.installed
 	$(BIN)/trainsim demo --out out/demo
 
+# One pytest worker per core (pytest-xdist), each taking whole test files, so a file's
+# module-scoped fixtures (the experiments' quick runs, the fit's truth profile) run once.
 test: $(VENV)/.installed-test
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest -n auto --dist loadfile
 
 # The property tests with hypothesis' "fuzz" profile (tests/_hypothesis_profiles.py): random
 # seeds, 500-2000 examples per test instead of the CI profile's few dozen; a few minutes.
