@@ -183,6 +183,21 @@ def test_the_published_runs_read_into_groups():
     nemotron = next(r for r in runs if r.values["hidden_size"] == 18432)
     assert nemotron.values["num_query_groups"] == 8 and nemotron.values["group_query_attention"]
     assert nemotron.values["sequence_parallel"] is True and "sequence_parallel" in nemotron.filled
+    # the benchmark's own configuration (dgxc-benchmarking v25.02 nemotron4-340b-synth.yaml) recomputes the core
+    # attention: the source's setting, not the general blank default, and no other source takes it
+    assert nemotron.values["recompute_granularity"] == "selective" and "recompute_granularity" not in nemotron.filled
+    assert {r.values["recompute_granularity"] for r in runs if "recompute_granularity" in r.filled} == {"none"}
+    assert all("recompute_granularity" in r.filled for r in runs if r.source.startswith("NVIDIA/dgxc")
+               and "Nemotron" not in r.source)
+
+
+def test_a_cell_beats_its_source_setting_and_the_source_beats_the_blank(tmp_path):
+    cells = dict(MODELS["a"], source="DGX Cloud Nemotron-4 340B rerun", gpu="a100-80gb", precision="bf16", gpus=8,
+                 sequence_parallel="false", global_batch_size=8, needs="", measured_iteration_time_s="1.0")
+    rows = [cells, dict(cells, recompute_granularity="full")]
+    runs = read_runs(_write(tmp_path / "runs.csv", rows, COLUMNS + ["recompute_granularity"]))
+    assert runs[0].values["recompute_granularity"] == "selective" and "recompute_granularity" not in runs[0].filled
+    assert runs[1].values["recompute_granularity"] == "full"
 
 
 def test_parameters_are_profile_fields_by_dotted_path():

@@ -71,8 +71,10 @@ BLANKS = {
         None, "not interleaved: Megatron-LM's 1F1B without the flag (Narayanan et al.'s Table 2 prints no schedule)"),
     "context_parallel_size": (1, "no context parallelism (Megatron-LM's default)"),
     "micro_batch_size": (1, "Megatron-LM's default"),
-    "recompute_granularity": ("none", "no recomputation: the default of Megatron-LM and of NeMo 2.0's GPT-3 175B "
-                                      "and Nemotron-4 340B recipes, which the DGX Cloud benchmarks run"),
+    "recompute_granularity": ("none", "no recomputation: Megatron-LM's default, and what the DGX Cloud benchmarks' "
+                                      "GPT-3 175B and Llama 3.1 configurations set (NVIDIA/dgxc-benchmarking v25.02: "
+                                      "gpt3_175b_hydra.yaml, llama3.1_8b.yaml, llama3.1_405b.yaml: "
+                                      "activations_checkpoint_granularity null); Nemotron-4 340B's is in BY_SOURCE"),
     "sequence_parallel": (_sequence_parallel_default,
                           "on when tensor-parallel (tp > 1): NeMo 2.0's GPT-3 175B and Nemotron-4 340B recipes set "
                           "sequence_parallel=True with tp > 1; off at tp 1 (Megatron-LM's default)"),
@@ -92,9 +94,12 @@ BY_SOURCE = (
      "Megatron-LM in 2021 had no fused attention kernel (FlashAttention, Dao et al., came in 2022; Megatron-LM's "
      "--use-flash-attn later): its core attention wrote the s x s scores (QK^T, fused scale-mask-softmax, dropout, AV)"),
     ("Nemotron-4 340B", {"position_embedding_type": "rope", "disable_bias_linear": True,
-                         "untie_embeddings_and_output_weights": True, "hidden_dropout": 0.0, "attention_dropout": 0.0},
+                         "untie_embeddings_and_output_weights": True, "hidden_dropout": 0.0, "attention_dropout": 0.0,
+                         "recompute_granularity": "selective"},
      "the Nemotron-4 architecture (Nemotron-4 15B and 340B technical reports, NVIDIA 2024): rotary position "
-     "embeddings, no bias terms, untied input and output embeddings, dropout 0"),
+     "embeddings, no bias terms, untied input and output embeddings, dropout 0; and the benchmark's configuration "
+     "(NVIDIA/dgxc-benchmarking v25.02 nemotron/nemotron4-340b-synth.yaml: activations_checkpoint_granularity "
+     "selective, which its configure.sh does not override): the core attention recomputed in backward"),
 )
 """Settings a source's rows take for columns the file does not have: the framework or
 model facts of that source, each with the reason. Columns the file has win."""
@@ -215,16 +220,16 @@ def _run(path, line: int, cells: dict) -> MeasuredRun:
         fill = BLANKS[name][0]
         return fill(values) if callable(fill) else fill
 
-    for name in ("num_query_groups", "ffn_hidden_size", "num_virtual_stages_per_pipeline_rank", "micro_batch_size",
-                 "recompute_granularity", "sequence_parallel"):
-        if name not in values and (fill := blank(name)) is not None:
-            values[name] = fill
-    by_source = []
+    by_source = []  # (before the blanks: what a source is known to have run beats a general default)
     for text, settings, _ in BY_SOURCE:
         if text in cells.get("source", ""):
             by_source.append(text)
             for name, value in settings.items():
                 values.setdefault(name, value)
+    for name in ("num_query_groups", "ffn_hidden_size", "num_virtual_stages_per_pipeline_rank", "micro_batch_size",
+                 "recompute_granularity", "sequence_parallel"):
+        if name not in values and (fill := blank(name)) is not None:
+            values[name] = fill
     activation = cells.get("activation") or blank("activation")
     if activation not in ACTIVATIONS:
         raise _bad(path, line, "activation", activation, f"allowed: {', '.join(ACTIVATIONS)}")
