@@ -61,6 +61,14 @@ def _wait_quiet(limit_s: float, load: float) -> float:
     return time.monotonic() - start
 
 
+def _steal(cfg: dict) -> float | None:
+    """The fraction of the timed iterations' CPU time (wall time x CPUs) the hypervisor took."""
+    steal = cfg.get("steal_s") or []
+    if not steal or any(t is None for t in steal):
+        return None
+    return sum(steal) / (sum(cfg["measured_iterations_s"]) * (os.cpu_count() or 1))
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="the small model (seconds, for a smoke run)")
@@ -81,8 +89,9 @@ def main() -> int:
                          "max_abs_error": report["max_abs_error"], "load_average": report["load_average"],
                          "profile": report["profile_provenance"]})
             for r in report["rows"]:
-                probe = report["configs"][r["configuration"]]["probe"]["slowdown"]
-                rows.append({"repeat": i, "procs": procs, "probe_slowdown": probe,
+                cfg = report["configs"][r["configuration"]]
+                probe = cfg["probe"]["slowdown"]
+                rows.append({"repeat": i, "procs": procs, "probe_slowdown": probe, "steal": _steal(cfg),
                              **{k: r[k] for k in ("config", "measured_s", "simulated_s", "error")}})
     its = [r for r in rows if r["config"].endswith("iteration time")]
     summary = {
@@ -94,17 +103,19 @@ def main() -> int:
     }
     buf = io.StringIO()
     w = csv.DictWriter(buf, fieldnames=["repeat", "procs", "config", "measured_s", "simulated_s", "error",
-                                         "probe_slowdown"], lineterminator="\r\n")
+                                         "probe_slowdown", "steal"], lineterminator="\r\n")
     w.writeheader()
     w.writerows(rows)
     write_text_atomic(buf.getvalue(), OUT / "table.csv")
     write_json_atomic(summary, OUT / "summary.json")
-    lines = ["| configuration | measured | simulated | Δ% | probe slowdown |", "|---|---:|---:|---:|---:|"]
+    lines = ["| configuration | measured | simulated | Δ% | probe slowdown | CPU stolen |", "|---|---:|---:|---:|---:|---:|"]
     for r in rows:
         tag = f" (run {r['repeat']})" if args.repeats > 1 else ""
-        probe = f"{r['probe_slowdown']:.2f}x" if r["config"].endswith("iteration time") else ""
+        head = r["config"].endswith("iteration time")
+        probe = f"{r['probe_slowdown']:.2f}x" if head else ""
+        steal = f"{r['steal'] * 100:.1f}%" if head and r["steal"] is not None else ""
         lines.append(f"| {r['config']}{tag} | {r['measured_s'] * 1e3:.1f} ms | {r['simulated_s'] * 1e3:.1f} ms | "
-                     f"{r['error'] * 100:+.1f}% | {probe} |")
+                     f"{r['error'] * 100:+.1f}% | {probe} | {steal} |")
     lines.append("")
     lines.append(f"Iteration time: mean |Δ| {summary['mean_abs_error'] * 100:.1f}%, max |Δ| "
                  f"{summary['max_abs_error'] * 100:.1f}% over {len(its)} runs; all rows: mean |Δ| "

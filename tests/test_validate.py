@@ -159,6 +159,7 @@ def test_validate_on_two_processes(tmp_path, capsys):
     for config in ("dp", "1f1b"):
         d = report["configs"][config]
         assert len(d["measured_iterations_s"]) == 3 and all(t > 0 for t in d["measured_iterations_s"])
+        assert len(d["steal_s"]) == 3 and all(t is None or t >= 0 for t in d["steal_s"])
         assert len(d["probe"]["measured_s"]) == 2 * 3 and d["probe"]["predicted_s"] > 0 and d["probe"]["slowdown"] > 0
         assert (out / f"{config}.png").stat().st_size > 0
         assert sorted(p.name for p in (out / "traces" / config).iterdir()) == ["trace_rank0.json", "trace_rank1.json"]
@@ -167,3 +168,17 @@ def test_validate_on_two_processes(tmp_path, capsys):
     assert "iteration time: mean" in (out / "table.txt").read_text()
     assert main(["estimate", "--gpu", str(out / "profile.json"), "--num-layers", "2", "--hidden-size", "128",
                  "--num-attention-heads", "2", "--vocab-size", "1024", "--seq-length", "64"]) == 0
+
+
+def test_host_steal_is_the_stat_files_steal_column_in_seconds(tmp_path):
+    import os
+
+    from sim.calibrate.reference import host_steal_s
+
+    stat = tmp_path / "stat"
+    # user nice system idle iowait irq softirq steal guest guest_nice (proc(5))
+    stat.write_text("cpu  4935268 150300 303572 3027346 9721 0 3077 34948 0 0\ncpu0 1 2 3 4 5 6 7 8 0 0\n")
+    assert host_steal_s(str(stat)) == pytest.approx(34948 / os.sysconf("SC_CLK_TCK"))
+    stat.write_text("cpu  1 2 3\n")
+    assert host_steal_s(str(stat)) is None
+    assert host_steal_s(str(tmp_path / "missing")) is None

@@ -217,6 +217,7 @@ def _worker(ctx: Context, payload: dict) -> dict:
         ctx.sync()
         t0w = time.perf_counter()
         t0 = clock.mark()
+        steal0 = host_steal_s()
 
         def span(name, kind, cat, a, z):
             spans.append((name, kind, cat, a, z))
@@ -280,7 +281,9 @@ def _worker(ctx: Context, payload: dict) -> dict:
         total = time.perf_counter() - t0w
         spans = [(n, k, c, clock.seconds(t0, x), clock.seconds(t0, z)) for n, k, c, x, z in spans]
         loss = float(sum(losses)) if losses else math.nan
-        return {"time_s": total, "spans": spans, "loss": loss}
+        steal1 = host_steal_s()
+        stolen = steal1 - steal0 if steal0 is not None and steal1 is not None else None
+        return {"time_s": total, "spans": spans, "loss": loss, "steal_s": stolen}
 
     from contextlib import nullcontext
 
@@ -310,6 +313,22 @@ def _worker(ctx: Context, payload: dict) -> dict:
             it["iteration_s"] = it["time_s"]
     return {"rank": ctx.rank, "coords": (d, p), "iterations": iters, "trace_file": trace_file,
             "probe_s": [t for t in probe if t is not None]}
+
+
+def host_steal_s(stat: str = "/proc/stat") -> float | None:
+    """Seconds of CPU time the hypervisor has taken from this (virtual) machine since boot,
+    all CPUs together: the ``steal`` column of ``/proc/stat``'s ``cpu`` line (proc(5)), in
+    clock ticks of ``SC_CLK_TCK``. None where there is no such file (not Linux) or no
+    such column. Read before and after an iteration, it says how much of the iteration's
+    wall time the machine was not running this job's processes at all."""
+    import os
+
+    try:
+        with open(stat) as fh:
+            fields = fh.readline().split()
+        return int(fields[8]) / os.sysconf("SC_CLK_TCK") if fields[0] == "cpu" and len(fields) > 8 else None
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 def _probe(torch, ctx: Context, shape) -> float | None:

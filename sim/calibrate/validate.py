@@ -227,6 +227,7 @@ def run_validation(configs, *, procs: int, profile: HardwareProfile, model: Mode
                                     "num_microbatches": plan.num_microbatches},
                            "measured": meas, "simulated": sim,
                            "measured_iterations_s": [it["iteration_s"] for it in results[0]["iterations"]],
+                           "steal_s": [it.get("steal_s") for it in results[0]["iterations"]],
                            "probe": {"gemm": list(probe), "predicted_s": predicted, "measured_s": probe_s,
                                      "slowdown": statistics.median(probe_s) / predicted if probe_s else None}}
         if out is not None:
