@@ -25,14 +25,15 @@ def _memory(name, flops):
     return Op(name, "F", "memory", float(flops), 0.0, 0.0, 0.0)
 
 
-def _run(items, star, tp=2):
+def _run(items, star, tp=2, sigma=0.0):
     """The items as one step on each of ``tp`` ranks, an op taking its FLOPs in seconds,
-    on a star of 1 B/s links (a collective of S bytes over 2 ranks: S/2 s)."""
+    on a star of 1 B/s links (a collective of S bytes over 2 ranks: S/2 s); ``sigma``: the
+    engine's overlap slowdown."""
     segs = overlapped_layer(items, 0, lambda op: op.flops, tp, lambda it: isinstance(it, Comm),
                             lambda c: OPS[c.collective])
     prog = Program({r: [Action("0F0", category="F")] for r in range(tp)})
     out = add_tp_collectives(prog, lambda r, a: segs, lambda r: tuple(range(tp)))
-    return simulate(out, star([1.0] * tp))
+    return simulate(out, star([1.0] * tp), overlap_slowdown=sigma)
 
 
 def _spans(trace, rank=0, stream=None):
@@ -62,6 +63,19 @@ def test_reduce_scatter_chunks_follow_the_gemm_chunks(make_star):
     tr = _run(items, make_star)
     assert tr.end_s == pytest.approx(15.0)
     assert _spans(tr, stream=TP_COMM_STREAM) == [(TP_COMM_STREAM, 6.0, 8.0), (TP_COMM_STREAM, 12.0, 14.0)]
+
+
+def test_gathers_beside_a_gemm_hold_no_sms_and_scatters_do(make_star):
+    # Transformer Engine moves the ring-exchange all-gather chunks with the copy engines and
+    # gives the pipelined reduce-scatter SMs of its own: with σ = 0.5, the all-gather case
+    # keeps its timeline (15 s, as above), while the GEMM chunk beside the first scatter
+    # chunk [6, 8] does 2/1.5 s of work there and ends at 8 + (6 - 4/3) = 12.667 s; then
+    # rs1 [12.667, 14.667] and the residual: 15.667 s.
+    gather = [_memory("attn.norm", 1), Comm("attn.all_gather", "F", "all_gather", 8.0), _gemm("attn.qkv", 12)]
+    assert _run(gather, make_star, sigma=0.5).end_s == pytest.approx(15.0)
+    scatter = [_gemm("attn.proj", 12), Comm("attn.reduce_scatter", "F", "reduce_scatter", 8.0),
+               _memory("attn.residual", 1)]
+    assert _run(scatter, make_star, sigma=0.5).end_s == pytest.approx(8 + (6 - 2 / 1.5) + 2 + 1)
 
 
 def test_weight_gradient_gather_runs_whole_beside_the_input_gradient(make_star):

@@ -14,6 +14,7 @@ Used by ``sim.engine.core`` only; it drives no SimPy event of its own beyond the
 from __future__ import annotations
 
 from sim.program.actions import Action
+from sim.program.tp import TP_COMM_STREAM
 from sim.engine import algorithms as collectives
 from sim.engine.kernel import Environment
 from sim.engine.network import Network
@@ -36,6 +37,16 @@ class _Rendezvous:
         self.began = None
 
 
+def holds_no_sms(a: Action) -> bool:
+    """Whether collective ``a`` leaves the GPU's SMs to the compute beside it (no overlap
+    slowdown): an all-gather chunk overlapped with a GEMM (``sim.program.tp``'s side
+    stream), which Transformer Engine's userbuffers move with the copy engines (ring
+    exchange, ``use_ce``: its default configuration in ``transformer_engine/pytorch/module/
+    base.py``; the bulk all-gather beside an input-gradient GEMM takes 2-8 SMs of 132 in
+    NeMo's configurations). Its reduce-scatter chunks hold 16-24 SMs and do slow the GEMM."""
+    return a.stream == TP_COMM_STREAM and a.op == "allgather"
+
+
 class Collectives:
     """The engine's collectives. ``finish(i, busy_start, link_id)`` is the engine's: it
     ends action ``i`` now."""
@@ -54,7 +65,10 @@ class Collectives:
         self._efficiency: dict | None = None
         self.on_begin = None
         """Called as ``on_begin(rank, now)`` for each simulated member when a collective's
-        data starts to move (the engine's overlap slowdown), if set."""
+        data starts to move (the engine's overlap slowdown), if set; not for collectives
+        that hold no SMs (``holds_no_sms``), which end through ``plain_finish``."""
+        self.plain_finish = finish
+        """The engine's finish without the overlap slowdown's count (``holds_no_sms``)."""
 
     def waiting(self, key) -> _Rendezvous | None:
         """The rendezvous still waiting for members under ``key``, if any (for deadlocks)."""
@@ -77,7 +91,7 @@ class Collectives:
         if len(rv.posted) == self.needed[a.group]:
             del self._open[key]
             rv.began = self.env.now
-            if self.on_begin is not None:  # (every member's NCCL kernel now moves data)
+            if self.on_begin is not None and not holds_no_sms(a):  # (every member's NCCL kernel now moves data)
                 for r in rv.posted:
                     self.on_begin(r, rv.began)
             self._run(self.plan_steps(a), rv, f"{a.category or a.op} {a.op} {a.name}")
@@ -183,7 +197,7 @@ class Collectives:
         waiting = list(waiting0)
         action_of = rv.posted
         left = {r: involved.get(r, 0) for r in action_of}
-        start, finish = self.net.start, self.finish
+        start, finish = self.net.start, (self.plain_finish if holds_no_sms(rv.first) else self.finish)
         began = rv.began
         # The transfers' labels: one string per distinct label, however many collectives
         # share it (every data-parallel group's all-reduce of a bucket does).

@@ -19,8 +19,10 @@ all-gather and split-pipelined reduce-scatter):
   the weight-gradient GEMM waits for it (TE's bulk overlap).
 
 So a pair takes about max(GEMM, collective) plus one chunk of the other, instead of their
-sum; the engine slows the GEMM chunks that overlap a chunk in flight
-(``overlap_compute_slowdown``: the NCCL kernels share the SMs). Each chunk is a
+sum; the engine slows the GEMM chunks that overlap a reduce-scatter chunk in flight
+(``overlap_compute_slowdown``: Transformer Engine's pipelined reduce-scatter holds 16-24
+SMs), but not those beside an all-gather chunk, which the copy engines move
+(``sim.engine.collectives.holds_no_sms``). Each chunk is a
 collective of 1/tp of the bytes, priced by the network like any other (so it pays the
 collective's latency per chunk, where TE's ring exchange pays one hop per chunk: a few
 microseconds more per chunk on NVLink). Each GEMM chunk is priced at its own shape (the
