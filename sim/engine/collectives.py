@@ -43,8 +43,10 @@ def holds_no_sms(a: Action) -> bool:
     stream), which Transformer Engine's userbuffers move with the copy engines (ring
     exchange, ``use_ce``: its default configuration in ``transformer_engine/pytorch/module/
     base.py``; the bulk all-gather beside an input-gradient GEMM takes 2-8 SMs of 132 in
-    NeMo's configurations). Its reduce-scatter chunks hold 16-24 SMs and do slow the GEMM."""
-    return a.stream == TP_COMM_STREAM and a.op == "allgather"
+    NeMo's configurations). Its reduce-scatter chunks hold 16-24 SMs and do slow the GEMM;
+    so do collectives of other groups on that stream (context parallelism's all-gathers:
+    NCCL kernels)."""
+    return a.stream == TP_COMM_STREAM and a.op == "allgather" and a.category == "tp"
 
 
 class Collectives:
