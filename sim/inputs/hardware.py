@@ -116,8 +116,10 @@ class HardwareProfile:
     nvls_latency_s: float | None = None
     """Latency of one NVLS collective. None: NCCL's tuning constant (25 µs)."""
     fp8_gemm_max_efficiency: float | None = None
-    """Measured best dense FP8 GEMM throughput as a fraction of the fp8 peak: the cap of FP8
-    GEMMs (``gemm_efficiency(..., dtype="fp8")``). None: the same as ``gemm_max_efficiency``."""
+    """Best dense FP8 GEMM throughput as a fraction of the fp8 peak: the cap of FP8 GEMMs
+    (``gemm_efficiency(..., dtype="fp8")``), measured on a kernel alone, or fitted to FP8
+    training runs (``trainsim fit``), which sustain less of it than BF16 runs do of theirs.
+    None: the same as ``gemm_max_efficiency``."""
 
     def memory_rate(self, framework: bool = False) -> float:
         """Bytes/s a memory-bound kernel moves: a tuned library kernel's, or with
