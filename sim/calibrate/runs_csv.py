@@ -20,7 +20,8 @@ Any other column is an error, and so is a cell the column does not allow: one li
 naming the file, the line, the column, the value and what is allowed.
 
 **Blank cells** (a value the source did not publish) take the values in ``BLANKS``, the
-one place those choices are made, each with the reason. Settings that have no column take
+one place those choices are made, each with the reason, unless ``BY_SOURCE`` knows what
+that source ran. Settings that have no column take
 trainsim's defaults, which are Megatron-LM's (LayerNorm, learned positions, biases,
 dropout 0.1, tied embeddings); add the column to say otherwise.
 
@@ -101,8 +102,9 @@ BY_SOURCE = (
      "(NVIDIA/dgxc-benchmarking v25.02 nemotron/nemotron4-340b-synth.yaml: activations_checkpoint_granularity "
      "selective, which its configure.sh does not override): the core attention recomputed in backward"),
 )
-"""Settings a source's rows take for columns the file does not have: the framework or
-model facts of that source, each with the reason. Columns the file has win."""
+"""Settings a source's rows take where the file has no column or a blank cell: the
+framework or model facts of that source, each with the reason. A filled cell wins; a
+source's setting wins over ``BLANKS``."""
 
 
 @dataclass(frozen=True)

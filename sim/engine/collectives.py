@@ -93,10 +93,12 @@ class Collectives:
         if len(rv.posted) == self.needed[a.group]:
             del self._open[key]
             rv.began = self.env.now
-            if self.on_begin is not None and not holds_no_sms(a):  # (every member's NCCL kernel now moves data)
+            quiet = holds_no_sms(a)
+            if self.on_begin is not None and not quiet:  # (every member's NCCL kernel now moves data)
                 for r in rv.posted:
                     self.on_begin(r, rv.began)
-            self._run(self.plan_steps(a), rv, f"{a.category or a.op} {a.op} {a.name}")
+            self._run(self.plan_steps(a), rv, f"{a.category or a.op} {a.op} {a.name}",
+                      self.plain_finish if quiet else self.finish)
 
     def plan_steps(self, a: Action):
         """The collective's steps and their bookkeeping, built once per distinct
@@ -192,14 +194,14 @@ class Collectives:
             args.append(((r[0], lat, r[2], r[3], r[4]), st.src, st.dst, nbytes, st.label, 1))
         return args
 
-    def _run(self, plan, rv: _Rendezvous, label: str) -> None:
-        """Start each step when its dependencies are done; finish each rank's action
+    def _run(self, plan, rv: _Rendezvous, label: str, finish) -> None:
+        """Start each step when its dependencies are done; ``finish`` each rank's action
         when its own steps (as sender or receiver) are all done."""
         args, ends, children, waiting0, involved = plan
         waiting = list(waiting0)
         action_of = rv.posted
         left = {r: involved.get(r, 0) for r in action_of}
-        start, finish = self.net.start, (self.plain_finish if holds_no_sms(rv.first) else self.finish)
+        start = self.net.start
         began = rv.began
         # The transfers' labels: one string per distinct label, however many collectives
         # share it (every data-parallel group's all-reduce of a bucket does).
