@@ -147,6 +147,13 @@ def test_calibrate_command_on_this_machine(tmp_path, capsys):
         sizes = [r["bytes"] for r in micro["memory"] if r["kernel"] == k]
         assert len(sizes) >= 4 and sizes == sorted(sizes) and all(r["time_s"] > 0 for r in micro["memory"])
     assert micro["copy"]["bytes"] >= 2**26 and micro["copy"]["bandwidth_Bps"] > 0
+    # On a CPU the per-kernel cost is the framework's, from a tiny training step.
+    fw = micro["framework"]
+    if prov["backend"] == "gloo":
+        assert prof.kernel_launch_s == pytest.approx(fw["step_s"] / fw["kernels"])
+        assert "tiny shape" in prof.sources["kernel_launch_s"] and prov["kernel_launch_alone_s"] >= 0
+    else:
+        assert fw is None
     # The profile drives a simulation.
     assert main(["estimate", "--gpu", str(out), "--num-layers", "2", "--hidden-size", "64",
                  "--num-attention-heads", "2", "--vocab-size", "256", "--seq-length", "32"]) == 0

@@ -19,6 +19,15 @@ profile:
 - **copy**: a large device-to-device copy (read + write bytes over time) for the memory
   bandwidth.
 
+Every kernel is timed **with its operands out of cache**, as a training step runs it:
+each call reads a different set of operands, views into one buffer of twice the
+device's last-level cache (``Operands``; a GPU's L2, a CPU's L3), so by the time a set
+comes round again it has been evicted. A step's GEMMs read weights last touched a
+micro-batch ago and activations saved in the forward, and other kernels run between
+them; timing one kernel over and over on the same inputs measures it out of cache, which
+on the CPU this project is developed on made GEMMs 1.15-1.7x faster than with their
+operands evicted (``experiments/cold_cache.py``), and the simulation as optimistic as that.
+
 Every rank of the calibration group runs the same benchmarks at the same time, and the
 per-record median over ranks is kept: on a GPU node each process owns its GPU, so this
 is just robustness; on a CPU the processes share cores and memory as a training run's
@@ -27,6 +36,10 @@ processes do, so the numbers are the ones a rank sees under load.
 
 from __future__ import annotations
 
+import glob
+import itertools
+import math
+import os
 import statistics
 
 from sim.calibrate import require_torch
@@ -42,6 +55,93 @@ FULL = {"gemm_grid": (64, 128, 256, 512, 1024, 2048), "mem_elems": (2**12, 2**14
 MAX_GEMM_FLOPS = {"cpu": 4e9, "cuda": 2e13}
 GPU_GRID = (256, 512, 1024, 2048, 4096, 8192)
 GPU_MEM = (2**16, 2**18, 2**20, 2**22, 2**24, 2**26)
+
+
+POOL_MIN_BYTES, POOL_MAX_BYTES = 64 * 2**20, 2**30
+"""Bounds of the operand pool (twice the last-level cache)."""
+MAX_SETS = 8192
+"""Most operand sets per kernel: tiny kernels rotate over fewer than the pool holds."""
+
+
+def last_level_cache_bytes(ctx: Context, sysfs: str = "/sys/devices/system/cpu/cpu0/cache") -> int:
+    """The largest cache between the device's cores and its memory: a GPU's L2 (device
+    property), a CPU's last level (``sysfs``, then ``sysconf``); 32 MiB when neither says."""
+    if ctx.is_cuda:
+        torch = require_torch()
+        return int(getattr(torch.cuda.get_device_properties(ctx.device), "L2_cache_size", 0)) or 32 * 2**20
+    sizes = cache_sizes(sysfs)
+    for name in ("SC_LEVEL4_CACHE_SIZE", "SC_LEVEL3_CACHE_SIZE", "SC_LEVEL2_CACHE_SIZE"):
+        try:
+            sizes.append(int(os.sysconf(name)))
+        except (ValueError, OSError):
+            pass
+    return max([s for s in sizes if s > 0], default=32 * 2**20)
+
+
+def cache_sizes(sysfs: str) -> list[int]:
+    """Bytes of each data or unified cache listed under ``sysfs`` (Linux's
+    ``cpu0/cache/index*/{type,size}``, sizes such as ``2048K``)."""
+    sizes = []
+    for d in sorted(glob.glob(os.path.join(sysfs, "index*"))):
+        try:
+            with open(os.path.join(d, "type")) as f:
+                if f.read().strip() == "Instruction":
+                    continue
+            with open(os.path.join(d, "size")) as f:
+                text = f.read().strip()
+        except OSError:
+            continue
+        unit = {"K": 2**10, "M": 2**20, "G": 2**30}.get(text[-1:].upper(), 1)
+        digits = text.rstrip("KkMmGg")
+        if digits.isdigit():
+            sizes.append(int(digits) * unit)
+    return sizes
+
+
+class Operands:
+    """Operand sets for timing kernels out of cache: views into one buffer of twice the
+    last-level cache (bounded by ``POOL_MIN_BYTES``/``POOL_MAX_BYTES``), filled once."""
+
+    def __init__(self, ctx: Context, dtype, nbytes: int | None = None):
+        torch = require_torch()
+        self.ctx, self.dtype = ctx, dtype
+        if nbytes is None:
+            nbytes = min(max(2 * last_level_cache_bytes(ctx), POOL_MIN_BYTES), POOL_MAX_BYTES)
+        self.elements = nbytes // torch.tensor([], dtype=dtype).element_size()
+        self.buf = torch.empty(self.elements, device=ctx.device, dtype=dtype).uniform_(-1.0, 1.0)
+
+    def sets(self, *shapes) -> list[tuple]:
+        """Tuples of tensors of ``shapes`` (contiguous), each tuple in a different part of
+        the pool; operands larger than the pool are one set of fresh tensors (out of
+        cache anyway)."""
+        torch = require_torch()
+        sizes = [math.prod(s) for s in shapes]
+        per = sum(sizes)
+        if per > self.elements:
+            return [tuple(torch.empty(s, device=self.ctx.device, dtype=self.dtype).uniform_(-1.0, 1.0) for s in shapes)]
+        out = []
+        for i in range(max(1, min(MAX_SETS, self.elements // per))):
+            off, views = i * per, []
+            for s, n in zip(shapes, sizes):
+                views.append(self.buf[off: off + n].view(s))
+                off += n
+            out.append(tuple(views))
+        return out
+
+    def cycle(self, *shapes):
+        """``sets`` round and round, for ``next`` in a timed call."""
+        return itertools.cycle(self.sets(*shapes))
+
+
+_POOLS: dict = {}
+
+
+def operands(ctx: Context, dtype) -> Operands:
+    """This process's pool for ``dtype`` (made once: filling it takes a moment)."""
+    key = (str(ctx.device), str(dtype))
+    if key not in _POOLS:
+        _POOLS[key] = Operands(ctx, dtype)
+    return _POOLS[key]
 
 
 def training_dtype(ctx: Context):
@@ -92,14 +192,19 @@ def _plan(ctx: Context, quick: bool) -> dict:
 def bench_gemms(ctx: Context, shapes, repeats: int, warmup: int) -> list[dict]:
     torch = require_torch()
     dt = training_dtype(ctx)
+    pool = operands(ctx, dt)
     out = []
     for m, n, k, batch, layout in shapes:
         lead = (batch,) if batch > 1 else ()
-        a = torch.randn(*lead, *((k, m) if layout[0] == "t" else (m, k)), device=ctx.device, dtype=dt)
-        b = torch.randn(*lead, *((n, k) if layout[1] == "t" else (k, n)), device=ctx.device, dtype=dt)
-        a = a.transpose(-1, -2) if layout[0] == "t" else a
-        b = b.transpose(-1, -2) if layout[1] == "t" else b
-        fn = (lambda a=a, b=b: torch.bmm(a, b)) if batch > 1 else (lambda a=a, b=b: torch.mm(a, b))
+        sets = pool.cycle((*lead, *((k, m) if layout[0] == "t" else (m, k))),
+                          (*lead, *((n, k) if layout[1] == "t" else (k, n))))
+        ta, tb = layout[0] == "t", layout[1] == "t"
+        op = torch.bmm if batch > 1 else torch.mm
+
+        def fn(sets=sets, ta=ta, tb=tb, op=op):
+            a, b = next(sets)
+            return op(a.transpose(-1, -2) if ta else a, b.transpose(-1, -2) if tb else b)
+
         t = measure(ctx, fn, warmup=warmup, repeats=repeats)
         out.append({"m": m, "n": n, "k": k, "batch": batch, "layout": layout, "flops": 2.0 * m * n * k * batch,
                     "time_s": t})
@@ -123,14 +228,22 @@ def bench_attention(ctx: Context, shapes, repeats: int, warmup: int) -> list[dic
     import torch.nn.functional as F
 
     dt = training_dtype(ctx)
+    pool = operands(ctx, dt)
     out = []
     for b, h, s, d in shapes:
-        q, k, v = (torch.randn(b, h, s, d, device=ctx.device, dtype=dt, requires_grad=True) for _ in range(3))
-        fwd = measure(ctx, lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True),
-                      warmup=warmup, repeats=repeats)
-        grad = torch.randn(b, h, s, d, device=ctx.device, dtype=dt)
+        fwd_sets = pool.cycle(*[(b, h, s, d)] * 3)
 
-        def fwd_bwd():
+        def fwd_only(sets=fwd_sets):
+            q, k, v = next(sets)
+            return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+        fwd = measure(ctx, fwd_only, warmup=warmup, repeats=repeats)
+        # Leaves that share the pool's storage, so backward has gradients to make.
+        both_sets = itertools.cycle([tuple(x.detach().requires_grad_(i < 3) for i, x in enumerate(group))
+                                     for group in pool.sets(*[(b, h, s, d)] * 4)])
+
+        def fwd_bwd(sets=both_sets):
+            q, k, v, grad = next(sets)
             o = F.scaled_dot_product_attention(q, k, v, is_causal=True)
             o.backward(grad)
             q.grad = k.grad = v.grad = None
@@ -141,26 +254,28 @@ def bench_attention(ctx: Context, shapes, repeats: int, warmup: int) -> list[dic
     return out
 
 
-def _memory_kernels(torch, F, n: int, dt, device):
-    """(name, callable, bytes moved) for memory-bound kernels over about ``n`` elements."""
+def _memory_kernels(torch, F, n: int, dt, pool: Operands):
+    """(name, callable, bytes moved) for memory-bound kernels over about ``n`` elements,
+    each call on operands from ``pool``."""
     e = torch.tensor([], dtype=dt).element_size()
     h = 1024 if n >= 1024 * 4 else 64
     rows = max(1, n // h)
-    x = torch.randn(rows, h, device=device, dtype=dt)
-    y = torch.randn(rows, h, device=device, dtype=dt)
-    w = torch.randn(h, device=device, dtype=dt)
-    bias = torch.randn(h, device=device, dtype=dt)
+    sets = pool.cycle((rows, h), (rows, h), (h,), (h,))
     elems = rows * h
     rms = getattr(F, "rms_norm", None)
+
+    def on(body):
+        return lambda: body(*next(sets))
+
     kernels = [
-        ("layernorm", lambda: F.layer_norm(x, (h,), w, bias), 2 * elems * e),
-        ("gelu", lambda: F.gelu(x), 2 * elems * e),
-        ("swiglu", lambda: F.silu(x) * y, 3 * elems * e),
-        ("softmax", lambda: torch.softmax(x, dim=-1), 2 * elems * e),
-        ("add", lambda: x + y, 3 * elems * e),
+        ("layernorm", on(lambda x, y, w, bias: F.layer_norm(x, (h,), w, bias)), 2 * elems * e),
+        ("gelu", on(lambda x, y, w, bias: F.gelu(x)), 2 * elems * e),
+        ("swiglu", on(lambda x, y, w, bias: F.silu(x) * y), 3 * elems * e),
+        ("softmax", on(lambda x, y, w, bias: torch.softmax(x, dim=-1)), 2 * elems * e),
+        ("add", on(lambda x, y, w, bias: x + y), 3 * elems * e),
     ]
     if rms is not None:
-        kernels.append(("rmsnorm", lambda: rms(x, (h,), w), 2 * elems * e))
+        kernels.append(("rmsnorm", on(lambda x, y, w, bias: rms(x, (h,), w)), 2 * elems * e))
     return elems, kernels
 
 
@@ -169,10 +284,11 @@ def bench_memory(ctx: Context, sizes, repeats: int, warmup: int) -> list[dict]:
     import torch.nn.functional as F
 
     dt = training_dtype(ctx)
+    pool = operands(ctx, dt)
     out = []
     with torch.no_grad():
         for n in sizes:
-            elems, kernels = _memory_kernels(torch, F, n, dt, ctx.device)
+            elems, kernels = _memory_kernels(torch, F, n, dt, pool)
             for name, fn, nbytes in kernels:
                 t = measure(ctx, fn, warmup=warmup, repeats=repeats)
                 out.append({"kernel": name, "elements": elems, "bytes": float(nbytes), "time_s": t})
@@ -186,6 +302,40 @@ def bench_copy(ctx: Context, nbytes: int, repeats: int, warmup: int) -> dict:
     t = measure(ctx, lambda: dst.copy_(src), warmup=warmup, repeats=repeats)
     moved = 2.0 * src.numel() * 4
     return {"bytes": moved, "time_s": t, "bandwidth_Bps": moved / t}
+
+
+FRAMEWORK_SHAPE = dict(num_layers=2, hidden_size=16, num_attention_heads=2, vocab_size=32, seq_length=8)
+"""The reference GPT at a size where every kernel's work is negligible (``bench_framework``)."""
+
+
+def bench_framework(ctx: Context, repeats: int, warmup: int) -> dict:
+    """The framework's fixed cost per kernel in a training step: forward and backward of
+    one micro-batch of the reference GPT (``sim.calibrate.reference``, all layers on one
+    stage) at ``FRAMEWORK_SHAPE``, divided by the kernels trainsim counts for it. What
+    a step's operators cost beyond their work: Python, module calls, autograd's graph,
+    dispatch, views and the small kernels trainsim does not list (copies, fills, gradient
+    accumulation). Where the device is the host CPU, this is on the critical path of
+    every kernel; a GPU's host runs ahead of its queue."""
+    torch = require_torch()
+    from sim.calibrate.reference import _modules
+    from sim.inputs.model import gpt
+
+    model = gpt("framework-probe", tied_embeddings=False, dropout=False, **FRAMEWORK_SHAPE)
+    plan = ParallelPlan(micro_batch_size=1, global_batch_size=1)
+    kernels = sum(len(w.ops()) for w in chunk_work(model, plan, 0))
+    gen = torch.Generator().manual_seed(5)
+    stage = _modules(torch, model, True, True, model.num_layers).to(ctx.device, training_dtype(ctx))
+    for q in stage.parameters():  # accumulate as the reference run does, into standing buffers
+        q.grad = torch.zeros_like(q)
+    tok, tgt = (torch.randint(0, model.vocab_size, (1, model.seq_length), generator=gen).to(ctx.device)
+                for _ in range(2))
+
+    def step():
+        y = stage(tok)
+        torch.nn.functional.cross_entropy(y.float().view(-1, model.vocab_size), tgt.view(-1)).backward()
+
+    t = measure(ctx, step, warmup=warmup, repeats=repeats)
+    return {"model": dict(FRAMEWORK_SHAPE), "kernels": kernels, "step_s": t, "per_kernel_s": t / kernels}
 
 
 def run_microbenchmarks(ctx: Context, model: ModelSpec | None, plan: ParallelPlan | None, quick: bool) -> dict:
@@ -210,6 +360,7 @@ def run_microbenchmarks(ctx: Context, model: ModelSpec | None, plan: ParallelPla
         "attention": bench_attention(ctx, attention_shapes(model, plan, quick, ctx.is_cuda), r, w),
         "memory": bench_memory(ctx, sorted(mem_sizes), r, w),
         "copy": bench_copy(ctx, p["copy_bytes"], r, w),
+        "framework": None if ctx.is_cuda else bench_framework(ctx, r, w),
         "element_bytes": torch.tensor([], dtype=training_dtype(ctx)).element_size(),
     }
 
@@ -231,4 +382,9 @@ def merge_ranks(per_rank: list[dict]) -> dict:
     copy["time_s"] = statistics.median(r["copy"]["time_s"] for r in per_rank)
     copy["bandwidth_Bps"] = copy["bytes"] / copy["time_s"]
     out["copy"] = copy
+    if first.get("framework"):
+        fw = dict(first["framework"])
+        fw["step_s"] = statistics.median(r["framework"]["step_s"] for r in per_rank)
+        fw["per_kernel_s"] = fw["step_s"] / fw["kernels"]
+        out["framework"] = fw
     return out

@@ -217,7 +217,9 @@ def run_validation(configs, *, procs: int, profile: HardwareProfile, model: Mode
         if results is None:
             return None
         m_, n_, k_, _ = probe
-        predicted = 2.0 * m_ * n_ * k_ / (profile.peak() * profile.gemm_efficiency(m_, n_, k_)) + profile.kernel_launch_s
+        # The probe is timed as the calibration times kernels: alone, with their own launch cost.
+        alone = profile.provenance.get("kernel_launch_alone_s", profile.kernel_launch_s)
+        predicted = 2.0 * m_ * n_ * k_ / (profile.peak() * profile.gemm_efficiency(m_, n_, k_)) + alone
         probe_s = [t for r in results for t in r.get("probe_s", [])]
         run = simulate_training(model, plan, sprof, topo)
         meas, sim = measured_breakdown(results, plan), simulated_breakdown(run)
