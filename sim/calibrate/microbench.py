@@ -317,14 +317,14 @@ def bench_framework(ctx: Context, repeats: int, warmup: int) -> dict:
     accumulation). Where the device is the host CPU, this is on the critical path of
     every kernel; a GPU's host runs ahead of its queue."""
     torch = require_torch()
-    from sim.calibrate.reference import _modules
+    from sim.calibrate.reference_model import reference_gpt
     from sim.inputs.model import gpt
 
     model = gpt("framework-probe", tied_embeddings=False, dropout=False, **FRAMEWORK_SHAPE)
     plan = ParallelPlan(micro_batch_size=1, global_batch_size=1)
     kernels = sum(len(w.ops()) for w in chunk_work(model, plan, 0))
     gen = torch.Generator().manual_seed(5)
-    stage = _modules(torch, model, True, True, model.num_layers).to(ctx.device, training_dtype(ctx))
+    stage = reference_gpt(torch, model, True, True, model.num_layers).to(ctx.device, training_dtype(ctx))
     for q in stage.parameters():  # accumulate as the reference run does, into standing buffers
         q.grad = torch.zeros_like(q)
     tok, tgt = (torch.randint(0, model.vocab_size, (1, model.seq_length), generator=gen).to(ctx.device)

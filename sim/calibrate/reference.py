@@ -40,6 +40,7 @@ from pathlib import Path
 
 from sim.calibrate import require_torch
 from sim.calibrate.launch import Context, run_workers
+from sim.calibrate.reference_model import reference_gpt
 from sim.errors import InputError
 from sim.inputs.model import ModelSpec
 from sim.inputs.plan import ParallelPlan
@@ -84,48 +85,6 @@ def p2p_groups(schedule, rank: int) -> list[tuple[str | None, list, list]]:
     if pending:
         groups.append((None, pending, []))
     return groups
-
-
-def _modules(torch, model: ModelSpec, first: bool, last: bool, layers: int):
-    nn, F = torch.nn, torch.nn.functional
-    h, bias = model.hidden_size, model.bias
-
-    class Block(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.ln1, self.ln2 = nn.LayerNorm(h), nn.LayerNorm(h)
-            self.qkv = nn.Linear(h, 3 * h, bias=bias)
-            self.proj = nn.Linear(h, h, bias=bias)
-            self.up = nn.Linear(h, model.ffn_hidden_size, bias=bias)
-            self.down = nn.Linear(model.ffn_hidden_size, h, bias=bias)
-
-        def forward(self, x):
-            b, s, _ = x.shape
-            a, d = model.num_attention_heads, model.head_dim
-            q, k, v = self.qkv(self.ln1(x)).view(b, s, 3, a, d).permute(2, 0, 3, 1, 4)
-            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-            x = x + self.proj(y.transpose(1, 2).reshape(b, s, h))
-            return x + self.down(F.gelu(self.up(self.ln2(x))))
-
-    class Stage(nn.Module):
-        def __init__(self):
-            super().__init__()
-            if first:
-                self.tok = nn.Embedding(model.vocab_size, h)
-                self.pos = nn.Embedding(model.max_position_embeddings, h)
-            self.blocks = nn.ModuleList(Block() for _ in range(layers))
-            if last:
-                self.ln_f = nn.LayerNorm(h)
-                self.out = nn.Linear(h, model.vocab_size, bias=False)
-
-        def forward(self, x):
-            if first:
-                x = self.tok(x) + self.pos.weight[: x.shape[1]]
-            for blk in self.blocks:
-                x = blk(x)
-            return self.out(self.ln_f(x)) if last else x
-
-    return Stage()
 
 
 class _Clock:
@@ -176,7 +135,7 @@ def _worker(ctx: Context, payload: dict) -> dict:
     first, last = p == 0, p == plan.pp - 1
     torch.manual_seed(1234 + p)  # identical stage weights in every data-parallel replica
     dt = torch.bfloat16 if ctx.is_cuda else torch.float32
-    stage = _modules(torch, model, first, last, len(plan.layer_range(model, p))).to(ctx.device, dt)
+    stage = reference_gpt(torch, model, first, last, len(plan.layer_range(model, p))).to(ctx.device, dt)
     opt = torch.optim.Adam(stage.parameters(), lr=1e-4)
     b, s, h, m = plan.micro_batch_size, model.seq_length, model.hidden_size, plan.num_microbatches
     gen = torch.Generator().manual_seed(99 + d)
