@@ -152,6 +152,7 @@ def test_calibrate_command_on_this_machine(tmp_path, capsys):
     if prov["backend"] == "gloo":
         assert prof.kernel_launch_s == pytest.approx(fw["step_s"] / fw["kernels"])
         assert "tiny shape" in prof.sources["kernel_launch_s"] and prov["kernel_launch_alone_s"] >= 0
+        assert prof.gemm_bias_epilogue is False and "addmm" in prof.sources["gemm_bias_epilogue"]
     else:
         assert fw is None
     # The profile drives a simulation.

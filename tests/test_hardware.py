@@ -112,6 +112,23 @@ def test_roofline_op_time_by_hand():
     assert op_time(memory_bound, p) == pytest.approx(500.0 / 10.0 + 1.0)
 
 
+def test_bias_pass_without_a_gemm_epilogue_by_hand():
+    # A linear layer's bias: free in a GPU's GEMM epilogue; on a CPU written into the
+    # 40-byte output first and read back by the GEMM: 80 bytes at the framework's rate.
+    p = _tiny(kernel_launch_s=1.0, framework_kernel_efficiency=0.5)  # 10 B/s x 0.5
+    g = Op("g", "F", "gemm", 2 * 256 * 256 * 64, 10, 40, 40, (256, 256, 64), bias=True)
+    plain = 2 * 256 * 256 * 64 / 50.0 + 1.0
+    assert op_time(g, p) == pytest.approx(plain)
+    assert op_time(g, replace(p, gemm_bias_epilogue=False)) == pytest.approx(plain + 80 / 5.0)
+    no_bias = replace(g, bias=False)
+    assert op_time(no_bias, replace(p, gemm_bias_epilogue=False)) == pytest.approx(plain)
+    d = replace(p, gemm_bias_epilogue=False).to_dict()
+    assert d["gemm_bias_epilogue"] is False and "gemm_bias_epilogue" not in p.to_dict()
+    assert HardwareProfile.from_dict(d).gemm_bias_epilogue is False
+    with pytest.raises(InputError, match="gemm_bias_epilogue: got 'no'; expected true or false"):
+        HardwareProfile.from_dict({**d, "gemm_bias_epilogue": "no"})
+
+
 def test_link_and_ring_closed_forms():
     p = _tiny()
     assert transfer_time(1000, "nvlink", p) == pytest.approx(1e-6 + 1000 / 50.0)

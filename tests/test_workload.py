@@ -205,3 +205,12 @@ def test_attention_flag_reaches_the_run(capsys):
     assert main(base + ["--attention", "fused"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "fused" in err and "unfused" in err
+
+
+def test_forward_linear_gemms_carry_their_bias():
+    # GPT's linear layers have biases (added in the forward GEMM), Llama's none; the
+    # gradients' GEMMs never add one.
+    gemms = [op for op in layer_work(gpt("g", 2, 64, 2, 256, 32), 1).ops() if op.kind == "gemm"]
+    assert {op.name for op in gemms if op.bias} == {"attn.qkv", "attn.proj", "mlp.up", "mlp.down"}
+    assert all(op.phase == "F" for op in gemms if op.bias)
+    assert not any(op.bias for op in layer_work(llama("l", 2, 64, 2, 2, 256, 512, 32), 1).ops())

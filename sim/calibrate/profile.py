@@ -135,7 +135,7 @@ def build_profile(meas: dict, *, name: str | None = None, base: str | None = Non
         hbm_bandwidth_Bps=mem["hbm_bandwidth_Bps"], hbm_capacity_bytes=dev["memory_bytes"], sm_count=int(dev["sm_count"]),
         gemm_tiles=tuple(tiles), gemm_k_overhead=0.0, gemm_max_efficiency=1.0, attention_max_efficiency=1.0,
         memory_efficiency=mem["memory_efficiency"], kernel_launch_s=step_launch,
-        links=dict(basep.links) if basep is not None else {})
+        links=dict(basep.links) if basep is not None else {}, gemm_bias_epilogue=cuda)
     g = fit.fit_gemm(micro["gemm"], start, launch)
     fits["gemm"] = g
     prof = replace(start, gemm_tiles=tuple(tuple(t) for t in g["gemm_tiles"]), gemm_k_overhead=g["gemm_k_overhead"],
@@ -169,6 +169,10 @@ def build_profile(meas: dict, *, name: str | None = None, base: str | None = Non
                                      + f"; {how}"),
         "sustained_compute_fraction": ("1: microbenchmarks time kernels alone, for a short while; `trainsim fit` "
                                        "sets it from measured training runs"),
+        "gemm_bias_epilogue": ("cuBLASLt adds a linear layer's bias in the GEMM epilogue (PyTorch's CUDA addmm, "
+                               "Transformer Engine)" if cuda else
+                               "PyTorch's CPU addmm writes the bias into the output before its GEMM (the profiler "
+                               "shows aten::copy_ of the output's shape under aten::addmm)"),
         "sm_count": ("device property (multiprocessors)" if cuda else
                      "threads per process: each is one independent 'SM' of the GEMM wave model"),
         "hbm_capacity_bytes": "device property (total memory)" if cuda else "physical RAM of the machine",

@@ -120,6 +120,11 @@ class HardwareProfile:
     (``gemm_efficiency(..., dtype="fp8")``), measured on a kernel alone, or fitted to FP8
     training runs (``trainsim fit``), which sustain less of it than BF16 runs do of theirs.
     None: the same as ``gemm_max_efficiency``."""
+    gemm_bias_epilogue: bool = True
+    """A linear layer's bias is added in its GEMM's epilogue, at no cost (cuBLASLt,
+    Transformer Engine). False: a pass first writes the bias into the output, which the
+    GEMM then reads back (PyTorch's addmm on a CPU: its profiler shows ``aten::copy_``
+    under ``aten::addmm``)."""
 
     def memory_rate(self, framework: bool = False) -> float:
         """Bytes/s a memory-bound kernel moves: a tuned library kernel's, or with
@@ -215,6 +220,8 @@ class HardwareProfile:
                     "fp8_gemm_max_efficiency"):
             if out[key] is None:
                 del out[key]
+        if out["gemm_bias_epilogue"]:
+            del out["gemm_bias_epilogue"]
         return out
 
     @classmethod
@@ -226,7 +233,7 @@ class HardwareProfile:
         _strict_keys(d, names, where, optional=("sources", "provenance", "memory_reserve_bytes", "host_memory_bandwidth_Bps",
                                           "framework_kernel_efficiency", "overlap_compute_slowdown",
                                           "sustained_compute_fraction", "nccl_protocols", "nvls_efficiency",
-                                          "nvls_latency_s", "fp8_gemm_max_efficiency"))
+                                          "nvls_latency_s", "fp8_gemm_max_efficiency", "gemm_bias_epilogue"))
         kw = dict(d)
         kw["peak_flops"] = _number_map(d["peak_flops"], f"{where}: peak_flops", DTYPES)
         kw["links"] = _links(d["links"], f"{where}: links")
@@ -356,6 +363,8 @@ def _check_profile(p: HardwareProfile) -> None:
     if p.nvls_latency_s is not None:
         _require_num("nvls_latency_s", p.nvls_latency_s, _is_num(p.nvls_latency_s) and p.nvls_latency_s >= 0,
                      "a number >= 0 (seconds)")
+    if not isinstance(p.gemm_bias_epilogue, bool):
+        raise InputError(f"gemm_bias_epilogue: got {p.gemm_bias_epilogue!r}; expected true or false")
     for name in ("gemm_k_overhead", "kernel_launch_s", "memory_reserve_bytes", "host_memory_bandwidth_Bps",
                  "overlap_compute_slowdown"):
         v = getattr(p, name)

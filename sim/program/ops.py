@@ -41,6 +41,8 @@ class Op:
     """The name of a side collective (``Comm.side``) this op waits for."""
     dtype: str = "bf16"
     """What a GEMM's operands are: 'bf16', or 'fp8' (``sim.program.fp8``: the profile's FP8 peak)."""
+    bias: bool = False
+    """A linear layer's forward GEMM that adds a bias (``HardwareProfile.gemm_bias_epilogue``)."""
 
 
 @dataclass(frozen=True)
@@ -89,11 +91,11 @@ class Builder:
     def __init__(self, name: str, e: int):
         self.name, self.e, self.items, self.phase = name, e, [], "F"
 
-    def gemm(self, name, m, n, k, batch=1):
+    def gemm(self, name, m, n, k, batch=1, bias=False):
         e = self.e
         self.items.append(Op(name, self.phase, "gemm", 2.0 * m * n * k * batch,
                              e * (m * k + k * n) * batch, e * m * n * batch, e * m * n * batch,
-                             (m, n, k), batch))
+                             (m, n, k), batch, bias=bool(bias)))
 
     def mem(self, name, read, written, flops=0.0, output=None, framework=False):
         self.items.append(Op(name, self.phase, "memory", float(flops), float(read), float(written),

@@ -139,12 +139,12 @@ def _layer_forward(w: Builder, m: ModelSpec, b: int, t: int, sp: bool, attention
             if blk == "attn":
                 qkv_forward(w, m, n_tok, t)
                 _attention_forward(w, m, b, t, attention, *cp)
-                w.gemm("attn.proj", n_tok, h, attention_widths(m)[1] // t)
+                w.gemm("attn.proj", n_tok, h, attention_widths(m)[1] // t, bias=m.bias)
             else:
-                w.gemm("mlp.up", n_tok, (2 if m.mlp == "swiglu" else 1) * f, h)
+                w.gemm("mlp.up", n_tok, (2 if m.mlp == "swiglu" else 1) * f, h, bias=m.bias)
                 read = (2 if m.mlp == "swiglu" else 1) * n_tok * f
                 w.mem(f"mlp.{m.mlp}", e * read, e * n_tok * f, _ACT_FLOPS[m.mlp] * n_tok * f, framework=True)
-                w.gemm("mlp.down", n_tok, h, f)
+                w.gemm("mlp.down", n_tok, h, f, bias=m.bias)
             if t > 1:
                 w.comm(f"{blk}.{'reduce_scatter' if sp else 'all_reduce'}",
                        "reduce_scatter" if sp else "all_reduce", e * n_tok * h)

@@ -62,7 +62,7 @@ def attention_widths(m) -> tuple[int, int, int, int]:
 def qkv_forward(w, m, n_tok: int, t: int) -> None:
     """The query/key/value projections: one GEMM, or MLA's projections and norms."""
     if not m.mla:
-        w.gemm("attn.qkv", n_tok, attention_widths(m)[0] // t, m.hidden_size)
+        w.gemm("attn.qkv", n_tok, attention_widths(m)[0] // t, m.hidden_size, bias=m.bias)
         return
     for name, i, o, split in mla_projections(m):
         w.gemm(name, n_tok, o // t if split else o, i)
