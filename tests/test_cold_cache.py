@@ -62,3 +62,22 @@ def test_framework_step_counts_the_simulators_kernels():
     # embedding's lookup and gradient, and the head's norm, logits, loss and their 4 gradients
     assert FRAMEWORK_SHAPE["num_layers"] == 2 and fw["kernels"] == 2 * 24 + 2 + 7
     assert fw["step_s"] > 0 and fw["per_kernel_s"] == pytest.approx(fw["step_s"] / fw["kernels"])
+
+
+def test_measure_many_samples_round_robin():
+    # Every round takes one sample of each callable, so the calls interleave a, b, a, b
+    # after each one's warm-up and sizing call.
+    torch, ctx = _ctx()
+    from sim.calibrate.launch import measure_many
+
+    calls = []
+
+    def make(tag):
+        def fn():
+            calls.append(tag)
+            __import__("time").sleep(1e-3)  # longer than the 0.2 ms sample: one call a sample
+        return fn
+
+    times = measure_many(ctx, [make("a"), make("b")], warmup=1, repeats=3)
+    assert calls == ["a", "a", "b", "b"] + ["a", "b"] * 3
+    assert len(times) == 2 and all(t >= 1e-3 for t in times)

@@ -18,7 +18,8 @@ one call. When CPU processes outnumber the cores (``Context.shared_cores``, e.g.
 on 2 cores) a sample lasts at least ``SHARED_SAMPLE_S``, several scheduler time slices:
 the median of sub-millisecond samples would pick the ones that ran on a core of their
 own and report a whole core's speed, while a training step, long enough to take its
-turns, runs at the share of a core each process gets. A failing worker becomes a
+turns, runs at the share of a core each process gets. ``measure_many`` times several callables round-robin,
+one sample of each per round, so their medians span the same stretch of time. A failing worker becomes a
 ``CalibrationError`` with the worker's last error line, never a hang: the parent waits
 with a timeout.
 """
@@ -250,35 +251,57 @@ def measure(ctx: Context, fn, *, warmup: int = 2, repeats: int = 7, min_sample_s
             inner: int | None = None) -> float:
     """Median seconds of one call of ``fn`` on ``ctx``'s device (see the module doc).
     ``inner`` fixes the calls per sample (collectives need the same count on every rank)."""
-    torch = require_torch()
+    if inner is None:
+        inner = _prepare(ctx, fn, warmup, min_sample_s)
+    else:
+        for _ in range(max(1, warmup)):
+            fn()
+        ctx.sync()
+    return statistics.median(_sample(ctx, fn, inner) for _ in range(max(1, repeats)))
+
+
+def measure_many(ctx: Context, fns, *, warmup: int = 2, repeats: int = 7, min_sample_s: float = 2e-4) -> list[float]:
+    """``measure`` of each of ``fns``, sampled round-robin: every round takes one sample of
+    each, so that on a machine whose speed drifts (a shared virtual machine) every kernel's
+    median is taken over the same spells, not one kernel's over a fast second and the
+    next one's over a slow one."""
+    inners = [_prepare(ctx, fn, warmup, min_sample_s) for fn in fns]
+    samples = [[] for _ in fns]
+    for _ in range(max(1, repeats)):
+        for fn, inner, out in zip(fns, inners, samples):
+            out.append(_sample(ctx, fn, inner))
+    return [statistics.median(s) for s in samples]
+
+
+def _prepare(ctx: Context, fn, warmup: int, min_sample_s: float) -> int:
+    """Warm ``fn`` up; how many calls make one sample long enough to time well."""
     for _ in range(max(1, warmup)):
         fn()
     ctx.sync()
     if ctx.shared_cores:
         min_sample_s = max(min_sample_s, SHARED_SAMPLE_S)
-    if inner is None:
-        # How many calls make one sample long enough to time well.
-        t0 = time.perf_counter()
+    t0 = time.perf_counter()
+    fn()
+    ctx.sync()
+    one = max(time.perf_counter() - t0, 1e-7)
+    return max(1, min(1000, int(min_sample_s / one)))
+
+
+def _sample(ctx: Context, fn, inner: int) -> float:
+    """Seconds per call over ``inner`` back-to-back calls."""
+    if ctx.is_cuda:
+        torch = require_torch()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(inner):
+            fn()
+        end.record()
+        end.synchronize()
+        return start.elapsed_time(end) * 1e-3 / inner
+    t0 = time.perf_counter()
+    for _ in range(inner):
         fn()
-        ctx.sync()
-        one = max(time.perf_counter() - t0, 1e-7)
-        inner = max(1, min(1000, int(min_sample_s / one)))
-    samples = []
-    for _ in range(max(1, repeats)):
-        if ctx.is_cuda:
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            for _ in range(inner):
-                fn()
-            end.record()
-            end.synchronize()
-            samples.append(start.elapsed_time(end) * 1e-3 / inner)
-        else:
-            t0 = time.perf_counter()
-            for _ in range(inner):
-                fn()
-            samples.append((time.perf_counter() - t0) / inner)
-    return statistics.median(samples)
+    return (time.perf_counter() - t0) / inner
 
 
 def machine_info(ctx: Context) -> dict:

@@ -43,7 +43,7 @@ import os
 import statistics
 
 from sim.calibrate import require_torch
-from sim.calibrate.launch import Context, measure
+from sim.calibrate.launch import Context, measure, measure_many
 from sim.inputs.model import ModelSpec
 from sim.inputs.plan import ParallelPlan
 from sim.program.workload import chunk_work
@@ -61,6 +61,9 @@ POOL_MIN_BYTES, POOL_MAX_BYTES = 64 * 2**20, 2**30
 """Bounds of the operand pool (twice the last-level cache)."""
 MAX_SETS = 8192
 """Most operand sets per kernel: tiny kernels rotate over fewer than the pool holds."""
+ROUNDS_PER_REPEAT = 3
+"""GEMMs and memory-bound kernels are sampled round-robin, this many rounds per repeat:
+cheap (one sample of each per round), and the medians then span the whole sweep."""
 
 
 def last_level_cache_bytes(ctx: Context, sysfs: str = "/sys/devices/system/cpu/cpu0/cache") -> int:
@@ -190,10 +193,12 @@ def _plan(ctx: Context, quick: bool) -> dict:
 
 
 def bench_gemms(ctx: Context, shapes, repeats: int, warmup: int) -> list[dict]:
+    """Each GEMM of ``shapes`` on operands out of cache, sampled round-robin
+    (``measure_many``) over ``ROUNDS_PER_REPEAT`` x ``repeats`` rounds."""
     torch = require_torch()
     dt = training_dtype(ctx)
     pool = operands(ctx, dt)
-    out = []
+    fns = []
     for m, n, k, batch, layout in shapes:
         lead = (batch,) if batch > 1 else ()
         sets = pool.cycle((*lead, *((k, m) if layout[0] == "t" else (m, k))),
@@ -205,10 +210,10 @@ def bench_gemms(ctx: Context, shapes, repeats: int, warmup: int) -> list[dict]:
             a, b = next(sets)
             return op(a.transpose(-1, -2) if ta else a, b.transpose(-1, -2) if tb else b)
 
-        t = measure(ctx, fn, warmup=warmup, repeats=repeats)
-        out.append({"m": m, "n": n, "k": k, "batch": batch, "layout": layout, "flops": 2.0 * m * n * k * batch,
-                    "time_s": t})
-    return out
+        fns.append(fn)
+    times = measure_many(ctx, fns, warmup=warmup, repeats=ROUNDS_PER_REPEAT * repeats)
+    return [{"m": m, "n": n, "k": k, "batch": batch, "layout": layout, "flops": 2.0 * m * n * k * batch, "time_s": t}
+            for (m, n, k, batch, layout), t in zip(shapes, times)]
 
 
 def attention_shapes(model: ModelSpec | None, plan: ParallelPlan | None, quick: bool, cuda: bool) -> list:
@@ -287,11 +292,11 @@ def bench_memory(ctx: Context, sizes, repeats: int, warmup: int) -> list[dict]:
     pool = operands(ctx, dt)
     out = []
     with torch.no_grad():
-        for n in sizes:
-            elems, kernels = _memory_kernels(torch, F, n, dt, pool)
-            for name, fn, nbytes in kernels:
-                t = measure(ctx, fn, warmup=warmup, repeats=repeats)
-                out.append({"kernel": name, "elements": elems, "bytes": float(nbytes), "time_s": t})
+        runs = [(elems, name, fn, nbytes) for n in sizes
+                for elems, kernels in [_memory_kernels(torch, F, n, dt, pool)] for name, fn, nbytes in kernels]
+        times = measure_many(ctx, [r[2] for r in runs], warmup=warmup, repeats=ROUNDS_PER_REPEAT * repeats)
+    for (elems, name, _, nbytes), t in zip(runs, times):
+        out.append({"kernel": name, "elements": elems, "bytes": float(nbytes), "time_s": t})
     return out
 
 
