@@ -214,3 +214,48 @@ def test_forward_linear_gemms_carry_their_bias():
     assert {op.name for op in gemms if op.bias} == {"attn.qkv", "attn.proj", "mlp.up", "mlp.down"}
     assert all(op.phase == "F" for op in gemms if op.bias)
     assert not any(op.bias for op in layer_work(llama("l", 2, 64, 2, 2, 256, 512, 32), 1).ops())
+
+
+def test_unfused_gradient_accumulation_adds_a_pass_per_weight_gradient():
+    # --no-gradient-accumulation-fusion: after each weight-gradient GEMM, the gradient
+    # (2-byte) and the fp32 main gradient are read and the main gradient written: 10
+    # bytes per local weight, the layer's 12h^2/t weights (biases and norms are not GEMMs).
+    from sim.inputs.plan import ParallelPlan
+    from sim.program.workload import accumulate_wgrads, chunk_work
+
+    h, t = 64, 2
+    layer = layer_work(gpt("g", 2, h, 2, 256, 32), 1, tp=t)
+    assert accumulate_wgrads(layer, fused=True) is layer
+    extra = [o for o in accumulate_wgrads(layer, fused=False).ops() if o.name.endswith(".accumulate")]
+    assert [o.name for o in extra] == [f"{n}.wgrad.accumulate" for n in ("mlp.down", "mlp.up", "attn.proj", "attn.qkv")]
+    assert all(o.phase == "W" and o.kind == "memory" and o.framework for o in extra)
+    assert sum(o.bytes_read + o.bytes_written for o in extra) == 10 * 12 * h * h / t
+    # The plan's flag reaches every chunk, the logit layer's weight gradient included.
+    model = gpt("g", 2, h, 2, 256, 32)
+    plan = ParallelPlan(pp=1, gradient_accumulation_fusion=False)
+    names = [o.name for w in chunk_work(model, plan, 0) for o in w.ops() if o.name.endswith(".accumulate")]
+    assert len(names) == 2 * 4 + 1 and names[-1] == "head.logits.wgrad.accumulate"
+    assert not any(o.name.endswith(".accumulate") for w in chunk_work(model, ParallelPlan(), 0) for o in w.ops())
+
+
+@pytest.mark.parametrize("fidelity", ["full", "reduced"])
+def test_unfused_accumulation_lengthens_the_step_by_its_passes(fidelity):
+    # One GPU, four micro-batches, no communication: the step grows by exactly the
+    # accumulation passes' time, four times over, in the simulation and in the estimate.
+    from sim.inputs.hardware import load_profile
+    from sim.inputs.plan import ParallelPlan
+    from sim.inputs.topology_build import load_topology
+    from sim.program.costs import op_time
+    from sim.program.estimate import estimate
+    from sim.program.workload import chunk_work
+    from sim.session import simulate_training
+
+    model, prof, topo = gpt("g", 2, 512, 8, 1024, 256), load_profile("a100-80gb"), load_topology("dgx-a100")
+    plans = [ParallelPlan(micro_batch_size=1, global_batch_size=4, gradient_accumulation_fusion=f) for f in (True, False)]
+    passes = sum(op_time(o, prof) for w in chunk_work(model, plans[1], 0) for o in w.ops()
+                 if o.name.endswith(".accumulate"))
+    assert passes > 0
+    sims = [simulate_training(model, p, prof, topo, fidelity=fidelity).trace.end_s for p in plans]
+    assert sims[1] - sims[0] == pytest.approx(4 * passes, rel=1e-9)
+    est = [estimate(model, p, prof).time["compute"] for p in plans]
+    assert est[1] - est[0] == pytest.approx(4 * passes, rel=1e-9)

@@ -84,6 +84,10 @@ class ParallelPlan:
     """Overlap tensor-parallel all-gathers and reduce-scatters with the GEMMs beside them,
     in tp chunks (Megatron-LM ``--tp-comm-overlap``, Transformer Engine's userbuffers;
     needs sequence parallelism; ``sim.program.tp``)."""
+    gradient_accumulation_fusion: bool = True
+    """Weight-gradient GEMMs accumulate into the fp32 main gradients themselves (Megatron-LM's
+    default); False adds each micro-batch's weight gradients in a separate pass
+    (``--no-gradient-accumulation-fusion``, plain PyTorch; ``sim.program.ops.accumulate_wgrads``)."""
     micro_batch_size: int = 1
     """Sequences per micro-batch per data-parallel replica (b)."""
     global_batch_size: int | None = None
@@ -169,7 +173,8 @@ class ParallelPlan:
         if self.global_batch_size is None:
             object.__setattr__(self, "global_batch_size", self.micro_batch_size * self.dp)
         _pos("global_batch_size", self.global_batch_size)
-        for f in ("sequence_parallel", "dp_overlap", "account_for_embedding", "account_for_loss", "tp_comm_overlap"):
+        for f in ("sequence_parallel", "dp_overlap", "account_for_embedding", "account_for_loss", "tp_comm_overlap",
+                  "gradient_accumulation_fusion"):
             _bool(f, getattr(self, f))
         require(not self.tp_comm_overlap or self.tp == 1 or self.sequence_parallel, "plan: tp_comm_overlap", True,
                 "it needs sequence_parallel (Megatron-LM's --tp-comm-overlap overlaps the sequence-parallel "

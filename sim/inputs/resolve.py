@@ -137,6 +137,7 @@ def plan_from_settings(p: PlanSettings, gpus: int | None, model: ModelSpec) -> P
     plan = ParallelPlan(dp=gpus // (tp * pp * cp), tp=tp, pp=pp, vpp=vpp, sequence_parallel=p.sequence_parallel,
                         cp=cp, cp_comm_type=p.cp_comm_type,
                         tp_comm_overlap=p.tp_comm_overlap,
+                        gradient_accumulation_fusion=p.gradient_accumulation_fusion,
                         micro_batch_size=p.micro_batch_size, global_batch_size=p.global_batch_size,
                         recompute=p.recompute_granularity, attention=p.attention, zero_stage=p.zero,
                         fp8_format=p.fp8_format,

@@ -171,6 +171,10 @@ class PlanSettings:
     offload_optimizer: bool = setting(
         False, help="ZeRO-Offload: optimizer states in host memory, optimizer step on the CPU", kind="switch",
         tables=((_ZERO, "offload_optimizer"),))
+    gradient_accumulation_fusion: bool = setting(
+        True, help="weight-gradient GEMMs accumulate into the fp32 main gradients (default on, Megatron-LM's); "
+                   "--no-gradient-accumulation-fusion adds each micro-batch's in a separate pass, as plain PyTorch "
+                   "does", kind="bool")
     overlap_grad_reduce: bool = setting(
         True, help="overlap the data-parallel gradient all-reduce with backward (default on)", kind="bool")
     bucket_size: str | int | None = setting(

@@ -49,7 +49,8 @@ from sim.program.costs import (
 from sim.program.memory import model_state_bytes, optimizer_shard_params, stage_memory_bytes, stage_params_per_rank
 from sim.inputs.experts import Folding
 from sim.program.workload_moe import MoeShape
-from sim.program.workload import Work, embedding_work, head_work, layer_work, local_sequence, p2p_bytes
+from sim.program.workload import (Work, accumulate_wgrads, embedding_work, head_work, layer_work, local_sequence,
+                                  p2p_bytes)
 
 _MATMUL = ("gemm", "attention")
 
@@ -121,9 +122,10 @@ def layer_phase_times(model: ModelSpec, plan: ParallelPlan, profile: HardwarePro
     b, t, sp = plan.micro_batch_size, plan.tp, plan.sequence_parallel
     tokens = b * model.seq_length // plan.cp // (t if plan.sp else 1)
     shape = MoeShape(plan.ep, plan.etp_size, tokens * model.moe_router_topk) if moe else None
-    work = fp8_layer_work(layer_work(model, b, t, sp, plan.recompute, attention=plan.attention, moe=shape,
-                                     cp=plan.cp, cp_comm=plan.cp_comm_type),
-                          plan.fp8_format, t, sp, plan.num_microbatches)
+    work = accumulate_wgrads(fp8_layer_work(layer_work(model, b, t, sp, plan.recompute, attention=plan.attention,
+                                                       moe=shape, cp=plan.cp, cp_comm=plan.cp_comm_type),
+                                            plan.fp8_format, t, sp, plan.num_microbatches),
+                             plan.gradient_accumulation_fusion)
     base = work_times(Work(work.name, tuple(i for i in work.items if getattr(i, "group", "tp") == "tp")),
                       profile, t, tp_link, dtype)
     sizes = {"cp": plan.cp}
@@ -163,13 +165,15 @@ def estimate(model: ModelSpec, plan: ParallelPlan, profile: HardwareProfile, *,
         return work_times(work, profile, t, links["tp"], dtype)
 
     if plan.cp == 1:
-        layer_t = phases(fp8_layer_work(layer_work(model, b, t, sp, plan.recompute, attention=plan.attention),
-                                        plan.fp8_format, t, sp, m))
+        layer_t = phases(accumulate_wgrads(fp8_layer_work(layer_work(model, b, t, sp, plan.recompute,
+                                                                     attention=plan.attention),
+                                                          plan.fp8_format, t, sp, m), plan.gradient_accumulation_fusion))
     else:
         layer_t = layer_phase_times(model, plan, profile, links["tp"], gpus_per_node, dtype, False)
     moe_t = layer_phase_times(model, plan, profile, links["tp"], gpus_per_node, dtype, True) if model.moe else layer_t
     local = local_sequence(model, plan.cp)
-    emb_t, head_t = phases(embedding_work(local, b, t, sp)), phases(head_work(local, b, t, sp))
+    emb_t = phases(embedding_work(local, b, t, sp))
+    head_t = phases(accumulate_wgrads(head_work(local, b, t, sp), plan.gradient_accumulation_fusion))
     stage_times = []          # per stage: {phase: (compute_s, tp_comm_s)}
     for stage in range(p):
         ids = [i for c in range(v) for i in plan.layer_range(model, c * p + stage)]

@@ -85,6 +85,30 @@ class Work:
         return tuple(i for i in self.items if i.phase == phase)
 
 
+MAIN_GRAD_BYTES = 4
+"""Megatron-LM keeps the gradients it accumulates and reduces in fp32 under bf16 training
+(``--accumulate-allreduce-grads-in-fp32``, which ``--bf16`` turns on)."""
+
+
+def accumulate_wgrads(work: Work, fused: bool = True) -> Work:
+    """``work``, where unless ``fused`` each weight-gradient GEMM (phase W, name ending in
+    ``wgrad``) is followed by the pass that adds its output into the fp32 main gradient:
+    Megatron-LM's ``main_grad.add_(grad)`` under ``--no-gradient-accumulation-fusion``, plain
+    PyTorch's ``AccumulateGrad``. It reads the gradient the GEMM wrote and the main
+    gradient, and writes the main gradient. Fused (Megatron-LM's default), the GEMM
+    accumulates into the main gradient itself."""
+    if fused:
+        return work
+    items = []
+    for it in work.items:
+        items.append(it)
+        if isinstance(it, Op) and it.kind == "gemm" and it.phase == "W" and it.name.endswith("wgrad"):
+            n = it.shape[0] * it.shape[1] * it.batch
+            items.append(Op(f"{it.name}.accumulate", "W", "memory", float(n), it.output_bytes + MAIN_GRAD_BYTES * n,
+                            float(MAIN_GRAD_BYTES * n), float(MAIN_GRAD_BYTES * n), framework=True))
+    return Work(work.name, tuple(items))
+
+
 class Builder:
     """Appends ops and collectives to a ``Work`` under construction, phase by phase."""
 

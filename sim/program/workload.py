@@ -43,7 +43,8 @@ from sim.errors import require
 from sim.inputs.model import ModelSpec
 from sim.inputs.plan import ATTENTION, RECOMPUTE, ParallelPlan
 from sim.program.fp8 import fp8_layer_work
-from sim.program.ops import COLLECTIVES, OP_KINDS, PHASES, Builder, Comm, Op, Work  # noqa: F401 (re-exported)
+from sim.program.ops import (COLLECTIVES, OP_KINDS, PHASES, Builder, Comm, Op, Work,  # noqa: F401 (re-exported)
+                             accumulate_wgrads)
 from sim.program.context import cp_attention_backward, cp_attention_forward
 from sim.program.workload_moe import (MoeShape, attention_widths, moe_backward, moe_forward, moe_wgrads, qkv_dgrad,
                                       qkv_forward, qkv_wgrads)
@@ -302,12 +303,12 @@ def chunk_work(model: ModelSpec, plan: ParallelPlan, virtual_stage: int, mb: int
                 model.moe_router_topk
             moe = MoeShape(plan.ep, plan.etp_size, load)
         works.append(_layer(model, b, t, sp, plan.recompute, plan.attention, moe, plan.fp8_format,
-                            plan.num_microbatches, plan.cp, plan.cp_comm_type))
+                            plan.num_microbatches, plan.cp, plan.cp_comm_type, plan.gradient_accumulation_fusion))
     local = local_sequence(model, plan.cp)  # the embedding and the head see the rank's tokens only
     if virtual_stage == 0:
         works.insert(0, embedding_work(local, b, t, sp))
     if virtual_stage == n - 1:
-        works.append(head_work(local, b, t, sp))
+        works.append(accumulate_wgrads(head_work(local, b, t, sp), plan.gradient_accumulation_fusion))
     return works
 
 
@@ -317,9 +318,10 @@ def local_sequence(model: ModelSpec, cp: int) -> ModelSpec:
 
 
 @lru_cache(maxsize=4096)
-def _layer(model, b, t, sp, recompute, attention, moe, fp8_format, microbatches, cp=1, cp_comm="p2p") -> Work:
+def _layer(model, b, t, sp, recompute, attention, moe, fp8_format, microbatches, cp=1, cp_comm="p2p",
+           fused_accumulation=True) -> Work:
     layer = layer_work(model, b, t, sp, recompute, attention=attention, moe=moe, cp=cp, cp_comm=cp_comm)
-    return fp8_layer_work(layer, fp8_format, t, sp, microbatches)
+    return accumulate_wgrads(fp8_layer_work(layer, fp8_format, t, sp, microbatches), fused_accumulation)
 
 
 def p2p_bytes(model: ModelSpec, micro_batch: int, tp: int = 1, sequence_parallel: bool = False,
