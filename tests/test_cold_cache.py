@@ -3,7 +3,8 @@ per-kernel cost is the framework's, measured in a tiny training step."""
 
 import pytest
 
-from sim.calibrate.microbench import FRAMEWORK_SHAPE, MAX_SETS, Operands, cache_sizes
+from sim.calibrate.microbench import MAX_SETS, Operands, cache_sizes
+from sim.calibrate.reference_model import FRAMEWORK_SHAPE
 
 
 def _ctx():
@@ -55,7 +56,7 @@ def test_operand_sets_of_tiny_or_huge_kernels():
 
 def test_framework_step_counts_the_simulators_kernels():
     torch, ctx = _ctx()
-    from sim.calibrate.microbench import bench_framework
+    from sim.calibrate.reference_model import bench_framework
 
     fw = bench_framework(ctx, repeats=1, warmup=1)
     # 2 layers of 24 kernels (10 forward, 10 input-gradient, 4 weight-gradient), the
@@ -81,3 +82,21 @@ def test_measure_many_samples_round_robin():
     times = measure_many(ctx, [make("a"), make("b")], warmup=1, repeats=3)
     assert calls == ["a", "a", "b", "b"] + ["a", "b"] * 3
     assert len(times) == 2 and all(t >= 1e-3 for t in times)
+
+
+def test_measure_many_goes_on_for_min_total_s():
+    torch, ctx = _ctx()
+    import time
+
+    from sim.calibrate.launch import measure_many
+
+    calls = []
+
+    def fn():
+        calls.append(1)
+        time.sleep(1e-3)
+
+    t0 = time.perf_counter()
+    measure_many(ctx, [fn], warmup=1, repeats=2, min_total_s=0.05)
+    # warm-up and sizing, then rounds of one 1 ms sample until 50 ms have passed
+    assert time.perf_counter() - t0 >= 0.05 and len(calls) - 2 >= 2 and len(calls) - 2 <= 60

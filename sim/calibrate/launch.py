@@ -260,16 +260,20 @@ def measure(ctx: Context, fn, *, warmup: int = 2, repeats: int = 7, min_sample_s
     return statistics.median(_sample(ctx, fn, inner) for _ in range(max(1, repeats)))
 
 
-def measure_many(ctx: Context, fns, *, warmup: int = 2, repeats: int = 7, min_sample_s: float = 2e-4) -> list[float]:
+def measure_many(ctx: Context, fns, *, warmup: int = 2, repeats: int = 7, min_sample_s: float = 2e-4,
+                 min_total_s: float = 0.0) -> list[float]:
     """``measure`` of each of ``fns``, sampled round-robin: every round takes one sample of
     each, so that on a machine whose speed drifts (a shared virtual machine) every kernel's
     median is taken over the same spells, not one kernel's over a fast second and the
-    next one's over a slow one."""
+    next one's over a slow one. At least ``repeats`` rounds, and more until the rounds
+    have lasted ``min_total_s``."""
     inners = [_prepare(ctx, fn, warmup, min_sample_s) for fn in fns]
     samples = [[] for _ in fns]
-    for _ in range(max(1, repeats)):
+    start, rounds = time.perf_counter(), 0
+    while rounds < max(1, repeats) or time.perf_counter() - start < min_total_s:
         for fn, inner, out in zip(fns, inners, samples):
             out.append(_sample(ctx, fn, inner))
+        rounds += 1
     return [statistics.median(s) for s in samples]
 
 

@@ -44,6 +44,7 @@ import statistics
 
 from sim.calibrate import require_torch
 from sim.calibrate.launch import Context, measure, measure_many
+from sim.calibrate.reference_model import bench_framework
 from sim.inputs.model import ModelSpec
 from sim.inputs.plan import ParallelPlan
 from sim.program.workload import chunk_work
@@ -64,6 +65,11 @@ MAX_SETS = 8192
 ROUNDS_PER_REPEAT = 3
 """GEMMs and memory-bound kernels are sampled round-robin, this many rounds per repeat:
 cheap (one sample of each per round), and the medians then span the whole sweep."""
+CPU_SWEEP_S = {"gemm": 3.0, "memory": 1.0}
+"""On a CPU the round-robin sweeps go on for at least this long: a shared virtual
+machine's speed swings over fractions of a second, and a sweep of a few tenths of a
+second took the GEMM rate of whichever spell it fell in (119-155 GFLOP/s in three
+calibrations minutes apart, while the training step it predicts varied by 3%)."""
 
 
 def last_level_cache_bytes(ctx: Context, sysfs: str = "/sys/devices/system/cpu/cpu0/cache") -> int:
@@ -192,9 +198,10 @@ def _plan(ctx: Context, quick: bool) -> dict:
     return p
 
 
-def bench_gemms(ctx: Context, shapes, repeats: int, warmup: int) -> list[dict]:
+def bench_gemms(ctx: Context, shapes, repeats: int, warmup: int, sweep: bool = True) -> list[dict]:
     """Each GEMM of ``shapes`` on operands out of cache, sampled round-robin
-    (``measure_many``) over ``ROUNDS_PER_REPEAT`` x ``repeats`` rounds."""
+    (``measure_many``) over ``ROUNDS_PER_REPEAT`` x ``repeats`` rounds (on a CPU for at
+    least ``CPU_SWEEP_S`` unless not ``sweep``)."""
     torch = require_torch()
     dt = training_dtype(ctx)
     pool = operands(ctx, dt)
@@ -211,7 +218,8 @@ def bench_gemms(ctx: Context, shapes, repeats: int, warmup: int) -> list[dict]:
             return op(a.transpose(-1, -2) if ta else a, b.transpose(-1, -2) if tb else b)
 
         fns.append(fn)
-    times = measure_many(ctx, fns, warmup=warmup, repeats=ROUNDS_PER_REPEAT * repeats)
+    times = measure_many(ctx, fns, warmup=warmup, repeats=ROUNDS_PER_REPEAT * repeats,
+                         min_total_s=0.0 if ctx.is_cuda or not sweep else CPU_SWEEP_S["gemm"])
     return [{"m": m, "n": n, "k": k, "batch": batch, "layout": layout, "flops": 2.0 * m * n * k * batch, "time_s": t}
             for (m, n, k, batch, layout), t in zip(shapes, times)]
 
@@ -294,7 +302,8 @@ def bench_memory(ctx: Context, sizes, repeats: int, warmup: int) -> list[dict]:
     with torch.no_grad():
         runs = [(elems, name, fn, nbytes) for n in sizes
                 for elems, kernels in [_memory_kernels(torch, F, n, dt, pool)] for name, fn, nbytes in kernels]
-        times = measure_many(ctx, [r[2] for r in runs], warmup=warmup, repeats=ROUNDS_PER_REPEAT * repeats)
+        times = measure_many(ctx, [r[2] for r in runs], warmup=warmup, repeats=ROUNDS_PER_REPEAT * repeats,
+                             min_total_s=0.0 if ctx.is_cuda else CPU_SWEEP_S["memory"])
     for (elems, name, _, nbytes), t in zip(runs, times):
         out.append({"kernel": name, "elements": elems, "bytes": float(nbytes), "time_s": t})
     return out
@@ -307,40 +316,6 @@ def bench_copy(ctx: Context, nbytes: int, repeats: int, warmup: int) -> dict:
     t = measure(ctx, lambda: dst.copy_(src), warmup=warmup, repeats=repeats)
     moved = 2.0 * src.numel() * 4
     return {"bytes": moved, "time_s": t, "bandwidth_Bps": moved / t}
-
-
-FRAMEWORK_SHAPE = dict(num_layers=2, hidden_size=16, num_attention_heads=2, vocab_size=32, seq_length=8)
-"""The reference GPT at a size where every kernel's work is negligible (``bench_framework``)."""
-
-
-def bench_framework(ctx: Context, repeats: int, warmup: int) -> dict:
-    """The framework's fixed cost per kernel in a training step: forward and backward of
-    one micro-batch of the reference GPT (``sim.calibrate.reference``, all layers on one
-    stage) at ``FRAMEWORK_SHAPE``, divided by the kernels trainsim counts for it. What
-    a step's operators cost beyond their work: Python, module calls, autograd's graph,
-    dispatch, views and the small kernels trainsim does not list (copies, fills, gradient
-    accumulation). Where the device is the host CPU, this is on the critical path of
-    every kernel; a GPU's host runs ahead of its queue."""
-    torch = require_torch()
-    from sim.calibrate.reference_model import reference_gpt
-    from sim.inputs.model import gpt
-
-    model = gpt("framework-probe", tied_embeddings=False, dropout=False, **FRAMEWORK_SHAPE)
-    plan = ParallelPlan(micro_batch_size=1, global_batch_size=1)
-    kernels = sum(len(w.ops()) for w in chunk_work(model, plan, 0))
-    gen = torch.Generator().manual_seed(5)
-    stage = reference_gpt(torch, model, True, True, model.num_layers).to(ctx.device, training_dtype(ctx))
-    for q in stage.parameters():  # accumulate as the reference run does, into standing buffers
-        q.grad = torch.zeros_like(q)
-    tok, tgt = (torch.randint(0, model.vocab_size, (1, model.seq_length), generator=gen).to(ctx.device)
-                for _ in range(2))
-
-    def step():
-        y = stage(tok)
-        torch.nn.functional.cross_entropy(y.float().view(-1, model.vocab_size), tgt.view(-1)).backward()
-
-    t = measure(ctx, step, warmup=warmup, repeats=repeats)
-    return {"model": dict(FRAMEWORK_SHAPE), "kernels": kernels, "step_s": t, "per_kernel_s": t / kernels}
 
 
 def run_microbenchmarks(ctx: Context, model: ModelSpec | None, plan: ParallelPlan | None, quick: bool) -> dict:
@@ -365,7 +340,7 @@ def run_microbenchmarks(ctx: Context, model: ModelSpec | None, plan: ParallelPla
         "attention": bench_attention(ctx, attention_shapes(model, plan, quick, ctx.is_cuda), r, w),
         "memory": bench_memory(ctx, sorted(mem_sizes), r, w),
         "copy": bench_copy(ctx, p["copy_bytes"], r, w),
-        "framework": None if ctx.is_cuda else bench_framework(ctx, r, w),
+        "framework": None if ctx.is_cuda else bench_framework(ctx, r, w),  # (sim.calibrate.reference_model)
         "element_bytes": torch.tensor([], dtype=training_dtype(ctx)).element_size(),
     }
 

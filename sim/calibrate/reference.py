@@ -300,7 +300,7 @@ def _probe(torch, ctx: Context, shape) -> float | None:
     if ctx.world > 1:
         require_torch().distributed.barrier()
     m, n, k, layout = shape
-    return bench_gemms(ctx, [(m, n, k, 1, layout)], repeats=3, warmup=1)[0]["time_s"]
+    return bench_gemms(ctx, [(m, n, k, 1, layout)], repeats=3, warmup=1, sweep=False)[0]["time_s"]
 
 
 def run_reference(model: ModelSpec, plan: ParallelPlan, *, warmup: int = 2, iters: int = 5,

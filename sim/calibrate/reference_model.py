@@ -1,11 +1,16 @@
 """The reference GPT that ``trainsim validate`` trains for real and ``trainsim calibrate``
-times at a tiny shape for the framework's per-kernel cost: plain PyTorch modules with the
-kernels trainsim's workload lists for a GPT (``sim.program.workload``).
+times at a tiny shape for the framework's per-kernel cost (``bench_framework``): plain
+PyTorch modules with the kernels trainsim's workload lists for a GPT
+(``sim.program.workload``).
 """
 
 from __future__ import annotations
 
-from sim.inputs.model import ModelSpec
+from sim.calibrate import require_torch
+from sim.calibrate.launch import Context, measure
+from sim.inputs.model import ModelSpec, gpt
+from sim.inputs.plan import ParallelPlan
+from sim.program.workload import chunk_work
 
 
 def reference_gpt(torch, model: ModelSpec, first: bool, last: bool, layers: int):
@@ -53,3 +58,36 @@ def reference_gpt(torch, model: ModelSpec, first: bool, last: bool, layers: int)
             return self.out(self.ln_f(x)) if last else x
 
     return Stage()
+
+
+FRAMEWORK_SHAPE = dict(num_layers=2, hidden_size=16, num_attention_heads=2, vocab_size=32, seq_length=8)
+"""The reference GPT at a size where every kernel's work is negligible (``bench_framework``)."""
+
+
+def bench_framework(ctx: Context, repeats: int, warmup: int) -> dict:
+    """The framework's fixed cost per kernel in a training step: forward and backward of
+    one micro-batch of the reference GPT (``sim.calibrate.reference``, all layers on one
+    stage) at ``FRAMEWORK_SHAPE``, divided by the kernels trainsim counts for it. What
+    a step's operators cost beyond their work: Python, module calls, autograd's graph,
+    dispatch, views and the small kernels trainsim does not list (copies, fills, gradient
+    accumulation). Where the device is the host CPU, this is on the critical path of
+    every kernel; a GPU's host runs ahead of its queue."""
+    torch = require_torch()
+
+    model = gpt("framework-probe", tied_embeddings=False, dropout=False, **FRAMEWORK_SHAPE)
+    plan = ParallelPlan(micro_batch_size=1, global_batch_size=1)
+    kernels = sum(len(w.ops()) for w in chunk_work(model, plan, 0))
+    gen = torch.Generator().manual_seed(5)
+    dtype = torch.bfloat16 if ctx.is_cuda else torch.float32  # the training dtype (microbench)
+    stage = reference_gpt(torch, model, True, True, model.num_layers).to(ctx.device, dtype)
+    for q in stage.parameters():  # accumulate as the reference run does, into standing buffers
+        q.grad = torch.zeros_like(q)
+    tok, tgt = (torch.randint(0, model.vocab_size, (1, model.seq_length), generator=gen).to(ctx.device)
+                for _ in range(2))
+
+    def step():
+        y = stage(tok)
+        torch.nn.functional.cross_entropy(y.float().view(-1, model.vocab_size), tgt.view(-1)).backward()
+
+    t = measure(ctx, step, warmup=warmup, repeats=repeats)
+    return {"model": dict(FRAMEWORK_SHAPE), "kernels": kernels, "step_s": t, "per_kernel_s": t / kernels}
