@@ -194,3 +194,13 @@ def test_profiles_are_hashable_and_sources_do_not_matter(profile):
     again = HardwareProfile.from_dict({**profile.to_dict(), "sources": {}})
     assert again == profile and hash(again) == hash(profile)
     assert len({profile, again}) == 1
+
+
+def test_a_bias_pass_does_not_make_a_gemm_memory_bound_in_explain():
+    # explain's bound column judges the GEMM, not the pass in front of it.
+    from sim.results.explain import _op_row
+
+    p = replace(_tiny(kernel_launch_s=1.0), gemm_bias_epilogue=False)
+    g = Op("g", "F", "gemm", 2 * 256 * 256 * 64, 10, 40, 40, (256, 256, 64), bias=True)
+    row = _op_row(g, p)
+    assert row["bound"] == "compute" and row["time_s"] == pytest.approx(2 * 256 * 256 * 64 / 50.0 + 80 / 10.0 + 1.0)

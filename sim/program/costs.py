@@ -127,10 +127,15 @@ def op_time(op: Op, profile: HardwareProfile, dtype: str = "bf16") -> float:
         rate = profile.peak("fp32") if "fp32" in profile.peak_flops else profile.peak(dtype)
     compute = op.flops / rate if op.flops else 0.0
     memory = (op.bytes_read + op.bytes_written) / profile.memory_rate(op.framework)
-    bias = 0.0
-    if op.bias and not profile.gemm_bias_epilogue:  # written into the output, read back by the GEMM
-        bias = 2.0 * op.output_bytes / profile.memory_rate(True)
-    return max(compute, memory) + bias + profile.kernel_launch_s
+    return max(compute, memory) + bias_pass_time(op, profile) + profile.kernel_launch_s
+
+
+def bias_pass_time(op: Op, profile: HardwareProfile) -> float:
+    """Seconds of the pass that writes a biased GEMM's bias into its output, which the GEMM
+    then reads back, where the profile has no bias epilogue (``gemm_bias_epilogue``); else 0."""
+    if op.bias and not profile.gemm_bias_epilogue:
+        return 2.0 * op.output_bytes / profile.memory_rate(True)
+    return 0.0
 
 
 def work_times(work: Work, profile: HardwareProfile, tp: int = 1, tp_link: str = "nvlink",

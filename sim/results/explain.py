@@ -22,7 +22,7 @@ from __future__ import annotations
 from sim.inputs.hardware import HardwareProfile
 from sim.inputs.model import ModelSpec
 from sim.inputs.plan import ParallelPlan
-from sim.program.costs import collective_time, op_time
+from sim.program.costs import bias_pass_time, collective_time, op_time
 from sim.program.estimate import estimate, group_comm_time
 from sim.program.fp8 import fp8_layer_work
 from sim.inputs.experts import Folding
@@ -38,7 +38,7 @@ def _op_row(op: Op, profile: HardwareProfile, dtype: str = "bf16") -> dict:
     t = op_time(op, profile, dtype)
     dtype = "fp8" if op.dtype == "fp8" else dtype  # (an FP8 GEMM: sim.program.fp8)
     moved = op.bytes_read + op.bytes_written
-    busy = t - profile.kernel_launch_s
+    busy = t - profile.kernel_launch_s - bias_pass_time(op, profile)  # (a CPU's bias pass: not the GEMM's bound)
     if op.kind == "gemm":
         eff = profile.gemm_efficiency(*op.shape, op.batch, dtype)
     elif op.kind == "attention":
