@@ -11,7 +11,8 @@ a fresh calibration, so run-to-run noise shows beside the error. Writes under
 ``experiments/out/validate/``: ``table.csv`` (every row of every repeat),
 ``summary.json`` (mean and max |Δ| of the iteration time per repeat and overall,
 the machine's load), ``summary.md`` (with each run's probe slowdown: how much slower
-than calibrated a GEMM ran on the machine meanwhile), and each run's report, profile, profiler traces and
+than calibrated a GEMM ran on the machine meanwhile, the signed mean error, and each
+repeat's mean and max against the target), and each run's report, profile, profiler traces and
 measured-vs-simulated PNGs in ``run<i>-procs<n>/``.
 """
 
@@ -120,6 +121,14 @@ def main() -> int:
     lines.append(f"Iteration time: mean |Δ| {summary['mean_abs_error'] * 100:.1f}%, max |Δ| "
                  f"{summary['max_abs_error'] * 100:.1f}% over {len(its)} runs; all rows: mean |Δ| "
                  f"{summary['breakdown_mean_abs_error'] * 100:.1f}%, max |Δ| {summary['breakdown_max_abs_error'] * 100:.1f}%.")
+    lines.append(f"Signed mean Δ of the iteration time: {statistics.fmean(r['error'] for r in its) * 100:+.1f}% "
+                 "(near 0: errors on both sides; far from it: a bias).")
+    for i in range(args.repeats):  # the target: mean |Δ| <= 10 % and max <= 20 % in every run
+        errs = [abs(r["error"]) for r in its if r["repeat"] == i]
+        mean, worst = statistics.fmean(errs), max(errs)
+        met = "meets" if mean <= 0.10 and worst <= 0.20 else "misses"
+        lines.append(f"Run {i}: mean |Δ| {mean * 100:.1f}%, max {worst * 100:.1f}%: {met} the target "
+                     "(mean <= 10%, max <= 20%).")
     loads = ", ".join(f"{r['load_average']['before'][0]:.2f}" for r in runs)
     lines.append(f"Load average (1 min) before each validation: {loads} on {os.cpu_count()} CPUs.")
     write_text_atomic("\n".join(lines) + "\n", OUT / "summary.md")
