@@ -21,7 +21,7 @@ import warnings
 
 from sim.calibrate import require_torch
 from sim.calibrate.fit import BUSBW_FACTOR, fit_alpha_beta
-from sim.calibrate.launch import Context, measure
+from sim.calibrate.launch import Context, measure, training_dtype
 
 OPS = ("all_reduce", "all_gather", "reduce_scatter", "send_recv")
 QUICK_SIZES = tuple(2**p for p in range(12, 23, 2))        # 4 KiB .. 4 MiB
@@ -42,7 +42,7 @@ def sweep_sizes(quick: bool, cuda: bool, up_to: int | None = None) -> tuple[int,
 
 def _op(torch, dist, ctx: Context, op: str, nbytes: int):
     """A no-argument callable running ``op`` once on an S-byte buffer (nccl-tests' S)."""
-    dt = torch.bfloat16 if ctx.is_cuda else torch.float32
+    dt = training_dtype(ctx)
     e = torch.tensor([], dtype=dt).element_size()
     n = ctx.world
     count = max(n, (nbytes // e) // n * n)   # a multiple of the ranks

@@ -308,6 +308,12 @@ def _sample(ctx: Context, fn, inner: int) -> float:
     return (time.perf_counter() - t0) / inner
 
 
+def training_dtype(ctx: Context):
+    """The dtype a worker trains and benchmarks in: bf16 on a GPU, float32 on a CPU."""
+    torch = require_torch()
+    return torch.bfloat16 if ctx.is_cuda else torch.float32
+
+
 def machine_info(ctx: Context) -> dict:
     """The machine, library versions and date, for a profile's provenance."""
     import platform

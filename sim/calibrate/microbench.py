@@ -43,7 +43,7 @@ import os
 import statistics
 
 from sim.calibrate import require_torch
-from sim.calibrate.launch import Context, measure, measure_many
+from sim.calibrate.launch import Context, measure, measure_many, training_dtype
 from sim.calibrate.reference_model import bench_framework
 from sim.inputs.model import ModelSpec
 from sim.inputs.plan import ParallelPlan
@@ -151,12 +151,6 @@ def operands(ctx: Context, dtype) -> Operands:
     if key not in _POOLS:
         _POOLS[key] = Operands(ctx, dtype)
     return _POOLS[key]
-
-
-def training_dtype(ctx: Context):
-    """bf16 on a GPU, float32 on a CPU."""
-    torch = require_torch()
-    return torch.bfloat16 if ctx.is_cuda else torch.float32
 
 
 def _layout(name: str) -> str:

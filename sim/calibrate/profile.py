@@ -118,7 +118,8 @@ def build_profile(meas: dict, *, name: str | None = None, base: str | None = Non
     # On a CPU the framework runs each kernel on the same thread: its fixed cost per
     # kernel inside a training step is the profile's per-kernel cost. The fits below
     # still take the tight loop's intercept off each timing, as that is what it held.
-    step_launch = framework["per_kernel_s"] if framework and not cuda else launch
+    per_op = bool(framework) and not cuda
+    step_launch = framework["per_kernel_s"] if per_op else launch
     src = {}
     if basep is not None:
         peak = dict(basep.peak_flops)
@@ -156,7 +157,7 @@ def build_profile(meas: dict, *, name: str | None = None, base: str | None = Non
                             f"in it: the framework's fixed cost per kernel in a training step (Python, autograd, "
                             f"dispatch, views, small copies), on the critical path where the device is the host CPU; "
                             f"timed alone in a tight loop a kernel's fixed cost is {launch * 1e6:.1f} us; {how}"
-                            if step_launch is not launch else f"fitted: intercept of the memory-bound kernel fit; {how}"),
+                            if per_op else f"fitted: intercept of the memory-bound kernel fit; {how}"),
         "gemm_max_efficiency": (f"fitted to {g['points']} GEMMs (the model's shapes and a grid), RMS log error "
                                 f"{g['rms_log_error']:.3f}{', capped at 1' if g['clipped'] else ''}; {how}"),
         "gemm_k_overhead": f"fitted with gemm_max_efficiency (grid search); {how}",

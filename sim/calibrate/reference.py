@@ -39,7 +39,7 @@ import time
 from pathlib import Path
 
 from sim.calibrate import require_torch
-from sim.calibrate.launch import Context, run_workers
+from sim.calibrate.launch import Context, run_workers, training_dtype
 from sim.calibrate.reference_model import reference_gpt
 from sim.errors import InputError
 from sim.inputs.model import ModelSpec
@@ -134,7 +134,7 @@ def _worker(ctx: Context, payload: dict) -> dict:
     sched = build_schedule(plan.schedule, plan.pp, plan.num_microbatches)
     first, last = p == 0, p == plan.pp - 1
     torch.manual_seed(1234 + p)  # identical stage weights in every data-parallel replica
-    dt = torch.bfloat16 if ctx.is_cuda else torch.float32
+    dt = training_dtype(ctx)
     stage = reference_gpt(torch, model, first, last, len(plan.layer_range(model, p))).to(ctx.device, dt)
     opt = torch.optim.Adam(stage.parameters(), lr=1e-4)
     b, s, h, m = plan.micro_batch_size, model.seq_length, model.hidden_size, plan.num_microbatches

@@ -7,7 +7,7 @@ PyTorch modules with the kernels trainsim's workload lists for a GPT
 from __future__ import annotations
 
 from sim.calibrate import require_torch
-from sim.calibrate.launch import Context, measure
+from sim.calibrate.launch import Context, measure, training_dtype
 from sim.inputs.model import ModelSpec, gpt
 from sim.inputs.plan import ParallelPlan
 from sim.program.workload import chunk_work
@@ -78,8 +78,7 @@ def bench_framework(ctx: Context, repeats: int, warmup: int) -> dict:
     plan = ParallelPlan(micro_batch_size=1, global_batch_size=1)
     kernels = sum(len(w.ops()) for w in chunk_work(model, plan, 0))
     gen = torch.Generator().manual_seed(5)
-    dtype = torch.bfloat16 if ctx.is_cuda else torch.float32  # the training dtype (microbench)
-    stage = reference_gpt(torch, model, True, True, model.num_layers).to(ctx.device, dtype)
+    stage = reference_gpt(torch, model, True, True, model.num_layers).to(ctx.device, training_dtype(ctx))
     for q in stage.parameters():  # accumulate as the reference run does, into standing buffers
         q.grad = torch.zeros_like(q)
     tok, tgt = (torch.randint(0, model.vocab_size, (1, model.seq_length), generator=gen).to(ctx.device)

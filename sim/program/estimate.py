@@ -37,7 +37,7 @@ from dataclasses import asdict, dataclass
 from sim.inputs.hardware import HardwareProfile
 from sim.inputs.model import ModelSpec
 from sim.inputs.plan import ParallelPlan
-from sim.program.fp8 import check_fp8_support, fp8_layer_work
+from sim.program.fp8 import check_fp8_support
 from sim.program.costs import (
     grad_sync_time,
     optimizer_step_time,
@@ -50,7 +50,7 @@ from sim.program.memory import model_state_bytes, optimizer_shard_params, stage_
 from sim.inputs.experts import Folding
 from sim.program.workload_moe import MoeShape
 from sim.program.workload import (Work, accumulate_wgrads, embedding_work, head_work, layer_work, local_sequence,
-                                  p2p_bytes)
+                                  p2p_bytes, plan_layer_work)
 
 _MATMUL = ("gemm", "attention")
 
@@ -119,13 +119,10 @@ def layer_phase_times(model: ModelSpec, plan: ParallelPlan, profile: HardwarePro
     all of it for a ring shift) over the link its group crosses (NVLink inside a node,
     else the network). Ring attention's exchanges beside the attention compute are taken
     as hidden under it."""
-    b, t, sp = plan.micro_batch_size, plan.tp, plan.sequence_parallel
+    b, t = plan.micro_batch_size, plan.tp
     tokens = b * model.seq_length // plan.cp // (t if plan.sp else 1)
     shape = MoeShape(plan.ep, plan.etp_size, tokens * model.moe_router_topk) if moe else None
-    work = accumulate_wgrads(fp8_layer_work(layer_work(model, b, t, sp, plan.recompute, attention=plan.attention,
-                                                       moe=shape, cp=plan.cp, cp_comm=plan.cp_comm_type),
-                                            plan.fp8_format, t, sp, plan.num_microbatches),
-                             plan.gradient_accumulation_fusion)
+    work = plan_layer_work(model, plan, shape)
     base = work_times(Work(work.name, tuple(i for i in work.items if getattr(i, "group", "tp") == "tp")),
                       profile, t, tp_link, dtype)
     sizes = {"cp": plan.cp}
@@ -165,9 +162,7 @@ def estimate(model: ModelSpec, plan: ParallelPlan, profile: HardwareProfile, *,
         return work_times(work, profile, t, links["tp"], dtype)
 
     if plan.cp == 1:
-        layer_t = phases(accumulate_wgrads(fp8_layer_work(layer_work(model, b, t, sp, plan.recompute,
-                                                                     attention=plan.attention),
-                                                          plan.fp8_format, t, sp, m), plan.gradient_accumulation_fusion))
+        layer_t = phases(plan_layer_work(model, plan))
     else:
         layer_t = layer_phase_times(model, plan, profile, links["tp"], gpus_per_node, dtype, False)
     moe_t = layer_phase_times(model, plan, profile, links["tp"], gpus_per_node, dtype, True) if model.moe else layer_t

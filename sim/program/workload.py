@@ -302,14 +302,21 @@ def chunk_work(model: ModelSpec, plan: ParallelPlan, virtual_stage: int, mb: int
             load = routing.max_load(lid, mb) if routing is not None and mb is not None else tokens * \
                 model.moe_router_topk
             moe = MoeShape(plan.ep, plan.etp_size, load)
-        works.append(_layer(model, b, t, sp, plan.recompute, plan.attention, moe, plan.fp8_format,
-                            plan.num_microbatches, plan.cp, plan.cp_comm_type, plan.gradient_accumulation_fusion))
+        works.append(plan_layer_work(model, plan, moe))
     local = local_sequence(model, plan.cp)  # the embedding and the head see the rank's tokens only
     if virtual_stage == 0:
         works.insert(0, embedding_work(local, b, t, sp))
     if virtual_stage == n - 1:
         works.append(accumulate_wgrads(head_work(local, b, t, sp), plan.gradient_accumulation_fusion))
     return works
+
+
+def plan_layer_work(model: ModelSpec, plan: ParallelPlan, moe: MoeShape | None = None) -> Work:
+    """One layer's work as ``plan`` runs it (``layer_work``, then FP8 casts and unfused
+    gradient accumulation as the plan says); ``moe``: its expert shape, None for dense."""
+    return _layer(model, plan.micro_batch_size, plan.tp, plan.sequence_parallel, plan.recompute, plan.attention, moe,
+                  plan.fp8_format, plan.num_microbatches, plan.cp, plan.cp_comm_type,
+                  plan.gradient_accumulation_fusion)
 
 
 def local_sequence(model: ModelSpec, cp: int) -> ModelSpec:
