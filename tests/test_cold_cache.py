@@ -59,9 +59,13 @@ def test_framework_step_counts_the_simulators_kernels():
     from sim.calibrate.reference_model import bench_framework
 
     fw = bench_framework(ctx, repeats=1, warmup=1)
-    # 2 layers of 24 kernels (10 forward, 10 input-gradient, 4 weight-gradient), the
-    # embedding's lookup and gradient, and the head's norm, logits, loss and their 4 gradients
-    assert FRAMEWORK_SHAPE["num_layers"] == 2 and fw["kernels"] == 2 * 24 + 2 + 7
+    # Counted as validate simulates the reference: 2 layers of 24 kernels (10 forward, 10
+    # input-gradient, 4 weight-gradient) and their 4 gradient-accumulation passes; the
+    # embedding's lookup, and its gradient's zero-fill, scatter-add and accumulation; the
+    # head's norm, logits and log-softmax, then nll_loss's zero-filled gradient, the
+    # log-softmax, logit (input and weight) and norm gradients, and the logit weight's
+    # accumulation pass
+    assert FRAMEWORK_SHAPE["num_layers"] == 2 and fw["kernels"] == 2 * (24 + 4) + 4 + 9
     assert fw["step_s"] > 0 and fw["per_kernel_s"] == pytest.approx(fw["step_s"] / fw["kernels"])
 
 

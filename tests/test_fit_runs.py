@@ -189,6 +189,15 @@ def test_the_published_runs_read_into_groups():
     assert {r.values["recompute_granularity"] for r in runs if "recompute_granularity" in r.filled} == {"none"}
     assert all("recompute_granularity" in r.filled for r in runs if r.source.startswith("NVIDIA/dgxc")
                and "Nemotron" not in r.source)
+    # Llama 3.1 as the benchmark configures it (llama3.1_8b.yaml, llama3.1_405b.yaml), not Megatron-LM's GPT defaults;
+    # the loss fused where the configuration says so (Llama 3.1, Nemotron-4), not for GPT-3 175B
+    llama = [r for r in runs if "Llama 3.1" in r.source]
+    assert len(llama) == 8 and all(r.values["normalization"] == "RMSNorm" and r.values["position_embedding_type"] == "rope"
+                                   and r.values["disable_bias_linear"] and r.values["untie_embeddings_and_output_weights"]
+                                   and r.values["hidden_dropout"] == 0.0 for r in llama)
+    fused = {r.values.get("cross_entropy_loss_fusion", False) for r in runs if "GPT-3" in r.source or "175b" in r.source}
+    assert fused == {False}
+    assert all(r.values["cross_entropy_loss_fusion"] for r in runs if "Llama 3.1" in r.source or "Nemotron" in r.source)
 
 
 def test_a_cell_beats_its_source_setting_and_the_source_beats_the_blank(tmp_path):

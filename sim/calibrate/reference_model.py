@@ -69,13 +69,16 @@ def bench_framework(ctx: Context, repeats: int, warmup: int) -> dict:
     one micro-batch of the reference GPT (``sim.calibrate.reference``, all layers on one
     stage) at ``FRAMEWORK_SHAPE``, divided by the kernels trainsim counts for it. What
     a step's operators cost beyond their work: Python, module calls, autograd's graph,
-    dispatch, views and the small kernels trainsim does not list (copies, fills, gradient
-    accumulation). Where the device is the host CPU, this is on the critical path of
+    dispatch, views and the small kernels trainsim does not list (copies, bias-gradient
+    sums). Where the device is the host CPU, this is on the critical path of
     every kernel; a GPU's host runs ahead of its queue."""
     torch = require_torch()
 
     model = gpt("framework-probe", tied_embeddings=False, dropout=False, **FRAMEWORK_SHAPE)
-    plan = ParallelPlan(micro_batch_size=1, global_batch_size=1)
+    # counted as validate simulates the reference: PyTorch's cross entropy, and autograd adding
+    # each weight's gradient into its standing buffer (``sim.calibrate.validate.config_plan``)
+    plan = ParallelPlan(micro_batch_size=1, global_batch_size=1, cross_entropy="pytorch",
+                        gradient_accumulation_fusion=False)
     kernels = sum(len(w.ops()) for w in chunk_work(model, plan, 0))
     gen = torch.Generator().manual_seed(5)
     stage = reference_gpt(torch, model, True, True, model.num_layers).to(ctx.device, training_dtype(ctx))

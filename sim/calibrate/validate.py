@@ -60,7 +60,8 @@ def default_model(quick: bool = False, **shape) -> ModelSpec:
 def config_plan(config: str, procs: int, micro_batch: int = 2, microbatches: int = 4) -> ParallelPlan:
     """The plan of a named configuration on ``procs`` processes (``dp_overlap`` off, as the
     reference reduces gradients after backward; ``gradient_accumulation_fusion`` off, as
-    PyTorch's autograd adds each micro-batch's gradients into the ``.grad`` buffers)."""
+    PyTorch's autograd adds each micro-batch's gradients into the ``.grad`` buffers; the
+    loss is PyTorch's ``cross_entropy``, as the reference computes it)."""
     if config not in CONFIGS:
         raise InputError(f"--configs: got {config!r}; allowed: {', '.join(CONFIGS)}")
     if config == "dp":
@@ -72,7 +73,7 @@ def config_plan(config: str, procs: int, micro_batch: int = 2, microbatches: int
             raise InputError(f"--procs: got {procs}; configuration dp-pp needs an even number >= 4 (dp 2 x pp procs/2)")
         dp, pp, sched = 2, procs // 2, "1f1b"
     return ParallelPlan(dp=dp, pp=pp, micro_batch_size=micro_batch, global_batch_size=micro_batch * dp * microbatches,
-                        schedule=sched, dp_overlap=False, gradient_accumulation_fusion=False)
+                        schedule=sched, dp_overlap=False, gradient_accumulation_fusion=False, cross_entropy="pytorch")
 
 
 def default_configs(procs: int) -> list[str]:

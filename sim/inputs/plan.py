@@ -49,6 +49,11 @@ ATTENTION = ("flash", "unfused")
 FP8_FORMATS = ("e4m3", "hybrid")
 """Transformer Engine's FP8 formats (Megatron-LM ``--fp8-format``): all tensors E4M3, or E4M3
 forward and E5M2 gradients."""
+CROSS_ENTROPY = ("megatron", "megatron-fused", "pytorch")
+"""How the loss is computed over the logits (``sim.program.workload.head_work``):
+Megatron-LM's vocab-parallel cross entropy (its default), the same fused by
+``--cross-entropy-loss-fusion``, or ``torch.nn.functional.cross_entropy`` in the training
+dtype (tp 1 only; what ``trainsim validate``'s reference runs)."""
 ZERO_STAGES = (0, 1, 2, 3)
 SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb-h1", "zb-h2", "custom")
 DDP_BUCKET_BYTES = 25 * 2**20
@@ -88,6 +93,8 @@ class ParallelPlan:
     """Weight-gradient GEMMs accumulate into the fp32 main gradients themselves (Megatron-LM's
     default); False adds each micro-batch's weight gradients in a separate pass
     (``--no-gradient-accumulation-fusion``, plain PyTorch; ``sim.program.ops.accumulate_wgrads``)."""
+    cross_entropy: str = "megatron"
+    """``CROSS_ENTROPY``: the loss's kernels over the b·s × V/t logits."""
     micro_batch_size: int = 1
     """Sequences per micro-batch per data-parallel replica (b)."""
     global_batch_size: int | None = None
@@ -179,6 +186,10 @@ class ParallelPlan:
         require(not self.tp_comm_overlap or self.tp == 1 or self.sequence_parallel, "plan: tp_comm_overlap", True,
                 "it needs sequence_parallel (Megatron-LM's --tp-comm-overlap overlaps the sequence-parallel "
                 "all-gathers and reduce-scatters)")
+        require(self.cross_entropy in CROSS_ENTROPY, "plan: cross_entropy", self.cross_entropy,
+                f"allowed: {', '.join(CROSS_ENTROPY)}")
+        require(self.cross_entropy != "pytorch" or self.tp == 1, "plan: cross_entropy", self.cross_entropy,
+                "pytorch's cross entropy needs the whole vocabulary on one GPU (tp 1); use megatron or megatron-fused")
         require(self.attention in ATTENTION, "plan: attention", self.attention, f"allowed: {', '.join(ATTENTION)}")
         require(self.fp8_format is None or self.fp8_format in FP8_FORMATS, "plan: fp8_format", self.fp8_format,
                 f"allowed: {', '.join(FP8_FORMATS)}, or None for BF16")

@@ -138,6 +138,7 @@ def plan_from_settings(p: PlanSettings, gpus: int | None, model: ModelSpec) -> P
                         cp=cp, cp_comm_type=p.cp_comm_type,
                         tp_comm_overlap=p.tp_comm_overlap,
                         gradient_accumulation_fusion=p.gradient_accumulation_fusion,
+                        cross_entropy="megatron-fused" if p.cross_entropy_loss_fusion else "megatron",
                         micro_batch_size=p.micro_batch_size, global_batch_size=p.global_batch_size,
                         recompute=p.recompute_granularity, attention=p.attention, zero_stage=p.zero,
                         fp8_format=p.fp8_format,

@@ -49,8 +49,7 @@ from sim.program.costs import (
 from sim.program.memory import model_state_bytes, optimizer_shard_params, stage_memory_bytes, stage_params_per_rank
 from sim.inputs.experts import Folding
 from sim.program.workload_moe import MoeShape
-from sim.program.workload import (Work, accumulate_wgrads, embedding_work, head_work, layer_work, local_sequence,
-                                  p2p_bytes, plan_layer_work)
+from sim.program.workload import Work, head_work, layer_work, p2p_bytes, plan_edge_works, plan_layer_work
 
 _MATMUL = ("gemm", "attention")
 
@@ -166,9 +165,7 @@ def estimate(model: ModelSpec, plan: ParallelPlan, profile: HardwareProfile, *,
     else:
         layer_t = layer_phase_times(model, plan, profile, links["tp"], gpus_per_node, dtype, False)
     moe_t = layer_phase_times(model, plan, profile, links["tp"], gpus_per_node, dtype, True) if model.moe else layer_t
-    local = local_sequence(model, plan.cp)
-    emb_t = phases(embedding_work(local, b, t, sp))
-    head_t = phases(accumulate_wgrads(head_work(local, b, t, sp), plan.gradient_accumulation_fusion))
+    emb_t, head_t = (phases(w) for w in plan_edge_works(model, plan))
     stage_times = []          # per stage: {phase: (compute_s, tp_comm_s)}
     for stage in range(p):
         ids = [i for c in range(v) for i in plan.layer_range(model, c * p + stage)]

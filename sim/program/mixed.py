@@ -31,7 +31,7 @@ from sim.inputs.model import ModelSpec
 from sim.inputs.plan import ParallelPlan
 from sim.program.actions import Program
 from sim.program.costs import work_times
-from sim.program.workload import embedding_work, head_work, layer_work
+from sim.program.workload import layer_work, plan_edge_works
 
 
 def stage_costs(model: ModelSpec, plan: ParallelPlan, profile: HardwareProfile) -> tuple[float, float, float]:
@@ -43,7 +43,8 @@ def stage_costs(model: ModelSpec, plan: ParallelPlan, profile: HardwareProfile) 
         return sum(c + x for c, x in work_times(work, profile, t).values())
 
     layer = layer_work(model, b, t, sp, plan.recompute, attention=plan.attention)
-    return total(layer), total(embedding_work(model, b, t, sp)), total(head_work(model, b, t, sp))
+    embedding, head = plan_edge_works(model, plan)
+    return total(layer), total(embedding), total(head)
 
 
 def balanced_split(model: ModelSpec, plan: ParallelPlan, stage_profiles: list[list[HardwareProfile]]) -> tuple:

@@ -41,10 +41,11 @@ from functools import lru_cache
 
 from sim.errors import require
 from sim.inputs.model import ModelSpec
-from sim.inputs.plan import ATTENTION, RECOMPUTE, ParallelPlan
+from sim.inputs.plan import ATTENTION, CROSS_ENTROPY, RECOMPUTE, ParallelPlan
 from sim.program.fp8 import fp8_layer_work
-from sim.program.ops import (COLLECTIVES, OP_KINDS, PHASES, Builder, Comm, Op, Work,  # noqa: F401 (re-exported)
-                             accumulate_wgrads)
+from sim.program.loss import loss_backward, loss_forward
+from sim.program.ops import (COLLECTIVES, MAIN_GRAD_BYTES, OP_KINDS, PHASES, Builder, Comm, Op,  # noqa: F401
+                             Work, accumulate_wgrads)
 from sim.program.context import cp_attention_backward, cp_attention_forward
 from sim.program.workload_moe import (MoeShape, attention_widths, moe_backward, moe_forward, moe_wgrads, qkv_dgrad,
                                       qkv_forward, qkv_wgrads)
@@ -226,12 +227,20 @@ def _as_recompute(item):
 
 def embedding_work(model: ModelSpec, micro_batch: int, tp: int = 1, sequence_parallel: bool = False,
                    dtype_bytes: int = 2) -> Work:
-    """Token (vocab-parallel) and position embedding lookup on the first stage."""
+    """Token (vocab-parallel) and position embedding lookup on the first stage, and its
+    backward as PyTorch's dense embedding backward runs it (``F.embedding``, which
+    Megatron-LM's ``VocabParallelEmbedding`` calls): zero a gradient the size of the
+    table (``embedding_dense_backward`` allocates ``at::zeros`` of the table's shape),
+    scatter-add the b·s gradient rows into it, then add it into the fp32 main gradient.
+    The lookup is not a GEMM, so gradient-accumulation fusion never covers it: Megatron-LM's
+    DDP hook runs ``main_grad.add_(grad)`` after every micro-batch's backward (plain
+    PyTorch's ``AccumulateGrad`` the same add)."""
     _check(model, micro_batch, tp, "none")
     m, b, t, e = model, micro_batch, tp, dtype_bytes
     sp = sequence_parallel and t > 1
     n_tok, h = b * m.seq_length, m.hidden_size
     pos = 1 if m.position_embedding == "learned" else 0
+    rows = math.ceil(m.vocab_size / t) + pos * m.max_position_embeddings  # the rank's tables
     w = Builder("embedding", e)
     w.mem("embed.lookup", 8 * n_tok + e * n_tok * h * (1 + pos), e * n_tok * h, n_tok * h * pos, framework=True)
     if t > 1:
@@ -240,15 +249,20 @@ def embedding_work(model: ModelSpec, micro_batch: int, tp: int = 1, sequence_par
     w.phase = "W"
     if sp:
         w.comm("embed.all_gather.grad", "all_gather", e * n_tok * h)
+    w.mem("embed.wgrad.zero", 0, e * rows * h, framework=True)
     # scatter-add of the gradient rows into the (vocab shard of the) table
     w.mem("embed.wgrad", e * n_tok * h * (2 + pos), e * n_tok * h * (1 + pos), n_tok * h * (1 + pos), framework=True)
+    w.mem("embed.main_grad.add", (e + MAIN_GRAD_BYTES) * rows * h, MAIN_GRAD_BYTES * rows * h, rows * h,
+          framework=True)
     return w.build()
 
 
 def head_work(model: ModelSpec, micro_batch: int, tp: int = 1, sequence_parallel: bool = False,
-              dtype_bytes: int = 2) -> Work:
-    """Final norm, logit GEMM (vocab-parallel) and cross-entropy on the last stage."""
+              dtype_bytes: int = 2, cross_entropy: str = "megatron") -> Work:
+    """Final norm, logit GEMM (vocab-parallel) and the loss on the last stage, its
+    cross entropy as ``cross_entropy`` (``sim.inputs.plan.CROSS_ENTROPY``) runs it."""
     _check(model, micro_batch, tp, "none")
+    require(cross_entropy in CROSS_ENTROPY, "cross_entropy", cross_entropy, f"allowed: {', '.join(CROSS_ENTROPY)}")
     m, b, t, e = model, micro_batch, tp, dtype_bytes
     sp = sequence_parallel and t > 1
     n_tok, h = b * m.seq_length, m.hidden_size
@@ -260,13 +274,9 @@ def head_work(model: ModelSpec, micro_batch: int, tp: int = 1, sequence_parallel
     if sp:
         w.comm("head.all_gather", "all_gather", e * n_tok * h)
     w.gemm("head.logits", n_tok, v, h)
-    # vocab-parallel cross-entropy: fp32 softmax kept for backward; max, sum and target
-    # logit all-reduced over the tp group (3 floats per token)
-    w.mem("head.loss", e * n_tok * v, 4 * n_tok * v, 5 * n_tok * v, framework=True)
-    if t > 1:
-        w.comm("head.loss.all_reduce", "all_reduce", 3 * 4 * n_tok)
+    loss_forward(w, cross_entropy, n_tok, v, t)
     w.phase = "B"
-    w.mem("head.loss.grad", 4 * n_tok * v, e * n_tok * v, 2 * n_tok * v, framework=True)
+    loss_backward(w, cross_entropy, n_tok, v)
     w.gemm("head.logits.dgrad", n_tok, h, v)
     if t > 1:
         w.comm("head.reduce_scatter.grad" if sp else "head.all_reduce.grad",
@@ -303,12 +313,29 @@ def chunk_work(model: ModelSpec, plan: ParallelPlan, virtual_stage: int, mb: int
                 model.moe_router_topk
             moe = MoeShape(plan.ep, plan.etp_size, load)
         works.append(plan_layer_work(model, plan, moe))
-    local = local_sequence(model, plan.cp)  # the embedding and the head see the rank's tokens only
+    embedding, head = plan_edge_works(model, plan)  # the embedding and the head see the rank's tokens only
     if virtual_stage == 0:
-        works.insert(0, embedding_work(local, b, t, sp))
+        works.insert(0, embedding)
     if virtual_stage == n - 1:
-        works.append(accumulate_wgrads(head_work(local, b, t, sp), plan.gradient_accumulation_fusion))
+        works.append(head)
     return works
+
+
+def plan_edge_works(model: ModelSpec, plan: ParallelPlan) -> tuple[Work, Work]:
+    """The embedding's and the head's work as ``plan`` runs them (on the rank's
+    ``local_sequence``; the head with the plan's cross entropy and, unless fused, its
+    weight gradient's accumulation pass)."""
+    local = local_sequence(model, plan.cp)
+    b, t, sp = plan.micro_batch_size, plan.tp, plan.sequence_parallel
+    return edge_works(local, b, t, sp, plan.cross_entropy, plan.gradient_accumulation_fusion)
+
+
+@lru_cache(maxsize=256)
+def edge_works(model: ModelSpec, b: int, t: int, sp: bool, cross_entropy: str = "megatron",
+               fused_accumulation: bool = True) -> tuple[Work, Work]:
+    """``plan_edge_works`` from the plan's settings: (embedding, head) for ``model`` as the rank sees it."""
+    return (embedding_work(model, b, t, sp),
+            accumulate_wgrads(head_work(model, b, t, sp, cross_entropy=cross_entropy), fused_accumulation))
 
 
 def plan_layer_work(model: ModelSpec, plan: ParallelPlan, moe: MoeShape | None = None) -> Work:

@@ -26,7 +26,7 @@ from sim.program.costs import bias_pass_time, collective_time, op_time
 from sim.program.estimate import estimate, group_comm_time
 from sim.program.fp8 import fp8_layer_work
 from sim.inputs.experts import Folding
-from sim.program.workload import Comm, Op, Work, embedding_work, head_work, layer_work, local_sequence
+from sim.program.workload import Comm, Op, Work, layer_work, local_sequence, plan_edge_works
 from sim.program.workload_moe import MoeShape
 from sim.units import format_bytes, format_time
 
@@ -97,11 +97,12 @@ def explain(model: ModelSpec, plan: ParallelPlan, profile: HardwareProfile, gpus
     link = est.links["tp"]
     b, t, sp = plan.micro_batch_size, plan.tp, plan.sequence_parallel
     local = local_sequence(model, plan.cp)
+    embedding, head = plan_edge_works(model, plan)
     works = {"layer": fp8_layer_work(layer_work(model, b, t, sp, plan.recompute, attention=plan.attention,
                                                 cp=plan.cp, cp_comm=plan.cp_comm_type),
                                      plan.fp8_format, t, sp, plan.num_microbatches),
-             "embedding": embedding_work(local, b, t, sp),
-             "head": head_work(local, b, t, sp)}
+             "embedding": embedding,
+             "head": head}
     groups = {"cp": plan.cp_group(0)}
     if model.moe:  # an MoE layer under balanced routing
         tokens = b * local.seq_length // (t if plan.sp else 1)

@@ -61,7 +61,7 @@ from sim.inputs.hardware import HardwareProfile
 from sim.inputs.model import ModelSpec
 from sim.inputs.plan import RECOMPUTE, SCHEDULES, ZERO_STAGES, ParallelPlan
 from sim.program.fp8 import FP8_FORMATS, fp8_layer_work
-from sim.program.workload import embedding_work, head_work, layer_work, local_sequence
+from sim.program.workload import edge_works, layer_work, plan_edge_works
 
 DEFAULT_MARGIN = 1.1
 """The estimate's error factor for pruning (see the module doc): how far below its bound
@@ -226,13 +226,14 @@ def _variants(model, gbs, space, dp, tp, pp, mbs, cp=1) -> list[ParallelPlan]:
 
 @lru_cache(maxsize=4096)
 def _phases(model: ModelSpec, profile: HardwareProfile, b: int, t: int, sp: bool, recompute: str,
-            tp_link: str, fp8_format: str | None = None, microbatches: int = 1) -> tuple:
+            tp_link: str, fp8_format: str | None = None, microbatches: int = 1, cross_entropy: str = "megatron",
+            fused_accumulation: bool = True) -> tuple:
     """Per phase F, B, W: (phase, layer_s, embedding_s, head_s), compute plus tp collectives."""
     def times(work):
         return work_times(work, profile, t, tp_link)
 
     layer = times(fp8_layer_work(layer_work(model, b, t, sp, recompute), fp8_format, t, sp, microbatches))
-    emb, head = times(embedding_work(model, b, t, sp)), times(head_work(model, b, t, sp))
+    emb, head = (times(w) for w in edge_works(model, b, t, sp, cross_entropy, fused_accumulation))
     return tuple((ph, sum(layer[ph]), sum(emb[ph]), sum(head[ph]), sum(layer[ph])) for ph in ("F", "B", "W"))
 
 
@@ -244,9 +245,7 @@ def _layered_phases(model, plan, profile, est, gpus_per_node) -> tuple:
     dense = layer_phase_times(model, plan, profile, est.links["tp"], gpus_per_node, "bf16", False)
     moe = layer_phase_times(model, plan, profile, est.links["tp"], gpus_per_node, "bf16", True) \
         if model.moe else dense
-    local = local_sequence(model, plan.cp)
-    emb = work_times(embedding_work(local, b, t, sp), profile, t, est.links["tp"])
-    head = work_times(head_work(local, b, t, sp), profile, t, est.links["tp"])
+    emb, head = (work_times(w, profile, t, est.links["tp"]) for w in plan_edge_works(model, plan))
     return tuple((ph, sum(dense[ph]), sum(emb[ph]), sum(head[ph]), sum(moe[ph])) for ph in ("F", "B", "W"))
 
 
@@ -261,7 +260,7 @@ def bound_s(model: ModelSpec, plan: ParallelPlan, profile: HardwareProfile, est:
         ph = _layered_phases(model, plan, profile, est, gpus_per_node)
     else:
         ph = _phases(model, profile, plan.micro_batch_size, plan.tp, plan.sequence_parallel, plan.recompute,
-                     est.links["tp"], plan.fp8_format, m)
+                     est.links["tp"], plan.fp8_format, m, plan.cross_entropy, plan.gradient_accumulation_fusion)
     ranks = []  # per pipeline rank: (F, B, W) seconds per micro-batch over its chunks
     for r in range(p):
         ids = [i for c in range(v) for i in plan.layer_range(model, c * p + r)]
