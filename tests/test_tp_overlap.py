@@ -56,26 +56,28 @@ def test_all_gather_chunks_feed_the_gemm_chunks(make_star):
 
 
 def test_reduce_scatter_chunks_follow_the_gemm_chunks(make_star):
-    # GEMM 12 s in 2 chunks; scatter 8 B in 2 chunks of 4 B (2 s); residual 1 s after the
-    # last chunk: gemm0 [0,6], rs0 [6,8] beside gemm1 [6,12], rs1 [12,14], residual [14,15].
+    # Transformer Engine pipelines a forward GEMM's reduce-scatter in 4 chunks whatever tp
+    # is: GEMM 12 s in chunks of 3 s; scatter 8 B in chunks of 2 B (1 s over 2 ranks);
+    # residual 1 s after the last chunk: gemm0 [0,3], rs0 [3,4] beside gemm1 [3,6], ...,
+    # gemm3 [9,12], rs3 [12,13], residual [13,14].
     items = [_gemm("attn.proj", 12), Comm("attn.reduce_scatter", "F", "reduce_scatter", 8.0),
              _memory("attn.residual", 1)]
     tr = _run(items, make_star)
-    assert tr.end_s == pytest.approx(15.0)
-    assert _spans(tr, stream=TP_COMM_STREAM) == [(TP_COMM_STREAM, 6.0, 8.0), (TP_COMM_STREAM, 12.0, 14.0)]
+    assert tr.end_s == pytest.approx(14.0)
+    assert _spans(tr, stream=TP_COMM_STREAM) == [(TP_COMM_STREAM, 3.0 * c + 3, 3.0 * c + 4) for c in range(4)]
 
 
 def test_gathers_beside_a_gemm_hold_no_sms_and_scatters_do(make_star):
     # Transformer Engine moves the ring-exchange all-gather chunks with the copy engines and
     # gives the pipelined reduce-scatter SMs of its own: with σ = 0.5, the all-gather case
-    # keeps its timeline (15 s, as above), while the GEMM chunk beside the first scatter
-    # chunk [6, 8] does 2/1.5 s of work there and ends at 8 + (6 - 4/3) = 12.667 s; then
-    # rs1 [12.667, 14.667] and the residual: 15.667 s.
+    # keeps its timeline (15 s, as above), while each of GEMM chunks 1-3 does 1/1.5 s of its
+    # 3 s beside the scatter chunk before it (1 s), so takes 1 + (3 - 1/1.5) s: gemm0 3 s,
+    # then three such chunks, the last scatter chunk 1 s and the residual 1 s.
     gather = [_memory("attn.norm", 1), Comm("attn.all_gather", "F", "all_gather", 8.0), _gemm("attn.qkv", 12)]
     assert _run(gather, make_star, sigma=0.5).end_s == pytest.approx(15.0)
     scatter = [_gemm("attn.proj", 12), Comm("attn.reduce_scatter", "F", "reduce_scatter", 8.0),
                _memory("attn.residual", 1)]
-    assert _run(scatter, make_star, sigma=0.5).end_s == pytest.approx(8 + (6 - 2 / 1.5) + 2 + 1)
+    assert _run(scatter, make_star, sigma=0.5).end_s == pytest.approx(3 + 3 * (1 + (3 - 1 / 1.5)) + 1 + 1)
 
 
 def test_weight_gradient_gather_runs_whole_beside_the_input_gradient(make_star):
@@ -121,3 +123,60 @@ def test_tp_comm_overlap_needs_sequence_parallel():
     assert code == 2
     lines = err.getvalue().strip().splitlines()
     assert len(lines) == 1 and "--tp-comm-overlap: got True; needs --sequence-parallel" in lines[0]
+
+
+def test_input_gradient_scatter_runs_whole_beside_the_weight_gradient(make_star):
+    # A layer's backward with its weight gradients (1F1B's step): Transformer Engine runs the
+    # MLP-up input gradient whole, then its reduce-scatter whole beside that layer's weight
+    # gradient (bulk). dgrad 6 s; the wgrad input's gather (8 B: 4 s) is issued first on the
+    # side stream [0, 4], so the scatter (8 B: 4 s) follows it there [6, 10]; the wgrad
+    # (5 s) runs [6, 11]; the norm's gradient (1 s) waits for both: [11, 12].
+    items = [_gemm("mlp.up.dgrad", 6), Comm("mlp.reduce_scatter.grad", "B", "reduce_scatter", 8.0),
+             _memory("mlp.norm.grad", 1), Comm("mlp.up.all_gather.input", "W", "all_gather", 8.0),
+             _gemm("mlp.up.wgrad", 5)]
+    tr = _run(items, make_star)
+    assert tr.end_s == pytest.approx(12.0)
+    assert _spans(tr, stream=TP_COMM_STREAM) == [(TP_COMM_STREAM, 0.0, 4.0), (TP_COMM_STREAM, 6.0, 10.0)]
+    assert _spans(tr, stream="compute") == [("compute", 0.0, 6.0), ("compute", 6.0, 11.0), ("compute", 11.0, 12.0)]
+    # A zero-bubble input-gradient step has no weight gradient: the scatter stays pipelined
+    # in 4 chunks (dgrad chunks of 1.5 s, scatter chunks of 1 s), then the norm.
+    alone = _run(items[:3], make_star)
+    assert alone.end_s == pytest.approx(4 * 1.5 + 1 + 1)
+    assert len(_spans(alone, stream=TP_COMM_STREAM)) == 4
+
+
+def test_te_order_moves_each_weight_gradient_after_its_input_gradient():
+    from sim.inputs.model import gpt
+    from sim.program.tp import te_order
+    from sim.program.workload import layer_work
+
+    w = layer_work(gpt("g", 2, 1024, 8, 1000, 64), 1, tp=2, sequence_parallel=True)
+    names = [it.name for it in te_order(list(w.phase("B") + w.phase("W")))]
+    assert names == ["mlp.residual.grad", "mlp.all_gather.grad", "mlp.down.dgrad", "mlp.gelu.grad", "mlp.up.dgrad",
+                     "mlp.reduce_scatter.grad", "mlp.up.all_gather.input", "mlp.up.wgrad", "mlp.norm.grad",
+                     "attn.residual.grad", "attn.all_gather.grad", "attn.proj.dgrad", "attn.core.grad",
+                     "attn.qkv.dgrad", "attn.reduce_scatter.grad", "attn.qkv.all_gather.input", "attn.qkv.wgrad",
+                     "attn.norm.grad", "mlp.down.wgrad", "attn.proj.wgrad"]
+    # nothing to move in a forward step, or in a backward step without its weight gradients
+    for items in (list(w.phase("F")), list(w.phase("B"))):
+        assert te_order(items) == items
+
+
+def test_chunks_on_three_streams_share_their_waves():
+    # Transformer Engine runs a chunked GEMM's chunks on 3 compute streams in turn, so the
+    # tail wave of one fills with the next one's tiles. With a time of whole waves (84 tiles
+    # per chunk on 132 SMs), one chunk alone takes a wave; three together 2 waves, 2/3 each.
+    import math
+    from dataclasses import replace
+
+    from sim.program.tp import chunk_time
+
+    def waves(op):
+        return math.ceil(84 * op.batch / 132)
+
+    chunk = _gemm("attn.qkv", 1.0)
+    assert waves(chunk) == 1
+    assert chunk_time(chunk, 8, waves) == pytest.approx(2 / 3)
+    assert chunk_time(chunk, 2, waves) == pytest.approx(2 / 2)      # two chunks: 168 tiles, 2 waves
+    assert chunk_time(chunk, 1, waves) == 1
+    assert chunk_time(replace(chunk, batch=2), 3, waves) == pytest.approx(math.ceil(504 / 132) / 3)

@@ -5,30 +5,41 @@ Without overlap (Megatron-LM's default) each step is a chain on the compute stre
 compute, collective, compute, ...; the NCCL kernels block the compute that follows.
 
 With ``tp_comm_overlap`` (Megatron-LM ``--tp-comm-overlap``, Transformer Engine's
-userbuffers; it needs sequence parallelism), each sequence-parallel all-gather is
-overlapped with the GEMM that consumes it, and each reduce-scatter with the GEMM that
-produces it, by cutting both into ``tp`` chunks along the tokens (TE's ring-exchange
-all-gather and split-pipelined reduce-scatter):
+userbuffers; it needs sequence parallelism), each sequence-parallel collective runs beside
+a GEMM, as Transformer Engine's default configuration overlaps them
+(``transformer_engine/pytorch/module/base.py``, ``initialize_ub``; the DGX Cloud
+benchmarks' NeMo configurations keep these methods and split counts):
 
-- all-gather then GEMM: chunk i of the GEMM waits for chunk i of the gather, which runs
-  on a stream of its own (``TP_COMM_STREAM``) while chunk i − 1 computes;
-- GEMM then reduce-scatter: chunk i of the scatter waits for chunk i of the GEMM and runs
-  while chunk i + 1 computes; what follows the scatter waits for its last chunk;
+- all-gather then GEMM (``ring_exchange``: the QKV and MLP-up forward GEMMs, the
+  projection and MLP-down input gradients): both cut into ``tp`` chunks along the tokens;
+  chunk i of the GEMM waits for chunk i of the gather, which runs on a stream of its own
+  (``TP_COMM_STREAM``) while chunk i − 1 computes;
+- GEMM then reduce-scatter in the forward (``pipeline``: the projection and MLP-down
+  forward GEMMs): both cut into ``PIPELINE_SPLITS`` = 4 chunks; chunk i of the scatter
+  waits for chunk i of the GEMM and runs while chunk i + 1 computes; what follows the
+  scatter waits for its last chunk;
+- an input gradient's reduce-scatter in the backward (``bulk``, QKV and MLP-up): the
+  input-gradient GEMM runs whole, then its reduce-scatter whole beside the same linear
+  layer's weight-gradient GEMM, which the layer's backward runs next (where the step has
+  it: a zero-bubble schedule's input-gradient step does not, and keeps the pipelined
+  chunks); what follows waits for the scatter;
 - the all-gather of a weight gradient's input (it needs nothing of the backward step) is
   issued whole at the start of the layer's backward, beside the input-gradient GEMMs, and
-  the weight-gradient GEMM waits for it (TE's bulk overlap).
+  the weight-gradient GEMM waits for it (``bulk``).
 
 So a pair takes about max(GEMM, collective) plus one chunk of the other, instead of their
-sum; the engine slows the GEMM chunks that overlap a reduce-scatter chunk in flight
-(``overlap_compute_slowdown``: Transformer Engine's pipelined reduce-scatter holds 16-24
-SMs), but not those beside an all-gather chunk, which the copy engines move
-(``sim.engine.collectives.holds_no_sms``). Each chunk is a
-collective of 1/tp of the bytes, priced by the network like any other (so it pays the
-collective's latency per chunk, where TE's ring exchange pays one hop per chunk: a few
-microseconds more per chunk on NVLink). Each GEMM chunk is priced at its own shape (the
-tokens cut in tp: fewer rows for forward and input-gradient GEMMs, a shorter reduction
-for weight gradients), with its own launch. All-reduces (no sequence parallelism) and
-collectives with no GEMM beside them are not overlapped.
+sum; the engine slows the GEMMs that overlap a reduce-scatter in flight
+(``overlap_compute_slowdown``: Transformer Engine's reduce-scatters hold 2-24 SMs), but not
+those beside an all-gather chunk, which the copy engines move
+(``sim.engine.collectives.holds_no_sms``). Each chunk is a collective of its share of the
+bytes, priced by the network like any other (so it pays the collective's latency per
+chunk, where TE's ring exchange pays one hop per chunk: a few microseconds more per chunk
+on NVLink). Transformer Engine issues chunk i's GEMM on compute stream i mod
+``UB_STREAMS`` (3, ``_NUM_MAX_UB_STREAMS``), so up to three chunks whose inputs are ready
+share the SMs at once and the tail wave of one fills with the next one's tiles: each chunk
+is priced as a third of its shape batched three times (``chunk_time``), wave quantization
+taken over the three together. All-reduces (no sequence parallelism) and collectives with
+no GEMM beside them are not overlapped.
 """
 
 from __future__ import annotations
@@ -40,6 +51,11 @@ from sim.program.actions import Action, Program
 
 _CATEGORY = {"etp": "ep"}
 """The trace category of a collective by its group (expert-TP collectives count as expert-parallel)."""
+PIPELINE_SPLITS = 4
+"""Chunks of a pipelined GEMM → reduce-scatter (Transformer Engine's ``num_splits`` for the
+``pipeline`` method; ``tp`` for ``ring_exchange``)."""
+UB_STREAMS = 3
+"""Compute streams a chunked GEMM's chunks take in turn (Transformer Engine's ``_NUM_MAX_UB_STREAMS``)."""
 TP_COMM_STREAM = "tp-comm"
 """The stream overlapped tensor-parallel chunks run on (Transformer Engine's userbuffers
 communicate on their own CUDA stream)."""
@@ -72,6 +88,7 @@ def overlapped_layer(items, layer, time_of: Callable, tp: int, is_comm: Callable
     ``op_of(comm)`` its engine op (allgather, reducescatter, allreduce). ``base``: how many
     segments of the step come before these (``Segment.waits`` counts in the whole step).
     ``group_of(comm)``: the group it runs over; only tensor-parallel ones overlap."""
+    items = te_order(items)
     tp_comm = is_comm
     is_comm = lambda it: tp_comm(it) and group_of(it) == "tp"  # noqa: E731
     out: list[Segment] = []
@@ -119,7 +136,7 @@ def overlapped_layer(items, layer, time_of: Callable, tp: int, is_comm: Callable
         if is_comm(it) and op_of(it) == "allgather" and gemm(nxt):
             flush()
             chunk = _chunk(nxt, tp)
-            t = time_of(chunk)
+            t = chunk_time(chunk, tp, time_of)
             before = (last_main,) if last_main >= 0 else ()  # the gather's input: what the stream made last
             for c in range(tp):
                 out.append(Segment("collective", op="allgather", nbytes=it.nbytes / tp, layer=layer, side=True,
@@ -129,11 +146,24 @@ def overlapped_layer(items, layer, time_of: Callable, tp: int, is_comm: Callable
             continue
         if gemm(it) and nxt is not None and is_comm(nxt) and op_of(nxt) == "reducescatter":
             flush()
-            chunk = _chunk(it, tp)
-            t = time_of(chunk)
-            for c in range(tp):
+            w = _weight_gradient(items, i)
+            if w is not None:  # bulk: the input gradient whole, its scatter beside the weight gradient
+                main(Segment("compute", time_of(it), it.flops, layer=layer))
+                scatter = base + len(out)
+                out.append(Segment("collective", op="reducescatter", nbytes=nxt.nbytes, layer=layer, side=True,
+                                   waits=(last_main,)))
+                wgrad = items[w]
+                main(Segment("compute", time_of(wgrad), wgrad.flops, layer=layer,
+                             waits=(bulk[w - 1],) if w - 1 in bulk else ()))
+                pending = [scatter]
+                i = w + 1
+                continue
+            parts = PIPELINE_SPLITS
+            chunk = _chunk(it, parts)
+            t = chunk_time(chunk, parts, time_of)
+            for c in range(parts):
                 main(Segment("compute", t, chunk.flops, layer=layer))
-                out.append(Segment("collective", op="reducescatter", nbytes=nxt.nbytes / tp, layer=layer,
+                out.append(Segment("collective", op="reducescatter", nbytes=nxt.nbytes / parts, layer=layer,
                                    side=True, waits=(base + len(out) - 1,)))
             pending = [base + len(out) - 1]
             i += 2
@@ -157,6 +187,58 @@ def overlapped_layer(items, layer, time_of: Callable, tp: int, is_comm: Callable
     if pending or not out or out[-1].side:  # the layer ends on its own stream, after every chunk
         main(Segment("compute", 0.0, 0.0, layer=layer))
     return out
+
+
+def te_order(items) -> list:
+    """``items`` of a layer's backward with each weight-gradient GEMM (and the all-gather of
+    its input) moved up to right after its linear layer's input-gradient GEMM and that
+    GEMM's reduce-scatter, the order Transformer Engine's linear layers run their backward
+    in, so the scatter can run beside the weight gradient (``bulk``). Items without a
+    reduce-scatter after the input gradient, or without the weight gradient in the step,
+    keep their place."""
+    names = {getattr(it, "name", None): k for k, it in enumerate(items)}
+    out, moved = [], set()
+    for k, it in enumerate(items):
+        if k in moved:
+            continue
+        out.append(it)
+        prev = items[k - 1] if k else None
+        if (getattr(it, "collective", None) == "reduce_scatter" and getattr(prev, "kind", None) == "gemm"
+                and prev.name.endswith(".dgrad")):
+            w = names.get(prev.name[:-len("dgrad")] + "wgrad")
+            if w is not None and w > k:
+                gather = w - 1 if getattr(items[w - 1], "collective", None) == "all_gather" else None
+                for j in ((gather, w) if gather is not None else (w,)):
+                    out.append(items[j])
+                    moved.add(j)
+    return out
+
+
+def _weight_gradient(items, i: int) -> int | None:
+    """Where the weight gradient of the input-gradient GEMM ``items[i]`` follows its
+    reduce-scatter (``te_order``): i + 2, or i + 3 after the all-gather of its input; None
+    if it does not."""
+    op = items[i]
+    if not op.name.endswith(".dgrad"):
+        return None
+    want = op.name[:-len("dgrad")] + "wgrad"
+    for w in (i + 2, i + 3):
+        if w < len(items) and getattr(items[w], "name", None) == want:
+            return w
+    return None
+
+
+def chunk_time(chunk, parts: int, time_of: Callable) -> float:
+    """Seconds one of ``parts`` GEMM chunks takes when Transformer Engine runs them on
+    ``UB_STREAMS`` streams in turn: min(parts, UB_STREAMS) chunks share the SMs at once, so
+    the chunk is priced as its share of that many batched together."""
+    s = min(parts, UB_STREAMS)
+    if s == 1:
+        return time_of(chunk)
+    group = replace(chunk, flops=chunk.flops * s, bytes_read=chunk.bytes_read * s,
+                    bytes_written=chunk.bytes_written * s, output_bytes=chunk.output_bytes * s,
+                    batch=chunk.batch * s)
+    return time_of(group) / s
 
 
 def _chunk(op, parts: int):

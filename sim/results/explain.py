@@ -157,7 +157,7 @@ def render(report: dict) -> str:
     for name in [n for n in ("layer", "moe layer") if n in report["parts"]] + ["embedding", "head"]:
         part = report["parts"][name]
         out.append(f"{what[name]}")
-        out.append(f"  {'ph':<3}{'kernel':<26}{'kind':<10}{'shape':<38}{'GFLOP':>9}{'moved':>11}"
+        out.append(f"  {'ph':<3}{'kernel':<26}{'kind':<10}{'shape':<38}{'GFLOP':>9}{'moved':>12}"
                    f"{'time':>11}  {'bound':<8}{'rate':>12}{'eff':>6}")
         for r in part["rows"]:
             if r["kind"].endswith(" comm"):
@@ -168,7 +168,7 @@ def render(report: dict) -> str:
                         else f"{r['bytes_per_s'] / 1e9:.0f} GB/s")
                 eff, bound = f"{r['efficiency']:.0%}", r["bound"]
             out.append(f"  {r['phase']:<3}{r['name']:<26}{r['kind']:<10}{_cell_shape(r):<38}{flops:>9}"
-                       f"{format_bytes(r['bytes']):>11}{format_time(r['time_s']):>11}  {bound:<8}{rate:>12}{eff:>6}")
+                       f"{format_bytes(r['bytes']):>12}{format_time(r['time_s']):>11}  {bound:<8}{rate:>12}{eff:>6}")
         sums = ", ".join(f"{ph} {format_time(v['compute_s'])} compute + {format_time(v['tp_comm_s'])} comm"
                          for ph, v in part["phases"].items())
         out.append(f"  total {format_time(part['total_s'])}: {sums}")
