@@ -222,3 +222,19 @@ def test_parameters_are_profile_fields_by_dotted_path():
         assert p.low <= start_value(base, p) <= p.high
     unset = replace(base, framework_kernel_efficiency=None)
     assert start_value(unset, parameter("framework_kernel_efficiency")) == pytest.approx((0.30 + 0.95) / 2)
+
+
+def test_workers_give_the_same_report(truth, tmp_path):
+    # Each simulation is deterministic: two worker processes simulating rows at once give
+    # the report one process gives, but for the seconds taken.
+    data = _write(tmp_path / "runs.csv", _rows("ab", truth))
+    reports = []
+    for jobs in ("1", "2"):
+        code, stdout, _ = _cli(["fit", str(data), "--gpu", "a100-80gb", "--json", "--jobs", jobs])
+        assert code == 0
+        report = json.loads(stdout)
+        report.pop("wall_s")
+        reports.append(report)
+    assert reports[0] == reports[1] and reports[0]["simulations"] > len(reports[0]["rows"])
+    code, _, err = _cli(["fit", str(data), "--gpu", "a100-80gb", "--jobs", "0"])
+    assert code == 2 and err.strip().splitlines()[-1].endswith("--jobs: got 0; expected an integer >= 1")

@@ -11,7 +11,9 @@ range) are chosen so that trainsim's simulated iteration times match the measure
   shadows: the runs are symmetric, every data-parallel replica and tensor-parallel peer
   does the same work; full and reduced fidelity agree within 1%) and the ``flows``
   collective model. Simulations are cached by (row, parameter vector), so the fits that
-  start from the same point share their first evaluations.
+  start from the same point share their first evaluations. With ``jobs`` > 1 the rows of
+  one parameter vector are simulated by that many worker processes at once (each
+  simulation is deterministic, so the report is the same but for ``wall_s``).
 - **Objective.** Relative residuals, predicted / measured − 1, each weighted by
   1/√(rows of its group) so that every group weighs the same (a weak-scaling table's
   rows are near copies; five of them are not five times the evidence).
@@ -155,12 +157,26 @@ def with_values(profile: HardwareProfile, params, values) -> HardwareProfile:
 
 # ---------------------------------------------------------------- simulations
 class Simulations:
-    """Each row's prepared run and its simulated iteration time per parameter vector (cached)."""
+    """Each row's prepared run and its simulated iteration time per parameter vector
+    (cached); ``pool``: an executor whose workers simulate rows (``worker_pool``), or None."""
 
-    def __init__(self, profile: HardwareProfile, params, prepared: list):
+    def __init__(self, profile: HardwareProfile, params, prepared: list, pool=None):
         self.profile, self.params, self.prepared = profile, tuple(params), list(prepared)
         self.cache: dict = {}
         self.count, self.seconds = 0, 0.0
+        self.pool = pool
+
+    def times(self, rows, values) -> list[float]:
+        """``time_s`` of each of ``rows`` at ``values``, the missing ones in the pool's workers."""
+        key = tuple(float(v) for v in values)
+        missing = [i for i in rows if (i, key) not in self.cache]
+        if self.pool is not None and len(missing) > 1:
+            start = time.monotonic()
+            for i, t in zip(missing, self.pool.map(_worker_time, [(i, key) for i in missing])):
+                self.cache[(i, key)] = t
+            self.count += len(missing)
+            self.seconds += time.monotonic() - start
+        return [self.time_s(i, key) for i in rows]
 
     def time_s(self, row: int, values) -> float:
         from sim.session import simulate_training
@@ -176,6 +192,31 @@ class Simulations:
             self.count += 1
             self.seconds += time.monotonic() - start
         return self.cache[key]
+
+
+_WORKER: list = []
+"""A worker process's own ``Simulations`` (``worker_pool``)."""
+
+
+def _worker_init(gpu: str, params, runs, where: str) -> None:
+    from sim.inputs.hardware import load_profile
+
+    _WORKER[:] = [Simulations(load_profile(gpu, flag="--gpu"), params, prepare_rows(runs, gpu, where))]
+
+
+def _worker_time(job) -> float:
+    i, values = job
+    return _WORKER[0].time_s(i, values)
+
+
+def worker_pool(jobs: int, gpu: str, params, runs, where: str):
+    """``jobs`` worker processes, each with the rows ``runs`` prepared for ``gpu`` (spawned,
+    not forked: the parent may run a progress thread)."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    return ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("spawn"),
+                               initializer=_worker_init, initargs=(gpu, tuple(params), list(runs), where))
 
 
 def prepare_rows(runs, gpu: str, where: str = "RUNS.csv") -> list:
@@ -210,7 +251,7 @@ def fit(sims: Simulations, rows: list[int], measured, weights, start) -> Fit:
 
     def residuals(u):
         x = low + np.clip(u, 0.0, 1.0) * span
-        return np.array([(sims.time_s(i, x) / measured[i] - 1.0) * weights[i] for i in rows])
+        return np.array([(t / measured[i] - 1.0) * weights[i] for i, t in zip(rows, sims.times(rows, x))])
 
     u0 = np.clip((np.asarray(start, float) - low) / span, 0.0, 1.0)
     res = least_squares(residuals, u0, bounds=(0.0, 1.0), method="trf", diff_step=DIFF_STEP, x_scale=1.0,
@@ -234,12 +275,11 @@ def fit_and_hold_out(sims: Simulations, measured: list[float], groups: list, sta
         # the weights are recomputed as if the group had never been in the file (they do not change)
         part = fit(sims, train, measured, weights, start)
         per_group[g] = part
-        for i in rows:
-            if groups[i] == g:
-                held_out[i] = sims.time_s(i, part.values)
-    return {"full": full, "per_group": per_group,
-            "initial": [sims.time_s(i, start) for i in rows],
-            "fitted": [sims.time_s(i, full.values) for i in rows], "held_out": held_out}
+        mine = [i for i in rows if groups[i] == g]
+        for i, t in zip(mine, sims.times(mine, part.values)):
+            held_out[i] = t
+    return {"full": full, "per_group": per_group, "initial": sims.times(rows, start),
+            "fitted": sims.times(rows, full.values), "held_out": held_out}
 
 
 def mean_abs(errors) -> float:
@@ -253,10 +293,10 @@ def _describe(run) -> str:
             f"{run.group[1]}")
 
 
-def fit_runs(path, gpu: str, names: list[str] | None = None) -> dict:
+def fit_runs(path, gpu: str, names: list[str] | None = None, jobs: int = 1) -> dict:
     """Read ``path``, fit the profile ``gpu`` (a preset or a profile .json) to its rows of
     that GPU, hold out each group in turn, and return the report (see ``sim.commands.fit``
-    for its keys)."""
+    for its keys); ``jobs``: worker processes simulating rows at once."""
     import hashlib
 
     from sim.calibrate.runs_csv import BY_SOURCE, BLANKS, read_runs
@@ -282,10 +322,16 @@ def fit_runs(path, gpu: str, names: list[str] | None = None) -> dict:
     except InputError as exc:
         raise InputError(f"{path}: {exc}") from None
     start = [start_value(profile, p) for p in params]
-    sims = Simulations(profile, params, prepare_rows(used, gpu, str(path)))
+    prepared = prepare_rows(used, gpu, str(path))
     measured = [r.measured_s for r in used]
     groups = [ids[r.group] for r in used]
-    res = fit_and_hold_out(sims, measured, groups, start)
+    if jobs > 1:
+        with worker_pool(jobs, gpu, params, used, str(path)) as pool:
+            sims = Simulations(profile, params, prepared, pool)
+            res = fit_and_hold_out(sims, measured, groups, start)
+    else:
+        sims = Simulations(profile, params, prepared)
+        res = fit_and_hold_out(sims, measured, groups, start)
 
     def errors(key):
         return [t / m - 1.0 for t, m in zip(res[key], measured)]

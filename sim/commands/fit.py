@@ -52,6 +52,8 @@ def add_arguments(p) -> None:
                                                    "sustained_compute_fraction, attention_max_efficiency, "
                                                    "memory_efficiency, kernel_launch_s, fewer than the groups)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument("--jobs", type=int, default=1, metavar="N",
+                   help="simulate N rows at once in worker processes (default 1; the report is the same)")
 
 
 def run(args) -> int:
@@ -63,6 +65,8 @@ def run(args) -> int:
     from sim.progress import Progress
 
     check_output_file(args.out, "--out", suffix=".json")
+    if args.jobs < 1:
+        raise InputError(f"--jobs: got {args.jobs}; expected an integer >= 1")
     names = None
     if args.params is not None:
         names = [n.strip() for n in args.params.split(",")]
@@ -73,7 +77,7 @@ def run(args) -> int:
     profile = load_profile(args.gpu, flag="--gpu")
     with Progress() as bar:
         bar.update(f"fitting {profile.name} to {args.runs}")
-        report = fit_runs(args.runs, args.gpu, names)
+        report = fit_runs(args.runs, args.gpu, names, jobs=args.jobs)
     report["out"] = args.out
     if args.out:
         fitted_profile(profile, report, datetime.date.today().isoformat()).save(args.out)
