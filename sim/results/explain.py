@@ -132,7 +132,7 @@ def explain(model: ModelSpec, plan: ParallelPlan, profile: HardwareProfile, gpus
 
 def _cell_shape(r: dict) -> str:
     if r["kind"].endswith(" comm"):
-        return f"{r['collective']} of {format_bytes(r['bytes'])} over {r['ranks']} ({r['link']})"[:37]
+        return f"{r['collective']} {format_bytes(r['bytes'])} over {r['ranks']} ({r['link']})"[:37]
     if not r["shape"]:
         return ""
     dims = "x".join(str(int(x)) for x in r["shape"])
@@ -168,7 +168,8 @@ def render(report: dict) -> str:
                         else f"{r['bytes_per_s'] / 1e9:.0f} GB/s")
                 eff, bound = f"{r['efficiency']:.0%}", r["bound"]
             out.append(f"  {r['phase']:<3}{r['name']:<26}{r['kind']:<10}{_cell_shape(r):<38}{flops:>9}"
-                       f"{format_bytes(r['bytes']):>12}{format_time(r['time_s']):>11}  {bound:<8}{rate:>12}{eff:>6}")
+                       f"{format_bytes(r['bytes']):>12}{format_time(r['time_s']):>11}  {bound:<8}{rate:>12}{eff:>6}"
+                       .rstrip())
         sums = ", ".join(f"{ph} {format_time(v['compute_s'])} compute + {format_time(v['tp_comm_s'])} comm"
                          for ph, v in part["phases"].items())
         out.append(f"  total {format_time(part['total_s'])}: {sums}")
