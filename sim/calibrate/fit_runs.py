@@ -27,6 +27,7 @@ range) are chosen so that trainsim's simulated iteration times match the measure
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
 from dataclasses import dataclass, fields, is_dataclass, replace
@@ -325,12 +326,8 @@ def fit_runs(path, gpu: str, names: list[str] | None = None, jobs: int = 1) -> d
     prepared = prepare_rows(used, gpu, str(path))
     measured = [r.measured_s for r in used]
     groups = [ids[r.group] for r in used]
-    if jobs > 1:
-        with worker_pool(jobs, gpu, params, used, str(path)) as pool:
-            sims = Simulations(profile, params, prepared, pool)
-            res = fit_and_hold_out(sims, measured, groups, start)
-    else:
-        sims = Simulations(profile, params, prepared)
+    with worker_pool(jobs, gpu, params, used, str(path)) if jobs > 1 else contextlib.nullcontext() as pool:
+        sims = Simulations(profile, params, prepared, pool)
         res = fit_and_hold_out(sims, measured, groups, start)
 
     def errors(key):

@@ -22,29 +22,28 @@ def loss_forward(w: Builder, impl: str, n_tok: int, v: int, t: int) -> None:
     ``cross_entropy`` in the training dtype: one log-softmax kernel reading the logits and
     writing the log-probabilities (the nll_loss gather is per token)."""
     e, n, f = w.e, n_tok * v, 4
+
+    def all_reduce(name: str, floats_per_token: int) -> None:
+        if t > 1:
+            w.comm(f"head.loss.all_reduce.{name}", "all_reduce", floats_per_token * f * n_tok)
+
     if impl == "pytorch":
         w.mem("head.loss.log_softmax", e * n, e * n, 4 * n, framework=True)
         return
-    fused = impl == "megatron-fused"
-    if fused:  # the cast and the max in one kernel
-        w.mem("head.loss.max", e * n, f * n + f * n_tok, n, output=f * n, framework=True)
+    if impl == "megatron-fused":
+        w.mem("head.loss.max", e * n, f * n + f * n_tok, n, output=f * n, framework=True)  # the cast with the max
+        all_reduce("max", 1)
+        w.mem("head.loss.exp", f * n, f * n, 3 * n, framework=True)  # subtract, exp, sum
+        all_reduce("sum", 2)  # the target's logit with the sum
     else:
         w.mem("head.loss.float", e * n, f * n, framework=True)
         w.mem("head.loss.max", f * n, f * n_tok, n, framework=True)
-    if t > 1:
-        w.comm("head.loss.all_reduce.max", "all_reduce", f * n_tok)
-    if fused:
-        w.mem("head.loss.exp", f * n, f * n, 3 * n, framework=True)
-    else:
+        all_reduce("max", 1)
         w.mem("head.loss.sub", f * n, f * n, n, framework=True)
         w.mem("head.loss.exp", f * n, f * n, n, framework=True)
         w.mem("head.loss.sum", f * n, f * n_tok, n, framework=True)
-    if t > 1:
-        if fused:
-            w.comm("head.loss.all_reduce.sum", "all_reduce", 2 * f * n_tok)
-        else:
-            w.comm("head.loss.all_reduce.target", "all_reduce", f * n_tok)
-            w.comm("head.loss.all_reduce.sum", "all_reduce", f * n_tok)
+        all_reduce("target", 1)
+        all_reduce("sum", 1)
     w.mem("head.loss.div", f * n + f * n_tok, f * n, n, framework=True)
 
 
