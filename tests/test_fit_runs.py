@@ -198,6 +198,13 @@ def test_the_published_runs_read_into_groups():
     fused = {r.values.get("cross_entropy_loss_fusion", False) for r in runs if "GPT-3" in r.source or "175b" in r.source}
     assert fused == {False}
     assert all(r.values["cross_entropy_loss_fusion"] for r in runs if "Llama 3.1" in r.source or "Nemotron" in r.source)
+    # Transformer Engine's TP overlap where the configuration turns it on (gpt3_175b_hydra.yaml, Nemotron's
+    # configure.sh, llama3.1_405b.yaml: ub_tp_comm_overlap true), not for Llama 3.1 8B (tp 1, false) or the A100 paper
+    overlapped = {r.values["num_layers"] for r in runs if r.values.get("tp_comm_overlap")}
+    assert overlapped == {96, 126}  # GPT-3 175B and Nemotron-4 340B (96 layers), Llama 3.1 405B (126)
+    assert len([r for r in runs if r.values.get("tp_comm_overlap")]) == 18
+    assert all(r.values["sequence_parallel"] for r in runs if r.values.get("tp_comm_overlap"))
+    assert not [r for r in runs if r.gpu == "a100-80gb" and r.values.get("tp_comm_overlap")]
 
 
 def test_a_cell_beats_its_source_setting_and_the_source_beats_the_blank(tmp_path):

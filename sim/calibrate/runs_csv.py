@@ -96,12 +96,13 @@ BY_SOURCE = (
      "--use-flash-attn later): its core attention wrote the s x s scores (QK^T, fused scale-mask-softmax, dropout, AV)"),
     ("Nemotron-4 340B", {"position_embedding_type": "rope", "disable_bias_linear": True,
                          "untie_embeddings_and_output_weights": True, "hidden_dropout": 0.0, "attention_dropout": 0.0,
-                         "recompute_granularity": "selective", "cross_entropy_loss_fusion": True},
+                         "recompute_granularity": "selective", "cross_entropy_loss_fusion": True,
+                         "tp_comm_overlap": True},
      "the Nemotron-4 architecture (Nemotron-4 15B and 340B technical reports, NVIDIA 2024): rotary position "
      "embeddings, no bias terms, untied input and output embeddings, dropout 0; and the benchmark's configuration "
      "(NVIDIA/dgxc-benchmarking v25.02 nemotron/nemotron4-340b-synth.yaml: activations_checkpoint_granularity "
      "selective, which its configure.sh does not override): the core attention recomputed in backward; and "
-     "cross_entropy_loss_fusion: true in the same file"),
+     "cross_entropy_loss_fusion: true in the same file; its configure.sh sets model.ub_tp_comm_overlap=True"),
     ("Llama 3.1", {"normalization": "RMSNorm", "position_embedding_type": "rope", "disable_bias_linear": True,
                    "untie_embeddings_and_output_weights": True, "hidden_dropout": 0.0, "attention_dropout": 0.0,
                    "cross_entropy_loss_fusion": True},
@@ -110,6 +111,12 @@ BY_SOURCE = (
      "llama3.1/llama3.1_8b.yaml and llama3.1_405b.yaml: normalization rmsnorm, position_embedding_type rope, bias "
      "false, share_embeddings_and_output_weights false, hidden_dropout and attention_dropout 0.0, "
      "cross_entropy_loss_fusion true)"),
+    ("nemo_megatron/README_175b", {"tp_comm_overlap": True},
+     "the benchmark's configuration (NVIDIA/dgxc-benchmarking v25.02 nemo_megatron/gpt3_175b_hydra.yaml: "
+     "ub_tp_comm_overlap: true, which its configure.sh does not override; BF16 and FP8 rows alike)"),
+    ("llama3.1/README_405b", {"tp_comm_overlap": True},
+     "the benchmark's configuration (NVIDIA/dgxc-benchmarking v25.02 llama3.1/llama3.1_405b.yaml: "
+     "ub_tp_comm_overlap: true; llama3.1_8b.yaml, tp 1, has it false)"),
 )
 """Settings a source's rows take where the file has no column or a blank cell: the
 framework or model facts of that source, each with the reason. A filled cell wins; a
