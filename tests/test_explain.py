@@ -66,3 +66,35 @@ def test_cli_json_and_bad_input(capsys):
                  "--tensor-model-parallel-size", "3"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "3" in err
+
+
+def test_unfused_accumulation_is_in_the_layer_as_the_simulator_charges_it():
+    # --no-gradient-accumulation-fusion: every weight gradient is followed by main_grad.add_ (10 B per local
+    # weight: read the 16-bit gradient and the fp32 main gradient, write the main gradient)
+    from sim.program.workload import plan_layer_work
+
+    model, profile = preset("llama2-7b"), load_profile("h100-sxm")
+    plan = ParallelPlan(dp=4, tp=2, pp=1, micro_batch_size=1, global_batch_size=8, sequence_parallel=True,
+                        gradient_accumulation_fusion=False)
+    rows = explain(model, plan, profile)["parts"]["layer"]["rows"]
+    adds = [r for r in rows if r["name"].endswith(".accumulate")]
+    wgrads = [r for r in rows if r["name"].endswith(".wgrad")]
+    assert len(adds) == len(wgrads) == 4
+    for a in adds:
+        w = next(r for r in wgrads if r["name"] == a["name"].removesuffix(".accumulate"))
+        m, n, k = w["shape"]
+        assert a["bytes"] == 10 * m * n * w["batch"]
+    expected = work_times(plan_layer_work(model, plan), profile, tp=2, tp_link="nvlink")
+    phases = explain(model, plan, profile)["parts"]["layer"]["phases"]
+    assert phases["W"]["compute_s"] == pytest.approx(expected["W"][0], rel=1e-12)
+
+
+def test_the_kernel_and_shape_columns_fit_their_longest_cells(report):
+    *_, rep = report
+    lines = render(rep).splitlines()
+    rows = [r for part in rep["parts"].values() for r in part["rows"]]
+    longest = max(rows, key=lambda r: len(r["name"]))
+    line = next(x for x in lines if f" {longest['name']} " in x)  # the name is followed by a space, not cut
+    assert line.split()[1] == longest["name"]
+    for comm in (r for r in rows if r["kind"].endswith(" comm")):  # the collective's cell whole, link included
+        assert any(f"{comm['collective']} " in x and f"over {comm['ranks']} ({comm['link']})" in x for x in lines)

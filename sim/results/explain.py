@@ -24,9 +24,8 @@ from sim.inputs.model import ModelSpec
 from sim.inputs.plan import ParallelPlan
 from sim.program.costs import bias_pass_time, collective_time, op_time
 from sim.program.estimate import estimate, group_comm_time
-from sim.program.fp8 import fp8_layer_work
 from sim.inputs.experts import Folding
-from sim.program.workload import Comm, Op, Work, layer_work, local_sequence, plan_edge_works
+from sim.program.workload import Comm, Op, Work, local_sequence, plan_edge_works, plan_layer_work
 from sim.program.workload_moe import MoeShape
 from sim.units import format_bytes, format_time
 
@@ -95,21 +94,17 @@ def explain(model: ModelSpec, plan: ParallelPlan, profile: HardwareProfile, gpus
     """The report as a dict (the JSON ``trainsim explain --json`` prints)."""
     est = estimate(model, plan, profile, gpus_per_node=gpus_per_node)
     link = est.links["tp"]
-    b, t, sp = plan.micro_batch_size, plan.tp, plan.sequence_parallel
+    b, t = plan.micro_batch_size, plan.tp
     local = local_sequence(model, plan.cp)
     embedding, head = plan_edge_works(model, plan)
-    works = {"layer": fp8_layer_work(layer_work(model, b, t, sp, plan.recompute, attention=plan.attention,
-                                                cp=plan.cp, cp_comm=plan.cp_comm_type),
-                                     plan.fp8_format, t, sp, plan.num_microbatches),
+    works = {"layer": plan_layer_work(model, plan),
              "embedding": embedding,
              "head": head}
     groups = {"cp": plan.cp_group(0)}
     if model.moe:  # an MoE layer under balanced routing
         tokens = b * local.seq_length // (t if plan.sp else 1)
-        works["moe layer"] = fp8_layer_work(
-            layer_work(model, b, t, sp, plan.recompute, attention=plan.attention, cp=plan.cp,
-                       cp_comm=plan.cp_comm_type, moe=MoeShape(plan.ep, plan.etp_size, tokens * model.moe_router_topk)),
-            plan.fp8_format, t, sp, plan.num_microbatches)
+        moe = MoeShape(plan.ep, plan.etp_size, tokens * model.moe_router_topk)
+        works["moe layer"] = plan_layer_work(model, plan, moe)
         fold = Folding(plan)
         groups.update(ep=fold.ep_group(0), etp=fold.etp_group(0))
     links = {k: "nvlink" if len({r // gpus_per_node for r in g}) == 1 else "ib" for k, g in groups.items()}
@@ -132,7 +127,7 @@ def explain(model: ModelSpec, plan: ParallelPlan, profile: HardwareProfile, gpus
 
 def _cell_shape(r: dict) -> str:
     if r["kind"].endswith(" comm"):
-        return f"{r['collective']} {format_bytes(r['bytes'])} over {r['ranks']} ({r['link']})"[:37]
+        return f"{r['collective']} {format_bytes(r['bytes'])} over {r['ranks']} ({r['link']})"
     if not r["shape"]:
         return ""
     dims = "x".join(str(int(x)) for x in r["shape"])
@@ -157,7 +152,9 @@ def render(report: dict) -> str:
     for name in [n for n in ("layer", "moe layer") if n in report["parts"]] + ["embedding", "head"]:
         part = report["parts"][name]
         out.append(f"{what[name]}")
-        out.append(f"  {'ph':<3}{'kernel':<26}{'kind':<10}{'shape':<38}{'GFLOP':>9}{'moved':>12}"
+        nw = max([26] + [len(r["name"]) + 1 for r in part["rows"]])  # columns as wide as their longest cell
+        sw = max([38] + [len(_cell_shape(r)) + 1 for r in part["rows"]])
+        out.append(f"  {'ph':<3}{'kernel':<{nw}}{'kind':<10}{'shape':<{sw}}{'GFLOP':>9}{'moved':>12}"
                    f"{'time':>11}  {'bound':<8}{'rate':>12}{'eff':>6}")
         for r in part["rows"]:
             if r["kind"].endswith(" comm"):
@@ -167,7 +164,7 @@ def render(report: dict) -> str:
                 rate = (f"{r['flops_per_s'] / 1e12:.0f} TFLOP/s" if r["bound"] == "compute"
                         else f"{r['bytes_per_s'] / 1e9:.0f} GB/s")
                 eff, bound = f"{r['efficiency']:.0%}", r["bound"]
-            out.append(f"  {r['phase']:<3}{r['name']:<26}{r['kind']:<10}{_cell_shape(r):<38}{flops:>9}"
+            out.append(f"  {r['phase']:<3}{r['name']:<{nw}}{r['kind']:<10}{_cell_shape(r):<{sw}}{flops:>9}"
                        f"{format_bytes(r['bytes']):>12}{format_time(r['time_s']):>11}  {bound:<8}{rate:>12}{eff:>6}"
                        .rstrip())
         sums = ", ".join(f"{ph} {format_time(v['compute_s'])} compute + {format_time(v['tp_comm_s'])} comm"

@@ -61,6 +61,7 @@ from sim.inputs.hardware import HardwareProfile
 from sim.inputs.model import ModelSpec
 from sim.inputs.plan import RECOMPUTE, SCHEDULES, ZERO_STAGES, ParallelPlan
 from sim.program.fp8 import FP8_FORMATS, fp8_layer_work
+from sim.program.ops import accumulate_wgrads
 from sim.program.workload import edge_works, layer_work, plan_edge_works
 
 DEFAULT_MARGIN = 1.1
@@ -232,7 +233,8 @@ def _phases(model: ModelSpec, profile: HardwareProfile, b: int, t: int, sp: bool
     def times(work):
         return work_times(work, profile, t, tp_link)
 
-    layer = times(fp8_layer_work(layer_work(model, b, t, sp, recompute), fp8_format, t, sp, microbatches))
+    layer = times(accumulate_wgrads(fp8_layer_work(layer_work(model, b, t, sp, recompute), fp8_format, t, sp,
+                                                   microbatches), fused_accumulation))
     emb, head = (times(w) for w in edge_works(model, b, t, sp, cross_entropy, fused_accumulation))
     return tuple((ph, sum(layer[ph]), sum(emb[ph]), sum(head[ph]), sum(layer[ph])) for ph in ("F", "B", "W"))
 
