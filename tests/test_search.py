@@ -273,3 +273,24 @@ def test_the_bound_charges_unfused_gradient_accumulation_in_every_layer():
                 for n in weights)
     w = {ph[0]: ph for ph in fused}["W"], {ph[0]: ph for ph in unfused}["W"]
     assert w[1][1] - w[0][1] == pytest.approx(extra, rel=1e-9)
+
+
+def test_the_bound_prices_the_layer_the_plan_runs_even_with_unfused_attention():
+    # the bound's per-layer phases are the simulator's layer (plan_layer_work) priced kernel by kernel:
+    # unfused attention (softmax and its score matrices in HBM) must not be priced as flash attention
+    from sim.program.costs import work_times
+    from sim.program.workload import plan_layer_work
+    from sim.studies.search import _phases
+
+    model, profile = gpt("att", 4, 1024, 16, 32000, 1024), load_profile("h100-sxm")
+    plans = [ParallelPlan(tp=2, sequence_parallel=True, micro_batch_size=1, global_batch_size=4, attention=a)
+             for a in ("flash", "unfused")]
+    layers = []
+    for plan in plans:
+        ph = _phases(model, profile, 1, 2, True, "none", "nvlink", None, plan.num_microbatches, "megatron", True,
+                     plan.attention)
+        expect = work_times(plan_layer_work(model, plan), profile, 2, "nvlink")
+        for name, layer_s, *_ in ph:
+            assert layer_s == pytest.approx(sum(expect[name]), rel=1e-12)
+        layers.append(sum(p[1] for p in ph))
+    assert layers[1] > layers[0]

@@ -341,7 +341,7 @@ def edge_works(model: ModelSpec, b: int, t: int, sp: bool, cross_entropy: str = 
 def plan_layer_work(model: ModelSpec, plan: ParallelPlan, moe: MoeShape | None = None) -> Work:
     """One layer's work as ``plan`` runs it (``layer_work``, then FP8 casts and unfused
     gradient accumulation as the plan says); ``moe``: its expert shape, None for dense."""
-    return _layer(model, plan.micro_batch_size, plan.tp, plan.sequence_parallel, plan.recompute, plan.attention, moe,
+    return layer_as_run(model, plan.micro_batch_size, plan.tp, plan.sequence_parallel, plan.recompute, plan.attention, moe,
                   plan.fp8_format, plan.num_microbatches, plan.cp, plan.cp_comm_type,
                   plan.gradient_accumulation_fusion)
 
@@ -352,8 +352,11 @@ def local_sequence(model: ModelSpec, cp: int) -> ModelSpec:
 
 
 @lru_cache(maxsize=4096)
-def _layer(model, b, t, sp, recompute, attention, moe, fp8_format, microbatches, cp=1, cp_comm="p2p",
-           fused_accumulation=True) -> Work:
+def layer_as_run(model: ModelSpec, b: int, t: int, sp: bool, recompute: str = "none", attention: str = "flash",
+                 moe: MoeShape | None = None, fp8_format: str | None = None, microbatches: int = 1, cp: int = 1,
+                 cp_comm: str = "p2p", fused_accumulation: bool = True) -> Work:
+    """``plan_layer_work`` from the plan's settings, cached: ``layer_work``, then the FP8
+    casts (``sim.program.fp8``) and unfused gradient accumulation (``accumulate_wgrads``)."""
     layer = layer_work(model, b, t, sp, recompute, attention=attention, moe=moe, cp=cp, cp_comm=cp_comm)
     return accumulate_wgrads(fp8_layer_work(layer, fp8_format, t, sp, microbatches), fused_accumulation)
 

@@ -60,9 +60,8 @@ from sim.program.estimate import Estimate, estimate, layer_phase_times
 from sim.inputs.hardware import HardwareProfile
 from sim.inputs.model import ModelSpec
 from sim.inputs.plan import RECOMPUTE, SCHEDULES, ZERO_STAGES, ParallelPlan
-from sim.program.fp8 import FP8_FORMATS, fp8_layer_work
-from sim.program.ops import accumulate_wgrads
-from sim.program.workload import edge_works, layer_work, plan_edge_works
+from sim.program.fp8 import FP8_FORMATS
+from sim.program.workload import edge_works, layer_as_run, plan_edge_works
 
 DEFAULT_MARGIN = 1.1
 """The estimate's error factor for pruning (see the module doc): how far below its bound
@@ -228,13 +227,14 @@ def _variants(model, gbs, space, dp, tp, pp, mbs, cp=1) -> list[ParallelPlan]:
 @lru_cache(maxsize=4096)
 def _phases(model: ModelSpec, profile: HardwareProfile, b: int, t: int, sp: bool, recompute: str,
             tp_link: str, fp8_format: str | None = None, microbatches: int = 1, cross_entropy: str = "megatron",
-            fused_accumulation: bool = True) -> tuple:
-    """Per phase F, B, W: (phase, layer_s, embedding_s, head_s), compute plus tp collectives."""
+            fused_accumulation: bool = True, attention: str = "flash") -> tuple:
+    """Per phase F, B, W: (phase, layer_s, embedding_s, head_s, layer_s), compute plus tp
+    collectives, for the layer, embedding and head as the plan runs them (``sim.program.workload``)."""
     def times(work):
         return work_times(work, profile, t, tp_link)
 
-    layer = times(accumulate_wgrads(fp8_layer_work(layer_work(model, b, t, sp, recompute), fp8_format, t, sp,
-                                                   microbatches), fused_accumulation))
+    layer = times(layer_as_run(model, b, t, sp, recompute, attention, None, fp8_format, microbatches,
+                               fused_accumulation=fused_accumulation))
     emb, head = (times(w) for w in edge_works(model, b, t, sp, cross_entropy, fused_accumulation))
     return tuple((ph, sum(layer[ph]), sum(emb[ph]), sum(head[ph]), sum(layer[ph])) for ph in ("F", "B", "W"))
 
@@ -262,7 +262,8 @@ def bound_s(model: ModelSpec, plan: ParallelPlan, profile: HardwareProfile, est:
         ph = _layered_phases(model, plan, profile, est, gpus_per_node)
     else:
         ph = _phases(model, profile, plan.micro_batch_size, plan.tp, plan.sequence_parallel, plan.recompute,
-                     est.links["tp"], plan.fp8_format, m, plan.cross_entropy, plan.gradient_accumulation_fusion)
+                     est.links["tp"], plan.fp8_format, m, plan.cross_entropy, plan.gradient_accumulation_fusion,
+                     plan.attention)
     ranks = []  # per pipeline rank: (F, B, W) seconds per micro-batch over its chunks
     for r in range(p):
         ids = [i for c in range(v) for i in plan.layer_range(model, c * p + r)]
