@@ -165,3 +165,31 @@ def test_broadcast_across_nodes_runs_one_chain_per_rail():
     for x in eight.transfers:
         into[x.dst] = into.get(x.dst, 0) + x.nbytes
     assert sorted(into) == list(range(1, 16)) and all(v == pytest.approx(S) for v in into.values())
+
+
+def test_a_member_ends_after_its_own_transfers_when_nothing_has_latency():
+    # A tree all-reduce on links with no latency: its zero-byte pipeline-fill steps finish
+    # the moment they start, and so free their children at once. Each step must still run
+    # once: a member's action ends when its last transfer (as sender or receiver) has, here
+    # one hop on a slower link (the chain 0-1-2-3, link 1-2 at half the rate).
+    import networkx as nx
+
+    from sim.inputs.topology import Topology
+
+    g = nx.Graph()
+    for i in range(4):
+        g.add_node(f"gpu{i}", kind="gpu", rank=i, node=0)
+    for i in range(4):
+        for j in range(i + 1, 4):
+            g.add_edge(f"gpu{i}", f"gpu{j}", kind="nvlink", latency_s=0.0,
+                       bandwidth_Bps=0.5e9 if (i, j) == (1, 2) else 1e9)
+    trace = _time("allreduce", 4, 64.0, Topology(g, "mesh"), algo="tree")
+    last = {}
+    for t in trace.transfers:
+        for r in (t.src, t.dst):
+            last[r] = max(last.get(r, 0.0), t.end_s)
+    ends = {s.rank: s.end_s for s in trace.spans}
+    # one node, one tree: every edge carries the 64 B up and down at once; the slow hop takes twice as long
+    assert last[1] == last[2] == pytest.approx(64.0 / 0.5e9, rel=1e-12)
+    for r in range(4):
+        assert ends[r] == pytest.approx(last[r], rel=1e-12)

@@ -227,10 +227,11 @@ class Collectives:
         for r in sorted(left):
             if left[r] == 0:
                 finish(action_of[r], began, None)
-        for i, w in enumerate(waiting):
-            if w == 0:
-                route, src, dst, nbytes, step_label, latency_steps = args[i]
-                full = labels.get(step_label)
-                if full is None:
-                    full = labels[step_label] = f"{label} {step_label}"
-                start(route, src, dst, nbytes, full, latency_steps, finished, i)
+        # The steps ready at the start, listed before any starts: a step with no latency and
+        # no bytes finishes inside ``start``, and the children that frees are started there.
+        for i in [i for i, w in enumerate(waiting) if w == 0]:
+            route, src, dst, nbytes, step_label, latency_steps = args[i]
+            full = labels.get(step_label)
+            if full is None:
+                full = labels[step_label] = f"{label} {step_label}"
+            start(route, src, dst, nbytes, full, latency_steps, finished, i)
