@@ -27,6 +27,7 @@ from sim.engine.tuner import alone_time, check_forced
 from sim.errors import InputError
 from sim.inputs.hardware import HardwareProfile, load_profile
 from sim.inputs.model import ModelSpec
+from sim.inputs.pacing import paced
 from sim.inputs.plan import ParallelPlan
 from sim.inputs.resolve import model_from_settings, plan_from_settings, topology_from_settings
 from sim.inputs.schema import AUTO_FULL_FIDELITY_EVENTS, DEFAULT_MAX_EVENTS, PlanSettings, RunSettings
@@ -161,8 +162,8 @@ def simulate_training(model: ModelSpec, plan: ParallelPlan, profile: HardwarePro
         build = partial(build_program, model, plan, schedule=schedule, fidelity=fidelity,
                         gpus_per_node=topology.gpus_per_node, topology=topology, coalesce_tp=coalesce_tp,
                         max_events=max_events, collective_model=collective_model, nccl=alone)
-        schedule, prog = build(profile=profile) if mixed is None else build_mixed(
-            lambda p: build(profile=p), mixed.profiles, mixed.of_rank)
+        schedule, prog = build(profile=paced(profile, plan.world_size)) if mixed is None else build_mixed(
+            lambda p: build(profile=paced(p, plan.world_size)), mixed.profiles, mixed.of_rank)
         # (inside the same pause: the engine's own finds the collector off and leaves the
         # program it was given alone, instead of walking it once more)
         trace = simulate(prog, topology, link_efficiency=profile.link_efficiencies(), fluid_collectives=flows,

@@ -39,13 +39,13 @@ MODELS = {
 TRUTH = {"sustained_compute_fraction": 0.80, "attention_max_efficiency": 0.55}
 
 
-def _rows(models, truth_profile: Path, noise: float = 0.0):
-    """Rows of ``models`` at 8 and 32 GPUs, timed by the simulator on ``truth_profile``
+def _rows(models, truth_profile: Path, noise: float = 0.0, sizes=(8, 32)):
+    """Rows of ``models`` at ``sizes`` GPUs, timed by the simulator on ``truth_profile``
     (times the row's 1 + noise x (+1, -1, ...))."""
     rows = []
     for name in models:
         m = MODELS[name]
-        for gpus in (8, 32):
+        for gpus in sizes:
             settings = {k: v for k, v in m.items() if k != "activation"}
             dp = gpus // (m["tensor_model_parallel_size"] * m["pipeline_model_parallel_size"])
             r = sim.run(**settings, swiglu=m["activation"] == "swiglu", gpus=gpus, global_batch_size=4 * dp,
@@ -245,3 +245,19 @@ def test_workers_give_the_same_report(truth, tmp_path):
     assert reports[0] == reports[1] and reports[0]["simulations"] > len(reports[0]["rows"])
     code, _, err = _cli(["fit", str(data), "--gpu", "a100-80gb", "--jobs", "0"])
     assert code == 2 and err.strip().splitlines()[-1].endswith("--jobs: got 0; expected an integer >= 1")
+
+
+def test_fit_recovers_the_gpu_speed_spread_from_runs_of_two_sizes(tmp_path):
+    # the spread shows only in how a model's step grows from 8 to 512 GPUs (the slowest of
+    # more GPUs is slower: e(8) = 1.42, e(512) = 3.04), the fraction in its level
+    truth = {"sustained_compute_fraction": 0.80, "gpu_speed_spread": 0.03}
+    path = tmp_path / "truth.json"
+    replace(load_profile("a100-80gb"), **truth).save(path)
+    data = _write(tmp_path / "runs.csv", _rows("abc", path, sizes=(8, 512)))
+    code, stdout, _ = _cli(["fit", str(data), "--gpu", "a100-80gb", "--json",
+                            "--params", "sustained_compute_fraction,gpu_speed_spread"])
+    assert code == 0
+    report = json.loads(stdout)
+    for p in report["parameters"]:
+        assert p["fitted"] == pytest.approx(truth[p["name"]], rel=0.02)
+    assert report["mean_abs_error"] < 0.002

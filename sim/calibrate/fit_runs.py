@@ -43,6 +43,8 @@ DIFF_STEP = 1e-3
 """Finite-difference step, as a fraction of each parameter's range."""
 TOLERANCE = 1e-4
 """``ftol`` and ``xtol`` of the least-squares fit (relative change of cost and of the scaled parameters)."""
+GRADIENT_TOLERANCE = 1e-8
+"""``gtol`` (scipy's default; the gradient is absolute: a looser one stops small residuals short)."""
 MAX_EVALUATIONS = 30
 """Most residual evaluations of one fit (each simulates every row it has not simulated at that point)."""
 
@@ -78,6 +80,8 @@ PARAMETERS = (
               "kernels (torch.compile fusions, eager cross-entropy) reach: below hand-written kernels, above 30%"),
     Parameter("kernel_launch_s", 0.0, 20e-6, "fixed per-kernel cost: CUDA launch latency is 2-5 us, framework "
               "overhead per op adds a few more; 20 us would mean the CPU, not the GPU, sets the pace", True),
+    Parameter("gpu_speed_spread", 0.0, 0.05, "GPU-to-GPU speed spread (sim.inputs.pacing): 8% mean, 22% most variation "
+              "between GPUs of one SKU (Sinha et al., SC'22); at 5% the slowest of 2,048 would be 17% slow"),
     Parameter("links.ib.efficiency", 0.60, 1.0, "fraction of the InfiniBand line rate NCCL achieves: ~96% at large "
               "messages (REFERENCE.md); 60% allows congested fabrics"),
     Parameter("links.nvlink.efficiency", 0.60, 1.0, "fraction of the NVLink line rate NCCL achieves: 77% (A100) to "
@@ -256,7 +260,7 @@ def fit(sims: Simulations, rows: list[int], measured, weights, start) -> Fit:
 
     u0 = np.clip((np.asarray(start, float) - low) / span, 0.0, 1.0)
     res = least_squares(residuals, u0, bounds=(0.0, 1.0), method="trf", diff_step=DIFF_STEP, x_scale=1.0,
-                        ftol=TOLERANCE, xtol=TOLERANCE, gtol=TOLERANCE, max_nfev=MAX_EVALUATIONS)
+                        ftol=TOLERANCE, xtol=TOLERANCE, gtol=GRADIENT_TOLERANCE, max_nfev=MAX_EVALUATIONS)
     return Fit(tuple(float(v) for v in low + np.clip(res.x, 0.0, 1.0) * span), int(res.nfev), res.message)
 
 

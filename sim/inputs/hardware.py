@@ -30,14 +30,14 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass, field, fields
+from dataclasses import MISSING, dataclass, field, fields
 from importlib import resources
 from pathlib import Path
 
 from sim.errors import InputError
+from sim.inputs.profile_checks import LINK_KINDS, check_profile, check_protocols, is_num
 
 DTYPES = ("fp32", "tf32", "bf16", "fp16", "fp8")
-LINK_KINDS = ("nvlink", "pcie", "ib", "ethernet")
 PRESETS = ("a100-80gb", "h100-sxm", "h200")
 
 
@@ -125,6 +125,11 @@ class HardwareProfile:
     Transformer Engine). False: a pass first writes the bias into the output, which the
     GEMM then reads back (PyTorch's addmm on a CPU: its profiler shows ``aten::copy_``
     under ``aten::addmm``)."""
+    gpu_speed_spread: float = 0.0
+    """σ: GPU-to-GPU spread of sustained compute speed (standard deviation over the mean)
+    among GPUs of this type. A synchronous step waits for its slowest GPU, so a job on N
+    GPUs runs its compute-bound kernels at the expected slowest speed, 1 − σ·E[max of N
+    standard normals] (``sim.inputs.pacing``). 0: every GPU alike."""
 
     def memory_rate(self, framework: bool = False) -> float:
         """Bytes/s a memory-bound kernel moves: a tuned library kernel's, or with
@@ -146,7 +151,7 @@ class HardwareProfile:
 
     def __post_init__(self):
         try:
-            _check_profile(self)
+            check_profile(self)
         except InputError as exc:
             raise InputError(f"profile {self.name!r}: {exc}") from None
 
@@ -230,16 +235,14 @@ class HardwareProfile:
         if not isinstance(d, dict):
             raise InputError(f"{where}: got {type(d).__name__}; expected a JSON object")
         names = [f.name for f in fields(cls)]
-        _strict_keys(d, names, where, optional=("sources", "provenance", "memory_reserve_bytes", "host_memory_bandwidth_Bps",
-                                          "framework_kernel_efficiency", "overlap_compute_slowdown",
-                                          "sustained_compute_fraction", "nccl_protocols", "nvls_efficiency",
-                                          "nvls_latency_s", "fp8_gemm_max_efficiency", "gemm_bias_epilogue"))
+        _strict_keys(d, names, where, optional=[f.name for f in fields(cls)
+                                                if f.default is not MISSING or f.default_factory is not MISSING])
         kw = dict(d)
         kw["peak_flops"] = _number_map(d["peak_flops"], f"{where}: peak_flops", DTYPES)
         kw["links"] = _links(d["links"], f"{where}: links")
         tiles = d["gemm_tiles"]
         if not isinstance(tiles, list) or not tiles or not all(
-                isinstance(t, list) and len(t) == 3 and all(_is_num(x) for x in t)
+                isinstance(t, list) and len(t) == 3 and all(is_num(x) for x in t)
                 and all(isinstance(x, int) for x in t[:2]) for t in tiles):
             raise InputError(f"{where}: gemm_tiles: got {tiles!r}; expected a non-empty list of "
                              "[tile_m, tile_n, relative_efficiency]")
@@ -288,10 +291,6 @@ def load_profile(name_or_path: str | Path, flag: str = "gpu") -> HardwareProfile
 
 
 # ----------------------------------------------------------------- checking
-def _is_num(x) -> bool:
-    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
-
-
 def _strict_keys(d: dict, allowed, where: str, optional=()) -> None:
     for key in d:
         if key not in allowed:
@@ -323,77 +322,3 @@ def _links(d, where: str) -> dict:
         _strict_keys(spec, ("latency_s", "bandwidth_Bps", "efficiency"), f"{where}.{kind}")
         out[kind] = LinkModel(spec["latency_s"], spec["bandwidth_Bps"], spec["efficiency"])
     return out
-
-
-def _require_num(where: str, value, ok: bool, allowed: str) -> None:
-    if not (_is_num(value) and ok):
-        raise InputError(f"{where}: got {value!r}; expected {allowed}")
-
-
-def _check_profile(p: HardwareProfile) -> None:
-    if not isinstance(p.name, str) or not p.name:
-        raise InputError(f"name: got {p.name!r}; expected a non-empty string")
-    for dtype, v in p.peak_flops.items():
-        _require_num(f"peak_flops.{dtype}", v, _is_num(v) and v > 0, "a number > 0 (FLOP/s)")
-    for name, unit in (("hbm_bandwidth_Bps", "bytes/s"), ("hbm_capacity_bytes", "bytes")):
-        v = getattr(p, name)
-        _require_num(name, v, _is_num(v) and v > 0, f"a number > 0 ({unit})")
-    sm = p.sm_count
-    if isinstance(sm, bool) or not isinstance(sm, int) or sm <= 0:
-        raise InputError(f"sm_count: got {sm!r}; expected an integer > 0")
-    for tm, tn, rel in p.gemm_tiles:
-        if tm <= 0 or tn <= 0 or not 0 < rel <= 1:
-            raise InputError(f"gemm_tiles: got {[tm, tn, rel]!r}; expected tile sizes > 0 and a "
-                             "relative efficiency in (0, 1]")
-    for name in ("gemm_max_efficiency", "attention_max_efficiency", "memory_efficiency",
-                 "framework_kernel_efficiency", "sustained_compute_fraction"):
-        v = getattr(p, name)
-        if v is None and name == "framework_kernel_efficiency":
-            continue
-        _require_num(name, v, _is_num(v) and 0 < v <= 1, "a fraction in (0, 1]")
-    if p.nvls_efficiency is not None:
-        _require_num("nvls_efficiency", p.nvls_efficiency, _is_num(p.nvls_efficiency) and 0 < p.nvls_efficiency <= 1,
-                     "a fraction in (0, 1]")
-    if p.fp8_gemm_max_efficiency is not None:
-        _require_num("fp8_gemm_max_efficiency", p.fp8_gemm_max_efficiency,
-                     _is_num(p.fp8_gemm_max_efficiency) and 0 < p.fp8_gemm_max_efficiency <= 1, "a fraction in (0, 1]")
-        if "fp8" not in p.peak_flops:
-            raise InputError(f"fp8_gemm_max_efficiency: got {p.fp8_gemm_max_efficiency!r}; peak_flops has no fp8 "
-                             "entry (give the GPU's fp8 peak, or leave the field out)")
-    if p.nvls_latency_s is not None:
-        _require_num("nvls_latency_s", p.nvls_latency_s, _is_num(p.nvls_latency_s) and p.nvls_latency_s >= 0,
-                     "a number >= 0 (seconds)")
-    if not isinstance(p.gemm_bias_epilogue, bool):
-        raise InputError(f"gemm_bias_epilogue: got {p.gemm_bias_epilogue!r}; expected true or false")
-    for name in ("gemm_k_overhead", "kernel_launch_s", "memory_reserve_bytes", "host_memory_bandwidth_Bps",
-                 "overlap_compute_slowdown"):
-        v = getattr(p, name)
-        _require_num(name, v, _is_num(v) and v >= 0, "a number >= 0")
-    for kind, link in p.links.items():
-        if kind not in LINK_KINDS:
-            raise InputError(f"links: unknown key {kind!r}; allowed: {', '.join(LINK_KINDS)}")
-        _require_num(f"links.{kind}.bandwidth_Bps", link.bandwidth_Bps,
-                     _is_num(link.bandwidth_Bps) and link.bandwidth_Bps > 0, "a number > 0 (bytes/s)")
-        _require_num(f"links.{kind}.latency_s", link.latency_s,
-                     _is_num(link.latency_s) and link.latency_s >= 0, "a number >= 0 (seconds)")
-        _require_num(f"links.{kind}.efficiency", link.efficiency,
-                     _is_num(link.efficiency) and 0 < link.efficiency <= 1, "a fraction in (0, 1]")
-
-
-NCCL_PROTOCOLS = ("ll", "ll128", "simple")
-_PROTOCOL_KEYS = ("bandwidth_fraction", "hop_latency_nvlink_s", "hop_latency_net_s")
-
-
-def check_protocols(d, where: str) -> dict:
-    """A profile's ``nccl_protocols``, checked strictly (one-line errors)."""
-    if not isinstance(d, dict) or set(d) != set(NCCL_PROTOCOLS):
-        raise InputError(f"{where}: got {d!r}; expected an object with keys {', '.join(NCCL_PROTOCOLS)}")
-    for p, v in d.items():
-        if not isinstance(v, dict) or set(v) != set(_PROTOCOL_KEYS):
-            raise InputError(f"{where}.{p}: got {v!r}; expected keys {', '.join(_PROTOCOL_KEYS)}")
-        for k, x in v.items():
-            ok = not isinstance(x, bool) and isinstance(x, (int, float)) and math.isfinite(x) and x > 0
-            if not ok or (k == "bandwidth_fraction" and x > 1):
-                raise InputError(f"{where}.{p}.{k}: got {x!r}; expected a number > 0"
-                                 + (" and <= 1" if k == "bandwidth_fraction" else ""))
-    return {p: {k: float(x) for k, x in v.items()} for p, v in d.items()}

@@ -36,6 +36,7 @@ from dataclasses import asdict, dataclass
 
 from sim.inputs.hardware import HardwareProfile
 from sim.inputs.model import ModelSpec
+from sim.inputs.pacing import paced
 from sim.inputs.plan import ParallelPlan
 from sim.program.fp8 import check_fp8_support
 from sim.program.costs import (
@@ -151,6 +152,7 @@ def estimate(model: ModelSpec, plan: ParallelPlan, profile: HardwareProfile, *,
     the simulator's network does); 1 models a single ring through one NIC."""
     plan.check_model(model)
     check_fp8_support(plan.fp8_format, profile)
+    profile = paced(profile, plan.world_size)
     links = _links(plan, gpus_per_node)
     b, t, p, v, m = plan.micro_batch_size, plan.tp, plan.pp, plan.vpp, plan.num_microbatches
     sp = plan.sequence_parallel

@@ -28,21 +28,20 @@ import heapq
 from sim.errors import require
 from sim.inputs.hardware import HardwareProfile
 from sim.inputs.model import ModelSpec
+from sim.inputs.pacing import paced
 from sim.inputs.plan import ParallelPlan
 from sim.program.actions import Program
 from sim.program.costs import work_times
-from sim.program.workload import layer_work, plan_edge_works
+from sim.program.workload import plan_edge_works, plan_layer_work
 
 
 def stage_costs(model: ModelSpec, plan: ParallelPlan, profile: HardwareProfile) -> tuple[float, float, float]:
     """Seconds per micro-batch on ``profile``: one transformer layer, the embedding and the
     output layer with its loss (F + B + W, compute and tensor-parallel collectives)."""
-    b, t, sp = plan.micro_batch_size, plan.tp, plan.sequence_parallel
-
     def total(work) -> float:
-        return sum(c + x for c, x in work_times(work, profile, t).values())
+        return sum(c + x for c, x in work_times(work, profile, plan.tp).values())
 
-    layer = layer_work(model, b, t, sp, plan.recompute, attention=plan.attention)
+    layer = plan_layer_work(model, plan)
     embedding, head = plan_edge_works(model, plan)
     return total(layer), total(embedding), total(head)
 
@@ -110,5 +109,5 @@ def auto_layer_split(model: ModelSpec, plan: ParallelPlan, profile: HardwareProf
 def stage_profiles(plan: ParallelPlan, profile: HardwareProfile, mixed=None) -> list[list[HardwareProfile]]:
     """The GPU types each pipeline stage runs on."""
     if mixed is None:
-        return [[profile] for _ in range(plan.pp)]
-    return [[mixed.profiles[n] for n in types] for types in mixed.stage_types(plan)]
+        return [[paced(profile, plan.world_size)] for _ in range(plan.pp)]
+    return [[paced(mixed.profiles[n], plan.world_size) for n in types] for types in mixed.stage_types(plan)]

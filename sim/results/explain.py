@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from sim.inputs.hardware import HardwareProfile
 from sim.inputs.model import ModelSpec
+from sim.inputs.pacing import paced
 from sim.inputs.plan import ParallelPlan
 from sim.program.costs import bias_pass_time, collective_time, op_time
 from sim.program.estimate import estimate, group_comm_time
@@ -93,6 +94,7 @@ def _part(work: Work, plan: ParallelPlan, link: str, profile: HardwareProfile, l
 def explain(model: ModelSpec, plan: ParallelPlan, profile: HardwareProfile, gpus_per_node: int = 8) -> dict:
     """The report as a dict (the JSON ``trainsim explain --json`` prints)."""
     est = estimate(model, plan, profile, gpus_per_node=gpus_per_node)
+    profile = paced(profile, plan.world_size)  # (as the estimate prices the kernels)
     link = est.links["tp"]
     b, t = plan.micro_batch_size, plan.tp
     local = local_sequence(model, plan.cp)

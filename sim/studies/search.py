@@ -59,6 +59,7 @@ from sim.errors import InputError, require
 from sim.program.estimate import Estimate, estimate, layer_phase_times
 from sim.inputs.hardware import HardwareProfile
 from sim.inputs.model import ModelSpec
+from sim.inputs.pacing import paced
 from sim.inputs.plan import RECOMPUTE, SCHEDULES, ZERO_STAGES, ParallelPlan
 from sim.program.fp8 import FP8_FORMATS
 from sim.program.workload import edge_works, layer_as_run, plan_edge_works
@@ -258,6 +259,7 @@ def bound_s(model: ModelSpec, plan: ParallelPlan, profile: HardwareProfile, est:
     (compute and tensor-, expert- and context-parallel collectives, as ``sim.program.estimate``
     prices them)."""
     p, v, m = plan.pp, plan.vpp, plan.num_microbatches
+    profile = paced(profile, plan.world_size)
     if model.moe or plan.cp > 1:
         ph = _layered_phases(model, plan, profile, est, gpus_per_node)
     else:
