@@ -97,3 +97,17 @@ def test_a_profile_without_the_field_has_no_spread():
     d = H100.to_dict()
     del d["gpu_speed_spread"]
     assert HardwareProfile.from_dict(d).gpu_speed_spread == 0.0
+
+
+def test_explain_says_at_what_pace_it_prices_the_kernels():
+    from sim.inputs.model import preset
+    from sim.inputs.plan import ParallelPlan
+    from sim.results.explain import explain, render
+
+    model = preset("llama2-7b")
+    plan = ParallelPlan(dp=16, tp=2, pp=2, micro_batch_size=1, global_batch_size=64)
+    report = explain(model, plan, replace(H100, gpu_speed_spread=0.03))
+    assert report["pace"] == {"gpus": 64, "gpu_speed_spread": 0.03, "slowest_speed": slowest_speed(0.03, 64)}
+    speed = 1 - 0.03 * expected_max_normal(64)
+    assert f"run at {speed:.3f} of the mean GPU's speed: the expected slowest of 64 GPUs" in render(report)
+    assert "mean GPU's speed" not in render(explain(model, plan, H100))

@@ -170,6 +170,8 @@ def build_profile(meas: dict, *, name: str | None = None, base: str | None = Non
                                      + f"; {how}"),
         "sustained_compute_fraction": ("1: microbenchmarks time kernels alone, for a short while; `trainsim fit` "
                                        "sets it from measured training runs"),
+        "gpu_speed_spread": ("0: microbenchmarks time one device; `trainsim fit` sets it from measured runs of "
+                             "several sizes"),
         "gemm_bias_epilogue": ("cuBLASLt adds a linear layer's bias in the GEMM epilogue (PyTorch's CUDA addmm, "
                                "Transformer Engine)" if cuda else
                                "PyTorch's CPU addmm writes the bias into the output before its GEMM (the profiler "

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from sim.inputs.hardware import HardwareProfile
 from sim.inputs.model import ModelSpec
-from sim.inputs.pacing import paced
+from sim.inputs.pacing import paced, slowest_speed
 from sim.inputs.plan import ParallelPlan
 from sim.program.costs import bias_pass_time, collective_time, op_time
 from sim.program.estimate import estimate, group_comm_time
@@ -94,6 +94,8 @@ def _part(work: Work, plan: ParallelPlan, link: str, profile: HardwareProfile, l
 def explain(model: ModelSpec, plan: ParallelPlan, profile: HardwareProfile, gpus_per_node: int = 8) -> dict:
     """The report as a dict (the JSON ``trainsim explain --json`` prints)."""
     est = estimate(model, plan, profile, gpus_per_node=gpus_per_node)
+    pace = {"gpus": plan.world_size, "gpu_speed_spread": profile.gpu_speed_spread,
+            "slowest_speed": slowest_speed(profile.gpu_speed_spread, plan.world_size)}
     profile = paced(profile, plan.world_size)  # (as the estimate prices the kernels)
     link = est.links["tp"]
     b, t = plan.micro_batch_size, plan.tp
@@ -121,6 +123,7 @@ def explain(model: ModelSpec, plan: ParallelPlan, profile: HardwareProfile, gpus
                  "recompute": plan.recompute, "zero_stage": plan.zero_stage},
         "tp_link": link,
         "kernel_launch_s": profile.kernel_launch_s,
+        "pace": pace,
         "parts": parts,
         "layers_per_stage": per_stage,
         "estimate": dict(est.time),
@@ -146,6 +149,10 @@ def render(report: dict) -> str:
            f"(each kernel includes the profile's {format_time(report['kernel_launch_s'])} launch cost). "
            "Phases: F forward, R recomputed forward, B input gradient, W weight gradient.",
            ""]
+    pace = report["pace"]
+    if pace["slowest_speed"] < 1:
+        out[-1:-1] = [f"GEMMs and attention run at {pace['slowest_speed']:.3f} of the mean GPU's speed: the expected "
+                      f"slowest of {pace['gpus']:,} GPUs (gpu_speed_spread {pace['gpu_speed_spread']:.1%})."]
     what = {"layer": "one transformer layer", "embedding": "embedding (first pipeline stage)",
             "head": "output head and loss (last pipeline stage)",
             "moe layer": "one mixture-of-experts layer (balanced routing)"}
