@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 
 import sim
-from sim.calibrate.fit_runs import DEFAULT_PARAMETERS, choose_parameters, fit_runs
+from sim.calibrate.fit_runs import (DEFAULT_PARAMETERS, Simulations, choose_parameters, fit, fit_runs, group_weights,
+                                    parameter, prepare_rows, start_value)
 from sim.calibrate.runs_csv import read_runs
 from sim.cli import main
 from sim.errors import InputError
@@ -109,9 +110,9 @@ def test_fit_recovers_the_parameters_the_runs_were_made_with(truth, tmp_path):
 
 
 def test_held_out_prediction_is_a_fit_without_the_group(truth, tmp_path):
-    rows = _rows("abcd", truth, noise=0.03)
+    rows = _rows("abc", truth, noise=0.03)
     data = _write(tmp_path / "runs.csv", rows)
-    names = ["sustained_compute_fraction", "attention_max_efficiency"]
+    names = ["sustained_compute_fraction"]  # one parameter: the file without a group keeps two groups
     report = fit_runs(data, "a100-80gb", names)
     group = report["groups"][1]
     left = [r for r, row in zip(rows, report["rows"]) if row["group"] != group["id"]]
@@ -217,7 +218,7 @@ def test_a_cell_beats_its_source_setting_and_the_source_beats_the_blank(tmp_path
 
 
 def test_parameters_are_profile_fields_by_dotted_path():
-    from sim.calibrate.fit_runs import PARAMETERS, get_value, parameter, start_value, with_values
+    from sim.calibrate.fit_runs import PARAMETERS, get_value, with_values
 
     base = load_profile("h100-sxm")
     ib = parameter("links.ib.efficiency")
@@ -249,15 +250,20 @@ def test_workers_give_the_same_report(truth, tmp_path):
 
 def test_fit_recovers_the_gpu_speed_spread_from_runs_of_two_sizes(tmp_path):
     # the spread shows only in how a model's step grows from 8 to 512 GPUs (the slowest of
-    # more GPUs is slower: e(8) = 1.42, e(512) = 3.04), the fraction in its level
+    # more GPUs is slower: e(8) = 1.42, e(512) = 3.04), the fraction in its level. The fit on
+    # every row only (the held-out refits are the other tests' business; here they would
+    # triple the time for nothing the recovery depends on)
     truth = {"sustained_compute_fraction": 0.80, "gpu_speed_spread": 0.03}
     path = tmp_path / "truth.json"
     replace(load_profile("a100-80gb"), **truth).save(path)
-    data = _write(tmp_path / "runs.csv", _rows("abc", path, sizes=(8, 512)))
-    code, stdout, _ = _cli(["fit", str(data), "--gpu", "a100-80gb", "--json",
-                            "--params", "sustained_compute_fraction,gpu_speed_spread"])
-    assert code == 0
-    report = json.loads(stdout)
-    for p in report["parameters"]:
-        assert p["fitted"] == pytest.approx(truth[p["name"]], rel=0.02)
-    assert report["mean_abs_error"] < 0.002
+    runs = read_runs(_write(tmp_path / "runs.csv", _rows("ab", path, sizes=(8, 512))))
+    params = [parameter(name) for name in truth]
+    base = load_profile("a100-80gb")
+    sims = Simulations(base, params, prepare_rows(runs, "a100-80gb"))
+    measured = [r.measured_s for r in runs]
+    rows = list(range(len(runs)))
+    result = fit(sims, rows, measured, group_weights([r.group for r in runs]), [start_value(base, p) for p in params])
+    for p, v in zip(params, result.values):
+        assert v == pytest.approx(truth[p.path], rel=0.02)
+    errors = [t / m - 1 for t, m in zip(sims.times(rows, result.values), measured)]
+    assert max(abs(e) for e in errors) < 0.002
