@@ -141,6 +141,43 @@ def test_fp8_gemm_efficiency_caps_and_stretches_k0():
     assert "fp8_gemm_max_efficiency" in p.sources and "fp8_gemm_max_efficiency" in load_profile("h200").sources
 
 
+# Transformer Engine's GEMM benchmark, as its documentation's worked example prints it
+# (docs/examples/gemm_profiling/gemm_profiling.rst, "Worked Example: 5B Model on H200", pre-quantized
+# mode): the 12 GEMMs of one layer of hidden 4,096 and MLP 16,384 at 31 x 512 = 15,872 tokens, on an
+# H200 NVL, BF16 (torch.matmul) against FP8 with per-tensor scales and inputs already in FP8
+# (FP8CurrentScaling; cuBLASLt through tex.generic_gemm, fast accumulation). ms per layer.
+TE_BENCH_TOKENS, TE_BENCH_HIDDEN, TE_BENCH_MLP = 15872, 4096, 16384
+TE_BENCH_MS = {"fprop": (10.632, 5.577), "dgrad": (10.747, 5.661), "wgrad": (10.530, 5.547)}  # (BF16, FP8)
+
+
+def test_fp8_shape_model_against_transformer_engines_published_gemm_benchmark():
+    # The benchmark's own shapes: forward (M, N, K) per linear layer, input gradient with N
+    # and K swapped, weight gradient with the tokens as the contraction. The H200 NVL runs
+    # at its own clock, so only ratios are compared: the FP8 speed-up per pass and the BF16
+    # passes against each other. At the measured cap (0.814, a different benchmark on an
+    # H100 SXM) the model is within 3% of the published speed-up over the layer: the kernels
+    # alone do not make FP8 training slower than the model says. Per pass the model's
+    # speed-up grows with the contraction (k0 stretched by the peak ratio matters less at
+    # long k): forward 1.93, input gradient 1.95, weight gradient (k = 15,872) 1.99, where
+    # the benchmark measures 1.90 for all three; 6% is the shape model's stated accuracy
+    # (the sglang cross-check in the profile's sources, -6%/+5%).
+    M, H, I = TE_BENCH_TOKENS, TE_BENCH_HIDDEN, TE_BENCH_MLP
+    linears = ((H, 3 * H), (H, H), (H, I), (I, H))  # (in, out): QKV, projection, MLP up, MLP down
+    shapes = {"fprop": [(M, n, k) for k, n in linears], "dgrad": [(M, k, n) for k, n in linears],
+              "wgrad": [(k, n, M) for k, n in linears]}
+    p = replace(H100, fp8_gemm_max_efficiency=0.814)
+
+    def ms(kind, dtype):
+        return sum(2 * m * n * k / (p.peak(dtype) * p.gemm_efficiency(m, n, k, dtype=dtype)) for m, n, k in shapes[kind])
+
+    for kind, (bf16_ms, fp8_ms) in TE_BENCH_MS.items():
+        assert ms(kind, "bf16") / ms(kind, "fp8") == pytest.approx(bf16_ms / fp8_ms, rel=0.06), kind
+        assert ms(kind, "bf16") / ms("fprop", "bf16") == pytest.approx(bf16_ms / TE_BENCH_MS["fprop"][0], rel=0.06)
+    total = sum(ms(kind, "bf16") for kind in shapes) / sum(ms(kind, "fp8") for kind in shapes)
+    published = sum(b for b, _ in TE_BENCH_MS.values()) / sum(f for _, f in TE_BENCH_MS.values())
+    assert published == pytest.approx(1.90, abs=0.01) and total == pytest.approx(published, rel=0.04)
+
+
 # ------------------------------------------------------------------------ memory
 def test_memory_fp8_weight_copies_and_fp8_saved_inputs():
     model = gpt("fp8-mem", 8, 1024, 16, 8192, 1024)
