@@ -206,6 +206,11 @@ def test_the_published_runs_read_into_groups():
     assert len([r for r in runs if r.values.get("tp_comm_overlap")]) == 18
     assert all(r.values["sequence_parallel"] for r in runs if r.values.get("tp_comm_overlap"))
     assert not [r for r in runs if r.gpu == "a100-80gb" and r.values.get("tp_comm_overlap")]
+    # every DGX Cloud benchmark shards the optimizer (distributed_fused_adam, overlap_param_sync true): ZeRO-1 with
+    # the parameter gather overlapped; the 2021 paper's Megatron-LM had no distributed optimizer
+    sharded = [r for r in runs if r.values.get("zero") == 1 and r.values.get("overlap_param_gather")]
+    assert len(sharded) == 23 and {r.gpu for r in sharded} == {"h100-sxm"}
+    assert not [r for r in runs if r.gpu == "a100-80gb" and r.values.get("zero")]
 
 
 def test_a_cell_beats_its_source_setting_and_the_source_beats_the_blank(tmp_path):

@@ -111,6 +111,12 @@ BY_SOURCE = (
      "llama3.1/llama3.1_8b.yaml and llama3.1_405b.yaml: normalization rmsnorm, position_embedding_type rope, bias "
      "false, share_embeddings_and_output_weights false, hidden_dropout and attention_dropout 0.0, "
      "cross_entropy_loss_fusion true)"),
+    ("NVIDIA/dgxc-benchmarking", {"zero": 1, "overlap_param_gather": True},
+     "every DGX Cloud benchmark's configuration shards the optimizer (NVIDIA/dgxc-benchmarking v25.02: "
+     "gpt3_175b_hydra.yaml, nemotron4-340b-synth.yaml, llama3.1_8b.yaml and llama3.1_405b.yaml: optim name "
+     "distributed_fused_adam with overlap_grad_sync and overlap_param_sync true, grad_sync_dtype bf16): the "
+     "gradients are reduce-scattered during the last micro-batch's backward, each rank updates its shard, and the "
+     "updated parameters are all-gathered during the next step's forward (ZeRO-1 with the gather overlapped)"),
     ("nemo_megatron/README_175b", {"tp_comm_overlap": True},
      "the benchmark's configuration (NVIDIA/dgxc-benchmarking v25.02 nemo_megatron/gpt3_175b_hydra.yaml: "
      "ub_tp_comm_overlap: true, which its configure.sh does not override; BF16 and FP8 rows alike)"),

@@ -294,7 +294,8 @@ _ALIASES = {"tp": "tensor_model_parallel_size", "pp": "pipeline_model_parallel_s
             "first_stage_layers": "decoder_first_pipeline_num_layers",
             "last_stage_layers": "decoder_last_pipeline_num_layers", "num_key_value_heads": "num_query_groups",
             "bucket_size_bytes": "bucket_size", "zero_bucket_size_bytes": "zero_bucket_size", "sp": "sequence_parallel",
-            "dp_overlap": "overlap_grad_reduce", "mlp": "swiglu", "preset": "model"}
+            "dp_overlap": "overlap_grad_reduce",
+            "param_gather_overlap": "overlap_param_gather", "mlp": "swiglu", "preset": "model"}
 
 
 def blame(exc: InputError, path, settings: dict[str, Setting], skip=frozenset()) -> InputError:

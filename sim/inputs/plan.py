@@ -152,6 +152,11 @@ class ParallelPlan:
     zero3_max_live_parameters: float | None = None
     """ZeRO-3: most gathered parameters alive at once (DeepSpeed
     ``stage3_max_live_parameters``); caps the prefetch depth. None: no cap."""
+    param_gather_overlap: bool = False
+    """ZeRO-1/2: the updated parameters are all-gathered during the next step's forward,
+    bucket by bucket ahead of their first use (Megatron-LM ``--overlap-param-gather`` with
+    ``--use-distributed-optimizer``; NeMo's ``overlap_param_sync``), instead of after the
+    optimizer step."""
     offload_optimizer: bool = False
     """ZeRO-Offload: optimizer states live in host memory and the optimizer step runs on
     the CPU; gradients go to the host and updated parameters come back over PCIe."""
@@ -181,7 +186,7 @@ class ParallelPlan:
             object.__setattr__(self, "global_batch_size", self.micro_batch_size * self.dp)
         _pos("global_batch_size", self.global_batch_size)
         for f in ("sequence_parallel", "dp_overlap", "account_for_embedding", "account_for_loss", "tp_comm_overlap",
-                  "gradient_accumulation_fusion"):
+                  "gradient_accumulation_fusion", "param_gather_overlap"):
             _bool(f, getattr(self, f))
         require(not self.tp_comm_overlap or self.tp == 1 or self.sequence_parallel, "plan: tp_comm_overlap", True,
                 "it needs sequence_parallel (Megatron-LM's --tp-comm-overlap overlaps the sequence-parallel "
@@ -218,6 +223,11 @@ class ParallelPlan:
                     "expected a finite number > 0 (leave it unset for no cap)")
         require(isinstance(self.offload_optimizer, bool), "plan: offload_optimizer", self.offload_optimizer,
                 "expected true or false")
+        require(not self.param_gather_overlap or self.zero_stage in (1, 2), "plan: param_gather_overlap", True,
+                f"needs ZeRO stage 1 or 2 (got {self.zero_stage}): it overlaps the sharded optimizer's parameter "
+                "all-gather (ZeRO-3 gathers every layer before each use anyway)")
+        require(not (self.param_gather_overlap and self.offload_optimizer), "plan: param_gather_overlap", True,
+                "not with offload_optimizer (the parameters come back from the host over PCIe)")
         require(not self.offload_optimizer or self.zero_stage >= 1, "plan: offload_optimizer", True,
                 "needs ZeRO stage 1, 2 or 3 (the optimizer states offloaded are the sharded ones)")
         _pl.parse_placement(self.placement)

@@ -131,6 +131,11 @@ def plan_from_settings(p: PlanSettings, gpus: int | None, model: ModelSpec) -> P
         require(depth >= 0, "--zero3-prefetch-depth", depth, "expected an integer >= 0")
     require(not p.tp_comm_overlap or tp == 1 or p.sequence_parallel, "--tp-comm-overlap", True,
             "needs --sequence-parallel (it overlaps the sequence-parallel all-gathers and reduce-scatters)")
+    require(not p.overlap_param_gather or p.zero in (1, 2), "--overlap-param-gather", True,
+            f"needs --zero 1 or 2 (got {p.zero}): it overlaps the sharded optimizer's parameter all-gather "
+            "(Megatron-LM: with --use-distributed-optimizer)")
+    require(not (p.overlap_param_gather and p.offload_optimizer), "--overlap-param-gather", True,
+            "not with --offload-optimizer (the parameters come back from the host over PCIe)")
     placement = p.placement
     if cp > 1 and placement == DEFAULT_PLACEMENT:
         placement = "tp-dp-pp"  # Megatron-LM's order: tp, cp, dp, pp from innermost
@@ -149,7 +154,7 @@ def plan_from_settings(p: PlanSettings, gpus: int | None, model: ModelSpec) -> P
                         dp_overlap=p.overlap_grad_reduce, bucket_size_bytes=bucket,
                         zero3_prefetch_depth=1 if depth is None else depth, zero_bucket_size_bytes=zbucket,
                         zero3_max_live_parameters=p.zero3_max_live_parameters,
-                        offload_optimizer=p.offload_optimizer,
+                        offload_optimizer=p.offload_optimizer, param_gather_overlap=p.overlap_param_gather,
                         placement=placement,
                         first_stage_layers=p.decoder_first_pipeline_num_layers,
                         last_stage_layers=p.decoder_last_pipeline_num_layers,

@@ -168,6 +168,10 @@ class PlanSettings:
         type=Number(float, above=0), metavar="PARAMS", tables=((_ZERO, "stage3_max_live_parameters"),))
     zero_bucket_size: str | int | None = setting(
         help="ZeRO-2/3 gradient reduce-scatter bucket, e.g. 500MB (default: --bucket-size)", metavar="BYTES")
+    overlap_param_gather: bool = setting(
+        False, help="ZeRO-1/2: all-gather the updated parameters bucket by bucket during the next step's forward, "
+                    "ahead of their first use, instead of after the optimizer step (Megatron-LM's flag, with "
+                    "--use-distributed-optimizer; default off)", kind="switch")
     offload_optimizer: bool = setting(
         False, help="ZeRO-Offload: optimizer states in host memory, optimizer step on the CPU", kind="switch",
         tables=((_ZERO, "offload_optimizer"),))

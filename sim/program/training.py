@@ -254,7 +254,12 @@ def build_program(model: ModelSpec, plan: ParallelPlan, profile: HardwareProfile
                                       profile) for d, x in psi_split]
         prog = passes.add_optimizer(prog, lambda r: step_s[plan.coords(r)[1]])
         done = "optimizer"
-    if z in (1, 2):
+    if z in (1, 2) and plan.param_gather_overlap:
+        prog = zero.add_param_allgather_ahead(prog, grad_bytes, plan.dp_group, bucket)
+        if split:
+            prog = zero.add_param_allgather_ahead(prog, lambda r, lid: split[lid][1] if lid in split else 0.0,
+                                                  folding.edp_group, bucket, label="expert param allgather")
+    elif z in (1, 2):
         stage_layers = plan.stage_layers(model)
         gathered = [param_allgather_bytes(d) for d, _ in psi_split]
 

@@ -6,7 +6,8 @@ explicit in the program, so the simulator times it and the memory timeline shows
 
 - ZeRO-1 (P_os): gradients are reduce-scattered after the last micro-batch instead of
   all-reduced, each rank updates its 1/Nd of the optimizer states, and the updated
-  16-bit parameters are all-gathered (``add_param_allgather``).
+  16-bit parameters are all-gathered (``add_param_allgather``), or, overlapped, during
+  the next step's forward ahead of each bucket's first use (``add_param_allgather_ahead``).
 - ZeRO-2 (P_os+g): gradients are reduce-scattered bucket by bucket during every
   micro-batch's backward, and the full-size bucket is freed when its reduce-scatter
   ends; parameters are all-gathered after the step as in ZeRO-1.
@@ -140,6 +141,66 @@ def add_param_gathers(prog: Program, layer_bytes: Callable[[int, int], float],
             new.extend(before.get(i, ()))
             if i in extra_deps or i in frees:
                 a = a.evolve(deps=a.deps + tuple(extra_deps.get(i, ())), mem=a.mem + tuple(frees.get(i, ())))
+            new.append(a)
+        out[r] = new
+    return prog.with_actions(out)
+
+
+def add_param_allgather_ahead(prog: Program, layer_bytes: Callable[[int, int], float],
+                              dp_group: Callable[[int], tuple[int, ...]], bucket_bytes: float,
+                              label: str = "param allgather") -> Program:
+    """ZeRO-1/2 with the parameter all-gather overlapped (Megatron-LM
+    ``--overlap-param-gather``): the previous step's updated parameters are all-gathered
+    during this step's forward. Layers (``layer_bytes(rank, layer)``, 0 for none) are packed
+    in the order of their first forward use into buckets of at least ``bucket_bytes``.
+    Bucket 0 is gathered at the start of the step; bucket k + 1 is dispatched when the
+    forward reaches bucket k (Megatron's forward pre-hook waits for a bucket and dispatches
+    the next), and a bucket's first use waits for its gather. Stream ``dp``, category
+    ``zero``. In steady state this is the same traffic as ``add_param_allgather``, moved
+    from the end of one step into the next one's forward."""
+    out = {}
+    for r, acts in prog.actions.items():
+        group = dp_group(r)
+        lst = list(acts)
+        if len(group) < 2:
+            out[r] = lst
+            continue
+        first: dict[int, int] = {}  # layer -> index of its first forward use
+        for _step, layer, start, _end in layer_uses(lst, ("F",)):
+            first.setdefault(layer, start)
+        buckets, size, members = [], 0.0, []
+        for layer, start in sorted(first.items(), key=lambda kv: kv[1]):
+            nb = layer_bytes(r, layer)
+            if not nb:
+                continue
+            size += nb
+            members.append(start)
+            if size >= bucket_bytes:
+                buckets.append((size, members))
+                size, members = 0.0, []
+        if members:
+            buckets.append((size, members))
+        before: dict[int, list[Action]] = {}
+        waits: dict[int, list[str]] = {}
+        for k, (nb, members) in enumerate(buckets):
+            name = f"{label} {k}"
+            # dispatched when the forward reaches the previous bucket (at the start for the first)
+            at = buckets[k - 1][1][0] if k else 0
+            deps = ()
+            if k:  # the work the forward did just before it reached that bucket (its own stream)
+                j = at - 1
+                while j >= 0 and lst[j].stream != lst[at].stream:
+                    j -= 1
+                deps = (lst[j].name,) if j >= 0 else ()
+            before.setdefault(at, []).append(Action(name, kind="collective", op="allgather", group=group, nbytes=nb,
+                                                    category="zero", stream="dp", deps=deps))
+            for i in members:
+                waits.setdefault(i, []).append(name)
+        new = []
+        for i, a in enumerate(lst):
+            new.extend(before.get(i, ()))
+            if i in waits:
+                a = a.evolve(deps=a.deps + tuple(waits[i]))
             new.append(a)
         out[r] = new
     return prog.with_actions(out)
