@@ -30,15 +30,15 @@ from __future__ import annotations
 import contextlib
 import math
 import time
-from dataclasses import dataclass, fields, is_dataclass, replace
+from dataclasses import dataclass, replace
 
 import numpy as np
 
 from sim.errors import InputError
 from sim.inputs.hardware import HardwareProfile
 
-FIDELITY = "reduced"
-COLLECTIVE_MODEL = "flows"
+from sim.calibrate.fit_sims import (COLLECTIVE_MODEL, FIDELITY, Simulations, Store,  # noqa: F401 (re-exported)
+                                    prepare_rows, with_values, worker_pool)
 DIFF_STEP = 1e-3
 """Finite-difference step, as a fraction of each parameter's range."""
 TOLERANCE = 1e-4
@@ -139,106 +139,6 @@ def start_value(profile: HardwareProfile, p: Parameter) -> float:
     return (p.low + p.high) / 2 if v is None else min(max(v, p.low), p.high)
 
 
-def _set(obj, parts: list[str], value):
-    if not parts:
-        return value
-    head, rest = parts[0], parts[1:]
-    if isinstance(obj, dict):
-        return {**obj, head: _set(obj[head], rest, value)}
-    if is_dataclass(obj) and head in {f.name for f in fields(obj)}:
-        return replace(obj, **{head: _set(getattr(obj, head), rest, value)})
-    raise KeyError(head)
-
-
-def with_values(profile: HardwareProfile, params, values) -> HardwareProfile:
-    """``profile`` with each parameter's field set (``dataclasses.replace``)."""
-    for p, v in zip(params, values):
-        try:
-            profile = _set(profile, p.path.split("."), float(v))
-        except KeyError:
-            raise InputError(f"--params: {p.path}: profile {profile.name} has no such field") from None
-    return profile
-
-
-# ---------------------------------------------------------------- simulations
-class Simulations:
-    """Each row's prepared run and its simulated iteration time per parameter vector
-    (cached); ``pool``: an executor whose workers simulate rows (``worker_pool``), or None."""
-
-    def __init__(self, profile: HardwareProfile, params, prepared: list, pool=None):
-        self.profile, self.params, self.prepared = profile, tuple(params), list(prepared)
-        self.cache: dict = {}
-        self.count, self.seconds = 0, 0.0
-        self.pool = pool
-
-    def times(self, rows, values) -> list[float]:
-        """``time_s`` of each of ``rows`` at ``values``, the missing ones in the pool's workers."""
-        key = tuple(float(v) for v in values)
-        missing = [i for i in rows if (i, key) not in self.cache]
-        if self.pool is not None and len(missing) > 1:
-            start = time.monotonic()
-            for i, t in zip(missing, self.pool.map(_worker_time, [(i, key) for i in missing])):
-                self.cache[(i, key)] = t
-            self.count += len(missing)
-            self.seconds += time.monotonic() - start
-        return [self.time_s(i, key) for i in rows]
-
-    def time_s(self, row: int, values) -> float:
-        from sim.session import simulate_training
-
-        key = (row, tuple(float(v) for v in values))
-        if key not in self.cache:
-            p = self.prepared[row]
-            start = time.monotonic()
-            run = simulate_training(p.model, p.plan, with_values(self.profile, self.params, key[1]), p.topology,
-                                    p.schedule, fidelity=FIDELITY, max_events=p.settings.simulation.event_limit,
-                                    collective_model=COLLECTIVE_MODEL)
-            self.cache[key] = float(run.trace.end_s)
-            self.count += 1
-            self.seconds += time.monotonic() - start
-        return self.cache[key]
-
-
-_WORKER: list = []
-"""A worker process's own ``Simulations`` (``worker_pool``)."""
-
-
-def _worker_init(gpu: str, params, runs, where: str) -> None:
-    from sim.inputs.hardware import load_profile
-
-    _WORKER[:] = [Simulations(load_profile(gpu, flag="--gpu"), params, prepare_rows(runs, gpu, where))]
-
-
-def _worker_time(job) -> float:
-    i, values = job
-    return _WORKER[0].time_s(i, values)
-
-
-def worker_pool(jobs: int, gpu: str, params, runs, where: str):
-    """``jobs`` worker processes, each with the rows ``runs`` prepared for ``gpu`` (spawned,
-    not forked: the parent may run a progress thread)."""
-    import multiprocessing
-    from concurrent.futures import ProcessPoolExecutor
-
-    return ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("spawn"),
-                               initializer=_worker_init, initargs=(gpu, tuple(params), list(runs), where))
-
-
-def prepare_rows(runs, gpu: str, where: str = "RUNS.csv") -> list:
-    """The session's ``Prepared`` run of each row on ``gpu`` (a preset or profile path);
-    an error names the row's line."""
-    from sim.inputs.schema import RunSettings
-    from sim.session import prepare
-
-    out = []
-    for r in runs:
-        try:
-            out.append(prepare(RunSettings.from_values({**r.values, "gpu": gpu, "fidelity": FIDELITY})))
-        except InputError as exc:
-            raise InputError(f"{where}: line {r.line}: {exc}") from None
-    return out
-
-
 @dataclass(frozen=True)
 class Fit:
     values: tuple
@@ -298,10 +198,11 @@ def _describe(run) -> str:
             f"{run.group[1]}")
 
 
-def fit_runs(path, gpu: str, names: list[str] | None = None, jobs: int = 1) -> dict:
+def fit_runs(path, gpu: str, names: list[str] | None = None, jobs: int = 1, cache=None) -> dict:
     """Read ``path``, fit the profile ``gpu`` (a preset or a profile .json) to its rows of
     that GPU, hold out each group in turn, and return the report (see ``sim.commands.fit``
-    for its keys); ``jobs``: worker processes simulating rows at once."""
+    for its keys); ``jobs``: worker processes simulating rows at once; ``cache``: a file
+    of simulated times kept across runs (``sim.calibrate.fit_sims.Store``), or None."""
     import hashlib
 
     from sim.calibrate.runs_csv import BY_SOURCE, BLANKS, read_runs
@@ -331,7 +232,8 @@ def fit_runs(path, gpu: str, names: list[str] | None = None, jobs: int = 1) -> d
     measured = [r.measured_s for r in used]
     groups = [ids[r.group] for r in used]
     with worker_pool(jobs, gpu, params, used, str(path)) if jobs > 1 else contextlib.nullcontext() as pool:
-        sims = Simulations(profile, params, prepared, pool)
+        store = Store(cache, profile, params, used) if cache is not None else None
+        sims = Simulations(profile, params, prepared, pool, store)
         res = fit_and_hold_out(sims, measured, groups, start)
 
     def errors(key):
@@ -362,7 +264,7 @@ def fit_runs(path, gpu: str, names: list[str] | None = None, jobs: int = 1) -> d
         "by_source": {text: {"settings": settings, "why": why} for text, settings, why in BY_SOURCE
                       if any(text in r.by_source for r in used)},
         **summary, "by_gpu": {profile.name: summary},
-        "simulations": sims.count, "wall_s": time.monotonic() - started,
+        "simulations": sims.count, "reused": sims.reused, "wall_s": time.monotonic() - started,
     }
 
 

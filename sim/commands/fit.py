@@ -27,8 +27,8 @@ writes the fitted profile, its ``sources`` naming the fit.
     loo_mean_abs_error, loo_max_abs_error
     by_gpu                              {gpu: the same counts and errors}, per GPU type
     evaluations                         residual evaluations of the fit on every row
-    simulations, wall_s                 simulations run (the cache's misses) and seconds taken (the only
-                                        key that changes from run to run)
+    simulations, reused, wall_s         simulations run (the cache's misses), times taken from --cache's
+                                        file, and seconds taken (these change from run to run)
     out                                 the profile written, or null
 """
 
@@ -52,6 +52,10 @@ def add_arguments(p) -> None:
                                                    "sustained_compute_fraction, attention_max_efficiency, "
                                                    "memory_efficiency, kernel_launch_s, fewer than the groups)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument("--cache", metavar="FILE", help="keep every simulated time in FILE (JSON lines) and reuse what "
+                                                  "it holds: a fit stopped part-way and run again with the same "
+                                                  "file simulates only what it had not (any change to trainsim, the "
+                                                  "profile or a row makes new entries)")
     p.add_argument("--jobs", type=int, default=1, metavar="N",
                    help="simulate N rows at once in worker processes (default 1; the report is the same)")
 
@@ -77,7 +81,7 @@ def run(args) -> int:
     profile = load_profile(args.gpu, flag="--gpu")
     with Progress() as bar:
         bar.update(f"fitting {profile.name} to {args.runs}")
-        report = fit_runs(args.runs, args.gpu, names, jobs=args.jobs)
+        report = fit_runs(args.runs, args.gpu, names, jobs=args.jobs, cache=args.cache)
     report["out"] = args.out
     if args.out:
         fitted_profile(profile, report, datetime.date.today().isoformat()).save(args.out)
@@ -123,6 +127,8 @@ def _print(r: dict) -> None:
         for x in r["left_out"]:
             by.setdefault(x["gpu"], []).append(str(x["line"]))
         print("left out (other GPUs): " + "; ".join(f"{g}: lines {', '.join(v)}" for g, v in sorted(by.items())))
-    print(f"{r['simulations']} simulations in {r['wall_s']:.1f} s ({r['evaluations']} evaluations of the fit on every row)")
+    reused = f", {r['reused']} times reused from --cache" if r["reused"] else ""
+    print(f"{r['simulations']} simulations in {r['wall_s']:.1f} s{reused} ({r['evaluations']} evaluations of the fit "
+          "on every row)")
     if r["out"]:
         print(f"wrote {r['out']} (profile {r['gpu']} with the fitted values; sources name the fit)")

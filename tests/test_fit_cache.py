@@ -1,0 +1,86 @@
+"""``trainsim fit --cache FILE``: simulated times kept on disk and reused (sim.calibrate.fit_sims)."""
+
+import contextlib
+import csv
+import io
+import json
+from pathlib import Path
+
+import pytest
+
+from sim.calibrate.fit_runs import parameter, prepare_rows
+from sim.calibrate.fit_sims import Simulations, Store, code_fingerprint
+from sim.calibrate.runs_csv import read_runs
+from sim.cli import main
+from sim.errors import InputError
+from sim.inputs.hardware import load_profile
+
+ROW = dict(source="test a", gpu="a100-80gb", precision="bf16", num_layers=2, hidden_size=512, num_attention_heads=8,
+           vocab_size=32000, seq_length=1024, activation="gelu", tensor_model_parallel_size=2,
+           pipeline_model_parallel_size=1, sequence_parallel="false", needs="")
+
+
+def _csv(path: Path) -> Path:
+    rows = [dict(ROW, gpus=8, global_batch_size=16, measured_iteration_time_s="0.05"),
+            dict(ROW, gpus=16, global_batch_size=32, measured_iteration_time_s="0.052"),
+            dict(ROW, source="test b", hidden_size=1024, gpus=8, global_batch_size=16,
+                 measured_iteration_time_s="0.11"),
+            dict(ROW, source="test b", hidden_size=1024, gpus=16, global_batch_size=32,
+                 measured_iteration_time_s="0.115")]
+    with open(path, "w", newline="") as fh:
+        w = csv.DictWriter(fh, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows(rows)
+    return path
+
+
+def _fit(argv):
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(io.StringIO()):
+        code = main(["fit", *argv, "--gpu", "a100-80gb", "--json"])
+    return code, json.loads(out.getvalue()) if code == 0 else None
+
+
+def test_a_second_fit_with_the_same_cache_simulates_nothing_and_reports_the_same(tmp_path):
+    data, cache = _csv(tmp_path / "runs.csv"), tmp_path / "sims.jsonl"
+    code, first = _fit([str(data), "--cache", str(cache)])
+    assert code == 0 and first["simulations"] > 0 and first["reused"] == 0
+    assert len(cache.read_text().splitlines()) == first["simulations"]  # one line per simulation
+    code, again = _fit([str(data), "--cache", str(cache)])
+    assert code == 0 and again["simulations"] == 0 and again["reused"] == first["simulations"]
+    for k in ("wall_s", "simulations", "reused"):
+        first.pop(k), again.pop(k)
+    assert again == first
+    # a fit killed mid-write leaves a broken last line: it is skipped, the rest reused
+    lines = cache.read_text().splitlines()
+    cache.write_text("\n".join(lines[:-1]) + "\n" + lines[-1][:20])
+    code, partial = _fit([str(data), "--cache", str(cache)])
+    assert code == 0 and partial["simulations"] == 1 and partial["reused"] == len(lines) - 1
+
+
+def test_a_stored_time_answers_only_for_the_same_row_profile_and_code(tmp_path):
+    runs = read_runs(_csv(tmp_path / "runs.csv"))
+    a100 = load_profile("a100-80gb")
+    params = (parameter("sustained_compute_fraction"),)
+    store = Store(tmp_path / "c.jsonl", a100, params, runs)
+    assert len(set(store.keys)) == len(runs)  # every row its own key
+    store.put(0, (0.8,), 1.25)
+    again = Store(tmp_path / "c.jsonl", a100, params, runs)
+    assert again.get(0, (0.8,)) == 1.25 and again.get(0, (0.8000001,)) is None and again.get(1, (0.8,)) is None
+    other = Store(tmp_path / "c.jsonl", load_profile("h100-sxm"), params, runs)
+    assert other.get(0, (0.8,)) is None  # another profile to start from
+    more = Store(tmp_path / "c.jsonl", a100, params + (parameter("kernel_launch_s"),), runs)
+    assert more.get(0, (0.8,)) is None
+    assert len(code_fingerprint()) == 64
+    # Simulations takes a stored time instead of simulating
+    sims = Simulations(a100, params, prepare_rows(runs[:1], "a100-80gb"), store=again)
+    assert sims.times([0], [0.8]) == [1.25] and sims.count == 0 and sims.reused == 1
+
+
+def test_a_cache_that_is_a_folder_or_in_a_missing_folder_is_refused(tmp_path):
+    runs = read_runs(_csv(tmp_path / "runs.csv"))
+    params = (parameter("sustained_compute_fraction"),)
+    with pytest.raises(InputError, match="--cache: .* is a directory"):
+        Store(tmp_path, load_profile("a100-80gb"), params, runs)
+    with pytest.raises(InputError, match="--cache: .* does not exist"):
+        Store(tmp_path / "no" / "c.jsonl", load_profile("a100-80gb"), params, runs)
