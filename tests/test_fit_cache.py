@@ -84,3 +84,35 @@ def test_a_cache_that_is_a_folder_or_in_a_missing_folder_is_refused(tmp_path):
         Store(tmp_path, load_profile("a100-80gb"), params, runs)
     with pytest.raises(InputError, match="--cache: .* does not exist"):
         Store(tmp_path / "no" / "c.jsonl", load_profile("a100-80gb"), params, runs)
+
+
+def _sims(tmp_path, names):
+    runs = read_runs(_csv(tmp_path / "runs.csv"))
+    h100 = load_profile("h100-sxm")
+    params = tuple(parameter(n) for n in names)
+    return Simulations(h100, params, prepare_rows(runs, "h100-sxm")), h100
+
+
+def test_a_row_is_simulated_at_what_it_sees_and_differentiated_by_the_chain_rule(tmp_path):
+    from sim.inputs.pacing import expected_max_normal
+
+    names = ("sustained_compute_fraction", "gpu_speed_spread", "fp8_gemm_max_efficiency")
+    sims, h100 = _sims(tmp_path, names)
+    f, sigma, cap = 0.9, 0.03, 0.75
+    # the spread folds into the fraction as the simulator paces it; a BF16 row never reads the FP8 cap
+    e16 = expected_max_normal(16)
+    assert sims.seen(1, (f, sigma, cap)) == (f * (1 - sigma * e16), 0.0, h100.fp8_gemm_max_efficiency)
+    assert sims.time_s(1, (f, sigma, cap)) == sims.time_s(1, sims.seen(1, (f, sigma, cap)))
+    assert sims.time_s(1, (f, 0.0, 0.6)) == sims.time_s(1, (f, 0.0, 0.9))
+    # slopes against plain forward differences in each parameter (the same step)
+    steps = (4e-4, 5e-5, 4.5e-4)
+    before = sims.count
+    [grad] = sims.slopes([1], (f, sigma, cap), steps)
+    assert sims.count - before == 1  # one step along the fraction it sees (the row at what it sees ran above)
+    base = sims.time_s(1, (f, sigma, cap))
+    for j in range(3):
+        x = [f, sigma, cap]
+        x[j] += steps[j]
+        plain = (sims.times([1], x)[0] - base) / steps[j]
+        assert grad[j] == pytest.approx(plain, rel=0.02, abs=1e-9 * base)
+    assert grad[2] == 0.0 and grad[0] < 0 < grad[1]  # faster GPUs, shorter step; more spread, longer

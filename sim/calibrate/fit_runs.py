@@ -10,16 +10,19 @@ range) are chosen so that trainsim's simulated iteration times match the measure
   row's GPU count, at ``reduced`` fidelity (one GPU per pipeline stage, the others as
   shadows: the runs are symmetric, every data-parallel replica and tensor-parallel peer
   does the same work; full and reduced fidelity agree within 1%) and the ``flows``
-  collective model. Simulations are cached by (row, parameter vector), so the fits that
-  start from the same point share their first evaluations. With ``jobs`` > 1 the rows of
-  one parameter vector are simulated by that many worker processes at once (each
-  simulation is deterministic, so the report is the same but for ``wall_s``).
+  collective model. Simulations are cached by (row, the values the row's simulation sees:
+  ``sim.calibrate.fit_sims``), so the fits that start from the same point share their
+  first evaluations, and on disk with ``--cache``. With ``jobs`` > 1 the simulations one
+  step of the fit needs run in that many worker processes at once (each simulation is
+  deterministic, so the report is the same but for ``wall_s``).
 - **Objective.** Relative residuals, predicted / measured − 1, each weighted by
   1/√(rows of its group) so that every group weighs the same (a weak-scaling table's
   rows are near copies; five of them are not five times the evidence).
   ``scipy.optimize.least_squares`` (trust-region reflective, bounded) works on the
-  parameters scaled to [0, 1], with a finite-difference step of 1e-3 of each range (the
-  simulator's output is piecewise smooth in its costs) and few iterations.
+  parameters scaled to [0, 1], its Jacobian by forward differences of 1e-3 of each range
+  (the simulator's output is piecewise smooth in its costs) taken along what each row's
+  simulation sees and chained to the parameters (``Simulations.slopes``: a BF16 row
+  costs one simulation per step however many parameters), and few iterations.
 - **Held out.** Leave-one-group-out: for each group, the same fit without the group's
   rows, from the same starting point, predicts them. A fit needs fewer parameters than
   groups, so each held-out fit still has at least as many groups as parameters.
@@ -158,8 +161,13 @@ def fit(sims: Simulations, rows: list[int], measured, weights, start) -> Fit:
         x = low + np.clip(u, 0.0, 1.0) * span
         return np.array([(t / measured[i] - 1.0) * weights[i] for i, t in zip(rows, sims.times(rows, x))])
 
+    def jacobian(u):  # d residual / d u, by the chain rule through what each row sees (Simulations.slopes)
+        x = low + np.clip(u, 0.0, 1.0) * span
+        slopes = sims.slopes(rows, x, DIFF_STEP * span)
+        return np.array([[d * s * weights[i] / measured[i] for d, s in zip(g, span)] for i, g in zip(rows, slopes)])
+
     u0 = np.clip((np.asarray(start, float) - low) / span, 0.0, 1.0)
-    res = least_squares(residuals, u0, bounds=(0.0, 1.0), method="trf", diff_step=DIFF_STEP, x_scale=1.0,
+    res = least_squares(residuals, u0, jac=jacobian, bounds=(0.0, 1.0), method="trf", x_scale=1.0,
                         ftol=TOLERANCE, xtol=TOLERANCE, gtol=GRADIENT_TOLERANCE, max_nfev=MAX_EVALUATIONS)
     return Fit(tuple(float(v) for v in low + np.clip(res.x, 0.0, 1.0) * span), int(res.nfev), res.message)
 

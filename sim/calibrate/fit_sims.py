@@ -95,7 +95,15 @@ def with_values(profile: HardwareProfile, params, values) -> HardwareProfile:
 
 class Simulations:
     """Each row's prepared run and its simulated iteration time per parameter vector
-    (cached); ``pool``: an executor whose workers simulate rows (``worker_pool``), or None."""
+    (cached); ``pool``: an executor whose workers simulate rows (``worker_pool``), or None.
+
+    A row is simulated at the values its simulation actually sees (``seen``): the GPU speed
+    spread folded into the compute fraction as the simulator folds it
+    (``sim.inputs.pacing.paced``: fraction x (1 − σ·e(N)) on the row's N GPUs, then no
+    spread), and the FP8 GEMM cap held at the profile's value on rows that do not train in
+    FP8 (they never read it). Vectors the simulation cannot tell apart share one
+    simulation, and ``slopes`` differentiates only along what a row sees, by the chain
+    rule: one simulation per seen direction instead of one per parameter."""
 
     def __init__(self, profile: HardwareProfile, params, prepared: list, pool=None, store: "Store | None" = None):
         self.profile, self.params, self.prepared = profile, tuple(params), list(prepared)
@@ -103,45 +111,110 @@ class Simulations:
         self.count, self.seconds, self.reused = 0, 0.0, 0
         self.pool = pool
         self.store = store
+        names = [q.path for q in self.params]
+        self._f = names.index("sustained_compute_fraction") if "sustained_compute_fraction" in names else None
+        self._sigma = names.index("gpu_speed_spread") if "gpu_speed_spread" in names else None
+        self._fp8 = names.index("fp8_gemm_max_efficiency") if "fp8_gemm_max_efficiency" in names else None
 
-    def _recall(self, rows, key) -> None:
-        """Take what ``store`` already holds for ``rows`` at ``key`` into the cache."""
-        if self.store is None:
-            return
-        for i in rows:
-            if (i, key) not in self.cache and (t := self.store.get(i, key)) is not None:
-                self.cache[(i, key)] = t
+    def seen(self, row: int, values) -> tuple:
+        """``values`` as row ``row``'s simulation sees them (see the class doc)."""
+        from sim.inputs.pacing import slowest_speed
+
+        out = [float(v) for v in values]
+        plan = self.prepared[row].plan
+        if self._f is not None and self._sigma is not None:
+            out[self._f] = out[self._f] * slowest_speed(out[self._sigma], plan.world_size)
+            out[self._sigma] = 0.0
+        if self._fp8 is not None and plan.fp8_format is None:
+            held = self.profile.fp8_gemm_max_efficiency
+            out[self._fp8] = float(held) if held is not None else self.params[self._fp8].low
+        return tuple(out)
+
+    def _ensure(self, jobs) -> None:
+        """Simulate the (row, seen values) ``jobs`` not yet known: from ``store``, else in the
+        pool's workers (longest rows first), else here."""
+        todo = []
+        for job in dict.fromkeys(jobs):
+            if job in self.cache:
+                continue
+            if self.store is not None and (t := self.store.get(*job)) is not None:
+                self.cache[job] = t
                 self.reused += 1
+            else:
+                todo.append(job)
+        if self.pool is None or len(todo) < 2:
+            for row, key in todo:
+                self.time_s(row, key)
+            return
+        todo.sort(key=lambda j: -self.prepared[j[0]].plan.world_size)
+        start = time.monotonic()
+        for job, t in zip(todo, self.pool.map(_worker_time, todo)):
+            self._keep(job, t)
+        self.count += len(todo)
+        self.seconds += time.monotonic() - start
+
+    def _keep(self, job, t: float) -> None:
+        self.cache[job] = t
+        if self.store is not None:
+            self.store.put(job[0], job[1], t)
 
     def times(self, rows, values) -> list[float]:
-        """``time_s`` of each of ``rows`` at ``values``, the missing ones in the pool's workers."""
-        key = tuple(float(v) for v in values)
-        self._recall(rows, key)
-        missing = [i for i in rows if (i, key) not in self.cache]
-        if self.pool is not None and len(missing) > 1:
-            start = time.monotonic()
-            for i, t in zip(missing, self.pool.map(_worker_time, [(i, key) for i in missing])):
-                self.cache[(i, key)] = t
-                if self.store is not None:
-                    self.store.put(i, key, t)
-            self.count += len(missing)
-            self.seconds += time.monotonic() - start
-        return [self.time_s(i, key) for i in rows]
+        """The simulated iteration time of each of ``rows`` at ``values``."""
+        jobs = [(i, self.seen(i, values)) for i in rows]
+        self._ensure(jobs)
+        return [self.cache[j] for j in jobs]
+
+    def slopes(self, rows, values, steps) -> list[list[float]]:
+        """d time / d value of each of ``rows`` (one list per row, one entry per parameter),
+        by forward differences of ``steps`` (per parameter) along each direction the row
+        sees, chained through ``seen`` (itself differenced exactly: it is linear in each
+        value)."""
+        x = [float(v) for v in values]
+        n = len(x)
+        chains, jobs = [], []
+        for i in rows:
+            z = self.seen(i, x)
+            d = []  # d[k][j] = d seen_k / d x_j
+            for j in range(n):
+                y = list(x)
+                y[j] += steps[j]
+                zj = self.seen(i, y)
+                d.append([(zj[k] - z[k]) / steps[j] for k in range(n)])
+            d = [[d[j][k] for j in range(n)] for k in range(n)]
+            moved = [k for k in range(n) if any(d[k])]
+            probes = []
+            for k in moved:
+                zk = list(z)
+                zk[k] += steps[k]
+                probes.append((k, (i, tuple(zk))))
+            chains.append(((i, z), d, probes))
+            jobs += [(i, z)] + [job for _, job in probes]
+        self._ensure(jobs)
+        out = []
+        for base, d, probes in chains:
+            grad = [0.0] * n
+            for k, job in probes:
+                ds = (self.cache[job] - self.cache[base]) / steps[k]
+                for j in range(n):
+                    grad[j] += ds * d[k][j]
+            out.append(grad)
+        return out
 
     def time_s(self, row: int, values) -> float:
+        """Row ``row`` simulated at exactly ``values`` (cached; no ``seen``)."""
         from sim.session import simulate_training
 
         key = (row, tuple(float(v) for v in values))
-        self._recall([row], key[1])
+        if key not in self.cache and self.store is not None and (t := self.store.get(*key)) is not None:
+            self.cache[key] = t
+            self.reused += 1
         if key not in self.cache:
             p = self.prepared[row]
             start = time.monotonic()
             run = simulate_training(p.model, p.plan, with_values(self.profile, self.params, key[1]), p.topology,
                                     p.schedule, fidelity=FIDELITY, max_events=p.settings.simulation.event_limit,
                                     collective_model=COLLECTIVE_MODEL)
-            self.cache[key] = float(run.trace.end_s)
-            if self.store is not None:
-                self.store.put(row, key[1], self.cache[key])
+            self._keep(key, float(run.trace.end_s))
             self.count += 1
             self.seconds += time.monotonic() - start
         return self.cache[key]
