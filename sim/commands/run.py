@@ -96,7 +96,8 @@ def _print(s: dict, run: session.TrainingRun) -> None:
           f"pp {plan.pp}{f' (vpp {plan.vpp})' if plan.vpp > 1 else ''}"
           f"{f', ep {plan.ep} x etp {plan.etp_size}' if s.get('moe') else ''}, "
           f"schedule {s['schedule']}, micro-batch {plan.micro_batch_size} x {plan.num_microbatches}, "
-          f"global batch {plan.global_batch_size}, recompute {plan.recompute}, ZeRO-{plan.zero_stage}, "
+          f"global batch {plan.global_batch_size}, recompute {plan.recompute}, ZeRO-{plan.zero_stage}"
+          f"{' (parameter gather overlapped)' if plan.param_gather_overlap else ''}, "
           f"sp {'on' if plan.sp else 'off'}, precision {s['precision']}")
     T = s["iteration_time_s"]
     print()
