@@ -288,19 +288,7 @@ def add_grad_sync(prog: Program, grad_bytes: Callable[[int, int], float], dp_gro
         mem_start: dict[int, list[tuple]] = {}
         k = 0
         for grp in groups:
-            buckets, size, members = [], 0.0, []
-            for u in grp:
-                nb = grad_bytes(r, u[1])
-                if not nb:
-                    continue
-                size += nb
-                members.append(u)
-                if size >= bucket_bytes:
-                    buckets.append((size, members))
-                    size, members = 0.0, []
-            if members:
-                buckets.append((size, members))
-            for nb, members in buckets:
+            for nb, members in pack_buckets(grp, lambda u: grad_bytes(r, u[1]), bucket_bytes):
                 anchor = members[-1][3] if overlap else last_backward
                 layers = [u[1] for u in members]
                 tag = f" of {members[0][0]}" if every_microbatch else ""
@@ -319,6 +307,24 @@ def add_grad_sync(prog: Program, grad_bytes: Callable[[int, int], float], dp_gro
             new.extend(after.get(i, ()))
         out[r] = new
     return prog.with_actions(out)
+
+
+def pack_buckets(items, size_of: Callable, bucket_bytes: float) -> list[tuple[float, list]]:
+    """``items`` in their order, packed into (bytes, members) buckets of at least
+    ``bucket_bytes`` (the last may hold less); items of ``size_of`` 0 are left out."""
+    buckets, size, members = [], 0.0, []
+    for item in items:
+        nb = size_of(item)
+        if not nb:
+            continue
+        size += nb
+        members.append(item)
+        if size >= bucket_bytes:
+            buckets.append((size, members))
+            size, members = 0.0, []
+    if members:
+        buckets.append((size, members))
+    return buckets
 
 
 def last_of_each_stream(acts) -> tuple[str, ...]:

@@ -34,7 +34,7 @@ import math
 from typing import Callable
 
 from sim.program.actions import Action, Program
-from sim.program.passes import last_of_each_stream, layer_uses
+from sim.program.passes import last_of_each_stream, layer_uses, pack_buckets
 
 PIPELINE = ("F", "B", "I", "W")
 
@@ -168,18 +168,9 @@ def add_param_allgather_ahead(prog: Program, layer_bytes: Callable[[int, int], f
         first: dict[int, int] = {}  # layer -> index of its first forward use
         for _step, layer, start, _end in layer_uses(lst, ("F",)):
             first.setdefault(layer, start)
-        buckets, size, members = [], 0.0, []
-        for layer, start in sorted(first.items(), key=lambda kv: kv[1]):
-            nb = layer_bytes(r, layer)
-            if not nb:
-                continue
-            size += nb
-            members.append(start)
-            if size >= bucket_bytes:
-                buckets.append((size, members))
-                size, members = 0.0, []
-        if members:
-            buckets.append((size, members))
+        order = sorted(first.items(), key=lambda kv: kv[1])
+        buckets = [(nb, [start for _, start in members])
+                   for nb, members in pack_buckets(order, lambda kv: layer_bytes(r, kv[0]), bucket_bytes)]
         before: dict[int, list[Action]] = {}
         waits: dict[int, list[str]] = {}
         for k, (nb, members) in enumerate(buckets):
