@@ -152,11 +152,11 @@ class ParallelPlan:
     zero3_max_live_parameters: float | None = None
     """ZeRO-3: most gathered parameters alive at once (DeepSpeed
     ``stage3_max_live_parameters``); caps the prefetch depth. None: no cap."""
+    fp8_param_gather: bool = False
+    """FP8 weights, all-gathered in FP8 (Megatron-LM ``--fp8-param-gather``; ``sim.program.fp8``)."""
     param_gather_overlap: bool = False
-    """ZeRO-1/2: the updated parameters are all-gathered during the next step's forward,
-    bucket by bucket ahead of their first use (Megatron-LM ``--overlap-param-gather`` with
-    ``--use-distributed-optimizer``; NeMo's ``overlap_param_sync``), instead of after the
-    optimizer step."""
+    """ZeRO-1/2: the updated parameters all-gathered in the next step's forward, ahead of
+    each bucket's first use (Megatron-LM ``--overlap-param-gather``), not after the step."""
     offload_optimizer: bool = False
     """ZeRO-Offload: optimizer states live in host memory and the optimizer step runs on
     the CPU; gradients go to the host and updated parameters come back over PCIe."""
@@ -186,7 +186,7 @@ class ParallelPlan:
             object.__setattr__(self, "global_batch_size", self.micro_batch_size * self.dp)
         _pos("global_batch_size", self.global_batch_size)
         for f in ("sequence_parallel", "dp_overlap", "account_for_embedding", "account_for_loss", "tp_comm_overlap",
-                  "gradient_accumulation_fusion", "param_gather_overlap"):
+                  "gradient_accumulation_fusion", "param_gather_overlap", "fp8_param_gather", "offload_optimizer"):
             _bool(f, getattr(self, f))
         require(not self.tp_comm_overlap or self.tp == 1 or self.sequence_parallel, "plan: tp_comm_overlap", True,
                 "it needs sequence_parallel (Megatron-LM's --tp-comm-overlap overlaps the sequence-parallel "
@@ -221,13 +221,14 @@ class ParallelPlan:
                     and math.isfinite(self.zero3_max_live_parameters) and self.zero3_max_live_parameters > 0,
                     "plan: zero3_max_live_parameters", self.zero3_max_live_parameters,
                     "expected a finite number > 0 (leave it unset for no cap)")
-        require(isinstance(self.offload_optimizer, bool), "plan: offload_optimizer", self.offload_optimizer,
-                "expected true or false")
         require(not self.param_gather_overlap or self.zero_stage in (1, 2), "plan: param_gather_overlap", True,
                 f"needs ZeRO stage 1 or 2 (got {self.zero_stage}): it overlaps the sharded optimizer's parameter "
                 "all-gather (ZeRO-3 gathers every layer before each use anyway)")
+        require(not self.fp8_param_gather or (self.fp8_format is not None and self.zero_stage in (1, 2)),
+                "plan: fp8_param_gather", True, "needs fp8_format and ZeRO stage 1 or 2 (the weights it gathers in "
+                f"FP8 are the sharded optimizer's; got fp8_format {self.fp8_format}, zero_stage {self.zero_stage})")
         require(not (self.param_gather_overlap and self.offload_optimizer), "plan: param_gather_overlap", True,
-                "not with offload_optimizer (the parameters come back from the host over PCIe)")
+                "not with offload_optimizer (the parameters come back from the host)")
         require(not self.offload_optimizer or self.zero_stage >= 1, "plan: offload_optimizer", True,
                 "needs ZeRO stage 1, 2 or 3 (the optimizer states offloaded are the sharded ones)")
         _pl.parse_placement(self.placement)

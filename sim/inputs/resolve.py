@@ -134,6 +134,9 @@ def plan_from_settings(p: PlanSettings, gpus: int | None, model: ModelSpec) -> P
     require(not p.overlap_param_gather or p.zero in (1, 2), "--overlap-param-gather", True,
             f"needs --zero 1 or 2 (got {p.zero}): it overlaps the sharded optimizer's parameter all-gather "
             "(Megatron-LM: with --use-distributed-optimizer)")
+    require(not p.fp8_param_gather or (p.fp8_format is not None and p.zero in (1, 2)), "--fp8-param-gather", True,
+            f"needs --fp8-format and --zero 1 or 2 (got {p.fp8_format or 'BF16'}, --zero {p.zero}): it keeps the "
+            "sharded optimizer's weights in FP8 (Megatron-LM: with --use-distributed-optimizer)")
     require(not (p.overlap_param_gather and p.offload_optimizer), "--overlap-param-gather", True,
             "not with --offload-optimizer (the parameters come back from the host over PCIe)")
     placement = p.placement
@@ -155,6 +158,7 @@ def plan_from_settings(p: PlanSettings, gpus: int | None, model: ModelSpec) -> P
                         zero3_prefetch_depth=1 if depth is None else depth, zero_bucket_size_bytes=zbucket,
                         zero3_max_live_parameters=p.zero3_max_live_parameters,
                         offload_optimizer=p.offload_optimizer, param_gather_overlap=p.overlap_param_gather,
+                        fp8_param_gather=p.fp8_param_gather,
                         placement=placement,
                         first_stage_layers=p.decoder_first_pipeline_num_layers,
                         last_stage_layers=p.decoder_last_pipeline_num_layers,

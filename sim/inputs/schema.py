@@ -168,6 +168,9 @@ class PlanSettings:
         type=Number(float, above=0), metavar="PARAMS", tables=((_ZERO, "stage3_max_live_parameters"),))
     zero_bucket_size: str | int | None = setting(
         help="ZeRO-2/3 gradient reduce-scatter bucket, e.g. 500MB (default: --bucket-size)", metavar="BYTES")
+    fp8_param_gather: bool = setting(
+        False, help="with --fp8-format and a sharded optimizer (--zero 1 or 2): keep the GEMM weights in FP8 and "
+                    "all-gather them in FP8 (Megatron-LM's flag, NeMo's fp8_params; default off)", kind="switch")
     overlap_param_gather: bool = setting(
         False, help="ZeRO-1/2: all-gather the updated parameters bucket by bucket during the next step's forward, "
                     "ahead of their first use, instead of after the optimizer step (Megatron-LM's flag, with "

@@ -61,10 +61,17 @@ data-parallel gradient sync. The two formats cost the same: 'e4m3' (every tensor
 and 'hybrid' (E4M3 forward, E5M2 gradients, what NeMo's recipes use) differ in range
 and precision, which matter for convergence, not for time.
 
-Not modelled: FP8 primary weights (``--fp8-param-gather``, NeMo's ``fp8_param_gather``:
-the model keeps only FP8 weights, casts them in the optimizer step and all-gathers them
-in FP8), userbuffers' atomic GEMMs, FP8 attention and the per-tensor current-scaling and
-MXFP8 recipes of TE 2.x.
+FP8 primary weights (``--fp8-param-gather``, NeMo's ``fp8_params``; ``fp8_params`` here):
+the model keeps the four GEMMs' weights in FP8 only (the optimizer's FP32 master weights
+are cast into them after each step, a 1/dp shard per rank, left out), so each step's
+weight kernel is the FP8 transpose alone (read 1, write 1 byte per parameter,
+``weight_transpose``), the distributed optimizer all-gathers those weights in FP8
+(``sim.program.training``), and a rank holds 1 byte of weight and 1 of transpose per such
+parameter instead of the BF16 weight and the FP8 copy and transpose
+(``sim.program.memory.rank``).
+
+Not modelled: userbuffers' atomic GEMMs, FP8 attention and the per-tensor
+current-scaling and MXFP8 recipes of TE 2.x.
 """
 
 from __future__ import annotations
@@ -139,10 +146,11 @@ def _insert_before(out: list, items: list) -> None:
 
 
 def fp8_layer_work(work, fp8_format: str | None, tp: int = 1, sequence_parallel: bool = False,
-                   microbatches: int = 1):
+                   microbatches: int = 1, fp8_params: bool = False):
     """One transformer layer's ``Work`` as TE runs it in FP8 (the module doc); ``work``
     itself when ``fp8_format`` is None. ``sequence_parallel``: in effect (tp > 1);
-    ``microbatches``: the m that share each step's weight casts."""
+    ``microbatches``: the m that share each step's weight casts; ``fp8_params``: the
+    weights are kept in FP8 (``--fp8-param-gather``), so each step only transposes them."""
     if fp8_format is None:
         return work
     require(fp8_format in FP8_FORMATS, "fp8_format", fp8_format, f"allowed: {', '.join(FP8_FORMATS)}")
@@ -175,7 +183,10 @@ def fp8_layer_work(work, fp8_format: str | None, tp: int = 1, sequence_parallel:
                                    FP8_BYTES * x * (1 if sp else 2)))
             if not it.recompute:
                 w = k * n * it.batch / microbatches
-                pre.append(_memory(it, "weight_to_fp8_t", BF16_BYTES * w, 2 * FP8_BYTES * w))
+                if fp8_params:  # the FP8 weight is the parameter: only its transpose is made
+                    pre.append(_memory(it, "weight_transpose", FP8_BYTES * w, FP8_BYTES * w))
+                else:
+                    pre.append(_memory(it, "weight_to_fp8_t", BF16_BYTES * w, 2 * FP8_BYTES * w))
             _insert_before(out, pre)
             out.append(gemm)
         elif role == "dgrad":

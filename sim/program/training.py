@@ -28,6 +28,7 @@ from sim.program.limits import DEFAULT_MAX_EVENTS, check_size
 from sim.program.memory.states import expert_data_parallel, stage_param_split
 from sim.program.memory import (
     chunk_activation_bytes,
+    fp8_layer_weights,
     layer_param_bytes,
     offload_copy_bytes,
     optimizer_shard_params,
@@ -254,14 +255,19 @@ def build_program(model: ModelSpec, plan: ParallelPlan, profile: HardwareProfile
                                       profile) for d, x in psi_split]
         prog = passes.add_optimizer(prog, lambda r: step_s[plan.coords(r)[1]])
         done = "optimizer"
+    fp8_saved = (lambda lid: fp8_layer_weights(model, plan.tp, lid)) if plan.fp8_param_gather else (lambda lid: 0.0)
+    # FP8 weights (--fp8-param-gather) are gathered in 1 byte instead of 2
     if z in (1, 2) and plan.param_gather_overlap:
-        prog = zero.add_param_allgather_ahead(prog, grad_bytes, plan.dp_group, bucket)
+        prog = zero.add_param_allgather_ahead(prog, lambda r, lid: grad_bytes(r, lid) - fp8_saved(lid), plan.dp_group,
+                                              bucket)
         if split:
             prog = zero.add_param_allgather_ahead(prog, lambda r, lid: split[lid][1] if lid in split else 0.0,
                                                   folding.edp_group, bucket, label="expert param allgather")
     elif z in (1, 2):
         stage_layers = plan.stage_layers(model)
-        gathered = [param_allgather_bytes(d) for d, _ in psi_split]
+        gathered = [param_allgather_bytes(d) - sum(fp8_saved(i) for c in range(plan.vpp)
+                                                   for i in plan.layer_range(model, c * plan.pp + s))
+                    for s, (d, _) in enumerate(psi_split)]
 
         def tensors(rank: int) -> int:
             # the rank's layers over its model chunks, plus the embedding and the head

@@ -34,6 +34,7 @@ from sim.program.memory.states import (
     DEEPSPEED_MAX_LIVE_PARAMETERS,
     DEEPSPEED_REDUCE_BUCKET_ELEMS,
     ModelStates,
+    fp8_layer_weights,
     fp8_weight_copy_bytes,
     grad_bucket_bytes,
     layer_param_bytes,
@@ -51,6 +52,7 @@ from sim.program.memory.states import (
 __all__ = [
     "DEEPSPEED_MAX_LIVE_PARAMETERS", "DEEPSPEED_REDUCE_BUCKET_ELEMS", "ModelStates",
     "activation_bytes_per_layer", "activation_terms", "chunk_activation_bytes", "embedding_activation_bytes",
+    "fp8_layer_weights",
     "fp8_weight_copy_bytes",
     "grad_bucket_bytes", "head_activation_bytes", "inflight_chunks", "inflight_per_chunk", "layer_param_bytes",
     "layer_params_per_rank", "model_state_bytes", "offload_copy_bytes", "optimizer_shard_params",

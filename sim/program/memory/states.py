@@ -142,19 +142,28 @@ copies, the FP8 weight and its transpose for the input-gradient GEMM (TE's
 ``get_fp8_workspace`` keeps both while gradients are enabled), beside the 16-bit weight."""
 
 
-def fp8_weight_copy_bytes(model: ModelSpec, plan: ParallelPlan, stage: int) -> float:
-    """The FP8 weight copies (``FP8_WEIGHT_COPY_BYTES`` per parameter) of the QKV,
-    projection and MLP weights of the layers a rank of pipeline stage ``stage`` holds, on
-    one of ``plan.tp`` ranks; not sharded by ZeRO (they are TE's buffers). 0 in BF16.
-    A mixture-of-experts layer's expert and router GEMMs stay BF16 (``sim.program.fp8``):
-    only its attention weights have copies."""
-    if plan.fp8_format is None:
+def fp8_layer_weights(model: ModelSpec, tp: int, layer: int) -> float:
+    """Parameters of layer ``layer``'s FP8 GEMM weights (QKV, projection and MLP) on one of
+    ``tp`` ranks: a mixture-of-experts layer's expert and router GEMMs stay BF16
+    (``sim.program.fp8``), so only its attention weights count; 0 for the embedding (-1)
+    and the head (``num_layers``)."""
+    if not 0 <= layer < model.num_layers:
         return 0.0
     h, kv, f = model.hidden_size, model.kv_dim, model.ffn_hidden_size
     attention, mlp = h * (h + 2 * kv) + h * h, (3 if model.mlp == "swiglu" else 2) * h * f
+    return (attention + (0 if model.is_moe_layer(layer) else mlp)) / tp
+
+
+def fp8_weight_copy_bytes(model: ModelSpec, plan: ParallelPlan, stage: int) -> float:
+    """The FP8 weight copies (``FP8_WEIGHT_COPY_BYTES`` per parameter, ``fp8_layer_weights``)
+    of the layers a rank of pipeline stage ``stage`` holds; not sharded by ZeRO (they are
+    TE's buffers). 0 in BF16, and 0 with FP8 weights (``fp8_param_gather``): the FP8
+    weight (1 byte) and its transpose (1 byte) then take the 16-bit weight's 2 bytes,
+    already in the parameters."""
+    if plan.fp8_format is None or plan.fp8_param_gather:
+        return 0.0
     ids = [i for c in range(plan.vpp) for i in plan.layer_range(model, c * plan.pp + stage)]
-    dense = sum(1 for i in ids if not model.is_moe_layer(i))
-    return FP8_WEIGHT_COPY_BYTES * (len(ids) * attention + dense * mlp) / plan.tp
+    return FP8_WEIGHT_COPY_BYTES * sum(fp8_layer_weights(model, plan.tp, i) for i in ids)
 
 
 # ------------------------------------------------------------- 16-bit copies
