@@ -116,3 +116,14 @@ def test_a_row_is_simulated_at_what_it_sees_and_differentiated_by_the_chain_rule
         plain = (sims.times([1], x)[0] - base) / steps[j]
         assert grad[j] == pytest.approx(plain, rel=0.02, abs=1e-9 * base)
     assert grad[2] == 0.0 and grad[0] < 0 < grad[1]  # faster GPUs, shorter step; more spread, longer
+
+
+def test_a_parameter_no_row_sees_is_found_out_without_simulating(tmp_path):
+    # the held-out fits start such a parameter from the profile, not from the fit that saw the held-out rows
+    names = ("sustained_compute_fraction", "fp8_gemm_max_efficiency", "gpu_speed_spread")
+    sims, h100 = _sims(tmp_path, names)
+    x = (0.9, 0.7, 0.02)
+    assert sims.sensitive([0, 1, 2, 3], x) == [True, False, True]  # BF16 rows never read the FP8 cap
+    assert sims.count == 0
+    only_f = Simulations(h100, (parameter("gpu_speed_spread"),), sims.prepared)
+    assert only_f.sensitive([0], (0.02,)) == [True]  # the spread alone still moves what a row sees

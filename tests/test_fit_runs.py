@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 
 import sim
-from sim.calibrate.fit_runs import (DEFAULT_PARAMETERS, Simulations, choose_parameters, fit, fit_runs, group_weights,
-                                    parameter, prepare_rows, start_value)
+from sim.calibrate.fit_runs import (DEFAULT_PARAMETERS, TOLERANCE, Simulations, choose_parameters, fit, fit_runs,
+                                    group_weights, parameter, prepare_rows, start_value)
 from sim.calibrate.runs_csv import read_runs
 from sim.cli import main
 from sim.errors import InputError
@@ -118,7 +118,10 @@ def test_held_out_prediction_is_a_fit_without_the_group(truth, tmp_path):
     left = [r for r, row in zip(rows, report["rows"]) if row["group"] != group["id"]]
     alone = fit_runs(_write(tmp_path / "without.csv", left), "a100-80gb", names)
     values = {p["name"]: p["fitted"] for p in alone["parameters"]}
-    assert values == pytest.approx(group["held_out_fit"], rel=1e-9)
+    # the same minimum: the file without the group fits from the profile, the held-out fit from the fit on every
+    # row (what its rows see), so the two stop within the fit's own tolerance of each other
+    assert values == pytest.approx(group["held_out_fit"], rel=TOLERANCE)
+    values = group["held_out_fit"]
     assert values != pytest.approx({p["name"]: p["fitted"] for p in report["parameters"]}, rel=1e-4)
     profile = tmp_path / "without.json"
     replace(load_profile("a100-80gb"), **values).save(profile)

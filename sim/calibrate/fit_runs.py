@@ -24,8 +24,12 @@ range) are chosen so that trainsim's simulated iteration times match the measure
   simulation sees and chained to the parameters (``Simulations.slopes``: a BF16 row
   costs one simulation per step however many parameters), and few iterations.
 - **Held out.** Leave-one-group-out: for each group, the same fit without the group's
-  rows, from the same starting point, predicts them. A fit needs fewer parameters than
-  groups, so each held-out fit still has at least as many groups as parameters.
+  rows predicts them. It starts from the fit on every row for the parameters its rows
+  see (a converged fit reaches the same minimum from any start, and starting near it
+  saves most of the simulations), and from the profile's value for any parameter none of
+  its rows sees (such a parameter stays where it starts, and the fit on every row would
+  carry the held-out rows' pull into it). A fit needs fewer parameters than groups, so
+  each held-out fit still has at least as many groups as parameters.
 """
 
 from __future__ import annotations
@@ -185,8 +189,10 @@ def fit_and_hold_out(sims: Simulations, measured: list[float], groups: list, sta
     held_out, per_group = [None] * len(rows), {}
     for g in sorted(set(groups)):
         train = [i for i in rows if groups[i] != g]
+        seen = sims.sensitive(train, start)
+        warm = [v if s else s0 for v, s, s0 in zip(full.values, seen, start)]
         # the weights are recomputed as if the group had never been in the file (they do not change)
-        part = fit(sims, train, measured, weights, start)
+        part = fit(sims, train, measured, weights, warm)
         per_group[g] = part
         mine = [i for i in rows if groups[i] == g]
         for i, t in zip(mine, sims.times(mine, part.values)):

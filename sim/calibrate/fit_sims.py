@@ -7,8 +7,8 @@ fit of the H100 presets takes hours) and run again with the same file simulates 
 what it had not. A stored time is used only for the same simulation: its key is a
 SHA-256 over the row's settings, the whole hardware profile the fit starts from, the
 parameters fitted, how rows are simulated, and the contents of every file of the
-``sim`` package (any change to trainsim's code makes a new key, so a cache never
-answers for other code); the parameter values are stored exactly (``repr`` round
+``sim`` package but the fit's own (any change to the simulator makes a new key, so a
+cache never answers for other code; the fit's files only choose what to simulate); the parameter values are stored exactly (``repr`` round
 trip). Lines that do not parse (a run killed mid-write) are skipped.
 """
 
@@ -28,12 +28,18 @@ FIDELITY = "reduced"
 COLLECTIVE_MODEL = "flows"
 
 
+FITTING_FILES = ("calibrate/fit_runs.py", "calibrate/fit_sims.py", "commands/fit.py")
+"""The fit's own code: it chooses which simulations to run, not what they give."""
+
+
 @lru_cache(maxsize=1)
 def code_fingerprint() -> str:
-    """SHA-256 over the path and contents of every file of the ``sim`` package."""
+    """SHA-256 over the path and contents of every file of the ``sim`` package but the
+    fit's own (``FITTING_FILES``)."""
     root = Path(__file__).resolve().parents[1]
     h = hashlib.sha256()
-    for f in sorted(p for p in root.rglob("*") if p.is_file() and "__pycache__" not in p.parts):
+    for f in sorted(p for p in root.rglob("*") if p.is_file() and "__pycache__" not in p.parts
+                    and p.relative_to(root).as_posix() not in FITTING_FILES):
         h.update(str(f.relative_to(root)).encode() + b"\0" + f.read_bytes() + b"\0")
     return h.hexdigest()
 
@@ -129,6 +135,15 @@ class Simulations:
             held = self.profile.fp8_gemm_max_efficiency
             out[self._fp8] = float(held) if held is not None else self.params[self._fp8].low
         return tuple(out)
+
+    def sensitive(self, rows, values) -> list[bool]:
+        """Per parameter, whether the simulation of any of ``rows`` sees it move (``seen``)."""
+        out = []
+        for j, p in enumerate(self.params):
+            y = [float(v) for v in values]
+            y[j] += (p.high - p.low) / 2 if y[j] < (p.low + p.high) / 2 else -(p.high - p.low) / 2
+            out.append(any(self.seen(i, y) != self.seen(i, values) for i in rows))
+        return out
 
     def _ensure(self, jobs) -> None:
         """Simulate the (row, seen values) ``jobs`` not yet known: from ``store``, else in the
