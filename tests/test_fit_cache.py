@@ -127,3 +127,27 @@ def test_a_parameter_no_row_sees_is_found_out_without_simulating(tmp_path):
     assert sims.count == 0
     only_f = Simulations(h100, (parameter("gpu_speed_spread"),), sims.prepared)
     assert only_f.sensitive([0], (0.02,)) == [True]  # the spread alone still moves what a row sees
+
+
+def test_a_row_that_barely_moved_reuses_its_last_probes_and_one_that_moved_probes_again(tmp_path):
+    from sim.calibrate.fit_sims import SLOPE_REUSE
+
+    names = ("sustained_compute_fraction", "gpu_speed_spread")
+    sims, _ = _sims(tmp_path, names)
+    steps = (4e-4, 5e-5)
+    [first] = sims.slopes([1], (0.9, 0.02), steps)
+    count = sims.count
+    assert count == 2  # the row at what it sees, and one step along the fraction it sees
+    # moved by a tenth of the reuse limit: nothing simulated (the fit's residuals simulate the new point)
+    near = (0.9 * (1 + SLOPE_REUSE / 10), 0.02)
+    [again] = sims.slopes([1], near, steps)
+    assert sims.count == count and again == pytest.approx(first, rel=SLOPE_REUSE)  # (chained at the new point)
+    # moved by twice the limit: probed again, and the slope is the plain difference there
+    far = (0.9 * (1 + 2 * SLOPE_REUSE), 0.02)
+    [fresh] = sims.slopes([1], far, steps)
+    assert sims.count == count + 2
+    x = list(far)
+    x[0] += steps[0]
+    plain = (sims.times([1], x)[0] - sims.times([1], far)[0]) / steps[0]
+    assert fresh[0] == pytest.approx(plain, rel=0.02)
+    assert fresh != first
