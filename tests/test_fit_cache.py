@@ -151,3 +151,28 @@ def test_a_row_that_barely_moved_reuses_its_last_probes_and_one_that_moved_probe
     plain = (sims.times([1], x)[0] - sims.times([1], far)[0]) / steps[0]
     assert fresh[0] == pytest.approx(plain, rel=0.02)
     assert fresh != first
+
+
+def test_a_held_out_fit_keeps_a_parameter_none_of_its_rows_reads_where_it_started(tmp_path):
+    rows = [dict(ROW, gpu="h100-sxm", gpus=8, global_batch_size=16, measured_iteration_time_s="0.03"),
+            dict(ROW, gpu="h100-sxm", source="test b", hidden_size=1024, gpus=8, global_batch_size=16,
+                 measured_iteration_time_s="0.06"),
+            dict(ROW, gpu="h100-sxm", source="test c", precision="fp8", hidden_size=1024, gpus=8,
+                 global_batch_size=16, measured_iteration_time_s="0.045")]
+    data = tmp_path / "runs.csv"
+    with open(data, "w", newline="") as fh:
+        w = csv.DictWriter(fh, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows(rows)
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(io.StringIO()):
+        code = main(["fit", str(data), "--gpu", "h100-sxm", "--json",
+                     "--params", "sustained_compute_fraction,fp8_gemm_max_efficiency"])
+    assert code == 0
+    report = json.loads(out.getvalue())
+    cap = load_profile("h100-sxm").fp8_gemm_max_efficiency
+    fitted = {p["name"]: p["fitted"] for p in report["parameters"]}
+    assert fitted["fp8_gemm_max_efficiency"] != pytest.approx(cap, rel=1e-3)  # the FP8 row pulls it in the full fit
+    [fp8] = [g for g in report["groups"] if g["precision"] == "fp8"]
+    assert fp8["held_out_fit"]["fp8_gemm_max_efficiency"] == cap  # held out, no row reads it: it stays put
+    assert fp8["held_out_fit"]["sustained_compute_fraction"] != fitted["sustained_compute_fraction"]

@@ -153,27 +153,36 @@ class Fit:
     status: str
 
 
-def fit(sims: Simulations, rows: list[int], measured, weights, start) -> Fit:
+def fit(sims: Simulations, rows: list[int], measured, weights, start, free=None) -> Fit:
     """The parameter values (physical units) that minimise the weighted relative residuals
-    of ``rows``, from ``start``."""
+    of ``rows``, from ``start``; ``free`` (one bool per parameter, default all) says which
+    may move: the others stay at their ``start`` values (a parameter none of the rows reads
+    has no say in their residuals, and a bounded trust-region step would still move it)."""
     from scipy.optimize import least_squares
 
+    free = list(free) if free is not None else [True] * len(sims.params)
+    on = [j for j, f in enumerate(free) if f]
     low = np.array([p.low for p in sims.params])
     span = np.array([p.high - p.low for p in sims.params])
+    u_start = np.clip((np.asarray(start, float) - low) / span, 0.0, 1.0)
+    if not on:
+        return Fit(tuple(float(v) for v in low + u_start * span), 0, "no parameter the rows read")
 
-    def residuals(u):
-        x = low + np.clip(u, 0.0, 1.0) * span
-        return np.array([(t / measured[i] - 1.0) * weights[i] for i, t in zip(rows, sims.times(rows, x))])
+    def point(v):
+        u = u_start.copy()
+        u[on] = np.clip(v, 0.0, 1.0)
+        return low + u * span
 
-    def jacobian(u):  # d residual / d u, by the chain rule through what each row sees (Simulations.slopes)
-        x = low + np.clip(u, 0.0, 1.0) * span
-        slopes = sims.slopes(rows, x, DIFF_STEP * span)
-        return np.array([[d * s * weights[i] / measured[i] for d, s in zip(g, span)] for i, g in zip(rows, slopes)])
+    def residuals(v):
+        return np.array([(t / measured[i] - 1.0) * weights[i] for i, t in zip(rows, sims.times(rows, point(v)))])
 
-    u0 = np.clip((np.asarray(start, float) - low) / span, 0.0, 1.0)
-    res = least_squares(residuals, u0, jac=jacobian, bounds=(0.0, 1.0), method="trf", x_scale=1.0,
+    def jacobian(v):  # d residual / d u, by the chain rule through what each row sees (Simulations.slopes)
+        slopes = sims.slopes(rows, point(v), DIFF_STEP * span)
+        return np.array([[g[j] * span[j] * weights[i] / measured[i] for j in on] for i, g in zip(rows, slopes)])
+
+    res = least_squares(residuals, u_start[on], jac=jacobian, bounds=(0.0, 1.0), method="trf", x_scale=1.0,
                         ftol=TOLERANCE, xtol=TOLERANCE, gtol=GRADIENT_TOLERANCE, max_nfev=MAX_EVALUATIONS)
-    return Fit(tuple(float(v) for v in low + np.clip(res.x, 0.0, 1.0) * span), int(res.nfev), res.message)
+    return Fit(tuple(float(v) for v in point(res.x)), int(res.nfev), res.message)
 
 
 def group_weights(groups: list) -> list[float]:
@@ -185,14 +194,14 @@ def fit_and_hold_out(sims: Simulations, measured: list[float], groups: list, sta
     """The fit on every row, and per group the fit without it and its rows' predictions."""
     rows = list(range(len(measured)))
     weights = group_weights(groups)
-    full = fit(sims, rows, measured, weights, start)
+    full = fit(sims, rows, measured, weights, start, free=sims.sensitive(rows, start))
     held_out, per_group = [None] * len(rows), {}
     for g in sorted(set(groups)):
         train = [i for i in rows if groups[i] != g]
         seen = sims.sensitive(train, start)
         warm = [v if s else s0 for v, s, s0 in zip(full.values, seen, start)]
         # the weights are recomputed as if the group had never been in the file (they do not change)
-        part = fit(sims, train, measured, weights, warm)
+        part = fit(sims, train, measured, weights, warm, free=seen)
         per_group[g] = part
         mine = [i for i in rows if groups[i] == g]
         for i, t in zip(mine, sims.times(mine, part.values)):
