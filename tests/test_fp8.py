@@ -16,6 +16,7 @@ from sim.cli import main
 from sim.errors import InputError
 from sim.inputs.hardware import HardwareProfile, load_profile
 from sim.inputs.model import gpt, llama
+from sim.inputs.pacing import paced
 from sim.inputs.plan import ParallelPlan
 from sim.program.costs import op_time
 from sim.program.estimate import estimate
@@ -250,10 +251,11 @@ def test_explain_lists_the_fp8_kernels():
     rows = {r["name"]: r for r in explain(LAYER, plan, H100)["parts"]["layer"]["rows"]}
     work = fp8_layer_work(layer_work(LAYER, 1, 2, True), "hybrid", 2, True, 4)
     assert list(rows) == [i.name for i in work.items]
+    pace = paced(H100, plan.world_size)  # explain prices the job's pace, as the simulator does
     for o in work.ops():
-        assert rows[o.name]["time_s"] == op_time(o, H100)
+        assert rows[o.name]["time_s"] == op_time(o, pace)
         if o.kind == "gemm":
-            assert rows[o.name]["efficiency"] == H100.gemm_efficiency(*o.shape, o.batch, o.dtype)
+            assert rows[o.name]["efficiency"] == pace.gemm_efficiency(*o.shape, o.batch, o.dtype)
     down = next(o for o in work.ops() if o.name == "mlp.down")
     bf16 = H100.peak("bf16") * H100.gemm_efficiency(*down.shape, down.batch, "bf16")
     assert rows["mlp.down"]["flops_per_s"] > bf16  # faster than the same GEMM in BF16

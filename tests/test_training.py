@@ -7,6 +7,7 @@ import pytest
 
 from sim.cli import main
 from sim.inputs.hardware import load_profile
+from sim.inputs.pacing import paced
 from sim.results.metrics import iteration_metrics, rank_breakdown
 from sim.inputs.model import gpt
 from sim.inputs.plan import ParallelPlan
@@ -32,7 +33,7 @@ def test_free_communication_gives_the_schedule_alone(schedule, vpp):
     # schedule (steps priced the same, dependencies without transfers) ends.
     plan = ParallelPlan(pp=4, vpp=vpp, global_batch_size=8, schedule=schedule)
     run = simulate_training(TINY, plan, H100, _free_cluster())
-    seg = _Segments(TINY, plan, H100)
+    seg = _Segments(TINY, plan, paced(H100, plan.world_size))  # (the job's pace, as the simulator prices it)
     sched = build_schedule(schedule, 4, 8, vpp)
     bare = simulate(to_program(sched, lambda st: sum(s.duration_s for s in seg._cache(st.stage, st.kind))),
                     _free_cluster())
