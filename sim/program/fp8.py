@@ -49,9 +49,10 @@ the GEMM they feed are placed right after the GEMM beside them: on one stream th
 all-gather stays next to the GEMM it feeds (``sim.program.tp`` overlaps such pairs).
 
 Amax: TE's cast kernels record each tensor's absolute maximum as they write it, so the
-scaling statistics cost no pass of their own. Left out: the reduction of the amax
-buffer (one all-reduce of a few kB per micro-batch forward and backward over the amax
-group, latency-bound) and the scale update kernel after it.
+scaling statistics cost no pass of their own. Their reduction across the stage (one small
+blocking all-reduce after each chunk's forward and one after its backward, over the
+tensor-, data- and context-parallel ranks) is ``sim.program.amax``'s pass; the scale
+update kernel after it is left out.
 
 What stays BF16: the attention core (flash attention in BF16; TE's FP8 attention is not
 the default), norms' inputs and their backward, activations (GeLU/SwiGLU), residuals and

@@ -19,6 +19,7 @@ from functools import lru_cache
 
 from sim.program import passes
 from sim.program import zero
+from sim.program.amax import add_amax_reductions, chunk_gemms, stage_groups
 from sim.program.actions import Action, Program
 from sim.program.coalesce import coalesce, isolated_tp_pricer
 from sim.program.costs import cpu_optimizer_step_time, op_time, optimizer_step_time
@@ -214,6 +215,8 @@ def build_program(model: ModelSpec, plan: ParallelPlan, profile: HardwareProfile
         return out
 
     prog = passes.add_tp_collectives(prog, segments, plan.tp_group, other_groups)
+    if plan.fp8_format is not None:  # delayed scaling's amax all-reduces (before the sends, which wait for them)
+        prog = add_amax_reductions(prog, stage_groups(plan), chunk_gemms(model, plan), nccl)
     act_bytes = p2p_bytes(model, plan.micro_batch_size, plan.tp, plan.sequence_parallel, cp=plan.cp)
     prog = passes.add_p2p(prog, lambda consumer: act_bytes)
 

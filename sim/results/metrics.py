@@ -27,7 +27,7 @@ from sim.results.trace import Trace
 
 PIPELINE = ("F", "B", "I", "W")
 COMM_KINDS = ("tp", "pp", "dp", "zero")
-OPTIONAL_KINDS = ("offload", "ep", "cp")
+OPTIONAL_KINDS = ("offload", "ep", "cp", "amax")
 
 
 def rank_breakdown(trace: Trace, rank: int) -> dict:

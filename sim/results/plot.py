@@ -29,11 +29,13 @@ COLOURS = {
     "tp": "#8172B3", "dp": "#937860", "zero": "#DA8BC3", "ep": "#17BECF",
     "allreduce": "#8172B3", "reducescatter": "#64B5CD", "allgather": "#DA8BC3",
     "broadcast": "#CCB974", "alltoall": "#937860", "shift": "#E377C2", "compute": "#4C72B0", "cp": "#E377C2",
+    "amax": "#BCBD22",
     "via nvlink": "#76B900", "via pcie": "#999999", "via ib": "#D62728", "via ethernet": "#FF7F0E",
 }
 LABELS = {"F": "forward", "B": "backward", "I": "backward (input grad)", "W": "backward (weight grad)",
           "pp": "pipeline p2p", "tp": "tensor-parallel comm", "dp": "data-parallel comm", "opt": "optimizer",
           "ep": "expert-parallel comm (all-to-all)", "cp": "context-parallel comm (ring attention)",
+          "amax": "FP8 amax all-reduce",
           "via nvlink": "transfer over NVLink", "via pcie": "transfer over PCIe",
           "via ib": "transfer over InfiniBand", "via ethernet": "transfer over Ethernet"}
 """Legend text for the categories whose names are short codes (others are shown as they are)."""
@@ -255,6 +257,7 @@ _COMPARE_TIME_PARTS = (
     ("offload", "exposed offload copies (PCIe)", "#8C8C3C", None),
     ("ep", "exposed expert-parallel comm (all-to-all)", "#64B5CD", None),
     ("cp", "exposed context-parallel comm", "#E377C2", None),
+    ("amax", "exposed FP8 amax reductions", "#BCBD22", None),
     ("other", "exposed other comm", "#999999", None),
     ("bubble_s", "pipeline bubble (idle)", "#FFFFFF", "///"),
     ("other_idle_s", "other idle (waiting)", "#E8E8E8", None),
