@@ -356,3 +356,18 @@ def test_fp8_rows_of_the_fit_data_run_in_fp8(tmp_path):
     assert unsupported(rows[1], H100) is None and unsupported(rows[0], A100) is None
     with pytest.raises(InputError, match=r"line 2: column fp8_format: got 'hybrid'; the row's precision is bf16"):
         read_runs(_runs_csv(tmp_path / "bad.csv", [{"fp8_format": "hybrid"}]))
+
+
+def test_the_dgx_cloud_gpt3_fp8_rows_keep_fp8_weights_and_its_bf16_rows_do_not(tmp_path):
+    from sim.calibrate.runs_csv import read_runs
+    from sim.session import prepare
+    from sim.inputs.schema import RunSettings
+
+    src = "NVIDIA/dgxc-benchmarking nemo_megatron/README_175b.md (v25.02)"
+    rows = read_runs(_runs_csv(tmp_path / "r.csv", [{"source": src}, {"source": src, "precision": "fp8"},
+                                                    {"precision": "fp8"}]))
+    assert [r.values.get("fp8_param_gather") for r in rows] == [None, True, None]
+    assert "nemo_megatron/README_175b (fp8 rows)" in rows[1].by_source
+    assert rows[1].values["zero"] == 1  # the sharded optimizer whose gather carries them
+    plan = prepare(RunSettings.from_values({**rows[1].values, "gpu": "h100-sxm"})).plan
+    assert plan.fp8_param_gather and plan.fp8_format == "hybrid"

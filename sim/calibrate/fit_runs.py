@@ -228,7 +228,7 @@ def fit_runs(path, gpu: str, names: list[str] | None = None, jobs: int = 1, cach
     of simulated times kept across runs (``sim.calibrate.fit_sims.Store``), or None."""
     import hashlib
 
-    from sim.calibrate.runs_csv import BY_SOURCE, BLANKS, read_runs
+    from sim.calibrate.runs_csv import BY_SOURCE, BLANKS, FP8_BY_SOURCE, FP8_ROWS, read_runs
     from sim.fileio import read_bytes
     from sim.inputs.hardware import load_profile
 
@@ -284,7 +284,8 @@ def fit_runs(path, gpu: str, names: list[str] | None = None, jobs: int = 1, cach
                        for p, s, v in zip(params, start, res["full"].values)],
         "evaluations": res["full"].evaluations, "groups": group_rows, "rows": rows, "skipped": skipped,
         "left_out": left_out, "blank_cells": {c: {"value": _shown(BLANKS[c][0]), "why": BLANKS[c][1]} for c in filled},
-        "by_source": {text: {"settings": settings, "why": why} for text, settings, why in BY_SOURCE
+        "by_source": {text: {"settings": settings, "why": why}
+                      for text, settings, why in BY_SOURCE + tuple((t + FP8_ROWS, s, w) for t, s, w in FP8_BY_SOURCE)
                       if any(text in r.by_source for r in used)},
         **summary, "by_gpu": {profile.name: summary},
         "simulations": sims.count, "reused": sims.reused, "wall_s": time.monotonic() - started,

@@ -127,6 +127,14 @@ BY_SOURCE = (
 """Settings a source's rows take where the file has no column or a blank cell: the
 framework or model facts of that source, each with the reason. A filled cell wins; a
 source's setting wins over ``BLANKS``."""
+FP8_BY_SOURCE = (
+    ("nemo_megatron/README_175b", {"fp8_param_gather": True},
+     "the benchmark's FP8 configuration keeps the GEMM weights in FP8 (NVIDIA/dgxc-benchmarking v25.02 "
+     "nemo_megatron/gpt3_175b_hydra.yaml: fp8_params: true, NeMo's name for Megatron-LM's --fp8-param-gather): "
+     "the distributed optimizer gathers them in FP8 and each step transposes them instead of casting BF16 ones"),
+)
+"""Like ``BY_SOURCE``, for a source's FP8 rows only (recorded as "<text> (fp8 rows)")."""
+FP8_ROWS = " (fp8 rows)"
 
 
 @dataclass(frozen=True)
@@ -273,6 +281,11 @@ def _run(path, line: int, cells: dict) -> MeasuredRun:
     precision = cells.get("precision") or blank("precision")
     if precision == "fp8":
         values.setdefault("fp8_format", FP8_FORMAT[0])
+        for text, settings, _ in FP8_BY_SOURCE:
+            if text in cells.get("source", ""):
+                by_source.append(text + FP8_ROWS)
+                for name, value in settings.items():
+                    values.setdefault(name, value)
     elif "fp8_format" in values:
         raise _bad(path, line, "fp8_format", cells["fp8_format"], f"the row's precision is {precision}; an FP8 "
                                                                   "format needs precision fp8")
