@@ -12,9 +12,10 @@ import pytest
 
 from sim.cli import main
 from sim.commands.collective import run_collective
+from sim.engine.algorithms import build
 from sim.engine.core import simulate
 from sim.engine.nccl import NcclModel
-from sim.engine.tuner import alone_time
+from sim.engine.tuner import alone_time, estimate
 from sim.errors import InputError
 from sim.inputs.hardware import HardwareProfile, load_profile
 from sim.inputs.model import ModelSpec
@@ -268,3 +269,26 @@ def test_coalesced_tp_collectives_pay_the_base_once_as_the_engine_does():
     assert t_plain - simulate(plain, topo, link_efficiency=EFF,
                               nccl=NcclModel.from_profile(replace(H100, nccl_base_latency_s=_table(0.0)))
                               .forcing(None, None)).end_s == pytest.approx(n_tp * 8.4e-6, rel=1e-6)
+
+
+def test_a_userbuffers_chunk_is_priced_and_chosen_without_the_base():
+    # An 8 MiB all-gather over 8 A100s: as an NCCL collective the tuner weighs each
+    # protocol's transfers plus its base latency (LL128's 14 us against Simple's 8.4 us);
+    # as a userbuffers chunk nothing pays a base, so it runs whichever moves the bytes fastest.
+    a100 = load_profile("a100-80gb")
+    topo = load_topology("dgx-a100")
+    model, eff = NcclModel.from_profile(a100).forcing("auto", "auto"), a100.link_efficiencies()
+    n, S = 8, 8 * 2**20
+    steps = build("allgather", range(n), S, topo, "ring", fluid=True)
+    hops = {p: estimate(steps, topo, eff, model, p) for p in PROTOS}
+    base = {p: v * 1e-6 for p, v in zip(PROTOS, NCCL_US["ring"])}
+
+    def run(ub: bool) -> float:
+        prog = Program({r: [Action("ag", kind="collective", op="allgather", group=tuple(range(n)), nbytes=S,
+                                   algo="auto", protocol="auto", userbuffers=ub)] for r in range(n)})
+        return simulate(prog, topo, link_efficiency=eff, nccl=model).end_s
+
+    assert run(True) == pytest.approx(min(hops.values()), rel=1e-9)
+    assert run(False) == pytest.approx(min(hops[p] + base[p] for p in PROTOS), rel=1e-9)
+    # (here the base changes the pick: LL128 moves the bytes fastest, Simple wins with its base)
+    assert min(hops, key=hops.get) == "ll128" and min(PROTOS, key=lambda p: hops[p] + base[p]) == "simple"

@@ -101,14 +101,14 @@ class Collectives:
                     self.on_begin(r, rv.began)
             plan = self.plan_steps(a)
             self._run(plan, rv, f"{a.category or a.op} {a.op} {a.name}", self.plain_finish if quiet else self.finish,
-                      0.0 if a.userbuffers else plan[5])
+                      plan[5])
 
     def plan_steps(self, a: Action):
         """The collective's steps and their bookkeeping, built once per distinct
-        (op, group, size, algorithm, channels). Under reduced fidelity with fluid rings,
+        (op, group, size, algorithm, channels, userbuffers or NCCL). Under reduced fidelity with fluid rings,
         hops between two shadows are dropped: no simulated rank waits for them, and by
         symmetry they take as long as the hops that are simulated."""
-        key = (a.op, a.group, a.nbytes, a.algo, a.protocol, a.channels)
+        key = (a.op, a.group, a.nbytes, a.algo, a.protocol, a.channels, a.userbuffers)
         plan = self._plans.get(key)
         if plan is not None:
             return plan
@@ -138,7 +138,7 @@ class Collectives:
                 children[d].append(i)
             for r in ends[i]:
                 involved[r] = involved.get(r, 0) + 1
-        base = base_latency(self.nccl, a.op, a.group, self.topology, algo, protocol)
+        base = 0.0 if a.userbuffers else base_latency(self.nccl, a.op, a.group, self.topology, algo, protocol)
         plan = (args, ends, [tuple(c) for c in children], [len(st.deps) for st in steps], involved, base)
         self._plans[key] = plan
         return plan
@@ -155,13 +155,15 @@ class Collectives:
 
     def choose(self, a: Action) -> tuple[str, str]:
         """The action's algorithm and protocol, NCCL's tuner's choice where "auto"
-        (``sim.engine.nccl.choose``), one choice per shape of group and size."""
+        (``sim.engine.nccl.choose``), one choice per shape of group and size. A userbuffers
+        chunk (``Action.userbuffers``) pays no base latency, so the choice leaves it out."""
         algo = a.algo if self.nccl.algo is None else self.nccl.algo
         protocol = a.protocol if self.nccl.protocol is None else self.nccl.protocol
         if self.nccl.algo is None and algo != "auto" and protocol != "auto":
             return algo, protocol
         nodes = ranks_by_node(self.topology, a.group)
-        key = (a.op, a.nbytes, algo, protocol, tuple(len(v) for v in nodes.values()), nvls_capable(self.topology, a.group))
+        key = (a.op, a.nbytes, algo, protocol, tuple(len(v) for v in nodes.values()), nvls_capable(self.topology, a.group),
+               a.userbuffers)
         c = self._choices.get(key)
         if c is None:
             if self.nccl.algo is not None and not runnable(a.op, a.group, self.topology, algo):
@@ -169,7 +171,8 @@ class Collectives:
             if algo != "auto" and protocol != "auto":
                 c = (algo, protocol)
             else:
-                c = choose(a.op, a.group, a.nbytes, self.topology, self.efficiency(), self.nccl, algo, protocol)
+                c = choose(a.op, a.group, a.nbytes, self.topology, self.efficiency(), self.nccl, algo, protocol,
+                           base=not a.userbuffers)
             self._choices[key] = c
         return c
 

@@ -56,10 +56,11 @@ def estimate(steps, topology, efficiency: dict, model: NcclModel, protocol: str,
 
 
 def choose(op: str, ranks, nbytes: float, topology, efficiency: dict | None = None, model: NcclModel | None = None,
-           algo: str = "auto", protocol: str = "auto") -> tuple[str, str]:
+           algo: str = "auto", protocol: str = "auto", base: bool = True) -> tuple[str, str]:
     """The (algorithm, protocol) NCCL's tuner would run: the fastest enabled pair by
     ``estimate``; ``algo`` or ``protocol`` other than "auto" fixes that part (as
-    NCCL_ALGO and NCCL_PROTO do)."""
+    NCCL_ALGO and NCCL_PROTO do). ``base`` False: a collective that pays no base latency
+    (Transformer Engine's userbuffers chunks), the fastest by its transfers alone."""
     model = model or DEFAULT_MODEL
     efficiency = efficiency or {}
     if op in ("alltoall", "shift", "sendrecv"):
@@ -76,7 +77,8 @@ def choose(op: str, ranks, nbytes: float, topology, efficiency: dict | None = No
     for a, p in options:
         if a not in built:
             built[a] = build(op, ranks, nbytes, topology, a, fluid=True)
-        t = estimate(built[a], topology, efficiency, model, p, base_latency(model, op, ranks, topology, a, p))
+        t = estimate(built[a], topology, efficiency, model, p,
+                     base_latency(model, op, ranks, topology, a, p) if base else 0.0)
         if best is None or t < best_t * (1 - 1e-9):  # (the first when none is finite: a free network)
             best, best_t = (a, p), t
     return best
