@@ -15,6 +15,21 @@ NVLS (NVLink SHARP): the NVSwitch reduces (multimem.ld_reduce) and multicasts
 ``nvls_latency_s`` (NCCL's ``hwLatencies[NVLINK][NVLS][Simple]``, 25 µs) instead of hop
 latencies. NVLS runs Simple only, as in NCCL.
 
+Base latency: NCCL's tuner starts every collective's latency from a fixed cost of the
+(algorithm, protocol) pair, kernel launch and setup (``baseLatencies`` in tuning.cc, µs:
+ring 6.6/14.0/8.4 and tree 6.8/14.0/8.4 for LL/LL128/Simple, NVLS and NVLS-tree 0; the
+profile's ``nccl_base_latency_s``). Every NCCL collective here pays it once, between the
+moment its last member arrives and its first transfer (``sim.engine.collectives``, under
+both collective models; the members' actions count it as busy), and the tuner adds it to
+its estimate (``base_latency``). Hierarchical all-reduce, which NCCL does not have, is
+taken as three NCCL ring calls (reduce-scatter in each node, all-reduce across nodes,
+all-gather in each node, as Horovod and DeepSpeed issue it): ring's base once per phase.
+Not NCCL collectives, so no base: point-to-point transfers (pipeline sends and receives,
+ring attention's ``shift``, all-to-all, which PyTorch runs as grouped ``ncclSend``/
+``ncclRecv`` outside NCCL's collective table), one-rank groups, and Transformer Engine's
+userbuffers chunks of the tensor-parallel overlap (``Action.userbuffers``), whose
+(algorithm, protocol) is chosen without it too.
+
 ``sim.engine.tuner.choose`` is the tuner: like NCCL's ``ncclTopoTuneModel`` it estimates each enabled
 (algorithm, protocol)'s time as latency + size / bandwidth and takes the fastest, but it
 takes both terms from the collective's own transfer steps on the topology (the longest
