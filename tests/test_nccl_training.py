@@ -51,7 +51,8 @@ def test_tp8_allreduce_in_an_h100_step_runs_nvls_and_saves_what_the_closed_forms
     assert colls and all(a.op == "allreduce" for a in colls)
     picks = {a.nbytes: choose(a.op, a.group, a.nbytes, topo, eff, model, protocol="simple")[0] for a in colls}
     assert picks[2048 * 4096 * 2] == "nvls"  # each layer's activations (s·h 16-bit values)
-    saved = sum(RING_SIMPLE_BASE_S + _ring(a.op, a.nbytes, 8, alpha, B) - NVLS_BASE_S - _nvls(a.op, a.nbytes, 8, model, B_line)
+    saved = sum((RING_SIMPLE_BASE_S + _ring(a.op, a.nbytes, 8, alpha, B))
+                - (NVLS_BASE_S + _nvls(a.op, a.nbytes, 8, model, B_line))
                 for a in colls if picks[a.nbytes] == "nvls")
     assert saved > 0
     got = runs["ring"].trace.end_s - runs["auto"].trace.end_s

@@ -122,7 +122,8 @@ def run_collective(op: str, nbytes: int, gpus: int, topo, algo: str = "ring", ch
     n = 2 if op == "sendrecv" else gpus
     summary = {
         "op": op, "algo": algo, "protocol": protocol, "collective_model": collective_model, "size_bytes": nbytes, "gpus": gpus, "topology": topo.name,
-        "nodes": topo.num_nodes, "time_s": t, "base_latency_s": base, "algbw_Bps": algbw, "busbw_Bps": algbw * bus_factor(op, n),
+        "nodes": topo.num_nodes, "time_s": t, "base_latency_s": base, "algbw_Bps": algbw,
+        "busbw_Bps": algbw * bus_factor(op, n),
         "bytes_by_link_kind": trace.bytes_by_link_kind(), "transfers": len(trace.transfers),
         "link_efficiency": dict(link_efficiency or {}),
     }

@@ -162,8 +162,8 @@ class Collectives:
         if self.nccl.algo is None and algo != "auto" and protocol != "auto":
             return algo, protocol
         nodes = ranks_by_node(self.topology, a.group)
-        key = (a.op, a.nbytes, algo, protocol, tuple(len(v) for v in nodes.values()), nvls_capable(self.topology, a.group),
-               a.userbuffers)
+        key = (a.op, a.nbytes, algo, protocol, tuple(len(v) for v in nodes.values()),
+               nvls_capable(self.topology, a.group), a.userbuffers)
         c = self._choices.get(key)
         if c is None:
             if self.nccl.algo is not None and not runnable(a.op, a.group, self.topology, algo):
