@@ -37,6 +37,9 @@ from sim.inputs.hardware import load_profile  # noqa: E402
 NAME = "allreduce_scaling"
 CLUSTERS = {"A100 + HDR": ("dgx-a100", "a100-80gb"), "H100 + NDR": ("dgx-h100", "h100-sxm")}
 ALGOS = ("ring", "hierarchical")
+RING_SIMPLE_BASE_S = 8.4e-6
+"""NCCL's base latency of a ring collective under Simple (``baseLatencies`` in NVIDIA/nccl
+src/graph/tuning.cc), what these all-reduces (Simple, the actions' default) pay first."""
 
 
 def _topo(node: str, gpus: int):
@@ -69,13 +72,15 @@ def closed_form(cluster: str, algo: str, n: int, nbytes: float) -> float:
     Hierarchical, P pieces in a pipeline of three phases (intra-node RS, inter-node
     all-reduce, intra-node AG), each phase's steps paying latency + bytes/bandwidth; a new
     piece enters every ``period``, the slowest phase or the NVLink port's bytes of one
-    RS plus one AG (they share it): T = RS + inter + AG + (P−1)·period."""
+    RS plus one AG (they share it): T = RS + inter + AG + (P−1)·period. Each adds NCCL's
+    base latency (``sim.engine.nccl``; Simple, as these collectives run): a ring's once,
+    hierarchical's once per phase (three NCCL ring calls; two inside one node)."""
     q = _params(cluster, n)
     g, k, b_nv = q["g"], q["k"], q["b_nv"]
     if algo == "ring" or not q["multi"]:
         chunk = nbytes / (n * k)
         step = max(q["alpha"], q["a_nv"]) + chunk * max(k / b_nv, 1 / q["b_nic"] if q["multi"] else 0.0)
-        return 2 * (n - 1) * step
+        return (RING_SIMPLE_BASE_S if algo == "ring" else 2 * RING_SIMPLE_BASE_S) + 2 * (n - 1) * step
     nodes = n // g
     pieces = max(1, min(k, math.ceil(nbytes / PIPELINE_PIECE_BYTES)))
     s = nbytes / pieces
@@ -83,7 +88,7 @@ def closed_form(cluster: str, algo: str, n: int, nbytes: float) -> float:
     rs = (g - 1) * q["a_nv"] + rs_bw
     inter = 2 * (nodes - 1) * (q["a_ib"] + s / (g * nodes) / q["b_nic"])
     period = max(inter, rs, 2 * rs_bw)
-    return 2 * rs + inter + (pieces - 1) * period
+    return 3 * RING_SIMPLE_BASE_S + 2 * rs + inter + (pieces - 1) * period
 
 
 def simulate_point(point) -> dict:

@@ -52,7 +52,9 @@ def topology(fabric: str, tp: int):
 
 
 def closed_tp_seconds(model, tp: int, fabric: str, mb: int, m: int, profile) -> float:
-    """4 ring all-reduces of 2·b·s·h bytes per layer per micro-batch (Megatron's f/g operators)."""
+    """4 ring all-reduces of 2·b·s·h bytes per layer per micro-batch (Megatron's f/g operators),
+    each after NCCL's base latency of a ring under Simple (8.4 µs, ``baseLatencies`` in
+    NVIDIA/nccl src/graph/tuning.cc)."""
     if tp == 1:
         return 0.0
     topo = topology(fabric, tp)
@@ -64,7 +66,7 @@ def closed_tp_seconds(model, tp: int, fabric: str, mb: int, m: int, profile) -> 
         b, alpha = min(450e9 * e["nvlink"], 8 * min(63e9 * e["pcie"], 50e9 * e["ib"])), topo.path_latency_s(0, 8)
     else:
         b, alpha = min(63e9 * e["pcie"], 50e9 * e["ib"]), topo.path_latency_s(0, 1)
-    ar = 2 * (tp - 1) * (alpha + S / (tp * b))
+    ar = 8.4e-6 + 2 * (tp - 1) * (alpha + S / (tp * b))  # NCCL's ring/Simple base latency + the ring
     return 4 * model.num_layers * m * ar
 
 

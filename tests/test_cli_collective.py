@@ -94,7 +94,10 @@ def test_a_topology_file_written_by_the_user(tmp_path, capsys):
                     "nic_bandwidth_GBps = 10\n")
     out = _json(capsys, ["collective", "--topology", str(node), "--size", "64MiB", "--line-rate"])
     n, S, alpha, B = 4, 64 * 2**20, 2e-6, 100e9
-    assert out["gpus"] == n and out["time_s"] == pytest.approx(2 * (n - 1) * (alpha + S / (n * B)), rel=1e-9)
+    # the tuner's ring under Simple: NCCL's base latency (8.4 us, baseLatencies in
+    # NVIDIA/nccl src/graph/tuning.cc) + the ring's steps
+    assert (out["algo"], out["protocol"], out["base_latency_s"]) == ("ring", "simple", 8.4e-6)
+    assert out["gpus"] == n and out["time_s"] == pytest.approx(8.4e-6 + 2 * (n - 1) * (alpha + S / (n * B)), rel=1e-9)
     # A graph file, device by device: three GPUs in a line a - b - c (GPUs never carry
     # transit traffic, so a and c need the switch): a ring all-gather over 3 ranks.
     graph = tmp_path / "line.toml"
@@ -104,7 +107,8 @@ def test_a_topology_file_written_by_the_user(tmp_path, capsys):
                                for i in range(3)))
     out = _json(capsys, ["collective", "--topology", str(graph), "--op", "allgather", "--size", "3MiB"])
     S = 3 * 2**20
-    assert out["time_s"] == pytest.approx(2 * (6e-6 + S / (3 * 20e9)), rel=1e-9)
+    assert (out["algo"], out["protocol"]) == ("ring", "simple")
+    assert out["time_s"] == pytest.approx(8.4e-6 + 2 * (6e-6 + S / (3 * 20e9)), rel=1e-9)
     assert out["bytes_by_link_kind"] == {"pcie": pytest.approx(2 * 2 * S)}   # 2 steps x 3 hops x 2 links x S/3
 
 

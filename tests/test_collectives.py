@@ -9,6 +9,12 @@ from sim.engine.core import simulate
 from sim.errors import InputError
 from sim.inputs.topology_build import load_topology
 
+RING_BASE_S = 8.4e-6
+"""NCCL's base latency of a ring collective under Simple (the actions' default protocol):
+baseLatencies[Ring][Simple] = 8.4 µs in NVIDIA/nccl src/graph/tuning.cc."""
+TREE_BASE_S = 8.4e-6
+"""baseLatencies[Tree][Simple] = 8.4 µs."""
+
 
 def _time(op, n, nbytes, topo, algo="ring", channels=None):
     prog = Program({r: [Action(op, kind="collective", op=op, group=tuple(range(n)), nbytes=nbytes, algo=algo,
@@ -20,10 +26,11 @@ def _time(op, n, nbytes, topo, algo="ring", channels=None):
 @pytest.mark.parametrize("n", [2, 3, 5, 8])
 @pytest.mark.parametrize("nbytes", [8 * 2**10, 2**30])
 def test_ring_allreduce_matches_closed_form(node, n, nbytes):
-    # Ring all-reduce: 2(n-1)(alpha + S/(nB)), alpha = path latency, B = bottleneck bandwidth.
+    # Ring all-reduce: NCCL's base latency + 2(n-1)(alpha + S/(nB)), alpha = path latency,
+    # B = bottleneck bandwidth.
     t = load_topology(node)
     alpha, B = t.path_latency_s(0, 1), t.bottleneck_Bps(0, 1)
-    expect = 2 * (n - 1) * (alpha + nbytes / (n * B))
+    expect = RING_BASE_S + 2 * (n - 1) * (alpha + nbytes / (n * B))
     assert _time("allreduce", n, nbytes, t).end_s == pytest.approx(expect, rel=1e-9)
 
 
@@ -33,7 +40,7 @@ def test_ring_reduce_scatter_and_all_gather_match_closed_form(op, n):
     t = load_topology("dgx-h100")
     S = 3 * 2**28
     alpha, B = t.path_latency_s(0, 1), t.bottleneck_Bps(0, 1)
-    assert _time(op, n, S, t).end_s == pytest.approx((n - 1) * (alpha + S / (n * B)), rel=1e-9)
+    assert _time(op, n, S, t).end_s == pytest.approx(RING_BASE_S + (n - 1) * (alpha + S / (n * B)), rel=1e-9)
 
 
 def test_channels_do_not_change_an_uncontended_node():
@@ -45,9 +52,14 @@ def test_channels_do_not_change_an_uncontended_node():
 
 def test_busbw_inside_one_dgx_h100_is_the_nvlink_bandwidth():
     t = load_topology("dgx-h100")
-    _, s = run_collective("allreduce", 8 * 2**30, 8, t)
+    S, n = 8 * 2**30, 8
+    _, s = run_collective("allreduce", S, n, t)
     nvlink = t.bottleneck_Bps(0, 1)  # 450 GB/s per direction (900 GB/s both ways)
-    assert s["busbw_Bps"] == pytest.approx(nvlink, rel=1e-3)
+    alpha = t.path_latency_s(0, 1)
+    # busbw = S/T · 2(n-1)/n with T = base + 2(n-1)(alpha + S/(n B)): B less what latency costs
+    busbw = S / (RING_BASE_S + 2 * (n - 1) * (alpha + S / (n * nvlink))) * 2 * (n - 1) / n
+    assert s["busbw_Bps"] == pytest.approx(busbw, rel=1e-9)
+    assert s["busbw_Bps"] == pytest.approx(nvlink, rel=2e-3)
     assert s["busbw_Bps"] < nvlink
 
 
@@ -60,24 +72,24 @@ def test_busbw_inside_one_dgx_h100_is_the_nvlink_bandwidth():
     (2, 2**30, 1),             # one hop: nothing to overlap, one transfer
 ])
 def test_broadcast_pipelined_chain_closed_form(n, S, c):
-    # c chunks along n-1 hops: (n - 2 + c)(alpha + S/(cB)).
+    # c chunks along n-1 hops after NCCL's base latency: base + (n - 2 + c)(alpha + S/(cB)).
     t = load_topology("dgx-a100")
     alpha, B = t.path_latency_s(0, 1), t.bottleneck_Bps(0, 1)
     tr = _time("broadcast", n, S, t)
     assert len(tr.transfers) == c * (n - 1)
-    assert tr.end_s == pytest.approx((n - 2 + c) * (alpha + S / (c * B)), rel=1e-9)
+    assert tr.end_s == pytest.approx(RING_BASE_S + (n - 2 + c) * (alpha + S / (c * B)), rel=1e-9)
 
 
 def test_large_broadcast_busbw_approaches_the_link_bandwidth():
     # nccl-tests: broadcast busbw = algbw (factor 1), which for large buffers approaches the
     # link bandwidth, as the pipelined chain's (n-1)alpha + S/B does. With c <= 8(n-2)
     # pieces the chain takes (n-2+c)alpha + S/B (1 + (n-2)/c): at most 9(n-2)alpha more
-    # latency and 1/8 more transfer time than that.
+    # latency and 1/8 more transfer time than that, after NCCL's base latency.
     t = load_topology("dgx-h100")
     n, S = 8, 2**30
     alpha, B = t.path_latency_s(0, 1), t.bottleneck_Bps(0, 1)
     _, s = run_collective("broadcast", S, n, t)
-    assert (n - 1) * alpha + S / B < s["time_s"] <= 9 * (n - 2) * alpha + 9 / 8 * S / B
+    assert RING_BASE_S + (n - 1) * alpha + S / B < s["time_s"] <= RING_BASE_S + 9 * (n - 2) * alpha + 9 / 8 * S / B
     assert s["busbw_Bps"] > 0.85 * B          # was 0.57 B with a fixed 8 pieces
 
 
@@ -189,7 +201,8 @@ def test_a_member_ends_after_its_own_transfers_when_nothing_has_latency():
         for r in (t.src, t.dst):
             last[r] = max(last.get(r, 0.0), t.end_s)
     ends = {s.rank: s.end_s for s in trace.spans}
-    # one node, one tree: every edge carries the 64 B up and down at once; the slow hop takes twice as long
-    assert last[1] == last[2] == pytest.approx(64.0 / 0.5e9, rel=1e-12)
+    # one node, one tree: after NCCL's base latency every edge carries the 64 B up and down
+    # at once; the slow hop takes twice as long
+    assert last[1] == last[2] == pytest.approx(TREE_BASE_S + 64.0 / 0.5e9, rel=1e-12)
     for r in range(4):
         assert ends[r] == pytest.approx(last[r], rel=1e-12)

@@ -12,6 +12,10 @@ from sim.inputs.hardware import load_profile
 from sim.inputs.topology_build import load_topology
 
 H100 = load_profile("h100-sxm")
+BASE_S = {("ring", "ll"): 6.6e-6, ("ring", "ll128"): 14.0e-6, ("ring", "simple"): 8.4e-6,
+          ("tree", "ll"): 6.8e-6, ("tree", "ll128"): 14.0e-6, ("tree", "simple"): 8.4e-6}
+"""NCCL's base latency of a collective: baseLatencies in NVIDIA/nccl src/graph/tuning.cc (µs:
+Tree 6.8/14.0/8.4, Ring 6.6/14.0/8.4 for LL/LL128/Simple)."""
 EFF, MODEL = H100.link_efficiencies(), NcclModel.from_profile(H100)
 
 
@@ -42,14 +46,16 @@ def test_tree_uncontended_equals_latency_and_bandwidth_closed_form():
     topo = load_topology("dgx-h100", nodes=4)
     a_intra, a_inter = topo.path_latency_s(0, 1), topo.path_latency_s(0, 8)
     g, N = 8, 4
-    lat = 2 * ((g - 1) * a_intra + int(math.log2(N)) * a_inter)
+    lat = BASE_S["tree", "simple"] + 2 * ((g - 1) * a_intra + int(math.log2(N)) * a_inter)
     s0 = _busbw(topo, "tree", 0, eff=None, model=None)
     assert s0["time_s"] == pytest.approx(lat, rel=1e-9)
 
 
 def test_protocols_change_alpha_and_beta_as_nccl_constants_say():
     topo = load_topology("dgx-h100")
-    small = {p: _busbw(topo, "ring", 8, protocol=p, eff=None, model=None)["time_s"] for p in ("ll", "ll128", "simple")}
+    # the hops' latency, after each protocol's base latency
+    small = {p: _busbw(topo, "ring", 8, protocol=p, eff=None, model=None)["time_s"] - BASE_S["ring", p]
+             for p in ("ll", "ll128", "simple")}
     assert small["ll"] / small["simple"] == pytest.approx(0.6 / 3.4, rel=1e-3)
     assert small["ll128"] / small["simple"] == pytest.approx(1.9 / 3.4, rel=1e-3)
     S = 8 * 2**30

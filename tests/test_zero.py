@@ -54,9 +54,9 @@ def test_zero3_moves_one_and_a_half_times_the_bytes_of_zero2_counted_from_the_tr
     assert _dp_bytes(z0) == pytest.approx(_dp_bytes(runs[2]), rel=1e-9)
 
 
-def _zero3(depth, topo, model=SMALL):
+def _zero3(depth, topo, model=SMALL, profile=H100):
     plan = ParallelPlan(dp=8, micro_batch_size=4, global_batch_size=32, zero_stage=3, zero3_prefetch_depth=depth)
-    return simulate_training(model, plan, H100, topo)
+    return simulate_training(model, plan, profile, topo)
 
 
 def _exposed_zero(run):
@@ -67,9 +67,14 @@ def _exposed_zero(run):
 
 def test_prefetch_depth_zero_exposes_every_gather_and_depth_one_hides_them():
     # A node whose NVLink is fast enough for a layer's gather to take less than a
-    # layer's compute (10x an H100's, 0.1 us per hop).
+    # layer's compute (10x an H100's, 0.1 us per hop), and NCCL launching in no time (no
+    # base latency: a fixed 6.6-14 us per gather would outlast this small model's layers).
+    from dataclasses import replace
+
     fast = build_cluster(NodeSpec("fast", 8, "h100-sxm", 4.5e12, 1e-7, 63e9, 5e-7, 8, "ib", 50e9, 1e-6), 1)
-    d0, d1 = _zero3(0, fast), _zero3(1, fast)
+    free = replace(H100, nccl_base_latency_s={a: {p: 0.0 for p in ("ll", "ll128", "simple")}
+                                              for a in ("ring", "tree", "nvls", "nvls_tree")})
+    d0, d1 = _zero3(0, fast, profile=free), _zero3(1, fast, profile=free)
     gathers = [s for s in d0.trace.spans_of(0) if s.category == "zero"]
     compute = [s for s in d0.trace.spans_of(0) if s.kind == "compute" and s.duration_s > 0]
     # depth 0: no compute runs while any gather moves data (every gather is exposed)

@@ -1,6 +1,7 @@
 """``trainsim collective``: time one collective on a topology, as nccl-tests reports it.
 
-Prints the time, the algorithm bandwidth (algbw = size / time) and the bus bandwidth
+Prints the time (with NCCL's base latency of the collective's algorithm and protocol,
+``sim.engine.nccl``), the algorithm bandwidth (algbw = size / time) and the bus bandwidth
 (busbw = algbw × 2(n−1)/n for all-reduce, × (n−1)/n for all-gather, reduce-scatter and
 all-to-all, × 1 for broadcast and send/recv; nccl-tests' PERFORMANCE.md), plus the bytes
 each kind of link carried. ``--out DIR`` also writes the Perfetto trace, a timeline PNG
@@ -15,7 +16,7 @@ from pathlib import Path
 
 from sim.program.actions import Action, Program
 from sim.engine.algorithms import ALGOS, OPS
-from sim.engine.nccl import NcclModel
+from sim.engine.nccl import DEFAULT_MODEL, NcclModel, base_latency
 from sim.engine.tuner import choose
 from sim.program.actions import PROTOCOLS
 from sim.engine.core import simulate
@@ -114,13 +115,15 @@ def run_collective(op: str, nbytes: int, gpus: int, topo, algo: str = "ring", ch
     trace = simulate(prog, topo, link_efficiency=link_efficiency, fluid_collectives=collective_model == "flows",
                      nccl=nccl)
     t = trace.end_s
+    base = 0.0 if op == "sendrecv" else base_latency(nccl or DEFAULT_MODEL, op, range(gpus), topo, algo, protocol)
     # A zero time happens only for an empty buffer on zero-latency links (or links of
     # infinite bandwidth): report no bandwidth rather than a division by zero.
     algbw = nbytes / t if t > 0 else (0.0 if nbytes == 0 else math.inf)
     n = 2 if op == "sendrecv" else gpus
     summary = {
         "op": op, "algo": algo, "protocol": protocol, "collective_model": collective_model, "size_bytes": nbytes, "gpus": gpus, "topology": topo.name,
-        "nodes": topo.num_nodes, "time_s": t, "algbw_Bps": algbw, "busbw_Bps": algbw * bus_factor(op, n),
+        "nodes": topo.num_nodes, "time_s": t, "base_latency_s": base, "algbw_Bps": algbw,
+        "busbw_Bps": algbw * bus_factor(op, n),
         "bytes_by_link_kind": trace.bytes_by_link_kind(), "transfers": len(trace.transfers),
         "link_efficiency": dict(link_efficiency or {}),
     }
@@ -171,7 +174,9 @@ def run(args) -> int:
     print(f"{op} ({summary['algo']}, {summary['protocol']}, {args.collective_model}) of {format_bytes(nbytes)} on {gpus} GPUs of {topo.describe()}")
     print("  links at " + (", ".join(f"{k} {v:.0%}" for k, v in sorted(eff.items())) + f" of line rate ({gpu})"
                            if eff else "line rate"))
-    print(f"  time   {format_time(summary['time_s'])}")
+    print(f"  time   {format_time(summary['time_s'])}"
+          + (f"   (NCCL base latency {format_time(summary['base_latency_s'])} included)"
+             if summary["base_latency_s"] else ""))
     print(f"  algbw  {summary['algbw_Bps'] / 1e9:.2f} GB/s")
     print(f"  busbw  {summary['busbw_Bps'] / 1e9:.2f} GB/s   (nccl-tests definition, GB = 1e9 bytes)")
     for kind, b in summary["bytes_by_link_kind"].items():

@@ -5,7 +5,10 @@ group and tag, or its sequence number on that group: ``sim.engine.program_index`
 last simulated member has joined, the collective's steps (``sim.engine.algorithms``: point-to-
 point transfers with dependencies) start on the network, each when the steps it depends
 on are done, and each member's action finishes when its own steps, as sender or
-receiver, are all done. Steps are planned once per distinct (op, group, size,
+receiver, are all done. An NCCL collective's first steps start after its base latency
+(``sim.engine.nccl.base_latency``: kernel launch and setup), which its members' actions
+count as busy; Transformer Engine's userbuffers chunks (``Action.userbuffers``) and
+point-to-point ops pay none. Steps are planned once per distinct (op, group, size,
 algorithm, channels): an iteration repeats the same few collectives thousands of times.
 
 Used by ``sim.engine.core`` only; it drives no SimPy event of its own beyond the network's.
@@ -14,12 +17,11 @@ Used by ``sim.engine.core`` only; it drives no SimPy event of its own beyond the
 from __future__ import annotations
 
 from sim.program.actions import Action
-from sim.program.tp import TP_COMM_STREAM
 from sim.engine import algorithms as collectives
 from sim.engine.kernel import Environment
 from sim.engine.network import Network
 from sim.errors import InputError
-from sim.engine.nccl import DEFAULT_MODEL, nvls_capable, protocol_cost, transfer_cost
+from sim.engine.nccl import DEFAULT_MODEL, base_latency, nvls_capable, protocol_cost, transfer_cost
 from sim.engine.tuner import choose, runnable
 from sim.inputs.topology import Topology, ranks_by_node
 
@@ -46,7 +48,7 @@ def holds_no_sms(a: Action) -> bool:
     NeMo's configurations). Its reduce-scatter chunks hold 16-24 SMs and do slow the GEMM;
     so do collectives of other groups on that stream (context parallelism's all-gathers:
     NCCL kernels)."""
-    return a.stream == TP_COMM_STREAM and a.op == "allgather" and a.category == "tp"
+    return a.userbuffers and a.op == "allgather"
 
 
 class Collectives:
@@ -97,15 +99,16 @@ class Collectives:
             if self.on_begin is not None and not quiet:  # (every member's NCCL kernel now moves data)
                 for r in rv.posted:
                     self.on_begin(r, rv.began)
-            self._run(self.plan_steps(a), rv, f"{a.category or a.op} {a.op} {a.name}",
-                      self.plain_finish if quiet else self.finish)
+            plan = self.plan_steps(a)
+            self._run(plan, rv, f"{a.category or a.op} {a.op} {a.name}", self.plain_finish if quiet else self.finish,
+                      plan[5])
 
     def plan_steps(self, a: Action):
         """The collective's steps and their bookkeeping, built once per distinct
-        (op, group, size, algorithm, channels). Under reduced fidelity with fluid rings,
+        (op, group, size, algorithm, channels, userbuffers or NCCL). Under reduced fidelity with fluid rings,
         hops between two shadows are dropped: no simulated rank waits for them, and by
         symmetry they take as long as the hops that are simulated."""
-        key = (a.op, a.group, a.nbytes, a.algo, a.protocol, a.channels)
+        key = (a.op, a.group, a.nbytes, a.algo, a.protocol, a.channels, a.userbuffers)
         plan = self._plans.get(key)
         if plan is not None:
             return plan
@@ -135,7 +138,8 @@ class Collectives:
                 children[d].append(i)
             for r in ends[i]:
                 involved[r] = involved.get(r, 0) + 1
-        plan = (args, ends, [tuple(c) for c in children], [len(st.deps) for st in steps], involved)
+        base = 0.0 if a.userbuffers else base_latency(self.nccl, a.op, a.group, self.topology, algo, protocol)
+        plan = (args, ends, [tuple(c) for c in children], [len(st.deps) for st in steps], involved, base)
         self._plans[key] = plan
         return plan
 
@@ -151,13 +155,15 @@ class Collectives:
 
     def choose(self, a: Action) -> tuple[str, str]:
         """The action's algorithm and protocol, NCCL's tuner's choice where "auto"
-        (``sim.engine.nccl.choose``), one choice per shape of group and size."""
+        (``sim.engine.nccl.choose``), one choice per shape of group and size. A userbuffers
+        chunk (``Action.userbuffers``) pays no base latency, so the choice leaves it out."""
         algo = a.algo if self.nccl.algo is None else self.nccl.algo
         protocol = a.protocol if self.nccl.protocol is None else self.nccl.protocol
         if self.nccl.algo is None and algo != "auto" and protocol != "auto":
             return algo, protocol
         nodes = ranks_by_node(self.topology, a.group)
-        key = (a.op, a.nbytes, algo, protocol, tuple(len(v) for v in nodes.values()), nvls_capable(self.topology, a.group))
+        key = (a.op, a.nbytes, algo, protocol, tuple(len(v) for v in nodes.values()),
+               nvls_capable(self.topology, a.group), a.userbuffers)
         c = self._choices.get(key)
         if c is None:
             if self.nccl.algo is not None and not runnable(a.op, a.group, self.topology, algo):
@@ -165,7 +171,8 @@ class Collectives:
             if algo != "auto" and protocol != "auto":
                 c = (algo, protocol)
             else:
-                c = choose(a.op, a.group, a.nbytes, self.topology, self.efficiency(), self.nccl, algo, protocol)
+                c = choose(a.op, a.group, a.nbytes, self.topology, self.efficiency(), self.nccl, algo, protocol,
+                           base=not a.userbuffers)
             self._choices[key] = c
         return c
 
@@ -194,10 +201,19 @@ class Collectives:
             args.append(((r[0], lat, r[2], r[3], r[4]), st.src, st.dst, nbytes, st.label, 1))
         return args
 
-    def _run(self, plan, rv: _Rendezvous, label: str, finish) -> None:
-        """Start each step when its dependencies are done; ``finish`` each rank's action
-        when its own steps (as sender or receiver) are all done."""
-        args, ends, children, waiting0, involved = plan
+    def _run(self, plan, rv: _Rendezvous, label: str, finish, base_s: float = 0.0) -> None:
+        """Start each step when its dependencies are done, the first ones ``base_s`` after
+        the members met (NCCL's base latency); ``finish`` each rank's action when its own
+        steps (as sender or receiver) are all done (its busy time from the meeting)."""
+        if base_s > 0:
+            self.net.calls.at(self.env.now + base_s, self._begin, (plan, rv, label, finish))
+        else:
+            self._begin((plan, rv, label, finish))
+
+    def _begin(self, job) -> None:
+        """``_run``'s work once the base latency has passed: start the steps that wait for none."""
+        plan, rv, label, finish = job
+        args, ends, children, waiting0, involved, _ = plan
         waiting = list(waiting0)
         action_of = rv.posted
         left = {r: involved.get(r, 0) for r in action_of}

@@ -15,6 +15,21 @@ NVLS (NVLink SHARP): the NVSwitch reduces (multimem.ld_reduce) and multicasts
 ``nvls_latency_s`` (NCCL's ``hwLatencies[NVLINK][NVLS][Simple]``, 25 µs) instead of hop
 latencies. NVLS runs Simple only, as in NCCL.
 
+Base latency: NCCL's tuner starts every collective's latency from a fixed cost of the
+(algorithm, protocol) pair, kernel launch and setup (``baseLatencies`` in tuning.cc, µs:
+ring 6.6/14.0/8.4 and tree 6.8/14.0/8.4 for LL/LL128/Simple, NVLS and NVLS-tree 0; the
+profile's ``nccl_base_latency_s``). Every NCCL collective here pays it once, between the
+moment its last member arrives and its first transfer (``sim.engine.collectives``, under
+both collective models; the members' actions count it as busy), and the tuner adds it to
+its estimate (``base_latency``). Hierarchical all-reduce, which NCCL does not have, is
+taken as three NCCL ring calls (reduce-scatter in each node, all-reduce across nodes,
+all-gather in each node, as Horovod and DeepSpeed issue it): ring's base once per phase.
+Not NCCL collectives, so no base: point-to-point transfers (pipeline sends and receives,
+ring attention's ``shift``, all-to-all, which PyTorch runs as grouped ``ncclSend``/
+``ncclRecv`` outside NCCL's collective table), one-rank groups, and Transformer Engine's
+userbuffers chunks of the tensor-parallel overlap (``Action.userbuffers``), whose
+(algorithm, protocol) is chosen without it too.
+
 ``sim.engine.tuner.choose`` is the tuner: like NCCL's ``ncclTopoTuneModel`` it estimates each enabled
 (algorithm, protocol)'s time as latency + size / bandwidth and takes the fastest, but it
 takes both terms from the collective's own transfer steps on the topology (the longest
@@ -27,7 +42,10 @@ across nodes, tree for all-reduce only, broadcast and all-to-all ring only.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
+
+from sim.inputs.profile_checks import NCCL_BASE_LATENCY_S
+from sim.inputs.topology import ranks_by_node
 
 PROTOCOLS = ("ll", "ll128", "simple")
 NCCL_TUNING = "NVIDIA/nccl src/graph/tuning.cc (ncclTopoTuneModel)"
@@ -59,6 +77,9 @@ class NcclModel:
     for an all-gather, NVLS across nodes) keeps the tuner's choice (``forced_or_auto``)."""
     protocol: str | None = None
     """The protocol of every collective of the run, as NCCL_PROTO (None: each action's own)."""
+    base_latency_s: dict = field(default_factory=lambda: NCCL_BASE_LATENCY_S)
+    """algorithm (ring, tree, nvls, nvls_tree) -> protocol -> seconds each NCCL collective
+    pays once before its first transfer (``base_latency``)."""
 
     def forcing(self, algo: str | None, protocol: str | None) -> "NcclModel":
         """This model with the run-wide ``algo`` and ``protocol`` (``nccl_algo``, ``nccl_protocol``)."""
@@ -69,7 +90,8 @@ class NcclModel:
         if profile is None:
             return DEFAULT_MODEL
         return NcclModel(dict(profile.nccl_protocols or DEFAULT_PROTOCOLS), profile.nvls_efficiency or 1.0,
-                         profile.nvls_latency_s if profile.nvls_latency_s is not None else DEFAULT_NVLS_LATENCY_S)
+                         profile.nvls_latency_s if profile.nvls_latency_s is not None else DEFAULT_NVLS_LATENCY_S,
+                         base_latency_s=dict(profile.nccl_base_latency_s or NCCL_BASE_LATENCY_S))
 
     def fraction(self, protocol: str) -> float:
         return self.protocols[protocol]["bandwidth_fraction"] / self.protocols["simple"]["bandwidth_fraction"]
@@ -80,6 +102,29 @@ class NcclModel:
 
 
 DEFAULT_MODEL = NcclModel(DEFAULT_PROTOCOLS)
+
+POINT_TO_POINT_OPS = ("alltoall", "shift", "sendrecv")
+"""Ops NCCL runs as grouped sends and receives (``ncclSend``/``ncclRecv``: PyTorch's
+all-to-all, ring attention's exchange, pipeline transfers), outside its collective tuning
+table: no base latency."""
+
+
+def base_latency(model: NcclModel, op: str, ranks, topology, algo: str, protocol: str) -> float:
+    """Seconds NCCL collective ``op`` over ``ranks`` under (``algo``, ``protocol``) pays
+    once before its first transfer (the module doc): ``model.base_latency_s[algo][protocol]``;
+    0 for point-to-point ops (``POINT_TO_POINT_OPS``) and one-rank groups (NCCL copies
+    locally). Hierarchical all-reduce is three NCCL ring collectives one after another (a
+    reduce-scatter inside each node, an all-reduce across nodes, an all-gather inside each
+    node, as Horovod and DeepSpeed issue it): ring's base latency once per phase it has."""
+    ranks = list(ranks)
+    if op in POINT_TO_POINT_OPS or len(ranks) < 2:
+        return 0.0
+    if algo == "hierarchical":
+        nodes = ranks_by_node(topology, ranks)
+        per_node = max(len(v) for v in nodes.values())
+        calls = (2 if per_node > 1 else 0) + (1 if len(nodes) > 1 else 0)
+        return calls * model.base_latency_s["ring"][protocol]
+    return model.base_latency_s[algo][protocol]
 
 
 def transfer_cost(step, topology, efficiency: dict, model: NcclModel, protocol: str):

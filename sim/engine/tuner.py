@@ -2,7 +2,8 @@
 
 Like NCCL's ``ncclTopoTuneModel`` (NVIDIA/nccl ``src/graph/tuning.cc``) it estimates each
 enabled (algorithm, protocol)'s time as latency + size / bandwidth and takes the
-fastest, with NCCL's rules on what is enabled (NVLS inside one node on NVLink-SHARP
+fastest (the latency starting, as NCCL's does, from the pair's base latency,
+``sim.engine.nccl.base_latency``), with NCCL's rules on what is enabled (NVLS inside one node on NVLink-SHARP
 switches only, NVLS-tree across nodes only, tree for all-reduce only, NVLS Simple only,
 broadcast and all-to-all ring only). Both terms come from the collective's own transfer
 steps on the topology (the longest chain of latencies through the steps, and the most
@@ -14,7 +15,7 @@ from __future__ import annotations
 import math
 
 from sim.engine.algorithms import build
-from sim.engine.nccl import DEFAULT_MODEL, PROTOCOLS, NcclModel, nvls_capable, transfer_cost
+from sim.engine.nccl import DEFAULT_MODEL, PROTOCOLS, NcclModel, base_latency, nvls_capable, transfer_cost
 from sim.inputs.topology import ranks_by_node
 
 
@@ -36,9 +37,11 @@ def candidates(op: str, nodes: int, sharp: bool, equal_nodes: bool) -> list[tupl
     return out
 
 
-def estimate(steps, topology, efficiency: dict, model: NcclModel, protocol: str) -> float:
-    """Seconds the steps take by the tuner's estimate: the longest chain of latencies
-    (through dependencies) plus the most loaded directed link's bytes over its capacity."""
+def estimate(steps, topology, efficiency: dict, model: NcclModel, protocol: str, base_s: float = 0.0) -> float:
+    """Seconds the steps take by the tuner's estimate: the collective's base latency
+    ``base_s`` (``sim.engine.nccl.base_latency``, paid before the first transfer), plus the
+    longest chain of latencies (through dependencies), plus the most loaded directed
+    link's bytes over its capacity."""
     g = topology.graph
     finish = [0.0] * len(steps)
     load: dict = {}
@@ -49,14 +52,15 @@ def estimate(steps, topology, efficiency: dict, model: NcclModel, protocol: str)
             load[l] = load.get(l, 0.0) + nbytes
     bw = max((b / (g.edges[l]["bandwidth_Bps"] * efficiency.get(g.edges[l]["kind"], 1.0)) for l, b in load.items()),
              default=0.0)
-    return max(finish, default=0.0) + bw
+    return base_s + max(finish, default=0.0) + bw
 
 
 def choose(op: str, ranks, nbytes: float, topology, efficiency: dict | None = None, model: NcclModel | None = None,
-           algo: str = "auto", protocol: str = "auto") -> tuple[str, str]:
+           algo: str = "auto", protocol: str = "auto", base: bool = True) -> tuple[str, str]:
     """The (algorithm, protocol) NCCL's tuner would run: the fastest enabled pair by
     ``estimate``; ``algo`` or ``protocol`` other than "auto" fixes that part (as
-    NCCL_ALGO and NCCL_PROTO do)."""
+    NCCL_ALGO and NCCL_PROTO do). ``base`` False: a collective that pays no base latency
+    (Transformer Engine's userbuffers chunks), the fastest by its transfers alone."""
     model = model or DEFAULT_MODEL
     efficiency = efficiency or {}
     if op in ("alltoall", "shift", "sendrecv"):
@@ -73,7 +77,8 @@ def choose(op: str, ranks, nbytes: float, topology, efficiency: dict | None = No
     for a, p in options:
         if a not in built:
             built[a] = build(op, ranks, nbytes, topology, a, fluid=True)
-        t = estimate(built[a], topology, efficiency, model, p)
+        t = estimate(built[a], topology, efficiency, model, p,
+                     base_latency(model, op, ranks, topology, a, p) if base else 0.0)
         if best is None or t < best_t * (1 - 1e-9):  # (the first when none is finite: a free network)
             best, best_t = (a, p), t
     return best
@@ -105,11 +110,12 @@ def alone_time(op: str, ranks, nbytes: float, topology, efficiency: dict, model:
     """Seconds a collective takes with nothing else on the network, under what the engine
     runs for it (``sim.engine.collectives.Collectives.choose``: ``model.algo`` and
     ``model.protocol`` where set and runnable, else the tuner's choice): ``estimate`` of
-    its steps, which is the flow model's time when nothing contends."""
+    its steps with its base latency, which is the flow model's time when nothing contends."""
     algo, protocol = model.algo or "auto", model.protocol or "auto"
     if not runnable(op, ranks, topology, algo):
         algo = "auto"
     if algo == "auto" or protocol == "auto":
         algo, protocol = choose(op, ranks, nbytes, topology, efficiency, model, algo, protocol)
-    return estimate(build(op, ranks, nbytes, topology, algo, fluid=True), topology, efficiency, model, protocol)
+    return estimate(build(op, ranks, nbytes, topology, algo, fluid=True), topology, efficiency, model, protocol,
+                    base_latency(model, op, ranks, topology, algo, protocol))
 

@@ -35,7 +35,7 @@ from importlib import resources
 from pathlib import Path
 
 from sim.errors import InputError
-from sim.inputs.profile_checks import LINK_KINDS, check_profile, check_protocols, is_num
+from sim.inputs.profile_checks import LINK_KINDS, check_base_latencies, check_profile, check_protocols, is_num
 
 DTYPES = ("fp32", "tf32", "bf16", "fp16", "fp8")
 PRESETS = ("a100-80gb", "h100-sxm", "h200")
@@ -115,6 +115,10 @@ class HardwareProfile:
     """Fraction of the NVLink line rate a GPU's NVLS (NVLink SHARP) traffic reaches. None: 1."""
     nvls_latency_s: float | None = None
     """Latency of one NVLS collective. None: NCCL's tuning constant (25 µs)."""
+    nccl_base_latency_s: dict | None = None
+    """NCCL algorithm (ring, tree, nvls, nvls_tree) -> protocol (ll, ll128, simple) ->
+    seconds every NCCL collective pays once before its first transfer (kernel launch and
+    setup: ``sim.engine.nccl``). None: NCCL's tuning constants (``baseLatencies``)."""
     fp8_gemm_max_efficiency: float | None = None
     """Best dense FP8 GEMM throughput as a fraction of the fp8 peak: the cap of FP8 GEMMs
     (``gemm_efficiency(..., dtype="fp8")``), measured on a kernel alone, or fitted to FP8
@@ -222,7 +226,7 @@ class HardwareProfile:
         if not out["provenance"]:
             del out["provenance"]
         for key in ("framework_kernel_efficiency", "nccl_protocols", "nvls_efficiency", "nvls_latency_s",
-                    "fp8_gemm_max_efficiency"):
+                    "nccl_base_latency_s", "fp8_gemm_max_efficiency"):
             if out[key] is None:
                 del out[key]
         if out["gemm_bias_epilogue"]:
@@ -249,6 +253,8 @@ class HardwareProfile:
         kw["gemm_tiles"] = tuple((int(a), int(b), float(r)) for a, b, r in tiles)
         if d.get("nccl_protocols") is not None:
             kw["nccl_protocols"] = check_protocols(d["nccl_protocols"], f"{where}: nccl_protocols")
+        if d.get("nccl_base_latency_s") is not None:
+            kw["nccl_base_latency_s"] = check_base_latencies(d["nccl_base_latency_s"], f"{where}: nccl_base_latency_s")
         src = d.get("sources", {})
         if not isinstance(src, dict):
             raise InputError(f"{where}: sources: got {src!r}; expected an object of field -> text")

@@ -60,6 +60,8 @@ def check_profile(p) -> None:
     if p.nvls_latency_s is not None:
         require_num("nvls_latency_s", p.nvls_latency_s, is_num(p.nvls_latency_s) and p.nvls_latency_s >= 0,
                      "a number >= 0 (seconds)")
+    if p.nccl_base_latency_s is not None:
+        check_base_latencies(p.nccl_base_latency_s, "nccl_base_latency_s")
     if not isinstance(p.gemm_bias_epilogue, bool):
         raise InputError(f"gemm_bias_epilogue: got {p.gemm_bias_epilogue!r}; expected true or false")
     for name in ("gemm_k_overhead", "kernel_launch_s", "memory_reserve_bytes", "host_memory_bandwidth_Bps",
@@ -94,3 +96,30 @@ def check_protocols(d, where: str) -> dict:
                 raise InputError(f"{where}.{p}.{k}: got {x!r}; expected a number > 0"
                                  + (" and <= 1" if k == "bandwidth_fraction" else ""))
     return {p: {k: float(x) for k, x in v.items()} for p, v in d.items()}
+
+
+BASE_LATENCY_ALGOS = ("ring", "tree", "nvls", "nvls_tree")
+"""NCCL algorithms with a base latency in a profile (``nccl_base_latency_s``)."""
+NCCL_BASE_LATENCY_S = {
+    "ring": {"ll": 6.6e-6, "ll128": 14.0e-6, "simple": 8.4e-6},
+    "tree": {"ll": 6.8e-6, "ll128": 14.0e-6, "simple": 8.4e-6},
+    "nvls": {"ll": 0.0, "ll128": 0.0, "simple": 0.0},
+    "nvls_tree": {"ll": 0.0, "ll128": 0.0, "simple": 0.0},
+}
+"""NCCL's per-collective base latency (kernel launch and setup) by algorithm and protocol:
+``baseLatencies`` in NVIDIA/nccl src/graph/tuning.cc (µs: Tree 6.8/14.0/8.4, Ring
+6.6/14.0/8.4 for LL/LL128/Simple, NVLS and NVLS Tree 0), in seconds."""
+
+
+def check_base_latencies(d, where: str) -> dict:
+    """A profile's ``nccl_base_latency_s`` (algorithm -> protocol -> seconds), checked
+    strictly (one-line errors)."""
+    if not isinstance(d, dict) or set(d) != set(BASE_LATENCY_ALGOS):
+        raise InputError(f"{where}: got {d!r}; expected an object with keys {', '.join(BASE_LATENCY_ALGOS)}")
+    for a, v in d.items():
+        if not isinstance(v, dict) or set(v) != set(NCCL_PROTOCOLS):
+            raise InputError(f"{where}.{a}: got {v!r}; expected an object with keys {', '.join(NCCL_PROTOCOLS)}")
+        for p, x in v.items():
+            if not is_num(x) or x < 0:
+                raise InputError(f"{where}.{a}.{p}: got {x!r}; expected a number >= 0 (seconds)")
+    return {a: {p: float(x) for p, x in v.items()} for a, v in d.items()}

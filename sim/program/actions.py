@@ -24,7 +24,9 @@ Kinds of action:
 - ``collective``: ``op`` over ``group`` with ``nbytes`` (see ``sim.engine.algorithms``).
   Every rank of the group runs the same action; it starts when all have arrived, and
   each rank's action ends when its own part of the transfers is done. The n-th untagged
-  collective on a group matches the n-th on each member.
+  collective on a group matches the n-th on each member. An NCCL collective first pays
+  NCCL's base latency (``sim.engine.nccl``); one with ``userbuffers`` (Transformer
+  Engine's tensor-parallel overlap) does not.
 
 Names are unique per rank; a dependency is a name on the same rank or ``(rank, name)``.
 """
@@ -80,6 +82,10 @@ class Action:
     "end" of the action, bytes > 0 allocates and < 0 frees (see ``sim.results.memory_timeline``)."""
     deps: tuple = field(default=())
     """Names of actions on this rank, or (rank, name) pairs, that must finish first."""
+    userbuffers: bool = False
+    """A collective that Transformer Engine's userbuffers move (a tensor-parallel overlap
+    chunk, ``sim.program.tp``), not an NCCL kernel: it pays no NCCL base latency
+    (``sim.engine.nccl.base_latency``)."""
 
     def __post_init__(self):
         if self.kind not in KINDS:

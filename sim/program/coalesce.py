@@ -6,7 +6,7 @@ so a faithful program has four or more actions per layer per micro-batch. When e
 tensor-parallel group lies inside one node behind an NVSwitch and no other traffic
 crosses NVLink (each pipeline and data-parallel group has at most one member per node,
 so their transfers leave through the NICs), each collective runs alone on its ring,
-and its time is exactly the ring closed form
+and its time is exactly NCCL's base latency (``sim.engine.nccl``) plus the ring closed form
 
     all-reduce 2(n−1)(α + S/(nB)),   all-gather, reduce-scatter (n−1)(α + S/(nB))
 
@@ -24,6 +24,7 @@ from __future__ import annotations
 from typing import Callable
 
 from sim.inputs.plan import ParallelPlan
+from sim.inputs.profile_checks import NCCL_BASE_LATENCY_S
 from sim.inputs.topology import Topology
 from sim.program.costs import ring_time
 from sim.program.passes import Segment
@@ -32,15 +33,18 @@ from sim.program.passes import Segment
 def isolated_tp_pricer(plan: ParallelPlan, topology: Topology, link_efficiency: dict[str, float],
                        alone: Callable[[str, tuple, float], float] | None = None) -> Callable[[Segment], float] | None:
     """The closed-form price of a tensor-parallel collective when TP traffic provably has
-    NVLink to itself (see the module doc), else None. Without ``nccl`` the formula is
+    NVLink to itself (see the module doc), else None. Without ``alone`` the formula is
+    NCCL's base latency of a ring under Simple (what the engine's default NCCL model and
+    the actions' default algorithm and protocol pay: ``sim.engine.nccl``) plus
     ``sim.program.costs.ring_time``; this function only decides whether it is exact and
     reads α and B off the topology. With ``alone`` (``sim.engine.tuner.alone_time`` bound to
     the run's topology and NCCL settings, ``nccl_algo``/``nccl_protocol``) each collective
     is priced as the engine runs it alone: the algorithm and protocol NCCL's tuner picks
     (or the forced one), the longest chain of latencies through its steps plus the most
-    loaded link's bytes over its capacity, which for a ring is ``ring_time`` (with the
-    protocol's α and β) and for NVLS ``costs.nvls_time`` (tests/test_nccl_training.py
-    checks both against the engine)."""
+    loaded link's bytes over its capacity, after its base latency, which for a ring is
+    ``ring_time`` (with the protocol's α and β) and for NVLS ``costs.nvls_time``
+    (tests/test_nccl_training.py checks both against the engine). Either way each
+    coalesced collective pays NCCL's base latency once, as the engine's would."""
     if plan.tp < 2 or plan.world_size > topology.num_gpus:
         return None
     node = topology.node_of
@@ -61,9 +65,10 @@ def isolated_tp_pricer(plan: ParallelPlan, topology: Topology, link_efficiency: 
     alpha = topology.path_latency_s(a, b)
     bw = topology.bottleneck_Bps(a, b) * link_efficiency.get("nvlink", 1.0)
     n = plan.tp
+    base = NCCL_BASE_LATENCY_S["ring"]["simple"]
 
     def price(seg: Segment) -> float:
-        return ring_time(seg.op, seg.nbytes, n, alpha, bw)
+        return base + ring_time(seg.op, seg.nbytes, n, alpha, bw)
 
     return price
 

@@ -34,7 +34,8 @@ those beside an all-gather chunk, which the copy engines move
 (``sim.engine.collectives.holds_no_sms``). Each chunk is a collective of its share of the
 bytes, priced by the network like any other (so it pays the collective's latency per
 chunk, where TE's ring exchange pays one hop per chunk: a few microseconds more per chunk
-on NVLink). Transformer Engine issues chunk i's GEMM on compute stream i mod
+on NVLink), but not NCCL's base latency: userbuffers are not NCCL kernels
+(``Segment.userbuffers``, ``Action.userbuffers``). Transformer Engine issues chunk i's GEMM on compute stream i mod
 ``UB_STREAMS`` (3, ``_NUM_MAX_UB_STREAMS``), so up to three chunks whose inputs are ready
 share the SMs at once and the tail wave of one fills with the next one's tiles: each chunk
 is priced as a third of its shape batched three times (``chunk_time``), wave quantization
@@ -78,6 +79,9 @@ class Segment:
     it on its own stream."""
     group: str = "tp"
     """Which of the rank's groups a collective runs over (``sim.program.ops.GROUPS``)."""
+    userbuffers: bool = False
+    """An overlapped tensor-parallel chunk that Transformer Engine's userbuffers move, not
+    an NCCL kernel (``Action.userbuffers``: no NCCL base latency)."""
 
 
 def overlapped_layer(items, layer, time_of: Callable, tp: int, is_comm: Callable, op_of: Callable,
@@ -123,7 +127,8 @@ def overlapped_layer(items, layer, time_of: Callable, tp: int, is_comm: Callable
         nxt = items[i + 1] if i + 1 < n else None
         if is_comm(it) and op_of(it) == "allgather" and gemm(nxt) and nxt.name.endswith("wgrad"):
             bulk[i] = base + len(out)
-            out.append(Segment("collective", op="allgather", nbytes=it.nbytes, layer=layer, side=True))
+            out.append(Segment("collective", op="allgather", nbytes=it.nbytes, layer=layer, side=True,
+                               userbuffers=True))
     i = 0
     while i < n:
         it = items[i]
@@ -140,7 +145,7 @@ def overlapped_layer(items, layer, time_of: Callable, tp: int, is_comm: Callable
             before = (last_main,) if last_main >= 0 else ()  # the gather's input: what the stream made last
             for c in range(tp):
                 out.append(Segment("collective", op="allgather", nbytes=it.nbytes / tp, layer=layer, side=True,
-                                   waits=before if c == 0 else ()))
+                                   userbuffers=True, waits=before if c == 0 else ()))
                 main(Segment("compute", t, chunk.flops, layer=layer, waits=(base + len(out) - 1,)))
             i += 2
             continue
@@ -151,7 +156,7 @@ def overlapped_layer(items, layer, time_of: Callable, tp: int, is_comm: Callable
                 main(Segment("compute", time_of(it), it.flops, layer=layer))
                 scatter = base + len(out)
                 out.append(Segment("collective", op="reducescatter", nbytes=nxt.nbytes, layer=layer, side=True,
-                                   waits=(last_main,)))
+                                   userbuffers=True, waits=(last_main,)))
                 wgrad = items[w]
                 main(Segment("compute", time_of(wgrad), wgrad.flops, layer=layer,
                              waits=(bulk[w - 1],) if w - 1 in bulk else ()))
@@ -164,7 +169,7 @@ def overlapped_layer(items, layer, time_of: Callable, tp: int, is_comm: Callable
             for c in range(parts):
                 main(Segment("compute", t, chunk.flops, layer=layer))
                 out.append(Segment("collective", op="reducescatter", nbytes=nxt.nbytes / parts, layer=layer,
-                                   side=True, waits=(base + len(out) - 1,)))
+                                   side=True, userbuffers=True, waits=(base + len(out) - 1,)))
             pending = [base + len(out) - 1]
             i += 2
             continue
@@ -306,7 +311,8 @@ def _pieces(a: Action, segs, groups: dict) -> tuple[list[Action], tuple[int, ...
         stream = TP_COMM_STREAM if s.side else a.stream
         if s.kind == "collective":
             act = Action.new(name, kind="collective", op=s.op, group=group, nbytes=s.nbytes,
-                             category=_CATEGORY.get(s.group, s.group), deps=deps, stream=stream, layer=s.layer)
+                             category=_CATEGORY.get(s.group, s.group), deps=deps, stream=stream, layer=s.layer,
+                             userbuffers=s.userbuffers)
         elif s.kind == "comm":
             act = Action.new(name, kind="comm", op=s.op, duration_s=s.duration_s, nbytes=s.nbytes, group=group,
                              category="tp", deps=deps, stream=stream, layer=s.layer)
