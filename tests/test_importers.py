@@ -111,7 +111,9 @@ def test_import_command_writes_a_profile_that_loads(tmp_path, capsys):
     link = prof.link("nvlink")
     assert link.bandwidth_Bps == load_profile("h100-sxm").link("nvlink").bandwidth_Bps  # line rate kept
     assert link.effective_Bps == pytest.approx(B, rel=0.01)
-    assert link.latency_s == pytest.approx(ALPHA, rel=0.01)
+    # the log's times are 14 alpha + S-term on 8 ranks; the simulator adds ring/Simple's base
+    # latency (8.4 us) to every all-reduce, so the link's alpha carries the rest
+    assert link.latency_s == pytest.approx(ALPHA - 8.4e-6 / 14, rel=0.01)
     assert "nccl-tests" in prof.sources["links.nvlink"]
     assert "370" in capsys.readouterr().out
     # B spread over 8 NICs per rank across nodes
@@ -210,3 +212,17 @@ def test_import_trace_command(tmp_path, capsys):
     assert "cpu ops by time" in out and "timeline:" in out
     assert (tmp_path / "timeline.png").stat().st_size > 0
     assert json.loads((tmp_path / "trace.json").read_text())["traceEvents"]
+
+
+def test_the_alpha_beta_fit_takes_the_base_latency_off_so_base_plus_fit_gives_the_measured_time():
+    # times made as base + ring closed form: the fit recovers alpha and B, and the
+    # simulator's collective (base + closed form with the fitted link) is the measured one
+    from sim.calibrate.fit import fit_alpha_beta, ring_coefficients
+
+    base, alpha, B, n = 8.4e-6, 2e-6, 40e9, 8
+    pts = [("all_reduce", n, s, base + ring_coefficients("all_reduce", n)[0] * alpha
+            + ring_coefficients("all_reduce", n)[1] * s / B) for s in (1e3, 1e5, 1e7, 1e9)]
+    fit = fit_alpha_beta(pts, base)
+    assert fit["latency_s"] == pytest.approx(alpha, rel=1e-6) and fit["bandwidth_Bps"] == pytest.approx(B, rel=1e-6)
+    plain = fit_alpha_beta(pts)  # without it, alpha absorbs the base: 2(n-1) alpha' = 2(n-1) alpha + base
+    assert plain["latency_s"] > alpha * 1.2

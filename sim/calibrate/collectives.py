@@ -114,10 +114,11 @@ def bench_collectives(ctx: Context, sizes, repeats: int = 5, ops=OPS) -> list[di
     return out
 
 
-def fit_link(records) -> dict:
-    """α-β of the link from collective records (all ops together), plus the largest
-    message's bus bandwidth for comparison."""
-    fit = fit_alpha_beta([(r["op"], r["ranks"], r["bytes"], r["time_s"]) for r in records])
+def fit_link(records, base_s: float = 0.0) -> dict:
+    """α-β of the link from collective records (all ops together), each time less
+    ``base_s`` (the base latency the simulator adds, ``sim.calibrate.fit.fit_alpha_beta``),
+    plus the largest message's bus bandwidth for comparison."""
+    fit = fit_alpha_beta([(r["op"], r["ranks"], r["bytes"], r["time_s"]) for r in records], base_s)
     largest = max(records, key=lambda r: (r["bytes"], r["op"] == "all_reduce"))
     fit["largest_busbw_Bps"] = max(r["busbw_Bps"] for r in records if r["bytes"] == largest["bytes"])
     return fit

@@ -14,7 +14,9 @@ calibration report prints beside the numbers.
       send/recv                                   α +           S/B
 
   are linear in (α, 1/B): one weighted ``numpy.linalg.lstsq`` over every point of every
-  op. A negative α (noise at small sizes) is refitted with α = 0.
+  op. A negative α (noise at small sizes) is refitted with α = 0. NCCL's base latency of
+  a collective (``sim.engine.nccl``: the simulator adds it to every collective) is taken
+  off each measured time first.
 - **Memory-bound kernels**: t = launch + bytes / (bandwidth · efficiency), linear in
   (launch, 1/rate): lstsq again; ``kernel_launch_s`` is the intercept, the bandwidth
   is a large copy's.
@@ -60,9 +62,17 @@ def ring_coefficients(op: str, n: int) -> tuple[float, float]:
     return float(_ALPHA_STEPS[op](n)), float(BUSBW_FACTOR[op](n))
 
 
-def fit_alpha_beta(points) -> dict:
-    """α (s) and B (bytes/s) from ``(op, ranks, nbytes, time_s)`` points (see the module doc)."""
-    pts = [(op, int(n), float(s), float(t)) for op, n, s, t in points if t > 0 and s >= 0]
+def fit_alpha_beta(points, base_s: float = 0.0) -> dict:
+    """α (s) and B (bytes/s) from ``(op, ranks, nbytes, time_s)`` points (see the module doc).
+
+    ``base_s``: the fixed cost the simulator adds to every collective it prices with the
+    fitted link (NCCL's base latency, ``sim.engine.nccl``; not to send/recv), taken off
+    each collective's time first, so that the link's α does not absorb it and the
+    simulated collective (base + closed form) matches what was measured. Points no longer
+    than ``base_s`` are left out."""
+    pts = [(op, int(n), float(s), float(t) - (base_s if op != "send_recv" else 0.0)) for op, n, s, t in points
+           if s >= 0]
+    pts = [p for p in pts if p[3] > 0]
     if len(pts) < 2:
         raise InputError(f"alpha-beta fit: got {len(pts)} usable points; need at least 2 sizes")
     A = np.array([[ring_coefficients(op, n)[0] / t, ring_coefficients(op, n)[1] * s / t] for op, n, s, t in pts])
@@ -75,7 +85,7 @@ def fit_alpha_beta(points) -> dict:
         raise InputError("alpha-beta fit: times do not grow with size; measure larger messages")
     pred = A @ np.array([alpha, inv_b])
     return {"latency_s": float(alpha), "bandwidth_Bps": float(1.0 / inv_b), "points": len(pts),
-            "rms_rel_error": float(np.sqrt(np.mean((pred - 1.0) ** 2)))}
+            "rms_rel_error": float(np.sqrt(np.mean((pred - 1.0) ** 2))), "base_latency_s": float(base_s)}
 
 
 def fit_memory(records, copy_bandwidth_Bps: float) -> dict:

@@ -317,17 +317,27 @@ def _json_line(line: str, where: str, lineno: int):
                          "truncated or garbled") from None
 
 
-def fit_link(results, min_bytes: int = 0) -> dict:
-    """α-β over every row of every result (sizes below ``min_bytes`` left out)."""
+def fit_link(results, min_bytes: int = 0, base_s: float = 0.0) -> dict:
+    """α-β over every row of every result (sizes below ``min_bytes`` left out), each
+    collective's time less ``base_s``, the base latency the simulator will add to it
+    (``fit_alpha_beta``; ``base_latency_for`` gives a profile's)."""
     points = []
     for res in results:
         n = 2 if res.op == "send_recv" else res.ranks
         if n is None:
             raise InputError(f"{res.source}: ranks: unknown for op {res.op}; give ranks")
         points += [(res.op, n, r["bytes"], r["time_s"]) for r in res.rows if r["bytes"] >= min_bytes and r["bytes"] > 0]
-    fit = fit_alpha_beta(points)
+    fit = fit_alpha_beta(points, base_s)
     fit["largest_busbw_Bps"] = max(r["busbw_Bps"] for res in results for r in res.rows)
     return fit
+
+
+def base_latency_for(profile) -> float:
+    """The base latency the simulator adds to a ring collective in Simple (NCCL's protocol
+    for the large sizes an α-β fit rests on) under ``profile`` (None: NCCL's table)."""
+    from sim.engine.nccl import NcclModel
+
+    return NcclModel.from_profile(profile).base_latency_s["ring"]["simple"]
 
 
 def link_model(fit: dict, base: LinkModel | None, links_per_rank: int = 1) -> tuple[LinkModel, str]:
@@ -351,6 +361,7 @@ def apply_to_profile(profile: HardwareProfile, kind: str, fit: dict, sources: li
     model, how = link_model(fit, profile.links.get(kind), links_per_rank)
     text = (f"fitted from nccl-tests ({', '.join(sources)}): ring closed forms over {fit['points']} sizes, "
             f"alpha {fit['latency_s'] * 1e6:.2f} us, B {fit['bandwidth_Bps'] / 1e9:.2f} GB/s"
+            f"{f' after NCCL base latency {b * 1e6:.1f} us' if (b := fit.get('base_latency_s')) else ''}"
             f"{f' over {links_per_rank} links per rank' if links_per_rank > 1 else ''}, "
             f"RMS error {fit['rms_rel_error']:.1%}; {how}")
     return replace(profile, links={**profile.links, kind: model}, sources={**profile.sources, f"links.{kind}": text})

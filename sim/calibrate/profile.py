@@ -182,7 +182,9 @@ def build_profile(meas: dict, *, name: str | None = None, base: str | None = Non
     })
     if meas["collectives"]:
         kind = link or default_link_kind(cuda, len(meas["hosts"]))
-        lf = coll.fit_link(meas["collectives"])
+        from sim.calibrate.nccl_tests import base_latency_for
+
+        lf = coll.fit_link(meas["collectives"], base_latency_for(basep))
         fits["link"] = {"kind": kind, **lf}
         line = basep.links[kind].bandwidth_Bps if basep is not None and kind in basep.links else None
         if line is not None and lf["bandwidth_Bps"] <= line:
@@ -195,7 +197,8 @@ def build_profile(meas: dict, *, name: str | None = None, base: str | None = Non
         ops = sorted({r["op"] for r in meas["collectives"]})
         src[f"links.{kind}"] = (f"fitted: ring closed forms over {lf['points']} timings of {', '.join(ops)} "
                                 f"({meas['collectives'][0]['bytes']}..{meas['collectives'][-1]['bytes']} B) on "
-                                f"{machine['processes']} ranks: alpha {lf['latency_s'] * 1e6:.1f} us, "
+                                f"{machine['processes']} ranks, each less the NCCL base latency the simulator adds "
+                                f"({lf['base_latency_s'] * 1e6:.1f} us): alpha {lf['latency_s'] * 1e6:.1f} us, "
                                 f"B {lf['bandwidth_Bps'] / 1e9:.2f} GB/s (largest message busbw "
                                 f"{lf['largest_busbw_Bps'] / 1e9:.2f} GB/s), RMS error {lf['rms_rel_error']:.1%}; "
                                 f"{rate}; {how}")

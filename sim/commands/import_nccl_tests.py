@@ -44,7 +44,7 @@ def add_arguments(p) -> None:
 
 
 def run(args) -> int:
-    from sim.calibrate.nccl_tests import apply_to_profile, fit_link, link_model, load_nccl_tests
+    from sim.calibrate.nccl_tests import apply_to_profile, base_latency_for, fit_link, link_model, load_nccl_tests
     from sim.fileio import check_output_file, write_json_atomic
     from sim.inputs.hardware import LINK_KINDS, load_profile
     from sim.units import parse_size
@@ -82,7 +82,7 @@ def run(args) -> int:
         raise InputError(f"--min-size: got {args.min_size!r}; leaves {len(kept)} of the {len(sizes)} measured sizes "
                          f"(largest {sizes[-1] if sizes else 0} bytes), and the fit needs at least 2")
     try:
-        fit = fit_link(results, min_bytes=min_size)
+        fit = fit_link(results, min_bytes=min_size, base_s=base_latency_for(profile))
     except InputError as exc:
         raise InputError(f"{', '.join(map(str, args.logs))}: {exc}") from None
     model, how = link_model(fit, profile.links.get(args.link) if profile else None, args.links_per_rank)
@@ -94,7 +94,7 @@ def run(args) -> int:
             updated = apply_nvls(updated, nvls, [r.source for r in which["nvls"]])
         write_json_atomic(updated.to_dict(), args.out)
     if args.json:
-        print(json.dumps({"link": args.link, "latency_s": fit["latency_s"], "bandwidth_Bps": fit["bandwidth_Bps"],
+        print(json.dumps({"link": args.link, "latency_s": fit["latency_s"], "base_latency_s": fit["base_latency_s"], "bandwidth_Bps": fit["bandwidth_Bps"],
                           "rms_rel_error": fit["rms_rel_error"], "points": fit["points"],
                           "link_model": {"latency_s": model.latency_s, "bandwidth_Bps": model.bandwidth_Bps,
                                          "efficiency": model.efficiency},
@@ -113,10 +113,12 @@ def run(args) -> int:
         n = 2 if r.op == "send_recv" else r.ranks
         ca, cb = ring_coefficients(r.op, n)
         for row in r.rows:
-            pred = ca * fit["latency_s"] + cb * row["bytes"] / fit["bandwidth_Bps"]
+            pred = ca * fit["latency_s"] + cb * row["bytes"] / fit["bandwidth_Bps"] \
+                + (fit["base_latency_s"] if r.op != "send_recv" else 0.0)
             print(f"  {row['bytes']:>12} {row['time_s'] * 1e6:>9.1f} us {row['busbw_Bps'] / 1e9:>6.2f} GB/s "
                   f"{pred * 1e6:>9.1f} us")
-    print(f"fit over {fit['points']} points: alpha {fit['latency_s'] * 1e6:.2f} us, B {fit['bandwidth_Bps'] / 1e9:.2f} GB/s "
+    print(f"fit over {fit['points']} points: NCCL base latency {fit['base_latency_s'] * 1e6:.1f} us (taken off), "
+          f"alpha {fit['latency_s'] * 1e6:.2f} us, B {fit['bandwidth_Bps'] / 1e9:.2f} GB/s "
           f"(largest busbw {fit['largest_busbw_Bps'] / 1e9:.2f} GB/s), RMS error {fit['rms_rel_error']:.1%}")
     print(f"{args.link}: latency {model.latency_s * 1e6:.2f} us, {how}")
     _print_fitted(fitted, which)
