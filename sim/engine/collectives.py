@@ -66,6 +66,8 @@ class Collectives:
         self.nccl = nccl or DEFAULT_MODEL
         """Protocols and NVLS figures (``sim.engine.nccl``)."""
         self._choices: dict[tuple, tuple[str, str]] = {}
+        self._shapes: dict[tuple, tuple] = {}  # group -> what the tuner's choice depends on (``_shape``)
+        self._gpu_links: dict[int, tuple] = {}
         self._efficiency: dict | None = None
         self.on_begin = None
         """Called as ``on_begin(rank, now)`` for each simulated member when a collective's
@@ -155,15 +157,13 @@ class Collectives:
 
     def choose(self, a: Action) -> tuple[str, str]:
         """The action's algorithm and protocol, NCCL's tuner's choice where "auto"
-        (``sim.engine.nccl.choose``), one choice per shape of group and size. A userbuffers
+        (``sim.engine.nccl.choose``), one choice per shape of group (``_shape``) and size. A userbuffers
         chunk (``Action.userbuffers``) pays no base latency, so the choice leaves it out."""
         algo = a.algo if self.nccl.algo is None else self.nccl.algo
         protocol = a.protocol if self.nccl.protocol is None else self.nccl.protocol
         if self.nccl.algo is None and algo != "auto" and protocol != "auto":
             return algo, protocol
-        nodes = ranks_by_node(self.topology, a.group)
-        key = (a.op, a.nbytes, algo, protocol, tuple(len(v) for v in nodes.values()),
-               nvls_capable(self.topology, a.group), a.userbuffers)
+        key = (a.op, a.nbytes, algo, protocol, self._shape(a.group), a.userbuffers)
         c = self._choices.get(key)
         if c is None:
             if self.nccl.algo is not None and not runnable(a.op, a.group, self.topology, algo):
@@ -175,6 +175,28 @@ class Collectives:
                            base=not a.userbuffers)
             self._choices[key] = c
         return c
+
+    def _shape(self, group: tuple) -> tuple:
+        """What the tuner's choice for ``group`` depends on besides the op and size: its
+        members per node, whether NVLS can run, and each member's own links (kind,
+        bandwidth, latency, in the members' order), so that groups on different hardware
+        (a mixed cluster's node types, a mesh of uneven links) are chosen for separately
+        while the like groups of a uniform cluster share one choice."""
+        got = self._shapes.get(group)
+        if got is None:
+            nodes = ranks_by_node(self.topology, group)
+            got = self._shapes[group] = (tuple(len(v) for v in nodes.values()), nvls_capable(self.topology, group),
+                                         tuple(self._links_of(r) for r in group))
+        return got
+
+    def _links_of(self, rank: int) -> tuple:
+        got = self._gpu_links.get(rank)
+        if got is None:
+            g = self.topology.graph
+            gpu = self.topology.gpu(rank)
+            got = self._gpu_links[rank] = tuple(sorted((e["kind"], e["bandwidth_Bps"], e["latency_s"])
+                                                       for e in (g.edges[gpu, n] for n in g.neighbors(gpu))))
+        return got
 
     def _step_args(self, steps, protocol: str) -> list[tuple]:
         """The network's ``start`` arguments of each step under ``protocol``: Simple and
