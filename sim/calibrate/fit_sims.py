@@ -40,11 +40,13 @@ FITTING_FILES = ("calibrate/fit_runs.py", "calibrate/fit_sims.py", "commands/fit
 @lru_cache(maxsize=1)
 def code_fingerprint() -> str:
     """SHA-256 over the path and contents of every file of the ``sim`` package but the
-    fit's own (``FITTING_FILES``)."""
+    fit's own (``FITTING_FILES``) and the preset profiles (``profiles/``: the profile a fit
+    starts from is in each key whole, and another GPU's preset changes no row of this one)."""
     root = Path(__file__).resolve().parents[1]
     h = hashlib.sha256()
     for f in sorted(p for p in root.rglob("*") if p.is_file() and "__pycache__" not in p.parts
-                    and p.relative_to(root).as_posix() not in FITTING_FILES):
+                    and p.relative_to(root).as_posix() not in FITTING_FILES
+                    and p.relative_to(root).parts[0] != "profiles"):
         h.update(str(f.relative_to(root)).encode() + b"\0" + f.read_bytes() + b"\0")
     return h.hexdigest()
 
