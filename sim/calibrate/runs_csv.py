@@ -253,11 +253,15 @@ def _run(path, line: int, cells: dict) -> MeasuredRun:
         return fill(values) if callable(fill) else fill
 
     by_source = []  # (before the blanks: what a source is known to have run beats a general default)
-    for text, settings, _ in BY_SOURCE:
-        if text in cells.get("source", ""):
-            by_source.append(text)
-            for name, value in settings.items():
-                values.setdefault(name, value)
+
+    def take(table, suffix: str = "") -> None:
+        for text, settings, _ in table:
+            if text in cells.get("source", ""):
+                by_source.append(text + suffix)
+                for name, value in settings.items():
+                    values.setdefault(name, value)
+
+    take(BY_SOURCE)
     for name in ("num_query_groups", "ffn_hidden_size", "num_virtual_stages_per_pipeline_rank", "micro_batch_size",
                  "recompute_granularity", "sequence_parallel"):
         if name not in values and (fill := blank(name)) is not None:
@@ -281,11 +285,7 @@ def _run(path, line: int, cells: dict) -> MeasuredRun:
     precision = cells.get("precision") or blank("precision")
     if precision == "fp8":
         values.setdefault("fp8_format", FP8_FORMAT[0])
-        for text, settings, _ in FP8_BY_SOURCE:
-            if text in cells.get("source", ""):
-                by_source.append(text + FP8_ROWS)
-                for name, value in settings.items():
-                    values.setdefault(name, value)
+        take(FP8_BY_SOURCE, FP8_ROWS)
     elif "fp8_format" in values:
         raise _bad(path, line, "fp8_format", cells["fp8_format"], f"the row's precision is {precision}; an FP8 "
                                                                   "format needs precision fp8")

@@ -15,7 +15,8 @@ from __future__ import annotations
 import math
 
 from sim.engine.algorithms import build
-from sim.engine.nccl import DEFAULT_MODEL, PROTOCOLS, NcclModel, base_latency, nvls_capable, transfer_cost
+from sim.engine.nccl import (DEFAULT_MODEL, POINT_TO_POINT_OPS, PROTOCOLS, NcclModel, base_latency, nvls_capable,
+                             transfer_cost)
 from sim.inputs.topology import ranks_by_node
 
 
@@ -63,7 +64,7 @@ def choose(op: str, ranks, nbytes: float, topology, efficiency: dict | None = No
     (Transformer Engine's userbuffers chunks), the fastest by its transfers alone."""
     model = model or DEFAULT_MODEL
     efficiency = efficiency or {}
-    if op in ("alltoall", "shift", "sendrecv"):
+    if op in POINT_TO_POINT_OPS:
         return ("ring", "simple" if protocol == "auto" else protocol)
     by_node = ranks_by_node(topology, ranks)
     sizes = {len(v) for v in by_node.values()}
