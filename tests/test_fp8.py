@@ -155,9 +155,10 @@ def test_fp8_shape_model_against_transformer_engines_published_gemm_benchmark():
     # The benchmark's own shapes: forward (M, N, K) per linear layer, input gradient with N
     # and K swapped, weight gradient with the tokens as the contraction. The H200 NVL runs
     # at its own clock, so only ratios are compared: the FP8 speed-up per pass and the BF16
-    # passes against each other. At the measured cap (0.814, a different benchmark on an
-    # H100 SXM) the model is within 3% of the published speed-up over the layer: the kernels
-    # alone do not make FP8 training slower than the model says. Per pass the model's
+    # passes against each other. At 0.814 (a cuBLASLt benchmark on an H100 SXM) the model is
+    # within 3% of the published speed-up over the layer; at the profile's 0.701 (MAMF's
+    # H100 SXM kernel: 0.709) it gives 1.69: the FP8/BF16 ratio of the best kernels differs
+    # between benchmarks and parts (the profile's sources). Per pass the model's
     # speed-up grows with the contraction (k0 stretched by the peak ratio matters less at
     # long k): forward 1.93, input gradient 1.95, weight gradient (k = 15,872) 1.99, where
     # the benchmark measures 1.90 for all three; 6% is the shape model's stated accuracy
@@ -321,7 +322,12 @@ def test_fp8_errors_from_python_and_profiles(tmp_path):
     H100.save(path)
     assert load_profile(path).fp8_gemm_max_efficiency == H100.fp8_gemm_max_efficiency
     # the preset's value says where it comes from, and keeps the measured kernel beside it
-    assert "trainsim fit" in H100.sources["fp8_gemm_max_efficiency"] and "1,611" in H100.sources["fp8_gemm_max_efficiency"]
+    assert "trainsim fit" in H100.sources["fp8_gemm_max_efficiency"] and "1,402.6" in H100.sources["fp8_gemm_max_efficiency"]
+    # fitted to the FP8 training rows alone, the cap agrees with the best FP8 GEMM measured on
+    # its own with the tool and random inputs the BF16 cap comes from (MAMF table, H100 SXM:
+    # FP8 1,402.6 of 1,979 TFLOP/s, BF16 794.5 of 989)
+    assert H100.fp8_gemm_max_efficiency == pytest.approx(1402.6 / 1979, rel=0.02)
+    assert H100.gemm_max_efficiency == pytest.approx(794.5 / 989, rel=0.005)
 
 
 # --------------------------------------------------------------------- fit data

@@ -40,8 +40,8 @@ protocols scale α by hop_latency[p]/hop_latency[simple] and B by bandwidth_frac
 The coalesced tensor-parallel collectives (``sim.program.coalesce``) are priced as the
 engine runs them, algorithm and protocol included. Where it does not agree: the analytic
 estimate (``sim.program.estimate``: ``trainsim estimate``, ``explain``) prices every
-collective as a Simple ring (``collective_time``), as NCCL_ALGO=ring NCCL_PROTO=simple
-would run it; with NVLS on an H100/H200 node its TP all-reduce time is ring/NVLS =
+collective as a Simple ring (``collective_time``: NCCL's ring/Simple base latency, then
+the closed form), as NCCL_ALGO=ring NCCL_PROTO=simple would run it; with NVLS on an H100/H200 node its TP all-reduce time is ring/NVLS =
 2(n−1)/(n+1)·nvls_efficiency/(NVLink efficiency) times the simulator's for large S (the
 busbw ratio 480/370 ≈ 1.3 at n = 8 on H100).
 
@@ -89,6 +89,7 @@ from __future__ import annotations
 
 from sim.errors import InputError, require
 from sim.inputs.hardware import HardwareProfile
+from sim.inputs.profile_checks import NCCL_BASE_LATENCY_S
 from sim.program.workload import PHASES, Op, Work
 
 ADAM_BYTES_PER_PARAM = 28
@@ -177,7 +178,8 @@ def nvls_time(collective: str, nbytes: float, ranks: int, latency_s: float, line
 
 def collective_time(collective: str, nbytes: float, ranks: int, kind: str,
                     profile: HardwareProfile, channels: int = 1) -> float:
-    """Ring closed form of a collective over ``ranks`` GPUs whose slowest hop is ``kind``.
+    """Ring closed form of a collective over ``ranks`` GPUs whose slowest hop is ``kind``,
+    after NCCL's base latency for ring/Simple (``nccl_base_latency``; none for send_recv).
 
     ``channels`` rings run at once (NCCL's channels), each over its own link of that kind
     (one NIC per GPU), so the bandwidth term divides by it; it never beats NVLink."""
@@ -192,7 +194,13 @@ def collective_time(collective: str, nbytes: float, ranks: int, kind: str,
     bw = link.effective_Bps * max(1, channels)
     if channels > 1 and "nvlink" in profile.links:
         bw = min(bw, profile.link("nvlink").effective_Bps)
-    return ring_time(collective, nbytes, ranks, link.latency_s, bw)
+    return nccl_base_latency(profile) + ring_time(collective, nbytes, ranks, link.latency_s, bw)
+
+
+def nccl_base_latency(profile: HardwareProfile, algo: str = "ring", protocol: str = "simple") -> float:
+    """Seconds an NCCL collective of ``algo``/``protocol`` pays once before its first
+    transfer: the profile's ``nccl_base_latency_s``, or NCCL's own (tuning.cc) without it."""
+    return (profile.nccl_base_latency_s or NCCL_BASE_LATENCY_S)[algo][protocol]
 
 
 # ---------------------------------------------------------------- optimizer step
