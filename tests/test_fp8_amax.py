@@ -84,3 +84,23 @@ def test_the_next_stage_starts_its_forward_after_the_reduction():
     f = min((s for s in run.trace.spans_of(nxt) if s.kind == "compute" and s.name.startswith("1F0")),
             key=lambda s: s.start_s)
     assert f.start_s >= first.end_s
+
+
+def test_the_estimate_adds_each_chunks_two_reductions_per_micro_batch_as_ring_closed_forms():
+    from sim.program.estimate import estimate
+
+    plan = ParallelPlan(tp=2, pp=2, dp=2, vpp=2, micro_batch_size=1, global_batch_size=8, sequence_parallel=True,
+                        fp8_format="hybrid", schedule="interleaved")
+    est = estimate(SMALL, plan, H100)
+    # a chunk of 2 layers runs 8 FP8 GEMMs: 8 x 3 fp32 maxima forward (96 bytes), 8 x 2 backward
+    # (64 bytes); a ring over the stage's 4 GPUs on one node: base + 2(n-1)(a + S/(nB))
+    n, link = 4, H100.link("nvlink")
+    base = H100.nccl_base_latency_s["ring"]["simple"]
+    ring = [base + 2 * (n - 1) * (link.latency_s + s / (n * link.effective_Bps)) for s in (96, 64)]
+    assert est.time["amax"] == pytest.approx(plan.num_microbatches * plan.vpp * sum(ring), rel=1e-9)
+    bf16 = estimate(SMALL, ParallelPlan(tp=2, pp=2, dp=2, vpp=2, micro_batch_size=1, global_batch_size=8,
+                                        sequence_parallel=True, schedule="interleaved"), H100)
+    assert bf16.time["amax"] == 0.0
+    # a stage of one GPU reduces nothing
+    assert estimate(SMALL, ParallelPlan(pp=2, global_batch_size=4, fp8_format="hybrid"), H100).time["amax"] == 0.0
+    assert est.time["step"] == pytest.approx(sum(v for k, v in est.time.items() if k != "step"))

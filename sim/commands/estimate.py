@@ -55,7 +55,9 @@ def run(args) -> int:
     print()
     print(f"step time (first order, no overlap; links tp={est.links['tp']} dp={est.links['dp']} "
           f"pp={est.links['pp']})")
-    for key in ("compute", "tp_comm", "pipeline_bubble", "pp_comm", "dp_comm", "optimizer"):
+    for key in ("compute", "tp_comm", "amax", "pipeline_bubble", "pp_comm", "dp_comm", "optimizer"):
+        if key == "amax" and not est.time[key]:
+            continue
         share = est.time[key] / est.time["step"] * 100
         print(f"  {key:<16}{format_time(est.time[key]):>14}  {share:5.1f}%")
     print(f"  {'step':<16}{format_time(est.time['step']):>14}")

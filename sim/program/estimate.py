@@ -19,7 +19,10 @@ every group of that dimension stays inside a node under the plan's ``placement``
 
 Under FP8 (``plan.fp8_format``) the layers' work is what ``sim.program.fp8`` makes of it
 (FP8 GEMMs at the fp8 peak, Transformer Engine's casts and transposes around them), the
-same work the simulator runs.
+same work the simulator runs, and each chunk's forward and backward of a micro-batch ends
+with delayed scaling's amax all-reduce over the stage's tp·dp·cp GPUs
+(``sim.program.amax``), a ring over ``ib`` when the stage spans nodes: the ``amax`` term,
+also in T (it blocks the stage's compute).
 
 Model FLOPs are F + B + W of every GEMM and attention op without recomputation, which
 for GPT shapes is Korthikanti et al.'s Eq. 7, 72·B·L·s·h²·(1 + s/(6h) + V/(12hL));
@@ -38,8 +41,10 @@ from sim.inputs.hardware import HardwareProfile
 from sim.inputs.model import ModelSpec
 from sim.inputs.pacing import paced
 from sim.inputs.plan import ParallelPlan
+from sim.program.amax import GEMMS_PER_LAYER, reduction_bytes, stage_groups
 from sim.program.fp8 import check_fp8_support
 from sim.program.costs import (
+    collective_time,
     grad_sync_time,
     optimizer_step_time,
     pipeline_bubble_time,
@@ -70,7 +75,8 @@ class Estimate:
     memory_capacity_bytes: float
     fits: bool
     time: dict
-    """Seconds: compute, tp_comm, pipeline_bubble, pp_comm, dp_comm, optimizer, step."""
+    """Seconds: compute, tp_comm, amax (FP8's amax all-reduces; 0 in BF16), pipeline_bubble,
+    pp_comm, dp_comm, optimizer, step."""
     links: dict
     """Link kind each group's collectives are timed on: tp, dp, pp."""
     tokens_per_s: float
@@ -142,6 +148,30 @@ def layer_phase_times(model: ModelSpec, plan: ParallelPlan, profile: HardwarePro
     return out
 
 
+def _amax_time(model: ModelSpec, plan: ParallelPlan, profile: HardwareProfile, gpus_per_node: int):
+    """(stage, phase) -> seconds of FP8's amax all-reduces one micro-batch adds to that
+    phase of that pipeline stage: one after each chunk's F and one after its B, over the
+    stage's tp·dp·cp GPUs (``sim.program.amax``); 0 without FP8 or with one GPU a stage."""
+    group = stage_groups(plan)
+    n = plan.tp * plan.dp_cp
+    if not plan.fp8_format or n < 2:
+        return lambda stage, ph: 0.0
+    p, v = plan.pp, plan.vpp
+
+    def link(stage: int) -> str:
+        members = group(plan.rank(dp=0, pp=stage, tp=0))
+        return "nvlink" if len({r // gpus_per_node for r in members}) == 1 else "ib"
+
+    def time(stage: int, ph: str) -> float:
+        if ph not in ("F", "B"):
+            return 0.0
+        kind = link(stage)
+        return sum(collective_time("all_reduce", reduction_bytes(ph, GEMMS_PER_LAYER * len(layers)), n, kind, profile)
+                   for layers in (plan.layer_range(model, c * p + stage) for c in range(v)) if len(layers))
+
+    return time
+
+
 def estimate(model: ModelSpec, plan: ParallelPlan, profile: HardwareProfile, *,
              gpus_per_node: int = 8, dtype: str = "bf16", flash_attention: bool | None = None,
              dp_channels: int | None = None) -> Estimate:
@@ -168,7 +198,8 @@ def estimate(model: ModelSpec, plan: ParallelPlan, profile: HardwareProfile, *,
         layer_t = layer_phase_times(model, plan, profile, links["tp"], gpus_per_node, dtype, False)
     moe_t = layer_phase_times(model, plan, profile, links["tp"], gpus_per_node, dtype, True) if model.moe else layer_t
     emb_t, head_t = (phases(w) for w in plan_edge_works(model, plan))
-    stage_times = []          # per stage: {phase: (compute_s, tp_comm_s)}
+    amax = _amax_time(model, plan, profile, gpus_per_node)
+    stage_times = []          # per stage: {phase: (compute_s, tp_comm_s, amax_s)}
     for stage in range(p):
         ids = [i for c in range(v) for i in plan.layer_range(model, c * p + stage)]
         n_moe = sum(1 for i in ids if model.is_moe_layer(i))
@@ -181,11 +212,12 @@ def estimate(model: ModelSpec, plan: ParallelPlan, profile: HardwareProfile, *,
                 c, x = c + emb_t[ph][0], x + emb_t[ph][1]
             if stage == p - 1:
                 c, x = c + head_t[ph][0], x + head_t[ph][1]
-            times[ph] = (c, x)
+            times[ph] = (c, x, amax(stage, ph))
         stage_times.append(times)
-    slowest = max(stage_times, key=lambda st: sum(c + x for c, x in st.values()))
-    compute_mb = sum(c for c, _ in slowest.values())
-    tp_mb = sum(x for _, x in slowest.values())
+    slowest = max(stage_times, key=lambda st: sum(map(sum, st.values())))
+    compute_mb = sum(c for c, _, _ in slowest.values())
+    tp_mb = sum(x for _, x, _ in slowest.values())
+    amax_mb = sum(a for _, _, a in slowest.values())
     t_f, t_b, t_w = (sum(slowest[ph]) for ph in ("F", "B", "W"))
 
     pp_comm = pipeline_p2p_time(p2p_bytes(model, b, t, sp, cp=plan.cp), m, p, v, links["pp"], profile)
@@ -201,6 +233,7 @@ def estimate(model: ModelSpec, plan: ParallelPlan, profile: HardwareProfile, *,
     time = {
         "compute": m * compute_mb,
         "tp_comm": m * tp_mb,
+        "amax": m * amax_mb,
         "pipeline_bubble": pipeline_bubble_time(plan.schedule, p, v, t_f, t_b, t_w),
         "pp_comm": pp_comm,
         "dp_comm": grad_sync_time(z, model_state_bytes(psi).grads_bytes, dp, m, dp_link, profile, channels=ch),

@@ -184,5 +184,7 @@ def render(report: dict) -> str:
     out.append(f"per iteration (first-order estimate, no overlap; layers per stage "
                f"{' '.join(map(str, report['layers_per_stage']))}, {p['num_microbatches']} micro-batches):")
     for key, value in e.items():
+        if key == "amax" and not value:   # FP8's amax all-reduces: none in BF16
+            continue
         out.append(f"  {key:<28}{format_time(value):>12}")
     return "\n".join(out)
