@@ -1,6 +1,6 @@
 """The FP8 rows of a fit held out at an FP8 GEMM cap measured outside the fit.
 
-    .venv/bin/python experiments/fit_fp8_held_out.py FIT.json [--cap 0.709] [--jobs 2]
+    .venv/bin/python experiments/fit_fp8_held_out.py FIT.json [--cap 0.709] [--data RUNS.csv] [--jobs 2]
 
 ``trainsim fit --json`` predicts each group's rows from a fit made without that group.
 In the fit data the FP8 rows are one group, and no other row reads the FP8 GEMM cap
@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import hashlib
 import json
 import sys
 from pathlib import Path
@@ -91,6 +92,7 @@ def main(argv=None) -> dict:
     ap.add_argument("report", help="a `trainsim fit --json` report (FIT.json)")
     ap.add_argument("--cap", type=float, default=MAMF_H100_FP8_CAP,
                     help=f"the FP8 GEMM cap to predict at (default {MAMF_H100_FP8_CAP:.4f}: MAMF, H100 SXM)")
+    ap.add_argument("--data", default=None, help="the runs file, where it is not where the report says")
     ap.add_argument("--jobs", type=int, default=1, help="worker processes (default 1)")
     ap.add_argument("--out", default=str(ROOT / "experiments" / "out" / "fit_fp8_held_out"))
     args = ap.parse_args(argv)
@@ -100,6 +102,16 @@ def main(argv=None) -> dict:
         report = json.loads(Path(args.report).read_text())
     except (OSError, ValueError) as exc:
         ap.error(f"report: cannot read {args.report}: {exc}")
+    missing = [k for k in ("parameters", "groups", "rows", "data", "data_sha256", "profile") if k not in report]
+    if missing:
+        ap.error(f"report: {args.report} is not a `trainsim fit --json` report (no {', '.join(missing)}); "
+                 "a fitted profile (--out) is not one")
+    if args.data:
+        report = {**report, "data": args.data}
+    if not Path(report["data"]).is_file():
+        ap.error(f"--data: the runs file {report['data']} is not there; give its path")
+    if hashlib.sha256(Path(report["data"]).read_bytes()).hexdigest() != report["data_sha256"]:
+        ap.error(f"--data: {report['data']} is not the file the fit read (its sha256 differs from the report's)")
     res = held_out_at_cap(report, args.cap, args.jobs)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

@@ -63,6 +63,10 @@ def test_a_higher_cap_predicts_faster_fp8_rows_and_the_cli_writes_its_files(repo
     assert all(h["simulated_s"] < l["simulated_s"] for h, l in zip(high, low))
     assert json.loads((tmp_path / "out" / "results.json").read_text())["cap"] == 0.8
     assert "held out at the FP8 cap 0.8000" in (tmp_path / "out" / "verdict.md").read_text()
-    with pytest.raises(SystemExit):
-        mod.main([str(src), "--cap", "1.5", "--out", str(tmp_path / "bad")])
+    profile = tmp_path / "profile.json"
+    profile.write_text(json.dumps({"name": "h100-sxm"}))
+    for args in ([str(src), "--cap", "1.5"], [str(src), "--data", str(tmp_path / "none.csv")],
+                 [str(src), "--data", str(src)], [str(profile)]):
+        with pytest.raises(SystemExit):
+            mod.main([*args, "--out", str(tmp_path / "bad")])
     assert not (tmp_path / "bad").exists()
