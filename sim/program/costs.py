@@ -41,9 +41,10 @@ The coalesced tensor-parallel collectives (``sim.program.coalesce``) are priced 
 engine runs them, algorithm and protocol included. Where it does not agree: the analytic
 estimate (``sim.program.estimate``: ``trainsim estimate``, ``explain``) prices every
 collective as a Simple ring (``collective_time``: NCCL's ring/Simple base latency, then
-the closed form), as NCCL_ALGO=ring NCCL_PROTO=simple would run it; with NVLS on an H100/H200 node its TP all-reduce time is ring/NVLS =
-2(n−1)/(n+1)·nvls_efficiency/(NVLink efficiency) times the simulator's for large S (the
-busbw ratio 480/370 ≈ 1.3 at n = 8 on H100).
+the closed form), as NCCL_ALGO=ring NCCL_PROTO=simple would run it; with NVLS on an
+H100/H200 node its TP all-reduce time is ring/NVLS = 2(n−1)/(n+1)·nvls_efficiency/(NVLink
+efficiency) times the simulator's for large S (the busbw ratio 480/370 ≈ 1.3 at n = 8 on
+H100).
 
 Optimizer step. Mixed-precision Adam (ZeRO, Rajbhandari et al. SC'20: a 16-bit weight
 and gradient and K = 12 bytes of fp32 weight, momentum and variance per parameter) is
