@@ -11,7 +11,7 @@ import argparse
 import importlib
 import sys
 
-from sim.errors import NEGATIVE_VALUE, DeadlockError, InputError, from_argparse
+from sim.errors import DeadlockError, InputError
 
 # Subcommand modules, in the order ``trainsim --help`` lists them.
 COMMANDS = ["run", "compare", "estimate", "explain", "search", "sweep", "collective", "demo", "calibrate", "validate", "fit",
@@ -19,18 +19,26 @@ COMMANDS = ["run", "compare", "estimate", "explain", "search", "sweep", "collect
 
 
 class _Parser(argparse.ArgumentParser):
-    """An ArgumentParser whose errors are one line (no usage dump) and exit code 2.
-
-    A value that starts with '-' and a digit (``--size -1MiB``, ``--zero3-max-live-parameters
-    -1e9``) or is ``-inf``/``-nan`` is taken as the flag's value, so its range check names
-    it, instead of argparse calling it an unknown flag."""
+    """An ArgumentParser whose errors are one line (no usage dump) and exit code 2: a bad
+    value is an ``argparse.ArgumentError`` (``exit_on_error=False``) naming the flag, and
+    whatever else argparse refuses (an unknown flag, a missing value) comes to ``error``.
+    Flags are never abbreviated (``allow_abbrev=False``): ``--tensor-model 2`` is an error,
+    not ``--tensor-model-parallel-size``."""
 
     def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        self._negative_number_matcher = NEGATIVE_VALUE
+        super().__init__(*args, allow_abbrev=False, exit_on_error=False, **kwargs)
 
     def error(self, message: str):  # noqa: D401 - argparse API
-        raise from_argparse(message)
+        raise InputError(" ".join(message.split()))
+
+
+def named_for_command_line(exc: InputError) -> InputError:
+    """An error about a setting, naming it by its flag (``plan: tp`` is
+    ``--tensor-model-parallel-size``); others as they are."""
+    from sim.inputs.schema import setting_field
+
+    f = setting_field(exc.setting) if exc.setting is not None and exc.allowed is not None else None
+    return exc.renamed(f.flag) if f is not None else exc
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -59,7 +67,16 @@ def main(argv: list[str] | None = None) -> int:
             parser.print_help()
             return 2
         return int(args._run(args) or 0)
-    except (InputError, DeadlockError) as exc:
+    except argparse.ArgumentError as exc:  # a flag's value its type refused: what it allows
+        hint = ""
+        if exc.argument_name and exc.argument_name.startswith("--") and exc.message == "expected one argument":
+            hint = f" (a value that starts with '-' is written {exc.argument_name}=-VALUE)"
+        print(f"trainsim: error: {exc.argument_name}: {exc.message}{hint}", file=sys.stderr)
+        return 2
+    except InputError as exc:
+        print(f"trainsim: error: {named_for_command_line(exc)}", file=sys.stderr)
+        return 2
+    except DeadlockError as exc:
         print(f"trainsim: error: {exc}", file=sys.stderr)
         return 2
     except BrokenPipeError:  # output piped into head & co.

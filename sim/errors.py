@@ -8,7 +8,29 @@ A program whose actions can never all complete raises ``DeadlockError``.
 
 
 class InputError(ValueError):
-    """Bad input: the message names the field, the value given and what is allowed."""
+    """Bad input: the message names the field, the value given and what is allowed.
+
+    Raised by ``require`` (or with ``field``/``value``/``allowed`` given), it also carries
+    them as attributes, and ``setting`` names the schema setting it is about (a
+    ``ParallelPlan`` attribute such as ``tp``, or a setting such as ``gpus``), so that a front
+    end can name it as its user wrote it: the flag on the command line, the key and line in
+    an experiment file, the keyword in Python (``renamed``). Nothing is parsed back out of
+    the message."""
+
+    def __init__(self, message: str | None = None, *, field: str | None = None, value=None,
+                 allowed: str | None = None, setting: str | None = None):
+        self.field, self.value, self.allowed, self.setting = field, value, allowed, setting
+        super().__init__(message if message is not None else f"{field}: {self.detail}")
+
+    @property
+    def detail(self) -> str:
+        """What is wrong, without the field's name: ``got 0; expected an integer > 0``."""
+        return f"got {self.value!r}; {self.allowed}"
+
+    def renamed(self, name: str) -> "InputError":
+        """The same error naming its field ``name`` (``--tensor-model-parallel-size``,
+        ``exp.toml:9: plan.tensor_model_parallel_size``)."""
+        return InputError(field=name, value=self.value, allowed=self.allowed, setting=self.setting)
 
 
 class DeadlockError(RuntimeError):
@@ -29,32 +51,8 @@ class DeadlockError(RuntimeError):
         )
 
 
-def require(cond: bool, field: str, value, allowed: str) -> None:
-    """Raise ``InputError('<field>: got <value>; <allowed>')`` unless ``cond``."""
+def require(cond: bool, field: str, value, allowed: str, *, setting: str | None = None) -> None:
+    """Raise ``InputError('<field>: got <value>; <allowed>')`` unless ``cond``; ``setting``:
+    the schema setting it is about (see ``InputError``)."""
     if not cond:
-        raise InputError(f"{field}: got {value!r}; {allowed}")
-
-
-NEGATIVE_VALUE = __import__("re").compile(r"^-(\.?\d|inf|nan|infinity)", __import__("re").IGNORECASE)
-"""What argparse should take as a (negative) value rather than a flag (``_negative_number_matcher``)."""
-
-
-def from_argparse(message: str) -> InputError:
-    """argparse's error as trainsim's one line: ``argument --zero: invalid choice: 5
-    (choose from 0, 1, 2, 3)`` becomes ``--zero: got 5; allowed: 0, 1, 2, 3``."""
-    import re
-
-    msg = " ".join(message.split())
-    m = re.match(r"argument (\S+): (.*)$", msg)
-    if not m:
-        return InputError(msg)
-    flag, rest = m.group(1).split("/")[-1], m.group(2)
-    m = re.match(r"invalid choice: (.*) \(choose from (.*)\)$", rest)
-    if m:
-        value, choices = m.group(1), m.group(2).replace("'", "")
-        return InputError(f"{flag}: got {value}; allowed: {choices}")
-    m = re.match(r"invalid (\w+) value: (.*)$", rest)
-    if m:
-        kind = {"int": "an integer", "float": "a number"}.get(m.group(1), f"a {m.group(1)}")
-        return InputError(f"{flag}: got {m.group(2)}; expected {kind}")
-    return InputError(f"{flag}: {rest}")
+        raise InputError(field=field, value=value, allowed=allowed, setting=setting)

@@ -35,11 +35,12 @@ def read_bytes(path: str | Path, what: str | None = None) -> bytes:
     try:
         return p.read_bytes()
     except FileNotFoundError:
-        raise InputError(f"{pre}{p}: file not found (cannot read it)") from None
+        why = "file not found (cannot read it)"
     except IsADirectoryError:
-        raise InputError(f"{pre}{p}: is a directory, expected a file (cannot read it)") from None
+        why = "is a directory, expected a file (cannot read it)"
     except OSError as exc:
-        raise InputError(f"{pre}{p}: cannot read it ({exc.strerror or exc})") from None
+        why = f"cannot read it ({exc.strerror or exc})"
+    raise InputError(f"{pre}{p}: {why}", value=str(path), allowed=why)
 
 
 def decode(data: bytes, where: str, allow_empty: bool = False) -> str:

@@ -30,7 +30,7 @@ from sim.inputs.model import ModelSpec
 from sim.inputs.pacing import paced
 from sim.inputs.plan import ParallelPlan
 from sim.inputs.resolve import model_from_settings, plan_from_settings, topology_from_settings
-from sim.inputs.schema import AUTO_FULL_FIDELITY_EVENTS, DEFAULT_MAX_EVENTS, PlanSettings, RunSettings
+from sim.inputs.schema import AUTO_FULL_FIDELITY_EVENTS, DEFAULT_MAX_EVENTS, RunSettings
 from sim.inputs.mixed import MixedGpus, mixed_gpus
 from sim.inputs.stragglers import Stragglers, degrade, per_gpu_fidelity, resolve_stragglers
 from sim.inputs.topology import Topology
@@ -82,18 +82,18 @@ class Prepared:
     """GPU types per rank on a mixed cluster (``sim.inputs.mixed``; ``profile`` is rank 0's)."""
 
 
-def schedule_from_settings(p: PlanSettings, plan: ParallelPlan) -> Schedule | None:
+def schedule_from_settings(plan: ParallelPlan) -> Schedule | None:
     """The ``Schedule`` of ``schedule = "FILE.csv"``, checked against the plan's pipeline
     size, model chunks and micro-batches (None for a built-in schedule)."""
     if plan.schedule != "custom":
         return None
     from sim.program.schedule_io import load_schedule_csv
 
-    sched = load_schedule_csv(p.schedule)
+    sched = load_schedule_csv(plan.schedule_file)
     have = (sched.pp, sched.vpp, sched.num_microbatches)
     need = (plan.pp, plan.vpp, plan.num_microbatches)
     if have != need:
-        raise InputError(f"{p.schedule}: schedule {sched.name}: has pp={have[0]}, vpp={have[1]}, m={have[2]} "
+        raise InputError(f"{plan.schedule_file}: schedule {sched.name}: has pp={have[0]}, vpp={have[1]}, m={have[2]} "
                          f"(rows, model chunks per row, micro-batches); the plan needs pp={need[0]}, vpp={need[1]}, "
                          f"m={need[2]} (global batch / (micro-batch size x dp))")
     return sched
@@ -106,19 +106,19 @@ def prepare(settings: RunSettings, model: ModelSpec | None = None, plan: Paralle
     profile = load_profile(settings.cluster.gpu, flag="--gpu")
     if plan is None:
         plan = plan_from_settings(settings.plan, settings.cluster.total_gpus(), model)
-    elif plan.schedule == "custom":
+    elif plan.schedule == "custom" and plan.schedule_file is None:
         raise InputError("plan: a ParallelPlan with schedule 'custom' needs its CSV: "
                          "pass schedule='path/to.csv' instead of a ParallelPlan")
     else:
         plan.check_model(model)
     check_fp8_support(plan.fp8_format, profile)
-    schedule = schedule_from_settings(settings.plan, plan)
+    schedule = schedule_from_settings(plan)
     topo = topology_from_settings(settings.cluster, plan.world_size, profile.name)
     check_forced(settings.simulation.nccl_algo, topo)
     mixed = mixed_gpus(topo, plan.world_size, profile)
     if mixed is not None:
         profile = next(iter(mixed.profiles.values()))  # rank 0's: the run's links, NCCL figures and summary
-    if settings.plan.layer_split == "auto":
+    if plan.layer_split == "auto":
         plan = auto_layer_split(model, plan, profile, mixed)
     return Prepared(settings, model, plan, profile, topo, schedule,
                     resolve_stragglers(settings.simulation, topo, plan.world_size), mixed)
@@ -196,7 +196,7 @@ def run(prepared: Prepared) -> tuple[TrainingRun, dict]:
     training_run = simulate_(sim_settings.fidelity, stragglers=prepared.stragglers)
     summary = summarize(training_run)
     if training_run.mixed is not None:
-        summary["mixed"] = mixed_report(training_run, summary, auto=prepared.settings.plan.layer_split == "auto")
+        summary["mixed"] = mixed_report(training_run, summary, auto=prepared.settings.plan.get("layer_split") == "auto")
     if training_run.stragglers:  # the same iteration without them: what they cost
         summary["stragglers"] = straggler_report(training_run, simulate_(training_run.fidelity))
     if prepared.model.moe:  # routing's imbalance, against the same plan routed evenly when it was not

@@ -27,14 +27,13 @@ def parse_size(text: str | int | float, field: str = "size") -> int:
     else:
         m = _SIZE_RE.match(str(text))
         if not m or m.group(2).lower() not in _SIZE_UNITS:
-            raise InputError(
-                f"{field}: got {text!r}; expected a non-negative number of bytes with an "
-                "optional unit B, KB, MB, GB, TB (powers of 1000) or KiB, MiB, GiB, TiB, K, M, G, T (powers of 1024)"
-            )
+            raise InputError(field=field, value=text, allowed=(
+                "expected a non-negative number of bytes with an optional unit B, KB, MB, GB, TB (powers of 1000) "
+                "or KiB, MiB, GiB, TiB, K, M, G, T (powers of 1024)"))
         value, unit = float(m.group(1)), m.group(2).lower()
     nbytes = value * _SIZE_UNITS[unit]
     if not math.isfinite(nbytes) or nbytes < 0:
-        raise InputError(f"{field}: got {text!r}; expected a finite, non-negative size")
+        raise InputError(field=field, value=text, allowed="expected a finite, non-negative size")
     return int(round(nbytes))
 
 
@@ -81,16 +80,21 @@ class Number:
             bounds.append(f"<= {self.maximum:g}")
         return " ".join([what, *bounds]) + (" (inf allowed)" if self.allow_inf else "")
 
+    def allowed(self, value) -> str | None:
+        """What is allowed (``expected an integer >= 1``) when ``value`` (already a Python
+        number) is not, or None."""
+        if isinstance(value, bool) or not isinstance(value, (int, float) if self.kind is float else int) \
+                or math.isnan(value) or (math.isinf(value) and not self.allow_inf) \
+                or (self.minimum is not None and value < self.minimum) \
+                or (self.maximum is not None and value > self.maximum) \
+                or (self.above is not None and value <= self.above):
+            return f"expected {self.describe()}"
+        return None
+
     def check(self, value) -> str | None:
         """Why ``value`` (already a Python number) is not allowed, or None."""
-        if isinstance(value, bool) or not isinstance(value, (int, float) if self.kind is float else int):
-            return f"got {value!r}; expected {self.describe()}"
-        if math.isnan(value) or (math.isinf(value) and not self.allow_inf):
-            return f"got {value!r}; expected {self.describe()}"
-        if ((self.minimum is not None and value < self.minimum) or (self.maximum is not None and value > self.maximum)
-                or (self.above is not None and value <= self.above)):
-            return f"got {value!r}; expected {self.describe()}"
-        return None
+        allowed = self.allowed(value)
+        return None if allowed is None else f"got {value!r}; {allowed}"
 
     def __call__(self, text: str):
         import argparse

@@ -89,7 +89,7 @@ def test_the_fusion_flag_shortens_the_step_by_the_kernels_it_saves(fidelity):
     # setting reaches the plan.
     from sim.inputs.hardware import load_profile
     from sim.inputs.resolve import plan_from_settings
-    from sim.inputs.schema import PlanSettings
+    from sim.inputs.schema import RunSettings
     from sim.inputs.topology_build import load_topology
     from sim.program.costs import op_time
     from sim.program.estimate import estimate
@@ -97,8 +97,8 @@ def test_the_fusion_flag_shortens_the_step_by_the_kernels_it_saves(fidelity):
     from sim.session import simulate_training
 
     model, prof, topo = gpt("g", 2, 512, 8, 32000, 256), load_profile("h100-sxm"), load_topology("dgx-h100")
-    plans = [plan_from_settings(PlanSettings(micro_batch_size=1, global_batch_size=4, cross_entropy_loss_fusion=f),
-                                1, model) for f in (False, True)]
+    plans = [plan_from_settings(RunSettings.from_values(
+        {"micro_batch_size": 1, "global_batch_size": 4, "cross_entropy_loss_fusion": f}).plan, 1, model) for f in (False, True)]
     assert [p.cross_entropy for p in plans] == ["megatron", "megatron-fused"]
 
     def loss_s(plan):

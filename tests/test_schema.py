@@ -1,7 +1,7 @@
 """The settings schema: one field reaches TOML files, the Python API and the CLI alike.
 
 The first test adds a throwaway setting to a copy of the package, as a developer would
-(one field in ``sim/inputs/schema.py``), and sees it in all three, with the same check of
+(one field of ``ParallelPlan`` in ``sim/inputs/plan.py``), and sees it in all three, with the same check of
 its value in each. The others check the schema against the front ends of this tree.
 """
 
@@ -49,6 +49,7 @@ PROBE = textwrap.dedent('''
     tiny = {"num_layers": 2, "hidden_size": 256, "num_attention_heads": 4, "vocab_size": 1024, "seq_length": 256}
     r = sim.run(model=tiny, gpu="h100-sxm", gpus=2, throwaway_knob_s=0.5)
     out["api_ran"] = r.iteration_time_s > 0
+    out["plan"] = r.plan.throwaway_knob_s  # the plan the program builder read
     try:
         sim.run(model=tiny, throwaway_knob_s=-1)
     except InputError as exc:
@@ -65,10 +66,10 @@ PROBE = textwrap.dedent('''
 def test_a_new_setting_is_one_field_and_reaches_toml_api_and_cli(tmp_path):
     pkg = tmp_path / "sim"
     shutil.copytree(ROOT / "sim", pkg, ignore=shutil.ignore_patterns("__pycache__"))
-    src = (pkg / "inputs" / "schema.py").read_text()
-    anchor = "    def __post_init__(self):\n        check_section(self)\n\n\nSECTIONS = "
+    src = (pkg / "inputs" / "plan.py").read_text()
+    anchor = "\n    def __post_init__(self):\n        for f in (\"dp\", "
     assert src.count(anchor) == 1
-    (pkg / "inputs" / "schema.py").write_text(src.replace(anchor, NEW_FIELD + "\n" + anchor))
+    (pkg / "inputs" / "plan.py").write_text(src.replace(anchor, NEW_FIELD + anchor))
     good = tmp_path / "good.toml"
     good.write_text('[model]\npreset = "llama2-7b"\n\n[plan]\nthrowaway_knob_s = 1.5\n')
     bad = tmp_path / "bad.toml"
@@ -81,7 +82,7 @@ def test_a_new_setting_is_one_field_and_reaches_toml_api_and_cli(tmp_path):
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     assert out["cli"] == out["cli_settings"] == 2.5
     assert out["toml"] == 1.5
-    assert out["api_ran"]
+    assert out["api_ran"] and out["plan"] == 0.5
     assert out["api_error"] == "throwaway_knob_s: got -1; expected a finite number > 0"
     assert out["toml_error"] == f"{bad}:5: plan.throwaway_knob_s: got 0; expected a finite number > 0"
     assert out["cli_rc"] == 2
@@ -122,7 +123,7 @@ def test_a_bad_value_is_named_the_same_way_from_python_a_file_and_a_dataclass(tm
         settings_from_values({field: bad})
     assert str(api.value) == f"{field}: {why}"
     with pytest.raises(InputError) as direct:
-        schema.section_of(schema.SECTIONS[schema.SECTION_OF[field]], {field: bad})
+        schema.section_of(schema.SECTION_OF[field], {field: bad})
     assert str(direct.value) == f"{field}: {why}"
     table, key = schema.FIELDS[field].tables[0]
     value = json.dumps(bad) if not isinstance(bad, float) or bad == bad else "nan"

@@ -288,45 +288,27 @@ def check(where, key: str, field: str, value) -> None:
         raise where.error(key, why)
 
 
-# What a message calls a field, when it is not the flag's dest (ParallelPlan's and ModelSpec's names).
-_ALIASES = {"tp": "tensor_model_parallel_size", "pp": "pipeline_model_parallel_size",
-            "vpp": "num_virtual_stages_per_pipeline_rank", "zero_stage": "zero", "recompute": "recompute_granularity",
-            "first_stage_layers": "decoder_first_pipeline_num_layers",
-            "last_stage_layers": "decoder_last_pipeline_num_layers", "num_key_value_heads": "num_query_groups",
-            "bucket_size_bytes": "bucket_size", "zero_bucket_size_bytes": "zero_bucket_size", "sp": "sequence_parallel",
-            "dp_overlap": "overlap_grad_reduce",
-            "param_gather_overlap": "overlap_param_gather", "mlp": "swiglu", "preset": "model"}
-
-
 def blame(exc: InputError, path, settings: dict[str, Setting], skip=frozenset()) -> InputError:
     """An error met while using an experiment file's values, pointed at the value it is
-    about: ``--gpus: got 8; must be ...`` becomes ``exp.toml:9: cluster.gpus: got 8; must
-    be ...``, and a file a value names that failed to load is reported at that value. An
-    error about no value of the file gets the file's name in front. ``skip``: dests set
-    elsewhere (flags typed after the file), whose errors are left as they are."""
-    msg = str(exc)
-    if msg.startswith(str(path)):
+    about (``exc.setting``): ``exp.toml:9: cluster.gpus: got 8; must be ...``. A file that a
+    value names and that failed to load is reported at that value. An error about no value
+    of the file gets the file's name in front. ``skip``: settings given elsewhere (flags
+    typed after the file), whose errors are left as they are."""
+    if str(exc).startswith(str(path)):
         return exc
-    first = msg.split("\n", 1)[0]
-    for dest, s in settings.items():  # a file named by a value: hf_config, topology, schedule, gpu
+    f = schema.setting_field(exc.setting or exc.field or "")
+    if f is not None and exc.allowed is not None:
+        if f.name in skip:
+            return exc
+        s = settings.get(f.name)
+        if s is not None and s.where.f is not None:
+            return s.where.error(s.key, exc.detail)
+        if s is not None:  # a value given in Python, not in the file
+            return exc
+    msg = str(exc)
+    for dest, s in settings.items():  # a file named by a value (hf_config, topology, schedule, gpu) failed to load
         is_path = schema.FIELDS[dest].path
         if dest not in skip and is_path is not None and isinstance(s.value, str) and is_path(s.value) \
-                and s.where.f is not None \
-                and (first.startswith(s.value) or f": got {s.value!r}" in first or f"{s.value}: " in first):
-            for flag in (f"--{dest.replace('_', '-')}: ", f"{dest}: "):  # the key says it already
-                msg = msg.removeprefix(flag)
-            return s.where.error(s.key, msg)
-    parts = first.split(": ")
-    for i, part in enumerate(parts[:-1]):
-        if parts[i + 1].startswith("got "):
-            name = part.split()[-1].lstrip("-").replace("-", "_") if part.split() else ""
-            dest = _ALIASES.get(name, name)
-            if dest in skip:
-                return exc
-            s = settings.get(dest)
-            if s is not None and s.where.f is None:  # a value given in Python, not in the file
-                return exc
-            if s is not None:
-                return s.where.error(s.key, ": ".join(parts[i + 1:]) + msg[len(first):])
-            break
+                and s.where.f is not None and (msg.startswith(s.value) or exc.value == s.value):
+            return s.where.error(s.key, f"{s.value}: {exc.allowed}" if exc.value == s.value and exc.allowed else msg)
     return InputError(f"{path}: {msg}")

@@ -34,17 +34,27 @@ class Field:
     table, under its name; () for none)."""
     path: Callable[[str], bool] | None = None
     """For values that may name a file: which strings do (resolved against the experiment file)."""
+    name: str | None = None
+    """The setting's name (keyword of ``sim.run``, experiment-file key, flag with dashes) when it is
+    not the attribute's: ``ParallelPlan.tp`` is the setting ``tensor_model_parallel_size``."""
+    convert: Callable | None = None
+    """How a user's value becomes the attribute's (``bucket_size`` "25MiB" -> bytes); None: as is."""
+    attr: str | None = None
+    """The attribute that holds it (filled in by ``sim.inputs.schema``)."""
+    section: str | None = None
+    """The section it belongs to (filled in by ``sim.inputs.schema``)."""
 
 
 SECTION_GROUP = object()
 
 
 def setting(default=None, *, help=None, type=None, choices=None, kind: str = "value", flag: str | None = None,
-            metavar: str | None = None, group=SECTION_GROUP, tables=None, path=None):
+            metavar: str | None = None, group=SECTION_GROUP, tables=None, path=None, name: str | None = None,
+            convert=None):
     """A dataclass field with its schema entry (``Field``) in the metadata."""
     return field(default=default, metadata={"schema": (Field(
         flag, help, type, tuple(choices) if choices is not None else None, kind, metavar, None,
-        None if tables is None else tuple(tables), path), group)})
+        None if tables is None else tuple(tables), path, name, convert), group)})
 
 
 def check_section(obj) -> None:
@@ -52,24 +62,24 @@ def check_section(obj) -> None:
     for f in dataclasses.fields(obj):
         value = getattr(obj, f.name)
         if value is not None and value != f.default:
-            why = why_not_field(f.metadata["schema"][0], value)
-            if why is not None:
-                raise InputError(f"{f.name}: {why}")
+            allowed = why_not_field(f.metadata["schema"][0], value)
+            if allowed is not None:
+                raise InputError(field=f.name, value=value, allowed=allowed, setting=f.name)
 
 
 def why_not_field(f: Field, value) -> str | None:
-    """Why ``value`` (a Python value, as from TOML or the API) is not allowed for a field
-    with schema entry ``f``, or None when it is."""
+    """What a field with schema entry ``f`` allows, when ``value`` (a Python value, as from
+    TOML or the API) is not allowed for it; None when it is."""
     if f.kind in ("switch", "bool"):
-        return None if isinstance(value, bool) else f"got {value!r}; expected true or false"
+        return None if isinstance(value, bool) else "expected true or false"
     if isinstance(f.type, Number):  # the field's own bounds (> 0, finite, ...)
-        why = f.type.check(value)
+        why = f.type.allowed(value)
         if why is not None:
             return why
     if f.type is int and (isinstance(value, bool) or not isinstance(value, int)):
-        return f"got {value!r}; expected an integer"
+        return "expected an integer"
     if f.type is None and not isinstance(value, (str, int)) or isinstance(value, bool):
-        return f"got {value!r}; expected a string"
+        return "expected a string"
     if f.choices is not None and value not in f.choices:
-        return f"got {value!r}; allowed: {', '.join(map(str, f.choices))}"
+        return f"allowed: {', '.join(map(str, f.choices))}"
     return None

@@ -12,6 +12,8 @@ from __future__ import annotations
 import argparse
 from typing import Mapping
 
+from sim.errors import InputError
+from sim.inputs.fields import Field
 from sim.inputs.schema import FIELDS
 
 
@@ -42,13 +44,35 @@ def add_arguments(parser: argparse.ArgumentParser, names, *, groups: Mapping[str
         elif f.kind == "bool":
             kw["action"] = argparse.BooleanOptionalAction
         else:
-            if f.type is not None:
-                kw["type"] = f.type
-            if f.choices is not None:
-                kw["choices"] = list(f.choices)
+            kw["type"] = flag_type(f)
             if f.metavar is not None:
                 kw["metavar"] = f.metavar
+            elif f.choices is not None:
+                kw["metavar"] = "{" + ",".join(map(str, f.choices)) + "}"
         target.add_argument(f.flag, **kw)
+
+
+def flag_type(f: Field):
+    """An argparse ``type=`` that turns a flag's text into the field's value, or raises
+    ``ArgumentTypeError`` with what the field allows (argparse reports it as an
+    ``ArgumentError`` naming the flag: ``sim.cli``)."""
+    def convert(text: str):
+        value = text
+        if f.type is not None:
+            try:
+                value = f.type(text)
+            except InputError as exc:  # the type's own check (stragglers' factors): what it allows
+                raise argparse.ArgumentTypeError(exc.detail if exc.allowed is not None else str(exc)) from None
+            except argparse.ArgumentTypeError:  # its own message (``Number``: got ...; expected ...)
+                raise
+            except (TypeError, ValueError):
+                raise argparse.ArgumentTypeError(f"got {text!r}; expected an integer") from None
+        if f.choices is not None and value not in f.choices:
+            raise argparse.ArgumentTypeError(f"got {text}; allowed: {', '.join(map(str, f.choices))}")
+        return value
+
+    convert.__name__ = f.name or "value"
+    return convert
 
 
 def given(ns: argparse.Namespace) -> dict[str, object]:
@@ -58,23 +82,21 @@ def given(ns: argparse.Namespace) -> dict[str, object]:
 
 def settings_markdown() -> str:
     """Every setting as a Markdown table per section (``docs/settings.md``)."""
-    import dataclasses
-
-    from sim.inputs.schema import SECTIONS
+    from sim.inputs.schema import DEFAULTS, SECTIONS, fields_of
 
     out = ["# Settings", "",
            "Every setting a run takes, generated from `sim/inputs/schema.py` "
            "(`python -m sim.inputs.flags > docs/settings.md`). The same field is a command-line flag, "
            "a key of an experiment file (in the table shown) and a keyword of `sim.run` (the field name).", ""]
-    for name, cls in SECTIONS.items():
-        out += [f"## {cls.__name__}", "", " ".join((cls.__doc__ or "").split()), "",
-                "| field | flag | experiment file | default | what |", "|---|---|---|---|---|"]
-        for f in dataclasses.fields(cls):
-            meta = FIELDS[f.name]
+    for section, cls in SECTIONS.items():
+        out += [f"## {cls.__name__}", "", " ".join((cls.__doc__ or "").split("\n\n")[0].split()), "",
+                "| setting | flag | experiment file | default | what |", "|---|---|---|---|---|"]
+        for name in fields_of(section):
+            meta = FIELDS[name]
             keys = ", ".join(f"`[{t}] {k}`" for t, k in meta.tables) or "(command line and API only)"
             allowed = f" ({', '.join(map(str, meta.choices))})" if meta.choices else ""
-            what = ((help_of(f.name) or "").strip() + allowed).replace("|", "\\|")
-            out.append(f"| `{f.name}` | `{meta.flag}` | {keys} | `{f.default!r}` | {what} |")
+            what = ((help_of(name) or "").strip() + allowed).replace("|", "\\|")
+            out.append(f"| `{name}` | `{meta.flag}` | {keys} | `{DEFAULTS[name]!r}` | {what} |")
         out.append("")
     return "\n".join(out)
 

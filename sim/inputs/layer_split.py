@@ -103,12 +103,12 @@ def split_layers(num_layers: int, pp: int, vpp: int = 1, first: int | None = Non
     return tuple(per_rank[r] // v for _ in range(v) for r in range(p))
 
 
-def parse_layer_split(value) -> tuple[int, ...] | None:
-    """``--layer-split``: "10,10,12" as a tuple; None for None and "auto" (``sim.session``
-    balances the stages once it knows their GPUs: ``sim.program.mixed``)."""
+def parse_layer_split(value) -> tuple[int, ...] | str | None:
+    """``--layer-split``: "10,10,12" as a tuple; "auto" as it is (``sim.session`` balances the
+    stages once it knows their GPUs: ``sim.program.mixed``)."""
     if value is None or value == "auto":
-        return None
+        return value
     parts = [p.strip() for p in str(value).split(",")]
-    require(all(p.isdigit() for p in parts), "--layer-split", value,
+    require(all(p.isdigit() for p in parts), "--layer-split", value, setting="layer_split", allowed=
             "expected transformer layers per pipeline stage, integers separated by commas (10,10,12), or auto")
     return tuple(int(p) for p in parts)

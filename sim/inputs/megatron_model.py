@@ -26,13 +26,12 @@ _MEGATRON_FLAGS.update({f: "--" + f.replace("_", "-") for f in MOE_FIELDS})
 
 def _name_megatron_flags(exc: InputError, name: str) -> InputError:
     """``model megatron: num_attention_heads: got 7; must divide hidden_size 512`` as
-    ``--num-attention-heads: got 7; must divide hidden_size 512``. The reason keeps the
+    ``--num-attention-heads: got 7; must divide hidden_size 512`` (from the error's fields). The reason keeps the
     field names: an experiment file's shape comes through here too, and ``blame`` puts
     the file's key in front, where a flag in the reason would read oddly."""
-    field, _, rest = str(exc).removeprefix(f"model {name}: ").partition(": ")
-    if field not in _MEGATRON_FLAGS or not rest.startswith("got "):
+    if exc.setting not in _MEGATRON_FLAGS or exc.allowed is None:
         return exc
-    return InputError(f"{_MEGATRON_FLAGS[field]}: {rest}")
+    return exc.renamed(_MEGATRON_FLAGS[exc.setting])
 
 
 def model_from_megatron_settings(ns, name: str = "megatron") -> ModelSpec:

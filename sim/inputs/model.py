@@ -36,10 +36,15 @@ NORM_KINDS = ("layernorm", "rmsnorm")
 POSITION_KINDS = ("learned", "rope")
 
 
-def positive_int(field: str, value) -> None:
+def positive_int(field: str, value, setting: str | None = None) -> None:
     """Require ``value`` to be an integer > 0 (``field`` names it in the error)."""
     require(isinstance(value, int) and not isinstance(value, bool) and value > 0,
-            field, value, "expected an integer > 0")
+            field, value, "expected an integer > 0", setting=setting)
+
+
+def _require(cond: bool, where: str, attr: str, value, allowed: str) -> None:
+    """``require`` for the model's attribute ``attr`` (``where``: which model)."""
+    require(cond, f"{where}: {attr}", value, allowed, setting=attr)
 
 
 @dataclass(frozen=True)
@@ -107,27 +112,25 @@ class ModelSpec:
         where = f"model {self.name}"
         for f in ("num_layers", "hidden_size", "num_attention_heads", "ffn_hidden_size",
                   "vocab_size", "seq_length"):
-            positive_int(f"{where}: {f}", getattr(self, f))
+            positive_int(f"{where}: {f}", getattr(self, f), f)
         if self.num_key_value_heads is None:
             object.__setattr__(self, "num_key_value_heads", self.num_attention_heads)
-        positive_int(f"{where}: num_key_value_heads", self.num_key_value_heads)
+        positive_int(f"{where}: num_key_value_heads", self.num_key_value_heads, "num_key_value_heads")
         if self.max_position_embeddings is None:
             object.__setattr__(self, "max_position_embeddings", self.seq_length)
-        positive_int(f"{where}: max_position_embeddings", self.max_position_embeddings)
+        positive_int(f"{where}: max_position_embeddings", self.max_position_embeddings, "max_position_embeddings")
         if self.kv_channels is None and self.kv_lora_rank is None:
-            require(self.hidden_size % self.num_attention_heads == 0,
-                    f"{where}: num_attention_heads", self.num_attention_heads,
+            _require(self.hidden_size % self.num_attention_heads == 0, where, "num_attention_heads", self.num_attention_heads,
                     f"must divide hidden_size {self.hidden_size} (or set kv_channels)")
         check_moe_fields(self, where)
-        require(self.num_attention_heads % self.num_key_value_heads == 0,
-                f"{where}: num_key_value_heads", self.num_key_value_heads,
+        _require(self.num_attention_heads % self.num_key_value_heads == 0, where, "num_key_value_heads", self.num_key_value_heads,
                 f"must divide num_attention_heads {self.num_attention_heads}")
-        require(self.mlp in MLP_KINDS, f"{where}: mlp", self.mlp, f"allowed: {', '.join(MLP_KINDS)}")
-        require(self.norm in NORM_KINDS, f"{where}: norm", self.norm, f"allowed: {', '.join(NORM_KINDS)}")
-        require(self.position_embedding in POSITION_KINDS, f"{where}: position_embedding",
+        _require(self.mlp in MLP_KINDS, where, "mlp", self.mlp, f"allowed: {', '.join(MLP_KINDS)}")
+        _require(self.norm in NORM_KINDS, where, "norm", self.norm, f"allowed: {', '.join(NORM_KINDS)}")
+        _require(self.position_embedding in POSITION_KINDS, where, "position_embedding",
                 self.position_embedding, f"allowed: {', '.join(POSITION_KINDS)}")
         if self.position_embedding == "learned":
-            require(self.seq_length <= self.max_position_embeddings, f"{where}: seq_length",
+            _require(self.seq_length <= self.max_position_embeddings, where, "seq_length",
                     self.seq_length,
                     f"must be <= max_position_embeddings {self.max_position_embeddings} (learned positions)")
 

@@ -35,14 +35,16 @@ virtual stage, whichever split is used.
 from __future__ import annotations
 
 import math
-
 from dataclasses import dataclass
+from functools import partial
 
 from sim.inputs import placement as _pl
 from sim.inputs.context import check_context_model, check_context_plan
 from sim.inputs.experts import check_expert_model, check_expert_plan
-from sim.inputs.layer_split import FIRST, LAST, check_layer_split, split_layers
+from sim.inputs.fields import setting
+from sim.inputs.layer_split import FIRST, LAST, check_layer_split, parse_layer_split, split_layers
 from sim.errors import require
+from sim.units import NONNEGATIVE_INT, POSITIVE_INT, Number, parse_size
 
 RECOMPUTE = ("none", "selective", "full")
 ATTENTION = ("flash", "unfused")
@@ -61,123 +63,200 @@ DDP_BUCKET_BYTES = 25 * 2**20
 
 
 
+_ZERO = "zero_optimization"  # DeepSpeed's table and names
+_EXPERTS = "mixture of experts: parallelism and routing"
+
+
+def _cross_entropy(fused: bool) -> str:
+    """``--cross-entropy-loss-fusion`` as the loss's kernels (``CROSS_ENTROPY``)."""
+    return "megatron-fused" if fused else "megatron"
+
+
 def _pos(field: str, value) -> None:
     require(isinstance(value, int) and not isinstance(value, bool) and value > 0,
-            f"plan: {field}", value, "expected an integer > 0")
+            f"plan: {field}", value, "expected an integer > 0", setting=field)
 
 
 def _bool(field: str, value) -> None:
-    require(isinstance(value, bool), f"plan: {field}", value, "expected true or false")
+    require(isinstance(value, bool), f"plan: {field}", value, "expected true or false", setting=field)
+
+
+def _check(cond: bool, field: str, value, allowed: str) -> None:
+    """``require`` for the plan's attribute ``field`` (named as the user wrote it by the front end)."""
+    require(cond, f"plan: {field}", value, allowed, setting=field)
 
 
 @dataclass(frozen=True)
 class ParallelPlan:
-    """Parallel degrees, schedule, batching, recompute, ZeRO stage and rank placement of one run."""
+    """Parallel degrees, schedule, batching, recompute, ZeRO stage and rank placement of one run.
+
+    This is the plan section of the settings schema (``sim.inputs.schema``): each field that
+    a user sets is declared once, here, with ``setting(...)``: its name as a setting (the
+    flag with dashes, the experiment-file key, the keyword of ``sim.run``; Megatron-LM's
+    names), its help, its type and bounds, and how the user's value becomes the field's
+    (``convert``). ``sim.inputs.resolve.plan_from_settings`` builds the plan from what a user
+    gave, with ``dp`` (and, from the model, ``vpp`` and the prefetch depth) filled in; the
+    program builder reads this object."""
 
     dp: int = 1
-    """Data-parallel replicas (each replica is tp·pp GPUs)."""
-    tp: int = 1
+    """Data-parallel replicas (each replica is tp·pp·cp GPUs); not a setting: the cluster's
+    GPUs fix it (``sim.inputs.resolve.plan_from_settings``)."""
+    tp: int = setting(1, name="tensor_model_parallel_size", type=POSITIVE_INT,
+                      help="tensor-parallel size: GPUs that split each layer (default 1)")
     """Tensor-parallel degree (Megatron column/row split of every layer)."""
-    pp: int = 1
+    pp: int = setting(1, name="pipeline_model_parallel_size", type=POSITIVE_INT,
+                      help="pipeline-parallel size: stages the layers are split into (default 1)")
     """Pipeline stages."""
-    vpp: int = 1
+    layers_per_virtual_stage: int | None = setting(
+        name="num_layers_per_virtual_pipeline_stage", type=POSITIVE_INT,
+        help="layers per model chunk (interleaved schedule; sets vpp)")
+    """What sets ``vpp`` from the model's layers (``plan_from_settings``); kept as given."""
+    vpp: int = setting(1, name="num_virtual_stages_per_pipeline_rank", type=POSITIVE_INT,
+                       help="model chunks per pipeline rank (vpp), Megatron-LM's alternative to the flag above")
     """Model chunks per pipeline stage (interleaved 1F1B when > 1)."""
-    sequence_parallel: bool = False
-    """Megatron sequence parallelism: norms, dropout and residuals split over the tp group.
-    A no-op when tp = 1 (as in Megatron-LM)."""
-    tp_comm_overlap: bool = False
-    """Overlap tensor-parallel all-gathers and reduce-scatters with the GEMMs beside them,
-    in tp chunks (Megatron-LM ``--tp-comm-overlap``, Transformer Engine's userbuffers;
-    needs sequence parallelism; ``sim.program.tp``)."""
-    gradient_accumulation_fusion: bool = True
-    """Weight-gradient GEMMs accumulate into the fp32 main gradients themselves (Megatron-LM's
-    default); False adds each micro-batch's weight gradients in a separate pass
-    (``--no-gradient-accumulation-fusion``, plain PyTorch; ``sim.program.ops.accumulate_wgrads``)."""
-    cross_entropy: str = "megatron"
-    """``CROSS_ENTROPY``: the loss's kernels over the b·s × V/t logits."""
-    micro_batch_size: int = 1
-    """Sequences per micro-batch per data-parallel replica (b)."""
-    global_batch_size: int | None = None
-    """Sequences per optimizer step over all replicas (B); None means micro_batch_size·dp."""
-    recompute: str = "none"
-    """Activation recomputation: 'none', 'selective' (attention core) or 'full' (whole layer)."""
-    attention: str = "flash"
-    """'flash': attention is one fused kernel that never writes the s×s scores
-    (FlashAttention, cuDNN); 'unfused': Megatron-LM's original core attention (batched
-    GEMMs around a fused scale-mask-softmax and dropout over the scores in memory)."""
-    fp8_format: str | None = None
-    """FP8 training with Transformer Engine (``sim.program.fp8``): 'e4m3' or 'hybrid'
-    (Megatron-LM ``--fp8-format``); the transformer layers' GEMMs run in FP8. None: BF16."""
-    zero_stage: int = 0
-    """ZeRO stage over the dp group: 0 none, 1 optimizer states, 2 +gradients, 3 +parameters."""
-    schedule: str | None = None
+    schedule: str | None = setting(
+        help=lambda: f"pipeline schedule: {', '.join(s for s in SCHEDULES if s != 'custom')}, or a schedule .csv "
+                     "file (default 1f1b, interleaved when vpp > 1)", metavar="NAME|CSV",
+        path=lambda v: v.endswith(".csv"))
     """Pipeline schedule: 'gpipe', '1f1b' (PipeDream-Flush), 'interleaved' (interleaved
     1F1B, needs vpp > 1 and micro-batches a multiple of pp, Megatron-LM's rule), 'zb-h1',
-    'zb-h2' (Zero Bubble, Qi et al. ICLR 2024) or 'custom' (a user's schedule CSV). gpipe,
-    1f1b and zb-* run one chunk per stage (vpp = 1). None picks '1f1b', or 'interleaved'
-    when vpp > 1 (what Megatron-LM runs for the same flags); after construction it is
-    always one of the names."""
-    dp_overlap: bool = True
-    """Overlap the data-parallel gradient sync with backward (DDP buckets are reduced as
-    soon as their gradients are ready); False syncs after the whole backward."""
-    bucket_size_bytes: int = DDP_BUCKET_BYTES
-    """DDP gradient bucket size in bytes; default PyTorch DDP's ``bucket_cap_mb=25`` (25 MiB)."""
-    placement: str = _pl.DEFAULT_PLACEMENT
+    'zb-h2' (Zero Bubble, Qi et al. ICLR 2024) or 'custom' (a user's schedule CSV,
+    ``schedule_file``). gpipe, 1f1b and zb-* run one chunk per stage (vpp = 1). None picks
+    '1f1b', or 'interleaved' when vpp > 1 (what Megatron-LM runs for the same flags); after
+    construction it is always one of the names."""
+    schedule_file: str | None = None
+    """The schedule .csv of schedule 'custom' (set from ``--schedule FILE.csv``)."""
+    first_stage_layers: int | None = setting(
+        name="decoder_first_pipeline_num_layers", type=POSITIVE_INT, metavar="N",
+        help="transformer layers on the first pipeline stage (the rest split evenly)")
+    """Transformer layers on the first pipeline rank; None: an even share. A multiple of vpp."""
+    last_stage_layers: int | None = setting(
+        name="decoder_last_pipeline_num_layers", type=POSITIVE_INT, metavar="N",
+        help="transformer layers on the last pipeline stage (the rest split evenly)")
+    """Transformer layers on the last pipeline rank; None: an even share. A multiple of vpp."""
+    layer_split: tuple[int, ...] | str | None = setting(
+        metavar="N,N,...|auto", convert=parse_layer_split,
+        help="transformer layers per pipeline stage, first to last, e.g. 10,10,12 (uneven stages, as on GPUs of "
+             "different speeds), or auto: the split that balances the stages' estimated times on their GPUs")
+    """Transformer layers on each pipeline rank, first to last (pp entries, each a multiple of
+    vpp, split evenly over the rank's chunks); "auto" until ``sim.session`` balances the
+    stages on their GPUs (the even split meanwhile); None: the split above."""
+    account_for_embedding: bool = setting(
+        False, name="account_for_embedding_in_pipeline_split", kind="switch",
+        help="count the embedding as one layer when splitting layers over stages")
+    """The first virtual stage gets one layer fewer."""
+    account_for_loss: bool = setting(
+        False, name="account_for_loss_in_pipeline_split", kind="switch",
+        help="count the output layer and loss as one layer when splitting layers over stages")
+    """The last virtual stage gets one layer fewer."""
+    placement: str = setting(
+        _pl.DEFAULT_PLACEMENT, help="order of tp, pp, dp from innermost (consecutive ranks) to outermost "
+                                    "(default tp-pp-dp; Megatron-LM's order is tp-dp-pp)")
     """Order of the parallel dimensions from innermost (consecutive global ranks) to
     outermost, a permutation of tp, pp, dp joined by '-'. Default 'tp-pp-dp': TP inside a
-    node, then the pipeline stages of a replica, then the replicas. (Megatron-LM's own
-    default order is tp-dp-pp, i.e. 'tp-dp-pp' here.)"""
-    first_stage_layers: int | None = None
-    """Transformer layers on the first pipeline rank (Megatron-LM
-    ``--decoder-first-pipeline-num-layers``); None: an even share. A multiple of vpp."""
-    last_stage_layers: int | None = None
-    """Transformer layers on the last pipeline rank (``--decoder-last-pipeline-num-layers``);
-    None: an even share. A multiple of vpp."""
-    layer_split: tuple[int, ...] | None = None
-    """Transformer layers on each pipeline rank, first to last (``--layer-split``; pp entries,
-    each a multiple of vpp, split evenly over the rank's chunks); None: the split above."""
-    account_for_embedding: bool = False
-    """Count the embedding as one layer when splitting layers over stages
-    (``--account-for-embedding-in-pipeline-split``): the first virtual stage gets one fewer."""
-    account_for_loss: bool = False
-    """Count the output layer and loss as one layer when splitting
-    (``--account-for-loss-in-pipeline-split``): the last virtual stage gets one fewer."""
-    zero3_prefetch_depth: int = 1
-    """ZeRO-3: layers whose parameters are all-gathered ahead of the one computing
-    (0: each gather waits until its layer is needed). DeepSpeed sets the same thing in
-    parameters with ``stage3_prefetch_bucket_size``."""
-    zero_bucket_size_bytes: int | None = None
-    """ZeRO-2/3 gradient reduce-scatter bucket (DeepSpeed ``reduce_bucket_size``, in bytes
-    here); None uses ``bucket_size_bytes``."""
-    zero3_max_live_parameters: float | None = None
-    """ZeRO-3: most gathered parameters alive at once (DeepSpeed
-    ``stage3_max_live_parameters``); caps the prefetch depth. None: no cap."""
-    fp8_param_gather: bool = False
-    """FP8 weights, all-gathered in FP8 (Megatron-LM ``--fp8-param-gather``; ``sim.program.fp8``)."""
-    param_gather_overlap: bool = False
-    """ZeRO-1/2: the updated parameters all-gathered in the next step's forward, ahead of
-    each bucket's first use (Megatron-LM ``--overlap-param-gather``), not after the step."""
-    offload_optimizer: bool = False
-    """ZeRO-Offload: optimizer states live in host memory and the optimizer step runs on
-    the CPU; gradients go to the host and updated parameters come back over PCIe."""
-    cp: int = 1
-    """Context-parallel size: GPUs each sequence is split over (``sim.program.context``).
-    They sit inside the data-parallel dimension, cp innermost (each replica's cp GPUs
-    consecutive along it), and reduce gradients with it: ``dp_group`` has dp·cp ranks."""
-    cp_comm_type: str = "p2p"
-    """How context-parallel attention gets the other chunks' keys and values: 'p2p'
-    (ring attention, Megatron's default) or 'all-gather' (Llama 3's)."""
-    ep: int = 1
-    """Expert-parallel size: the GPUs a layer's routed experts are spread over, carved out
-    of each stage's tp × dp GPUs (``sim.inputs.experts``)."""
-    etp: int | None = None
-    """Expert tensor-parallel size (each expert split over etp GPUs); None means tp."""
-    moe_routing: str = "balanced"
-    """Tokens per expert: 'balanced', 'zipf:S', 'dirichlet:A' or a histogram file (``sim.program.routing``)."""
-    moe_capacity_factor: float | None = None
-    """Expert capacity as a multiple of the balanced load (tokens above it are dropped); None: dropless."""
-    moe_seed: int = 0
-    """Seed of the routing draws."""
+    node, then the pipeline stages of a replica, then the replicas ('tp-dp-pp' under
+    context parallelism, Megatron-LM's order)."""
+    sequence_parallel: bool = setting(False, kind="switch",
+                                      help="Megatron-LM sequence parallelism in the tensor-parallel group")
+    """Norms, dropout and residuals split over the tp group. A no-op when tp = 1 (as in Megatron-LM)."""
+    tp_comm_overlap: bool = setting(
+        False, kind="switch", help="overlap tensor-parallel all-gathers and reduce-scatters with the GEMMs beside "
+                                   "them, in tp chunks (Megatron-LM/Transformer Engine; needs --sequence-parallel)")
+    """Transformer Engine's userbuffers (``sim.program.tp``)."""
+    cp: int = setting(
+        1, name="context_parallel_size", type=POSITIVE_INT,
+        help="context-parallel size: GPUs each sequence is split over (ring attention or an all-gather of keys "
+             "and values; inside the data-parallel dimension, cp innermost; default 1)")
+    """Context-parallel size (``sim.program.context``). They sit inside the data-parallel
+    dimension, cp innermost, and reduce gradients with it: ``dp_group`` has dp·cp ranks."""
+    cp_comm_type: str = setting("p2p", choices=("p2p", "all-gather"),
+                                help="how context-parallel attention gets the other chunks' keys and values: p2p "
+                                     "(ring attention, overlapped with compute; the default) or all-gather "
+                                     "(Llama 3's)")
+    ep: int = setting(
+        1, name="expert_model_parallel_size", type=POSITIVE_INT, group=_EXPERTS,
+        help="expert-parallel size: GPUs each MoE layer's routed experts are spread over, folded out of each "
+             "stage's tp x dp GPUs (default 1)")
+    """The GPUs a layer's routed experts are spread over (``sim.inputs.experts``)."""
+    etp: int | None = setting(name="expert_tensor_parallel_size", type=POSITIVE_INT, group=_EXPERTS,
+                              help="GPUs each expert is split over (default: the tensor-parallel size)")
+    moe_routing: str = setting(
+        "balanced", metavar="MODEL|FILE", group=_EXPERTS, path=lambda v: v.endswith((".json", ".csv")),
+        help="tokens per expert: balanced, zipf:S (expert popularity by rank^-S), dirichlet:A (popularity drawn "
+             "from a Dirichlet of concentration A) or a histogram .json/.csv of tokens per expert measured from a "
+             "router (default balanced)")
+    """``sim.program.routing``."""
+    moe_capacity_factor: float | None = setting(
+        name="moe_expert_capacity_factor", type=Number(float, above=0), group=_EXPERTS,
+        help="expert capacity as a multiple of the balanced load; tokens above it are dropped (default: dropless)")
+    moe_seed: int = setting(0, name="moe_routing_seed", type=int, group=_EXPERTS,
+                            help="seed of the routing draws (default 0)")
+    micro_batch_size: int = setting(1, type=POSITIVE_INT, help="sequences per micro-batch (default 1)")
+    """Sequences per micro-batch per data-parallel replica (b)."""
+    global_batch_size: int | None = setting(type=POSITIVE_INT, help="default micro-batch size x data-parallel size")
+    """Sequences per optimizer step over all replicas (B); None means micro_batch_size·dp."""
+    recompute: str = setting("none", name="recompute_granularity", choices=RECOMPUTE,
+                             help="activation recomputation in backward (default none)")
+    """'selective' recomputes the attention core, 'full' the whole layer."""
+    attention: str = setting(
+        "flash", choices=ATTENTION,
+        help="how attention runs: flash (one fused kernel: FlashAttention or cuDNN, Megatron-Core with Transformer "
+             "Engine; the default) or unfused (Megatron-LM without --use-flash-attn: QK^T and AV as batched GEMMs, "
+             "softmax and dropout over the s x s scores in memory)")
+    fp8_format: str | None = setting(
+        choices=FP8_FORMATS,
+        help="train the transformer layers' GEMMs in FP8 with Transformer Engine: e4m3 (all tensors E4M3) or hybrid "
+             "(E4M3 forward, E5M2 gradients); needs a GPU with an FP8 peak (H100, H200); default off (BF16)")
+    """``sim.program.fp8``; None: BF16."""
+    zero_stage: int = setting(0, name="zero", type=int, choices=ZERO_STAGES, help="ZeRO stage (default 0)",
+                              tables=(("plan", "zero"), (_ZERO, "stage")))
+    """ZeRO stage over the dp group: 0 none, 1 optimizer states, 2 +gradients, 3 +parameters."""
+    zero3_prefetch_depth: int = setting(1, type=NONNEGATIVE_INT, metavar="N",
+                                        help="ZeRO-3: layers whose parameters are gathered ahead (default 1)")
+    """0: each gather waits until its layer is needed."""
+    zero3_prefetch_bucket_size: float | None = setting(
+        type=Number(float, minimum=0), metavar="PARAMS", tables=((_ZERO, "stage3_prefetch_bucket_size"),),
+        help="ZeRO-3: parameters gathered ahead, as DeepSpeed's stage3_prefetch_bucket_size (sets the depth in "
+             "whole layers)")
+    """What sets ``zero3_prefetch_depth`` from the model's layers (``plan_from_settings``); kept as given."""
+    zero3_max_live_parameters: float | None = setting(
+        type=Number(float, above=0), metavar="PARAMS", tables=((_ZERO, "stage3_max_live_parameters"),),
+        help="ZeRO-3: most gathered parameters alive at once (DeepSpeed stage3_max_live_parameters)")
+    """Caps the prefetch depth. None: no cap."""
+    zero_bucket_size_bytes: int | None = setting(
+        name="zero_bucket_size", metavar="BYTES", convert=partial(parse_size, field="--zero-bucket-size"),
+        help="ZeRO-2/3 gradient reduce-scatter bucket, e.g. 500MB (default: --bucket-size)")
+    """DeepSpeed ``reduce_bucket_size``; None uses ``bucket_size_bytes``."""
+    fp8_param_gather: bool = setting(
+        False, kind="switch",
+        help="with --fp8-format and a sharded optimizer (--zero 1 or 2): keep the GEMM weights in FP8 and all-gather "
+             "them in FP8 (Megatron-LM's flag, NeMo's fp8_params; default off)")
+    """``sim.program.fp8``."""
+    param_gather_overlap: bool = setting(
+        False, name="overlap_param_gather", kind="switch",
+        help="ZeRO-1/2: all-gather the updated parameters bucket by bucket during the next step's forward, ahead of "
+             "their first use, instead of after the optimizer step (Megatron-LM's flag, with "
+             "--use-distributed-optimizer; default off)")
+    offload_optimizer: bool = setting(False, kind="switch", tables=((_ZERO, "offload_optimizer"),),
+                                      help="ZeRO-Offload: optimizer states in host memory, optimizer step on the CPU")
+    """Gradients go to the host and updated parameters come back over PCIe."""
+    gradient_accumulation_fusion: bool = setting(
+        True, kind="bool",
+        help="weight-gradient GEMMs accumulate into the fp32 main gradients (default on, Megatron-LM's); "
+             "--no-gradient-accumulation-fusion adds each micro-batch's in a separate pass, as plain PyTorch does")
+    """``sim.program.ops.accumulate_wgrads``."""
+    cross_entropy: str = setting(
+        "megatron", name="cross_entropy_loss_fusion", kind="switch", convert=_cross_entropy,
+        help="the loss's vocab-parallel cross entropy in Megatron-LM's fused kernels (torch.compile: 32 bytes per "
+             "logit over forward and backward, against 52 unfused; default off, as in Megatron-LM)")
+    """``CROSS_ENTROPY``: the loss's kernels over the b·s × V/t logits."""
+    dp_overlap: bool = setting(True, name="overlap_grad_reduce", kind="bool",
+                               help="overlap the data-parallel gradient all-reduce with backward (default on)")
+    """DDP buckets are reduced as soon as their gradients are ready; False syncs after the whole backward."""
+    bucket_size_bytes: int = setting(
+        DDP_BUCKET_BYTES, name="bucket_size", metavar="BYTES", convert=partial(parse_size, field="--bucket-size"),
+        help=f"gradient bucket size, e.g. 25MiB (default {DDP_BUCKET_BYTES // 2**20} MiB, PyTorch DDP's)")
+    """DDP gradient bucket size in bytes."""
 
     def __post_init__(self):
         for f in ("dp", "tp", "pp", "vpp", "micro_batch_size"):
@@ -188,48 +267,45 @@ class ParallelPlan:
         for f in ("sequence_parallel", "dp_overlap", "account_for_embedding", "account_for_loss", "tp_comm_overlap",
                   "gradient_accumulation_fusion", "param_gather_overlap", "fp8_param_gather", "offload_optimizer"):
             _bool(f, getattr(self, f))
-        require(not self.tp_comm_overlap or self.tp == 1 or self.sequence_parallel, "plan: tp_comm_overlap", True,
+        _check(not self.tp_comm_overlap or self.tp == 1 or self.sequence_parallel, "tp_comm_overlap", True,
                 "it needs sequence_parallel (Megatron-LM's --tp-comm-overlap overlaps the sequence-parallel "
                 "all-gathers and reduce-scatters)")
-        require(self.cross_entropy in CROSS_ENTROPY, "plan: cross_entropy", self.cross_entropy,
+        _check(self.cross_entropy in CROSS_ENTROPY, "cross_entropy", self.cross_entropy,
                 f"allowed: {', '.join(CROSS_ENTROPY)}")
-        require(self.cross_entropy != "pytorch" or self.tp == 1, "plan: cross_entropy", self.cross_entropy,
+        _check(self.cross_entropy != "pytorch" or self.tp == 1, "cross_entropy", self.cross_entropy,
                 "pytorch's cross entropy needs the whole vocabulary on one GPU (tp 1); use megatron or megatron-fused")
-        require(self.attention in ATTENTION, "plan: attention", self.attention, f"allowed: {', '.join(ATTENTION)}")
-        require(self.fp8_format is None or self.fp8_format in FP8_FORMATS, "plan: fp8_format", self.fp8_format,
+        _check(self.attention in ATTENTION, "attention", self.attention, f"allowed: {', '.join(ATTENTION)}")
+        _check(self.fp8_format is None or self.fp8_format in FP8_FORMATS, "fp8_format", self.fp8_format,
                 f"allowed: {', '.join(FP8_FORMATS)}, or None for BF16")
-        require(self.recompute in RECOMPUTE, "plan: recompute", self.recompute,
+        _check(self.recompute in RECOMPUTE, "recompute", self.recompute,
                 f"allowed: {', '.join(RECOMPUTE)}")
-        require(self.zero_stage in ZERO_STAGES and not isinstance(self.zero_stage, bool),
-                "plan: zero_stage", self.zero_stage, "allowed: 0, 1, 2, 3")
+        _check(self.zero_stage in ZERO_STAGES and not isinstance(self.zero_stage, bool), "zero_stage", self.zero_stage, "allowed: 0, 1, 2, 3")
         per_step = self.micro_batch_size * self.dp
-        require(self.global_batch_size % per_step == 0, "plan: global_batch_size",
+        _check(self.global_batch_size % per_step == 0, "global_batch_size",
                 self.global_batch_size,
                 f"must be a multiple of micro_batch_size x dp = {self.micro_batch_size} x {self.dp} = {per_step}")
         if self.vpp > 1:
-            require(self.pp > 1, "plan: vpp", self.vpp, "interleaving needs pp > 1")
+            _check(self.pp > 1, "vpp", self.vpp, "interleaving needs pp > 1")
         self._check_schedule()
         _pos("bucket_size_bytes", self.bucket_size_bytes)
-        require(isinstance(self.zero3_prefetch_depth, int) and not isinstance(self.zero3_prefetch_depth, bool)
-                and self.zero3_prefetch_depth >= 0, "plan: zero3_prefetch_depth", self.zero3_prefetch_depth,
+        _check(isinstance(self.zero3_prefetch_depth, int) and not isinstance(self.zero3_prefetch_depth, bool)
+                and self.zero3_prefetch_depth >= 0, "zero3_prefetch_depth", self.zero3_prefetch_depth,
                 "expected an integer >= 0")
         if self.zero_bucket_size_bytes is not None:
             _pos("zero_bucket_size_bytes", self.zero_bucket_size_bytes)
         if self.zero3_max_live_parameters is not None:
-            require(isinstance(self.zero3_max_live_parameters, (int, float))
+            _check(isinstance(self.zero3_max_live_parameters, (int, float))
                     and not isinstance(self.zero3_max_live_parameters, bool)
-                    and math.isfinite(self.zero3_max_live_parameters) and self.zero3_max_live_parameters > 0,
-                    "plan: zero3_max_live_parameters", self.zero3_max_live_parameters,
+                    and math.isfinite(self.zero3_max_live_parameters) and self.zero3_max_live_parameters > 0, "zero3_max_live_parameters", self.zero3_max_live_parameters,
                     "expected a finite number > 0 (leave it unset for no cap)")
-        require(not self.param_gather_overlap or self.zero_stage in (1, 2), "plan: param_gather_overlap", True,
+        _check(not self.param_gather_overlap or self.zero_stage in (1, 2), "param_gather_overlap", True,
                 f"needs ZeRO stage 1 or 2 (got {self.zero_stage}): it overlaps the sharded optimizer's parameter "
                 "all-gather (ZeRO-3 gathers every layer before each use anyway)")
-        require(not self.fp8_param_gather or (self.fp8_format is not None and self.zero_stage in (1, 2)),
-                "plan: fp8_param_gather", True, "needs fp8_format and ZeRO stage 1 or 2 (the weights it gathers in "
-                f"FP8 are the sharded optimizer's; got fp8_format {self.fp8_format}, zero_stage {self.zero_stage})")
-        require(not (self.param_gather_overlap and self.offload_optimizer), "plan: param_gather_overlap", True,
+        _check(not self.fp8_param_gather or (self.fp8_format is not None and self.zero_stage in (1, 2)), "fp8_param_gather", True, "needs fp8_format and zero 1 or 2 (the weights it gathers in "
+                f"FP8 are the sharded optimizer's; got fp8_format {self.fp8_format}, zero {self.zero_stage})")
+        _check(not (self.param_gather_overlap and self.offload_optimizer), "param_gather_overlap", True,
                 "not with offload_optimizer (the parameters come back from the host)")
-        require(not self.offload_optimizer or self.zero_stage >= 1, "plan: offload_optimizer", True,
+        _check(not self.offload_optimizer or self.zero_stage >= 1, "offload_optimizer", True,
                 "needs ZeRO stage 1, 2 or 3 (the optimizer states offloaded are the sharded ones)")
         _pl.parse_placement(self.placement)
         self._check_uneven()
@@ -240,34 +316,37 @@ class ParallelPlan:
         if self.schedule is None:
             object.__setattr__(self, "schedule", "interleaved" if self.vpp > 1 else "1f1b")
         s = self.schedule
-        require(s in SCHEDULES, "plan: schedule", s, f"allowed: {', '.join(SCHEDULES)}")
+        _check(s in SCHEDULES, "schedule", s, f"allowed: {', '.join(SCHEDULES)}")
         if self.vpp > 1:
-            require(s in ("interleaved", "custom"), "plan: vpp", self.vpp,
+            _check(s in ("interleaved", "custom"), "vpp", self.vpp,
                     f"schedule {s!r} runs one model chunk per stage (vpp = 1); "
                     "use schedule 'interleaved' (or 'custom') for vpp > 1")
         elif s == "interleaved":
-            require(self.pp == 1, "plan: schedule", s,
+            _check(self.pp == 1, "schedule", s,
                     "interleaved 1F1B needs vpp > 1 model chunks per stage "
                     "(--num-layers-per-virtual-pipeline-stage)")
         if s == "interleaved":
-            require(self.num_microbatches % self.pp == 0, "plan: global_batch_size",
+            _check(self.num_microbatches % self.pp == 0, "global_batch_size",
                     self.global_batch_size,
                     f"interleaved 1F1B needs the number of micro-batches ({self.num_microbatches}) "
                     f"to be a multiple of pp = {self.pp} (Megatron-LM's rule)")
 
     def _check_uneven(self) -> None:
-        if self.layer_split is not None:
+        if self.layer_split is not None and self.layer_split != "auto":
             check_layer_split(self)
-        for field, value in ((FIRST, self.first_stage_layers), (LAST, self.last_stage_layers)):
+        for attr, field, value in (("first_stage_layers", FIRST, self.first_stage_layers),
+                                   ("last_stage_layers", LAST, self.last_stage_layers)):
             if value is None:
                 continue
-            _pos(field, value)
-            require(self.pp > 1, f"plan: {field}", value, "an uneven first/last stage needs pp > 1")
-            require(value % self.vpp == 0, f"plan: {field}", value,
-                    f"must be a multiple of vpp = {self.vpp} (each of the stage's chunks gets the same layers)")
-            require(not (self.account_for_embedding or self.account_for_loss), f"plan: {field}", value,
-                    "cannot be combined with account_for_embedding / account_for_loss "
-                    "(Megatron-LM rejects the combination too)")
+            for cond, allowed in (
+                    (isinstance(value, int) and not isinstance(value, bool) and value > 0, "expected an integer > 0"),
+                    (self.pp > 1, "an uneven first/last stage needs pp > 1"),
+                    (value % self.vpp == 0,
+                     f"must be a multiple of vpp = {self.vpp} (each of the stage's chunks gets the same layers)"),
+                    (not (self.account_for_embedding or self.account_for_loss),
+                     "cannot be combined with account_for_embedding / account_for_loss (Megatron-LM rejects the "
+                     "combination too)")):
+                require(cond, f"plan: {field}", value, allowed, setting=attr)
 
     @property
     def world_size(self) -> int:
@@ -304,7 +383,7 @@ class ParallelPlan:
     def uneven(self) -> bool:
         """Whether any of the uneven-split options is set."""
         return (self.first_stage_layers is not None or self.last_stage_layers is not None
-                or self.layer_split is not None
+                or self.layer_split not in (None, "auto")
                 or self.account_for_embedding or self.account_for_loss)
 
     # ------------------------------------------------------------- placement
@@ -349,9 +428,10 @@ class ParallelPlan:
     # ----------------------------------------------------------- layer split
     def stage_layers(self, model) -> tuple:
         """Transformer layers of each virtual stage; index ``chunk·pp + pp_rank``."""
+        split = None if self.layer_split == "auto" else self.layer_split  # (even until the session balances it)
         return split_layers(model.num_layers, self.pp, self.vpp, self.first_stage_layers,
                             self.last_stage_layers, self.account_for_embedding,
-                            self.account_for_loss, getattr(model, "name", "the model"), self.layer_split)
+                            self.account_for_loss, getattr(model, "name", "the model"), split)
 
     def layer_range(self, model, virtual_stage: int) -> range:
         """Global indices of the transformer layers of ``virtual_stage``."""
@@ -378,7 +458,7 @@ class ParallelPlan:
         _pos("pp", pp)
         _pos("cp", cp)
         names, sizes = ("tp x pp", f"{tp} x {pp}") if cp == 1 else ("tp x pp x cp", f"{tp} x {pp} x {cp}")
-        require(world_size % (tp * pp * cp) == 0, "plan: world_size", world_size,
+        _check(world_size % (tp * pp * cp) == 0, "world_size", world_size,
                 f"must be a multiple of {names} = {sizes} = {tp * pp * cp}")
         return cls(dp=world_size // (tp * pp * cp), **kw)
 
@@ -389,7 +469,7 @@ class ParallelPlan:
         for field, value in (("num_attention_heads", model.num_attention_heads),
                              ("num_key_value_heads", model.num_key_value_heads),
                              ("ffn_hidden_size", model.ffn_hidden_size)):
-            require(value % self.tp == 0, "plan: tp", self.tp,
+            _check(value % self.tp == 0, "tp", self.tp,
                     f"must divide {field} {value} of {model.name}")
         check_expert_model(self, model)
         check_context_model(self, model)

@@ -7,7 +7,9 @@ own documentation (``help``, with the unit where there is one), their command-li
 
     ModelSettings       which model: a preset, a Hugging Face config.json, or its shape
     ClusterSettings     the GPU profile, how many GPUs, the nodes and the fabric
-    PlanSettings        parallel sizes, pipeline schedule and split, batch, recompute, ZeRO
+    ParallelPlan        parallel sizes, pipeline schedule and split, batch, recompute, ZeRO
+                        (``sim.inputs.plan``: the plan the program builder reads; what a user
+                        gave is its ``PlanRequest`` until the GPUs and the model fix dp and vpp)
     SimulationSettings  fidelity and the event limit
     OutputSettings      where the results go (command line and API only)
 
@@ -29,7 +31,7 @@ from typing import ClassVar, Mapping
 
 from sim.errors import InputError
 from sim.inputs.fields import SECTION_GROUP, Field, check_section, setting, why_not_field
-from sim.inputs.plan import DDP_BUCKET_BYTES
+from sim.inputs.plan import ParallelPlan
 from sim.inputs.schema_model import ModelSettings
 from sim.inputs.schema_sim import (  # noqa: F401 (re-exported: the bounds the other modules use)
     AUTO_FULL_FIDELITY_EVENTS, COLLECTIVE_MODELS, DEFAULT_MAX_EVENTS, FIDELITIES, NCCL_ALGOS, NCCL_PROTOCOLS,
@@ -41,12 +43,6 @@ def _gpu_presets() -> str:
     from sim.inputs.hardware import PRESETS
 
     return ", ".join(PRESETS)
-
-
-def _schedules() -> str:
-    from sim.inputs.plan import SCHEDULES
-
-    return ", ".join(s for s in SCHEDULES if s != "custom")
 
 
 @dataclass(frozen=True)
@@ -80,123 +76,36 @@ class ClusterSettings:
         return None
 
 
-_ZERO = "zero_optimization"  # DeepSpeed's table and names
-_EXPERTS = "mixture of experts: parallelism and routing"
-
-
 @dataclass(frozen=True)
-class PlanSettings:
-    """How the model is trained on the GPUs: parallel sizes (data parallelism fills the
-    GPUs), the pipeline schedule and layer split, batch, recompute and ZeRO."""
+class PlanRequest:
+    """The plan settings a user gave, by ``ParallelPlan`` attribute, each checked as its field
+    is but not yet converted (``layer_split = "auto"`` stays a request): the plan before the
+    cluster's GPUs fix ``dp`` and the model ``vpp``. ``sim.inputs.resolve.plan_from_settings``
+    turns it into the ``ParallelPlan`` itself; the plan's own rules are checked there, once."""
 
-    TABLE: ClassVar[str | None] = "plan"
-    GROUP: ClassVar[str | None] = "parallelism and batch (Megatron-LM flags)"
-
-    tensor_model_parallel_size: int = setting(1, help="tensor-parallel size: GPUs that split each layer (default 1)",
-                                              type=POSITIVE_INT)
-    pipeline_model_parallel_size: int = setting(
-        1, help="pipeline-parallel size: stages the layers are split into (default 1)", type=POSITIVE_INT)
-    num_layers_per_virtual_pipeline_stage: int | None = setting(
-        help="layers per model chunk (interleaved schedule; sets vpp)", type=POSITIVE_INT)
-    num_virtual_stages_per_pipeline_rank: int | None = setting(
-        help="model chunks per pipeline rank (vpp), Megatron-LM's alternative to the flag above", type=POSITIVE_INT)
-    schedule: str | None = setting(
-        help=lambda: f"pipeline schedule: {_schedules()}, or a schedule .csv file (default 1f1b, interleaved when "
-                     "vpp > 1)", metavar="NAME|CSV", path=lambda v: v.endswith(".csv"))
-    decoder_first_pipeline_num_layers: int | None = setting(
-        help="transformer layers on the first pipeline stage (the rest split evenly)", type=POSITIVE_INT, metavar="N")
-    decoder_last_pipeline_num_layers: int | None = setting(
-        help="transformer layers on the last pipeline stage (the rest split evenly)", type=POSITIVE_INT, metavar="N")
-    layer_split: str | None = setting(
-        help="transformer layers per pipeline stage, first to last, e.g. 10,10,12 (uneven stages, as on GPUs "
-             "of different speeds), or auto: the split that balances the stages' estimated times on their GPUs",
-        metavar="N,N,...|auto")
-    account_for_embedding_in_pipeline_split: bool = setting(
-        False, help="count the embedding as one layer when splitting layers over stages", kind="switch")
-    account_for_loss_in_pipeline_split: bool = setting(
-        False, help="count the output layer and loss as one layer when splitting layers over stages", kind="switch")
-    placement: str = setting("tp-pp-dp", help="order of tp, pp, dp from innermost (consecutive ranks) to outermost "
-                                              "(default tp-pp-dp; Megatron-LM's order is tp-dp-pp)")
-    sequence_parallel: bool = setting(False, help="Megatron-LM sequence parallelism in the tensor-parallel group",
-                                      kind="switch")
-    tp_comm_overlap: bool = setting(False, help="overlap tensor-parallel all-gathers and reduce-scatters with the "
-                                    "GEMMs beside them, in tp chunks (Megatron-LM/Transformer Engine; needs "
-                                    "--sequence-parallel)", kind="switch")
-    context_parallel_size: int = setting(
-        1, help="context-parallel size: GPUs each sequence is split over (ring attention or an all-gather of keys "
-                "and values; inside the data-parallel dimension, cp innermost; default 1)", type=POSITIVE_INT)
-    cp_comm_type: str = setting("p2p", help="how context-parallel attention gets the other chunks' keys and values: "
-                                            "p2p (ring attention, overlapped with compute; the default) or "
-                                            "all-gather (Llama 3's)", choices=("p2p", "all-gather"))
-    expert_model_parallel_size: int = setting(
-        1, help="expert-parallel size: GPUs each MoE layer's routed experts are spread over, folded out of each "
-                "stage's tp x dp GPUs (default 1)", type=POSITIVE_INT, group=_EXPERTS)
-    expert_tensor_parallel_size: int | None = setting(
-        help="GPUs each expert is split over (default: the tensor-parallel size)", type=POSITIVE_INT, group=_EXPERTS)
-    moe_routing: str = setting(
-        "balanced", help="tokens per expert: balanced, zipf:S (expert popularity by rank^-S), dirichlet:A "
-                         "(popularity drawn from a Dirichlet of concentration A) or a histogram .json/.csv of "
-                         "tokens per expert measured from a router (default balanced)",
-        metavar="MODEL|FILE", group=_EXPERTS, path=lambda v: v.endswith((".json", ".csv")))
-    moe_expert_capacity_factor: float | None = setting(
-        help="expert capacity as a multiple of the balanced load; tokens above it are dropped (default: dropless)",
-        type=Number(float, above=0), group=_EXPERTS)
-    moe_routing_seed: int = setting(0, help="seed of the routing draws (default 0)", type=int, group=_EXPERTS)
-    micro_batch_size: int = setting(1, help="sequences per micro-batch (default 1)", type=POSITIVE_INT)
-    global_batch_size: int | None = setting(help="default micro-batch size x data-parallel size", type=POSITIVE_INT)
-    recompute_granularity: str = setting("none", help="activation recomputation in backward (default none)",
-                                         choices=("none", "selective", "full"))
-    attention: str = setting("flash", help="how attention runs: flash (one fused kernel: FlashAttention or cuDNN, "
-                                           "Megatron-Core with Transformer Engine; the default) or unfused "
-                                           "(Megatron-LM without --use-flash-attn: QK^T and AV as batched GEMMs, "
-                                           "softmax and dropout over the s x s scores in memory)",
-                             choices=("flash", "unfused"))
-    fp8_format: str | None = setting(help="train the transformer layers' GEMMs in FP8 with Transformer Engine: e4m3 "
-                                          "(all tensors E4M3) or hybrid (E4M3 forward, E5M2 gradients); needs a GPU "
-                                          "with an FP8 peak (H100, H200); default off (BF16)",
-                                     choices=("e4m3", "hybrid"))
-    zero: int = setting(0, help="ZeRO stage (default 0)", type=int, choices=(0, 1, 2, 3),
-                        tables=(("plan", "zero"), (_ZERO, "stage")))
-    zero3_prefetch_depth: int | None = setting(help="ZeRO-3: layers whose parameters are gathered ahead (default 1)",
-                                               type=NONNEGATIVE_INT, metavar="N")
-    zero3_prefetch_bucket_size: float | None = setting(
-        help="ZeRO-3: parameters gathered ahead, as DeepSpeed's stage3_prefetch_bucket_size (sets the depth in "
-             "whole layers)", type=Number(float, minimum=0), metavar="PARAMS",
-        tables=((_ZERO, "stage3_prefetch_bucket_size"),))
-    zero3_max_live_parameters: float | None = setting(
-        help="ZeRO-3: most gathered parameters alive at once (DeepSpeed stage3_max_live_parameters)",
-        type=Number(float, above=0), metavar="PARAMS", tables=((_ZERO, "stage3_max_live_parameters"),))
-    zero_bucket_size: str | int | None = setting(
-        help="ZeRO-2/3 gradient reduce-scatter bucket, e.g. 500MB (default: --bucket-size)", metavar="BYTES")
-    fp8_param_gather: bool = setting(
-        False, help="with --fp8-format and a sharded optimizer (--zero 1 or 2): keep the GEMM weights in FP8 and "
-                    "all-gather them in FP8 (Megatron-LM's flag, NeMo's fp8_params; default off)", kind="switch")
-    overlap_param_gather: bool = setting(
-        False, help="ZeRO-1/2: all-gather the updated parameters bucket by bucket during the next step's forward, "
-                    "ahead of their first use, instead of after the optimizer step (Megatron-LM's flag, with "
-                    "--use-distributed-optimizer; default off)", kind="switch")
-    offload_optimizer: bool = setting(
-        False, help="ZeRO-Offload: optimizer states in host memory, optimizer step on the CPU", kind="switch",
-        tables=((_ZERO, "offload_optimizer"),))
-    gradient_accumulation_fusion: bool = setting(
-        True, help="weight-gradient GEMMs accumulate into the fp32 main gradients (default on, Megatron-LM's); "
-                   "--no-gradient-accumulation-fusion adds each micro-batch's in a separate pass, as plain PyTorch "
-                   "does", kind="bool")
-    cross_entropy_loss_fusion: bool = setting(
-        False, help="the loss's vocab-parallel cross entropy in Megatron-LM's fused kernels (torch.compile: 32 "
-                    "bytes per logit over forward and backward, against 52 unfused; default off, as in Megatron-LM)",
-        kind="switch")
-    overlap_grad_reduce: bool = setting(
-        True, help="overlap the data-parallel gradient all-reduce with backward (default on)", kind="bool")
-    bucket_size: str | int | None = setting(
-        help=f"gradient bucket size, e.g. 25MiB (default {DDP_BUCKET_BYTES // 2**20} MiB, PyTorch DDP's)",
-        metavar="BYTES")
+    given: Mapping[str, object] = field(default_factory=dict)
 
     def __post_init__(self):
-        check_section(self)
+        for attr, value in self.given.items():
+            f = _PLAN_ATTRS.get(attr)
+            if f is None:
+                raise InputError(f"plan: {attr}: unknown setting; allowed: {', '.join(sorted(_PLAN_ATTRS))}")
+            why = why_not_field(f, value)
+            if why is not None:
+                raise InputError(field=f.name, value=value, allowed=why, setting=f.name)
+
+    def get(self, attr: str, default=None):
+        """What the user gave for the plan's attribute ``attr`` (``default`` when nothing)."""
+        return self.given.get(attr, default)
+
+    def __getattr__(self, name: str):  # by setting name too: request.tensor_model_parallel_size
+        f = FIELDS.get(name) if name != "given" else None
+        if f is None or f.section != "plan":
+            raise AttributeError(name)
+        return self.given.get(f.attr, DEFAULTS[name])
 
 
-SECTIONS = {"model": ModelSettings, "cluster": ClusterSettings, "plan": PlanSettings,
+SECTIONS = {"model": ModelSettings, "cluster": ClusterSettings, "plan": ParallelPlan,
             "simulation": SimulationSettings, "output": OutputSettings}
 
 
@@ -206,7 +115,7 @@ class RunSettings:
 
     model: ModelSettings = field(default_factory=ModelSettings)
     cluster: ClusterSettings = field(default_factory=ClusterSettings)
-    plan: PlanSettings = field(default_factory=PlanSettings)
+    plan: PlanRequest = field(default_factory=PlanRequest)
     simulation: SimulationSettings = field(default_factory=SimulationSettings)
     output: OutputSettings = field(default_factory=OutputSettings)
 
@@ -216,47 +125,87 @@ class RunSettings:
         unknown = sorted(set(values) - set(FIELDS))
         if unknown:
             raise InputError(f"{unknown[0]}: unknown setting; allowed: {', '.join(sorted(FIELDS))}")
-        return cls(**{name: section_of(sec, values) for name, sec in SECTIONS.items()})
+        return cls(**{name: section_of(name, values) for name in SECTIONS})
 
     def values(self) -> dict[str, object]:
-        """Every field's value by name (the inverse of ``from_values``)."""
-        return {f.name: v for sec in SECTIONS for f, v in _items(getattr(self, sec))}
+        """Every setting's value by name (the inverse of ``from_values``; the plan's as given)."""
+        out = {}
+        for name, f in FIELDS.items():
+            if f.section == "plan":
+                if f.attr in self.plan.given:
+                    out[name] = self.plan.given[f.attr]
+            else:
+                out[name] = getattr(getattr(self, f.section), f.attr)
+        return out
 
 
-def _items(obj):
-    return [(f, getattr(obj, f.name)) for f in dataclasses.fields(obj)]
+def section_of(section: str, values: Mapping[str, object]):
+    """One section from values by setting name; others are ignored. The plan's is the
+    ``PlanRequest`` of the values given (None is not given)."""
+    mine = {f.attr: values[name] for name, f in FIELDS.items() if f.section == section and name in values}
+    if section == "plan":
+        return PlanRequest({a: v for a, v in mine.items() if v is not None})
+    return SECTIONS[section](**mine)
 
 
-def section_of(cls, values: Mapping[str, object]):
-    """One section (``PlanSettings``, ...) from values by field name; others are ignored."""
-    return cls(**{f.name: values[f.name] for f in dataclasses.fields(cls) if f.name in values})
+def _settings(section: str, cls) -> list[Field]:
+    """A section's settings (the fields that carry ``setting(...)``), with their defaults filled
+    in from their names and the section."""
+    out = []
+    for f in dataclasses.fields(cls):
+        if "schema" not in f.metadata:
+            continue  # not a setting (ParallelPlan.dp: the GPUs fix it)
+        meta, group = f.metadata["schema"]
+        name = meta.name or f.name
+        table = cls.TABLE if hasattr(cls, "TABLE") else section
+        out.append(dataclasses.replace(
+            meta, name=name, attr=f.name, section=section, flag=meta.flag or "--" + name.replace("_", "-"),
+            group=(getattr(cls, "GROUP", _PLAN_GROUP) if group is SECTION_GROUP else group),
+            tables=meta.tables if meta.tables is not None else (((table, name),) if table else ())))
+    return out
 
 
-def _resolved(cls, f) -> Field:
-    """A field's schema entry with its defaults filled in from its name and section."""
-    meta, group = f.metadata["schema"]
-    table = cls.TABLE
-    return dataclasses.replace(
-        meta, flag=meta.flag or "--" + f.name.replace("_", "-"),
-        group=cls.GROUP if group is SECTION_GROUP else group,
-        tables=meta.tables if meta.tables is not None else (((table, f.name),) if table else ()))
+_PLAN_GROUP = "parallelism and batch (Megatron-LM flags)"
+FIELDS: dict[str, Field] = {f.name: f for sec, cls in SECTIONS.items() for f in _settings(sec, cls)}
+"""Every setting's schema entry, by setting name, in section order."""
+_PLAN_ATTRS: dict[str, Field] = {f.attr: f for f in FIELDS.values() if f.section == "plan"}
+DEFAULTS: dict[str, object] = {
+    name: next(d.default for d in dataclasses.fields(SECTIONS[f.section]) if d.name == f.attr)
+    for name, f in FIELDS.items()}
+SECTION_OF: dict[str, str] = {name: f.section for name, f in FIELDS.items()}
+BY_FLAG: dict[str, Field] = {f.flag: f for f in FIELDS.values()}
 
 
-FIELDS: dict[str, Field] = {f.name: _resolved(cls, f) for cls in SECTIONS.values() for f in dataclasses.fields(cls)}
-"""Every setting's schema entry, by field name, in section order."""
-DEFAULTS: dict[str, object] = {f.name: f.default for cls in SECTIONS.values() for f in dataclasses.fields(cls)}
-SECTION_OF: dict[str, str] = {f.name: sec for sec, cls in SECTIONS.items() for f in dataclasses.fields(cls)}
+def setting_of(section: str, attr: str) -> Field | None:
+    """The setting a section's attribute holds (``("plan", "tp")`` is ``tensor_model_parallel_size``)."""
+    for f in FIELDS.values():
+        if f.section == section and f.attr == attr:
+            return f
+    return None
+
+
+def setting_field(setting: str) -> Field | None:
+    """The schema entry an error's ``setting`` (or ``field``) names: a setting (``gpus``), its
+    flag (``--gpus``), a plan attribute (``tp``) or a ``ModelSpec`` attribute; None for none."""
+    return (FIELDS.get(setting) or BY_FLAG.get(setting) or _PLAN_ATTRS.get(setting)
+            or FIELDS.get(_MODEL_SPEC_SETTINGS.get(setting, "")))
+
+
+_MODEL_SPEC_SETTINGS = {"num_key_value_heads": "num_query_groups", "mlp": "swiglu", "norm": "normalization",
+                        "position_embedding": "position_embedding_type"}
+"""``ModelSpec`` attributes (the model built from the settings) named otherwise as settings."""
 
 
 def fields_of(*sections: str) -> list[str]:
-    """The field names of the named sections, in order."""
-    return [f.name for s in sections for f in dataclasses.fields(SECTIONS[s])]
+    """The setting names of the named sections, in order."""
+    return [name for s in sections for name, f in FIELDS.items() if f.section == s]
 
 
 def why_not(name: str, value) -> str | None:
     """Why ``value`` (a Python value, as from TOML or the API) is not allowed for the
-    field ``name``, or None when it is."""
-    return why_not_field(FIELDS[name], value)
+    setting ``name`` (``got 0; expected an integer >= 1``), or None when it is."""
+    allowed = why_not_field(FIELDS[name], value)
+    return None if allowed is None else f"got {value!r}; {allowed}"
 
 
 def tables() -> dict[str, dict[str, str]]:

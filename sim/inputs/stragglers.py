@@ -61,21 +61,21 @@ def parse_factors(value, field_name: str, link: bool) -> list[tuple[str, float]]
                             "FACTOR > 0: how many times longer its compute takes)")
     if isinstance(value, (list, tuple)):
         if not all(isinstance(v, str) for v in value):
-            raise InputError(f"{field_name}: got {value!r}; {allowed}, as a string or a list of strings")
+            raise InputError(field=field_name, value=value, allowed=f"{allowed}, as a string or a list of strings")
     elif not isinstance(value, str):
-        raise InputError(f"{field_name}: got {value!r}; {allowed}, as a string or a list of strings")
+        raise InputError(field=field_name, value=value, allowed=f"{allowed}, as a string or a list of strings")
     out = []
     items = _items(value)
     if not items:
-        raise InputError(f"{field_name}: got {value!r}; {allowed}")
+        raise InputError(field=field_name, value=value, allowed=allowed)
     for item in items:
         name, eq, factor = item.rpartition("=")
         f = _number(factor) if eq else None
         if not name.strip() or f is None:
-            raise InputError(f"{field_name}: got {item!r}; {allowed}")
+            raise InputError(field=field_name, value=item, allowed=allowed)
         if not f > 0 or (link and f > 1):
             why = "a bandwidth factor in (0, 1]" if link else "a slowdown factor > 0 (1.3: 30% slower)"
-            raise InputError(f"{field_name}: got {item!r}; expected {why}")
+            raise InputError(field=field_name, value=item, allowed=f"expected {why}")
         out.append((name.strip(), f))
     return out
 
@@ -84,7 +84,7 @@ def parse_slowdown(value, field_name: str = "straggler_slowdown") -> tuple[str, 
     """A drawn straggler's slowdown: ``("fixed", (f,))``, ``("uniform", (lo, hi))`` or
     ``("lognormal", (median, sigma))``."""
     text = str(value).strip() if isinstance(value, (str, int, float)) and not isinstance(value, bool) else None
-    bad = InputError(f"{field_name}: got {value!r}; expected {SLOWDOWN_FORMS} (factors > 0, LO <= HI, SIGMA >= 0)")
+    bad = InputError(field=field_name, value=value, allowed=f"expected {SLOWDOWN_FORMS} (factors > 0, LO <= HI, SIGMA >= 0)")
     if text is None:
         raise bad
     kind, _, rest = text.partition(":")
@@ -118,15 +118,10 @@ class Checked:
         self.__name__ = "value"
 
     def __call__(self, text: str) -> str:
-        import argparse
-
-        try:
-            if self.link is None:
-                parse_slowdown(text, self.field_name)
-                return text
-            return normalized(text, self.field_name, self.link)
-        except InputError as exc:
-            raise argparse.ArgumentTypeError(str(exc).split(": ", 1)[1]) from None
+        if self.link is None:
+            parse_slowdown(text, self.field_name)
+            return text
+        return normalized(text, self.field_name, self.link)
 
 
 # ------------------------------------------------------------------ against a topology
