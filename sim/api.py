@@ -32,8 +32,8 @@ from pathlib import Path
 
 from sim import session
 from sim.errors import InputError
-from sim.inputs.experiment import MODEL_FIELDS, Experiment, Setting, blame, read_experiment, settings_from_values, \
-    values_of
+from sim.inputs.experiment import (MODEL_FIELDS, Experiment, Setting, blame, named_in, read_experiment,
+                                   settings_from_values, values_of)
 from sim.inputs.schema import RunSettings
 from sim.studies.compare import Comparison, plan_dirs  # noqa: F401  (re-exported)
 
@@ -194,7 +194,7 @@ def run(experiment: str | Path | None = None, *, model=None, plan=None, progress
     >>> sim.run(model="llama2-7b", tensor_model_parallel_size=3)  # doctest: +ELLIPSIS
     Traceback (most recent call last):
     ...
-    sim.errors.InputError: plan: tp: got 3; must divide num_attention_heads 32 of llama2-7b...
+    sim.errors.InputError: tensor_model_parallel_size: got 3; must divide num_attention_heads 32 of llama2-7b...
     """
     from sim.progress import Progress
 
@@ -215,9 +215,7 @@ def run(experiment: str | Path | None = None, *, model=None, plan=None, progress
         try:
             return _simulate(base, model_obj=model_obj, plan_obj=plan_obj, name=plan if isinstance(plan, str) else "")
         except InputError as exc:
-            if exp is None:
-                raise
-            raise blame(exc, exp.path, base) from None
+            raise (named_in(exc, base) if exp is None else blame(exc, exp.path, base)) from None
 
 
 def compare(experiment: str | Path | None = None, plans: list | None = None, *, model=None,

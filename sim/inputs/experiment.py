@@ -288,6 +288,15 @@ def check(where, key: str, field: str, value) -> None:
         raise where.error(key, why)
 
 
+def named_in(exc: InputError, settings: dict[str, Setting]) -> InputError:
+    """An error about a setting, naming it as ``settings`` wrote it: the key and line of a
+    file, or the keyword given in Python (``tensor_model_parallel_size``, not the plan's
+    ``tp``); the error as it is when the setting is not among them."""
+    f = schema.setting_field(exc.setting or exc.field or "") if exc.allowed is not None else None
+    s = settings.get(f.name) if f is not None else None
+    return s.where.error(s.key, exc.detail) if s is not None else exc
+
+
 def blame(exc: InputError, path, settings: dict[str, Setting], skip=frozenset()) -> InputError:
     """An error met while using an experiment file's values, pointed at the value it is
     about (``exc.setting``): ``exp.toml:9: cluster.gpus: got 8; must be ...``. A file that a
@@ -300,11 +309,8 @@ def blame(exc: InputError, path, settings: dict[str, Setting], skip=frozenset())
     if f is not None and exc.allowed is not None:
         if f.name in skip:
             return exc
-        s = settings.get(f.name)
-        if s is not None and s.where.f is not None:
-            return s.where.error(s.key, exc.detail)
-        if s is not None:  # a value given in Python, not in the file
-            return exc
+        if f.name in settings:
+            return named_in(exc, settings)
     msg = str(exc)
     for dest, s in settings.items():  # a file named by a value (hf_config, topology, schedule, gpu) failed to load
         is_path = schema.FIELDS[dest].path

@@ -34,6 +34,7 @@ virtual stage, whichever split is used.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from functools import partial
@@ -347,6 +348,16 @@ class ParallelPlan:
                      "cannot be combined with account_for_embedding / account_for_loss (Megatron-LM rejects the "
                      "combination too)")):
                 require(cond, f"plan: {field}", value, allowed, setting=attr)
+
+    def summary(self) -> dict:
+        """The plan's fields as JSON-ready values; the settings that only set other fields
+        (``layers_per_virtual_stage`` sets vpp, ``zero3_prefetch_bucket_size`` the depth) and
+        the schedule file are left out when not given."""
+        out = dataclasses.asdict(self)
+        for name in ("layers_per_virtual_stage", "schedule_file", "zero3_prefetch_bucket_size"):
+            if out[name] is None:
+                del out[name]
+        return out
 
     @property
     def world_size(self) -> int:

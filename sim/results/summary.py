@@ -8,7 +8,7 @@ figures (``sim.program.estimate``). Deterministic for the same run.
 
 from __future__ import annotations
 
-from dataclasses import asdict
+
 
 from sim.program.estimate import estimate, model_flops_per_sequence
 from sim.program.fp8 import precision
@@ -31,7 +31,7 @@ def summarize(run) -> dict:
     d, stage, t = plan.coords(pk.rank)
     return {
         "model": model.name, "params": model.num_params, "active_params": model.active_params, "gpu": profile.name, "topology": run.topology.name,
-        "gpus": plan.world_size, "schedule": run.schedule.name, "plan": asdict(plan), "fidelity": run.fidelity,
+        "gpus": plan.world_size, "schedule": run.schedule.name, "plan": plan.summary(), "fidelity": run.fidelity,
         "precision": precision(plan.fp8_format),
         "fidelity_reason": run.fidelity_reason, "collective_model": run.collective_model,
         "simulated_gpus": len(run.program.actions),
