@@ -104,6 +104,9 @@ def prepare(settings: RunSettings, model: ModelSpec | None = None, plan: Paralle
     before anything is simulated. ``model`` and ``plan`` replace what the settings say."""
     model = model if model is not None else model_from_settings(settings.model)
     profile = load_profile(settings.cluster.gpu, flag="--gpu")
+    gpus = plan.world_size if plan is not None else settings.cluster.total_gpus()
+    # the cluster first: a plan for GPUs the cluster does not have is not worth checking
+    topo = topology_from_settings(settings.cluster, gpus, profile.name) if gpus is not None else None
     if plan is None:
         plan = plan_from_settings(settings.plan, settings.cluster.total_gpus(), model)
     elif plan.schedule == "custom" and plan.schedule_file is None:
@@ -113,7 +116,8 @@ def prepare(settings: RunSettings, model: ModelSpec | None = None, plan: Paralle
         plan.check_model(model)
     check_fp8_support(plan.fp8_format, profile)
     schedule = schedule_from_settings(plan)
-    topo = topology_from_settings(settings.cluster, plan.world_size, profile.name)
+    if topo is None:
+        topo = topology_from_settings(settings.cluster, plan.world_size, profile.name)
     check_forced(settings.simulation.nccl_algo, topo)
     mixed = mixed_gpus(topo, plan.world_size, profile)
     if mixed is not None:

@@ -828,3 +828,10 @@ def test_profile_save_is_atomic(tmp_path):
     with pytest.raises(InputError, match="cannot write"):
         p.save(tmp_path)
     assert sorted(x.name for x in tmp_path.iterdir()) == ["p.json"]
+
+
+def test_a_cluster_too_small_is_reported_before_the_plan(bad):
+    # 16 GPUs on one 8-GPU node, and a batch that 16 GPUs could not take either: the
+    # cluster is what is wrong first (issue 44).
+    bad(["run", "--model", "llama2-7b", "--gpu", "h100-sxm", "--nodes", "1", "--gpus", "16",
+         "--global-batch-size", "8"], "--gpus: got 16", "has 8 GPUs")
