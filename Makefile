@@ -42,7 +42,7 @@ test: wheel-check $(VENV)/.installed-test
 # come from pip's cache; --no-compile skips byte-compiling SciPy and Matplotlib (about 15 s).
 WHEEL_DIR := out/wheel
 WHEEL_VENV := out/wheel-venv
-WHEEL_SMOKE := run --model llama2-7b --topology dgx-h100 --gpus 8 --tensor-model-parallel-size 2 \
+WHEEL_SMOKE := run --model llama2-7b --gpu h100-sxm --topology dgx-h100 --gpus 8 --tensor-model-parallel-size 2 \
 	--pipeline-model-parallel-size 2 --global-batch-size 8
 .PHONY: wheel-check
 wheel-check: $(VENV)/.installed-test
