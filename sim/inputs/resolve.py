@@ -83,7 +83,7 @@ MEGATRON_SHAPE_FIELDS = tuple(n for n in fields_of("model") if n not in ("model"
 
 def model_from_megatron_args(argv: Sequence[str], name: str = "megatron") -> ModelSpec:
     """A spec from a Megatron-LM argument list, e.g. ``['--num-layers', '96', ...]``."""
-    parser = _StrictParser(prog="megatron-args", add_help=False)
+    parser = _StrictParser(prog="megatron-args", add_help=False, allow_abbrev=False)
     add_arguments(parser, MEGATRON_SHAPE_FIELDS)
     return model_from_megatron_settings(ModelSettings(**given(parser.parse_args(list(argv)))), name)
 
