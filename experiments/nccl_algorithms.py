@@ -1,6 +1,6 @@
 """Which NCCL algorithm runs when: all-reduce busbw against message size, per algorithm.
 
-``trainsim collective``'s own functions (``sim.commands.collective.run_collective``, the
+``trainsim collective``'s own functions (``sim.studies.collective.run_collective``, the
 tuner ``sim.engine.tuner.choose``) over message sizes 8 B .. 8 GiB in factor-2 steps, for
 each algorithm that can run the all-reduce on the cluster (ring, tree, NVLS inside one
 node, NVLS-tree across nodes, hierarchical; each with the protocol the tuner picks for
@@ -26,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import GB, ROOT, fmt_bytes, parallel_map, parse_args, pyplot, save, write_csv, write_json  # noqa: E402
 from common import write_verdict  # noqa: E402
 
-from sim.commands.collective import run_collective  # noqa: E402
+from sim.studies.collective import run_collective  # noqa: E402
 from sim.engine.nccl import NcclModel  # noqa: E402
 from sim.engine.tuner import choose, runnable  # noqa: E402
 from sim.inputs.hardware import load_profile  # noqa: E402

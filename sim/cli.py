@@ -26,7 +26,7 @@ class _Parser(argparse.ArgumentParser):
     not ``--tensor-model-parallel-size``."""
 
     def __init__(self, *args, **kwargs):
-        super().__init__(*args, allow_abbrev=False, exit_on_error=False, **kwargs)
+        super().__init__(*args, **{"allow_abbrev": False, "exit_on_error": False, **kwargs})
 
     def error(self, message: str):  # noqa: D401 - argparse API
         raise InputError(" ".join(message.split()))
@@ -42,9 +42,12 @@ def named_for_command_line(exc: InputError) -> InputError:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    # allow_abbrev=False on every parser (subparsers do not inherit it): with flags this
+    # alike, a prefix such as --tensor-model would silently set whichever flag it begins.
     parser = _Parser(
         prog="trainsim",
         description="Discrete-event simulator of LLM training on GPU clusters.",
+        allow_abbrev=False,
     )
     from sim import __version__
 
@@ -52,7 +55,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     for name in COMMANDS:
         mod = importlib.import_module(f"sim.commands.{name}")
-        p = sub.add_parser(mod.NAME, help=mod.HELP, description=mod.HELP)
+        p = sub.add_parser(mod.NAME, help=mod.HELP, description=mod.HELP, allow_abbrev=False, exit_on_error=False)
         mod.add_arguments(p)
         p.set_defaults(_run=mod.run)
     return parser

@@ -47,10 +47,10 @@ def bad(tmp_path, capsys, monkeypatch):
     # Every bad input is caught before any simulation, measurement or reference run.
     import sim.calibrate.profile
     import sim.calibrate.validate
-    import sim.commands.collective
+    import sim.studies.collective
     import sim.session
 
-    for mod, name in ((sim.session, "simulate"), (sim.commands.collective, "simulate"),
+    for mod, name in ((sim.session, "simulate"), (sim.studies.collective, "simulate"),
                       (sim.calibrate.profile, "calibrate"), (sim.calibrate.validate, "run_validation")):
         monkeypatch.setattr(mod, name, no_work)
 

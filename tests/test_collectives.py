@@ -4,7 +4,7 @@ import pytest
 
 from sim.program.actions import Action, Program
 from sim.engine.algorithms import build, ring_order
-from sim.commands.collective import run_collective
+from sim.studies.collective import run_collective
 from sim.engine.core import simulate
 from sim.errors import InputError
 from sim.inputs.topology_build import load_topology

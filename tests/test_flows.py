@@ -8,7 +8,7 @@ contends the two give the same time, which is the ring's closed form.
 
 import pytest
 
-from sim.commands.collective import run_collective
+from sim.studies.collective import run_collective
 from sim.engine.core import simulate
 from sim.inputs.topology_build import load_topology
 from sim.program.actions import FLOW_PIECES, Action, Program

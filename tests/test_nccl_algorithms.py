@@ -5,7 +5,7 @@ import math
 import pytest
 
 from sim.cli import main
-from sim.commands.collective import run_collective
+from sim.studies.collective import run_collective
 from sim.engine.nccl import NcclModel
 from sim.engine.tuner import choose
 from sim.inputs.hardware import load_profile

@@ -11,7 +11,7 @@ from dataclasses import replace
 import pytest
 
 from sim.cli import main
-from sim.commands.collective import run_collective
+from sim.studies.collective import run_collective
 from sim.engine.algorithms import build
 from sim.engine.core import simulate
 from sim.engine.nccl import NcclModel

@@ -1,11 +1,9 @@
 """``trainsim collective``: time one collective on a topology, as nccl-tests reports it.
 
-Prints the time (with NCCL's base latency of the collective's algorithm and protocol,
-``sim.engine.nccl``), the algorithm bandwidth (algbw = size / time) and the bus bandwidth
-(busbw = algbw × 2(n−1)/n for all-reduce, × (n−1)/n for all-gather, reduce-scatter and
-all-to-all, × 1 for broadcast and send/recv; nccl-tests' PERFORMANCE.md), plus the bytes
-each kind of link carried. ``--out DIR`` also writes the Perfetto trace, a timeline PNG
-and the summary JSON.
+Prints what ``sim.studies.collective.run_collective`` measures: the time (with NCCL's base
+latency of the collective's algorithm and protocol), the algorithm bandwidth (algbw = size
+/ time) and the bus bandwidth (nccl-tests' busbw), plus the bytes each kind of link
+carried. ``--out DIR`` also writes the Perfetto trace, a timeline PNG and the summary JSON.
 """
 
 from __future__ import annotations
@@ -14,17 +12,15 @@ import json
 import math
 from pathlib import Path
 
-from sim.program.actions import Action, Program
 from sim.engine.algorithms import ALGOS, OPS
-from sim.engine.nccl import DEFAULT_MODEL, NcclModel, base_latency
-from sim.engine.tuner import choose
+from sim.engine.nccl import NcclModel
 from sim.program.actions import PROTOCOLS
-from sim.engine.core import simulate
 from sim.errors import InputError
 from sim.inputs.schema import COLLECTIVE_MODELS
 from sim.results.export import write_chrome, write_json_atomic
 from sim.fileio import check_output_dir
 from sim.inputs.topology_build import FABRICS, OVERSUBSCRIPTION, FabricSpec, load_topology
+from sim.studies.collective import run_collective
 from sim.units import POSITIVE_INT, format_bytes, format_time, parse_size
 
 NAME = "collective"
@@ -33,17 +29,6 @@ HELP = "Simulate one collective (all-reduce, all-gather, ...) and report time, a
 _ALIASES = {"all_reduce": "allreduce", "all-reduce": "allreduce", "all_gather": "allgather", "all-gather": "allgather",
             "reduce_scatter": "reducescatter", "reduce-scatter": "reducescatter", "all_to_all": "alltoall",
             "all-to-all": "alltoall", "p2p": "sendrecv"}
-
-
-def bus_factor(op: str, n: int) -> float:
-    """busbw / algbw for ``op`` on ``n`` ranks (nccl-tests' definitions)."""
-    if n <= 1:
-        return 1.0
-    if op == "allreduce":
-        return 2 * (n - 1) / n
-    if op in ("allgather", "reducescatter", "alltoall"):
-        return (n - 1) / n
-    return 1.0
 
 
 def add_arguments(p) -> None:
@@ -87,49 +72,6 @@ def _topology(args):
     return load_topology(args.topology, nodes=nodes, fabric=fabric, min_gpus=args.gpus, flag="--topology")
 
 
-def run_collective(op: str, nbytes: int, gpus: int, topo, algo: str = "ring", channels: int | None = None,
-                   link_efficiency: dict[str, float] | None = None, collective_model: str = "flows",
-                   protocol: str = "simple", nccl: NcclModel | None = None):
-    """Simulate one collective on ranks 0..gpus-1 of ``topo``; return (trace, summary dict).
-    ``link_efficiency`` scales link kinds' line rates (a profile's achieved fractions);
-    ``collective_model`` is "flows" or "steps" (``sim.engine.algorithms``); ``algo`` and
-    ``protocol`` "auto" are NCCL's choice (``sim.engine.nccl``), reported in the summary."""
-    if gpus > topo.num_gpus:
-        raise InputError(f"--gpus: got {gpus}; topology {topo.name} has only {topo.num_gpus} GPUs")
-    if op == "sendrecv":
-        if gpus < 2:
-            raise InputError(f"--gpus: got {gpus}; sendrecv needs at least 2 (it sends from rank 0 to rank N-1)")
-        src, dst = 0, gpus - 1
-        prog = Program({src: [Action("send", kind="send", peer=dst, nbytes=nbytes, category="send")],
-                        dst: [Action("recv", kind="recv", peer=src, nbytes=nbytes, category="recv")]})
-    else:
-        if gpus < 2:
-            raise InputError(f"--gpus: got {gpus}; {op} needs at least 2 GPUs (one GPU has nothing to exchange)")
-        group = tuple(range(gpus))
-        if channels is not None and channels < 1:
-            raise InputError(f"--channels: got {channels}; expected an integer >= 1")
-        if "auto" in (algo, protocol):
-            algo, protocol = choose(op, group, nbytes, topo, link_efficiency, nccl, algo, protocol)
-        prog = Program({r: [Action(op, kind="collective", op=op, group=group, nbytes=nbytes, algo=algo,
-                                   protocol=protocol, channels=channels or 0)] for r in group})
-    trace = simulate(prog, topo, link_efficiency=link_efficiency, fluid_collectives=collective_model == "flows",
-                     nccl=nccl)
-    t = trace.end_s
-    base = 0.0 if op == "sendrecv" else base_latency(nccl or DEFAULT_MODEL, op, range(gpus), topo, algo, protocol)
-    # A zero time happens only for an empty buffer on zero-latency links (or links of
-    # infinite bandwidth): report no bandwidth rather than a division by zero.
-    algbw = nbytes / t if t > 0 else (0.0 if nbytes == 0 else math.inf)
-    n = 2 if op == "sendrecv" else gpus
-    summary = {
-        "op": op, "algo": algo, "protocol": protocol, "collective_model": collective_model, "size_bytes": nbytes, "gpus": gpus, "topology": topo.name,
-        "nodes": topo.num_nodes, "time_s": t, "base_latency_s": base, "algbw_Bps": algbw,
-        "busbw_Bps": algbw * bus_factor(op, n),
-        "bytes_by_link_kind": trace.bytes_by_link_kind(), "transfers": len(trace.transfers),
-        "link_efficiency": dict(link_efficiency or {}),
-    }
-    return trace, summary
-
-
 def run(args) -> int:
     op = _ALIASES.get(args.op, args.op)
     if op not in OPS:
@@ -155,7 +97,7 @@ def run(args) -> int:
     if args.sweep:
         from sim.commands.collective_sweep import print_sweep
 
-        return print_sweep(args, op, gpus, topo, eff, nccl, run_collective)
+        return print_sweep(args, op, gpus, topo, eff, nccl)
     trace, summary = run_collective(op, nbytes, gpus, topo, args.algo, args.channels, eff, args.collective_model,
                                     args.protocol, nccl)
     if args.out:

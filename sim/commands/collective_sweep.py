@@ -9,6 +9,7 @@ out-of-place and in-place (the simulator times both alike), and the footer
 from __future__ import annotations
 
 from sim.errors import InputError
+from sim.studies.collective import run_collective
 from sim.units import parse_size
 
 _TYPE_BYTES = 4  # float, nccl-tests' default -d float
@@ -31,8 +32,8 @@ def sweep_sizes(text: str) -> list[int]:
     return out
 
 
-def print_sweep(args, op: str, gpus: int, topo, eff, nccl, run_collective) -> int:
-    """Print the rows; ``run_collective`` is ``sim.commands.collective``'s."""
+def print_sweep(args, op: str, gpus: int, topo, eff, nccl) -> int:
+    """Print the rows, one ``run_collective`` per size."""
     sizes = sweep_sizes(args.sweep)
     print(f"# trainsim collective: {op} on {gpus} GPUs of {topo.describe()}, algo {args.algo}, protocol {args.protocol}")
     print("#")

@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from sim.commands.collective import run_collective
+from sim.studies.collective import run_collective
 from sim.results.export import write_chrome, write_json_atomic
 from sim.inputs.topology_build import load_topology
 from sim.units import POSITIVE_INT, format_bytes, format_time

@@ -8,14 +8,13 @@ can beat the N-th best by the estimate's error margin, and prints the top N with
 best wins. ``--out DIR`` writes ``results.jsonl`` (simulated plans, appended as they
 finish, resumable with ``--resume``), ``results.csv`` (every plan, with its status),
 ``pareto.png`` (tokens/s against peak memory) and ``search.json`` (what ``--json``
-prints). The helpers for outputs are shared with ``trainsim sweep``.
+prints). The helpers for outputs are shared with ``trainsim sweep`` (ranking, the Pareto
+front and the CSV table are ``sim.studies.sweep_results``').
 """
 
 from __future__ import annotations
 
 import contextlib
-import csv
-import io
 import json
 import math
 import re
@@ -35,7 +34,6 @@ from sim.program.fp8 import FP8_FORMATS, check_fp8_support
 from sim.studies.search import (
     DEFAULT_MARGIN,
     LONG_SEQUENCE,
-    PLAN_COLUMNS,
     SearchSpace,
     candidates,
     enumerate_plans,
@@ -43,6 +41,7 @@ from sim.studies.search import (
 )
 from sim.studies.search_explain import describe_plan, explain
 from sim.studies.sweep import RESULTS_FILE, ResultsLog, Runner, make_context
+from sim.studies.sweep_results import csv_text, pareto, rank
 from sim.units import NONNEGATIVE_INT, POSITIVE_INT, Number, format_bytes, format_time
 
 NAME = "search"
@@ -196,49 +195,6 @@ def interrupted_note(log: ResultsLog):
 def entry(rec: dict) -> dict:
     """A ranked plan as --json reports it: its key, then ``trainsim run --json``'s object."""
     return {"key": rec["key"], **rec["summary"]}
-
-
-def rank(records: list[dict]) -> list[dict]:
-    """Records that ran and fit, fastest first (ties by key)."""
-    ok = [r for r in records if r["status"] == "ok" and r["summary"].get("fits", True)]
-    return sorted(ok, key=lambda r: (r["summary"]["iteration_time_s"], r["key"]))
-
-
-def pareto(records: list[dict]) -> list[dict]:
-    """The records no other beats on both tokens/s and peak memory, by memory."""
-    pts = sorted(records, key=lambda r: (r["summary"]["memory"]["peak_bytes"], -r["summary"]["tokens_per_s"], r["key"]))
-    front, best = [], -math.inf
-    for r in pts:
-        if r["summary"]["tokens_per_s"] > best:
-            front.append(r)
-            best = r["summary"]["tokens_per_s"]
-    return front
-
-
-CSV_METRICS = ("iteration_time_s", "tokens_per_s", "mfu", "tflops_per_gpu", "bubble_fraction", "compute_s", "idle_s")
-
-
-def csv_text(rows: list[dict]) -> str:
-    """CSV of rows ``{"key", "status", "plan", "summary", "error", ...extra}`` sorted by key."""
-    extra_plan = sorted({k for r in rows for k in r["plan"]} - set(PLAN_COLUMNS))
-    extras = sorted({k for r in rows for k in r.get("extra", {})})
-    kinds = sorted({k for r in rows if r.get("summary") for k in r["summary"]["exposed_comm_s"]})
-    head = (["key", "status", *PLAN_COLUMNS, "num_microbatches", *CSV_METRICS, *(f"exposed_{k}_s" for k in kinds),
-             "peak_memory_bytes", "fits", *extras, *extra_plan, "error"])
-    buf = io.StringIO()
-    w = csv.writer(buf, lineterminator="\n")
-    w.writerow(head)
-    for r in sorted(rows, key=lambda r: r["key"]):
-        s, p = r.get("summary"), r["plan"]
-        m = p["global_batch_size"] // (p["micro_batch_size"] * p["dp"]) if p else ""
-        row = [r["key"], r["status"], *(p.get(k, "") for k in PLAN_COLUMNS), m]
-        row += [s[k] if s else "" for k in CSV_METRICS]
-        row += [s["exposed_comm_s"].get(k, 0.0) if s else "" for k in kinds]
-        row += [s["memory"]["peak_bytes"] if s else "", s["fits"] if s else ""]
-        row += [r.get("extra", {}).get(k, "") for k in extras]
-        row += [p.get(k, "") for k in extra_plan] + [r.get("error") or ""]
-        w.writerow(row)
-    return buf.getvalue()
 
 
 def write_outputs(out: Path, rows: list[dict], ranked: list[dict], obj: dict, title: str,

@@ -38,7 +38,6 @@ from sim.commands.search import (
     interrupted_note,
     open_log,
     print_top,
-    rank,
     write_outputs,
 )
 from sim.errors import InputError
@@ -46,6 +45,7 @@ from sim.inputs.hardware import load_profile
 from sim.studies.search import plan_key
 from sim.studies.search_explain import explain
 from sim.studies.sweep import Runner, make_context
+from sim.studies.sweep_results import rank
 from sim.inputs.resolve import model_from_settings, plan_from_settings, topology_from_settings
 from sim.inputs.schema import RunSettings
 from sim.inputs.tomlio import TomlFile, line_of

@@ -1,13 +1,23 @@
-"""The results file of a sweep: JSON Lines, one record per point, appended as each point
-finishes (one ``write`` of a whole line, flushed), so an interrupted sweep leaves a valid
-file; resuming reads it back, dropping a torn last line (see ``sim.studies.sweep``)."""
+"""The results of a sweep or a search, and the file they are kept in.
+
+The file is JSON Lines, one record per point, appended as each point finishes (one
+``write`` of a whole line, flushed), so an interrupted sweep leaves a valid file; resuming
+reads it back, dropping a torn last line (see ``sim.studies.sweep``). A record is
+``{"key", "status", "plan", "summary", "error"}``: ``rank`` orders the records that ran
+and fit, ``pareto`` keeps those no other beats on both tokens/s and peak memory, and
+``csv_text`` lays every record out as one CSV row (``results.csv``).
+"""
 
 from __future__ import annotations
 
+import csv
+import io
 import json
+import math
 from pathlib import Path
 
 from sim.errors import InputError
+from sim.studies.search import PLAN_COLUMNS
 
 
 class ResultsLog:
@@ -61,3 +71,46 @@ class ResultsLog:
         if self._fh is not None:
             self._fh.close()
             self._fh = None
+
+
+def rank(records: list[dict]) -> list[dict]:
+    """Records that ran and fit, fastest first (ties by key)."""
+    ok = [r for r in records if r["status"] == "ok" and r["summary"].get("fits", True)]
+    return sorted(ok, key=lambda r: (r["summary"]["iteration_time_s"], r["key"]))
+
+
+def pareto(records: list[dict]) -> list[dict]:
+    """The records no other beats on both tokens/s and peak memory, by memory."""
+    pts = sorted(records, key=lambda r: (r["summary"]["memory"]["peak_bytes"], -r["summary"]["tokens_per_s"], r["key"]))
+    front, best = [], -math.inf
+    for r in pts:
+        if r["summary"]["tokens_per_s"] > best:
+            front.append(r)
+            best = r["summary"]["tokens_per_s"]
+    return front
+
+
+CSV_METRICS = ("iteration_time_s", "tokens_per_s", "mfu", "tflops_per_gpu", "bubble_fraction", "compute_s", "idle_s")
+
+
+def csv_text(rows: list[dict]) -> str:
+    """CSV of rows ``{"key", "status", "plan", "summary", "error", ...extra}`` sorted by key."""
+    extra_plan = sorted({k for r in rows for k in r["plan"]} - set(PLAN_COLUMNS))
+    extras = sorted({k for r in rows for k in r.get("extra", {})})
+    kinds = sorted({k for r in rows if r.get("summary") for k in r["summary"]["exposed_comm_s"]})
+    head = (["key", "status", *PLAN_COLUMNS, "num_microbatches", *CSV_METRICS, *(f"exposed_{k}_s" for k in kinds),
+             "peak_memory_bytes", "fits", *extras, *extra_plan, "error"])
+    buf = io.StringIO()
+    w = csv.writer(buf, lineterminator="\n")
+    w.writerow(head)
+    for r in sorted(rows, key=lambda r: r["key"]):
+        s, p = r.get("summary"), r["plan"]
+        m = p["global_batch_size"] // (p["micro_batch_size"] * p["dp"]) if p else ""
+        row = [r["key"], r["status"], *(p.get(k, "") for k in PLAN_COLUMNS), m]
+        row += [s[k] if s else "" for k in CSV_METRICS]
+        row += [s["exposed_comm_s"].get(k, 0.0) if s else "" for k in kinds]
+        row += [s["memory"]["peak_bytes"] if s else "", s["fits"] if s else ""]
+        row += [r.get("extra", {}).get(k, "") for k in extras]
+        row += [p.get(k, "") for k in extra_plan] + [r.get("error") or ""]
+        w.writerow(row)
+    return buf.getvalue()
