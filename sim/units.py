@@ -47,7 +47,10 @@ def format_bytes(nbytes: float) -> str:
 
 
 def format_time(seconds: float) -> str:
-    """Seconds printed in the unit that reads best (s, ms or us)."""
+    """Seconds printed in the unit that reads best (s, ms or us); a negative time in the
+    unit its size reads best in, ``-0.0779`` -> ``'-77.858 ms'``."""
+    if seconds < 0:
+        return "-" + format_time(-seconds)
     if seconds >= 1:
         return f"{seconds:.3f} s"
     if seconds >= 1e-3:

@@ -22,6 +22,7 @@ from sim.studies.search import (
     search,
 )
 from sim.studies.search_explain import explain
+from sim.units import format_time
 from sim.studies.sweep import Runner, make_context
 from sim.inputs.topology_build import load_topology
 
@@ -203,6 +204,25 @@ def test_explain_names_what_makes_the_difference():
     assert "3.000 ms less exposed dp, 500.00 us less idle" in text
     assert "953.67 MiB more memory" in text
     assert any(line.startswith("  activations") for line in lines)
+
+
+def test_negative_differences_are_scaled_like_positive_ones_and_set_apart():
+    # issue 44: "exposed tp ... 1.712 s -77858.28 us", "idle ... 839.957 ms-101427.42 us"
+    assert format_time(-0.07785828) == "-77.858 ms" and format_time(0.07785828) == "77.858 ms"
+    assert format_time(-1.5) == "-1.500 s" and format_time(-2e-6) == "-2.00 us"
+
+    def rec(key, compute, tp, idle):
+        return {"key": key, "summary": {
+            "plan": {"dp": 4, "tp": 2, "pp": 2, "vpp": 1, "schedule": "1f1b", "micro_batch_size": 1,
+                     "zero_stage": 0, "recompute": "none", "sequence_parallel": False},
+            "iteration_time_s": compute + tp + idle, "compute_s": compute, "idle_s": idle,
+            "exposed_comm_s": {"tp": tp}, "memory": {"peak_bytes": 1e9}}}
+    best, runner_up = rec("a", 0.5, 1.712, 0.839957), rec("b", 2.7, 1.634142, 0.73853)
+    lines = explain(best, runner_up)
+    tp_row = next(line for line in lines if line.lstrip().startswith("exposed tp"))
+    idle_row = next(line for line in lines if line.lstrip().startswith("idle"))
+    assert tp_row.split()[-4:] == ["1.634", "s", "-77.858", "ms"]
+    assert idle_row.split()[-6:] == ["839.957", "ms", "738.530", "ms", "-101.427", "ms"]
 
 
 def test_search_cli_json_best_is_what_trainsim_run_reports(capsys, tmp_path):
