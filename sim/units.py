@@ -58,6 +58,12 @@ def format_time(seconds: float) -> str:
     return f"{seconds * 1e6:.2f} us"
 
 
+def format_microbatches(count: int, size: int, seq_length: int) -> str:
+    """``16 micro-batches of 1 x 4096 tokens``: how many micro-batches, of how many
+    sequences, of how many tokens (the one notation run, estimate and the demo print)."""
+    return f"{count} micro-batch{'es' if count != 1 else ''} of {size} x {seq_length} tokens"
+
+
 class Number:
     """An argparse ``type=`` for a bounded number, whose error says what is allowed.
 
