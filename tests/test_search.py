@@ -4,6 +4,7 @@ import itertools
 import json
 import math
 import random
+import re
 
 import pytest
 
@@ -260,6 +261,37 @@ def test_search_cli_prints_the_top_and_why(capsys):
     out = capsys.readouterr().out
     assert "6 plans: 0 do not fit in memory" in out
     assert "  1  dp " in out and "runner-up dp" in out and "why: the best is" in out
+
+
+def test_search_reports_progress_off_a_terminal_and_its_whole_wall_time(capsys, tmp_path, monkeypatch):
+    # issue 44: nothing on stderr for minutes when it is not a terminal, and "in 220.5 s"
+    # printed for a 262 s run (the count left out the estimates and the outputs)
+    import time
+
+    import sim.commands.search as search_command
+    import sim.progress
+
+    monkeypatch.setattr(sim.progress, "LINE_EVERY_S", 0.05)
+    write = search_command.write_outputs
+
+    def slow_write(*a, **k):
+        time.sleep(0.5)
+        return write(*a, **k)
+
+    monkeypatch.setattr(search_command, "write_outputs", slow_write)
+    argv = ["search", *TINY_FLAGS, "--gpus", "8", "--global-batch-size", "8", "--tp", "1,2", "--pp", "1",
+            "--micro-batch-size", "1,2", "--zero", "0", "--recompute", "none", "--sequence-parallel", "off",
+            "--workers", "0", "--out", str(tmp_path / "s")]
+    t0 = time.monotonic()
+    assert main(argv) == 0
+    wall = time.monotonic() - t0
+    out, err = capsys.readouterr()
+    lines = err.splitlines()
+    plans, no_fit = map(int, re.search(r"(\d+) plans: (\d+) do not fit in memory", out).groups())
+    fit = plans - no_fit  # the most the search may simulate
+    assert lines and all(re.fullmatch(rf"search: \d/{fit} plans simulated, \d+\.\d s elapsed", x) for x in lines), err
+    reported = float(re.search(r"simulated \(0 failed\) in ([\d.]+) s \(wall time\)", out).group(1))
+    assert 0.5 <= reported <= wall + 0.05  # the outputs' time is in it
 
 
 @pytest.mark.parametrize("extra,message", [
