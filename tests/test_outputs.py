@@ -63,3 +63,30 @@ def test_timeline_png_is_written(tmp_path):
     data = p.read_bytes()
     assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 10_000
     assert not list(tmp_path.glob(".*"))  # no temporary file left behind
+
+
+def test_pareto_axes_fit_the_plans_and_the_best_plans_label_stays_inside():
+    # issue 44: pareto.png cut off the best plan's label and left its right half empty
+    # (the axis ran out to the GPU's capacity, far beyond every plan)
+    from sim.results.plot import pareto_figure
+
+    gib = 2**30
+    pts = [((20 + i) * gib, 1e6 + i * 5e4, i % 3 == 0, "") for i in range(20)]
+    best = "dp 8 x tp 2 x pp 4 (vpp 2), interleaved, mb 1, ZeRO-1, recompute selective, sp"
+    pts.append((40 * gib, 2.2e6, True, best))  # the fastest and the largest, top right
+    capacity = 79.65 * gib
+    fig = pareto_figure(pts, "title", capacity)
+    ax = fig.axes[0]
+    x0, x1 = ax.get_xlim()
+    assert x0 < 20 and 40 < x1 and (40 - 20) / (x1 - x0) > 0.8  # the plans fill the width
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    frame = ax.get_window_extent(renderer)
+    label = next(t for t in ax.texts if t.get_text() == best)
+    box = label.get_window_extent(renderer)
+    assert frame.x0 <= box.x0 and box.x1 <= frame.x1 and frame.y0 <= box.y0 and box.y1 <= frame.y1
+    # the capacity off the chart is said in the same figure the text reports
+    assert any(t.get_text() == "GPU memory 79.65 GiB (off the chart)" for t in ax.texts)
+    import matplotlib.pyplot as plt
+
+    plt.close(fig)

@@ -294,6 +294,26 @@ def test_search_reports_progress_off_a_terminal_and_its_whole_wall_time(capsys, 
     assert 0.5 <= reported <= wall + 0.05  # the outputs' time is in it
 
 
+def test_pareto_title_counts_what_it_shows_and_what_the_text_calls_simulated(capsys, tmp_path, monkeypatch):
+    # issue 44: pareto.png was titled "104 plans simulated" where the text said 112 (the
+    # plot shows the simulated plans that ran and fit; the text counts every simulated one)
+    import sim.results.plot
+
+    drawn = {}
+    monkeypatch.setattr(sim.results.plot, "plot_pareto", lambda pts, path, title, capacity_bytes: drawn.update(
+        points=pts, title=title, capacity=capacity_bytes))
+    argv = ["search", *TINY_FLAGS, "--gpus", "8", "--global-batch-size", "8", "--tp", "1,2", "--pp", "1,2",
+            "--micro-batch-size", "1", "--zero", "0", "--recompute", "none", "--sequence-parallel", "off",
+            "--workers", "0", "--out", str(tmp_path / "s")]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    plans, simulated = map(int, re.search(r"(\d+) plans: .* (\d+) simulated \(", out).groups())
+    ok = [json.loads(x) for x in (tmp_path / "s" / "results.jsonl").read_text().splitlines()]
+    shown = sum(r["status"] == "ok" and r["summary"]["fits"] for r in ok)
+    assert len(drawn["points"]) == shown
+    assert drawn["title"].endswith(f"{shown} plans that ran and fit, of {simulated} simulated ({plans} considered)")
+
+
 @pytest.mark.parametrize("extra,message", [
     (["--tp", "1,x"], "--tp: got 'x'"),
     (["--margin", "0.5"], "--margin: got 0.5"),

@@ -242,6 +242,12 @@ def csv_text(rows: list[dict]) -> str:
     return buf.getvalue()
 
 
+def pareto_title(head: str, shown: int, simulated: int, total: str) -> str:
+    """The title of pareto.png: it shows the simulated plans that ran and fit, so it says
+    how many of the simulated ones that is (the count the text reports as simulated)."""
+    return f"{head}\n{shown} plans that ran and fit, of {simulated} simulated ({total})"
+
+
 def write_outputs(out: Path, rows: list[dict], ranked: list[dict], obj: dict, title: str,
                   capacity_bytes: float, name: str) -> None:
     from sim.results.export import write_json_atomic
@@ -309,7 +315,8 @@ def run(args) -> int:
                  "error": cd.record.get("error") if cd.record else None,
                  "extra": {"estimate_step_s": cd.estimate.time["step"], "estimate_bound_s": cd.bound_s,
                            "estimate_peak_memory_bytes": cd.estimate.memory["total"]}} for cd in result.candidates]
-        title = f"{model.name} on {gpus} x {profile.name}, global batch {args.global_batch_size}: {len(ranked)} plans simulated"
+        title = pareto_title(f"{model.name} on {gpus} x {profile.name}, global batch {args.global_batch_size}",
+                             len(ranked), c["evaluated"], f"{c['plans']} considered")
         write_outputs(Path(args.out), rows, ranked, obj, title, profile.hbm_capacity_bytes, "search")
     if args.json:
         print(json.dumps(obj, sort_keys=True))

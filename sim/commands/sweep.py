@@ -37,6 +37,7 @@ from sim.commands.search import (
     entry,
     interrupted_note,
     open_log,
+    pareto_title,
     print_top,
     rank,
     write_outputs,
@@ -168,7 +169,8 @@ def run(args) -> int:
            "pruned": 0, "failed": failed,
            "does_not_fit": sum(r["status"] == "ok" and not r["summary"]["fits"] for r in records)}
     if args.out:
-        title = f"{model.name} on {gpus} x {profile.name}: sweep of {len(records)} points"
+        title = pareto_title(f"{model.name} on {gpus} x {profile.name}: sweep", len(ranked), obj["evaluated"],
+                             f"{len(records)} points, {len(invalid)} invalid")
         write_outputs(Path(args.out), records, ranked, obj, title, profile.hbm_capacity_bytes, "sweep")
     if args.json:
         print(json.dumps(obj, sort_keys=True))
