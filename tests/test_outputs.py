@@ -70,7 +70,7 @@ def test_timeline_png_is_written(tmp_path):
 def test_pareto_axes_fit_the_plans_and_the_best_plans_label_stays_inside():
     # issue 44: pareto.png cut off the best plan's label and left its right half empty
     # (the axis ran out to the GPU's capacity, far beyond every plan)
-    from sim.results.plot import pareto_figure
+    from sim.results.plot_pareto import pareto_figure
 
     gib = 2**30
     pts = [((20 + i) * gib, 1e6 + i * 5e4, i % 3 == 0, "") for i in range(20)]

@@ -297,10 +297,10 @@ def test_search_reports_progress_off_a_terminal_and_its_whole_wall_time(capsys, 
 def test_pareto_title_counts_what_it_shows_and_what_the_text_calls_simulated(capsys, tmp_path, monkeypatch):
     # issue 44: pareto.png was titled "104 plans simulated" where the text said 112 (the
     # plot shows the simulated plans that ran and fit; the text counts every simulated one)
-    import sim.results.plot
+    import sim.results.plot_pareto
 
     drawn = {}
-    monkeypatch.setattr(sim.results.plot, "plot_pareto", lambda pts, path, title, capacity_bytes: drawn.update(
+    monkeypatch.setattr(sim.results.plot_pareto, "plot_pareto", lambda pts, path, title, capacity_bytes: drawn.update(
         points=pts, title=title, capacity=capacity_bytes))
     argv = ["search", *TINY_FLAGS, "--gpus", "8", "--global-batch-size", "8", "--tp", "1,2", "--pp", "1,2",
             "--micro-batch-size", "1", "--zero", "0", "--recompute", "none", "--sequence-parallel", "off",

@@ -251,7 +251,7 @@ def pareto_title(head: str, shown: int, simulated: int, total: str) -> str:
 def write_outputs(out: Path, rows: list[dict], ranked: list[dict], obj: dict, title: str,
                   capacity_bytes: float, name: str) -> None:
     from sim.results.export import write_json_atomic
-    from sim.results.plot import plot_pareto
+    from sim.results.plot_pareto import plot_pareto
 
     write_text_atomic(csv_text(rows), out / "results.csv")
     front = {r["key"] for r in pareto(ranked)}
