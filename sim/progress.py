@@ -13,8 +13,9 @@ the command prints afterwards starts on a clean line.
             bar.update(f"simulating {gpus} GPUs (plan {i + 1}/{len(plans)}: {name})", done=i)
             ...
 
-``ProgressBar`` is the sweeps' display: a bar with the count, rate and ETA of many
-short points, also on a terminal only.
+``ProgressBar`` is the sweeps' and searches' display: a bar with the count, rate and ETA
+of many short points on a terminal, and elsewhere (where nothing else would show for
+minutes) a plain line every few seconds: ``search: 37/112 plans simulated, 41.2 s elapsed``.
 """
 
 from __future__ import annotations
@@ -100,29 +101,76 @@ class Progress:
         self.close()
 
 
-class ProgressBar:
-    """``[#####.....] 12/40  30%  3.1 plans/s  ETA 0:09`` on a terminal, a new line when
-    closed; nothing otherwise (sweeps: many short points, counted)."""
+LINE_EVERY_S = 5.0
+"""How often ``ProgressBar`` writes its plain line when stderr is not a terminal (seconds)."""
 
-    def __init__(self, total: int, enabled: bool | None = None, stream=None, label: str = ""):
+
+class ProgressBar:
+    """Counted progress of many short points (sweeps and searches: plans simulated).
+
+    On a terminal: ``search: [#####.....] 12/40  30%  3.1 plans/s  ETA 0:09``, redrawn in
+    place, and a new line when closed. Elsewhere (a pipe, a file, a CI log), where a
+    redrawn line would pile up: one plain line every ``every_s`` seconds,
+    ``search: 12/40 plans simulated, 41.2 s elapsed``, written by a background thread so
+    that it comes even while one long simulation runs, and nothing for work that ends
+    sooner. ``enabled=False`` is silent; ``enabled=True`` draws the bar wherever the
+    stream goes. ``start`` (a ``time.monotonic()`` value) counts the elapsed time from
+    the start of the command's work rather than from the bar's creation.
+    """
+
+    def __init__(self, total: int, enabled: bool | None = None, stream=None, label: str = "", *,
+                 every_s: float | None = None, start: float | None = None, noun: str = "plans simulated"):
         self.stream = stream or sys.stderr
-        self.enabled = self.stream.isatty() if enabled is None else enabled
-        self.total, self.done, self.start, self.label = total, 0, time.monotonic(), label
+        isatty = getattr(self.stream, "isatty", None)
+        tty = bool(isatty and isatty())
+        self.mode = "bar" if enabled or (enabled is None and tty) else "lines" if enabled is None else "off"
+        self.total, self.done, self.label, self.noun = total, 0, label, noun
+        self.start = time.monotonic() if start is None else start
+        self.every_s = LINE_EVERY_S if every_s is None else every_s
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+        if self.mode == "lines":
+            self._thread = threading.Thread(target=self._tick, name="trainsim-progress-lines", daemon=True)
+            self._thread.start()
+
+    def line(self) -> str:
+        """The plain progress line: ``search: 12/40 plans simulated, 41.2 s elapsed``."""
+        head = f"{self.label}: " if self.label else ""
+        return f"{head}{self.done}/{self.total} {self.noun}, {time.monotonic() - self.start:.1f} s elapsed"
+
+    def _tick(self) -> None:
+        while not self._stop.wait(self.every_s):
+            with self._lock:
+                self.stream.write(self.line() + "\n")
+                self.stream.flush()
 
     def step(self, n: int = 1) -> None:
         self.done += n
-        if not self.enabled:
+        if self.mode != "bar":
             return
         elapsed = time.monotonic() - self.start
         rate = self.done / elapsed if elapsed > 0 else 0.0
         left = (self.total - self.done) / rate if rate > 0 else 0.0
         frac = self.done / self.total if self.total else 1.0
         bar = "#" * int(frac * 30)
-        self.stream.write(f"\r{self.label}[{bar:<30}] {self.done}/{self.total} {frac * 100:3.0f}%  {rate:.1f} plans/s  "
+        head = f"{self.label}: " if self.label else ""
+        self.stream.write(f"\r{head}[{bar:<30}] {self.done}/{self.total} {frac * 100:3.0f}%  {rate:.1f} plans/s  "
                           f"ETA {int(left) // 60}:{int(left) % 60:02d} ")
         self.stream.flush()
 
     def close(self) -> None:
-        if self.enabled:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+        if self.mode == "bar":
             self.stream.write("\n")
             self.stream.flush()
+        self.mode = "off"
+
+    def __enter__(self) -> "ProgressBar":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

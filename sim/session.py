@@ -226,13 +226,24 @@ def rank_names(run: TrainingRun) -> dict[int, str]:
         dev = run.topology.gpu(r)
         local = dev.rsplit("gpu", 1)[-1] if "gpu" in dev else str(r)
         slow = run.stragglers.slow.get(r) if run.stragglers else None
-        out[r] = f"node {run.topology.node_of(r)} / GPU {local} (stage {p}, tp {t}, dp {d}" + \
+        out[r] = f"node {run.topology.node_of(r)} / GPU {local} (stage {p}, tp {t}, {_dp_cp(run.plan, d)}" + \
             (f", {run.mixed.of_rank[r]}" if run.mixed else "") + (f", slow x{slow:.3g})" if slow else ")")
     return out
 
 
-def _lane(stream: str) -> str:
-    return "pp" if stream.startswith("pp") else stream
+def _lane(span) -> str:
+    """The timeline lane of a span: every pipeline stream in one ``pp`` lane, and
+    context-parallel traffic (ring attention's exchanges) in a ``cp-comm`` lane of its own,
+    whichever stream it ran on."""
+    if span.category == "cp":
+        return "cp-comm"
+    return "pp" if span.stream.startswith("pp") else span.stream
+
+
+def _dp_cp(plan, index: int) -> str:
+    """``dp 1`` or, under context parallelism (the index runs over dp·cp, cp innermost),
+    ``dp 0 · cp 3``."""
+    return f"dp {index}" if plan.cp == 1 else f"dp {index // plan.cp} · cp {index % plan.cp}"
 
 
 def write_outputs(run: TrainingRun, summary: dict, out: Path) -> None:
@@ -246,14 +257,14 @@ def write_outputs(run: TrainingRun, summary: dict, out: Path) -> None:
         names = {r: f"stage {plan.coords(r)[1]} (rank {r})" for r in ranks}
     else:
         ranks = [plan.rank(dp=d, pp=0, tp=0) for d in range(min(plan.dp_cp, 4))]
-        names = {r: f"dp {plan.coords(r)[0]} (rank {r})" for r in ranks}
+        names = {r: f"{_dp_cp(plan, plan.coords(r)[0])} (rank {r})" for r in ranks}
     ranks, names = plotted_stragglers(run, summary, ranks, names)
     write_chrome(run.trace, out / "trace.json", names=rank_names(run))
     extra = (f" x cp {plan.cp}" if plan.cp > 1 else "") + (f", ep {plan.ep}" if plan.ep > 1 else "")
     title = (f"{run.model.name}, {plan.world_size} GPUs (dp {plan.dp} x tp {plan.tp} x pp {plan.pp}{extra}), "
              f"{run.schedule.name}, m={plan.num_microbatches}: {summary['iteration_time_s'] * 1e3:.1f} ms")
     plot_timeline(run.trace, out / "timeline.png", title=title, ranks=set(ranks), lane_names=names,
-                  lane_of_stream=_lane)
+                  lane_of_span=_lane)
     plot_memory(run.trace, out / "memory.png", ranks, names, run.profile.hbm_capacity_bytes,
                 title=f"{run.model.name}: memory per GPU over one iteration ({run.schedule.name}, ZeRO-{plan.zero_stage})")
     write_json_atomic(summary, out / "summary.json")

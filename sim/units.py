@@ -46,12 +46,21 @@ def format_bytes(nbytes: float) -> str:
 
 
 def format_time(seconds: float) -> str:
-    """Seconds printed in the unit that reads best (s, ms or us)."""
+    """Seconds printed in the unit that reads best (s, ms or us); a negative time in the
+    unit its size reads best in, ``-0.0779`` -> ``'-77.858 ms'``."""
+    if seconds < 0:
+        return "-" + format_time(-seconds)
     if seconds >= 1:
         return f"{seconds:.3f} s"
     if seconds >= 1e-3:
         return f"{seconds * 1e3:.3f} ms"
     return f"{seconds * 1e6:.2f} us"
+
+
+def format_microbatches(count: int, size: int, seq_length: int) -> str:
+    """``16 micro-batches of 1 x 4096 tokens``: how many micro-batches, of how many
+    sequences, of how many tokens (the one notation run, estimate and the demo print)."""
+    return f"{count} micro-batch{'es' if count != 1 else ''} of {size} x {seq_length} tokens"
 
 
 class Number:

@@ -43,3 +43,18 @@ def test_run_accepts_every_model_source_gpu_and_fabric(tmp_path, capsys):
     (tmp_path / "tiny.json").write_text(json.dumps(d))
     c = run(*flags, "--gpu", str(tmp_path / "tiny.json"))
     assert c["fits"] is False and c["memory_capacity_bytes"] == a["memory"]["peak_bytes"] / 2
+
+
+def test_run_and_estimate_write_the_micro_batches_as_the_demo_does(capsys):
+    # issue 44: run printed "micro-batch 1 x 16" for 16 micro-batches of 1, the demo
+    # "16 micro-batches of 1 x 4096 tokens"; one notation everywhere (the demo's)
+    flags = ["--num-layers", "4", "--hidden-size", "512", "--num-attention-heads", "8", "--vocab-size", "4096",
+             "--seq-length", "256", "--gpu", "h100-sxm", "--gpus", "2", "--global-batch-size", "12",
+             "--micro-batch-size", "2"]
+    for command in ("run", "estimate"):
+        assert main([command, *flags]) == 0
+        out = capsys.readouterr().out
+        assert "3 micro-batches of 2 x 256 tokens" in out, (command, out)
+        assert "micro-batch 2 x" not in out and "micro-batch 2," not in out
+    assert main(["run", *flags[:-4], "--global-batch-size", "2", "--micro-batch-size", "1"]) == 0
+    assert "1 micro-batch of 1 x 256 tokens" in capsys.readouterr().out

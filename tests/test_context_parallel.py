@@ -106,3 +106,36 @@ def test_tp_comm_overlap_keeps_the_ring_exchange_beside_the_compute():
                and a.kind == "compute"]
     assert waiting                                          # the attention steps wait for their chunk
     simulate_training(TINY, plan, A100, load_topology("dgx-a100"), fidelity="full")
+
+
+def test_activations_grow_through_each_forward_and_the_peak_falls_within_the_iteration():
+    # issue 44: llama3-8b, s = 32768, cp 4 on 8 H100s reported its peak "at 0.00 us" and a
+    # memory plot with activations flat over the iteration (each micro-batch's stored
+    # activations were allocated whole at its forward's first piece, the next one's at the
+    # same instant the last was freed). They are stored layer by layer as the forward
+    # runs and freed layer by layer as the backward runs.
+    from dataclasses import replace
+
+    from sim.inputs.model import preset
+    from sim.results.memory_timeline import highest_peak, timeline
+
+    model = replace(preset("llama3-8b"), seq_length=32768)
+    plan = ParallelPlan(dp=2, cp=4, global_batch_size=8, zero_stage=1)
+    run = simulate_training(model, plan, load_profile("h100-sxm"), load_topology("dgx-h100", nodes=1))
+    end = max(s.end_s for s in run.trace.spans)
+    pk = highest_peak(run.trace)
+    assert 0 < pk.time_s < end
+    times, series = timeline(run.trace, pk.rank)
+    act = series["activations"]
+    top = max(act)
+    # one micro-batch at a time (pp = 1): the peak holds exactly one micro-batch's activations
+    assert top == pytest.approx(chunk_activation_bytes(model, plan, 0), rel=1e-9)
+    assert pk.breakdown["activations"] == pytest.approx(top, rel=1e-9)
+    i = act.index(top)
+    rises = sum(b > a for a, b in zip(act[:i], act[1:i + 1]))
+    assert rises >= model.num_layers  # at least one allocation per layer before the peak
+    assert times[i] > 0 and act[0] < top / model.num_layers * 2  # little is held when the first forward starts
+    after = act[i:]
+    falls = sum(b < a for a, b in zip(after, after[1:]))
+    assert falls >= model.num_layers * plan.num_microbatches  # freed layer by layer in every backward
+    assert act[-1] == pytest.approx(0.0, abs=1.0)

@@ -106,6 +106,22 @@ def test_hf_llama3_8b_config_gives_8b(tmp_path):
     assert (m.mlp, m.norm, m.num_key_value_heads, m.tied_embeddings, m.seq_length) == ("swiglu", "rmsnorm", 8, False, 8192)
 
 
+def test_hf_model_is_named_from_what_the_file_says_not_its_folder(tmp_path):
+    # issue 44: --hf-config nc/config.json named the model "nc", after its folder
+    def name(**cfg):
+        path = tmp_path / "nc" / "config.json"
+        path.parent.mkdir(exist_ok=True)
+        path.write_text(json.dumps({k: v for k, v in {**LLAMA3_8B_CONFIG, **cfg}.items() if v is not None}))
+        return model_from_hf_config(path).name
+
+    assert name(_name_or_path="meta-llama/Meta-Llama-3-8B") == "Meta-Llama-3-8B"
+    assert name(_name_or_path="/ckpt/llama3-8b/") == "llama3-8b"
+    assert name() == "llama"  # model_type
+    assert name(model_type=None) == "LlamaForCausalLM"  # the first architecture
+    assert name(model_type=None, architectures=None) == "nc"  # the folder, as a last resort
+    assert model_from_hf_config(tmp_path / "nc" / "config.json", name="mine").name == "mine"
+
+
 def test_hf_kv_heads_null_means_mha_and_tied_flag():
     cfg = dict(LLAMA3_8B_CONFIG, num_key_value_heads=None, tie_word_embeddings=True)
     m = model_from_hf_config(cfg, seq_length=2048)

@@ -4,6 +4,7 @@ import itertools
 import json
 import math
 import random
+import re
 
 import pytest
 
@@ -22,6 +23,7 @@ from sim.studies.search import (
     search,
 )
 from sim.studies.search_explain import explain
+from sim.units import format_time
 from sim.studies.sweep import Runner, make_context
 from sim.inputs.topology_build import load_topology
 
@@ -205,6 +207,25 @@ def test_explain_names_what_makes_the_difference():
     assert any(line.startswith("  activations") for line in lines)
 
 
+def test_negative_differences_are_scaled_like_positive_ones_and_set_apart():
+    # issue 44: "exposed tp ... 1.712 s -77858.28 us", "idle ... 839.957 ms-101427.42 us"
+    assert format_time(-0.07785828) == "-77.858 ms" and format_time(0.07785828) == "77.858 ms"
+    assert format_time(-1.5) == "-1.500 s" and format_time(-2e-6) == "-2.00 us"
+
+    def rec(key, compute, tp, idle):
+        return {"key": key, "summary": {
+            "plan": {"dp": 4, "tp": 2, "pp": 2, "vpp": 1, "schedule": "1f1b", "micro_batch_size": 1,
+                     "zero_stage": 0, "recompute": "none", "sequence_parallel": False},
+            "iteration_time_s": compute + tp + idle, "compute_s": compute, "idle_s": idle,
+            "exposed_comm_s": {"tp": tp}, "memory": {"peak_bytes": 1e9}}}
+    best, runner_up = rec("a", 0.5, 1.712, 0.839957), rec("b", 2.7, 1.634142, 0.73853)
+    lines = explain(best, runner_up)
+    tp_row = next(line for line in lines if line.lstrip().startswith("exposed tp"))
+    idle_row = next(line for line in lines if line.lstrip().startswith("idle"))
+    assert tp_row.split()[-4:] == ["1.634", "s", "-77.858", "ms"]
+    assert idle_row.split()[-6:] == ["839.957", "ms", "738.530", "ms", "-101.427", "ms"]
+
+
 def test_search_cli_json_best_is_what_trainsim_run_reports(capsys, tmp_path):
     argv = ["search", *TINY_FLAGS, "--gpus", "8", "--global-batch-size", "8", "--tp", "1,2", "--pp", "1,2",
             "--micro-batch-size", "1", "--zero", "0", "--recompute", "none", "--sequence-parallel", "off",
@@ -240,6 +261,57 @@ def test_search_cli_prints_the_top_and_why(capsys):
     out = capsys.readouterr().out
     assert "6 plans: 0 do not fit in memory" in out
     assert "  1  dp " in out and "runner-up dp" in out and "why: the best is" in out
+
+
+def test_search_reports_progress_off_a_terminal_and_its_whole_wall_time(capsys, tmp_path, monkeypatch):
+    # issue 44: nothing on stderr for minutes when it is not a terminal, and "in 220.5 s"
+    # printed for a 262 s run (the count left out the estimates and the outputs)
+    import time
+
+    import sim.commands.search as search_command
+    import sim.progress
+
+    monkeypatch.setattr(sim.progress, "LINE_EVERY_S", 0.05)
+    write = search_command.write_outputs
+
+    def slow_write(*a, **k):
+        time.sleep(0.5)
+        return write(*a, **k)
+
+    monkeypatch.setattr(search_command, "write_outputs", slow_write)
+    argv = ["search", *TINY_FLAGS, "--gpus", "8", "--global-batch-size", "8", "--tp", "1,2", "--pp", "1",
+            "--micro-batch-size", "1,2", "--zero", "0", "--recompute", "none", "--sequence-parallel", "off",
+            "--workers", "0", "--out", str(tmp_path / "s")]
+    t0 = time.monotonic()
+    assert main(argv) == 0
+    wall = time.monotonic() - t0
+    out, err = capsys.readouterr()
+    lines = err.splitlines()
+    plans, no_fit = map(int, re.search(r"(\d+) plans: (\d+) do not fit in memory", out).groups())
+    fit = plans - no_fit  # the most the search may simulate
+    assert lines and all(re.fullmatch(rf"search: \d/{fit} plans simulated, \d+\.\d s elapsed", x) for x in lines), err
+    reported = float(re.search(r"simulated \(0 failed\) in ([\d.]+) s \(wall time\)", out).group(1))
+    assert 0.5 <= reported <= wall + 0.05  # the outputs' time is in it
+
+
+def test_pareto_title_counts_what_it_shows_and_what_the_text_calls_simulated(capsys, tmp_path, monkeypatch):
+    # issue 44: pareto.png was titled "104 plans simulated" where the text said 112 (the
+    # plot shows the simulated plans that ran and fit; the text counts every simulated one)
+    import sim.results.plot_pareto
+
+    drawn = {}
+    monkeypatch.setattr(sim.results.plot_pareto, "plot_pareto", lambda pts, path, title, capacity_bytes: drawn.update(
+        points=pts, title=title, capacity=capacity_bytes))
+    argv = ["search", *TINY_FLAGS, "--gpus", "8", "--global-batch-size", "8", "--tp", "1,2", "--pp", "1,2",
+            "--micro-batch-size", "1", "--zero", "0", "--recompute", "none", "--sequence-parallel", "off",
+            "--workers", "0", "--out", str(tmp_path / "s")]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    plans, simulated = map(int, re.search(r"(\d+) plans: .* (\d+) simulated \(", out).groups())
+    ok = [json.loads(x) for x in (tmp_path / "s" / "results.jsonl").read_text().splitlines()]
+    shown = sum(r["status"] == "ok" and r["summary"]["fits"] for r in ok)
+    assert len(drawn["points"]) == shown
+    assert drawn["title"].endswith(f"{shown} plans that ran and fit, of {simulated} simulated ({plans} considered)")
 
 
 @pytest.mark.parametrize("extra,message", [

@@ -231,7 +231,7 @@ def test_sweep_file_errors_are_one_line_and_write_nothing(tmp_path, capsys, text
     assert not (tmp_path / "o").exists()
 
 
-def test_progress_bar_on_a_terminal_only():
+def test_progress_bar_redraws_on_a_terminal_and_writes_nothing_elsewhere_for_quick_work():
     class Tty(io.StringIO):
         def isatty(self):
             return True
@@ -243,7 +243,28 @@ def test_progress_bar_on_a_terminal_only():
         p.step()
         p.close()
     assert "2/4" in tty.getvalue() and "ETA" in tty.getvalue() and "plans/s" in tty.getvalue()
-    assert pipe.getvalue() == ""
+    assert pipe.getvalue() == ""  # done well within the first few seconds
+
+
+def test_progress_off_a_terminal_is_a_plain_line_every_few_seconds():
+    # issue 44: nothing was printed for four minutes when stderr was not a terminal
+    import time
+
+    pipe = io.StringIO()
+    start = time.monotonic() - 40.0  # the command began 40 s ago
+    with Progress(112, stream=pipe, label="search", every_s=0.05, start=start) as p:
+        p.step(37)
+        time.sleep(0.3)  # one long simulation: the lines keep coming while it runs
+    lines = pipe.getvalue().splitlines()
+    assert 2 <= len(lines) <= 7 and "\r" not in pipe.getvalue()
+    for line in lines:
+        head, elapsed = line.split(", ")
+        assert head == "search: 37/112 plans simulated"
+        assert elapsed.endswith(" s elapsed") and 40.0 <= float(elapsed.split()[0]) < 60.0
+    silent = io.StringIO()
+    with Progress(4, stream=silent, enabled=False, every_s=0.01) as p:
+        time.sleep(0.05)
+    assert silent.getvalue() == ""
 
 
 # ---------------------------------------------------------------- workers that cannot start
@@ -401,3 +422,22 @@ def test_a_point_leaves_nothing_frozen_so_a_worker_does_not_grow_point_after_poi
 
     evaluate(CTX, PLANS[0])
     assert gc.get_freeze_count() == 0
+
+
+def test_sweep_reports_progress_off_a_terminal_and_its_wall_time(tmp_path, capsys, monkeypatch):
+    # issue 44: nothing on stderr for minutes when it is not a terminal
+    import re
+
+    import sim.progress
+
+    monkeypatch.setattr(sim.progress, "LINE_EVERY_S", 0.05)
+    toml = tmp_path / "sweep.toml"
+    toml.write_text(SWEEP_TOML)
+    t0 = time.monotonic()
+    assert main(["sweep", str(toml), "--workers", "0"]) == 0
+    wall = time.monotonic() - t0
+    out, err = capsys.readouterr()
+    lines = err.splitlines()
+    assert lines and all(re.fullmatch(r"sweep: \d+/16 plans simulated, \d+\.\d s elapsed", x) for x in lines), err
+    reported = float(re.search(r"16 simulated .* in ([\d.]+) s \(wall time\)", out).group(1))
+    assert 0 < reported <= wall + 0.05

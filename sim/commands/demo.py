@@ -18,7 +18,7 @@ from pathlib import Path
 from sim.studies.collective import run_collective
 from sim.results.export import write_chrome, write_json_atomic
 from sim.inputs.topology_build import load_topology
-from sim.units import POSITIVE_INT, format_bytes, format_time
+from sim.units import POSITIVE_INT, format_bytes, format_microbatches, format_time
 
 NAME = "demo"
 HELP = "Run the built-in demo (flat ring vs hierarchical all-reduce on 4 DGX H100 nodes) and write its plots."
@@ -49,7 +49,8 @@ def _training(out: Path) -> list[dict]:
         write_outputs(run_, s, out / f"train-{schedule}")
         rows.append(s)
     print(f"One training iteration of {model.describe()}")
-    print(f"on {topo.num_gpus} GPUs of {topo.name}: dp 2 x tp 2 x pp 4, 16 micro-batches of 1 x 4096 tokens")
+    print(f"on {topo.num_gpus} GPUs of {topo.name}: dp 2 x tp 2 x pp 4, global batch {plan.global_batch_size}: "
+          f"{format_microbatches(plan.num_microbatches, plan.micro_batch_size, model.seq_length)} per replica")
     print(f"{'schedule':>12} | {'iteration':>10} {'tokens/s':>10} {'MFU':>6} {'bubble':>7} | peak memory")
     best = min(rows, key=lambda r: r["iteration_time_s"])
     for r in rows:

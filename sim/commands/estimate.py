@@ -14,7 +14,7 @@ import json
 from sim.program.estimate import estimate
 from sim.commands.settings import ESTIMATE_FLAGS, analytic_inputs
 from sim.inputs.flags import add_arguments as add_schema_arguments
-from sim.units import format_bytes, format_time
+from sim.units import format_bytes, format_microbatches, format_time
 
 NAME = "estimate"
 HELP = "Analytic per-GPU memory and first-order step time of a training plan (no simulation)."
@@ -38,8 +38,9 @@ def run(args) -> int:
     print(f"plan: {pl.world_size} GPUs = dp {pl.dp} x tp {pl.tp} x pp {pl.pp}"
           f"{f' (vpp {pl.vpp})' if pl.vpp > 1 else ''}, schedule {pl.schedule}, placement {pl.placement}, "
           f"sp {'on' if pl.sp else 'off'}, "
-          f"micro-batch {pl.micro_batch_size}, global batch {pl.global_batch_size} "
-          f"({pl.num_microbatches} micro-batches), recompute {pl.recompute}, ZeRO-{pl.zero_stage}"
+          f"global batch {pl.global_batch_size}: "
+          f"{format_microbatches(pl.num_microbatches, pl.micro_batch_size, model.seq_length)} per replica, "
+          f"recompute {pl.recompute}, ZeRO-{pl.zero_stage}"
           + (f", ep {pl.ep}, etp {pl.etp_size}" if model.moe else ""))
     if pl.pp > 1:
         layers = pl.stage_layers(model)

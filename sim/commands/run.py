@@ -23,7 +23,7 @@ from sim.progress import Progress
 from sim.results.moe_report import moe_lines
 from sim.results.mixed import mixed_lines
 from sim.results.stragglers import straggler_lines
-from sim.units import format_bytes, format_time
+from sim.units import format_bytes, format_microbatches, format_time
 
 NAME = "run"
 HELP = "Simulate one training iteration (every GPU's compute and communication) and report its metrics."
@@ -95,8 +95,9 @@ def _print(s: dict, run: session.TrainingRun) -> None:
     print(f"plan: dp {plan.dp}{f' x cp {plan.cp} ({plan.cp_comm_type})' if plan.cp > 1 else ''} x tp {plan.tp} x "
           f"pp {plan.pp}{f' (vpp {plan.vpp})' if plan.vpp > 1 else ''}"
           f"{f', ep {plan.ep} x etp {plan.etp_size}' if s.get('moe') else ''}, "
-          f"schedule {s['schedule']}, micro-batch {plan.micro_batch_size} x {plan.num_microbatches}, "
-          f"global batch {plan.global_batch_size}, recompute {plan.recompute}, ZeRO-{plan.zero_stage}"
+          f"schedule {s['schedule']}, global batch {plan.global_batch_size}: "
+          f"{format_microbatches(plan.num_microbatches, plan.micro_batch_size, run.model.seq_length)} per replica, "
+          f"recompute {plan.recompute}, ZeRO-{plan.zero_stage}"
           f"{' (parameter gather overlapped)' if plan.param_gather_overlap else ''}, "
           f"sp {'on' if plan.sp else 'off'}, precision {s['precision']}")
     T = s["iteration_time_s"]

@@ -31,6 +31,7 @@ from sim.inputs.flags import add_arguments as add_schema_arguments, given
 from sim.inputs.schema import RunSettings
 from sim.inputs.plan import RECOMPUTE, SCHEDULES
 from sim.program.fp8 import FP8_FORMATS, check_fp8_support
+from sim.progress import ProgressBar
 from sim.studies.search import (
     DEFAULT_MARGIN,
     LONG_SEQUENCE,
@@ -197,10 +198,16 @@ def entry(rec: dict) -> dict:
     return {"key": rec["key"], **rec["summary"]}
 
 
+def pareto_title(head: str, shown: int, simulated: int, total: str) -> str:
+    """The title of pareto.png: it shows the simulated plans that ran and fit, so it says
+    how many of the simulated ones that is (the count the text reports as simulated)."""
+    return f"{head}\n{shown} plans that ran and fit, of {simulated} simulated ({total})"
+
+
 def write_outputs(out: Path, rows: list[dict], ranked: list[dict], obj: dict, title: str,
                   capacity_bytes: float, name: str) -> None:
     from sim.results.export import write_json_atomic
-    from sim.results.plot import plot_pareto
+    from sim.results.plot_pareto import plot_pareto
 
     write_text_atomic(csv_text(rows), out / "results.csv")
     front = {r["key"] for r in pareto(ranked)}
@@ -219,7 +226,7 @@ def print_top(ranked: list[dict], top: int) -> None:
 
 
 def run(args) -> int:
-
+    start = time.monotonic()  # the wall time reported counts from here to the report
     check_executor_args(args)
     settings = RunSettings.from_values({k: v for k, v in given(args).items() if k in SEARCH_FLAGS})
     model = model_from_settings(settings.model)
@@ -246,16 +253,11 @@ def run(args) -> int:
                "gpus": gpus, "global_batch_size": args.global_batch_size}
     cands = candidates(model, plans, profile, topo.gpus_per_node)
     log = open_log(args, context)
-    t0 = time.monotonic()
-    with interrupted_note(log), Runner(args.workers, args.dask, log) as runner:
-        waves = []
-
-        def simulate(plans):
-            waves.append(len(plans))
-            return runner.run(ctx, plans, label=f"wave {len(waves)} ({sum(waves) - len(plans)} plans done) ")
-
-        result = search(cands, simulate, margin=args.margin, wave=args.wave)
-    wall = time.monotonic() - t0
+    fitting = sum(cd.estimate.fits for cd in cands)  # at most this many are simulated
+    with interrupted_note(log), Runner(args.workers, args.dask, log) as runner, \
+            ProgressBar(fitting, label="search", start=start) as progress:
+        result = search(cands, lambda plans: runner.run(ctx, plans, progress=progress), margin=args.margin,
+                        wave=args.wave)
     ranked = rank(result.ranked)
     c = result.counts
     obj = {"best": entry(ranked[0]) if ranked else None, "top": [entry(r) for r in ranked[:args.top]],
@@ -269,7 +271,8 @@ def run(args) -> int:
                  "error": cd.record.get("error") if cd.record else None,
                  "extra": {"estimate_step_s": cd.estimate.time["step"], "estimate_bound_s": cd.bound_s,
                            "estimate_peak_memory_bytes": cd.estimate.memory["total"]}} for cd in result.candidates]
-        title = f"{model.name} on {gpus} x {profile.name}, global batch {args.global_batch_size}: {len(ranked)} plans simulated"
+        title = pareto_title(f"{model.name} on {gpus} x {profile.name}, global batch {args.global_batch_size}",
+                             len(ranked), c["evaluated"], f"{c['plans']} considered")
         write_outputs(Path(args.out), rows, ranked, obj, title, profile.hbm_capacity_bytes, "search")
     if args.json:
         print(json.dumps(obj, sort_keys=True))
@@ -277,9 +280,10 @@ def run(args) -> int:
     print(model.describe())
     print(f"{gpus} x {profile.name} on {topo.describe()}; global batch {args.global_batch_size} x {model.seq_length} tokens")
     margin = f"x {args.margin:g}" if math.isfinite(args.margin) else "off"
+    wall = time.monotonic() - start  # all of the command's work: estimates, simulations, outputs
     print(f"{c['plans']} plans: {c['pruned_memory']} do not fit in memory, {c['pruned_time']} cannot beat the "
           f"best two (estimate margin {margin}), {c['evaluated']} simulated ({c['failed']} failed) "
-          f"in {wall:.1f} s")
+          f"in {wall:.1f} s (wall time)")
     if c["does_not_fit"]:
         print(f"{c['does_not_fit']} simulated plan(s) did not fit in memory after all (simulated peak)")
     if not ranked:

@@ -37,6 +37,7 @@ from sim.commands.search import (
     entry,
     interrupted_note,
     open_log,
+    pareto_title,
     print_top,
     write_outputs,
 )
@@ -146,6 +147,7 @@ def points(path: str):
 
 
 def run(args) -> int:
+    start = time.monotonic()  # the wall time reported counts from here to the report
     check_executor_args(args)
     model, profile, topo, gpus, pts = points(args.experiment)
     ctx = make_context(model, profile, topo)
@@ -157,10 +159,8 @@ def run(args) -> int:
         if rec["key"] not in log.done:
             log.append(rec)
     valid = [plan for _, plan, _, _ in pts if plan is not None]
-    t0 = time.monotonic()
     with interrupted_note(log), Runner(args.workers, args.dask, log) as runner:
-        records = runner.run(ctx, valid)
-    wall = time.monotonic() - t0
+        records = runner.run(ctx, valid, label="sweep", start=start)
     records = sorted(records + invalid, key=lambda r: r["key"])
     ranked = rank(records)
     failed = sum(r["status"] != "ok" for r in records) - len(invalid)
@@ -169,15 +169,17 @@ def run(args) -> int:
            "pruned": 0, "failed": failed,
            "does_not_fit": sum(r["status"] == "ok" and not r["summary"]["fits"] for r in records)}
     if args.out:
-        title = f"{model.name} on {gpus} x {profile.name}: sweep of {len(records)} points"
+        title = pareto_title(f"{model.name} on {gpus} x {profile.name}: sweep", len(ranked), obj["evaluated"],
+                             f"{len(records)} points, {len(invalid)} invalid")
         write_outputs(Path(args.out), records, ranked, obj, title, profile.hbm_capacity_bytes, "sweep")
     if args.json:
         print(json.dumps(obj, sort_keys=True))
         return 0
+    wall = time.monotonic() - start  # all of the command's work: reading, simulations, outputs
     print(model.describe())
     print(f"{gpus} x {profile.name} on {topo.describe()}")
     print(f"{len(records)} points: {len(invalid)} invalid, {obj['evaluated']} simulated ({failed} failed, "
-          f"{obj['does_not_fit']} do not fit) in {wall:.1f} s")
+          f"{obj['does_not_fit']} do not fit) in {wall:.1f} s (wall time)")
     for r in records:
         if r["status"] != "ok":
             print(f"  {r['key']}: {r['error']}")

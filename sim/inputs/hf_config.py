@@ -74,10 +74,7 @@ def _hf_dropout(cfg: dict, key: str, where: str) -> float:
 
 def _from_hf(cfg: dict, where: str, seq_length: int | None, name: str | None) -> ModelSpec:
     mtype = cfg.get("model_type") or ("gpt2" if "n_embd" in cfg else "llama" if "intermediate_size" in cfg else None)
-    if name is None and "_name_or_path" in cfg:
-        name = cfg["_name_or_path"]
-        require(isinstance(name, str), f"{where}: _name_or_path", name, "expected a string")
-    name = name or (Path(where).parent.name if where != "config.json" else None) or mtype
+    name = name or _hf_name(cfg, where) or mtype
     if mtype == "gpt2":
         h = _hf_int(cfg, "n_embd", where)
         n_pos = _hf_int(cfg, "n_positions", where)
@@ -101,6 +98,20 @@ def _from_hf(cfg: dict, where: str, seq_length: int | None, name: str | None) ->
                  heads, heads if kv is None else _hf_int(cfg, "num_key_value_heads", where),
                  _hf_int(cfg, "intermediate_size", where), _hf_int(cfg, "vocab_size", where),
                  seq_length or max_pos, tied_embeddings=tie, bias=bias, max_position_embeddings=max_pos, **kw)
+
+
+def _hf_name(cfg: dict, where: str) -> str | None:
+    """The model's name as the file gives it: the last part of ``_name_or_path``
+    (``meta-llama/Meta-Llama-3-8B`` -> ``Meta-Llama-3-8B``), else ``model_type``, else the
+    first of ``architectures``; the file's folder only when the file names nothing."""
+    path = cfg.get("_name_or_path")
+    require(path is None or isinstance(path, str), f"{where}: _name_or_path", path, "expected a string")
+    arch = cfg.get("architectures")
+    for candidate in (Path(path).name if path else None, cfg.get("model_type"),
+                      arch[0] if isinstance(arch, list) and arch else None):
+        if isinstance(candidate, str) and candidate.strip():
+            return candidate.strip()
+    return Path(where).parent.name if where != "config.json" else None
 
 
 def _hf_moe(cfg: dict, mtype: str, where: str) -> dict:

@@ -28,7 +28,7 @@ from sim.inputs.hardware import HardwareProfile
 from sim.program.limits import DEFAULT_MAX_EVENTS, check_size
 from sim.program.memory.states import expert_data_parallel, stage_param_split
 from sim.program.memory import (
-    chunk_activation_bytes,
+    chunk_activation_parts,
     fp8_layer_weights,
     layer_param_bytes,
     offload_copy_bytes,
@@ -374,7 +374,7 @@ def add_memory(prog: Program, model: ModelSpec, plan: ParallelPlan, profile: Har
     (stage, micro-batch)'s stored activations while they are alive; the bytes are
     ``sim.program.memory``'s."""
     resident = [stage_resident_bytes(model, plan, s, profile.memory_reserve_bytes) for s in range(plan.pp)]
-    chunk = [chunk_activation_bytes(model, plan, vs) for vs in range(plan.pp * plan.vpp)]
+    chunk = [chunk_activation_parts(model, plan, vs) for vs in range(plan.pp * plan.vpp)]
 
     stage_of: dict[str, int] = {}
 

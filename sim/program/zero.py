@@ -18,9 +18,11 @@ explicit in the program, so the simulator times it and the memory timeline shows
 
 ``add_resident`` puts each rank's resident model states (and the profile's reserve) in
 memory at the start; ``add_activation_memory`` allocates each (stage, micro-batch)'s
-stored activations at the start of its forward and frees them at the end of its last
-backward step (B, or W when backward is split), so GPipe's m, 1F1B's p and the
-zero-bubble schedules' counts come out of the schedule itself.
+stored activations layer by layer as its forward runs (each layer's as that layer's work
+starts) and frees them layer by layer as its last backward step (B, or W when backward
+is split) runs, so GPipe's m, 1F1B's p and the zero-bubble schedules' counts come out of
+the schedule itself, and a rank's peak falls where its last forward before a backward
+ends, not at the start of the iteration.
 
 The passes only place allocations, frees and transfers on the actions: every byte
 count (resident states, stored activations, gathered weights, offload copies) and the
@@ -59,18 +61,24 @@ def _steps(acts) -> dict[str, tuple[int, int]]:
     return {k: (v[0], v[1]) for k, v in where.items()}
 
 
-def add_activation_memory(prog: Program, stored: Callable[[int, str], float],
+def add_activation_memory(prog: Program, stored: Callable[[int, str], float | dict],
                           transient: Callable[[int, str], float] | None = None) -> Program:
     """Stored activations of step ``2F0`` (``stored(rank, "2F0")`` bytes) from the start
     of that forward to the end of its last backward step (``2B0``, or ``2W0``); and
     ``transient(rank, step)`` bytes for the duration of each backward step (the one
-    layer recomputed at a time under full recomputation)."""
+    layer recomputed at a time under full recomputation).
+
+    When ``stored`` gives a dict (layer id -> bytes, ``sim.program.memory.chunk_activation_parts``)
+    each layer's bytes are allocated as the layer's work in the forward starts and freed
+    as its work in the last backward step ends (at the step's start and end for a layer
+    the step does not name)."""
     out = {}
     ends: dict[str, tuple] = {}  # per forward step: its stage, and the names of its backward steps
     made: dict[tuple, Action] = {}  # (id of an action, its additions) -> the action with them
     for r, acts in prog.actions.items():
         lst = list(acts)
         steps = _steps(lst)
+        layers: dict[str, dict[int, tuple[int, int]]] = {}  # per step: layer -> its first and last index
         add: dict[int, list[tuple]] = {}
         for step, (first, last) in steps.items():
             got = ends.get(step)
@@ -82,11 +90,19 @@ def add_activation_memory(prog: Program, stored: Callable[[int, str], float],
                 nbytes = stored(r, step)
                 if not nbytes:
                     continue
-                add.setdefault(first, []).append(("start", "activations", nbytes))
-                end = steps.get(got[1]) or steps.get(got[2]) or steps.get(got[3])
-                if end is None:
+                back = next((b for b in got[1:] if b in steps), None)
+                if back is None:
                     raise ValueError(f"rank {r}: forward {step} has no backward step")
-                add.setdefault(end[1], []).append(("end", "activations", -nbytes))
+                if not isinstance(nbytes, dict):
+                    nbytes = {None: nbytes}
+                elif not layers:
+                    for s, layer, i, j in layer_uses(lst, PIPELINE):
+                        i0, j0 = layers.setdefault(s, {}).get(layer, (i, j))
+                        layers[s][layer] = (min(i, i0), max(j, j0))
+                fwd, bwd = layers.get(step, {}), layers.get(back, {})
+                for layer, nb in nbytes.items():
+                    add.setdefault(fwd.get(layer, (first,))[0], []).append(("start", "activations", nb))
+                    add.setdefault(bwd.get(layer, (None, steps[back][1]))[1], []).append(("end", "activations", -nb))
             elif kind in ("B", "I") and transient is not None:
                 t = transient(r, step)
                 if t:

@@ -1,4 +1,4 @@
-"""Timeline pictures (the only module that imports matplotlib).
+"""Timeline pictures (matplotlib: this module and the other sim/results/plot_*.py).
 
 ``plot_timeline`` draws a Gantt chart: one lane per (rank, stream), time in
 milliseconds on x, one bar per span coloured by what it is (forward, backward, weight
@@ -18,6 +18,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.patches import Patch  # noqa: E402
 
 from sim.results.trace import Trace  # noqa: E402
+from sim.units import format_bytes  # noqa: E402
 
 # Fixed colours for the categories schedules and passes use; others get tab20 colours.
 COLOURS = {
@@ -52,29 +53,89 @@ def category_colour(category: str, extra: dict[str, str]) -> str:
 
 
 def plot_timeline(trace: Trace, path: str | Path, title: str = "", lane_names: dict[int, str] | None = None,
-                  max_lanes: int = 64, show_transfers: bool = False, ranks=None, lane_of_stream=None) -> Path:
-    """Draw the trace as a Gantt PNG at ``path`` (written atomically) and return the path.
+                  max_lanes: int = 64, show_transfers: bool = False, ranks=None, lane_of_stream=None,
+                  lane_of_span=None, collapse: bool = True) -> Path:
+    """Draw the trace as a Gantt PNG at ``path`` (written atomically) and return the path
+    (``timeline_figure`` says how)."""
+    return save_png(timeline_figure(trace, title, lane_names, max_lanes, show_transfers, ranks, lane_of_stream,
+                                    lane_of_span, collapse), path)
+
+
+MIN_BAR_FRACTION = 1 / 600
+"""The narrowest a communication bar is drawn, as a fraction of the timeline's width
+(about two pixels): a 16-micro-batch pipeline's sends last microseconds of a
+second-long step and would otherwise vanish. Only the picture widens them, never the
+trace."""
+
+
+def timeline_figure(trace: Trace, title: str = "", lane_names: dict[int, str] | None = None, max_lanes: int = 64,
+                    show_transfers: bool = False, ranks=None, lane_of_stream=None, lane_of_span=None,
+                    collapse: bool = True):
+    """``plot_timeline``'s figure.
 
     ``ranks`` picks the ranks to draw (default all); ``lane_of_stream`` maps a stream
-    name to a lane name, so several streams can share a lane (e.g. every ``pp`` stream).
-    With ``show_transfers`` each rank gets a ``sends`` lane showing every point-to-point
-    transfer it sent (collective steps included), coloured by the slowest kind of link
-    it crossed. At most ``max_lanes`` lanes are drawn (the first ranks); the title says
-    so when ranks were left out.
+    name to a lane name, so several streams can share a lane (e.g. every ``pp`` stream),
+    and ``lane_of_span`` maps a span to its lane (e.g. context-parallel traffic to a
+    ``cp-comm`` lane of its own whatever stream it ran on). With ``show_transfers`` each
+    rank gets a ``sends`` lane showing every point-to-point transfer it sent (collective
+    steps included), coloured by the slowest kind of link it crossed. Communication bars
+    are drawn at least ``MIN_BAR_FRACTION`` of the width wide, except on the compute lane
+    (tensor-parallel collectives between the GEMMs), where they would hide the compute. With ``collapse``, ranks
+    whose lanes would look the same (the same bars to a pixel) are drawn once, labelled
+    ``×N``. At most ``max_lanes`` lanes are drawn (the first ranks); the title says so
+    when ranks were left out.
     """
     merge = lane_of_stream or (lambda s: s)
-    streams = {}
-    for r, ss in trace.streams().items():
-        if ranks is None or r in ranks:
-            lanes_r = []
-            for st in ss:
-                if st == "memory":  # holds only the instant that sets up resident memory
-                    continue
-                if merge(st) not in lanes_r:
-                    lanes_r.append(merge(st))
-            streams[r] = lanes_r
+    lane_fn = lane_of_span or (lambda sp: merge(sp.stream))
+    streams: dict[int, list[str]] = {}
+    for sp in trace.spans:
+        if (ranks is None or sp.rank in ranks) and sp.stream != "memory":  # memory: only the resident instant
+            lanes_r = streams.setdefault(sp.rank, [])
+            if lane_fn(sp) not in lanes_r:
+                lanes_r.append(lane_fn(sp))
+    streams = {r: sorted(ss, key=lambda ln: (ln != "compute", ln)) for r, ss in sorted(streams.items())}
     if show_transfers:
         streams = {r: ss + ["sends"] for r, ss in streams.items()}
+    t_end_ms = max(trace.end_s * 1e3, 1e-9)
+    min_w = t_end_ms * 1.01 * MIN_BAR_FRACTION
+    extra: dict[str, str] = {}
+    used: dict[str, str] = {}
+    # Compute pieces of one step (named "2F0.0", "2F0.1", ..., "2F0") draw as one bar;
+    # communication draws only while data moves (not while it waits for its peers).
+    items: dict[tuple, list] = {}
+    for sp in trace.spans:
+        if sp.rank not in streams or sp.stream == "memory":
+            continue
+        lane = (sp.rank, lane_fn(sp))
+        if sp.kind == "compute":
+            key = (lane, sp.category, sp.name.split(".")[0])
+            start = sp.start_s
+        else:
+            key = (lane, sp.category, sp.name, sp.start_s)
+            start = sp.start_s if sp.busy_start_s is None else sp.busy_start_s
+        it = items.get(key)
+        items[key] = [start, sp.end_s, sp.kind] if it is None else [min(it[0], start), max(it[1], sp.end_s), sp.kind]
+    bars: dict[tuple, list[tuple[float, float, str, str]]] = {}  # lane -> (x0, w, colour, name)
+    for (lane, cat, name, *_), (a, b, kind) in items.items():
+        x0, w = a * 1e3, (b - a) * 1e3
+        if kind != "compute" and lane[1] != "compute":  # (on the compute lane it would hide the compute)
+            w = max(w, min_w)
+        c = category_colour(cat, extra)
+        used.setdefault(cat, c)
+        bars.setdefault(lane, []).append((x0, w, c, name))
+    xfers: dict[tuple, list[tuple[float, float, str]]] = {}  # (lane, band) -> (x0, w, colour)
+    media = [m for m in ("nvlink", "pcie", "ib", "ethernet", "local") if any(t.medium == m for t in trace.transfers)] \
+        if show_transfers else []
+    for tr in trace.transfers if show_transfers else ():
+        if tr.src not in streams:
+            continue
+        cat = f"via {tr.medium}"
+        c = category_colour(cat, extra)
+        used.setdefault(cat, c)
+        xfers.setdefault(((tr.src, "sends"), media.index(tr.medium)), []).append(
+            (tr.start_s * 1e3, max((tr.end_s - tr.start_s) * 1e3, min_w), c))
+    copies = _identical_ranks(streams, bars, xfers, t_end_ms) if collapse else {r: 1 for r in streams}
+    streams = {r: ss for r, ss in streams.items() if r in copies}
     lanes: list[tuple[int, str]] = [(r, s) for r, ss in streams.items() for s in ss]
     dropped = 0
     if len(lanes) > max_lanes:
@@ -82,63 +143,36 @@ def plot_timeline(trace: Trace, path: str | Path, title: str = "", lane_names: d
         dropped = len(streams) - len(kept_ranks)
         lanes = [(r, s) for r, s in lanes if r in kept_ranks][:max_lanes]
     lane_of = {lane: i for i, lane in enumerate(lanes)}
-    t_end_ms = max(trace.end_s * 1e3, 1e-9)
     fig_h = max(2.2, 0.42 * len(lanes) + 1.4)
     fig, ax = plt.subplots(figsize=(13, fig_h), dpi=110)
-    extra: dict[str, str] = {}
-    used: dict[str, str] = {}
     min_label_ms = t_end_ms / 60
-    bars: dict[int, list[tuple[float, float, str]]] = {}
-    # Compute pieces of one step (named "2F0.0", "2F0.1", ..., "2F0") draw as one bar;
-    # communication draws only while data moves (not while it waits for its peers).
-    items: dict[tuple, list] = {}
-    for sp in trace.spans:
-        y = lane_of.get((sp.rank, merge(sp.stream)))
+    thin = t_end_ms / 400  # bars narrower than this get no white edge, which would hide them
+    for lane, group_items in bars.items():
+        y = lane_of.get(lane)
         if y is None:
             continue
-        if sp.kind == "compute":
-            key = (y, sp.category, sp.name.split(".")[0])
-            start = sp.start_s
-        else:
-            key = (y, sp.category, sp.name, sp.start_s)
-            start = sp.start_s if sp.busy_start_s is None else sp.busy_start_s
-        it = items.get(key)
-        items[key] = [start, sp.end_s] if it is None else [min(it[0], start), max(it[1], sp.end_s)]
-    for (y, cat, name, *_), (a, b) in items.items():
-        x0, w = a * 1e3, (b - a) * 1e3
-        c = category_colour(cat, extra)
-        used.setdefault(cat, c)
-        bars.setdefault(y, []).append((x0, w, c))
-        if w >= min_label_ms and len(name) * t_end_ms / 170 < w:
-            ax.text(x0 + w / 2, y, name, ha="center", va="center", fontsize=7, color="white", clip_on=True)
-    if show_transfers:
-        # One band per kind of link inside the "sends" lane, so concurrent transfers
-        # (several channels, or phases that overlap) do not hide each other.
-        media = [m for m in ("nvlink", "pcie", "ib", "ethernet", "local") if any(t.medium == m for t in trace.transfers)]
-        band = 0.8 / max(len(media), 1)
-        xfers: dict[tuple[int, int], list[tuple[float, float, str]]] = {}
-        for tr in trace.transfers:
-            y = lane_of.get((tr.src, "sends"))
-            if y is None:
-                continue
-            cat = f"via {tr.medium}"
-            c = category_colour(cat, extra)
-            used.setdefault(cat, c)
-            xfers.setdefault((y, media.index(tr.medium)), []).append((tr.start_s * 1e3, (tr.end_s - tr.start_s) * 1e3, c))
-        for (y, k), items in sorted(xfers.items()):
-            ax.broken_barh([(x, w) for x, w, _ in items], (y - 0.4 + k * band, band * 0.9),
-                           facecolors=[c for _, _, c in items], edgecolor="white", linewidth=0.3)
-    thin = t_end_ms / 400  # bars narrower than this get no white edge, which would hide them
-    for y, items in sorted(bars.items()):  # one collection per lane: fast for many bars
-        for group, edge in (([i for i in items if i[1] >= thin], 0.4), ([i for i in items if i[1] < thin], 0.0)):
-            if group:
-                ax.broken_barh([(x, w) for x, w, _ in group], (y - 0.4, 0.8), facecolors=[c for _, _, c in group],
+        for x0, w, _, name in group_items:
+            if w >= min_label_ms and len(name) * t_end_ms / 170 < w:
+                ax.text(x0 + w / 2, y, name, ha="center", va="center", fontsize=7, color="white", clip_on=True)
+        for group, edge in (([i for i in group_items if i[1] >= thin], 0.4), ([i for i in group_items if i[1] < thin],
+                                                                               0.0)):
+            if group:  # one collection per lane: fast for many bars
+                ax.broken_barh([(x, w) for x, w, _, _ in group], (y - 0.4, 0.8), facecolors=[c for _, _, c, _ in group],
                                edgecolor="white", linewidth=edge)
+    # One band per kind of link inside the "sends" lane, so concurrent transfers (several
+    # channels, or phases that overlap) do not hide each other.
+    band = 0.8 / max(len(media), 1)
+    for (lane, k), group_items in sorted(xfers.items()):
+        y = lane_of.get(lane)
+        if y is not None:
+            ax.broken_barh([(x, w) for x, w, _ in group_items], (y - 0.4 + k * band, band * 0.9),
+                           facecolors=[c for _, _, c in group_items], edgecolor="white", linewidth=0.3)
     ax.set_yticks(range(len(lanes)))
     names = lane_names or {}
     multi = any(len(ss) > 1 for ss in streams.values())
     ax.set_yticklabels([
-        (names.get(r, f"rank {r}") + (f" · {s}" if multi else "")) for r, s in lanes
+        (names.get(r, f"rank {r}") + (f" ×{copies[r]}" if copies[r] > 1 else "") + (f" · {s}" if multi else ""))
+        for r, s in lanes
     ], fontsize=8)
     ax.set_ylim(len(lanes) - 0.5, -0.5)
     ax.set_xlim(0, t_end_ms * 1.01)
@@ -147,13 +181,37 @@ def plot_timeline(trace: Trace, path: str | Path, title: str = "", lane_names: d
     ax.set_axisbelow(True)
     full_title = title or "timeline"
     if dropped:
-        full_title += f" (first {len(streams) - dropped} of {len(streams)} ranks shown)"
+        full_title += f" (first {len(streams) - dropped} of {len(streams)} kinds of rank shown)"
+    if any(n > 1 for n in copies.values()):
+        full_title += f"\n{sum(copies.values())} ranks; ×N: N ranks that look alike, drawn once"
     ax.set_title(full_title, fontsize=10)
     handles = [Patch(color=c, label=LABELS.get(k, k)) for k, c in sorted(used.items())]
     if handles:
         ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.005, 1.0), fontsize=8, frameon=False)
     fig.tight_layout()
-    return save_png(fig, path)
+    return fig
+
+
+def _identical_ranks(streams: dict[int, list[str]], bars: dict, xfers: dict, t_end_ms: float) -> dict[int, int]:
+    """The ranks to draw, each with how many ranks (itself included) would be drawn
+    exactly like it: the same lanes holding the same bars, to a thousandth of the width
+    (about a pixel), in the same colours. Ranks keep their order; the first of a kind
+    stands for the others."""
+    q = t_end_ms / 1000
+
+    def look(r):
+        lanes = tuple((ln, tuple(sorted((round(x / q), round(w / q), str(c)) for x, w, c, *_ in bars.get((r, ln), ()))))
+                      for ln in streams[r])
+        sends = tuple(sorted((k, tuple(sorted((round(x / q), round(w / q), str(c)) for x, w, c in v)))
+                             for (lane, k), v in xfers.items() if lane[0] == r))
+        return lanes, sends
+
+    first: dict = {}
+    copies: dict[int, int] = {}
+    for r in streams:
+        rep = first.setdefault(look(r), r)
+        copies[rep] = copies.get(rep, 0) + 1
+    return copies
 
 
 def save_png(fig, path: str | Path) -> Path:
@@ -195,9 +253,10 @@ def plot_memory(trace: Trace, path: str | Path, ranks, lane_names: dict[int, str
         ax.stackplot(xs, ys, labels=cats, colors=[colours.get(c, "#999999") for c in cats], step="post")
         if show_cap:
             ax.axhline(capacity_bytes / 2**30, color="black", linestyle="--", linewidth=1)
-            ax.text(end_ms * 0.995, capacity_bytes / 2**30, "GPU capacity", va="bottom", ha="right", fontsize=7)
+            ax.text(end_ms * 0.995, capacity_bytes / 2**30, f"GPU capacity {format_bytes(capacity_bytes)}",
+                    va="bottom", ha="right", fontsize=7)
         elif capacity_bytes:
-            ax.text(0.995, 0.97, f"GPU capacity {capacity_bytes / 2**30:.0f} GiB (off the chart)",
+            ax.text(0.995, 0.97, f"GPU capacity {format_bytes(capacity_bytes)} (off the chart)",
                     transform=ax.transAxes, va="top", ha="right", fontsize=7)
         ax.set_ylabel((lane_names or {}).get(r, f"rank {r}") + "\nGiB", fontsize=8)
         ax.grid(axis="y", linestyle=":", alpha=0.5)
@@ -209,40 +268,6 @@ def plot_memory(trace: Trace, path: str | Path, ranks, lane_names: dict[int, str
     axes[-1, 0].set_xlabel("time (ms)")
     axes[-1, 0].set_xlim(0, end_ms * 1.01)
     axes[0, 0].set_title(title or "memory over time", fontsize=10)
-    fig.tight_layout()
-    return save_png(fig, path)
-
-
-def plot_pareto(points, path: str | Path, title: str = "", capacity_bytes: float | None = None) -> Path:
-    """Tokens/s against peak memory per GPU, one dot per plan: ``points`` are
-    ``(peak_bytes, tokens_per_s, on_front, label)``; the Pareto front (no plan both faster
-    and smaller) is joined by a line, labelled points are annotated (the best plan)."""
-    fig, ax = plt.subplots(figsize=(9, 5.5), dpi=110)
-    xs = [p[0] / 2**30 for p in points]
-    ys = [p[1] for p in points]
-    ax.scatter(xs, ys, s=14, color="#9DB4D3", label="simulated plan", zorder=2)
-    front = sorted((p[0] / 2**30, p[1]) for p in points if p[2])
-    if front:
-        ax.plot([x for x, _ in front], [y for _, y in front], "-o", color="#C44E52", markersize=5,
-                label="Pareto front", zorder=3)
-    for x, y, (_, _, _, label) in zip(xs, ys, points):
-        if label:
-            ax.scatter([x], [y], marker="*", s=160, color="#DD8452", zorder=4)
-            ax.annotate(label, (x, y), textcoords="offset points", xytext=(6, 6), fontsize=8)
-    cap = capacity_bytes / 2**30 if capacity_bytes else None
-    if cap and (not xs or cap <= 1.5 * max(xs)):
-        ax.axvline(cap, color="black", linestyle="--", linewidth=1, label="GPU memory")
-    elif cap:  # far to the right: say so rather than squash the plans into a corner
-        ax.text(0.99, 0.01, f"GPU memory {cap:.0f} GiB (off the chart)", transform=ax.transAxes,
-                ha="right", va="bottom", fontsize=8)
-    ax.yaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda y, _: f"{y:,.0f}"))
-    ax.set_xlabel("peak memory per GPU (GiB)")
-    ax.set_ylabel("tokens/s")
-    ax.grid(linestyle=":", alpha=0.5)
-    ax.set_axisbelow(True)
-    ax.set_title(title or "plans: throughput against memory", fontsize=10)
-    if points:
-        ax.legend(fontsize=8, loc="lower left")
     fig.tight_layout()
     return save_png(fig, path)
 
@@ -318,7 +343,8 @@ def plot_compare(rows: list[dict], path: str | Path, title: str = "") -> Path:
                 color="black" if r["fits"] else "#C00000", fontweight="normal" if r["fits"] else "bold",
                 bbox={"facecolor": "white", "edgecolor": "none", "pad": 0.5, "alpha": 0.85})
     if cap:
-        mx.axvline(cap, color="black", linestyle="--", linewidth=1, label=f"GPU capacity ({cap:.0f} GiB)")
+        mx.axvline(cap, color="black", linestyle="--", linewidth=1,
+                   label=f"GPU capacity ({format_bytes(rows[0]['capacity_bytes'])})")
     mx.set_xlim(0, top)
     mx.set_xlabel("peak memory per GPU (GiB)")
     mx.grid(axis="x", linestyle=":", alpha=0.5)
@@ -335,7 +361,6 @@ def plot_compare(rows: list[dict], path: str | Path, title: str = "") -> Path:
 def plot_busbw(rows, path: Path, name: str, gpus: int) -> Path:
     """All-reduce bus bandwidth against message size, one line per algorithm (``rows``:
     ``{"size_bytes", "ring": {"busbw_Bps"}, "hierarchical": {"busbw_Bps"}}``)."""
-    from sim.units import format_bytes
 
     fig, ax = plt.subplots(figsize=(8, 4.5), dpi=110)
     sizes = [r["size_bytes"] for r in rows]

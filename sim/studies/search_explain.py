@@ -33,6 +33,12 @@ def time_parts(summary: dict) -> dict:
     return parts
 
 
+def _row(name: str, best: str, runner_up: str, difference: str) -> str:
+    """One line of the side-by-side table: the name, then the three cells right-aligned,
+    each after at least one space (so a wide or negative value never runs into the next)."""
+    return f"{name:<23} {best:>11} {runner_up:>11} {difference:>12}"
+
+
 def explain(best: dict, runner_up: dict | None) -> list[str]:
     """Lines saying why ``best`` beats ``runner_up`` (records with ``summary``): the time
     parts and memory parts side by side and the parts that make the difference."""
@@ -43,20 +49,19 @@ def explain(best: dict, runner_up: dict | None) -> list[str]:
     tb, tr = b["iteration_time_s"], r["iteration_time_s"]
     lines = [f"best      {describe_plan(b['plan'])}",
              f"runner-up {describe_plan(r['plan'])}",
-             f"{'':<24}{'best':>12}{'runner-up':>12}{'difference':>13}",
-             f"{'iteration time':<24}{format_time(tb):>12}{format_time(tr):>12}{format_time(tr - tb):>13}"]
+             _row("", "best", "runner-up", "difference"),
+             _row("iteration time", format_time(tb), format_time(tr), format_time(tr - tb))]
     pb, pr = time_parts(b), time_parts(r)
     for k in sorted(set(pb) | set(pr), key=lambda k: list({**pb, **pr}).index(k)):
         x, y = pb.get(k, 0.0), pr.get(k, 0.0)
         if x or y:
-            lines.append(f"  {k:<22}{format_time(x):>12}{format_time(y):>12}{format_time(y - x):>13}")
+            lines.append(_row(f"  {k}", format_time(x), format_time(y), format_time(y - x)))
     mb, mr = b["memory"], r["memory"]
     parts = [k for k, v in mb.items() if k.endswith("_bytes") and k != "peak_bytes" and isinstance(v, (int, float))
              and k in mr and not k.startswith(("analytic", "breakdown"))]
     for k in parts + ["peak_bytes"]:
         name = "peak memory" if k == "peak_bytes" else "  " + k.removesuffix("_bytes")
-        lines.append(f"{name:<24}{format_bytes(mb[k]):>12}{format_bytes(mr[k]):>12}"
-                     f"{format_bytes(mr[k] - mb[k]):>13}")
+        lines.append(_row(name, format_bytes(mb[k]), format_bytes(mr[k]), format_bytes(mr[k] - mb[k])))
     gain = {k: pr.get(k, 0.0) - pb.get(k, 0.0) for k in set(pb) | set(pr)}
     why = [f"{format_time(v)} less {k}" for k, v in sorted(gain.items(), key=lambda kv: (-kv[1], kv[0])) if v > 0][:2]
     cost = [f"{format_time(-v)} more {k}" for k, v in sorted(gain.items(), key=lambda kv: (kv[1], kv[0])) if v < 0][:1]

@@ -31,8 +31,8 @@ returns its *record*, a plain JSON-able dict (``sim.studies.sweep_point``).
   task the cluster cancels, as it does when a worker dies, is submitted again, up to
   ``max_retries`` times, with the context scattered to the workers again: the dead worker
   may have held its only copy.)
-- **Progress.** On a terminal, a bar with the count, rate and ETA on stderr; silent
-  otherwise.
+- **Progress.** On stderr: on a terminal, a bar with the count, rate and ETA; otherwise
+  a plain line every few seconds (``sim.progress.ProgressBar``).
 
 Only a bounded number of points is in flight at a time (twice the workers), so Ctrl-C
 stops quickly: queued points are cancelled and worker processes are terminated. Workers
@@ -140,19 +140,27 @@ class Runner:
         self.log.close()
 
     # -- running
-    def run(self, ctx: Context, plans: list[ParallelPlan], label: str = "") -> list[dict]:
+    def run(self, ctx: Context, plans: list[ParallelPlan], label: str = "", progress: Progress | None = None,
+            start: float | None = None) -> list[dict]:
         """Records for ``plans`` in the same order: from the results file where finished
-        there, else simulated (and appended as they finish). ``label`` prefixes the
-        progress bar."""
+        there, else simulated (and appended as they finish). ``label`` names the progress
+        display, ``start`` is when the command's work began (its elapsed time counts from
+        there); a caller that runs several batches (the search's waves) passes its own
+        ``progress`` instead, which this counts on and leaves open."""
         keys = [plan_key(p) for p in plans]
         todo = [(k, p) for k, p in zip(keys, plans) if k not in self.log.done]
         todo = list({k: (k, p) for k, p in todo}.values())
+        resumed = len(set(keys)) - len(todo)  # finished in an earlier run (--resume)
+        if progress is not None and resumed:
+            progress.step(resumed)
         if todo:
-            self.progress = Progress(len(todo), self.progress_enabled, label=label)
+            own = progress is None
+            self.progress = Progress(len(todo), self.progress_enabled, label=label, start=start) if own else progress
             try:
                 self._drive(ctx, todo)
             finally:
-                self.progress.close()
+                if own:
+                    self.progress.close()
         return [self.log.done[k] for k in keys]
 
     def _submit(self, ctx, plan):

@@ -24,6 +24,7 @@ from sim.program.memory.activations import (
     activation_bytes_per_layer,
     activation_terms,
     chunk_activation_bytes,
+    chunk_activation_parts,
     embedding_activation_bytes,
     head_activation_bytes,
     recompute_working_bytes,
@@ -51,7 +52,8 @@ from sim.program.memory.states import (
 
 __all__ = [
     "DEEPSPEED_MAX_LIVE_PARAMETERS", "DEEPSPEED_REDUCE_BUCKET_ELEMS", "ModelStates",
-    "activation_bytes_per_layer", "activation_terms", "chunk_activation_bytes", "embedding_activation_bytes",
+    "activation_bytes_per_layer", "activation_terms", "chunk_activation_bytes", "chunk_activation_parts",
+    "embedding_activation_bytes",
     "fp8_layer_weights",
     "fp8_weight_copy_bytes",
     "grad_bucket_bytes", "head_activation_bytes", "inflight_chunks", "inflight_per_chunk", "layer_param_bytes",

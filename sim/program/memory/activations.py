@@ -28,8 +28,9 @@ table above exactly.
 Outside the layers, the first pipeline stage stores the embedding's dropout mask and
 the last the final norm's and the logit GEMM's inputs and the fp32 softmax of the
 vocab-parallel cross-entropy (Korthikanti: 4sbV/t). A model chunk (virtual stage)
-stores its layers' tensors plus those (``chunk_activation_bytes``): that is what the
-simulator allocates at each forward step and frees at the step's last backward. Under
+stores its layers' tensors plus those (``chunk_activation_bytes``; by layer,
+``chunk_activation_parts``): the simulator allocates each layer's as that layer's forward
+starts and frees them as its last backward step (B, or W when backward is split) ends. Under
 full recomputation the backward re-runs one layer's forward at a time and holds that
 layer's full set of tensors while it runs (``recompute_working_bytes``).
 """
@@ -177,6 +178,30 @@ def chunk_activation_bytes(model: ModelSpec, plan: ParallelPlan, virtual_stage: 
     if virtual_stage == plan.pp * plan.vpp - 1:
         total += head_activation_bytes(model, b, t, sp)
     return total / plan.cp  # context parallelism: every stored tensor holds s/cp of the tokens
+
+
+def chunk_activation_parts(model: ModelSpec, plan: ParallelPlan, virtual_stage: int,
+                           flash_attention: bool | None = None) -> dict[int, float]:
+    """``chunk_activation_bytes`` by the layer that stores them, for the memory timeline:
+    layer id -> bytes, the embedding as layer -1 and the output layer as layer
+    ``model.num_layers`` (the ids the workload's actions carry). A layer's tensors are
+    stored while its forward runs and freed as its backward finishes, so a micro-batch's
+    activations grow through the forward rather than appear whole at its start."""
+    if flash_attention is None:
+        flash_attention = plan.attention == "flash"
+    b, t, sp = plan.micro_batch_size, plan.tp, plan.sequence_parallel
+    rec, fp8 = plan.recompute, plan.fp8_format is not None
+    dense = activation_bytes_per_layer(model, b, t, sp, rec, flash_attention, fp8)
+    ids = list(plan.layer_range(model, virtual_stage))
+    moe = activation_bytes_per_layer(model, b, t, sp, rec, flash_attention, fp8, (plan.ep, plan.etp_size)) \
+        if any(model.is_moe_layer(i) for i in ids) else 0.0
+    parts = {}
+    if virtual_stage == 0:
+        parts[-1] = embedding_activation_bytes(model, b, t, sp)
+    parts.update({i: moe if model.is_moe_layer(i) else dense for i in ids})
+    if virtual_stage == plan.pp * plan.vpp - 1:
+        parts[model.num_layers] = head_activation_bytes(model, b, t, sp)
+    return {i: v / plan.cp for i, v in parts.items() if v}
 
 
 def recompute_working_bytes(model: ModelSpec, plan: ParallelPlan) -> float:
