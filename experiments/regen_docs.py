@@ -17,7 +17,8 @@ inside the comment:
     exit: 2                the exit status the command must end with (default 0); a
                            non-zero status quotes stderr after stdout
     mask: REGEX            volatile text (wall-clock times): each match of REGEX (its first
-                           group, if it has one) is written as ``…``
+                           group, if it has one) is written as ``…``; ``^`` and ``$`` match
+                           at each line
     lines: 1-8, 12, 20-    keep only these lines of the output (1-based; ``20-`` to the
                            end); each gap is written as a line ``...``
     fence: toml            the language of the output fence (default none)
@@ -120,14 +121,16 @@ def _options(raw: list[str], where: str) -> dict:
             except re.error as exc:
                 raise MarkerError(f"{where}: mask: {value!r} is not a regular expression ({exc})") from None
             opts.setdefault("mask", []).append(value)
+        elif key == "show" and value != "output":
+            raise MarkerError(f"{where}: show: got {value!r}; allowed: output")
         else:
             opts[key] = value
     return opts
 
 
-def find_blocks(path: Path) -> list[Block]:
-    """Every marked block of a Markdown file, in order."""
-    lines = path.read_text(encoding="utf-8").split("\n")
+def find_blocks(path: Path, text: str | None = None) -> list[Block]:
+    """Every marked block of a Markdown file (or of ``text``, its contents), in order."""
+    lines = (path.read_text(encoding="utf-8") if text is None else text).split("\n")
     blocks, i = [], 0
     while i < len(lines):
         m = MARKER.match(lines[i])
@@ -270,7 +273,7 @@ def format_output(block: Block, stdout: str) -> str:
     """The block's text from what the command printed: masks, kept lines, the ``$`` line."""
     text = stdout.replace(str(ROOT), ".")
     for rx in block.options.get("mask", []):
-        pat = re.compile(rx)
+        pat = re.compile(rx, re.M)
         text = pat.sub(lambda m: m.group(0).replace(m.group(1), MASK) if pat.groups else MASK, text)
     lines = [t.rstrip() for t in text.split("\n")]
     while lines and not lines[-1]:
@@ -315,10 +318,10 @@ def regenerate(paths: list[Path], check: bool, quick: bool, images: bool = True,
     one message per block that drifted."""
     drift = []
     for path in paths:
-        blocks = [b for b in find_blocks(path) if not (quick and b.slow)]
         text = path.read_text(encoding="utf-8")
         if with_toc(text) != text:
             drift.append(f"{_rel(path)}: the table of contents is not the page's headings")
+        blocks = [b for b in find_blocks(path, with_toc(text)) if not (quick and b.slow)]
         lines = with_toc(text).split("\n")
         for b in reversed(blocks):     # from the end, so earlier indices stay valid
             new = run_block(b)
