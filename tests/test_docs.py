@@ -84,6 +84,21 @@ def test_every_page_quotes_at_least_one_run_and_few_are_slow():
     assert {b.path.name for b in blocks} >= {"README.md", "cli.md", "python-api.md", "search.md"}
 
 
+def test_a_run_that_does_not_fit_says_so_in_the_text_after_it():
+    # The quoted `trainsim run` outputs that end DOES NOT FIT (Mixtral, context parallelism)
+    # are followed by a paragraph saying the plan does not fit, and only those are.
+    seen = 0
+    for page in DOCS:
+        lines = page.read_text().split("\n")
+        for b in regen.find_blocks(page):
+            if not b.command.startswith("trainsim run "):
+                continue
+            after = "\n".join(lines[b.end + 1:]).strip().split("\n\n")[0]
+            assert ("DOES NOT FIT" in b.quoted) == ("not fit" in after), f"{b.where}: {after[:200]}"
+            seen += "DOES NOT FIT" in b.quoted
+    assert seen >= 2
+
+
 # ----------------------------------------------------------- the drift check itself
 PAGE = """# A page
 
@@ -121,7 +136,9 @@ def test_drift_check_fails_when_a_quoted_number_is_edited_by_hand(tmp_path):
     edited = text[:m.start(1)] + str((int(digit) + 1) % 10) + text[m.end(1):]
     page.write_text(edited)
     drift = regen.regenerate([page], check=True, quick=True, log=lambda *a: None)
-    assert len(drift) == 1 and drift[0].startswith(f"{page}:7: `trainsim estimate --model llama2-7b")
+    marker = edited.split("\n").index(next(x for x in edited.split("\n") if x.startswith("<!-- run: trainsim estimate"))) + 1
+    assert len(drift) == 1 and drift[0].startswith(f"{page}:{marker}: `trainsim estimate --model llama2-7b")
+    assert re.search(r"^-tokens/s \d", drift[0], re.M) and re.search(r"^\+tokens/s \d", drift[0], re.M)
     assert page.read_text() == edited                                  # --check writes nothing
     assert regen.main(["--check", str(page)]) == 1
 
