@@ -123,6 +123,8 @@ def _options(raw: list[str], where: str) -> dict:
             opts.setdefault("mask", []).append(value)
         elif key == "show" and value != "output":
             raise MarkerError(f"{where}: show: got {value!r}; allowed: output")
+        elif key == "exit" and not value.isdigit():
+            raise MarkerError(f"{where}: exit: got {value!r}; expected an exit status (0-255)")
         else:
             opts[key] = value
     return opts
@@ -325,6 +327,10 @@ def regenerate(paths: list[Path], check: bool, quick: bool, images: bool = True,
         lines = with_toc(text).split("\n")
         for b in reversed(blocks):     # from the end, so earlier indices stay valid
             new = run_block(b)
+            opening = "```" + b.options.get("fence", "")
+            if lines[b.start] != opening:
+                drift.append(f"{b.where}: the output's fence should open with {opening}")
+                lines[b.start] = opening
             if new != b.quoted:
                 diff = "\n".join(difflib.unified_diff(b.quoted.split("\n"), new.split("\n"), "quoted", "printed",
                                                       lineterm="", n=1))
