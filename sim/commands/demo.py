@@ -21,7 +21,8 @@ from sim.inputs.topology_build import load_topology
 from sim.units import POSITIVE_INT, format_bytes, format_microbatches, format_time
 
 NAME = "demo"
-HELP = "Run the built-in demo (flat ring vs hierarchical all-reduce on 4 DGX H100 nodes) and write its plots."
+HELP = ("Run the built-in demo (Llama 2 7B under each pipeline schedule on 16 GPUs, then a flat ring vs "
+        "hierarchical all-reduce on 4 DGX H100 nodes) and write its plots.")
 
 SIZES = [2**20 * 4**k for k in range(7)]  # 1 MiB .. 4 GiB
 
