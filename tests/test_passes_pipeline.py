@@ -65,6 +65,10 @@ def test_the_context_paces_the_profile_once():
     again = BuildContext.create(TWO, ctx.plan, ctx.profile)  # pacing a paced profile changes nothing
     assert again.profile == ctx.profile
     assert _ctx(dp=1).profile == H100  # one GPU: nothing to wait for
+    other = replace(load_profile("a100-80gb"), gpu_speed_spread=0.03)  # a mixed cluster's other GPU type
+    assert ctx.on(other).profile.sustained_compute_fraction == other.sustained_compute_fraction * slowest_speed(
+        0.03, 8)
+    assert ctx.on(other).plan is ctx.plan
     with pytest.raises(InputError, match=r"^fidelity: got 'high'; allowed: full, reduced$"):
         _ctx(fidelity="high")
 
