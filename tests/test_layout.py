@@ -1,9 +1,11 @@
-"""The package's shape: layers that import one way, no cycles, short modules.
+"""The package's shape: layers that import one way, no cycles, a small top of the package.
 
 ``sim/`` is laid out along the data flow (docs/architecture.md): inputs -> program ->
 engine -> results, a session layer over them, studies and calibration over the session,
 the Python API and the command line on top. These tests read every module's imports
-(those inside functions too) with ``ast`` and hold the tree to that shape.
+(those inside functions too) with ``ast`` and hold the tree to that shape. A module's
+size is not checked: it grows while it holds one idea and is split by idea, not by
+line count (docs/architecture.md).
 """
 
 import ast
@@ -124,10 +126,7 @@ def test_no_private_name_is_imported_from_another_module():
     assert found == []
 
 
-def test_modules_are_short_and_the_top_of_the_package_is_small():
-    long = {str(p.relative_to(ROOT)): n for p in PKG.rglob("*.py")
-            if (n := len(p.read_text().splitlines())) > 400}
-    assert long == {}
+def test_the_top_of_the_package_is_small():
     top = [p.name for p in PKG.glob("*.py")]
     assert len(top) <= 12, top
 

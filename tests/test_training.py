@@ -14,7 +14,8 @@ from sim.inputs.plan import ParallelPlan
 from sim.program.schedules import build_schedule, to_program
 from sim.engine.core import simulate
 from sim.inputs.topology_build import NodeSpec, build_cluster, load_topology
-from sim.program.training import _Segments, build_program
+from sim.program.segments import StepSegments
+from sim.program.training import build_program
 from sim.session import simulate_training
 
 H100 = load_profile("h100-sxm")
@@ -33,7 +34,7 @@ def test_free_communication_gives_the_schedule_alone(schedule, vpp):
     # schedule (steps priced the same, dependencies without transfers) ends.
     plan = ParallelPlan(pp=4, vpp=vpp, global_batch_size=8, schedule=schedule)
     run = simulate_training(TINY, plan, H100, _free_cluster())
-    seg = _Segments(TINY, plan, paced(H100, plan.world_size))  # (the job's pace, as the simulator prices it)
+    seg = StepSegments(TINY, plan, paced(H100, plan.world_size))  # (the job's pace, as the simulator prices it)
     sched = build_schedule(schedule, 4, 8, vpp)
     bare = simulate(to_program(sched, lambda st: sum(s.duration_s for s in seg._cache(st.stage, st.kind))),
                     _free_cluster())

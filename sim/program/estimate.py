@@ -39,8 +39,8 @@ from dataclasses import asdict, dataclass
 
 from sim.inputs.hardware import HardwareProfile
 from sim.inputs.model import ModelSpec
-from sim.inputs.pacing import paced
 from sim.inputs.plan import ParallelPlan
+from sim.program.build import BuildContext
 from sim.program.amax import GEMMS_PER_LAYER, reduction_bytes, stage_groups
 from sim.program.fp8 import check_fp8_support
 from sim.program.costs import (
@@ -175,14 +175,21 @@ def _amax_time(model: ModelSpec, plan: ParallelPlan, profile: HardwareProfile, g
 def estimate(model: ModelSpec, plan: ParallelPlan, profile: HardwareProfile, *,
              gpus_per_node: int = 8, dtype: str = "bf16", flash_attention: bool | None = None,
              dp_channels: int | None = None) -> Estimate:
-    """Per-GPU memory and first-order step time of ``plan`` for ``model`` on ``profile``.
+    """Per-GPU memory and first-order step time of ``plan`` for ``model`` on ``profile``
+    (``estimate_in`` the job's ``BuildContext``, which paces the profile).
 
     ``dp_channels``: rings a data-parallel collective across nodes runs at once, each
     through its own NIC; default one per group member on a node, as NCCL does (and as
     the simulator's network does); 1 models a single ring through one NIC."""
-    plan.check_model(model)
+    ctx = BuildContext.create(model, plan, profile, gpus_per_node=gpus_per_node)
+    return estimate_in(ctx, dtype=dtype, flash_attention=flash_attention, dp_channels=dp_channels)
+
+
+def estimate_in(ctx: BuildContext, *, dtype: str = "bf16", flash_attention: bool | None = None,
+                dp_channels: int | None = None) -> Estimate:
+    """``estimate`` of the context's job, priced on its (paced) profile."""
+    model, plan, profile, gpus_per_node = ctx.model, ctx.plan, ctx.profile, ctx.gpus_per_node
     check_fp8_support(plan.fp8_format, profile)
-    profile = paced(profile, plan.world_size)
     links = _links(plan, gpus_per_node)
     b, t, p, v, m = plan.micro_batch_size, plan.tp, plan.pp, plan.vpp, plan.num_microbatches
     sp = plan.sequence_parallel

@@ -67,7 +67,7 @@ the model keeps the four GEMMs' weights in FP8 only (the optimizer's FP32 master
 are cast into them after each step, a 1/dp shard per rank, left out), so each step's
 weight kernel is the FP8 transpose alone (read 1, write 1 byte per parameter,
 ``weight_transpose``), the distributed optimizer all-gathers those weights in FP8
-(``sim.program.training``), and a rank holds 1 byte of weight and 1 of transpose per such
+(``sim.program.training``'s ``param_gather`` pass), and a rank holds 1 byte of weight and 1 of transpose per such
 parameter instead of the BF16 weight and the FP8 copy and transpose
 (``sim.program.memory.rank``).
 

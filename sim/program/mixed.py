@@ -28,9 +28,9 @@ import heapq
 from sim.errors import require
 from sim.inputs.hardware import HardwareProfile
 from sim.inputs.model import ModelSpec
-from sim.inputs.pacing import paced
 from sim.inputs.plan import ParallelPlan
 from sim.program.actions import Program
+from sim.program.build import job_profile
 from sim.program.costs import work_times
 from sim.program.workload import plan_edge_works, plan_layer_work
 
@@ -107,7 +107,7 @@ def auto_layer_split(model: ModelSpec, plan: ParallelPlan, profile: HardwareProf
 
 
 def stage_profiles(plan: ParallelPlan, profile: HardwareProfile, mixed=None) -> list[list[HardwareProfile]]:
-    """The GPU types each pipeline stage runs on."""
+    """The GPU types each pipeline stage runs on, each as the job runs it (``job_profile``)."""
     if mixed is None:
-        return [[paced(profile, plan.world_size)] for _ in range(plan.pp)]
-    return [[paced(mixed.profiles[n], plan.world_size) for n in types] for types in mixed.stage_types(plan)]
+        return [[job_profile(profile, plan)] for _ in range(plan.pp)]
+    return [[job_profile(mixed.profiles[n], plan) for n in types] for types in mixed.stage_types(plan)]

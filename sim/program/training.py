@@ -1,32 +1,63 @@
-"""One training iteration as a program: model + plan + hardware (+ topology) -> Program.
+"""One training iteration as a program: a pipeline of named passes over one context.
 
-The three inputs stay separate (as Calculon keeps model, system and execution apart):
+The inputs stay separate (as Calculon keeps model, system and execution apart):
 ``sim.program.workload`` says what each layer computes, ``sim.program.costs`` how long
 each kernel and the optimizer step take on the profile, ``sim.program.memory`` how many
-bytes each rank holds and moves (model states, activations, gradient and parameter
-buffers), the schedule says in which order each pipeline rank runs its steps, and the
-passes (``sim.program.passes``, ``sim.program.zero``) add the communication and the
-memory events. ``sim.session`` hands the program to the engine, which runs it on the
-topology.
+bytes each rank holds and moves, and the schedule in which order each pipeline rank runs
+its steps. ``BuildContext`` (``sim.program.build``) holds the model, the plan, the
+topology, the profile paced once for the job, and the build options; ``build`` runs the
+passes below on it, in this order (``PASSES``), each a function
+``(context, draft) -> draft`` that adds one thing to the program in progress (``Draft``:
+the schedule and the program so far):
 
-    schedule -> to_program -> replicate -> add_tp_collectives -> add_p2p
-             -> add_grad_sync -> add_optimizer -> add_memory
+    limits        refuse a simulation over the event limit, before anything is built
+    schedule      the pipeline schedule's steps, one compute action each per pipeline rank
+    stages        each pipeline rank's steps onto its stage's template GPU (dp 0, tp 0)
+    layers        each step cut into its layers' compute segments and the collectives
+                  inside a layer: tensor- (tp), context- (cp) and expert-parallel (ep, etp)
+    fp8_amax      FP8 delayed scaling's amax all-reduces after each chunk's F and B
+    p2p           pipeline sends and receives between stages
+    grad_sync     data-parallel gradient buckets (all-reduce, or reduce-scatter under
+                  ZeRO), and the experts' over their own data-parallel group
+    zero3_gather  ZeRO-3's per-layer parameter all-gathers, prefetched
+    optimizer     the optimizer step on the GPU
+    offload       or, with ``offload_optimizer``, on the host with its copies
+    param_gather  ZeRO-1/2's parameter all-gather after the step (or overlapped ahead of
+                  the next forward); FP8 weights gathered in one byte
+    memory        resident model states and each micro-batch's stored activations
+    expand        each template GPU's program copied onto every GPU of its stage
+                  (reduced fidelity: one GPU per stage simulated, the rest shadows)
+
+A pass that has nothing to add for the plan (no FP8, no ZeRO-3) returns the draft as it
+is. The passes up to ``expand`` run on one GPU per pipeline stage; ``expand`` copies the
+result onto the cluster (``sim.program.passes.expand``). The generic program passes
+these call live in ``sim.program.passes`` (replicate, p2p, gradient buckets, optimizer,
+expand), ``sim.program.zero`` (ZeRO, offload, memory events) and ``sim.program.amax``.
+
+A new feature is a setting in the schema and a pass here (or a branch of the pass it
+belongs to), with a test of what that pass adds on a hand-checkable plan
+(``tests/test_passes.py``). ``build_program`` is the same pipeline behind the long
+argument list (``sim.session`` calls it).
 """
 
 from __future__ import annotations
 
-from functools import lru_cache
+from dataclasses import dataclass, replace
+from typing import Callable
 
+from sim.errors import InputError
+from sim.inputs.experts import Folding
+from sim.inputs.hardware import HardwareProfile
+from sim.inputs.model import ModelSpec, layer_param_split
+from sim.inputs.plan import ParallelPlan
+from sim.inputs.topology import Topology
 from sim.program import passes
 from sim.program import zero
+from sim.program.actions import Program
 from sim.program.amax import add_amax_reductions, chunk_gemms, stage_groups
-from sim.program.actions import Action, Program
-from sim.program.coalesce import coalesce, isolated_tp_pricer
-from sim.program.costs import cpu_optimizer_step_time, op_time, optimizer_step_time
-from sim.errors import InputError
-from sim.inputs.hardware import HardwareProfile
+from sim.program.build import BuildContext
+from sim.program.costs import cpu_optimizer_step_time, optimizer_step_time
 from sim.program.limits import DEFAULT_MAX_EVENTS, check_size
-from sim.program.memory.states import expert_data_parallel, stage_param_split
 from sim.program.memory import (
     chunk_activation_parts,
     fp8_layer_weights,
@@ -39,122 +70,294 @@ from sim.program.memory import (
     sync_bucket_bytes,
     zero3_depth,
 )
-from sim.inputs.experts import Folding
-from sim.inputs.model import ModelSpec, layer_param_split
-from sim.inputs.plan import ParallelPlan
+from sim.program.memory.states import expert_data_parallel, stage_param_split
 from sim.program.schedule_io import validate
 from sim.program.schedules import Schedule, Step, build_schedule, to_program
-from sim.inputs.topology import Topology
-from sim.program.routing import Routing
-from sim.program.workload import Comm, chunk_work, p2p_bytes
-from sim.program.tp import overlapped_layer
-
-_COLLECTIVE = {"all_reduce": "allreduce", "all_gather": "allgather", "reduce_scatter": "reducescatter",
-               "all_to_all": "alltoall", "shift": "shift"}
-PIPELINE_KINDS = ("F", "B", "I", "W")
+from sim.program.segments import StepSegments, layer_steps
+from sim.program.workload import p2p_bytes
 
 
-class _Segments:
-    """Per (virtual stage, step kind): the step's compute segments and tp collectives."""
+@dataclass(frozen=True)
+class Draft:
+    """The program in progress: the schedule (once the ``schedule`` pass has run) and the
+    program so far."""
 
-    def __init__(self, model: ModelSpec, plan: ParallelPlan, profile: HardwareProfile,
-                 price=None, keep_layers=None):
-        self.model, self.plan, self.profile = model, plan, profile
-        self._cache = lru_cache(maxsize=None)(self._build)
-        self._coalesced = lru_cache(maxsize=None)(self._coalesce)
-        self.price = price  # closed-form price of isolated tp collectives (sim.program.coalesce), or None
-        self.keep_layers = keep_layers or (lambda step: True)
-        self._by_name: dict[str, tuple] = {}
-        self.routing = Routing(model, plan) if model.moe else None
-        """Tokens per expert (``sim.program.routing``); steps differ by micro-batch unless balanced."""
-        self._per_mb = self.routing is not None and not self.routing.balanced
-        self._sizes = {"tp": plan.tp, "ep": plan.ep, "etp": plan.etp_size, "cp": plan.cp}
+    schedule: Schedule | None = None
+    program: Program | None = None
 
-    def _coalesce(self, stage: int, kind: str, keep: bool, mb=None):
-        return coalesce(self._cache(stage, kind, mb), self.price, keep)
+    def with_program(self, program: Program) -> "Draft":
+        return replace(self, program=program)
 
-    def layers(self, stage: int, mb: int | None = None) -> list:
-        """(layer id, Work) of a virtual stage in forward order: -1 embedding, L the head
-        (``mb``: the micro-batch, for the expert loads of uneven routing)."""
-        works = chunk_work(self.model, self.plan, stage, mb, self.routing)
-        ids = list(self.plan.layer_range(self.model, stage))
-        out, k = [], 0
-        for w in works:
-            if w.name == "embedding":
-                out.append((-1, w))
-            elif w.name == "head":
-                out.append((self.model.num_layers, w))
-            else:
-                out.append((ids[k], w))
-                k += 1
+
+# ---------------------------------------------------------------- what several passes share
+def _grad_bytes(ctx: BuildContext) -> Callable[[int, int], float]:
+    """(rank, layer) -> the 16-bit gradient (and weight) bytes of a layer on the template
+    rank: the embedding (-1), a transformer layer (its dense part in an MoE layer), the head."""
+    model, plan = ctx.model, ctx.plan
+    layer_grad = layer_param_bytes(model, plan.tp, 0)
+    emb_grad = layer_param_bytes(model, plan.tp, -1)
+    head_grad = layer_param_bytes(model, plan.tp, model.num_layers)
+    dense = {lid: bytes_[0] for lid, bytes_ in _expert_split(ctx).items()}
+
+    def grad_bytes(rank: int, layer: int) -> float:
+        if layer == -1:
+            return emb_grad
+        if layer == model.num_layers:
+            return head_grad
+        got = dense.get(layer)
+        return layer_grad if got is None else got
+
+    return grad_bytes
+
+
+def _expert_split(ctx: BuildContext) -> dict[int, list[float]]:
+    """Per MoE layer: [dense bytes, expert bytes] of its 16-bit parameters on a rank (the
+    experts' are synced over the expert data-parallel group); empty without MoE layers."""
+    model, plan = ctx.model, ctx.plan
+    return {lid: [2.0 * x for x in layer_param_split(model, lid, plan.tp, plan.ep, plan.etp_size)]
+            for lid in range(model.num_layers) if model.is_moe_layer(lid)}
+
+
+def _expert_bytes(split: dict[int, list[float]]) -> Callable[[int, int], float]:
+    return lambda rank, lid: split[lid][1] if lid in split else 0.0
+
+
+def _sync_options(plan: ParallelPlan) -> dict:
+    z = plan.zero_stage
+    return dict(op="allreduce" if z == 0 else "reducescatter", every_microbatch=z >= 2, bucket_memory=z >= 2)
+
+
+def _stage_of(plan: ParallelPlan) -> Callable[[int], int]:
+    return lambda rank: plan.coords(rank)[1]
+
+
+# ---------------------------------------------------------------- the passes
+def limits(ctx: BuildContext, draft: Draft) -> Draft:
+    """Refuse a plan whose simulation would exceed ``ctx.max_events`` (``sim.program.limits``)."""
+    coalesced = ctx.tp_price is not None if ctx.topology else None
+    check_size(ctx.model, ctx.plan, ctx.fidelity, ctx.max_events, ctx.topology, coalesced=coalesced,
+               collective_model=ctx.collective_model)
+    return draft
+
+
+def schedule(ctx: BuildContext, draft: Draft) -> Draft:
+    """The plan's pipeline schedule (or the context's own, which must fit the plan), one
+    compute action per step on each pipeline rank, cross-rank deps free for now."""
+    plan, sched = ctx.plan, ctx.schedule
+    if sched is None:
+        sched = build_schedule(plan.schedule, plan.pp, plan.num_microbatches, plan.vpp)
+    elif (sched.pp, sched.vpp, sched.num_microbatches) != (plan.pp, plan.vpp, plan.num_microbatches):
+        raise InputError(
+            f"schedule {sched.name}: has pp={sched.pp}, vpp={sched.vpp}, m={sched.num_microbatches}; "
+            f"the plan needs pp={plan.pp}, vpp={plan.vpp}, m={plan.num_microbatches}"
+        )
+    validate(sched)
+    return Draft(sched, to_program(sched, lambda step: 0.0))
+
+
+def stages(ctx: BuildContext, draft: Draft) -> Draft:
+    """Each pipeline rank's steps onto the GPU of its stage that the passes run on (dp 0,
+    tp 0; ``copy_maps``); ``expand`` copies the finished program onto the others."""
+    plan = ctx.plan
+    rep_of = copy_maps(plan, ctx.folding)[0]
+    rep_set = {rep_of(g) for g in range(plan.world_size)}
+    return draft.with_program(passes.replicate(draft.program, plan.world_size, plan.coords, plan.rank,
+                                               lambda g: g in rep_set))
+
+
+def layers(ctx: BuildContext, draft: Draft) -> Draft:
+    """Each step's layers: compute segments and the collectives inside a layer, over the
+    tensor-, context- and expert-parallel groups (``sim.program.segments``)."""
+    plan, folding = ctx.plan, ctx.folding
+    segments = StepSegments(ctx.model, plan, ctx.profile, ctx.tp_price, layer_steps(draft.schedule, plan))
+
+    def other_groups(r: int) -> dict:
+        out = {"cp": plan.cp_group(r)} if plan.cp > 1 else {}
+        if folding is not None:
+            out.update(ep=folding.ep_group(r), etp=folding.etp_group(r))
         return out
 
-    def _build(self, stage: int, kind: str, mb: int | None = None) -> tuple[passes.Segment, ...]:
-        seq = self.layers(stage, mb)
-        if kind == "F":
-            parts = [(lid, w.phase("F")) for lid, w in seq]
-        elif kind == "B":
-            parts = [(lid, w.phase("B") + w.phase("W")) for lid, w in reversed(seq)]
-        elif kind == "I":
-            parts = [(lid, w.phase("B")) for lid, w in reversed(seq)]
-        else:
-            parts = [(lid, w.phase("W")) for lid, w in reversed(seq)]
-        segs: list[passes.Segment] = []
-        for lid, items in parts:
-            if self.plan.tp_comm_overlap and self.plan.tp > 1:
-                live = [it for it in items if not isinstance(it, Comm) or self._sizes[it.group] > 1]
-                segs += overlapped_layer(live, lid, lambda op: op_time(op, self.profile), self.plan.tp,
-                                         lambda it: isinstance(it, Comm), lambda c: _COLLECTIVE[c.collective],
-                                         base=len(segs), group_of=lambda c: c.group)
-                continue
-            dur = flops = 0.0
-            side: dict[str, int] = {}  # side collectives of the layer by name -> their segment's position
-            waits: tuple = ()
-            for it in items:
-                if isinstance(it, Comm):
-                    if dur or waits:
-                        segs.append(passes.Segment("compute", dur, flops, layer=lid, waits=waits))
-                        dur, flops, waits = 0.0, 0.0, ()
-                    if self._sizes[it.group] > 1:
-                        if it.side:  # issued now, beside the compute that follows (ring attention)
-                            side[it.name] = len(segs)
-                            main = next((k for k in range(len(segs) - 1, -1, -1) if not segs[k].side), None)
-                            segs.append(passes.Segment("collective", op=_COLLECTIVE[it.collective], nbytes=it.nbytes,
-                                                       layer=lid, group=it.group, side=True,
-                                                       waits=() if main is None else (main,)))
-                        else:
-                            segs.append(passes.Segment("collective", op=_COLLECTIVE[it.collective],
-                                                       nbytes=it.nbytes, layer=lid, group=it.group))
-                else:
-                    if it.after in side:  # this op needs that side collective: a new piece waits for it
-                        if dur or waits:
-                            segs.append(passes.Segment("compute", dur, flops, layer=lid, waits=waits))
-                            dur = flops = 0.0
-                        waits = (side[it.after],)
-                    dur += op_time(it, self.profile)
-                    flops += it.flops
-            if dur or waits or not items:
-                segs.append(passes.Segment("compute", dur, flops, layer=lid, waits=waits))
-        return tuple(segs)
-
-    def __call__(self, rank: int, action: Action):
-        """The step's segments (one tuple per step name, whatever the rank: the pieces
-        depend on the step alone)."""
-        if action.kind != "compute" or action.category not in PIPELINE_KINDS:
-            return None
-        segs = self._by_name.get(action.name)
-        if segs is None:
-            step = Step.parse(action.name)
-            mb = step.mb if self._per_mb else None
-            if self.price is not None:
-                segs = tuple(self._coalesced(step.stage, step.kind, self.keep_layers(step), mb))
-            else:
-                segs = tuple(self._cache(step.stage, step.kind, mb))
-            self._by_name[action.name] = segs
-        return segs
+    return draft.with_program(passes.add_tp_collectives(draft.program, segments, plan.tp_group, other_groups))
 
 
-FIDELITIES = ("full", "reduced")
+def fp8_amax(ctx: BuildContext, draft: Draft) -> Draft:
+    """FP8 delayed scaling's amax all-reduces over the stage's GPUs (``sim.program.amax``),
+    before the sends, which wait for them; nothing in BF16."""
+    if ctx.plan.fp8_format is None:
+        return draft
+    return draft.with_program(add_amax_reductions(draft.program, stage_groups(ctx.plan),
+                                                  chunk_gemms(ctx.model, ctx.plan), ctx.nccl))
+
+
+def p2p(ctx: BuildContext, draft: Draft) -> Draft:
+    """Every cross-stage dependency as a send and a receive of one micro-batch's activations
+    (or their gradients)."""
+    plan = ctx.plan
+    act_bytes = p2p_bytes(ctx.model, plan.micro_batch_size, plan.tp, plan.sequence_parallel, cp=plan.cp)
+    return draft.with_program(passes.add_p2p(draft.program, lambda consumer: act_bytes))
+
+
+def grad_sync(ctx: BuildContext, draft: Draft) -> Draft:
+    """Gradient buckets over the data-parallel group (all-reduced; reduce-scattered under
+    ZeRO, every micro-batch under ZeRO-2/3), then the experts' over the ranks that hold the
+    same experts."""
+    plan = ctx.plan
+    bucket, sync = sync_bucket_bytes(plan), _sync_options(plan)
+    prog = passes.add_grad_sync(draft.program, _grad_bytes(ctx), plan.dp_group, bucket, plan.dp_overlap, **sync)
+    split = _expert_split(ctx)
+    if split:
+        prog = passes.add_grad_sync(prog, _expert_bytes(split), ctx.folding.edp_group, bucket, plan.dp_overlap,
+                                    label="expert grad bucket", **sync)
+    return draft.with_program(prog)
+
+
+def zero3_gather(ctx: BuildContext, draft: Draft) -> Draft:
+    """ZeRO-3: each layer's parameters all-gathered before each use, up to the prefetch
+    depth ahead, and freed after it (``sim.program.zero.add_param_gathers``)."""
+    if ctx.plan.zero_stage != 3:
+        return draft
+    return draft.with_program(zero.add_param_gathers(draft.program, _grad_bytes(ctx), ctx.plan.dp_group,
+                                                     zero3_depth(ctx.model, ctx.plan)))
+
+
+def optimizer(ctx: BuildContext, draft: Draft) -> Draft:
+    """The optimizer step on the GPU, over the rank's shard of its stage's parameters
+    (dense over dp·cp, experts over their data-parallel group); not when offloaded."""
+    plan = ctx.plan
+    if plan.offload_optimizer:
+        return draft
+    z, edp = plan.zero_stage, expert_data_parallel(plan)
+    step_s = [optimizer_step_time(optimizer_shard_params(d, plan.dp_cp, z) + optimizer_shard_params(x, edp, z),
+                                  ctx.profile) for d, x in _param_split(ctx)]
+    stage = _stage_of(plan)
+    return draft.with_program(passes.add_optimizer(draft.program, lambda r: step_s[stage(r)]))
+
+
+def offload(ctx: BuildContext, draft: Draft) -> Draft:
+    """ZeRO-Offload: gradients to the host, memory-bound Adam there (the host bandwidth
+    shared by the node's GPUs), parameters back (``sim.program.zero.add_offloaded_optimizer``)."""
+    plan = ctx.plan
+    if not plan.offload_optimizer:
+        return draft
+    psi = [d + x for d, x in _param_split(ctx)]
+    sharing = min(ctx.gpus_per_node, plan.world_size)
+    cpu = [cpu_optimizer_step_time(optimizer_shard_params(n, plan.dp_cp, plan.zero_stage), ctx.profile, sharing)
+           for n in psi]
+    copy = [offload_copy_bytes(n, plan.dp_cp) for n in psi]
+    stage = _stage_of(plan)
+    return draft.with_program(zero.add_offloaded_optimizer(draft.program, lambda r: copy[stage(r)],
+                                                           lambda r: cpu[stage(r)]))
+
+
+def param_gather(ctx: BuildContext, draft: Draft) -> Draft:
+    """ZeRO-1/2: the updated parameters all-gathered, after the optimizer step or, with
+    ``overlap_param_gather``, bucket by bucket ahead of the next forward's first use; FP8
+    weights (``fp8_param_gather``) in 1 byte instead of 2; the experts' over their group."""
+    model, plan = ctx.model, ctx.plan
+    if plan.zero_stage not in (1, 2):
+        return draft
+    bucket, split, prog = sync_bucket_bytes(plan), _expert_split(ctx), draft.program
+    grad_bytes = _grad_bytes(ctx)
+    fp8_saved = (lambda lid: fp8_layer_weights(model, plan.tp, lid)) if plan.fp8_param_gather else (lambda lid: 0.0)
+    if plan.param_gather_overlap:
+        prog = zero.add_param_allgather_ahead(prog, lambda r, lid: grad_bytes(r, lid) - fp8_saved(lid),
+                                              plan.dp_group, bucket)
+        if split:
+            prog = zero.add_param_allgather_ahead(prog, _expert_bytes(split), ctx.folding.edp_group, bucket,
+                                                  label="expert param allgather")
+        return draft.with_program(prog)
+    done = "params to GPU" if plan.offload_optimizer else "optimizer"  # the step's last action
+    psi_split, stage = _param_split(ctx), _stage_of(plan)
+    stage_layers = plan.stage_layers(model)
+    gathered = [param_allgather_bytes(d) - sum(fp8_saved(i) for c in range(plan.vpp)
+                                               for i in plan.layer_range(model, c * plan.pp + s))
+                for s, (d, _) in enumerate(psi_split)]
+
+    def tensors(rank: int) -> int:
+        # the rank's layers over its model chunks, plus the embedding and the head
+        p = stage(rank)
+        return sum(stage_layers[c * plan.pp + p] for c in range(plan.vpp)) + 2
+
+    prog = zero.add_param_allgather(prog, lambda r: gathered[stage(r)], plan.dp_group, bucket, done, tensors)
+    if split:
+        prog = zero.add_param_allgather(prog, lambda r: param_allgather_bytes(psi_split[stage(r)][1]),
+                                        ctx.folding.edp_group, bucket, done, tensors, label="expert param allgather")
+    return draft.with_program(prog)
+
+
+def memory(ctx: BuildContext, draft: Draft) -> Draft:
+    """Resident model states (sharded per the ZeRO stage) and the reserve from the start,
+    and each (stage, micro-batch)'s stored activations while they are alive (with full
+    recompute, a layer's working set during backward); the bytes are ``sim.program.memory``'s."""
+    model, plan = ctx.model, ctx.plan
+    resident = [stage_resident_bytes(model, plan, s, ctx.profile.memory_reserve_bytes) for s in range(plan.pp)]
+    chunk = [chunk_activation_parts(model, plan, vs) for vs in range(plan.pp * plan.vpp)]
+    stage_of: dict[str, int] = {}
+
+    def stored(rank: int, step: str) -> float:
+        stage = stage_of.get(step)
+        if stage is None:
+            stage = stage_of[step] = Step.parse(step).stage
+        return chunk[stage]
+
+    working = recompute_working_bytes(model, plan)
+    transient = (lambda rank, step: working) if plan.recompute == "full" else None
+    prog = zero.add_activation_memory(draft.program, stored, transient)
+    stage = _stage_of(plan)
+    return draft.with_program(zero.add_resident(prog, lambda rank: resident[stage(rank)]))
+
+
+def expand(ctx: BuildContext, draft: Draft) -> Draft:
+    """Each template GPU's program onto every GPU of its stage (``passes.expand``). Under
+    reduced fidelity only dp index 0 is simulated (and tp index 0 where each GPU has a NIC
+    of its own, so that its peers' data-parallel traffic could not contend with its own);
+    the others are shadows."""
+    plan = ctx.plan
+    keep = None
+    if ctx.fidelity == "reduced":
+        own_nics = ctx.topology is None or _own_nics(ctx.topology)
+        keep = lambda g: plan.coords(g)[0] == 0 and (not own_nics or plan.coords(g)[2] == 0)  # noqa: E731
+    rep_of, moved, groups_of = copy_maps(plan, ctx.folding)
+    return draft.with_program(passes.expand(draft.program, plan.world_size, rep_of, moved, keep, groups_of))
+
+
+def _param_split(ctx: BuildContext) -> list[tuple[float, float]]:
+    """Per pipeline stage: (dense, expert) parameters on one of its GPUs."""
+    return [stage_param_split(ctx.model, ctx.plan, s) for s in range(ctx.plan.pp)]
+
+
+PIPELINE: tuple[tuple[str, Callable[[BuildContext, Draft], Draft]], ...] = (
+    ("limits", limits), ("schedule", schedule), ("stages", stages), ("layers", layers), ("fp8_amax", fp8_amax),
+    ("p2p", p2p), ("grad_sync", grad_sync), ("zero3_gather", zero3_gather), ("optimizer", optimizer),
+    ("offload", offload), ("param_gather", param_gather), ("memory", memory), ("expand", expand),
+)
+PASSES = tuple(name for name, _ in PIPELINE)
+"""The passes' names, in the order ``build`` runs them (module doc)."""
+
+
+def run_passes(ctx: BuildContext, draft: Draft | None = None, *, start: str | None = None,
+               stop: str | None = None) -> Draft:
+    """Run the passes from ``start`` (default the first) up to, not including, ``stop``
+    (default: to the end) on ``draft`` (default empty). A test runs the pipeline up to a
+    pass, then the pass alone, and looks at what it added."""
+    for name in (start, stop):
+        if name is not None and name not in PASSES:
+            raise InputError(f"pass: got {name!r}; allowed: {', '.join(PASSES)}")
+    draft = draft or Draft()
+    running = start is None
+    for name, step in PIPELINE:
+        if name == stop:
+            break
+        running = running or name == start
+        if running:
+            draft = step(ctx, draft)
+    return draft
+
+
+def build(ctx: BuildContext) -> tuple[Schedule, Program]:
+    """The schedule and iteration program of ``ctx``: every pass, in order."""
+    draft = run_passes(ctx)
+    return draft.schedule, draft.program
 
 
 def build_program(model: ModelSpec, plan: ParallelPlan, profile: HardwareProfile,
@@ -162,7 +365,8 @@ def build_program(model: ModelSpec, plan: ParallelPlan, profile: HardwareProfile
                   gpus_per_node: int = 8, topology: Topology | None = None,
                   coalesce_tp: bool = True, max_events: float | None = DEFAULT_MAX_EVENTS,
                   collective_model: str = "flows", nccl=None) -> tuple[Schedule, Program]:
-    """The iteration program of ``plan``: every GPU's compute and communication.
+    """The iteration program of ``plan``: every GPU's compute and communication
+    (``build`` on ``BuildContext.create`` of the arguments, the profile paced for the job).
 
     ``fidelity="reduced"`` simulates one GPU per pipeline stage (dp index 0, tp index
     0). The other GPUs do the same work at the same times, so they are shadows: they take
@@ -176,118 +380,12 @@ def build_program(model: ModelSpec, plan: ParallelPlan, profile: HardwareProfile
     A plan whose simulation would exceed ``max_events`` SimPy events (None: no limit) is
     refused before anything is built (``sim.program.limits``).
     """
-    if fidelity not in FIDELITIES:
-        raise InputError(f"fidelity: got {fidelity!r}; allowed: {', '.join(FIDELITIES)}")
-    plan.check_model(model)
-    price = None
-    expert_groups = plan.ep > 1 or (model.moe and plan.etp_size not in (1, plan.tp)) or plan.cp > 1
-    if coalesce_tp and topology is not None and not plan.tp_comm_overlap and not expert_groups:
-        # (overlapped chunks are not a chain; expert all-to-alls share links with other traffic)
-        price = isolated_tp_pricer(plan, topology, profile.link_efficiencies(), nccl)  # nccl: op, group, bytes -> s
-    check_size(model, plan, fidelity, max_events, topology, coalesced=price is not None if topology else None,
-               collective_model=collective_model)
-    if schedule is None:
-        schedule = build_schedule(plan.schedule, plan.pp, plan.num_microbatches, plan.vpp)
-    elif (schedule.pp, schedule.vpp, schedule.num_microbatches) != (plan.pp, plan.vpp, plan.num_microbatches):
-        raise InputError(
-            f"schedule {schedule.name}: has pp={schedule.pp}, vpp={schedule.vpp}, m={schedule.num_microbatches}; "
-            f"the plan needs pp={plan.pp}, vpp={plan.vpp}, m={plan.num_microbatches}"
-        )
-    validate(schedule)
-    segments = _Segments(model, plan, profile, price, _layer_steps(schedule, plan))
-    prog = to_program(schedule, lambda step: 0.0)
-    keep = None
-    if fidelity == "reduced":
-        # Tensor-parallel peers are shadows only where each GPU has a NIC of its own, so
-        # that their own data-parallel traffic could not contend with the simulated one's.
-        own_nics = topology is None or _own_nics(topology)
-        keep = lambda g: plan.coords(g)[0] == 0 and (not own_nics or plan.coords(g)[2] == 0)  # noqa: E731
-    # The passes run on one GPU per pipeline stage (dp 0, tp 0); ``passes.expand`` then
-    # copies each stage's program onto its GPUs (``keep``: the simulated ones).
-    folding = Folding(plan) if model.moe else None
-    rep_of, moved, groups_of = _copies(plan, folding)
-    rep_set = {rep_of(g) for g in range(plan.world_size)}
-    prog = passes.replicate(prog, plan.world_size, plan.coords, plan.rank, lambda g: g in rep_set)
-    def other_groups(r: int) -> dict:
-        out = {"cp": plan.cp_group(r)} if plan.cp > 1 else {}
-        if folding is not None:
-            out.update(ep=folding.ep_group(r), etp=folding.etp_group(r))
-        return out
-
-    prog = passes.add_tp_collectives(prog, segments, plan.tp_group, other_groups)
-    if plan.fp8_format is not None:  # delayed scaling's amax all-reduces (before the sends, which wait for them)
-        prog = add_amax_reductions(prog, stage_groups(plan), chunk_gemms(model, plan), nccl)
-    act_bytes = p2p_bytes(model, plan.micro_batch_size, plan.tp, plan.sequence_parallel, cp=plan.cp)
-    prog = passes.add_p2p(prog, lambda consumer: act_bytes)
-
-    layer_grad = layer_param_bytes(model, plan.tp, 0)
-    emb_grad = layer_param_bytes(model, plan.tp, -1)
-    head_grad = layer_param_bytes(model, plan.tp, model.num_layers)
-    split = {lid: [2.0 * x for x in layer_param_split(model, lid, plan.tp, plan.ep, plan.etp_size)]
-             for lid in range(model.num_layers) if model.is_moe_layer(lid)}
-
-    def grad_bytes(rank: int, layer: int) -> float:
-        if layer == -1:
-            return emb_grad
-        if layer == model.num_layers:
-            return head_grad
-        got = split.get(layer)
-        return layer_grad if got is None else got[0]
-
-    z = plan.zero_stage
-    bucket = sync_bucket_bytes(plan)
-    sync = dict(op="allreduce" if z == 0 else "reducescatter", every_microbatch=z >= 2, bucket_memory=z >= 2)
-    prog = passes.add_grad_sync(prog, grad_bytes, plan.dp_group, bucket, plan.dp_overlap, **sync)
-    if split:  # the experts' gradients, over the ranks that hold the same experts
-        prog = passes.add_grad_sync(prog, lambda r, lid: split[lid][1] if lid in split else 0.0, folding.edp_group,
-                                    bucket, plan.dp_overlap, label="expert grad bucket", **sync)
-    if z == 3:
-        prog = zero.add_param_gathers(prog, grad_bytes, plan.dp_group, zero3_depth(model, plan))
-    psi_split = [stage_param_split(model, plan, s) for s in range(plan.pp)]
-    edp = expert_data_parallel(plan)
-    psi = [d + x for d, x in psi_split]
-    if plan.offload_optimizer:
-        # Memory-bound Adam on the host, whose bandwidth the node's GPUs share.
-        sharing = min(gpus_per_node, plan.world_size)
-        cpu = [cpu_optimizer_step_time(optimizer_shard_params(n, plan.dp_cp, z), profile, sharing) for n in psi]
-        copy = [offload_copy_bytes(n, plan.dp_cp) for n in psi]
-        prog = zero.add_offloaded_optimizer(prog, lambda r: copy[plan.coords(r)[1]], lambda r: cpu[plan.coords(r)[1]])
-        done = "params to GPU"
-    else:
-        step_s = [optimizer_step_time(optimizer_shard_params(d, plan.dp_cp, z) + optimizer_shard_params(x, edp, z),
-                                      profile) for d, x in psi_split]
-        prog = passes.add_optimizer(prog, lambda r: step_s[plan.coords(r)[1]])
-        done = "optimizer"
-    fp8_saved = (lambda lid: fp8_layer_weights(model, plan.tp, lid)) if plan.fp8_param_gather else (lambda lid: 0.0)
-    # FP8 weights (--fp8-param-gather) are gathered in 1 byte instead of 2
-    if z in (1, 2) and plan.param_gather_overlap:
-        prog = zero.add_param_allgather_ahead(prog, lambda r, lid: grad_bytes(r, lid) - fp8_saved(lid), plan.dp_group,
-                                              bucket)
-        if split:
-            prog = zero.add_param_allgather_ahead(prog, lambda r, lid: split[lid][1] if lid in split else 0.0,
-                                                  folding.edp_group, bucket, label="expert param allgather")
-    elif z in (1, 2):
-        stage_layers = plan.stage_layers(model)
-        gathered = [param_allgather_bytes(d) - sum(fp8_saved(i) for c in range(plan.vpp)
-                                                   for i in plan.layer_range(model, c * plan.pp + s))
-                    for s, (d, _) in enumerate(psi_split)]
-
-        def tensors(rank: int) -> int:
-            # the rank's layers over its model chunks, plus the embedding and the head
-            p = plan.coords(rank)[1]
-            return sum(stage_layers[c * plan.pp + p] for c in range(plan.vpp)) + 2
-
-        prog = zero.add_param_allgather(prog, lambda r: gathered[plan.coords(r)[1]], plan.dp_group, bucket, done,
-                                        tensors)
-        if split:
-            prog = zero.add_param_allgather(prog, lambda r: param_allgather_bytes(psi_split[plan.coords(r)[1]][1]),
-                                            folding.edp_group, bucket, done, tensors, label="expert param allgather")
-    prog = add_memory(prog, model, plan, profile, segments)
-    prog = passes.expand(prog, plan.world_size, rep_of, moved, keep, groups_of)
-    return schedule, prog
+    return build(BuildContext.create(model, plan, profile, topology, schedule=schedule, fidelity=fidelity,
+                                     gpus_per_node=gpus_per_node, coalesce_tp=coalesce_tp, max_events=max_events,
+                                     collective_model=collective_model, nccl=nccl))
 
 
-def _copies(plan: ParallelPlan, folding: Folding | None = None):
+def copy_maps(plan: ParallelPlan, folding: Folding | None = None):
     """What ``passes.expand`` needs to copy the stage programs (made on dp 0, tp 0) onto
     every GPU: ``rep_of(g)``, the GPU of g's stage that the passes ran on; ``moved(x, g)``,
     the rank whose dp and tp indices are x's shifted by g's (a bijection of the cluster
@@ -342,49 +440,3 @@ def _own_nics(topology: Topology) -> bool:
             if sum(1 for m in g.neighbors(n) if g.nodes[m]["kind"] == "gpu") > 1:
                 return False
     return True
-
-
-def _layer_steps(schedule: Schedule, plan: ParallelPlan):
-    """Which steps must keep per-layer pieces: every step under ZeRO-3 (gathers per
-    layer), every backward under ZeRO-2 (reduce-scatter per layer and micro-batch), and
-    otherwise each stage's last backward on its rank (gradient buckets), when dp > 1."""
-    last: set[Step] = set()
-    for steps in schedule.ranks:
-        final: dict[int, Step] = {}
-        for st in steps:
-            if st.kind in ("B", "W"):
-                final[st.stage] = st
-        last.update(final.values())
-
-    def keep(step: Step) -> bool:
-        if plan.dp_cp == 1:
-            return False
-        if plan.zero_stage == 3:
-            return True
-        if plan.zero_stage == 2:
-            return step.kind in ("B", "W")
-        return step in last
-
-    return keep
-
-
-def add_memory(prog: Program, model: ModelSpec, plan: ParallelPlan, profile: HardwareProfile,
-               segments: "_Segments") -> Program:
-    """Resident model states (sharded per the ZeRO stage), the reserve, and each
-    (stage, micro-batch)'s stored activations while they are alive; the bytes are
-    ``sim.program.memory``'s."""
-    resident = [stage_resident_bytes(model, plan, s, profile.memory_reserve_bytes) for s in range(plan.pp)]
-    chunk = [chunk_activation_parts(model, plan, vs) for vs in range(plan.pp * plan.vpp)]
-
-    stage_of: dict[str, int] = {}
-
-    def stored(rank: int, step: str) -> float:
-        stage = stage_of.get(step)
-        if stage is None:
-            stage = stage_of[step] = Step.parse(step).stage
-        return chunk[stage]
-
-    working = recompute_working_bytes(model, plan)
-    transient = (lambda rank, step: working) if plan.recompute == "full" else None
-    prog = zero.add_activation_memory(prog, stored, transient)
-    return zero.add_resident(prog, lambda rank: resident[plan.coords(rank)[1]])

@@ -21,10 +21,11 @@ from __future__ import annotations
 
 from sim.inputs.hardware import HardwareProfile
 from sim.inputs.model import ModelSpec
-from sim.inputs.pacing import paced, slowest_speed
+from sim.inputs.pacing import slowest_speed
 from sim.inputs.plan import ParallelPlan
 from sim.program.costs import bias_pass_time, collective_time, op_time
-from sim.program.estimate import estimate, group_comm_time
+from sim.program.build import BuildContext
+from sim.program.estimate import estimate_in, group_comm_time
 from sim.inputs.experts import Folding
 from sim.program.workload import Comm, Op, Work, local_sequence, plan_edge_works, plan_layer_work
 from sim.program.workload_moe import MoeShape
@@ -93,10 +94,11 @@ def _part(work: Work, plan: ParallelPlan, link: str, profile: HardwareProfile, l
 
 def explain(model: ModelSpec, plan: ParallelPlan, profile: HardwareProfile, gpus_per_node: int = 8) -> dict:
     """The report as a dict (the JSON ``trainsim explain --json`` prints)."""
-    est = estimate(model, plan, profile, gpus_per_node=gpus_per_node)
     pace = {"gpus": plan.world_size, "gpu_speed_spread": profile.gpu_speed_spread,
             "slowest_speed": slowest_speed(profile.gpu_speed_spread, plan.world_size)}
-    profile = paced(profile, plan.world_size)  # (as the estimate prices the kernels)
+    ctx = BuildContext.create(model, plan, profile, gpus_per_node=gpus_per_node)
+    est = estimate_in(ctx)
+    profile = ctx.profile  # (paced: as the estimate prices the kernels)
     link = est.links["tp"]
     b, t = plan.micro_batch_size, plan.tp
     local = local_sequence(model, plan.cp)

@@ -56,10 +56,10 @@ from functools import lru_cache
 
 from sim.program.costs import work_times
 from sim.errors import InputError, require
-from sim.program.estimate import Estimate, estimate, layer_phase_times
+from sim.program.build import BuildContext
+from sim.program.estimate import Estimate, estimate_in, layer_phase_times
 from sim.inputs.hardware import HardwareProfile
 from sim.inputs.model import ModelSpec
-from sim.inputs.pacing import paced
 from sim.inputs.plan import RECOMPUTE, SCHEDULES, ZERO_STAGES, ParallelPlan
 from sim.program.fp8 import FP8_FORMATS
 from sim.program.workload import edge_works, layer_as_run, plan_edge_works
@@ -252,14 +252,13 @@ def _layered_phases(model, plan, profile, est, gpus_per_node) -> tuple:
     return tuple((ph, sum(dense[ph]), sum(emb[ph]), sum(head[ph]), sum(moe[ph])) for ph in ("F", "B", "W"))
 
 
-def bound_s(model: ModelSpec, plan: ParallelPlan, profile: HardwareProfile, est: Estimate,
-            gpus_per_node: int = 8) -> float:
+def bound_s(ctx: BuildContext, est: Estimate) -> float:
     """The part of the estimated step the simulator cannot overlap (see the module doc):
     m·T + bubble + optimizer, T the slowest pipeline rank's F + B + W per micro-batch
     (compute and tensor-, expert- and context-parallel collectives, as ``sim.program.estimate``
-    prices them)."""
+    prices them on the context's paced profile)."""
+    model, plan, profile, gpus_per_node = ctx.model, ctx.plan, ctx.profile, ctx.gpus_per_node
     p, v, m = plan.pp, plan.vpp, plan.num_microbatches
-    profile = paced(profile, plan.world_size)
     if model.moe or plan.cp > 1:
         ph = _layered_phases(model, plan, profile, est, gpus_per_node)
     else:
@@ -315,8 +314,9 @@ def candidates(model: ModelSpec, plans: list[ParallelPlan], profile: HardwarePro
     """Estimate each plan; those that do not fit the GPU are marked 'pruned: memory'."""
     out = []
     for plan in plans:
-        est = estimate(model, plan, profile, gpus_per_node=gpus_per_node)
-        c = Candidate(plan, plan_key(plan), est, bound_s(model, plan, profile, est, gpus_per_node))
+        ctx = BuildContext.create(model, plan, profile, gpus_per_node=gpus_per_node)
+        est = estimate_in(ctx)
+        c = Candidate(plan, plan_key(plan), est, bound_s(ctx, est))
         if not est.fits:
             c.status = "pruned: memory"
         out.append(c)

@@ -11,7 +11,7 @@ A rank of pipeline stage i holds, for its Ψ_i parameters over Nd data-parallel 
 With the optimizer offloaded (ZeRO-Offload) the optimizer states live in host memory and
 the GPU holds none of them.
 
-The simulator's memory pass (``sim.program.training.add_memory``) starts each rank with
+The simulator's memory pass (``sim.program.training.memory``) starts each rank with
 ``stage_resident_bytes`` and allocates ``chunk_activation_bytes`` per forward step; the
 passes add buckets and gathered weights as they run, so its peak comes out of the
 program. The analytic estimate (``sim.program.estimate``) adds the worst moment up

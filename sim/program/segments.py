@@ -1,0 +1,166 @@
+"""Each pipeline step cut into its layers: compute segments and the collectives between them.
+
+A schedule's step (``2F0``: virtual stage 2's forward of micro-batch 0) is one compute
+action until the program-building pass ``layers`` (``sim.program.training``) asks
+``StepSegments`` what it holds: per layer, in the step's order (forward: embedding,
+layers, head; backward the reverse), the layer's ops priced by ``sim.program.costs``,
+merged into one compute segment between communications, and the layer's collectives
+(``sim.program.workload``'s ``Comm`` items) over their groups: tensor-parallel
+all-reduces or all-gathers and reduce-scatters, context-parallel ring shifts or
+all-gathers (issued beside the compute that follows, ``side``), expert-parallel
+all-to-alls and expert-tensor-parallel gathers. A collective whose group has one GPU is
+left out. Under ``tp_comm_overlap`` a layer's tensor-parallel pairs become Transformer
+Engine's chunked pipelines (``sim.program.tp.overlapped_layer``).
+
+Segments depend on the step alone (its virtual stage and kind; and its micro-batch when
+uneven expert routing gives micro-batches different loads, ``sim.program.routing``), so
+they are built once per step and shared by every rank that runs it. Where isolated
+tensor-parallel collectives provably have their links to themselves, a chain of them and
+the compute between is coalesced into one priced segment (``sim.program.coalesce``),
+except in the steps ``layer_steps`` says must keep per-layer pieces (gradient buckets
+and ZeRO gathers act per layer).
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+from sim.inputs.model import ModelSpec
+from sim.inputs.hardware import HardwareProfile
+from sim.inputs.plan import ParallelPlan
+from sim.program import passes
+from sim.program.actions import Action
+from sim.program.coalesce import coalesce
+from sim.program.costs import op_time
+from sim.program.routing import Routing
+from sim.program.schedules import Schedule, Step
+from sim.program.tp import overlapped_layer
+from sim.program.workload import Comm, chunk_work
+
+_COLLECTIVE = {"all_reduce": "allreduce", "all_gather": "allgather", "reduce_scatter": "reducescatter",
+               "all_to_all": "alltoall", "shift": "shift"}
+PIPELINE_KINDS = ("F", "B", "I", "W")
+
+
+class StepSegments:
+    """Per (virtual stage, step kind): the step's compute segments and collectives (module doc)."""
+
+    def __init__(self, model: ModelSpec, plan: ParallelPlan, profile: HardwareProfile,
+                 price=None, keep_layers=None):
+        self.model, self.plan, self.profile = model, plan, profile
+        self._cache = lru_cache(maxsize=None)(self._build)
+        self._coalesced = lru_cache(maxsize=None)(self._coalesce)
+        self.price = price  # closed-form price of isolated tp collectives (sim.program.coalesce), or None
+        self.keep_layers = keep_layers or (lambda step: True)
+        self._by_name: dict[str, tuple] = {}
+        self.routing = Routing(model, plan) if model.moe else None
+        """Tokens per expert (``sim.program.routing``); steps differ by micro-batch unless balanced."""
+        self._per_mb = self.routing is not None and not self.routing.balanced
+        self._sizes = {"tp": plan.tp, "ep": plan.ep, "etp": plan.etp_size, "cp": plan.cp}
+
+    def _coalesce(self, stage: int, kind: str, keep: bool, mb=None):
+        return coalesce(self._cache(stage, kind, mb), self.price, keep)
+
+    def layers(self, stage: int, mb: int | None = None) -> list:
+        """(layer id, Work) of a virtual stage in forward order: -1 embedding, L the head
+        (``mb``: the micro-batch, for the expert loads of uneven routing)."""
+        works = chunk_work(self.model, self.plan, stage, mb, self.routing)
+        ids = list(self.plan.layer_range(self.model, stage))
+        out, k = [], 0
+        for w in works:
+            if w.name == "embedding":
+                out.append((-1, w))
+            elif w.name == "head":
+                out.append((self.model.num_layers, w))
+            else:
+                out.append((ids[k], w))
+                k += 1
+        return out
+
+    def _build(self, stage: int, kind: str, mb: int | None = None) -> tuple[passes.Segment, ...]:
+        seq = self.layers(stage, mb)
+        if kind == "F":
+            parts = [(lid, w.phase("F")) for lid, w in seq]
+        elif kind == "B":
+            parts = [(lid, w.phase("B") + w.phase("W")) for lid, w in reversed(seq)]
+        elif kind == "I":
+            parts = [(lid, w.phase("B")) for lid, w in reversed(seq)]
+        else:
+            parts = [(lid, w.phase("W")) for lid, w in reversed(seq)]
+        segs: list[passes.Segment] = []
+        for lid, items in parts:
+            if self.plan.tp_comm_overlap and self.plan.tp > 1:
+                live = [it for it in items if not isinstance(it, Comm) or self._sizes[it.group] > 1]
+                segs += overlapped_layer(live, lid, lambda op: op_time(op, self.profile), self.plan.tp,
+                                         lambda it: isinstance(it, Comm), lambda c: _COLLECTIVE[c.collective],
+                                         base=len(segs), group_of=lambda c: c.group)
+                continue
+            dur = flops = 0.0
+            side: dict[str, int] = {}  # side collectives of the layer by name -> their segment's position
+            waits: tuple = ()
+            for it in items:
+                if isinstance(it, Comm):
+                    if dur or waits:
+                        segs.append(passes.Segment("compute", dur, flops, layer=lid, waits=waits))
+                        dur, flops, waits = 0.0, 0.0, ()
+                    if self._sizes[it.group] > 1:
+                        if it.side:  # issued now, beside the compute that follows (ring attention)
+                            side[it.name] = len(segs)
+                            main = next((k for k in range(len(segs) - 1, -1, -1) if not segs[k].side), None)
+                            segs.append(passes.Segment("collective", op=_COLLECTIVE[it.collective], nbytes=it.nbytes,
+                                                       layer=lid, group=it.group, side=True,
+                                                       waits=() if main is None else (main,)))
+                        else:
+                            segs.append(passes.Segment("collective", op=_COLLECTIVE[it.collective],
+                                                       nbytes=it.nbytes, layer=lid, group=it.group))
+                else:
+                    if it.after in side:  # this op needs that side collective: a new piece waits for it
+                        if dur or waits:
+                            segs.append(passes.Segment("compute", dur, flops, layer=lid, waits=waits))
+                            dur = flops = 0.0
+                        waits = (side[it.after],)
+                    dur += op_time(it, self.profile)
+                    flops += it.flops
+            if dur or waits or not items:
+                segs.append(passes.Segment("compute", dur, flops, layer=lid, waits=waits))
+        return tuple(segs)
+
+    def __call__(self, rank: int, action: Action):
+        """The step's segments (one tuple per step name, whatever the rank: the pieces
+        depend on the step alone)."""
+        if action.kind != "compute" or action.category not in PIPELINE_KINDS:
+            return None
+        segs = self._by_name.get(action.name)
+        if segs is None:
+            step = Step.parse(action.name)
+            mb = step.mb if self._per_mb else None
+            if self.price is not None:
+                segs = tuple(self._coalesced(step.stage, step.kind, self.keep_layers(step), mb))
+            else:
+                segs = tuple(self._cache(step.stage, step.kind, mb))
+            self._by_name[action.name] = segs
+        return segs
+
+
+def layer_steps(schedule: Schedule, plan: ParallelPlan):
+    """Which steps must keep per-layer pieces: every step under ZeRO-3 (gathers per
+    layer), every backward under ZeRO-2 (reduce-scatter per layer and micro-batch), and
+    otherwise each stage's last backward on its rank (gradient buckets), when dp > 1."""
+    last: set[Step] = set()
+    for steps in schedule.ranks:
+        final: dict[int, Step] = {}
+        for st in steps:
+            if st.kind in ("B", "W"):
+                final[st.stage] = st
+        last.update(final.values())
+
+    def keep(step: Step) -> bool:
+        if plan.dp_cp == 1:
+            return False
+        if plan.zero_stage == 3:
+            return True
+        if plan.zero_stage == 2:
+            return step.kind in ("B", "W")
+        return step in last
+
+    return keep
