@@ -199,7 +199,7 @@ def test_param_gather_gathers_the_updated_parameters_once(fp8):
     assert after is before
 
 
-def test_memory_puts_the_resident_states_and_one_allocation_per_micro_batch():
+def test_memory_puts_the_resident_states_and_each_micro_batchs_activations_layer_by_layer():
     ctx = _ctx(pp=2)
     before, after = _around(ctx, "memory")
     for r in (0, 1):
@@ -207,8 +207,14 @@ def test_memory_puts_the_resident_states_and_one_allocation_per_micro_batch():
         states = stage_resident_bytes(TWO, ctx.plan, r, H100.memory_reserve_bytes)
         assert sorted(resident.mem) == sorted(("start", k, v) for k, v in states.items() if v)
         acts = after.program.actions[r]
-        allocs = [m for a in acts for m in a.mem if m[1] == "activations" and m[2] > 0]
-        assert len(allocs) == ctx.plan.num_microbatches
+        allocs = [m[2] for a in acts for m in a.mem if m[1] == "activations" and m[2] > 0]
+        # one allocation per stored piece (each layer's as it runs, sim.program.memory's
+        # chunk_activation_parts) per micro-batch, adding up to the chunk's stored bytes
+        from sim.program.memory import chunk_activation_bytes, chunk_activation_parts
+
+        m = ctx.plan.num_microbatches
+        assert len(allocs) == m * len(chunk_activation_parts(TWO, ctx.plan, r))
+        assert sum(allocs) == pytest.approx(m * chunk_activation_bytes(TWO, ctx.plan, r), rel=1e-12)
 
 
 def test_expand_copies_the_templates_onto_every_gpu():

@@ -171,10 +171,10 @@ def test_run_is_deterministic_and_writes_outputs(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("extra,needle", [
-    (["--tensor-model-parallel-size", "3"], "tp"),
+    (["--tensor-model-parallel-size", "3"], "--tensor-model-parallel-size: got 3"),
     (["--pipeline-model-parallel-size", "3"], "pp"),
     (["--gpus", "12", "--tensor-model-parallel-size", "8"], "--gpus"),
-    (["--global-batch-size", "3", "--gpus", "2"], "global_batch_size"),
+    (["--global-batch-size", "3", "--gpus", "2"], "--global-batch-size: got 3"),
     (["--pipeline-model-parallel-size", "2", "--num-virtual-stages-per-pipeline-rank", "2",
       "--global-batch-size", "3"], "multiple of pp"),
     (["--schedule", "pipedream"], "--schedule"),
