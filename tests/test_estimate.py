@@ -292,7 +292,7 @@ def test_cli_table_and_model_sources(capsys, tmp_path):
     (["--model", "gpt-22b", "--zero", "5"], ["--zero"]),
     (["--model", "gpt-22b", "--schedule", "pipedream"], ["--schedule", "pipedream"]),
     (["--model", "gpt-22b", "--pipeline-model-parallel-size", "4", "--num-layers-per-virtual-pipeline-stage", "6",
-      "--schedule", "1f1b", "--global-batch-size", "8"], ["plan: vpp", "'1f1b'"]),
+      "--schedule", "1f1b", "--global-batch-size", "8"], ["--num-virtual-stages-per-pipeline-rank: got 2", "'1f1b'"]),
     (["--model", "llama3-8b", "--pipeline-model-parallel-size", "4", "--decoder-first-pipeline-num-layers", "6"],
      ["--decoder-first-pipeline-num-layers", "6", "would divide"]),
     (["--model", "llama3-8b", "--pipeline-model-parallel-size", "5", "--account-for-loss-in-pipeline-split"],

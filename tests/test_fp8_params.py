@@ -73,4 +73,4 @@ def test_it_needs_fp8_and_a_sharded_optimizer():
         code = main(["run", "--model", "llama3-8b", "--gpu", "h100-sxm", "--gpus", "16", "--fp8-param-gather",
                      "--zero", "1"])
     assert code == 2 and err.getvalue().count("\n") == 1
-    assert "--fp8-param-gather: got True; needs --fp8-format and --zero 1 or 2 (got BF16, --zero 1)" in err.getvalue()
+    assert "--fp8-param-gather: got True; needs fp8_format and zero 1 or 2 (got BF16, zero 1)" in err.getvalue()

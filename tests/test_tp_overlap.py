@@ -123,7 +123,7 @@ def test_tp_comm_overlap_needs_sequence_parallel():
                      "--tensor-model-parallel-size", "8", "--tp-comm-overlap"])
     assert code == 2
     lines = err.getvalue().strip().splitlines()
-    assert len(lines) == 1 and "--tp-comm-overlap: got True; needs --sequence-parallel" in lines[0]
+    assert len(lines) == 1 and "--tp-comm-overlap: got True; needs sequence_parallel" in lines[0]
 
 
 def test_input_gradient_scatter_runs_whole_beside_the_weight_gradient(make_star):

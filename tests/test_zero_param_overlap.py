@@ -72,5 +72,5 @@ def test_the_cli_flag_needs_zero_1_or_2(capsys, tmp_path):
     out = tmp_path / "o"
     assert main(["run", "--model", "llama3-8b", "--gpus", "16", "--overlap-param-gather", "--out", str(out)]) == 2
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "--overlap-param-gather: got True; needs --zero 1 or 2 (got 0)" in err
+    assert err.count("\n") == 1 and "--overlap-param-gather: got True; needs zero 1 or 2 (got 0)" in err
     assert not out.exists()

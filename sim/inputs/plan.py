@@ -269,8 +269,8 @@ class ParallelPlan:
                   "gradient_accumulation_fusion", "param_gather_overlap", "fp8_param_gather", "offload_optimizer"):
             _bool(f, getattr(self, f))
         _check(not self.tp_comm_overlap or self.tp == 1 or self.sequence_parallel, "tp_comm_overlap", True,
-                "it needs sequence_parallel (Megatron-LM's --tp-comm-overlap overlaps the sequence-parallel "
-                "all-gathers and reduce-scatters)")
+                "needs sequence_parallel (it overlaps the sequence-parallel all-gathers and reduce-scatters with "
+                "the GEMMs beside them)")
         _check(self.cross_entropy in CROSS_ENTROPY, "cross_entropy", self.cross_entropy,
                 f"allowed: {', '.join(CROSS_ENTROPY)}")
         _check(self.cross_entropy != "pytorch" or self.tp == 1, "cross_entropy", self.cross_entropy,
@@ -300,10 +300,11 @@ class ParallelPlan:
                     and math.isfinite(self.zero3_max_live_parameters) and self.zero3_max_live_parameters > 0, "zero3_max_live_parameters", self.zero3_max_live_parameters,
                     "expected a finite number > 0 (leave it unset for no cap)")
         _check(not self.param_gather_overlap or self.zero_stage in (1, 2), "param_gather_overlap", True,
-                f"needs ZeRO stage 1 or 2 (got {self.zero_stage}): it overlaps the sharded optimizer's parameter "
+                f"needs zero 1 or 2 (got {self.zero_stage}): it overlaps the sharded optimizer's parameter "
                 "all-gather (ZeRO-3 gathers every layer before each use anyway)")
-        _check(not self.fp8_param_gather or (self.fp8_format is not None and self.zero_stage in (1, 2)), "fp8_param_gather", True, "needs fp8_format and zero 1 or 2 (the weights it gathers in "
-                f"FP8 are the sharded optimizer's; got fp8_format {self.fp8_format}, zero {self.zero_stage})")
+        _check(not self.fp8_param_gather or (self.fp8_format is not None and self.zero_stage in (1, 2)),
+               "fp8_param_gather", True, f"needs fp8_format and zero 1 or 2 (got {self.fp8_format or 'BF16'}, zero "
+               f"{self.zero_stage}): it keeps the sharded optimizer's weights in FP8")
         _check(not (self.param_gather_overlap and self.offload_optimizer), "param_gather_overlap", True,
                 "not with offload_optimizer (the parameters come back from the host)")
         _check(not self.offload_optimizer or self.zero_stage >= 1, "offload_optimizer", True,
@@ -339,15 +340,16 @@ class ParallelPlan:
                                    ("last_stage_layers", LAST, self.last_stage_layers)):
             if value is None:
                 continue
-            for cond, allowed in (
-                    (isinstance(value, int) and not isinstance(value, bool) and value > 0, "expected an integer > 0"),
-                    (self.pp > 1, "an uneven first/last stage needs pp > 1"),
-                    (value % self.vpp == 0,
+            for cond, allowed in (  # in order, each only once the ones before it hold
+                    (lambda: isinstance(value, int) and not isinstance(value, bool) and value > 0,
+                     "expected an integer > 0"),
+                    (lambda: self.pp > 1, "an uneven first/last stage needs pp > 1"),
+                    (lambda: value % self.vpp == 0,
                      f"must be a multiple of vpp = {self.vpp} (each of the stage's chunks gets the same layers)"),
-                    (not (self.account_for_embedding or self.account_for_loss),
+                    (lambda: not (self.account_for_embedding or self.account_for_loss),
                      "cannot be combined with account_for_embedding / account_for_loss (Megatron-LM rejects the "
                      "combination too)")):
-                require(cond, f"plan: {field}", value, allowed, setting=attr)
+                require(cond(), f"plan: {field}", value, allowed, setting=attr)
 
     def summary(self) -> dict:
         """The plan's fields as JSON-ready values; the settings that only set other fields
