@@ -68,7 +68,7 @@ def test_the_wheel_declares_its_command_and_dependencies(built):
     assert "trainsim = sim.cli:main" in info["entry_points.txt"]
     requires = re.findall(r"^Requires-Dist: ([A-Za-z0-9_.-]+)(.*)$", info["METADATA"], re.M)
     core = {name for name, rest in requires if "extra ==" not in rest}
-    assert core == {"simpy", "numpy", "networkx", "matplotlib", "scipy"}
+    assert core == {"simpy", "numpy", "networkx", "matplotlib", "scipy", "pydantic"}
 
 
 def test_setuptools_builds_the_wheel_without_warnings(built):

@@ -24,30 +24,41 @@ and k0 is a prologue/epilogue cost in units of k. It never exceeds ``best``. Cal
 (a later issue) fits the same fields from measured kernels and writes a profile JSON
 that loads into this type; presets live in ``sim/profiles/*.json`` with a ``sources``
 entry naming where each number comes from.
-"""
 
-from __future__ import annotations
+Each field's type says what it may be (``sim.inputs.profile_checks``: a fraction in (0, 1],
+an integer > 0, ...), and pydantic checks every profile when it is made, read from JSON
+(``from_dict``, ``load_profile``) or built in Python (``dataclasses.replace`` too); a bad
+value is a one-line ``InputError`` naming the profile, the field's path and the value.
+"""
 
 import json
 import math
-from dataclasses import MISSING, dataclass, field, fields
+from dataclasses import dataclass, field, fields
 from importlib import resources
 from pathlib import Path
+from typing import Annotated
+
+import pydantic
+from pydantic import TypeAdapter, ValidationError, with_config
 
 from sim.errors import InputError
-from sim.inputs.profile_checks import LINK_KINDS, check_base_latencies, check_profile, check_protocols, is_num
+from sim.inputs.profile_checks import (
+    BASE_LATENCY_TABLE, BYTE_RATE, COUNT, FLAG, FRACTION, GEMM_TILES, LINK_KINDS, MAX_SPREAD,
+    NAME, NCCL_PROTOCOL_TABLE, PEAK_FLOPS, PROVENANCE, SECONDS, SOURCES, STRICT_KEYS, Allowed, json_object,
+    number, one_line_error)
 
-DTYPES = ("fp32", "tf32", "bf16", "fp16", "fp8")
 PRESETS = ("a100-80gb", "h100-sxm", "h200")
 
 
+@with_config(STRICT_KEYS)
 @dataclass(frozen=True)
 class LinkModel:
-    """α-β model of one link kind: per-direction line rate, achieved fraction, latency."""
+    """α-β model of one link kind: per-direction line rate, achieved fraction, latency.
+    Its values are checked as part of a profile (``HardwareProfile.links``)."""
 
-    latency_s: float
-    bandwidth_Bps: float
-    efficiency: float
+    latency_s: SECONDS
+    bandwidth_Bps: BYTE_RATE
+    efficiency: FRACTION
 
     @property
     def effective_Bps(self) -> float:
@@ -58,43 +69,65 @@ class LinkModel:
         return self.latency_s + nbytes / self.effective_Bps
 
 
-@dataclass(frozen=True)
-class HardwareProfile:
-    """One GPU model and the links around it, in SI units."""
+LINKS = Annotated[json_object("Links", dict.fromkeys(LINK_KINDS, LinkModel), total=False),
+                  Allowed(f"an object of link kind ({', '.join(LINK_KINDS)}) -> {{latency_s, bandwidth_Bps, efficiency}}")]
+"""A profile's links; none is allowed (one GPU alone), and ``calibrate`` starts from none."""
 
-    name: str
-    peak_flops: dict
+
+def _one_line_errors(cls):
+    """``cls`` whose construction (``cls(...)``, ``dataclasses.replace``) raises a one-line
+    ``InputError`` naming the profile, where pydantic would raise its ``ValidationError``."""
+    check = cls.__init__
+
+    def __init__(self, *args, **kwargs):
+        try:
+            check(self, *args, **kwargs)
+        except ValidationError as exc:
+            raise one_line_error(exc, cls, f"profile {kwargs.get('name', args[0] if args else None)!r}") from None
+
+    cls.__init__ = __init__
+    return cls
+
+
+@_one_line_errors
+@pydantic.dataclasses.dataclass(frozen=True, config=STRICT_KEYS)
+class HardwareProfile:
+    """One GPU model and the links around it, in SI units. Each field's type declares what
+    it may be (``sim.inputs.profile_checks``); pydantic checks it whenever a profile is made."""
+
+    name: NAME
+    peak_flops: PEAK_FLOPS
     """Dense peak FLOP/s per dtype (keys from DTYPES); 'fp32' is the non-tensor-core rate."""
-    hbm_bandwidth_Bps: float
-    hbm_capacity_bytes: float
-    sm_count: int
-    gemm_tiles: tuple
+    hbm_bandwidth_Bps: BYTE_RATE
+    hbm_capacity_bytes: number("a number > 0 (bytes)", gt=0)
+    sm_count: COUNT
+    gemm_tiles: GEMM_TILES
     """Candidate output tiles as (tile_m, tile_n, relative efficiency)."""
-    gemm_k_overhead: float
+    gemm_k_overhead: number("a number >= 0 (units of k)", ge=0)
     """k0: fixed per-tile cost (prologue/epilogue) in units of the k dimension."""
-    gemm_max_efficiency: float
+    gemm_max_efficiency: FRACTION
     """Measured best dense GEMM throughput as a fraction of peak (the model's cap)."""
-    attention_max_efficiency: float
+    attention_max_efficiency: FRACTION
     """Best fused (flash) attention throughput as a fraction of peak."""
-    memory_efficiency: float
+    memory_efficiency: FRACTION
     """Fraction of hbm_bandwidth_Bps that memory-bound kernels reach."""
-    kernel_launch_s: float
+    kernel_launch_s: SECONDS
     """Fixed cost added to every kernel."""
-    links: dict
+    links: LINKS
     """Link kind -> LinkModel."""
-    memory_reserve_bytes: float = 0.0
+    memory_reserve_bytes: number("a number >= 0 (bytes)", ge=0) = 0.0
     """HBM no tensor can use: CUDA context, communication buffers, allocator fragmentation."""
-    host_memory_bandwidth_Bps: float = 0.0
+    host_memory_bandwidth_Bps: number("a number >= 0 (bytes/s)", ge=0) = 0.0
     """Host (CPU) memory bandwidth of the node, shared by its GPUs: bounds the CPU optimizer
     step under ZeRO-Offload. 0 means unknown (offload then cannot be simulated)."""
-    framework_kernel_efficiency: float | None = None
+    framework_kernel_efficiency: FRACTION | None = None
     """Fraction of hbm_bandwidth_Bps that the training framework's own elementwise
     kernels reach (Megatron-LM's torch.compile fusions: bias-GeLU, bias-SwiGLU,
     bias-dropout-add; PyTorch's eager ops in the cross-entropy and the embedding), which
     run well below tuned library kernels (norms, flash attention: ``memory_efficiency``).
     None: the same as ``memory_efficiency``."""
 
-    sustained_compute_fraction: float = 1.0
+    sustained_compute_fraction: FRACTION = 1.0
     """Fraction of the microbenchmark throughput of compute-bound kernels (GEMMs and
     attention: ``gemm_max_efficiency``, ``attention_max_efficiency``, measured on kernels
     run alone for a short while) that a GPU sustains through whole training steps. Under
@@ -103,33 +136,33 @@ class HardwareProfile:
     ``memory_efficiency``), and each kernel shares L2 with its neighbours. 1: the
     microbenchmark's. Fitted to published runs (``trainsim fit``)."""
 
-    overlap_compute_slowdown: float = 0.0
+    overlap_compute_slowdown: number("a number >= 0", ge=0) = 0.0
     """σ: while an NCCL kernel (a send, receive or collective on another stream) runs on a
     GPU, the GPU's compute kernels take (1 + σ) times as long: NCCL holds some SMs (one
     thread block per channel) and HBM bandwidth. 0: overlap is free."""
 
-    nccl_protocols: dict | None = None
+    nccl_protocols: NCCL_PROTOCOL_TABLE | None = None
     """NCCL protocol -> {bandwidth_fraction, hop_latency_nvlink_s, hop_latency_net_s}
     (``sim.engine.nccl``: LL and LL128 relative to Simple). None: NCCL's tuning constants."""
-    nvls_efficiency: float | None = None
+    nvls_efficiency: FRACTION | None = None
     """Fraction of the NVLink line rate a GPU's NVLS (NVLink SHARP) traffic reaches. None: 1."""
-    nvls_latency_s: float | None = None
+    nvls_latency_s: SECONDS | None = None
     """Latency of one NVLS collective. None: NCCL's tuning constant (25 µs)."""
-    nccl_base_latency_s: dict | None = None
+    nccl_base_latency_s: BASE_LATENCY_TABLE | None = None
     """NCCL algorithm (ring, tree, nvls, nvls_tree) -> protocol (ll, ll128, simple) ->
     seconds every NCCL collective pays once before its first transfer (kernel launch and
     setup: ``sim.engine.nccl``). None: NCCL's tuning constants (``baseLatencies``)."""
-    fp8_gemm_max_efficiency: float | None = None
+    fp8_gemm_max_efficiency: FRACTION | None = None
     """Best dense FP8 GEMM throughput as a fraction of the fp8 peak: the cap of FP8 GEMMs
     (``gemm_efficiency(..., dtype="fp8")``), measured on a kernel alone, or fitted to FP8
     training runs (``trainsim fit``), which sustain less of it than BF16 runs do of theirs.
     None: the same as ``gemm_max_efficiency``."""
-    gemm_bias_epilogue: bool = True
+    gemm_bias_epilogue: FLAG = True
     """A linear layer's bias is added in its GEMM's epilogue, at no cost (cuBLASLt,
     Transformer Engine). False: a pass first writes the bias into the output, which the
     GEMM then reads back (PyTorch's addmm on a CPU: its profiler shows ``aten::copy_``
     under ``aten::addmm``)."""
-    gpu_speed_spread: float = 0.0
+    gpu_speed_spread: number(f"a fraction in [0, {MAX_SPREAD}]", ge=0, le=MAX_SPREAD) = 0.0
     """σ: GPU-to-GPU spread of sustained compute speed (standard deviation over the mean)
     among GPUs of this type. A synchronous step waits for its slowest GPU, so a job on N
     GPUs runs its compute-bound kernels at the expected slowest speed, 1 − σ·E[max of N
@@ -141,9 +174,9 @@ class HardwareProfile:
         eff = self.framework_kernel_efficiency if framework and self.framework_kernel_efficiency else \
             self.memory_efficiency
         return self.hbm_bandwidth_Bps * eff
-    sources: dict = field(default_factory=dict, compare=False)
+    sources: SOURCES = field(default_factory=dict, compare=False)
     """Field -> where its number comes from (datasheet, measurement, assumption)."""
-    provenance: dict = field(default_factory=dict, compare=False)
+    provenance: PROVENANCE = field(default_factory=dict, compare=False)
     """How a measured profile was made (machine, library versions, date; written by
     ``trainsim calibrate``). Empty, and left out of the JSON, for presets."""
 
@@ -154,10 +187,14 @@ class HardwareProfile:
         return hash(json.dumps(d, sort_keys=True))
 
     def __post_init__(self):
-        try:
-            check_profile(self)
-        except InputError as exc:
-            raise InputError(f"profile {self.name!r}: {exc}") from None
+        """The rules between fields (each field's own are its type's)."""
+        if self.fp8_gemm_max_efficiency is not None and "fp8" not in self.peak_flops:
+            raise InputError(field="fp8_gemm_max_efficiency", value=self.fp8_gemm_max_efficiency,
+                             allowed="peak_flops has no fp8 entry (give the GPU's fp8 peak, or leave the field out)")
+        names = [f.name for f in fields(self)]
+        for key in self.sources:
+            if key.split(".")[0] not in names:
+                raise InputError(field="sources", value=key, allowed=f"expected keys naming fields: {', '.join(names)}")
 
     # ----------------------------------------------------------------- queries
     def peak(self, dtype: str = "bf16") -> float:
@@ -238,47 +275,19 @@ class HardwareProfile:
         """A profile from plain data, strictly: unknown or missing keys are errors."""
         if not isinstance(d, dict):
             raise InputError(f"{where}: got {type(d).__name__}; expected a JSON object")
-        names = [f.name for f in fields(cls)]
-        _strict_keys(d, names, where, optional=[f.name for f in fields(cls)
-                                                if f.default is not MISSING or f.default_factory is not MISSING])
-        kw = dict(d)
-        kw["peak_flops"] = _number_map(d["peak_flops"], f"{where}: peak_flops", DTYPES)
-        kw["links"] = _links(d["links"], f"{where}: links")
-        tiles = d["gemm_tiles"]
-        if not isinstance(tiles, list) or not tiles or not all(
-                isinstance(t, list) and len(t) == 3 and all(is_num(x) for x in t)
-                and all(isinstance(x, int) for x in t[:2]) for t in tiles):
-            raise InputError(f"{where}: gemm_tiles: got {tiles!r}; expected a non-empty list of "
-                             "[tile_m, tile_n, relative_efficiency]")
-        kw["gemm_tiles"] = tuple((int(a), int(b), float(r)) for a, b, r in tiles)
-        if d.get("nccl_protocols") is not None:
-            kw["nccl_protocols"] = check_protocols(d["nccl_protocols"], f"{where}: nccl_protocols")
-        if d.get("nccl_base_latency_s") is not None:
-            kw["nccl_base_latency_s"] = check_base_latencies(d["nccl_base_latency_s"], f"{where}: nccl_base_latency_s")
-        src = d.get("sources", {})
-        if not isinstance(src, dict):
-            raise InputError(f"{where}: sources: got {src!r}; expected an object of field -> text")
-        for key, text in src.items():
-            if key.split(".")[0] not in names:
-                raise InputError(f"{where}: sources: unknown field {key!r}; allowed: {', '.join(names)}")
-            if not isinstance(text, str):
-                raise InputError(f"{where}: sources.{key}: got {text!r}; expected a string")
-        kw["sources"] = dict(src)
-        prov = d.get("provenance", {})
-        if not isinstance(prov, dict) or not all(isinstance(k, str) for k in prov):
-            raise InputError(f"{where}: provenance: got {prov!r}; expected an object of name -> value")
-        kw["provenance"] = dict(prov)
         try:
-            return cls(**kw)
-        except InputError as exc:
-            msg = str(exc).removeprefix(f"profile {kw.get('name')!r}: ")
-            raise InputError(f"{where}: {msg}") from None
+            return _READ.validate_python(d)
+        except ValidationError as exc:
+            raise one_line_error(exc, cls, where) from None
 
     def save(self, path: str | Path) -> None:
         """Write the profile as indented JSON, through a temporary file and a rename."""
         from sim.fileio import write_json_atomic
 
         write_json_atomic(self.to_dict(), path, indent=2, sort_keys=False)
+
+
+_READ = TypeAdapter(HardwareProfile)
 
 
 def load_profile(name_or_path: str | Path, flag: str = "gpu") -> HardwareProfile:
@@ -294,37 +303,3 @@ def load_profile(name_or_path: str | Path, flag: str = "gpu") -> HardwareProfile
     if not path.suffix == ".json" and not path.exists():
         raise InputError(f"{flag}: got {text!r}; allowed: {', '.join(PRESETS)} or a profile .json file")
     return HardwareProfile.from_dict(read_json(path, flag), where=text)
-
-
-# ----------------------------------------------------------------- checking
-def _strict_keys(d: dict, allowed, where: str, optional=()) -> None:
-    for key in d:
-        if key not in allowed:
-            raise InputError(f"{where}: unknown key {key!r}; allowed: {', '.join(allowed)}")
-    for key in allowed:
-        if key not in d and key not in optional:
-            raise InputError(f"{where}: missing key {key!r}")
-
-
-def _number_map(d, where: str, allowed) -> dict:
-    if not isinstance(d, dict) or not d:
-        raise InputError(f"{where}: got {d!r}; expected an object like {{\"bf16\": 3.12e14}}")
-    for key in d:
-        if key not in allowed:
-            raise InputError(f"{where}: unknown key {key!r}; allowed: {', '.join(allowed)}")
-    return dict(d)
-
-
-def _links(d, where: str) -> dict:
-    if not isinstance(d, dict) or not d:
-        raise InputError(f"{where}: got {d!r}; expected an object of link kind -> "
-                         "{latency_s, bandwidth_Bps, efficiency}")
-    out = {}
-    for kind, spec in d.items():
-        if kind not in LINK_KINDS:
-            raise InputError(f"{where}: unknown key {kind!r}; allowed: {', '.join(LINK_KINDS)}")
-        if not isinstance(spec, dict):
-            raise InputError(f"{where}.{kind}: got {spec!r}; expected an object")
-        _strict_keys(spec, ("latency_s", "bandwidth_Bps", "efficiency"), f"{where}.{kind}")
-        out[kind] = LinkModel(spec["latency_s"], spec["bandwidth_Bps"], spec["efficiency"])
-    return out

@@ -1,103 +1,43 @@
-"""Checks of a hardware profile's numbers (``sim.inputs.hardware``): each bad value is a
-one-line error naming the field, the value and what is allowed."""
+"""What a hardware profile's values may be (``sim.inputs.hardware``), declared once for
+pydantic, and its errors as one line each.
+
+Every value's type and bounds are a pydantic type, written once here and put on the
+profile's own fields (``HardwareProfile``, ``LinkModel``): a finite number (never a bool,
+never text such as ``"132"``), an integer (``132.5`` is not one), a key from a fixed set.
+Each carries an ``Allowed`` text that says in words what it accepts, units included. The
+same declarations check a profile read from JSON and one built in Python
+(``dataclasses.replace(profile, gpu_speed_spread=0.2)``). Numbers are checked, not
+converted: a JSON integer stays an integer, as it was given.
+
+``one_line_error`` turns pydantic's first structured error (its path, input, type) into
+an ``InputError`` that names the file, the dotted path (``links.nvlink.efficiency``,
+``gemm_tiles[0][1]``), the value given and the ``Allowed`` text found at that path in the
+declarations; pydantic's own message text is never read.
+"""
 
 from __future__ import annotations
 
-import math
+import dataclasses
+import types
+import typing
+from dataclasses import dataclass
+from typing import Annotated, Any
+
+import typing_extensions
+from pydantic import ConfigDict, Field, Strict, ValidationError, WrapValidator, with_config
+from typing_extensions import TypedDict
 
 from sim.errors import InputError
 
 LINK_KINDS = ("nvlink", "pcie", "ib", "ethernet")
 """Link kinds a profile prices (the ``kind`` strings of topology edges)."""
+DTYPES = ("fp32", "tf32", "bf16", "fp16", "fp8")
+"""Dtypes a profile may give a peak for."""
 MAX_SPREAD = 0.1
 """Largest ``gpu_speed_spread``: at σ = 0.1 the slowest of 16,384 GPUs would run 39% below
 the mean, past the outliers of large clusters (1.5x slower than the median, but a few of
 thousands: Sinha et al., SC'22)."""
-
-
-def is_num(x) -> bool:
-    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
-
-
-def require_num(where: str, value, ok: bool, allowed: str) -> None:
-    if not (is_num(value) and ok):
-        raise InputError(f"{where}: got {value!r}; expected {allowed}")
-
-
-def check_profile(p) -> None:
-    if not isinstance(p.name, str) or not p.name:
-        raise InputError(f"name: got {p.name!r}; expected a non-empty string")
-    for dtype, v in p.peak_flops.items():
-        require_num(f"peak_flops.{dtype}", v, is_num(v) and v > 0, "a number > 0 (FLOP/s)")
-    for name, unit in (("hbm_bandwidth_Bps", "bytes/s"), ("hbm_capacity_bytes", "bytes")):
-        v = getattr(p, name)
-        require_num(name, v, is_num(v) and v > 0, f"a number > 0 ({unit})")
-    sm = p.sm_count
-    if isinstance(sm, bool) or not isinstance(sm, int) or sm <= 0:
-        raise InputError(f"sm_count: got {sm!r}; expected an integer > 0")
-    for tm, tn, rel in p.gemm_tiles:
-        if tm <= 0 or tn <= 0 or not 0 < rel <= 1:
-            raise InputError(f"gemm_tiles: got {[tm, tn, rel]!r}; expected tile sizes > 0 and a "
-                             "relative efficiency in (0, 1]")
-    for name in ("gemm_max_efficiency", "attention_max_efficiency", "memory_efficiency",
-                 "framework_kernel_efficiency", "sustained_compute_fraction"):
-        v = getattr(p, name)
-        if v is None and name == "framework_kernel_efficiency":
-            continue
-        require_num(name, v, is_num(v) and 0 < v <= 1, "a fraction in (0, 1]")
-    sigma = p.gpu_speed_spread
-    require_num("gpu_speed_spread", sigma, is_num(sigma) and 0 <= sigma <= MAX_SPREAD,
-                f"a fraction in [0, {MAX_SPREAD}]")
-    if p.nvls_efficiency is not None:
-        require_num("nvls_efficiency", p.nvls_efficiency, is_num(p.nvls_efficiency) and 0 < p.nvls_efficiency <= 1,
-                     "a fraction in (0, 1]")
-    if p.fp8_gemm_max_efficiency is not None:
-        require_num("fp8_gemm_max_efficiency", p.fp8_gemm_max_efficiency,
-                     is_num(p.fp8_gemm_max_efficiency) and 0 < p.fp8_gemm_max_efficiency <= 1, "a fraction in (0, 1]")
-        if "fp8" not in p.peak_flops:
-            raise InputError(f"fp8_gemm_max_efficiency: got {p.fp8_gemm_max_efficiency!r}; peak_flops has no fp8 "
-                             "entry (give the GPU's fp8 peak, or leave the field out)")
-    if p.nvls_latency_s is not None:
-        require_num("nvls_latency_s", p.nvls_latency_s, is_num(p.nvls_latency_s) and p.nvls_latency_s >= 0,
-                     "a number >= 0 (seconds)")
-    if p.nccl_base_latency_s is not None:
-        check_base_latencies(p.nccl_base_latency_s, "nccl_base_latency_s")
-    if not isinstance(p.gemm_bias_epilogue, bool):
-        raise InputError(f"gemm_bias_epilogue: got {p.gemm_bias_epilogue!r}; expected true or false")
-    for name in ("gemm_k_overhead", "kernel_launch_s", "memory_reserve_bytes", "host_memory_bandwidth_Bps",
-                 "overlap_compute_slowdown"):
-        v = getattr(p, name)
-        require_num(name, v, is_num(v) and v >= 0, "a number >= 0")
-    for kind, link in p.links.items():
-        if kind not in LINK_KINDS:
-            raise InputError(f"links: unknown key {kind!r}; allowed: {', '.join(LINK_KINDS)}")
-        require_num(f"links.{kind}.bandwidth_Bps", link.bandwidth_Bps,
-                     is_num(link.bandwidth_Bps) and link.bandwidth_Bps > 0, "a number > 0 (bytes/s)")
-        require_num(f"links.{kind}.latency_s", link.latency_s,
-                     is_num(link.latency_s) and link.latency_s >= 0, "a number >= 0 (seconds)")
-        require_num(f"links.{kind}.efficiency", link.efficiency,
-                     is_num(link.efficiency) and 0 < link.efficiency <= 1, "a fraction in (0, 1]")
-
-
 NCCL_PROTOCOLS = ("ll", "ll128", "simple")
-_PROTOCOL_KEYS = ("bandwidth_fraction", "hop_latency_nvlink_s", "hop_latency_net_s")
-
-
-def check_protocols(d, where: str) -> dict:
-    """A profile's ``nccl_protocols``, checked strictly (one-line errors)."""
-    if not isinstance(d, dict) or set(d) != set(NCCL_PROTOCOLS):
-        raise InputError(f"{where}: got {d!r}; expected an object with keys {', '.join(NCCL_PROTOCOLS)}")
-    for p, v in d.items():
-        if not isinstance(v, dict) or set(v) != set(_PROTOCOL_KEYS):
-            raise InputError(f"{where}.{p}: got {v!r}; expected keys {', '.join(_PROTOCOL_KEYS)}")
-        for k, x in v.items():
-            ok = not isinstance(x, bool) and isinstance(x, (int, float)) and math.isfinite(x) and x > 0
-            if not ok or (k == "bandwidth_fraction" and x > 1):
-                raise InputError(f"{where}.{p}.{k}: got {x!r}; expected a number > 0"
-                                 + (" and <= 1" if k == "bandwidth_fraction" else ""))
-    return {p: {k: float(x) for k, x in v.items()} for p, v in d.items()}
-
-
 BASE_LATENCY_ALGOS = ("ring", "tree", "nvls", "nvls_tree")
 """NCCL algorithms with a base latency in a profile (``nccl_base_latency_s``)."""
 NCCL_BASE_LATENCY_S = {
@@ -111,15 +51,131 @@ NCCL_BASE_LATENCY_S = {
 6.6/14.0/8.4 for LL/LL128/Simple, NVLS and NVLS Tree 0), in seconds."""
 
 
-def check_base_latencies(d, where: str) -> dict:
-    """A profile's ``nccl_base_latency_s`` (algorithm -> protocol -> seconds), checked
-    strictly (one-line errors)."""
-    if not isinstance(d, dict) or set(d) != set(BASE_LATENCY_ALGOS):
-        raise InputError(f"{where}: got {d!r}; expected an object with keys {', '.join(BASE_LATENCY_ALGOS)}")
-    for a, v in d.items():
-        if not isinstance(v, dict) or set(v) != set(NCCL_PROTOCOLS):
-            raise InputError(f"{where}.{a}: got {v!r}; expected an object with keys {', '.join(NCCL_PROTOCOLS)}")
-        for p, x in v.items():
-            if not is_num(x) or x < 0:
-                raise InputError(f"{where}.{a}.{p}: got {x!r}; expected a number >= 0 (seconds)")
-    return {a: {p: float(x) for p, x in v.items()} for a, v in d.items()}
+@dataclass(frozen=True)
+class Allowed:
+    """What a value may be, in words (``a fraction in (0, 1]``): the end of its error."""
+
+    text: str
+
+
+STRICT_KEYS = ConfigDict(extra="forbid", revalidate_instances="always")
+"""An object's keys are exactly its fields (unknown ones are errors), and an object given
+as an instance is checked again as part of its profile."""
+
+
+def _as_given(value, check):
+    """``value`` checked as its declared type, but kept as given (an int stays an int)."""
+    check(value)
+    return value
+
+
+def number(allowed: str, **bounds):
+    """A finite int or float (not a bool, not text) within ``bounds``, kept as given."""
+    return Annotated[float, Strict(), Field(allow_inf_nan=False, **bounds), WrapValidator(_as_given), Allowed(allowed)]
+
+
+FLOP_RATE = number("a number > 0 (FLOP/s)", gt=0)
+BYTE_RATE = number("a number > 0 (bytes/s)", gt=0)
+FRACTION = number("a fraction in (0, 1]", gt=0, le=1)
+SECONDS = number("a number >= 0 (seconds)", ge=0)
+POSITIVE_SECONDS = number("a number > 0 (seconds)", gt=0)
+COUNT = Annotated[int, Strict(), Field(gt=0), Allowed("an integer > 0")]
+NAME = Annotated[str, Strict(), Field(min_length=1), Allowed("a non-empty string")]
+TEXT = Annotated[str, Strict(), Allowed("a string")]
+FLAG = Annotated[bool, Strict(), Allowed("true or false")]
+GEMM_TILES = Annotated[
+    tuple[Annotated[tuple[COUNT, COUNT, FRACTION], Allowed("[tile_m, tile_n, relative_efficiency]")], ...],
+    Field(min_length=1), Allowed("a non-empty list of [tile_m, tile_n, relative_efficiency]")]
+SOURCES = Annotated[dict[str, TEXT], Allowed("an object of field -> text")]
+PROVENANCE = Annotated[dict[TEXT, Any], Allowed("an object of name -> value")]
+
+
+def json_object(name: str, fields: dict, total: bool = True):
+    """A JSON object with exactly these keys (or some of them, unless ``total``), each of its type."""
+    return with_config(ConfigDict(extra="forbid"))(TypedDict(name, fields, total=total))
+
+
+PEAK_FLOPS = Annotated[json_object("PeakFlops", dict.fromkeys(DTYPES, FLOP_RATE), total=False), Field(min_length=1),
+                       Allowed(f"an object of dtype -> FLOP/s with one or more of {', '.join(DTYPES)}")]
+NCCL_PROTOCOL_TABLE = json_object("NcclProtocols", dict.fromkeys(NCCL_PROTOCOLS, json_object("NcclProtocol", {
+    "bandwidth_fraction": FRACTION, "hop_latency_nvlink_s": POSITIVE_SECONDS, "hop_latency_net_s": POSITIVE_SECONDS})))
+BASE_LATENCY_TABLE = json_object("NcclBaseLatencies", dict.fromkeys(
+    BASE_LATENCY_ALGOS, json_object("NcclBaseLatency", dict.fromkeys(NCCL_PROTOCOLS, SECONDS))))
+
+
+# ------------------------------------------------------------------ errors
+def one_line_error(exc: ValidationError, declared, where: str) -> InputError:
+    """pydantic's first error in checking ``declared`` (a dataclass), as an ``InputError``
+    naming ``where``, the path, the value given and what is allowed there."""
+    err = exc.errors(include_url=False)[0]
+    loc, kind, value = err["loc"], err["type"], err["input"]
+    names = [f.name for f in dataclasses.fields(declared)]
+    if loc and isinstance(loc[0], int) and loc[0] < len(names):  # a positional argument: name its field
+        loc = (names[loc[0]], *loc[1:])
+    if kind == "value_error" and isinstance(err["ctx"]["error"], InputError):  # a cross-field rule
+        inner = err["ctx"]["error"]
+        return InputError(f"{where}: {inner}", field=f"{where}: {inner.field}", value=inner.value, allowed=inner.allowed)
+    if kind in ("missing", "missing_argument", "unexpected_keyword_argument", "extra_forbidden") \
+            and not isinstance(loc[-1], int):
+        parent, key = loc[:-1], loc[-1]
+        container = _strip(_declared(declared, parent))[0]
+        known = "missing" in kind
+        keys = _keys(container, required=known)
+        prefix = f"{where}: {_path(parent)}: " if parent else f"{where}: "
+        return InputError(f"{prefix}{'missing' if known else 'unknown'} key {key!r}; expected "
+                          f"{'keys' if known else 'one of'} {', '.join(keys)}",
+                          field=f"{where}: {_path(loc)}", value=None if known else value)
+    if kind == "missing":  # a list too short: the list is wrong
+        loc = loc[:-1]
+    tp, meta = _strip(_declared(declared, loc))
+    texts = [m.text for m in meta if isinstance(m, Allowed)]
+    allowed = texts[0] if texts else f"an object with keys {', '.join(_keys(tp))}" if _is_object(tp) else \
+        kind.replace("_", " ")
+    return InputError(field=f"{where}: {_path(loc)}", value=value, allowed=f"expected {allowed}")
+
+
+def _path(loc) -> str:
+    return "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in loc if p != "[key]").lstrip(".")
+
+
+def _declared(tp, loc):
+    """The type declared at ``loc`` (a pydantic error's path) under ``tp``."""
+    for i, part in enumerate(loc):
+        if part == "[key]":  # the key before it, not its value, is wrong
+            continue
+        tp = _strip(tp)[0]
+        args = typing.get_args(tp)
+        if typing.get_origin(tp) is dict:
+            tp = args[0] if loc[i + 1:i + 2] == ("[key]",) else args[1]
+        elif typing.get_origin(tp) is tuple:
+            tp = args[0] if args[-1] is Ellipsis else args[part]
+        elif isinstance(part, str) and _is_object(tp):
+            tp = typing.get_type_hints(tp, include_extras=True).get(part, Any)
+        else:  # not a place the declarations have (a positional argument too many)
+            return Any
+    return tp
+
+
+def _strip(tp) -> tuple[Any, list]:
+    """``tp`` without its ``Annotated`` layers and ``None`` option, and their metadata."""
+    meta = []
+    while True:
+        if typing.get_origin(tp) is Annotated:
+            meta += tp.__metadata__
+            tp = tp.__origin__
+        elif typing.get_origin(tp) in (typing.Union, types.UnionType):
+            tp = next(a for a in typing.get_args(tp) if a is not type(None))
+        else:
+            return tp, meta
+
+
+def _is_object(tp) -> bool:
+    return dataclasses.is_dataclass(tp) or typing_extensions.is_typeddict(tp)
+
+
+def _keys(tp, required: bool = False) -> list[str]:
+    """The keys of an object type (a dataclass or a TypedDict): all, or those it needs."""
+    if dataclasses.is_dataclass(tp):
+        return [f.name for f in dataclasses.fields(tp) if not required or (
+            f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING)]
+    return [k for k in typing.get_type_hints(tp) if not required or k in tp.__required_keys__]
