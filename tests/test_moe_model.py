@@ -156,9 +156,10 @@ def test_zipf_routing_is_seeded_and_skewed_and_capacity_drops():
     assert not np.array_equal(a.rank_loads(5, 2), other.rank_loads(5, 2))
     capped = Routing(m, ParallelPlan(dp=8, ep=8, moe_routing="zipf:1.2", moe_seed=3, moe_capacity_factor=1.0))
     counts, dropped = capped.counts(5, 2)
-    raw, _ = a.counts(5, 2)
-    assert counts.max() <= capped.capacity == a.N / 8
-    assert dropped == int((raw - np.minimum(raw, capped.capacity)).sum())
+    raw = capped.copies(5, 2)                             # each rank's copies per expert
+    assert capped.capacity == 4096 * 2 / 8                # ⌈(T·k/E)·1.0⌉ of each rank's tokens
+    assert raw.sum() == a.N and counts.max() <= 8 * capped.capacity
+    assert dropped == int((raw - np.minimum(raw, capped.capacity)).sum()) > 0
 
 
 def test_histogram_file_sets_the_loads_and_a_wrong_length_is_one_line(tmp_path):

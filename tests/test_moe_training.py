@@ -48,13 +48,13 @@ def test_moe_layer_flops_are_the_active_parameters():
 
 def test_an_uneven_histogram_gives_the_busiest_rank_its_tokens(tmp_path):
     hist = tmp_path / "router.json"
-    hist.write_text(json.dumps([1, 1, 1, 5]))         # experts 0-1 on rank 0, 2-3 on rank 1
+    hist.write_text(json.dumps([1, 1, 2, 4]))         # experts 0-1 on rank 0, 2-3 on rank 1
     plan = ParallelPlan(dp=2, ep=2, moe_routing=str(hist))
     from sim.program.routing import Routing
 
     works = chunk_work(TINY, plan, 0, mb=0, routing=Routing(TINY, plan))
     layer = works[1]
-    # 2 ranks x 256 tokens x top-2 = 1024 copies: experts get 128, 128, 128, 640;
+    # 2 ranks x 256 tokens x top-2 = 1024 copies: experts get 128, 128, 256, 512 (512: every token);
     # rank 1 receives 768, which every rank of the group waits for
     assert _item(layer, "moe.dispatch").nbytes == 768 * 512 * 2
     assert _item(layer, "moe.experts.up").shape == (384, 1024, 512) and _item(layer, "moe.experts.up").batch == 2

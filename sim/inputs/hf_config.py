@@ -36,7 +36,8 @@ def model_from_hf_config(source: str | Path | dict, seq_length: int | None = Non
     num_experts_per_tok, moe_intermediate_size, shared_expert_intermediate_size,
     decoder_sparse_step, mlp_only_layers = [] only) and deepseek_v2 / deepseek_v3
     (n_routed_experts, num_experts_per_tok, moe_intermediate_size, n_shared_experts,
-    first_k_dense_replace, moe_layer_freq, and MLA's q_lora_rank, kv_lora_rank,
+    first_k_dense_replace, moe_layer_freq, n_group and topk_group for group-limited routing
+    when n_group > 1, and MLA's q_lora_rank, kv_lora_rank,
     qk_nope_head_dim, qk_rope_head_dim, v_head_dim).
     GPT-2: n_embd, n_layer, n_head, n_positions, n_inner (null = 4·n_embd), vocab_size;
     embeddings tied. ``seq_length`` defaults to the position limit.
@@ -145,4 +146,7 @@ def _hf_moe(cfg: dict, mtype: str, where: str) -> dict:
     else:
         return kw
     kw["moe_router_topk"] = _hf_int(cfg, "num_experts_per_tok", where)
+    if mtype in ("deepseek_v2", "deepseek_v3") and (cfg.get("n_group") or 1) > 1:
+        kw["moe_router_num_groups"] = _hf_int(cfg, "n_group", where)
+        kw["moe_router_group_topk"] = _hf_int(cfg, "topk_group", where)
     return kw

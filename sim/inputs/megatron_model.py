@@ -1,6 +1,6 @@
 """A model from Megatron-LM's shape settings (``sim.inputs.schema_model.ModelSettings``):
 ``--num-layers``, ``--hidden-size``, ... and the MoE flags (``--num-experts``,
-``--moe-router-topk``, ``--moe-ffn-hidden-size``, ``--moe-shared-expert-intermediate-size``,
+``--moe-router-topk``, ``--moe-router-num-groups``, ``--moe-router-group-topk``, ``--moe-ffn-hidden-size``, ``--moe-shared-expert-intermediate-size``,
 ``--moe-layer-freq``) and MLA's (``--q-lora-rank``, ``--kv-lora-rank``, ...)."""
 
 from __future__ import annotations
@@ -17,7 +17,8 @@ _MEGATRON_FLAGS = {f: "--" + f.replace("_", "-") for f in
                    ("num_layers", "hidden_size", "num_attention_heads", "ffn_hidden_size", "vocab_size",
                     "seq_length", "max_position_embeddings")}
 _MEGATRON_FLAGS["num_key_value_heads"] = "--num-query-groups"
-MOE_FIELDS = ("kv_channels", "num_experts", "moe_router_topk", "moe_ffn_hidden_size",
+MOE_FIELDS = ("kv_channels", "num_experts", "moe_router_topk", "moe_router_num_groups", "moe_router_group_topk",
+              "moe_ffn_hidden_size",
               "moe_shared_expert_intermediate_size", "moe_layer_freq", "moe_first_k_dense", "q_lora_rank",
               "kv_lora_rank", "qk_head_dim", "qk_pos_emb_head_dim", "v_head_dim")
 """ModelSpec fields with a flag of the same name (``--num-experts``, ...), passed through when set."""

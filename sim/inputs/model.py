@@ -88,6 +88,12 @@ class ModelSpec:
     """Routed experts per MoE layer (Megatron ``--num-experts``)."""
     moe_router_topk: int = 2
     """Experts each token is routed to (k)."""
+    moe_router_num_groups: int | None = None
+    """Group-limited routing (Megatron ``--moe-router-num-groups``, HF ``n_group``): the
+    experts split into this many equal groups of consecutive experts; None: no groups."""
+    moe_router_group_topk: int | None = None
+    """Groups each token picks first, its k experts then among theirs (Megatron
+    ``--moe-router-group-topk``, HF ``topk_group``; ``sim.program.routing``)."""
     moe_ffn_hidden_size: int | None = None
     """One routed expert's MLP width; None means ffn_hidden_size."""
     moe_shared_expert_intermediate_size: int | None = None
@@ -302,10 +308,12 @@ _PRESETS = {
                                      kv_channels=128, num_experts=128, moe_router_topk=8,
                                      moe_ffn_hidden_size=1536),
     # DeepSeek-V3 (deepseek-ai/DeepSeek-V3 config.json; Liu et al. 2024): MLA, 3 dense layers
-    # of 18432, then 256 routed experts of 2048 (top-8) and one shared; 671B total, 37B active,
+    # of 18432, then 256 routed experts of 2048 (top-8, from 4 of 8 groups: n_group 8, topk_group 4)
+    # and one shared; 671B total, 37B active,
     # the multi-token-prediction module left out as in those counts; trained at 4096 tokens.
     "deepseek-v3": lambda: llama("deepseek-v3", 61, 7168, 128, 128, 18432, 129280, 4096,
                                  num_experts=256, moe_router_topk=8, moe_ffn_hidden_size=2048,
+                                 moe_router_num_groups=8, moe_router_group_topk=4,
                                  moe_shared_expert_intermediate_size=2048, moe_first_k_dense=3,
                                  q_lora_rank=1536, kv_lora_rank=512, qk_head_dim=128, qk_pos_emb_head_dim=64,
                                  v_head_dim=128),

@@ -33,6 +33,25 @@ def _pos_int(where: str, field: str, value) -> None:
             "expected an integer > 0")
 
 
+def _check_groups(m, where: str) -> None:
+    """Group-limited routing: G groups dividing the experts, M <= G of them per token,
+    holding at least k experts between them (Megatron-LM's and DeepSeek-V3's rules)."""
+    groups, top = m.moe_router_num_groups, m.moe_router_group_topk
+    if groups is None:
+        require(top is None, f"{where}: moe_router_group_topk", top, "needs moe_router_num_groups")
+        return
+    _pos_int(where, "moe_router_num_groups", groups)
+    require(m.num_experts % groups == 0, f"{where}: moe_router_num_groups", groups,
+            f"must divide num_experts {m.num_experts}")
+    require(top is not None, f"{where}: moe_router_group_topk", top, "required with moe_router_num_groups")
+    _pos_int(where, "moe_router_group_topk", top)
+    require(top <= groups, f"{where}: moe_router_group_topk", top,
+            f"must be <= moe_router_num_groups {groups}")
+    require(top * (m.num_experts // groups) >= m.moe_router_topk, f"{where}: moe_router_group_topk", top,
+            f"its groups must hold at least moe_router_topk {m.moe_router_topk} experts "
+            f"({m.num_experts // groups} per group)")
+
+
 def check_moe_fields(m, where: str) -> None:
     """The MoE and MLA fields of spec ``m`` (called by ``ModelSpec.__post_init__``)."""
     if m.kv_channels is not None:
@@ -42,6 +61,7 @@ def check_moe_fields(m, where: str) -> None:
         _pos_int(where, "moe_router_topk", m.moe_router_topk)
         require(m.moe_router_topk <= m.num_experts, f"{where}: moe_router_topk", m.moe_router_topk,
                 f"must be <= num_experts {m.num_experts}")
+        _check_groups(m, where)
         _pos_int(where, "moe_layer_freq", m.moe_layer_freq)
         require(isinstance(m.moe_first_k_dense, int) and not isinstance(m.moe_first_k_dense, bool)
                 and 0 <= m.moe_first_k_dense < m.num_layers, f"{where}: moe_first_k_dense", m.moe_first_k_dense,
@@ -52,7 +72,8 @@ def check_moe_fields(m, where: str) -> None:
         if m.moe_shared_expert_intermediate_size is not None:
             _pos_int(where, "moe_shared_expert_intermediate_size", m.moe_shared_expert_intermediate_size)
     else:
-        for f in ("moe_ffn_hidden_size", "moe_shared_expert_intermediate_size"):
+        for f in ("moe_ffn_hidden_size", "moe_shared_expert_intermediate_size", "moe_router_num_groups",
+                  "moe_router_group_topk"):
             require(getattr(m, f) is None, f"{where}: {f}", getattr(m, f), "needs num_experts (an MoE model)")
     mla = ("qk_head_dim", "qk_pos_emb_head_dim", "v_head_dim")
     if m.kv_lora_rank is not None:

@@ -60,6 +60,12 @@ class ModelSettings:
                                            "preset's or config.json's)", type=POSITIVE_INT, group=_MOE)
     moe_router_topk: int | None = setting(help="experts each token is routed to (default 2)", type=POSITIVE_INT,
                                           group=_MOE)
+    moe_router_num_groups: int | None = setting(
+        help="split the experts into this many equal groups (one per node or device group) for group-limited "
+             "routing (DeepSeek-V3: 8; default none)", type=POSITIVE_INT, group=_MOE)
+    moe_router_group_topk: int | None = setting(
+        help="groups each token picks before its experts, so its copies reach at most this many "
+             "(with --moe-router-num-groups; DeepSeek-V3: 4)", type=POSITIVE_INT, group=_MOE)
     moe_ffn_hidden_size: int | None = setting(help="one routed expert's MLP width (default --ffn-hidden-size)",
                                               type=POSITIVE_INT, group=_MOE)
     moe_shared_expert_intermediate_size: int | None = setting(
