@@ -51,7 +51,7 @@ class Environment(simpy.Environment):
 
     def __init__(self, initial_time: float = 0.0):
         super().__init__(initial_time)
-        self.now = self._now
+        self.now = initial_time
 
     @property
     def events_processed(self) -> int:
@@ -91,9 +91,9 @@ class Environment(simpy.Environment):
                 continue
             for callback in callbacks:
                 callback(event)
-            if not event._ok and not hasattr(event, "_defused"):  # a failed event nobody handled: as SimPy
-                exc = type(event._value)(*event._value.args)
-                exc.__cause__ = event._value
+            if not event.ok and not event.defused:  # a failed event nobody handled: as SimPy
+                exc = type(event.value)(*event.value.args)
+                exc.__cause__ = event.value
                 raise exc
         return None
 
@@ -104,10 +104,10 @@ class CheckingEnvironment(Environment):
     run = simpy.Environment.run  # (one step at a time, through the checking step below)
 
     def step(self) -> None:
-        before = self._now
+        before = self.now
         super().step()
-        if self._now < before:
-            invariants.violation(f"simulated time went backwards from {before!r} s to {self._now!r} s")
+        if self.now < before:
+            invariants.violation(f"simulated time went backwards from {before!r} s to {self.now!r} s")
 
 
 class _Entry:
@@ -116,7 +116,7 @@ class _Entry:
     (no ``__dict__``), and all ``Calls`` needs of one."""
 
     __slots__ = ("callbacks", "_value")
-    _ok = True
+    _ok = ok = True  # (``_ok`` is what SimPy's own step reads, ``ok`` what this module's loop does)
 
 
 class Calls:
@@ -175,4 +175,4 @@ class Calls:
         behind it, early, would be safe too: later calls then go behind it.)"""
         for fn, arg in entry._value:
             fn(arg)
-        self._open.pop(self._env._now, None)
+        self._open.pop(self._env.now, None)
