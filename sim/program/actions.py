@@ -34,7 +34,8 @@ Names are unique per rank; a dependency is a name on the same rank or ``(rank, n
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
+from functools import wraps
 
 from sim.errors import InputError
 
@@ -108,6 +109,7 @@ class Action(_ActionFields):
 
     __slots__ = ()
 
+    @wraps(_fill)  # (its signature: the fields)
     def __init__(self, *args, **kwargs):
         _fill(self, *args, **kwargs)
         if self.kind not in KINDS:
