@@ -182,7 +182,7 @@ def test_a_flow_whose_rate_history_does_not_add_up_is_caught(make_star, monkeypa
 def test_time_going_backwards_is_caught():
     env = CheckingEnvironment()
     env.timeout(5.0)
-    env._now = 10.0  # as if something had advanced the clock past a pending event
+    env._now = env.now = 10.0  # as if something had advanced the clock (both names of it) past a pending event
     with pytest.raises(InvariantError, match="went backwards from 10.0 s to 5.0 s"):
         env.step()
 

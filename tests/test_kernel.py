@@ -29,6 +29,10 @@ def _changed(what: str) -> str:
 def test_the_environment_internals_the_kernel_uses_are_there():
     env = simpy.Environment(2.5)
     assert getattr(env, "_now", None) == 2.5, _changed("Environment._now, the clock")
+    env._now = 3.0  # as the kernel's loop moves it
+    env.timeout(1.0)
+    assert env.peek() == 4.0, _changed("Environment._now, the clock schedule() adds delays to")
+    env = simpy.Environment(2.5)
     assert isinstance(getattr(env, "_queue", None), list), _changed("Environment._queue, a heap in a list")
     eid = getattr(env, "_eid", None)
     assert isinstance(eid, itertools.count), _changed("Environment._eid, an itertools.count of event ids")
@@ -52,22 +56,34 @@ def test_a_queue_entry_is_time_priority_id_event():
     assert heapq.heappop(env._queue)[3] is second, _changed("Environment._queue, a heap (heapq) of entries")
 
 
-def test_the_event_internals_the_kernel_uses_are_there():
+def test_step_reads_only_callbacks_and_ok_of_a_queued_event():
+    # A Calls entry is no SimPy Event: it carries callbacks and _ok, and SimPy's step
+    # must need nothing more of an event that did not fail.
+    class Bare:
+        __slots__ = ("callbacks",)
+        _ok = True
+
     env = simpy.Environment(0.0)
-    ev = env.event()
-    assert ev.callbacks == [] and ev._value is simpy.events.PENDING, _changed("Event.callbacks, Event._value")
-    ev.succeed(7)
-    assert ev._ok is True and ev._value == 7, _changed("Event._ok and Event._value of a triggered event")
-    seen = []
-    ev.callbacks.append(lambda e: seen.append(e.callbacks))
+    bare, seen = Bare(), []
+    bare.callbacks = [seen.append]
+    heapq.heappush(env._queue, (1.0, simpy.events.NORMAL, next(env._eid), bare))
     env.step()
-    assert seen == [None] and ev.callbacks is None, _changed("step() takes an event's callbacks, sets them to None")
+    assert seen == [bare] and bare.callbacks is None and env.now == 1.0, \
+        _changed("step() reads an event's callbacks and _ok only, and sets its callbacks to None")
+    ok = env.event()
+    ok.succeed(7)
+    assert ok._ok is True, _changed("Event._ok of a triggered event")
+
+
+def test_the_public_event_state_the_loop_reads_of_a_failure():
+    # The loop raises a failed event nobody defused as step() does, through these.
+    env = simpy.Environment(0.0)
     bad = env.event()
     bad.fail(ValueError("x"))
-    assert bad._ok is False and isinstance(bad._value, ValueError), _changed("Event._ok and _value of a failure")
-    assert not hasattr(bad, "_defused"), _changed("Event._defused, set only when defused")
+    assert bad.ok is False and isinstance(bad.value, ValueError) and bad.defused is False
+    assert bad._ok is False, _changed("Event._ok of a failure")
     bad.defused = True
-    assert bad._defused is True, _changed("Event._defused, set when defused")
+    assert bad.defused is True
 
 
 # ------------------------------------------------------------------ the kernel

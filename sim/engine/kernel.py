@@ -15,14 +15,19 @@ engine's calls still share one queue and one order:
   outside this module reads the time through SimPy's public name at the cost of an
   attribute.
 
-This is the only module that touches SimPy's internals, and it touches these:
-``Environment._now`` (the clock), ``_queue`` (a heap of ``(time, priority, event id,
-event)`` entries), ``_eid`` (an ``itertools.count`` of event ids), the ``NORMAL``
-priority, and an event's ``callbacks`` (taken, then set to None, when it is processed),
-``_ok``, ``_value`` and ``_defused``. They are SimPy 4.1's; ``pyproject.toml`` pins
-that series, and ``tests/test_kernel.py`` checks that each is still there and shaped as
-used here, and that this loop processes events exactly as SimPy's own ``run()`` does.
-Everything else in the engine uses SimPy's public API only.
+This is the only module that touches SimPy's internals, and it touches these four, all
+for the event rate: ``Environment._now`` (the clock, which ``schedule`` adds delays to:
+the loop moves it with ``now``), ``Environment._queue`` (a heap of ``(time, priority,
+event id, event)`` entries, priority ``NORMAL``: the loop pops it, ``Calls`` pushes onto
+it), ``Environment._eid`` (the ``itertools.count`` of event ids: ``Calls`` draws from it
+as ``schedule`` does, and ``events_processed`` reads its next value from its repr), and
+``Event._ok``, which SimPy's ``step()`` reads of a queued event (a ``Calls`` entry
+carries it). Failed events are read as SimPy's ``step()`` reads them, but through the
+public ``ok``, ``defused`` and ``value``. These internals are SimPy 4.1's;
+``pyproject.toml`` pins that series, and ``tests/test_kernel.py`` checks that each is
+still there and shaped as used here, and that this loop processes events exactly as
+SimPy's own ``run()`` does. Everything else in the engine uses SimPy's public API only
+(``docs/architecture.md``, "SimPy: what the engine relies on").
 """
 
 from __future__ import annotations
@@ -51,7 +56,7 @@ class Environment(simpy.Environment):
 
     def __init__(self, initial_time: float = 0.0):
         super().__init__(initial_time)
-        self.now = self._now
+        self.now = initial_time
 
     @property
     def events_processed(self) -> int:
@@ -85,15 +90,15 @@ class Environment(simpy.Environment):
             self._now = self.now = now
             callbacks, event.callbacks = event.callbacks, None
             if callbacks is mine:  # what Calls._make does
-                for fn, arg in event._value:  # (the list may grow while this runs)
+                for fn, arg in event.calls:  # (the list may grow while this runs)
                     fn(arg)
                 opened.pop(now, None)
                 continue
             for callback in callbacks:
                 callback(event)
-            if not event._ok and not hasattr(event, "_defused"):  # a failed event nobody handled: as SimPy
-                exc = type(event._value)(*event._value.args)
-                exc.__cause__ = event._value
+            if not event.ok and not event.defused:  # a failed event nobody handled: as SimPy
+                exc = type(event.value)(*event.value.args)
+                exc.__cause__ = event.value
                 raise exc
         return None
 
@@ -104,19 +109,19 @@ class CheckingEnvironment(Environment):
     run = simpy.Environment.run  # (one step at a time, through the checking step below)
 
     def step(self) -> None:
-        before = self._now
+        before = self.now
         super().step()
-        if self._now < before:
-            invariants.violation(f"simulated time went backwards from {before!r} s to {self._now!r} s")
+        if self.now < before:
+            invariants.violation(f"simulated time went backwards from {before!r} s to {self.now!r} s")
 
 
 class _Entry:
-    """What SimPy's ``Environment.step`` reads of a queued event: its callbacks (which it
-    takes and sets to None) and that it did not fail. Cheaper to make than a ``Timeout``
-    (no ``__dict__``), and all ``Calls`` needs of one."""
+    """A ``Calls`` queue entry: its calls, and what SimPy's ``Environment.step`` reads of
+    a queued event, its callbacks (which it takes and sets to None) and ``_ok`` (that it
+    did not fail). Cheaper to make than a ``Timeout`` (no ``__dict__``)."""
 
-    __slots__ = ("callbacks", "_value")
-    _ok = True
+    __slots__ = ("callbacks", "calls")
+    _ok = ok = True  # (``_ok`` is what SimPy's own step reads, ``ok`` what this module's loop does)
 
 
 class Calls:
@@ -163,7 +168,7 @@ class Calls:
             opened[t] = run = [(fn, arg)]
             entry = _new_object(_Entry)
             entry.callbacks = self.callbacks  # step() only reads it, then sets the entry's to None
-            entry._value = run
+            entry.calls = run
             heappush(self._queue, (t, NORMAL, e, entry))
             self.entries += 1
 
@@ -173,6 +178,6 @@ class Calls:
         this instant still to come drew its id after the entry's, so either it is a call
         in this entry or an id drawn elsewhere closed it. Closing an entry still open
         behind it, early, would be safe too: later calls then go behind it.)"""
-        for fn, arg in entry._value:
+        for fn, arg in entry.calls:
             fn(arg)
-        self._open.pop(self._env._now, None)
+        self._open.pop(self._env.now, None)

@@ -28,7 +28,7 @@ from __future__ import annotations
 import heapq
 import math
 
-from simpy.events import Event
+from simpy import Event
 
 from sim.engine.kernel import Calls, Environment
 from sim.inputs.topology import Topology

@@ -34,7 +34,8 @@ Names are unique per rank; a dependency is a name on the same rank or ``(rank, n
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
+from functools import wraps
 
 from sim.errors import InputError
 
@@ -53,9 +54,16 @@ KINDS = ("compute", "comm", "send", "recv", "collective", "copy")
 Ref = tuple[int, str]
 
 
-@dataclass(frozen=True, slots=True)
-class Action:
-    """One step of one rank's work."""
+@dataclass(slots=True, unsafe_hash=True)
+class _ActionFields:
+    """What an action holds; ``Action`` (below) is the class every action has.
+
+    Not a frozen dataclass, for speed: passes build millions of actions, and a frozen
+    dataclass sets each field through ``object.__setattr__``, several times slower than
+    the plain stores of this class's ``__init__``. Actions are still never changed once
+    made (one action object is shared by every GPU whose program holds it, after
+    ``sim.program.passes.expand``): a pass makes a changed copy with ``Action.evolve``.
+    Equality and hashing go by the fields, as a frozen dataclass's do."""
 
     name: str
     kind: str = "compute"
@@ -87,7 +95,23 @@ class Action:
     chunk, ``sim.program.tp``), not an NCCL kernel: it pays no NCCL base latency
     (``sim.engine.nccl.base_latency``)."""
 
-    def __post_init__(self):
+
+_fill = _ActionFields.__init__
+"""dataclasses' ``__init__`` of the fields: sets each from its argument or its declared
+default, in one straight line of attribute stores, and checks nothing."""
+_new_object = object.__new__
+
+
+class Action(_ActionFields):
+    """One step of one rank's work. ``Action(...)`` checks what it is given (the user
+    boundary); ``Action.new`` and ``Action.evolve`` (what passes call, millions of times,
+    on values already checked) do not."""
+
+    __slots__ = ()
+
+    @wraps(_fill)  # (its signature: the fields)
+    def __init__(self, *args, **kwargs):
+        _fill(self, *args, **kwargs)
         if self.kind not in KINDS:
             raise InputError(f"action {self.name!r}: kind: got {self.kind!r}; allowed: {', '.join(KINDS)}")
         for key in ("duration_s", "flops", "nbytes"):
@@ -105,10 +129,10 @@ class Action:
                 raise InputError(f"action {self.name!r}: algo: got {self.algo!r}; allowed: {', '.join(ALGOS)}")
             if self.protocol not in PROTOCOLS:
                 raise InputError(f"action {self.name!r}: protocol: got {self.protocol!r}; allowed: {', '.join(PROTOCOLS)}")
-            object.__setattr__(self, "group", tuple(self.group))
+            self.group = tuple(self.group)
         if not self.stream:
-            object.__setattr__(self, "stream", "compute" if self.kind in ("compute", "comm") else "comm")
-        object.__setattr__(self, "deps", tuple(d if isinstance(d, str) else (int(d[0]), str(d[1])) for d in self.deps))
+            self.stream = "compute" if self.kind in ("compute", "comm") else "comm"
+        self.deps = tuple(d if isinstance(d, str) else (int(d[0]), str(d[1])) for d in self.deps)
         for m in self.mem:
             if len(m) != 3 or m[0] not in ("start", "end") or not isinstance(m[1], str) \
                     or isinstance(m[2], bool) or not isinstance(m[2], (int, float)) or not math.isfinite(m[2]):
@@ -118,46 +142,53 @@ class Action:
         """A copy with some fields changed, for passes (whose inputs were checked when
         first built): skips the checks, which matter at the user boundary and cost time
         on programs of millions of actions. ``deps`` must already be normalized."""
-        return _evolve(self, **changes)
+        a = _copy(self)
+        for key, value in changes.items():
+            setattr(a, key, value)
+        return a
 
     @staticmethod
     def new(name: str, **fields_) -> "Action":
         """An action built by a pass from values already checked: the same fields and
         defaults as ``Action(...)`` without the checks (``deps`` a tuple of names or
         (rank, name) pairs, numbers finite and >= 0)."""
-        return _new(name, **fields_)
+        a = _new_object(Action)
+        _fill(a, name, **fields_)
+        if not a.stream:
+            a.stream = "compute" if a.kind in ("compute", "comm") else "comm"
+        return a
 
 
-_FIELDS = tuple(f.name for f in fields(Action))
-_DEFAULTS = {f.name: f.default for f in fields(Action) if f.name != "name"}
+def with_peer(action: Action, peer: int) -> Action:
+    """``action.evolve(peer=peer)``, for the passes that copy millions of sends and receives."""
+    a = _copy(action)
+    a.peer = peer
+    return a
 
 
-def _generate():
-    """Straight-line ``evolve`` and ``new``, which passes call millions of times. Each
-    fills a ``_Draft`` (a plain class with Action's slots, so its attributes are set
-    without the frozen dataclass's ``object.__setattr__`` per field) and then gives it
-    Action's class: the same object layout, so the result is an ordinary Action."""
-    draft = type("_Draft", (), {"__slots__": Action.__slots__})
-    env = {"_obj_new": object.__new__, "_setattr": setattr, "Action": Action, "_Draft": draft, "_D": _DEFAULTS}
-    ev = ["def _evolve(self, **c):", "    o = _obj_new(_Draft)"]
-    ev += [f"    o.{f} = self.{f}" for f in _FIELDS]
-    ev += ["    for k in c:", "        _setattr(o, k, c[k])", "    o.__class__ = Action", "    return o"]
-    args = ", ".join(f"{f}=_D[{f!r}]" for f in _FIELDS if f != "name")
-    nw = [f"def _new(name, *, {args}):", "    o = _obj_new(_Draft)"]
-    nw += [f"    o.{f} = {f}" for f in _FIELDS if f != "stream"]
-    nw += ["    o.stream = stream or ('compute' if kind in ('compute', 'comm') else 'comm')",
-           "    o.__class__ = Action", "    return o"]
-    wp = ["def _with_peer(self, peer):", "    o = _obj_new(_Draft)"]
-    wp += [f"    o.{f} = self.{f}" if f != "peer" else "    o.peer = peer" for f in _FIELDS]
-    wp += ["    o.__class__ = Action", "    return o"]
-    exec("\n".join(ev) + "\n\n" + "\n".join(nw) + "\n\n" + "\n".join(wp) + "\n", env)  # noqa: S102 - code generated from field names
-    return env["_evolve"], env["_new"], env["_with_peer"]
-
-
-_evolve, _new, with_peer = _generate()
-with_peer.__doc__ = """``action.evolve(peer=peer)``, for the passes that copy millions of sends and receives."""
-_evolve.__doc__, _new.__doc__ = Action.evolve.__doc__, Action.new.__doc__
-Action.evolve, Action.new = _evolve, staticmethod(_new)  # called directly: no second packing of the arguments
+def _copy(action: Action) -> Action:
+    """A new ``Action`` with ``action``'s fields: the plain stores a copy takes (every
+    field, in declaration order; ``tests/test_actions.py`` checks that none is missed)."""
+    a = _new_object(Action)
+    a.name = action.name
+    a.kind = action.kind
+    a.stream = action.stream
+    a.duration_s = action.duration_s
+    a.flops = action.flops
+    a.nbytes = action.nbytes
+    a.peer = action.peer
+    a.group = action.group
+    a.op = action.op
+    a.algo = action.algo
+    a.protocol = action.protocol
+    a.channels = action.channels
+    a.tag = action.tag
+    a.category = action.category
+    a.layer = action.layer
+    a.mem = action.mem
+    a.deps = action.deps
+    a.userbuffers = action.userbuffers
+    return a
 
 
 class Program:
