@@ -28,8 +28,12 @@ virtual stages. Two ways to balance unevenly, which Megatron-LM will not combine
   fewer. Llama 3 405B's 126 layers on 16 stages become 7, 8 × 14, 7 (Llama 3 paper,
   §3.3.2; the Zero Bubble paper balances the same way).
 
-The embedding always runs on virtual stage 0 and the output layer and loss on the last
-virtual stage, whichever split is used.
+Beyond Megatron-LM's two, ``layer_split`` gives each rank's (or virtual stage's) layers
+for any layer count, or "auto" balances them, and ``pipeline_layout`` is Megatron-LM's
+``--pipeline-model-parallel-layout`` string (``sim.inputs.layer_split``).
+
+The embedding always runs on virtual stage 0 and the output layer and loss (and any
+multi-token-prediction modules) on the last virtual stage, whichever split is used.
 """
 
 from __future__ import annotations
@@ -374,8 +378,8 @@ class ParallelPlan:
 
     def summary(self) -> dict:
         """The plan's fields as JSON-ready values; the settings that only set other fields
-        (``layers_per_virtual_stage`` sets vpp, ``zero3_prefetch_bucket_size`` the depth) and
-        the schedule file are left out when not given."""
+        (``layers_per_virtual_stage`` sets vpp, ``zero3_prefetch_bucket_size`` the depth), the
+        pipeline layout and the schedule file are left out when not given."""
         out = dataclasses.asdict(self)
         for name in ("layers_per_virtual_stage", "schedule_file", "zero3_prefetch_bucket_size", "pipeline_layout"):
             if out[name] is None:
