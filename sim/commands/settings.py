@@ -41,7 +41,12 @@ def analytic_inputs(args):
     settings = run_settings(args)
     model = model_from_settings(settings.model)
     plan = plan_from_settings(settings.plan, settings.cluster.total_gpus(), model)
-    return settings, model, plan, load_profile(settings.cluster.gpu, flag="--gpu")
+    profile = load_profile(settings.cluster.gpu, flag="--gpu")
+    if plan.layer_split == "auto":  # (balanced on the one GPU type, as ``sim.session.prepare`` does)
+        from sim.program.mixed import auto_layer_split
+
+        plan = auto_layer_split(model, plan, profile)
+    return settings, model, plan, profile
 
 
 def check_outputs(args) -> None:

@@ -1,9 +1,39 @@
-"""Megatron-LM's split of the transformer layers over (virtual) pipeline stages
-(``sim.inputs.plan`` explains the rules; ``ParallelPlan.stage_layers`` calls this)."""
+"""Which transformer layers each (virtual) pipeline stage holds: Megatron-LM's splits, a
+split given layer by layer (``--layer-split``) and Megatron-LM's layout string
+(``--pipeline-model-parallel-layout``). ``sim.inputs.plan`` explains Megatron-LM's even and
+uneven splits; ``ParallelPlan.stage_layers`` calls ``split_layers``.
+
+**A given split** (``--layer-split N,N,...``) takes any layer count. Its entries are the
+layers of each pipeline rank, first to last (pp entries), or, with virtual stages, of each
+virtual stage in the order the model runs through them (pp·vpp entries: chunk 0 of ranks
+0..pp−1, then chunk 1, ...; index ``chunk·pp + rank``). A rank's entry is split over its vpp
+chunks as evenly as possible, the earlier chunks taking one layer more when it does not
+divide (numpy's ``array_split`` rule): 7 layers over 2 chunks are 4 and 3. Every chunk needs
+a layer, so a rank's entry is at least vpp. ``--layer-split auto`` is the split that
+balances the stages' estimated times (``sim.program.mixed``); until it is worked out, the
+layers spread over the virtual stages as evenly as possible.
+
+**A layout** (Megatron-LM's ``--pipeline-model-parallel-layout``, its
+``PipelineParallelLayerLayout`` in megatron/core/transformer/pipeline_parallel_layer_layout.py,
+parsed here by the same rules in code of our own) names what each virtual stage builds:
+``E`` the embedding, ``t`` a transformer layer, ``m`` a multi-token-prediction layer, ``L``
+the loss (output layer and loss), stages separated by ``|``, commas ignored, ``(...)*N``
+repeating a group (no nesting) and then ``x*N`` repeating one character. The stages are
+listed in virtual-stage order (``chunk·pp + rank``), so their count is pp·vpp and sets vpp.
+Megatron-LM's rules: E exactly once and first, L exactly once and last, as many ``t`` as the
+model has layers and as many ``m`` as ``--mtp-num-layers``, every ``m`` after every ``t``
+and all of them in one virtual stage, the last of its rank. Two rules of this simulator on
+top: E opens virtual stage 0 and L closes the last one (a stage before E or after L would
+hold nothing), and the ``m`` layers sit in the last virtual stage with L (Megatron-LM also
+lets them stand on a rank of their own; that is not modelled). Example: DeepSeek-V3's 61
+layers on pp 8 with its MTP layer on the last stage, ``Et*7|(t*8|)*6,t*6mL`` (7 + 6·8 + 6).
+"""
 
 from __future__ import annotations
 
 import math
+import re
+from functools import lru_cache
 
 from sim.errors import InputError, require
 
@@ -12,23 +42,54 @@ LAST = "last_stage_layers (--decoder-last-pipeline-num-layers)"
 EMB = "account_for_embedding (--account-for-embedding-in-pipeline-split)"
 LOSS = "account_for_loss (--account-for-loss-in-pipeline-split)"
 SPLIT = "layer_split (--layer-split)"
+LAYOUT = "pipeline_layout (--pipeline-model-parallel-layout)"
+LAYOUT_CHARS = "EtmL"
+"""Megatron-LM's layer characters: embedding, transformer layer, MTP layer, loss."""
+
+
+def _others(plan, besides: str) -> list[str]:
+    """The other uneven-split options set on ``plan`` (what ``besides`` cannot be combined with)."""
+    on = ((FIRST, plan.first_stage_layers is not None), (LAST, plan.last_stage_layers is not None),
+          (EMB, plan.account_for_embedding), (LOSS, plan.account_for_loss),
+          (SPLIT, plan.layer_split is not None), (LAYOUT, plan.pipeline_layout is not None))
+    return [f for f, set_ in on if set_ and f != besides]
 
 
 def check_layer_split(plan) -> None:
-    """``plan.layer_split``: pp integers >= 1, each a multiple of vpp, and no other uneven
-    option beside it."""
+    """``plan.layer_split``: pp (per rank, each >= vpp) or pp·vpp (per virtual stage)
+    integers >= 1, and no other uneven option beside it."""
     split = plan.layer_split
     text = ",".join(map(str, split)) if isinstance(split, (tuple, list)) else split
+    if split == "auto":
+        others = _others(plan, SPLIT)
+        require(not others, f"plan: {SPLIT}", text, f"cannot be combined with {', '.join(others)}")
+        return
     require(isinstance(split, tuple) and all(isinstance(n, int) and not isinstance(n, bool) and n >= 1
                                               for n in split), f"plan: {SPLIT}", text,
             "expected transformer layers per pipeline stage, integers >= 1 separated by commas")
-    require(len(split) == plan.pp, f"plan: {SPLIT}", text,
-            f"has {len(split)} entries; expected one per pipeline stage (pp = {plan.pp})")
-    require(all(n % plan.vpp == 0 for n in split), f"plan: {SPLIT}", text,
-            f"each stage's layers must be a multiple of vpp = {plan.vpp} (its chunks get the same layers)")
-    others = [f for f, on in ((FIRST, plan.first_stage_layers is not None), (LAST, plan.last_stage_layers is not None),
-                              (EMB, plan.account_for_embedding), (LOSS, plan.account_for_loss)) if on]
+    p, v = plan.pp, plan.vpp
+    ways = f"one per pipeline stage (pp = {p})" + (f" or one per virtual stage (pp x vpp = {p * v})" if v > 1 else "")
+    require(len(split) in (p, p * v), f"plan: {SPLIT}", text, f"has {len(split)} entries; expected {ways}")
+    if v > 1 and len(split) == p:
+        require(min(split) >= v, f"plan: {SPLIT}", text,
+                f"a pipeline stage's layers are split over its vpp = {v} chunks, so each entry must be >= {v} "
+                f"(or give one entry per virtual stage, {p * v} of them)")
+    others = _others(plan, SPLIT)
     require(not others, f"plan: {SPLIT}", text, f"cannot be combined with {', '.join(others)}")
+
+
+def virtual_split(split: tuple, pp: int, vpp: int) -> tuple:
+    """Layers per virtual stage (index ``chunk·pp + rank``) of a ``--layer-split``: its
+    pp·vpp entries as they are, or each of its pp entries over the rank's chunks, the
+    earlier chunks one more when they do not divide (module doc)."""
+    if len(split) == pp * vpp:
+        return tuple(split)
+    return tuple(split[r] // vpp + (c < split[r] % vpp) for c in range(vpp) for r in range(pp))
+
+
+def spread(num_layers: int, stages: int) -> tuple:
+    """``num_layers`` over ``stages`` as evenly as possible, the earlier stages one more."""
+    return tuple(num_layers // stages + (i < num_layers % stages) for i in range(stages))
 
 
 def divisors_text(n: int, limit: int = 8) -> str:
@@ -43,19 +104,29 @@ def divisors_text(n: int, limit: int = 8) -> str:
 
 def split_layers(num_layers: int, pp: int, vpp: int = 1, first: int | None = None,
                  last: int | None = None, account_for_embedding: bool = False,
-                 account_for_loss: bool = False, name: str = "the model", split: tuple | None = None) -> tuple:
-    """Layers per virtual stage (index ``chunk·pp + pp_rank``), Megatron-LM's split
-    (see the module doc), or ``split`` (layers per pipeline rank, ``--layer-split``); an
-    ``InputError`` naming the flag when it cannot be done."""
+                 account_for_loss: bool = False, name: str = "the model", split: tuple | str | None = None,
+                 layout: tuple | None = None, mtp_num_layers: int = 0) -> tuple:
+    """Layers per virtual stage (index ``chunk·pp + pp_rank``): Megatron-LM's split (see
+    ``sim.inputs.plan``), ``split`` (``--layer-split``: per rank or per virtual stage; "auto"
+    spreads them as evenly as possible until the session balances them) or ``layout`` (the
+    parsed ``--pipeline-model-parallel-layout``, checked against the model's ``num_layers``
+    and ``mtp_num_layers``); an ``InputError`` naming the flag when it cannot be done."""
     L, p, v = num_layers, pp, vpp
+    if layout is not None:
+        return layout_layers(layout, L, mtp_num_layers, name)
+    if split == "auto":
+        require(L >= p * v, f"plan: {SPLIT}", "auto",
+                f"needs at least one layer per virtual stage: num_layers {L} of {name} < pp x vpp = {p} x {v}")
+        return spread(L, p * v)
     if split is not None:
         require(sum(split) == L, f"plan: {SPLIT}", ",".join(map(str, split)),
-                f"adds up to {sum(split)}; the {p} stages must hold the {L} layers of {name}")
-        return tuple(split[r] // v for _ in range(v) for r in range(p))
+                f"adds up to {sum(split)}; the {len(split)} stages must hold the {L} layers of {name}")
+        return virtual_split(split, p, v)
     if first is None and last is None and not (account_for_embedding or account_for_loss):
         require(L % (p * v) == 0, "plan: pp x vpp", f"{p} x {v}",
                 f"must divide num_layers {L} of {name} (pp x vpp of {divisors_text(L)} would); or split "
-                "unevenly with --decoder-first-pipeline-num-layers / --decoder-last-pipeline-num-layers "
+                "unevenly with --layer-split N,N,...|auto, --pipeline-model-parallel-layout, "
+                "--decoder-first-pipeline-num-layers / --decoder-last-pipeline-num-layers "
                 "or --account-for-embedding-in-pipeline-split / --account-for-loss-in-pipeline-split")
         return (L // (p * v),) * (p * v)
     if first is None and last is None:
@@ -112,3 +183,73 @@ def parse_layer_split(value) -> tuple[int, ...] | str | None:
     require(all(p.isdigit() for p in parts), "--layer-split", value, setting="layer_split", allowed=
             "expected transformer layers per pipeline stage, integers separated by commas (10,10,12), or auto")
     return tuple(int(p) for p in parts)
+
+
+# ------------------------------------------------------------------ layouts
+_GROUP = re.compile(r"\(([^)]+)\)\*(\d+)")
+"""``(ab|cd)*2``: a group repeated (Megatron-LM's first pattern; no nesting)."""
+_CHAR = re.compile(r"(.)\*(\d+)")
+"""``t*3``: one character repeated (its second pattern)."""
+
+
+def _layout_error(text, allowed: str) -> InputError:
+    return InputError(field=f"plan: {LAYOUT}", value=text, allowed=allowed, setting="pipeline_layout")
+
+
+@lru_cache(maxsize=64)
+def parse_layout(text: str) -> tuple[str, ...]:
+    """The virtual stages of a layout string, each as its characters (module doc): commas
+    dropped, ``(...)*N`` then ``x*N`` unrolled, split at ``|``. Only the characters
+    E, t, m, L may remain."""
+    require(isinstance(text, str) and text.strip() != "", f"plan: {LAYOUT}", text,
+            "expected a layout string such as 'Et|tt|tL' (E embedding, t layer, m MTP layer, L loss; stages "
+            "separated by |)", setting="pipeline_layout")
+    s = text.replace(",", "").replace(" ", "")
+    s = _GROUP.sub(lambda g: g.group(1) * int(g.group(2)), s)
+    s = _CHAR.sub(lambda g: g.group(1) * int(g.group(2)), s)
+    stages = tuple(s.split("|"))
+    bad = sorted({c for st in stages for c in st if c not in LAYOUT_CHARS})
+    if bad:
+        raise _layout_error(text, f"has {''.join(bad)!r} after unrolling; allowed: E (embedding), t (transformer "
+                                  "layer), m (MTP layer), L (loss), | between stages, commas, (...)*N and x*N")
+    return stages
+
+
+def check_layout(plan) -> int:
+    """The plan's own rules for ``plan.pipeline_layout`` (module doc; the counts that need the
+    model are ``layout_layers``'s): E first, L last, the m layers with L, a stage count
+    that is a multiple of pp, no other uneven option. Returns the vpp it sets."""
+    text = plan.pipeline_layout
+    stages = parse_layout(text)
+    k, p = len(stages), plan.pp
+    if k % p:
+        raise _layout_error(text, f"has {k} stages; expected a multiple of pp = {p} (pp x vpp virtual stages)")
+    flat = "".join(stages)
+    if flat.count("E") != 1 or not stages[0].startswith("E"):
+        raise _layout_error(text, "E (the embedding) must come first, once, opening the first stage")
+    if flat.count("L") != 1 or not stages[-1].endswith("L"):
+        raise _layout_error(text, "L (the loss) must come last, once, closing the last stage")
+    if "m" in flat:
+        if "t" in flat[flat.index("m"):]:
+            raise _layout_error(text, "every m (MTP layer) must come after every t (transformer layer)")
+        if flat.count("m") != stages[-1].count("m"):
+            raise _layout_error(text, "the m (MTP) layers must all be in the last stage, with L (MTP on a stage "
+                                      "of its own is not modelled)")
+    others = _others(plan, LAYOUT)
+    if others:
+        raise _layout_error(text, f"cannot be combined with {', '.join(others)}")
+    return k // p
+
+
+def layout_layers(stages: tuple, num_layers: int, mtp_num_layers: int = 0, name: str = "the model") -> tuple:
+    """Transformer layers of each virtual stage of a parsed layout, checked against the
+    model: as many t as ``num_layers``, as many m as ``mtp_num_layers``."""
+    flat = "".join(stages)
+    text = "|".join(stages)
+    n_t, n_m = flat.count("t"), flat.count("m")
+    if n_t != num_layers:
+        raise _layout_error(text, f"has {n_t} transformer layers (t); {name} has num_layers {num_layers}")
+    if n_m != mtp_num_layers:
+        raise _layout_error(text, f"has {n_m} MTP layers (m); {name} has mtp_num_layers {mtp_num_layers} "
+                                  "(--mtp-num-layers)")
+    return tuple(st.count("t") for st in stages)

@@ -22,6 +22,7 @@ MOE_FIELDS = ("kv_channels", "num_experts", "moe_router_topk", "moe_router_num_g
               "moe_shared_expert_intermediate_size", "moe_layer_freq", "moe_first_k_dense", "q_lora_rank",
               "kv_lora_rank", "qk_head_dim", "qk_pos_emb_head_dim", "v_head_dim")
 """ModelSpec fields with a flag of the same name (``--num-experts``, ...), passed through when set."""
+MOE_FIELDS += ("mtp_num_layers",)  # multi-token prediction (--mtp-num-layers), passed through the same way
 _MEGATRON_FLAGS.update({f: "--" + f.replace("_", "-") for f in MOE_FIELDS})
 
 

@@ -113,6 +113,13 @@ class ModelSpec:
     """MLA: per-head rotary query/key width, the rotary key shared by all heads (64)."""
     v_head_dim: int | None = None
     """MLA: per-head value width (128)."""
+    mtp_num_layers: int = 0
+    """Multi-token-prediction modules (DeepSeek-V3 report, arXiv 2412.19437 §2.2; Megatron-LM
+    ``--mtp-num-layers``): module k predicts token i+k+1 from the previous depth's hidden
+    states and token i+k's embedding through a projection M_k (h × 2h) of the two
+    RMS-normalized halves, one transformer layer of the model's kind and the shared output
+    head. They run after the last transformer layer (``sim.program.workload.mtp_works``);
+    their parameters are not in ``num_params`` (DeepSeek-V3's 671B leaves them out too)."""
 
     def __post_init__(self):
         where = f"model {self.name}"
@@ -129,6 +136,8 @@ class ModelSpec:
             _require(self.hidden_size % self.num_attention_heads == 0, where, "num_attention_heads", self.num_attention_heads,
                     f"must divide hidden_size {self.hidden_size} (or set kv_channels)")
         check_moe_fields(self, where)
+        _require(isinstance(self.mtp_num_layers, int) and not isinstance(self.mtp_num_layers, bool)
+                 and self.mtp_num_layers >= 0, where, "mtp_num_layers", self.mtp_num_layers, "expected an integer >= 0")
         _require(self.num_attention_heads % self.num_key_value_heads == 0, where, "num_key_value_heads", self.num_key_value_heads,
                 f"must divide num_attention_heads {self.num_attention_heads}")
         _require(self.mlp in MLP_KINDS, where, "mlp", self.mlp, f"allowed: {', '.join(MLP_KINDS)}")
@@ -214,6 +223,16 @@ class ModelSpec:
         if not self.is_moe_layer(layer):
             return self.params_per_layer
         return self.attention_params + 2 * self.norm_params + moe_mlp_params(self, active)
+
+    @property
+    def mtp_params(self) -> int:
+        """Parameters of the multi-token-prediction modules, the shared embedding and output
+        head left out: each one's transformer layer (of the kind layer ``num_layers + k``
+        would be), its projection M_k (2h·h, no bias) and its three norms (of the previous
+        hidden states, of the embedding, and before the shared head; Megatron-LM's
+        ``enorm``, ``hnorm`` and ``final_layernorm``)."""
+        L, h = self.num_layers, self.hidden_size
+        return sum(self.layer_params(L + k) + 2 * h * h + 3 * self.norm_params for k in range(self.mtp_num_layers))
 
     @property
     def embedding_params(self) -> int:
@@ -366,6 +385,14 @@ def layer_param_split(model: ModelSpec, layer: int | None = None, tp: int = 1, e
         dense += split / t + rep
     split, rep = _mlp_split(m, m.moe_ffn_hidden_size)
     return dense, m.num_experts // ep * (split / (etp or t) + rep)
+
+
+def mtp_param_split(model: ModelSpec, k: int, tp: int = 1, ep: int = 1, etp: int | None = None) -> tuple[float, float]:
+    """(dense, expert) parameters of multi-token-prediction module ``k`` on one rank: its
+    layer's as ``layer_param_split`` splits layer ``num_layers + k``, plus its projection
+    (column-parallel, split over tp) and its three norms (``ModelSpec.mtp_params``)."""
+    dense, experts = layer_param_split(model, model.num_layers + k, tp, ep, etp)
+    return dense + 2 * model.hidden_size ** 2 / tp + 3 * model.norm_params, experts
 
 
 def layer_params_per_rank(model: ModelSpec, tp: int = 1, layer: int | None = None, ep: int = 1,

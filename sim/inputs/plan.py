@@ -28,8 +28,12 @@ virtual stages. Two ways to balance unevenly, which Megatron-LM will not combine
   fewer. Llama 3 405B's 126 layers on 16 stages become 7, 8 × 14, 7 (Llama 3 paper,
   §3.3.2; the Zero Bubble paper balances the same way).
 
-The embedding always runs on virtual stage 0 and the output layer and loss on the last
-virtual stage, whichever split is used.
+Beyond Megatron-LM's two, ``layer_split`` gives each rank's (or virtual stage's) layers
+for any layer count, or "auto" balances them, and ``pipeline_layout`` is Megatron-LM's
+``--pipeline-model-parallel-layout`` string (``sim.inputs.layer_split``).
+
+The embedding always runs on virtual stage 0 and the output layer and loss (and any
+multi-token-prediction modules) on the last virtual stage, whichever split is used.
 """
 
 from __future__ import annotations
@@ -43,7 +47,8 @@ from sim.inputs import placement as _pl
 from sim.inputs.context import check_context_model, check_context_plan
 from sim.inputs.experts import check_expert_model, check_expert_plan
 from sim.inputs.fields import setting
-from sim.inputs.layer_split import FIRST, LAST, check_layer_split, parse_layer_split, split_layers
+from sim.inputs.layer_split import FIRST, LAST, check_layer_split, check_layout, parse_layer_split, parse_layout, \
+    split_layers
 from sim.errors import require
 from sim.units import NONNEGATIVE_INT, POSITIVE_INT, Number, parse_size
 
@@ -137,11 +142,21 @@ class ParallelPlan:
     """Transformer layers on the last pipeline rank; None: an even share. A multiple of vpp."""
     layer_split: tuple[int, ...] | str | None = setting(
         metavar="N,N,...|auto", convert=parse_layer_split,
-        help="transformer layers per pipeline stage, first to last, e.g. 10,10,12 (uneven stages, as on GPUs of "
-             "different speeds), or auto: the split that balances the stages' estimated times on their GPUs")
-    """Transformer layers on each pipeline rank, first to last (pp entries, each a multiple of
-    vpp, split evenly over the rank's chunks); "auto" until ``sim.session`` balances the
-    stages on their GPUs (the even split meanwhile); None: the split above."""
+        help="transformer layers per pipeline stage, first to last, e.g. 10,10,12 (any layer count; with vpp > 1 "
+             "one entry per stage, split over its chunks as evenly as possible, or one per virtual stage), or "
+             "auto: the split that balances the stages' estimated times on their GPUs")
+    """Transformer layers on each pipeline rank, first to last (pp entries, each split over the
+    rank's vpp chunks as evenly as possible, the earlier chunks one more), or on each virtual
+    stage (pp·vpp entries, index ``chunk·pp + rank``; ``sim.inputs.layer_split``); "auto"
+    until ``sim.session`` balances the stages on their GPUs (as even as possible meanwhile);
+    None: the split above."""
+    pipeline_layout: str | None = setting(
+        name="pipeline_model_parallel_layout", metavar="LAYOUT",
+        help="Megatron-LM's layout of every virtual stage: E embedding, t transformer layer, m MTP layer, L loss, "
+             "stages separated by |, with (...)*N and x*N repeats, e.g. 'Et*3|(tt|)*29,t|tL'; its stage count "
+             "(pp x vpp) sets vpp")
+    """What each virtual stage builds, as the user wrote it (``sim.inputs.layer_split``:
+    Megatron-LM's ``PipelineParallelLayerLayout``); it sets ``vpp``."""
     account_for_embedding: bool = setting(
         False, name="account_for_embedding_in_pipeline_split", kind="switch",
         help="count the embedding as one layer when splitting layers over stages")
@@ -285,6 +300,8 @@ class ParallelPlan:
         _check(self.global_batch_size % per_step == 0, "global_batch_size",
                 self.global_batch_size,
                 f"must be a multiple of micro_batch_size x dp = {self.micro_batch_size} x {self.dp} = {per_step}")
+        if self.pipeline_layout is not None:
+            self._vpp_from_layout()
         if self.vpp > 1:
             _check(self.pp > 1, "vpp", self.vpp, "interleaving needs pp > 1")
         self._check_schedule()
@@ -333,8 +350,16 @@ class ParallelPlan:
                     f"interleaved 1F1B needs the number of micro-batches ({self.num_microbatches}) "
                     f"to be a multiple of pp = {self.pp} (Megatron-LM's rule)")
 
+    def _vpp_from_layout(self) -> None:
+        """A layout of pp·k stages sets vpp = k; a vpp given beside it must agree."""
+        vpp = check_layout(self)
+        _check(self.vpp in (1, vpp), "vpp", self.vpp,
+               f"the pipeline layout's {vpp * self.pp} stages over pp = {self.pp} make vpp {vpp}; give one or "
+               "the other")
+        object.__setattr__(self, "vpp", vpp)
+
     def _check_uneven(self) -> None:
-        if self.layer_split is not None and self.layer_split != "auto":
+        if self.layer_split is not None:
             check_layer_split(self)
         for attr, field, value in (("first_stage_layers", FIRST, self.first_stage_layers),
                                    ("last_stage_layers", LAST, self.last_stage_layers)):
@@ -353,10 +378,10 @@ class ParallelPlan:
 
     def summary(self) -> dict:
         """The plan's fields as JSON-ready values; the settings that only set other fields
-        (``layers_per_virtual_stage`` sets vpp, ``zero3_prefetch_bucket_size`` the depth) and
-        the schedule file are left out when not given."""
+        (``layers_per_virtual_stage`` sets vpp, ``zero3_prefetch_bucket_size`` the depth), the
+        pipeline layout and the schedule file are left out when not given."""
         out = dataclasses.asdict(self)
-        for name in ("layers_per_virtual_stage", "schedule_file", "zero3_prefetch_bucket_size"):
+        for name in ("layers_per_virtual_stage", "schedule_file", "zero3_prefetch_bucket_size", "pipeline_layout"):
             if out[name] is None:
                 del out[name]
         return out
@@ -396,7 +421,7 @@ class ParallelPlan:
     def uneven(self) -> bool:
         """Whether any of the uneven-split options is set."""
         return (self.first_stage_layers is not None or self.last_stage_layers is not None
-                or self.layer_split not in (None, "auto")
+                or self.layer_split not in (None, "auto") or self.pipeline_layout is not None
                 or self.account_for_embedding or self.account_for_loss)
 
     # ------------------------------------------------------------- placement
@@ -441,10 +466,11 @@ class ParallelPlan:
     # ----------------------------------------------------------- layer split
     def stage_layers(self, model) -> tuple:
         """Transformer layers of each virtual stage; index ``chunk·pp + pp_rank``."""
-        split = None if self.layer_split == "auto" else self.layer_split  # (even until the session balances it)
+        layout = None if self.pipeline_layout is None else parse_layout(self.pipeline_layout)
         return split_layers(model.num_layers, self.pp, self.vpp, self.first_stage_layers,
                             self.last_stage_layers, self.account_for_embedding,
-                            self.account_for_loss, getattr(model, "name", "the model"), split)
+                            self.account_for_loss, getattr(model, "name", "the model"), self.layer_split,
+                            layout, getattr(model, "mtp_num_layers", 0))
 
     def layer_range(self, model, virtual_stage: int) -> range:
         """Global indices of the transformer layers of ``virtual_stage``."""

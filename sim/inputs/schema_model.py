@@ -85,6 +85,10 @@ class ModelSettings:
     qk_pos_emb_head_dim: int | None = setting(help="MLA: per-head rotary query/key width", type=POSITIVE_INT,
                                               group=_MLA)
     v_head_dim: int | None = setting(help="MLA: per-head value width", type=POSITIVE_INT, group=_MLA)
+    mtp_num_layers: int | None = setting(
+        help="multi-token-prediction modules after the last layer, each a transformer layer of the model's kind, a "
+             "projection and the shared output head and loss again (DeepSeek-V3 trains with 1; default 0: off, as in "
+             "Megatron-LM)", type=NONNEGATIVE_INT)
 
     def __post_init__(self):
         check_section(self)

@@ -55,7 +55,8 @@ from sim.program.costs import (
 from sim.program.memory import model_state_bytes, optimizer_shard_params, stage_memory_bytes, stage_params_per_rank
 from sim.inputs.experts import Folding
 from sim.program.workload_moe import MoeShape
-from sim.program.workload import Work, head_work, layer_work, p2p_bytes, plan_edge_works, plan_layer_work
+from sim.program.workload import (Work, head_work, layer_work, mtp_works, p2p_bytes, plan_edge_works,
+                                  plan_layer_work)
 
 _MATMUL = ("gemm", "attention")
 
@@ -205,6 +206,9 @@ def estimate_in(ctx: BuildContext, *, dtype: str = "bf16", flash_attention: bool
         layer_t = layer_phase_times(model, plan, profile, links["tp"], gpus_per_node, dtype, False)
     moe_t = layer_phase_times(model, plan, profile, links["tp"], gpus_per_node, dtype, True) if model.moe else layer_t
     emb_t, head_t = (phases(w) for w in plan_edge_works(model, plan))
+    for k in range(model.mtp_num_layers):  # multi-token prediction: its own work, and its layer's at its kind's
+        own, kind = phases(mtp_works(model, plan, k)[0]), moe_t if model.is_moe_layer(model.num_layers + k) else layer_t
+        head_t = {ph: tuple(a + b + c for a, b, c in zip(head_t[ph], own[ph], kind[ph])) for ph in head_t}
     amax = _amax_time(model, plan, profile, gpus_per_node)
     stage_times = []          # per stage: {phase: (compute_s, tp_comm_s, amax_s)}
     for stage in range(p):

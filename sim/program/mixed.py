@@ -8,22 +8,26 @@ each rank the action list of its own type's program. Ranks listed as copies of a
 (``Program.like``) stay so only when both are of one type.
 
 **A balanced split.** Stage s of a pipeline on GPU type g_s spends, per micro-batch,
-``n_s·t(g_s) + e_s``: n_s layers of t(g) seconds each (forward, backward and weight
-gradient, with their tensor-parallel collectives; ``sim.program.costs.work_times``) and
-e_s for the embedding on the first stage and the output layer and loss on the last. The
-slowest stage sets the pipeline's pace (Narayanan et al. SC'21), so ``balanced_split``
-minimizes max_s(n_s·t_s + e_s) with sum n_s = L: every stage starts with one unit (vpp
-layers), and each further unit goes to the stage that would finish it earliest. For
-identical units on machines of different speeds, each placed where it would finish
-first, the greedy order is optimal for the largest finish time (the list-scheduling
-argument for uniform machines, Graham 1969 / Gonzalez, Ibarra and Sahni 1977). A stage
-whose GPUs are of several types is priced on its slowest.
+the sum of its layers' times on g_s (forward, backward and weight gradient, with their
+tensor- and expert-parallel collectives; a dense layer and a mixture-of-experts layer each
+at its own price, so DeepSeek-V3's three dense layers weigh less than its MoE ones) plus
+e_s: the embedding on the first virtual stage, the output layer and loss (and the
+multi-token-prediction module, ``sim.program.workload.mtp_works``) on the last. The
+slowest stage sets the pipeline's pace (Narayanan et al. SC'21). The layers run in order
+through the virtual stages, so a split is a cut of the sequence of layer times into pp·vpp
+contiguous pieces, each of at least one layer, and ``balanced_split`` finds one exactly by
+dynamic programming (the linear-partition recurrence, Skiena, *The Algorithm Design
+Manual* §8.5): first the least possible time of the slowest virtual stage, then, among the
+cuts that keep every stage within it, the one with the least sum of squared stage times
+(the most even). With vpp > 1 a rank runs several virtual stages, so the cut is then moved
+one layer at a time while that lowers the slowest rank's total (then the slowest virtual
+stage, then the sum of squares). A stage whose GPUs are of several types is priced on its
+slowest.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import heapq
 
 from sim.errors import require
 from sim.inputs.hardware import HardwareProfile
@@ -32,49 +36,156 @@ from sim.inputs.plan import ParallelPlan
 from sim.program.actions import Program
 from sim.program.build import job_profile
 from sim.program.costs import work_times
-from sim.program.workload import plan_edge_works, plan_layer_work
+from sim.inputs.layer_split import virtual_split
+from sim.program.estimate import layer_phase_times
+from sim.program.workload import mtp_works, plan_edge_works, plan_layer_work
 
 
 def stage_costs(model: ModelSpec, plan: ParallelPlan, profile: HardwareProfile) -> tuple[float, float, float]:
-    """Seconds per micro-batch on ``profile``: one transformer layer, the embedding and the
-    output layer with its loss (F + B + W, compute and tensor-parallel collectives)."""
-    def total(work) -> float:
-        return sum(c + x for c, x in work_times(work, profile, plan.tp).values())
-
+    """Seconds per micro-batch on ``profile``: one dense transformer layer, the embedding and
+    the output layer with its loss and the MTP module if any (F + B + W, compute and
+    tensor-parallel collectives)."""
     layer = plan_layer_work(model, plan)
     embedding, head = plan_edge_works(model, plan)
-    return total(layer), total(embedding), total(head)
+    return _total(layer, plan, profile), _total(embedding, plan, profile), head_cost(model, plan, profile)
+
+
+def _total(work, plan: ParallelPlan, profile: HardwareProfile) -> float:
+    return sum(c + x for c, x in work_times(work, profile, plan.tp).values())
+
+
+def head_cost(model: ModelSpec, plan: ParallelPlan, profile: HardwareProfile) -> float:
+    """The last virtual stage's work besides its transformer layers: the output layer and
+    loss, and each MTP module (its projection, norms and output pass, and its layer at the
+    price of a layer of its kind)."""
+    total = _total(plan_edge_works(model, plan)[1], plan, profile)
+    for k in range(model.mtp_num_layers):
+        module, _ = mtp_works(model, plan, k)
+        total += _total(module, plan, profile) + _layer_cost(model, plan, profile, model.is_moe_layer(
+            model.num_layers + k))
+    return total
+
+
+def _layer_cost(model: ModelSpec, plan: ParallelPlan, profile: HardwareProfile, moe: bool) -> float:
+    """One layer's seconds per micro-batch: a dense one as ``stage_costs`` prices it, an MoE
+    one with its expert-parallel collectives (``layer_phase_times``, under balanced routing)."""
+    if not moe:
+        return _total(plan_layer_work(model, plan), plan, profile)
+    return sum(c + x for c, x in layer_phase_times(model, plan, profile, "nvlink", 8, "bf16", True).values())
+
+
+def layer_costs(model: ModelSpec, plan: ParallelPlan, profile: HardwareProfile) -> tuple[list[float], float, float]:
+    """(seconds of each transformer layer, of the embedding, of the head and MTP) per
+    micro-batch on ``profile``."""
+    kinds = {moe: _layer_cost(model, plan, profile, moe) for moe in {model.is_moe_layer(i)
+                                                                      for i in range(model.num_layers)}}
+    per_layer = [kinds[model.is_moe_layer(i)] for i in range(model.num_layers)]
+    _, embedding, _ = stage_costs(model, plan, profile)
+    return per_layer, embedding, head_cost(model, plan, profile)
+
+
+def _slowest_costs(model, plan, stage_profiles) -> list[tuple[list[float], float, float]]:
+    """Per pipeline stage: ``layer_costs`` on its slowest GPU type (by the total)."""
+    cache: dict[str, tuple] = {}
+    out = []
+    for profiles in stage_profiles:
+        priced = [cache.setdefault(pr.name, layer_costs(model, plan, pr)) for pr in profiles]
+        out.append(max(priced, key=lambda c: sum(c[0]) + c[1] + c[2]))
+    return out
 
 
 def balanced_split(model: ModelSpec, plan: ParallelPlan, stage_profiles: list[list[HardwareProfile]]) -> tuple:
-    """Layers per pipeline stage that minimize the slowest stage's time (module doc),
-    ``stage_profiles[s]`` being the GPU types stage s runs on."""
+    """Layers per pipeline stage (vpp 1) or per virtual stage (index ``chunk·pp + rank``,
+    vpp > 1) that minimize the slowest stage's time (module doc), ``stage_profiles[s]``
+    being the GPU types pipeline stage s runs on."""
     p, v, L = plan.pp, plan.vpp, model.num_layers
-    require(L % v == 0 and L >= p * v, "--layer-split", "auto",
-            f"needs num_layers {L} to be a multiple of vpp = {v} and at least pp x vpp = {p * v}")
-    costs = {}
-    per_layer, extra = [], []
-    for s, profiles in enumerate(stage_profiles):
-        slowest = max((costs.setdefault(pr.name, stage_costs(model, plan, pr)) for pr in profiles),
-                      key=lambda c: c[0])
-        per_layer.append(slowest[0] * v)  # (a unit: vpp layers)
-        extra.append((slowest[1] if s == 0 else 0.0) + (slowest[2] if s == p - 1 else 0.0))
-    units = [1] * p
-    heap = [(2 * per_layer[s] + extra[s], s) for s in range(p)]  # (finish with one more unit, stage)
-    heapq.heapify(heap)
-    for _ in range(L // v - p):
-        _, s = heapq.heappop(heap)
-        units[s] += 1
-        heapq.heappush(heap, ((units[s] + 1) * per_layer[s] + extra[s], s))
-    return tuple(u * v for u in units)
+    K = p * v
+    require(L >= K, "--layer-split", "auto",
+            f"needs at least one layer per virtual stage: num_layers {L} < pp x vpp = {p} x {v}")
+    priced = _slowest_costs(model, plan, stage_profiles)
+    cost = [priced[k % p][0] for k in range(K)]                   # layer times on virtual stage k's GPUs
+    extra = [(priced[0][1] if k == 0 else 0.0) + (priced[p - 1][2] if k == K - 1 else 0.0) for k in range(K)]
+    prefix = [[0.0] for _ in range(K)]
+    for k in range(K):
+        for c in cost[k]:
+            prefix[k].append(prefix[k][-1] + c)
+
+    def piece(k: int, i: int, j: int) -> float:        # layers i..j-1 on virtual stage k
+        return prefix[k][j] - prefix[k][i] + extra[k]
+
+    # the least time of the slowest virtual stage, then the most even cut within it
+    worst = _partition(K, L, piece, lambda acc, t: max(acc, t))[0]
+    limit = worst * (1 + 1e-12)
+    counts = _partition(K, L, piece, lambda acc, t: acc + t * t if t <= limit else float("inf"))[1]
+    if v > 1:
+        counts = _even_ranks(counts, p, piece)
+    return tuple(counts)
+
+
+def _partition(K: int, L: int, piece, combine) -> tuple[float, list[int]]:
+    """The cut of layers 0..L-1 into K contiguous pieces of >= 1 layer that minimizes the
+    ``combine``-fold of the pieces' times (``piece(k, i, j)``): the best value and the counts."""
+    inf = float("inf")
+    best = [[inf] * (L + 1) for _ in range(K + 1)]
+    arg = [[0] * (L + 1) for _ in range(K + 1)]
+    best[0][0] = 0.0
+    for k in range(1, K + 1):
+        for j in range(k, L - (K - k) + 1):
+            b, a = inf, 0
+            for i in range(k - 1, j):
+                if best[k - 1][i] == inf:
+                    continue
+                val = combine(best[k - 1][i], piece(k - 1, i, j))
+                if val < b:
+                    b, a = val, i
+            best[k][j], arg[k][j] = b, a
+    counts, j = [], L
+    for k in range(K, 0, -1):
+        i = arg[k][j]
+        counts.append(j - i)
+        j = i
+    return best[K][L], counts[::-1]
+
+
+def _even_ranks(counts: list[int], p: int, piece) -> list[int]:
+    """Move one layer across a cut between virtual stages while it lowers (the slowest rank's
+    total, the slowest virtual stage, the sum of squares) (module doc)."""
+    def key(cs):
+        starts = [sum(cs[:k]) for k in range(len(cs))]
+        times = [piece(k, starts[k], starts[k] + n) for k, n in enumerate(cs)]
+        ranks = [sum(times[k] for k in range(r, len(cs), p)) for r in range(p)]
+        return max(ranks), max(times), sum(t * t for t in times)
+
+    now = key(counts)
+    improved = True
+    while improved:
+        improved = False
+        for k in range(len(counts) - 1):
+            for d in (1, -1):
+                cs = list(counts)
+                cs[k], cs[k + 1] = cs[k] + d, cs[k + 1] - d
+                if min(cs[k], cs[k + 1]) < 1:
+                    continue
+                new = key(cs)
+                if new < tuple(x * (1 - 1e-12) for x in now):
+                    counts, now, improved = cs, new, True
+    return counts
 
 
 def stage_time_s(split, model: ModelSpec, plan: ParallelPlan, stage_profiles) -> list[float]:
-    """Each stage's seconds per micro-batch under ``split`` (what ``balanced_split`` balances)."""
-    out = []
-    for s, (n, profiles) in enumerate(zip(split, stage_profiles)):
-        worst = max((stage_costs(model, plan, pr) for pr in profiles), key=lambda c: c[0])
-        out.append(n * worst[0] + (worst[1] if s == 0 else 0.0) + (worst[2] if s == len(split) - 1 else 0.0))
+    """Each pipeline stage's seconds per micro-batch under ``split`` (per pipeline stage, or
+    per virtual stage: ``sim.inputs.layer_split.virtual_split``): what ``balanced_split``
+    balances, summed over a rank's virtual stages."""
+    p, v = plan.pp, plan.vpp
+    priced = _slowest_costs(model, plan, stage_profiles)
+    counts = virtual_split(tuple(split), p, v)
+    out = [0.0] * p
+    start = 0
+    for k, n in enumerate(counts):
+        layers, embedding, head = priced[k % p]
+        out[k % p] += sum(layers[start:start + n]) + (embedding if k == 0 else 0.0) + \
+            (head if k == p * v - 1 else 0.0)
+        start += n
     return out
 
 

@@ -62,16 +62,20 @@ class StepSegments:
         return coalesce(self._cache(stage, kind, mb), self.price, keep)
 
     def layers(self, stage: int, mb: int | None = None) -> list:
-        """(layer id, Work) of a virtual stage in forward order: -1 embedding, L the head
-        (``mb``: the micro-batch, for the expert loads of uneven routing)."""
+        """(layer id, Work) of a virtual stage in forward order: -1 embedding, L the head,
+        L + 1 + k multi-token-prediction module k (``mb``: the micro-batch, for the expert
+        loads of uneven routing)."""
         works = chunk_work(self.model, self.plan, stage, mb, self.routing)
         ids = list(self.plan.layer_range(self.model, stage))
-        out, k = [], 0
+        out, k, mtp = [], 0, self.model.num_layers + 1
         for w in works:
             if w.name == "embedding":
                 out.append((-1, w))
             elif w.name == "head":
                 out.append((self.model.num_layers, w))
+            elif w.name == "mtp":
+                out.append((mtp, w))
+                mtp += 1
             else:
                 out.append((ids[k], w))
                 k += 1

@@ -48,7 +48,7 @@ from typing import Callable
 from sim.errors import InputError
 from sim.inputs.experts import Folding
 from sim.inputs.hardware import HardwareProfile
-from sim.inputs.model import ModelSpec, layer_param_split
+from sim.inputs.model import ModelSpec, layer_param_split, mtp_param_split
 from sim.inputs.plan import ParallelPlan
 from sim.inputs.topology import Topology
 from sim.program import passes
@@ -98,6 +98,7 @@ def _grad_bytes(ctx: BuildContext) -> Callable[[int, int], float]:
     emb_grad = layer_param_bytes(model, plan.tp, -1)
     head_grad = layer_param_bytes(model, plan.tp, model.num_layers)
     dense = {lid: bytes_[0] for lid, bytes_ in _expert_split(ctx).items()}
+    dense.update(_mtp_dense_bytes(ctx))
 
     def grad_bytes(rank: int, layer: int) -> float:
         if layer == -1:
@@ -114,8 +115,23 @@ def _expert_split(ctx: BuildContext) -> dict[int, list[float]]:
     """Per MoE layer: [dense bytes, expert bytes] of its 16-bit parameters on a rank (the
     experts' are synced over the expert data-parallel group); empty without MoE layers."""
     model, plan = ctx.model, ctx.plan
-    return {lid: [2.0 * x for x in layer_param_split(model, lid, plan.tp, plan.ep, plan.etp_size)]
-            for lid in range(model.num_layers) if model.is_moe_layer(lid)}
+    out = {lid: [2.0 * x for x in layer_param_split(model, lid, plan.tp, plan.ep, plan.etp_size)]
+           for lid in range(model.num_layers) if model.is_moe_layer(lid)}
+    for k in range(model.mtp_num_layers):  # multi-token prediction module k: action layer id L + 1 + k
+        if model.is_moe_layer(model.num_layers + k):
+            out[model.num_layers + 1 + k] = [2.0 * x for x in mtp_param_split(model, k, plan.tp, plan.ep,
+                                                                              plan.etp_size)]
+    return out
+
+
+def _mtp_dense_bytes(ctx: BuildContext) -> dict[int, float]:
+    """Per multi-token-prediction module (action layer id L + 1 + k): the 16-bit bytes of
+    its dense parameters on a rank (``mtp_param_split``), the first one with the embedding
+    copy the last stage holds for it (``stage_param_split``)."""
+    model, plan = ctx.model, ctx.plan
+    copy = model.vocab_size * model.hidden_size / plan.tp if plan.pp > 1 and not model.tied_embeddings else 0.0
+    return {model.num_layers + 1 + k: 2.0 * (mtp_param_split(model, k, plan.tp, plan.ep, plan.etp_size)[0]
+                                              + (copy if k == 0 else 0.0)) for k in range(model.mtp_num_layers)}
 
 
 def _expert_bytes(split: dict[int, list[float]]) -> Callable[[int, int], float]:

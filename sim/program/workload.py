@@ -317,8 +317,80 @@ def chunk_work(model: ModelSpec, plan: ParallelPlan, virtual_stage: int, mb: int
     if virtual_stage == 0:
         works.insert(0, embedding)
     if virtual_stage == n - 1:
+        works += [mtp_work(model, plan, k) for k in range(model.mtp_num_layers)]
         works.append(head)
     return works
+
+
+def mtp_works(model: ModelSpec, plan: ParallelPlan, k: int) -> tuple[Work, Work]:
+    """Multi-token-prediction module ``k`` as ``plan`` runs it on the last virtual stage:
+    (its own work, its transformer layer's). DeepSeek-V3 (arXiv 2412.19437 §2.2, Eqs. 21-23):
+    h'ᵢᵏ = Mₖ[RMSNorm(hᵢᵏ⁻¹); RMSNorm(Emb(tᵢ₊ₖ))], hᵏ = TRMₖ(h'ᵏ), Pᵏ = OutHead(hᵏ), the
+    embedding and output head shared with the main model. Its own work is the shared
+    embedding looked up again (``embedding_work``, its dense backward included), the two
+    norms, the projection Mₖ (2h -> h, column-parallel as Megatron-LM's ``eh_proj``, its
+    output gathered over tp) and the output head with the loss again (``head_work``); the
+    layer is one of the model's kind (``ModelSpec.is_moe_layer(num_layers + k)``: MoE for
+    DeepSeek-V3), under balanced routing."""
+    local = local_sequence(model, plan.cp)
+    b, t = plan.micro_batch_size, plan.tp
+    lid = model.num_layers + k
+    moe = None
+    if model.is_moe_layer(lid):
+        tokens = b * model.seq_length // plan.cp // (t if plan.sp else 1)
+        moe = MoeShape(plan.ep, plan.etp_size, tokens * model.moe_router_topk)
+    embedding, head = plan_edge_works(model, plan)
+    proj = _mtp_projection(local, b, t, plan.sequence_parallel)
+    items = tuple(replace(i, name=f"mtp.{i.name}") for i in embedding.items + proj.items + head.items)
+    return Work("mtp", items), plan_layer_work(model, plan, moe)
+
+
+def _mtp_projection(m: ModelSpec, b: int, t: int, sequence_parallel: bool, dtype_bytes: int = 2) -> Work:
+    """An MTP module's two RMSNorms (of the previous depth's hidden states and of the
+    embedding) and its projection Mₖ of the 2h concatenation to h: a column-parallel GEMM
+    whose h/t outputs are all-gathered over tp (Megatron-LM's ``eh_proj``, then
+    ``gather_from_tensor_model_parallel_region``); under sequence parallelism its input is
+    all-gathered first (and again for the weight gradient)."""
+    e, h = dtype_bytes, m.hidden_size
+    sp = sequence_parallel and t > 1
+    n_tok = b * m.seq_length
+    nn = n_tok // t if sp else n_tok
+    norm_flops = _NORM_FLOPS[m.norm]
+    w = Builder("mtp", e)
+    for name in ("hnorm", "enorm"):
+        w.mem(name, e * (nn * h + m.norm_params), e * nn * h, norm_flops * nn * h)
+    if sp:
+        w.comm("proj.all_gather", "all_gather", e * n_tok * 2 * h)
+    w.gemm("proj", n_tok, h // t, 2 * h)
+    if t > 1:
+        w.comm("proj.all_gather.output", "all_gather", e * n_tok * h)
+    w.phase = "B"
+    w.gemm("proj.dgrad", n_tok, 2 * h, h // t)
+    if t > 1:
+        w.comm("proj.reduce_scatter.grad" if sp else "proj.all_reduce.grad",
+               "reduce_scatter" if sp else "all_reduce", e * n_tok * 2 * h)
+    for name in ("hnorm", "enorm"):
+        w.mem(f"{name}.grad", 2 * e * nn * h + e * m.norm_params, e * nn * h + e * m.norm_params,
+              2 * norm_flops * nn * h, output=e * nn * h)
+    w.phase = "W"
+    if sp:
+        w.comm("proj.all_gather.input", "all_gather", e * n_tok * 2 * h)
+    w.gemm("proj.wgrad", h // t, 2 * h, n_tok)
+    return w.build()
+
+
+def mtp_work(model: ModelSpec, plan: ParallelPlan, k: int) -> Work:
+    """``mtp_works`` as one piece of the chunk, in the order it runs: in forward the
+    embedding, norms and projection, the layer, the output head and loss; in backward the
+    reverse; then the weight gradients."""
+    own, layer = mtp_works(model, plan, k)
+    head = [i for i in own.items if i.name.startswith(("mtp.head.", "mtp.loss"))]
+    pre = [i for i in own.items if i not in head]
+    items = []
+    for ph, parts in (("F", (pre, layer.items, head)), ("B", (head, layer.items, pre)),
+                      ("W", (head, layer.items, pre))):
+        items += [i for part in parts for i in part if i.phase == ph]
+    return Work("mtp", tuple(items))
 
 
 def plan_edge_works(model: ModelSpec, plan: ParallelPlan) -> tuple[Work, Work]:

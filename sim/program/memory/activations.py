@@ -176,7 +176,8 @@ def chunk_activation_bytes(model: ModelSpec, plan: ParallelPlan, virtual_stage: 
     if virtual_stage == 0:
         total += embedding_activation_bytes(model, b, t, sp)
     if virtual_stage == plan.pp * plan.vpp - 1:
-        total += head_activation_bytes(model, b, t, sp)
+        total += head_activation_bytes(model, b, t, sp) + sum(mtp_activation_bytes(model, plan, k, flash_attention)
+                                                              for k in range(model.mtp_num_layers))
     return total / plan.cp  # context parallelism: every stored tensor holds s/cp of the tokens
 
 
@@ -201,7 +202,22 @@ def chunk_activation_parts(model: ModelSpec, plan: ParallelPlan, virtual_stage: 
     parts.update({i: moe if model.is_moe_layer(i) else dense for i in ids})
     if virtual_stage == plan.pp * plan.vpp - 1:
         parts[model.num_layers] = head_activation_bytes(model, b, t, sp)
+        for k in range(model.mtp_num_layers):
+            parts[model.num_layers + 1 + k] = mtp_activation_bytes(model, plan, k, flash_attention)
     return {i: v / plan.cp for i, v in parts.items() if v}
+
+
+def mtp_activation_bytes(model: ModelSpec, plan: ParallelPlan, k: int, flash_attention: bool = True) -> float:
+    """Multi-token-prediction module ``k``, per micro-batch (``sim.program.workload.mtp_works``):
+    its layer's activations (of the layer's kind), the inputs of its two norms and of its
+    projection (2h wide; sequence-sharded under sequence parallelism) and its pass through
+    the output head and loss (``head_activation_bytes``)."""
+    b, t, sp = plan.micro_batch_size, plan.tp, plan.sequence_parallel
+    moe = model.is_moe_layer(model.num_layers + k)
+    layer = activation_bytes_per_layer(model, b, t, sp, plan.recompute, flash_attention, plan.fp8_format is not None,
+                                       (plan.ep, plan.etp_size) if moe else None)
+    sbh = model.seq_length * b * model.hidden_size / (t if sp and t > 1 else 1)
+    return layer + 2 * (2 * sbh) + 2 * (2 * sbh) + head_activation_bytes(model, b, t, sp)
 
 
 def recompute_working_bytes(model: ModelSpec, plan: ParallelPlan) -> float:

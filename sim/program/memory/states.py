@@ -41,7 +41,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from sim.errors import require
-from sim.inputs.model import ModelSpec, layer_param_split, layer_params_per_rank
+from sim.inputs.model import ModelSpec, layer_param_split, layer_params_per_rank, mtp_param_split
 from sim.inputs.plan import ParallelPlan
 
 DEEPSPEED_REDUCE_BUCKET_ELEMS = 500_000_000
@@ -116,6 +116,11 @@ def stage_param_split(model: ModelSpec, plan: ParallelPlan, stage: int) -> tuple
         n += model.norm_params
         if not model.tied_embeddings or plan.pp > 1:      # untied, or a tied copy on the last stage
             n += word
+        for k in range(model.mtp_num_layers):             # multi-token prediction on the last stage
+            d, x = mtp_param_split(model, k, t, plan.ep, plan.etp_size)
+            n, experts = n + d, experts + x
+        if model.mtp_num_layers and plan.pp > 1 and not model.tied_embeddings:
+            n += word                                     # the embedding's copy its input is looked up in
     return n, experts
 
 
