@@ -64,14 +64,15 @@ import json, resource, sys, time
 from sim import session
 from sim.cli import build_parser
 from sim.inputs.flags import given
-from sim.inputs.schema import RunSettings
+from sim.inputs.schema import RunSettings, SimulationSettings
 args = build_parser().parse_args(json.loads(sys.argv[1]))
 t0 = time.perf_counter()
 prepared = session.prepare(RunSettings.from_values(given(args)))
 profile, topo = prepared.profile, prepared.topology
 sim_settings = prepared.settings.simulation
-run = session.simulate_training(prepared.model, prepared.plan, profile, topo, None, sim_settings.fidelity,
-                                max_events=None, collective_model=sim_settings.collective_model)
+run = session.simulate_training(session.Job(prepared.model, prepared.plan, profile, topo),
+                                SimulationSettings(fidelity=sim_settings.fidelity, max_events=float("inf"),
+                                                   collective_model=sim_settings.collective_model))
 wall = time.perf_counter() - t0
 rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 stats = dict(run.trace.stats)

@@ -116,9 +116,10 @@ def run_summary(model, plan, profile, topology, fidelity: str = "auto", keep_run
     """Simulate one iteration and return ``trainsim run --json``'s summary (and the run);
     ``nccl``: ``nccl_algo``, ``nccl_protocol`` (default auto, as ``trainsim run``)."""
     from sim.session import summarize
-    from sim.session import simulate_training
+    from sim.inputs.schema import SimulationSettings
+    from sim.session import Job, simulate_training
 
-    run = simulate_training(model, plan, profile, topology, fidelity=fidelity, **nccl)
+    run = simulate_training(Job(model, plan, profile, topology), SimulationSettings(fidelity=fidelity, **nccl))
     s = summarize(run)
     return (s, run) if keep_run else s
 

@@ -4,15 +4,16 @@ This is the layer every front end stands on (``sim.api``, each ``trainsim`` comm
 the studies); none of them builds a run any other way:
 
     RunSettings (sim.inputs.schema)
-      -> prepare: model, plan, hardware profile, topology, schedule   (sim.inputs.resolve)
-      -> simulate_training: build_program (sim.program) -> engine.simulate -> Trace
+      -> prepare: a Job: model, plan, hardware profile, topology, schedule   (sim.inputs.resolve)
+      -> simulate_training(Job, SimulationSettings): BuildContext -> build (sim.program)
+         -> engine.simulate -> Trace
       -> summarize (sim.results.summary)
       -> write_outputs: summary.json, trace.json, timeline.png, memory.png (sim.results)
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, fields, replace
 from functools import partial
 from pathlib import Path
 
@@ -20,17 +21,17 @@ from sim.program.actions import Program
 from sim.program.fp8 import check_fp8_support
 from sim.program.schedules import Schedule
 from sim.program.mixed import auto_layer_split, build_mixed
-from sim.program.training import build_program
+from sim.program.build import BuildContext
+from sim.program.training import build
 from sim.engine.core import gc_paused, simulate
 from sim.engine.nccl import NcclModel
 from sim.engine.tuner import alone_time, check_forced
 from sim.errors import InputError
 from sim.inputs.hardware import HardwareProfile, load_profile
 from sim.inputs.model import ModelSpec
-from sim.inputs.pacing import paced
 from sim.inputs.plan import ParallelPlan
 from sim.inputs.resolve import model_from_settings, plan_from_settings, topology_from_settings
-from sim.inputs.schema import AUTO_FULL_FIDELITY_EVENTS, DEFAULT_MAX_EVENTS, RunSettings
+from sim.inputs.schema import AUTO_FULL_FIDELITY_EVENTS, RunSettings, SimulationSettings
 from sim.inputs.mixed import MixedGpus, mixed_gpus
 from sim.inputs.stragglers import Stragglers, degrade, per_gpu_fidelity, resolve_stragglers
 from sim.inputs.topology import Topology
@@ -40,7 +41,7 @@ from sim.results.moe_report import moe_report
 from sim.results.summary import summarize
 from sim.results.trace import Trace
 
-__all__ = ["TrainingRun", "Prepared", "prepare", "simulate_training", "choose_fidelity", "run", "summarize",
+__all__ = ["TrainingRun", "Job", "Prepared", "prepare", "simulate_training", "choose_fidelity", "run", "summarize",
            "write_outputs", "write_kineto_files", "rank_names"]
 
 
@@ -66,20 +67,33 @@ class TrainingRun:
 
 
 @dataclass(frozen=True)
-class Prepared:
-    """Everything a run is built from, checked: what ``prepare`` returns."""
+class Job:
+    """What is simulated: the model, the plan, the GPU, the cluster and what varies them."""
 
-    settings: RunSettings
     model: ModelSpec
     plan: ParallelPlan
     profile: HardwareProfile
+    """The GPU's profile (on a mixed cluster, rank 0's; ``mixed`` prices the others)."""
     topology: Topology
-    schedule: Schedule | None
+    schedule: Schedule | None = None
     """A schedule read from a .csv file (None: the plan's built-in schedule)."""
     stragglers: Stragglers | None = None
     """Slow GPUs and degraded links (``sim.inputs.stragglers``), if any."""
     mixed: MixedGpus | None = None
     """GPU types per rank on a mixed cluster (``sim.inputs.mixed``; ``profile`` is rank 0's)."""
+
+
+@dataclass(frozen=True)
+class Prepared(Job):
+    """Everything a run is built from, checked: what ``prepare`` returns. A ``Job``, with
+    the settings it was prepared from (``settings.simulation``: how it is simulated)."""
+
+    settings: RunSettings = field(kw_only=True)
+
+    @property
+    def job(self) -> Job:
+        """The job alone, without the settings."""
+        return Job(*(getattr(self, f.name) for f in fields(Job)))
 
 
 def schedule_from_settings(plan: ParallelPlan) -> Schedule | None:
@@ -124,33 +138,36 @@ def prepare(settings: RunSettings, model: ModelSpec | None = None, plan: Paralle
         profile = next(iter(mixed.profiles.values()))  # rank 0's: the run's links, NCCL figures and summary
     if plan.layer_split == "auto":
         plan = auto_layer_split(model, plan, profile, mixed)
-    return Prepared(settings, model, plan, profile, topo, schedule,
-                    resolve_stragglers(settings.simulation, topo, plan.world_size), mixed)
+    return Prepared(model, plan, profile, topo, schedule, resolve_stragglers(settings.simulation, topo, plan.world_size),
+                    mixed, settings=settings)
 
 
-def simulate_training(model: ModelSpec, plan: ParallelPlan, profile: HardwareProfile, topology: Topology,
-                      schedule: Schedule | None = None, fidelity: str = "full",
-                      coalesce_tp: bool = True, max_events: float | None = DEFAULT_MAX_EVENTS,
-                      collective_model: str = "flows", nccl_algo: str = "auto",
-                      nccl_protocol: str = "auto", stragglers: Stragglers | None = None,
-                      mixed: MixedGpus | None = None) -> TrainingRun:
-    """Simulate one iteration of ``plan`` on ``topology`` and return the run.
+def simulate_training(job: Job, settings: SimulationSettings | None = None, *,
+                      coalesce_tp: bool = True) -> TrainingRun:
+    """Simulate one iteration of ``job`` and return the run.
 
-    ``fidelity``: "full", "reduced", or "auto" (``choose_fidelity``). ``collective_model``:
-    "flows" or "steps" (reduced fidelity always runs flows). ``nccl_algo``, ``nccl_protocol``:
-    what every collective runs, as NCCL_ALGO and NCCL_PROTO ("auto": NCCL's tuner,
-    ``sim.engine.tuner``, per collective). Plans over ``max_events`` are refused up front
-    (``sim.program.limits``). ``stragglers``: slow GPUs and degraded links, which need every
-    GPU simulated (``sim.inputs.stragglers``); ``mixed``: each rank's GPU type on a mixed
-    cluster, each priced on its own profile (``sim.program.mixed``), every GPU simulated."""
+    ``settings`` (None: every GPU, ``fidelity="full"``, the rest at their defaults): its
+    ``fidelity``, "full", "reduced", or "auto" (``choose_fidelity``); ``collective_model``,
+    "flows" or "steps" (reduced fidelity always runs flows); ``nccl_algo`` and
+    ``nccl_protocol``, what every collective runs, as NCCL_ALGO and NCCL_PROTO ("auto":
+    NCCL's tuner, ``sim.engine.tuner``, per collective); plans over ``max_events`` are
+    refused up front (``sim.program.limits``). The job's ``stragglers`` (slow GPUs and
+    degraded links, ``sim.inputs.stragglers``) need every GPU simulated, and so does a
+    mixed cluster (``mixed``: each rank's GPU type, each priced on its own profile,
+    ``sim.program.mixed``). ``coalesce_tp``: price chains of isolated tensor-parallel
+    collectives in closed form (``sim.program.coalesce``)."""
+    if settings is None:
+        settings = SimulationSettings(fidelity="full")
+    model, plan, profile, topology, stragglers = job.model, job.plan, job.profile, job.topology, job.stragglers
+    fidelity, collective_model = settings.fidelity, settings.collective_model
     reason = f"asked for ({fidelity})"
     if stragglers:
         fidelity, reason = per_gpu_fidelity(fidelity)
         topology = degrade(topology, stragglers.links)
-    if mixed is not None:
+    if job.mixed is not None:
         fidelity, reason = per_gpu_fidelity(fidelity, "GPUs of several types")
-    check_forced(nccl_algo, topology)
-    nccl = NcclModel.from_profile(profile).forcing(nccl_algo, nccl_protocol)
+    check_forced(settings.nccl_algo, topology)
+    nccl = NcclModel.from_profile(profile).forcing(settings.nccl_algo, settings.nccl_protocol)
     eff = profile.link_efficiencies()
     alone = partial(alone_time, topology=topology, efficiency=eff, model=nccl)  # (coalesced TP collectives)
     if plan.world_size > topology.num_gpus:
@@ -163,18 +180,18 @@ def simulate_training(model: ModelSpec, plan: ParallelPlan, profile: HardwarePro
         fidelity, reason = choose_fidelity(model, plan, topology, collective_model)
     flows = collective_model == "flows" or fidelity == "reduced"
     with gc_paused():
-        build = partial(build_program, model, plan, schedule=schedule, fidelity=fidelity,
-                        gpus_per_node=topology.gpus_per_node, topology=topology, coalesce_tp=coalesce_tp,
-                        max_events=max_events, collective_model=collective_model, nccl=alone)
-        schedule, prog = build(profile=paced(profile, plan.world_size)) if mixed is None else build_mixed(
-            lambda p: build(profile=paced(p, plan.world_size)), mixed.profiles, mixed.of_rank)
+        ctx = BuildContext.create(model, plan, profile, topology, schedule=job.schedule, fidelity=fidelity,
+                                  gpus_per_node=topology.gpus_per_node, coalesce_tp=coalesce_tp,
+                                  max_events=settings.event_limit, collective_model=collective_model, nccl=alone)
+        schedule, prog = build(ctx) if job.mixed is None else build_mixed(
+            lambda p: build(ctx.on(p)), job.mixed.profiles, job.mixed.of_rank)
         # (inside the same pause: the engine's own finds the collector off and leaves the
         # program it was given alone, instead of walking it once more)
-        trace = simulate(prog, topology, link_efficiency=profile.link_efficiencies(), fluid_collectives=flows,
+        trace = simulate(prog, topology, link_efficiency=eff, fluid_collectives=flows,
                          overlap_slowdown=profile.overlap_compute_slowdown, nccl=nccl,
                          gpu_slowdown=stragglers.slow if stragglers else None)
     return TrainingRun(model, plan, profile, topology, schedule, prog, trace, fidelity, reason,
-                       "flows" if flows else "steps", stragglers or None, mixed)
+                       "flows" if flows else "steps", stragglers or None, job.mixed)
 
 
 def choose_fidelity(model: ModelSpec, plan: ParallelPlan, topology: Topology,
@@ -191,29 +208,21 @@ def choose_fidelity(model: ModelSpec, plan: ParallelPlan, topology: Topology,
 
 def run(prepared: Prepared) -> tuple[TrainingRun, dict]:
     """Simulate what ``prepare`` built; returns the run and its JSON summary."""
-    sim_settings = prepared.settings.simulation
-    simulate_ = partial(simulate_training, prepared.model, prepared.plan, prepared.profile, prepared.topology,
-                        prepared.schedule, max_events=sim_settings.event_limit,
-                        collective_model=sim_settings.collective_model,
-                        nccl_algo=sim_settings.nccl_algo, nccl_protocol=sim_settings.nccl_protocol,
-                        mixed=prepared.mixed)
-    training_run = simulate_(sim_settings.fidelity, stragglers=prepared.stragglers)
+    job, sim_settings = prepared.job, prepared.settings.simulation
+    training_run = simulate_training(job, sim_settings)
     summary = summarize(training_run)
+    # (the comparisons below run at the fidelity the run ran)
+    ran = replace(sim_settings, fidelity=training_run.fidelity)
     if training_run.mixed is not None:
         summary["mixed"] = mixed_report(training_run, summary, auto=prepared.settings.plan.get("layer_split") == "auto")
     if training_run.stragglers:  # the same iteration without them: what they cost
-        summary["stragglers"] = straggler_report(training_run, simulate_(training_run.fidelity))
+        summary["stragglers"] = straggler_report(training_run, simulate_training(replace(job, stragglers=None), ran))
     if prepared.model.moe:  # routing's imbalance, against the same plan routed evenly when it was not
         plan = prepared.plan
-        even = replace(plan, moe_routing="balanced", moe_capacity_factor=None)
         balanced = None
         if (plan.moe_routing, plan.moe_capacity_factor) != ("balanced", None):
-            balanced = simulate_training(prepared.model, even, prepared.profile, prepared.topology,
-                                         prepared.schedule, training_run.fidelity,
-                                         max_events=sim_settings.event_limit,
-                                         collective_model=sim_settings.collective_model,
-                                         nccl_algo=sim_settings.nccl_algo,
-                                         nccl_protocol=sim_settings.nccl_protocol).trace.end_s
+            even = replace(plan, moe_routing="balanced", moe_capacity_factor=None)
+            balanced = simulate_training(replace(job, plan=even, stragglers=None, mixed=None), ran).trace.end_s
         summary["moe"] = moe_report(training_run, summary, balanced)
     return training_run, summary
 

@@ -10,7 +10,8 @@ from sim.inputs.plan import ParallelPlan
 from sim.inputs.topology_build import load_topology
 from sim.program.memory import chunk_activation_bytes, stage_memory_bytes
 from sim.program.workload import layer_work
-from sim.session import simulate_training
+from sim.inputs.schema import SimulationSettings
+from sim.session import Job, simulate_training
 
 # GQA: 8 query heads of 64, 2 K/V heads: kv width 2·2·64 = 256
 TINY = llama("tiny-cp", 2, 512, 8, 2, 1024, 2000, 4096)
@@ -59,7 +60,7 @@ def test_cp_groups_sit_inside_the_data_parallel_dimension():
 
 def _run(cp, fidelity="full", comm="p2p"):
     plan = ParallelPlan(dp=1, cp=cp, cp_comm_type=comm, global_batch_size=1)
-    return simulate_training(TINY, plan, A100, load_topology("dgx-a100"), fidelity=fidelity)
+    return simulate_training(Job(TINY, plan, A100, load_topology("dgx-a100")), SimulationSettings(fidelity=fidelity))
 
 
 def test_the_ring_exchange_runs_beside_the_attention_step_it_feeds():
@@ -79,8 +80,8 @@ def test_the_ring_exchange_runs_beside_the_attention_step_it_feeds():
 def test_full_and_reduced_fidelity_agree():
     plan = ParallelPlan(dp=2, cp=2, global_batch_size=4)
     topo = load_topology("dgx-a100")
-    full = simulate_training(TINY, plan, A100, topo, fidelity="full").trace.end_s
-    reduced = simulate_training(TINY, plan, A100, topo, fidelity="reduced").trace.end_s
+    full = simulate_training(Job(TINY, plan, A100, topo), SimulationSettings(fidelity="full")).trace.end_s
+    reduced = simulate_training(Job(TINY, plan, A100, topo), SimulationSettings(fidelity="reduced")).trace.end_s
     assert reduced == pytest.approx(full, rel=0.01)
 
 
@@ -105,7 +106,7 @@ def test_tp_comm_overlap_keeps_the_ring_exchange_beside_the_compute():
     waiting = [a for a in prog.actions[0] if any(d in {s.name for s in shifts} for d in a.deps)
                and a.kind == "compute"]
     assert waiting                                          # the attention steps wait for their chunk
-    simulate_training(TINY, plan, A100, load_topology("dgx-a100"), fidelity="full")
+    simulate_training(Job(TINY, plan, A100, load_topology("dgx-a100")), SimulationSettings(fidelity="full"))
 
 
 def test_activations_grow_through_each_forward_and_the_peak_falls_within_the_iteration():
@@ -121,7 +122,7 @@ def test_activations_grow_through_each_forward_and_the_peak_falls_within_the_ite
 
     model = replace(preset("llama3-8b"), seq_length=32768)
     plan = ParallelPlan(dp=2, cp=4, global_batch_size=8, zero_stage=1)
-    run = simulate_training(model, plan, load_profile("h100-sxm"), load_topology("dgx-h100", nodes=1))
+    run = simulate_training(Job(model, plan, load_profile("h100-sxm"), load_topology("dgx-h100", nodes=1)))
     end = max(s.end_s for s in run.trace.spans)
     pk = highest_peak(run.trace)
     assert 0 < pk.time_s < end

@@ -12,7 +12,8 @@ from sim.studies.collective import run_collective
 from sim.engine.core import simulate
 from sim.inputs.topology_build import load_topology
 from sim.program.actions import FLOW_PIECES, Action, Program
-from sim.session import simulate_training
+from sim.inputs.schema import SimulationSettings
+from sim.session import Job, simulate_training
 from sim.inputs.hardware import load_profile
 from sim.inputs.model import gpt
 from sim.inputs.plan import ParallelPlan
@@ -75,8 +76,10 @@ def test_a_training_step_agrees_between_the_models_and_flows_use_fewer_transfers
     plan = ParallelPlan(dp=16, global_batch_size=32)
     topo = load_topology("dgx-h100", nodes=2)
     # (rings, which the two collective models run differently: NCCL_ALGO=ring)
-    flows = simulate_training(model, plan, H100, topo, collective_model="flows", nccl_algo="ring", nccl_protocol="simple")
-    steps = simulate_training(model, plan, H100, topo, collective_model="steps", nccl_algo="ring", nccl_protocol="simple")
+    flows, steps = (simulate_training(Job(model, plan, H100, topo),
+                                      SimulationSettings(fidelity="full", collective_model=collectives,
+                                                         nccl_algo="ring", nccl_protocol="simple"))
+                    for collectives in ("flows", "steps"))
     assert flows.trace.end_s == pytest.approx(steps.trace.end_s, rel=0.01)
     assert len(flows.trace.transfers) * 4 < len(steps.trace.transfers)
     assert (flows.collective_model, steps.collective_model) == ("flows", "steps")

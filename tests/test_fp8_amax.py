@@ -13,7 +13,8 @@ from sim.inputs.hardware import load_profile
 from sim.inputs.model import gpt
 from sim.inputs.plan import ParallelPlan
 from sim.inputs.topology_build import load_topology
-from sim.session import simulate_training
+from sim.inputs.schema import SimulationSettings
+from sim.session import Job, simulate_training
 
 H100 = load_profile("h100-sxm")
 H, L = 1024, 8
@@ -28,7 +29,7 @@ def test_one_reduction_per_chunk_forward_and_backward_over_the_stage_with_its_ma
     topo = load_topology("dgx-h100")
     plan = ParallelPlan(tp=2, pp=2, dp=2, vpp=2, micro_batch_size=1, global_batch_size=8, sequence_parallel=True,
                         fp8_format="hybrid", schedule="interleaved")
-    run = simulate_training(SMALL, plan, H100, topo, fidelity="full")
+    run = simulate_training(Job(SMALL, plan, H100, topo), SimulationSettings(fidelity="full"))
     m = plan.num_microbatches
     layers_per_chunk = L // (plan.pp * plan.vpp)
     for r in range(plan.world_size):
@@ -45,16 +46,16 @@ def test_one_reduction_per_chunk_forward_and_backward_over_the_stage_with_its_ma
 
 def test_bf16_runs_and_stages_of_one_gpu_reduce_nothing():
     topo = load_topology("dgx-h100")
-    bf16 = simulate_training(SMALL, ParallelPlan(tp=2, dp=2, global_batch_size=8), H100, topo)
+    bf16 = simulate_training(Job(SMALL, ParallelPlan(tp=2, dp=2, global_batch_size=8), H100, topo))
     assert not _amax(bf16)
-    alone = simulate_training(SMALL, ParallelPlan(pp=2, global_batch_size=8, fp8_format="hybrid"), H100, topo)
+    alone = simulate_training(Job(SMALL, ParallelPlan(pp=2, global_batch_size=8, fp8_format="hybrid"), H100, topo))
     assert not _amax(alone)
 
 
 def test_zero_bubble_reduces_after_the_input_gradient_not_the_weight_gradient():
     topo = load_topology("dgx-h100")
     plan = ParallelPlan(pp=2, dp=2, global_batch_size=8, fp8_format="hybrid", schedule="zb-h1")
-    spans = _amax(simulate_training(SMALL, plan, H100, topo, fidelity="full"))
+    spans = _amax(simulate_training(Job(SMALL, plan, H100, topo), SimulationSettings(fidelity="full")))
     kinds = Counter(s.name.rstrip("0123456789")[-1] for s in spans)
     assert kinds == {"F": plan.num_microbatches, "I": plan.num_microbatches}
 
@@ -64,9 +65,9 @@ def test_each_reduction_adds_the_collectives_time_alone_to_a_serial_step(monkeyp
     # stream, so the reductions add exactly their NCCL time (priced alone) per micro-batch.
     topo = load_topology("dgx-h100")
     plan = ParallelPlan(tp=2, global_batch_size=4, fp8_format="hybrid")
-    with_amax = simulate_training(SMALL, plan, H100, topo)
+    with_amax = simulate_training(Job(SMALL, plan, H100, topo))
     monkeypatch.setattr(training, "add_amax_reductions", lambda prog, *a, **k: prog)
-    without = simulate_training(SMALL, plan, H100, topo)
+    without = simulate_training(Job(SMALL, plan, H100, topo))
     nccl = NcclModel.from_profile(H100).forcing("auto", None)
     group = (0, 1)
     per_mb = sum(alone_time("allreduce", group, 4 * k * 4 * L, topo, H100.link_efficiencies(), nccl) for k in (3, 2))
@@ -78,7 +79,7 @@ def test_each_reduction_adds_the_collectives_time_alone_to_a_serial_step(monkeyp
 def test_the_next_stage_starts_its_forward_after_the_reduction():
     topo = load_topology("dgx-h100")
     plan = ParallelPlan(pp=2, dp=2, global_batch_size=4, fp8_format="hybrid")
-    run = simulate_training(SMALL, plan, H100, topo, fidelity="full")
+    run = simulate_training(Job(SMALL, plan, H100, topo), SimulationSettings(fidelity="full"))
     first = {s.name: s for s in _amax(run, 0)}["0F0"]
     nxt = plan.rank(pp=1)
     f = min((s for s in run.trace.spans_of(nxt) if s.kind == "compute" and s.name.startswith("1F0")),

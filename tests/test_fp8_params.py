@@ -14,7 +14,7 @@ from sim.inputs.topology_build import load_topology
 from sim.program.fp8 import fp8_layer_work
 from sim.program.memory import fp8_weight_copy_bytes, stage_memory_bytes
 from sim.program.workload import layer_work
-from sim.session import simulate_training
+from sim.session import Job, simulate_training
 
 H100 = load_profile("h100-sxm")
 H, L = 1024, 8
@@ -33,7 +33,7 @@ def test_the_gemm_weights_are_gathered_in_one_byte(overlap):
     for fp8_params in (False, True):
         plan = ParallelPlan(dp=8, micro_batch_size=2, global_batch_size=32, zero_stage=1, fp8_format="hybrid",
                             fp8_param_gather=fp8_params, param_gather_overlap=overlap)
-        runs[fp8_params] = simulate_training(SMALL, plan, H100, topo)
+        runs[fp8_params] = simulate_training(Job(SMALL, plan, H100, topo))
     bf16_weights = sum(s.nbytes for s in _gathers(runs[False]))
     assert bf16_weights == pytest.approx(2 * SMALL.num_params, rel=1e-12)  # 2 bytes each (tp = pp = 1)
     # 1 byte for each GEMM weight, 2 for the rest (norms, biases, embedding)

@@ -15,7 +15,8 @@ from sim.inputs.model import gpt
 from sim.engine.network import Network
 from sim.inputs.plan import ParallelPlan
 from sim.inputs.topology_build import load_topology
-from sim.session import simulate_training
+from sim.inputs.schema import SimulationSettings
+from sim.session import Job, simulate_training
 
 H100 = load_profile("h100-sxm")
 TINY = gpt("tiny", 4, 512, 8, 4096, 256)
@@ -33,7 +34,7 @@ def test_the_suite_runs_in_debug_mode(monkeypatch):
 def run():
     # Pipeline p2p, DP all-reduce, ZeRO-1 memory: every kind of check has material.
     plan = ParallelPlan(dp=2, pp=2, micro_batch_size=1, global_batch_size=8, zero_stage=1)
-    return simulate_training(TINY, plan, H100, load_topology("dgx-h100", nodes=1))
+    return simulate_training(Job(TINY, plan, H100, load_topology("dgx-h100", nodes=1)))
 
 
 @pytest.mark.parametrize("plan", [
@@ -45,7 +46,7 @@ def run():
 def test_real_runs_satisfy_every_invariant(plan):
     topo = load_topology("dgx-h100", nodes=2)
     for fidelity in ("full", "reduced"):
-        r = simulate_training(TINY, plan, H100, topo, fidelity=fidelity)
+        r = simulate_training(Job(TINY, plan, H100, topo), SimulationSettings(fidelity=fidelity))
         check(r.program, r.trace)  # also ran inside simulate (debug mode); explicit here
 
 

@@ -12,7 +12,8 @@ from sim.program.limits import DEFAULT_MAX_EVENTS, check_size, estimate_events
 from sim.inputs.model import gpt, preset
 from sim.inputs.plan import ParallelPlan
 from sim.inputs.topology_build import load_topology
-from sim.session import simulate_training
+from sim.inputs.schema import SimulationSettings
+from sim.session import Job, simulate_training
 
 H100 = load_profile("h100-sxm")
 SMALL = gpt("small", 8, 1024, 16, 8192, 512)
@@ -29,7 +30,7 @@ SMALL = gpt("small", 8, 1024, 16, 8192, 512)
 ])
 def test_estimate_is_within_a_factor_of_four_of_real_runs(plan, nodes, fidelity):
     topo = load_topology("dgx-h100", nodes=nodes)
-    real = simulate_training(SMALL, plan, H100, topo, fidelity=fidelity).trace.stats["events"]
+    real = simulate_training(Job(SMALL, plan, H100, topo), SimulationSettings(fidelity=fidelity)).trace.stats["events"]
     est = estimate_events(SMALL, plan, fidelity, topo)["events"]
     assert real / 4 <= est <= real * 4
 
@@ -38,7 +39,7 @@ def test_a_billion_micro_batches_is_refused_at_once():
     plan = ParallelPlan(dp=8, micro_batch_size=1, global_batch_size=8 * 10**9)
     t0 = time.perf_counter()
     with pytest.raises(InputError) as e:
-        simulate_training(preset("llama2-7b"), plan, H100, load_topology("dgx-h100", nodes=1))
+        simulate_training(Job(preset("llama2-7b"), plan, H100, load_topology("dgx-h100", nodes=1)))
     assert time.perf_counter() - t0 < 5  # nothing was built
     msg = str(e.value)
     assert "\n" not in msg and "1,000,000,000 micro-batches" in msg and "--max-events" in msg
@@ -50,10 +51,11 @@ def test_the_limit_can_be_raised_or_lowered():
     plan = ParallelPlan(dp=2, micro_batch_size=1, global_batch_size=4)
     topo = load_topology("dgx-h100", nodes=1)
     with pytest.raises(InputError, match="over the limit of 10"):
-        simulate_training(SMALL, plan, H100, topo, max_events=10)
+        simulate_training(Job(SMALL, plan, H100, topo), SimulationSettings(fidelity="full", max_events=10))
     est = check_size(SMALL, plan, "full", None, topo)["events"]
     assert est < DEFAULT_MAX_EVENTS
-    assert simulate_training(SMALL, plan, H100, topo, max_events=None).trace.end_s > 0
+    assert simulate_training(Job(SMALL, plan, H100, topo),
+                             SimulationSettings(fidelity="full", max_events=float("inf"))).trace.end_s > 0
     for bad in (0, -5, float("nan"), True, "many"):
         with pytest.raises(InputError, match="max_events: got"):
             check_size(SMALL, plan, "full", bad)

@@ -94,7 +94,8 @@ def test_the_fusion_flag_shortens_the_step_by_the_kernels_it_saves(fidelity):
     from sim.program.costs import op_time
     from sim.program.estimate import estimate
     from sim.program.workload import chunk_work
-    from sim.session import simulate_training
+    from sim.inputs.schema import SimulationSettings
+    from sim.session import Job, simulate_training
 
     model, prof, topo = gpt("g", 2, 512, 8, 32000, 256), load_profile("h100-sxm"), load_topology("dgx-h100")
     plans = [plan_from_settings(RunSettings.from_values(
@@ -107,7 +108,8 @@ def test_the_fusion_flag_shortens_the_step_by_the_kernels_it_saves(fidelity):
 
     saved = loss_s(plans[0]) - loss_s(plans[1])
     assert saved > 0
-    sims = [simulate_training(model, p, prof, topo, fidelity=fidelity).trace.end_s for p in plans]
+    sims = [simulate_training(Job(model, p, prof, topo),
+                              SimulationSettings(fidelity=fidelity)).trace.end_s for p in plans]
     assert sims[0] - sims[1] == pytest.approx(4 * saved, rel=1e-9)
     est = [estimate(model, p, prof).time["compute"] for p in plans]
     assert est[0] - est[1] == pytest.approx(4 * saved, rel=1e-9)

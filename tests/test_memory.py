@@ -215,13 +215,13 @@ def test_estimated_stage_activations_match_the_simulated_memory_timeline(schedul
     from sim.inputs.hardware import load_profile
     from sim.results.memory_timeline import timeline
     from sim.inputs.topology_build import load_topology
-    from sim.session import simulate_training
+    from sim.session import Job, simulate_training
 
     h100 = load_profile("h100-sxm")
     model = gpt("small", 16, 256, 4, 512, 128)
     p = 4
     plan = ParallelPlan(pp=p, vpp=vpp, global_batch_size=m, schedule=schedule, first_stage_layers=first)
-    run = simulate_training(model, plan, h100, load_topology("dgx-h100"))
+    run = simulate_training(Job(model, plan, h100, load_topology("dgx-h100")))
     simulated = [max(timeline(run.trace, plan.rank(pp=s))[1]["activations"]) for s in range(p)]
     estimated = [stage_activation_bytes(model, plan, s) for s in range(p)]
     assert estimated == pytest.approx(simulated, rel=1e-12)

@@ -16,7 +16,8 @@ from sim.inputs.plan import ParallelPlan
 from sim.inputs.topology_build import load_topology
 from sim.program.mixed import balanced_split, stage_costs, stage_time_s
 from sim.results.stragglers import waits
-from sim.session import simulate_training
+from sim.inputs.schema import SimulationSettings
+from sim.session import Job, simulate_training
 
 A100, H100 = load_profile("a100-80gb"), load_profile("h100-sxm")
 SMALL = gpt("small", 4, 1024, 16, 1024, 512)
@@ -75,9 +76,9 @@ def test_a_data_parallel_group_across_types_runs_at_the_slowest_members_pace(mix
     mx = mixed_gpus(mixed_topo, 16, A100)
     for overlap in (False, True):
         plan = ParallelPlan(tp=8, dp=2, global_batch_size=4, dp_overlap=overlap)
-        kw = dict(fidelity="auto", coalesce_tp=False, **RING)
-        mixed = simulate_training(SMALL, plan, A100, mixed_topo, mixed=mx, **kw)
-        slow = simulate_training(SMALL, plan, A100, load_topology("dgx-a100", nodes=2), **kw)
+        auto = SimulationSettings(fidelity="auto", **RING)
+        mixed = simulate_training(Job(SMALL, plan, A100, mixed_topo, mixed=mx), auto, coalesce_tp=False)
+        slow = simulate_training(Job(SMALL, plan, A100, load_topology("dgx-a100", nodes=2)), auto, coalesce_tp=False)
         assert mixed.fidelity == "full" and "several types" in mixed.fidelity_reason
         assert mixed.trace.end_s == pytest.approx(slow.trace.end_s, rel=1e-12)
         waited, waited_on, _ = waits(mixed.trace, mixed.program)
@@ -89,11 +90,11 @@ def test_each_rank_computes_at_its_own_gpus_prices(mixed_file):
     # own GPU's program gives (the same plan on a cluster of that GPU alone).
     mixed_topo = load_topology(str(mixed_file))
     plan = ParallelPlan(tp=8, pp=2, global_batch_size=4)
-    run = simulate_training(SMALL, plan, A100, mixed_topo, mixed=mixed_gpus(mixed_topo, 16, A100), coalesce_tp=False,
-                            **RING)
+    run = simulate_training(Job(SMALL, plan, A100, mixed_topo, mixed=mixed_gpus(mixed_topo, 16, A100)),
+                            SimulationSettings(fidelity="full", **RING), coalesce_tp=False)
     for profile, rank in ((A100, 0), (H100, 8)):
-        alone = simulate_training(SMALL, plan, profile, load_topology("dgx-a100", nodes=2), fidelity="full",
-                                  coalesce_tp=False, **RING)
+        alone = simulate_training(Job(SMALL, plan, profile, load_topology("dgx-a100", nodes=2)),
+                                  SimulationSettings(fidelity="full", **RING), coalesce_tp=False)
         want = [a.duration_s for a in alone.program.actions[rank] if a.kind == "compute"]
         assert [a.duration_s for a in run.program.actions[rank] if a.kind == "compute"] == want
 

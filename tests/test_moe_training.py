@@ -15,7 +15,8 @@ from sim.program.training import build_program
 from sim.program.workload import chunk_work, layer_work
 from sim.program.workload_moe import MoeShape
 from sim.inputs.hardware import load_profile
-from sim.session import simulate_training
+from sim.inputs.schema import SimulationSettings
+from sim.session import Job, simulate_training
 
 TINY = llama("tiny-moe", 4, 512, 8, 8, 1024, 2000, 256, num_experts=4, moe_router_topk=2,
              moe_ffn_hidden_size=512)
@@ -62,7 +63,7 @@ def test_an_uneven_histogram_gives_the_busiest_rank_its_tokens(tmp_path):
 
 def _run(plan, model=TINY, fidelity="full"):
     topo = load_topology("dgx-a100", nodes=max(1, plan.world_size // 8))
-    return simulate_training(model, plan, load_profile("a100-80gb"), topo, fidelity=fidelity)
+    return simulate_training(Job(model, plan, load_profile("a100-80gb"), topo), SimulationSettings(fidelity=fidelity))
 
 
 def test_all_to_all_bytes_on_the_wire_match_the_closed_form():

@@ -25,7 +25,8 @@ from sim.program.actions import Action, Program
 from sim.program.tp import TP_COMM_STREAM, add_tp_collectives, overlapped_layer
 from sim.program.training import build_program
 from sim.program.workload import Comm, Op
-from sim.session import simulate_training
+from sim.inputs.schema import SimulationSettings
+from sim.session import Job, simulate_training
 
 H100 = load_profile("h100-sxm")
 EFF, MODEL = H100.link_efficiencies(), NcclModel.from_profile(H100)
@@ -231,7 +232,7 @@ def test_a_tp_overlap_plan_marks_exactly_its_userbuffers_chunks():
     # data-parallel gradient all-reduces and anything else stay NCCL collectives
     topo = load_topology("dgx-h100", nodes=2)
     plan = ParallelPlan(tp=8, dp=2, sequence_parallel=True, tp_comm_overlap=True, global_batch_size=2)
-    run = simulate_training(TINY, plan, H100, topo, fidelity="full")
+    run = simulate_training(Job(TINY, plan, H100, topo), SimulationSettings(fidelity="full"))
     colls = [a for acts in run.program.actions.values() for a in acts if a.kind == "collective"]
     ub = [a for a in colls if a.userbuffers]
     assert ub and all(a.stream == TP_COMM_STREAM and a.category == "tp" and len(a.group) == 8 for a in ub)
@@ -239,10 +240,10 @@ def test_a_tp_overlap_plan_marks_exactly_its_userbuffers_chunks():
     assert any(a.category == "dp" for a in colls if not a.userbuffers)
     # with NCCL's base doubled the NCCL collectives take longer, but the chunks' spans keep
     # their lengths (nothing else crosses NVLink: data parallelism is across the nodes)
-    assert run.trace.end_s < simulate_training(TINY, plan, replace(H100, nccl_base_latency_s=_table(2.0)), topo,
-                                               fidelity="full").trace.end_s
+    assert run.trace.end_s < simulate_training(Job(TINY, plan, replace(H100, nccl_base_latency_s=_table(2.0)), topo),
+                                               SimulationSettings(fidelity="full")).trace.end_s
     doubled = replace(H100, nccl_base_latency_s=_table(2.0))
-    run2 = simulate_training(TINY, plan, doubled, topo, fidelity="full")
+    run2 = simulate_training(Job(TINY, plan, doubled, topo), SimulationSettings(fidelity="full"))
     side = lambda r: sorted(round(s.end_s - s.start_s, 12) for s in r.trace.spans  # noqa: E731
                             if s.stream == TP_COMM_STREAM and s.rank == 0)
     assert side(run) == side(run2)
@@ -254,8 +255,8 @@ def test_coalesced_tp_collectives_pay_the_base_once_as_the_engine_does():
     # (no NCCL model: the engine's default, ring under Simple)
     topo = load_topology("dgx-h100")
     plan = ParallelPlan(tp=8, global_batch_size=1)
-    on = simulate_training(TINY, plan, H100, topo)
-    off = simulate_training(TINY, plan, H100, topo, coalesce_tp=False)
+    on = simulate_training(Job(TINY, plan, H100, topo))
+    off = simulate_training(Job(TINY, plan, H100, topo), coalesce_tp=False)
     assert any(a.kind == "comm" for a in on.program.actions[0])
     assert on.trace.end_s == pytest.approx(off.trace.end_s, rel=1e-9)
     _, closed = build_program(TINY, plan, H100, topology=topo)

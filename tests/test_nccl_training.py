@@ -10,7 +10,8 @@ from sim.inputs.model import ModelSpec
 from sim.inputs.plan import ParallelPlan
 from sim.inputs.topology_build import load_topology
 from sim.program.costs import nvls_time
-from sim.session import simulate_training
+from sim.inputs.schema import SimulationSettings
+from sim.session import Job, simulate_training
 
 H100, A100 = load_profile("h100-sxm"), load_profile("a100-80gb")
 # s·h·2 bytes = 2048·4096·2 = 16 MiB per TP all-reduce: large enough for NVLS on 8 H100s
@@ -45,7 +46,9 @@ def test_tp8_allreduce_in_an_h100_step_runs_nvls_and_saves_what_the_closed_forms
     eff = H100.link_efficiencies()
     alpha, B_line = topo.path_latency_s(0, 1), topo.bottleneck_Bps(0, 1)
     B = B_line * eff["nvlink"]
-    runs = {a: simulate_training(MODEL, TP8, H100, topo, coalesce_tp=False, nccl_algo=a, nccl_protocol="simple")
+    runs = {a: simulate_training(Job(MODEL, TP8, H100, topo),
+                                 SimulationSettings(fidelity="full", nccl_algo=a, nccl_protocol="simple"),
+                                 coalesce_tp=False)
             for a in ("auto", "ring")}
     colls = _tp_collectives(runs["auto"])
     assert colls and all(a.op == "allreduce" for a in colls)
@@ -59,7 +62,8 @@ def test_tp8_allreduce_in_an_h100_step_runs_nvls_and_saves_what_the_closed_forms
     assert got == pytest.approx(saved, rel=1e-6)
     # the coalesced program (TP collectives priced outside the network) agrees with the engine
     for a in ("auto", "ring"):
-        co = simulate_training(MODEL, TP8, H100, topo, nccl_algo=a, nccl_protocol="simple")
+        co = simulate_training(Job(MODEL, TP8, H100, topo),
+                               SimulationSettings(fidelity="full", nccl_algo=a, nccl_protocol="simple"))
         assert co.trace.end_s == pytest.approx(runs[a].trace.end_s, rel=1e-9)
 
 
@@ -73,21 +77,22 @@ def test_a100_never_picks_nvls():
                                       NcclModel.from_profile(A100))[0].startswith("nvls")
     # and a training step on A100 under auto equals one that rules NVLS out (ring or tree)
     topo = load_topology("dgx-a100")
-    runs = [simulate_training(MODEL, TP8, A100, topo, nccl_algo=a).trace.end_s for a in ("auto", "ring")]
+    runs = [simulate_training(Job(MODEL, TP8, A100, topo),
+                              SimulationSettings(fidelity="full", nccl_algo=a)).trace.end_s for a in ("auto", "ring")]
     assert runs[0] <= runs[1]
 
 
 def test_auto_is_deterministic_and_full_and_reduced_agree():
     topo = load_topology("dgx-h100", nodes=4)
     plan = ParallelPlan(dp=4, tp=8, global_batch_size=4)
-    a = simulate_training(MODEL, plan, H100, topo, fidelity="full")
-    b = simulate_training(MODEL, plan, H100, topo, fidelity="full")
+    a = simulate_training(Job(MODEL, plan, H100, topo), SimulationSettings(fidelity="full"))
+    b = simulate_training(Job(MODEL, plan, H100, topo), SimulationSettings(fidelity="full"))
     assert a.trace.end_s == b.trace.end_s
-    red = simulate_training(MODEL, plan, H100, topo, fidelity="reduced")
+    red = simulate_training(Job(MODEL, plan, H100, topo), SimulationSettings(fidelity="reduced"))
     assert red.trace.end_s == pytest.approx(a.trace.end_s, rel=0.01)
     for algo in ("tree", "nvls_tree"):  # all their steps kept under reduced fidelity
-        full = simulate_training(MODEL, plan, H100, topo, fidelity="full", nccl_algo=algo)
-        red = simulate_training(MODEL, plan, H100, topo, fidelity="reduced", nccl_algo=algo)
+        full = simulate_training(Job(MODEL, plan, H100, topo), SimulationSettings(fidelity="full", nccl_algo=algo))
+        red = simulate_training(Job(MODEL, plan, H100, topo), SimulationSettings(fidelity="reduced", nccl_algo=algo))
         assert red.trace.end_s == pytest.approx(full.trace.end_s, rel=0.01), algo
 
 
@@ -96,7 +101,8 @@ def test_forced_algorithm_an_op_cannot_run_keeps_the_tuners_choice():
     # reduce-scatters keep what auto picks, so the run goes through
     topo = load_topology("dgx-h100", nodes=2)
     plan = ParallelPlan(dp=2, tp=8, global_batch_size=2, sequence_parallel=True)
-    assert simulate_training(MODEL, plan, H100, topo, nccl_algo="tree").trace.end_s > 0
+    assert simulate_training(Job(MODEL, plan, H100, topo),
+                             SimulationSettings(fidelity="full", nccl_algo="tree")).trace.end_s > 0
 
 
 def test_experiment_file_takes_nccl_algo(tmp_path, capsys):

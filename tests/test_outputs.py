@@ -161,14 +161,14 @@ def test_context_parallel_ranks_and_traffic_are_labelled_cp(tmp_path, monkeypatc
     from sim.inputs.hardware import load_profile
     from sim.inputs.model import llama
     from sim.inputs.plan import ParallelPlan
-    from sim.session import simulate_training, summarize, write_outputs
+    from sim.session import Job, simulate_training, summarize, write_outputs
 
     drawn = {}
     monkeypatch.setattr(sim.results.plot, "plot_timeline", lambda trace, path, **kw: drawn.update(kw))
     monkeypatch.setattr(sim.results.plot, "plot_memory", lambda *a, **kw: None)
     model = llama("tiny-cp", 2, 512, 8, 2, 1024, 2000, 4096)
     plan = ParallelPlan(dp=2, cp=2, global_batch_size=4)
-    run = simulate_training(model, plan, load_profile("a100-80gb"), load_topology("dgx-a100", nodes=1))
+    run = simulate_training(Job(model, plan, load_profile("a100-80gb"), load_topology("dgx-a100", nodes=1)))
     write_outputs(run, summarize(run), tmp_path)
     assert sorted(drawn["lane_names"].values()) == ["dp 0 · cp 0 (rank 0)", "dp 0 · cp 1 (rank 1)",
                                                    "dp 1 · cp 0 (rank 2)", "dp 1 · cp 1 (rank 3)"]

@@ -77,7 +77,7 @@ from sim.program.schedule_io import validate
 from sim.program.schedules import Schedule, Step, build_schedule, one_f_one_b, to_program
 from sim.inputs.topology import Topology
 from sim.inputs.topology_build import FabricSpec, NodeSpec, build_cluster
-from sim.session import simulate_training
+from sim.session import Job, simulate_training
 
 
 PROFILES = ("a100-80gb", "h100-sxm", "h200")
@@ -343,11 +343,12 @@ class Case:
     topo: TopoRecipe
     schedule: Schedule | None
 
-    def run(self, profile_changes=None, **kw):
+    def run(self, profile_changes=None, coalesce_tp: bool = True):
         profile = load_profile(self.profile)
         if profile_changes:
             profile = replace(profile, **profile_changes)
-        return simulate_training(self.model, self.plan, profile, self.topo.build(), self.schedule, **kw)
+        return simulate_training(Job(self.model, self.plan, profile, self.topo.build(), self.schedule),
+                                 coalesce_tp=coalesce_tp)
 
 
 @st.composite
@@ -562,8 +563,8 @@ def test_more_bandwidth_never_delays_training_on_a_full_mesh(model, data):
     faster = {p: b * data.draw(st.floats(1.0, 10.0)) for p, b in bws.items()}
     lat = data.draw(_LAT, label="latency")
     profile = replace(load_profile(data.draw(st.sampled_from(PROFILES))), overlap_compute_slowdown=0.0)
-    slow = simulate_training(model, plan, profile, full_mesh(bws, lat), schedule).trace
-    fast = simulate_training(model, plan, profile, full_mesh(faster, lat), schedule).trace
+    slow = simulate_training(Job(model, plan, profile, full_mesh(bws, lat), schedule)).trace
+    fast = simulate_training(Job(model, plan, profile, full_mesh(faster, lat), schedule)).trace
     for tr in (slow, fast):  # the premise, checked
         _assert_one_flow_at_a_time(tr, lambda t: [(t.src, t.dst)])
     e_slow, e_fast = _ends(slow), _ends(fast)
@@ -716,10 +717,10 @@ def test_mutated_schedules_validator_agrees_with_engine(mutant):
         plan = ParallelPlan(pp=sched.pp, vpp=sched.vpp, global_batch_size=sched.num_microbatches, schedule="custom")
         with no_hang():
             if verdict is None:
-                simulate_training(model, plan, load_profile("h100-sxm"), star([1e11] * sched.pp), sched)
+                simulate_training(Job(model, plan, load_profile("h100-sxm"), star([1e11] * sched.pp), sched))
             else:
                 with pytest.raises(InputError) as e:
-                    simulate_training(model, plan, load_profile("h100-sxm"), star([1e11] * sched.pp), sched)
+                    simulate_training(Job(model, plan, load_profile("h100-sxm"), star([1e11] * sched.pp), sched))
                 assert str(e.value) == verdict
 
 
@@ -845,7 +846,7 @@ def test_model_plan_topology_mismatches_are_input_errors(model, data):
             and model.ffn_hidden_size % tp == 0 and model.num_layers % pp == 0)
     assume(not fits or plan.world_size > gpus or wrong_schedule)
     with no_hang(), pytest.raises(InputError) as e:
-        simulate_training(model, plan, load_profile("h100-sxm"), star([1e11] * gpus), schedule)
+        simulate_training(Job(model, plan, load_profile("h100-sxm"), star([1e11] * gpus), schedule))
     assert_one_line(e.value)
 
 
@@ -951,12 +952,13 @@ def test_zero3_max_live_parameters_inf_is_refused_or_means_no_cap():
     model = gpt("g", 2, 64, 4, 128, 32)
     h100, topo = load_profile("h100-sxm"), star([1e11] * 2)
     try:
-        run = simulate_training(model, ParallelPlan(dp=2, zero_stage=3, zero3_max_live_parameters=math.inf), h100, topo)
+        run = simulate_training(Job(model, ParallelPlan(dp=2, zero_stage=3, zero3_max_live_parameters=math.inf),
+                                    h100, topo))
     except InputError as e:
         assert_one_line(e)
         return
     # Accepted: then it can only mean no cap, the same run as without one.
-    assert run.trace.end_s == simulate_training(model, ParallelPlan(dp=2, zero_stage=3), h100, topo).trace.end_s
+    assert run.trace.end_s == simulate_training(Job(model, ParallelPlan(dp=2, zero_stage=3), h100, topo)).trace.end_s
 
 
 # Was: sim.program.coalesce.isolated_tp_pricer prices every tensor-parallel collective with the
@@ -970,8 +972,9 @@ def test_coalescing_keeps_the_iteration_time_with_unequal_nvlink_bandwidths():
     plan = ParallelPlan(tp=4, global_batch_size=1)
     topo = star([1e11, 1e11, 1e9, 1e11], 1e-6)
     h100 = load_profile("h100-sxm")
-    exact = simulate_training(model, plan, h100, topo, coalesce_tp=False).trace.end_s
-    assert simulate_training(model, plan, h100, topo, coalesce_tp=True).trace.end_s == pytest.approx(exact, rel=REL)
+    job = Job(model, plan, h100, topo)
+    exact = simulate_training(job, coalesce_tp=False).trace.end_s
+    assert simulate_training(job, coalesce_tp=True).trace.end_s == pytest.approx(exact, rel=REL)
 
 
 # Was: sim.inputs.topology routes by hop count and breaks ties by a hash, so between two GPUs of a
@@ -999,6 +1002,7 @@ def test_coalescing_keeps_the_iteration_time_when_tp_peers_arrive_at_different_t
     node = NodeSpec("n", 4, "h100-sxm", 1e9, 0.0, 1e9, 0.0, 4, "ib", 1e9, 0.0)
     topo = build_cluster(node, 2, FabricSpec("fat-tree", nodes_per_leaf=1, spines=3))
     a100 = load_profile("a100-80gb")
-    exact = simulate_training(model, plan, a100, topo, coalesce_tp=False).trace.end_s
-    assert simulate_training(model, plan, a100, topo, coalesce_tp=True).trace.end_s == pytest.approx(exact, rel=REL)
+    job = Job(model, plan, a100, topo)
+    exact = simulate_training(job, coalesce_tp=False).trace.end_s
+    assert simulate_training(job, coalesce_tp=True).trace.end_s == pytest.approx(exact, rel=REL)
 

@@ -5,7 +5,8 @@ from sim.inputs.hardware import load_profile
 from sim.inputs.model import llama
 from sim.inputs.topology_build import load_topology
 from sim.studies.search import DEFAULT_MARGIN, SearchSpace, candidates, enumerate_plans
-from sim.session import simulate_training
+from sim.inputs.schema import SimulationSettings
+from sim.session import Job, simulate_training
 
 H100 = load_profile("h100-sxm")
 MOE = llama("tiny-moe", 4, 512, 8, 8, 1024, 2000, 512, num_experts=8, moe_router_topk=2, moe_ffn_hidden_size=512)
@@ -38,5 +39,6 @@ def test_the_bound_never_exceeds_the_simulated_time_by_more_than_the_margin():
                          (LONG, SearchSpace(tp=(1,), pp=(1,), zero_stage=(1,), recompute=("none",),
                                             micro_batch_size=(1,), cp=(2, 4)))):
         for c in candidates(model, enumerate_plans(model, 8, 8, space), H100):
-            simulated = simulate_training(model, c.plan, H100, topo, fidelity="full").trace.end_s
+            simulated = simulate_training(Job(model, c.plan, H100, topo),
+                                          SimulationSettings(fidelity="full")).trace.end_s
             assert c.bound_s / simulated <= DEFAULT_MARGIN, (c.key, c.bound_s, simulated)

@@ -20,21 +20,21 @@ from sim.inputs.topology_build import load_topology
 from sim.program.actions import Action, Program
 from sim.program.costs import ring_time
 from sim.results.stragglers import plotted_stragglers, waits
-from sim.session import simulate_training
+from sim.session import Job, simulate_training
 
 A100 = load_profile("a100-80gb")
 QUIET = dataclasses.replace(A100, overlap_compute_slowdown=0.0)  # compute never slowed by NCCL kernels
 SMALL = gpt("small", 4, 1024, 16, 1024, 512)
-RING = {"nccl_algo": "ring", "nccl_protocol": "simple"}
+RING_FULL, RING_AUTO = (SimulationSettings(fidelity=f, nccl_algo="ring", nccl_protocol="simple")
+                        for f in ("full", "auto"))
 TINY = ["--num-layers", "2", "--hidden-size", "256", "--num-attention-heads", "4", "--vocab-size", "1024",
         "--seq-length", "256", "--gpus", "4", "--global-batch-size", "4"]
 
 
-def _pair(plan, profile=A100, slow=None, links=None, **kw):
-    topo = load_topology("dgx-a100")
-    st = Stragglers(slow or {}, links or {})
-    return (simulate_training(SMALL, plan, profile, topo, fidelity="full", **RING, **kw),
-            simulate_training(SMALL, plan, profile, topo, fidelity="auto", stragglers=st, **RING, **kw))
+def _pair(plan, profile=A100, slow=None, links=None):
+    job = Job(SMALL, plan, profile, load_topology("dgx-a100"))
+    return (simulate_training(job, RING_FULL),
+            simulate_training(dataclasses.replace(job, stragglers=Stragglers(slow or {}, links or {})), RING_AUTO))
 
 
 def _gpu_compute(trace, rank):

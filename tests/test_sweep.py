@@ -79,10 +79,11 @@ def test_local_records_are_those_of_trainsim_run_and_do_not_depend_on_the_worker
         assert inline.run(CTX, PLANS) == local_records
     # The summary is exactly what ``trainsim run --json`` prints for that plan.
     from sim.session import summarize
-    from sim.session import simulate_training
+    from sim.inputs.schema import SimulationSettings
+    from sim.session import Job, simulate_training
 
-    assert local_records[3]["summary"] == summarize(simulate_training(TINY, PLANS[3], H100, CTX.topology(),
-                                                                    fidelity="auto"))
+    assert local_records[3]["summary"] == summarize(simulate_training(Job(TINY, PLANS[3], H100, CTX.topology()),
+                                                                      SimulationSettings(fidelity="auto")))
 
 
 def test_a_dask_local_cluster_gives_the_local_executors_records(local_records, tmp_path, monkeypatch):

@@ -16,7 +16,8 @@ from sim.engine.core import simulate
 from sim.inputs.topology_build import NodeSpec, build_cluster, load_topology
 from sim.program.segments import StepSegments
 from sim.program.training import build_program
-from sim.session import simulate_training
+from sim.inputs.schema import SimulationSettings
+from sim.session import Job, simulate_training
 
 H100 = load_profile("h100-sxm")
 TINY = gpt("tiny", 8, 1024, 16, 8192, 512)
@@ -33,7 +34,7 @@ def test_free_communication_gives_the_schedule_alone(schedule, vpp):
     # Through every pass on a free network, the pipeline ends exactly when the bare
     # schedule (steps priced the same, dependencies without transfers) ends.
     plan = ParallelPlan(pp=4, vpp=vpp, global_batch_size=8, schedule=schedule)
-    run = simulate_training(TINY, plan, H100, _free_cluster())
+    run = simulate_training(Job(TINY, plan, H100, _free_cluster()))
     seg = StepSegments(TINY, plan, paced(H100, plan.world_size))  # (the job's pace, as the simulator prices it)
     sched = build_schedule(schedule, 4, 8, vpp)
     bare = simulate(to_program(sched, lambda st: sum(s.duration_s for s in seg._cache(st.stage, st.kind))),
@@ -53,14 +54,14 @@ def test_ddp_overlap_hides_more_with_more_buckets_and_all_on_a_free_network():
 
     def exposed(bucket):
         plan = ParallelPlan(dp=16, micro_batch_size=4, global_batch_size=64, bucket_size_bytes=bucket)
-        return rank_breakdown(simulate_training(model, plan, H100, topo).trace, 0)["exposed_comm_s"]["dp"]
+        return rank_breakdown(simulate_training(Job(model, plan, H100, topo)).trace, 0)["exposed_comm_s"]["dp"]
 
     one, two, per_layer = exposed(total + 1), exposed(total // 2 + 1), exposed(2**20)
     assert one > two > per_layer > 0
     for k in (3, 4, 5, 8):
         assert exposed(total // k + 1) < one
-    free = simulate_training(model, ParallelPlan(dp=16, micro_batch_size=4, global_batch_size=64), H100,
-                             _free_cluster(2))
+    free = simulate_training(Job(model, ParallelPlan(dp=16, micro_batch_size=4, global_batch_size=64), H100,
+                                 _free_cluster(2)))
     # on a free network only the last bucket's NCCL base latency is left: the tuner's
     # cheapest, ring under LL, 6.6 us (baseLatencies in NVIDIA/nccl src/graph/tuning.cc)
     assert rank_breakdown(free.trace, 0)["exposed_comm_s"]["dp"] == pytest.approx(6.6e-6, rel=1e-9)
@@ -68,8 +69,8 @@ def test_ddp_overlap_hides_more_with_more_buckets_and_all_on_a_free_network():
 
 def test_no_overlap_exposes_the_whole_sync():
     topo = load_topology("dgx-h100", nodes=2)
-    on = simulate_training(TINY, ParallelPlan(dp=16, global_batch_size=16), H100, topo)
-    off = simulate_training(TINY, ParallelPlan(dp=16, global_batch_size=16, dp_overlap=False), H100, topo)
+    on = simulate_training(Job(TINY, ParallelPlan(dp=16, global_batch_size=16), H100, topo))
+    off = simulate_training(Job(TINY, ParallelPlan(dp=16, global_batch_size=16, dp_overlap=False), H100, topo))
     assert off.trace.end_s > on.trace.end_s
     dp_off = [s for s in off.trace.spans_of(0) if s.category == "dp"]
     last_b = max(s.end_s for s in off.trace.spans_of(0) if s.category == "B")
@@ -81,7 +82,7 @@ def test_gradient_accumulation_syncs_once_per_step():
     counts = {}
     for m in (1, 4):
         plan = ParallelPlan(dp=16, global_batch_size=16 * m)
-        run = simulate_training(TINY, plan, H100, topo)
+        run = simulate_training(Job(TINY, plan, H100, topo))
         counts[m] = (len([s for s in run.trace.spans_of(0) if s.category == "dp"]),
                      sum(s.nbytes for s in run.trace.spans_of(0) if s.category == "dp"))
         assert len([s for s in run.trace.spans_of(0) if s.category == "B"]) > 0
@@ -96,9 +97,11 @@ def test_tp_across_a_node_boundary_is_markedly_slower_and_the_trace_shows_infini
     topo = load_topology("dgx-h100", nodes=2)
     # coalesce_tp=False keeps every tensor-parallel transfer in the trace; rings both
     # (NCCL_ALGO=ring), so that only where the ring runs differs
-    ring = dict(coalesce_tp=False, nccl_algo="ring", nccl_protocol="simple")
-    t8 = simulate_training(model, ParallelPlan(tp=8, dp=2, global_batch_size=4), H100, topo, **ring)
-    t16 = simulate_training(model, ParallelPlan(tp=16, dp=1, global_batch_size=4), H100, topo, **ring)
+    ring = SimulationSettings(fidelity="full", nccl_algo="ring", nccl_protocol="simple")
+    t8 = simulate_training(Job(model, ParallelPlan(tp=8, dp=2, global_batch_size=4), H100, topo), ring,
+                           coalesce_tp=False)
+    t16 = simulate_training(Job(model, ParallelPlan(tp=16, dp=1, global_batch_size=4), H100, topo), ring,
+                            coalesce_tp=False)
     assert t16.trace.end_s > 1.3 * t8.trace.end_s
     exp8 = rank_breakdown(t8.trace, 0)["exposed_comm_s"]["tp"]
     exp16 = rank_breakdown(t16.trace, 0)["exposed_comm_s"]["tp"]
@@ -112,7 +115,7 @@ def test_tp_across_a_node_boundary_is_markedly_slower_and_the_trace_shows_infini
 
 def test_metrics_are_consistent():
     plan = ParallelPlan(dp=2, tp=2, pp=2, global_batch_size=8)
-    run = simulate_training(TINY, plan, H100, load_topology("dgx-h100"))
+    run = simulate_training(Job(TINY, plan, H100, load_topology("dgx-h100")))
     flops = 1e15
     met = iteration_metrics(run.trace, tokens=8 * 512, model_flops=flops, hardware_flops=flops, gpus=8,
                             peak_flops=H100.peak())
@@ -232,8 +235,8 @@ def test_coalescing_isolated_tp_collectives_keeps_the_iteration_time(plan):
     # (without the compute slowdown under overlapped NCCL kernels, which the closed form
     # shifts a little: see tests/test_properties.py)
     prof = replace(H100, overlap_compute_slowdown=0.0)
-    on = simulate_training(model, plan, prof, topo)
-    off = simulate_training(model, plan, prof, topo, coalesce_tp=False)
+    on = simulate_training(Job(model, plan, prof, topo))
+    off = simulate_training(Job(model, plan, prof, topo), coalesce_tp=False)
     assert any(a.kind == "comm" for acts in on.program.actions.values() for a in acts)  # it did coalesce
     assert len(on.program) < len(off.program)
     assert on.trace.end_s == pytest.approx(off.trace.end_s, rel=1e-3)

@@ -248,14 +248,16 @@ def test_unfused_accumulation_lengthens_the_step_by_its_passes(fidelity):
     from sim.program.costs import op_time
     from sim.program.estimate import estimate
     from sim.program.workload import chunk_work
-    from sim.session import simulate_training
+    from sim.inputs.schema import SimulationSettings
+    from sim.session import Job, simulate_training
 
     model, prof, topo = gpt("g", 2, 512, 8, 1024, 256), load_profile("a100-80gb"), load_topology("dgx-a100")
     plans = [ParallelPlan(micro_batch_size=1, global_batch_size=4, gradient_accumulation_fusion=f) for f in (True, False)]
     passes = sum(op_time(o, prof) for w in chunk_work(model, plans[1], 0) for o in w.ops()
                  if o.name.endswith(".accumulate"))
     assert passes > 0
-    sims = [simulate_training(model, p, prof, topo, fidelity=fidelity).trace.end_s for p in plans]
+    sims = [simulate_training(Job(model, p, prof, topo),
+                              SimulationSettings(fidelity=fidelity)).trace.end_s for p in plans]
     assert sims[1] - sims[0] == pytest.approx(4 * passes, rel=1e-9)
     est = [estimate(model, p, prof).time["compute"] for p in plans]
     assert est[1] - est[0] == pytest.approx(4 * passes, rel=1e-9)

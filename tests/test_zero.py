@@ -10,9 +10,11 @@ from sim.inputs.model import gpt, preset
 from sim.inputs.plan import ParallelPlan
 from sim.inputs.topology_build import NodeSpec, build_cluster, load_topology
 from sim.program.training import build_program
-from sim.session import simulate_training
+from sim.inputs.schema import SimulationSettings
+from sim.session import Job, simulate_training
 
 H100 = load_profile("h100-sxm")
+RING = SimulationSettings(fidelity="full", nccl_algo="ring", nccl_protocol="simple")
 A100 = load_profile("a100-80gb")
 # Small vocabulary: the embedding is smaller than a layer, so layers dominate gathers.
 SMALL = gpt("small", 8, 1024, 16, 1024, 512)
@@ -46,17 +48,17 @@ def _dp_bytes(run):
 def test_zero3_moves_one_and_a_half_times_the_bytes_of_zero2_counted_from_the_trace():
     topo = load_topology("dgx-h100")
     # the ZeRO paper's volumes are a Simple ring's (NVLS and LL move other wire bytes)
-    runs = {z: simulate_training(SMALL, ParallelPlan(dp=8, global_batch_size=8, zero_stage=z), H100, topo,
-                                 nccl_algo="ring", nccl_protocol="simple") for z in (2, 3)}
+    runs = {z: simulate_training(Job(SMALL, ParallelPlan(dp=8, global_batch_size=8, zero_stage=z), H100, topo), RING)
+            for z in (2, 3)}
     assert _dp_bytes(runs[3]) == pytest.approx(1.5 * _dp_bytes(runs[2]), rel=1e-9)
     # and ZeRO-0's all-reduce moves what ZeRO-2's reduce-scatter + all-gather move
-    z0 = simulate_training(SMALL, ParallelPlan(dp=8, global_batch_size=8), H100, topo, nccl_algo="ring", nccl_protocol="simple")
+    z0 = simulate_training(Job(SMALL, ParallelPlan(dp=8, global_batch_size=8), H100, topo), RING)
     assert _dp_bytes(z0) == pytest.approx(_dp_bytes(runs[2]), rel=1e-9)
 
 
 def _zero3(depth, topo, model=SMALL, profile=H100):
     plan = ParallelPlan(dp=8, micro_batch_size=4, global_batch_size=32, zero_stage=3, zero3_prefetch_depth=depth)
-    return simulate_training(model, plan, profile, topo)
+    return simulate_training(Job(model, plan, profile, topo))
 
 
 def _exposed_zero(run):
@@ -111,7 +113,7 @@ def test_gpipe_activations_grow_with_m_and_1f1b_stays_at_p():
     for m in (4, 8, 16):
         acts = {}
         for sched in ("gpipe", "1f1b"):
-            run = simulate_training(SMALL, ParallelPlan(pp=4, global_batch_size=m, schedule=sched), H100, topo)
+            run = simulate_training(Job(SMALL, ParallelPlan(pp=4, global_batch_size=m, schedule=sched), H100, topo))
             _, series = timeline(run.trace, 1)
             acts[sched] = max(series["activations"])
         assert acts["gpipe"] == pytest.approx(m * per_mb, rel=1e-9)
@@ -126,7 +128,7 @@ def test_recompute_shrinks_stored_activations_per_korthikanti():
     topo = load_topology("dgx-h100")
     level = {}
     for rc in ("none", "selective", "full"):
-        run = simulate_training(model, ParallelPlan(tp=t, pp=4, global_batch_size=4, recompute=rc), H100, topo)
+        run = simulate_training(Job(model, ParallelPlan(tp=t, pp=4, global_batch_size=4, recompute=rc), H100, topo))
         rank = run.plan.rank(dp=0, pp=1, tp=0)
         # the level right after stage 1's first forward: one micro-batch's 2 layers
         f0 = next(sp for sp in run.trace.spans_of(rank) if sp.name == "1F0")
@@ -143,7 +145,7 @@ def test_recompute_shrinks_stored_activations_per_korthikanti():
 def test_memory_returns_to_the_resident_baseline_and_never_goes_negative(zero, sched):
     topo = load_topology("dgx-h100")
     plan = ParallelPlan(dp=2, pp=2, tp=2, global_batch_size=8, zero_stage=zero, schedule=sched)
-    run = simulate_training(SMALL, plan, H100, topo)
+    run = simulate_training(Job(SMALL, plan, H100, topo))
     for r in run.program.ranks:
         end = final(run.trace, r)
         assert _resident(run.program, r) == {k: v for k, v in end.items() if v}
@@ -153,14 +155,15 @@ def test_memory_returns_to_the_resident_baseline_and_never_goes_negative(zero, s
 def test_175b_plain_dp_does_not_fit_and_3d_with_zero1_fits():
     model = preset("gpt3-175b")
     # Plain data parallelism on 8 GPUs (one bucket: the timing is not the point here).
-    dp = simulate_training(model, ParallelPlan(dp=8, global_batch_size=8, bucket_size_bytes=2**42), A100,
-                           load_topology("dgx-a100"))
+    dp = simulate_training(Job(model, ParallelPlan(dp=8, global_batch_size=8, bucket_size_bytes=2**42), A100,
+                               load_topology("dgx-a100")))
     pk = highest_peak(dp.trace)
     assert pk.total_bytes > A100.hbm_capacity_bytes
     assert pk.breakdown["optimizer"] == pytest.approx(12 * model.num_params)
     # DP64 x TP8 x PP4 with ZeRO-1 on 2048 A100s (one replica simulated; the others shadow it)
     plan = ParallelPlan(dp=64, tp=8, pp=4, global_batch_size=64, zero_stage=1, bucket_size_bytes=4 * 10**9)
-    run = simulate_training(model, plan, A100, load_topology("dgx-a100", nodes=256), fidelity="reduced")
+    run = simulate_training(Job(model, plan, A100, load_topology("dgx-a100", nodes=256)),
+                            SimulationSettings(fidelity="reduced"))
     assert highest_peak(run.trace).total_bytes < A100.hbm_capacity_bytes
 
 
@@ -183,8 +186,8 @@ def test_full_and_reduced_fidelity_agree():
     for plan in (ParallelPlan(dp=32, global_batch_size=32),
                  ParallelPlan(dp=4, tp=2, pp=4, global_batch_size=16),
                  ParallelPlan(dp=32, global_batch_size=32, zero_stage=3)):
-        full = simulate_training(SMALL, plan, H100, topo, fidelity="full")
-        red = simulate_training(SMALL, plan, H100, topo, fidelity="reduced")
+        full = simulate_training(Job(SMALL, plan, H100, topo), SimulationSettings(fidelity="full"))
+        red = simulate_training(Job(SMALL, plan, H100, topo), SimulationSettings(fidelity="reduced"))
         assert red.trace.end_s == pytest.approx(full.trace.end_s, rel=0.01)
         assert highest_peak(red.trace).total_bytes == highest_peak(full.trace).total_bytes
         assert len(red.program.actions) == plan.pp  # one GPU per pipeline stage
@@ -193,8 +196,8 @@ def test_full_and_reduced_fidelity_agree():
 def test_optimizer_offload_moves_states_to_the_host_over_pcie():
     topo = load_topology("dgx-h100", nodes=1)
     base = dict(dp=8, global_batch_size=8, zero_stage=2)
-    on = simulate_training(SMALL, ParallelPlan(**base, offload_optimizer=True), H100, topo)
-    off = simulate_training(SMALL, ParallelPlan(**base), H100, topo)
+    on = simulate_training(Job(SMALL, ParallelPlan(**base, offload_optimizer=True), H100, topo))
+    off = simulate_training(Job(SMALL, ParallelPlan(**base), H100, topo))
     assert "optimizer" not in _resident(on.program, 0) or _resident(on.program, 0)["optimizer"] == 0
     assert _resident(off.program, 0)["optimizer"] == pytest.approx(12 * SMALL.num_params / 8)
     copies = [t for t in on.trace.transfers if t.label.startswith("offload")]
@@ -251,7 +254,7 @@ def test_zero_parameter_allgathers_and_offload_copies_are_reported_by_kind():
 
     topo = load_topology("dgx-h100")
     for z in (1, 2):
-        run = simulate_training(SMALL, ParallelPlan(dp=8, global_batch_size=8, zero_stage=z), H100, topo)
+        run = simulate_training(Job(SMALL, ParallelPlan(dp=8, global_batch_size=8, zero_stage=z), H100, topo))
         spans = run.trace.spans_of(0)
         gathers = [s for s in spans if s.name.startswith("param allgather")]
         assert gathers and all(s.category == "zero" for s in gathers)
@@ -262,8 +265,8 @@ def test_zero_parameter_allgathers_and_offload_copies_are_reported_by_kind():
         exposed = rank_breakdown(run.trace, 0)["exposed_comm_s"]
         assert exposed["zero"] == pytest.approx(sum(s.end_s - s.busy_start_s for s in gathers), rel=1e-9)
         assert "offload" not in exposed
-    off = simulate_training(SMALL, ParallelPlan(dp=8, global_batch_size=8, zero_stage=2, offload_optimizer=True),
-                            H100, topo)
+    off = simulate_training(Job(SMALL, ParallelPlan(dp=8, global_batch_size=8, zero_stage=2, offload_optimizer=True),
+                                H100, topo))
     copies = [s for s in off.trace.spans_of(0) if s.category == "offload"]
     assert len(copies) == 2
     exposed = rank_breakdown(off.trace, 0)["exposed_comm_s"]
@@ -281,7 +284,7 @@ def test_zero3_max_live_parameters_caps_the_gathered_layers():
     for live_layers, depth, held in ((2, 4, 2), (3, 4, 3), (10, 2, 3)):
         plan = ParallelPlan(dp=8, micro_batch_size=4, global_batch_size=32, zero_stage=3, zero3_prefetch_depth=depth,
                             zero3_max_live_parameters=live_layers * per_layer)
-        _, series = timeline(simulate_training(SMALL, plan, H100, topo).trace, 0)
+        _, series = timeline(simulate_training(Job(SMALL, plan, H100, topo)).trace, 0)
         assert max(series["gathered"]) == pytest.approx(held * 2 * per_layer, rel=1e-9)
 
 
@@ -292,7 +295,7 @@ def test_zero_bucket_size_sets_the_reduce_scatters_per_micro_batch():
     m = 2
     for bucket, per_mb in ((2**40, 1), (1, SMALL.num_layers + 2)):
         plan = ParallelPlan(dp=8, global_batch_size=8 * m, zero_stage=2, zero_bucket_size_bytes=bucket)
-        run = simulate_training(SMALL, plan, H100, topo)
+        run = simulate_training(Job(SMALL, plan, H100, topo))
         rs = [s for s in run.trace.spans_of(0) if s.name.startswith("grad bucket")]
         assert len(rs) == m * per_mb
         assert sum(s.nbytes for s in rs) == pytest.approx(m * 2 * SMALL.num_params, rel=1e-12)
@@ -317,7 +320,7 @@ def test_first_stage_activation_peak_follows_each_schedules_rule(schedule, vpp):
     expected = {"1f1b": p, "zb-h1": p, "zb-h2": 2 * p - 1, "interleaved": p * v * (1 + (p - 1) / (p * v))}[schedule]
     model = gpt("nodrop", 8, 1024, 16, 1024, 512, dropout=False)
     plan = ParallelPlan(pp=p, vpp=v, global_batch_size=m, schedule=schedule)
-    run = simulate_training(model, plan, H100, load_topology("dgx-h100"))
+    run = simulate_training(Job(model, plan, H100, load_topology("dgx-h100")))
     _, series = timeline(run.trace, plan.rank(pp=0))
     per_chunk_mb = model.num_layers // (p * v) * activation_bytes_per_layer(model, 1)
     assert max(series["activations"]) == pytest.approx(expected * per_chunk_mb, rel=1e-12)

@@ -9,7 +9,7 @@ from sim.inputs.hardware import load_profile
 from sim.inputs.model import gpt
 from sim.inputs.plan import ParallelPlan
 from sim.inputs.topology_build import load_topology
-from sim.session import simulate_training
+from sim.session import Job, simulate_training
 
 H100 = load_profile("h100-sxm")
 SMALL = gpt("small", 8, 1024, 16, 1024, 512)
@@ -18,7 +18,7 @@ SMALL = gpt("small", 8, 1024, 16, 1024, 512)
 def _run(overlap, z=1, **kw):
     plan = ParallelPlan(dp=8, micro_batch_size=2, global_batch_size=64, zero_stage=z, param_gather_overlap=overlap,
                         **kw)
-    return simulate_training(SMALL, plan, H100, load_topology("dgx-h100"))
+    return simulate_training(Job(SMALL, plan, H100, load_topology("dgx-h100")))
 
 
 @pytest.mark.parametrize("z", [1, 2])
@@ -53,7 +53,7 @@ def test_only_the_first_bucket_is_exposed_when_the_forward_outlasts_the_gathers(
     from sim.results.metrics import rank_breakdown
 
     plan = ParallelPlan(dp=8, micro_batch_size=8, global_batch_size=64, zero_stage=1, param_gather_overlap=True)
-    run = simulate_training(SMALL, plan, H100, load_topology("dgx-h100"))
+    run = simulate_training(Job(SMALL, plan, H100, load_topology("dgx-h100")))
     gathers = sorted((s for s in run.trace.spans_of(0) if s.name.startswith("param allgather")),
                      key=lambda s: s.start_s)
     exposed = rank_breakdown(run.trace, 0)["exposed_comm_s"]["zero"]

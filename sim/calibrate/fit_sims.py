@@ -232,7 +232,8 @@ class Simulations:
 
     def time_s(self, row: int, values) -> float:
         """Row ``row`` simulated at exactly ``values`` (cached; no ``seen``)."""
-        from sim.session import simulate_training
+        from sim.inputs.schema import SimulationSettings
+        from sim.session import Job, simulate_training
 
         key = (row, tuple(float(v) for v in values))
         if key not in self.cache and self.store is not None and (t := self.store.get(*key)) is not None:
@@ -241,9 +242,10 @@ class Simulations:
         if key not in self.cache:
             p = self.prepared[row]
             start = time.monotonic()
-            run = simulate_training(p.model, p.plan, with_values(self.profile, self.params, key[1]), p.topology,
-                                    p.schedule, fidelity=FIDELITY, max_events=p.settings.simulation.event_limit,
-                                    collective_model=COLLECTIVE_MODEL)
+            run = simulate_training(
+                Job(p.model, p.plan, with_values(self.profile, self.params, key[1]), p.topology, p.schedule),
+                SimulationSettings(fidelity=FIDELITY, collective_model=COLLECTIVE_MODEL,
+                                   max_events=p.settings.simulation.max_events))
             self._keep(key, float(run.trace.end_s))
             self.count += 1
             self.seconds += time.monotonic() - start

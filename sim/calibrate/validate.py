@@ -204,7 +204,7 @@ def run_validation(configs, *, procs: int, profile: HardwareProfile, model: Mode
     ``out/traces/CONFIG/`` and a PNG ``out/CONFIG.png`` (measured above simulated)."""
     from sim.calibrate.kineto import trace_from_kineto
     from sim.calibrate.reference import run_reference
-    from sim.session import simulate_training
+    from sim.session import Job, simulate_training
 
     element_bytes = int(profile.provenance.get("element_bytes", 4 if profile.provenance.get("backend") == "gloo" else 2))
     link = link or _profile_link(profile)
@@ -223,7 +223,7 @@ def run_validation(configs, *, procs: int, profile: HardwareProfile, model: Mode
         alone = profile.provenance.get("kernel_launch_alone_s", profile.kernel_launch_s)
         predicted = 2.0 * m_ * n_ * k_ / (profile.peak() * profile.gemm_efficiency(m_, n_, k_)) + alone
         probe_s = [t for r in results for t in r.get("probe_s", [])]
-        run = simulate_training(model, plan, sprof, topo)
+        run = simulate_training(Job(model, plan, sprof, topo))
         meas, sim = measured_breakdown(results, plan), simulated_breakdown(run)
         rows += rows_for(config, meas, sim)
         details[config] = {"plan": {"dp": plan.dp, "pp": plan.pp, "schedule": plan.schedule,

@@ -38,14 +38,14 @@ def _training(out: Path) -> list[dict]:
     from sim.inputs.hardware import load_profile
     from sim.inputs.model import preset
     from sim.inputs.plan import ParallelPlan
-    from sim.session import simulate_training
+    from sim.session import Job, simulate_training
 
     model, profile = preset("llama2-7b"), load_profile("h100-sxm")
     topo = load_topology("dgx-h100", nodes=2)
     rows = []
     for schedule, vpp in (("gpipe", 1), ("1f1b", 1), ("interleaved", 2), ("zb-h1", 1), ("zb-h2", 1)):
         plan = ParallelPlan(dp=2, tp=2, pp=4, vpp=vpp, global_batch_size=32, schedule=schedule)
-        run_ = simulate_training(model, plan, profile, topo)
+        run_ = simulate_training(Job(model, plan, profile, topo))
         s = summarize(run_)
         write_outputs(run_, s, out / f"train-{schedule}")
         rows.append(s)

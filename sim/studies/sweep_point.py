@@ -75,11 +75,13 @@ def evaluate(ctx: Context, plan: ParallelPlan) -> dict:
     """Simulate one point, at the fidelity ``trainsim run`` would choose (``auto``), and
     return its record (never raises for a bad plan)."""
     from sim.session import summarize
-    from sim.session import simulate_training
+    from sim.inputs.schema import SimulationSettings
+    from sim.session import Job, simulate_training
 
     rec = {"key": plan_key(plan), "plan": asdict(plan), "status": "ok", "error": None, "summary": None}
     try:
-        rec["summary"] = summarize(simulate_training(ctx.model, plan, ctx.profile, ctx.topology(), fidelity="auto"))
+        job = Job(ctx.model, plan, ctx.profile, ctx.topology())
+        rec["summary"] = summarize(simulate_training(job, SimulationSettings(fidelity="auto")))
     except Exception as exc:  # recorded, and the sweep goes on
         rec["status"] = "error"
         rec["error"] = one_line(exc)
