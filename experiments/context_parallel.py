@@ -20,7 +20,7 @@ the layer's activations, b·s·h elements, four times per layer in forward and a
 backward, on the critical path. Context parallelism leaves every GEMM whole and moves only
 keys and values: ring attention passes each rank's chunk, 2·(s/cp)·kv_width/tp bytes, around
 the cp ring, cp − 1 times in forward and, with its gradients, again in backward (then the
-gradients home), each step beside the attention step it feeds (``sim.program.context``).
+gradients home), each step beside the attention step it feeds (``sim.program.context_parallel``).
 Both divide the activations (Korthikanti et al.'s s·b·h terms, sequence-parallel) by their
 size; only tensor parallelism divides the weights and gradients.
 

@@ -20,7 +20,7 @@ from pathlib import Path
 from sim.program.actions import Program
 from sim.program.fp8 import check_fp8_support
 from sim.program.schedules import Schedule
-from sim.program.mixed import auto_layer_split, build_mixed
+from sim.program.stage_balance import auto_layer_split, build_mixed
 from sim.program.build import BuildContext
 from sim.program.training import build
 from sim.engine.core import gc_paused, simulate
@@ -32,10 +32,10 @@ from sim.inputs.model import ModelSpec
 from sim.inputs.plan import ParallelPlan
 from sim.inputs.resolve import model_from_settings, plan_from_settings, topology_from_settings
 from sim.inputs.schema import AUTO_FULL_FIDELITY_EVENTS, RunSettings, SimulationSettings
-from sim.inputs.mixed import MixedGpus, mixed_gpus
+from sim.inputs.mixed_gpus import MixedGpus, mixed_gpus
 from sim.inputs.stragglers import Stragglers, degrade, per_gpu_fidelity, resolve_stragglers
 from sim.inputs.topology import Topology
-from sim.results.mixed import mixed_report
+from sim.results.mixed_report import mixed_report
 from sim.results.stragglers import plotted_stragglers, straggler_report
 from sim.results.moe_report import moe_report
 from sim.results.summary import summarize
@@ -80,7 +80,7 @@ class Job:
     stragglers: Stragglers | None = None
     """Slow GPUs and degraded links (``sim.inputs.stragglers``), if any."""
     mixed: MixedGpus | None = None
-    """GPU types per rank on a mixed cluster (``sim.inputs.mixed``; ``profile`` is rank 0's)."""
+    """GPU types per rank on a mixed cluster (``sim.inputs.mixed_gpus``; ``profile`` is rank 0's)."""
 
 
 @dataclass(frozen=True)
@@ -154,7 +154,7 @@ def simulate_training(job: Job, settings: SimulationSettings | None = None, *,
     refused up front (``sim.program.limits``). The job's ``stragglers`` (slow GPUs and
     degraded links, ``sim.inputs.stragglers``) need every GPU simulated, and so does a
     mixed cluster (``mixed``: each rank's GPU type, each priced on its own profile,
-    ``sim.program.mixed``). ``coalesce_tp``: price chains of isolated tensor-parallel
+    ``sim.program.stage_balance``). ``coalesce_tp``: price chains of isolated tensor-parallel
     collectives in closed form (``sim.program.coalesce``)."""
     if settings is None:
         settings = SimulationSettings(fidelity="full")

@@ -13,7 +13,7 @@ from sim.inputs.layer_split import parse_layout
 from sim.inputs.model import gpt, preset
 from sim.inputs.plan import ParallelPlan
 from sim.program.memory.states import stage_params_per_rank
-from sim.program.mixed import auto_layer_split, balanced_split, layer_costs, stage_profiles, stage_time_s
+from sim.program.stage_balance import auto_layer_split, balanced_split, layer_costs, stage_profiles, stage_time_s
 from sim.program.ops import OP_KINDS
 from sim.program.workload import chunk_work, head_work, layer_work
 

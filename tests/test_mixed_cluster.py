@@ -10,11 +10,11 @@ import pytest
 from sim.cli import main
 from sim.errors import InputError
 from sim.inputs.hardware import load_profile
-from sim.inputs.mixed import mixed_gpus
+from sim.inputs.mixed_gpus import mixed_gpus
 from sim.inputs.model import gpt
 from sim.inputs.plan import ParallelPlan
 from sim.inputs.topology_build import load_topology
-from sim.program.mixed import balanced_split, stage_costs, stage_time_s
+from sim.program.stage_balance import balanced_split, stage_costs, stage_time_s
 from sim.results.stragglers import waits
 from sim.inputs.schema import SimulationSettings
 from sim.session import Job, simulate_training

@@ -6,7 +6,7 @@ One row per run. The columns are the settings of ``trainsim run`` by their field
 
     measured_iteration_time_s   the measured time of one whole iteration (required)
     activation                  gelu | swiglu | squared-relu (the MLP)
-    context_parallel_size       context parallelism (``sim.program.context``; ring attention)
+    context_parallel_size       context parallelism (``sim.program.context_parallel``; ring attention)
     gpu                         the profile the run was measured on; other GPUs are left out
     precision                   bf16 or fp8; rows of any other precision are skipped
     needs                       a capability the run needs: fp8 and context_parallel are

@@ -21,7 +21,7 @@ from sim.inputs.flags import add_arguments as add_schema_arguments
 from sim.inputs.schema import RunSettings
 from sim.progress import Progress
 from sim.results.moe_report import moe_lines
-from sim.results.mixed import mixed_lines
+from sim.results.mixed_report import mixed_lines
 from sim.results.stragglers import straggler_lines
 from sim.units import format_bytes, format_microbatches, format_time
 

@@ -43,7 +43,7 @@ def analytic_inputs(args):
     plan = plan_from_settings(settings.plan, settings.cluster.total_gpus(), model)
     profile = load_profile(settings.cluster.gpu, flag="--gpu")
     if plan.layer_split == "auto":  # (balanced on the one GPU type, as ``sim.session.prepare`` does)
-        from sim.program.mixed import auto_layer_split
+        from sim.program.stage_balance import auto_layer_split
 
         plan = auto_layer_split(model, plan, profile)
     return settings, model, plan, profile

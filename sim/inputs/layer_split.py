@@ -10,7 +10,7 @@ virtual stage in the order the model runs through them (pp·vpp entries: chunk 0
 chunks as evenly as possible, the earlier chunks taking one layer more when it does not
 divide (numpy's ``array_split`` rule): 7 layers over 2 chunks are 4 and 3. Every chunk needs
 a layer, so a rank's entry is at least vpp. ``--layer-split auto`` is the split that
-balances the stages' estimated times (``sim.program.mixed``); until it is worked out, the
+balances the stages' estimated times (``sim.program.stage_balance``); until it is worked out, the
 layers spread over the virtual stages as evenly as possible.
 
 **A layout** (Megatron-LM's ``--pipeline-model-parallel-layout``, its
@@ -176,7 +176,7 @@ def split_layers(num_layers: int, pp: int, vpp: int = 1, first: int | None = Non
 
 def parse_layer_split(value) -> tuple[int, ...] | str | None:
     """``--layer-split``: "10,10,12" as a tuple; "auto" as it is (``sim.session`` balances the
-    stages once it knows their GPUs: ``sim.program.mixed``)."""
+    stages once it knows their GPUs: ``sim.program.stage_balance``)."""
     if value is None or value == "auto":
         return value
     parts = [p.strip() for p in str(value).split(",")]

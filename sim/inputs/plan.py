@@ -44,7 +44,7 @@ from dataclasses import dataclass
 from functools import partial
 
 from sim.inputs import placement as _pl
-from sim.inputs.context import check_context_model, check_context_plan
+from sim.inputs.context_parallel import check_context_model, check_context_plan
 from sim.inputs.experts import check_expert_model, check_expert_plan
 from sim.inputs.fields import setting
 from sim.inputs.layer_split import FIRST, LAST, check_layer_split, check_layout, parse_layer_split, parse_layout, \
@@ -183,7 +183,7 @@ class ParallelPlan:
         1, name="context_parallel_size", type=POSITIVE_INT,
         help="context-parallel size: GPUs each sequence is split over (ring attention or an all-gather of keys "
              "and values; inside the data-parallel dimension, cp innermost; default 1)")
-    """Context-parallel size (``sim.program.context``). They sit inside the data-parallel
+    """Context-parallel size (``sim.program.context_parallel``). They sit inside the data-parallel
     dimension, cp innermost, and reduce gradients with it: ``dp_group`` has dp·cp ranks."""
     cp_comm_type: str = setting("p2p", choices=("p2p", "all-gather"),
                                 help="how context-parallel attention gets the other chunks' keys and values: p2p "

@@ -8,7 +8,7 @@ kind come first (ranks 0 up), then the next kind's, and so on:
     node = ["dgx-a100", "dgx-h100"]
     nodes = [2, 2]
 
-Every GPU carries its node's ``gpu_profile`` (``sim.inputs.mixed`` reads it); each NIC
+Every GPU carries its node's ``gpu_profile`` (``sim.inputs.mixed_gpus`` reads it); each NIC
 joins the fabric at its own node's NIC bandwidth, and a leaf's uplinks carry the sum of
 its downlinks over the oversubscription (``sim.inputs.topology_nodes.add_fabric``). All
 nodes must reach the fabric over the same kind of link (InfiniBand or Ethernet).

@@ -13,7 +13,7 @@ the previous one's (ring attention's exchange of key/value chunks)."""
 GROUPS = ("tp", "ep", "etp", "cp")
 """Which of the rank's groups a ``Comm`` runs over: tensor-parallel, expert-parallel
 (token dispatch and combine), expert tensor-parallel (``sim.inputs.experts``) or
-context-parallel (``sim.program.context``)."""
+context-parallel (``sim.program.context_parallel``)."""
 
 
 @dataclass(frozen=True)

@@ -46,7 +46,7 @@ from sim.program.fp8 import fp8_layer_work
 from sim.program.loss import loss_backward, loss_forward
 from sim.program.ops import (COLLECTIVES, MAIN_GRAD_BYTES, OP_KINDS, PHASES, Builder, Comm, Op,  # noqa: F401
                              Work, accumulate_wgrads)
-from sim.program.context import cp_attention_backward, cp_attention_forward
+from sim.program.context_parallel import cp_attention_backward, cp_attention_forward
 from sim.program.workload_moe import (MoeShape, attention_widths, moe_backward, moe_forward, moe_wgrads, qkv_dgrad,
                                       qkv_forward, qkv_wgrads)
 
@@ -71,7 +71,7 @@ def _attention_forward(w: Builder, m: ModelSpec, b: int, t: int, attention: str,
     """The attention core's forward: one flash kernel, or Megatron-LM's unfused core
     attention (QKᵀ as a batched GEMM per head, the fused scale-mask-softmax and the
     dropout over the b·(a/t)·s² scores in memory, then AV); the same FLOPs either way.
-    Under context parallelism (``cp`` > 1) ``sim.program.context``'s."""
+    Under context parallelism (``cp`` > 1) ``sim.program.context_parallel``'s."""
     if cp > 1:
         cp_attention_forward(w, m, b, t, cp, cp_comm)
         return
@@ -160,7 +160,7 @@ def layer_work(model: ModelSpec, micro_batch: int, tp: int = 1, sequence_paralle
     """One transformer layer's F, B and W for one micro-batch on one tensor-parallel rank
     (``attention``: "flash" or "unfused", ``ParallelPlan.attention``; ``moe``: how its
     mixture of experts runs, None for a dense layer; ``cp``: context-parallel size, the
-    rank's s/cp tokens, and ``cp_comm`` how attention gets the rest, ``sim.program.context``)."""
+    rank's s/cp tokens, and ``cp_comm`` how attention gets the rest, ``sim.program.context_parallel``)."""
     _check(model, micro_batch, tp, recompute)
     require(attention in ATTENTION, "attention", attention, f"allowed: {', '.join(ATTENTION)}")
     m, b, t, e = local_sequence(model, cp), micro_batch, tp, dtype_bytes

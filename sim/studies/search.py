@@ -10,7 +10,7 @@ chunk per stage; interleaved for several), ZeRO stages 0–3 (0 only when dp = 1
 recompute none/selective/full and sequence parallelism (only when tp > 1, where it
 means something), expert parallelism for a mixture of experts (every divisor of the
 experts that folds into the stage's GPUs; ``sim.inputs.experts``) and context parallelism
-from ``LONG_SEQUENCE`` tokens on (cp 1, 2, 4, 8; ``sim.program.context``). Uneven layer splits, placements and DDP bucket sizes keep their
+from ``LONG_SEQUENCE`` tokens on (cp 1, 2, 4, 8; ``sim.program.context_parallel``). Uneven layer splits, placements and DDP bucket sizes keep their
 defaults; ``trainsim sweep`` varies those. ``SearchSpace`` narrows any dimension. FP8
 (``fp8_format``) is searched only when asked (``SearchSpace.fp8_format``, ``trainsim search
 --fp8-format off,hybrid``): it changes the training's numerics, which is the user's choice,

@@ -5,7 +5,7 @@ A topology may hold GPUs of several types: a cluster file of several node kinds
 ``gpu_profile``. Each GPU's profile is its device's ``gpu_profile`` (a preset name or a
 profile .json), or the run's ``--gpu`` where the device names none. When the plan's GPUs
 are of more than one type, ``MixedGpus`` says which runs where; every GPU's compute is
-then priced on its own profile (``sim.program.mixed``), every GPU is simulated, and
+then priced on its own profile (``sim.program.stage_balance``), every GPU is simulated, and
 groups that span types (a data-parallel group across A100 and H100 nodes) wait for their
 slowest member as any group waits for its last.
 """

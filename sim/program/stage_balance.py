@@ -210,7 +210,7 @@ def build_mixed(build, profiles: dict[str, HardwareProfile], of_rank) -> tuple:
 
 def auto_layer_split(model: ModelSpec, plan: ParallelPlan, profile: HardwareProfile, mixed=None) -> ParallelPlan:
     """``plan`` with ``--layer-split auto``: the ``balanced_split`` of its stages on their GPU
-    types (``mixed``, a ``sim.inputs.mixed.MixedGpus``; None: every stage on ``profile``)."""
+    types (``mixed``, a ``sim.inputs.mixed_gpus.MixedGpus``; None: every stage on ``profile``)."""
     split = balanced_split(model, plan, stage_profiles(plan, profile, mixed))
     out = dataclasses.replace(plan, layer_split=split)
     out.check_model(model)

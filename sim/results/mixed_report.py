@@ -1,12 +1,12 @@
 """What a mixed cluster did: GPU types per pipeline stage, the layer split, each stage's
-compute, and MFU against the peaks of the GPUs actually there (``sim.inputs.mixed``).
+compute, and MFU against the peaks of the GPUs actually there (``sim.inputs.mixed_gpus``).
 
 The summary's own ``mfu`` divides by GPUs x rank 0's peak; ``mixed.mfu`` divides by the
 sum of every GPU's own peak, the figure that compares across clusters."""
 
 from __future__ import annotations
 
-from sim.program.mixed import stage_profiles, stage_time_s
+from sim.program.stage_balance import stage_profiles, stage_time_s
 
 
 def mixed_report(run, summary: dict, auto: bool = False) -> dict:

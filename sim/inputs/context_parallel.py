@@ -1,5 +1,5 @@
 """Context parallelism's plan checks (``ParallelPlan``; the work it changes is in
-``sim.program.context``)."""
+``sim.program.context_parallel``)."""
 
 from __future__ import annotations
 
