@@ -18,19 +18,22 @@ class InputError(ValueError):
     the message."""
 
     def __init__(self, message: str | None = None, *, field: str | None = None, value=None,
-                 allowed: str | None = None, setting: str | None = None):
+                 allowed: str | None = None, setting: str | None = None, shown: str | None = None):
         self.field, self.value, self.allowed, self.setting = field, value, allowed, setting
+        self.shown = shown
+        """How the value is written in the message (default its repr; a flag's text as typed)."""
         super().__init__(message if message is not None else f"{field}: {self.detail}")
 
     @property
     def detail(self) -> str:
         """What is wrong, without the field's name: ``got 0; expected an integer > 0``."""
-        return f"got {self.value!r}; {self.allowed}"
+        shown = repr(self.value) if self.shown is None else self.shown
+        return f"got {shown}; {self.allowed}"
 
     def renamed(self, name: str) -> "InputError":
         """The same error naming its field ``name`` (``--tensor-model-parallel-size``,
         ``exp.toml:9: plan.tensor_model_parallel_size``)."""
-        return InputError(field=name, value=self.value, allowed=self.allowed, setting=self.setting)
+        return InputError(field=name, value=self.value, allowed=self.allowed, setting=self.setting, shown=self.shown)
 
 
 class DeadlockError(RuntimeError):

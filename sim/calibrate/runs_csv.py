@@ -32,7 +32,6 @@ so held-out fitting leaves out a whole group at a time (``sim.calibrate.fit_runs
 
 from __future__ import annotations
 
-import argparse
 import csv
 import io
 import math
@@ -40,8 +39,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from sim.errors import InputError
-from sim.inputs.schema import FIELDS, fields_of, why_not
-from sim.units import Number
+from sim.inputs.fields import why_not_field
+from sim.inputs.flags import value_of_text
+from sim.inputs.schema import FIELDS, fields_of
 
 MEASURED = "measured_iteration_time_s"
 SETTING_COLUMNS = tuple(n for n in fields_of("model", "plan") if n not in ("model", "hf_config")) + ("gpus",)
@@ -211,22 +211,15 @@ def _setting(path, line: int, name: str, text: str):
         if low not in ("true", "false", "1", "0", "yes", "no"):
             raise _bad(path, line, name, text, "expected true or false")
         return low in ("true", "1", "yes")
-    value = text
-    if isinstance(f.type, Number) or f.type is int:
-        kind = f.type.kind if isinstance(f.type, Number) else int
-        try:
-            value = kind(text)
-        except ValueError:
-            what = f.type.describe() if isinstance(f.type, Number) else "an integer"
-            raise _bad(path, line, name, text, f"expected {what}") from None
-    elif f.type is not None:
-        try:
-            value = f.type(text)
-        except (argparse.ArgumentTypeError, ValueError, InputError) as exc:
-            raise _bad(path, line, name, text, str(exc).split("; ", 1)[-1]) from None
-    why = why_not(name, value)
-    if why is not None:
-        raise _bad(path, line, name, text, why.split("; ", 1)[-1])
+    try:
+        value = value_of_text(f, text)
+    except InputError as exc:
+        if exc.allowed is None:
+            raise
+        raise _bad(path, line, name, text, exc.allowed) from None
+    allowed = why_not_field(f, value)
+    if allowed is not None:
+        raise _bad(path, line, name, text, allowed)
     return value
 
 

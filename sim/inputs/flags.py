@@ -15,6 +15,7 @@ from typing import Mapping
 from sim.errors import InputError
 from sim.inputs.fields import Field
 from sim.inputs.schema import FIELDS
+from sim.units import Number
 
 
 def help_of(name: str) -> str | None:
@@ -52,24 +53,40 @@ def add_arguments(parser: argparse.ArgumentParser, names, *, groups: Mapping[str
         target.add_argument(f.flag, **kw)
 
 
+def value_of_text(f: Field, text: str):
+    """A setting's value from its text (a flag's argument, a cell of a runs file): the
+    field's type and choices applied. Refused: ``InputError`` naming the flag, the text and
+    what the field allows."""
+    def refuse(allowed: str, shown: str):
+        return InputError(field=f.flag, value=text, allowed=allowed, setting=f.name, shown=shown)
+
+    value = text
+    if isinstance(f.type, Number) or f.type is int:
+        kind = f.type.kind if isinstance(f.type, Number) else int
+        what = f"expected {f.type.describe()}" if isinstance(f.type, Number) else "expected an integer"
+        try:
+            value = kind(text)
+        except ValueError:
+            raise refuse(what, repr(text)) from None
+        allowed = f.type.allowed(value) if isinstance(f.type, Number) else None
+        if allowed is not None:
+            raise refuse(allowed, text.strip())
+    elif f.type is not None:
+        value = f.type(text)  # its own check (stragglers' factors): an InputError naming what it allows
+    if f.choices is not None and value not in f.choices:
+        raise refuse(f"allowed: {', '.join(map(str, f.choices))}", text)
+    return value
+
+
 def flag_type(f: Field):
-    """An argparse ``type=`` that turns a flag's text into the field's value, or raises
-    ``ArgumentTypeError`` with what the field allows (argparse reports it as an
-    ``ArgumentError`` naming the flag: ``sim.cli``)."""
+    """An argparse ``type=`` for ``value_of_text``: a refused value is an
+    ``ArgumentTypeError`` saying what the field allows, which argparse reports as an
+    ``ArgumentError`` naming the flag (``sim.cli``)."""
     def convert(text: str):
-        value = text
-        if f.type is not None:
-            try:
-                value = f.type(text)
-            except InputError as exc:  # the type's own check (stragglers' factors): what it allows
-                raise argparse.ArgumentTypeError(exc.detail if exc.allowed is not None else str(exc)) from None
-            except argparse.ArgumentTypeError:  # its own message (``Number``: got ...; expected ...)
-                raise
-            except (TypeError, ValueError):
-                raise argparse.ArgumentTypeError(f"got {text!r}; expected an integer") from None
-        if f.choices is not None and value not in f.choices:
-            raise argparse.ArgumentTypeError(f"got {text}; allowed: {', '.join(map(str, f.choices))}")
-        return value
+        try:
+            return value_of_text(f, text)
+        except InputError as exc:
+            raise argparse.ArgumentTypeError(exc.detail if exc.allowed is not None else str(exc)) from None
 
     convert.__name__ = f.name or "value"
     return convert
