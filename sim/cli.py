@@ -34,9 +34,12 @@ class _Parser(argparse.ArgumentParser):
 
 def named_for_command_line(exc: InputError) -> InputError:
     """An error about a setting, naming it by its flag (``plan: tp`` is
-    ``--tensor-model-parallel-size``); others as they are."""
+    ``--tensor-model-parallel-size``); others (and those an experiment file's line names
+    already) as they are."""
     from sim.inputs.schema import setting_field
 
+    if exc.path is not None:  # named already, where a file wrote it
+        return exc
     f = setting_field(exc.setting) if exc.setting is not None and exc.allowed is not None else None
     return exc.renamed(f.flag) if f is not None else exc
 

@@ -18,8 +18,11 @@ class InputError(ValueError):
     the message."""
 
     def __init__(self, message: str | None = None, *, field: str | None = None, value=None,
-                 allowed: str | None = None, setting: str | None = None, shown: str | None = None):
+                 allowed: str | None = None, setting: str | None = None, shown: str | None = None,
+                 path: str | None = None, line: int | None = None):
         self.field, self.value, self.allowed, self.setting = field, value, allowed, setting
+        self.path, self.line = path, line
+        """Where the value was written (an experiment file and its line), when it was."""
         self.shown = shown
         """How the value is written in the message (default its repr; a flag's text as typed)."""
         super().__init__(message if message is not None else f"{field}: {self.detail}")

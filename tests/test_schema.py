@@ -168,3 +168,22 @@ def test_settings_doc_lists_every_field():
     assert doc == settings_markdown(), "docs/settings.md is out of date: python -m sim.inputs.flags > docs/settings.md"
     for f in schema.FIELDS.values():
         assert re.search(rf"`{re.escape(f.flag)}`", doc)
+
+
+def test_an_error_carries_its_setting_value_allowed_and_where_it_was_written(tmp_path):
+    # The same rule (tp must divide the heads) seen from a file, from Python and from the
+    # command line: each names the setting as its user wrote it, from the error's fields.
+    import sim
+
+    exp = tmp_path / "exp.toml"
+    exp.write_text('[model]\npreset = "llama2-7b"\n\n[plan]\ntensor_model_parallel_size = 3\n')
+    with pytest.raises(InputError) as file:
+        sim.run(str(exp))
+    e = file.value
+    assert (e.path, e.line, e.field, e.value, e.setting) == (str(exp), 5, "plan.tensor_model_parallel_size", 3, "tp")
+    assert e.allowed == "must divide num_attention_heads 32 of llama2-7b"
+    assert str(e) == f"{exp}:5: plan.tensor_model_parallel_size: got 3; {e.allowed}"
+    with pytest.raises(InputError) as api:
+        sim.run(model="llama2-7b", tensor_model_parallel_size=3)
+    assert str(api.value) == f"tensor_model_parallel_size: got 3; {e.allowed}" and api.value.path is None
+    assert main(["run", "--model", "llama2-7b", "--tensor-model-parallel-size", "3"]) == 2

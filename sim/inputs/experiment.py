@@ -76,12 +76,18 @@ class Where:
     def __init__(self, f: TomlFile | None = None, line: int | None = None):
         self.f, self.line = f, line
 
-    def error(self, key: str, message: str) -> InputError:
+    def error(self, key: str, message: str, cause: InputError | None = None) -> InputError:
+        """The error about ``key`` written here; ``cause``: the error it restates (its
+        value, what is allowed and its setting are kept)."""
+        keep = {} if cause is None else {"value": cause.value, "allowed": cause.allowed, "setting": cause.setting,
+                                         "shown": cause.shown}
         if self.f is None:
-            return InputError(f"{key}: {message}")
+            return InputError(f"{key}: {message}", field=key, **keep)
         if self.line is None:
-            return self.f.error(key, message)
-        return InputError(f"{self.f.path}:{self.line}: {key}: {message}")
+            exc = self.f.error(key, message)
+            return InputError(str(exc), field=key, path=str(self.f.path), **keep)
+        return InputError(f"{self.f.path}:{self.line}: {key}: {message}", field=key, path=str(self.f.path),
+                          line=self.line, **keep)
 
 
 @dataclass
@@ -294,7 +300,7 @@ def named_in(exc: InputError, settings: dict[str, Setting]) -> InputError:
     ``tp``); the error as it is when the setting is not among them."""
     f = schema.setting_field(exc.setting or exc.field or "") if exc.allowed is not None else None
     s = settings.get(f.name) if f is not None else None
-    return s.where.error(s.key, exc.detail) if s is not None else exc
+    return s.where.error(s.key, exc.detail, exc) if s is not None else exc
 
 
 def blame(exc: InputError, path, settings: dict[str, Setting], skip=frozenset()) -> InputError:
