@@ -26,6 +26,11 @@ from sim.engine.tuner import choose, runnable
 from sim.inputs.topology import Topology, ranks_by_node
 
 
+BUNDLED_OPS = ("alltoall",)
+"""Ops whose steps run as one bundle of flows under the flow model (``Collectives._bundled``):
+their point-to-point sends all start at once, carry equal bytes and wait for nothing."""
+
+
 class _Rendezvous:
     """Where the members of one collective meet: ``posted`` maps each member that has
     arrived to its action index, ``first`` is the first member's action, ``began`` is when
@@ -131,8 +136,14 @@ class Collectives:
         # Per step: what the network's start takes, the simulated ranks whose action it
         # counts toward, and the steps that wait for it.
         args = self._step_args(steps, protocol)
-        ends = [tuple(r for r in ((st.src, st.dst) if st.src != st.dst else (st.src,)) if r not in shadows)
-                for st in steps]
+        start = self.net.start
+        if self.fluid and a.op in BUNDLED_OPS and steps:
+            args, ranks, start = self._bundled(args, steps)
+            steps, ends = [collectives.Transfer(ranks[0], ranks[-1], steps[0].nbytes, (), steps[0].label)], \
+                [tuple(r for r in ranks if r not in shadows)]
+        else:
+            ends = [tuple(r for r in ((st.src, st.dst) if st.src != st.dst else (st.src,)) if r not in shadows)
+                    for st in steps]
         children: list[list[int]] = [[] for _ in steps]
         involved: dict[int, int] = {}
         for i, st in enumerate(steps):
@@ -141,9 +152,24 @@ class Collectives:
             for r in ends[i]:
                 involved[r] = involved.get(r, 0) + 1
         base = 0.0 if a.userbuffers else base_latency(self.nccl, a.op, a.group, self.topology, algo, protocol)
-        plan = (args, ends, [tuple(c) for c in children], [len(st.deps) for st in steps], involved, base)
+        plan = (args, ends, [tuple(c) for c in children], [len(st.deps) for st in steps], involved, base, start)
         self._plans[key] = plan
         return plan
+
+    def _bundled(self, args, steps):
+        """An all-to-all's steps as one ``Bundle`` (``sim.engine.network``): its members all
+        start at once, carry equal bytes and wait for nothing, so the one flow that moves
+        them in step ends when the most loaded link has carried its members' bytes, as the
+        slowest of them would alone. Returns the bundle's start arguments (one step), the
+        ranks it involves, and its start function."""
+        ranks = sorted({st.src for st in steps} | {st.dst for st in steps})
+        bundle = self.net.bundle([(st.src, st.dst) for st in steps], max(arg[0][1] for arg in args))
+        start_bundle = self.net.start_bundle
+
+        def start(route, src, dst, nbytes, label, latency_steps, callback, arg):
+            start_bundle(route, nbytes, label, callback, arg)
+
+        return [(bundle, ranks[0], ranks[-1], args[0][3], args[0][4], 1)], ranks, start
 
     def efficiency(self) -> dict[str, float]:
         """Each link kind's capacity over its line rate (the profile's efficiencies)."""
@@ -235,11 +261,10 @@ class Collectives:
     def _begin(self, job) -> None:
         """``_run``'s work once the base latency has passed: start the steps that wait for none."""
         plan, rv, label, finish = job
-        args, ends, children, waiting0, involved, _ = plan
+        args, ends, children, waiting0, involved, _, start = plan
         waiting = list(waiting0)
         action_of = rv.posted
         left = {r: involved.get(r, 0) for r in action_of}
-        start = self.net.start
         began = rv.began
         # The transfers' labels: one string per distinct label, however many collectives
         # share it (every data-parallel group's all-reduce of a bucket does).

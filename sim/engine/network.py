@@ -12,6 +12,17 @@ So an uncontended transfer of S bytes takes ``latency + S / bottleneck_bandwidth
 flows over one link take twice as long as one; the two directions of a full-duplex link
 are separate resources and do not slow each other.
 
+A *bundle* (``Bundle``, ``start_bundle``) is many equal flows that start together and
+move in step: an all-to-all's n(n−1) point-to-point sends as one flow. It crosses each
+link with a weight, the number of its member flows routed over that link; its rate is
+each member's, so on a link it takes ``weight`` shares of progressive filling and
+``weight × rate`` of the capacity, as its members would if they all went at the
+slowest one's pace (Bertsekas & Gallager's max-min with one rate per session, the
+session here being the bundle's members together). Uncontended, it takes
+``latency + S_member / min(capacity / weight)``: the most loaded link's bytes over its
+capacity, which is when the members' slowest would end as separate flows. A bundle is
+one flow's events however many members it has.
+
 A link's usable capacity is its ``bandwidth_Bps`` times an optional per-kind efficiency
 (e.g. from a calibrated hardware profile); the network knows nothing else about
 hardware. Every completed transfer is recorded as a ``TransferRecord`` (the trace's,
@@ -39,9 +50,28 @@ _new_object = object.__new__
 _EPS = 1e-12
 
 
+class Bundle:
+    """Equal flows that move in step (module doc), made once per distinct collective:
+    ``links`` the directed link ids its members cross, ``weights`` how many members cross
+    each (integers, in ``links``' order), ``latency_s`` the longest member's route latency,
+    ``bottleneck`` a member's rate alone on the network (min capacity / weight),
+    ``records`` what a finished bundle leaves in the trace, as (source, destination,
+    members, medium): one per source and medium, the members it sent that way together;
+    ``carried`` the member bytes issued so far (a one-item list; link ``l`` carried
+    ``carried × weight``)."""
+
+    __slots__ = ("links", "weights", "weight_of", "latency_s", "bottleneck", "records", "carried", "src", "dst")
+
+    def __init__(self, links, weights, latency_s, bottleneck, records, src, dst):
+        self.links, self.weights, self.latency_s, self.bottleneck = links, weights, latency_s, bottleneck
+        self.weight_of = dict(zip(links, weights))
+        self.records, self.src, self.dst = records, src, dst
+        self.carried = [0.0]
+
+
 class _Flow:
     __slots__ = ("links", "remaining", "rate", "last_t", "version", "callback", "arg", "src", "dst", "nbytes", "start",
-                 "label", "medium", "bottleneck")
+                 "label", "medium", "bottleneck", "bundle")
 
     def __init__(self, links, nbytes, callback, arg, src, dst, start, label, medium, bottleneck):
         self.links = links
@@ -53,6 +83,7 @@ class _Flow:
         self.callback, self.arg = callback, arg  # on arrival: callback(arg) is called, or event arg triggered
         self.src, self.dst, self.nbytes, self.start, self.label = src, dst, nbytes, start, label
         self.medium = medium
+        self.bundle = None
 
 
 class Network:
@@ -84,6 +115,9 @@ class Network:
         self._dirty: set[int] = set()
         self._pending = False
         self.records: list[TransferRecord] = []
+        self._bundles: list[Bundle] = []  # every bundle made (link_bytes)
+        self.bundle_records: set[int] = set()
+        """Indices in ``records`` of the records bundles left (a source's members sent one way together)."""
         self._at = self.calls.at
         self._join_call, self._timer_call = self._join, self._timer  # bound once, not per call
         self.active = 0
@@ -110,10 +144,50 @@ class Network:
             links, bottleneck, float(nbytes), 0.0, now, 0
         flow.callback, flow.arg, flow.src, flow.dst, flow.nbytes, flow.start, flow.label, flow.medium = \
             callback, arg, src, dst, nbytes, now, label, medium
+        flow.bundle = None
         self.active += 1
         carried[0] += nbytes
         if latency > 0:
             self._at(now + latency * latency_steps, self._join_call, flow)
+        else:
+            self._join(flow)
+
+    def bundle(self, pairs, latency_s: float) -> Bundle:
+        """The ``Bundle`` of member flows ``pairs`` ((source, destination) GPU pairs, each
+        on its route), paying ``latency_s`` before it moves (its members' longest)."""
+        weight: dict[int, int] = {}
+        by_source: dict[tuple[int, str], list] = {}
+        for src, dst in pairs:
+            ids, _, medium, _, _ = self.route(src, dst)
+            for l in ids:
+                weight[l] = weight.get(l, 0) + 1
+            got = by_source.get((src, medium))
+            if got is None:
+                by_source[(src, medium)] = [dst, 1]
+            else:
+                got[1] += 1
+        links = tuple(sorted(weight))
+        weights = tuple(weight[l] for l in links)
+        bottleneck = min((self.capacity[l] / w for l, w in zip(links, weights)), default=math.inf)
+        records = tuple((src, dst, k, medium) for (src, medium), (dst, k) in sorted(by_source.items()))
+        b = Bundle(links, weights, latency_s, bottleneck, records, min(p[0] for p in pairs), max(p[1] for p in pairs))
+        self._bundles.append(b)
+        return b
+
+    def start_bundle(self, bundle: Bundle, nbytes: float, label: str, callback, arg) -> None:
+        """Start ``bundle`` with ``nbytes`` per member; ``callback(arg)`` when every member
+        has arrived (``start``'s, for a bundle)."""
+        now = self.env.now
+        flow = _new_object(_Flow)
+        flow.links, flow.bottleneck, flow.remaining, flow.rate, flow.last_t, flow.version = \
+            bundle.links, bundle.bottleneck, float(nbytes), 0.0, now, 0
+        flow.callback, flow.arg, flow.src, flow.dst, flow.nbytes, flow.start, flow.label, flow.medium = \
+            callback, arg, bundle.src, bundle.dst, nbytes, now, label, "bundle"
+        flow.bundle = bundle
+        self.active += 1
+        bundle.carried[0] += nbytes
+        if bundle.latency_s > 0:
+            self._at(now + bundle.latency_s, self._join_call, flow)
         else:
             self._join(flow)
 
@@ -141,6 +215,11 @@ class Network:
             if b:
                 for l in links:
                     out[l] = out.get(l, 0.0) + b
+        for bundle in self._bundles:
+            b = bundle.carried[0]
+            if b:
+                for l, w in zip(bundle.links, bundle.weights):
+                    out[l] = out.get(l, 0.0) + b * w
         return {l: out[l] for l in sorted(out) if out[l] > 0}
 
     def route(self, src: int, dst: int) -> tuple[tuple[int, ...], float, str, float, list[float]]:
@@ -203,8 +282,11 @@ class Network:
                 self._dirty.add(l)
         flow.remaining = 0.0
         self.active -= 1
-        self.records.append(_tuple_new(TransferRecord, (flow.src, flow.dst, flow.nbytes, flow.start, now, flow.label,
-                                                        flow.medium)))
+        if flow.bundle is None:
+            self.records.append(_tuple_new(TransferRecord, (flow.src, flow.dst, flow.nbytes, flow.start, now,
+                                                            flow.label, flow.medium)))
+        else:
+            self._bundle_records(flow, now)
         if flow.callback is not None:  # (the engine's: finishes actions, may start flows)
             flow.callback(flow.arg)
         else:
@@ -212,6 +294,19 @@ class Network:
             flow.arg.succeed()
         if self._dirty:
             self._request_reallocation()
+
+    def _bundle_records(self, flow: _Flow, now: float) -> None:
+        """A finished bundle's records (``Bundle.records``); in debug mode, a check that it
+        took no less than its members' bytes over its bottleneck rate."""
+        if self.check and flow.links and now - flow.start < flow.nbytes / flow.bundle.bottleneck * (1 - 1e-9):
+            from sim.engine.invariants import violation
+
+            violation(f"bundle {flow.label!r} moved {flow.nbytes} bytes per member in {now - flow.start:.6g} s, "
+                      f"faster than its bottleneck allows")
+        first = len(self.records)
+        self.records.extend(_tuple_new(TransferRecord, (src, dst, flow.nbytes * k, flow.start, now, flow.label, medium))
+                            for src, dst, k, medium in flow.bundle.records)
+        self.bundle_records.update(range(first, len(self.records)))
 
     def _timer(self, timer: tuple[_Flow, int]) -> None:
         """A flow's finish time at its last rate has come; stale if its rate changed since."""
@@ -252,7 +347,7 @@ class Network:
             f.last_t = now
         if len(flows) == 1:  # alone: its route's bottleneck (what progressive filling gives)
             (f,) = flows
-            new_rate = {f: min(self.capacity[l] for l in f.links)}
+            new_rate = {f: f.bottleneck}
         else:
             new_rate = _max_min_rates(flows, links, self.capacity, self._flows_on)
         for f in sorted(flows, key=_flow_key):
@@ -275,7 +370,7 @@ class Network:
             cap = self.capacity[l]
             if math.isinf(cap):
                 continue
-            used = sum(f.rate for f in self._flows_on[l])
+            used = sum(f.rate * (1 if f.bundle is None else f.bundle.weight_of[l]) for f in self._flows_on[l])
             if used > cap * (1 + 1e-9):
                 from sim.engine.invariants import violation
 
@@ -293,11 +388,18 @@ def _max_min_rates(flows: set[_Flow], links: set[int], capacity: list[float], fl
     The link with the smallest fair share (capacity left / flows not yet frozen) is the
     next bottleneck; its flows are frozen at that share. Freezing a flow at the smallest
     share never lowers another link's share, so a heap with lazy updates finds each next
-    bottleneck.
+    bottleneck. A bundle (``Bundle``) counts as its weight on each link, and takes its
+    weight times the share: freezing it still leaves every other link's share at least
+    the smallest.
     """
     rate: dict[_Flow, float] = {}
     left = {l: capacity[l] for l in links if not math.isinf(capacity[l])}
     count = {l: len(flows_on[l]) for l in left}
+    for f in flows:
+        if f.bundle is not None:
+            for m, w in zip(f.links, f.bundle.weights):
+                if m in count:
+                    count[m] += w - 1
     heap = [(left[l] / count[l], l) for l in sorted(left) if count[l] > 0]
     heapq.heapify(heap)
     unfrozen = set(flows)
@@ -313,10 +415,16 @@ def _max_min_rates(flows: set[_Flow], links: set[int], capacity: list[float], fl
         for f in sorted(flows_on[l] & unfrozen, key=_flow_key):
             rate[f] = current
             unfrozen.discard(f)
-            for m in f.links:
-                if m in left:
-                    left[m] -= current
-                    count[m] -= 1
+            if f.bundle is None:
+                for m in f.links:
+                    if m in left:
+                        left[m] -= current
+                        count[m] -= 1
+            else:
+                for m, w in zip(f.links, f.bundle.weights):
+                    if m in left:
+                        left[m] -= current * w
+                        count[m] -= w
     for f in unfrozen:  # flows that cross only infinite links
         rate[f] = math.inf
     return rate
