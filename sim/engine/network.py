@@ -60,11 +60,15 @@ class Bundle:
     ``carried`` the member bytes issued so far (a one-item list; link ``l`` carried
     ``carried × weight``)."""
 
-    __slots__ = ("links", "weights", "weight_of", "latency_s", "bottleneck", "records", "carried", "src", "dst")
+    __slots__ = ("links", "weights", "weight_of", "latency_s", "bottleneck", "records", "carried", "src", "dst",
+                 "tightest")
 
-    def __init__(self, links, weights, latency_s, bottleneck, records, src, dst):
+    def __init__(self, links, weights, latency_s, bottleneck, records, src, dst, capacity):
         self.links, self.weights, self.latency_s, self.bottleneck = links, weights, latency_s, bottleneck
         self.weight_of = dict(zip(links, weights))
+        self.tightest = sorted((capacity[l] / w, l) for l, w in zip(links, weights) if not math.isinf(capacity[l]))
+        """(capacity / weight, link), smallest first: the rate each link would allow the
+        bundle alone on it (``_max_min_rates`` reads the first it has to itself)."""
         self.records, self.src, self.dst = records, src, dst
         self.carried = [0.0]
 
@@ -170,7 +174,8 @@ class Network:
         weights = tuple(weight[l] for l in links)
         bottleneck = min((self.capacity[l] / w for l, w in zip(links, weights)), default=math.inf)
         records = tuple((src, dst, k, medium) for (src, medium), (dst, k) in sorted(by_source.items()))
-        b = Bundle(links, weights, latency_s, bottleneck, records, min(p[0] for p in pairs), max(p[1] for p in pairs))
+        b = Bundle(links, weights, latency_s, bottleneck, records, min(p[0] for p in pairs), max(p[1] for p in pairs),
+                   self.capacity)
         self._bundles.append(b)
         return b
 
@@ -255,7 +260,10 @@ class Network:
                 shared = True
             fl.add(flow)
         if shared:  # rates change on its links: re-allocated in one batch at this instant
-            self._dirty.update(links)
+            if flow.bundle is None:
+                self._dirty.update(links)
+            else:  # (only where it meets others: see _reallocate)
+                self._dirty.update(l for l in links if len(flows_on[l]) > 1)
             self._request_reallocation()
             return
         # Alone on every link of its route: max-min gives it the route's bottleneck, and
@@ -325,20 +333,26 @@ class Network:
         """Max-min fair rates for every flow connected to a changed link."""
         self._pending = False
         now = self.env.now
-        # The component: flows reachable from the dirty links through shared links.
+        # The component: flows reachable from the dirty links through shared links. Of a
+        # bundle's links (hundreds) only those it shares are taken: those it has to itself
+        # bound its rate alone (``_max_min_rates``).
         flows: set[_Flow] = set()
         links: set[int] = set()
         stack = list(self._dirty)
         self._dirty.clear()
+        flows_on = self._flows_on
         while stack:
             l = stack.pop()
             if l in links:
                 continue
             links.add(l)
-            for f in self._flows_on[l]:
+            for f in flows_on[l]:
                 if f not in flows:
                     flows.add(f)
-                    stack.extend(f.links)
+                    if f.bundle is None:
+                        stack.extend(f.links)
+                    else:
+                        stack.extend(m for m in f.links if len(flows_on[m]) > 1)
         if not flows:
             return
         for f in flows:  # bring progress up to now at the old rate
@@ -390,21 +404,34 @@ def _max_min_rates(flows: set[_Flow], links: set[int], capacity: list[float], fl
     share never lowers another link's share, so a heap with lazy updates finds each next
     bottleneck. A bundle (``Bundle``) counts as its weight on each link, and takes its
     weight times the share: freezing it still leaves every other link's share at least
-    the smallest.
+    the smallest. ``links`` need not hold a bundle's links that no other flow crosses:
+    the tightest of those bounds it as a link of its own would (its share, capacity over
+    weight, never changes), one heap entry (numbered below zero).
     """
     rate: dict[_Flow, float] = {}
     left = {l: capacity[l] for l in links if not math.isinf(capacity[l])}
     count = {l: len(flows_on[l]) for l in left}
-    for f in flows:
-        if f.bundle is not None:
-            for m, w in zip(f.links, f.bundle.weights):
-                if m in count:
-                    count[m] += w - 1
     heap = [(left[l] / count[l], l) for l in sorted(left) if count[l] > 0]
+    alone: dict[int, _Flow] = {}  # heap key (< 0) -> the bundle its own links bound
+    for f in sorted((f for f in flows if f.bundle is not None), key=_flow_key):
+        weight_of = f.bundle.weight_of
+        for m in _common(count, weight_of):
+            count[m] += weight_of[m] - 1
+        own = next((x for x in f.bundle.tightest if x[1] not in links), None)
+        if own is not None:
+            key = -1 - len(alone)
+            alone[key] = f
+            heap.append((own[0], key))
+    heap = [(left[l] / count[l], l) if l >= 0 else (share, l) for share, l in heap]
     heapq.heapify(heap)
     unfrozen = set(flows)
     while unfrozen and heap:
         share, l = heapq.heappop(heap)
+        if l < 0:  # a bundle's own links: it stops here, if nothing stopped it before
+            f = alone[l]
+            if f in unfrozen:
+                _freeze(f, share, rate, unfrozen, left, count)
+            continue
         c = count[l]
         if c == 0:
             continue
@@ -413,18 +440,33 @@ def _max_min_rates(flows: set[_Flow], links: set[int], capacity: list[float], fl
             heapq.heappush(heap, (current, l))
             continue
         for f in sorted(flows_on[l] & unfrozen, key=_flow_key):
-            rate[f] = current
-            unfrozen.discard(f)
-            if f.bundle is None:
-                for m in f.links:
-                    if m in left:
-                        left[m] -= current
-                        count[m] -= 1
-            else:
-                for m, w in zip(f.links, f.bundle.weights):
-                    if m in left:
-                        left[m] -= current * w
-                        count[m] -= w
+            _freeze(f, current, rate, unfrozen, left, count)
     for f in unfrozen:  # flows that cross only infinite links
         rate[f] = math.inf
     return rate
+
+
+def _freeze(f: _Flow, current: float, rate: dict, unfrozen: set, left: dict, count: dict) -> None:
+    """Progressive filling's step: flow ``f`` stops at rate ``current``, which it takes
+    off each link's capacity left (times its weight, for a bundle)."""
+    rate[f] = current
+    unfrozen.discard(f)
+    if f.bundle is None:
+        for m in f.links:
+            if m in left:
+                left[m] -= current
+                count[m] -= 1
+    else:
+        weight_of = f.bundle.weight_of
+        for m in _common(left, weight_of):
+            w = weight_of[m]
+            left[m] -= current * w
+            count[m] -= w
+
+
+def _common(a: dict, b: dict) -> list:
+    """The keys of both, walking the smaller (a component's few links against a bundle's
+    hundreds)."""
+    if len(a) > len(b):
+        a, b = b, a
+    return [k for k in a if k in b]
