@@ -67,7 +67,8 @@ class Collectives:
         self.key_of, self.needed, self.finish = key_of, needed, finish
         self._open: dict[tuple, _Rendezvous] = {}
         self._plans: dict[tuple, tuple] = {}
-        self._labels: dict[str, dict[str, str]] = {}  # a collective's label -> its steps' transfer labels
+        self._labels: dict[str, dict[str, str]] = {}
+        self._bundles: dict[tuple, object] = {}  # (group, protocol) -> its all-to-all's Bundle  # a collective's label -> its steps' transfer labels
         self.nccl = nccl or DEFAULT_MODEL
         """Protocols and NVLS figures (``sim.engine.nccl``)."""
         self._choices: dict[tuple, tuple[str, str]] = {}
@@ -135,13 +136,13 @@ class Collectives:
                                           s.latency_steps, s.path, s.nvls) for s in (steps[i] for i in keep)]
         # Per step: what the network's start takes, the simulated ranks whose action it
         # counts toward, and the steps that wait for it.
-        args = self._step_args(steps, protocol)
         start = self.net.start
         if self.fluid and a.op in BUNDLED_OPS and steps:
-            args, ranks, start = self._bundled(args, steps)
+            args, ranks, start = self._bundled(a.group, steps, protocol)
             steps, ends = [collectives.Transfer(ranks[0], ranks[-1], steps[0].nbytes, (), steps[0].label)], \
                 [tuple(r for r in ranks if r not in shadows)]
         else:
+            args = self._step_args(steps, protocol)
             ends = [tuple(r for r in ((st.src, st.dst) if st.src != st.dst else (st.src,)) if r not in shadows)
                     for st in steps]
         children: list[list[int]] = [[] for _ in steps]
@@ -156,20 +157,27 @@ class Collectives:
         self._plans[key] = plan
         return plan
 
-    def _bundled(self, args, steps):
+    def _bundled(self, group, steps, protocol: str):
         """An all-to-all's steps as one ``Bundle`` (``sim.engine.network``): its members all
         start at once, carry equal bytes and wait for nothing, so the one flow that moves
         them in step ends when the most loaded link has carried its members' bytes, as the
         slowest of them would alone. Returns the bundle's start arguments (one step), the
-        ranks it involves, and its start function."""
+        ranks it involves, and its start function. One bundle per group and protocol."""
         ranks = sorted({st.src for st in steps} | {st.dst for st in steps})
-        bundle = self.net.bundle([(st.src, st.dst) for st in steps], max(arg[0][1] for arg in args))
+        key = (group, protocol)
+        bundle = self._bundles.get(key)
+        if bundle is None:
+            model = self.nccl
+            bundle = self._bundles[key] = self.net.bundle(
+                [(st.src, st.dst) for st in steps], lambda lat, medium: protocol_cost(lat, medium, 0.0, 1, model,
+                                                                                       protocol)[0])
+        nbytes = protocol_cost(0.0, "nvlink", steps[0].nbytes, 1, self.nccl, protocol)[1]  # (wire bytes: any medium's)
         start_bundle = self.net.start_bundle
 
         def start(route, src, dst, nbytes, label, latency_steps, callback, arg):
             start_bundle(route, nbytes, label, callback, arg)
 
-        return [(bundle, ranks[0], ranks[-1], args[0][3], args[0][4], 1)], ranks, start
+        return [(bundle, ranks[0], ranks[-1], nbytes, steps[0].label, 1)], ranks, start
 
     def efficiency(self) -> dict[str, float]:
         """Each link kind's capacity over its line rate (the profile's efficiencies)."""

@@ -51,26 +51,33 @@ _EPS = 1e-12
 
 
 class Bundle:
-    """Equal flows that move in step (module doc), made once per distinct collective:
+    """Equal flows that move in step (module doc), made once per group and protocol:
     ``links`` the directed link ids its members cross, ``weights`` how many members cross
     each (integers, in ``links``' order), ``latency_s`` the longest member's route latency,
     ``bottleneck`` a member's rate alone on the network (min capacity / weight),
     ``records`` what a finished bundle leaves in the trace, as (source, destination,
     members, medium): one per source and medium, the members it sent that way together;
-    ``carried`` the member bytes issued so far (a one-item list; link ``l`` carried
-    ``carried × weight``)."""
+    ``carried`` the member bytes issued so far (a one-item list). ``all_links`` and
+    ``all_weights`` keep every link it crosses (link ``l`` carried ``carried × weight``);
+    ``Network.seal`` may fold the links no other flow can use into one link of its own."""
 
-    __slots__ = ("links", "weights", "weight_of", "latency_s", "bottleneck", "records", "carried", "src", "dst",
-                 "tightest")
+    __slots__ = ("links", "weights", "weight_of", "all_links", "all_weights", "latency_s", "bottleneck", "records",
+                 "carried", "src", "dst", "tightest")
 
     def __init__(self, links, weights, latency_s, bottleneck, records, src, dst, capacity):
-        self.links, self.weights, self.latency_s, self.bottleneck = links, weights, latency_s, bottleneck
+        self.all_links, self.all_weights = links, weights
+        self.latency_s, self.bottleneck = latency_s, bottleneck
+        self.records, self.src, self.dst = records, src, dst
+        self.carried = [0.0]
+        self.cross(links, weights, capacity)
+
+    def cross(self, links, weights, capacity) -> None:
+        """Cross ``links`` with ``weights`` in the flow model (all of them, or what ``seal`` leaves)."""
+        self.links, self.weights = links, weights
         self.weight_of = dict(zip(links, weights))
         self.tightest = sorted((capacity[l] / w, l) for l, w in zip(links, weights) if not math.isinf(capacity[l]))
         """(capacity / weight, link), smallest first: the rate each link would allow the
         bundle alone on it (``_max_min_rates`` reads the first it has to itself)."""
-        self.records, self.src, self.dst = records, src, dst
-        self.carried = [0.0]
 
 
 class _Flow:
@@ -120,6 +127,9 @@ class Network:
         self._pending = False
         self.records: list[TransferRecord] = []
         self._bundles: list[Bundle] = []  # every bundle made (link_bytes)
+        self._sealed = False
+        self._folded: set[int] = set()  # links folded into bundles' own (seal)
+        self._used: set[int] | None = None
         self.bundle_records: set[int] = set()
         """Indices in ``records`` of the records bundles left (a source's members sent one way together)."""
         self._at = self.calls.at
@@ -156,13 +166,17 @@ class Network:
         else:
             self._join(flow)
 
-    def bundle(self, pairs, latency_s: float) -> Bundle:
+    def bundle(self, pairs, latency=None) -> Bundle:
         """The ``Bundle`` of member flows ``pairs`` ((source, destination) GPU pairs, each
-        on its route), paying ``latency_s`` before it moves (its members' longest)."""
+        on its route), paying its members' longest latency before it moves, each member's
+        ``latency(route latency, medium)`` (default: the route's). Its members' routes are
+        not kept as routes of their own (``seal`` tells the links only bundles use)."""
         weight: dict[int, int] = {}
         by_source: dict[tuple[int, str], list] = {}
+        latency_s = 0.0
         for src, dst in pairs:
-            ids, _, medium, _, _ = self.route(src, dst)
+            ids, lat, medium, _ = self._make_route(src, dst)
+            latency_s = max(latency_s, lat if latency is None else latency(lat, medium))
             for l in ids:
                 weight[l] = weight.get(l, 0) + 1
             got = by_source.get((src, medium))
@@ -177,7 +191,57 @@ class Network:
         b = Bundle(links, weights, latency_s, bottleneck, records, min(p[0] for p in pairs), max(p[1] for p in pairs),
                    self.capacity)
         self._bundles.append(b)
+        if self._sealed:
+            self._unfolded(b.all_links)
         return b
+
+    def seal(self) -> None:
+        """Every route but bundles' has been made (the engine's set-up): fold the links of
+        each bundle that nothing else can cross (its members' ends on GPUs no other flow
+        uses: under reduced fidelity, most of its links) into one link of its own. They
+        bound it as a link would, by their tightest capacity over weight, which is what
+        that link holds; a second flow of the same bundle shares it, as it would share
+        them. A route or bundle made later must not cross a folded link (an error)."""
+        self._sealed = True
+        used = self._used_links()
+        crossing: dict[int, int] = {}
+        for b in self._bundles:
+            for l in b.all_links:
+                crossing[l] = crossing.get(l, 0) + 1
+        for b in self._bundles:
+            cap = self.capacity
+            own = [(l, w) for l, w in zip(b.all_links, b.all_weights)
+                   if crossing[l] == 1 and l not in used and not math.isinf(cap[l])]
+            if not own:
+                continue
+            folded = {l for l, _ in own}
+            kept = [(l, w) for l, w in zip(b.all_links, b.all_weights) if l not in folded]
+            v = len(cap)
+            cap.append(min(cap[l] / w for l, w in own))
+            self._flows_on.append(set())
+            self._folded.update(folded)
+            b.cross(tuple(l for l, _ in kept) + (v,), tuple(w for _, w in kept) + (1,), cap)
+
+    def _unfolded(self, links) -> None:
+        """After ``seal``: ``links`` (a new route's) must not cross a folded link."""
+        if not self._folded.isdisjoint(links):
+            from sim.engine.invariants import violation
+
+            violation("a route made after the network was sealed crosses a link folded into a bundle")
+        self._used_links().update(links)
+
+    def _used_links(self) -> set[int]:
+        """Links a flow other than a bundle may cross: every route made so far, and each
+        GPU's link to its host CPU (host copies)."""
+        used = self._used
+        if used is None:
+            used = self._used = {l for r in self._route.values() for l in r[0]}
+            g = self.topology.graph
+            for gpu in self.topology.gpus:
+                for n in g.neighbors(gpu):
+                    if g.nodes[n]["kind"] == "cpu":
+                        used.update((self._link_id[(gpu, n)], self._link_id[(n, gpu)]))
+        return used
 
     def start_bundle(self, bundle: Bundle, nbytes: float, label: str, callback, arg) -> None:
         """Start ``bundle`` with ``nbytes`` per member; ``callback(arg)`` when every member
@@ -223,7 +287,7 @@ class Network:
         for bundle in self._bundles:
             b = bundle.carried[0]
             if b:
-                for l, w in zip(bundle.links, bundle.weights):
+                for l, w in zip(bundle.all_links, bundle.all_weights):
                     out[l] = out.get(l, 0.0) + b * w
         return {l: out[l] for l in sorted(out) if out[l] > 0}
 
@@ -234,14 +298,18 @@ class Network:
         key = (src, dst)
         r = self._route.get(key)
         if r is None:
-            links = self.topology.route(src, dst)
-            ids = tuple(self._link_id[l] for l in links)
-            kinds = {self.link_kinds[i] for i in ids}
-            medium = next((k for k in ("ethernet", "ib", "pcie", "nvlink") if k in kinds), "local")
-            bottleneck = min((self.capacity[i] for i in ids), default=math.inf)
-            r = (ids, self.topology.path_latency_s(src, dst), medium, bottleneck, [0.0])
-            self._route[key] = r
+            r = self._route[key] = (*self._make_route(src, dst), [0.0])
+            if self._sealed:
+                self._unfolded(r[0])
         return r
+
+    def _make_route(self, src: int, dst: int) -> tuple[tuple[int, ...], float, str, float]:
+        """``route``'s first four items, made anew."""
+        ids = tuple(self._link_id[l] for l in self.topology.route(src, dst))
+        kinds = {self.link_kinds[i] for i in ids}
+        medium = next((k for k in ("ethernet", "ib", "pcie", "nvlink") if k in kinds), "local")
+        bottleneck = min((self.capacity[i] for i in ids), default=math.inf)
+        return ids, self.topology.path_latency_s(src, dst), medium, bottleneck
 
     def _join(self, flow: _Flow) -> None:
         """The flow's latency is over: its bytes start to move."""
@@ -388,7 +456,8 @@ class Network:
             if used > cap * (1 + 1e-9):
                 from sim.engine.invariants import violation
 
-                violation(f"link {self.link_names[l][0]}->{self.link_names[l][1]} carries {used:.6g} B/s at "
+                name = "->".join(self.link_names[l]) if l < len(self.link_names) else "a bundle's own"
+                violation(f"link {name} carries {used:.6g} B/s at "
                           f"t={self.env.now!r}, over its capacity {cap:.6g} B/s")
 
 
