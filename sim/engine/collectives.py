@@ -169,8 +169,8 @@ class Collectives:
         if bundle is None:
             model = self.nccl
             bundle = self._bundles[key] = self.net.bundle(
-                [(st.src, st.dst) for st in steps], lambda lat, medium: protocol_cost(lat, medium, 0.0, 1, model,
-                                                                                       protocol)[0])
+                [(st.src, st.dst) for st in steps],
+                lambda lat, medium: protocol_cost(lat, medium, 0.0, 1, model, protocol)[0], self.shadows)
         nbytes = protocol_cost(0.0, "nvlink", steps[0].nbytes, 1, self.nccl, protocol)[1]  # (wire bytes: any medium's)
         start_bundle = self.net.start_bundle
 

@@ -166,11 +166,12 @@ class Network:
         else:
             self._join(flow)
 
-    def bundle(self, pairs, latency=None) -> Bundle:
+    def bundle(self, pairs, latency=None, skip=frozenset()) -> Bundle:
         """The ``Bundle`` of member flows ``pairs`` ((source, destination) GPU pairs, each
         on its route), paying its members' longest latency before it moves, each member's
         ``latency(route latency, medium)`` (default: the route's). Its members' routes are
-        not kept as routes of their own (``seal`` tells the links only bundles use)."""
+        not kept as routes of their own (``seal`` tells the links only bundles use). The
+        trace records what each source sent, except the sources in ``skip`` (shadows)."""
         weight: dict[int, int] = {}
         by_source: dict[tuple[int, str], list] = {}
         latency_s = 0.0
@@ -179,6 +180,8 @@ class Network:
             latency_s = max(latency_s, lat if latency is None else latency(lat, medium))
             for l in ids:
                 weight[l] = weight.get(l, 0) + 1
+            if src in skip:
+                continue
             got = by_source.get((src, medium))
             if got is None:
                 by_source[(src, medium)] = [dst, 1]
