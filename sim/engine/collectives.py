@@ -115,36 +115,28 @@ class Collectives:
         """The collective's steps and their bookkeeping, built once per distinct
         (op, group, size, algorithm, channels, userbuffers or NCCL). Under reduced fidelity with fluid rings,
         hops between two shadows are dropped: no simulated rank waits for them, and by
-        symmetry they take as long as the hops that are simulated."""
+        symmetry they take as long as the hops that are simulated. Under the flow model an
+        all-to-all is one bundle of all its sends (``_bundled``), shadows' included: one
+        flow, whose weights on the links are the contention the whole group makes."""
         key = (a.op, a.group, a.nbytes, a.algo, a.protocol, a.channels, a.userbuffers)
         plan = self._plans.get(key)
         if plan is not None:
             return plan
         algo, protocol = self.choose(a)
-        steps = collectives.build(a.op, a.group, a.nbytes, self.topology, algo, channels=a.channels or None,
-                                  fluid=self.fluid)
         shadows = self.shadows
-        if self.fluid and algo == "ring" and shadows:
-            # Drop hops between two shadows, unless they share a link with a kept hop
-            # (then they are contention the simulated ranks must see).
-            touching = [i for i, s in enumerate(steps) if s.src not in shadows or s.dst not in shadows]
-            used = {l for i in touching for l in self.topology.route(steps[i].src, steps[i].dst)}
-            keep = [i for i, s in enumerate(steps) if s.src not in shadows or s.dst not in shadows
-                    or not used.isdisjoint(self.topology.route(s.src, s.dst))]
-            index = {old: new for new, old in enumerate(keep)}
-            steps = [collectives.Transfer(s.src, s.dst, s.nbytes, tuple(index[d] for d in s.deps), s.label,
-                                          s.latency_steps, s.path, s.nvls) for s in (steps[i] for i in keep)]
-        # Per step: what the network's start takes, the simulated ranks whose action it
-        # counts toward, and the steps that wait for it.
         start = self.net.start
-        if self.fluid and a.op in BUNDLED_OPS and steps:
-            args, ranks, start = self._bundled(a.group, steps, protocol)
-            steps, ends = [collectives.Transfer(ranks[0], ranks[-1], steps[0].nbytes, (), steps[0].label)], \
-                [tuple(r for r in ranks if r not in shadows)]
+        if self.fluid and a.op in BUNDLED_OPS and len(a.group) > 1:
+            args, ranks, start = self._bundled(a, protocol)
+            steps = [collectives.Transfer(ranks[0], ranks[-1], args[0][3], (), args[0][4])]
+            ends = [tuple(r for r in ranks if r not in shadows)]
         else:
+            steps = collectives.build(a.op, a.group, a.nbytes, self.topology, algo, channels=a.channels or None,
+                                      fluid=self.fluid)
+            steps = self._without_shadow_hops(steps) if self.fluid and algo == "ring" and shadows else steps
             args = self._step_args(steps, protocol)
             ends = [tuple(r for r in ((st.src, st.dst) if st.src != st.dst else (st.src,)) if r not in shadows)
                     for st in steps]
+        # Per step: the simulated ranks whose action it counts toward, and the steps that wait for it.
         children: list[list[int]] = [[] for _ in steps]
         involved: dict[int, int] = {}
         for i, st in enumerate(steps):
@@ -157,27 +149,40 @@ class Collectives:
         self._plans[key] = plan
         return plan
 
-    def _bundled(self, group, steps, protocol: str):
-        """An all-to-all's steps as one ``Bundle`` (``sim.engine.network``): its members all
-        start at once, carry equal bytes and wait for nothing, so the one flow that moves
-        them in step ends when the most loaded link has carried its members' bytes, as the
-        slowest of them would alone. Returns the bundle's start arguments (one step), the
-        ranks it involves, and its start function. One bundle per group and protocol."""
-        ranks = sorted({st.src for st in steps} | {st.dst for st in steps})
-        key = (group, protocol)
+    def _without_shadow_hops(self, steps):
+        """Reduced fidelity's fluid rings: hops between two shadows dropped, unless they
+        share a link with a kept hop (then they are contention the simulated ranks must see)."""
+        shadows, route = self.shadows, self.topology.route
+        touching = [i for i, s in enumerate(steps) if s.src not in shadows or s.dst not in shadows]
+        used = {l for i in touching for l in route(steps[i].src, steps[i].dst)}
+        keep = [i for i, s in enumerate(steps) if s.src not in shadows or s.dst not in shadows
+                or not used.isdisjoint(route(s.src, s.dst))]
+        index = {old: new for new, old in enumerate(keep)}
+        return [collectives.Transfer(s.src, s.dst, s.nbytes, tuple(index[d] for d in s.deps), s.label,
+                                     s.latency_steps, s.path, s.nvls) for s in (steps[i] for i in keep)]
+
+    def _bundled(self, a: Action, protocol: str):
+        """An all-to-all as one ``Bundle`` (``sim.engine.network``) of all its point-to-point
+        sends (``sim.engine.algorithms.alltoall_pairs``), shadows' too: they all start at
+        once, carry equal bytes and wait for nothing, so the one flow that moves them in
+        step ends when the most loaded link has carried its members' bytes, as the slowest
+        of them would alone. Returns the bundle's start arguments (one step), the ranks it
+        involves, and its start function. One bundle per group and protocol."""
+        pairs, member_bytes = collectives.alltoall_pairs(a.group, a.nbytes)
+        key = (a.group, protocol)
         bundle = self._bundles.get(key)
         if bundle is None:
             model = self.nccl
             bundle = self._bundles[key] = self.net.bundle(
-                [(st.src, st.dst) for st in steps],
-                lambda lat, medium: protocol_cost(lat, medium, 0.0, 1, model, protocol)[0], self.shadows)
-        nbytes = protocol_cost(0.0, "nvlink", steps[0].nbytes, 1, self.nccl, protocol)[1]  # (wire bytes: any medium's)
+                pairs, lambda lat, medium: protocol_cost(lat, medium, 0.0, 1, model, protocol)[0], self.shadows)
+        nbytes = protocol_cost(0.0, "nvlink", member_bytes, 1, self.nccl, protocol)[1]  # (wire bytes: any medium's)
         start_bundle = self.net.start_bundle
 
         def start(route, src, dst, nbytes, label, latency_steps, callback, arg):
             start_bundle(route, nbytes, label, callback, arg)
 
-        return [(bundle, ranks[0], ranks[-1], nbytes, steps[0].label, 1)], ranks, start
+        ranks = sorted(a.group)
+        return [(bundle, ranks[0], ranks[-1], nbytes, a.op, 1)], ranks, start
 
     def efficiency(self) -> dict[str, float]:
         """Each link kind's capacity over its line rate (the profile's efficiencies)."""
