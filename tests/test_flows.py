@@ -165,9 +165,9 @@ def test_a_moe_training_step_agrees_between_the_bundle_and_point_to_point_flows(
                   moe_ffn_hidden_size=512)
     plan = ParallelPlan(dp=16, ep=16, global_batch_size=32)
     topo = load_topology("dgx-h100", nodes=2)
-    flows = simulate_training(model, plan, H100, topo, collective_model="flows", nccl_algo="ring",
-                              nccl_protocol="simple")
-    steps = simulate_training(model, plan, H100, topo, collective_model="steps", nccl_algo="ring",
-                              nccl_protocol="simple")
+    flows, steps = (simulate_training(Job(model, plan, H100, topo),
+                                      SimulationSettings(fidelity="full", collective_model=collectives,
+                                                         nccl_algo="ring", nccl_protocol="simple"))
+                    for collectives in ("flows", "steps"))
     assert flows.trace.end_s == pytest.approx(steps.trace.end_s, rel=0.01)
     assert len(flows.trace.transfers) * 4 < len(steps.trace.transfers)

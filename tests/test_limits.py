@@ -50,7 +50,7 @@ MOE = llama("moe-16", 8, 1024, 16, 16, 2048, 2000, 512, num_experts=16, moe_rout
 def test_estimate_of_a_mixture_of_experts_is_within_a_factor_of_four(plan, nodes, fidelity):
     # its all-to-alls (one bundle each under flows), expert rings and expert gradient buckets
     topo = load_topology("dgx-h100", nodes=nodes)
-    real = simulate_training(MOE, plan, H100, topo, fidelity=fidelity).trace.stats["events"]
+    real = simulate_training(Job(MOE, plan, H100, topo), SimulationSettings(fidelity=fidelity)).trace.stats["events"]
     est = estimate_events(MOE, plan, fidelity, topo)["events"]
     assert real / 4 <= est <= real * 4
 

@@ -144,7 +144,7 @@ def test_full_and_reduced_fidelity_agree_when_expert_parallelism_spans_nodes(rou
     plan = ParallelPlan(dp=8, tp=2, ep=16, etp=1, pp=2, global_batch_size=32, sequence_parallel=True,
                         moe_routing=routing)
     topo = load_topology("dgx-a100", nodes=4)
-    full = simulate_training(model, plan, load_profile("a100-80gb"), topo, fidelity="full")
-    reduced = simulate_training(model, plan, load_profile("a100-80gb"), topo, fidelity="reduced")
+    job = Job(model, plan, load_profile("a100-80gb"), topo)
+    full, reduced = (simulate_training(job, SimulationSettings(fidelity=f)) for f in ("full", "reduced"))
     assert len(reduced.program.actions) == plan.pp < len(full.program.actions) == plan.world_size
     assert reduced.trace.end_s == pytest.approx(full.trace.end_s, rel=0.01)
