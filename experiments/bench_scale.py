@@ -3,8 +3,11 @@
 For the ZeRO paper's 7.5B model on 64 A100s (plain data parallelism, ZeRO-1, batch 64),
 GPT-3 175B on 1,024 and 1,536 A100s (Megatron-LM plans: tp 8 x pp 16 x dp 8 and
 tp 8 x pp 12 x dp 16, batch 1536) and Llama 3 405B on 8,192 and 16,384 H100s (tp 8 x
-pp 16, batch 2048 sequences of 8192 tokens), at reduced fidelity and at full fidelity
-under both collective models (flows and steps), it prints the
+pp 16, batch 2048 sequences of 8192 tokens), and mixtures of experts (Mixtral 8x22B on
+256 H100s: tp 2 x pp 4, ep 8; DeepSeek-V3 on 512 and 1,024 H100s: tp 2 x pp 8, ep 64,
+batch 4096, balanced and zipf-skewed routing), at reduced fidelity and at full fidelity
+under both collective models (flows and steps; DeepSeek-V3 at reduced fidelity only,
+``REDUCED_ONLY``), it prints the
 wall time of one simulated iteration, the SimPy events processed, events per second and
 the peak RSS. Each case runs in a fresh process (so RSS is its own) with a time limit;
 cases over the limit are reported as such, not guessed. The engine's time is split into
@@ -21,7 +24,8 @@ loop is, best of 3 runs of the engine on the same program; a longer one, once.
 
 Targets (benchmarks, not tests): reduced fidelity Llama 3 405B on 16,384 GPUs under
 10 s and 2 GB; full fidelity GPT-3 175B on 1,024 GPUs under 60 s; engine event rate at
-least a third of the bare loop's.
+least a third of the bare loop's; DeepSeek-V3 on 512 and 1,024 GPUs under 60 s and 2 GB
+(aim 10 s), skewed routing within twice that.
 """
 
 from __future__ import annotations
@@ -32,6 +36,11 @@ import statistics
 import subprocess
 import sys
 import time
+
+_MOE = ["--expert-tensor-parallel-size", "1", "--sequence-parallel", "--zero", "1"]
+_DEEPSEEK = _MOE + ["--expert-model-parallel-size", "64", "--decoder-first-pipeline-num-layers", "7",
+                    "--decoder-last-pipeline-num-layers", "6"]
+"""DeepSeek-V3 as issue #40 runs it: tp 2, pp 8 (61 layers as 7 + 6 x 8 + 6), ep 64 over each stage's GPUs."""
 
 CASES = [
     # name, model, gpu, nodes, tp, pp, global batch, extra flags
@@ -44,7 +53,16 @@ CASES = [
     ("llama3-405b 16384xH100", "llama3-405b", "h100-sxm", 2048, 8, 16, 2048,
      ["--account-for-embedding-in-pipeline-split", "--account-for-loss-in-pipeline-split",
       "--recompute-granularity", "full", "--sequence-parallel"]),
+    # Mixtures of experts (issue #40): each all-to-all is one bundle of flows
+    ("mixtral-8x22b 256xH100", "mixtral-8x22b", "h100-sxm", 32, 2, 4, 1024, _MOE + ["--expert-model-parallel-size", "8"]),
+    ("deepseek-v3 512xH100", "deepseek-v3", "h100-sxm", 64, 2, 8, 4096, _DEEPSEEK),
+    ("deepseek-v3 1024xH100", "deepseek-v3", "h100-sxm", 128, 2, 8, 4096, _DEEPSEEK),
+    ("deepseek-v3 1024xH100 zipf", "deepseek-v3", "h100-sxm", 128, 2, 8, 4096,
+     _DEEPSEEK + ["--moe-routing", "zipf:1.2"]),
 ]
+REDUCED_ONLY = ("deepseek-v3",)
+"""Cases run at reduced fidelity only (what ``--fidelity auto`` picks for them): at full
+fidelity their 4,096 sequences are tens of millions of events on every GPU."""
 
 _BARE = r"""
 import time
@@ -157,7 +175,7 @@ def main() -> int:
           f"{floors[0]['queue_entries']:10,d} {rates(floors)}", flush=True)
     for case in (c for c in CASES if args.case in c[0]):
         for fidelity, model in [("reduced", "flows")] + [("full", m) for m in models]:
-            if args.only and fidelity != args.only:
+            if args.only and fidelity != args.only or fidelity == "full" and case[0].startswith(REDUCED_ONLY):
                 continue
             runs = [run_case(case, fidelity, args.limit, model) for _ in range(args.repeat)]
             done = [r for r in runs if "skipped" not in r]

@@ -15,7 +15,7 @@ from sim.program.actions import FLOW_PIECES, Action, Program
 from sim.inputs.schema import SimulationSettings
 from sim.session import Job, simulate_training
 from sim.inputs.hardware import load_profile
-from sim.inputs.model import gpt
+from sim.inputs.model import gpt, llama
 from sim.inputs.plan import ParallelPlan
 
 H100 = load_profile("h100-sxm")
@@ -58,22 +58,32 @@ def test_a_ring_sharing_two_links_with_a_long_send_takes_the_hand_computed_time(
     # 2(n-1) = 6 latencies, so the slowest hop ends at 6 alpha + 1.5 S / (B/2) = 6 alpha + 3 S/B
     # after the ring's start, NCCL's base latency (8.4 us for a ring under Simple, baseLatencies
     # in NVIDIA/nccl src/graph/tuning.cc) after the send's.
-    t = load_topology("dgx-h100")
     S = 2**28
-    alpha, B = t.path_latency_s(0, 1), t.bottleneck_Bps(0, 1)
-    ring = tuple(range(4))
-    prog = {r: [Action("ar", kind="collective", op="allreduce", group=ring, nbytes=S, channels=1)] for r in ring}
-    prog[0].append(Action("bulk", kind="send", peer=2, nbytes=20 * S, stream="bulk"))
-    prog[2].append(Action("bulk", kind="recv", peer=0, nbytes=20 * S, stream="bulk"))
-    trace = simulate(Program(prog), t, fluid_collectives=model == "flows")
+    trace, alpha, B = _beside_a_long_send(Action("ar", kind="collective", op="allreduce", group=tuple(range(4)),
+                                                 nbytes=S, channels=1), 20 * S, model)
     ends = {s.rank: s.end_s for s in trace.spans if s.name == "ar"}
     assert max(ends.values()) == pytest.approx(8.4e-6 + 6 * alpha + 3 * S / B, rel=1e-9)
 
 
-def test_a_training_step_agrees_between_the_models_and_flows_use_fewer_transfers():
-    # Data parallelism over 2 nodes (16 GPUs), gradient buckets overlapping backward.
-    model = gpt("small", 4, 1024, 16, 8192, 512)
-    plan = ParallelPlan(dp=16, global_batch_size=32)
+def _beside_a_long_send(collective: Action, bulk_bytes: float, model: str):
+    """``collective`` on GPUs 0-3 of a DGX H100 and a send of ``bulk_bytes`` from 0 to 2
+    beside it: (trace, path latency, link bandwidth)."""
+    t = load_topology("dgx-h100")
+    prog = {r: [collective] for r in collective.group}
+    prog[0].append(Action("bulk", kind="send", peer=2, nbytes=bulk_bytes, stream="bulk"))
+    prog[2].append(Action("bulk", kind="recv", peer=0, nbytes=bulk_bytes, stream="bulk"))
+    trace = simulate(Program(prog), t, fluid_collectives=model == "flows")
+    return trace, t.path_latency_s(0, 1), t.bottleneck_Bps(0, 1)
+
+
+@pytest.mark.parametrize("model,plan", [
+    # data parallelism over 2 nodes (16 GPUs), gradient buckets overlapping backward
+    (gpt("small", 4, 1024, 16, 8192, 512), ParallelPlan(dp=16, global_batch_size=32)),
+    # expert parallelism over 2 nodes (ep 16): each all-to-all one bundle (flows) or n(n-1) transfers (steps)
+    (llama("moe-16", 2, 512, 8, 8, 1024, 2000, 256, num_experts=16, moe_router_topk=2, moe_ffn_hidden_size=512),
+     ParallelPlan(dp=16, ep=16, global_batch_size=32)),
+])
+def test_a_training_step_agrees_between_the_models_and_flows_use_fewer_transfers(model, plan):
     topo = load_topology("dgx-h100", nodes=2)
     # (rings, which the two collective models run differently: NCCL_ALGO=ring)
     flows, steps = (simulate_training(Job(model, plan, H100, topo),
@@ -83,3 +93,72 @@ def test_a_training_step_agrees_between_the_models_and_flows_use_fewer_transfers
     assert flows.trace.end_s == pytest.approx(steps.trace.end_s, rel=0.01)
     assert len(flows.trace.transfers) * 4 < len(steps.trace.transfers)
     assert (flows.collective_model, steps.collective_model) == ("flows", "steps")
+
+
+# ---------------------------------------------------------------- all-to-all as one bundle
+@pytest.mark.parametrize("model", ["flows", "steps"])
+def test_alltoall_on_a_switch_takes_the_closed_form(model):
+    # S bytes per rank over n ranks on one NVSwitch of per-direction bandwidth B: each
+    # uplink carries n-1 sends of S/n, so (n-1)/n S/B + alpha (no base latency: NCCL runs
+    # it as grouped sends and receives). Flows: one bundle, one record per source.
+    t = load_topology("dgx-h100")
+    n, S = 8, 2**30
+    alpha, B = t.path_latency_s(0, 1), t.bottleneck_Bps(0, 1)
+    trace, s = run_collective("alltoall", S, n, t, collective_model=model)
+    assert s["time_s"] == pytest.approx(alpha + (n - 1) / n * S / B, rel=1e-9)
+    assert s["transfers"] == (n if model == "flows" else n * (n - 1))
+    assert trace.bytes_by_link_kind()["nvlink"] == pytest.approx(2 * n * (n - 1) * S / n)  # up and down
+
+
+@pytest.mark.parametrize("model", ["flows", "steps"])
+def test_alltoall_across_two_nodes_takes_its_most_loaded_links_time(model):
+    # 16 ranks on 2 DGX H100 (rail-optimized: cross-rail sends go through the spines,
+    # spread by ECMP): every send of S/16 starts at once, so the all-to-all ends when the
+    # most loaded directed link has carried its sends, after the longest route's latency.
+    t = load_topology("dgx-h100", nodes=2)
+    n, S = 16, 2**28
+    g = t.graph
+    sends: dict = {}
+    for r in range(n):
+        for q in range(n):
+            if q != r:
+                for link in t.route(r, q):
+                    sends[link] = sends.get(link, 0) + 1
+    slowest = max(k * S / n / g.edges[link]["bandwidth_Bps"] for link, k in sends.items())
+    alpha = max(t.path_latency_s(r, q) for r in range(n) for q in range(n))
+    _, s = run_collective("alltoall", S, n, t, collective_model=model)
+    assert s["time_s"] == pytest.approx(alpha + slowest, rel=1e-9)
+
+
+@pytest.mark.parametrize("model", ["flows", "steps"])
+def test_an_alltoall_sharing_two_links_with_a_long_send_takes_the_hand_computed_time(model):
+    # Four GPUs of a DGX node and a large send 0 -> 2 that outlasts the all-to-all. GPU 0's
+    # uplink carries its 3 sends and the bulk send, GPU 2's downlink the 3 sends to it and
+    # the bulk one: max-min gives each B/4 there. As one bundle, every send goes at that
+    # pace (S/4 at B/4); as 12 flows, the sends over those two links do and the others end
+    # sooner. Either way the all-to-all ends at alpha + (S/4) / (B/4) = alpha + S/B.
+    S = 2**28
+    trace, alpha, B = _beside_a_long_send(Action("a2a", kind="collective", op="alltoall", group=tuple(range(4)),
+                                                 nbytes=S), 20 * S, model)
+    ends = {s.rank: s.end_s for s in trace.spans if s.name == "a2a"}
+    assert max(ends.values()) == pytest.approx(alpha + S / B, rel=1e-9)
+    # the bulk send had B/4 until then, the whole link after: 20 S = (S/B)(B/4) + rest at B
+    bulk = next(s for s in trace.spans if s.name == "bulk" and s.rank == 0)
+    assert bulk.end_s == pytest.approx(alpha + S / B + (20 * S - S / 4) / B, rel=1e-9)
+
+
+def test_two_alltoalls_of_one_group_at_once_share_its_links():
+    # Two all-to-alls over the same 4 GPUs on two streams at once: each takes half of
+    # every link it has to itself (a bundle's folded links are one link its flows share),
+    # so both end at alpha + 2 (n-1)/n S/B.
+    t = load_topology("dgx-h100")
+    S, n = 2**28, 4
+    alpha, B = t.path_latency_s(0, 1), t.bottleneck_Bps(0, 1)
+    group = tuple(range(n))
+    prog = {r: [Action("x", kind="collective", op="alltoall", group=group, nbytes=S, stream="a"),
+                Action("y", kind="collective", op="alltoall", group=group, nbytes=S, stream="b")] for r in group}
+    trace = simulate(Program(prog), t, fluid_collectives=True)
+    for name in ("x", "y"):
+        assert max(s.end_s for s in trace.spans if s.name == name) == pytest.approx(
+            alpha + 2 * (n - 1) / n * S / B, rel=1e-9)
+

@@ -9,7 +9,7 @@ import pytest
 from sim.errors import InputError
 from sim.inputs.hardware import load_profile
 from sim.program.limits import DEFAULT_MAX_EVENTS, check_size, estimate_events
-from sim.inputs.model import gpt, preset
+from sim.inputs.model import gpt, llama, preset
 from sim.inputs.plan import ParallelPlan
 from sim.inputs.topology_build import load_topology
 from sim.inputs.schema import SimulationSettings
@@ -32,6 +32,26 @@ def test_estimate_is_within_a_factor_of_four_of_real_runs(plan, nodes, fidelity)
     topo = load_topology("dgx-h100", nodes=nodes)
     real = simulate_training(Job(SMALL, plan, H100, topo), SimulationSettings(fidelity=fidelity)).trace.stats["events"]
     est = estimate_events(SMALL, plan, fidelity, topo)["events"]
+    assert real / 4 <= est <= real * 4
+
+
+MOE = llama("moe-16", 8, 1024, 16, 16, 2048, 2000, 512, num_experts=16, moe_router_topk=2,
+            moe_ffn_hidden_size=1024)
+
+
+@pytest.mark.parametrize("plan,nodes,fidelity", [
+    (ParallelPlan(dp=16, ep=16, global_batch_size=64, zero_stage=1), 2, "full"),
+    (ParallelPlan(dp=8, tp=2, pp=2, ep=16, etp=1, global_batch_size=64, sequence_parallel=True), 4, "full"),
+    (ParallelPlan(dp=8, tp=2, pp=2, ep=16, etp=1, global_batch_size=64, sequence_parallel=True), 4, "reduced"),
+    (ParallelPlan(dp=8, tp=2, ep=4, etp=2, global_batch_size=32, sequence_parallel=True), 2, "full"),
+    (ParallelPlan(dp=8, tp=2, ep=4, global_batch_size=32, sequence_parallel=True, moe_routing="zipf:1.5"), 2,
+     "reduced"),
+])
+def test_estimate_of_a_mixture_of_experts_is_within_a_factor_of_four(plan, nodes, fidelity):
+    # its all-to-alls (one bundle each under flows), expert rings and expert gradient buckets
+    topo = load_topology("dgx-h100", nodes=nodes)
+    real = simulate_training(Job(MOE, plan, H100, topo), SimulationSettings(fidelity=fidelity)).trace.stats["events"]
+    est = estimate_events(MOE, plan, fidelity, topo)["events"]
     assert real / 4 <= est <= real * 4
 
 

@@ -222,15 +222,21 @@ def build(op: str, ranks, nbytes: float, topology: Topology, algo: str = "ring",
             _ring_broadcast(b, ring_order(topology, ranks, rotate=c), nbytes / channels, root,
                             f"broadcast ch{c}" if channels > 1 else "broadcast")
     elif op == "alltoall":
-        for r in sorted(ranks):
-            for q in sorted(ranks):
-                if q != r:
-                    b.add(r, q, nbytes / n, (), "alltoall")
+        pairs, each = alltoall_pairs(ranks, nbytes)
+        for r, q in pairs:
+            b.add(r, q, each, (), "alltoall")
     elif op == "shift":  # each rank's buffer to the next in rank order (ring attention's exchange)
         order = sorted(ranks)
         for i, r in enumerate(order):
             b.add(r, order[(i + 1) % n], nbytes, (), "shift")
     return b.steps
+
+
+def alltoall_pairs(ranks, nbytes: float) -> tuple[list[tuple[int, int]], float]:
+    """An all-to-all's point-to-point sends: every (source, destination) pair of distinct
+    ranks, in order, and the bytes of each, 1/n of a rank's buffer of ``nbytes``."""
+    order = sorted(ranks)
+    return [(r, q) for r in order for q in order if q != r], nbytes / len(order)
 
 
 def broadcast_chunks(n: int, nbytes: float) -> int:

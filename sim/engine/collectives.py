@@ -26,6 +26,11 @@ from sim.engine.tuner import choose, runnable
 from sim.inputs.topology import Topology, ranks_by_node
 
 
+BUNDLED_OPS = ("alltoall",)
+"""Ops whose steps run as one bundle of flows under the flow model (``Collectives._bundled``):
+their point-to-point sends all start at once, carry equal bytes and wait for nothing."""
+
+
 class _Rendezvous:
     """Where the members of one collective meet: ``posted`` maps each member that has
     arrived to its action index, ``first`` is the first member's action, ``began`` is when
@@ -62,7 +67,8 @@ class Collectives:
         self.key_of, self.needed, self.finish = key_of, needed, finish
         self._open: dict[tuple, _Rendezvous] = {}
         self._plans: dict[tuple, tuple] = {}
-        self._labels: dict[str, dict[str, str]] = {}  # a collective's label -> its steps' transfer labels
+        self._labels: dict[str, dict[str, str]] = {}
+        self._bundles: dict[tuple, object] = {}  # (group, protocol) -> its all-to-all's Bundle  # a collective's label -> its steps' transfer labels
         self.nccl = nccl or DEFAULT_MODEL
         """Protocols and NVLS figures (``sim.engine.nccl``)."""
         self._choices: dict[tuple, tuple[str, str]] = {}
@@ -109,30 +115,28 @@ class Collectives:
         """The collective's steps and their bookkeeping, built once per distinct
         (op, group, size, algorithm, channels, userbuffers or NCCL). Under reduced fidelity with fluid rings,
         hops between two shadows are dropped: no simulated rank waits for them, and by
-        symmetry they take as long as the hops that are simulated."""
+        symmetry they take as long as the hops that are simulated. Under the flow model an
+        all-to-all is one bundle of all its sends (``_bundled``), shadows' included: one
+        flow, whose weights on the links are the contention the whole group makes."""
         key = (a.op, a.group, a.nbytes, a.algo, a.protocol, a.channels, a.userbuffers)
         plan = self._plans.get(key)
         if plan is not None:
             return plan
         algo, protocol = self.choose(a)
-        steps = collectives.build(a.op, a.group, a.nbytes, self.topology, algo, channels=a.channels or None,
-                                  fluid=self.fluid)
         shadows = self.shadows
-        if self.fluid and algo == "ring" and shadows:
-            # Drop hops between two shadows, unless they share a link with a kept hop
-            # (then they are contention the simulated ranks must see).
-            touching = [i for i, s in enumerate(steps) if s.src not in shadows or s.dst not in shadows]
-            used = {l for i in touching for l in self.topology.route(steps[i].src, steps[i].dst)}
-            keep = [i for i, s in enumerate(steps) if s.src not in shadows or s.dst not in shadows
-                    or not used.isdisjoint(self.topology.route(s.src, s.dst))]
-            index = {old: new for new, old in enumerate(keep)}
-            steps = [collectives.Transfer(s.src, s.dst, s.nbytes, tuple(index[d] for d in s.deps), s.label,
-                                          s.latency_steps, s.path, s.nvls) for s in (steps[i] for i in keep)]
-        # Per step: what the network's start takes, the simulated ranks whose action it
-        # counts toward, and the steps that wait for it.
-        args = self._step_args(steps, protocol)
-        ends = [tuple(r for r in ((st.src, st.dst) if st.src != st.dst else (st.src,)) if r not in shadows)
-                for st in steps]
+        start = self.net.start
+        if self.fluid and a.op in BUNDLED_OPS and len(a.group) > 1:
+            args, ranks, start = self._bundled(a, protocol)
+            steps = [collectives.Transfer(ranks[0], ranks[-1], args[0][3], (), args[0][4])]
+            ends = [tuple(r for r in ranks if r not in shadows)]
+        else:
+            steps = collectives.build(a.op, a.group, a.nbytes, self.topology, algo, channels=a.channels or None,
+                                      fluid=self.fluid)
+            steps = self._without_shadow_hops(steps) if self.fluid and algo == "ring" and shadows else steps
+            args = self._step_args(steps, protocol)
+            ends = [tuple(r for r in ((st.src, st.dst) if st.src != st.dst else (st.src,)) if r not in shadows)
+                    for st in steps]
+        # Per step: the simulated ranks whose action it counts toward, and the steps that wait for it.
         children: list[list[int]] = [[] for _ in steps]
         involved: dict[int, int] = {}
         for i, st in enumerate(steps):
@@ -141,9 +145,44 @@ class Collectives:
             for r in ends[i]:
                 involved[r] = involved.get(r, 0) + 1
         base = 0.0 if a.userbuffers else base_latency(self.nccl, a.op, a.group, self.topology, algo, protocol)
-        plan = (args, ends, [tuple(c) for c in children], [len(st.deps) for st in steps], involved, base)
+        plan = (args, ends, [tuple(c) for c in children], [len(st.deps) for st in steps], involved, base, start)
         self._plans[key] = plan
         return plan
+
+    def _without_shadow_hops(self, steps):
+        """Reduced fidelity's fluid rings: hops between two shadows dropped, unless they
+        share a link with a kept hop (then they are contention the simulated ranks must see)."""
+        shadows, route = self.shadows, self.topology.route
+        touching = [i for i, s in enumerate(steps) if s.src not in shadows or s.dst not in shadows]
+        used = {l for i in touching for l in route(steps[i].src, steps[i].dst)}
+        keep = [i for i, s in enumerate(steps) if s.src not in shadows or s.dst not in shadows
+                or not used.isdisjoint(route(s.src, s.dst))]
+        index = {old: new for new, old in enumerate(keep)}
+        return [collectives.Transfer(s.src, s.dst, s.nbytes, tuple(index[d] for d in s.deps), s.label,
+                                     s.latency_steps, s.path, s.nvls) for s in (steps[i] for i in keep)]
+
+    def _bundled(self, a: Action, protocol: str):
+        """An all-to-all as one ``Bundle`` (``sim.engine.network``) of all its point-to-point
+        sends (``sim.engine.algorithms.alltoall_pairs``), shadows' too: they all start at
+        once, carry equal bytes and wait for nothing, so the one flow that moves them in
+        step ends when the most loaded link has carried its members' bytes, as the slowest
+        of them would alone. Returns the bundle's start arguments (one step), the ranks it
+        involves, and its start function. One bundle per group and protocol."""
+        pairs, member_bytes = collectives.alltoall_pairs(a.group, a.nbytes)
+        key = (a.group, protocol)
+        bundle = self._bundles.get(key)
+        if bundle is None:
+            model = self.nccl
+            bundle = self._bundles[key] = self.net.bundle(
+                pairs, lambda lat, medium: protocol_cost(lat, medium, 0.0, 1, model, protocol)[0], self.shadows)
+        nbytes = protocol_cost(0.0, "nvlink", member_bytes, 1, self.nccl, protocol)[1]  # (wire bytes: any medium's)
+        start_bundle = self.net.start_bundle
+
+        def start(route, src, dst, nbytes, label, latency_steps, callback, arg):
+            start_bundle(route, nbytes, label, callback, arg)
+
+        ranks = sorted(a.group)
+        return [(bundle, ranks[0], ranks[-1], nbytes, a.op, 1)], ranks, start
 
     def efficiency(self) -> dict[str, float]:
         """Each link kind's capacity over its line rate (the profile's efficiencies)."""
@@ -235,11 +274,10 @@ class Collectives:
     def _begin(self, job) -> None:
         """``_run``'s work once the base latency has passed: start the steps that wait for none."""
         plan, rv, label, finish = job
-        args, ends, children, waiting0, involved, _ = plan
+        args, ends, children, waiting0, involved, _, start = plan
         waiting = list(waiting0)
         action_of = rv.posted
         left = {r: involved.get(r, 0) for r in action_of}
-        start = self.net.start
         began = rv.began
         # The transfers' labels: one string per distinct label, however many collectives
         # share it (every data-parallel group's all-reduce of a bucket does).

@@ -216,7 +216,8 @@ class _Engine:
 
     def _prepare(self) -> None:
         """Set-up before the clock starts: the route of every point-to-point pair and the
-        steps of every distinct collective (routing is the costly part). Each matched
+        steps of every distinct collective (routing is the costly part); then the network
+        is sealed (``Network.seal``). Each matched
         pair's entry in ``p2p`` gets its route, so the run need not look it up."""
         acts, plan = self._acts, self._coll.plan_steps
         for i in self._collectives:
@@ -225,6 +226,7 @@ class _Engine:
         for i in self._sends:  # once per pair, at its send
             pair = p2p[i]
             p2p[i] = p2p[pair[1]] = (*pair, route(pair[2], pair[3]))
+        self.net.seal()  # (every route is made: bundles may fold the links only they cross)
 
     def _spans_in_order(self) -> bool:
         """Whether the spans, built stream by stream, are already in the trace's order

@@ -12,6 +12,17 @@ So an uncontended transfer of S bytes takes ``latency + S / bottleneck_bandwidth
 flows over one link take twice as long as one; the two directions of a full-duplex link
 are separate resources and do not slow each other.
 
+A *bundle* (``Bundle``, ``start_bundle``) is many equal flows that start together and
+move in step: an all-to-all's n(n−1) point-to-point sends as one flow. It crosses each
+link with a weight, the number of its member flows routed over that link; its rate is
+each member's, so on a link it takes ``weight`` shares of progressive filling and
+``weight × rate`` of the capacity, as its members would if they all went at the
+slowest one's pace (Bertsekas & Gallager's max-min with one rate per session, the
+session here being the bundle's members together). Uncontended, it takes
+``latency + S_member / min(capacity / weight)``: the most loaded link's bytes over its
+capacity, which is when the members' slowest would end as separate flows. A bundle is
+one flow's events however many members it has.
+
 A link's usable capacity is its ``bandwidth_Bps`` times an optional per-kind efficiency
 (e.g. from a calibrated hardware profile); the network knows nothing else about
 hardware. Every completed transfer is recorded as a ``TransferRecord`` (the trace's,
@@ -39,9 +50,39 @@ _new_object = object.__new__
 _EPS = 1e-12
 
 
+class Bundle:
+    """Equal flows that move in step (module doc), made once per group and protocol:
+    ``links`` the directed link ids its members cross, ``weights`` how many members cross
+    each (integers, in ``links``' order), ``latency_s`` the longest member's route latency,
+    ``bottleneck`` a member's rate alone on the network (min capacity / weight),
+    ``records`` what a finished bundle leaves in the trace, as (source, destination,
+    members, medium): one per source and medium, the members it sent that way together;
+    ``carried`` the member bytes issued so far (a one-item list). ``all_links`` and
+    ``all_weights`` keep every link it crosses (link ``l`` carried ``carried × weight``);
+    ``Network.seal`` may fold the links no other flow can use into one link of its own."""
+
+    __slots__ = ("links", "weights", "weight_of", "all_links", "all_weights", "latency_s", "bottleneck", "records",
+                 "carried", "src", "dst", "tightest")
+
+    def __init__(self, links, weights, latency_s, bottleneck, records, src, dst, capacity):
+        self.all_links, self.all_weights = links, weights
+        self.latency_s, self.bottleneck = latency_s, bottleneck
+        self.records, self.src, self.dst = records, src, dst
+        self.carried = [0.0]
+        self.cross(links, weights, capacity)
+
+    def cross(self, links, weights, capacity) -> None:
+        """Cross ``links`` with ``weights`` in the flow model (all of them, or what ``seal`` leaves)."""
+        self.links, self.weights = links, weights
+        self.weight_of = dict(zip(links, weights))
+        self.tightest = sorted((capacity[l] / w, l) for l, w in zip(links, weights) if not math.isinf(capacity[l]))
+        """(capacity / weight, link), smallest first: the rate each link would allow the
+        bundle alone on it (``_max_min_rates`` reads the first it has to itself)."""
+
+
 class _Flow:
     __slots__ = ("links", "remaining", "rate", "last_t", "version", "callback", "arg", "src", "dst", "nbytes", "start",
-                 "label", "medium", "bottleneck")
+                 "label", "medium", "bottleneck", "bundle")
 
     def __init__(self, links, nbytes, callback, arg, src, dst, start, label, medium, bottleneck):
         self.links = links
@@ -53,6 +94,7 @@ class _Flow:
         self.callback, self.arg = callback, arg  # on arrival: callback(arg) is called, or event arg triggered
         self.src, self.dst, self.nbytes, self.start, self.label = src, dst, nbytes, start, label
         self.medium = medium
+        self.bundle = None
 
 
 class Network:
@@ -84,6 +126,12 @@ class Network:
         self._dirty: set[int] = set()
         self._pending = False
         self.records: list[TransferRecord] = []
+        self._bundles: list[Bundle] = []  # every bundle made (link_bytes)
+        self._sealed = False
+        self._folded: set[int] = set()  # links folded into bundles' own (seal)
+        self._used: set[int] | None = None
+        self.bundle_records: set[int] = set()
+        """Indices in ``records`` of the records bundles left (a source's members sent one way together)."""
         self._at = self.calls.at
         self._join_call, self._timer_call = self._join, self._timer  # bound once, not per call
         self.active = 0
@@ -110,10 +158,108 @@ class Network:
             links, bottleneck, float(nbytes), 0.0, now, 0
         flow.callback, flow.arg, flow.src, flow.dst, flow.nbytes, flow.start, flow.label, flow.medium = \
             callback, arg, src, dst, nbytes, now, label, medium
+        flow.bundle = None
         self.active += 1
         carried[0] += nbytes
         if latency > 0:
             self._at(now + latency * latency_steps, self._join_call, flow)
+        else:
+            self._join(flow)
+
+    def bundle(self, pairs, latency=None, skip=frozenset()) -> Bundle:
+        """The ``Bundle`` of member flows ``pairs`` ((source, destination) GPU pairs, each
+        on its route), paying its members' longest latency before it moves, each member's
+        ``latency(route latency, medium)`` (default: the route's). Its members' routes are
+        not kept as routes of their own (``seal`` tells the links only bundles use). The
+        trace records what each source sent, except the sources in ``skip`` (shadows)."""
+        weight: dict[int, int] = {}
+        by_source: dict[tuple[int, str], list] = {}
+        latency_s = 0.0
+        for src, dst in pairs:
+            ids, lat, medium, _ = self._make_route(src, dst)
+            latency_s = max(latency_s, lat if latency is None else latency(lat, medium))
+            for l in ids:
+                weight[l] = weight.get(l, 0) + 1
+            if src in skip:
+                continue
+            got = by_source.get((src, medium))
+            if got is None:
+                by_source[(src, medium)] = [dst, 1]
+            else:
+                got[1] += 1
+        links = tuple(sorted(weight))
+        weights = tuple(weight[l] for l in links)
+        bottleneck = min((self.capacity[l] / w for l, w in zip(links, weights)), default=math.inf)
+        records = tuple((src, dst, k, medium) for (src, medium), (dst, k) in sorted(by_source.items()))
+        b = Bundle(links, weights, latency_s, bottleneck, records, min(p[0] for p in pairs), max(p[1] for p in pairs),
+                   self.capacity)
+        self._bundles.append(b)
+        if self._sealed:
+            self._unfolded(b.all_links)
+        return b
+
+    def seal(self) -> None:
+        """Every route but bundles' has been made (the engine's set-up): fold the links of
+        each bundle that nothing else can cross (its members' ends on GPUs no other flow
+        uses: under reduced fidelity, most of its links) into one link of its own. They
+        bound it as a link would, by their tightest capacity over weight, which is what
+        that link holds; a second flow of the same bundle shares it, as it would share
+        them. A route or bundle made later must not cross a folded link (an error)."""
+        self._sealed = True
+        used = self._used_links()
+        crossing: dict[int, int] = {}
+        for b in self._bundles:
+            for l in b.all_links:
+                crossing[l] = crossing.get(l, 0) + 1
+        for b in self._bundles:
+            cap = self.capacity
+            own = [(l, w) for l, w in zip(b.all_links, b.all_weights)
+                   if crossing[l] == 1 and l not in used and not math.isinf(cap[l])]
+            if not own:
+                continue
+            folded = {l for l, _ in own}
+            kept = [(l, w) for l, w in zip(b.all_links, b.all_weights) if l not in folded]
+            v = len(cap)
+            cap.append(min(cap[l] / w for l, w in own))
+            self._flows_on.append(set())
+            self._folded.update(folded)
+            b.cross(tuple(l for l, _ in kept) + (v,), tuple(w for _, w in kept) + (1,), cap)
+
+    def _unfolded(self, links) -> None:
+        """After ``seal``: ``links`` (a new route's) must not cross a folded link."""
+        if not self._folded.isdisjoint(links):
+            from sim.engine.invariants import violation
+
+            violation("a route made after the network was sealed crosses a link folded into a bundle")
+        self._used_links().update(links)
+
+    def _used_links(self) -> set[int]:
+        """Links a flow other than a bundle may cross: every route made so far, and each
+        GPU's link to its host CPU (host copies)."""
+        used = self._used
+        if used is None:
+            used = self._used = {l for r in self._route.values() for l in r[0]}
+            g = self.topology.graph
+            for gpu in self.topology.gpus:
+                for n in g.neighbors(gpu):
+                    if g.nodes[n]["kind"] == "cpu":
+                        used.update((self._link_id[(gpu, n)], self._link_id[(n, gpu)]))
+        return used
+
+    def start_bundle(self, bundle: Bundle, nbytes: float, label: str, callback, arg) -> None:
+        """Start ``bundle`` with ``nbytes`` per member; ``callback(arg)`` when every member
+        has arrived (``start``'s, for a bundle)."""
+        now = self.env.now
+        flow = _new_object(_Flow)
+        flow.links, flow.bottleneck, flow.remaining, flow.rate, flow.last_t, flow.version = \
+            bundle.links, bundle.bottleneck, float(nbytes), 0.0, now, 0
+        flow.callback, flow.arg, flow.src, flow.dst, flow.nbytes, flow.start, flow.label, flow.medium = \
+            callback, arg, bundle.src, bundle.dst, nbytes, now, label, "bundle"
+        flow.bundle = bundle
+        self.active += 1
+        bundle.carried[0] += nbytes
+        if bundle.latency_s > 0:
+            self._at(now + bundle.latency_s, self._join_call, flow)
         else:
             self._join(flow)
 
@@ -141,6 +287,11 @@ class Network:
             if b:
                 for l in links:
                     out[l] = out.get(l, 0.0) + b
+        for bundle in self._bundles:
+            b = bundle.carried[0]
+            if b:
+                for l, w in zip(bundle.all_links, bundle.all_weights):
+                    out[l] = out.get(l, 0.0) + b * w
         return {l: out[l] for l in sorted(out) if out[l] > 0}
 
     def route(self, src: int, dst: int) -> tuple[tuple[int, ...], float, str, float, list[float]]:
@@ -150,14 +301,18 @@ class Network:
         key = (src, dst)
         r = self._route.get(key)
         if r is None:
-            links = self.topology.route(src, dst)
-            ids = tuple(self._link_id[l] for l in links)
-            kinds = {self.link_kinds[i] for i in ids}
-            medium = next((k for k in ("ethernet", "ib", "pcie", "nvlink") if k in kinds), "local")
-            bottleneck = min((self.capacity[i] for i in ids), default=math.inf)
-            r = (ids, self.topology.path_latency_s(src, dst), medium, bottleneck, [0.0])
-            self._route[key] = r
+            r = self._route[key] = (*self._make_route(src, dst), [0.0])
+            if self._sealed:
+                self._unfolded(r[0])
         return r
+
+    def _make_route(self, src: int, dst: int) -> tuple[tuple[int, ...], float, str, float]:
+        """``route``'s first four items, made anew."""
+        ids = tuple(self._link_id[l] for l in self.topology.route(src, dst))
+        kinds = {self.link_kinds[i] for i in ids}
+        medium = next((k for k in ("ethernet", "ib", "pcie", "nvlink") if k in kinds), "local")
+        bottleneck = min((self.capacity[i] for i in ids), default=math.inf)
+        return ids, self.topology.path_latency_s(src, dst), medium, bottleneck
 
     def _join(self, flow: _Flow) -> None:
         """The flow's latency is over: its bytes start to move."""
@@ -176,7 +331,10 @@ class Network:
                 shared = True
             fl.add(flow)
         if shared:  # rates change on its links: re-allocated in one batch at this instant
-            self._dirty.update(links)
+            if flow.bundle is None:
+                self._dirty.update(links)
+            else:  # (only where it meets others: see _reallocate)
+                self._dirty.update(l for l in links if len(flows_on[l]) > 1)
             self._request_reallocation()
             return
         # Alone on every link of its route: max-min gives it the route's bottleneck, and
@@ -203,8 +361,11 @@ class Network:
                 self._dirty.add(l)
         flow.remaining = 0.0
         self.active -= 1
-        self.records.append(_tuple_new(TransferRecord, (flow.src, flow.dst, flow.nbytes, flow.start, now, flow.label,
-                                                        flow.medium)))
+        if flow.bundle is None:
+            self.records.append(_tuple_new(TransferRecord, (flow.src, flow.dst, flow.nbytes, flow.start, now,
+                                                            flow.label, flow.medium)))
+        else:
+            self._bundle_records(flow, now)
         if flow.callback is not None:  # (the engine's: finishes actions, may start flows)
             flow.callback(flow.arg)
         else:
@@ -212,6 +373,19 @@ class Network:
             flow.arg.succeed()
         if self._dirty:
             self._request_reallocation()
+
+    def _bundle_records(self, flow: _Flow, now: float) -> None:
+        """A finished bundle's records (``Bundle.records``); in debug mode, a check that it
+        took no less than its members' bytes over its bottleneck rate."""
+        if self.check and flow.links and now - flow.start < flow.nbytes / flow.bundle.bottleneck * (1 - 1e-9):
+            from sim.engine.invariants import violation
+
+            violation(f"bundle {flow.label!r} moved {flow.nbytes} bytes per member in {now - flow.start:.6g} s, "
+                      f"faster than its bottleneck allows")
+        first = len(self.records)
+        self.records.extend(_tuple_new(TransferRecord, (src, dst, flow.nbytes * k, flow.start, now, flow.label, medium))
+                            for src, dst, k, medium in flow.bundle.records)
+        self.bundle_records.update(range(first, len(self.records)))
 
     def _timer(self, timer: tuple[_Flow, int]) -> None:
         """A flow's finish time at its last rate has come; stale if its rate changed since."""
@@ -230,20 +404,26 @@ class Network:
         """Max-min fair rates for every flow connected to a changed link."""
         self._pending = False
         now = self.env.now
-        # The component: flows reachable from the dirty links through shared links.
+        # The component: flows reachable from the dirty links through shared links. Of a
+        # bundle's links (hundreds) only those it shares are taken: those it has to itself
+        # bound its rate alone (``_max_min_rates``).
         flows: set[_Flow] = set()
         links: set[int] = set()
         stack = list(self._dirty)
         self._dirty.clear()
+        flows_on = self._flows_on
         while stack:
             l = stack.pop()
             if l in links:
                 continue
             links.add(l)
-            for f in self._flows_on[l]:
+            for f in flows_on[l]:
                 if f not in flows:
                     flows.add(f)
-                    stack.extend(f.links)
+                    if f.bundle is None:
+                        stack.extend(f.links)
+                    else:
+                        stack.extend(m for m in f.links if len(flows_on[m]) > 1)
         if not flows:
             return
         for f in flows:  # bring progress up to now at the old rate
@@ -252,7 +432,7 @@ class Network:
             f.last_t = now
         if len(flows) == 1:  # alone: its route's bottleneck (what progressive filling gives)
             (f,) = flows
-            new_rate = {f: min(self.capacity[l] for l in f.links)}
+            new_rate = {f: f.bottleneck}
         else:
             new_rate = _max_min_rates(flows, links, self.capacity, self._flows_on)
         for f in sorted(flows, key=_flow_key):
@@ -275,11 +455,12 @@ class Network:
             cap = self.capacity[l]
             if math.isinf(cap):
                 continue
-            used = sum(f.rate for f in self._flows_on[l])
+            used = sum(f.rate * (1 if f.bundle is None else f.bundle.weight_of[l]) for f in self._flows_on[l])
             if used > cap * (1 + 1e-9):
                 from sim.engine.invariants import violation
 
-                violation(f"link {self.link_names[l][0]}->{self.link_names[l][1]} carries {used:.6g} B/s at "
+                name = "->".join(self.link_names[l]) if l < len(self.link_names) else "a bundle's own"
+                violation(f"link {name} carries {used:.6g} B/s at "
                           f"t={self.env.now!r}, over its capacity {cap:.6g} B/s")
 
 
@@ -293,16 +474,36 @@ def _max_min_rates(flows: set[_Flow], links: set[int], capacity: list[float], fl
     The link with the smallest fair share (capacity left / flows not yet frozen) is the
     next bottleneck; its flows are frozen at that share. Freezing a flow at the smallest
     share never lowers another link's share, so a heap with lazy updates finds each next
-    bottleneck.
+    bottleneck. A bundle (``Bundle``) counts as its weight on each link, and takes its
+    weight times the share: freezing it still leaves every other link's share at least
+    the smallest. ``links`` need not hold a bundle's links that no other flow crosses:
+    the tightest of those bounds it as a link of its own would (its share, capacity over
+    weight, never changes), one heap entry (numbered below zero).
     """
     rate: dict[_Flow, float] = {}
     left = {l: capacity[l] for l in links if not math.isinf(capacity[l])}
     count = {l: len(flows_on[l]) for l in left}
     heap = [(left[l] / count[l], l) for l in sorted(left) if count[l] > 0]
+    alone: dict[int, _Flow] = {}  # heap key (< 0) -> the bundle its own links bound
+    for f in sorted((f for f in flows if f.bundle is not None), key=_flow_key):
+        weight_of = f.bundle.weight_of
+        for m in _common(count, weight_of):
+            count[m] += weight_of[m] - 1
+        own = next((x for x in f.bundle.tightest if x[1] not in links), None)
+        if own is not None:
+            key = -1 - len(alone)
+            alone[key] = f
+            heap.append((own[0], key))
+    heap = [(left[l] / count[l], l) if l >= 0 else (share, l) for share, l in heap]
     heapq.heapify(heap)
     unfrozen = set(flows)
     while unfrozen and heap:
         share, l = heapq.heappop(heap)
+        if l < 0:  # a bundle's own links: it stops here, if nothing stopped it before
+            f = alone[l]
+            if f in unfrozen:
+                _freeze(f, share, rate, unfrozen, left, count)
+            continue
         c = count[l]
         if c == 0:
             continue
@@ -311,12 +512,33 @@ def _max_min_rates(flows: set[_Flow], links: set[int], capacity: list[float], fl
             heapq.heappush(heap, (current, l))
             continue
         for f in sorted(flows_on[l] & unfrozen, key=_flow_key):
-            rate[f] = current
-            unfrozen.discard(f)
-            for m in f.links:
-                if m in left:
-                    left[m] -= current
-                    count[m] -= 1
+            _freeze(f, current, rate, unfrozen, left, count)
     for f in unfrozen:  # flows that cross only infinite links
         rate[f] = math.inf
     return rate
+
+
+def _freeze(f: _Flow, current: float, rate: dict, unfrozen: set, left: dict, count: dict) -> None:
+    """Progressive filling's step: flow ``f`` stops at rate ``current``, which it takes
+    off each link's capacity left (times its weight, for a bundle)."""
+    rate[f] = current
+    unfrozen.discard(f)
+    if f.bundle is None:
+        for m in f.links:
+            if m in left:
+                left[m] -= current
+                count[m] -= 1
+    else:
+        weight_of = f.bundle.weight_of
+        for m in _common(left, weight_of):
+            w = weight_of[m]
+            left[m] -= current * w
+            count[m] -= w
+
+
+def _common(a: dict, b: dict) -> list:
+    """The keys of both, walking the smaller (a component's few links against a bundle's
+    hundreds)."""
+    if len(a) > len(b):
+        a, b = b, a
+    return [k for k in a if k in b]

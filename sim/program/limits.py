@@ -11,7 +11,12 @@ The estimate counts, per simulated GPU, what the passes create: a compute segmen
 layer and pipeline step, the tensor-parallel collectives of each layer, the pipeline
 sends and receives, ZeRO-3's parameter gathers, ZeRO-2's per-micro-batch
 reduce-scatters and the data-parallel gradient buckets; each collective costs about
-three events per ring hop of the rank. It is a rough guide, not a promise: tests check
+three events per ring hop of the rank. A mixture of experts adds its all-to-alls, about
+three events each under the flow model (one bundle of flows for the whole group,
+``sim.engine.network``), shared by the group's simulated GPUs, or three per send of the
+rank under lock-step ``steps``; its expert-tensor-parallel rings; and its gradient
+buckets count the rank's own parameters (experts split over ep), the experts' synced over
+their own data-parallel group. It is a rough guide, not a promise: tests check
 it stays within a factor of four of the events real runs process (coalescing of
 isolated tensor-parallel collectives makes it high, collectives over many GPUs make it
 low). A simulation processes roughly 80-200 thousand events per second end to end,
@@ -31,6 +36,7 @@ from sim.program.actions import FLOW_PIECES
 _EVENTS_PER_HOP = 3  # a transfer's latency, its finish and its completion (plus re-allocations if shared)
 _EVENTS_PER_COMPUTE = 1  # its timeout
 _EVENTS_PER_P2P = 3  # one transfer: the two sides meet without an event
+_EVENTS_PER_BUNDLE = 3  # an all-to-all's one flow: its latency, its finish, a re-allocation
 
 
 def _ring_hops(n: int, op: str, flows: bool = True) -> int:
@@ -79,14 +85,46 @@ def estimate_events(model, plan, fidelity: str = "full", topology=None, coalesce
     else:
         per_step = layers * per_layer + (_EVENTS_PER_COMPUTE if coalesced else 0)
     per_step += 2 * _EVENTS_PER_P2P if plan.pp > 1 else 0
+    if model.moe:
+        per_step += _moe_events_per_step(model, plan, layers, flows, reduced)
     sync = 0.0
-    if plan.dp_cp > 1:
+    if model.moe:
+        sync = _moe_sync_events(model, plan, flows, dp_rings)
+    elif plan.dp_cp > 1:
         grad_bytes = 2.0 * model.num_params / (plan.tp * plan.pp)
         buckets = max(1.0, grad_bytes / max(plan.bucket_size_bytes, 1))
         sync = buckets * _ring_hops(plan.dp_cp, "allreduce", flows) * dp_rings * _EVENTS_PER_HOP
     events = gpus * (steps * per_step + sync)
     return {"events": events, "simulated_gpus": gpus, "steps_per_gpu": steps, "events_per_step": per_step,
             "sync_events_per_gpu": sync}
+
+
+def _moe_events_per_step(model, plan, layers: float, flows: bool, reduced: bool) -> float:
+    """A pipeline step's events for its MoE layers' collectives on one simulated GPU: two
+    all-to-alls over ep per forward or backward (``sim.program.workload_moe``), and the
+    expert-tensor-parallel all-gather and reduce-scatter beside each when etp > 1."""
+    moe_layers = layers * model.num_moe_layers / model.num_layers
+    per_layer = 0.0
+    if plan.ep > 1:
+        simulated = 1 if reduced else plan.ep  # GPUs of a group that share its bundle's events
+        per_layer += 2 * (_EVENTS_PER_BUNDLE / simulated if flows else (plan.ep - 1) * _EVENTS_PER_HOP)
+    if plan.etp_size > 1:
+        per_layer += 2 * _ring_hops(plan.etp_size, "allgather", flows) * _EVENTS_PER_HOP
+    return moe_layers * per_layer
+
+
+def _moe_sync_events(model, plan, flows: bool, rings: int) -> float:
+    """Gradient buckets of one GPU of the largest stage: its dense parameters over dp·cp,
+    its experts over the expert data-parallel group (``sim.program.memory.states``)."""
+    from sim.program.memory.states import expert_data_parallel, stage_param_split
+
+    dense, experts = max(stage_param_split(model, plan, s) for s in range(plan.pp))
+    events = 0.0
+    for params, group in ((dense, plan.dp_cp), (experts, expert_data_parallel(plan))):
+        if group > 1 and params:
+            buckets = max(1.0, 2.0 * params / max(plan.bucket_size_bytes, 1))
+            events += buckets * _ring_hops(group, "allreduce", flows) * rings * _EVENTS_PER_HOP
+    return events
 
 
 def check_size(model, plan, fidelity: str = "full", max_events: float | None = DEFAULT_MAX_EVENTS,
