@@ -118,6 +118,21 @@ def test_bad_moe_input_is_one_line():
         ParallelPlan(dp=2, tp=2, ep=2).check_model(m)
 
 
+def test_zero3_with_experts_needs_the_experts_to_split_evenly_over_edp():
+    # FSDP2 with EP: a rank's num_experts/ep experts are sharded over edp = dp / ep ranks
+    m = llama("x", 2, 256, 4, 4, 512, 1000, 128, num_experts=8, moe_router_topk=2, moe_ffn_hidden_size=96)
+    ParallelPlan(dp=8, ep=4, zero_stage=3).check_model(m)     # 2 experts over edp 2: one each
+    ParallelPlan(dp=16, ep=2, zero_stage=3).check_model(m)    # 4 over 8: each expert's 96 rows in 2 halves
+    ParallelPlan(dp=4, ep=4, zero_stage=3).check_model(m)     # edp 1: nothing sharded
+    with pytest.raises(InputError, match=r"^plan: expert_model_parallel_size: got 2; ZeRO-3 shards each rank's 4 "
+                                         r"experts .* over the 3 expert data-parallel ranks") as e:
+        ParallelPlan(dp=6, ep=2, zero_stage=3).check_model(m)  # 4 experts over 3 ranks
+    assert "\n" not in str(e.value)
+    with pytest.raises(InputError, match=r"over the 20 expert data-parallel ranks .* expert width 96"):
+        ParallelPlan(dp=40, ep=2, zero_stage=3).check_model(m)  # 4 over 20: 96 rows in 5 parts
+    ParallelPlan(dp=6, ep=2, zero_stage=2).check_model(m)     # ZeRO-2 shards no parameters
+
+
 def test_folding_groups_partition_the_stage_and_moved_keeps_them():
     plan = ParallelPlan(dp=4, tp=2, pp=2, ep=4, etp=1, sequence_parallel=True, placement="tp-dp-pp")
     f = Folding(plan)

@@ -128,10 +128,15 @@ def _split(step: str) -> tuple[int, str, int]:
 
 
 def add_param_gathers(prog: Program, layer_bytes: Callable[[int, int], float],
-                      dp_group: Callable[[int], tuple[int, ...]], depth: int) -> Program:
+                      dp_group: Callable[[int], tuple[int, ...]], depth: int,
+                      label: str = "gather layer") -> Program:
     """ZeRO-3: all-gather a layer's parameters (stream ``zero``) before each use and free
     them after it. The gather for the i-th use may start once use i − depth − 1 is done,
-    so ``depth`` layers are fetched ahead while earlier ones compute."""
+    so ``depth`` layers are fetched ahead while earlier ones compute. Layers of
+    ``layer_bytes`` 0 (a dense layer's experts) get no gather; ``label`` names the gathers
+    (``{label} {layer} for {step}``). Called again with the experts' bytes and group, a
+    layer's expert gather follows its dense one on the same stream, as FSDP2 issues each
+    module's all-gather on one stream."""
     out = {}
     for r, acts in prog.actions.items():
         group = dp_group(r)
@@ -145,7 +150,9 @@ def add_param_gathers(prog: Program, layer_bytes: Callable[[int, int], float],
         frees: dict[int, list[tuple]] = {}
         for k, (step, layer, first, last) in enumerate(uses):
             nb = layer_bytes(r, layer)
-            name = f"gather layer {layer} for {step}"
+            if not nb:
+                continue
+            name = f"{label} {layer} for {step}"
             deps = (lst[uses[k - depth - 1][3]].name,) if k - depth - 1 >= 0 else ()
             g = Action.new(name, kind="collective", op="allgather", group=group, nbytes=nb, category="zero",
                        stream="zero", deps=deps, mem=(("start", "gathered", nb),))
