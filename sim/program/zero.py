@@ -14,7 +14,9 @@ explicit in the program, so the simulator times it and the memory timeline shows
 - ZeRO-3 (P_os+g+p): parameters are sharded too. Each layer's parameters are
   all-gathered before each use (forward, and again backward) and freed after it
   (``add_param_gathers``), up to ``depth`` layers ahead (prefetch); gradients are
-  reduce-scattered per layer in backward. Per step it moves 1.5× ZeRO-2's bytes.
+  reduce-scattered per layer in backward. Per step it moves 1.5× ZeRO-2's bytes. With
+  expert parallelism (FSDP2 with EP) an MoE layer's experts are sharded over their own
+  data-parallel group and gathered over it right after the layer's dense weights.
 
 ``add_resident`` puts each rank's resident model states (and the profile's reserve) in
 memory at the start; ``add_activation_memory`` allocates each (stage, micro-batch)'s
