@@ -217,6 +217,9 @@ def mean_abs(errors) -> float:
 # ---------------------------------------------------------------- the whole job
 def _describe(run) -> str:
     v = run.values
+    if "num_layers" not in v:  # a preset's shape
+        seq = f", seq {v['seq_length']}" if "seq_length" in v else ""
+        return f"{v['model']}{seq}, {run.group[1]}"
     return (f"{v['num_layers']} layers, hidden {v['hidden_size']}, {run.group[2][-1]}, seq {v['seq_length']}, "
             f"{run.group[1]}")
 
@@ -268,6 +271,7 @@ def fit_runs(path, gpu: str, names: list[str] | None = None, jobs: int = 1, cach
              "initial_error": init_e[i], "fitted_error": fit_e[i], "held_out_error": loo_e[i],
              "blank_cells": list(r.filled)} for i, r in enumerate(used)]
     group_rows = [{"id": ids[g], "source": g[0], "precision": g[1],
+                   "framework": next(r.framework for r in used if r.group == g),
                    "model": _describe(next(r for r in used if r.group == g)),
                    "lines": [r.line for r in used if r.group == g],
                    "held_out_fit": dict(zip((p.path for p in params), res["per_group"][ids[g]].values)),

@@ -17,7 +17,8 @@ writes the fitted profile, its ``sources`` naming the fit.
     parameters_chosen                   "--params", "the default set", or why fewer were fitted
     rows                                [{line, group, gpus, measured_s, initial_s, fitted_s, held_out_s,
                                           initial_error, fitted_error, held_out_error, blank_cells}]
-    groups                              [{id, source, precision, model, lines, held_out_fit, loo_mean_abs_error}]
+    groups                              [{id, source, precision, framework, model, lines, held_out_fit,
+                                          loo_mean_abs_error}]
     skipped                             [{line, reason}]: rows of this GPU not simulated (needs, precision)
     left_out                            [{line, gpu}]: rows of other GPUs
     blank_cells                         {column: {value, why}}: what blank cells of the fitted rows took
