@@ -213,6 +213,13 @@ def test_zero3_with_experts_keeps_16_bytes_per_parameter_sharded_per_group():
     got = {k: v for _, k, v in resident.mem}
     assert got["parameters"] + got["gradients"] + got["optimizer"] == pytest.approx(16 * psi_d / 4 + 16 * psi_e / 2)
     assert got["parameters"] == pytest.approx(2 * psi_d / 4 + 2 * psi_e / 2)
+    # the estimate's gathered layer: the MoE layer's dense weights and its rank's experts;
+    # with ep = dp (edp 1) the experts stay whole on their rank and only the dense ones are gathered
+    from sim.program.memory.rank import zero3_layer_gather_params
+
+    dense_layer = 4 * H * H + 2 * H + 4 * H
+    assert zero3_layer_gather_params(MOE, plan) == dense_layer + 2 * 3 * H * H
+    assert zero3_layer_gather_params(MOE, ParallelPlan(dp=4, ep=4, zero_stage=3)) == dense_layer
 
 
 def test_optimizer_steps_on_the_gpu_or_offloads():
