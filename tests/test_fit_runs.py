@@ -313,3 +313,25 @@ def test_a_row_needs_a_preset_or_its_shape(tmp_path):
     with pytest.raises(InputError, match=r"line 1: missing column 'num_layers'"):
         read_runs(_write(tmp_path / "d.csv", [{k: v for k, v in ok.items() if k != "model"}],
                          [c for c in short if c != "model"]))
+
+
+def test_several_files_fit_as_one_table(truth, tmp_path):
+    rows = _rows("ab", truth, sizes=(8,))
+    one = _write(tmp_path / "one.csv", rows)
+    cache = tmp_path / "cache.jsonl"
+    names = ["sustained_compute_fraction"]  # 2 groups: one parameter
+    whole = fit_runs(one, "a100-80gb", names, cache=cache)
+    first, second = _write(tmp_path / "a.csv", rows[:1]), _write(tmp_path / "b.csv", rows[1:] + [
+        dict(rows[1], gpu="h100-sxm")])
+    split = fit_runs([first, second], "a100-80gb", names, cache=cache)
+    assert split["simulations"] == 0       # the same rows: every time comes from the cache (keyed by row, not line)
+    assert split["parameters"] == whole["parameters"]
+    assert [r["fitted_s"] for r in split["rows"]] == [r["fitted_s"] for r in whole["rows"]]
+    assert [(r["file"], r["line"]) for r in split["rows"]] == [(str(first), 2), (str(second), 2)]
+    assert split["left_out"] == [{"line": 3, "file": str(second), "gpu": "h100-sxm"}]
+    assert split["data"] == f"{first}, {second}" and "file" not in whole["rows"][0]
+    code, text, _ = _cli(["fit", str(first), str(second), "--gpu", "a100-80gb", "--cache", str(cache)])
+    assert code == 0 and "left out (other GPUs): h100-sxm: lines b.csv:3" in text and "\na.csv:2 " in text
+    bad = _write(tmp_path / "c.csv", [dict(rows[0], gpus="")])
+    code, _, err = _cli(["fit", str(first), str(bad), "--gpu", "a100-80gb"])
+    assert code == 2 and f"{bad}: line 2: column gpus" in err and err.count("\n") == 1

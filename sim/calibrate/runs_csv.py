@@ -163,6 +163,8 @@ class MeasuredRun:
     """(source, precision, shape): rows with the same key form one group."""
     source: str = ""
     framework: str = ""
+    file: str = ""
+    """The file the row was read from."""
     skip: str | None = None
     """Why the row is not simulated (None: it is)."""
     filled: tuple = field(default=())
@@ -306,4 +308,4 @@ def _run(path, line: int, cells: dict) -> MeasuredRun:
     source = cells.get("source", "")
     shape = tuple(values.get(n) for n in SHAPE if n != "activation") + (activation,)
     return MeasuredRun(line, values, measured, cells.get("gpu") or None, (source, precision, shape), source,
-                       cells.get("framework", ""), skip, tuple(filled), tuple(by_source))
+                       cells.get("framework", ""), str(path), skip, tuple(filled), tuple(by_source))
