@@ -630,6 +630,9 @@ FLAG_CASES = [
     (RUN + ["--zero", "3", "--zero3-prefetch-bucket-size", "nan"], ["--zero3-prefetch-bucket-size", "nan"]),
     (RUN + ["--zero", "3", "--zero3-max-live-parameters=-1e9"], ["--zero3-max-live-parameters", "-1e9"]),
     (RUN + ["--zero", "5"], ["--zero", "5", "0, 1, 2, 3"]),
+    (RUN + ["--gpus", "12", "--pipeline-model-parallel-size", "1", "--global-batch-size", "12", "--num-experts", "4",
+            "--expert-model-parallel-size", "2", "--zero", "3"],                  # 2 experts a rank over edp 6
+     ["--expert-model-parallel-size", "got 2", "2 experts", "6 expert data-parallel ranks", "width 2048"]),
     (RUN + ["--recompute-granularity", "most"], ["--recompute-granularity", "most"]),
     (RUN + ["--num-virtual-stages-per-pipeline-rank", "0"], ["--num-virtual-stages-per-pipeline-rank", "0"]),
     (RUN + ["--decoder-first-pipeline-num-layers", "-1"], ["--decoder-first-pipeline-num-layers", "-1"]),

@@ -275,3 +275,63 @@ def test_fit_recovers_the_gpu_speed_spread_from_runs_of_two_sizes(tmp_path):
         assert v == pytest.approx(truth[p.path], rel=0.02)
     errors = [t / m - 1 for t, m in zip(sims.times(rows, result.values), measured)]
     assert max(abs(e) for e in errors) < 0.002
+
+
+MOE_RUNS = Path(__file__).resolve().parent.parent / "experiments" / "fit-data" / "moe_runs.csv"
+
+
+def test_the_moe_runs_read_with_their_presets_and_fsdp_plans():
+    # rows M1-M4 of ../shared/fit-data/more-sources-2026-12-03.md (NeMo AutoModel, FSDP2 + EP)
+    runs = read_runs(MOE_RUNS)
+    assert [(r.values["model"], r.values["gpus"], r.measured_s) for r in runs] == [
+        ("deepseek-v3", 256, 8.18), ("deepseek-v3", 1024, 37.87), ("kimi-k2", 256, 8.86), ("qwen3-30b-a3b", 8, 21.773)]
+    assert all(r.values["zero"] == 3 and r.values["moe_routing"] == "balanced" and r.gpu == "h100-sxm" and not r.skip
+               and r.values["recompute_granularity"] == "full" and "AutoModel" in r.framework for r in runs)
+    # one group per model from the source: DeepSeek-V3's two sizes together
+    assert runs[0].group == runs[1].group and len({r.group for r in runs}) == 3
+    # no shape column took a blank's default: the preset has the shape
+    assert not {"activation", "num_query_groups", "ffn_hidden_size"} & {c for r in runs for c in r.filled}
+    plans = [p.plan for p in prepare_rows(runs, "h100-sxm")]
+    # dp = GPUs / pp; micro-batches per rank = GBS / dp (the source's LBS / MBS); edp = dp / ep
+    assert [(p.dp, p.ep, p.vpp, p.num_microbatches, p.dp // p.ep) for p in plans] == [
+        (64, 64, 8, 8, 1), (256, 64, 8, 32, 4), (32, 32, 4, 16, 1), (8, 8, 1, 16, 1)]
+    assert [sum(p.stage_layers(prepare_rows([r], "h100-sxm")[0].model)) for p, r in zip(plans, runs)] == [61, 61, 61, 48]
+
+
+def test_a_row_needs_a_preset_or_its_shape(tmp_path):
+    head = ["source", "gpu", "gpus", "model", "num_layers", "hidden_size", "num_attention_heads", "vocab_size",
+            "seq_length", "global_batch_size", "measured_iteration_time_s"]
+    ok = {"source": "s", "gpu": "a100-80gb", "gpus": 8, "model": "llama3-8b", "global_batch_size": 8,
+          "measured_iteration_time_s": "1.0"}
+    (run,) = read_runs(_write(tmp_path / "a.csv", [ok], head))
+    assert run.values["model"] == "llama3-8b" and "num_layers" not in run.values and run.label() == "llama3-8b, 8 GPUs"
+    with pytest.raises(InputError, match=r"line 2: column num_layers: got ''; a run needs it unless the model column "
+                                         r"names a preset"):
+        read_runs(_write(tmp_path / "b.csv", [dict(ok, model="")], head))
+    short = ["source", "gpu", "gpus", "model", "global_batch_size", "measured_iteration_time_s"]
+    assert read_runs(_write(tmp_path / "c.csv", [ok], short))[0].values["model"] == "llama3-8b"
+    with pytest.raises(InputError, match=r"line 1: missing column 'num_layers'"):
+        read_runs(_write(tmp_path / "d.csv", [{k: v for k, v in ok.items() if k != "model"}],
+                         [c for c in short if c != "model"]))
+
+
+def test_several_files_fit_as_one_table(truth, tmp_path):
+    rows = _rows("ab", truth, sizes=(8,))
+    one = _write(tmp_path / "one.csv", rows)
+    cache = tmp_path / "cache.jsonl"
+    names = ["sustained_compute_fraction"]  # 2 groups: one parameter
+    whole = fit_runs(one, "a100-80gb", names, cache=cache)
+    first, second = _write(tmp_path / "a.csv", rows[:1]), _write(tmp_path / "b.csv", rows[1:] + [
+        dict(rows[1], gpu="h100-sxm")])
+    split = fit_runs([first, second], "a100-80gb", names, cache=cache)
+    assert split["simulations"] == 0       # the same rows: every time comes from the cache (keyed by row, not line)
+    assert split["parameters"] == whole["parameters"]
+    assert [r["fitted_s"] for r in split["rows"]] == [r["fitted_s"] for r in whole["rows"]]
+    assert [(r["file"], r["line"]) for r in split["rows"]] == [(str(first), 2), (str(second), 2)]
+    assert split["left_out"] == [{"line": 3, "file": str(second), "gpu": "h100-sxm"}]
+    assert split["data"] == f"{first}, {second}" and "file" not in whole["rows"][0]
+    code, text, _ = _cli(["fit", str(first), str(second), "--gpu", "a100-80gb", "--cache", str(cache)])
+    assert code == 0 and "left out (other GPUs): h100-sxm: lines b.csv:3" in text and "\na.csv:2 " in text
+    bad = _write(tmp_path / "c.csv", [dict(rows[0], gpus="")])
+    code, _, err = _cli(["fit", str(first), str(bad), "--gpu", "a100-80gb"])
+    assert code == 2 and f"{bad}: line 2: column gpus" in err and err.count("\n") == 1

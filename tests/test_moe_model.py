@@ -49,6 +49,33 @@ def test_other_presets_match_their_published_totals(name, total, active):
         assert near(m.active_params, active, 0.02)  # published as whole billions
 
 
+def test_kimi_k2_and_qwen3_30b_a3b_match_their_published_sizes():
+    # Qwen3-30B-A3B: 30.5B total, 3.3B activated (Qwen3 report; whole tenths). The shape
+    # leaves out its q/k layernorms (2 x 128 weights a layer, 12,288 in all).
+    q = preset("qwen3-30b-a3b")
+    assert near(q.num_params, 30.5e9, 0.005) and near(q.active_params, 3.3e9, 0.02)
+    # by hand: 48 x (attention 2048 x (4096 + 2 x 512) + 4096 x 2048, 128 experts of 3 x 2048 x 768,
+    # the router 2048 x 128, two norms) + untied 151936 x 2048 twice + the final norm
+    h = 2048
+    layer = h * (4096 + 1024) + 4096 * h + 128 * 3 * h * 768 + h * 128 + 2 * h
+    assert q.num_params == 48 * layer + 2 * 151936 * h + h
+    # Kimi-K2: "1.04 trillion total, 32 billion activated" (Moonshot AI). Its documented shape
+    # (61 layers, 384 experts of 2048 in 60 of them, MLA with 64 heads, vocabulary 163840)
+    # counts 1.026T, 1.3% under the headline: what the rest is, the sources do not say.
+    # 32B activated lies, as DeepSeek-V3's 37B does, between the count without the input
+    # embedding table and with it.
+    k = preset("kimi-k2")
+    assert near(k.num_params, 1.04e12, 0.015) and k.num_params < 1.04e12
+    assert k.active_params - k.embedding_params <= 32e9 <= k.active_params
+    d = preset("deepseek-v3")   # the same layout: 128 more experts in each of 2 more MoE layers, half the heads
+    expert = 3 * 7168 * 2048
+    assert k.num_moe_layers == 60 and d.num_moe_layers == 58
+    assert k.num_params - k.embedding_params - k.output_params == pytest.approx(
+        d.num_params - d.embedding_params - d.output_params + (60 * 384 - 58 * 256) * (expert + 7168)
+        + 2 * 3 * 7168 * 2048 - 2 * 3 * 7168 * 18432      # 2 layers trade the dense MLP for the shared expert
+        + 61 * (k.attention_params - d.attention_params), rel=1e-12)
+
+
 def test_mla_attention_is_counted_from_its_projections():
     m = preset("deepseek-v3")
     h, n = 7168, 128
@@ -116,6 +143,21 @@ def test_bad_moe_input_is_one_line():
         ParallelPlan(dp=2, ep=2).check_model(preset("llama3-8b"))
     with pytest.raises(InputError, match=r"needs --sequence-parallel"):
         ParallelPlan(dp=2, tp=2, ep=2).check_model(m)
+
+
+def test_zero3_with_experts_needs_the_experts_to_split_evenly_over_edp():
+    # FSDP2 with EP: a rank's num_experts/ep experts are sharded over edp = dp / ep ranks
+    m = llama("x", 2, 256, 4, 4, 512, 1000, 128, num_experts=8, moe_router_topk=2, moe_ffn_hidden_size=96)
+    ParallelPlan(dp=8, ep=4, zero_stage=3).check_model(m)     # 2 experts over edp 2: one each
+    ParallelPlan(dp=16, ep=2, zero_stage=3).check_model(m)    # 4 over 8: each expert's 96 rows in 2 halves
+    ParallelPlan(dp=4, ep=4, zero_stage=3).check_model(m)     # edp 1: nothing sharded
+    with pytest.raises(InputError, match=r"^plan: expert_model_parallel_size: got 2; ZeRO-3 shards each rank's 4 "
+                                         r"experts .* over the 3 expert data-parallel ranks") as e:
+        ParallelPlan(dp=6, ep=2, zero_stage=3).check_model(m)  # 4 experts over 3 ranks
+    assert "\n" not in str(e.value)
+    with pytest.raises(InputError, match=r"over the 20 expert data-parallel ranks .* expert width 96"):
+        ParallelPlan(dp=40, ep=2, zero_stage=3).check_model(m)  # 4 over 20: 96 rows in 5 parts
+    ParallelPlan(dp=6, ep=2, zero_stage=2).check_model(m)     # ZeRO-2 shards no parameters
 
 
 def test_folding_groups_partition_the_stage_and_moved_keeps_them():

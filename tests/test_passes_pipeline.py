@@ -8,7 +8,7 @@ import pytest
 
 from sim.errors import InputError
 from sim.inputs.hardware import load_profile
-from sim.inputs.model import gpt
+from sim.inputs.model import gpt, llama
 from sim.inputs.pacing import slowest_speed
 from sim.inputs.plan import ParallelPlan
 from sim.program import training
@@ -166,6 +166,60 @@ def test_zero3_gathers_each_layer_before_each_use_and_nothing_else():
     # (its reduce-scatters are grad_sync's: every micro-batch, as ZeRO-2's)
     before, after = _around(_ctx(dp=2, tp=2, zero_stage=2), "zero3_gather")
     assert after is before
+
+
+MOE = llama("two-moe", 2, H, 4, 4, 512, 1024, 128, num_experts=4, moe_router_topk=2, moe_ffn_hidden_size=H)
+"""2 MoE layers of 4 experts (h = f = 256, SwiGLU, no biases, RMSNorm, untied), for ZeRO-3 with EP."""
+
+
+def test_zero3_with_experts_gathers_dense_over_dp_and_experts_over_edp():
+    # dp 4, ep 2: each rank holds 2 of the 4 experts, shared with the one rank of the other
+    # ep group at its ep index (edp = 4 / 2 = 2, ranks {0, 2}); the dense weights over all 4
+    plan = ParallelPlan(dp=4, ep=2, global_batch_size=8, zero_stage=3)   # 2 micro-batches per rank
+    ctx = BuildContext.create(MOE, plan, H100)
+    before, after = _around(ctx, "zero3_gather")
+    added = _added(before, after, 0)
+    m = plan.num_microbatches
+    experts = 2 * 2 * 3 * H * H                       # 16-bit, 2 local experts of 3 h x f matrices
+    dense = 2 * (4 * H * H + 2 * H + H * 4)           # q, k, v, o; two RMSNorms; the router (h x E)
+    ends = {-1: 2 * 1024 * H, 2: 2 * (H + 1024 * H)}  # embedding; final norm and the untied output layer
+    assert all(a.op == "allgather" and a.stream == "zero" for a in added)
+    dense_g = [a for a in added if a.name.startswith("gather layer ")]
+    expert_g = [a for a in added if a.name.startswith("gather experts of layer ")]
+    assert {a.group for a in dense_g} == {(0, 1, 2, 3)} and {a.group for a in expert_g} == {(0, 2)}
+    # every use (forward and backward of each micro-batch) gathers what it computes with
+    assert sorted(a.nbytes for a in expert_g) == [experts] * (2 * 2 * m)
+    assert sum(a.nbytes for a in dense_g) == 2 * m * (2 * dense + ends[-1] + ends[2])
+    # a layer's experts are gathered right after its dense weights, both before its compute
+    acts = [a.name for a in after.program.actions[0]]
+    i = acts.index("gather layer 0 for 0F0")
+    assert acts[i + 1] == "gather experts of layer 0 for 0F0" and acts[i + 2].startswith("0F0")
+    # the gradients: reduce-scattered every micro-batch (grad_sync), the experts' over edp
+    before, after = _around(ctx, "grad_sync")
+    syncs = [a for a in _added(before, after, 0) if a.kind == "collective"]
+    assert {a.op for a in syncs} == {"reducescatter"}
+    assert sum(a.nbytes for a in syncs if a.group == (0, 2)) == m * 2 * experts
+    assert sum(a.nbytes for a in syncs if a.group == (0, 1, 2, 3)) == m * (2 * dense + ends[-1] + ends[2])
+
+
+def test_zero3_with_experts_keeps_16_bytes_per_parameter_sharded_per_group():
+    # resident model states: 16 Ψ_dense / N_dp + 16 Ψ_expert / N_edp (ZeRO-3 per group)
+    plan = ParallelPlan(dp=4, ep=2, global_batch_size=8, zero_stage=3)
+    ctx = BuildContext.create(MOE, plan, H100)
+    before, after = _around(ctx, "memory")
+    (resident,) = _added(before, after, 0)
+    psi_e = 2 * 2 * 3 * H * H                        # 2 layers x 2 local experts x 3 h x f
+    psi_d = 2 * (4 * H * H + 2 * H + 4 * H) + 1024 * H + H + 1024 * H
+    got = {k: v for _, k, v in resident.mem}
+    assert got["parameters"] + got["gradients"] + got["optimizer"] == pytest.approx(16 * psi_d / 4 + 16 * psi_e / 2)
+    assert got["parameters"] == pytest.approx(2 * psi_d / 4 + 2 * psi_e / 2)
+    # the estimate's gathered layer: the MoE layer's dense weights and its rank's experts;
+    # with ep = dp (edp 1) the experts stay whole on their rank and only the dense ones are gathered
+    from sim.program.memory.rank import zero3_layer_gather_params
+
+    dense_layer = 4 * H * H + 2 * H + 4 * H
+    assert zero3_layer_gather_params(MOE, plan) == dense_layer + 2 * 3 * H * H
+    assert zero3_layer_gather_params(MOE, ParallelPlan(dp=4, ep=4, zero_stage=3)) == dense_layer
 
 
 def test_optimizer_steps_on_the_gpu_or_offloads():

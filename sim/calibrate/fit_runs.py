@@ -217,16 +217,21 @@ def mean_abs(errors) -> float:
 # ---------------------------------------------------------------- the whole job
 def _describe(run) -> str:
     v = run.values
+    if "num_layers" not in v:  # a preset's shape
+        seq = f", seq {v['seq_length']}" if "seq_length" in v else ""
+        return f"{v['model']}{seq}, {run.group[1]}"
     return (f"{v['num_layers']} layers, hidden {v['hidden_size']}, {run.group[2][-1]}, seq {v['seq_length']}, "
             f"{run.group[1]}")
 
 
 def fit_runs(path, gpu: str, names: list[str] | None = None, jobs: int = 1, cache=None) -> dict:
-    """Read ``path``, fit the profile ``gpu`` (a preset or a profile .json) to its rows of
+    """Read ``path`` (a runs file, or a list of them read as one: each row keeps its
+    file), fit the profile ``gpu`` (a preset or a profile .json) to its rows of
     that GPU, hold out each group in turn, and return the report (see ``sim.commands.fit``
     for its keys); ``jobs``: worker processes simulating rows at once; ``cache``: a file
     of simulated times kept across runs (``sim.calibrate.fit_sims.Store``), or None."""
     import hashlib
+    from pathlib import Path
 
     from sim.calibrate.runs_csv import BY_SOURCE, BLANKS, FP8_BY_SOURCE, FP8_ROWS, read_runs
     from sim.fileio import read_bytes
@@ -234,13 +239,19 @@ def fit_runs(path, gpu: str, names: list[str] | None = None, jobs: int = 1, cach
 
     started = time.monotonic()
     profile = load_profile(gpu, flag="--gpu")
-    runs = read_runs(path)
-    sha = hashlib.sha256(read_bytes(path, "RUNS.csv")).hexdigest()
+    paths = [path] if isinstance(path, (str, Path)) else list(path)
+    path = ", ".join(map(str, paths))  # what the report and the errors name
+    runs = [r for p in paths for r in read_runs(p)]
+    sha = hashlib.sha256(b"".join(read_bytes(p, "RUNS.csv") for p in paths)).hexdigest()
+
+    def at(r) -> dict:  # where a row is: its line, and its file when there are several
+        return {"line": r.line, "file": r.file} if len(paths) > 1 else {"line": r.line}
+
     mine = [r for r in runs if r.gpu in (None, profile.name)]
-    left_out = [{"line": r.line, "gpu": r.gpu} for r in runs if r.gpu not in (None, profile.name)]
-    skips = {r.line: r.skip or unsupported(r, profile) for r in mine}
-    skipped = [{"line": r.line, "reason": skips[r.line]} for r in mine if skips[r.line]]
-    used = [r for r in mine if not skips[r.line]]
+    left_out = [{**at(r), "gpu": r.gpu} for r in runs if r.gpu not in (None, profile.name)]
+    skips = [r.skip or unsupported(r, profile) for r in mine]
+    skipped = [{**at(r), "reason": why} for r, why in zip(mine, skips) if why]
+    used = [r for r, why in zip(mine, skips) if not why]
     if not used:
         raise InputError(f"{path}: no rows to fit for GPU {profile.name}: {len(left_out)} row(s) of other GPUs, "
                          f"{len(skipped)} skipped; the gpu column must name the profile ({profile.name})")
@@ -263,13 +274,14 @@ def fit_runs(path, gpu: str, names: list[str] | None = None, jobs: int = 1, cach
         return [t / m - 1.0 for t, m in zip(res[key], measured)]
 
     init_e, fit_e, loo_e = errors("initial"), errors("fitted"), errors("held_out")
-    rows = [{"line": r.line, "group": groups[i], "gpus": r.values["gpus"], "measured_s": measured[i],
+    rows = [{**at(r), "group": groups[i], "gpus": r.values["gpus"], "measured_s": measured[i],
              "initial_s": res["initial"][i], "fitted_s": res["fitted"][i], "held_out_s": res["held_out"][i],
              "initial_error": init_e[i], "fitted_error": fit_e[i], "held_out_error": loo_e[i],
              "blank_cells": list(r.filled)} for i, r in enumerate(used)]
     group_rows = [{"id": ids[g], "source": g[0], "precision": g[1],
+                   "framework": next(r.framework for r in used if r.group == g),
                    "model": _describe(next(r for r in used if r.group == g)),
-                   "lines": [r.line for r in used if r.group == g],
+                   "lines": [r.line if len(paths) == 1 else f"{r.file}:{r.line}" for r in used if r.group == g],
                    "held_out_fit": dict(zip((p.path for p in params), res["per_group"][ids[g]].values)),
                    "loo_mean_abs_error": mean_abs([loo_e[i] for i in range(len(used)) if groups[i] == ids[g]])}
                   for g in order]
@@ -314,7 +326,8 @@ def fitted_profile(profile: HardwareProfile, report: dict, date: str) -> Hardwar
     sources = dict(profile.sources)
     for p in report["parameters"]:
         sources[p["name"]] = (
-            f"trainsim fit {date}: fitted to {Path(report['data']).name} (sha256 {report['data_sha256']}), "
+            f"trainsim fit {date}: fitted to {', '.join(Path(p).name for p in report['data'].split(', '))} "
+            f"(sha256 {report['data_sha256']}), "
             f"{report['row_count']} {report['gpu']} rows in {report['group_count']} groups, parameters {names}: "
             f"{p['fitted']:.6g} within [{p['low']:g}, {p['high']:g}] (was {p['initial']:.6g}); mean |error| "
             f"{report['mean_abs_error']:.1%} fitted, {report['loo_mean_abs_error']:.1%} leave-one-group-out")

@@ -293,7 +293,7 @@ def prepare_rows(runs, gpu: str, where: str = "RUNS.csv") -> list:
         try:
             out.append(prepare(RunSettings.from_values({**r.values, "gpu": gpu, "fidelity": FIDELITY})))
         except InputError as exc:
-            raise InputError(f"{where}: line {r.line}: {exc}") from None
+            raise InputError(f"{r.file or where}: line {r.line}: {exc}") from None
     return out
 
 

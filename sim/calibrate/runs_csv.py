@@ -5,16 +5,25 @@ One row per run. The columns are the settings of ``trainsim run`` by their field
 ``tensor_model_parallel_size``, ``global_batch_size``, ... and ``gpus``), plus
 
     measured_iteration_time_s   the measured time of one whole iteration (required)
+    model                       a preset (``trainsim run --model``): its shape, so the shape columns
+                                may be blank (a filled one overrides the preset's, as a flag does)
     activation                  gelu | swiglu | squared-relu (the MLP)
     context_parallel_size       context parallelism (``sim.program.context_parallel``; ring attention)
     gpu                         the profile the run was measured on; other GPUs are left out
     precision                   bf16 or fp8; rows of any other precision are skipped
     needs                       a capability the run needs: fp8 and context_parallel are
                                 simulated, rows that need anything else are skipped
+    framework                   free text: the framework the run used (reported with its group)
     source, notes               free text (``source`` also names the row's group)
 
 An ``fp8`` row trains its layers' GEMMs in FP8 (``fp8_format``: its own column, or
 ``FP8_FORMAT``'s value when that is blank); a ``bf16`` row cannot set ``fp8_format``.
+
+The shape columns (``SHAPE_REQUIRED``) are required unless the row names a preset.
+Mixtures of experts take their settings as ``trainsim run`` does: the model's
+(``num_experts``, ``moe_ffn_hidden_size``, ... or a preset) and the plan's
+(``expert_model_parallel_size``, ``expert_tensor_parallel_size``, ``moe_routing``), and
+FSDP is ``zero`` 3.
 
 Any other column is an error, and so is a cell the column does not allow: one line
 naming the file, the line, the column, the value and what is allowed.
@@ -25,7 +34,7 @@ that source ran. Settings that have no column take
 trainsim's defaults, which are Megatron-LM's (LayerNorm, learned positions, biases,
 dropout 0.1, tied embeddings); add the column to say otherwise.
 
-**Groups.** Rows of one model (the shape columns and the activation) from one source at
+**Groups.** Rows of one model (the preset, the shape columns and the activation) from one source at
 one precision form a group: a weak-scaling table's rows are near copies of each other,
 so held-out fitting leaves out a whole group at a time (``sim.calibrate.fit_runs``).
 """
@@ -44,15 +53,18 @@ from sim.inputs.flags import value_of_text
 from sim.inputs.schema import FIELDS, fields_of
 
 MEASURED = "measured_iteration_time_s"
-SETTING_COLUMNS = tuple(n for n in fields_of("model", "plan") if n not in ("model", "hf_config")) + ("gpus",)
-"""Schema fields a column may set (the model's shape and the plan; the cluster is the GPU's default one)."""
-EXTRA_COLUMNS = ("activation", "context_parallel_size", "gpu", "precision", "needs", "source", "notes")
+SETTING_COLUMNS = tuple(n for n in fields_of("model", "plan") if n != "hf_config") + ("gpus",)
+"""Schema fields a column may set (the model, as a preset or its shape, and the plan; the cluster is
+the GPU's default one)."""
+EXTRA_COLUMNS = ("activation", "context_parallel_size", "gpu", "precision", "needs", "framework", "source", "notes")
 ACTIVATIONS = {"gelu": False, "swiglu": True, "squared-relu": False}
 """MLP activation -> whether it is gated (``swiglu``). Squared ReLU (Nemotron-4, Megatron's
 ``--squared-relu``) is non-gated with GeLU's GEMM shapes; trainsim times its elementwise
 kernel as GeLU's (both read and write the same bytes)."""
-REQUIRED = (MEASURED, "gpus", "num_layers", "hidden_size", "num_attention_heads", "vocab_size", "seq_length")
-SHAPE = ("num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads", "num_query_groups", "vocab_size",
+SHAPE_REQUIRED = ("num_layers", "hidden_size", "num_attention_heads", "vocab_size", "seq_length")
+"""The shape columns a row without a preset (``model``) must fill."""
+REQUIRED = (MEASURED, "gpus") + SHAPE_REQUIRED
+SHAPE = ("model", "num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads", "num_query_groups", "vocab_size",
          "seq_length", "activation")
 """The columns that say which model a row trains (with ``source`` and ``precision``, its group)."""
 
@@ -150,6 +162,9 @@ class MeasuredRun:
     group: tuple
     """(source, precision, shape): rows with the same key form one group."""
     source: str = ""
+    framework: str = ""
+    file: str = ""
+    """The file the row was read from."""
     skip: str | None = None
     """Why the row is not simulated (None: it is)."""
     filled: tuple = field(default=())
@@ -159,7 +174,8 @@ class MeasuredRun:
 
     def label(self) -> str:
         v = self.values
-        return f"{v['num_layers']}L h{v['hidden_size']}, {v['gpus']} GPUs"
+        shape = v["model"] if "num_layers" not in v else f"{v['num_layers']}L h{v['hidden_size']}"
+        return f"{shape}, {v['gpus']} GPUs"
 
 
 def read_runs(path: str | Path) -> list[MeasuredRun]:
@@ -194,7 +210,7 @@ def _check_header(path, header: list[str]) -> None:
     dup = sorted({n for n in header if header.count(n) > 1})
     if dup:
         raise InputError(f"{path}: line 1: column {dup[0]!r} appears more than once")
-    missing = [n for n in REQUIRED if n not in header]
+    missing = [n for n in (REQUIRED if "model" not in header else REQUIRED[:2]) if n not in header]
     if missing:
         raise InputError(f"{path}: line 1: missing column {missing[0]!r}; required: {', '.join(REQUIRED)}")
 
@@ -234,9 +250,11 @@ def _positive_float(path, line: int, name: str, text: str) -> float:
 
 
 def _run(path, line: int, cells: dict) -> MeasuredRun:
-    for name in REQUIRED:
+    preset = cells.get("model", "")
+    for name in REQUIRED[:2] if preset else REQUIRED:
         if not cells[name]:
-            raise _bad(path, line, name, "", "a run needs it; the cell is blank")
+            raise _bad(path, line, name, "", "a run needs it; the cell is blank" if name in REQUIRED[:2] else
+                       "a run needs it unless the model column names a preset; the cell is blank")
     values = {name: _setting(path, line, name, cells[name]) for name in SETTING_COLUMNS if cells.get(name)}
     filled = []
 
@@ -255,14 +273,15 @@ def _run(path, line: int, cells: dict) -> MeasuredRun:
                     values.setdefault(name, value)
 
     take(BY_SOURCE)
-    for name in ("num_query_groups", "ffn_hidden_size", "num_virtual_stages_per_pipeline_rank", "micro_batch_size",
-                 "recompute_granularity", "sequence_parallel"):
+    shape_blanks = () if preset else ("num_query_groups", "ffn_hidden_size")   # a preset has its own shape
+    for name in shape_blanks + ("num_virtual_stages_per_pipeline_rank", "micro_batch_size", "recompute_granularity",
+                                "sequence_parallel"):
         if name not in values and (fill := blank(name)) is not None:
             values[name] = fill
-    activation = cells.get("activation") or blank("activation")
-    if activation not in ACTIVATIONS:
+    activation = cells.get("activation") or ("" if preset else blank("activation"))
+    if activation and activation not in ACTIVATIONS:
         raise _bad(path, line, "activation", activation, f"allowed: {', '.join(ACTIVATIONS)}")
-    if ACTIVATIONS[activation]:
+    if activation and ACTIVATIONS[activation]:
         values["swiglu"] = True
     cp_text = cells.get("context_parallel_size") or str(blank("context_parallel_size"))
     cp = int(cp_text) if cp_text.isdigit() else 0
@@ -270,7 +289,7 @@ def _run(path, line: int, cells: dict) -> MeasuredRun:
         raise _bad(path, line, "context_parallel_size", cp_text, "expected an integer >= 1")
     if cp > 1:
         values["context_parallel_size"] = cp
-    if values.get("num_query_groups") == values["num_attention_heads"]:
+    if "num_query_groups" in values and values.get("num_query_groups") == values.get("num_attention_heads"):
         del values["num_query_groups"]
     elif "num_query_groups" in values:
         values["group_query_attention"] = True
@@ -288,5 +307,5 @@ def _run(path, line: int, cells: dict) -> MeasuredRun:
             else None)
     source = cells.get("source", "")
     shape = tuple(values.get(n) for n in SHAPE if n != "activation") + (activation,)
-    return MeasuredRun(line, values, measured, cells.get("gpu") or None, (source, precision, shape), source, skip,
-                       tuple(filled), tuple(by_source))
+    return MeasuredRun(line, values, measured, cells.get("gpu") or None, (source, precision, shape), source,
+                       cells.get("framework", ""), str(path), skip, tuple(filled), tuple(by_source))

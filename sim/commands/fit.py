@@ -1,7 +1,7 @@
 """``trainsim fit``: calibrate a hardware profile against measured training runs.
 
-``trainsim fit RUNS.csv --gpu PROFILE --out FITTED.json [--json] [--params a,b]`` reads
-one run per row (``sim.calibrate.runs_csv``: the settings of ``trainsim run`` as columns
+``trainsim fit RUNS.csv [MORE.csv ...] --gpu PROFILE --out FITTED.json [--json] [--params a,b]``
+reads one run per row (of every file given, as one table) (``sim.calibrate.runs_csv``: the settings of ``trainsim run`` as columns
 plus ``measured_iteration_time_s``), simulates the rows measured on PROFILE's GPU, fits
 a few of the profile's physical parameters, each within physical bounds
 (``sim.calibrate.fit_runs.PARAMETERS``), and prints per row the measured, fitted and
@@ -11,14 +11,18 @@ writes the fitted profile, its ``sources`` naming the fit.
 
 ``--json`` prints one object (errors are fractions, predicted / measured − 1; times in s):
 
-    gpu, profile, data, data_sha256     the profile fitted, as given and by name; the CSV and its sha256
+    gpu, profile, data, data_sha256     the profile fitted, as given and by name; the CSV (several: joined by
+                                        ", ") and the sha256 of its bytes (of theirs, in order)
     fidelity, collective_model          how each row was simulated ("reduced", "flows")
     parameters                          [{name, low, high, initial, fitted, why}]
     parameters_chosen                   "--params", "the default set", or why fewer were fitted
     rows                                [{line, group, gpus, measured_s, initial_s, fitted_s, held_out_s,
                                           initial_error, fitted_error, held_out_error, blank_cells}]
-    groups                              [{id, source, precision, model, lines, held_out_fit, loo_mean_abs_error}]
+    groups                              [{id, source, precision, framework, model, lines, held_out_fit,
+                                          loo_mean_abs_error}]
     skipped                             [{line, reason}]: rows of this GPU not simulated (needs, precision)
+    (with several files each row, skipped and left_out entry also has its ``file``, and a group's
+    ``lines`` are ``file:line``)
     left_out                            [{line, gpu}]: rows of other GPUs
     blank_cells                         {column: {value, why}}: what blank cells of the fitted rows took
     by_source                           {source text: {settings, why}}: settings without a column that
@@ -43,8 +47,9 @@ HELP = "Fit a hardware profile's efficiencies to measured training runs (CSV); r
 
 
 def add_arguments(p) -> None:
-    p.add_argument("runs", metavar="RUNS.csv", help="measured runs: trainsim run's settings as columns plus "
-                                                    "measured_iteration_time_s")
+    p.add_argument("runs", metavar="RUNS.csv", nargs="+", help="measured runs: trainsim run's settings as columns "
+                                                               "plus measured_iteration_time_s (several files: read "
+                                                               "as one table)")
     p.add_argument("--gpu", required=True, metavar="PROFILE", help="preset (a100-80gb, h100-sxm, h200) or profile "
                                                                    ".json to fit; rows of other GPUs are left out")
     p.add_argument("--out", metavar="FITTED.json", help="write the fitted profile here")
@@ -80,8 +85,9 @@ def run(args) -> int:
             parameter(n)
     profile = load_profile(args.gpu, flag="--gpu")
     with Progress() as bar:
-        bar.update(f"fitting {profile.name} to {args.runs}")
-        report = fit_runs(args.runs, args.gpu, names, jobs=args.jobs, cache=args.cache)
+        bar.update(f"fitting {profile.name} to {', '.join(args.runs)}")
+        runs = args.runs[0] if len(args.runs) == 1 else args.runs
+        report = fit_runs(runs, args.gpu, names, jobs=args.jobs, cache=args.cache)
     report["out"] = args.out
     if args.out:
         fitted_profile(profile, report, datetime.date.today().isoformat()).save(args.out)
@@ -90,6 +96,13 @@ def run(args) -> int:
         return 0
     _print(report)
     return 0
+
+
+def _line(entry: dict) -> str:
+    """A row's line, after its file's name when the fit read several."""
+    from pathlib import Path
+
+    return f"{Path(entry['file']).name}:{entry['line']}" if "file" in entry else str(entry["line"])
 
 
 def _pct(x: float) -> str:
@@ -113,7 +126,7 @@ def _print(r: dict) -> None:
           f"{'held out':>17}")
     for row in r["rows"]:
         cells = [f"{row[k + '_s']:9.3f} s {_pct(row[k + '_error']):>6}" for k in ("initial", "fitted", "held_out")]
-        print(f"{row['line']:>5} {row['group']:>5} {row['gpus']:>6} {row['measured_s']:8.3f} s " + " ".join(cells))
+        print(f"{_line(row):>5} {row['group']:>5} {row['gpus']:>6} {row['measured_s']:8.3f} s " + " ".join(cells))
     print(f"\nmean |error|: initial {r['initial_mean_abs_error']:.1%}, fitted {r['mean_abs_error']:.1%} "
           f"(max {r['max_abs_error']:.1%}), held out {r['loo_mean_abs_error']:.1%} (max {r['loo_max_abs_error']:.1%})")
     if r["blank_cells"]:
@@ -121,11 +134,11 @@ def _print(r: dict) -> None:
     for text, v in r.get("by_source", {}).items():
         print(f"rows of {text} took {v['settings']} ({v['why']})")
     for s in r["skipped"]:
-        print(f"skipped line {s['line']}: {s['reason']}")
+        print(f"skipped line {_line(s)}: {s['reason']}")
     if r["left_out"]:
         by = {}
         for x in r["left_out"]:
-            by.setdefault(x["gpu"], []).append(str(x["line"]))
+            by.setdefault(x["gpu"], []).append(_line(x))
         print("left out (other GPUs): " + "; ".join(f"{g}: lines {', '.join(v)}" for g, v in sorted(by.items())))
     reused = f", {r['reused']} times reused from --cache" if r["reused"] else ""
     print(f"{r['simulations']} simulations in {r['wall_s']:.1f} s{reused} ({r['evaluations']} evaluations of the fit "

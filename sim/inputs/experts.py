@@ -13,7 +13,10 @@ so with etp = tp (Megatron's default) each expert-parallel group is ep consecuti
 data-parallel replicas at one tp index. Each rank of an ep group holds num_experts / ep
 experts, each split over its etp group; the experts' gradients are reduced over the
 edp group (tp · dp / (etp · ep) ranks that hold the same experts), the dense ones over
-the data-parallel group.
+the data-parallel group. Under ZeRO-3 (FSDP2 with EP, as torchtitan and NeMo AutoModel run
+it) the experts' parameters are sharded over the edp group and gathered over it before each
+use, the dense ones over the data-parallel group (``check_sharded_experts`` says when the
+experts split evenly).
 
 ``Folding`` gives the groups and ``moved``, the bijection ``passes.expand`` needs to copy a
 stage's program from its first GPU onto the others (each digit added modulo its size,
@@ -75,8 +78,26 @@ def check_expert_model(plan, model) -> None:
                     etp if field == "moe_ffn_hidden_size" else plan.tp, f"must divide {field} {width} of {model.name}")
     require(plan.tp == 1 or plan.sequence_parallel, "plan: sequence_parallel", False,
             "a mixture of experts with tp > 1 needs --sequence-parallel (Megatron-LM's rule)")
-    require(plan.zero_stage < 3, "plan: zero_stage", plan.zero_stage,
-            "ZeRO-3 is not modelled for mixtures of experts (Megatron-LM's distributed optimizer is ZeRO-1; use 0-2)")
+    if plan.zero_stage == 3:
+        check_sharded_experts(plan, model)
+
+
+def check_sharded_experts(plan, model) -> None:
+    """ZeRO-3 / FSDP with experts (FSDP2 with EP, as torchtitan and NeMo AutoModel run it):
+    a rank's num_experts/ep experts are sharded over the edp ranks that hold the same ones,
+    whole experts per rank when edp divides them (FSDP2's Shard(0) on the experts' dimension),
+    else each expert's rows split evenly (torchtitan's Shard(1) when edp·ep > num_experts),
+    which needs edp to be a multiple of the local experts and the rest of it to divide one
+    expert's width on its etp rank."""
+    local, edp = model.num_experts // plan.ep, plan.tp * plan.dp_cp // (plan.ep * plan.etp_size)
+    if edp == 1 or local % edp == 0:
+        return
+    width = model.moe_ffn_hidden_size // plan.etp_size
+    require(edp % local == 0 and width % (edp // local) == 0, "plan: expert_model_parallel_size", plan.ep,
+            f"ZeRO-3 shards each rank's {local} experts (num_experts {model.num_experts} / ep {plan.ep}) over the "
+            f"{edp} expert data-parallel ranks (tp x dp x cp / (ep x etp)): the experts must divide edp's shards "
+            f"evenly (edp a divisor of the local experts, or a multiple of them whose quotient divides the expert "
+            f"width {width} per etp rank)", setting="expert_model_parallel_size")
 
 
 class Folding:

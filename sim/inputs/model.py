@@ -336,6 +336,23 @@ _PRESETS = {
                                  moe_shared_expert_intermediate_size=2048, moe_first_k_dense=3,
                                  q_lora_rank=1536, kv_lora_rank=512, qk_head_dim=128, qk_pos_emb_head_dim=64,
                                  v_head_dim=128),
+    # Kimi-K2 (yanring/Megatron-MoE-ModelZoo model_configs/benchmarking/Kimi-K2.yaml @ e8650517d60d,
+    # as ../shared/fit-data/more-sources-2026-12-03.md quotes it): DeepSeek-V3's layout with 64 heads,
+    # 384 experts of 2048 (top-8, one group: no group limit) and one shared, only layer 0 dense
+    # (moe-layer-freq [0]*1+[1]*60); vocabulary 163840, the tokenizer's padded to a multiple of 1280
+    # (moonshotai/Kimi-K2 config.json vocab_size). Published: 1.04T total, 32B active (Moonshot AI).
+    "kimi-k2": lambda: llama("kimi-k2", 61, 7168, 64, 64, 18432, 163840, 4096,
+                             num_experts=384, moe_router_topk=8, moe_ffn_hidden_size=2048,
+                             moe_shared_expert_intermediate_size=2048, moe_first_k_dense=1,
+                             q_lora_rank=1536, kv_lora_rank=512, qk_head_dim=128, qk_pos_emb_head_dim=64,
+                             v_head_dim=128),
+    # Qwen3-30B-A3B (ModelZoo model_configs/benchmarking/Qwen3-30B-A3B.yaml, same commit): 48 layers,
+    # h 2048, 32 heads of 128 with 4 query groups, 128 experts of 768, top-8, untied; vocabulary
+    # 151936 (the tokenizer's padded to a multiple of 1187, as the yaml asks; Qwen/Qwen3-30B-A3B
+    # config.json). Its qk-layernorm (2 x 128 weights a layer) is not modelled. Published: 30.5B
+    # total, 3.3B active (Qwen3 report).
+    "qwen3-30b-a3b": lambda: llama("qwen3-30b-a3b", 48, 2048, 32, 4, 6144, 151936, 4096, kv_channels=128,
+                                   num_experts=128, moe_router_topk=8, moe_ffn_hidden_size=768),
     # Grok-1 (xai-org/grok-1 model.py and run.py): 8 experts top-2, gated MLP of 32768
     # (widening factor 8 × 2/3), tied embeddings, 8192 tokens; 314B total (xAI).
     "grok-1": lambda: llama("grok-1", 64, 6144, 48, 8, 32768, 131072, 8192, tied_embeddings=True,

@@ -78,6 +78,10 @@ def estimate_events(model, plan, fidelity: str = "full", topology=None, coalesce
         per_layer += _EVENTS_PER_COMPUTE
     if plan.dp_cp > 1 and plan.zero_stage == 3:
         per_layer += _ring_hops(plan.dp_cp, "allgather", flows) * dp_rings * _EVENTS_PER_HOP
+        if model.moe:  # an MoE layer's experts gathered over their own data-parallel group as well
+            edp = plan.tp * plan.dp_cp // (plan.ep * plan.etp_size)
+            per_layer += (_ring_hops(edp, "allgather", flows) * dp_rings * _EVENTS_PER_HOP
+                          * model.num_moe_layers / model.num_layers)
     if plan.dp_cp > 1 and plan.zero_stage == 2:  # a reduce-scatter per layer in each backward step
         per_layer += _ring_hops(plan.dp_cp, "reducescatter", flows) * dp_rings * _EVENTS_PER_HOP / kinds
     if coalesced and not (plan.dp_cp > 1 and plan.zero_stage >= 2):  # a step is one compute and one comm

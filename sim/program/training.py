@@ -19,7 +19,8 @@ the schedule and the program so far):
     p2p           pipeline sends and receives between stages
     grad_sync     data-parallel gradient buckets (all-reduce, or reduce-scatter under
                   ZeRO), and the experts' over their own data-parallel group
-    zero3_gather  ZeRO-3's per-layer parameter all-gathers, prefetched
+    zero3_gather  ZeRO-3's per-layer parameter all-gathers, prefetched (an MoE layer's
+                  experts over their own data-parallel group)
     optimizer     the optimizer step on the GPU
     offload       or, with ``offload_optimizer``, on the host with its copies
     param_gather  ZeRO-1/2's parameter all-gather after the step (or overlapped ahead of
@@ -229,11 +230,19 @@ def grad_sync(ctx: BuildContext, draft: Draft) -> Draft:
 
 def zero3_gather(ctx: BuildContext, draft: Draft) -> Draft:
     """ZeRO-3: each layer's parameters all-gathered before each use, up to the prefetch
-    depth ahead, and freed after it (``sim.program.zero.add_param_gathers``)."""
-    if ctx.plan.zero_stage != 3:
+    depth ahead, and freed after it (``sim.program.zero.add_param_gathers``): the dense ones
+    over the data-parallel group, then an MoE layer's experts over their own data-parallel
+    group (FSDP2 with EP: the experts a module of their own, sharded over edp)."""
+    plan = ctx.plan
+    if plan.zero_stage != 3:
         return draft
-    return draft.with_program(zero.add_param_gathers(draft.program, _grad_bytes(ctx), ctx.plan.dp_group,
-                                                     zero3_depth(ctx.model, ctx.plan)))
+    depth = zero3_depth(ctx.model, plan)
+    prog = zero.add_param_gathers(draft.program, _grad_bytes(ctx), plan.dp_group, depth)
+    split = _expert_split(ctx)
+    if split:
+        prog = zero.add_param_gathers(prog, _expert_bytes(split), ctx.folding.edp_group, depth,
+                                      label="gather experts of layer")
+    return draft.with_program(prog)
 
 
 def optimizer(ctx: BuildContext, draft: Draft) -> Draft:

@@ -14,7 +14,9 @@ explicit in the program, so the simulator times it and the memory timeline shows
 - ZeRO-3 (P_os+g+p): parameters are sharded too. Each layer's parameters are
   all-gathered before each use (forward, and again backward) and freed after it
   (``add_param_gathers``), up to ``depth`` layers ahead (prefetch); gradients are
-  reduce-scattered per layer in backward. Per step it moves 1.5× ZeRO-2's bytes.
+  reduce-scattered per layer in backward. Per step it moves 1.5× ZeRO-2's bytes. With
+  expert parallelism (FSDP2 with EP) an MoE layer's experts are sharded over their own
+  data-parallel group and gathered over it right after the layer's dense weights.
 
 ``add_resident`` puts each rank's resident model states (and the profile's reserve) in
 memory at the start; ``add_activation_memory`` allocates each (stage, micro-batch)'s
@@ -128,10 +130,15 @@ def _split(step: str) -> tuple[int, str, int]:
 
 
 def add_param_gathers(prog: Program, layer_bytes: Callable[[int, int], float],
-                      dp_group: Callable[[int], tuple[int, ...]], depth: int) -> Program:
+                      dp_group: Callable[[int], tuple[int, ...]], depth: int,
+                      label: str = "gather layer") -> Program:
     """ZeRO-3: all-gather a layer's parameters (stream ``zero``) before each use and free
     them after it. The gather for the i-th use may start once use i − depth − 1 is done,
-    so ``depth`` layers are fetched ahead while earlier ones compute."""
+    so ``depth`` layers are fetched ahead while earlier ones compute. Layers of
+    ``layer_bytes`` 0 (a dense layer's experts) get no gather; ``label`` names the gathers
+    (``{label} {layer} for {step}``). Called again with the experts' bytes and group, a
+    layer's expert gather follows its dense one on the same stream, as FSDP2 issues each
+    module's all-gather on one stream."""
     out = {}
     for r, acts in prog.actions.items():
         group = dp_group(r)
@@ -145,7 +152,9 @@ def add_param_gathers(prog: Program, layer_bytes: Callable[[int, int], float],
         frees: dict[int, list[tuple]] = {}
         for k, (step, layer, first, last) in enumerate(uses):
             nb = layer_bytes(r, layer)
-            name = f"gather layer {layer} for {step}"
+            if not nb:
+                continue
+            name = f"{label} {layer} for {step}"
             deps = (lst[uses[k - depth - 1][3]].name,) if k - depth - 1 >= 0 else ()
             g = Action.new(name, kind="collective", op="allgather", group=group, nbytes=nb, category="zero",
                        stream="zero", deps=deps, mem=(("start", "gathered", nb),))

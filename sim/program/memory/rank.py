@@ -22,11 +22,12 @@ prefetched (ZeRO-3), at data parallelism above 1.
 
 from __future__ import annotations
 
-from sim.inputs.model import ModelSpec, layer_params_per_rank
+from sim.inputs.model import ModelSpec, layer_param_split, layer_params_per_rank
 from sim.inputs.plan import ParallelPlan
 from sim.program.memory.inflight import stage_activation_bytes
 from sim.program.memory.states import (
     DEEPSPEED_REDUCE_BUCKET_ELEMS,
+    expert_data_parallel,
     grad_bucket_bytes,
     fp8_weight_copy_bytes,
     stage_model_states,
@@ -55,8 +56,21 @@ def zero_temporary_bytes(model: ModelSpec, plan: ParallelPlan, stage_params: flo
     if z >= 1 and dp > 1:
         temp += grad_bucket_bytes(min(stage_params, float(DEEPSPEED_REDUCE_BUCKET_ELEMS)))
     if z == 3 and dp > 1:
-        temp += zero3_gathered_param_bytes(layer_params_per_rank(model, plan.tp))
+        temp += zero3_gathered_param_bytes(zero3_layer_gather_params(model, plan))
     return temp
+
+
+def zero3_layer_gather_params(model: ModelSpec, plan: ParallelPlan) -> float:
+    """The most parameters ZeRO-3 gathers for one layer on a rank: a dense layer's, or an
+    MoE layer's dense ones and, when their expert data-parallel group has more than one
+    rank, the rank's experts (sharded over it; ``sim.inputs.experts``)."""
+    dense = layer_params_per_rank(model, plan.tp)
+    moe = [i for i in range(model.num_layers) if model.is_moe_layer(i)]
+    if not moe:
+        return dense
+    d, x = layer_param_split(model, moe[0], plan.tp, plan.ep, plan.etp_size)
+    moe_layer = d + (x if expert_data_parallel(plan) > 1 else 0.0)
+    return max(moe_layer, dense) if len(moe) < model.num_layers else moe_layer
 
 
 def stage_memory_bytes(model: ModelSpec, plan: ParallelPlan, stage: int,
