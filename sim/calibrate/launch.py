@@ -284,11 +284,18 @@ def _prepare(ctx: Context, fn, warmup: int, min_sample_s: float) -> int:
     ctx.sync()
     if ctx.shared_cores:
         min_sample_s = max(min_sample_s, SHARED_SAMPLE_S)
-    t0 = time.perf_counter()
-    fn()
-    ctx.sync()
-    one = max(time.perf_counter() - t0, 1e-7)
-    return max(1, min(1000, int(min_sample_s / one)))
+    # Size on batches that double until one lasts min_sample_s: one call timed alone can be
+    # slowed by a descheduling (a few ms on a loaded machine) and would size a short sample.
+    calls = 1
+    while True:
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        ctx.sync()
+        took = max(time.perf_counter() - t0, 1e-7)
+        if took >= min_sample_s or calls >= 1000:
+            return max(1, min(1000, round(calls * min_sample_s / took)))
+        calls *= 2
 
 
 def _sample(ctx: Context, fn, inner: int) -> float:
