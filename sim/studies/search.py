@@ -50,19 +50,23 @@ them is enough to compare with BF16.
 
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import asdict, dataclass, field, replace
 from functools import lru_cache
 
-from sim.program.costs import work_times
+from sim.program.costs import transfer_time, work_times
 from sim.errors import InputError, require
 from sim.program.build import BuildContext
-from sim.program.estimate import Estimate, estimate_in, layer_phase_times
+from sim.program.estimate import Estimate, estimate_in, group_comm_time, layer_phase_times
 from sim.inputs.hardware import HardwareProfile
 from sim.inputs.model import ModelSpec
 from sim.inputs.plan import RECOMPUTE, SCHEDULES, ZERO_STAGES, ParallelPlan
 from sim.program.fp8 import FP8_FORMATS
-from sim.program.workload import edge_works, layer_as_run, plan_edge_works
+from sim.program.stage_balance import auto_layer_split
+from sim.program.workload import edge_works, layer_as_run, plan_edge_works, plan_layer_work
+from sim.program.workload_moe import MoeShape
+from sim.inputs.experts import Folding
 
 DEFAULT_MARGIN = 1.1
 """The estimate's error factor for pruning (see the module doc): how far below its bound
@@ -97,11 +101,13 @@ class SearchSpace:
     """FP8 formats to try, None for BF16 (the default: BF16 only; see the module doc)."""
     ep: tuple | None = None
     """Expert-parallel sizes (default: every valid one for a mixture of experts, 1 otherwise)."""
+    etp: tuple | None = None
+    """Expert tensor-parallel sizes (default: 1 and the plan's tp for a mixture of experts)."""
     cp: tuple | None = None
     """Context-parallel sizes (default: 1, 2, 4, 8 from ``LONG_SEQUENCE`` tokens on, else 1)."""
 
     def __post_init__(self):
-        for name in ("tp", "pp", "vpp", "micro_batch_size", "ep", "cp"):
+        for name in ("tp", "pp", "vpp", "micro_batch_size", "ep", "etp", "cp"):
             for v in getattr(self, name) or ():
                 require(isinstance(v, int) and not isinstance(v, bool) and v > 0, f"search: {name}", v,
                         "expected integers > 0")
@@ -167,7 +173,7 @@ def enumerate_plans(model: ModelSpec, gpus: int, global_batch_size: int, space: 
                 if (gpus // tp // pp) % cp:
                     continue
                 dp = gpus // (tp * pp * cp)
-                if not space.allows("pp", pp) or model.num_layers % pp or global_batch_size % dp:
+                if not space.allows("pp", pp) or pp > model.num_layers or global_batch_size % dp:
                     continue
                 for mbs in _divisors(global_batch_size // dp):
                     if space.allows("micro_batch_size", mbs):
@@ -183,15 +189,17 @@ LONG_SEQUENCE = 16384
 
 
 def _with_experts(model, space, plans: list[ParallelPlan]) -> list[ParallelPlan]:
-    """Each plan under every expert-parallel size the space allows (a mixture of experts:
-    divisors of the experts that fold into the stage's GPUs); plans the model or the
-    folding rules refuse are left out."""
+    """Each plan under every expert-parallel size and expert tensor-parallel size the space
+    allows (a mixture of experts: ep a divisor of the experts, etp 1 or tp, ep x etp folding
+    into the stage's GPUs; etp = tp is the plan's default, ``etp=None``); plans the model or
+    the folding rules refuse are left out."""
     out = []
     for plan in plans:
         eps = space.ep or (_divisors(model.num_experts) if model.moe else (1,))
-        for ep in eps:
+        etps = space.etp or ((plan.tp, 1) if model.moe else (plan.tp,))
+        for ep, etp in itertools.product(eps, dict.fromkeys(etps)):
             try:
-                cand = replace(plan, ep=ep) if ep != plan.ep else plan
+                cand = replace(plan, ep=ep, etp=None if etp == plan.tp else etp)
                 cand.check_model(model)
             except InputError:
                 continue
@@ -199,15 +207,26 @@ def _with_experts(model, space, plans: list[ParallelPlan]) -> list[ParallelPlan]
     return out
 
 
+def _interleavings(model, pp: int) -> list[int]:
+    """Model chunks per pipeline rank (vpp > 1) to try: with an even split every vpp whose
+    virtual stages split the layers evenly (Megatron-LM's rule); with an uneven one (the
+    layers do not divide pp, split by ``--layer-split auto``) vpp = 2, 4, 8, ... while every
+    virtual stage keeps a layer. The bubble shrinks as 1/vpp, so doubling steps span the
+    trade-off between the bubble and the p2p traffic without trying every vpp."""
+    if model.num_layers % pp == 0:
+        return [v for v in range(2, model.num_layers // pp + 1) if model.num_layers % (pp * v) == 0]
+    return [2 ** k for k in range(1, model.num_layers.bit_length()) if pp * 2 ** k <= model.num_layers]
+
+
 def _variants(model, gbs, space, dp, tp, pp, mbs, cp=1) -> list[ParallelPlan]:
     m = gbs // (mbs * dp)
+    split = None if model.num_layers % pp == 0 else "auto"  # uneven: balanced by ``candidates``
     shapes = []  # (vpp, schedule)
     if pp == 1:
         shapes.append((1, "1f1b"))
     else:
         shapes += [(1, s) for s in PIPELINE_SCHEDULES]
-        shapes += [(v, "interleaved") for v in range(2, model.num_layers // pp + 1)
-                   if model.num_layers % (pp * v) == 0 and m % pp == 0]
+        shapes += [(v, "interleaved") for v in _interleavings(model, pp) if m % pp == 0]
     out = []
     for vpp, schedule in shapes:
         if not (space.allows("vpp", vpp) and space.allows("schedule", schedule)):
@@ -219,9 +238,9 @@ def _variants(model, gbs, space, dp, tp, pp, mbs, cp=1) -> list[ParallelPlan]:
                             space.allows("sequence_parallel", sp):
                         out += [ParallelPlan(dp=dp, tp=tp, pp=pp, vpp=vpp, sequence_parallel=sp,
                                              micro_batch_size=mbs, global_batch_size=gbs, recompute=rec,
-                                             zero_stage=zero, schedule=schedule, fp8_format=fp8, cp=cp)
-                                for fp8 in dict.fromkeys(space.fp8_format)
-                                if not model.moe or ((sp or tp == 1) and zero < 3)]
+                                             zero_stage=zero, schedule=schedule, fp8_format=fp8, cp=cp,
+                                             layer_split=split)
+                                for fp8 in dict.fromkeys(space.fp8_format)]
     return out
 
 
@@ -246,10 +265,37 @@ def _layered_phases(model, plan, profile, est, gpus_per_node) -> tuple:
     the rank's s/cp tokens; per phase (phase, dense layer, embedding, head, MoE layer)."""
     b, t, sp = plan.micro_batch_size, plan.tp, plan.sequence_parallel
     dense = layer_phase_times(model, plan, profile, est.links["tp"], gpus_per_node, "bf16", False)
-    moe = layer_phase_times(model, plan, profile, est.links["tp"], gpus_per_node, "bf16", True) \
-        if model.moe else dense
+    moe = dense
+    if model.moe:
+        over = _ep_overcharge(model, plan, profile, gpus_per_node)
+        moe = {ph: (c, x - over[ph]) for ph, (c, x) in
+               layer_phase_times(model, plan, profile, est.links["tp"], gpus_per_node, "bf16", True).items()}
     emb, head = (work_times(w, profile, t, est.links["tp"]) for w in plan_edge_works(model, plan))
     return tuple((ph, sum(dense[ph]), sum(emb[ph]), sum(head[ph]), sum(moe[ph])) for ph in ("F", "B", "W"))
+
+
+def _ep_overcharge(model, plan, profile, gpus_per_node) -> dict:
+    """Per phase, the seconds by which ``layer_phase_times`` over-prices one MoE layer's
+    expert-parallel all-to-alls for a lower bound. It sends the (n−1)/n of a rank's buffer
+    that leaves it over the network once the group spans nodes; but the k−1 peers on the
+    rank's own node are reached over NVLink at the same time, so an all-to-all takes at
+    least the larger of the off-node share (n−k)/n over the network and the on-node share
+    (k−1)/n over NVLink (balanced routing: each peer gets 1/n)."""
+    tokens = plan.micro_batch_size * model.seq_length // plan.cp // (plan.tp if plan.sp else 1)
+    work = plan_layer_work(model, plan, MoeShape(plan.ep, plan.etp_size, tokens * model.moe_router_topk))
+    group = Folding(plan).ep_group(0)
+    n, k = len(group), sum(1 for r in group if r // gpus_per_node == 0)
+    out = {}
+    for ph in ("F", "B", "W"):
+        out[ph] = 0.0
+        if k == n:  # inside one node: priced over NVLink already
+            continue
+        for c in work.comms(ph):
+            if c.group == "ep" and not c.side:
+                least = max(transfer_time(c.nbytes * (n - k) / n, "ib", profile),
+                            transfer_time(c.nbytes * (k - 1) / n, "nvlink", profile))
+                out[ph] += group_comm_time(c, n, "ib", profile) - least
+    return out
 
 
 def bound_s(ctx: BuildContext, est: Estimate) -> float:
@@ -311,9 +357,12 @@ class SearchResult:
 
 def candidates(model: ModelSpec, plans: list[ParallelPlan], profile: HardwareProfile,
                gpus_per_node: int = 8) -> list[Candidate]:
-    """Estimate each plan; those that do not fit the GPU are marked 'pruned: memory'."""
-    out = []
+    """Estimate each plan; those that do not fit the GPU are marked 'pruned: memory'. A plan
+    with ``layer_split="auto"`` gets its balanced split first (``balanced_plan``)."""
+    out, splits = [], {}
     for plan in plans:
+        if plan.layer_split == "auto":
+            plan = balanced_plan(model, plan, profile, splits)
         ctx = BuildContext.create(model, plan, profile, gpus_per_node=gpus_per_node)
         est = estimate_in(ctx)
         c = Candidate(plan, plan_key(plan), est, bound_s(ctx, est))
@@ -321,6 +370,17 @@ def candidates(model: ModelSpec, plans: list[ParallelPlan], profile: HardwarePro
             c.status = "pruned: memory"
         out.append(c)
     return out
+
+
+def balanced_plan(model: ModelSpec, plan: ParallelPlan, profile: HardwareProfile, cache: dict) -> ParallelPlan:
+    """``plan`` with ``--layer-split auto`` worked out as ``trainsim run`` works it out
+    (``sim.program.stage_balance.auto_layer_split``). The split prices one micro-batch's
+    compute and collectives per layer, which neither the ZeRO stage nor the schedule
+    changes, so plans that differ only in those share it (``cache``)."""
+    key = replace(plan, zero_stage=0, schedule="interleaved" if plan.vpp > 1 else "1f1b")
+    if key not in cache:
+        cache[key] = auto_layer_split(model, key, profile).layer_split
+    return replace(plan, layer_split=cache[key])
 
 
 def search(cands: list[Candidate], simulate, *, margin: float = DEFAULT_MARGIN, exact: int = 2,
