@@ -259,42 +259,45 @@ def _phases(model: ModelSpec, profile: HardwareProfile, b: int, t: int, sp: bool
     return tuple((ph, sum(layer[ph]), sum(emb[ph]), sum(head[ph]), sum(layer[ph])) for ph in ("F", "B", "W"))
 
 
-def _layered_phases(model, plan, profile, est, gpus_per_node) -> tuple:
+def _layered_phases(model, plan, profile, est, gpus_per_node, ep) -> tuple:
     """``_phases`` for a mixture of experts or context parallelism: dense and MoE layers
-    priced apart (``sim.program.estimate.layer_phase_times``), the embedding and head on
+    priced apart (``sim.program.estimate.layer_phase_times``; an MoE layer's expert-parallel
+    all-to-alls at their least time, ``ep`` from ``_ep_times``), the embedding and head on
     the rank's s/cp tokens; per phase (phase, dense layer, embedding, head, MoE layer)."""
-    b, t, sp = plan.micro_batch_size, plan.tp, plan.sequence_parallel
+    t = plan.tp
     dense = layer_phase_times(model, plan, profile, est.links["tp"], gpus_per_node, "bf16", False)
     moe = dense
     if model.moe:
-        over = _ep_overcharge(model, plan, profile, gpus_per_node)
-        moe = {ph: (c, x - over[ph]) for ph, (c, x) in
+        moe = {ph: (c, x - ep[ph][0] + ep[ph][1]) for ph, (c, x) in
                layer_phase_times(model, plan, profile, est.links["tp"], gpus_per_node, "bf16", True).items()}
     emb, head = (work_times(w, profile, t, est.links["tp"]) for w in plan_edge_works(model, plan))
     return tuple((ph, sum(dense[ph]), sum(emb[ph]), sum(head[ph]), sum(moe[ph])) for ph in ("F", "B", "W"))
 
 
-def _ep_overcharge(model, plan, profile, gpus_per_node) -> dict:
-    """Per phase, the seconds by which ``layer_phase_times`` over-prices one MoE layer's
-    expert-parallel all-to-alls for a lower bound. It sends the (n−1)/n of a rank's buffer
-    that leaves it over the network once the group spans nodes; but the k−1 peers on the
-    rank's own node are reached over NVLink at the same time, so an all-to-all takes at
-    least the larger of the off-node share (n−k)/n over the network and the on-node share
-    (k−1)/n over NVLink (balanced routing: each peer gets 1/n)."""
+def _ep_times(model, plan, profile, gpus_per_node) -> dict:
+    """Per phase, one MoE layer's expert-parallel all-to-alls as ``layer_phase_times``
+    prices them and at their least time: (priced_s, least_s). It sends the (n−1)/n of a
+    rank's buffer that leaves it over the network once the group spans nodes; but the k−1
+    peers on the rank's own node are reached over NVLink at the same time, so an all-to-all
+    takes at least the larger of the off-node share (n−k)/n over the network and the
+    on-node share (k−1)/n over NVLink (balanced routing: each peer gets 1/n)."""
+    out = {ph: (0.0, 0.0) for ph in ("F", "B", "W")}
+    if not model.moe or plan.ep == 1:
+        return out
     tokens = plan.micro_batch_size * model.seq_length // plan.cp // (plan.tp if plan.sp else 1)
     work = plan_layer_work(model, plan, MoeShape(plan.ep, plan.etp_size, tokens * model.moe_router_topk))
     group = Folding(plan).ep_group(0)
-    n, k = len(group), sum(1 for r in group if r // gpus_per_node == 0)
-    out = {}
-    for ph in ("F", "B", "W"):
-        out[ph] = 0.0
-        if k == n:  # inside one node: priced over NVLink already
-            continue
+    n, k = len(group), sum(1 for r in group if r // gpus_per_node == group[0] // gpus_per_node)
+    for ph in out:
         for c in work.comms(ph):
             if c.group == "ep" and not c.side:
-                least = max(transfer_time(c.nbytes * (n - k) / n, "ib", profile),
-                            transfer_time(c.nbytes * (k - 1) / n, "nvlink", profile))
-                out[ph] += group_comm_time(c, n, "ib", profile) - least
+                if k == n:  # inside one node
+                    priced = least = group_comm_time(c, n, "nvlink", profile)
+                else:
+                    priced = group_comm_time(c, n, "ib", profile)
+                    least = max(transfer_time(c.nbytes * (n - k) / n, "ib", profile),
+                                transfer_time(c.nbytes * (k - 1) / n, "nvlink", profile))
+                out[ph] = (out[ph][0] + priced, out[ph][1] + least)
     return out
 
 
@@ -302,21 +305,26 @@ def bound_s(ctx: BuildContext, est: Estimate) -> float:
     """The part of the estimated step the simulator cannot overlap (see the module doc):
     m·T + bubble + optimizer, T the slowest pipeline rank's F + B + W per micro-batch
     (compute and tensor-, expert- and context-parallel collectives, as ``sim.program.estimate``
-    prices them on the context's paced profile)."""
+    prices them on the context's paced profile; expert-parallel all-to-alls at their least
+    time, ``_ep_times``). With several pipeline stages a rank has micro-batches in flight,
+    and one's all-to-all can run under another's compute: T is then the larger of the
+    rank's all-to-all time and the rest."""
     model, plan, profile, gpus_per_node = ctx.model, ctx.plan, ctx.profile, ctx.gpus_per_node
     p, v, m = plan.pp, plan.vpp, plan.num_microbatches
+    ep = _ep_times(model, plan, profile, gpus_per_node)
     if model.moe or plan.cp > 1:
-        ph = _layered_phases(model, plan, profile, est, gpus_per_node)
+        ph = _layered_phases(model, plan, profile, est, gpus_per_node, ep)
     else:
         ph = _phases(model, profile, plan.micro_batch_size, plan.tp, plan.sequence_parallel, plan.recompute,
                      est.links["tp"], plan.fp8_format, m, plan.cross_entropy, plan.gradient_accumulation_fusion,
                      plan.attention)
-    ranks = []  # per pipeline rank: (F, B, W) seconds per micro-batch over its chunks
+    ranks, a2a = [], []  # per pipeline rank: (F, B, W) seconds per micro-batch over its chunks; all-to-all seconds
     for r in range(p):
         ids = [i for c in range(v) for i in plan.layer_range(model, c * p + r)]
         n_moe = sum(1 for i in ids if model.is_moe_layer(i))
         ranks.append(tuple((len(ids) - n_moe) * lay + n_moe * moe + (emb if r == 0 else 0.0)
                            + (head if r == p - 1 else 0.0) for _, lay, emb, head, moe in ph))
+        a2a.append(n_moe * sum(least for _, least in ep.values()))
     slowest = max(range(p), key=lambda r: sum(ranks[r]))
     others = [ranks[r] for r in range(p) if r != slowest]
     if plan.schedule == "zb-h1":
@@ -325,7 +333,10 @@ def bound_s(ctx: BuildContext, est: Estimate) -> float:
         bubble = sum(max(0.0, f + b - 2 * w) for f, b, w in others)
     else:
         bubble = sum(f + b + w for f, b, w in others) / v
-    return m * sum(ranks[slowest]) + bubble + est.time["optimizer"]
+    per_mb = sum(ranks[slowest])
+    if p > 1:
+        per_mb = max(per_mb - a2a[slowest], a2a[slowest])
+    return m * per_mb + bubble + est.time["optimizer"]
 
 
 @dataclass
