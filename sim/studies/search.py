@@ -2,16 +2,21 @@
 
 For a model, a GPU count and a global batch, ``enumerate_plans`` lists every plan the
 simulator can run: each tensor-parallel size that divides the heads, K/V heads and FFN
-width (at most one node, ``max_tp``), each pipeline depth that splits the layers evenly,
+width (at most one node, ``max_tp``), each pipeline depth up to the layer count (one that
+does not split the layers evenly gets ``layer_split="auto"``, which ``candidates`` works out
+as ``trainsim run`` does: the split that balances the stages, ``sim.program.stage_balance``),
 data parallelism filling the GPUs and dividing the batch, each micro-batch size that
 divides the per-replica batch, interleaving (vpp > 1, Megatron-LM's rule that the
-micro-batches be a multiple of pp), every schedule (gpipe, 1f1b, zb-h1, zb-h2 for one
+micro-batches be a multiple of pp; every vpp that splits the layers evenly, or, when pp does
+not, vpp = 2, 4, 8, ... while every virtual stage keeps a layer), every schedule (gpipe, 1f1b, zb-h1, zb-h2 for one
 chunk per stage; interleaved for several), ZeRO stages 0–3 (0 only when dp = 1),
 recompute none/selective/full and sequence parallelism (only when tp > 1, where it
-means something), expert parallelism for a mixture of experts (every divisor of the
-experts that folds into the stage's GPUs; ``sim.inputs.experts``) and context parallelism
-from ``LONG_SEQUENCE`` tokens on (cp 1, 2, 4, 8; ``sim.program.context_parallel``). Uneven layer splits, placements and DDP bucket sizes keep their
-defaults; ``trainsim sweep`` varies those. ``SearchSpace`` narrows any dimension. FP8
+means something), for a mixture of experts expert parallelism (every divisor of the
+experts that folds into the stage's GPUs; ``sim.inputs.experts``) and expert tensor
+parallelism (etp 1 or tp), and context parallelism from ``LONG_SEQUENCE`` tokens on
+(cp 1, 2, 4, 8; ``sim.program.context_parallel``). The MoE token dispatcher is not a
+dimension: only Megatron-LM's all-to-all dispatcher is modelled. Given layer splits,
+placements and DDP bucket sizes keep their defaults; ``trainsim sweep`` varies those. ``SearchSpace`` narrows any dimension. FP8
 (``fp8_format``) is searched only when asked (``SearchSpace.fp8_format``, ``trainsim search
 --fp8-format off,hybrid``): it changes the training's numerics, which is the user's choice,
 and it doubles the plans; the two formats cost the same (``sim.program.fp8``), so one of
@@ -33,7 +38,12 @@ them is enough to compare with BF16.
    Σ T_r / v for gpipe, 1f1b and interleaved (which is (p−1)·T/v for equal stages,
    Narayanan et al. SC'21), Σ max(0, F_r + B_r − W_r) for zb-h1 and
    Σ max(0, F_r + B_r − 2·W_r) for zb-h2 (Qi et al., ICLR 2024). Data-parallel and
-   pipeline p2p traffic is left out: the simulator overlaps it with backward.
+   pipeline p2p traffic is left out: the simulator overlaps it with backward. A mixture
+   of experts' all-to-alls are priced at their least time (the bytes for peers on the
+   rank's node over NVLink while the rest cross the network), and the bubble leaves out
+   the other ranks' all-to-alls, which can run while the slowest rank computes.
+   For mixtures of experts the bound is then a true lower bound: ``bound / simulated ≤ 1``
+   (tests/test_search_moe_cp.py checks it on an all-to-all-heavy model over two nodes).
    Plans are simulated in order of increasing bound, in waves of fixed size; before
    each wave, if the next plan's ``bound / margin`` exceeds the second-best simulated
    time (``exact`` = 2: the best and the runner-up the explanation compares), it and
@@ -306,9 +316,8 @@ def bound_s(ctx: BuildContext, est: Estimate) -> float:
     m·T + bubble + optimizer, T the slowest pipeline rank's F + B + W per micro-batch
     (compute and tensor-, expert- and context-parallel collectives, as ``sim.program.estimate``
     prices them on the context's paced profile; expert-parallel all-to-alls at their least
-    time, ``_ep_times``). With several pipeline stages a rank has micro-batches in flight,
-    and one's all-to-all can run under another's compute: T is then the larger of the
-    rank's all-to-all time and the rest."""
+    time, ``_ep_times``), and the bubble without the other ranks' all-to-alls, which can
+    run while the slowest rank computes."""
     model, plan, profile, gpus_per_node = ctx.model, ctx.plan, ctx.profile, ctx.gpus_per_node
     p, v, m = plan.pp, plan.vpp, plan.num_microbatches
     ep = _ep_times(model, plan, profile, gpus_per_node)
@@ -333,10 +342,9 @@ def bound_s(ctx: BuildContext, est: Estimate) -> float:
         bubble = sum(max(0.0, f + b - 2 * w) for f, b, w in others)
     else:
         bubble = sum(f + b + w for f, b, w in others) / v
-    per_mb = sum(ranks[slowest])
-    if p > 1:
-        per_mb = max(per_mb - a2a[slowest], a2a[slowest])
-    return m * per_mb + bubble + est.time["optimizer"]
+    # the other ranks' all-to-alls can run while the slowest rank computes: out of the bubble
+    bubble = max(0.0, bubble - sum(a2a[r] for r in range(p) if r != slowest) / v)
+    return m * sum(ranks[slowest]) + bubble + est.time["optimizer"]
 
 
 @dataclass
