@@ -111,7 +111,7 @@ def plot(rows, res, path, quick) -> None:
     for i, ep in enumerate(eps):
         xs = [j + (i - (len(eps) - 1) / 2) * width for j in range(len(pps))]
         rs = [by[(ep, pp)] for pp in pps]
-        bars = ax.bar(xs, [r["iteration_s"] for r in rs], width * 0.92, color=EP_COLORS[ep], label=f"ep {ep}")
+        bars = ax.bar(xs, [r["iteration_s"] for r in rs], width * 0.92, color=EP_COLORS[ep])
         for b, r in zip(bars, rs):
             if not r["fits"]:
                 b.set_hatch("//")
@@ -123,9 +123,13 @@ def plot(rows, res, path, quick) -> None:
                 arrowprops={"arrowstyle": "->", "lw": 0.8})
     ax.set_xticks(range(len(pps)), [f"pp {pp}" for pp in pps])
     ax.set_ylabel("iteration time (s)")
-    ax.set_ylim(0, max(r["iteration_s"] for r in grid) * 1.25)
-    ax.set_title("Iteration time (hatched: does not fit in 80 GB)")
-    ax.legend(loc="upper right", ncol=2)
+    lo, hi = min(r["iteration_s"] for r in grid), max(r["iteration_s"] for r in grid)
+    ax.set_ylim(lo - (hi - lo) * 1.5, hi + (hi - lo) * 1.2)
+    ax.set_title(f"Iteration time (hatched: over the {grid[0]['capacity_gb']:.0f} GB of a GPU)\n"
+                 "(axis cut: the plans differ by a few percent)")
+    from matplotlib.patches import Patch  # legend patches without the hatch
+
+    ax.legend(handles=[Patch(color=EP_COLORS[ep], label=f"ep {ep}") for ep in eps], loc="upper right", ncol=2)
     ax = axes[1]
     for ep in eps:
         rs = [by[(ep, pp)] for pp in pps]
@@ -188,6 +192,10 @@ def main(argv=None) -> dict:
     return res
 
 
+def _capital(text: str) -> str:
+    return text[:1].upper() + text[1:]
+
+
 def _verdict(args, rows, res, cfg) -> None:
     grid = [r for r in rows if r["grouped"]]
     best, wide, plain = res["best"], res["routing"]["grouped"], res["routing"]["ungrouped"]
@@ -197,11 +205,11 @@ def _verdict(args, rows, res, cfg) -> None:
              for pp in cfg["pps"]}
     answer = (
         f"The fastest plan that fits is ep {best['ep']} × pp {best['pp']} ({best['iteration_s']:.2f} s per "
-        f"iteration, MFU {best['mfu'] * 100:.1f}%, {best['peak_gb']:.0f} GB per GPU"
+        f"iteration, MFU {best['mfu'] * 100:.1f}%, peak {best['peak_gb']:.1f} GB per GPU"
         + (f"; the slowest that fits, ep {worst['ep']} × pp {worst['pp']}, takes {worst['iteration_s']:.2f} s" if worst else "")
-        + "). " + "; ".join(f"{'At' if pp == cfg['pps'][0] else 'at'} pp {pp} the best is ep {r['ep']} ({r['iteration_s']:.2f} s, exposed all-to-all "
-                             f"{r['exposed_ep_s']:.2f} s)" for pp, r in by_pp.items() if r) + ". "
-        + (f"{', '.join(no_fit)} do not fit in 80 GB. " if no_fit else "")
+        + "). " + _capital("; ".join(f"at pp {pp} the best is ep {r['ep']} ({r['iteration_s']:.2f} s, exposed "
+                                      f"all-to-all {r['exposed_ep_s']:.2f} s)" for pp, r in by_pp.items() if r)) + ". "
+        + (f"{', '.join(no_fit)} do not fit in the GPU's {best['capacity_gb']:.0f} GB. " if no_fit else "")
         + ("" if wide is best else f"The best plan's expert-parallel group spans only {best['ep_nodes']} nodes, no more "
            f"than a token may reach, so routing is compared on ep {wide['ep']} × pp {wide['pp']} "
            f"({wide['ep_nodes']} nodes). ")
