@@ -88,4 +88,5 @@ experiments: $(VENV)/.installed
 	$(BIN)/python experiments/goodput_scale.py
 	$(BIN)/python experiments/moe_imbalance.py
 	$(BIN)/python experiments/context_parallel.py
+	$(BIN)/python experiments/moe_layout.py
 	$(BIN)/python experiments/report.py

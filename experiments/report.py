@@ -38,6 +38,7 @@ EXPERIMENTS = [
     ("goodput_scale", "Goodput from 1K to 100K GPUs: checkpoints, spares, recovery"),
     ("moe_imbalance", "Expert load imbalance and expert parallelism"),
     ("context_parallel", "Context vs tensor parallelism at 128K tokens"),
+    ("moe_layout", "DeepSeek-V3 on 1,024 H100: EP, PP and node-limited routing"),
 ]
 
 SEED_CLAIMS = [

@@ -13,7 +13,7 @@ sys.path.insert(0, str(EXPERIMENTS))
 
 NAMES = ("pipeline_bubble", "allreduce_scaling", "tensor_parallel", "zero_stages", "gpt3_3d",
          "grad_accumulation", "megatron_table2", "stage_imbalance", "nccl_algorithms", "goodput_scale",
-         "moe_imbalance", "context_parallel")
+         "moe_imbalance", "context_parallel", "moe_layout")
 
 
 @pytest.fixture(scope="module")
@@ -418,3 +418,29 @@ def test_report_has_every_section_and_picture(out_root):
         assert (out_root / name / f"{name}.png").exists()
     for i in range(1, 9):
         assert f"\n## {i}. " in text
+
+
+def test_moe_layout_counts_cross_node_dispatch_by_hand(out_root):
+    import moe_layout
+
+    res = _run("moe_layout", out_root)
+    rows = res["rows"]
+    for r in rows:
+        # balanced routing, as copies: T·k tokens per rank, each copy off the node with probability
+        # 1 − (experts on the rank's node)/E, 2·h bytes each (group limits or not)
+        assert r["cross_node_bytes"] == pytest.approx(moe_layout.closed_copies_bytes(r), rel=1e-9)
+        # once per node reached is never more than the copies
+        assert r["cross_node_bytes_dedup"] <= r["cross_node_bytes"] + 1e-6
+    g, u = res["routing"]["grouped"], res["routing"]["ungrouped"]
+    assert (g["ep"], g["pp"]) == (u["ep"], u["pp"]) and g["grouped"] and not u["grouped"]
+    # a token reaches at most M = 4 groups; in the quick run's plan each node holds whole groups, so it
+    # reaches at most 4 other nodes: T·M·2h bytes, a bound the ungrouped routing exceeds
+    per_node = g["experts"] // g["ep"] * (g["ep"] // g["ep_nodes"])
+    assert per_node % (g["experts"] // 8) == 0
+    assert g["cross_node_bytes_dedup"] <= g["tokens_per_rank"] * 4 * 2 * g["hidden"] * (1 + 1e-9)
+    assert u["cross_node_bytes_dedup"] > g["cross_node_bytes_dedup"] and res["dedup_saving"] > 0
+    # the simulator's all-to-all sends every copy: the copies, and so the time, do not change
+    assert g["cross_node_bytes"] == pytest.approx(u["cross_node_bytes"])
+    assert g["iteration_s"] == pytest.approx(u["iteration_s"], rel=1e-9)
+    best = res["best"]
+    assert best["fits"] and all(best["iteration_s"] <= r["iteration_s"] for r in rows if r["fits"] and r["grouped"])

@@ -15,12 +15,14 @@ LONG = llama("tiny-long", 4, 512, 8, 2, 1024, 2000, 32768)
 
 def test_every_valid_expert_parallel_size_is_enumerated():
     plans = enumerate_plans(MOE, 8, 8, SearchSpace(tp=(1, 2), pp=(1,), zero_stage=(1,), recompute=("none",)))
-    by_tp = {}
+    by_fold = {}
     for p in plans:
-        by_tp.setdefault(p.tp, set()).add(p.ep)
+        by_fold.setdefault((p.tp, p.etp_size), set()).add(p.ep)
         assert MOE.num_experts % p.ep == 0 and (p.tp * p.dp) % (p.ep * p.etp_size) == 0
         assert p.tp == 1 or p.sequence_parallel                      # Megatron's rule for MoE with tp
-    assert by_tp[1] == {1, 2, 4, 8} and by_tp[2] == {1, 2, 4}       # ep x etp must fold into tp x dp = 8
+        assert p.etp is None or p.etp != p.tp                        # etp = tp is the plan's default
+    # ep x etp must fold into tp x dp = 8; etp is 1 or tp
+    assert by_fold == {(1, 1): {1, 2, 4, 8}, (2, 2): {1, 2, 4}, (2, 1): {1, 2, 4, 8}}
 
 
 def test_long_sequences_try_context_parallelism():
@@ -42,3 +44,46 @@ def test_the_bound_never_exceeds_the_simulated_time_by_more_than_the_margin():
             simulated = simulate_training(Job(model, c.plan, H100, topo),
                                           SimulationSettings(fidelity="full")).trace.end_s
             assert c.bound_s / simulated <= DEFAULT_MARGIN, (c.key, c.bound_s, simulated)
+
+
+def test_layers_that_do_not_divide_pp_get_the_balanced_split():
+    odd = llama("tiny-moe-5", 5, 512, 8, 8, 1024, 2000, 512, num_experts=8, moe_router_topk=2, moe_ffn_hidden_size=512)
+    space = SearchSpace(tp=(1,), zero_stage=(1,), recompute=("none",), micro_batch_size=(1,), ep=(2,))
+    plans = enumerate_plans(odd, 8, 16, space)
+    assert {p.pp for p in plans} == {1, 2, 4, 8} - {8}               # pp 8 > 5 layers: a stage would be empty
+    uneven = [p for p in plans if p.pp > 1]
+    assert uneven and all(p.layer_split == "auto" for p in uneven)
+    # vpp for an uneven split: 2, 4, ... while pp x vpp <= 5 layers (and the interleaved rule m % pp == 0)
+    assert {p.vpp for p in uneven if p.pp == 2} == {1, 2} and {p.vpp for p in uneven if p.pp == 4} == {1}
+    for c in candidates(odd, uneven, H100):
+        split = c.plan.layer_split
+        assert isinstance(split, tuple) and sum(split) == 5 and len(split) in (c.plan.pp, c.plan.pp * c.plan.vpp)
+        assert f"layer_split={split}" in c.key
+
+
+def test_the_moe_bound_is_a_true_lower_bound_and_pruning_keeps_the_best():
+    """Expert-parallel groups across two nodes (16 GPUs): every plan of the space simulated; the bound
+    never exceeds the simulated time, so a search with margin 1 keeps the best plan and its runner-up."""
+    from sim.studies.search import search
+    from sim.studies.sweep import Runner, make_context
+
+    topo = load_topology("dgx-h100", nodes=2)
+    space = SearchSpace(tp=(1, 2), pp=(1, 2), zero_stage=(1,), recompute=("none",), micro_batch_size=(1,),
+                        schedule=("1f1b",))
+    # wide tokens, thin experts: the all-to-alls weigh as much as the compute (the case an estimate
+    # that sent every byte over the network, or charged all-to-alls that hide under another
+    # micro-batch's compute, put above the simulated time)
+    model = llama("a2a-heavy", 3, 2048, 16, 16, 256, 1000, 2048, num_experts=16, moe_router_topk=8,
+                  moe_ffn_hidden_size=64)
+    cands = candidates(model, enumerate_plans(model, 16, 32, space), H100)
+    assert {c.plan.ep for c in cands} >= {8, 16} and {c.plan.etp for c in cands} == {None, 1}
+    assert any(isinstance(c.plan.layer_split, tuple) for c in cands)      # pp 2 over 3 layers
+    ctx = make_context(model, H100, topo)
+    with Runner(0) as runner:
+        full = search(cands, lambda plans: runner.run(ctx, plans), margin=float("inf"))
+        for c in full.candidates:
+            if c.record is not None and c.record["status"] == "ok":
+                assert c.bound_s <= c.record["summary"]["iteration_time_s"], c.key
+        tight = search(cands, lambda plans: runner.run(ctx, plans), margin=1.0, wave=2)
+    assert tight.best["key"] == full.best["key"] and tight.ranked[1]["key"] == full.ranked[1]["key"]
+    assert tight.counts["pruned_time"] > 0

@@ -1,7 +1,8 @@
 """``trainsim search``: the best parallel plan for a model, a cluster and a batch.
 
 Enumerates every valid plan (dp, tp, pp, vpp, micro-batch, ZeRO stage, schedule,
-recompute, sequence parallelism, and with ``--fp8-format off,hybrid`` BF16 and FP8;
+recompute, sequence parallelism, for a mixture of experts ep and etp, for long sequences
+cp, and with ``--fp8-format off,hybrid`` BF16 and FP8;
 ``sim.studies.search``), drops those the analytic memory model
 says do not fit, simulates the others in order of their estimated time until none left
 can beat the N-th best by the estimate's error margin, and prints the top N with why the
@@ -84,7 +85,9 @@ def add_arguments(p) -> None:
     s.add_argument("--schedule", help=f"pipeline schedules, of {','.join(x for x in SCHEDULES if x != 'custom')}")
     s.add_argument("--recompute", help=f"recompute granularities, of {','.join(RECOMPUTE)}")
     s.add_argument("--sequence-parallel", help="on, off or on,off")
-    s.add_argument("--ep", help="expert-parallel sizes (default: every valid one for a mixture of experts)")
+    s.add_argument("--ep", help="expert-parallel sizes (default: every divisor of the experts that folds into a "
+                                "pipeline stage's GPUs)")
+    s.add_argument("--etp", help="expert tensor-parallel sizes (default: 1 and the plan's tp for a mixture of experts)")
     s.add_argument("--cp", help=f"context-parallel sizes (default 1,2,4,8 from {LONG_SEQUENCE} tokens on, else 1)")
     s.add_argument("--fp8-format", help="precisions: off (BF16), e4m3, hybrid, e.g. off,hybrid to compare BF16 with "
                                         "FP8 (default off; FP8 needs a GPU with an fp8 peak)")
@@ -134,7 +137,8 @@ def _space(args) -> SearchSpace:
                        micro_batch_size=_list(args, "micro_batch_size"), zero_stage=_list(args, "zero"),
                        schedule=_list(args, "schedule", str), recompute=_list(args, "recompute", str),
                        sequence_parallel=_list(args, "sequence_parallel", bool), max_tp=args.max_tp,
-                       fp8_format=_fp8_formats(args), ep=_list(args, "ep"), cp=_list(args, "cp"))
+                       fp8_format=_fp8_formats(args), ep=_list(args, "ep"), etp=_list(args, "etp"),
+                       cp=_list(args, "cp"))
 
 
 def _fp8_formats(args) -> tuple:

@@ -23,6 +23,8 @@ exposes it as ``coords``, ``rank`` and ``tp_group``/``pp_group``/``dp_group``.
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 from sim.errors import require
 
 DIMS = ("tp", "pp", "dp")
@@ -91,4 +93,11 @@ def max_nodes_spanned(dim: str, order: tuple, sizes: dict, gpus_per_node: int) -
     k·gpus_per_node … (k+1)·gpus_per_node − 1 (1: every group stays inside a node)."""
     require(isinstance(gpus_per_node, int) and gpus_per_node > 0, "gpus_per_node", gpus_per_node,
             "expected an integer > 0")
-    return max(len({r // gpus_per_node for r in g}) for g in groups(dim, order, sizes))
+    return _max_nodes_spanned(dim, order, tuple(sorted(sizes.items())), gpus_per_node)
+
+
+@lru_cache(maxsize=1024)
+def _max_nodes_spanned(dim: str, order: tuple, sizes: tuple, gpus_per_node: int) -> int:
+    """``max_nodes_spanned`` of a layout, remembered: a search asks it of thousands of plans
+    that share a few layouts, and it walks every group."""
+    return max(len({r // gpus_per_node for r in g}) for g in groups(dim, order, dict(sizes)))

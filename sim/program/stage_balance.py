@@ -89,7 +89,10 @@ def _slowest_costs(model, plan, stage_profiles) -> list[tuple[list[float], float
     cache: dict[str, tuple] = {}
     out = []
     for profiles in stage_profiles:
-        priced = [cache.setdefault(pr.name, layer_costs(model, plan, pr)) for pr in profiles]
+        for pr in profiles:  # each GPU type priced once
+            if pr.name not in cache:
+                cache[pr.name] = layer_costs(model, plan, pr)
+        priced = [cache[pr.name] for pr in profiles]
         out.append(max(priced, key=lambda c: sum(c[0]) + c[1] + c[2]))
     return out
 

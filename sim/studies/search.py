@@ -2,16 +2,21 @@
 
 For a model, a GPU count and a global batch, ``enumerate_plans`` lists every plan the
 simulator can run: each tensor-parallel size that divides the heads, K/V heads and FFN
-width (at most one node, ``max_tp``), each pipeline depth that splits the layers evenly,
+width (at most one node, ``max_tp``), each pipeline depth up to the layer count (one that
+does not split the layers evenly gets ``layer_split="auto"``, which ``candidates`` works out
+as ``trainsim run`` does: the split that balances the stages, ``sim.program.stage_balance``),
 data parallelism filling the GPUs and dividing the batch, each micro-batch size that
 divides the per-replica batch, interleaving (vpp > 1, Megatron-LM's rule that the
-micro-batches be a multiple of pp), every schedule (gpipe, 1f1b, zb-h1, zb-h2 for one
+micro-batches be a multiple of pp; every vpp that splits the layers evenly, or, when pp does
+not, vpp = 2, 4, 8, ... while every virtual stage keeps a layer), every schedule (gpipe, 1f1b, zb-h1, zb-h2 for one
 chunk per stage; interleaved for several), ZeRO stages 0–3 (0 only when dp = 1),
 recompute none/selective/full and sequence parallelism (only when tp > 1, where it
-means something), expert parallelism for a mixture of experts (every divisor of the
-experts that folds into the stage's GPUs; ``sim.inputs.experts``) and context parallelism
-from ``LONG_SEQUENCE`` tokens on (cp 1, 2, 4, 8; ``sim.program.context_parallel``). Uneven layer splits, placements and DDP bucket sizes keep their
-defaults; ``trainsim sweep`` varies those. ``SearchSpace`` narrows any dimension. FP8
+means something), for a mixture of experts expert parallelism (every divisor of the
+experts that folds into the stage's GPUs; ``sim.inputs.experts``) and expert tensor
+parallelism (etp 1 or tp), and context parallelism from ``LONG_SEQUENCE`` tokens on
+(cp 1, 2, 4, 8; ``sim.program.context_parallel``). The MoE token dispatcher is not a
+dimension: only Megatron-LM's all-to-all dispatcher is modelled. Given layer splits,
+placements and DDP bucket sizes keep their defaults; ``trainsim sweep`` varies those. ``SearchSpace`` narrows any dimension. FP8
 (``fp8_format``) is searched only when asked (``SearchSpace.fp8_format``, ``trainsim search
 --fp8-format off,hybrid``): it changes the training's numerics, which is the user's choice,
 and it doubles the plans; the two formats cost the same (``sim.program.fp8``), so one of
@@ -33,7 +38,12 @@ them is enough to compare with BF16.
    Σ T_r / v for gpipe, 1f1b and interleaved (which is (p−1)·T/v for equal stages,
    Narayanan et al. SC'21), Σ max(0, F_r + B_r − W_r) for zb-h1 and
    Σ max(0, F_r + B_r − 2·W_r) for zb-h2 (Qi et al., ICLR 2024). Data-parallel and
-   pipeline p2p traffic is left out: the simulator overlaps it with backward.
+   pipeline p2p traffic is left out: the simulator overlaps it with backward. A mixture
+   of experts' all-to-alls are priced at their least time (the bytes for peers on the
+   rank's node over NVLink while the rest cross the network), and the bubble leaves out
+   the other ranks' all-to-alls, which can run while the slowest rank computes.
+   For mixtures of experts the bound is then a true lower bound: ``bound / simulated ≤ 1``
+   (tests/test_search_moe_cp.py checks it on an all-to-all-heavy model over two nodes).
    Plans are simulated in order of increasing bound, in waves of fixed size; before
    each wave, if the next plan's ``bound / margin`` exceeds the second-best simulated
    time (``exact`` = 2: the best and the runner-up the explanation compares), it and
@@ -50,19 +60,23 @@ them is enough to compare with BF16.
 
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import asdict, dataclass, field, replace
 from functools import lru_cache
 
-from sim.program.costs import work_times
+from sim.program.costs import transfer_time, work_times
 from sim.errors import InputError, require
 from sim.program.build import BuildContext
-from sim.program.estimate import Estimate, estimate_in, layer_phase_times
+from sim.program.estimate import Estimate, estimate_in, group_comm_time, layer_phase_times
 from sim.inputs.hardware import HardwareProfile
 from sim.inputs.model import ModelSpec
 from sim.inputs.plan import RECOMPUTE, SCHEDULES, ZERO_STAGES, ParallelPlan
 from sim.program.fp8 import FP8_FORMATS
-from sim.program.workload import edge_works, layer_as_run, plan_edge_works
+from sim.program.stage_balance import auto_layer_split
+from sim.program.workload import edge_works, layer_as_run, plan_edge_works, plan_layer_work
+from sim.program.workload_moe import MoeShape
+from sim.inputs.experts import Folding
 
 DEFAULT_MARGIN = 1.1
 """The estimate's error factor for pruning (see the module doc): how far below its bound
@@ -97,11 +111,13 @@ class SearchSpace:
     """FP8 formats to try, None for BF16 (the default: BF16 only; see the module doc)."""
     ep: tuple | None = None
     """Expert-parallel sizes (default: every valid one for a mixture of experts, 1 otherwise)."""
+    etp: tuple | None = None
+    """Expert tensor-parallel sizes (default: 1 and the plan's tp for a mixture of experts)."""
     cp: tuple | None = None
     """Context-parallel sizes (default: 1, 2, 4, 8 from ``LONG_SEQUENCE`` tokens on, else 1)."""
 
     def __post_init__(self):
-        for name in ("tp", "pp", "vpp", "micro_batch_size", "ep", "cp"):
+        for name in ("tp", "pp", "vpp", "micro_batch_size", "ep", "etp", "cp"):
             for v in getattr(self, name) or ():
                 require(isinstance(v, int) and not isinstance(v, bool) and v > 0, f"search: {name}", v,
                         "expected integers > 0")
@@ -167,7 +183,7 @@ def enumerate_plans(model: ModelSpec, gpus: int, global_batch_size: int, space: 
                 if (gpus // tp // pp) % cp:
                     continue
                 dp = gpus // (tp * pp * cp)
-                if not space.allows("pp", pp) or model.num_layers % pp or global_batch_size % dp:
+                if not space.allows("pp", pp) or pp > model.num_layers or global_batch_size % dp:
                     continue
                 for mbs in _divisors(global_batch_size // dp):
                     if space.allows("micro_batch_size", mbs):
@@ -183,15 +199,17 @@ LONG_SEQUENCE = 16384
 
 
 def _with_experts(model, space, plans: list[ParallelPlan]) -> list[ParallelPlan]:
-    """Each plan under every expert-parallel size the space allows (a mixture of experts:
-    divisors of the experts that fold into the stage's GPUs); plans the model or the
-    folding rules refuse are left out."""
+    """Each plan under every expert-parallel size and expert tensor-parallel size the space
+    allows (a mixture of experts: ep a divisor of the experts, etp 1 or tp, ep x etp folding
+    into the stage's GPUs; etp = tp is the plan's default, ``etp=None``); plans the model or
+    the folding rules refuse are left out."""
     out = []
     for plan in plans:
         eps = space.ep or (_divisors(model.num_experts) if model.moe else (1,))
-        for ep in eps:
+        etps = space.etp or ((plan.tp, 1) if model.moe else (plan.tp,))
+        for ep, etp in itertools.product(eps, dict.fromkeys(etps)):
             try:
-                cand = replace(plan, ep=ep) if ep != plan.ep else plan
+                cand = replace(plan, ep=ep, etp=None if etp == plan.tp else etp)
                 cand.check_model(model)
             except InputError:
                 continue
@@ -199,15 +217,26 @@ def _with_experts(model, space, plans: list[ParallelPlan]) -> list[ParallelPlan]
     return out
 
 
+def _interleavings(model, pp: int) -> list[int]:
+    """Model chunks per pipeline rank (vpp > 1) to try: with an even split every vpp whose
+    virtual stages split the layers evenly (Megatron-LM's rule); with an uneven one (the
+    layers do not divide pp, split by ``--layer-split auto``) vpp = 2, 4, 8, ... while every
+    virtual stage keeps a layer. The bubble shrinks as 1/vpp, so doubling steps span the
+    trade-off between the bubble and the p2p traffic without trying every vpp."""
+    if model.num_layers % pp == 0:
+        return [v for v in range(2, model.num_layers // pp + 1) if model.num_layers % (pp * v) == 0]
+    return [2 ** k for k in range(1, model.num_layers.bit_length()) if pp * 2 ** k <= model.num_layers]
+
+
 def _variants(model, gbs, space, dp, tp, pp, mbs, cp=1) -> list[ParallelPlan]:
     m = gbs // (mbs * dp)
+    split = None if model.num_layers % pp == 0 else "auto"  # uneven: balanced by ``candidates``
     shapes = []  # (vpp, schedule)
     if pp == 1:
         shapes.append((1, "1f1b"))
     else:
         shapes += [(1, s) for s in PIPELINE_SCHEDULES]
-        shapes += [(v, "interleaved") for v in range(2, model.num_layers // pp + 1)
-                   if model.num_layers % (pp * v) == 0 and m % pp == 0]
+        shapes += [(v, "interleaved") for v in _interleavings(model, pp) if m % pp == 0]
     out = []
     for vpp, schedule in shapes:
         if not (space.allows("vpp", vpp) and space.allows("schedule", schedule)):
@@ -219,9 +248,9 @@ def _variants(model, gbs, space, dp, tp, pp, mbs, cp=1) -> list[ParallelPlan]:
                             space.allows("sequence_parallel", sp):
                         out += [ParallelPlan(dp=dp, tp=tp, pp=pp, vpp=vpp, sequence_parallel=sp,
                                              micro_batch_size=mbs, global_batch_size=gbs, recompute=rec,
-                                             zero_stage=zero, schedule=schedule, fp8_format=fp8, cp=cp)
-                                for fp8 in dict.fromkeys(space.fp8_format)
-                                if not model.moe or ((sp or tp == 1) and zero < 3)]
+                                             zero_stage=zero, schedule=schedule, fp8_format=fp8, cp=cp,
+                                             layer_split=split)
+                                for fp8 in dict.fromkeys(space.fp8_format)]
     return out
 
 
@@ -240,37 +269,71 @@ def _phases(model: ModelSpec, profile: HardwareProfile, b: int, t: int, sp: bool
     return tuple((ph, sum(layer[ph]), sum(emb[ph]), sum(head[ph]), sum(layer[ph])) for ph in ("F", "B", "W"))
 
 
-def _layered_phases(model, plan, profile, est, gpus_per_node) -> tuple:
+def _layered_phases(model, plan, profile, est, gpus_per_node, ep) -> tuple:
     """``_phases`` for a mixture of experts or context parallelism: dense and MoE layers
-    priced apart (``sim.program.estimate.layer_phase_times``), the embedding and head on
+    priced apart (``sim.program.estimate.layer_phase_times``; an MoE layer's expert-parallel
+    all-to-alls at their least time, ``ep`` from ``_ep_times``), the embedding and head on
     the rank's s/cp tokens; per phase (phase, dense layer, embedding, head, MoE layer)."""
-    b, t, sp = plan.micro_batch_size, plan.tp, plan.sequence_parallel
+    t = plan.tp
     dense = layer_phase_times(model, plan, profile, est.links["tp"], gpus_per_node, "bf16", False)
-    moe = layer_phase_times(model, plan, profile, est.links["tp"], gpus_per_node, "bf16", True) \
-        if model.moe else dense
+    moe = dense
+    if model.moe:
+        moe = {ph: (c, x - ep[ph][0] + ep[ph][1]) for ph, (c, x) in
+               layer_phase_times(model, plan, profile, est.links["tp"], gpus_per_node, "bf16", True).items()}
     emb, head = (work_times(w, profile, t, est.links["tp"]) for w in plan_edge_works(model, plan))
     return tuple((ph, sum(dense[ph]), sum(emb[ph]), sum(head[ph]), sum(moe[ph])) for ph in ("F", "B", "W"))
+
+
+def _ep_times(model, plan, profile, gpus_per_node) -> dict:
+    """Per phase, one MoE layer's expert-parallel all-to-alls as ``layer_phase_times``
+    prices them and at their least time: (priced_s, least_s). It sends the (n−1)/n of a
+    rank's buffer that leaves it over the network once the group spans nodes; but the k−1
+    peers on the rank's own node are reached over NVLink at the same time, so an all-to-all
+    takes at least the larger of the off-node share (n−k)/n over the network and the
+    on-node share (k−1)/n over NVLink (balanced routing: each peer gets 1/n)."""
+    out = {ph: (0.0, 0.0) for ph in ("F", "B", "W")}
+    if not model.moe or plan.ep == 1:
+        return out
+    tokens = plan.micro_batch_size * model.seq_length // plan.cp // (plan.tp if plan.sp else 1)
+    work = plan_layer_work(model, plan, MoeShape(plan.ep, plan.etp_size, tokens * model.moe_router_topk))
+    group = Folding(plan).ep_group(0)
+    n, k = len(group), sum(1 for r in group if r // gpus_per_node == group[0] // gpus_per_node)
+    for ph in out:
+        for c in work.comms(ph):
+            if c.group == "ep" and not c.side:
+                if k == n:  # inside one node
+                    priced = least = group_comm_time(c, n, "nvlink", profile)
+                else:
+                    priced = group_comm_time(c, n, "ib", profile)
+                    least = max(transfer_time(c.nbytes * (n - k) / n, "ib", profile),
+                                transfer_time(c.nbytes * (k - 1) / n, "nvlink", profile))
+                out[ph] = (out[ph][0] + priced, out[ph][1] + least)
+    return out
 
 
 def bound_s(ctx: BuildContext, est: Estimate) -> float:
     """The part of the estimated step the simulator cannot overlap (see the module doc):
     m·T + bubble + optimizer, T the slowest pipeline rank's F + B + W per micro-batch
     (compute and tensor-, expert- and context-parallel collectives, as ``sim.program.estimate``
-    prices them on the context's paced profile)."""
+    prices them on the context's paced profile; expert-parallel all-to-alls at their least
+    time, ``_ep_times``), and the bubble without the other ranks' all-to-alls, which can
+    run while the slowest rank computes."""
     model, plan, profile, gpus_per_node = ctx.model, ctx.plan, ctx.profile, ctx.gpus_per_node
     p, v, m = plan.pp, plan.vpp, plan.num_microbatches
+    ep = _ep_times(model, plan, profile, gpus_per_node)
     if model.moe or plan.cp > 1:
-        ph = _layered_phases(model, plan, profile, est, gpus_per_node)
+        ph = _layered_phases(model, plan, profile, est, gpus_per_node, ep)
     else:
         ph = _phases(model, profile, plan.micro_batch_size, plan.tp, plan.sequence_parallel, plan.recompute,
                      est.links["tp"], plan.fp8_format, m, plan.cross_entropy, plan.gradient_accumulation_fusion,
                      plan.attention)
-    ranks = []  # per pipeline rank: (F, B, W) seconds per micro-batch over its chunks
+    ranks, a2a = [], []  # per pipeline rank: (F, B, W) seconds per micro-batch over its chunks; all-to-all seconds
     for r in range(p):
         ids = [i for c in range(v) for i in plan.layer_range(model, c * p + r)]
         n_moe = sum(1 for i in ids if model.is_moe_layer(i))
         ranks.append(tuple((len(ids) - n_moe) * lay + n_moe * moe + (emb if r == 0 else 0.0)
                            + (head if r == p - 1 else 0.0) for _, lay, emb, head, moe in ph))
+        a2a.append(n_moe * sum(least for _, least in ep.values()))
     slowest = max(range(p), key=lambda r: sum(ranks[r]))
     others = [ranks[r] for r in range(p) if r != slowest]
     if plan.schedule == "zb-h1":
@@ -279,6 +342,8 @@ def bound_s(ctx: BuildContext, est: Estimate) -> float:
         bubble = sum(max(0.0, f + b - 2 * w) for f, b, w in others)
     else:
         bubble = sum(f + b + w for f, b, w in others) / v
+    # the other ranks' all-to-alls can run while the slowest rank computes: out of the bubble
+    bubble = max(0.0, bubble - sum(a2a[r] for r in range(p) if r != slowest) / v)
     return m * sum(ranks[slowest]) + bubble + est.time["optimizer"]
 
 
@@ -311,9 +376,12 @@ class SearchResult:
 
 def candidates(model: ModelSpec, plans: list[ParallelPlan], profile: HardwareProfile,
                gpus_per_node: int = 8) -> list[Candidate]:
-    """Estimate each plan; those that do not fit the GPU are marked 'pruned: memory'."""
-    out = []
+    """Estimate each plan; those that do not fit the GPU are marked 'pruned: memory'. A plan
+    with ``layer_split="auto"`` gets its balanced split first (``balanced_plan``)."""
+    out, splits = [], {}
     for plan in plans:
+        if plan.layer_split == "auto":
+            plan = balanced_plan(model, plan, profile, splits)
         ctx = BuildContext.create(model, plan, profile, gpus_per_node=gpus_per_node)
         est = estimate_in(ctx)
         c = Candidate(plan, plan_key(plan), est, bound_s(ctx, est))
@@ -321,6 +389,17 @@ def candidates(model: ModelSpec, plans: list[ParallelPlan], profile: HardwarePro
             c.status = "pruned: memory"
         out.append(c)
     return out
+
+
+def balanced_plan(model: ModelSpec, plan: ParallelPlan, profile: HardwareProfile, cache: dict) -> ParallelPlan:
+    """``plan`` with ``--layer-split auto`` worked out as ``trainsim run`` works it out
+    (``sim.program.stage_balance.auto_layer_split``). The split prices one micro-batch's
+    compute and collectives per layer, which neither the ZeRO stage nor the schedule
+    changes, so plans that differ only in those share it (``cache``)."""
+    key = replace(plan, zero_stage=0, schedule="interleaved" if plan.vpp > 1 else "1f1b")
+    if key not in cache:
+        cache[key] = auto_layer_split(model, key, profile).layer_split
+    return replace(plan, layer_split=cache[key])
 
 
 def search(cands: list[Candidate], simulate, *, margin: float = DEFAULT_MARGIN, exact: int = 2,
