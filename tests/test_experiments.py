@@ -444,3 +444,18 @@ def test_moe_layout_counts_cross_node_dispatch_by_hand(out_root):
     assert g["iteration_s"] == pytest.approx(u["iteration_s"], rel=1e-9)
     best = res["best"]
     assert best["fits"] and all(best["iteration_s"] <= r["iteration_s"] for r in rows if r["fits"] and r["grouped"])
+
+
+def test_expert_gemms_are_the_balanced_routings_shapes():
+    # experiments/expert_gemms.py times the expert GEMMs of the measured MoE runs on a GPU;
+    # the shapes it reads from the workload are a hand count: DeepSeek-V3 at ep 64, micro-batch 1
+    # (M1): each rank routes 4,096 tokens x 8 copies and, balanced, receives as many, spread over
+    # 256/64 = 4 local experts (8,192 rows each); up = 2 x 2,048 (SwiGLU) wide over h = 7,168.
+    import expert_gemms
+
+    got = {(s["model"], s["name"]): (s["m"], s["n"], s["k"], s["batch"])
+           for s in expert_gemms.expert_gemms(str(EXPERIMENTS / "fit-data" / "moe_runs.csv"), "h100-sxm")}
+    assert got[("deepseek-v3", "moe.experts.up")] == (4096 * 8 // 4, 2 * 2048, 7168, 4)
+    assert got[("deepseek-v3", "moe.experts.down.wgrad")] == (2048, 7168, 4096 * 8 // 4, 4)
+    # Qwen3-30B-A3B at ep 8, micro-batch 4: 16,384 tokens x 8 over 128/8 = 16 experts
+    assert got[("qwen3-30b-a3b", "moe.experts.down")] == (16384 * 8 // 16, 2048, 768, 16)

@@ -312,9 +312,33 @@ def bench_copy(ctx: Context, nbytes: int, repeats: int, warmup: int) -> dict:
     return {"bytes": moved, "time_s": t, "bandwidth_Bps": moved / t}
 
 
+BUSY_WARMUP_S = 5.0
+"""Seconds of back-to-back large GEMMs before a GPU's first timing. An idle GPU clocks down
+(an H200 read 345 MHz idle and 1,980 MHz busy with nvidia-smi, 2026-12-04) and takes a
+while to come up: without this spell the expert GEMMs of ``experiments/expert_gemms.py``
+timed 2-20% slower on one H200 (the 4096^3 square: 0.44 of peak against 0.52-0.54)."""
+
+
+def busy_warmup(ctx: Context, seconds: float = BUSY_WARMUP_S) -> None:
+    """Keep a GPU busy with large GEMMs for ``seconds`` so that what is timed next runs at the
+    clocks of a busy GPU, as a training step does (nothing on a CPU)."""
+    if not ctx.is_cuda or seconds <= 0:
+        return
+    import time
+
+    torch = require_torch()
+    a = torch.randn(8192, 8192, device=ctx.device, dtype=torch.bfloat16)
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        for _ in range(20):
+            a @ a
+        ctx.sync()
+
+
 def run_microbenchmarks(ctx: Context, model: ModelSpec | None, plan: ParallelPlan | None, quick: bool) -> dict:
     """All benchmarks on this rank's device; plain data."""
     p = _plan(ctx, quick)
+    busy_warmup(ctx)
     shapes = set(grid_gemms(p["gemm_grid"]))
     if model is not None and plan is not None:
         shapes |= set(workload_gemms(model, plan))
