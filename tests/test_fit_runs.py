@@ -298,6 +298,36 @@ def test_the_moe_runs_read_with_their_presets_and_fsdp_plans():
     assert [sum(p.stage_layers(prepare_rows([r], "h100-sxm")[0].model)) for p, r in zip(plans, runs)] == [61, 61, 61, 48]
 
 
+FSDP_RUNS = MOE_RUNS.parent / "fsdp_runs.csv"
+
+
+def test_the_fsdp_and_nemotron_runs_read_as_their_sources_ran_them():
+    # rows F4-F10, F15 and D1-D4 of ../shared/fit-data/more-sources-2026-12-03.md; step times from
+    # tokens/s/GPU where the source prints only that: GBS x seq / (tokens/s/GPU x GPUs)
+    runs = read_runs(FSDP_RUNS)
+    derived = {2: 64 * 8192 / (2973 * 64), 3: 64 * 8192 / (331 * 64), 4: 48 * 2048 / (10643 * 8),
+               5: 128 * 2048 / (4800 * 64), 6: 1024 * 2048 / (23422 * 128), 7: 2048 * 2048 / (1039 * 64),
+               8: 96 * 2048 / (4641 * 8)}
+    for r in runs:
+        if r.line in derived:
+            assert r.measured_s == pytest.approx(derived[r.line], rel=2e-4)
+    # FULL_SHARD and FSDP2 are zero 3, SHARD_GRAD_OP zero 2; Megatron's distributed optimizer zero 1
+    zero = {r.line: r.values["zero"] for r in runs}
+    assert zero == {2: 3, 3: 3, 4: 3, 5: 3, 6: 2, 7: 3, 8: 3, 9: 3, 10: 1, 11: 1, 12: 1, 13: 1}
+    # MPT-7B's published parameter count (NumParams 6,658,859,008 at 2048 tokens) with the source's settings
+    mpt7 = prepare_rows([r for r in runs if r.line == 4], "h100-sxm")[0]
+    assert mpt7.model.num_params == 6_658_859_008
+    # Nemotron-4 15B takes its architecture from its source (rotary, no biases, untied, squared ReLU as GeLU's shapes)
+    d1 = next(r for r in runs if r.line == 10)
+    assert d1.values["position_embedding_type"] == "rope" and d1.values["tp_comm_overlap"] is True
+    assert next(r for r in runs if r.line == 13).values.get("tp_comm_overlap") is not True  # v25.05: not stated
+    assert next(r for r in runs if r.line == 2).skip  # torchtitan's selective op recompute is not modelled
+    # grouped by model, source and precision: torchtitan 8B and 70B, four MPT sizes on H100 and one on A100,
+    # AutoModel's 70B, Nemotron-4 15B's v25.02 BF16 (16 and 2,048 GPUs together) and FP8, and v25.05
+    assert len({r.group for r in runs}) == 11
+    assert next(r for r in runs if r.line == 10).group == next(r for r in runs if r.line == 11).group
+
+
 def test_a_row_needs_a_preset_or_its_shape(tmp_path):
     head = ["source", "gpu", "gpus", "model", "num_layers", "hidden_size", "num_attention_heads", "vocab_size",
             "seq_length", "global_batch_size", "measured_iteration_time_s"]

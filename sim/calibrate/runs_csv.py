@@ -123,6 +123,17 @@ BY_SOURCE = (
      "llama3.1/llama3.1_8b.yaml and llama3.1_405b.yaml: normalization rmsnorm, position_embedding_type rope, bias "
      "false, share_embeddings_and_output_weights false, hidden_dropout and attention_dropout 0.0, "
      "cross_entropy_loss_fusion true)"),
+    ("Nemotron-4 15B", {"position_embedding_type": "rope", "disable_bias_linear": True,
+                        "untie_embeddings_and_output_weights": True, "hidden_dropout": 0.0, "attention_dropout": 0.0},
+     "the Nemotron-4 architecture (Nemotron-4 15B technical report, Parmar et al. 2024: rotary position embeddings, "
+     "no bias terms, untied input and output embeddings, no dropout; squared-ReLU MLP: the activation column)"),
+    ("nemotron/README_15b", {"tp_comm_overlap": True},
+     "the v25.02 benchmark's configuration (NVIDIA/dgxc-benchmarking nemotron/nemotron4-15b-synth.yaml: "
+     "ub_tp_comm_overlap: True, sequence_parallel: true)"),
+    ("mosaicml/llm-foundry", {"hidden_dropout": 0.0, "attention_dropout": 0.0},
+     "MPT's defaults (llm-foundry MPTConfig: attn_pdrop, resid_pdrop and emb_pdrop 0.0; learned positions, biases, "
+     "LayerNorm and tied embeddings as trainsim's defaults; the benchmark's NumParams, 6,658,859,008 for MPT-7B at "
+     "2048 tokens, counts the biases and the learned positions)"),
     ("NVIDIA/dgxc-benchmarking", {"zero": 1, "overlap_param_gather": True},
      "every DGX Cloud benchmark's configuration shards the optimizer (NVIDIA/dgxc-benchmarking v25.02: "
      "gpt3_175b_hydra.yaml, nemotron4-340b-synth.yaml, llama3.1_8b.yaml and llama3.1_405b.yaml: optim name "

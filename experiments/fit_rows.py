@@ -1,0 +1,73 @@
+"""Every row of measured-runs CSVs simulated at the GPU presets, with its error, by framework.
+
+``trainsim fit`` fits a profile to rows; this script only predicts them with the presets as
+they are, which for rows that were never fitted is an out-of-sample check. Rows are
+simulated as the fit simulates them (``sim.calibrate.fit_sims``: reduced fidelity, flows) on
+the GPU their ``gpu`` column names; rows the simulator cannot run (``needs``) are listed as
+skipped with the reason.
+
+    python experiments/fit_rows.py experiments/fit-data/fsdp_runs.csv [more.csv ...]
+
+Prints one line per row (measured and simulated step, error) and, per framework, the mean
+and largest absolute error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from sim.calibrate.fit_sims import COLLECTIVE_MODEL, FIDELITY, prepare_rows  # noqa: E402
+from sim.calibrate.runs_csv import read_runs  # noqa: E402
+from sim.inputs.schema import SimulationSettings  # noqa: E402
+from sim.session import Job, simulate_training  # noqa: E402
+
+
+def predict(paths: list[str]) -> list[dict]:
+    """Each row of ``paths``: its label, GPU, framework, measured and simulated seconds (None: skipped)."""
+    out = []
+    for path in paths:
+        for r in read_runs(path):
+            row = {"file": Path(path).name, "line": r.line, "label": r.label(), "gpu": r.gpu,
+                   "framework": r.framework or "(not stated)", "measured_s": r.measured_s, "simulated_s": None,
+                   "skip": r.skip}
+            if r.skip is None:
+                p = prepare_rows([r], r.gpu, path)[0]
+                run = simulate_training(Job(p.model, p.plan, p.profile, p.topology, p.schedule),
+                                        SimulationSettings(fidelity=FIDELITY, collective_model=COLLECTIVE_MODEL,
+                                                           max_events=p.settings.simulation.max_events))
+                row["simulated_s"] = float(run.trace.end_s)
+            out.append(row)
+    return out
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("runs", nargs="+", metavar="RUNS.csv")
+    args = ap.parse_args(argv)
+    rows = predict(args.runs)
+    print(f"{'row':<22} {'gpu':<10} {'measured':>9} {'simulated':>9} {'error':>7}  framework")
+    by_framework: dict[str, list[float]] = {}
+    for r in rows:
+        where = f"{r['file'].removesuffix('.csv')}:{r['line']} {r['label']}"
+        if r["simulated_s"] is None:
+            print(f"{where:<40.40} skipped: {r['skip']}")
+            continue
+        err = r["simulated_s"] / r["measured_s"] - 1
+        by_framework.setdefault(r["framework"], []).append(err)
+        print(f"{where:<40.40} {r['gpu']:<10} {r['measured_s']:>8.3f}s {r['simulated_s']:>8.3f}s {100 * err:>+6.1f}%"
+              f"  {r['framework']}")
+    print()
+    for fw, errs in by_framework.items():
+        print(f"{fw}: {len(errs)} rows, mean |error| {100 * statistics.mean(abs(e) for e in errs):.1f}%, "
+              f"{100 * min(errs):+.1f}% to {100 * max(errs):+.1f}%")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
