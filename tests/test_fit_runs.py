@@ -285,7 +285,8 @@ def test_the_moe_runs_read_with_their_presets_and_fsdp_plans():
     runs = read_runs(MOE_RUNS)
     assert [(r.values["model"], r.values["gpus"], r.measured_s) for r in runs] == [
         ("deepseek-v3", 256, 8.18), ("deepseek-v3", 1024, 37.87), ("kimi-k2", 256, 8.86), ("qwen3-30b-a3b", 8, 21.773)]
-    assert all(r.values["zero"] == 3 and r.values["moe_routing"] == "balanced" and r.gpu == "h100-sxm" and not r.skip
+    assert all(r.values["zero"] == 3 and r.values["moe_routing"] == "round-robin" and r.gpu == "h100-sxm"
+               and r.values["placement"] == "tp-dp-pp" and not r.skip
                and r.values["recompute_granularity"] == "full" and "AutoModel" in r.framework for r in runs)
     # one group per model from the source: DeepSeek-V3's two sizes together
     assert runs[0].group == runs[1].group and len({r.group for r in runs}) == 3

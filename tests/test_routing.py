@@ -157,3 +157,20 @@ def test_deepseek_v3_routes_within_4_of_8_groups():
     per_group = (routed > 0).reshape(64, 8, 32).any(axis=2).sum(axis=1)
     assert routed.sum() == r.N and math.isclose(r.rank_loads(3, 0).sum(), r.N)
     assert per_group.max() <= 8
+
+
+def test_round_robin_routing_sends_a_token_to_consecutive_experts_by_hand():
+    # AutoModel's fake balanced gate: token i takes experts k·i .. k·i+k-1 (mod E). E = 8 on 4 ranks
+    # (2 each; ranks 0-1 on node 0, 2-3 on node 1), k = 2: token i's two experts are both on rank
+    # i mod 4, so tokens 2, 3, 6, 7 (of T = 8) leave node 0: 4 tokens, 8 copies; once per node, 4.
+    r = _routing(8, 2, 8, 4, routing="round-robin")
+    mult, sets = r.round_robin_sets()
+    assert sets.tolist() == [[0, 1], [2, 3], [4, 5], [6, 7]] and mult.tolist() == [2, 2, 2, 2]
+    assert r.leaving_node(0, [0, 0, 1, 1]) == pytest.approx((8.0, 4.0))
+    # every expert gets T·k/E copies from each of the 4 ranks: as balanced
+    assert r.counts(0, 0)[0].tolist() == [8.0] * 8 and r.max_load(0, 0) == 16
+    # balanced routing scatters the same copies: a token reaches the other node unless both of its
+    # experts are on its own, 1 - C(4,2)/C(8,2) = 22/28 of the time
+    assert _routing(8, 2, 8, 4, routing="balanced").leaving_node(0, [0, 0, 1, 1])[1] == pytest.approx(8 * 22 / 28)
+    # the gate replaces the router: DeepSeek-V3's group limits do not apply to it
+    assert _routing(8, 2, 8, 4, groups=2, group_topk=1, routing="round-robin").groups == 1

@@ -198,7 +198,8 @@ class ParallelPlan:
                               help="GPUs each expert is split over (default: the tensor-parallel size)")
     moe_routing: str = setting(
         "balanced", metavar="MODEL|FILE", group=_EXPERTS, path=lambda v: v.endswith((".json", ".csv")),
-        help="tokens per expert: balanced, zipf:S (expert popularity by rank^-S), dirichlet:A (popularity drawn "
+        help="tokens per expert: balanced, round-robin (token i takes experts k*i..k*i+k-1: the benchmarks' fake "
+             "balanced gate), zipf:S (expert popularity by rank^-S), dirichlet:A (popularity drawn "
              "from a Dirichlet of concentration A) or a histogram .json/.csv of tokens per expert measured from a "
              "router (default balanced)")
     """``sim.program.routing``."""

@@ -13,6 +13,13 @@ Routing models (``--moe-routing``) give each layer's experts a popularity w:
 - ``zipf:S``: popularity ∝ rank^−S, in an order drawn once per layer;
 - ``dirichlet:A``: popularity drawn once per layer from a symmetric Dirichlet of
   concentration A (large A: nearly balanced; A = 1: uniform over the simplex);
+- ``round-robin``: token i of every rank takes experts k·i, k·i+1, ..., k·i+k−1 (mod E): the
+  benchmarks' stand-in for an ideal router (NeMo AutoModel's ``FakeBalancedGate``:
+  ``arange(T·k).view(-1, k) % E``). Every expert gets N/E when E divides T·k, as balanced,
+  but a token's k experts are consecutive, so they sit on one or two ranks (k·ep/E of them
+  when E/ep ≥ k) of one node, where balanced routing scatters them over the group: a
+  dispatcher that sends a token once per rank or node it reaches (DeepEP) moves far less.
+  It replaces the router, so the model's group limits do not apply;
 - a histogram file: tokens (or fractions) per expert measured from a real router, a JSON
   list of E numbers or of one list per MoE layer (or a CSV with one such row per line);
   the same every micro-batch (expected counts, no draws).
@@ -68,8 +75,8 @@ _EPS = 1e-12
 def parse_routing(spec: str) -> tuple[str, float | None]:
     """(``balanced`` | ``zipf`` | ``dirichlet`` | ``file``, parameter or None)."""
     where = "--moe-routing"
-    if spec == "balanced":
-        return "balanced", None
+    if spec in ("balanced", "round-robin"):
+        return spec, None
     for kind in ("zipf", "dirichlet"):
         if spec.startswith(kind + ":"):
             text = spec.split(":", 1)[1]
@@ -81,7 +88,7 @@ def parse_routing(spec: str) -> tuple[str, float | None]:
             require(ok, where, spec, f"{kind}:X needs a finite X {'>= 0' if kind == 'zipf' else '> 0'}")
             return kind, value
     require(spec.endswith((".json", ".csv")), where, spec,
-            "allowed: balanced, zipf:S, dirichlet:A or a histogram .json/.csv file")
+            "allowed: balanced, round-robin, zipf:S, dirichlet:A or a histogram .json/.csv file")
     return "file", None
 
 
@@ -166,6 +173,8 @@ class Routing:
         self._moe_layers = [i for i in range(model.num_layers) if model.is_moe_layer(i)]
         self._hist = (read_histogram(plan.moe_routing, self.E, len(self._moe_layers))
                       if self.kind == "file" else None)
+        if self.kind == "round-robin":  # the fake gate replaces the router, its group limits too
+            self.groups = self.group_topk = 1
         self.counts = lru_cache(maxsize=None)(self._counts)
         self._cells = lru_cache(maxsize=None)(self._layer_cells)
 
@@ -175,7 +184,7 @@ class Routing:
         return self.kind == "balanced" and (self.capacity is None or self.capacity * self.E >= self.N / self.ep)
 
     def _popularity(self, layer: int) -> np.ndarray:
-        if self.kind == "balanced":
+        if self.kind in ("balanced", "round-robin"):
             return np.full(self.E, 1.0 / self.E)
         if self.kind == "file":
             return self._hist[0] if len(self._hist) == 1 else self._hist[self._moe_layers.index(layer)]
@@ -234,6 +243,10 @@ class Routing:
         """(tokens kept per expert, tokens dropped) for ``layer`` and micro-batch ``mb``."""
         if self.kind == "balanced" and self.capacity is None:
             return np.full(self.E, self.N / self.E), 0
+        if self.kind == "round-robin":
+            per_rank = np.bincount(np.arange(self.tokens_per_rank * self.k) % self.E, minlength=self.E)
+            kept = per_rank if self.capacity is None else np.minimum(per_rank, self.capacity)
+            return self.ep * kept.astype(float), int(self.ep * (per_rank - kept).sum())
         if self.kind == "file" and self.groups == 1 and self.capacity is None:
             row = self._popularity(layer)
             if row.max() * self.k <= 1:                           # a histogram a router can produce
@@ -263,6 +276,8 @@ class Routing:
         in proportion to popularity (exact when the experts are equally popular)."""
         nodes = np.asarray(node_of_rank)
         expert_node = np.repeat(nodes, self.E // self.ep)
+        if self.kind == "round-robin":
+            return self._round_robin_leaving(expert_node, nodes)
         pi = self.marginals(layer)
         p = self._popularity(layer)
         reach = {n: 0.0 for n in np.unique(nodes)}
@@ -278,6 +293,25 @@ class Routing:
         copies = float(np.mean([T * pi[expert_node != n].sum() for n in nodes]))
         dedup = float(np.mean([T * sum(v for m, v in reach.items() if m != n) for n in nodes]))
         return copies, dedup
+
+    def round_robin_sets(self) -> tuple[np.ndarray, np.ndarray]:
+        """Round-robin routing's token patterns: (tokens of one rank with each pattern,
+        the k experts of each pattern). Token i's experts repeat with period E/gcd(k, E)."""
+        period = self.E // math.gcd(self.k, self.E)
+        i = np.arange(min(period, self.tokens_per_rank))
+        mult = np.array([len(range(j, self.tokens_per_rank, period)) for j in i], dtype=float)
+        return mult, (self.k * i[:, None] + np.arange(self.k)[None, :]) % self.E
+
+    def _round_robin_leaving(self, expert_node: np.ndarray, nodes: np.ndarray) -> tuple[float, float]:
+        """``leaving_node`` for round-robin routing, counted exactly over the patterns."""
+        mult, sets = self.round_robin_sets()
+        where = expert_node[sets]                                      # patterns × k: each copy's node
+        copies, dedup = [], []
+        for n in nodes:
+            away = where != n
+            copies.append(float((mult * away.sum(axis=1)).sum()))
+            dedup.append(float(sum(m * len(set(row[a].tolist())) for m, row, a in zip(mult, where, away))))
+        return float(np.mean(copies)), float(np.mean(dedup))
 
     def stats(self, layers, microbatches: int, node_of_rank=None, token_bytes: float = 0.0) -> dict:
         """Imbalance (max/mean tokens per rank, averaged and worst over layers and
