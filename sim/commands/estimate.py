@@ -40,7 +40,7 @@ def run(args) -> int:
           f"sp {'on' if pl.sp else 'off'}, "
           f"global batch {pl.global_batch_size}: "
           f"{format_microbatches(pl.num_microbatches, pl.micro_batch_size, model.seq_length)} per replica, "
-          f"recompute {pl.recompute}, ZeRO-{pl.zero_stage}"
+          f"recompute {pl.recompute_label}, ZeRO-{pl.zero_stage}"
           + (f", ep {pl.ep}, etp {pl.etp_size}" if model.moe else ""))
     if pl.pp > 1:
         layers = pl.stage_layers(model)

@@ -97,7 +97,7 @@ def _print(s: dict, run: session.TrainingRun) -> None:
           f"{f', ep {plan.ep} x etp {plan.etp_size}' if s.get('moe') else ''}, "
           f"schedule {s['schedule']}, global batch {plan.global_batch_size}: "
           f"{format_microbatches(plan.num_microbatches, plan.micro_batch_size, run.model.seq_length)} per replica, "
-          f"recompute {plan.recompute}, ZeRO-{plan.zero_stage}"
+          f"recompute {plan.recompute_label}, ZeRO-{plan.zero_stage}"
           f"{' (parameter gather overlapped)' if plan.param_gather_overlap else ''}, "
           f"sp {'on' if plan.sp else 'off'}, precision {s['precision']}")
     T = s["iteration_time_s"]

@@ -25,7 +25,8 @@ class Field:
     """How a command-line string becomes the value (a ``sim.units.Number``, ``int``, ...)."""
     choices: tuple | None = None
     kind: str = "value"
-    """``value`` (takes one argument), ``switch`` (present = true) or ``bool`` (``--x``/``--no-x``)."""
+    """``value`` (takes one argument), ``switch`` (present = true), ``bool`` (``--x``/``--no-x``) or
+    ``list`` (one or more arguments; a list or a string in a file or the API)."""
     metavar: str | None = None
     group: str | None = None
     """The ``--help`` section it is listed in (default: its section's; None: the command's own options)."""
@@ -72,6 +73,9 @@ def why_not_field(f: Field, value) -> str | None:
     TOML or the API) is not allowed for it; None when it is."""
     if f.kind in ("switch", "bool"):
         return None if isinstance(value, bool) else "expected true or false"
+    if f.kind == "list":
+        ok = isinstance(value, str) or isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value)
+        return None if ok else "expected a list of names"
     if isinstance(f.type, Number):  # the field's own bounds (> 0, finite, ...)
         why = f.type.allowed(value)
         if why is not None:

@@ -46,6 +46,8 @@ def add_arguments(parser: argparse.ArgumentParser, names, *, groups: Mapping[str
             kw["action"] = argparse.BooleanOptionalAction
         else:
             kw["type"] = flag_type(f)
+            if f.kind == "list":
+                kw["nargs"] = "+"
             if f.metavar is not None:
                 kw["metavar"] = f.metavar
             elif f.choices is not None:

@@ -47,6 +47,8 @@ from sim.inputs import placement as _pl
 from sim.inputs.context_parallel import check_context_model, check_context_plan
 from sim.inputs.experts import check_expert_model, check_expert_plan
 from sim.inputs.fields import setting
+from sim.inputs.recompute import RECOMPUTE_MODULES, check_recompute_model, check_recompute_plan, \
+    modules_in_effect, parse_recompute_modules
 from sim.inputs.layer_split import FIRST, LAST, check_layer_split, check_layout, parse_layer_split, parse_layout, \
     split_layers
 from sim.errors import require
@@ -214,7 +216,12 @@ class ParallelPlan:
     """Sequences per optimizer step over all replicas (B); None means micro_batch_size·dp."""
     recompute: str = setting("none", name="recompute_granularity", choices=RECOMPUTE,
                              help="activation recomputation in backward (default none)")
-    """'selective' recomputes the attention core, 'full' the whole layer."""
+    """'selective' recomputes the attention core (or ``recompute_modules``), 'full' the whole layer."""
+    recompute_modules: tuple[str, ...] | None = setting(
+        kind="list", metavar="MODULE", convert=parse_recompute_modules,
+        help=f"with --recompute-granularity selective, the modules recomputed in backward (Megatron-Core's names, "
+             f"space- or comma-separated: {', '.join(RECOMPUTE_MODULES)}; default core_attn)")
+    """``sim.inputs.recompute``; None: ``DEFAULT_MODULES`` under selective."""
     attention: str = setting(
         "flash", choices=ATTENTION,
         help="how attention runs: flash (one fused kernel: FlashAttention or cuDNN, Megatron-Core with Transformer "
@@ -296,6 +303,7 @@ class ParallelPlan:
                 f"allowed: {', '.join(FP8_FORMATS)}, or None for BF16")
         _check(self.recompute in RECOMPUTE, "recompute", self.recompute,
                 f"allowed: {', '.join(RECOMPUTE)}")
+        object.__setattr__(self, "recompute_modules", check_recompute_plan(self))
         _check(self.zero_stage in ZERO_STAGES and not isinstance(self.zero_stage, bool), "zero_stage", self.zero_stage, "allowed: 0, 1, 2, 3")
         per_step = self.micro_batch_size * self.dp
         _check(self.global_batch_size % per_step == 0, "global_batch_size",
@@ -382,7 +390,8 @@ class ParallelPlan:
         (``layers_per_virtual_stage`` sets vpp, ``zero3_prefetch_bucket_size`` the depth), the
         pipeline layout and the schedule file are left out when not given."""
         out = dataclasses.asdict(self)
-        for name in ("layers_per_virtual_stage", "schedule_file", "zero3_prefetch_bucket_size", "pipeline_layout"):
+        for name in ("layers_per_virtual_stage", "schedule_file", "zero3_prefetch_bucket_size", "pipeline_layout",
+                     "recompute_modules"):
             if out[name] is None:
                 del out[name]
         return out
@@ -412,6 +421,18 @@ class ParallelPlan:
     def sp(self) -> bool:
         """Whether sequence parallelism is in effect (requested and tp > 1)."""
         return self.sequence_parallel and self.tp > 1
+
+    @property
+    def recomputed_modules(self) -> tuple[str, ...]:
+        """The modules recomputed in backward (``sim.inputs.recompute.modules_in_effect``):
+        none unless ``recompute`` is 'selective'."""
+        return modules_in_effect(self.recompute, self.recompute_modules)
+
+    @property
+    def recompute_label(self) -> str:
+        """The granularity, with the modules when they were given: 'selective (layernorm, moe_act)'."""
+        mods = self.recompute_modules
+        return self.recompute if mods is None else f"{self.recompute} ({', '.join(mods)})"
 
     @property
     def num_virtual_stages(self) -> int:
@@ -513,6 +534,7 @@ class ParallelPlan:
                     f"must divide {field} {value} of {model.name}")
         check_expert_model(self, model)
         check_context_model(self, model)
+        check_recompute_model(self, model)
 
     @property
     def etp_size(self) -> int:

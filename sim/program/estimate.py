@@ -99,16 +99,18 @@ def _links(plan: ParallelPlan, gpus_per_node: int) -> dict:
             for d in ("tp", "dp", "pp")}
 
 
-def model_flops_per_sequence(model: ModelSpec, recompute: str = "none") -> float:
+def model_flops_per_sequence(model: ModelSpec, recompute: str = "none", modules: tuple | None = None) -> float:
     """GEMM and attention FLOPs of forward and backward for one sequence (incl. recompute
-    when given); the sum Korthikanti's Eq. 7 (none) and Megatron's Eq. 3 (full) close-form.
-    For a mixture of experts, the FLOPs of the parameters each token uses (router, its k
-    experts, shared experts): MFU counts active-parameter FLOPs."""
-    layer = layer_work(model, 1, recompute=recompute).flops(kinds=_MATMUL)
+    when given, ``modules`` what selective recomputes); the sum Korthikanti's Eq. 7 (none)
+    and Megatron's Eq. 3 (full) close-form. For a mixture of experts, the FLOPs of the
+    parameters each token uses (router, its k experts, shared experts): MFU counts
+    active-parameter FLOPs."""
+    layer = layer_work(model, 1, recompute=recompute, modules=modules).flops(kinds=_MATMUL)
     total = (model.num_layers - model.num_moe_layers) * layer + head_work(model, 1).flops(kinds=_MATMUL)
     if model.moe:  # a mixture of experts: active-parameter FLOPs (each token's k experts, balanced)
         moe = MoeShape(1, 1, model.seq_length * model.moe_router_topk)
-        total += model.num_moe_layers * layer_work(model, 1, recompute=recompute, moe=moe).flops(kinds=_MATMUL)
+        total += model.num_moe_layers * layer_work(model, 1, recompute=recompute, moe=moe,
+                                                   modules=modules).flops(kinds=_MATMUL)
     return total
 
 
@@ -257,7 +259,7 @@ def estimate_in(ctx: BuildContext, *, dtype: str = "bf16", flash_attention: bool
 
     seqs = plan.global_batch_size
     model_flops = seqs * model_flops_per_sequence(model)
-    hw_flops = seqs * model_flops_per_sequence(model, plan.recompute)
+    hw_flops = seqs * model_flops_per_sequence(model, plan.recompute, plan.recompute_modules)
     step, world = time["step"], plan.world_size
     return Estimate(
         model=model.name, gpu=profile.name, plan=plan, num_params=model.num_params,

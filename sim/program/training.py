@@ -313,7 +313,8 @@ def param_gather(ctx: BuildContext, draft: Draft) -> Draft:
 def memory(ctx: BuildContext, draft: Draft) -> Draft:
     """Resident model states (sharded per the ZeRO stage) and the reserve from the start,
     and each (stage, micro-batch)'s stored activations while they are alive (with full
-    recompute, a layer's working set during backward); the bytes are ``sim.program.memory``'s."""
+    recompute, or selective recompute of modules, a layer's working set during backward); the bytes are
+    ``sim.program.memory``'s."""
     model, plan = ctx.model, ctx.plan
     resident = [stage_resident_bytes(model, plan, s, ctx.profile.memory_reserve_bytes) for s in range(plan.pp)]
     chunk = [chunk_activation_parts(model, plan, vs) for vs in range(plan.pp * plan.vpp)]
@@ -326,7 +327,7 @@ def memory(ctx: BuildContext, draft: Draft) -> Draft:
         return chunk[stage]
 
     working = recompute_working_bytes(model, plan)
-    transient = (lambda rank, step: working) if plan.recompute == "full" else None
+    transient = (lambda rank, step: working) if working else None
     prog = zero.add_activation_memory(draft.program, stored, transient)
     stage = _stage_of(plan)
     return draft.with_program(zero.add_resident(prog, lambda rank: resident[stage(rank)]))

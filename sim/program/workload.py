@@ -16,7 +16,9 @@ hidden and a 4h GeLU MLP, the GEMM and attention FLOPs are exactly the paper's
 Korthikanti et al.'s model FLOPs (Eq. 7); with full recomputation the forward runs
 twice and the sum is Megatron-LM's Eq. 3, 96·B·s·l·h²·(1 + s/(6h) + V/(16lh)).
 Recomputed work is emitted at the start of B with ``recompute=True``: the whole
-forward for ``full``, the attention core's forward for ``selective``. FLOPs are the
+forward for ``full``, for ``selective`` the forward of each recomputed module
+(``sim.inputs.recompute``; the attention core by default) in forward order, the attention
+core last. FLOPs are the
 papers' (non-causal) counts; elementwise ops carry a nominal few FLOPs per element.
 
 Tensor parallelism follows Megatron-LM: QKV and MLP-up are column-parallel, the
@@ -41,7 +43,9 @@ from functools import lru_cache
 
 from sim.errors import require
 from sim.inputs.model import ModelSpec
+from sim.inputs.moe import mla_projections
 from sim.inputs.plan import ATTENTION, CROSS_ENTROPY, RECOMPUTE, ParallelPlan
+from sim.inputs.recompute import modules_in_effect
 from sim.program.fp8 import fp8_layer_work
 from sim.program.loss import loss_backward, loss_forward
 from sim.program.ops import (COLLECTIVES, MAIN_GRAD_BYTES, OP_KINDS, PHASES, Builder, Comm, Op,  # noqa: F401
@@ -156,11 +160,12 @@ def _layer_forward(w: Builder, m: ModelSpec, b: int, t: int, sp: bool, attention
 
 def layer_work(model: ModelSpec, micro_batch: int, tp: int = 1, sequence_parallel: bool = False,
                recompute: str = "none", dtype_bytes: int = 2, attention: str = "flash",
-               moe: MoeShape | None = None, cp: int = 1, cp_comm: str = "p2p") -> Work:
+               moe: MoeShape | None = None, cp: int = 1, cp_comm: str = "p2p", modules: tuple | None = None) -> Work:
     """One transformer layer's F, B and W for one micro-batch on one tensor-parallel rank
     (``attention``: "flash" or "unfused", ``ParallelPlan.attention``; ``moe``: how its
     mixture of experts runs, None for a dense layer; ``cp``: context-parallel size, the
-    rank's s/cp tokens, and ``cp_comm`` how attention gets the rest, ``sim.program.context_parallel``)."""
+    rank's s/cp tokens, and ``cp_comm`` how attention gets the rest, ``sim.program.context_parallel``;
+    ``modules``: what ``selective`` recomputes, ``sim.inputs.recompute``, default the attention core)."""
     _check(model, micro_batch, tp, recompute)
     require(attention in ATTENTION, "attention", attention, f"allowed: {', '.join(ATTENTION)}")
     m, b, t, e = local_sequence(model, cp), micro_batch, tp, dtype_bytes
@@ -183,7 +188,10 @@ def layer_work(model: ModelSpec, micro_batch: int, tp: int = 1, sequence_paralle
     if recompute == "full":
         _layer_forward(w, m, b, t, sp, attention, moe, ctx)
     elif recompute == "selective":
-        _attention_forward(w, m, b, t, attention, *ctx)
+        mods = modules_in_effect(recompute, modules)
+        w.items += _recomputed_modules(m, b, t, sp, attention, moe, ctx, mods, e)
+        if "core_attn" in mods:
+            _attention_forward(w, m, b, t, attention, *ctx)
     w.items[start:] = [_as_recompute(i) for i in w.items[start:]]
     for blk in ("mlp", "attn"):
         w.mem(f"{blk}.residual.grad", e * nn * h + mask, e * nn * h, nn * h, framework=True)
@@ -223,6 +231,37 @@ def layer_work(model: ModelSpec, micro_batch: int, tp: int = 1, sequence_paralle
 
 def _as_recompute(item):
     return replace(item, phase="B", recompute=True)
+
+
+def _in_module(name: str, module: str, mla_up: tuple, moe: bool, act: str) -> bool:
+    """Whether the forward item ``name`` belongs to recomputed ``module`` (``sim.inputs.recompute``;
+    the attention core is ``_attention_forward``'s, emitted on its own)."""
+    if module == "layernorm":
+        return name in ("attn.norm", "mlp.norm")
+    if module == "mla_up_proj":
+        return name in mla_up
+    if module == "mlp":
+        return not moe and name.startswith("mlp.") and name not in ("mlp.norm", "mlp.residual")
+    if module == "moe":
+        return moe and name.startswith("moe.")
+    if module == "moe_act":
+        return moe and name == f"moe.experts.{act}"
+    return module == "shared_experts" and moe and name.startswith("moe.shared.")
+
+
+def _recomputed_modules(m: ModelSpec, b: int, t: int, sp: bool, attention: str, moe: MoeShape | None,
+                        ctx: tuple, modules: tuple, e: int) -> list:
+    """The forward items that ``modules`` run again at the start of backward (besides the
+    attention core), in forward order: the layer's forward filtered by module, so that a
+    recomputed kernel or collective is the forward's own (``moe`` reruns the router, the
+    dispatch and combine all-to-alls, the experts and the shared experts)."""
+    mods = [mod for mod in modules if mod != "core_attn"]
+    if not mods:
+        return []
+    fwd = Builder("layer", e)
+    _layer_forward(fwd, m, b, t, sp, attention, moe, ctx)
+    mla_up = tuple(name for name, _, _, split in mla_projections(m) if split) if m.mla else ()
+    return [i for i in fwd.items if any(_in_module(i.name, mod, mla_up, moe is not None, m.mlp) for mod in mods)]
 
 
 def embedding_work(model: ModelSpec, micro_batch: int, tp: int = 1, sequence_parallel: bool = False,
@@ -415,7 +454,7 @@ def plan_layer_work(model: ModelSpec, plan: ParallelPlan, moe: MoeShape | None =
     gradient accumulation as the plan says); ``moe``: its expert shape, None for dense."""
     return layer_as_run(model, plan.micro_batch_size, plan.tp, plan.sequence_parallel, plan.recompute, plan.attention, moe,
                   plan.fp8_format, plan.num_microbatches, plan.cp, plan.cp_comm_type,
-                  plan.gradient_accumulation_fusion, plan.fp8_param_gather)
+                  plan.gradient_accumulation_fusion, plan.fp8_param_gather, plan.recompute_modules)
 
 
 def local_sequence(model: ModelSpec, cp: int) -> ModelSpec:
@@ -426,10 +465,12 @@ def local_sequence(model: ModelSpec, cp: int) -> ModelSpec:
 @lru_cache(maxsize=4096)
 def layer_as_run(model: ModelSpec, b: int, t: int, sp: bool, recompute: str = "none", attention: str = "flash",
                  moe: MoeShape | None = None, fp8_format: str | None = None, microbatches: int = 1, cp: int = 1,
-                 cp_comm: str = "p2p", fused_accumulation: bool = True, fp8_params: bool = False) -> Work:
+                 cp_comm: str = "p2p", fused_accumulation: bool = True, fp8_params: bool = False,
+                 modules: tuple | None = None) -> Work:
     """``plan_layer_work`` from the plan's settings, cached: ``layer_work``, then the FP8
     casts (``sim.program.fp8``) and unfused gradient accumulation (``accumulate_wgrads``)."""
-    layer = layer_work(model, b, t, sp, recompute, attention=attention, moe=moe, cp=cp, cp_comm=cp_comm)
+    layer = layer_work(model, b, t, sp, recompute, attention=attention, moe=moe, cp=cp, cp_comm=cp_comm,
+                       modules=modules)
     return accumulate_wgrads(fp8_layer_work(layer, fp8_format, t, sp, microbatches, fp8_params), fused_accumulation)
 
 

@@ -122,7 +122,7 @@ def explain(model: ModelSpec, plan: ParallelPlan, profile: HardwareProfile, gpus
         "gpu": profile.name,
         "plan": {"dp": plan.dp, "tp": plan.tp, "pp": plan.pp, "vpp": plan.vpp, "sequence_parallel": plan.sp,
                  "micro_batch_size": plan.micro_batch_size, "num_microbatches": plan.num_microbatches,
-                 "recompute": plan.recompute, "zero_stage": plan.zero_stage},
+                 "recompute": plan.recompute_label, "zero_stage": plan.zero_stage},
         "tp_link": link,
         "kernel_launch_s": profile.kernel_launch_s,
         "pace": pace,

@@ -23,7 +23,7 @@ def summarize(run) -> dict:
     met = iteration_metrics(
         run.trace, tokens=seqs * model.seq_length,
         model_flops=seqs * model_flops_per_sequence(model),
-        hardware_flops=seqs * model_flops_per_sequence(model, plan.recompute),
+        hardware_flops=seqs * model_flops_per_sequence(model, plan.recompute, plan.recompute_modules),
         gpus=plan.world_size, peak_flops=profile.peak())
     est = estimate(model, plan, profile, gpus_per_node=run.topology.gpus_per_node)
     pk = highest_peak(run.trace)

@@ -25,6 +25,13 @@ that SwiGLU, grouped-query attention, models without dropout and flash attention
 the same accounting; with ``flash_attention=False`` and a GPT layer it reproduces the
 table above exactly.
 
+Selective recomputation by module (``sim.inputs.recompute``: Megatron-Core's
+``--recompute-modules``) drops each recomputed module's tensors to what its recompute needs
+(``recomputed_terms``): the attention core its softmax (the table's selective rows), the
+norms their outputs (the next GEMM's stored input), MLA's up-projections Q, K and V, the
+expert activation its output, and a standard checkpoint (``mlp``, ``moe``, ``shared_experts``)
+everything of its module but the input.
+
 Outside the layers, the first pipeline stage stores the embedding's dropout mask and
 the last the final norm's and the logit GEMM's inputs and the fp32 softmax of the
 vocab-parallel cross-entropy (Korthikanti: 4sbV/t). A model chunk (virtual stage)
@@ -40,14 +47,23 @@ from __future__ import annotations
 from sim.errors import require
 from sim.inputs.model import ModelSpec
 from sim.inputs.plan import RECOMPUTE, ParallelPlan
+from sim.inputs.recompute import modules_in_effect
 
 
 def activation_terms(model: ModelSpec, micro_batch: int, tp: int = 1, sequence_parallel: bool = False,
                      recompute: str = "none", flash_attention: bool = True, fp8: bool = False,
-                     experts: tuple[int, int] | None = None) -> dict:
+                     experts: tuple[int, int] | None = None, modules: tuple | None = None) -> dict:
     """Bytes each stored tensor of one layer takes for one micro-batch on one rank
     (``fp8``: the FP8 GEMMs' inputs are stored in 1 byte, see the module doc;
-    ``experts``: (ep, etp) of an MoE layer under balanced routing, ``moe_terms``)."""
+    ``experts``: (ep, etp) of an MoE layer under balanced routing, ``moe_terms``;
+    ``modules``: what ``selective`` recomputes, default the attention core, ``recomputed_terms``)."""
+    terms = _stored_terms(model, micro_batch, tp, sequence_parallel, recompute, flash_attention, fp8, experts,
+                          modules_in_effect(recompute, modules))
+    return {k: v for k, v in terms.items() if v}
+
+
+def _stored_terms(model: ModelSpec, micro_batch: int, tp: int, sequence_parallel: bool, recompute: str,
+                  flash_attention: bool, fp8: bool, experts: tuple[int, int] | None, mods: tuple) -> dict:
     g = 1 if fp8 else 2                      # bytes per element of a stored GEMM input
     require(recompute in RECOMPUTE, "recompute", recompute, f"allowed: {', '.join(RECOMPUTE)}")
     m, b, t = model, micro_batch, tp
@@ -67,7 +83,7 @@ def activation_terms(model: ModelSpec, micro_batch: int, tp: int = 1, sequence_p
         "attn.k": 2 * sbh * r / t,
         "attn.v": 2 * sbh * r / t,
     }
-    if recompute == "none":
+    if "core_attn" not in mods:
         if flash_attention:
             terms["attn.softmax.lse"] = 4 * a * s * b / t
         else:
@@ -81,7 +97,7 @@ def activation_terms(model: ModelSpec, micro_batch: int, tp: int = 1, sequence_p
     if experts is not None:
         terms.update(moe_terms(m, b, t, sp, experts))
         terms["mlp.dropout_mask"] = mask * sbh / rep
-        return {k: v for k, v in terms.items() if v}
+        return recomputed_terms(terms, mods, 2 * b * s * h / rep)
     terms["mlp.up.input"] = g * sbh / rep
     if m.mlp == "gelu":
         terms["mlp.gelu.input"] = 2 * sbh * f / t
@@ -90,6 +106,37 @@ def activation_terms(model: ModelSpec, micro_batch: int, tp: int = 1, sequence_p
         terms["mlp.up"] = 2 * sbh * f / t
     terms["mlp.down.input"] = g * sbh * f / t
     terms["mlp.dropout_mask"] = mask * sbh / rep
+    return recomputed_terms(terms, mods, 2 * sbh / rep)
+
+
+_DROPPED = {
+    "layernorm": ("attn.qkv.input", "mlp.up.input", "moe.shared.up.input", "moe.input"),
+    "mla_up_proj": ("attn.q", "attn.k", "attn.v"),
+    "mlp": ("mlp.gelu.input", "mlp.gate", "mlp.up", "mlp.down.input"),
+    "moe_act": ("moe.experts.down.input",),
+    "shared_experts": ("moe.shared.act", "moe.shared.down.input"),
+}
+"""What each recomputed module frees (``sim.inputs.recompute``): layernorm its outputs, which
+the GEMMs after it store as their inputs (the QKV's; the MLP-up's, or the MoE block's and
+its shared experts'); mla_up_proj Q, K and V; mlp the dense MLP's inner tensors; moe_act
+the experts' activation output, their down-projection input; shared_experts theirs."""
+
+
+def recomputed_terms(terms: dict, mods: tuple, block_input: float) -> dict:
+    """``terms`` less what the recomputed modules ``mods`` free (``_DROPPED``; the attention
+    core's softmax is left out before). A standard checkpoint (``mlp``, ``moe``) keeps its
+    input, the 16-bit norm output of ``block_input`` bytes: the MLP-up's stored input becomes
+    it, and ``moe`` stores nothing else of its block (``moe.input``). A norm output
+    recomputed (``layernorm``) is not stored either way."""
+    terms = dict(terms)
+    if "mlp" in mods and "mlp.up.input" in terms:
+        terms["mlp.up.input"] = block_input
+    if "moe" in mods and "moe.router.probs" in terms:
+        terms = {k: v for k, v in terms.items() if not k.startswith("moe.")}
+        terms["moe.input"] = block_input
+    for mod in mods:
+        for k in _DROPPED.get(mod, ()):
+            terms.pop(k, None)
     return {k: v for k, v in terms.items() if v}
 
 
@@ -122,25 +169,33 @@ def moe_terms(m: ModelSpec, b: int, t: int, sp: bool, experts: tuple[int, int]) 
 def activation_bytes_per_layer(model: ModelSpec, micro_batch: int, tp: int = 1,
                                sequence_parallel: bool = False, recompute: str = "none",
                                flash_attention: bool = True, fp8: bool = False,
-                               experts: tuple[int, int] | None = None) -> float:
+                               experts: tuple[int, int] | None = None, modules: tuple | None = None) -> float:
     """Activation bytes one layer stores for one micro-batch on one rank (Korthikanti Table 2
-    when ``flash_attention`` is False and the layer is GPT-style; ``experts``: an MoE layer's)."""
+    when ``flash_attention`` is False and the layer is GPT-style; ``experts``: an MoE layer's;
+    ``modules``: what ``selective`` recomputes)."""
     return sum(activation_terms(model, micro_batch, tp, sequence_parallel, recompute,
-                                flash_attention, fp8, experts).values())
+                                flash_attention, fp8, experts, modules).values())
+
+
+def plan_layer_bytes(model: ModelSpec, plan: ParallelPlan, flash_attention: bool, moe: bool,
+                     recompute: str | None = None) -> float:
+    """``activation_bytes_per_layer`` of a dense (``moe`` False) or MoE layer as ``plan`` runs
+    it (``recompute``: another granularity than the plan's, without its modules)."""
+    rec = plan.recompute if recompute is None else recompute
+    mods = plan.recompute_modules if rec == plan.recompute else None
+    return activation_bytes_per_layer(model, plan.micro_batch_size, plan.tp, plan.sequence_parallel, rec,
+                                      flash_attention, plan.fp8_format is not None,
+                                      (plan.ep, plan.etp_size) if moe else None, mods)
 
 
 def stage_layer_bytes(model: ModelSpec, plan: ParallelPlan, virtual_stage: int, flash_attention: bool,
                       recompute: str | None = None) -> float:
     """Activation bytes of a chunk's transformer layers for one micro-batch (dense and MoE
     layers each at their own size), before the division by cp."""
-    b, t, sp = plan.micro_batch_size, plan.tp, plan.sequence_parallel
-    rec = plan.recompute if recompute is None else recompute
-    fp8 = plan.fp8_format is not None
-    dense = activation_bytes_per_layer(model, b, t, sp, rec, flash_attention, fp8)
+    dense = plan_layer_bytes(model, plan, flash_attention, False, recompute)
     ids = plan.layer_range(model, virtual_stage)
     n_moe = sum(1 for i in ids if model.is_moe_layer(i))
-    moe = activation_bytes_per_layer(model, b, t, sp, rec, flash_attention, fp8, (plan.ep, plan.etp_size)) \
-        if n_moe else 0.0
+    moe = plan_layer_bytes(model, plan, flash_attention, True, recompute) if n_moe else 0.0
     return (len(ids) - n_moe) * dense + n_moe * moe
 
 
@@ -191,11 +246,9 @@ def chunk_activation_parts(model: ModelSpec, plan: ParallelPlan, virtual_stage: 
     if flash_attention is None:
         flash_attention = plan.attention == "flash"
     b, t, sp = plan.micro_batch_size, plan.tp, plan.sequence_parallel
-    rec, fp8 = plan.recompute, plan.fp8_format is not None
-    dense = activation_bytes_per_layer(model, b, t, sp, rec, flash_attention, fp8)
+    dense = plan_layer_bytes(model, plan, flash_attention, False)
     ids = list(plan.layer_range(model, virtual_stage))
-    moe = activation_bytes_per_layer(model, b, t, sp, rec, flash_attention, fp8, (plan.ep, plan.etp_size)) \
-        if any(model.is_moe_layer(i) for i in ids) else 0.0
+    moe = plan_layer_bytes(model, plan, flash_attention, True) if any(model.is_moe_layer(i) for i in ids) else 0.0
     parts = {}
     if virtual_stage == 0:
         parts[-1] = embedding_activation_bytes(model, b, t, sp)
@@ -213,17 +266,30 @@ def mtp_activation_bytes(model: ModelSpec, plan: ParallelPlan, k: int, flash_att
     projection (2h wide; sequence-sharded under sequence parallelism) and its pass through
     the output head and loss (``head_activation_bytes``)."""
     b, t, sp = plan.micro_batch_size, plan.tp, plan.sequence_parallel
-    moe = model.is_moe_layer(model.num_layers + k)
-    layer = activation_bytes_per_layer(model, b, t, sp, plan.recompute, flash_attention, plan.fp8_format is not None,
-                                       (plan.ep, plan.etp_size) if moe else None)
+    layer = plan_layer_bytes(model, plan, flash_attention, model.is_moe_layer(model.num_layers + k))
     sbh = model.seq_length * b * model.hidden_size / (t if sp and t > 1 else 1)
     return layer + 2 * (2 * sbh) + 2 * (2 * sbh) + head_activation_bytes(model, b, t, sp)
 
 
 def recompute_working_bytes(model: ModelSpec, plan: ParallelPlan) -> float:
     """Under full recomputation, the one layer's full activations (as without recompute)
-    that a backward step holds while it re-runs that layer's forward; 0 otherwise."""
-    if plan.recompute != "full":
+    that a backward step holds while it re-runs that layer's forward. Under selective
+    recomputation of modules besides the attention core, what they regenerate for one layer
+    (its stored bytes with the attention core alone recomputed less those with the modules;
+    the larger of a dense and an MoE layer's), held while that layer's backward runs; the
+    attention core's few regenerated bytes are left out, as they always were. 0 otherwise."""
+    if plan.recompute == "full":
+        return activation_bytes_per_layer(model, plan.micro_batch_size, plan.tp, plan.sequence_parallel, "none",
+                                          fp8=plan.fp8_format is not None) / plan.cp
+    mods = plan.recomputed_modules
+    if not set(mods) - {"core_attn"}:
         return 0.0
-    return activation_bytes_per_layer(model, plan.micro_batch_size, plan.tp, plan.sequence_parallel, "none",
-                                      fp8=plan.fp8_format is not None) / plan.cp
+    core = tuple(m for m in mods if m == "core_attn")
+
+    def layer(moe: bool, modules: tuple) -> float:
+        return activation_bytes_per_layer(model, plan.micro_batch_size, plan.tp, plan.sequence_parallel, "selective",
+                                          plan.attention == "flash", plan.fp8_format is not None,
+                                          (plan.ep, plan.etp_size) if moe else None, modules)
+
+    kinds = {model.is_moe_layer(i) for i in range(model.num_layers)}
+    return max(layer(moe, core) - layer(moe, mods) for moe in kinds) / plan.cp
