@@ -32,6 +32,10 @@ splits; the embedding's and the output layer's tensors on the first and last chu
 the chunks held change through the steady state, and the byte peak is the highest of
 those moments, not necessarily the first moment of the highest count.
 
+With ``overlap_moe_expert_parallel_comm`` and no pipelining (p = 1), the forward of
+micro-batch j + 1 runs beside the backward of j (``sim.program.ep_overlap``): min(2, m).
+With interleaving the count is unchanged (the pair's forward stores while its backward frees).
+
 A 'custom' schedule is counted as 1F1B (interleaved when v > 1); the simulator's memory
 pass tracks the real program. The embedding's stored tensors count with the
 micro-batches in flight on virtual stage 0, the output layer's with those on the last
@@ -64,6 +68,8 @@ def inflight_per_chunk(plan: ParallelPlan, stage: int, weights: tuple | None = N
         return (m,)
     if v == 1:
         held = {"zb-h1": p, "zb-h2": 2 * p - 1}.get(plan.schedule, p - stage)
+        if plan.overlap_moe_expert_parallel_comm:  # (p = 1) one forward ahead of each backward
+            held += 1
         return (min(held, m),)
     return _interleaved_peak(p, v, m, stage, weights or (1,) * v)
 
