@@ -41,8 +41,11 @@ and the cool-down backwards run alone, their all-to-alls exposed, as in Megatron
 pipelining Megatron runs micro-batch 0's forward alone, then each forward j + 1 beside
 backward j, then the last backward alone (``combined_1f1b_schedule_for_no_pipelining``):
 ``overlap_schedule``, a 1F1B order with one warm-up forward, so two micro-batches'
-activations are alive at once there (one more than without the overlap); with pipelining
-the activations in flight are 1F1B's (the pair's forward stores while its backward frees).
+activations are alive at once there (one more than without the overlap). With pipelining
+Megatron requires interleaving and adds one warm-up forward on every rank
+(``get_pp_rank_microbatches`` in ``pipeline_parallel/schedules.py``), without which the
+last rank's first steady-state forward and backward would be the same chunk of the same
+micro-batch: one more chunk-micro-batch of activations in flight, the price of the overlap.
 
 The pass (``add_ep_overlap``) runs on the step pieces that ``sim.program.segments`` made
 (after the ``layers`` pass, before the point-to-point one): it reorders each pair's pieces
@@ -62,14 +65,17 @@ from __future__ import annotations
 from typing import Callable
 
 from sim.program.actions import Action, Program
-from sim.program.schedules import Schedule, Step
+from sim.program.schedules import Schedule, Step, interleaved
 
 EP_STREAM = "ep-comm"
 """The stream the overlapped all-to-alls run on (Megatron-Core's communication stream)."""
 
 
-def overlap_schedule(m: int) -> Schedule:
-    """Megatron's combined 1F1B without pipelining: F0, then F(j+1) beside B(j), then B(m−1)."""
+def overlap_schedule(pp: int, vpp: int, m: int) -> Schedule:
+    """The order Megatron runs with the overlap: without pipelining F0, then F(j+1) beside
+    B(j), then B(m−1); with it, interleaved 1F1B with one more warm-up forward per rank."""
+    if pp > 1:
+        return interleaved(pp, vpp, m, extra_warmup=1)
     row = [Step(0, "F", 0)]
     for j in range(m):
         if j + 1 < m:

@@ -164,8 +164,8 @@ def schedule(ctx: BuildContext, draft: Draft) -> Draft:
     """The plan's pipeline schedule (or the context's own, which must fit the plan), one
     compute action per step on each pipeline rank, cross-rank deps free for now."""
     plan, sched = ctx.plan, ctx.schedule
-    if sched is None and plan.overlap_moe_expert_parallel_comm and plan.pp == 1:
-        sched = overlap_schedule(plan.num_microbatches)  # Megatron's combined 1F1B order (sim.program.ep_overlap)
+    if sched is None and plan.overlap_moe_expert_parallel_comm:  # Megatron's order for it (sim.program.ep_overlap)
+        sched = overlap_schedule(plan.pp, plan.vpp, plan.num_microbatches)
     elif sched is None:
         sched = build_schedule(plan.schedule, plan.pp, plan.num_microbatches, plan.vpp)
     elif (sched.pp, sched.vpp, sched.num_microbatches) != (plan.pp, plan.vpp, plan.num_microbatches):
