@@ -182,8 +182,16 @@ def test_activations_of_two_micro_batches_are_alive_without_pipelining():
             inflight_chunks(inter, stage) + 1
 
 
-def test_full_and_reduced_fidelity_agree():
-    plan = ParallelPlan(dp=8, pp=2, vpp=2, ep=4, global_batch_size=32, overlap_moe_expert_parallel_comm=True)
-    full = _run(TINY, plan, nodes=2).trace.end_s
-    reduced = _run(TINY, plan, nodes=2, fidelity="reduced").trace.end_s
+@pytest.mark.parametrize("kw, nodes", [
+    (dict(dp=8, pp=2, vpp=2, ep=4, global_batch_size=32), 2),
+    (dict(dp=16, pp=2, vpp=2, ep=16, global_batch_size=64), 4),                       # ep over four nodes
+    (dict(dp=16, pp=2, vpp=2, ep=16, global_batch_size=64, moe_routing="zipf:1.0"), 4),
+    (dict(dp=16, ep=8, global_batch_size=64), 2),
+])
+def test_full_and_reduced_fidelity_agree(kw, nodes):
+    model = llama("moe-16", 4, 512, 8, 8, 1024, 2000, 256, num_experts=16, moe_router_topk=2,
+                  moe_ffn_hidden_size=512)
+    plan = ParallelPlan(**kw, overlap_moe_expert_parallel_comm=True)
+    full = _run(model, plan, nodes=nodes).trace.end_s
+    reduced = _run(model, plan, nodes=nodes, fidelity="reduced").trace.end_s
     assert reduced == pytest.approx(full, rel=0.01)
