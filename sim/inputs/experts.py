@@ -61,12 +61,39 @@ def check_expert_plan(plan) -> None:
             "divide the next larger of them")
 
 
+def check_ep_overlap_plan(plan) -> None:
+    """What Megatron-Core's ``TransformerConfig`` refuses with ``overlap_moe_expert_parallel_comm``
+    (``sim.program.ep_overlap``), as far as the plan alone tells: expert parallelism, pipelining
+    only when interleaved, no full recompute."""
+    if not plan.overlap_moe_expert_parallel_comm:
+        return
+    where, value, field = "plan: overlap_moe_expert_parallel_comm", True, "overlap_moe_expert_parallel_comm"
+    require(plan.ep > 1, where, value, f"needs expert parallelism (got ep {plan.ep}): it hides the "
+            "expert-parallel all-to-alls", setting=field)
+    require(plan.pp == 1 or plan.schedule == "interleaved", where, value,
+            f"with pp {plan.pp} > 1 it needs the interleaved schedule (vpp > 1; got {plan.schedule}): Megatron-Core "
+            "runs the combined 1F1B only without pipelining or with virtual pipeline stages", setting=field)
+    require(plan.pp > 1 or plan.schedule == "1f1b", where, value,
+            f"with pp 1 it runs its own 1F1B order (got schedule {plan.schedule}); leave the schedule at 1f1b",
+            setting=field)
+    require(plan.recompute != "full", where, value,
+            "not with recompute_granularity full (Megatron-Core refuses it: a checkpointed layer cannot be "
+            "interleaved with another micro-batch's)", setting=field)
+
+
 def check_expert_model(plan, model) -> None:
     """Checks that need the model (``ParallelPlan.check_model``)."""
     if not model.moe:
+        require(not plan.overlap_moe_expert_parallel_comm, "plan: overlap_moe_expert_parallel_comm", True,
+                f"{model.name} has no experts (it hides the expert-parallel all-to-alls of an MoE model)",
+                setting="overlap_moe_expert_parallel_comm")
         require(plan.ep == 1 and plan.etp is None, "plan: expert_model_parallel_size", plan.ep,
                 f"{model.name} has no experts (expert parallelism needs --num-experts)")
         return
+    require(not plan.overlap_moe_expert_parallel_comm or model.mtp_num_layers <= 1,
+            "plan: overlap_moe_expert_parallel_comm", True,
+            f"supports at most one multi-token-prediction layer (Megatron-Core's rule; {model.name} has "
+            f"{model.mtp_num_layers})", setting="overlap_moe_expert_parallel_comm")
     require(model.num_experts % plan.ep == 0, "plan: expert_model_parallel_size", plan.ep,
             f"must divide num_experts {model.num_experts} of {model.name}")
     etp = plan.etp_size

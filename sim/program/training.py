@@ -15,6 +15,8 @@ the schedule and the program so far):
     stages        each pipeline rank's steps onto its stage's template GPU (dp 0, tp 0)
     layers        each step cut into its layers' compute segments and the collectives
                   inside a layer: tensor- (tp), context- (cp) and expert-parallel (ep, etp)
+    ep_overlap    with ``overlap_moe_expert_parallel_comm``, each steady-state forward and
+                  backward pair interleaved layer by layer, all-to-alls on their own stream
     fp8_amax      FP8 delayed scaling's amax all-reduces after each chunk's F and B
     p2p           pipeline sends and receives between stages
     grad_sync     data-parallel gradient buckets (all-reduce, or reduce-scatter under
@@ -58,6 +60,7 @@ from sim.program.actions import Program
 from sim.program.amax import add_amax_reductions, chunk_gemms, stage_groups
 from sim.program.build import BuildContext
 from sim.program.costs import cpu_optimizer_step_time, optimizer_step_time
+from sim.program.ep_overlap import add_ep_overlap, overlap_schedule, steady_pairs
 from sim.program.limits import DEFAULT_MAX_EVENTS, check_size
 from sim.program.memory import (
     chunk_activation_parts,
@@ -161,7 +164,9 @@ def schedule(ctx: BuildContext, draft: Draft) -> Draft:
     """The plan's pipeline schedule (or the context's own, which must fit the plan), one
     compute action per step on each pipeline rank, cross-rank deps free for now."""
     plan, sched = ctx.plan, ctx.schedule
-    if sched is None:
+    if sched is None and plan.overlap_moe_expert_parallel_comm:  # Megatron's order for it (sim.program.ep_overlap)
+        sched = overlap_schedule(plan.pp, plan.vpp, plan.num_microbatches)
+    elif sched is None:
         sched = build_schedule(plan.schedule, plan.pp, plan.num_microbatches, plan.vpp)
     elif (sched.pp, sched.vpp, sched.num_microbatches) != (plan.pp, plan.vpp, plan.num_microbatches):
         raise InputError(
@@ -195,6 +200,17 @@ def layers(ctx: BuildContext, draft: Draft) -> Draft:
         return out
 
     return draft.with_program(passes.add_tp_collectives(draft.program, segments, plan.tp_group, other_groups))
+
+
+def ep_overlap(ctx: BuildContext, draft: Draft) -> Draft:
+    """With ``overlap_moe_expert_parallel_comm``: each steady-state forward and the backward
+    beside it interleaved layer by layer, their expert-parallel all-to-alls on a stream of
+    their own (``sim.program.ep_overlap``)."""
+    plan, sched = ctx.plan, draft.schedule
+    if not plan.overlap_moe_expert_parallel_comm:
+        return draft
+    stage = _stage_of(plan)
+    return draft.with_program(add_ep_overlap(draft.program, lambda r: steady_pairs(sched, stage(r))))
 
 
 def fp8_amax(ctx: BuildContext, draft: Draft) -> Draft:
@@ -353,7 +369,8 @@ def _param_split(ctx: BuildContext) -> list[tuple[float, float]]:
 
 
 PIPELINE: tuple[tuple[str, Callable[[BuildContext, Draft], Draft]], ...] = (
-    ("limits", limits), ("schedule", schedule), ("stages", stages), ("layers", layers), ("fp8_amax", fp8_amax),
+    ("limits", limits), ("schedule", schedule), ("stages", stages), ("layers", layers), ("ep_overlap", ep_overlap),
+    ("fp8_amax", fp8_amax),
     ("p2p", p2p), ("grad_sync", grad_sync), ("zero3_gather", zero3_gather), ("optimizer", optimizer),
     ("offload", offload), ("param_gather", param_gather), ("memory", memory), ("expand", expand),
 )

@@ -41,7 +41,12 @@ them is enough to compare with BF16.
    pipeline p2p traffic is left out: the simulator overlaps it with backward. A mixture
    of experts' all-to-alls are priced at their least time (the bytes for peers on the
    rank's node over NVLink while the rest cross the network), and the bubble leaves out
-   the other ranks' all-to-alls, which can run while the slowest rank computes.
+   the other ranks' all-to-alls, which can run while the slowest rank computes. With
+   ``overlap_moe_expert_parallel_comm`` (``sim.program.ep_overlap``) the slowest rank's
+   m·T becomes max(m·C + A₁, m·A), C its compute and A its all-to-alls per micro-batch:
+   a pair's all-to-alls may hide under the other micro-batch's compute, but they run one
+   at a time on their stream, and without pipelining micro-batch 0's forward and the last
+   backward run alone (A₁ = A when pp = 1, else 0).
    For mixtures of experts the bound is then a true lower bound: ``bound / simulated ≤ 1``
    (tests/test_search_moe_cp.py checks it on an all-to-all-heavy model over two nodes).
    Plans are simulated in order of increasing bound, in waves of fixed size; before
@@ -334,7 +339,14 @@ def bound_s(ctx: BuildContext, est: Estimate) -> float:
         ranks.append(tuple((len(ids) - n_moe) * lay + n_moe * moe + (emb if r == 0 else 0.0)
                            + (head if r == p - 1 else 0.0) for _, lay, emb, head, moe in ph))
         a2a.append(n_moe * sum(least for _, least in ep.values()))
-    slowest = max(range(p), key=lambda r: sum(ranks[r]))
+    own = [m * sum(ranks[r]) for r in range(p)]  # each rank's own work over the micro-batches
+    if plan.overlap_moe_expert_parallel_comm:
+        # a pair's all-to-alls can run beside the other micro-batch's compute, one at a time on
+        # their stream; without pipelining micro-batch 0's forward and the last backward run alone
+        for r in range(p):
+            compute = sum(ranks[r]) - a2a[r]
+            own[r] = max(m * compute + (a2a[r] if p == 1 else 0.0), m * a2a[r])
+    slowest = max(range(p), key=lambda r: own[r])
     others = [ranks[r] for r in range(p) if r != slowest]
     if plan.schedule == "zb-h1":
         bubble = sum(max(0.0, f + b - w) for f, b, w in others)
@@ -344,7 +356,7 @@ def bound_s(ctx: BuildContext, est: Estimate) -> float:
         bubble = sum(f + b + w for f, b, w in others) / v
     # the other ranks' all-to-alls can run while the slowest rank computes: out of the bubble
     bubble = max(0.0, bubble - sum(a2a[r] for r in range(p) if r != slowest) / v)
-    return m * sum(ranks[slowest]) + bubble + est.time["optimizer"]
+    return own[slowest] + bubble + est.time["optimizer"]
 
 
 @dataclass
