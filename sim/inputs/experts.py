@@ -79,6 +79,9 @@ def check_ep_overlap_plan(plan) -> None:
     require(plan.recompute != "full", where, value,
             "not with recompute_granularity full (Megatron-Core refuses it: a checkpointed layer cannot be "
             "interleaved with another micro-batch's)", setting=field)
+    require("moe" not in (plan.recompute_modules or ()), where, value,
+            "not with --recompute-modules moe (Megatron-Core refuses it: the recomputed MoE block's all-to-alls "
+            "cannot be split across the interleaved micro-batches)", setting=field)
 
 
 def check_expert_model(plan, model) -> None:
