@@ -255,28 +255,35 @@ class Routing:
             return self.tokens_per_rank * self.k
         return int(math.ceil(float(self.rank_loads(layer, mb).max()) - 1e-9))
 
-    def leaving_node(self, layer: int, node_of_rank) -> tuple[float, float]:
-        """Expected (token copies, tokens counted once per node reached) that one rank's
-        dispatch sends off its node, averaged over the group's ranks; ``node_of_rank``: the
-        node of each rank of the group. A cell's chance of missing a node is the
-        hypergeometric one, C(A, k)/C(S, k) for A of its S experts elsewhere, with A taken
-        in proportion to popularity (exact when the experts are equally popular)."""
-        nodes = np.asarray(node_of_rank)
-        expert_node = np.repeat(nodes, self.E // self.ep)
-        pi = self.marginals(layer)
+    def reach(self, layer: int, owner_of_expert) -> dict:
+        """The chance that a token reaches each owner (a node, a rank: ``owner_of_expert``
+        gives each expert's) with at least one of its k experts. A cell's chance of missing
+        an owner is the hypergeometric one, C(A, k)/C(S, k) for A of its S experts elsewhere,
+        with A taken in proportion to popularity (exact when the experts are equally popular)."""
+        owner = np.asarray(owner_of_expert)
         p = self._popularity(layer)
-        reach = {n: 0.0 for n in np.unique(nodes)}
+        out = {o: 0.0 for o in np.unique(owner).tolist()}
         for prob, members, _, _ in self._cells(layer):
             mass = p[members].sum()
             S = len(members)
-            for n in reach:
-                on = expert_node[members] == n
+            for o in out:
+                on = owner[members] == o
                 away = S * (p[members][~on].sum() / mass if mass > 0 else float((~on).mean()))
                 miss = np.prod([max(0.0, (away - j) / (S - j)) for j in range(self.k)])
-                reach[n] += prob * (1.0 - miss)
+                out[o] += prob * (1.0 - miss)
+        return out
+
+    def leaving_node(self, layer: int, node_of_rank) -> tuple[float, float]:
+        """Expected (token copies, tokens counted once per node reached) that one rank's
+        dispatch sends off its node, averaged over the group's ranks; ``node_of_rank``: the
+        node of each rank of the group (``reach`` gives the chance of reaching each node)."""
+        nodes = np.asarray(node_of_rank)
+        expert_node = np.repeat(nodes, self.E // self.ep)
+        pi = self.marginals(layer)
+        reach = self.reach(layer, expert_node)
         T = self.tokens_per_rank
         copies = float(np.mean([T * pi[expert_node != n].sum() for n in nodes]))
-        dedup = float(np.mean([T * sum(v for m, v in reach.items() if m != n) for n in nodes]))
+        dedup = float(np.mean([T * sum(v for m, v in reach.items() if m != n) for n in nodes.tolist()]))
         return copies, dedup
 
     def stats(self, layers, microbatches: int, node_of_rank=None, token_bytes: float = 0.0) -> dict:
