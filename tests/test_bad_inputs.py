@@ -633,6 +633,10 @@ FLAG_CASES = [
     (RUN + ["--gpus", "12", "--pipeline-model-parallel-size", "1", "--global-batch-size", "12", "--num-experts", "4",
             "--expert-model-parallel-size", "2", "--zero", "3"],                  # 2 experts a rank over edp 6
      ["--expert-model-parallel-size", "got 2", "2 experts", "6 expert data-parallel ranks", "width 2048"]),
+    (RUN + ["--moe-token-dispatcher-type", "deepep"], ["--moe-token-dispatcher-type", "deepep", "alltoall, allgather, flex"]),
+    (RUN + ["--moe-token-dispatcher-type", "flex"], ["--moe-token-dispatcher-type", "flex", "expert parallelism"]),
+    (RUN + ["--num-experts", "4", "--moe-token-dispatcher-type", "allgather"],
+     ["--moe-token-dispatcher-type", "allgather", "expert_model_parallel_size > 1"]),
     (RUN + ["--recompute-granularity", "most"], ["--recompute-granularity", "most"]),
     (RUN + ["--num-virtual-stages-per-pipeline-rank", "0"], ["--num-virtual-stages-per-pipeline-rank", "0"]),
     (RUN + ["--decoder-first-pipeline-num-layers", "-1"], ["--decoder-first-pipeline-num-layers", "-1"]),

@@ -54,10 +54,10 @@ def check_expert_plan(plan) -> None:
     require(isinstance(plan.moe_seed, int) and not isinstance(plan.moe_seed, bool), "plan: moe_seed", plan.moe_seed,
             "expected an integer")
     require(plan.dispatcher in DISPATCHERS, "plan: moe_token_dispatcher_type", plan.dispatcher,
-            f"allowed: {', '.join(DISPATCHERS)}")
+            f"allowed: {', '.join(DISPATCHERS)}", setting="dispatcher")
     require(plan.dispatcher == "alltoall" or plan.ep > 1, "plan: moe_token_dispatcher_type", plan.dispatcher,
             f"needs expert parallelism (expert_model_parallel_size > 1, got {plan.ep}); with ep 1 the experts are "
-            "local and only alltoall (no exchange) applies")
+            "local and only alltoall (no exchange) applies", setting="dispatcher")
     folded = plan.ep * plan.etp_size
     require((plan.tp * plan.dp_cp) % folded == 0, "plan: expert_model_parallel_size", plan.ep,
             f"ep x etp = {plan.ep} x {plan.etp_size} must divide the tp x dp x cp = {plan.tp} x {plan.dp} x "
@@ -74,7 +74,7 @@ def check_expert_model(plan, model) -> None:
         require(plan.ep == 1 and plan.etp is None, "plan: expert_model_parallel_size", plan.ep,
                 f"{model.name} has no experts (expert parallelism needs --num-experts)")
         require(plan.dispatcher == "alltoall", "plan: moe_token_dispatcher_type", plan.dispatcher,
-                f"{model.name} has no experts (a token dispatcher needs --num-experts)")
+                f"{model.name} has no experts (a token dispatcher needs --num-experts)", setting="dispatcher")
         return
     require(model.num_experts % plan.ep == 0, "plan: expert_model_parallel_size", plan.ep,
             f"must divide num_experts {model.num_experts} of {model.name}")
