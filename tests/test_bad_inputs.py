@@ -687,6 +687,8 @@ FLAG_CASES = [
     (["search", *TINY, "--gpus", "4", "--global-batch-size", "8", "--tp", "1,x"], ["--tp", "x"]),
     (["search", *TINY, "--gpus", "4", "--global-batch-size", "8", "--tp", "-2"], ["--tp", "-2"]),
     (["search", *TINY, "--gpus", "4", "--global-batch-size", "8", "--max-tp", "0"], ["--max-tp", "0"]),
+    (["search", *TINY, "--gpus", "4", "--global-batch-size", "8", "--dispatcher", "deepep"],
+     ["--dispatcher", "deepep", "alltoall, allgather, flex"]),
     (["search", *TINY, "--gpus", "4", "--global-batch-size", "8", "--schedule", "2f2b"], ["--schedule", "2f2b"]),
     (["search", *TINY, "--gpus", "4", "--global-batch-size", "8", "--sequence-parallel", "maybe"],
      ["--sequence-parallel", "maybe"]),
