@@ -183,7 +183,7 @@ def plot(rows, res, path, quick) -> None:
     ax.set_ylim(lo - (hi - lo) * 1.5 - 1e-3, hi + (hi - lo) * 0.6 + 1e-3)
     ax.set_xticks(range(len(pairs)), [d for d, _ in pairs])
     ax.set_ylabel("iteration time (s)")
-    ax.set_title(f"Node-limited routing: time, ep {g['ep']} × pp {g['pp']}\n(axis cut: the bars differ by a few percent)")
+    ax.set_title(f"Node-limited routing: time, ep {g['ep']} × pp {g['pp']}\n(axis cut at {ax.get_ylim()[0]:.2f} s)")
     ax.legend(loc="upper right")
     r0 = grid[0]
     fig.suptitle(f"{r0['model']} on {r0['gpus']} H100: tp {TP}, etp 1, ZeRO-1, global batch {setup(quick)['gbs']} "
