@@ -441,6 +441,13 @@ def test_moe_layout_counts_cross_node_dispatch_by_hand(out_root):
     assert u["cross_node_bytes_dedup"] > g["cross_node_bytes_dedup"] and res["dedup_saving"] > 0
     # the simulator's all-to-all sends every copy: the copies, and so the time, do not change
     assert g["cross_node_bytes"] == pytest.approx(u["cross_node_bytes"])
+    # every dispatcher at every grid point; the alltoall dispatcher sends every copy, so its time does
+    # not change, while flex crosses once per node reached, so group-limited routing saves it time
+    assert {(r["ep"], r["pp"], r["dispatcher"]) for r in rows if r["grouped"]} == {
+        (ep, pp, d) for ep in (8, 16) for pp in (2, 4) for d in ("alltoall", "allgather", "flex")}
+    t = res["routing_time"]
+    assert t["alltoall"]["grouped"] == pytest.approx(t["alltoall"]["ungrouped"], rel=1e-9)
+    assert t["flex"]["grouped"] < t["flex"]["ungrouped"]
     assert g["iteration_s"] == pytest.approx(u["iteration_s"], rel=1e-9)
     best = res["best"]
     assert best["fits"] and all(best["iteration_s"] <= r["iteration_s"] for r in rows if r["fits"] and r["grouped"])

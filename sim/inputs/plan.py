@@ -45,7 +45,7 @@ from functools import partial
 
 from sim.inputs import placement as _pl
 from sim.inputs.context_parallel import check_context_model, check_context_plan
-from sim.inputs.experts import check_ep_overlap_plan, check_expert_model, check_expert_plan
+from sim.inputs.experts import DISPATCHERS, check_ep_overlap_plan, check_expert_model, check_expert_plan
 from sim.inputs.fields import setting
 from sim.inputs.recompute import RECOMPUTE_MODULES, check_recompute_model, check_recompute_plan, \
     modules_in_effect, parse_recompute_modules
@@ -216,6 +216,13 @@ class ParallelPlan:
              "state each forward and the backward beside it run interleaved layer by layer (Megatron-Core's "
              "combined 1F1B; needs ep > 1, and interleaving (vpp > 1) when pp > 1)")
     """``sim.program.ep_overlap``."""
+    dispatcher: str = setting(
+        "alltoall", name="moe_token_dispatcher_type", choices=DISPATCHERS, group=_EXPERTS,
+        help="how tokens reach their experts (Megatron-Core's dispatchers): alltoall (an all-to-all over the "
+             "expert-parallel group, every routed copy sent; the default), allgather (the tokens all-gathered over "
+             "the tp x ep group, the outputs reduce-scattered back) or flex (DeepEP: each token crosses InfiniBand "
+             "once per node it reaches, then NVLink to its experts' GPUs); allgather and flex need ep > 1")
+    """``sim.program.dispatch``."""
     micro_batch_size: int = setting(1, type=POSITIVE_INT, help="sequences per micro-batch (default 1)")
     """Sequences per micro-batch per data-parallel replica (b)."""
     global_batch_size: int | None = setting(type=POSITIVE_INT, help="default micro-batch size x data-parallel size")
