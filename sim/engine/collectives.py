@@ -21,9 +21,9 @@ from sim.engine import algorithms as collectives
 from sim.engine.kernel import Environment
 from sim.engine.network import Network
 from sim.errors import InputError
-from sim.engine.nccl import DEFAULT_MODEL, base_latency, nvls_capable, protocol_cost, transfer_cost
+from sim.engine.nccl import DEFAULT_MODEL, base_latency, nvls_capable, protocol_cost, rate_caps, transfer_cost
 from sim.engine.tuner import choose, runnable
-from sim.inputs.topology import Topology, ranks_by_node
+from sim.inputs.topology import Topology, default_channels, ranks_by_node
 
 
 BUNDLED_OPS = ("alltoall",)
@@ -134,6 +134,8 @@ class Collectives:
                                       fluid=self.fluid)
             steps = self._without_shadow_hops(steps) if self.fluid and algo == "ring" and shadows else steps
             args = self._step_args(steps, protocol)
+            if not a.userbuffers:
+                args = self._capped(args, steps, a, algo, protocol)
             ends = [tuple(r for r in ((st.src, st.dst) if st.src != st.dst else (st.src,)) if r not in shadows)
                     for st in steps]
         # Per step: the simulated ranks whose action it counts toward, and the steps that wait for it.
@@ -159,7 +161,7 @@ class Collectives:
                 or not used.isdisjoint(route(s.src, s.dst))]
         index = {old: new for new, old in enumerate(keep)}
         return [collectives.Transfer(s.src, s.dst, s.nbytes, tuple(index[d] for d in s.deps), s.label,
-                                     s.latency_steps, s.path, s.nvls) for s in (steps[i] for i in keep)]
+                                     s.latency_steps, s.path, s.nvls, s.lead_bytes) for s in (steps[i] for i in keep)]
 
     def _bundled(self, a: Action, protocol: str):
         """An all-to-all as one ``Bundle`` (``sim.engine.network``) of all its point-to-point
@@ -261,6 +263,22 @@ class Collectives:
             lat, nbytes, _ = transfer_cost(st, topo, eff, self.nccl, protocol)
             args.append(((r[0], lat, r[2], r[3], r[4]), st.src, st.dst, nbytes, st.label, 1))
         return args
+
+    def _capped(self, args: list[tuple], steps, a: Action, algo: str, protocol: str) -> list[tuple]:
+        """``args`` with each step's rate cap under NCCL's tuning model
+        (``sim.engine.nccl.rate_caps``): a capped step crosses a link of its own of the cap's
+        capacity too (``Network.private_link``), which bounds its rate under max-min
+        sharing as the channels NCCL runs bound it."""
+        caps = rate_caps(steps, a.op, a.group, a.nbytes, self.topology, self.efficiency(), self.nccl, algo, protocol,
+                         a.channels or default_channels(self.topology, a.group))
+        if caps is None:
+            return args
+        out = []
+        for (route, src, dst, nbytes, label, lsteps), cap in zip(args, caps):
+            if cap < route[3]:
+                route = (route[0] + (self.net.private_link(cap),), route[1], route[2], cap, route[4])
+            out.append((route, src, dst, nbytes, label, lsteps))
+        return out
 
     def _run(self, plan, rv: _Rendezvous, label: str, finish, base_s: float = 0.0) -> None:
         """Start each step when its dependencies are done, the first ones ``base_s`` after

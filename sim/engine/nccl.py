@@ -44,6 +44,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field, replace
 
+from sim.engine import nccl_tuning as tuning
+from sim.engine.nccl_tuning import ARCH_OF_GPU
 from sim.inputs.profile_checks import NCCL_BASE_LATENCY_S
 from sim.inputs.topology import ranks_by_node
 
@@ -80,6 +82,12 @@ class NcclModel:
     base_latency_s: dict = field(default_factory=lambda: NCCL_BASE_LATENCY_S)
     """algorithm (ring, tree, nvls, nvls_tree) -> protocol -> seconds each NCCL collective
     pays once before its first transfer (``base_latency``)."""
+    arch: str | None = None
+    """GPU architecture NCCL's tables are read for (hopper, ampere, ...); None: no tuning
+    model beyond the links (``sim.engine.nccl_tuning``: channels for the size, protocol
+    caps, NVLS chunks)."""
+    cpu: str = "intel"
+    """CPU vendor of the nodes (intel, amd): NCCL's LL cap across nodes depends on it."""
 
     def forcing(self, algo: str | None, protocol: str | None) -> "NcclModel":
         """This model with the run-wide ``algo`` and ``protocol`` (``nccl_algo``, ``nccl_protocol``)."""
@@ -89,9 +97,10 @@ class NcclModel:
     def from_profile(profile) -> "NcclModel":
         if profile is None:
             return DEFAULT_MODEL
+        arch, cpu = next((v for k, v in ARCH_OF_GPU.items() if profile.name.startswith(k)), (None, "intel"))
         return NcclModel(dict(profile.nccl_protocols or DEFAULT_PROTOCOLS), profile.nvls_efficiency or 1.0,
                          profile.nvls_latency_s if profile.nvls_latency_s is not None else DEFAULT_NVLS_LATENCY_S,
-                         base_latency_s=dict(profile.nccl_base_latency_s or NCCL_BASE_LATENCY_S))
+                         base_latency_s=dict(profile.nccl_base_latency_s or NCCL_BASE_LATENCY_S), arch=arch, cpu=cpu)
 
     def fraction(self, protocol: str) -> float:
         return self.protocols[protocol]["bandwidth_fraction"] / self.protocols["simple"]["bandwidth_fraction"]
@@ -133,7 +142,10 @@ def transfer_cost(step, topology, efficiency: dict, model: NcclModel, protocol: 
     links = step.path or topology.route(step.src, step.dst)
     if step.nvls:
         eff = efficiency.get("nvlink", 1.0)
-        return model.nvls_latency_s * bool(step.latency_steps), step.nbytes * eff / model.nvls_efficiency, links
+        lead = 0.0
+        if step.lead_bytes and model.arch is not None:  # (the NVLS pipeline's first round of chunks)
+            lead = step.lead_bytes / (g.edges[links[0]]["bandwidth_Bps"] * model.nvls_efficiency)
+        return model.nvls_latency_s * bool(step.latency_steps) + lead, step.nbytes * eff / model.nvls_efficiency, links
     kinds = {g.edges[l]["kind"] for l in links}
     medium = "ib" if kinds & {"ib", "ethernet"} else "nvlink"
     lat, nbytes = protocol_cost(sum(g.edges[l]["latency_s"] for l in links), medium, step.nbytes,
@@ -149,6 +161,41 @@ def protocol_cost(latency_s: float, medium: str, nbytes: float, latency_steps: i
     if protocol != "simple":
         return lat * model.latency_ratio(protocol, medium), nbytes / model.fraction(protocol)
     return lat, nbytes
+
+
+def rate_caps(steps, op: str, ranks, nbytes: float, topology, efficiency: dict, model: NcclModel, algo: str,
+              protocol: str, channels: int, all_channels: bool = False) -> list[float] | None:
+    """Each step's rate cap (wire B/s) under NCCL's tuning model (``sim.engine.nccl_tuning``),
+    or None where it sets none (no architecture, NVLS, hierarchical, point-to-point, one
+    rank): at most ``nc / C`` of the step's route bottleneck (the channels the size keeps),
+    times a tree's refinement and size correction over the protocol's wire fraction, and at
+    most the protocol's bus-bandwidth cap spread over the algorithm's connections: a ring
+    hop of one of ``channels`` rings moves busBw / channels, a tree edge of one of
+    ``channels`` × ``trees`` trees busBw / (channels · trees · 2(n−1)/n). ``all_channels``:
+    as if every channel of the communicator ran, as NCCL's tuner prices a choice
+    (``ncclTopoGetAlgoTime`` knows nothing of the channels ``topoGetAlgoInfo`` drops after)."""
+    ranks = list(ranks)
+    if model.arch is None or algo not in ("ring", "tree") or op in POINT_TO_POINT_OPS or len(ranks) < 2:
+        return None
+    nodes = len(ranks_by_node(topology, ranks))
+    n = len(ranks)
+    nc, c = tuning.channels_used(algo, protocol, math.inf if all_channels else nbytes, n, nodes)
+    share = nc / c
+    wire = model.fraction(protocol)
+    per_connection = tuning.bus_cap_Bps(model.arch, model.cpu, algo, protocol, nodes, nc, c) / wire / channels
+    if algo == "tree":
+        share *= tuning.tree_factor(protocol, nodes, wire) * tuning.tree_correction(protocol, nbytes)
+        per_connection /= (2 if nodes > 1 else 1) * 2 * (n - 1) / n
+    if share >= 1 and math.isinf(per_connection):
+        return None
+    g = topology.graph
+    caps = []
+    for s in steps:
+        links = s.path or topology.route(s.src, s.dst)
+        bottleneck = min((g.edges[l]["bandwidth_Bps"] * efficiency.get(g.edges[l]["kind"], 1.0) for l in links),
+                         default=math.inf)
+        caps.append(min(bottleneck * share, per_connection))
+    return caps
 
 
 def nvls_capable(topology, ranks) -> bool:
