@@ -47,7 +47,7 @@ def test_tp8_allreduce_in_an_h100_step_runs_nvls_and_saves_what_the_closed_forms
     topo = load_topology("dgx-h100")
     model = NcclModel.from_profile(H100)
     eff = H100.link_efficiencies()
-    alpha, B_line = topo.path_latency_s(0, 1), topo.bottleneck_Bps(0, 1)
+    alpha, B_line = 3.4e-6, topo.bottleneck_Bps(0, 1)  # a ring step: hwLatencies[NVLINK][RING][Simple]
     B = B_line * eff["nvlink"]
     runs = {a: simulate_training(Job(MODEL, TP8, H100, topo),
                                  SimulationSettings(fidelity="full", nccl_algo=a, nccl_protocol="simple"),

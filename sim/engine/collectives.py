@@ -21,7 +21,8 @@ from sim.engine import algorithms as collectives
 from sim.engine.kernel import Environment
 from sim.engine.network import Network
 from sim.errors import InputError
-from sim.engine.nccl import DEFAULT_MODEL, base_latency, nvls_capable, protocol_cost, rate_caps, transfer_cost
+from sim.engine.nccl import (DEFAULT_MODEL, POINT_TO_POINT_OPS, base_latency, nvls_capable, protocol_cost, rate_caps,
+                             transfer_cost)
 from sim.engine.tuner import choose, runnable
 from sim.inputs.topology import Topology, default_channels, ranks_by_node
 
@@ -133,7 +134,7 @@ class Collectives:
             steps = collectives.build(a.op, a.group, a.nbytes, self.topology, algo, channels=a.channels or None,
                                       fluid=self.fluid)
             steps = self._without_shadow_hops(steps) if self.fluid and algo == "ring" and shadows else steps
-            args = self._step_args(steps, protocol)
+            args = self._step_args(steps, protocol, None if a.op in POINT_TO_POINT_OPS or a.userbuffers else algo)
             if not a.userbuffers:
                 args = self._capped(args, steps, a, algo, protocol)
             ends = [tuple(r for r in ((st.src, st.dst) if st.src != st.dst else (st.src,)) if r not in shadows)
@@ -239,12 +240,13 @@ class Collectives:
                                                        for e in (g.edges[gpu, n] for n in g.neighbors(gpu))))
         return got
 
-    def _step_args(self, steps, protocol: str) -> list[tuple]:
+    def _step_args(self, steps, protocol: str, algo: str | None = None) -> list[tuple]:
         """The network's ``start`` arguments of each step under ``protocol``: Simple and
         plain steps on their routes as they are; other protocols and NVLS steps on a
         copy of the route whose latency and the bytes follow ``sim.engine.nccl``."""
         route, net, topo = self.net.route, self.net, self.topology
-        if protocol == "simple" and not any(st.nvls or st.path for st in steps):
+        if protocol == "simple" and not any(st.nvls or st.path for st in steps) and (algo is None or
+                                                                                   self.nccl.arch is None):
             return [(route(st.src, st.dst), st.src, st.dst, st.nbytes, st.label, st.latency_steps) for st in steps]
         eff = self.efficiency()
         args = []
@@ -257,10 +259,10 @@ class Collectives:
             else:
                 r = route(st.src, st.dst)
                 if not st.nvls:  # (from the route the network keeps: its latency and medium, no graph lookups)
-                    lat, nbytes = protocol_cost(r[1], r[2], st.nbytes, st.latency_steps, self.nccl, protocol)
+                    lat, nbytes = protocol_cost(r[1], r[2], st.nbytes, st.latency_steps, self.nccl, protocol, algo)
                     args.append(((r[0], lat, r[2], r[3], r[4]), st.src, st.dst, nbytes, st.label, 1))
                     continue
-            lat, nbytes, _ = transfer_cost(st, topo, eff, self.nccl, protocol)
+            lat, nbytes, _ = transfer_cost(st, topo, eff, self.nccl, protocol, algo)
             args.append(((r[0], lat, r[2], r[3], r[4]), st.src, st.dst, nbytes, st.label, 1))
         return args
 

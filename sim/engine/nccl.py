@@ -136,8 +136,9 @@ def base_latency(model: NcclModel, op: str, ranks, topology, algo: str, protocol
     return model.base_latency_s[algo][protocol]
 
 
-def transfer_cost(step, topology, efficiency: dict, model: NcclModel, protocol: str):
-    """(latency_s, wire bytes, directed links) of one transfer step under ``protocol``."""
+def transfer_cost(step, topology, efficiency: dict, model: NcclModel, protocol: str, algo: str | None = None):
+    """(latency_s, wire bytes, directed links) of one transfer step under ``protocol`` of
+    NCCL collective ``algo`` (None: a point-to-point transfer, priced on its route)."""
     g = topology.graph
     links = step.path or topology.route(step.src, step.dst)
     if step.nvls:
@@ -147,16 +148,35 @@ def transfer_cost(step, topology, efficiency: dict, model: NcclModel, protocol: 
             lead = step.lead_bytes / (g.edges[links[0]]["bandwidth_Bps"] * model.nvls_efficiency)
         return model.nvls_latency_s * bool(step.latency_steps) + lead, step.nbytes * eff / model.nvls_efficiency, links
     kinds = {g.edges[l]["kind"] for l in links}
-    medium = "ib" if kinds & {"ib", "ethernet"} else "nvlink"
+    medium = next((k for k in ("ethernet", "ib", "pcie", "nvlink") if k in kinds), "local")  # (as the network's)
     lat, nbytes = protocol_cost(sum(g.edges[l]["latency_s"] for l in links), medium, step.nbytes,
-                                step.latency_steps, model, protocol)
+                                step.latency_steps, model, protocol, algo)
     return lat, nbytes, links
 
 
+def hop_latency(model: NcclModel, algo: str, protocol: str, medium: str) -> float:
+    """Seconds one step of ``algo`` under ``protocol`` pays on a route whose slowest medium
+    is ``medium``, as NCCL's tuning model has it (``hwLatencies[NVLINK|PCI|NET][algo][proto]``,
+    ``sim.engine.nccl_tuning.HW_LATENCY_S``): ring (and hierarchical, three ring calls) from
+    the profile's ``nccl_protocols``, which hold ring's NVLink and network rows; 0 on a
+    route that leaves no GPU (``local``)."""
+    hw = "net" if medium in ("ib", "ethernet") else "pci" if medium == "pcie" else "nvlink" if medium != "local" else None
+    if hw is None:
+        return 0.0
+    table = "ring" if algo == "hierarchical" else algo
+    if table == "ring" and hw != "pci":
+        return model.protocols[protocol][f"hop_latency_{hw}_s"]
+    return tuning.HW_LATENCY_S[table][hw][protocol]
+
+
 def protocol_cost(latency_s: float, medium: str, nbytes: float, latency_steps: int, model: NcclModel,
-                  protocol: str) -> tuple[float, float]:
+                  protocol: str, algo: str | None = None) -> tuple[float, float]:
     """(latency_s, wire bytes) of a step that is not NVLS, on a route of ``latency_s``
-    whose slowest medium is ``medium``, under ``protocol`` (see the module doc)."""
+    whose slowest medium is ``medium``, under ``protocol`` (see the module doc). A step of
+    NCCL collective ``algo`` under NCCL's tuning model (``model.arch`` known) pays NCCL's
+    per-step latency instead (``hop_latency``), whatever the topology's links say."""
+    if algo is not None and model.arch is not None:
+        return hop_latency(model, algo, protocol, medium) * latency_steps, nbytes / model.fraction(protocol)
     lat = latency_s * latency_steps
     if protocol != "simple":
         return lat * model.latency_ratio(protocol, medium), nbytes / model.fraction(protocol)

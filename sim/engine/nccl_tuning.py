@@ -31,6 +31,10 @@ top of the links, as rate caps on a collective's transfers and a lead on NVLS's 
   the search channels"); with ``nc`` of ``C`` channels running, the per-channel caps scale
   by ``nc / C``. The ring's LL (×0.5) and LL128 (×0.92) factors are the protocols' wire
   overheads already (``sim.engine.nccl``); a tree's factors are taken relative to them.
+- **Per-step latencies.** Every step of a ring, tree or NVLS-tree pays NCCL's
+  ``hwLatencies`` for its algorithm, protocol and medium (``HW_LATENCY_S``; a ring all-reduce
+  inside one node 2(n−1) · 3.4 µs under Simple, a tree 2(n−1) · 4.0 µs), instead of the
+  topology's link latencies, after the base latency ``baseLatencies`` (``sim.engine.nccl``).
 - **NVLS chunks.** NVLS moves the buffer in chunks of ``nvlsChunkSize`` (128 KiB), cut to
   64, 32 or 16 KiB when ``nBytes`` is under 64, 8 or 2 times ``concurrentOps · chunk``,
   ``concurrentOps = nvlsChannels · nHeads`` (one head per GPU of the node); a chunk is
@@ -83,6 +87,20 @@ TREE_CORRECTION = {
     "simple": (.9, .9, .9, .9, .9, .9, .9, .8, .7, .6, .6, .5, .5, .5, .5, .6, .7, .8, .7, .7, .8, .9, .9, .9),
 }
 """treeCorrectionFactor[proto][log2(nBytes / 64)] (tuning.cc; applied to log sizes 0..22)."""
+
+HW_LATENCY_S = {
+    "ring": {"nvlink": {"ll": 0.6e-6, "ll128": 1.9e-6, "simple": 3.4e-6},
+             "pci": {"ll": 1.0e-6, "ll128": 2.5e-6, "simple": 5.7e-6},
+             "net": {"ll": 2.7e-6, "ll128": 4.0e-6, "simple": 14.0e-6}},
+    "tree": {"nvlink": {"ll": 0.6e-6, "ll128": 1.25e-6, "simple": 4.0e-6},
+             "pci": {"ll": 1.0e-6, "ll128": 1.9e-6, "simple": 4.0e-6},
+             "net": {"ll": 5.0e-6, "ll128": 8.5e-6, "simple": 14.0e-6}},
+    "nvls_tree": {"net": {"ll": 0.0, "ll128": 0.0, "simple": 20.9e-6}},
+}
+"""hwLatencies[NVLINK|PCI|NET][algo][LL, LL128, Simple] (tuning.cc, µs -> s): the latency of
+one step of an algorithm on that hardware (ring's NVLink and network rows are also the
+profile's ``nccl_protocols``, which the engine reads for ring). NVLS-tree's network row is
+its tree hops across nodes; NVLS's own 25 µs is ``nvls_latency_s``."""
 
 CHANNELS_ONE_NODE = 24
 CHANNELS_NODES = 16

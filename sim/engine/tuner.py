@@ -41,7 +41,7 @@ def candidates(op: str, nodes: int, sharp: bool, equal_nodes: bool) -> list[tupl
 
 
 def estimate(steps, topology, efficiency: dict, model: NcclModel, protocol: str, base_s: float = 0.0,
-             caps: list[float] | None = None) -> float:
+             caps: list[float] | None = None, algo: str | None = None) -> float:
     """Seconds the steps take by the tuner's estimate: the collective's base latency
     ``base_s`` (``sim.engine.nccl.base_latency``, paid before the first transfer), plus the
     longest chain of latencies (through dependencies), plus the most loaded directed
@@ -53,7 +53,7 @@ def estimate(steps, topology, efficiency: dict, model: NcclModel, protocol: str,
     capped = [0.0] * len(steps)
     load: dict = {}
     for i, s in enumerate(steps):
-        lat, nbytes, links = transfer_cost(s, topology, efficiency, model, protocol)
+        lat, nbytes, links = transfer_cost(s, topology, efficiency, model, protocol, algo)
         finish[i] = lat + max((finish[d] for d in s.deps), default=0.0)
         if caps is not None:
             capped[i] = nbytes / caps[i] + max((capped[d] for d in s.deps), default=0.0)
@@ -66,15 +66,18 @@ def estimate(steps, topology, efficiency: dict, model: NcclModel, protocol: str,
 
 def collective_time(op: str, ranks, nbytes: float, topology, efficiency: dict, model: NcclModel, algo: str,
                     protocol: str, base: bool = True, steps=None, all_channels: bool = False) -> float:
-    """``estimate`` of ``op`` under (``algo``, ``protocol``) with its base latency (unless
-    ``base`` is False) and NCCL's tuning-model rate caps (``sim.engine.nccl.rate_caps``):
-    on the channels NCCL runs for the size, or with ``all_channels`` on all of them, as
-    NCCL's tuner prices its choice."""
+    """``estimate`` of ``op`` under (``algo``, ``protocol``) as an NCCL collective: its base
+    latency, NCCL's per-step latencies and its tuning-model rate caps
+    (``sim.engine.nccl.rate_caps``), on the channels NCCL runs for the size or, with
+    ``all_channels``, on all of them, as NCCL's tuner prices its choice. ``base`` False:
+    not an NCCL kernel (Transformer Engine's userbuffers chunks), priced on the links alone."""
     steps = build(op, ranks, nbytes, topology, algo, fluid=True) if steps is None else steps
+    if not base or op in POINT_TO_POINT_OPS:
+        return estimate(steps, topology, efficiency, model, protocol)
     caps = rate_caps(steps, op, ranks, nbytes, topology, efficiency, model, algo, protocol,
                      default_channels(topology, ranks), all_channels)
-    return estimate(steps, topology, efficiency, model, protocol,
-                    base_latency(model, op, ranks, topology, algo, protocol) if base else 0.0, caps)
+    return estimate(steps, topology, efficiency, model, protocol, base_latency(model, op, ranks, topology, algo,
+                                                                               protocol), caps, algo)
 
 
 def choose(op: str, ranks, nbytes: float, topology, efficiency: dict | None = None, model: NcclModel | None = None,
