@@ -143,3 +143,14 @@ def test_without_an_architecture_collectives_are_the_links_closed_forms():
     t = run_collective("allreduce", 4096, N, TOPO, "ring", None, None, "flows", "simple", None)[1]["time_s"]
     alpha = TOPO.path_latency_s(0, 1)
     assert t == pytest.approx(8.4e-6 + 14 * (alpha + 4096 / N / 450e9), rel=1e-9)
+
+
+def test_a_ring_across_nodes_pays_nccls_intra_and_inter_step_latencies():
+    # an empty ring all-reduce on 2 DGX H100 nodes under Simple: 8.4 us base, then of its
+    # 2(16-1) = 30 steps 2(2-1) = 2 cross the network at 14 us (hwLatencies[NET][RING]) and 28
+    # stay on NVLink at 3.4 us (ncclTopoTuneModel's ring latency)
+    topo = load_topology("dgx-h100", nodes=2)
+    t = run_collective("allreduce", 0, 16, topo, "ring", None, EFF, "flows", "simple", MODEL)[1]["time_s"]
+    assert t == pytest.approx(8.4e-6 + 28 * 3.4e-6 + 2 * 14e-6, rel=1e-9)
+    t = run_collective("allgather", 0, 16, topo, "ring", None, EFF, "flows", "ll", MODEL)[1]["time_s"]
+    assert t == pytest.approx(6.6e-6 + 14 * 0.6e-6 + 1 * 2.7e-6, rel=1e-9)

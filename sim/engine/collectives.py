@@ -22,7 +22,7 @@ from sim.engine.kernel import Environment
 from sim.engine.network import Network
 from sim.errors import InputError
 from sim.engine.nccl import (DEFAULT_MODEL, POINT_TO_POINT_OPS, base_latency, nvls_capable, protocol_cost, rate_caps,
-                             transfer_cost)
+                             ring_step_latency, transfer_cost)
 from sim.engine.tuner import choose, runnable
 from sim.inputs.topology import Topology, default_channels, ranks_by_node
 
@@ -134,7 +134,9 @@ class Collectives:
             steps = collectives.build(a.op, a.group, a.nbytes, self.topology, algo, channels=a.channels or None,
                                       fluid=self.fluid)
             steps = self._without_shadow_hops(steps) if self.fluid and algo == "ring" and shadows else steps
-            args = self._step_args(steps, protocol, None if a.op in POINT_TO_POINT_OPS or a.userbuffers else algo)
+            nccl_algo = None if a.op in POINT_TO_POINT_OPS or a.userbuffers else algo
+            args = self._step_args(steps, protocol, nccl_algo, nccl_algo and ring_step_latency(
+                self.nccl, a.op, a.group, self.topology, algo, protocol))
             if not a.userbuffers:
                 args = self._capped(args, steps, a, algo, protocol)
             ends = [tuple(r for r in ((st.src, st.dst) if st.src != st.dst else (st.src,)) if r not in shadows)
@@ -240,7 +242,7 @@ class Collectives:
                                                        for e in (g.edges[gpu, n] for n in g.neighbors(gpu))))
         return got
 
-    def _step_args(self, steps, protocol: str, algo: str | None = None) -> list[tuple]:
+    def _step_args(self, steps, protocol: str, algo: str | None = None, step_s: float | None = None) -> list[tuple]:
         """The network's ``start`` arguments of each step under ``protocol``: Simple and
         plain steps on their routes as they are; other protocols and NVLS steps on a
         copy of the route whose latency and the bytes follow ``sim.engine.nccl``."""
@@ -259,10 +261,11 @@ class Collectives:
             else:
                 r = route(st.src, st.dst)
                 if not st.nvls:  # (from the route the network keeps: its latency and medium, no graph lookups)
-                    lat, nbytes = protocol_cost(r[1], r[2], st.nbytes, st.latency_steps, self.nccl, protocol, algo)
+                    lat, nbytes = protocol_cost(r[1], r[2], st.nbytes, st.latency_steps, self.nccl, protocol, algo,
+                                                step_s)
                     args.append(((r[0], lat, r[2], r[3], r[4]), st.src, st.dst, nbytes, st.label, 1))
                     continue
-            lat, nbytes, _ = transfer_cost(st, topo, eff, self.nccl, protocol, algo)
+            lat, nbytes, _ = transfer_cost(st, topo, eff, self.nccl, protocol, algo, step_s)
             args.append(((r[0], lat, r[2], r[3], r[4]), st.src, st.dst, nbytes, st.label, 1))
         return args
 

@@ -136,9 +136,11 @@ def base_latency(model: NcclModel, op: str, ranks, topology, algo: str, protocol
     return model.base_latency_s[algo][protocol]
 
 
-def transfer_cost(step, topology, efficiency: dict, model: NcclModel, protocol: str, algo: str | None = None):
+def transfer_cost(step, topology, efficiency: dict, model: NcclModel, protocol: str, algo: str | None = None,
+                  step_s: float | None = None):
     """(latency_s, wire bytes, directed links) of one transfer step under ``protocol`` of
-    NCCL collective ``algo`` (None: a point-to-point transfer, priced on its route)."""
+    NCCL collective ``algo`` (None: a point-to-point transfer, priced on its route);
+    ``step_s``: its per-step latency where the collective sets one (``ring_step_latency``)."""
     g = topology.graph
     links = step.path or topology.route(step.src, step.dst)
     if step.nvls:
@@ -150,7 +152,7 @@ def transfer_cost(step, topology, efficiency: dict, model: NcclModel, protocol: 
     kinds = {g.edges[l]["kind"] for l in links}
     medium = next((k for k in ("ethernet", "ib", "pcie", "nvlink") if k in kinds), "local")  # (as the network's)
     lat, nbytes = protocol_cost(sum(g.edges[l]["latency_s"] for l in links), medium, step.nbytes,
-                                step.latency_steps, model, protocol, algo)
+                                step.latency_steps, model, protocol, algo, step_s)
     return lat, nbytes, links
 
 
@@ -169,14 +171,39 @@ def hop_latency(model: NcclModel, algo: str, protocol: str, medium: str) -> floa
     return tuning.HW_LATENCY_S[table][hw][protocol]
 
 
+def ring_step_latency(model: NcclModel, op: str, ranks, topology, algo: str, protocol: str) -> float | None:
+    """The latency every step of a ring ``op`` over ``ranks`` spanning nodes pays under
+    NCCL's tuning model: its ``nsteps`` steps cost ``(nsteps − nInterSteps) · intraLat +
+    nInterSteps · interLat`` (``ncclTopoTuneModel``; nInterSteps = 2(N−1) for all-reduce,
+    N−1 for all-gather and reduce-scatter over N nodes), spread evenly: a ring's steps go
+    through every rank in turn, so every hop waits for the inter-node ones, and in the flow
+    model each hop pays its steps' share. None where each hop pays its own medium's
+    (one node, no architecture, other algorithms and ops)."""
+    if model.arch is None or algo != "ring" or op not in ("allreduce", "allgather", "reducescatter"):
+        return None
+    nodes = ranks_by_node(topology, ranks)
+    if len(nodes) < 2:
+        return None
+    n, N = len(list(ranks)), len(nodes)
+    factor = 2 if op == "allreduce" else 1
+    nsteps, inter = factor * (n - 1), factor * (N - 1)
+    members = next(m for m in nodes.values())
+    g = topology.graph
+    kinds = {g.edges[l]["kind"] for l in topology.route(members[0], members[1])} if len(members) > 1 else set()
+    intra = hop_latency(model, algo, protocol, "pcie" if "pcie" in kinds and "nvlink" not in kinds else "nvlink")
+    return ((nsteps - inter) * intra + inter * hop_latency(model, algo, protocol, "ib")) / nsteps
+
+
 def protocol_cost(latency_s: float, medium: str, nbytes: float, latency_steps: int, model: NcclModel,
-                  protocol: str, algo: str | None = None) -> tuple[float, float]:
+                  protocol: str, algo: str | None = None, step_s: float | None = None) -> tuple[float, float]:
     """(latency_s, wire bytes) of a step that is not NVLS, on a route of ``latency_s``
     whose slowest medium is ``medium``, under ``protocol`` (see the module doc). A step of
     NCCL collective ``algo`` under NCCL's tuning model (``model.arch`` known) pays NCCL's
-    per-step latency instead (``hop_latency``), whatever the topology's links say."""
+    per-step latency instead (``hop_latency``, or ``step_s`` where given:
+    ``ring_step_latency``), whatever the topology's links say."""
     if algo is not None and model.arch is not None:
-        return hop_latency(model, algo, protocol, medium) * latency_steps, nbytes / model.fraction(protocol)
+        per_step = hop_latency(model, algo, protocol, medium) if step_s is None else step_s
+        return per_step * latency_steps, nbytes / model.fraction(protocol)
     lat = latency_s * latency_steps
     if protocol != "simple":
         return lat * model.latency_ratio(protocol, medium), nbytes / model.fraction(protocol)

@@ -18,7 +18,7 @@ import math
 
 from sim.engine.algorithms import build
 from sim.engine.nccl import (DEFAULT_MODEL, POINT_TO_POINT_OPS, PROTOCOLS, NcclModel, base_latency, nvls_capable,
-                             rate_caps, transfer_cost)
+                             rate_caps, ring_step_latency, transfer_cost)
 from sim.inputs.topology import default_channels, ranks_by_node
 
 
@@ -41,7 +41,7 @@ def candidates(op: str, nodes: int, sharp: bool, equal_nodes: bool) -> list[tupl
 
 
 def estimate(steps, topology, efficiency: dict, model: NcclModel, protocol: str, base_s: float = 0.0,
-             caps: list[float] | None = None, algo: str | None = None) -> float:
+             caps: list[float] | None = None, algo: str | None = None, step_s: float | None = None) -> float:
     """Seconds the steps take by the tuner's estimate: the collective's base latency
     ``base_s`` (``sim.engine.nccl.base_latency``, paid before the first transfer), plus the
     longest chain of latencies (through dependencies), plus the most loaded directed
@@ -53,7 +53,7 @@ def estimate(steps, topology, efficiency: dict, model: NcclModel, protocol: str,
     capped = [0.0] * len(steps)
     load: dict = {}
     for i, s in enumerate(steps):
-        lat, nbytes, links = transfer_cost(s, topology, efficiency, model, protocol, algo)
+        lat, nbytes, links = transfer_cost(s, topology, efficiency, model, protocol, algo, step_s)
         finish[i] = lat + max((finish[d] for d in s.deps), default=0.0)
         if caps is not None:
             capped[i] = nbytes / caps[i] + max((capped[d] for d in s.deps), default=0.0)
@@ -77,7 +77,8 @@ def collective_time(op: str, ranks, nbytes: float, topology, efficiency: dict, m
     caps = rate_caps(steps, op, ranks, nbytes, topology, efficiency, model, algo, protocol,
                      default_channels(topology, ranks), all_channels)
     return estimate(steps, topology, efficiency, model, protocol, base_latency(model, op, ranks, topology, algo,
-                                                                               protocol), caps, algo)
+                                                                               protocol), caps, algo,
+                    ring_step_latency(model, op, ranks, topology, algo, protocol))
 
 
 def choose(op: str, ranks, nbytes: float, topology, efficiency: dict | None = None, model: NcclModel | None = None,
