@@ -97,9 +97,10 @@ def _write_picture(args, op: str, gpus: int, topo, eff, nccl, chosen: list[tuple
             if args.algo != "auto" and (args.algo.startswith("nvls") and p != "simple"
                                         or not runnable(op, range(gpus), topo, args.algo)):
                 continue
-            curves[f"{p} forced"] = (sizes, [run_collective(op, n, gpus, topo, args.algo, args.channels, eff,
-                                                            args.collective_model, p, nccl)[1]["busbw_Bps"]
-                                             for n in sizes])
+            runs = [run_collective(op, n, gpus, topo, args.algo, args.channels, eff, args.collective_model, p,
+                                   nccl)[1] for n in sizes]
+            curves[f"{p} forced ({runs[-1]['algo']} at {format_bytes(sizes[-1])})"] = (sizes, [r["busbw_Bps"]
+                                                                                            for r in runs])
     title = f"{op} bus bandwidth on {gpus} GPUs of {topo.describe()}"
     plot_busbw_curves(curves, out / "busbw.png", title, notes={auto: [c[2] for c in chosen]})
     lines = ["size_bytes," + ",".join(f"busbw_Bps {k}" for k in curves) + ",choice"]
