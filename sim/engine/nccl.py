@@ -10,6 +10,15 @@ constants (``src/graph/tuning.cc``: ``hwLatencies`` for ring, and the ring bandw
 refinements ``busBw * .5`` for LL and ``busBw * 0.92`` for LL128), kept in the hardware
 profile (``nccl_protocols``) with their sources.
 
+NCCL's tuning model (``sim.engine.nccl_tuning``), with a profile of a GPU its tables know
+(``NcclModel.arch``): every step of a ring, tree or NVLS-tree pays NCCL's own per-step
+latency for its algorithm, protocol and medium instead of its route's (``hop_latency``; a
+ring across nodes its steps' average, ``ring_step_latency``); each transfer runs at most at
+the rate the channels NCCL keeps for the size and the protocol's caps allow
+(``rate_caps``: the engine gives a capped transfer a link of its own, the tuner counts it);
+NVLS's way back waits for the first round of chunks. Without one, collectives are the
+links' closed forms above.
+
 NVLS (NVLink SHARP): the NVSwitch reduces (multimem.ld_reduce) and multicasts
 (multimem.st); its transfers run at ``nvls_efficiency`` of the NVLink line rate and pay
 ``nvls_latency_s`` (NCCL's ``hwLatencies[NVLINK][NVLS][Simple]``, 25 µs) instead of hop
