@@ -154,3 +154,22 @@ def test_a_ring_across_nodes_pays_nccls_intra_and_inter_step_latencies():
     assert t == pytest.approx(8.4e-6 + 28 * 3.4e-6 + 2 * 14e-6, rel=1e-9)
     t = run_collective("allgather", 0, 16, topo, "ring", None, EFF, "flows", "ll", MODEL)[1]["time_s"]
     assert t == pytest.approx(6.6e-6 + 14 * 0.6e-6 + 1 * 2.7e-6, rel=1e-9)
+
+
+def test_the_sweep_prints_the_choices_draws_the_curve_and_stays_importable(tmp_path, capsys):
+    from sim.calibrate.nccl_tests import parse_text
+    from sim.cli import main
+
+    assert main(["collective", "--gpus", "8", "--sweep", "8:16M", "--out", str(tmp_path)]) == 0
+    text = capsys.readouterr().out
+    # the choice by size, as the tests above compute it: ring/LL to 1 MiB, NVLS from 2 MiB
+    assert "#        8 B ..   1.00 MiB: ring/ll" in text and "#   2.00 MiB ..  16.00 MiB: nvls/simple" in text
+    assert (tmp_path / "busbw.png").stat().st_size > 0
+    rows = (tmp_path / "busbw.csv").read_text().splitlines()
+    assert rows[0].split(",")[1] == "busbw_Bps NCCL's choice" and len(rows) == 1 + 22
+    # the rows keep nccl-tests' columns: the importer reads them back, busbw as printed
+    result = parse_text(text, "sweep", op="all_reduce", ranks=8)
+    printed = {r["bytes"]: r for r in result.rows}
+    for line in rows[1:]:
+        size, auto = int(line.split(",")[0]), float(line.split(",")[1])
+        assert printed[size]["busbw_Bps"] == pytest.approx(auto, abs=0.006e9)

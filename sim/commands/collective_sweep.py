@@ -90,7 +90,7 @@ def _write_picture(args, op: str, gpus: int, topo, eff, nccl, chosen: list[tuple
 
     out = Path(args.out)
     sizes = [c[0] for c in chosen]
-    auto = f"{args.algo}/{args.protocol}" if "auto" not in (args.algo, args.protocol) else "NCCL's choice"
+    auto = "NCCL's choice" if (args.algo, args.protocol) == ("auto", "auto") else f"{args.algo}/{args.protocol}"
     curves = {auto: (sizes, [c[1] for c in chosen])}
     if args.protocol == "auto":
         for p in PROTOCOLS:
