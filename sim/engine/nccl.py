@@ -171,9 +171,9 @@ def hop_latency(model: NcclModel, algo: str, protocol: str, medium: str) -> floa
     ``sim.engine.nccl_tuning.HW_LATENCY_S``): ring (and hierarchical, three ring calls) from
     the profile's ``nccl_protocols``, which hold ring's NVLink and network rows; 0 on a
     route that leaves no GPU (``local``)."""
-    hw = "net" if medium in ("ib", "ethernet") else "pci" if medium == "pcie" else "nvlink" if medium != "local" else None
-    if hw is None:
+    if medium == "local":
         return 0.0
+    hw = "net" if medium in ("ib", "ethernet") else "pci" if medium == "pcie" else "nvlink"
     table = "ring" if algo == "hierarchical" else algo
     if table == "ring" and hw != "pci":
         return model.protocols[protocol][f"hop_latency_{hw}_s"]

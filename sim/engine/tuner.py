@@ -85,7 +85,8 @@ def choose(op: str, ranks, nbytes: float, topology, efficiency: dict | None = No
            algo: str = "auto", protocol: str = "auto", base: bool = True) -> tuple[str, str]:
     """The (algorithm, protocol) NCCL's tuner would run: the fastest enabled pair by
     ``estimate`` with all the communicator's channels (``collective_time``; as NCCL, the
-    channels a small size leaves idle are dropped after the choice); ``algo`` or ``protocol`` other than "auto" fixes that part (as
+    channels a small size leaves idle are dropped after the choice); ``algo`` or
+    ``protocol`` other than "auto" fixes that part (as
     NCCL_ALGO and NCCL_PROTO do). ``base`` False: a collective that pays no base latency
     (Transformer Engine's userbuffers chunks), the fastest by its transfers alone."""
     model = model or DEFAULT_MODEL
