@@ -23,13 +23,11 @@ from sim.inputs.plan import SCHEDULES, ParallelPlan
 from sim.inputs.flags import add_arguments, given
 from sim.inputs.schema import FIELDS, ClusterSettings, ModelSettings, PlanRequest, fields_of
 from sim.inputs.topology import Topology
+from sim.inputs.topology_build import NODE_OF_GPU  # noqa: F401 (re-exported)
 
 PLAN_FIELDS = {f.attr: f for f in FIELDS.values() if f.section == "plan"}
 """The plan's settings by ``ParallelPlan`` attribute."""
 
-NODE_OF_GPU = {"a100-80gb": "dgx-a100", "h100-sxm": "dgx-h100", "h200": "dgx-h200", "b200": "dgx-b200",
-               "gb200": "gb200-nvl72"}
-"""The built-in node of each built-in GPU profile (the default topology)."""
 _SHAPE = ("num_layers", "hidden_size", "num_attention_heads", "ffn_hidden_size", "vocab_size")
 
 

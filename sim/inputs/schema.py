@@ -78,11 +78,10 @@ class ClusterSettings:
 
     def node_gpus(self) -> int:
         """``gpus_per_node``, or the GPUs per node of the topology (default: the GPU's
-        built-in node, ``sim.inputs.resolve.NODE_OF_GPU``), or 8 when there is none."""
+        built-in node, ``sim.inputs.topology_build.NODE_OF_GPU``), or 8 when there is none."""
         if self.gpus_per_node is not None:
             return self.gpus_per_node
-        from sim.inputs.resolve import NODE_OF_GPU
-        from sim.inputs.topology_build import load_topology
+        from sim.inputs.topology_build import NODE_OF_GPU, load_topology
 
         name = self.topology or NODE_OF_GPU.get(self.gpu)
         return load_topology(name, flag="--topology").gpus_per_node if name else 8
