@@ -54,18 +54,22 @@ def topology(fabric: str, tp: int):
 def closed_tp_seconds(model, tp: int, fabric: str, mb: int, m: int, profile) -> float:
     """4 ring all-reduces of 2·b·s·h bytes per layer per micro-batch (Megatron's f/g operators),
     each after NCCL's base latency of a ring under Simple (8.4 µs, ``baseLatencies`` in
-    NVIDIA/nccl src/graph/tuning.cc)."""
+    NVIDIA/nccl src/graph/tuning.cc), each of its 2(t−1) steps at NCCL's ring/Simple step
+    latency (``hwLatencies``: 3.4 µs on NVLink, 14 µs across the network; a ring over N nodes
+    has 2(N−1) network steps)."""
     if tp == 1:
         return 0.0
-    topo = topology(fabric, tp)
     e = profile.link_efficiencies()
     S = 2 * mb * model.seq_length * model.hidden_size
+    steps, nvlink_s, net_s = 2 * (tp - 1), 3.4e-6, 14e-6
     if fabric == FABRICS[0] and tp <= 8:
-        b, alpha = 450e9 * e["nvlink"], topo.path_latency_s(0, 1)
+        b, alpha = 450e9 * e["nvlink"], nvlink_s
     elif fabric == FABRICS[0]:  # 8 rings (one per NIC); a GPU's NVLink port carries all of them
-        b, alpha = min(450e9 * e["nvlink"], 8 * min(63e9 * e["pcie"], 50e9 * e["ib"])), topo.path_latency_s(0, 8)
+        inter = 2 * (tp // 8 - 1)
+        b = min(450e9 * e["nvlink"], 8 * min(63e9 * e["pcie"], 50e9 * e["ib"]))
+        alpha = ((steps - inter) * nvlink_s + inter * net_s) / steps
     else:
-        b, alpha = min(63e9 * e["pcie"], 50e9 * e["ib"]), topo.path_latency_s(0, 1)
+        b, alpha = min(63e9 * e["pcie"], 50e9 * e["ib"]), net_s
     ar = 8.4e-6 + 2 * (tp - 1) * (alpha + S / (tp * b))  # NCCL's ring/Simple base latency + the ring
     return 4 * model.num_layers * m * ar
 

@@ -220,7 +220,8 @@ def run(prepared: Prepared) -> tuple[TrainingRun, dict]:
     if prepared.model.moe:  # routing's imbalance, against the same plan routed evenly when it was not
         plan = prepared.plan
         balanced = None
-        if (plan.moe_routing, plan.moe_capacity_factor) != ("balanced", None):
+        if plan.moe_routing not in ("balanced", "round-robin") or plan.moe_capacity_factor is not None:
+            # (round-robin's loads are balanced: what it changes is where a token's experts sit, not imbalance)
             even = replace(plan, moe_routing="balanced", moe_capacity_factor=None)
             balanced = simulate_training(replace(job, plan=even, stragglers=None, mixed=None), ran).trace.end_s
         summary["moe"] = moe_report(training_run, summary, balanced)

@@ -119,7 +119,11 @@ def test_the_balanced_split_is_the_best_split_by_brute_force():
 
 
 def test_auto_split_puts_more_layers_on_faster_gpus_and_shortens_the_step(mixed_file, capsys):
-    argv = ["run", *TINY, "--topology", str(mixed_file), "--gpus", "16", "--tensor-model-parallel-size", "4",
+    # 2,048 tokens a sequence, so that compute, which the split balances, outweighs the tensor-
+    # parallel collectives' fixed NCCL latencies (at TINY's 512 the two are alike)
+    longer = [*TINY[:-4], "--seq-length", "2048", *TINY[-2:]]
+    assert TINY[-4:-2] == ["--seq-length", "512"]
+    argv = ["run", *longer, "--topology", str(mixed_file), "--gpus", "16", "--tensor-model-parallel-size", "4",
             "--pipeline-model-parallel-size", "2", "--placement", "tp-dp-pp", "--json"]
     assert main(argv) == 0
     even = json.loads(capsys.readouterr().out)

@@ -14,7 +14,7 @@ from sim.cli import main
 from sim.studies.collective import run_collective
 from sim.engine.algorithms import build
 from sim.engine.core import simulate
-from sim.engine.nccl import NcclModel
+from sim.engine.nccl import NcclModel, rate_caps
 from sim.engine.tuner import alone_time, estimate
 from sim.errors import InputError
 from sim.inputs.hardware import HardwareProfile, load_profile
@@ -62,15 +62,17 @@ def test_presets_carry_nccls_table_with_its_source():
 
 def test_small_ring_ll_allreduce_on_one_dgx_h100_is_the_base_plus_the_hops():
     # 4 KiB over the 8 GPUs of one node, ring under LL: NCCL's base latency 6.6 us, then
-    # 2(n-1) steps, each one GPU-NVSwitch-GPU route (two NVLink links of the topology) at
-    # LL's hop latency (0.6/3.4 of Simple's, hwLatencies[NVLINK][RING]) and S/n bytes
-    # doubled by LL's flags, at the NVLink rate times the profile's efficiency.
+    # 2(n-1) steps, each at LL's NVLink ring latency, 0.6 us (hwLatencies[NVLINK][RING][LL]),
+    # and S/n bytes doubled by LL's flags, at the NVLink rate times the profile's efficiency,
+    # on the one channel of 24 NCCL runs for it (4 KiB < 2 channels x 512 threads x 8 B x 8
+    # ranks, topoGetAlgoInfo), under LL's 141 GB/s bus cap (llMaxBws, Hopper, one node).
     topo = load_topology("dgx-h100")
     g = topo.graph
-    hop = sum(g.edges[topo.gpu(r), "node0/nvswitch"]["latency_s"] for r in (0, 1))
+    hop = 0.6e-6
     B = g.edges[topo.gpu(0), "node0/nvswitch"]["bandwidth_Bps"] * H100.links["nvlink"].efficiency
     n, S = 8, 4096
-    want = 6.6e-6 + 2 * (n - 1) * (hop * 0.6 / 3.4 + (S / n) / (0.5 * B))
+    wire_rate = min(B / 24, 141e9 / 0.5)
+    want = 6.6e-6 + 2 * (n - 1) * (hop + (S / n) / 0.5 / wire_rate)
     s = _time("allreduce", n, S, topo, "ring", "ll")
     assert s["time_s"] == pytest.approx(want, rel=1e-9)
     assert s["base_latency_s"] == pytest.approx(6.6e-6, rel=1e-12)
@@ -82,12 +84,12 @@ def test_small_ring_ll_allreduce_on_one_dgx_h100_is_the_base_plus_the_hops():
 
 def test_tree_across_nodes_pays_trees_base():
     # An empty buffer, so only latencies count: the tree's 2((g-1) a_intra + log2(N) a_inter)
-    # (sim.engine.algorithms_nccl) at LL's hop latencies (NVLink 0.6/3.4, network 2.7/14 of
-    # Simple's), after tree's base latency under LL, 6.8 us (ring's is 6.6 us).
+    # (sim.engine.algorithms_nccl) at NCCL's tree latencies under LL (hwLatencies[NVLINK][TREE]
+    # 0.6 us, [NET][TREE] 5.0 us), after tree's base latency under LL, 6.8 us (ring's is 6.6 us):
+    # ncclTopoTuneModel's 2 * ((nRanks/nNodes - 1) * intraLat + log2i(nNodes) * interLat).
     topo = load_topology("dgx-h100", nodes=4)
     g, N = 8, 4
-    a_intra, a_inter = topo.path_latency_s(0, 1), topo.path_latency_s(0, 8)
-    lat = 2 * ((g - 1) * a_intra * 0.6 / 3.4 + int(math.log2(N)) * a_inter * 2.7 / 14.0)
+    lat = 2 * ((g - 1) * 0.6e-6 + int(math.log2(N)) * 5.0e-6)
     s = _time("allreduce", g * N, 0, topo, "tree", "ll")
     assert s["time_s"] == pytest.approx(6.8e-6 + lat, rel=1e-9)
     # and the base is the profile's: another figure moves the time by exactly the difference
@@ -101,7 +103,11 @@ def test_nvls_pays_no_base_latency():
     topo = load_topology("dgx-h100")
     n, S = 8, 2**30
     B_line = topo.graph.edges[topo.gpu(0), "node0/nvswitch"]["bandwidth_Bps"]
-    want = H100.nvls_latency_s + S * (n + 1) / n / (B_line * H100.nvls_efficiency)
+    # NVLS's chunked pipeline (calcCollChunking): 1 GiB is not under 64 rounds of 16 channels
+    # x 8 heads x 128 KiB chunks, so the chunks stay 128 KiB and the way back starts after
+    # one round, 16 x 8 x 128 KiB = 16 MiB, has gone to the switch
+    lead = 16 * 8 * 128 * 1024
+    want = H100.nvls_latency_s + (S * (n + 1) / n + lead) / (B_line * H100.nvls_efficiency)
     s = _time("allreduce", n, S, topo, "nvls", "simple")
     assert s["time_s"] == pytest.approx(want, rel=1e-9) and s["base_latency_s"] == 0.0
 
@@ -168,8 +174,8 @@ def test_bad_base_latencies_are_one_line_errors():
 def test_collective_cli_prints_the_time_with_the_base():
     # the 4 KiB all-reduce of the brief on one DGX H100: ring LL, 6.6 us + the hops (above)
     topo = load_topology("dgx-h100")
-    hop, B = 2e-6 * 0.6 / 3.4, 450e9 * H100.links["nvlink"].efficiency
-    want = 6.6e-6 + 14 * (hop + 512 / (0.5 * B))
+    hop, B = 0.6e-6, 450e9 * H100.links["nvlink"].efficiency  # hwLatencies[NVLINK][RING][LL]
+    want = 6.6e-6 + 14 * (hop + 512 / 0.5 / min(B / 24, 141e9 / 0.5))  # one channel of 24, LL's cap
     assert topo.path_latency_s(0, 1) == 2e-6 and topo.bottleneck_Bps(0, 1) == 450e9
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
@@ -267,9 +273,10 @@ def test_coalesced_tp_collectives_pay_the_base_once_as_the_engine_does():
     t_plain = simulate(plain, topo, link_efficiency=EFF).end_s
     assert n_tp > 0 and t_closed == pytest.approx(t_plain, rel=1e-9)
     # and the base is in both: without it each of the n_tp collectives is 8.4 us shorter
+    # (both under the links alone, no architecture: the engine's default model)
     assert t_plain - simulate(plain, topo, link_efficiency=EFF,
-                              nccl=NcclModel.from_profile(replace(H100, nccl_base_latency_s=_table(0.0)))
-                              .forcing(None, None)).end_s == pytest.approx(n_tp * 8.4e-6, rel=1e-6)
+                              nccl=replace(NcclModel.from_profile(replace(H100, nccl_base_latency_s=_table(0.0))),
+                                           arch=None).forcing(None, None)).end_s == pytest.approx(n_tp * 8.4e-6, rel=1e-6)
 
 
 def test_a_userbuffers_chunk_is_priced_and_chosen_without_the_base():
@@ -290,6 +297,11 @@ def test_a_userbuffers_chunk_is_priced_and_chosen_without_the_base():
         return simulate(prog, topo, link_efficiency=eff, nccl=model).end_s
 
     assert run(True) == pytest.approx(min(hops.values()), rel=1e-9)
-    assert run(False) == pytest.approx(min(hops[p] + base[p] for p in PROTOS), rel=1e-9)
-    # (here the base changes the pick: LL128 moves the bytes fastest, Simple wins with its base)
-    assert min(hops, key=hops.get) == "ll128" and min(PROTOS, key=lambda p: hops[p] + base[p]) == "simple"
+    # as an NCCL collective its steps pay NCCL's per-step latencies and its protocol caps too
+    # (sim.engine.nccl_tuning; 8 MiB keeps all channels)
+    nccl = {p: estimate(steps, topo, eff, model, p, base[p], rate_caps(steps, "allgather", range(n), S, topo, eff,
+                                                                      model, "ring", p, 1), "ring") for p in PROTOS}
+    assert run(False) == pytest.approx(min(nccl.values()), rel=1e-9)
+    # (LL128 moves the bytes fastest on the links alone; as an NCCL kernel LL128 wins too, its
+    # 14 us base against Simple's 8.4 us made up by 7 steps at 1.9 us against 3.4 us)
+    assert min(hops, key=hops.get) == "ll128" and min(nccl, key=nccl.get) == "ll128"

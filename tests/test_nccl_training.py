@@ -9,6 +9,7 @@ from sim.inputs.hardware import load_profile
 from sim.inputs.model import ModelSpec
 from sim.inputs.plan import ParallelPlan
 from sim.inputs.topology_build import load_topology
+from sim.engine.nccl_tuning import nvls_lead_bytes
 from sim.program.costs import nvls_time
 from sim.inputs.schema import SimulationSettings
 from sim.session import Job, simulate_training
@@ -37,6 +38,8 @@ def _nvls(op, S, n, model, B_line):
     k = (n + 1) / n if op == "allreduce" else 1.0
     t = model.nvls_latency_s + S * k / (B_line * model.nvls_efficiency)
     assert nvls_time(op, S, n, model.nvls_latency_s, B_line, model.nvls_efficiency) == pytest.approx(t, rel=1e-12)
+    if op == "allreduce" and model.arch is not None:  # the way back after NVLS's first round of chunks
+        t += nvls_lead_bytes(S, n, S * k) / (B_line * model.nvls_efficiency)
     return t
 
 
@@ -44,7 +47,7 @@ def test_tp8_allreduce_in_an_h100_step_runs_nvls_and_saves_what_the_closed_forms
     topo = load_topology("dgx-h100")
     model = NcclModel.from_profile(H100)
     eff = H100.link_efficiencies()
-    alpha, B_line = topo.path_latency_s(0, 1), topo.bottleneck_Bps(0, 1)
+    alpha, B_line = 3.4e-6, topo.bottleneck_Bps(0, 1)  # a ring step: hwLatencies[NVLINK][RING][Simple]
     B = B_line * eff["nvlink"]
     runs = {a: simulate_training(Job(MODEL, TP8, H100, topo),
                                  SimulationSettings(fidelity="full", nccl_algo=a, nccl_protocol="simple"),
@@ -54,7 +57,11 @@ def test_tp8_allreduce_in_an_h100_step_runs_nvls_and_saves_what_the_closed_forms
     assert colls and all(a.op == "allreduce" for a in colls)
     picks = {a.nbytes: choose(a.op, a.group, a.nbytes, topo, eff, model, protocol="simple")[0] for a in colls}
     assert picks[2048 * 4096 * 2] == "nvls"  # each layer's activations (s·h 16-bit values)
-    saved = sum((RING_SIMPLE_BASE_S + _ring(a.op, a.nbytes, 8, alpha, B))
+    # ring Simple runs nc of NCCL's 24 channels (topoGetAlgoInfo): one below 2 x 512 threads x
+    # 64 B (the 8 KiB ones), all 24 from 24 x 512 x 64 B = 768 KiB (the 16 MiB ones)
+    assert {a.nbytes for a in colls} == {8192, 2048 * 4096 * 2}
+    nc = {8192: 1, 2048 * 4096 * 2: 24}
+    saved = sum((RING_SIMPLE_BASE_S + _ring(a.op, a.nbytes, 8, alpha, B * nc[a.nbytes] / 24))
                 - (NVLS_BASE_S + _nvls(a.op, a.nbytes, 8, model, B_line))
                 for a in colls if picks[a.nbytes] == "nvls")
     assert saved > 0

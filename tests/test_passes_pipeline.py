@@ -44,8 +44,8 @@ def _added(before, after, rank):
 
 
 def test_the_pipeline_is_these_passes_in_this_order():
-    assert PASSES == ("limits", "schedule", "stages", "layers", "fp8_amax", "p2p", "grad_sync", "zero3_gather",
-                      "optimizer", "offload", "param_gather", "memory", "expand")
+    assert PASSES == ("limits", "schedule", "stages", "layers", "ep_overlap", "fp8_amax", "p2p", "grad_sync",
+                      "zero3_gather", "optimizer", "offload", "param_gather", "memory", "expand")
     with pytest.raises(InputError, match=r"^pass: got 'zero'; allowed: limits, schedule"):
         run_passes(_ctx(), stop="zero")
 
@@ -113,6 +113,22 @@ def test_layers_cut_each_step_into_layers_with_two_tp_all_reduces_per_layer():
     # no tensor parallelism: no collectives
     _, plain = _around(_ctx(), "layers")
     assert not any(a.kind == "collective" for a in plain.program.actions[0])
+
+
+def test_ep_overlap_moves_the_paired_all_to_alls_and_adds_nothing():
+    from sim.program.ep_overlap import EP_STREAM
+
+    before, after = _around(_ctx(), "ep_overlap")
+    assert after is before                                                              # off: nothing to do
+    moe = llama("two-moe", 2, H, 4, 4, 1024, 128, 128, num_experts=4, moe_router_topk=2, moe_ffn_hidden_size=H)
+    plan = ParallelPlan(dp=4, ep=4, global_batch_size=12, overlap_moe_expert_parallel_comm=True)
+    before, after = _around(BuildContext.create(moe, plan, H100), "ep_overlap")
+    old, new = before.program.actions[0], after.program.actions[0]
+    assert sorted(a.name for a in old) == sorted(a.name for a in new)                 # the same pieces
+    # 3 micro-batches: F0, (F1, B0), (F2, B1), B2; 2 MoE layers x (2 forward + 2 backward) all-to-alls per pair
+    moved = [a for a in new if a.stream == EP_STREAM]
+    assert len(moved) == 2 * 2 * 4 and all(a.op == "alltoall" for a in moved)
+    assert {a.name.split(".")[0] for a in moved} == {"0F1", "0B0", "0F2", "0B1"}
 
 
 def test_fp8_amax_adds_a_reduction_after_each_forward_and_backward_only_in_fp8():

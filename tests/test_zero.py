@@ -74,8 +74,10 @@ def test_prefetch_depth_zero_exposes_every_gather_and_depth_one_hides_them():
     from dataclasses import replace
 
     fast = build_cluster(NodeSpec("fast", 8, "h100-sxm", 4.5e12, 1e-7, 63e9, 5e-7, 8, "ib", 50e9, 1e-6), 1)
-    free = replace(H100, nccl_base_latency_s={a: {p: 0.0 for p in ("ll", "ll128", "simple")}
-                                              for a in ("ring", "tree", "nvls", "nvls_tree")})
+    # (named as no GPU NCCL's tables know: no per-step latencies of NCCL's either, only the
+    # links' own; sim.engine.nccl_tuning)
+    free = replace(H100, name="links-only", nccl_base_latency_s={a: {p: 0.0 for p in ("ll", "ll128", "simple")}
+                                                                 for a in ("ring", "tree", "nvls", "nvls_tree")})
     d0, d1 = _zero3(0, fast, profile=free), _zero3(1, fast, profile=free)
     gathers = [s for s in d0.trace.spans_of(0) if s.category == "zero"]
     compute = [s for s in d0.trace.spans_of(0) if s.kind == "compute" and s.duration_s > 0]

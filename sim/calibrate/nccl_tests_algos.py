@@ -38,15 +38,26 @@ def plan(results) -> dict:
 def fit_nvls(results, nvlink_line_rate_Bps: float, min_bytes: int = 0) -> dict:
     """``nvls_efficiency`` and ``nvls_latency_s`` from NVLS logs: a GPU's NVLS traffic
     takes t = α + k·S / (B·e), k = (n+1)/n for all-reduce (S + S/n each way at once) and 1
-    for reduce-scatter and all-gather, B the NVLink line rate (``sim.engine.algorithms_nccl``);
-    fitted as ``fit_alpha_beta`` does (least squares on relative error)."""
-    ks = {"all_reduce": lambda n: (n + 1) / n, "reduce_scatter": lambda n: 1.0, "all_gather": lambda n: 1.0}
+    for reduce-scatter and all-gather, B the NVLink line rate (``sim.engine.algorithms_nccl``),
+    the way back starting after NVLS's first round of chunks (``sim.program.costs.nvls_time``
+    with ``sim.engine.nccl_tuning.nvls_lead_bytes``); fitted as ``fit_alpha_beta`` does
+    (least squares on relative error)."""
+    from sim.engine.nccl_tuning import nvls_lead_bytes
+    from sim.program.costs import nvls_time
+
     pts = []
     for res in results:
-        if res.op not in ks or res.ranks is None:
+        if res.op not in ("all_reduce", "reduce_scatter", "all_gather") or res.ranks is None:
             raise InputError(f"{res.source}: op: got {res.op} on {res.ranks} ranks; an NVLS fit needs all_reduce, "
                              "reduce_scatter or all_gather with known ranks")
-        pts += [(1.0, ks[res.op](res.ranks) * r["bytes"], r["time_s"]) for r in res.rows if r["bytes"] >= max(1, min_bytes)]
+        n = res.ranks
+        for r in res.rows:
+            if r["bytes"] >= max(1, min_bytes):
+                S = r["bytes"]
+                out = S * (n + 1) / n if res.op == "all_reduce" else S if res.op == "reduce_scatter" else S / n
+                # the bytes the busier way moves, the way back after NVLS's first round of chunks
+                x = nvls_time(res.op, S, n, 0.0, 1.0, 1.0, nvls_lead_bytes(S, n, out))
+                pts.append((1.0, x, r["time_s"]))
     import numpy as np
 
     if len(pts) < 2:

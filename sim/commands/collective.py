@@ -55,7 +55,8 @@ def add_arguments(p) -> None:
                         "for dgx-h100; none for hand-written graphs)")
     p.add_argument("--line-rate", action="store_true", help="ignore link efficiencies: links at their line rate")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
-    p.add_argument("--out", default=None, help="directory for trace.json, timeline.png and summary.json")
+    p.add_argument("--out", default=None,
+                   help="directory for trace.json, timeline.png and summary.json (with --sweep: busbw.png, busbw.csv)")
 
 
 def _topology(args):

@@ -1,7 +1,7 @@
 """``trainsim search``: the best parallel plan for a model, a cluster and a batch.
 
 Enumerates every valid plan (dp, tp, pp, vpp, micro-batch, ZeRO stage, schedule,
-recompute, sequence parallelism, for a mixture of experts ep and etp, for long sequences
+recompute, sequence parallelism, for a mixture of experts ep, etp and the token dispatcher, for long sequences
 cp, and with ``--fp8-format off,hybrid`` BF16 and FP8;
 ``sim.studies.search``), drops those the analytic memory model
 says do not fit, simulates the others in order of their estimated time until none left
@@ -30,6 +30,7 @@ from sim.inputs.hardware import load_profile
 from sim.inputs.resolve import model_from_settings, topology_from_settings
 from sim.inputs.flags import add_arguments as add_schema_arguments, given
 from sim.inputs.schema import RunSettings
+from sim.inputs.experts import DISPATCHERS
 from sim.inputs.plan import RECOMPUTE, SCHEDULES
 from sim.program.fp8 import FP8_FORMATS, check_fp8_support
 from sim.progress import ProgressBar
@@ -88,6 +89,8 @@ def add_arguments(p) -> None:
     s.add_argument("--ep", help="expert-parallel sizes (default: every divisor of the experts that folds into a "
                                 "pipeline stage's GPUs)")
     s.add_argument("--etp", help="expert tensor-parallel sizes (default: 1 and the plan's tp for a mixture of experts)")
+    s.add_argument("--dispatcher", help=f"MoE token dispatchers, of {','.join(DISPATCHERS)} (default: every one for a "
+                                        "plan with ep > 1, alltoall otherwise)")
     s.add_argument("--cp", help=f"context-parallel sizes (default 1,2,4,8 from {LONG_SEQUENCE} tokens on, else 1)")
     s.add_argument("--fp8-format", help="precisions: off (BF16), e4m3, hybrid, e.g. off,hybrid to compare BF16 with "
                                         "FP8 (default off; FP8 needs a GPU with an fp8 peak)")
@@ -138,7 +141,7 @@ def _space(args) -> SearchSpace:
                        schedule=_list(args, "schedule", str), recompute=_list(args, "recompute", str),
                        sequence_parallel=_list(args, "sequence_parallel", bool), max_tp=args.max_tp,
                        fp8_format=_fp8_formats(args), ep=_list(args, "ep"), etp=_list(args, "etp"),
-                       cp=_list(args, "cp"))
+                       cp=_list(args, "cp"), dispatcher=_list(args, "dispatcher", str))
 
 
 def _fp8_formats(args) -> tuple:

@@ -81,6 +81,10 @@ class Transfer:
     nvls: bool = False
     """An NVLS transfer (``sim.engine.algorithms_nccl``): priced at the profile's NVLS
     efficiency and latency (``sim.engine.nccl``)."""
+    lead_bytes: float = 0.0
+    """NVLS, the way back from the switch: bytes its GPU sends to the switch before the
+    first chunk comes back (NVLS's chunked pipeline, ``sim.engine.nccl_tuning``), which it
+    waits for at the NVLS rate under NCCL's tuning model."""
 
 
 def ring_order(topology: Topology, ranks, rotate: int = 0) -> list[int]:
@@ -99,8 +103,10 @@ class _Builder:
         self.steps: list[Transfer] = []
         self.fluid = fluid
 
-    def add(self, src, dst, nbytes, deps, label, latency_steps: int = 1, path: tuple = (), nvls: bool = False) -> int:
-        self.steps.append(Transfer(src, dst, nbytes, tuple(sorted(set(deps))), label, latency_steps, path, nvls))
+    def add(self, src, dst, nbytes, deps, label, latency_steps: int = 1, path: tuple = (), nvls: bool = False,
+            lead_bytes: float = 0.0) -> int:
+        self.steps.append(Transfer(src, dst, nbytes, tuple(sorted(set(deps))), label, latency_steps, path, nvls,
+                                   lead_bytes))
         return len(self.steps) - 1
 
     def ring(self, order: list[int], nsteps: int, chunk: float, label: str,

@@ -22,7 +22,10 @@ all-gathers by a multicast store of its shard (multimem.st). Per GPU: all-reduce
 S + S/n to the switch and receives S/n + S; reduce-scatter sends S and receives S/n;
 all-gather sends S/n and receives S. The two directions run at once (NCCL pipelines the
 two halves), so all-reduce takes S(n+1)/n / B and busbw = 2(n−1)/(n+1)·B, B the rate a
-GPU's NVLS traffic reaches (``nvls_efficiency`` of the line rate).
+GPU's NVLS traffic reaches (``nvls_efficiency`` of the line rate). The pipeline moves
+chunks: the way back starts once the first round of chunks has gone out (``lead_bytes``,
+``sim.engine.nccl_tuning.nvls_lead_bytes``), which a small message pays as latency
+(under NCCL's tuning model, with a profile of a known architecture).
 
 NVLS-tree (all-reduce across nodes): NVLS reduce-scatter inside each node, a tree
 all-reduce of each GPU's shard (S/g) across nodes among the GPUs of the same local index
@@ -85,18 +88,23 @@ def tree_allreduce(b, ranks: list[int], nbytes: float, topology, channels: int, 
                 b.add(parent, child, share, gate, f"{tag} broadcast", latency_steps=0)
 
 
-def nvls_steps(b, ranks: list[int], op: str, nbytes: float, topology, label: str = "nvls", gate=()) -> None:
-    """Each GPU's traffic to and from its NVLink-SHARP switch for ``op`` (module doc)."""
+def nvls_steps(b, ranks: list[int], op: str, nbytes: float, topology, label: str = "nvls", gate=(),
+               pipelined: bool = True) -> None:
+    """Each GPU's traffic to and from its NVLink-SHARP switch for ``op`` (module doc); with
+    ``pipelined`` (single-node NVLS) the way back carries NVLS's chunked pipeline lead."""
     from sim.engine.nccl import nvswitch_of
+
+    from sim.engine.nccl_tuning import nvls_lead_bytes
 
     n = len(ranks)
     up, down = {"allreduce": (nbytes * (n + 1) / n, nbytes * (n + 1) / n), "reducescatter": (nbytes, nbytes / n),
                 "allgather": (nbytes / n, nbytes)}[op]
+    lead = nvls_lead_bytes(nbytes, n, up) if pipelined else 0.0
     for r in ranks:
         sw = nvswitch_of(topology, r)
         gpu = topology.gpu(r)
         b.add(r, r, up, gate, f"{label} {op} to switch", path=((gpu, sw),), nvls=True)
-        b.add(r, r, down, gate, f"{label} {op} from switch", path=((sw, gpu),), nvls=True)
+        b.add(r, r, down, gate, f"{label} {op} from switch", path=((sw, gpu),), nvls=True, lead_bytes=lead)
 
 
 def check_nvls(op: str, ranks: list[int], topology, algo: str) -> list[list[int]]:
@@ -127,7 +135,7 @@ def nvls_tree_allreduce(b, ranks: list[int], nbytes: float, topology) -> None:
     nodes = check_nvls("allreduce", ranks, topology, "nvls_tree")
     g = len(nodes[0])
     for members in nodes:
-        nvls_steps(b, members, "allreduce", nbytes, topology, "nvls_tree intra")
+        nvls_steps(b, members, "allreduce", nbytes, topology, "nvls_tree intra", pipelined=False)
     for i in range(g):
         rail = [m[i] for m in nodes]
         gate = _latency_chain(b, _rail_path(rail), f"nvls_tree rail {i}")

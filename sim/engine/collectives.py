@@ -21,9 +21,10 @@ from sim.engine import algorithms as collectives
 from sim.engine.kernel import Environment
 from sim.engine.network import Network
 from sim.errors import InputError
-from sim.engine.nccl import DEFAULT_MODEL, base_latency, nvls_capable, protocol_cost, transfer_cost
+from sim.engine.nccl import (DEFAULT_MODEL, POINT_TO_POINT_OPS, base_latency, nvls_capable, protocol_cost, rate_caps,
+                             ring_step_latency, transfer_cost)
 from sim.engine.tuner import choose, runnable
-from sim.inputs.topology import Topology, ranks_by_node
+from sim.inputs.topology import Topology, default_channels, ranks_by_node
 
 
 BUNDLED_OPS = ("alltoall",)
@@ -133,7 +134,11 @@ class Collectives:
             steps = collectives.build(a.op, a.group, a.nbytes, self.topology, algo, channels=a.channels or None,
                                       fluid=self.fluid)
             steps = self._without_shadow_hops(steps) if self.fluid and algo == "ring" and shadows else steps
-            args = self._step_args(steps, protocol)
+            nccl_algo = None if a.op in POINT_TO_POINT_OPS or a.userbuffers else algo
+            args = self._step_args(steps, protocol, nccl_algo, nccl_algo and ring_step_latency(
+                self.nccl, a.op, a.group, self.topology, algo, protocol))
+            if not a.userbuffers:
+                args = self._capped(args, steps, a, algo, protocol)
             ends = [tuple(r for r in ((st.src, st.dst) if st.src != st.dst else (st.src,)) if r not in shadows)
                     for st in steps]
         # Per step: the simulated ranks whose action it counts toward, and the steps that wait for it.
@@ -159,7 +164,7 @@ class Collectives:
                 or not used.isdisjoint(route(s.src, s.dst))]
         index = {old: new for new, old in enumerate(keep)}
         return [collectives.Transfer(s.src, s.dst, s.nbytes, tuple(index[d] for d in s.deps), s.label,
-                                     s.latency_steps, s.path, s.nvls) for s in (steps[i] for i in keep)]
+                                     s.latency_steps, s.path, s.nvls, s.lead_bytes) for s in (steps[i] for i in keep)]
 
     def _bundled(self, a: Action, protocol: str):
         """An all-to-all as one ``Bundle`` (``sim.engine.network``) of all its point-to-point
@@ -237,12 +242,13 @@ class Collectives:
                                                        for e in (g.edges[gpu, n] for n in g.neighbors(gpu))))
         return got
 
-    def _step_args(self, steps, protocol: str) -> list[tuple]:
+    def _step_args(self, steps, protocol: str, algo: str | None = None, step_s: float | None = None) -> list[tuple]:
         """The network's ``start`` arguments of each step under ``protocol``: Simple and
         plain steps on their routes as they are; other protocols and NVLS steps on a
         copy of the route whose latency and the bytes follow ``sim.engine.nccl``."""
         route, net, topo = self.net.route, self.net, self.topology
-        if protocol == "simple" and not any(st.nvls or st.path for st in steps):
+        if protocol == "simple" and not any(st.nvls or st.path for st in steps) and (algo is None or
+                                                                                   self.nccl.arch is None):
             return [(route(st.src, st.dst), st.src, st.dst, st.nbytes, st.label, st.latency_steps) for st in steps]
         eff = self.efficiency()
         args = []
@@ -255,12 +261,29 @@ class Collectives:
             else:
                 r = route(st.src, st.dst)
                 if not st.nvls:  # (from the route the network keeps: its latency and medium, no graph lookups)
-                    lat, nbytes = protocol_cost(r[1], r[2], st.nbytes, st.latency_steps, self.nccl, protocol)
+                    lat, nbytes = protocol_cost(r[1], r[2], st.nbytes, st.latency_steps, self.nccl, protocol, algo,
+                                                step_s)
                     args.append(((r[0], lat, r[2], r[3], r[4]), st.src, st.dst, nbytes, st.label, 1))
                     continue
-            lat, nbytes, _ = transfer_cost(st, topo, eff, self.nccl, protocol)
+            lat, nbytes, _ = transfer_cost(st, topo, eff, self.nccl, protocol, algo, step_s)
             args.append(((r[0], lat, r[2], r[3], r[4]), st.src, st.dst, nbytes, st.label, 1))
         return args
+
+    def _capped(self, args: list[tuple], steps, a: Action, algo: str, protocol: str) -> list[tuple]:
+        """``args`` with each step's rate cap under NCCL's tuning model
+        (``sim.engine.nccl.rate_caps``): a capped step crosses a link of its own of the cap's
+        capacity too (``Network.private_link``), which bounds its rate under max-min
+        sharing as the channels NCCL runs bound it."""
+        caps = rate_caps(steps, a.op, a.group, a.nbytes, self.topology, self.efficiency(), self.nccl, algo, protocol,
+                         a.channels or default_channels(self.topology, a.group))
+        if caps is None:
+            return args
+        out = []
+        for (route, src, dst, nbytes, label, lsteps), cap in zip(args, caps):
+            if cap < route[3]:
+                route = (route[0] + (self.net.private_link(cap),), route[1], route[2], cap, route[4])
+            out.append((route, src, dst, nbytes, label, lsteps))
+        return out
 
     def _run(self, plan, rv: _Rendezvous, label: str, finish, base_s: float = 0.0) -> None:
         """Start each step when its dependencies are done, the first ones ``base_s`` after

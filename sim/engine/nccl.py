@@ -10,6 +10,15 @@ constants (``src/graph/tuning.cc``: ``hwLatencies`` for ring, and the ring bandw
 refinements ``busBw * .5`` for LL and ``busBw * 0.92`` for LL128), kept in the hardware
 profile (``nccl_protocols``) with their sources.
 
+NCCL's tuning model (``sim.engine.nccl_tuning``), with a profile of a GPU its tables know
+(``NcclModel.arch``): every step of a ring, tree or NVLS-tree pays NCCL's own per-step
+latency for its algorithm, protocol and medium instead of its route's (``hop_latency``; a
+ring across nodes its steps' average, ``ring_step_latency``); each transfer runs at most at
+the rate the channels NCCL keeps for the size and the protocol's caps allow
+(``rate_caps``: the engine gives a capped transfer a link of its own, the tuner counts it);
+NVLS's way back waits for the first round of chunks. Without one, collectives are the
+links' closed forms above.
+
 NVLS (NVLink SHARP): the NVSwitch reduces (multimem.ld_reduce) and multicasts
 (multimem.st); its transfers run at ``nvls_efficiency`` of the NVLink line rate and pay
 ``nvls_latency_s`` (NCCL's ``hwLatencies[NVLINK][NVLS][Simple]``, 25 µs) instead of hop
@@ -44,6 +53,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field, replace
 
+from sim.engine import nccl_tuning as tuning
+from sim.engine.nccl_tuning import ARCH_OF_GPU
 from sim.inputs.profile_checks import NCCL_BASE_LATENCY_S
 from sim.inputs.topology import ranks_by_node
 
@@ -80,6 +91,12 @@ class NcclModel:
     base_latency_s: dict = field(default_factory=lambda: NCCL_BASE_LATENCY_S)
     """algorithm (ring, tree, nvls, nvls_tree) -> protocol -> seconds each NCCL collective
     pays once before its first transfer (``base_latency``)."""
+    arch: str | None = None
+    """GPU architecture NCCL's tables are read for (hopper, ampere, ...); None: no tuning
+    model beyond the links (``sim.engine.nccl_tuning``: channels for the size, protocol
+    caps, NVLS chunks)."""
+    cpu: str = "intel"
+    """CPU vendor of the nodes (intel, amd): NCCL's LL cap across nodes depends on it."""
 
     def forcing(self, algo: str | None, protocol: str | None) -> "NcclModel":
         """This model with the run-wide ``algo`` and ``protocol`` (``nccl_algo``, ``nccl_protocol``)."""
@@ -89,9 +106,10 @@ class NcclModel:
     def from_profile(profile) -> "NcclModel":
         if profile is None:
             return DEFAULT_MODEL
+        arch, cpu = next((v for k, v in ARCH_OF_GPU.items() if profile.name.startswith(k)), (None, "intel"))
         return NcclModel(dict(profile.nccl_protocols or DEFAULT_PROTOCOLS), profile.nvls_efficiency or 1.0,
                          profile.nvls_latency_s if profile.nvls_latency_s is not None else DEFAULT_NVLS_LATENCY_S,
-                         base_latency_s=dict(profile.nccl_base_latency_s or NCCL_BASE_LATENCY_S))
+                         base_latency_s=dict(profile.nccl_base_latency_s or NCCL_BASE_LATENCY_S), arch=arch, cpu=cpu)
 
     def fraction(self, protocol: str) -> float:
         return self.protocols[protocol]["bandwidth_fraction"] / self.protocols["simple"]["bandwidth_fraction"]
@@ -127,28 +145,113 @@ def base_latency(model: NcclModel, op: str, ranks, topology, algo: str, protocol
     return model.base_latency_s[algo][protocol]
 
 
-def transfer_cost(step, topology, efficiency: dict, model: NcclModel, protocol: str):
-    """(latency_s, wire bytes, directed links) of one transfer step under ``protocol``."""
+def transfer_cost(step, topology, efficiency: dict, model: NcclModel, protocol: str, algo: str | None = None,
+                  step_s: float | None = None):
+    """(latency_s, wire bytes, directed links) of one transfer step under ``protocol`` of
+    NCCL collective ``algo`` (None: a point-to-point transfer, priced on its route);
+    ``step_s``: its per-step latency where the collective sets one (``ring_step_latency``)."""
     g = topology.graph
     links = step.path or topology.route(step.src, step.dst)
     if step.nvls:
         eff = efficiency.get("nvlink", 1.0)
-        return model.nvls_latency_s * bool(step.latency_steps), step.nbytes * eff / model.nvls_efficiency, links
+        lead = 0.0
+        if step.lead_bytes and model.arch is not None:  # (the NVLS pipeline's first round of chunks)
+            lead = step.lead_bytes / (g.edges[links[0]]["bandwidth_Bps"] * model.nvls_efficiency)
+        return model.nvls_latency_s * bool(step.latency_steps) + lead, step.nbytes * eff / model.nvls_efficiency, links
     kinds = {g.edges[l]["kind"] for l in links}
-    medium = "ib" if kinds & {"ib", "ethernet"} else "nvlink"
+    medium = next((k for k in ("ethernet", "ib", "pcie", "nvlink") if k in kinds), "local")  # (as the network's)
     lat, nbytes = protocol_cost(sum(g.edges[l]["latency_s"] for l in links), medium, step.nbytes,
-                                step.latency_steps, model, protocol)
+                                step.latency_steps, model, protocol, algo, step_s)
     return lat, nbytes, links
 
 
+def hop_latency(model: NcclModel, algo: str, protocol: str, medium: str) -> float:
+    """Seconds one step of ``algo`` under ``protocol`` pays on a route whose slowest medium
+    is ``medium``, as NCCL's tuning model has it (``hwLatencies[NVLINK|PCI|NET][algo][proto]``,
+    ``sim.engine.nccl_tuning.HW_LATENCY_S``): ring (and hierarchical, three ring calls) from
+    the profile's ``nccl_protocols``, which hold ring's NVLink and network rows; 0 on a
+    route that leaves no GPU (``local``)."""
+    if medium == "local":
+        return 0.0
+    hw = "net" if medium in ("ib", "ethernet") else "pci" if medium == "pcie" else "nvlink"
+    table = "ring" if algo == "hierarchical" else algo
+    if table == "ring" and hw != "pci":
+        return model.protocols[protocol][f"hop_latency_{hw}_s"]
+    return tuning.HW_LATENCY_S[table][hw][protocol]
+
+
+def ring_step_latency(model: NcclModel, op: str, ranks, topology, algo: str, protocol: str) -> float | None:
+    """The latency every step of a ring ``op`` over ``ranks`` spanning nodes pays under
+    NCCL's tuning model: its ``nsteps`` steps cost ``(nsteps − nInterSteps) · intraLat +
+    nInterSteps · interLat`` (``ncclTopoTuneModel``; nInterSteps = 2(N−1) for all-reduce,
+    N−1 for all-gather and reduce-scatter over N nodes), spread evenly: a ring's steps go
+    through every rank in turn, so every hop waits for the inter-node ones, and in the flow
+    model each hop pays its steps' share. None where each hop pays its own medium's
+    (one node, no architecture, other algorithms and ops)."""
+    if model.arch is None or algo != "ring" or op not in ("allreduce", "allgather", "reducescatter"):
+        return None
+    nodes = ranks_by_node(topology, ranks)
+    if len(nodes) < 2:
+        return None
+    n, N = len(list(ranks)), len(nodes)
+    factor = 2 if op == "allreduce" else 1
+    nsteps, inter = factor * (n - 1), factor * (N - 1)
+    members = next(m for m in nodes.values())
+    g = topology.graph
+    kinds = {g.edges[l]["kind"] for l in topology.route(members[0], members[1])} if len(members) > 1 else set()
+    intra = hop_latency(model, algo, protocol, "pcie" if "pcie" in kinds and "nvlink" not in kinds else "nvlink")
+    return ((nsteps - inter) * intra + inter * hop_latency(model, algo, protocol, "ib")) / nsteps
+
+
 def protocol_cost(latency_s: float, medium: str, nbytes: float, latency_steps: int, model: NcclModel,
-                  protocol: str) -> tuple[float, float]:
+                  protocol: str, algo: str | None = None, step_s: float | None = None) -> tuple[float, float]:
     """(latency_s, wire bytes) of a step that is not NVLS, on a route of ``latency_s``
-    whose slowest medium is ``medium``, under ``protocol`` (see the module doc)."""
+    whose slowest medium is ``medium``, under ``protocol`` (see the module doc). A step of
+    NCCL collective ``algo`` under NCCL's tuning model (``model.arch`` known) pays NCCL's
+    per-step latency instead (``hop_latency``, or ``step_s`` where given:
+    ``ring_step_latency``), whatever the topology's links say."""
+    if algo is not None and model.arch is not None:
+        per_step = hop_latency(model, algo, protocol, medium) if step_s is None else step_s
+        return per_step * latency_steps, nbytes / model.fraction(protocol)
     lat = latency_s * latency_steps
     if protocol != "simple":
         return lat * model.latency_ratio(protocol, medium), nbytes / model.fraction(protocol)
     return lat, nbytes
+
+
+def rate_caps(steps, op: str, ranks, nbytes: float, topology, efficiency: dict, model: NcclModel, algo: str,
+              protocol: str, channels: int, all_channels: bool = False) -> list[float] | None:
+    """Each step's rate cap (wire B/s) under NCCL's tuning model (``sim.engine.nccl_tuning``),
+    or None where it sets none (no architecture, NVLS, hierarchical, point-to-point, one
+    rank): at most ``nc / C`` of the step's route bottleneck (the channels the size keeps),
+    times a tree's refinement and size correction over the protocol's wire fraction, and at
+    most the protocol's bus-bandwidth cap spread over the algorithm's connections: a ring
+    hop of one of ``channels`` rings moves busBw / channels, a tree edge of one of
+    ``channels`` × ``trees`` trees busBw / (channels · trees · 2(n−1)/n). ``all_channels``:
+    as if every channel of the communicator ran, as NCCL's tuner prices a choice
+    (``ncclTopoGetAlgoTime`` knows nothing of the channels ``topoGetAlgoInfo`` drops after)."""
+    ranks = list(ranks)
+    if model.arch is None or algo not in ("ring", "tree") or op in POINT_TO_POINT_OPS or len(ranks) < 2:
+        return None
+    nodes = len(ranks_by_node(topology, ranks))
+    n = len(ranks)
+    nc, c = tuning.channels_used(algo, protocol, math.inf if all_channels else nbytes, n, nodes)
+    share = nc / c
+    wire = model.fraction(protocol)
+    per_connection = tuning.bus_cap_Bps(model.arch, model.cpu, algo, protocol, nodes, nc, c) / wire / channels
+    if algo == "tree":
+        share *= tuning.tree_factor(protocol, nodes, wire) * tuning.tree_correction(protocol, nbytes)
+        per_connection /= (2 if nodes > 1 else 1) * 2 * (n - 1) / n
+    if share >= 1 and math.isinf(per_connection):
+        return None
+    g = topology.graph
+    caps = []
+    for s in steps:
+        links = s.path or topology.route(s.src, s.dst)
+        bottleneck = min((g.edges[l]["bandwidth_Bps"] * efficiency.get(g.edges[l]["kind"], 1.0) for l in links),
+                         default=math.inf)
+        caps.append(min(bottleneck * share, per_connection))
+    return caps
 
 
 def nvls_capable(topology, ranks) -> bool:

@@ -225,6 +225,15 @@ class Network:
             self._folded.update(folded)
             b.cross(tuple(l for l, _ in kept) + (v,), tuple(w for _, w in kept) + (1,), cap)
 
+    def private_link(self, capacity: float) -> int:
+        """A new link of ``capacity`` B/s that no topology edge is, for one transfer to
+        cross beside its route: it bounds that transfer's rate as a link of its own would
+        (NCCL's channels and protocol caps, ``sim.engine.collectives``). It carries no
+        bytes in ``link_bytes`` (the route's links do)."""
+        self.capacity.append(capacity)
+        self._flows_on.append(set())
+        return len(self.capacity) - 1
+
     def _unfolded(self, links) -> None:
         """After ``seal``: ``links`` (a new route's) must not cross a folded link."""
         if not self._folded.isdisjoint(links):

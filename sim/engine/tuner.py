@@ -7,7 +7,9 @@ fastest (the latency starting, as NCCL's does, from the pair's base latency,
 switches only, NVLS-tree across nodes only, tree for all-reduce only, NVLS Simple only,
 broadcast and all-to-all ring only). Both terms come from the collective's own transfer
 steps on the topology (the longest chain of latencies through the steps, and the most
-loaded directed link's bytes over its capacity), so choice and simulation agree.
+loaded directed link's bytes over its capacity, or the rate caps of NCCL's tuning model,
+``sim.engine.nccl_tuning``: channels for the size, protocol caps, NVLS chunks), so choice
+and simulation agree.
 """
 
 from __future__ import annotations
@@ -16,8 +18,8 @@ import math
 
 from sim.engine.algorithms import build
 from sim.engine.nccl import (DEFAULT_MODEL, POINT_TO_POINT_OPS, PROTOCOLS, NcclModel, base_latency, nvls_capable,
-                             transfer_cost)
-from sim.inputs.topology import ranks_by_node
+                             rate_caps, ring_step_latency, transfer_cost)
+from sim.inputs.topology import default_channels, ranks_by_node
 
 
 def candidates(op: str, nodes: int, sharp: bool, equal_nodes: bool) -> list[tuple[str, str]]:
@@ -38,28 +40,53 @@ def candidates(op: str, nodes: int, sharp: bool, equal_nodes: bool) -> list[tupl
     return out
 
 
-def estimate(steps, topology, efficiency: dict, model: NcclModel, protocol: str, base_s: float = 0.0) -> float:
+def estimate(steps, topology, efficiency: dict, model: NcclModel, protocol: str, base_s: float = 0.0,
+             caps: list[float] | None = None, algo: str | None = None, step_s: float | None = None) -> float:
     """Seconds the steps take by the tuner's estimate: the collective's base latency
     ``base_s`` (``sim.engine.nccl.base_latency``, paid before the first transfer), plus the
     longest chain of latencies (through dependencies), plus the most loaded directed
-    link's bytes over its capacity."""
+    link's bytes over its capacity or, where steps have rate ``caps``
+    (``sim.engine.nccl.rate_caps``), the longest chain of capped steps' bytes over their
+    caps, whichever is longer."""
     g = topology.graph
     finish = [0.0] * len(steps)
+    capped = [0.0] * len(steps)
     load: dict = {}
     for i, s in enumerate(steps):
-        lat, nbytes, links = transfer_cost(s, topology, efficiency, model, protocol)
+        lat, nbytes, links = transfer_cost(s, topology, efficiency, model, protocol, algo, step_s)
         finish[i] = lat + max((finish[d] for d in s.deps), default=0.0)
+        if caps is not None:
+            capped[i] = nbytes / caps[i] + max((capped[d] for d in s.deps), default=0.0)
         for l in links:
             load[l] = load.get(l, 0.0) + nbytes
     bw = max((b / (g.edges[l]["bandwidth_Bps"] * efficiency.get(g.edges[l]["kind"], 1.0)) for l, b in load.items()),
              default=0.0)
-    return base_s + max(finish, default=0.0) + bw
+    return base_s + max(finish, default=0.0) + max(bw, max(capped, default=0.0))
+
+
+def collective_time(op: str, ranks, nbytes: float, topology, efficiency: dict, model: NcclModel, algo: str,
+                    protocol: str, base: bool = True, steps=None, all_channels: bool = False) -> float:
+    """``estimate`` of ``op`` under (``algo``, ``protocol``) as an NCCL collective: its base
+    latency, NCCL's per-step latencies and its tuning-model rate caps
+    (``sim.engine.nccl.rate_caps``), on the channels NCCL runs for the size or, with
+    ``all_channels``, on all of them, as NCCL's tuner prices its choice. ``base`` False:
+    not an NCCL kernel (Transformer Engine's userbuffers chunks), priced on the links alone."""
+    steps = build(op, ranks, nbytes, topology, algo, fluid=True) if steps is None else steps
+    if not base or op in POINT_TO_POINT_OPS:
+        return estimate(steps, topology, efficiency, model, protocol)
+    caps = rate_caps(steps, op, ranks, nbytes, topology, efficiency, model, algo, protocol,
+                     default_channels(topology, ranks), all_channels)
+    return estimate(steps, topology, efficiency, model, protocol, base_latency(model, op, ranks, topology, algo,
+                                                                               protocol), caps, algo,
+                    ring_step_latency(model, op, ranks, topology, algo, protocol))
 
 
 def choose(op: str, ranks, nbytes: float, topology, efficiency: dict | None = None, model: NcclModel | None = None,
            algo: str = "auto", protocol: str = "auto", base: bool = True) -> tuple[str, str]:
     """The (algorithm, protocol) NCCL's tuner would run: the fastest enabled pair by
-    ``estimate``; ``algo`` or ``protocol`` other than "auto" fixes that part (as
+    ``estimate`` with all the communicator's channels (``collective_time``; as NCCL, the
+    channels a small size leaves idle are dropped after the choice); ``algo`` or
+    ``protocol`` other than "auto" fixes that part (as
     NCCL_ALGO and NCCL_PROTO do). ``base`` False: a collective that pays no base latency
     (Transformer Engine's userbuffers chunks), the fastest by its transfers alone."""
     model = model or DEFAULT_MODEL
@@ -78,8 +105,7 @@ def choose(op: str, ranks, nbytes: float, topology, efficiency: dict | None = No
     for a, p in options:
         if a not in built:
             built[a] = build(op, ranks, nbytes, topology, a, fluid=True)
-        t = estimate(built[a], topology, efficiency, model, p,
-                     base_latency(model, op, ranks, topology, a, p) if base else 0.0)
+        t = collective_time(op, ranks, nbytes, topology, efficiency, model, a, p, base, built[a], all_channels=True)
         if best is None or t < best_t * (1 - 1e-9):  # (the first when none is finite: a free network)
             best, best_t = (a, p), t
     return best
@@ -117,6 +143,5 @@ def alone_time(op: str, ranks, nbytes: float, topology, efficiency: dict, model:
         algo = "auto"
     if algo == "auto" or protocol == "auto":
         algo, protocol = choose(op, ranks, nbytes, topology, efficiency, model, algo, protocol)
-    return estimate(build(op, ranks, nbytes, topology, algo, fluid=True), topology, efficiency, model, protocol,
-                    base_latency(model, op, ranks, topology, algo, protocol))
+    return collective_time(op, ranks, nbytes, topology, efficiency, model, algo, protocol)
 

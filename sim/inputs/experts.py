@@ -30,7 +30,9 @@ import math
 
 from sim.errors import require
 
-PLAN_FIELDS = ("ep", "etp", "moe_routing", "moe_capacity_factor", "moe_seed")
+PLAN_FIELDS = ("ep", "etp", "moe_routing", "moe_capacity_factor", "moe_seed", "dispatcher")
+DISPATCHERS = ("alltoall", "allgather", "flex")
+"""Megatron-Core's token dispatchers (``--moe-token-dispatcher-type``; ``sim.program.dispatch``)."""
 
 
 def _pos(field: str, value) -> None:
@@ -51,6 +53,11 @@ def check_expert_plan(plan) -> None:
                 "plan: moe_capacity_factor", cf, "expected a finite number > 0 (leave it unset for dropless)")
     require(isinstance(plan.moe_seed, int) and not isinstance(plan.moe_seed, bool), "plan: moe_seed", plan.moe_seed,
             "expected an integer")
+    require(plan.dispatcher in DISPATCHERS, "plan: moe_token_dispatcher_type", plan.dispatcher,
+            f"allowed: {', '.join(DISPATCHERS)}", setting="dispatcher")
+    require(plan.dispatcher == "alltoall" or plan.ep > 1, "plan: moe_token_dispatcher_type", plan.dispatcher,
+            f"needs expert parallelism (expert_model_parallel_size > 1, got {plan.ep}); with ep 1 the experts are "
+            "local and only alltoall (no exchange) applies", setting="dispatcher")
     folded = plan.ep * plan.etp_size
     require((plan.tp * plan.dp_cp) % folded == 0, "plan: expert_model_parallel_size", plan.ep,
             f"ep x etp = {plan.ep} x {plan.etp_size} must divide the tp x dp x cp = {plan.tp} x {plan.dp} x "
@@ -61,12 +68,46 @@ def check_expert_plan(plan) -> None:
             "divide the next larger of them")
 
 
+def check_ep_overlap_plan(plan) -> None:
+    """What Megatron-Core's ``TransformerConfig`` refuses with ``overlap_moe_expert_parallel_comm``
+    (``sim.program.ep_overlap``), as far as the plan alone tells: expert parallelism, pipelining
+    only when interleaved, no full recompute."""
+    if not plan.overlap_moe_expert_parallel_comm:
+        return
+    where, value, field = "plan: overlap_moe_expert_parallel_comm", True, "overlap_moe_expert_parallel_comm"
+    require(plan.ep > 1, where, value, f"needs expert parallelism (got ep {plan.ep}): it hides the "
+            "expert-parallel all-to-alls", setting=field)
+    require(plan.pp == 1 or plan.schedule == "interleaved", where, value,
+            f"with pp {plan.pp} > 1 it needs the interleaved schedule (vpp > 1; got {plan.schedule}): Megatron-Core "
+            "runs the combined 1F1B only without pipelining or with virtual pipeline stages", setting=field)
+    require(plan.pp > 1 or plan.schedule == "1f1b", where, value,
+            f"with pp 1 it runs its own 1F1B order (got schedule {plan.schedule}); leave the schedule at 1f1b",
+            setting=field)
+    require(plan.recompute != "full", where, value,
+            "not with recompute_granularity full (Megatron-Core refuses it: a checkpointed layer cannot be "
+            "interleaved with another micro-batch's)", setting=field)
+    require(plan.dispatcher in ("alltoall", "flex"), where, value,
+            f"needs the alltoall or flex token dispatcher (got {plan.dispatcher}), as Megatron-Core does", setting=field)
+    require("moe" not in (plan.recompute_modules or ()), where, value,
+            "not with --recompute-modules moe (Megatron-Core refuses it: the recomputed MoE block's all-to-alls "
+            "cannot be split across the interleaved micro-batches)", setting=field)
+
+
 def check_expert_model(plan, model) -> None:
     """Checks that need the model (``ParallelPlan.check_model``)."""
     if not model.moe:
+        require(not plan.overlap_moe_expert_parallel_comm, "plan: overlap_moe_expert_parallel_comm", True,
+                f"{model.name} has no experts (it hides the expert-parallel all-to-alls of an MoE model)",
+                setting="overlap_moe_expert_parallel_comm")
         require(plan.ep == 1 and plan.etp is None, "plan: expert_model_parallel_size", plan.ep,
                 f"{model.name} has no experts (expert parallelism needs --num-experts)")
+        require(plan.dispatcher == "alltoall", "plan: moe_token_dispatcher_type", plan.dispatcher,
+                f"{model.name} has no experts (a token dispatcher needs --num-experts)", setting="dispatcher")
         return
+    require(not plan.overlap_moe_expert_parallel_comm or model.mtp_num_layers <= 1,
+            "plan: overlap_moe_expert_parallel_comm", True,
+            f"supports at most one multi-token-prediction layer (Megatron-Core's rule; {model.name} has "
+            f"{model.mtp_num_layers})", setting="overlap_moe_expert_parallel_comm")
     require(model.num_experts % plan.ep == 0, "plan: expert_model_parallel_size", plan.ep,
             f"must divide num_experts {model.num_experts} of {model.name}")
     etp = plan.etp_size
@@ -133,6 +174,11 @@ class Folding:
     def etp_group(self, rank: int) -> tuple[int, ...]:
         """The ranks that split ``rank``'s experts (its tp group when etp = tp)."""
         return self._group(rank, 1, self.etp)
+
+    def tp_ep_group(self, rank: int) -> tuple[int, ...]:
+        """The etp × ep ranks of ``rank``'s expert-parallel group and their expert
+        tensor-parallel peers (Megatron-Core's ``tp_ep_group``: the allgather dispatcher's)."""
+        return self._group(rank, 1, self.etp * self.ep)
 
     def edp_group(self, rank: int) -> tuple[int, ...]:
         """The ranks that hold the same experts: their gradients are reduced together."""

@@ -45,7 +45,7 @@ from functools import partial
 
 from sim.inputs import placement as _pl
 from sim.inputs.context_parallel import check_context_model, check_context_plan
-from sim.inputs.experts import check_expert_model, check_expert_plan
+from sim.inputs.experts import DISPATCHERS, check_ep_overlap_plan, check_expert_model, check_expert_plan
 from sim.inputs.fields import setting
 from sim.inputs.recompute import RECOMPUTE_MODULES, check_recompute_model, check_recompute_plan, \
     modules_in_effect, parse_recompute_modules
@@ -210,6 +210,19 @@ class ParallelPlan:
         help="expert capacity as a multiple of the balanced load; tokens above it are dropped (default: dropless)")
     moe_seed: int = setting(0, name="moe_routing_seed", type=int, group=_EXPERTS,
                             help="seed of the routing draws (default 0)")
+    overlap_moe_expert_parallel_comm: bool = setting(
+        False, kind="switch", group=_EXPERTS,
+        help="hide the expert-parallel all-to-alls of one micro-batch under another's compute: in 1F1B's steady "
+             "state each forward and the backward beside it run interleaved layer by layer (Megatron-Core's "
+             "combined 1F1B; needs ep > 1, and interleaving (vpp > 1) when pp > 1)")
+    """``sim.program.ep_overlap``."""
+    dispatcher: str = setting(
+        "alltoall", name="moe_token_dispatcher_type", choices=DISPATCHERS, group=_EXPERTS,
+        help="how tokens reach their experts (Megatron-Core's dispatchers): alltoall (an all-to-all over the "
+             "expert-parallel group, every routed copy sent; the default), allgather (the tokens all-gathered over "
+             "the tp x ep group, the outputs reduce-scattered back) or flex (DeepEP: each token crosses InfiniBand "
+             "once per node it reaches, then NVLink to its experts' GPUs); allgather and flex need ep > 1")
+    """``sim.program.dispatch``."""
     micro_batch_size: int = setting(1, type=POSITIVE_INT, help="sequences per micro-batch (default 1)")
     """Sequences per micro-batch per data-parallel replica (b)."""
     global_batch_size: int | None = setting(type=POSITIVE_INT, help="default micro-batch size x data-parallel size")
@@ -289,7 +302,8 @@ class ParallelPlan:
             object.__setattr__(self, "global_batch_size", self.micro_batch_size * self.dp)
         _pos("global_batch_size", self.global_batch_size)
         for f in ("sequence_parallel", "dp_overlap", "account_for_embedding", "account_for_loss", "tp_comm_overlap",
-                  "gradient_accumulation_fusion", "param_gather_overlap", "fp8_param_gather", "offload_optimizer"):
+                  "gradient_accumulation_fusion", "param_gather_overlap", "fp8_param_gather", "offload_optimizer",
+                  "overlap_moe_expert_parallel_comm"):
             _bool(f, getattr(self, f))
         _check(not self.tp_comm_overlap or self.tp == 1 or self.sequence_parallel, "tp_comm_overlap", True,
                 "needs sequence_parallel (it overlaps the sequence-parallel all-gathers and reduce-scatters with "
@@ -338,6 +352,7 @@ class ParallelPlan:
         _pl.parse_placement(self.placement)
         self._check_uneven()
         check_expert_plan(self)
+        check_ep_overlap_plan(self)
         check_context_plan(self)
 
     def _check_schedule(self) -> None:

@@ -169,12 +169,21 @@ def ring_time(collective: str, nbytes: float, ranks: int, latency_s: float, band
 
 
 def nvls_time(collective: str, nbytes: float, ranks: int, latency_s: float, line_Bps: float,
-              nvls_efficiency: float) -> float:
+              nvls_efficiency: float, lead_bytes: float = 0.0) -> float:
     """NVLS (NVLink SHARP) inside one node, the switch-reduction closed form of the module
     doc: α_nvls + S·k/(B_line·nvls_efficiency), k = (n+1)/n for an all-reduce, 1 for an
-    all-gather or a reduce-scatter (``sim.engine.algorithms_nccl``)."""
-    k = (ranks + 1) / ranks if _RING_FACTOR[collective] == 2 else 1.0
-    return latency_s + nbytes * k / (line_Bps * nvls_efficiency)
+    all-gather or a reduce-scatter (``sim.engine.algorithms_nccl``). ``lead_bytes``: what a
+    GPU sends to the switch before the first chunk comes back (NVLS's chunked pipeline,
+    ``sim.engine.nccl_tuning.nvls_lead_bytes``): the way back, S/n or S·k, starts that late,
+    so the time is α_nvls + max(out, lead + back)/(B_line·nvls_efficiency)."""
+    n = ranks
+    if _RING_FACTOR[collective] == 2:
+        out = back = nbytes * (n + 1) / n
+    elif collective in ("reduce_scatter", "reducescatter"):
+        out, back = nbytes, nbytes / n
+    else:
+        out, back = nbytes / n, nbytes
+    return latency_s + max(out, lead_bytes + back) / (line_Bps * nvls_efficiency)
 
 
 def collective_time(collective: str, nbytes: float, ranks: int, kind: str,

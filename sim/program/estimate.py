@@ -54,6 +54,7 @@ from sim.program.costs import (
 )
 from sim.program.memory import model_state_bytes, optimizer_shard_params, stage_memory_bytes, stage_params_per_rank
 from sim.inputs.experts import Folding
+from sim.program.dispatch import DISPATCH_GROUPS, default_layout, dispatch_groups, group_sizes, moe_shape
 from sim.program.workload_moe import MoeShape
 from sim.program.workload import (Work, head_work, layer_work, mtp_works, p2p_bytes, plan_edge_works,
                                   plan_layer_work)
@@ -128,27 +129,42 @@ def layer_phase_times(model: ModelSpec, plan: ParallelPlan, profile: HardwarePro
     all of it for a ring shift) over the link its group crosses (NVLink inside a node,
     else the network). Ring attention's exchanges beside the attention compute are taken
     as hidden under it."""
+    work, sizes, link = moe_layer_groups(model, plan, gpus_per_node, moe)
+    base = work_times(Work(work.name, tuple(i for i in work.items if getattr(i, "group", "tp") == "tp")),
+                      profile, plan.tp, tp_link, dtype)
+    out = {}
+    for ph, (comp, comm) in base.items():
+        beside = 0.0  # flex's inter-node exchange, which runs beside the intra-node one after it
+        for c in work.comms(ph):
+            n = sizes.get(c.group, 1)
+            if n > 1 and c.side and c.group in DISPATCH_GROUPS:
+                beside = group_comm_time(c, n, link[c.group], profile)
+            elif n > 1 and not c.side:
+                comm += max(beside, group_comm_time(c, n, link[c.group], profile))
+                beside = 0.0
+        out[ph] = (comp, comm + beside)
+    return out
+
+
+def moe_layer_groups(model: ModelSpec, plan: ParallelPlan, gpus_per_node: int, moe: bool):
+    """(one layer's work under balanced routing, the size of each group its collectives run
+    over, the link each group crosses: NVLink inside a node, else the network), the token
+    dispatcher's groups on nodes of ``gpus_per_node`` GPUs (``sim.program.dispatch``)."""
     b, t = plan.micro_batch_size, plan.tp
     tokens = b * model.seq_length // plan.cp // (t if plan.sp else 1)
-    shape = MoeShape(plan.ep, plan.etp_size, tokens * model.moe_router_topk) if moe else None
+    layout = default_layout(plan, gpus_per_node) if moe else None
+    lid = next((i for i in range(model.num_layers) if model.is_moe_layer(i)), 0)
+    shape = moe_shape(model, plan, lid, tokens * model.moe_router_topk, layout) if moe else None
     work = plan_layer_work(model, plan, shape)
-    base = work_times(Work(work.name, tuple(i for i in work.items if getattr(i, "group", "tp") == "tp")),
-                      profile, t, tp_link, dtype)
     sizes = {"cp": plan.cp}
     groups = {"cp": plan.cp_group(0)}
     if moe:
         fold = Folding(plan)
-        sizes.update(ep=plan.ep, etp=plan.etp_size)
-        groups.update(ep=fold.ep_group(0), etp=fold.etp_group(0))
+        sizes.update(ep=plan.ep, etp=plan.etp_size, **group_sizes(plan, layout))
+        groups.update(ep=fold.ep_group(0), etp=fold.etp_group(0),
+                      **dispatch_groups(fold, 0, lambda r: r // gpus_per_node))
     link = {k: "nvlink" if len({r // gpus_per_node for r in g}) == 1 else "ib" for k, g in groups.items()}
-    out = {}
-    for ph, (comp, comm) in base.items():
-        for c in work.comms(ph):
-            n = sizes.get(c.group, 1)
-            if n > 1 and not c.side:
-                comm += group_comm_time(c, n, link[c.group], profile)
-        out[ph] = (comp, comm)
-    return out
+    return work, sizes, link
 
 
 def _amax_time(model: ModelSpec, plan: ParallelPlan, profile: HardwareProfile, gpus_per_node: int):

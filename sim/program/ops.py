@@ -10,10 +10,11 @@ OP_KINDS = ("gemm", "attention", "memory")
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "shift")
 """``shift``: every rank of the group sends its buffer to the next in the ring and receives
 the previous one's (ring attention's exchange of key/value chunks)."""
-GROUPS = ("tp", "ep", "etp", "cp")
+GROUPS = ("tp", "ep", "etp", "cp", "tpep", "ep_rail", "ep_node")
 """Which of the rank's groups a ``Comm`` runs over: tensor-parallel, expert-parallel
-(token dispatch and combine), expert tensor-parallel (``sim.inputs.experts``) or
-context-parallel (``sim.program.context_parallel``)."""
+(token dispatch and combine), expert tensor-parallel (``sim.inputs.experts``),
+context-parallel (``sim.program.context_parallel``), or the token dispatchers' own
+(``sim.program.dispatch.DISPATCH_GROUPS``)."""
 
 
 @dataclass(frozen=True)
@@ -115,15 +116,15 @@ class Builder:
     def __init__(self, name: str, e: int):
         self.name, self.e, self.items, self.phase = name, e, [], "F"
 
-    def gemm(self, name, m, n, k, batch=1, bias=False):
+    def gemm(self, name, m, n, k, batch=1, bias=False, after=None):
         e = self.e
         self.items.append(Op(name, self.phase, "gemm", 2.0 * m * n * k * batch,
                              e * (m * k + k * n) * batch, e * m * n * batch, e * m * n * batch,
-                             (m, n, k), batch, bias=bool(bias)))
+                             (m, n, k), batch, bias=bool(bias), after=after))
 
-    def mem(self, name, read, written, flops=0.0, output=None, framework=False):
+    def mem(self, name, read, written, flops=0.0, output=None, framework=False, after=None):
         self.items.append(Op(name, self.phase, "memory", float(flops), float(read), float(written),
-                             float(written if output is None else output), framework=framework))
+                             float(written if output is None else output), framework=framework, after=after))
 
     def attention(self, name, flops, read, written, output, seq, head_dim, batch, seq_k=None, after=None):
         self.items.append(Op(name, self.phase, "attention", float(flops), float(read), float(written),

@@ -233,8 +233,10 @@ def step_kind(name: str) -> str:
 def layer_uses(acts, kinds) -> list[tuple[str, int, int, int]]:
     """(step, layer, first index, last index) of each layer's stretch of work (compute and
     the tensor-parallel collectives between it) within each pipeline step whose kind is in
-    ``kinds``, in program order."""
+    ``kinds``, in program order (of first indices). A layer whose work another step's
+    interleaves (``sim.program.ep_overlap``) is one stretch, from its first piece to its last."""
     uses: list[list] = []
+    at: dict[tuple, list] = {}  # (step, layer) -> its entry
     for i, a in enumerate(acts):
         if a.layer is None or a.kind not in ("compute", "comm", "collective"):
             continue
@@ -243,8 +245,12 @@ def layer_uses(acts, kinds) -> list[tuple[str, int, int, int]]:
         step = a.name.split(".")[0]
         if uses and uses[-1][0] == step and uses[-1][1] == a.layer:
             uses[-1][3] = i
+            continue
+        got = at.get((step, a.layer))
+        if got is not None:
+            got[3] = i
         else:
-            uses.append([step, a.layer, i, i])
+            uses.append(at.setdefault((step, a.layer), [step, a.layer, i, i]))
     return [tuple(u) for u in uses]
 
 

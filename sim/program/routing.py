@@ -268,30 +268,40 @@ class Routing:
             return self.tokens_per_rank * self.k
         return int(math.ceil(float(self.rank_loads(layer, mb).max()) - 1e-9))
 
-    def leaving_node(self, layer: int, node_of_rank) -> tuple[float, float]:
-        """Expected (token copies, tokens counted once per node reached) that one rank's
-        dispatch sends off its node, averaged over the group's ranks; ``node_of_rank``: the
-        node of each rank of the group. A cell's chance of missing a node is the
-        hypergeometric one, C(A, k)/C(S, k) for A of its S experts elsewhere, with A taken
-        in proportion to popularity (exact when the experts are equally popular)."""
-        nodes = np.asarray(node_of_rank)
-        expert_node = np.repeat(nodes, self.E // self.ep)
-        if self.kind == "round-robin":
-            return self._round_robin_leaving(expert_node, nodes)
-        pi = self.marginals(layer)
+    def reach(self, layer: int, owner_of_expert) -> dict:
+        """The chance that a token reaches each owner (a node, a rank: ``owner_of_expert``
+        gives each expert's) with at least one of its k experts. A cell's chance of missing
+        an owner is the hypergeometric one, C(A, k)/C(S, k) for A of its S experts elsewhere,
+        with A taken in proportion to popularity (exact when the experts are equally popular)."""
+        owner = np.asarray(owner_of_expert)
+        if self.kind == "round-robin":  # counted exactly over the token patterns: every rank's are alike
+            mult, sets = self.round_robin_sets()
+            owners = owner[sets]
+            return {o: float((mult * (owners == o).any(axis=1)).sum()) / self.tokens_per_rank
+                    for o in np.unique(owner).tolist()}
         p = self._popularity(layer)
-        reach = {n: 0.0 for n in np.unique(nodes)}
+        out = {o: 0.0 for o in np.unique(owner).tolist()}
         for prob, members, _, _ in self._cells(layer):
             mass = p[members].sum()
             S = len(members)
-            for n in reach:
-                on = expert_node[members] == n
+            for o in out:
+                on = owner[members] == o
                 away = S * (p[members][~on].sum() / mass if mass > 0 else float((~on).mean()))
                 miss = np.prod([max(0.0, (away - j) / (S - j)) for j in range(self.k)])
-                reach[n] += prob * (1.0 - miss)
+                out[o] += prob * (1.0 - miss)
+        return out
+
+    def leaving_node(self, layer: int, node_of_rank) -> tuple[float, float]:
+        """Expected (token copies, tokens counted once per node reached) that one rank's
+        dispatch sends off its node, averaged over the group's ranks; ``node_of_rank``: the
+        node of each rank of the group (``reach`` gives the chance of reaching each node)."""
+        nodes = np.asarray(node_of_rank)
+        expert_node = np.repeat(nodes, self.E // self.ep)
+        pi = self.marginals(layer)
+        reach = self.reach(layer, expert_node)
         T = self.tokens_per_rank
         copies = float(np.mean([T * pi[expert_node != n].sum() for n in nodes]))
-        dedup = float(np.mean([T * sum(v for m, v in reach.items() if m != n) for n in nodes]))
+        dedup = float(np.mean([T * sum(v for m, v in reach.items() if m != n) for n in nodes.tolist()]))
         return copies, dedup
 
     def round_robin_sets(self) -> tuple[np.ndarray, np.ndarray]:
@@ -301,17 +311,6 @@ class Routing:
         i = np.arange(min(period, self.tokens_per_rank))
         mult = np.array([len(range(j, self.tokens_per_rank, period)) for j in i], dtype=float)
         return mult, (self.k * i[:, None] + np.arange(self.k)[None, :]) % self.E
-
-    def _round_robin_leaving(self, expert_node: np.ndarray, nodes: np.ndarray) -> tuple[float, float]:
-        """``leaving_node`` for round-robin routing, counted exactly over the patterns."""
-        mult, sets = self.round_robin_sets()
-        where = expert_node[sets]                                      # patterns × k: each copy's node
-        copies, dedup = [], []
-        for n in nodes:
-            away = where != n
-            copies.append(float((mult * away.sum(axis=1)).sum()))
-            dedup.append(float(sum(m * len(set(row[a].tolist())) for m, row, a in zip(mult, where, away))))
-        return float(np.mean(copies)), float(np.mean(dedup))
 
     def stats(self, layers, microbatches: int, node_of_rank=None, token_bytes: float = 0.0) -> dict:
         """Imbalance (max/mean tokens per rank, averaged and worst over layers and

@@ -226,11 +226,14 @@ def one_f_one_b(pp: int, m: int) -> Schedule:
     return Schedule("1f1b", pp, 1, m, tuple(tuple(_one_f_one_b_rank(r, pp, m, "B")) for r in range(pp)))
 
 
-def interleaved(pp: int, vpp: int, m: int) -> Schedule:
+def interleaved(pp: int, vpp: int, m: int, extra_warmup: int = 0) -> Schedule:
     """Megatron's interleaved 1F1B with ``vpp`` chunks per rank (m a multiple of pp).
 
     The k-th forward of a rank (k = 0 .. m*v-1) is chunk (k mod p*v) // p of
     micro-batch (k // p*v)*p + k mod p; its k-th backward walks the chunks in reverse.
+    ``extra_warmup`` more warm-up forwards (Megatron adds one under
+    ``overlap_moe_expert_parallel_comm``, so that each steady-state forward and the
+    backward beside it are of different micro-batches; ``sim.program.ep_overlap``).
     """
     _check("interleaved", pp, m, vpp)
     if vpp < 2:
@@ -249,7 +252,7 @@ def interleaved(pp: int, vpp: int, m: int) -> Schedule:
 
     ranks = []
     for r in range(pp):
-        warm = total if m == pp else min((pp - r - 1) * 2 + (vpp - 1) * pp, total)
+        warm = total if m == pp else min((pp - r - 1) * 2 + (vpp - 1) * pp + extra_warmup, total)
         row = [step(r, k, "F") for k in range(warm)]
         for k in range(total - warm):
             row += [step(r, k + warm, "F"), step(r, k, "B")]

@@ -32,6 +32,7 @@ from sim.program import passes
 from sim.program.actions import Action
 from sim.program.coalesce import coalesce
 from sim.program.costs import op_time
+from sim.program.dispatch import DISPATCH_GROUPS, group_sizes
 from sim.program.routing import Routing
 from sim.program.schedules import Schedule, Step
 from sim.program.tp import overlapped_layer
@@ -40,13 +41,14 @@ from sim.program.workload import Comm, chunk_work
 _COLLECTIVE = {"all_reduce": "allreduce", "all_gather": "allgather", "reduce_scatter": "reducescatter",
                "all_to_all": "alltoall", "shift": "shift"}
 PIPELINE_KINDS = ("F", "B", "I", "W")
+EXPERT_GROUPS = ("ep", "etp") + DISPATCH_GROUPS
 
 
 class StepSegments:
     """Per (virtual stage, step kind): the step's compute segments and collectives (module doc)."""
 
     def __init__(self, model: ModelSpec, plan: ParallelPlan, profile: HardwareProfile,
-                 price=None, keep_layers=None):
+                 price=None, keep_layers=None, layout=None):
         self.model, self.plan, self.profile = model, plan, profile
         self._cache = lru_cache(maxsize=None)(self._build)
         self._coalesced = lru_cache(maxsize=None)(self._coalesce)
@@ -56,7 +58,10 @@ class StepSegments:
         self.routing = Routing(model, plan) if model.moe else None
         """Tokens per expert (``sim.program.routing``); steps differ by micro-batch unless balanced."""
         self._per_mb = self.routing is not None and not self.routing.balanced
-        self._sizes = {"tp": plan.tp, "ep": plan.ep, "etp": plan.etp_size, "cp": plan.cp}
+        self.layout = layout
+        """Where the expert-parallel groups sit on the nodes (``sim.program.dispatch.EpLayout``)."""
+        self._sizes = {"tp": plan.tp, "ep": plan.ep, "etp": plan.etp_size, "cp": plan.cp,
+                       **group_sizes(plan, layout)}
 
     def _coalesce(self, stage: int, kind: str, keep: bool, mb=None):
         return coalesce(self._cache(stage, kind, mb), self.price, keep)
@@ -65,7 +70,7 @@ class StepSegments:
         """(layer id, Work) of a virtual stage in forward order: -1 embedding, L the head,
         L + 1 + k multi-token-prediction module k (``mb``: the micro-batch, for the expert
         loads of uneven routing)."""
-        works = chunk_work(self.model, self.plan, stage, mb, self.routing)
+        works = chunk_work(self.model, self.plan, stage, mb, self.routing, self.layout)
         ids = list(self.plan.layer_range(self.model, stage))
         out, k, mtp = [], 0, self.model.num_layers + 1
         for w in works:
@@ -97,7 +102,7 @@ class StepSegments:
                 live = [it for it in items if not isinstance(it, Comm) or self._sizes[it.group] > 1]
                 segs += overlapped_layer(live, lid, lambda op: op_time(op, self.profile), self.plan.tp,
                                          lambda it: isinstance(it, Comm), lambda c: _COLLECTIVE[c.collective],
-                                         base=len(segs), group_of=lambda c: c.group)
+                                         base=len(segs), group_of=lambda c: c.group, label_of=_label)
                 continue
             dur = flops = 0.0
             side: dict[str, int] = {}  # side collectives of the layer by name -> their segment's position
@@ -112,11 +117,12 @@ class StepSegments:
                             side[it.name] = len(segs)
                             main = next((k for k in range(len(segs) - 1, -1, -1) if not segs[k].side), None)
                             segs.append(passes.Segment("collective", op=_COLLECTIVE[it.collective], nbytes=it.nbytes,
-                                                       layer=lid, group=it.group, side=True,
+                                                       layer=lid, group=it.group, side=True, label=_label(it),
                                                        waits=() if main is None else (main,)))
                         else:
                             segs.append(passes.Segment("collective", op=_COLLECTIVE[it.collective],
-                                                       nbytes=it.nbytes, layer=lid, group=it.group))
+                                                       nbytes=it.nbytes, layer=lid, group=it.group,
+                                                       label=_label(it)))
                 else:
                     if it.after in side:  # this op needs that side collective: a new piece waits for it
                         if dur or waits:
@@ -144,6 +150,13 @@ class StepSegments:
                 segs = tuple(self._cache(step.stage, step.kind, mb))
             self._by_name[action.name] = segs
         return segs
+
+
+def _label(comm: Comm) -> str:
+    """What a collective's action is called after its step's piece number: the token
+    dispatchers' exchanges by their names (``moe.dispatch``, ``moe.dispatch.rdma``, ...), so
+    a trace shows which dispatcher ran; nothing for the others."""
+    return comm.name if comm.group in EXPERT_GROUPS else ""
 
 
 def layer_steps(schedule: Schedule, plan: ParallelPlan):

@@ -50,8 +50,9 @@ from typing import Callable
 
 from sim.program.actions import Action, Program
 
-_CATEGORY = {"etp": "ep"}
-"""The trace category of a collective by its group (expert-TP collectives count as expert-parallel)."""
+_CATEGORY = {"etp": "ep", "tpep": "ep", "ep_rail": "ep", "ep_node": "ep"}
+"""The trace category of a collective by its group (expert-TP collectives and the token
+dispatchers' exchanges count as expert-parallel)."""
 PIPELINE_SPLITS = 4
 """Chunks of a pipelined GEMM → reduce-scatter (Transformer Engine's ``num_splits`` for the
 ``pipeline`` method; ``tp`` for ``ring_exchange``)."""
@@ -82,16 +83,21 @@ class Segment:
     userbuffers: bool = False
     """An overlapped tensor-parallel chunk that Transformer Engine's userbuffers move, not
     an NCCL kernel (``Action.userbuffers``: no NCCL base latency)."""
+    label: str = ""
+    """What the collective is, appended to its action's name (the token dispatchers'
+    exchanges, ``sim.program.segments``); empty: the name is the step's and the piece's number."""
 
 
 def overlapped_layer(items, layer, time_of: Callable, tp: int, is_comm: Callable, op_of: Callable,
-                     base: int = 0, group_of: Callable = lambda c: "tp") -> list[Segment]:
+                     base: int = 0, group_of: Callable = lambda c: "tp",
+                     label_of: Callable = lambda c: "") -> list[Segment]:
     """One layer's ``items`` (ops and collectives of one phase, in order) as segments with
     each all-gather → GEMM and GEMM → reduce-scatter pair cut into ``tp`` overlapped chunks
     (see the module doc). ``time_of(op)`` prices an op, ``is_comm(item)`` tells a collective,
     ``op_of(comm)`` its engine op (allgather, reducescatter, allreduce). ``base``: how many
     segments of the step come before these (``Segment.waits`` counts in the whole step).
-    ``group_of(comm)``: the group it runs over; only tensor-parallel ones overlap."""
+    ``group_of(comm)``: the group it runs over; only tensor-parallel ones overlap;
+    ``label_of(comm)``: its ``Segment.label``."""
     items = te_order(items)
     tp_comm = is_comm
     is_comm = lambda it: tp_comm(it) and group_of(it) == "tp"  # noqa: E731
@@ -177,10 +183,11 @@ def overlapped_layer(items, layer, time_of: Callable, tp: int, is_comm: Callable
             flush()
             side[it.name] = base + len(out)
             out.append(Segment("collective", op=op_of(it), nbytes=it.nbytes, layer=layer, group=group_of(it),
-                               side=True, waits=(last_main,) if last_main >= 0 else ()))
+                               side=True, waits=(last_main,) if last_main >= 0 else (), label=label_of(it)))
         elif tp_comm(it):
             flush()
-            main(Segment("collective", op=op_of(it), nbytes=it.nbytes, layer=layer, group=group_of(it)))
+            main(Segment("collective", op=op_of(it), nbytes=it.nbytes, layer=layer, group=group_of(it),
+                         label=label_of(it)))
         else:
             if getattr(it, "after", None) in side:  # needs that side collective: a new piece waits for it
                 flush()
@@ -303,7 +310,7 @@ def _pieces(a: Action, segs, groups: dict) -> tuple[list[Action], tuple[int, ...
         group = groups[s.group]
         if s.kind in ("collective", "comm") and len(group) < 2:
             continue
-        name = a.name if i == len(segs) - 1 else f"{a.name}.{i}"
+        name = a.name if i == len(segs) - 1 else f"{a.name}.{i} {s.label}" if s.label else f"{a.name}.{i}"
         prev = last_on.get(s.side)
         deps = (a.deps if prev is None else (prev,)) + tuple(name_of[j] for j in s.waits if j in name_of)
         if prev is None:

@@ -15,6 +15,8 @@ the schedule and the program so far):
     stages        each pipeline rank's steps onto its stage's template GPU (dp 0, tp 0)
     layers        each step cut into its layers' compute segments and the collectives
                   inside a layer: tensor- (tp), context- (cp) and expert-parallel (ep, etp)
+    ep_overlap    with ``overlap_moe_expert_parallel_comm``, each steady-state forward and
+                  backward pair interleaved layer by layer, all-to-alls on their own stream
     fp8_amax      FP8 delayed scaling's amax all-reduces after each chunk's F and B
     p2p           pipeline sends and receives between stages
     grad_sync     data-parallel gradient buckets (all-reduce, or reduce-scatter under
@@ -58,6 +60,8 @@ from sim.program.actions import Program
 from sim.program.amax import add_amax_reductions, chunk_gemms, stage_groups
 from sim.program.build import BuildContext
 from sim.program.costs import cpu_optimizer_step_time, optimizer_step_time
+from sim.program.ep_overlap import add_ep_overlap, overlap_schedule, steady_pairs
+from sim.program.dispatch import dispatch_groups, ep_layout
 from sim.program.limits import DEFAULT_MAX_EVENTS, check_size
 from sim.program.memory import (
     chunk_activation_parts,
@@ -161,7 +165,9 @@ def schedule(ctx: BuildContext, draft: Draft) -> Draft:
     """The plan's pipeline schedule (or the context's own, which must fit the plan), one
     compute action per step on each pipeline rank, cross-rank deps free for now."""
     plan, sched = ctx.plan, ctx.schedule
-    if sched is None:
+    if sched is None and plan.overlap_moe_expert_parallel_comm:  # Megatron's order for it (sim.program.ep_overlap)
+        sched = overlap_schedule(plan.pp, plan.vpp, plan.num_microbatches)
+    elif sched is None:
         sched = build_schedule(plan.schedule, plan.pp, plan.num_microbatches, plan.vpp)
     elif (sched.pp, sched.vpp, sched.num_microbatches) != (plan.pp, plan.vpp, plan.num_microbatches):
         raise InputError(
@@ -186,15 +192,30 @@ def layers(ctx: BuildContext, draft: Draft) -> Draft:
     """Each step's layers: compute segments and the collectives inside a layer, over the
     tensor-, context- and expert-parallel groups (``sim.program.segments``)."""
     plan, folding = ctx.plan, ctx.folding
-    segments = StepSegments(ctx.model, plan, ctx.profile, ctx.tp_price, layer_steps(draft.schedule, plan))
+    node_of = _node_of(ctx)
+    layout = ep_layout(plan, node_of) if folding is not None and plan.dispatcher == "flex" else None
+    segments = StepSegments(ctx.model, plan, ctx.profile, ctx.tp_price, layer_steps(draft.schedule, plan), layout)
 
     def other_groups(r: int) -> dict:
         out = {"cp": plan.cp_group(r)} if plan.cp > 1 else {}
         if folding is not None:
             out.update(ep=folding.ep_group(r), etp=folding.etp_group(r))
+            if plan.dispatcher != "alltoall":
+                out.update(dispatch_groups(folding, r, node_of))
         return out
 
     return draft.with_program(passes.add_tp_collectives(draft.program, segments, plan.tp_group, other_groups))
+
+
+def ep_overlap(ctx: BuildContext, draft: Draft) -> Draft:
+    """With ``overlap_moe_expert_parallel_comm``: each steady-state forward and the backward
+    beside it interleaved layer by layer, their expert-parallel all-to-alls on a stream of
+    their own (``sim.program.ep_overlap``)."""
+    plan, sched = ctx.plan, draft.schedule
+    if not plan.overlap_moe_expert_parallel_comm:
+        return draft
+    stage = _stage_of(plan)
+    return draft.with_program(add_ep_overlap(draft.program, lambda r: steady_pairs(sched, stage(r))))
 
 
 def fp8_amax(ctx: BuildContext, draft: Draft) -> Draft:
@@ -344,7 +365,26 @@ def expand(ctx: BuildContext, draft: Draft) -> Draft:
         own_nics = ctx.topology is None or _own_nics(ctx.topology)
         keep = lambda g: plan.coords(g)[0] == 0 and (not own_nics or plan.coords(g)[2] == 0)  # noqa: E731
     rep_of, moved, groups_of = copy_maps(plan, ctx.folding)
+    if ctx.folding is not None and plan.dispatcher != "alltoall":
+        groups_of = _with_dispatch_groups(groups_of, rep_of, ctx.folding, _node_of(ctx))
     return draft.with_program(passes.expand(draft.program, plan.world_size, rep_of, moved, keep, groups_of))
+
+
+def _node_of(ctx: BuildContext) -> Callable[[int], int]:
+    """A global rank's node: the topology's, or ranks filling nodes of ``gpus_per_node`` in order."""
+    return ctx.topology.node_of if ctx.topology is not None else (lambda r: r // ctx.gpus_per_node)
+
+
+def _with_dispatch_groups(groups_of, rep_of, folding, node_of):
+    """``groups_of`` that also maps the template's token-dispatcher groups onto g's
+    (``sim.program.dispatch.dispatch_groups``): a group of the ranks on one node does not
+    move with the folding's digits (``Folding.moved`` would shift it across nodes)."""
+    def both(g: int) -> dict:
+        out = dict(groups_of(g))
+        mine, theirs = dispatch_groups(folding, rep_of(g), node_of), dispatch_groups(folding, g, node_of)
+        out.update({mine[k]: theirs[k] for k in mine})
+        return out
+    return both
 
 
 def _param_split(ctx: BuildContext) -> list[tuple[float, float]]:
@@ -353,7 +393,8 @@ def _param_split(ctx: BuildContext) -> list[tuple[float, float]]:
 
 
 PIPELINE: tuple[tuple[str, Callable[[BuildContext, Draft], Draft]], ...] = (
-    ("limits", limits), ("schedule", schedule), ("stages", stages), ("layers", layers), ("fp8_amax", fp8_amax),
+    ("limits", limits), ("schedule", schedule), ("stages", stages), ("layers", layers), ("ep_overlap", ep_overlap),
+    ("fp8_amax", fp8_amax),
     ("p2p", p2p), ("grad_sync", grad_sync), ("zero3_gather", zero3_gather), ("optimizer", optimizer),
     ("offload", offload), ("param_gather", param_gather), ("memory", memory), ("expand", expand),
 )

@@ -51,6 +51,7 @@ from sim.program.loss import loss_backward, loss_forward
 from sim.program.ops import (COLLECTIVES, MAIN_GRAD_BYTES, OP_KINDS, PHASES, Builder, Comm, Op,  # noqa: F401
                              Work, accumulate_wgrads)
 from sim.program.context_parallel import cp_attention_backward, cp_attention_forward
+from sim.program.dispatch import moe_shape
 from sim.program.workload_moe import (MoeShape, attention_widths, moe_backward, moe_forward, moe_wgrads, qkv_dgrad,
                                       qkv_forward, qkv_wgrads)
 
@@ -330,14 +331,15 @@ def head_work(model: ModelSpec, micro_batch: int, tp: int = 1, sequence_parallel
 
 
 def chunk_work(model: ModelSpec, plan: ParallelPlan, virtual_stage: int, mb: int | None = None,
-               routing=None) -> list:
+               routing=None, layout=None) -> list:
     """The works of one model chunk in execution order: the embedding (virtual stage 0
     only), its layers (``plan.stage_layers(model)`` of them, so uneven splits are
     honoured; dense layers share one ``Work``) and the head with the loss (last virtual
     stage only). Chunk c of pipeline stage s is virtual stage c·pp + s (Megatron's
     interleaved assignment). A mixture of experts' layers take the busiest expert rank's
     tokens of micro-batch ``mb`` from ``routing`` (``sim.program.routing.Routing``), or the
-    balanced load without them."""
+    balanced load without them, moved by the plan's token dispatcher on the expert-parallel
+    group's ``layout`` (``sim.program.dispatch``; default: nodes of 8 GPUs)."""
     n = plan.pp * plan.vpp
     require(isinstance(virtual_stage, int) and 0 <= virtual_stage < n, "virtual_stage", virtual_stage,
             f"expected 0..{n - 1} (pp x vpp = {plan.pp} x {plan.vpp})")
@@ -350,18 +352,18 @@ def chunk_work(model: ModelSpec, plan: ParallelPlan, virtual_stage: int, mb: int
             tokens = b * model.seq_length // plan.cp // (t if plan.sp else 1)
             load = routing.max_load(lid, mb) if routing is not None and mb is not None else tokens * \
                 model.moe_router_topk
-            moe = MoeShape(plan.ep, plan.etp_size, load)
+            moe = moe_shape(model, plan, lid, load, layout, routing)
         works.append(plan_layer_work(model, plan, moe))
     embedding, head = plan_edge_works(model, plan)  # the embedding and the head see the rank's tokens only
     if virtual_stage == 0:
         works.insert(0, embedding)
     if virtual_stage == n - 1:
-        works += [mtp_work(model, plan, k) for k in range(model.mtp_num_layers)]
+        works += [mtp_work(model, plan, k, layout) for k in range(model.mtp_num_layers)]
         works.append(head)
     return works
 
 
-def mtp_works(model: ModelSpec, plan: ParallelPlan, k: int) -> tuple[Work, Work]:
+def mtp_works(model: ModelSpec, plan: ParallelPlan, k: int, layout=None) -> tuple[Work, Work]:
     """Multi-token-prediction module ``k`` as ``plan`` runs it on the last virtual stage:
     (its own work, its transformer layer's). DeepSeek-V3 (arXiv 2412.19437 §2.2, Eqs. 21-23):
     h'ᵢᵏ = Mₖ[RMSNorm(hᵢᵏ⁻¹); RMSNorm(Emb(tᵢ₊ₖ))], hᵏ = TRMₖ(h'ᵏ), Pᵏ = OutHead(hᵏ), the
@@ -377,7 +379,7 @@ def mtp_works(model: ModelSpec, plan: ParallelPlan, k: int) -> tuple[Work, Work]
     moe = None
     if model.is_moe_layer(lid):
         tokens = b * model.seq_length // plan.cp // (t if plan.sp else 1)
-        moe = MoeShape(plan.ep, plan.etp_size, tokens * model.moe_router_topk)
+        moe = moe_shape(model, plan, lid, tokens * model.moe_router_topk, layout)
     embedding, head = plan_edge_works(model, plan)
     proj = _mtp_projection(local, b, t, plan.sequence_parallel)
     items = tuple(replace(i, name=f"mtp.{i.name}") for i in embedding.items + proj.items + head.items)
@@ -418,11 +420,11 @@ def _mtp_projection(m: ModelSpec, b: int, t: int, sequence_parallel: bool, dtype
     return w.build()
 
 
-def mtp_work(model: ModelSpec, plan: ParallelPlan, k: int) -> Work:
+def mtp_work(model: ModelSpec, plan: ParallelPlan, k: int, layout=None) -> Work:
     """``mtp_works`` as one piece of the chunk, in the order it runs: in forward the
     embedding, norms and projection, the layer, the output head and loss; in backward the
     reverse; then the weight gradients."""
-    own, layer = mtp_works(model, plan, k)
+    own, layer = mtp_works(model, plan, k, layout)
     head = [i for i in own.items if i.name.startswith(("mtp.head.", "mtp.loss"))]
     pre = [i for i in own.items if i not in head]
     items = []

@@ -47,6 +47,12 @@ class MoeShape:
     ep: int
     etp: int
     load: int
+    dispatcher: str = "alltoall"
+    """``sim.program.dispatch``: alltoall, allgather or flex."""
+    rail: float = 0.0
+    """flex: tokens per rank of the inter-node exchange (the engine's all-to-all buffer)."""
+    node: float = 0.0
+    """flex: tokens per rank of the intra-node exchange."""
 
 
 def attention_widths(m) -> tuple[int, int, int, int]:
@@ -115,21 +121,15 @@ def moe_forward(w, m, b: int, t: int, sp: bool, shape: MoeShape) -> None:
     w.gemm("moe.router", T, E, h)
     w.mem("moe.router.topk", 4 * T * E, 4 * T * E + 12 * R, 8 * T * E, framework=True)
     w.mem("moe.permute", e * R * h + 8 * R, e * R * h, output=e * R * h)
-    if shape.ep > 1:
-        w.comm("moe.dispatch", "all_to_all", e * L * h, group="ep")
-    if shape.etp > 1:
-        w.comm("moe.all_gather", "all_gather", e * L * shape.etp * h, group="etp")
+    after = _exchange(w, m, shape, T, "dispatch")
     rows, local, f, f_up = _expert_rows(m, shape)
-    w.gemm("moe.experts.up", rows, f_up, h, batch=local)
+    w.gemm("moe.experts.up", rows, f_up, h, batch=local, after=after)
     n = rows * local
     read = (2 if m.mlp == "swiglu" else 1) * n * f
     w.mem(f"moe.experts.{m.mlp}", e * read, e * n * f, _ACT_FLOPS[m.mlp] * n * f, framework=True)
     w.gemm("moe.experts.down", rows, h, f, batch=local)
-    if shape.etp > 1:
-        w.comm("moe.reduce_scatter", "reduce_scatter", e * L * shape.etp * h, group="etp")
-    if shape.ep > 1:
-        w.comm("moe.combine", "all_to_all", e * L * h, group="ep")
-    w.mem("moe.unpermute", e * R * h + 4 * R, e * T * h, 2 * R * h, framework=True)
+    after = _exchange(w, m, shape, T, "combine")
+    w.mem("moe.unpermute", e * R * h + 4 * R, e * _unpermuted(shape, T) * h, 2 * R * h, framework=True, after=after)
     _shared(w, m, b, t, sp, "F")
 
 
@@ -139,25 +139,58 @@ def moe_backward(w, m, b: int, t: int, sp: bool, shape: MoeShape) -> None:
     T = _tokens(m, b, t, sp)
     R, L = T * k, shape.load
     _shared(w, m, b, t, sp, "B")
-    w.mem("moe.unpermute.grad", e * T * h + 4 * R, e * R * h, R * h, framework=True)
-    if shape.ep > 1:
-        w.comm("moe.combine.grad", "all_to_all", e * L * h, group="ep")
-    if shape.etp > 1:
-        w.comm("moe.all_gather.grad", "all_gather", e * L * shape.etp * h, group="etp")
+    w.mem("moe.unpermute.grad", e * _unpermuted(shape, T) * h + 4 * R, e * R * h, R * h, framework=True)
+    after = _exchange(w, m, shape, T, "combine.grad")
     rows, local, f, f_up = _expert_rows(m, shape)
-    w.gemm("moe.experts.down.dgrad", rows, f, h, batch=local)
+    w.gemm("moe.experts.down.dgrad", rows, f, h, batch=local, after=after)
     n = rows * local
     read = (3 if m.mlp == "swiglu" else 2) * n * f
     wrote = (2 if m.mlp == "swiglu" else 1) * n * f
     w.mem(f"moe.experts.{m.mlp}.grad", e * read, e * wrote, 2 * _ACT_FLOPS[m.mlp] * n * f, framework=True)
     w.gemm("moe.experts.up.dgrad", rows, h, f_up, batch=local)
-    if shape.etp > 1:
-        w.comm("moe.reduce_scatter.grad", "reduce_scatter", e * L * shape.etp * h, group="etp")
-    if shape.ep > 1:
-        w.comm("moe.dispatch.grad", "all_to_all", e * L * h, group="ep")
-    w.mem("moe.permute.grad", e * R * h + 8 * R, e * T * h, R * h, framework=True)
+    after = _exchange(w, m, shape, T, "dispatch.grad")
+    w.mem("moe.permute.grad", e * R * h + 8 * R, e * T * h, R * h, framework=True, after=after)
     w.mem("moe.router.topk.grad", 4 * T * E + 12 * R, 4 * T * E, 8 * T * E, framework=True)
     w.gemm("moe.router.dgrad", T, h, E)
+
+
+def _unpermuted(shape: MoeShape, T: int) -> int:
+    """Tokens the unpermute writes: the rank's own, or under the allgather dispatcher all
+    T·etp·ep of its etp × ep group (the rows its reduce-scatter then sums)."""
+    return T * shape.etp * shape.ep if shape.dispatcher == "allgather" else T
+
+
+def _exchange(w, m, shape: MoeShape, T: int, what: str) -> str | None:
+    """The collectives that move the tokens to the experts (``what``: dispatch, combine,
+    dispatch.grad or combine.grad) as ``shape.dispatcher`` runs them (``sim.program.dispatch``);
+    returns the name of a side collective the next op must wait for (flex's inter-node
+    exchange, which runs beside its intra-node one), or None."""
+    e, h, L = w.e, m.hidden_size, shape.load
+    stem, _, grad = what.partition(".")
+    suffix = ".grad" if grad else ""
+    gather = "all_gather" if what in ("dispatch", "combine.grad") else "reduce_scatter"  # towards the experts
+    if shape.dispatcher == "allgather":
+        n = shape.etp * shape.ep
+        if stem == "dispatch":  # the routing map (1 byte a flag, no gradient) and the probabilities
+            w.comm(f"moe.dispatch.allgather.routing{suffix}", gather,
+                   T * n * m.num_experts * (e + (0 if grad else 1)), group="tpep")
+        w.comm(f"moe.{stem}.allgather{suffix}", gather, e * T * n * h, group="tpep")
+        return None
+    if shape.dispatcher == "flex":
+        rail = f"moe.{stem}.rdma{suffix}"
+        w.comm(rail, "all_to_all", e * shape.rail * h, group="ep_rail", side=True)
+        w.comm(f"moe.{stem}.nvl{suffix}", "all_to_all", e * shape.node * h, group="ep_node")
+        return rail
+    steps = {"dispatch": (("moe.dispatch", "ep"), ("moe.all_gather", "etp")),
+             "combine": (("moe.reduce_scatter", "etp"), ("moe.combine", "ep")),
+             "combine.grad": (("moe.combine.grad", "ep"), ("moe.all_gather.grad", "etp")),
+             "dispatch.grad": (("moe.reduce_scatter.grad", "etp"), ("moe.dispatch.grad", "ep"))}[what]
+    for name, group in steps:
+        if group == "ep" and shape.ep > 1:
+            w.comm(name, "all_to_all", e * L * h, group="ep")
+        elif group == "etp" and shape.etp > 1:
+            w.comm(name, gather, e * L * shape.etp * h, group="etp")
+    return None
 
 
 def moe_wgrads(w, m, b: int, t: int, sp: bool, shape: MoeShape) -> None:

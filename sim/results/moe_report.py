@@ -2,8 +2,9 @@
 over expert-parallel ranks, dropped tokens, the exposed expert-parallel communication, and
 what the imbalance cost in time against the same iteration with balanced routing, and the
 dispatch bytes per rank that leave its node (per MoE layer and micro-batch, bf16 tokens; per
-copy as Megatron's all-to-all dispatcher sends them, and once per node reached as a
-node-deduplicating dispatcher would: what group-limited routing bounds)."""
+copy as Megatron's all-to-all dispatcher sends them, and once per node reached as the
+node-deduplicating flex dispatcher sends them: what group-limited routing bounds); and which
+token dispatcher ran (``sim.program.dispatch``)."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ def moe_report(run, summary: dict, balanced_time_s: float | None = None) -> dict
     layers = [i for i in range(model.num_layers) if model.is_moe_layer(i)]
     nodes = [run.topology.node_of(r) for r in Folding(plan).ep_group(0)]
     out = {"num_experts": model.num_experts, "topk": model.moe_router_topk, "moe_layers": len(layers),
-           "ep": plan.ep, "etp": plan.etp_size, "total_params": model.num_params,
+           "ep": plan.ep, "etp": plan.etp_size, "dispatcher": plan.dispatcher, "total_params": model.num_params,
            "active_params": model.active_params, **routing.stats(layers, plan.num_microbatches, nodes, 2 * model.hidden_size),
            "exposed_ep_comm_s": summary["exposed_comm_s"].get("ep", 0.0)}
     if balanced_time_s is not None:
@@ -33,7 +34,9 @@ def moe_report(run, summary: dict, balanced_time_s: float | None = None) -> dict
 def moe_lines(r: dict) -> list[str]:
     """The report as ``trainsim run`` prints it."""
     lines = [f"  mixture of experts: {r['num_experts']} experts top-{r['topk']} in {r['moe_layers']} layers, "
-             f"ep {r['ep']}, etp {r['etp']}; {r['active_params'] / 1e9:.2f}B of {r['total_params'] / 1e9:.2f}B "
+             f"ep {r['ep']}, etp {r['etp']}"
+             + (f", {r['dispatcher']} dispatcher" if r.get("dispatcher", "alltoall") != "alltoall" else "")
+             + f"; {r['active_params'] / 1e9:.2f}B of {r['total_params'] / 1e9:.2f}B "
              "parameters active (MFU counts active-parameter FLOPs)",
              f"    routing {r['routing']}: busiest expert rank / mean tokens {r['imbalance_mean']:.3f} on average, "
              f"{r['imbalance_max']:.3f} at worst; exposed expert-parallel comm {format_time(r['exposed_ep_comm_s'])}"]

@@ -361,17 +361,39 @@ def plot_compare(rows: list[dict], path: str | Path, title: str = "") -> Path:
 def plot_busbw(rows, path: Path, name: str, gpus: int) -> Path:
     """All-reduce bus bandwidth against message size, one line per algorithm (``rows``:
     ``{"size_bytes", "ring": {"busbw_Bps"}, "hierarchical": {"busbw_Bps"}}``)."""
-
-    fig, ax = plt.subplots(figsize=(8, 4.5), dpi=110)
     sizes = [r["size_bytes"] for r in rows]
-    for algo, colour in (("ring", "#8172B3"), ("hierarchical", "#55A868")):
-        ax.plot(sizes, [r[algo]["busbw_Bps"] / 1e9 for r in rows], marker="o", color=colour, label=algo)
+    curves = {algo: (sizes, [r[algo]["busbw_Bps"] for r in rows]) for algo in ("ring", "hierarchical")}
+    return plot_busbw_curves(curves, path, f"all-reduce bus bandwidth on {gpus} GPUs ({name})")
+
+
+_CURVE_COLOURS = ("#8172B3", "#55A868", "#C44E52", "#DD8452", "#4C72B0", "#937860")
+
+
+def plot_busbw_curves(curves: dict, path: Path, title: str, notes: dict | None = None) -> Path:
+    """Bus bandwidth (GB/s) against message size on a log axis, one line per entry of
+    ``curves`` (label -> (sizes in bytes, busbw in B/s)); ``notes`` (label -> one text per
+    size) are written next to that line's points where they change (e.g. the algorithm and
+    protocol NCCL's tuner chose)."""
+    fig, ax = plt.subplots(figsize=(9, 5), dpi=110)
+    ticks: set = set()
+    for (label, (sizes, busbw)), colour in zip(curves.items(), _CURVE_COLOURS * 4):
+        dashed = notes is not None and label not in notes
+        ax.plot(sizes, [b / 1e9 for b in busbw], marker="" if dashed else "o", markersize=3, color=colour,
+                label=label, linestyle="--" if dashed else "-", linewidth=1.0 if dashed else 1.8)
+        ticks.update(sizes)
+        last = None
+        for x, y, text in zip(sizes, busbw, (notes or {}).get(label, ())):
+            if text != last:
+                ax.annotate(text, (x, y / 1e9), textcoords="offset points", xytext=(-4, 8), fontsize=7,
+                            color=colour, rotation=60)
+                last = text
     ax.set_xscale("log", base=2)
-    ax.set_xticks(sizes, [format_bytes(s).replace(".00", "") for s in sizes])
+    shown = sorted(ticks)[:: max(1, len(ticks) // 12)]
+    ax.set_xticks(shown, [format_bytes(s).replace(".00", "") for s in shown], rotation=30, fontsize=8)
     ax.set_xlabel("message size")
     ax.set_ylabel("bus bandwidth (GB/s)")
-    ax.set_title(f"all-reduce bus bandwidth on {gpus} GPUs ({name})", fontsize=10)
+    ax.set_title(title, fontsize=10)
     ax.grid(linestyle=":", alpha=0.6)
-    ax.legend()
+    ax.legend(fontsize=8, loc="upper left")
     fig.tight_layout()
     return save_png(fig, path)

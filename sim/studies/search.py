@@ -14,8 +14,8 @@ recompute none/selective/full and sequence parallelism (only when tp > 1, where 
 means something), for a mixture of experts expert parallelism (every divisor of the
 experts that folds into the stage's GPUs; ``sim.inputs.experts``) and expert tensor
 parallelism (etp 1 or tp), and context parallelism from ``LONG_SEQUENCE`` tokens on
-(cp 1, 2, 4, 8; ``sim.program.context_parallel``). The MoE token dispatcher is not a
-dimension: only Megatron-LM's all-to-all dispatcher is modelled. Given layer splits,
+(cp 1, 2, 4, 8; ``sim.program.context_parallel``), and with ep > 1 the MoE token
+dispatcher (alltoall, allgather, flex; ``sim.program.dispatch``). Given layer splits,
 placements and DDP bucket sizes keep their defaults; ``trainsim sweep`` varies those. ``SearchSpace`` narrows any dimension. FP8
 (``fp8_format``) is searched only when asked (``SearchSpace.fp8_format``, ``trainsim search
 --fp8-format off,hybrid``): it changes the training's numerics, which is the user's choice,
@@ -39,9 +39,16 @@ them is enough to compare with BF16.
    Narayanan et al. SC'21), Σ max(0, F_r + B_r − W_r) for zb-h1 and
    Σ max(0, F_r + B_r − 2·W_r) for zb-h2 (Qi et al., ICLR 2024). Data-parallel and
    pipeline p2p traffic is left out: the simulator overlaps it with backward. A mixture
-   of experts' all-to-alls are priced at their least time (the bytes for peers on the
-   rank's node over NVLink while the rest cross the network), and the bubble leaves out
-   the other ranks' all-to-alls, which can run while the slowest rank computes.
+   of experts' token exchanges are priced at their least time (an all-to-all's bytes for
+   peers on the rank's node over NVLink while the rest cross the network; the allgather
+   dispatcher's other nodes' share through the node's NICs while the node's peers' comes
+   over NVLink; flex's inter-node and intra-node exchanges at once, ``_ep_times``), and the
+   bubble leaves out the other ranks' exchanges, which can run while the slowest rank computes. With
+   ``overlap_moe_expert_parallel_comm`` (``sim.program.ep_overlap``) the slowest rank's
+   m·T becomes max(m·C + A₁, m·A), C its compute and A its all-to-alls per micro-batch:
+   a pair's all-to-alls may hide under the other micro-batch's compute, but they run one
+   at a time on their stream, and without pipelining micro-batch 0's forward and the last
+   backward run alone (A₁ = A when pp = 1, else 0).
    For mixtures of experts the bound is then a true lower bound: ``bound / simulated ≤ 1``
    (tests/test_search_moe_cp.py checks it on an all-to-all-heavy model over two nodes).
    Plans are simulated in order of increasing bound, in waves of fixed size; before
@@ -68,15 +75,15 @@ from functools import lru_cache
 from sim.program.costs import transfer_time, work_times
 from sim.errors import InputError, require
 from sim.program.build import BuildContext
-from sim.program.estimate import Estimate, estimate_in, group_comm_time, layer_phase_times
+from sim.program.estimate import Estimate, estimate_in, group_comm_time, layer_phase_times, moe_layer_groups
 from sim.inputs.hardware import HardwareProfile
 from sim.inputs.model import ModelSpec
 from sim.inputs.plan import RECOMPUTE, SCHEDULES, ZERO_STAGES, ParallelPlan
 from sim.program.fp8 import FP8_FORMATS
 from sim.program.stage_balance import auto_layer_split
-from sim.program.workload import edge_works, layer_as_run, plan_edge_works, plan_layer_work
-from sim.program.workload_moe import MoeShape
-from sim.inputs.experts import Folding
+from sim.program.dispatch import default_layout
+from sim.program.workload import edge_works, layer_as_run, plan_edge_works
+from sim.inputs.experts import DISPATCHERS, Folding
 
 DEFAULT_MARGIN = 1.1
 """The estimate's error factor for pruning (see the module doc): how far below its bound
@@ -115,6 +122,9 @@ class SearchSpace:
     """Expert tensor-parallel sizes (default: 1 and the plan's tp for a mixture of experts)."""
     cp: tuple | None = None
     """Context-parallel sizes (default: 1, 2, 4, 8 from ``LONG_SEQUENCE`` tokens on, else 1)."""
+    dispatcher: tuple | None = None
+    """MoE token dispatchers (default: every one that applies, ``sim.program.dispatch``:
+    alltoall, allgather and flex for a plan with ep > 1, alltoall otherwise)."""
 
     def __post_init__(self):
         for name in ("tp", "pp", "vpp", "micro_batch_size", "ep", "etp", "cp"):
@@ -128,6 +138,8 @@ class SearchSpace:
                     f"allowed: {', '.join(s for s in SCHEDULES if s != 'custom')}")
         for v in self.recompute or ():
             require(v in RECOMPUTE, "search: recompute", v, f"allowed: {', '.join(RECOMPUTE)}")
+        for v in self.dispatcher or ():
+            require(v in DISPATCHERS, "search: dispatcher", v, f"allowed: {', '.join(DISPATCHERS)}")
         for v in self.sequence_parallel or ():
             require(isinstance(v, bool), "search: sequence_parallel", v, "expected true or false")
         require(isinstance(self.fp8_format, tuple) and self.fp8_format, "search: fp8_format", self.fp8_format,
@@ -188,7 +200,7 @@ def enumerate_plans(model: ModelSpec, gpus: int, global_batch_size: int, space: 
                 for mbs in _divisors(global_batch_size // dp):
                     if space.allows("micro_batch_size", mbs):
                         plans += _with_experts(model, space, _variants(model, global_batch_size, space, dp, tp, pp,
-                                                                       mbs, cp))
+                                                                       mbs, cp), gpus_per_node)
     plans.sort(key=plan_key)
     return plans
 
@@ -198,19 +210,22 @@ LONG_SEQUENCE = 16384
 (shorter sequences rarely need it, and it multiplies the plans)."""
 
 
-def _with_experts(model, space, plans: list[ParallelPlan]) -> list[ParallelPlan]:
-    """Each plan under every expert-parallel size and expert tensor-parallel size the space
-    allows (a mixture of experts: ep a divisor of the experts, etp 1 or tp, ep x etp folding
-    into the stage's GPUs; etp = tp is the plan's default, ``etp=None``); plans the model or
-    the folding rules refuse are left out."""
+def _with_experts(model, space, plans: list[ParallelPlan], gpus_per_node: int = 8) -> list[ParallelPlan]:
+    """Each plan under every expert-parallel size, expert tensor-parallel size and token
+    dispatcher the space allows (a mixture of experts: ep a divisor of the experts, etp 1 or
+    tp, ep x etp folding into the stage's GPUs; etp = tp is the plan's default, ``etp=None``;
+    allgather and flex only with ep > 1); plans the model, the folding rules or the
+    dispatcher's layout on nodes of ``gpus_per_node`` GPUs refuse are left out."""
     out = []
     for plan in plans:
         eps = space.ep or (_divisors(model.num_experts) if model.moe else (1,))
         etps = space.etp or ((plan.tp, 1) if model.moe else (plan.tp,))
-        for ep, etp in itertools.product(eps, dict.fromkeys(etps)):
+        for ep, etp, d in itertools.product(eps, dict.fromkeys(etps), space.dispatcher or DISPATCHERS):
             try:
-                cand = replace(plan, ep=ep, etp=None if etp == plan.tp else etp)
+                cand = replace(plan, ep=ep, etp=None if etp == plan.tp else etp, dispatcher=d)
                 cand.check_model(model)
+                if d == "flex":
+                    default_layout(cand, gpus_per_node)
             except InputError:
                 continue
             out.append(cand)
@@ -285,29 +300,45 @@ def _layered_phases(model, plan, profile, est, gpus_per_node, ep) -> tuple:
 
 
 def _ep_times(model, plan, profile, gpus_per_node) -> dict:
-    """Per phase, one MoE layer's expert-parallel all-to-alls as ``layer_phase_times``
-    prices them and at their least time: (priced_s, least_s). It sends the (n−1)/n of a
-    rank's buffer that leaves it over the network once the group spans nodes; but the k−1
-    peers on the rank's own node are reached over NVLink at the same time, so an all-to-all
-    takes at least the larger of the off-node share (n−k)/n over the network and the
-    on-node share (k−1)/n over NVLink (balanced routing: each peer gets 1/n)."""
+    """Per phase, one MoE layer's token exchanges as ``layer_phase_times`` prices them and at
+    their least time: (priced_s, least_s). Each is priced as the bytes leaving a rank over
+    the network once its group spans nodes; the least time counts what must cross: of an
+    all-to-all (the ``alltoall`` dispatcher) the k−1 peers on the rank's own node are
+    reached over NVLink while the rest cross, so it takes at least the larger of the
+    off-node share (n−k)/n over the network and the on-node share (k−1)/n over NVLink
+    (balanced routing: each peer gets 1/n); an all-gather or reduce-scatter over n ranks, k
+    a node (``allgather``), at least the larger of the other nodes' share (n−k)/n entering
+    through the node's k NICs and the node peers' (k−1)/n over NVLink; flex's two exchanges
+    run at once, each already priced at its own link's least time, so at least the larger."""
     out = {ph: (0.0, 0.0) for ph in ("F", "B", "W")}
     if not model.moe or plan.ep == 1:
         return out
-    tokens = plan.micro_batch_size * model.seq_length // plan.cp // (plan.tp if plan.sp else 1)
-    work = plan_layer_work(model, plan, MoeShape(plan.ep, plan.etp_size, tokens * model.moe_router_topk))
-    group = Folding(plan).ep_group(0)
+    work, sizes, link = moe_layer_groups(model, plan, gpus_per_node, True)
+    group = Folding(plan).ep_group(0) if plan.dispatcher != "allgather" else Folding(plan).tp_ep_group(0)
     n, k = len(group), sum(1 for r in group if r // gpus_per_node == group[0] // gpus_per_node)
     for ph in out:
+        priced = least = beside = 0.0
         for c in work.comms(ph):
-            if c.group == "ep" and not c.side:
+            if c.group in ("ep", "tpep") and sizes[c.group] > 1:
                 if k == n:  # inside one node
-                    priced = least = group_comm_time(c, n, "nvlink", profile)
+                    t = group_comm_time(c, n, "nvlink", profile)
+                    priced, least = priced + t, least + t
+                    continue
+                priced += group_comm_time(c, n, "ib", profile)
+                if c.group == "ep":
+                    least += max(transfer_time(c.nbytes * (n - k) / n, "ib", profile),
+                                 transfer_time(c.nbytes * (k - 1) / n, "nvlink", profile))
                 else:
-                    priced = group_comm_time(c, n, "ib", profile)
-                    least = max(transfer_time(c.nbytes * (n - k) / n, "ib", profile),
-                                transfer_time(c.nbytes * (k - 1) / n, "nvlink", profile))
-                out[ph] = (out[ph][0] + priced, out[ph][1] + least)
+                    least += max(transfer_time(c.nbytes * (n - k) / n / k, "ib", profile),
+                                 transfer_time(c.nbytes * (k - 1) / n, "nvlink", profile))
+            elif c.group in ("ep_rail", "ep_node") and sizes[c.group] > 1:
+                t = group_comm_time(c, sizes[c.group], link[c.group], profile)
+                if c.side:
+                    beside = t
+                else:
+                    t, beside = max(t, beside), 0.0
+                    priced, least = priced + t, least + t
+        out[ph] = (out[ph][0] + priced + beside, out[ph][1] + least + beside)
     return out
 
 
@@ -334,7 +365,14 @@ def bound_s(ctx: BuildContext, est: Estimate) -> float:
         ranks.append(tuple((len(ids) - n_moe) * lay + n_moe * moe + (emb if r == 0 else 0.0)
                            + (head if r == p - 1 else 0.0) for _, lay, emb, head, moe in ph))
         a2a.append(n_moe * sum(least for _, least in ep.values()))
-    slowest = max(range(p), key=lambda r: sum(ranks[r]))
+    own = [m * sum(ranks[r]) for r in range(p)]  # each rank's own work over the micro-batches
+    if plan.overlap_moe_expert_parallel_comm:
+        # a pair's all-to-alls can run beside the other micro-batch's compute, one at a time on
+        # their stream; without pipelining micro-batch 0's forward and the last backward run alone
+        for r in range(p):
+            compute = sum(ranks[r]) - a2a[r]
+            own[r] = max(m * compute + (a2a[r] if p == 1 else 0.0), m * a2a[r])
+    slowest = max(range(p), key=lambda r: own[r])
     others = [ranks[r] for r in range(p) if r != slowest]
     if plan.schedule == "zb-h1":
         bubble = sum(max(0.0, f + b - w) for f, b, w in others)
@@ -344,7 +382,7 @@ def bound_s(ctx: BuildContext, est: Estimate) -> float:
         bubble = sum(f + b + w for f, b, w in others) / v
     # the other ranks' all-to-alls can run while the slowest rank computes: out of the bubble
     bubble = max(0.0, bubble - sum(a2a[r] for r in range(p) if r != slowest) / v)
-    return m * sum(ranks[slowest]) + bubble + est.time["optimizer"]
+    return own[slowest] + bubble + est.time["optimizer"]
 
 
 @dataclass

@@ -32,6 +32,11 @@ splits; the embedding's and the output layer's tensors on the first and last chu
 the chunks held change through the steady state, and the byte peak is the highest of
 those moments, not necessarily the first moment of the highest count.
 
+With ``overlap_moe_expert_parallel_comm`` and no pipelining (p = 1), the forward of
+micro-batch j + 1 runs beside the backward of j (``sim.program.ep_overlap``): min(2, m).
+With interleaving Megatron runs one more warm-up forward per rank then: one more
+chunk-micro-batch (at most m·v; the pair's forward stores while its backward frees).
+
 A 'custom' schedule is counted as 1F1B (interleaved when v > 1); the simulator's memory
 pass tracks the real program. The embedding's stored tensors count with the
 micro-batches in flight on virtual stage 0, the output layer's with those on the last
@@ -64,18 +69,20 @@ def inflight_per_chunk(plan: ParallelPlan, stage: int, weights: tuple | None = N
         return (m,)
     if v == 1:
         held = {"zb-h1": p, "zb-h2": 2 * p - 1}.get(plan.schedule, p - stage)
+        if plan.overlap_moe_expert_parallel_comm:  # (p = 1) one forward ahead of each backward
+            held += 1
         return (min(held, m),)
-    return _interleaved_peak(p, v, m, stage, weights or (1,) * v)
+    return _interleaved_peak(p, v, m, stage, weights or (1,) * v, int(plan.overlap_moe_expert_parallel_comm))
 
 
-def _interleaved_peak(p: int, v: int, m: int, stage: int, weights: tuple) -> tuple:
+def _interleaved_peak(p: int, v: int, m: int, stage: int, weights: tuple, extra: int = 0) -> tuple:
     """Megatron's interleaved order on rank ``stage`` (``sim.program.schedules.interleaved``):
     the k-th forward is chunk ⌊(k mod pv)/p⌋, the k-th backward chunk v − 1 − ⌊(k mod pv)/p⌋,
     after ``warm`` warm-up forwards one forward then one backward. The held pairs peak
     at the end of the warm-up or just after a steady-state forward (backwards only free);
     those moments repeat with period pv, so pv of them are enough."""
     total, pv = m * v, p * v
-    warm = total if m == p else min(2 * (p - stage - 1) + (v - 1) * p, total)
+    warm = total if m == p else min(2 * (p - stage - 1) + (v - 1) * p + extra, total)
 
     def forwards(n: int, c: int) -> int:               # chunk c's among the first n forwards
         return n // pv * p + min(max(n % pv - c * p, 0), p)
