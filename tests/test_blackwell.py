@@ -266,6 +266,8 @@ def test_gb200_defaults_to_its_rack_and_b200_to_its_dgx(capsys):
 @pytest.mark.parametrize("argv,words", [
     (["--gpu", "gb200", "--gpus", "128", "--gpus-per-node", "80"], ["--gpus-per-node", "80", "72"]),
     (["--gpu", "gb200", "--topology", "gb200-nvl72", "--gpus", "300", "--nodes", "2"], ["--gpus", "300"]),
+    # each Grace serves two GPUs: not the node-shared host the offload model times
+    (["--gpu", "gb200", "--gpus", "8", "--zero", "2", "--offload-optimizer"], ["gb200", "host_memory_bandwidth_Bps"]),
 ])
 def test_bad_blackwell_input_is_one_line(capsys, argv, words):
     assert main(["run", *TINY, *argv]) == 2
