@@ -288,7 +288,7 @@ def test_cli_table_and_model_sources(capsys, tmp_path):
     ([], ["nothing"]),
     (["--model", "gpt-22b", "--gpus", "12", "--tensor-model-parallel-size", "8"], ["--gpus", "12"]),
     (["--model", "gpt2-1.5b", "--tensor-model-parallel-size", "2"], ["num_attention_heads 25"]),
-    (["--model", "gpt-22b", "--gpu", "b200"], ["b200"]),
+    (["--model", "gpt-22b", "--gpu", "b300"], ["b300"]),
     (["--model", "gpt-22b", "--zero", "5"], ["--zero"]),
     (["--model", "gpt-22b", "--schedule", "pipedream"], ["--schedule", "pipedream"]),
     (["--model", "gpt-22b", "--pipeline-model-parallel-size", "4", "--num-layers-per-virtual-pipeline-stage", "6",

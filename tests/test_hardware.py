@@ -183,8 +183,8 @@ def test_bad_profiles_are_one_line_errors(tmp_path):
             load_profile(_write(tmp_path, data))
         one_line(info, "bad.json", *words)
     with pytest.raises(InputError) as info:
-        load_profile("b200")
-    one_line(info, "b200", "a100-80gb")
+        load_profile("b300")
+    one_line(info, "b300", "a100-80gb")
     with pytest.raises(InputError) as info:
         _tiny(hbm_bandwidth_Bps=-1.0)
     one_line(info, "tiny", "hbm_bandwidth_Bps", "-1")

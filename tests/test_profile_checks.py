@@ -88,7 +88,7 @@ def test_keys_are_named_with_what_is_allowed():
             _set(d, "links.wifi", d["links"]["ib"]),
         "links.ib: missing key 'efficiency'; expected keys latency_s, bandwidth_Bps, efficiency":
             {**d, "links": {**d["links"], "ib": {"latency_s": 0, "bandwidth_Bps": 1}}},
-        "peak_flops: unknown key 'fp4'; expected one of fp32, tf32, bf16, fp16, fp8": _set(d, "peak_flops.fp4", 1.0),
+        "peak_flops: unknown key 'fp6'; expected one of fp32, tf32, bf16, fp16, fp8, fp4": _set(d, "peak_flops.fp6", 1.0),
         "nccl_protocols: missing key 'll128'; expected keys ll, ll128, simple":
             {**d, "nccl_protocols": {k: v for k, v in d["nccl_protocols"].items() if k != "ll128"}},
         "gemm_tiles[1]: got [128, 128]; expected [tile_m, tile_n, relative_efficiency]":

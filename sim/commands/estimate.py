@@ -26,7 +26,7 @@ def add_arguments(p) -> None:
 
 def run(args) -> int:
     settings, model, plan, profile = analytic_inputs(args)
-    est = estimate(model, plan, profile, gpus_per_node=settings.cluster.gpus_per_node)
+    est = estimate(model, plan, profile, gpus_per_node=settings.cluster.node_gpus())
     if args.json:
         print(json.dumps({"model": model.name, "params": model.num_params, "active_params": model.active_params,
                           **est.to_dict()}, indent=2))

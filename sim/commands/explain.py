@@ -26,7 +26,7 @@ def add_arguments(p) -> None:
 
 def run(args) -> int:
     settings, model, plan, profile = analytic_inputs(args)
-    report = explain(model, plan, profile, gpus_per_node=settings.cluster.gpus_per_node)
+    report = explain(model, plan, profile, gpus_per_node=settings.cluster.node_gpus())
     if args.json:
         print(json.dumps(report, indent=2))
     else:

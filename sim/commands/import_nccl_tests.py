@@ -153,11 +153,11 @@ def _report_nvls(args, nvls: dict, fitted: list, which: dict, profile) -> int:
 
 
 def _topology_of(name, profile, ranks: int):
-    from sim.inputs.topology_build import load_topology
+    from sim.inputs.topology_build import NODE_OF_GPU, load_topology
 
     if name is None:
         gpu = profile.name if profile is not None else None
-        name = {"a100-80gb": "dgx-a100", "a100-40gb": "dgx-a100", "h100-sxm": "dgx-h100", "h200": "dgx-h200"}.get(gpu)
+        name = {**NODE_OF_GPU, "a100-40gb": "dgx-a100"}.get(gpu)
         if name is None:
             return None
     return load_topology(name, min_gpus=ranks, flag="--topology")

@@ -116,7 +116,7 @@ def check_nvls(op: str, ranks: list[int], topology, algo: str) -> list[list[int]
                          + ("allreduce, reducescatter, allgather" if algo == "nvls" else "allreduce"))
     if not nvls_capable(topology, ranks):
         raise InputError(f"algo: got {algo!r}; topology {topology.name} has no NVLink SHARP "
-                         "(nvlink_sharp = false on its NVSwitch; H100/H200 NVSwitch only); allowed: ring, tree, hierarchical")
+                         "(nvlink_sharp = false on its NVSwitch; H100/H200/B200/GB200 NVSwitch only); allowed: ring, tree, hierarchical")
     nodes = list(ranks_by_node(topology, ranks).values())
     if algo == "nvls" and len(nodes) > 1:
         raise InputError(f"algo: got 'nvls' for a group on {len(nodes)} nodes; nvls runs inside one node "

@@ -130,7 +130,7 @@ def check_forced(algo: str, topology) -> None:
 
     if algo in ("nvls", "nvls_tree") and not nvls_capable(topology, range(topology.num_gpus)):
         raise InputError(f"nccl_algo: got {algo!r}; topology {topology.name} has no NVLink SHARP (nvlink_sharp = "
-                         "false on its NVSwitch; H100/H200 NVSwitch only); allowed: auto, ring, tree, hierarchical")
+                         "false on its NVSwitch; H100/H200/B200/GB200 NVSwitch only); allowed: auto, ring, tree, hierarchical")
 
 
 def alone_time(op: str, ranks, nbytes: float, topology, efficiency: dict, model: NcclModel) -> float:

@@ -44,10 +44,10 @@ from pydantic import TypeAdapter, ValidationError, with_config
 from sim.errors import InputError
 from sim.inputs.profile_checks import (
     BASE_LATENCY_TABLE, BYTE_RATE, COUNT, FLAG, FRACTION, GEMM_TILES, LINK_KINDS, MAX_SPREAD,
-    NAME, NCCL_PROTOCOL_TABLE, PEAK_FLOPS, PROVENANCE, SECONDS, SOURCES, STRICT_KEYS, Allowed, json_object,
-    number, one_line_error)
+    IDLE_WATTS, NAME, NCCL_PROTOCOL_TABLE, PEAK_FLOPS, PROVENANCE, SECONDS, SOURCES, STRICT_KEYS, WATTS, Allowed,
+    json_object, number, one_line_error)
 
-PRESETS = ("a100-80gb", "h100-sxm", "h200")
+PRESETS = ("a100-80gb", "h100-sxm", "h200", "b200", "gb200")
 
 
 @with_config(STRICT_KEYS)
@@ -167,6 +167,13 @@ class HardwareProfile:
     among GPUs of this type. A synchronous step waits for its slowest GPU, so a job on N
     GPUs runs its compute-bound kernels at the expected slowest speed, 1 − σ·E[max of N
     standard normals] (``sim.inputs.pacing``). 0: every GPU alike."""
+    power_limit_w: WATTS | None = None
+    """The board's power limit (TDP, the datasheet's maximum thermal design power), watts:
+    what a GPU draws at most, and about what it draws under sustained GEMMs. None: not
+    given. Read by no cost yet: it is there for energy per iteration (issue #41)."""
+    idle_power_w: IDLE_WATTS | None = None
+    """Watts the GPU draws while it waits (no kernel running, clocks up, HBM powered).
+    None: not given. Read by no cost yet (energy per iteration, issue #41)."""
 
     def memory_rate(self, framework: bool = False) -> float:
         """Bytes/s a memory-bound kernel moves: a tuned library kernel's, or with
@@ -191,6 +198,10 @@ class HardwareProfile:
         if self.fp8_gemm_max_efficiency is not None and "fp8" not in self.peak_flops:
             raise InputError(field="fp8_gemm_max_efficiency", value=self.fp8_gemm_max_efficiency,
                              allowed="peak_flops has no fp8 entry (give the GPU's fp8 peak, or leave the field out)")
+        if self.idle_power_w is not None and self.power_limit_w is not None and \
+                not self.idle_power_w < self.power_limit_w:
+            raise InputError(field="idle_power_w", value=self.idle_power_w,
+                             allowed=f"a number below power_limit_w ({self.power_limit_w} W)")
         names = [f.name for f in fields(self)]
         for key in self.sources:
             if key.split(".")[0] not in names:
@@ -263,7 +274,7 @@ class HardwareProfile:
         if not out["provenance"]:
             del out["provenance"]
         for key in ("framework_kernel_efficiency", "nccl_protocols", "nvls_efficiency", "nvls_latency_s",
-                    "nccl_base_latency_s", "fp8_gemm_max_efficiency"):
+                    "nccl_base_latency_s", "fp8_gemm_max_efficiency", "power_limit_w", "idle_power_w"):
             if out[key] is None:
                 del out[key]
         if out["gemm_bias_epilogue"]:
@@ -291,7 +302,8 @@ _READ = TypeAdapter(HardwareProfile)
 
 
 def load_profile(name_or_path: str | Path, flag: str = "gpu") -> HardwareProfile:
-    """A preset by name (``a100-80gb``, ``h100-sxm``, ``h200``) or a profile JSON file.
+    """A preset by name (``PRESETS``: ``a100-80gb``, ``h100-sxm``, ``h200``, ``b200``, ``gb200``) or a
+    profile JSON file.
     ``flag`` names the setting in errors about the name itself (``--base``, ``--profile``)."""
     from sim.fileio import read_json
 

@@ -31,8 +31,9 @@ from sim.errors import InputError
 
 LINK_KINDS = ("nvlink", "pcie", "ib", "ethernet")
 """Link kinds a profile prices (the ``kind`` strings of topology edges)."""
-DTYPES = ("fp32", "tf32", "bf16", "fp16", "fp8")
-"""Dtypes a profile may give a peak for."""
+DTYPES = ("fp32", "tf32", "bf16", "fp16", "fp8", "fp4")
+"""Dtypes a profile may give a peak for (``fp4``: Blackwell's FP4 tensor cores, a datasheet figure
+no cost uses yet)."""
 MAX_SPREAD = 0.1
 """Largest ``gpu_speed_spread``: at σ = 0.1 the slowest of 16,384 GPUs would run 39% below
 the mean, past the outliers of large clusters (1.5x slower than the median, but a few of
@@ -78,6 +79,8 @@ FLOP_RATE = number("a number > 0 (FLOP/s)", gt=0)
 BYTE_RATE = number("a number > 0 (bytes/s)", gt=0)
 FRACTION = number("a fraction in (0, 1]", gt=0, le=1)
 SECONDS = number("a number >= 0 (seconds)", ge=0)
+WATTS = number("a number > 0 (watts)", gt=0)
+IDLE_WATTS = number("a number >= 0 (watts)", ge=0)
 POSITIVE_SECONDS = number("a number > 0 (seconds)", gt=0)
 COUNT = Annotated[int, Strict(), Field(gt=0), Allowed("an integer > 0")]
 NAME = Annotated[str, Strict(), Field(min_length=1), Allowed("a non-empty string")]

@@ -23,12 +23,11 @@ from sim.inputs.plan import SCHEDULES, ParallelPlan
 from sim.inputs.flags import add_arguments, given
 from sim.inputs.schema import FIELDS, ClusterSettings, ModelSettings, PlanRequest, fields_of
 from sim.inputs.topology import Topology
+from sim.inputs.topology_build import NODE_OF_GPU  # noqa: F401 (re-exported)
 
 PLAN_FIELDS = {f.attr: f for f in FIELDS.values() if f.section == "plan"}
 """The plan's settings by ``ParallelPlan`` attribute."""
 
-NODE_OF_GPU = {"a100-80gb": "dgx-a100", "h100-sxm": "dgx-h100", "h200": "dgx-h200"}
-"""The built-in node of each built-in GPU profile (the default topology)."""
 _SHAPE = ("num_layers", "hidden_size", "num_attention_heads", "ffn_hidden_size", "vocab_size")
 
 
@@ -152,11 +151,12 @@ def topology_from_settings(c: ClusterSettings, world: int, profile_name: str) ->
     fabric = None
     if c.fabric or c.oversubscription:
         fabric = FabricSpec(type=c.fabric or "rail", oversubscription=c.oversubscription or 1.0)
-    topo = load_topology(topo_name, nodes=c.nodes, fabric=fabric, min_gpus=world, flag="--topology")
+    topo = load_topology(topo_name, nodes=c.nodes, fabric=fabric, min_gpus=world, flag="--topology",
+                         gpus_per_node=c.gpus_per_node)
     if topo.num_gpus < world:
         raise InputError(f"--gpus: got {world}; topology {topo.name} has {topo.num_gpus} GPUs"
                          + (f" (--nodes {c.nodes})" if c.nodes is not None else ""))
-    if topo.gpus_per_node != c.gpus_per_node:
+    if c.gpus_per_node is not None and topo.gpus_per_node != c.gpus_per_node:
         raise InputError(f"--gpus-per-node: got {c.gpus_per_node}; topology {topo.name} has "
                          f"{topo.gpus_per_node} GPUs per node")
     return topo

@@ -57,9 +57,10 @@ class ClusterSettings:
                        group="hardware", path=lambda v: v.endswith(".json"))
     gpus: int | None = setting(help="total GPUs; data parallelism fills them (default tp x pp)", type=POSITIVE_INT,
                                group="hardware")
-    gpus_per_node: int = setting(8, help="GPUs per node (default 8)", type=POSITIVE_INT, group="hardware")
+    gpus_per_node: int | None = setting(help="GPUs per node, the NVLink domain (default: the topology's; 8 on DGX "
+                                              "nodes, 72 on gb200-nvl72)", type=POSITIVE_INT, group="hardware")
     nodes: int | None = setting(help="nodes in the cluster (default: enough for the plan's GPUs)", type=POSITIVE_INT)
-    topology: str | None = setting(help="node or cluster .toml, or a built-in name (default: the GPU's DGX node)",
+    topology: str | None = setting(help="node or cluster .toml, or a built-in name (default: the GPU's built-in node: its DGX, or gb200-nvl72)",
                                    path=lambda v: v.endswith(".toml"))
     fabric: str | None = setting(help="inter-node fabric (default rail)", choices=FABRICS)
     oversubscription: float | None = setting(help="fat-tree/leaf uplink oversubscription", type=OVERSUBSCRIPTION)
@@ -72,8 +73,18 @@ class ClusterSettings:
         if self.gpus is not None:
             return self.gpus
         if self.nodes is not None:
-            return self.nodes * self.gpus_per_node
+            return self.nodes * self.node_gpus()
         return None
+
+    def node_gpus(self) -> int:
+        """``gpus_per_node``, or the GPUs per node of the topology (default: the GPU's
+        built-in node, ``sim.inputs.topology_build.NODE_OF_GPU``), or 8 when there is none."""
+        if self.gpus_per_node is not None:
+            return self.gpus_per_node
+        from sim.inputs.topology_build import NODE_OF_GPU, load_topology
+
+        name = self.topology or NODE_OF_GPU.get(self.gpu)
+        return load_topology(name, flag="--topology").gpus_per_node if name else 8
 
 
 @dataclass(frozen=True)

@@ -47,7 +47,7 @@ class SimulationSettings:
     nccl_algo: str = setting(
         "auto", help="NCCL algorithm of the training collectives, as NCCL_ALGO: auto (NCCL's tuner picks per "
                      "op, size, group and topology: sim.engine.tuner; the default), ring, tree, nvls (NVLink SHARP, "
-                     "H100/H200 NVSwitch), nvls_tree or hierarchical; a collective the forced one cannot run "
+                     "H100/H200/B200/GB200 NVSwitch), nvls_tree or hierarchical; a collective the forced one cannot run "
                      "keeps the tuner's choice", choices=NCCL_ALGOS)
     nccl_protocol: str = setting(
         "auto", help="NCCL protocol of the training collectives, as NCCL_PROTO: auto (the tuner's choice by size; "

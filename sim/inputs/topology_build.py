@@ -20,6 +20,7 @@ once.
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from pathlib import Path
 
 import networkx as nx
@@ -31,6 +32,12 @@ from sim.inputs.topology_mixed import build_mixed_cluster
 from sim.inputs.topology_nodes import (  # noqa: F401 (re-exported: where builders were first)
     FABRICS, GB, MAX_CLUSTER_GPUS, OVERSUBSCRIPTION, US, FabricSpec, NodeSpec, add_fabric, add_link, add_node,
     build_cluster, build_node, check_cluster_size)
+
+
+NODE_OF_GPU = {"a100-80gb": "dgx-a100", "h100-sxm": "dgx-h100", "h200": "dgx-h200", "b200": "dgx-b200",
+               "gb200": "gb200-nvl72"}
+"""The built-in node of each built-in GPU profile (the default topology): its DGX, or for
+GB200 the NVL72 rack, one 72-GPU NVLink domain."""
 
 
 def topologies_dir() -> Path:
@@ -193,12 +200,14 @@ def load_node_spec(name_or_path: str) -> NodeSpec:
 
 
 def load_topology(name_or_path: str, nodes: int | None = None, fabric: FabricSpec | None = None,
-                  min_gpus: int | None = None, flag: str = "topology") -> Topology:
+                  min_gpus: int | None = None, flag: str = "topology", gpus_per_node: int | None = None) -> Topology:
     """A topology from a built-in name or a TOML file.
 
     For a node file, ``nodes`` copies are joined by ``fabric`` (default rail-optimized);
     ``nodes`` defaults to enough nodes for ``min_gpus`` GPUs (or 1). For a cluster file, ``nodes`` and ``fabric`` override the file's.
     A graph file is taken as it is (``nodes`` must then be None).
+    ``gpus_per_node`` (a node file only) uses that many GPUs of each node, at most the
+    node's (``used_gpus``): a job on 64 GPUs of each 72-GPU NVL72 rack.
     """
     f = TomlFile(_resolve(name_or_path, flag))
     data = f.data
@@ -237,7 +246,7 @@ def load_topology(name_or_path: str, nodes: int | None = None, fabric: FabricSpe
         except InputError as exc:
             raise _in_file(f, exc) from None
     if "node" in data:
-        spec = _parse_node(f, f.table(data, "node"))
+        spec = used_gpus(_parse_node(f, f.table(data, "node")), gpus_per_node, flag)
         fab = fabric or _parse_fabric(f, f.table(data, "fabric"))
         if nodes is None:
             nodes = max(1, math.ceil((min_gpus or 1) / spec.gpus))
@@ -246,3 +255,17 @@ def load_topology(name_or_path: str, nodes: int | None = None, fabric: FabricSpe
         except InputError as exc:
             raise _in_file(f, exc) from None
     raise InputError(f"{f.path}: no [node], [cluster] or [[device]] table; nothing to build")
+
+
+def used_gpus(spec: NodeSpec, gpus: int | None, flag: str = "topology") -> NodeSpec:
+    """``spec`` with only its first ``gpus`` GPUs (and as many of its NICs) in use: a job
+    that takes part of each NVLink domain (64 GPUs of an NVL72 rack, so that groups of 16,
+    32 or 64 stay inside one rack); the idle GPUs carry no traffic and are left out.
+    ``gpus`` None or the node's own count: ``spec`` itself."""
+    if gpus is None or gpus == spec.gpus:
+        return spec
+    if gpus > spec.gpus:
+        dashes = "--" if flag.startswith("--") else ""
+        raise InputError(f"{dashes}gpus-per-node: got {gpus}; node {spec.name} has {spec.gpus} GPUs in its NVLink "
+                         f"domain; allowed: 1..{spec.gpus}")
+    return replace(spec, name=f"{spec.name}-{gpus}of{spec.gpus}", gpus=gpus, nics=min(spec.nics, gpus))

@@ -4,7 +4,10 @@ that describe them are read in ``sim.inputs.topology_build``; clusters of severa
 kinds are put together in ``sim.inputs.topology_mixed``.
 
 Inside a node every GPU has one link to a single NVSwitch device (the node's NVSwitch
-chips act as one non-blocking crossbar) and one PCIe link to its own NIC. Everything
+chips act as one non-blocking crossbar) and one PCIe link to its own NIC. A node is an
+NVLink domain: eight GPUs in a DGX, or a whole GB200 NVL72 rack (72 GPUs on its NVLink
+Switch trays), whose compute trays are no separate devices since every GPU's NVLink ports
+reach the switch trays directly. Everything
 here is in SI units.
 """
 
@@ -57,9 +60,9 @@ class NodeSpec:
     nic_bandwidth_Bps: float
     nic_latency_s: float
     nvlink_sharp: bool = False
-    """The NVSwitch reduces and multicasts (NVLink SHARP, third-generation NVSwitch:
-    DGX H100/H200; not DGX A100): NCCL's NVLS algorithms can run. Set on the nvswitch
-    device as ``nvlink_sharp``."""
+    """The NVSwitch reduces and multicasts (NVLink SHARP, third-generation NVSwitch: DGX
+    H100/H200; NVLink 5 switches: DGX B200, GB200 NVL72; not DGX A100): NCCL's NVLS
+    algorithms can run. Set on the nvswitch device as ``nvlink_sharp``."""
 
 
 @dataclass(frozen=True)
