@@ -29,6 +29,8 @@ from __future__ import annotations
 
 import dataclasses
 
+import numpy as np
+
 from sim.errors import require
 from sim.inputs.hardware import HardwareProfile
 from sim.inputs.model import ModelSpec
@@ -117,37 +119,46 @@ def balanced_split(model: ModelSpec, plan: ParallelPlan, stage_profiles: list[li
         return prefix[k][j] - prefix[k][i] + extra[k]
 
     # the least time of the slowest virtual stage, then the most even cut within it
-    worst = _partition(K, L, piece, lambda acc, t: max(acc, t))[0]
+    worst = _partition(prefix, extra, "max")[0]
     limit = worst * (1 + 1e-12)
-    counts = _partition(K, L, piece, lambda acc, t: acc + t * t if t <= limit else float("inf"))[1]
+    counts = _partition(prefix, extra, "squares", limit)[1]
     if v > 1:
         counts = _even_ranks(counts, p, piece)
     return tuple(counts)
 
 
-def _partition(K: int, L: int, piece, combine) -> tuple[float, list[int]]:
+def _partition(prefix, extra, fold: str, limit: float = float("inf")) -> tuple[float, list[int]]:
     """The cut of layers 0..L-1 into K contiguous pieces of >= 1 layer that minimizes the
-    ``combine``-fold of the pieces' times (``piece(k, i, j)``): the best value and the counts."""
+    fold of the pieces' times, piece k of layers i..j-1 taking prefix[k][j] − prefix[k][i] +
+    extra[k]: ``fold`` "max" (the slowest piece) or "squares" (the sum of squares, pieces
+    over ``limit`` forbidden). Returns the best value and the counts. Dynamic programming over
+    (pieces, layers), each row at once with numpy: the same sums and the same first-minimum
+    ties as a loop over every cut."""
     inf = float("inf")
-    best = [[inf] * (L + 1) for _ in range(K + 1)]
-    arg = [[0] * (L + 1) for _ in range(K + 1)]
-    best[0][0] = 0.0
+    P = np.asarray(prefix, dtype=float)
+    K, L = P.shape[0], P.shape[1] - 1
+    i_idx = np.arange(L + 1)[:, None]
+    j_idx = np.arange(L + 1)[None, :]
+    best = np.full(L + 1, inf)
+    best[0] = 0.0
+    arg = np.zeros((K + 1, L + 1), dtype=int)
     for k in range(1, K + 1):
-        for j in range(k, L - (K - k) + 1):
-            b, a = inf, 0
-            for i in range(k - 1, j):
-                if best[k - 1][i] == inf:
-                    continue
-                val = combine(best[k - 1][i], piece(k - 1, i, j))
-                if val < b:
-                    b, a = val, i
-            best[k][j], arg[k][j] = b, a
+        t = (P[k - 1][None, :] - P[k - 1][:, None]) + extra[k - 1]          # t[i, j]: piece k-1 of layers i..j-1
+        if fold == "max":
+            vals = np.maximum(best[:, None], t)
+        else:
+            with np.errstate(invalid="ignore"):
+                vals = np.where(t <= limit, best[:, None] + t * t, inf)
+        ok = (i_idx >= k - 1) & (i_idx < j_idx) & (j_idx >= k) & (j_idx <= L - (K - k))
+        vals = np.where(ok, vals, inf)
+        arg[k] = np.argmin(vals, axis=0)
+        best = vals[arg[k], np.arange(L + 1)]
     counts, j = [], L
     for k in range(K, 0, -1):
-        i = arg[k][j]
+        i = int(arg[k][j])
         counts.append(j - i)
         j = i
-    return best[K][L], counts[::-1]
+    return float(best[L]), counts[::-1]
 
 
 def _even_ranks(counts: list[int], p: int, piece) -> list[int]:
