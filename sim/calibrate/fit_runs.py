@@ -46,6 +46,7 @@ from sim.inputs.hardware import HardwareProfile
 
 from sim.calibrate.fit_sims import (COLLECTIVE_MODEL, FIDELITY, Simulations, Store,  # noqa: F401 (re-exported)
                                     prepare_rows, with_values, worker_pool)
+from sim.calibrate.fit_surrogate import Surrogate, fit_rounds
 DIFF_STEP = 1e-3
 """Finite-difference step, as a fraction of each parameter's range."""
 TOLERANCE = 1e-4
@@ -190,24 +191,41 @@ def group_weights(groups: list) -> list[float]:
     return [1.0 / math.sqrt(groups.count(g)) for g in groups]
 
 
-def fit_and_hold_out(sims: Simulations, measured: list[float], groups: list, start) -> dict:
-    """The fit on every row, and per group the fit without it and its rows' predictions."""
+def fit_and_hold_out(sims: Simulations, measured: list[float], groups: list, start, fast: bool = True) -> dict:
+    """The fit on every row, and per group the fit without it and its rows' predictions;
+    ``fast``: by the model of each row (``sim.calibrate.fit_surrogate``), else by finite
+    differences of simulations at every step (``fit``)."""
     rows = list(range(len(measured)))
     weights = group_weights(groups)
-    full = fit(sims, rows, measured, weights, start, free=sims.sensitive(rows, start))
-    held_out, per_group = [None] * len(rows), {}
+    sur = Surrogate(sims) if fast else None
+    if fast:
+        values, rounds, status = fit_rounds(sur, rows, measured, weights, start, sims.sensitive(rows, start),
+                                            TOLERANCE)
+        full = Fit(values, rounds, status)
+    else:
+        full = fit(sims, rows, measured, weights, start, free=sims.sensitive(rows, start))
+    per_group, mine, models = {}, {}, {}
     for g in sorted(set(groups)):
         train = [i for i in rows if groups[i] != g]
+        mine[g] = [i for i in rows if groups[i] == g]
         seen = sims.sensitive(train, start)
         warm = [v if s else s0 for v, s, s0 in zip(full.values, seen, start)]
         # the weights are recomputed as if the group had never been in the file (they do not change)
-        part = fit(sims, train, measured, weights, warm, free=seen)
-        per_group[g] = part
-        mine = [i for i in rows if groups[i] == g]
-        for i, t in zip(mine, sims.times(mine, part.values)):
+        if fast:  # one solve of the model, whose simulations surround the minimum: no simulation
+            per_group[g] = Fit(sur.solve(train, measured, weights, warm, seen)[0], 0, "the model's minimum")
+            models[g] = {i: sur.model(i, warm) for i in mine[g]}
+        else:
+            per_group[g] = fit(sims, train, measured, weights, warm, free=seen)
+    sims._ensure([(i, sims.seen(i, per_group[g].values)) for g in per_group for i in mine[g]])  # all at once
+    held_out, model_error = [None] * len(rows), []
+    for g, part in per_group.items():
+        if fast:
+            model_error += sur.check(mine[g], models[g], part.values)
+        for i, t in zip(mine[g], sims.times(mine[g], part.values)):
             held_out[i] = t
     return {"full": full, "per_group": per_group, "initial": sims.times(rows, start),
-            "fitted": sims.times(rows, full.values), "held_out": held_out}
+            "fitted": sims.times(rows, full.values), "held_out": held_out,
+            "model_error": max(map(abs, model_error)) if fast else None}
 
 
 def mean_abs(errors) -> float:
@@ -224,12 +242,14 @@ def _describe(run) -> str:
             f"{run.group[1]}")
 
 
-def fit_runs(path, gpu: str, names: list[str] | None = None, jobs: int = 1, cache=None) -> dict:
+def fit_runs(path, gpu: str, names: list[str] | None = None, jobs: int = 1, cache=None, fast: bool = True) -> dict:
     """Read ``path`` (a runs file, or a list of them read as one: each row keeps its
     file), fit the profile ``gpu`` (a preset or a profile .json) to its rows of
     that GPU, hold out each group in turn, and return the report (see ``sim.commands.fit``
     for its keys); ``jobs``: worker processes simulating rows at once; ``cache``: a file
-    of simulated times kept across runs (``sim.calibrate.fit_sims.Store``), or None."""
+    of simulated times kept across runs (``sim.calibrate.fit_sims.Store``), or None;
+    ``fast``: fit each row's model (``sim.calibrate.fit_surrogate``) rather than finite
+    differences of simulations at every step (``fit``; the same answers, slower)."""
     import hashlib
     from pathlib import Path
 
@@ -268,7 +288,7 @@ def fit_runs(path, gpu: str, names: list[str] | None = None, jobs: int = 1, cach
     with worker_pool(jobs, gpu, params, used, str(path)) if jobs > 1 else contextlib.nullcontext() as pool:
         store = Store(cache, profile, params, used) if cache is not None else None
         sims = Simulations(profile, params, prepared, pool, store)
-        res = fit_and_hold_out(sims, measured, groups, start)
+        res = fit_and_hold_out(sims, measured, groups, start, fast)
 
     def errors(key):
         return [t / m - 1.0 for t, m in zip(res[key], measured)]
@@ -294,7 +314,8 @@ def fit_runs(path, gpu: str, names: list[str] | None = None, jobs: int = 1, cach
         "fidelity": FIDELITY, "collective_model": COLLECTIVE_MODEL, "parameters_chosen": how,
         "parameters": [{"name": p.path, "low": p.low, "high": p.high, "initial": s, "fitted": v, "why": p.why}
                        for p, s, v in zip(params, start, res["full"].values)],
-        "evaluations": res["full"].evaluations, "groups": group_rows, "rows": rows, "skipped": skipped,
+        "evaluations": res["full"].evaluations, "method": "model" if fast else "differences",
+        "model_max_error": res["model_error"], "groups": group_rows, "rows": rows, "skipped": skipped,
         "left_out": left_out, "blank_cells": {c: {"value": _shown(BLANKS[c][0]), "why": BLANKS[c][1]} for c in filled},
         "by_source": {text: {"settings": settings, "why": why}
                       for text, settings, why in BY_SOURCE + tuple((t + FP8_ROWS, s, w) for t, s, w in FP8_BY_SOURCE)
