@@ -22,13 +22,20 @@ range) are chosen so that trainsim's simulated iteration times match the measure
   parameters scaled to [0, 1], its Jacobian by forward differences of 1e-3 of each range
   (the simulator's output is piecewise smooth in its costs) taken along what each row's
   simulation sees and chained to the parameters (``Simulations.slopes``: a BF16 row
-  costs one simulation per step however many parameters), and few iterations.
+  costs one simulation per step however many parameters), and few iterations. That is the
+  plain path (``fast=False``); by default the least squares runs instead on a model of
+  each row's time as a function of what it sees (``sim.calibrate.fit_surrogate``:
+  simulated at the start and one probe per direction, then once per round at the
+  model's minimum until a round no longer moves it): the same minimum for a few
+  simulations per row, and every time the report gives is a simulation.
 - **Held out.** Leave-one-group-out: for each group, the same fit without the group's
   rows predicts them. It starts from the fit on every row for the parameters its rows
   see (a converged fit reaches the same minimum from any start, and starting near it
   saves most of the simulations), and from the profile's value for any parameter none of
   its rows sees (such a parameter stays where it starts, and the fit on every row would
-  carry the held-out rows' pull into it). A fit needs fewer parameters than groups, so
+  carry the held-out rows' pull into it). On the fast path a held-out fit is one solve of
+  the rows' models, whose simulations (start, probes, rounds) surround its minimum; its
+  group's rows are then simulated at its answer. A fit needs fewer parameters than groups, so
   each held-out fit still has at least as many groups as parameters.
 """
 

@@ -33,7 +33,7 @@ a + b/f in the compute fraction f, changes its slope by under 0.4%, and the resi
 the fit steps on stay exact."""
 
 
-FITTING_FILES = ("calibrate/fit_runs.py", "calibrate/fit_sims.py", "commands/fit.py")
+FITTING_FILES = ("calibrate/fit_runs.py", "calibrate/fit_sims.py", "calibrate/fit_surrogate.py", "commands/fit.py")
 """The fit's own code: it chooses which simulations to run, not what they give."""
 
 

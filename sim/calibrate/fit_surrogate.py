@@ -90,17 +90,16 @@ class Surrogate:
 
     def model(self, row: int, values):
         """(z0, t0, moved directions, their b) of ``row`` anchored at its simulated point
-        nearest ``values`` (relative distance)."""
+        nearest ``values`` (in each parameter's range)."""
         moved = self.moved(row, values)
         z = np.array(self.sims.seen(row, values))
         pts = self._points(row)
-        scale = np.where(np.abs(z) > 0, np.abs(z), 1.0)
-        k0 = min(range(len(pts)), key=lambda n: (float(np.sum(((pts[n][0] - z) / scale) ** 2)), n))
+        span = np.array([p.high - p.low for p in self.params])
+        k0 = min(range(len(pts)), key=lambda n: (float(np.sum(((pts[n][0] - z) / span) ** 2)), n))
         z0, t0 = pts[k0]
         if not moved:
             return z0, t0, moved, np.zeros(0)
         g0 = self.g(z0)
-        span = np.array([p.high - p.low for p in self.params])
         near = [n for n, (zp, _) in enumerate(pts) if n != k0
                 and float(np.max(np.abs(zp - z0)[moved] / span[moved])) <= LOCAL * PROBE_STEP]
         for chosen in (near, [n for n in range(len(pts)) if n != k0]):  # the nearby points, else every point
