@@ -54,6 +54,7 @@ from sim.inputs.hardware import HardwareProfile
 from sim.calibrate.fit_sims import (COLLECTIVE_MODEL, FIDELITY, Simulations, Store,  # noqa: F401 (re-exported)
                                     prepare_rows, with_values, worker_pool)
 from sim.calibrate.fit_surrogate import Surrogate, fit_rounds
+
 DIFF_STEP = 1e-3
 """Finite-difference step, as a fraction of each parameter's range."""
 TOLERANCE = 1e-4
@@ -205,12 +206,9 @@ def fit_and_hold_out(sims: Simulations, measured: list[float], groups: list, sta
     rows = list(range(len(measured)))
     weights = group_weights(groups)
     sur = Surrogate(sims) if fast else None
-    if fast:
-        values, rounds, status = fit_rounds(sur, rows, measured, weights, start, sims.sensitive(rows, start),
-                                            TOLERANCE)
-        full = Fit(values, rounds, status)
-    else:
-        full = fit(sims, rows, measured, weights, start, free=sims.sensitive(rows, start))
+    free = sims.sensitive(rows, start)
+    full = (Fit(*fit_rounds(sur, rows, measured, weights, start, free, TOLERANCE)) if fast
+            else fit(sims, rows, measured, weights, start, free=free))
     per_group, mine, models = {}, {}, {}
     for g in sorted(set(groups)):
         train = [i for i in rows if groups[i] != g]
@@ -223,7 +221,7 @@ def fit_and_hold_out(sims: Simulations, measured: list[float], groups: list, sta
             models[g] = {i: sur.model(i, warm) for i in mine[g]}
         else:
             per_group[g] = fit(sims, train, measured, weights, warm, free=seen)
-    sims._ensure([(i, sims.seen(i, per_group[g].values)) for g in per_group for i in mine[g]])  # all at once
+    sims.ensure([(i, sims.seen(i, per_group[g].values)) for g in per_group for i in mine[g]])  # all at once
     held_out, model_error = [None] * len(rows), []
     for g, part in per_group.items():
         if fast:

@@ -153,16 +153,25 @@ class Surrogate:
 
 
 def fit_rounds(sur: Surrogate, rows, measured, weights, start, free, tolerance: float):
-    """The fit on ``rows`` by rounds (module doc): (values, rounds, status)."""
+    """The fit on ``rows`` by rounds (module doc): (values, evaluations, status), the
+    evaluations being the points at which every row was simulated (the start included)."""
     span = np.array([p.high - p.low for p in sur.params])
-    sur.sims._ensure(sur.probes(rows, start))
-    x = tuple(float(v) for v in start)
-    for n in range(1, ROUNDS + 1):
-        nxt, models = sur.solve(rows, measured, weights, x, free)
-        if float(np.max(np.abs((np.array(nxt) - np.array(x)) / span), initial=0.0)) < tolerance:
-            if float(np.max(np.abs((np.array(x) - np.array(start)) / span), initial=0.0)) > PROBE_STEP / 2:
-                sur.sims._ensure(sur.probes(rows, x))  # far from the start's probes: probe again here
-            return x, n, "the model's minimum is at the last simulated point"
-        sur.check(rows, models, nxt)  # simulates every row at the new point
-        x = nxt
-    return x, ROUNDS + 1, f"stopped after {ROUNDS} rounds"
+
+    def moved(a, b) -> float:
+        return float(np.max(np.abs((np.array(a) - np.array(b)) / span), initial=0.0))
+
+    sur.sims.ensure(sur.probes(rows, start))
+    x, n = tuple(float(v) for v in start), 1
+    while True:
+        nxt = sur.solve(rows, measured, weights, x, free)[0]
+        if moved(nxt, x) < tolerance:
+            status = "the model's minimum is at the last simulated point"
+            break
+        if n > ROUNDS:
+            status = f"stopped after {ROUNDS} rounds, still moving"
+            break
+        sur.sims.ensure([(i, sur.sims.seen(i, nxt)) for i in rows])  # every row at the model's minimum
+        x, n = nxt, n + 1
+    if moved(x, start) > PROBE_STEP / 2:
+        sur.sims.ensure(sur.probes(rows, x))  # far from the start's probes (the held-out fits' models): probe here
+    return x, n, status
