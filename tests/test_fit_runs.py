@@ -366,3 +366,70 @@ def test_several_files_fit_as_one_table(truth, tmp_path):
     bad = _write(tmp_path / "c.csv", [dict(rows[0], gpus="")])
     code, _, err = _cli(["fit", str(first), str(bad), "--gpu", "a100-80gb"])
     assert code == 2 and f"{bad}: line 2: column gpus" in err and err.count("\n") == 1
+
+
+def test_the_model_path_gives_the_answers_of_finite_differences_with_fewer_simulations(truth, tmp_path):
+    # sim.calibrate.fit_surrogate: the fit on each row's model of time, checked by simulating,
+    # against least squares on simulations with finite differences at every step
+    data = _write(tmp_path / "runs.csv", _rows("abc", truth, noise=0.03))
+    fast, plain = (fit_runs(data, "a100-80gb", None, fast=f) for f in (True, False))
+    assert fast["method"] == "model" and plain["method"] == "differences"
+    assert [p["name"] for p in fast["parameters"]] == [p["name"] for p in plain["parameters"]] == list(TRUTH)
+    # the same minimum within the plain fit's own stopping tolerance (TOLERANCE of each scaled parameter)
+    for a, b in zip(fast["parameters"], plain["parameters"]):
+        assert a["fitted"] == pytest.approx(b["fitted"], abs=2 * TOLERANCE * (b["high"] - b["low"]))
+    for a, b in zip(fast["groups"], plain["groups"]):
+        for name, v in b["held_out_fit"].items():
+            p = parameter(name)
+            assert a["held_out_fit"][name] == pytest.approx(v, abs=5 * TOLERANCE * (p.high - p.low))
+    for a, b in zip(fast["rows"], plain["rows"]):
+        assert a["fitted_error"] == pytest.approx(b["fitted_error"], abs=1e-4)
+        assert a["held_out_error"] == pytest.approx(b["held_out_error"], abs=2e-4)
+    assert fast["simulations"] < plain["simulations"] / 2
+    assert fast["model_max_error"] < 1e-3 and plain["model_max_error"] is None
+    # the fitted times are simulations at the fitted values, not the model's
+    profile = tmp_path / "fitted.json"
+    replace(load_profile("a100-80gb"), **{p["name"]: p["fitted"] for p in fast["parameters"]}).save(profile)
+    m, row = MODELS["a"], fast["rows"][0]
+    t = sim.run(**{k: v for k, v in m.items() if k != "activation"}, swiglu=False, gpus=row["gpus"],
+                global_batch_size=4 * (row["gpus"] // 4), gpu=str(profile), fidelity="reduced")
+    assert row["fitted_s"] == pytest.approx(t.iteration_time_s, rel=1e-9)
+
+
+class _ClosedForm:
+    """Stands in for ``Simulations``: row i's time is a_i + b_i / f + c_i · launch exactly."""
+
+    def __init__(self, params, coefficients):
+        self.params, self.coefficients, self.cache = tuple(params), coefficients, {}
+
+    def seen(self, row, values):
+        return tuple(float(v) for v in values)
+
+    def ensure(self, jobs):
+        for i, z in jobs:
+            a, b, c = self.coefficients[i]
+            self.cache.setdefault((i, z), a + b / z[0] + c * z[1])
+
+    def times(self, rows, values):
+        jobs = [(i, self.seen(i, values)) for i in rows]
+        self.ensure(jobs)
+        return [self.cache[j] for j in jobs]
+
+
+def test_the_model_of_a_row_is_exact_where_time_is_a_plus_b_over_the_fraction():
+    # a time linear in 1/fraction and in the launch cost is the model's own form: from the
+    # start and one probe per direction it predicts any point exactly, the first solve lands
+    # on the minimum, and the second round finds nothing left to move (two evaluations)
+    from sim.calibrate.fit_surrogate import Surrogate, fit_rounds
+
+    params = [parameter("sustained_compute_fraction"), parameter("kernel_launch_s")]
+    rows = [(1.0, 2.0, 1e4), (0.5, 4.0, 3e4), (2.0, 1.0, 5e3)]
+    sims = _ClosedForm(params, rows)
+    truth = (0.8, 5e-6)
+    measured = [a + b / truth[0] + c * truth[1] for a, b, c in rows]
+    sur = Surrogate(sims)
+    values, evaluations, _ = fit_rounds(sur, [0, 1, 2], measured, [1.0] * 3, (0.9, 10e-6), [True, True], TOLERANCE)
+    assert values == pytest.approx(truth, rel=1e-6) and evaluations == 2
+    point = (0.7, 15e-6)
+    for i, (a, b, c) in enumerate(rows):
+        assert sur.predict(i, sur.model(i, (0.9, 10e-6)), point) == pytest.approx(a + b / 0.7 + c * 15e-6, rel=1e-12)

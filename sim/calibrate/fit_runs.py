@@ -22,13 +22,20 @@ range) are chosen so that trainsim's simulated iteration times match the measure
   parameters scaled to [0, 1], its Jacobian by forward differences of 1e-3 of each range
   (the simulator's output is piecewise smooth in its costs) taken along what each row's
   simulation sees and chained to the parameters (``Simulations.slopes``: a BF16 row
-  costs one simulation per step however many parameters), and few iterations.
+  costs one simulation per step however many parameters), and few iterations. That is the
+  plain path (``fast=False``); by default the least squares runs instead on a model of
+  each row's time as a function of what it sees (``sim.calibrate.fit_surrogate``:
+  simulated at the start and one probe per direction, then once per round at the
+  model's minimum until a round no longer moves it): the same minimum for a few
+  simulations per row, and every time the report gives is a simulation.
 - **Held out.** Leave-one-group-out: for each group, the same fit without the group's
   rows predicts them. It starts from the fit on every row for the parameters its rows
   see (a converged fit reaches the same minimum from any start, and starting near it
   saves most of the simulations), and from the profile's value for any parameter none of
   its rows sees (such a parameter stays where it starts, and the fit on every row would
-  carry the held-out rows' pull into it). A fit needs fewer parameters than groups, so
+  carry the held-out rows' pull into it). On the fast path a held-out fit is one solve of
+  the rows' models, whose simulations (start, probes, rounds) surround its minimum; its
+  group's rows are then simulated at its answer. A fit needs fewer parameters than groups, so
   each held-out fit still has at least as many groups as parameters.
 """
 
@@ -46,6 +53,8 @@ from sim.inputs.hardware import HardwareProfile
 
 from sim.calibrate.fit_sims import (COLLECTIVE_MODEL, FIDELITY, Simulations, Store,  # noqa: F401 (re-exported)
                                     prepare_rows, with_values, worker_pool)
+from sim.calibrate.fit_surrogate import Surrogate, fit_rounds
+
 DIFF_STEP = 1e-3
 """Finite-difference step, as a fraction of each parameter's range."""
 TOLERANCE = 1e-4
@@ -190,24 +199,38 @@ def group_weights(groups: list) -> list[float]:
     return [1.0 / math.sqrt(groups.count(g)) for g in groups]
 
 
-def fit_and_hold_out(sims: Simulations, measured: list[float], groups: list, start) -> dict:
-    """The fit on every row, and per group the fit without it and its rows' predictions."""
+def fit_and_hold_out(sims: Simulations, measured: list[float], groups: list, start, fast: bool = True) -> dict:
+    """The fit on every row, and per group the fit without it and its rows' predictions;
+    ``fast``: by the model of each row (``sim.calibrate.fit_surrogate``), else by finite
+    differences of simulations at every step (``fit``)."""
     rows = list(range(len(measured)))
     weights = group_weights(groups)
-    full = fit(sims, rows, measured, weights, start, free=sims.sensitive(rows, start))
-    held_out, per_group = [None] * len(rows), {}
+    sur = Surrogate(sims) if fast else None
+    free = sims.sensitive(rows, start)
+    full = (Fit(*fit_rounds(sur, rows, measured, weights, start, free, TOLERANCE)) if fast
+            else fit(sims, rows, measured, weights, start, free=free))
+    per_group, mine, models = {}, {}, {}
     for g in sorted(set(groups)):
         train = [i for i in rows if groups[i] != g]
+        mine[g] = [i for i in rows if groups[i] == g]
         seen = sims.sensitive(train, start)
         warm = [v if s else s0 for v, s, s0 in zip(full.values, seen, start)]
         # the weights are recomputed as if the group had never been in the file (they do not change)
-        part = fit(sims, train, measured, weights, warm, free=seen)
-        per_group[g] = part
-        mine = [i for i in rows if groups[i] == g]
-        for i, t in zip(mine, sims.times(mine, part.values)):
+        if fast:  # one solve of the model, whose simulations surround the minimum: no simulation
+            per_group[g] = Fit(sur.solve(train, measured, weights, warm, seen)[0], 0, "the model's minimum")
+            models[g] = {i: sur.model(i, warm) for i in mine[g]}
+        else:
+            per_group[g] = fit(sims, train, measured, weights, warm, free=seen)
+    sims.ensure([(i, sims.seen(i, per_group[g].values)) for g in per_group for i in mine[g]])  # all at once
+    held_out, model_error = [None] * len(rows), []
+    for g, part in per_group.items():
+        if fast:
+            model_error += sur.check(mine[g], models[g], part.values)
+        for i, t in zip(mine[g], sims.times(mine[g], part.values)):
             held_out[i] = t
     return {"full": full, "per_group": per_group, "initial": sims.times(rows, start),
-            "fitted": sims.times(rows, full.values), "held_out": held_out}
+            "fitted": sims.times(rows, full.values), "held_out": held_out,
+            "model_error": max(map(abs, model_error)) if fast else None}
 
 
 def mean_abs(errors) -> float:
@@ -224,12 +247,14 @@ def _describe(run) -> str:
             f"{run.group[1]}")
 
 
-def fit_runs(path, gpu: str, names: list[str] | None = None, jobs: int = 1, cache=None) -> dict:
+def fit_runs(path, gpu: str, names: list[str] | None = None, jobs: int = 1, cache=None, fast: bool = True) -> dict:
     """Read ``path`` (a runs file, or a list of them read as one: each row keeps its
     file), fit the profile ``gpu`` (a preset or a profile .json) to its rows of
     that GPU, hold out each group in turn, and return the report (see ``sim.commands.fit``
     for its keys); ``jobs``: worker processes simulating rows at once; ``cache``: a file
-    of simulated times kept across runs (``sim.calibrate.fit_sims.Store``), or None."""
+    of simulated times kept across runs (``sim.calibrate.fit_sims.Store``), or None;
+    ``fast``: fit each row's model (``sim.calibrate.fit_surrogate``) rather than finite
+    differences of simulations at every step (``fit``; the same answers, slower)."""
     import hashlib
     from pathlib import Path
 
@@ -268,7 +293,7 @@ def fit_runs(path, gpu: str, names: list[str] | None = None, jobs: int = 1, cach
     with worker_pool(jobs, gpu, params, used, str(path)) if jobs > 1 else contextlib.nullcontext() as pool:
         store = Store(cache, profile, params, used) if cache is not None else None
         sims = Simulations(profile, params, prepared, pool, store)
-        res = fit_and_hold_out(sims, measured, groups, start)
+        res = fit_and_hold_out(sims, measured, groups, start, fast)
 
     def errors(key):
         return [t / m - 1.0 for t, m in zip(res[key], measured)]
@@ -294,7 +319,8 @@ def fit_runs(path, gpu: str, names: list[str] | None = None, jobs: int = 1, cach
         "fidelity": FIDELITY, "collective_model": COLLECTIVE_MODEL, "parameters_chosen": how,
         "parameters": [{"name": p.path, "low": p.low, "high": p.high, "initial": s, "fitted": v, "why": p.why}
                        for p, s, v in zip(params, start, res["full"].values)],
-        "evaluations": res["full"].evaluations, "groups": group_rows, "rows": rows, "skipped": skipped,
+        "evaluations": res["full"].evaluations, "method": "model" if fast else "differences",
+        "model_max_error": res["model_error"], "groups": group_rows, "rows": rows, "skipped": skipped,
         "left_out": left_out, "blank_cells": {c: {"value": _shown(BLANKS[c][0]), "why": BLANKS[c][1]} for c in filled},
         "by_source": {text: {"settings": settings, "why": why}
                       for text, settings, why in BY_SOURCE + tuple((t + FP8_ROWS, s, w) for t, s, w in FP8_BY_SOURCE)

@@ -33,7 +33,7 @@ a + b/f in the compute fraction f, changes its slope by under 0.4%, and the resi
 the fit steps on stay exact."""
 
 
-FITTING_FILES = ("calibrate/fit_runs.py", "calibrate/fit_sims.py", "commands/fit.py")
+FITTING_FILES = ("calibrate/fit_runs.py", "calibrate/fit_sims.py", "calibrate/fit_surrogate.py", "commands/fit.py")
 """The fit's own code: it chooses which simulations to run, not what they give."""
 
 
@@ -153,7 +153,7 @@ class Simulations:
             out.append(any(self.seen(i, y) != self.seen(i, values) for i in rows))
         return out
 
-    def _ensure(self, jobs) -> None:
+    def ensure(self, jobs) -> None:
         """Simulate the (row, seen values) ``jobs`` not yet known: from ``store``, else in the
         pool's workers (longest rows first), else here."""
         todo = []
@@ -184,7 +184,7 @@ class Simulations:
     def times(self, rows, values) -> list[float]:
         """The simulated iteration time of each of ``rows`` at ``values``."""
         jobs = [(i, self.seen(i, values)) for i in rows]
-        self._ensure(jobs)
+        self.ensure(jobs)
         return [self.cache[j] for j in jobs]
 
     def slopes(self, rows, values, steps) -> list[list[float]]:
@@ -217,7 +217,7 @@ class Simulations:
                 probes.append((k, (i, tuple(zk))))
             chains.append(((i, z), d, probes, None))
             jobs += [(i, z)] + [job for _, job in probes]
-        self._ensure(jobs)
+        self.ensure(jobs)
         out = []
         for base, d, probes, reused in chains:
             if reused is None:

@@ -30,7 +30,12 @@ writes the fitted profile, its ``sources`` naming the fit.
     row_count, group_count, initial_mean_abs_error, mean_abs_error, max_abs_error,
     loo_mean_abs_error, loo_max_abs_error
     by_gpu                              {gpu: the same counts and errors}, per GPU type
-    evaluations                         residual evaluations of the fit on every row
+    evaluations                         residual evaluations of the fit on every row (each simulates every row)
+    method, model_max_error             "model": fitted on each row's model of its time, checked by simulating
+                                        (sim.calibrate.fit_surrogate); the largest |relative error| of that model
+                                        at the held-out rows' simulations (the one place no simulation checks
+                                        it: the held-out fits are solved on it). "differences" (the plain path,
+                                        fit_runs(fast=False)): null
     simulations, reused, wall_s         simulations run (the cache's misses), times taken from --cache's
                                         file, and seconds taken (these change from run to run)
     out                                 the profile written, or null
@@ -143,5 +148,8 @@ def _print(r: dict) -> None:
     reused = f", {r['reused']} times reused from --cache" if r["reused"] else ""
     print(f"{r['simulations']} simulations in {r['wall_s']:.1f} s{reused} ({r['evaluations']} evaluations of the fit "
           "on every row)")
+    if r["model_max_error"] is not None:
+        print(f"held-out fits solved on each row's model of its time: at the held-out rows it was within "
+              f"{r['model_max_error']:.3%} of their simulations")
     if r["out"]:
         print(f"wrote {r['out']} (profile {r['gpu']} with the fitted values; sources name the fit)")
