@@ -22,10 +22,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from sim.calibrate.fit_sims import COLLECTIVE_MODEL, FIDELITY, prepare_rows  # noqa: E402
+from sim.calibrate.fit_sims import prepare_rows, row_time_s  # noqa: E402
 from sim.calibrate.runs_csv import read_runs  # noqa: E402
-from sim.inputs.schema import SimulationSettings  # noqa: E402
-from sim.session import Job, simulate_training  # noqa: E402
 
 
 def predict(paths: list[str]) -> list[dict]:
@@ -38,10 +36,7 @@ def predict(paths: list[str]) -> list[dict]:
                    "skip": r.skip}
             if r.skip is None:
                 p = prepare_rows([r], r.gpu, path)[0]
-                run = simulate_training(Job(p.model, p.plan, p.profile, p.topology, p.schedule),
-                                        SimulationSettings(fidelity=FIDELITY, collective_model=COLLECTIVE_MODEL,
-                                                           max_events=p.settings.simulation.max_events))
-                row["simulated_s"] = float(run.trace.end_s)
+                row["simulated_s"] = row_time_s(p, p.profile)
             out.append(row)
     return out
 

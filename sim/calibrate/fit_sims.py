@@ -232,24 +232,28 @@ class Simulations:
 
     def time_s(self, row: int, values) -> float:
         """Row ``row`` simulated at exactly ``values`` (cached; no ``seen``)."""
-        from sim.inputs.schema import SimulationSettings
-        from sim.session import Job, simulate_training
-
         key = (row, tuple(float(v) for v in values))
         if key not in self.cache and self.store is not None and (t := self.store.get(*key)) is not None:
             self.cache[key] = t
             self.reused += 1
         if key not in self.cache:
-            p = self.prepared[row]
             start = time.monotonic()
-            run = simulate_training(
-                Job(p.model, p.plan, with_values(self.profile, self.params, key[1]), p.topology, p.schedule),
-                SimulationSettings(fidelity=FIDELITY, collective_model=COLLECTIVE_MODEL,
-                                   max_events=p.settings.simulation.max_events))
-            self._keep(key, float(run.trace.end_s))
+            self._keep(key, row_time_s(self.prepared[row], with_values(self.profile, self.params, key[1])))
             self.count += 1
             self.seconds += time.monotonic() - start
         return self.cache[key]
+
+
+def row_time_s(p, profile: HardwareProfile) -> float:
+    """Seconds of one iteration of the prepared row ``p`` on ``profile``, simulated as every fit
+    simulates its rows (``FIDELITY``, ``COLLECTIVE_MODEL``)."""
+    from sim.inputs.schema import SimulationSettings
+    from sim.session import Job, simulate_training
+
+    run = simulate_training(Job(p.model, p.plan, profile, p.topology, p.schedule),
+                            SimulationSettings(fidelity=FIDELITY, collective_model=COLLECTIVE_MODEL,
+                                               max_events=p.settings.simulation.max_events))
+    return float(run.trace.end_s)
 
 
 def _close(z, z0) -> bool:
