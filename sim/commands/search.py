@@ -267,7 +267,9 @@ def run(args) -> int:
         # the estimates run on the workers too, several chunks each so that none waits long
         cands = candidates(model, plans, profile, topo.gpus_per_node, map=runner.map, chunks=4 * runner.workers)
         fitting = sum(cd.estimate.fits for cd in cands)  # at most this many are simulated
-        with ProgressBar(fitting, label="search", start=start) as progress:
+        # each screened plan runs twice, at two small micro-batch counts: the bar counts runs
+        noun = "simulation runs (bar: plans that fit)" if args.screen == "on" else "plans simulated"
+        with ProgressBar(fitting, label="search", start=start, noun=noun) as progress:
             result = search(cands, lambda plans: runner.run(ctx, plans, progress=progress), margin=args.margin,
                             wave=args.wave, screen=args.screen == "on", final=max(args.top, 2))
     ranked = rank(result.ranked)
