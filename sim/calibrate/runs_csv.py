@@ -146,6 +146,15 @@ BY_SOURCE = (
     ("llama3.1/README_405b", {"tp_comm_overlap": True},
      "the benchmark's configuration (NVIDIA/dgxc-benchmarking v25.02 llama3.1/llama3.1_405b.yaml: "
      "ub_tp_comm_overlap: true; llama3.1_8b.yaml, tp 1, has it false)"),
+    ("NeMo 25.02, DGX-B200", {"zero": 1, "overlap_param_gather": True, "cross_entropy_loss_fusion": True,
+                              "bucket_size": 128 * 2**20 * 2},
+     "NeMo 2.0's performance scripts as the B200 table ran them (NVIDIA/NeMo scripts/performance @ d3f25b121048, "
+     "2025-03-08, the first commit whose model_configs_b200.csv has every row's layout, Llama 3.1 405B's 128 GPUs "
+     "among them): every recipe's optimizer is distributed_fused_adam with overlap_grad_reduce and "
+     "overlap_param_gather (nemo/collections/llm/recipes/*.py), and MegatronCommOverlapCallback sets a DDP "
+     "bucket_size of 128 * 1024 * 1024 parameters when dp > 1 (megatron_comm_overlap.py), 256 MiB of the BF16 "
+     "gradients the scripts reduce (grad_reduce_in_fp32 = False); GPTConfig's cross_entropy_loss_fusion defaults "
+     "to True (nemo/collections/llm/gpt/model/base.py)"),
 )
 """Settings a source's rows take where the file has no column or a blank cell: the
 framework or model facts of that source, each with the reason. A filled cell wins; a
@@ -155,6 +164,11 @@ FP8_BY_SOURCE = (
      "the benchmark's FP8 configuration keeps the GEMM weights in FP8 (NVIDIA/dgxc-benchmarking v25.02 "
      "nemo_megatron/gpt3_175b_hydra.yaml: fp8_params: true, NeMo's name for Megatron-LM's --fp8-param-gather): "
      "the distributed optimizer gathers them in FP8 and each step transposes them instead of casting BF16 ones"),
+    ("NeMo 25.02, DGX-B200", {"fp8_param_gather": True},
+     "the FP8 scripts' precision plugin (NVIDIA/NeMo @ d3f25b121048 nemo/collections/llm/recipes/precision/"
+     "mixed_precision.py bf16_with_fp8_mixed: fp8 'hybrid', amax history 1024, 'max', fp8_params True, which "
+     "nemo/lightning/pytorch/plugins/mixed_precision.py turns into fp8_param_gather with TE's DelayedScaling "
+     "recipe)"),
 )
 """Like ``BY_SOURCE``, for a source's FP8 rows only (recorded as "<text> (fp8 rows)")."""
 FP8_ROWS = " (fp8 rows)"

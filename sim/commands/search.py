@@ -98,6 +98,10 @@ def add_arguments(p) -> None:
                    help=f"the estimate's error factor: a plan is simulated unless its estimated bound / margin "
                         f"exceeds the second-best simulated time (default {DEFAULT_MARGIN}; inf: no time pruning)")
     s.add_argument("--wave", type=POSITIVE_INT, default=16, help="plans simulated between pruning checks (default 16)")
+    s.add_argument("--screen", choices=("on", "off"), default="on",
+                   help="on: a plan with at least 6 x pp micro-batches (not gpipe) is first simulated at 2 x pp and "
+                        "4 x pp and its time extrapolated; the plans listed are simulated in full (default on); "
+                        "off: every plan in full")
     add_executor_arguments(p)
 
 
@@ -258,26 +262,32 @@ def run(args) -> int:
 
     context = {"command": "search", "model": asdict(model), "gpu": profile.name, "topology": topo.name,
                "gpus": gpus, "global_batch_size": args.global_batch_size}
-    cands = candidates(model, plans, profile, topo.gpus_per_node)
     log = open_log(args, context)
-    fitting = sum(cd.estimate.fits for cd in cands)  # at most this many are simulated
-    with interrupted_note(log), Runner(args.workers, args.dask, log) as runner, \
-            ProgressBar(fitting, label="search", start=start) as progress:
-        result = search(cands, lambda plans: runner.run(ctx, plans, progress=progress), margin=args.margin,
-                        wave=args.wave)
+    with interrupted_note(log), Runner(args.workers, args.dask, log) as runner:
+        # the estimates run on the workers too, several chunks each so that none waits long
+        cands = candidates(model, plans, profile, topo.gpus_per_node, map=runner.map, chunks=4 * runner.workers)
+        fitting = sum(cd.estimate.fits for cd in cands)  # at most this many are simulated
+        # each screened plan runs twice, at two small micro-batch counts: the bar counts runs
+        noun = "simulation runs (bar: plans that fit)" if args.screen == "on" else "plans simulated"
+        with ProgressBar(fitting, label="search", start=start, noun=noun) as progress:
+            result = search(cands, lambda plans: runner.run(ctx, plans, progress=progress), margin=args.margin,
+                            wave=args.wave, screen=args.screen == "on", final=max(args.top, 2))
     ranked = rank(result.ranked)
     c = result.counts
     obj = {"best": entry(ranked[0]) if ranked else None, "top": [entry(r) for r in ranked[:args.top]],
            "evaluated": c["evaluated"], "pruned": c["pruned"], "failed": c["failed"],
-           "pruned_memory": c["pruned_memory"], "pruned_time": c["pruned_time"], "plans": c["plans"],
+           "pruned_memory": c["pruned_memory"], "pruned_time": c["pruned_time"],
+           "pruned_dominated": c["pruned_dominated"], "screened": c["screened"], "plans": c["plans"],
            "does_not_fit": c["does_not_fit"],
            "margin": args.margin if math.isfinite(args.margin) else None}
     if args.out:
         rows = [{"key": cd.key, "status": cd.status, "plan": asdict(cd.plan),
-                 "summary": cd.record["summary"] if cd.record else None,
+                 "summary": cd.record["summary"] if cd.record and cd.status != "screened" else None,
                  "error": cd.record.get("error") if cd.record else None,
                  "extra": {"estimate_step_s": cd.estimate.time["step"], "estimate_bound_s": cd.bound_s,
-                           "estimate_peak_memory_bytes": cd.estimate.memory["total"]}} for cd in result.candidates]
+                           "estimate_peak_memory_bytes": cd.estimate.memory["total"],
+                           "screened_iteration_time_s": cd.record["summary"]["iteration_time_s"]
+                           if cd.status == "screened" else ""}} for cd in result.candidates]
         title = pareto_title(f"{model.name} on {gpus} x {profile.name}, global batch {args.global_batch_size}",
                              len(ranked), c["evaluated"], f"{c['plans']} considered")
         write_outputs(Path(args.out), rows, ranked, obj, title, profile.hbm_capacity_bytes, "search")
@@ -288,9 +298,12 @@ def run(args) -> int:
     print(f"{gpus} x {profile.name} on {topo.describe()}; global batch {args.global_batch_size} x {model.seq_length} tokens")
     margin = f"x {args.margin:g}" if math.isfinite(args.margin) else "off"
     wall = time.monotonic() - start  # all of the command's work: estimates, simulations, outputs
+    screened = f"{c['screened']} only at fewer micro-batches, " if c["screened"] else ""
+    dominated = (f", {c['pruned_dominated']} recompute more than a plan that ran and fit"
+                 if c["pruned_dominated"] else "")
     print(f"{c['plans']} plans: {c['pruned_memory']} do not fit in memory, {c['pruned_time']} cannot beat the "
-          f"best two (estimate margin {margin}), {c['evaluated']} simulated ({c['failed']} failed) "
-          f"in {wall:.1f} s (wall time)")
+          f"best two (estimate margin {margin}){dominated}, {c['evaluated']} simulated ({screened}{c['failed']} "
+          f"failed) in {wall:.1f} s (wall time)")
     if c["does_not_fit"]:
         print(f"{c['does_not_fit']} simulated plan(s) did not fit in memory after all (simulated peak)")
     if not ranked:

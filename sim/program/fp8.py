@@ -48,6 +48,16 @@ The kernels are named after the GEMM they serve: ``mlp.down.to_fp8`` (a cast),
 the GEMM they feed are placed right after the GEMM beside them: on one stream the order inside a phase does not change its time, and each
 all-gather stays next to the GEMM it feeds (``sim.program.tp`` overlaps such pairs).
 
+Routed experts: Megatron-Core builds each expert's two linears from TE modules
+(SequentialMLP's TEColumnParallelLinear and TERowParallelLinear, TEGroupedMLP's
+GroupedLinear; ``megatron/core/models/gpt/gpt_layer_specs.py``), so under ``fp8_autocast``
+``moe.experts.up`` and ``moe.experts.down`` and their input and weight gradients run in
+FP8 as well. Their input comes from the token dispatcher (BF16, not a norm) and TE runs
+them without sequence parallelism, so each forward input is cast and transposed at once
+(``to_fp8_t``, read 2G write 2G), each output gradient too, and the weight gradients need
+no transpose of their own. The shared experts (``moe.shared.*``) and the router stay BF16
+here.
+
 Amax: TE's cast kernels record each tensor's absolute maximum as they write it, so the
 scaling statistics cost no pass of their own. Their reduction across the stage (one small
 blocking all-reduce after each chunk's forward and one after its backward, over the
@@ -176,6 +186,9 @@ FP8_GEMMS = ("attn.qkv", "attn.proj", "mlp.up", "mlp.down")
 NORM_FUSED = {"attn.qkv": "attn.norm", "mlp.up": "mlp.norm"}
 """LayerNormLinear GEMMs and the norm that writes their FP8 input."""
 ROW_PARALLEL = ("attn.proj", "mlp.down")
+EXPERT_GEMMS = ("moe.experts.up", "moe.experts.down")
+"""The routed experts' GEMMs (module doc): FP8, inputs cast and transposed as a row-parallel
+GEMM's without sequence parallelism."""
 FP8_GATHERS = {"attn.all_gather": "attn.qkv", "mlp.all_gather": "mlp.up",
                "attn.all_gather.grad": "attn.proj", "mlp.all_gather.grad": "mlp.down",
                "attn.qkv.all_gather.input": "attn.qkv", "mlp.up.all_gather.input": "mlp.up"}
@@ -240,7 +253,7 @@ def gemm_kernel(dtype: str, profile) -> str:
 
 def _role(name: str) -> tuple[str | None, str | None]:
     """(forward GEMM, role) of an op name: ('mlp.down', 'dgrad') for 'mlp.down.dgrad'."""
-    for base in FP8_GEMMS:
+    for base in FP8_GEMMS + EXPERT_GEMMS:
         if name == base:
             return base, "fwd"
         if name in (f"{base}.dgrad", f"{base}.wgrad"):
@@ -335,11 +348,13 @@ def fp8_layer_work(work, fp8_format: str | None, tp: int = 1, sequence_parallel:
             continue
         m, n, k = it.shape
         gemm = _as_fp8(it, r.gemm_dtype)
+        expert = base in EXPERT_GEMMS
+        gsp = sp and not expert  # sequence parallelism as this GEMM's TE module runs it
         if role == "fwd":
             pre = []
             x = m * k * it.batch
-            if base in ROW_PARALLEL:
-                pre += _cast(it, "to_fp8" if sp else "to_fp8_t", r, BF16_BYTES * x, x)
+            if base in ROW_PARALLEL or expert:
+                pre += _cast(it, "to_fp8" if gsp else "to_fp8_t", r, BF16_BYTES * x, x)
             elif not r.history:  # the norm wrote BF16 (its amax fused): the local shard is cast
                 local = x / tp if sp else x
                 pre += _cast(it, "to_fp8" if sp else "to_fp8_t", r, BF16_BYTES * local, local, gathered=sp,
@@ -358,7 +373,7 @@ def fp8_layer_work(work, fp8_format: str | None, tp: int = 1, sequence_parallel:
             out.append(gemm)
         elif role == "dgrad":
             g = m * k * it.batch  # the output gradient, tokens x the forward GEMM's outputs
-            if base in ROW_PARALLEL and sp:  # the local shard cast before its all-gather; transposed once gathered
+            if base in ROW_PARALLEL and gsp:  # the local shard cast before its all-gather; transposed once gathered
                 _insert_before(out, _cast(it, "to_fp8", r, BF16_BYTES * g / tp, g / tp, gathered=True))
                 out.append(gemm)
                 if not r.both_copies:
@@ -368,7 +383,7 @@ def fp8_layer_work(work, fp8_format: str | None, tp: int = 1, sequence_parallel:
                 out.append(gemm)
         else:  # wgrad
             out.append(gemm)
-            if not r.both_copies and ((base in NORM_FUSED and r.history) or sp):
+            if not r.both_copies and ((base in NORM_FUSED and r.history) or gsp):
                 x = m * k * it.batch  # the saved FP8 input, inputs x tokens
                 out.append(_memory(it, "transpose", FP8_BYTES * x, FP8_BYTES * x))
     return replace(work, items=tuple(out))

@@ -299,19 +299,22 @@ def offload(ctx: BuildContext, draft: Draft) -> Draft:
 def param_gather(ctx: BuildContext, draft: Draft) -> Draft:
     """ZeRO-1/2: the updated parameters all-gathered, after the optimizer step or, with
     ``overlap_param_gather``, bucket by bucket ahead of the next forward's first use; FP8
-    weights (``fp8_param_gather``) in 1 byte instead of 2; the experts' over their group."""
+    weights (``fp8_param_gather``) in 1 byte instead of 2; the experts' over their group
+    (their weights are all FP8 GEMM weights, ``sim.program.fp8``)."""
     model, plan = ctx.model, ctx.plan
     if plan.zero_stage not in (1, 2):
         return draft
     bucket, split, prog = sync_bucket_bytes(plan), _expert_split(ctx), draft.program
     grad_bytes = _grad_bytes(ctx)
     fp8_saved = (lambda lid: fp8_layer_weights(model, plan.tp, lid)) if plan.fp8_param_gather else (lambda lid: 0.0)
+    expert_share = 0.5 if plan.fp8_param_gather else 1.0  # 1 byte of the 16-bit weight's 2
     if plan.param_gather_overlap:
         prog = zero.add_param_allgather_ahead(prog, lambda r, lid: grad_bytes(r, lid) - fp8_saved(lid),
                                               plan.dp_group, bucket)
         if split:
-            prog = zero.add_param_allgather_ahead(prog, _expert_bytes(split), ctx.folding.edp_group, bucket,
-                                                  label="expert param allgather")
+            experts = _expert_bytes(split)
+            prog = zero.add_param_allgather_ahead(prog, lambda r, lid: expert_share * experts(r, lid),
+                                                  ctx.folding.edp_group, bucket, label="expert param allgather")
         return draft.with_program(prog)
     done = "params to GPU" if plan.offload_optimizer else "optimizer"  # the step's last action
     psi_split, stage = _param_split(ctx), _stage_of(plan)
@@ -327,7 +330,7 @@ def param_gather(ctx: BuildContext, draft: Draft) -> Draft:
 
     prog = zero.add_param_allgather(prog, lambda r: gathered[stage(r)], plan.dp_group, bucket, done, tensors)
     if split:
-        prog = zero.add_param_allgather(prog, lambda r: param_allgather_bytes(psi_split[stage(r)][1]),
+        prog = zero.add_param_allgather(prog, lambda r: expert_share * param_allgather_bytes(psi_split[stage(r)][1]),
                                         ctx.folding.edp_group, bucket, done, tensors, label="expert param allgather")
     return draft.with_program(prog)
 
