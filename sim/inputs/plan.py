@@ -63,6 +63,8 @@ FP8_RECIPES = ("delayed", "tensorwise", "mxfp8", "blockwise")
 """How Transformer Engine scales FP8 tensors (Megatron-LM ``--fp8-recipe``; ``sim.program.fp8``):
 a per-tensor scale from an amax history (its default), a per-tensor scale from the tensor's own
 amax, MXFP8's E8M0 scale per 32 elements, or DeepSeek-V3's FP32 scale per 1x128 / 128x128 block."""
+FP4_RECIPES = ("nvfp4",)
+"""Megatron-LM's ``--fp4-recipe`` choices (Transformer Engine's NVFP4BlockScaling); not modelled."""
 CROSS_ENTROPY = ("megatron", "megatron-fused", "pytorch")
 """How the loss is computed over the logits (``sim.program.workload.head_work``):
 Megatron-LM's vocab-parallel cross entropy (its default), the same fused by
@@ -256,6 +258,10 @@ class ParallelPlan:
              "mxfp8 (an E8M0 scale per 32 elements; Blackwell) or blockwise (FP32 scales per 1x128 and 128x128 "
              "blocks, DeepSeek-V3's)")
     """``sim.program.fp8``'s ``RECIPES``."""
+    fp4_recipe: str | None = setting(
+        choices=FP4_RECIPES,
+        help="train the GEMMs in NVFP4 (Megatron-LM's --fp4-recipe): not modelled yet, refused (docs/limits.md)")
+    """Always None: NVFP4 training is not modelled (``docs/limits.md``)."""
     zero_stage: int = setting(0, name="zero", type=int, choices=ZERO_STAGES, help="ZeRO stage (default 0)",
                               tables=(("plan", "zero"), (_ZERO, "stage")))
     """ZeRO stage over the dp group: 0 none, 1 optimizer states, 2 +gradients, 3 +parameters."""
@@ -326,6 +332,8 @@ class ParallelPlan:
         _check(self.attention in ATTENTION, "attention", self.attention, f"allowed: {', '.join(ATTENTION)}")
         _check(self.fp8_format is None or self.fp8_format in FP8_FORMATS, "fp8_format", self.fp8_format,
                 f"allowed: {', '.join(FP8_FORMATS)}, or None for BF16")
+        _check(self.fp4_recipe is None, "fp4_recipe", self.fp4_recipe,
+               "not modelled yet: leave it unset (NVFP4 training, docs/limits.md; FP8: --fp8-format, --fp8-recipe)")
         _check(self.fp8_recipe in FP8_RECIPES, "fp8_recipe", self.fp8_recipe, f"allowed: {', '.join(FP8_RECIPES)}")
         _check(self.fp8_recipe == "delayed" or self.fp8_format is not None, "fp8_recipe", self.fp8_recipe,
                "needs fp8_format (e4m3 or hybrid): a recipe scales FP8 tensors; leave it unset in BF16")
