@@ -271,8 +271,8 @@ class HardwareProfile:
         got = (self.attention_kernel_speed or {}).get(kernel)
         if got is None:
             raise InputError(field="attention_kernel", value=kernel,
-                             allowed=f"a kernel profile {self.name} gives a speed for in attention_kernel_speed "
-                                     f"({', '.join(['te', *sorted(self.attention_kernel_speed or {})])}); "
+                             allowed=f"one whose speed profile {self.name} gives (its attention_kernel_speed: "
+                                     f"{', '.join(['te', *sorted(self.attention_kernel_speed or {})])}); "
                                      "--attention-kernel te runs the profile's own", setting="attention_kernel")
         return got["backward" if backward else "forward"]
 
