@@ -13,8 +13,12 @@ One row per run. The columns are the settings of ``trainsim run`` by their field
     precision                   bf16 or fp8; rows of any other precision are skipped
     needs                       a capability the run needs: fp8 and context_parallel are
                                 simulated, rows that need anything else are skipped
-    framework                   free text: the framework the run used (reported with its group)
     source, notes               free text (``source`` also names the row's group)
+
+The framework that ran is the ``framework`` setting's column (megatron, torchtitan, automodel,
+llm-foundry; ``sim.inputs.frameworks``; blank: megatron), and with it ``attention_kernel``,
+``backward_prefetch`` and ``reshard_after_forward`` where a row ran otherwise than its
+framework's defaults; errors are reported per framework.
 
 An ``fp8`` row trains its layers' GEMMs in FP8 (``fp8_format``: its own column, or
 ``FP8_FORMAT``'s value when that is blank); a ``bf16`` row cannot set ``fp8_format``.
@@ -49,6 +53,7 @@ from pathlib import Path
 
 from sim.errors import InputError
 from sim.inputs.fields import why_not_field
+from sim.inputs.frameworks import DEFAULT_FRAMEWORK
 from sim.inputs.flags import value_of_text
 from sim.inputs.schema import FIELDS, fields_of
 
@@ -56,7 +61,7 @@ MEASURED = "measured_iteration_time_s"
 SETTING_COLUMNS = tuple(n for n in fields_of("model", "plan") if n != "hf_config") + ("gpus",)
 """Schema fields a column may set (the model, as a preset or its shape, and the plan; the cluster is
 the GPU's default one)."""
-EXTRA_COLUMNS = ("activation", "context_parallel_size", "gpu", "precision", "needs", "framework", "source", "notes")
+EXTRA_COLUMNS = ("activation", "context_parallel_size", "gpu", "precision", "needs", "source", "notes")
 ACTIVATIONS = {"gelu": False, "swiglu": True, "squared-relu": False}
 """MLP activation -> whether it is gated (``swiglu``). Squared ReLU (Nemotron-4, Megatron's
 ``--squared-relu``) is non-gated with GeLU's GEMM shapes; trainsim times its elementwise
@@ -187,7 +192,8 @@ class MeasuredRun:
     group: tuple
     """(source, precision, shape): rows with the same key form one group."""
     source: str = ""
-    framework: str = ""
+    framework: str = "megatron"
+    """The ``framework`` setting the row ran (``sim.inputs.frameworks``)."""
     file: str = ""
     """The file the row was read from."""
     skip: str | None = None
@@ -333,4 +339,4 @@ def _run(path, line: int, cells: dict) -> MeasuredRun:
     source = cells.get("source", "")
     shape = tuple(values.get(n) for n in SHAPE if n != "activation") + (activation,)
     return MeasuredRun(line, values, measured, cells.get("gpu") or None, (source, precision, shape), source,
-                       cells.get("framework", ""), str(path), skip, tuple(filled), tuple(by_source))
+                       values.get("framework") or DEFAULT_FRAMEWORK, str(path), skip, tuple(filled), tuple(by_source))

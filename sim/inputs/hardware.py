@@ -43,7 +43,7 @@ from pydantic import TypeAdapter, ValidationError, with_config
 
 from sim.errors import InputError
 from sim.inputs.profile_checks import (
-    BASE_LATENCY_TABLE, BYTE_RATE, COUNT, FLAG, FRACTION, GEMM_TILES, LINK_KINDS, MAX_SPREAD,
+    ATTENTION_KERNEL_SPEEDS, BASE_LATENCY_TABLE, BYTE_RATE, COUNT, FLAG, FRACTION, GEMM_TILES, LINK_KINDS, MAX_SPREAD,
     IDLE_WATTS, NAME, NCCL_PROTOCOL_TABLE, PEAK_FLOPS, PROVENANCE, SECONDS, SOURCES, STRICT_KEYS, WATTS, Allowed,
     json_object, number, one_line_error)
 
@@ -175,6 +175,11 @@ class HardwareProfile:
     """An MXFP8 GEMM's throughput over a per-tensor-scaled FP8 GEMM's of the same shapes
     (``gemm_efficiency(..., dtype="mxfp8")`` caps at ``fp8_gemm_max_efficiency`` times
     this): the block-scaled kernels also load and apply the scales. None: 1."""
+    attention_kernel_speed: ATTENTION_KERNEL_SPEEDS | None = None
+    """Attention kernel (``sim.inputs.frameworks``: 'fa2', 'triton') -> its forward and
+    backward speed as a fraction of the kernel ``attention_max_efficiency`` stands for
+    ('te'), measured at the same shapes. A kernel it does not list cannot be priced on this
+    GPU (``attention_speed``). None: none listed."""
     power_limit_w: WATTS | None = None
     """The board's power limit (TDP, the datasheet's maximum thermal design power), watts:
     what a GPU draws at most, and about what it draws under sustained GEMMs. None: not
@@ -272,6 +277,19 @@ class HardwareProfile:
         return (self.attention_max_efficiency * self.sustained_compute_fraction * tile_q * wave_q
                 * seq_k / (seq_k + self.gemm_k_overhead))
 
+    def attention_speed(self, kernel: str, backward: bool) -> float:
+        """Speed of attention ``kernel``'s forward (or ``backward``) pass relative to the
+        profile's own kernel ('te': 1), from ``attention_kernel_speed``."""
+        if kernel == "te":
+            return 1.0
+        got = (self.attention_kernel_speed or {}).get(kernel)
+        if got is None:
+            raise InputError(field="attention_kernel", value=kernel,
+                             allowed=f"one whose speed profile {self.name} gives (its attention_kernel_speed: "
+                                     f"{', '.join(['te', *sorted(self.attention_kernel_speed or {})])}); "
+                                     "--attention-kernel te runs the profile's own", setting="attention_kernel")
+        return got["backward" if backward else "forward"]
+
     # ---------------------------------------------------------------- files
     def to_dict(self) -> dict:
         out = {}
@@ -287,8 +305,8 @@ class HardwareProfile:
             out[f.name] = v
         if not out["provenance"]:
             del out["provenance"]
-        for key in ("framework_kernel_efficiency", "nccl_protocols", "nvls_efficiency", "nvls_latency_s",
-                    "nccl_base_latency_s", "fp8_gemm_max_efficiency", "power_limit_w", "idle_power_w",
+        for key in ("framework_kernel_efficiency", "attention_kernel_speed", "nccl_protocols", "nvls_efficiency",
+                    "nvls_latency_s", "nccl_base_latency_s", "fp8_gemm_max_efficiency", "power_limit_w", "idle_power_w",
                     "mxfp8_gemm_relative_efficiency"):
             if out[key] is None:
                 del out[key]

@@ -47,6 +47,7 @@ from sim.inputs import placement as _pl
 from sim.inputs.context_parallel import check_context_model, check_context_plan
 from sim.inputs.experts import DISPATCHERS, check_ep_overlap_plan, check_expert_model, check_expert_plan
 from sim.inputs.fields import setting
+from sim.inputs.frameworks import ATTENTION_KERNELS, BACKWARD_PREFETCH, FRAMEWORKS, check_framework_plan
 from sim.inputs.recompute import RECOMPUTE_MODULES, check_recompute_model, check_recompute_plan, \
     modules_in_effect, parse_recompute_modules
 from sim.inputs.layer_split import FIRST, LAST, check_layer_split, check_layout, parse_layer_split, parse_layout, \
@@ -246,6 +247,20 @@ class ParallelPlan:
         help="how attention runs: flash (one fused kernel: FlashAttention or cuDNN, Megatron-Core with Transformer "
              "Engine; the default) or unfused (Megatron-LM without --use-flash-attn: QK^T and AV as batched GEMMs, "
              "softmax and dropout over the s x s scores in memory)")
+    framework: str | None = setting(
+        choices=tuple(FRAMEWORKS),
+        help="the training framework that ran: megatron (Megatron-Core / NeMo, what the presets are fitted to; the "
+             "default), torchtitan (FSDP2, SDPA's FlashAttention-2), automodel (NeMo AutoModel: FSDP2, Transformer "
+             "Engine kernels) or llm-foundry (MPT on Composer's FSDP1: Triton flash attention, BACKWARD_POST "
+             "prefetch); sets the defaults of --attention-kernel and --backward-prefetch")
+    """``sim.inputs.frameworks``; None: Megatron-Core."""
+    attention_kernel: str | None = setting(
+        choices=ATTENTION_KERNELS,
+        help="the fused attention kernel: te (Transformer Engine's: cuDNN, FlashAttention-3 class on Hopper, the "
+             "profile's own), fa2 (FlashAttention-2, PyTorch SDPA's flash backend) or triton (FlashAttention in "
+             "Triton, llm-foundry's attn_impl triton); each at the profile's attention_kernel_speed (default: the "
+             "framework's)")
+    """``sim.inputs.frameworks``; None: the framework's."""
     fp8_format: str | None = setting(
         choices=FP8_FORMATS,
         help="train the transformer layers' GEMMs in FP8 with Transformer Engine: e4m3 (all tensors E4M3) or hybrid "
@@ -277,6 +292,19 @@ class ParallelPlan:
         type=Number(float, above=0), metavar="PARAMS", tables=((_ZERO, "stage3_max_live_parameters"),),
         help="ZeRO-3: most gathered parameters alive at once (DeepSpeed stage3_max_live_parameters)")
     """Caps the prefetch depth. None: no cap."""
+    backward_prefetch: str | None = setting(
+        choices=BACKWARD_PREFETCH,
+        help="ZeRO-3 / FSDP: when a layer's all-gather for backward is issued (PyTorch FSDP1's names): backward_pre "
+             "(under the backward of the layer after it, up to --zero3-prefetch-depth layers ahead) or backward_post "
+             "(once the layer after it has its gradients: each layer's backward waits for its gather; Composer's "
+             "default); default: the framework's")
+    """``sim.inputs.frameworks``; None: the framework's."""
+    reshard_after_forward: bool = setting(
+        True, kind="bool",
+        help="ZeRO-3 / FSDP: free each layer's gathered parameters after its forward and gather them again for "
+             "backward (FSDP2's reshard_after_forward, FSDP1's FULL_SHARD; default on); "
+             "--no-reshard-after-forward keeps them until the layer's backward is done (FSDP1's SHARD_GRAD_OP)")
+    """``sim.program.zero.add_param_gathers``."""
     zero_bucket_size_bytes: int | None = setting(
         name="zero_bucket_size", metavar="BYTES", convert=partial(parse_size, field="--zero-bucket-size"),
         help="ZeRO-2/3 gradient reduce-scatter bucket, e.g. 500MB (default: --bucket-size)")
@@ -379,6 +407,7 @@ class ParallelPlan:
         check_expert_plan(self)
         check_ep_overlap_plan(self)
         check_context_plan(self)
+        check_framework_plan(self)
 
     def _check_schedule(self) -> None:
         if self.schedule is None:
@@ -428,12 +457,15 @@ class ParallelPlan:
     def summary(self) -> dict:
         """The plan's fields as JSON-ready values; the settings that only set other fields
         (``layers_per_virtual_stage`` sets vpp, ``zero3_prefetch_bucket_size`` the depth), the
-        pipeline layout and the schedule file are left out when not given."""
+        pipeline layout, the schedule file and the framework settings are left out when not given
+        (``reshard_after_forward`` when on, its default)."""
         out = dataclasses.asdict(self)
         for name in ("layers_per_virtual_stage", "schedule_file", "zero3_prefetch_bucket_size", "pipeline_layout",
-                     "recompute_modules"):
+                     "recompute_modules", "framework", "attention_kernel", "backward_prefetch"):
             if out[name] is None:
                 del out[name]
+        if out["reshard_after_forward"]:
+            del out["reshard_after_forward"]
         return out
 
     @property

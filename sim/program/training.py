@@ -21,8 +21,10 @@ the schedule and the program so far):
     p2p           pipeline sends and receives between stages
     grad_sync     data-parallel gradient buckets (all-reduce, or reduce-scatter under
                   ZeRO), and the experts' over their own data-parallel group
-    zero3_gather  ZeRO-3's per-layer parameter all-gathers, prefetched (an MoE layer's
-                  experts over their own data-parallel group)
+    zero3_gather  ZeRO-3's per-layer parameter all-gathers, prefetched as the framework
+                  does (``backward_prefetch``), kept from forward to backward without
+                  ``reshard_after_forward`` (an MoE layer's experts over their own
+                  data-parallel group)
     optimizer     the optimizer step on the GPU
     offload       or, with ``offload_optimizer``, on the host with its copies
     param_gather  ZeRO-1/2's parameter all-gather after the step (or overlapped ahead of
@@ -50,6 +52,7 @@ from typing import Callable
 
 from sim.errors import InputError
 from sim.inputs.experts import Folding
+from sim.inputs.frameworks import backward_prefetch_in_effect
 from sim.inputs.hardware import HardwareProfile
 from sim.inputs.model import ModelSpec, layer_param_split, mtp_param_split
 from sim.inputs.plan import ParallelPlan
@@ -259,11 +262,13 @@ def zero3_gather(ctx: BuildContext, draft: Draft) -> Draft:
     if plan.zero_stage != 3:
         return draft
     depth = zero3_depth(ctx.model, plan)
-    prog = zero.add_param_gathers(draft.program, _grad_bytes(ctx), plan.dp_group, depth)
+    how = dict(backward_depth=0 if backward_prefetch_in_effect(plan) == "backward_post" else None,
+               reshard_after_forward=plan.reshard_after_forward)
+    prog = zero.add_param_gathers(draft.program, _grad_bytes(ctx), plan.dp_group, depth, **how)
     split = _expert_split(ctx)
     if split:
         prog = zero.add_param_gathers(prog, _expert_bytes(split), ctx.folding.edp_group, depth,
-                                      label="gather experts of layer")
+                                      label="gather experts of layer", **how)
     return draft.with_program(prog)
 
 
