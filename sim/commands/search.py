@@ -40,6 +40,7 @@ from sim.studies.search import (
     SearchSpace,
     candidates,
     enumerate_plans,
+    screen_sizes,
     search,
 )
 from sim.studies.search_explain import describe_plan, explain
@@ -229,10 +230,11 @@ def write_outputs(out: Path, rows: list[dict], ranked: list[dict], obj: dict, ti
 
 
 def print_top(ranked: list[dict], top: int) -> None:
-    print(f"{'#':>3}  {'plan':<62}{'iteration':>11}{'tokens/s':>12}{'MFU':>7}{'peak mem':>12}")
+    width = max([62, *(len(describe_plan(r["plan"])) + 2 for r in ranked[:top])])
+    print(f"{'#':>3}  {'plan':<{width}}{'iteration':>11}{'tokens/s':>12}{'MFU':>7}{'peak mem':>12}")
     for i, r in enumerate(ranked[:top], start=1):
         s = r["summary"]
-        print(f"{i:>3}  {describe_plan(r['plan']):<62}{format_time(s['iteration_time_s']):>11}"
+        print(f"{i:>3}  {describe_plan(r['plan']):<{width}}{format_time(s['iteration_time_s']):>11}"
               f"{s['tokens_per_s']:>12,.0f}{s['mfu'] * 100:>6.1f}%{format_bytes(s['memory']['peak_bytes']):>12}")
 
 
@@ -266,10 +268,10 @@ def run(args) -> int:
     with interrupted_note(log), Runner(args.workers, args.dask, log) as runner:
         # the estimates run on the workers too, several chunks each so that none waits long
         cands = candidates(model, plans, profile, topo.gpus_per_node, map=runner.map, chunks=4 * runner.workers)
-        fitting = sum(cd.estimate.fits for cd in cands)  # at most this many are simulated
-        # each screened plan runs twice, at two small micro-batch counts: the bar counts runs
-        noun = "simulation runs (bar: plans that fit)" if args.screen == "on" else "plans simulated"
-        with ProgressBar(fitting, label="search", start=start, noun=noun) as progress:
+        # at most this many simulations: each plan that fits, twice if it is screened (at two
+        # small micro-batch counts), less what the pruning saves
+        runs = sum((2 if args.screen == "on" and screen_sizes(cd.plan) else 1) for cd in cands if cd.estimate.fits)
+        with ProgressBar(runs, label="search", start=start, noun="simulations") as progress:
             result = search(cands, lambda plans: runner.run(ctx, plans, progress=progress), margin=args.margin,
                             wave=args.wave, screen=args.screen == "on", final=max(args.top, 2))
     ranked = rank(result.ranked)

@@ -60,6 +60,12 @@ ATTENTION = ("flash", "unfused")
 FP8_FORMATS = ("e4m3", "hybrid")
 """Transformer Engine's FP8 formats (Megatron-LM ``--fp8-format``): all tensors E4M3, or E4M3
 forward and E5M2 gradients."""
+FP8_RECIPES = ("delayed", "tensorwise", "mxfp8", "blockwise")
+"""How Transformer Engine scales FP8 tensors (Megatron-LM ``--fp8-recipe``; ``sim.program.fp8``):
+a per-tensor scale from an amax history (its default), a per-tensor scale from the tensor's own
+amax, MXFP8's E8M0 scale per 32 elements, or DeepSeek-V3's FP32 scale per 1x128 / 128x128 block."""
+FP4_RECIPES = ("nvfp4",)
+"""Megatron-LM's ``--fp4-recipe`` choices (Transformer Engine's NVFP4BlockScaling); not modelled."""
 CROSS_ENTROPY = ("megatron", "megatron-fused", "pytorch")
 """How the loss is computed over the logits (``sim.program.workload.head_work``):
 Megatron-LM's vocab-parallel cross entropy (its default), the same fused by
@@ -254,6 +260,17 @@ class ParallelPlan:
         help="train the transformer layers' GEMMs in FP8 with Transformer Engine: e4m3 (all tensors E4M3) or hybrid "
              "(E4M3 forward, E5M2 gradients); needs a GPU with an FP8 peak (H100, H200); default off (BF16)")
     """``sim.program.fp8``; None: BF16."""
+    fp8_recipe: str = setting(
+        "delayed", choices=FP8_RECIPES,
+        help="with --fp8-format, how Transformer Engine scales FP8 tensors: delayed (a per-tensor scale from an "
+             "amax history; the default), tensorwise (per-tensor current scaling: an amax pass before each cast), "
+             "mxfp8 (an E8M0 scale per 32 elements; Blackwell) or blockwise (FP32 scales per 1x128 and 128x128 "
+             "blocks, DeepSeek-V3's)")
+    """``sim.program.fp8``'s ``RECIPES``."""
+    fp4_recipe: str | None = setting(
+        choices=FP4_RECIPES,
+        help="train the GEMMs in NVFP4 (Megatron-LM's --fp4-recipe): not modelled yet, refused (docs/limits.md)")
+    """Always None: NVFP4 training is not modelled (``docs/limits.md``)."""
     zero_stage: int = setting(0, name="zero", type=int, choices=ZERO_STAGES, help="ZeRO stage (default 0)",
                               tables=(("plan", "zero"), (_ZERO, "stage")))
     """ZeRO stage over the dp group: 0 none, 1 optimizer states, 2 +gradients, 3 +parameters."""
@@ -328,6 +345,14 @@ class ParallelPlan:
         _check(self.attention in ATTENTION, "attention", self.attention, f"allowed: {', '.join(ATTENTION)}")
         _check(self.fp8_format is None or self.fp8_format in FP8_FORMATS, "fp8_format", self.fp8_format,
                 f"allowed: {', '.join(FP8_FORMATS)}, or None for BF16")
+        _check(self.fp4_recipe is None, "fp4_recipe", self.fp4_recipe,
+               "not modelled yet: leave it unset (NVFP4 training, docs/limits.md; FP8: --fp8-format, --fp8-recipe)")
+        _check(self.fp8_recipe in FP8_RECIPES, "fp8_recipe", self.fp8_recipe, f"allowed: {', '.join(FP8_RECIPES)}")
+        _check(self.fp8_recipe == "delayed" or self.fp8_format is not None, "fp8_recipe", self.fp8_recipe,
+               "needs fp8_format (e4m3 or hybrid): a recipe scales FP8 tensors; leave it unset in BF16")
+        _check(not self.fp8_param_gather or self.fp8_recipe in ("delayed", "tensorwise"), "fp8_param_gather", True,
+               f"not modelled with fp8_recipe {self.fp8_recipe} (allowed with delayed or tensorwise): FP8 weights "
+               "that keep block scales are not modelled")
         _check(self.recompute in RECOMPUTE, "recompute", self.recompute,
                 f"allowed: {', '.join(RECOMPUTE)}")
         object.__setattr__(self, "recompute_modules", check_recompute_plan(self))

@@ -220,8 +220,9 @@ def ep_overlap(ctx: BuildContext, draft: Draft) -> Draft:
 
 def fp8_amax(ctx: BuildContext, draft: Draft) -> Draft:
     """FP8 delayed scaling's amax all-reduces over the stage's GPUs (``sim.program.amax``),
-    before the sends, which wait for them; nothing in BF16."""
-    if ctx.plan.fp8_format is None:
+    before the sends, which wait for them; nothing in BF16 or under a recipe without an amax
+    history (``sim.program.fp8``)."""
+    if ctx.plan.fp8_format is None or ctx.plan.fp8_recipe != "delayed":
         return draft
     return draft.with_program(add_amax_reductions(draft.program, stage_groups(ctx.plan),
                                                   chunk_gemms(ctx.model, ctx.plan), ctx.nccl))

@@ -456,7 +456,7 @@ def plan_layer_work(model: ModelSpec, plan: ParallelPlan, moe: MoeShape | None =
     gradient accumulation as the plan says); ``moe``: its expert shape, None for dense."""
     return layer_as_run(model, plan.micro_batch_size, plan.tp, plan.sequence_parallel, plan.recompute, plan.attention, moe,
                   plan.fp8_format, plan.num_microbatches, plan.cp, plan.cp_comm_type,
-                  plan.gradient_accumulation_fusion, plan.fp8_param_gather, plan.recompute_modules)
+                  plan.gradient_accumulation_fusion, plan.fp8_param_gather, plan.recompute_modules, plan.fp8_recipe)
 
 
 def local_sequence(model: ModelSpec, cp: int) -> ModelSpec:
@@ -468,12 +468,13 @@ def local_sequence(model: ModelSpec, cp: int) -> ModelSpec:
 def layer_as_run(model: ModelSpec, b: int, t: int, sp: bool, recompute: str = "none", attention: str = "flash",
                  moe: MoeShape | None = None, fp8_format: str | None = None, microbatches: int = 1, cp: int = 1,
                  cp_comm: str = "p2p", fused_accumulation: bool = True, fp8_params: bool = False,
-                 modules: tuple | None = None) -> Work:
+                 modules: tuple | None = None, fp8_recipe: str = "delayed") -> Work:
     """``plan_layer_work`` from the plan's settings, cached: ``layer_work``, then the FP8
     casts (``sim.program.fp8``) and unfused gradient accumulation (``accumulate_wgrads``)."""
     layer = layer_work(model, b, t, sp, recompute, attention=attention, moe=moe, cp=cp, cp_comm=cp_comm,
                        modules=modules)
-    return accumulate_wgrads(fp8_layer_work(layer, fp8_format, t, sp, microbatches, fp8_params), fused_accumulation)
+    return accumulate_wgrads(fp8_layer_work(layer, fp8_format, t, sp, microbatches, fp8_params, fp8_recipe),
+                             fused_accumulation)
 
 
 def p2p_bytes(model: ModelSpec, micro_batch: int, tp: int = 1, sequence_parallel: bool = False,

@@ -278,14 +278,15 @@ def _variants(model, gbs, space, dp, tp, pp, mbs, cp=1) -> list[ParallelPlan]:
 @lru_cache(maxsize=4096)
 def _phases(model: ModelSpec, profile: HardwareProfile, b: int, t: int, sp: bool, recompute: str,
             tp_link: str, fp8_format: str | None = None, microbatches: int = 1, cross_entropy: str = "megatron",
-            fused_accumulation: bool = True, attention: str = "flash", modules: tuple | None = None) -> tuple:
+            fused_accumulation: bool = True, attention: str = "flash", modules: tuple | None = None,
+            fp8_recipe: str = "delayed") -> tuple:
     """Per phase F, B, W: (phase, layer_s, embedding_s, head_s, layer_s), compute plus tp
     collectives, for the layer, embedding and head as the plan runs them (``sim.program.workload``)."""
     def times(work):
         return work_times(work, profile, t, tp_link)
 
     layer = times(layer_as_run(model, b, t, sp, recompute, attention, None, fp8_format, microbatches,
-                               fused_accumulation=fused_accumulation, modules=modules))
+                               fused_accumulation=fused_accumulation, modules=modules, fp8_recipe=fp8_recipe))
     emb, head = (times(w) for w in edge_works(model, b, t, sp, cross_entropy, fused_accumulation))
     return tuple((ph, sum(layer[ph]), sum(emb[ph]), sum(head[ph]), sum(layer[ph])) for ph in ("F", "B", "W"))
 
@@ -363,7 +364,7 @@ def bound_s(ctx: BuildContext, est: Estimate) -> float:
     else:
         ph = _phases(model, profile, plan.micro_batch_size, plan.tp, plan.sequence_parallel, plan.recompute,
                      est.links["tp"], plan.fp8_format, m, plan.cross_entropy, plan.gradient_accumulation_fusion,
-                     plan.attention, plan.recompute_modules)
+                     plan.attention, plan.recompute_modules, plan.fp8_recipe)
     ranks, a2a = [], []  # per pipeline rank: (F, B, W) seconds per micro-batch over its chunks; all-to-all seconds
     for r in range(p):
         ids = [i for c in range(v) for i in plan.layer_range(model, c * p + r)]

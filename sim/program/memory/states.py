@@ -43,6 +43,7 @@ from dataclasses import dataclass
 from sim.errors import require
 from sim.inputs.model import ModelSpec, layer_param_split, layer_params_per_rank, mtp_param_split
 from sim.inputs.plan import ParallelPlan
+from sim.program.fp8 import weight_copy_bytes
 
 DEEPSPEED_REDUCE_BUCKET_ELEMS = 500_000_000
 """DeepSpeed's default ``zero_optimization.reduce_bucket_size`` (elements)."""
@@ -141,10 +142,11 @@ def stage_model_states(model: ModelSpec, plan: ParallelPlan, stage: int) -> Mode
                        a.optimizer_bytes + b.optimizer_bytes)
 
 
-FP8_WEIGHT_COPY_BYTES = 2
+FP8_WEIGHT_COPY_BYTES = weight_copy_bytes("delayed")
 """FP8 training: bytes per transformer-layer GEMM weight parameter of Transformer Engine's FP8
 copies, the FP8 weight and its transpose for the input-gradient GEMM (TE's
-``get_fp8_workspace`` keeps both while gradients are enabled), beside the 16-bit weight."""
+``get_fp8_workspace`` keeps both while gradients are enabled), beside the 16-bit weight;
+under the block-scaled recipes both copies carry their scales (``weight_copy_bytes``)."""
 
 
 def fp8_layer_weights(model: ModelSpec, tp: int, layer: int) -> float:
@@ -160,7 +162,7 @@ def fp8_layer_weights(model: ModelSpec, tp: int, layer: int) -> float:
 
 
 def fp8_weight_copy_bytes(model: ModelSpec, plan: ParallelPlan, stage: int) -> float:
-    """The FP8 weight copies (``FP8_WEIGHT_COPY_BYTES`` per parameter, ``fp8_layer_weights``)
+    """The FP8 weight copies (``weight_copy_bytes`` of the plan's recipe per parameter, ``fp8_layer_weights``)
     of the layers a rank of pipeline stage ``stage`` holds; not sharded by ZeRO (they are
     TE's buffers). 0 in BF16, and 0 with FP8 weights (``fp8_param_gather``): the FP8
     weight (1 byte) and its transpose (1 byte) then take the 16-bit weight's 2 bytes,
@@ -170,7 +172,7 @@ def fp8_weight_copy_bytes(model: ModelSpec, plan: ParallelPlan, stage: int) -> f
         return 0.0
     ids = [i for c in range(plan.vpp) for i in plan.layer_range(model, c * plan.pp + stage)]
     experts = stage_param_split(model, plan, stage)[1]
-    return FP8_WEIGHT_COPY_BYTES * (sum(fp8_layer_weights(model, plan.tp, i) for i in ids) + experts)
+    return weight_copy_bytes(plan.fp8_recipe) * (sum(fp8_layer_weights(model, plan.tp, i) for i in ids) + experts)
 
 
 # ------------------------------------------------------------- 16-bit copies
