@@ -50,6 +50,7 @@ from sim.inputs.fields import setting
 from sim.inputs.frameworks import ATTENTION_KERNELS, BACKWARD_PREFETCH, FRAMEWORKS, check_framework_plan
 from sim.inputs.recompute import RECOMPUTE_MODULES, check_recompute_model, check_recompute_plan, \
     modules_in_effect, parse_recompute_modules
+from sim.inputs.tp_overlap import parse as parse_tp_overlap
 from sim.inputs.layer_split import FIRST, LAST, check_layer_split, check_layout, parse_layer_split, parse_layout, \
     split_layers
 from sim.errors import require
@@ -188,6 +189,14 @@ class ParallelPlan:
         False, kind="switch", help="overlap tensor-parallel all-gathers and reduce-scatters with the GEMMs beside "
                                    "them, in tp chunks (Megatron-LM/Transformer Engine; needs --sequence-parallel)")
     """Transformer Engine's userbuffers (``sim.program.tp``)."""
+    tp_comm_overlap_cfg: str | None = setting(
+        metavar="NAME|SPEC",
+        help="with --tp-comm-overlap, Transformer Engine's overlap method and SMs per GEMM: a configuration by name "
+             "(te-1, te-2: TE's defaults; NeMo's userbuffers_* names; dgxc-25.02-gpt3-175b, "
+             "dgxc-25.02-llama3.1-405b) or GEMM=METHOD[:NUM_SM][:margin][:aggregate][:splits=N] entries after an "
+             "optional name, comma-separated; each GEMM beside an overlap runs on the SMs it leaves (default: TE's "
+             "default methods, GEMMs slowed by overlap_compute_slowdown beside a reduce-scatter)")
+    """``sim.inputs.tp_overlap``; None: trainsim's older model (its module doc)."""
     cp: int = setting(
         1, name="context_parallel_size", type=POSITIVE_INT,
         help="context-parallel size: GPUs each sequence is split over (ring attention or an all-gather of keys "
@@ -353,6 +362,10 @@ class ParallelPlan:
         _check(not self.tp_comm_overlap or self.tp == 1 or self.sequence_parallel, "tp_comm_overlap", True,
                 "needs sequence_parallel (it overlaps the sequence-parallel all-gathers and reduce-scatters with "
                 "the GEMMs beside them)")
+        _check(self.tp_comm_overlap_cfg is None or self.tp_comm_overlap, "tp_comm_overlap_cfg",
+                self.tp_comm_overlap_cfg, "needs tp_comm_overlap (the configuration of its overlap)")
+        if self.tp_comm_overlap_cfg is not None:
+            parse_tp_overlap(self.tp_comm_overlap_cfg)
         _check(self.cross_entropy in CROSS_ENTROPY, "cross_entropy", self.cross_entropy,
                 f"allowed: {', '.join(CROSS_ENTROPY)}")
         _check(self.cross_entropy != "pytorch" or self.tp == 1, "cross_entropy", self.cross_entropy,
@@ -461,7 +474,8 @@ class ParallelPlan:
         (``reshard_after_forward`` when on, its default)."""
         out = dataclasses.asdict(self)
         for name in ("layers_per_virtual_stage", "schedule_file", "zero3_prefetch_bucket_size", "pipeline_layout",
-                     "recompute_modules", "framework", "attention_kernel", "backward_prefetch"):
+                     "recompute_modules", "framework", "attention_kernel", "backward_prefetch",
+                     "tp_comm_overlap_cfg"):
             if out[name] is None:
                 del out[name]
         if out["reshard_after_forward"]:
