@@ -126,7 +126,8 @@ def gpu_energy(spans: Iterable[Span], end_s: float, power: PowerStates,
     comm_only = sum(b - a for a, b in moving) - _overlap(moving, busy)
     busy_s = sum(b - a for a, b in busy)
     by_state["communication"] = comm_only * power.communication_w
-    by_state["idle"] = max(0.0, end_s - busy_s - comm_only) * power.idle_w
+    idle_s = end_s - busy_s - comm_only
+    by_state["idle"] = (idle_s if idle_s > 1e-12 * end_s else 0.0) * power.idle_w  # (not rounding's crumbs)
     return by_state
 
 
