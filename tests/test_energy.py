@@ -59,7 +59,7 @@ def test_a_hand_computed_timeline_gives_exact_joules():
 
     trace = Trace(spans=spans, transfers=[], link_bytes={}, link_kind={})
     plan = ParallelPlan(tp=1, pp=1, dp=1, global_batch_size=1)
-    out = iteration_energy(trace, plan, lambda r: p, lambda r, s: fraction[s.name], tokens=1000)
+    out = iteration_energy(trace, plan, lambda r: p, lambda r: lambda s: fraction[s.name], tokens=1000)
     total = sum(expected.values())                                    # 1,330 J over 3 s (the trace ends at 3.0)
     assert out["energy_per_iteration_j"] == pytest.approx(total - 0.5 * 70)
     assert out["energy_per_token_j"] == pytest.approx(out["energy_per_iteration_j"] / 1000)

@@ -39,6 +39,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Iterable
 
+import numpy as np
+
 from sim.errors import InputError
 from sim.program.build import job_profile
 from sim.program.costs import bias_pass_time, op_time
@@ -80,55 +82,77 @@ class PowerStates:
         return compute_fraction * self.compute_bound_w + (1.0 - compute_fraction) * self.memory_bound_w
 
 
-def _merged(intervals: list[tuple[float, float]]) -> list[tuple[float, float]]:
-    out: list[list[float]] = []
-    for a, b in sorted(intervals):
-        if out and a <= out[-1][1]:
-            out[-1][1] = max(out[-1][1], b)
-        else:
-            out.append([a, b])
-    return [(a, b) for a, b in out]
+def _union_s(group: np.ndarray, start: np.ndarray, end: np.ndarray, groups: int, span_s: float) -> np.ndarray:
+    """Per group, the seconds the union of its intervals covers. The groups' intervals are
+    shifted ``span_s`` apart (longer than any interval's end) so that one sort and one running
+    maximum of the ends merge each group's intervals without touching the others'."""
+    if not len(start):
+        return np.zeros(groups)
+    shift = group * span_s
+    order = np.argsort(start + shift, kind="stable")
+    s, e = (start + shift)[order], (end + shift)[order]
+    reach = np.maximum.accumulate(e)
+    before = np.concatenate(([-np.inf], reach[:-1]))
+    return np.bincount(group[order], weights=np.maximum(0.0, e - np.maximum(s, before)), minlength=groups)
 
 
-def _overlap(a: list[tuple[float, float]], b: list[tuple[float, float]]) -> float:
-    """Seconds both merged, sorted interval lists cover."""
-    total, i, j = 0.0, 0, 0
-    while i < len(a) and j < len(b):
-        lo, hi = max(a[i][0], b[j][0]), min(a[i][1], b[j][1])
-        if hi > lo:
-            total += hi - lo
-        if a[i][1] < b[j][1]:
-            i += 1
-        else:
-            j += 1
-    return total
+def state_seconds(spans: Iterable[Span], end_s: float,
+                  fraction_of: Callable[[int], Callable[[Span], float]]) -> dict[int, dict[str, float]]:
+    """Per rank with spans, the seconds of [0, ``end_s``] it spends in each state (module doc);
+    ``fraction_of(rank)(span)``: the share of a compute span's time in compute-bound kernels.
+    A GPU computes while its compute stream runs a kernel; it communicates while a
+    collective, transfer or copy moves data and it does not compute; else it idles."""
+    ranks: dict[int, int] = {}
+    fractions: dict[int, Callable] = {}
+    cg, cs, ce, cf, mg, ms, me = [], [], [], [], [], [], []
+    for sp in spans:
+        kind, start, end = sp.kind, sp.start_s, sp.end_s
+        g = ranks.get(sp.rank)
+        if g is None:
+            g = ranks[sp.rank] = len(ranks)
+            fractions[g] = fraction_of(sp.rank)
+        if end <= start:
+            continue
+        if kind == "compute":
+            if sp.stream == COMPUTE_STREAM:
+                cg.append(g), cs.append(start), ce.append(end), cf.append(fractions[g](sp))
+        elif kind in COMM_KINDS:
+            if sp.busy_start_s is not None:
+                start = sp.busy_start_s
+            if end > start:
+                mg.append(g), ms.append(start), me.append(end)
+    n, span_s = len(ranks), end_s + 1.0
+    cg, cs, ce, cf = np.array(cg, dtype=int), np.array(cs), np.array(ce), np.array(cf)
+    busy = _union_s(cg, cs, ce, n, span_s)
+    either = _union_s(np.concatenate((cg, np.array(mg, dtype=int))), np.concatenate((cs, ms)),
+                      np.concatenate((ce, me)), n, span_s)
+    bound = np.bincount(cg, weights=cf * (ce - cs), minlength=n)
+    memory = np.bincount(cg, weights=(1.0 - cf) * (ce - cs), minlength=n)
+    out = {}
+    for r, g in ranks.items():
+        idle = end_s - either[g]
+        out[r] = {"compute_bound": float(bound[g]), "memory_bound": float(memory[g]),
+                  "communication": float(either[g] - busy[g]),
+                  "idle": float(idle) if idle > 1e-12 * end_s else 0.0}  # (not rounding's crumbs)
+    return out
+
+
+def _joules(seconds: dict[str, float], power: PowerStates) -> dict[str, float]:
+    return {"compute_bound": seconds["compute_bound"] * power.compute_bound_w,
+            "memory_bound": seconds["memory_bound"] * power.memory_bound_w,
+            "communication": seconds["communication"] * power.communication_w,
+            "idle": seconds["idle"] * power.idle_w}
 
 
 def gpu_energy(spans: Iterable[Span], end_s: float, power: PowerStates,
                compute_fraction: Callable[[Span], float]) -> dict:
     """Joules one GPU spends in each state over [0, ``end_s``] (module doc), from its spans;
     ``compute_fraction(span)``: the share of a compute span's time in compute-bound kernels."""
-    compute, comm = [], []
-    by_state = dict.fromkeys(STATES, 0.0)
-    for s in spans:
-        if s.end_s <= s.start_s:
-            continue
-        if s.kind == "compute" and s.stream == COMPUTE_STREAM:
-            compute.append((s.start_s, s.end_s))
-            f = compute_fraction(s)
-            by_state["compute_bound"] += f * s.duration_s * power.compute_bound_w
-            by_state["memory_bound"] += (1.0 - f) * s.duration_s * power.memory_bound_w
-        elif s.kind in COMM_KINDS:
-            start = s.start_s if s.busy_start_s is None else s.busy_start_s
-            if s.end_s > start:
-                comm.append((start, s.end_s))
-    busy, moving = _merged(compute), _merged(comm)
-    comm_only = sum(b - a for a, b in moving) - _overlap(moving, busy)
-    busy_s = sum(b - a for a, b in busy)
-    by_state["communication"] = comm_only * power.communication_w
-    idle_s = end_s - busy_s - comm_only
-    by_state["idle"] = (idle_s if idle_s > 1e-12 * end_s else 0.0) * power.idle_w  # (not rounding's crumbs)
-    return by_state
+    seconds = state_seconds(spans, end_s, lambda r: compute_fraction)
+    if len(seconds) > 1:
+        raise ValueError(f"gpu_energy: spans of ranks {sorted(seconds)}; expected one GPU's")
+    return _joules(next(iter(seconds.values()), {"compute_bound": 0.0, "memory_bound": 0.0,
+                                                  "communication": 0.0, "idle": end_s}), power)
 
 
 def rank_weights(trace: Trace, plan) -> dict[int, float]:
@@ -144,18 +168,17 @@ def rank_weights(trace: Trace, plan) -> dict[int, float]:
 
 
 def iteration_energy(trace: Trace, plan, power_of: Callable[[int], PowerStates],
-                     compute_fraction: Callable[[int, Span], float], tokens: float) -> dict:
+                     fraction_of: Callable[[int], Callable[[Span], float]], tokens: float) -> dict:
     """The energy figures of one iteration (``trainsim run --json``'s keys): joules per
-    iteration and per token, the cluster's and each GPU's average watts, and joules by state."""
+    iteration and per token, the cluster's and each GPU's average watts, and joules by state.
+    ``power_of(rank)``: its GPU's power states; ``fraction_of(rank)``: its ``compute_fraction``
+    (``gpu_energy``)."""
     T = trace.end_s
-    spans: dict[int, list[Span]] = {}
-    for s in trace.spans:
-        spans.setdefault(s.rank, []).append(s)
     weights = rank_weights(trace, plan)
+    seconds = state_seconds(trace.spans, T, fraction_of)
     by_state = dict.fromkeys(STATES, 0.0)
     for r, w in sorted(weights.items()):
-        e = gpu_energy(spans.get(r, ()), T, power_of(r), lambda s, r=r: compute_fraction(r, s))
-        for k, v in e.items():
+        for k, v in _joules(seconds[r], power_of(r)).items():
             by_state[k] += w * v
     total = sum(by_state.values())
     return {"energy_per_iteration_j": total, "energy_per_token_j": total / tokens if tokens else 0.0,
@@ -187,15 +210,24 @@ def step_compute_fractions(model, plan, profile) -> Callable[[Span], float]:
             cache[key] = bound / total if total > 0 else 0.0
         return cache[key]
 
-    def fraction(span: Span) -> float:
-        if span.category not in PIPELINE:
+    by_name: dict[tuple[str, str], float] = {}
+
+    def of_span(name: str, category: str) -> float:
+        if category not in PIPELINE:
             return 0.0
         try:
-            step = Step.parse(span.name.split(".")[0].split(" ")[0])
+            step = Step.parse(name.split(".")[0].split(" ")[0])
         except InputError:  # not a step's name: the kind's mean over the virtual stages
             n = plan.pp * plan.vpp
-            return sum(of_step(v, span.category) for v in range(n)) / n
+            return sum(of_step(v, category) for v in range(n)) / n
         return of_step(step.stage, step.kind)
+
+    def fraction(span: Span) -> float:
+        key = (span.name, span.category)
+        f = by_name.get(key)
+        if f is None:
+            f = by_name[key] = of_span(*key)
+        return f
 
     return fraction
 
@@ -218,8 +250,8 @@ def run_energy(run, tokens: float) -> dict | None:
         return None
     fractions = {name: step_compute_fractions(run.model, run.plan, p) for name, p in profiles.items()}
     type_of = (lambda r: mixed.of_rank[r]) if mixed is not None else (lambda r: run.profile.name)
-    return iteration_energy(run.trace, run.plan, lambda r: states[type_of(r)],
-                            lambda r, s: fractions[type_of(r)](s), tokens)
+    return iteration_energy(run.trace, run.plan, lambda r: states[type_of(r)], lambda r: fractions[type_of(r)],
+                            tokens)
 
 
 def _si(value: float, unit: str) -> str:
@@ -238,5 +270,5 @@ def energy_line(summary: dict) -> str:
         return "  energy             not modelled (the GPU's profile gives no power figures)"
     per_token = summary["energy_per_token_j"]
     return (f"  energy             {_si(e, 'J'):>12}   per iteration; {_si(per_token, 'J')}/token "
-            f"({1 / per_token:,.0f} tokens/J), average {_si(summary['average_power_w'], 'W')} "
+            f"({1 / per_token:.3g} tokens/J), average {_si(summary['average_power_w'], 'W')} "
             f"({summary['average_power_per_gpu_w']:.0f} W per GPU)")
