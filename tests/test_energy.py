@@ -9,6 +9,7 @@ the plan with the least energy per token, and search's energy floor never prunes
 
 from __future__ import annotations
 
+import json
 import random
 from dataclasses import replace
 
@@ -185,3 +186,14 @@ def test_search_by_energy_never_prunes_the_best_two(cands, seed):
     truth = sorted(fits, key=lambda c: (watts[c.key] * bound[c.key] * time_f[c.key], c.key))
     assert [r["key"] for r in res.ranked[:2]] == [c.key for c in truth[:2]]
     assert res.counts["pruned_time"] > 0  # the floor prunes the slowest plans
+
+
+def test_search_cli_ranks_by_tokens_per_joule(capsys):
+    argv = ["search", *TINY_FLAGS, "--gpus", "8", "--global-batch-size", "8", "--tp", "1,2", "--pp", "1,2",
+            "--micro-batch-size", "1", "--zero", "0", "--recompute", "none", "--sequence-parallel", "off",
+            "--schedule", "1f1b", "--workers", "0", "--json", "--rank-by", "tokens-per-joule", "--margin", "inf"]
+    assert main(argv) == 0
+    out = json.loads(capsys.readouterr().out)
+    energies = [t["energy_per_token_j"] for t in out["top"]]
+    assert out["rank_by"] == "tokens-per-joule" and out["evaluated"] == 4
+    assert energies == sorted(energies) and out["best"]["energy_per_token_j"] == energies[0]
