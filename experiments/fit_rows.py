@@ -8,8 +8,10 @@ skipped with the reason.
 
     python experiments/fit_rows.py experiments/fit-data/fsdp_runs.csv [more.csv ...]
 
-Prints one line per row (measured and simulated step, error) and, per GPU and framework,
-the mean absolute error and the range (the README's accuracy table quotes these lines).
+Prints one line per row (measured and simulated step, error) and, per GPU and framework
+(the ``framework`` setting each row ran, ``sim.inputs.frameworks``) and per framework over
+all GPUs, the mean absolute error and the range (the README's accuracy table quotes these
+lines).
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ def predict(paths: list[str]) -> list[dict]:
     for path in paths:
         for r in read_runs(path):
             row = {"file": Path(path).name, "line": r.line, "label": r.label(), "gpu": r.gpu,
-                   "framework": r.framework or "(not stated)", "measured_s": r.measured_s, "simulated_s": None,
+                   "framework": r.framework, "measured_s": r.measured_s, "simulated_s": None,
                    "skip": r.skip}
             if r.skip is None:
                 p = prepare_rows([r], r.gpu, path)[0]
@@ -59,9 +61,20 @@ def main(argv=None) -> int:
               f"  {r['framework']}")
     print()
     for (gpu, fw), errs in by_framework.items():
-        print(f"{gpu}, {fw}: {len(errs)} rows, mean |error| {100 * statistics.mean(abs(e) for e in errs):.1f}%, "
-              f"{100 * min(errs):+.1f}% to {100 * max(errs):+.1f}%")
+        print(f"{gpu}, {fw}: {_spread(errs)}")
+    frameworks: dict[str, list[float]] = {}
+    for (_gpu, fw), errs in by_framework.items():
+        frameworks.setdefault(fw, []).extend(errs)
+    if len(frameworks) > 1:
+        print()
+        for fw, errs in frameworks.items():
+            print(f"{fw}, every GPU: {_spread(errs)}")
     return 0
+
+
+def _spread(errs: list[float]) -> str:
+    return (f"{len(errs)} rows, mean |error| {100 * statistics.mean(abs(e) for e in errs):.1f}%, "
+            f"{100 * min(errs):+.1f}% to {100 * max(errs):+.1f}%")
 
 
 if __name__ == "__main__":

@@ -129,7 +129,7 @@ def prepare(settings: RunSettings, model: ModelSpec | None = None, plan: Paralle
                          "pass schedule='path/to.csv' instead of a ParallelPlan")
     else:
         plan.check_model(model)
-    check_fp8_support(plan.fp8_format, profile)
+    check_fp8_support(plan.fp8_format, profile, recipe=plan.fp8_recipe)
     schedule = schedule_from_settings(plan)
     if topo is None:
         topo = topology_from_settings(settings.cluster, plan.world_size, profile.name)

@@ -287,7 +287,7 @@ def test_the_moe_runs_read_with_their_presets_and_fsdp_plans():
         ("deepseek-v3", 256, 8.18), ("deepseek-v3", 1024, 37.87), ("kimi-k2", 256, 8.86), ("qwen3-30b-a3b", 8, 21.773)]
     assert all(r.values["zero"] == 3 and r.values["moe_routing"] == "round-robin" and r.gpu == "h100-sxm"
                and r.values["placement"] == "tp-dp-pp" and not r.skip
-               and r.values["recompute_granularity"] == "full" and "AutoModel" in r.framework for r in runs)
+               and r.values["recompute_granularity"] == "full" and r.framework == "automodel" for r in runs)
     # one group per model from the source: DeepSeek-V3's two sizes together
     assert runs[0].group == runs[1].group and len({r.group for r in runs}) == 3
     # no shape column took a blank's default: the preset has the shape
@@ -312,9 +312,16 @@ def test_the_fsdp_and_nemotron_runs_read_as_their_sources_ran_them():
     for r in runs:
         if r.line in derived:
             assert r.measured_s == pytest.approx(derived[r.line], rel=2e-4)
-    # FULL_SHARD and FSDP2 are zero 3, SHARD_GRAD_OP zero 2; Megatron's distributed optimizer zero 1
+    # FULL_SHARD and FSDP2 are zero 3, SHARD_GRAD_OP zero 3 kept from forward to backward; Megatron's distributed
+    # optimizer zero 1; each row names its framework, and the rows that ran otherwise than their framework's
+    # defaults say how
     zero = {r.line: r.values["zero"] for r in runs}
-    assert zero == {2: 3, 3: 3, 4: 3, 5: 3, 6: 2, 7: 3, 8: 3, 9: 3, 10: 1, 11: 1, 12: 1, 13: 1}
+    assert zero == {2: 3, 3: 3, 4: 3, 5: 3, 6: 3, 7: 3, 8: 3, 9: 3, 10: 1, 11: 1, 12: 1, 13: 1}
+    assert {r.line for r in runs if r.values.get("reshard_after_forward") is False} == {6}
+    assert {r.line: r.framework for r in runs} == {2: "torchtitan", 3: "torchtitan", 4: "llm-foundry", 5: "llm-foundry",
+                                                  6: "llm-foundry", 7: "llm-foundry", 8: "llm-foundry", 9: "automodel",
+                                                  10: "megatron", 11: "megatron", 12: "megatron", 13: "megatron"}
+    assert {r.line: r.values["attention_kernel"] for r in runs if "attention_kernel" in r.values} == {9: "fa2"}
     # MPT-7B's published parameter count (NumParams 6,658,859,008 at 2048 tokens) with the source's settings
     mpt7 = prepare_rows([r for r in runs if r.line == 4], "h100-sxm")[0]
     assert mpt7.model.num_params == 6_658_859_008

@@ -4,13 +4,20 @@ are enumerated, and the pruning bound stays below the simulated time."""
 from sim.inputs.hardware import load_profile
 from sim.inputs.model import llama
 from sim.inputs.topology_build import load_topology
-from sim.studies.search import DEFAULT_MARGIN, SearchSpace, candidates, enumerate_plans, plan_key
+import math
+from dataclasses import replace
+
+from sim.inputs.plan import ParallelPlan
+from sim.studies.search import (DEFAULT_MARGIN, SearchSpace, candidates, enumerate_plans, extrapolate, plan_key,
+                                screen_sizes, screened_plans, search)
+from sim.studies.sweep import Runner, make_context
 from sim.inputs.schema import SimulationSettings
-from sim.session import Job, simulate_training
+from sim.session import Job, simulate_training, summarize
 
 H100 = load_profile("h100-sxm")
 MOE = llama("tiny-moe", 4, 512, 8, 8, 1024, 2000, 512, num_experts=8, moe_router_topk=2, moe_ffn_hidden_size=512)
 LONG = llama("tiny-long", 4, 512, 8, 2, 1024, 2000, 32768)
+LONG_DENSE = llama("tiny-dense", 4, 512, 8, 8, 1024, 2000, 2048)
 
 
 def test_every_valid_expert_parallel_size_is_enumerated():
@@ -121,3 +128,52 @@ def test_the_moe_bound_stays_a_lower_bound_with_the_all_to_all_overlap():
     for c in cands:
         simulated = simulate_training(Job(model, c.plan, H100, topo), SimulationSettings(fidelity="full")).trace.end_s
         assert c.bound_s <= simulated, (c.key, c.bound_s, simulated)
+
+
+def test_a_screened_time_is_the_full_simulation_extrapolated():
+    # A mixture of experts over two nodes (expert all-to-alls across the network) with
+    # pp = 2 under 1f1b, interleaving and zb-h1, and a dense model with ZeRO-3 (its
+    # gathers run per micro-batch): 24 micro-batches, screened at pp·(vpp + 1) and 2·pp more.
+    topo = load_topology("dgx-h100", nodes=2)
+    cases = [ParallelPlan(dp=8, tp=1, pp=2, ep=8, micro_batch_size=1, global_batch_size=192, schedule=s, vpp=v,
+                          zero_stage=1) for s, v in (("1f1b", 1), ("interleaved", 2), ("zb-h1", 1))]
+    cases.append(ParallelPlan(dp=8, tp=1, pp=2, micro_batch_size=1, global_batch_size=192, zero_stage=3))
+    for plan, sizes in zip(cases, [(4, 8), (6, 10), (4, 8), (4, 8)]):
+        model = MOE if plan.ep > 1 else LONG_DENSE
+        assert screen_sizes(plan) == sizes and plan.num_microbatches == 24
+
+        def run(p):
+            s = summarize(simulate_training(Job(model, p, H100, topo), SimulationSettings(fidelity="reduced")))
+            return {"status": "ok", "summary": s}
+        small = [run(p) for p in screened_plans(plan, sizes)]
+        assert [r["summary"]["plan"]["global_batch_size"] for r in small] == [8 * m for m in sizes]
+        rec = extrapolate(plan, sizes, small)
+        full = run(plan)["summary"]
+        assert rec["status"] == "screened" and rec["summary"]["fits"] == full["fits"]
+        assert abs(rec["summary"]["iteration_time_s"] / full["iteration_time_s"] - 1) < 1e-3, plan
+        assert full["memory"]["peak_bytes"] == small[1]["summary"]["memory"]["peak_bytes"]
+    assert screen_sizes(replace(cases[0], schedule="gpipe")) is None       # gpipe's memory grows with m
+    assert screen_sizes(replace(cases[0], global_batch_size=96)) is None   # 12 = 4 + 8 micro-batches: no saving
+
+
+def test_a_screened_search_ranks_what_a_full_one_ranks():
+    # Every plan either way (margin inf): screening changes how long the search takes, not
+    # its answer; the plans it lists are simulated in full.
+    model, space = MOE, SearchSpace(tp=(1,), pp=(1, 2), zero_stage=(1,), recompute=("none",), micro_batch_size=(1,),
+                                    dispatcher=("alltoall",), ep=(4, 8), schedule=("1f1b", "interleaved"))
+    cands = candidates(model, enumerate_plans(model, 16, 128, space), H100)
+    ctx = make_context(model, H100, load_topology("dgx-h100", nodes=2))
+    with Runner(workers=0, progress=False) as runner:
+        full = search(cands, lambda ps: runner.run(ctx, ps), margin=math.inf)
+        screened = search(cands, lambda ps: runner.run(ctx, ps), margin=math.inf, screen=True, final=2)
+    assert full.counts["ok"] == len(cands) == 6
+    assert [r["key"] for r in screened.ranked[:2]] == [r["key"] for r in full.ranked[:2]]
+    # pp 1 (8 micro-batches) and pp 2 under 1f1b (16) are screened, interleaved (16 <= 6 + 10) is not;
+    # of the screened, those among the best two are simulated again in full
+    screenable = {c.key for c in cands if screen_sizes(c.plan)}
+    assert len(screenable) == 4
+    assert screened.counts["screened"] == len(screenable - {r["key"] for r in full.ranked[:2]})
+    assert screened.ranked[:2] == full.ranked[:2]   # the same records: simulated in full
+    by_key = {c.key: c.record["summary"]["iteration_time_s"] for c in full.candidates}
+    for c in screened.candidates:
+        assert abs(c.record["summary"]["iteration_time_s"] / by_key[c.key] - 1) < 2e-3

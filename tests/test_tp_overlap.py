@@ -181,3 +181,101 @@ def test_chunks_on_three_streams_share_their_waves():
     assert chunk_time(chunk, 2, waves) == pytest.approx(2 / 2)      # two chunks: 168 tiles, 2 waves
     assert chunk_time(chunk, 1, waves) == 1
     assert chunk_time(replace(chunk, batch=2), 3, waves) == pytest.approx(math.ceil(504 / 132) / 3)
+
+
+# ---------------------------------------------------------------- --tp-comm-overlap-cfg
+def _run_cfg(items, star, cfg, tp=2, sigma=0.0, sms=8, comm_s=0.0):
+    """``_run`` with Transformer Engine's overlap per GEMM (``sim.inputs.tp_overlap``): a GEMM
+    on all of a 16-SM GPU takes its FLOPs in seconds, on 16 − n SMs 16/(16 − n) times that;
+    ``comm_s``: the estimate of a userbuffers kernel's time (``comm_of``)."""
+    from sim.inputs.tp_overlap import overlaps
+
+    segs = overlapped_layer(items, 0, lambda op, held=0: op.flops * 16 / (16 - held), tp,
+                            lambda it: isinstance(it, Comm), lambda c: OPS[c.collective],
+                            cfg=overlaps(cfg), comm_of=lambda op, nbytes: comm_s)
+    prog = Program({r: [Action("0F0", category="F")] for r in range(tp)})
+    out = add_tp_collectives(prog, lambda r, a: segs, lambda r: tuple(range(tp)))
+    return simulate(out, star([1.0] * tp), overlap_slowdown=sigma)
+
+
+def test_pipeline_with_an_sm_margin_runs_its_gemm_on_the_sms_left(make_star):
+    # proj_fprop by pipeline with 4 of 16 SMs and a margin: each of the 4 GEMM chunks (3 s
+    # of FLOPs) runs on 12 SMs, 4 s; the scatter chunks (2 B: 1 s) hold no SMs the engine
+    # counts, so σ = 0.5 changes nothing: 4 x 4 + 1 + residual 1 = 18 s.
+    items = [_gemm("attn.proj", 12), Comm("attn.reduce_scatter", "F", "reduce_scatter", 8.0),
+             _memory("attn.residual", 1)]
+    for sigma in (0.0, 0.5):
+        tr = _run_cfg(items, make_star, "proj_fprop=pipeline:4:margin", sigma=sigma)
+        assert tr.end_s == pytest.approx(4 * 4 + 1 + 1)
+
+
+def test_ring_exchange_scatter_sends_partials_and_sums_them(make_star):
+    # proj_fprop by ring exchange over tp 2 (1 SM, no margin: the copy engines move it):
+    # GEMM chunk 0 [0, 6], its partial (8/2 = 4 B to the peer: 4 s) beside chunk 1 [6, 12],
+    # then the sum of the received partials (a memory op, 0 s here), then the residual.
+    items = [_gemm("attn.proj", 12), Comm("attn.reduce_scatter", "F", "reduce_scatter", 8.0),
+             _memory("attn.residual", 1)]
+    tr = _run_cfg(items, make_star, "proj_fprop=ring_exchange:1", sigma=0.5)
+    assert tr.end_s == pytest.approx(6 + 6 + 1)
+    assert _spans(tr, stream=TP_COMM_STREAM) == [(TP_COMM_STREAM, 6.0, 10.0)]
+
+
+def test_ring_exchange_gather_starts_on_the_local_shard(make_star):
+    # qkv_fprop over tp 2: chunk 0 computes the rank's own shard at once [1, 7] while it
+    # goes to the peer (4 B: 4 s, [1, 5]); chunk 1 waits for it: [7, 13]. With aggregate the
+    # rank first swaps one shard [1, 5], then computes both in one chunk: [5, 17].
+    items = [_memory("attn.norm", 1), Comm("attn.all_gather", "F", "all_gather", 8.0), _gemm("attn.qkv", 12)]
+    assert _run_cfg(items, make_star, "qkv_fprop=ring_exchange:1").end_s == pytest.approx(13.0)
+    assert _run_cfg(items, make_star, "qkv_fprop=ring_exchange:1:aggregate").end_s == pytest.approx(17.0)
+
+
+def test_bulk_without_margin_slows_the_gemm_while_its_kernel_runs(make_star):
+    # qkv_wgrad bulk with 8 of 16 SMs, no margin: the weight gradient (10 s on 16 SMs, 20 on
+    # 8) runs at half speed while the scatter kernel runs (comm estimate 4 s: 2 s of work),
+    # then at full speed: 4 + 8 = 12 s (gemm_beside), after the dgrad's 6 s: 18 s.
+    items = [_gemm("attn.qkv.dgrad", 6), Comm("attn.reduce_scatter.grad", "B", "reduce_scatter", 8.0),
+             _gemm("attn.qkv.wgrad", 10)]
+    tr = _run_cfg(items, make_star, "qkv_wgrad=bulk:8", comm_s=4.0)
+    assert tr.end_s == pytest.approx(6 + 4 + (10 - 4 * 10 / 20))
+
+
+def test_a_margin_profile_scales_peak_and_waves_by_the_sms_left():
+    # A large compute-bound GEMM on 148 − 24 SMs: time x 148/124 (its waves stay full to
+    # within a percent on either count).
+    from sim.inputs.hardware import load_profile
+    from sim.inputs.tp_overlap import margin_profile
+    from sim.program.costs import op_time
+
+    b200 = load_profile("b200")
+    op = Op("g", "F", "gemm", 2.0 * 16384 * 16384 * 16384, 0.0, 0.0, 0.0, (16384, 16384, 16384))
+    ratio = op_time(op, margin_profile(b200, 24)) / op_time(op, b200)
+    assert ratio == pytest.approx(148 / 124, rel=0.01)
+    assert margin_profile(b200, 0) is b200
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--tp-comm-overlap-cfg", "te-2"], "--tp-comm-overlap-cfg: got 'te-2'; needs tp_comm_overlap"),
+    (["--tp-comm-overlap", "--tp-comm-overlap-cfg", "te-3"], "--tp-comm-overlap-cfg: got 'te-3'; allowed names: te-1"),
+    (["--tp-comm-overlap", "--tp-comm-overlap-cfg", "qkv_fprop=pipeline:8"],
+     "got 'qkv_fprop=pipeline:8'; qkv_fprop takes ring_exchange here"),
+    (["--tp-comm-overlap", "--tp-comm-overlap-cfg", "te-1,fc2_fprop=pipeline:x"], "options after the method"),
+])
+def test_bad_overlap_configurations_get_one_line(args, message):
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+        code = main(["run", "--model", "llama2-7b", "--gpu", "h100-sxm", "--gpus", "8", "--sequence-parallel",
+                     "--tensor-model-parallel-size", "8", *args])
+    lines = err.getvalue().strip().splitlines()
+    assert code == 2 and len(lines) == 1 and message in lines[0], lines
+
+
+def test_named_configurations_parse_to_their_sources_figures():
+    from sim.inputs.tp_overlap import CONFIGS, GEMMS, Overlap, overlaps
+
+    b200 = overlaps("userbuffers_fp8_b200_h16384_tp4_cp2_mbs1_seqlen8192")  # NeMo's userbuffers.py
+    assert b200["proj_fprop"] == Overlap("ring_exchange", 1, True) and b200["proj_fprop"].sms_held == 1
+    assert b200["qkv_wgrad"] == Overlap("bulk", 32) and b200["qkv_fprop"].aggregate
+    te1, te2 = overlaps("te-1"), overlaps("te-2")
+    assert te1["fc2_fprop"] == Overlap("pipeline", 16, False) and te2["fc2_fprop"] == Overlap("pipeline", 16, True)
+    assert overlaps("te-1,fc2_fprop=pipeline:8:margin:splits=2")["fc2_fprop"] == Overlap("pipeline", 8, True, False, 2)
+    assert all(set(overlaps(n)) == set(GEMMS) for n in CONFIGS)

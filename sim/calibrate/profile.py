@@ -40,7 +40,7 @@ from sim.inputs.hardware import LINK_KINDS, HardwareProfile, LinkModel, load_pro
 
 CPU_TILES = ((64, 64, 1.0), (32, 32, 1.0), (16, 16, 1.0))
 """Output blocks of CPU GEMM kernels (register/cache blocking); one thread per 'SM'."""
-_GPU_PRESET = (("GB200", "gb200"), ("B200", "b200"), ("H200", "h200"), ("H100", "h100-sxm"), ("A100", "a100-80gb"))
+_GPU_PRESET = (("GB300", "gb300"), ("GB200", "gb200"), ("B200", "b200"), ("H200", "h200"), ("H100", "h100-sxm"), ("A100", "a100-80gb"))
 
 
 def _worker(ctx: Context, payload: dict) -> dict:

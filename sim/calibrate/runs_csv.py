@@ -13,8 +13,12 @@ One row per run. The columns are the settings of ``trainsim run`` by their field
     precision                   bf16 or fp8; rows of any other precision are skipped
     needs                       a capability the run needs: fp8 and context_parallel are
                                 simulated, rows that need anything else are skipped
-    framework                   free text: the framework the run used (reported with its group)
     source, notes               free text (``source`` also names the row's group)
+
+The framework that ran is the ``framework`` setting's column (megatron, torchtitan, automodel,
+llm-foundry; ``sim.inputs.frameworks``; blank: megatron), and with it ``attention_kernel``,
+``backward_prefetch`` and ``reshard_after_forward`` where a row ran otherwise than its
+framework's defaults; errors are reported per framework.
 
 An ``fp8`` row trains its layers' GEMMs in FP8 (``fp8_format``: its own column, or
 ``FP8_FORMAT``'s value when that is blank); a ``bf16`` row cannot set ``fp8_format``.
@@ -49,6 +53,7 @@ from pathlib import Path
 
 from sim.errors import InputError
 from sim.inputs.fields import why_not_field
+from sim.inputs.frameworks import DEFAULT_FRAMEWORK
 from sim.inputs.flags import value_of_text
 from sim.inputs.schema import FIELDS, fields_of
 
@@ -56,7 +61,7 @@ MEASURED = "measured_iteration_time_s"
 SETTING_COLUMNS = tuple(n for n in fields_of("model", "plan") if n != "hf_config") + ("gpus",)
 """Schema fields a column may set (the model, as a preset or its shape, and the plan; the cluster is
 the GPU's default one)."""
-EXTRA_COLUMNS = ("activation", "context_parallel_size", "gpu", "precision", "needs", "framework", "source", "notes")
+EXTRA_COLUMNS = ("activation", "context_parallel_size", "gpu", "precision", "needs", "source", "notes")
 ACTIVATIONS = {"gelu": False, "swiglu": True, "squared-relu": False}
 """MLP activation -> whether it is gated (``swiglu``). Squared ReLU (Nemotron-4, Megatron's
 ``--squared-relu``) is non-gated with GeLU's GEMM shapes; trainsim times its elementwise
@@ -146,6 +151,15 @@ BY_SOURCE = (
     ("llama3.1/README_405b", {"tp_comm_overlap": True},
      "the benchmark's configuration (NVIDIA/dgxc-benchmarking v25.02 llama3.1/llama3.1_405b.yaml: "
      "ub_tp_comm_overlap: true; llama3.1_8b.yaml, tp 1, has it false)"),
+    ("NeMo 25.02, DGX-B200", {"zero": 1, "overlap_param_gather": True, "cross_entropy_loss_fusion": True,
+                              "bucket_size": 128 * 2**20 * 2},
+     "NeMo 2.0's performance scripts as the B200 table ran them (NVIDIA/NeMo scripts/performance @ d3f25b121048, "
+     "2025-03-08, the first commit whose model_configs_b200.csv has every row's layout, Llama 3.1 405B's 128 GPUs "
+     "among them): every recipe's optimizer is distributed_fused_adam with overlap_grad_reduce and "
+     "overlap_param_gather (nemo/collections/llm/recipes/*.py), and MegatronCommOverlapCallback sets a DDP "
+     "bucket_size of 128 * 1024 * 1024 parameters when dp > 1 (megatron_comm_overlap.py), 256 MiB of the BF16 "
+     "gradients the scripts reduce (grad_reduce_in_fp32 = False); GPTConfig's cross_entropy_loss_fusion defaults "
+     "to True (nemo/collections/llm/gpt/model/base.py)"),
 )
 """Settings a source's rows take where the file has no column or a blank cell: the
 framework or model facts of that source, each with the reason. A filled cell wins; a
@@ -155,6 +169,11 @@ FP8_BY_SOURCE = (
      "the benchmark's FP8 configuration keeps the GEMM weights in FP8 (NVIDIA/dgxc-benchmarking v25.02 "
      "nemo_megatron/gpt3_175b_hydra.yaml: fp8_params: true, NeMo's name for Megatron-LM's --fp8-param-gather): "
      "the distributed optimizer gathers them in FP8 and each step transposes them instead of casting BF16 ones"),
+    ("NeMo 25.02, DGX-B200", {"fp8_param_gather": True},
+     "the FP8 scripts' precision plugin (NVIDIA/NeMo @ d3f25b121048 nemo/collections/llm/recipes/precision/"
+     "mixed_precision.py bf16_with_fp8_mixed: fp8 'hybrid', amax history 1024, 'max', fp8_params True, which "
+     "nemo/lightning/pytorch/plugins/mixed_precision.py turns into fp8_param_gather with TE's DelayedScaling "
+     "recipe)"),
 )
 """Like ``BY_SOURCE``, for a source's FP8 rows only (recorded as "<text> (fp8 rows)")."""
 FP8_ROWS = " (fp8 rows)"
@@ -173,7 +192,8 @@ class MeasuredRun:
     group: tuple
     """(source, precision, shape): rows with the same key form one group."""
     source: str = ""
-    framework: str = ""
+    framework: str = "megatron"
+    """The ``framework`` setting the row ran (``sim.inputs.frameworks``)."""
     file: str = ""
     """The file the row was read from."""
     skip: str | None = None
@@ -319,4 +339,4 @@ def _run(path, line: int, cells: dict) -> MeasuredRun:
     source = cells.get("source", "")
     shape = tuple(values.get(n) for n in SHAPE if n != "activation") + (activation,)
     return MeasuredRun(line, values, measured, cells.get("gpu") or None, (source, precision, shape), source,
-                       cells.get("framework", ""), str(path), skip, tuple(filled), tuple(by_source))
+                       values.get("framework") or DEFAULT_FRAMEWORK, str(path), skip, tuple(filled), tuple(by_source))

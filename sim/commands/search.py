@@ -39,6 +39,7 @@ from sim.studies.search import (
     SearchSpace,
     candidates,
     enumerate_plans,
+    screen_sizes,
     search,
 )
 from sim.studies.search_explain import describe_plan, explain
@@ -99,6 +100,10 @@ def add_arguments(p) -> None:
                    help=f"the estimate's error factor: a plan is simulated unless its estimated bound / margin "
                         f"exceeds the second-best simulated time (default {DEFAULT_MARGIN}; inf: no time pruning)")
     s.add_argument("--wave", type=POSITIVE_INT, default=16, help="plans simulated between pruning checks (default 16)")
+    s.add_argument("--screen", choices=("on", "off"), default="on",
+                   help="on: a plan with at least 6 x pp micro-batches (not gpipe) is first simulated at 2 x pp and "
+                        "4 x pp and its time extrapolated; the plans listed are simulated in full (default on); "
+                        "off: every plan in full")
     add_executor_arguments(p)
 
 
@@ -228,11 +233,12 @@ def write_outputs(out: Path, rows: list[dict], ranked: list[dict], obj: dict, ti
 def print_top(ranked: list[dict], top: int, rank_by: str = "throughput") -> None:
     """The top plans, one a line (with their tokens per joule when ranked by it)."""
     energy = rank_by == "tokens-per-joule"
-    print(f"{'#':>3}  {'plan':<62}{'iteration':>11}{'tokens/s':>12}{'MFU':>7}{'peak mem':>12}"
+    width = max([62, *(len(describe_plan(r["plan"])) + 2 for r in ranked[:top])])
+    print(f"{'#':>3}  {'plan':<{width}}{'iteration':>11}{'tokens/s':>12}{'MFU':>7}{'peak mem':>12}"
           + (f"{'tokens/J':>10}" if energy else ""))
     for i, r in enumerate(ranked[:top], start=1):
         s = r["summary"]
-        print(f"{i:>3}  {describe_plan(r['plan']):<62}{format_time(s['iteration_time_s']):>11}"
+        print(f"{i:>3}  {describe_plan(r['plan']):<{width}}{format_time(s['iteration_time_s']):>11}"
               f"{s['tokens_per_s']:>12,.0f}{s['mfu'] * 100:>6.1f}%{format_bytes(s['memory']['peak_bytes']):>12}"
               + (f"{tokens_per_joule(s):>10,.1f}" if energy else ""))
 
@@ -273,26 +279,34 @@ def run(args) -> int:
 
     context = {"command": "search", "model": asdict(model), "gpu": profile.name, "topology": topo.name,
                "gpus": gpus, "global_batch_size": args.global_batch_size}
-    cands = candidates(model, plans, profile, topo.gpus_per_node)
     log = open_log(args, context)
-    fitting = sum(cd.estimate.fits for cd in cands)  # at most this many are simulated
-    with interrupted_note(log), Runner(args.workers, args.dask, log) as runner, \
-            ProgressBar(fitting, label="search", start=start) as progress:
-        result = search(cands, lambda plans: runner.run(ctx, plans, progress=progress), margin=args.margin,
-                        wave=args.wave, rank_by=args.rank_by, idle_power_w=profile.idle_power_w)
+    with interrupted_note(log), Runner(args.workers, args.dask, log) as runner:
+        # the estimates run on the workers too, several chunks each so that none waits long
+        cands = candidates(model, plans, profile, topo.gpus_per_node, map=runner.map, chunks=4 * runner.workers)
+        # at most this many simulations: each plan that fits, twice if it is screened (at two
+        # small micro-batch counts; not when ranking by energy), less what the pruning saves
+        screen = args.screen == "on" and args.rank_by == "throughput"
+        runs = sum((2 if screen and screen_sizes(cd.plan) else 1) for cd in cands if cd.estimate.fits)
+        with ProgressBar(runs, label="search", start=start, noun="simulations") as progress:
+            result = search(cands, lambda plans: runner.run(ctx, plans, progress=progress), margin=args.margin,
+                            wave=args.wave, screen=screen, final=max(args.top, 2), rank_by=args.rank_by,
+                            idle_power_w=profile.idle_power_w)
     ranked = rank(result.ranked, args.rank_by)
     c = result.counts
     obj = {"best": entry(ranked[0]) if ranked else None, "top": [entry(r) for r in ranked[:args.top]],
            "evaluated": c["evaluated"], "pruned": c["pruned"], "failed": c["failed"],
-           "pruned_memory": c["pruned_memory"], "pruned_time": c["pruned_time"], "plans": c["plans"],
+           "pruned_memory": c["pruned_memory"], "pruned_time": c["pruned_time"],
+           "pruned_dominated": c["pruned_dominated"], "screened": c["screened"], "plans": c["plans"],
            "does_not_fit": c["does_not_fit"],
            "margin": args.margin if math.isfinite(args.margin) else None, "rank_by": args.rank_by}
     if args.out:
         rows = [{"key": cd.key, "status": cd.status, "plan": asdict(cd.plan),
-                 "summary": cd.record["summary"] if cd.record else None,
+                 "summary": cd.record["summary"] if cd.record and cd.status != "screened" else None,
                  "error": cd.record.get("error") if cd.record else None,
                  "extra": {"estimate_step_s": cd.estimate.time["step"], "estimate_bound_s": cd.bound_s,
-                           "estimate_peak_memory_bytes": cd.estimate.memory["total"]}} for cd in result.candidates]
+                           "estimate_peak_memory_bytes": cd.estimate.memory["total"],
+                           "screened_iteration_time_s": cd.record["summary"]["iteration_time_s"]
+                           if cd.status == "screened" else ""}} for cd in result.candidates]
         title = pareto_title(f"{model.name} on {gpus} x {profile.name}, global batch {args.global_batch_size}",
                              len(ranked), c["evaluated"], f"{c['plans']} considered")
         write_outputs(Path(args.out), rows, ranked, obj, title, profile.hbm_capacity_bytes, "search")
@@ -303,9 +317,12 @@ def run(args) -> int:
     print(f"{gpus} x {profile.name} on {topo.describe()}; global batch {args.global_batch_size} x {model.seq_length} tokens")
     margin = f"x {args.margin:g}" if math.isfinite(args.margin) else "off"
     wall = time.monotonic() - start  # all of the command's work: estimates, simulations, outputs
+    screened = f"{c['screened']} only at fewer micro-batches, " if c["screened"] else ""
+    dominated = (f", {c['pruned_dominated']} recompute more than a plan that ran and fit"
+                 if c["pruned_dominated"] else "")
     print(f"{c['plans']} plans: {c['pruned_memory']} do not fit in memory, {c['pruned_time']} cannot beat the "
-          f"best two (estimate margin {margin}), {c['evaluated']} simulated ({c['failed']} failed) "
-          f"in {wall:.1f} s (wall time)")
+          f"best two (estimate margin {margin}){dominated}, {c['evaluated']} simulated ({screened}{c['failed']} "
+          f"failed) in {wall:.1f} s (wall time)")
     if c["does_not_fit"]:
         print(f"{c['does_not_fit']} simulated plan(s) did not fit in memory after all (simulated peak)")
     if not ranked:

@@ -53,8 +53,10 @@ def holds_no_sms(a: Action) -> bool:
     base.py``; the bulk all-gather beside an input-gradient GEMM takes 2-8 SMs of 132 in
     NeMo's configurations). Its reduce-scatter chunks hold 16-24 SMs and do slow the GEMM;
     so do collectives of other groups on that stream (context parallelism's all-gathers:
-    NCCL kernels)."""
-    return a.userbuffers and a.op == "allgather"
+    NCCL kernels). Under ``--tp-comm-overlap-cfg`` every userbuffers chunk leaves them: the
+    GEMMs beside it are priced on the SMs its method leaves them (``Action.sms_priced``,
+    ``sim.inputs.tp_overlap``)."""
+    return a.userbuffers and (a.op == "allgather" or a.sms_priced)
 
 
 class Collectives:

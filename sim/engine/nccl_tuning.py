@@ -66,7 +66,8 @@ THREAD_THRESHOLD = {"ll": 8, "ll128": 8, "simple": 64}
 """Bytes per thread before NCCL adds a channel (comm.h NCCL_*_THREAD_THRESHOLD; ring LL × nRanks)."""
 
 ARCH_OF_GPU = {"h100": ("hopper", "intel"), "h200": ("hopper", "intel"), "a100": ("ampere", "amd"),
-               "b200": ("blackwell", "intel"), "gb200": ("blackwell", "intel")}
+               "b200": ("blackwell", "intel"), "gb200": ("blackwell", "intel"),
+               "gb300": ("blackwell", "intel")}
 """Profile name prefix -> (GPU architecture, the DGX's CPU vendor: DGX H100/H200 Xeon 8480C,
 DGX A100 EPYC 7742, DGX B200 Xeon 8570; GB200's Grace is Arm, which NCCL reads from the same
 row as Intel, its index1 being 1 for AMD only); NCCL indexes its tables by both."""

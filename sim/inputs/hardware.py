@@ -43,11 +43,11 @@ from pydantic import TypeAdapter, ValidationError, with_config
 
 from sim.errors import InputError
 from sim.inputs.profile_checks import (
-    BASE_LATENCY_TABLE, BYTE_RATE, COUNT, FLAG, FRACTION, GEMM_TILES, LINK_KINDS, MAX_SPREAD,
+    ATTENTION_KERNEL_SPEEDS, BASE_LATENCY_TABLE, BYTE_RATE, COUNT, FLAG, FRACTION, GEMM_TILES, LINK_KINDS, MAX_SPREAD,
     IDLE_WATTS, NAME, NCCL_PROTOCOL_TABLE, PEAK_FLOPS, PROVENANCE, SECONDS, SOURCES, STRICT_KEYS, WATTS, Allowed,
     json_object, number, one_line_error)
 
-PRESETS = ("a100-80gb", "h100-sxm", "h200", "b200", "gb200")
+PRESETS = ("a100-80gb", "h100-sxm", "h200", "b200", "gb200", "gb300")
 
 
 @with_config(STRICT_KEYS)
@@ -167,6 +167,19 @@ class HardwareProfile:
     among GPUs of this type. A synchronous step waits for its slowest GPU, so a job on N
     GPUs runs its compute-bound kernels at the expected slowest speed, 1 − σ·E[max of N
     standard normals] (``sim.inputs.pacing``). 0: every GPU alike."""
+    mx_block_scaling: FLAG = False
+    """The tensor cores multiply MX block-scaled operands, reading one E8M0 scale per 32
+    elements themselves (OCP Microscaling Formats v1.0; Blackwell's block-scaled MMA):
+    ``--fp8-recipe mxfp8`` runs only where this is true (``sim.program.fp8``)."""
+    mxfp8_gemm_relative_efficiency: FRACTION | None = None
+    """An MXFP8 GEMM's throughput over a per-tensor-scaled FP8 GEMM's of the same shapes
+    (``gemm_efficiency(..., dtype="mxfp8")`` caps at ``fp8_gemm_max_efficiency`` times
+    this): the block-scaled kernels also load and apply the scales. None: 1."""
+    attention_kernel_speed: ATTENTION_KERNEL_SPEEDS | None = None
+    """Attention kernel (``sim.inputs.frameworks``: 'fa2', 'triton') -> its forward and
+    backward speed as a fraction of the kernel ``attention_max_efficiency`` stands for
+    ('te'), measured at the same shapes. A kernel it does not list cannot be priced on this
+    GPU (``attention_speed``). None: none listed."""
     power_limit_w: WATTS | None = None
     """The board's power limit (TDP, the datasheet's maximum thermal design power), watts:
     what a GPU draws at most, and what it draws under sustained compute-bound kernels
@@ -214,6 +227,9 @@ class HardwareProfile:
         if self.fp8_gemm_max_efficiency is not None and "fp8" not in self.peak_flops:
             raise InputError(field="fp8_gemm_max_efficiency", value=self.fp8_gemm_max_efficiency,
                              allowed="peak_flops has no fp8 entry (give the GPU's fp8 peak, or leave the field out)")
+        if self.mxfp8_gemm_relative_efficiency is not None and not self.mx_block_scaling:
+            raise InputError(field="mxfp8_gemm_relative_efficiency", value=self.mxfp8_gemm_relative_efficiency,
+                             allowed="mx_block_scaling is false (set it true, or leave the field out)")
         if self.idle_power_w is not None and self.power_limit_w is not None and \
                 not self.idle_power_w < self.power_limit_w:
             raise InputError(field="idle_power_w", value=self.idle_power_w,
@@ -256,7 +272,8 @@ class HardwareProfile:
         """Fraction of peak an m×n×k GEMM (``batch`` of them) reaches; see the module doc.
         ``dtype="fp8"``: capped at ``fp8_gemm_max_efficiency``, with k0 longer by the
         fp8/bf16 peak ratio (the per-tile prologue and epilogue take the same time while
-        the main loop over k runs that much faster)."""
+        the main loop over k runs that much faster); ``dtype="mxfp8"``: the same, its cap
+        times ``mxfp8_gemm_relative_efficiency``."""
         if min(m, n, k, batch) <= 0:
             raise InputError(f"gemm shape: got {m}x{n}x{k} (batch {batch}); expected positive sizes")
         sms = self.sm_count
@@ -269,8 +286,10 @@ class HardwareProfile:
                 wave_q = tiles / (math.ceil(tiles / sms) * sms)
                 best_q = max(best_q, rel * tile_q * wave_q)
         best, k0 = self.gemm_max_efficiency, self.gemm_k_overhead
-        if dtype == "fp8":
+        if dtype in ("fp8", "mxfp8"):
             best = self.fp8_gemm_max_efficiency or best
+            if dtype == "mxfp8":
+                best *= self.mxfp8_gemm_relative_efficiency or 1.0
             k0 *= self.peak("fp8") / self.peak("bf16")
         return best * self.sustained_compute_fraction * min(1.0, best_q) * k / (k + k0)
 
@@ -284,6 +303,19 @@ class HardwareProfile:
         wave_q = tiles / (math.ceil(tiles / self.sm_count) * self.sm_count)
         return (self.attention_max_efficiency * self.sustained_compute_fraction * tile_q * wave_q
                 * seq_k / (seq_k + self.gemm_k_overhead))
+
+    def attention_speed(self, kernel: str, backward: bool) -> float:
+        """Speed of attention ``kernel``'s forward (or ``backward``) pass relative to the
+        profile's own kernel ('te': 1), from ``attention_kernel_speed``."""
+        if kernel == "te":
+            return 1.0
+        got = (self.attention_kernel_speed or {}).get(kernel)
+        if got is None:
+            raise InputError(field="attention_kernel", value=kernel,
+                             allowed=f"one whose speed profile {self.name} gives (its attention_kernel_speed: "
+                                     f"{', '.join(['te', *sorted(self.attention_kernel_speed or {})])}); "
+                                     "--attention-kernel te runs the profile's own", setting="attention_kernel")
+        return got["backward" if backward else "forward"]
 
     # ---------------------------------------------------------------- files
     def to_dict(self) -> dict:
@@ -300,13 +332,16 @@ class HardwareProfile:
             out[f.name] = v
         if not out["provenance"]:
             del out["provenance"]
-        for key in ("framework_kernel_efficiency", "nccl_protocols", "nvls_efficiency", "nvls_latency_s",
-                    "nccl_base_latency_s", "fp8_gemm_max_efficiency", "power_limit_w", "idle_power_w",
-                    "memory_bound_power_fraction", "communication_power_fraction", "power_cap_w"):
+        for key in ("framework_kernel_efficiency", "attention_kernel_speed", "nccl_protocols", "nvls_efficiency",
+                    "nvls_latency_s", "nccl_base_latency_s", "fp8_gemm_max_efficiency", "power_limit_w", "idle_power_w",
+                    "mxfp8_gemm_relative_efficiency", "memory_bound_power_fraction", "communication_power_fraction",
+                    "power_cap_w"):
             if out[key] is None:
                 del out[key]
         if out["gemm_bias_epilogue"]:
             del out["gemm_bias_epilogue"]
+        if not out["mx_block_scaling"]:
+            del out["mx_block_scaling"]
         return out
 
     @classmethod
@@ -330,7 +365,7 @@ _READ = TypeAdapter(HardwareProfile)
 
 
 def load_profile(name_or_path: str | Path, flag: str = "gpu") -> HardwareProfile:
-    """A preset by name (``PRESETS``: ``a100-80gb``, ``h100-sxm``, ``h200``, ``b200``, ``gb200``) or a
+    """A preset by name (``PRESETS``: ``a100-80gb``, ``h100-sxm``, ``h200``, ``b200``, ``gb200``, ``gb300``) or a
     profile JSON file.
     ``flag`` names the setting in errors about the name itself (``--base``, ``--profile``)."""
     from sim.fileio import read_json

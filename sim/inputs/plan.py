@@ -47,8 +47,10 @@ from sim.inputs import placement as _pl
 from sim.inputs.context_parallel import check_context_model, check_context_plan
 from sim.inputs.experts import DISPATCHERS, check_ep_overlap_plan, check_expert_model, check_expert_plan
 from sim.inputs.fields import setting
+from sim.inputs.frameworks import ATTENTION_KERNELS, BACKWARD_PREFETCH, FRAMEWORKS, check_framework_plan
 from sim.inputs.recompute import RECOMPUTE_MODULES, check_recompute_model, check_recompute_plan, \
     modules_in_effect, parse_recompute_modules
+from sim.inputs.tp_overlap import parse as parse_tp_overlap
 from sim.inputs.layer_split import FIRST, LAST, check_layer_split, check_layout, parse_layer_split, parse_layout, \
     split_layers
 from sim.errors import require
@@ -59,6 +61,12 @@ ATTENTION = ("flash", "unfused")
 FP8_FORMATS = ("e4m3", "hybrid")
 """Transformer Engine's FP8 formats (Megatron-LM ``--fp8-format``): all tensors E4M3, or E4M3
 forward and E5M2 gradients."""
+FP8_RECIPES = ("delayed", "tensorwise", "mxfp8", "blockwise")
+"""How Transformer Engine scales FP8 tensors (Megatron-LM ``--fp8-recipe``; ``sim.program.fp8``):
+a per-tensor scale from an amax history (its default), a per-tensor scale from the tensor's own
+amax, MXFP8's E8M0 scale per 32 elements, or DeepSeek-V3's FP32 scale per 1x128 / 128x128 block."""
+FP4_RECIPES = ("nvfp4",)
+"""Megatron-LM's ``--fp4-recipe`` choices (Transformer Engine's NVFP4BlockScaling); not modelled."""
 CROSS_ENTROPY = ("megatron", "megatron-fused", "pytorch")
 """How the loss is computed over the logits (``sim.program.workload.head_work``):
 Megatron-LM's vocab-parallel cross entropy (its default), the same fused by
@@ -181,6 +189,14 @@ class ParallelPlan:
         False, kind="switch", help="overlap tensor-parallel all-gathers and reduce-scatters with the GEMMs beside "
                                    "them, in tp chunks (Megatron-LM/Transformer Engine; needs --sequence-parallel)")
     """Transformer Engine's userbuffers (``sim.program.tp``)."""
+    tp_comm_overlap_cfg: str | None = setting(
+        metavar="NAME|SPEC",
+        help="with --tp-comm-overlap, Transformer Engine's overlap method and SMs per GEMM: a configuration by name "
+             "(te-1, te-2: TE's defaults; NeMo's userbuffers_* names; dgxc-25.02-gpt3-175b, "
+             "dgxc-25.02-llama3.1-405b) or GEMM=METHOD[:NUM_SM][:margin][:aggregate][:splits=N] entries after an "
+             "optional name, comma-separated; each GEMM beside an overlap runs on the SMs it leaves (default: TE's "
+             "default methods, GEMMs slowed by overlap_compute_slowdown beside a reduce-scatter)")
+    """``sim.inputs.tp_overlap``; None: trainsim's older model (its module doc)."""
     cp: int = setting(
         1, name="context_parallel_size", type=POSITIVE_INT,
         help="context-parallel size: GPUs each sequence is split over (ring attention or an all-gather of keys "
@@ -240,11 +256,36 @@ class ParallelPlan:
         help="how attention runs: flash (one fused kernel: FlashAttention or cuDNN, Megatron-Core with Transformer "
              "Engine; the default) or unfused (Megatron-LM without --use-flash-attn: QK^T and AV as batched GEMMs, "
              "softmax and dropout over the s x s scores in memory)")
+    framework: str | None = setting(
+        choices=tuple(FRAMEWORKS),
+        help="the training framework that ran: megatron (Megatron-Core / NeMo, what the presets are fitted to; the "
+             "default), torchtitan (FSDP2, SDPA's FlashAttention-2), automodel (NeMo AutoModel: FSDP2, Transformer "
+             "Engine kernels) or llm-foundry (MPT on Composer's FSDP1: Triton flash attention, BACKWARD_POST "
+             "prefetch); sets the defaults of --attention-kernel and --backward-prefetch")
+    """``sim.inputs.frameworks``; None: Megatron-Core."""
+    attention_kernel: str | None = setting(
+        choices=ATTENTION_KERNELS,
+        help="the fused attention kernel: te (Transformer Engine's: cuDNN, FlashAttention-3 class on Hopper, the "
+             "profile's own), fa2 (FlashAttention-2, PyTorch SDPA's flash backend) or triton (FlashAttention in "
+             "Triton, llm-foundry's attn_impl triton); each at the profile's attention_kernel_speed (default: the "
+             "framework's)")
+    """``sim.inputs.frameworks``; None: the framework's."""
     fp8_format: str | None = setting(
         choices=FP8_FORMATS,
         help="train the transformer layers' GEMMs in FP8 with Transformer Engine: e4m3 (all tensors E4M3) or hybrid "
              "(E4M3 forward, E5M2 gradients); needs a GPU with an FP8 peak (H100, H200); default off (BF16)")
     """``sim.program.fp8``; None: BF16."""
+    fp8_recipe: str = setting(
+        "delayed", choices=FP8_RECIPES,
+        help="with --fp8-format, how Transformer Engine scales FP8 tensors: delayed (a per-tensor scale from an "
+             "amax history; the default), tensorwise (per-tensor current scaling: an amax pass before each cast), "
+             "mxfp8 (an E8M0 scale per 32 elements; Blackwell) or blockwise (FP32 scales per 1x128 and 128x128 "
+             "blocks, DeepSeek-V3's)")
+    """``sim.program.fp8``'s ``RECIPES``."""
+    fp4_recipe: str | None = setting(
+        choices=FP4_RECIPES,
+        help="train the GEMMs in NVFP4 (Megatron-LM's --fp4-recipe): not modelled yet, refused (docs/limits.md)")
+    """Always None: NVFP4 training is not modelled (``docs/limits.md``)."""
     zero_stage: int = setting(0, name="zero", type=int, choices=ZERO_STAGES, help="ZeRO stage (default 0)",
                               tables=(("plan", "zero"), (_ZERO, "stage")))
     """ZeRO stage over the dp group: 0 none, 1 optimizer states, 2 +gradients, 3 +parameters."""
@@ -260,6 +301,19 @@ class ParallelPlan:
         type=Number(float, above=0), metavar="PARAMS", tables=((_ZERO, "stage3_max_live_parameters"),),
         help="ZeRO-3: most gathered parameters alive at once (DeepSpeed stage3_max_live_parameters)")
     """Caps the prefetch depth. None: no cap."""
+    backward_prefetch: str | None = setting(
+        choices=BACKWARD_PREFETCH,
+        help="ZeRO-3 / FSDP: when a layer's all-gather for backward is issued (PyTorch FSDP1's names): backward_pre "
+             "(under the backward of the layer after it, up to --zero3-prefetch-depth layers ahead) or backward_post "
+             "(once the layer after it has its gradients: each layer's backward waits for its gather; Composer's "
+             "default); default: the framework's")
+    """``sim.inputs.frameworks``; None: the framework's."""
+    reshard_after_forward: bool = setting(
+        True, kind="bool",
+        help="ZeRO-3 / FSDP: free each layer's gathered parameters after its forward and gather them again for "
+             "backward (FSDP2's reshard_after_forward, FSDP1's FULL_SHARD; default on); "
+             "--no-reshard-after-forward keeps them until the layer's backward is done (FSDP1's SHARD_GRAD_OP)")
+    """``sim.program.zero.add_param_gathers``."""
     zero_bucket_size_bytes: int | None = setting(
         name="zero_bucket_size", metavar="BYTES", convert=partial(parse_size, field="--zero-bucket-size"),
         help="ZeRO-2/3 gradient reduce-scatter bucket, e.g. 500MB (default: --bucket-size)")
@@ -308,6 +362,10 @@ class ParallelPlan:
         _check(not self.tp_comm_overlap or self.tp == 1 or self.sequence_parallel, "tp_comm_overlap", True,
                 "needs sequence_parallel (it overlaps the sequence-parallel all-gathers and reduce-scatters with "
                 "the GEMMs beside them)")
+        _check(self.tp_comm_overlap_cfg is None or self.tp_comm_overlap, "tp_comm_overlap_cfg",
+                self.tp_comm_overlap_cfg, "needs tp_comm_overlap (the configuration of its overlap)")
+        if self.tp_comm_overlap_cfg is not None:
+            parse_tp_overlap(self.tp_comm_overlap_cfg)
         _check(self.cross_entropy in CROSS_ENTROPY, "cross_entropy", self.cross_entropy,
                 f"allowed: {', '.join(CROSS_ENTROPY)}")
         _check(self.cross_entropy != "pytorch" or self.tp == 1, "cross_entropy", self.cross_entropy,
@@ -315,6 +373,14 @@ class ParallelPlan:
         _check(self.attention in ATTENTION, "attention", self.attention, f"allowed: {', '.join(ATTENTION)}")
         _check(self.fp8_format is None or self.fp8_format in FP8_FORMATS, "fp8_format", self.fp8_format,
                 f"allowed: {', '.join(FP8_FORMATS)}, or None for BF16")
+        _check(self.fp4_recipe is None, "fp4_recipe", self.fp4_recipe,
+               "not modelled yet: leave it unset (NVFP4 training, docs/limits.md; FP8: --fp8-format, --fp8-recipe)")
+        _check(self.fp8_recipe in FP8_RECIPES, "fp8_recipe", self.fp8_recipe, f"allowed: {', '.join(FP8_RECIPES)}")
+        _check(self.fp8_recipe == "delayed" or self.fp8_format is not None, "fp8_recipe", self.fp8_recipe,
+               "needs fp8_format (e4m3 or hybrid): a recipe scales FP8 tensors; leave it unset in BF16")
+        _check(not self.fp8_param_gather or self.fp8_recipe in ("delayed", "tensorwise"), "fp8_param_gather", True,
+               f"not modelled with fp8_recipe {self.fp8_recipe} (allowed with delayed or tensorwise): FP8 weights "
+               "that keep block scales are not modelled")
         _check(self.recompute in RECOMPUTE, "recompute", self.recompute,
                 f"allowed: {', '.join(RECOMPUTE)}")
         object.__setattr__(self, "recompute_modules", check_recompute_plan(self))
@@ -354,6 +420,7 @@ class ParallelPlan:
         check_expert_plan(self)
         check_ep_overlap_plan(self)
         check_context_plan(self)
+        check_framework_plan(self)
 
     def _check_schedule(self) -> None:
         if self.schedule is None:
@@ -403,12 +470,16 @@ class ParallelPlan:
     def summary(self) -> dict:
         """The plan's fields as JSON-ready values; the settings that only set other fields
         (``layers_per_virtual_stage`` sets vpp, ``zero3_prefetch_bucket_size`` the depth), the
-        pipeline layout and the schedule file are left out when not given."""
+        pipeline layout, the schedule file and the framework settings are left out when not given
+        (``reshard_after_forward`` when on, its default)."""
         out = dataclasses.asdict(self)
         for name in ("layers_per_virtual_stage", "schedule_file", "zero3_prefetch_bucket_size", "pipeline_layout",
-                     "recompute_modules"):
+                     "recompute_modules", "framework", "attention_kernel", "backward_prefetch",
+                     "tp_comm_overlap_cfg"):
             if out[name] is None:
                 del out[name]
+        if out["reshard_after_forward"]:
+            del out["reshard_after_forward"]
         return out
 
     @property

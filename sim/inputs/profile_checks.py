@@ -104,6 +104,9 @@ NCCL_PROTOCOL_TABLE = json_object("NcclProtocols", dict.fromkeys(NCCL_PROTOCOLS,
     "bandwidth_fraction": FRACTION, "hop_latency_nvlink_s": POSITIVE_SECONDS, "hop_latency_net_s": POSITIVE_SECONDS})))
 BASE_LATENCY_TABLE = json_object("NcclBaseLatencies", dict.fromkeys(
     BASE_LATENCY_ALGOS, json_object("NcclBaseLatency", dict.fromkeys(NCCL_PROTOCOLS, SECONDS))))
+ATTENTION_KERNEL_SPEEDS = Annotated[json_object("AttentionKernelSpeeds", dict.fromkeys(
+    ("fa2", "triton"), json_object("AttentionKernelSpeed", {"forward": FRACTION, "backward": FRACTION})), total=False),
+    Allowed("an object of kernel (fa2, triton) -> {forward, backward} fractions in (0, 1]")]
 
 
 # ------------------------------------------------------------------ errors

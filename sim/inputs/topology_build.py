@@ -35,7 +35,7 @@ from sim.inputs.topology_nodes import (  # noqa: F401 (re-exported: where builde
 
 
 NODE_OF_GPU = {"a100-80gb": "dgx-a100", "h100-sxm": "dgx-h100", "h200": "dgx-h200", "b200": "dgx-b200",
-               "gb200": "gb200-nvl72"}
+               "gb200": "gb200-nvl72", "gb300": "gb300-nvl72"}
 """The built-in node of each built-in GPU profile (the default topology): its DGX, or for
 GB200 the NVL72 rack, one 72-GPU NVLink domain."""
 

@@ -94,6 +94,9 @@ class _ActionFields:
     """A collective that Transformer Engine's userbuffers move (a tensor-parallel overlap
     chunk, ``sim.program.tp``), not an NCCL kernel: it pays no NCCL base latency
     (``sim.engine.nccl.base_latency``)."""
+    sms_priced: bool = False
+    """A userbuffers chunk whose SMs the GEMMs beside it are already priced without
+    (``--tp-comm-overlap-cfg``, ``sim.inputs.tp_overlap``): the engine does not slow compute for it."""
 
 
 _fill = _ActionFields.__init__
@@ -188,6 +191,7 @@ def _copy(action: Action) -> Action:
     a.mem = action.mem
     a.deps = action.deps
     a.userbuffers = action.userbuffers
+    a.sms_priced = action.sms_priced
     return a
 
 

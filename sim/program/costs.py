@@ -91,6 +91,7 @@ from __future__ import annotations
 from sim.errors import InputError, require
 from sim.inputs.hardware import HardwareProfile
 from sim.inputs.profile_checks import NCCL_BASE_LATENCY_S
+from sim.program.fp8 import gemm_kernel
 from sim.program.workload import PHASES, Op, Work
 
 ADAM_BYTES_PER_PARAM = 28
@@ -116,15 +117,18 @@ def op_time(op: Op, profile: HardwareProfile, dtype: str = "bf16") -> float:
     """Seconds one op takes on one GPU of ``profile`` (the roofline of the module doc)."""
     if op.kind == "gemm":
         m, n, k = op.shape
-        if op.dtype == "fp8":
-            dtype = "fp8"
+        kernel = dtype
+        if op.dtype != "bf16":  # an FP8 GEMM: sim.program.fp8
+            dtype, kernel = "fp8", gemm_kernel(op.dtype, profile)
             if "fp8" not in profile.peak_flops:
                 raise InputError(f"fp8_format: GPU {profile.name} has no FP8 peak (peak_flops has "
                                  f"{', '.join(sorted(profile.peak_flops))}); FP8 GEMMs need one (H100, H200)")
-        rate = profile.peak(dtype) * profile.gemm_efficiency(m, n, k, op.batch, dtype)
+        rate = profile.peak(dtype) * profile.gemm_efficiency(m, n, k, op.batch, kernel)
     elif op.kind == "attention":
         sq, sk, d = op.shape
         rate = profile.peak(dtype) * profile.attention_efficiency(sq, sk, d, op.batch)
+        if op.kernel != "te":  # another kernel than the profile's own (sim.inputs.frameworks)
+            rate *= profile.attention_speed(op.kernel, backward=op.phase == "B" and not op.recompute)
     else:
         rate = profile.peak("fp32") if "fp32" in profile.peak_flops else profile.peak(dtype)
     compute = op.flops / rate if op.flops else 0.0

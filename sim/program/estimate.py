@@ -173,7 +173,7 @@ def _amax_time(model: ModelSpec, plan: ParallelPlan, profile: HardwareProfile, g
     stage's tp·dp·cp GPUs (``sim.program.amax``); 0 without FP8 or with one GPU a stage."""
     group = stage_groups(plan)
     n = plan.tp * plan.dp_cp
-    if not plan.fp8_format or n < 2:
+    if not plan.fp8_format or plan.fp8_recipe != "delayed" or n < 2:
         return lambda stage, ph: 0.0
     p, v = plan.pp, plan.vpp
 
@@ -208,7 +208,7 @@ def estimate_in(ctx: BuildContext, *, dtype: str = "bf16", flash_attention: bool
                 dp_channels: int | None = None) -> Estimate:
     """``estimate`` of the context's job, priced on its (paced) profile."""
     model, plan, profile, gpus_per_node = ctx.model, ctx.plan, ctx.profile, ctx.gpus_per_node
-    check_fp8_support(plan.fp8_format, profile)
+    check_fp8_support(plan.fp8_format, profile, recipe=plan.fp8_recipe)
     links = _links(plan, gpus_per_node)
     b, t, p, v, m = plan.micro_batch_size, plan.tp, plan.pp, plan.vpp, plan.num_microbatches
     sp = plan.sequence_parallel

@@ -48,6 +48,16 @@ The kernels are named after the GEMM they serve: ``mlp.down.to_fp8`` (a cast),
 the GEMM they feed are placed right after the GEMM beside them: on one stream the order inside a phase does not change its time, and each
 all-gather stays next to the GEMM it feeds (``sim.program.tp`` overlaps such pairs).
 
+Routed experts: Megatron-Core builds each expert's two linears from TE modules
+(SequentialMLP's TEColumnParallelLinear and TERowParallelLinear, TEGroupedMLP's
+GroupedLinear; ``megatron/core/models/gpt/gpt_layer_specs.py``), so under ``fp8_autocast``
+``moe.experts.up`` and ``moe.experts.down`` and their input and weight gradients run in
+FP8 as well. Their input comes from the token dispatcher (BF16, not a norm) and TE runs
+them without sequence parallelism, so each forward input is cast and transposed at once
+(``to_fp8_t``, read 2G write 2G), each output gradient too, and the weight gradients need
+no transpose of their own. The shared experts (``moe.shared.*``) and the router stay BF16
+here.
+
 Amax: TE's cast kernels record each tensor's absolute maximum as they write it, so the
 scaling statistics cost no pass of their own. Their reduction across the stage (one small
 blocking all-reduce after each chunk's forward and one after its backward, over the
@@ -71,52 +81,179 @@ weight kernel is the FP8 transpose alone (read 1, write 1 byte per parameter,
 parameter instead of the BF16 weight and the FP8 copy and transpose
 (``sim.program.memory.rank``).
 
-Not modelled: userbuffers' atomic GEMMs, FP8 attention and the per-tensor
-current-scaling and MXFP8 recipes of TE 2.x.
+Recipes (``--fp8-recipe``, Megatron-LM's flag; TE 2.x's recipes, described in TE's
+"Low precision training" pages, ``docs/features/low_precision_training/*.rst``, and taken
+here from TE's code where a byte count depends on it). All of the above is ``delayed``
+(``DelayedScaling``, the default): one FP32 scale per tensor from an amax history, which
+the cast kernels record as they write and ``sim.program.amax`` reduces over the stage.
+The others change the kernels around the same GEMMs (``RECIPES``):
+
+- ``tensorwise`` (``Float8CurrentScaling``): one scale per tensor from the tensor's own
+  amax. "Quantization is a memory-bound operation that requires reading the tensor twice"
+  (TE's FP8 current scaling page): every cast of a BF16 tensor is preceded by an amax
+  pass that reads it (``<gemm>.amax``, read 2G), except the norms' outputs, whose amax the
+  norm kernel computes as it writes them in BF16 (``normalization.cpp``:
+  ``FUSED_NORM_AMAX_FP8``), so QKV and MLP-up get a cast of their own (``to_fp8`` under
+  sequence parallelism, ``to_fp8_t`` without). Tensors all-gathered under sequence
+  parallelism (QKV and MLP-up inputs, the projection and MLP-down output gradients)
+  all-reduce their amax over the tensor-parallel group before the cast
+  (``<gemm>.amax.all_reduce``, one FP32: TE's ``amax_reduction_group``). No history: no
+  stage-wide reductions (``sim.program.amax``). Transposes as in ``delayed``.
+- ``mxfp8`` (``MXFP8BlockScaling``): an E8M0 scale (1 byte) per 32 consecutive elements
+  (OCP Microscaling Formats spec v1.0; TE's MXFP8 page). Row- and column-wise blocks
+  differ, so neither copy can be made from the other: every tensor is quantized from
+  BF16 into both at once (``<gemm>.quantize``, read 2G, write 2·G·(1 + 1/32)), no FP8
+  transposes, and the norms write BF16 (TE fuses the norm with MXFP8 quantization only
+  through cuDNN, ``NVTE_NORM_FWD_USE_CUDNN``, off by default). Sequence-parallel
+  all-gathers carry the quantized data with its scales: the forward input's row-wise copy
+  (G·(1 + 1/32)), the output gradient's two copies, and in the backward the saved
+  column-wise input. No amax reductions (each scale is local to its block). Its GEMMs
+  run as block-scaled MMAs that read the scales (``Op.dtype`` "mxfp8"), natively only on
+  a GPU whose profile has ``mx_block_scaling`` (Blackwell), at
+  ``mxfp8_gemm_relative_efficiency`` of a per-tensor FP8 GEMM's speed.
+- ``blockwise`` (``Float8BlockScaling``, DeepSeek-V3's scheme): an FP32 scale per 1x128
+  elements of activations and gradients and per 128x128 of weights (TE's FP8 blockwise
+  page). Kernels as ``mxfp8``'s (both copies quantized at once, G·(1 + 4/128) each;
+  weights w·(1 + 4/16384) each). Its GEMMs (``Op.dtype`` "fp8_block") are software-
+  emulated on Hopper (priced as FP8 GEMMs: no separate kernel figure) and run as MXFP8
+  GEMMs on Blackwell ("the recipe is emulated with MXFP8").
+
+Not modelled: userbuffers' atomic GEMMs, FP8 attention, FP8 weights
+(``fp8_param_gather``) under the block-scaled recipes, the block-scaled recipes' scale
+swizzle after an all-gather (a pass over the scales, 1/32 of the data), and Blackwell's
+native column-wise access to per-tensor FP8 (TE 2.x drops the transposes there; the
+per-tensor recipes keep TE 1.13's Hopper path on every GPU).
 """
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 from sim.errors import InputError, require
+from sim.inputs.plan import FP8_RECIPES
+from sim.program.ops import Comm
 
 FP8_FORMATS = ("e4m3", "hybrid")
 BF16_BYTES = 2
 FP8_BYTES = 1
+AMAX_BYTES = 4
+"""An amax is one FP32."""
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """How a recipe scales FP8 tensors, as the kernels around the GEMMs see it (module doc)."""
+
+    name: str
+    block: int
+    """Consecutive elements of an activation or gradient sharing one scale; 0: one per tensor."""
+    weight_block: int
+    """Elements of a weight sharing one scale; 0: one per tensor."""
+    scale_bytes: int
+    """Bytes of one block scale (E8M0: 1; FP32: 4)."""
+    gemm_dtype: str
+    """``Op.dtype`` of its GEMMs."""
+    amax_pass: bool = False
+    """Current scaling: each cast of a BF16 tensor reads it once more for its amax first."""
+    both_copies: bool = False
+    """Row- and column-wise copies quantized from BF16 at once (no FP8 transposes)."""
+
+    def copy_bytes(self, weight: bool = False) -> float:
+        """Bytes per element of one quantized copy with its block scales: 1 + scale/block."""
+        block = self.weight_block if weight else self.block
+        return FP8_BYTES + self.scale_bytes / block if block else FP8_BYTES
+
+    @property
+    def history(self) -> bool:
+        """Delayed scaling's amax history, reduced over the stage (``sim.program.amax``)."""
+        return self.name == "delayed"
+
+
+MX_BLOCK = 32
+"""MXFP8: elements per E8M0 scale (OCP Microscaling Formats (MX) v1.0, Table 1: MXFP8 k = 32)."""
+FP8_BLOCK = 128
+"""Blockwise: elements per FP32 scale along a row (1x128); weights 128x128 (TE's Float8BlockScaling)."""
+RECIPES = {
+    "delayed": Recipe("delayed", 0, 0, AMAX_BYTES, "fp8"),
+    "tensorwise": Recipe("tensorwise", 0, 0, AMAX_BYTES, "fp8", amax_pass=True),
+    "mxfp8": Recipe("mxfp8", MX_BLOCK, MX_BLOCK, 1, "mxfp8", both_copies=True),
+    "blockwise": Recipe("blockwise", FP8_BLOCK, FP8_BLOCK * FP8_BLOCK, AMAX_BYTES, "fp8_block", both_copies=True),
+}
+assert tuple(RECIPES) == FP8_RECIPES
 
 FP8_GEMMS = ("attn.qkv", "attn.proj", "mlp.up", "mlp.down")
 """The forward GEMMs a transformer layer runs in FP8 (the weight GEMMs of TE's linear modules)."""
 NORM_FUSED = {"attn.qkv": "attn.norm", "mlp.up": "mlp.norm"}
 """LayerNormLinear GEMMs and the norm that writes their FP8 input."""
 ROW_PARALLEL = ("attn.proj", "mlp.down")
+EXPERT_GEMMS = ("moe.experts.up", "moe.experts.down")
+"""The routed experts' GEMMs (module doc): FP8, inputs cast and transposed as a row-parallel
+GEMM's without sequence parallelism."""
 FP8_GATHERS = {"attn.all_gather": "attn.qkv", "mlp.all_gather": "mlp.up",
                "attn.all_gather.grad": "attn.proj", "mlp.all_gather.grad": "mlp.down",
                "attn.qkv.all_gather.input": "attn.qkv", "mlp.up.all_gather.input": "mlp.up"}
 """Sequence-parallel all-gathers that carry FP8, and the GEMM each feeds."""
+GRAD_GATHERS = ("attn.all_gather.grad", "mlp.all_gather.grad")
+"""The output-gradient gathers: under the block-scaled recipes they carry both copies."""
 
 
-def precision(fp8_format: str | None) -> str:
-    """The run's precision as reported: 'bf16', 'fp8-e4m3' or 'fp8-hybrid'."""
-    return "bf16" if fp8_format is None else f"fp8-{fp8_format}"
+def precision(fp8_format: str | None, recipe: str = "delayed") -> str:
+    """The run's precision as reported: 'bf16', 'fp8-e4m3' or 'fp8-hybrid' (delayed scaling),
+    and the recipe after it otherwise ('fp8-e4m3-mxfp8')."""
+    if fp8_format is None:
+        return "bf16"
+    return f"fp8-{fp8_format}" if recipe == "delayed" else f"fp8-{fp8_format}-{recipe}"
 
 
-def check_fp8_support(fp8_format: str | None, profile, flag: str = "--fp8-format") -> None:
-    """A one-line error when ``fp8_format`` is set and the GPU has no FP8 peak (A100)."""
-    if fp8_format is None or "fp8" in profile.peak_flops:
+def check_fp8_support(fp8_format: str | None, profile, flag: str = "--fp8-format", recipe: str = "delayed") -> None:
+    """A one-line error when ``fp8_format`` is set and the GPU has no FP8 peak (A100), or
+    when the recipe is ``mxfp8`` and the GPU has no MX block-scaled tensor cores
+    (``HardwareProfile.mx_block_scaling``: Hopper, Ampere)."""
+    if fp8_format is None:
         return
     from sim.inputs.hardware import PRESETS, load_profile
 
-    able = [n for n in PRESETS if "fp8" in load_profile(n).peak_flops]
-    raise InputError(f"{flag}: got {fp8_format!r}; GPU {profile.name} has no FP8 tensor cores (its profile's "
-                     f"peak_flops has {', '.join(sorted(profile.peak_flops))}, no fp8); allowed on {profile.name}: "
-                     f"leave it unset (BF16); {' or '.join(FP8_FORMATS)} need a GPU with an fp8 peak "
-                     f"({', '.join(able)})")
+    if "fp8" not in profile.peak_flops:
+        able = [n for n in PRESETS if "fp8" in load_profile(n).peak_flops]
+        raise InputError(f"{flag}: got {fp8_format!r}; GPU {profile.name} has no FP8 tensor cores (its profile's "
+                         f"peak_flops has {', '.join(sorted(profile.peak_flops))}, no fp8); allowed on {profile.name}: "
+                         f"leave it unset (BF16); {' or '.join(FP8_FORMATS)} need a GPU with an fp8 peak "
+                         f"({', '.join(able)})")
+    if recipe == "mxfp8" and not profile.mx_block_scaling:
+        able = [n for n in PRESETS if load_profile(n).mx_block_scaling]
+        here = [r for r in FP8_RECIPES if r != "mxfp8"]
+        raise InputError(f"--fp8-recipe: got 'mxfp8'; GPU {profile.name} has no MX block-scaled tensor cores (its "
+                         f"profile's mx_block_scaling is false); allowed on {profile.name}: {', '.join(here)}; "
+                         f"mxfp8 needs a GPU with mx_block_scaling ({', '.join(able)})")
+
+
+def weight_copy_bytes(recipe: str = "delayed") -> float:
+    """Bytes per GEMM weight parameter of TE's FP8 weight copies under ``recipe``: the
+    copy for the forward and the one for the input gradient (the transpose, or the
+    column-wise copy), each with its block scales: 2 per-tensor, 2·(1 + 1/32) under
+    MXFP8, 2·(1 + 4/16384) under 128x128 blocks."""
+    return 2 * RECIPES[recipe].copy_bytes(weight=True)
+
+
+def saved_input_bytes(recipe: str = "delayed") -> float:
+    """Bytes per element of the FP8 copy of a GEMM input saved for the weight gradient
+    (the column-wise copy with its scales under the block-scaled recipes)."""
+    return RECIPES[recipe].copy_bytes()
+
+
+def gemm_kernel(dtype: str, profile) -> str:
+    """The GEMM kernel an FP8 ``Op.dtype`` runs on ``profile`` ('fp8' or 'mxfp8', for
+    ``HardwareProfile.gemm_efficiency``): blockwise GEMMs are emulated with MXFP8 where the
+    tensor cores read block scales (TE's FP8 blockwise page), and priced as per-tensor FP8
+    GEMMs elsewhere."""
+    if dtype == "fp8_block":
+        return "mxfp8" if profile.mx_block_scaling else "fp8"
+    return dtype
 
 
 def _role(name: str) -> tuple[str | None, str | None]:
     """(forward GEMM, role) of an op name: ('mlp.down', 'dgrad') for 'mlp.down.dgrad'."""
-    for base in FP8_GEMMS:
+    for base in FP8_GEMMS + EXPERT_GEMMS:
         if name == base:
             return base, "fwd"
         if name in (f"{base}.dgrad", f"{base}.wgrad"):
@@ -131,10 +268,17 @@ def _memory(op, suffix: str, read: float, written: float):
                    framework=False)
 
 
-def _as_fp8(op):
+def _amax_all_reduce(op):
+    """Current scaling: the amax of a tensor about to be all-gathered, all-reduced over the
+    tensor-parallel group before its cast (one FP32)."""
+    return Comm(name=f"{op.name}.amax.all_reduce", phase=op.phase, collective="all_reduce",
+                nbytes=float(AMAX_BYTES), recompute=op.recompute)
+
+
+def _as_fp8(op, dtype: str = "fp8"):
     """The GEMM with FP8 operands (1 byte each) and its BF16 output."""
     m, n, k = op.shape
-    return replace(op, dtype="fp8", bytes_read=float(FP8_BYTES * (m * k + k * n) * op.batch))
+    return replace(op, dtype=dtype, bytes_read=float(FP8_BYTES * (m * k + k * n) * op.batch))
 
 
 def _insert_before(out: list, items: list) -> None:
@@ -146,27 +290,55 @@ def _insert_before(out: list, items: list) -> None:
     out[at:at] = items
 
 
+def _gather_bytes(name: str, recipe: Recipe) -> float:
+    """Bytes per element an FP8 all-gather carries: 1 under the per-tensor recipes; the
+    block-scaled ones carry each copy with its scales, both copies for an output gradient."""
+    if not recipe.both_copies:
+        return FP8_BYTES
+    return (2 if name in GRAD_GATHERS else 1) * recipe.copy_bytes()
+
+
+def _cast(it, suffix: str, recipe: Recipe, read: float, elements: float, gathered: bool = False,
+          amax_known: bool = False) -> list:
+    """The kernels that make the FP8 operand(s) of ``elements`` BF16 elements (``read`` =
+    2·elements bytes) under ``recipe``: ``suffix`` is the per-tensor kernel ('to_fp8' one
+    copy, 'to_fp8_t' with its transpose); block-scaled recipes quantize both copies instead;
+    current scaling reads the tensor for its amax first (unless the kernel that wrote it
+    computed it: ``amax_known``), and all-reduces it over the tensor-parallel group when
+    the tensor is ``gathered``."""
+    if recipe.both_copies:
+        return [_memory(it, "quantize", read, 2 * recipe.copy_bytes() * elements)]
+    copies = 2 if suffix.endswith("_t") else 1
+    out = [_memory(it, suffix, read, copies * FP8_BYTES * elements)]
+    if recipe.amax_pass:
+        out[:0] = ([] if amax_known else [_memory(it, "amax", read, 0.0)]) + ([_amax_all_reduce(it)] if gathered else [])
+    return out
+
+
 def fp8_layer_work(work, fp8_format: str | None, tp: int = 1, sequence_parallel: bool = False,
-                   microbatches: int = 1, fp8_params: bool = False):
+                   microbatches: int = 1, fp8_params: bool = False, recipe: str = "delayed"):
     """One transformer layer's ``Work`` as TE runs it in FP8 (the module doc); ``work``
     itself when ``fp8_format`` is None. ``sequence_parallel``: in effect (tp > 1);
     ``microbatches``: the m that share each step's weight casts; ``fp8_params``: the
-    weights are kept in FP8 (``--fp8-param-gather``), so each step only transposes them."""
+    weights are kept in FP8 (``--fp8-param-gather``), so each step only transposes them;
+    ``recipe``: ``RECIPES``' key."""
     if fp8_format is None:
         return work
     require(fp8_format in FP8_FORMATS, "fp8_format", fp8_format, f"allowed: {', '.join(FP8_FORMATS)}")
+    require(recipe in RECIPES, "fp8_recipe", recipe, f"allowed: {', '.join(RECIPES)}")
     require(isinstance(microbatches, int) and microbatches > 0, "microbatches", microbatches,
             "expected an integer > 0")
+    r = RECIPES[recipe]
     sp = sequence_parallel and tp > 1
     norms = set(NORM_FUSED.values())
     out: list = []
     for it in work.items:
         if not hasattr(it, "kind"):  # a tensor-parallel collective
             if it.name in FP8_GATHERS and it.collective == "all_gather":
-                it = replace(it, nbytes=it.nbytes * FP8_BYTES / BF16_BYTES)
+                it = replace(it, nbytes=it.nbytes * _gather_bytes(it.name, r) / BF16_BYTES)
             out.append(it)
             continue
-        if it.name in norms:  # the norm writes the FP8 input of the GEMM after it
+        if it.name in norms and r.history:  # the norm writes the FP8 input of the GEMM after it
             out.append(replace(it, bytes_written=it.bytes_written * FP8_BYTES / BF16_BYTES,
                                output_bytes=it.output_bytes * FP8_BYTES / BF16_BYTES))
             continue
@@ -175,33 +347,43 @@ def fp8_layer_work(work, fp8_format: str | None, tp: int = 1, sequence_parallel:
             out.append(it)
             continue
         m, n, k = it.shape
-        gemm = _as_fp8(it)
+        gemm = _as_fp8(it, r.gemm_dtype)
+        expert = base in EXPERT_GEMMS
+        gsp = sp and not expert  # sequence parallelism as this GEMM's TE module runs it
         if role == "fwd":
             pre = []
-            if base in ROW_PARALLEL:
-                x = m * k * it.batch
-                pre.append(_memory(it, "to_fp8" if sp else "to_fp8_t", BF16_BYTES * x,
-                                   FP8_BYTES * x * (1 if sp else 2)))
+            x = m * k * it.batch
+            if base in ROW_PARALLEL or expert:
+                pre += _cast(it, "to_fp8" if gsp else "to_fp8_t", r, BF16_BYTES * x, x)
+            elif not r.history:  # the norm wrote BF16 (its amax fused): the local shard is cast
+                local = x / tp if sp else x
+                pre += _cast(it, "to_fp8" if sp else "to_fp8_t", r, BF16_BYTES * local, local, gathered=sp,
+                             amax_known=True)
             if not it.recompute:
                 w = k * n * it.batch / microbatches
                 if fp8_params:  # the FP8 weight is the parameter: only its transpose is made
                     pre.append(_memory(it, "weight_transpose", FP8_BYTES * w, FP8_BYTES * w))
+                elif r.both_copies:
+                    pre.append(_memory(it, "weight_quantize", BF16_BYTES * w, 2 * r.copy_bytes(weight=True) * w))
                 else:
+                    if r.amax_pass:
+                        pre.append(_memory(it, "weight_amax", BF16_BYTES * w, 0.0))
                     pre.append(_memory(it, "weight_to_fp8_t", BF16_BYTES * w, 2 * FP8_BYTES * w))
             _insert_before(out, pre)
             out.append(gemm)
         elif role == "dgrad":
             g = m * k * it.batch  # the output gradient, tokens x the forward GEMM's outputs
-            if base in ROW_PARALLEL and sp:  # the local shard cast before its all-gather; transposed once gathered
-                _insert_before(out, [_memory(it, "to_fp8", BF16_BYTES * g / tp, FP8_BYTES * g / tp)])
-                out += [gemm, _memory(it, "transpose", FP8_BYTES * g, FP8_BYTES * g)]
+            if base in ROW_PARALLEL and gsp:  # the local shard cast before its all-gather; transposed once gathered
+                _insert_before(out, _cast(it, "to_fp8", r, BF16_BYTES * g / tp, g / tp, gathered=True))
+                out.append(gemm)
+                if not r.both_copies:
+                    out.append(_memory(it, "transpose", FP8_BYTES * g, FP8_BYTES * g))
             else:
-                _insert_before(out, [_memory(it, "to_fp8_t", BF16_BYTES * g, 2 * FP8_BYTES * g)])
+                _insert_before(out, _cast(it, "to_fp8_t", r, BF16_BYTES * g, g))
                 out.append(gemm)
         else:  # wgrad
             out.append(gemm)
-            if base in NORM_FUSED or sp:
+            if not r.both_copies and ((base in NORM_FUSED and r.history) or gsp):
                 x = m * k * it.batch  # the saved FP8 input, inputs x tokens
                 out.append(_memory(it, "transpose", FP8_BYTES * x, FP8_BYTES * x))
     return replace(work, items=tuple(out))
-

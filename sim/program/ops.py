@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 PHASES = ("F", "B", "W")
 OP_KINDS = ("gemm", "attention", "memory")
@@ -44,6 +44,9 @@ class Op:
     """What a GEMM's operands are: 'bf16', or 'fp8' (``sim.program.fp8``: the profile's FP8 peak)."""
     bias: bool = False
     """A linear layer's forward GEMM that adds a bias (``HardwareProfile.gemm_bias_epilogue``)."""
+    kernel: str = "te"
+    """An attention op's kernel (``sim.inputs.frameworks.ATTENTION_KERNELS``; 'te', the
+    profile's own, unless ``with_attention_kernel`` says otherwise)."""
 
 
 @dataclass(frozen=True)
@@ -108,6 +111,15 @@ def accumulate_wgrads(work: Work, fused: bool = True) -> Work:
             items.append(Op(f"{it.name}.accumulate", "W", "memory", float(n), it.output_bytes + MAIN_GRAD_BYTES * n,
                             float(MAIN_GRAD_BYTES * n), float(MAIN_GRAD_BYTES * n), framework=True))
     return Work(work.name, tuple(items))
+
+
+def with_attention_kernel(work: Work, kernel: str = "te") -> Work:
+    """``work`` with its attention ops run by ``kernel`` (``sim.inputs.frameworks``); as it
+    is for 'te', the profile's own."""
+    if kernel == "te":
+        return work
+    return Work(work.name, tuple(replace(it, kernel=kernel) if isinstance(it, Op) and it.kind == "attention" else it
+                                 for it in work.items))
 
 
 class Builder:

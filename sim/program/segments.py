@@ -31,10 +31,11 @@ from sim.inputs.plan import ParallelPlan
 from sim.program import passes
 from sim.program.actions import Action
 from sim.program.coalesce import coalesce
-from sim.program.costs import op_time
+from sim.program.costs import op_time, ring_time
 from sim.program.dispatch import DISPATCH_GROUPS, group_sizes
 from sim.program.routing import Routing
 from sim.program.schedules import Schedule, Step
+from sim.inputs.tp_overlap import margin_profile, overlaps
 from sim.program.tp import overlapped_layer
 from sim.program.workload import Comm, chunk_work
 
@@ -60,6 +61,8 @@ class StepSegments:
         self._per_mb = self.routing is not None and not self.routing.balanced
         self.layout = layout
         """Where the expert-parallel groups sit on the nodes (``sim.program.dispatch.EpLayout``)."""
+        self._overlaps = overlaps(plan.tp_comm_overlap_cfg)
+        """Transformer Engine's overlap per GEMM (``sim.inputs.tp_overlap``), or None."""
         self._sizes = {"tp": plan.tp, "ep": plan.ep, "etp": plan.etp_size, "cp": plan.cp,
                        **group_sizes(plan, layout)}
 
@@ -100,9 +103,10 @@ class StepSegments:
         for lid, items in parts:
             if self.plan.tp_comm_overlap and self.plan.tp > 1:
                 live = [it for it in items if not isinstance(it, Comm) or self._sizes[it.group] > 1]
-                segs += overlapped_layer(live, lid, lambda op: op_time(op, self.profile), self.plan.tp,
+                segs += overlapped_layer(live, lid, self._time_on, self.plan.tp,
                                          lambda it: isinstance(it, Comm), lambda c: _COLLECTIVE[c.collective],
-                                         base=len(segs), group_of=lambda c: c.group, label_of=_label)
+                                         base=len(segs), group_of=lambda c: c.group, label_of=_label,
+                                         cfg=self._overlaps, comm_of=self._ub_comm_s)
                 continue
             dur = flops = 0.0
             side: dict[str, int] = {}  # side collectives of the layer by name -> their segment's position
@@ -134,6 +138,16 @@ class StepSegments:
             if dur or waits or not items:
                 segs.append(passes.Segment("compute", dur, flops, layer=lid, waits=waits))
         return tuple(segs)
+
+    def _time_on(self, op, sms_held: int = 0) -> float:
+        """``op_time`` of ``op`` on the SMs an overlap leaves it (``sim.inputs.tp_overlap``)."""
+        return op_time(op, margin_profile(self.profile, sms_held))
+
+    def _ub_comm_s(self, op: str, nbytes: float) -> float:
+        """Seconds a userbuffers collective of the tensor-parallel group takes alone, by the ring
+        closed form over NVLink without NCCL's base latency (``sim.program.costs.ring_time``)."""
+        link = self.profile.link("nvlink" if "nvlink" in self.profile.links else "pcie")
+        return ring_time(op, nbytes, self.plan.tp, link.latency_s, link.bandwidth_Bps * link.efficiency)
 
     def __call__(self, rank: int, action: Action):
         """The step's segments (one tuple per step name, whatever the rank: the pieces

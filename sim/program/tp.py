@@ -41,6 +41,16 @@ share the SMs at once and the tail wave of one fills with the next one's tiles: 
 is priced as a third of its shape batched three times (``chunk_time``), wave quantization
 taken over the three together. All-reduces (no sequence parallelism) and collectives with
 no GEMM beside them are not overlapped.
+
+With ``--tp-comm-overlap-cfg`` (Transformer Engine's method and SMs per GEMM,
+``sim.inputs.tp_overlap``) the pairs run as that configuration says instead: a ring-exchange
+all-gather as TE's ``split_overlap_ag`` (the first GEMM chunk on the rank's own shard, tp − 1
+shard-sized shifts to the next rank, each beside a chunk; ``aggregate``: one shard swapped
+first, then tp/2 chunks of two, ``ring_shifts``); a ring-exchange reduce-scatter as its
+``split_overlap_rs`` P2P (tp GEMM chunks, chunk c − 1's partial sent beside chunk c, the
+received partials summed on the main stream); a pipelined one in ``num_splits`` chunks. Each
+GEMM beside an overlap is priced on the SMs its method leaves it (``gemm_beside``), and the
+chunks do not also slow it in the engine (``Segment.sms_priced``).
 """
 
 from __future__ import annotations
@@ -49,6 +59,7 @@ from dataclasses import dataclass, replace
 from typing import Callable
 
 from sim.program.actions import Action, Program
+from sim.program.ops import Op
 
 _CATEGORY = {"etp": "ep", "tpep": "ep", "ep_rail": "ep", "ep_node": "ep"}
 """The trace category of a collective by its group (expert-TP collectives and the token
@@ -58,6 +69,14 @@ PIPELINE_SPLITS = 4
 ``pipeline`` method; ``tp`` for ``ring_exchange``)."""
 UB_STREAMS = 3
 """Compute streams a chunked GEMM's chunks take in turn (Transformer Engine's ``_NUM_MAX_UB_STREAMS``)."""
+TE_GEMMS = {"attn.qkv": "qkv_fprop", "mlp.up": "fc1_fprop", "attn.proj.dgrad": "proj_dgrad",
+            "mlp.down.dgrad": "fc2_dgrad", "attn.proj": "proj_fprop", "mlp.down": "fc2_fprop",
+            "attn.qkv.dgrad": "qkv_dgrad", "mlp.up.dgrad": "fc1_dgrad", "attn.qkv.wgrad": "qkv_wgrad",
+            "mlp.up.wgrad": "fc1_wgrad"}
+"""A layer's GEMMs by Transformer Engine's names for their overlaps (``sim.inputs.tp_overlap``):
+an input-gradient GEMM's name stands for the bulk all-gather beside it, a weight gradient's
+for the bulk reduce-scatter beside it. Other GEMMs (the output layer, experts, MLA's
+projections) keep the model without a configuration."""
 TP_COMM_STREAM = "tp-comm"
 """The stream overlapped tensor-parallel chunks run on (Transformer Engine's userbuffers
 communicate on their own CUDA stream)."""
@@ -83,6 +102,8 @@ class Segment:
     userbuffers: bool = False
     """An overlapped tensor-parallel chunk that Transformer Engine's userbuffers move, not
     an NCCL kernel (``Action.userbuffers``: no NCCL base latency)."""
+    sms_priced: bool = False
+    """A userbuffers chunk whose SMs the GEMMs beside it are priced without (``Action.sms_priced``)."""
     label: str = ""
     """What the collective is, appended to its action's name (the token dispatchers'
     exchanges, ``sim.program.segments``); empty: the name is the step's and the piece's number."""
@@ -90,15 +111,33 @@ class Segment:
 
 def overlapped_layer(items, layer, time_of: Callable, tp: int, is_comm: Callable, op_of: Callable,
                      base: int = 0, group_of: Callable = lambda c: "tp",
-                     label_of: Callable = lambda c: "") -> list[Segment]:
+                     label_of: Callable = lambda c: "", cfg: dict | None = None,
+                     comm_of: Callable | None = None) -> list[Segment]:
     """One layer's ``items`` (ops and collectives of one phase, in order) as segments with
     each all-gather → GEMM and GEMM → reduce-scatter pair cut into ``tp`` overlapped chunks
     (see the module doc). ``time_of(op)`` prices an op, ``is_comm(item)`` tells a collective,
     ``op_of(comm)`` its engine op (allgather, reducescatter, allreduce). ``base``: how many
     segments of the step come before these (``Segment.waits`` counts in the whole step).
     ``group_of(comm)``: the group it runs over; only tensor-parallel ones overlap;
-    ``label_of(comm)``: its ``Segment.label``."""
+    ``label_of(comm)``: its ``Segment.label``. ``cfg``: Transformer Engine's overlap per GEMM
+    (``sim.inputs.tp_overlap.overlaps``; None: the model without one, module doc); with it
+    ``time_of(op, sms_held)`` prices a GEMM on the SMs an overlap leaves it, and
+    ``comm_of(op, nbytes)`` estimates the seconds a userbuffers kernel without an SM margin
+    runs beside it (``gemm_beside``)."""
     items = te_order(items)
+
+    def overlap(op):
+        """The configured overlap of GEMM ``op`` (None: none configured for it)."""
+        return None if cfg is None else cfg.get(TE_GEMMS.get(op.name))
+
+    def beside(o, comm: str = "", nbytes: float = 0.0, streams: int = 1) -> Callable:
+        """Prices a GEMM (or ``streams`` chunks of it at once) beside overlap ``o`` moving
+        ``nbytes`` per chunk by ``comm`` (``gemm_beside``)."""
+        if o is None or not o.sms_held:
+            return time_of
+        comm_s = 0.0 if o.set_sm_margin else streams * comm_of(comm, nbytes)
+        return lambda op: gemm_beside(time_of(op), time_of(op, o.sms_held), comm_s, o.set_sm_margin)
+
     tp_comm = is_comm
     is_comm = lambda it: tp_comm(it) and group_of(it) == "tp"  # noqa: E731
     out: list[Segment] = []
@@ -129,12 +168,15 @@ def overlapped_layer(items, layer, time_of: Callable, tp: int, is_comm: Callable
     # A weight gradient's input all-gather needs nothing of this step: it goes first, whole,
     # beside the input-gradient GEMMs (Transformer Engine's bulk overlap).
     bulk: dict[int, int] = {}
+    gathered: dict[str, float] = {}  # input-gradient GEMM -> the bytes of the bulk all-gather beside it
     for i, it in enumerate(items):
         nxt = items[i + 1] if i + 1 < n else None
         if is_comm(it) and op_of(it) == "allgather" and gemm(nxt) and nxt.name.endswith("wgrad"):
             bulk[i] = base + len(out)
+            dgrad = replace(nxt, name=nxt.name[:-len("wgrad")] + "dgrad")
             out.append(Segment("collective", op="allgather", nbytes=it.nbytes, layer=layer, side=True,
-                               userbuffers=True))
+                               userbuffers=True, sms_priced=overlap(dgrad) is not None))
+            gathered[nxt.name[:-len("wgrad")] + "dgrad"] = it.nbytes
     i = 0
     while i < n:
         it = items[i]
@@ -146,9 +188,24 @@ def overlapped_layer(items, layer, time_of: Callable, tp: int, is_comm: Callable
             continue
         if is_comm(it) and op_of(it) == "allgather" and gemm(nxt):
             flush()
+            o = overlap(nxt)
+            before = (last_main,) if last_main >= 0 else ()  # the gather's input: what the stream made last
+            if o is not None:  # TE's ring exchange (``ring_shifts``)
+                parts, shifts = ring_shifts(tp, it.nbytes, o.aggregate)
+                chunk = _chunk(nxt, parts)
+                t = chunk_time(chunk, parts, beside(o))
+                first = base + len(out)
+                for k, nb in enumerate(shifts):
+                    out.append(Segment("collective", op="shift", nbytes=nb, layer=layer, side=True,
+                                       userbuffers=True, waits=before if k == 0 else (), sms_priced=True))
+                lead = len(shifts) - (parts - 1)  # shifts the first GEMM chunk waits for (aggregate: 1)
+                for c in range(parts):
+                    need = c + lead - 1
+                    main(Segment("compute", t, chunk.flops, layer=layer, waits=(first + need,) if need >= 0 else ()))
+                i += 2
+                continue
             chunk = _chunk(nxt, tp)
             t = chunk_time(chunk, tp, time_of)
-            before = (last_main,) if last_main >= 0 else ()  # the gather's input: what the stream made last
             for c in range(tp):
                 out.append(Segment("collective", op="allgather", nbytes=it.nbytes / tp, layer=layer, side=True,
                                    userbuffers=True, waits=before if c == 0 else ()))
@@ -159,23 +216,43 @@ def overlapped_layer(items, layer, time_of: Callable, tp: int, is_comm: Callable
             flush()
             w = _weight_gradient(items, i)
             if w is not None:  # bulk: the input gradient whole, its scatter beside the weight gradient
-                main(Segment("compute", time_of(it), it.flops, layer=layer))
-                scatter = base + len(out)
-                out.append(Segment("collective", op="reducescatter", nbytes=nxt.nbytes, layer=layer, side=True,
-                                   userbuffers=True, waits=(last_main,)))
                 wgrad = items[w]
-                main(Segment("compute", time_of(wgrad), wgrad.flops, layer=layer,
+                o = overlap(it) if it.name in gathered else None
+                main(Segment("compute", beside(o, "allgather", gathered.get(it.name, 0.0))(it), it.flops, layer=layer))
+                scatter = base + len(out)
+                o = overlap(wgrad)
+                out.append(Segment("collective", op="reducescatter", nbytes=nxt.nbytes, layer=layer, side=True,
+                                   userbuffers=True, waits=(last_main,), sms_priced=o is not None))
+                main(Segment("compute", beside(o, "reducescatter", nxt.nbytes)(wgrad), wgrad.flops, layer=layer,
                              waits=(bulk[w - 1],) if w - 1 in bulk else ()))
                 pending = [scatter]
                 i = w + 1
                 continue
-            parts = PIPELINE_SPLITS
+            o = overlap(it)
+            if o is not None and o.method == "ring_exchange":
+                # TE's ring exchange: tp GEMM chunks, chunk c − 1's partial result sent to its
+                # owner beside chunk c (the last chunk is the rank's own), then the received
+                # partials summed on the main stream (``reduce_bf16``)
+                chunk = _chunk(it, tp)
+                t = chunk_time(chunk, tp, beside(o))
+                for c in range(tp):
+                    main(Segment("compute", t, chunk.flops, layer=layer))
+                    if c < tp - 1:
+                        out.append(Segment("collective", op="shift", nbytes=nxt.nbytes / tp, layer=layer, side=True,
+                                           userbuffers=True, waits=(last_main,), sms_priced=True))
+                pending = [base + len(out) - 2] if tp > 1 else []
+                red = Op(f"{it.name}.reduce", it.phase, "memory", 0.0, nxt.nbytes, nxt.nbytes / tp, nxt.nbytes / tp)
+                main(Segment("compute", time_of(red), 0.0, layer=layer))
+                i += 2
+                continue
+            parts = PIPELINE_SPLITS if o is None else o.num_splits
             chunk = _chunk(it, parts)
-            t = chunk_time(chunk, parts, time_of)
+            t = chunk_time(chunk, parts, beside(o, "reducescatter", nxt.nbytes / parts, min(parts, UB_STREAMS)))
             for c in range(parts):
                 main(Segment("compute", t, chunk.flops, layer=layer))
                 out.append(Segment("collective", op="reducescatter", nbytes=nxt.nbytes / parts, layer=layer,
-                                   side=True, userbuffers=True, waits=(base + len(out) - 1,)))
+                                   side=True, userbuffers=True, waits=(base + len(out) - 1,),
+                                   sms_priced=o is not None))
             pending = [base + len(out) - 1]
             i += 2
             continue
@@ -253,6 +330,30 @@ def chunk_time(chunk, parts: int, time_of: Callable) -> float:
     return time_of(group) / s
 
 
+def gemm_beside(full_s: float, slow_s: float, comm_s: float, margin: bool) -> float:
+    """Seconds a GEMM takes beside a userbuffers kernel holding some SMs: ``full_s`` on all
+    the SMs, ``slow_s`` on those the kernel leaves. With an SM margin it is launched on the
+    latter (``slow_s``); without one it runs at the slow rate while the kernel runs
+    (``comm_s``) and at the full rate after: comm_s + full_s·(1 − comm_s/slow_s), at most slow_s."""
+    if margin or comm_s >= slow_s:
+        return slow_s
+    return comm_s + full_s * (1.0 - comm_s / slow_s)
+
+
+def ring_shifts(tp: int, nbytes: float, aggregate: bool) -> tuple[int, list[float]]:
+    """Transformer Engine's ring-exchange all-gather of ``nbytes`` (the gathered buffer) over
+    ``tp`` ranks (``CommOverlapP2PBase::split_overlap_ag``): the GEMM chunks and the bytes
+    each rank sends to the next rank per step. Without ``aggregate``: tp chunks, the first on
+    the rank's own shard, and tp − 1 shifts of a shard, shift c beside chunk c and chunk c + 1
+    waiting for it. With it: one shard exchanged first (the first chunk waits for it), then
+    tp/2 chunks of two shards each, beside shifts of two shards."""
+    shard = nbytes / tp
+    if aggregate:
+        parts = max(1, tp // 2)
+        return parts, [shard] + [2 * shard] * (parts - 1)
+    return tp, [shard] * (tp - 1)
+
+
 def _chunk(op, parts: int):
     """One of ``parts`` equal pieces of GEMM ``op`` cut along the tokens: the rows (m) of
     a forward or input-gradient GEMM, the reduction (k) of a weight gradient."""
@@ -319,7 +420,7 @@ def _pieces(a: Action, segs, groups: dict) -> tuple[list[Action], tuple[int, ...
         if s.kind == "collective":
             act = Action.new(name, kind="collective", op=s.op, group=group, nbytes=s.nbytes,
                              category=_CATEGORY.get(s.group, s.group), deps=deps, stream=stream, layer=s.layer,
-                             userbuffers=s.userbuffers)
+                             userbuffers=s.userbuffers, sms_priced=s.sms_priced)
         elif s.kind == "comm":
             act = Action.new(name, kind="comm", op=s.op, duration_s=s.duration_s, nbytes=s.nbytes, group=group,
                              category="tp", deps=deps, stream=stream, layer=s.layer)

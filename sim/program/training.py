@@ -21,8 +21,10 @@ the schedule and the program so far):
     p2p           pipeline sends and receives between stages
     grad_sync     data-parallel gradient buckets (all-reduce, or reduce-scatter under
                   ZeRO), and the experts' over their own data-parallel group
-    zero3_gather  ZeRO-3's per-layer parameter all-gathers, prefetched (an MoE layer's
-                  experts over their own data-parallel group)
+    zero3_gather  ZeRO-3's per-layer parameter all-gathers, prefetched as the framework
+                  does (``backward_prefetch``), kept from forward to backward without
+                  ``reshard_after_forward`` (an MoE layer's experts over their own
+                  data-parallel group)
     optimizer     the optimizer step on the GPU
     offload       or, with ``offload_optimizer``, on the host with its copies
     param_gather  ZeRO-1/2's parameter all-gather after the step (or overlapped ahead of
@@ -50,6 +52,7 @@ from typing import Callable
 
 from sim.errors import InputError
 from sim.inputs.experts import Folding
+from sim.inputs.frameworks import backward_prefetch_in_effect
 from sim.inputs.hardware import HardwareProfile
 from sim.inputs.model import ModelSpec, layer_param_split, mtp_param_split
 from sim.inputs.plan import ParallelPlan
@@ -220,8 +223,9 @@ def ep_overlap(ctx: BuildContext, draft: Draft) -> Draft:
 
 def fp8_amax(ctx: BuildContext, draft: Draft) -> Draft:
     """FP8 delayed scaling's amax all-reduces over the stage's GPUs (``sim.program.amax``),
-    before the sends, which wait for them; nothing in BF16."""
-    if ctx.plan.fp8_format is None:
+    before the sends, which wait for them; nothing in BF16 or under a recipe without an amax
+    history (``sim.program.fp8``)."""
+    if ctx.plan.fp8_format is None or ctx.plan.fp8_recipe != "delayed":
         return draft
     return draft.with_program(add_amax_reductions(draft.program, stage_groups(ctx.plan),
                                                   chunk_gemms(ctx.model, ctx.plan), ctx.nccl))
@@ -258,11 +262,13 @@ def zero3_gather(ctx: BuildContext, draft: Draft) -> Draft:
     if plan.zero_stage != 3:
         return draft
     depth = zero3_depth(ctx.model, plan)
-    prog = zero.add_param_gathers(draft.program, _grad_bytes(ctx), plan.dp_group, depth)
+    how = dict(backward_depth=0 if backward_prefetch_in_effect(plan) == "backward_post" else None,
+               reshard_after_forward=plan.reshard_after_forward)
+    prog = zero.add_param_gathers(draft.program, _grad_bytes(ctx), plan.dp_group, depth, **how)
     split = _expert_split(ctx)
     if split:
         prog = zero.add_param_gathers(prog, _expert_bytes(split), ctx.folding.edp_group, depth,
-                                      label="gather experts of layer")
+                                      label="gather experts of layer", **how)
     return draft.with_program(prog)
 
 
@@ -298,19 +304,22 @@ def offload(ctx: BuildContext, draft: Draft) -> Draft:
 def param_gather(ctx: BuildContext, draft: Draft) -> Draft:
     """ZeRO-1/2: the updated parameters all-gathered, after the optimizer step or, with
     ``overlap_param_gather``, bucket by bucket ahead of the next forward's first use; FP8
-    weights (``fp8_param_gather``) in 1 byte instead of 2; the experts' over their group."""
+    weights (``fp8_param_gather``) in 1 byte instead of 2; the experts' over their group
+    (their weights are all FP8 GEMM weights, ``sim.program.fp8``)."""
     model, plan = ctx.model, ctx.plan
     if plan.zero_stage not in (1, 2):
         return draft
     bucket, split, prog = sync_bucket_bytes(plan), _expert_split(ctx), draft.program
     grad_bytes = _grad_bytes(ctx)
     fp8_saved = (lambda lid: fp8_layer_weights(model, plan.tp, lid)) if plan.fp8_param_gather else (lambda lid: 0.0)
+    expert_share = 0.5 if plan.fp8_param_gather else 1.0  # 1 byte of the 16-bit weight's 2
     if plan.param_gather_overlap:
         prog = zero.add_param_allgather_ahead(prog, lambda r, lid: grad_bytes(r, lid) - fp8_saved(lid),
                                               plan.dp_group, bucket)
         if split:
-            prog = zero.add_param_allgather_ahead(prog, _expert_bytes(split), ctx.folding.edp_group, bucket,
-                                                  label="expert param allgather")
+            experts = _expert_bytes(split)
+            prog = zero.add_param_allgather_ahead(prog, lambda r, lid: expert_share * experts(r, lid),
+                                                  ctx.folding.edp_group, bucket, label="expert param allgather")
         return draft.with_program(prog)
     done = "params to GPU" if plan.offload_optimizer else "optimizer"  # the step's last action
     psi_split, stage = _param_split(ctx), _stage_of(plan)
@@ -326,7 +335,7 @@ def param_gather(ctx: BuildContext, draft: Draft) -> Draft:
 
     prog = zero.add_param_allgather(prog, lambda r: gathered[stage(r)], plan.dp_group, bucket, done, tensors)
     if split:
-        prog = zero.add_param_allgather(prog, lambda r: param_allgather_bytes(psi_split[stage(r)][1]),
+        prog = zero.add_param_allgather(prog, lambda r: expert_share * param_allgather_bytes(psi_split[stage(r)][1]),
                                         ctx.folding.edp_group, bucket, done, tensors, label="expert param allgather")
     return draft.with_program(prog)
 

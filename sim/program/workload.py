@@ -42,6 +42,7 @@ from dataclasses import replace
 from functools import lru_cache
 
 from sim.errors import require
+from sim.inputs.frameworks import attention_kernel_in_effect
 from sim.inputs.model import ModelSpec
 from sim.inputs.moe import mla_projections
 from sim.inputs.plan import ATTENTION, CROSS_ENTROPY, RECOMPUTE, ParallelPlan
@@ -49,7 +50,7 @@ from sim.inputs.recompute import modules_in_effect
 from sim.program.fp8 import fp8_layer_work
 from sim.program.loss import loss_backward, loss_forward
 from sim.program.ops import (COLLECTIVES, MAIN_GRAD_BYTES, OP_KINDS, PHASES, Builder, Comm, Op,  # noqa: F401
-                             Work, accumulate_wgrads)
+                             Work, accumulate_wgrads, with_attention_kernel)
 from sim.program.context_parallel import cp_attention_backward, cp_attention_forward
 from sim.program.dispatch import moe_shape
 from sim.program.workload_moe import (MoeShape, attention_widths, moe_backward, moe_forward, moe_wgrads, qkv_dgrad,
@@ -456,7 +457,8 @@ def plan_layer_work(model: ModelSpec, plan: ParallelPlan, moe: MoeShape | None =
     gradient accumulation as the plan says); ``moe``: its expert shape, None for dense."""
     return layer_as_run(model, plan.micro_batch_size, plan.tp, plan.sequence_parallel, plan.recompute, plan.attention, moe,
                   plan.fp8_format, plan.num_microbatches, plan.cp, plan.cp_comm_type,
-                  plan.gradient_accumulation_fusion, plan.fp8_param_gather, plan.recompute_modules)
+                  plan.gradient_accumulation_fusion, plan.fp8_param_gather, plan.recompute_modules, plan.fp8_recipe,
+                  attention_kernel_in_effect(plan))
 
 
 def local_sequence(model: ModelSpec, cp: int) -> ModelSpec:
@@ -468,12 +470,14 @@ def local_sequence(model: ModelSpec, cp: int) -> ModelSpec:
 def layer_as_run(model: ModelSpec, b: int, t: int, sp: bool, recompute: str = "none", attention: str = "flash",
                  moe: MoeShape | None = None, fp8_format: str | None = None, microbatches: int = 1, cp: int = 1,
                  cp_comm: str = "p2p", fused_accumulation: bool = True, fp8_params: bool = False,
-                 modules: tuple | None = None) -> Work:
-    """``plan_layer_work`` from the plan's settings, cached: ``layer_work``, then the FP8
-    casts (``sim.program.fp8``) and unfused gradient accumulation (``accumulate_wgrads``)."""
-    layer = layer_work(model, b, t, sp, recompute, attention=attention, moe=moe, cp=cp, cp_comm=cp_comm,
-                       modules=modules)
-    return accumulate_wgrads(fp8_layer_work(layer, fp8_format, t, sp, microbatches, fp8_params), fused_accumulation)
+                 modules: tuple | None = None, fp8_recipe: str = "delayed", kernel: str = "te") -> Work:
+    """``plan_layer_work`` from the plan's settings, cached: ``layer_work`` with its attention
+    run by ``kernel`` (``with_attention_kernel``), then the FP8 casts (``sim.program.fp8``)
+    and unfused gradient accumulation (``accumulate_wgrads``)."""
+    layer = with_attention_kernel(layer_work(model, b, t, sp, recompute, attention=attention, moe=moe, cp=cp,
+                                             cp_comm=cp_comm, modules=modules), kernel)
+    return accumulate_wgrads(fp8_layer_work(layer, fp8_format, t, sp, microbatches, fp8_params, fp8_recipe),
+                             fused_accumulation)
 
 
 def p2p_bytes(model: ModelSpec, micro_batch: int, tp: int = 1, sequence_parallel: bool = False,

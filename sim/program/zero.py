@@ -131,14 +131,19 @@ def _split(step: str) -> tuple[int, str, int]:
 
 def add_param_gathers(prog: Program, layer_bytes: Callable[[int, int], float],
                       dp_group: Callable[[int], tuple[int, ...]], depth: int,
-                      label: str = "gather layer") -> Program:
+                      label: str = "gather layer", backward_depth: int | None = None,
+                      reshard_after_forward: bool = True) -> Program:
     """ZeRO-3: all-gather a layer's parameters (stream ``zero``) before each use and free
     them after it. The gather for the i-th use may start once use i − depth − 1 is done,
-    so ``depth`` layers are fetched ahead while earlier ones compute. Layers of
-    ``layer_bytes`` 0 (a dense layer's experts) get no gather; ``label`` names the gathers
-    (``{label} {layer} for {step}``). Called again with the experts' bytes and group, a
-    layer's expert gather follows its dense one on the same stream, as FSDP2 issues each
-    module's all-gather on one stream."""
+    so ``depth`` layers are fetched ahead while earlier ones compute; in backward steps
+    ``backward_depth`` ahead when given (0: FSDP1's BACKWARD_POST, the gather issued once
+    the layer used before it is done, ``sim.inputs.frameworks``). Without
+    ``reshard_after_forward`` (FSDP1's SHARD_GRAD_OP) a layer gathered for a micro-batch's
+    forward stays gathered until that micro-batch's backward of it is done, and backward
+    gathers nothing. Layers of ``layer_bytes`` 0 (a dense layer's experts) get no gather;
+    ``label`` names the gathers (``{label} {layer} for {step}``). Called again with the
+    experts' bytes and group, a layer's expert gather follows its dense one on the same
+    stream, as FSDP2 issues each module's all-gather on one stream."""
     out = {}
     for r, acts in prog.actions.items():
         group = dp_group(r)
@@ -147,15 +152,18 @@ def add_param_gathers(prog: Program, layer_bytes: Callable[[int, int], float],
             out[r] = lst
             continue
         uses = layer_uses(lst, PIPELINE)  # (step, layer, first, last)
+        kept = {} if reshard_after_forward else _kept_until_backward(uses)
         before: dict[int, list[Action]] = {}
         extra_deps: dict[int, list[str]] = {}
         frees: dict[int, list[tuple]] = {}
         for k, (step, layer, first, last) in enumerate(uses):
             nb = layer_bytes(r, layer)
-            if not nb:
+            if not nb or kept.get(k) == -1:
                 continue
             name = f"{label} {layer} for {step}"
-            deps = (lst[uses[k - depth - 1][3]].name,) if k - depth - 1 >= 0 else ()
+            ahead = depth if backward_depth is None or _split(step)[1] == "F" else backward_depth
+            last = uses[kept[k]][3] if k in kept else last
+            deps = (lst[uses[k - ahead - 1][3]].name,) if k - ahead - 1 >= 0 else ()
             g = Action.new(name, kind="collective", op="allgather", group=group, nbytes=nb, category="zero",
                        stream="zero", deps=deps, mem=(("start", "gathered", nb),))
             before.setdefault(first, []).append(g)
@@ -169,6 +177,23 @@ def add_param_gathers(prog: Program, layer_bytes: Callable[[int, int], float],
             new.append(a)
         out[r] = new
     return prog.with_actions(out)
+
+
+def _kept_until_backward(uses) -> dict[int, int]:
+    """Without reshard after forward: index of each forward use (in ``uses``) -> the index
+    of the last backward use of the same layer, chunk and micro-batch (where its gathered
+    parameters are freed), and each such backward use -> -1 (it gathers nothing)."""
+    forward: dict[tuple, int] = {}
+    out: dict[int, int] = {}
+    for k, (step, layer, _first, _last) in enumerate(uses):
+        stage, kind, mb = _split(step)
+        key = (stage, mb, layer)
+        if kind == "F":
+            forward[key] = k
+        elif key in forward:
+            out[forward[key]] = k
+            out[k] = -1
+    return out
 
 
 def add_param_allgather_ahead(prog: Program, layer_bytes: Callable[[int, int], float],

@@ -27,6 +27,7 @@ from sim.program.costs import bias_pass_time, collective_time, op_time
 from sim.program.build import BuildContext
 from sim.program.estimate import estimate_in, group_comm_time
 from sim.inputs.experts import Folding
+from sim.program.fp8 import gemm_kernel
 from sim.program.workload import Comm, Op, Work, local_sequence, plan_edge_works, plan_layer_work
 from sim.program.workload_moe import MoeShape
 from sim.units import format_bytes, format_time
@@ -37,11 +38,13 @@ PARTS = ("layer", "moe layer", "embedding", "head")
 
 def _op_row(op: Op, profile: HardwareProfile, dtype: str = "bf16") -> dict:
     t = op_time(op, profile, dtype)
-    dtype = "fp8" if op.dtype == "fp8" else dtype  # (an FP8 GEMM: sim.program.fp8)
+    kernel = dtype
+    if op.dtype != "bf16":  # (an FP8 GEMM: sim.program.fp8)
+        dtype, kernel = "fp8", gemm_kernel(op.dtype, profile)
     moved = op.bytes_read + op.bytes_written
     busy = t - profile.kernel_launch_s - bias_pass_time(op, profile)  # (a CPU's bias pass: not the GEMM's bound)
     if op.kind == "gemm":
-        eff = profile.gemm_efficiency(*op.shape, op.batch, dtype)
+        eff = profile.gemm_efficiency(*op.shape, op.batch, kernel)
     elif op.kind == "attention":
         eff = profile.attention_efficiency(*op.shape, op.batch)
     else:

@@ -40,7 +40,7 @@ def summarize(run) -> dict:
     return {
         "model": model.name, "params": model.num_params, "active_params": model.active_params, "gpu": profile.name, "topology": run.topology.name,
         "gpus": plan.world_size, "schedule": run.schedule.name, "plan": plan.summary(), "fidelity": run.fidelity,
-        "precision": precision(plan.fp8_format),
+        "precision": precision(plan.fp8_format, plan.fp8_recipe),
         "fidelity_reason": run.fidelity_reason, "collective_model": run.collective_model,
         "simulated_gpus": len(run.program.actions),
         **met,

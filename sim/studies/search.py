@@ -60,6 +60,12 @@ them is enough to compare with BF16.
    never drops the best two. ``measure_margin`` and ``experiments/bench_sweep.py``
    measure that ratio on a sample. Waves have a fixed size, so which plans are simulated,
    and so every result, does not depend on the executor or the number of workers.
+   A plan is also skipped (``pruned: dominated``) when a plan of its *recompute family*
+   (the same plan but for its recompute, ``recompute_family``) with less recompute has
+   run and fit: it does the same work and more, so it cannot be faster. The best two are
+   then the best two of the plans no such lighter plan dominates. (With ``margin=inf``
+   every plan that fits is simulated.) The estimates themselves can run on the sweep's
+   workers (``candidates(..., map=Runner.map)``).
 3. **Rank and explain.** Simulated plans that fit are ranked by iteration time (the
    batch is fixed, so this is tokens/s), or with ``rank_by="tokens-per-joule"`` by energy
    per token (then pruned by an energy floor, ``search``), ties by plan key; ``explain``
@@ -77,6 +83,7 @@ from sim.program.costs import transfer_time, work_times
 from sim.errors import InputError, require
 from sim.program.build import BuildContext
 from sim.program.estimate import Estimate, estimate_in, group_comm_time, layer_phase_times, moe_layer_groups
+from sim.inputs.frameworks import attention_kernel_in_effect
 from sim.inputs.hardware import HardwareProfile
 from sim.inputs.model import ModelSpec
 from sim.inputs.plan import RECOMPUTE, SCHEDULES, ZERO_STAGES, ParallelPlan
@@ -273,14 +280,16 @@ def _variants(model, gbs, space, dp, tp, pp, mbs, cp=1) -> list[ParallelPlan]:
 @lru_cache(maxsize=4096)
 def _phases(model: ModelSpec, profile: HardwareProfile, b: int, t: int, sp: bool, recompute: str,
             tp_link: str, fp8_format: str | None = None, microbatches: int = 1, cross_entropy: str = "megatron",
-            fused_accumulation: bool = True, attention: str = "flash", modules: tuple | None = None) -> tuple:
+            fused_accumulation: bool = True, attention: str = "flash", modules: tuple | None = None,
+            fp8_recipe: str = "delayed", kernel: str = "te") -> tuple:
     """Per phase F, B, W: (phase, layer_s, embedding_s, head_s, layer_s), compute plus tp
     collectives, for the layer, embedding and head as the plan runs them (``sim.program.workload``)."""
     def times(work):
         return work_times(work, profile, t, tp_link)
 
     layer = times(layer_as_run(model, b, t, sp, recompute, attention, None, fp8_format, microbatches,
-                               fused_accumulation=fused_accumulation, modules=modules))
+                               fused_accumulation=fused_accumulation, modules=modules, fp8_recipe=fp8_recipe,
+                               kernel=kernel))
     emb, head = (times(w) for w in edge_works(model, b, t, sp, cross_entropy, fused_accumulation))
     return tuple((ph, sum(layer[ph]), sum(emb[ph]), sum(head[ph]), sum(layer[ph])) for ph in ("F", "B", "W"))
 
@@ -358,7 +367,7 @@ def bound_s(ctx: BuildContext, est: Estimate) -> float:
     else:
         ph = _phases(model, profile, plan.micro_batch_size, plan.tp, plan.sequence_parallel, plan.recompute,
                      est.links["tp"], plan.fp8_format, m, plan.cross_entropy, plan.gradient_accumulation_fusion,
-                     plan.attention, plan.recompute_modules)
+                     plan.attention, plan.recompute_modules, plan.fp8_recipe, attention_kernel_in_effect(plan))
     ranks, a2a = [], []  # per pipeline rank: (F, B, W) seconds per micro-batch over its chunks; all-to-all seconds
     for r in range(p):
         ids = [i for c in range(v) for i in plan.layer_range(model, c * p + r)]
@@ -414,9 +423,27 @@ class SearchResult:
 
 
 def candidates(model: ModelSpec, plans: list[ParallelPlan], profile: HardwareProfile,
-               gpus_per_node: int = 8) -> list[Candidate]:
+               gpus_per_node: int = 8, map=None, chunks: int = 1) -> list[Candidate]:
     """Estimate each plan; those that do not fit the GPU are marked 'pruned: memory'. A plan
-    with ``layer_split="auto"`` gets its balanced split first (``balanced_plan``)."""
+    with ``layer_split="auto"`` gets its balanced split first (``balanced_plan``).
+
+    ``map(fn, items)`` (``sim.studies.sweep.Runner.map``) spreads the work over a sweep's
+    workers in ``chunks`` runs of consecutive plans (plans that share a balanced split sit
+    together in key order); the candidates are the same either way."""
+    if map is None or chunks <= 1 or len(plans) < 2 * _CHUNK_MIN:
+        return _estimate((model, plans, profile, gpus_per_node))
+    size = max(_CHUNK_MIN, math.ceil(len(plans) / chunks))
+    parts = [(model, plans[i:i + size], profile, gpus_per_node) for i in range(0, len(plans), size)]
+    return [c for part in map(_estimate, parts) for c in part]
+
+
+_CHUNK_MIN = 32
+"""The fewest plans a worker estimates at once (fewer cost more to send than to price)."""
+
+
+def _estimate(job: tuple) -> list[Candidate]:
+    """``candidates`` of ``(model, plans, profile, gpus_per_node)`` in this process."""
+    model, plans, profile, gpus_per_node = job
     out, splits = [], {}
     for plan in plans:
         if plan.layer_split == "auto":
@@ -442,30 +469,40 @@ def balanced_plan(model: ModelSpec, plan: ParallelPlan, profile: HardwareProfile
 
 
 def search(cands: list[Candidate], simulate, *, margin: float = DEFAULT_MARGIN, exact: int = 2,
-           wave: int = 16, rank_by: str = "throughput", idle_power_w: float | None = None) -> SearchResult:
+           wave: int = 16, screen: bool = False, final: int | None = None, rank_by: str = "throughput",
+           idle_power_w: float | None = None) -> SearchResult:
     """Prune ``cands`` (from ``candidates``) and simulate the survivors with
     ``simulate(plans) -> records`` (one record per plan, in order;
     ``sim.studies.sweep.Runner.run`` gives them). ``cands`` are left as they are; the
     result holds copies.
 
+    ``screen``: a plan with many micro-batches is first simulated at two small counts and
+    its time extrapolated (``screen_sizes``; status ``"screened"``); after the pruning, the
+    ``final`` fastest plans (default ``exact``) that were only screened are simulated in
+    full, and ``ranked`` holds the plans simulated in full.
+
     ``rank_by="tokens-per-joule"`` ranks by energy per token (``sim.results.energy``; the
     batch is fixed, so by energy per iteration) and prunes by a floor of a plan's energy:
     every GPU at ``idle_power_w`` for its estimated bound / margin, which no simulated
     iteration undercuts (``idle · T <= energy`` for every GPU). It prunes far less than
-    time does."""
+    time does; it neither screens nor skips heavier recompute (both reason about time)."""
     require(rank_by in ("throughput", "tokens-per-joule"), "search: rank_by", rank_by,
             "allowed: throughput, tokens-per-joule")
     by_energy = rank_by == "tokens-per-joule"
     require(not by_energy or (idle_power_w is not None and idle_power_w >= 0), "search: idle_power_w",
             idle_power_w, "watts >= 0 (the floor of the energy bound), needed to rank by tokens-per-joule")
+    screen = screen and not by_energy
     require(isinstance(margin, (int, float)) and not math.isnan(margin) and margin >= 1, "search: margin",
             margin, "expected a number >= 1 (inf: no time pruning)")
     require(isinstance(exact, int) and exact >= 1, "search: exact", exact, "expected an integer >= 1")
     require(isinstance(wave, int) and wave >= 1, "search: wave", wave, "expected an integer >= 1")
+    final = exact if final is None else final
+    require(isinstance(final, int) and final >= 1, "search: final", final, "expected an integer >= 1")
     cands = [Candidate(c.plan, c.key, c.estimate, c.bound_s, "pending" if c.estimate.fits else "pruned: memory")
              for c in cands]
     order = sorted((c for c in cands if c.status == "pending"), key=lambda c: (c.bound_s, c.key))
     times: list[float] = []
+    lightest: dict = {}  # recompute family -> the least recompute among its plans that ran and fit
     i = 0
     while i < len(order):
         threshold = sorted(times)[exact - 1] if len(times) >= exact else math.inf
@@ -474,23 +511,113 @@ def search(cands: list[Candidate], simulate, *, margin: float = DEFAULT_MARGIN, 
             for c in order[i:]:
                 c.status = "pruned: time"
             break
-        batch = order[i:i + wave]
-        i += len(batch)
-        for c, rec in zip(batch, simulate([c.plan for c in batch])):
+        batch = []
+        while i < len(order) and len(batch) < wave:
+            c, i = order[i], i + 1
+            family, weight = recompute_family(c.plan)
+            if lightest.get(family, weight) < weight and math.isfinite(margin) and not by_energy:
+                c.status = "pruned: dominated"
+            else:
+                batch.append(c)
+        for c, rec in zip(batch, _simulate_wave(batch, simulate, screen)):
             c.record, c.status = rec, rec["status"]
-            if rec["status"] == "ok" and rec["summary"].get("fits", True):
+            if _ran_and_fit(rec):
                 s = rec["summary"]
                 times.append(s["energy_per_iteration_j"] if by_energy else s["iteration_time_s"])
+                family, weight = recompute_family(c.plan)
+                lightest[family] = min(weight, lightest.get(family, weight))
     key = (lambda s: s["energy_per_token_j"]) if by_energy else (lambda s: s["iteration_time_s"])
+    finalists = sorted((c for c in cands if c.record is not None and _ran_and_fit(c.record)),
+                       key=lambda c: (key(c.record["summary"]), c.key))[:final]
+    again = [c for c in finalists if c.status == "screened"]
+    for c, rec in zip(again, simulate([c.plan for c in again]) if again else []):
+        c.record, c.status = rec, rec["status"]
     ranked = sorted((c.record for c in cands if c.status == "ok" and c.record["summary"].get("fits", True)),
                     key=lambda r: (key(r["summary"]), r["key"]))
     counts = {"plans": len(cands), "evaluated": sum(c.record is not None for c in cands),
+              "screened": sum(c.status == "screened" for c in cands),
               "ok": len(ranked), "does_not_fit": sum(c.status == "ok" for c in cands) - len(ranked),
               "failed": sum(c.status in ("error", "crashed") for c in cands),
               "pruned_memory": sum(c.status == "pruned: memory" for c in cands),
-              "pruned_time": sum(c.status == "pruned: time" for c in cands)}
-    counts["pruned"] = counts["pruned_memory"] + counts["pruned_time"]
+              "pruned_time": sum(c.status == "pruned: time" for c in cands),
+              "pruned_dominated": sum(c.status == "pruned: dominated" for c in cands)}
+    counts["pruned"] = counts["pruned_memory"] + counts["pruned_time"] + counts["pruned_dominated"]
     return SearchResult(cands, ranked, margin, counts)
+
+
+def _ran_and_fit(rec: dict) -> bool:
+    return rec["status"] in ("ok", "screened") and rec["summary"].get("fits", True)
+
+
+def screen_sizes(plan: ParallelPlan) -> tuple[int, int] | None:
+    """The two micro-batch counts ``search`` screens ``plan`` at, or None to simulate it in
+    full: a = pp·(vpp + 1), past the warm-up (every rank in its steady one-forward-one-
+    backward rhythm: 2·pp for one chunk a stage, more with interleaving, whose warm-up runs
+    (vpp − 1)·pp chunks more), and b = a + 2·pp (interleaving needs multiples of pp), when
+    a + b is below the plan's micro-batches and its memory does not grow with them (not
+    gpipe). From a on, an iteration's time grows by one steady-state period per extra
+    micro-batch, T(m) = T(a) + (m − a)·(T(b) − T(a))/(b − a): the warm-up, the drain, the
+    gradient sync after the last backward and the optimizer step do not depend on m, and
+    the peak memory is reached within the first b (at most pp micro-batches in flight
+    with one chunk, 2·pp for zb-h2). tests/test_search_moe_cp.py checks it against full
+    simulations."""
+    a = plan.pp * (plan.vpp + 1)
+    b = a + 2 * plan.pp
+    if plan.schedule in ("gpipe", "custom") or plan.num_microbatches <= a + b:
+        return None
+    return a, b
+
+
+def screened_plans(plan: ParallelPlan, sizes: tuple[int, int]) -> list[ParallelPlan]:
+    """``plan`` with the global batch cut to each of ``sizes`` micro-batches."""
+    per = plan.global_batch_size // plan.num_microbatches  # sequences per micro-batch, over dp
+    return [replace(plan, global_batch_size=per * m) for m in sizes]
+
+
+def extrapolate(plan: ParallelPlan, sizes: tuple[int, int], records: list[dict]) -> dict | None:
+    """A screened record of ``plan`` from its runs at ``sizes`` micro-batches (``records``),
+    or None when either did not run: the iteration time extrapolated to the plan's
+    micro-batches (``screen_sizes``), ``fits`` from the larger run."""
+    if any(r["status"] != "ok" for r in records):
+        return None
+    (a, b), (ta, tb) = sizes, (r["summary"]["iteration_time_s"] for r in records)
+    t = ta + (plan.num_microbatches - a) * (tb - ta) / (b - a)
+    return {"key": plan_key(plan), "plan": asdict(plan), "status": "screened", "error": None,
+            "summary": {"iteration_time_s": t, "fits": records[1]["summary"].get("fits", True)},
+            "screened": {"microbatches": [a, b], "iteration_time_s": [ta, tb]}}
+
+
+def _simulate_wave(batch: list[Candidate], simulate, screen: bool) -> list[dict]:
+    """Records for a wave's candidates: screened where ``screen`` and ``screen_sizes``
+    allow (all of the wave's runs in one call, so they run in parallel), else in full; a
+    plan whose screening runs failed is simulated in full."""
+    sizes = [screen_sizes(c.plan) if screen else None for c in batch]
+    runs = [p for c, sz in zip(batch, sizes) for p in ([c.plan] if sz is None else screened_plans(c.plan, sz))]
+    recs, out, k = simulate(runs) if runs else [], [], 0
+    for c, sz in zip(batch, sizes):
+        n = 1 if sz is None else 2
+        out.append(recs[k] if sz is None else extrapolate(c.plan, sz, recs[k:k + n]))
+        k += n
+    redo = [i for i, r in enumerate(out) if r is None]
+    for i, rec in zip(redo, simulate([batch[i].plan for i in redo]) if redo else []):
+        out[i] = rec
+    return out
+
+
+RECOMPUTE_WEIGHT = {"none": 0, "selective": 1, "full": 2}
+"""Recompute by the work it adds: selective recomputes the attention core, full the whole
+layer, attention core included."""
+
+
+def recompute_family(plan: ParallelPlan) -> tuple:
+    """(the plan with its recompute and layer split left out, its recompute's weight).
+    Within a family a plan with more recompute does the same work and more (the recomputed
+    forward), so it cannot run faster than one with less that fits: ``search`` does not
+    simulate it once such a plan has run and fit. (An uneven split is balanced for each
+    plan's own work, ``balanced_plan``: on any split the heavier plan does at least the
+    lighter one's work, and the lighter plan's split is the one balanced for it.)"""
+    return (replace(plan, recompute="none", recompute_modules=None, layer_split=None),
+            RECOMPUTE_WEIGHT.get(plan.recompute, 0))
 
 
 def measure_margin(cands: list[Candidate]) -> dict:
@@ -498,7 +625,7 @@ def measure_margin(cands: list[Candidate]) -> dict:
     the ratios ``bound_s / simulated time`` (min, median, max). The margin a search needs
     is at least ``max``."""
     ratios = sorted(c.bound_s / c.record["summary"]["iteration_time_s"] for c in cands
-                    if c.record is not None and c.record["status"] == "ok")
+                    if c.record is not None and c.record["status"] in ("ok", "screened"))
     if not ratios:
         return {"plans": 0}
     return {"plans": len(ratios), "min": ratios[0], "median": ratios[len(ratios) // 2], "max": ratios[-1]}

@@ -7,7 +7,9 @@ from sim.units import format_bytes, format_time
 
 
 def describe_plan(plan: dict) -> str:
-    """``dp 4 x tp 2 x pp 2 (vpp 2), interleaved, mb 2, ZeRO-1, recompute none, sp, fp8 hybrid``."""
+    """``dp 4 x tp 2 x pp 2 (vpp 2), interleaved, mb 2, ZeRO-1, recompute none, sp, fp8 hybrid``;
+    for a mixture of experts also ``ep 8 (etp 1), flex``: the expert-parallel size, the expert
+    tensor-parallel size when it is not tp, and the token dispatcher."""
     s = f"dp {plan['dp']} x tp {plan['tp']} x pp {plan['pp']}"
     if plan["vpp"] > 1:
         s += f" (vpp {plan['vpp']})"
@@ -21,7 +23,8 @@ def describe_plan(plan: dict) -> str:
     if plan.get("cp", 1) > 1:
         s += f", cp {plan['cp']} ({plan.get('cp_comm_type', 'p2p')})"
     if plan.get("ep", 1) > 1:
-        s += f", ep {plan['ep']}"
+        s += f", ep {plan['ep']}" + (f" (etp {plan['etp']})" if plan.get("etp") is not None else "")
+        s += f", {plan.get('dispatcher', 'alltoall')}"
     return s
 
 

@@ -163,6 +163,19 @@ class Runner:
                     self.progress.close()
         return [self.log.done[k] for k in keys]
 
+    def map(self, fn, items: list) -> list:
+        """``[fn(item) for item in items]`` on the workers, in order (the search's estimates
+        before its simulations). ``fn`` must be a module-level function; an exception in one
+        call is raised here."""
+        if not items:
+            return []
+        if isinstance(self._pool, cf.ProcessPoolExecutor):
+            with sigint_blocked():
+                futures = [self._pool.submit(fn, item) for item in items]
+        else:
+            futures = [self._pool.submit(fn, item) for item in items]
+        return [f.result() for f in futures]
+
     def _submit(self, ctx, plan):
         if isinstance(self._pool, cf.ProcessPoolExecutor):  # it may start a worker: see sigint_blocked
             with sigint_blocked():

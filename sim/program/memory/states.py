@@ -43,6 +43,7 @@ from dataclasses import dataclass
 from sim.errors import require
 from sim.inputs.model import ModelSpec, layer_param_split, layer_params_per_rank, mtp_param_split
 from sim.inputs.plan import ParallelPlan
+from sim.program.fp8 import weight_copy_bytes
 
 DEEPSPEED_REDUCE_BUCKET_ELEMS = 500_000_000
 """DeepSpeed's default ``zero_optimization.reduce_bucket_size`` (elements)."""
@@ -141,17 +142,18 @@ def stage_model_states(model: ModelSpec, plan: ParallelPlan, stage: int) -> Mode
                        a.optimizer_bytes + b.optimizer_bytes)
 
 
-FP8_WEIGHT_COPY_BYTES = 2
+FP8_WEIGHT_COPY_BYTES = weight_copy_bytes("delayed")
 """FP8 training: bytes per transformer-layer GEMM weight parameter of Transformer Engine's FP8
 copies, the FP8 weight and its transpose for the input-gradient GEMM (TE's
-``get_fp8_workspace`` keeps both while gradients are enabled), beside the 16-bit weight."""
+``get_fp8_workspace`` keeps both while gradients are enabled), beside the 16-bit weight;
+under the block-scaled recipes both copies carry their scales (``weight_copy_bytes``)."""
 
 
 def fp8_layer_weights(model: ModelSpec, tp: int, layer: int) -> float:
     """Parameters of layer ``layer``'s FP8 GEMM weights (QKV, projection and MLP) on one of
-    ``tp`` ranks: a mixture-of-experts layer's expert and router GEMMs stay BF16
-    (``sim.program.fp8``), so only its attention weights count; 0 for the embedding (-1)
-    and the head (``num_layers``)."""
+    ``tp`` ranks; of a mixture-of-experts layer only its attention weights (its routed
+    experts' are split by ep and etp, ``fp8_weight_copy_bytes`` counts them; its router
+    stays BF16); 0 for the embedding (-1) and the head (``num_layers``)."""
     if not 0 <= layer < model.num_layers:
         return 0.0
     h, kv, f = model.hidden_size, model.kv_dim, model.ffn_hidden_size
@@ -160,15 +162,17 @@ def fp8_layer_weights(model: ModelSpec, tp: int, layer: int) -> float:
 
 
 def fp8_weight_copy_bytes(model: ModelSpec, plan: ParallelPlan, stage: int) -> float:
-    """The FP8 weight copies (``FP8_WEIGHT_COPY_BYTES`` per parameter, ``fp8_layer_weights``)
+    """The FP8 weight copies (``weight_copy_bytes`` of the plan's recipe per parameter, ``fp8_layer_weights``)
     of the layers a rank of pipeline stage ``stage`` holds; not sharded by ZeRO (they are
     TE's buffers). 0 in BF16, and 0 with FP8 weights (``fp8_param_gather``): the FP8
     weight (1 byte) and its transpose (1 byte) then take the 16-bit weight's 2 bytes,
-    already in the parameters."""
+    already in the parameters. The routed experts' GEMMs run in FP8 too: their weights
+    (``stage_param_split``'s expert share) have copies as well."""
     if plan.fp8_format is None or plan.fp8_param_gather:
         return 0.0
     ids = [i for c in range(plan.vpp) for i in plan.layer_range(model, c * plan.pp + stage)]
-    return FP8_WEIGHT_COPY_BYTES * sum(fp8_layer_weights(model, plan.tp, i) for i in ids)
+    experts = stage_param_split(model, plan, stage)[1]
+    return weight_copy_bytes(plan.fp8_recipe) * (sum(fp8_layer_weights(model, plan.tp, i) for i in ids) + experts)
 
 
 # ------------------------------------------------------------- 16-bit copies

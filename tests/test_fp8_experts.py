@@ -1,0 +1,63 @@
+"""FP8 for the routed experts (``sim.program.fp8``): Megatron-Core's expert linears are TE
+modules, so under FP8 their GEMMs run in FP8 with TE's casts (no sequence parallelism inside
+an expert), their FP8 weights are gathered in one byte and their FP8 copies are held."""
+
+import pytest
+
+from sim.inputs.model import llama
+from sim.inputs.plan import ParallelPlan
+from sim.inputs.topology_build import load_topology
+from sim.inputs.hardware import load_profile
+from sim.program.fp8 import fp8_layer_work
+from sim.program.memory import fp8_weight_copy_bytes
+from sim.program.memory.states import stage_param_split
+from sim.program.workload import layer_work
+from sim.program.workload_moe import MoeShape
+from sim.session import Job, simulate_training
+
+H, F, S, K, E = 512, 1024, 256, 2, 4
+TINY = llama("tiny-moe", 2, H, 8, 8, 1024, 2000, S, num_experts=E, moe_router_topk=K, moe_ffn_hidden_size=F)
+
+
+def _items(work):
+    return {i.name: i for i in work.items if hasattr(i, "kind")}
+
+
+@pytest.mark.parametrize("tp", [1, 2])
+def test_expert_gemms_run_in_fp8_with_their_inputs_and_gradients_cast_and_transposed(tp):
+    # ep = 1: the rank runs all E experts on the R = T*k routed copies of its T tokens
+    # (T = S/tp under sequence parallelism, which Megatron-LM requires for MoE with tp > 1).
+    # Inside an expert TE sees no sequence parallelism, so every FP8 input of an expert GEMM
+    # is cast and transposed at once: read 2 bytes, write 2 (FP8 and its transpose) per element.
+    m = 3
+    work = layer_work(TINY, 1, tp, tp > 1, moe=MoeShape(ep=1, etp=tp, load=S // tp * K))
+    ops = _items(fp8_layer_work(work, "hybrid", tp, tp > 1, microbatches=m, fp8_params=True))
+    rows = S // tp * K * tp  # the tokens' copies, gathered over etp = tp
+    f = F // tp
+    for g in ("moe.experts.up", "moe.experts.down"):
+        for suffix in ("", ".dgrad", ".wgrad"):
+            assert ops[g + suffix].dtype == "fp8"
+    assert ops["moe.router"].dtype == "bf16"
+    for name, elems in (("moe.experts.up.to_fp8_t", rows * H), ("moe.experts.down.to_fp8_t", rows * f),
+                        ("moe.experts.down.dgrad.to_fp8_t", rows * H),
+                        ("moe.experts.up.dgrad.to_fp8_t", rows * 2 * f)):  # SwiGLU: gate and up
+        assert (ops[name].bytes_read, ops[name].bytes_written) == pytest.approx((2 * elems, 2 * elems)), name
+    for name, w in (("moe.experts.up.weight_transpose", E * H * 2 * f), ("moe.experts.down.weight_transpose", E * f * H)):
+        assert (ops[name].bytes_read, ops[name].bytes_written) == pytest.approx((w / m, w / m)), name
+    assert not any(n.startswith("moe.experts") and n.endswith(("wgrad.transpose", ".to_fp8")) for n in ops)
+
+
+def test_expert_weights_are_gathered_in_one_byte_and_their_fp8_copies_held():
+    plan = dict(dp=8, ep=4, micro_batch_size=1, global_batch_size=16, zero_stage=1, fp8_format="hybrid")
+    topo, gpu = load_topology("dgx-h100"), load_profile("h100-sxm")
+    gathered = {}
+    for fp8_params in (False, True):
+        run = simulate_training(Job(TINY, ParallelPlan(**plan, fp8_param_gather=fp8_params), gpu, topo))
+        gathered[fp8_params] = sum(s.nbytes for s in run.trace.spans_of(0)
+                                   if s.name.startswith("expert param allgather"))
+    experts = stage_param_split(TINY, ParallelPlan(**plan), 0)[1]
+    assert experts == pytest.approx(2 * (E // 4) * 3 * H * F)  # 2 layers, 1 local expert of gate, up, down
+    assert gathered[False] == pytest.approx(2 * experts) and gathered[True] == pytest.approx(experts)
+    # TE's FP8 weight and transpose (2 bytes a parameter) of the attention GEMMs and the experts
+    attention = 2 * (H * (H + 2 * 512) + H * H)  # 2 layers; 8 heads of 64, 8 key/value groups: kv = h
+    assert fp8_weight_copy_bytes(TINY, ParallelPlan(**plan), 0) == pytest.approx(2 * (attention + experts))
