@@ -220,13 +220,14 @@ def run(experiment: str | Path | None = None, *, model=None, plan=None, progress
 
 def compare(experiment: str | Path | None = None, plans: list | None = None, *, model=None,
             schedules: list[str] | None = None, zero_stages: list[int] | None = None,
-            progress: bool | None = False, **settings) -> Comparison:
+            progress: bool | None = False, rank_by: str = "throughput", **settings) -> Comparison:
     """Simulate several plans on one model and cluster; returns a ``Comparison``.
 
     The plans are the experiment file's ``[[plans]]``, or ``plans`` (dicts of [plan] keys
     with a ``"name"``, or ``ParallelPlan``s), each also run under every value of
     ``schedules`` and ``zero_stages`` when given (alone, those vary one base plan).
-    Other keywords are as for ``run`` and apply to every plan.
+    Other keywords are as for ``run`` and apply to every plan. ``rank_by``: what picks the
+    best plan, ``"throughput"`` (tokens/s) or ``"tokens-per-joule"``.
 
     >>> import sim
     >>> c = sim.compare(model={"num_layers": 4, "hidden_size": 512, "num_attention_heads": 8,
@@ -260,7 +261,7 @@ def compare(experiment: str | Path | None = None, plans: list | None = None, *, 
             gpus = f"{results[0].summary['gpus']} GPUs, " if results else ""
             bar.update(f"simulating {gpus}plan {i + 1}/{len(variants)} ({v.name})", done=i)
             results.append(simulate_variant(exp, v, m, model_obj))
-    return Comparison(results)
+    return Comparison(results, rank_by=rank_by)
 
 
 def simulate_variant(exp, v: Variant, settings: dict[str, Setting], model_obj=None) -> RunResult:

@@ -27,10 +27,11 @@ from sim.engine.core import gc_paused, simulate
 from sim.engine.nccl import NcclModel
 from sim.engine.tuner import alone_time, check_forced
 from sim.errors import InputError
-from sim.inputs.hardware import HardwareProfile, load_profile
+from sim.inputs.hardware import HardwareProfile
 from sim.inputs.model import ModelSpec
 from sim.inputs.plan import ParallelPlan
-from sim.inputs.resolve import model_from_settings, plan_from_settings, topology_from_settings
+from sim.inputs.power import capped
+from sim.inputs.resolve import model_from_settings, plan_from_settings, profile_from_settings, topology_from_settings
 from sim.inputs.schema import AUTO_FULL_FIDELITY_EVENTS, RunSettings, SimulationSettings
 from sim.inputs.mixed_gpus import MixedGpus, mixed_gpus
 from sim.inputs.stragglers import Stragglers, degrade, per_gpu_fidelity, resolve_stragglers
@@ -117,7 +118,7 @@ def prepare(settings: RunSettings, model: ModelSpec | None = None, plan: Paralle
     """Check the settings and build what the run needs; every input error is raised here,
     before anything is simulated. ``model`` and ``plan`` replace what the settings say."""
     model = model if model is not None else model_from_settings(settings.model)
-    profile = load_profile(settings.cluster.gpu, flag="--gpu")
+    profile = profile_from_settings(settings.cluster)
     gpus = plan.world_size if plan is not None else settings.cluster.total_gpus()
     # the cluster first: a plan for GPUs the cluster does not have is not worth checking
     topo = topology_from_settings(settings.cluster, gpus, profile.name) if gpus is not None else None
@@ -134,7 +135,8 @@ def prepare(settings: RunSettings, model: ModelSpec | None = None, plan: Paralle
         topo = topology_from_settings(settings.cluster, plan.world_size, profile.name)
     check_forced(settings.simulation.nccl_algo, topo)
     mixed = mixed_gpus(topo, plan.world_size, profile)
-    if mixed is not None:
+    if mixed is not None:  # (every type under the cap: --power-limit-w applies to every GPU)
+        mixed = replace(mixed, profiles={n: capped(p, settings.cluster.power_limit_w) for n, p in mixed.profiles.items()})
         profile = next(iter(mixed.profiles.values()))  # rank 0's: the run's links, NCCL figures and summary
     if plan.layer_split == "auto":
         plan = auto_layer_split(model, plan, profile, mixed)

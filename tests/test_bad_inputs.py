@@ -395,7 +395,25 @@ PROFILE_CASES = {
     "source not text": (_profile(sources={"name": 3}), ["sources.name", "3"]),
     "not an object": ("[1, 2, 3]", ["JSON object"]),
     "name not a string": (_profile(name=7), ["name", "7"]),
+    "memory-bound power below idle": (_profile(memory_bound_power_fraction=0.05),
+                                      ["memory_bound_power_fraction", "0.05", "idle power"]),
+    "power clock exponent below 1": (_profile(power_clock_exponent=0.5), ["power_clock_exponent", "0.5"]),
+    "power cap above the limit": (_profile(power_cap_w=800), ["power_cap_w", "800"]),
 }
+
+
+NO_POWER = _profile(power_limit_w=_DELETE, idle_power_w=_DELETE, sources__power_limit_w=_DELETE,
+                    sources__idle_power_w=_DELETE)
+
+
+@pytest.mark.parametrize("argv,mentions", [
+    (["run", *TINY, *PLAN[2:], "--power-limit-w", "500"], ["--power-limit-w", "500", "no power_limit_w"]),
+    (["search", *TINY, "--gpus", "4", "--global-batch-size", "8", "--rank-by", "tokens-per-joule"],
+     ["--rank-by", "tokens-per-joule", "no power figures"]),
+], ids=["cap", "rank by energy"])
+def test_energy_needs_the_profiles_power_figures(bad, tmp_path, argv, mentions):
+    path = _write(tmp_path, "gpu.json", NO_POWER)
+    bad([*argv, "--gpu", path], *mentions)
 
 
 @pytest.mark.parametrize("cls", list(PROFILE_CASES))
@@ -694,6 +712,15 @@ FLAG_CASES = [
     (RUN + ["--fp8-recipe", "tensorwise"], ["--fp8-recipe", "tensorwise", "fp8_format"]),
     (RUN + ["--fp4-recipe", "nvfp4"], ["--fp4-recipe", "nvfp4", "not modelled"]),
     (["run", *TINY, *PLAN[2:], "--gpu", "a100-80gb", "--nccl-algo", "nvls"], ["nccl_algo", "nvls", "allowed: auto, ring"]),
+    (RUN + ["--power-limit-w", "800"], ["--power-limit-w", "800", "(70, 700]"]),
+    (RUN + ["--power-limit-w", "50"], ["--power-limit-w", "50", "(70, 700]"]),
+    (RUN + ["--power-limit-w", "0"], ["--power-limit-w", "0", "> 0"]),
+    (RUN + ["--power-limit-w", "nan"], ["--power-limit-w", "nan"]),
+    (["estimate", *TINY, *PLAN, "--power-limit-w", "1000"], ["--power-limit-w", "1000", "(70, 700]"]),
+    (["compare", *TINY, *PLAN, "--rank-by", "speed"], ["--rank-by", "speed", "tokens-per-joule"]),
+    (["search", *TINY, "--gpus", "4", "--global-batch-size", "8", "--power-limit-w", "750"],
+     ["--power-limit-w", "750", "(40, 400]"]),
+    (["search", *TINY, "--gpus", "4", "--global-batch-size", "8", "--rank-by", "joules"], ["--rank-by", "joules"]),
     (["estimate", *TINY, *PLAN, "--gpus", "-4"], ["--gpus", "-4"]),
     (["estimate", *TINY, *PLAN, "--micro-batch-size", "nan"], ["--micro-batch-size", "nan"]),
     (["estimate", *TINY, *PLAN, "--num-attention-heads", "7"], ["--num-attention-heads: got 7", "hidden_size"]),

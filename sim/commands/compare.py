@@ -21,6 +21,7 @@ from sim import session
 from sim.commands.settings import RUN_FLAGS, check_outputs, typed
 from sim.errors import InputError
 from sim.inputs.flags import add_arguments as add_schema_arguments
+from sim.studies.sweep_results import RANK_BY, tokens_per_joule
 from sim.units import format_bytes
 
 NAME = "compare"
@@ -56,6 +57,8 @@ def add_arguments(p) -> None:
     g.add_argument("--schedules", type=_list(str), metavar="LIST",
                    help=f"pipeline schedules to compare, e.g. gpipe,1f1b ({', '.join(s for s in SCHEDULES if s != 'custom')})")
     g.add_argument("--zero-stages", type=_list(int), metavar="LIST", help="ZeRO stages to compare, e.g. 0,1,2,3")
+    g.add_argument("--rank-by", choices=RANK_BY, default="throughput",
+                   help="what marks the best plan: tokens/s (throughput, the default) or tokens per joule of GPU energy")
 
 
 def run(args) -> int:
@@ -84,7 +87,7 @@ def run(args) -> int:
             gpus = f"{results[0].summary['gpus']} GPUs, " if results else ""
             bar.update(f"simulating {gpus}plan {i + 1}/{len(variants)} ({v.name})", done=i)
             results.append(api.simulate_variant(exp, v, settings))
-    comp = api.Comparison(results)
+    comp = api.Comparison(results, rank_by=args.rank_by)
     if args.out:
         comp.save(args.out)
     if args.kineto:
@@ -117,11 +120,12 @@ def print_table(comp, out=None) -> None:
     unit, scale = ("s", 1.0) if longest >= 1 else ("ms", 1e3)
     kinds = [k for k in ("tp", "pp", "dp", "zero", "offload", "ep", "cp", "other") if any(r["exposed_comm_s"].get(k, 0) > 0 for r in rows)]
     best = comp.best
+    energy = comp.rank_by == "tokens-per-joule"
     name_w = max(4, *(len(r["name"]) for r in rows))
     cap = rows[0]["capacity_bytes"]
     head = (f"  {'plan':<{name_w}}  {'time (' + unit + ')':>10}  {'vs best':>7}  {'tokens/s':>11}  {'MFU':>6}  "
             f"{'bubble':>6}  " + "".join(f"{'exp. ' + k:>9}  " for k in kinds)
-            + f"{'peak memory':>11}  {'fits':>4}")
+            + f"{'peak memory':>11}  {'fits':>4}" + (f"  {'tokens/J':>9}" if energy else ""))
     print(head, file=out)
     print("  " + "-" * (len(head) - 2), file=out)
     for r in rows:
@@ -130,12 +134,17 @@ def print_table(comp, out=None) -> None:
         line = (f"{'*' if r['best'] else ' '} {r['name']:<{name_w}}  {t * scale:>10.3f}  {vs:>7}  "
                 f"{r['tokens_per_s']:>11,.0f}  {r['mfu'] * 100:>5.1f}%  {r['bubble_fraction'] * 100:>5.1f}%  "
                 + "".join(f"{r['exposed_comm_s'].get(k, 0.0) * scale:>9.3f}  " for k in kinds)
-                + f"{r['peak_bytes'] / 2**30:>7.2f} GiB  {'yes' if r['fits'] else 'OOM':>4}")
+                + f"{r['peak_bytes'] / 2**30:>7.2f} GiB  {'yes' if r['fits'] else 'OOM':>4}"
+                + (f"  {1 / r['energy_per_token_j']:>9,.1f}" if energy else ""))
         print(line, file=out)
     print(file=out)
     print(f"times in {unit}; exp. = communication not hidden under compute on the critical rank; peak memory of the "
           f"fullest GPU, of {format_bytes(cap)}", file=out)
-    if best is not None:
+    if best is not None and energy:
+        worst = min(tokens_per_joule(r.summary) for r in results if r.fits)
+        print(f"* best: {best.name} (the most tokens per joule of GPU energy among the plans that fit; "
+              f"{tokens_per_joule(best.summary) / worst:.2f}x the least efficient that fits)", file=out)
+    elif best is not None:
         slowest = max(r.iteration_time_s for r in results if r.fits)
         print(f"* best: {best.name} (the most tokens/s among the plans that fit; "
               f"{slowest / best.iteration_time_s:.2f}x the slowest that fits)", file=out)

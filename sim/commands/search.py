@@ -26,8 +26,7 @@ from pathlib import Path
 from sim.commands.settings import CLUSTER_FLAGS, HARDWARE_FLAGS, MODEL_FLAGS
 from sim.errors import InputError, require
 from sim.fileio import check_output_dir, read_json, write_text_atomic
-from sim.inputs.hardware import load_profile
-from sim.inputs.resolve import model_from_settings, topology_from_settings
+from sim.inputs.resolve import model_from_settings, profile_from_settings, topology_from_settings
 from sim.inputs.flags import add_arguments as add_schema_arguments, given
 from sim.inputs.schema import RunSettings
 from sim.inputs.experts import DISPATCHERS
@@ -45,7 +44,7 @@ from sim.studies.search import (
 )
 from sim.studies.search_explain import describe_plan, explain
 from sim.studies.sweep import RESULTS_FILE, ResultsLog, Runner, make_context
-from sim.studies.sweep_results import csv_text, pareto, rank
+from sim.studies.sweep_results import RANK_BY, csv_text, pareto, rank, tokens_per_joule
 from sim.units import NONNEGATIVE_INT, POSITIVE_INT, Number, format_bytes, format_time
 
 NAME = "search"
@@ -64,10 +63,12 @@ def add_executor_arguments(p) -> None:
                     help="write results.jsonl, results.csv, pareto.png and a JSON summary here")
     ex.add_argument("--resume", action="store_true", help="continue the sweep in --out, skipping finished plans")
     ex.add_argument("--top", type=POSITIVE_INT, default=5, help="plans to list (default 5)")
+    ex.add_argument("--rank-by", choices=RANK_BY, default="throughput",
+                    help="rank plans by tokens/s (throughput, the default) or by tokens per joule of GPU energy")
     ex.add_argument("--json", action="store_true", help="print one JSON object")
 
 
-SEARCH_FLAGS = [*MODEL_FLAGS, *HARDWARE_FLAGS[:2], "nodes", "gpus_per_node", *CLUSTER_FLAGS[1:]]
+SEARCH_FLAGS = [*MODEL_FLAGS, *HARDWARE_FLAGS[:2], "nodes", "gpus_per_node", "power_limit_w", *CLUSTER_FLAGS[1:]]
 """The run settings search takes as flags: the model and the cluster (the plan is what it searches)."""
 
 
@@ -229,13 +230,26 @@ def write_outputs(out: Path, rows: list[dict], ranked: list[dict], obj: dict, ti
     write_json_atomic(obj, out / f"{name}.json")
 
 
-def print_top(ranked: list[dict], top: int) -> None:
+def print_top(ranked: list[dict], top: int, rank_by: str = "throughput") -> None:
+    """The top plans, one a line (with their tokens per joule when ranked by it)."""
+    energy = rank_by == "tokens-per-joule"
     width = max([62, *(len(describe_plan(r["plan"])) + 2 for r in ranked[:top])])
-    print(f"{'#':>3}  {'plan':<{width}}{'iteration':>11}{'tokens/s':>12}{'MFU':>7}{'peak mem':>12}")
+    print(f"{'#':>3}  {'plan':<{width}}{'iteration':>11}{'tokens/s':>12}{'MFU':>7}{'peak mem':>12}"
+          + (f"{'tokens/J':>10}" if energy else ""))
     for i, r in enumerate(ranked[:top], start=1):
         s = r["summary"]
         print(f"{i:>3}  {describe_plan(r['plan']):<{width}}{format_time(s['iteration_time_s']):>11}"
-              f"{s['tokens_per_s']:>12,.0f}{s['mfu'] * 100:>6.1f}%{format_bytes(s['memory']['peak_bytes']):>12}")
+              f"{s['tokens_per_s']:>12,.0f}{s['mfu'] * 100:>6.1f}%{format_bytes(s['memory']['peak_bytes']):>12}"
+              + (f"{tokens_per_joule(s):>10,.1f}" if energy else ""))
+
+
+def check_rank_by(rank_by: str, profile) -> None:
+    """Ranking by tokens per joule needs the profile's power figures (``sim.results.energy``)."""
+    from sim.results.energy import PowerStates
+
+    require(rank_by != "tokens-per-joule" or PowerStates.of(profile) is not None, "--rank-by", rank_by,
+            f"profile {profile.name} gives no power figures (power_limit_w, idle_power_w, "
+            "memory_bound_power_fraction, communication_power_fraction): rank by throughput")
 
 
 def run(args) -> int:
@@ -243,7 +257,7 @@ def run(args) -> int:
     check_executor_args(args)
     settings = RunSettings.from_values({k: v for k, v in given(args).items() if k in SEARCH_FLAGS})
     model = model_from_settings(settings.model)
-    profile = load_profile(settings.cluster.gpu, flag="--gpu")
+    profile = profile_from_settings(settings.cluster)
     gpus = settings.cluster.total_gpus()
     if gpus is None:
         raise InputError("--gpus: missing; give --gpus N or --nodes N")
@@ -254,6 +268,7 @@ def run(args) -> int:
     space = space_from_args(args)
     for fmt in space.fp8_format:
         check_fp8_support(fmt, profile)
+    check_rank_by(args.rank_by, profile)
     topo = topology_from_settings(settings.cluster, gpus, profile.name)
     require(gpus <= topo.num_gpus, "--gpus", gpus, f"topology {topo.name} has only {topo.num_gpus} GPUs")
     plans = enumerate_plans(model, gpus, args.global_batch_size, space, topo.gpus_per_node)
@@ -269,19 +284,21 @@ def run(args) -> int:
         # the estimates run on the workers too, several chunks each so that none waits long
         cands = candidates(model, plans, profile, topo.gpus_per_node, map=runner.map, chunks=4 * runner.workers)
         # at most this many simulations: each plan that fits, twice if it is screened (at two
-        # small micro-batch counts), less what the pruning saves
-        runs = sum((2 if args.screen == "on" and screen_sizes(cd.plan) else 1) for cd in cands if cd.estimate.fits)
+        # small micro-batch counts; not when ranking by energy), less what the pruning saves
+        screen = args.screen == "on" and args.rank_by == "throughput"
+        runs = sum((2 if screen and screen_sizes(cd.plan) else 1) for cd in cands if cd.estimate.fits)
         with ProgressBar(runs, label="search", start=start, noun="simulations") as progress:
             result = search(cands, lambda plans: runner.run(ctx, plans, progress=progress), margin=args.margin,
-                            wave=args.wave, screen=args.screen == "on", final=max(args.top, 2))
-    ranked = rank(result.ranked)
+                            wave=args.wave, screen=screen, final=max(args.top, 2), rank_by=args.rank_by,
+                            idle_power_w=profile.idle_power_w)
+    ranked = rank(result.ranked, args.rank_by)
     c = result.counts
     obj = {"best": entry(ranked[0]) if ranked else None, "top": [entry(r) for r in ranked[:args.top]],
            "evaluated": c["evaluated"], "pruned": c["pruned"], "failed": c["failed"],
            "pruned_memory": c["pruned_memory"], "pruned_time": c["pruned_time"],
            "pruned_dominated": c["pruned_dominated"], "screened": c["screened"], "plans": c["plans"],
            "does_not_fit": c["does_not_fit"],
-           "margin": args.margin if math.isfinite(args.margin) else None}
+           "margin": args.margin if math.isfinite(args.margin) else None, "rank_by": args.rank_by}
     if args.out:
         rows = [{"key": cd.key, "status": cd.status, "plan": asdict(cd.plan),
                  "summary": cd.record["summary"] if cd.record and cd.status != "screened" else None,
@@ -312,7 +329,7 @@ def run(args) -> int:
         print("no plan ran and fits")
         return 1
     print()
-    print_top(ranked, args.top)
+    print_top(ranked, args.top, args.rank_by)
     print()
     for line in explain(ranked[0], ranked[1] if len(ranked) > 1 else None):
         print(line)

@@ -13,7 +13,7 @@ from sim.inputs.flags import given
 from sim.inputs.schema import RunSettings, fields_of
 
 MODEL_FLAGS = fields_of("model")
-HARDWARE_FLAGS = ["gpu", "gpus", "gpus_per_node"]
+HARDWARE_FLAGS = ["gpu", "gpus", "gpus_per_node", "power_limit_w"]
 CLUSTER_FLAGS = ["nodes", "topology", "fabric", "oversubscription"]
 ESTIMATE_FLAGS = [*MODEL_FLAGS, *HARDWARE_FLAGS, *fields_of("plan"), "json"]
 """What ``trainsim estimate`` takes: the model, the GPUs and the plan."""
@@ -35,13 +35,12 @@ def run_settings(args) -> RunSettings:
 def analytic_inputs(args):
     """What the analytic commands (``estimate``, ``explain``) work on: the settings, the
     model, the plan and the GPU's profile of a command line."""
-    from sim.inputs.hardware import load_profile
-    from sim.inputs.resolve import model_from_settings, plan_from_settings
+    from sim.inputs.resolve import model_from_settings, plan_from_settings, profile_from_settings
 
     settings = run_settings(args)
     model = model_from_settings(settings.model)
     plan = plan_from_settings(settings.plan, settings.cluster.total_gpus(), model)
-    profile = load_profile(settings.cluster.gpu, flag="--gpu")
+    profile = profile_from_settings(settings.cluster)
     if plan.layer_split == "auto":  # (balanced on the one GPU type, as ``sim.session.prepare`` does)
         from sim.program.stage_balance import auto_layer_split
 

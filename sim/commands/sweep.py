@@ -34,6 +34,7 @@ from sim.inputs import experiment
 from sim.commands.search import (
     add_executor_arguments,
     check_executor_args,
+    check_rank_by,
     entry,
     interrupted_note,
     open_log,
@@ -42,12 +43,11 @@ from sim.commands.search import (
     write_outputs,
 )
 from sim.errors import InputError
-from sim.inputs.hardware import load_profile
 from sim.studies.search import plan_key
 from sim.studies.search_explain import explain
 from sim.studies.sweep import Runner, make_context
 from sim.studies.sweep_results import rank
-from sim.inputs.resolve import model_from_settings, plan_from_settings, topology_from_settings
+from sim.inputs.resolve import model_from_settings, plan_from_settings, profile_from_settings, topology_from_settings
 from sim.inputs.schema import RunSettings
 from sim.inputs.tomlio import TomlFile, line_of
 
@@ -118,7 +118,7 @@ def points(path: str):
     fixed = RunSettings.from_values(base)
     try:
         model = model_from_settings(fixed.model)
-        profile = load_profile(fixed.cluster.gpu, flag="--gpu")
+        profile = profile_from_settings(fixed.cluster)
         gpus = fixed.cluster.total_gpus()
         if gpus is None:
             raise InputError("cluster.gpus: missing; a sweep needs cluster.gpus or cluster.nodes")
@@ -150,6 +150,7 @@ def run(args) -> int:
     start = time.monotonic()  # the wall time reported counts from here to the report
     check_executor_args(args)
     model, profile, topo, gpus, pts = points(args.experiment)
+    check_rank_by(args.rank_by, profile)
     ctx = make_context(model, profile, topo)
     context = {"command": "sweep", "model": asdict(model), "gpu": profile.name, "topology": topo.name, "gpus": gpus}
     log = open_log(args, context)
@@ -162,7 +163,7 @@ def run(args) -> int:
     with interrupted_note(log), Runner(args.workers, args.dask, log) as runner:
         records = runner.run(ctx, valid, label="sweep", start=start)
     records = sorted(records + invalid, key=lambda r: r["key"])
-    ranked = rank(records)
+    ranked = rank(records, args.rank_by)
     failed = sum(r["status"] != "ok" for r in records) - len(invalid)
     obj = {"best": entry(ranked[0]) if ranked else None, "top": [entry(r) for r in ranked[:args.top]],
            "points": len(records), "invalid": len(invalid), "evaluated": len(records) - len(invalid),
@@ -185,7 +186,7 @@ def run(args) -> int:
             print(f"  {r['key']}: {r['error']}")
     if ranked:
         print()
-        print_top(ranked, args.top)
+        print_top(ranked, args.top, args.rank_by)
         print()
         for line in explain(ranked[0], ranked[1] if len(ranked) > 1 else None):
             print(line)

@@ -182,11 +182,27 @@ class HardwareProfile:
     GPU (``attention_speed``). None: none listed."""
     power_limit_w: WATTS | None = None
     """The board's power limit (TDP, the datasheet's maximum thermal design power), watts:
-    what a GPU draws at most, and about what it draws under sustained GEMMs. None: not
-    given. Read by no cost yet: it is there for energy per iteration (issue #41)."""
+    what a GPU draws at most, and what it draws under sustained compute-bound kernels
+    (GEMMs, attention), whose clock settles where the draw meets it. None: not given (no
+    energy figures; ``sim.results.energy``)."""
     idle_power_w: IDLE_WATTS | None = None
     """Watts the GPU draws while it waits (no kernel running, clocks up, HBM powered).
-    None: not given. Read by no cost yet (energy per iteration, issue #41)."""
+    None: not given (no energy figures)."""
+    memory_bound_power_fraction: FRACTION | None = None
+    """Fraction of ``power_limit_w`` the GPU draws under memory-bound kernels (norms,
+    elementwise fusions, the optimizer step): HBM streams at full rate while the tensor
+    cores rest. None: no energy figures."""
+    communication_power_fraction: FRACTION | None = None
+    """Fraction of ``power_limit_w`` the GPU draws while only NCCL kernels move data (a few
+    SMs, one thread block per channel, copy and reduce through HBM, NVLink and NIC busy).
+    None: no energy figures."""
+    power_clock_exponent: number("a number >= 1", ge=1) = 3.0
+    """α of the power a compute-bound kernel draws at SM clock f: idle + (limit − idle)·(f/f₀)^α,
+    f₀ the clock it sustains at ``power_limit_w`` (``sim.inputs.power``)."""
+    power_cap_w: WATTS | None = None
+    """A power limit set below ``power_limit_w`` (``nvidia-smi -pl``, ``--power-limit-w``):
+    compute-bound kernels draw it, at the lower clock it allows (``sim.inputs.power.capped``
+    lowers ``sustained_compute_fraction`` to match). None: the board's own limit."""
 
     def memory_rate(self, framework: bool = False) -> float:
         """Bytes/s a memory-bound kernel moves: a tuned library kernel's, or with
@@ -218,6 +234,17 @@ class HardwareProfile:
                 not self.idle_power_w < self.power_limit_w:
             raise InputError(field="idle_power_w", value=self.idle_power_w,
                              allowed=f"a number below power_limit_w ({self.power_limit_w} W)")
+        if self.power_limit_w is not None and self.idle_power_w is not None:
+            for key in ("memory_bound_power_fraction", "communication_power_fraction"):
+                v = getattr(self, key)
+                if v is not None and not v * self.power_limit_w >= self.idle_power_w:
+                    raise InputError(field=key, value=v, allowed=f"a fraction of power_limit_w ({self.power_limit_w} W) "
+                                     f"at or above the idle power ({self.idle_power_w} W)")
+        if self.power_cap_w is not None and not (self.power_limit_w is not None and self.idle_power_w is not None
+                                                 and self.idle_power_w < self.power_cap_w <= self.power_limit_w):
+            raise InputError(field="power_cap_w", value=self.power_cap_w,
+                             allowed=f"watts above idle_power_w ({self.idle_power_w}) and at most power_limit_w "
+                                     f"({self.power_limit_w})")
         names = [f.name for f in fields(self)]
         for key in self.sources:
             if key.split(".")[0] not in names:
@@ -307,7 +334,8 @@ class HardwareProfile:
             del out["provenance"]
         for key in ("framework_kernel_efficiency", "attention_kernel_speed", "nccl_protocols", "nvls_efficiency",
                     "nvls_latency_s", "nccl_base_latency_s", "fp8_gemm_max_efficiency", "power_limit_w", "idle_power_w",
-                    "mxfp8_gemm_relative_efficiency"):
+                    "mxfp8_gemm_relative_efficiency", "memory_bound_power_fraction", "communication_power_fraction",
+                    "power_cap_w"):
             if out[key] is None:
                 del out[key]
         if out["gemm_bias_epilogue"]:

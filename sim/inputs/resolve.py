@@ -139,6 +139,15 @@ def _plan_require(cond: bool, attr: str, value, allowed: str) -> None:
     require(cond, f"--{PLAN_FIELDS[attr].name.replace('_', '-')}", value, allowed, setting=attr)
 
 
+def profile_from_settings(c: ClusterSettings):
+    """The GPU's ``HardwareProfile`` (a preset or a profile .json), under ``power_limit_w``'s
+    cap when one is given (``sim.inputs.power.capped``)."""
+    from sim.inputs.hardware import load_profile
+    from sim.inputs.power import capped
+
+    return capped(load_profile(c.gpu, flag="--gpu"), c.power_limit_w)
+
+
 def topology_from_settings(c: ClusterSettings, world: int, profile_name: str) -> Topology:
     """The cluster: ``c.topology`` (default: the GPU's DGX node) times ``c.nodes`` (default:
     enough for ``world`` GPUs) on ``c.fabric``; checked to hold ``world`` GPUs."""

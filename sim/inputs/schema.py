@@ -59,6 +59,9 @@ class ClusterSettings:
                                group="hardware")
     gpus_per_node: int | None = setting(help="GPUs per node, the NVLink domain (default: the topology's; 8 on DGX "
                                               "nodes, 72 on gb200-nvl72)", type=POSITIVE_INT, group="hardware")
+    power_limit_w: float | None = setting(help="cap every GPU's power at W watts (nvidia-smi -pl): compute-bound kernels "
+                                               "run at the lower clock it allows (default: the profile's power_limit_w)",
+                                          type=Number(float, above=0), metavar="W", group="hardware")
     nodes: int | None = setting(help="nodes in the cluster (default: enough for the plan's GPUs)", type=POSITIVE_INT)
     topology: str | None = setting(help="node or cluster .toml, or a built-in name (default: the GPU's built-in node: its DGX, or gb200-nvl72)",
                                    path=lambda v: v.endswith(".toml"))

@@ -1,7 +1,8 @@
 """The JSON summary of a simulated iteration: the figures ``trainsim run --json`` prints.
 
 Throughput and MFU (``sim.results.metrics``), the time on the critical rank split into
-compute, exposed communication and idle, the highest memory peak with its breakdown
+compute, exposed communication and idle, the energy of the iteration and its
+average power (``sim.results.energy``), the highest memory peak with its breakdown
 (``sim.results.memory_timeline``), and the analytic estimate beside the simulated
 figures (``sim.program.estimate``). Deterministic for the same run.
 """
@@ -12,8 +13,14 @@ from __future__ import annotations
 
 from sim.program.estimate import estimate, model_flops_per_sequence
 from sim.program.fp8 import precision
+from sim.results.energy import run_energy
 from sim.results.memory_timeline import highest_peak
 from sim.results.metrics import iteration_metrics
+
+
+ENERGY_KEYS = ("energy_per_iteration_j", "energy_per_token_j", "average_power_w", "average_power_per_gpu_w",
+               "energy_by_state_j")
+"""The energy figures (``sim.results.energy``): null when the GPU's profile has no power figures."""
 
 
 def summarize(run) -> dict:
@@ -25,6 +32,7 @@ def summarize(run) -> dict:
         model_flops=seqs * model_flops_per_sequence(model),
         hardware_flops=seqs * model_flops_per_sequence(model, plan.recompute, plan.recompute_modules),
         gpus=plan.world_size, peak_flops=profile.peak())
+    energy = run_energy(run, seqs * model.seq_length) or dict.fromkeys(ENERGY_KEYS)
     est = estimate(model, plan, profile, gpus_per_node=run.topology.gpus_per_node)
     pk = highest_peak(run.trace)
     br = pk.breakdown
@@ -36,6 +44,7 @@ def summarize(run) -> dict:
         "fidelity_reason": run.fidelity_reason, "collective_model": run.collective_model,
         "simulated_gpus": len(run.program.actions),
         **met,
+        **energy,
         "memory": {"parameters_bytes": br.get("parameters", 0.0) + br.get("gathered", 0.0),
                    "gradients_bytes": br.get("gradients", 0.0) + br.get("buckets", 0.0),
                    "optimizer_bytes": br.get("optimizer", 0.0), "activations_bytes": br.get("activations", 0.0),

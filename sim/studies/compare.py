@@ -12,20 +12,35 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from sim.errors import InputError
+
 
 @dataclass
 class Comparison:
     """Several plans simulated on the same model and cluster.
 
     Iterating gives the ``RunResult``s in order; ``rows`` the table ``trainsim compare``
-    prints, as dicts; ``best`` the plan with the most tokens/s among those that fit.
+    prints, as dicts; ``best`` the plan that ranks first among those that fit: the most
+    tokens/s, or with ``rank_by="tokens-per-joule"`` the most tokens per joule.
     """
 
     results: list
     title: str = ""
     """The chart's title (default: the model, the GPUs and the number of plans)."""
+    rank_by: str = "throughput"
+    """``throughput`` or ``tokens-per-joule`` (``sim.studies.sweep_results.RANK_BY``)."""
 
     def __post_init__(self):
+        from sim.studies.sweep_results import RANK_BY
+
+        if self.rank_by not in RANK_BY:
+            raise InputError(field="rank_by", value=self.rank_by, allowed=f"allowed: {', '.join(RANK_BY)}")
+        if self.rank_by == "tokens-per-joule":
+            for r in self.results:
+                if r.summary.get("energy_per_token_j") is None:
+                    raise InputError(field="rank_by", value=self.rank_by, setting="rank_by",
+                                     allowed=f"plan {r.name or 1}: its GPU's profile ({r.summary['gpu']}) gives no "
+                                             "power figures: rank by throughput")
         if not self.title:
             self.title = _title(self.results)
 
@@ -45,8 +60,11 @@ class Comparison:
 
     @property
     def best(self):
-        """The fitting plan with the most tokens/s (ties: the first listed); None if none fits."""
+        """The fitting plan with the most tokens/s, or tokens per joule (``rank_by``; ties: the
+        first listed); None if none fits."""
         fitting = [r for r in self.results if r.fits]
+        if self.rank_by == "tokens-per-joule":
+            return min(fitting, key=lambda r: r.summary["energy_per_token_j"]) if fitting else None
         return max(fitting, key=lambda r: r.tokens_per_s) if fitting else None
 
     @property
@@ -57,7 +75,7 @@ class Comparison:
 
     def to_dict(self) -> dict:
         best = self.best
-        return {"title": self.title, "best": best.name if best else None, "rows": self.rows,
+        return {"title": self.title, "best": best.name if best else None, "rank_by": self.rank_by, "rows": self.rows,
                 "plans": [{"name": r.name, "description": r.description, "summary": r.summary}
                           for r in self.results]}
 
@@ -110,6 +128,7 @@ def _row(r, best: bool) -> dict:
             "other_idle_s": max(0.0, s["idle_s"] - bubble), "idle_s": s["idle_s"],
             "peak_bytes": m["peak_bytes"], "memory_bytes": parts,
             "capacity_bytes": s["memory_capacity_bytes"], "fits": s["fits"], "gpus": s["gpus"],
+            "energy_per_iteration_j": s.get("energy_per_iteration_j"), "energy_per_token_j": s.get("energy_per_token_j"),
             "schedule": s["schedule"], "zero_stage": s["plan"]["zero_stage"]}
 
 

@@ -67,8 +67,9 @@ them is enough to compare with BF16.
    every plan that fits is simulated.) The estimates themselves can run on the sweep's
    workers (``candidates(..., map=Runner.map)``).
 3. **Rank and explain.** Simulated plans that fit are ranked by iteration time (the
-   batch is fixed, so this is tokens/s), ties by plan key; ``explain`` sets the best
-   plan's time and memory parts against the runner-up's.
+   batch is fixed, so this is tokens/s), or with ``rank_by="tokens-per-joule"`` by energy
+   per token (then pruned by an energy floor, ``search``), ties by plan key; ``explain``
+   sets the best plan's time and memory parts against the runner-up's.
 """
 
 from __future__ import annotations
@@ -468,7 +469,8 @@ def balanced_plan(model: ModelSpec, plan: ParallelPlan, profile: HardwareProfile
 
 
 def search(cands: list[Candidate], simulate, *, margin: float = DEFAULT_MARGIN, exact: int = 2,
-           wave: int = 16, screen: bool = False, final: int | None = None) -> SearchResult:
+           wave: int = 16, screen: bool = False, final: int | None = None, rank_by: str = "throughput",
+           idle_power_w: float | None = None) -> SearchResult:
     """Prune ``cands`` (from ``candidates``) and simulate the survivors with
     ``simulate(plans) -> records`` (one record per plan, in order;
     ``sim.studies.sweep.Runner.run`` gives them). ``cands`` are left as they are; the
@@ -477,7 +479,19 @@ def search(cands: list[Candidate], simulate, *, margin: float = DEFAULT_MARGIN, 
     ``screen``: a plan with many micro-batches is first simulated at two small counts and
     its time extrapolated (``screen_sizes``; status ``"screened"``); after the pruning, the
     ``final`` fastest plans (default ``exact``) that were only screened are simulated in
-    full, and ``ranked`` holds the plans simulated in full."""
+    full, and ``ranked`` holds the plans simulated in full.
+
+    ``rank_by="tokens-per-joule"`` ranks by energy per token (``sim.results.energy``; the
+    batch is fixed, so by energy per iteration) and prunes by a floor of a plan's energy:
+    every GPU at ``idle_power_w`` for its estimated bound / margin, which no simulated
+    iteration undercuts (``idle · T <= energy`` for every GPU). It prunes far less than
+    time does; it neither screens nor skips heavier recompute (both reason about time)."""
+    require(rank_by in ("throughput", "tokens-per-joule"), "search: rank_by", rank_by,
+            "allowed: throughput, tokens-per-joule")
+    by_energy = rank_by == "tokens-per-joule"
+    require(not by_energy or (idle_power_w is not None and idle_power_w >= 0), "search: idle_power_w",
+            idle_power_w, "watts >= 0 (the floor of the energy bound), needed to rank by tokens-per-joule")
+    screen = screen and not by_energy
     require(isinstance(margin, (int, float)) and not math.isnan(margin) and margin >= 1, "search: margin",
             margin, "expected a number >= 1 (inf: no time pruning)")
     require(isinstance(exact, int) and exact >= 1, "search: exact", exact, "expected an integer >= 1")
@@ -492,7 +506,8 @@ def search(cands: list[Candidate], simulate, *, margin: float = DEFAULT_MARGIN, 
     i = 0
     while i < len(order):
         threshold = sorted(times)[exact - 1] if len(times) >= exact else math.inf
-        if order[i].bound_s / margin > threshold:
+        floor = order[i].bound_s / margin * (order[i].plan.world_size * idle_power_w if by_energy else 1.0)
+        if floor > threshold:
             for c in order[i:]:
                 c.status = "pruned: time"
             break
@@ -500,23 +515,25 @@ def search(cands: list[Candidate], simulate, *, margin: float = DEFAULT_MARGIN, 
         while i < len(order) and len(batch) < wave:
             c, i = order[i], i + 1
             family, weight = recompute_family(c.plan)
-            if lightest.get(family, weight) < weight and math.isfinite(margin):  # inf: every plan that fits
+            if lightest.get(family, weight) < weight and math.isfinite(margin) and not by_energy:
                 c.status = "pruned: dominated"
             else:
                 batch.append(c)
         for c, rec in zip(batch, _simulate_wave(batch, simulate, screen)):
             c.record, c.status = rec, rec["status"]
             if _ran_and_fit(rec):
-                times.append(rec["summary"]["iteration_time_s"])
+                s = rec["summary"]
+                times.append(s["energy_per_iteration_j"] if by_energy else s["iteration_time_s"])
                 family, weight = recompute_family(c.plan)
                 lightest[family] = min(weight, lightest.get(family, weight))
+    key = (lambda s: s["energy_per_token_j"]) if by_energy else (lambda s: s["iteration_time_s"])
     finalists = sorted((c for c in cands if c.record is not None and _ran_and_fit(c.record)),
-                       key=lambda c: (c.record["summary"]["iteration_time_s"], c.key))[:final]
+                       key=lambda c: (key(c.record["summary"]), c.key))[:final]
     again = [c for c in finalists if c.status == "screened"]
     for c, rec in zip(again, simulate([c.plan for c in again]) if again else []):
         c.record, c.status = rec, rec["status"]
     ranked = sorted((c.record for c in cands if c.status == "ok" and c.record["summary"].get("fits", True)),
-                    key=lambda r: (r["summary"]["iteration_time_s"], r["key"]))
+                    key=lambda r: (key(r["summary"]), r["key"]))
     counts = {"plans": len(cands), "evaluated": sum(c.record is not None for c in cands),
               "screened": sum(c.status == "screened" for c in cands),
               "ok": len(ranked), "does_not_fit": sum(c.status == "ok" for c in cands) - len(ranked),

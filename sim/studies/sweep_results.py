@@ -73,10 +73,27 @@ class ResultsLog:
             self._fh = None
 
 
-def rank(records: list[dict]) -> list[dict]:
-    """Records that ran and fit, fastest first (ties by key)."""
+RANK_BY = ("throughput", "tokens-per-joule")
+"""What ``search``, ``sweep`` and ``compare`` rank plans by (``--rank-by``): tokens/s (the
+fastest first; the batch is the same, so the shortest iteration), or tokens per joule (the
+least energy per token first, ``sim.results.energy``)."""
+
+
+def tokens_per_joule(summary: dict) -> float | None:
+    """Tokens per joule of GPU energy (None when the profile gives no power figures)."""
+    e = summary.get("energy_per_token_j")
+    return 1.0 / e if e else None
+
+
+def rank_key(summary: dict, by: str = "throughput") -> float:
+    """Smaller is better: the iteration time, or the joules per token."""
+    return summary["iteration_time_s"] if by == "throughput" else summary["energy_per_token_j"]
+
+
+def rank(records: list[dict], by: str = "throughput") -> list[dict]:
+    """Records that ran and fit, best first by ``by`` (``RANK_BY``; ties by key)."""
     ok = [r for r in records if r["status"] == "ok" and r["summary"].get("fits", True)]
-    return sorted(ok, key=lambda r: (r["summary"]["iteration_time_s"], r["key"]))
+    return sorted(ok, key=lambda r: (rank_key(r["summary"], by), r["key"]))
 
 
 def pareto(records: list[dict]) -> list[dict]:
