@@ -78,6 +78,7 @@ from sim.program.schedules import Schedule, Step, build_schedule, one_f_one_b, t
 from sim.inputs.topology import Topology
 from sim.inputs.topology_build import FabricSpec, NodeSpec, build_cluster
 from sim.session import Job, simulate_training
+from sim.inputs.schema_sim import SimulationSettings
 
 
 PROFILES = ("a100-80gb", "h100-sxm", "h200")
@@ -552,7 +553,12 @@ def test_more_bandwidth_never_delays_training_on_a_full_mesh(model, data):
     # next to reduce-scatters on "dp", over the same pairs) and optimizer offload (host
     # links, which the mesh lacks) fall outside that argument and are left out. So does
     # the compute slowdown under overlapped NCCL kernels (sigma, off here): a faster link
-    # can bring a transfer into a compute action's window, which then runs slower.
+    # can bring a transfer into a compute action's window, which then runs slower. And
+    # NCCL's tuner is pinned to ring / Simple (as NCCL_ALGO, NCCL_PROTO): its choice is a
+    # discrete decision on an estimate, so a faster link can flip it to an algorithm that
+    # runs slower (found here: a dp-5 gradient all-reduce on unequal links went from tree to
+    # ring, estimated on all channels but run on the fewer its size takes, and its ring
+    # crossed the slowest link; 1.04 -> 1.39 ms).
     plan = data.draw(plans(model, zero_stages=(0, 1, 2), offload=False), label="plan")
     schedule = None
     if plan.schedule == "custom":
@@ -563,8 +569,9 @@ def test_more_bandwidth_never_delays_training_on_a_full_mesh(model, data):
     faster = {p: b * data.draw(st.floats(1.0, 10.0)) for p, b in bws.items()}
     lat = data.draw(_LAT, label="latency")
     profile = replace(load_profile(data.draw(st.sampled_from(PROFILES))), overlap_compute_slowdown=0.0)
-    slow = simulate_training(Job(model, plan, profile, full_mesh(bws, lat), schedule)).trace
-    fast = simulate_training(Job(model, plan, profile, full_mesh(faster, lat), schedule)).trace
+    pinned = SimulationSettings(fidelity="full", nccl_algo="ring", nccl_protocol="simple")
+    slow = simulate_training(Job(model, plan, profile, full_mesh(bws, lat), schedule), pinned).trace
+    fast = simulate_training(Job(model, plan, profile, full_mesh(faster, lat), schedule), pinned).trace
     for tr in (slow, fast):  # the premise, checked
         _assert_one_flow_at_a_time(tr, lambda t: [(t.src, t.dst)])
     e_slow, e_fast = _ends(slow), _ends(fast)

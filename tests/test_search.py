@@ -321,6 +321,15 @@ def test_search_reports_progress_off_a_terminal_and_its_whole_wall_time(capsys, 
         return write(*a, **k)
 
     monkeypatch.setattr(search_command, "write_outputs", slow_write)
+    import sim.session
+
+    simulate = sim.session.simulate_training
+
+    def slow_simulate(*a, **k):  # (each a few ms: slower than the lines, so some are written)
+        time.sleep(0.1)
+        return simulate(*a, **k)
+
+    monkeypatch.setattr(sim.session, "simulate_training", slow_simulate)
     argv = ["search", *TINY_FLAGS, "--gpus", "8", "--global-batch-size", "8", "--tp", "1,2", "--pp", "1",
             "--micro-batch-size", "1,2", "--zero", "0", "--recompute", "none", "--sequence-parallel", "off",
             "--workers", "0", "--out", str(tmp_path / "s")]

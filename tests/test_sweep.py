@@ -415,14 +415,28 @@ def test_a_plan_the_executor_cancels_is_submitted_again(cancels, status):
             assert records == inline.run(CTX, plans)
 
 
-def test_a_point_leaves_nothing_frozen_so_a_worker_does_not_grow_point_after_point():
+def test_a_worker_does_not_grow_point_after_point(monkeypatch):
     # gc_paused freezes what a simulation leaves alive; some of it is in reference cycles
-    # that only the collector frees. A worker runs point after point, so each point gives
-    # it back to the collector.
+    # that only the collector frees. A worker runs point after point: once more than
+    # COLLECT_FROZEN objects were frozen since the last collection, the next simulation
+    # collects them, so over 30 points the frozen count falls back at least once and
+    # never rises more than COLLECT_FROZEN and one point's rise above where it started
+    # (after a first point, which freezes the process's own objects too).
     import gc
 
+    import sim.engine.core as core
+
+    monkeypatch.setattr(core, "COLLECT_FROZEN", 30_000)
     evaluate(CTX, PLANS[0])
-    assert gc.get_freeze_count() == 0
+    counts = [gc.get_freeze_count()]
+    for i in range(30):
+        evaluate(CTX, PLANS[i % len(PLANS)])
+        counts.append(gc.get_freeze_count())
+    rise = max(b - a for a, b in zip(counts, counts[1:]))
+    assert 0 < rise < 30_000
+    assert max(counts) <= counts[0] + 30_000 + rise
+    assert any(b < a for a, b in zip(counts, counts[1:]))  # collected at least once
+    gc.unfreeze()
 
 
 def test_sweep_reports_progress_off_a_terminal_and_its_wall_time(tmp_path, capsys, monkeypatch):

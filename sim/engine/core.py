@@ -75,8 +75,14 @@ def simulate(program: Program, topology: Topology, *, link_efficiency: dict[str,
 
 
 COLLECT_FROZEN = 2_000_000
-"""Objects left frozen by earlier runs above which ``gc_paused`` collects them (about
-200 MB; one large run, or a few hundred small ones)."""
+"""Objects frozen by earlier runs (as ``gc_paused`` counts them) above which it collects
+them (about 200 MB; one large run, or a few dozen small ones)."""
+
+_frozen_since_collect = 0
+"""What ``gc_paused`` froze since its last collection: the sum, over the runs, of the
+collector's count of objects allocated and not yet freed while it was off (an upper
+bound on what a run leaves in reference cycles; ``gc.get_freeze_count`` walks the
+whole frozen list, 20 ms a call in a process that holds a million objects)."""
 
 
 @contextmanager
@@ -86,22 +92,25 @@ def gc_paused():
     its full passes walk every one of them again and again. On the way out the objects
     still alive are frozen (``gc.freeze``), so that the next full pass does not walk
     them either; reference counting still frees them as usual. On the way in, what an
-    earlier run froze is unfrozen, and collected once there are more than ``COLLECT_FROZEN``
-    objects of it: a process that simulates many plans (``trainsim fit``, a search worker)
-    must let the collector free the cycles runs leave, or they stay for good (7 MB per
-    small run before this, gigabytes over a fit); collecting after every small run would
-    cost more than the runs (the test suite ran 1.5x slower)."""
+    earlier run froze is unfrozen, and collected once more than ``COLLECT_FROZEN``
+    objects were frozen since the last collection: a process that simulates many plans
+    (``trainsim fit``, a search worker) must let the collector free the cycles runs leave,
+    or they stay for good (7 MB per small run before this, gigabytes over a fit);
+    collecting after every small run would cost more than the runs (the test suite ran
+    1.5x slower; 50 ms a point of a small search)."""
+    global _frozen_since_collect
     was = gc.isenabled()
     if was:
-        frozen = gc.get_freeze_count()
         gc.unfreeze()
-        if frozen > COLLECT_FROZEN:
+        if _frozen_since_collect > COLLECT_FROZEN:
             gc.collect()
+            _frozen_since_collect = 0
     gc.disable()
     try:
         yield
     finally:
         if was:
+            _frozen_since_collect += gc.get_count()[0]
             gc.freeze()
             gc.enable()
 
