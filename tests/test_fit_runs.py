@@ -214,6 +214,15 @@ def test_the_published_runs_read_into_groups():
     sharded = [r for r in runs if r.values.get("zero") == 1 and r.values.get("overlap_param_gather")]
     assert len(sharded) == 23 and {r.gpu for r in sharded} == {"h100-sxm"}
     assert not [r for r in runs if r.gpu == "a100-80gb" and r.values.get("zero")]
+    # the SC'21 paper's scripts (Megatron-LM examples/sc21): interleaved, 2 layers per virtual stage for 175B
+    # (pp 12: 4 chunks a rank), 1 for 530B (pp 35: 3 chunks); local DDP, reduced after backward, in fp32
+    a100_rows = [r for r in runs if r.gpu == "a100-80gb"]
+    assert {(r.values["num_layers"], r.values["num_layers_per_virtual_pipeline_stage"]) for r in a100_rows} == {
+        (96, 2), (105, 1)}
+    assert all(r.values["overlap_grad_reduce"] is False and r.values["accumulate_allreduce_grads_in_fp32"]
+               and "num_virtual_stages_per_pipeline_rank" not in r.filled for r in a100_rows)
+    assert not [r for r in runs if r.gpu != "a100-80gb" and ("accumulate_allreduce_grads_in_fp32" in r.values
+                                                             or "overlap_grad_reduce" in r.values)]
 
 
 def test_a_cell_beats_its_source_setting_and_the_source_beats_the_blank(tmp_path):

@@ -322,7 +322,7 @@ def fit_runs(path, gpu: str, names: list[str] | None = None, jobs: int = 1, cach
         "evaluations": res["full"].evaluations, "method": "model" if fast else "differences",
         "model_max_error": res["model_error"], "groups": group_rows, "rows": rows, "skipped": skipped,
         "left_out": left_out, "blank_cells": {c: {"value": _shown(BLANKS[c][0]), "why": BLANKS[c][1]} for c in filled},
-        "by_source": {text: {"settings": settings, "why": why}
+        "by_source": {text: {"settings": {k: _shown(v) for k, v in settings.items()}, "why": why}
                       for text, settings, why in BY_SOURCE + tuple((t + FP8_ROWS, s, w) for t, s, w in FP8_BY_SOURCE)
                       if any(text in r.by_source for r in used)},
         **summary, "by_gpu": {profile.name: summary},

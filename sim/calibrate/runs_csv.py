@@ -86,7 +86,7 @@ BLANKS = {
                                "attention heads"),
     "ffn_hidden_size": (None, "Megatron-LM's default, 4 x hidden_size"),
     "num_virtual_stages_per_pipeline_rank": (
-        None, "not interleaved: Megatron-LM's 1F1B without the flag (Narayanan et al.'s Table 2 prints no schedule)"),
+        None, "not interleaved: Megatron-LM's 1F1B without the flag"),
     "context_parallel_size": (1, "no context parallelism (Megatron-LM's default)"),
     "micro_batch_size": (1, "Megatron-LM's default"),
     "recompute_granularity": ("none", "no recomputation: Megatron-LM's default, and what the DGX Cloud benchmarks' "
@@ -106,11 +106,29 @@ FP8_FORMAT = ("hybrid", "the format of NeMo 2.0's FP8 recipe (bf16_with_fp8_mixe
 SIMULATED_NEEDS = ("fp8", "context_parallel")
 """Capabilities in the ``needs`` column that trainsim simulates (other rows are skipped)."""
 
+SC21_LAYERS_PER_VIRTUAL_STAGE = {96: 2, 105: 1}
+"""Megatron-LM's ``--num-layers-per-virtual-pipeline-stage`` in the SC'21 paper's own run
+scripts (NVIDIA/Megatron-LM examples/sc21): 2 for the 96-layer 175B model at tp 8, pp 12
+(run_figure_12.sh, the interleaved case), 1 for the 105-layer 530B model at tp 8, pp 35
+(run_table_1.sh), by the row's ``num_layers``."""
+
+
+def _sc21_layers_per_virtual_stage(row: dict) -> int | None:
+    return SC21_LAYERS_PER_VIRTUAL_STAGE.get(row.get("num_layers"))
+
+
 BY_SOURCE = (
-    # (text the row's source contains, settings it has no column for, why)
-    ("Narayanan et al. SC'21", {"attention": "unfused"},
+    # (text the row's source contains, settings it has no column for, why); a setting's value may be a
+    # function of the row's other values (None: not set)
+    ("Narayanan et al. SC'21", {"attention": "unfused", "num_layers_per_virtual_pipeline_stage": _sc21_layers_per_virtual_stage,
+                                "overlap_grad_reduce": False, "accumulate_allreduce_grads_in_fp32": True},
      "Megatron-LM in 2021 had no fused attention kernel (FlashAttention, Dao et al., came in 2022; Megatron-LM's "
-     "--use-flash-attn later): its core attention wrote the s x s scores (QK^T, fused scale-mask-softmax, dropout, AV)"),
+     "--use-flash-attn later): its core attention wrote the s x s scores (QK^T, fused scale-mask-softmax, dropout, AV); "
+     "the paper's run scripts (NVIDIA/Megatron-LM examples/sc21) run these models interleaved "
+     "(--num-layers-per-virtual-pipeline-stage 2 for 175B at tp 8, pp 12 in run_figure_12.sh; 1 for 530B at tp 8, "
+     "pp 35 in run_table_1.sh) with DDP=local: Megatron-LM's local DDP all-reduces the gradient buffer after the "
+     "whole backward (megatron/training.py train_step: allreduce_gradients() after forward_backward_func), in fp32 "
+     "for bf16 (megatron/arguments.py: 'bfloat16 requires gradient accumulation and all-reduce to be done in fp32')"),
     ("Nemotron-4 340B", {"position_embedding_type": "rope", "disable_bias_linear": True,
                          "untie_embeddings_and_output_weights": True, "hidden_dropout": 0.0, "attention_dropout": 0.0,
                          "recompute_granularity": "selective", "cross_entropy_loss_fusion": True,
@@ -301,12 +319,15 @@ def _run(path, line: int, cells: dict) -> MeasuredRun:
             if text in cells.get("source", ""):
                 by_source.append(text + suffix)
                 for name, value in settings.items():
-                    values.setdefault(name, value)
+                    if name not in values and (value := value(values) if callable(value) else value) is not None:
+                        values[name] = value  # (a filled cell wins)
 
     take(BY_SOURCE)
     shape_blanks = () if preset else ("num_query_groups", "ffn_hidden_size")   # a preset has its own shape
     for name in shape_blanks + ("num_virtual_stages_per_pipeline_rank", "micro_batch_size", "recompute_granularity",
                                 "sequence_parallel"):
+        if name == "num_virtual_stages_per_pipeline_rank" and "num_layers_per_virtual_pipeline_stage" in values:
+            continue  # (the source's interleaving, by layers per virtual stage)
         if name not in values and (fill := blank(name)) is not None:
             values[name] = fill
     activation = cells.get("activation") or ("" if preset else blank("activation"))

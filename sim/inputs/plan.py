@@ -344,6 +344,12 @@ class ParallelPlan:
     dp_overlap: bool = setting(True, name="overlap_grad_reduce", kind="bool",
                                help="overlap the data-parallel gradient all-reduce with backward (default on)")
     """DDP buckets are reduced as soon as their gradients are ready; False syncs after the whole backward."""
+    grad_reduce_fp32: bool = setting(
+        False, name="accumulate_allreduce_grads_in_fp32", kind="bool",
+        help="reduce the data-parallel gradients in fp32, 4 bytes a parameter (Megatron-LM's default for bf16, its "
+             "gradient buffer being the fp32 main gradients; default off: 16-bit, as PyTorch DDP and NeMo's "
+             "distributed optimizer with grad_sync_dtype bf16 reduce them)")
+    """``GRAD_REDUCE_BYTES``: bytes per parameter the gradient all-reduce or reduce-scatter moves."""
     bucket_size_bytes: int = setting(
         DDP_BUCKET_BYTES, name="bucket_size", metavar="BYTES", convert=partial(parse_size, field="--bucket-size"),
         help=f"gradient bucket size, e.g. 25MiB (default {DDP_BUCKET_BYTES // 2**20} MiB, PyTorch DDP's)")
@@ -355,7 +361,7 @@ class ParallelPlan:
         if self.global_batch_size is None:
             object.__setattr__(self, "global_batch_size", self.micro_batch_size * self.dp)
         _pos("global_batch_size", self.global_batch_size)
-        for f in ("sequence_parallel", "dp_overlap", "account_for_embedding", "account_for_loss", "tp_comm_overlap",
+        for f in ("sequence_parallel", "dp_overlap", "grad_reduce_fp32", "account_for_embedding", "account_for_loss", "tp_comm_overlap",
                   "gradient_accumulation_fusion", "param_gather_overlap", "fp8_param_gather", "offload_optimizer",
                   "overlap_moe_expert_parallel_comm"):
             _bool(f, getattr(self, f))

@@ -255,17 +255,32 @@ def pipeline_p2p_time(nbytes: float, microbatches: int, pp: int, vpp: int, kind:
     return microbatches * 2 * vpp * transfer_time(nbytes, kind, profile) if pp > 1 else 0.0
 
 
+GRAD_REDUCE_BYTES = {False: 2, True: 4}
+"""Bytes per parameter a data-parallel gradient reduction moves: 16-bit gradients, or the
+fp32 main gradients (Megatron-LM with bf16: ``--accumulate-allreduce-grads-in-fp32``, on
+by default since "bfloat16 requires gradient accumulation and all-reduce to be done in
+fp32", megatron/arguments.py; its local DDP all-reduces the fp32 gradient buffer)."""
+
+
+def grad_reduce_scale(plan) -> float:
+    """How many times a 16-bit gradient's bytes the plan's gradient reductions move."""
+    return GRAD_REDUCE_BYTES[plan.grad_reduce_fp32] / GRAD_REDUCE_BYTES[False]
+
+
 def grad_sync_time(zero_stage: int, grad_bytes: float, dp: int, microbatches: int, kind: str,
-                   profile: HardwareProfile, channels: int = 1) -> float:
+                   profile: HardwareProfile, channels: int = 1, reduce_scale: float = 1.0) -> float:
     """Data-parallel traffic of one step under ZeRO stage ``zero_stage`` (the ZeRO paper's
     volumes, see the module doc), ring closed forms over ``dp`` ranks on ``kind`` links
-    with ``channels`` rings at once; ``grad_bytes`` the rank's 16-bit gradients."""
+    with ``channels`` rings at once; ``grad_bytes`` the rank's 16-bit gradients, whose
+    reductions (all-reduce, reduce-scatter) move ``reduce_scale`` times as many bytes
+    (2: reduced in fp32, ``ParallelPlan.grad_reduce_fp32``; parameter gathers stay 16-bit)."""
     if dp == 1:
         return 0.0
     m = microbatches
 
     def ring(collective: str) -> float:
-        return collective_time(collective, grad_bytes, dp, kind, profile, channels=channels)
+        scale = reduce_scale if collective in ("all_reduce", "reduce_scatter") else 1.0
+        return collective_time(collective, scale * grad_bytes, dp, kind, profile, channels=channels)
 
     if zero_stage <= 1:
         return ring("all_reduce")

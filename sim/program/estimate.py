@@ -45,6 +45,7 @@ from sim.program.amax import GEMMS_PER_LAYER, reduction_bytes, stage_groups
 from sim.program.fp8 import check_fp8_support
 from sim.program.costs import (
     collective_time,
+    grad_reduce_scale,
     grad_sync_time,
     optimizer_step_time,
     pipeline_bubble_time,
@@ -265,7 +266,8 @@ def estimate_in(ctx: BuildContext, *, dtype: str = "bf16", flash_attention: bool
         "amax": m * amax_mb,
         "pipeline_bubble": pipeline_bubble_time(plan.schedule, p, v, t_f, t_b, t_w),
         "pp_comm": pp_comm,
-        "dp_comm": grad_sync_time(z, model_state_bytes(psi).grads_bytes, dp, m, dp_link, profile, channels=ch),
+        "dp_comm": grad_sync_time(z, model_state_bytes(psi).grads_bytes, dp, m, dp_link, profile, channels=ch,
+                                  reduce_scale=grad_reduce_scale(plan)),
         "optimizer": optimizer_step_time(optimizer_shard_params(psi, dp, z), profile),
     }
     time["step"] = sum(time.values())

@@ -96,7 +96,7 @@ def estimate_events(model, plan, fidelity: str = "full", topology=None, coalesce
         sync = _moe_sync_events(model, plan, flows, dp_rings)
     elif plan.dp_cp > 1:
         grad_bytes = 2.0 * model.num_params / (plan.tp * plan.pp)
-        buckets = max(1.0, grad_bytes / max(plan.bucket_size_bytes, 1))
+        buckets = max(1.0, grad_bytes / max(plan.bucket_size_bytes, 1)) if plan.dp_overlap else 1.0  # (one bucket)
         sync = buckets * _ring_hops(plan.dp_cp, "allreduce", flows) * dp_rings * _EVENTS_PER_HOP
     events = gpus * (steps * per_step + sync)
     return {"events": events, "simulated_gpus": gpus, "steps_per_gpu": steps, "events_per_step": per_step,

@@ -62,7 +62,7 @@ from sim.program import zero
 from sim.program.actions import Program
 from sim.program.amax import add_amax_reductions, chunk_gemms, stage_groups
 from sim.program.build import BuildContext
-from sim.program.costs import cpu_optimizer_step_time, optimizer_step_time
+from sim.program.costs import cpu_optimizer_step_time, grad_reduce_scale, optimizer_step_time
 from sim.program.ep_overlap import add_ep_overlap, overlap_schedule, steady_pairs
 from sim.program.dispatch import dispatch_groups, ep_layout
 from sim.program.limits import DEFAULT_MAX_EVENTS, check_size
@@ -245,11 +245,15 @@ def grad_sync(ctx: BuildContext, draft: Draft) -> Draft:
     same experts."""
     plan = ctx.plan
     bucket, sync = sync_bucket_bytes(plan), _sync_options(plan)
-    prog = passes.add_grad_sync(draft.program, _grad_bytes(ctx), plan.dp_group, bucket, plan.dp_overlap, **sync)
+    scale = grad_reduce_scale(plan)
+    dense = _grad_bytes(ctx)
+    prog = passes.add_grad_sync(draft.program, lambda r, lid: scale * dense(r, lid), plan.dp_group, scale * bucket,
+                                plan.dp_overlap, **sync)
     split = _expert_split(ctx)
     if split:
-        prog = passes.add_grad_sync(prog, _expert_bytes(split), ctx.folding.edp_group, bucket, plan.dp_overlap,
-                                    label="expert grad bucket", **sync)
+        experts = _expert_bytes(split)
+        prog = passes.add_grad_sync(prog, lambda r, lid: scale * experts(r, lid), ctx.folding.edp_group, scale * bucket,
+                                    plan.dp_overlap, label="expert grad bucket", **sync)
     return draft.with_program(prog)
 
 

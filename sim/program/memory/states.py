@@ -38,6 +38,8 @@ elements in 16 bits (``grad_bucket_bytes``); the simulator's bucket is the plan'
 
 from __future__ import annotations
 
+import math
+
 from dataclasses import dataclass
 
 from sim.errors import require
@@ -225,7 +227,12 @@ def grad_bucket_bytes(bucket_elems: float = DEEPSPEED_REDUCE_BUCKET_ELEMS, grad_
 
 def sync_bucket_bytes(plan: ParallelPlan) -> float:
     """Bytes per gradient bucket the simulated sync packs: ZeRO-2/3's own reduce bucket
-    (``zero_bucket_size_bytes``) when set, else the DDP bucket (``bucket_size_bytes``)."""
+    (``zero_bucket_size_bytes``) when set, else the DDP bucket (``bucket_size_bytes``);
+    without ``overlap_grad_reduce`` (ZeRO 0/1) one bucket of all the gradients, as
+    Megatron-LM reduces them ("Set bucket_size to infinity if overlap_grad_reduce is
+    False": megatron/core/distributed/distributed_data_parallel.py; the 2021 local DDP
+    all-reduced its whole contiguous gradient buffer at once), its parameter all-gather
+    too."""
     if plan.zero_stage >= 2:
         return plan.zero_bucket_size_bytes or plan.bucket_size_bytes
-    return plan.bucket_size_bytes
+    return plan.bucket_size_bytes if plan.dp_overlap else math.inf
