@@ -89,4 +89,5 @@ experiments: $(VENV)/.installed
 	$(BIN)/python experiments/moe_imbalance.py
 	$(BIN)/python experiments/context_parallel.py
 	$(BIN)/python experiments/moe_layout.py
+	$(BIN)/python experiments/strong_scaling.py
 	$(BIN)/python experiments/report.py

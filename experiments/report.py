@@ -39,6 +39,7 @@ EXPERIMENTS = [
     ("moe_imbalance", "Expert load imbalance and expert parallelism"),
     ("context_parallel", "Context vs tensor parallelism at 128K tokens"),
     ("moe_layout", "DeepSeek-V3 on 1,024 H100: EP, PP and node-limited routing"),
+    ("strong_scaling", "GPT-3 175B strong scaling on 256 to 12,288 A100"),
 ]
 
 SEED_CLAIMS = [

@@ -5,6 +5,7 @@ import json
 import pytest
 
 from sim.cli import main
+from sim.inputs.pacing import paced
 from sim.program.costs import op_time, work_times
 from sim.errors import InputError
 from sim.program.estimate import estimate, model_flops_per_sequence
@@ -137,7 +138,8 @@ def test_zero_bubble_closed_forms():
     p = 4
     est = {s: estimate(m, ParallelPlan(pp=p, global_batch_size=8, schedule=s), A100)
            for s in ("gpipe", "1f1b", "zb-h1", "zb-h2")}
-    layer, head, emb = (work_times(w, A100) for w in (layer_work(m, 1), head_work(m, 1), embedding_work(m, 1)))
+    slowest = paced(A100, p)  # (4 GPUs: the expected slowest one's pace, gpu_speed_spread)
+    layer, head, emb = (work_times(w, slowest) for w in (layer_work(m, 1), head_work(m, 1), embedding_work(m, 1)))
     n = m.num_layers // p
     stages = [{ph: n * layer[ph][0] + (emb[ph][0] if s == 0 else 0) + (head[ph][0] if s == p - 1 else 0)
                for ph in "FBW"} for s in range(p)]

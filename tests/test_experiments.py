@@ -13,7 +13,7 @@ sys.path.insert(0, str(EXPERIMENTS))
 
 NAMES = ("pipeline_bubble", "allreduce_scaling", "tensor_parallel", "zero_stages", "gpt3_3d",
          "grad_accumulation", "megatron_table2", "stage_imbalance", "nccl_algorithms", "goodput_scale",
-         "moe_imbalance", "context_parallel", "moe_layout")
+         "moe_imbalance", "context_parallel", "moe_layout", "strong_scaling")
 
 
 @pytest.fixture(scope="module")
@@ -467,3 +467,26 @@ def test_expert_gemms_are_the_balanced_routings_shapes():
     assert got[("deepseek-v3", "moe.experts.down.wgrad")] == (2048, 7168, 4096 * 8 // 4, 4)
     # Qwen3-30B-A3B at ep 8, micro-batch 4: 16,384 tokens x 8 over 128/8 = 16 experts
     assert got[("qwen3-30b-a3b", "moe.experts.down")] == (16384 * 8 // 16, 2048, 768, 16)
+
+
+def test_strong_scaling_splits_the_slope_into_its_mechanisms(out_root):
+    from sim.inputs.pacing import slowest_speed
+
+    res = _run("strong_scaling", out_root)
+    sigma = res["sigma"]
+    by = {(p["variant"], p["gpus"]): p for p in res["points"]}
+    for (variant, gpus), p in by.items():
+        assert p["dp"] == gpus // 64 and p["microbatches"] == 1536 // p["dp"]  # tp 8 x pp 8 a replica
+        before, fp32 = by[("before", gpus)], by[("+ Megatron's reduction", gpus)]
+        spread = by[("+ speed spread", gpus)]
+        # the fp32 reduction after the whole backward can only add time: twice the bytes, none hidden
+        assert fp32["iteration_time_s"] >= before["iteration_time_s"]
+        assert fp32["dp_exposed_s"] > before["dp_exposed_s"]
+        # the spread slows only the compute-bound kernels, by at most the slowest GPU's pace
+        pace = slowest_speed(sigma, gpus)
+        assert fp32["compute_s"] < spread["compute_s"] <= fp32["compute_s"] / pace * (1 + 1e-9)
+    # fewer micro-batches a replica at more GPUs: the per-GPU throughput falls with every mechanism
+    gpus = sorted({g for _, g in by})
+    lo, hi = gpus[0], gpus[-1]
+    for v in ("before", "+ Megatron's reduction", "+ speed spread"):
+        assert by[(v, hi)]["tflops_per_gpu"] < by[(v, lo)]["tflops_per_gpu"]

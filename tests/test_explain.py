@@ -8,6 +8,7 @@ from sim.cli import main
 from sim.inputs.hardware import load_profile
 from sim.inputs.model import preset
 from sim.inputs.plan import ParallelPlan
+from sim.inputs.pacing import paced
 from sim.program.costs import work_times
 from sim.program.workload import layer_work
 from sim.results.explain import explain, render
@@ -23,7 +24,9 @@ def report():
 def test_layer_totals_are_what_the_cost_model_charges(report):
     model, plan, profile, rep = report
     # work_times sums every op and tp collective of the layer per phase (the estimate's path)
-    expected = work_times(layer_work(model, 1, 8, False, "full"), profile, tp=8, tp_link="nvlink")
+    # (on the profile as a synchronous job of the plan's size runs it: its slowest GPU's pace)
+    expected = work_times(layer_work(model, 1, 8, False, "full"), paced(profile, plan.world_size), tp=8,
+                          tp_link="nvlink")
     phases = rep["parts"]["layer"]["phases"]
     for ph in ("F", "B", "W"):
         compute = phases[ph]["compute_s"] + (phases["R"]["compute_s"] if ph == "B" else 0.0)
