@@ -159,9 +159,15 @@ def test_validate_on_two_processes(tmp_path, capsys):
     assert report["element_bytes"] in (2, 4) and report["procs"] == 2
     for config in ("dp", "1f1b"):
         d = report["configs"][config]
-        assert len(d["measured_iterations_s"]) == 3 and all(t > 0 for t in d["measured_iterations_s"])
-        assert len(d["steal_s"]) == 3 and all(t is None or t >= 0 for t in d["steal_s"])
-        assert len(d["probe"]["measured_s"]) == 2 * 3 and d["probe"]["predicted_s"] > 0 and d["probe"]["slowdown"] > 0
+        assert all(t > 0 for t in d["measured_iterations_s"])
+        assert len(d["steal_s"]) == len(d["measured_iterations_s"]) and all(t is None or t >= 0 for t in d["steal_s"])
+        # one probe before each timed iteration and one after the last, on each rank; the gate ran
+        # at least the 3 iterations asked for and at most 4x as many, and says which were steady
+        n = len(d["measured_iterations_s"])
+        assert 3 <= n <= 12 and len(d["probe"]["measured_s"]) == 2 * (n + 1)
+        assert d["probe"]["predicted_s"] > 0 and d["probe"]["slowdown"] > 0
+        assert d["tolerance"] == 0.1 and set(d["steady_iterations"]) <= set(range(n))
+        assert d["steady"] == (len(d["steady_iterations"]) >= 3) and (d["steady"] or n == 12)
         assert (out / f"{config}.png").stat().st_size > 0
         assert sorted(p.name for p in (out / "traces" / config).iterdir()) == ["trace_rank0.json", "trace_rank1.json"]
     saved = json.loads((out / "report.json").read_text())
@@ -183,3 +189,52 @@ def test_host_steal_is_the_stat_files_steal_column_in_seconds(tmp_path):
     stat.write_text("cpu  1 2 3\n")
     assert host_steal_s(str(stat)) is None
     assert host_steal_s(str(tmp_path / "missing")) is None
+
+
+def test_host_busy_is_user_nice_system_irq_softirq_in_seconds(tmp_path):
+    import os
+
+    from sim.calibrate.reference import host_busy_s
+
+    stat = tmp_path / "stat"
+    stat.write_text("cpu  4935268 150300 303572 3027346 9721 0 3077 34948 0 0\n")
+    assert host_busy_s(str(stat)) == pytest.approx((4935268 + 150300 + 303572 + 0 + 3077) / os.sysconf("SC_CLK_TCK"))
+    assert host_busy_s(str(tmp_path / "missing")) is None
+
+
+def test_an_iteration_counts_only_with_the_machine_as_calibrated():
+    from sim.calibrate.reference import STEAL_TOLERANCE, machine_as_calibrated as ok
+
+    # probes on both sides within 10% of the prediction, either way (1/1.1 .. 1.1)
+    assert ok(1.05e-3, 0.95e-3, 1e-3, 0.1, 0.0, 0.2, cpus=2)
+    assert not ok(1.12e-3, 1.0e-3, 1e-3, 0.1, 0.0, 0.2, cpus=2)  # slow before
+    assert not ok(1.0e-3, 0.90e-3, 1e-3, 0.1, 0.0, 0.2, cpus=2)  # 1/0.9 = 1.11x faster after
+    assert ok(1.0e-3, 1 / 1.1 * 1e-3 + 1e-12, 1e-3, 0.1, 0.0, 0.2, cpus=2)
+    # stolen CPU: 2% of 0.2 s x 2 CPUs = 8 ms
+    assert ok(1e-3, 1e-3, 1e-3, 0.1, 0.2 * 2 * STEAL_TOLERANCE * 0.99, 0.2, cpus=2)
+    assert not ok(1e-3, 1e-3, 1e-3, 0.1, 0.2 * 2 * STEAL_TOLERANCE * 1.01, 0.2, cpus=2)
+    # no gate; a missing reading does not count against an iteration
+    # other processes' CPU: 10% of 0.2 s x 2 CPUs = 40 ms
+    assert ok(1e-3, 1e-3, 1e-3, 0.1, 0.0, 0.2, cpus=2, others_s=0.039)
+    assert not ok(1e-3, 1e-3, 1e-3, 0.1, 0.0, 0.2, cpus=2, others_s=0.041)
+    assert ok(5e-3, 5e-3, 1e-3, None, 1.0, 0.2, cpus=2, others_s=1.0)
+    assert ok(None, 1e-3, 1e-3, 0.1, None, 0.2, cpus=2) and ok(5e-3, 5e-3, None, 0.1, 0.0, 0.2, cpus=2)
+
+
+def test_the_measured_side_takes_the_steady_iterations():
+    from sim.calibrate.validate import measured_breakdown, steady_indices
+
+    plan = config_plan("dp", 2)
+
+    def its(times, steady):
+        return [{"iteration_s": t, "steady": s, "spans": [("f", "compute", "x", 0.0, t / 2)]} for t, s in zip(times, steady)]
+
+    times, steady = [0.10, 0.30, 0.11, 0.50, 0.12], [True, False, True, False, True]
+    results = [{"rank": r, "iterations": its(times, steady)} for r in (0, 1)]
+    assert steady_indices(results) == [0, 2, 4]
+    b = measured_breakdown(results, plan)
+    assert b["iteration_s"] == pytest.approx(0.11)  # the median of 0.10, 0.11, 0.12
+    assert b["stages"][0]["compute_s"] == pytest.approx(0.055) and b["stages"][0]["idle_s"] == pytest.approx(0.055)
+    none = [{"rank": r, "iterations": its(times, [False] * 5)} for r in (0, 1)]
+    assert steady_indices(none) == [0, 1, 2, 3, 4]  # none steady: all of them, and the report says so
+    assert measured_breakdown(none, plan)["iteration_s"] == pytest.approx(0.12)

@@ -21,7 +21,9 @@ import os
 from pathlib import Path
 
 from sim.errors import InputError
-from sim.units import NONNEGATIVE_INT, POSITIVE_INT
+from sim.units import NONNEGATIVE_INT, POSITIVE_INT, Number
+
+TOLERANCE = Number(float, above=0, allow_inf=True)
 
 NAME = "validate"
 HELP = "Train a small GPT for real across local processes and compare it with its simulation."
@@ -45,6 +47,11 @@ def add_arguments(p) -> None:
     g.add_argument("--num-microbatches", type=POSITIVE_INT, help="per replica (default 4; 2 with --quick)")
     g.add_argument("--warmup", type=NONNEGATIVE_INT, help="untimed iterations first (default 2; 1 with --quick)")
     g.add_argument("--iters", type=POSITIVE_INT, help="timed iterations (default 5; 3 with --quick)")
+    p.add_argument("--probe-tolerance", type=TOLERANCE, metavar="FRACTION",
+                   help="count only timed iterations between which the probe GEMM ran within this fraction of the "
+                        "profile's prediction on every rank, with at most 2%% of the CPU stolen, running up to 4x "
+                        "--iters to find them (default 0.1; inf counts every iteration): a shared machine's slow "
+                        "spells then do not show up as error")
     p.add_argument("--out", metavar="DIR", help="write report.json, table.txt, profile.json, traces and PNGs here")
     p.add_argument("--json", action="store_true", help="print one JSON object")
 
@@ -89,6 +96,8 @@ def run(args) -> int:
     require_torch()
     warmup = args.warmup if args.warmup is not None else (1 if args.quick else 2)
     iters = args.iters or (3 if args.quick else 5)
+    tol = v.STEADY_TOLERANCE if args.probe_tolerance is None else args.probe_tolerance
+    tol = None if tol == float("inf") else tol
     try:
         if given is not None:
             profile = given
@@ -101,12 +110,12 @@ def run(args) -> int:
             result = calibrate(model, plans[configs[0]], procs=args.procs, quick=True, link=args.link,
                                collective_up_to=up_to)
             if result is None:
-                return _follow(model, plans, warmup, iters, out)
+                return _follow(model, plans, warmup, iters, out, tol)
             profile = result[0]
         load_before = os.getloadavg()
         report = v.run_validation(configs, procs=args.procs, profile=profile, model=model,
                                   micro_batch=args.micro_batch_size, microbatches=m,
-                                  warmup=warmup, iters=iters, out=out, link=args.link)
+                                  warmup=warmup, iters=iters, out=out, link=args.link, tolerance=tol)
     except CalibrationError as exc:
         print(f"trainsim: validation failed: {exc}")
         return 1
@@ -129,6 +138,8 @@ def run(args) -> int:
     probes = v.format_probes(report["configs"])
     if probes:
         print(probes)
+    for line in v.format_unsteady(report["configs"], iters):
+        print(line)
     la = report["load_average"]
     print(f"load average {la['before'][0]:.2f} before, {la['after'][0]:.2f} after, on {la['cpus']} CPUs "
           "(a busy machine makes the measured side noisy)")
@@ -138,14 +149,16 @@ def run(args) -> int:
     return 0
 
 
-def _follow(model, plans: dict, warmup: int, iters: int, out: Path | None) -> int:
-    """A non-zero rank of a torchrun job: take part in the reference runs as rank 0 does."""
+def _follow(model, plans: dict, warmup: int, iters: int, out: Path | None, tolerance: float | None) -> int:
+    """A non-zero rank of a torchrun job: take part in the reference runs as rank 0 does (it has
+    no profile, so its own probes do not gate; rank 0's do, and every rank follows its decision)."""
     from sim.calibrate.reference import run_reference
 
-    from sim.calibrate.validate import probe_shape
+    from sim.calibrate.validate import MAX_ITERS_FACTOR, probe_shape
 
     for config, plan in plans.items():
         run_reference(model, plan, warmup=warmup, iters=iters,
                       trace_dir=(out / "traces" / config) if out is not None else None,
-                      probe=probe_shape(model, plan))
+                      probe=probe_shape(model, plan), tolerance=tolerance,
+                      max_iters=iters * MAX_ITERS_FACTOR if tolerance is not None else iters)
     return 0
