@@ -94,6 +94,21 @@ def test_auto_with_virtual_stages_gives_one_count_per_virtual_stage():
     assert split[-1] <= min(split[:-1])
 
 
+def test_auto_with_context_and_tensor_parallelism_prices_layers_as_the_estimate_does():
+    # a dense layer under cp > 1 holds ring attention's exchanges (over cp, not tp): the split
+    # once priced them as tensor-parallel collectives and refused their 'shift' (Llama 3 405B,
+    # tp 8 x cp 2 x pp 8, issue 41 item 7)
+    from sim.program.estimate import layer_phase_times
+
+    m = model(7)
+    plan = ParallelPlan(dp=2, tp=2, cp=2, pp=2, sequence_parallel=True, global_batch_size=4, layer_split="auto")
+    split = auto_layer_split(m, plan, H100).layer_split
+    assert len(split) == 2 and sum(split) == 7 and min(split) >= 1
+    per_layer, _, _ = layer_costs(m, plan, H100)
+    priced = sum(c + x for c, x in layer_phase_times(m, plan, H100, "nvlink", 8, "bf16", False).values())
+    assert per_layer == [pytest.approx(priced, rel=1e-12)] * 7
+
+
 # ------------------------------------------------------------------ layouts
 def test_megatron_layout_strings_parse_as_megatron_does():
     # Megatron-LM's docstring example (pipeline_parallel_layer_layout.py)

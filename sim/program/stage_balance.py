@@ -47,9 +47,9 @@ def stage_costs(model: ModelSpec, plan: ParallelPlan, profile: HardwareProfile) 
     """Seconds per micro-batch on ``profile``: one dense transformer layer, the embedding and
     the output layer with its loss and the MTP module if any (F + B + W, compute and
     tensor-parallel collectives)."""
-    layer = plan_layer_work(model, plan)
     embedding, head = plan_edge_works(model, plan)
-    return _total(layer, plan, profile), _total(embedding, plan, profile), head_cost(model, plan, profile)
+    return (_layer_cost(model, plan, profile, False), _total(embedding, plan, profile),
+            head_cost(model, plan, profile))
 
 
 def _total(work, plan: ParallelPlan, profile: HardwareProfile) -> float:
@@ -70,10 +70,12 @@ def head_cost(model: ModelSpec, plan: ParallelPlan, profile: HardwareProfile) ->
 
 def _layer_cost(model: ModelSpec, plan: ParallelPlan, profile: HardwareProfile, moe: bool) -> float:
     """One layer's seconds per micro-batch: a dense one as ``stage_costs`` prices it, an MoE
-    one with its expert-parallel collectives (``layer_phase_times``, under balanced routing)."""
-    if not moe:
+    one with its expert-parallel collectives (``layer_phase_times``, under balanced routing);
+    with context parallelism a dense one too, as the estimate prices it (``work_times`` prices
+    only tensor-parallel collectives, and the layer's ring-attention exchanges run over cp)."""
+    if not moe and plan.cp == 1:
         return _total(plan_layer_work(model, plan), plan, profile)
-    return sum(c + x for c, x in layer_phase_times(model, plan, profile, "nvlink", 8, "bf16", True).values())
+    return sum(c + x for c, x in layer_phase_times(model, plan, profile, "nvlink", 8, "bf16", moe).values())
 
 
 def layer_costs(model: ModelSpec, plan: ParallelPlan, profile: HardwareProfile) -> tuple[list[float], float, float]:
