@@ -90,4 +90,5 @@ experiments: $(VENV)/.installed
 	$(BIN)/python experiments/context_parallel.py
 	$(BIN)/python experiments/moe_layout.py
 	$(BIN)/python experiments/strong_scaling.py
+	$(BIN)/python experiments/nvl72.py
 	$(BIN)/python experiments/report.py

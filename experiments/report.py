@@ -40,6 +40,7 @@ EXPERIMENTS = [
     ("context_parallel", "Context vs tensor parallelism at 128K tokens"),
     ("moe_layout", "DeepSeek-V3 on 1,024 H100: EP, PP and node-limited routing"),
     ("strong_scaling", "GPT-3 175B strong scaling on 256 to 12,288 A100"),
+    ("nvl72", "What an NVL72 rack buys over 8-GPU nodes (Llama 3 405B, DeepSeek-V3, 512 GPUs)"),
 ]
 
 SEED_CLAIMS = [

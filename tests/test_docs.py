@@ -80,7 +80,8 @@ def test_quoted_outputs_are_what_the_commands_print():
 def test_every_page_quotes_at_least_one_run_and_few_are_slow():
     blocks = [b for p in DOCS for b in regen.find_blocks(p)]
     assert [b for b in blocks if b.slow], "the demo is quoted as a slow block"
-    assert len([b for b in blocks if b.slow]) <= 4  # the demo, the MoE fit rows, a 128-GPU FP8 run, strong scaling
+    assert len([b for b in blocks if b.slow]) <= 5  # the demo, the MoE fit rows, a 128-GPU FP8 run, strong
+    # scaling, the NVL72 experiment
     assert {b.path.name for b in blocks} >= {"README.md", "cli.md", "python-api.md", "search.md"}
 
 

@@ -13,7 +13,7 @@ sys.path.insert(0, str(EXPERIMENTS))
 
 NAMES = ("pipeline_bubble", "allreduce_scaling", "tensor_parallel", "zero_stages", "gpt3_3d",
          "grad_accumulation", "megatron_table2", "stage_imbalance", "nccl_algorithms", "goodput_scale",
-         "moe_imbalance", "context_parallel", "moe_layout", "strong_scaling")
+         "moe_imbalance", "context_parallel", "moe_layout", "strong_scaling", "nvl72")
 
 
 @pytest.fixture(scope="module")
@@ -490,3 +490,70 @@ def test_strong_scaling_splits_the_slope_into_its_mechanisms(out_root):
     lo, hi = gpus[0], gpus[-1]
     for v in ("before", "+ Megatron's reduction", "+ speed spread"):
         assert by[(v, hi)]["tflops_per_gpu"] < by[(v, lo)]["tflops_per_gpu"]
+
+
+def test_nvl72_picks_each_systems_fastest_plan_that_fits_and_keeps_ep_in_one_rack(out_root):
+    import math
+
+    import nvl72
+    from sim.inputs.experts import Folding
+    from sim.inputs.hardware import load_profile
+    from sim.inputs.topology_build import load_topology
+
+    res = _run("nvl72", out_root)
+    best, rows = res["best"], res["candidates"]
+    assert {b["system"] for b in best} == set(nvl72.SYSTEMS)
+    for b in best:
+        profile = load_profile(nvl72.SYSTEMS[b["system"]][0])
+        assert b["fits"] and b["peak_memory_gib"] <= b["memory_capacity_gib"]
+        assert b["gpus"] == nvl72.GPUS and b["tokens_per_step"] == nvl72.QUICK_BATCH[b["model"]] * 4096
+        # energy per token = the cluster's average power x the iteration time / the tokens of a step
+        t, tokens = b["iteration_time_s"], b["tokens_per_step"]
+        assert b["energy_per_token_j"] == pytest.approx(b["average_power_w"] * t / tokens, rel=1e-6)
+        assert b["energy_per_token_j"] == pytest.approx(b["average_power_per_gpu_w"] * b["gpus"] * t / tokens, rel=1e-6)
+        assert profile.idle_power_w <= b["average_power_per_gpu_w"] <= profile.power_limit_w
+        assert b["tokens_per_s"] * t == pytest.approx(tokens, rel=1e-9)
+        # the step's parts (compute, idle, exposed communication by kind) add up to it
+        parts = [v for k, v in b.items() if k.endswith("_s") and k != "iteration_time_s" and
+                 (k in ("compute_s", "bubble and waiting_s") or k.startswith("exposed"))]
+        assert sum(parts) == pytest.approx(t, rel=1e-6)
+        # the best is the fastest candidate: of those simulated in full exactly, of those only
+        # screened (extrapolated from two short runs) within the screening's error
+        mine = [r for r in rows if (r["system"], r["model"]) == (b["system"], b["model"])]
+        ran = [r for r in mine if r["status"] in ("ok", "screened") and r["fits"]]
+        assert t == min(r["iteration_time_s"] for r in ran if r["status"] == "ok")
+        assert t <= min(r["iteration_time_s"] for r in ran) * 1.005
+        # a candidate not simulated for memory is one the estimate puts above the GPU's memory
+        for r in mine:
+            if r["status"] == "pruned: memory":
+                assert r["estimate_peak_gib"] * 2**30 > profile.hbm_capacity_bytes and math.isnan(r["iteration_time_s"])
+    # GB200: a candidate whose expert-parallel group is wider than 8 GPUs was simulated, and
+    # the rack topology itself puts each of its groups in one rack; on DGX B200 the same
+    # candidate's groups span several nodes
+    racks = load_topology("gb200-nvl72", min_gpus=nvl72.GPUS, gpus_per_node=64)
+    assert (racks.num_nodes, racks.gpus_per_node) == (8, 64)
+    wide = [r for r in rows if r["system"] == "GB200 NVL72" and r["layer_group_gpus"] > 8
+            and r["status"] in ("ok", "screened")]
+    assert wide
+    for r in wide:
+        spec = nvl72.QUICK_CANDIDATES[r["model"]][r["candidate"]]
+        plan = nvl72.make_plan(r["model"], spec, nvl72.QUICK_BATCH[r["model"]])
+        fold = Folding(plan)
+        assert all(len({racks.node_of(x) for x in fold.ep_group(g)}) == 1 for g in range(nvl72.GPUS))
+        assert r["layer_group_nodes"] == 1
+        b200 = next(x for x in rows if x["system"] == "B200" and x["candidate"] == r["candidate"])
+        assert b200["layer_group_nodes"] == r["layer_group_gpus"] // 8
+    # on all 72 GPUs of each rack (plain --gpus 512: 8 racks, the last with 8 GPUs used) the
+    # GB200 winner's groups are counted as the topology places them
+    full = load_topology("gb200-nvl72", min_gpus=nvl72.GPUS)
+    assert (full.num_nodes, full.gpus_per_node) == (8, 72)
+    gb = next(b for b in best if b["system"] == "GB200 NVL72")
+    plan = nvl72.make_plan(gb["model"], nvl72.QUICK_CANDIDATES[gb["model"]][gb["candidate"]],
+                           nvl72.QUICK_BATCH[gb["model"]])
+    straddle = sum(len({full.node_of(x) for x in nvl72.layer_group(plan, g)}) > 1 for g in range(nvl72.GPUS))
+    assert gb["ranks_straddling_if_72_per_rack"] == straddle
+    # B200's best plan on GB200: the same work on a faster chip and links at least as fast
+    same = res["same_plan_on_gb200"][gb["model"]]
+    b200 = next(b for b in best if b["system"] == "B200")
+    assert same["best_plan"] == b200["best_plan"] and same["iteration_time_s"] < b200["iteration_time_s"]
+    assert same["iteration_time_s"] >= gb["iteration_time_s"]
