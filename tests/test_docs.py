@@ -170,25 +170,48 @@ def test_long_commands_are_wrapped_before_a_flag():
     assert " ".join(line.rstrip("\\").strip() for line in lines) == "$ " + cmd
 
 
-def test_the_readme_never_fitted_rows_quote_the_checked_summaries():
-    # README's "runs no fit has seen" table quotes experiments/fit_rows.py's per-GPU, per-framework
-    # summary lines, which docs/accuracy.md quotes as checked blocks: each row's range must be one's
-    # (a framework may have a line in several blocks, one per file: the row's count says which).
-    import re
+def _pct_range(xs) -> str:
+    lo, hi = (f"{v * 100:+.1f}" for v in (min(xs), max(xs)))
+    return (f"{lo}%" if lo == hi else f"{lo} to {hi}%").replace("-", "−")
 
-    gpus = {"H100": "h100-sxm", "A100": "a100-80gb"}
-    summaries = {}
-    for b in regen.find_blocks(ROOT / "docs" / "accuracy.md"):
-        if "fit_rows.py" in b.command:
-            for m in re.finditer(r"^(\S+), (.+): (\d+) rows, mean \|error\| [\d.]+%, ([-+][\d.]+)% to ([-+][\d.]+)%$",
-                                 b.quoted, re.M):
-                summaries.setdefault((m[1], m[2]), {})[int(m[3])] = (m[4], m[5])
-    rows = re.findall(r"^\| (H100|A100) \| ([^|:]+(?:\([^)]*\))?[^|:]*): [^|]* \((\d+)\) \| ([^|]+) \|$",
-                      (ROOT / "README.md").read_text(), re.M)
-    assert len(rows) == 6
-    for gpu, framework, n, cell in rows:
-        by_count = summaries[(gpus[gpu], framework.strip())]
-        assert int(n) in by_count, (framework, n, sorted(by_count))
-        low, high = by_count[int(n)]
-        want = f"{low}%" if low == high else f"{low}% to {high}%"
-        assert cell.strip() == want.replace("-", "−"), (framework, cell, want)
+
+def test_the_readme_accuracy_table_quotes_the_fit_reports():
+    # Every row of README's accuracy table (previous preset, fitted, held out) is the range over one or
+    # more of a committed fit report's groups of that GPU and framework, with as many rows; the
+    # headline held-out means and the presets' fitted values are the reports'.
+    import itertools
+    import json
+
+    reports = {"H100": "h100-sxm-fit-report-2026-12-05.json", "A100": "a100-80gb-fit-report-2026-12-05-fsdp.json"}
+    readme = (ROOT / "README.md").read_text()
+    rows = re.findall(r"^\| (H100|A100) \| ([a-z-]+): [^|]* \((?:\d+ groups, )?(\d+)\) \| ([^|]+) \| ([^|]+) \| ([^|]+) \|$",
+                      readme, re.M)
+    assert len(rows) == 12
+    for gpu, file in reports.items():
+        rep = json.loads((ROOT / "experiments" / "fit-cache" / file).read_text())
+        by_group = {g["id"]: [r for r in rep["rows"] if r["group"] == g["id"]] for g in rep["groups"]}
+        frameworks = {g["id"]: g["framework"] for g in rep["groups"]}
+        mine = [r for r in rows if r[0] == gpu]
+        assert sum(int(r[2]) for r in mine) == rep["row_count"]
+        for _, framework, n, *cells in mine:
+            ids = [g for g in by_group if frameworks[g] == framework]
+            found = any(
+                len(rs) == int(n) and [c.strip() for c in cells] == [
+                    _pct_range([r[key] for r in rs]) for key in ("initial_error", "fitted_error", "held_out_error")]
+                for k in range(1, len(ids) + 1) for pick in itertools.combinations(ids, k)
+                for rs in [[r for g in pick for r in by_group[g]]])
+            assert found, (gpu, framework, n, cells)
+        loo = rep["by_gpu"][rep["gpu"]]
+        assert (f"{gpu} {loo['loo_mean_abs_error'] * 100:.1f}% over {rep['row_count']} rows (max "
+                f"{loo['loo_max_abs_error'] * 100:.1f}%)") in " ".join(readme.replace("**", "").split())
+        profile = json.loads((ROOT / "sim" / "profiles" / f"{rep['gpu']}.json").read_text())
+        for p in rep["parameters"]:
+            assert profile[p["name"]] == pytest.approx(p["fitted"], abs=5e-7), p["name"]
+
+
+def test_the_readme_moe_sentence_quotes_the_checked_summary():
+    blocks = [b for b in regen.find_blocks(ROOT / "docs" / "accuracy.md") if "moe_runs.csv" in b.command]
+    m = re.search(r"^h100-sxm, automodel: 4 rows, mean \|error\| [\d.]+%, -([\d.]+)% to -([\d.]+)%$", blocks[0].quoted,
+                  re.M)
+    worst, best = float(m[1]), float(m[2])
+    assert f"come out fast, by {round(best)}–{round(worst)}%" in (ROOT / "README.md").read_text()

@@ -163,12 +163,14 @@ BY_SOURCE = (
      "distributed_fused_adam with overlap_grad_sync and overlap_param_sync true, grad_sync_dtype bf16): the "
      "gradients are reduce-scattered during the last micro-batch's backward, each rank updates its shard, and the "
      "updated parameters are all-gathered during the next step's forward (ZeRO-1 with the gather overlapped)"),
-    ("nemo_megatron/README_175b", {"tp_comm_overlap": True},
+    ("nemo_megatron/README_175b", {"tp_comm_overlap": True, "tp_comm_overlap_cfg": "dgxc-25.02-gpt3-175b"},
      "the benchmark's configuration (NVIDIA/dgxc-benchmarking v25.02 nemo_megatron/gpt3_175b_hydra.yaml: "
-     "ub_tp_comm_overlap: true, which its configure.sh does not override; BF16 and FP8 rows alike)"),
-    ("llama3.1/README_405b", {"tp_comm_overlap": True},
+     "ub_tp_comm_overlap: true, which its configure.sh does not override; BF16 and FP8 rows alike; and its "
+     "ub_tp_comm_overlap_cfg, each GEMM's method and SMs: sim.inputs.tp_overlap's dgxc-25.02-gpt3-175b)"),
+    ("llama3.1/README_405b", {"tp_comm_overlap": True, "tp_comm_overlap_cfg": "dgxc-25.02-llama3.1-405b"},
      "the benchmark's configuration (NVIDIA/dgxc-benchmarking v25.02 llama3.1/llama3.1_405b.yaml: "
-     "ub_tp_comm_overlap: true; llama3.1_8b.yaml, tp 1, has it false)"),
+     "ub_tp_comm_overlap: true and its ub_tp_comm_overlap_cfg, sim.inputs.tp_overlap's dgxc-25.02-llama3.1-405b; "
+     "llama3.1_8b.yaml, tp 1, has it false)"),
     ("NeMo 25.02, DGX-B200", {"zero": 1, "overlap_param_gather": True, "cross_entropy_loss_fusion": True,
                               "bucket_size": 128 * 2**20 * 2},
      "NeMo 2.0's performance scripts as the B200 table ran them (NVIDIA/NeMo scripts/performance @ d3f25b121048, "
