@@ -31,6 +31,7 @@ from sim.inputs.hardware import HardwareProfile
 from sim.inputs.model import ModelSpec
 from sim.inputs.plan import ParallelPlan
 from sim.inputs.power import capped
+from sim.inputs.pinning import check_pinned
 from sim.inputs.resolve import model_from_settings, plan_from_settings, profile_from_settings, topology_from_settings
 from sim.inputs.schema import AUTO_FULL_FIDELITY_EVENTS, RunSettings, SimulationSettings
 from sim.inputs.mixed_gpus import MixedGpus, mixed_gpus
@@ -134,6 +135,7 @@ def prepare(settings: RunSettings, model: ModelSpec | None = None, plan: Paralle
     if topo is None:
         topo = topology_from_settings(settings.cluster, plan.world_size, profile.name)
     check_forced(settings.simulation.nccl_algo, topo)
+    check_pinned(plan, settings.cluster.pinned(), topo.gpus_per_node, f"on {topo.name}")
     mixed = mixed_gpus(topo, plan.world_size, profile)
     if mixed is not None:  # (every type under the cap: --power-limit-w applies to every GPU)
         mixed = replace(mixed, profiles={n: capped(p, settings.cluster.power_limit_w) for n, p in mixed.profiles.items()})

@@ -18,6 +18,7 @@ from sim.engine.tuner import choose
 from sim.errors import InputError
 from sim.inputs.experts import Folding
 from sim.inputs.hardware import PRESETS, load_profile
+from sim.inputs.pinning import crossing
 from sim.inputs.plan import ParallelPlan
 from sim.inputs.resolve import NODE_OF_GPU
 from sim.inputs.topology_build import load_topology
@@ -282,3 +283,50 @@ def test_bad_blackwell_input_is_one_line(capsys, argv, words):
     assert main(["run", *TINY, *argv]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and all(w in err for w in words), err
+
+
+# ------------------------------------------------------------------ pinned groups
+def test_crossing_finds_the_group_that_straddles_two_domains():
+    # tp 16 on racks of 72: groups 0-15, ..., 48-63 fit; 64-79 holds ranks 64-71 of rack 0
+    # and 72-79 of rack 1
+    assert crossing(ParallelPlan(dp=9, tp=16, pp=1), ("tp",), 72) == ("tp", tuple(range(64, 80)))
+    assert crossing(ParallelPlan(dp=8, tp=16, pp=1), ("tp",), 64) is None
+    # cp 8 under tp 2 (cp next to tp, Megatron's order): a cp group strides by 2 over 16 ranks
+    cp = ParallelPlan(dp=1, tp=2, pp=1, cp=8, placement="tp-dp-pp")
+    assert crossing(cp, ("cp",), 8) == ("cp", tuple(range(0, 16, 2)))
+    assert crossing(cp, ("tp",), 8) is None  # tp pairs stay inside a node
+    # ep 16 (etp 1) on 144 GPUs of 72: the expert groups are 16 consecutive ranks, as tp's were
+    assert crossing(ParallelPlan(dp=144, tp=1, pp=1, ep=16), ("ep",), 72)[1] == tuple(range(64, 80))
+    assert crossing(ParallelPlan(dp=144, tp=1, pp=1, ep=8), ("tp", "ep"), 72) is None
+
+
+@pytest.mark.parametrize("argv,words", [
+    (["--tensor-model-parallel-size", "16"], ["got tp", "tp 16", "ranks 64-79", "domains 0 and 1", "72 GPUs each"]),
+    (["--num-experts", "64", "--expert-model-parallel-size", "16"], ["got ep", "ep 16", "ranks 64-79"]),
+])
+def test_a_pinned_group_that_crosses_racks_is_refused_in_one_line(capsys, argv, words):
+    def on(gpus, *extra):
+        return ["run", *TINY[:-1], str(gpus), "--gpu", "gb200", "--gpus", str(gpus), *argv, *extra]
+
+    assert main(on(144, "--pin-to-nvlink-domain", words[0].split()[1])) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("trainsim: error: --pin-to-nvlink-domain") \
+        and all(w in err for w in words), err
+    # not pinned, the same plan runs (its straddling group goes over InfiniBand); on 64 GPUs
+    # a rack every group of 16 stays inside one
+    assert main(on(144, "--json")) == 0
+    capsys.readouterr()
+    assert main(on(128, "--gpus-per-node", "64", "--pin-to-nvlink-domain", "tp,ep", "--json")) == 0
+
+
+def test_search_leaves_out_plans_whose_pinned_groups_cross_domains(capsys):
+    argv = ["search", *TINY[:-1], "144", "--gpu", "gb200", "--gpus", "144", "--tp", "8,16", "--pp", "1",
+            "--micro-batch-size", "1", "--zero", "1", "--recompute", "none", "--sequence-parallel", "off",
+            "--workers", "1", "--json"]
+    assert main(argv) == 0
+    free = json.loads(capsys.readouterr().out)
+    assert main([*argv, "--pin-to-nvlink-domain", "tp"]) == 0
+    pinned = json.loads(capsys.readouterr().out)
+    assert (free["plans"], free["crossing_domains"]) == (2, 0)
+    assert (pinned["plans"], pinned["crossing_domains"]) == (1, 1)
+    assert pinned["best"]["plan"]["tp"] == 8

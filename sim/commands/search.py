@@ -26,6 +26,7 @@ from pathlib import Path
 from sim.commands.settings import CLUSTER_FLAGS, HARDWARE_FLAGS, MODEL_FLAGS
 from sim.errors import InputError, require
 from sim.fileio import check_output_dir, read_json, write_text_atomic
+from sim.inputs.pinning import crossing
 from sim.inputs.resolve import model_from_settings, profile_from_settings, topology_from_settings
 from sim.inputs.flags import add_arguments as add_schema_arguments, given
 from sim.inputs.schema import RunSettings
@@ -274,6 +275,14 @@ def run(args) -> int:
     plans = enumerate_plans(model, gpus, args.global_batch_size, space, topo.gpus_per_node)
     require(plans, "search", f"{gpus} GPUs, global batch {args.global_batch_size}",
             "no valid plan: dp must divide the global batch, tp the heads and pp the layers")
+    pinned = settings.cluster.pinned()
+    crossing_domains = 0
+    if pinned:  # the plans whose pinned groups would cross NVLink domains are not candidates
+        inside = [p for p in plans if crossing(p, pinned, topo.gpus_per_node) is None]
+        crossing_domains = len(plans) - len(inside)
+        require(inside, "--pin-to-nvlink-domain", ",".join(pinned),
+                f"no plan of the space keeps those groups inside one NVLink domain of {topo.gpus_per_node} GPUs")
+        plans = inside
     ctx = make_context(model, profile, topo)
     from dataclasses import asdict
 
@@ -297,7 +306,7 @@ def run(args) -> int:
            "evaluated": c["evaluated"], "pruned": c["pruned"], "failed": c["failed"],
            "pruned_memory": c["pruned_memory"], "pruned_time": c["pruned_time"],
            "pruned_dominated": c["pruned_dominated"], "screened": c["screened"], "plans": c["plans"],
-           "does_not_fit": c["does_not_fit"],
+           "does_not_fit": c["does_not_fit"], "crossing_domains": crossing_domains,
            "margin": args.margin if math.isfinite(args.margin) else None, "rank_by": args.rank_by}
     if args.out:
         rows = [{"key": cd.key, "status": cd.status, "plan": asdict(cd.plan),
@@ -323,6 +332,9 @@ def run(args) -> int:
     print(f"{c['plans']} plans: {c['pruned_memory']} do not fit in memory, {c['pruned_time']} cannot beat the "
           f"best two (estimate margin {margin}){dominated}, {c['evaluated']} simulated ({screened}{c['failed']} "
           f"failed) in {wall:.1f} s (wall time)")
+    if crossing_domains:
+        print(f"{crossing_domains} more plan(s) left out: a group pinned by --pin-to-nvlink-domain "
+              f"({','.join(pinned)}) would cross NVLink domains")
     if c["does_not_fit"]:
         print(f"{c['does_not_fit']} simulated plan(s) did not fit in memory after all (simulated peak)")
     if not ranked:

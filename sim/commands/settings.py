@@ -14,7 +14,7 @@ from sim.inputs.schema import RunSettings, fields_of
 
 MODEL_FLAGS = fields_of("model")
 HARDWARE_FLAGS = ["gpu", "gpus", "gpus_per_node", "power_limit_w"]
-CLUSTER_FLAGS = ["nodes", "topology", "fabric", "oversubscription"]
+CLUSTER_FLAGS = ["nodes", "topology", "fabric", "oversubscription", "pin_to_nvlink_domain"]
 ESTIMATE_FLAGS = [*MODEL_FLAGS, *HARDWARE_FLAGS, *fields_of("plan"), "json"]
 """What ``trainsim estimate`` takes: the model, the GPUs and the plan."""
 RUN_FLAGS = [*ESTIMATE_FLAGS, *CLUSTER_FLAGS, *fields_of("simulation"), "out", "kineto"]

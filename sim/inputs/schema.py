@@ -62,6 +62,11 @@ class ClusterSettings:
     power_limit_w: float | None = setting(help="cap every GPU's power at W watts (nvidia-smi -pl): compute-bound kernels "
                                                "run at the lower clock it allows (default: the profile's power_limit_w)",
                                           type=Number(float, above=0), metavar="W", group="hardware")
+    pin_to_nvlink_domain: tuple[str, ...] | str | None = setting(
+        kind="list", metavar="GROUP", group="hardware",
+        help="parallel groups that must stay inside one NVLink domain (a node, or a GB200 NVL72 rack), space- or "
+             "comma-separated: tp, cp, ep, etp; a plan where such a group crosses domains is refused, and search "
+             "leaves it out (default: none pinned; the placement keeps them inside where their sizes allow)")
     nodes: int | None = setting(help="nodes in the cluster (default: enough for the plan's GPUs)", type=POSITIVE_INT)
     topology: str | None = setting(help="node or cluster .toml, or a built-in name (default: the GPU's built-in node: its DGX, or gb200-nvl72)",
                                    path=lambda v: v.endswith(".toml"))
@@ -70,6 +75,13 @@ class ClusterSettings:
 
     def __post_init__(self):
         check_section(self)
+        self.pinned()
+
+    def pinned(self) -> tuple[str, ...]:
+        """The groups pinned inside one NVLink domain (``sim.inputs.pinning``), checked."""
+        from sim.inputs.pinning import parse_pinned
+
+        return parse_pinned(self.pin_to_nvlink_domain)
 
     def total_gpus(self) -> int | None:
         """``gpus``, or all GPUs of ``nodes`` nodes (None when neither is given)."""
