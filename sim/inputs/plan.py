@@ -273,7 +273,7 @@ class ParallelPlan:
     fp8_format: str | None = setting(
         choices=FP8_FORMATS,
         help="train the transformer layers' GEMMs in FP8 with Transformer Engine: e4m3 (all tensors E4M3) or hybrid "
-             "(E4M3 forward, E5M2 gradients); needs a GPU with an FP8 peak (H100, H200); default off (BF16)")
+             "(E4M3 forward, E5M2 gradients); needs a GPU with an FP8 peak (H100, H200, B200, GB200, GB300); default off (BF16)")
     """``sim.program.fp8``; None: BF16."""
     fp8_recipe: str = setting(
         "delayed", choices=FP8_RECIPES,
