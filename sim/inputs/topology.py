@@ -416,6 +416,23 @@ def _pick(candidates: list[str], h: int) -> str:
     return candidates[h % len(candidates)]
 
 
+def check_pxn(topology: Topology, *, pxn_disable: bool, pxn_level: int, flag: str = "") -> None:
+    """A PXN setting other than NCCL's default on a topology without rails (``has_rails``:
+    one node, a fat-tree, one NIC a node) changes no route: an input error, one line naming
+    the setting, its value and why (``flag``: ``"--"`` to name them as command-line flags)."""
+    if topology.has_rails():
+        return
+    name, value = ("nccl_pxn_disable", True) if pxn_disable else ("nccl_p2p_pxn_level", pxn_level)
+    if name == "nccl_p2p_pxn_level" and pxn_level == DEFAULT_PXN_LEVEL:
+        return
+    field = f"--{name.replace('_', '-')}" if flag == "--" else name
+    raise InputError(field=field, value=value, setting=name,
+                     allowed=f"it changes nothing on topology {topology.name}, which has no rails (no node whose NICs "
+                             f"reach different switches): PXN only re-routes sends between nodes of a rail-optimized "
+                             f"fabric; allowed: NCCL's default here (PXN on, level {DEFAULT_PXN_LEVEL}), or a rail "
+                             f"fabric (--fabric rail, more than one node)")
+
+
 def ranks_by_node(topology: Topology, ranks) -> dict[int, list[int]]:
     """``ranks`` grouped by the node they are on, nodes and members in order."""
     by_node: dict[int, list[int]] = {}
