@@ -190,3 +190,23 @@ def test_a_pxn_setting_without_rails_is_refused_as_changing_nothing(topology, fa
         check_pxn(t, pxn_disable=False, pxn_level=1, flag="--")
     check_pxn(t, pxn_disable=False, pxn_level=2)  # NCCL's default: nothing to refuse
     check_pxn(load_topology("dgx-h100", nodes=2), pxn_disable=True, pxn_level=0)
+
+
+def test_a_graph_files_nics_belong_to_their_gpus_nodes(tmp_path):
+    # Two hosts of 2 GPUs, one NIC each on a leaf of its own, leaves joined by a spine: the
+    # NICs sit on different switches, but no host has two, so there are no rails (the NICs
+    # carry no "node" in a graph file: theirs is their GPUs').
+    f = tmp_path / "g.toml"
+    dev = [("h0g0", "gpu", 0, 0), ("h0g1", "gpu", 1, 0), ("h1g0", "gpu", 2, 1), ("h1g1", "gpu", 3, 1),
+           ("sw0", "nvswitch"), ("sw1", "nvswitch"), ("nic0", "nic"), ("nic1", "nic"),
+           ("leaf0", "switch"), ("leaf1", "switch"), ("spine", "switch")]
+    links = [("h0g0", "sw0", "nvlink"), ("h0g1", "sw0", "nvlink"), ("h1g0", "sw1", "nvlink"), ("h1g1", "sw1", "nvlink"),
+             ("h0g0", "nic0", "pcie"), ("h0g1", "nic0", "pcie"), ("h1g0", "nic1", "pcie"), ("h1g1", "nic1", "pcie"),
+             ("nic0", "leaf0", "ib"), ("nic1", "leaf1", "ib"), ("leaf0", "spine", "ib"), ("leaf1", "spine", "ib")]
+    text = "".join(f'[[device]]\nid = "{d[0]}"\nkind = "{d[1]}"\n' + (f"rank = {d[2]}\nnode = {d[3]}\n" if len(d) > 2 else "")
+                   for d in dev)
+    text += "".join(f'[[link]]\na = "{a}"\nb = "{b}"\nkind = "{k}"\nbandwidth_GBps = 10\n' for a, b, k in links)
+    f.write_text(text)
+    t = load_topology(str(f))
+    assert t.num_nodes == 2 and not t.has_rails()
+    assert t.relay(1, 2) is None

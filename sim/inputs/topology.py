@@ -199,8 +199,11 @@ class Topology:
             for n, d in g.nodes(data=True):
                 if d["kind"] == "nic":
                     ups = frozenset(m for m in g.neighbors(n) if g.nodes[m]["kind"] == "switch")
+                    # (a NIC's node: its own attribute, or, in a graph file, its GPUs')
+                    node = d.get("node", next((g.nodes[m]["node"] for m in sorted(g.neighbors(n))
+                                               if g.nodes[m]["kind"] == "gpu"), None))
                     if ups:
-                        switches.setdefault(d.get("node"), set()).add(ups)
+                        switches.setdefault(node, set()).add(ups)
             self._rails = any(len(v) > 1 for v in switches.values())
         return self._rails
 
