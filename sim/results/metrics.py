@@ -23,6 +23,7 @@ Figures follow the definitions users already know:
 
 from __future__ import annotations
 
+from sim.program.launch import LAUNCH_CATEGORY
 from sim.results.trace import Trace
 
 PIPELINE = ("F", "B", "I", "W")
@@ -33,7 +34,8 @@ OPTIONAL_KINDS = ("offload", "ep", "cp", "amax")
 def rank_breakdown(trace: Trace, rank: int) -> dict:
     """Seconds of compute, exposed communication by kind, overlap and idle on one rank."""
     spans = trace.spans_of(rank)
-    comp = [(s.start_s, s.end_s) for s in spans if s.kind == "compute" and s.end_s > s.start_s]
+    comp = [(s.start_s, s.end_s) for s in spans
+            if s.kind == "compute" and s.end_s > s.start_s and s.category != LAUNCH_CATEGORY]
     comm = [(s.busy_start_s if s.busy_start_s is not None else s.start_s, s.end_s,
              s.category if s.category in COMM_KINDS + OPTIONAL_KINDS else "other")
             for s in spans if s.kind != "compute" and s.end_s > s.start_s]
@@ -87,7 +89,7 @@ def critical_rank(trace: Trace) -> int:
     busy: dict[int, float] = {}
     for s in trace.spans:
         last[s.rank] = max(last.get(s.rank, 0.0), s.end_s)
-        if s.kind == "compute":
+        if s.kind == "compute" and s.category != LAUNCH_CATEGORY:
             busy[s.rank] = busy.get(s.rank, 0.0) + s.duration_s
     return min(last, key=lambda r: (-round(last[r], 15), -round(busy.get(r, 0.0), 15), r))
 
