@@ -6,8 +6,6 @@ from dataclasses import replace
 
 import pytest
 
-from sim.program.launch import LAUNCH_CATEGORY
-
 import sim.session
 from sim.inputs.hardware import load_profile
 from sim.inputs.model import llama
@@ -16,6 +14,7 @@ from sim.inputs.schema import SimulationSettings
 from sim.inputs.topology_build import load_topology
 from sim.program.build import BuildContext
 from sim.program.ep_overlap import EP_STREAM, overlap_schedule, steady_pairs
+from sim.program.launch import LAUNCH_CATEGORY
 from sim.program.memory.inflight import inflight_chunks
 from sim.program.schedules import interleaved
 from sim.program.training import run_passes

@@ -217,9 +217,9 @@ def render(report: dict) -> str:
         if la:
             out.append(f"  host: from {la['after']} (the host waits for the GPU) to the block's end it launches "
                        f"{la['kernels']} kernels in {format_time(la['host_s'])} ({format_time(HOST_LAUNCH_S)} each) "
-                       f"against {format_time(la['gpu_s'])} of GPU compute; launched one by one they end after "
-                       f"{format_time(la['issue_bound_s'])} ({'host' if la['issue_bound_s'] > la['gpu_s'] * 1.01 else 'GPU'}"
-                       f"-bound; a CUDA graph over the block removes the wait: --cuda-graph moe)")
+                       f"against {format_time(la['gpu_s'])} of GPU compute; launched one by one onto an idle GPU "
+                       f"they would end after {format_time(la['issue_bound_s'])} (the exchanges between let the host "
+                       f"catch up: the simulator times it; --cuda-graph moe removes the wait)")
         out.append("")
     e = report["estimate"]
     out.append(f"per iteration (first-order estimate, no overlap; layers per stage "
