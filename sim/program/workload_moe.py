@@ -235,22 +235,22 @@ def moe_forward(w, m, b: int, t: int, sp: bool, shape: MoeShape) -> None:
     w.gemm("moe.router", T, E, h)
     _router(w, m, T, grad=False)
     gathered = shape.dispatcher == "allgather"
-    n = shape.etp * shape.ep
+    group = shape.etp * shape.ep
     copies = shape.load * shape.etp if gathered else T * k  # the copies this rank permutes
     if gathered:  # the allgather dispatcher permutes after its gather, the rows of its whole group
         _exchange(w, m, shape, T, "dispatch")
-        _permute(w, m, T * n, shape.load * shape.etp, E // shape.ep, shape, grad=False, sync=not shape.graphed)
+        _permute(w, m, T * group, shape.load * shape.etp, E // shape.ep, shape, grad=False, sync=not shape.graphed)
         after = None
     else:
         _permute(w, m, T, T * k, E, shape, grad=False, sync=not shape.graphed and not _sync_on_exchange(shape)
-                 and n > 1)
+                 and group > 1)
         after = _exchange(w, m, shape, T, "dispatch", sync=_sync_on_exchange(shape),
                           beside=(lambda: _shared(w, m, b, t, sp, "F.up", sms_held=sms)) if overlap else None)
     if _sorts(m, shape):
         _sort_chunks(w, m, shape, "moe.sort_chunks", after=after)
         after = None
     rows, local, f, f_up = _expert_rows(m, shape)
-    lone = not shape.graphed and n == 1  # no exchange: the grouped GEMM's m_splits to the host
+    lone = not shape.graphed and group == 1  # no exchange: the grouped GEMM's m_splits to the host
     w.gemm("moe.experts.up", rows, f_up, h, batch=local, after=after, kernels=local)
     if lone:
         w.items[-1] = replace(w.items[-1], host_sync=True)
@@ -260,9 +260,9 @@ def moe_forward(w, m, b: int, t: int, sp: bool, shape: MoeShape) -> None:
     w.gemm("moe.experts.down", rows, h, f, batch=local, kernels=local)
     if _sorts(m, shape):
         _sort_chunks(w, m, shape, "moe.unsort_chunks")
-    after = _exchange(w, m, shape, T, "combine",
-                      beside=(lambda: _shared(w, m, b, t, sp, "F.down", sms_held=sms)) if overlap else None)
-    _unpermute(w, m, T * n if gathered else T, copies, shape, grad=False, after=after)
+    after = None if gathered else _exchange(
+        w, m, shape, T, "combine", beside=(lambda: _shared(w, m, b, t, sp, "F.down", sms_held=sms)) if overlap else None)
+    _unpermute(w, m, T * group if gathered else T, copies, shape, grad=False, after=after)
     if gathered:
         _exchange(w, m, shape, T, "combine")
     if overlap:
@@ -280,11 +280,11 @@ def moe_backward(w, m, b: int, t: int, sp: bool, shape: MoeShape) -> None:
     else:
         _shared(w, m, b, t, sp, "B")
     gathered = shape.dispatcher == "allgather"
-    n = shape.etp * shape.ep
+    group = shape.etp * shape.ep
     copies = shape.load * shape.etp if gathered else T * k
     if gathered:
         _exchange(w, m, shape, T, "combine.grad")
-    _unpermute(w, m, T * n if gathered else T, copies, shape, grad=True)
+    _unpermute(w, m, T * group if gathered else T, copies, shape, grad=True)
     after = None if gathered else _exchange(
         w, m, shape, T, "combine.grad", beside=(lambda: _shared(w, m, b, t, sp, "B.down", sms_held=sms))
         if overlap else None)
@@ -304,7 +304,7 @@ def moe_backward(w, m, b: int, t: int, sp: bool, shape: MoeShape) -> None:
         w, m, shape, T, "dispatch.grad", beside=(lambda: _shared(w, m, b, t, sp, "B.up", sms_held=sms))
         if overlap else None)
     if gathered:
-        _permute(w, m, T * n, copies, E // shape.ep, shape, grad=True)
+        _permute(w, m, T * group, copies, E // shape.ep, shape, grad=True)
     else:
         _permute(w, m, T, copies, E, shape, grad=True, after=after)
     if gathered:
