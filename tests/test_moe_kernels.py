@@ -146,6 +146,24 @@ def test_launches_bind_after_the_synchronisation_and_a_graph_removes_them():
     assert tg.end_s < tc.end_s
 
 
+def test_the_allgather_dispatcher_permutes_the_gathered_rows():
+    """allgather over the 16 ranks: each rank holds T·16 = 16,384 gathered tokens, keeps the
+    L = 4096 copies routed to its 2 experts (a 16,384 x 2 local map), scatters their outputs
+    back into the 16,384 rows and reduce-scatters them, once."""
+    plan = ParallelPlan(dp=16, ep=16, global_batch_size=16, dispatcher="allgather")
+    items = [i for i in _layer(MOE, plan).items if i.phase == "F"]
+    f = {i.name: i for i in items}
+    e, h, rows, L = 2, 1024, 1024 * 16, 4096
+    assert f["moe.permute.map"].bytes_read == 19 * rows * 2 and f["moe.permute.map"].host_sync
+    assert f["moe.permute"].bytes_written == e * L * h
+    assert f["moe.unpermute"].bytes_read == 2 * e * L * h + 12 * L
+    assert f["moe.unpermute"].bytes_written == e * L * h + 2 * e * rows * h
+    names = [i.name for i in items]
+    assert names.count("moe.combine.allgather") == 1
+    assert names.index("moe.unpermute") < names.index("moe.combine.allgather")
+    assert names.index("moe.dispatch.allgather") < names.index("moe.permute.map")
+
+
 def test_fused_permutation_reads_each_token_once():
     plan = ParallelPlan(dp=16, ep=16, global_batch_size=16)
     plain, fused = _items(_layer(MOE, plan)), _items(_layer(MOE, replace(plan, moe_permute_fusion=True)))
