@@ -1,19 +1,30 @@
 """The parts of a layer's work that mixtures of experts and MLA change (``sim.program.workload``
 builds the rest and calls these).
 
-MoE block (Megatron-Core's ``MoELayer`` with the all-to-all token dispatcher), on a rank
+MoE block (Megatron-Core's ``MoELayer``, ``megatron/core/transformer/moe/``), on a rank
 that routes T tokens (b·s, or b·s/tp under sequence parallelism; Megatron-LM requires
 sequence parallelism for MoE with tp > 1) to k experts each, R = T·k copies:
 
-    forward   router GEMM (T × E × h) and its softmax/top-k; permute (copy the R token
-              copies into expert order); dispatch all-to-all over the expert-parallel
-              group; [all-gather over the expert-tensor-parallel group]; the rank's
-              E/ep experts as grouped GEMMs (up, activation, down) on the L tokens it
-              received (× etp after the gather); [reduce-scatter over etp]; combine
-              all-to-all; unpermute (the k copies of each token weighted and summed);
-              shared experts as a tensor-parallel MLP on every token
+    forward   shared experts as a tensor-parallel MLP on every token (before the router,
+              or beside the exchanges with ``--moe-shared-expert-overlap``); router: score
+              GEMM (T × E × h), score function, top-k and load-balancing loss (``_router``);
+              permute (copy the R token copies into expert order, ``_permute``); dispatch
+              all-to-all over the expert-parallel group; [all-gather over the
+              expert-tensor-parallel group]; the received copies sorted by local expert
+              (``_sort_chunks``); the rank's E/ep experts as grouped GEMMs (up, activation,
+              down) on the L tokens it received (× etp after the gather), one GEMM launched
+              per local expert; the copies sorted back; [reduce-scatter over etp]; combine
+              all-to-all; unpermute (the k copies of each token weighted and summed,
+              ``_unpermute``)
     backward  the same in reverse, input gradients only (B)
     weights   the experts' grouped weight GEMMs, the shared experts' and the router's (W)
+
+The allgather and flex dispatchers exchange differently (``_exchange``; the allgather one
+permutes the rows it gathered). ``--moe-permute-fusion`` prices the permutations as
+Transformer Engine's fused kernels; the shared experts beside DeepEP's exchanges run on the
+SMs DeepEP's kernels leave (``DEEPEP_SMS``). Each op carries the kernels the host launches
+for it and where the host synchronises with the GPU (``Op.kernels``, ``Op.host_sync``:
+``sim.program.launch``), unless a CUDA graph covers the block (``MoeShape.graphed``).
 
 L is the tokens the busiest rank of the group receives (``sim.program.routing``): R when
 routing is balanced. Every rank is given the busiest one's expert work, since the combine
@@ -21,7 +32,7 @@ all-to-all cannot finish before it, and the all-to-alls move L·h per rank (the 
 rank's receive, what its links must carry): nccl-tests' all-to-all size, the send buffer,
 is L·h·bytes, so a balanced all-to-all of ep ranks moves T·k·h·bytes·(ep−1)/ep over the
 links of each. Grouped GEMMs are priced as E/ep GEMMs of L/(E/ep) rows each (one batched
-kernel; the per-expert spread of the counts is not).
+op; the per-expert spread of the counts is not).
 
 MLA (DeepSeek-V2/V3, ``sim.inputs.moe``): the query and key/value projections are the
 real down- and up-projections with their RMSNorms; the down-projections are replicated
