@@ -183,9 +183,13 @@ def test_shared_experts_beside_deepeps_exchanges_run_on_the_sms_it_leaves():
     plan = ParallelPlan(dp=16, ep=16, global_batch_size=16, dispatcher="flex", moe_shared_expert_overlap=True)
     items = [i for i in _layer(model, plan).items if i.phase == "F"]
     names = [i.name for i in items]
-    # up-projection and activation between the inter-node exchange (issued beside) and the intra-node one
-    assert names.index("moe.dispatch.rdma") < names.index("moe.shared.up") < names.index("moe.dispatch.nvl")
-    assert names.index("moe.combine.rdma") < names.index("moe.shared.down") < names.index("moe.combine.nvl")
+    # up-projection and activation beside both exchanges (issued on their own stream), which the experts wait for
+    assert names.index("moe.dispatch.nvl") < names.index("moe.shared.up") < names.index("moe.experts.up")
+    assert names.index("moe.combine.nvl") < names.index("moe.shared.down") < names.index("moe.unpermute")
+    f = {i.name: i for i in items}
+    assert f["moe.dispatch.rdma"].side and f["moe.dispatch.nvl"].side
+    assert f["moe.experts.up"].after == ("moe.dispatch.rdma", "moe.dispatch.nvl")
+    assert f["moe.unpermute"].after == ("moe.combine.rdma", "moe.combine.nvl")
     assert names.index("moe.shared.up") > names.index("moe.router")           # after the router, not before it
     shared = [i for i in items if i.name.startswith("moe.shared.") and isinstance(i, Op)]
     assert shared and all(i.sms_held == DEEPEP_SMS == 20 for i in shared)
@@ -212,3 +216,25 @@ def test_explain_lists_the_moe_kernels_and_the_host_bound(capsys):
         assert kernel in out, kernel
     # from the dispatch: 10 launches to the combine (test above), the combine and the unpermutation's 4
     assert "host: from moe.dispatch" in out and "launches 15 kernels in 75.00 us" in out
+
+
+def test_shared_experts_overlap_the_exchange_in_the_trace():
+    """One node, flex (DeepEP: only its NVLink exchange inside a node), one shared expert of width
+    2048: with the overlap the shared up-projection runs while the dispatch moves, on the SMs
+    DeepEP leaves, and the forward ends earlier than with the shared experts run first."""
+    model = replace(MOE, moe_shared_expert_intermediate_size=2048)
+    topo = load_topology("dgx-h100", nodes=1)
+    plan = ParallelPlan(dp=8, ep=8, global_batch_size=8, dispatcher="flex", moe_shared_expert_overlap=True)
+    over = simulate_training(Job(model, plan, QUIET, topo), SimulationSettings(fidelity="full")).trace
+    plain = simulate_training(Job(model, replace(plan, moe_shared_expert_overlap=False), QUIET, topo),
+                              SimulationSettings(fidelity="full")).trace
+
+    def forward(tr):
+        return sorted((s for s in tr.spans if s.rank == 0 and s.name.split(".")[0] == "0F0"), key=lambda s: s.start_s)
+
+    f = forward(over)
+    nvl = next(s for s in f if s.name.endswith("moe.dispatch.nvl"))
+    beside = [s for s in f if s.stream == "compute" and s.start_s < nvl.end_s and s.end_s > nvl.start_s]
+    assert beside                                                    # compute runs while the dispatch moves
+    span = lambda spans: max(s.end_s for s in spans) - min(s.start_s for s in spans)  # noqa: E731
+    assert span(f) < span(forward(plain))

@@ -38,8 +38,8 @@ class Op:
     """A memory-bound kernel of the framework's own (Megatron-LM's torch.compile fusions,
     PyTorch eager ops), not a tuned library kernel: it streams at the profile's
     ``framework_kernel_efficiency``."""
-    after: str | None = None
-    """The name of a side collective (``Comm.side``) this op waits for."""
+    after: str | tuple | None = None
+    """The name of a side collective (``Comm.side``) this op waits for, or a tuple of names."""
     dtype: str = "bf16"
     """What a GEMM's operands are: 'bf16', or 'fp8' (``sim.program.fp8``: the profile's FP8 peak)."""
     bias: bool = False

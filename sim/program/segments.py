@@ -136,11 +136,13 @@ class StepSegments:
                                                        nbytes=it.nbytes, layer=lid, group=it.group,
                                                        label=_label(it)))
                 else:
-                    if it.after in side:  # this op needs that side collective: a new piece waits for it
+                    needs = tuple(side[n] for n in (it.after if isinstance(it.after, tuple) else (it.after,))
+                                  if n in side)
+                    if needs:  # this op needs side collectives: a new piece waits for them
                         if dur or waits:
                             host.compute(dur, flops, lid, waits)
                             dur = flops = 0.0
-                        waits = (side[it.after],)
+                        waits = needs
                     g = self._time_on(it, it.sms_held) if it.sms_held else op_time(it, self.profile)
                     dur += g
                     flops += it.flops

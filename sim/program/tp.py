@@ -267,9 +267,11 @@ def overlapped_layer(items, layer, time_of: Callable, tp: int, is_comm: Callable
             main(Segment("collective", op=op_of(it), nbytes=it.nbytes, layer=layer, group=group_of(it),
                          label=label_of(it)))
         else:
-            if getattr(it, "after", None) in side:  # needs that side collective: a new piece waits for it
+            after = getattr(it, "after", None)
+            needs = [side[n] for n in (after if isinstance(after, tuple) else (after,)) if n in side]
+            if needs:  # needs those side collectives: a new piece waits for them
                 flush()
-                pending.append(side[it.after])
+                pending += needs
             dur += time_of(it)
             flops += it.flops
         i += 1

@@ -326,11 +326,11 @@ def moe_backward(w, m, b: int, t: int, sp: bool, shape: MoeShape) -> None:
         _shared(w, m, b, t, sp, "B.in")
 
 
-def _exchange(w, m, shape: MoeShape, T: int, what: str, sync: bool = False, beside=None) -> str | None:
+def _exchange(w, m, shape: MoeShape, T: int, what: str, sync: bool = False, beside=None) -> str | tuple | None:
     """The collectives that move the tokens to the experts (``what``: dispatch, combine,
     dispatch.grad or combine.grad) as ``shape.dispatcher`` runs them (``sim.program.dispatch``);
     returns the name of a side collective the next op must wait for (flex's inter-node
-    exchange, which runs beside its intra-node one), or None. ``sync``: the host waits for
+    exchange, which runs beside its intra-node one; both, with ``beside``), or None. ``sync``: the host waits for
     the GPU before launching the first (``sim.program.launch``). ``beside``: work to run
     beside the exchange (the shared experts, ``--moe-shared-expert-overlap``), called after
     the exchange is issued on its own stream: flex's inter-node exchange, or the alltoall
@@ -347,12 +347,14 @@ def _exchange(w, m, shape: MoeShape, T: int, what: str, sync: bool = False, besi
         w.comm(f"moe.{stem}.allgather{suffix}", gather, e * T * n * h, group="tpep")
         return None
     if shape.dispatcher == "flex":
-        rail = f"moe.{stem}.rdma{suffix}"
+        rail, node = f"moe.{stem}.rdma{suffix}", f"moe.{stem}.nvl{suffix}"
         w.comm(rail, "all_to_all", e * shape.rail * h, group="ep_rail", side=True, host_sync=sync)
-        if beside is not None:
-            beside()
-        w.comm(f"moe.{stem}.nvl{suffix}", "all_to_all", e * shape.node * h, group="ep_node")
-        return rail
+        if beside is None:
+            w.comm(node, "all_to_all", e * shape.node * h, group="ep_node")
+            return rail
+        w.comm(node, "all_to_all", e * shape.node * h, group="ep_node", side=True)  # both beside the work
+        beside()
+        return (rail, node)
     steps = {"dispatch": (("moe.dispatch", "ep"), ("moe.all_gather", "etp")),
              "combine": (("moe.reduce_scatter", "etp"), ("moe.combine", "ep")),
              "combine.grad": (("moe.combine.grad", "ep"), ("moe.all_gather.grad", "etp")),
