@@ -87,7 +87,8 @@ def check_ep_overlap_plan(plan) -> None:
             "not with recompute_granularity full (Megatron-Core refuses it: a checkpointed layer cannot be "
             "interleaved with another micro-batch's)", setting=field)
     require(plan.dispatcher in ("alltoall", "flex"), where, value,
-            f"needs the alltoall or flex token dispatcher (got {plan.dispatcher}), as Megatron-Core does", setting=field)
+            f"needs the alltoall or flex token dispatcher (got {plan.dispatcher}), as Megatron-Core does",
+            setting=field)
     require("moe" not in (plan.recompute_modules or ()), where, value,
             "not with --recompute-modules moe (Megatron-Core refuses it: the recomputed MoE block's all-to-alls "
             "cannot be split across the interleaved micro-batches)", setting=field)

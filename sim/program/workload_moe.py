@@ -272,7 +272,8 @@ def moe_forward(w, m, b: int, t: int, sp: bool, shape: MoeShape) -> None:
     if _sorts(m, shape):
         _sort_chunks(w, m, shape, "moe.unsort_chunks")
     after = None if gathered else _exchange(
-        w, m, shape, T, "combine", beside=(lambda: _shared(w, m, b, t, sp, "F.down", sms_held=sms)) if overlap else None)
+        w, m, shape, T, "combine",
+        beside=(lambda: _shared(w, m, b, t, sp, "F.down", sms_held=sms)) if overlap else None)
     _unpermute(w, m, T * group if gathered else T, copies, shape, grad=False, after=after)
     if gathered:
         _exchange(w, m, shape, T, "combine")
