@@ -674,6 +674,17 @@ FLAG_CASES = [
     (RUN + ["--moe-token-dispatcher-type", "flex"], ["--moe-token-dispatcher-type", "flex", "expert parallelism"]),
     (RUN + ["--num-experts", "4", "--moe-token-dispatcher-type", "allgather"],
      ["--moe-token-dispatcher-type", "allgather", "expert_model_parallel_size > 1"]),
+    # CUDA graphs and the MoE layer's kernels (sim.inputs.cuda_graphs, sim.inputs.experts)
+    (RUN + ["--cuda-graph", "layer"], ["--cuda-graph", "layer", "full, attn, mlp, moe"]),
+    (RUN + ["--cuda-graph", "moe"], ["--cuda-graph", "moe", "no experts"]),
+    (RUN + ["--num-experts", "4", "--cuda-graph", "moe"], ["--cuda-graph", "moe", "drop-padding",
+                                                           "moe_expert_capacity_factor"]),
+    (RUN + ["--num-experts", "4", "--cuda-graph", "full"], ["--cuda-graph", "full", "drop-padding"]),
+    (RUN + ["--num-experts", "4", "--cuda-graph", "moe_preprocess"], ["--cuda-graph", "moe_preprocess", "moe_router"]),
+    (RUN + ["--num-experts", "4", "--cuda-graph", "moe", "moe_router"], ["--cuda-graph", "moe moe_router", "not both"]),
+    (RUN + ["--num-experts", "4", "--cuda-graph", "mlp"], ["--cuda-graph", "mlp", "no dense layer"]),
+    (RUN + ["--recompute-granularity", "full", "--cuda-graph", "attn"], ["--cuda-graph", "attn", "full_iteration"]),
+    (RUN + ["--num-experts", "4", "--moe-shared-expert-overlap"], ["--moe-shared-expert-overlap", "no shared experts"]),
     # which framework ran (sim.inputs.frameworks)
     (RUN + ["--framework", "deepspeed"], ["--framework", "deepspeed", "megatron, torchtitan, automodel, llm-foundry"]),
     (RUN + ["--attention-kernel", "fa3"], ["--attention-kernel", "fa3", "te, fa2, triton"]),
