@@ -413,8 +413,8 @@ def test_simulator_traces_replay_and_double_data_parallelism(tmp_path_factory, p
     assert rep["iteration_time_s"] == pytest.approx(s["iteration_time_s"], rel=0.01)
     gpus, gbs = int(argv[argv.index("--gpus") + 1]), int(argv[argv.index("--global-batch-size") + 1])
     doubled = run_json(["run", *_with(argv, gpus=2 * gpus, global_batch_size=2 * gbs), "--json"])
-    assert doubled["dp"] == 2 * s["dp"]
-    what_if = run_json(["replay", *files, "--json", "--data-parallel-size", str(2 * s["dp"])])
+    assert doubled["plan"]["dp"] == 2 * s["plan"]["dp"]
+    what_if = run_json(["replay", *files, "--json", "--data-parallel-size", str(2 * s["plan"]["dp"])])
     assert what_if["world_size"] == 2 * gpus
     assert what_if["iteration_time_s"] == pytest.approx(doubled["iteration_time_s"], rel=0.03)
     assert doubled["iteration_time_s"] != pytest.approx(s["iteration_time_s"], rel=1e-3)  # (the check has teeth)
