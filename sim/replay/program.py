@@ -23,7 +23,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from sim.errors import InputError
 from sim.program.actions import Action, Program
 from sim.replay.graph import Node, RankGraph, renamed
 
@@ -122,7 +121,6 @@ def to_program(graphs: dict[int, RankGraph]) -> Replayed:
     for r, g in graphs.items():
         names = {n.id: f"{n.name} #{n.id}" for n in g.nodes}
         acts = []
-        idx = {}
         alone = lonely.get(r, set())
         for n in g.nodes:
             name = names[n.id]
@@ -140,14 +138,11 @@ def to_program(graphs: dict[int, RankGraph]) -> Replayed:
             else:
                 a = new(name, kind=kind, stream=n.lane, peer=n.peer, nbytes=n.nbytes, category="comm", deps=deps)
             acts.append(a)
-            idx[name] = n
         actions[r] = acts
-        index[r] = idx
-    try:
-        prog = Program(actions)
-    except InputError as exc:
-        raise InputError(f"replay: the traces do not make a consistent job: {exc}") from None
-    return Replayed(prog, index, unmatched)
+        index[r] = dict(zip(names.values(), g.nodes)) if len(names) == len(g.nodes) else \
+            {names[n.id]: n for n in g.nodes}
+    # (checked once, by the engine: names unique, dependencies and partners present)
+    return Replayed(Program(actions, check=False), index, unmatched)
 
 
 __all__ = ["Replayed", "complete", "to_program", "clone_source", "renamed"]
