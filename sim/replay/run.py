@@ -202,4 +202,8 @@ def replay(graphs: list[RankGraph], *, gpu: str | None = None, topology: str | N
     from sim.replay.report import summarize_replay
 
     summary = summarize_replay(trace, replayed, graphs, profile, topo)
+    summary["what_if"] = {k: v for k, v in (("gpu", gpu if gpu != traced_gpu else None), ("topology", topology),
+                                            ("nodes", nodes), ("fabric", fabric),
+                                            ("oversubscription", oversubscription),
+                                            ("data_parallel_size", data_parallel_size)) if v is not None}
     return ReplayRun(trace, summary, replayed, profile, topo)
