@@ -331,46 +331,7 @@ def test_cli_outputs(tmp_path, capsys):
     assert set(s["critical_path"]["by_category_s"]) >= {"allreduce"}
 
 
-def _bad(tmp_path, capsys, argv, *needles):
-    before = sorted(tmp_path.rglob("*"))
-    assert main(argv) == 2
-    out, err = capsys.readouterr()
-    assert out == "" and err.count("\n") == 1 and err.startswith("trainsim: error: "), err
-    assert "Traceback" not in err
-    for n in needles:
-        assert n in err, (n, err)
-    assert sorted(tmp_path.rglob("*")) == before  # nothing half-written
-    return err
-
-
-def test_bad_inputs(tmp_path, capsys):
-    d = tmp_path / "in"
-    d.mkdir()
-    trunc = d / "trunc.json"
-    trunc.write_text(json.dumps(allreduce_rank(0, 2, 100))[:200])
-    _bad(tmp_path, capsys, ["replay", str(trunc), "--out", str(tmp_path / "o")], str(trunc), "not valid JSON")
-    other = d / "other.json"
-    other.write_text('{"hello": 1}')
-    _bad(tmp_path, capsys, ["replay", str(other)], str(other), "traceEvents")
-    nogpu = d / "nogpu.json"
-    nogpu.write_text(json.dumps(doc([rt("cudaMalloc", 0, 1)])))
-    _bad(tmp_path, capsys, ["replay", str(nogpu)], str(nogpu), "no GPU kernels")
-    r0, r1 = d / "r0.json", d / "r1.json"
-    r0.write_text(json.dumps(allreduce_rank(0, 2, 100)))
-    r1.write_text(json.dumps(allreduce_rank(1, 4, 100)))
-    _bad(tmp_path, capsys, ["replay", str(r0), str(r1)], str(r1), "world size", "mixed")
-    _bad(tmp_path, capsys, ["replay", str(r0), str(r0)], str(r0), "same rank")
-    _bad(tmp_path, capsys, ["replay", str(r0), "--step", "3"], str(r0), "--step: got 3",
-         "no ProfilerStep")
-    plain = d / "plain.json"
-    plain.write_text(json.dumps(doc([launch(0, 1), kern(10, 100, 1)])))
-    _bad(tmp_path, capsys, ["replay", str(plain), "--data-parallel-size", "2"], "--data-parallel-size",
-         "no all-reduce")
-    v100 = d / "v100.json"
-    v100.write_text(json.dumps(doc([launch(0, 1), kern(10, 100, 1)], device="Tesla V100-SXM2-32GB")))
-    _bad(tmp_path, capsys, ["replay", str(v100)], str(v100), "deviceProperties", "--gpu")
-    _bad(tmp_path, capsys, ["replay", str(plain), "--data-parallel-size", "0"], "--data-parallel-size", "got 0")
-    _bad(tmp_path, capsys, ["replay", str(plain), "--out", str(plain)], "--out", "it is a file")
+# (bad inputs: tests/test_bad_inputs.py::test_bad_replay, listed in tests/BAD_INPUTS.md)
 
 
 # ---------------------------------------------------------------- the simulator's own traces
