@@ -414,3 +414,22 @@ def test_real_trace_replays_within_5_percent(case):
     s = run_json(["replay", *[str(SHARED / f) for f in files], *flags, "--json"])
     assert s["traced_step_s"] > 0
     assert abs(s["iteration_time_s"] - s["traced_step_s"]) <= 0.05 * s["traced_step_s"], s
+
+
+def test_untraced_ranks_clone_a_traced_rank_of_their_data_parallel_group():
+    # 4 ranks, dp groups {0, 2} and {1, 3} (tp pairs {0, 1}, {2, 3}): ranks 0 and 1 traced,
+    # rank 1 slower. Rank 3 is rank 1's replica: it must copy rank 1, not rank 0 (nearest
+    # below would give rank 1 too; rank 2 must copy rank 0, not rank 1).
+    def rank_doc(r, compute):
+        return allreduce_rank(r, 4, compute, group=[r % 2, r % 2 + 2])
+
+    from sim.replay.program import complete
+
+    graphs = {r: read_kineto(rank_doc(r, c)) for r, c in ((0, 100), (1, 700))}
+    full, cloned = complete(graphs, 4)
+    assert cloned == {2: 0, 3: 1}
+    assert full[2].nodes[-1].group == (0, 2) and full[3].nodes[-1].group == (1, 3)
+    t_ar = _alone({r: [Action("ar", kind="collective", op="allreduce", group=(0, 1), nbytes=4 * 2**20)]
+                   for r in range(2)})
+    r = replayed(rank_doc(0, 100), rank_doc(1, 700))
+    assert span_end(r, 2, "ncclDevKernel") == pytest.approx(100 * US + t_ar, rel=1e-6)

@@ -71,6 +71,11 @@ def check_same_job(graphs: list[RankGraph]) -> None:
 _DP_NAME = re.compile(r"data|(^|[^a-z])dp([^a-z]|$)", re.I)
 
 
+def is_data_parallel_name(name: str) -> bool:
+    """Whether a process group's name says data parallelism (``DATA_PARALLEL_GROUP``, ``dp``)."""
+    return bool(name) and bool(_DP_NAME.search(name))
+
+
 def data_parallel_groups(graphs: dict[int, RankGraph]) -> tuple[int, int, list]:
     """(D, stride, groups) of the job's data-parallel groups (see the module doc)."""
     colls = [n for g in graphs.values() for n in g.nodes
@@ -79,7 +84,7 @@ def data_parallel_groups(graphs: dict[int, RankGraph]) -> tuple[int, int, list]:
     if not colls:
         raise InputError(f"{where}: --data-parallel-size: the trace has no all-reduce, reduce-scatter or all-gather with its "
                          "group and size; there are no gradient collectives to re-price")
-    named = [n for n in colls if _DP_NAME.search(n.pg_name)]
+    named = [n for n in colls if is_data_parallel_name(n.pg_name)]
     if named:
         groups = {n.group for n in named}
     else:  # the groups of the size that moves the most bytes
