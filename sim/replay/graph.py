@@ -73,6 +73,9 @@ class Node(NamedTuple):
     """FLOPs the trace records for a kernel, if any (0: unknown)."""
     pg_name: str = ""
     """The process group's name or description, when the trace gives it (``DATA_PARALLEL_GROUP``)."""
+    shape: tuple = ()
+    """A GEMM kernel's ``(m, n, k, batch, dtype)`` when the trace records its operator's
+    input shapes (``record_shapes``); ``dtype`` a key of ``HardwareProfile.peak_flops``."""
 
     @property
     def deps(self) -> tuple:

@@ -69,10 +69,35 @@ _OPS = {"allreduce": "allreduce", "all_reduce": "allreduce", "allreduce_coalesce
         "all_to_allv": "alltoall", "alltoall": "alltoall", "alltoall_base": "alltoall",
         "send": "send", "recv": "recv"}
 """PyTorch's ``Collective name`` values -> trainsim's ops (send/recv: point-to-point)."""
+_GEMM_OPS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm")
+_GEMM_DTYPES = {"c10::BFloat16": "bf16", "c10::Half": "fp16", "float": "fp32", "c10::Float8_e4m3fn": "fp8"}
+"""Recorded input types -> ``HardwareProfile.peak_flops`` keys."""
 _GEMM = re.compile(r"gemm|cutlass|xmma|cublas|wgrad|dgrad|matmul|_mma_|s\d+gemm", re.I)
 _ATTN = re.compile(r"flash|fmha|attention|attn|sdpa", re.I)
 _MEM = re.compile(r"elementwise|vectorized|reduce|copy|memcpy|memset|softmax|norm|dropout|adam|cat_|fill|index|"
                   r"gather|scatter|unrolled|where|embedding|loss|sum_|mean|mul|add|cast", re.I)
+
+
+def gemm_shape(op: str, dims, types) -> tuple:
+    """``(m, n, k, batch, dtype)`` of an ``aten::mm`` / ``addmm`` / ``bmm`` / ``baddbmm`` from
+    its recorded ``Input Dims`` and ``Input type``; () when they do not say."""
+    if not isinstance(dims, list) or not isinstance(types, list):
+        return ()
+    first = 1 if op in ("aten::addmm", "aten::baddbmm") else 0  # (the added tensor comes first)
+    try:
+        a, b = dims[first], dims[first + 1]
+        dtype = _GEMM_DTYPES.get(str(types[first]))
+        if len(a) == 2 and len(b) == 2 and a[1] == b[0]:
+            m, k, n, batch = a[0], a[1], b[1], 1
+        elif len(a) == 3 and len(b) == 3 and a[2] == b[1] and a[0] == b[0]:
+            batch, m, k, n = a[0], a[1], a[2], b[2]
+        else:
+            return ()
+    except (IndexError, TypeError):
+        return ()
+    if dtype is None or not all(isinstance(v, int) and v > 0 for v in (m, n, k, batch)):
+        return ()
+    return (m, n, k, batch, dtype)
 
 
 @lru_cache(maxsize=65536)
@@ -149,13 +174,17 @@ def read_kineto(source, step: int | None = None, *, default_rank: int = 0) -> Ra
             a = e.get("args") or {}
             if a.get("correlation") is not None:
                 syncs[a["correlation"]] = a
-    comm_args = {}
+    comm_args, shapes = {}, {}
     for e in events:
-        if e.get("cat") == "cpu_op" and e["name"] == "record_param_comms":
-            a = e.get("args") or {}
-            if a.get("External id") is not None:
+        if e.get("cat") == "cpu_op":
+            a = e["args"]
+            if e["name"] == "record_param_comms" and a.get("External id") is not None:
                 comm_args[a["External id"]] = a
-    builder = _Builder(rank, where, t0, info, comm_args)
+            elif e["name"] in _GEMM_OPS and a.get("External id") is not None:
+                shape = gemm_shape(e["name"], a.get("Input Dims"), a.get("Input type"))
+                if shape:
+                    shapes[a["External id"]] = shape
+    builder = _Builder(rank, where, t0, info, comm_args, shapes)
     graph = builder.build(runtime, mine, carried, syncs)
     world = info.get("world_size") if isinstance(info.get("world_size"), int) else None
     devices = data.get("deviceProperties") or []
@@ -170,8 +199,10 @@ class _Builder:
     time order: a node is made when what it depends on exists, so graph order is a
     topological order."""
 
-    def __init__(self, rank: int, where: str, t0: float, info: dict, comm_args: dict):
+    def __init__(self, rank: int, where: str, t0: float, info: dict, comm_args: dict, shapes: dict):
         self.rank, self.where, self.t0, self.info, self.comm_args = rank, where, t0, info, comm_args
+        self.shapes = shapes
+        self.launch_ext: dict = {}  # launch correlation -> its operator's External id
         self.nodes: list[Node] = []
         self.unpriced = 0
 
@@ -262,6 +293,8 @@ class _Builder:
             anchor[tid] = ts
             if c in launched_on:
                 created[c] = cpu
+                if self.shapes:
+                    self.launch_ext[cpu] = e["args"].get("External id")
                 st = launched_on[c]
                 last_launch_stream[tid] = st
                 seq += 1
@@ -333,7 +366,8 @@ class _Builder:
         cat = kernel_category(name, e.get("cat"))
         if cat == "kernel" and flops > 0:
             cat = "gemm"  # a kernel the trace gives FLOPs for: compute-bound
-        return self._add(_short(name), "compute", lane, dur, cat, ctrl=ctrl, flops=float(flops))
+        shape = self.shapes.get(self.launch_ext.get(launch), ()) if cat == "gemm" and launch is not None else ()
+        return self._add(_short(name), "compute", lane, dur, cat, ctrl=ctrl, flops=float(flops), shape=shape)
 
     def _comm_fields(self, a: dict) -> dict:
         meta = a if "Collective name" in a else self.comm_args.get(a.get("External id"), a)

@@ -19,10 +19,12 @@ What-ifs:
   gradient collectives run over the N-rank groups (the same bytes per rank), every other
   group and peer stays inside the replica.
 - ``gpu``: another GPU's profile. Kernels are scaled by class (``sim.replay.kineto.
-  kernel_category``): GEMM and attention by the ratio of sustained dense BF16 rates
-  (peak x the profile's GEMM / attention efficiency cap), memory-bound and unclassified
-  kernels by the ratio of sustained HBM bandwidths; host time is kept; communication is
-  re-priced by the network model of the new GPU's node.
+  kernel_category``): a GEMM whose operator's shapes the trace recorded by the ratio of
+  the two profiles' GEMM model (peak x ``gemm_efficiency(m, n, k, batch, dtype)``), other
+  GEMMs and attention by the ratio of sustained dense BF16 rates (peak x the profile's
+  GEMM / attention efficiency cap), memory-bound and unclassified kernels by the ratio of
+  sustained HBM bandwidths; host time is kept; communication is re-priced by the network
+  model of the new GPU's node.
 """
 
 from __future__ import annotations
@@ -157,9 +159,21 @@ def scale_gpu(graphs: dict[int, RankGraph], traced_profile, new_profile) -> dict
         sustained(new_profile, new_profile.attention_max_efficiency)
     memory = traced_profile.memory_rate() / new_profile.memory_rate()
     factor = {"gemm": compute, "attention": attn, "memory": memory, "kernel": memory}
+    cache: dict = {}
+
+    def shaped(shape) -> float:
+        """A recorded GEMM's time ratio from the profiles' GEMM model."""
+        if shape not in cache:
+            m, n, k, batch, dtype = shape
+            if dtype not in traced_profile.peak_flops or dtype not in new_profile.peak_flops:
+                dtype = "bf16"
+            cache[shape] = (traced_profile.peak(dtype) * traced_profile.gemm_efficiency(m, n, k, batch, dtype)) / \
+                (new_profile.peak(dtype) * new_profile.gemm_efficiency(m, n, k, batch, dtype))
+        return cache[shape]
+
     out = {}
     for r, g in graphs.items():
-        nodes = tuple(n._replace(duration_s=n.duration_s * factor[n.category])
+        nodes = tuple(n._replace(duration_s=n.duration_s * (shaped(n.shape) if n.shape else factor[n.category]))
                       if n.kind == "compute" and n.category in factor else n for n in g.nodes)
         out[r] = RankGraph(r, nodes, g.source, g.traced_step_s, g.meta)
     return out
