@@ -453,3 +453,23 @@ def test_gpu_what_if_uses_the_gemm_model_for_recorded_shapes():
     # (time zero is the first CUDA call, the launch: the kernel starts at once)
     assert r.summary["iteration_time_s"] == pytest.approx(1000 * US * ratio, rel=1e-12)
     assert ratio != pytest.approx(h100.peak("bf16") * h100.gemm_max_efficiency / (b200.peak("bf16") * b200.gemm_max_efficiency), rel=1e-3)
+
+
+def test_blocking_copy_waits_for_the_gpu():
+    # A (300 us) then a blocking cudaMemcpy on the same stream (10 us), then 20 us of host
+    # work and B on another stream: 300 + 10 + 20 + 100 us.
+    copy = {"ph": "X", "cat": "gpu_memcpy", "name": "Memcpy DtoH (Device -> Pageable)", "pid": 0, "tid": 7,
+            "ts": 310, "dur": 10, "args": {"stream": 7, "correlation": 2}}
+    t = doc([launch(0, 1), kern(10, 300, 1), rt("cudaMemcpy", 5, 2, dur=315), copy,
+             launch(340, 3), kern(350, 100, 3, stream=20, name="after_copy")])
+    assert replayed(t).summary["iteration_time_s"] == pytest.approx(430 * US, abs=1e-12)
+
+
+def test_group_from_the_process_group_name():
+    t = allreduce_rank(0, 2, 100)
+    t["distributedInfo"]["pg_config"] = [{"pg_name": "7", "pg_desc": "dp", "ranks": [0, 1]}]
+    nccl = next(e for e in t["traceEvents"] if e["name"].startswith("nccl"))
+    del nccl["args"]["Process Group Ranks"]
+    nccl["args"]["Process Group Name"] = "7"
+    [coll] = [n for n in read_kineto(t).nodes if n.kind == "collective"]
+    assert coll.group == (0, 1)

@@ -26,16 +26,18 @@ Nodes:
   stream of the next work launched on the thread after it; a wait with no record before
   it on its thread (traces that left the records out) waits for the latest work launched
   on another stream before it.
-- **Host synchronisations.** ``cudaDeviceSynchronize`` waits for the last work of every
+- **Host synchronisations.** A blocking ``cudaMemcpy`` waits for its copy;
+  ``cudaDeviceSynchronize`` waits for the last work of every
   stream launched before it; ``cudaStreamSynchronize`` for its stream's (from its
   ``Stream Sync`` event, else the stream of the thread's last launch);
   ``cudaEventSynchronize`` for the recorded work (``Event Sync``, else the work launched
   before the thread's last ``cudaEventRecord``).
 - **NCCL kernels** (``ncclKernel_*``, ``ncclDevKernel_*``) become collectives or
   send/recv from their args (``Collective name``, ``In msg nelems``, ``Out msg nelems``,
-  ``dtype``, ``Process Group Ranks``; else those of the ``record_param_comms`` op with the
-  same ``External id``). A send/recv's peer is its ``dst rank``/``src rank``, else the
-  other member of a two-rank group. One without size or group stays a ``comm`` node at its
+  ``dtype``, ``Process Group Ranks`` or ``Process Group Name`` with ``distributedInfo``'s
+  ``pg_config``; else those of the ``record_param_comms`` op with the same ``External
+  id``). A send/recv's peer is its ``dst rank``/``src rank``, else the other member of a
+  two-rank group. One without size or group stays a ``comm`` node at its
   measured duration, and is counted in ``meta["unpriced_comm"]``.
 - **Carry-over.** Work launched in an earlier step and still running on a stream when the
   step began is a ``carry`` node at the head of that stream, as measured.
@@ -56,6 +58,8 @@ _STEP = re.compile(r"^ProfilerStep#(\d+)$")
 _GPU_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
 _RUNTIME_CATS = ("cuda_runtime", "cuda_driver")
 _BLOCKING = ("cudaDeviceSynchronize", "cudaStreamSynchronize", "cudaEventSynchronize")
+_BLOCKING_COPIES = ("cudaMemcpy", "cudaMemcpy2D", "cudaMemcpyToSymbol", "cudaMemcpyFromSymbol")
+"""Copies the host waits for (not the ...Async ones)."""
 DTYPE_BYTES = {"float": 4, "float32": 4, "double": 8, "float64": 8, "half": 2, "float16": 2, "bfloat16": 2,
                "int": 4, "int32": 4, "long": 8, "int64": 8, "short": 2, "int16": 2, "char": 1, "int8": 1,
                "byte": 1, "uint8": 1, "bool": 1, "float8_e4m3fn": 1, "float8_e5m2": 1}
@@ -308,6 +312,10 @@ class _Builder:
                             waits_for_stream.setdefault(st, []).append(max(others)[1])
                 flush(st, ts)
                 launch_seq[st] = seq
+                if name in _BLOCKING_COPIES and st in last_on_stream:  # the host waits for the copy
+                    prev_cpu[tid] = self._add(f"{name} (wait)", "compute", f"cpu {tid[1]}", 0.0, "cpu", ctrl=(cpu,),
+                                              data=(last_on_stream[st],))
+                    anchor[tid] = ts + e.get("dur", 0)
                 continue
             flush_all(ts)
             s = syncs.get(c) if c is not None else None
@@ -376,6 +384,11 @@ class _Builder:
         n_in, n_out = meta.get("In msg nelems"), meta.get("Out msg nelems")
         size = DTYPE_BYTES.get(str(meta.get("dtype", "")).strip().lower())
         group = _ranks(meta.get("Process Group Ranks"))
+        if group is None and meta.get("Process Group Name") is not None:  # distributedInfo's pg_config names it
+            pgs = self.info.get("pg_config")
+            for pg in pgs if isinstance(pgs, list) else ():
+                if isinstance(pg, dict) and str(pg.get("pg_name")) == str(meta["Process Group Name"]):
+                    group = _ranks(pg.get("ranks"))
         world = self.info.get("world_size")
         if group is None and isinstance(meta.get("Group size"), int) and meta["Group size"] == world:
             group = tuple(range(world))
