@@ -84,8 +84,8 @@ def data_parallel_groups(graphs: dict[int, RankGraph]) -> tuple[int, int, list]:
              if n.kind == "collective" and n.op in ("allreduce", "reducescatter", "allgather")]
     where = next(iter(graphs.values())).source if graphs else "replay"
     if not colls:
-        raise InputError(f"{where}: --data-parallel-size: the trace has no all-reduce, reduce-scatter or all-gather with its "
-                         "group and size; there are no gradient collectives to re-price")
+        raise InputError(f"{where}: --data-parallel-size: the trace has no all-reduce, reduce-scatter or all-gather "
+                         "with its group and size; there are no gradient collectives to re-price")
     named = [n for n in colls if is_data_parallel_name(n.pg_name)]
     if named:
         groups = {n.group for n in named}
@@ -99,9 +99,9 @@ def data_parallel_groups(graphs: dict[int, RankGraph]) -> tuple[int, int, list]:
     big = sorted(g for g in groups if len(g) == size)
     strides = {g[1] - g[0] for g in big}
     if len(strides) != 1 or any(any(b - a != g[1] - g[0] for a, b in zip(g, g[1:])) for g in big):
-        raise InputError(f"{where}: --data-parallel-size: the data-parallel groups {[list(g) for g in big[:3]]} are not "
-                         "evenly "
-                         "strided; allowed: traces whose gradient groups are ranks g, g+s, ..., g+(D-1)s")
+        raise InputError(f"{where}: --data-parallel-size: the data-parallel groups {[list(g) for g in big[:3]]} "
+                         "are not evenly strided; allowed: traces whose gradient groups are ranks g, g+s, ..., "
+                         "g+(D-1)s")
     return size, strides.pop(), big
 
 
@@ -110,7 +110,8 @@ def scale_data_parallel(graphs: dict[int, RankGraph], world: int, new_dp: int) -
     and the new world size."""
     D, s, _ = data_parallel_groups(graphs)
     if world % (s * D):
-        raise InputError(f"{next(iter(graphs.values())).source}: --data-parallel-size: world size {world} is not a multiple of the data-parallel groups' "
+        raise InputError(f"{next(iter(graphs.values())).source}: --data-parallel-size: world size {world} is not "
+                         "a multiple of the data-parallel groups' "
                          f"size {D} x stride {s}")
 
     def split(r):
