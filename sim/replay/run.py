@@ -29,12 +29,11 @@ What-ifs:
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 
 from sim.errors import InputError
 from sim.replay.graph import RankGraph
-from sim.replay.program import Replayed, complete, to_program
+from sim.replay.program import Replayed, complete, is_data_parallel_name, to_program
 
 GPU_OF_DEVICE = (("GB300", "gb300"), ("GB200", "gb200"), ("B200", "b200"), ("H200", "h200"), ("H100", "h100-sxm"),
                  ("A100", "a100-80gb"))
@@ -70,12 +69,6 @@ def check_same_job(graphs: list[RankGraph]) -> None:
                                  f"{first.meta.get(key)!r}: traces of different jobs or steps are mixed")
 
 
-_DP_NAME = re.compile(r"data|(^|[^a-z])dp([^a-z]|$)", re.I)
-
-
-def is_data_parallel_name(name: str) -> bool:
-    """Whether a process group's name says data parallelism (``DATA_PARALLEL_GROUP``, ``dp``)."""
-    return bool(name) and bool(_DP_NAME.search(name))
 
 
 def data_parallel_groups(graphs: dict[int, RankGraph]) -> tuple[int, int, list]:
