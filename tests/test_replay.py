@@ -165,14 +165,15 @@ def test_profiler_step_window_and_carry_over():
 
 # ---------------------------------------------------------------- communication
 
-def _alone(actions: dict, gpu="h100-sxm"):
-    """The engine's time for one program alone on the GPU's default node."""
+def _alone(actions: dict, gpu="h100-sxm", **cluster):
+    """The engine's time for one program alone on the GPU's default node (or the cluster
+    ``cluster`` describes: nodes, gpus_per_node, fabric, ...)."""
     from sim.engine.core import simulate
     from sim.engine.nccl import NcclModel
     from sim.inputs.resolve import profile_from_settings, topology_from_settings
     from sim.inputs.schema import RunSettings
 
-    c = RunSettings.from_values({"gpu": gpu}).cluster
+    c = RunSettings.from_values({"gpu": gpu, **cluster}).cluster
     profile = profile_from_settings(c)
     topo = topology_from_settings(c, len(actions), profile.name)
     trace = simulate(Program(actions), topo, link_efficiency=profile.link_efficiencies(), fluid_collectives=True,
@@ -264,6 +265,16 @@ def test_data_parallel_size_keeps_model_parallel_groups_inside_a_replica():
     assert r.summary["world_size"] == 8
     groups = {a.group for acts in r.replayed.program.actions.values() for a in acts if a.kind == "collective"}
     assert groups == {(0, 2, 4, 6), (1, 3, 5, 7), (0, 1), (2, 3), (4, 5), (6, 7)}
+
+
+def test_network_what_if_reprices_the_collective():
+    # The same two ranks, one GPU per node: the all-reduce crosses InfiniBand.
+    ar = {r: [Action("ar", kind="collective", op="allreduce", group=(0, 1), nbytes=4 * 2**20)] for r in range(2)}
+    t_nvlink, t_ib = _alone(ar), _alone(ar, nodes=2, gpus_per_node=1)
+    assert t_ib > 2 * t_nvlink  # (the what-if has teeth)
+    r = replayed(allreduce_rank(0, 2, 100), allreduce_rank(1, 2, 500), nodes=2, gpus_per_node=1)
+    assert r.summary["iteration_time_s"] == pytest.approx(500 * US + t_ib, rel=1e-9)
+    assert r.summary["what_if"] == {"nodes": 2, "gpus_per_node": 1}
 
 
 def test_gpu_what_if_scales_kernels_by_class():

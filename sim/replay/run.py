@@ -223,7 +223,7 @@ def replay(graphs: list[RankGraph], *, gpu: str | None = None, topology: str | N
 
     summary = summarize_replay(trace, replayed, graphs, profile, topo)
     summary["what_if"] = {k: v for k, v in (("gpu", gpu if gpu != traced_gpu else None), ("topology", topology),
-                                            ("nodes", nodes), ("fabric", fabric),
+                                            ("nodes", nodes), ("gpus_per_node", gpus_per_node), ("fabric", fabric),
                                             ("oversubscription", oversubscription),
                                             ("data_parallel_size", data_parallel_size)) if v is not None}
     return ReplayRun(trace, summary, replayed, profile, topo)
