@@ -163,7 +163,8 @@ def main(argv=None) -> dict:
     out.mkdir(parents=True, exist_ok=True)
     real = real_traces(out)
     whatif = what_ifs(out)
-    write_csv(out / "replay_whatif.csv", [dict(r, part="real") for r in real] + [dict(r, part="what-if") for r in whatif])
+    write_csv(out / "replay_whatif.csv",
+              [dict(r, part="real") for r in real] + [dict(r, part="what-if") for r in whatif])
     results = {"real": real, "what_if": whatif}
     write_json(out / "results.json", results)
     if args.docs:

@@ -463,7 +463,8 @@ def test_gpu_what_if_uses_the_gemm_model_for_recorded_shapes():
     r = replayed(t, gpu="b200")
     # (time zero is the first CUDA call, the launch: the kernel starts at once)
     assert r.summary["iteration_time_s"] == pytest.approx(1000 * US * ratio, rel=1e-12)
-    assert ratio != pytest.approx(h100.peak("bf16") * h100.gemm_max_efficiency / (b200.peak("bf16") * b200.gemm_max_efficiency), rel=1e-3)
+    capped = h100.peak("bf16") * h100.gemm_max_efficiency / (b200.peak("bf16") * b200.gemm_max_efficiency)
+    assert ratio != pytest.approx(capped, rel=1e-3)  # (the shape matters: the check has teeth)
 
 
 def test_blocking_copy_waits_for_the_gpu():

@@ -31,7 +31,8 @@ _HELPS = {
 def add_arguments(p) -> None:
     from sim.units import NONNEGATIVE_INT
 
-    p.add_argument("traces", nargs="+", metavar="TRACE", help="Kineto trace files (.json, .json.gz), one per traced rank")
+    p.add_argument("traces", nargs="+", metavar="TRACE",
+                   help="Kineto trace files (.json, .json.gz), one per traced rank")
     p.add_argument("--step", type=_number(NONNEGATIVE_INT, "--step"), metavar="N",
                    help="replay ProfilerStep#N (default: the traces' last step, or the whole window without steps)")
     p.add_argument("--data-parallel-size", type=_number(POSITIVE_INT, "--data-parallel-size"), metavar="N",
