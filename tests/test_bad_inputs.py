@@ -621,7 +621,7 @@ def test_two_traces_claiming_one_rank(bad, tmp_path):
 
 
 # ---------------------------------------------------------------- replayed traces
-def _replay_doc(kernels=True, rank=0, world=2, device="NVIDIA H100 80GB HBM3", collective=True):
+def _replay_doc(kernels=True, rank=0, world=2, device="NVIDIA H100 80GB HBM3", collective=True, extra=()):
     """A small Kineto trace of one data-parallel rank: a kernel, then an all-reduce."""
     ev = [{"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": 1, "tid": 1, "ts": 0, "dur": 2,
            "args": {"correlation": 1}}]
@@ -636,7 +636,7 @@ def _replay_doc(kernels=True, rank=0, world=2, device="NVIDIA H100 80GB HBM3", c
                                     "In msg nelems": 1024, "Out msg nelems": 1024, "dtype": "BFloat16",
                                     "Process Group Ranks": str(list(range(world)))}}]
     return json.dumps({"distributedInfo": {"rank": rank, "world_size": world},
-                       "deviceProperties": [{"id": 0, "name": device}], "traceEvents": ev})
+                       "deviceProperties": [{"id": 0, "name": device}], "traceEvents": ev + list(extra)})
 
 
 REPLAY_CASES = {
@@ -648,6 +648,10 @@ REPLAY_CASES = {
                    ["in/rank1.json", "world size", "got 4", "mixed"]),
     "one rank twice": ({"rank0.json": _replay_doc(), "rank0b.json": _replay_doc()}, [],
                        ["in/rank0b.json", "rank 0", "same rank"]),
+    "a step without GPU work": (  # (its one step begins after the kernel's launch)
+        {"rank0.json": _replay_doc(extra=[{"ph": "X", "cat": "user_annotation", "name": "ProfilerStep#4", "pid": 1,
+                                           "tid": 1, "ts": 1000, "dur": 50}])},
+        [], ["in/rank0.json", "ProfilerStep#4", "no GPU work"]),
     "no such step": ({"rank0.json": _replay_doc()}, ["--step", "3"], ["in/rank0.json", "--step: got 3", "ProfilerStep"]),
     "rank beyond the world": ({"rank0.json": _replay_doc(rank=5)}, [], ["in/rank0.json", "rank: got 5", "world size is 2"]),
     "GPU without a profile": ({"rank0.json": _replay_doc(device="Tesla V100-SXM2-32GB")}, [],

@@ -193,6 +193,9 @@ def read_kineto(source, step: int | None = None, *, default_rank: int = 0) -> Ra
             mine.append(e)
         elif e["ts"] < t1 and e["ts"] + e["dur"] > t0:
             carried.append(e)  # launched in an earlier step, still running in this one
+    if not mine:
+        raise InputError(f"{where}: ProfilerStep#{chosen}: no GPU work was launched in it (its CUDA calls launch no "
+                         f"kernel of the trace); steps: {', '.join(map(str, sorted(steps)))}")
     syncs = {}
     for e in events:
         if e.get("cat") == "cuda_sync":
