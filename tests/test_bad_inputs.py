@@ -648,6 +648,8 @@ REPLAY_CASES = {
                    ["in/rank1.json", "world size", "got 4", "mixed"]),
     "one rank twice": ({"rank0.json": _replay_doc(), "rank0b.json": _replay_doc()}, [],
                        ["in/rank0b.json", "rank 0", "same rank"]),
+    "correlation not an id": ({"rank0.json": _replay_doc().replace('"correlation": 1}', '"correlation": [1]}', 1)},
+                              [], ["in/rank0.json", "traceEvents[0]", "args.correlation", "[1]"]),
     "a step without GPU work": (  # (its one step begins after the kernel's launch)
         {"rank0.json": _replay_doc(extra=[{"ph": "X", "cat": "user_annotation", "name": "ProfilerStep#4", "pid": 1,
                                            "tid": 1, "ts": 1000, "dur": 50}])},

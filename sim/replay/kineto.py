@@ -57,6 +57,9 @@ NCCL = re.compile(r"^nccl(Dev)?Kernel_", re.I)
 _STEP = re.compile(r"^ProfilerStep#(\d+)$")
 _GPU_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
 _RUNTIME_CATS = ("cuda_runtime", "cuda_driver")
+_CHECKED_CATS = ("kernel", "gpu_memcpy", "gpu_memset", "cuda_runtime", "cuda_driver", "cuda_sync", "cpu_op")
+_ID_ARGS = ("correlation", "stream", "External id", "wait_on_stream", "wait_on_cuda_event_record_corr_id")
+"""Args that identify a stream, a launch or an operator: compared and used as keys."""
 _BLOCKING = ("cudaDeviceSynchronize", "cudaStreamSynchronize", "cudaEventSynchronize")
 _BLOCKING_COPIES = ("cudaMemcpy", "cudaMemcpy2D", "cudaMemcpyToSymbol", "cudaMemcpyFromSymbol")
 """Copies the host waits for (not the ...Async ones)."""
@@ -159,10 +162,24 @@ def read_kineto(source, step: int | None = None, *, default_rank: int = 0) -> Ra
     where = data["_where"]
     info = data.get("distributedInfo") or {}
     rank = info.get("rank") if isinstance(info.get("rank"), int) else default_rank
-    events = [e for e in data["traceEvents"] if e.get("ph") == "X"]
-    for e in events:
+    events = []
+    for i, e in enumerate(data["traceEvents"]):
+        if e.get("ph") != "X":
+            continue
         if not isinstance(e.get("args"), dict):
             e["args"] = {}
+        if e.get("cat") in _CHECKED_CATS:
+            for key in ("pid", "tid"):
+                v = e.get(key)
+                if v is not None and (isinstance(v, bool) or not isinstance(v, (int, str))):
+                    raise InputError(f"{where}: traceEvents[{i}] ({e['name']!r}): {key}: got {v!r}; "
+                                     "expected an integer (a process or thread id)")
+            for key in _ID_ARGS:
+                v = e["args"].get(key)
+                if v is not None and (isinstance(v, bool) or not isinstance(v, (int, str))):
+                    raise InputError(f"{where}: traceEvents[{i}] ({e['name']!r}): args.{key}: got {v!r}; "
+                                     "expected an integer (an id PyTorch's profiler writes)")
+        events.append(e)
     gpu = [e for e in events if e.get("cat") in _GPU_CATS]
     if not gpu:
         raise InputError(f"{where}: no GPU kernels (events with cat 'kernel', 'gpu_memcpy' or 'gpu_memset'); "
