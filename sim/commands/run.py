@@ -5,7 +5,8 @@ estimate``) or from an experiment TOML file (``trainsim run FILE``; flags after 
 override it). The cluster is ``--nodes`` nodes of the GPU's DGX node (or
 ``--topology``) on a rail-optimized or fat-tree fabric; data parallelism fills the GPUs.
 Prints a summary, or one JSON object with ``--json``; ``--out DIR`` writes the
-summary JSON, the Perfetto trace and the timeline PNG.
+summary JSON, the Perfetto trace and the timeline PNG; ``--export-chakra DIR`` the
+program as Chakra execution traces (``sim.results.export_chakra``).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from sim.inputs.flags import add_arguments as add_schema_arguments
 from sim.inputs.schema import RunSettings
 from sim.progress import Progress
 from sim.results.energy import energy_line
+from sim.results.export_chakra import chakra_line
 from sim.results.moe_report import moe_lines
 from sim.results.mixed_report import mixed_lines
 from sim.results.stragglers import straggler_lines
@@ -32,7 +34,7 @@ HELP = "Simulate one training iteration (every GPU's compute and communication) 
 
 def add_arguments(p) -> None:
     p.add_argument("experiment", nargs="?", metavar="FILE", help="an experiment .toml (flags after it override it)")
-    add_schema_arguments(p, RUN_FLAGS)
+    add_schema_arguments(p, [*RUN_FLAGS, "export_chakra"])
 
 
 def settings_of(args) -> tuple[object, dict]:
@@ -67,6 +69,9 @@ def run(args) -> int:
         if exp is None:
             raise
         raise blame(exc, exp.path, settings) from None
+    chakra = None
+    if args.export_chakra:  # (first: it may refuse the program, and then nothing is written)
+        chakra = session.write_chakra_files(run_, args.export_chakra)
     if args.out:
         session.write_outputs(run_, summary, Path(args.out))
     if args.kineto:
@@ -79,6 +84,8 @@ def run(args) -> int:
         print(f"\nwrote {Path(args.out) / 'summary.json'}, trace.json, timeline.png, memory.png")
     if args.kineto:
         print(f"wrote {Path(args.kineto)}/trace_rank<r>.json (PyTorch profiler format)")
+    if chakra is not None:
+        print(chakra_line(chakra, args.export_chakra))
     return 0
 
 
