@@ -108,8 +108,9 @@ def messages() -> SimpleNamespace:
     pool = descriptor_pool.DescriptorPool()
     pool.Add(fd)
     names = ["AttributeProto", *(n for n, _ in _LISTS), *_MESSAGES]
-    return SimpleNamespace(**{n: message_factory.GetMessageClass(pool.FindMessageTypeByName(f"{PACKAGE}.{n}"))
-                              for n in names})
+    # (GetMessageClass since protobuf 4.22; MessageFactory.GetPrototype before it, removed in 5)
+    make = getattr(message_factory, "GetMessageClass", None) or message_factory.MessageFactory(pool).GetPrototype
+    return SimpleNamespace(**{n: make(pool.FindMessageTypeByName(f"{PACKAGE}.{n}")) for n in names})
 
 
 # ---------------------------------------------------------------- framing

@@ -1,0 +1,343 @@
+"""Chakra execution traces both ways: ``--export-chakra DIR`` writes the program in
+mlcommons/chakra's et_def.proto schema, and ``sim.inputs.chakra.read_ets`` reads ETs,
+trainsim's and ASTRA-sim's own examples (tests/data/chakra, README there), into a per-rank
+graph. Expectations are counted by hand from the plan or from the example's algorithm."""
+import gzip
+import json
+import sys
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("google.protobuf", reason="the Chakra tests need protobuf (pip install 'trainsim[chakra]')")
+
+from sim import session  # noqa: E402
+from sim.cli import main  # noqa: E402
+from sim.errors import InputError  # noqa: E402
+from sim.inputs import chakra_schema  # noqa: E402
+from sim.inputs.chakra import read_ets  # noqa: E402
+from sim.inputs.chakra_schema import encode_stream, messages, split_stream  # noqa: E402
+from sim.inputs.schema import RunSettings  # noqa: E402
+from sim.program.actions import Action, Program  # noqa: E402
+from sim.results.export_chakra import chakra_files, write_chakra  # noqa: E402
+
+DATA = Path(__file__).parent / "data" / "chakra"
+MiB = 1 << 20
+
+# A tiny plan: 2 layers, h 256, 4 heads, vocabulary 1024, sequence 128, on 4 H100s with
+# pipeline 2, so data parallel 2; global batch 4 of micro-batch 1: 2 micro-batches per replica.
+H, V, S, L = 256, 1024, 128, 2
+TINY = dict(num_layers=L, hidden_size=H, num_attention_heads=4, vocab_size=V, seq_length=S, gpu="h100-sxm",
+            gpus=4, pipeline_model_parallel_size=2, global_batch_size=4, micro_batch_size=1)
+TINY_FLAGS = ["--num-layers", str(L), "--hidden-size", str(H), "--num-attention-heads", "4", "--vocab-size", str(V),
+              "--seq-length", str(S), "--gpu", "h100-sxm", "--gpus", "4", "--pipeline-model-parallel-size", "2",
+              "--global-batch-size", "4", "--micro-batch-size", "1"]
+
+
+@pytest.fixture(scope="module")
+def tiny_run():
+    run, _ = session.run(session.prepare(RunSettings.from_values(TINY)))
+    return run
+
+
+def _ets(folder: Path) -> list[Path]:
+    return sorted(folder.glob("*.et"))
+
+
+# ---------------------------------------------------------------- the schema and the framing
+
+@pytest.mark.parametrize("op", ["all_reduce", "all_gather", "reduce_scatter", "all_to_all"])
+def test_astra_sim_examples_reencode_to_the_same_bytes(op):
+    """Each of ASTRA-sim's microbenchmark ETs, parsed with trainsim's schema and written
+    back, is byte for byte the file: every field number and wire type agrees with the
+    schema they were written with."""
+    M = messages()
+    for path in sorted(DATA.glob(f"{op}.*.et")):
+        data = path.read_bytes()
+        bodies = split_stream(data)
+        msgs = [M.GlobalMetadata.FromString(bodies[0]), *(M.Node.FromString(b) for b in bodies[1:])]
+        assert encode_stream(msgs) == data, path
+
+
+def test_gzipped_custom_collective_reencodes_to_the_same_bytes():
+    M = messages()
+    for path in sorted((DATA / "custom_allreduce").glob("*.et.gz")):
+        data = gzip.decompress(path.read_bytes())
+        bodies = split_stream(data)
+        msgs = [M.GlobalMetadata.FromString(bodies[0]), *(M.Node.FromString(b) for b in bodies[1:])]
+        assert encode_stream(msgs) == data, path
+
+
+def test_attribute_oneof_numbers_follow_et_def_proto():
+    """AttributeProto's value oneof, as et_def.proto numbers it: double_val 3 ... bytes_list 32."""
+    fields = messages().AttributeProto.DESCRIPTOR.fields_by_name
+    expected = {"name": 1, "doc_string": 2, "double_val": 3, "double_list": 4, "float_val": 5, "int32_val": 7,
+                "int64_val": 9, "uint64_val": 13, "bool_val": 27, "bool_list": 28, "string_val": 29,
+                "string_list": 30, "bytes_val": 31, "bytes_list": 32}
+    assert {k: fields[k].number for k in expected} == expected
+    node = messages().Node.DESCRIPTOR.fields_by_name
+    assert {k: node[k].number for k in ("id", "name", "type", "ctrl_deps", "data_deps", "start_time_micros",
+                                        "duration_micros", "inputs", "outputs", "attr")} == \
+        {"id": 1, "name": 2, "type": 3, "ctrl_deps": 4, "data_deps": 5, "start_time_micros": 6,
+         "duration_micros": 7, "inputs": 8, "outputs": 9, "attr": 10}
+
+
+# ---------------------------------------------------------------- reading ASTRA-sim's examples
+
+@pytest.mark.parametrize("op, name", [("all_reduce", "allreduce"), ("all_gather", "allgather"),
+                                      ("reduce_scatter", "reducescatter"), ("all_to_all", "alltoall")])
+def test_microbenchmark_ets(op, name):
+    """examples/workload/microbenchmarks/<op>/4npus_1MB: on each of 4 ranks one collective
+    of 1 MB over every rank (no pg_name), with no dependencies."""
+    graph = read_ets(sorted(DATA.glob(f"{op}.*.et")))
+    assert sorted(graph) == [0, 1, 2, 3]
+    for r, et in graph.items():
+        assert et.version == "0.0.4"
+        assert [(n.kind, n.op, n.nbytes, n.group, n.data_deps, n.ctrl_deps) for n in et.nodes] == \
+            [("collective", name, 1 * MiB, (0, 1, 2, 3), (), ())]
+
+
+def test_custom_ring_allreduce_ets():
+    """The MSCCL ring all-reduce of 1 MB on 8 ranks (one channel): each rank sends 2(n-1) = 14
+    chunks of 1 MB / 8 to the next rank, receives 14 from the previous one, and reduces 7 of
+    them (the reduce-scatter half) in 7 µs each; every step waits for the step before it."""
+    paths = sorted((DATA / "custom_allreduce").glob("*.et.gz"))
+    graph = read_ets(paths)
+    n = 8
+    assert sorted(graph) == list(range(n))
+    for r, et in graph.items():
+        kinds = Counter(x.kind for x in et.nodes)
+        assert kinds == {"send": 2 * (n - 1), "recv": 2 * (n - 1), "compute": n - 1}
+        assert {x.peer for x in et.nodes if x.kind == "send"} == {(r + 1) % n}
+        assert {x.peer for x in et.nodes if x.kind == "recv"} == {(r - 1) % n}
+        assert {x.src for x in et.nodes if x.kind == "send"} == {r}  # (left out of the file: the rank's own)
+        assert sum(x.nbytes for x in et.nodes if x.kind == "send") == 2 * (n - 1) * MiB / n
+        assert [x.duration_s for x in et.nodes if x.kind == "compute"] == [pytest.approx(7e-6)] * (n - 1)
+        assert sum(len(x.data_deps) for x in et.nodes) == len(et.nodes) - 1
+
+
+# ---------------------------------------------------------------- export, and reading it back
+
+def test_round_trip_of_a_tiny_plan(tiny_run, tmp_path):
+    """Export the tiny plan and read it back. By hand, per rank: 2 sends and 2 receives of
+    one micro-batch's activations or gradients, b*s*h bf16 values = 1*128*256*2 B; one
+    gradient all-reduce over the two data-parallel replicas of its stage (one bucket), of
+    the stage's bf16 gradients: stage 0 the word and position embeddings and layer 0
+    (V*h + s*h + 12h^2 + 13h parameters), stage 1 layer 1 and the final layernorm
+    (12h^2 + 13h + 2h; the tied output head's gradient is the embedding's); 10 compute
+    actions: per micro-batch a forward and a backward in two pieces each (stage 0: the
+    embedding and layer 0; stage 1: layer 1 and the head), the resident-memory marker and
+    the optimizer step. Control dependencies chain each stream: compute (9 actions, 8),
+    each p2p stream (2 actions, 1 each), the marker and the all-reduce (alone: 0) = 10."""
+    program = tiny_run.program
+    export = write_chakra(program, tmp_path, world_size=4)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["comm_group.json", *(f"trainsim.{r}.et" for r in range(4))]
+    groups = json.loads((tmp_path / "comm_group.json").read_text())
+    graph = read_ets(_ets(tmp_path))
+    assert sorted(graph) == [0, 1, 2, 3]
+    p2p = 1 * S * H * 2
+    grads = {0: (V * H + S * H + 12 * H * H + 13 * H) * 2, 1: (12 * H * H + 13 * H + 2 * H) * 2}
+    for r, et in graph.items():
+        stage = tiny_run.plan.coords(r)[1]
+        kinds = Counter(n.kind for n in et.nodes)
+        assert kinds == {"compute": 10, "send": 2, "recv": 2, "collective": 1}, r
+        assert [n.nbytes for n in et.nodes if n.kind in ("send", "recv")] == [p2p] * 4
+        (ar,) = [n for n in et.nodes if n.kind == "collective"]
+        assert (ar.op, ar.nbytes) == ("allreduce", grads[stage])
+        same_stage = tuple(q for q in range(4) if tiny_run.plan.coords(q)[1] == stage)
+        assert ar.group == same_stage and groups[ar.pg_name] == list(same_stage)
+        assert sum(len(n.ctrl_deps) for n in et.nodes) == 10
+        # ... and equal to the program's own, counted here from its actions:
+        acts = program.actions[r]
+        assert len(et.nodes) == len(acts)
+        assert Counter(n.kind for n in et.nodes) == Counter(a.kind for a in acts)
+        for kind in ("send", "recv", "collective"):
+            assert sum(n.nbytes for n in et.nodes if n.kind == kind) == sum(a.nbytes for a in acts if a.kind == kind)
+        assert sum(n.duration_s for n in et.nodes) == pytest.approx(sum(a.duration_s for a in acts), rel=1e-12)
+        assert sum(len(n.data_deps) for n in et.nodes) == _data_dep_count(acts, r)
+        by_name = {n.name: n for n in et.nodes}
+        for a in acts:  # each action's node, its duration exact and its peer kept
+            n = by_name[a.name]
+            assert n.duration_s == a.duration_s and n.peer == a.peer and n.flops == a.flops
+        # every node comes after the nodes it waits for (ASTRA-sim's feeder reads in order)
+        seen = set()
+        for n in et.nodes:
+            assert set(n.data_deps) <= seen, n.name
+            seen.add(n.id)
+    assert export.cross_rank_deps == 0 and export.comm_groups == groups
+
+
+def _data_dep_count(acts, rank: int) -> int:
+    """Per action: the action before it on its stream and the same-rank actions it names."""
+    last, total = {}, 0
+    for a in acts:
+        deps = {d if isinstance(d, str) else d[1] for d in a.deps if isinstance(d, str) or d[0] == rank}
+        if a.stream in last:
+            deps.add(last[a.stream])
+        last[a.stream] = a.name
+        total += len(deps)
+    return total
+
+
+def test_export_is_deterministic(tiny_run):
+    assert chakra_files(tiny_run.program).files == chakra_files(tiny_run.program).files
+
+
+def test_shift_copy_comm_and_cross_rank_dependencies(tmp_path):
+    """A hand-built program on 3 ranks: a shift (ring attention's exchange) becomes a send
+    to the next rank and a receive from the previous; an action after it waits for both;
+    a host copy becomes a memory node; a priced ``comm`` keeps its duration; a dependency
+    on another rank's action is left out and counted."""
+    acts = {}
+    for r in range(3):
+        acts[r] = [Action("kv", kind="collective", op="shift", group=(0, 1, 2), nbytes=1000),
+                   Action("attn", duration_s=2e-6, flops=1e9, deps=("kv",)),
+                   Action("offload", kind="copy", op="d2h", nbytes=4096, deps=("attn",)),
+                   Action("amax", kind="comm", op="allreduce", group=(0, 1, 2), nbytes=8, duration_s=3e-6,
+                          deps=("attn",) if r == 0 else ((0, "attn"),))]
+    export = write_chakra(Program(acts), tmp_path, world_size=3)
+    assert export.cross_rank_deps == 2  # ranks 1 and 2 wait for rank 0's attn
+    graph = read_ets(_ets(tmp_path))
+    for r, et in graph.items():
+        kinds = Counter(n.kind for n in et.nodes)
+        assert kinds == {"send": 1, "recv": 1, "compute": 1, "mem_store": 1, "collective": 1}
+        send = next(n for n in et.nodes if n.kind == "send")
+        recv = next(n for n in et.nodes if n.kind == "recv")
+        assert (send.src, send.dst, send.nbytes) == (r, (r + 1) % 3, 1000)
+        assert (recv.src, recv.dst, recv.nbytes) == ((r - 1) % 3, r, 1000)
+        attn = next(n for n in et.nodes if n.name == "attn")
+        assert set(attn.data_deps) == {send.id, recv.id}
+        assert (attn.duration_s, attn.flops) == (2e-6, 1e9)
+        mem = next(n for n in et.nodes if n.kind == "mem_store")
+        assert mem.nbytes == 4096
+        amax = next(n for n in et.nodes if n.kind == "collective")
+        assert (amax.op, amax.group, amax.duration_s, amax.attrs["trainsim_priced"]) == \
+            ("allreduce", (0, 1, 2), 3e-6, True)
+        # (a comm action runs on the compute stream: it follows attn there on every rank)
+        assert amax.data_deps == amax.ctrl_deps == (attn.id,)
+
+
+def test_microsecond_rounding_at_the_boundary(tmp_path):
+    """duration_micros is whole microseconds: 2.6 µs is written 3 (the exact value rides in
+    trainsim_duration_s); a file without it reads duration_micros as microseconds."""
+    M = messages()
+    export = chakra_files(Program({0: [Action("k", duration_s=2.6e-6)]}))
+    node = M.Node.FromString(split_stream(export.files["trainsim.0.et"])[1])
+    assert node.duration_micros == 3
+    bare = M.Node(id=0, name="k", type=chakra_schema.NODE_TYPES["COMP_NODE"], duration_micros=3)
+    data = encode_stream([M.GlobalMetadata(version="0.0.4"), bare])
+    (tmp_path / "x.0.et").write_bytes(data)
+    (et,) = read_ets([tmp_path / "x.0.et"]).values()
+    assert et.nodes[0].duration_s == pytest.approx(3e-6)
+
+
+# ---------------------------------------------------------------- the command line
+
+def _exit_code(argv) -> int:
+    try:
+        return main(argv)
+    except SystemExit as exc:
+        return exc.code
+
+
+def test_run_export_chakra_cli(tmp_path, capsys):
+    out = tmp_path / "et"
+    assert main(["run", *TINY_FLAGS, "--export-chakra", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert f"wrote {out}/trainsim.<r>.et for 4 ranks and comm_group.json (2 communicator groups" in printed
+    assert len(read_ets(_ets(out))) == 4
+
+
+def test_reduced_fidelity_is_refused_and_nothing_written(tmp_path, capsys):
+    out = tmp_path / "et"
+    assert _exit_code(["run", *TINY_FLAGS, "--fidelity", "reduced", "--export-chakra", str(out)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--export-chakra" in err[0] and "--fidelity full" in err[0]
+    assert not out.exists()
+
+
+def test_export_dir_that_is_a_file_is_refused_before_work(tmp_path, capsys):
+    f = tmp_path / "taken"
+    f.write_text("x")
+    assert _exit_code(["run", *TINY_FLAGS, "--export-chakra", str(f)]) == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert "--export-chakra" in line and str(f) in line
+
+
+# ---------------------------------------------------------------- bad input
+
+def _one_line_naming(exc: InputError, path: Path) -> str:
+    msg = str(exc.value)
+    assert "\n" not in msg and str(path) in msg, msg
+    return msg
+
+
+def test_non_chakra_files_are_refused(tmp_path):
+    for name, data in [("kineto.0.et", b'{"traceEvents": []}\n'), ("empty.0.et", b""),
+                       ("text.0.et", b"hello, this is not a protobuf stream at all\n" * 3),
+                       ("noise.0.et", bytes(range(256)) * 4)]:
+        p = tmp_path / name
+        p.write_bytes(data)
+        with pytest.raises(InputError) as exc:
+            read_ets([p])
+        assert "not a Chakra execution trace" in _one_line_naming(exc, p)
+
+
+def test_truncated_et_is_refused(tiny_run, tmp_path):
+    data = chakra_files(tiny_run.program).files["trainsim.0.et"]
+    p = tmp_path / "trainsim.0.et"
+    p.write_bytes(data[: len(data) // 2])
+    with pytest.raises(InputError) as exc:
+        read_ets([p])
+    assert "truncated" in _one_line_naming(exc, p)
+
+
+def _write(tmp_path: Path, nodes, name="bad.0.et") -> Path:
+    M = messages()
+    p = tmp_path / name
+    p.write_bytes(encode_stream([M.GlobalMetadata(version="0.0.4"), *nodes]))
+    return p
+
+
+def test_bad_nodes_are_refused_naming_the_field(tmp_path):
+    M = messages()
+    A, T = M.AttributeProto, chakra_schema.NODE_TYPES
+    coll = T["COMM_COLL_NODE"]
+    cases = [
+        ([M.Node(id=0, name="a", type=42)], "type: got 42"),
+        ([M.Node(id=0, name="a", type=T["COMP_NODE"]), M.Node(id=0, name="b", type=T["COMP_NODE"])], "appears twice"),
+        ([M.Node(id=0, name="a", type=T["COMP_NODE"], data_deps=[7])], "data_deps: node 7 is not in the file"),
+        ([M.Node(id=0, name="a", type=T["COMP_NODE"], data_deps=[1]),
+          M.Node(id=1, name="b", type=T["COMP_NODE"], data_deps=[0])], "cycle"),
+        ([M.Node(id=0, name="a", type=coll, attr=[A(name="comm_type", int64_val=0)])], "comm_size: missing"),
+        ([M.Node(id=0, name="a", type=coll, attr=[A(name="comm_size", int64_val=8)])], "comm_type: missing"),
+        ([M.Node(id=0, name="a", type=coll, attr=[A(name="comm_type", int64_val=0), A(name="comm_size", int64_val=8),
+                                                   A(name="pg_name", string_val="5")])], "pg_name: got '5'"),
+        ([M.Node(id=0, name="a", type=T["COMM_SEND_NODE"], attr=[A(name="comm_size", int64_val=8)])],
+         "comm_dst: missing"),
+    ]
+    for nodes, needle in cases:
+        p = _write(tmp_path, nodes)
+        with pytest.raises(InputError) as exc:
+            read_ets([p])
+        assert needle in _one_line_naming(exc, p)
+
+
+def test_two_files_of_one_rank_are_refused(tmp_path):
+    a = DATA / "all_reduce.0.et"
+    with pytest.raises(InputError) as exc:
+        read_ets([a, a])
+    assert "rank 0" in _one_line_naming(exc, a)
+
+
+def test_without_protobuf_the_message_says_how_to_install(monkeypatch):
+    monkeypatch.setitem(sys.modules, "google.protobuf", None)
+    chakra_schema.messages.cache_clear()
+    try:
+        with pytest.raises(InputError) as exc:
+            chakra_schema.messages()
+        assert "pip install 'trainsim[chakra]'" in str(exc.value)
+    finally:
+        monkeypatch.undo()
+        chakra_schema.messages.cache_clear()
