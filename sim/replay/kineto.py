@@ -1,0 +1,406 @@
+"""A PyTorch profiler (Kineto) trace as a ``RankGraph``: what one rank did in one step, and
+what waited for what.
+
+The file is read and checked by ``sim.calibrate.kineto.load_kineto`` (``import-trace``'s
+reader). The step is a ``ProfilerStep#N`` span (``step``; default the last one), or the
+whole window when the trace has none. Time zero is the step's start.
+
+Nodes:
+
+- **Host threads.** Each CPU thread's CUDA runtime calls that matter (kernel and copy
+  launches, event records, stream waits, synchronisations) are a chain of ``cpu`` nodes
+  on lane ``cpu <tid>``. A call's node lasts from the previous call's start (or, after a
+  blocking synchronisation, its end) to its own start: the host's own work between calls
+  is kept as measured, the time it spent blocked in a synchronisation is not (on replay
+  the sync waits for what it waited for).
+- **GPU work.** Each kernel, memcpy and memset is a node on lane ``stream <id>`` at its
+  measured duration, depending on its launch (``correlation``: the runtime call and the
+  kernel share it). Nodes of one stream run in FIFO order.
+- **Cross-stream waits.** A ``cudaStreamWaitEvent`` puts a zero-length node in the
+  waiting stream's FIFO, after the work launched before it, depending on the last work
+  launched on the recorded stream before the ``cudaEventRecord`` it waits for. The
+  ``cuda_sync`` events (``Stream Wait Event``) name both streams
+  (``wait_on_stream``, ``wait_on_cuda_event_record_corr_id``); traces without them (older
+  PyTorch) are read as PyTorch issues these calls: the event was recorded on the stream
+  of the last work launched on the same thread before the record, and the wait is for the
+  stream of the next work launched on the thread after it; a wait with no record before
+  it on its thread (traces that left the records out) waits for the latest work launched
+  on another stream before it.
+- **Host synchronisations.** ``cudaDeviceSynchronize`` waits for the last work of every
+  stream launched before it; ``cudaStreamSynchronize`` for its stream's (from its
+  ``Stream Sync`` event, else the stream of the thread's last launch);
+  ``cudaEventSynchronize`` for the recorded work (``Event Sync``, else the work launched
+  before the thread's last ``cudaEventRecord``).
+- **NCCL kernels** (``ncclKernel_*``, ``ncclDevKernel_*``) become collectives or
+  send/recv from their args (``Collective name``, ``In msg nelems``, ``Out msg nelems``,
+  ``dtype``, ``Process Group Ranks``; else those of the ``record_param_comms`` op with the
+  same ``External id``). A send/recv's peer is its ``dst rank``/``src rank``, else the
+  other member of a two-rank group. One without size or group stays a ``comm`` node at its
+  measured duration, and is counted in ``meta["unpriced_comm"]``.
+- **Carry-over.** Work launched in an earlier step and still running on a stream when the
+  step began is a ``carry`` node at the head of that stream, as measured.
+"""
+
+from __future__ import annotations
+
+import ast
+import bisect
+import re
+
+from sim.calibrate.kineto import load_kineto
+from sim.errors import InputError
+from sim.replay.graph import Node, RankGraph
+
+NCCL = re.compile(r"^nccl(Dev)?Kernel_", re.I)
+_STEP = re.compile(r"^ProfilerStep#(\d+)$")
+_GPU_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
+_RUNTIME_CATS = ("cuda_runtime", "cuda_driver")
+_BLOCKING = ("cudaDeviceSynchronize", "cudaStreamSynchronize", "cudaEventSynchronize")
+DTYPE_BYTES = {"float": 4, "float32": 4, "double": 8, "float64": 8, "half": 2, "float16": 2, "bfloat16": 2,
+               "int": 4, "int32": 4, "long": 8, "int64": 8, "short": 2, "int16": 2, "char": 1, "int8": 1,
+               "byte": 1, "uint8": 1, "bool": 1, "float8_e4m3fn": 1, "float8_e5m2": 1}
+"""Bytes per element of the ``dtype`` names PyTorch writes (``Float``, ``BFloat16``, ...)."""
+_OPS = {"allreduce": "allreduce", "all_reduce": "allreduce", "allreduce_coalesced": "allreduce",
+        "allgather": "allgather", "all_gather": "allgather", "_allgather_base": "allgather",
+        "all_gather_into_tensor": "allgather", "allgather_into_tensor_coalesced": "allgather",
+        "reduce_scatter": "reducescatter", "_reduce_scatter_base": "reducescatter",
+        "reduce_scatter_tensor": "reducescatter", "reduce_scatter_tensor_coalesced": "reducescatter",
+        "reducescatter": "reducescatter", "broadcast": "broadcast", "all_to_all": "alltoall",
+        "all_to_allv": "alltoall", "alltoall": "alltoall", "alltoall_base": "alltoall",
+        "send": "send", "recv": "recv"}
+"""PyTorch's ``Collective name`` values -> trainsim's ops (send/recv: point-to-point)."""
+_GEMM = re.compile(r"gemm|cutlass|xmma|cublas|wgrad|dgrad|matmul|_mma_|s\d+gemm", re.I)
+_ATTN = re.compile(r"flash|fmha|attention|attn|sdpa", re.I)
+_MEM = re.compile(r"elementwise|vectorized|reduce|copy|memcpy|memset|softmax|norm|dropout|adam|cat_|fill|index|"
+                  r"gather|scatter|unrolled|where|embedding|loss|sum_|mean|mul|add|cast", re.I)
+
+
+def kernel_category(name: str, cat: str = "kernel") -> str:
+    """``gemm``, ``attention``, ``memory`` or ``kernel`` from a kernel's name (memcpy and
+    memset are ``memory``)."""
+    if cat in ("gpu_memcpy", "gpu_memset"):
+        return "memory"
+    if _ATTN.search(name):
+        return "attention"
+    if _GEMM.search(name):
+        return "gemm"
+    if _MEM.search(name):
+        return "memory"
+    return "kernel"
+
+
+def steps_of(data: dict) -> dict[int, dict]:
+    """The ``ProfilerStep#N`` spans of a loaded trace, by N."""
+    out = {}
+    for e in data["traceEvents"]:
+        if e.get("ph") == "X" and e.get("cat") in ("user_annotation", "cpu_op"):
+            m = _STEP.match(e["name"])
+            if m:
+                out.setdefault(int(m.group(1)), e)
+    return out
+
+
+def read_kineto(source, step: int | None = None, *, default_rank: int = 0) -> RankGraph:
+    """One rank's graph from a Kineto trace (a path or a dict); see the module doc.
+    ``step``: the ``ProfilerStep#N`` to take (None: the last one, or the whole window when
+    the trace has none)."""
+    data = load_kineto(source)
+    where = data["_where"]
+    info = data.get("distributedInfo") or {}
+    rank = info.get("rank") if isinstance(info.get("rank"), int) else default_rank
+    events = [e for e in data["traceEvents"] if e.get("ph") == "X"]
+    gpu = [e for e in events if e.get("cat") in _GPU_CATS]
+    if not gpu:
+        raise InputError(f"{where}: no GPU kernels (events with cat 'kernel', 'gpu_memcpy' or 'gpu_memset'); "
+                         "replay needs a trace recorded with ProfilerActivity.CUDA")
+    steps = steps_of(data)
+    if step is not None and step not in steps:
+        have = ", ".join(map(str, sorted(steps))) or "none (the trace has no ProfilerStep spans)"
+        raise InputError(f"{where}: --step: got {step}; the trace's ProfilerStep numbers: {have}")
+    chosen = step if step is not None else (max(steps) if steps else None)
+    runtime = [e for e in events if e.get("cat") in _RUNTIME_CATS]
+    if chosen is not None:
+        span = steps[chosen]
+        t0, t1 = float(span["ts"]), float(span["ts"]) + float(span["dur"])
+        runtime = [e for e in runtime if t0 <= e["ts"] < t1]
+    else:
+        t0 = min(float(e["ts"]) for e in runtime + gpu)
+        t1 = float("inf")
+    runtime.sort(key=lambda e: (e["ts"], e.get("dur", 0)))
+    corr_of_launch = {}
+    for e in runtime:
+        c = (e.get("args") or {}).get("correlation")
+        if c is not None:
+            corr_of_launch[c] = e
+    mine, carried = [], []
+    for e in gpu:
+        c = (e.get("args") or {}).get("correlation")
+        if chosen is None or c in corr_of_launch or (c is None and t0 <= e["ts"] < t1):
+            mine.append(e)
+        elif e["ts"] < t1 and e["ts"] + e["dur"] > t0:
+            carried.append(e)  # launched in an earlier step, still running in this one
+    syncs = {}
+    for e in events:
+        if e.get("cat") == "cuda_sync":
+            a = e.get("args") or {}
+            if a.get("correlation") is not None:
+                syncs[a["correlation"]] = a
+    comm_args = {}
+    for e in events:
+        if e.get("cat") == "cpu_op" and e["name"] == "record_param_comms":
+            a = e.get("args") or {}
+            if a.get("External id") is not None:
+                comm_args[a["External id"]] = a
+    builder = _Builder(rank, where, t0, info, comm_args)
+    graph = builder.build(runtime, mine, carried, syncs)
+    world = info.get("world_size") if isinstance(info.get("world_size"), int) else None
+    devices = data.get("deviceProperties") or []
+    device_name = devices[0].get("name", "") if devices and isinstance(devices[0], dict) else ""
+    graph.meta.update(world_size=world, device_name=device_name, step=chosen,
+                      steps=sorted(steps), pg_config=info.get("pg_config"))
+    return graph
+
+
+class _Builder:
+    """Builds one rank's nodes (see the module doc)."""
+
+    def __init__(self, rank: int, where: str, t0: float, info: dict, comm_args: dict):
+        self.rank, self.where, self.t0, self.info, self.comm_args = rank, where, t0, info, comm_args
+        self.nodes: list[dict] = []
+        self.unpriced = 0
+
+    def _add(self, **kw) -> dict:
+        kw.setdefault("ctrl", [])
+        kw.setdefault("data", [])
+        kw["id"] = len(self.nodes)
+        self.nodes.append(kw)
+        return kw
+
+    def build(self, runtime, gpu, carried, syncs) -> RankGraph:
+        us = 1e-6
+        t0 = self.t0
+        launch_of = {}
+        for e in runtime:
+            c = (e.get("args") or {}).get("correlation")
+            if c is not None:
+                launch_of[c] = e
+        # GPU work per stream, in the order it ran; each with its launch time (host clock).
+        streams: dict[object, list[dict]] = {}
+        for e in sorted(gpu, key=lambda e: (e["ts"], e["dur"])):
+            st = (e.get("args") or {}).get("stream", e.get("tid"))
+            streams.setdefault(st, []).append(e)
+        launched_on: dict[int, object] = {}  # correlation -> stream
+        for st, evs in streams.items():
+            for e in evs:
+                c = (e.get("args") or {}).get("correlation")
+                if c is not None:
+                    launched_on[c] = st
+        # Host-thread chains: every runtime call that launches work or orders it.
+        threads: dict[object, list[dict]] = {}
+        for e in runtime:
+            c = (e.get("args") or {}).get("correlation")
+            n = e["name"]
+            if c in launched_on or n in _BLOCKING or n in ("cudaStreamWaitEvent", "cudaEventRecord"):
+                threads.setdefault((e.get("pid"), e.get("tid")), []).append(e)
+        # Events placed in the host order: (host ts, kind, payload); nodes are created in
+        # one pass over them, which makes graph order a topological order.
+        gpu_node: dict[int, dict] = {}  # id(event) -> node
+        last_on_stream: dict[object, dict] = {}
+        waits_for_stream: dict[object, list] = {}
+        carry_end: dict[object, float] = {}
+        for e in carried:
+            st = (e.get("args") or {}).get("stream", e.get("tid"))
+            carry_end[st] = max(carry_end.get(st, t0), e["ts"] + e["dur"])
+        for st in sorted(carry_end, key=str):
+            n = self._add(name="earlier step's work", kind="compute", lane=f"stream {st}",
+                          duration_s=(carry_end[st] - t0) * us, category="carry")
+            last_on_stream[st] = n
+        # Per stream: its GPU events sorted by launch time, to place waits and syncs.
+        stream_queue = {st: [e for e in evs] for st, evs in streams.items()}
+        pos_in_stream = {st: 0 for st in streams}
+        record_target: dict[int, tuple] = {}  # cudaEventRecord correlation -> (stream, node)
+        order = []
+        for tid, calls in threads.items():
+            for i, e in enumerate(calls):
+                order.append((e["ts"], str(tid), i, e, tid))
+        order.sort(key=lambda x: (x[0], x[1], x[2]))
+        anchor: dict[object, float] = {}
+        prev_cpu: dict[object, dict] = {}
+        last_launch_stream: dict[object, object] = {}
+        last_record: dict[object, tuple] = {}
+        pending_wait: dict[object, list] = {}  # thread -> waits whose stream is the next launch's
+        fresh_record: dict[object, tuple] = {}  # thread -> its last record no wait has used yet
+        launch_seq: dict[object, int] = {}
+        seq = 0
+        def flush_stream_until(st, limit_ts):
+            """Create nodes for stream ``st``'s work launched before host time ``limit_ts``."""
+            q, i = stream_queue.get(st, []), pos_in_stream.get(st, 0)
+            while i < len(q):
+                e = q[i]
+                c = (e.get("args") or {}).get("correlation")
+                if c in launch_of:
+                    if c not in created_launch:
+                        break
+                elif e["ts"] > limit_ts:
+                    break
+                self._gpu_node(e, st, last_on_stream, gpu_node, created_launch.get(c), waits_for_stream)
+                i += 1
+            pos_in_stream[st] = i
+
+        created_launch: dict = {}
+        for ts, _, _, e, tid in order:
+            for st in streams:
+                flush_stream_until(st, ts)
+            name = e["name"]
+            a = e.get("args") or {}
+            c = a.get("correlation")
+            start = anchor.get(tid, t0)
+            ctrl = [prev_cpu[tid]["id"]] if tid in prev_cpu else []
+            cpu = self._add(name=name, kind="compute", lane=f"cpu {tid[1]}", duration_s=max(0.0, e["ts"] - start) * us,
+                            category="cpu", ctrl=ctrl)
+            prev_cpu[tid] = cpu
+            anchor[tid] = e["ts"]
+            if c in launched_on:
+                created_launch[c] = cpu
+                st = launched_on[c]
+                last_launch_stream[tid] = st
+                seq += 1
+                for kind, w in pending_wait.pop(tid, []):
+                    if kind == "record":
+                        if w[0] != st and w[1] is not None:
+                            waits_for_stream.setdefault(st, []).append(w[1])
+                    else:  # the latest work launched on another stream before the wait
+                        others = [v for k, v in w.items() if k != st]
+                        if others:
+                            waits_for_stream.setdefault(st, []).append(max(others)[1])
+                flush_stream_until(st, ts)
+                launch_seq[st] = seq
+            elif name == "cudaEventRecord":
+                snapshot = {k: v["id"] for k, v in last_on_stream.items()}
+                st = last_launch_stream.get(tid)
+                record_target[c] = snapshot
+                last_record[tid] = fresh_record[tid] = (st, snapshot.get(st))
+            elif name == "cudaStreamWaitEvent":
+                s = syncs.get(c)
+                if s is not None and s.get("wait_on_stream") not in (None, -1):
+                    src = s.get("wait_on_stream")
+                    rc = s.get("wait_on_cuda_event_record_corr_id")
+                    if rc in record_target:
+                        target = record_target[rc].get(src)
+                    else:
+                        target = last_on_stream[src]["id"] if src in last_on_stream else None
+                    dst = s.get("stream")
+                    if target is not None and dst != src:
+                        waits_for_stream.setdefault(dst, []).append(target)
+                elif tid in fresh_record:
+                    pending_wait.setdefault(tid, []).append(("record", fresh_record.pop(tid)))
+                else:  # no record in the trace: see the module doc
+                    pending_wait.setdefault(tid, []).append(
+                        ("latest", {k: (launch_seq.get(k, -1), v["id"]) for k, v in last_on_stream.items()}))
+            elif name in _BLOCKING:
+                targets = []
+                s = syncs.get(c) or {}
+                if name == "cudaDeviceSynchronize":
+                    for st in streams:
+                        flush_stream_until(st, ts)
+                    targets = [n["id"] for n in last_on_stream.values()]
+                elif name == "cudaStreamSynchronize":
+                    st = s.get("stream", last_launch_stream.get(tid))
+                    if st in last_on_stream:
+                        targets = [last_on_stream[st]["id"]]
+                else:
+                    rc = s.get("wait_on_cuda_event_record_corr_id")
+                    src = s.get("wait_on_stream")
+                    if rc in record_target and record_target[rc].get(src) is not None:
+                        targets = [record_target[rc][src]]
+                    elif tid in last_record and last_record[tid][1] is not None:
+                        targets = [last_record[tid][1]]
+                if targets:
+                    sync = self._add(name=f"{name} (wait)", kind="compute", lane=f"cpu {tid[1]}", duration_s=0.0,
+                                     category="cpu", ctrl=[cpu["id"]], data=sorted(set(targets)))
+                    prev_cpu[tid] = sync
+                anchor[tid] = e["ts"] + e.get("dur", 0)
+        for st in streams:
+            flush_stream_until(st, float("inf"))
+        # Measured step: first start to last end over the chosen step's work and host calls.
+        ends = [e["ts"] + e["dur"] for e in gpu]
+        ends += [e["ts"] + e.get("dur", 0) for calls in threads.values() for e in calls]
+        ends += [carry_end[st] for st in carry_end]
+        traced = (max(ends) - t0) * us
+        nodes = tuple(Node(id=n["id"], name=n["name"], kind=n["kind"], lane=n["lane"], duration_s=n["duration_s"],
+                           category=n["category"], op=n.get("op", ""), nbytes=n.get("nbytes", 0.0),
+                           group=tuple(n.get("group", ())), peer=n.get("peer"), ctrl_deps=tuple(n["ctrl"]),
+                           data_deps=tuple(n["data"]), flops=n.get("flops", 0.0))
+                      for n in self.nodes)
+        return RankGraph(self.rank, nodes, self.where, traced, {"unpriced_comm": self.unpriced}).check()
+
+    def _gpu_node(self, e, st, last_on_stream, gpu_node, launch, waits_for_stream):
+        lane = f"stream {st}"
+        for target in waits_for_stream.pop(st, []):
+            self._add(name="cudaStreamWaitEvent (wait)", kind="compute", lane=lane, duration_s=0.0,
+                      category="kernel", data=[target])
+        a = e.get("args") or {}
+        ctrl = [launch["id"]] if launch is not None else []
+        dur = float(e["dur"]) * 1e-6
+        if e.get("cat") == "kernel" and NCCL.match(e["name"]):
+            fields = self._comm_fields(e, a)
+            n = self._add(name=_short(e["name"]), lane=lane, duration_s=dur, category="comm", ctrl=ctrl, **fields)
+        else:
+            n = self._add(name=_short(e["name"]), kind="compute", lane=lane, duration_s=dur,
+                          category=kernel_category(e["name"], e.get("cat")), ctrl=ctrl,
+                          flops=float(a.get("flops", 0) or 0))
+        last_on_stream[st] = n
+        gpu_node[id(e)] = n
+
+    def _comm_fields(self, e: dict, a: dict) -> dict:
+        meta = a if "Collective name" in a else self.comm_args.get(a.get("External id"), a)
+        coll = str(meta.get("Collective name", "")).strip().lower()
+        op = _OPS.get(coll)
+        n_in, n_out = meta.get("In msg nelems"), meta.get("Out msg nelems")
+        dtype = str(meta.get("dtype", "")).strip().lower()
+        size = DTYPE_BYTES.get(dtype)
+        group = _ranks(meta.get("Process Group Ranks"))
+        if group is None and isinstance(meta.get("Group size"), int):
+            world = self.info.get("world_size")
+            if meta["Group size"] == world and isinstance(world, int):
+                group = tuple(range(world))
+        nel = max([v for v in (n_in, n_out) if isinstance(v, (int, float)) and not isinstance(v, bool)] or [-1])
+        if op is None or nel < 0 or size is None:
+            self.unpriced += 1
+            return {"kind": "comm", "op": coll}
+        nbytes = float(nel) * size
+        if op in ("send", "recv"):
+            peer = meta.get("dst rank" if op == "send" else "src rank")
+            if not isinstance(peer, int) and group is not None and len(group) == 2 and self.rank in group:
+                peer = next(g for g in group if g != self.rank)
+            if not isinstance(peer, int) or peer == self.rank:
+                self.unpriced += 1
+                return {"kind": "comm", "op": coll}
+            return {"kind": op, "peer": peer, "nbytes": nbytes}
+        if group is None or self.rank not in group or len(group) < 2:
+            self.unpriced += 1
+            return {"kind": "comm", "op": coll}
+        return {"kind": "collective", "op": op, "group": tuple(sorted(group)), "nbytes": nbytes}
+
+
+def _ranks(text) -> tuple[int, ...] | None:
+    if isinstance(text, (list, tuple)):
+        vals = text
+    elif isinstance(text, str) and text.strip().startswith("["):
+        try:
+            vals = ast.literal_eval(text.strip())
+        except (ValueError, SyntaxError):
+            return None
+    else:
+        return None
+    if not isinstance(vals, (list, tuple)) or not all(isinstance(v, int) and not isinstance(v, bool) for v in vals):
+        return None
+    return tuple(vals)
+
+
+def _short(name: str) -> str:
+    """A kernel's name without its C++ parameter list, at most 80 characters."""
+    text = name[5:] if name.startswith("void ") else name
+    text = text.replace("(anonymous namespace)::", "")
+    base = text.split("(", 1)[0].split("<", 1)[0]
+    return base[:80] or name[:80]
