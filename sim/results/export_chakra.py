@@ -18,7 +18,9 @@ then one ``Node`` per action:
   its group in ``comm_group.json`` (ids from 1: ASTRA-sim takes "0" for every rank);
   its duration is 0, for the simulator to price;
 - ``comm`` (communication priced outside the network model) -> the same, with its
-  duration and ``trainsim_priced`` true;
+  duration and ``trainsim_priced`` true; a ``comm`` without a group or a collective type
+  (what ``trainsim replay`` could only time in a trace) -> a ``COMP_NODE`` of its duration
+  with ``trainsim_comm`` true;
 - ``send`` / ``recv`` -> ``COMM_SEND_NODE`` / ``COMM_RECV_NODE`` with ``comm_src``,
   ``comm_dst``, ``comm_size`` and ``comm_tag`` (trainsim's tags numbered in sorted order
   from 1, untagged 0: the n-th send from a to b with a tag still meets the n-th receive);
@@ -73,9 +75,12 @@ class ChakraExport:
     """Dependencies on other ranks' actions, which Chakra cannot express (left out)."""
 
 
-def chakra_files(program, *, world_size: int | None = None) -> ChakraExport:
+def chakra_files(program, *, world_size: int | None = None, device_name: str = "",
+                 iteration_time_s: float | None = None) -> ChakraExport:
     """Every rank's ET (and the comm-group file) as bytes, by file name, built in memory
-    so that nothing is written when something is refused."""
+    so that nothing is written when something is refused. ``device_name`` (the GPU
+    profile) and ``iteration_time_s`` (the simulated iteration) go into the metadata, for
+    ``trainsim replay`` of the files."""
     if program.shadows:
         n, world = len(program.actions), len(program.actions) + len(program.shadows)
         raise InputError(f"--export-chakra: the run simulated {n} of its {world} GPUs (reduced fidelity); "
@@ -86,7 +91,7 @@ def chakra_files(program, *, world_size: int | None = None) -> ChakraExport:
     tags: set[str] = set()
     for acts in program.actions.values():
         for a in acts:
-            if a.kind in ("collective", "comm") and a.op in COMM_TYPE_OF and a.group:
+            if a.kind in ("collective", "comm") and a.op in COMM_TYPE_OF and a.group:  # (as _rank_nodes: below)
                 groups.setdefault(tuple(a.group), 0)
             if a.kind in ("send", "recv") or a.op == "shift":
                 tags.add(a.tag)
@@ -102,16 +107,20 @@ def chakra_files(program, *, world_size: int | None = None) -> ChakraExport:
             M.AttributeProto(name="schema", string_val=f"trainsim-{VERSION}"),
             M.AttributeProto(name="rank", int64_val=r),
             M.AttributeProto(name="world_size", int64_val=world),
-            M.AttributeProto(name="trainsim_streams", string_list=M.StringList(values=streams))])
+            M.AttributeProto(name="trainsim_streams", string_list=M.StringList(values=streams)),
+            *([M.AttributeProto(name="device_name", string_val=device_name)] if device_name else []),
+            *([M.AttributeProto(name="trainsim_iteration_time_s", double_val=float(iteration_time_s))]
+              if iteration_time_s is not None else [])])
         files[f"{PREFIX}.{r}.et"] = encode_stream([meta, *nodes])
     comm_groups = {str(i): list(g) for g, i in sorted(groups.items(), key=lambda kv: kv[1])}
     files[COMM_GROUP_FILE] = (json.dumps(comm_groups, indent=1) + "\n").encode()
     return ChakraExport(files, comm_groups, cross)
 
 
-def write_chakra(program, out_dir: str | Path, *, world_size: int | None = None) -> ChakraExport:
-    """Write ``chakra_files`` into ``out_dir``, each file through a temporary and a rename."""
-    export = chakra_files(program, world_size=world_size)
+def write_chakra(program, out_dir: str | Path, **kw) -> ChakraExport:
+    """Write ``chakra_files`` (``kw`` its keywords) into ``out_dir``, each file through a
+    temporary and a rename."""
+    export = chakra_files(program, **kw)
     out = Path(out_dir)
     for name, data in export.files.items():
         with atomic_path(out / name) as tmp:
@@ -179,6 +188,8 @@ def _rank_nodes(M, rank: int, acts, groups: dict, tag_ids: dict):
         if a.kind == "compute":
             node(i, a.name, "COMP_NODE", [*dur, Attr(name="num_ops", int64_val=round(a.flops)),
                                           Attr(name="tensor_size", uint64_val=round(a.nbytes))], micros)
+        elif a.kind == "comm" and not (a.group and (a.op in COMM_TYPE_OF or a.op == "shift")):
+            node(i, a.name, "COMP_NODE", [*dur, Attr(name="trainsim_comm", bool_val=True)], micros)
         elif a.kind in ("collective", "comm") and a.op in COMM_TYPE_OF:
             priced = [*dur, Attr(name="trainsim_priced", bool_val=True)] if a.kind == "comm" else []
             pg = [Attr(name="pg_name", string_val=str(groups[tuple(a.group)]))] if a.group else []
