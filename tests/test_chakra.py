@@ -341,3 +341,110 @@ def test_without_protobuf_the_message_says_how_to_install(monkeypatch):
     finally:
         monkeypatch.undo()
         chakra_schema.messages.cache_clear()
+
+
+# ---------------------------------------------------------------- trainsim replay of Chakra ETs
+
+def test_replay_of_runs_own_ets_reproduces_its_iteration(tiny_run, tmp_path, capsys):
+    """The tiny plan's ETs, replayed: the same program on the same network, within 1% of
+    the iteration ``run`` simulated (the replay lets NCCL's tuner pick, as ``run`` does);
+    the ETs carry that time as the 'traced' step."""
+    out = tmp_path / "et"
+    assert main(["run", *TINY_FLAGS, "--export-chakra", str(out)]) == 0
+    capsys.readouterr()
+    assert main(["replay", *map(str, _ets(out)), "--json"]) == 0
+    s = json.loads(capsys.readouterr().out)
+    T = tiny_run.trace.end_s
+    assert s["traced_step_s"] == T
+    assert s["iteration_time_s"] == pytest.approx(T, rel=0.01)
+    assert (s["world_size"], s["gpu"], s["cloned_ranks"], s["comm_unmatched"]) == (4, "h100-sxm", 0, 0)
+
+
+def test_replay_of_astra_sim_all_reduce():
+    """One 1 MB all-reduce over 4 ranks and nothing else: the replayed step is that
+    collective, priced by the network model."""
+    from sim.replay.chakra import chakra_graphs
+    from sim.replay.run import replay
+
+    r = replay(chakra_graphs(sorted(DATA.glob("all_reduce.*.et"))), gpu="h100-sxm")
+    s = r.summary
+    assert s["world_size"] == 4 and s["traced_step_s"] == 0.0
+    assert list(s["critical_path"]["by_category_s"]) == ["allreduce"]
+    assert s["rank_times"]["kernel_s"] == 0.0
+    assert s["rank_times"]["comm_s"] == pytest.approx(s["iteration_time_s"]) and s["iteration_time_s"] > 0
+    (act,) = r.replayed.program.actions[0]
+    assert (act.kind, act.op, act.nbytes, act.group) == ("collective", "allreduce", 1 * MiB, (0, 1, 2, 3))
+    (span,) = r.trace.spans_of(0)
+    assert span.end_s == pytest.approx(s["iteration_time_s"])
+
+
+def test_replay_of_astra_sim_msccl_ring_runs_with_eager_sends():
+    """The MSCCL ring: each rank's first send and its receive after it would wait on each
+    other under rendezvous sends; as ASTRA-sim runs them (a send does not wait for its
+    receive) the ring completes. Each rank reduces 7 chunks of 7 µs: 49 µs of kernels, all
+    on the critical path, plus 14 chunk transfers."""
+    from sim.replay.chakra import chakra_graphs
+    from sim.replay.run import replay
+
+    s = replay(chakra_graphs(sorted((DATA / "custom_allreduce").glob("*.et.gz"))), gpu="h100-sxm").summary
+    assert s["world_size"] == 8 and s["comm_unmatched"] == 0
+    assert s["rank_times"]["kernel_s"] == pytest.approx(7 * 7e-6)
+    assert s["critical_path"]["by_category_s"]["kernel"] == pytest.approx(7 * 7e-6)
+    assert s["iteration_time_s"] > 7 * 7e-6 and s["critical_path"]["by_category_s"]["p2p"] > 0
+
+
+def test_replay_export_chakra_round_trip(tmp_path, capsys):
+    """``replay --export-chakra`` of ASTRA-sim's ring writes the replayed program: per rank
+    the same 14 sends, 14 receives and 7 reductions, and it replays to the same step."""
+    src = sorted((DATA / "custom_allreduce").glob("*.et.gz"))
+    out = tmp_path / "again"
+    assert main(["replay", *map(str, src), "--gpu", "h100-sxm", "--json", "--export-chakra", str(out)]) == 0
+    first = json.loads(capsys.readouterr().out)
+    graph = read_ets(_ets(out))
+    for r, et in graph.items():
+        assert Counter(n.kind for n in et.nodes) == {"send": 14, "recv": 14, "compute": 7}
+        assert et.metadata["device_name"] == "h100-sxm"
+    assert main(["replay", *map(str, _ets(out)), "--json"]) == 0
+    second = json.loads(capsys.readouterr().out)
+    assert second["iteration_time_s"] == pytest.approx(first["iteration_time_s"], rel=1e-9)
+    assert second["traced_step_s"] == first["iteration_time_s"]
+
+
+def test_is_chakra_by_extension_then_content(tmp_path):
+    from sim.replay.chakra import is_chakra
+
+    et = (DATA / "all_reduce.0.et").read_bytes()
+    (tmp_path / "rank0").write_bytes(et)
+    (tmp_path / "rank1").write_text('{"traceEvents": []}')
+    (tmp_path / "rank2").write_bytes(gzip.compress(b'  {"traceEvents": []}'))
+    assert [is_chakra(tmp_path / f"rank{i}") for i in range(3)] == [True, False, False]
+    assert is_chakra(DATA / "custom_allreduce" / "custom_allreduce.0.et.gz")
+    assert not is_chakra(tmp_path / "x.json")
+
+
+@pytest.mark.parametrize("case", ["mixed", "step", "not chakra", "truncated", "comm group elsewhere"])
+def test_replay_bad_chakra_input_is_one_line(case, tmp_path, capsys):
+    good = [str(p) for p in sorted(DATA.glob("all_reduce.*.et"))]
+    if case == "mixed":
+        kineto = Path(__file__).parent / "data" / "kineto_rank0.json.gz"
+        argv, needle = [good[0], str(kineto)], str(kineto)
+    elif case == "step":
+        argv, needle = [*good, "--step", "3"], "--step"
+    elif case == "not chakra":
+        bad = tmp_path / "x.1.et"
+        bad.write_text('{"traceEvents": []}')
+        argv, needle = [good[0], str(bad)], str(bad)
+    elif case == "truncated":
+        bad = tmp_path / "x.1.et"
+        data = gzip.decompress((DATA / "custom_allreduce" / "custom_allreduce.1.et.gz").read_bytes())
+        bad.write_bytes(data[:1000])
+        argv, needle = [good[0], str(bad)], "truncated"
+    else:
+        kineto = Path(__file__).parent / "data" / "kineto_rank0.json.gz"
+        argv, needle = [str(kineto), "--comm-group", "g.json"], "--comm-group"
+    out = tmp_path / "out"
+    assert _exit_code(["replay", *argv, "--gpu", "h100-sxm", "--out", str(out)]) == 2
+    captured = capsys.readouterr()
+    (line,) = captured.err.strip().splitlines()
+    assert line.startswith("trainsim: error: ") and needle in line
+    assert captured.out == "" and not out.exists()
