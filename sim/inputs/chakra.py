@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from sim.errors import InputError
-from sim.inputs.chakra_schema import COMM_TYPES, NODE_TYPES, FramingError, messages, split_stream
+from sim.inputs.chakra_schema import COMM_TYPES, NODE_TYPES, FramingError, iter_stream, messages
 
 KINDS = {"COMP_NODE": "compute", "COMM_COLL_NODE": "collective", "COMM_SEND_NODE": "send",
          "COMM_RECV_NODE": "recv", "MEM_LOAD_NODE": "mem_load", "MEM_STORE_NODE": "mem_store",
@@ -174,15 +174,11 @@ def _read_one(path: Path, rank: int, groups: dict, groups_from: str, world: int)
     not_et = f"{path}: not a Chakra execution trace"
     if not data:
         raise InputError(f"{not_et}: the file is empty (expected a GlobalMetadata message, then Node messages)")
-    try:
-        bodies = split_stream(data)
-    except FramingError as exc:
-        raise InputError(f"{not_et}: {exc.detail}") from None
 
-    def parse(i: int, cls):
+    def parse(i: int, body: bytes, cls):
         msg = cls()
         try:
-            msg.ParseFromString(bodies[i])
+            msg.ParseFromString(body)
         except DecodeError as exc:
             raise InputError(f"{not_et}: message {i} is not a Chakra {cls.DESCRIPTOR.name} ({exc})") from None
         unknown = _unknown_fields(msg)
@@ -191,9 +187,19 @@ def _read_one(path: Path, rank: int, groups: dict, groups_from: str, world: int)
                              "of et_def.proto does not define")
         return msg
 
-    meta = parse(0, M.GlobalMetadata)
+    meta, raw = None, []
+    try:
+        for i, body in enumerate(iter_stream(data)):
+            if i == 0:
+                meta = parse(0, body, M.GlobalMetadata)
+                if not meta.version and not len(meta.attr):
+                    raise InputError(f"{not_et}: message 0 is not a GlobalMetadata (it has no version and no "
+                                     "attributes)")
+            else:
+                raw.append(parse(i, body, M.Node))
+    except FramingError as exc:
+        raise InputError(f"{not_et}: {exc.detail}") from None
     metadata = {a.name: attr_value(a) for a in meta.attr}
-    raw = [parse(i, M.Node) for i in range(1, len(bodies))]
     ids = set()
     for i, n in enumerate(raw, 1):
         if n.type not in _TYPE_NAMES:

@@ -142,20 +142,27 @@ class FramingError(ValueError):
 
 
 def split_stream(data: bytes) -> list[bytes]:
-    """The message bodies of an ET file's bytes (gzip-compressed files are opened, as
-    Chakra's ``protolib.openFileRd`` does). A length that runs past the end, or a varint
-    longer than ten bytes, is a ``FramingError``."""
+    """The message bodies of an ET file's bytes (``iter_stream``, all of them)."""
+    return list(iter_stream(data))
+
+
+def iter_stream(data: bytes):
+    """Yield the message bodies of an ET file's bytes in order (gzip-compressed files are
+    opened, as Chakra's ``protolib.openFileRd`` does). A length that runs past the end, or
+    a varint longer than ten bytes, raises a ``FramingError`` when reached, so a reader
+    that checks each message as it comes reports the first wrong one."""
     if data[:2] == b"\x1f\x8b":
         try:
             data = gzip.decompress(data)
         except (OSError, EOFError) as exc:
             raise FramingError(f"gzip data that does not open ({exc})") from None
-    bodies, pos, end = [], 0, len(data)
+    count, pos, end = 0, 0, len(data)
     while pos < end:
         start, n, shift = pos, 0, 0
         while True:
             if pos >= end:
-                raise FramingError(f"message {len(bodies)}: its length prefix at byte {start} is cut off")
+                raise FramingError(f"message {count}: its length prefix at byte {start} is cut off "
+                                   "(the file is truncated)")
             byte = data[pos]
             pos += 1
             n |= (byte & 0x7F) << shift
@@ -163,10 +170,10 @@ def split_stream(data: bytes) -> list[bytes]:
                 break
             shift += 7
             if shift >= 70:
-                raise FramingError(f"message {len(bodies)}: no length prefix at byte {start}")
+                raise FramingError(f"message {count}: no length prefix at byte {start}")
         if pos + n > end:
-            raise FramingError(f"message {len(bodies)} at byte {start}: {n} bytes announced, {end - pos} left "
+            raise FramingError(f"message {count} at byte {start}: {n} bytes announced, {end - pos} left "
                                f"(the file is truncated)")
-        bodies.append(data[pos:pos + n])
+        yield data[pos:pos + n]
+        count += 1
         pos += n
-    return bodies
