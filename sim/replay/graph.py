@@ -70,6 +70,8 @@ class Node:
     data_deps: tuple[int, ...] = ()
     flops: float = 0.0
     """FLOPs the trace records for a kernel, if any (0: unknown)."""
+    pg_name: str = ""
+    """The process group's name or description, when the trace gives it (``DATA_PARALLEL_GROUP``)."""
 
     @property
     def deps(self) -> tuple[int, ...]:

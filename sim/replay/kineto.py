@@ -330,7 +330,7 @@ class _Builder:
         nodes = tuple(Node(id=n["id"], name=n["name"], kind=n["kind"], lane=n["lane"], duration_s=n["duration_s"],
                            category=n["category"], op=n.get("op", ""), nbytes=n.get("nbytes", 0.0),
                            group=tuple(n.get("group", ())), peer=n.get("peer"), ctrl_deps=tuple(n["ctrl"]),
-                           data_deps=tuple(n["data"]), flops=n.get("flops", 0.0))
+                           data_deps=tuple(n["data"]), flops=n.get("flops", 0.0), pg_name=n.get("pg_name", ""))
                       for n in self.nodes)
         return RankGraph(self.rank, nodes, self.where, traced, {"unpriced_comm": self.unpriced}).check()
 
@@ -346,9 +346,12 @@ class _Builder:
             fields = self._comm_fields(e, a)
             n = self._add(name=_short(e["name"]), lane=lane, duration_s=dur, category="comm", ctrl=ctrl, **fields)
         else:
-            n = self._add(name=_short(e["name"]), kind="compute", lane=lane, duration_s=dur,
-                          category=kernel_category(e["name"], e.get("cat")), ctrl=ctrl,
-                          flops=float(a.get("flops", 0) or 0))
+            flops = float(a.get("flops", 0) or 0)
+            cat = kernel_category(e["name"], e.get("cat"))
+            if cat == "kernel" and flops > 0:
+                cat = "gemm"  # a kernel the trace gives FLOPs for: compute-bound
+            n = self._add(name=_short(e["name"]), kind="compute", lane=lane, duration_s=dur, category=cat, ctrl=ctrl,
+                          flops=flops)
         last_on_stream[st] = n
         gpu_node[id(e)] = n
 
@@ -380,7 +383,8 @@ class _Builder:
         if group is None or self.rank not in group or len(group) < 2:
             self.unpriced += 1
             return {"kind": "comm", "op": coll}
-        return {"kind": "collective", "op": op, "group": tuple(sorted(group)), "nbytes": nbytes}
+        return {"kind": "collective", "op": op, "group": tuple(sorted(group)), "nbytes": nbytes,
+                "pg_name": str(meta.get("Process Group Description") or meta.get("Process Group Name") or "")}
 
 
 def _ranks(text) -> tuple[int, ...] | None:

@@ -10,8 +10,10 @@ measured, on its slowest traced rank), and the critical path by category.
 
 What-ifs:
 
-- ``data_parallel_size=N``: the data-parallel groups are the groups of the job's largest
-  all-reduce / reduce-scatter / all-gather collectives (they must be evenly strided:
+- ``data_parallel_size=N``: the data-parallel groups are those of the all-reduce /
+  reduce-scatter / all-gather collectives whose process group is named for data
+  parallelism (``DATA_PARALLEL_GROUP``, ``dp``), else those of the group size that moves
+  the most bytes (they must be evenly strided:
   ranks g, g+s, ..., g+(D-1)s); rank r = i + s·(d + D·o) becomes i + s·(d' + N·o) for each
   new replica d', which copies replica d' mod D. Each rank's kernels are kept; the
   gradient collectives run over the N-rank groups (the same bytes per rank), every other
@@ -25,6 +27,7 @@ What-ifs:
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, replace
 
 from sim.errors import InputError
@@ -65,19 +68,31 @@ def check_same_job(graphs: list[RankGraph]) -> None:
                                  f"{first.meta.get(key)!r}: traces of different jobs or steps are mixed")
 
 
+_DP_NAME = re.compile(r"data|(^|[^a-z])dp([^a-z]|$)", re.I)
+
+
 def data_parallel_groups(graphs: dict[int, RankGraph]) -> tuple[int, int, list]:
     """(D, stride, groups) of the job's data-parallel groups (see the module doc)."""
-    groups = {n.group for g in graphs.values() for n in g.nodes
-              if n.kind == "collective" and n.op in ("allreduce", "reducescatter", "allgather")}
-    if not groups:
+    colls = [n for g in graphs.values() for n in g.nodes
+             if n.kind == "collective" and n.op in ("allreduce", "reducescatter", "allgather")]
+    if not colls:
         raise InputError("--data-parallel-size: the trace has no all-reduce, reduce-scatter or all-gather with its "
                          "group and size; there are no gradient collectives to re-price")
+    named = [n for n in colls if _DP_NAME.search(n.pg_name)]
+    if named:
+        groups = {n.group for n in named}
+    else:  # the groups of the size that moves the most bytes
+        by_size: dict[int, float] = {}
+        for n in colls:
+            by_size[len(n.group)] = by_size.get(len(n.group), 0.0) + n.nbytes
+        size = max(by_size, key=lambda k: (by_size[k], k))
+        groups = {n.group for n in colls if len(n.group) == size}
     size = max(len(g) for g in groups)
     big = sorted(g for g in groups if len(g) == size)
     strides = {g[1] - g[0] for g in big}
     if len(strides) != 1 or any(any(b - a != g[1] - g[0] for a, b in zip(g, g[1:])) for g in big):
         raise InputError(f"--data-parallel-size: the data-parallel groups {[list(g) for g in big[:3]]} are not evenly "
-                         "strided; allowed: traces whose largest gradient groups are ranks g, g+s, ..., g+(D-1)s")
+                         "strided; allowed: traces whose gradient groups are ranks g, g+s, ..., g+(D-1)s")
     return size, strides.pop(), big
 
 
