@@ -301,4 +301,5 @@ def write_chakra_files(training_run: TrainingRun, out: str | Path):
     from sim.results.export_chakra import write_chakra
 
     return write_chakra(training_run.program, out, world_size=training_run.plan.world_size,
-                        device_name=training_run.profile.name, iteration_time_s=training_run.trace.end_s)
+                        device_name=training_run.profile.name, iteration_time_s=training_run.trace.end_s,
+                        trace=training_run.trace)

@@ -206,6 +206,8 @@ def test_shift_copy_comm_and_cross_rank_dependencies(tmp_path):
         recv = next(n for n in et.nodes if n.kind == "recv")
         assert (send.src, send.dst, send.nbytes) == (r, (r + 1) % 3, 1000)
         assert (recv.src, recv.dst, recv.nbytes) == ((r - 1) % 3, r, 1000)
+        streams = et.metadata["trainsim_streams"]
+        assert (streams[send.stream], streams[recv.stream]) == ("comm", "comm (shift recv)")
         attn = next(n for n in et.nodes if n.name == "attn")
         assert set(attn.data_deps) == {send.id, recv.id}
         assert (attn.duration_s, attn.flops) == (2e-6, 1e9)
@@ -448,3 +450,24 @@ def test_replay_bad_chakra_input_is_one_line(case, tmp_path, capsys):
     (line,) = captured.err.strip().splitlines()
     assert line.startswith("trainsim: error: ") and needle in line
     assert captured.out == "" and not out.exists()
+
+
+@pytest.mark.parametrize("plan", [
+    ["--gpus", "8", "--tensor-model-parallel-size", "2", "--pipeline-model-parallel-size", "2",
+     "--global-batch-size", "16"],
+    ["--gpus", "4", "--context-parallel-size", "2", "--global-batch-size", "4"],  # ring attention's shifts
+    ["--gpus", "4", "--zero", "2", "--offload-optimizer", "--global-batch-size", "8"],  # host copies
+], ids=["tp-pp-dp", "cp-shift", "offload"])
+def test_replay_of_exported_plans_reproduces_run(plan, tmp_path, capsys):
+    """More of the program's kinds through the ETs and back (tensor-parallel collectives,
+    shifts as a send and a receive on a stream of its own, host copies at the duration the
+    run simulated): the replay is within 1% of the run's iteration."""
+    model = ["--num-layers", "4", "--hidden-size", "512", "--num-attention-heads", "8", "--vocab-size", "2048",
+             "--seq-length", "256", "--gpu", "h100-sxm", "--fidelity", "full"]
+    out = tmp_path / "et"
+    assert main(["run", *model, *plan, "--json", "--export-chakra", str(out)]) == 0
+    T = json.loads(capsys.readouterr().out)["iteration_time_s"]
+    assert main(["replay", *map(str, _ets(out)), "--json"]) == 0
+    s = json.loads(capsys.readouterr().out)
+    assert s["comm_unmatched"] == 0 and s["traced_step_s"] == T
+    assert s["iteration_time_s"] == pytest.approx(T, rel=0.01)

@@ -26,12 +26,15 @@ then one ``Node`` per action:
   from 1, untagged 0: the n-th send from a to b with a tag still meets the n-th receive);
 - a ``shift`` (each rank's buffer to the next rank of the group, ring attention's
   exchange), which Chakra has no collective for, -> a send to the next rank and a
-  receive from the previous one, both of its size;
+  receive from the previous one, both of its size, the receive on a stream of its own
+  (``<stream> (shift recv)``) so that the two overlap as the shift's transfers do;
 - ``copy`` -> ``MEM_STORE_NODE`` (device to host) or ``MEM_LOAD_NODE`` (host to device)
-  with ``tensor_size``.
+  with ``tensor_size``, and the duration the run simulated for it when the run's trace is
+  given (``write_chakra_files``; a program alone leaves copies to the PCIe link's model).
 
 Every node has ``is_cpu_op`` false, its ``stream`` (an index into the metadata's
-``trainsim_streams``) and ``trainsim_category``. Dependencies: ``ctrl_deps`` holds the
+``trainsim_streams``) and ``trainsim_category``; a tensor-parallel overlap chunk that
+Transformer Engine's userbuffers move has ``trainsim_userbuffers`` true. Dependencies: ``ctrl_deps`` holds the
 node issued just before it on its stream (CUDA-stream order); ``data_deps`` holds that
 and every same-rank action it waits for, since simulators schedule by ``data_deps``
 alone (ASTRA-sim's ET feeder does). A program's dependencies on another rank's actions
@@ -76,11 +79,12 @@ class ChakraExport:
 
 
 def chakra_files(program, *, world_size: int | None = None, device_name: str = "",
-                 iteration_time_s: float | None = None) -> ChakraExport:
+                 iteration_time_s: float | None = None, trace=None) -> ChakraExport:
     """Every rank's ET (and the comm-group file) as bytes, by file name, built in memory
     so that nothing is written when something is refused. ``device_name`` (the GPU
     profile) and ``iteration_time_s`` (the simulated iteration) go into the metadata, for
-    ``trainsim replay`` of the files."""
+    ``trainsim replay`` of the files. ``trace``: the run's, whose spans give each host copy
+    its duration (the program leaves copies to the PCIe link's model)."""
     if program.shadows:
         n, world = len(program.actions), len(program.actions) + len(program.shadows)
         raise InputError(f"--export-chakra: the run simulated {n} of its {world} GPUs (reduced fidelity); "
@@ -100,8 +104,11 @@ def chakra_files(program, *, world_size: int | None = None, device_name: str = "
     tag_ids = {t: i for i, t in enumerate(sorted(tags - {""}), 1)}
     tag_ids[""] = 0
     files, cross = {}, 0
+    copies = {}
+    if trace is not None:
+        copies = {(sp.rank, sp.name): sp.end_s - sp.start_s for sp in trace.spans if sp.kind == "copy"}
     for r, acts in program.actions.items():
-        nodes, dropped, streams = _rank_nodes(M, r, acts, groups, tag_ids)
+        nodes, dropped, streams = _rank_nodes(M, r, acts, groups, tag_ids, copies)
         cross += dropped
         meta = M.GlobalMetadata(version=VERSION, attr=[
             M.AttributeProto(name="schema", string_val=f"trainsim-{VERSION}"),
@@ -137,7 +144,7 @@ def chakra_line(export: ChakraExport, out_dir) -> str:
             f"({len(export.comm_groups)} communicator groups; Chakra execution traces){left}")
 
 
-def _rank_nodes(M, rank: int, acts, groups: dict, tag_ids: dict):
+def _rank_nodes(M, rank: int, acts, groups: dict, tag_ids: dict, copies: dict):
     """One rank's ``Node`` messages in a dependency order, the number of cross-rank
     dependencies left out, and the stream names by index."""
     Attr = M.AttributeProto
@@ -179,9 +186,9 @@ def _rank_nodes(M, rank: int, acts, groups: dict, tag_ids: dict):
         micros = round(a.duration_s * 1e6)
         made = []
 
-        def node(nid: int, name: str, type_: str, attrs: list, duration: int = 0):
+        def node(nid: int, name: str, type_: str, attrs: list, duration: int = 0, own=common):
             n = M.Node(id=nid, name=name, type=NODE_TYPES[type_], ctrl_deps=sorted(ctrl), data_deps=sorted(data),
-                       duration_micros=duration, attr=[*common, *attrs])
+                       duration_micros=duration, attr=[*own, *attrs])
             made.append(n)
 
         size = [Attr(name="comm_size", int64_val=round(a.nbytes))]
@@ -193,8 +200,9 @@ def _rank_nodes(M, rank: int, acts, groups: dict, tag_ids: dict):
         elif a.kind in ("collective", "comm") and a.op in COMM_TYPE_OF:
             priced = [*dur, Attr(name="trainsim_priced", bool_val=True)] if a.kind == "comm" else []
             pg = [Attr(name="pg_name", string_val=str(groups[tuple(a.group)]))] if a.group else []
+            ub = [Attr(name="trainsim_userbuffers", bool_val=True)] if a.userbuffers else []
             node(i, a.name, "COMM_COLL_NODE",
-                 [Attr(name="comm_type", int64_val=COMM_TYPES[COMM_TYPE_OF[a.op]]), *size, *pg, *priced],
+                 [Attr(name="comm_type", int64_val=COMM_TYPES[COMM_TYPE_OF[a.op]]), *size, *pg, *priced, *ub],
                  micros if a.kind == "comm" else 0)
         elif a.kind in ("collective", "comm") and a.op == "shift":
             order = sorted(a.group)
@@ -205,16 +213,24 @@ def _rank_nodes(M, rank: int, acts, groups: dict, tag_ids: dict):
             t = micros if a.kind == "comm" else 0
             node(ends[i][0], f"{a.name} (shift: send)", "COMM_SEND_NODE",
                  [Attr(name="comm_src", int32_val=rank), Attr(name="comm_dst", int32_val=nxt), *size, *tag, *priced], t)
+            # the receive on a stream of its own, so that the halves overlap as the shift's transfers do
+            lane = f"{a.stream} (shift recv)"
+            rs = stream_of.setdefault(lane, len(stream_of))
+            if rs == len(streams):
+                streams.append(lane)
             node(ends[i][1], f"{a.name} (shift: recv)", "COMM_RECV_NODE",
-                 [Attr(name="comm_src", int32_val=prev), Attr(name="comm_dst", int32_val=rank), *size, *tag, *priced], t)
+                 [Attr(name="comm_src", int32_val=prev), Attr(name="comm_dst", int32_val=rank), *size, *tag, *priced], t,
+                 own=[common[0], Attr(name="stream", int64_val=rs), *common[2:]])
         elif a.kind in ("send", "recv"):
             src, dst = (rank, a.peer) if a.kind == "send" else (a.peer, rank)
             node(i, a.name, "COMM_SEND_NODE" if a.kind == "send" else "COMM_RECV_NODE",
                  [Attr(name="comm_src", int32_val=src), Attr(name="comm_dst", int32_val=dst), *size,
                   Attr(name="comm_tag", int32_val=tag_ids[a.tag])])
         elif a.kind == "copy":
+            t = copies.get((rank, a.name), a.duration_s)
             node(i, a.name, "MEM_STORE_NODE" if a.op == "d2h" else "MEM_LOAD_NODE",
-                 [*dur, Attr(name="tensor_size", uint64_val=round(a.nbytes))], micros)
+                 [Attr(name="trainsim_duration_s", double_val=float(t)), Attr(name="tensor_size", uint64_val=round(a.nbytes))],
+                 round(t * 1e6))
         else:
             raise InputError(f"--export-chakra: rank {rank}: action {a.name!r}: kind {a.kind!r} with op {a.op!r} "
                              "has no Chakra node type")
