@@ -471,3 +471,12 @@ def test_replay_of_exported_plans_reproduces_run(plan, tmp_path, capsys):
     s = json.loads(capsys.readouterr().out)
     assert s["comm_unmatched"] == 0 and s["traced_step_s"] == T
     assert s["iteration_time_s"] == pytest.approx(T, rel=0.01)
+
+
+def test_api_save_writes_chakra(tmp_path):
+    import sim
+
+    result = sim.run(**{k: v for k, v in TINY.items()})
+    result.save(tmp_path, chakra=True)
+    assert sorted(p.name for p in (tmp_path / "chakra").iterdir()) == \
+        ["comm_group.json", *(f"trainsim.{r}.et" for r in range(4))]
