@@ -251,12 +251,31 @@ def test_run_export_chakra_cli(tmp_path, capsys):
     assert len(read_ets(_ets(out))) == 4
 
 
-def test_reduced_fidelity_is_refused_and_nothing_written(tmp_path, capsys):
+def test_reduced_fidelity_is_refused_before_work_and_nothing_written(tmp_path, capsys, monkeypatch):
+    def no_work(*args, **kwargs):
+        raise AssertionError("simulated before the input was checked")
+
+    monkeypatch.setattr(session, "simulate", no_work)
     out = tmp_path / "et"
     assert _exit_code(["run", *TINY_FLAGS, "--fidelity", "reduced", "--export-chakra", str(out)]) == 2
-    err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "--export-chakra" in err[0] and "--fidelity full" in err[0]
+    captured = capsys.readouterr()
+    (line,) = captured.err.strip().splitlines()
+    assert "--export-chakra" in line and "fidelity 'reduced'" in line and captured.out == ""
     assert not out.exists()
+
+
+def test_auto_fidelity_simulates_every_rank_when_exporting(tmp_path, capsys, monkeypatch):
+    """With auto fidelity set to pick reduced (no event budget), --export-chakra still
+    simulates (and writes) every rank; the program of a reduced run is refused by the
+    exporter itself."""
+    monkeypatch.setattr(session, "AUTO_FULL_FIDELITY_EVENTS", 0)
+    out = tmp_path / "et"
+    assert main(["run", *TINY_FLAGS, "--export-chakra", str(out)]) == 0
+    assert len(read_ets(_ets(out))) == 4
+    run, _ = session.run(session.prepare(RunSettings.from_values(TINY)))
+    assert run.fidelity == "reduced"
+    with pytest.raises(InputError, match="reduced fidelity"):
+        chakra_files(run.program)
 
 
 def test_export_dir_that_is_a_file_is_refused_before_work(tmp_path, capsys):

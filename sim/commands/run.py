@@ -17,7 +17,7 @@ from pathlib import Path
 from sim import session
 from sim.commands.settings import RUN_FLAGS, check_outputs, typed
 from sim.errors import InputError
-from sim.inputs.experiment import MODEL_FIELDS, blame, read_experiment, values_of
+from sim.inputs.experiment import MODEL_FIELDS, Setting, Where, blame, read_experiment, values_of
 from sim.inputs.flags import add_arguments as add_schema_arguments
 from sim.inputs.schema import RunSettings
 from sim.progress import Progress
@@ -53,6 +53,17 @@ def settings_of(args) -> tuple[object, dict]:
     return exp, {**exp.settings, **cli}
 
 
+def _every_rank(settings: dict) -> dict:
+    """``--export-chakra`` writes every rank's trace, so every GPU is simulated: ``auto``
+    fidelity runs full, and ``reduced`` (asked for) is refused before any work."""
+    chosen = settings.get("fidelity")
+    if chosen is not None and chosen.value == "reduced":
+        where = f"{chosen.where.f.path}:{chosen.where.line}: " if chosen.where.f is not None else ""
+        raise InputError(f"--export-chakra: {where}fidelity 'reduced' simulates one GPU per pipeline stage; "
+                         "Chakra needs every rank's trace: use fidelity full (or auto)")
+    return {**settings, "fidelity": Setting("fidelity", "fidelity", "full", Where())}
+
+
 def _simulate(settings: dict):
     prepared = session.prepare(RunSettings.from_values(values_of(settings)))
     with Progress() as bar:
@@ -63,6 +74,8 @@ def _simulate(settings: dict):
 def run(args) -> int:
     check_outputs(args)
     exp, settings = settings_of(args)
+    if args.export_chakra:
+        settings = _every_rank(settings)
     try:
         run_, summary = _simulate(settings)
     except InputError as exc:
