@@ -499,3 +499,27 @@ def test_api_save_writes_chakra(tmp_path):
     result.save(tmp_path, chakra=True)
     assert sorted(p.name for p in (tmp_path / "chakra").iterdir()) == \
         ["comm_group.json", *(f"trainsim.{r}.et" for r in range(4))]
+
+
+def test_unknown_fields_and_bad_comm_group_files(tmp_path):
+    """A message with a field et_def.proto does not define (number 20 here) is not a Chakra
+    node; a comm-group file must be an object of digit ids to distinct ranks."""
+    from sim.inputs.chakra import read_comm_groups
+
+    M = messages()
+    node = M.Node(id=0, name="k", type=chakra_schema.NODE_TYPES["COMP_NODE"]).SerializeToString()
+    body = node + bytes([0xA0, 0x01, 5])  # field 20 (tag 20 << 3 = 160, a two-byte varint), varint 5
+    p = tmp_path / "odd.0.et"
+    p.write_bytes(encode_stream([M.GlobalMetadata(version="0.0.4")]) + bytes([len(body)]) + body)
+    with pytest.raises(InputError) as exc:
+        read_ets([p])
+    assert "message 1 has fields [20]" in _one_line_naming(exc, p)
+    for text, needle in [("[1, 2]", "got a JSON list"), ('{"a": [0]}', "group 'a'"), ('{"1": [0, 0]}', "twice"),
+                         ('{"1": []}', "non-empty list"), ("{", "not JSON")]:
+        g = tmp_path / "comm_group.json"
+        g.write_text(text)
+        with pytest.raises(InputError) as exc:
+            read_comm_groups(g)
+        assert needle in _one_line_naming(exc, g)
+    g.write_text('{"1": [0, 2], "2": [1, 3]}')
+    assert read_comm_groups(g) == {"1": (0, 2), "2": (1, 3)}

@@ -155,11 +155,15 @@ def read_ets(paths, comm_groups: str | Path | dict | None = None, *, world_size:
             raise InputError(f"{p}: rank {r}: {ranks[r]} is rank {r} too; give one execution trace per rank")
         ranks[r] = p
     world = world_size if world_size is not None else max(len(ranks), max(ranks) + 1)
+    where = "the comm groups given"
     if comm_groups is None:
         beside = paths[0].parent / "comm_group.json"
         comm_groups = beside if beside.is_file() else {}
+        if not comm_groups:
+            where = f"a comm-group file ({beside} does not exist)"
     groups = read_comm_groups(comm_groups) if isinstance(comm_groups, (str, Path)) else dict(comm_groups)
-    where = str(comm_groups) if isinstance(comm_groups, (str, Path)) else "the comm groups given"
+    if isinstance(comm_groups, (str, Path)):
+        where = str(comm_groups)
     return {r: _read_one(ranks[r], r, groups, where, world) for r in sorted(ranks)}
 
 
@@ -267,9 +271,9 @@ def _node(path: Path, rank: int, n, ctrl: tuple, groups: dict, groups_from: str,
         elif pg in groups:
             kw["group"] = groups[pg]
         else:
-            have = ", ".join(sorted(groups, key=int)) if groups else "none"
-            raise InputError(f"{where}: pg_name: got {pg!r}; not a group of {groups_from} (groups: {have}); "
-                             "give the comm-group file the ETs were written with")
+            have = f" (groups: {', '.join(sorted(groups, key=int))})" if groups else ""
+            raise InputError(f"{where}: pg_name: got {pg!r}; not a group of {groups_from}{have}; "
+                             "give the comm-group file the ETs were written with (--comm-group FILE)")
         kw["pg_name"] = pg
     elif kind == "send":
         kw["src"] = int(number("comm_src", rank))
