@@ -816,6 +816,7 @@ OUT_COMMANDS = {
     "sweep": (["sweep", "SWEEP", "--workers", "0", "--out", "{}"], "--out", "dir"),
     "demo": (["demo", "--out", "{}"], "--out", "dir"),
     "import-trace": (["import-trace", DATA / "kineto_rank0.json.gz", "--out", "{}"], "--out", "dir"),
+    "replay": (["replay", DATA / "kineto_rank0.json.gz", "--out", "{}"], "--out", "dir"),
     "validate": (["validate", "--profile", PROFILE, "--out", "{}"], "--out", "dir"),
     "import-nccl-tests": (["import-nccl-tests", DATA / "nccl_all_reduce_8gpu.txt", "--profile", "h100-sxm",
                            "--out", "{}"], "--out", "file"),

@@ -39,7 +39,8 @@ Times are seconds (SI), converted once by the reader.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from sim.errors import InputError
 from sim.program.actions import OPS
@@ -49,9 +50,9 @@ CATEGORIES = ("gemm", "attention", "memory", "kernel", "comm", "cpu", "carry")
 COLLECTIVE_OPS = tuple(o for o in OPS if o not in ("sendrecv", "shift"))
 
 
-@dataclass(frozen=True, slots=True)
-class Node:
-    """One thing a rank did (see the module doc)."""
+class Node(NamedTuple):
+    """One thing a rank did (see the module doc). A named tuple: graphs hold millions of
+    them; ``node._replace(field=value)`` makes a changed copy."""
 
     id: int
     """Unique within its rank's graph."""
@@ -64,17 +65,17 @@ class Node:
     category: str = "kernel"
     op: str = ""
     nbytes: float = 0.0
-    group: tuple[int, ...] = ()
+    group: tuple = ()
     peer: int | None = None
-    ctrl_deps: tuple[int, ...] = ()
-    data_deps: tuple[int, ...] = ()
+    ctrl_deps: tuple = ()
+    data_deps: tuple = ()
     flops: float = 0.0
     """FLOPs the trace records for a kernel, if any (0: unknown)."""
     pg_name: str = ""
     """The process group's name or description, when the trace gives it (``DATA_PARALLEL_GROUP``)."""
 
     @property
-    def deps(self) -> tuple[int, ...]:
+    def deps(self) -> tuple:
         return self.ctrl_deps + self.data_deps
 
     @property
@@ -100,28 +101,41 @@ class RankGraph:
         an ``InputError`` naming the source, the node and what is allowed."""
         seen: set[int] = set()
         where = self.source or f"rank {self.rank}"
+        kinds, cats = set(NODE_KINDS), set(CATEGORIES)
+        inf = float("inf")
         for n in self.nodes:
-            what = f"{where}: node {n.id} ({n.name!r})"
-            if n.id in seen:
-                raise InputError(f"{what}: id appears twice; ids must be unique per rank")
-            if n.kind not in NODE_KINDS:
-                raise InputError(f"{what}: kind: got {n.kind!r}; allowed: {', '.join(NODE_KINDS)}")
-            if n.category not in CATEGORIES:
-                raise InputError(f"{what}: category: got {n.category!r}; allowed: {', '.join(CATEGORIES)}")
-            if not (0 <= n.duration_s < float("inf")) or not (0 <= n.nbytes < float("inf")):
-                raise InputError(f"{what}: duration_s {n.duration_s!r}, nbytes {n.nbytes!r}: expected finite numbers >= 0")
-            if n.kind == "collective":
-                if n.op not in COLLECTIVE_OPS:
-                    raise InputError(f"{what}: op: got {n.op!r}; allowed: {', '.join(COLLECTIVE_OPS)}")
-                if self.rank not in n.group or len(set(n.group)) != len(n.group):
-                    raise InputError(f"{what}: group {list(n.group)}: expected distinct ranks including rank {self.rank}")
-            if n.kind in ("send", "recv") and (n.peer is None or n.peer == self.rank or n.peer < 0):
-                raise InputError(f"{what}: peer: got {n.peer!r}; a {n.kind} needs another rank >= 0")
-            for d in n.deps:
-                if d not in seen:
-                    raise InputError(f"{what}: dependency {d} is not an earlier node of this graph")
+            if (n.id in seen or n.kind not in kinds or n.category not in cats or not 0 <= n.duration_s < inf
+                    or not 0 <= n.nbytes < inf or (n.kind != "compute" and self._bad_comm(n))
+                    or any(d not in seen for d in n.ctrl_deps) or any(d not in seen for d in n.data_deps)):
+                self._refuse(n, seen, where)
             seen.add(n.id)
         return self
+
+    def _bad_comm(self, n: Node) -> bool:
+        if n.kind == "collective":
+            return n.op not in COLLECTIVE_OPS or self.rank not in n.group or len(set(n.group)) != len(n.group)
+        if n.kind in ("send", "recv"):
+            return n.peer is None or n.peer == self.rank or n.peer < 0
+        return False
+
+    def _refuse(self, n: Node, seen: set, where: str):
+        what = f"{where}: node {n.id} ({n.name!r})"
+        if n.id in seen:
+            raise InputError(f"{what}: id appears twice; ids must be unique per rank")
+        if n.kind not in NODE_KINDS:
+            raise InputError(f"{what}: kind: got {n.kind!r}; allowed: {', '.join(NODE_KINDS)}")
+        if n.category not in CATEGORIES:
+            raise InputError(f"{what}: category: got {n.category!r}; allowed: {', '.join(CATEGORIES)}")
+        if not (0 <= n.duration_s < float("inf")) or not (0 <= n.nbytes < float("inf")):
+            raise InputError(f"{what}: duration_s {n.duration_s!r}, nbytes {n.nbytes!r}: expected finite numbers >= 0")
+        if n.kind == "collective":
+            if n.op not in COLLECTIVE_OPS:
+                raise InputError(f"{what}: op: got {n.op!r}; allowed: {', '.join(COLLECTIVE_OPS)}")
+            raise InputError(f"{what}: group {list(n.group)}: expected distinct ranks including rank {self.rank}")
+        if n.kind in ("send", "recv") and (n.peer is None or n.peer == self.rank or n.peer < 0):
+            raise InputError(f"{what}: peer: got {n.peer!r}; a {n.kind} needs another rank >= 0")
+        bad = next(d for d in n.deps if d not in seen)
+        raise InputError(f"{what}: dependency {bad} is not an earlier node of this graph")
 
     def by_id(self) -> dict[int, Node]:
         return {n.id: n for n in self.nodes}
@@ -134,8 +148,8 @@ def renamed(graph: RankGraph, rank: int, rank_map) -> RankGraph:
     nodes = []
     for n in graph.nodes:
         if n.kind == "collective":
-            n = replace(n, group=tuple(sorted(rank_map(g) for g in n.group)))
+            n = n._replace(group=tuple(sorted(rank_map(g) for g in n.group)))
         elif n.kind in ("send", "recv"):
-            n = replace(n, peer=rank_map(n.peer))
+            n = n._replace(peer=rank_map(n.peer))
         nodes.append(n)
     return RankGraph(rank, tuple(nodes), graph.source, graph.traced_step_s, dict(graph.meta, cloned_from=graph.rank))

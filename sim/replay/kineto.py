@@ -44,8 +44,8 @@ Nodes:
 from __future__ import annotations
 
 import ast
-import bisect
 import re
+from functools import lru_cache
 
 from sim.calibrate.kineto import load_kineto
 from sim.errors import InputError
@@ -75,6 +75,7 @@ _MEM = re.compile(r"elementwise|vectorized|reduce|copy|memcpy|memset|softmax|nor
                   r"gather|scatter|unrolled|where|embedding|loss|sum_|mean|mul|add|cast", re.I)
 
 
+@lru_cache(maxsize=65536)
 def kernel_category(name: str, cat: str = "kernel") -> str:
     """``gemm``, ``attention``, ``memory`` or ``kernel`` from a kernel's name (memcpy and
     memset are ``memory``)."""
@@ -109,6 +110,9 @@ def read_kineto(source, step: int | None = None, *, default_rank: int = 0) -> Ra
     info = data.get("distributedInfo") or {}
     rank = info.get("rank") if isinstance(info.get("rank"), int) else default_rank
     events = [e for e in data["traceEvents"] if e.get("ph") == "X"]
+    for e in events:
+        if not isinstance(e.get("args"), dict):
+            e["args"] = {}
     gpu = [e for e in events if e.get("cat") in _GPU_CATS]
     if not gpu:
         raise InputError(f"{where}: no GPU kernels (events with cat 'kernel', 'gpu_memcpy' or 'gpu_memset'); "
@@ -162,110 +166,106 @@ def read_kineto(source, step: int | None = None, *, default_rank: int = 0) -> Ra
 
 
 class _Builder:
-    """Builds one rank's nodes (see the module doc)."""
+    """Builds one rank's nodes (see the module doc), in one pass over the host's calls in
+    time order: a node is made when what it depends on exists, so graph order is a
+    topological order."""
 
     def __init__(self, rank: int, where: str, t0: float, info: dict, comm_args: dict):
         self.rank, self.where, self.t0, self.info, self.comm_args = rank, where, t0, info, comm_args
-        self.nodes: list[dict] = []
+        self.nodes: list[Node] = []
         self.unpriced = 0
 
-    def _add(self, **kw) -> dict:
-        kw.setdefault("ctrl", [])
-        kw.setdefault("data", [])
-        kw["id"] = len(self.nodes)
-        self.nodes.append(kw)
-        return kw
+    def _add(self, name, kind, lane, duration_s=0.0, category="kernel", ctrl=(), data=(), **kw) -> int:
+        i = len(self.nodes)
+        self.nodes.append(Node(i, name, kind, lane, duration_s, category, ctrl_deps=tuple(ctrl),
+                               data_deps=tuple(data), **kw))
+        return i
 
     def build(self, runtime, gpu, carried, syncs) -> RankGraph:
         us = 1e-6
         t0 = self.t0
-        launch_of = {}
+        launch_corrs = set()
         for e in runtime:
-            c = (e.get("args") or {}).get("correlation")
+            c = e["args"].get("correlation") if "args" in e else None
             if c is not None:
-                launch_of[c] = e
-        # GPU work per stream, in the order it ran; each with its launch time (host clock).
+                launch_corrs.add(c)
+        # GPU work per stream, in the order it ran.
         streams: dict[object, list[dict]] = {}
+        launched_on: dict[object, object] = {}  # correlation -> stream
         for e in sorted(gpu, key=lambda e: (e["ts"], e["dur"])):
-            st = (e.get("args") or {}).get("stream", e.get("tid"))
+            a = e.get("args") or {}
+            st = a.get("stream", e.get("tid"))
             streams.setdefault(st, []).append(e)
-        launched_on: dict[int, object] = {}  # correlation -> stream
-        for st, evs in streams.items():
-            for e in evs:
-                c = (e.get("args") or {}).get("correlation")
-                if c is not None:
-                    launched_on[c] = st
-        # Host-thread chains: every runtime call that launches work or orders it.
-        threads: dict[object, list[dict]] = {}
-        for e in runtime:
-            c = (e.get("args") or {}).get("correlation")
+            c = a.get("correlation")
+            if c is not None:
+                launched_on[c] = st
+        # Host calls that launch work or order it, in time order over all threads.
+        calls = []
+        for i, e in enumerate(runtime):
+            c = e["args"].get("correlation") if "args" in e else None
             n = e["name"]
-            if c in launched_on or n in _BLOCKING or n in ("cudaStreamWaitEvent", "cudaEventRecord"):
-                threads.setdefault((e.get("pid"), e.get("tid")), []).append(e)
-        # Events placed in the host order: (host ts, kind, payload); nodes are created in
-        # one pass over them, which makes graph order a topological order.
-        gpu_node: dict[int, dict] = {}  # id(event) -> node
-        last_on_stream: dict[object, dict] = {}
+            if c in launched_on or n in _BLOCKING or n == "cudaStreamWaitEvent" or n == "cudaEventRecord":
+                calls.append((e["ts"], i, e))
+        calls.sort(key=lambda x: (x[0], x[1]))
+        last_on_stream: dict[object, int] = {}
         waits_for_stream: dict[object, list] = {}
         carry_end: dict[object, float] = {}
         for e in carried:
             st = (e.get("args") or {}).get("stream", e.get("tid"))
             carry_end[st] = max(carry_end.get(st, t0), e["ts"] + e["dur"])
         for st in sorted(carry_end, key=str):
-            n = self._add(name="earlier step's work", kind="compute", lane=f"stream {st}",
-                          duration_s=(carry_end[st] - t0) * us, category="carry")
-            last_on_stream[st] = n
-        # Per stream: its GPU events sorted by launch time, to place waits and syncs.
-        stream_queue = {st: [e for e in evs] for st, evs in streams.items()}
-        pos_in_stream = {st: 0 for st in streams}
-        record_target: dict[int, tuple] = {}  # cudaEventRecord correlation -> (stream, node)
-        order = []
-        for tid, calls in threads.items():
-            for i, e in enumerate(calls):
-                order.append((e["ts"], str(tid), i, e, tid))
-        order.sort(key=lambda x: (x[0], x[1], x[2]))
-        anchor: dict[object, float] = {}
-        prev_cpu: dict[object, dict] = {}
-        last_launch_stream: dict[object, object] = {}
-        last_record: dict[object, tuple] = {}
-        pending_wait: dict[object, list] = {}  # thread -> waits whose stream is the next launch's
-        fresh_record: dict[object, tuple] = {}  # thread -> its last record no wait has used yet
-        launch_seq: dict[object, int] = {}
+            last_on_stream[st] = self._add("earlier step's work", "compute", f"stream {st}",
+                                           (carry_end[st] - t0) * us, "carry")
+        pos = {st: 0 for st in streams}
+        created: dict = {}  # launch correlation -> its host node
+        record_target: dict = {}  # cudaEventRecord correlation -> {stream: last node launched on it}
+        anchor: dict = {}
+        prev_cpu: dict = {}
+        last_launch_stream: dict = {}
+        last_record: dict = {}
+        fresh_record: dict = {}  # thread -> its last record that no wait has used yet
+        pending_wait: dict = {}  # thread -> waits whose stream is that of the thread's next launch
+        launch_seq: dict = {}
         seq = 0
-        def flush_stream_until(st, limit_ts):
-            """Create nodes for stream ``st``'s work launched before host time ``limit_ts``."""
-            q, i = stream_queue.get(st, []), pos_in_stream.get(st, 0)
+        lanes = {st: f"stream {st}" for st in streams}
+
+        def flush(st, limit_ts):
+            """Nodes for stream ``st``'s work whose launch exists (or, never launched in
+            the trace, that started by ``limit_ts``), in FIFO order."""
+            q, i = streams[st], pos[st]
             while i < len(q):
                 e = q[i]
-                c = (e.get("args") or {}).get("correlation")
-                if c in launch_of:
-                    if c not in created_launch:
+                c = e["args"].get("correlation")
+                if c in launch_corrs:
+                    if c not in created:
                         break
                 elif e["ts"] > limit_ts:
                     break
-                self._gpu_node(e, st, last_on_stream, gpu_node, created_launch.get(c), waits_for_stream)
+                for target in waits_for_stream.pop(st, ()):
+                    self._add("cudaStreamWaitEvent (wait)", "compute", lanes[st], 0.0, "kernel", data=(target,))
+                last_on_stream[st] = self._gpu_node(e, lanes[st], created.get(c))
                 i += 1
-            pos_in_stream[st] = i
+            pos[st] = i
 
-        created_launch: dict = {}
-        for ts, _, _, e, tid in order:
+        def flush_all(ts):
             for st in streams:
-                flush_stream_until(st, ts)
+                flush(st, ts)
+
+        for ts, _, e in calls:
+            tid = (e.get("pid"), e.get("tid"))
             name = e["name"]
-            a = e.get("args") or {}
-            c = a.get("correlation")
-            start = anchor.get(tid, t0)
-            ctrl = [prev_cpu[tid]["id"]] if tid in prev_cpu else []
-            cpu = self._add(name=name, kind="compute", lane=f"cpu {tid[1]}", duration_s=max(0.0, e["ts"] - start) * us,
-                            category="cpu", ctrl=ctrl)
+            c = e["args"].get("correlation") if "args" in e else None
+            p = prev_cpu.get(tid)
+            cpu = self._add(name, "compute", f"cpu {tid[1]}", max(0.0, ts - anchor.get(tid, t0)) * us, "cpu",
+                            ctrl=() if p is None else (p,))
             prev_cpu[tid] = cpu
-            anchor[tid] = e["ts"]
+            anchor[tid] = ts
             if c in launched_on:
-                created_launch[c] = cpu
+                created[c] = cpu
                 st = launched_on[c]
                 last_launch_stream[tid] = st
                 seq += 1
-                for kind, w in pending_wait.pop(tid, []):
+                for kind, w in pending_wait.pop(tid, ()):
                     if kind == "record":
                         if w[0] != st and w[1] is not None:
                             waits_for_stream.setdefault(st, []).append(w[1])
@@ -273,100 +273,78 @@ class _Builder:
                         others = [v for k, v in w.items() if k != st]
                         if others:
                             waits_for_stream.setdefault(st, []).append(max(others)[1])
-                flush_stream_until(st, ts)
+                flush(st, ts)
                 launch_seq[st] = seq
-            elif name == "cudaEventRecord":
-                snapshot = {k: v["id"] for k, v in last_on_stream.items()}
+                continue
+            flush_all(ts)
+            s = syncs.get(c) if c is not None else None
+            if name == "cudaEventRecord":
+                snapshot = dict(last_on_stream)
                 st = last_launch_stream.get(tid)
                 record_target[c] = snapshot
                 last_record[tid] = fresh_record[tid] = (st, snapshot.get(st))
             elif name == "cudaStreamWaitEvent":
-                s = syncs.get(c)
                 if s is not None and s.get("wait_on_stream") not in (None, -1):
-                    src = s.get("wait_on_stream")
-                    rc = s.get("wait_on_cuda_event_record_corr_id")
-                    if rc in record_target:
-                        target = record_target[rc].get(src)
-                    else:
-                        target = last_on_stream[src]["id"] if src in last_on_stream else None
-                    dst = s.get("stream")
+                    src, rc, dst = s.get("wait_on_stream"), s.get("wait_on_cuda_event_record_corr_id"), s.get("stream")
+                    target = record_target[rc].get(src) if rc in record_target else last_on_stream.get(src)
                     if target is not None and dst != src:
                         waits_for_stream.setdefault(dst, []).append(target)
                 elif tid in fresh_record:
                     pending_wait.setdefault(tid, []).append(("record", fresh_record.pop(tid)))
                 else:  # no record in the trace: see the module doc
                     pending_wait.setdefault(tid, []).append(
-                        ("latest", {k: (launch_seq.get(k, -1), v["id"]) for k, v in last_on_stream.items()}))
-            elif name in _BLOCKING:
+                        ("latest", {k: (launch_seq.get(k, -1), v) for k, v in last_on_stream.items()}))
+            else:  # a blocking synchronisation
+                s = s or {}
                 targets = []
-                s = syncs.get(c) or {}
                 if name == "cudaDeviceSynchronize":
-                    for st in streams:
-                        flush_stream_until(st, ts)
-                    targets = [n["id"] for n in last_on_stream.values()]
+                    targets = list(last_on_stream.values())
                 elif name == "cudaStreamSynchronize":
                     st = s.get("stream", last_launch_stream.get(tid))
                     if st in last_on_stream:
-                        targets = [last_on_stream[st]["id"]]
+                        targets = [last_on_stream[st]]
                 else:
-                    rc = s.get("wait_on_cuda_event_record_corr_id")
-                    src = s.get("wait_on_stream")
+                    rc, src = s.get("wait_on_cuda_event_record_corr_id"), s.get("wait_on_stream")
                     if rc in record_target and record_target[rc].get(src) is not None:
                         targets = [record_target[rc][src]]
                     elif tid in last_record and last_record[tid][1] is not None:
                         targets = [last_record[tid][1]]
                 if targets:
-                    sync = self._add(name=f"{name} (wait)", kind="compute", lane=f"cpu {tid[1]}", duration_s=0.0,
-                                     category="cpu", ctrl=[cpu["id"]], data=sorted(set(targets)))
-                    prev_cpu[tid] = sync
-                anchor[tid] = e["ts"] + e.get("dur", 0)
-        for st in streams:
-            flush_stream_until(st, float("inf"))
-        # Measured step: first start to last end over the chosen step's work and host calls.
-        ends = [e["ts"] + e["dur"] for e in gpu]
-        ends += [e["ts"] + e.get("dur", 0) for calls in threads.values() for e in calls]
-        ends += [carry_end[st] for st in carry_end]
-        traced = (max(ends) - t0) * us
-        nodes = tuple(Node(id=n["id"], name=n["name"], kind=n["kind"], lane=n["lane"], duration_s=n["duration_s"],
-                           category=n["category"], op=n.get("op", ""), nbytes=n.get("nbytes", 0.0),
-                           group=tuple(n.get("group", ())), peer=n.get("peer"), ctrl_deps=tuple(n["ctrl"]),
-                           data_deps=tuple(n["data"]), flops=n.get("flops", 0.0), pg_name=n.get("pg_name", ""))
-                      for n in self.nodes)
-        return RankGraph(self.rank, nodes, self.where, traced, {"unpriced_comm": self.unpriced}).check()
+                    prev_cpu[tid] = self._add(f"{name} (wait)", "compute", f"cpu {tid[1]}", 0.0, "cpu", ctrl=(cpu,),
+                                              data=sorted(set(targets)))
+                anchor[tid] = ts + e.get("dur", 0)
+        flush_all(float("inf"))
+        # The step as measured: its start to the last end of its work and host calls.
+        end = max([e["ts"] + e["dur"] for e in gpu] + [e["ts"] + e.get("dur", 0) for _, _, e in calls]
+                  + list(carry_end.values()))
+        return RankGraph(self.rank, tuple(self.nodes), self.where, (end - t0) * us,
+                         {"unpriced_comm": self.unpriced}).check()
 
-    def _gpu_node(self, e, st, last_on_stream, gpu_node, launch, waits_for_stream):
-        lane = f"stream {st}"
-        for target in waits_for_stream.pop(st, []):
-            self._add(name="cudaStreamWaitEvent (wait)", kind="compute", lane=lane, duration_s=0.0,
-                      category="kernel", data=[target])
-        a = e.get("args") or {}
-        ctrl = [launch["id"]] if launch is not None else []
+    def _gpu_node(self, e, lane, launch) -> int:
+        a = e["args"]
+        ctrl = () if launch is None else (launch,)
         dur = float(e["dur"]) * 1e-6
-        if e.get("cat") == "kernel" and NCCL.match(e["name"]):
-            fields = self._comm_fields(e, a)
-            n = self._add(name=_short(e["name"]), lane=lane, duration_s=dur, category="comm", ctrl=ctrl, **fields)
-        else:
-            flops = float(a.get("flops", 0) or 0)
-            cat = kernel_category(e["name"], e.get("cat"))
-            if cat == "kernel" and flops > 0:
-                cat = "gemm"  # a kernel the trace gives FLOPs for: compute-bound
-            n = self._add(name=_short(e["name"]), kind="compute", lane=lane, duration_s=dur, category=cat, ctrl=ctrl,
-                          flops=flops)
-        last_on_stream[st] = n
-        gpu_node[id(e)] = n
+        name = e["name"]
+        if e.get("cat") == "kernel" and NCCL.match(name):
+            fields = self._comm_fields(a)
+            kind = fields.pop("kind")
+            return self._add(_short(name), kind, lane, dur, "comm", ctrl=ctrl, **fields)
+        flops = a.get("flops") or 0
+        cat = kernel_category(name, e.get("cat"))
+        if cat == "kernel" and flops > 0:
+            cat = "gemm"  # a kernel the trace gives FLOPs for: compute-bound
+        return self._add(_short(name), "compute", lane, dur, cat, ctrl=ctrl, flops=float(flops))
 
-    def _comm_fields(self, e: dict, a: dict) -> dict:
+    def _comm_fields(self, a: dict) -> dict:
         meta = a if "Collective name" in a else self.comm_args.get(a.get("External id"), a)
         coll = str(meta.get("Collective name", "")).strip().lower()
         op = _OPS.get(coll)
         n_in, n_out = meta.get("In msg nelems"), meta.get("Out msg nelems")
-        dtype = str(meta.get("dtype", "")).strip().lower()
-        size = DTYPE_BYTES.get(dtype)
+        size = DTYPE_BYTES.get(str(meta.get("dtype", "")).strip().lower())
         group = _ranks(meta.get("Process Group Ranks"))
-        if group is None and isinstance(meta.get("Group size"), int):
-            world = self.info.get("world_size")
-            if meta["Group size"] == world and isinstance(world, int):
-                group = tuple(range(world))
+        world = self.info.get("world_size")
+        if group is None and isinstance(meta.get("Group size"), int) and meta["Group size"] == world:
+            group = tuple(range(world))
         nel = max([v for v in (n_in, n_out) if isinstance(v, (int, float)) and not isinstance(v, bool)] or [-1])
         if op is None or nel < 0 or size is None:
             self.unpriced += 1
@@ -402,6 +380,7 @@ def _ranks(text) -> tuple[int, ...] | None:
     return tuple(vals)
 
 
+@lru_cache(maxsize=65536)
 def _short(name: str) -> str:
     """A kernel's name without its C++ parameter list, at most 80 characters."""
     text = name[5:] if name.startswith("void ") else name

@@ -72,9 +72,7 @@ def complete(graphs: dict[int, RankGraph], world: int) -> tuple[dict[int, RankGr
 
 
 def _with(n: Node, **kw) -> Node:
-    from dataclasses import replace
-
-    return replace(n, **kw)
+    return n._replace(**kw)
 
 
 def action_name(n: Node) -> str:
@@ -120,28 +118,27 @@ def to_program(graphs: dict[int, RankGraph]) -> Replayed:
     actions: dict[int, list[Action]] = {}
     index: dict[int, dict[str, Node]] = {}
     unmatched = 0
+    new = Action.new
     for r, g in graphs.items():
-        names = {n.id: action_name(n) for n in g.nodes}
+        names = {n.id: f"{n.name} #{n.id}" for n in g.nodes}
         acts = []
         idx = {}
         alone = lonely.get(r, set())
         for n in g.nodes:
             name = names[n.id]
-            deps = tuple(names[d] for d in n.deps)
+            deps = tuple([names[d] for d in n.ctrl_deps + n.data_deps]) if n.ctrl_deps or n.data_deps else ()
             kind = n.kind
-            if kind != "compute" and (kind == "comm" or n.id in alone):
+            if kind == "compute":
+                a = new(name, kind="compute", stream=n.lane, duration_s=n.duration_s, category=n.category,
+                        deps=deps, flops=n.flops)
+            elif kind == "comm" or n.id in alone:
                 unmatched += kind != "comm"
-                a = Action.new(name, kind="comm", stream=n.lane, duration_s=n.duration_s, category="comm",
-                               deps=deps, op=n.op)
-            elif kind == "compute":
-                a = Action.new(name, kind="compute", stream=n.lane, duration_s=n.duration_s, category=n.category,
-                               deps=deps, flops=n.flops)
+                a = new(name, kind="comm", stream=n.lane, duration_s=n.duration_s, category="comm", deps=deps, op=n.op)
             elif kind == "collective":
-                a = Action.new(name, kind="collective", stream=n.lane, op=n.op, group=n.group, nbytes=n.nbytes,
-                               category="comm", deps=deps)
+                a = new(name, kind="collective", stream=n.lane, op=n.op, group=n.group, nbytes=n.nbytes,
+                        category="comm", deps=deps)
             else:
-                a = Action.new(name, kind=kind, stream=n.lane, peer=n.peer, nbytes=n.nbytes, category="comm",
-                               deps=deps)
+                a = new(name, kind=kind, stream=n.lane, peer=n.peer, nbytes=n.nbytes, category="comm", deps=deps)
             acts.append(a)
             idx[name] = n
         actions[r] = acts

@@ -32,8 +32,15 @@ def _exposed(comm, comp) -> float:
     return both - _union(comp)
 
 
-def rank_times(trace, rank: int) -> dict:
-    spans = [s for s in trace.spans_of(rank) if s.stream.startswith("stream")]
+def _by_rank(trace) -> dict:
+    out: dict = {}
+    for s in trace.spans:
+        out.setdefault(s.rank, []).append(s)
+    return out
+
+
+def rank_times(trace, rank: int, spans=None) -> dict:
+    spans = [s for s in (trace.spans_of(rank) if spans is None else spans) if s.stream.startswith("stream")]
     comp = [(s.start_s, s.end_s) for s in spans if s.kind == "compute" and s.end_s > s.start_s]
     comm = [(s.busy_start_s if s.busy_start_s is not None else s.start_s, s.end_s) for s in spans
             if s.kind != "compute" and s.end_s > s.start_s]
@@ -54,15 +61,15 @@ def _category(span, node) -> str:
     return node.op
 
 
-def critical_path(trace, replayed: Replayed) -> dict:
+def critical_path(trace, replayed: Replayed, per_rank=None) -> dict:
     """Seconds of the replayed step charged to each category, and the longest items."""
     if not trace.spans:
         return {"by_category_s": {}, "top": []}
     by_name = {}
     lane_prev = {}
-    for r in trace.streams():
+    for r, spans in sorted((per_rank or _by_rank(trace)).items()):
         last = {}
-        for s in sorted(trace.spans_of(r), key=lambda s: (s.stream, s.start_s, s.end_s)):
+        for s in spans:  # (the trace's order: by stream, then start)
             by_name[(r, s.name)] = s
             lane_prev[(r, s.name)] = last.get(s.stream)
             last[s.stream] = s
@@ -131,7 +138,8 @@ def critical_path(trace, replayed: Replayed) -> dict:
 def summarize_replay(trace, replayed: Replayed, graphs, profile, topology) -> dict:
     T = trace.end_s
     traced = max((g.traced_step_s or 0.0) for g in graphs)
-    last = max(trace.streams(), key=lambda r: (max((s.end_s for s in trace.spans_of(r)), default=0.0), -r))
+    per_rank = _by_rank(trace)
+    last = max(per_rank, key=lambda r: (max(s.end_s for s in per_rank[r]), -r))
     unpriced = sum(int(g.meta.get("unpriced_comm", 0)) for g in graphs)
     return {
         "iteration_time_s": T,
@@ -147,6 +155,6 @@ def summarize_replay(trace, replayed: Replayed, graphs, profile, topology) -> di
         "comm_measured": unpriced,
         "comm_unmatched": replayed.unmatched,
         "critical_rank": last,
-        "rank_times": rank_times(trace, last),
-        "critical_path": critical_path(trace, replayed),
+        "rank_times": rank_times(trace, last, per_rank[last]),
+        "critical_path": critical_path(trace, replayed, per_rank),
     }

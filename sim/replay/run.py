@@ -28,7 +28,7 @@ What-ifs:
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from sim.errors import InputError
 from sim.replay.graph import RankGraph
@@ -128,11 +128,11 @@ def scale_data_parallel(graphs: dict[int, RankGraph], world: int, new_dp: int) -
                         members = [split(r) for r in n.group]
                         if len(n.group) == D and len({(m[0], m[2]) for m in members}) == 1:
                             ri, _, ro = members[0]
-                            n = replace(n, group=tuple(join(ri, d, ro) for d in range(new_dp)))
+                            n = n._replace(group=tuple(join(ri, d, ro) for d in range(new_dp)))
                         else:
-                            n = replace(n, group=tuple(sorted(move(r) for r in n.group)))
+                            n = n._replace(group=tuple(sorted(move(r) for r in n.group)))
                     elif n.kind in ("send", "recv"):
-                        n = replace(n, peer=move(n.peer))
+                        n = n._replace(peer=move(n.peer))
                     nodes.append(n)
                 new_rank = join(i, d_new, o)
                 out[new_rank] = RankGraph(new_rank, tuple(nodes), g.source, g.traced_step_s, dict(g.meta))
@@ -152,7 +152,7 @@ def scale_gpu(graphs: dict[int, RankGraph], traced_profile, new_profile) -> dict
     factor = {"gemm": compute, "attention": attn, "memory": memory, "kernel": memory}
     out = {}
     for r, g in graphs.items():
-        nodes = tuple(replace(n, duration_s=n.duration_s * factor[n.category])
+        nodes = tuple(n._replace(duration_s=n.duration_s * factor[n.category])
                       if n.kind == "compute" and n.category in factor else n for n in g.nodes)
         out[r] = RankGraph(r, nodes, g.source, g.traced_step_s, g.meta)
     return out
