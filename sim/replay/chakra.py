@@ -34,6 +34,10 @@ waited for (``_eager_sends``: ASTRA-sim's sends do not wait for their receive). 
 others are not waited for: Chakra's PyTorch converter puts the calling CPU operator there,
 which encloses its callee rather than coming before it.
 
+A collective's process-group name is trainsim's category (``dp``, ``tp``, ``zero``, ...) for
+ETs trainsim wrote, else the ``pg_name`` id: ``--data-parallel-size`` finds the
+data-parallel groups by it (``sim.replay.run.data_parallel_groups``).
+
 The replay's world size is the ETs' ``world_size`` metadata (trainsim's) or else the number
 of files; its GPU is the metadata's ``device_name`` (trainsim's) or ``--gpu``. ``traced_step_s``
 is the iteration time ``trainsim run`` simulated, for ETs it wrote; other ETs measure no step.
@@ -177,7 +181,8 @@ def _node(et: EtRank, n: EtNode, streams: list, waits: tuple[int, ...]) -> Node:
                                  "replayed at its duration_micros, which is 0 here")
             return Node(kind="comm", category="comm", op=n.op if n.op in COLLECTIVE_OPS else "", nbytes=n.nbytes,
                         **common)
-        return Node(kind="collective", category="comm", op=n.op, group=n.group, nbytes=n.nbytes, **common)
+        return Node(kind="collective", category="comm", op=n.op, group=n.group, nbytes=n.nbytes,
+                    pg_name=str(n.attrs.get("trainsim_category") or n.pg_name), **common)
     if n.kind in ("send", "recv"):
         own = n.src if n.kind == "send" else n.dst
         if own != et.rank:
