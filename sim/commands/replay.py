@@ -143,7 +143,8 @@ def _print(s: dict) -> None:
     print()
     print(f"  iteration time     {format_time(T):>12}")
     err = f"   ({(T - M) / M * 100:+.1f}%)" if M else ""
-    print(f"  traced step        {format_time(M):>12}{err}")
+    print(f"  traced step        {format_time(M):>12}{err}" if M else
+          "  traced step        (none in these traces)")
     t = s["rank_times"]
     print(f"  on rank {s['critical_rank']} (the last to finish):")
     print(f"    kernels          {format_time(t['kernel_s']):>12}  {t['kernel_s'] / T * 100:5.1f}%")
