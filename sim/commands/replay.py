@@ -22,7 +22,7 @@ from sim.inputs.flags import add_arguments as add_schema_arguments
 from sim.units import POSITIVE_INT, format_time
 
 NAME = "replay"
-HELP = "Replay PyTorch profiler (Kineto) traces of a real job on the simulated cluster, and ask what-ifs."
+HELP = "Replay PyTorch profiler (Kineto) traces or Chakra execution traces of a real job on the simulated cluster, and ask what-ifs."
 FLAGS = ["gpu", "topology", "nodes", "gpus_per_node", "fabric", "oversubscription", "json", "out", "export_chakra"]
 _HELPS = {
     "gpu": "GPU profile to replay on (default: the trace's deviceProperties); another GPU scales the kernels "
