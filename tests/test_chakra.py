@@ -540,3 +540,41 @@ def test_replay_of_exported_ets_with_twice_the_data_parallel_replicas(tmp_path, 
     s = json.loads(capsys.readouterr().out)
     assert s["world_size"] == 8
     assert s["iteration_time_s"] == pytest.approx(direct, rel=0.03)
+
+
+def test_pytorch_converted_et():
+    """One rank of a PyTorch job as Chakra's early converter wrote it: the raw messages
+    counted here with the schema alone, against the reader's graph; the NCCL kernels by
+    their names (ncclKernel_AllReduce_* five times, ncclKernel_Broadcast_* twice) become
+    those collectives, and their host-side c10d operators (COMM_COLL_NODE with is_cpu_op,
+    no size) CPU time."""
+    path = DATA / "pytorch" / "chakra.0.et.gz"
+    M = messages()
+    raw = [M.Node.FromString(b) for b in split_stream(gzip.decompress(path.read_bytes()))[1:]]
+    T = chakra_schema.NODE_TYPES
+    (et,) = read_ets([path]).values()
+    assert len(et.nodes) == len(raw)
+    assert sum(n.kind == "compute" for n in et.nodes) == sum(m.type == T["COMP_NODE"] for m in raw)
+    kernels = [m for m in raw if m.name.startswith("ncclKernel_")]
+    gpu_colls = [n for n in et.nodes if n.kind == "collective" and not n.is_cpu_op]
+    assert Counter(n.op for n in gpu_colls) == {"allreduce": 5, "broadcast": 2}
+    assert sorted(n.id for n in gpu_colls) == sorted(m.id for m in kernels)
+    host = [n for n in et.nodes if n.kind == "collective" and n.is_cpu_op]
+    assert {n.name.split("(")[0] for n in host} == {"c10d::allreduce_", "c10d::broadcast_"}
+    assert sum(len(n.data_deps) for n in et.nodes) == sum(len(m.data_deps) for m in raw)
+
+
+def test_replay_of_a_pytorch_converted_et():
+    """Replayed alone (world size 1: its collectives have no one to wait for), the GPU
+    kernels run one at a time on one lane, as ASTRA-sim runs a rank's GPU nodes, so the
+    GPU's busy time is the sum of their durations; host operators run on the CPU lane."""
+    from sim.replay.chakra import chakra_graphs
+    from sim.replay.run import replay
+
+    (g,) = chakra_graphs([DATA / "pytorch" / "chakra.0.et.gz"])
+    gpu = sum(n.duration_s for n in g.nodes if n.kind == "compute" and n.lane == "stream compute")
+    assert {n.lane for n in g.nodes if n.category == "cpu"} == {"cpu 0"}
+    s = replay([g], gpu="h100-sxm").summary
+    assert s["world_size"] == 1
+    assert s["rank_times"]["kernel_s"] == pytest.approx(gpu)
+    assert s["iteration_time_s"] >= gpu

@@ -22,12 +22,16 @@ Conventions followed, as Chakra's tools and ASTRA-sim write and read them:
 - ``pg_name`` names a group of a comm-group file, a JSON object ``{"1": [0, 1], ...}``
   (ASTRA-sim's ``--comm-group-configuration``); an empty ``pg_name``, or ``"0"``, is every rank;
 - a send's ``comm_src`` and a receive's ``comm_dst`` default to the file's own rank
-  (ASTRA-sim's feeder does the same; its custom-collective ETs leave them out).
+  (ASTRA-sim's feeder does the same; its custom-collective ETs leave them out);
+- a communication node with ``is_cpu_op`` true is the host side of a collective (Chakra's
+  older PyTorch converter writes ``c10d::allreduce_`` so, beside the kernel's node): CPU
+  time, with no size or group required.
 
 Refused, each in one line naming the file: a file that is not a stream of length-prefixed
 Chakra messages (a JSON file, random bytes), a truncated one, a node whose type is not in
-the schema, a repeated node id, a data dependency on a node the file lacks, a cycle, a
-collective without ``comm_type`` or ``comm_size``, a send or receive without its peer, a
+the schema, a repeated node id, a data dependency on a node the file lacks, a cycle of
+data dependencies, a
+collective (on the GPU) without ``comm_type`` or ``comm_size``, a send or receive without its peer, a
 ``pg_name`` the comm-group file lacks.
 """
 
@@ -249,6 +253,13 @@ def _node(path: Path, rank: int, n, ctrl: tuple, groups: dict, groups_from: str,
         return v
 
     kw: dict = {}
+    if attrs.get("is_cpu_op") and kind in ("collective", "send", "recv"):
+        # The host side of a communication (Chakra's older PyTorch converter types the
+        # c10d::allreduce_ operator so, beside its GPU kernel's node): CPU time, with
+        # whatever size it gives; the checks below are for the GPU's node.
+        kw["nbytes"] = float(number("comm_size", 0))
+        return EtNode(id=n.id, name=n.name, kind=kind, duration_s=duration, data_deps=tuple(n.data_deps),
+                      ctrl_deps=ctrl, is_cpu_op=True, attrs=attrs, **kw)
     if kind in ("collective", "send", "recv"):
         size = number("comm_size")
         if size is None:
@@ -297,8 +308,10 @@ def _node(path: Path, rank: int, n, ctrl: tuple, groups: dict, groups_from: str,
 
 
 def _check_acyclic(path: Path, nodes: list[EtNode]) -> None:
-    """Refuse a cycle of dependencies (data or control): no order could run it."""
-    waits = {n.id: set(n.data_deps) | set(n.ctrl_deps) for n in nodes}
+    """Refuse a cycle of data dependencies: no order could run it. (Control dependencies
+    are not checked: in PyTorch-converted ETs they point to the calling operator, which may
+    itself wait for its callees' data.)"""
+    waits = {n.id: set(n.data_deps) for n in nodes}
     users: dict[int, list[int]] = {}
     for nid, deps in waits.items():
         for d in deps:

@@ -173,6 +173,8 @@ def _node(et: EtRank, n: EtNode, streams: list, waits: tuple[int, ...]) -> Node:
     common = dict(id=n.id, name=n.name, lane=_lane(n, streams), duration_s=n.duration_s,
                   ctrl_deps=ctrl, data_deps=tuple(d for d in waits if d not in ctrl))
     where = f"{et.path}: node {n.id} ({n.name!r})"
+    if n.is_cpu_op and n.kind != "compute":  # (host time: a c10d operator, a metadata node)
+        return Node(kind="compute", category="cpu", **common)
     if n.kind == "collective":
         if n.attrs.get("trainsim_priced") or n.op not in COLLECTIVE_OPS:
             if n.duration_s <= 0 and n.op not in COLLECTIVE_OPS:
