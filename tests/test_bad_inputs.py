@@ -620,6 +620,56 @@ def test_two_traces_claiming_one_rank(bad, tmp_path):
     bad(["import-trace", path, path, "--out", tmp_path / "out"], "rank", "same rank")
 
 
+# ---------------------------------------------------------------- replayed traces
+def _replay_doc(kernels=True, rank=0, world=2, device="NVIDIA H100 80GB HBM3", collective=True):
+    """A small Kineto trace of one data-parallel rank: a kernel, then an all-reduce."""
+    ev = [{"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": 1, "tid": 1, "ts": 0, "dur": 2,
+           "args": {"correlation": 1}}]
+    if kernels:
+        ev.append({"ph": "X", "cat": "kernel", "name": "sm90_gemm", "pid": 0, "tid": 7, "ts": 5, "dur": 100,
+                   "args": {"stream": 7, "correlation": 1}})
+    if kernels and collective:
+        ev += [{"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernelExC", "pid": 1, "tid": 1, "ts": 3,
+                "dur": 2, "args": {"correlation": 2}},
+               {"ph": "X", "cat": "kernel", "name": "ncclDevKernel_AllReduce", "pid": 0, "tid": 20, "ts": 105,
+                "dur": 50, "args": {"stream": 20, "correlation": 2, "Collective name": "allreduce",
+                                    "In msg nelems": 1024, "Out msg nelems": 1024, "dtype": "BFloat16",
+                                    "Process Group Ranks": str(list(range(world)))}}]
+    return json.dumps({"distributedInfo": {"rank": rank, "world_size": world},
+                       "deviceProperties": [{"id": 0, "name": device}], "traceEvents": ev})
+
+
+REPLAY_CASES = {
+    # name: ({file: text}, extra flags, mentions)
+    "not a trace": ({"rank0.json": '{"hello": 1}'}, [], ["in/rank0.json", "traceEvents: missing"]),
+    "truncated trace": ({"rank0.json": _replay_doc()[:150]}, [], ["in/rank0.json", "not valid JSON"]),
+    "no GPU kernels": ({"rank0.json": _replay_doc(kernels=False)}, [], ["in/rank0.json", "no GPU kernels"]),
+    "jobs mixed": ({"rank0.json": _replay_doc(), "rank1.json": _replay_doc(rank=1, world=4)}, [],
+                   ["in/rank1.json", "world size", "got 4", "mixed"]),
+    "one rank twice": ({"rank0.json": _replay_doc(), "rank0b.json": _replay_doc()}, [],
+                       ["in/rank0b.json", "rank 0", "same rank"]),
+    "no such step": ({"rank0.json": _replay_doc()}, ["--step", "3"], ["in/rank0.json", "--step: got 3", "ProfilerStep"]),
+    "rank beyond the world": ({"rank0.json": _replay_doc(rank=5)}, [], ["in/rank0.json", "rank: got 5", "world size is 2"]),
+    "GPU without a profile": ({"rank0.json": _replay_doc(device="Tesla V100-SXM2-32GB")}, [],
+                              ["in/rank0.json", "deviceProperties", "V100", "--gpu"]),
+    "data parallelism without gradient collectives": (
+        {"rank0.json": _replay_doc(collective=False, world=1)}, ["--data-parallel-size", "2"],
+        ["in/rank0.json", "--data-parallel-size", "no all-reduce"]),
+    "zero data-parallel replicas": ({"rank0.json": _replay_doc()}, ["--data-parallel-size", "0"],
+                                    ["--data-parallel-size", "got 0"]),
+}
+
+
+@pytest.mark.parametrize("cls", list(REPLAY_CASES))
+def test_bad_replay(bad, tmp_path, monkeypatch, cls):
+    import sim.engine.core
+
+    monkeypatch.setattr(sim.engine.core, "simulate", lambda *a, **k: pytest.fail("replay started"))
+    files, flags, mentions = REPLAY_CASES[cls]
+    paths = [_write(tmp_path, name, text) for name, text in files.items()]
+    bad(["replay", *paths, *flags, "--out", tmp_path / "out"], *mentions)
+
+
 # ---------------------------------------------------------------- command-line flags
 RUN = ["run", *TINY, *PLAN]
 FLAG_CASES = [

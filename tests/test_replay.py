@@ -331,46 +331,7 @@ def test_cli_outputs(tmp_path, capsys):
     assert set(s["critical_path"]["by_category_s"]) >= {"allreduce"}
 
 
-def _bad(tmp_path, capsys, argv, *needles):
-    before = sorted(tmp_path.rglob("*"))
-    assert main(argv) == 2
-    out, err = capsys.readouterr()
-    assert out == "" and err.count("\n") == 1 and err.startswith("trainsim: error: "), err
-    assert "Traceback" not in err
-    for n in needles:
-        assert n in err, (n, err)
-    assert sorted(tmp_path.rglob("*")) == before  # nothing half-written
-    return err
-
-
-def test_bad_inputs(tmp_path, capsys):
-    d = tmp_path / "in"
-    d.mkdir()
-    trunc = d / "trunc.json"
-    trunc.write_text(json.dumps(allreduce_rank(0, 2, 100))[:200])
-    _bad(tmp_path, capsys, ["replay", str(trunc), "--out", str(tmp_path / "o")], str(trunc), "not valid JSON")
-    other = d / "other.json"
-    other.write_text('{"hello": 1}')
-    _bad(tmp_path, capsys, ["replay", str(other)], str(other), "traceEvents")
-    nogpu = d / "nogpu.json"
-    nogpu.write_text(json.dumps(doc([rt("cudaMalloc", 0, 1)])))
-    _bad(tmp_path, capsys, ["replay", str(nogpu)], str(nogpu), "no GPU kernels")
-    r0, r1 = d / "r0.json", d / "r1.json"
-    r0.write_text(json.dumps(allreduce_rank(0, 2, 100)))
-    r1.write_text(json.dumps(allreduce_rank(1, 4, 100)))
-    _bad(tmp_path, capsys, ["replay", str(r0), str(r1)], str(r1), "world size", "mixed")
-    _bad(tmp_path, capsys, ["replay", str(r0), str(r0)], str(r0), "same rank")
-    _bad(tmp_path, capsys, ["replay", str(r0), "--step", "3"], str(r0), "--step: got 3",
-         "no ProfilerStep")
-    plain = d / "plain.json"
-    plain.write_text(json.dumps(doc([launch(0, 1), kern(10, 100, 1)])))
-    _bad(tmp_path, capsys, ["replay", str(plain), "--data-parallel-size", "2"], "--data-parallel-size",
-         "no all-reduce")
-    v100 = d / "v100.json"
-    v100.write_text(json.dumps(doc([launch(0, 1), kern(10, 100, 1)], device="Tesla V100-SXM2-32GB")))
-    _bad(tmp_path, capsys, ["replay", str(v100)], str(v100), "deviceProperties", "--gpu")
-    _bad(tmp_path, capsys, ["replay", str(plain), "--data-parallel-size", "0"], "--data-parallel-size", "got 0")
-    _bad(tmp_path, capsys, ["replay", str(plain), "--out", str(plain)], "--out", "it is a file")
+# (bad inputs: tests/test_bad_inputs.py::test_bad_replay, listed in tests/BAD_INPUTS.md)
 
 
 # ---------------------------------------------------------------- the simulator's own traces
@@ -453,3 +414,22 @@ def test_real_trace_replays_within_5_percent(case):
     s = run_json(["replay", *[str(SHARED / f) for f in files], *flags, "--json"])
     assert s["traced_step_s"] > 0
     assert abs(s["iteration_time_s"] - s["traced_step_s"]) <= 0.05 * s["traced_step_s"], s
+
+
+def test_untraced_ranks_clone_a_traced_rank_of_their_data_parallel_group():
+    # 4 ranks, dp groups {0, 2} and {1, 3} (tp pairs {0, 1}, {2, 3}): ranks 0 and 1 traced,
+    # rank 1 slower. Rank 3 is rank 1's replica: it must copy rank 1, not rank 0 (nearest
+    # below would give rank 1 too; rank 2 must copy rank 0, not rank 1).
+    def rank_doc(r, compute):
+        return allreduce_rank(r, 4, compute, group=[r % 2, r % 2 + 2])
+
+    from sim.replay.program import complete
+
+    graphs = {r: read_kineto(rank_doc(r, c)) for r, c in ((0, 100), (1, 700))}
+    full, cloned = complete(graphs, 4)
+    assert cloned == {2: 0, 3: 1}
+    assert full[2].nodes[-1].group == (0, 2) and full[3].nodes[-1].group == (1, 3)
+    t_ar = _alone({r: [Action("ar", kind="collective", op="allreduce", group=(0, 1), nbytes=4 * 2**20)]
+                   for r in range(2)})
+    r = replayed(rank_doc(0, 100), rank_doc(1, 700))
+    assert span_end(r, 2, "ncclDevKernel") == pytest.approx(100 * US + t_ar, rel=1e-6)

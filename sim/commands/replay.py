@@ -136,13 +136,16 @@ def write_outputs(result, out: Path) -> None:
 
 def _print(s: dict) -> None:
     step = f"ProfilerStep#{s['step']}" if s["step"] is not None else "the whole window"
+    if s["what_if"]:
+        print("what-if: " + ", ".join(f"{k.replace('_', '-')} {v}" for k, v in s["what_if"].items()))
     print(f"replay of {step}: {len(s['traced_ranks'])} traced rank(s) {s['traced_ranks'][:8]}"
           f"{'...' if len(s['traced_ranks']) > 8 else ''}, {s['cloned_ranks']} cloned, "
           f"{s['world_size']} x {s['gpu']} on {s['topology']}")
     T, M = s["iteration_time_s"], s["traced_step_s"]
     print()
     print(f"  iteration time     {format_time(T):>12}")
-    err = f"   ({(T - M) / M * 100:+.1f}%)" if M else ""
+    change = "what-if" if s["what_if"] else "replay"
+    err = f"   ({change} {(T - M) / M * 100:+.1f}% on it)" if M else ""
     print(f"  traced step        {format_time(M):>12}{err}" if M else
           "  traced step        (none in these traces)")
     t = s["rank_times"]

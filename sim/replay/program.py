@@ -11,19 +11,21 @@ whose members do not all run the same number of them, are replayed at their meas
 duration instead (counted in ``Replayed.unmatched``), so that a partial trace never
 deadlocks.
 
-Cloning: an untraced rank k copies the traced rank t nearest below it in rank order
-(the last traced rank when none is below): its kernels at their measured durations, each
-peer p moved to (p + k - t) mod world, and each group that does not hold k moved the same
-way (a group that holds k, such as the world group, is kept). Data-parallel replicas and
-ring neighbours clone this way exactly; a pipeline stage's role is only right if a rank of
-that stage was traced.
+Cloning: an untraced rank k copies a traced rank t with the same role: one whose
+data-parallel group holds k (k is its replica: the groups of its all-reduces,
+reduce-scatters and all-gathers named for data parallelism, else of all of them), else
+the traced rank nearest below k in rank order (the last traced rank when none is below).
+The clone keeps t's kernels at their measured durations, moves each peer p to
+(p + k - t) mod world, and each group that does not hold k the same way (a group that
+holds k, such as the world group, is kept). Data-parallel replicas and ring neighbours
+clone this way exactly; a pipeline stage's role is only right if a rank of that stage
+was traced.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from sim.errors import InputError
 from sim.program.actions import Action, Program
 from sim.replay.graph import Node, RankGraph, renamed
 
@@ -39,20 +41,37 @@ class Replayed:
     """Untraced rank -> the traced rank it copies."""
 
 
-def clone_source(rank: int, traced) -> int:
-    """The traced rank an untraced ``rank`` copies (see the module doc)."""
+def clone_source(rank: int, traced, replicas: dict | None = None) -> int:
+    """The traced rank an untraced ``rank`` copies (see the module doc); ``replicas``:
+    traced rank -> the ranks of its data-parallel groups."""
+    same = [t for t in sorted(traced) if rank in (replicas or {}).get(t, ())]
+    if same:
+        return same[0]
     below = [t for t in sorted(traced) if t <= rank]
     return below[-1] if below else max(traced)
+
+
+def replica_ranks(graphs: dict[int, RankGraph]) -> dict[int, set]:
+    """Per traced rank, the ranks of its data-parallel groups (see the module doc)."""
+    from sim.replay.run import is_data_parallel_name
+
+    out = {}
+    for r, g in graphs.items():
+        colls = [n for n in g.nodes if n.kind == "collective" and n.op in ("allreduce", "reducescatter", "allgather")]
+        named = [n for n in colls if is_data_parallel_name(n.pg_name)]
+        out[r] = {m for n in (named or colls) for m in n.group}
+    return out
 
 
 def complete(graphs: dict[int, RankGraph], world: int) -> tuple[dict[int, RankGraph], dict[int, int]]:
     """Every rank of ``world``: the traced graphs and clones for the rest."""
     out = dict(graphs)
     cloned = {}
+    replicas = replica_ranks(graphs) if len(graphs) < world else {}
     for k in range(world):
         if k in out:
             continue
-        t = clone_source(k, graphs)
+        t = clone_source(k, graphs, replicas)
         shift = k - t
 
         def move(r, shift=shift):
@@ -122,7 +141,6 @@ def to_program(graphs: dict[int, RankGraph]) -> Replayed:
     for r, g in graphs.items():
         names = {n.id: f"{n.name} #{n.id}" for n in g.nodes}
         acts = []
-        idx = {}
         alone = lonely.get(r, set())
         for n in g.nodes:
             name = names[n.id]
@@ -140,14 +158,11 @@ def to_program(graphs: dict[int, RankGraph]) -> Replayed:
             else:
                 a = new(name, kind=kind, stream=n.lane, peer=n.peer, nbytes=n.nbytes, category="comm", deps=deps)
             acts.append(a)
-            idx[name] = n
         actions[r] = acts
-        index[r] = idx
-    try:
-        prog = Program(actions)
-    except InputError as exc:
-        raise InputError(f"replay: the traces do not make a consistent job: {exc}") from None
-    return Replayed(prog, index, unmatched)
+        index[r] = dict(zip(names.values(), g.nodes)) if len(names) == len(g.nodes) else \
+            {names[n.id]: n for n in g.nodes}
+    # (checked once, by the engine: names unique, dependencies and partners present)
+    return Replayed(Program(actions, check=False), index, unmatched)
 
 
 __all__ = ["Replayed", "complete", "to_program", "clone_source", "renamed"]

@@ -71,14 +71,20 @@ def check_same_job(graphs: list[RankGraph]) -> None:
 _DP_NAME = re.compile(r"data|(^|[^a-z])dp([^a-z]|$)", re.I)
 
 
+def is_data_parallel_name(name: str) -> bool:
+    """Whether a process group's name says data parallelism (``DATA_PARALLEL_GROUP``, ``dp``)."""
+    return bool(name) and bool(_DP_NAME.search(name))
+
+
 def data_parallel_groups(graphs: dict[int, RankGraph]) -> tuple[int, int, list]:
     """(D, stride, groups) of the job's data-parallel groups (see the module doc)."""
     colls = [n for g in graphs.values() for n in g.nodes
              if n.kind == "collective" and n.op in ("allreduce", "reducescatter", "allgather")]
+    where = next(iter(graphs.values())).source if graphs else "replay"
     if not colls:
-        raise InputError("--data-parallel-size: the trace has no all-reduce, reduce-scatter or all-gather with its "
+        raise InputError(f"{where}: --data-parallel-size: the trace has no all-reduce, reduce-scatter or all-gather with its "
                          "group and size; there are no gradient collectives to re-price")
-    named = [n for n in colls if _DP_NAME.search(n.pg_name)]
+    named = [n for n in colls if is_data_parallel_name(n.pg_name)]
     if named:
         groups = {n.group for n in named}
     else:  # the groups of the size that moves the most bytes
@@ -91,7 +97,8 @@ def data_parallel_groups(graphs: dict[int, RankGraph]) -> tuple[int, int, list]:
     big = sorted(g for g in groups if len(g) == size)
     strides = {g[1] - g[0] for g in big}
     if len(strides) != 1 or any(any(b - a != g[1] - g[0] for a, b in zip(g, g[1:])) for g in big):
-        raise InputError(f"--data-parallel-size: the data-parallel groups {[list(g) for g in big[:3]]} are not evenly "
+        raise InputError(f"{where}: --data-parallel-size: the data-parallel groups {[list(g) for g in big[:3]]} are not "
+                         "evenly "
                          "strided; allowed: traces whose gradient groups are ranks g, g+s, ..., g+(D-1)s")
     return size, strides.pop(), big
 
@@ -101,7 +108,7 @@ def scale_data_parallel(graphs: dict[int, RankGraph], world: int, new_dp: int) -
     and the new world size."""
     D, s, _ = data_parallel_groups(graphs)
     if world % (s * D):
-        raise InputError(f"--data-parallel-size: world size {world} is not a multiple of the data-parallel groups' "
+        raise InputError(f"{next(iter(graphs.values())).source}: --data-parallel-size: world size {world} is not a multiple of the data-parallel groups' "
                          f"size {D} x stride {s}")
 
     def split(r):
@@ -202,4 +209,8 @@ def replay(graphs: list[RankGraph], *, gpu: str | None = None, topology: str | N
     from sim.replay.report import summarize_replay
 
     summary = summarize_replay(trace, replayed, graphs, profile, topo)
+    summary["what_if"] = {k: v for k, v in (("gpu", gpu if gpu != traced_gpu else None), ("topology", topology),
+                                            ("nodes", nodes), ("fabric", fabric),
+                                            ("oversubscription", oversubscription),
+                                            ("data_parallel_size", data_parallel_size)) if v is not None}
     return ReplayRun(trace, summary, replayed, profile, topo)
