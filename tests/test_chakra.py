@@ -578,3 +578,18 @@ def test_replay_of_a_pytorch_converted_et():
     assert s["world_size"] == 1
     assert s["rank_times"]["kernel_s"] == pytest.approx(gpu)
     assert s["iteration_time_s"] >= gpu
+
+
+def test_replay_of_some_ranks_clones_the_rest(tmp_path, capsys):
+    """Ranks 0 and 1 (one per pipeline stage) of the tiny plan's 4: the ETs say the world is
+    4, so the replay clones the other data-parallel replica's two ranks and gives the step
+    the 4 ETs give."""
+    out = tmp_path / "et"
+    assert main(["run", *TINY_FLAGS, "--json", "--export-chakra", str(out)]) == 0
+    capsys.readouterr()
+    assert main(["replay", *map(str, _ets(out)), "--json"]) == 0
+    every = json.loads(capsys.readouterr().out)
+    assert main(["replay", str(out / "trainsim.0.et"), str(out / "trainsim.1.et"), "--json"]) == 0
+    some = json.loads(capsys.readouterr().out)
+    assert (some["world_size"], some["cloned_ranks"], some["traced_ranks"]) == (4, 2, [0, 1])
+    assert some["iteration_time_s"] == pytest.approx(every["iteration_time_s"], rel=1e-9)
