@@ -164,6 +164,9 @@ def _rank_nodes(M, rank: int, acts, groups: dict, tag_ids: dict, copies: dict):
         else:
             ends[i] = [i]
     waits: dict[int, set[int]] = {}
+    on_gpu = Attr(name="is_cpu_op", bool_val=False)  # (attributes every node shares, made once)
+    stream_attr: dict[int, object] = {}
+    category_attr: dict[str, object] = {}
     for i, a in enumerate(acts):
         s = stream_of.setdefault(a.stream, len(stream_of))
         if s == len(streams):
@@ -180,8 +183,10 @@ def _rank_nodes(M, rank: int, acts, groups: dict, tag_ids: dict, copies: dict):
             waits[i].add(index[d])
         ctrl = [] if before is None else ends[before]
         data = [nid for j in waits[i] for nid in ends[j]]
-        common = [Attr(name="is_cpu_op", bool_val=False), Attr(name="stream", int64_val=s),
-                  Attr(name="trainsim_category", string_val=a.category)]
+        common = [on_gpu, stream_attr[s] if s in stream_attr else stream_attr.setdefault(
+                      s, Attr(name="stream", int64_val=s)),
+                  category_attr[a.category] if a.category in category_attr else category_attr.setdefault(
+                      a.category, Attr(name="trainsim_category", string_val=a.category))]
         dur = [Attr(name="trainsim_duration_s", double_val=float(a.duration_s))]
         micros = round(a.duration_s * 1e6)
         made = []
