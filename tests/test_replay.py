@@ -433,3 +433,43 @@ def test_untraced_ranks_clone_a_traced_rank_of_their_data_parallel_group():
                    for r in range(2)})
     r = replayed(rank_doc(0, 100), rank_doc(1, 700))
     assert span_end(r, 2, "ncclDevKernel") == pytest.approx(100 * US + t_ar, rel=1e-6)
+
+
+def test_gpu_what_if_uses_the_gemm_model_for_recorded_shapes():
+    from sim.inputs.hardware import load_profile
+
+    mm = {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "pid": 1, "tid": 1, "ts": 0, "dur": 10,
+          "args": {"External id": 5, "Input Dims": [[4096, 1024], [1024, 8192]],
+                   "Input type": ["c10::BFloat16", "c10::BFloat16"]}}
+    start = launch(1, 1)
+    start["args"]["External id"] = 5
+    t = doc([mm, start, kern(5, 1000, 1, name="sm90_xmma_gemm_bf16")])
+    [node] = [n for n in read_kineto(t).nodes if n.category == "gemm"]
+    assert node.shape == (4096, 8192, 1024, 1, "bf16")
+    h100, b200 = load_profile("h100-sxm"), load_profile("b200")
+    ratio = (h100.peak("bf16") * h100.gemm_efficiency(4096, 8192, 1024)) / \
+        (b200.peak("bf16") * b200.gemm_efficiency(4096, 8192, 1024))
+    r = replayed(t, gpu="b200")
+    # (time zero is the first CUDA call, the launch: the kernel starts at once)
+    assert r.summary["iteration_time_s"] == pytest.approx(1000 * US * ratio, rel=1e-12)
+    assert ratio != pytest.approx(h100.peak("bf16") * h100.gemm_max_efficiency / (b200.peak("bf16") * b200.gemm_max_efficiency), rel=1e-3)
+
+
+def test_blocking_copy_waits_for_the_gpu():
+    # A (300 us) then a blocking cudaMemcpy on the same stream (10 us), then 20 us of host
+    # work and B on another stream: 300 + 10 + 20 + 100 us.
+    copy = {"ph": "X", "cat": "gpu_memcpy", "name": "Memcpy DtoH (Device -> Pageable)", "pid": 0, "tid": 7,
+            "ts": 310, "dur": 10, "args": {"stream": 7, "correlation": 2}}
+    t = doc([launch(0, 1), kern(10, 300, 1), rt("cudaMemcpy", 5, 2, dur=315), copy,
+             launch(340, 3), kern(350, 100, 3, stream=20, name="after_copy")])
+    assert replayed(t).summary["iteration_time_s"] == pytest.approx(430 * US, abs=1e-12)
+
+
+def test_group_from_the_process_group_name():
+    t = allreduce_rank(0, 2, 100)
+    t["distributedInfo"]["pg_config"] = [{"pg_name": "7", "pg_desc": "dp", "ranks": [0, 1]}]
+    nccl = next(e for e in t["traceEvents"] if e["name"].startswith("nccl"))
+    del nccl["args"]["Process Group Ranks"]
+    nccl["args"]["Process Group Name"] = "7"
+    [coll] = [n for n in read_kineto(t).nodes if n.kind == "collective"]
+    assert coll.group == (0, 1)

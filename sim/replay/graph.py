@@ -73,6 +73,9 @@ class Node(NamedTuple):
     """FLOPs the trace records for a kernel, if any (0: unknown)."""
     pg_name: str = ""
     """The process group's name or description, when the trace gives it (``DATA_PARALLEL_GROUP``)."""
+    shape: tuple = ()
+    """A GEMM kernel's ``(m, n, k, batch, dtype)`` when the trace records its operator's
+    input shapes (``record_shapes``); ``dtype`` a key of ``HardwareProfile.peak_flops``."""
 
     @property
     def deps(self) -> tuple:
@@ -139,17 +142,3 @@ class RankGraph:
 
     def by_id(self) -> dict[int, Node]:
         return {n.id: n for n in self.nodes}
-
-
-def renamed(graph: RankGraph, rank: int, rank_map) -> RankGraph:
-    """``graph`` as rank ``rank``'s: every peer and group member ``r`` becomes
-    ``rank_map(r)`` (groups sorted). Durations, lanes and edges are kept: the clone of a
-    traced rank for one that was not traced, or a replica of a what-if."""
-    nodes = []
-    for n in graph.nodes:
-        if n.kind == "collective":
-            n = n._replace(group=tuple(sorted(rank_map(g) for g in n.group)))
-        elif n.kind in ("send", "recv"):
-            n = n._replace(peer=rank_map(n.peer))
-        nodes.append(n)
-    return RankGraph(rank, tuple(nodes), graph.source, graph.traced_step_s, dict(graph.meta, cloned_from=graph.rank))

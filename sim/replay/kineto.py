@@ -26,16 +26,18 @@ Nodes:
   stream of the next work launched on the thread after it; a wait with no record before
   it on its thread (traces that left the records out) waits for the latest work launched
   on another stream before it.
-- **Host synchronisations.** ``cudaDeviceSynchronize`` waits for the last work of every
+- **Host synchronisations.** A blocking ``cudaMemcpy`` waits for its copy;
+  ``cudaDeviceSynchronize`` waits for the last work of every
   stream launched before it; ``cudaStreamSynchronize`` for its stream's (from its
   ``Stream Sync`` event, else the stream of the thread's last launch);
   ``cudaEventSynchronize`` for the recorded work (``Event Sync``, else the work launched
   before the thread's last ``cudaEventRecord``).
 - **NCCL kernels** (``ncclKernel_*``, ``ncclDevKernel_*``) become collectives or
   send/recv from their args (``Collective name``, ``In msg nelems``, ``Out msg nelems``,
-  ``dtype``, ``Process Group Ranks``; else those of the ``record_param_comms`` op with the
-  same ``External id``). A send/recv's peer is its ``dst rank``/``src rank``, else the
-  other member of a two-rank group. One without size or group stays a ``comm`` node at its
+  ``dtype``, ``Process Group Ranks`` or ``Process Group Name`` with ``distributedInfo``'s
+  ``pg_config``; else those of the ``record_param_comms`` op with the same ``External
+  id``). A send/recv's peer is its ``dst rank``/``src rank``, else the other member of a
+  two-rank group. One without size or group stays a ``comm`` node at its
   measured duration, and is counted in ``meta["unpriced_comm"]``.
 - **Carry-over.** Work launched in an earlier step and still running on a stream when the
   step began is a ``carry`` node at the head of that stream, as measured.
@@ -56,6 +58,8 @@ _STEP = re.compile(r"^ProfilerStep#(\d+)$")
 _GPU_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
 _RUNTIME_CATS = ("cuda_runtime", "cuda_driver")
 _BLOCKING = ("cudaDeviceSynchronize", "cudaStreamSynchronize", "cudaEventSynchronize")
+_BLOCKING_COPIES = ("cudaMemcpy", "cudaMemcpy2D", "cudaMemcpyToSymbol", "cudaMemcpyFromSymbol")
+"""Copies the host waits for (not the ...Async ones)."""
 DTYPE_BYTES = {"float": 4, "float32": 4, "double": 8, "float64": 8, "half": 2, "float16": 2, "bfloat16": 2,
                "int": 4, "int32": 4, "long": 8, "int64": 8, "short": 2, "int16": 2, "char": 1, "int8": 1,
                "byte": 1, "uint8": 1, "bool": 1, "float8_e4m3fn": 1, "float8_e5m2": 1}
@@ -69,10 +73,35 @@ _OPS = {"allreduce": "allreduce", "all_reduce": "allreduce", "allreduce_coalesce
         "all_to_allv": "alltoall", "alltoall": "alltoall", "alltoall_base": "alltoall",
         "send": "send", "recv": "recv"}
 """PyTorch's ``Collective name`` values -> trainsim's ops (send/recv: point-to-point)."""
+_GEMM_OPS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm")
+_GEMM_DTYPES = {"c10::BFloat16": "bf16", "c10::Half": "fp16", "float": "fp32", "c10::Float8_e4m3fn": "fp8"}
+"""Recorded input types -> ``HardwareProfile.peak_flops`` keys."""
 _GEMM = re.compile(r"gemm|cutlass|xmma|cublas|wgrad|dgrad|matmul|_mma_|s\d+gemm", re.I)
 _ATTN = re.compile(r"flash|fmha|attention|attn|sdpa", re.I)
 _MEM = re.compile(r"elementwise|vectorized|reduce|copy|memcpy|memset|softmax|norm|dropout|adam|cat_|fill|index|"
                   r"gather|scatter|unrolled|where|embedding|loss|sum_|mean|mul|add|cast", re.I)
+
+
+def gemm_shape(op: str, dims, types) -> tuple:
+    """``(m, n, k, batch, dtype)`` of an ``aten::mm`` / ``addmm`` / ``bmm`` / ``baddbmm`` from
+    its recorded ``Input Dims`` and ``Input type``; () when they do not say."""
+    if not isinstance(dims, list) or not isinstance(types, list):
+        return ()
+    first = 1 if op in ("aten::addmm", "aten::baddbmm") else 0  # (the added tensor comes first)
+    try:
+        a, b = dims[first], dims[first + 1]
+        dtype = _GEMM_DTYPES.get(str(types[first]))
+        if len(a) == 2 and len(b) == 2 and a[1] == b[0]:
+            m, k, n, batch = a[0], a[1], b[1], 1
+        elif len(a) == 3 and len(b) == 3 and a[2] == b[1] and a[0] == b[0]:
+            batch, m, k, n = a[0], a[1], a[2], b[2]
+        else:
+            return ()
+    except (IndexError, TypeError):
+        return ()
+    if dtype is None or not all(isinstance(v, int) and v > 0 for v in (m, n, k, batch)):
+        return ()
+    return (m, n, k, batch, dtype)
 
 
 @lru_cache(maxsize=65536)
@@ -149,13 +178,17 @@ def read_kineto(source, step: int | None = None, *, default_rank: int = 0) -> Ra
             a = e.get("args") or {}
             if a.get("correlation") is not None:
                 syncs[a["correlation"]] = a
-    comm_args = {}
+    comm_args, shapes = {}, {}
     for e in events:
-        if e.get("cat") == "cpu_op" and e["name"] == "record_param_comms":
-            a = e.get("args") or {}
-            if a.get("External id") is not None:
+        if e.get("cat") == "cpu_op":
+            a = e["args"]
+            if e["name"] == "record_param_comms" and a.get("External id") is not None:
                 comm_args[a["External id"]] = a
-    builder = _Builder(rank, where, t0, info, comm_args)
+            elif e["name"] in _GEMM_OPS and a.get("External id") is not None:
+                shape = gemm_shape(e["name"], a.get("Input Dims"), a.get("Input type"))
+                if shape:
+                    shapes[a["External id"]] = shape
+    builder = _Builder(rank, where, t0, info, comm_args, shapes)
     graph = builder.build(runtime, mine, carried, syncs)
     world = info.get("world_size") if isinstance(info.get("world_size"), int) else None
     devices = data.get("deviceProperties") or []
@@ -170,8 +203,10 @@ class _Builder:
     time order: a node is made when what it depends on exists, so graph order is a
     topological order."""
 
-    def __init__(self, rank: int, where: str, t0: float, info: dict, comm_args: dict):
+    def __init__(self, rank: int, where: str, t0: float, info: dict, comm_args: dict, shapes: dict):
         self.rank, self.where, self.t0, self.info, self.comm_args = rank, where, t0, info, comm_args
+        self.shapes = shapes
+        self.launch_ext: dict = {}  # launch correlation -> its operator's External id
         self.nodes: list[Node] = []
         self.unpriced = 0
 
@@ -262,6 +297,8 @@ class _Builder:
             anchor[tid] = ts
             if c in launched_on:
                 created[c] = cpu
+                if self.shapes:
+                    self.launch_ext[cpu] = e["args"].get("External id")
                 st = launched_on[c]
                 last_launch_stream[tid] = st
                 seq += 1
@@ -275,6 +312,10 @@ class _Builder:
                             waits_for_stream.setdefault(st, []).append(max(others)[1])
                 flush(st, ts)
                 launch_seq[st] = seq
+                if name in _BLOCKING_COPIES and st in last_on_stream:  # the host waits for the copy
+                    prev_cpu[tid] = self._add(f"{name} (wait)", "compute", f"cpu {tid[1]}", 0.0, "cpu", ctrl=(cpu,),
+                                              data=(last_on_stream[st],))
+                    anchor[tid] = ts + e.get("dur", 0)
                 continue
             flush_all(ts)
             s = syncs.get(c) if c is not None else None
@@ -333,7 +374,8 @@ class _Builder:
         cat = kernel_category(name, e.get("cat"))
         if cat == "kernel" and flops > 0:
             cat = "gemm"  # a kernel the trace gives FLOPs for: compute-bound
-        return self._add(_short(name), "compute", lane, dur, cat, ctrl=ctrl, flops=float(flops))
+        shape = self.shapes.get(self.launch_ext.get(launch), ()) if cat == "gemm" and launch is not None else ()
+        return self._add(_short(name), "compute", lane, dur, cat, ctrl=ctrl, flops=float(flops), shape=shape)
 
     def _comm_fields(self, a: dict) -> dict:
         meta = a if "Collective name" in a else self.comm_args.get(a.get("External id"), a)
@@ -342,6 +384,11 @@ class _Builder:
         n_in, n_out = meta.get("In msg nelems"), meta.get("Out msg nelems")
         size = DTYPE_BYTES.get(str(meta.get("dtype", "")).strip().lower())
         group = _ranks(meta.get("Process Group Ranks"))
+        if group is None and meta.get("Process Group Name") is not None:  # distributedInfo's pg_config names it
+            pgs = self.info.get("pg_config")
+            for pg in pgs if isinstance(pgs, list) else ():
+                if isinstance(pg, dict) and str(pg.get("pg_name")) == str(meta["Process Group Name"]):
+                    group = _ranks(pg.get("ranks"))
         world = self.info.get("world_size")
         if group is None and isinstance(meta.get("Group size"), int) and meta["Group size"] == world:
             group = tuple(range(world))

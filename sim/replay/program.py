@@ -27,7 +27,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from sim.program.actions import Action, Program
-from sim.replay.graph import Node, RankGraph, renamed
+from sim.replay.graph import Node, RankGraph
 
 
 @dataclass
@@ -165,4 +165,4 @@ def to_program(graphs: dict[int, RankGraph]) -> Replayed:
     return Replayed(Program(actions, check=False), index, unmatched)
 
 
-__all__ = ["Replayed", "complete", "to_program", "clone_source", "renamed"]
+__all__ = ["Replayed", "complete", "to_program", "clone_source", "replica_ranks"]

@@ -19,10 +19,12 @@ What-ifs:
   gradient collectives run over the N-rank groups (the same bytes per rank), every other
   group and peer stays inside the replica.
 - ``gpu``: another GPU's profile. Kernels are scaled by class (``sim.replay.kineto.
-  kernel_category``): GEMM and attention by the ratio of sustained dense BF16 rates
-  (peak x the profile's GEMM / attention efficiency cap), memory-bound and unclassified
-  kernels by the ratio of sustained HBM bandwidths; host time is kept; communication is
-  re-priced by the network model of the new GPU's node.
+  kernel_category``): a GEMM whose operator's shapes the trace recorded by the ratio of
+  the two profiles' GEMM model (peak x ``gemm_efficiency(m, n, k, batch, dtype)``), other
+  GEMMs and attention by the ratio of sustained dense BF16 rates (peak x the profile's
+  GEMM / attention efficiency cap), memory-bound and unclassified kernels by the ratio of
+  sustained HBM bandwidths; host time is kept; communication is re-priced by the network
+  model of the new GPU's node.
 """
 
 from __future__ import annotations
@@ -82,8 +84,8 @@ def data_parallel_groups(graphs: dict[int, RankGraph]) -> tuple[int, int, list]:
              if n.kind == "collective" and n.op in ("allreduce", "reducescatter", "allgather")]
     where = next(iter(graphs.values())).source if graphs else "replay"
     if not colls:
-        raise InputError(f"{where}: --data-parallel-size: the trace has no all-reduce, reduce-scatter or all-gather with its "
-                         "group and size; there are no gradient collectives to re-price")
+        raise InputError(f"{where}: --data-parallel-size: the trace has no all-reduce, reduce-scatter or all-gather "
+                         "with its group and size; there are no gradient collectives to re-price")
     named = [n for n in colls if is_data_parallel_name(n.pg_name)]
     if named:
         groups = {n.group for n in named}
@@ -97,9 +99,9 @@ def data_parallel_groups(graphs: dict[int, RankGraph]) -> tuple[int, int, list]:
     big = sorted(g for g in groups if len(g) == size)
     strides = {g[1] - g[0] for g in big}
     if len(strides) != 1 or any(any(b - a != g[1] - g[0] for a, b in zip(g, g[1:])) for g in big):
-        raise InputError(f"{where}: --data-parallel-size: the data-parallel groups {[list(g) for g in big[:3]]} are not "
-                         "evenly "
-                         "strided; allowed: traces whose gradient groups are ranks g, g+s, ..., g+(D-1)s")
+        raise InputError(f"{where}: --data-parallel-size: the data-parallel groups {[list(g) for g in big[:3]]} "
+                         "are not evenly strided; allowed: traces whose gradient groups are ranks g, g+s, ..., "
+                         "g+(D-1)s")
     return size, strides.pop(), big
 
 
@@ -108,7 +110,8 @@ def scale_data_parallel(graphs: dict[int, RankGraph], world: int, new_dp: int) -
     and the new world size."""
     D, s, _ = data_parallel_groups(graphs)
     if world % (s * D):
-        raise InputError(f"{next(iter(graphs.values())).source}: --data-parallel-size: world size {world} is not a multiple of the data-parallel groups' "
+        raise InputError(f"{next(iter(graphs.values())).source}: --data-parallel-size: world size {world} is not "
+                         "a multiple of the data-parallel groups' "
                          f"size {D} x stride {s}")
 
     def split(r):
@@ -157,9 +160,21 @@ def scale_gpu(graphs: dict[int, RankGraph], traced_profile, new_profile) -> dict
         sustained(new_profile, new_profile.attention_max_efficiency)
     memory = traced_profile.memory_rate() / new_profile.memory_rate()
     factor = {"gemm": compute, "attention": attn, "memory": memory, "kernel": memory}
+    cache: dict = {}
+
+    def shaped(shape) -> float:
+        """A recorded GEMM's time ratio from the profiles' GEMM model."""
+        if shape not in cache:
+            m, n, k, batch, dtype = shape
+            if dtype not in traced_profile.peak_flops or dtype not in new_profile.peak_flops:
+                dtype = "bf16"
+            cache[shape] = (traced_profile.peak(dtype) * traced_profile.gemm_efficiency(m, n, k, batch, dtype)) / \
+                (new_profile.peak(dtype) * new_profile.gemm_efficiency(m, n, k, batch, dtype))
+        return cache[shape]
+
     out = {}
     for r, g in graphs.items():
-        nodes = tuple(n._replace(duration_s=n.duration_s * factor[n.category])
+        nodes = tuple(n._replace(duration_s=n.duration_s * (shaped(n.shape) if n.shape else factor[n.category]))
                       if n.kind == "compute" and n.category in factor else n for n in g.nodes)
         out[r] = RankGraph(r, nodes, g.source, g.traced_step_s, g.meta)
     return out

@@ -24,10 +24,10 @@ through the same analysis. Each rank's file (``trace_rank{r}.json``) holds:
 - GPU/host copies (optimizer offload) as ``cat: "gpu_memcpy"`` ``Memcpy DtoH``/``HtoD``.
 - For every kernel a ``cuda_runtime`` launch (``cudaLaunchKernel``, ``cudaMemcpyAsync``)
   on the host thread with the same ``correlation``, and an ``ac2g`` flow from launch to
-  kernel. The simulator has no CPU model: launches are placed just before their kernels,
-  one after another on one thread (the CPU running ahead of the GPU, as in a GPU-bound
-  run), so HTA's kernel-launch statistics mean little, while everything measured on the
-  GPU side does.
+  kernel. The simulator has no CPU model: launches are placed one after another on one
+  thread, each before its kernel and as early as that allows (the CPU running ahead of
+  the GPU, as in a GPU-bound run), so HTA's kernel-launch statistics mean little, while
+  everything measured on the GPU side does.
 - For each dependency of an action on an action of another stream of its rank (the
   program's cross-stream edges), a ``cudaEventRecord`` after the awaited kernel's launch,
   a ``cudaStreamWaitEvent`` before the waiting kernel's launch and a zero-length
@@ -184,6 +184,10 @@ def to_kineto(trace: Trace, rank: int, *, world_size: int | None = None, device_
         if nxt is not None:
             t = min(t, nxt - _LAUNCH_US)
         launches[i] = nxt = t
+    # ... and as early as that allows: back to back from the first, the host running ahead
+    # of the GPU as in a GPU-bound run (what the GPU waited for is in the stream waits).
+    for i in range(1, len(gpu)):
+        launches[i] = min(launches[i], launches[i - 1] + _LAUNCH_US)
     events: list[dict] = []
     index = {e["_span"]: i for i, e in enumerate(gpu)}
     syncs: list[dict] = []
