@@ -593,3 +593,17 @@ def test_replay_of_some_ranks_clones_the_rest(tmp_path, capsys):
     some = json.loads(capsys.readouterr().out)
     assert (some["world_size"], some["cloned_ranks"], some["traced_ranks"]) == (4, 2, [0, 1])
     assert some["iteration_time_s"] == pytest.approx(every["iteration_time_s"], rel=1e-9)
+
+
+def test_comm_group_file_given_elsewhere(tiny_run, tmp_path, capsys):
+    """ETs without comm_group.json beside them need --comm-group FILE for their pg_names."""
+    export = chakra_files(tiny_run.program, world_size=4, device_name="h100-sxm")
+    ets, groups = tmp_path / "ets", tmp_path / "groups.json"
+    ets.mkdir()
+    for name, data in export.files.items():
+        (ets / name if name.endswith(".et") else groups).write_bytes(data)
+    argv = ["replay", *map(str, _ets(ets)), "--json"]
+    assert _exit_code(argv) == 2
+    assert "pg_name: got '1'" in capsys.readouterr().err
+    assert main([*argv, "--comm-group", str(groups)]) == 0
+    assert json.loads(capsys.readouterr().out)["world_size"] == 4
