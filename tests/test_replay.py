@@ -473,3 +473,21 @@ def test_group_from_the_process_group_name():
     nccl["args"]["Process Group Name"] = "7"
     [coll] = [n for n in read_kineto(t).nodes if n.kind == "collective"]
     assert coll.group == (0, 1)
+
+
+def test_gpu_what_if_uses_the_attention_model_for_recorded_shapes():
+    from sim.inputs.hardware import load_profile
+
+    op = {"ph": "X", "cat": "cpu_op", "name": "aten::_scaled_dot_product_flash_attention", "pid": 1, "tid": 1,
+          "ts": 0, "dur": 10, "args": {"External id": 9, "Input Dims": [[2, 16, 4096, 128], [2, 16, 4096, 128],
+                                                                          [2, 16, 4096, 128], [], []]}}
+    start = launch(1, 1)
+    start["args"]["External id"] = 9
+    t = doc([op, start, kern(5, 800, 1, name="pytorch_flash::flash_fwd_kernel")])
+    [node] = [n for n in read_kineto(t).nodes if n.category == "attention"]
+    assert node.shape == (4096, 4096, 128, 32)
+    a100, h100 = load_profile("a100-80gb"), load_profile("h100-sxm")
+    ratio = (h100.peak("bf16") * h100.attention_efficiency(4096, 4096, 128, 32)) / \
+        (a100.peak("bf16") * a100.attention_efficiency(4096, 4096, 128, 32))
+    r = replayed(t, gpu="a100-80gb")
+    assert r.summary["iteration_time_s"] == pytest.approx(800 * US * ratio, rel=1e-12)

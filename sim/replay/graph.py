@@ -74,8 +74,9 @@ class Node(NamedTuple):
     pg_name: str = ""
     """The process group's name or description, when the trace gives it (``DATA_PARALLEL_GROUP``)."""
     shape: tuple = ()
-    """A GEMM kernel's ``(m, n, k, batch, dtype)`` when the trace records its operator's
-    input shapes (``record_shapes``); ``dtype`` a key of ``HardwareProfile.peak_flops``."""
+    """When the trace records its operator's input shapes (``record_shapes``): a GEMM
+    kernel's ``(m, n, k, batch, dtype)`` (``dtype`` a key of ``HardwareProfile.peak_flops``),
+    an attention kernel's ``(seq_q, seq_k, head_dim, batch x heads)``."""
 
     @property
     def deps(self) -> tuple:

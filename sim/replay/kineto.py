@@ -74,6 +74,14 @@ _OPS = {"allreduce": "allreduce", "all_reduce": "allreduce", "allreduce_coalesce
         "send": "send", "recv": "recv"}
 """PyTorch's ``Collective name`` values -> trainsim's ops (send/recv: point-to-point)."""
 _GEMM_OPS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm")
+_ATTENTION_OPS = {"aten::_scaled_dot_product_flash_attention": 0,
+                  "aten::_scaled_dot_product_efficient_attention": 0,
+                  "aten::_scaled_dot_product_cudnn_attention": 0,
+                  "aten::_scaled_dot_product_flash_attention_backward": 1,
+                  "aten::_scaled_dot_product_efficient_attention_backward": 1,
+                  "aten::_scaled_dot_product_cudnn_attention_backward": 1}
+"""PyTorch's fused attention operators -> the position of the query among their inputs
+(``[batch, heads, seq, head_dim]``; the key follows it)."""
 _GEMM_DTYPES = {"c10::BFloat16": "bf16", "c10::Half": "fp16", "float": "fp32", "c10::Float8_e4m3fn": "fp8"}
 """Recorded input types -> ``HardwareProfile.peak_flops`` keys."""
 _GEMM = re.compile(r"gemm|cutlass|xmma|cublas|wgrad|dgrad|matmul|_mma_|s\d+gemm", re.I)
@@ -102,6 +110,19 @@ def gemm_shape(op: str, dims, types) -> tuple:
     if dtype is None or not all(isinstance(v, int) and v > 0 for v in (m, n, k, batch)):
         return ()
     return (m, n, k, batch, dtype)
+
+
+def attention_shape(op: str, dims) -> tuple:
+    """``(seq_q, seq_k, head_dim, batch x heads)`` of a fused attention operator from its
+    recorded ``Input Dims``; () when they do not say."""
+    i = _ATTENTION_OPS[op]
+    try:
+        q, k = dims[i], dims[i + 1]
+        if len(q) == 4 and len(k) == 4 and all(isinstance(v, int) and v > 0 for v in (*q, *k)):
+            return (q[2], k[2], q[3], q[0] * q[1])
+    except (IndexError, TypeError):
+        pass
+    return ()
 
 
 @lru_cache(maxsize=65536)
@@ -184,8 +205,9 @@ def read_kineto(source, step: int | None = None, *, default_rank: int = 0) -> Ra
             a = e["args"]
             if e["name"] == "record_param_comms" and a.get("External id") is not None:
                 comm_args[a["External id"]] = a
-            elif e["name"] in _GEMM_OPS and a.get("External id") is not None:
-                shape = gemm_shape(e["name"], a.get("Input Dims"), a.get("Input type"))
+            elif a.get("External id") is not None and (e["name"] in _GEMM_OPS or e["name"] in _ATTENTION_OPS):
+                shape = (gemm_shape(e["name"], a.get("Input Dims"), a.get("Input type")) if e["name"] in _GEMM_OPS
+                         else attention_shape(e["name"], a.get("Input Dims")))
                 if shape:
                     shapes[a["External id"]] = shape
     builder = _Builder(rank, where, t0, info, comm_args, shapes)
@@ -374,7 +396,11 @@ class _Builder:
         cat = kernel_category(name, e.get("cat"))
         if cat == "kernel" and flops > 0:
             cat = "gemm"  # a kernel the trace gives FLOPs for: compute-bound
-        shape = self.shapes.get(self.launch_ext.get(launch), ()) if cat == "gemm" and launch is not None else ()
+        shape = ()
+        if launch is not None and self.shapes:
+            shape = self.shapes.get(self.launch_ext.get(launch), ())
+            if len(shape) != {"gemm": 5, "attention": 4}.get(cat):  # (a shape of the other class's operator)
+                shape = ()
         return self._add(_short(name), "compute", lane, dur, cat, ctrl=ctrl, flops=float(flops), shape=shape)
 
     def _comm_fields(self, a: dict) -> dict:

@@ -24,6 +24,7 @@ was traced.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 
 from sim.program.actions import Action, Program
@@ -51,10 +52,16 @@ def clone_source(rank: int, traced, replicas: dict | None = None) -> int:
     return below[-1] if below else max(traced)
 
 
+_DP_NAME = re.compile(r"data|(^|[^a-z])dp([^a-z]|$)", re.I)
+
+
+def is_data_parallel_name(name: str) -> bool:
+    """Whether a process group's name says data parallelism (``DATA_PARALLEL_GROUP``, ``dp``)."""
+    return bool(name) and bool(_DP_NAME.search(name))
+
+
 def replica_ranks(graphs: dict[int, RankGraph]) -> dict[int, set]:
     """Per traced rank, the ranks of its data-parallel groups (see the module doc)."""
-    from sim.replay.run import is_data_parallel_name
-
     out = {}
     for r, g in graphs.items():
         colls = [n for n in g.nodes if n.kind == "collective" and n.op in ("allreduce", "reducescatter", "allgather")]
@@ -165,4 +172,4 @@ def to_program(graphs: dict[int, RankGraph]) -> Replayed:
     return Replayed(Program(actions, check=False), index, unmatched)
 
 
-__all__ = ["Replayed", "complete", "to_program", "clone_source", "replica_ranks"]
+__all__ = ["Replayed", "complete", "to_program", "clone_source", "replica_ranks", "is_data_parallel_name"]

@@ -20,21 +20,21 @@ What-ifs:
   group and peer stays inside the replica.
 - ``gpu``: another GPU's profile. Kernels are scaled by class (``sim.replay.kineto.
   kernel_category``): a GEMM whose operator's shapes the trace recorded by the ratio of
-  the two profiles' GEMM model (peak x ``gemm_efficiency(m, n, k, batch, dtype)``), other
-  GEMMs and attention by the ratio of sustained dense BF16 rates (peak x the profile's
-  GEMM / attention efficiency cap), memory-bound and unclassified kernels by the ratio of
+  the two profiles' GEMM model (peak x ``gemm_efficiency(m, n, k, batch, dtype)``), an
+  attention kernel whose operator's shapes it recorded by their attention model (peak x
+  ``attention_efficiency``), other GEMMs and attention by the ratio of sustained dense BF16
+  rates (peak x the profile's GEMM / attention efficiency cap), memory-bound and unclassified kernels by the ratio of
   sustained HBM bandwidths; host time is kept; communication is re-priced by the network
   model of the new GPU's node.
 """
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 
 from sim.errors import InputError
 from sim.replay.graph import RankGraph
-from sim.replay.program import Replayed, complete, to_program
+from sim.replay.program import Replayed, complete, is_data_parallel_name, to_program
 
 GPU_OF_DEVICE = (("GB300", "gb300"), ("GB200", "gb200"), ("B200", "b200"), ("H200", "h200"), ("H100", "h100-sxm"),
                  ("A100", "a100-80gb"))
@@ -70,12 +70,6 @@ def check_same_job(graphs: list[RankGraph]) -> None:
                                  f"{first.meta.get(key)!r}: traces of different jobs or steps are mixed")
 
 
-_DP_NAME = re.compile(r"data|(^|[^a-z])dp([^a-z]|$)", re.I)
-
-
-def is_data_parallel_name(name: str) -> bool:
-    """Whether a process group's name says data parallelism (``DATA_PARALLEL_GROUP``, ``dp``)."""
-    return bool(name) and bool(_DP_NAME.search(name))
 
 
 def data_parallel_groups(graphs: dict[int, RankGraph]) -> tuple[int, int, list]:
@@ -163,7 +157,11 @@ def scale_gpu(graphs: dict[int, RankGraph], traced_profile, new_profile) -> dict
     cache: dict = {}
 
     def shaped(shape) -> float:
-        """A recorded GEMM's time ratio from the profiles' GEMM model."""
+        """A recorded GEMM's or attention's time ratio from the profiles' models."""
+        if shape not in cache and len(shape) == 4:
+            old, new = traced_profile, new_profile
+            cache[shape] = (old.peak("bf16") * old.attention_efficiency(*shape)) / \
+                (new.peak("bf16") * new.attention_efficiency(*shape))
         if shape not in cache:
             m, n, k, batch, dtype = shape
             if dtype not in traced_profile.peak_flops or dtype not in new_profile.peak_flops:
