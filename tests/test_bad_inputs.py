@@ -986,3 +986,60 @@ def test_a_cluster_too_small_is_reported_before_the_plan(bad):
     # cluster is what is wrong first (issue 44).
     bad(["run", "--model", "llama2-7b", "--gpu", "h100-sxm", "--nodes", "1", "--gpus", "16",
          "--global-batch-size", "8"], "--gpus: got 16", "has 8 GPUs")
+
+
+# ---------------------------------------------------------------- Chakra execution traces
+def _chakra_cases():
+    """(name, {file: bytes}, argv after `replay`, mentions) for BAD_INPUTS.md section 12."""
+    pb = pytest.importorskip("google.protobuf", reason="Chakra ETs need protobuf")  # noqa: F841
+    from sim.inputs.chakra_schema import NODE_TYPES, encode_stream, messages
+
+    M = messages()
+    A = M.AttributeProto
+    ring = gzip.decompress((DATA / "chakra" / "custom_allreduce" / "custom_allreduce.0.et.gz").read_bytes())
+    good = (DATA / "chakra" / "all_reduce.1.et").read_bytes()
+
+    def et(*nodes):
+        return encode_stream([M.GlobalMetadata(version="0.0.4"), *nodes])
+
+    coll = NODE_TYPES["COMM_COLL_NODE"]
+    return [
+        ("empty", {"x.0.et": b""}, ["in/x.0.et"], ["in/x.0.et", "empty"]),
+        ("truncated", {"x.0.et": ring[: len(ring) // 2]}, ["in/x.0.et"], ["in/x.0.et", "truncated"]),
+        ("binary garbage", {"x.0.et": GARBAGE}, ["in/x.0.et"], ["in/x.0.et", "not a Chakra"]),
+        ("a Kineto trace named .et", {"x.0.et": KINETO.encode()}, ["in/x.0.et"], ["in/x.0.et", "not a Chakra"]),
+        ("missing", {}, ["in/x.0.et"], ["in/x.0.et"]),
+        ("node type 42", {"x.0.et": et(M.Node(id=0, name="k", type=42))}, ["in/x.0.et"], ["type: got 42"]),
+        ("data dependency on a missing node", {"x.0.et": et(M.Node(id=0, name="k", type=4, data_deps=[9]))},
+         ["in/x.0.et"], ["data_deps: node 9"]),
+        ("a cycle", {"x.0.et": et(M.Node(id=0, name="a", type=4, data_deps=[1]),
+                                  M.Node(id=1, name="b", type=4, data_deps=[0]))}, ["in/x.0.et"], ["cycle"]),
+        ("collective without comm_size", {"x.0.et": et(M.Node(id=0, name="ar", type=coll,
+                                                              attr=[A(name="comm_type", int64_val=0)]))},
+         ["in/x.0.et"], ["comm_size: missing"]),
+        ("pg_name without a comm-group file", {"x.0.et": et(M.Node(id=0, name="ar", type=coll, attr=[
+            A(name="comm_type", int64_val=0), A(name="comm_size", int64_val=8), A(name="pg_name", string_val="3")]))},
+         ["in/x.0.et"], ["pg_name: got '3'"]),
+        ("two files of rank 1", {"a.1.et": good, "b.1.et": good}, ["in/a.1.et", "in/b.1.et"], ["rank 1"]),
+        ("`--step` with ETs", {"x.1.et": good}, ["in/x.1.et", "--step", "2"], ["--step: got 2"]),
+        ("ETs mixed with a Kineto trace", {"x.1.et": good, "rank0.json": KINETO.encode()},
+         ["in/x.1.et", "in/rank0.json"], ["in/rank0.json", "in/x.1.et"]),
+    ]
+
+
+CHAKRA_CASES = ["empty", "truncated", "binary garbage", "a Kineto trace named .et", "missing", "node type 42",
+                "data dependency on a missing node", "a cycle", "collective without comm_size",
+                "pg_name without a comm-group file", "two files of rank 1", "`--step` with ETs",
+                "ETs mixed with a Kineto trace"]
+
+
+@pytest.mark.parametrize("case", CHAKRA_CASES)
+def test_bad_chakra_et(bad, tmp_path, case):
+    (files, argv, mentions), = [c[1:] for c in _chakra_cases() if c[0] == case]
+    for name, data in files.items():
+        _write(tmp_path, name, data)
+    bad(["replay", *argv, "--gpu", "h100-sxm", "--out", "out"], *mentions)
+
+
+def test_export_chakra_with_reduced_fidelity(bad):
+    bad(["run", *TINY, *PLAN, "--fidelity", "reduced", "--export-chakra", "out"], "--export-chakra", "reduced")

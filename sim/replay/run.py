@@ -222,7 +222,9 @@ def replay(graphs: list[RankGraph], *, gpu: str | None = None, topology: str | N
     from sim.replay.report import summarize_replay
 
     summary = summarize_replay(trace, replayed, graphs, profile, topo)
-    summary["what_if"] = {k: v for k, v in (("gpu", gpu if gpu != traced_gpu else None), ("topology", topology),
+    # (--gpu is a what-if only when the trace names its own GPU; else it is the GPU the trace ran on)
+    scaled = gpu if traced_gpu is not None and gpu != traced_gpu else None
+    summary["what_if"] = {k: v for k, v in (("gpu", scaled), ("topology", topology),
                                             ("nodes", nodes), ("gpus_per_node", gpus_per_node), ("fabric", fabric),
                                             ("oversubscription", oversubscription),
                                             ("data_parallel_size", data_parallel_size)) if v is not None}
