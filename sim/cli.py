@@ -12,6 +12,7 @@ import importlib
 import sys
 
 from sim.errors import DeadlockError, InputError
+from sim.gc_tuning import tuned
 
 # Subcommand modules, in the order ``trainsim --help`` lists them.
 COMMANDS = ["run", "compare", "estimate", "explain", "search", "sweep", "collective", "demo", "calibrate", "validate", "fit",
@@ -72,7 +73,8 @@ def main(argv: list[str] | None = None) -> int:
         if not getattr(args, "_run", None):
             parser.print_help()
             return 2
-        return int(args._run(args) or 0)
+        with tuned():  # the collector paused around each simulation (the process is ours)
+            return int(args._run(args) or 0)
     except argparse.ArgumentError as exc:  # a flag's value its type refused: what it allows
         hint = ""
         if exc.argument_name and exc.argument_name.startswith("--") and exc.message == "expected one argument":

@@ -217,10 +217,26 @@ class HardwareProfile:
     ``trainsim calibrate``). Empty, and left out of the JSON, for presets."""
 
     def __hash__(self):
-        d = self.to_dict()
-        d.pop("sources")
-        d.pop("provenance", None)
-        return hash(json.dumps(d, sort_keys=True))
+        """Of the content (``sources`` and ``provenance`` aside, as ``==``): computed once,
+        at the first call, and kept on the profile. A profile is frozen, and its dicts are
+        never changed in place (a changed profile is a new one: ``dataclasses.replace``), so
+        the many ``lru_cache``s keyed on a profile pay a lookup, not a serialisation."""
+        try:
+            return self.__dict__["_content_hash"]
+        except KeyError:
+            d = self.to_dict()
+            d.pop("sources")
+            d.pop("provenance", None)
+            h = hash(json.dumps(d, sort_keys=True))
+            object.__setattr__(self, "_content_hash", h)  # (not a field: not compared, copied or written)
+            return h
+
+    def __getstate__(self):
+        """Pickled without the kept hash: a string's hash differs from process to process
+        (``PYTHONHASHSEED``), so a worker hashes the profile it receives afresh."""
+        state = dict(self.__dict__)
+        state.pop("_content_hash", None)
+        return state
 
     def __post_init__(self):
         """The rules between fields (each field's own are its type's)."""
