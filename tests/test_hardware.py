@@ -226,6 +226,11 @@ def test_a_profile_is_frozen_and_hashes_its_content_once(monkeypatch):
     p = load_profile("a100-80gb")
     with pytest.raises(dataclasses.FrozenInstanceError):
         p.sm_count = 1
+    # Its tables, nested ones too, refuse changes in place: the content, hence the hash, is fixed.
+    for change in (lambda: p.peak_flops.__setitem__("bf16", 1.0), lambda: p.peak_flops.update(bf16=1.0),
+                   lambda: p.nccl_base_latency_s["ring"].pop("ll"), lambda: p.links.clear()):
+        with pytest.raises(TypeError):
+            change()
     serialised = []
     to_dict = HardwareProfile.to_dict
     monkeypatch.setattr(HardwareProfile, "to_dict", lambda self: serialised.append(self) or to_dict(self))
