@@ -2,13 +2,12 @@
 
 Building and running a program allocates millions of small objects and almost no
 reference cycles; with the cyclic collector on, its full passes walk every one of them
-again and again (a third or more of a large run's time). The fix is to pause the
-collector while a simulation runs and to freeze (``gc.freeze``) what is still alive
-afterwards, so that later passes skip it. That changes the interpreter's state for the
-whole process, so library code never does it on its own: ``sim.api``,
-``sim.session.simulate_training`` and ``sim.engine.core.simulate`` leave the collector
-as they find it (enabled or not, its thresholds, its frozen objects) unless the process
-has opted in:
+again and again. The remedy is to pause the collector while a simulation runs and to
+freeze (``gc.freeze``) what is still alive afterwards, so that later passes skip it.
+That changes the interpreter's state for the whole process, so library code never does
+it on its own: ``sim.api``, ``sim.session.simulate_training`` and
+``sim.engine.core.simulate`` leave the collector as they find it (enabled or not, its
+thresholds, its frozen objects) unless the process has opted in:
 
 - ``tuned()``, a context manager: simulations run inside the block pause the collector.
   The ``trainsim`` command (``sim.cli.main``) wraps each command in it; a Python caller
@@ -18,9 +17,10 @@ has opted in:
       with gc_tuning.tuned():
           results = [api.run(...) for ...]
 
-  On the way out what the simulations froze is unfrozen (``unfreeze_on_exit``), and the
-  collector is as enabled as it was. Inside the block it owns ``gc.freeze``: what the
-  caller froze before is unfrozen by the first simulation.
+  On the way out what the simulations froze is unfrozen (``unfreeze_on_exit``; the
+  command leaves it frozen, as its process ends next and its last collection would walk
+  it all), and the collector is as enabled as it was. Inside the block it owns
+  ``gc.freeze``: what the caller froze before is unfrozen by the first simulation.
 - ``tune_process()``: the same for the rest of the process, for processes trainsim
   starts and owns (its spawned sweep and fit workers, benchmark scripts).
 
