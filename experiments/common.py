@@ -64,8 +64,10 @@ def parallel_map(fn, items, workers: int = 1) -> list:
         return [fn(x) for x in items]
     import multiprocessing
 
-    ctx = multiprocessing.get_context("fork")
-    with ProcessPoolExecutor(min(workers, len(items)), mp_context=ctx) as pool:
+    from sim.gc_tuning import tune_process
+
+    ctx = multiprocessing.get_context("fork")  # (the workers are ours: their simulations pause the collector)
+    with ProcessPoolExecutor(min(workers, len(items)), mp_context=ctx, initializer=tune_process) as pool:
         return list(pool.map(fn, items))
 
 

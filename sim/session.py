@@ -23,10 +23,11 @@ from sim.program.schedules import Schedule
 from sim.program.stage_balance import auto_layer_split, build_mixed
 from sim.program.build import BuildContext
 from sim.program.training import build
-from sim.engine.core import gc_paused, simulate
+from sim.engine.core import simulate
 from sim.engine.nccl import NcclModel
 from sim.engine.tuner import alone_time, check_forced
 from sim.errors import InputError
+from sim.gc_tuning import simulation_pause
 from sim.inputs.hardware import HardwareProfile
 from sim.inputs.model import ModelSpec
 from sim.inputs.plan import ParallelPlan
@@ -187,7 +188,7 @@ def simulate_training(job: Job, settings: SimulationSettings | None = None, *,
     if fidelity == "auto":
         fidelity, reason = choose_fidelity(model, plan, topology, collective_model)
     flows = collective_model == "flows" or fidelity == "reduced"
-    with gc_paused():
+    with simulation_pause():  # (where the process opted in: sim.gc_tuning)
         ctx = BuildContext.create(model, plan, profile, topology, schedule=job.schedule, fidelity=fidelity,
                                   gpus_per_node=topology.gpus_per_node, coalesce_tp=coalesce_tp,
                                   max_events=settings.event_limit, collective_model=collective_model, nccl=alone)

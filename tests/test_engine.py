@@ -270,19 +270,22 @@ def test_program_index_counts_dependencies_and_shares_equal_values():
 
 def test_a_finished_run_leaves_no_actions_in_reference_cycles():
     """The engine's closures and the network's callbacks refer to one another, and
-    ``gc_paused`` freezes what is alive after a run: unless the run lets go of its state,
-    every run's index (an entry per action) stays in memory for good. After a run and
-    its result are dropped, a full collection finds no Action and no engine list left
-    in unreachable cycles."""
+    where the process opted into ``sim.gc_tuning`` (the ``trainsim`` command) the collector
+    is paused during a run and what is alive after it is frozen: unless the run lets go of
+    its state, every run's index (an entry per action) stays in memory for good. After a
+    run and its result are dropped, a full collection finds no Action and no engine list
+    left in unreachable cycles."""
     import gc
 
     import sim
+    from sim import gc_tuning
     from sim.engine.core import _Engine
 
     gc.unfreeze()
     gc.collect()  # (what earlier tests left: their exceptions' tracebacks hold engines)
-    r = sim.run(model="llama2-7b", gpu="a100-80gb", nodes=2, tensor_model_parallel_size=2,
-                pipeline_model_parallel_size=2, global_batch_size=16, fidelity="full")
+    with gc_tuning.tuned(unfreeze_on_exit=False):
+        r = sim.run(model="llama2-7b", gpu="a100-80gb", nodes=2, tensor_model_parallel_size=2,
+                    pipeline_model_parallel_size=2, global_batch_size=16, fidelity="full")
     actions = r.run.trace.stats["actions"]
     assert actions > 1000
     del r

@@ -416,22 +416,24 @@ def test_a_plan_the_executor_cancels_is_submitted_again(cancels, status):
 
 
 def test_a_worker_does_not_grow_point_after_point(monkeypatch):
-    # gc_paused freezes what a simulation leaves alive; some of it is in reference cycles
-    # that only the collector frees. A worker runs point after point: once more than
+    # A worker process opts into sim.gc_tuning (init_worker), which freezes what a
+    # simulation leaves alive; some of it is in reference cycles that only the collector
+    # frees. A worker runs point after point: once more than
     # COLLECT_FROZEN objects were frozen since the last collection, the next simulation
     # collects them, so over 30 points the frozen count falls back at least once and
     # never rises more than COLLECT_FROZEN and one point's rise above where it started
     # (after a first point, which freezes the process's own objects too).
     import gc
 
-    import sim.engine.core as core
+    from sim import gc_tuning
 
-    monkeypatch.setattr(core, "COLLECT_FROZEN", 30_000)
-    evaluate(CTX, PLANS[0])
-    counts = [gc.get_freeze_count()]
-    for i in range(30):
-        evaluate(CTX, PLANS[i % len(PLANS)])
-        counts.append(gc.get_freeze_count())
+    monkeypatch.setattr(gc_tuning, "COLLECT_FROZEN", 30_000)
+    with gc_tuning.tuned():  # (a worker: tune_process, for the rest of its life)
+        evaluate(CTX, PLANS[0])
+        counts = [gc.get_freeze_count()]
+        for i in range(30):
+            evaluate(CTX, PLANS[i % len(PLANS)])
+            counts.append(gc.get_freeze_count())
     rise = max(b - a for a, b in zip(counts, counts[1:]))
     assert 0 < rise < 30_000
     assert max(counts) <= counts[0] + 30_000 + rise

@@ -266,8 +266,10 @@ _WORKER: list = []
 
 
 def _worker_init(gpu: str, params, runs, where: str) -> None:
+    from sim.gc_tuning import tune_process
     from sim.inputs.hardware import load_profile
 
+    tune_process()  # (a worker is trainsim's own process: sim.gc_tuning)
     _WORKER[:] = [Simulations(load_profile(gpu, flag="--gpu"), params, prepare_rows(runs, gpu, where))]
 
 

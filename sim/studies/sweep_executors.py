@@ -106,8 +106,12 @@ def why_workers_died(said: list[str]) -> str:
 # ---------------------------------------------------------------- SIGINT
 def init_worker(started) -> None:
     """A local worker's start: Ctrl-C is for the sweep to handle, and the sweep learns
-    that this worker got through start-up (``started``, shared memory)."""
+    that this worker got through start-up (``started``, shared memory). The worker is
+    trainsim's own process: its simulations pause the collector (``sim.gc_tuning``)."""
+    from sim.gc_tuning import tune_process
+
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    tune_process()
     started.value = 1
 
 
