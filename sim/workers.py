@@ -27,7 +27,8 @@ restart or ``kill -9`` leaves no worker eating the machine:
 
 SIGKILL cannot be caught: the workers die with the parent (above), and Python's resource
 tracker (a process of its own, which ends once the workers are gone) unlinks the pools'
-semaphores, saying so in a warning; output files are written whole or not at all
+semaphores (``quiet_resource_tracker`` starts it without its warning that they were
+"leaked": it is the one cleaning them up); output files are written whole or not at all
 (``sim.fileio``), and results logs and caches are appended a line at a time, a torn last
 line being dropped when read.
 """
@@ -86,11 +87,35 @@ def _start_worker(parent_pid: int, initializer, initargs) -> None:
         initializer(*initargs)
 
 
+TRACKER_FILTER = "ignore:resource_tracker:UserWarning"
+"""The warning filter Python's resource tracker runs under when a pool of trainsim starts it."""
+
+
+def quiet_resource_tracker() -> None:
+    """Start Python's resource tracker (if it is not running yet) without its warning about
+    semaphores "leaked": it gives it only when this process died without ending its pools,
+    which nothing can prevent under SIGKILL, and it then unlinks them itself (the tests check
+    that nothing is left in /dev/shm). Spawned pools need it; forked ones unlink their
+    semaphores at once and never start it."""
+    from multiprocessing import resource_tracker
+
+    added = TRACKER_FILTER not in sys.warnoptions
+    if added:
+        sys.warnoptions.append(TRACKER_FILTER)  # read only when the tracker's command line is built
+    try:
+        resource_tracker.ensure_running()
+    finally:
+        if added:
+            sys.warnoptions.remove(TRACKER_FILTER)
+
+
 def process_pool(workers: int, method: str = "spawn", initializer=None, initargs: tuple = ()):
     """A ``ProcessPoolExecutor`` of ``workers`` processes started by ``method`` (spawn or
     fork), each tied to this process (``_start_worker``)."""
     import multiprocessing
 
+    if method != "fork":
+        quiet_resource_tracker()
     ctx = multiprocessing.get_context(method)
     return cf.ProcessPoolExecutor(workers, mp_context=ctx, initializer=_start_worker,
                                   initargs=(os.getpid(), initializer, tuple(initargs)))

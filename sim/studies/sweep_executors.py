@@ -37,7 +37,7 @@ import sys
 import tempfile
 
 from sim.errors import InputError, require
-from sim.workers import DASK_PARENT_ENV, end_pool, process_pool
+from sim.workers import DASK_PARENT_ENV, end_pool, process_pool, quiet_resource_tracker
 
 STARTUP_ENV = "TRAINSIM_SWEEP_STARTUP_LOG"
 """Names the file where a local worker whose start-up fails writes its exception."""
@@ -179,6 +179,7 @@ def dask_client(address: str, workers: int):
             # so it must not listen where other machines can reach it.
             # Its workers are this process's children, tied to it (sim.workers.dask_setup).
             os.environ[DASK_PARENT_ENV] = str(os.getpid())
+            quiet_resource_tracker()
             cluster = LocalCluster(n_workers=max(1, workers), threads_per_worker=1, processes=True,
                                    host="127.0.0.1", dashboard_address=None, silence_logs=logging.ERROR,
                                    preload=["sim.workers"])
