@@ -107,6 +107,10 @@ def why_workers_died(said: list[str]) -> str:
             "(its traceback is on stderr above)")
 
 
+class TimeBudgetSpent(Exception):
+    """The run's time budget (``Runner.deadline``, ``trainsim search --max-time``) is spent."""
+
+
 # ---------------------------------------------------------------- SIGINT
 def init_worker(started) -> None:
     """A local worker's start (after ``sim.workers`` tied it to the sweep's process and left
