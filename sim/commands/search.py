@@ -42,6 +42,7 @@ from sim.studies.search import (
     enumerate_plans,
     screen_sizes,
     search,
+    split_failures,
 )
 from sim.studies.search_explain import describe_plan, explain
 from sim.studies.sweep import RESULTS_FILE, ResultsLog, Runner, make_context
@@ -345,9 +346,17 @@ def run(args) -> int:
     c = result.counts
     typed = {k: v for k, v in given(args).items() if k in SEARCH_FLAGS}
     commands = [run_command(typed, r["plan"]) for r in ranked[:args.top]]
+    # plans pruned for memory whose bound could have placed them in the list, had another split been used
+    alike = split_failures(model, result.candidates, profile, ranked[:args.top][-1]["summary"]["iteration_time_s"],
+                           topo.gpus_per_node) if ranked and args.rank_by == "throughput" else []
+    split_only = [{"key": f.candidate.key, "plan": asdict(f.candidate.plan),
+                   "peak_bytes": f.candidate.estimate.memory["total"], "bound_s": f.candidate.bound_s,
+                   "fits_with_split": list(f.split), "peak_bytes_with_split": f.estimate.memory["total"],
+                   "command": run_command(typed, {**asdict(f.candidate.plan), "layer_split": f.split})}
+                  for f in alike]
     obj = {"best": entry(ranked[0]) if ranked else None, "top": [entry(r) for r in ranked[:args.top]],
-           "commands": commands, "stopped": result.stopped,
-           "not_simulated": c["not_simulated"], "simulations": c["simulations"],
+           "commands": commands, "stopped": result.stopped, "split_only": split_only,
+           "not_simulated": c["not_simulated"],
            "evaluated": c["evaluated"], "pruned": c["pruned"], "failed": c["failed"],
            "pruned_memory": c["pruned_memory"], "pruned_time": c["pruned_time"],
            "pruned_dominated": c["pruned_dominated"], "screened": c["screened"], "plans": c["plans"],
@@ -396,6 +405,14 @@ def run(args) -> int:
         return code or 1
     print()
     print_top(ranked, args.top, args.rank_by)
+    if split_only:
+        print(f"left out only because of its layer split (balanced for time): by the estimate that pruned it, it "
+              f"does not fit in {format_bytes(profile.hbm_capacity_bytes)}, another split does, and its bound could "
+              f"place it in this list:")
+        for x in split_only:
+            print(f"     {describe_plan(x['plan'])}: {format_bytes(x['peak_bytes'])}; with --layer-split "
+                  f"{','.join(map(str, x['fits_with_split']))} {format_bytes(x['peak_bytes_with_split'])} "
+                  f"(bound {format_time(x['bound_s'])}): {x['command']}")
     print()
     for line in explain(ranked[0], ranked[1] if len(ranked) > 1 else None):
         print(line)

@@ -470,6 +470,51 @@ def balanced_plan(model: ModelSpec, plan: ParallelPlan, profile: HardwareProfile
     return replace(plan, layer_split=cache[key])
 
 
+def even_splits(model: ModelSpec, plan: ParallelPlan) -> list[tuple[int, ...]]:
+    """The splits of ``model``'s layers over ``plan``'s pp·vpp (virtual) stages as even as
+    they go, other than the plan's own: the extra layers on the first stages, or on the last."""
+    stages = plan.pp * plan.vpp
+    q, r = divmod(model.num_layers, stages)
+    own = tuple(plan.layer_split) if isinstance(plan.layer_split, (list, tuple)) else None
+    splits = ((q + 1,) * r + (q,) * (stages - r), (q,) * (stages - r) + (q + 1,) * r)
+    return [x for x in dict.fromkeys(splits) if x != own and min(x) > 0]
+
+
+@dataclass(frozen=True)
+class SplitFailure:
+    """A plan left out only because of its layer split: it does not fit the GPU (by the
+    estimate that pruned it), the same plan with ``split`` does (``estimate``), and its bound
+    is below the time of a plan the search lists."""
+
+    candidate: Candidate
+    split: tuple[int, ...]
+    estimate: Estimate
+
+
+def split_failures(model: ModelSpec, cands: list[Candidate], profile: HardwareProfile, below_s: float,
+                   gpus_per_node: int = 8, limit: int = 5, tries: int = 64) -> list[SplitFailure]:
+    """Candidates pruned for memory with an uneven split (``balanced_plan``'s, balanced for
+    time) that another split as even as it goes (``even_splits``) makes fit, fastest bound
+    first: those whose bound is below ``below_s`` (the time of the last plan listed), so that
+    they could have been listed. At most ``limit``, after estimating at most ``tries`` plans."""
+    out: list[SplitFailure] = []
+    pool = sorted((c for c in cands if c.status == "pruned: memory" and c.bound_s < below_s
+                   and isinstance(c.plan.layer_split, (list, tuple))), key=lambda c: (c.bound_s, c.key))
+    for c in pool[:tries]:
+        for split in even_splits(model, c.plan):
+            try:
+                est = estimate_in(BuildContext.create(model, replace(c.plan, layer_split=split), profile,
+                                                      gpus_per_node=gpus_per_node))
+            except InputError:
+                continue
+            if est.fits:
+                out.append(SplitFailure(c, split, est))
+                break
+        if len(out) >= limit:
+            break
+    return out
+
+
 def search(cands: list[Candidate], simulate, *, margin: float = DEFAULT_MARGIN, exact: int = 2,
            wave: int = 16, screen: bool = False, final: int | None = None, rank_by: str = "throughput",
            idle_power_w: float | None = None, planned=None, stoppable: bool = False,
