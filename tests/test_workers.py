@@ -3,6 +3,7 @@ the parent ended by SIGKILL, SIGTERM or SIGINT; no worker is left (checked by pi
 semaphore is left in /dev/shm, and no leaked-semaphore warning is printed."""
 
 import csv
+import json
 import os
 import signal
 import subprocess
@@ -141,6 +142,11 @@ def test_no_worker_outlives_its_parent(command, sig, tmp_path):
     else:
         assert proc.returncode == (143 if sig == signal.SIGTERM else 130), err
         assert ("terminated (SIGTERM)" if sig == signal.SIGTERM else "interrupted") in err
-    # nothing half-written: no output file but whole ones (a temporary is never left behind)
+    # nothing half-written: no output file but whole ones (a temporary is never left behind),
+    # and the cache and results logs are whole lines but for a torn last one (dropped when read)
     assert not (tmp_path / "fitted.json").exists()
+    for log in (tmp_path / "sims.jsonl", tmp_path / "out" / "results.jsonl"):
+        if log.exists():
+            for line in log.read_text().splitlines()[:-1]:
+                json.loads(line)
     assert [p.name for p in tmp_path.rglob("*") if p.name.startswith(".") or p.suffix == ".tmp"] == []
