@@ -12,7 +12,8 @@ restart or ``kill -9`` leaves no worker eating the machine:
   ends the worker (``os._exit``). The watchdog also covers a parent that died before the
   worker reached ``prctl``. (The kernel sends the signal when the *thread* that started the
   worker ends: trainsim starts workers from its main thread, or, for Dask, from the
-  cluster's event-loop thread, which lives as long as the cluster.)
+  cluster's event-loop thread, which lives as long as the cluster.) Dask's workers are
+  tied by ``dask_setup``, a preload the ``LocalCluster`` runs in each.
 - ``process_pool(workers, ...)``: a ``ProcessPoolExecutor`` whose workers are tied so
   (``_start_worker``), ignore SIGINT (Ctrl-C on a terminal reaches the whole process group;
   the parent alone decides what it means) and take SIGTERM at its default (a forked worker

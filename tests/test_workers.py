@@ -150,3 +150,4 @@ def test_no_worker_outlives_its_parent(command, sig, tmp_path):
             for line in log.read_text().splitlines()[:-1]:
                 json.loads(line)
     assert [p.name for p in tmp_path.rglob("*") if p.name.startswith(".") or p.suffix == ".tmp"] == []
+
