@@ -14,6 +14,7 @@ from pathlib import Path
 import psutil
 import pytest
 
+pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="semaphores in /dev/shm, PR_SET_PDEATHSIG")
 ROOT = Path(__file__).resolve().parent.parent
 WORKERS_GONE_S = 10  # the bound: a polling limit, not a timing assertion
 
