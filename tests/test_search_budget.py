@@ -186,3 +186,31 @@ def test_a_signal_stops_the_search_with_the_best_so_far_and_nothing_leaked(sig, 
                                                       if r["status"] == "ok" and r["summary"]["fits"])
     assert "  1  dp " in out and "  1  trainsim run " in out
     assert "rerun with --resume" in err
+
+
+def test_the_count_of_simulations_falls_as_the_pruning_learns_and_ends_exact():
+    from sim.inputs.topology_build import load_topology
+    from sim.studies.search import search, screen_sizes
+    from sim.studies.sweep import evaluate, make_context
+
+    model = gpt("tiny", 4, 512, 8, 4096, 256)
+    h100 = load_profile("h100-sxm")
+    ctx = make_context(model, h100, load_topology("dgx-h100", nodes=1))
+    space = SearchSpace(tp=(1, 2), pp=(1, 2), micro_batch_size=(1, 2), zero_stage=(0, 1), schedule=("1f1b",),
+                        recompute=("none",), sequence_parallel=(False,))
+    cands = candidates(model, enumerate_plans(model, 8, 64, space), h100)
+    ran, told = [], []
+
+    def simulate(plans):
+        ran.extend(plans)
+        return [evaluate(ctx, p) for p in plans]
+
+    result = search(cands, simulate, wave=2, screen=True, final=2, planned=lambda n: told.append((len(ran), n)))
+    fits = [c for c in cands if c.estimate.fits]
+    screenable = sum(screen_sizes(c.plan) is not None for c in fits)
+    most = len(fits) + screenable + min(2, screenable)
+    assert result.counts["pruned_time"] > 0  # the pruning ruled plans out as it went
+    assert screenable and told[0] == (0, most)  # first: every plan that fits, twice if screened, and the finalists' full runs
+    assert all(done <= n for done, n in told) and told[-1] == (len(ran), len(ran))  # last: exactly what ran
+    assert [n for _, n in told] == sorted((n for _, n in told), reverse=True)  # no screening failed: only falls
+    assert told[-2][1] < most

@@ -492,7 +492,7 @@ class SplitFailure:
 
 
 def split_failures(model: ModelSpec, cands: list[Candidate], profile: HardwareProfile, below_s: float,
-                   gpus_per_node: int = 8, limit: int = 5, tries: int = 64) -> list[SplitFailure]:
+                   gpus_per_node: int = 8, limit: int = 5, tries: int = 32) -> list[SplitFailure]:
     """Candidates pruned for memory with an uneven split (``balanced_plan``'s, balanced for
     time) that another split as even as it goes (``even_splits``) makes fit, fastest bound
     first: those whose bound is below ``below_s`` (the time of the last plan listed), so that
