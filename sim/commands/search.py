@@ -40,7 +40,6 @@ from sim.studies.search import (
     SearchSpace,
     candidates,
     enumerate_plans,
-    screen_sizes,
     search,
     split_failures,
 )
@@ -289,6 +288,15 @@ STOPPED_BY = {"SIGINT": "Ctrl-C (SIGINT)", "SIGTERM": "SIGTERM", "max-time": "--
 
 def run(args) -> int:
     start = time.monotonic()  # the wall time reported counts from here to the report
+    # on stderr: what it is doing while it enumerates and estimates, then the count of simulations
+    progress = ProgressBar(None, label="search", start=start, noun="simulations")
+    try:
+        return _run(args, start, progress)
+    finally:
+        progress.close()
+
+
+def _run(args, start: float, progress: ProgressBar) -> int:
     check_executor_args(args)
     settings = RunSettings.from_values({k: v for k, v in given(args).items() if k in SEARCH_FLAGS})
     model = model_from_settings(settings.model)
@@ -306,42 +314,38 @@ def run(args) -> int:
     check_rank_by(args.rank_by, profile)
     topo = topology_from_settings(settings.cluster, gpus, profile.name)
     require(gpus <= topo.num_gpus, "--gpus", gpus, f"topology {topo.name} has only {topo.num_gpus} GPUs")
-    progress = ProgressBar(None, label="search", start=start, noun="simulations")
-    try:
-        progress.phase(f"enumerating the plans of {gpus} GPUs")
-        plans = enumerate_plans(model, gpus, args.global_batch_size, space, topo.gpus_per_node)
-        require(plans, "search", f"{gpus} GPUs, global batch {args.global_batch_size}",
-                "no valid plan: dp must divide the global batch, tp the heads and pp the layers")
-        pinned = settings.cluster.pinned()
-        crossing_domains = 0
-        if pinned:  # the plans whose pinned groups would cross NVLink domains are not candidates
-            inside = [p for p in plans if crossing(p, pinned, topo.gpus_per_node) is None]
-            crossing_domains = len(plans) - len(inside)
-            require(inside, "--pin-to-nvlink-domain", ",".join(pinned),
-                    f"no plan of the space keeps those groups inside one NVLink domain of {topo.gpus_per_node} GPUs")
-            plans = inside
-        ctx = make_context(model, profile, topo)
-        from dataclasses import asdict
+    progress.phase(f"enumerating the plans of {gpus} GPUs")
+    plans = enumerate_plans(model, gpus, args.global_batch_size, space, topo.gpus_per_node)
+    require(plans, "search", f"{gpus} GPUs, global batch {args.global_batch_size}",
+            "no valid plan: dp must divide the global batch, tp the heads and pp the layers")
+    pinned = settings.cluster.pinned()
+    crossing_domains = 0
+    if pinned:  # the plans whose pinned groups would cross NVLink domains are not candidates
+        inside = [p for p in plans if crossing(p, pinned, topo.gpus_per_node) is None]
+        crossing_domains = len(plans) - len(inside)
+        require(inside, "--pin-to-nvlink-domain", ",".join(pinned),
+                f"no plan of the space keeps those groups inside one NVLink domain of {topo.gpus_per_node} GPUs")
+        plans = inside
+    ctx = make_context(model, profile, topo)
+    from dataclasses import asdict
 
-        context = {"command": "search", "model": asdict(model), "gpu": profile.name, "topology": topo.name,
-                   "gpus": gpus, "global_batch_size": args.global_batch_size}
-        log = open_log(args, context)
-        with interrupted_note(log), Runner(args.workers, args.dask, log) as runner:
-            progress.phase(f"estimating the memory and time of {len(plans):,} plans")
-            # the estimates run on the workers too, several chunks each so that none waits long
-            cands = candidates(model, plans, profile, topo.gpus_per_node, map=runner.map, chunks=4 * runner.workers)
-            screen = args.screen == "on" and args.rank_by == "throughput"
-            if args.max_time is not None:
-                runner.deadline = start + args.max_time
-            # the count of simulations the pruning may still run, corrected before each wave
-            result = search(cands, lambda plans: runner.run(ctx, plans, progress=progress), margin=args.margin,
-                            wave=args.wave, screen=screen, final=max(args.top, 2), rank_by=args.rank_by,
-                            idle_power_w=profile.idle_power_w, planned=progress.set_total, stoppable=True,
-                            finished=log.done)
-            if result.stopped:
-                runner.close(kill=True)  # the simulations under way go with the workers
-    finally:
-        progress.close()
+    context = {"command": "search", "model": asdict(model), "gpu": profile.name, "topology": topo.name,
+               "gpus": gpus, "global_batch_size": args.global_batch_size}
+    log = open_log(args, context)
+    with interrupted_note(log), Runner(args.workers, args.dask, log) as runner:
+        progress.phase(f"estimating the memory and time of {len(plans):,} plans")
+        # the estimates run on the workers too, several chunks each so that none waits long
+        cands = candidates(model, plans, profile, topo.gpus_per_node, map=runner.map, chunks=4 * runner.workers)
+        screen = args.screen == "on" and args.rank_by == "throughput"
+        if args.max_time is not None:
+            runner.deadline = start + args.max_time
+        # the count of simulations the pruning may still run, corrected before each wave
+        result = search(cands, lambda plans: runner.run(ctx, plans, progress=progress), margin=args.margin,
+                        wave=args.wave, screen=screen, final=max(args.top, 2), rank_by=args.rank_by,
+                        idle_power_w=profile.idle_power_w, planned=progress.set_total, stoppable=True,
+                        finished=log.done)
+        if result.stopped:
+            runner.close(kill=True)  # the simulations under way go with the workers
     ranked = rank(result.ranked, args.rank_by)
     c = result.counts
     typed = {k: v for k, v in given(args).items() if k in SEARCH_FLAGS}
