@@ -36,7 +36,7 @@ from sim.inputs.resolve import model_from_settings, plan_from_settings, profile_
 from sim.inputs.schema import AUTO_FULL_FIDELITY_EVENTS, RunSettings, SimulationSettings
 from sim.inputs.mixed_gpus import MixedGpus, mixed_gpus
 from sim.inputs.stragglers import Stragglers, degrade, per_gpu_fidelity, resolve_stragglers
-from sim.inputs.topology import Topology
+from sim.inputs.topology import Topology, check_pxn
 from sim.results.mixed_report import mixed_report
 from sim.results.stragglers import plotted_stragglers, straggler_report
 from sim.results.moe_report import moe_report
@@ -135,6 +135,9 @@ def prepare(settings: RunSettings, model: ModelSpec | None = None, plan: Paralle
     if topo is None:
         topo = topology_from_settings(settings.cluster, plan.world_size, profile.name)
     check_forced(settings.simulation.nccl_algo, topo)
+    check_pxn(topo, pxn_disable=settings.simulation.nccl_pxn_disable,
+              pxn_level=settings.simulation.nccl_p2p_pxn_level)
+    topo = topo.with_pxn(settings.simulation.pxn_level)
     check_pinned(plan, settings.cluster.pinned(), topo.gpus_per_node, f"on {topo.name}")
     mixed = mixed_gpus(topo, plan.world_size, profile)
     if mixed is not None:  # (every type under the cap: --power-limit-w applies to every GPU)
@@ -171,6 +174,7 @@ def simulate_training(job: Job, settings: SimulationSettings | None = None, *,
     if job.mixed is not None:
         fidelity, reason = per_gpu_fidelity(fidelity, "GPUs of several types")
     check_forced(settings.nccl_algo, topology)
+    topology = topology.with_pxn(settings.pxn_level)  # (NCCL_PXN_DISABLE, NCCL_P2P_PXN_LEVEL: the sends' routes)
     nccl = NcclModel.from_profile(profile).forcing(settings.nccl_algo, settings.nccl_protocol)
     eff = profile.link_efficiencies()
     alone = partial(alone_time, topology=topology, efficiency=eff, model=nccl)  # (coalesced TP collectives)
