@@ -128,21 +128,36 @@ def worker_pids(pool) -> list[int]:
 
 
 def end_pool(pool, kill: bool) -> None:
-    """End a ``ProcessPoolExecutor``: wait for its running calls, or with ``kill`` cancel the
-    queued ones and terminate its workers (waiting a few seconds for each to go)."""
+    """End a ``ProcessPoolExecutor``: cancel the queued calls and wait for the running ones,
+    or with ``kill`` terminate its workers (waiting a few seconds for each to go) and leave
+    what was queued or running to fail with the broken pool.
+
+    The pool's manager thread fails every call it still holds with ``BrokenProcessPool``
+    once the workers are gone; a call whose future was cancelled meanwhile (``Executor.map``
+    cancels what is left when an exception, a Ctrl-C, leaves it) makes that thread raise
+    ``InvalidStateError`` and print its traceback (``concurrent.futures.process``, Python
+    3.11). So those calls are dropped first, the workers go next, and the pool shuts down
+    without cancelling anything."""
     if pool is None:
         return
+    if not kill:
+        pool.shutdown(wait=True, cancel_futures=True)
+        return
+    held = getattr(pool, "_pending_work_items", None)
+    if held is not None:
+        for work_id, item in list(held.items()):
+            if item.future.done():
+                held.pop(work_id, None)
     procs = list((getattr(pool, "_processes", None) or {}).values())
-    pool.shutdown(wait=not kill, cancel_futures=True)
-    if kill:
-        for p in procs:
-            if p.is_alive():
-                p.terminate()
-        for p in procs:
-            p.join(5)
-            if p.is_alive():
-                p.kill()
-                p.join(1)
+    for p in procs:
+        if p.is_alive():
+            p.terminate()
+    for p in procs:
+        p.join(5)
+        if p.is_alive():
+            p.kill()
+            p.join(1)
+    pool.shutdown(wait=False)
 
 
 @contextlib.contextmanager
