@@ -44,7 +44,7 @@ from sim.results.summary import summarize
 from sim.results.trace import Trace
 
 __all__ = ["TrainingRun", "Job", "Prepared", "prepare", "simulate_training", "choose_fidelity", "run", "summarize",
-           "write_outputs", "write_kineto_files", "rank_names"]
+           "write_outputs", "write_kineto_files", "write_chakra_files", "rank_names"]
 
 
 @dataclass
@@ -290,9 +290,20 @@ def write_outputs(run: TrainingRun, summary: dict, out: Path) -> None:
 
 def write_kineto_files(training_run: TrainingRun, out: str | Path) -> list[Path]:
     """The Kineto-shaped traces of a run, one ``trace_rank{r}.json`` per simulated GPU."""
-    from sim.results.export_kineto import collective_groups, write_kineto
+    from sim.results.export_kineto import collective_groups, cross_stream_waits, write_kineto
 
     return write_kineto(training_run.trace, out, world_size=training_run.plan.world_size,
                         device_name=training_run.profile.name,
                         memory_bytes=training_run.profile.hbm_capacity_bytes,
-                        groups=collective_groups(training_run.program), names=rank_names(training_run))
+                        groups=collective_groups(training_run.program), names=rank_names(training_run),
+                        waits=cross_stream_waits(training_run.program))
+
+
+def write_chakra_files(training_run: TrainingRun, out: str | Path):
+    """The run's program as Chakra execution traces, ``trainsim.{r}.et`` per rank and
+    ``comm_group.json`` (``sim.results.export_chakra``)."""
+    from sim.results.export_chakra import write_chakra
+
+    return write_chakra(training_run.program, out, world_size=training_run.plan.world_size,
+                        device_name=training_run.profile.name, iteration_time_s=training_run.trace.end_s,
+                        trace=training_run.trace)

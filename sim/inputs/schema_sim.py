@@ -119,6 +119,9 @@ class OutputSettings:
     out: str | None = setting(help="directory for summary.json, trace.json, timeline.png and memory.png")
     kineto: str | None = setting(help="directory for PyTorch-profiler-shaped traces, trace_rank{r}.json per "
                                       "simulated GPU (for Holistic Trace Analysis)", metavar="DIR")
+    export_chakra: str | None = setting(help="directory for Chakra execution traces of the program, trainsim.{r}.et "
+                                             "per rank and comm_group.json (for ASTRA-sim; needs the protobuf "
+                                             "package: pip install 'trainsim[chakra]')", metavar="DIR")
 
     def __post_init__(self):
         check_section(self)
