@@ -66,6 +66,17 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from sim.workers import sigterm_as_interrupt
+
+    # SIGTERM (a time limit, ``kill``) stops a command as Ctrl-C does: its worker pools end,
+    # what finished is kept, and a search prints its best so far (sim.workers)
+    with sigterm_as_interrupt():
+        return _main(argv)
+
+
+def _main(argv: list[str] | None) -> int:
+    from sim.workers import Terminated
+
     parser = build_parser()
     try:
         argv = list(sys.argv[1:] if argv is None else argv)
@@ -97,6 +108,9 @@ def main(argv: list[str] | None = None) -> int:
         where = f"{exc.filename}: " if exc.filename else ""
         print(f"trainsim: error: {where}{exc.strerror or exc}", file=sys.stderr)
         return 2
+    except Terminated:
+        print("trainsim: terminated (SIGTERM)", file=sys.stderr)
+        return 143
     except KeyboardInterrupt:
         print("trainsim: interrupted", file=sys.stderr)
         return 130

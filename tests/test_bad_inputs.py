@@ -823,6 +823,7 @@ FLAG_CASES = [
     (["search", *TINY, "--gpus", "4", "--global-batch-size", "8", "--margin", "nan"], ["--margin", "nan"]),
     (["search", *TINY, "--gpus", "4", "--global-batch-size", "8", "--margin", "0.5"], ["--margin", "0.5"]),
     (["search", *TINY, "--gpus", "4", "--global-batch-size", "8", "--wave", "0"], ["--wave", "0"]),
+    (["search", *TINY, "--gpus", "4", "--global-batch-size", "8", "--max-time", "10x"], ["--max-time", "10x"]),
     (["search", *TINY, "--gpus", "4", "--global-batch-size", "8", "--top", "0"], ["--top", "0"]),
     (["search", *TINY, "--gpus", "4", "--global-batch-size", "8", "--workers", "-1"], ["--workers", "-1"]),
     (["search", *TINY, "--gpus", "4", "--global-batch-size", "8", "--tp", "1,x"], ["--tp", "x"]),

@@ -62,6 +62,12 @@ def _always_die(ctx, plan):
     return evaluate(ctx, plan)
 
 
+def _parent_and_watchdog():
+    import threading
+
+    return os.getppid(), [t.name for t in threading.enumerate() if t.name == "trainsim-parent-watchdog"]
+
+
 def _strip(records):
     return sorted(records, key=lambda r: r["key"])
 
@@ -93,11 +99,17 @@ def test_a_dask_local_cluster_gives_the_local_executors_records(local_records, t
         info = runner._client.scheduler_info()["workers"]
         assert len(info) == 2 and len({w["id"] for w in info.values()}) == 2
         assert len(set(runner._client.run(os.getpid).values()) | {os.getpid()}) == 3  # processes
+        # each of them tied to this process: it dies with it, however it dies (sim.workers)
+        assert list(runner._client.run(_parent_and_watchdog).values()) == [(os.getpid(),
+                                                                           ["trainsim-parent-watchdog"])] * 2
         records = runner.run(CTX, PLANS)
         assert json.dumps(_strip(records), sort_keys=True) == json.dumps(_strip(local_records), sort_keys=True)
         # A worker that dies mid-plan: Dask's scheduler runs the plan again on a live worker.
         runner.fn = _die_once
         again = runner.run(CTX, [ParallelPlan(dp=4, tp=2, global_batch_size=32)])
+        # the workers there are now (the nanny starts a dead one again) die with this process (sim.workers)
+        tied = list(runner._client.run(_parent_and_watchdog).values())
+        assert tied and all(t == (os.getpid(), ["trainsim-parent-watchdog"]) for t in tied), tied
     assert (tmp_path / f"died-{again[0]['key']}").exists() and again[0]["status"] == "ok", again[0]
 
 

@@ -120,7 +120,11 @@ def _setup(rank: int, world: int, local_rank: int, procs_on_host: int, init: boo
     return Context(rank, world, local_rank, device, backend, threads, shared)
 
 
-def _worker(rank: int, world: int, port: int, fn, payload, outdir: str) -> None:
+def _worker(rank: int, world: int, port: int, fn, payload, outdir: str, parent_pid: int | None = None) -> None:
+    if parent_pid is not None:  # dies with the process that started it (sim.workers)
+        from sim.workers import tie_to_parent
+
+        tie_to_parent(parent_pid)
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
                       WORLD_SIZE=str(world), LOCAL_RANK=str(rank), TRAINSIM_WORKER="1")
     out = Path(outdir) / f"rank{rank}.pkl"
@@ -171,7 +175,7 @@ def run_workers(fn, procs: int, payload=None, *, timeout_s: float = 900.0) -> li
         if not torch.cuda.is_available():
             os.environ.update({k: v for k, v in CPU_MALLOC.items() if k not in saved})
         try:
-            ctx = mp.start_processes(_worker, args=(procs, port, fn, payload, outdir), nprocs=procs,
+            ctx = mp.start_processes(_worker, args=(procs, port, fn, payload, outdir, os.getpid()), nprocs=procs,
                                      join=False, start_method="spawn")
         finally:
             os.environ.clear()
@@ -204,23 +208,25 @@ def _wait(processes, outdir: str, timeout_s: float) -> str | None:
     (a crash in library teardown) does not."""
     deadline = time.monotonic() + timeout_s
     failure = None
-    while any(p.is_alive() for p in processes):
-        if time.monotonic() > deadline:
-            failure = f"workers did not finish within {timeout_s:.0f} s"
-            break
-        bad = [r for r, p in enumerate(processes)
-               if p.exitcode not in (None, 0) and not _finished(outdir, r)]
-        if bad:
-            code = processes[bad[0]].exitcode
-            how = f"signal {signal.Signals(-code).name}" if code < 0 else f"exit code {code}"
-            failure = f"process {bad[0]} terminated with {how}"
-            break
-        time.sleep(0.1)
-    for p in processes:
-        if p.is_alive():
-            p.terminate()
-    for p in processes:
-        p.join(timeout=10)
+    try:
+        while any(p.is_alive() for p in processes):
+            if time.monotonic() > deadline:
+                failure = f"workers did not finish within {timeout_s:.0f} s"
+                break
+            bad = [r for r, p in enumerate(processes)
+                   if p.exitcode not in (None, 0) and not _finished(outdir, r)]
+            if bad:
+                code = processes[bad[0]].exitcode
+                how = f"signal {signal.Signals(-code).name}" if code < 0 else f"exit code {code}"
+                failure = f"process {bad[0]} terminated with {how}"
+                break
+            time.sleep(0.1)
+    finally:  # on Ctrl-C and SIGTERM too: no rank outlives the wait
+        for p in processes:
+            if p.is_alive():
+                p.terminate()
+        for p in processes:
+            p.join(timeout=10)
     if failure is None:
         bad = [r for r, p in enumerate(processes) if p.exitcode != 0 and not _finished(outdir, r)]
         if bad:

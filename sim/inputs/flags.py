@@ -99,6 +99,24 @@ def given(ns: argparse.Namespace) -> dict[str, object]:
     return {name: v for name, v in vars(ns).items() if name in FIELDS and v is not None}
 
 
+def flags_of(values: Mapping[str, object]) -> list[str]:
+    """The command-line arguments that stand for ``values`` (settings by field name, as a
+    parsed command line or a plan holds them): the inverse of parsing them. A list is its
+    items, a tuple (a layer split) its items joined by commas."""
+    out: list[str] = []
+    for name, v in values.items():
+        f = FIELDS[name]
+        if f.kind == "switch":
+            out += [f.flag] if v else []
+        elif f.kind == "bool":
+            out.append(f.flag if v else "--no-" + f.flag[2:])
+        elif f.kind == "list":
+            out += [f.flag, *map(str, v if isinstance(v, (list, tuple)) else [v])]
+        else:
+            out += [f.flag, ",".join(map(str, v)) if isinstance(v, (list, tuple)) else str(v)]
+    return out
+
+
 def settings_markdown() -> str:
     """Every setting as a Markdown table per section (``docs/settings.md``)."""
     from sim.inputs.schema import DEFAULTS, SECTIONS, fields_of
