@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parent.parent
 EVERY_FIELD = dict(name="ag 3", kind="collective", stream="side", duration_s=2e-3, flops=5.0, nbytes=1024,
                    peer=7, group=(0, 1, 2), op="allgather", algo="tree", protocol="ll128", channels=4, tag="t1",
                    category="zero", layer=12, mem=(("start", "params", 1024.0),), deps=("w 2", (1, "w 3")),
-                   userbuffers=True, sms_priced=True)
+                   transport="direct", slows_compute=False)
 
 
 def test_the_values_above_set_every_field_off_its_default():
