@@ -110,6 +110,8 @@ def _graph(et: EtRank, world: int) -> RankGraph:
     waits = {n.id: n.data_deps for n in order} if ours else _eager_sends(order)
     nodes = tuple(_node(et, n, streams, waits[n.id]) for n in order)
     meta = {"world_size": world, "step": None, "format": "chakra"}
+    if ours:  # (trainsim's durations are the program's costs, before the overlap slowdown)
+        meta["costed"] = True
     if et.metadata.get("device_name"):
         meta["device_name"] = et.metadata["device_name"]
     step = et.metadata.get("trainsim_iteration_time_s")

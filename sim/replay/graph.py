@@ -106,7 +106,10 @@ class RankGraph:
     traced_step_s: float | None = None
     """The step as the trace measured it (first node's start to last node's end)."""
     meta: dict = field(default_factory=dict)
-    """What the reader knows beside the nodes: ``world_size``, ``device_name``, ``step``."""
+    """What the reader knows beside the nodes: ``world_size``, ``device_name``, ``step``;
+    ``costed``: true where the compute durations are a simulator's costs, before the slowdown
+    that communication overlapping compute causes (trainsim's own Chakra ETs), rather than
+    measured kernels (``sim.replay.run.replay`` applies that slowdown to them)."""
 
     def check(self) -> "RankGraph":
         """Ids unique, every dependency an earlier node of this graph, kinds and fields valid:
