@@ -66,6 +66,9 @@ def test_the_checked_constructor_normalises_and_checks():
     assert a.group == (1, 0) and a.deps == ("x", (2, "y")) and a.stream == "comm"
     with pytest.raises(InputError, match="nbytes"):
         Action("a", nbytes=float("inf"))
+    assert (a.transport, a.slows_compute) == ("nccl", True)  # (a collective's claim: an NCCL kernel's)
+    with pytest.raises(InputError, match="transport: got 'pigeon'; allowed: nccl, direct"):
+        Action("c", kind="collective", op="allreduce", group=(0, 1), transport="pigeon")
 
 
 def test_no_module_generates_code_or_swaps_classes_at_run_time():

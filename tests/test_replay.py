@@ -302,6 +302,15 @@ def test_graph_check_refuses_a_forward_dependency():
         g.check()
 
 
+def test_graph_check_refuses_an_unknown_transport():
+    from sim.errors import InputError
+
+    g = RankGraph(0, (Node(0, "ag", "collective", "stream 20", op="allgather", nbytes=8.0, group=(0, 1),
+                           transport="pigeon"),), source="hand.et")
+    with pytest.raises(InputError, match=r"hand.et: node 0 \('ag'\): transport: got 'pigeon'; allowed: nccl, direct"):
+        g.check()
+
+
 def test_graph_from_code_replays():
     # What another reader (a Chakra ET) produces: two ranks, a collective between kernels.
     def rank(r):
