@@ -32,7 +32,7 @@ engine's own terms, which passes map their libraries' settings onto (``sim.progr
 maps Transformer Engine's tensor-parallel overlap): ``transport``, what moves its bytes
 (``TRANSPORTS``: an NCCL kernel, with NCCL's base latency, per-step latencies and rate caps,
 or ``direct`` peer-to-peer writes, by copy engines or a kernel outside NCCL, priced on the
-links alone), and ``slows_compute``, whether it holds SMs that the compute beside it is
+links alone), and ``slows_compute``, whether it (or a send's transfer) holds SMs that the compute beside it is
 not already priced without (then the engine's overlap slowdown, ``sim.engine.slowdown``,
 applies while it moves data).
 
@@ -108,10 +108,10 @@ class _ActionFields:
     latency (``sim.engine.nccl.base_latency``), per-step latencies and rate caps;
     ``direct`` (copy engines or a kernel outside NCCL) is priced on its links alone."""
     slows_compute: bool = True
-    """Whether a collective holds SMs that the compute beside it on its GPU is not already
-    priced without: while it moves data, the engine's overlap slowdown
-    (``sim.engine.slowdown``) applies. False: its bytes move by copy engines, or the
-    compute's durations already leave it its SMs."""
+    """Whether a collective (or a send/recv pair, by its send's) holds SMs that the compute
+    beside it on its GPU is not already priced without: while it moves data, the engine's
+    overlap slowdown (``sim.engine.slowdown``) applies. False: its bytes move by copy
+    engines, or the compute's durations already leave it its SMs."""
 
 
 _fill = _ActionFields.__init__

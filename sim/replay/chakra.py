@@ -18,7 +18,8 @@ rank's ET into the ``RankGraph`` every replay reader makes (``sim.replay.graph``
   ``trainsim_transport`` and ``trainsim_slows_compute`` (``Node.transport``,
   ``Node.slows_compute``; ETs written before these name a ``direct`` transport
   ``trainsim_userbuffers``), else an NCCL kernel;
-- ``COMM_SEND_NODE`` / ``COMM_RECV_NODE`` -> ``send`` / ``recv`` with their peer;
+- ``COMM_SEND_NODE`` / ``COMM_RECV_NODE`` -> ``send`` / ``recv`` with their peer (and
+  ``trainsim_slows_compute``, as a collective's);
 - ``MEM_LOAD_NODE`` / ``MEM_STORE_NODE`` -> ``compute`` (``memory``) at their duration;
 - ``METADATA_NODE`` / ``INVALID_NODE`` -> zero-time ``compute`` (ASTRA-sim skips them too),
   kept so that dependencies through them hold.
@@ -209,7 +210,7 @@ def _node(et: EtRank, n: EtNode, streams: list, waits: tuple[int, ...]) -> Node:
             raise InputError(f"{where}: {field}: got {own}; a {n.kind} in rank {et.rank}'s trace is rank {et.rank}'s")
         if n.attrs.get("trainsim_priced"):  # (half of a shift trainsim priced outside the network)
             return Node(kind="comm", category="comm", nbytes=n.nbytes, **common)
-        return Node(kind=n.kind, category="comm", peer=n.peer, nbytes=n.nbytes, **common)
+        return Node(kind=n.kind, category="comm", peer=n.peer, nbytes=n.nbytes, **_claim(n), **common)
     if n.kind == "compute" and n.attrs.get("trainsim_comm"):
         return Node(kind="comm", category="comm", **common)
     if n.kind == "compute":

@@ -164,7 +164,8 @@ def to_program(graphs: dict[int, RankGraph]) -> Replayed:
                 a = new(name, kind="collective", stream=n.lane, op=n.op, group=n.group, nbytes=n.nbytes,
                         category="comm", deps=deps, transport=n.transport, slows_compute=n.slows_compute)
             else:
-                a = new(name, kind=kind, stream=n.lane, peer=n.peer, nbytes=n.nbytes, category="comm", deps=deps)
+                a = new(name, kind=kind, stream=n.lane, peer=n.peer, nbytes=n.nbytes, category="comm", deps=deps,
+                        slows_compute=n.slows_compute)
             acts.append(a)
         actions[r] = acts
         index[r] = dict(zip(names.values(), g.nodes)) if len(names) == len(g.nodes) else \

@@ -36,7 +36,8 @@ Every node has ``is_cpu_op`` false, its ``stream`` (an index into the metadata's
 ``trainsim_streams``) and ``trainsim_category``; a collective whose claim is not an NCCL kernel's default (``Action.transport``,
 ``Action.slows_compute``) has ``trainsim_transport`` (e.g. ``direct``: moved outside NCCL,
 as the tensor-parallel overlap's chunks are) and ``trainsim_slows_compute`` false where it
-leaves the compute beside it its SMs. Dependencies: ``ctrl_deps`` holds the
+leaves the compute beside it its SMs (on a shift's send and receive, and on a send or
+receive, too). Dependencies: ``ctrl_deps`` holds the
 node issued just before it on its stream (CUDA-stream order); ``data_deps`` holds that
 and every same-rank action it waits for, since simulators schedule by ``data_deps``
 alone (ASTRA-sim's ET feeder does). A program's dependencies on another rank's actions
@@ -220,6 +221,7 @@ def _rank_nodes(M, rank: int, acts, groups: dict, tag_ids: dict, copies: dict):
             tag = [Attr(name="comm_tag", int32_val=tag_ids[a.tag])]
             priced = [*dur, Attr(name="trainsim_priced", bool_val=True)] if a.kind == "comm" else []
             t = micros if a.kind == "comm" else 0
+            priced += [] if a.slows_compute else [Attr(name="trainsim_slows_compute", bool_val=False)]
             node(ends[i][0], f"{a.name} (shift: send)", "COMM_SEND_NODE",
                  [Attr(name="comm_src", int32_val=rank), Attr(name="comm_dst", int32_val=nxt), *size, *tag, *priced], t)
             # the receive on a stream of its own, so that the halves overlap as the shift's transfers do
@@ -234,7 +236,8 @@ def _rank_nodes(M, rank: int, acts, groups: dict, tag_ids: dict, copies: dict):
             src, dst = (rank, a.peer) if a.kind == "send" else (a.peer, rank)
             node(i, a.name, "COMM_SEND_NODE" if a.kind == "send" else "COMM_RECV_NODE",
                  [Attr(name="comm_src", int32_val=src), Attr(name="comm_dst", int32_val=dst), *size,
-                  Attr(name="comm_tag", int32_val=tag_ids[a.tag])])
+                  Attr(name="comm_tag", int32_val=tag_ids[a.tag]),
+                  *([] if a.slows_compute else [Attr(name="trainsim_slows_compute", bool_val=False)])])
         elif a.kind == "copy":
             t = copies.get((rank, a.name), a.duration_s)
             node(i, a.name, "MEM_STORE_NODE" if a.op == "d2h" else "MEM_LOAD_NODE",
