@@ -372,7 +372,7 @@ class _Engine:
             slowable, slow_start, nccl_finish, began = (self._slow.slowable, self._slow.start,
                                                         self._slow.nccl_finish, self._slow.nccl_started)
             join_p2p = self._slow.p2p_join(self.net.start, self._partner, self._pair_link)
-            quiet = {pair[0] for pair in self._p2p if pair is not None and not acts[pair[0]].slows_compute}
+            quiet = {i for i in self._sends if not acts[i].slows_compute}
             if quiet:  # (sends that leave the SMs to compute, ``Action.slows_compute``: not counted)
                 counted, plain = join_p2p, self._p2p_join(finish)
 
