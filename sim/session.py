@@ -291,13 +291,13 @@ def write_outputs(run: TrainingRun, summary: dict, out: Path) -> None:
 
 def write_kineto_files(training_run: TrainingRun, out: str | Path) -> list[Path]:
     """The Kineto-shaped traces of a run, one ``trace_rank{r}.json`` per simulated GPU."""
-    from sim.results.export_kineto import collective_groups, cross_stream_waits, write_kineto
+    from sim.results.export_kineto import collective_claims, collective_groups, cross_stream_waits, write_kineto
 
     return write_kineto(training_run.trace, out, world_size=training_run.plan.world_size,
                         device_name=training_run.profile.name,
                         memory_bytes=training_run.profile.hbm_capacity_bytes,
                         groups=collective_groups(training_run.program), names=rank_names(training_run),
-                        waits=cross_stream_waits(training_run.program))
+                        waits=cross_stream_waits(training_run.program), claims=collective_claims(training_run.program))
 
 
 def write_chakra_files(training_run: TrainingRun, out: str | Path):

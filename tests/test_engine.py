@@ -334,6 +334,34 @@ def test_a_compute_action_that_outlasts_two_nccl_kernels_is_slowed_for_each(make
     assert spans["C"].end_s == pytest.approx(2.0 + 10.0 - 2.0 / (1 + sigma), rel=1e-12)
 
 
+def test_communication_whose_claim_leaves_the_sms_does_not_slow_compute(make_star):
+    # As above, but the second send, and then an all-gather beside D, claim no SMs
+    # (``Action.slows_compute`` false): C is slowed for the first send's 1 s alone and ends
+    # at 1 + 10 - 1/(1 + sigma); D (10 s, from C's end) runs beside the all-gather at full speed.
+    t = make_star([10.0, 10.0])
+    sigma = 0.25
+    prog = Program({
+        0: [Action("C", duration_s=10.0), Action("D", duration_s=10.0),
+            Action("a", kind="send", peer=1, nbytes=10, stream="comm"),
+            Action("b", kind="send", peer=1, nbytes=10, stream="comm", slows_compute=False),
+            Action("ag", kind="collective", op="allgather", group=(0, 1), nbytes=20, stream="comm", deps=("C",),
+                   slows_compute=False)],
+        1: [Action("ra", kind="recv", peer=0, nbytes=10), Action("rb", kind="recv", peer=0, nbytes=10),
+            Action("ag", kind="collective", op="allgather", group=(0, 1), nbytes=20, slows_compute=False)],
+    })
+    spans = {s.name: s for s in simulate(prog, t, overlap_slowdown=sigma).spans if s.rank == 0}
+    assert spans["b"].end_s == pytest.approx(2.0)
+    c_end = 1.0 + 10.0 - 1.0 / (1 + sigma)
+    assert spans["C"].end_s == pytest.approx(c_end, rel=1e-12)
+    assert spans["ag"].start_s == pytest.approx(c_end, rel=1e-12) and spans["ag"].end_s > c_end
+    assert spans["D"].end_s == pytest.approx(c_end + 10.0, rel=1e-12)
+    # (the check has teeth: claiming SMs, both slow compute)
+    held = Program({r: [a.evolve(slows_compute=True) for a in acts] for r, acts in prog.actions.items()})
+    slowed = {s.name: s for s in simulate(held, t, overlap_slowdown=sigma).spans if s.rank == 0}
+    assert slowed["C"].end_s == pytest.approx(2.0 + 10.0 - 2.0 / (1 + sigma), rel=1e-12)
+    assert slowed["D"].end_s > slowed["C"].end_s + 10.0
+
+
 def test_a_receive_waiting_for_its_send_does_not_slow_compute(make_star):
     # Rank 1 posts its receive at 0 and computes H (5 s) meanwhile; the data moves from 2 s
     # (when rank 0's F0 ends and the send starts) to 3 s. Only that second slows H:

@@ -52,7 +52,8 @@ def simulate(program: Program, topology: Topology, *, link_efficiency: dict[str,
     ``link_efficiency`` scales each link kind's bandwidth (e.g. ``{"ib": 0.96}``).
     ``fluid_collectives`` prices each ring hop as one transfer (``sim.engine.algorithms``).
     ``overlap_slowdown`` σ: compute on a rank runs at 1/(1 + σ) while one of its sends,
-    receives or collectives moves data (``sim.engine.slowdown``). ``nccl``: protocols and NVLS (``sim.engine.nccl``).
+    receives or collectives moves data (``sim.engine.slowdown``; those whose claim holds SMs,
+    ``Action.slows_compute``; a send/recv pair's is its send's). ``nccl``: protocols and NVLS (``sim.engine.nccl``).
     ``gpu_slowdown``: rank -> factor, each slow GPU's compute taking that many times as long
     (``sim.engine.gpu_speed``). ``check_invariants`` checks ``sim.engine.invariants`` during and after the run (default:
     debug mode, the environment variable ``TRAINSIM_DEBUG``). Python's garbage collector is left as it
@@ -330,6 +331,12 @@ class _Engine:
             slowable, slow_start, nccl_finish, began = (self._slow.slowable, self._slow.start,
                                                         self._slow.nccl_finish, self._slow.nccl_started)
             join_p2p = self._slow.p2p_join(self.net.start, self._partner, self._pair_link)
+            quiet = {i for i in self._sends if not acts[i].slows_compute}
+            if quiet:  # (sends that leave the SMs to compute, ``Action.slows_compute``: not counted)
+                counted, plain = join_p2p, self._p2p_join(finish)
+
+                def join_p2p(i: int, pair: tuple) -> None:
+                    (plain if pair[0] in quiet else counted)(i, pair)
         else:
             join_p2p = self._p2p_join(finish)
         self._coll = Collectives(env, self.net, self.topology, self.program.shadows, self.fluid, self._key_of,
