@@ -240,6 +240,8 @@ class MeasuredRun:
     """The ``BY_SOURCE`` entries (their source text) whose settings the row took."""
     precision: str = "bf16"
     """The row's ``precision`` (bf16, fp8, ...)."""
+    missing: tuple = field(default=())
+    """The capabilities of its ``needs`` cell that trainsim does not simulate yet (the row is skipped)."""
 
     def label(self) -> str:
         v = self.values
@@ -383,4 +385,4 @@ def _run(path, line: int, cells: dict) -> MeasuredRun:
     group = (source, cells["group"], ()) if cells.get("group") else (source, precision, shape)
     return MeasuredRun(line, values, measured, cells.get("gpu") or None, group, source,
                        values.get("framework") or DEFAULT_FRAMEWORK, str(path), skip, tuple(filled), tuple(by_source),
-                       precision)
+                       precision, tuple(missing))
