@@ -104,9 +104,10 @@ def test_precisions_and_fp8_recipes():
             assert "fp8_format" not in v
         else:
             assert (v["fp8_format"], v["fp8_recipe"]) in (("hybrid", "tensorwise"), ("e4m3", "mxfp8"))
-            assert v["fp8_param_gather"] is True
+            assert v["fp8_param_gather"] is (v["fp8_recipe"] == "tensorwise")  # MXFP8 weights: not modelled
     mx = [r for r in RUNS if r.values.get("fp8_recipe") == "mxfp8"]
     assert all(r.gpu != "h100-sxm" for r in mx)  # MXFP8 is Blackwell's
+    assert all("mxfp8_param_gather" in r.missing for r in mx)  # the recipe gathers MXFP8 weights: not modelled
 
 
 def test_recipe_settings_reach_the_rows():
@@ -121,6 +122,9 @@ def test_recipe_settings_reach_the_rows():
     ddp = by[("25.09 DGX-H100 Llama 3 70B", "tensorwise")]
     assert (ddp["zero"], ddp["overlap_param_gather"]) == (1, True)  # distributed optimizer (BY_SOURCE)
     assert ddp["tp_comm_overlap_cfg"] == "userbuffers_fp8_h100_h8192_tp4_mbs1_seqlen8192"
+    for r in RUNS:  # Megatron-Core's rank order; 64 GPUs per NVL72 rack (the executors' --segment 16)
+        assert r.values["placement"] == "tp-dp-pp"
+        assert r.values.get("gpus_per_node") == (64 if r.gpu in ("gb200", "gb300") else None)
     for r in RUNS:  # force-balanced routing in every MoE row
         if "expert_model_parallel_size" in r.values:
             assert r.values["moe_routing"] == "balanced"

@@ -63,9 +63,10 @@ from sim.inputs.flags import value_of_text
 from sim.inputs.schema import FIELDS, fields_of
 
 MEASURED = "measured_iteration_time_s"
-SETTING_COLUMNS = tuple(n for n in fields_of("model", "plan") if n != "hf_config") + ("gpus",)
+SETTING_COLUMNS = tuple(n for n in fields_of("model", "plan") if n != "hf_config") + ("gpus", "gpus_per_node")
 """Schema fields a column may set (the model, as a preset or its shape, and the plan; the cluster is
-the GPU's default one)."""
+the GPU's default one, with ``gpus_per_node`` GPUs in each NVLink domain where the column says so: a
+job spread over NVL72 racks 64 to a rack)."""
 EXTRA_COLUMNS = ("activation", "context_parallel_size", "gpu", "precision", "needs", "group", "cuda_graph_recipe",
                  "source", "notes")
 ACTIVATIONS = {"gelu": False, "swiglu": True, "squared-relu": False}
