@@ -153,3 +153,49 @@ def test_needs_lists_several_capabilities_and_skips_on_any_missing(tmp_path):
     assert runs[0].skip is None and runs[0].missing == ()
     assert runs[1].missing == ("cuda_graph", "gpt_oss")
     assert runs[1].skip == "needs cuda_graph, gpt_oss (not simulated yet)"
+
+
+@pytest.mark.parametrize("gpu", ["gb200", "gb300"])
+def test_fit_fits_a_grace_blackwell_profile_on_its_own_rows(gpu, tmp_path):
+    """``trainsim fit --gpu gb200|gb300`` fits that preset to its own rows (not B200's): rows timed on a
+    copy of the preset with a known fraction give the fraction back, and the other GPUs' rows are left out."""
+    import json
+    from dataclasses import replace as dc_replace
+
+    import sim
+    from sim.cli import main
+    from sim.inputs.hardware import load_profile
+
+    truth = tmp_path / "truth.json"
+    dc_replace(load_profile(gpu), sustained_compute_fraction=0.7).save(truth)
+    # large enough that the GEMMs, not launches and latencies, set the step (a few 100 ms)
+    shapes = {"a": dict(num_layers=4, hidden_size=8192, num_attention_heads=64, vocab_size=32000, seq_length=4096,
+                        tensor_model_parallel_size=2),
+              "b": dict(num_layers=4, hidden_size=6144, num_attention_heads=48, vocab_size=32000, seq_length=8192,
+                        tensor_model_parallel_size=1)}
+    head = ["source", "gpu", "gpus", "gpus_per_node", "num_layers", "hidden_size", "num_attention_heads", "vocab_size",
+            "seq_length", "tensor_model_parallel_size", "global_batch_size", "measured_iteration_time_s"]
+    rows = []
+    for name, m in shapes.items():
+        r = sim.run(**m, gpus=8, gpus_per_node=64, global_batch_size=16, gpu=str(truth), fidelity="reduced")
+        rows.append({"source": f"test {name}", "gpu": gpu, "gpus": 8, "gpus_per_node": 64, **m,
+                     "global_batch_size": 16, "measured_iteration_time_s": repr(r.iteration_time_s)})
+    rows.append(dict(rows[0], gpu="b200"))
+    data = tmp_path / "runs.csv"
+    with data.open("w", newline="") as fh:
+        w = csv.DictWriter(fh, fieldnames=head)
+        w.writeheader()
+        w.writerows(rows)
+    out = tmp_path / "fitted.json"
+    import contextlib
+    import io
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        assert main(["fit", str(data), "--gpu", gpu, "--params", "sustained_compute_fraction", "--json",
+                     "--out", str(out)]) == 0
+    report = json.loads(buf.getvalue())
+    assert report["gpu"] == gpu and report["left_out"] == [{"line": 4, "gpu": "b200"}]
+    assert report["parameters"][0]["initial"] == load_profile(gpu).sustained_compute_fraction
+    assert report["parameters"][0]["fitted"] == pytest.approx(0.7, rel=0.01)
+    fitted = load_profile(out)
+    assert fitted.name == gpu and fitted.sustained_compute_fraction == report["parameters"][0]["fitted"]
