@@ -36,7 +36,11 @@ from sim.errors import InputError  # noqa: E402
 def predict(paths: list[str], without: tuple = ()) -> list[dict]:
     """Each row of ``paths``: its label, GPU, framework, measured and simulated seconds (None: skipped);
     ``without``: capabilities a row may miss and still be simulated (``without`` in its entry)."""
-    out = []
+    return list(_predict(paths, without))
+
+
+def _predict(paths: list[str], without: tuple = ()):
+    """``predict``'s rows one at a time, as each is simulated."""
     for path in paths:
         for r in read_runs(path):
             run_anyway = r.skip is not None and r.missing and set(r.missing) <= set(without)
@@ -50,8 +54,7 @@ def predict(paths: list[str], without: tuple = ()) -> list[dict]:
                     row["simulated_s"] = row_time_s(p, p.profile)
                 except InputError as exc:  # a row the simulator refuses: listed with the reason, not fatal
                     row["skip"] = f"refused: {exc}"
-            out.append(row)
-    return out
+            yield row
 
 
 def main(argv=None) -> int:
@@ -60,13 +63,13 @@ def main(argv=None) -> int:
     ap.add_argument("--without", default="", metavar="NEED,...",
                     help="simulate rows whose only missing capabilities are these, without them")
     args = ap.parse_args(argv)
-    rows = predict(args.runs, tuple(n.strip() for n in args.without.split(",") if n.strip()))
+    rows = _predict(args.runs, tuple(n.strip() for n in args.without.split(",") if n.strip()))
     print(f"{'row':<22} {'gpu':<10} {'measured':>9} {'simulated':>9} {'error':>7}  framework")
     by_framework: dict[tuple, list[float]] = {}
     for r in rows:
         where = f"{r['file'].removesuffix('.csv')}:{r['line']} {r['group'] or r['label']}"
         if r["simulated_s"] is None:
-            print(f"{where:<40.40} skipped: {r['skip']}")
+            print(f"{where:<40.40} skipped: {r['skip']}", flush=True)
             continue
         err = r["simulated_s"] / r["measured_s"] - 1
         by_framework.setdefault((r["gpu"], r["framework"]), []).append(err)
