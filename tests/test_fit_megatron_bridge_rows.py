@@ -87,8 +87,9 @@ def test_rows_per_gpu():
 
 def test_what_each_row_needs():
     for r, cells in zip(RUNS, CELLS):
-        graphs = cells["cuda_graph_recipe"] != "none"
-        assert ("cuda_graph" in r.missing) == graphs, r.line
+        # the recipes' CUDA graphs are the cuda_graph setting (Megatron-Core's scope names), simulated
+        assert r.values.get("cuda_graph") == (cells["cuda_graph"] or None), r.line
+        assert "cuda_graph" not in r.missing
         assert ("gpt_oss" in r.missing) == cells["group"].endswith("GPT-OSS 120B"), r.line
         assert (r.skip is None) == (not r.missing)
         assert "settings read from Megatron-Bridge" in cells["notes"]
@@ -96,6 +97,12 @@ def test_what_each_row_needs():
         fp8_fsdp = r.values.get("zero") == 3 and r.precision == "fp8"
         assert ("zero3_fp8_param_gather" in r.missing) == fp8_fsdp
         assert not (fp8_fsdp and r.values["fp8_param_gather"])
+    graphs = {c["group"].split(" ", 1)[0]: set() for c in CELLS}
+    for c in CELLS:
+        graphs[c["group"].split(" ", 1)[0]].add(c["cuda_graph"])
+    # 25.11's workload configs: local full_iteration (Llama 3 8B) or TE scopes (MoE); 25.09's enable_cuda_graph
+    assert graphs["25.11"] == {"", "full_iteration", "moe_router,moe_preprocess", "attn,moe_router,moe_preprocess"}
+    assert graphs["25.09"] == {"", "full"}
     offload = [c["group"] for r, c in zip(RUNS, CELLS) if "activation_offload" in r.missing]
     assert sorted(offload) == ["25.09 DGX-GB200 Llama 3 70B", "25.09 DGX-GB200 Llama 3.1 405B",
                                "25.11 DGX-GB200 Llama 3 70B", "25.11 DGX-GB300 Llama 3 70B"]
@@ -120,8 +127,11 @@ def test_recipe_settings_reach_the_rows():
     ds = by[("25.11 DGX-GB200 DeepSeek-V3", None)]
     assert (ds["moe_token_dispatcher_type"], ds["recompute_modules"], ds["mtp_num_layers"]) == (
         "flex", "mla_up_proj", 0)
+    assert (ds["moe_permute_fusion"], ds["moe_shared_expert_overlap"]) == (True, False)  # flex turns it off
     h100 = by[("25.09 DGX-H100 DeepSeek-V3", "tensorwise")]
     assert h100["overlap_moe_expert_parallel_comm"] is True and h100["overlap_grad_reduce"] is False
+    assert h100["moe_shared_expert_overlap"] is False                                   # A2A_1F1B turns it off
+    assert by[("25.11 DGX-B200 DeepSeek-V3", "mxfp8")]["moe_shared_expert_overlap"] is True  # the provider default
     fsdp = by[("25.09 DGX-H100 Llama 3 8B", "tensorwise")]
     assert fsdp["zero"] == 3                      # Megatron-FSDP
     ddp = by[("25.09 DGX-H100 Llama 3 70B", "tensorwise")]

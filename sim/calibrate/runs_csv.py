@@ -15,8 +15,6 @@ One row per run. The columns are the settings of ``trainsim run`` by their field
                                 context_parallel are simulated, rows that need anything else are skipped
     group                       rows of one source with the same text form one group, whatever their
                                 precision and model (blank: the source, precision and model's group)
-    cuda_graph_recipe           free text: the CUDA graphs the recipe captured (recorded; rows whose graphs
-                                trainsim does not model name ``cuda_graph`` in ``needs``)
     source, notes               free text (``source`` also names the row's group)
 
 The framework that ran is the ``framework`` setting's column (megatron, torchtitan, automodel,
@@ -67,8 +65,7 @@ SETTING_COLUMNS = tuple(n for n in fields_of("model", "plan") if n != "hf_config
 """Schema fields a column may set (the model, as a preset or its shape, and the plan; the cluster is
 the GPU's default one, with ``gpus_per_node`` GPUs in each NVLink domain where the column says so: a
 job spread over NVL72 racks 64 to a rack)."""
-EXTRA_COLUMNS = ("activation", "context_parallel_size", "gpu", "precision", "needs", "group", "cuda_graph_recipe",
-                 "source", "notes")
+EXTRA_COLUMNS = ("activation", "context_parallel_size", "gpu", "precision", "needs", "group", "source", "notes")
 ACTIVATIONS = {"gelu": False, "swiglu": True, "squared-relu": False}
 """MLP activation -> whether it is gated (``swiglu``). Squared ReLU (Nemotron-4, Megatron's
 ``--squared-relu``) is non-gated with GeLU's GEMM shapes; trainsim times its elementwise
