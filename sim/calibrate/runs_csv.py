@@ -42,7 +42,8 @@ dropout 0.1, tied embeddings); add the column to say otherwise.
 
 **Groups.** Rows of one model (the preset, the shape columns and the activation) from one source at
 one precision form a group (or, where the ``group`` column is filled, the rows of one source with the
-same text there: a table whose groups are one model on one system in one release, BF16 and FP8 alike): a weak-scaling table's rows are near copies of each other,
+same text there: a table whose groups are one model on one system in one release, BF16 and FP8
+alike): a weak-scaling table's rows are near copies of each other,
 so held-out fitting leaves out a whole group at a time (``sim.calibrate.fit_runs``).
 """
 
