@@ -242,9 +242,9 @@ def _describe(run) -> str:
     v = run.values
     if "num_layers" not in v:  # a preset's shape
         seq = f", seq {v['seq_length']}" if "seq_length" in v else ""
-        return f"{v['model']}{seq}, {run.group[1]}"
-    return (f"{v['num_layers']} layers, hidden {v['hidden_size']}, {run.group[2][-1]}, seq {v['seq_length']}, "
-            f"{run.group[1]}")
+        return f"{v['model']}{seq}, {run.precision}"
+    activation = run.group[2][-1] if run.group[2] else ("swiglu" if v.get("swiglu") else "gelu")
+    return f"{v['num_layers']} layers, hidden {v['hidden_size']}, {activation}, seq {v['seq_length']}, {run.precision}"
 
 
 def fit_runs(path, gpu: str, names: list[str] | None = None, jobs: int = 1, cache=None, fast: bool = True) -> dict:
@@ -303,7 +303,8 @@ def fit_runs(path, gpu: str, names: list[str] | None = None, jobs: int = 1, cach
              "initial_s": res["initial"][i], "fitted_s": res["fitted"][i], "held_out_s": res["held_out"][i],
              "initial_error": init_e[i], "fitted_error": fit_e[i], "held_out_error": loo_e[i],
              "blank_cells": list(r.filled)} for i, r in enumerate(used)]
-    group_rows = [{"id": ids[g], "source": g[0], "precision": g[1],
+    group_rows = [{"id": ids[g], "source": g[0],
+                   "precision": ", ".join(sorted({r.precision for r in used if r.group == g})),
                    "framework": next(r.framework for r in used if r.group == g),
                    "model": _describe(next(r for r in used if r.group == g)),
                    "lines": [r.line if len(paths) == 1 else f"{r.file}:{r.line}" for r in used if r.group == g],

@@ -55,8 +55,9 @@ def add_arguments(p) -> None:
     p.add_argument("runs", metavar="RUNS.csv", nargs="+", help="measured runs: trainsim run's settings as columns "
                                                                "plus measured_iteration_time_s (several files: read "
                                                                "as one table)")
-    p.add_argument("--gpu", required=True, metavar="PROFILE", help="preset (a100-80gb, h100-sxm, h200) or profile "
-                                                                   ".json to fit; rows of other GPUs are left out")
+    p.add_argument("--gpu", required=True, metavar="PROFILE",
+                   help="preset (a100-80gb, h100-sxm, h200, b200, gb200, gb300) or profile .json to fit; rows of "
+                        "other GPUs are left out")
     p.add_argument("--out", metavar="FITTED.json", help="write the fitted profile here")
     p.add_argument("--params", metavar="A,B", help="profile fields to fit, by dotted path (default: "
                                                    "sustained_compute_fraction, attention_max_efficiency, "
