@@ -52,7 +52,7 @@ def test_json_rows_and_best(compared):
     rows = {r["name"]: r for r in data["rows"]}
     fitting = [r for r in data["rows"] if r["fits"]]
     assert data["best"] == max(fitting, key=lambda r: r["tokens_per_s"])["name"]
-    assert rows["gpipe"]["peak_bytes"] > rows["1f1b"]["peak_bytes"]  # GPipe stashes all 4 micro-batches
+    assert rows["gpipe"]["peak_memory_bytes"] > rows["1f1b"]["peak_memory_bytes"]  # GPipe stashes all 4 micro-batches
     assert rows["zb-h2"]["bubble_fraction"] < rows["1f1b"]["bubble_fraction"]
     for p in data["plans"]:
         assert p["summary"]["schedule"] == p["name"]

@@ -21,6 +21,7 @@ from sim import session
 from sim.commands.settings import RUN_FLAGS, check_outputs, typed
 from sim.errors import InputError
 from sim.inputs.flags import add_arguments as add_schema_arguments
+from sim.inputs.variants import fit_vpp_to_schedule
 from sim.studies.sweep_results import RANK_BY, tokens_per_joule
 from sim.units import format_bytes
 
@@ -55,7 +56,9 @@ def add_arguments(p) -> None:
         "kineto": "directory for each plan's PyTorch-profiler-shaped traces, in DIR/<plan>/trace_rank{r}.json"})
     g = p.add_argument_group("what to compare")
     g.add_argument("--schedules", type=_list(str), metavar="LIST",
-                   help=f"pipeline schedules to compare, e.g. gpipe,1f1b ({', '.join(s for s in SCHEDULES if s != 'custom')})")
+                   help=f"pipeline schedules to compare, e.g. gpipe,1f1b ({', '.join(s for s in SCHEDULES if s != 'custom')}); "
+                        "interleaved takes --num-virtual-stages-per-pipeline-rank (default 2 where the layers split "
+                        "evenly into pp x 2 chunks), the others one chunk per rank")
     g.add_argument("--zero-stages", type=_list(int), metavar="LIST", help="ZeRO stages to compare, e.g. 0,1,2,3")
     g.add_argument("--rank-by", choices=RANK_BY, default="throughput",
                    help="what marks the best plan: tokens/s (throughput, the default) or tokens per joule of GPU energy")
@@ -79,6 +82,7 @@ def run(args) -> int:
                          "hf_config = \"config.json\" or num_layers = ...) or pass --model PRESET")
     base = exp.settings if exp else {}
     plans = [{**base, **v.settings, **v.axis, **cli} for v in variants]
+    plans = [fit_vpp_to_schedule(v, settings, _layers_of(settings)) for v, settings in zip(variants, plans)]
     for v, settings in zip(variants, plans):  # every plan's input errors before anything is simulated
         api.check_variant(exp, v, settings)
     results = []
@@ -105,6 +109,17 @@ def run(args) -> int:
     return 0
 
 
+def _layers_of(settings):
+    """The model's transformer layers, for ``fit_vpp_to_schedule`` (resolved only when asked)."""
+    def layers() -> int:
+        from sim.inputs.experiment import values_of
+        from sim.inputs.resolve import model_from_settings
+        from sim.inputs.schema import RunSettings
+
+        return model_from_settings(RunSettings.from_values(values_of(settings)).model).num_layers
+    return layers
+
+
 def print_table(comp, out=None) -> None:
     """The comparison as a table, one row per plan, the best marked with ``*``."""
     out = out or sys.stdout
@@ -122,7 +137,7 @@ def print_table(comp, out=None) -> None:
     best = comp.best
     energy = comp.rank_by == "tokens-per-joule"
     name_w = max(4, *(len(r["name"]) for r in rows))
-    cap = rows[0]["capacity_bytes"]
+    cap = rows[0]["memory_capacity_bytes"]
     head = (f"  {'plan':<{name_w}}  {'time (' + unit + ')':>10}  {'vs best':>7}  {'tokens/s':>11}  {'MFU':>6}  "
             f"{'bubble':>6}  " + "".join(f"{'exp. ' + k:>9}  " for k in kinds)
             + f"{'peak memory':>11}  {'fits':>4}" + (f"  {'tokens/J':>9}" if energy else ""))
@@ -134,7 +149,7 @@ def print_table(comp, out=None) -> None:
         line = (f"{'*' if r['best'] else ' '} {r['name']:<{name_w}}  {t * scale:>10.3f}  {vs:>7}  "
                 f"{r['tokens_per_s']:>11,.0f}  {r['mfu'] * 100:>5.1f}%  {r['bubble_fraction'] * 100:>5.1f}%  "
                 + "".join(f"{r['exposed_comm_s'].get(k, 0.0) * scale:>9.3f}  " for k in kinds)
-                + f"{r['peak_bytes'] / 2**30:>7.2f} GiB  {'yes' if r['fits'] else 'OOM':>4}"
+                + f"{r['peak_memory_bytes'] / 2**30:>7.2f} GiB  {'yes' if r['fits'] else 'OOM':>4}"
                 + (f"  {1 / r['energy_per_token_j']:>9,.1f}" if energy else ""))
         print(line, file=out)
     print(file=out)

@@ -15,9 +15,10 @@ from sim.inputs.schema import RunSettings, fields_of
 MODEL_FLAGS = fields_of("model")
 HARDWARE_FLAGS = ["gpu", "gpus", "gpus_per_node", "power_limit_w"]
 CLUSTER_FLAGS = ["nodes", "topology", "fabric", "oversubscription", "pin_to_nvlink_domain"]
-ESTIMATE_FLAGS = [*MODEL_FLAGS, *HARDWARE_FLAGS, *fields_of("plan"), "json"]
-"""What ``trainsim estimate`` takes: the model, the GPUs and the plan."""
-RUN_FLAGS = [*ESTIMATE_FLAGS, *CLUSTER_FLAGS, *fields_of("simulation"), "out", "kineto"]
+ESTIMATE_FLAGS = [*MODEL_FLAGS, *HARDWARE_FLAGS, "nodes", *fields_of("plan"), "json"]
+"""What ``trainsim estimate`` takes: the model, the GPUs (``--gpus`` or ``--nodes``, as on
+every command that describes a cluster) and the plan."""
+RUN_FLAGS = [*ESTIMATE_FLAGS, *CLUSTER_FLAGS[1:], *fields_of("simulation"), "out", "kineto"]
 """What ``trainsim run`` (and ``compare``) take: all of it."""
 
 

@@ -335,10 +335,10 @@ def plot_compare(rows: list[dict], path: str | Path, title: str = "") -> Path:
         mx.barh(ys, vals, left=mleft, height=0.62, color=colour, edgecolor="white", linewidth=0.6,
                 label="reserve & other" if cat == "other" else cat)
         mleft = [a + b for a, b in zip(mleft, vals)]
-    cap = rows[0]["capacity_bytes"] / 2**30 if rows else 0.0
+    cap = rows[0]["memory_capacity_bytes"] / 2**30 if rows else 0.0
     top = max(mleft + [cap]) * 1.22
     for y, r in zip(ys, rows):
-        peak = r["peak_bytes"] / 2**30
+        peak = r["peak_memory_bytes"] / 2**30
         mx.text(peak, y, f" {peak:.1f} GiB" + ("" if r["fits"] else "  OOM"), va="center", ha="left", fontsize=8,
                 color="black" if r["fits"] else "#C00000", fontweight="normal" if r["fits"] else "bold",
                 bbox={"facecolor": "white", "edgecolor": "none", "pad": 0.5, "alpha": 0.85})

@@ -69,7 +69,10 @@ class Comparison:
 
     @property
     def rows(self) -> list[dict]:
-        """One dict per plan: the figures of the table and of the chart (SI units)."""
+        """One dict per plan: the figures of the table and of the chart (SI units), named as
+        ``RunResult`` and the run summary name them (``peak_memory_bytes``,
+        ``memory_capacity_bytes``); ``peak_bytes`` and ``capacity_bytes``, the rows' names
+        before, stay as aliases with the same values for scripts that read them."""
         best = self.best
         return [_row(r, r is best) for r in self.results]
 
@@ -126,8 +129,10 @@ def _row(r, best: bool) -> dict:
             "tokens_per_s": s["tokens_per_s"], "mfu": s["mfu"], "bubble_fraction": s["bubble_fraction"],
             "compute_s": s["compute_s"], "exposed_comm_s": dict(s["exposed_comm_s"]), "bubble_s": bubble,
             "other_idle_s": max(0.0, s["idle_s"] - bubble), "idle_s": s["idle_s"],
-            "peak_bytes": m["peak_bytes"], "memory_bytes": parts,
-            "capacity_bytes": s["memory_capacity_bytes"], "fits": s["fits"], "gpus": s["gpus"],
+            "peak_memory_bytes": m["peak_bytes"], "memory_bytes": parts,
+            "memory_capacity_bytes": s["memory_capacity_bytes"], "fits": s["fits"], "gpus": s["gpus"],
+            # the names before 2026-12 (trainsim 0.x): kept for scripts that read compare.json, same values
+            "peak_bytes": m["peak_bytes"], "capacity_bytes": s["memory_capacity_bytes"],
             "energy_per_iteration_j": s.get("energy_per_iteration_j"), "energy_per_token_j": s.get("energy_per_token_j"),
             "schedule": s["schedule"], "zero_stage": s["plan"]["zero_stage"]}
 
