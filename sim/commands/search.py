@@ -29,7 +29,7 @@ from sim.fileio import check_output_dir, read_json, write_text_atomic
 from sim.inputs.pinning import crossing
 from sim.inputs.resolve import model_from_settings, profile_from_settings, topology_from_settings
 from sim.inputs.flags import add_arguments as add_schema_arguments, given
-from sim.inputs.schema import RunSettings
+from sim.inputs.schema import FIELDS, RunSettings
 from sim.inputs.experts import DISPATCHERS
 from sim.inputs.plan import RECOMPUTE, SCHEDULES
 from sim.program.fp8 import FP8_FORMATS, check_fp8_support
@@ -73,6 +73,13 @@ SEARCH_FLAGS = [*MODEL_FLAGS, *HARDWARE_FLAGS[:2], "nodes", "gpus_per_node", "po
 """The run settings search takes as flags: the model and the cluster (the plan is what it searches)."""
 
 
+def _flags(setting: str) -> tuple[str, ...]:
+    """A searched setting's flags: its short alias first (``--tp``), then the flag ``trainsim run``
+    takes (``--tensor-model-parallel-size``), so that both names work on every command."""
+    f = FIELDS[setting]
+    return (*f.aliases, f.flag)
+
+
 def add_arguments(p) -> None:
     add_schema_arguments(p, SEARCH_FLAGS, groups={"hardware": "cluster"}, helps={
         "gpus": "total GPUs (default: all GPUs of --nodes)",
@@ -80,21 +87,21 @@ def add_arguments(p) -> None:
     b = p.add_argument_group("batch")
     b.add_argument("--global-batch-size", type=POSITIVE_INT, required=True, help="sequences per optimizer step")
     s = p.add_argument_group("search space (comma-separated lists; default every valid value)")
-    s.add_argument("--tp", help="tensor-parallel sizes (default: divisors up to --max-tp)")
+    s.add_argument(*_flags("tensor_model_parallel_size"), dest="tp", help="tensor-parallel sizes (default: divisors up to --max-tp)")
     s.add_argument("--max-tp", type=POSITIVE_INT, help="largest tensor-parallel size (default --gpus-per-node)")
-    s.add_argument("--pp", help="pipeline-parallel sizes")
-    s.add_argument("--vpp", help="model chunks per pipeline stage")
+    s.add_argument(*_flags("pipeline_model_parallel_size"), dest="pp", help="pipeline-parallel sizes")
+    s.add_argument(*_flags("num_virtual_stages_per_pipeline_rank"), dest="vpp", help="model chunks per pipeline stage")
     s.add_argument("--micro-batch-size", help="micro-batch sizes")
     s.add_argument("--zero", help="ZeRO stages, of 0,1,2,3")
     s.add_argument("--schedule", help=f"pipeline schedules, of {','.join(x for x in SCHEDULES if x != 'custom')}")
-    s.add_argument("--recompute", help=f"recompute granularities, of {','.join(RECOMPUTE)}")
+    s.add_argument(*_flags("recompute_granularity"), dest="recompute", help=f"recompute granularities, of {','.join(RECOMPUTE)}")
     s.add_argument("--sequence-parallel", help="on, off or on,off")
-    s.add_argument("--ep", help="expert-parallel sizes (default: every divisor of the experts that folds into a "
+    s.add_argument(*_flags("expert_model_parallel_size"), dest="ep", help="expert-parallel sizes (default: every divisor of the experts that folds into a "
                                 "pipeline stage's GPUs)")
-    s.add_argument("--etp", help="expert tensor-parallel sizes (default: 1 and the plan's tp for a mixture of experts)")
-    s.add_argument("--dispatcher", help=f"MoE token dispatchers, of {','.join(DISPATCHERS)} (default: every one for a "
+    s.add_argument(*_flags("expert_tensor_parallel_size"), dest="etp", help="expert tensor-parallel sizes (default: 1 and the plan's tp for a mixture of experts)")
+    s.add_argument(*_flags("moe_token_dispatcher_type"), dest="dispatcher", help=f"MoE token dispatchers, of {','.join(DISPATCHERS)} (default: every one for a "
                                         "plan with ep > 1, alltoall otherwise)")
-    s.add_argument("--cp", help=f"context-parallel sizes (default 1,2,4,8 from {LONG_SEQUENCE} tokens on, else 1)")
+    s.add_argument(*_flags("context_parallel_size"), dest="cp", help=f"context-parallel sizes (default 1,2,4,8 from {LONG_SEQUENCE} tokens on, else 1)")
     s.add_argument("--fp8-format", help="precisions: off (BF16), e4m3, hybrid, e.g. off,hybrid to compare BF16 with "
                                         "FP8 (default off; FP8 needs a GPU with an fp8 peak)")
     s.add_argument("--margin", type=Number(float, minimum=1, allow_inf=True), default=DEFAULT_MARGIN,

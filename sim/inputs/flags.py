@@ -52,7 +52,7 @@ def add_arguments(parser: argparse.ArgumentParser, names, *, groups: Mapping[str
                 kw["metavar"] = f.metavar
             elif f.choices is not None:
                 kw["metavar"] = "{" + ",".join(map(str, f.choices)) + "}"
-        target.add_argument(f.flag, **kw)
+        target.add_argument(f.flag, *f.aliases, **kw)
 
 
 def value_of_text(f: Field, text: str):
