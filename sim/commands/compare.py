@@ -18,7 +18,10 @@ import sys
 from pathlib import Path
 
 from sim import session
-from sim.commands.settings import RUN_FLAGS, check_outputs, typed
+from sim.commands.run import exit_status
+from sim.commands.settings import RUN_FLAGS, check_outputs, say_defaults, typed
+from sim.inputs.experiment import values_of
+from sim.inputs.schema import RunSettings
 from sim.errors import InputError
 from sim.inputs.flags import add_arguments as add_schema_arguments
 from sim.inputs.variants import fit_vpp_to_schedule
@@ -85,6 +88,7 @@ def run(args) -> int:
     plans = [fit_vpp_to_schedule(v, settings, _layers_of(settings)) for v, settings in zip(variants, plans)]
     for v, settings in zip(variants, plans):  # every plan's input errors before anything is simulated
         api.check_variant(exp, v, settings)
+    say_defaults(RunSettings.from_values(values_of(plans[0])).model)
     results = []
     with Progress(total=len(variants)) as bar:
         for i, (v, settings) in enumerate(zip(variants, plans)):
@@ -97,24 +101,23 @@ def run(args) -> int:
     if args.kineto:
         for r, d in zip(results, api.plan_dirs([r.name for r in results])):
             session.write_kineto_files(r.run, Path(args.kineto) / d)
+    status = exit_status(comp.best is not None)  # 1 when no plan fits, as search
     if args.json:
         print(comp.to_json())
-        return 0
+        return status
     print_table(comp)
     if args.out:
         print(f"\nwrote {Path(args.out) / 'compare.png'}, compare.json and each plan's outputs in "
               f"{Path(args.out)}/<plan>/")
     if args.kineto:
         print(f"wrote Kineto traces in {Path(args.kineto)}/<plan>/trace_rank<r>.json")
-    return 0
+    return status
 
 
 def _layers_of(settings):
     """The model's transformer layers, for ``fit_vpp_to_schedule`` (resolved only when asked)."""
     def layers() -> int:
-        from sim.inputs.experiment import values_of
         from sim.inputs.resolve import model_from_settings
-        from sim.inputs.schema import RunSettings
 
         return model_from_settings(RunSettings.from_values(values_of(settings)).model).num_layers
     return layers

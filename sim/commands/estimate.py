@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 
 from sim.program.estimate import estimate
+from sim.commands.run import exit_status
 from sim.commands.settings import ESTIMATE_FLAGS, analytic_inputs
 from sim.inputs.flags import add_arguments as add_schema_arguments
 from sim.units import format_bytes, format_microbatches, format_time
@@ -30,7 +31,7 @@ def run(args) -> int:
     if args.json:
         print(json.dumps({"model": model.name, "params": model.num_params, "active_params": model.active_params,
                           **est.to_dict()}, indent=2))
-        return 0
+        return exit_status(est.fits)
     pl = plan
     print(model.describe())
     print(f"gpu: {profile.name} ({profile.peak() / 1e12:.0f} TFLOP/s bf16, "
@@ -67,4 +68,4 @@ def run(args) -> int:
     print()
     print(f"tokens/s {est.tokens_per_s:,.0f}   model TFLOP/s per GPU {est.model_tflops_per_gpu:.1f}   "
           f"hardware TFLOP/s per GPU {est.hardware_tflops_per_gpu:.1f}   MFU {est.mfu * 100:.1f}%")
-    return 0
+    return exit_status(est.fits)

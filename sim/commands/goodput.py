@@ -19,7 +19,7 @@ from pathlib import Path
 
 from sim import session
 from sim.commands.run import settings_of
-from sim.commands.settings import RUN_FLAGS
+from sim.commands.settings import RUN_FLAGS, say_defaults
 from sim.errors import InputError
 from sim.fileio import check_output_dir, write_json_atomic
 from sim.inputs.experiment import blame, values_of
@@ -98,6 +98,7 @@ def run(args) -> int:
     exp, settings = settings_of(args)
     try:
         prepared = session.prepare(RunSettings.from_values(values_of(settings)))
+        say_defaults(prepared.settings.model)
         step, summary = _step_time(prepared, args.step_time_s)
     except InputError as exc:
         if exp is None:

@@ -14,7 +14,7 @@ import json
 from pathlib import Path
 
 from sim import session
-from sim.commands.settings import RUN_FLAGS, check_outputs, typed
+from sim.commands.settings import RUN_FLAGS, check_outputs, say_defaults, typed
 from sim.errors import InputError
 from sim.inputs.experiment import MODEL_FIELDS, blame, read_experiment, values_of
 from sim.inputs.flags import add_arguments as add_schema_arguments
@@ -53,6 +53,7 @@ def settings_of(args) -> tuple[object, dict]:
 
 def _simulate(settings: dict):
     prepared = session.prepare(RunSettings.from_values(values_of(settings)))
+    say_defaults(prepared.settings.model)
     with Progress() as bar:
         bar.update(f"simulating {prepared.plan.world_size} GPUs")
         return session.run(prepared)
@@ -73,13 +74,19 @@ def run(args) -> int:
         session.write_kineto_files(run_, args.kineto)
     if args.json:
         print(json.dumps(summary, sort_keys=True))
-        return 0
+        return exit_status(summary["fits"])
     _print(summary, run_)
     if args.out:
         print(f"\nwrote {Path(args.out) / 'summary.json'}, trace.json, timeline.png, memory.png")
     if args.kineto:
         print(f"wrote {Path(args.kineto)}/trace_rank<r>.json (PyTorch profiler format)")
-    return 0
+    return exit_status(summary["fits"])
+
+
+def exit_status(fits: bool) -> int:
+    """0 when the plan fits in GPU memory, 1 when it does not (the results are printed and
+    written all the same), as ``trainsim search`` exits 1 when no plan fits; 2 is bad input."""
+    return 0 if fits else 1
 
 
 def _print(s: dict, run: session.TrainingRun) -> None:

@@ -23,7 +23,7 @@ import sys
 import time
 from pathlib import Path
 
-from sim.commands.settings import CLUSTER_FLAGS, HARDWARE_FLAGS, MODEL_FLAGS
+from sim.commands.settings import CLUSTER_FLAGS, HARDWARE_FLAGS, MODEL_FLAGS, say_defaults
 from sim.errors import InputError, require
 from sim.fileio import check_output_dir, read_json, write_text_atomic
 from sim.inputs.pinning import crossing
@@ -265,6 +265,7 @@ def run(args) -> int:
     check_executor_args(args)
     settings = RunSettings.from_values({k: v for k, v in given(args).items() if k in SEARCH_FLAGS})
     model = model_from_settings(settings.model)
+    say_defaults(settings.model)
     profile = profile_from_settings(settings.cluster)
     gpus = settings.cluster.total_gpus()
     if gpus is None:

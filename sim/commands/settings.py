@@ -7,6 +7,8 @@ field's flag, help, type and choices are written once, there.
 
 from __future__ import annotations
 
+import sys
+
 from sim.fileio import check_output_dir
 from sim.inputs.experiment import Setting, Where
 from sim.inputs.flags import given
@@ -33,6 +35,15 @@ def run_settings(args) -> RunSettings:
     return RunSettings.from_values(given(args))
 
 
+def say_defaults(model_settings) -> None:
+    """Say on stderr a default the user may not expect, once, before the work: the sequence
+    length a ``--hf-config`` model gets without ``--seq-length`` (``sim.inputs.hf_config``)."""
+    if model_settings.hf_config and model_settings.seq_length is None:
+        from sim.inputs.hf_config import seq_length_note
+
+        print(f"trainsim: note: {seq_length_note(model_settings.hf_config)}", file=sys.stderr)
+
+
 def analytic_inputs(args):
     """What the analytic commands (``estimate``, ``explain``) work on: the settings, the
     model, the plan and the GPU's profile of a command line."""
@@ -40,6 +51,7 @@ def analytic_inputs(args):
 
     settings = run_settings(args)
     model = model_from_settings(settings.model)
+    say_defaults(settings.model)
     plan = plan_from_settings(settings.plan, settings.cluster.total_gpus(), model)
     profile = profile_from_settings(settings.cluster)
     if plan.layer_split == "auto":  # (balanced on the one GPU type, as ``sim.session.prepare`` does)
