@@ -64,7 +64,8 @@ def add_arguments(p) -> None:
                         "evenly into pp x 2 chunks), the others one chunk per rank")
     g.add_argument("--zero-stages", type=_list(int), metavar="LIST", help="ZeRO stages to compare, e.g. 0,1,2,3")
     g.add_argument("--rank-by", choices=RANK_BY, default="throughput",
-                   help="what marks the best plan: tokens/s (throughput, the default) or tokens per joule of GPU energy")
+                   help="what marks the best plan: tokens/s (throughput, the default), tokens per joule of GPU energy, "
+                        "or cost: the fewest dollars per million tokens (needs --gpu-hour-price)")
 
 
 def run(args) -> int:
@@ -88,7 +89,13 @@ def run(args) -> int:
     plans = [fit_vpp_to_schedule(v, settings, _layers_of(settings)) for v, settings in zip(variants, plans)]
     for v, settings in zip(variants, plans):  # every plan's input errors before anything is simulated
         api.check_variant(exp, v, settings)
-    say_defaults(RunSettings.from_values(values_of(plans[0])).model)
+    first = RunSettings.from_values(values_of(plans[0]))
+    say_defaults(first.model)
+    if args.rank_by == "cost":  # before any simulation: a price is needed (search checks the same)
+        from sim.commands.search import check_rank_by
+        from sim.inputs.resolve import profile_from_settings
+
+        check_rank_by("cost", profile_from_settings(first.cluster))
     results = []
     with Progress(total=len(variants)) as bar:
         for i, (v, settings) in enumerate(zip(variants, plans)):
@@ -139,11 +146,13 @@ def print_table(comp, out=None) -> None:
     kinds = [k for k in ("tp", "pp", "dp", "zero", "offload", "ep", "cp", "other") if any(r["exposed_comm_s"].get(k, 0) > 0 for r in rows)]
     best = comp.best
     energy = comp.rank_by == "tokens-per-joule"
+    cost = comp.rank_by == "cost"
     name_w = max(4, *(len(r["name"]) for r in rows))
     cap = rows[0]["memory_capacity_bytes"]
     head = (f"  {'plan':<{name_w}}  {'time (' + unit + ')':>10}  {'vs best':>7}  {'tokens/s':>11}  {'MFU':>6}  "
             f"{'bubble':>6}  " + "".join(f"{'exp. ' + k:>9}  " for k in kinds)
-            + f"{'peak memory':>11}  {'fits':>4}" + (f"  {'tokens/J':>9}" if energy else ""))
+            + f"{'peak memory':>11}  {'fits':>4}" + (f"  {'tokens/J':>9}" if energy else "")
+            + (f"  {'$/M tokens':>10}" if cost else ""))
     print(head, file=out)
     print("  " + "-" * (len(head) - 2), file=out)
     for r in rows:
@@ -153,7 +162,8 @@ def print_table(comp, out=None) -> None:
                 f"{r['tokens_per_s']:>11,.0f}  {r['mfu'] * 100:>5.1f}%  {r['bubble_fraction'] * 100:>5.1f}%  "
                 + "".join(f"{r['exposed_comm_s'].get(k, 0.0) * scale:>9.3f}  " for k in kinds)
                 + f"{r['peak_memory_bytes'] / 2**30:>7.2f} GiB  {'yes' if r['fits'] else 'OOM':>4}"
-                + (f"  {1 / r['energy_per_token_j']:>9,.1f}" if energy else ""))
+                + (f"  {1 / r['energy_per_token_j']:>9,.1f}" if energy else "")
+                + (f"  {r['cost_per_million_tokens_usd']:>10.4g}" if cost else ""))
         print(line, file=out)
     print(file=out)
     print(f"times in {unit}; exp. = communication not hidden under compute on the critical rank; peak memory of the "
@@ -162,6 +172,11 @@ def print_table(comp, out=None) -> None:
         worst = min(tokens_per_joule(r.summary) for r in results if r.fits)
         print(f"* best: {best.name} (the most tokens per joule of GPU energy among the plans that fit; "
               f"{tokens_per_joule(best.summary) / worst:.2f}x the least efficient that fits)", file=out)
+    elif best is not None and cost:
+        dearest = max(r.summary["cost_per_million_tokens_usd"] for r in results if r.fits)
+        print(f"* best: {best.name} (the fewest dollars per million tokens among the plans that fit, "
+              f"${best.summary['cost_per_million_tokens_usd']:.4g}; {dearest / best.summary['cost_per_million_tokens_usd']:.2f}x "
+              "cheaper than the dearest that fits)", file=out)
     elif best is not None:
         slowest = max(r.iteration_time_s for r in results if r.fits)
         print(f"* best: {best.name} (the most tokens/s among the plans that fit; "

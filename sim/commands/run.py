@@ -20,6 +20,7 @@ from sim.inputs.experiment import MODEL_FIELDS, blame, read_experiment, values_o
 from sim.inputs.flags import add_arguments as add_schema_arguments
 from sim.inputs.schema import RunSettings
 from sim.progress import Progress
+from sim.inputs.cost import cost_line
 from sim.results.energy import energy_line
 from sim.results.moe_report import moe_lines
 from sim.results.mixed_report import mixed_lines
@@ -122,6 +123,8 @@ def _print(s: dict, run: session.TrainingRun) -> None:
     print(f"    idle             {format_time(s['idle_s']):>12}  {s['idle_fraction'] * 100:5.1f}%")
     print(f"    comm hidden under compute: {s['comm_overlap_fraction'] * 100:.1f}%")
     print(energy_line(s))
+    if cost_line(s):
+        print(cost_line(s))
     if "mixed" in s:
         print("\n".join(mixed_lines(s["mixed"])))
     if "stragglers" in s:

@@ -65,11 +65,13 @@ def add_executor_arguments(p) -> None:
     ex.add_argument("--resume", action="store_true", help="continue the sweep in --out, skipping finished plans")
     ex.add_argument("--top", type=POSITIVE_INT, default=5, help="plans to list (default 5)")
     ex.add_argument("--rank-by", choices=RANK_BY, default="throughput",
-                    help="rank plans by tokens/s (throughput, the default) or by tokens per joule of GPU energy")
+                    help="rank plans by tokens/s (throughput, the default), by tokens per joule of GPU energy, or by "
+                         "cost: dollars per million tokens (needs --gpu-hour-price, or a price in the profile)")
     ex.add_argument("--json", action="store_true", help="print one JSON object")
 
 
-SEARCH_FLAGS = [*MODEL_FLAGS, *HARDWARE_FLAGS[:2], "nodes", "gpus_per_node", "power_limit_w", *CLUSTER_FLAGS[1:]]
+SEARCH_FLAGS = [*MODEL_FLAGS, *HARDWARE_FLAGS[:2], "nodes", "gpus_per_node", "power_limit_w", *CLUSTER_FLAGS[1:],
+                "gpu_hour_price"]
 """The run settings search takes as flags: the model and the cluster (the plan is what it searches)."""
 
 
@@ -239,16 +241,18 @@ def write_outputs(out: Path, rows: list[dict], ranked: list[dict], obj: dict, ti
 
 
 def print_top(ranked: list[dict], top: int, rank_by: str = "throughput") -> None:
-    """The top plans, one a line (with their tokens per joule when ranked by it)."""
-    energy = rank_by == "tokens-per-joule"
+    """The top plans, one a line (with their tokens per joule, or dollars per million tokens,
+    when ranked by it)."""
+    energy, cost = rank_by == "tokens-per-joule", rank_by == "cost"
     width = max([62, *(len(describe_plan(r["plan"])) + 2 for r in ranked[:top])])
     print(f"{'#':>3}  {'plan':<{width}}{'iteration':>11}{'tokens/s':>12}{'MFU':>7}{'peak mem':>12}"
-          + (f"{'tokens/J':>10}" if energy else ""))
+          + (f"{'tokens/J':>10}" if energy else "") + (f"{'$/M tokens':>12}" if cost else ""))
     for i, r in enumerate(ranked[:top], start=1):
         s = r["summary"]
         print(f"{i:>3}  {describe_plan(r['plan']):<{width}}{format_time(s['iteration_time_s']):>11}"
               f"{s['tokens_per_s']:>12,.0f}{s['mfu'] * 100:>6.1f}%{format_bytes(s['memory']['peak_bytes']):>12}"
-              + (f"{tokens_per_joule(s):>10,.1f}" if energy else ""))
+              + (f"{tokens_per_joule(s):>10,.1f}" if energy else "")
+              + (f"{s['cost_per_million_tokens_usd']:>12.4g}" if cost else ""))
 
 
 def check_rank_by(rank_by: str, profile) -> None:
@@ -258,6 +262,8 @@ def check_rank_by(rank_by: str, profile) -> None:
     require(rank_by != "tokens-per-joule" or PowerStates.of(profile) is not None, "--rank-by", rank_by,
             f"profile {profile.name} gives no power figures (power_limit_w, idle_power_w, "
             "memory_bound_power_fraction, communication_power_fraction): rank by throughput")
+    require(rank_by != "cost" or profile.gpu_hour_price_usd is not None, "--rank-by", rank_by,
+            f"{profile.name} has no price: give --gpu-hour-price USD, or gpu_hour_price_usd in its profile")
 
 
 def run(args) -> int:
@@ -306,7 +312,9 @@ def run(args) -> int:
         runs = sum((2 if screen and screen_sizes(cd.plan) else 1) for cd in cands if cd.estimate.fits)
         with ProgressBar(runs, label="search", start=start, noun="simulations") as progress:
             result = search(cands, lambda plans: runner.run(ctx, plans, progress=progress), margin=args.margin,
-                            wave=args.wave, screen=screen, final=max(args.top, 2), rank_by=args.rank_by,
+                            wave=args.wave, screen=screen, final=max(args.top, 2),
+                            # the cluster's GPUs are fixed: cost per token goes with time, so prune by time
+                            rank_by="throughput" if args.rank_by == "cost" else args.rank_by,
                             idle_power_w=profile.idle_power_w)
     ranked = rank(result.ranked, args.rank_by)
     c = result.counts

@@ -20,7 +20,7 @@ CLUSTER_FLAGS = ["nodes", "topology", "fabric", "oversubscription", "pin_to_nvli
 ESTIMATE_FLAGS = [*MODEL_FLAGS, *HARDWARE_FLAGS, "nodes", *fields_of("plan"), "json"]
 """What ``trainsim estimate`` takes: the model, the GPUs (``--gpus`` or ``--nodes``, as on
 every command that describes a cluster) and the plan."""
-RUN_FLAGS = [*ESTIMATE_FLAGS, *CLUSTER_FLAGS[1:], *fields_of("simulation"), "out", "kineto"]
+RUN_FLAGS = [*ESTIMATE_FLAGS, *CLUSTER_FLAGS[1:], "gpu_hour_price", *fields_of("simulation"), "out", "kineto"]
 """What ``trainsim run`` (and ``compare``) take: all of it."""
 
 

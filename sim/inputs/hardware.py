@@ -203,6 +203,10 @@ class HardwareProfile:
     """A power limit set below ``power_limit_w`` (``nvidia-smi -pl``, ``--power-limit-w``):
     compute-bound kernels draw it, at the lower clock it allows (``sim.inputs.power.capped``
     lowers ``sustained_compute_fraction`` to match). None: the board's own limit."""
+    gpu_hour_price_usd: number("a number > 0 (US dollars per GPU-hour)", gt=0) | None = None
+    """What an hour of this GPU costs, US dollars (a rental price, or the purchase and running
+    cost amortized): the run's cost per iteration and per million tokens (``sim.inputs.cost``;
+    ``--gpu-hour-price`` overrides it). None: not given (no cost figures; no preset gives one)."""
 
     def memory_rate(self, framework: bool = False) -> float:
         """Bytes/s a memory-bound kernel moves: a tuned library kernel's, or with

@@ -141,11 +141,13 @@ def _plan_require(cond: bool, attr: str, value, allowed: str) -> None:
 
 def profile_from_settings(c: ClusterSettings):
     """The GPU's ``HardwareProfile`` (a preset or a profile .json), under ``power_limit_w``'s
-    cap when one is given (``sim.inputs.power.capped``)."""
+    cap when one is given (``sim.inputs.power.capped``), at the GPU-hour price given
+    (``sim.inputs.cost.priced``)."""
+    from sim.inputs.cost import priced
     from sim.inputs.hardware import load_profile
     from sim.inputs.power import capped
 
-    return capped(load_profile(c.gpu, flag="--gpu"), c.power_limit_w)
+    return priced(capped(load_profile(c.gpu, flag="--gpu"), c.power_limit_w), c.prices())
 
 
 def topology_from_settings(c: ClusterSettings, world: int, profile_name: str) -> Topology:
