@@ -339,7 +339,7 @@ class HardwareProfile:
         for key in ("framework_kernel_efficiency", "attention_kernel_speed", "nccl_protocols", "nvls_efficiency",
                     "nvls_latency_s", "nccl_base_latency_s", "fp8_gemm_max_efficiency", "power_limit_w", "idle_power_w",
                     "mxfp8_gemm_relative_efficiency", "memory_bound_power_fraction", "communication_power_fraction",
-                    "power_cap_w"):
+                    "power_cap_w", "gpu_hour_price_usd"):
             if out[key] is None:
                 del out[key]
         if out["gemm_bias_epilogue"]:

@@ -130,7 +130,9 @@ def _from_hf(cfg: dict, where: str, seq_length: int | None, name: str | None) ->
                    ffn_hidden_size=_hf_int(cfg, "n_inner", where) if inner is not None else 4 * h,
                    max_position_embeddings=n_pos, dropout=drop)
     require(mtype in _LLAMA_TYPES, f"{where}: model_type", mtype,
-            f"supported: gpt2, {', '.join(_LLAMA_TYPES)}")
+            f"supported: gpt2, {', '.join(_LLAMA_TYPES)}; any other decoder-only model runs from its shape with "
+            "Megatron-LM's flags instead of --hf-config (--num-layers, --hidden-size, --num-attention-heads, "
+            "--ffn-hidden-size, --vocab-size, --seq-length, ...)")
     heads = _hf_int(cfg, "num_attention_heads", where)
     kv = cfg.get("num_key_value_heads")
     tie = _hf_bool(cfg, "tie_word_embeddings", where, False)
