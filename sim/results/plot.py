@@ -155,7 +155,8 @@ def timeline_figure(trace: Trace, title: str = "", lane_names: dict[int, str] | 
     copies = _identical_ranks(streams, bars, xfers, t_end_ms) if collapse else {r: 1 for r in streams}
     streams = {r: ss for r, ss in streams.items() if r in copies}
     lanes: list[tuple[int, str]] = [(r, s) for r, ss in streams.items() for s in ss]
-    compact = len(lanes) > compact_lanes and sum(len(ss) > 1 for ss in streams.values()) > 1
+    compact = (len(lanes) > compact_lanes and sum(len(ss) > 1 for ss in streams.values()) > 1
+               and all(ss[0] == "compute" for ss in streams.values()))  # (a collective's lanes are all traffic)
     if compact:  # the first rank shows every stream; the others only what they compute
         first = next(iter(streams))
         streams = {r: (ss if r == first else ss[:1]) for r, ss in streams.items()}
