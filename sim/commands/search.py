@@ -89,21 +89,28 @@ def add_arguments(p) -> None:
     b = p.add_argument_group("batch")
     b.add_argument("--global-batch-size", type=POSITIVE_INT, required=True, help="sequences per optimizer step")
     s = p.add_argument_group("search space (comma-separated lists; default every valid value)")
-    s.add_argument(*_flags("tensor_model_parallel_size"), dest="tp", help="tensor-parallel sizes (default: divisors up to --max-tp)")
+    s.add_argument(*_flags("tensor_model_parallel_size"), dest="tp",
+                   help="tensor-parallel sizes (default: divisors up to --max-tp)")
     s.add_argument("--max-tp", type=POSITIVE_INT, help="largest tensor-parallel size (default --gpus-per-node)")
     s.add_argument(*_flags("pipeline_model_parallel_size"), dest="pp", help="pipeline-parallel sizes")
-    s.add_argument(*_flags("num_virtual_stages_per_pipeline_rank"), dest="vpp", help="model chunks per pipeline stage")
+    s.add_argument(*_flags("num_virtual_stages_per_pipeline_rank"), dest="vpp",
+                   help="model chunks per pipeline stage")
     s.add_argument("--micro-batch-size", help="micro-batch sizes")
     s.add_argument("--zero", help="ZeRO stages, of 0,1,2,3")
     s.add_argument("--schedule", help=f"pipeline schedules, of {','.join(x for x in SCHEDULES if x != 'custom')}")
-    s.add_argument(*_flags("recompute_granularity"), dest="recompute", help=f"recompute granularities, of {','.join(RECOMPUTE)}")
+    s.add_argument(*_flags("recompute_granularity"), dest="recompute",
+                   help=f"recompute granularities, of {','.join(RECOMPUTE)}")
     s.add_argument("--sequence-parallel", help="on, off or on,off")
-    s.add_argument(*_flags("expert_model_parallel_size"), dest="ep", help="expert-parallel sizes (default: every divisor of the experts that folds into a "
-                                "pipeline stage's GPUs)")
-    s.add_argument(*_flags("expert_tensor_parallel_size"), dest="etp", help="expert tensor-parallel sizes (default: 1 and the plan's tp for a mixture of experts)")
-    s.add_argument(*_flags("moe_token_dispatcher_type"), dest="dispatcher", help=f"MoE token dispatchers, of {','.join(DISPATCHERS)} (default: every one for a "
-                                        "plan with ep > 1, alltoall otherwise)")
-    s.add_argument(*_flags("context_parallel_size"), dest="cp", help=f"context-parallel sizes (default 1,2,4,8 from {LONG_SEQUENCE} tokens on, else 1)")
+    s.add_argument(*_flags("expert_model_parallel_size"), dest="ep",
+                   help="expert-parallel sizes (default: every divisor of the experts that folds into a "
+                        "pipeline stage's GPUs)")
+    s.add_argument(*_flags("expert_tensor_parallel_size"), dest="etp",
+                   help="expert tensor-parallel sizes (default: 1 and the plan's tp for a mixture of experts)")
+    s.add_argument(*_flags("moe_token_dispatcher_type"), dest="dispatcher",
+                   help=f"MoE token dispatchers, of {','.join(DISPATCHERS)} (default: every one for a "
+                        "plan with ep > 1, alltoall otherwise)")
+    s.add_argument(*_flags("context_parallel_size"), dest="cp",
+                   help=f"context-parallel sizes (default 1,2,4,8 from {LONG_SEQUENCE} tokens on, else 1)")
     s.add_argument("--fp8-format", help="precisions: off (BF16), e4m3, hybrid, e.g. off,hybrid to compare BF16 with "
                                         "FP8 (default off; FP8 needs a GPU with an fp8 peak)")
     s.add_argument("--margin", type=Number(float, minimum=1, allow_inf=True), default=DEFAULT_MARGIN,

@@ -115,7 +115,8 @@ def settings_markdown() -> str:
             keys = ", ".join(f"`[{t}] {k}`" for t, k in meta.tables) or "(command line and API only)"
             allowed = f" ({', '.join(map(str, meta.choices))})" if meta.choices else ""
             what = ((help_of(name) or "").strip() + allowed).replace("|", "\\|")
-            out.append(f"| `{name}` | `{meta.flag}` | {keys} | `{DEFAULTS[name]!r}` | {what} |")
+            flags = ", ".join(f"`{x}`" for x in (meta.flag, *meta.aliases))
+            out.append(f"| `{name}` | {flags} | {keys} | `{DEFAULTS[name]!r}` | {what} |")
         out.append("")
     return "\n".join(out)
 
