@@ -109,3 +109,16 @@ def test_prices_parse_as_one_or_per_type():
     assert parse_prices("h100-sxm=2.5, b200=$4") == {"h100-sxm": 2.5, "b200": 4.0}
     with pytest.raises(InputError, match="gpu_hour_price: got True"):
         parse_prices(True)
+
+
+def test_an_experiment_file_sets_the_price_and_a_bad_one_names_its_line(tmp_path):
+    body = ('[model]\nnum_layers = 4\nhidden_size = 512\nnum_attention_heads = 8\nvocab_size = 8192\nseq_length = 512\n'
+            '\n[cluster]\ngpu = "h100-sxm"\ngpus = 8\ngpu_hour_price = {}\n\n[plan]\nglobal_batch_size = 16\n')
+    good = tmp_path / "good.toml"
+    good.write_text(body.format('"h100-sxm=2.5"'))
+    s = json.loads(_cli(["run", good, "--json"])[1])
+    assert s["cost_per_iteration_usd"] == pytest.approx(s["iteration_time_s"] / 3600 * 8 * 2.5)
+    bad = tmp_path / "bad.toml"
+    bad.write_text(body.format("-3"))
+    code, out, err = _cli(["run", bad])
+    assert code == 2 and err.startswith(f"trainsim: error: {bad}:11: cluster.gpu_hour_price: got -3; expected US dollars")

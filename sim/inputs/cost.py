@@ -55,13 +55,26 @@ def parse_prices(value, field: str = "gpu_hour_price") -> dict[str | None, float
     return out
 
 
-def price_text(text: str):
-    """The flag's value: a number stays a number, a list of prices stays text (both checked
-    by ``parse_prices`` when the settings are made)."""
-    try:
-        return float(text)
-    except ValueError:
-        return text
+class _PriceText:
+    """The setting's type: ``PRICE(text)`` is the flag's value (a number stays a number, a list
+    of prices stays text); ``PRICE.allowed(value)`` what a value from a file or the API is
+    refused for (None when allowed), so that an experiment file's line is named."""
+
+    def __call__(self, text: str):
+        try:
+            return float(text)
+        except ValueError:
+            return text
+
+    def allowed(self, value) -> str | None:
+        try:
+            parse_prices(value)
+        except InputError as exc:
+            return exc.allowed
+        return None
+
+
+PRICE = _PriceText()
 
 
 def priced(profile, prices: dict[str | None, float] | None, field: str = "--gpu-hour-price"):

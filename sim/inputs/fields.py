@@ -79,10 +79,12 @@ def why_not_field(f: Field, value) -> str | None:
     if f.kind == "list":
         ok = isinstance(value, str) or isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value)
         return None if ok else "expected a list of names"
-    if isinstance(f.type, Number):  # the field's own bounds (> 0, finite, ...)
+    if isinstance(f.type, Number) or hasattr(f.type, "allowed"):  # the field's own bounds (> 0, finite, ...)
         why = f.type.allowed(value)
         if why is not None:
             return why
+        if not isinstance(f.type, Number):  # a type with its own check (sim.inputs.cost.PRICE) says it all
+            return None
     if f.type is int and (isinstance(value, bool) or not isinstance(value, int)):
         return "expected an integer"
     if f.type is None and not isinstance(value, (str, int)) or isinstance(value, bool):

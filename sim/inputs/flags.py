@@ -72,9 +72,12 @@ def value_of_text(f: Field, text: str):
             raise refuse(what, repr(text)) from None
         allowed = f.type.allowed(value) if isinstance(f.type, Number) else None
         if allowed is not None:
-            raise refuse(allowed, text.strip())
+            raise refuse(allowed, repr(text) if isinstance(value, str) else text.strip())
     elif f.type is not None:
         value = f.type(text)  # its own check (stragglers' factors): an InputError naming what it allows
+        allowed = f.type.allowed(value) if hasattr(f.type, "allowed") else None  # (sim.inputs.cost.PRICE)
+        if allowed is not None:
+            raise refuse(allowed, repr(text) if isinstance(value, str) else text.strip())
     if f.choices is not None and value not in f.choices:
         raise refuse(f"allowed: {', '.join(map(str, f.choices))}", text)
     return value

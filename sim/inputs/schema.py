@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from typing import ClassVar, Mapping
 
 from sim.errors import InputError
-from sim.inputs.cost import price_text
+from sim.inputs.cost import PRICE
 from sim.inputs.fields import SECTION_GROUP, Field, check_section, setting, why_not_field
 from sim.inputs.plan import ParallelPlan
 from sim.inputs.schema_model import ModelSettings
@@ -71,7 +71,7 @@ class ClusterSettings:
     gpu_hour_price: float | str | None = setting(
         help="US dollars per GPU-hour, for the cost per iteration and per million tokens: one price (2.5), or one "
              "per GPU type (h100-sxm=2.5,b200=4.0) (default: the profile's gpu_hour_price_usd; no preset has one)",
-        type=price_text, metavar="USD|GPU=USD,...", group="hardware")
+        type=PRICE, metavar="USD|GPU=USD,...", group="hardware")
     nodes: int | None = setting(help="nodes in the cluster (default: enough for the plan's GPUs)", type=POSITIVE_INT)
     topology: str | None = setting(help="node or cluster .toml, or a built-in name (default: the GPU's built-in node: its DGX, or gb200-nvl72)",
                                    path=lambda v: v.endswith(".toml"))
