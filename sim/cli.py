@@ -14,6 +14,7 @@ import re
 import sys
 
 from sim.errors import DeadlockError, InputError
+from sim.inputs.flags import did_you_mean
 
 # Subcommand modules, in the order ``trainsim --help`` lists them.
 COMMANDS = ["run", "compare", "estimate", "explain", "search", "sweep", "collective", "demo", "calibrate", "validate", "fit",
@@ -50,24 +51,6 @@ class _Parser(argparse.ArgumentParser):
             if isinstance(a, argparse._SubParsersAction) and getattr(ns, a.dest, None) in a.choices:
                 flags += [o for b in a.choices[getattr(ns, a.dest)]._actions for o in b.option_strings]
         return flags
-
-
-def did_you_mean(typed: list[str], known: list[str]) -> str:
-    """`` (did you mean --x?)`` for the unknown flags among ``typed`` that are close to one of
-    ``known`` (``difflib``'s closeness, as for an experiment file's keys); "" for none."""
-    hints = []
-    for word in typed:
-        flag = word.split("=", 1)[0]
-        if not flag.startswith("--"):
-            continue
-        close = difflib.get_close_matches(flag, [k for k in known if k.startswith("--")], n=1)
-        if close:
-            hints.append((flag, close[0]))
-    if not hints:
-        return ""
-    if len(hints) == 1:
-        return f" (did you mean {hints[0][1]}?)"
-    return " (did you mean " + ", ".join(f"{k} for {f}" for f, k in hints) + "?)"
 
 
 def named_for_command_line(exc: InputError) -> InputError:

@@ -106,3 +106,12 @@ def test_did_you_mean_reads_flags_written_with_equals():
 def test_demo_takes_gpus_or_nodes(capsys):
     assert "--gpus: got 12; expected a multiple of 8" in _error(capsys, ["demo", "--gpus", "12"])
     assert "with --nodes 2 expected 16" in _error(capsys, ["demo", "--gpus", "8", "--nodes", "2"])
+
+
+def test_a_megatron_argument_list_suggests_too():
+    from sim.errors import InputError
+    from sim.inputs.resolve import model_from_megatron_args
+
+    with pytest.raises(InputError, match=r"unrecognized arguments: --num-layer 2 \(did you mean --num-layers\?\)"):
+        model_from_megatron_args(["--num-layer", "2", "--hidden-size", "64", "--num-attention-heads", "4",
+                                  "--vocab-size", "128", "--seq-length", "32"])

@@ -10,6 +10,7 @@ experiment file field by field, with no round trip through argument strings.
 from __future__ import annotations
 
 import argparse
+import difflib
 from typing import Mapping
 
 from sim.errors import InputError
@@ -100,6 +101,24 @@ def flag_type(f: Field):
 def given(ns: argparse.Namespace) -> dict[str, object]:
     """The schema fields a parsed command line typed, by field name."""
     return {name: v for name, v in vars(ns).items() if name in FIELDS and v is not None}
+
+
+def did_you_mean(typed: list[str], known: list[str]) -> str:
+    """`` (did you mean --x?)`` for the unknown flags among ``typed`` that are close to one of
+    ``known`` (``difflib``'s closeness, as for an experiment file's keys); "" for none."""
+    hints = []
+    for word in typed:
+        flag = word.split("=", 1)[0]
+        if not flag.startswith("--"):
+            continue
+        close = difflib.get_close_matches(flag, [k for k in known if k.startswith("--")], n=1)
+        if close:
+            hints.append((flag, close[0]))
+    if not hints:
+        return ""
+    if len(hints) == 1:
+        return f" (did you mean {hints[0][1]}?)"
+    return " (did you mean " + ", ".join(f"{k} for {f}" for f, k in hints) + "?)"
 
 
 def settings_markdown() -> str:

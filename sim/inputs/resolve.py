@@ -20,7 +20,7 @@ from sim.inputs.megatron_model import MOE_FIELDS, model_from_megatron_settings
 from sim.inputs.model import PRESETS, ModelSpec, layer_params_per_rank, preset, with_seq_length
 from sim.inputs.placement import DEFAULT_PLACEMENT
 from sim.inputs.plan import SCHEDULES, ParallelPlan
-from sim.inputs.flags import add_arguments, given
+from sim.inputs.flags import add_arguments, did_you_mean, given
 from sim.inputs.schema import FIELDS, ClusterSettings, ModelSettings, PlanRequest, fields_of
 from sim.inputs.topology import Topology
 from sim.inputs.topology_build import NODE_OF_GPU  # noqa: F401 (re-exported)
@@ -70,6 +70,13 @@ def with_moe_settings(model: ModelSpec, m: ModelSettings) -> ModelSpec:
 class _StrictParser(argparse.ArgumentParser):
     def error(self, message: str):  # noqa: D401 - argparse API: one line, no usage dump
         raise InputError(" ".join(message.split()))
+
+    def parse_args(self, args=None, namespace=None):  # a misspelled flag gets "did you mean", as on the command line
+        ns, extras = self.parse_known_args(args, namespace)
+        if extras:
+            known = [o for a in self._actions for o in a.option_strings]
+            raise InputError(f"unrecognized arguments: {' '.join(extras)}{did_you_mean(extras, known)}")
+        return ns
 
 
 MEGATRON_SHAPE_FIELDS = tuple(n for n in fields_of("model") if n not in ("model", "hf_config"))
