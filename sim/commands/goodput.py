@@ -34,7 +34,7 @@ from sim.units import NONNEGATIVE_INT, Number, parse_size
 NAME = "goodput"
 HELP = ("Simulate a training campaign over days (failures, detection, restarts, checkpoints, hot spares) and report "
         "goodput and the best checkpoint interval.")
-_FLAGS = [f for f in RUN_FLAGS if f not in ("kineto",)]
+_FLAGS = [f for f in RUN_FLAGS if f not in ("kineto", "gpu_hour_price")]  # (a campaign reports no cost yet)
 DAYS = Number(float, above=0, maximum=36500)
 
 
