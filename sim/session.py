@@ -31,6 +31,7 @@ from sim.gc_tuning import simulation_pause
 from sim.inputs.hardware import HardwareProfile
 from sim.inputs.model import ModelSpec
 from sim.inputs.plan import ParallelPlan
+from sim.inputs.cost import priced
 from sim.inputs.power import capped
 from sim.inputs.pinning import check_pinned
 from sim.inputs.resolve import model_from_settings, plan_from_settings, profile_from_settings, topology_from_settings
@@ -142,7 +143,8 @@ def prepare(settings: RunSettings, model: ModelSpec | None = None, plan: Paralle
     check_pinned(plan, settings.cluster.pinned(), topo.gpus_per_node, f"on {topo.name}")
     mixed = mixed_gpus(topo, plan.world_size, profile)
     if mixed is not None:  # (every type under the cap: --power-limit-w applies to every GPU)
-        mixed = replace(mixed, profiles={n: capped(p, settings.cluster.power_limit_w) for n, p in mixed.profiles.items()})
+        mixed = replace(mixed, profiles={n: priced(capped(p, settings.cluster.power_limit_w), settings.cluster.prices())
+                                         for n, p in mixed.profiles.items()})
         profile = next(iter(mixed.profiles.values()))  # rank 0's: the run's links, NCCL figures and summary
     if plan.layer_split == "auto":
         plan = auto_layer_split(model, plan, profile, mixed)

@@ -128,6 +128,7 @@ def _worker(rank: int, world: int, port: int, fn, payload, outdir: str, parent_p
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
                       WORLD_SIZE=str(world), LOCAL_RANK=str(rank), TRAINSIM_WORKER="1")
     out = Path(outdir) / f"rank{rank}.pkl"
+    _output_into(Path(outdir) / f"rank{rank}.log")
     try:
         ctx = _setup(rank, world, rank, world, init=True)
         result = fn(ctx, payload)
@@ -155,6 +156,27 @@ def _worker(rank: int, world: int, port: int, fn, payload, outdir: str, parent_p
         except Exception:
             pass
     os._exit(0 if data["ok"] else 1)
+
+
+def _output_into(path: Path) -> None:
+    """Send this process's stdout and stderr, the C++ libraries' too (the PyTorch profiler
+    prints ``USDT: ... profiler_start`` and ``profiler_stop`` at every trace, on every rank),
+    to ``path``: a worker's results come back pickled, and the terminal stays the parent's.
+    A rank that dies leaves its last line there for the parent's error (``_last_line``)."""
+    for stream in (sys.stdout, sys.stderr):
+        stream.flush()
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)
+
+
+def _last_line(path: Path) -> str:
+    try:
+        lines = [x for x in path.read_text(errors="replace").splitlines() if x.strip()]
+    except OSError:
+        return ""
+    return lines[-1].strip() if lines else ""
 
 
 def run_workers(fn, procs: int, payload=None, *, timeout_s: float = 900.0) -> list | None:
@@ -192,7 +214,10 @@ def run_workers(fn, procs: int, payload=None, *, timeout_s: float = 900.0) -> li
                 raise CalibrationError(f"worker rank {r} failed: {data['error']}")
             results.append(data["result"])
         if any(r is None for r in results):
-            raise CalibrationError(f"worker processes failed: {failure or 'a rank left no result'}")
+            rank = results.index(None)
+            last = _last_line(Path(outdir) / f"rank{rank}.log")
+            raise CalibrationError(f"worker processes failed: {failure or 'a rank left no result'}"
+                                   + (f" (rank {rank}'s last output: {last})" if last else ""))
         return results
 
 

@@ -23,7 +23,7 @@ import sys
 import time
 from pathlib import Path
 
-from sim.commands.settings import CLUSTER_FLAGS, HARDWARE_FLAGS, MODEL_FLAGS
+from sim.commands.settings import CLUSTER_FLAGS, HARDWARE_FLAGS, MODEL_FLAGS, say_defaults
 from sim.errors import InputError, require
 from sim.fileio import check_output_dir, read_json, write_text_atomic
 from sim.inputs.pinning import crossing
@@ -65,12 +65,21 @@ def add_executor_arguments(p) -> None:
     ex.add_argument("--resume", action="store_true", help="continue the sweep in --out, skipping finished plans")
     ex.add_argument("--top", type=POSITIVE_INT, default=5, help="plans to list (default 5)")
     ex.add_argument("--rank-by", choices=RANK_BY, default="throughput",
-                    help="rank plans by tokens/s (throughput, the default) or by tokens per joule of GPU energy")
+                    help="rank plans by tokens/s (throughput, the default), by tokens per joule of GPU energy, or by "
+                         "cost: dollars per million tokens (needs --gpu-hour-price, or a price in the profile)")
     ex.add_argument("--json", action="store_true", help="print one JSON object")
 
 
-SEARCH_FLAGS = [*MODEL_FLAGS, *HARDWARE_FLAGS[:2], "nodes", "gpus_per_node", "power_limit_w", *CLUSTER_FLAGS[1:]]
+SEARCH_FLAGS = [*MODEL_FLAGS, *HARDWARE_FLAGS[:2], "nodes", "gpus_per_node", "power_limit_w", *CLUSTER_FLAGS[1:],
+                "gpu_hour_price"]
 """The run settings search takes as flags: the model and the cluster (the plan is what it searches)."""
+
+
+def _flags(setting: str) -> tuple[str, ...]:
+    """A searched setting's flags: its short alias first (``--tp``), then the flag ``trainsim run``
+    takes (``--tensor-model-parallel-size``), so that both names work on every command."""
+    f = FIELDS[setting]
+    return (*f.aliases, f.flag)
 
 
 def add_arguments(p) -> None:
@@ -80,21 +89,28 @@ def add_arguments(p) -> None:
     b = p.add_argument_group("batch")
     b.add_argument("--global-batch-size", type=POSITIVE_INT, required=True, help="sequences per optimizer step")
     s = p.add_argument_group("search space (comma-separated lists; default every valid value)")
-    s.add_argument("--tp", help="tensor-parallel sizes (default: divisors up to --max-tp)")
+    s.add_argument(*_flags("tensor_model_parallel_size"), dest="tp",
+                   help="tensor-parallel sizes (default: divisors up to --max-tp)")
     s.add_argument("--max-tp", type=POSITIVE_INT, help="largest tensor-parallel size (default --gpus-per-node)")
-    s.add_argument("--pp", help="pipeline-parallel sizes")
-    s.add_argument("--vpp", help="model chunks per pipeline stage")
+    s.add_argument(*_flags("pipeline_model_parallel_size"), dest="pp", help="pipeline-parallel sizes")
+    s.add_argument(*_flags("num_virtual_stages_per_pipeline_rank"), dest="vpp",
+                   help="model chunks per pipeline stage")
     s.add_argument("--micro-batch-size", help="micro-batch sizes")
     s.add_argument("--zero", help="ZeRO stages, of 0,1,2,3")
     s.add_argument("--schedule", help=f"pipeline schedules, of {','.join(x for x in SCHEDULES if x != 'custom')}")
-    s.add_argument("--recompute", help=f"recompute granularities, of {','.join(RECOMPUTE)}")
+    s.add_argument(*_flags("recompute_granularity"), dest="recompute",
+                   help=f"recompute granularities, of {','.join(RECOMPUTE)}")
     s.add_argument("--sequence-parallel", help="on, off or on,off")
-    s.add_argument("--ep", help="expert-parallel sizes (default: every divisor of the experts that folds into a "
-                                "pipeline stage's GPUs)")
-    s.add_argument("--etp", help="expert tensor-parallel sizes (default: 1 and the plan's tp for a mixture of experts)")
-    s.add_argument("--dispatcher", help=f"MoE token dispatchers, of {','.join(DISPATCHERS)} (default: every one for a "
-                                        "plan with ep > 1, alltoall otherwise)")
-    s.add_argument("--cp", help=f"context-parallel sizes (default 1,2,4,8 from {LONG_SEQUENCE} tokens on, else 1)")
+    s.add_argument(*_flags("expert_model_parallel_size"), dest="ep",
+                   help="expert-parallel sizes (default: every divisor of the experts that folds into a "
+                        "pipeline stage's GPUs)")
+    s.add_argument(*_flags("expert_tensor_parallel_size"), dest="etp",
+                   help="expert tensor-parallel sizes (default: 1 and the plan's tp for a mixture of experts)")
+    s.add_argument(*_flags("moe_token_dispatcher_type"), dest="dispatcher",
+                   help=f"MoE token dispatchers, of {','.join(DISPATCHERS)} (default: every one for a "
+                        "plan with ep > 1, alltoall otherwise)")
+    s.add_argument(*_flags("context_parallel_size"), dest="cp",
+                   help=f"context-parallel sizes (default 1,2,4,8 from {LONG_SEQUENCE} tokens on, else 1)")
     s.add_argument("--fp8-format", help="precisions: off (BF16), e4m3, hybrid, e.g. off,hybrid to compare BF16 with "
                                         "FP8 (default off; FP8 needs a GPU with an fp8 peak)")
     s.add_argument("--margin", type=Number(float, minimum=1, allow_inf=True), default=DEFAULT_MARGIN,
@@ -260,16 +276,18 @@ def run_command(typed: dict, plan: dict) -> str:
 
 
 def print_top(ranked: list[dict], top: int, rank_by: str = "throughput") -> None:
-    """The top plans, one a line (with their tokens per joule when ranked by it)."""
-    energy = rank_by == "tokens-per-joule"
+    """The top plans, one a line (with their tokens per joule, or dollars per million tokens,
+    when ranked by it)."""
+    energy, cost = rank_by == "tokens-per-joule", rank_by == "cost"
     width = max([62, *(len(describe_plan(r["plan"])) + 2 for r in ranked[:top])])
     print(f"{'#':>3}  {'plan':<{width}}{'iteration':>11}{'tokens/s':>12}{'MFU':>7}{'peak mem':>12}"
-          + (f"{'tokens/J':>10}" if energy else ""))
+          + (f"{'tokens/J':>10}" if energy else "") + (f"{'$/M tokens':>12}" if cost else ""))
     for i, r in enumerate(ranked[:top], start=1):
         s = r["summary"]
         print(f"{i:>3}  {describe_plan(r['plan']):<{width}}{format_time(s['iteration_time_s']):>11}"
               f"{s['tokens_per_s']:>12,.0f}{s['mfu'] * 100:>6.1f}%{format_bytes(s['memory']['peak_bytes']):>12}"
-              + (f"{tokens_per_joule(s):>10,.1f}" if energy else ""))
+              + (f"{tokens_per_joule(s):>10,.1f}" if energy else "")
+              + (f"{s['cost_per_million_tokens_usd']:>12.4g}" if cost else ""))
 
 
 def check_rank_by(rank_by: str, profile) -> None:
@@ -279,6 +297,8 @@ def check_rank_by(rank_by: str, profile) -> None:
     require(rank_by != "tokens-per-joule" or PowerStates.of(profile) is not None, "--rank-by", rank_by,
             f"profile {profile.name} gives no power figures (power_limit_w, idle_power_w, "
             "memory_bound_power_fraction, communication_power_fraction): rank by throughput")
+    require(rank_by != "cost" or profile.gpu_hour_price_usd is not None, "--rank-by", rank_by,
+            f"{profile.name} has no price: give --gpu-hour-price USD, or gpu_hour_price_usd in its profile")
 
 
 STOP_CODES = {"SIGINT": 130, "SIGTERM": 143, "max-time": 0}
@@ -300,6 +320,7 @@ def _run(args, start: float, progress: ProgressBar) -> int:
     check_executor_args(args)
     settings = RunSettings.from_values({k: v for k, v in given(args).items() if k in SEARCH_FLAGS})
     model = model_from_settings(settings.model)
+    say_defaults(settings.model)
     profile = profile_from_settings(settings.cluster)
     gpus = settings.cluster.total_gpus()
     if gpus is None:
@@ -341,7 +362,9 @@ def _run(args, start: float, progress: ProgressBar) -> int:
             runner.deadline = start + args.max_time
         # the count of simulations the pruning may still run, corrected before each wave
         result = search(cands, lambda plans: runner.run(ctx, plans, progress=progress), margin=args.margin,
-                        wave=args.wave, screen=screen, final=max(args.top, 2), rank_by=args.rank_by,
+                        wave=args.wave, screen=screen, final=max(args.top, 2),
+                        # the cluster's GPUs are fixed: cost per token goes with time, so prune by time
+                        rank_by="throughput" if args.rank_by == "cost" else args.rank_by,
                         idle_power_w=profile.idle_power_w, planned=progress.set_total, stoppable=True,
                         finished=log.done)
         if result.stopped:

@@ -233,6 +233,10 @@ class HardwareProfile:
     """A power limit set below ``power_limit_w`` (``nvidia-smi -pl``, ``--power-limit-w``):
     compute-bound kernels draw it, at the lower clock it allows (``sim.inputs.power.capped``
     lowers ``sustained_compute_fraction`` to match). None: the board's own limit."""
+    gpu_hour_price_usd: number("a number > 0 (US dollars per GPU-hour)", gt=0) | None = None
+    """What an hour of this GPU costs, US dollars (a rental price, or the purchase and running
+    cost amortized): the run's cost per iteration and per million tokens (``sim.inputs.cost``;
+    ``--gpu-hour-price`` overrides it). None: not given (no cost figures; no preset gives one)."""
 
     def memory_rate(self, framework: bool = False) -> float:
         """Bytes/s a memory-bound kernel moves: a tuned library kernel's, or with
@@ -385,7 +389,7 @@ class HardwareProfile:
         for key in ("framework_kernel_efficiency", "attention_kernel_speed", "nccl_protocols", "nvls_efficiency",
                     "nvls_latency_s", "nccl_base_latency_s", "fp8_gemm_max_efficiency", "power_limit_w", "idle_power_w",
                     "mxfp8_gemm_relative_efficiency", "memory_bound_power_fraction", "communication_power_fraction",
-                    "power_cap_w"):
+                    "power_cap_w", "gpu_hour_price_usd"):
             if out[key] is None:
                 del out[key]
         if out["gemm_bias_epilogue"]:

@@ -119,17 +119,17 @@ class ParallelPlan:
     dp: int = 1
     """Data-parallel replicas (each replica is tp·pp·cp GPUs); not a setting: the cluster's
     GPUs fix it (``sim.inputs.resolve.plan_from_settings``)."""
-    tp: int = setting(1, name="tensor_model_parallel_size", type=POSITIVE_INT,
+    tp: int = setting(1, name="tensor_model_parallel_size", type=POSITIVE_INT, aliases=("--tp",),
                       help="tensor-parallel size: GPUs that split each layer (default 1)")
     """Tensor-parallel degree (Megatron column/row split of every layer)."""
-    pp: int = setting(1, name="pipeline_model_parallel_size", type=POSITIVE_INT,
+    pp: int = setting(1, name="pipeline_model_parallel_size", type=POSITIVE_INT, aliases=("--pp",),
                       help="pipeline-parallel size: stages the layers are split into (default 1)")
     """Pipeline stages."""
     layers_per_virtual_stage: int | None = setting(
         name="num_layers_per_virtual_pipeline_stage", type=POSITIVE_INT,
         help="layers per model chunk (interleaved schedule; sets vpp)")
     """What sets ``vpp`` from the model's layers (``plan_from_settings``); kept as given."""
-    vpp: int = setting(1, name="num_virtual_stages_per_pipeline_rank", type=POSITIVE_INT,
+    vpp: int = setting(1, name="num_virtual_stages_per_pipeline_rank", type=POSITIVE_INT, aliases=("--vpp",),
                        help="model chunks per pipeline rank (vpp), Megatron-LM's alternative to the flag above")
     """Model chunks per pipeline stage (interleaved 1F1B when > 1)."""
     schedule: str | None = setting(
@@ -200,7 +200,7 @@ class ParallelPlan:
              "default methods, GEMMs slowed by overlap_compute_slowdown beside a reduce-scatter)")
     """``sim.inputs.tp_overlap``; None: trainsim's older model (its module doc)."""
     cp: int = setting(
-        1, name="context_parallel_size", type=POSITIVE_INT,
+        1, name="context_parallel_size", type=POSITIVE_INT, aliases=("--cp",),
         help="context-parallel size: GPUs each sequence is split over (ring attention or an all-gather of keys "
              "and values; inside the data-parallel dimension, cp innermost; default 1)")
     """Context-parallel size (``sim.program.context_parallel``). They sit inside the data-parallel
@@ -210,11 +210,11 @@ class ParallelPlan:
                                      "(ring attention, overlapped with compute; the default) or all-gather "
                                      "(Llama 3's)")
     ep: int = setting(
-        1, name="expert_model_parallel_size", type=POSITIVE_INT, group=_EXPERTS,
+        1, name="expert_model_parallel_size", type=POSITIVE_INT, group=_EXPERTS, aliases=("--ep",),
         help="expert-parallel size: GPUs each MoE layer's routed experts are spread over, folded out of each "
              "stage's tp x dp GPUs (default 1)")
     """The GPUs a layer's routed experts are spread over (``sim.inputs.experts``)."""
-    etp: int | None = setting(name="expert_tensor_parallel_size", type=POSITIVE_INT, group=_EXPERTS,
+    etp: int | None = setting(name="expert_tensor_parallel_size", type=POSITIVE_INT, group=_EXPERTS, aliases=("--etp",),
                               help="GPUs each expert is split over (default: the tensor-parallel size)")
     moe_routing: str = setting(
         "balanced", metavar="MODEL|FILE", group=_EXPERTS, path=lambda v: v.endswith((".json", ".csv")),
@@ -235,7 +235,7 @@ class ParallelPlan:
              "combined 1F1B; needs ep > 1, and interleaving (vpp > 1) when pp > 1)")
     """``sim.program.ep_overlap``."""
     dispatcher: str = setting(
-        "alltoall", name="moe_token_dispatcher_type", choices=DISPATCHERS, group=_EXPERTS,
+        "alltoall", name="moe_token_dispatcher_type", choices=DISPATCHERS, group=_EXPERTS, aliases=("--dispatcher",),
         help="how tokens reach their experts (Megatron-Core's dispatchers): alltoall (an all-to-all over the "
              "expert-parallel group, every routed copy sent; the default), allgather (the tokens all-gathered over "
              "the tp x ep group, the outputs reduce-scattered back) or flex (DeepEP: each token crosses InfiniBand "
@@ -263,7 +263,7 @@ class ParallelPlan:
     """Sequences per micro-batch per data-parallel replica (b)."""
     global_batch_size: int | None = setting(type=POSITIVE_INT, help="default micro-batch size x data-parallel size")
     """Sequences per optimizer step over all replicas (B); None means micro_batch_size·dp."""
-    recompute: str = setting("none", name="recompute_granularity", choices=RECOMPUTE,
+    recompute: str = setting("none", name="recompute_granularity", choices=RECOMPUTE, aliases=("--recompute",),
                              help="activation recomputation in backward (default none)")
     """'selective' recomputes the attention core (or ``recompute_modules``), 'full' the whole layer."""
     recompute_modules: tuple[str, ...] | None = setting(
