@@ -71,7 +71,8 @@ def test_it_needs_fp8_and_a_sharded_optimizer():
                dict(fp8_format="hybrid", fp8_recipe="tensorwise", zero_stage=1, offload_optimizer=True)):
         with pytest.raises(InputError, match="fp8_param_gather"):
             ParallelPlan(dp=8, fp8_param_gather=True, **kw)
-    for kw in (dict(fp8_format="hybrid", zero_stage=3), dict(fp8_format="hybrid", fp8_recipe="tensorwise", zero_stage=3),
+    for kw in (dict(fp8_format="hybrid", zero_stage=3),
+               dict(fp8_format="hybrid", fp8_recipe="tensorwise", zero_stage=3),
                dict(fp8_format="e4m3", fp8_recipe="mxfp8", zero_stage=1),
                dict(fp8_format="hybrid", zero_stage=1, offload_optimizer=True)):
         assert ParallelPlan(dp=8, fp8_param_gather=True, **kw).fp8_param_gather
