@@ -93,10 +93,10 @@ def test_what_each_row_needs():
         assert ("gpt_oss" in r.missing) == cells["group"].endswith("GPT-OSS 120B"), r.line
         assert (r.skip is None) == (not r.missing)
         assert "settings read from Megatron-Bridge" in cells["notes"]
-    for r in RUNS:  # Megatron-FSDP with FP8 weights: the recipe gathers them in FP8, refused under zero 3 today
+    for r in RUNS:  # Megatron-FSDP with FP8 weights: the recipe gathers them in FP8, simulated under zero 3
         fp8_fsdp = r.values.get("zero") == 3 and r.precision == "fp8"
-        assert ("zero3_fp8_param_gather" in r.missing) == fp8_fsdp
-        assert not (fp8_fsdp and r.values["fp8_param_gather"])
+        assert "zero3_fp8_param_gather" not in r.missing
+        assert not fp8_fsdp or r.values["fp8_param_gather"]
     graphs = {c["group"].split(" ", 1)[0]: set() for c in CELLS}
     for c in CELLS:
         graphs[c["group"].split(" ", 1)[0]].add(c["cuda_graph"])
@@ -115,11 +115,11 @@ def test_precisions_and_fp8_recipes():
             assert "fp8_format" not in v
         else:
             assert (v["fp8_format"], v["fp8_recipe"]) in (("hybrid", "tensorwise"), ("e4m3", "mxfp8"))
-            # MXFP8 weights, and FP8 weights under Megatron-FSDP: not modelled (needs)
-            assert v["fp8_param_gather"] is (v["fp8_recipe"] == "tensorwise" and v["zero"] == 1)
+            # every FP8 precision recipe keeps the weights in FP8 (MXFP8 ones too, and under Megatron-FSDP)
+            assert v["fp8_param_gather"] is True
     mx = [r for r in RUNS if r.values.get("fp8_recipe") == "mxfp8"]
     assert all(r.gpu != "h100-sxm" for r in mx)  # MXFP8 is Blackwell's
-    assert all("mxfp8_param_gather" in r.missing for r in mx)  # the recipe gathers MXFP8 weights: not modelled
+    assert all("mxfp8_param_gather" not in r.missing for r in mx)  # MXFP8 weights gathered in BF16: simulated
 
 
 def test_recipe_settings_reach_the_rows():

@@ -340,8 +340,9 @@ class ParallelPlan:
     """DeepSpeed ``reduce_bucket_size``; None uses ``bucket_size_bytes``."""
     fp8_param_gather: bool = setting(
         False, kind="switch",
-        help="with --fp8-format and a sharded optimizer (--zero 1 or 2): keep the GEMM weights in FP8 and all-gather "
-             "them in FP8 (Megatron-LM's flag, NeMo's fp8_params; default off)")
+        help="with --fp8-format and a sharded optimizer (--zero 1, 2 or 3): keep the GEMM weights in FP8 and "
+             "all-gather them in FP8 (MXFP8 ones: in BF16, quantized after; Megatron-LM's flag, NeMo's fp8_params; "
+             "default off)")
     """``sim.program.fp8``."""
     param_gather_overlap: bool = setting(
         False, name="overlap_param_gather", kind="switch",
@@ -404,9 +405,8 @@ class ParallelPlan:
         _check(self.fp8_recipe in FP8_RECIPES, "fp8_recipe", self.fp8_recipe, f"allowed: {', '.join(FP8_RECIPES)}")
         _check(self.fp8_recipe == "delayed" or self.fp8_format is not None, "fp8_recipe", self.fp8_recipe,
                "needs fp8_format (e4m3 or hybrid): a recipe scales FP8 tensors; leave it unset in BF16")
-        _check(not self.fp8_param_gather or self.fp8_recipe in ("delayed", "tensorwise"), "fp8_param_gather", True,
-               f"not modelled with fp8_recipe {self.fp8_recipe} (allowed with delayed or tensorwise): FP8 weights "
-               "that keep block scales are not modelled")
+        _check(not self.fp8_param_gather or self.fp8_recipe in ("delayed", "tensorwise", "mxfp8"), "fp8_param_gather",
+               True, f"not modelled with fp8_recipe {self.fp8_recipe} (allowed with delayed, tensorwise or mxfp8)")
         _check(self.recompute in RECOMPUTE, "recompute", self.recompute,
                 f"allowed: {', '.join(RECOMPUTE)}")
         object.__setattr__(self, "recompute_modules", check_recompute_plan(self))
@@ -434,9 +434,16 @@ class ParallelPlan:
         _check(not self.param_gather_overlap or self.zero_stage in (1, 2), "param_gather_overlap", True,
                 f"needs zero 1 or 2 (got {self.zero_stage}): it overlaps the sharded optimizer's parameter "
                 "all-gather (ZeRO-3 gathers every layer before each use anyway)")
-        _check(not self.fp8_param_gather or (self.fp8_format is not None and self.zero_stage in (1, 2)),
-               "fp8_param_gather", True, f"needs fp8_format and zero 1 or 2 (got {self.fp8_format or 'BF16'}, zero "
-               f"{self.zero_stage}): it keeps the sharded optimizer's weights in FP8")
+        _check(not self.fp8_param_gather or (self.fp8_format is not None and self.zero_stage in (1, 2, 3)),
+               "fp8_param_gather", True, f"needs fp8_format and zero 1, 2 or 3 (got {self.fp8_format or 'BF16'}, zero "
+               f"{self.zero_stage}): it keeps the sharded optimizer's weights in FP8 (Megatron-LM: distributed "
+               "optimizer or FSDP only)")
+        _check(not (self.fp8_param_gather and self.zero_stage == 3 and self.fp8_recipe == "mxfp8"), "fp8_param_gather",
+               True, "not modelled with zero 3 and fp8_recipe mxfp8 (allowed under zero 3: delayed or tensorwise; "
+               "Megatron-FSDP gathers MXFP8 weights without the gradient buffer)")
+        _check(not (self.fp8_param_gather and self.offload_optimizer and self.fp8_recipe != "delayed"),
+               "fp8_param_gather", True, f"with offload_optimizer needs fp8_recipe delayed (got {self.fp8_recipe}; "
+               "Megatron-LM refuses the optimizer CPU offload with FP8 weights of other recipes)")
         _check(not (self.param_gather_overlap and self.offload_optimizer), "param_gather_overlap", True,
                 "not with offload_optimizer (the parameters come back from the host)")
         _check(not self.offload_optimizer or self.zero_stage >= 1, "offload_optimizer", True,
