@@ -11,7 +11,7 @@ from __future__ import annotations
 
 
 
-from sim.program.estimate import estimate, model_flops_per_sequence
+from sim.program.estimate import estimate, model_flops_per_sequence, plan_flops_per_sequence
 from sim.program.fp8 import precision
 from sim.results.energy import run_energy
 from sim.results.memory_timeline import highest_peak
@@ -30,7 +30,7 @@ def summarize(run) -> dict:
     met = iteration_metrics(
         run.trace, tokens=seqs * model.seq_length,
         model_flops=seqs * model_flops_per_sequence(model),
-        hardware_flops=seqs * model_flops_per_sequence(model, plan.recompute, plan.recompute_modules),
+        hardware_flops=seqs * plan_flops_per_sequence(model, plan),
         gpus=plan.world_size, peak_flops=profile.peak())
     energy = run_energy(run, seqs * model.seq_length) or dict.fromkeys(ENERGY_KEYS)
     est = estimate(model, plan, profile, gpus_per_node=run.topology.gpus_per_node)
