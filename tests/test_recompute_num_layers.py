@@ -166,3 +166,13 @@ def test_the_cli_refuses_in_one_line_with_exit_2():
     assert r.returncode == 2
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and "--recompute-method" in lines[0] and "block" in lines[0] and "full" in lines[0]
+
+
+def test_uniform_groups_stop_at_the_chunk():
+    """pp 2 x vpp 2 over 8 layers: chunks of 2, so a uniform group of 2 (the most a pipeline rank's 4 allow
+    past a chunk) re-runs 2 layers at once, and each chunk keeps one input."""
+    m = model(8)
+    plan = ParallelPlan(pp=2, vpp=2, global_batch_size=4, recompute="full", recompute_method="uniform",
+                        recompute_num_layers=4)
+    assert recompute_working_bytes(m, plan) == pytest.approx(2 * activation_bytes_per_layer(m, 1))
+    assert _bytes(m, plan, 1) == pytest.approx(2 * S * H)
