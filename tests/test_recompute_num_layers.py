@@ -176,3 +176,13 @@ def test_uniform_groups_stop_at_the_chunk():
                         recompute_num_layers=4)
     assert recompute_working_bytes(m, plan) == pytest.approx(2 * activation_bytes_per_layer(m, 1))
     assert _bytes(m, plan, 1) == pytest.approx(2 * S * H)
+
+
+def test_block_leaves_the_mtp_layers_unrecomputed_and_uniform_one_recomputes_them():
+    """Megatron-Core's MTP layer: block skips its recompute; uniform (N = 1) checkpoints it."""
+    from sim.program.workload import mtp_works
+    m = model(4, mtp_num_layers=1)
+    block = ParallelPlan(global_batch_size=1, recompute="full", recompute_method="block", recompute_num_layers=2)
+    uniform = ParallelPlan(global_batch_size=1, recompute="full", recompute_method="uniform", recompute_num_layers=1)
+    assert not any(i.recompute for i in mtp_works(m, block, 0)[1].items)
+    assert any(i.recompute for i in mtp_works(m, uniform, 0)[1].items)
