@@ -513,7 +513,8 @@ class ParallelPlan:
         (``reshard_after_forward`` when on, its default)."""
         out = dataclasses.asdict(self)
         for name in ("layers_per_virtual_stage", "schedule_file", "zero3_prefetch_bucket_size", "pipeline_layout",
-                     "recompute_modules", "recompute_method", "recompute_num_layers", "framework", "attention_kernel", "backward_prefetch",
+                     "recompute_modules", "recompute_method", "recompute_num_layers", "framework", "attention_kernel",
+                     "backward_prefetch",
                      "tp_comm_overlap_cfg"):
             if out[name] is None:
                 del out[name]

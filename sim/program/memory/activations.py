@@ -284,7 +284,8 @@ def mtp_activation_bytes(model: ModelSpec, plan: ParallelPlan, k: int, flash_att
     projection (2h wide; sequence-sharded under sequence parallelism) and its pass through
     the output head and loss (``head_activation_bytes``)."""
     b, t, sp = plan.micro_batch_size, plan.tp, plan.sequence_parallel
-    layer = plan_layer_bytes(model, plan, flash_attention, model.is_moe_layer(model.num_layers + k), mtp_recompute(plan))
+    layer = plan_layer_bytes(model, plan, flash_attention, model.is_moe_layer(model.num_layers + k),
+                             mtp_recompute(plan))
     sbh = model.seq_length * b * model.hidden_size / (t if sp and t > 1 else 1)
     return layer + 2 * (2 * sbh) + 2 * (2 * sbh) + head_activation_bytes(model, b, t, sp)
 
