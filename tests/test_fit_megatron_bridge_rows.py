@@ -134,6 +134,13 @@ def test_recipe_settings_reach_the_rows():
     assert by[("25.11 DGX-B200 DeepSeek-V3", "mxfp8")]["moe_shared_expert_overlap"] is True  # the provider default
     fsdp = by[("25.09 DGX-H100 Llama 3 8B", "tensorwise")]
     assert fsdp["zero"] == 3                      # Megatron-FSDP
+    assert "recompute_method" not in fsdp and fsdp["recompute_granularity"] == "none"  # 25.09: no recompute
+    # 25.11's H100 FP8-CS config: recompute_num_layers 5, which set_recompute_overrides runs as full, block
+    rec = by[("25.11 DGX-H100 Llama 3 8B", "tensorwise")]
+    assert (rec["recompute_granularity"], rec["recompute_method"], rec["recompute_num_layers"]) == ("full", "block", 5)
+    blocks = [r.group[1] for r in RUNS if r.values.get("recompute_method")]
+    assert blocks == ["25.11 DGX-H100 Llama 3 8B"]  # the only row whose recipe notes record it
+    assert not any("recompute_num_layers" in r.missing for r in RUNS)  # simulated now
     ddp = by[("25.09 DGX-H100 Llama 3 70B", "tensorwise")]
     assert (ddp["zero"], ddp["overlap_param_gather"]) == (1, True)  # distributed optimizer (BY_SOURCE)
     assert ddp["tp_comm_overlap_cfg"] == "userbuffers_fp8_h100_h8192_tp4_mbs1_seqlen8192"

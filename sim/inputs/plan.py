@@ -50,8 +50,8 @@ from sim.inputs.cuda_graphs import SCOPES as CUDA_GRAPH_SCOPES, check_cuda_graph
 from sim.inputs.experts import DISPATCHERS, check_ep_overlap_plan, check_expert_model, check_expert_plan
 from sim.inputs.fields import setting
 from sim.inputs.frameworks import ATTENTION_KERNELS, BACKWARD_PREFETCH, FRAMEWORKS, check_framework_plan
-from sim.inputs.recompute import RECOMPUTE_MODULES, check_recompute_model, check_recompute_plan, \
-    modules_in_effect, parse_recompute_modules
+from sim.inputs.recompute import RECOMPUTE_METHODS, RECOMPUTE_MODULES, check_recompute_layers, check_recompute_model, \
+    check_recompute_plan, modules_in_effect, parse_recompute_modules
 from sim.inputs.tp_overlap import parse as parse_tp_overlap
 from sim.inputs.layer_split import FIRST, LAST, check_layer_split, check_layout, parse_layer_split, parse_layout, \
     split_layers
@@ -271,6 +271,17 @@ class ParallelPlan:
         help=f"with --recompute-granularity selective, the modules recomputed in backward (Megatron-Core's names, "
              f"space- or comma-separated: {', '.join(RECOMPUTE_MODULES)}; default core_attn)")
     """``sim.inputs.recompute``; None: ``DEFAULT_MODULES`` under selective."""
+    recompute_method: str | None = setting(
+        choices=RECOMPUTE_METHODS,
+        help="with --recompute-granularity full, which layers recompute (Megatron-Core's --recompute-method): block "
+             "(the first --recompute-num-layers of each model chunk, the rest keep their activations) or uniform "
+             "(every group of that many layers from one checkpoint); default every layer from its own checkpoint")
+    """``sim.inputs.recompute``; None: every layer recomputed from its own input (uniform, 1)."""
+    recompute_num_layers: int | None = setting(
+        type=POSITIVE_INT,
+        help="with --recompute-method, the layers per model chunk (block) or per checkpoint (uniform): "
+             "Megatron-Core's --recompute-num-layers")
+    """``sim.inputs.recompute``; needs ``recompute_method``."""
     attention: str = setting(
         "flash", choices=ATTENTION,
         help="how attention runs: flash (one fused kernel: FlashAttention or cuDNN, Megatron-Core with Transformer "
@@ -509,7 +520,8 @@ class ParallelPlan:
         (``reshard_after_forward`` when on, its default)."""
         out = dataclasses.asdict(self)
         for name in ("layers_per_virtual_stage", "schedule_file", "zero3_prefetch_bucket_size", "pipeline_layout",
-                     "recompute_modules", "framework", "attention_kernel", "backward_prefetch",
+                     "recompute_modules", "recompute_method", "recompute_num_layers", "framework", "attention_kernel",
+                     "backward_prefetch",
                      "tp_comm_overlap_cfg"):
             if out[name] is None:
                 del out[name]
@@ -553,6 +565,8 @@ class ParallelPlan:
     def recompute_label(self) -> str:
         """The granularity, with the modules when they were given: 'selective (layernorm, moe_act)'."""
         mods = self.recompute_modules
+        if self.recompute_method is not None:
+            return f"{self.recompute} ({self.recompute_method}, {self.recompute_num_layers} layers)"
         return self.recompute if mods is None else f"{self.recompute} ({', '.join(mods)})"
 
     @property
@@ -656,6 +670,7 @@ class ParallelPlan:
         check_expert_model(self, model)
         check_context_model(self, model)
         check_recompute_model(self, model)
+        check_recompute_layers(self, model)
         check_cuda_graph_model(self, model)
 
     @property

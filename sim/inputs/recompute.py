@@ -28,6 +28,28 @@ and ``moe_act`` / ``layernorm`` under FP8 delayed scaling (Megatron-Core's own r
 recipes may, since core_v0.14.0). The
 flag takes the names space-separated as Megatron-LM does (``--recompute-modules moe_act
 layernorm``) or comma-separated; an experiment file a list or such a string.
+
+Full recomputation of some layers (Megatron-Core's ``--recompute-granularity full
+--recompute-method block|uniform --recompute-num-layers N``; ``TransformerBlock._checkpointed_forward``
+walks the layers of one model chunk, so both count per virtual pipeline chunk):
+
+    block      the first N layers of each chunk recompute their whole forward from their
+               input (one checkpoint each); the others keep their activations as without
+               recomputation
+    uniform    the chunk's layers in groups of N, each group one checkpoint: only the
+               group's input is kept, and its backward first re-runs the forward of all N
+               layers (so all N layers' activations are held at once); a last group of
+               fewer layers when N does not divide the chunk's
+
+``full`` without a method is every layer from its own checkpoint (uniform with N = 1), as
+trainsim always ran it (Megatron-Core itself asks for a method). Refused as Megatron-Core
+refuses them (``TransformerConfig.__post_init__``): a method or N beside another granularity
+than full (Megatron-Core: "When using recompute_granularity: selective recompute_num_layers
+must be None"; a method outside full is ignored there), a method without N, N without a
+method, N above the layers of a pipeline rank (its message: "between 1 and
+num_layers_per_pipeline_rank"), and uniform with N > 1 on a model with multi-token
+prediction (``MultiTokenPredictionLayer``: "recompute_num_layers must be 1 for MTP
+recompute"); under block the MTP layers do not recompute (Megatron-Core skips them).
 """
 
 from __future__ import annotations
@@ -39,6 +61,8 @@ RECOMPUTE_MODULES = ("core_attn", "layernorm", "mla_up_proj", "mlp", "moe", "moe
 DEFAULT_MODULES = ("core_attn",)
 """What ``selective`` recomputes when no modules are given (Megatron-Core's default)."""
 EXPERT_MODULES = ("moe", "moe_act", "shared_experts")
+RECOMPUTE_METHODS = ("block", "uniform")
+"""Megatron-Core's ``--recompute-method`` choices (module doc)."""
 FIELD = "recompute_modules"
 
 
@@ -76,6 +100,7 @@ def check_recompute_plan(plan) -> tuple[str, ...] | None:
     """The plan's own rules (``ParallelPlan.__post_init__``): modules are known names, only
     beside ``selective``, and not ``moe_act`` or ``layernorm`` under FP8 delayed scaling. Returns them as
     ``parse_recompute_modules`` orders them (the plan keeps that)."""
+    _check_method(plan)
     if plan.recompute_modules is None:
         return None
     mods = parse_recompute_modules(plan.recompute_modules)
@@ -108,3 +133,60 @@ def check_recompute_model(plan, model) -> None:
             require(model.num_moe_layers < model.num_layers, f"plan: {FIELD}", m,
                     f"every layer of {name} is an MoE layer (mlp recomputes dense MLPs only; use moe or moe_act)",
                     setting=FIELD)
+
+
+def _check_method(plan) -> None:
+    """``recompute_method`` and ``recompute_num_layers``: both or neither, and only under full."""
+    method, n = plan.recompute_method, plan.recompute_num_layers
+    if method is not None:
+        require(plan.recompute == "full", "plan: recompute_method", method,
+                f"needs recompute_granularity full (got {plan.recompute}): the method picks which layers fully "
+                "recompute", setting="recompute_method")
+        require(n is not None, "plan: recompute_num_layers", None,
+                f"needs a number of layers (1 or more) with recompute_method {method} (Megatron-Core: between 1 and "
+                "num_layers_per_pipeline_rank)", setting="recompute_num_layers")
+    elif n is not None:
+        require(False, "plan: recompute_num_layers", n,
+                "needs recompute_method block or uniform and recompute_granularity full (Megatron-Core: under "
+                "selective recompute_num_layers must be None)", setting="recompute_num_layers")
+
+
+def check_recompute_layers(plan, model) -> None:
+    """``recompute_num_layers`` against the model: at most the layers of one pipeline rank,
+    and 1 under uniform when the model has multi-token-prediction layers."""
+    n = plan.recompute_num_layers
+    if n is None:
+        return
+    per_rank = model.num_layers // plan.pp
+    require(n <= per_rank, "plan: recompute_num_layers", n,
+            f"between 1 and num_layers_per_pipeline_rank: {per_rank} (Megatron-Core's range)",
+            setting="recompute_num_layers")
+    require(plan.recompute_method != "uniform" or n == 1 or not model.mtp_num_layers, "plan: recompute_num_layers", n,
+            f"must be 1 under recompute_method uniform with multi-token prediction ({model.mtp_num_layers} MTP "
+            "layers; Megatron-Core's MTP recompute)", setting="recompute_num_layers")
+
+
+def layer_recompute(plan, position: int) -> str:
+    """The granularity the layer at ``position`` (0-based) of its model chunk runs under:
+    the plan's, except under a recompute method (module doc): block recomputes the first
+    ``recompute_num_layers`` ('full') and not the rest ('none'); uniform all ('full')."""
+    if plan.recompute != "full" or plan.recompute_method is None:
+        return plan.recompute
+    if plan.recompute_method == "block":
+        return "full" if position < plan.recompute_num_layers else "none"
+    return "full"
+
+
+def keeps_checkpoint(plan, position: int) -> bool:
+    """Whether the layer at ``position`` of its chunk stores its input as a checkpoint under
+    full recomputation: every layer, except under uniform only the first of each group of
+    ``recompute_num_layers`` (the others' inputs are re-made by the group's recompute)."""
+    if plan.recompute_method != "uniform":
+        return True
+    return position % plan.recompute_num_layers == 0
+
+
+def mtp_recompute(plan) -> str:
+    """The granularity of the multi-token-prediction layers: the plan's, except 'none' under
+    block (Megatron-Core skips recompute there)."""
+    return "none" if plan.recompute_method == "block" else plan.recompute

@@ -40,6 +40,7 @@ from dataclasses import asdict, dataclass
 from sim.inputs.hardware import HardwareProfile
 from sim.inputs.model import ModelSpec
 from sim.inputs.plan import ParallelPlan
+from sim.inputs.recompute import layer_recompute
 from sim.program.build import BuildContext
 from sim.program.amax import GEMMS_PER_LAYER, reduction_bytes, stage_groups
 from sim.program.fp8 import check_fp8_support
@@ -113,6 +114,26 @@ def model_flops_per_sequence(model: ModelSpec, recompute: str = "none", modules:
         moe = MoeShape(1, 1, model.seq_length * model.moe_router_topk)
         total += model.num_moe_layers * layer_work(model, 1, recompute=recompute, moe=moe,
                                                    modules=modules).flops(kinds=_MATMUL)
+    return total
+
+
+def plan_flops_per_sequence(model: ModelSpec, plan: ParallelPlan) -> float:
+    """``model_flops_per_sequence`` with the plan's recomputation: under recompute method
+    block only the layers that recompute (``sim.inputs.recompute.layer_recompute``, the first
+    ``recompute_num_layers`` of each model chunk) add their forward again."""
+    if plan.recompute_method != "block":
+        return model_flops_per_sequence(model, plan.recompute, plan.recompute_modules)
+    total = model_flops_per_sequence(model)
+    moe = MoeShape(1, 1, model.seq_length * model.moe_router_topk) if model.moe else None
+
+    def extra(lid: int) -> float:
+        shape = moe if model.is_moe_layer(lid) else None
+        return (layer_work(model, 1, recompute="full", moe=shape).flops(kinds=_MATMUL)
+                - layer_work(model, 1, moe=shape).flops(kinds=_MATMUL))
+    for vs in range(plan.pp * plan.vpp):
+        for pos, lid in enumerate(plan.layer_range(model, vs)):
+            if layer_recompute(plan, pos) == "full":
+                total += extra(lid)
     return total
 
 
@@ -224,6 +245,10 @@ def estimate_in(ctx: BuildContext, *, dtype: str = "bf16", flash_attention: bool
     else:
         layer_t = layer_phase_times(model, plan, profile, links["tp"], gpus_per_node, dtype, False)
     moe_t = layer_phase_times(model, plan, profile, links["tp"], gpus_per_node, dtype, True) if model.moe else layer_t
+    # recompute method block: the dense layers past the first recompute_num_layers of a chunk do not recompute
+    # (MoE layers and context parallelism are priced at the plan's granularity, an upper bound)
+    kept_t = phases(plan_layer_work(model, plan, recompute="none")) \
+        if plan.recompute_method == "block" and plan.cp == 1 else layer_t
     emb_t, head_t = (phases(w) for w in plan_edge_works(model, plan))
     for k in range(model.mtp_num_layers):  # multi-token prediction: its own work, and its layer's at its kind's
         own, kind = phases(mtp_works(model, plan, k)[0]), moe_t if model.is_moe_layer(model.num_layers + k) else layer_t
@@ -233,11 +258,13 @@ def estimate_in(ctx: BuildContext, *, dtype: str = "bf16", flash_attention: bool
     for stage in range(p):
         ids = [i for c in range(v) for i in plan.layer_range(model, c * p + stage)]
         n_moe = sum(1 for i in ids if model.is_moe_layer(i))
-        n = len(ids) - n_moe
+        n_kept = sum(1 for c in range(v) for pos, i in enumerate(plan.layer_range(model, c * p + stage))
+                     if not model.is_moe_layer(i) and layer_recompute(plan, pos) != plan.recompute)
+        n = len(ids) - n_moe - n_kept
         times = {}
         for ph in layer_t:
-            c = n * layer_t[ph][0] + n_moe * moe_t[ph][0]
-            x = n * layer_t[ph][1] + n_moe * moe_t[ph][1]
+            c = n * layer_t[ph][0] + n_moe * moe_t[ph][0] + n_kept * kept_t[ph][0]
+            x = n * layer_t[ph][1] + n_moe * moe_t[ph][1] + n_kept * kept_t[ph][1]
             if stage == 0:
                 c, x = c + emb_t[ph][0], x + emb_t[ph][1]
             if stage == p - 1:
@@ -277,7 +304,7 @@ def estimate_in(ctx: BuildContext, *, dtype: str = "bf16", flash_attention: bool
 
     seqs = plan.global_batch_size
     model_flops = seqs * model_flops_per_sequence(model)
-    hw_flops = seqs * model_flops_per_sequence(model, plan.recompute, plan.recompute_modules)
+    hw_flops = seqs * plan_flops_per_sequence(model, plan)
     step, world = time["step"], plan.world_size
     return Estimate(
         model=model.name, gpu=profile.name, plan=plan, num_params=model.num_params,

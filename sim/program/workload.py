@@ -46,7 +46,7 @@ from sim.inputs.frameworks import attention_kernel_in_effect
 from sim.inputs.model import ModelSpec
 from sim.inputs.moe import mla_projections
 from sim.inputs.plan import ATTENTION, CROSS_ENTROPY, RECOMPUTE, ParallelPlan
-from sim.inputs.recompute import modules_in_effect
+from sim.inputs.recompute import layer_recompute, modules_in_effect, mtp_recompute
 from sim.program.fp8 import fp8_layer_work
 from sim.program.loss import loss_backward, loss_forward
 from sim.program.ops import (COLLECTIVES, MAIN_GRAD_BYTES, OP_KINDS, PHASES, Builder, Comm, Op,  # noqa: F401
@@ -347,14 +347,14 @@ def chunk_work(model: ModelSpec, plan: ParallelPlan, virtual_stage: int, mb: int
     b, t, sp = plan.micro_batch_size, plan.tp, plan.sequence_parallel
     plan.check_model(model)
     works = []
-    for lid in plan.layer_range(model, virtual_stage):
+    for pos, lid in enumerate(plan.layer_range(model, virtual_stage)):
         moe = None
         if model.is_moe_layer(lid):
             tokens = b * model.seq_length // plan.cp // (t if plan.sp else 1)
             load = routing.max_load(lid, mb) if routing is not None and mb is not None else tokens * \
                 model.moe_router_topk
             moe = moe_shape(model, plan, lid, load, layout, routing)
-        works.append(plan_layer_work(model, plan, moe))
+        works.append(plan_layer_work(model, plan, moe, layer_recompute(plan, pos)))
     embedding, head = plan_edge_works(model, plan)  # the embedding and the head see the rank's tokens only
     if virtual_stage == 0:
         works.insert(0, embedding)
@@ -384,7 +384,7 @@ def mtp_works(model: ModelSpec, plan: ParallelPlan, k: int, layout=None) -> tupl
     embedding, head = plan_edge_works(model, plan)
     proj = _mtp_projection(local, b, t, plan.sequence_parallel)
     items = tuple(replace(i, name=f"mtp.{i.name}") for i in embedding.items + proj.items + head.items)
-    return Work("mtp", items), plan_layer_work(model, plan, moe)
+    return Work("mtp", items), plan_layer_work(model, plan, moe, mtp_recompute(plan))
 
 
 def _mtp_projection(m: ModelSpec, b: int, t: int, sequence_parallel: bool, dtype_bytes: int = 2) -> Work:
@@ -452,10 +452,14 @@ def edge_works(model: ModelSpec, b: int, t: int, sp: bool, cross_entropy: str = 
             accumulate_wgrads(head_work(model, b, t, sp, cross_entropy=cross_entropy), fused_accumulation))
 
 
-def plan_layer_work(model: ModelSpec, plan: ParallelPlan, moe: MoeShape | None = None) -> Work:
+def plan_layer_work(model: ModelSpec, plan: ParallelPlan, moe: MoeShape | None = None,
+                    recompute: str | None = None) -> Work:
     """One layer's work as ``plan`` runs it (``layer_work``, then FP8 casts and unfused
-    gradient accumulation as the plan says); ``moe``: its expert shape, None for dense."""
-    return layer_as_run(model, plan.micro_batch_size, plan.tp, plan.sequence_parallel, plan.recompute, plan.attention, moe,
+    gradient accumulation as the plan says); ``moe``: its expert shape, None for dense;
+    ``recompute``: the layer's own granularity under a recompute method
+    (``sim.inputs.recompute.layer_recompute``), default the plan's."""
+    rec = plan.recompute if recompute is None else recompute
+    return layer_as_run(model, plan.micro_batch_size, plan.tp, plan.sequence_parallel, rec, plan.attention, moe,
                   plan.fp8_format, plan.num_microbatches, plan.cp, plan.cp_comm_type,
                   plan.gradient_accumulation_fusion, plan.fp8_param_gather, plan.recompute_modules, plan.fp8_recipe,
                   attention_kernel_in_effect(plan))

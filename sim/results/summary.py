@@ -13,7 +13,7 @@ from __future__ import annotations
 
 
 from sim.inputs.cost import run_cost
-from sim.program.estimate import estimate, model_flops_per_sequence
+from sim.program.estimate import estimate, model_flops_per_sequence, plan_flops_per_sequence
 from sim.program.fp8 import precision
 from sim.results.energy import run_energy
 from sim.results.memory_timeline import highest_peak
@@ -32,7 +32,7 @@ def summarize(run) -> dict:
     met = iteration_metrics(
         run.trace, tokens=seqs * model.seq_length,
         model_flops=seqs * model_flops_per_sequence(model),
-        hardware_flops=seqs * model_flops_per_sequence(model, plan.recompute, plan.recompute_modules),
+        hardware_flops=seqs * plan_flops_per_sequence(model, plan),
         gpus=plan.world_size, peak_flops=profile.peak())
     energy = run_energy(run, seqs * model.seq_length) or dict.fromkeys(ENERGY_KEYS)
     gpus = ([(run.mixed.profiles[n], k) for n, k in run.mixed.counts().items()] if run.mixed is not None
