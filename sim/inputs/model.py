@@ -29,6 +29,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 from sim.errors import InputError, require
+from sim.inputs.layers import Layer, standard_layer
 from sim.inputs.moe import check_moe_fields, mla_params, mla_params_per_rank, moe_mlp_params
 
 MLP_KINDS = ("gelu", "swiglu")
@@ -120,6 +121,11 @@ class ModelSpec:
     RMS-normalized halves, one transformer layer of the model's kind and the shared output
     head. They run after the last transformer layer (``sim.program.workload.mtp_works``);
     their parameters are not in ``num_params`` (DeepSeek-V3's 671B leaves them out too)."""
+    layers: tuple | None = None
+    """The layer sequence, one ``sim.inputs.layers.Layer`` (mixer and MLP kinds) per layer,
+    for models whose layers differ in kind (sliding/chunked/full attention, Mamba-2, Gated
+    DeltaNet, MLP-only layers); None: every layer full attention (or MLA) with a dense MLP
+    or, where ``is_moe_layer`` says, an MoE block, as before layer kinds existed."""
 
     def __post_init__(self):
         where = f"model {self.name}"
@@ -148,6 +154,16 @@ class ModelSpec:
             _require(self.seq_length <= self.max_position_embeddings, where, "seq_length",
                     self.seq_length,
                     f"must be <= max_position_embeddings {self.max_position_embeddings} (learned positions)")
+        if self.layers is not None:
+            _require(isinstance(self.layers, tuple) and len(self.layers) == self.num_layers
+                     and all(isinstance(x, Layer) for x in self.layers), where, "layers",
+                     f"{len(self.layers) if isinstance(self.layers, tuple) else self.layers} layers",
+                     f"expected a tuple of {self.num_layers} sim.inputs.layers.Layer")
+            for lay in sorted(set(self.layers), key=self.layers.index):
+                for k in lay.blocks:
+                    k.check(self, where)
+            _require(self.moe or not any(lay.is_moe for lay in self.layers), where, "layers", "moe",
+                     "an MoE layer needs num_experts")
 
     # ------------------------------------------------------------------ shape
     @property
@@ -179,8 +195,25 @@ class ModelSpec:
         return self.num_experts is not None
 
     def is_moe_layer(self, layer: int) -> bool:
-        """Whether transformer layer ``layer`` (0-based) has routed experts."""
+        """Whether transformer layer ``layer`` (0-based) has routed experts (past the last
+        layer, a multi-token-prediction layer: of the last layer's kind under ``layers``)."""
+        if self.layers is not None:
+            return self.layers[min(layer, self.num_layers - 1)].is_moe
         return self.moe and layer >= self.moe_first_k_dense and layer % self.moe_layer_freq == 0
+
+    def layer(self, layer: int) -> Layer:
+        """Layer ``layer``'s kinds (``sim.inputs.layers``)."""
+        if self.layers is not None:
+            return self.layers[min(layer, self.num_layers - 1)]
+        return standard_layer(self, self.is_moe_layer(layer))
+
+    @property
+    def layer_kinds(self) -> tuple:
+        """The distinct layers of the stack, in order of first appearance."""
+        seen: dict = {}
+        for i in range(self.num_layers):
+            seen.setdefault(self.layer(i), None)
+        return tuple(seen)
 
     @property
     def num_moe_layers(self) -> int:
@@ -220,6 +253,10 @@ class ModelSpec:
     def layer_params(self, layer: int, active: bool = False) -> int:
         """Parameters of transformer layer ``layer``; with ``active``, those one token
         uses (its top-k routed experts instead of all of them)."""
+        if self.layers is not None:
+            lay = self.layer(layer)
+            own = sum(k.params(self) if k.mixes else k.params(self, active) for k in lay.blocks)
+            return own + len(lay.blocks) * self.norm_params
         if not self.is_moe_layer(layer):
             return self.params_per_layer
         return self.attention_params + 2 * self.norm_params + moe_mlp_params(self, active)
@@ -248,6 +285,8 @@ class ModelSpec:
     @property
     def num_params(self) -> int:
         """Total parameters, each shared matrix counted once."""
+        if self.layers is not None:
+            return sum(self.layer_params(i) for i in range(self.num_layers)) + self.embedding_params + self.output_params
         moe = self.num_moe_layers
         return ((self.num_layers - moe) * self.params_per_layer + moe * self._moe_layer_params(False)
                 + self.embedding_params + self.output_params)
@@ -268,6 +307,9 @@ class ModelSpec:
         if self.moe:
             gqa += (f", {self.num_experts} experts top-{self.moe_router_topk} in {self.num_moe_layers} layers "
                     f"({self.active_params / 1e9:.2f}B active)")
+        if self.layers is not None:
+            counts = {lay: self.layers.count(lay) for lay in self.layer_kinds}
+            gqa += "; layers " + ", ".join(f"{n} x {lay.describe()}" for lay, n in counts.items())
         return (f"{self.name}: {self.num_params / 1e9:.2f}B params, {self.num_layers} layers, h={self.hidden_size}, "
                 f"{self.num_attention_heads} heads{gqa}, ffn={self.ffn_hidden_size} ({self.mlp}), "
                 f"V={self.vocab_size}, s={self.seq_length}")
@@ -385,6 +427,8 @@ def layer_param_split(model: ModelSpec, layer: int | None = None, tp: int = 1, e
     are replicated. The expert part is the rank's num_experts/ep experts, each split
     over etp; 0 for a dense layer (``layer`` None: a dense one)."""
     m, h, t = model, model.hidden_size, tp
+    if m.layers is not None:
+        return _kind_param_split(m, m.layer(0 if layer is None else layer), t, ep, etp)
     if m.mla:
         attn = mla_params_per_rank(m, t)
     else:
@@ -394,6 +438,25 @@ def layer_param_split(model: ModelSpec, layer: int | None = None, tp: int = 1, e
         attn = attn_split / t + attn_rep
     dense = attn + 2 * m.norm_params
     if layer is None or not m.is_moe_layer(layer):
+        split, rep = _mlp_split(m, m.ffn_hidden_size)
+        return dense + split / t + rep, 0.0
+    dense += h * m.num_experts
+    if m.moe_shared_expert_intermediate_size:
+        split, rep = _mlp_split(m, m.moe_shared_expert_intermediate_size)
+        dense += split / t + rep
+    split, rep = _mlp_split(m, m.moe_ffn_hidden_size)
+    return dense, m.num_experts // ep * (split / (etp or t) + rep)
+
+
+def _kind_param_split(m: ModelSpec, lay: Layer, t: int, ep: int, etp: int | None) -> tuple[float, float]:
+    """``layer_param_split`` of a layer of a model with a layer pattern, block by block:
+    each mixer's own per-rank split (``sim.inputs.layers``), one replicated norm per block,
+    and a dense MLP or MoE block as for every other model."""
+    h = m.hidden_size
+    dense = len(lay.blocks) * m.norm_params + (lay.mixer.params_per_rank(m, t) if lay.mixer is not None else 0)
+    if lay.mlp is None:
+        return dense, 0.0
+    if not lay.is_moe:
         split, rep = _mlp_split(m, m.ffn_hidden_size)
         return dense + split / t + rep, 0.0
     dense += h * m.num_experts
