@@ -148,7 +148,7 @@ class FullAttention(Kind):
         """Korthikanti et al. 2022's attention tensors (``sim.program.memory.activations``)."""
         from sim.program.memory.activations import attention_terms
 
-        terms = attention_terms(m, b, t, sp, g, flash, mods, self.keys_per_query(m.seq_length))
+        terms = attention_terms(m, b, t, sp, g, flash, mods)
         if self.output_gate:  # the gate's pre-activation, for the sigmoid's and the product's backward
             terms["attn.gate"] = 2 * b * m.seq_length * m.q_dim / t
         return terms

@@ -619,7 +619,11 @@ class ParallelPlan:
         """Checks that need the model: each factor must split the layer it cuts, and the
         layers must split over the (virtual) pipeline stages."""
         self.stage_layers(model)
-        for field, value in (("num_attention_heads", model.num_attention_heads),
+        if model.layers is not None:  # each layer kind's own tensor/context-parallel rules (sim.inputs.layers)
+            for lay in model.layer_kinds:
+                for kind in lay.blocks:
+                    kind.check_plan(model, self)
+        for field, value in () if model.layers is not None else (("num_attention_heads", model.num_attention_heads),
                              ("num_key_value_heads", model.num_key_value_heads),
                              ("ffn_hidden_size", model.ffn_hidden_size)):
             _check(value % self.tp == 0, "tp", self.tp,

@@ -123,14 +123,14 @@ def group_comm_time(c, n: int, link: str, profile: HardwareProfile) -> float:
 
 
 def layer_phase_times(model: ModelSpec, plan: ParallelPlan, profile: HardwareProfile, tp_link: str,
-                 gpus_per_node: int, dtype: str, moe: bool) -> dict:
+                 gpus_per_node: int, dtype: str, moe: bool, layer=None) -> dict:
     """Per phase (compute_s, comm_s) of one layer and micro-batch (an MoE one under balanced
     routing): tensor-parallel collectives as ``work_times`` prices them, and each
     expert- or context-parallel one as the bytes leaving a rank ((n-1)/n of the buffer;
     all of it for a ring shift) over the link its group crosses (NVLink inside a node,
     else the network). Ring attention's exchanges beside the attention compute are taken
-    as hidden under it."""
-    work, sizes, link = moe_layer_groups(model, plan, gpus_per_node, moe)
+    as hidden under it. ``layer``: its kinds under a layer pattern (``sim.inputs.layers``)."""
+    work, sizes, link = moe_layer_groups(model, plan, gpus_per_node, moe, layer)
     base = work_times(Work(work.name, tuple(i for i in work.items if getattr(i, "group", "tp") == "tp")),
                       profile, plan.tp, tp_link, dtype)
     out = {}
@@ -147,7 +147,7 @@ def layer_phase_times(model: ModelSpec, plan: ParallelPlan, profile: HardwarePro
     return out
 
 
-def moe_layer_groups(model: ModelSpec, plan: ParallelPlan, gpus_per_node: int, moe: bool):
+def moe_layer_groups(model: ModelSpec, plan: ParallelPlan, gpus_per_node: int, moe: bool, layer=None):
     """(one layer's work under balanced routing, the size of each group its collectives run
     over, the link each group crosses: NVLink inside a node, else the network), the token
     dispatcher's groups on nodes of ``gpus_per_node`` GPUs (``sim.program.dispatch``)."""
@@ -156,7 +156,7 @@ def moe_layer_groups(model: ModelSpec, plan: ParallelPlan, gpus_per_node: int, m
     layout = default_layout(plan, gpus_per_node) if moe else None
     lid = next((i for i in range(model.num_layers) if model.is_moe_layer(i)), 0)
     shape = moe_shape(model, plan, lid, tokens * model.moe_router_topk, layout) if moe else None
-    work = plan_layer_work(model, plan, shape)
+    work = plan_layer_work(model, plan, shape, layer)
     sizes = {"cp": plan.cp}
     groups = {"cp": plan.cp_group(0)}
     if moe:
@@ -224,6 +224,10 @@ def estimate_in(ctx: BuildContext, *, dtype: str = "bf16", flash_attention: bool
     else:
         layer_t = layer_phase_times(model, plan, profile, links["tp"], gpus_per_node, dtype, False)
     moe_t = layer_phase_times(model, plan, profile, links["tp"], gpus_per_node, dtype, True) if model.moe else layer_t
+    if model.layers is not None:  # each distinct layer priced by its kinds
+        kind_t = {lay: layer_phase_times(model, plan, profile, links["tp"], gpus_per_node, dtype, lay.is_moe, lay)
+                  for lay in model.layer_kinds}
+        layer_t = moe_t = kind_t[model.layer(0)]
     emb_t, head_t = (phases(w) for w in plan_edge_works(model, plan))
     for k in range(model.mtp_num_layers):  # multi-token prediction: its own work, and its layer's at its kind's
         own, kind = phases(mtp_works(model, plan, k)[0]), moe_t if model.is_moe_layer(model.num_layers + k) else layer_t
@@ -238,6 +242,9 @@ def estimate_in(ctx: BuildContext, *, dtype: str = "bf16", flash_attention: bool
         for ph in layer_t:
             c = n * layer_t[ph][0] + n_moe * moe_t[ph][0]
             x = n * layer_t[ph][1] + n_moe * moe_t[ph][1]
+            if model.layers is not None:
+                c = sum(kind_t[model.layer(i)][ph][0] for i in ids)
+                x = sum(kind_t[model.layer(i)][ph][1] for i in ids)
             if stage == 0:
                 c, x = c + emb_t[ph][0], x + emb_t[ph][1]
             if stage == p - 1:

@@ -535,9 +535,9 @@ def layer_as_run(model: ModelSpec, b: int, t: int, sp: bool, recompute: str = "n
     """``plan_layer_work`` from the plan's settings, cached: ``layer_work`` with its attention
     run by ``kernel`` (``with_attention_kernel``), then the FP8 casts (``sim.program.fp8``)
     and unfused gradient accumulation (``accumulate_wgrads``)."""
-    layer = with_attention_kernel(layer_work(model, b, t, sp, recompute, attention=attention, moe=moe, cp=cp,
-                                             cp_comm=cp_comm, modules=modules, layer=layer), kernel)
-    return accumulate_wgrads(fp8_layer_work(layer, fp8_format, t, sp, microbatches, fp8_params, fp8_recipe),
+    work = with_attention_kernel(layer_work(model, b, t, sp, recompute, attention=attention, moe=moe, cp=cp,
+                                            cp_comm=cp_comm, modules=modules, layer=layer), kernel)
+    return accumulate_wgrads(fp8_layer_work(work, fp8_format, t, sp, microbatches, fp8_params, fp8_recipe),
                              fused_accumulation)
 
 
