@@ -29,7 +29,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 from sim.errors import InputError, require
-from sim.inputs.layers import Layer, standard_layer
+from sim.inputs.layers import (ChunkedAttention, DenseMLP, FullAttention, GatedDeltaNet, Layer, Mamba2, MoE,
+                               SlidingWindowAttention, kind, standard_layer)
 from sim.inputs.moe import check_moe_fields, mla_params, mla_params_per_rank, moe_mlp_params
 
 MLP_KINDS = ("gelu", "swiglu")
@@ -295,6 +296,9 @@ class ModelSpec:
     def active_params(self) -> int:
         """Parameters one token passes through: every dense weight, and in each MoE
         layer its k routed experts and the shared ones (the total for a dense model)."""
+        if self.layers is not None:
+            return (sum(self.layer_params(i, True) for i in range(self.num_layers)) + self.embedding_params
+                    + self.output_params)
         moe = self.num_moe_layers
         return ((self.num_layers - moe) * self.params_per_layer + moe * self._moe_layer_params(True)
                 + self.embedding_params + self.output_params)
@@ -330,6 +334,47 @@ def llama(name: str, num_layers: int, hidden_size: int, num_attention_heads: int
           "tied_embeddings": False, "bias": False, "dropout": False, **kw}
     return ModelSpec(name, num_layers, hidden_size, num_attention_heads, ffn_hidden_size,
                      vocab_size, seq_length, num_key_value_heads=num_key_value_heads, **kw)
+
+
+def _attn(name: str, window: int = 0) -> Layer:
+    """An attention layer of kind ``name`` (window or chunk ``window``) with a dense MLP."""
+    return Layer(kind(name, window=window) if window and name != "attention" else kind(name), DenseMLP())
+
+
+def _llama4(name: str, experts: int, step: int) -> ModelSpec:
+    """Llama 4 (the presets' comment): MoE on layers i with (i + 1) % step == 0 (HF's
+    ``interleave_moe_layer_step``), chunked attention (8192) except on every fourth layer."""
+    layers = tuple(Layer(FullAttention() if (i + 1) % 4 == 0 else ChunkedAttention(window=8192),
+                         MoE() if (i + 1) % step == 0 else DenseMLP()) for i in range(48))
+    return llama(name, 48, 5120, 40, 8, 16384, 202048, 8192, kv_channels=128, num_experts=experts,
+                 moe_router_topk=1, moe_ffn_hidden_size=8192, moe_shared_expert_intermediate_size=8192,
+                 layers=layers)
+
+
+def _gpt_oss(name: str, num_layers: int, experts: int) -> ModelSpec:
+    layers = tuple(Layer(SlidingWindowAttention(window=128) if i % 2 == 0 else FullAttention(), MoE())
+                   for i in range(num_layers))
+    return llama(name, num_layers, 2880, 64, 8, 2880, 201088, 4096, kv_channels=64, bias=True, num_experts=experts,
+                 moe_router_topk=4, layers=layers)
+
+
+def _nemotron_h_pattern() -> str:
+    """54 M (Mamba-2), 54 - (MLP) and 10 * (attention) in 118 layers, the attention layers
+    spread as in Nemotron-H 8B's ``M-M-M-M*-M-M-M-M-M*-...``."""
+    return "M-M-M-M*-" + "M-M-M-M-M*-" * 9 + "M-" * 5
+
+
+def _nemotron_h() -> ModelSpec:
+    mamba = Mamba2(heads=256, head_dim=64, state=256, groups=8, conv=4, chunk=128)
+    blocks = {"M": Layer(mamba, None), "*": Layer(FullAttention(), None), "-": Layer(None, DenseMLP())}
+    return llama("nemotron-h-56b", 118, 8192, 64, 8, 32768, 131072, 8192, kv_channels=128, mlp="gelu",
+                 layers=tuple(blocks[c] for c in _nemotron_h_pattern()))
+
+
+def _qwen3_next_layer(full: bool) -> Layer:
+    mixer = FullAttention(output_gate=True) if full else GatedDeltaNet(key_heads=16, value_heads=32, key_dim=128,
+                                                                       value_dim=128, conv=4)
+    return Layer(mixer, MoE())
 
 
 # Shapes from the papers and model cards that introduced them.
@@ -399,6 +444,59 @@ _PRESETS = {
     # (widening factor 8 × 2/3), tied embeddings, 8192 tokens; 314B total (xAI).
     "grok-1": lambda: llama("grok-1", 64, 6144, 48, 8, 32768, 131072, 8192, tied_embeddings=True,
                             num_experts=8, moe_router_topk=2),
+    # ------------------------------------------------- models whose layers differ in kind
+    # (sim.inputs.layers; each from its Hugging Face config.json, tests/test_layer_kinds.py
+    # checks the published parameter counts)
+    # Llama 4 Scout (meta-llama/Llama-4-Scout-17B-16E config.json text_config): 48 layers,
+    # h 5120, 40 heads of 128 with 8 kv heads, every layer MoE (interleave_moe_layer_step 1),
+    # 16 experts of 8192 top-1 plus a shared one, chunked attention of 8192 tokens on three
+    # layers of four (the fourth full, without RoPE: no_rope_layers), vocabulary 202048,
+    # untied. Published: 109B total, 17B active (Meta's model card). Trained here at 8192.
+    "llama4-scout": lambda: _llama4("llama4-scout", 16, 1),
+    # Llama 4 Maverick (meta-llama/Llama-4-Maverick-17B-128E config.json text_config): as
+    # Scout with 128 experts on every second layer (interleave_moe_layer_step 2: layers 1, 3,
+    # ...), the others dense MLPs of intermediate_size_mlp 16384. Published: 400B, 17B active.
+    "llama4-maverick": lambda: _llama4("llama4-maverick", 128, 2),
+    # gpt-oss (openai/gpt-oss-20b and -120b config.json): h 2880, 64 heads of 64 with 8 kv
+    # heads, biases on every linear layer, sliding windows of 128 tokens on even layers and
+    # full attention on odd ones (layer_types), experts of 2880 top-4, vocabulary 201088,
+    # untied. Published (OpenAI's gpt-oss model card, Table 1): 20.91B total, 3.61B active;
+    # 116.83B total, 5.13B active. Trained here at 4096 tokens.
+    "gpt-oss-20b": lambda: _gpt_oss("gpt-oss-20b", 24, 32),
+    "gpt-oss-120b": lambda: _gpt_oss("gpt-oss-120b", 36, 128),
+    # Gemma 3 27B (google/gemma-3-27b-pt config.json text_config): 62 layers, h 5376, 32 heads
+    # of 128 with 16 kv heads, a gated GeLU MLP of 21504, tied embeddings of 262208, five
+    # local layers (sliding_window 1024) per global one (sliding_window_pattern 6). Published
+    # (Gemma 3 report, Table 1): 25,600M non-embedding and 1,416M embedding parameters (the
+    # 417M vision encoder not modelled). Trained here at 8192 tokens.
+    "gemma3-27b": lambda: llama("gemma3-27b", 62, 5376, 32, 16, 21504, 262208, 8192, kv_channels=128,
+                                tied_embeddings=True,
+                                layers=tuple(_attn("attention" if (i + 1) % 6 == 0 else "sliding", 1024)
+                                             for i in range(62))),
+    # Nemotron-H 56B (nvidia/Nemotron-H-56B-Base-8K config.json; Nemotron-H report, arXiv
+    # 2504.03624, Table 1): 118 one-block layers, 54 Mamba-2 (256 heads of 64, state 256,
+    # 8 groups, conv 4, chunk 128), 10 attention (64 heads of 128, 8 kv heads) and 54 MLPs of
+    # 32768 (squared ReLU, ungated: two matrices), h 8192, vocabulary 131072, untied, 8192
+    # tokens. The attention layers' exact positions in hybrid_override_pattern only move
+    # pipeline splits; this pattern spreads them as the 8B's does. Published: 56B.
+    "nemotron-h-56b": lambda: _nemotron_h(),
+    # Qwen3-Next-80B-A3B (Qwen/Qwen3-Next-80B-A3B-Instruct config.json): 48 layers, h 2048,
+    # Gated DeltaNet on three layers of four (16 key heads and 32 value heads of 128, conv 4)
+    # and gated full attention on the fourth (full_attention_interval 4; 16 heads of 256,
+    # 2 kv heads, attn_output_gate), every layer MoE: 512 experts of 512, top-10, and a shared
+    # expert of 512; vocabulary 151936, untied. Published: 80B total, 3B activated (Qwen's
+    # model card). Trained here at 4096 tokens.
+    "qwen3-next-80b-a3b": lambda: llama("qwen3-next-80b-a3b", 48, 2048, 16, 2, 5120, 151936, 4096,
+                                        kv_channels=256, num_experts=512, moe_router_topk=10,
+                                        moe_ffn_hidden_size=512, moe_shared_expert_intermediate_size=512,
+                                        layers=tuple(_qwen3_next_layer((i + 1) % 4 == 0) for i in range(48))),
+    # GLM-4.5 (zai-org/GLM-4.5 config.json, model_type glm4_moe): 92 layers, h 5120, 96 heads of
+    # 128 with 8 kv heads and QKV biases, the first 3 layers dense (12288), then 160 experts of
+    # 1536, top-8, and one shared; vocabulary 151552, untied; one MTP layer
+    # (num_nextn_predict_layers 1). Published: 355B total, 32B active (GLM-4.5 report).
+    "glm4.5": lambda: llama("glm4.5", 92, 5120, 96, 8, 12288, 151552, 4096, kv_channels=128, bias=True,
+                            num_experts=160, moe_router_topk=8, moe_ffn_hidden_size=1536,
+                            moe_shared_expert_intermediate_size=1536, moe_first_k_dense=3, mtp_num_layers=1),
 }
 PRESETS = tuple(_PRESETS)
 
