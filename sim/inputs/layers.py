@@ -58,8 +58,14 @@ def _pos(where: str, field: str, value) -> None:
             "expected an integer > 0")
 
 
+def _plan(cond: bool, field: str, value, allowed: str) -> None:
+    """A plan rule of a kind: named as the plan's field, which the front end names as the
+    user wrote it (``--tensor-model-parallel-size``, ``--context-parallel-size``)."""
+    require(cond, f"plan: {field}", value, allowed, setting=field)
+
+
 def _divides(tp: int, value: int, what: str, m) -> None:
-    require(value % tp == 0, "tp", tp, f"must divide {what} {value} of {m.name}")
+    _plan(value % tp == 0, "tp", tp, f"must divide {what} {value} of {m.name}")
 
 
 # ------------------------------------------------------------------------------ base
@@ -180,7 +186,7 @@ class SlidingWindowAttention(FullAttention):
 
     def check_plan(self, m, plan) -> None:
         super().check_plan(m, plan)
-        require(plan.cp == 1, "cp", plan.cp,
+        _plan(plan.cp == 1, "cp", plan.cp,
                 f"context parallelism over {self.name} attention is not modelled (1 only, {m.name})")
 
 
@@ -277,9 +283,9 @@ class Mamba2(Kind):
         return self.params(m) / tp  # every part is split by head/group over tp
 
     def check_plan(self, m, plan) -> None:
-        require(self.heads % plan.tp == 0, "tp", plan.tp, f"must divide mamba2 heads {self.heads} of {m.name}")
-        require(self.groups % plan.tp == 0, "tp", plan.tp, f"must divide mamba2 groups {self.groups} of {m.name}")
-        require(plan.cp == 1, "cp", plan.cp,
+        _plan(self.heads % plan.tp == 0, "tp", plan.tp, f"must divide mamba2 heads {self.heads} of {m.name}")
+        _plan(self.groups % plan.tp == 0, "tp", plan.tp, f"must divide mamba2 groups {self.groups} of {m.name}")
+        _plan(plan.cp == 1, "cp", plan.cp,
                 f"Megatron-Core does not run Mamba layers under context parallelism (1 only, {m.name})")
 
     def ssd_gemms(self, b: int, s: int, t: int) -> list:
@@ -418,9 +424,9 @@ class GatedDeltaNet(Kind):
 
     def check_plan(self, m, plan) -> None:
         for f in ("key_heads", "value_heads"):
-            require(getattr(self, f) % plan.tp == 0, "tp", plan.tp,
+            _plan(getattr(self, f) % plan.tp == 0, "tp", plan.tp,
                     f"must divide gated_deltanet {f} {getattr(self, f)} of {m.name}")
-        require(plan.cp == 1, "cp", plan.cp,
+        _plan(plan.cp == 1, "cp", plan.cp,
                 f"context parallelism over gated_deltanet layers is not supported by Megatron-Core (1 only, {m.name})")
 
     def chunk_gemms(self, b: int, s: int, t: int) -> list:

@@ -106,7 +106,13 @@ def model_flops_per_sequence(model: ModelSpec, recompute: str = "none", modules:
     when given, ``modules`` what selective recomputes); the sum Korthikanti's Eq. 7 (none)
     and Megatron's Eq. 3 (full) close-form. For a mixture of experts, the FLOPs of the
     parameters each token uses (router, its k experts, shared experts): MFU counts
-    active-parameter FLOPs."""
+    active-parameter FLOPs. Under a layer pattern each layer by its kinds (a window's band,
+    a Mamba-2 or Gated DeltaNet layer's projections and chunked products)."""
+    if model.layers is not None:
+        moe = MoeShape(1, 1, model.seq_length * model.moe_router_topk) if model.moe else None
+        per = {lay: layer_work(model, 1, recompute=recompute, moe=moe if lay.is_moe else None, modules=modules,
+                               layer=lay).flops(kinds=_MATMUL) for lay in model.layer_kinds}
+        return head_work(model, 1).flops(kinds=_MATMUL) + sum(per[model.layer(i)] for i in range(model.num_layers))
     layer = layer_work(model, 1, recompute=recompute, modules=modules).flops(kinds=_MATMUL)
     total = (model.num_layers - model.num_moe_layers) * layer + head_work(model, 1).flops(kinds=_MATMUL)
     if model.moe:  # a mixture of experts: active-parameter FLOPs (each token's k experts, balanced)
