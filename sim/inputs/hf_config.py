@@ -239,8 +239,11 @@ def _family(cfg: dict, mtype: str, where: str, seq_length: int | None, name: str
                                    SlidingWindowAttention)
 
     if mtype in ("llama4", "gemma3") and isinstance(cfg.get("text_config"), dict):
-        cfg = {**cfg["text_config"], "vocab_size": cfg["text_config"].get("vocab_size", cfg.get("vocab_size")),
-               "tie_word_embeddings": cfg.get("tie_word_embeddings", cfg["text_config"].get("tie_word_embeddings"))}
+        inner = dict(cfg["text_config"])  # the text model; the outer file's vocabulary and tying where it says
+        for key in ("vocab_size", "tie_word_embeddings"):
+            if cfg.get(key) is not None:
+                inner[key] = cfg[key]
+        cfg = inner
     n = _hf_int(cfg, "num_hidden_layers", where)
     h = _hf_int(cfg, "hidden_size", where)
     vocab = _hf_int(cfg, "vocab_size", where)
