@@ -106,14 +106,19 @@ def explain(model: ModelSpec, plan: ParallelPlan, profile: HardwareProfile, gpus
     b, t = plan.micro_batch_size, plan.tp
     local = local_sequence(model, plan.cp)
     embedding, head = plan_edge_works(model, plan)
-    works = {"layer": plan_layer_work(model, plan),
+    # under a layer pattern (sim.inputs.layers) the first dense and the first MoE layer of the stack
+    dense_kind = next((lay for lay in model.layer_kinds if not lay.is_moe), None) if model.layers is not None else None
+    moe_kind = next((lay for lay in model.layer_kinds if lay.is_moe), None) if model.layers is not None else None
+    works = {"layer": plan_layer_work(model, plan, None, dense_kind),
              "embedding": embedding,
              "head": head}
+    if model.layers is not None and dense_kind is None:
+        del works["layer"]
     groups = {"cp": plan.cp_group(0)}
     if model.moe:  # an MoE layer under balanced routing
         tokens = b * local.seq_length // (t if plan.sp else 1)
         moe = MoeShape(plan.ep, plan.etp_size, tokens * model.moe_router_topk)
-        works["moe layer"] = plan_layer_work(model, plan, moe)
+        works["moe layer"] = plan_layer_work(model, plan, moe, moe_kind)
         fold = Folding(plan)
         groups.update(ep=fold.ep_group(0), etp=fold.etp_group(0))
     links = {k: "nvlink" if len({r // gpus_per_node for r in g}) == 1 else "ib" for k, g in groups.items()}
