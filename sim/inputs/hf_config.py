@@ -333,7 +333,7 @@ def _family(cfg: dict, mtype: str, where: str, seq_length: int | None, name: str
         for i, c in enumerate(pattern):
             require(c in blocks, f"{where}: hybrid_override_pattern[{i}]", c,
                     "allowed layer kinds: M (Mamba-2), * (attention), - (MLP)")
-        return llama(name, n, h, heads, kv, _hf_int(cfg, "intermediate_size", where), vocab, s, mlp="gelu",
+        return llama(name, n, h, heads, kv, _hf_int(cfg, "intermediate_size", where), vocab, s, mlp="relu2",
                      layers=tuple(blocks[c] for c in pattern), **kw)
     # qwen3_next
     interval = _hf_int(cfg, "full_attention_interval", where, 4)

@@ -94,7 +94,7 @@ class Kind:
         """Tensor/context-parallel rules of this kind under ``plan``."""
 
     def describe(self) -> str:
-        vals = [f"{f.name}={getattr(self, f.name)}" for f in fields(self)]
+        vals = [f"{f.name}={getattr(self, f.name)}" for f in fields(self) if getattr(self, f.name) != f.default]
         return f"{self.name}({', '.join(vals)})" if vals else self.name
 
 

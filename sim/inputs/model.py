@@ -33,7 +33,7 @@ from sim.inputs.layers import (ChunkedAttention, DenseMLP, FullAttention, GatedD
                                SlidingWindowAttention, kind, standard_layer)
 from sim.inputs.moe import check_moe_fields, mla_params, mla_params_per_rank, moe_mlp_params
 
-MLP_KINDS = ("gelu", "swiglu")
+MLP_KINDS = ("gelu", "swiglu", "relu2")
 NORM_KINDS = ("layernorm", "rmsnorm")
 POSITION_KINDS = ("learned", "rope")
 
@@ -69,7 +69,8 @@ class ModelSpec:
     num_key_value_heads: int | None = None
     """K/V heads for grouped-query attention; None means one per query head (MHA)."""
     mlp: str = "gelu"
-    """'gelu' (two matrices) or 'swiglu' (gate, up and down: three matrices)."""
+    """'gelu' (two matrices), 'swiglu' (gate, up and down: three matrices) or 'relu2'
+    (squared ReLU, two matrices: Nemotron-H's MLP; dense layers only)."""
     norm: str = "layernorm"
     """'layernorm' (weight and bias) or 'rmsnorm' (weight only)."""
     position_embedding: str = "learned"
@@ -148,6 +149,8 @@ class ModelSpec:
         _require(self.num_attention_heads % self.num_key_value_heads == 0, where, "num_key_value_heads", self.num_key_value_heads,
                 f"must divide num_attention_heads {self.num_attention_heads}")
         _require(self.mlp in MLP_KINDS, where, "mlp", self.mlp, f"allowed: {', '.join(MLP_KINDS)}")
+        _require(self.mlp != "relu2" or not self.moe, where, "mlp", self.mlp,
+                 "relu2 is modelled for dense MLPs only (allowed with experts: gelu, swiglu)")
         _require(self.norm in NORM_KINDS, where, "norm", self.norm, f"allowed: {', '.join(NORM_KINDS)}")
         _require(self.position_embedding in POSITION_KINDS, where, "position_embedding",
                 self.position_embedding, f"allowed: {', '.join(POSITION_KINDS)}")
@@ -238,7 +241,7 @@ class ModelSpec:
     def mlp_params_of(self, width: int) -> int:
         """Parameters of one MLP (or expert) of inner width ``width``."""
         h, f = self.hidden_size, width
-        if self.mlp == "gelu":
+        if self.mlp != "swiglu":  # ungated: up and down
             return 2 * h * f + ((f + h) if self.bias else 0)
         return 3 * h * f + ((2 * f + h) if self.bias else 0)
 
@@ -367,7 +370,7 @@ def _nemotron_h_pattern() -> str:
 def _nemotron_h() -> ModelSpec:
     mamba = Mamba2(heads=256, head_dim=64, state=256, groups=8, conv=4, chunk=128)
     blocks = {"M": Layer(mamba, None), "*": Layer(FullAttention(), None), "-": Layer(None, DenseMLP())}
-    return llama("nemotron-h-56b", 118, 8192, 64, 8, 32768, 131072, 8192, kv_channels=128, mlp="gelu",
+    return llama("nemotron-h-56b", 118, 8192, 64, 8, 32768, 131072, 8192, kv_channels=128, mlp="relu2",
                  layers=tuple(blocks[c] for c in _nemotron_h_pattern()))
 
 

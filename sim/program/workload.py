@@ -70,7 +70,7 @@ class _TpOnly:
 
 # Nominal FLOPs per element of memory-bound kernels (they never bound the time).
 _NORM_FLOPS = {"layernorm": 8, "rmsnorm": 5}
-_ACT_FLOPS = {"gelu": 10, "swiglu": 6}
+_ACT_FLOPS = {"gelu": 10, "swiglu": 6, "relu2": 2}
 
 
 def _check(model: ModelSpec, micro_batch: int, tp: int, recompute: str, layer: Layer | None = None) -> None:

@@ -101,8 +101,8 @@ def attention_terms(m: ModelSpec, b: int, t: int, sp: bool, g: float, flash_atte
 def _mlp_terms(m: ModelSpec, sbh: float, t: int, rep: int, g: float) -> dict:
     f = m.ffn_hidden_size / m.hidden_size    # MLP width in units of h
     terms = {"mlp.up.input": g * sbh / rep}
-    if m.mlp == "gelu":
-        terms["mlp.gelu.input"] = 2 * sbh * f / t
+    if m.mlp != "swiglu":  # ungated (gelu, relu2): the activation's input
+        terms[f"mlp.{m.mlp}.input"] = 2 * sbh * f / t
     else:
         terms["mlp.gate"] = 2 * sbh * f / t
         terms["mlp.up"] = 2 * sbh * f / t
@@ -165,7 +165,7 @@ def kind_terms(m: ModelSpec, layer: Layer, b: int, t: int, sequence_parallel: bo
 _DROPPED = {
     "layernorm": ("attn.qkv.input", "mlp.up.input", "moe.shared.up.input", "moe.input"),
     "mla_up_proj": ("attn.q", "attn.k", "attn.v"),
-    "mlp": ("mlp.gelu.input", "mlp.gate", "mlp.up", "mlp.down.input"),
+    "mlp": ("mlp.gelu.input", "mlp.relu2.input", "mlp.gate", "mlp.up", "mlp.down.input"),
     "moe_act": ("moe.experts.down.input",),
     "shared_experts": ("moe.shared.act", "moe.shared.down.input"),
 }
