@@ -623,11 +623,12 @@ class ParallelPlan:
             for lay in model.layer_kinds:
                 for kind in lay.blocks:
                     kind.check_plan(model, self)
-        for field, value in () if model.layers is not None else (("num_attention_heads", model.num_attention_heads),
-                             ("num_key_value_heads", model.num_key_value_heads),
-                             ("ffn_hidden_size", model.ffn_hidden_size)):
-            _check(value % self.tp == 0, "tp", self.tp,
-                    f"must divide {field} {value} of {model.name}")
+        else:
+            for field, value in (("num_attention_heads", model.num_attention_heads),
+                                 ("num_key_value_heads", model.num_key_value_heads),
+                                 ("ffn_hidden_size", model.ffn_hidden_size)):
+                _check(value % self.tp == 0, "tp", self.tp,
+                        f"must divide {field} {value} of {model.name}")
         check_expert_model(self, model)
         check_context_model(self, model)
         check_recompute_model(self, model)
