@@ -135,7 +135,10 @@ def test_gemma2_alternates_local_and_global_layers():
            "attn_logit_softcapping": 50.0, "final_logit_softcapping": 30.0, "hidden_activation": "gelu_pytorch_tanh"}
     m = model_from_hf_config(cfg, seq_length=8192)
     assert [type(lay.mixer) for lay in m.layers[:2]] == [SlidingWindowAttention, FullAttention]
-    assert m.tied_embeddings and abs(m.num_params - 9.24e9) < 0.1e9  # Gemma 2 report: 9.24B (Table 1 sums)
+    # Gemma 2 report (arXiv 2408.00118), Table 2: 917,504,000 embedding and 8,324,201,984
+    # non-embedding parameters for the 9B model
+    assert m.tied_embeddings and m.embedding_params == 917_504_000
+    assert abs(m.num_params - m.embedding_params - 8_324_201_984) < 0.01 * 8_324_201_984
 
 
 def test_mistral_sliding_window_windows_every_layer():
