@@ -7,7 +7,7 @@ import pytest
 
 from sim.errors import InputError
 from sim.inputs.hardware import load_profile
-from sim.inputs.layers import (KINDS, ChunkedAttention, DenseMLP, FullAttention, GatedDeltaNet, Layer, Mamba2, MoE,
+from sim.inputs.layers import (KINDS, ChunkedAttention, DenseMLP, FullAttention, GatedDeltaNet, Layer, Mamba2,
                                SlidingWindowAttention, kind)
 from sim.inputs.model import llama, preset
 from sim.inputs.plan import ParallelPlan
@@ -15,6 +15,7 @@ from sim.program.estimate import model_flops_per_sequence
 from sim.program.memory.activations import activation_terms
 from sim.program.stage_balance import auto_layer_split, layer_costs
 from sim.program.workload import layer_work
+from sim.program.workload_moe import MoeShape
 
 H100 = load_profile("h100-sxm")
 
@@ -272,6 +273,5 @@ def test_each_new_preset_builds_a_layer_and_its_model_flops(name):
     m = preset(name)
     assert model_flops_per_sequence(m) > 0
     lay = m.layer(m.num_layers - 1)
-    assert layer_work(m, 1, layer=lay if m.layers is not None else None,
-                      moe=None if not lay.is_moe else __import__("sim.program.workload_moe", fromlist=["MoeShape"])
-                      .MoeShape(1, 1, m.seq_length * m.moe_router_topk)).flops() > 0
+    moe = MoeShape(1, 1, m.seq_length * m.moe_router_topk) if lay.is_moe else None
+    assert layer_work(m, 1, layer=lay if m.layers is not None else None, moe=moe).flops() > 0

@@ -55,7 +55,7 @@ from sim.program.ops import (COLLECTIVES, MAIN_GRAD_BYTES, OP_KINDS, PHASES, Bui
 from sim.program.context_parallel import cp_attention_backward, cp_attention_forward
 from sim.program.dispatch import moe_shape
 from sim.program.workload_moe import (MoeShape, attention_widths, moe_backward, moe_forward, moe_wgrads, qkv_dgrad,
-                                      qkv_forward, qkv_wgrads)
+                                      qkv_forward)
 
 
 class _TpOnly:
