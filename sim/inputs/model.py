@@ -27,7 +27,7 @@ Three ways in: presets (``preset(name)``), a Hugging Face ``config.json``
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from sim.errors import InputError, require
 from sim.inputs.layers import (ChunkedAttention, DenseMLP, FullAttention, GatedDeltaNet, Layer, Mamba2, MoE,
                                SlidingWindowAttention, kind, standard_layer)
@@ -320,6 +320,18 @@ class ModelSpec:
         return (f"{self.name}: {self.num_params / 1e9:.2f}B params, {self.num_layers} layers, h={self.hidden_size}, "
                 f"{self.num_attention_heads} heads{gqa}, ffn={self.ffn_hidden_size} ({self.mlp}), "
                 f"V={self.vocab_size}, s={self.seq_length}")
+
+
+def model_dict(model: ModelSpec) -> dict:
+    """The spec as plain data (a run log's context): its fields, with ``layers`` left out when
+    None (as before layer kinds existed, so earlier logs still match) and otherwise one
+    description per layer (``sim.inputs.layers.Layer.describe``)."""
+    d = asdict(model)
+    if model.layers is None:
+        del d["layers"]
+    else:
+        d["layers"] = [lay.describe() for lay in model.layers]
+    return d
 
 
 def gpt(name: str, num_layers: int, hidden_size: int, num_attention_heads: int, vocab_size: int,
