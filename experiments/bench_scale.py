@@ -22,7 +22,12 @@ loop is, best of 3 runs of the engine on the same program; a longer one, once.
     python experiments/bench_scale.py [--repeat 2] [--limit 600] [--only reduced|full] [--case TEXT]
                                       [--collective-models flows,steps]
 
-Targets (benchmarks, not tests): reduced fidelity Llama 3 405B on 16,384 GPUs under
+``--case replay`` runs only ``trainsim replay`` of 64 ranks' synthetic Kineto traces of
+2,000 kernels each (``sim.replay.synthetic``), the command's wall time from the files
+(and its CPU time: on a shared machine the wall time measures the other users too).
+
+Targets (benchmarks, not tests): replay of 64 ranks x 2,000 kernels under 10 s;
+reduced fidelity Llama 3 405B on 16,384 GPUs under
 10 s and 2 GB; full fidelity GPT-3 175B on 1,024 GPUs under 60 s; engine event rate at
 least a third of the bare loop's; DeepSeek-V3 on 512 and 1,024 GPUs under 60 s and 2 GB
 (aim 10 s), skewed routing within twice that.
@@ -140,12 +145,47 @@ def run_case(case, fidelity: str, limit: float, collective_model: str = "flows")
     return json.loads(out.stdout)
 
 
+def replay_case(ranks: int = 64, kernels: int = 2000, limit: float = 600) -> dict:
+    """``trainsim replay`` of synthetic Kineto traces (``sim.replay.synthetic``: ``ranks``
+    data-parallel ranks of ``kernels`` kernels each, an all-reduce every 100), every rank
+    traced, from .json files: the command's wall time in a fresh process (start-up,
+    reading, graph building, the engine and the report)."""
+    import tempfile
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    from sim.replay.synthetic import data_parallel_job
+
+    with tempfile.TemporaryDirectory() as d:
+        files = []
+        for r, doc in enumerate(data_parallel_job(ranks, kernels)):
+            files.append(str(Path(d) / f"rank{r}.json"))
+            Path(files[-1]).write_text(json.dumps(doc))
+        import resource
+
+        cpu0 = resource.getrusage(resource.RUSAGE_CHILDREN)
+        t = time.perf_counter()
+        try:
+            out = subprocess.run([sys.executable, "-m", "sim", "replay", *files, "--json"], capture_output=True,
+                                 text=True, timeout=limit, cwd=Path(__file__).resolve().parent.parent)
+        except subprocess.TimeoutExpired:
+            return {"skipped": f"over the {limit:.0f} s limit"}
+        wall = time.perf_counter() - t
+        cpu1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+        if out.returncode != 0:
+            return {"skipped": out.stderr.strip() or "failed"}
+        s = json.loads(out.stdout)
+        return {"wall_s": wall, "cpu_s": cpu1.ru_utime + cpu1.ru_stime - cpu0.ru_utime - cpu0.ru_stime,
+                "iteration_s": s["iteration_time_s"], "traced_s": s["traced_step_s"]}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--repeat", type=int, default=2, help="runs per case; the median is printed (default 2)")
     ap.add_argument("--limit", type=float, default=600, help="seconds allowed per run (default 600)")
     ap.add_argument("--only", choices=("reduced", "full"), help="one fidelity only")
-    ap.add_argument("--case", default="", help="only the cases whose name contains this text (e.g. 1024xA100)")
+    ap.add_argument("--case", default="", help="only the cases whose name contains this text (e.g. 1024xA100, "
+                                               "replay)")
     ap.add_argument("--collective-models", default="flows,steps",
                     help="collective models to run at full fidelity, comma-separated (default flows,steps; "
                          "reduced fidelity always runs flows)")
@@ -168,6 +208,16 @@ def main() -> int:
         with_trace = statistics.median(r["events"] / r["engine_wall_s"] / r["bare_events_per_s"] for r in runs)
         return f"{rate:9,.0f} {ratio:7.2f} {with_trace:6.2f}"
 
+    if args.case and args.case in "replay 64x2000":
+        runs = [replay_case(limit=args.limit) for _ in range(args.repeat)]
+        done = [r for r in runs if "skipped" not in r]
+        if not done:
+            print(f"{'replay 64 ranks x 2000':<24} skipped: {runs[0]['skipped']}")
+        else:
+            print(f"{'replay 64 ranks x 2000':<24} {'-':<8} {'-':<6} {statistics.median(r['wall_s'] for r in done):7.2f}"
+                  f"{'':>79} {done[0]['iteration_s']:11.3f}   (traced {done[0]['traced_s']:.3f} s; CPU time "
+                  f"{statistics.median(r['cpu_s'] for r in done):.2f} s)", flush=True)
+        return 0
     floors = [engine_floor() for _ in range(args.repeat)]
     fmed = lambda key: statistics.median(r[key] for r in floors)  # noqa: E731
     print(f"{'compute actions only':<24} {'-':<8} {'-':<6} {'':>7} {'':>8} {fmed('engine_loop_s'):7.2f} "

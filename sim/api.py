@@ -103,10 +103,14 @@ class RunResult:
         """The summary as one JSON object, byte for byte what ``trainsim run --json`` prints."""
         return json.dumps(self.summary, sort_keys=True)
 
-    def save(self, out: str | Path, *, kineto: bool = False) -> Path:
+    def save(self, out: str | Path, *, kineto: bool = False, chakra: bool = False) -> Path:
         """Write summary.json, trace.json (Perfetto), timeline.png and memory.png into
-        ``out`` (and ``kineto/trace_rank{r}.json`` with ``kineto=True``); returns ``out``."""
+        ``out`` (and ``kineto/trace_rank{r}.json`` with ``kineto=True``; Chakra execution
+        traces, ``chakra/trainsim.{r}.et`` and ``chakra/comm_group.json``, with
+        ``chakra=True``); returns ``out``."""
         out = Path(out)
+        if chakra:  # (first: it refuses a reduced-fidelity run before anything is written)
+            session.write_chakra_files(self.run, out / "chakra")
         if kineto:
             session.write_kineto_files(self.run, out / "kineto")
         session.write_outputs(self.run, self.summary, out)

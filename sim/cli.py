@@ -15,7 +15,7 @@ from sim.errors import DeadlockError, InputError
 
 # Subcommand modules, in the order ``trainsim --help`` lists them.
 COMMANDS = ["run", "compare", "estimate", "explain", "search", "sweep", "collective", "demo", "calibrate", "validate", "fit",
-            "import_nccl_tests", "import_trace", "goodput"]
+            "import_nccl_tests", "import_trace", "replay", "goodput"]
 
 
 class _Parser(argparse.ArgumentParser):

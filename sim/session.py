@@ -36,7 +36,7 @@ from sim.inputs.resolve import model_from_settings, plan_from_settings, profile_
 from sim.inputs.schema import AUTO_FULL_FIDELITY_EVENTS, RunSettings, SimulationSettings
 from sim.inputs.mixed_gpus import MixedGpus, mixed_gpus
 from sim.inputs.stragglers import Stragglers, degrade, per_gpu_fidelity, resolve_stragglers
-from sim.inputs.topology import Topology
+from sim.inputs.topology import Topology, check_pxn
 from sim.results.mixed_report import mixed_report
 from sim.results.stragglers import plotted_stragglers, straggler_report
 from sim.results.moe_report import moe_report
@@ -44,7 +44,7 @@ from sim.results.summary import summarize
 from sim.results.trace import Trace
 
 __all__ = ["TrainingRun", "Job", "Prepared", "prepare", "simulate_training", "choose_fidelity", "run", "summarize",
-           "write_outputs", "write_kineto_files", "rank_names"]
+           "write_outputs", "write_kineto_files", "write_chakra_files", "rank_names"]
 
 
 @dataclass
@@ -135,6 +135,9 @@ def prepare(settings: RunSettings, model: ModelSpec | None = None, plan: Paralle
     if topo is None:
         topo = topology_from_settings(settings.cluster, plan.world_size, profile.name)
     check_forced(settings.simulation.nccl_algo, topo)
+    check_pxn(topo, pxn_disable=settings.simulation.nccl_pxn_disable,
+              pxn_level=settings.simulation.nccl_p2p_pxn_level)
+    topo = topo.with_pxn(settings.simulation.pxn_level)
     check_pinned(plan, settings.cluster.pinned(), topo.gpus_per_node, f"on {topo.name}")
     mixed = mixed_gpus(topo, plan.world_size, profile)
     if mixed is not None:  # (every type under the cap: --power-limit-w applies to every GPU)
@@ -171,6 +174,7 @@ def simulate_training(job: Job, settings: SimulationSettings | None = None, *,
     if job.mixed is not None:
         fidelity, reason = per_gpu_fidelity(fidelity, "GPUs of several types")
     check_forced(settings.nccl_algo, topology)
+    topology = topology.with_pxn(settings.pxn_level)  # (NCCL_PXN_DISABLE, NCCL_P2P_PXN_LEVEL: the sends' routes)
     nccl = NcclModel.from_profile(profile).forcing(settings.nccl_algo, settings.nccl_protocol)
     eff = profile.link_efficiencies()
     alone = partial(alone_time, topology=topology, efficiency=eff, model=nccl)  # (coalesced TP collectives)
@@ -286,9 +290,20 @@ def write_outputs(run: TrainingRun, summary: dict, out: Path) -> None:
 
 def write_kineto_files(training_run: TrainingRun, out: str | Path) -> list[Path]:
     """The Kineto-shaped traces of a run, one ``trace_rank{r}.json`` per simulated GPU."""
-    from sim.results.export_kineto import collective_groups, write_kineto
+    from sim.results.export_kineto import collective_groups, cross_stream_waits, write_kineto
 
     return write_kineto(training_run.trace, out, world_size=training_run.plan.world_size,
                         device_name=training_run.profile.name,
                         memory_bytes=training_run.profile.hbm_capacity_bytes,
-                        groups=collective_groups(training_run.program), names=rank_names(training_run))
+                        groups=collective_groups(training_run.program), names=rank_names(training_run),
+                        waits=cross_stream_waits(training_run.program))
+
+
+def write_chakra_files(training_run: TrainingRun, out: str | Path):
+    """The run's program as Chakra execution traces, ``trainsim.{r}.et`` per rank and
+    ``comm_group.json`` (``sim.results.export_chakra``)."""
+    from sim.results.export_chakra import write_chakra
+
+    return write_chakra(training_run.program, out, world_size=training_run.plan.world_size,
+                        device_name=training_run.profile.name, iteration_time_s=training_run.trace.end_s,
+                        trace=training_run.trace)

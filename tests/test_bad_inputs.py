@@ -640,6 +640,62 @@ def test_two_traces_claiming_one_rank(bad, tmp_path):
     bad(["import-trace", path, path, "--out", tmp_path / "out"], "rank", "same rank")
 
 
+# ---------------------------------------------------------------- replayed traces
+def _replay_doc(kernels=True, rank=0, world=2, device="NVIDIA H100 80GB HBM3", collective=True, extra=()):
+    """A small Kineto trace of one data-parallel rank: a kernel, then an all-reduce."""
+    ev = [{"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": 1, "tid": 1, "ts": 0, "dur": 2,
+           "args": {"correlation": 1}}]
+    if kernels:
+        ev.append({"ph": "X", "cat": "kernel", "name": "sm90_gemm", "pid": 0, "tid": 7, "ts": 5, "dur": 100,
+                   "args": {"stream": 7, "correlation": 1}})
+    if kernels and collective:
+        ev += [{"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernelExC", "pid": 1, "tid": 1, "ts": 3,
+                "dur": 2, "args": {"correlation": 2}},
+               {"ph": "X", "cat": "kernel", "name": "ncclDevKernel_AllReduce", "pid": 0, "tid": 20, "ts": 105,
+                "dur": 50, "args": {"stream": 20, "correlation": 2, "Collective name": "allreduce",
+                                    "In msg nelems": 1024, "Out msg nelems": 1024, "dtype": "BFloat16",
+                                    "Process Group Ranks": str(list(range(world)))}}]
+    return json.dumps({"distributedInfo": {"rank": rank, "world_size": world},
+                       "deviceProperties": [{"id": 0, "name": device}], "traceEvents": ev + list(extra)})
+
+
+REPLAY_CASES = {
+    # name: ({file: text}, extra flags, mentions)
+    "not a trace": ({"rank0.json": '{"hello": 1}'}, [], ["in/rank0.json", "traceEvents: missing"]),
+    "truncated trace": ({"rank0.json": _replay_doc()[:150]}, [], ["in/rank0.json", "not valid JSON"]),
+    "no GPU kernels": ({"rank0.json": _replay_doc(kernels=False)}, [], ["in/rank0.json", "no GPU kernels"]),
+    "jobs mixed": ({"rank0.json": _replay_doc(), "rank1.json": _replay_doc(rank=1, world=4)}, [],
+                   ["in/rank1.json", "world size", "got 4", "mixed"]),
+    "one rank twice": ({"rank0.json": _replay_doc(), "rank0b.json": _replay_doc()}, [],
+                       ["in/rank0b.json", "rank 0", "same rank"]),
+    "correlation not an id": ({"rank0.json": _replay_doc().replace('"correlation": 1}', '"correlation": [1]}', 1)},
+                              [], ["in/rank0.json", "traceEvents[0]", "args.correlation", "[1]"]),
+    "a step without GPU work": (  # (its one step begins after the kernel's launch)
+        {"rank0.json": _replay_doc(extra=[{"ph": "X", "cat": "user_annotation", "name": "ProfilerStep#4", "pid": 1,
+                                           "tid": 1, "ts": 1000, "dur": 50}])},
+        [], ["in/rank0.json", "ProfilerStep#4", "no GPU work"]),
+    "no such step": ({"rank0.json": _replay_doc()}, ["--step", "3"], ["in/rank0.json", "--step: got 3", "ProfilerStep"]),
+    "rank beyond the world": ({"rank0.json": _replay_doc(rank=5)}, [], ["in/rank0.json", "rank: got 5", "world size is 2"]),
+    "GPU without a profile": ({"rank0.json": _replay_doc(device="Tesla V100-SXM2-32GB")}, [],
+                              ["in/rank0.json", "deviceProperties", "V100", "--gpu"]),
+    "data parallelism without gradient collectives": (
+        {"rank0.json": _replay_doc(collective=False, world=1)}, ["--data-parallel-size", "2"],
+        ["in/rank0.json", "--data-parallel-size", "no all-reduce"]),
+    "zero data-parallel replicas": ({"rank0.json": _replay_doc()}, ["--data-parallel-size", "0"],
+                                    ["--data-parallel-size", "got 0"]),
+}
+
+
+@pytest.mark.parametrize("cls", list(REPLAY_CASES))
+def test_bad_replay(bad, tmp_path, monkeypatch, cls):
+    import sim.engine.core
+
+    monkeypatch.setattr(sim.engine.core, "simulate", lambda *a, **k: pytest.fail("replay started"))
+    files, flags, mentions = REPLAY_CASES[cls]
+    paths = [_write(tmp_path, name, text) for name, text in files.items()]
+    bad(["replay", *paths, *flags, "--out", tmp_path / "out"], *mentions)
+
+
 # ---------------------------------------------------------------- command-line flags
 RUN = ["run", *TINY, *PLAN]
 FLAG_CASES = [
@@ -694,6 +750,17 @@ FLAG_CASES = [
     (RUN + ["--moe-token-dispatcher-type", "flex"], ["--moe-token-dispatcher-type", "flex", "expert parallelism"]),
     (RUN + ["--num-experts", "4", "--moe-token-dispatcher-type", "allgather"],
      ["--moe-token-dispatcher-type", "allgather", "expert_model_parallel_size > 1"]),
+    # CUDA graphs and the MoE layer's kernels (sim.inputs.cuda_graphs, sim.inputs.experts)
+    (RUN + ["--cuda-graph", "layer"], ["--cuda-graph", "layer", "full, attn, mlp, moe"]),
+    (RUN + ["--cuda-graph", "moe"], ["--cuda-graph", "moe", "no experts"]),
+    (RUN + ["--num-experts", "4", "--cuda-graph", "moe"], ["--cuda-graph", "moe", "drop-padding",
+                                                           "moe_expert_capacity_factor"]),
+    (RUN + ["--num-experts", "4", "--cuda-graph", "full"], ["--cuda-graph", "full", "drop-padding"]),
+    (RUN + ["--num-experts", "4", "--cuda-graph", "moe_preprocess"], ["--cuda-graph", "moe_preprocess", "moe_router"]),
+    (RUN + ["--num-experts", "4", "--cuda-graph", "moe", "moe_router"], ["--cuda-graph", "moe moe_router", "not both"]),
+    (RUN + ["--num-experts", "4", "--cuda-graph", "mlp"], ["--cuda-graph", "mlp", "no dense layer"]),
+    (RUN + ["--recompute-granularity", "full", "--cuda-graph", "attn"], ["--cuda-graph", "attn", "full_iteration"]),
+    (RUN + ["--num-experts", "4", "--moe-shared-expert-overlap"], ["--moe-shared-expert-overlap", "no shared experts"]),
     # which framework ran (sim.inputs.frameworks)
     (RUN + ["--framework", "deepspeed"], ["--framework", "deepspeed", "megatron, torchtitan, automodel, llm-foundry"]),
     (RUN + ["--attention-kernel", "fa3"], ["--attention-kernel", "fa3", "te, fa2, triton"]),
@@ -732,6 +799,10 @@ FLAG_CASES = [
     (RUN + ["--fp8-recipe", "tensorwise"], ["--fp8-recipe", "tensorwise", "fp8_format"]),
     (RUN + ["--fp4-recipe", "nvfp4"], ["--fp4-recipe", "nvfp4", "not modelled"]),
     (["run", *TINY, *PLAN[2:], "--gpu", "a100-80gb", "--nccl-algo", "nvls"], ["nccl_algo", "nvls", "allowed: auto, ring"]),
+    (RUN + ["--nccl-pxn-disable"], ["--nccl-pxn-disable", "True", "changes nothing", "dgx-h100x1-rail", "no rails"]),
+    (RUN + ["--nccl-p2p-pxn-level", "3"], ["--nccl-p2p-pxn-level", "3", "allowed: 0, 1, 2"]),
+    (["collective", "--gpus", "16", "--fabric", "fat-tree", "--nccl-p2p-pxn-level", "0"],
+     ["--nccl-p2p-pxn-level", "0", "changes nothing", "dgx-h100x2-fat-tree", "no rails"]),
     (RUN + ["--pin-to-nvlink-domain", "tp,pp"], ["--pin-to-nvlink-domain", "pp", "tp, cp, ep, etp"]),
     (["run", *TINY, "--gpu", "h100-sxm", "--gpus", "16", "--global-batch-size", "8", "--tensor-model-parallel-size",
       "8", "--context-parallel-size", "2", "--gpus-per-node", "4", "--pin-to-nvlink-domain", "tp"],
@@ -836,6 +907,7 @@ OUT_COMMANDS = {
     "sweep": (["sweep", "SWEEP", "--workers", "0", "--out", "{}"], "--out", "dir"),
     "demo": (["demo", "--out", "{}"], "--out", "dir"),
     "import-trace": (["import-trace", DATA / "kineto_rank0.json.gz", "--out", "{}"], "--out", "dir"),
+    "replay": (["replay", DATA / "kineto_rank0.json.gz", "--out", "{}"], "--out", "dir"),
     "validate": (["validate", "--profile", PROFILE, "--out", "{}"], "--out", "dir"),
     "import-nccl-tests": (["import-nccl-tests", DATA / "nccl_all_reduce_8gpu.txt", "--profile", "h100-sxm",
                            "--out", "{}"], "--out", "file"),
@@ -934,3 +1006,60 @@ def test_a_cluster_too_small_is_reported_before_the_plan(bad):
     # cluster is what is wrong first (issue 44).
     bad(["run", "--model", "llama2-7b", "--gpu", "h100-sxm", "--nodes", "1", "--gpus", "16",
          "--global-batch-size", "8"], "--gpus: got 16", "has 8 GPUs")
+
+
+# ---------------------------------------------------------------- Chakra execution traces
+def _chakra_cases():
+    """(name, {file: bytes}, argv after `replay`, mentions) for BAD_INPUTS.md section 12."""
+    pb = pytest.importorskip("google.protobuf", reason="Chakra ETs need protobuf")  # noqa: F841
+    from sim.inputs.chakra_schema import NODE_TYPES, encode_stream, messages
+
+    M = messages()
+    A = M.AttributeProto
+    ring = gzip.decompress((DATA / "chakra" / "custom_allreduce" / "custom_allreduce.0.et.gz").read_bytes())
+    good = (DATA / "chakra" / "all_reduce.1.et").read_bytes()
+
+    def et(*nodes):
+        return encode_stream([M.GlobalMetadata(version="0.0.4"), *nodes])
+
+    coll = NODE_TYPES["COMM_COLL_NODE"]
+    return [
+        ("empty", {"x.0.et": b""}, ["in/x.0.et"], ["in/x.0.et", "empty"]),
+        ("truncated", {"x.0.et": ring[: len(ring) // 2]}, ["in/x.0.et"], ["in/x.0.et", "truncated"]),
+        ("binary garbage", {"x.0.et": GARBAGE}, ["in/x.0.et"], ["in/x.0.et", "not a Chakra"]),
+        ("a Kineto trace named .et", {"x.0.et": KINETO.encode()}, ["in/x.0.et"], ["in/x.0.et", "not a Chakra"]),
+        ("missing", {}, ["in/x.0.et"], ["in/x.0.et"]),
+        ("node type 42", {"x.0.et": et(M.Node(id=0, name="k", type=42))}, ["in/x.0.et"], ["type: got 42"]),
+        ("data dependency on a missing node", {"x.0.et": et(M.Node(id=0, name="k", type=4, data_deps=[9]))},
+         ["in/x.0.et"], ["data_deps: node 9"]),
+        ("a cycle", {"x.0.et": et(M.Node(id=0, name="a", type=4, data_deps=[1]),
+                                  M.Node(id=1, name="b", type=4, data_deps=[0]))}, ["in/x.0.et"], ["cycle"]),
+        ("collective without comm_size", {"x.0.et": et(M.Node(id=0, name="ar", type=coll,
+                                                              attr=[A(name="comm_type", int64_val=0)]))},
+         ["in/x.0.et"], ["comm_size: missing"]),
+        ("pg_name without a comm-group file", {"x.0.et": et(M.Node(id=0, name="ar", type=coll, attr=[
+            A(name="comm_type", int64_val=0), A(name="comm_size", int64_val=8), A(name="pg_name", string_val="3")]))},
+         ["in/x.0.et"], ["pg_name: got '3'"]),
+        ("two files of rank 1", {"a.1.et": good, "b.1.et": good}, ["in/a.1.et", "in/b.1.et"], ["rank 1"]),
+        ("`--step` with ETs", {"x.1.et": good}, ["in/x.1.et", "--step", "2"], ["--step: got 2"]),
+        ("ETs mixed with a Kineto trace", {"x.1.et": good, "rank0.json": KINETO.encode()},
+         ["in/x.1.et", "in/rank0.json"], ["in/rank0.json", "in/x.1.et"]),
+    ]
+
+
+CHAKRA_CASES = ["empty", "truncated", "binary garbage", "a Kineto trace named .et", "missing", "node type 42",
+                "data dependency on a missing node", "a cycle", "collective without comm_size",
+                "pg_name without a comm-group file", "two files of rank 1", "`--step` with ETs",
+                "ETs mixed with a Kineto trace"]
+
+
+@pytest.mark.parametrize("case", CHAKRA_CASES)
+def test_bad_chakra_et(bad, tmp_path, case):
+    (files, argv, mentions), = [c[1:] for c in _chakra_cases() if c[0] == case]
+    for name, data in files.items():
+        _write(tmp_path, name, data)
+    bad(["replay", *argv, "--gpu", "h100-sxm", "--out", "out"], *mentions)
+
+
+def test_export_chakra_with_reduced_fidelity(bad):
+    bad(["run", *TINY, *PLAN, "--fidelity", "reduced", "--export-chakra", "out"], "--export-chakra", "reduced")

@@ -110,12 +110,18 @@ def test_alltoall_on_a_switch_takes_the_closed_form(model):
     assert trace.bytes_by_link_kind()["nvlink"] == pytest.approx(2 * n * (n - 1) * S / n)  # up and down
 
 
+@pytest.mark.parametrize("pxn", [0, 2])
 @pytest.mark.parametrize("model", ["flows", "steps"])
-def test_alltoall_across_two_nodes_takes_its_most_loaded_links_time(model):
-    # 16 ranks on 2 DGX H100 (rail-optimized: cross-rail sends go through the spines,
-    # spread by ECMP): every send of S/16 starts at once, so the all-to-all ends when the
-    # most loaded directed link has carried its sends, after the longest route's latency.
-    t = load_topology("dgx-h100", nodes=2)
+def test_alltoall_across_two_nodes_takes_its_most_loaded_links_time(model, pxn):
+    # 16 ranks on 2 DGX H100, rail-optimized. Without PXN (level 0) cross-rail sends go
+    # through the spines, spread by ECMP; with it (NCCL's default, level 2) they go over
+    # NVLink to the GPU on the destination's rail and stay on that rail. Every send of S/16
+    # is issued at once and moves after its own route's latency, so the all-to-all ends when
+    # the most loaded directed link has carried its sends, that link busy from its first
+    # send's arrival on: the largest (earliest latency on a link + its bytes / bandwidth).
+    # Without PXN that link is a spine's, whose sends all share one latency; with PXN a
+    # NIC's, first reached by the one send already on its rail (2 NVLink hops shorter).
+    t = load_topology("dgx-h100", nodes=2).with_pxn(pxn)
     n, S = 16, 2**28
     g = t.graph
     sends: dict = {}
@@ -123,11 +129,11 @@ def test_alltoall_across_two_nodes_takes_its_most_loaded_links_time(model):
         for q in range(n):
             if q != r:
                 for link in t.route(r, q):
-                    sends[link] = sends.get(link, 0) + 1
-    slowest = max(k * S / n / g.edges[link]["bandwidth_Bps"] for link, k in sends.items())
-    alpha = max(t.path_latency_s(r, q) for r in range(n) for q in range(n))
+                    sends.setdefault(link, []).append(t.path_latency_s(r, q))
+    end = max(min(lat) + len(lat) * S / n / g.edges[link]["bandwidth_Bps"] for link, lat in sends.items())
+    assert any(x.startswith("spine") for link in sends for x in link) == (pxn == 0)
     _, s = run_collective("alltoall", S, n, t, collective_model=model)
-    assert s["time_s"] == pytest.approx(alpha + slowest, rel=1e-9)
+    assert s["time_s"] == pytest.approx(end, rel=1e-9)
 
 
 @pytest.mark.parametrize("model", ["flows", "steps"])

@@ -24,7 +24,7 @@ LAYERS = {
     "sim.results": 3,
     "sim.engine": 4,
     "sim.session": 5,
-    "sim.studies": 6, "sim.calibrate": 6,
+    "sim.studies": 6, "sim.calibrate": 6, "sim.replay": 6,
     "sim.api": 7,
     "sim.commands": 8,
     "sim.cli": 9,

@@ -45,9 +45,9 @@ def test_fat_tree_oversubscription_divides_uplink_bandwidth():
         assert up == pytest.approx(down / over)
 
 
-def test_routes_never_transit_through_another_gpu_and_are_deterministic():
-    a = load_topology("dgx-h100", nodes=4)
-    b = load_topology("dgx-h100", nodes=4)
+def test_routes_never_transit_through_another_gpu_without_pxn_and_are_deterministic():
+    a = load_topology("dgx-h100", nodes=4).with_pxn(0)
+    b = load_topology("dgx-h100", nodes=4).with_pxn(0)
     for src, dst in [(0, 9), (5, 30), (17, 2), (0, 1)]:
         ra = a.route(src, dst)
         assert ra == b.route(src, dst)
@@ -56,8 +56,29 @@ def test_routes_never_transit_through_another_gpu_and_are_deterministic():
         assert ra[0][0] == a.gpu(src) and ra[-1][1] == a.gpu(dst)
 
 
-def test_ecmp_spreads_pairs_over_spines():
+def test_pxn_routes_transit_only_the_relay_on_the_destinations_rail():
+    # NCCL's PXN (default level 2): rank 0 (node 0, GPU 0) to rank 9 (node 1, GPU 1) goes over
+    # NVLink to node 0's GPU 1, then out of NIC 1 on rail 1 into node 1's NIC 1: no spine.
     t = load_topology("dgx-h100", nodes=4)
+    assert t.pxn_level == 2 and t.has_rails()
+    assert t.route(0, 9) == (("node0/gpu0", "node0/nvswitch"), ("node0/nvswitch", "node0/gpu1"),
+                             ("node0/gpu1", "node0/nic1"), ("node0/nic1", "rail1/leaf0"),
+                             ("rail1/leaf0", "node1/nic1"), ("node1/nic1", "node1/gpu1"))
+    for src, dst in [(0, 9), (5, 30), (17, 2), (0, 1), (3, 11)]:
+        r = t.route(src, dst)
+        assert r == load_topology("dgx-h100", nodes=4).route(src, dst)
+        inner = [u for u, _ in r[1:]]
+        gpus = [x for x in inner if t.graph.nodes[x]["kind"] == "gpu"]
+        assert not any(x.startswith("spine") for x in inner)
+        if src // 8 == dst // 8 or src % 8 == dst % 8:  # same node, or already on the destination's rail
+            assert gpus == [] and t.relay(src, dst) is None
+        else:
+            assert gpus == [t.gpu(8 * (src // 8) + dst % 8)] == [t.gpu(t.relay(src, dst))]
+        assert r[0][0] == t.gpu(src) and r[-1][1] == t.gpu(dst)
+
+
+def test_ecmp_spreads_pairs_over_spines():
+    t = load_topology("dgx-h100", nodes=4).with_pxn(0)  # (cross-rail pairs climb to the spines without PXN)
     spines = {x for s, d in [(i, 8 + (i + 1) % 8) for i in range(8)] + [(i, 16 + (i + 3) % 8) for i in range(8)]
               for x, _ in t.route(s, d) if x.startswith("spine")}
     assert len(spines) > 1
@@ -124,17 +145,29 @@ def test_unknown_topology_name_lists_choices():
 def test_routes_are_shortest_paths_with_gpus_as_endpoints_only(name, nodes, fabric):
     # Independent check with networkx on the whole graph: drop every GPU and CPU but the
     # two ends, and the route must be as short as the shortest path left, link by link.
-    t = load_topology(name, nodes=nodes, fabric=fabric)
+    # Under PXN (the default) a route through a relay GPU is two such paths end to end.
+    pxn = load_topology(name, nodes=nodes, fabric=fabric)
+    t = pxn.with_pxn(0)
     endpoints_only = {n for n, d in t.graph.nodes(data=True) if d["kind"] in ("gpu", "cpu")}
     n = t.num_gpus
+
+    def check(src, dst, route):
+        s, d = t.gpu(src), t.gpu(dst)
+        transit = t.graph.subgraph(set(t.graph) - endpoints_only | {s, d})
+        assert len(route) == nx.shortest_path_length(transit, s, d), (src, dst, route)
+        assert route[0][0] == s and route[-1][1] == d
+        assert all(a[1] == b[0] for a, b in zip(route, route[1:]))
+        assert all(transit.has_edge(u, v) for u, v in route)
+
     for src in (0, 5, n - 1):
         for dst in range(n):
             if dst == src:
                 continue
-            route = t.route(src, dst)
-            s, d = t.gpu(src), t.gpu(dst)
-            transit = t.graph.subgraph(set(t.graph) - endpoints_only | {s, d})
-            assert len(route) == nx.shortest_path_length(transit, s, d), (src, dst, route)
-            assert route[0][0] == s and route[-1][1] == d
-            assert all(a[1] == b[0] for a, b in zip(route, route[1:]))
-            assert all(transit.has_edge(u, v) for u, v in route)
+            check(src, dst, t.route(src, dst))
+            via = pxn.relay(src, dst)
+            if via is None:
+                assert pxn.route(src, dst) == t.route(src, dst)
+            else:
+                assert pxn.route(src, dst) == t.route(src, via) + t.route(via, dst)
+                check(src, via, t.route(src, via))
+                check(via, dst, t.route(via, dst))

@@ -26,6 +26,9 @@ from sim.units import POSITIVE_INT, format_bytes, format_time, parse_size
 NAME = "collective"
 HELP = "Simulate one collective (all-reduce, all-gather, ...) and report time, algbw and busbw."
 
+PXN_FLAGS = ["nccl_pxn_disable", "nccl_p2p_pxn_level"]
+"""The run settings (``sim.inputs.schema_sim``) this command takes as they are: PXN's."""
+
 _ALIASES = {"all_reduce": "allreduce", "all-reduce": "allreduce", "all_gather": "allgather", "all-gather": "allgather",
             "reduce_scatter": "reducescatter", "reduce-scatter": "reducescatter", "all_to_all": "alltoall",
             "all-to-all": "alltoall", "p2p": "sendrecv"}
@@ -54,6 +57,9 @@ def add_arguments(p) -> None:
                    help="hardware profile whose link efficiencies apply (default: the topology's GPU, e.g. h100-sxm "
                         "for dgx-h100; none for hand-written graphs)")
     p.add_argument("--line-rate", action="store_true", help="ignore link efficiencies: links at their line rate")
+    from sim.inputs.flags import add_arguments as add_setting_flags
+
+    add_setting_flags(p, PXN_FLAGS)
     p.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
     p.add_argument("--out", default=None,
                    help="directory for trace.json, timeline.png and summary.json (with --sweep: busbw.png, busbw.csv)")
@@ -70,7 +76,13 @@ def _topology(args):
         raise InputError(f"--nodes: got {nodes}; expected an integer >= 1")
     if args.gpus is not None and args.gpus < 1:
         raise InputError(f"--gpus: got {args.gpus}; expected an integer >= 1")
-    return load_topology(args.topology, nodes=nodes, fabric=fabric, min_gpus=args.gpus, flag="--topology")
+    topo = load_topology(args.topology, nodes=nodes, fabric=fabric, min_gpus=args.gpus, flag="--topology")
+    from sim.inputs.schema_sim import SimulationSettings
+    from sim.inputs.topology import check_pxn
+
+    pxn = SimulationSettings(**{k: v for k in PXN_FLAGS if (v := getattr(args, k, None)) is not None})
+    check_pxn(topo, pxn_disable=pxn.nccl_pxn_disable, pxn_level=pxn.nccl_p2p_pxn_level, flag="--")
+    return topo.with_pxn(pxn.pxn_level)
 
 
 def run(args) -> int:

@@ -5,7 +5,8 @@ estimate``) or from an experiment TOML file (``trainsim run FILE``; flags after 
 override it). The cluster is ``--nodes`` nodes of the GPU's DGX node (or
 ``--topology``) on a rail-optimized or fat-tree fabric; data parallelism fills the GPUs.
 Prints a summary, or one JSON object with ``--json``; ``--out DIR`` writes the
-summary JSON, the Perfetto trace and the timeline PNG.
+summary JSON, the Perfetto trace and the timeline PNG; ``--export-chakra DIR`` the
+program as Chakra execution traces (``sim.results.export_chakra``).
 """
 
 from __future__ import annotations
@@ -16,11 +17,12 @@ from pathlib import Path
 from sim import session
 from sim.commands.settings import RUN_FLAGS, check_outputs, typed
 from sim.errors import InputError
-from sim.inputs.experiment import MODEL_FIELDS, blame, read_experiment, values_of
+from sim.inputs.experiment import MODEL_FIELDS, Setting, Where, blame, read_experiment, values_of
 from sim.inputs.flags import add_arguments as add_schema_arguments
 from sim.inputs.schema import RunSettings
 from sim.progress import Progress
 from sim.results.energy import energy_line
+from sim.results.export_chakra import chakra_line
 from sim.results.moe_report import moe_lines
 from sim.results.mixed_report import mixed_lines
 from sim.results.stragglers import straggler_lines
@@ -32,7 +34,7 @@ HELP = "Simulate one training iteration (every GPU's compute and communication) 
 
 def add_arguments(p) -> None:
     p.add_argument("experiment", nargs="?", metavar="FILE", help="an experiment .toml (flags after it override it)")
-    add_schema_arguments(p, RUN_FLAGS)
+    add_schema_arguments(p, [*RUN_FLAGS, "export_chakra"])
 
 
 def settings_of(args) -> tuple[object, dict]:
@@ -51,6 +53,17 @@ def settings_of(args) -> tuple[object, dict]:
     return exp, {**exp.settings, **cli}
 
 
+def _every_rank(settings: dict) -> dict:
+    """``--export-chakra`` writes every rank's trace, so every GPU is simulated: ``auto``
+    fidelity runs full, and ``reduced`` (asked for) is refused before any work."""
+    chosen = settings.get("fidelity")
+    if chosen is not None and chosen.value == "reduced":
+        where = f"{chosen.where.f.path}:{chosen.where.line}: " if chosen.where.f is not None else ""
+        raise InputError(f"--export-chakra: {where}fidelity 'reduced' simulates one GPU per pipeline stage; "
+                         "Chakra needs every rank's trace: use fidelity full (or auto)")
+    return {**settings, "fidelity": Setting("fidelity", "fidelity", "full", Where())}
+
+
 def _simulate(settings: dict):
     prepared = session.prepare(RunSettings.from_values(values_of(settings)))
     with Progress() as bar:
@@ -61,12 +74,17 @@ def _simulate(settings: dict):
 def run(args) -> int:
     check_outputs(args)
     exp, settings = settings_of(args)
+    if args.export_chakra:
+        settings = _every_rank(settings)
     try:
         run_, summary = _simulate(settings)
     except InputError as exc:
         if exp is None:
             raise
         raise blame(exc, exp.path, settings) from None
+    chakra = None
+    if args.export_chakra:  # (first: it may refuse the program, and then nothing is written)
+        chakra = session.write_chakra_files(run_, args.export_chakra)
     if args.out:
         session.write_outputs(run_, summary, Path(args.out))
     if args.kineto:
@@ -79,6 +97,8 @@ def run(args) -> int:
         print(f"\nwrote {Path(args.out) / 'summary.json'}, trace.json, timeline.png, memory.png")
     if args.kineto:
         print(f"wrote {Path(args.kineto)}/trace_rank<r>.json (PyTorch profiler format)")
+    if chakra is not None:
+        print(chakra_line(chakra, args.export_chakra))
     return 0
 
 

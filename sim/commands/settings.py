@@ -49,6 +49,8 @@ def analytic_inputs(args):
 
 
 def check_outputs(args) -> None:
-    """``--out`` and ``--kineto`` must be folders that can be written: checked before any work."""
+    """``--out``, ``--kineto`` and ``--export-chakra`` must be folders that can be written:
+    checked before any work."""
     check_output_dir(args.out, "--out")
     check_output_dir(args.kineto, "--kineto")
+    check_output_dir(getattr(args, "export_chakra", None), "--export-chakra")

@@ -71,7 +71,7 @@ class Collectives:
         self._open: dict[tuple, _Rendezvous] = {}
         self._plans: dict[tuple, tuple] = {}
         self._labels: dict[str, dict[str, str]] = {}
-        self._bundles: dict[tuple, object] = {}  # (group, protocol) -> its all-to-all's Bundle  # a collective's label -> its steps' transfer labels
+        self._bundles: dict[tuple, list] = {}  # (group, protocol) -> its all-to-all's Bundles (one per latency)
         self.nccl = nccl or DEFAULT_MODEL
         """Protocols and NVLS figures (``sim.engine.nccl``)."""
         self._choices: dict[tuple, tuple[str, str]] = {}
@@ -130,8 +130,8 @@ class Collectives:
         start = self.net.start
         if self.fluid and a.op in BUNDLED_OPS and len(a.group) > 1:
             args, ranks, start = self._bundled(a, protocol)
-            steps = [collectives.Transfer(ranks[0], ranks[-1], args[0][3], (), args[0][4])]
-            ends = [tuple(r for r in ranks if r not in shadows)]
+            steps = [collectives.Transfer(ranks[0], ranks[-1], arg[3], (), arg[4]) for arg in args]
+            ends = [tuple(r for r in ranks if r not in shadows)] * len(args)
         else:
             steps = collectives.build(a.op, a.group, a.nbytes, self.topology, algo, channels=a.channels or None,
                                       fluid=self.fluid)
@@ -169,18 +169,20 @@ class Collectives:
                                      s.latency_steps, s.path, s.nvls, s.lead_bytes) for s in (steps[i] for i in keep)]
 
     def _bundled(self, a: Action, protocol: str):
-        """An all-to-all as one ``Bundle`` (``sim.engine.network``) of all its point-to-point
-        sends (``sim.engine.algorithms.alltoall_pairs``), shadows' too: they all start at
-        once, carry equal bytes and wait for nothing, so the one flow that moves them in
-        step ends when the most loaded link has carried its members' bytes, as the slowest
-        of them would alone. Returns the bundle's start arguments (one step), the ranks it
-        involves, and its start function. One bundle per group and protocol."""
+        """An all-to-all as ``Bundle``s (``sim.engine.network``) of its point-to-point sends
+        (``sim.engine.algorithms.alltoall_pairs``), shadows' too, one per route latency
+        (``Network.bundles``): they carry equal bytes and wait for nothing, and the sends of
+        one latency start at once, so the flow that moves them in step ends when its most
+        loaded link has carried its members' bytes, as the slowest of them would alone.
+        Returns each bundle's start arguments (a step each; every member's action waits for
+        all of them), the ranks they involve, and their start function. Bundles are made
+        once per group and protocol."""
         pairs, member_bytes = collectives.alltoall_pairs(a.group, a.nbytes)
         key = (a.group, protocol)
-        bundle = self._bundles.get(key)
-        if bundle is None:
+        bundles = self._bundles.get(key)
+        if bundles is None:
             model = self.nccl
-            bundle = self._bundles[key] = self.net.bundle(
+            bundles = self._bundles[key] = self.net.bundles(
                 pairs, lambda lat, medium: protocol_cost(lat, medium, 0.0, 1, model, protocol)[0], self.shadows)
         nbytes = protocol_cost(0.0, "nvlink", member_bytes, 1, self.nccl, protocol)[1]  # (wire bytes: any medium's)
         start_bundle = self.net.start_bundle
@@ -189,7 +191,7 @@ class Collectives:
             start_bundle(route, nbytes, label, callback, arg)
 
         ranks = sorted(a.group)
-        return [(bundle, ranks[0], ranks[-1], nbytes, a.op, 1)], ranks, start
+        return [(bundle, ranks[0], ranks[-1], nbytes, a.op, 1) for bundle in bundles], ranks, start
 
     def efficiency(self) -> dict[str, float]:
         """Each link kind's capacity over its line rate (the profile's efficiencies)."""

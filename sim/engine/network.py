@@ -13,7 +13,8 @@ flows over one link take twice as long as one; the two directions of a full-dupl
 are separate resources and do not slow each other.
 
 A *bundle* (``Bundle``, ``start_bundle``) is many equal flows that start together and
-move in step: an all-to-all's n(n−1) point-to-point sends as one flow. It crosses each
+move in step: an all-to-all's n(n−1) point-to-point sends as one flow per route latency
+(``bundles``: sends whose routes' latencies differ do not start together). It crosses each
 link with a weight, the number of its member flows routed over that link; its rate is
 each member's, so on a link it takes ``weight`` shares of progressive filling and
 ``weight × rate`` of the capacity, as its members would if they all went at the
@@ -165,6 +166,19 @@ class Network:
             self._at(now + latency * latency_steps, self._join_call, flow)
         else:
             self._join(flow)
+
+    def bundles(self, pairs, latency=None, skip=frozenset()) -> list[Bundle]:
+        """``pairs`` as bundles of members that start together: one ``bundle`` per distinct
+        member latency (``latency(route latency, medium)``, default the route's), shortest
+        first. Members with different latencies do not start together (under PXN a send
+        relayed over NVLink pays two more hops than a send on its own rail, on the same
+        NIC link), so each latency's members move in step among themselves and share the
+        links with the others max-min fairly, as their separate flows would."""
+        by_latency: dict[float, list] = {}
+        for src, dst in pairs:
+            _, lat, medium, _ = self._make_route(src, dst)
+            by_latency.setdefault(lat if latency is None else latency(lat, medium), []).append((src, dst))
+        return [self.bundle(members, latency, skip) for _, members in sorted(by_latency.items())]
 
     def bundle(self, pairs, latency=None, skip=frozenset()) -> Bundle:
         """The ``Bundle`` of member flows ``pairs`` ((source, destination) GPU pairs, each

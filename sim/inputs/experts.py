@@ -87,14 +87,32 @@ def check_ep_overlap_plan(plan) -> None:
             "not with recompute_granularity full (Megatron-Core refuses it: a checkpointed layer cannot be "
             "interleaved with another micro-batch's)", setting=field)
     require(plan.dispatcher in ("alltoall", "flex"), where, value,
-            f"needs the alltoall or flex token dispatcher (got {plan.dispatcher}), as Megatron-Core does", setting=field)
+            f"needs the alltoall or flex token dispatcher (got {plan.dispatcher}), as Megatron-Core does",
+            setting=field)
     require("moe" not in (plan.recompute_modules or ()), where, value,
             "not with --recompute-modules moe (Megatron-Core refuses it: the recomputed MoE block's all-to-alls "
             "cannot be split across the interleaved micro-batches)", setting=field)
 
 
+def check_shared_overlap(plan, model) -> None:
+    """``moe_shared_expert_overlap``: Megatron-Core's rules (``TransformerConfig``): the
+    alltoall or flex dispatcher, shared experts to overlap, and not with the shared experts
+    recomputed."""
+    if not plan.moe_shared_expert_overlap:
+        return
+    where, field = "plan: moe_shared_expert_overlap", "moe_shared_expert_overlap"
+    require(bool(model.moe and model.moe_shared_expert_intermediate_size), where, True,
+            f"{model.name} has no shared experts (moe_shared_expert_intermediate_size)", setting=field)
+    require(plan.dispatcher in ("alltoall", "flex"), where, True,
+            f"needs the alltoall or flex token dispatcher (got {plan.dispatcher}), as Megatron-Core does",
+            setting=field)
+    require("shared_experts" not in (plan.recompute_modules or ()), where, True,
+            "not with --recompute-modules shared_experts (Megatron-Core's rule)", setting=field)
+
+
 def check_expert_model(plan, model) -> None:
     """Checks that need the model (``ParallelPlan.check_model``)."""
+    check_shared_overlap(plan, model)
     if not model.moe:
         require(not plan.overlap_moe_expert_parallel_comm, "plan: overlap_moe_expert_parallel_comm", True,
                 f"{model.name} has no experts (it hides the expert-parallel all-to-alls of an MoE model)",

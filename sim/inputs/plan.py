@@ -45,6 +45,8 @@ from functools import partial
 
 from sim.inputs import placement as _pl
 from sim.inputs.context_parallel import check_context_model, check_context_plan
+from sim.inputs.cuda_graphs import SCOPES as CUDA_GRAPH_SCOPES, check_cuda_graph_model, check_cuda_graph_plan, \
+    parse_cuda_graph
 from sim.inputs.experts import DISPATCHERS, check_ep_overlap_plan, check_expert_model, check_expert_plan
 from sim.inputs.fields import setting
 from sim.inputs.frameworks import ATTENTION_KERNELS, BACKWARD_PREFETCH, FRAMEWORKS, check_framework_plan
@@ -239,6 +241,24 @@ class ParallelPlan:
              "the tp x ep group, the outputs reduce-scattered back) or flex (DeepEP: each token crosses InfiniBand "
              "once per node it reaches, then NVLink to its experts' GPUs); allgather and flex need ep > 1")
     """``sim.program.dispatch``."""
+    moe_permute_fusion: bool = setting(
+        False, kind="switch", group=_EXPERTS,
+        help="fuse the token permutation and unpermutation into Transformer Engine's moe_permute kernels (one "
+             "gather or scatter-and-sum pass over the routed copies instead of PyTorch's index, sort and gather "
+             "ops; default off, as in Megatron-Core)")
+    """``sim.program.workload_moe``: the permute and unpermute kernels."""
+    moe_shared_expert_overlap: bool = setting(
+        False, kind="switch", group=_EXPERTS,
+        help="run the shared experts on their own stream beside the dispatch and combine exchanges (Megatron-Core's "
+             "--moe-shared-expert-overlap; needs shared experts and the alltoall or flex dispatcher)")
+    """``sim.program.workload_moe``: the shared experts beside the token exchanges."""
+    cuda_graph: tuple[str, ...] | None = setting(
+        kind="list", metavar="SCOPE", convert=parse_cuda_graph,
+        help=f"launch these parts of each layer as CUDA graphs (Megatron-Core's --cuda-graph-impl local with "
+             f"--cuda-graph-modules, formerly --enable-cuda-graph --cuda-graph-scope): {', '.join(CUDA_GRAPH_SCOPES)}; "
+             f"default none. A graph over the MoE block (moe, full, full_iteration) removes the host's per-kernel "
+             f"launch cost and needs drop-padding MoE (moe_expert_capacity_factor)")
+    """``sim.inputs.cuda_graphs``; None: no graphs."""
     micro_batch_size: int = setting(1, type=POSITIVE_INT, help="sequences per micro-batch (default 1)")
     """Sequences per micro-batch per data-parallel replica (b)."""
     global_batch_size: int | None = setting(type=POSITIVE_INT, help="default micro-batch size x data-parallel size")
@@ -363,7 +383,7 @@ class ParallelPlan:
         _pos("global_batch_size", self.global_batch_size)
         for f in ("sequence_parallel", "dp_overlap", "grad_reduce_fp32", "account_for_embedding", "account_for_loss", "tp_comm_overlap",
                   "gradient_accumulation_fusion", "param_gather_overlap", "fp8_param_gather", "offload_optimizer",
-                  "overlap_moe_expert_parallel_comm"):
+                  "overlap_moe_expert_parallel_comm", "moe_permute_fusion", "moe_shared_expert_overlap"):
             _bool(f, getattr(self, f))
         _check(not self.tp_comm_overlap or self.tp == 1 or self.sequence_parallel, "tp_comm_overlap", True,
                 "needs sequence_parallel (it overlaps the sequence-parallel all-gathers and reduce-scatters with "
@@ -425,6 +445,8 @@ class ParallelPlan:
         self._check_uneven()
         check_expert_plan(self)
         check_ep_overlap_plan(self)
+        object.__setattr__(self, "cuda_graph", parse_cuda_graph(self.cuda_graph))
+        check_cuda_graph_plan(self)
         check_context_plan(self)
         check_framework_plan(self)
 
@@ -632,6 +654,7 @@ class ParallelPlan:
         check_expert_model(self, model)
         check_context_model(self, model)
         check_recompute_model(self, model)
+        check_cuda_graph_model(self, model)
 
     @property
     def etp_size(self) -> int:

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from sim.inputs.fields import check_section, setting
+from sim.inputs.topology import DEFAULT_PXN_LEVEL, PXN_LEVELS
 from sim.inputs.stragglers import SLOWDOWN_FORMS, Checked, normalized, parse_slowdown
 from sim.units import NONNEGATIVE_INT, FRACTION, Number
 
@@ -52,6 +53,16 @@ class SimulationSettings:
     nccl_protocol: str = setting(
         "auto", help="NCCL protocol of the training collectives, as NCCL_PROTO: auto (the tuner's choice by size; "
                      "the default), ll, ll128 or simple", choices=NCCL_PROTOCOLS)
+    nccl_pxn_disable: bool = setting(
+        False, kind="bool",
+        help="as NCCL_PXN_DISABLE=1: no PXN, every send to another node leaves by the sender's own NIC (a cross-rail "
+             "send climbs to a spine of a rail fabric); default false: PXN as NCCL runs it (nccl_p2p_pxn_level)")
+    nccl_p2p_pxn_level: int = setting(
+        DEFAULT_PXN_LEVEL, type=int, choices=PXN_LEVELS,
+        help="as NCCL_P2P_PXN_LEVEL, for all-to-alls, send/receive and the MoE dispatchers' exchanges on a fabric "
+             "with rails: 0 each send on the sender's own NIC; 1 a send to another node goes over NVLink to the GPU "
+             "whose NIC serves the destination's rail when the sender does not reach that NIC itself; 2 always "
+             "through that NIC's first GPU (NCCL's default)")
     max_events: float = setting(
         DEFAULT_MAX_EVENTS, help="refuse a plan whose simulation would process more SimPy events than this, "
                                  f"estimated before anything is built (default {DEFAULT_MAX_EVENTS:.0e}, about half "
@@ -85,6 +96,13 @@ class SimulationSettings:
             parse_slowdown(self.straggler_slowdown)
 
     @property
+    def pxn_level(self) -> int:
+        """The PXN level the run's sends follow (``sim.inputs.topology``): 0 under
+        ``nccl_pxn_disable`` (NCCL reads ``NCCL_P2P_PXN_LEVEL`` as 0 then), else
+        ``nccl_p2p_pxn_level``."""
+        return 0 if self.nccl_pxn_disable else self.nccl_p2p_pxn_level
+
+    @property
     def event_limit(self) -> float | None:
         """``max_events``, with None for no limit (inf)."""
         return None if self.max_events == float("inf") else self.max_events
@@ -101,6 +119,9 @@ class OutputSettings:
     out: str | None = setting(help="directory for summary.json, trace.json, timeline.png and memory.png")
     kineto: str | None = setting(help="directory for PyTorch-profiler-shaped traces, trace_rank{r}.json per "
                                       "simulated GPU (for Holistic Trace Analysis)", metavar="DIR")
+    export_chakra: str | None = setting(help="directory for Chakra execution traces of the program, trainsim.{r}.et "
+                                             "per rank and comm_group.json (for ASTRA-sim; needs the protobuf "
+                                             "package: pip install 'trainsim[chakra]')", metavar="DIR")
 
     def __post_init__(self):
         check_section(self)

@@ -254,7 +254,7 @@ def degrade(topology: Topology, links: dict[tuple[str, str], float]) -> Topology
     g = topology.graph.copy()
     for (a, b), f in links.items():
         g.edges[a, b]["bandwidth_Bps"] = g.edges[a, b]["bandwidth_Bps"] * f
-    return Topology(g, topology.name)
+    return Topology(g, topology.name, topology.pxn_level)
 
 
 def per_gpu_fidelity(fidelity: str, what: str = "slow GPUs and degraded links") -> tuple[str, str]:

@@ -7,12 +7,31 @@ links with a ``kind`` (``nvlink``, ``pcie``, ``ib``, ``ethernet``), a per-direct
 and collectives use) and a ``node`` (the host they sit in).
 
 Routing picks a shortest path by hop count. GPUs and CPUs are endpoints only: traffic
-never transits through them on its way elsewhere (NCCL's PXN, which routes through a
-peer GPU on purpose, is not modelled). Paths are found between the transit devices next
+never transits through them on its way elsewhere, except through a GPU that relays for
+NCCL's PXN (below). Paths are found between the transit devices next
 to the two GPUs, with a bidirectional search and two small balls around the ends, so a
 route costs little even on clusters of thousands of nodes. Where several shortest paths exist (ECMP through different spines),
 the choice is a deterministic hash of the (source, destination) pair, so the same
 input always gives the same routes and different pairs spread over the spines.
+
+PXN (PCI x NVLink, NCCL 2.12+; ``pxn_level``): a send to a GPU of another node leaves
+by the NIC of the sender's node that serves the GPU with the destination's local index
+(the destination's rail), reached over NVLink through the GPU that NIC is local to (the
+relay, NCCL's "proxy rank"); the receiver always receives on its own NIC. That is
+``ncclTopoGetNetDev`` for point-to-point connections (``src/graph/search.cc``: the local
+NIC of the local rank with the peer's ``nvmlDev``, under ``NCCL_P2P_PXN_LEVEL``), the
+relay being ``ncclTopoGetLocalGpu`` (the first GPU whose own NIC it is) and receives
+staying local (``src/transport/net.cc``, "We don't support PXN on receive yet").
+Level 0 (or ``NCCL_PXN_DISABLE=1``) sends on the sender's own NIC; level 1 ("use PXN
+if needed") relays only when the sender does not reach that NIC itself; level 2
+(NCCL's default, "as much as possible to maximize aggregation") always sends through
+the NIC's first GPU, even when the sender shares that NIC. On a rail fabric a cross-rail
+send then takes NVLink and one rail instead of climbing to a spine. Ring, tree and
+hierarchical collectives join GPUs of one local index across nodes already, so PXN
+changes none of their hops. Trainsim relays only on a topology with rails (``has_rails``:
+some node's NICs hang off different switches): on a fat-tree, where all NICs of a node
+reach one leaf, the relay would only change which of two equal links to the same switch
+carries the bytes, and routes stay on the sender's own NIC.
 
 Builders for DGX-style nodes and rail-optimized or fat-tree clusters, and the TOML
 loader, live in ``sim.inputs.topology_build``.
@@ -20,6 +39,7 @@ loader, live in ``sim.inputs.topology_build``.
 
 from __future__ import annotations
 
+import copy
 import math
 import zlib
 
@@ -32,6 +52,13 @@ LINK_KINDS = ("nvlink", "pcie", "ib", "ethernet")
 
 Link = tuple[str, str]  # a directed link (from device, to device)
 
+PXN_LEVELS = (0, 1, 2)
+"""What ``NCCL_P2P_PXN_LEVEL`` takes (``src/graph/search.cc``): 0 no PXN for point-to-point,
+1 PXN where needed, 2 PXN as much as possible (NCCL's default)."""
+DEFAULT_PXN_LEVEL = 2
+"""NCCL's default ``NCCL_P2P_PXN_LEVEL`` (``NCCL_PARAM(P2pPxnLevel, "P2P_PXN_LEVEL", 2)``,
+``src/graph/search.cc``), with ``NCCL_PXN_DISABLE=0`` (``src/graph/paths.cc``)."""
+
 
 class Topology:
     """A validated cluster graph with GPU ranks, routes and link attributes.
@@ -40,9 +67,11 @@ class Topology:
     two directions carry ``bandwidth_Bps`` each, independently).
     """
 
-    def __init__(self, graph: nx.Graph, name: str = "custom"):
+    def __init__(self, graph: nx.Graph, name: str = "custom", pxn_level: int = DEFAULT_PXN_LEVEL):
         self.graph = graph
         self.name = name
+        self.pxn_level = pxn_level
+        """PXN for sends between nodes (module doc): 0 off, 1 where needed, 2 as much as possible."""
         self._validate()
         gpus = sorted(
             (d["rank"], n) for n, d in graph.nodes(data=True) if d["kind"] == "gpu"
@@ -53,6 +82,10 @@ class Topology:
         self._hops: dict[tuple, int | None] = {}  # (u, v) -> hops between them in the core graph
         self._bfs: dict[tuple, list[set]] = {}  # (u, cutoff) -> nodes by distance from u
         self._stems: dict[str, str] = {}
+        self._relays: dict[tuple[int, int], int | None] = {}  # (src, dst) -> PXN relay rank
+        self._rails: bool | None = None
+        self._members: dict[int, list[str]] = {}  # node -> its GPUs in rank order
+        self._by_node: dict[int, dict[int, str]] = {}  # node -> its GPUs by local index
 
     # ----------------------------------------------------------------- validation
     def _validate(self) -> None:
@@ -129,13 +162,109 @@ class Topology:
         return self._core
 
     def route(self, src: int, dst: int) -> tuple[Link, ...]:
-        """The directed links a transfer from GPU ``src`` to GPU ``dst`` crosses."""
+        """The directed links a transfer from GPU ``src`` to GPU ``dst`` crosses: through
+        the PXN relay (``relay``) where there is one, else the shortest route."""
         key = (src, dst)
         cached = self._route_cache.get(key)
         if cached is not None:
             return cached
+        via = self.relay(src, dst)
+        if via is None:
+            links = self._direct(src, dst)
+        else:
+            links = self._direct(src, via) + self._direct(via, dst)
+        self._route_cache[key] = links
+        return links
+
+    # ------------------------------------------------------------------ PXN
+    def with_pxn(self, level: int) -> "Topology":
+        """This topology with PXN at ``level`` (``PXN_LEVELS``; the module doc): the same
+        graph and searches, routes of its own; ``self`` when the level is already that."""
+        if level not in PXN_LEVELS:
+            raise InputError(field="nccl_p2p_pxn_level", value=level,
+                             allowed=f"allowed: {', '.join(map(str, PXN_LEVELS))}", setting="nccl_p2p_pxn_level")
+        if level == self.pxn_level:
+            return self
+        other = copy.copy(self)
+        other.pxn_level = level
+        other._route_cache, other._relays = {}, {}
+        return other
+
+    def has_rails(self) -> bool:
+        """Whether some node's NICs hang off different switches (a rail-optimized fabric):
+        only there does PXN change a route (module doc)."""
+        if self._rails is None:
+            g = self.graph
+            switches: dict[int, set] = {}
+            for n, d in g.nodes(data=True):
+                if d["kind"] == "nic":
+                    ups = frozenset(m for m in g.neighbors(n) if g.nodes[m]["kind"] == "switch")
+                    # (a NIC's node: its own attribute, or, in a graph file, its GPUs')
+                    node = d.get("node", next((g.nodes[m]["node"] for m in sorted(g.neighbors(n))
+                                               if g.nodes[m]["kind"] == "gpu"), None))
+                    if ups:
+                        switches.setdefault(node, set()).add(ups)
+            self._rails = any(len(v) > 1 for v in switches.values())
+        return self._rails
+
+    def relay(self, src: int, dst: int) -> int | None:
+        """The rank of the GPU a send from ``src`` to ``dst`` goes through under PXN (NCCL's
+        proxy rank; module doc), or None when it goes straight: PXN off, the same node, no
+        rails, no GPU of the destination's local index on the sender's node, or the sender
+        itself sending by that NIC."""
+        key = (src, dst)
+        if key in self._relays:
+            return self._relays[key]
+        via = None
+        if self.pxn_level > 0 and src != dst and self.node_of(src) != self.node_of(dst) and self.has_rails():
+            via = self._pxn_relay(src, dst)
+        self._relays[key] = via
+        return via
+
+    def _pxn_relay(self, src: int, dst: int) -> int | None:
+        g = self.graph
+        s, d = self.gpu(src), self.gpu(dst)
+        peer = self._local_gpus(g.nodes[s]["node"]).get(self._local_index(d))
+        nics = self._nics_of(peer) if peer is not None else []
+        if not nics:
+            return None
+        nic = nics[0]
+        if self.pxn_level == 1 and nic in self._nics_of(s):
+            return None  # ("if needed": the sender reaches that NIC on its own PCIe)
+        first = min((self._local_index(x), x) for x in g.neighbors(nic) if g.nodes[x]["kind"] == "gpu"
+                    and self._nics_of(x)[:1] == [nic])[1]
+        return None if first == s else g.nodes[first]["rank"]
+
+    def _local_index(self, gpu: str) -> int:
+        """A GPU's index inside its node (NCCL's ``nvmlDev``): its ``local`` attribute, else
+        its place among its node's GPUs by rank."""
+        d = self.graph.nodes[gpu]
+        if "local" in d:
+            return d["local"]
+        return self._node_members()[d["node"]].index(gpu)
+
+    def _local_gpus(self, node: int) -> dict[int, str]:
+        """The GPUs of ``node`` by local index."""
+        got = self._by_node.get(node)
+        if got is None:
+            got = self._by_node[node] = {self._local_index(x): x for x in self._node_members()[node]}
+        return got
+
+    def _node_members(self) -> dict[int, list[str]]:
+        """Every node's GPUs in rank order (made once)."""
+        if not self._members:
+            for x in self.gpus:
+                self._members.setdefault(self.graph.nodes[x]["node"], []).append(x)
+        return self._members
+
+    def _nics_of(self, gpu: str) -> list[str]:
+        """The NICs a GPU reaches on its own PCIe, in name order (its own NIC first)."""
+        g = self.graph
+        return sorted(n for n in g.neighbors(gpu) if g.nodes[n]["kind"] == "nic")
+
+    def _direct(self, src: int, dst: int) -> tuple[Link, ...]:
+        """The shortest route from GPU ``src`` to GPU ``dst`` (no relay)."""
         if src == dst:
-            self._route_cache[key] = ()
             return ()
         s, d = self.gpu(src), self.gpu(dst)
         h = zlib.crc32(f"{src}->{dst}".encode())
@@ -143,9 +272,7 @@ class Topology:
             path = [s, d]
         else:
             path = [s, *self._core_path(s, d, h), d]
-        links = tuple(zip(path[:-1], path[1:]))
-        self._route_cache[key] = links
-        return links
+        return tuple(zip(path[:-1], path[1:]))
 
     def _core_path(self, s: str, d: str, h: int) -> list[str]:
         """A shortest path between the transit devices next to GPUs s and d; among
@@ -290,6 +417,23 @@ _KIND_ORDER = {"nvlink": 0, "pcie": 1, "ib": 2, "ethernet": 3}
 
 def _pick(candidates: list[str], h: int) -> str:
     return candidates[h % len(candidates)]
+
+
+def check_pxn(topology: Topology, *, pxn_disable: bool, pxn_level: int, flag: str = "") -> None:
+    """A PXN setting other than NCCL's default on a topology without rails (``has_rails``:
+    one node, a fat-tree, one NIC a node) changes no route: an input error, one line naming
+    the setting, its value and why (``flag``: ``"--"`` to name them as command-line flags)."""
+    if topology.has_rails():
+        return
+    name, value = ("nccl_pxn_disable", True) if pxn_disable else ("nccl_p2p_pxn_level", pxn_level)
+    if name == "nccl_p2p_pxn_level" and pxn_level == DEFAULT_PXN_LEVEL:
+        return
+    field = f"--{name.replace('_', '-')}" if flag == "--" else name
+    raise InputError(field=field, value=value, setting=name,
+                     allowed=f"it changes nothing on topology {topology.name}, which has no rails (no node whose NICs "
+                             f"reach different switches): PXN only re-routes sends between nodes of a rail-optimized "
+                             f"fabric; allowed: NCCL's default here (PXN on, level {DEFAULT_PXN_LEVEL}), or a rail "
+                             f"fabric (--fabric rail, more than one node)")
 
 
 def ranks_by_node(topology: Topology, ranks) -> dict[int, list[int]]:

@@ -40,8 +40,10 @@ when balanced). The three dispatchers move them differently:
   are not NCCL's, and the engine's all-to-all pays no NCCL base latency anyway
   (``sim.engine.nccl.POINT_TO_POINT_OPS``); its per-hop latencies are the links'.
 
-Assumed and not modelled: DeepEP's FP8 dispatch (tokens move in the activation dtype),
-its SM budget beside compute (the engine's overlap slowdown applies as to NCCL), the
+DeepEP's kernels hold ``DEEPEP_SMS`` SMs while they run (``sim.program.workload_moe``
+prices the shared experts beside them on the rest; other compute beside them is slowed by
+the engine's overlap slowdown, as beside NCCL). Assumed and not modelled: DeepEP's FP8
+dispatch (tokens move in the activation dtype), the
 dispatchers' metadata exchanges other than the allgather dispatcher's routing map and
 probabilities (the token counts, a few bytes per expert), and the buffers' memory. Every
 expert-parallel group is taken to sit on the nodes as the first one does (``EpLayout``),
@@ -56,6 +58,7 @@ from functools import lru_cache
 import numpy as np
 
 from sim.errors import require
+from sim.inputs.cuda_graphs import CudaGraphs
 from sim.inputs.experts import Folding
 from sim.program.routing import Routing
 from sim.program.workload_moe import MoeShape
@@ -148,11 +151,13 @@ def moe_shape(model, plan, layer: int, load: int, layout: EpLayout | None = None
     """The MoE shape of ``layer`` as the plan's dispatcher runs it, for a busiest-rank
     ``load`` of token copies: flex's two exchanges in tokens per rank (the module doc),
     on ``layout`` (default: nodes of 8 GPUs) and ``routing`` (default: balanced)."""
+    kernels = dict(permute_fusion=plan.moe_permute_fusion, shared_overlap=plan.moe_shared_expert_overlap,
+                   graphed=CudaGraphs(plan.cuda_graph).covers_moe_block(), dropless=plan.moe_capacity_factor is None)
     if plan.dispatcher != "flex":
-        return MoeShape(plan.ep, plan.etp_size, load, plan.dispatcher)
+        return MoeShape(plan.ep, plan.etp_size, load, plan.dispatcher, **kernels)
     routing = routing if routing is not None else _balanced(model, plan)
     layout = layout if layout is not None else default_layout(plan)
     d_node, d_rank = flex_tokens(routing, layer, layout)
     scale = load / (routing.tokens_per_rank * routing.k)
     T = routing.tokens_per_rank
-    return MoeShape(plan.ep, plan.etp_size, load, "flex", T * d_node * scale, T * d_rank * scale)
+    return MoeShape(plan.ep, plan.etp_size, load, "flex", T * d_node * scale, T * d_rank * scale, **kernels)

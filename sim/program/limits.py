@@ -36,7 +36,9 @@ from sim.program.actions import FLOW_PIECES
 _EVENTS_PER_HOP = 3  # a transfer's latency, its finish and its completion (plus re-allocations if shared)
 _EVENTS_PER_COMPUTE = 1  # its timeout
 _EVENTS_PER_P2P = 3  # one transfer: the two sides meet without an event
-_EVENTS_PER_BUNDLE = 3  # an all-to-all's one flow: its latency, its finish, a re-allocation
+_EVENTS_PER_BUNDLE = 3  # an all-to-all's bundle: its latency, its finish, a re-allocation
+# (across nodes an all-to-all is one bundle per route latency, 3 between DGX nodes: counted
+# as one here, a small share of a layer's events)
 
 
 def _ring_hops(n: int, op: str, flows: bool = True) -> int:

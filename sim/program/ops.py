@@ -38,8 +38,8 @@ class Op:
     """A memory-bound kernel of the framework's own (Megatron-LM's torch.compile fusions,
     PyTorch eager ops), not a tuned library kernel: it streams at the profile's
     ``framework_kernel_efficiency``."""
-    after: str | None = None
-    """The name of a side collective (``Comm.side``) this op waits for."""
+    after: str | tuple | None = None
+    """The name of a side collective (``Comm.side``) this op waits for, or a tuple of names."""
     dtype: str = "bf16"
     """What a GEMM's operands are: 'bf16', or 'fp8' (``sim.program.fp8``: the profile's FP8 peak)."""
     bias: bool = False
@@ -47,6 +47,16 @@ class Op:
     kernel: str = "te"
     """An attention op's kernel (``sim.inputs.frameworks.ATTENTION_KERNELS``; 'te', the
     profile's own, unless ``with_attention_kernel`` says otherwise)."""
+    kernels: int = 1
+    """How many kernels the host launches for it (a grouped GEMM that Transformer Engine
+    runs as one cuBLAS GEMM per local expert, PyTorch's several small ops of an unfused
+    permutation; ``sim.program.launch``)."""
+    host_sync: bool = False
+    """The host waits for the GPU to finish everything before this op before it launches it
+    (a device-to-host copy of token counts; ``sim.program.launch``)."""
+    sms_held: int = 0
+    """SMs another kernel holds while this one runs beside it (DeepEP's, ``sim.program.workload_moe``):
+    priced on the rest (``sim.inputs.tp_overlap.margin_profile``)."""
 
 
 @dataclass(frozen=True)
@@ -65,6 +75,9 @@ class Comm:
     side: bool = False
     """Runs beside the compute stream (ring attention's exchanges), from the work before
     it; the op that needs it names it in ``Op.after``."""
+    host_sync: bool = False
+    """The host waits for the GPU to finish everything before this collective before it
+    launches it (``Op.host_sync``)."""
 
 
 @dataclass(frozen=True)
@@ -128,22 +141,25 @@ class Builder:
     def __init__(self, name: str, e: int):
         self.name, self.e, self.items, self.phase = name, e, [], "F"
 
-    def gemm(self, name, m, n, k, batch=1, bias=False, after=None):
+    def gemm(self, name, m, n, k, batch=1, bias=False, after=None, kernels=1, sms_held=0):
         e = self.e
         self.items.append(Op(name, self.phase, "gemm", 2.0 * m * n * k * batch,
                              e * (m * k + k * n) * batch, e * m * n * batch, e * m * n * batch,
-                             (m, n, k), batch, bias=bool(bias), after=after))
+                             (m, n, k), batch, bias=bool(bias), after=after, kernels=kernels, sms_held=sms_held))
 
-    def mem(self, name, read, written, flops=0.0, output=None, framework=False, after=None):
+    def mem(self, name, read, written, flops=0.0, output=None, framework=False, after=None, kernels=1,
+            host_sync=False, sms_held=0):
         self.items.append(Op(name, self.phase, "memory", float(flops), float(read), float(written),
-                             float(written if output is None else output), framework=framework, after=after))
+                             float(written if output is None else output), framework=framework, after=after,
+                             kernels=kernels, host_sync=host_sync, sms_held=sms_held))
 
     def attention(self, name, flops, read, written, output, seq, head_dim, batch, seq_k=None, after=None):
         self.items.append(Op(name, self.phase, "attention", float(flops), float(read), float(written),
                              float(output), (seq, seq if seq_k is None else seq_k, head_dim), batch, after=after))
 
-    def comm(self, name, collective, nbytes, group="tp", side=False):
-        self.items.append(Comm(name, self.phase, collective, float(nbytes), group=group, side=side))
+    def comm(self, name, collective, nbytes, group="tp", side=False, host_sync=False):
+        self.items.append(Comm(name, self.phase, collective, float(nbytes), group=group, side=side,
+                               host_sync=host_sync))
 
     def build(self) -> Work:
         return Work(self.name, tuple(self.items))

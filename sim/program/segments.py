@@ -33,6 +33,7 @@ from sim.program.actions import Action
 from sim.program.coalesce import coalesce
 from sim.program.costs import op_time, ring_time
 from sim.program.dispatch import DISPATCH_GROUPS, group_sizes
+from sim.program.launch import HOST_LAUNCH_S
 from sim.program.routing import Routing
 from sim.program.schedules import Schedule, Step
 from sim.inputs.tp_overlap import margin_profile, overlaps
@@ -111,12 +112,19 @@ class StepSegments:
             dur = flops = 0.0
             side: dict[str, int] = {}  # side collectives of the layer by name -> their segment's position
             waits: tuple = ()
+            host = _HostLaunches(segs)
             for it in items:
+                if it.host_sync:
+                    if dur or waits:
+                        host.compute(dur, flops, lid, waits)
+                        dur, flops, waits = 0.0, 0.0, ()
+                    host.sync()
                 if isinstance(it, Comm):
                     if dur or waits:
-                        segs.append(passes.Segment("compute", dur, flops, layer=lid, waits=waits))
+                        host.compute(dur, flops, lid, waits)
                         dur, flops, waits = 0.0, 0.0, ()
                     if self._sizes[it.group] > 1:
+                        host.launched(1)
                         if it.side:  # issued now, beside the compute that follows (ring attention)
                             side[it.name] = len(segs)
                             main = next((k for k in range(len(segs) - 1, -1, -1) if not segs[k].side), None)
@@ -128,15 +136,19 @@ class StepSegments:
                                                        nbytes=it.nbytes, layer=lid, group=it.group,
                                                        label=_label(it)))
                 else:
-                    if it.after in side:  # this op needs that side collective: a new piece waits for it
+                    needs = tuple(side[n] for n in (it.after if isinstance(it.after, tuple) else (it.after,))
+                                  if n in side)
+                    if needs:  # this op needs side collectives: a new piece waits for them
                         if dur or waits:
-                            segs.append(passes.Segment("compute", dur, flops, layer=lid, waits=waits))
+                            host.compute(dur, flops, lid, waits)
                             dur = flops = 0.0
-                        waits = (side[it.after],)
-                    dur += op_time(it, self.profile)
+                        waits = needs
+                    g = self._time_on(it, it.sms_held) if it.sms_held else op_time(it, self.profile)
+                    dur += g
                     flops += it.flops
+                    host.launched(it.kernels, g)
             if dur or waits or not items:
-                segs.append(passes.Segment("compute", dur, flops, layer=lid, waits=waits))
+                host.compute(dur, flops, lid, waits)
         return tuple(segs)
 
     def _time_on(self, op, sms_held: int = 0) -> float:
@@ -164,6 +176,45 @@ class StepSegments:
                 segs = tuple(self._cache(step.stage, step.kind, mb))
             self._by_name[action.name] = segs
         return segs
+
+
+class _HostLaunches:
+    """Appends a layer's compute segments to ``segs``; after a host synchronisation
+    (``Op.host_sync``) with the host's launches beside them (``sim.program.launch``): per
+    compute segment a host piece of its kernels' launches (and those of the collectives
+    before it), after the previous piece (the first after the segment before the
+    synchronisation), and the segment's last kernel cut off to wait for its piece."""
+
+    def __init__(self, segs: list):
+        self.segs = segs
+        self.on = False
+        self.prev: int | None = None  # the host's latest piece (or the GPU's piece it waits for)
+        self.kernels = 0
+        self.last = 0.0  # GPU seconds of the latest kernel
+
+    def sync(self) -> None:
+        self.on, self.kernels = True, 0
+        self.prev = len(self.segs) - 1 if self.segs else None
+
+    def launched(self, kernels: int, gpu_s: float = 0.0) -> None:
+        if self.on:
+            self.kernels += kernels
+            if gpu_s:
+                self.last = gpu_s
+
+    def compute(self, dur: float, flops: float, lid, waits: tuple) -> None:
+        segs = self.segs
+        if not self.on or not self.kernels or not dur:
+            segs.append(passes.Segment("compute", dur, flops, layer=lid, waits=waits))
+            return
+        after = () if self.prev is None else (self.prev,)
+        segs.append(passes.Segment("host", self.kernels * HOST_LAUNCH_S, layer=lid, waits=after))
+        self.prev, self.kernels = len(segs) - 1, 0
+        tail = min(self.last, dur)
+        if dur > tail:
+            segs.append(passes.Segment("compute", dur - tail, flops * (1 - tail / dur), layer=lid, waits=waits))
+            waits = ()
+        segs.append(passes.Segment("compute", tail, flops * tail / dur, layer=lid, waits=waits + (self.prev,)))
 
 
 def _label(comm: Comm) -> str:

@@ -59,6 +59,7 @@ from dataclasses import dataclass, replace
 from typing import Callable
 
 from sim.program.actions import Action, Program
+from sim.program.launch import HOST_STREAM, LAUNCH_CATEGORY
 from sim.program.ops import Op
 
 _CATEGORY = {"etp": "ep", "tpep": "ep", "ep_rail": "ep", "ep_node": "ep"}
@@ -86,7 +87,7 @@ communicate on their own CUDA stream)."""
 class Segment:
     """A piece of a step: a compute stretch of one layer, or a tensor-parallel collective."""
 
-    kind: str  # "compute", "collective", or "comm" (a collective priced outside the network)
+    kind: str  # "compute", "collective", "comm" (a collective priced outside the network) or "host" (launches)
     duration_s: float = 0.0
     flops: float = 0.0
     op: str = ""  # allreduce / allgather / reducescatter
@@ -266,9 +267,11 @@ def overlapped_layer(items, layer, time_of: Callable, tp: int, is_comm: Callable
             main(Segment("collective", op=op_of(it), nbytes=it.nbytes, layer=layer, group=group_of(it),
                          label=label_of(it)))
         else:
-            if getattr(it, "after", None) in side:  # needs that side collective: a new piece waits for it
+            after = getattr(it, "after", None)
+            needs = [side[n] for n in (after if isinstance(after, tuple) else (after,)) if n in side]
+            if needs:  # needs those side collectives: a new piece waits for them
                 flush()
-                pending.append(side[it.after])
+                pending += needs
             dur += time_of(it)
             flops += it.flops
         i += 1
@@ -406,18 +409,21 @@ def _pieces(a: Action, segs, groups: dict) -> tuple[list[Action], tuple[int, ...
     pieces: list[Action] = []
     firsts: list[int] = []
     name_of: dict[int, str] = {}
-    last_on: dict[bool, str] = {}
+    last_on: dict[str, str] = {}
     for i, s in enumerate(segs):
         group = groups[s.group]
         if s.kind in ("collective", "comm") and len(group) < 2:
             continue
         name = a.name if i == len(segs) - 1 else f"{a.name}.{i} {s.label}" if s.label else f"{a.name}.{i}"
-        prev = last_on.get(s.side)
+        stream = HOST_STREAM if s.kind == "host" else TP_COMM_STREAM if s.side else a.stream
+        prev = last_on.get(stream)
         deps = (a.deps if prev is None else (prev,)) + tuple(name_of[j] for j in s.waits if j in name_of)
         if prev is None:
             firsts.append(len(pieces))
-        stream = TP_COMM_STREAM if s.side else a.stream
-        if s.kind == "collective":
+        if s.kind == "host":  # the host launching kernels (sim.program.launch)
+            act = Action.new(name, duration_s=s.duration_s, category=LAUNCH_CATEGORY, stream=stream, deps=deps,
+                             layer=s.layer)
+        elif s.kind == "collective":
             act = Action.new(name, kind="collective", op=s.op, group=group, nbytes=s.nbytes,
                              category=_CATEGORY.get(s.group, s.group), deps=deps, stream=stream, layer=s.layer,
                              userbuffers=s.userbuffers, sms_priced=s.sms_priced)
@@ -428,5 +434,5 @@ def _pieces(a: Action, segs, groups: dict) -> tuple[list[Action], tuple[int, ...
             act = Action.new(name, duration_s=s.duration_s, flops=s.flops, category=a.category, stream=stream,
                              deps=deps, layer=s.layer)
         pieces.append(act)
-        name_of[i] = last_on[s.side] = name
+        name_of[i] = last_on[stream] = name
     return pieces, tuple(firsts)

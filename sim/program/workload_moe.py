@@ -1,19 +1,30 @@
 """The parts of a layer's work that mixtures of experts and MLA change (``sim.program.workload``
 builds the rest and calls these).
 
-MoE block (Megatron-Core's ``MoELayer`` with the all-to-all token dispatcher), on a rank
+MoE block (Megatron-Core's ``MoELayer``, ``megatron/core/transformer/moe/``), on a rank
 that routes T tokens (b·s, or b·s/tp under sequence parallelism; Megatron-LM requires
 sequence parallelism for MoE with tp > 1) to k experts each, R = T·k copies:
 
-    forward   router GEMM (T × E × h) and its softmax/top-k; permute (copy the R token
-              copies into expert order); dispatch all-to-all over the expert-parallel
-              group; [all-gather over the expert-tensor-parallel group]; the rank's
-              E/ep experts as grouped GEMMs (up, activation, down) on the L tokens it
-              received (× etp after the gather); [reduce-scatter over etp]; combine
-              all-to-all; unpermute (the k copies of each token weighted and summed);
-              shared experts as a tensor-parallel MLP on every token
+    forward   shared experts as a tensor-parallel MLP on every token (before the router,
+              or beside the exchanges with ``--moe-shared-expert-overlap``); router: score
+              GEMM (T × E × h), score function, top-k and load-balancing loss (``_router``);
+              permute (copy the R token copies into expert order, ``_permute``); dispatch
+              all-to-all over the expert-parallel group; [all-gather over the
+              expert-tensor-parallel group]; the received copies sorted by local expert
+              (``_sort_chunks``); the rank's E/ep experts as grouped GEMMs (up, activation,
+              down) on the L tokens it received (× etp after the gather), one GEMM launched
+              per local expert; the copies sorted back; [reduce-scatter over etp]; combine
+              all-to-all; unpermute (the k copies of each token weighted and summed,
+              ``_unpermute``)
     backward  the same in reverse, input gradients only (B)
     weights   the experts' grouped weight GEMMs, the shared experts' and the router's (W)
+
+The allgather and flex dispatchers exchange differently (``_exchange``; the allgather one
+permutes the rows it gathered). ``--moe-permute-fusion`` prices the permutations as
+Transformer Engine's fused kernels; the shared experts beside DeepEP's exchanges run on the
+SMs DeepEP's kernels leave (``DEEPEP_SMS``). Each op carries the kernels the host launches
+for it and where the host synchronises with the GPU (``Op.kernels``, ``Op.host_sync``:
+``sim.program.launch``), unless a CUDA graph covers the block (``MoeShape.graphed``).
 
 L is the tokens the busiest rank of the group receives (``sim.program.routing``): R when
 routing is balanced. Every rank is given the busiest one's expert work, since the combine
@@ -21,7 +32,7 @@ all-to-all cannot finish before it, and the all-to-alls move L·h per rank (the 
 rank's receive, what its links must carry): nccl-tests' all-to-all size, the send buffer,
 is L·h·bytes, so a balanced all-to-all of ep ranks moves T·k·h·bytes·(ep−1)/ep over the
 links of each. Grouped GEMMs are priced as E/ep GEMMs of L/(E/ep) rows each (one batched
-kernel; the per-expert spread of the counts is not).
+op; the per-expert spread of the counts is not).
 
 MLA (DeepSeek-V2/V3, ``sim.inputs.moe``): the query and key/value projections are the
 real down- and up-projections with their RMSNorms; the down-projections are replicated
@@ -32,7 +43,7 @@ qk + rope = 192 wide and values of 128 (DeepSeek-V3).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from sim.inputs.moe import mla_projections
 
@@ -53,6 +64,14 @@ class MoeShape:
     """flex: tokens per rank of the inter-node exchange (the engine's all-to-all buffer)."""
     node: float = 0.0
     """flex: tokens per rank of the intra-node exchange."""
+    permute_fusion: bool = False
+    """``--moe-permute-fusion``: Transformer Engine's permute kernels (``_permute``)."""
+    shared_overlap: bool = False
+    """``--moe-shared-expert-overlap``: the shared experts beside the exchanges (``_shared``)."""
+    graphed: bool = False
+    """A CUDA graph covers the block (``sim.inputs.cuda_graphs``): no host synchronisation in it."""
+    dropless: bool = True
+    """No capacity factor (where the alltoall dispatcher synchronises, ``_sync_on_exchange``)."""
 
 
 def attention_widths(m) -> tuple[int, int, int, int]:
@@ -113,58 +132,210 @@ def _expert_rows(m, shape: MoeShape) -> tuple[int, int, int, int]:
     return rows, local, f, (2 if m.mlp == "swiglu" else 1) * f
 
 
+DEEPEP_SMS = 20
+"""SMs DeepEP's dispatch and combine kernels hold while they run: ``deep_ep.Buffer.num_sms``'s
+default, 20 (DeepEP's README sets it with ``Buffer.set_num_sms``; Megatron-Core's
+``moe_flex_dispatcher_num_sms`` leaves the backend's default, "historical default 20")."""
+
+
+def _router(w, m, T: int, grad: bool) -> None:
+    """The router after its score GEMM (Megatron-Core ``TopKRouter.routing``, unfused): the
+    score function (softmax, or DeepSeek-V3's sigmoid: the same pass) over the T × E logits in
+    fp32, top-k, the routing map (1 byte) and the probabilities (fp32) scattered into T × E,
+    and the load-balancing loss (``switch_load_balancing_loss_func``: tokens and probabilities
+    summed per expert, then a dot product); kernels as PyTorch launches them (a cast and the
+    score function; top-k, two zero-fills and two scatters; about six reductions and scalar ops)."""
+    e, E, k = w.e, m.num_experts, m.moe_router_topk
+    R, TE = T * k, T * E
+    if not grad:
+        w.mem("moe.router.scores", e * TE, 4 * TE, 8 * TE, framework=True, kernels=2)
+        w.mem("moe.router.topk", 4 * TE, 5 * TE + 12 * R, 8 * TE, framework=True, kernels=5)
+        w.mem("moe.router.aux_loss", 5 * TE, 8 * E, 2 * TE, framework=True, kernels=6)
+        return
+    w.mem("moe.router.aux_loss.grad", 4 * TE, 4 * TE, TE, framework=True, kernels=4)
+    w.mem("moe.router.topk.grad", 4 * TE + 12 * R, 4 * TE, 2 * TE, framework=True, kernels=3)
+    w.mem("moe.router.scores.grad", 8 * TE, e * TE, 8 * TE, framework=True, kernels=2)
+
+
+def _permute(w, m, rows: int, copies: int, experts: int, shape: MoeShape, grad: bool, after=None,
+             sync=False) -> None:
+    """Permutation of the routed copies into expert order (Megatron-Core ``moe_utils.permute``)
+    over a routing map of ``rows`` tokens × ``experts`` experts holding ``copies`` copies:
+    unfused, the routing map transposed and turned into token indices (``masked_select``), the
+    probabilities likewise, then ``index_select`` gathers every copy (about ten PyTorch ops);
+    fused (``--moe-permute-fusion``, Transformer Engine's ``moe_permute_with_probs``), a row-id
+    map built from the routing map in a few kernels, then one kernel that reads each token once
+    and writes its copies. Backward: the copies' gradients summed back into the ``rows``."""
+    e, h = w.e, m.hidden_size
+    R, TE = copies, rows * experts
+    fused = shape.permute_fusion
+    if not grad:
+        if fused:
+            w.mem("moe.permute.map", TE, 8 * TE, TE, framework=True, kernels=3, after=after, host_sync=sync)
+            w.mem("moe.permute", e * rows * h + 12 * TE, e * R * h + 4 * R, 0, output=e * R * h, kernels=1)
+        else:
+            w.mem("moe.permute.map", 19 * TE, 5 * TE + 12 * R, TE, framework=True, kernels=9, after=after,
+                  host_sync=sync)
+            w.mem("moe.permute", e * R * h + 8 * R, e * R * h, output=e * R * h, framework=True, kernels=1)
+        return
+    if fused:
+        w.mem("moe.permute.grad", e * R * h + 12 * TE, e * rows * h, R * h, kernels=1, after=after)
+    else:
+        w.mem("moe.permute.grad", e * R * h + 8 * R, 2 * e * rows * h, R * h, output=e * rows * h, framework=True,
+              kernels=3, after=after)
+
+
+def _unpermute(w, m, rows: int, copies: int, shape: MoeShape, grad: bool, after=None) -> None:
+    """The expert outputs of each token weighted by their probabilities and summed back into
+    its row (``moe_utils.unpermute``), ``copies`` of them into ``rows``: unfused a zero-fill,
+    the weighting and a ``scatter_add``; fused one Transformer Engine kernel
+    (``moe_unpermute``). Backward: each row's gradient copied to its slots and the
+    probabilities' gradient (a dot product per copy)."""
+    e, h, R = w.e, m.hidden_size, copies
+    if not grad:
+        if shape.permute_fusion:
+            w.mem("moe.unpermute", e * R * h + 4 * R, e * rows * h, 2 * R * h, kernels=1, after=after)
+        else:
+            w.mem("moe.unpermute", 2 * e * R * h + 12 * R, e * R * h + 2 * e * rows * h, 2 * R * h,
+                  output=e * rows * h, framework=True, kernels=4, after=after)
+        return
+    if shape.permute_fusion:
+        w.mem("moe.unpermute.grad", e * rows * h + 2 * e * R * h + 4 * R, e * R * h + 4 * R, 2 * R * h,
+              kernels=1, after=after)
+    else:
+        w.mem("moe.unpermute.grad", e * rows * h + 3 * e * R * h + 4 * R, 2 * e * R * h + 4 * R, 2 * R * h,
+              output=e * R * h, framework=True, kernels=4, after=after)
+
+
+def _sort_chunks(w, m, shape: MoeShape, name: str, after=None) -> None:
+    """The alltoall dispatcher's second permutation (``sort_chunks_by_idxs``): the L received
+    copies, grouped by source rank, regrouped by local expert (``torch.split`` and
+    ``torch.cat``, or the fused ``fused_sort_chunks_by_index``): one pass over them and their
+    probabilities. Only with more than one local expert and an exchange."""
+    e, h, L = w.e, m.hidden_size, shape.load * shape.etp
+    w.mem(name, e * L * h + 4 * L, e * L * h + 4 * L, 0, output=e * L * h, framework=not shape.permute_fusion,
+          kernels=2, after=after)
+
+
+def _sorts(m, shape: MoeShape) -> bool:
+    return shape.dispatcher == "alltoall" and m.num_experts // shape.ep > 1 and shape.ep * shape.etp > 1
+
+
+def _sync_on_exchange(shape: MoeShape) -> bool:
+    """Whether the host synchronisation of the forward (``sim.program.launch``) comes with the
+    exchange (dropless alltoall with an exchange: "before_ep_alltoall"; flex: DeepEP's dispatch
+    waits on the host for the received count) rather than at the permutation (alltoall with a
+    capacity factor: "before_permutation_1"; allgather: after its gather; no exchange)."""
+    if shape.graphed:
+        return False
+    if shape.dispatcher == "flex":
+        return True
+    return shape.dispatcher == "alltoall" and shape.dropless and shape.ep * shape.etp > 1
+
+
 def moe_forward(w, m, b: int, t: int, sp: bool, shape: MoeShape) -> None:
     """An MoE block's forward between its norm and its residual add (module doc)."""
     e, h, E, k = w.e, m.hidden_size, m.num_experts, m.moe_router_topk
     T = _tokens(m, b, t, sp)
-    R, L = T * k, shape.load
+    overlap = bool(shape.shared_overlap and m.moe_shared_expert_intermediate_size)
+    sms = DEEPEP_SMS if shape.dispatcher == "flex" else 0
+    if overlap:
+        _shared(w, m, b, t, sp, "F.in")
+    else:
+        _shared(w, m, b, t, sp, "F")
     w.gemm("moe.router", T, E, h)
-    w.mem("moe.router.topk", 4 * T * E, 4 * T * E + 12 * R, 8 * T * E, framework=True)
-    w.mem("moe.permute", e * R * h + 8 * R, e * R * h, output=e * R * h)
-    after = _exchange(w, m, shape, T, "dispatch")
+    _router(w, m, T, grad=False)
+    gathered = shape.dispatcher == "allgather"
+    group = shape.etp * shape.ep
+    copies = shape.load * shape.etp if gathered else T * k  # the copies this rank permutes
+    if gathered:  # the allgather dispatcher permutes after its gather, the rows of its whole group
+        _exchange(w, m, shape, T, "dispatch")
+        _permute(w, m, T * group, shape.load * shape.etp, E // shape.ep, shape, grad=False, sync=not shape.graphed)
+        after = None
+    else:
+        _permute(w, m, T, T * k, E, shape, grad=False, sync=not shape.graphed and not _sync_on_exchange(shape)
+                 and group > 1)
+        after = _exchange(w, m, shape, T, "dispatch", sync=_sync_on_exchange(shape),
+                          beside=(lambda: _shared(w, m, b, t, sp, "F.up", sms_held=sms)) if overlap else None)
+    if _sorts(m, shape):
+        _sort_chunks(w, m, shape, "moe.sort_chunks", after=after)
+        after = None
     rows, local, f, f_up = _expert_rows(m, shape)
-    w.gemm("moe.experts.up", rows, f_up, h, batch=local, after=after)
+    lone = not shape.graphed and group == 1  # no exchange: the grouped GEMM's m_splits to the host
+    w.gemm("moe.experts.up", rows, f_up, h, batch=local, after=after, kernels=local)
+    if lone:
+        w.items[-1] = replace(w.items[-1], host_sync=True)
     n = rows * local
     read = (2 if m.mlp == "swiglu" else 1) * n * f
     w.mem(f"moe.experts.{m.mlp}", e * read, e * n * f, _ACT_FLOPS[m.mlp] * n * f, framework=True)
-    w.gemm("moe.experts.down", rows, h, f, batch=local)
-    after = _exchange(w, m, shape, T, "combine")
-    w.mem("moe.unpermute", e * R * h + 4 * R, e * _unpermuted(shape, T) * h, 2 * R * h, framework=True, after=after)
-    _shared(w, m, b, t, sp, "F")
+    w.gemm("moe.experts.down", rows, h, f, batch=local, kernels=local)
+    if _sorts(m, shape):
+        _sort_chunks(w, m, shape, "moe.unsort_chunks")
+    after = None if gathered else _exchange(
+        w, m, shape, T, "combine",
+        beside=(lambda: _shared(w, m, b, t, sp, "F.down", sms_held=sms)) if overlap else None)
+    _unpermute(w, m, T * group if gathered else T, copies, shape, grad=False, after=after)
+    if gathered:
+        _exchange(w, m, shape, T, "combine")
+    if overlap:
+        _shared(w, m, b, t, sp, "F.out")
 
 
 def moe_backward(w, m, b: int, t: int, sp: bool, shape: MoeShape) -> None:
     """An MoE block's input gradients, between its residual's and its norm's."""
     e, h, E, k = w.e, m.hidden_size, m.num_experts, m.moe_router_topk
     T = _tokens(m, b, t, sp)
-    R, L = T * k, shape.load
-    _shared(w, m, b, t, sp, "B")
-    w.mem("moe.unpermute.grad", e * _unpermuted(shape, T) * h + 4 * R, e * R * h, R * h, framework=True)
-    after = _exchange(w, m, shape, T, "combine.grad")
+    overlap = bool(shape.shared_overlap and m.moe_shared_expert_intermediate_size)
+    sms = DEEPEP_SMS if shape.dispatcher == "flex" else 0
+    if overlap:
+        _shared(w, m, b, t, sp, "B.out")
+    else:
+        _shared(w, m, b, t, sp, "B")
+    gathered = shape.dispatcher == "allgather"
+    group = shape.etp * shape.ep
+    copies = shape.load * shape.etp if gathered else T * k
+    if gathered:
+        _exchange(w, m, shape, T, "combine.grad")
+    _unpermute(w, m, T * group if gathered else T, copies, shape, grad=True)
+    after = None if gathered else _exchange(
+        w, m, shape, T, "combine.grad", beside=(lambda: _shared(w, m, b, t, sp, "B.down", sms_held=sms))
+        if overlap else None)
+    if _sorts(m, shape):
+        _sort_chunks(w, m, shape, "moe.unsort_chunks.grad", after=after)
+        after = None
     rows, local, f, f_up = _expert_rows(m, shape)
-    w.gemm("moe.experts.down.dgrad", rows, f, h, batch=local, after=after)
+    w.gemm("moe.experts.down.dgrad", rows, f, h, batch=local, after=after, kernels=local)
     n = rows * local
     read = (3 if m.mlp == "swiglu" else 2) * n * f
     wrote = (2 if m.mlp == "swiglu" else 1) * n * f
     w.mem(f"moe.experts.{m.mlp}.grad", e * read, e * wrote, 2 * _ACT_FLOPS[m.mlp] * n * f, framework=True)
-    w.gemm("moe.experts.up.dgrad", rows, h, f_up, batch=local)
-    after = _exchange(w, m, shape, T, "dispatch.grad")
-    w.mem("moe.permute.grad", e * R * h + 8 * R, e * T * h, R * h, framework=True, after=after)
-    w.mem("moe.router.topk.grad", 4 * T * E + 12 * R, 4 * T * E, 8 * T * E, framework=True)
+    w.gemm("moe.experts.up.dgrad", rows, h, f_up, batch=local, kernels=local)
+    if _sorts(m, shape):
+        _sort_chunks(w, m, shape, "moe.sort_chunks.grad")
+    after = None if gathered else _exchange(
+        w, m, shape, T, "dispatch.grad", beside=(lambda: _shared(w, m, b, t, sp, "B.up", sms_held=sms))
+        if overlap else None)
+    if gathered:
+        _permute(w, m, T * group, copies, E // shape.ep, shape, grad=True)
+    else:
+        _permute(w, m, T, copies, E, shape, grad=True, after=after)
+    if gathered:
+        _exchange(w, m, shape, T, "dispatch.grad")
+    _router(w, m, T, grad=True)
     w.gemm("moe.router.dgrad", T, h, E)
+    if overlap:
+        _shared(w, m, b, t, sp, "B.in")
 
 
-def _unpermuted(shape: MoeShape, T: int) -> int:
-    """Tokens the unpermute writes: the rank's own, or under the allgather dispatcher all
-    T·etp·ep of its etp × ep group (the rows its reduce-scatter then sums)."""
-    return T * shape.etp * shape.ep if shape.dispatcher == "allgather" else T
-
-
-def _exchange(w, m, shape: MoeShape, T: int, what: str) -> str | None:
+def _exchange(w, m, shape: MoeShape, T: int, what: str, sync: bool = False, beside=None) -> str | tuple | None:
     """The collectives that move the tokens to the experts (``what``: dispatch, combine,
     dispatch.grad or combine.grad) as ``shape.dispatcher`` runs them (``sim.program.dispatch``);
     returns the name of a side collective the next op must wait for (flex's inter-node
-    exchange, which runs beside its intra-node one), or None."""
+    exchange, which runs beside its intra-node one; both, with ``beside``), or None. ``sync``: the host waits for
+    the GPU before launching the first (``sim.program.launch``). ``beside``: work to run
+    beside the exchange (the shared experts, ``--moe-shared-expert-overlap``), called after
+    the exchange is issued on its own stream: flex's inter-node exchange, or the alltoall
+    dispatcher's all-to-all when no expert-tensor-parallel gather must follow it."""
     e, h, L = w.e, m.hidden_size, shape.load
     stem, _, grad = what.partition(".")
     suffix = ".grad" if grad else ""
@@ -177,20 +348,28 @@ def _exchange(w, m, shape: MoeShape, T: int, what: str) -> str | None:
         w.comm(f"moe.{stem}.allgather{suffix}", gather, e * T * n * h, group="tpep")
         return None
     if shape.dispatcher == "flex":
-        rail = f"moe.{stem}.rdma{suffix}"
-        w.comm(rail, "all_to_all", e * shape.rail * h, group="ep_rail", side=True)
-        w.comm(f"moe.{stem}.nvl{suffix}", "all_to_all", e * shape.node * h, group="ep_node")
-        return rail
+        rail, node = f"moe.{stem}.rdma{suffix}", f"moe.{stem}.nvl{suffix}"
+        w.comm(rail, "all_to_all", e * shape.rail * h, group="ep_rail", side=True, host_sync=sync)
+        if beside is None:
+            w.comm(node, "all_to_all", e * shape.node * h, group="ep_node")
+            return rail
+        w.comm(node, "all_to_all", e * shape.node * h, group="ep_node", side=True)  # both beside the work
+        beside()
+        return (rail, node)
     steps = {"dispatch": (("moe.dispatch", "ep"), ("moe.all_gather", "etp")),
              "combine": (("moe.reduce_scatter", "etp"), ("moe.combine", "ep")),
              "combine.grad": (("moe.combine.grad", "ep"), ("moe.all_gather.grad", "etp")),
              "dispatch.grad": (("moe.reduce_scatter.grad", "etp"), ("moe.dispatch.grad", "ep"))}[what]
-    for name, group in steps:
-        if group == "ep" and shape.ep > 1:
-            w.comm(name, "all_to_all", e * L * h, group="ep")
-        elif group == "etp" and shape.etp > 1:
-            w.comm(name, gather, e * L * shape.etp * h, group="etp")
-    return None
+    live = [(name, group) for name, group in steps if getattr(shape, group) > 1]
+    side = beside is not None and len(live) == 1 and live[0][1] == "ep"
+    for i, (name, group) in enumerate(live):
+        if group == "ep":
+            w.comm(name, "all_to_all", e * L * h, group="ep", side=side, host_sync=sync and i == 0)
+        else:
+            w.comm(name, gather, e * L * shape.etp * h, group="etp", host_sync=sync and i == 0)
+    if beside is not None:
+        beside()
+    return live[0][0] if side else None
 
 
 def moe_wgrads(w, m, b: int, t: int, sp: bool, shape: MoeShape) -> None:
@@ -203,8 +382,14 @@ def moe_wgrads(w, m, b: int, t: int, sp: bool, shape: MoeShape) -> None:
     w.gemm("moe.router.wgrad", h, E, _tokens(m, b, t, sp))
 
 
-def _shared(w, m, b: int, t: int, sp: bool, phase: str) -> None:
-    """The shared experts: one tensor-parallel MLP of their total width on every token."""
+def _shared(w, m, b: int, t: int, sp: bool, phase: str, sms_held: int = 0) -> None:
+    """The shared experts: one tensor-parallel MLP of their total width on every token.
+    ``phase``: F, B or W whole, or a part of F or B as ``--moe-shared-expert-overlap`` runs
+    them beside the exchanges (Megatron-Core's ``SharedExpertMLP``: the input gathered
+    before the dispatch (F.in), up-projection and activation beside the dispatch (F.up),
+    down-projection beside the combine (F.down), output reduce-scattered after it (F.out);
+    backward the reverse: B.out, B.down beside the combine's gradient, B.up beside the
+    dispatch's, B.in). ``sms_held``: SMs a kernel beside them holds (DeepEP's)."""
     width = m.moe_shared_expert_intermediate_size
     if not width:
         return
@@ -213,25 +398,31 @@ def _shared(w, m, b: int, t: int, sp: bool, phase: str) -> None:
     f = width // t
     f_up = (2 if m.mlp == "swiglu" else 1) * f
     gather = t > 1 and sp
-    if phase == "F":
-        if gather:
+    rs = "reduce_scatter" if sp else "all_reduce"
+    parts = {"F": ("F.in", "F.up", "F.down", "F.out"), "B": ("B.out", "B.down", "B.up", "B.in")}.get(phase, (phase,))
+    for part in parts:
+        if part == "F.in" and gather:
             w.comm("moe.shared.all_gather", "all_gather", e * n_tok * h)
-        w.gemm("moe.shared.up", n_tok, f_up, h)
-        w.mem(f"moe.shared.{m.mlp}", e * (f_up * n_tok), e * n_tok * f, _ACT_FLOPS[m.mlp] * n_tok * f, framework=True)
-        w.gemm("moe.shared.down", n_tok, h, f)
-        if t > 1:
-            w.comm("moe.shared.reduce_scatter", "reduce_scatter" if sp else "all_reduce", e * n_tok * h)
-    elif phase == "B":
-        if gather:
+        elif part == "F.up":
+            w.gemm("moe.shared.up", n_tok, f_up, h, sms_held=sms_held)
+            w.mem(f"moe.shared.{m.mlp}", e * (f_up * n_tok), e * n_tok * f, _ACT_FLOPS[m.mlp] * n_tok * f,
+                  framework=True, sms_held=sms_held)
+        elif part == "F.down":
+            w.gemm("moe.shared.down", n_tok, h, f, sms_held=sms_held)
+        elif part == "F.out" and t > 1:
+            w.comm("moe.shared.reduce_scatter", rs, e * n_tok * h)
+        elif part == "B.out" and gather:
             w.comm("moe.shared.all_gather.grad", "all_gather", e * n_tok * h)
-        w.gemm("moe.shared.down.dgrad", n_tok, f, h)
-        w.mem(f"moe.shared.{m.mlp}.grad", e * (f_up + f) * n_tok, e * f_up * n_tok,
-              2 * _ACT_FLOPS[m.mlp] * n_tok * f, framework=True)
-        w.gemm("moe.shared.up.dgrad", n_tok, h, f_up)
-        if t > 1:
-            w.comm("moe.shared.reduce_scatter.grad", "reduce_scatter" if sp else "all_reduce", e * n_tok * h)
-    else:
-        w.gemm("moe.shared.down.wgrad", f, h, n_tok)
-        if gather:
-            w.comm("moe.shared.all_gather.input", "all_gather", e * n_tok * h)
-        w.gemm("moe.shared.up.wgrad", h, f_up, n_tok)
+        elif part == "B.down":
+            w.gemm("moe.shared.down.dgrad", n_tok, f, h, sms_held=sms_held)
+            w.mem(f"moe.shared.{m.mlp}.grad", e * (f_up + f) * n_tok, e * f_up * n_tok,
+                  2 * _ACT_FLOPS[m.mlp] * n_tok * f, framework=True, sms_held=sms_held)
+        elif part == "B.up":
+            w.gemm("moe.shared.up.dgrad", n_tok, h, f_up, sms_held=sms_held)
+        elif part == "B.in" and t > 1:
+            w.comm("moe.shared.reduce_scatter.grad", rs, e * n_tok * h)
+        elif part == "W":
+            w.gemm("moe.shared.down.wgrad", f, h, n_tok)
+            if gather:
+                w.comm("moe.shared.all_gather.input", "all_gather", e * n_tok * h)
+            w.gemm("moe.shared.up.wgrad", h, f_up, n_tok)

@@ -28,8 +28,9 @@ from sim.program.build import BuildContext
 from sim.program.estimate import estimate_in, group_comm_time
 from sim.inputs.experts import Folding
 from sim.program.fp8 import gemm_kernel
+from sim.program.dispatch import default_layout, dispatch_groups, group_sizes, moe_shape
+from sim.program.launch import HOST_LAUNCH_S, issue_bound
 from sim.program.workload import Comm, Op, Work, local_sequence, plan_edge_works, plan_layer_work
-from sim.program.workload_moe import MoeShape
 from sim.units import format_bytes, format_time
 
 PARTS = ("layer", "moe layer", "embedding", "head")
@@ -67,21 +68,23 @@ def _op_row(op: Op, profile: HardwareProfile, dtype: str = "bf16") -> dict:
     }
 
 
-def _comm_row(c: Comm, plan: ParallelPlan, link: str, profile: HardwareProfile, links: dict | None = None) -> dict:
+def _comm_row(c: Comm, plan: ParallelPlan, link: str, profile: HardwareProfile, links: dict | None = None,
+              sizes: dict | None = None) -> dict:
     if c.group == "tp":
         t = collective_time(c.collective, c.nbytes, plan.tp, link, profile) if plan.tp > 1 else 0.0
         n = plan.tp
     else:  # expert- or context-parallel: the bytes leaving a rank over its group's link (estimate's pricing)
-        n = {"ep": plan.ep, "etp": plan.etp_size, "cp": plan.cp}[c.group]
+        n = {"ep": plan.ep, "etp": plan.etp_size, "cp": plan.cp, **(sizes or {})}[c.group]
         link = (links or {}).get(c.group, "nvlink")
         t = group_comm_time(c, n, link, profile) if n > 1 else 0.0
     return {"phase": "R" if c.recompute else c.phase, "name": c.name,
-            "kind": f"{'ep' if c.group == 'etp' else c.group} comm", "collective": c.collective, "bytes": c.nbytes, "ranks": n, "link": link, "time_s": t,
+            "kind": f"{'cp' if c.group == 'cp' else 'tp' if c.group == 'tp' else 'ep'} comm", "collective": c.collective, "bytes": c.nbytes, "ranks": n, "link": link, "time_s": t,
             "group": c.group, "beside_compute": c.side}
 
 
-def _part(work: Work, plan: ParallelPlan, link: str, profile: HardwareProfile, links: dict | None = None) -> dict:
-    rows = [_op_row(i, profile) if isinstance(i, Op) else _comm_row(i, plan, link, profile, links)
+def _part(work: Work, plan: ParallelPlan, link: str, profile: HardwareProfile, links: dict | None = None,
+          sizes: dict | None = None) -> dict:
+    rows = [_op_row(i, profile) if isinstance(i, Op) else _comm_row(i, plan, link, profile, links, sizes)
             for i in work.items]
     phases: dict[str, dict] = {}
     for r in rows:
@@ -92,7 +95,28 @@ def _part(work: Work, plan: ParallelPlan, link: str, profile: HardwareProfile, l
             p["compute_s"] += r["time_s"]
             p["kernels"] += 1
     total = sum(p["compute_s"] + p["tp_comm_s"] for p in phases.values())
-    return {"rows": rows, "phases": phases, "total_s": total}
+    return {"rows": rows, "phases": phases, "total_s": total, "launch": _launch(work, rows)}
+
+
+def _launch(work: Work, rows: list) -> dict | None:
+    """The host's launches after the forward's synchronisation (``sim.program.launch``): the
+    kernels from it to the block's end, their GPU seconds, the host's seconds to launch them
+    and ``issue_bound`` over the compute (the exchanges between left out); None without one."""
+    start = next((k for k, it in enumerate(work.items) if it.phase == "F" and not it.recompute and it.host_sync),
+                 None)
+    if start is None:
+        return None
+    kernels, gpu = 0, []
+    for it, r in zip(work.items[start:], rows[start:]):
+        if it.phase != "F" or not it.name.startswith("moe."):
+            break
+        if isinstance(it, Op):
+            kernels += it.kernels
+            gpu += [r["time_s"] / it.kernels] * it.kernels
+        else:
+            kernels += 1
+    return {"after": work.items[start].name, "kernels": kernels, "host_s": kernels * HOST_LAUNCH_S,
+            "gpu_s": sum(gpu), "issue_bound_s": issue_bound(gpu, HOST_LAUNCH_S)}
 
 
 def explain(model: ModelSpec, plan: ParallelPlan, profile: HardwareProfile, gpus_per_node: int = 8) -> dict:
@@ -115,14 +139,19 @@ def explain(model: ModelSpec, plan: ParallelPlan, profile: HardwareProfile, gpus
     if model.layers is not None and dense_kind is None:
         del works["layer"]
     groups = {"cp": plan.cp_group(0)}
-    if model.moe:  # an MoE layer under balanced routing
+    sizes = {}
+    if model.moe:  # an MoE layer under balanced routing, moved by the plan's dispatcher
         tokens = b * local.seq_length // (t if plan.sp else 1)
-        moe = MoeShape(plan.ep, plan.etp_size, tokens * model.moe_router_topk)
+        layout = default_layout(plan, gpus_per_node)
+        lid = next(i for i in range(model.num_layers) if model.is_moe_layer(i))
+        moe = moe_shape(model, plan, lid, tokens * model.moe_router_topk, layout)
         works["moe layer"] = plan_layer_work(model, plan, moe, moe_kind)
         fold = Folding(plan)
         groups.update(ep=fold.ep_group(0), etp=fold.etp_group(0))
+        sizes = group_sizes(plan, layout)
+        groups.update({g: dispatch_groups(fold, 0, lambda r: r // gpus_per_node)[g] for g in sizes if sizes[g] > 1})
     links = {k: "nvlink" if len({r // gpus_per_node for r in g}) == 1 else "ib" for k, g in groups.items()}
-    parts = {name: _part(w, plan, link, profile, links) for name, w in works.items()}
+    parts = {name: _part(w, plan, link, profile, links, sizes) for name, w in works.items()}
     layers = plan.stage_layers(model)
     per_stage = [sum(layers[c * plan.pp + r] for c in range(plan.vpp)) for r in range(plan.pp)]
     return {
@@ -189,6 +218,13 @@ def render(report: dict) -> str:
         sums = ", ".join(f"{ph} {format_time(v['compute_s'])} compute + {format_time(v['tp_comm_s'])} comm"
                          for ph, v in part["phases"].items())
         out.append(f"  total {format_time(part['total_s'])}: {sums}")
+        la = part.get("launch")
+        if la:
+            out.append(f"  host: from {la['after']} (the host waits for the GPU) to the block's end it launches "
+                       f"{la['kernels']} kernels in {format_time(la['host_s'])} ({format_time(HOST_LAUNCH_S)} each) "
+                       f"against {format_time(la['gpu_s'])} of GPU compute; launched one by one onto an idle GPU "
+                       f"they would end after {format_time(la['issue_bound_s'])} (the exchanges between let the host "
+                       f"catch up: the simulator times it; --cuda-graph moe removes the wait)")
         out.append("")
     e = report["estimate"]
     out.append(f"per iteration (first-order estimate, no overlap; layers per stage "

@@ -15,7 +15,8 @@ through the same analysis. Each rank's file (``trace_rank{r}.json``) holds:
   (``ncclDevKernel_AllReduce_Sum_bf16_RING_LL``, ``ncclDevKernel_AllGather_RING_LL``,
   ``ncclDevKernel_ReduceScatter_Sum_bf16_RING_LL``, ``ncclDevKernel_SendRecv``), with the
   args PyTorch's ``record_param_comms`` attaches: ``Collective name``, ``In msg nelems``,
-  ``Out msg nelems``, ``Group size``, ``dtype``, ``Process Group Ranks``. An NCCL kernel
+  ``Out msg nelems``, ``Group size``, ``dtype``, ``Process Group Ranks`` and ``Process Group
+  Description`` (Megatron-LM's group name: ``DATA_PARALLEL_GROUP``, ...). An NCCL kernel
   spans the time data moves; the time the action waited for its peers before that is in
   the arg ``trainsim wait (us)`` (``wait=True`` makes it kernel time instead, as on a real
   GPU, where an NCCL kernel spins until its peers arrive; but the simulator posts
@@ -23,10 +24,16 @@ through the same analysis. Each rank's file (``trace_rank{r}.json``) holds:
 - GPU/host copies (optimizer offload) as ``cat: "gpu_memcpy"`` ``Memcpy DtoH``/``HtoD``.
 - For every kernel a ``cuda_runtime`` launch (``cudaLaunchKernel``, ``cudaMemcpyAsync``)
   on the host thread with the same ``correlation``, and an ``ac2g`` flow from launch to
-  kernel. The simulator has no CPU model: launches are placed just before their kernels,
-  one after another on one thread (the CPU running ahead of the GPU, as in a GPU-bound
-  run), so HTA's kernel-launch statistics mean little, while everything measured on the
-  GPU side does.
+  kernel. The simulator has no CPU model: launches are placed one after another on one
+  thread, each before its kernel and as early as that allows (the CPU running ahead of
+  the GPU, as in a GPU-bound run), so HTA's kernel-launch statistics mean little, while
+  everything measured on the GPU side does.
+- For each dependency of an action on an action of another stream of its rank (the
+  program's cross-stream edges), a ``cudaEventRecord`` after the awaited kernel's launch,
+  a ``cudaStreamWaitEvent`` before the waiting kernel's launch and a zero-length
+  ``cuda_sync`` ``Stream Wait Event`` (``wait_on_stream``,
+  ``wait_on_cuda_event_record_corr_id``), as PyTorch records them: ``trainsim replay``
+  rebuilds the program's dependencies from them.
 - One ``ProfilerStep#0`` annotation over the iteration; a ``gpu_user_annotation`` per
   pipeline step (``1F0``, ...) on the compute stream; the host optimizer step of ZeRO-
   Offload as a ``cpu_op``; memory allocations as ``[memory]`` instant events.
@@ -69,6 +76,9 @@ _NCCL = {
     "alltoall": ("ncclDevKernel_SendRecv", "all_to_all"),
     "shift": ("ncclDevKernel_SendRecv", "batch_isend_irecv"),
 }
+_GROUP_DESC = {"dp": "DATA_PARALLEL_GROUP", "zero": "DATA_PARALLEL_GROUP", "tp": "TENSOR_MODEL_PARALLEL_GROUP",
+               "pp": "PIPELINE_MODEL_PARALLEL_GROUP", "cp": "CONTEXT_PARALLEL_GROUP", "ep": "EXPERT_MODEL_PARALLEL_GROUP"}
+"""A communication span's category -> the ``Process Group Description`` (Megatron-LM's group names)."""
 _KIND_NAMES = {"F": "forward", "B": "backward", "I": "backward_input", "W": "backward_weight",
                "opt": "optimizer_step"}
 
@@ -97,7 +107,8 @@ def _nccl(span: Span, group_size: int) -> tuple[str, dict]:
 
 
 def to_kineto(trace: Trace, rank: int, *, world_size: int | None = None, device_name: str = "",
-              memory_bytes: float = 0.0, groups: dict | None = None, name: str = "", wait: bool = False, offset_us: int | None = None) -> dict:
+              memory_bytes: float = 0.0, groups: dict | None = None, name: str = "", wait: bool = False,
+              offset_us: int | None = None, waits: dict | None = None) -> dict:
     """Rank ``rank`` of ``trace`` as a Kineto trace dict (see the module doc).
 
     ``groups`` maps a collective's span name to its process group (ranks), for the
@@ -106,6 +117,11 @@ def to_kineto(trace: Trace, rank: int, *, world_size: int | None = None, device_
     when data started to move (the time spent waiting for peers is then kernel time).
     ``offset_us`` is added to every time (default: whole seconds, enough to keep the
     launches placed before time zero positive); ranks of one run must share it.
+    ``waits`` maps a span's name to the names of the actions of this rank on other
+    streams it waited for (``cross_stream_waits``): each becomes a ``cudaEventRecord``
+    after the awaited kernel's launch, a ``cudaStreamWaitEvent`` before the waiting
+    kernel's launch, and a ``cuda_sync`` ``Stream Wait Event`` on the waiting stream, as
+    PyTorch records them.
     """
     info = trace.ranks.get(rank, {})
     device = str(info.get("device", ""))
@@ -150,11 +166,13 @@ def to_kineto(trace: Trace, rank: int, *, world_size: int | None = None, device_
             args.update(grid=[8, 1, 1], block=[640, 1, 1], **extra)
             if group:
                 args["Process Group Ranks"] = str(list(group))
+            if sp.category in _GROUP_DESC:
+                args["Process Group Description"] = _GROUP_DESC[sp.category]
             if sp.peer is not None:
                 args["dst rank" if sp.kind == "send" else "src rank"] = sp.peer
         if sp.kind != "compute" and sp.busy_start_s is not None:
             args["trainsim wait (us)"] = round((sp.busy_start_s - sp.start_s) * 1e6, 3)
-        gpu.append({"ph": "X", "cat": cat, "name": kname, "pid": local, "tid": stream, "ts": ts,
+        gpu.append({"ph": "X", "cat": cat, "name": kname, "pid": local, "tid": stream, "ts": ts, "_span": sp.name,
                     "dur": end - ts, "args": args, "_launch": launch, "_step": sp.name.split(".")[0],
                     "_pipeline": sp.kind == "compute" and sp.category in ("F", "B", "I", "W")})
     gpu.sort(key=lambda e: (e["ts"], e["tid"], e["dur"]))
@@ -166,12 +184,36 @@ def to_kineto(trace: Trace, rank: int, *, world_size: int | None = None, device_
         if nxt is not None:
             t = min(t, nxt - _LAUNCH_US)
         launches[i] = nxt = t
+    # ... and as early as that allows: back to back from the first, the host running ahead
+    # of the GPU as in a GPU-bound run (what the GPU waited for is in the stream waits).
+    for i in range(1, len(gpu)):
+        launches[i] = min(launches[i], launches[i - 1] + _LAUNCH_US)
     events: list[dict] = []
+    index = {e["_span"]: i for i, e in enumerate(gpu)}
+    syncs: list[dict] = []
+    next_corr = len(gpu) + 1
     for i, e in enumerate(gpu):
         corr, ext = i + 1, i + 1
         e["args"]["correlation"] = corr
         e["args"]["External id"] = ext
         launch = e.pop("_launch")
+        for dep in (waits or {}).get(e.pop("_span"), ()):
+            j = index.get(dep)
+            if j is None or j >= i or gpu[j]["tid"] == e["tid"]:
+                continue
+            rec, wt = next_corr, next_corr + 1
+            next_corr += 2
+            syncs.append({"ph": "X", "cat": "cuda_runtime", "name": "cudaEventRecord", "pid": host_pid,
+                          "tid": host_tid, "ts": launches[j] + _LAUNCH_US, "dur": 0,
+                          "args": {"cbid": 135, "correlation": rec, "External id": j + 1}})
+            events.append({"ph": "X", "cat": "cuda_runtime", "name": "cudaStreamWaitEvent", "pid": host_pid,
+                           "tid": host_tid, "ts": launches[i], "dur": 0,
+                           "args": {"cbid": 147, "correlation": wt, "External id": ext}})
+            events.append({"ph": "X", "cat": "cuda_sync", "name": "Stream Wait Event", "pid": e["pid"], "tid": e["tid"],
+                           "ts": e["ts"], "dur": 0,
+                           "args": {"cuda_sync_kind": "Stream Wait Event", "wait_on_stream": gpu[j]["tid"],
+                                    "wait_on_cuda_event_record_corr_id": rec, "stream": e["tid"], "correlation": wt,
+                                    "device": e["pid"], "External id": ext}})
         events.append({"ph": "X", "cat": "cuda_runtime", "name": launch, "pid": host_pid, "tid": host_tid,
                        "ts": launches[i], "dur": _LAUNCH_US,
                        "args": {"cbid": _CBID[launch], "correlation": corr, "External id": ext}})
@@ -210,7 +252,7 @@ def to_kineto(trace: Trace, rank: int, *, world_size: int | None = None, device_
         label = "stream 7 (compute)" if st == "compute" else f"stream {sid} (nccl: {st})"
         meta.append({"ph": "M", "name": "thread_name", "pid": local, "tid": sid, "args": {"name": label}})
     memory = _memory_events(trace, rank, local, host_pid, host_tid)
-    timed = [step] + events + gpu + annotations + cpu_ops + memory
+    timed = [step] + syncs + events + gpu + annotations + cpu_ops + memory
     if offset_us is None:
         offset_us = _offset([timed])
     for e in timed:
@@ -254,15 +296,31 @@ def collective_groups(program) -> dict[int, dict[str, tuple]]:
             for r, acts in program.actions.items()}
 
 
+def cross_stream_waits(program) -> dict[int, dict[str, tuple]]:
+    """Per rank, each action's dependencies on actions of the same rank on another stream
+    (what a trace records as CUDA event waits), by action name."""
+    out = {}
+    for r, acts in program.actions.items():
+        stream = {a.name: a.stream for a in acts}
+        mine = {}
+        for a in acts:
+            deps = tuple(d for d in a.deps if d.__class__ is str and stream.get(d, a.stream) != a.stream)
+            if deps:
+                mine[a.name] = deps
+        out[r] = mine
+    return out
+
+
 def write_kineto(trace: Trace, out_dir: str | Path, *, ranks=None, world_size: int | None = None,
                  device_name: str = "", memory_bytes: float = 0.0, groups: dict | None = None,
-                 names: dict[int, str] | None = None, wait: bool = False) -> list[Path]:
+                 names: dict[int, str] | None = None, wait: bool = False, waits: dict | None = None) -> list[Path]:
     """Write ``trace_rank{r}.json`` for each rank (default every simulated rank) into
     ``out_dir``; each file is written through a temporary file and a rename."""
     out = Path(out_dir)
     chosen = sorted(trace.streams()) if ranks is None else sorted(ranks)
     docs = [(r, to_kineto(trace, r, world_size=world_size, device_name=device_name, memory_bytes=memory_bytes,
-                          groups=(groups or {}).get(r), name=(names or {}).get(r, ""), wait=wait, offset_us=0))
+                          groups=(groups or {}).get(r), name=(names or {}).get(r, ""), wait=wait, offset_us=0,
+                          waits=(waits or {}).get(r)))
             for r in chosen]
     # One clock for all ranks, as on one cluster with synchronised hosts.
     timed = [[e for e in doc["traceEvents"] if e.get("ph") != "M"] for _, doc in docs]

@@ -10,8 +10,9 @@ Figures follow the definitions users already know:
   communication* of the kinds (tp, pp, dp, ...) moving data at that instant (shared
   equally when several are); otherwise *idle*. Kinds: ``tp``, ``pp``, ``dp`` (gradient
   all-reduce or ZeRO's reduce-scatter), ``zero`` (ZeRO's parameter all-gathers),
-  ``offload`` (ZeRO-Offload's PCIe copies; listed only when there are any) and
-  ``other``. A send, receive or collective counts only
+  ``offload`` (ZeRO-Offload's PCIe copies; listed only when there are any), ``launch``
+  (the GPU waiting for the host to launch kernels after a synchronisation,
+  ``sim.program.launch``; listed only when there are any) and ``other``. A send, receive or collective counts only
   while data moves, not while it waits for its peers. *Overlap* is the share of a rank's
   communication time that runs under compute.
 - **Critical rank**: the rank whose work ends last (ties: most compute, then lowest
@@ -23,20 +24,22 @@ Figures follow the definitions users already know:
 
 from __future__ import annotations
 
+from sim.program.launch import LAUNCH_CATEGORY
 from sim.results.trace import Trace
 
 PIPELINE = ("F", "B", "I", "W")
 COMM_KINDS = ("tp", "pp", "dp", "zero")
-OPTIONAL_KINDS = ("offload", "ep", "cp", "amax")
+OPTIONAL_KINDS = ("offload", "ep", "cp", "amax", LAUNCH_CATEGORY)
 
 
 def rank_breakdown(trace: Trace, rank: int) -> dict:
     """Seconds of compute, exposed communication by kind, overlap and idle on one rank."""
     spans = trace.spans_of(rank)
-    comp = [(s.start_s, s.end_s) for s in spans if s.kind == "compute" and s.end_s > s.start_s]
+    comp = [(s.start_s, s.end_s) for s in spans
+            if s.kind == "compute" and s.end_s > s.start_s and s.category != LAUNCH_CATEGORY]
     comm = [(s.busy_start_s if s.busy_start_s is not None else s.start_s, s.end_s,
              s.category if s.category in COMM_KINDS + OPTIONAL_KINDS else "other")
-            for s in spans if s.kind != "compute" and s.end_s > s.start_s]
+            for s in spans if (s.kind != "compute" or s.category == LAUNCH_CATEGORY) and s.end_s > s.start_s]
     pipe_end = max((s.end_s for s in spans if s.kind == "compute" and s.category in PIPELINE), default=0.0)
     end = trace.end_s
     events: list[tuple[float, int, int, str]] = []  # (time, +1/-1, is_compute, kind)
@@ -55,11 +58,12 @@ def rank_breakdown(trace: Trace, rank: int) -> dict:
         if time > t:
             dt = time - t
             kinds = [k for k, c in active.items() if c > 0]
-            if kinds:
+            moving = any(k != LAUNCH_CATEGORY for k in kinds)  # (the host launching is not communication)
+            if moving:
                 out["comm_s"] += dt
             if n_comp > 0:
                 out["compute_s"] += dt
-                if kinds:
+                if moving:
                     out["overlap_s"] += dt
             elif kinds:
                 for k in kinds:
@@ -87,7 +91,7 @@ def critical_rank(trace: Trace) -> int:
     busy: dict[int, float] = {}
     for s in trace.spans:
         last[s.rank] = max(last.get(s.rank, 0.0), s.end_s)
-        if s.kind == "compute":
+        if s.kind == "compute" and s.category != LAUNCH_CATEGORY:
             busy[s.rank] = busy.get(s.rank, 0.0) + s.duration_s
     return min(last, key=lambda r: (-round(last[r], 15), -round(busy.get(r, 0.0), 15), r))
 

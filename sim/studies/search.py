@@ -49,8 +49,12 @@ them is enough to compare with BF16.
    a pair's all-to-alls may hide under the other micro-batch's compute, but they run one
    at a time on their stream, and without pipelining micro-batch 0's forward and the last
    backward run alone (A₁ = A when pp = 1, else 0).
-   For mixtures of experts the bound is then a true lower bound: ``bound / simulated ≤ 1``
-   (tests/test_search_moe_cp.py checks it on an all-to-all-heavy model over two nodes).
+   For mixtures of experts the bubble is instead what no schedule avoids whatever the stages
+   weigh (``_pipeline_floor``: a rank waits for the ranks before it to run a forward at the
+   start and a backward at the end, and under 1F1B its first backward for the ranks after it),
+   the largest over the ranks, so that the bound is a true lower bound: ``bound / simulated ≤ 1``
+   (tests/test_search_moe_cp.py checks it on an all-to-all-heavy model over two nodes, whose
+   first stage, with the embedding and one layer more, is the slowest).
    Plans are simulated in order of increasing bound, in waves of fixed size; before
    each wave, if the next plan's ``bound / margin`` exceeds the second-best simulated
    time (``exact`` = 2: the best and the runner-up the explanation compares), it and
@@ -399,6 +403,8 @@ def bound_s(ctx: BuildContext, est: Estimate) -> float:
         for r in range(p):
             compute = sum(ranks[r]) - a2a[r]
             own[r] = max(m * compute + (a2a[r] if p == 1 else 0.0), m * a2a[r])
+    if model.moe:
+        return _pipeline_floor(ranks, own, plan) + est.time["optimizer"]
     slowest = max(range(p), key=lambda r: own[r])
     others = [ranks[r] for r in range(p) if r != slowest]
     if plan.schedule == "zb-h1":
@@ -410,6 +416,26 @@ def bound_s(ctx: BuildContext, est: Estimate) -> float:
     # the other ranks' all-to-alls can run while the slowest rank computes: out of the bubble
     bubble = max(0.0, bubble - sum(a2a[r] for r in range(p) if r != slowest) / v)
     return own[slowest] + bubble + est.time["optimizer"]
+
+
+def _pipeline_floor(ranks: list, own: list, plan) -> float:
+    """The step's least time over the pipeline ranks, each rank's own work plus the waits no
+    schedule avoids (the bound for mixtures of experts, which must stay below the simulated
+    time whatever the stages weigh): rank r starts after the ranks before it have each run a
+    forward and ends after they have each run a backward and weight gradient (Σ_{s<r}
+    (F_s + B_s + W_s)/v); under 1F1B (v = 1) its first backward also waits for the ranks after
+    it to run micro-batch 0's forward and backward, beside at most p − 1 − r warm-up forwards
+    of its own (max(0, Σ_{s>r} (F_s + B_s) − (p − 1 − r)·F_r)). For equal stages the last
+    rank's term is m·T + (p − 1)·T/v, the usual bubble."""
+    p, v = plan.pp, plan.vpp
+    floor = 0.0
+    for r in range(p):
+        before = sum(f + b + w for f, b, w in ranks[:r]) / v
+        after = 0.0
+        if plan.schedule == "1f1b" and v == 1:
+            after = max(0.0, sum(f + b for f, b, _ in ranks[r + 1:]) - (p - 1 - r) * ranks[r][0])
+        floor = max(floor, own[r] + before + after)
+    return floor
 
 
 @dataclass

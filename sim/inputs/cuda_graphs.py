@@ -1,0 +1,117 @@
+"""CUDA graphs: which parts of a layer the host launches as one graph instead of kernel by kernel.
+
+Megatron-Core captures per-layer CUDA graphs (``--cuda-graph-impl local`` or
+``transformer_engine``; the older ``--enable-cuda-graph``) over the parts named by
+``--cuda-graph-modules`` (formerly ``--cuda-graph-scope``), or the whole iteration
+(``--cuda-graph-impl full_iteration``). Here ``cuda_graph`` lists the scopes, with
+Megatron-Core's names (``megatron/core/transformer/cuda_graph_config.py`` and the help of
+``--cuda-graph-modules`` in ``megatron/training/arguments.py``):
+
+    full            the whole transformer layer (Megatron-Core's empty module list)
+    attn            ``TransformerLayer._forward_attention``
+    mlp             a dense layer's MLP
+    moe             an MoE layer's whole MLP block (router, dispatch, experts, combine)
+    moe_router      an MoE block up to ``MoELayer.router()``
+    moe_preprocess  the dispatcher's preprocess (with ``moe_router`` only)
+    full_iteration  forward and backward of the whole iteration
+
+What a graph removes in trainsim is the host's per-kernel launch cost where it binds:
+after the host synchronisation in each MoE layer's forward (``sim.program.launch``), the
+host issues the rest of the block kernel by kernel unless a graph covers it. A dropless
+MoE block cannot be captured (its token counts go to the host mid-block), so every scope
+that covers it (``moe``, ``full``, ``full_iteration``) needs drop-padding MoE; the router
+scopes are allowed with dropless MoE but cover only kernels before the synchronisation,
+which the host has issued long before the GPU needs them, so they change nothing here.
+
+The rules, from ``TransformerConfig.__post_init__`` (Megatron-Core), each a one-line refusal:
+``moe`` and ``moe_router`` need an MoE model and not both; ``moe_preprocess`` needs
+``moe_router`` and is refused for the alltoall dispatcher with a capacity factor (its
+preprocess copies token counts to the host); ``mlp`` needs a dense layer; ``moe`` (and here
+``full`` and ``full_iteration`` on an MoE model, which capture the block too) needs
+drop-padding MoE (``moe_expert_capacity_factor``, shapes padded to the capacity); full
+recompute needs ``full_iteration``; ``full_iteration`` stands alone.
+"""
+
+from __future__ import annotations
+
+from sim.errors import InputError, require
+
+FIELD = "cuda_graph"
+SCOPES = ("full", "attn", "mlp", "moe", "moe_router", "moe_preprocess", "full_iteration")
+_COVERS_MOE = ("full", "moe", "full_iteration")
+
+
+def _refuse(value, allowed: str) -> InputError:
+    return InputError(field=f"plan: {FIELD}", value=value, allowed=allowed, setting=FIELD)
+
+
+def parse_cuda_graph(value) -> tuple[str, ...] | None:
+    """The scopes as a tuple in ``SCOPES`` order, each once: from a list of names or a string
+    of names separated by commas or spaces. Refused: an empty list or an unknown name."""
+    if value is None:
+        return None
+    words = [value] if isinstance(value, str) else list(value) if isinstance(value, (list, tuple)) else None
+    if words is None or not all(isinstance(w, str) for w in words):
+        raise _refuse(value, f"expected scope names, of {', '.join(SCOPES)}")
+    names = [n for w in words for n in w.replace(",", " ").split()]
+    if not names:
+        raise _refuse(value, f"expected at least one scope, of {', '.join(SCOPES)}")
+    for n in names:
+        if n not in SCOPES:
+            raise _refuse(n, f"allowed: {', '.join(SCOPES)}")
+    return tuple(s for s in SCOPES if s in names)
+
+
+class CudaGraphs:
+    """The plan's CUDA-graph scopes (module doc); an empty one when none are set."""
+
+    def __init__(self, scopes: tuple[str, ...] | None):
+        self.scopes = tuple(scopes or ())
+
+    def covers_moe_block(self) -> bool:
+        """Whether a graph covers a whole MoE block, so that its kernels cost the host nothing."""
+        return any(s in self.scopes for s in _COVERS_MOE)
+
+    def __bool__(self) -> bool:
+        return bool(self.scopes)
+
+
+def check_cuda_graph_plan(plan) -> None:
+    """The rules that need the plan alone (``ParallelPlan.__post_init__``)."""
+    scopes = plan.cuda_graph
+    if not scopes:
+        return
+    where = f"plan: {FIELD}"
+    require(not ("moe" in scopes and "moe_router" in scopes), where, "moe moe_router",
+            "not both moe and moe_router (Megatron-Core's rule: moe already captures the router)", setting=FIELD)
+    require("moe_preprocess" not in scopes or "moe_router" in scopes, where, "moe_preprocess",
+            "needs moe_router as well (Megatron-Core graphs the preprocess only with the router)", setting=FIELD)
+    require("full_iteration" not in scopes or len(scopes) == 1, where, " ".join(scopes),
+            "full_iteration stands alone (it captures the whole iteration)", setting=FIELD)
+    require(plan.recompute != "full" or scopes == ("full_iteration",), where, " ".join(scopes),
+            "with recompute_granularity full only full_iteration (Megatron-Core's rule)", setting=FIELD)
+    require(not ("moe_preprocess" in scopes and plan.dispatcher == "alltoall"
+                 and plan.moe_capacity_factor is not None), where, "moe_preprocess",
+            "not with the alltoall dispatcher and a capacity factor: its preprocess copies token counts to the host "
+            "(Megatron-Core's rule)", setting=FIELD)
+
+
+def check_cuda_graph_model(plan, model) -> None:
+    """The rules that need the model (``ParallelPlan.check_model``)."""
+    scopes = plan.cuda_graph
+    if not scopes:
+        return
+    where = f"plan: {FIELD}"
+    for s in ("moe", "moe_router", "moe_preprocess"):
+        require(s not in scopes or model.moe, where, s, f"{model.name} has no experts (an MoE scope needs "
+                "--num-experts)", setting=FIELD)
+    if not model.moe:
+        return
+    dense = any(not model.is_moe_layer(i) for i in range(model.num_layers))
+    require("mlp" not in scopes or dense, where, "mlp",
+            f"{model.name} has no dense layer (every layer is MoE; mlp graphs a dense layer's MLP)", setting=FIELD)
+    covering = [s for s in scopes if s in _COVERS_MOE]
+    require(not covering or plan.moe_capacity_factor is not None, where, covering[0] if covering else None,
+            "captures the MoE block, which needs drop-padding MoE (moe_expert_capacity_factor set): dropless MoE "
+            "copies its token counts to the host mid-block, which a graph cannot capture (Megatron-Core's rule)",
+            setting=FIELD)

@@ -1,0 +1,240 @@
+"""The MoE layer's own kernels (``sim.program.workload_moe``) and the host's launches after the
+forward's synchronisation (``sim.program.launch``): a layer computed by hand on 2 x 8 GPUs,
+the permutation fused or not, the shared experts beside DeepEP's exchanges, the launch bound
+and the CUDA graph that removes it, and what ``trainsim explain`` lists."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from sim.cli import main
+from sim.inputs.hardware import load_profile
+from sim.inputs.model import llama
+from sim.inputs.plan import ParallelPlan
+from sim.inputs.schema import SimulationSettings
+from sim.inputs.topology_build import load_topology
+from sim.inputs.tp_overlap import margin_profile
+from sim.program.build import BuildContext
+from sim.program.costs import op_time
+from sim.program.dispatch import moe_shape
+from sim.program.launch import HOST_LAUNCH_S, HOST_STREAM, LAUNCH_CATEGORY, issue_bound
+from sim.program.workload import Comm, Op, plan_layer_work
+from sim.program.workload_moe import DEEPEP_SMS
+from sim.session import Job, simulate_training
+
+H100 = load_profile("h100-sxm")
+QUIET = replace(H100, overlap_compute_slowdown=0.0)
+# one MoE layer: h 1024, 32 experts of width 512, top-4, 1024 tokens per micro-batch
+MOE = llama("moe-2x8", 1, 1024, 8, 8, 4096, 2048, 1024, num_experts=32, moe_router_topk=4, moe_ffn_hidden_size=512)
+
+
+def _layer(model, plan):
+    shape = moe_shape(model, plan, 0, model.seq_length * plan.micro_batch_size * model.moe_router_topk)
+    return plan_layer_work(model, plan, shape)
+
+
+def _items(work, phase="F"):
+    return {i.name: i for i in work.items if i.phase == phase and not i.recompute}
+
+
+def test_issue_bound_closed_form():
+    # kernels of 1, 1, 1 s launched every 2 s: the last is issued at 6 s and ends at 7 s
+    assert issue_bound([1.0, 1.0, 1.0], 2.0) == pytest.approx(7.0)
+    # a 5 s kernel first, launched at 1 s: the GPU is the bound, 1 + 5 + 1 + 1 = 8 s
+    assert issue_bound([5.0, 1.0, 1.0], 1.0) == pytest.approx(8.0)
+    # launches free: the sum
+    assert issue_bound([0.5, 0.25], 0.0) == pytest.approx(0.75)
+
+
+def test_a_moe_layer_on_2x8_gpus_by_hand():
+    """dp = ep = 16 over two DGX H100, alltoall dispatcher, dropless, balanced: each rank
+    routes T = 1024 tokens to k = 4 experts (R = 4096 copies) and holds 32 / 16 = 2 experts,
+    which receive L = 4096 copies, 2048 rows per expert."""
+    plan = ParallelPlan(dp=16, ep=16, global_batch_size=16)
+    work = _layer(MOE, plan)
+    f = _items(work)
+    e, h, T, E, k, R = 2, 1024, 1024, 32, 4, 4096
+    # router: the T x E score GEMM, then the score function, top-k and the aux loss over T x E
+    assert f["moe.router"].shape == (T, E, h) and f["moe.router"].flops == 2 * 1024 * 32 * 1024 == 67_108_864
+    assert (f["moe.router.scores"].bytes_read, f["moe.router.scores"].bytes_written) == (e * T * E, 4 * T * E)
+    assert f["moe.router.topk"].bytes_written == 5 * 32_768 + 12 * 4096
+    assert f["moe.router.aux_loss"].bytes_read == 5 * 32_768
+    # permutation (unfused: index_select gathers every copy; its indices 8 bytes each)
+    assert f["moe.permute"].bytes_read == 2 * 4096 * 1024 + 8 * 4096 == 8_421_376
+    assert f["moe.permute"].bytes_written == 8_388_608 and f["moe.permute"].framework
+    assert f["moe.permute.map"].kernels == 9 and f["moe.permute"].kernels == 1
+    # dispatch: one all-to-all of the L copies over the ep group; the host waits for the GPU before it
+    d = f["moe.dispatch"]
+    assert isinstance(d, Comm) and d.group == "ep" and d.collective == "all_to_all"
+    assert d.nbytes == e * 4096 * h == 8_388_608 and d.host_sync
+    # the received copies regrouped by local expert, and back before the combine
+    assert f["moe.sort_chunks"].bytes_read == f["moe.unsort_chunks"].bytes_read == 8_388_608 + 4 * 4096
+    # grouped GEMMs: 2 experts x 2048 rows, one cuBLAS GEMM (one launch) per expert
+    up, down = f["moe.experts.up"], f["moe.experts.down"]
+    assert (up.shape, up.batch, up.kernels) == ((2048, 2 * 512, 1024), 2, 2)
+    assert (down.shape, down.batch, down.kernels) == ((2048, 1024, 512), 2, 2)
+    assert up.flops == 2 * 2048 * 1024 * 1024 * 2 == 8_589_934_592
+    # its time: the roofline with the profile's GEMM efficiency at that shape
+    eff = H100.gemm_efficiency(2048, 1024, 1024, 2)
+    moved = e * (2048 * 1024 + 1024 * 1024) * 2 + e * 2048 * 1024 * 2
+    assert up.bytes_read + up.bytes_written == moved
+    expect = max(up.flops / (H100.peak("bf16") * eff), moved / H100.memory_rate(False)) + H100.kernel_launch_s
+    assert op_time(up, H100) == pytest.approx(expect, rel=1e-12)
+    # unpermute: the weighted copies scattered back into the T rows (zero-fill, multiply, scatter_add)
+    u = f["moe.unpermute"]
+    assert u.bytes_read == 2 * e * R * h + 12 * R and u.bytes_written == e * R * h + 2 * e * T * h
+    assert f["moe.combine"].nbytes == 8_388_608 and not f["moe.combine"].host_sync
+
+    # simulated: the host resumes when the GPU reaches the dispatch, then launches the dispatch,
+    # sort_chunks (2), up (2), swiglu (1), down (2), unsort_chunks (2): 10 launches
+    tr = simulate_training(Job(MOE, plan, QUIET, load_topology("dgx-h100", nodes=2)),
+                           SimulationSettings(fidelity="full")).trace
+    spans = sorted((s for s in tr.spans if s.rank == 0 and s.name.split(".")[0] == "0F0"), key=lambda s: s.start_s)
+    host = [s for s in spans if s.category == LAUNCH_CATEGORY]
+    assert host and all(s.stream == HOST_STREAM for s in host)
+    assert host[0].end_s - host[0].start_s == pytest.approx(10 * HOST_LAUNCH_S, rel=1e-9)
+    dispatch = next(s for s in spans if s.name.endswith("moe.dispatch"))
+    before = max(s.end_s for s in spans if s.end_s <= dispatch.start_s and s.stream == "compute")
+    assert host[0].start_s == pytest.approx(before, abs=1e-12)
+    # the experts' segment: its kernels' times in all, the last one waiting for the host
+    comb = next(s for s in spans if s.name.endswith("moe.combine"))
+    experts = [s for s in spans if s.stream == "compute" and s.start_s >= dispatch.end_s - 1e-12
+               and s.end_s <= comb.start_s + 1e-12]
+    names = ("moe.sort_chunks", "moe.experts.up", "moe.experts.swiglu", "moe.experts.down", "moe.unsort_chunks")
+    paced = BuildContext.create(MOE, plan, QUIET).profile  # (the GEMMs at the slowest of 16 GPUs' speed)
+    assert sum(s.end_s - s.start_s for s in experts) == pytest.approx(sum(op_time(f[n], paced) for n in names),
+                                                                      rel=1e-9)
+    body, tail = experts
+    assert tail.start_s == pytest.approx(max(body.end_s, host[0].end_s), abs=1e-12)
+
+
+def test_launches_bind_after_the_synchronisation_and_a_graph_removes_them():
+    """One node, 128 experts of width 128 over ep 8 (16 local experts), 256 tokens: with the
+    dispatch the host launches 1 + 2 + 16 + 1 + 16 + 2 = 38 kernels (190 us), more than the GPU
+    needs for them, so the experts' last kernel starts when the host has launched it. With a
+    capacity factor the host waits at the permutation instead ("before_permutation_1"); with
+    --cuda-graph moe besides (drop-padding: a factor of 1 drops nothing under balanced routing)
+    the block is one graph: no host pieces, and the step is shorter."""
+    model = llama("moe-launch", 1, 512, 8, 8, 2048, 2048, 256, num_experts=128, moe_router_topk=8,
+                  moe_ffn_hidden_size=128)
+    topo = load_topology("dgx-h100", nodes=1)
+    dropless = ParallelPlan(dp=8, ep=8, global_batch_size=8)
+    tr = simulate_training(Job(model, dropless, QUIET, topo), SimulationSettings(fidelity="full")).trace
+    spans = sorted((s for s in tr.spans if s.rank == 0 and s.name.split(".")[0] == "0F0"), key=lambda s: s.start_s)
+    host = [s for s in spans if s.category == LAUNCH_CATEGORY]
+    assert host[0].end_s - host[0].start_s == pytest.approx(38 * HOST_LAUNCH_S, rel=1e-9)
+    dispatch = next(s for s in spans if s.name.endswith("moe.dispatch"))
+    comb = next(s for s in spans if s.name.endswith("moe.combine"))
+    body, tail = [s for s in spans if s.stream == "compute" and dispatch.end_s - 1e-12 <= s.start_s < comb.start_s]
+    assert host[0].end_s > body.end_s                                   # the host binds
+    assert tail.start_s == pytest.approx(host[0].end_s, abs=1e-12)
+    assert comb.start_s == pytest.approx(tail.end_s, abs=1e-12)
+    # a capacity factor: the host waits at the permutation, which it launches first (9 + 1 kernels)
+    capped = replace(dropless, moe_capacity_factor=1.0)
+    work = _layer(model, capped)
+    assert _items(work)["moe.permute.map"].host_sync and not _items(work)["moe.dispatch"].host_sync
+    tc = simulate_training(Job(model, capped, QUIET, topo), SimulationSettings(fidelity="full")).trace
+    hc = sorted((s for s in tc.spans if s.rank == 0 and s.name.split(".")[0] == "0F0"
+                 and s.category == LAUNCH_CATEGORY), key=lambda s: s.start_s)
+    assert [round((s.end_s - s.start_s) / HOST_LAUNCH_S, 9) for s in hc[:2]] == [10, 38]
+    graphed = replace(capped, cuda_graph=("moe",))
+    assert not any(getattr(i, "host_sync", False) for i in _layer(model, graphed).items)
+    tg = simulate_training(Job(model, graphed, QUIET, topo), SimulationSettings(fidelity="full")).trace
+    assert not [s for s in tg.spans if s.category == LAUNCH_CATEGORY]
+    assert tg.end_s < tc.end_s
+
+
+def test_the_allgather_dispatcher_permutes_the_gathered_rows():
+    """allgather over the 16 ranks: each rank holds T·16 = 16,384 gathered tokens, keeps the
+    L = 4096 copies routed to its 2 experts (a 16,384 x 2 local map), scatters their outputs
+    back into the 16,384 rows and reduce-scatters them, once."""
+    plan = ParallelPlan(dp=16, ep=16, global_batch_size=16, dispatcher="allgather")
+    items = [i for i in _layer(MOE, plan).items if i.phase == "F"]
+    f = {i.name: i for i in items}
+    e, h, rows, L = 2, 1024, 1024 * 16, 4096
+    assert f["moe.permute.map"].bytes_read == 19 * rows * 2 and f["moe.permute.map"].host_sync
+    assert f["moe.permute"].bytes_written == e * L * h
+    assert f["moe.unpermute"].bytes_read == 2 * e * L * h + 12 * L
+    assert f["moe.unpermute"].bytes_written == e * L * h + 2 * e * rows * h
+    names = [i.name for i in items]
+    assert names.count("moe.combine.allgather") == 1
+    assert names.index("moe.unpermute") < names.index("moe.combine.allgather")
+    assert names.index("moe.dispatch.allgather") < names.index("moe.permute.map")
+
+
+def test_fused_permutation_reads_each_token_once():
+    plan = ParallelPlan(dp=16, ep=16, global_batch_size=16)
+    plain, fused = _items(_layer(MOE, plan)), _items(_layer(MOE, replace(plan, moe_permute_fusion=True)))
+    e, h, T, E, R = 2, 1024, 1024, 32, 4096
+    assert fused["moe.permute"].bytes_read == e * T * h + 12 * T * E         # each token once, the row-id map
+    assert fused["moe.permute"].bytes_written == e * R * h + 4 * R           # its k copies and their probabilities
+    assert fused["moe.permute.map"].kernels + fused["moe.permute"].kernels == 4 < \
+        plain["moe.permute.map"].kernels + plain["moe.permute"].kernels == 10
+    assert fused["moe.unpermute"].bytes_read == e * R * h + 4 * R and fused["moe.unpermute"].bytes_written == e * T * h
+    assert fused["moe.unpermute"].kernels == 1 and plain["moe.unpermute"].kernels == 4
+    assert sum(op_time(o, H100) for o in fused.values() if isinstance(o, Op)) < \
+        sum(op_time(o, H100) for o in plain.values() if isinstance(o, Op))
+
+
+def test_shared_experts_beside_deepeps_exchanges_run_on_the_sms_it_leaves():
+    model = replace(MOE, moe_shared_expert_intermediate_size=1024)
+    plan = ParallelPlan(dp=16, ep=16, global_batch_size=16, dispatcher="flex", moe_shared_expert_overlap=True)
+    items = [i for i in _layer(model, plan).items if i.phase == "F"]
+    names = [i.name for i in items]
+    # up-projection and activation beside both exchanges (issued on their own stream), which the experts wait for
+    assert names.index("moe.dispatch.nvl") < names.index("moe.shared.up") < names.index("moe.experts.up")
+    assert names.index("moe.combine.nvl") < names.index("moe.shared.down") < names.index("moe.unpermute")
+    f = {i.name: i for i in items}
+    assert f["moe.dispatch.rdma"].side and f["moe.dispatch.nvl"].side
+    assert f["moe.experts.up"].after == ("moe.dispatch.rdma", "moe.dispatch.nvl")
+    assert f["moe.unpermute"].after == ("moe.combine.rdma", "moe.combine.nvl")
+    assert names.index("moe.shared.up") > names.index("moe.router")           # after the router, not before it
+    shared = [i for i in items if i.name.startswith("moe.shared.") and isinstance(i, Op)]
+    assert shared and all(i.sms_held == DEEPEP_SMS == 20 for i in shared)
+    up = next(i for i in shared if i.name == "moe.shared.up")
+    slow = op_time(up, margin_profile(H100, DEEPEP_SMS))
+    assert slow > op_time(up, H100)
+    # without the overlap the shared experts run first, on every SM
+    plain = [i for i in _layer(model, replace(plan, moe_shared_expert_overlap=False)).items if i.phase == "F"]
+    pn = [i.name for i in plain]
+    assert pn.index("moe.shared.up") < pn.index("moe.router")
+    assert all(i.sms_held == 0 for i in plain if isinstance(i, Op))
+
+
+def test_explain_lists_the_moe_kernels_and_the_host_bound(capsys):
+    rc = main(["explain", "--num-layers", "2", "--hidden-size", "1024", "--num-attention-heads", "8",
+               "--vocab-size", "2048", "--seq-length", "1024", "--swiglu", "--num-experts", "32", "--moe-router-topk", "4",
+               "--moe-ffn-hidden-size", "512", "--gpu", "h100-sxm", "--gpus", "16", "--global-batch-size", "16",
+               "--expert-model-parallel-size", "16"])
+    out = capsys.readouterr().out
+    assert rc in (0, None)
+    for kernel in ("moe.router ", "moe.router.scores", "moe.router.topk", "moe.router.aux_loss", "moe.permute.map",
+                   "moe.permute ", "moe.dispatch", "moe.sort_chunks", "moe.experts.up", "moe.experts.down",
+                   "moe.unsort_chunks", "moe.combine", "moe.unpermute", "moe.permute.grad"):
+        assert kernel in out, kernel
+    # from the dispatch: 10 launches to the combine (test above), the combine and the unpermutation's 4
+    assert "host: from moe.dispatch" in out and "launches 15 kernels in 75.00 us" in out
+
+
+def test_shared_experts_overlap_the_exchange_in_the_trace():
+    """One node, flex (DeepEP: only its NVLink exchange inside a node), one shared expert of width
+    2048: with the overlap the shared up-projection runs while the dispatch moves, on the SMs
+    DeepEP leaves, and the forward ends earlier than with the shared experts run first."""
+    model = replace(MOE, moe_shared_expert_intermediate_size=2048)
+    topo = load_topology("dgx-h100", nodes=1)
+    plan = ParallelPlan(dp=8, ep=8, global_batch_size=8, dispatcher="flex", moe_shared_expert_overlap=True)
+    over = simulate_training(Job(model, plan, QUIET, topo), SimulationSettings(fidelity="full")).trace
+    plain = simulate_training(Job(model, replace(plan, moe_shared_expert_overlap=False), QUIET, topo),
+                              SimulationSettings(fidelity="full")).trace
+
+    def forward(tr):
+        return sorted((s for s in tr.spans if s.rank == 0 and s.name.split(".")[0] == "0F0"), key=lambda s: s.start_s)
+
+    f = forward(over)
+    nvl = next(s for s in f if s.name.endswith("moe.dispatch.nvl"))
+    beside = [s for s in f if s.stream == "compute" and s.start_s < nvl.end_s and s.end_s > nvl.start_s]
+    assert beside                                                    # compute runs while the dispatch moves
+    span = lambda spans: max(s.end_s for s in spans) - min(s.start_s for s in spans)  # noqa: E731
+    assert span(f) < span(forward(plain))
