@@ -142,7 +142,7 @@ def main(argv=None) -> dict:
               + f". At {seqs[0] // 1024}K the gap is " + ", ".join(f"{short[v]:.2f}×" for v in short)
               + ": the changed layers remove attention's s² term, which dominates only at long context. "
               "Full attention needs context parallelism or recomputation to fit long sequences; the others, whose "
-              "changed layers cannot run under context parallelism, split the sequence's work only with tensor "
+              "changed layers refuse context parallelism, split the sequence's work only with tensor "
               "parallelism and the one full layer of four.")
     table = md_table(rows, [("variant", "model", ""), ("seq", "tokens", "d"), ("step_s", "step (s)", ".3f"),
                             ("mfu", "MFU", ".3f"), ("memory_gb", "peak (GB)", ".1f"), ("plan", "best plan", ""),
