@@ -84,7 +84,8 @@ def bare(n=200_000):  # events per second of a bare SimPy loop of timeouts
 
 _CHILD = _BARE + r"""
 import json, resource, sys, time
-from sim import session
+from sim import gc_tuning, session
+gc_tuning.tune_process()  # (as the trainsim command: the collector paused around each simulation)
 from sim.cli import build_parser
 from sim.inputs.flags import given
 from sim.inputs.schema import RunSettings, SimulationSettings
@@ -112,6 +113,8 @@ print(json.dumps({"wall_s": wall, "iteration_s": run.trace.end_s, **stats, "rss_
 
 _FLOOR = _BARE + r"""
 import json, time
+from sim import gc_tuning
+gc_tuning.tune_process()
 from sim.program.actions import Action, Program
 from sim.engine.core import simulate
 from sim.inputs.topology_build import load_topology

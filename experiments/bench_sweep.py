@@ -57,12 +57,12 @@ def _burn(n: int = 5_000_000) -> int:
 def headroom() -> float:
     """Speed-up of two pure-Python loops in two processes over one after the other: what
     the machine can give a second worker right now (2 on an idle machine with 2 cores)."""
-    from concurrent.futures import ProcessPoolExecutor
+    from sim.workers import ending_pool, process_pool
 
     t0 = time.perf_counter()
     _burn(), _burn()
     serial = time.perf_counter() - t0
-    with ProcessPoolExecutor(2) as ex:
+    with ending_pool(process_pool(2, "fork")) as ex:  # tied to this process (sim.workers)
         list(ex.map(_burn, [10, 10]))
         t0 = time.perf_counter()
         list(ex.map(_burn, [5_000_000] * 2))

@@ -18,7 +18,6 @@ import json
 import math
 import os
 import sys
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import replace
 from pathlib import Path
 
@@ -62,10 +61,12 @@ def parallel_map(fn, items, workers: int = 1) -> list:
     items = list(items)
     if workers <= 1 or len(items) <= 1:
         return [fn(x) for x in items]
-    import multiprocessing
+    from sim.gc_tuning import tune_process
+    from sim.workers import ending_pool, process_pool
 
-    ctx = multiprocessing.get_context("fork")
-    with ProcessPoolExecutor(min(workers, len(items)), mp_context=ctx) as pool:
+    # tied to this process (sim.workers): they die with it, and Ctrl-C kills them at once;
+    # the workers are ours, so their simulations pause the collector (sim.gc_tuning)
+    with ending_pool(process_pool(min(workers, len(items)), "fork", initializer=tune_process)) as pool:
         return list(pool.map(fn, items))
 
 

@@ -370,10 +370,9 @@ def _simulate_all(jobs: list, workers: int, specs: dict, batch: dict):
     shared by one thread per search, then the B200's best plan of each model on GB200."""
     pool = None
     if workers > 1:
-        import multiprocessing
-        from concurrent.futures import ProcessPoolExecutor
+        from sim.workers import process_pool
 
-        pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork"))
+        pool = process_pool(workers, "fork")  # tied to this process (sim.workers)
         pool.submit(_noop).result()  # a fork pool starts all its workers now, before any thread runs
     try:
         if pool:
@@ -398,9 +397,14 @@ def _simulate_all(jobs: list, workers: int, specs: dict, batch: dict):
             if rec["status"] != "ok":
                 raise RuntimeError(f"{m}: B200's best plan on GB200: {rec['error']}")
             same[m] = (plan, rec["summary"])
-    finally:
+    except BaseException:  # a Ctrl-C, a SIGTERM, an error: the workers go at once
         if pool:
-            pool.shutdown()
+            from sim.workers import end_pool
+
+            end_pool(pool, kill=True)
+        raise
+    if pool:
+        pool.shutdown()
     return results, same
 
 

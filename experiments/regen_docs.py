@@ -28,6 +28,18 @@ inside the comment:
     image: SRC -> DEST     after the run, copy the file SRC (written by the command) to
                            DEST (a picture under docs/img/); --check compares the bytes
 
+A block of commands that is not run (it needs a GPU, a file of the reader's, a package
+trainsim does not install, or it is a usage synopsis) says so, and why, right before it:
+
+    <!-- not run: needs a GPU and PyTorch -->
+    ```sh
+    trainsim calibrate ...
+    ```
+
+Every other fenced block that holds a command (a line starting ``trainsim``, ``python``,
+``make``, ``pip`` or ``$``) or Python code must be a marked block (``unmarked_blocks``;
+tests/test_docs.py fails on one).
+
 A table of contents is marked ``<!-- toc -->``: the bullet list right after it is rewritten
 from the page's ``##`` and ``###`` headings below it, linked by GitHub's anchors.
 
@@ -67,6 +79,8 @@ MASK = "…"
 WIDTH = 100
 OPTIONS = ("exit", "mask", "lines", "fence", "show", "slow", "image")
 MARKER = re.compile(r"^<!-- run:(.*)$")
+NOT_RUN = re.compile(r"^<!-- not run:(.*?)-->\s*$")
+COMMAND = re.compile(r"^\s*(\$ |trainsim( |$)|python3? |make |pip )")
 FENCE = re.compile(r"^(```+)(\S*)\s*$")
 
 
@@ -175,6 +189,32 @@ def find_blocks(path: Path, text: str | None = None) -> list[Block]:
         blocks.append(block)
         i = block.end + 1
     return blocks
+
+
+def unmarked_blocks(path: Path) -> list[str]:
+    """The fenced blocks of a page that hold commands or Python code but are neither a marked
+    block (its command, its output or its Python example) nor marked ``<!-- not run: REASON -->``;
+    one ``file:line: first line`` each. A ``not run`` marker without a reason is one too."""
+    lines = path.read_text(encoding="utf-8").split("\n")
+    covered: set[int] = set()
+    for b in find_blocks(path):
+        covered.update(range(b.line - 1, b.end + 1))
+    out, i = [], 0
+    while i < len(lines):
+        f = FENCE.match(lines[i])
+        if not f:
+            i += 1
+            continue
+        end = _fence_end(lines, i, f.group(1), f"{_rel(path)}:{i + 1}")
+        body = lines[i + 1:end]
+        code = f.group(2) == "python" or any(COMMAND.match(x) for x in body)
+        before = next((lines[k] for k in range(i - 1, -1, -1) if lines[k].strip()), "")
+        m = NOT_RUN.match(before)
+        if code and i not in covered and not (m and m.group(1).strip()):
+            first = next((x.strip() for x in body if x.strip()), "")
+            out.append(f"{_rel(path)}:{i + 1}: {first[:80]}")
+        i = end + 1
+    return out
 
 
 def slug(heading: str) -> str:

@@ -37,7 +37,7 @@ from sim.inputs.experiment import (MODEL_FIELDS, Experiment, Setting, blame, nam
 from sim.inputs.schema import RunSettings
 from sim.studies.compare import Comparison, plan_dirs  # noqa: F401  (re-exported)
 
-from sim.inputs.variants import Variant, plan_settings, variants_of
+from sim.inputs.variants import Variant, fit_vpp_to_schedule, plan_settings, variants_of
 
 __all__ = ["RunResult", "Comparison", "run", "compare"]
 
@@ -255,6 +255,7 @@ def compare(experiment: str | Path | None = None, plans: list | None = None, *, 
     # Keywords override the file's plans; plans given here override the keywords.
     merged = [({**base, **v.settings, **keywords, **v.axis} if v.from_file else {**base, **v.settings, **v.axis})
               for v in variants]
+    merged = [fit_vpp_to_schedule(v, m, _layers_of(m, model_obj)) for v, m in zip(variants, merged)]
     if variants:
         check_model_given(exp, merged[0], model_obj)
     for v, m in zip(variants, merged):  # every plan's input errors before anything is simulated
@@ -266,6 +267,17 @@ def compare(experiment: str | Path | None = None, plans: list | None = None, *, 
             bar.update(f"simulating {gpus}plan {i + 1}/{len(variants)} ({v.name})", done=i)
             results.append(simulate_variant(exp, v, m, model_obj))
     return Comparison(results, rank_by=rank_by)
+
+
+def _layers_of(settings: dict[str, Setting], model_obj=None):
+    """The model's transformer layers, for ``fit_vpp_to_schedule`` (resolved only when asked)."""
+    def layers() -> int:
+        if model_obj is not None:
+            return model_obj.num_layers
+        from sim.inputs.resolve import model_from_settings
+
+        return model_from_settings(RunSettings.from_values(values_of(settings)).model).num_layers
+    return layers
 
 
 def simulate_variant(exp, v: Variant, settings: dict[str, Setting], model_obj=None) -> RunResult:

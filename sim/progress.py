@@ -116,15 +116,21 @@ class ProgressBar:
     sooner. ``enabled=False`` is silent; ``enabled=True`` draws the bar wherever the
     stream goes. ``start`` (a ``time.monotonic()`` value) counts the elapsed time from
     the start of the command's work rather than from the bar's creation.
+
+    ``total=None`` starts it in a *phase* (``phase``: ``search: enumerating plans...`` on a
+    terminal as soon as it begins, ``search: enumerating plans, 5.0 s elapsed`` every few
+    seconds elsewhere) until ``set_total`` gives the count; ``set_total`` may also
+    correct the count as it becomes known (a search learns what its pruning leaves).
     """
 
-    def __init__(self, total: int, enabled: bool | None = None, stream=None, label: str = "", *,
+    def __init__(self, total: int | None, enabled: bool | None = None, stream=None, label: str = "", *,
                  every_s: float | None = None, start: float | None = None, noun: str = "plans simulated"):
         self.stream = stream or sys.stderr
         isatty = getattr(self.stream, "isatty", None)
         tty = bool(isatty and isatty())
         self.mode = "bar" if enabled or (enabled is None and tty) else "lines" if enabled is None else "off"
         self.total, self.done, self.label, self.noun = total, 0, label, noun
+        self.what = ""
         self.start = time.monotonic() if start is None else start
         self.every_s = LINE_EVERY_S if every_s is None else every_s
         self._stop = threading.Event()
@@ -137,7 +143,24 @@ class ProgressBar:
     def line(self) -> str:
         """The plain progress line: ``search: 12/40 plans simulated, 41.2 s elapsed``."""
         head = f"{self.label}: " if self.label else ""
+        if self.total is None:
+            return f"{head}{self.what or 'starting'}, {time.monotonic() - self.start:.1f} s elapsed"
         return f"{head}{self.done}/{self.total} {self.noun}, {time.monotonic() - self.start:.1f} s elapsed"
+
+    def phase(self, what: str) -> None:
+        """Say what is under way before the count starts: on a terminal at once (redrawn in
+        place), off a terminal in the periodic line until ``set_total``."""
+        self.what = what
+        if self.mode != "bar":  # off a terminal the periodic line says it (quick work: nothing)
+            return
+        head = f"{self.label}: " if self.label else ""
+        with self._lock:
+            self.stream.write(f"\r\x1b[K{head}{what}...")
+            self.stream.flush()
+
+    def set_total(self, total: int) -> None:
+        """The count of points to expect (never below those done)."""
+        self.total = max(total, self.done)
 
     def _tick(self) -> None:
         while not self._stop.wait(self.every_s):
@@ -147,7 +170,9 @@ class ProgressBar:
 
     def step(self, n: int = 1) -> None:
         self.done += n
-        if self.mode != "bar":
+        if self.total is not None and self.done > self.total:
+            self.total = self.done
+        if self.mode != "bar" or self.total is None:
             return
         elapsed = time.monotonic() - self.start
         rate = self.done / elapsed if elapsed > 0 else 0.0
@@ -155,7 +180,7 @@ class ProgressBar:
         frac = self.done / self.total if self.total else 1.0
         bar = "#" * int(frac * 30)
         head = f"{self.label}: " if self.label else ""
-        self.stream.write(f"\r{head}[{bar:<30}] {self.done}/{self.total} {frac * 100:3.0f}%  {rate:.1f} plans/s  "
+        self.stream.write(f"\r\x1b[K{head}[{bar:<30}] {self.done}/{self.total} {frac * 100:3.0f}%  {rate:.1f} plans/s  "
                           f"ETA {int(left) // 60}:{int(left) % 60:02d} ")
         self.stream.flush()
 

@@ -23,13 +23,15 @@ from sim.program.schedules import Schedule
 from sim.program.stage_balance import auto_layer_split, build_mixed
 from sim.program.build import BuildContext
 from sim.program.training import build
-from sim.engine.core import gc_paused, simulate
+from sim.engine.core import simulate
 from sim.engine.nccl import NcclModel
 from sim.engine.tuner import alone_time, check_forced
 from sim.errors import InputError
+from sim.gc_tuning import simulation_pause
 from sim.inputs.hardware import HardwareProfile
 from sim.inputs.model import ModelSpec
 from sim.inputs.plan import ParallelPlan
+from sim.inputs.cost import priced
 from sim.inputs.power import capped
 from sim.inputs.pinning import check_pinned
 from sim.inputs.resolve import model_from_settings, plan_from_settings, profile_from_settings, topology_from_settings
@@ -141,7 +143,8 @@ def prepare(settings: RunSettings, model: ModelSpec | None = None, plan: Paralle
     check_pinned(plan, settings.cluster.pinned(), topo.gpus_per_node, f"on {topo.name}")
     mixed = mixed_gpus(topo, plan.world_size, profile)
     if mixed is not None:  # (every type under the cap: --power-limit-w applies to every GPU)
-        mixed = replace(mixed, profiles={n: capped(p, settings.cluster.power_limit_w) for n, p in mixed.profiles.items()})
+        mixed = replace(mixed, profiles={n: priced(capped(p, settings.cluster.power_limit_w), settings.cluster.prices())
+                                         for n, p in mixed.profiles.items()})
         profile = next(iter(mixed.profiles.values()))  # rank 0's: the run's links, NCCL figures and summary
     if plan.layer_split == "auto":
         plan = auto_layer_split(model, plan, profile, mixed)
@@ -187,7 +190,7 @@ def simulate_training(job: Job, settings: SimulationSettings | None = None, *,
     if fidelity == "auto":
         fidelity, reason = choose_fidelity(model, plan, topology, collective_model)
     flows = collective_model == "flows" or fidelity == "reduced"
-    with gc_paused():
+    with simulation_pause():  # (where the process opted in: sim.gc_tuning)
         ctx = BuildContext.create(model, plan, profile, topology, schedule=job.schedule, fidelity=fidelity,
                                   gpus_per_node=topology.gpus_per_node, coalesce_tp=coalesce_tp,
                                   max_events=settings.event_limit, collective_model=collective_model, nccl=alone)
@@ -290,13 +293,13 @@ def write_outputs(run: TrainingRun, summary: dict, out: Path) -> None:
 
 def write_kineto_files(training_run: TrainingRun, out: str | Path) -> list[Path]:
     """The Kineto-shaped traces of a run, one ``trace_rank{r}.json`` per simulated GPU."""
-    from sim.results.export_kineto import collective_groups, cross_stream_waits, write_kineto
+    from sim.results.export_kineto import collective_claims, collective_groups, cross_stream_waits, write_kineto
 
     return write_kineto(training_run.trace, out, world_size=training_run.plan.world_size,
                         device_name=training_run.profile.name,
                         memory_bytes=training_run.profile.hbm_capacity_bytes,
                         groups=collective_groups(training_run.program), names=rank_names(training_run),
-                        waits=cross_stream_waits(training_run.program))
+                        waits=cross_stream_waits(training_run.program), claims=collective_claims(training_run.program))
 
 
 def write_chakra_files(training_run: TrainingRun, out: str | Path):

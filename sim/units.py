@@ -121,6 +121,37 @@ class Number:
         return f"Number({self.describe()})"
 
 
+class Duration:
+    """An argparse ``type=`` for a positive length of time, in seconds: ``90``, ``90s``,
+    ``10m``, ``1.5h``, ``1h30m``, ``2m30s``. Its error says what is allowed."""
+
+    _PART = re.compile(r"([0-9]*\.?[0-9]+)\s*([hms]?)")
+    _SCALE = {"h": 3600.0, "m": 60.0, "s": 1.0, "": 1.0}
+    __name__ = "duration"
+    ALLOWED = "expected a duration > 0: seconds, or with units h, m, s (90, 90s, 10m, 1.5h, 1h30m)"
+
+    def __call__(self, text: str) -> float:
+        import argparse
+
+        s = str(text).strip().lower()
+        parts = self._PART.findall(s)
+        units = [u for _, u in parts]
+        ok = bool(parts) and "".join(v + u for v, u in parts) == s.replace(" ", "") \
+            and len(set(units)) == len(units) and ("" not in units or len(parts) == 1)
+        seconds = sum(float(v) * self._SCALE[u] for v, u in parts) if ok else 0.0
+        if not ok or not math.isfinite(seconds) or seconds <= 0:
+            raise argparse.ArgumentTypeError(f"got {str(text).strip()!r}; {self.ALLOWED}")
+        return seconds
+
+
+def format_duration(seconds: float) -> str:
+    """``90`` -> ``'1m30s'``, ``3600`` -> ``'1h'``, ``2.5`` -> ``'2.5s'``."""
+    h, rest = divmod(seconds, 3600)
+    m, sec = divmod(rest, 60)
+    out = (f"{int(h)}h" if h else "") + (f"{int(m)}m" if m else "") + (f"{sec:g}s" if sec or not (h or m) else "")
+    return out
+
+
 POSITIVE_INT = Number(int, minimum=1)
 """Counts and sizes: GPUs, nodes, layers, batch sizes, parallel sizes."""
 NONNEGATIVE_INT = Number(int, minimum=0)

@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parent.parent
 EVERY_FIELD = dict(name="ag 3", kind="collective", stream="side", duration_s=2e-3, flops=5.0, nbytes=1024,
                    peer=7, group=(0, 1, 2), op="allgather", algo="tree", protocol="ll128", channels=4, tag="t1",
                    category="zero", layer=12, mem=(("start", "params", 1024.0),), deps=("w 2", (1, "w 3")),
-                   userbuffers=True, sms_priced=True)
+                   transport="direct", slows_compute=False)
 
 
 def test_the_values_above_set_every_field_off_its_default():
@@ -66,6 +66,9 @@ def test_the_checked_constructor_normalises_and_checks():
     assert a.group == (1, 0) and a.deps == ("x", (2, "y")) and a.stream == "comm"
     with pytest.raises(InputError, match="nbytes"):
         Action("a", nbytes=float("inf"))
+    assert (a.transport, a.slows_compute) == ("nccl", True)  # (a collective's claim: an NCCL kernel's)
+    with pytest.raises(InputError, match="transport: got 'pigeon'; allowed: nccl, direct"):
+        Action("c", kind="collective", op="allreduce", group=(0, 1), transport="pigeon")
 
 
 def test_no_module_generates_code_or_swaps_classes_at_run_time():

@@ -16,8 +16,8 @@ def test_run_accepts_every_model_source_gpu_and_fabric(tmp_path, capsys):
 
     from sim.inputs.hardware import load_profile
 
-    def run(*argv):
-        assert main(["run", *argv, "--json"]) == 0, capsys.readouterr().err
+    def run(*argv, status=0):  # 0: the plan fits; 1: it does not (issue 54)
+        assert main(["run", *argv, "--json"]) == status, capsys.readouterr().err
         return json.loads(capsys.readouterr().out)
 
     cfg = tmp_path / "config.json"
@@ -41,7 +41,7 @@ def test_run_accepts_every_model_source_gpu_and_fabric(tmp_path, capsys):
     d = prof.to_dict()
     d["name"], d["hbm_capacity_bytes"] = "tiny-hbm", a["memory"]["peak_bytes"] / 2
     (tmp_path / "tiny.json").write_text(json.dumps(d))
-    c = run(*flags, "--gpu", str(tmp_path / "tiny.json"))
+    c = run(*flags, "--gpu", str(tmp_path / "tiny.json"), status=1)
     assert c["fits"] is False and c["memory_capacity_bytes"] == a["memory"]["peak_bytes"] / 2
 
 

@@ -52,7 +52,7 @@ def test_json_rows_and_best(compared):
     rows = {r["name"]: r for r in data["rows"]}
     fitting = [r for r in data["rows"] if r["fits"]]
     assert data["best"] == max(fitting, key=lambda r: r["tokens_per_s"])["name"]
-    assert rows["gpipe"]["peak_bytes"] > rows["1f1b"]["peak_bytes"]  # GPipe stashes all 4 micro-batches
+    assert rows["gpipe"]["peak_memory_bytes"] > rows["1f1b"]["peak_memory_bytes"]  # GPipe stashes all 4 micro-batches
     assert rows["zb-h2"]["bubble_fraction"] < rows["1f1b"]["bubble_fraction"]
     for p in data["plans"]:
         assert p["summary"]["schedule"] == p["name"]
@@ -127,3 +127,29 @@ def test_json_is_silent_on_stderr_when_not_a_terminal(capsys):
     assert err == ""
     data = json.loads(out)
     assert data["best"] == "gpipe" and data["rows"][0]["best"] and len(data["plans"]) == 1
+
+
+def _vpp_of(data: dict) -> dict:
+    return {p["name"]: p["summary"]["plan"]["vpp"] for p in data["plans"]}
+
+
+def test_schedules_give_interleaved_its_own_chunks_and_the_others_one():
+    # issue 54: `--schedules 1f1b,interleaved,zb-h2` failed with every flag: interleaved needs vpp > 1,
+    # and `--num-virtual-stages-per-pipeline-rank 2` refused the 1F1B plan instead
+    eight = [*FLAGS[:FLAGS.index("--num-layers") + 1], "8", *FLAGS[FLAGS.index("--num-layers") + 2:]]
+    eight[eight.index("--pipeline-model-parallel-size") + 1] = "2"
+    data = json.loads(_stdout("compare", *eight, "--schedules", "1f1b,interleaved,zb-h2", "--json"))
+    assert _vpp_of(data) == {"1f1b": 1, "interleaved": 2, "zb-h2": 1}
+    data = json.loads(_stdout("compare", *eight, "--schedules", "1f1b,interleaved", "--json",
+                              "--num-virtual-stages-per-pipeline-rank", "4"))
+    assert _vpp_of(data) == {"1f1b": 1, "interleaved": 4}
+    c = sim.compare(model={**TINY, "num_layers": 8}, gpu="h100-sxm", gpus=8, pipeline_model_parallel_size=2,
+                    global_batch_size=16, schedules=["gpipe", "interleaved"])
+    assert [r.plan.vpp for r in c] == [1, 2]
+
+
+def test_interleaved_where_the_layers_do_not_split_in_two_chunks_per_stage_says_why(capsys):
+    # 4 layers on pp 4: one layer a stage, no second chunk; the plan's own rule explains
+    assert main(["compare", *FLAGS, "--schedules", "1f1b,interleaved"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "plan 'interleaved'" in err and "needs vpp > 1" in err

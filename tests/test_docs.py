@@ -85,6 +85,28 @@ def test_every_page_quotes_at_least_one_run_and_few_are_slow():
     assert {b.path.name for b in blocks} >= {"README.md", "cli.md", "python-api.md", "search.md"}
 
 
+def test_every_command_block_is_run_or_says_why_not():
+    # A fenced block of commands or Python code is a marked block the harness runs, or is
+    # marked `<!-- not run: REASON -->` (issue 54: README's "Choose a plan" steps had
+    # neither, and two of them failed as written).
+    assert [x for p in DOCS for x in regen.unmarked_blocks(p)] == []
+
+
+def test_the_readme_plan_steps_are_run_as_written():
+    blocks = {b.command.split()[1]: b for b in regen.find_blocks(ROOT / "README.md") if b.command.startswith("trainsim ")}
+    assert "--nodes 2" in blocks["estimate"].command and "--nodes 2" in blocks["search"].command
+    assert "--schedules 1f1b,interleaved,zb-h2" in blocks["compare"].command
+    assert not any(b.slow for b in blocks.values())
+
+
+def test_an_unmarked_command_block_is_named_and_a_reason_is_required(tmp_path):
+    page = tmp_path / "page.md"
+    page.write_text("# P\n\n```sh\ntrainsim estimate --nodes 2\n```\n\n<!-- not run: a synopsis -->\n```\n"
+                    "trainsim run [FILE]\n```\n\n<!-- not run: -->\n```python\nimport sim\n```\n\n"
+                    "```toml\n[plan]\n```\n")
+    assert regen.unmarked_blocks(page) == [f"{page}:3: trainsim estimate --nodes 2", f"{page}:13: import sim"]
+
+
 def test_a_run_that_does_not_fit_says_so_in_the_text_after_it():
     # The quoted `trainsim run` outputs that end DOES NOT FIT (Mixtral, context parallelism)
     # are followed by a paragraph saying the plan does not fit, and only those are.

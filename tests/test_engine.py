@@ -270,19 +270,22 @@ def test_program_index_counts_dependencies_and_shares_equal_values():
 
 def test_a_finished_run_leaves_no_actions_in_reference_cycles():
     """The engine's closures and the network's callbacks refer to one another, and
-    ``gc_paused`` freezes what is alive after a run: unless the run lets go of its state,
-    every run's index (an entry per action) stays in memory for good. After a run and
-    its result are dropped, a full collection finds no Action and no engine list left
-    in unreachable cycles."""
+    where the process opted into ``sim.gc_tuning`` (the ``trainsim`` command) the collector
+    is paused during a run and what is alive after it is frozen: unless the run lets go of
+    its state, every run's index (an entry per action) stays in memory for good. After a
+    run and its result are dropped, a full collection finds no Action and no engine list
+    left in unreachable cycles."""
     import gc
 
     import sim
+    from sim import gc_tuning
     from sim.engine.core import _Engine
 
     gc.unfreeze()
     gc.collect()  # (what earlier tests left: their exceptions' tracebacks hold engines)
-    r = sim.run(model="llama2-7b", gpu="a100-80gb", nodes=2, tensor_model_parallel_size=2,
-                pipeline_model_parallel_size=2, global_batch_size=16, fidelity="full")
+    with gc_tuning.tuned(unfreeze_on_exit=False):
+        r = sim.run(model="llama2-7b", gpu="a100-80gb", nodes=2, tensor_model_parallel_size=2,
+                    pipeline_model_parallel_size=2, global_batch_size=16, fidelity="full")
     actions = r.run.trace.stats["actions"]
     assert actions > 1000
     del r
@@ -329,6 +332,34 @@ def test_a_compute_action_that_outlasts_two_nccl_kernels_is_slowed_for_each(make
     spans = {s.name: s for s in simulate(prog, t, overlap_slowdown=sigma).spans}
     assert spans["b"].end_s == pytest.approx(2.0)
     assert spans["C"].end_s == pytest.approx(2.0 + 10.0 - 2.0 / (1 + sigma), rel=1e-12)
+
+
+def test_communication_whose_claim_leaves_the_sms_does_not_slow_compute(make_star):
+    # As above, but the second send, and then an all-gather beside D, claim no SMs
+    # (``Action.slows_compute`` false): C is slowed for the first send's 1 s alone and ends
+    # at 1 + 10 - 1/(1 + sigma); D (10 s, from C's end) runs beside the all-gather at full speed.
+    t = make_star([10.0, 10.0])
+    sigma = 0.25
+    prog = Program({
+        0: [Action("C", duration_s=10.0), Action("D", duration_s=10.0),
+            Action("a", kind="send", peer=1, nbytes=10, stream="comm"),
+            Action("b", kind="send", peer=1, nbytes=10, stream="comm", slows_compute=False),
+            Action("ag", kind="collective", op="allgather", group=(0, 1), nbytes=20, stream="comm", deps=("C",),
+                   slows_compute=False)],
+        1: [Action("ra", kind="recv", peer=0, nbytes=10), Action("rb", kind="recv", peer=0, nbytes=10),
+            Action("ag", kind="collective", op="allgather", group=(0, 1), nbytes=20, slows_compute=False)],
+    })
+    spans = {s.name: s for s in simulate(prog, t, overlap_slowdown=sigma).spans if s.rank == 0}
+    assert spans["b"].end_s == pytest.approx(2.0)
+    c_end = 1.0 + 10.0 - 1.0 / (1 + sigma)
+    assert spans["C"].end_s == pytest.approx(c_end, rel=1e-12)
+    assert spans["ag"].start_s == pytest.approx(c_end, rel=1e-12) and spans["ag"].end_s > c_end
+    assert spans["D"].end_s == pytest.approx(c_end + 10.0, rel=1e-12)
+    # (the check has teeth: claiming SMs, both slow compute)
+    held = Program({r: [a.evolve(slows_compute=True) for a in acts] for r, acts in prog.actions.items()})
+    slowed = {s.name: s for s in simulate(held, t, overlap_slowdown=sigma).spans if s.rank == 0}
+    assert slowed["C"].end_s == pytest.approx(2.0 + 10.0 - 2.0 / (1 + sigma), rel=1e-12)
+    assert slowed["D"].end_s > slowed["C"].end_s + 10.0
 
 
 def test_a_receive_waiting_for_its_send_does_not_slow_compute(make_star):

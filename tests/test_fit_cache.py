@@ -176,3 +176,21 @@ def test_a_held_out_fit_keeps_a_parameter_none_of_its_rows_reads_where_it_starte
     [fp8] = [g for g in report["groups"] if g["precision"] == "fp8"]
     assert fp8["held_out_fit"]["fp8_gemm_max_efficiency"] == cap  # held out, no row reads it: it stays put
     assert fp8["held_out_fit"]["sustained_compute_fraction"] != fitted["sustained_compute_fraction"]
+
+
+def test_a_cache_torn_by_a_kill_keeps_its_whole_lines_and_the_next_time_starts_a_line_of_its_own(tmp_path):
+    # issue 56: a fit killed while writing leaves a torn last line; the next fit with the same
+    # file reads every whole line, and what it appends is not glued to the torn one
+    runs = read_runs(_csv(tmp_path / "runs.csv"))
+    profile, params = load_profile("a100-80gb"), [parameter("sustained_compute_fraction")]
+    cache = tmp_path / "sims.jsonl"
+    store = Store(cache, profile, params, runs)
+    store.put(0, (0.8,), 0.05)
+    store.put(1, (0.8,), 0.06)
+    whole = cache.read_text()
+    cache.write_text(whole + '{"key": "ab')  # killed mid-line
+    again = Store(cache, profile, params, runs)
+    assert again.get(0, (0.8,)) == 0.05 and again.get(1, (0.8,)) == 0.06
+    again.put(2, (0.8,), 0.07)
+    assert Store(cache, profile, params, runs).get(2, (0.8,)) == 0.07
+    assert cache.read_text().splitlines()[:3] == [*whole.splitlines(), '{"key": "ab']

@@ -452,3 +452,20 @@ def test_the_model_of_a_row_is_exact_where_time_is_a_plus_b_over_the_fraction():
     point = (0.7, 15e-6)
     for i, (a, b, c) in enumerate(rows):
         assert sur.predict(i, sur.model(i, (0.9, 10e-6)), point) == pytest.approx(a + b / 0.7 + c * 15e-6, rel=1e-12)
+
+
+def test_a_parameter_that_ends_at_its_bound_is_warned_about(truth, tmp_path):
+    # issue 54: `sustained_compute_fraction 0.9332 -> 1 bounds [0.6, 1]` came with no warning. Runs
+    # measured 40% faster than any fraction up to 1 allows push the fit onto the upper bound.
+    rows = [dict(r, measured_iteration_time_s=repr(float(r["measured_iteration_time_s"]) * 0.6))
+            for r in _rows("ab", truth)]
+    data = _write(tmp_path / "runs.csv", rows)
+    code, stdout, err = _cli(["fit", str(data), "--gpu", "a100-80gb", "--params", "sustained_compute_fraction"])
+    assert code == 0
+    line = next(x for x in stdout.splitlines() if x.strip().startswith("sustained_compute_fraction"))
+    assert line.endswith("bounds [0.6, 1]   <- at its upper bound")
+    assert err.startswith("trainsim: warning: sustained_compute_fraction ended at its upper bound (")
+    assert len(err.splitlines()) == 1
+    code, stdout, err2 = _cli(["fit", str(data), "--gpu", "a100-80gb", "--params", "sustained_compute_fraction",
+                               "--json"])
+    assert json.loads(stdout)["parameters"][0]["at_bound"] == "high" and err2 == err

@@ -65,12 +65,73 @@ def test_a_rank_holds_the_fp8_weight_and_its_transpose_in_place_of_the_bf16_weig
 
 
 def test_it_needs_fp8_and_a_sharded_optimizer():
-    for kw in (dict(zero_stage=1), dict(fp8_format="hybrid"), dict(fp8_format="hybrid", zero_stage=3)):
+    for kw in (dict(zero_stage=1), dict(fp8_format="hybrid"), dict(fp8_format="hybrid", zero_stage=0),
+               dict(fp8_format="e4m3", fp8_recipe="blockwise", zero_stage=1),
+               dict(fp8_format="e4m3", fp8_recipe="mxfp8", zero_stage=3),
+               dict(fp8_format="hybrid", fp8_recipe="tensorwise", zero_stage=1, offload_optimizer=True)):
         with pytest.raises(InputError, match="fp8_param_gather"):
             ParallelPlan(dp=8, fp8_param_gather=True, **kw)
+    for kw in (dict(fp8_format="hybrid", zero_stage=3),
+               dict(fp8_format="hybrid", fp8_recipe="tensorwise", zero_stage=3),
+               dict(fp8_format="e4m3", fp8_recipe="mxfp8", zero_stage=1),
+               dict(fp8_format="hybrid", zero_stage=1, offload_optimizer=True)):
+        assert ParallelPlan(dp=8, fp8_param_gather=True, **kw).fp8_param_gather
     err = io.StringIO()
     with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
         code = main(["run", "--model", "llama3-8b", "--gpu", "h100-sxm", "--gpus", "16", "--fp8-param-gather",
                      "--zero", "1"])
     assert code == 2 and err.getvalue().count("\n") == 1
-    assert "--fp8-param-gather: got True; needs fp8_format and zero 1 or 2 (got BF16, zero 1)" in err.getvalue()
+    assert "--fp8-param-gather: got True; needs fp8_format and zero 1, 2 or 3 (got BF16, zero 1)" in err.getvalue()
+
+
+# a GPT layer's parameters (tp 1): QKV 3h^2 + 3h, projection h^2 + h, MLP 4h^2 + 4h and 4h^2 + h, two LayerNorms 4h
+LAYER_PARAMS = 12 * H * H + 13 * H
+
+
+@pytest.mark.parametrize("recipe", ["delayed", "tensorwise"])
+def test_zero3_gathers_each_layers_gemm_weights_in_one_byte(recipe):
+    topo = load_topology("dgx-h100")
+    runs = {}
+    for fp8_params in (False, True):
+        plan = ParallelPlan(dp=8, micro_batch_size=2, global_batch_size=32, zero_stage=3, fp8_format="hybrid",
+                            fp8_recipe=recipe, fp8_param_gather=fp8_params)
+        runs[fp8_params] = simulate_training(Job(SMALL, plan, H100, topo))
+    sizes = {}
+    for fp8_params, run in runs.items():
+        for s in run.trace.spans_of(0):
+            if s.name.startswith("gather layer "):
+                sizes.setdefault((fp8_params, int(s.name.split()[2])), []).append(s.nbytes)
+    for lid in range(L):  # every gather of a layer, forward and backward: 2 bytes a parameter, 1 for the GEMM weights
+        assert len(sizes[(True, lid)]) == len(sizes[(False, lid)]) >= 2
+        assert sizes[(False, lid)] == pytest.approx([2 * LAYER_PARAMS] * len(sizes[(False, lid)]), rel=1e-12)
+        assert sizes[(True, lid)] == pytest.approx([2 * LAYER_PARAMS - GEMM_WEIGHTS] * len(sizes[(True, lid)]),
+                                                   rel=1e-12)
+    for lid in (-1, L):  # the embedding and the head stay BF16
+        assert sizes[(True, lid)] == sizes[(False, lid)]
+    assert runs[True].trace.end_s <= runs[False].trace.end_s
+
+
+def test_mxfp8_weights_are_gathered_in_bf16_and_quantized_after():
+    """Megatron-Core's reuse_grad_buf_for_mxfp8_param_ag: the BF16 gather through the gradient
+    buffer, both MXFP8 copies quantized from it once a step, no persistent BF16 weight."""
+    b200 = load_profile("b200")
+    topo = load_topology("dgx-b200")
+    runs = {}
+    for fp8_params in (False, True):
+        plan = ParallelPlan(dp=8, micro_batch_size=2, global_batch_size=32, zero_stage=1, fp8_format="e4m3",
+                            fp8_recipe="mxfp8", fp8_param_gather=fp8_params)
+        runs[fp8_params] = simulate_training(Job(SMALL, plan, b200, topo))
+    assert sum(s.nbytes for s in _gathers(runs[True])) == pytest.approx(2 * SMALL.num_params, rel=1e-12)
+    assert sum(s.nbytes for s in _gathers(runs[False])) == pytest.approx(2 * SMALL.num_params, rel=1e-12)
+    work = layer_work(SMALL, 1, 1, False)
+    cast = [(it.name, it.bytes_read, it.bytes_written) for it in fp8_layer_work(work, "e4m3", microbatches=4,
+                                                                                recipe="mxfp8").items]
+    kept = [(it.name, it.bytes_read, it.bytes_written) for it in fp8_layer_work(work, "e4m3", microbatches=4,
+                                                                                recipe="mxfp8", fp8_params=True).items]
+    assert kept == cast and any(n.endswith("weight_quantize") for n, *_ in kept)
+    mx = dict(dp=2, pp=2, global_batch_size=8, zero_stage=1, fp8_format="e4m3", fp8_recipe="mxfp8")
+    # both copies, 1 byte plus one E8M0 byte per 32 (OCP MX v1.0), in place of the BF16 weight's 2
+    assert fp8_weight_copy_bytes(SMALL, ParallelPlan(fp8_param_gather=True, **mx), 0) == pytest.approx(
+        (2 * (1 + 1 / 32) - 2) * (L // 2) * GEMM_WEIGHTS, rel=1e-12)
+    assert fp8_weight_copy_bytes(SMALL, ParallelPlan(**mx), 0) == pytest.approx(
+        2 * (1 + 1 / 32) * (L // 2) * GEMM_WEIGHTS, rel=1e-12)

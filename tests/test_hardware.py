@@ -196,6 +196,53 @@ def test_profiles_are_hashable_and_sources_do_not_matter(profile):
     assert len({profile, again}) == 1
 
 
+def test_equal_profiles_share_cache_entries_and_a_changed_one_does_not():
+    # Caches (functools.lru_cache) key on a profile: two profiles of the same content, read
+    # separately, are one entry; a profile changed in any field is another.
+    from functools import lru_cache
+
+    calls = []
+
+    @lru_cache(maxsize=None)
+    def cached(p):
+        calls.append(p)
+        return p.peak("bf16")
+
+    a, b = load_profile("h100-sxm"), load_profile("h100-sxm")
+    assert a is not b and a == b and hash(a) == hash(b)
+    assert cached(a) == cached(b) and len(calls) == 1 and cached.cache_info().hits == 1
+    for change in ({"gemm_max_efficiency": a.gemm_max_efficiency / 2}, {"sm_count": a.sm_count - 1},
+                   {"peak_flops": {**a.peak_flops, "bf16": a.peak_flops["bf16"] / 2}}, {"name": "other"}):
+        c = replace(a, **change)
+        assert c != a and hash(c) != hash(a), change
+        cached(c)
+    assert len(calls) == 5
+
+
+def test_a_profile_is_frozen_and_hashes_its_content_once(monkeypatch):
+    import dataclasses
+    import pickle
+
+    p = load_profile("a100-80gb")
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        p.sm_count = 1
+    # Its tables, nested ones too, refuse changes in place: the content, hence the hash, is fixed.
+    for change in (lambda: p.peak_flops.__setitem__("bf16", 1.0), lambda: p.peak_flops.update(bf16=1.0),
+                   lambda: p.nccl_base_latency_s["ring"].pop("ll"), lambda: p.links.clear()):
+        with pytest.raises(TypeError):
+            change()
+    serialised = []
+    to_dict = HardwareProfile.to_dict
+    monkeypatch.setattr(HardwareProfile, "to_dict", lambda self: serialised.append(self) or to_dict(self))
+    first = hash(p)
+    assert all(hash(p) == first for _ in range(100)) and len(serialised) == 1
+    assert dataclasses.asdict(p) == dataclasses.asdict(load_profile("a100-80gb"))  # (the kept hash is no field)
+    # A copy sent to another process hashes afresh there (a string's hash depends on the
+    # process): the kept hash does not travel with it.
+    again = pickle.loads(pickle.dumps(p))
+    assert again == p and hash(again) == first and len(serialised) == 2
+
+
 def test_a_bias_pass_does_not_make_a_gemm_memory_bound_in_explain():
     # explain's bound column judges the GEMM, not the pass in front of it.
     from sim.results.explain import _op_row

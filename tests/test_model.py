@@ -103,7 +103,9 @@ def test_hf_llama3_8b_config_gives_8b(tmp_path):
     m = model_from_hf_config(path)
     assert round(m.num_params / 1e9, 1) == 8.0
     assert m.num_params == 8_030_261_248
-    assert (m.mlp, m.norm, m.num_key_value_heads, m.tied_embeddings, m.seq_length) == ("swiglu", "rmsnorm", 8, False, 8192)
+    # issue 54: the sequence length is 4096 (the config names no training length), not the position limit 8192
+    assert (m.mlp, m.norm, m.num_key_value_heads, m.tied_embeddings, m.seq_length) == ("swiglu", "rmsnorm", 8, False, 4096)
+    assert m.max_position_embeddings == 8192
 
 
 def test_hf_model_is_named_from_what_the_file_says_not_its_folder(tmp_path):

@@ -216,8 +216,9 @@ def test_tp_overlap_chunks_pay_no_base_latency_and_a_plain_allreduce_does(make_s
     prog = add_tp_collectives(Program({r: [Action("0F0", category="F")] for r in range(2)}), lambda r, a: segs,
                               lambda r: (0, 1))
     colls = [a for a in prog.actions[0] if a.kind == "collective"]
-    assert [(a.op, a.stream, a.userbuffers) for a in colls] == [
-        ("allgather", TP_COMM_STREAM, True), ("allgather", TP_COMM_STREAM, True), ("allreduce", "compute", False)]
+    assert [(a.op, a.stream, a.transport, a.slows_compute) for a in colls] == [
+        ("allgather", TP_COMM_STREAM, "direct", False), ("allgather", TP_COMM_STREAM, "direct", False),
+        ("allreduce", "compute", "nccl", True)]
     tr = simulate(prog, make_star([1.0, 1.0]))
     base = 8.4e-6
     spans = sorted((s.stream, s.start_s, s.end_s) for s in tr.spans if s.rank == 0)
@@ -240,10 +241,10 @@ def test_a_tp_overlap_plan_marks_exactly_its_userbuffers_chunks():
     plan = ParallelPlan(tp=8, dp=2, sequence_parallel=True, tp_comm_overlap=True, global_batch_size=2)
     run = simulate_training(Job(TINY, plan, H100, topo), SimulationSettings(fidelity="full"))
     colls = [a for acts in run.program.actions.values() for a in acts if a.kind == "collective"]
-    ub = [a for a in colls if a.userbuffers]
+    ub = [a for a in colls if a.transport == "direct"]
     assert ub and all(a.stream == TP_COMM_STREAM and a.category == "tp" and len(a.group) == 8 for a in ub)
-    assert all(not (a.stream == TP_COMM_STREAM and a.category == "tp") for a in colls if not a.userbuffers)
-    assert any(a.category == "dp" for a in colls if not a.userbuffers)
+    assert all(not (a.stream == TP_COMM_STREAM and a.category == "tp") for a in colls if a.transport == "nccl")
+    assert any(a.category == "dp" for a in colls if a.transport == "nccl")
     # with NCCL's base doubled the NCCL collectives take longer, but the chunks' spans keep
     # their lengths (nothing else crosses NVLink: data parallelism is across the nodes)
     assert run.trace.end_s < simulate_training(Job(TINY, plan, replace(H100, nccl_base_latency_s=_table(2.0)), topo),
@@ -293,7 +294,8 @@ def test_a_userbuffers_chunk_is_priced_and_chosen_without_the_base():
 
     def run(ub: bool) -> float:
         prog = Program({r: [Action("ag", kind="collective", op="allgather", group=tuple(range(n)), nbytes=S,
-                                   algo="auto", protocol="auto", userbuffers=ub)] for r in range(n)})
+                                   algo="auto", protocol="auto", transport="direct" if ub else "nccl")]
+                         for r in range(n)})
         return simulate(prog, topo, link_efficiency=eff, nccl=model).end_s
 
     assert run(True) == pytest.approx(min(hops.values()), rel=1e-9)

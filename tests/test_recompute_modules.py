@@ -171,13 +171,23 @@ def test_the_flag_parses_as_megatron_takes_it():
     (dict(recompute="selective", recompute_modules=("mlp",), dp=2, ep=2),
      llama("x", 2, 64, 8, 8, 160, 100, 16, num_experts=4), ["'mlp'", "every layer", "MoE"]),
     (dict(recompute="selective", recompute_modules=("layernorm",), fp8_format="hybrid"), DENSE,
-     ["recompute_modules", "layernorm", "fp8"]),
+     ["recompute_modules", "layernorm", "delayed"]),
 ])
 def test_bad_modules_are_refused_in_one_line(plan, model, mentions):
     with pytest.raises(InputError) as exc:
         ParallelPlan(**plan).check_model(model)
     msg = str(exc.value)
     assert "\n" not in msg and all(m in msg for m in mentions), msg
+
+
+@pytest.mark.parametrize("recipe", ["tensorwise", "mxfp8", "blockwise"])
+def test_fp8_recipes_other_than_delayed_recompute_moe_act_and_layernorm(recipe):
+    # Megatron-Core core_v0.14.0 transformer_config.py refuses moe_act / layernorm recompute under FP8 only
+    # when fp8_recipe == 'delayed'
+    plan = ParallelPlan(dp=2, ep=2, recompute="selective", recompute_modules=("layernorm", "moe_act"),
+                        fp8_format="e4m3", fp8_recipe=recipe)
+    plan.check_model(llama("x", 2, 64, 8, 8, 160, 100, 16, num_experts=4))
+    assert plan.recompute_modules == ("layernorm", "moe_act")
 
 
 def test_the_search_bound_counts_the_recompute_and_stays_below_the_simulated_time():

@@ -302,6 +302,15 @@ def test_graph_check_refuses_a_forward_dependency():
         g.check()
 
 
+def test_graph_check_refuses_an_unknown_transport():
+    from sim.errors import InputError
+
+    g = RankGraph(0, (Node(0, "ag", "collective", "stream 20", op="allgather", nbytes=8.0, group=(0, 1),
+                           transport="pigeon"),), source="hand.et")
+    with pytest.raises(InputError, match=r"hand.et: node 0 \('ag'\): transport: got 'pigeon'; allowed: nccl, direct"):
+        g.check()
+
+
 def test_graph_from_code_replays():
     # What another reader (a Chakra ET) produces: two ranks, a collective between kernels.
     def rank(r):
@@ -390,6 +399,37 @@ def test_simulator_traces_replay_and_double_data_parallelism(tmp_path_factory, p
     assert what_if["world_size"] == 2 * gpus
     assert what_if["iteration_time_s"] == pytest.approx(doubled["iteration_time_s"], rel=0.03)
     assert doubled["iteration_time_s"] != pytest.approx(s["iteration_time_s"], rel=1e-3)  # (the check has teeth)
+
+
+TP_OVERLAP = SMALL + ["--gpus", "8", "--tensor-model-parallel-size", "4", "--sequence-parallel", "--tp-comm-overlap",
+                      "--global-batch-size", "4", "--fidelity", "full"]
+
+
+def _claims_dropped(graphs):
+    """``graphs`` with every collective taken for an NCCL kernel (the claim left unread)."""
+    return [RankGraph(g.rank, tuple(n._replace(transport="nccl", slows_compute=True) for n in g.nodes), g.source,
+                      g.traced_step_s, g.meta) for g in graphs]
+
+
+def test_a_tp_overlap_runs_traces_carry_the_chunks_claims_and_replay_within_1_percent(tmp_path_factory):
+    """``run --tp-comm-overlap --kineto``: the overlap's chunks (tensor-parallel, moved outside
+    NCCL) carry their claim in their kernels' args, the reader puts it on their nodes, and
+    the replay reproduces the run within 1%. The same graphs with the claims dropped (every
+    chunk an NCCL kernel paying NCCL's base latency) replay over 10% slower."""
+    s, files = _kineto(tmp_path_factory, TP_OVERLAP)
+    events = [e for f in files for e in json.load(open(f))["traceEvents"] if "trainsim transport" in e.get("args", {})]
+    assert events and {(e["args"]["Collective name"], e["args"]["trainsim transport"],
+                        e["args"]["trainsim slows compute"]) for e in events} == \
+        {("_allgather_base", "direct", False), ("_reduce_scatter_base", "direct", True)}
+    graphs = [read_kineto(f) for f in files]
+    colls = [n for g in graphs for n in g.nodes if n.kind == "collective"]
+    direct = [n for n in colls if n.transport == "direct"]
+    assert len(direct) == len(events) and all(len(n.group) == 4 for n in direct)
+    assert {(n.op, n.slows_compute) for n in direct} == {("allgather", False), ("reducescatter", True)}
+    assert any(n.transport == "nccl" and n.slows_compute for n in colls)  # (the data-parallel gradient sync)
+    T = s["iteration_time_s"]
+    assert run_json(["replay", *files, "--json"])["iteration_time_s"] == pytest.approx(T, rel=0.01)
+    assert replay(_claims_dropped(graphs)).summary["iteration_time_s"] > 1.1 * T  # (the check has teeth)
 
 
 @pytest.mark.parametrize("plan", [["--tensor-model-parallel-size", "8", "--global-batch-size", "8"],

@@ -62,6 +62,12 @@ def _always_die(ctx, plan):
     return evaluate(ctx, plan)
 
 
+def _parent_and_watchdog():
+    import threading
+
+    return os.getppid(), [t.name for t in threading.enumerate() if t.name == "trainsim-parent-watchdog"]
+
+
 def _strip(records):
     return sorted(records, key=lambda r: r["key"])
 
@@ -93,11 +99,17 @@ def test_a_dask_local_cluster_gives_the_local_executors_records(local_records, t
         info = runner._client.scheduler_info()["workers"]
         assert len(info) == 2 and len({w["id"] for w in info.values()}) == 2
         assert len(set(runner._client.run(os.getpid).values()) | {os.getpid()}) == 3  # processes
+        # each of them tied to this process: it dies with it, however it dies (sim.workers)
+        assert list(runner._client.run(_parent_and_watchdog).values()) == [(os.getpid(),
+                                                                           ["trainsim-parent-watchdog"])] * 2
         records = runner.run(CTX, PLANS)
         assert json.dumps(_strip(records), sort_keys=True) == json.dumps(_strip(local_records), sort_keys=True)
         # A worker that dies mid-plan: Dask's scheduler runs the plan again on a live worker.
         runner.fn = _die_once
         again = runner.run(CTX, [ParallelPlan(dp=4, tp=2, global_batch_size=32)])
+        # the workers there are now (the nanny starts a dead one again) die with this process (sim.workers)
+        tied = list(runner._client.run(_parent_and_watchdog).values())
+        assert tied and all(t == (os.getpid(), ["trainsim-parent-watchdog"]) for t in tied), tied
     assert (tmp_path / f"died-{again[0]['key']}").exists() and again[0]["status"] == "ok", again[0]
 
 
@@ -416,22 +428,24 @@ def test_a_plan_the_executor_cancels_is_submitted_again(cancels, status):
 
 
 def test_a_worker_does_not_grow_point_after_point(monkeypatch):
-    # gc_paused freezes what a simulation leaves alive; some of it is in reference cycles
-    # that only the collector frees. A worker runs point after point: once more than
+    # A worker process opts into sim.gc_tuning (init_worker), which freezes what a
+    # simulation leaves alive; some of it is in reference cycles that only the collector
+    # frees. A worker runs point after point: once more than
     # COLLECT_FROZEN objects were frozen since the last collection, the next simulation
     # collects them, so over 30 points the frozen count falls back at least once and
     # never rises more than COLLECT_FROZEN and one point's rise above where it started
     # (after a first point, which freezes the process's own objects too).
     import gc
 
-    import sim.engine.core as core
+    from sim import gc_tuning
 
-    monkeypatch.setattr(core, "COLLECT_FROZEN", 30_000)
-    evaluate(CTX, PLANS[0])
-    counts = [gc.get_freeze_count()]
-    for i in range(30):
-        evaluate(CTX, PLANS[i % len(PLANS)])
-        counts.append(gc.get_freeze_count())
+    monkeypatch.setattr(gc_tuning, "COLLECT_FROZEN", 30_000)
+    with gc_tuning.tuned():  # (a worker: tune_process, for the rest of its life)
+        evaluate(CTX, PLANS[0])
+        counts = [gc.get_freeze_count()]
+        for i in range(30):
+            evaluate(CTX, PLANS[i % len(PLANS)])
+            counts.append(gc.get_freeze_count())
     rise = max(b - a for a, b in zip(counts, counts[1:]))
     assert 0 < rise < 30_000
     assert max(counts) <= counts[0] + 30_000 + rise

@@ -233,6 +233,26 @@ def fit_and_hold_out(sims: Simulations, measured: list[float], groups: list, sta
             "model_error": max(map(abs, model_error)) if fast else None}
 
 
+AT_BOUND = 1e-3
+"""How close to a bound (as a fraction of the range) a fitted value counts as ending there."""
+
+
+def at_bound(value: float, low: float, high: float) -> str | None:
+    """``"low"`` or ``"high"`` when a fitted value ended at that bound (within ``AT_BOUND`` of
+    the range): the data pull it further, so the bound, not the runs, set it and the other
+    parameters made up the rest; None inside."""
+    span = (high - low) * AT_BOUND
+    return "low" if value <= low + span else "high" if value >= high - span else None
+
+
+def bound_warning(p: dict) -> str:
+    """One line saying that a fitted parameter (a report's ``parameters`` entry) ended at a bound."""
+    side = "upper" if p["at_bound"] == "high" else "lower"
+    return (f"{p['name']} ended at its {side} bound ({p['initial']:.4g} -> {p['fitted']:.4g}, bounds "
+            f"[{p['low']:g}, {p['high']:g}]): the runs pull it further, so the bound set it and the other "
+            f"parameters absorbed the rest; check those runs' settings, or fit without it (--params)")
+
+
 def mean_abs(errors) -> float:
     return float(np.mean(np.abs(errors))) if len(errors) else 0.0
 
@@ -242,9 +262,9 @@ def _describe(run) -> str:
     v = run.values
     if "num_layers" not in v:  # a preset's shape
         seq = f", seq {v['seq_length']}" if "seq_length" in v else ""
-        return f"{v['model']}{seq}, {run.group[1]}"
-    return (f"{v['num_layers']} layers, hidden {v['hidden_size']}, {run.group[2][-1]}, seq {v['seq_length']}, "
-            f"{run.group[1]}")
+        return f"{v['model']}{seq}, {run.precision}"
+    activation = run.group[2][-1] if run.group[2] else ("swiglu" if v.get("swiglu") else "gelu")
+    return f"{v['num_layers']} layers, hidden {v['hidden_size']}, {activation}, seq {v['seq_length']}, {run.precision}"
 
 
 def fit_runs(path, gpu: str, names: list[str] | None = None, jobs: int = 1, cache=None, fast: bool = True) -> dict:
@@ -303,7 +323,8 @@ def fit_runs(path, gpu: str, names: list[str] | None = None, jobs: int = 1, cach
              "initial_s": res["initial"][i], "fitted_s": res["fitted"][i], "held_out_s": res["held_out"][i],
              "initial_error": init_e[i], "fitted_error": fit_e[i], "held_out_error": loo_e[i],
              "blank_cells": list(r.filled)} for i, r in enumerate(used)]
-    group_rows = [{"id": ids[g], "source": g[0], "precision": g[1],
+    group_rows = [{"id": ids[g], "source": g[0],
+                   "precision": ", ".join(sorted({r.precision for r in used if r.group == g})),
                    "framework": next(r.framework for r in used if r.group == g),
                    "model": _describe(next(r for r in used if r.group == g)),
                    "lines": [r.line if len(paths) == 1 else f"{r.file}:{r.line}" for r in used if r.group == g],
@@ -317,7 +338,8 @@ def fit_runs(path, gpu: str, names: list[str] | None = None, jobs: int = 1, cach
     return {
         "gpu": profile.name, "profile": str(gpu), "data": str(path), "data_sha256": sha,
         "fidelity": FIDELITY, "collective_model": COLLECTIVE_MODEL, "parameters_chosen": how,
-        "parameters": [{"name": p.path, "low": p.low, "high": p.high, "initial": s, "fitted": v, "why": p.why}
+        "parameters": [{"name": p.path, "low": p.low, "high": p.high, "initial": s, "fitted": v, "why": p.why,
+                        "at_bound": at_bound(v, p.low, p.high)}
                        for p, s, v in zip(params, start, res["full"].values)],
         "evaluations": res["full"].evaluations, "method": "model" if fast else "differences",
         "model_max_error": res["model_error"], "groups": group_rows, "rows": rows, "skipped": skipped,

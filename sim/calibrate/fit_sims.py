@@ -81,8 +81,16 @@ class Store:
         if key in self.known:
             return
         self.known[key] = time_s
-        with self.path.open("a") as f:
-            f.write(json.dumps({"key": key[0], "values": list(values), "time_s": time_s}) + "\n")
+        with self.path.open("ab") as f:
+            # after a run killed mid-write the file may end in a torn line: start a new one
+            torn = f.tell() > 0 and self._last_byte() != b"\n"
+            f.write((("\n" if torn else "") + json.dumps({"key": key[0], "values": list(values),
+                                                          "time_s": time_s}) + "\n").encode())
+
+    def _last_byte(self) -> bytes:
+        with self.path.open("rb") as f:
+            f.seek(-1, 2)
+            return f.read(1)
 
 
 def _set(obj, parts: list[str], value):
@@ -266,8 +274,10 @@ _WORKER: list = []
 
 
 def _worker_init(gpu: str, params, runs, where: str) -> None:
+    from sim.gc_tuning import tune_process
     from sim.inputs.hardware import load_profile
 
+    tune_process()  # (a worker is trainsim's own process: sim.gc_tuning)
     _WORKER[:] = [Simulations(load_profile(gpu, flag="--gpu"), params, prepare_rows(runs, gpu, where))]
 
 
@@ -278,12 +288,12 @@ def _worker_time(job) -> float:
 
 def worker_pool(jobs: int, gpu: str, params, runs, where: str):
     """``jobs`` worker processes, each with the rows ``runs`` prepared for ``gpu`` (spawned,
-    not forked: the parent may run a progress thread)."""
-    import multiprocessing
-    from concurrent.futures import ProcessPoolExecutor
+    not forked: the parent may run a progress thread), tied to this process
+    (``sim.workers``), in a ``with`` block that kills them on any exception."""
+    from sim.workers import ending_pool, process_pool
 
-    return ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("spawn"),
-                               initializer=_worker_init, initargs=(gpu, tuple(params), list(runs), where))
+    return ending_pool(process_pool(jobs, "spawn", initializer=_worker_init,
+                                    initargs=(gpu, tuple(params), list(runs), where)))
 
 
 def prepare_rows(runs, gpu: str, where: str = "RUNS.csv") -> list:

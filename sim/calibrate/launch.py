@@ -120,10 +120,15 @@ def _setup(rank: int, world: int, local_rank: int, procs_on_host: int, init: boo
     return Context(rank, world, local_rank, device, backend, threads, shared)
 
 
-def _worker(rank: int, world: int, port: int, fn, payload, outdir: str) -> None:
+def _worker(rank: int, world: int, port: int, fn, payload, outdir: str, parent_pid: int | None = None) -> None:
+    if parent_pid is not None:  # dies with the process that started it (sim.workers)
+        from sim.workers import tie_to_parent
+
+        tie_to_parent(parent_pid)
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
                       WORLD_SIZE=str(world), LOCAL_RANK=str(rank), TRAINSIM_WORKER="1")
     out = Path(outdir) / f"rank{rank}.pkl"
+    _output_into(Path(outdir) / f"rank{rank}.log")
     try:
         ctx = _setup(rank, world, rank, world, init=True)
         result = fn(ctx, payload)
@@ -153,6 +158,27 @@ def _worker(rank: int, world: int, port: int, fn, payload, outdir: str) -> None:
     os._exit(0 if data["ok"] else 1)
 
 
+def _output_into(path: Path) -> None:
+    """Send this process's stdout and stderr, the C++ libraries' too (the PyTorch profiler
+    prints ``USDT: ... profiler_start`` and ``profiler_stop`` at every trace, on every rank),
+    to ``path``: a worker's results come back pickled, and the terminal stays the parent's.
+    A rank that dies leaves its last line there for the parent's error (``_last_line``)."""
+    for stream in (sys.stdout, sys.stderr):
+        stream.flush()
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)
+
+
+def _last_line(path: Path) -> str:
+    try:
+        lines = [x for x in path.read_text(errors="replace").splitlines() if x.strip()]
+    except OSError:
+        return ""
+    return lines[-1].strip() if lines else ""
+
+
 def run_workers(fn, procs: int, payload=None, *, timeout_s: float = 900.0) -> list | None:
     """``fn(ctx, payload)`` on every rank; the results in rank order (``None`` on the
     non-zero ranks of a torchrun job). ``fn`` must be a module-level function."""
@@ -171,7 +197,7 @@ def run_workers(fn, procs: int, payload=None, *, timeout_s: float = 900.0) -> li
         if not torch.cuda.is_available():
             os.environ.update({k: v for k, v in CPU_MALLOC.items() if k not in saved})
         try:
-            ctx = mp.start_processes(_worker, args=(procs, port, fn, payload, outdir), nprocs=procs,
+            ctx = mp.start_processes(_worker, args=(procs, port, fn, payload, outdir, os.getpid()), nprocs=procs,
                                      join=False, start_method="spawn")
         finally:
             os.environ.clear()
@@ -188,7 +214,10 @@ def run_workers(fn, procs: int, payload=None, *, timeout_s: float = 900.0) -> li
                 raise CalibrationError(f"worker rank {r} failed: {data['error']}")
             results.append(data["result"])
         if any(r is None for r in results):
-            raise CalibrationError(f"worker processes failed: {failure or 'a rank left no result'}")
+            rank = results.index(None)
+            last = _last_line(Path(outdir) / f"rank{rank}.log")
+            raise CalibrationError(f"worker processes failed: {failure or 'a rank left no result'}"
+                                   + (f" (rank {rank}'s last output: {last})" if last else ""))
         return results
 
 
@@ -204,23 +233,25 @@ def _wait(processes, outdir: str, timeout_s: float) -> str | None:
     (a crash in library teardown) does not."""
     deadline = time.monotonic() + timeout_s
     failure = None
-    while any(p.is_alive() for p in processes):
-        if time.monotonic() > deadline:
-            failure = f"workers did not finish within {timeout_s:.0f} s"
-            break
-        bad = [r for r, p in enumerate(processes)
-               if p.exitcode not in (None, 0) and not _finished(outdir, r)]
-        if bad:
-            code = processes[bad[0]].exitcode
-            how = f"signal {signal.Signals(-code).name}" if code < 0 else f"exit code {code}"
-            failure = f"process {bad[0]} terminated with {how}"
-            break
-        time.sleep(0.1)
-    for p in processes:
-        if p.is_alive():
-            p.terminate()
-    for p in processes:
-        p.join(timeout=10)
+    try:
+        while any(p.is_alive() for p in processes):
+            if time.monotonic() > deadline:
+                failure = f"workers did not finish within {timeout_s:.0f} s"
+                break
+            bad = [r for r, p in enumerate(processes)
+                   if p.exitcode not in (None, 0) and not _finished(outdir, r)]
+            if bad:
+                code = processes[bad[0]].exitcode
+                how = f"signal {signal.Signals(-code).name}" if code < 0 else f"exit code {code}"
+                failure = f"process {bad[0]} terminated with {how}"
+                break
+            time.sleep(0.1)
+    finally:  # on Ctrl-C and SIGTERM too: no rank outlives the wait
+        for p in processes:
+            if p.is_alive():
+                p.terminate()
+        for p in processes:
+            p.join(timeout=10)
     if failure is None:
         bad = [r for r, p in enumerate(processes) if p.exitcode != 0 and not _finished(outdir, r)]
         if bad:

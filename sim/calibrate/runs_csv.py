@@ -11,8 +11,10 @@ One row per run. The columns are the settings of ``trainsim run`` by their field
     context_parallel_size       context parallelism (``sim.program.context_parallel``; ring attention)
     gpu                         the profile the run was measured on; other GPUs are left out
     precision                   bf16 or fp8; rows of any other precision are skipped
-    needs                       a capability the run needs: fp8 and context_parallel are
-                                simulated, rows that need anything else are skipped
+    needs                       the capabilities the run needs, separated by commas: fp8 and
+                                context_parallel are simulated, rows that need anything else are skipped
+    group                       rows of one source with the same text form one group, whatever their
+                                precision and model (blank: the source, precision and model's group)
     source, notes               free text (``source`` also names the row's group)
 
 The framework that ran is the ``framework`` setting's column (megatron, torchtitan, automodel,
@@ -39,7 +41,9 @@ trainsim's defaults, which are Megatron-LM's (LayerNorm, learned positions, bias
 dropout 0.1, tied embeddings); add the column to say otherwise.
 
 **Groups.** Rows of one model (the preset, the shape columns and the activation) from one source at
-one precision form a group: a weak-scaling table's rows are near copies of each other,
+one precision form a group (or, where the ``group`` column is filled, the rows of one source with the
+same text there: a table whose groups are one model on one system in one release, BF16 and FP8
+alike): a weak-scaling table's rows are near copies of each other,
 so held-out fitting leaves out a whole group at a time (``sim.calibrate.fit_runs``).
 """
 
@@ -58,10 +62,11 @@ from sim.inputs.flags import value_of_text
 from sim.inputs.schema import FIELDS, fields_of
 
 MEASURED = "measured_iteration_time_s"
-SETTING_COLUMNS = tuple(n for n in fields_of("model", "plan") if n != "hf_config") + ("gpus",)
+SETTING_COLUMNS = tuple(n for n in fields_of("model", "plan") if n != "hf_config") + ("gpus", "gpus_per_node")
 """Schema fields a column may set (the model, as a preset or its shape, and the plan; the cluster is
-the GPU's default one)."""
-EXTRA_COLUMNS = ("activation", "context_parallel_size", "gpu", "precision", "needs", "source", "notes")
+the GPU's default one, with ``gpus_per_node`` GPUs in each NVLink domain where the column says so: a
+job spread over NVL72 racks 64 to a rack)."""
+EXTRA_COLUMNS = ("activation", "context_parallel_size", "gpu", "precision", "needs", "group", "source", "notes")
 ACTIVATIONS = {"gelu": False, "swiglu": True, "squared-relu": False}
 """MLP activation -> whether it is gated (``swiglu``). Squared ReLU (Nemotron-4, Megatron's
 ``--squared-relu``) is non-gated with GeLU's GEMM shapes; trainsim times its elementwise
@@ -171,6 +176,15 @@ BY_SOURCE = (
      "the benchmark's configuration (NVIDIA/dgxc-benchmarking v25.02 llama3.1/llama3.1_405b.yaml: "
      "ub_tp_comm_overlap: true and its ub_tp_comm_overlap_cfg, sim.inputs.tp_overlap's dgxc-25.02-llama3.1-405b; "
      "llama3.1_8b.yaml, tp 1, has it false)"),
+    ("NVIDIA-NeMo/Megatron-Bridge docs/performance-summary-archive.md",
+     {"zero": 1, "overlap_param_gather": True, "overlap_grad_reduce": True, "cross_entropy_loss_fusion": True,
+      "accumulate_allreduce_grads_in_fp32": False},
+     "Megatron-Bridge's performance recipes of releases 25.09 (fa0315ae) and 25.11 (branch r0.2.0): every model "
+     "recipe's optimizer is distributed_fused_adam with DistributedDataParallelConfig(overlap_grad_reduce=True, "
+     "overlap_param_gather=True, use_distributed_optimizer=True) (src/megatron/bridge/recipes/llama/llama3.py, "
+     "deepseek/deepseek_v3.py, qwen/qwen3_moe.py), the scripts set grad_reduce_in_fp32 False (set_*_common_configs, "
+     "the 25.09 yamls) and cross_entropy_fusion_impl 'te' (set_common_perf_overrides; the 25.09 yamls); a row's own "
+     "cell wins (Megatron-FSDP rows: zero 3; the recipes that turn a gather or reduce overlap off)"),
     ("NeMo 25.02, DGX-B200", {"zero": 1, "overlap_param_gather": True, "cross_entropy_loss_fusion": True,
                               "bucket_size": 128 * 2**20 * 2},
      "NeMo 2.0's performance scripts as the B200 table ran them (NVIDIA/NeMo scripts/performance @ d3f25b121048, "
@@ -210,7 +224,8 @@ class MeasuredRun:
     measured_s: float
     gpu: str | None
     group: tuple
-    """(source, precision, shape): rows with the same key form one group."""
+    """(source, precision, shape), or (source, the ``group`` column's text, ()) where it is filled: rows with
+    the same key form one group."""
     source: str = ""
     framework: str = "megatron"
     """The ``framework`` setting the row ran (``sim.inputs.frameworks``)."""
@@ -222,6 +237,10 @@ class MeasuredRun:
     """The columns that were blank and took ``BLANKS``'s value."""
     by_source: tuple = field(default=())
     """The ``BY_SOURCE`` entries (their source text) whose settings the row took."""
+    precision: str = "bf16"
+    """The row's ``precision`` (bf16, fp8, ...)."""
+    missing: tuple = field(default=())
+    """The capabilities of its ``needs`` cell that trainsim does not simulate yet (the row is skipped)."""
 
     def label(self) -> str:
         v = self.values
@@ -355,11 +374,14 @@ def _run(path, line: int, cells: dict) -> MeasuredRun:
     elif "fp8_format" in values:
         raise _bad(path, line, "fp8_format", cells["fp8_format"], f"the row's precision is {precision}; an FP8 "
                                                                   "format needs precision fp8")
-    needs = cells.get("needs", "")
-    skip = (f"needs {needs} (not simulated yet)" if needs and needs not in SIMULATED_NEEDS
+    needs = [n.strip() for n in cells.get("needs", "").split(",") if n.strip()]
+    missing = [n for n in needs if n not in SIMULATED_NEEDS]
+    skip = (f"needs {', '.join(missing)} (not simulated yet)" if missing
             else f"precision {precision}: trainsim simulates {' and '.join(PRECISIONS)}" if precision not in PRECISIONS
             else None)
     source = cells.get("source", "")
     shape = tuple(values.get(n) for n in SHAPE if n != "activation") + (activation,)
-    return MeasuredRun(line, values, measured, cells.get("gpu") or None, (source, precision, shape), source,
-                       values.get("framework") or DEFAULT_FRAMEWORK, str(path), skip, tuple(filled), tuple(by_source))
+    group = (source, cells["group"], ()) if cells.get("group") else (source, precision, shape)
+    return MeasuredRun(line, values, measured, cells.get("gpu") or None, group, source,
+                       values.get("framework") or DEFAULT_FRAMEWORK, str(path), skip, tuple(filled), tuple(by_source),
+                       precision, tuple(missing))

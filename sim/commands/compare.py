@@ -18,9 +18,13 @@ import sys
 from pathlib import Path
 
 from sim import session
-from sim.commands.settings import RUN_FLAGS, check_outputs, typed
+from sim.commands.run import exit_status
+from sim.commands.settings import RUN_FLAGS, check_outputs, say_defaults, typed
+from sim.inputs.experiment import values_of
+from sim.inputs.schema import RunSettings
 from sim.errors import InputError
 from sim.inputs.flags import add_arguments as add_schema_arguments
+from sim.inputs.variants import fit_vpp_to_schedule
 from sim.studies.sweep_results import RANK_BY, tokens_per_joule
 from sim.units import format_bytes
 
@@ -55,10 +59,13 @@ def add_arguments(p) -> None:
         "kineto": "directory for each plan's PyTorch-profiler-shaped traces, in DIR/<plan>/trace_rank{r}.json"})
     g = p.add_argument_group("what to compare")
     g.add_argument("--schedules", type=_list(str), metavar="LIST",
-                   help=f"pipeline schedules to compare, e.g. gpipe,1f1b ({', '.join(s for s in SCHEDULES if s != 'custom')})")
+                   help=f"pipeline schedules to compare, e.g. gpipe,1f1b ({', '.join(s for s in SCHEDULES if s != 'custom')}); "
+                        "interleaved takes --num-virtual-stages-per-pipeline-rank (default 2 where the layers split "
+                        "evenly into pp x 2 chunks), the others one chunk per rank")
     g.add_argument("--zero-stages", type=_list(int), metavar="LIST", help="ZeRO stages to compare, e.g. 0,1,2,3")
     g.add_argument("--rank-by", choices=RANK_BY, default="throughput",
-                   help="what marks the best plan: tokens/s (throughput, the default) or tokens per joule of GPU energy")
+                   help="what marks the best plan: tokens/s (throughput, the default), tokens per joule of GPU energy, "
+                        "or cost: the fewest dollars per million tokens (needs --gpu-hour-price)")
 
 
 def run(args) -> int:
@@ -79,8 +86,16 @@ def run(args) -> int:
                          "hf_config = \"config.json\" or num_layers = ...) or pass --model PRESET")
     base = exp.settings if exp else {}
     plans = [{**base, **v.settings, **v.axis, **cli} for v in variants]
+    plans = [fit_vpp_to_schedule(v, settings, _layers_of(settings)) for v, settings in zip(variants, plans)]
     for v, settings in zip(variants, plans):  # every plan's input errors before anything is simulated
         api.check_variant(exp, v, settings)
+    first = RunSettings.from_values(values_of(plans[0]))
+    say_defaults(first.model)
+    if args.rank_by == "cost":  # before any simulation: a price is needed (search checks the same)
+        from sim.commands.search import check_rank_by
+        from sim.inputs.resolve import profile_from_settings
+
+        check_rank_by("cost", profile_from_settings(first.cluster))
     results = []
     with Progress(total=len(variants)) as bar:
         for i, (v, settings) in enumerate(zip(variants, plans)):
@@ -93,16 +108,26 @@ def run(args) -> int:
     if args.kineto:
         for r, d in zip(results, api.plan_dirs([r.name for r in results])):
             session.write_kineto_files(r.run, Path(args.kineto) / d)
+    status = exit_status(comp.best is not None)  # 1 when no plan fits, as search
     if args.json:
         print(comp.to_json())
-        return 0
+        return status
     print_table(comp)
     if args.out:
         print(f"\nwrote {Path(args.out) / 'compare.png'}, compare.json and each plan's outputs in "
               f"{Path(args.out)}/<plan>/")
     if args.kineto:
         print(f"wrote Kineto traces in {Path(args.kineto)}/<plan>/trace_rank<r>.json")
-    return 0
+    return status
+
+
+def _layers_of(settings):
+    """The model's transformer layers, for ``fit_vpp_to_schedule`` (resolved only when asked)."""
+    def layers() -> int:
+        from sim.inputs.resolve import model_from_settings
+
+        return model_from_settings(RunSettings.from_values(values_of(settings)).model).num_layers
+    return layers
 
 
 def print_table(comp, out=None) -> None:
@@ -121,11 +146,13 @@ def print_table(comp, out=None) -> None:
     kinds = [k for k in ("tp", "pp", "dp", "zero", "offload", "ep", "cp", "other") if any(r["exposed_comm_s"].get(k, 0) > 0 for r in rows)]
     best = comp.best
     energy = comp.rank_by == "tokens-per-joule"
+    cost = comp.rank_by == "cost"
     name_w = max(4, *(len(r["name"]) for r in rows))
-    cap = rows[0]["capacity_bytes"]
+    cap = rows[0]["memory_capacity_bytes"]
     head = (f"  {'plan':<{name_w}}  {'time (' + unit + ')':>10}  {'vs best':>7}  {'tokens/s':>11}  {'MFU':>6}  "
             f"{'bubble':>6}  " + "".join(f"{'exp. ' + k:>9}  " for k in kinds)
-            + f"{'peak memory':>11}  {'fits':>4}" + (f"  {'tokens/J':>9}" if energy else ""))
+            + f"{'peak memory':>11}  {'fits':>4}" + (f"  {'tokens/J':>9}" if energy else "")
+            + (f"  {'$/M tokens':>10}" if cost else ""))
     print(head, file=out)
     print("  " + "-" * (len(head) - 2), file=out)
     for r in rows:
@@ -134,8 +161,9 @@ def print_table(comp, out=None) -> None:
         line = (f"{'*' if r['best'] else ' '} {r['name']:<{name_w}}  {t * scale:>10.3f}  {vs:>7}  "
                 f"{r['tokens_per_s']:>11,.0f}  {r['mfu'] * 100:>5.1f}%  {r['bubble_fraction'] * 100:>5.1f}%  "
                 + "".join(f"{r['exposed_comm_s'].get(k, 0.0) * scale:>9.3f}  " for k in kinds)
-                + f"{r['peak_bytes'] / 2**30:>7.2f} GiB  {'yes' if r['fits'] else 'OOM':>4}"
-                + (f"  {1 / r['energy_per_token_j']:>9,.1f}" if energy else ""))
+                + f"{r['peak_memory_bytes'] / 2**30:>7.2f} GiB  {'yes' if r['fits'] else 'OOM':>4}"
+                + (f"  {1 / r['energy_per_token_j']:>9,.1f}" if energy else "")
+                + (f"  {r['cost_per_million_tokens_usd']:>10.4g}" if cost else ""))
         print(line, file=out)
     print(file=out)
     print(f"times in {unit}; exp. = communication not hidden under compute on the critical rank; peak memory of the "
@@ -144,6 +172,11 @@ def print_table(comp, out=None) -> None:
         worst = min(tokens_per_joule(r.summary) for r in results if r.fits)
         print(f"* best: {best.name} (the most tokens per joule of GPU energy among the plans that fit; "
               f"{tokens_per_joule(best.summary) / worst:.2f}x the least efficient that fits)", file=out)
+    elif best is not None and cost:
+        dearest = max(r.summary["cost_per_million_tokens_usd"] for r in results if r.fits)
+        print(f"* best: {best.name} (the fewest dollars per million tokens among the plans that fit, "
+              f"${best.summary['cost_per_million_tokens_usd']:.4g}; {dearest / best.summary['cost_per_million_tokens_usd']:.2f}x "
+              "cheaper than the dearest that fits)", file=out)
     elif best is not None:
         slowest = max(r.iteration_time_s for r in results if r.fits)
         print(f"* best: {best.name} (the most tokens/s among the plans that fit; "

@@ -29,7 +29,9 @@ SIZES = [2**20 * 4**k for k in range(7)]  # 1 MiB .. 4 GiB
 
 def add_arguments(p) -> None:
     p.add_argument("--out", default="out/demo", help="output directory (default out/demo)")
-    p.add_argument("--nodes", type=POSITIVE_INT, default=4, help="DGX H100 nodes (default 4)")
+    p.add_argument("--nodes", type=POSITIVE_INT, default=None, help="DGX H100 nodes of the all-reduce (default 4)")
+    p.add_argument("--gpus", type=POSITIVE_INT, default=None,
+                   help="GPUs of the all-reduce, whole DGX H100 nodes of 8 (default: all GPUs of --nodes)")
     p.add_argument("--json", action="store_true", help="print the results as one JSON object")
 
 
@@ -68,11 +70,17 @@ def run(args) -> int:
 
     from sim.fileio import check_output_dir
 
-    if args.nodes < 1:
-        raise InputError(f"--nodes: got {args.nodes}; expected an integer >= 1")
+    nodes = args.nodes
+    if args.gpus is not None:  # --gpus or --nodes, as on every command that describes a cluster
+        if args.gpus % 8:
+            raise InputError(f"--gpus: got {args.gpus}; expected a multiple of 8 (whole DGX H100 nodes)")
+        if nodes is not None and nodes * 8 != args.gpus:
+            raise InputError(f"--gpus: got {args.gpus}; with --nodes {nodes} expected {nodes * 8} (or leave one out)")
+        nodes = args.gpus // 8
+    nodes = 4 if nodes is None else nodes
     out = check_output_dir(args.out, "--out")
     training = _training(out) if not args.json else []
-    topo = load_topology("dgx-h100", nodes=args.nodes)
+    topo = load_topology("dgx-h100", nodes=nodes)
     gpus = topo.num_gpus
     from sim.inputs.hardware import load_profile
     from sim.results.plot import plot_busbw, plot_timeline

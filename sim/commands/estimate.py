@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 
 from sim.program.estimate import estimate
+from sim.commands.run import exit_status
 from sim.commands.settings import ESTIMATE_FLAGS, analytic_inputs
 from sim.inputs.flags import add_arguments as add_schema_arguments
 from sim.units import format_bytes, format_microbatches, format_time
@@ -30,18 +31,20 @@ def run(args) -> int:
     if args.json:
         print(json.dumps({"model": model.name, "params": model.num_params, "active_params": model.active_params,
                           **est.to_dict()}, indent=2))
-        return 0
+        return exit_status(est.fits)
     pl = plan
     print(model.describe())
     print(f"gpu: {profile.name} ({profile.peak() / 1e12:.0f} TFLOP/s bf16, "
           f"{format_bytes(profile.hbm_capacity_bytes)} HBM)")
-    print(f"plan: {pl.world_size} GPUs = dp {pl.dp} x tp {pl.tp} x pp {pl.pp}"
-          f"{f' (vpp {pl.vpp})' if pl.vpp > 1 else ''}, schedule {pl.schedule}, placement {pl.placement}, "
+    # the parallel sizes as ``trainsim run`` writes them: cp beside dp, ep x etp for a mixture of experts
+    print(f"plan: {pl.world_size} GPUs = dp {pl.dp}{f' x cp {pl.cp} ({pl.cp_comm_type})' if pl.cp > 1 else ''} "
+          f"x tp {pl.tp} x pp {pl.pp}"
+          f"{f' (vpp {pl.vpp})' if pl.vpp > 1 else ''}{f', ep {pl.ep} x etp {pl.etp_size}' if model.moe else ''}, "
+          f"schedule {pl.schedule}, placement {pl.placement}, "
           f"sp {'on' if pl.sp else 'off'}, "
           f"global batch {pl.global_batch_size}: "
           f"{format_microbatches(pl.num_microbatches, pl.micro_batch_size, model.seq_length)} per replica, "
-          f"recompute {pl.recompute_label}, ZeRO-{pl.zero_stage}"
-          + (f", ep {pl.ep}, etp {pl.etp_size}" if model.moe else ""))
+          f"recompute {pl.recompute_label}, ZeRO-{pl.zero_stage}")
     if pl.pp > 1:
         layers = pl.stage_layers(model)
         per_stage = [sum(layers[c * pl.pp + r] for c in range(pl.vpp)) for r in range(pl.pp)]
@@ -65,4 +68,4 @@ def run(args) -> int:
     print()
     print(f"tokens/s {est.tokens_per_s:,.0f}   model TFLOP/s per GPU {est.model_tflops_per_gpu:.1f}   "
           f"hardware TFLOP/s per GPU {est.hardware_tflops_per_gpu:.1f}   MFU {est.mfu * 100:.1f}%")
-    return 0
+    return exit_status(est.fits)

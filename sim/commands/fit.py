@@ -44,6 +44,7 @@ writes the fitted profile, its ``sources`` naming the fit.
 from __future__ import annotations
 
 import json
+import sys
 
 from sim.errors import InputError
 
@@ -55,8 +56,9 @@ def add_arguments(p) -> None:
     p.add_argument("runs", metavar="RUNS.csv", nargs="+", help="measured runs: trainsim run's settings as columns "
                                                                "plus measured_iteration_time_s (several files: read "
                                                                "as one table)")
-    p.add_argument("--gpu", required=True, metavar="PROFILE", help="preset (a100-80gb, h100-sxm, h200) or profile "
-                                                                   ".json to fit; rows of other GPUs are left out")
+    p.add_argument("--gpu", required=True, metavar="PROFILE",
+                   help="preset (a100-80gb, h100-sxm, h200, b200, gb200, gb300) or profile .json to fit; rows of "
+                        "other GPUs are left out")
     p.add_argument("--out", metavar="FITTED.json", help="write the fitted profile here")
     p.add_argument("--params", metavar="A,B", help="profile fields to fit, by dotted path (default: "
                                                    "sustained_compute_fraction, attention_max_efficiency, "
@@ -73,7 +75,7 @@ def add_arguments(p) -> None:
 def run(args) -> int:
     import datetime
 
-    from sim.calibrate.fit_runs import fit_runs, fitted_profile, parameter
+    from sim.calibrate.fit_runs import bound_warning, fit_runs, fitted_profile, parameter
     from sim.fileio import check_output_file
     from sim.inputs.hardware import load_profile
     from sim.progress import Progress
@@ -96,6 +98,9 @@ def run(args) -> int:
     report["out"] = args.out
     if args.out:
         fitted_profile(profile, report, datetime.date.today().isoformat()).save(args.out)
+    for p in report["parameters"]:  # on stderr, so that --json stays one object
+        if p["at_bound"]:
+            print(f"trainsim: warning: {bound_warning(p)}", file=sys.stderr)
     if args.json:
         print(json.dumps(report, sort_keys=True))
         return 0
@@ -121,7 +126,8 @@ def _print(r: dict) -> None:
           f"symmetric: one GPU per pipeline stage), {r['collective_model']} collectives")
     print(f"\nparameters ({r['parameters_chosen']}):")
     for p in r["parameters"]:
-        print(f"  {p['name']:<26} {p['initial']:.4g} -> {p['fitted']:.4g}   bounds [{p['low']:g}, {p['high']:g}]")
+        edge = {"low": "   <- at its lower bound", "high": "   <- at its upper bound"}.get(p.get("at_bound"), "")
+        print(f"  {p['name']:<26} {p['initial']:.4g} -> {p['fitted']:.4g}   bounds [{p['low']:g}, {p['high']:g}]{edge}")
     print("\ngroups (each held out in turn; its rows predicted by a fit without it):")
     for g in r["groups"]:
         vals = ", ".join(f"{k} {v:.4g}" for k, v in g["held_out_fit"].items())

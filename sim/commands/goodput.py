@@ -19,7 +19,7 @@ from pathlib import Path
 
 from sim import session
 from sim.commands.run import settings_of
-from sim.commands.settings import RUN_FLAGS
+from sim.commands.settings import RUN_FLAGS, say_defaults
 from sim.errors import InputError
 from sim.fileio import check_output_dir, write_json_atomic
 from sim.inputs.experiment import blame, values_of
@@ -34,7 +34,7 @@ from sim.units import NONNEGATIVE_INT, Number, parse_size
 NAME = "goodput"
 HELP = ("Simulate a training campaign over days (failures, detection, restarts, checkpoints, hot spares) and report "
         "goodput and the best checkpoint interval.")
-_FLAGS = [f for f in RUN_FLAGS if f not in ("kineto",)]
+_FLAGS = [f for f in RUN_FLAGS if f not in ("kineto", "gpu_hour_price")]  # (a campaign reports no cost yet)
 DAYS = Number(float, above=0, maximum=36500)
 
 
@@ -98,6 +98,7 @@ def run(args) -> int:
     exp, settings = settings_of(args)
     try:
         prepared = session.prepare(RunSettings.from_values(values_of(settings)))
+        say_defaults(prepared.settings.model)
         step, summary = _step_time(prepared, args.step_time_s)
     except InputError as exc:
         if exp is None:

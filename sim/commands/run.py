@@ -15,12 +15,13 @@ import json
 from pathlib import Path
 
 from sim import session
-from sim.commands.settings import RUN_FLAGS, check_outputs, typed
+from sim.commands.settings import RUN_FLAGS, check_outputs, say_defaults, typed
 from sim.errors import InputError
 from sim.inputs.experiment import MODEL_FIELDS, Setting, Where, blame, read_experiment, values_of
 from sim.inputs.flags import add_arguments as add_schema_arguments
 from sim.inputs.schema import RunSettings
 from sim.progress import Progress
+from sim.inputs.cost import cost_line
 from sim.results.energy import energy_line
 from sim.results.export_chakra import chakra_line
 from sim.results.moe_report import moe_lines
@@ -66,6 +67,7 @@ def _every_rank(settings: dict) -> dict:
 
 def _simulate(settings: dict):
     prepared = session.prepare(RunSettings.from_values(values_of(settings)))
+    say_defaults(prepared.settings.model)
     with Progress() as bar:
         bar.update(f"simulating {prepared.plan.world_size} GPUs")
         return session.run(prepared)
@@ -91,7 +93,7 @@ def run(args) -> int:
         session.write_kineto_files(run_, args.kineto)
     if args.json:
         print(json.dumps(summary, sort_keys=True))
-        return 0
+        return exit_status(summary["fits"])
     _print(summary, run_)
     if args.out:
         print(f"\nwrote {Path(args.out) / 'summary.json'}, trace.json, timeline.png, memory.png")
@@ -99,7 +101,13 @@ def run(args) -> int:
         print(f"wrote {Path(args.kineto)}/trace_rank<r>.json (PyTorch profiler format)")
     if chakra is not None:
         print(chakra_line(chakra, args.export_chakra))
-    return 0
+    return exit_status(summary["fits"])
+
+
+def exit_status(fits: bool) -> int:
+    """0 when the plan fits in GPU memory, 1 when it does not (the results are printed and
+    written all the same), as ``trainsim search`` exits 1 when no plan fits; 2 is bad input."""
+    return 0 if fits else 1
 
 
 def _print(s: dict, run: session.TrainingRun) -> None:
@@ -135,6 +143,8 @@ def _print(s: dict, run: session.TrainingRun) -> None:
     print(f"    idle             {format_time(s['idle_s']):>12}  {s['idle_fraction'] * 100:5.1f}%")
     print(f"    comm hidden under compute: {s['comm_overlap_fraction'] * 100:.1f}%")
     print(energy_line(s))
+    if cost_line(s):
+        print(cost_line(s))
     if "mixed" in s:
         print("\n".join(mixed_lines(s["mixed"])))
     if "stragglers" in s:

@@ -23,15 +23,15 @@ import sys
 import time
 from pathlib import Path
 
-from sim.commands.settings import CLUSTER_FLAGS, HARDWARE_FLAGS, MODEL_FLAGS
+from sim.commands.settings import CLUSTER_FLAGS, HARDWARE_FLAGS, MODEL_FLAGS, say_defaults
 from sim.errors import InputError, require
 from sim.fileio import check_output_dir, read_json, write_text_atomic
 from sim.inputs.pinning import crossing
 from sim.inputs.resolve import model_from_settings, profile_from_settings, topology_from_settings
-from sim.inputs.flags import add_arguments as add_schema_arguments, given
-from sim.inputs.schema import RunSettings
+from sim.inputs.flags import add_arguments as add_schema_arguments, flags_of, given
+from sim.inputs.schema import FIELDS, RunSettings, fields_of
 from sim.inputs.experts import DISPATCHERS
-from sim.inputs.plan import RECOMPUTE, SCHEDULES
+from sim.inputs.plan import RECOMPUTE, SCHEDULES, ParallelPlan
 from sim.program.fp8 import FP8_FORMATS, check_fp8_support
 from sim.progress import ProgressBar
 from sim.studies.search import (
@@ -40,13 +40,13 @@ from sim.studies.search import (
     SearchSpace,
     candidates,
     enumerate_plans,
-    screen_sizes,
     search,
+    split_failures,
 )
 from sim.studies.search_explain import describe_plan, explain
 from sim.studies.sweep import RESULTS_FILE, ResultsLog, Runner, make_context
 from sim.studies.sweep_results import RANK_BY, csv_text, pareto, rank, tokens_per_joule
-from sim.units import NONNEGATIVE_INT, POSITIVE_INT, Number, format_bytes, format_time
+from sim.units import NONNEGATIVE_INT, POSITIVE_INT, Duration, Number, format_bytes, format_duration, format_time
 
 NAME = "search"
 HELP = "Find the best parallel plan: enumerate, prune with the analytic model, simulate the rest, rank."
@@ -65,12 +65,21 @@ def add_executor_arguments(p) -> None:
     ex.add_argument("--resume", action="store_true", help="continue the sweep in --out, skipping finished plans")
     ex.add_argument("--top", type=POSITIVE_INT, default=5, help="plans to list (default 5)")
     ex.add_argument("--rank-by", choices=RANK_BY, default="throughput",
-                    help="rank plans by tokens/s (throughput, the default) or by tokens per joule of GPU energy")
+                    help="rank plans by tokens/s (throughput, the default), by tokens per joule of GPU energy, or by "
+                         "cost: dollars per million tokens (needs --gpu-hour-price, or a price in the profile)")
     ex.add_argument("--json", action="store_true", help="print one JSON object")
 
 
-SEARCH_FLAGS = [*MODEL_FLAGS, *HARDWARE_FLAGS[:2], "nodes", "gpus_per_node", "power_limit_w", *CLUSTER_FLAGS[1:]]
+SEARCH_FLAGS = [*MODEL_FLAGS, *HARDWARE_FLAGS[:2], "nodes", "gpus_per_node", "power_limit_w", *CLUSTER_FLAGS[1:],
+                "gpu_hour_price"]
 """The run settings search takes as flags: the model and the cluster (the plan is what it searches)."""
+
+
+def _flags(setting: str) -> tuple[str, ...]:
+    """A searched setting's flags: its short alias first (``--tp``), then the flag ``trainsim run``
+    takes (``--tensor-model-parallel-size``), so that both names work on every command."""
+    f = FIELDS[setting]
+    return (*f.aliases, f.flag)
 
 
 def add_arguments(p) -> None:
@@ -80,27 +89,37 @@ def add_arguments(p) -> None:
     b = p.add_argument_group("batch")
     b.add_argument("--global-batch-size", type=POSITIVE_INT, required=True, help="sequences per optimizer step")
     s = p.add_argument_group("search space (comma-separated lists; default every valid value)")
-    s.add_argument("--tp", help="tensor-parallel sizes (default: divisors up to --max-tp)")
+    s.add_argument(*_flags("tensor_model_parallel_size"), dest="tp",
+                   help="tensor-parallel sizes (default: divisors up to --max-tp)")
     s.add_argument("--max-tp", type=POSITIVE_INT, help="largest tensor-parallel size (default --gpus-per-node)")
-    s.add_argument("--pp", help="pipeline-parallel sizes")
-    s.add_argument("--vpp", help="model chunks per pipeline stage")
+    s.add_argument(*_flags("pipeline_model_parallel_size"), dest="pp", help="pipeline-parallel sizes")
+    s.add_argument(*_flags("num_virtual_stages_per_pipeline_rank"), dest="vpp",
+                   help="model chunks per pipeline stage")
     s.add_argument("--micro-batch-size", help="micro-batch sizes")
     s.add_argument("--zero", help="ZeRO stages, of 0,1,2,3")
     s.add_argument("--schedule", help=f"pipeline schedules, of {','.join(x for x in SCHEDULES if x != 'custom')}")
-    s.add_argument("--recompute", help=f"recompute granularities, of {','.join(RECOMPUTE)}")
+    s.add_argument(*_flags("recompute_granularity"), dest="recompute",
+                   help=f"recompute granularities, of {','.join(RECOMPUTE)}")
     s.add_argument("--sequence-parallel", help="on, off or on,off")
-    s.add_argument("--ep", help="expert-parallel sizes (default: every divisor of the experts that folds into a "
-                                "pipeline stage's GPUs)")
-    s.add_argument("--etp", help="expert tensor-parallel sizes (default: 1 and the plan's tp for a mixture of experts)")
-    s.add_argument("--dispatcher", help=f"MoE token dispatchers, of {','.join(DISPATCHERS)} (default: every one for a "
-                                        "plan with ep > 1, alltoall otherwise)")
-    s.add_argument("--cp", help=f"context-parallel sizes (default 1,2,4,8 from {LONG_SEQUENCE} tokens on, else 1)")
+    s.add_argument(*_flags("expert_model_parallel_size"), dest="ep",
+                   help="expert-parallel sizes (default: every divisor of the experts that folds into a "
+                        "pipeline stage's GPUs)")
+    s.add_argument(*_flags("expert_tensor_parallel_size"), dest="etp",
+                   help="expert tensor-parallel sizes (default: 1 and the plan's tp for a mixture of experts)")
+    s.add_argument(*_flags("moe_token_dispatcher_type"), dest="dispatcher",
+                   help=f"MoE token dispatchers, of {','.join(DISPATCHERS)} (default: every one for a "
+                        "plan with ep > 1, alltoall otherwise)")
+    s.add_argument(*_flags("context_parallel_size"), dest="cp",
+                   help=f"context-parallel sizes (default 1,2,4,8 from {LONG_SEQUENCE} tokens on, else 1)")
     s.add_argument("--fp8-format", help="precisions: off (BF16), e4m3, hybrid, e.g. off,hybrid to compare BF16 with "
                                         "FP8 (default off; FP8 needs a GPU with an fp8 peak)")
     s.add_argument("--margin", type=Number(float, minimum=1, allow_inf=True), default=DEFAULT_MARGIN,
                    help=f"the estimate's error factor: a plan is simulated unless its estimated bound / margin "
                         f"exceeds the second-best simulated time (default {DEFAULT_MARGIN}; inf: no time pruning)")
     s.add_argument("--wave", type=POSITIVE_INT, default=16, help="plans simulated between pruning checks (default 16)")
+    s.add_argument("--max-time", type=Duration(), metavar="DURATION",
+                   help="stop the simulations after this long (from the command's start: 90s, 10m, 1h30m) and report "
+                        "the best plan so far (default: no limit; Ctrl-C and SIGTERM also stop with the best so far)")
     s.add_argument("--screen", choices=("on", "off"), default="on",
                    help="on: a plan with at least 6 x pp micro-batches (not gpipe) is first simulated at 2 x pp and "
                         "4 x pp and its time extrapolated; the plans listed are simulated in full (default on); "
@@ -231,17 +250,44 @@ def write_outputs(out: Path, rows: list[dict], ranked: list[dict], obj: dict, ti
     write_json_atomic(obj, out / f"{name}.json")
 
 
+ALWAYS_SHOWN = ("tensor_model_parallel_size", "pipeline_model_parallel_size", "micro_batch_size", "global_batch_size",
+                "zero", "recompute_granularity", "schedule")
+"""Plan settings a printed ``trainsim run`` command always spells out (the rest when not at
+their defaults)."""
+
+
+def run_command(typed: dict, plan: dict) -> str:
+    """The ``trainsim run`` command that simulates ``plan`` (a record's plan, as
+    ``dataclasses.asdict`` gives it) on what the search was given (``typed``: its model and
+    cluster settings as typed), its layer split included: copy-pasteable (shell-quoted)."""
+    import shlex
+
+    default = ParallelPlan()
+    values = {}
+    for name in fields_of("plan"):
+        f = FIELDS[name]
+        v = plan.get(f.attr)
+        if isinstance(v, list):
+            v = tuple(v)
+        if name in ALWAYS_SHOWN or v != getattr(default, f.attr):
+            if v is not None:
+                values[name] = v
+    return "trainsim run " + shlex.join(flags_of({**typed, **values}))
+
+
 def print_top(ranked: list[dict], top: int, rank_by: str = "throughput") -> None:
-    """The top plans, one a line (with their tokens per joule when ranked by it)."""
-    energy = rank_by == "tokens-per-joule"
+    """The top plans, one a line (with their tokens per joule, or dollars per million tokens,
+    when ranked by it)."""
+    energy, cost = rank_by == "tokens-per-joule", rank_by == "cost"
     width = max([62, *(len(describe_plan(r["plan"])) + 2 for r in ranked[:top])])
     print(f"{'#':>3}  {'plan':<{width}}{'iteration':>11}{'tokens/s':>12}{'MFU':>7}{'peak mem':>12}"
-          + (f"{'tokens/J':>10}" if energy else ""))
+          + (f"{'tokens/J':>10}" if energy else "") + (f"{'$/M tokens':>12}" if cost else ""))
     for i, r in enumerate(ranked[:top], start=1):
         s = r["summary"]
         print(f"{i:>3}  {describe_plan(r['plan']):<{width}}{format_time(s['iteration_time_s']):>11}"
               f"{s['tokens_per_s']:>12,.0f}{s['mfu'] * 100:>6.1f}%{format_bytes(s['memory']['peak_bytes']):>12}"
-              + (f"{tokens_per_joule(s):>10,.1f}" if energy else ""))
+              + (f"{tokens_per_joule(s):>10,.1f}" if energy else "")
+              + (f"{s['cost_per_million_tokens_usd']:>12.4g}" if cost else ""))
 
 
 def check_rank_by(rank_by: str, profile) -> None:
@@ -251,13 +297,30 @@ def check_rank_by(rank_by: str, profile) -> None:
     require(rank_by != "tokens-per-joule" or PowerStates.of(profile) is not None, "--rank-by", rank_by,
             f"profile {profile.name} gives no power figures (power_limit_w, idle_power_w, "
             "memory_bound_power_fraction, communication_power_fraction): rank by throughput")
+    require(rank_by != "cost" or profile.gpu_hour_price_usd is not None, "--rank-by", rank_by,
+            f"{profile.name} has no price: give --gpu-hour-price USD, or gpu_hour_price_usd in its profile")
+
+
+STOP_CODES = {"SIGINT": 130, "SIGTERM": 143, "max-time": 0}
+"""The exit status of a search stopped early, by what stopped it (the signals' as a shell reports them)."""
+STOPPED_BY = {"SIGINT": "Ctrl-C (SIGINT)", "SIGTERM": "SIGTERM", "max-time": "--max-time {max_time}"}
 
 
 def run(args) -> int:
     start = time.monotonic()  # the wall time reported counts from here to the report
+    # on stderr: what it is doing while it enumerates and estimates, then the count of simulations
+    progress = ProgressBar(None, label="search", start=start, noun="simulations")
+    try:
+        return _run(args, start, progress)
+    finally:
+        progress.close()
+
+
+def _run(args, start: float, progress: ProgressBar) -> int:
     check_executor_args(args)
     settings = RunSettings.from_values({k: v for k, v in given(args).items() if k in SEARCH_FLAGS})
     model = model_from_settings(settings.model)
+    say_defaults(settings.model)
     profile = profile_from_settings(settings.cluster)
     gpus = settings.cluster.total_gpus()
     if gpus is None:
@@ -272,6 +335,7 @@ def run(args) -> int:
     check_rank_by(args.rank_by, profile)
     topo = topology_from_settings(settings.cluster, gpus, profile.name)
     require(gpus <= topo.num_gpus, "--gpus", gpus, f"topology {topo.name} has only {topo.num_gpus} GPUs")
+    progress.phase(f"enumerating the plans of {gpus} GPUs")
     plans = enumerate_plans(model, gpus, args.global_batch_size, space, topo.gpus_per_node)
     require(plans, "search", f"{gpus} GPUs, global batch {args.global_batch_size}",
             "no valid plan: dp must divide the global batch, tp the heads and pp the layers")
@@ -292,19 +356,36 @@ def run(args) -> int:
                "gpus": gpus, "global_batch_size": args.global_batch_size}
     log = open_log(args, context)
     with interrupted_note(log), Runner(args.workers, args.dask, log) as runner:
+        progress.phase(f"estimating the memory and time of {len(plans):,} plans")
         # the estimates run on the workers too, several chunks each so that none waits long
         cands = candidates(model, plans, profile, topo.gpus_per_node, map=runner.map, chunks=4 * runner.workers)
-        # at most this many simulations: each plan that fits, twice if it is screened (at two
-        # small micro-batch counts; not when ranking by energy), less what the pruning saves
         screen = args.screen == "on" and args.rank_by == "throughput"
-        runs = sum((2 if screen and screen_sizes(cd.plan) else 1) for cd in cands if cd.estimate.fits)
-        with ProgressBar(runs, label="search", start=start, noun="simulations") as progress:
-            result = search(cands, lambda plans: runner.run(ctx, plans, progress=progress), margin=args.margin,
-                            wave=args.wave, screen=screen, final=max(args.top, 2), rank_by=args.rank_by,
-                            idle_power_w=profile.idle_power_w)
+        if args.max_time is not None:
+            runner.deadline = start + args.max_time
+        # the count of simulations the pruning may still run, corrected before each wave
+        result = search(cands, lambda plans: runner.run(ctx, plans, progress=progress), margin=args.margin,
+                        wave=args.wave, screen=screen, final=max(args.top, 2),
+                        # the cluster's GPUs are fixed: cost per token goes with time, so prune by time
+                        rank_by="throughput" if args.rank_by == "cost" else args.rank_by,
+                        idle_power_w=profile.idle_power_w, planned=progress.set_total, stoppable=True,
+                        finished=log.done)
+        if result.stopped:
+            runner.close(kill=True)  # the simulations under way go with the workers
     ranked = rank(result.ranked, args.rank_by)
     c = result.counts
+    typed = {k: v for k, v in given(args).items() if k in SEARCH_FLAGS}
+    commands = [run_command(typed, r["plan"]) for r in ranked[:args.top]]
+    # plans pruned for memory whose bound could have placed them in the list, had another split been used
+    alike = split_failures(model, result.candidates, profile, ranked[:args.top][-1]["summary"]["iteration_time_s"],
+                           topo.gpus_per_node) if ranked and args.rank_by == "throughput" else []
+    split_only = [{"key": f.candidate.key, "plan": asdict(f.candidate.plan),
+                   "peak_bytes": f.candidate.estimate.memory["total"], "bound_s": f.candidate.bound_s,
+                   "fits_with_split": list(f.split), "peak_bytes_with_split": f.estimate.memory["total"],
+                   "command": run_command(typed, {**asdict(f.candidate.plan), "layer_split": f.split})}
+                  for f in alike]
     obj = {"best": entry(ranked[0]) if ranked else None, "top": [entry(r) for r in ranked[:args.top]],
+           "commands": commands, "stopped": result.stopped, "split_only": split_only,
+           "not_simulated": c["not_simulated"],
            "evaluated": c["evaluated"], "pruned": c["pruned"], "failed": c["failed"],
            "pruned_memory": c["pruned_memory"], "pruned_time": c["pruned_time"],
            "pruned_dominated": c["pruned_dominated"], "screened": c["screened"], "plans": c["plans"],
@@ -321,9 +402,12 @@ def run(args) -> int:
         title = pareto_title(f"{model.name} on {gpus} x {profile.name}, global batch {args.global_batch_size}",
                              len(ranked), c["evaluated"], f"{c['plans']} considered")
         write_outputs(Path(args.out), rows, ranked, obj, title, profile.hbm_capacity_bytes, "search")
+    code = STOP_CODES.get(result.stopped, 0)
+    if result.stopped and args.out:
+        print(f"trainsim: {len(log.done)} results are in {log.path}; rerun with --resume to go on", file=sys.stderr)
     if args.json:
         print(json.dumps(obj, sort_keys=True))
-        return 0
+        return code
     print(model.describe())
     print(f"{gpus} x {profile.name} on {topo.describe()}; global batch {args.global_batch_size} x {model.seq_length} tokens")
     margin = f"x {args.margin:g}" if math.isfinite(args.margin) else "off"
@@ -339,15 +423,32 @@ def run(args) -> int:
               f"({','.join(pinned)}) would cross NVLink domains")
     if c["does_not_fit"]:
         print(f"{c['does_not_fit']} simulated plan(s) did not fit in memory after all (simulated peak)")
+    if result.stopped:
+        why = STOPPED_BY[result.stopped].format(max_time=format_duration(args.max_time or 0))
+        print(f"stopped by {why} after {wall:.1f} s: {c['not_simulated']} plan(s) the pruning had not ruled out were "
+              f"not simulated; {'the best so far' if ranked else 'no plan had run in full'}"
+              + (f" (rerun with --resume{' and a longer --max-time' if result.stopped == 'max-time' else ''} "
+                 "to go on)" if args.out else ""))
     if not ranked:
         print("no plan ran and fits")
-        return 1
+        return code or 1
     print()
     print_top(ranked, args.top, args.rank_by)
+    if split_only:
+        print(f"left out only because of its layer split (balanced for time): by the estimate that pruned it, it "
+              f"does not fit in {format_bytes(profile.hbm_capacity_bytes)}, another split does, and its bound could "
+              f"place it in this list:")
+        for x in split_only:
+            print(f"     {describe_plan(x['plan'])}: {format_bytes(x['peak_bytes'])}; with --layer-split "
+                  f"{','.join(map(str, x['fits_with_split']))} {format_bytes(x['peak_bytes_with_split'])} "
+                  f"(bound {format_time(x['bound_s'])}): {x['command']}")
     print()
     for line in explain(ranked[0], ranked[1] if len(ranked) > 1 else None):
         print(line)
+    print("\neach listed plan on its own (trainsim run prints the same iteration time):")
+    for i, cmd in enumerate(commands, start=1):
+        print(f"{i:>3}  {cmd}")
     if args.out:
         print(f"\nwrote {Path(args.out) / 'results.csv'}, results.jsonl, pareto.png, search.json")
-    return 0
+    return code
 

@@ -7,6 +7,8 @@ field's flag, help, type and choices are written once, there.
 
 from __future__ import annotations
 
+import sys
+
 from sim.fileio import check_output_dir
 from sim.inputs.experiment import Setting, Where
 from sim.inputs.flags import given
@@ -15,9 +17,10 @@ from sim.inputs.schema import RunSettings, fields_of
 MODEL_FLAGS = fields_of("model")
 HARDWARE_FLAGS = ["gpu", "gpus", "gpus_per_node", "power_limit_w"]
 CLUSTER_FLAGS = ["nodes", "topology", "fabric", "oversubscription", "pin_to_nvlink_domain"]
-ESTIMATE_FLAGS = [*MODEL_FLAGS, *HARDWARE_FLAGS, *fields_of("plan"), "json"]
-"""What ``trainsim estimate`` takes: the model, the GPUs and the plan."""
-RUN_FLAGS = [*ESTIMATE_FLAGS, *CLUSTER_FLAGS, *fields_of("simulation"), "out", "kineto"]
+ESTIMATE_FLAGS = [*MODEL_FLAGS, *HARDWARE_FLAGS, "nodes", *fields_of("plan"), "json"]
+"""What ``trainsim estimate`` takes: the model, the GPUs (``--gpus`` or ``--nodes``, as on
+every command that describes a cluster) and the plan."""
+RUN_FLAGS = [*ESTIMATE_FLAGS, *CLUSTER_FLAGS[1:], "gpu_hour_price", *fields_of("simulation"), "out", "kineto"]
 """What ``trainsim run`` (and ``compare``) take: all of it."""
 
 
@@ -32,6 +35,15 @@ def run_settings(args) -> RunSettings:
     return RunSettings.from_values(given(args))
 
 
+def say_defaults(model_settings) -> None:
+    """Say on stderr a default the user may not expect, once, before the work: the sequence
+    length a ``--hf-config`` model gets without ``--seq-length`` (``sim.inputs.hf_config``)."""
+    if model_settings.hf_config and model_settings.seq_length is None:
+        from sim.inputs.hf_config import seq_length_note
+
+        print(f"trainsim: note: {seq_length_note(model_settings.hf_config)}", file=sys.stderr)
+
+
 def analytic_inputs(args):
     """What the analytic commands (``estimate``, ``explain``) work on: the settings, the
     model, the plan and the GPU's profile of a command line."""
@@ -39,6 +51,7 @@ def analytic_inputs(args):
 
     settings = run_settings(args)
     model = model_from_settings(settings.model)
+    say_defaults(settings.model)
     plan = plan_from_settings(settings.plan, settings.cluster.total_gpus(), model)
     profile = profile_from_settings(settings.cluster)
     if plan.layer_split == "auto":  # (balanced on the one GPU type, as ``sim.session.prepare`` does)

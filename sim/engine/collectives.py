@@ -7,7 +7,7 @@ point transfers with dependencies) start on the network, each when the steps it 
 on are done, and each member's action finishes when its own steps, as sender or
 receiver, are all done. An NCCL collective's first steps start after its base latency
 (``sim.engine.nccl.base_latency``: kernel launch and setup), which its members' actions
-count as busy; Transformer Engine's userbuffers chunks (``Action.userbuffers``) and
+count as busy; collectives moved outside NCCL (``Action.transport`` ``direct``) and
 point-to-point ops pay none. Steps are planned once per distinct (op, group, size,
 algorithm, channels): an iteration repeats the same few collectives thousands of times.
 
@@ -47,16 +47,9 @@ class _Rendezvous:
 
 def holds_no_sms(a: Action) -> bool:
     """Whether collective ``a`` leaves the GPU's SMs to the compute beside it (no overlap
-    slowdown): an all-gather chunk overlapped with a GEMM (``sim.program.tp``'s side
-    stream), which Transformer Engine's userbuffers move with the copy engines (ring
-    exchange, ``use_ce``: its default configuration in ``transformer_engine/pytorch/module/
-    base.py``; the bulk all-gather beside an input-gradient GEMM takes 2-8 SMs of 132 in
-    NeMo's configurations). Its reduce-scatter chunks hold 16-24 SMs and do slow the GEMM;
-    so do collectives of other groups on that stream (context parallelism's all-gathers:
-    NCCL kernels). Under ``--tp-comm-overlap-cfg`` every userbuffers chunk leaves them: the
-    GEMMs beside it are priced on the SMs its method leaves them (``Action.sms_priced``,
-    ``sim.inputs.tp_overlap``)."""
-    return a.userbuffers and (a.op == "allgather" or a.sms_priced)
+    slowdown): its claim says so (``Action.slows_compute`` false: copy engines move it, or
+    the compute beside it is already priced without its SMs; the pass that made it decides)."""
+    return not a.slows_compute
 
 
 class Collectives:
@@ -116,16 +109,17 @@ class Collectives:
 
     def plan_steps(self, a: Action):
         """The collective's steps and their bookkeeping, built once per distinct
-        (op, group, size, algorithm, channels, userbuffers or NCCL). Under reduced fidelity with fluid rings,
+        (op, group, size, algorithm, channels, transport). Under reduced fidelity with fluid rings,
         hops between two shadows are dropped: no simulated rank waits for them, and by
         symmetry they take as long as the hops that are simulated. Under the flow model an
         all-to-all is one bundle of all its sends (``_bundled``), shadows' included: one
         flow, whose weights on the links are the contention the whole group makes."""
-        key = (a.op, a.group, a.nbytes, a.algo, a.protocol, a.channels, a.userbuffers)
+        key = (a.op, a.group, a.nbytes, a.algo, a.protocol, a.channels, a.transport)
         plan = self._plans.get(key)
         if plan is not None:
             return plan
         algo, protocol = self.choose(a)
+        outside = a.transport != "nccl"  # (no NCCL kernel: no base, step latencies or rate caps)
         shadows = self.shadows
         start = self.net.start
         if self.fluid and a.op in BUNDLED_OPS and len(a.group) > 1:
@@ -136,10 +130,10 @@ class Collectives:
             steps = collectives.build(a.op, a.group, a.nbytes, self.topology, algo, channels=a.channels or None,
                                       fluid=self.fluid)
             steps = self._without_shadow_hops(steps) if self.fluid and algo == "ring" and shadows else steps
-            nccl_algo = None if a.op in POINT_TO_POINT_OPS or a.userbuffers else algo
+            nccl_algo = None if a.op in POINT_TO_POINT_OPS or outside else algo
             args = self._step_args(steps, protocol, nccl_algo, nccl_algo and ring_step_latency(
                 self.nccl, a.op, a.group, self.topology, algo, protocol))
-            if not a.userbuffers:
+            if not outside:
                 args = self._capped(args, steps, a, algo, protocol)
             ends = [tuple(r for r in ((st.src, st.dst) if st.src != st.dst else (st.src,)) if r not in shadows)
                     for st in steps]
@@ -151,7 +145,7 @@ class Collectives:
                 children[d].append(i)
             for r in ends[i]:
                 involved[r] = involved.get(r, 0) + 1
-        base = 0.0 if a.userbuffers else base_latency(self.nccl, a.op, a.group, self.topology, algo, protocol)
+        base = 0.0 if outside else base_latency(self.nccl, a.op, a.group, self.topology, algo, protocol)
         plan = (args, ends, [tuple(c) for c in children], [len(st.deps) for st in steps], involved, base, start)
         self._plans[key] = plan
         return plan
@@ -205,13 +199,13 @@ class Collectives:
 
     def choose(self, a: Action) -> tuple[str, str]:
         """The action's algorithm and protocol, NCCL's tuner's choice where "auto"
-        (``sim.engine.nccl.choose``), one choice per shape of group (``_shape``) and size. A userbuffers
-        chunk (``Action.userbuffers``) pays no base latency, so the choice leaves it out."""
+        (``sim.engine.nccl.choose``), one choice per shape of group (``_shape``) and size. A collective
+        outside NCCL (``Action.transport`` ``direct``) pays no base latency, so the choice leaves it out."""
         algo = a.algo if self.nccl.algo is None else self.nccl.algo
         protocol = a.protocol if self.nccl.protocol is None else self.nccl.protocol
         if self.nccl.algo is None and algo != "auto" and protocol != "auto":
             return algo, protocol
-        key = (a.op, a.nbytes, algo, protocol, self._shape(a.group), a.userbuffers)
+        key = (a.op, a.nbytes, algo, protocol, self._shape(a.group), a.transport)
         c = self._choices.get(key)
         if c is None:
             if self.nccl.algo is not None and not runnable(a.op, a.group, self.topology, algo):
@@ -220,7 +214,7 @@ class Collectives:
                 c = (algo, protocol)
             else:
                 c = choose(a.op, a.group, a.nbytes, self.topology, self.efficiency(), self.nccl, algo, protocol,
-                           base=not a.userbuffers)
+                           base=a.transport == "nccl")
             self._choices[key] = c
         return c
 

@@ -20,10 +20,8 @@ the action it is stuck on and what that action waits for. A simulation never han
 
 from __future__ import annotations
 
-import gc
 import time
 from collections import deque
-from contextlib import contextmanager
 from functools import partial
 from itertools import compress, count, islice
 from operator import attrgetter, eq
@@ -38,6 +36,7 @@ from sim.engine.network import Network
 from sim.engine.slowdown import Slowdown
 from sim.engine.program_index import index_program
 from sim.errors import DeadlockError, InputError
+from sim.gc_tuning import simulation_pause
 from sim.inputs.topology import Topology
 from sim.results.trace import Span, Trace
 
@@ -53,14 +52,16 @@ def simulate(program: Program, topology: Topology, *, link_efficiency: dict[str,
     ``link_efficiency`` scales each link kind's bandwidth (e.g. ``{"ib": 0.96}``).
     ``fluid_collectives`` prices each ring hop as one transfer (``sim.engine.algorithms``).
     ``overlap_slowdown`` σ: compute on a rank runs at 1/(1 + σ) while one of its sends,
-    receives or collectives moves data (``sim.engine.slowdown``). ``nccl``: protocols and NVLS (``sim.engine.nccl``).
+    receives or collectives moves data (``sim.engine.slowdown``; those whose claim holds SMs,
+    ``Action.slows_compute``; a send/recv pair's is its send's). ``nccl``: protocols and NVLS (``sim.engine.nccl``).
     ``gpu_slowdown``: rank -> factor, each slow GPU's compute taking that many times as long
     (``sim.engine.gpu_speed``). ``check_invariants`` checks ``sim.engine.invariants`` during and after the run (default:
-    debug mode, the environment variable ``TRAINSIM_DEBUG``).
+    debug mode, the environment variable ``TRAINSIM_DEBUG``). Python's garbage collector is left as it
+    is found, unless the process opted into ``sim.gc_tuning`` (the ``trainsim`` command does).
     """
     if check_invariants is None:
         check_invariants = invariants.enabled()
-    with gc_paused():
+    with simulation_pause():
         if not 0.0 <= overlap_slowdown < float("inf"):
             raise InputError(f"overlap_slowdown: got {overlap_slowdown!r}; expected a number >= 0")
         for r, f in (gpu_slowdown or {}).items():
@@ -72,47 +73,6 @@ def simulate(program: Program, topology: Topology, *, link_efficiency: dict[str,
             return engine.run()
         finally:
             engine.release()
-
-
-COLLECT_FROZEN = 2_000_000
-"""Objects frozen by earlier runs (as ``gc_paused`` counts them) above which it collects
-them (about 200 MB; one large run, or a few dozen small ones)."""
-
-_frozen_since_collect = 0
-"""What ``gc_paused`` froze since its last collection: the sum, over the runs, of the
-collector's count of objects allocated and not yet freed while it was off (an upper
-bound on what a run leaves in reference cycles; ``gc.get_freeze_count`` walks the
-whole frozen list, 20 ms a call in a process that holds a million objects)."""
-
-
-@contextmanager
-def gc_paused():
-    """Python's cyclic garbage collector off for a while. Building and running a program
-    allocates millions of small objects and no reference cycles; with the collector on,
-    its full passes walk every one of them again and again. On the way out the objects
-    still alive are frozen (``gc.freeze``), so that the next full pass does not walk
-    them either; reference counting still frees them as usual. On the way in, what an
-    earlier run froze is unfrozen, and collected once more than ``COLLECT_FROZEN``
-    objects were frozen since the last collection: a process that simulates many plans
-    (``trainsim fit``, a search worker) must let the collector free the cycles runs leave,
-    or they stay for good (7 MB per small run before this, gigabytes over a fit);
-    collecting after every small run would cost more than the runs (the test suite ran
-    1.5x slower; 50 ms a point of a small search)."""
-    global _frozen_since_collect
-    was = gc.isenabled()
-    if was:
-        gc.unfreeze()
-        if _frozen_since_collect > COLLECT_FROZEN:
-            gc.collect()
-            _frozen_since_collect = 0
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was:
-            _frozen_since_collect += gc.get_count()[0]
-            gc.freeze()
-            gc.enable()
 
 
 class _Engine:
@@ -207,7 +167,7 @@ class _Engine:
 
     def release(self) -> None:
         """Let go of the run's state once its trace is made. The event loop's closures and
-        the network's and collectives' callbacks refer to one another, and ``gc_paused``
+        the network's and collectives' callbacks refer to one another, and ``sim.gc_tuning``
         freezes what is alive when the run ends, so the cyclic collector would never free
         that state: emptied here (the index's arrays are the engine's own), each run leaves
         a few small objects behind, not its millions of entries."""
@@ -371,6 +331,12 @@ class _Engine:
             slowable, slow_start, nccl_finish, began = (self._slow.slowable, self._slow.start,
                                                         self._slow.nccl_finish, self._slow.nccl_started)
             join_p2p = self._slow.p2p_join(self.net.start, self._partner, self._pair_link)
+            quiet = {i for i in self._sends if not acts[i].slows_compute}
+            if quiet:  # (sends that leave the SMs to compute, ``Action.slows_compute``: not counted)
+                counted, plain = join_p2p, self._p2p_join(finish)
+
+                def join_p2p(i: int, pair: tuple) -> None:
+                    (plain if pair[0] in quiet else counted)(i, pair)
         else:
             join_p2p = self._p2p_join(finish)
         self._coll = Collectives(env, self.net, self.topology, self.program.shadows, self.fluid, self._key_of,

@@ -35,9 +35,9 @@ taken as three NCCL ring calls (reduce-scatter in each node, all-reduce across n
 all-gather in each node, as Horovod and DeepSpeed issue it): ring's base once per phase.
 Not NCCL collectives, so no base: point-to-point transfers (pipeline sends and receives,
 ring attention's ``shift``, all-to-all, which PyTorch runs as grouped ``ncclSend``/
-``ncclRecv`` outside NCCL's collective table), one-rank groups, and Transformer Engine's
-userbuffers chunks of the tensor-parallel overlap (``Action.userbuffers``), whose
-(algorithm, protocol) is chosen without it too.
+``ncclRecv`` outside NCCL's collective table), one-rank groups, and collectives whose
+bytes move outside NCCL (``Action.transport`` ``direct``: copy engines or a library's own
+kernel), whose (algorithm, protocol) is chosen without it too.
 
 ``sim.engine.tuner.choose`` is the tuner: like NCCL's ``ncclTopoTuneModel`` it estimates each enabled
 (algorithm, protocol)'s time as latency + size / bandwidth and takes the fastest, but it

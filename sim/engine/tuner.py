@@ -70,7 +70,7 @@ def collective_time(op: str, ranks, nbytes: float, topology, efficiency: dict, m
     latency, NCCL's per-step latencies and its tuning-model rate caps
     (``sim.engine.nccl.rate_caps``), on the channels NCCL runs for the size or, with
     ``all_channels``, on all of them, as NCCL's tuner prices its choice. ``base`` False:
-    not an NCCL kernel (Transformer Engine's userbuffers chunks), priced on the links alone."""
+    not an NCCL kernel (``Action.transport`` ``direct``), priced on the links alone."""
     steps = build(op, ranks, nbytes, topology, algo, fluid=True) if steps is None else steps
     if not base or op in POINT_TO_POINT_OPS:
         return estimate(steps, topology, efficiency, model, protocol)
@@ -88,7 +88,7 @@ def choose(op: str, ranks, nbytes: float, topology, efficiency: dict | None = No
     channels a small size leaves idle are dropped after the choice); ``algo`` or
     ``protocol`` other than "auto" fixes that part (as
     NCCL_ALGO and NCCL_PROTO do). ``base`` False: a collective that pays no base latency
-    (Transformer Engine's userbuffers chunks), the fastest by its transfers alone."""
+    (``Action.transport`` ``direct``), the fastest by its transfers alone."""
     model = model or DEFAULT_MODEL
     efficiency = efficiency or {}
     if op in POINT_TO_POINT_OPS:

@@ -44,6 +44,9 @@ class Field:
     """The attribute that holds it (filled in by ``sim.inputs.schema``)."""
     section: str | None = None
     """The section it belongs to (filled in by ``sim.inputs.schema``)."""
+    aliases: tuple[str, ...] = ()
+    """Short flags that stand for it on every command that takes it (``--tp`` for
+    ``--tensor-model-parallel-size``); ``trainsim search`` takes the same names for its lists."""
 
 
 SECTION_GROUP = object()
@@ -51,11 +54,11 @@ SECTION_GROUP = object()
 
 def setting(default=None, *, help=None, type=None, choices=None, kind: str = "value", flag: str | None = None,
             metavar: str | None = None, group=SECTION_GROUP, tables=None, path=None, name: str | None = None,
-            convert=None):
+            convert=None, aliases: tuple[str, ...] = ()):
     """A dataclass field with its schema entry (``Field``) in the metadata."""
     return field(default=default, metadata={"schema": (Field(
         flag, help, type, tuple(choices) if choices is not None else None, kind, metavar, None,
-        None if tables is None else tuple(tables), path, name, convert), group)})
+        None if tables is None else tuple(tables), path, name, convert, aliases=tuple(aliases)), group)})
 
 
 def check_section(obj) -> None:
@@ -76,10 +79,12 @@ def why_not_field(f: Field, value) -> str | None:
     if f.kind == "list":
         ok = isinstance(value, str) or isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value)
         return None if ok else "expected a list of names"
-    if isinstance(f.type, Number):  # the field's own bounds (> 0, finite, ...)
+    if isinstance(f.type, Number) or hasattr(f.type, "allowed"):  # the field's own bounds (> 0, finite, ...)
         why = f.type.allowed(value)
         if why is not None:
             return why
+        if not isinstance(f.type, Number):  # a type with its own check (sim.inputs.cost.PRICE) says it all
+            return None
     if f.type is int and (isinstance(value, bool) or not isinstance(value, int)):
         return "expected an integer"
     if f.type is None and not isinstance(value, (str, int)) or isinstance(value, bool):

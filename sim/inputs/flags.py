@@ -10,6 +10,7 @@ experiment file field by field, with no round trip through argument strings.
 from __future__ import annotations
 
 import argparse
+import difflib
 from typing import Mapping
 
 from sim.errors import InputError
@@ -52,7 +53,7 @@ def add_arguments(parser: argparse.ArgumentParser, names, *, groups: Mapping[str
                 kw["metavar"] = f.metavar
             elif f.choices is not None:
                 kw["metavar"] = "{" + ",".join(map(str, f.choices)) + "}"
-        target.add_argument(f.flag, **kw)
+        target.add_argument(f.flag, *f.aliases, **kw)
 
 
 def value_of_text(f: Field, text: str):
@@ -72,9 +73,12 @@ def value_of_text(f: Field, text: str):
             raise refuse(what, repr(text)) from None
         allowed = f.type.allowed(value) if isinstance(f.type, Number) else None
         if allowed is not None:
-            raise refuse(allowed, text.strip())
+            raise refuse(allowed, repr(text) if isinstance(value, str) else text.strip())
     elif f.type is not None:
         value = f.type(text)  # its own check (stragglers' factors): an InputError naming what it allows
+        allowed = f.type.allowed(value) if hasattr(f.type, "allowed") else None  # (sim.inputs.cost.PRICE)
+        if allowed is not None:
+            raise refuse(allowed, repr(text) if isinstance(value, str) else text.strip())
     if f.choices is not None and value not in f.choices:
         raise refuse(f"allowed: {', '.join(map(str, f.choices))}", text)
     return value
@@ -99,6 +103,42 @@ def given(ns: argparse.Namespace) -> dict[str, object]:
     return {name: v for name, v in vars(ns).items() if name in FIELDS and v is not None}
 
 
+def flags_of(values: Mapping[str, object]) -> list[str]:
+    """The command-line arguments that stand for ``values`` (settings by field name, as a
+    parsed command line or a plan holds them): the inverse of parsing them. A list is its
+    items, a tuple (a layer split) its items joined by commas."""
+    out: list[str] = []
+    for name, v in values.items():
+        f = FIELDS[name]
+        if f.kind == "switch":
+            out += [f.flag] if v else []
+        elif f.kind == "bool":
+            out.append(f.flag if v else "--no-" + f.flag[2:])
+        elif f.kind == "list":
+            out += [f.flag, *map(str, v if isinstance(v, (list, tuple)) else [v])]
+        else:
+            out += [f.flag, ",".join(map(str, v)) if isinstance(v, (list, tuple)) else str(v)]
+    return out
+
+
+def did_you_mean(typed: list[str], known: list[str]) -> str:
+    """`` (did you mean --x?)`` for the unknown flags among ``typed`` that are close to one of
+    ``known`` (``difflib``'s closeness, as for an experiment file's keys); "" for none."""
+    hints = []
+    for word in typed:
+        flag = word.split("=", 1)[0]
+        if not flag.startswith("--"):
+            continue
+        close = difflib.get_close_matches(flag, [k for k in known if k.startswith("--")], n=1)
+        if close:
+            hints.append((flag, close[0]))
+    if not hints:
+        return ""
+    if len(hints) == 1:
+        return f" (did you mean {hints[0][1]}?)"
+    return " (did you mean " + ", ".join(f"{k} for {f}" for f, k in hints) + "?)"
+
+
 def settings_markdown() -> str:
     """Every setting as a Markdown table per section (``docs/settings.md``)."""
     from sim.inputs.schema import DEFAULTS, SECTIONS, fields_of
@@ -115,7 +155,8 @@ def settings_markdown() -> str:
             keys = ", ".join(f"`[{t}] {k}`" for t, k in meta.tables) or "(command line and API only)"
             allowed = f" ({', '.join(map(str, meta.choices))})" if meta.choices else ""
             what = ((help_of(name) or "").strip() + allowed).replace("|", "\\|")
-            out.append(f"| `{name}` | `{meta.flag}` | {keys} | `{DEFAULTS[name]!r}` | {what} |")
+            flags = ", ".join(f"`{x}`" for x in (meta.flag, *meta.aliases))
+            out.append(f"| `{name}` | {flags} | {keys} | `{DEFAULTS[name]!r}` | {what} |")
         out.append("")
     return "\n".join(out)
 

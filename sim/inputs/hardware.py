@@ -74,6 +74,36 @@ LINKS = Annotated[json_object("Links", dict.fromkeys(LINK_KINDS, LinkModel), tot
 """A profile's links; none is allowed (one GPU alone), and ``calibrate`` starts from none."""
 
 
+class FrozenDict(dict):
+    """A profile's table (``peak_flops``, ``links``, ``nccl_protocols``, ...): a dict that
+    refuses changes in place, so that a profile's content, and the hash it keeps, never
+    change. A changed profile is a new one (``dataclasses.replace``)."""
+
+    __slots__ = ()
+
+    def _refuse(self, *args, **kwargs):
+        raise TypeError("a profile's tables cannot be changed in place; make a changed profile with "
+                        "dataclasses.replace(profile, field=...)")
+
+    __setitem__ = __delitem__ = __ior__ = clear = pop = popitem = setdefault = update = _refuse
+
+    def __reduce__(self):
+        return FrozenDict, (dict(self),)
+
+    def __copy__(self):
+        return self
+
+    def __deepcopy__(self, memo):
+        return self
+
+
+def _frozen(value):
+    """``value`` with every dict in it a ``FrozenDict``."""
+    if isinstance(value, dict):
+        return FrozenDict({k: _frozen(v) for k, v in value.items()})
+    return value
+
+
 def _one_line_errors(cls):
     """``cls`` whose construction (``cls(...)``, ``dataclasses.replace``) raises a one-line
     ``InputError`` naming the profile, where pydantic would raise its ``ValidationError``."""
@@ -203,6 +233,10 @@ class HardwareProfile:
     """A power limit set below ``power_limit_w`` (``nvidia-smi -pl``, ``--power-limit-w``):
     compute-bound kernels draw it, at the lower clock it allows (``sim.inputs.power.capped``
     lowers ``sustained_compute_fraction`` to match). None: the board's own limit."""
+    gpu_hour_price_usd: number("a number > 0 (US dollars per GPU-hour)", gt=0) | None = None
+    """What an hour of this GPU costs, US dollars (a rental price, or the purchase and running
+    cost amortized): the run's cost per iteration and per million tokens (``sim.inputs.cost``;
+    ``--gpu-hour-price`` overrides it). None: not given (no cost figures; no preset gives one)."""
 
     def memory_rate(self, framework: bool = False) -> float:
         """Bytes/s a memory-bound kernel moves: a tuned library kernel's, or with
@@ -217,13 +251,33 @@ class HardwareProfile:
     ``trainsim calibrate``). Empty, and left out of the JSON, for presets."""
 
     def __hash__(self):
-        d = self.to_dict()
-        d.pop("sources")
-        d.pop("provenance", None)
-        return hash(json.dumps(d, sort_keys=True))
+        """Of the content (``sources`` and ``provenance`` aside, as ``==``): computed once,
+        at the first call, and kept on the profile. A profile is frozen and its tables are
+        read-only (``FrozenDict``; a changed profile is a new one: ``dataclasses.replace``),
+        so the many ``lru_cache``s keyed on a profile pay a lookup, not a serialisation."""
+        try:
+            return self.__dict__["_content_hash"]
+        except KeyError:
+            d = self.to_dict()
+            d.pop("sources")
+            d.pop("provenance", None)
+            h = hash(json.dumps(d, sort_keys=True))
+            object.__setattr__(self, "_content_hash", h)  # (not a field: not compared, copied or written)
+            return h
+
+    def __getstate__(self):
+        """Pickled without the kept hash: a string's hash differs from process to process
+        (``PYTHONHASHSEED``), so a worker hashes the profile it receives afresh."""
+        state = dict(self.__dict__)
+        state.pop("_content_hash", None)
+        return state
 
     def __post_init__(self):
-        """The rules between fields (each field's own are its type's)."""
+        """The rules between fields (each field's own are its type's). The tables that make
+        the profile's content (all but ``sources`` and ``provenance``) become read-only."""
+        for f in fields(self):
+            if f.compare and isinstance(getattr(self, f.name), dict):
+                object.__setattr__(self, f.name, _frozen(getattr(self, f.name)))
         if self.fp8_gemm_max_efficiency is not None and "fp8" not in self.peak_flops:
             raise InputError(field="fp8_gemm_max_efficiency", value=self.fp8_gemm_max_efficiency,
                              allowed="peak_flops has no fp8 entry (give the GPU's fp8 peak, or leave the field out)")
@@ -335,7 +389,7 @@ class HardwareProfile:
         for key in ("framework_kernel_efficiency", "attention_kernel_speed", "nccl_protocols", "nvls_efficiency",
                     "nvls_latency_s", "nccl_base_latency_s", "fp8_gemm_max_efficiency", "power_limit_w", "idle_power_w",
                     "mxfp8_gemm_relative_efficiency", "memory_bound_power_fraction", "communication_power_fraction",
-                    "power_cap_w"):
+                    "power_cap_w", "gpu_hour_price_usd"):
             if out[key] is None:
                 del out[key]
         if out["gemm_bias_epilogue"]:

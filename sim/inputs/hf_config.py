@@ -13,6 +13,51 @@ from sim.errors import InputError, require
 from sim.inputs.model import ModelSpec, gpt, llama, positive_int
 
 
+HF_SEQ_LENGTH = 4096
+"""The sequence length of a model from a config.json that names no training length (and
+allows this many positions): a common pretraining length. ``max_position_embeddings`` is
+the longest context the model accepts, often extended far past its training length
+(Qwen2.5-14B: 131,072), which would make every plan's activations out of reach."""
+TRAINING_LENGTH_KEYS = ("seq_length", "max_sequence_length", "n_ctx")
+"""Keys with which a config.json names its training length (ChatGLM and Qwen 1 ``seq_length``,
+GPT-2 ``n_ctx``), before ``rope_scaling.original_max_position_embeddings`` (the length
+trained at before a long-context extension, Llama 3.1's 8192)."""
+
+
+def training_seq_length(cfg: dict, max_positions: int) -> tuple[int, str]:
+    """The sequence length to simulate for a config.json given no ``seq_length``, and why: the
+    training length the config names, or ``HF_SEQ_LENGTH``; at most ``max_positions``."""
+    rope = cfg.get("rope_scaling")
+    named = [(k, cfg.get(k)) for k in TRAINING_LENGTH_KEYS]
+    named.append(("rope_scaling.original_max_position_embeddings",
+                  rope.get("original_max_position_embeddings") if isinstance(rope, dict) else None))
+    for key, v in named:
+        if isinstance(v, int) and not isinstance(v, bool) and 0 < v <= max_positions:
+            return v, f"the config's {key}"
+    if max_positions < HF_SEQ_LENGTH:
+        return max_positions, f"the config's position limit, below the default {HF_SEQ_LENGTH}"
+    return HF_SEQ_LENGTH, f"the default for a config that names no training length; it allows {max_positions:,}"
+
+
+def seq_length_note(source: str | Path | dict) -> str:
+    """One line saying which sequence length a config.json gets without ``--seq-length``."""
+    cfg = source if isinstance(source, dict) else _read(source)
+    gpt2 = _model_type(cfg) == "gpt2"
+    key = "n_positions" if gpt2 else "max_position_embeddings"
+    n, why = training_seq_length(cfg, _hf_int(cfg, key, str(source)))
+    return f"--hf-config {source}: seq_length {n} ({why}); --seq-length sets another"
+
+
+def _read(source: str | Path) -> dict:
+    from sim.fileio import read_json
+
+    return read_json(source, "--hf-config")
+
+
+def _model_type(cfg: dict) -> str | None:
+    return cfg.get("model_type") or ("gpt2" if "n_embd" in cfg else "llama" if "intermediate_size" in cfg else None)
+
+
 _LLAMA_TYPES = ("llama", "mistral", "qwen2", "qwen3", "mixtral", "qwen3_moe", "qwen2_moe", "deepseek_v2", "deepseek_v3")
 
 
@@ -40,14 +85,13 @@ def model_from_hf_config(source: str | Path | dict, seq_length: int | None = Non
     when n_group > 1, and MLA's q_lora_rank, kv_lora_rank,
     qk_nope_head_dim, qk_rope_head_dim, v_head_dim).
     GPT-2: n_embd, n_layer, n_head, n_positions, n_inner (null = 4·n_embd), vocab_size;
-    embeddings tied. ``seq_length`` defaults to the position limit.
+    embeddings tied. ``seq_length`` defaults to the training length the config names, or
+    ``HF_SEQ_LENGTH`` (``training_seq_length``), never to the position limit alone.
     """
     where = "config.json"
     if not isinstance(source, dict):
-        from sim.fileio import read_json
-
         where = str(source)
-        cfg = read_json(source, "--hf-config")
+        cfg = _read(source)
     else:
         cfg = source
     require(isinstance(cfg, dict), where, type(cfg).__name__, "expected a JSON object")
@@ -74,7 +118,7 @@ def _hf_dropout(cfg: dict, key: str, where: str) -> float:
 
 
 def _from_hf(cfg: dict, where: str, seq_length: int | None, name: str | None) -> ModelSpec:
-    mtype = cfg.get("model_type") or ("gpt2" if "n_embd" in cfg else "llama" if "intermediate_size" in cfg else None)
+    mtype = _model_type(cfg)
     name = name or _hf_name(cfg, where) or mtype
     if mtype == "gpt2":
         h = _hf_int(cfg, "n_embd", where)
@@ -82,13 +126,15 @@ def _from_hf(cfg: dict, where: str, seq_length: int | None, name: str | None) ->
         inner = cfg.get("n_inner")
         drop = any([_hf_dropout(cfg, k, where) > 0 for k in ("resid_pdrop", "attn_pdrop", "embd_pdrop")])
         return gpt(str(name), _hf_int(cfg, "n_layer", where), h, _hf_int(cfg, "n_head", where),
-                   _hf_int(cfg, "vocab_size", where), seq_length or n_pos,
+                   _hf_int(cfg, "vocab_size", where), seq_length or training_seq_length(cfg, n_pos)[0],
                    ffn_hidden_size=_hf_int(cfg, "n_inner", where) if inner is not None else 4 * h,
                    max_position_embeddings=n_pos, dropout=drop)
     if mtype in FAMILY_TYPES:
         return _family(cfg, mtype, where, seq_length, str(name))
     require(mtype in _LLAMA_TYPES, f"{where}: model_type", mtype,
-            f"supported: gpt2, {', '.join(_LLAMA_TYPES + FAMILY_TYPES)}")
+            f"supported: gpt2, {', '.join(_LLAMA_TYPES + FAMILY_TYPES)}; any other decoder-only model runs from its "
+            "shape with Megatron-LM's flags instead of --hf-config (--num-layers, --hidden-size, "
+            "--num-attention-heads, --ffn-hidden-size, --vocab-size, --seq-length, ...)")
     heads = _hf_int(cfg, "num_attention_heads", where)
     kv = cfg.get("num_key_value_heads")
     tie = _hf_bool(cfg, "tie_word_embeddings", where, False)
@@ -106,7 +152,7 @@ def _from_hf(cfg: dict, where: str, seq_length: int | None, name: str | None) ->
     return llama(str(name), _hf_int(cfg, "num_hidden_layers", where), _hf_int(cfg, "hidden_size", where),
                  heads, heads if kv is None else _hf_int(cfg, "num_key_value_heads", where),
                  _hf_int(cfg, "intermediate_size", where), _hf_int(cfg, "vocab_size", where),
-                 seq_length or max_pos, tied_embeddings=tie, bias=bias, max_position_embeddings=max_pos, **kw)
+                 seq_length or training_seq_length(cfg, max_pos)[0], tied_embeddings=tie, bias=bias, max_position_embeddings=max_pos, **kw)
 
 
 def _hf_name(cfg: dict, where: str) -> str | None:
@@ -250,7 +296,8 @@ def _family(cfg: dict, mtype: str, where: str, seq_length: int | None, name: str
     gemma = mtype.startswith("gemma")
     tie = _hf_bool(cfg, "tie_word_embeddings", where, gemma)
     max_pos = _hf_int(cfg, "max_position_embeddings", where, 0) if cfg.get("max_position_embeddings") else None
-    s = seq_length or max_pos
+    # as every other config: the training length the config names, else HF_SEQ_LENGTH (training_seq_length)
+    s = seq_length or training_seq_length(cfg, max_pos if max_pos is not None else HF_SEQ_LENGTH)[0]
     if mtype == "mamba2":
         heads, hd = _hf_int(cfg, "num_heads", where), _hf_int(cfg, "head_dim", where)
         require(not _hf_bool(cfg, "use_bias", where, False), f"{where}: use_bias", True,
@@ -261,10 +308,8 @@ def _family(cfg: dict, mtype: str, where: str, seq_length: int | None, name: str
         mixer = Mamba2(heads=heads, head_dim=hd, state=_hf_int(cfg, "state_size", where),
                        groups=_hf_int(cfg, "n_groups", where, 1), conv=_hf_int(cfg, "conv_kernel", where, 4),
                        chunk=_hf_int(cfg, "chunk_size", where, 256))
-        require(s is not None, f"{where}: max_position_embeddings", None, "absent: give --seq-length")
         return llama(name, n, h, heads, heads, heads * hd, vocab, s, kv_channels=hd, tied_embeddings=tie,
                      layers=tuple(Layer(mixer, None) for _ in range(n)))
-    require(s is not None, f"{where}: max_position_embeddings", None, "missing; expected an integer > 0")
     heads = _hf_int(cfg, "num_attention_heads", where)
     kv = _hf_int(cfg, "num_key_value_heads", where) if cfg.get("num_key_value_heads") is not None else heads
     hd_key = "attention_head_dim" if cfg.get("head_dim") is None and cfg.get("attention_head_dim") else "head_dim"

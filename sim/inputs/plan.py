@@ -119,17 +119,17 @@ class ParallelPlan:
     dp: int = 1
     """Data-parallel replicas (each replica is tp·pp·cp GPUs); not a setting: the cluster's
     GPUs fix it (``sim.inputs.resolve.plan_from_settings``)."""
-    tp: int = setting(1, name="tensor_model_parallel_size", type=POSITIVE_INT,
+    tp: int = setting(1, name="tensor_model_parallel_size", type=POSITIVE_INT, aliases=("--tp",),
                       help="tensor-parallel size: GPUs that split each layer (default 1)")
     """Tensor-parallel degree (Megatron column/row split of every layer)."""
-    pp: int = setting(1, name="pipeline_model_parallel_size", type=POSITIVE_INT,
+    pp: int = setting(1, name="pipeline_model_parallel_size", type=POSITIVE_INT, aliases=("--pp",),
                       help="pipeline-parallel size: stages the layers are split into (default 1)")
     """Pipeline stages."""
     layers_per_virtual_stage: int | None = setting(
         name="num_layers_per_virtual_pipeline_stage", type=POSITIVE_INT,
         help="layers per model chunk (interleaved schedule; sets vpp)")
     """What sets ``vpp`` from the model's layers (``plan_from_settings``); kept as given."""
-    vpp: int = setting(1, name="num_virtual_stages_per_pipeline_rank", type=POSITIVE_INT,
+    vpp: int = setting(1, name="num_virtual_stages_per_pipeline_rank", type=POSITIVE_INT, aliases=("--vpp",),
                        help="model chunks per pipeline rank (vpp), Megatron-LM's alternative to the flag above")
     """Model chunks per pipeline stage (interleaved 1F1B when > 1)."""
     schedule: str | None = setting(
@@ -200,7 +200,7 @@ class ParallelPlan:
              "default methods, GEMMs slowed by overlap_compute_slowdown beside a reduce-scatter)")
     """``sim.inputs.tp_overlap``; None: trainsim's older model (its module doc)."""
     cp: int = setting(
-        1, name="context_parallel_size", type=POSITIVE_INT,
+        1, name="context_parallel_size", type=POSITIVE_INT, aliases=("--cp",),
         help="context-parallel size: GPUs each sequence is split over (ring attention or an all-gather of keys "
              "and values; inside the data-parallel dimension, cp innermost; default 1)")
     """Context-parallel size (``sim.program.context_parallel``). They sit inside the data-parallel
@@ -210,11 +210,11 @@ class ParallelPlan:
                                      "(ring attention, overlapped with compute; the default) or all-gather "
                                      "(Llama 3's)")
     ep: int = setting(
-        1, name="expert_model_parallel_size", type=POSITIVE_INT, group=_EXPERTS,
+        1, name="expert_model_parallel_size", type=POSITIVE_INT, group=_EXPERTS, aliases=("--ep",),
         help="expert-parallel size: GPUs each MoE layer's routed experts are spread over, folded out of each "
              "stage's tp x dp GPUs (default 1)")
     """The GPUs a layer's routed experts are spread over (``sim.inputs.experts``)."""
-    etp: int | None = setting(name="expert_tensor_parallel_size", type=POSITIVE_INT, group=_EXPERTS,
+    etp: int | None = setting(name="expert_tensor_parallel_size", type=POSITIVE_INT, group=_EXPERTS, aliases=("--etp",),
                               help="GPUs each expert is split over (default: the tensor-parallel size)")
     moe_routing: str = setting(
         "balanced", metavar="MODEL|FILE", group=_EXPERTS, path=lambda v: v.endswith((".json", ".csv")),
@@ -235,7 +235,7 @@ class ParallelPlan:
              "combined 1F1B; needs ep > 1, and interleaving (vpp > 1) when pp > 1)")
     """``sim.program.ep_overlap``."""
     dispatcher: str = setting(
-        "alltoall", name="moe_token_dispatcher_type", choices=DISPATCHERS, group=_EXPERTS,
+        "alltoall", name="moe_token_dispatcher_type", choices=DISPATCHERS, group=_EXPERTS, aliases=("--dispatcher",),
         help="how tokens reach their experts (Megatron-Core's dispatchers): alltoall (an all-to-all over the "
              "expert-parallel group, every routed copy sent; the default), allgather (the tokens all-gathered over "
              "the tp x ep group, the outputs reduce-scattered back) or flex (DeepEP: each token crosses InfiniBand "
@@ -263,7 +263,7 @@ class ParallelPlan:
     """Sequences per micro-batch per data-parallel replica (b)."""
     global_batch_size: int | None = setting(type=POSITIVE_INT, help="default micro-batch size x data-parallel size")
     """Sequences per optimizer step over all replicas (B); None means micro_batch_size·dp."""
-    recompute: str = setting("none", name="recompute_granularity", choices=RECOMPUTE,
+    recompute: str = setting("none", name="recompute_granularity", choices=RECOMPUTE, aliases=("--recompute",),
                              help="activation recomputation in backward (default none)")
     """'selective' recomputes the attention core (or ``recompute_modules``), 'full' the whole layer."""
     recompute_modules: tuple[str, ...] | None = setting(
@@ -340,8 +340,9 @@ class ParallelPlan:
     """DeepSpeed ``reduce_bucket_size``; None uses ``bucket_size_bytes``."""
     fp8_param_gather: bool = setting(
         False, kind="switch",
-        help="with --fp8-format and a sharded optimizer (--zero 1 or 2): keep the GEMM weights in FP8 and all-gather "
-             "them in FP8 (Megatron-LM's flag, NeMo's fp8_params; default off)")
+        help="with --fp8-format and a sharded optimizer (--zero 1, 2 or 3): keep the GEMM weights in FP8 and "
+             "all-gather them in FP8 (MXFP8 ones: in BF16, quantized after; Megatron-LM's flag, NeMo's fp8_params; "
+             "default off)")
     """``sim.program.fp8``."""
     param_gather_overlap: bool = setting(
         False, name="overlap_param_gather", kind="switch",
@@ -404,9 +405,8 @@ class ParallelPlan:
         _check(self.fp8_recipe in FP8_RECIPES, "fp8_recipe", self.fp8_recipe, f"allowed: {', '.join(FP8_RECIPES)}")
         _check(self.fp8_recipe == "delayed" or self.fp8_format is not None, "fp8_recipe", self.fp8_recipe,
                "needs fp8_format (e4m3 or hybrid): a recipe scales FP8 tensors; leave it unset in BF16")
-        _check(not self.fp8_param_gather or self.fp8_recipe in ("delayed", "tensorwise"), "fp8_param_gather", True,
-               f"not modelled with fp8_recipe {self.fp8_recipe} (allowed with delayed or tensorwise): FP8 weights "
-               "that keep block scales are not modelled")
+        _check(not self.fp8_param_gather or self.fp8_recipe in ("delayed", "tensorwise", "mxfp8"), "fp8_param_gather",
+               True, f"not modelled with fp8_recipe {self.fp8_recipe} (allowed with delayed, tensorwise or mxfp8)")
         _check(self.recompute in RECOMPUTE, "recompute", self.recompute,
                 f"allowed: {', '.join(RECOMPUTE)}")
         object.__setattr__(self, "recompute_modules", check_recompute_plan(self))
@@ -434,9 +434,16 @@ class ParallelPlan:
         _check(not self.param_gather_overlap or self.zero_stage in (1, 2), "param_gather_overlap", True,
                 f"needs zero 1 or 2 (got {self.zero_stage}): it overlaps the sharded optimizer's parameter "
                 "all-gather (ZeRO-3 gathers every layer before each use anyway)")
-        _check(not self.fp8_param_gather or (self.fp8_format is not None and self.zero_stage in (1, 2)),
-               "fp8_param_gather", True, f"needs fp8_format and zero 1 or 2 (got {self.fp8_format or 'BF16'}, zero "
-               f"{self.zero_stage}): it keeps the sharded optimizer's weights in FP8")
+        _check(not self.fp8_param_gather or (self.fp8_format is not None and self.zero_stage in (1, 2, 3)),
+               "fp8_param_gather", True, f"needs fp8_format and zero 1, 2 or 3 (got {self.fp8_format or 'BF16'}, zero "
+               f"{self.zero_stage}): it keeps the sharded optimizer's weights in FP8 (Megatron-LM: distributed "
+               "optimizer or FSDP only)")
+        _check(not (self.fp8_param_gather and self.zero_stage == 3 and self.fp8_recipe == "mxfp8"), "fp8_param_gather",
+               True, "not modelled with zero 3 and fp8_recipe mxfp8 (allowed under zero 3: delayed or tensorwise; "
+               "Megatron-FSDP gathers MXFP8 weights without the gradient buffer)")
+        _check(not (self.fp8_param_gather and self.offload_optimizer and self.fp8_recipe != "delayed"),
+               "fp8_param_gather", True, f"with offload_optimizer needs fp8_recipe delayed (got {self.fp8_recipe}; "
+               "Megatron-LM refuses the optimizer CPU offload with FP8 weights of other recipes)")
         _check(not (self.param_gather_overlap and self.offload_optimizer), "param_gather_overlap", True,
                 "not with offload_optimizer (the parameters come back from the host)")
         _check(not self.offload_optimizer or self.zero_stage >= 1, "offload_optimizer", True,

@@ -24,7 +24,8 @@ needs and runs its forward again at the start of the layer's backward
 Megatron-Core applies the list only under ``selective`` and ignores it otherwise; here a
 list beside another granularity is refused, as is a module the model does not have (an
 expert module on a dense model, ``mla_up_proj`` without MLA, ``mlp`` without dense layers),
-and ``moe_act`` / ``layernorm`` under FP8 delayed scaling (Megatron-Core's own rule). The
+and ``moe_act`` / ``layernorm`` under FP8 delayed scaling (Megatron-Core's own rule; its other
+recipes may, since core_v0.14.0). The
 flag takes the names space-separated as Megatron-LM does (``--recompute-modules moe_act
 layernorm``) or comma-separated; an experiment file a list or such a string.
 """
@@ -73,7 +74,7 @@ def modules_in_effect(recompute: str, modules=None) -> tuple[str, ...]:
 
 def check_recompute_plan(plan) -> tuple[str, ...] | None:
     """The plan's own rules (``ParallelPlan.__post_init__``): modules are known names, only
-    beside ``selective``, and not ``moe_act`` or ``layernorm`` under FP8. Returns them as
+    beside ``selective``, and not ``moe_act`` or ``layernorm`` under FP8 delayed scaling. Returns them as
     ``parse_recompute_modules`` orders them (the plan keeps that)."""
     if plan.recompute_modules is None:
         return None
@@ -82,9 +83,11 @@ def check_recompute_plan(plan) -> tuple[str, ...] | None:
             f"needs recompute_granularity selective (got {plan.recompute}): 'full' recomputes the whole layer, "
             "'none' nothing", setting=FIELD)
     fp8 = [m for m in ("layernorm", "moe_act") if m in mods]
-    require(plan.fp8_format is None or not fp8, f"plan: {FIELD}", ",".join(fp8),
-            "not with fp8_format: FP8 delayed scaling cannot recompute moe_act or layernorm (Megatron-Core's rule)",
-            setting=FIELD)
+    # Megatron-Core (core_v0.14.0 on, megatron/core/transformer/transformer_config.py): "Delayed scaling does
+    # not support moe_act and layernorm recompute for fp8"; current scaling and block scales may
+    require(plan.fp8_format is None or not fp8 or plan.fp8_recipe != "delayed", f"plan: {FIELD}", ",".join(fp8),
+            "not with fp8_recipe delayed: FP8 delayed scaling cannot recompute moe_act or layernorm (Megatron-Core's "
+            "rule; tensorwise, mxfp8 and blockwise can)", setting=FIELD)
     return mods
 
 

@@ -20,7 +20,7 @@ from sim.inputs.megatron_model import MOE_FIELDS, model_from_megatron_settings
 from sim.inputs.model import PRESETS, ModelSpec, layer_params_per_rank, preset, with_seq_length
 from sim.inputs.placement import DEFAULT_PLACEMENT
 from sim.inputs.plan import SCHEDULES, ParallelPlan
-from sim.inputs.flags import add_arguments, given
+from sim.inputs.flags import add_arguments, did_you_mean, given
 from sim.inputs.schema import FIELDS, ClusterSettings, ModelSettings, PlanRequest, fields_of
 from sim.inputs.topology import Topology
 from sim.inputs.topology_build import NODE_OF_GPU  # noqa: F401 (re-exported)
@@ -70,6 +70,13 @@ def with_moe_settings(model: ModelSpec, m: ModelSettings) -> ModelSpec:
 class _StrictParser(argparse.ArgumentParser):
     def error(self, message: str):  # noqa: D401 - argparse API: one line, no usage dump
         raise InputError(" ".join(message.split()))
+
+    def parse_args(self, args=None, namespace=None):  # a misspelled flag gets "did you mean", as on the command line
+        ns, extras = self.parse_known_args(args, namespace)
+        if extras:
+            known = [o for a in self._actions for o in a.option_strings]
+            raise InputError(f"unrecognized arguments: {' '.join(extras)}{did_you_mean(extras, known)}")
+        return ns
 
 
 MEGATRON_SHAPE_FIELDS = tuple(n for n in fields_of("model") if n not in ("model", "hf_config"))
@@ -141,11 +148,13 @@ def _plan_require(cond: bool, attr: str, value, allowed: str) -> None:
 
 def profile_from_settings(c: ClusterSettings):
     """The GPU's ``HardwareProfile`` (a preset or a profile .json), under ``power_limit_w``'s
-    cap when one is given (``sim.inputs.power.capped``)."""
+    cap when one is given (``sim.inputs.power.capped``), at the GPU-hour price given
+    (``sim.inputs.cost.priced``)."""
+    from sim.inputs.cost import priced
     from sim.inputs.hardware import load_profile
     from sim.inputs.power import capped
 
-    return capped(load_profile(c.gpu, flag="--gpu"), c.power_limit_w)
+    return priced(capped(load_profile(c.gpu, flag="--gpu"), c.power_limit_w), c.prices())
 
 
 def topology_from_settings(c: ClusterSettings, world: int, profile_name: str) -> Topology:

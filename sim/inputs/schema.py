@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from typing import ClassVar, Mapping
 
 from sim.errors import InputError
+from sim.inputs.cost import PRICE
 from sim.inputs.fields import SECTION_GROUP, Field, check_section, setting, why_not_field
 from sim.inputs.plan import ParallelPlan
 from sim.inputs.schema_model import ModelSettings
@@ -67,6 +68,10 @@ class ClusterSettings:
         help="parallel groups that must stay inside one NVLink domain (a node, or a GB200 NVL72 rack), space- or "
              "comma-separated: tp, cp, ep, etp; a plan where such a group crosses domains is refused, and search "
              "leaves it out (default: none pinned; the placement keeps them inside where their sizes allow)")
+    gpu_hour_price: float | str | None = setting(
+        help="US dollars per GPU-hour, for the cost per iteration and per million tokens: one price (2.5), or one "
+             "per GPU type (h100-sxm=2.5,b200=4.0) (default: the profile's gpu_hour_price_usd; no preset has one)",
+        type=PRICE, metavar="USD|GPU=USD,...", group="hardware")
     nodes: int | None = setting(help="nodes in the cluster (default: enough for the plan's GPUs)", type=POSITIVE_INT)
     topology: str | None = setting(help="node or cluster .toml, or a built-in name (default: the GPU's built-in node: its DGX, or gb200-nvl72)",
                                    path=lambda v: v.endswith(".toml"))
@@ -76,6 +81,13 @@ class ClusterSettings:
     def __post_init__(self):
         check_section(self)
         self.pinned()
+        self.prices()
+
+    def prices(self) -> dict[str | None, float] | None:
+        """The GPU-hour prices (``sim.inputs.cost``), checked; None when none is given."""
+        from sim.inputs.cost import parse_prices
+
+        return None if self.gpu_hour_price is None else parse_prices(self.gpu_hour_price)
 
     def pinned(self) -> tuple[str, ...]:
         """The groups pinned inside one NVLink domain (``sim.inputs.pinning``), checked."""

@@ -90,3 +90,38 @@ def variants_of(exp: Experiment | None, plans, schedules=None, zero_stages=None)
                                      {**v.axis, **extra}, None, v.line, v.from_file))
         out = grown
     return out
+
+
+VPP_SETTINGS = ("num_virtual_stages_per_pipeline_rank", "num_layers_per_virtual_pipeline_stage")
+"""The settings that give a plan model chunks per pipeline rank (vpp > 1)."""
+INTERLEAVED_VPP = 2
+"""The model chunks per pipeline rank an interleaved plan of a ``--schedules`` list gets when
+none is given (Megatron-LM's smallest interleaving; ``trainsim demo`` runs the same)."""
+
+
+def fit_vpp_to_schedule(v: Variant, settings: dict[str, Setting], num_layers) -> dict[str, Setting]:
+    """A plan of a ``--schedules`` list with the model chunks its schedule needs: the
+    interleaved plan takes the vpp given (``--num-virtual-stages-per-pipeline-rank`` or
+    ``--num-layers-per-virtual-pipeline-stage``), or ``INTERLEAVED_VPP`` where the layers
+    split evenly into pp x that many chunks; every other named schedule runs one chunk per
+    rank (vpp 1), so that one vpp does not refuse the other schedules of the list.
+    ``num_layers()``: the model's transformer layers (called only when needed). A plan not
+    varied by ``--schedules``, or one with a Megatron layout or a custom schedule, is
+    returned as it is."""
+    axis = v.axis.get("schedule")
+    if axis is None or "pipeline_model_parallel_layout" in settings:
+        return settings
+    schedule = axis.value
+    out = dict(settings)
+    if schedule == "interleaved":
+        vpp = out.get("num_virtual_stages_per_pipeline_rank")
+        if (vpp is None or vpp.value == 1) and "num_layers_per_virtual_pipeline_stage" not in out:
+            pp = out["pipeline_model_parallel_size"].value if "pipeline_model_parallel_size" in out else 1
+            if pp > 1 and num_layers() % (pp * INTERLEAVED_VPP) == 0:
+                out["num_virtual_stages_per_pipeline_rank"] = Setting(
+                    "num_virtual_stages_per_pipeline_rank", "num_virtual_stages_per_pipeline_rank", INTERLEAVED_VPP,
+                    axis.where)
+    elif schedule in ("gpipe", "1f1b", "zb-h1", "zb-h2"):
+        for key in VPP_SETTINGS:
+            out.pop(key, None)
+    return out

@@ -25,8 +25,16 @@ Kinds of action:
   Every rank of the group runs the same action; it starts when all have arrived, and
   each rank's action ends when its own part of the transfers is done. The n-th untagged
   collective on a group matches the n-th on each member. An NCCL collective first pays
-  NCCL's base latency (``sim.engine.nccl``); one with ``userbuffers`` (Transformer
-  Engine's tensor-parallel overlap) does not.
+  NCCL's base latency (``sim.engine.nccl``); one whose ``transport`` is ``direct`` does not.
+
+What a collective takes from its GPU beside its links is its claim, two fields in the
+engine's own terms, which passes map their libraries' settings onto (``sim.program.tp``
+maps Transformer Engine's tensor-parallel overlap): ``transport``, what moves its bytes
+(``TRANSPORTS``: an NCCL kernel, with NCCL's base latency, per-step latencies and rate caps,
+or ``direct`` peer-to-peer writes, by copy engines or a kernel outside NCCL, priced on the
+links alone), and ``slows_compute``, whether it (or a send's transfer) holds SMs that the compute beside it is
+not already priced without (then the engine's overlap slowdown, ``sim.engine.slowdown``,
+applies while it moves data).
 
 Names are unique per rank; a dependency is a name on the same rank or ``(rank, name)``.
 """
@@ -50,6 +58,11 @@ FLOW_PIECES = 4
 """Transfers a ring hop's flow is cut into under the ``flows`` collective model (each pays
 its share of the steps' latencies; ``sim.engine.algorithms``)."""
 KINDS = ("compute", "comm", "send", "recv", "collective", "copy")
+TRANSPORTS = ("nccl", "direct")
+"""What moves a collective's bytes (``Action.transport``): ``nccl``, an NCCL kernel (NCCL's
+base latency, per-step latencies and rate caps; the tuner's choice counts them); ``direct``,
+peer-to-peer writes outside NCCL (copy engines, or a library's own kernel), priced on the
+links alone, with no base latency."""
 
 Ref = tuple[int, str]
 
@@ -90,13 +103,15 @@ class _ActionFields:
     "end" of the action, bytes > 0 allocates and < 0 frees (see ``sim.results.memory_timeline``)."""
     deps: tuple = field(default=())
     """Names of actions on this rank, or (rank, name) pairs, that must finish first."""
-    userbuffers: bool = False
-    """A collective that Transformer Engine's userbuffers move (a tensor-parallel overlap
-    chunk, ``sim.program.tp``), not an NCCL kernel: it pays no NCCL base latency
-    (``sim.engine.nccl.base_latency``)."""
-    sms_priced: bool = False
-    """A userbuffers chunk whose SMs the GEMMs beside it are already priced without
-    (``--tp-comm-overlap-cfg``, ``sim.inputs.tp_overlap``): the engine does not slow compute for it."""
+    transport: str = "nccl"
+    """What moves a collective's bytes (one of ``TRANSPORTS``): ``nccl`` pays NCCL's base
+    latency (``sim.engine.nccl.base_latency``), per-step latencies and rate caps;
+    ``direct`` (copy engines or a kernel outside NCCL) is priced on its links alone."""
+    slows_compute: bool = True
+    """Whether a collective (or a send/recv pair, by its send's) holds SMs that the compute
+    beside it on its GPU is not already priced without: while it moves data, the engine's
+    overlap slowdown (``sim.engine.slowdown``) applies. False: its bytes move by copy
+    engines, or the compute's durations already leave it its SMs."""
 
 
 _fill = _ActionFields.__init__
@@ -130,6 +145,8 @@ class Action(_ActionFields):
                 raise InputError(f"action {self.name!r}: op: got {self.op!r}; allowed: {', '.join(o for o in OPS if o != 'sendrecv')}")
             if self.algo not in ALGOS:
                 raise InputError(f"action {self.name!r}: algo: got {self.algo!r}; allowed: {', '.join(ALGOS)}")
+            if self.transport not in TRANSPORTS:
+                raise InputError(f"action {self.name!r}: transport: got {self.transport!r}; allowed: {', '.join(TRANSPORTS)}")
             if self.protocol not in PROTOCOLS:
                 raise InputError(f"action {self.name!r}: protocol: got {self.protocol!r}; allowed: {', '.join(PROTOCOLS)}")
             self.group = tuple(self.group)
@@ -190,8 +207,8 @@ def _copy(action: Action) -> Action:
     a.layer = action.layer
     a.mem = action.mem
     a.deps = action.deps
-    a.userbuffers = action.userbuffers
-    a.sms_priced = action.sms_priced
+    a.transport = action.transport
+    a.slows_compute = action.slows_compute
     return a
 
 

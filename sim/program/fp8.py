@@ -77,9 +77,22 @@ the model keeps the four GEMMs' weights in FP8 only (the optimizer's FP32 master
 are cast into them after each step, a 1/dp shard per rank, left out), so each step's
 weight kernel is the FP8 transpose alone (read 1, write 1 byte per parameter,
 ``weight_transpose``), the distributed optimizer all-gathers those weights in FP8
-(``sim.program.training``'s ``param_gather`` pass), and a rank holds 1 byte of weight and 1 of transpose per such
+(``sim.program.training``'s ``param_gather`` pass; ZeRO-3 / Megatron-FSDP's per-layer gathers
+likewise, ``zero3_gather``), and a rank holds 1 byte of weight and 1 of transpose per such
 parameter instead of the BF16 weight and the FP8 copy and transpose
-(``sim.program.memory.rank``).
+(``sim.program.memory.rank``). The per-tensor scale is not gathered: TE's
+``cast_master_weights_to_fp8`` (called by Megatron-Core's ``fp8_utils.quantize_param_shard``)
+all-reduces each weight's amax over the data-parallel group, one FP32 per tensor, so every
+rank computes the same scale (that small all-reduce is left out). Under ``mxfp8`` the
+weights are MXFP8 tensors (``gathered_weight_bytes``): Megatron-Core cannot map their
+row- and column-wise blocks into its contiguous parameter buffer, so the distributed
+optimizer gathers them in BF16 through the gradient buffer
+(``--reuse-grad-buf-for-mxfp8-param-ag``, which Megatron-Bridge's MXFP8 recipe sets;
+``param_and_grad_buffer.py``: "The parameters are cast from bf16 to MXFP8 during copy")
+and quantizes each into both MXFP8 copies once per step (``weight_quantize``, as without
+FP8 weights); a rank then holds the two copies with their scales and no persistent BF16
+weight (its gather lives in the gradient buffer), ``weight_copy_bytes`` − 2 more per
+parameter than BF16 (``fp8_weight_copy_bytes``).
 
 Recipes (``--fp8-recipe``, Megatron-LM's flag; TE 2.x's recipes, described in TE's
 "Low precision training" pages, ``docs/features/low_precision_training/*.rst``, and taken
@@ -119,7 +132,8 @@ The others change the kernels around the same GEMMs (``RECIPES``):
   GEMMs on Blackwell ("the recipe is emulated with MXFP8").
 
 Not modelled: userbuffers' atomic GEMMs, FP8 attention, FP8 weights
-(``fp8_param_gather``) under the block-scaled recipes, the block-scaled recipes' scale
+(``fp8_param_gather``) under ``blockwise``, MXFP8 weights under ZeRO-3 (Megatron-FSDP turns
+``reuse_grad_buf_for_mxfp8_param_ag`` off and gathers them otherwise), the block-scaled recipes' scale
 swizzle after an all-gather (a pass over the scales, 1/32 of the data), and Blackwell's
 native column-wise access to per-tensor FP8 (TE 2.x drops the transposes there; the
 per-tensor recipes keep TE 1.13's Hopper path on every GPU).
@@ -235,6 +249,18 @@ def weight_copy_bytes(recipe: str = "delayed") -> float:
     return 2 * RECIPES[recipe].copy_bytes(weight=True)
 
 
+def gathered_weight_bytes(recipe: str = "delayed") -> float:
+    """Bytes per FP8 GEMM weight parameter that a parameter all-gather moves when the
+    weights are kept in FP8 (``fp8_param_gather``, module doc): 1 under the per-tensor
+    recipes (the scale is not gathered: each rank computes it from the amax all-reduced
+    over the data-parallel group); 2 under ``mxfp8``, gathered in BF16 through the
+    gradient buffer and quantized after (Megatron-Core's
+    ``reuse_grad_buf_for_mxfp8_param_ag``)."""
+    require(recipe in ("delayed", "tensorwise", "mxfp8"), "fp8_recipe", recipe,
+            "FP8 weights are modelled with delayed, tensorwise or mxfp8")
+    return BF16_BYTES if RECIPES[recipe].both_copies else FP8_BYTES
+
+
 def saved_input_bytes(recipe: str = "delayed") -> float:
     """Bytes per element of the FP8 copy of a GEMM input saved for the weight gradient
     (the column-wise copy with its scales under the block-scaled recipes)."""
@@ -320,7 +346,8 @@ def fp8_layer_work(work, fp8_format: str | None, tp: int = 1, sequence_parallel:
     """One transformer layer's ``Work`` as TE runs it in FP8 (the module doc); ``work``
     itself when ``fp8_format`` is None. ``sequence_parallel``: in effect (tp > 1);
     ``microbatches``: the m that share each step's weight casts; ``fp8_params``: the
-    weights are kept in FP8 (``--fp8-param-gather``), so each step only transposes them;
+    weights are kept in FP8 (``--fp8-param-gather``), so each step only transposes them
+    (MXFP8 weights: gathered in BF16 and quantized into both copies, as without them);
     ``recipe``: ``RECIPES``' key."""
     if fp8_format is None:
         return work
@@ -361,7 +388,7 @@ def fp8_layer_work(work, fp8_format: str | None, tp: int = 1, sequence_parallel:
                              amax_known=True)
             if not it.recompute:
                 w = k * n * it.batch / microbatches
-                if fp8_params:  # the FP8 weight is the parameter: only its transpose is made
+                if fp8_params and not r.both_copies:  # the FP8 weight is the parameter: only its transpose is made
                     pre.append(_memory(it, "weight_transpose", FP8_BYTES * w, FP8_BYTES * w))
                 elif r.both_copies:
                     pre.append(_memory(it, "weight_quantize", BF16_BYTES * w, 2 * r.copy_bytes(weight=True) * w))

@@ -30,12 +30,12 @@ benchmarks' NeMo configurations keep these methods and split counts):
 So a pair takes about max(GEMM, collective) plus one chunk of the other, instead of their
 sum; the engine slows the GEMMs that overlap a reduce-scatter in flight
 (``overlap_compute_slowdown``: Transformer Engine's reduce-scatters hold 2-24 SMs), but not
-those beside an all-gather chunk, which the copy engines move
-(``sim.engine.collectives.holds_no_sms``). Each chunk is a collective of its share of the
+those beside an all-gather chunk, which the copy engines move (``claim``: the chunk's
+``Action.slows_compute``). Each chunk is a collective of its share of the
 bytes, priced by the network like any other (so it pays the collective's latency per
 chunk, where TE's ring exchange pays one hop per chunk: a few microseconds more per chunk
 on NVLink), but not NCCL's base latency: userbuffers are not NCCL kernels
-(``Segment.userbuffers``, ``Action.userbuffers``). Transformer Engine issues chunk i's GEMM on compute stream i mod
+(``Segment.userbuffers``, whose ``claim`` is ``Action.transport`` ``direct``). Transformer Engine issues chunk i's GEMM on compute stream i mod
 ``UB_STREAMS`` (3, ``_NUM_MAX_UB_STREAMS``), so up to three chunks whose inputs are ready
 share the SMs at once and the tail wave of one fills with the next one's tiles: each chunk
 is priced as a third of its shape batched three times (``chunk_time``), wave quantization
@@ -102,12 +102,30 @@ class Segment:
     """Which of the rank's groups a collective runs over (``sim.program.ops.GROUPS``)."""
     userbuffers: bool = False
     """An overlapped tensor-parallel chunk that Transformer Engine's userbuffers move, not
-    an NCCL kernel (``Action.userbuffers``: no NCCL base latency)."""
+    an NCCL kernel (``claim``: no NCCL base latency)."""
     sms_priced: bool = False
-    """A userbuffers chunk whose SMs the GEMMs beside it are priced without (``Action.sms_priced``)."""
+    """A userbuffers chunk whose SMs the GEMMs beside it are priced without (``claim``)."""
     label: str = ""
     """What the collective is, appended to its action's name (the token dispatchers'
     exchanges, ``sim.program.segments``); empty: the name is the step's and the piece's number."""
+
+
+def claim(s: Segment) -> dict:
+    """What collective segment ``s`` takes from its GPU, as the engine's claim fields
+    (``sim.program.actions``: ``transport``, ``slows_compute``). An NCCL collective (not
+    ``userbuffers``) is an NCCL kernel that holds SMs. A userbuffers chunk is not an NCCL
+    kernel: ``direct``, no NCCL base latency. Its SMs: an all-gather chunk overlapped with a
+    GEMM leaves them to the GEMM, since Transformer Engine's userbuffers move it with the
+    copy engines (ring exchange, ``use_ce``: its default configuration in
+    ``transformer_engine/pytorch/module/base.py``; the bulk all-gather beside an
+    input-gradient GEMM takes 2-8 SMs of 132 in NeMo's configurations); its reduce-scatter
+    chunks hold 16-24 SMs and do slow the GEMM. Collectives of other groups on the side
+    stream (context parallelism's all-gathers) are NCCL kernels. Under
+    ``--tp-comm-overlap-cfg`` every chunk leaves them (``sms_priced``): the GEMMs beside it
+    are priced on the SMs its method leaves them (``gemm_beside``, ``sim.inputs.tp_overlap``)."""
+    if not s.userbuffers:
+        return {}
+    return {"transport": "direct", "slows_compute": not (s.op == "allgather" or s.sms_priced)}
 
 
 def overlapped_layer(items, layer, time_of: Callable, tp: int, is_comm: Callable, op_of: Callable,
@@ -426,7 +444,7 @@ def _pieces(a: Action, segs, groups: dict) -> tuple[list[Action], tuple[int, ...
         elif s.kind == "collective":
             act = Action.new(name, kind="collective", op=s.op, group=group, nbytes=s.nbytes,
                              category=_CATEGORY.get(s.group, s.group), deps=deps, stream=stream, layer=s.layer,
-                             userbuffers=s.userbuffers, sms_priced=s.sms_priced)
+                             **claim(s))
         elif s.kind == "comm":
             act = Action.new(name, kind="comm", op=s.op, duration_s=s.duration_s, nbytes=s.nbytes, group=group,
                              category="tp", deps=deps, stream=stream, layer=s.layer)

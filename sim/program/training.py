@@ -65,6 +65,7 @@ from sim.program.build import BuildContext
 from sim.program.costs import cpu_optimizer_step_time, grad_reduce_scale, optimizer_step_time
 from sim.program.ep_overlap import add_ep_overlap, overlap_schedule, steady_pairs
 from sim.program.dispatch import dispatch_groups, ep_layout
+from sim.program.fp8 import BF16_BYTES, gathered_weight_bytes
 from sim.program.limits import DEFAULT_MAX_EVENTS, check_size
 from sim.program.memory import (
     chunk_activation_parts,
@@ -117,6 +118,20 @@ def _grad_bytes(ctx: BuildContext) -> Callable[[int, int], float]:
         return layer_grad if got is None else got
 
     return grad_bytes
+
+
+def _fp8_gather_savings(ctx: BuildContext) -> tuple[Callable[[int], float], float]:
+    """With FP8 weights (``fp8_param_gather``): (layer -> the bytes a parameter all-gather
+    of that layer saves on its FP8 GEMM weights, the experts' share of their 16-bit
+    bytes gathered), from ``sim.program.fp8.gathered_weight_bytes``: 1 byte of 2 per
+    weight per-tensor, none under MXFP8 (gathered in BF16); (0, 1) without them. The
+    routed experts' weights are all FP8 GEMM weights (``sim.program.fp8``)."""
+    model, plan = ctx.model, ctx.plan
+    if not plan.fp8_param_gather:
+        return (lambda lid: 0.0), 1.0
+    kept = gathered_weight_bytes(plan.fp8_recipe)
+    saved = BF16_BYTES - kept
+    return (lambda lid: saved * fp8_layer_weights(model, plan.tp, lid)), kept / BF16_BYTES
 
 
 def _expert_split(ctx: BuildContext) -> dict[int, list[float]]:
@@ -259,7 +274,8 @@ def grad_sync(ctx: BuildContext, draft: Draft) -> Draft:
 
 def zero3_gather(ctx: BuildContext, draft: Draft) -> Draft:
     """ZeRO-3: each layer's parameters all-gathered before each use, up to the prefetch
-    depth ahead, and freed after it (``sim.program.zero.add_param_gathers``): the dense ones
+    depth ahead, and freed after it (``sim.program.zero.add_param_gathers``), FP8 weights
+    (``fp8_param_gather``, Megatron-FSDP's) in 1 byte (``_fp8_gather_savings``): the dense ones
     over the data-parallel group, then an MoE layer's experts over their own data-parallel
     group (FSDP2 with EP: the experts a module of their own, sharded over edp)."""
     plan = ctx.plan
@@ -268,11 +284,14 @@ def zero3_gather(ctx: BuildContext, draft: Draft) -> Draft:
     depth = zero3_depth(ctx.model, plan)
     how = dict(backward_depth=0 if backward_prefetch_in_effect(plan) == "backward_post" else None,
                reshard_after_forward=plan.reshard_after_forward)
-    prog = zero.add_param_gathers(draft.program, _grad_bytes(ctx), plan.dp_group, depth, **how)
+    grad_bytes, (fp8_saved, expert_share) = _grad_bytes(ctx), _fp8_gather_savings(ctx)
+    prog = zero.add_param_gathers(draft.program, lambda r, lid: grad_bytes(r, lid) - fp8_saved(lid), plan.dp_group,
+                                  depth, **how)
     split = _expert_split(ctx)
     if split:
-        prog = zero.add_param_gathers(prog, _expert_bytes(split), ctx.folding.edp_group, depth,
-                                      label="gather experts of layer", **how)
+        experts = _expert_bytes(split)
+        prog = zero.add_param_gathers(prog, lambda r, lid: expert_share * experts(r, lid), ctx.folding.edp_group,
+                                      depth, label="gather experts of layer", **how)
     return draft.with_program(prog)
 
 
@@ -308,15 +327,13 @@ def offload(ctx: BuildContext, draft: Draft) -> Draft:
 def param_gather(ctx: BuildContext, draft: Draft) -> Draft:
     """ZeRO-1/2: the updated parameters all-gathered, after the optimizer step or, with
     ``overlap_param_gather``, bucket by bucket ahead of the next forward's first use; FP8
-    weights (``fp8_param_gather``) in 1 byte instead of 2; the experts' over their group
-    (their weights are all FP8 GEMM weights, ``sim.program.fp8``)."""
+    weights (``fp8_param_gather``) in 1 byte instead of 2 (MXFP8 ones in BF16,
+    ``_fp8_gather_savings``); the experts' over their group."""
     model, plan = ctx.model, ctx.plan
     if plan.zero_stage not in (1, 2):
         return draft
     bucket, split, prog = sync_bucket_bytes(plan), _expert_split(ctx), draft.program
-    grad_bytes = _grad_bytes(ctx)
-    fp8_saved = (lambda lid: fp8_layer_weights(model, plan.tp, lid)) if plan.fp8_param_gather else (lambda lid: 0.0)
-    expert_share = 0.5 if plan.fp8_param_gather else 1.0  # 1 byte of the 16-bit weight's 2
+    grad_bytes, (fp8_saved, expert_share) = _grad_bytes(ctx), _fp8_gather_savings(ctx)
     if plan.param_gather_overlap:
         prog = zero.add_param_allgather_ahead(prog, lambda r, lid: grad_bytes(r, lid) - fp8_saved(lid),
                                               plan.dp_group, bucket)

@@ -14,8 +14,12 @@ rank's ET into the ``RankGraph`` every replay reader makes (``sim.replay.graph``
   ``comm_size`` bytes, priced by the network model; one trainsim priced outside the
   network (``trainsim_priced``), or one whose type has no trainsim collective (REDUCE,
   GATHER, SCATTER, REDUCE_SCATTER_BLOCK, BARRIER), is ``comm`` at its ``duration_micros``
-  (refused when that is 0: nothing would say how long it takes);
-- ``COMM_SEND_NODE`` / ``COMM_RECV_NODE`` -> ``send`` / ``recv`` with their peer;
+  (refused when that is 0: nothing would say how long it takes); its claim from trainsim's
+  ``trainsim_transport`` and ``trainsim_slows_compute`` (``Node.transport``,
+  ``Node.slows_compute``; ETs written before these name a ``direct`` transport
+  ``trainsim_userbuffers``), else an NCCL kernel;
+- ``COMM_SEND_NODE`` / ``COMM_RECV_NODE`` -> ``send`` / ``recv`` with their peer (and
+  ``trainsim_slows_compute``, as a collective's);
 - ``MEM_LOAD_NODE`` / ``MEM_STORE_NODE`` -> ``compute`` (``memory``) at their duration;
 - ``METADATA_NODE`` / ``INVALID_NODE`` -> zero-time ``compute`` (ASTRA-sim skips them too),
   kept so that dependencies through them hold.
@@ -107,6 +111,8 @@ def _graph(et: EtRank, world: int) -> RankGraph:
     waits = {n.id: n.data_deps for n in order} if ours else _eager_sends(order)
     nodes = tuple(_node(et, n, streams, waits[n.id]) for n in order)
     meta = {"world_size": world, "step": None, "format": "chakra"}
+    if ours:  # (trainsim's durations are the program's costs, before the overlap slowdown)
+        meta["costed"] = True
     if et.metadata.get("device_name"):
         meta["device_name"] = et.metadata["device_name"]
     step = et.metadata.get("trainsim_iteration_time_s")
@@ -168,6 +174,18 @@ def _lane(n: EtNode, streams: list) -> str:
     return "stream recv" if n.kind == "recv" else "stream compute"
 
 
+def _claim(n: EtNode) -> dict:
+    """A collective node's claim (``Node.transport``, ``Node.slows_compute``) from trainsim's
+    attributes; none: an NCCL kernel's defaults."""
+    out = {}
+    transport = n.attrs.get("trainsim_transport") or ("direct" if n.attrs.get("trainsim_userbuffers") else None)
+    if transport is not None:
+        out["transport"] = str(transport)
+    if "trainsim_slows_compute" in n.attrs:
+        out["slows_compute"] = bool(n.attrs["trainsim_slows_compute"])
+    return out
+
+
 def _node(et: EtRank, n: EtNode, streams: list, waits: tuple[int, ...]) -> Node:
     ctrl = tuple(d for d in n.ctrl_deps if d in waits)
     common = dict(id=n.id, name=n.name, lane=_lane(n, streams), duration_s=n.duration_s,
@@ -184,7 +202,7 @@ def _node(et: EtRank, n: EtNode, streams: list, waits: tuple[int, ...]) -> Node:
             return Node(kind="comm", category="comm", op=n.op if n.op in COLLECTIVE_OPS else "", nbytes=n.nbytes,
                         **common)
         return Node(kind="collective", category="comm", op=n.op, group=n.group, nbytes=n.nbytes,
-                    pg_name=str(n.attrs.get("trainsim_category") or n.pg_name), **common)
+                    pg_name=str(n.attrs.get("trainsim_category") or n.pg_name), **_claim(n), **common)
     if n.kind in ("send", "recv"):
         own = n.src if n.kind == "send" else n.dst
         if own != et.rank:
@@ -192,7 +210,7 @@ def _node(et: EtRank, n: EtNode, streams: list, waits: tuple[int, ...]) -> Node:
             raise InputError(f"{where}: {field}: got {own}; a {n.kind} in rank {et.rank}'s trace is rank {et.rank}'s")
         if n.attrs.get("trainsim_priced"):  # (half of a shift trainsim priced outside the network)
             return Node(kind="comm", category="comm", nbytes=n.nbytes, **common)
-        return Node(kind=n.kind, category="comm", peer=n.peer, nbytes=n.nbytes, **common)
+        return Node(kind=n.kind, category="comm", peer=n.peer, nbytes=n.nbytes, **_claim(n), **common)
     if n.kind == "compute" and n.attrs.get("trainsim_comm"):
         return Node(kind="comm", category="comm", **common)
     if n.kind == "compute":

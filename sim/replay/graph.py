@@ -13,7 +13,9 @@ A node is one thing a rank did:
   time on a CPU thread);
 - ``collective``: ``op`` (one of ``sim.program.actions.OPS``) over ``group`` (global
   ranks) of ``nbytes`` (the larger of the input and output buffers, as ``Action.nbytes``:
-  an all-gather's output, a reduce-scatter's input);
+  an all-gather's output, a reduce-scatter's input), with its claim on the GPU
+  (``transport``, ``slows_compute``: ``Action``'s fields of those names, where the trace
+  records them; by default an NCCL kernel);
 - ``send`` / ``recv``: ``nbytes`` to / from ``peer``; the n-th send from a to b matches
   the n-th recv on b from a;
 - ``comm``: communication whose size or partners the trace does not tell: replayed at its
@@ -43,7 +45,7 @@ from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from sim.errors import InputError
-from sim.program.actions import OPS
+from sim.program.actions import OPS, TRANSPORTS
 
 NODE_KINDS = ("compute", "collective", "send", "recv", "comm")
 CATEGORIES = ("gemm", "attention", "memory", "kernel", "comm", "cpu", "carry")
@@ -77,6 +79,12 @@ class Node(NamedTuple):
     """When the trace records its operator's input shapes (``record_shapes``): a GEMM
     kernel's ``(m, n, k, batch, dtype)`` (``dtype`` a key of ``HardwareProfile.peak_flops``),
     an attention kernel's ``(seq_q, seq_k, head_dim, batch x heads)``."""
+    transport: str = "nccl"
+    """A collective's transport (``sim.program.actions.TRANSPORTS``): ``nccl``, an NCCL
+    kernel, or ``direct``, moved outside NCCL (no NCCL base latency), as ``Action.transport``."""
+    slows_compute: bool = True
+    """Whether a collective holds SMs the compute beside it is not priced without
+    (``Action.slows_compute``)."""
 
     @property
     def deps(self) -> tuple:
@@ -98,7 +106,10 @@ class RankGraph:
     traced_step_s: float | None = None
     """The step as the trace measured it (first node's start to last node's end)."""
     meta: dict = field(default_factory=dict)
-    """What the reader knows beside the nodes: ``world_size``, ``device_name``, ``step``."""
+    """What the reader knows beside the nodes: ``world_size``, ``device_name``, ``step``;
+    ``costed``: true where the compute durations are a simulator's costs, before the slowdown
+    that communication overlapping compute causes (trainsim's own Chakra ETs), rather than
+    measured kernels (``sim.replay.run.replay`` applies that slowdown to them)."""
 
     def check(self) -> "RankGraph":
         """Ids unique, every dependency an earlier node of this graph, kinds and fields valid:
@@ -117,7 +128,8 @@ class RankGraph:
 
     def _bad_comm(self, n: Node) -> bool:
         if n.kind == "collective":
-            return n.op not in COLLECTIVE_OPS or self.rank not in n.group or len(set(n.group)) != len(n.group)
+            return (n.op not in COLLECTIVE_OPS or self.rank not in n.group or len(set(n.group)) != len(n.group)
+                    or n.transport not in TRANSPORTS)
         if n.kind in ("send", "recv"):
             return n.peer is None or n.peer == self.rank or n.peer < 0
         return False
@@ -135,6 +147,8 @@ class RankGraph:
         if n.kind == "collective":
             if n.op not in COLLECTIVE_OPS:
                 raise InputError(f"{what}: op: got {n.op!r}; allowed: {', '.join(COLLECTIVE_OPS)}")
+            if n.transport not in TRANSPORTS:
+                raise InputError(f"{what}: transport: got {n.transport!r}; allowed: {', '.join(TRANSPORTS)}")
             raise InputError(f"{what}: group {list(n.group)}: expected distinct ranks including rank {self.rank}")
         if n.kind in ("send", "recv") and (n.peer is None or n.peer == self.rank or n.peer < 0):
             raise InputError(f"{what}: peer: got {n.peer!r}; a {n.kind} needs another rank >= 0")

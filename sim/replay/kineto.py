@@ -38,7 +38,10 @@ Nodes:
   ``pg_config``; else those of the ``record_param_comms`` op with the same ``External
   id``). A send/recv's peer is its ``dst rank``/``src rank``, else the other member of a
   two-rank group. One without size or group stays a ``comm`` node at its
-  measured duration, and is counted in ``meta["unpriced_comm"]``.
+  measured duration, and is counted in ``meta["unpriced_comm"]``. A collective's claim
+  (``Node.transport``, ``Node.slows_compute``) comes from the kernel's args ``trainsim
+  transport`` and ``trainsim slows compute`` where trainsim's export wrote them
+  (``sim.results.export_kineto``), else it is an NCCL kernel's.
 - **Carry-over.** Work launched in an earlier step and still running on a stream when the
   step began is a ``carry`` node at the head of that stream, as measured.
 """
@@ -454,8 +457,13 @@ class _Builder:
         if group is None or self.rank not in group or len(group) < 2:
             self.unpriced += 1
             return {"kind": "comm", "op": coll}
-        return {"kind": "collective", "op": op, "group": tuple(sorted(group)), "nbytes": nbytes,
-                "pg_name": str(meta.get("Process Group Description") or meta.get("Process Group Name") or "")}
+        out = {"kind": "collective", "op": op, "group": tuple(sorted(group)), "nbytes": nbytes,
+               "pg_name": str(meta.get("Process Group Description") or meta.get("Process Group Name") or "")}
+        if "trainsim transport" in a:
+            out["transport"] = str(a["trainsim transport"])
+        if "trainsim slows compute" in a:
+            out["slows_compute"] = bool(a["trainsim slows compute"])
+        return out
 
 
 def _ranks(text) -> tuple[int, ...] | None:

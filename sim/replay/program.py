@@ -5,7 +5,8 @@ the traced rank with the same data-parallel role, see below), each peer and grou
 moved as the rank is. ``to_program`` makes one ``Action`` per node: compute at its
 measured duration on its lane, collectives and send/recv as the network model's
 (``algo`` and ``protocol`` left to NCCL's tuner, as ``trainsim run`` does), ``comm``
-nodes at their measured duration. The n-th send from a to b is matched with the n-th
+nodes at their measured duration; a collective keeps its node's claim (``Node.transport``,
+``Node.slows_compute``: what moves it, and whether it slows the compute beside it). The n-th send from a to b is matched with the n-th
 recv on b from a; sends or receives left without a partner, and collectives on a group
 whose members do not all run the same number of them, are replayed at their measured
 duration instead (counted in ``Replayed.unmatched``), so that a partial trace never
@@ -161,9 +162,10 @@ def to_program(graphs: dict[int, RankGraph]) -> Replayed:
                 a = new(name, kind="comm", stream=n.lane, duration_s=n.duration_s, category="comm", deps=deps, op=n.op)
             elif kind == "collective":
                 a = new(name, kind="collective", stream=n.lane, op=n.op, group=n.group, nbytes=n.nbytes,
-                        category="comm", deps=deps)
+                        category="comm", deps=deps, transport=n.transport, slows_compute=n.slows_compute)
             else:
-                a = new(name, kind=kind, stream=n.lane, peer=n.peer, nbytes=n.nbytes, category="comm", deps=deps)
+                a = new(name, kind=kind, stream=n.lane, peer=n.peer, nbytes=n.nbytes, category="comm", deps=deps,
+                        slows_compute=n.slows_compute)
             acts.append(a)
         actions[r] = acts
         index[r] = dict(zip(names.values(), g.nodes)) if len(names) == len(g.nodes) else \

@@ -6,7 +6,12 @@ the engine with the network model of the topology: the GPU profile and node come
 ``gpu`` / ``topology`` / ``fabric`` / ``oversubscription`` (``trainsim run``'s settings),
 else from the trace's device name and world size. It returns the trace and a summary
 with ``iteration_time_s`` (the replayed step) beside ``traced_step_s`` (the step the trace
-measured, on its slowest traced rank), and the critical path by category.
+measured, on its slowest traced rank), and the critical path by category. Kernels run at
+their given durations; where every graph's durations are costed rather than measured
+(``RankGraph.meta["costed"]``: trainsim's own Chakra ETs), compute is slowed by the
+communication beside it as ``trainsim run`` slows it (the profile's
+``overlap_compute_slowdown``, for the collectives whose claim holds SMs:
+``Node.slows_compute``), since a measured kernel already ran so and a costed one did not.
 
 What-ifs:
 
@@ -217,8 +222,10 @@ def replay(graphs: list[RankGraph], *, gpu: str | None = None, topology: str | N
     replayed = to_program(full)
     replayed.cloned = cloned
     nccl = NcclModel.from_profile(profile).forcing("auto", "auto")
+    # (measured kernels already ran slowed by the communication beside them; costed ones did not)
+    sigma = profile.overlap_compute_slowdown if all(g.meta.get("costed") for g in graphs) else 0.0
     trace = simulate(replayed.program, topo, link_efficiency=profile.link_efficiencies(), fluid_collectives=True,
-                     overlap_slowdown=0.0, nccl=nccl)
+                     overlap_slowdown=sigma, nccl=nccl)
     from sim.replay.report import summarize_replay
 
     summary = summarize_replay(trace, replayed, graphs, profile, topo)

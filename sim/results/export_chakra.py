@@ -33,8 +33,11 @@ then one ``Node`` per action:
   given (``write_chakra_files``; a program alone leaves copies to the PCIe link's model).
 
 Every node has ``is_cpu_op`` false, its ``stream`` (an index into the metadata's
-``trainsim_streams``) and ``trainsim_category``; a tensor-parallel overlap chunk that
-Transformer Engine's userbuffers move has ``trainsim_userbuffers`` true. Dependencies: ``ctrl_deps`` holds the
+``trainsim_streams``) and ``trainsim_category``; a collective whose claim is not an NCCL kernel's default (``Action.transport``,
+``Action.slows_compute``) has ``trainsim_transport`` (e.g. ``direct``: moved outside NCCL,
+as the tensor-parallel overlap's chunks are) and ``trainsim_slows_compute`` false where it
+leaves the compute beside it its SMs (on a shift's send and receive, and on a send or
+receive, too). Dependencies: ``ctrl_deps`` holds the
 node issued just before it on its stream (CUDA-stream order); ``data_deps`` holds that
 and every same-rank action it waits for, since simulators schedule by ``data_deps``
 alone (ASTRA-sim's ET feeder does). A program's dependencies on another rank's actions
@@ -205,7 +208,9 @@ def _rank_nodes(M, rank: int, acts, groups: dict, tag_ids: dict, copies: dict):
         elif a.kind in ("collective", "comm") and a.op in COMM_TYPE_OF:
             priced = [*dur, Attr(name="trainsim_priced", bool_val=True)] if a.kind == "comm" else []
             pg = [Attr(name="pg_name", string_val=str(groups[tuple(a.group)]))] if a.group else []
-            ub = [Attr(name="trainsim_userbuffers", bool_val=True)] if a.userbuffers else []
+            ub = [Attr(name="trainsim_transport", string_val=a.transport)] if a.transport != "nccl" else []
+            if not a.slows_compute:
+                ub.append(Attr(name="trainsim_slows_compute", bool_val=False))
             node(i, a.name, "COMM_COLL_NODE",
                  [Attr(name="comm_type", int64_val=COMM_TYPES[COMM_TYPE_OF[a.op]]), *size, *pg, *priced, *ub],
                  micros if a.kind == "comm" else 0)
@@ -216,6 +221,7 @@ def _rank_nodes(M, rank: int, acts, groups: dict, tag_ids: dict, copies: dict):
             tag = [Attr(name="comm_tag", int32_val=tag_ids[a.tag])]
             priced = [*dur, Attr(name="trainsim_priced", bool_val=True)] if a.kind == "comm" else []
             t = micros if a.kind == "comm" else 0
+            priced += [] if a.slows_compute else [Attr(name="trainsim_slows_compute", bool_val=False)]
             node(ends[i][0], f"{a.name} (shift: send)", "COMM_SEND_NODE",
                  [Attr(name="comm_src", int32_val=rank), Attr(name="comm_dst", int32_val=nxt), *size, *tag, *priced], t)
             # the receive on a stream of its own, so that the halves overlap as the shift's transfers do
@@ -230,7 +236,8 @@ def _rank_nodes(M, rank: int, acts, groups: dict, tag_ids: dict, copies: dict):
             src, dst = (rank, a.peer) if a.kind == "send" else (a.peer, rank)
             node(i, a.name, "COMM_SEND_NODE" if a.kind == "send" else "COMM_RECV_NODE",
                  [Attr(name="comm_src", int32_val=src), Attr(name="comm_dst", int32_val=dst), *size,
-                  Attr(name="comm_tag", int32_val=tag_ids[a.tag])])
+                  Attr(name="comm_tag", int32_val=tag_ids[a.tag]),
+                  *([] if a.slows_compute else [Attr(name="trainsim_slows_compute", bool_val=False)])])
         elif a.kind == "copy":
             t = copies.get((rank, a.name), a.duration_s)
             node(i, a.name, "MEM_STORE_NODE" if a.op == "d2h" else "MEM_LOAD_NODE",

@@ -16,7 +16,11 @@ through the same analysis. Each rank's file (``trace_rank{r}.json``) holds:
   ``ncclDevKernel_ReduceScatter_Sum_bf16_RING_LL``, ``ncclDevKernel_SendRecv``), with the
   args PyTorch's ``record_param_comms`` attaches: ``Collective name``, ``In msg nelems``,
   ``Out msg nelems``, ``Group size``, ``dtype``, ``Process Group Ranks`` and ``Process Group
-  Description`` (Megatron-LM's group name: ``DATA_PARALLEL_GROUP``, ...). An NCCL kernel
+  Description`` (Megatron-LM's group name: ``DATA_PARALLEL_GROUP``, ...); a collective whose
+  claim is not an NCCL kernel's default (``Action.transport``, ``Action.slows_compute``) has
+  it in the args ``trainsim transport`` and ``trainsim slows compute``, which ``trainsim
+  replay`` reads back (the kernel keeps NCCL's name, so that HTA counts it as
+  communication). An NCCL kernel
   spans the time data moves; the time the action waited for its peers before that is in
   the arg ``trainsim wait (us)`` (``wait=True`` makes it kernel time instead, as on a real
   GPU, where an NCCL kernel spins until its peers arrive; but the simulator posts
@@ -108,7 +112,7 @@ def _nccl(span: Span, group_size: int) -> tuple[str, dict]:
 
 def to_kineto(trace: Trace, rank: int, *, world_size: int | None = None, device_name: str = "",
               memory_bytes: float = 0.0, groups: dict | None = None, name: str = "", wait: bool = False,
-              offset_us: int | None = None, waits: dict | None = None) -> dict:
+              offset_us: int | None = None, waits: dict | None = None, claims: dict | None = None) -> dict:
     """Rank ``rank`` of ``trace`` as a Kineto trace dict (see the module doc).
 
     ``groups`` maps a collective's span name to its process group (ranks), for the
@@ -121,7 +125,8 @@ def to_kineto(trace: Trace, rank: int, *, world_size: int | None = None, device_
     streams it waited for (``cross_stream_waits``): each becomes a ``cudaEventRecord``
     after the awaited kernel's launch, a ``cudaStreamWaitEvent`` before the waiting
     kernel's launch, and a ``cuda_sync`` ``Stream Wait Event`` on the waiting stream, as
-    PyTorch records them.
+    PyTorch records them. ``claims`` maps a collective's span name to its claim where it is
+    not the default (``collective_claims``), written to the kernel's args.
     """
     info = trace.ranks.get(rank, {})
     device = str(info.get("device", ""))
@@ -135,6 +140,7 @@ def to_kineto(trace: Trace, rank: int, *, world_size: int | None = None, device_
     for st in sorted({s.stream for s in spans if s.stream not in ("compute", "cpu")}):
         stream_ids[st] = COMPUTE_STREAM + 6 + 4 * len(stream_ids)  # 13, 17, 21, ... like NCCL's streams
     groups = groups or {}
+    claims = claims or {}
     gpu: list[dict] = []
     cpu_ops: list[dict] = []
     for sp in spans:
@@ -170,6 +176,9 @@ def to_kineto(trace: Trace, rank: int, *, world_size: int | None = None, device_
                 args["Process Group Description"] = _GROUP_DESC[sp.category]
             if sp.peer is not None:
                 args["dst rank" if sp.kind == "send" else "src rank"] = sp.peer
+            claim = claims.get(sp.name)
+            if claim is not None:
+                args["trainsim transport"], args["trainsim slows compute"] = claim
         if sp.kind != "compute" and sp.busy_start_s is not None:
             args["trainsim wait (us)"] = round((sp.busy_start_s - sp.start_s) * 1e6, 3)
         gpu.append({"ph": "X", "cat": cat, "name": kname, "pid": local, "tid": stream, "ts": ts, "_span": sp.name,
@@ -296,6 +305,14 @@ def collective_groups(program) -> dict[int, dict[str, tuple]]:
             for r, acts in program.actions.items()}
 
 
+def collective_claims(program) -> dict[int, dict[str, tuple[str, bool]]]:
+    """Per rank, each collective action's claim ``(transport, slows_compute)`` by action
+    name, for the collectives whose claim is not an NCCL kernel's default (the rest)."""
+    return {r: {a.name: (a.transport, a.slows_compute) for a in acts
+                if a.kind == "collective" and (a.transport != "nccl" or not a.slows_compute)}
+            for r, acts in program.actions.items()}
+
+
 def cross_stream_waits(program) -> dict[int, dict[str, tuple]]:
     """Per rank, each action's dependencies on actions of the same rank on another stream
     (what a trace records as CUDA event waits), by action name."""
@@ -313,14 +330,15 @@ def cross_stream_waits(program) -> dict[int, dict[str, tuple]]:
 
 def write_kineto(trace: Trace, out_dir: str | Path, *, ranks=None, world_size: int | None = None,
                  device_name: str = "", memory_bytes: float = 0.0, groups: dict | None = None,
-                 names: dict[int, str] | None = None, wait: bool = False, waits: dict | None = None) -> list[Path]:
+                 names: dict[int, str] | None = None, wait: bool = False, waits: dict | None = None,
+                 claims: dict | None = None) -> list[Path]:
     """Write ``trace_rank{r}.json`` for each rank (default every simulated rank) into
     ``out_dir``; each file is written through a temporary file and a rename."""
     out = Path(out_dir)
     chosen = sorted(trace.streams()) if ranks is None else sorted(ranks)
     docs = [(r, to_kineto(trace, r, world_size=world_size, device_name=device_name, memory_bytes=memory_bytes,
                           groups=(groups or {}).get(r), name=(names or {}).get(r, ""), wait=wait, offset_us=0,
-                          waits=(waits or {}).get(r)))
+                          waits=(waits or {}).get(r), claims=(claims or {}).get(r)))
             for r in chosen]
     # One clock for all ranks, as on one cluster with synchronised hosts.
     timed = [[e for e in doc["traceEvents"] if e.get("ph") != "M"] for _, doc in docs]

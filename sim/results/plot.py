@@ -54,11 +54,21 @@ def category_colour(category: str, extra: dict[str, str]) -> str:
 
 def plot_timeline(trace: Trace, path: str | Path, title: str = "", lane_names: dict[int, str] | None = None,
                   max_lanes: int = 64, show_transfers: bool = False, ranks=None, lane_of_stream=None,
-                  lane_of_span=None, collapse: bool = True) -> Path:
+                  lane_of_span=None, collapse: bool = True, max_bars: int | None = None,
+                  compact_lanes: int | None = None) -> Path:
     """Draw the trace as a Gantt PNG at ``path`` (written atomically) and return the path
     (``timeline_figure`` says how)."""
     return save_png(timeline_figure(trace, title, lane_names, max_lanes, show_transfers, ranks, lane_of_stream,
-                                    lane_of_span, collapse), path)
+                                    lane_of_span, collapse, max_bars, compact_lanes), path)
+
+
+MAX_BARS = 160
+"""The most compute steps the busiest lane shows: past that (a 1F1B pipeline of 512
+micro-batches has 1,024 per rank, thinner than a pixel) the picture is a window, from the
+start through the warm-up into the steady state, and its title says which."""
+COMPACT_LANES = 40
+"""Past this many lanes (32 pipeline stages with a compute and a p2p lane each), the first
+rank keeps every lane and the others their compute lane only, and the title says so."""
 
 
 MIN_BAR_FRACTION = 1 / 600
@@ -70,7 +80,7 @@ trace."""
 
 def timeline_figure(trace: Trace, title: str = "", lane_names: dict[int, str] | None = None, max_lanes: int = 64,
                     show_transfers: bool = False, ranks=None, lane_of_stream=None, lane_of_span=None,
-                    collapse: bool = True):
+                    collapse: bool = True, max_bars: int | None = None, compact_lanes: int | None = None):
     """``plot_timeline``'s figure.
 
     ``ranks`` picks the ranks to draw (default all); ``lane_of_stream`` maps a stream
@@ -82,9 +92,14 @@ def timeline_figure(trace: Trace, title: str = "", lane_names: dict[int, str] | 
     are drawn at least ``MIN_BAR_FRACTION`` of the width wide, except on the compute lane
     (tensor-parallel collectives between the GEMMs), where they would hide the compute. With ``collapse``, ranks
     whose lanes would look the same (the same bars to a pixel) are drawn once, labelled
-    ``×N``. At most ``max_lanes`` lanes are drawn (the first ranks); the title says so
-    when ranks were left out.
+    ``×N``. Past ``compact_lanes`` lanes (default ``COMPACT_LANES``) the first rank keeps
+    every lane and the others their compute lane only; at most ``max_lanes`` lanes are drawn
+    (the first ranks). When a lane holds more than ``max_bars`` compute steps (default
+    ``MAX_BARS``), only a window from the start is drawn, in which no lane shows more. The
+    title says what was left out.
     """
+    max_bars = MAX_BARS if max_bars is None else max_bars
+    compact_lanes = COMPACT_LANES if compact_lanes is None else compact_lanes
     merge = lane_of_stream or (lambda s: s)
     lane_fn = lane_of_span or (lambda sp: merge(sp.stream))
     streams: dict[int, list[str]] = {}
@@ -96,8 +111,7 @@ def timeline_figure(trace: Trace, title: str = "", lane_names: dict[int, str] | 
     streams = {r: sorted(ss, key=lambda ln: (ln != "compute", ln)) for r, ss in sorted(streams.items())}
     if show_transfers:
         streams = {r: ss + ["sends"] for r, ss in streams.items()}
-    t_end_ms = max(trace.end_s * 1e3, 1e-9)
-    min_w = t_end_ms * 1.01 * MIN_BAR_FRACTION
+    full_ms = max(trace.end_s * 1e3, 1e-9)
     extra: dict[str, str] = {}
     used: dict[str, str] = {}
     # Compute pieces of one step (named "2F0.0", "2F0.1", ..., "2F0") draw as one bar;
@@ -115,6 +129,10 @@ def timeline_figure(trace: Trace, title: str = "", lane_names: dict[int, str] | 
             start = sp.start_s if sp.busy_start_s is None else sp.busy_start_s
         it = items.get(key)
         items[key] = [start, sp.end_s, sp.kind] if it is None else [min(it[0], start), max(it[1], sp.end_s), sp.kind]
+    t_end_ms, window_steps = _window(items, max_bars, full_ms)
+    min_w = t_end_ms * 1.01 * MIN_BAR_FRACTION
+    if t_end_ms < full_ms:
+        items = {k: v for k, v in items.items() if v[0] * 1e3 < t_end_ms}
     bars: dict[tuple, list[tuple[float, float, str, str]]] = {}  # lane -> (x0, w, colour, name)
     for (lane, cat, name, *_), (a, b, kind) in items.items():
         x0, w = a * 1e3, (b - a) * 1e3
@@ -127,7 +145,7 @@ def timeline_figure(trace: Trace, title: str = "", lane_names: dict[int, str] | 
     media = [m for m in ("nvlink", "pcie", "ib", "ethernet", "local") if any(t.medium == m for t in trace.transfers)] \
         if show_transfers else []
     for tr in trace.transfers if show_transfers else ():
-        if tr.src not in streams:
+        if tr.src not in streams or tr.start_s * 1e3 >= t_end_ms:
             continue
         cat = f"via {tr.medium}"
         c = category_colour(cat, extra)
@@ -137,6 +155,12 @@ def timeline_figure(trace: Trace, title: str = "", lane_names: dict[int, str] | 
     copies = _identical_ranks(streams, bars, xfers, t_end_ms) if collapse else {r: 1 for r in streams}
     streams = {r: ss for r, ss in streams.items() if r in copies}
     lanes: list[tuple[int, str]] = [(r, s) for r, ss in streams.items() for s in ss]
+    compact = (len(lanes) > compact_lanes and sum(len(ss) > 1 for ss in streams.values()) > 1
+               and all(ss[0] == "compute" for ss in streams.values()))  # (a collective's lanes are all traffic)
+    if compact:  # the first rank shows every stream; the others only what they compute
+        first = next(iter(streams))
+        streams = {r: (ss if r == first else ss[:1]) for r, ss in streams.items()}
+        lanes = [(r, s) for r, ss in streams.items() for s in ss]
     dropped = 0
     if len(lanes) > max_lanes:
         kept_ranks = sorted({r for r, _ in lanes[:max_lanes]})
@@ -182,14 +206,38 @@ def timeline_figure(trace: Trace, title: str = "", lane_names: dict[int, str] | 
     full_title = title or "timeline"
     if dropped:
         full_title += f" (first {len(streams) - dropped} of {len(streams)} kinds of rank shown)"
+    notes = []
     if any(n > 1 for n in copies.values()):
-        full_title += f"\n{sum(copies.values())} ranks; ×N: N ranks that look alike, drawn once"
+        notes.append(f"{sum(copies.values())} ranks; ×N: N ranks that look alike, drawn once")
+    if compact:
+        notes.append(f"{(names.get(first, f'rank {first}'))}: every stream; the other ranks: compute only")
+    if t_end_ms < full_ms:
+        notes.append(f"the first {t_end_ms:.4g} of {full_ms:.4g} ms shown (up to {window_steps} compute steps a "
+                     f"lane)")
+    if compact or t_end_ms < full_ms:
+        notes[-1] += "; trace.json holds it all"
+    if notes:
+        full_title += "\n" + "; ".join(notes)
     ax.set_title(full_title, fontsize=10)
     handles = [Patch(color=c, label=LABELS.get(k, k)) for k, c in sorted(used.items())]
     if handles:
         ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.005, 1.0), fontsize=8, frameon=False)
     fig.tight_layout()
     return fig
+
+
+def _window(items: dict, max_bars: int, full_ms: float) -> tuple[float, int]:
+    """The end (ms) of the window drawn and the most compute steps a lane shows in it: the
+    whole timeline when no lane has more than ``max_bars`` compute steps, else up to the
+    first start of a lane's step after its ``max_bars`` first (``timeline_figure``)."""
+    starts: dict = {}
+    for (lane, *_), (a, _b, kind) in items.items():
+        if kind == "compute":
+            starts.setdefault(lane, []).append(a * 1e3)
+    crowded = [sorted(v)[max_bars] for v in starts.values() if max_bars and len(v) > max_bars]
+    if not crowded:
+        return full_ms, max(map(len, starts.values()), default=0)
+    return min(crowded), max_bars
 
 
 def _identical_ranks(streams: dict[int, list[str]], bars: dict, xfers: dict, t_end_ms: float) -> dict[int, int]:
@@ -335,10 +383,10 @@ def plot_compare(rows: list[dict], path: str | Path, title: str = "") -> Path:
         mx.barh(ys, vals, left=mleft, height=0.62, color=colour, edgecolor="white", linewidth=0.6,
                 label="reserve & other" if cat == "other" else cat)
         mleft = [a + b for a, b in zip(mleft, vals)]
-    cap = rows[0]["capacity_bytes"] / 2**30 if rows else 0.0
+    cap = rows[0]["memory_capacity_bytes"] / 2**30 if rows else 0.0
     top = max(mleft + [cap]) * 1.22
     for y, r in zip(ys, rows):
-        peak = r["peak_bytes"] / 2**30
+        peak = r["peak_memory_bytes"] / 2**30
         mx.text(peak, y, f" {peak:.1f} GiB" + ("" if r["fits"] else "  OOM"), va="center", ha="left", fontsize=8,
                 color="black" if r["fits"] else "#C00000", fontweight="normal" if r["fits"] else "bold",
                 bbox={"facecolor": "white", "edgecolor": "none", "pad": 0.5, "alpha": 0.85})

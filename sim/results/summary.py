@@ -2,7 +2,8 @@
 
 Throughput and MFU (``sim.results.metrics``), the time on the critical rank split into
 compute, exposed communication and idle, the energy of the iteration and its
-average power (``sim.results.energy``), the highest memory peak with its breakdown
+average power (``sim.results.energy``), its cost at the GPU-hour price given
+(``sim.inputs.cost``; null without one), the highest memory peak with its breakdown
 (``sim.results.memory_timeline``), and the analytic estimate beside the simulated
 figures (``sim.program.estimate``). Deterministic for the same run.
 """
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 
 
+from sim.inputs.cost import run_cost
 from sim.program.estimate import estimate, model_flops_per_sequence
 from sim.program.fp8 import precision
 from sim.results.energy import run_energy
@@ -33,6 +35,9 @@ def summarize(run) -> dict:
         hardware_flops=seqs * model_flops_per_sequence(model, plan.recompute, plan.recompute_modules),
         gpus=plan.world_size, peak_flops=profile.peak())
     energy = run_energy(run, seqs * model.seq_length) or dict.fromkeys(ENERGY_KEYS)
+    gpus = ([(run.mixed.profiles[n], k) for n, k in run.mixed.counts().items()] if run.mixed is not None
+            else [(profile, plan.world_size)])
+    cost = run_cost(gpus, met["iteration_time_s"], seqs * model.seq_length)
     est = estimate(model, plan, profile, gpus_per_node=run.topology.gpus_per_node)
     pk = highest_peak(run.trace)
     br = pk.breakdown
@@ -45,6 +50,7 @@ def summarize(run) -> dict:
         "simulated_gpus": len(run.program.actions),
         **met,
         **energy,
+        **cost, "gpu_hours_per_iteration": met["iteration_time_s"] / 3600.0 * plan.world_size,
         "memory": {"parameters_bytes": br.get("parameters", 0.0) + br.get("gathered", 0.0),
                    "gradients_bytes": br.get("gradients", 0.0) + br.get("buckets", 0.0),
                    "optimizer_bytes": br.get("optimizer", 0.0), "activations_bytes": br.get("activations", 0.0),

@@ -21,14 +21,15 @@ class Comparison:
 
     Iterating gives the ``RunResult``s in order; ``rows`` the table ``trainsim compare``
     prints, as dicts; ``best`` the plan that ranks first among those that fit: the most
-    tokens/s, or with ``rank_by="tokens-per-joule"`` the most tokens per joule.
+    tokens/s, with ``rank_by="tokens-per-joule"`` the most tokens per joule, or with
+    ``rank_by="cost"`` the fewest dollars per million tokens (``sim.inputs.cost``).
     """
 
     results: list
     title: str = ""
     """The chart's title (default: the model, the GPUs and the number of plans)."""
     rank_by: str = "throughput"
-    """``throughput`` or ``tokens-per-joule`` (``sim.studies.sweep_results.RANK_BY``)."""
+    """``throughput``, ``tokens-per-joule`` or ``cost`` (``sim.studies.sweep_results.RANK_BY``)."""
 
     def __post_init__(self):
         from sim.studies.sweep_results import RANK_BY
@@ -41,6 +42,13 @@ class Comparison:
                     raise InputError(field="rank_by", value=self.rank_by, setting="rank_by",
                                      allowed=f"plan {r.name or 1}: its GPU's profile ({r.summary['gpu']}) gives no "
                                              "power figures: rank by throughput")
+        if self.rank_by == "cost":
+            for r in self.results:
+                if r.summary.get("cost_per_million_tokens_usd") is None:
+                    raise InputError(field="rank_by", value=self.rank_by, setting="rank_by",
+                                     allowed=f"plan {r.name or 1}: its GPUs ({r.summary['gpu']}) have no price: give "
+                                             "--gpu-hour-price USD (gpu_hour_price), or gpu_hour_price_usd in the "
+                                             "profile")
         if not self.title:
             self.title = _title(self.results)
 
@@ -60,16 +68,21 @@ class Comparison:
 
     @property
     def best(self):
-        """The fitting plan with the most tokens/s, or tokens per joule (``rank_by``; ties: the
-        first listed); None if none fits."""
+        """The fitting plan with the most tokens/s, the most tokens per joule, or the fewest
+        dollars per million tokens (``rank_by``; ties: the first listed); None if none fits."""
         fitting = [r for r in self.results if r.fits]
         if self.rank_by == "tokens-per-joule":
             return min(fitting, key=lambda r: r.summary["energy_per_token_j"]) if fitting else None
+        if self.rank_by == "cost":
+            return min(fitting, key=lambda r: r.summary["cost_per_million_tokens_usd"]) if fitting else None
         return max(fitting, key=lambda r: r.tokens_per_s) if fitting else None
 
     @property
     def rows(self) -> list[dict]:
-        """One dict per plan: the figures of the table and of the chart (SI units)."""
+        """One dict per plan: the figures of the table and of the chart (SI units), named as
+        ``RunResult`` and the run summary name them (``peak_memory_bytes``,
+        ``memory_capacity_bytes``); ``peak_bytes`` and ``capacity_bytes``, the rows' names
+        before, stay as aliases with the same values for scripts that read them."""
         best = self.best
         return [_row(r, r is best) for r in self.results]
 
@@ -126,9 +139,13 @@ def _row(r, best: bool) -> dict:
             "tokens_per_s": s["tokens_per_s"], "mfu": s["mfu"], "bubble_fraction": s["bubble_fraction"],
             "compute_s": s["compute_s"], "exposed_comm_s": dict(s["exposed_comm_s"]), "bubble_s": bubble,
             "other_idle_s": max(0.0, s["idle_s"] - bubble), "idle_s": s["idle_s"],
-            "peak_bytes": m["peak_bytes"], "memory_bytes": parts,
-            "capacity_bytes": s["memory_capacity_bytes"], "fits": s["fits"], "gpus": s["gpus"],
+            "peak_memory_bytes": m["peak_bytes"], "memory_bytes": parts,
+            "memory_capacity_bytes": s["memory_capacity_bytes"], "fits": s["fits"], "gpus": s["gpus"],
+            # the names before 2026-12 (trainsim 0.x): kept for scripts that read compare.json, same values
+            "peak_bytes": m["peak_bytes"], "capacity_bytes": s["memory_capacity_bytes"],
             "energy_per_iteration_j": s.get("energy_per_iteration_j"), "energy_per_token_j": s.get("energy_per_token_j"),
+            "cost_per_iteration_usd": s.get("cost_per_iteration_usd"),
+            "cost_per_million_tokens_usd": s.get("cost_per_million_tokens_usd"),
             "schedule": s["schedule"], "zero_stage": s["plan"]["zero_stage"]}
 
 

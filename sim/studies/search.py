@@ -459,6 +459,8 @@ class SearchResult:
     """Simulated plans that ran, best first: records with ``summary``."""
     margin: float
     counts: dict = field(default_factory=dict)
+    stopped: str | None = None
+    """Why the search ended before it was done ("SIGINT", "SIGTERM", "max-time"), or None."""
 
     @property
     def best(self) -> dict | None:
@@ -511,9 +513,55 @@ def balanced_plan(model: ModelSpec, plan: ParallelPlan, profile: HardwareProfile
     return replace(plan, layer_split=cache[key])
 
 
+def even_splits(model: ModelSpec, plan: ParallelPlan) -> list[tuple[int, ...]]:
+    """The splits of ``model``'s layers over ``plan``'s pp·vpp (virtual) stages as even as
+    they go, other than the plan's own: the extra layers on the first stages, or on the last."""
+    stages = plan.pp * plan.vpp
+    q, r = divmod(model.num_layers, stages)
+    own = tuple(plan.layer_split) if isinstance(plan.layer_split, (list, tuple)) else None
+    splits = ((q + 1,) * r + (q,) * (stages - r), (q,) * (stages - r) + (q + 1,) * r)
+    return [x for x in dict.fromkeys(splits) if x != own and min(x) > 0]
+
+
+@dataclass(frozen=True)
+class SplitFailure:
+    """A plan left out only because of its layer split: it does not fit the GPU (by the
+    estimate that pruned it), the same plan with ``split`` does (``estimate``), and its bound
+    is below the time of a plan the search lists."""
+
+    candidate: Candidate
+    split: tuple[int, ...]
+    estimate: Estimate
+
+
+def split_failures(model: ModelSpec, cands: list[Candidate], profile: HardwareProfile, below_s: float,
+                   gpus_per_node: int = 8, limit: int = 5, tries: int = 32) -> list[SplitFailure]:
+    """Candidates pruned for memory with an uneven split (``balanced_plan``'s, balanced for
+    time) that another split as even as it goes (``even_splits``) makes fit, fastest bound
+    first: those whose bound is below ``below_s`` (the time of the last plan listed), so that
+    they could have been listed. At most ``limit``, after estimating at most ``tries`` plans."""
+    out: list[SplitFailure] = []
+    pool = sorted((c for c in cands if c.status == "pruned: memory" and c.bound_s < below_s
+                   and isinstance(c.plan.layer_split, (list, tuple))), key=lambda c: (c.bound_s, c.key))
+    for c in pool[:tries]:
+        for split in even_splits(model, c.plan):
+            try:
+                est = estimate_in(BuildContext.create(model, replace(c.plan, layer_split=split), profile,
+                                                      gpus_per_node=gpus_per_node))
+            except InputError:
+                continue
+            if est.fits:
+                out.append(SplitFailure(c, split, est))
+                break
+        if len(out) >= limit:
+            break
+    return out
+
+
 def search(cands: list[Candidate], simulate, *, margin: float = DEFAULT_MARGIN, exact: int = 2,
            wave: int = 16, screen: bool = False, final: int | None = None, rank_by: str = "throughput",
-           idle_power_w: float | None = None) -> SearchResult:
+           idle_power_w: float | None = None, planned=None, stoppable: bool = False,
+           finished: dict | None = None) -> SearchResult:
     """Prune ``cands`` (from ``candidates``) and simulate the survivors with
     ``simulate(plans) -> records`` (one record per plan, in order;
     ``sim.studies.sweep.Runner.run`` gives them). ``cands`` are left as they are; the
@@ -528,7 +576,24 @@ def search(cands: list[Candidate], simulate, *, margin: float = DEFAULT_MARGIN, 
     batch is fixed, so by energy per iteration) and prunes by a floor of a plan's energy:
     every GPU at ``idle_power_w`` for its estimated bound / margin, which no simulated
     iteration undercuts (``idle · T <= energy`` for every GPU). It prunes far less than
-    time does; it neither screens nor skips heavier recompute (both reason about time)."""
+    time does; it neither screens nor skips heavier recompute (both reason about time).
+
+    ``planned(n)``, when given, is told before each wave how many simulations the search
+    may still run in all (those run so far, the runs of every plan left that the pruning
+    cannot rule out yet, and the full runs of screened finalists; a plan is two runs when
+    screened), a count that only shrinks as the pruning learns, and at the end how many it
+    ran (the progress display's total).
+
+    ``stoppable``: a Ctrl-C (``KeyboardInterrupt``, a SIGTERM made one by
+    ``sim.workers.sigterm_as_interrupt``) or a spent time budget
+    (``sim.studies.sweep_executors.TimeBudgetSpent``) during the simulations ends the search
+    with what it has (``SearchResult.stopped`` says which; the plans not simulated are
+    ``"not simulated"``), taking the records of the interrupted wave that had finished from
+    ``finished`` (records by key, ``sim.studies.sweep.Runner.log.done``). The caller ends
+    its workers."""
+    from sim.studies.sweep_executors import TimeBudgetSpent
+    from sim.workers import Terminated
+
     require(rank_by in ("throughput", "tokens-per-joule"), "search: rank_by", rank_by,
             "allowed: throughput, tokens-per-joule")
     by_energy = rank_by == "tokens-per-joule"
@@ -546,10 +611,68 @@ def search(cands: list[Candidate], simulate, *, margin: float = DEFAULT_MARGIN, 
     order = sorted((c for c in cands if c.status == "pending"), key=lambda c: (c.bound_s, c.key))
     times: list[float] = []
     lightest: dict = {}  # recompute family -> the least recompute among its plans that ran and fit
+    spent = [0]  # simulations run so far
+
+    def run(plans: list) -> list[dict]:
+        recs = simulate(plans)
+        spent[0] += len(plans)
+        return recs
+
+    def floor_of(c) -> float:
+        return c.bound_s / margin * (c.plan.world_size * idle_power_w if by_energy else 1.0)
+
+    def runs_of(c) -> int:
+        return 2 if screen and screen_sizes(c.plan) else 1
+
+    stopped = None
+    try:
+        _waves(order, run, planned, spent, floor_of, runs_of, times, lightest, exact, margin, wave, screen, final,
+               by_energy)
+        key = (lambda s: s["energy_per_token_j"]) if by_energy else (lambda s: s["iteration_time_s"])
+        finalists = sorted((c for c in cands if c.record is not None and _ran_and_fit(c.record)),
+                           key=lambda c: (key(c.record["summary"]), c.key))[:final]
+        again = [c for c in finalists if c.status == "screened"]
+        for c, rec in zip(again, run([c.plan for c in again]) if again else []):
+            c.record, c.status = rec, rec["status"]
+        if planned is not None:
+            planned(spent[0])
+    except (KeyboardInterrupt, TimeBudgetSpent) as exc:
+        if not stoppable:
+            raise
+        stopped = "SIGTERM" if isinstance(exc, Terminated) else "SIGINT" if isinstance(exc, KeyboardInterrupt) \
+            else "max-time"
+        for c in cands:  # what the interrupted wave finished
+            rec = (finished or {}).get(c.key)
+            if c.status in ("pending", "screened") and rec is not None:
+                c.record, c.status = rec, rec["status"]
+            if c.status == "pending":
+                c.status = "not simulated"
+    key = (lambda s: s["energy_per_token_j"]) if by_energy else (lambda s: s["iteration_time_s"])
+    ranked = sorted((c.record for c in cands if c.status == "ok" and c.record["summary"].get("fits", True)),
+                    key=lambda r: (key(r["summary"]), r["key"]))
+    counts = {"plans": len(cands), "evaluated": sum(c.record is not None for c in cands),
+              "screened": sum(c.status == "screened" for c in cands),
+              "ok": len(ranked), "does_not_fit": sum(c.status == "ok" for c in cands) - len(ranked),
+              "failed": sum(c.status in ("error", "crashed") for c in cands),
+              "pruned_memory": sum(c.status == "pruned: memory" for c in cands),
+              "pruned_time": sum(c.status == "pruned: time" for c in cands),
+              "pruned_dominated": sum(c.status == "pruned: dominated" for c in cands),
+              "not_simulated": sum(c.status == "not simulated" for c in cands), "simulations": spent[0]}
+    counts["pruned"] = counts["pruned_memory"] + counts["pruned_time"] + counts["pruned_dominated"]
+    return SearchResult(cands, ranked, margin, counts, stopped)
+
+
+def _waves(order, run, planned, spent, floor_of, runs_of, times, lightest, exact, margin, wave, screen, final,
+           by_energy) -> None:
+    """``search``'s waves over ``order`` (candidates by bound), pruning before each."""
     i = 0
     while i < len(order):
         threshold = sorted(times)[exact - 1] if len(times) >= exact else math.inf
-        floor = order[i].bound_s / margin * (order[i].plan.world_size * idle_power_w if by_energy else 1.0)
+        if planned is not None:  # what may still run: the plans left that the pruning cannot rule out yet
+            left = [runs_of(c) for c in order[i:] if floor_of(c) <= threshold]
+            screened = sum(c.status == "screened" for c in order[:i]) + left.count(2)
+            planned(spent[0] + sum(left) + min(final, screened))  # and the full runs of screened finalists
+        floor = floor_of(order[i])
         if floor > threshold:
             for c in order[i:]:
                 c.status = "pruned: time"
@@ -562,30 +685,13 @@ def search(cands: list[Candidate], simulate, *, margin: float = DEFAULT_MARGIN, 
                 c.status = "pruned: dominated"
             else:
                 batch.append(c)
-        for c, rec in zip(batch, _simulate_wave(batch, simulate, screen)):
+        for c, rec in zip(batch, _simulate_wave(batch, run, screen)):
             c.record, c.status = rec, rec["status"]
             if _ran_and_fit(rec):
                 s = rec["summary"]
                 times.append(s["energy_per_iteration_j"] if by_energy else s["iteration_time_s"])
                 family, weight = recompute_family(c.plan)
                 lightest[family] = min(weight, lightest.get(family, weight))
-    key = (lambda s: s["energy_per_token_j"]) if by_energy else (lambda s: s["iteration_time_s"])
-    finalists = sorted((c for c in cands if c.record is not None and _ran_and_fit(c.record)),
-                       key=lambda c: (key(c.record["summary"]), c.key))[:final]
-    again = [c for c in finalists if c.status == "screened"]
-    for c, rec in zip(again, simulate([c.plan for c in again]) if again else []):
-        c.record, c.status = rec, rec["status"]
-    ranked = sorted((c.record for c in cands if c.status == "ok" and c.record["summary"].get("fits", True)),
-                    key=lambda r: (key(r["summary"]), r["key"]))
-    counts = {"plans": len(cands), "evaluated": sum(c.record is not None for c in cands),
-              "screened": sum(c.status == "screened" for c in cands),
-              "ok": len(ranked), "does_not_fit": sum(c.status == "ok" for c in cands) - len(ranked),
-              "failed": sum(c.status in ("error", "crashed") for c in cands),
-              "pruned_memory": sum(c.status == "pruned: memory" for c in cands),
-              "pruned_time": sum(c.status == "pruned: time" for c in cands),
-              "pruned_dominated": sum(c.status == "pruned: dominated" for c in cands)}
-    counts["pruned"] = counts["pruned_memory"] + counts["pruned_time"] + counts["pruned_dominated"]
-    return SearchResult(cands, ranked, margin, counts)
 
 
 def _ran_and_fit(rec: dict) -> bool:

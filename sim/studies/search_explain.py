@@ -7,7 +7,8 @@ from sim.units import format_bytes, format_time
 
 
 def describe_plan(plan: dict) -> str:
-    """``dp 4 x tp 2 x pp 2 (vpp 2), interleaved, mb 2, ZeRO-1, recompute none, sp, fp8 hybrid``;
+    """``dp 4 x tp 2 x pp 2 (vpp 2), interleaved, mb 2, ZeRO-1, recompute none, sp, fp8 hybrid``
+    (``split 4,3,3`` after the schedule for a plan with a given layer split);
     for a mixture of experts also ``ep 8 (etp 1), flex``: the expert-parallel size, the expert
     tensor-parallel size when it is not tp, and the token dispatcher."""
     s = f"dp {plan['dp']} x tp {plan['tp']} x pp {plan['pp']}"
@@ -15,6 +16,8 @@ def describe_plan(plan: dict) -> str:
         s += f" (vpp {plan['vpp']})"
     if plan["pp"] > 1:
         s += f", {plan['schedule']}"
+    if isinstance(plan.get("layer_split"), (list, tuple)):  # uneven: the layers of each (virtual) stage
+        s += f", split {','.join(map(str, plan['layer_split']))}"
     s += f", mb {plan['micro_batch_size']}, ZeRO-{plan['zero_stage']}, recompute {plan['recompute']}"
     if plan["sequence_parallel"] and plan["tp"] > 1:
         s += ", sp"

@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import os
+import time
 from collections import deque
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import asdict
@@ -52,13 +53,13 @@ from sim.errors import InputError, require
 from sim.inputs.plan import ParallelPlan
 from sim.progress import ProgressBar as Progress
 from sim.studies.search import plan_key
-from sim.studies.sweep_executors import (InlineExecutor, StartupLog, dask_client, exit_codes, local_pool, shutdown,
-                                         sigint_blocked, why_workers_died)
+from sim.studies.sweep_executors import (InlineExecutor, StartupLog, TimeBudgetSpent, dask_client, exit_codes,
+                                         local_pool, shutdown, sigint_blocked, why_workers_died)
 from sim.studies.sweep_point import Context, evaluate, make_context, one_line
 from sim.studies.sweep_results import ResultsLog
 
-__all__ = ["RESULTS_FILE", "Context", "Progress", "ResultsLog", "Runner", "WorkerStartError", "evaluate",
-           "make_context"]
+__all__ = ["RESULTS_FILE", "Context", "Progress", "ResultsLog", "Runner", "TimeBudgetSpent", "WorkerStartError",
+           "evaluate", "make_context"]
 
 RESULTS_FILE = "results.jsonl"
 
@@ -93,6 +94,9 @@ class Runner:
         self._startup_log: StartupLog | None = None
         self.startup_failures = 0
         """Local pools in a row whose workers all died before finishing start-up."""
+        self.deadline: float | None = None
+        """A ``time.monotonic()`` time after which ``run`` raises ``TimeBudgetSpent`` (points
+        still running are left to ``close(kill=True)``; those finished are in the log)."""
 
     # -- executor lifecycle
     def __enter__(self):
@@ -200,6 +204,7 @@ class Runner:
         inflight: dict[cf.Future, tuple] = {}
         limit = 2 * max(1, self.workers)
         while queue or suspects or inflight:
+            self._check_deadline()
             if suspects:  # after a worker died: one at a time, so a death points at its point
                 if not inflight:
                     k, p = item = suspects.popleft()
@@ -208,7 +213,11 @@ class Runner:
                 while queue and len(inflight) < limit:
                     item = queue.popleft()
                     inflight[self._submit(ctx, item[1])] = item
-            done, _ = cf.wait(inflight, return_when=cf.FIRST_COMPLETED)
+            left = None if self.deadline is None else max(0.0, self.deadline - time.monotonic())
+            done, _ = cf.wait(inflight, timeout=left, return_when=cf.FIRST_COMPLETED)
+            if not done:
+                self._check_deadline()
+                continue
             broken, cancelled = [], False
             for f in sorted(done, key=lambda f: inflight[f][0]):
                 k, p = item = inflight.pop(f)
@@ -233,6 +242,10 @@ class Runner:
                 for k, p in sorted(broken, key=lambda it: it[0]):
                     if self._strike(strikes, k, p, "worker process died {n} times running this plan"):
                         suspects.append((k, p))
+
+    def _check_deadline(self) -> None:
+        if self.deadline is not None and time.monotonic() >= self.deadline:
+            raise TimeBudgetSpent()
 
     def _strike(self, strikes: dict, k: str, p, why: str) -> bool:
         """One more failed attempt at plan ``p``: True if it may run again, else it is

@@ -4,7 +4,8 @@
 module makes and ends those executors, and keeps Ctrl-C for the sweep alone:
 
 - **Local worker processes** (``local_pool``): a ``ProcessPoolExecutor`` of spawned
-  processes. A worker may start whenever a point is submitted, so submission happens
+  processes, each tied to this one (``sim.workers``: it dies when this process dies,
+  however it dies). A worker may start whenever a point is submitted, so submission happens
   with SIGINT blocked (``sigint_blocked``): the worker inherits the blocked signal, and
   its ``init_worker`` then ignores it, so Ctrl-C on the terminal never reaches it; the
   sweep's own process gets a Ctrl-C that came in meanwhile as soon as the block ends.
@@ -18,7 +19,9 @@ module makes and ends those executors, and keeps Ctrl-C for the sweep alone:
   ``why_workers_died`` turns what it says into the likely cause.
 - **Dask** (``dask_client``): a scheduler at an address, or ``"local"`` for a
   ``LocalCluster`` bound to loopback whose workers start with SIGINT ignored (they start
-  on Dask's own thread, where blocking the signal here would not reach them).
+  on Dask's own thread, where blocking the signal here would not reach them) and are tied
+  to this process (``sim.workers.dask_setup``, a preload); a user's own scheduler and its
+  workers are left alone.
 - **In this process** (``InlineExecutor``, ``workers=0``): each point runs when it is
   submitted.
 """
@@ -34,6 +37,7 @@ import sys
 import tempfile
 
 from sim.errors import InputError, require
+from sim.workers import DASK_PARENT_ENV, end_pool, process_pool, quiet_resource_tracker
 
 STARTUP_ENV = "TRAINSIM_SWEEP_STARTUP_LOG"
 """Names the file where a local worker whose start-up fails writes its exception."""
@@ -103,11 +107,19 @@ def why_workers_died(said: list[str]) -> str:
             "(its traceback is on stderr above)")
 
 
+class TimeBudgetSpent(Exception):
+    """The run's time budget (``Runner.deadline``, ``trainsim search --max-time``) is spent."""
+
+
 # ---------------------------------------------------------------- SIGINT
 def init_worker(started) -> None:
-    """A local worker's start: Ctrl-C is for the sweep to handle, and the sweep learns
-    that this worker got through start-up (``started``, shared memory)."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    """A local worker's start (after ``sim.workers`` tied it to the sweep's process and left
+    Ctrl-C to the sweep): the sweep learns that this worker got through start-up
+    (``started``, shared memory). The worker is trainsim's own process: its simulations
+    pause the collector (``sim.gc_tuning``)."""
+    from sim.gc_tuning import tune_process
+
+    tune_process()
     started.value = 1
 
 
@@ -143,12 +155,12 @@ def sigint_blocked():
 
 # ---------------------------------------------------------------- executors
 def local_pool(workers: int):
-    """``workers`` spawned worker processes, and the shared flag the first of them sets
-    once through start-up (``init_worker``)."""
-    mp = multiprocessing.get_context("spawn")
-    started = mp.RawValue("b", 0)
-    pool = cf.ProcessPoolExecutor(workers, mp_context=mp, initializer=init_worker, initargs=(started,))
-    return pool, started
+    """``workers`` spawned worker processes, tied to this one (``sim.workers``), and the
+    shared flag the first of them sets once through start-up (``init_worker``)."""
+    import multiprocessing
+
+    started = multiprocessing.get_context("spawn").RawValue("b", 0)
+    return process_pool(workers, "spawn", initializer=init_worker, initargs=(started,)), started
 
 
 def exit_codes(pool) -> list[int]:
@@ -173,8 +185,12 @@ def dask_client(address: str, workers: int):
         with sigint_ignored():
             # Bound to loopback: a scheduler runs whatever pickled task it is sent,
             # so it must not listen where other machines can reach it.
+            # Its workers are this process's children, tied to it (sim.workers.dask_setup).
+            os.environ[DASK_PARENT_ENV] = str(os.getpid())
+            quiet_resource_tracker()
             cluster = LocalCluster(n_workers=max(1, workers), threads_per_worker=1, processes=True,
-                                   host="127.0.0.1", dashboard_address=None, silence_logs=logging.ERROR)
+                                   host="127.0.0.1", dashboard_address=None, silence_logs=logging.ERROR,
+                                   preload=["sim.workers"])
         return Client(cluster), cluster
     require(address.startswith(("tcp://", "tls://", "ucx://", "inproc://")), "--dask", address,
             "expected 'local' or a scheduler address such as tcp://HOST:8786")
@@ -198,15 +214,8 @@ class InlineExecutor(cf.Executor):
 
 def shutdown(pool, kill: bool) -> None:
     """End an executor: wait for its running points, or with ``kill`` cancel the queued
-    ones and terminate a local pool's worker processes."""
+    ones and terminate a local pool's worker processes (``sim.workers.end_pool``)."""
     if isinstance(pool, cf.ProcessPoolExecutor):
-        procs = list((getattr(pool, "_processes", None) or {}).values())
-        pool.shutdown(wait=not kill, cancel_futures=True)
-        if kill:
-            for p in procs:
-                if p.is_alive():
-                    p.terminate()
-            for p in procs:
-                p.join(5)
+        end_pool(pool, kill)
     elif pool is not None and not isinstance(pool, InlineExecutor):
         pool.shutdown(wait=not kill)

@@ -84,11 +84,12 @@ def evaluate(ctx: Context, plan: ParallelPlan) -> dict:
     except Exception as exc:  # recorded, and the sweep goes on
         rec["status"] = "error"
         rec["error"] = one_line(exc)
-    # What a simulation leaves alive is frozen for the collector's sake (``gc_paused``), and
-    # a little of it (1-3 thousand objects a small point) sits in reference cycles that only
-    # the collector frees. ``gc_paused`` collects them once more than ``COLLECT_FROZEN``
-    # have piled up, so a worker that runs point after point stays bounded; collecting after
-    # every point instead cost 50 ms a point, half of a small point's time.
+    # In a worker (``sweep_executors.init_worker`` opts into ``sim.gc_tuning``) what a
+    # simulation leaves alive is frozen for the collector's sake, and a little of it (1-3
+    # thousand objects a small point) sits in reference cycles that only the collector
+    # frees. ``sim.gc_tuning`` collects them once more than ``COLLECT_FROZEN`` have piled
+    # up, so a worker that runs point after point stays bounded; collecting after every
+    # point instead cost 50 ms a point, half of a small point's time.
     return rec
 
 

@@ -73,10 +73,15 @@ class ResultsLog:
             self._fh = None
 
 
-RANK_BY = ("throughput", "tokens-per-joule")
+RANK_BY = ("throughput", "tokens-per-joule", "cost")
 """What ``search``, ``sweep`` and ``compare`` rank plans by (``--rank-by``): tokens/s (the
-fastest first; the batch is the same, so the shortest iteration), or tokens per joule (the
-least energy per token first, ``sim.results.energy``)."""
+fastest first; the batch is the same, so the shortest iteration), tokens per joule (the
+least energy per token first, ``sim.results.energy``), or cost (the fewest US dollars per
+million tokens first at the GPU-hour price given, ``sim.inputs.cost``; on GPUs of one price
+the same order as throughput, on a mixed cluster the price of each type counts)."""
+RANK_KEY = {"throughput": "iteration_time_s", "tokens-per-joule": "energy_per_token_j",
+            "cost": "cost_per_million_tokens_usd"}
+"""The summary figure each ranking sorts by, smallest first."""
 
 
 def tokens_per_joule(summary: dict) -> float | None:
@@ -86,8 +91,8 @@ def tokens_per_joule(summary: dict) -> float | None:
 
 
 def rank_key(summary: dict, by: str = "throughput") -> float:
-    """Smaller is better: the iteration time, or the joules per token."""
-    return summary["iteration_time_s"] if by == "throughput" else summary["energy_per_token_j"]
+    """Smaller is better: the iteration time, the joules per token, or the dollars per million tokens."""
+    return summary[RANK_KEY[by]]
 
 
 def rank(records: list[dict], by: str = "throughput") -> list[dict]:
