@@ -91,4 +91,5 @@ experiments: $(VENV)/.installed
 	$(BIN)/python experiments/moe_layout.py
 	$(BIN)/python experiments/strong_scaling.py
 	$(BIN)/python experiments/nvl72.py
+	$(BIN)/python experiments/attention_kinds.py
 	$(BIN)/python experiments/report.py

@@ -41,6 +41,7 @@ EXPERIMENTS = [
     ("moe_layout", "DeepSeek-V3 on 1,024 H100: EP, PP and node-limited routing"),
     ("strong_scaling", "GPT-3 175B strong scaling on 256 to 12,288 A100"),
     ("nvl72", "What an NVL72 rack buys over 8-GPU nodes (Llama 3 405B, DeepSeek-V3, 512 GPUs)"),
+    ("attention_kinds", "Attention kinds: full, sliding, hybrid Mamba-2, linear, 8K to 128K"),
 ]
 
 SEED_CLAIMS = [

@@ -434,6 +434,12 @@ def _hf(**changes) -> str:
     return json.dumps(d)
 
 
+NEMOTRON_H = {"model_type": "nemotron_h", "hidden_size": 512, "num_hidden_layers": 4, "hybrid_override_pattern": "M*-E",
+              "num_attention_heads": 8, "num_key_value_heads": 8, "head_dim": 64, "intermediate_size": 1024,
+              "mamba_num_heads": 16, "mamba_head_dim": 64, "ssm_state_size": 64, "n_groups": 2, "vocab_size": 8192,
+              "max_position_embeddings": 512}
+MAMBA2 = {"model_type": "mamba2", "hidden_size": 192, "num_hidden_layers": 4, "num_heads": 6, "head_dim": 64,
+          "expand": 2, "state_size": 64, "n_groups": 1, "vocab_size": 8192}
 GPT2 = {"model_type": "gpt2", "n_embd": 512, "n_layer": 4, "n_head": 8, "n_positions": 512, "vocab_size": 8192}
 HF_CASES = {
     "wrong type": (_hf(hidden_size="512"), ["hidden_size", "'512'"]),
@@ -451,6 +457,10 @@ HF_CASES = {
     "gpt2 dropout nan": (json.dumps({**GPT2, "attn_pdrop": float("nan")}), ["attn_pdrop", "nan"]),
     "gpt2 dropout negative": (json.dumps({**GPT2, "embd_pdrop": -0.1}), ["embd_pdrop", "-0.1"]),
     "name not a string": (_hf(_name_or_path=["a"]), ["_name_or_path", "['a']"]),
+    # layer kinds (issue 53): an unknown kind in a hybrid pattern, a window longer than the sequence
+    "unknown layer kind": (json.dumps(NEMOTRON_H), ["hybrid_override_pattern[3]", "'E'", "allowed layer kinds"]),
+    "window larger than the sequence": (_hf(model_type="mistral", sliding_window=1024),
+                                        ["sliding_window", "1024", "seq_length 512"]),
 }
 
 
@@ -459,6 +469,16 @@ def test_bad_hf_config(bad, tmp_path, cls):
     text, mentions = HF_CASES[cls]
     path = _write(tmp_path, "config.json", text)
     bad(["run", "--hf-config", path, *PLAN, "--out", tmp_path / "out"], path, *mentions)
+
+
+@pytest.mark.parametrize("flags,mentions", [
+    (["--tensor-model-parallel-size", "4"], ["--tensor-model-parallel-size", "4", "mamba2 heads 6"]),
+    (["--context-parallel-size", "2"], ["--context-parallel-size", "2", "Mamba layers"]),
+])
+def test_mamba_layer_plan_rules(bad, tmp_path, flags, mentions):
+    path = _write(tmp_path, "config.json", json.dumps(MAMBA2))
+    bad(["estimate", "--hf-config", path, "--seq-length", "512", "--gpu", "h100-sxm", "--gpus", "4",
+         "--global-batch-size", "8", *flags], *mentions)
 
 
 def test_seq_length_beyond_learned_positions_names_the_file(bad, tmp_path):

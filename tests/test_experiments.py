@@ -13,7 +13,7 @@ sys.path.insert(0, str(EXPERIMENTS))
 
 NAMES = ("pipeline_bubble", "allreduce_scaling", "tensor_parallel", "zero_stages", "gpt3_3d",
          "grad_accumulation", "megatron_table2", "stage_imbalance", "nccl_algorithms", "goodput_scale",
-         "moe_imbalance", "context_parallel", "moe_layout", "strong_scaling", "nvl72")
+         "moe_imbalance", "context_parallel", "moe_layout", "strong_scaling", "nvl72", "attention_kinds")
 
 
 @pytest.fixture(scope="module")
@@ -557,3 +557,14 @@ def test_nvl72_picks_each_systems_fastest_plan_that_fits_and_keeps_ep_in_one_rac
     b200 = next(b for b in best if b["system"] == "B200")
     assert same["best_plan"] == b200["best_plan"] and same["iteration_time_s"] < b200["iteration_time_s"]
     assert same["iteration_time_s"] >= gb["iteration_time_s"]
+
+
+def test_attention_kinds_gain_grows_with_the_context(out_root):
+    # issue 53: a window, a Mamba-2 or a linear-attention layer has no s² term, so replacing
+    # three attention layers of four gains more the longer the sequence
+    res = _run("attention_kinds", out_root)
+    by = {(r["variant"], r["seq"]): r for r in res["rows"]}
+    short, long = sorted({r["seq"] for r in res["rows"]})[0], sorted({r["seq"] for r in res["rows"]})[-1]
+    for v in ("sliding", "hybrid Mamba-2", "linear attention"):
+        gain = {s: by[("full", s)]["step_s"] / by[(v, s)]["step_s"] for s in (short, long)}
+        assert gain[long] > gain[short] and gain[long] > 1, (v, gain)

@@ -350,7 +350,9 @@ def _run(args, start: float, progress: ProgressBar) -> int:
     ctx = make_context(model, profile, topo)
     from dataclasses import asdict
 
-    context = {"command": "search", "model": asdict(model), "gpu": profile.name, "topology": topo.name,
+    from sim.inputs.model import model_dict
+
+    context = {"command": "search", "model": model_dict(model), "gpu": profile.name, "topology": topo.name,
                "gpus": gpus, "global_batch_size": args.global_batch_size}
     log = open_log(args, context)
     with interrupted_note(log), Runner(args.workers, args.dask, log) as runner:

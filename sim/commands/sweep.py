@@ -27,10 +27,10 @@ from __future__ import annotations
 import itertools
 import json
 import time
-from dataclasses import asdict
 from pathlib import Path
 
 from sim.inputs import experiment
+from sim.inputs.model import model_dict
 from sim.commands.search import (
     add_executor_arguments,
     check_executor_args,
@@ -152,7 +152,7 @@ def run(args) -> int:
     model, profile, topo, gpus, pts = points(args.experiment)
     check_rank_by(args.rank_by, profile)
     ctx = make_context(model, profile, topo)
-    context = {"command": "sweep", "model": asdict(model), "gpu": profile.name, "topology": topo.name, "gpus": gpus}
+    context = {"command": "sweep", "model": model_dict(model), "gpu": profile.name, "topology": topo.name, "gpus": gpus}
     log = open_log(args, context)
     invalid = [{"key": k, "plan": {}, "status": "error", "error": err, "summary": None, "point": desc}
                for k, plan, desc, err in pts if plan is None]

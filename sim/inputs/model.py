@@ -27,11 +27,13 @@ Three ways in: presets (``preset(name)``), a Hugging Face ``config.json``
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from sim.errors import InputError, require
+from sim.inputs.layers import (ChunkedAttention, DenseMLP, FullAttention, GatedDeltaNet, Layer, Mamba2, MoE,
+                               SlidingWindowAttention, kind, standard_layer)
 from sim.inputs.moe import check_moe_fields, mla_params, mla_params_per_rank, moe_mlp_params
 
-MLP_KINDS = ("gelu", "swiglu")
+MLP_KINDS = ("gelu", "swiglu", "relu2")
 NORM_KINDS = ("layernorm", "rmsnorm")
 POSITION_KINDS = ("learned", "rope")
 
@@ -67,7 +69,8 @@ class ModelSpec:
     num_key_value_heads: int | None = None
     """K/V heads for grouped-query attention; None means one per query head (MHA)."""
     mlp: str = "gelu"
-    """'gelu' (two matrices) or 'swiglu' (gate, up and down: three matrices)."""
+    """'gelu' (two matrices), 'swiglu' (gate, up and down: three matrices) or 'relu2'
+    (squared ReLU, two matrices: Nemotron-H's MLP; dense layers only)."""
     norm: str = "layernorm"
     """'layernorm' (weight and bias) or 'rmsnorm' (weight only)."""
     position_embedding: str = "learned"
@@ -120,6 +123,11 @@ class ModelSpec:
     RMS-normalized halves, one transformer layer of the model's kind and the shared output
     head. They run after the last transformer layer (``sim.program.workload.mtp_works``);
     their parameters are not in ``num_params`` (DeepSeek-V3's 671B leaves them out too)."""
+    layers: tuple | None = None
+    """The layer sequence, one ``sim.inputs.layers.Layer`` (mixer and MLP kinds) per layer,
+    for models whose layers differ in kind (sliding/chunked/full attention, Mamba-2, Gated
+    DeltaNet, MLP-only layers); None: every layer full attention (or MLA) with a dense MLP
+    or, where ``is_moe_layer`` says, an MoE block, as before layer kinds existed."""
 
     def __post_init__(self):
         where = f"model {self.name}"
@@ -141,6 +149,8 @@ class ModelSpec:
         _require(self.num_attention_heads % self.num_key_value_heads == 0, where, "num_key_value_heads", self.num_key_value_heads,
                 f"must divide num_attention_heads {self.num_attention_heads}")
         _require(self.mlp in MLP_KINDS, where, "mlp", self.mlp, f"allowed: {', '.join(MLP_KINDS)}")
+        _require(self.mlp != "relu2" or not self.moe, where, "mlp", self.mlp,
+                 "relu2 is modelled for dense MLPs only (allowed with experts: gelu, swiglu)")
         _require(self.norm in NORM_KINDS, where, "norm", self.norm, f"allowed: {', '.join(NORM_KINDS)}")
         _require(self.position_embedding in POSITION_KINDS, where, "position_embedding",
                 self.position_embedding, f"allowed: {', '.join(POSITION_KINDS)}")
@@ -148,6 +158,16 @@ class ModelSpec:
             _require(self.seq_length <= self.max_position_embeddings, where, "seq_length",
                     self.seq_length,
                     f"must be <= max_position_embeddings {self.max_position_embeddings} (learned positions)")
+        if self.layers is not None:
+            _require(isinstance(self.layers, tuple) and len(self.layers) == self.num_layers
+                     and all(isinstance(x, Layer) for x in self.layers), where, "layers",
+                     f"{len(self.layers) if isinstance(self.layers, tuple) else self.layers} layers",
+                     f"expected a tuple of {self.num_layers} sim.inputs.layers.Layer")
+            for lay in sorted(set(self.layers), key=self.layers.index):
+                for k in lay.blocks:
+                    k.check(self, where)
+            _require(self.moe or not any(lay.is_moe for lay in self.layers), where, "layers", "moe",
+                     "an MoE layer needs num_experts")
 
     # ------------------------------------------------------------------ shape
     @property
@@ -179,8 +199,25 @@ class ModelSpec:
         return self.num_experts is not None
 
     def is_moe_layer(self, layer: int) -> bool:
-        """Whether transformer layer ``layer`` (0-based) has routed experts."""
+        """Whether transformer layer ``layer`` (0-based) has routed experts (past the last
+        layer, a multi-token-prediction layer: of the last layer's kind under ``layers``)."""
+        if self.layers is not None:
+            return self.layers[min(layer, self.num_layers - 1)].is_moe
         return self.moe and layer >= self.moe_first_k_dense and layer % self.moe_layer_freq == 0
+
+    def layer(self, layer: int) -> Layer:
+        """Layer ``layer``'s kinds (``sim.inputs.layers``)."""
+        if self.layers is not None:
+            return self.layers[min(layer, self.num_layers - 1)]
+        return standard_layer(self, self.is_moe_layer(layer))
+
+    @property
+    def layer_kinds(self) -> tuple:
+        """The distinct layers of the stack, in order of first appearance."""
+        seen: dict = {}
+        for i in range(self.num_layers):
+            seen.setdefault(self.layer(i), None)
+        return tuple(seen)
 
     @property
     def num_moe_layers(self) -> int:
@@ -204,7 +241,7 @@ class ModelSpec:
     def mlp_params_of(self, width: int) -> int:
         """Parameters of one MLP (or expert) of inner width ``width``."""
         h, f = self.hidden_size, width
-        if self.mlp == "gelu":
+        if self.mlp != "swiglu":  # ungated: up and down
             return 2 * h * f + ((f + h) if self.bias else 0)
         return 3 * h * f + ((2 * f + h) if self.bias else 0)
 
@@ -220,6 +257,10 @@ class ModelSpec:
     def layer_params(self, layer: int, active: bool = False) -> int:
         """Parameters of transformer layer ``layer``; with ``active``, those one token
         uses (its top-k routed experts instead of all of them)."""
+        if self.layers is not None:
+            lay = self.layer(layer)
+            own = sum(k.params(self) if k.mixes else k.params(self, active) for k in lay.blocks)
+            return own + len(lay.blocks) * self.norm_params
         if not self.is_moe_layer(layer):
             return self.params_per_layer
         return self.attention_params + 2 * self.norm_params + moe_mlp_params(self, active)
@@ -248,6 +289,8 @@ class ModelSpec:
     @property
     def num_params(self) -> int:
         """Total parameters, each shared matrix counted once."""
+        if self.layers is not None:
+            return sum(self.layer_params(i) for i in range(self.num_layers)) + self.embedding_params + self.output_params
         moe = self.num_moe_layers
         return ((self.num_layers - moe) * self.params_per_layer + moe * self._moe_layer_params(False)
                 + self.embedding_params + self.output_params)
@@ -256,6 +299,9 @@ class ModelSpec:
     def active_params(self) -> int:
         """Parameters one token passes through: every dense weight, and in each MoE
         layer its k routed experts and the shared ones (the total for a dense model)."""
+        if self.layers is not None:
+            return (sum(self.layer_params(i, True) for i in range(self.num_layers)) + self.embedding_params
+                    + self.output_params)
         moe = self.num_moe_layers
         return ((self.num_layers - moe) * self.params_per_layer + moe * self._moe_layer_params(True)
                 + self.embedding_params + self.output_params)
@@ -268,9 +314,24 @@ class ModelSpec:
         if self.moe:
             gqa += (f", {self.num_experts} experts top-{self.moe_router_topk} in {self.num_moe_layers} layers "
                     f"({self.active_params / 1e9:.2f}B active)")
+        if self.layers is not None:
+            counts = {lay: self.layers.count(lay) for lay in self.layer_kinds}
+            gqa += "; layers " + ", ".join(f"{n} x {lay.describe()}" for lay, n in counts.items())
         return (f"{self.name}: {self.num_params / 1e9:.2f}B params, {self.num_layers} layers, h={self.hidden_size}, "
                 f"{self.num_attention_heads} heads{gqa}, ffn={self.ffn_hidden_size} ({self.mlp}), "
                 f"V={self.vocab_size}, s={self.seq_length}")
+
+
+def model_dict(model: ModelSpec) -> dict:
+    """The spec as plain data (a run log's context): its fields, with ``layers`` left out when
+    None (as before layer kinds existed, so earlier logs still match) and otherwise one
+    description per layer (``sim.inputs.layers.Layer.describe``)."""
+    d = asdict(model)
+    if model.layers is None:
+        del d["layers"]
+    else:
+        d["layers"] = [lay.describe() for lay in model.layers]
+    return d
 
 
 def gpt(name: str, num_layers: int, hidden_size: int, num_attention_heads: int, vocab_size: int,
@@ -288,6 +349,47 @@ def llama(name: str, num_layers: int, hidden_size: int, num_attention_heads: int
           "tied_embeddings": False, "bias": False, "dropout": False, **kw}
     return ModelSpec(name, num_layers, hidden_size, num_attention_heads, ffn_hidden_size,
                      vocab_size, seq_length, num_key_value_heads=num_key_value_heads, **kw)
+
+
+def _attn(name: str, window: int = 0) -> Layer:
+    """An attention layer of kind ``name`` (window or chunk ``window``) with a dense MLP."""
+    return Layer(kind(name, window=window) if window and name != "attention" else kind(name), DenseMLP())
+
+
+def _llama4(name: str, experts: int, step: int) -> ModelSpec:
+    """Llama 4 (the presets' comment): MoE on layers i with (i + 1) % step == 0 (HF's
+    ``interleave_moe_layer_step``), chunked attention (8192) except on every fourth layer."""
+    layers = tuple(Layer(FullAttention() if (i + 1) % 4 == 0 else ChunkedAttention(window=8192),
+                         MoE() if (i + 1) % step == 0 else DenseMLP()) for i in range(48))
+    return llama(name, 48, 5120, 40, 8, 16384, 202048, 8192, kv_channels=128, num_experts=experts,
+                 moe_router_topk=1, moe_ffn_hidden_size=8192, moe_shared_expert_intermediate_size=8192,
+                 layers=layers)
+
+
+def _gpt_oss(name: str, num_layers: int, experts: int) -> ModelSpec:
+    layers = tuple(Layer(SlidingWindowAttention(window=128) if i % 2 == 0 else FullAttention(), MoE())
+                   for i in range(num_layers))
+    return llama(name, num_layers, 2880, 64, 8, 2880, 201088, 4096, kv_channels=64, bias=True, num_experts=experts,
+                 moe_router_topk=4, layers=layers)
+
+
+def _nemotron_h_pattern() -> str:
+    """54 M (Mamba-2), 54 - (MLP) and 10 * (attention) in 118 layers, the attention layers
+    spread as in Nemotron-H 8B's ``M-M-M-M*-M-M-M-M-M*-...``."""
+    return "M-M-M-M*-" + "M-M-M-M-M*-" * 9 + "M-" * 5
+
+
+def _nemotron_h() -> ModelSpec:
+    mamba = Mamba2(heads=256, head_dim=64, state=256, groups=8, conv=4, chunk=128)
+    blocks = {"M": Layer(mamba, None), "*": Layer(FullAttention(), None), "-": Layer(None, DenseMLP())}
+    return llama("nemotron-h-56b", 118, 8192, 64, 8, 32768, 131072, 8192, kv_channels=128, mlp="relu2",
+                 layers=tuple(blocks[c] for c in _nemotron_h_pattern()))
+
+
+def _qwen3_next_layer(full: bool) -> Layer:
+    mixer = FullAttention(output_gate=True) if full else GatedDeltaNet(key_heads=16, value_heads=32, key_dim=128,
+                                                                       value_dim=128, conv=4)
+    return Layer(mixer, MoE())
 
 
 # Shapes from the papers and model cards that introduced them.
@@ -357,6 +459,59 @@ _PRESETS = {
     # (widening factor 8 × 2/3), tied embeddings, 8192 tokens; 314B total (xAI).
     "grok-1": lambda: llama("grok-1", 64, 6144, 48, 8, 32768, 131072, 8192, tied_embeddings=True,
                             num_experts=8, moe_router_topk=2),
+    # ------------------------------------------------- models whose layers differ in kind
+    # (sim.inputs.layers; each from its Hugging Face config.json, tests/test_layer_kinds.py
+    # checks the published parameter counts)
+    # Llama 4 Scout (meta-llama/Llama-4-Scout-17B-16E config.json text_config): 48 layers,
+    # h 5120, 40 heads of 128 with 8 kv heads, every layer MoE (interleave_moe_layer_step 1),
+    # 16 experts of 8192 top-1 plus a shared one, chunked attention of 8192 tokens on three
+    # layers of four (the fourth full, without RoPE: no_rope_layers), vocabulary 202048,
+    # untied. Published: 109B total, 17B active (Meta's model card). Trained here at 8192.
+    "llama4-scout": lambda: _llama4("llama4-scout", 16, 1),
+    # Llama 4 Maverick (meta-llama/Llama-4-Maverick-17B-128E config.json text_config): as
+    # Scout with 128 experts on every second layer (interleave_moe_layer_step 2: layers 1, 3,
+    # ...), the others dense MLPs of intermediate_size_mlp 16384. Published: 400B, 17B active.
+    "llama4-maverick": lambda: _llama4("llama4-maverick", 128, 2),
+    # gpt-oss (openai/gpt-oss-20b and -120b config.json): h 2880, 64 heads of 64 with 8 kv
+    # heads, biases on every linear layer, sliding windows of 128 tokens on even layers and
+    # full attention on odd ones (layer_types), experts of 2880 top-4, vocabulary 201088,
+    # untied. Published (OpenAI's gpt-oss model card, Table 1): 20.91B total, 3.61B active;
+    # 116.83B total, 5.13B active. Trained here at 4096 tokens.
+    "gpt-oss-20b": lambda: _gpt_oss("gpt-oss-20b", 24, 32),
+    "gpt-oss-120b": lambda: _gpt_oss("gpt-oss-120b", 36, 128),
+    # Gemma 3 27B (google/gemma-3-27b-pt config.json text_config): 62 layers, h 5376, 32 heads
+    # of 128 with 16 kv heads, a gated GeLU MLP of 21504, tied embeddings of 262208, five
+    # local layers (sliding_window 1024) per global one (sliding_window_pattern 6). Published
+    # (Gemma 3 report, Table 1): 25,600M non-embedding and 1,416M embedding parameters (the
+    # 417M vision encoder not modelled). Trained here at 8192 tokens.
+    "gemma3-27b": lambda: llama("gemma3-27b", 62, 5376, 32, 16, 21504, 262208, 8192, kv_channels=128,
+                                tied_embeddings=True,
+                                layers=tuple(_attn("attention" if (i + 1) % 6 == 0 else "sliding", 1024)
+                                             for i in range(62))),
+    # Nemotron-H 56B (nvidia/Nemotron-H-56B-Base-8K config.json; Nemotron-H report, arXiv
+    # 2504.03624, Table 1): 118 one-block layers, 54 Mamba-2 (256 heads of 64, state 256,
+    # 8 groups, conv 4, chunk 128), 10 attention (64 heads of 128, 8 kv heads) and 54 MLPs of
+    # 32768 (squared ReLU, ungated: two matrices), h 8192, vocabulary 131072, untied, 8192
+    # tokens. The attention layers' exact positions in hybrid_override_pattern only move
+    # pipeline splits; this pattern spreads them as the 8B's does. Published: 56B.
+    "nemotron-h-56b": lambda: _nemotron_h(),
+    # Qwen3-Next-80B-A3B (Qwen/Qwen3-Next-80B-A3B-Instruct config.json): 48 layers, h 2048,
+    # Gated DeltaNet on three layers of four (16 key heads and 32 value heads of 128, conv 4)
+    # and gated full attention on the fourth (full_attention_interval 4; 16 heads of 256,
+    # 2 kv heads, attn_output_gate), every layer MoE: 512 experts of 512, top-10, and a shared
+    # expert of 512; vocabulary 151936, untied. Published: 80B total, 3B activated (Qwen's
+    # model card). Trained here at 4096 tokens.
+    "qwen3-next-80b-a3b": lambda: llama("qwen3-next-80b-a3b", 48, 2048, 16, 2, 5120, 151936, 4096,
+                                        kv_channels=256, num_experts=512, moe_router_topk=10,
+                                        moe_ffn_hidden_size=512, moe_shared_expert_intermediate_size=512,
+                                        layers=tuple(_qwen3_next_layer((i + 1) % 4 == 0) for i in range(48))),
+    # GLM-4.5 (zai-org/GLM-4.5 config.json, model_type glm4_moe): 92 layers, h 5120, 96 heads of
+    # 128 with 8 kv heads and QKV biases, the first 3 layers dense (12288), then 160 experts of
+    # 1536, top-8, and one shared; vocabulary 151552, untied; one MTP layer
+    # (num_nextn_predict_layers 1). Published: 355B total, 32B active (GLM-4.5 report).
+    "glm4.5": lambda: llama("glm4.5", 92, 5120, 96, 8, 12288, 151552, 4096, kv_channels=128, bias=True,
+                            num_experts=160, moe_router_topk=8, moe_ffn_hidden_size=1536,
+                            moe_shared_expert_intermediate_size=1536, moe_first_k_dense=3, mtp_num_layers=1),
 }
 PRESETS = tuple(_PRESETS)
 
@@ -385,6 +540,8 @@ def layer_param_split(model: ModelSpec, layer: int | None = None, tp: int = 1, e
     are replicated. The expert part is the rank's num_experts/ep experts, each split
     over etp; 0 for a dense layer (``layer`` None: a dense one)."""
     m, h, t = model, model.hidden_size, tp
+    if m.layers is not None:
+        return _kind_param_split(m, m.layer(0 if layer is None else layer), t, ep, etp)
     if m.mla:
         attn = mla_params_per_rank(m, t)
     else:
@@ -394,6 +551,25 @@ def layer_param_split(model: ModelSpec, layer: int | None = None, tp: int = 1, e
         attn = attn_split / t + attn_rep
     dense = attn + 2 * m.norm_params
     if layer is None or not m.is_moe_layer(layer):
+        split, rep = _mlp_split(m, m.ffn_hidden_size)
+        return dense + split / t + rep, 0.0
+    dense += h * m.num_experts
+    if m.moe_shared_expert_intermediate_size:
+        split, rep = _mlp_split(m, m.moe_shared_expert_intermediate_size)
+        dense += split / t + rep
+    split, rep = _mlp_split(m, m.moe_ffn_hidden_size)
+    return dense, m.num_experts // ep * (split / (etp or t) + rep)
+
+
+def _kind_param_split(m: ModelSpec, lay: Layer, t: int, ep: int, etp: int | None) -> tuple[float, float]:
+    """``layer_param_split`` of a layer of a model with a layer pattern, block by block:
+    each mixer's own per-rank split (``sim.inputs.layers``), one replicated norm per block,
+    and a dense MLP or MoE block as for every other model."""
+    h = m.hidden_size
+    dense = len(lay.blocks) * m.norm_params + (lay.mixer.params_per_rank(m, t) if lay.mixer is not None else 0)
+    if lay.mlp is None:
+        return dense, 0.0
+    if not lay.is_moe:
         split, rep = _mlp_split(m, m.ffn_hidden_size)
         return dense + split / t + rep, 0.0
     dense += h * m.num_experts

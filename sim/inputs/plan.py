@@ -662,11 +662,16 @@ class ParallelPlan:
         """Checks that need the model: each factor must split the layer it cuts, and the
         layers must split over the (virtual) pipeline stages."""
         self.stage_layers(model)
-        for field, value in (("num_attention_heads", model.num_attention_heads),
-                             ("num_key_value_heads", model.num_key_value_heads),
-                             ("ffn_hidden_size", model.ffn_hidden_size)):
-            _check(value % self.tp == 0, "tp", self.tp,
-                    f"must divide {field} {value} of {model.name}")
+        if model.layers is not None:  # each layer kind's own tensor/context-parallel rules (sim.inputs.layers)
+            for lay in model.layer_kinds:
+                for kind in lay.blocks:
+                    kind.check_plan(model, self)
+        else:
+            for field, value in (("num_attention_heads", model.num_attention_heads),
+                                 ("num_key_value_heads", model.num_key_value_heads),
+                                 ("ffn_hidden_size", model.ffn_hidden_size)):
+                _check(value % self.tp == 0, "tp", self.tp,
+                        f"must divide {field} {value} of {model.name}")
         check_expert_model(self, model)
         check_context_model(self, model)
         check_recompute_model(self, model)

@@ -107,7 +107,13 @@ def model_flops_per_sequence(model: ModelSpec, recompute: str = "none", modules:
     when given, ``modules`` what selective recomputes); the sum Korthikanti's Eq. 7 (none)
     and Megatron's Eq. 3 (full) close-form. For a mixture of experts, the FLOPs of the
     parameters each token uses (router, its k experts, shared experts): MFU counts
-    active-parameter FLOPs."""
+    active-parameter FLOPs. Under a layer pattern each layer by its kinds (a window's band,
+    a Mamba-2 or Gated DeltaNet layer's projections and chunked products)."""
+    if model.layers is not None:
+        moe = MoeShape(1, 1, model.seq_length * model.moe_router_topk) if model.moe else None
+        per = {lay: layer_work(model, 1, recompute=recompute, moe=moe if lay.is_moe else None, modules=modules,
+                               layer=lay).flops(kinds=_MATMUL) for lay in model.layer_kinds}
+        return head_work(model, 1).flops(kinds=_MATMUL) + sum(per[model.layer(i)] for i in range(model.num_layers))
     layer = layer_work(model, 1, recompute=recompute, modules=modules).flops(kinds=_MATMUL)
     total = (model.num_layers - model.num_moe_layers) * layer + head_work(model, 1).flops(kinds=_MATMUL)
     if model.moe:  # a mixture of experts: active-parameter FLOPs (each token's k experts, balanced)
@@ -144,14 +150,14 @@ def group_comm_time(c, n: int, link: str, profile: HardwareProfile) -> float:
 
 
 def layer_phase_times(model: ModelSpec, plan: ParallelPlan, profile: HardwareProfile, tp_link: str,
-                 gpus_per_node: int, dtype: str, moe: bool) -> dict:
+                 gpus_per_node: int, dtype: str, moe: bool, layer=None) -> dict:
     """Per phase (compute_s, comm_s) of one layer and micro-batch (an MoE one under balanced
     routing): tensor-parallel collectives as ``work_times`` prices them, and each
     expert- or context-parallel one as the bytes leaving a rank ((n-1)/n of the buffer;
     all of it for a ring shift) over the link its group crosses (NVLink inside a node,
     else the network). Ring attention's exchanges beside the attention compute are taken
-    as hidden under it."""
-    work, sizes, link = moe_layer_groups(model, plan, gpus_per_node, moe)
+    as hidden under it. ``layer``: its kinds under a layer pattern (``sim.inputs.layers``)."""
+    work, sizes, link = moe_layer_groups(model, plan, gpus_per_node, moe, layer)
     base = work_times(Work(work.name, tuple(i for i in work.items if getattr(i, "group", "tp") == "tp")),
                       profile, plan.tp, tp_link, dtype)
     out = {}
@@ -168,7 +174,7 @@ def layer_phase_times(model: ModelSpec, plan: ParallelPlan, profile: HardwarePro
     return out
 
 
-def moe_layer_groups(model: ModelSpec, plan: ParallelPlan, gpus_per_node: int, moe: bool):
+def moe_layer_groups(model: ModelSpec, plan: ParallelPlan, gpus_per_node: int, moe: bool, layer=None):
     """(one layer's work under balanced routing, the size of each group its collectives run
     over, the link each group crosses: NVLink inside a node, else the network), the token
     dispatcher's groups on nodes of ``gpus_per_node`` GPUs (``sim.program.dispatch``)."""
@@ -177,7 +183,7 @@ def moe_layer_groups(model: ModelSpec, plan: ParallelPlan, gpus_per_node: int, m
     layout = default_layout(plan, gpus_per_node) if moe else None
     lid = next((i for i in range(model.num_layers) if model.is_moe_layer(i)), 0)
     shape = moe_shape(model, plan, lid, tokens * model.moe_router_topk, layout) if moe else None
-    work = plan_layer_work(model, plan, shape)
+    work = plan_layer_work(model, plan, shape, layer)
     sizes = {"cp": plan.cp}
     groups = {"cp": plan.cp_group(0)}
     if moe:
@@ -249,6 +255,10 @@ def estimate_in(ctx: BuildContext, *, dtype: str = "bf16", flash_attention: bool
     # (MoE layers and context parallelism are priced at the plan's granularity, an upper bound)
     kept_t = phases(plan_layer_work(model, plan, recompute="none")) \
         if plan.recompute_method == "block" and plan.cp == 1 else layer_t
+    if model.layers is not None:  # each distinct layer priced by its kinds
+        kind_t = {lay: layer_phase_times(model, plan, profile, links["tp"], gpus_per_node, dtype, lay.is_moe, lay)
+                  for lay in model.layer_kinds}
+        layer_t = moe_t = kind_t[model.layer(0)]
     emb_t, head_t = (phases(w) for w in plan_edge_works(model, plan))
     for k in range(model.mtp_num_layers):  # multi-token prediction: its own work, and its layer's at its kind's
         own, kind = phases(mtp_works(model, plan, k)[0]), moe_t if model.is_moe_layer(model.num_layers + k) else layer_t
@@ -265,6 +275,9 @@ def estimate_in(ctx: BuildContext, *, dtype: str = "bf16", flash_attention: bool
         for ph in layer_t:
             c = n * layer_t[ph][0] + n_moe * moe_t[ph][0] + n_kept * kept_t[ph][0]
             x = n * layer_t[ph][1] + n_moe * moe_t[ph][1] + n_kept * kept_t[ph][1]
+            if model.layers is not None:  # (a recompute method's kept layers are priced at the plan's granularity)
+                c = sum(kind_t[model.layer(i)][ph][0] for i in ids)
+                x = sum(kind_t[model.layer(i)][ph][1] for i in ids)
             if stage == 0:
                 c, x = c + emb_t[ph][0], x + emb_t[ph][1]
             if stage == p - 1:

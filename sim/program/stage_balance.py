@@ -81,6 +81,11 @@ def _layer_cost(model: ModelSpec, plan: ParallelPlan, profile: HardwareProfile, 
 def layer_costs(model: ModelSpec, plan: ParallelPlan, profile: HardwareProfile) -> tuple[list[float], float, float]:
     """(seconds of each transformer layer, of the embedding, of the head and MTP) per
     micro-batch on ``profile``."""
+    if model.layers is not None:  # mixed layers: each distinct layer priced by its kinds
+        by_kind = {lay: sum(c + x for c, x in layer_phase_times(model, plan, profile, "nvlink", 8, "bf16", lay.is_moe,
+                                                                 lay).values()) for lay in model.layer_kinds}
+        _, embedding, _ = stage_costs(model, plan, profile)
+        return [by_kind[model.layer(i)] for i in range(model.num_layers)], embedding, head_cost(model, plan, profile)
     kinds = {moe: _layer_cost(model, plan, profile, moe) for moe in {model.is_moe_layer(i)
                                                                       for i in range(model.num_layers)}}
     per_layer = [kinds[model.is_moe_layer(i)] for i in range(model.num_layers)]

@@ -43,6 +43,7 @@ from functools import lru_cache
 
 from sim.errors import require
 from sim.inputs.frameworks import attention_kernel_in_effect
+from sim.inputs.layers import Layer, standard_layer
 from sim.inputs.model import ModelSpec
 from sim.inputs.moe import mla_projections
 from sim.inputs.plan import ATTENTION, CROSS_ENTROPY, RECOMPUTE, ParallelPlan
@@ -54,40 +55,59 @@ from sim.program.ops import (COLLECTIVES, MAIN_GRAD_BYTES, OP_KINDS, PHASES, Bui
 from sim.program.context_parallel import cp_attention_backward, cp_attention_forward
 from sim.program.dispatch import moe_shape
 from sim.program.workload_moe import (MoeShape, attention_widths, moe_backward, moe_forward, moe_wgrads, qkv_dgrad,
-                                      qkv_forward, qkv_wgrads)
+                                      qkv_forward)
+
+
+class _TpOnly:
+    """A plan of tensor parallelism alone, for the kinds' rules when a layer's work is
+    built without a plan (``layer_work``'s own arguments)."""
+
+    cp = 1
+
+    def __init__(self, tp: int):
+        self.tp = tp
 
 
 # Nominal FLOPs per element of memory-bound kernels (they never bound the time).
 _NORM_FLOPS = {"layernorm": 8, "rmsnorm": 5}
-_ACT_FLOPS = {"gelu": 10, "swiglu": 6}
+_ACT_FLOPS = {"gelu": 10, "swiglu": 6, "relu2": 2}
 
 
-def _check(model: ModelSpec, micro_batch: int, tp: int, recompute: str) -> None:
+def _check(model: ModelSpec, micro_batch: int, tp: int, recompute: str, layer: Layer | None = None) -> None:
     require(isinstance(micro_batch, int) and micro_batch > 0, "micro_batch", micro_batch,
             "expected an integer > 0")
     require(isinstance(tp, int) and tp > 0, "tp", tp, "expected an integer > 0")
     require(recompute in RECOMPUTE, "recompute", recompute, f"allowed: {', '.join(RECOMPUTE)}")
+    if model.layers is not None:  # each kind's own rules (``sim.inputs.layers``)
+        for kind in (layer or model.layer(0)).blocks:
+            kind.check_plan(model, _TpOnly(tp))
+        return
     for field in ("num_attention_heads", "num_key_value_heads", "ffn_hidden_size"):
         require(getattr(model, field) % tp == 0, "tp", tp,
                 f"must divide {field} {getattr(model, field)} of {model.name}")
 
 
 def _attention_forward(w: Builder, m: ModelSpec, b: int, t: int, attention: str, cp: int = 1,
-                       cp_comm: str = "p2p") -> None:
+                       cp_comm: str = "p2p", keys: int | None = None) -> None:
     """The attention core's forward: one flash kernel, or Megatron-LM's unfused core
     attention (QKᵀ as a batched GEMM per head, the fused scale-mask-softmax and the
     dropout over the b·(a/t)·s² scores in memory, then AV); the same FLOPs either way.
-    Under context parallelism (``cp`` > 1) ``sim.program.context_parallel``'s."""
+    Under context parallelism (``cp`` > 1) ``sim.program.context_parallel``'s. ``keys``:
+    the keys each query sees in the doubled causal convention (``sim.inputs.layers``:
+    a sliding window's or a chunk's band; None, or s, for full attention); the flash kernel
+    does s·keys of work per head, the unfused core still all s² scores, masked."""
     if cp > 1:
         cp_attention_forward(w, m, b, t, cp, cp_comm)
         return
     e, s = w.e, m.seq_length
+    k = s if keys is None else keys
     heads, d = m.num_attention_heads // t, m.head_dim
     width, out, d_qk, d_v = attention_widths(m)
     n_tok, qkv = b * s, width // t
     if attention == "flash":
-        w.attention("attn.core", 2 * b * s * s * heads * (d_qk + d_v), e * n_tok * qkv,
-                    e * n_tok * out / t + 4 * b * heads * s, e * n_tok * out / t, s, d, b * heads)
+        w.attention("attn.core", 2 * b * s * k * heads * (d_qk + d_v), e * n_tok * qkv,
+                    e * n_tok * out / t + 4 * b * heads * s, e * n_tok * out / t, s, d, b * heads,
+                    seq_k=None if keys is None else k)
         return
     bh = b * heads
     scores = bh * s * s
@@ -99,21 +119,22 @@ def _attention_forward(w: Builder, m: ModelSpec, b: int, t: int, attention: str,
 
 
 def _attention_backward(w: Builder, m: ModelSpec, b: int, t: int, attention: str, cp: int = 1,
-                        cp_comm: str = "p2p") -> None:
+                        cp_comm: str = "p2p", keys: int | None = None) -> None:
     """The attention core's backward (input gradients only: it has no weights): the flash
     kernel's, or the unfused one's dV = PᵀdO, dP = dO·Vᵀ, dropout and softmax backward
-    over the scores, dQ = dS·K and dK = dSᵀ·Q."""
+    over the scores, dQ = dS·K and dK = dSᵀ·Q (``keys`` as in ``_attention_forward``)."""
     if cp > 1:
         cp_attention_backward(w, m, b, t, cp, cp_comm)
         return
     e, s = w.e, m.seq_length
+    k = s if keys is None else keys
     heads, d = m.num_attention_heads // t, m.head_dim
     width, out, d_qk, d_v = attention_widths(m)
     n_tok, qkv = b * s, width // t
     if attention == "flash":
-        w.attention("attn.core.grad", 4 * b * s * s * heads * (d_qk + d_v),
+        w.attention("attn.core.grad", 4 * b * s * k * heads * (d_qk + d_v),
                     e * (n_tok * qkv + 2 * n_tok * out / t) + 4 * b * heads * s,
-                    e * n_tok * qkv, e * n_tok * qkv, s, d, b * heads)
+                    e * n_tok * qkv, e * n_tok * qkv, s, d, b * heads, seq_k=None if keys is None else k)
         return
     bh = b * heads
     scores = bh * s * s
@@ -126,33 +147,68 @@ def _attention_backward(w: Builder, m: ModelSpec, b: int, t: int, attention: str
     w.gemm("attn.scores.dgrad_k", s, d, s, batch=bh)
 
 
+def attention_forward_block(w: Builder, m: ModelSpec, b: int, t: int, attention: str, ctx: tuple,
+                            keys: int | None = None, gate: bool = False) -> None:
+    """An attention block between its tensor-parallel collectives (``sim.inputs.layers``'
+    attention kinds): the Q/K/V projections, [the output gate's projection], the core,
+    [the gate's sigmoid and product] and the output projection."""
+    n_tok = b * m.seq_length
+    qkv_forward(w, m, n_tok, t)
+    if gate:
+        w.gemm("attn.gate", n_tok, m.q_dim // t, m.hidden_size)
+    _attention_forward(w, m, b, t, attention, *ctx, keys=None if keys == m.seq_length else keys)
+    if gate:
+        g = n_tok * m.q_dim // t
+        w.mem("attn.gate.apply", 2 * w.e * g, w.e * g, 5 * g)
+    w.gemm("attn.proj", n_tok, m.hidden_size, attention_widths(m)[1] // t, bias=m.bias)
+
+
+def attention_backward_block(w: Builder, m: ModelSpec, b: int, t: int, attention: str, ctx: tuple,
+                             keys: int | None = None, gate: bool = False) -> None:
+    """``attention_forward_block``'s input gradients, in reverse."""
+    n_tok = b * m.seq_length
+    w.gemm("attn.proj.dgrad", n_tok, attention_widths(m)[1] // t, m.hidden_size)
+    if gate:
+        g = n_tok * m.q_dim // t
+        w.mem("attn.gate.apply.grad", 3 * w.e * g, 2 * w.e * g, 8 * g)
+    _attention_backward(w, m, b, t, attention, *ctx, keys=None if keys == m.seq_length else keys)
+    if gate:
+        w.gemm("attn.gate.dgrad", n_tok, m.hidden_size, m.q_dim // t)
+    qkv_dgrad(w, m, n_tok, t)
+
+
+def _mlp_forward(w: Builder, m: ModelSpec, n_tok: int, f: int) -> None:
+    w.gemm("mlp.up", n_tok, (2 if m.mlp == "swiglu" else 1) * f, m.hidden_size, bias=m.bias)
+    read = (2 if m.mlp == "swiglu" else 1) * n_tok * f
+    w.mem(f"mlp.{m.mlp}", w.e * read, w.e * n_tok * f, _ACT_FLOPS[m.mlp] * n_tok * f, framework=True)
+    w.gemm("mlp.down", n_tok, m.hidden_size, f, bias=m.bias)
+
+
 def _layer_forward(w: Builder, m: ModelSpec, b: int, t: int, sp: bool, attention: str = "flash",
-                   moe: MoeShape | None = None, cp: tuple = (1, "p2p")) -> None:
+                   moe: MoeShape | None = None, cp: tuple = (1, "p2p"), layer: Layer | None = None) -> None:
     """Append one layer's forward (ops and collectives) to ``w`` in its current phase;
-    ``moe``: the layer's MLP is a mixture of experts (``sim.program.workload_moe``)."""
+    ``moe``: the layer's MLP is a mixture of experts (``sim.program.workload_moe``);
+    ``layer``: its kinds (``sim.inputs.layers``; default the model's standard layer)."""
     e, s, h = w.e, m.seq_length, m.hidden_size
     n_tok = b * s
     nn = n_tok // t if sp else n_tok                 # tokens seen by norms/dropout/residuals
     f = m.ffn_hidden_size // t
     mask = nn * h if m.dropout else 0
     norm_flops = _NORM_FLOPS[m.norm]
+    layer = layer or standard_layer(m, moe is not None)
 
-    for blk in ("attn", "mlp"):
+    for kind in layer.blocks:
+        blk = kind.block
         w.mem(f"{blk}.norm", e * (nn * h + m.norm_params), e * nn * h, norm_flops * nn * h)
-        if blk == "mlp" and moe is not None:
+        if kind.owns_tp_comms:
             moe_forward(w, m, b, t, sp, moe)
         else:
             if t > 1 and sp:
                 w.comm(f"{blk}.all_gather", "all_gather", e * n_tok * h)
-            if blk == "attn":
-                qkv_forward(w, m, n_tok, t)
-                _attention_forward(w, m, b, t, attention, *cp)
-                w.gemm("attn.proj", n_tok, h, attention_widths(m)[1] // t, bias=m.bias)
+            if kind.mixes:
+                kind.forward(w, m, b, t, attention, cp)
             else:
-                w.gemm("mlp.up", n_tok, (2 if m.mlp == "swiglu" else 1) * f, h, bias=m.bias)
-                read = (2 if m.mlp == "swiglu" else 1) * n_tok * f
-                w.mem(f"mlp.{m.mlp}", e * read, e * n_tok * f, _ACT_FLOPS[m.mlp] * n_tok * f, framework=True)
-                w.gemm("mlp.down", n_tok, h, f, bias=m.bias)
+                _mlp_forward(w, m, n_tok, f)
             if t > 1:
                 w.comm(f"{blk}.{'reduce_scatter' if sp else 'all_reduce'}",
                        "reduce_scatter" if sp else "all_reduce", e * n_tok * h)
@@ -162,13 +218,15 @@ def _layer_forward(w: Builder, m: ModelSpec, b: int, t: int, sp: bool, attention
 
 def layer_work(model: ModelSpec, micro_batch: int, tp: int = 1, sequence_parallel: bool = False,
                recompute: str = "none", dtype_bytes: int = 2, attention: str = "flash",
-               moe: MoeShape | None = None, cp: int = 1, cp_comm: str = "p2p", modules: tuple | None = None) -> Work:
+               moe: MoeShape | None = None, cp: int = 1, cp_comm: str = "p2p", modules: tuple | None = None,
+               layer: Layer | None = None) -> Work:
     """One transformer layer's F, B and W for one micro-batch on one tensor-parallel rank
     (``attention``: "flash" or "unfused", ``ParallelPlan.attention``; ``moe``: how its
     mixture of experts runs, None for a dense layer; ``cp``: context-parallel size, the
     rank's s/cp tokens, and ``cp_comm`` how attention gets the rest, ``sim.program.context_parallel``;
-    ``modules``: what ``selective`` recomputes, ``sim.inputs.recompute``, default the attention core)."""
-    _check(model, micro_batch, tp, recompute)
+    ``modules``: what ``selective`` recomputes, ``sim.inputs.recompute``, default the attention core;
+    ``layer``: the layer's kinds, ``sim.inputs.layers``, default the model's standard layer)."""
+    _check(model, micro_batch, tp, recompute, layer)
     require(attention in ATTENTION, "attention", attention, f"allowed: {', '.join(ATTENTION)}")
     m, b, t, e = local_sequence(model, cp), micro_batch, tp, dtype_bytes
     ctx = (cp, cp_comm)
@@ -176,42 +234,41 @@ def layer_work(model: ModelSpec, micro_batch: int, tp: int = 1, sequence_paralle
     s, h = m.seq_length, m.hidden_size
     n_tok = b * s
     nn = n_tok // t if sp else n_tok
-    out = attention_widths(m)[1] // t
     f = m.ffn_hidden_size // t
     f_up = (2 if m.mlp == "swiglu" else 1) * f
     mask = nn * h if m.dropout else 0
     norm_flops = _NORM_FLOPS[m.norm]
+    layer = layer or standard_layer(m, moe is not None)
 
     w = Builder("layer", e)
-    _layer_forward(w, m, b, t, sp, attention, moe, ctx)
+    _layer_forward(w, m, b, t, sp, attention, moe, ctx, layer)
 
     w.phase = "B"
     start = len(w.items)
     if recompute == "full":
-        _layer_forward(w, m, b, t, sp, attention, moe, ctx)
+        _layer_forward(w, m, b, t, sp, attention, moe, ctx, layer)
     elif recompute == "selective":
         mods = modules_in_effect(recompute, modules)
-        w.items += _recomputed_modules(m, b, t, sp, attention, moe, ctx, mods, e)
-        if "core_attn" in mods:
-            _attention_forward(w, m, b, t, attention, *ctx)
+        w.items += _recomputed_modules(m, b, t, sp, attention, moe, ctx, mods, e, layer)
+        if "core_attn" in mods and layer.mixer is not None:
+            layer.mixer.recompute_core(w, m, b, t, attention, ctx)
     w.items[start:] = [_as_recompute(i) for i in w.items[start:]]
-    for blk in ("mlp", "attn"):
+    for kind in reversed(layer.blocks):
+        blk = kind.block
         w.mem(f"{blk}.residual.grad", e * nn * h + mask, e * nn * h, nn * h, framework=True)
-        if blk == "mlp" and moe is not None:
+        if kind.owns_tp_comms:
             moe_backward(w, m, b, t, sp, moe)
         else:
             if t > 1 and sp:
                 w.comm(f"{blk}.all_gather.grad", "all_gather", e * n_tok * h)
-            if blk == "mlp":
+            if not kind.mixes:
                 w.gemm("mlp.down.dgrad", n_tok, f, h)
                 read = (3 if m.mlp == "swiglu" else 2) * n_tok * f
                 wrote = (2 if m.mlp == "swiglu" else 1) * n_tok * f
                 w.mem(f"mlp.{m.mlp}.grad", e * read, e * wrote, 2 * _ACT_FLOPS[m.mlp] * n_tok * f, framework=True)
                 w.gemm("mlp.up.dgrad", n_tok, h, f_up)
             else:
-                w.gemm("attn.proj.dgrad", n_tok, out, h)
-                _attention_backward(w, m, b, t, attention, *ctx)
-                qkv_dgrad(w, m, n_tok, t)
+                kind.backward(w, m, b, t, attention, ctx)
             if t > 1:
                 w.comm(f"{blk}.{'reduce_scatter' if sp else 'all_reduce'}.grad",
                        "reduce_scatter" if sp else "all_reduce", e * n_tok * h)
@@ -219,15 +276,16 @@ def layer_work(model: ModelSpec, micro_batch: int, tp: int = 1, sequence_paralle
               2 * norm_flops * nn * h, output=e * nn * h)
 
     w.phase = "W"
-    if moe is not None:
-        moe_wgrads(w, m, b, t, sp, moe)
-    else:
-        w.gemm("mlp.down.wgrad", f, h, n_tok)
-        if sp:
-            w.comm("mlp.up.all_gather.input", "all_gather", e * n_tok * h)
-        w.gemm("mlp.up.wgrad", h, f_up, n_tok)
-    w.gemm("attn.proj.wgrad", out, h, n_tok)
-    qkv_wgrads(w, m, n_tok, t, sp)
+    for kind in reversed(layer.blocks):
+        if kind.owns_tp_comms:
+            moe_wgrads(w, m, b, t, sp, moe)
+        elif not kind.mixes:
+            w.gemm("mlp.down.wgrad", f, h, n_tok)
+            if sp:
+                w.comm("mlp.up.all_gather.input", "all_gather", e * n_tok * h)
+            w.gemm("mlp.up.wgrad", h, f_up, n_tok)
+        else:
+            kind.wgrads(w, m, n_tok, t, sp)
     return w.build()
 
 
@@ -252,7 +310,7 @@ def _in_module(name: str, module: str, mla_up: tuple, moe: bool, act: str) -> bo
 
 
 def _recomputed_modules(m: ModelSpec, b: int, t: int, sp: bool, attention: str, moe: MoeShape | None,
-                        ctx: tuple, modules: tuple, e: int) -> list:
+                        ctx: tuple, modules: tuple, e: int, layer: Layer | None = None) -> list:
     """The forward items that ``modules`` run again at the start of backward (besides the
     attention core), in forward order: the layer's forward filtered by module, so that a
     recomputed kernel or collective is the forward's own (``moe`` reruns the router, the
@@ -261,7 +319,7 @@ def _recomputed_modules(m: ModelSpec, b: int, t: int, sp: bool, attention: str, 
     if not mods:
         return []
     fwd = Builder("layer", e)
-    _layer_forward(fwd, m, b, t, sp, attention, moe, ctx)
+    _layer_forward(fwd, m, b, t, sp, attention, moe, ctx, layer)
     mla_up = tuple(name for name, _, _, split in mla_projections(m) if split) if m.mla else ()
     return [i for i in fwd.items if any(_in_module(i.name, mod, mla_up, moe is not None, m.mlp) for mod in mods)]
 
@@ -354,7 +412,8 @@ def chunk_work(model: ModelSpec, plan: ParallelPlan, virtual_stage: int, mb: int
             load = routing.max_load(lid, mb) if routing is not None and mb is not None else tokens * \
                 model.moe_router_topk
             moe = moe_shape(model, plan, lid, load, layout, routing)
-        works.append(plan_layer_work(model, plan, moe, layer_recompute(plan, pos)))
+        works.append(plan_layer_work(model, plan, moe, model.layers[lid] if model.layers is not None else None,
+                                     recompute=layer_recompute(plan, pos)))
     embedding, head = plan_edge_works(model, plan)  # the embedding and the head see the rank's tokens only
     if virtual_stage == 0:
         works.insert(0, embedding)
@@ -384,7 +443,8 @@ def mtp_works(model: ModelSpec, plan: ParallelPlan, k: int, layout=None) -> tupl
     embedding, head = plan_edge_works(model, plan)
     proj = _mtp_projection(local, b, t, plan.sequence_parallel)
     items = tuple(replace(i, name=f"mtp.{i.name}") for i in embedding.items + proj.items + head.items)
-    return Work("mtp", items), plan_layer_work(model, plan, moe, mtp_recompute(plan))
+    return Work("mtp", items), plan_layer_work(model, plan, moe, model.layer(lid) if model.layers is not None else None,
+                                               recompute=mtp_recompute(plan))
 
 
 def _mtp_projection(m: ModelSpec, b: int, t: int, sequence_parallel: bool, dtype_bytes: int = 2) -> Work:
@@ -453,16 +513,17 @@ def edge_works(model: ModelSpec, b: int, t: int, sp: bool, cross_entropy: str = 
 
 
 def plan_layer_work(model: ModelSpec, plan: ParallelPlan, moe: MoeShape | None = None,
-                    recompute: str | None = None) -> Work:
+                    layer: Layer | None = None, recompute: str | None = None) -> Work:
     """One layer's work as ``plan`` runs it (``layer_work``, then FP8 casts and unfused
     gradient accumulation as the plan says); ``moe``: its expert shape, None for dense;
+    ``layer``: its kinds (``sim.inputs.layers``; None: the model's standard layer);
     ``recompute``: the layer's own granularity under a recompute method
     (``sim.inputs.recompute.layer_recompute``), default the plan's."""
     rec = plan.recompute if recompute is None else recompute
     return layer_as_run(model, plan.micro_batch_size, plan.tp, plan.sequence_parallel, rec, plan.attention, moe,
                   plan.fp8_format, plan.num_microbatches, plan.cp, plan.cp_comm_type,
                   plan.gradient_accumulation_fusion, plan.fp8_param_gather, plan.recompute_modules, plan.fp8_recipe,
-                  attention_kernel_in_effect(plan))
+                  attention_kernel_in_effect(plan), layer)
 
 
 def local_sequence(model: ModelSpec, cp: int) -> ModelSpec:
@@ -474,13 +535,14 @@ def local_sequence(model: ModelSpec, cp: int) -> ModelSpec:
 def layer_as_run(model: ModelSpec, b: int, t: int, sp: bool, recompute: str = "none", attention: str = "flash",
                  moe: MoeShape | None = None, fp8_format: str | None = None, microbatches: int = 1, cp: int = 1,
                  cp_comm: str = "p2p", fused_accumulation: bool = True, fp8_params: bool = False,
-                 modules: tuple | None = None, fp8_recipe: str = "delayed", kernel: str = "te") -> Work:
+                 modules: tuple | None = None, fp8_recipe: str = "delayed", kernel: str = "te",
+                 layer: Layer | None = None) -> Work:
     """``plan_layer_work`` from the plan's settings, cached: ``layer_work`` with its attention
     run by ``kernel`` (``with_attention_kernel``), then the FP8 casts (``sim.program.fp8``)
     and unfused gradient accumulation (``accumulate_wgrads``)."""
-    layer = with_attention_kernel(layer_work(model, b, t, sp, recompute, attention=attention, moe=moe, cp=cp,
-                                             cp_comm=cp_comm, modules=modules), kernel)
-    return accumulate_wgrads(fp8_layer_work(layer, fp8_format, t, sp, microbatches, fp8_params, fp8_recipe),
+    work = with_attention_kernel(layer_work(model, b, t, sp, recompute, attention=attention, moe=moe, cp=cp,
+                                            cp_comm=cp_comm, modules=modules, layer=layer), kernel)
+    return accumulate_wgrads(fp8_layer_work(work, fp8_format, t, sp, microbatches, fp8_params, fp8_recipe),
                              fused_accumulation)
 
 

@@ -130,9 +130,14 @@ def explain(model: ModelSpec, plan: ParallelPlan, profile: HardwareProfile, gpus
     b, t = plan.micro_batch_size, plan.tp
     local = local_sequence(model, plan.cp)
     embedding, head = plan_edge_works(model, plan)
-    works = {"layer": plan_layer_work(model, plan),
+    # under a layer pattern (sim.inputs.layers) the first dense and the first MoE layer of the stack
+    dense_kind = next((lay for lay in model.layer_kinds if not lay.is_moe), None) if model.layers is not None else None
+    moe_kind = next((lay for lay in model.layer_kinds if lay.is_moe), None) if model.layers is not None else None
+    works = {"layer": plan_layer_work(model, plan, None, dense_kind),
              "embedding": embedding,
              "head": head}
+    if model.layers is not None and dense_kind is None:
+        del works["layer"]
     groups = {"cp": plan.cp_group(0)}
     sizes = {}
     if model.moe:  # an MoE layer under balanced routing, moved by the plan's dispatcher
@@ -140,7 +145,7 @@ def explain(model: ModelSpec, plan: ParallelPlan, profile: HardwareProfile, gpus
         layout = default_layout(plan, gpus_per_node)
         lid = next(i for i in range(model.num_layers) if model.is_moe_layer(i))
         moe = moe_shape(model, plan, lid, tokens * model.moe_router_topk, layout)
-        works["moe layer"] = plan_layer_work(model, plan, moe)
+        works["moe layer"] = plan_layer_work(model, plan, moe, moe_kind)
         fold = Folding(plan)
         groups.update(ep=fold.ep_group(0), etp=fold.etp_group(0))
         sizes = group_sizes(plan, layout)

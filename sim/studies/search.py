@@ -313,6 +313,18 @@ def _layered_phases(model, plan, profile, est, gpus_per_node, ep) -> tuple:
     return tuple((ph, sum(dense[ph]), sum(emb[ph]), sum(head[ph]), sum(moe[ph])) for ph in ("F", "B", "W"))
 
 
+def _kind_phases(model, plan, profile, est, gpus_per_node, ep) -> dict:
+    """Under a layer pattern (``sim.inputs.layers``): each distinct layer's (F, B, W) seconds
+    per micro-batch, as ``_layered_phases`` prices a dense or an MoE layer."""
+    out = {}
+    for lay in model.layer_kinds:
+        times = layer_phase_times(model, plan, profile, est.links["tp"], gpus_per_node, "bf16", lay.is_moe, lay)
+        if lay.is_moe:
+            times = {ph: (c, x - ep[ph][0] + ep[ph][1]) for ph, (c, x) in times.items()}
+        out[lay] = tuple(sum(times[ph]) for ph in ("F", "B", "W"))
+    return out
+
+
 def _ep_times(model, plan, profile, gpus_per_node) -> dict:
     """Per phase, one MoE layer's token exchanges as ``layer_phase_times`` prices them and at
     their least time: (priced_s, least_s). Each is priced as the bytes leaving a rank over
@@ -366,18 +378,23 @@ def bound_s(ctx: BuildContext, est: Estimate) -> float:
     model, plan, profile, gpus_per_node = ctx.model, ctx.plan, ctx.profile, ctx.gpus_per_node
     p, v, m = plan.pp, plan.vpp, plan.num_microbatches
     ep = _ep_times(model, plan, profile, gpus_per_node)
-    if model.moe or plan.cp > 1:
+    if model.moe or plan.cp > 1 or model.layers is not None:
         ph = _layered_phases(model, plan, profile, est, gpus_per_node, ep)
     else:
         ph = _phases(model, profile, plan.micro_batch_size, plan.tp, plan.sequence_parallel, plan.recompute,
                      est.links["tp"], plan.fp8_format, m, plan.cross_entropy, plan.gradient_accumulation_fusion,
                      plan.attention, plan.recompute_modules, plan.fp8_recipe, attention_kernel_in_effect(plan))
     ranks, a2a = [], []  # per pipeline rank: (F, B, W) seconds per micro-batch over its chunks; all-to-all seconds
+    kinds = _kind_phases(model, plan, profile, est, gpus_per_node, ep) if model.layers is not None else None
     for r in range(p):
         ids = [i for c in range(v) for i in plan.layer_range(model, c * p + r)]
         n_moe = sum(1 for i in ids if model.is_moe_layer(i))
-        ranks.append(tuple((len(ids) - n_moe) * lay + n_moe * moe + (emb if r == 0 else 0.0)
-                           + (head if r == p - 1 else 0.0) for _, lay, emb, head, moe in ph))
+        if kinds is not None:  # a layer pattern: each layer at its kinds' price
+            ranks.append(tuple(sum(kinds[model.layer(i)][k] for i in ids) + (emb if r == 0 else 0.0)
+                               + (head if r == p - 1 else 0.0) for k, (_, _, emb, head, _) in enumerate(ph)))
+        else:
+            ranks.append(tuple((len(ids) - n_moe) * lay + n_moe * moe + (emb if r == 0 else 0.0)
+                               + (head if r == p - 1 else 0.0) for _, lay, emb, head, moe in ph))
         a2a.append(n_moe * sum(least for _, least in ep.values()))
     own = [m * sum(ranks[r]) for r in range(p)]  # each rank's own work over the micro-batches
     if plan.overlap_moe_expert_parallel_comm:

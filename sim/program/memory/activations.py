@@ -45,6 +45,7 @@ layer's full set of tensors while it runs (``recompute_working_bytes``).
 from __future__ import annotations
 
 from sim.errors import require
+from sim.inputs.layers import Layer
 from sim.inputs.model import ModelSpec
 from sim.inputs.plan import RECOMPUTE, ParallelPlan
 from sim.inputs.recompute import keeps_checkpoint, layer_recompute, modules_in_effect, mtp_recompute
@@ -54,33 +55,32 @@ from sim.program.fp8 import saved_input_bytes
 def activation_terms(model: ModelSpec, micro_batch: int, tp: int = 1, sequence_parallel: bool = False,
                      recompute: str = "none", flash_attention: bool = True, fp8: bool = False,
                      experts: tuple[int, int] | None = None, modules: tuple | None = None,
-                     fp8_recipe: str = "delayed") -> dict:
+                     fp8_recipe: str = "delayed", layer: Layer | None = None) -> dict:
     """Bytes each stored tensor of one layer takes for one micro-batch on one rank
     (``fp8``: the FP8 GEMMs' inputs are stored in 1 byte, with their block scales under a
     block-scaled ``fp8_recipe`` (``sim.program.fp8.saved_input_bytes``), see the module doc;
     ``experts``: (ep, etp) of an MoE layer under balanced routing, ``moe_terms``;
-    ``modules``: what ``selective`` recomputes, default the attention core, ``recomputed_terms``)."""
-    terms = _stored_terms(model, micro_batch, tp, sequence_parallel, recompute, flash_attention,
-                          saved_input_bytes(fp8_recipe) if fp8 else 2, experts, modules_in_effect(recompute, modules))
+    ``modules``: what ``selective`` recomputes, default the attention core, ``recomputed_terms``;
+    ``layer``: the layer's kinds under a layer pattern, each block's own tensors, ``kind_terms``)."""
+    g = saved_input_bytes(fp8_recipe) if fp8 else 2
+    mods = modules_in_effect(recompute, modules)
+    if layer is not None:
+        terms = kind_terms(model, layer, micro_batch, tp, sequence_parallel, recompute, flash_attention, g,
+                           experts, mods)
+    else:
+        terms = _stored_terms(model, micro_batch, tp, sequence_parallel, recompute, flash_attention, g, experts, mods)
     return {k: v for k, v in terms.items() if v}
 
 
-def _stored_terms(model: ModelSpec, micro_batch: int, tp: int, sequence_parallel: bool, recompute: str,
-                  flash_attention: bool, g: float, experts: tuple[int, int] | None, mods: tuple) -> dict:
-    """``activation_terms``' tensors, ``g`` bytes per element of a stored GEMM input."""
-    require(recompute in RECOMPUTE, "recompute", recompute, f"allowed: {', '.join(RECOMPUTE)}")
-    m, b, t = model, micro_batch, tp
+def attention_terms(m: ModelSpec, b: int, t: int, sp: bool, g: float, flash_attention: bool, mods: tuple) -> dict:
+    """An attention block's tensors between its norm and its dropout: the QKV input, Q, K
+    and V, the softmax statistics (flash: a 4-byte log-sum-exp per query row, whatever the
+    window; unfused: the s×s scores, masked but whole) and the projection input."""
     s, h, a = m.seq_length, m.hidden_size, m.num_attention_heads
-    sp = sequence_parallel and t > 1
     sbh = s * b * h
-    rep = t if sp else 1                     # divisor of the non-tensor-parallel regions
-    if recompute == "full":
-        return {"layer.input": 2 * sbh / rep}
+    rep = t if sp and t > 1 else 1
     r = m.num_key_value_heads / a
-    f = m.ffn_hidden_size / h                # MLP width in units of h
-    mask = 1 if m.dropout else 0
     terms = {
-        "attn.norm.input": 2 * sbh / rep,
         "attn.qkv.input": g * sbh / rep,
         "attn.q": 2 * sbh / t,
         "attn.k": 2 * sbh * r / t,
@@ -95,27 +95,77 @@ def _stored_terms(model: ModelSpec, micro_batch: int, tp: int, sequence_parallel
                 terms["attn.softmax.dropout_mask"] = a * s * s * b / t
                 terms["attn.softmax.dropout"] = 2 * a * s * s * b / t
     terms["attn.proj.input"] = g * sbh / t
+    return terms
+
+
+def _mlp_terms(m: ModelSpec, sbh: float, t: int, rep: int, g: float) -> dict:
+    f = m.ffn_hidden_size / m.hidden_size    # MLP width in units of h
+    terms = {"mlp.up.input": g * sbh / rep}
+    if m.mlp != "swiglu":  # ungated (gelu, relu2): the activation's input
+        terms[f"mlp.{m.mlp}.input"] = 2 * sbh * f / t
+    else:
+        terms["mlp.gate"] = 2 * sbh * f / t
+        terms["mlp.up"] = 2 * sbh * f / t
+    terms["mlp.down.input"] = g * sbh * f / t
+    return terms
+
+
+def _stored_terms(model: ModelSpec, micro_batch: int, tp: int, sequence_parallel: bool, recompute: str,
+                  flash_attention: bool, g: float, experts: tuple[int, int] | None, mods: tuple) -> dict:
+    """``activation_terms``' tensors, ``g`` bytes per element of a stored GEMM input."""
+    require(recompute in RECOMPUTE, "recompute", recompute, f"allowed: {', '.join(RECOMPUTE)}")
+    m, b, t = model, micro_batch, tp
+    s, h = m.seq_length, m.hidden_size
+    sp = sequence_parallel and t > 1
+    sbh = s * b * h
+    rep = t if sp else 1                     # divisor of the non-tensor-parallel regions
+    if recompute == "full":
+        return {"layer.input": 2 * sbh / rep}
+    mask = 1 if m.dropout else 0
+    terms = {"attn.norm.input": 2 * sbh / rep}
+    terms.update(attention_terms(m, b, t, sp, g, flash_attention, mods))
     terms["attn.dropout_mask"] = mask * sbh / rep
     terms["mlp.norm.input"] = 2 * sbh / rep
     if experts is not None:
         terms.update(moe_terms(m, b, t, sp, experts))
         terms["mlp.dropout_mask"] = mask * sbh / rep
         return recomputed_terms(terms, mods, 2 * b * s * h / rep)
-    terms["mlp.up.input"] = g * sbh / rep
-    if m.mlp == "gelu":
-        terms["mlp.gelu.input"] = 2 * sbh * f / t
-    else:
-        terms["mlp.gate"] = 2 * sbh * f / t
-        terms["mlp.up"] = 2 * sbh * f / t
-    terms["mlp.down.input"] = g * sbh * f / t
+    terms.update(_mlp_terms(m, sbh, t, rep, g))
     terms["mlp.dropout_mask"] = mask * sbh / rep
+    return recomputed_terms(terms, mods, 2 * sbh / rep)
+
+
+def kind_terms(m: ModelSpec, layer: Layer, b: int, t: int, sequence_parallel: bool, recompute: str,
+               flash_attention: bool, g: float, experts: tuple[int, int] | None, mods: tuple) -> dict:
+    """A layer of a model with a layer pattern, block by block: each block's norm input,
+    the block's own tensors (its kind's ``stored``; a dense MLP's or an MoE block's as in
+    every other model) and its dropout mask; then what the recomputed modules free.
+    Full recomputation keeps the layer input alone."""
+    require(recompute in RECOMPUTE, "recompute", recompute, f"allowed: {', '.join(RECOMPUTE)}")
+    sp = sequence_parallel and t > 1
+    sbh = m.seq_length * b * m.hidden_size
+    rep = t if sp else 1
+    if recompute == "full":
+        return {"layer.input": 2 * sbh / rep}
+    mask = 1 if m.dropout else 0
+    terms: dict = {}
+    for kind in layer.blocks:
+        blk = kind.block
+        terms[f"{blk}.norm.input"] = 2 * sbh / rep
+        if kind.mixes:
+            terms.update(kind.stored(m, b, t, sp, g, flash_attention, mods))
+        elif layer.is_moe:
+            terms.update(moe_terms(m, b, t, sp, experts or (1, t)))
+        else:
+            terms.update(_mlp_terms(m, sbh, t, rep, g))
+        terms[f"{blk}.dropout_mask"] = mask * sbh / rep
     return recomputed_terms(terms, mods, 2 * sbh / rep)
 
 
 _DROPPED = {
     "layernorm": ("attn.qkv.input", "mlp.up.input", "moe.shared.up.input", "moe.input"),
     "mla_up_proj": ("attn.q", "attn.k", "attn.v"),
-    "mlp": ("mlp.gelu.input", "mlp.gate", "mlp.up", "mlp.down.input"),
+    "mlp": ("mlp.gelu.input", "mlp.relu2.input", "mlp.gate", "mlp.up", "mlp.down.input"),
     "moe_act": ("moe.experts.down.input",),
     "shared_experts": ("moe.shared.act", "moe.shared.down.input"),
 }
@@ -173,29 +223,39 @@ def activation_bytes_per_layer(model: ModelSpec, micro_batch: int, tp: int = 1,
                                sequence_parallel: bool = False, recompute: str = "none",
                                flash_attention: bool = True, fp8: bool = False,
                                experts: tuple[int, int] | None = None, modules: tuple | None = None,
-                               fp8_recipe: str = "delayed") -> float:
+                               fp8_recipe: str = "delayed", layer: Layer | None = None) -> float:
     """Activation bytes one layer stores for one micro-batch on one rank (Korthikanti Table 2
     when ``flash_attention`` is False and the layer is GPT-style; ``experts``: an MoE layer's;
     ``modules``: what ``selective`` recomputes)."""
     return sum(activation_terms(model, micro_batch, tp, sequence_parallel, recompute,
-                                flash_attention, fp8, experts, modules, fp8_recipe).values())
+                                flash_attention, fp8, experts, modules, fp8_recipe, layer).values())
 
 
 def plan_layer_bytes(model: ModelSpec, plan: ParallelPlan, flash_attention: bool, moe: bool,
-                     recompute: str | None = None) -> float:
+                     recompute: str | None = None, layer: Layer | None = None) -> float:
     """``activation_bytes_per_layer`` of a dense (``moe`` False) or MoE layer as ``plan`` runs
-    it (``recompute``: another granularity than the plan's, without its modules)."""
+    it (``recompute``: another granularity than the plan's, without its modules; ``layer``:
+    its kinds under a layer pattern)."""
     rec = plan.recompute if recompute is None else recompute
     mods = plan.recompute_modules if rec == plan.recompute else None
     return activation_bytes_per_layer(model, plan.micro_batch_size, plan.tp, plan.sequence_parallel, rec,
                                       flash_attention, plan.fp8_format is not None,
-                                      (plan.ep, plan.etp_size) if moe else None, mods, plan.fp8_recipe)
+                                      (plan.ep, plan.etp_size) if moe else None, mods, plan.fp8_recipe, layer)
+
+
+def _kind_bytes(model: ModelSpec, plan: ParallelPlan, flash_attention: bool, recompute: str | None = None) -> dict:
+    """Under a layer pattern: each distinct layer's ``plan_layer_bytes``."""
+    return {lay: plan_layer_bytes(model, plan, flash_attention, lay.is_moe, recompute, lay)
+            for lay in model.layer_kinds}
 
 
 def stage_layer_bytes(model: ModelSpec, plan: ParallelPlan, virtual_stage: int, flash_attention: bool,
                       recompute: str | None = None) -> float:
     """Activation bytes of a chunk's transformer layers for one micro-batch (dense and MoE
     layers each at their own size), before the division by cp."""
+    if model.layers is not None:
+        by_kind = _kind_bytes(model, plan, flash_attention, recompute)
+        return sum(by_kind[model.layer(i)] for i in plan.layer_range(model, virtual_stage))
     if recompute is None:
         return sum(layer_parts(model, plan, virtual_stage, flash_attention).values())
     dense = plan_layer_bytes(model, plan, flash_attention, False, recompute)
@@ -270,7 +330,11 @@ def chunk_activation_parts(model: ModelSpec, plan: ParallelPlan, virtual_stage: 
     parts = {}
     if virtual_stage == 0:
         parts[-1] = embedding_activation_bytes(model, b, t, sp)
-    parts.update(layer_parts(model, plan, virtual_stage, flash_attention))
+    if model.layers is not None:
+        by_kind = _kind_bytes(model, plan, flash_attention)
+        parts.update({i: by_kind[model.layer(i)] for i in plan.layer_range(model, virtual_stage)})
+    else:
+        parts.update(layer_parts(model, plan, virtual_stage, flash_attention))
     if virtual_stage == plan.pp * plan.vpp - 1:
         parts[model.num_layers] = head_activation_bytes(model, b, t, sp)
         for k in range(model.mtp_num_layers):
@@ -284,8 +348,9 @@ def mtp_activation_bytes(model: ModelSpec, plan: ParallelPlan, k: int, flash_att
     projection (2h wide; sequence-sharded under sequence parallelism) and its pass through
     the output head and loss (``head_activation_bytes``)."""
     b, t, sp = plan.micro_batch_size, plan.tp, plan.sequence_parallel
+    lay = model.layer(model.num_layers + k) if model.layers is not None else None
     layer = plan_layer_bytes(model, plan, flash_attention, model.is_moe_layer(model.num_layers + k),
-                             mtp_recompute(plan))
+                             mtp_recompute(plan), layer=lay)
     sbh = model.seq_length * b * model.hidden_size / (t if sp and t > 1 else 1)
     return layer + 2 * (2 * sbh) + 2 * (2 * sbh) + head_activation_bytes(model, b, t, sp)
 
@@ -300,6 +365,12 @@ def recompute_working_bytes(model: ModelSpec, plan: ParallelPlan) -> float:
     if plan.recompute == "full":  # under uniform, a group of recompute_num_layers re-runs its forward at once
         group = 1 if plan.recompute_method != "uniform" else min(  # (no group longer than a chunk)
             plan.recompute_num_layers, max(len(plan.layer_range(model, vs)) for vs in range(plan.pp * plan.vpp)))
+        if model.layers is not None:
+            return group * max(activation_bytes_per_layer(model, plan.micro_batch_size, plan.tp, plan.sequence_parallel,
+                                                          "none", fp8=plan.fp8_format is not None,
+                                                          experts=(plan.ep, plan.etp_size) if lay.is_moe else None,
+                                                          fp8_recipe=plan.fp8_recipe, layer=lay)
+                               for lay in model.layer_kinds) / plan.cp
         return group * activation_bytes_per_layer(model, plan.micro_batch_size, plan.tp, plan.sequence_parallel,
                                                   "none", fp8=plan.fp8_format is not None,
                                                   fp8_recipe=plan.fp8_recipe) / plan.cp
@@ -308,10 +379,12 @@ def recompute_working_bytes(model: ModelSpec, plan: ParallelPlan) -> float:
         return 0.0
     core = tuple(m for m in mods if m == "core_attn")
 
-    def layer(moe: bool, modules: tuple) -> float:
+    def layer(moe: bool, modules: tuple, lay: Layer | None = None) -> float:
         return activation_bytes_per_layer(model, plan.micro_batch_size, plan.tp, plan.sequence_parallel, "selective",
                                           plan.attention == "flash", plan.fp8_format is not None,
-                                          (plan.ep, plan.etp_size) if moe else None, modules, plan.fp8_recipe)
+                                          (plan.ep, plan.etp_size) if moe else None, modules, plan.fp8_recipe, lay)
 
+    if model.layers is not None:
+        return max(layer(lay.is_moe, core, lay) - layer(lay.is_moe, mods, lay) for lay in model.layer_kinds) / plan.cp
     kinds = {model.is_moe_layer(i) for i in range(model.num_layers)}
     return max(layer(moe, core) - layer(moe, mods) for moe in kinds) / plan.cp

@@ -65,6 +65,9 @@ def zero3_layer_gather_params(model: ModelSpec, plan: ParallelPlan) -> float:
     MoE layer's dense ones and, when their expert data-parallel group has more than one
     rank, the rank's experts (sharded over it; ``sim.inputs.experts``)."""
     dense = layer_params_per_rank(model, plan.tp)
+    if model.layers is not None:  # the largest of the stack's dense layers (sim.inputs.layers)
+        dense = max((layer_params_per_rank(model, plan.tp, model.layers.index(lay))
+                     for lay in model.layer_kinds if not lay.is_moe), default=0.0)
     moe = [i for i in range(model.num_layers) if model.is_moe_layer(i)]
     if not moe:
         return dense

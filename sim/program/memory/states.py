@@ -43,6 +43,7 @@ import math
 from dataclasses import dataclass
 
 from sim.errors import require
+from sim.inputs.layers import DenseMLP, FullAttention
 from sim.inputs.model import ModelSpec, layer_param_split, layer_params_per_rank, mtp_param_split
 from sim.inputs.plan import ParallelPlan
 from sim.program.fp8 import BF16_BYTES, weight_copy_bytes
@@ -101,7 +102,7 @@ def stage_param_split(model: ModelSpec, plan: ParallelPlan, stage: int) -> tuple
     plan.check_model(model)
     require(0 <= stage < plan.pp, "stage", stage, f"expected 0..{plan.pp - 1}")
     t, h = plan.tp, model.hidden_size
-    if model.moe:
+    if model.moe or model.layers is not None:  # layer by layer where layers differ
         n = experts = 0.0
         for c in range(plan.vpp):
             for lid in plan.layer_range(model, c * plan.pp + stage):
@@ -160,6 +161,10 @@ def fp8_layer_weights(model: ModelSpec, tp: int, layer: int) -> float:
         return 0.0
     h, kv, f = model.hidden_size, model.kv_dim, model.ffn_hidden_size
     attention, mlp = h * (h + 2 * kv) + h * h, (3 if model.mlp == "swiglu" else 2) * h * f
+    if model.layers is not None:  # only attention and dense MLP blocks run FP8 GEMMs (sim.program.fp8)
+        lay = model.layer(layer)
+        return ((attention if isinstance(lay.mixer, FullAttention) else 0)
+                + (mlp if isinstance(lay.mlp, DenseMLP) else 0)) / tp
     return (attention + (0 if model.is_moe_layer(layer) else mlp)) / tp
 
 
@@ -188,7 +193,7 @@ def layer_param_bytes(model: ModelSpec, tp: int, layer: int) -> float:
         return 2.0 * model.embedding_params / tp
     if layer == model.num_layers:
         return 2.0 * model.output_params / tp
-    return 2.0 * layer_params_per_rank(model, tp)
+    return 2.0 * layer_params_per_rank(model, tp, layer if model.layers is not None else None)
 
 
 def param_allgather_bytes(num_params: float) -> float:
