@@ -24,7 +24,7 @@ from sim.inputs.resolve import NODE_OF_GPU
 from sim.inputs.topology_build import load_topology
 from sim.program.actions import Action, Program
 from sim.studies.collective import run_collective
-from sim.studies.search import enumerate_plans
+from sim.studies.search import SearchSpace, enumerate_plans
 from sim.inputs.model import preset
 
 B200, GB200 = load_profile("b200"), load_profile("gb200")
@@ -247,8 +247,11 @@ def test_tp16_and_ep64_groups_stay_inside_one_rack_when_they_fit():
 def test_search_enumerates_tp_up_to_the_nvlink_domain():
     model = preset("llama3-405b")  # 128 heads, 8 KV heads: tp up to 8
     wide = replace(model, num_key_value_heads=None)
-    on_dgx = {p.tp for p in enumerate_plans(wide, 144, 144, gpus_per_node=8)}
-    on_rack = {p.tp for p in enumerate_plans(wide, 144, 144, gpus_per_node=72)}
+    # every tp x pp layout of the 144 GPUs; one micro-batch size, ZeRO stage and recompute (the
+    # dimensions that do not touch tp: the whole space is ~28,000 plans, 5 s to enumerate)
+    space = SearchSpace(micro_batch_size=(1,), zero_stage=(1,), recompute=("none",))
+    on_dgx = {p.tp for p in enumerate_plans(wide, 144, 144, space, gpus_per_node=8)}
+    on_rack = {p.tp for p in enumerate_plans(wide, 144, 144, space, gpus_per_node=72)}
     assert max(on_dgx) == 8 and max(on_rack) == 16 and {16} <= on_rack - on_dgx
 
 
