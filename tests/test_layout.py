@@ -19,6 +19,7 @@ PKG = ROOT / "sim"
 # Lower numbers sit lower: a module may import its own layer and those below it.
 LAYERS = {
     "sim.errors": 0, "sim.units": 0, "sim.fileio": 0, "sim.progress": 0, "sim.gc_tuning": 0,
+    "sim.workers": 0,  # process pools tied to their parent (stdlib only)
     "sim.inputs": 1,
     "sim.program": 2,
     "sim.results": 3,

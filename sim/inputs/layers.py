@@ -127,37 +127,9 @@ class FullAttention(Kind):
         _divides(plan.tp, m.num_attention_heads, "num_attention_heads", m)
         _divides(plan.tp, m.num_key_value_heads, "num_key_value_heads", m)
 
-    def forward(self, w, m, b: int, t: int, attention: str, ctx: tuple) -> None:
-        from sim.program.workload import attention_forward_block
-
-        attention_forward_block(w, m, b, t, attention, ctx, self.keys_per_query(m.seq_length), self.output_gate)
-
-    def recompute_core(self, w, m, b: int, t: int, attention: str, ctx: tuple) -> None:
-        from sim.program.workload import _attention_forward
-
-        _attention_forward(w, m, b, t, attention, *ctx, keys=self.keys_per_query(m.seq_length))
-
-    def backward(self, w, m, b: int, t: int, attention: str, ctx: tuple) -> None:
-        from sim.program.workload import attention_backward_block
-
-        attention_backward_block(w, m, b, t, attention, ctx, self.keys_per_query(m.seq_length), self.output_gate)
-
-    def wgrads(self, w, m, n_tok: int, t: int, sp: bool) -> None:
-        from sim.program.workload_moe import attention_widths, qkv_wgrads
-
-        w.gemm("attn.proj.wgrad", attention_widths(m)[1] // t, m.hidden_size, n_tok)
-        if self.output_gate:
-            w.gemm("attn.gate.wgrad", m.hidden_size, m.q_dim // t, n_tok)
-        qkv_wgrads(w, m, n_tok, t, sp)
-
-    def stored(self, m, b: int, t: int, sp: bool, g: float, flash: bool, mods: tuple) -> dict:
-        """Korthikanti et al. 2022's attention tensors (``sim.program.memory.activations``)."""
-        from sim.program.memory.activations import attention_terms
-
-        terms = attention_terms(m, b, t, sp, g, flash, mods)
-        if self.output_gate:  # the gate's pre-activation, for the sigmoid's and the product's backward
-            terms["attn.gate"] = 2 * b * m.seq_length * m.q_dim / t
-        return terms
+    # its kernels (forward, the recomputed core, backward, weight gradients) and stored
+    # tensors are the dense attention's, built by sim.program (``workload.mixer_forward`` and
+    # its siblings, ``memory.activations.mixer_stored``) with this kind's keys per query
 
 
 @dataclass(frozen=True)

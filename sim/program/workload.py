@@ -39,11 +39,11 @@ from __future__ import annotations
 
 import math
 from dataclasses import replace
-from functools import lru_cache
+from functools import lru_cache, singledispatch
 
 from sim.errors import require
 from sim.inputs.frameworks import attention_kernel_in_effect
-from sim.inputs.layers import Layer, standard_layer
+from sim.inputs.layers import FullAttention, Layer, standard_layer
 from sim.inputs.model import ModelSpec
 from sim.inputs.moe import mla_projections
 from sim.inputs.plan import ATTENTION, CROSS_ENTROPY, RECOMPUTE, ParallelPlan
@@ -55,7 +55,7 @@ from sim.program.ops import (COLLECTIVES, MAIN_GRAD_BYTES, OP_KINDS, PHASES, Bui
 from sim.program.context_parallel import cp_attention_backward, cp_attention_forward
 from sim.program.dispatch import moe_shape
 from sim.program.workload_moe import (MoeShape, attention_widths, moe_backward, moe_forward, moe_wgrads, qkv_dgrad,
-                                      qkv_forward)
+                                      qkv_forward, qkv_wgrads)
 
 
 class _TpOnly:
@@ -206,7 +206,7 @@ def _layer_forward(w: Builder, m: ModelSpec, b: int, t: int, sp: bool, attention
             if t > 1 and sp:
                 w.comm(f"{blk}.all_gather", "all_gather", e * n_tok * h)
             if kind.mixes:
-                kind.forward(w, m, b, t, attention, cp)
+                mixer_forward(kind, w, m, b, t, attention, cp)
             else:
                 _mlp_forward(w, m, n_tok, f)
             if t > 1:
@@ -251,7 +251,7 @@ def layer_work(model: ModelSpec, micro_batch: int, tp: int = 1, sequence_paralle
         mods = modules_in_effect(recompute, modules)
         w.items += _recomputed_modules(m, b, t, sp, attention, moe, ctx, mods, e, layer)
         if "core_attn" in mods and layer.mixer is not None:
-            layer.mixer.recompute_core(w, m, b, t, attention, ctx)
+            mixer_recompute_core(layer.mixer, w, m, b, t, attention, ctx)
     w.items[start:] = [_as_recompute(i) for i in w.items[start:]]
     for kind in reversed(layer.blocks):
         blk = kind.block
@@ -268,7 +268,7 @@ def layer_work(model: ModelSpec, micro_batch: int, tp: int = 1, sequence_paralle
                 w.mem(f"mlp.{m.mlp}.grad", e * read, e * wrote, 2 * _ACT_FLOPS[m.mlp] * n_tok * f, framework=True)
                 w.gemm("mlp.up.dgrad", n_tok, h, f_up)
             else:
-                kind.backward(w, m, b, t, attention, ctx)
+                mixer_backward(kind, w, m, b, t, attention, ctx)
             if t > 1:
                 w.comm(f"{blk}.{'reduce_scatter' if sp else 'all_reduce'}.grad",
                        "reduce_scatter" if sp else "all_reduce", e * n_tok * h)
@@ -285,7 +285,7 @@ def layer_work(model: ModelSpec, micro_batch: int, tp: int = 1, sequence_paralle
                 w.comm("mlp.up.all_gather.input", "all_gather", e * n_tok * h)
             w.gemm("mlp.up.wgrad", h, f_up, n_tok)
         else:
-            kind.wgrads(w, m, n_tok, t, sp)
+            mixer_wgrads(kind, w, m, n_tok, t, sp)
     return w.build()
 
 
@@ -552,3 +552,55 @@ def p2p_bytes(model: ModelSpec, micro_batch: int, tp: int = 1, sequence_parallel
     back): the b·s·h activation, split over the tp group under sequence parallelism."""
     sp = sequence_parallel and tp > 1
     return dtype_bytes * micro_batch * model.seq_length * model.hidden_size / (tp if sp else 1) / cp
+
+
+# ------------------------------------------------------------------ mixer kinds
+# A mixer kind of ``sim.inputs.layers`` builds its own kernels (Mamba-2, Gated DeltaNet),
+# except the attention kinds (full, sliding-window, chunked, MLA): theirs are the dense
+# attention's builders above, given the kind's keys per query, so they are registered here
+# where those builders live (inputs/ never reaches up into program/).
+@singledispatch
+def mixer_forward(kind, w, m, b: int, t: int, attention: str, ctx: tuple) -> None:
+    """A mixer's forward kernels."""
+    kind.forward(w, m, b, t, attention, ctx)
+
+
+@mixer_forward.register
+def _(kind: FullAttention, w, m, b: int, t: int, attention: str, ctx: tuple) -> None:
+    attention_forward_block(w, m, b, t, attention, ctx, kind.keys_per_query(m.seq_length), kind.output_gate)
+
+
+@singledispatch
+def mixer_recompute_core(kind, w, m, b: int, t: int, attention: str, ctx: tuple) -> None:
+    """A mixer's core recomputed under selective recompute (``core_attn``)."""
+    kind.recompute_core(w, m, b, t, attention, ctx)
+
+
+@mixer_recompute_core.register
+def _(kind: FullAttention, w, m, b: int, t: int, attention: str, ctx: tuple) -> None:
+    _attention_forward(w, m, b, t, attention, *ctx, keys=kind.keys_per_query(m.seq_length))
+
+
+@singledispatch
+def mixer_backward(kind, w, m, b: int, t: int, attention: str, ctx: tuple) -> None:
+    """A mixer's backward (input-gradient) kernels."""
+    kind.backward(w, m, b, t, attention, ctx)
+
+
+@mixer_backward.register
+def _(kind: FullAttention, w, m, b: int, t: int, attention: str, ctx: tuple) -> None:
+    attention_backward_block(w, m, b, t, attention, ctx, kind.keys_per_query(m.seq_length), kind.output_gate)
+
+
+@singledispatch
+def mixer_wgrads(kind, w, m, n_tok: int, t: int, sp: bool) -> None:
+    """A mixer's weight-gradient GEMMs."""
+    kind.wgrads(w, m, n_tok, t, sp)
+
+
+@mixer_wgrads.register
+def _(kind: FullAttention, w, m, n_tok: int, t: int, sp: bool) -> None:
+    w.gemm("attn.proj.wgrad", attention_widths(m)[1] // t, m.hidden_size, n_tok)
+    if kind.output_gate:
+        w.gemm("attn.gate.wgrad", m.hidden_size, m.q_dim // t, n_tok)
+    qkv_wgrads(w, m, n_tok, t, sp)

@@ -44,8 +44,10 @@ layer's full set of tensors while it runs (``recompute_working_bytes``).
 
 from __future__ import annotations
 
+from functools import singledispatch
+
 from sim.errors import require
-from sim.inputs.layers import Layer
+from sim.inputs.layers import FullAttention, Layer
 from sim.inputs.model import ModelSpec
 from sim.inputs.plan import RECOMPUTE, ParallelPlan
 from sim.inputs.recompute import keeps_checkpoint, layer_recompute, modules_in_effect, mtp_recompute
@@ -153,7 +155,7 @@ def kind_terms(m: ModelSpec, layer: Layer, b: int, t: int, sequence_parallel: bo
         blk = kind.block
         terms[f"{blk}.norm.input"] = 2 * sbh / rep
         if kind.mixes:
-            terms.update(kind.stored(m, b, t, sp, g, flash_attention, mods))
+            terms.update(mixer_stored(kind, m, b, t, sp, g, flash_attention, mods))
         elif layer.is_moe:
             terms.update(moe_terms(m, b, t, sp, experts or (1, t)))
         else:
@@ -388,3 +390,20 @@ def recompute_working_bytes(model: ModelSpec, plan: ParallelPlan) -> float:
         return max(layer(lay.is_moe, core, lay) - layer(lay.is_moe, mods, lay) for lay in model.layer_kinds) / plan.cp
     kinds = {model.is_moe_layer(i) for i in range(model.num_layers)}
     return max(layer(moe, core) - layer(moe, mods) for moe in kinds) / plan.cp
+
+
+# A mixer kind's stored tensors: its own (``sim.inputs.layers``: Mamba-2, Gated DeltaNet), or
+# for the attention kinds Korthikanti et al. 2022's attention tensors, registered here where
+# ``attention_terms`` lives (inputs/ never reaches up into program/).
+@singledispatch
+def mixer_stored(kind, m, b: int, t: int, sp: bool, g: float, flash: bool, mods: tuple) -> dict:
+    """Name -> bytes of what a mixer keeps for its backward."""
+    return kind.stored(m, b, t, sp, g, flash, mods)
+
+
+@mixer_stored.register
+def _(kind: FullAttention, m, b: int, t: int, sp: bool, g: float, flash: bool, mods: tuple) -> dict:
+    terms = attention_terms(m, b, t, sp, g, flash, mods)
+    if kind.output_gate:  # the gate's pre-activation, for the sigmoid's and the product's backward
+        terms["attn.gate"] = 2 * b * m.seq_length * m.q_dim / t
+    return terms
