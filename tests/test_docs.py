@@ -233,7 +233,12 @@ def test_the_readme_accuracy_table_quotes_the_fit_reports():
 
 def test_the_readme_moe_sentence_quotes_the_checked_summary():
     blocks = [b for b in regen.find_blocks(ROOT / "docs" / "accuracy.md") if "moe_runs.csv" in b.command]
-    m = re.search(r"^h100-sxm, automodel: 4 rows, mean \|error\| [\d.]+%, -([\d.]+)% to -([\d.]+)%$", blocks[0].quoted,
-                  re.M)
-    worst, best = float(m[1]), float(m[2])
-    assert f"come out fast, by {round(best)}–{round(worst)}%" in (ROOT / "README.md").read_text()
+    m = re.search(r"^h100-sxm, automodel: 4 rows, mean \|error\| [\d.]+%, ([-+][\d.]+)% to ([-+][\d.]+)%$",
+                  blocks[0].quoted, re.M)
+    low, high = float(m[1]), float(m[2])
+
+    def said(error: float) -> str:  # -22.8 -> "23% fast", +6.9 -> "7% slow"
+        return f"{round(abs(error))}% {'fast' if error < 0 else 'slow'}"
+
+    readme = " ".join((ROOT / "README.md").read_text().split())
+    assert f"come out between {said(low)} and {said(high)}" in readme
