@@ -683,6 +683,15 @@ REPLAY_CASES = {
         ["in/rank0.json", "--data-parallel-size", "no all-reduce"]),
     "zero data-parallel replicas": ({"rank0.json": _replay_doc()}, ["--data-parallel-size", "0"],
                                     ["--data-parallel-size", "got 0"]),
+    # --gpus: the what-if world size, in whole data-parallel replicas (1 GPU each here)
+    "zero GPUs": ({"rank0.json": _replay_doc()}, ["--gpus", "0"], ["--gpus", "got 0"]),
+    "GPUs against the replicas": ({"rank0.json": _replay_doc()}, ["--gpus", "4", "--data-parallel-size", "3"],
+                                  ["--gpus: got 4", "--data-parallel-size 3", "expected 3"]),
+    "more GPUs than the nodes hold": ({"rank0.json": _replay_doc()}, ["--gpus", "16", "--nodes", "1"],
+                                      ["--gpus: got 16", "8 GPUs", "--nodes 1"]),
+    "GPUs without gradient collectives": (
+        {"rank0.json": _replay_doc(collective=False, world=1)}, ["--gpus", "2"],
+        ["in/rank0.json", "--gpus", "no all-reduce"]),
 }
 
 

@@ -9,6 +9,7 @@ dollars = seconds / 3600 x GPUs x price; per million tokens = that / tokens x 1e
 import contextlib
 import io
 import json
+import re
 from dataclasses import replace
 
 import pytest
@@ -122,3 +123,38 @@ def test_an_experiment_file_sets_the_price_and_a_bad_one_names_its_line(tmp_path
     bad.write_text(body.format("-3"))
     code, out, err = _cli(["run", bad])
     assert code == 2 and err.startswith(f"trainsim: error: {bad}:11: cluster.gpu_hour_price: got -3; expected US dollars")
+
+
+def _seconds(text: str) -> float:
+    value, unit = text.split()
+    return float(value) * {"s": 1.0, "ms": 1e-3, "us": 1e-6}[unit]
+
+
+def test_estimate_gives_the_cost_of_its_estimated_iteration():
+    # the dollars by hand from the step time estimate prints: seconds / 3600 x 8 GPUs x $2.5
+    code, text, _ = _cli(["estimate", *TINY, "--gpu-hour-price", "2.5"])
+    assert code == 0
+    lines = text.splitlines()
+    T = _seconds(next(x for x in lines if x.startswith("  step ")).split(None, 1)[1])
+    line = next(x for x in lines if x.startswith("cost "))
+    m = re.fullmatch(r"cost \$(\S+) per iteration; \$(\S+) per million tokens \((\S+) GPU-hours per iteration\)", line)
+    assert m, line
+    per_iteration, per_million, gpu_hours = (float(g) for g in m.groups())
+    # (the printed time and dollars keep 4 significant digits)
+    assert per_iteration == pytest.approx(T / 3600 * 8 * 2.5, rel=1e-3)
+    assert per_million == pytest.approx(T / 3600 * 8 * 2.5 / (16 * 512) * 1e6, rel=1e-3)
+    assert gpu_hours == pytest.approx(T / 3600 * 8, rel=1e-3)
+    # --json: the same figures from the unrounded step time
+    s = json.loads(_cli(["estimate", *TINY, "--gpu-hour-price", "2.5", "--json"])[1])
+    step = s["time"]["step"]
+    assert step == pytest.approx(T, abs=5e-7)
+    assert s["cost_per_iteration_usd"] == pytest.approx(step / 3600 * 8 * 2.5, rel=1e-12)
+    assert s["cost_per_million_tokens_usd"] == pytest.approx(step / 3600 * 8 * 2.5 / (16 * 512) * 1e6, rel=1e-12)
+    assert s["gpu_hours_per_iteration"] == pytest.approx(step / 3600 * 8, rel=1e-12)
+    # no price: no cost line, null figures
+    plain = json.loads(_cli(["estimate", *TINY, "--json"])[1])
+    assert plain["cost_per_iteration_usd"] is None and plain["cost_per_million_tokens_usd"] is None
+    assert not any(x.startswith("cost ") for x in _cli(["estimate", *TINY])[1].splitlines())
+    # a bad price: one line naming the field, the value and what is allowed, exit 2
+    code, out, err = _cli(["estimate", *TINY, "--gpu-hour-price", "free"])
+    assert code == 2 and out == "" and len(err.splitlines()) == 1 and "--gpu-hour-price" in err and "free" in err

@@ -250,21 +250,63 @@ def test_data_parallel_size_regroups_the_gradient_collective():
     assert groups == {(0, 1, 2, 3)}
 
 
-def test_data_parallel_size_keeps_model_parallel_groups_inside_a_replica():
-    # 4 ranks: tp groups {0,1}, {2,3} (not named), dp groups {0,2}, {1,3} (named)
-    def rank_doc(r):
-        tp = [r - r % 2, r - r % 2 + 1]
-        dp = [r % 2, r % 2 + 2]
-        ev = allreduce_rank(r, 4, 100, group=dp)["traceEvents"]
-        meta = {"Collective name": "allreduce", "In msg nelems": 2**10, "Out msg nelems": 2**10, "dtype": "BFloat16",
-                "Process Group Ranks": str(tp), "Process Group Description": "TENSOR_MODEL_PARALLEL_GROUP"}
-        ev += [rt("cudaLaunchKernelExC", 9, 7), kern(2000, 5, 7, stream=20, name="ncclDevKernel_AllReduce", **meta)]
-        return doc(ev, rank=r, world=4)
+def tp2_dp2_rank(r):
+    """Rank r of 4: tp groups {0,1}, {2,3} (not named), dp groups {0,2}, {1,3} (named)."""
+    tp = [r - r % 2, r - r % 2 + 1]
+    dp = [r % 2, r % 2 + 2]
+    ev = allreduce_rank(r, 4, 100, group=dp)["traceEvents"]
+    meta = {"Collective name": "allreduce", "In msg nelems": 2**10, "Out msg nelems": 2**10, "dtype": "BFloat16",
+            "Process Group Ranks": str(tp), "Process Group Description": "TENSOR_MODEL_PARALLEL_GROUP"}
+    ev += [rt("cudaLaunchKernelExC", 9, 7), kern(2000, 5, 7, stream=20, name="ncclDevKernel_AllReduce", **meta)]
+    return doc(ev, rank=r, world=4)
 
-    r = replayed(*[rank_doc(k) for k in range(4)], data_parallel_size=4)
+
+def test_data_parallel_size_keeps_model_parallel_groups_inside_a_replica():
+    r = replayed(*[tp2_dp2_rank(k) for k in range(4)], data_parallel_size=4)
     assert r.summary["world_size"] == 8
     groups = {a.group for acts in r.replayed.program.actions.values() for a in acts if a.kind == "collective"}
     assert groups == {(0, 2, 4, 6), (1, 3, 5, 7), (0, 1), (2, 3), (4, 5), (6, 7)}
+
+
+def test_gpus_is_the_world_size_in_whole_replicas():
+    # issue 54: --gpus wherever a cluster is described. The tp 2 x dp 2 job on 8 GPUs is 4 replicas of 2 GPUs
+    docs = [tp2_dp2_rank(k) for k in range(4)]
+    by_replicas = replayed(*docs, data_parallel_size=4)
+    by_gpus = replayed(*docs, gpus=8)
+    assert by_gpus.summary["world_size"] == 8
+    assert by_gpus.summary["iteration_time_s"] == by_replicas.summary["iteration_time_s"]
+    groups = {a.group for acts in by_gpus.replayed.program.actions.values() for a in acts if a.kind == "collective"}
+    assert groups == {(0, 2, 4, 6), (1, 3, 5, 7), (0, 1), (2, 3), (4, 5), (6, 7)}
+    assert by_gpus.summary["what_if"]["gpus"] == 8
+    assert replayed(*docs, gpus=6).summary["world_size"] == 6  # 3 replicas
+    # both, agreeing, are the same what-if; the traced world size alone changes nothing
+    assert replayed(*docs, gpus=8, data_parallel_size=4).summary["iteration_time_s"] == \
+        by_replicas.summary["iteration_time_s"]
+    assert replayed(*docs, gpus=4).summary["iteration_time_s"] == replayed(*docs).summary["iteration_time_s"]
+    from sim.errors import InputError
+
+    with pytest.raises(InputError, match=r"^--gpus: got 7; expected a multiple of 2, the GPUs of one data-parallel "
+                                         r"replica of the traced job \(4 GPUs as 2 replicas\)$"):
+        replayed(*docs, gpus=7)
+    with pytest.raises(InputError, match=r"^--gpus: got 8; with --data-parallel-size 2 expected 4 \(2 GPUs per "
+                                         r"replica\), or leave one out$"):
+        replayed(*docs, gpus=8, data_parallel_size=2)
+
+
+def test_cli_gpus_and_data_parallel_size_agree(capsys):
+    traces = ["tests/data/replay-dp2/trace_rank0.json.gz", "tests/data/replay-dp2/trace_rank1.json.gz"]
+    runs = []
+    for flags in (["--gpus", "16"], ["--data-parallel-size", "16"], ["--gpus", "16", "--nodes", "2"]):
+        assert main(["replay", *traces, *flags, "--json"]) == 0
+        runs.append(json.loads(capsys.readouterr().out))
+    assert {s["world_size"] for s in runs} == {16}
+    assert runs[0]["iteration_time_s"] == runs[1]["iteration_time_s"] == runs[2]["iteration_time_s"]
+    # inconsistent: one line, exit 2
+    for flags, says in ((["--gpus", "16", "--nodes", "1"], "--gpus: got 16; topology dgx-h100x1-rail has 8 GPUs"),
+                        (["--gpus", "16", "--data-parallel-size", "8"], "--gpus: got 16; with --data-parallel-size 8")):
+        assert main(["replay", *traces, *flags]) == 2
+        cap = capsys.readouterr()
+        assert cap.out == "" and len(cap.err.splitlines()) == 1 and says in cap.err, cap.err
 
 
 def test_network_what_if_reprices_the_collective():

@@ -5,6 +5,9 @@ The model comes from a preset (``--model``), a Hugging Face config.json
 flags (``--tensor-model-parallel-size``, ``--pipeline-model-parallel-size``,
 ``--decoder-first-pipeline-num-layers``, ``--account-for-embedding-in-pipeline-split``, ...)
 plus ``--schedule`` and ``--placement``, with data parallelism filling ``--gpus``. Prints a table, or one JSON object with ``--json``.
+With a price per GPU-hour (``--gpu-hour-price``, or the profile's), the cost of the
+estimated iteration and of a million tokens, as ``trainsim run`` gives them
+(``sim.inputs.cost``).
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ import json
 from sim.program.estimate import estimate
 from sim.commands.run import exit_status
 from sim.commands.settings import ESTIMATE_FLAGS, analytic_inputs
+from sim.inputs.cost import cost_text, run_cost
 from sim.inputs.flags import add_arguments as add_schema_arguments
 from sim.units import format_bytes, format_microbatches, format_time
 
@@ -22,15 +26,18 @@ HELP = "Analytic per-GPU memory and first-order step time of a training plan (no
 
 
 def add_arguments(p) -> None:
-    add_schema_arguments(p, ESTIMATE_FLAGS)
+    add_schema_arguments(p, [f for f in ESTIMATE_FLAGS if f != "json"] + ["gpu_hour_price", "json"])
 
 
 def run(args) -> int:
     settings, model, plan, profile = analytic_inputs(args)
     est = estimate(model, plan, profile, gpus_per_node=settings.cluster.node_gpus())
+    step = est.time["step"]
+    cost = {**run_cost([(profile, plan.world_size)], step, plan.global_batch_size * model.seq_length),
+            "gpu_hours_per_iteration": step / 3600.0 * plan.world_size}
     if args.json:
         print(json.dumps({"model": model.name, "params": model.num_params, "active_params": model.active_params,
-                          **est.to_dict()}, indent=2))
+                          **est.to_dict(), **cost}, indent=2))
         return exit_status(est.fits)
     pl = plan
     print(model.describe())
@@ -68,4 +75,6 @@ def run(args) -> int:
     print()
     print(f"tokens/s {est.tokens_per_s:,.0f}   model TFLOP/s per GPU {est.model_tflops_per_gpu:.1f}   "
           f"hardware TFLOP/s per GPU {est.hardware_tflops_per_gpu:.1f}   MFU {est.mfu * 100:.1f}%")
+    if cost_text(cost):
+        print(f"cost {cost_text(cost)}")
     return exit_status(est.fits)

@@ -10,7 +10,7 @@ summary.json, trace.json (Perfetto) and timeline.png. Chakra execution traces
 Kineto traces by extension or content; ``--export-chakra DIR`` writes the replayed
 program as Chakra ETs (``sim.results.export_chakra``). What-ifs: ``--topology``,
 ``--fabric``, ``--oversubscription``, ``--nodes`` (another network), ``--data-parallel-size``
-(more or fewer replicas) and ``--gpu`` (another GPU).
+or ``--gpus`` (more or fewer replicas, told in replicas or in GPUs) and ``--gpu`` (another GPU).
 """
 
 from __future__ import annotations
@@ -23,10 +23,12 @@ from sim.units import POSITIVE_INT, format_time
 
 NAME = "replay"
 HELP = "Replay PyTorch profiler (Kineto) traces or Chakra execution traces of a real job on the simulated cluster, and ask what-ifs."
-FLAGS = ["gpu", "topology", "nodes", "gpus_per_node", "fabric", "oversubscription", "json", "out", "export_chakra"]
+FLAGS = ["gpu", "gpus", "topology", "nodes", "gpus_per_node", "fabric", "oversubscription", "json", "out", "export_chakra"]
 _HELPS = {
     "gpu": "GPU profile to replay on (default: the trace's deviceProperties); another GPU scales the kernels "
            "by class (GEMM and attention by sustained FLOP/s, the rest by sustained HBM bandwidth)",
+    "gpus": "what-if: the traced job on N GPUs, grown or shrunk by whole data-parallel replicas (N a multiple of "
+            "one replica's GPUs; --data-parallel-size N/that says the same) (default: the traced world size)",
     "out": "directory for summary.json, trace.json (Perfetto) and timeline.png",
     "export_chakra": "directory for the replayed program as Chakra execution traces, trainsim.{r}.et per rank and "
                      "comm_group.json (every rank of the job, clones included)",
@@ -74,7 +76,7 @@ def run(args) -> int:
     graphs = _read(args)
     result = replay(graphs, gpu=args.gpu, topology=args.topology, fabric=args.fabric,
                     oversubscription=args.oversubscription, nodes=args.nodes, gpus_per_node=args.gpus_per_node,
-                    data_parallel_size=args.data_parallel_size)
+                    data_parallel_size=args.data_parallel_size, gpus=args.gpus)
     s = result.summary
     s["files"] = [str(p) for p in args.traces]
     chakra = None

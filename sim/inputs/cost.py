@@ -109,7 +109,17 @@ def cost_line(summary: dict) -> str | None:
     c = summary.get("cost_per_iteration_usd")
     if c is None:
         return None
-    return (f"  cost               {_usd(c):>12}   per iteration; {_usd(summary['cost_per_million_tokens_usd'])} per "
+    return f"  cost               {_usd(c):>12}   {cost_text(summary, first=False)}"
+
+
+def cost_text(summary: dict, first: bool = True) -> str | None:
+    """``$X per iteration; $Y per million tokens (Z GPU-hours per iteration)`` of a summary's
+    cost figures (``trainsim estimate``'s line; without ``$X`` when not ``first``), None
+    when the GPUs have no price."""
+    c = summary.get("cost_per_iteration_usd")
+    if c is None:
+        return None
+    return (f"{_usd(c) + ' ' if first else ''}per iteration; {_usd(summary['cost_per_million_tokens_usd'])} per "
             f"million tokens ({summary['gpu_hours_per_iteration']:.4g} GPU-hours per iteration)")
 
 

@@ -23,6 +23,10 @@ What-ifs:
   new replica d', which copies replica d' mod D. Each rank's kernels are kept; the
   gradient collectives run over the N-rank groups (the same bytes per rank), every other
   group and peer stays inside the replica.
+- ``gpus=N``: the same what-if told in GPUs: N must be a whole number of the traced job's
+  replicas (its world size / D GPUs each), and it is ``data_parallel_size`` = N / that
+  (both given, they must agree); the cluster (``nodes``, ``gpus_per_node``) must hold N
+  GPUs, as ``trainsim run``'s must hold ``--gpus``.
 - ``gpu``: another GPU's profile. Kernels are scaled by class (``sim.replay.kineto.
   kernel_category``): a GEMM whose operator's shapes the trace recorded by the ratio of
   the two profiles' GEMM model (peak x ``gemm_efficiency(m, n, k, batch, dtype)``), an
@@ -77,13 +81,14 @@ def check_same_job(graphs: list[RankGraph]) -> None:
 
 
 
-def data_parallel_groups(graphs: dict[int, RankGraph]) -> tuple[int, int, list]:
-    """(D, stride, groups) of the job's data-parallel groups (see the module doc)."""
+def data_parallel_groups(graphs: dict[int, RankGraph], flag: str = "--data-parallel-size") -> tuple[int, int, list]:
+    """(D, stride, groups) of the job's data-parallel groups (see the module doc); ``flag``
+    is the what-if an error names."""
     colls = [n for g in graphs.values() for n in g.nodes
              if n.kind == "collective" and n.op in ("allreduce", "reducescatter", "allgather")]
     where = next(iter(graphs.values())).source if graphs else "replay"
     if not colls:
-        raise InputError(f"{where}: --data-parallel-size: the trace has no all-reduce, reduce-scatter or all-gather "
+        raise InputError(f"{where}: {flag}: the trace has no all-reduce, reduce-scatter or all-gather "
                          "with its group and size; there are no gradient collectives to re-price")
     named = [n for n in colls if is_data_parallel_name(n.pg_name)]
     if named:
@@ -98,7 +103,7 @@ def data_parallel_groups(graphs: dict[int, RankGraph]) -> tuple[int, int, list]:
     big = sorted(g for g in groups if len(g) == size)
     strides = {g[1] - g[0] for g in big}
     if len(strides) != 1 or any(any(b - a != g[1] - g[0] for a, b in zip(g, g[1:])) for g in big):
-        raise InputError(f"{where}: --data-parallel-size: the data-parallel groups {[list(g) for g in big[:3]]} "
+        raise InputError(f"{where}: {flag}: the data-parallel groups {[list(g) for g in big[:3]]} "
                          "are not evenly strided; allowed: traces whose gradient groups are ranks g, g+s, ..., "
                          "g+(D-1)s")
     return size, strides.pop(), big
@@ -148,6 +153,24 @@ def scale_data_parallel(graphs: dict[int, RankGraph], world: int, new_dp: int) -
     return dict(sorted(out.items())), s * new_dp * outer
 
 
+def replicas_of_gpus(graphs: dict[int, RankGraph], world: int, gpus: int, data_parallel_size: int | None) -> int:
+    """The data-parallel replicas that make the traced job (``world`` GPUs) ``gpus`` GPUs:
+    refused, naming ``--gpus``, unless ``gpus`` is a whole number of replicas and agrees with
+    ``data_parallel_size`` where that is given too."""
+    D, s, _ = data_parallel_groups(graphs, flag="--gpus")
+    per = world // D if world % (s * D) == 0 else None
+    if per is None:
+        raise InputError(f"--gpus: got {gpus}; the traced world size {world} is not a multiple of the data-parallel "
+                         f"groups' size {D} x stride {s}, so it cannot be grown by replicas")
+    if gpus % per:
+        raise InputError(f"--gpus: got {gpus}; expected a multiple of {per}, the GPUs of one data-parallel replica "
+                         f"of the traced job ({world} GPUs as {D} replicas)")
+    if data_parallel_size is not None and data_parallel_size != gpus // per:
+        raise InputError(f"--gpus: got {gpus}; with --data-parallel-size {data_parallel_size} expected "
+                         f"{data_parallel_size * per} ({per} GPU{'s' if per > 1 else ''} per replica), or leave one out")
+    return gpus // per
+
+
 def scale_gpu(graphs: dict[int, RankGraph], traced_profile, new_profile) -> dict[int, RankGraph]:
     """Kernels' durations on ``new_profile`` (see the module doc)."""
     def sustained(p, eff):
@@ -185,7 +208,8 @@ def scale_gpu(graphs: dict[int, RankGraph], traced_profile, new_profile) -> dict
 
 def replay(graphs: list[RankGraph], *, gpu: str | None = None, topology: str | None = None,
            fabric: str | None = None, oversubscription: float | None = None, nodes: int | None = None,
-           data_parallel_size: int | None = None, gpus_per_node: int | None = None) -> ReplayRun:
+           data_parallel_size: int | None = None, gpus_per_node: int | None = None,
+           gpus: int | None = None) -> ReplayRun:
     """Replay the traced ranks ``graphs`` (see the module doc)."""
     from sim.engine.core import simulate
     from sim.engine.nccl import NcclModel
@@ -206,6 +230,8 @@ def replay(graphs: list[RankGraph], *, gpu: str | None = None, topology: str | N
         raise InputError(f"{graphs[0].source}: deviceProperties: GPU {device or '(none)'!r} is not one trainsim has a "
                          "profile for; give --gpu (a100-80gb, h100-sxm, h200, b200, gb200, gb300 or a profile .json)")
     full, cloned = complete(by_rank, world)
+    if gpus is not None and (gpus != world or data_parallel_size is not None):
+        data_parallel_size = replicas_of_gpus(full, world, gpus, data_parallel_size)
     if data_parallel_size is not None:
         full, world = scale_data_parallel(full, world, data_parallel_size)
     values = {"gpu": gpu or traced_gpu}
@@ -231,7 +257,7 @@ def replay(graphs: list[RankGraph], *, gpu: str | None = None, topology: str | N
     summary = summarize_replay(trace, replayed, graphs, profile, topo)
     # (--gpu is a what-if only when the trace names its own GPU; else it is the GPU the trace ran on)
     scaled = gpu if traced_gpu is not None and gpu != traced_gpu else None
-    summary["what_if"] = {k: v for k, v in (("gpu", scaled), ("topology", topology),
+    summary["what_if"] = {k: v for k, v in (("gpu", scaled), ("gpus", gpus), ("topology", topology),
                                             ("nodes", nodes), ("gpus_per_node", gpus_per_node), ("fabric", fabric),
                                             ("oversubscription", oversubscription),
                                             ("data_parallel_size", data_parallel_size)) if v is not None}
