@@ -549,11 +549,18 @@ def layer_param_split(model: ModelSpec, layer: int | None = None, tp: int = 1, e
         attn_split = h * qkv + m.q_dim * h + (qkv if m.bias else 0)
         attn_rep = h if m.bias else 0
         attn = attn_split / t + attn_rep
-    dense = attn + 2 * m.norm_params
-    if layer is None or not m.is_moe_layer(layer):
+    dense, expert = _mlp_block_split(m, layer is not None and m.is_moe_layer(layer), t, ep, etp)
+    return attn + 2 * m.norm_params + dense, expert
+
+
+def _mlp_block_split(m: ModelSpec, moe: bool, t: int, ep: int, etp: int | None) -> tuple[float, float]:
+    """(dense, expert) parameters on one rank of a layer's MLP block: a dense MLP split over
+    tp, or an MoE block's router and shared experts (dense) and its num_experts/ep routed
+    experts, each split over etp (default tp)."""
+    if not moe:
         split, rep = _mlp_split(m, m.ffn_hidden_size)
-        return dense + split / t + rep, 0.0
-    dense += h * m.num_experts
+        return split / t + rep, 0.0
+    dense = m.hidden_size * m.num_experts
     if m.moe_shared_expert_intermediate_size:
         split, rep = _mlp_split(m, m.moe_shared_expert_intermediate_size)
         dense += split / t + rep
@@ -565,19 +572,11 @@ def _kind_param_split(m: ModelSpec, lay: Layer, t: int, ep: int, etp: int | None
     """``layer_param_split`` of a layer of a model with a layer pattern, block by block:
     each mixer's own per-rank split (``sim.inputs.layers``), one replicated norm per block,
     and a dense MLP or MoE block as for every other model."""
-    h = m.hidden_size
     dense = len(lay.blocks) * m.norm_params + (lay.mixer.params_per_rank(m, t) if lay.mixer is not None else 0)
     if lay.mlp is None:
         return dense, 0.0
-    if not lay.is_moe:
-        split, rep = _mlp_split(m, m.ffn_hidden_size)
-        return dense + split / t + rep, 0.0
-    dense += h * m.num_experts
-    if m.moe_shared_expert_intermediate_size:
-        split, rep = _mlp_split(m, m.moe_shared_expert_intermediate_size)
-        dense += split / t + rep
-    split, rep = _mlp_split(m, m.moe_ffn_hidden_size)
-    return dense, m.num_experts // ep * (split / (etp or t) + rep)
+    mlp, expert = _mlp_block_split(m, lay.is_moe, t, ep, etp)
+    return dense + mlp, expert
 
 
 def mtp_param_split(model: ModelSpec, k: int, tp: int = 1, ep: int = 1, etp: int | None = None) -> tuple[float, float]:
