@@ -132,13 +132,13 @@ def test_max_time_stops_the_simulations_with_the_best_so_far(capsys, monkeypatch
     def third_one_outlasts_the_budget(*a, **k):
         calls.append(1)
         if len(calls) == 2:
-            time.sleep(3.5)  # past --max-time 3s, whatever came before
+            time.sleep(8.5)  # past --max-time 8s, whatever came before (8 s: room for a loaded machine before it)
         return simulate(*a, **k)
 
     monkeypatch.setattr(sim.session, "simulate_training", third_one_outlasts_the_budget)
     argv = ["search", *UNEVEN, "--pp", "1,2", "--tp", "1,2", "--micro-batch-size", "1,2", "--zero", "1",
             "--recompute", "none", "--sequence-parallel", "off", "--screen", "off", "--workers", "0",
-            "--max-time", "3s"]
+            "--max-time", "8s"]
     out = _json([*argv, "--json"], capsys)
     assert out["stopped"] == "max-time" and out["not_simulated"] > 0
     assert 2 <= out["evaluated"] == len(calls)  # each simulation that ran is in the result
