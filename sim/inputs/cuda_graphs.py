@@ -34,32 +34,18 @@ recompute needs ``full_iteration``; ``full_iteration`` stands alone.
 
 from __future__ import annotations
 
-from sim.errors import InputError, require
+from sim.errors import require
+from sim.inputs.fields import name_list
 
 FIELD = "cuda_graph"
 SCOPES = ("full", "attn", "mlp", "moe", "moe_router", "moe_preprocess", "full_iteration")
 _COVERS_MOE = ("full", "moe", "full_iteration")
 
 
-def _refuse(value, allowed: str) -> InputError:
-    return InputError(field=f"plan: {FIELD}", value=value, allowed=allowed, setting=FIELD)
-
-
 def parse_cuda_graph(value) -> tuple[str, ...] | None:
     """The scopes as a tuple in ``SCOPES`` order, each once: from a list of names or a string
     of names separated by commas or spaces. Refused: an empty list or an unknown name."""
-    if value is None:
-        return None
-    words = [value] if isinstance(value, str) else list(value) if isinstance(value, (list, tuple)) else None
-    if words is None or not all(isinstance(w, str) for w in words):
-        raise _refuse(value, f"expected scope names, of {', '.join(SCOPES)}")
-    names = [n for w in words for n in w.replace(",", " ").split()]
-    if not names:
-        raise _refuse(value, f"expected at least one scope, of {', '.join(SCOPES)}")
-    for n in names:
-        if n not in SCOPES:
-            raise _refuse(n, f"allowed: {', '.join(SCOPES)}")
-    return tuple(s for s in SCOPES if s in names)
+    return name_list(value, SCOPES, FIELD, "scope")
 
 
 class CudaGraphs:

@@ -92,3 +92,26 @@ def why_not_field(f: Field, value) -> str | None:
     if f.choices is not None and value not in f.choices:
         return f"allowed: {', '.join(map(str, f.choices))}"
     return None
+
+
+def name_list(value, allowed: tuple[str, ...], field: str, noun: str) -> tuple[str, ...] | None:
+    """A list setting of names (recompute modules, CUDA-graph scopes) as a tuple in
+    ``allowed``'s order, each once: from a list of names (the flag's words, a file's list) or a
+    string of names separated by commas or spaces; None stays None. Refused, naming ``field``
+    (``plan: FIELD``): a value of another type, an empty list, or a name not in ``allowed``."""
+    if value is None:
+        return None
+
+    def refuse(got, what: str) -> InputError:
+        return InputError(field=f"plan: {field}", value=got, allowed=what, setting=field)
+
+    words = [value] if isinstance(value, str) else list(value) if isinstance(value, (list, tuple)) else None
+    if words is None or not all(isinstance(w, str) for w in words):
+        raise refuse(value, f"expected {noun} names, of {', '.join(allowed)}")
+    names = [n for w in words for n in w.replace(",", " ").split()]
+    if not names:
+        raise refuse(value, f"expected at least one {noun}, of {', '.join(allowed)}")
+    for n in names:
+        if n not in allowed:
+            raise refuse(n, f"allowed: {', '.join(allowed)}")
+    return tuple(a for a in allowed if a in names)

@@ -54,7 +54,8 @@ recompute"); under block the MTP layers do not recompute (Megatron-Core skips th
 
 from __future__ import annotations
 
-from sim.errors import InputError, require
+from sim.errors import require
+from sim.inputs.fields import name_list
 
 RECOMPUTE_MODULES = ("core_attn", "layernorm", "mla_up_proj", "mlp", "moe", "moe_act", "shared_experts")
 """Megatron-Core's ``recompute_modules`` choices that trainsim models (module doc)."""
@@ -66,26 +67,11 @@ RECOMPUTE_METHODS = ("block", "uniform")
 FIELD = "recompute_modules"
 
 
-def _refuse(value, allowed: str) -> InputError:
-    return InputError(field=f"plan: {FIELD}", value=value, allowed=allowed, setting=FIELD)
-
-
 def parse_recompute_modules(value) -> tuple[str, ...] | None:
     """The modules as a tuple in ``RECOMPUTE_MODULES`` order, each once: from a list of
     names (the flag's words, an experiment file's list) or a string of names separated by
     commas or spaces. Refused: an empty list, or a name not in ``RECOMPUTE_MODULES``."""
-    if value is None:
-        return None
-    words = [value] if isinstance(value, str) else list(value) if isinstance(value, (list, tuple)) else None
-    if words is None or not all(isinstance(w, str) for w in words):
-        raise _refuse(value, f"expected module names, of {', '.join(RECOMPUTE_MODULES)}")
-    names = [n for w in words for n in w.replace(",", " ").split()]
-    if not names:
-        raise _refuse(value, f"expected at least one module, of {', '.join(RECOMPUTE_MODULES)}")
-    for n in names:
-        if n not in RECOMPUTE_MODULES:
-            raise _refuse(n, f"allowed: {', '.join(RECOMPUTE_MODULES)}")
-    return tuple(m for m in RECOMPUTE_MODULES if m in names)
+    return name_list(value, RECOMPUTE_MODULES, FIELD, "module")
 
 
 def modules_in_effect(recompute: str, modules=None) -> tuple[str, ...]:
