@@ -16,6 +16,10 @@ below it can also be given on its own (a given one wins over the framework's):
     llm-foundry   triton            backward_post      MPT on Composer's FSDP1: llm-foundry's attn_impl triton
                                                        (benchmark script at b2a43a147 / v0.3.0); Composer 0.16
                                                        sets backward_prefetch BACKWARD_POST by default
+    deepspeed     fa2               backward_pre       DeepSpeed's ZeRO (below) around a model it does not
+                                                       write: Hugging Face transformers' SDPA or flash_attn 2
+                                                       ("flash_attention_2"), Megatron-DeepSpeed's
+                                                       --use-flash-attn-v2: FlashAttention-2 either way
 
 ``attention_kernel`` (``HardwareProfile.attention_kernel_speed``): 'te' is the kernel the
 profile's ``attention_max_efficiency`` stands for (FlashAttention-3 / cuDNN on Hopper,
@@ -34,13 +38,67 @@ its own all-gather (overlapped only with the reduce-scatter beside it).
 ``reshard_after_forward`` is FSDP2's (``fully_shard(reshard_after_forward=...)``); False
 is FSDP1's SHARD_GRAD_OP: a layer's parameters gathered in forward stay until its backward
 is done, so backward gathers nothing (``sim.program.zero.add_param_gathers``).
+
+DeepSpeed's ZeRO, from its source (deepspeedai/DeepSpeed at edaa722, August 2026: the
+defaults of ``DeepSpeedZeroConfig`` in deepspeed/runtime/zero/config.py, ``DEEPSPEED_*`` below;
+all sizes are in elements, not bytes):
+
+- ZeRO-3 fetches parameters in each module's pre-forward and pre-backward hook
+  (partitioned_param_coordinator.py, ``fetch_sub_module``). Once the first step has recorded
+  the trace of modules, every fetch also prefetches the next parameters of the trace, at
+  most ``stage3_prefetch_bucket_size`` elements per fetch and never more than
+  ``stage3_max_live_parameters`` gathered at once (``__n_available_params``). Each fetch (one
+  per module, so at least one per weight matrix) moves the prefetch frontier on by a
+  bucket, so when a layer's matrices times the bucket reach the layer's parameters the
+  frontier outruns the compute and the lead is set by the live-parameter cap
+  (``deepspeed_prefetch_depth``); with a smaller bucket one layer ahead is what is
+  prefetched, at most (the simulator gathers whole layers).
+- Parameters of at most ``stage3_param_persistence_threshold`` elements
+  (parameter_offload.py ``mark_persistent_parameters``: ``ds_numel <= threshold``) are never
+  partitioned: norms and biases stay gathered, no fetch moves them; their gradients are
+  reduce-scattered with the rest and the step all-gathers them once after the optimizer
+  (stage3.py ``_post_step``: ``persistent_parameters[0].all_gather``).
+- A module's parameters are not released after its forward when they are used again
+  within ``stage3_max_reuse_distance`` elements of the trace (``__params_to_release``):
+  the layers at the end of the forward, reused by the backward that follows at once,
+  stay gathered (``deepspeed_kept_layers``).
+- Gradients go into a bucket, which is reduced when the next gradient would overflow
+  ``reduce_bucket_size`` (stage3.py ``reduce_independent_p_g_buckets_and_remove_grads``,
+  stage_1_and_2.py the same): a reduce-scatter under ZeRO-3 (``reduce_scatter_coalesced``);
+  under ZeRO-1/2, with ``use_multi_rank_bucket_allreduce`` on by default, ``average_tensor``
+  all-reduces the bucket (``allreduce_and_scatter``). With ``overlap_comm`` (default: on
+  for ZeRO-3 only, ``overlap_comm_valid``) the reduction runs on a stream of its own,
+  otherwise on the compute stream (``reduce_and_partition_stream`` is the default stream;
+  stage 1/2 ``average_tensor``: the current stream). ZeRO-2 and 3 reduce every
+  micro-batch; ZeRO-1 only at the accumulation boundary, in backward hooks with
+  ``overlap_comm``, else after it (``reduce_gradients``); without ZeRO the engine
+  all-reduces after backward in buckets of ``MEMORY_OPT_ALLREDUCE_SIZE`` = 5e8 elements
+  (engine.py ``allreduce_gradients`` -> ``buffered_allreduce_fallback``).
+- ZeRO-1/2's updated parameters are all-gathered in ``allgather_bucket_size`` pieces
+  (runtime/utils.py ``all_gather_dp_groups``). ZeRO-2 and 3 refuse pipeline parallelism
+  (runtime/pipe/engine.py: "ZeRO-2 and ZeRO-3 are incompatible with pipeline parallelism").
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from sim.errors import require
+from sim.inputs.model import ModelSpec, layer_params_per_rank
+
+DEEPSPEED_PREFETCH_BUCKET = 50_000_000
+"""``stage3_prefetch_bucket_size`` default, 5e7 elements (deepspeed/runtime/zero/config.py)."""
+DEEPSPEED_MAX_LIVE_PARAMETERS = 1_000_000_000
+"""``stage3_max_live_parameters`` default, 1e9 elements (deepspeed/runtime/zero/config.py)."""
+DEEPSPEED_PERSISTENCE_THRESHOLD = 100_000
+"""``stage3_param_persistence_threshold`` default, 1e5 elements (deepspeed/runtime/zero/config.py)."""
+DEEPSPEED_MAX_REUSE_DISTANCE = 1_000_000_000
+"""``stage3_max_reuse_distance`` default, 1e9 elements (deepspeed/runtime/zero/config.py)."""
+DEEPSPEED_BUCKET_ELEMS = 500_000_000
+"""``reduce_bucket_size`` and ``allgather_bucket_size`` defaults, 5e8 elements
+(deepspeed/runtime/zero/config.py); also the engine's all-reduce bucket without ZeRO
+(deepspeed/runtime/engine.py ``MEMORY_OPT_ALLREDUCE_SIZE``)."""
 
 ATTENTION_KERNELS = ("te", "fa2", "triton")
 BACKWARD_PREFETCH = ("backward_pre", "backward_post")
@@ -61,6 +119,8 @@ FRAMEWORKS = {
     "automodel": Framework("te", "backward_pre", "NeMo AutoModel: FSDP2 with prefetch, Transformer Engine kernels"),
     "llm-foundry": Framework("triton", "backward_post",
                              "llm-foundry MPT on Composer FSDP1: Triton flash attention, BACKWARD_POST prefetch"),
+    "deepspeed": Framework("fa2", "backward_pre",
+                           "DeepSpeed ZeRO: hook-driven trace prefetch, persistent small parameters, FlashAttention-2"),
 }
 DEFAULT_FRAMEWORK = "megatron"
 
@@ -100,3 +160,157 @@ def check_framework_plan(plan) -> None:
         require(value == default or plan.zero_stage == 3, f"plan: {field}", value,
                 f"needs zero 3 (got {plan.zero_stage}): it says how FSDP / ZeRO-3 gathers the parameters",
                 setting=field)
+    check_deepspeed_plan(plan)
+
+
+def check_deepspeed_plan(plan) -> None:
+    """DeepSpeed's own settings only under it, with their bounds; and under it none of the
+    settings of the frameworks it is not (FSDP's, Megatron-LM's)."""
+    for field in ("zero3_param_persistence_threshold", "zero3_max_reuse_distance"):
+        value = getattr(plan, field)
+        require(value is None or isinstance(value, (int, float)) and not isinstance(value, bool)
+                and math.isfinite(value) and value >= 0, f"plan: {field}", value,
+                "expected a finite number of parameters >= 0", setting=field)
+    require(plan.overlap_comm is None or isinstance(plan.overlap_comm, bool), "plan: overlap_comm", plan.overlap_comm,
+            "expected true or false", setting="overlap_comm")
+    if not is_deepspeed(plan):
+        for field in DEEPSPEED_ONLY:
+            require(getattr(plan, field) is None, f"plan: {field}", getattr(plan, field),
+                    f"DeepSpeed's setting: needs framework deepspeed (got {plan.framework or DEFAULT_FRAMEWORK})",
+                    setting=field)
+        return
+    for field, setting, value, ok, why in (
+            ("backward_prefetch", "backward_prefetch", plan.backward_prefetch, plan.backward_prefetch is None,
+             "FSDP1's; DeepSpeed prefetches along its trace (zero3_prefetch_bucket_size)"),
+            ("reshard_after_forward", "reshard_after_forward", plan.reshard_after_forward, plan.reshard_after_forward,
+             "FSDP's; DeepSpeed keeps what is reused within zero3_max_reuse_distance"),
+            ("zero3_prefetch_depth", "zero3_prefetch_depth", plan.zero3_prefetch_depth, plan.zero3_prefetch_depth == 1,
+             "DeepSpeed prefetches by elements, not layers: give zero3_prefetch_bucket_size"),
+            ("param_gather_overlap", "overlap_param_gather", plan.param_gather_overlap, not plan.param_gather_overlap,
+             "Megatron-LM's; DeepSpeed all-gathers ZeRO-1/2's parameters after the step"),
+            ("dp_overlap", "overlap_grad_reduce", plan.dp_overlap, plan.dp_overlap,
+             "Megatron-LM's; DeepSpeed's is overlap_comm"),
+            ("pp", "pipeline_model_parallel_size", plan.pp, plan.pp == 1 or plan.zero_stage < 2,
+             f"must be 1 under DeepSpeed with zero {plan.zero_stage} (its pipeline engine: \"ZeRO-2 and ZeRO-3 are "
+             "incompatible with pipeline parallelism\")")):
+        require(ok, f"plan: {field}", value, f"not a setting of framework deepspeed: {why}" if field != "pp" else why,
+                setting=setting)
+
+
+def check_deepspeed_model(plan, model: ModelSpec) -> None:
+    """DeepSpeed's ZeRO-3 is modelled per tensor (``layer_tensors``) for standard layers only."""
+    if not is_deepspeed(plan) or plan.zero_stage != 3:
+        return
+    what = ("layer patterns" if model.layers is not None else "MLA" if model.mla
+            else "experts" if model.num_experts is not None else None)
+    require(what is None, "plan: framework", "deepspeed", f"with zero 3 not modelled for a model with {what} "
+            f"({model.name}): its tensors are counted for standard transformer layers only", setting="framework")
+
+
+# ---------------------------------------------------------------- DeepSpeed's ZeRO
+DEEPSPEED_ONLY = ("zero3_param_persistence_threshold", "zero3_max_reuse_distance", "overlap_comm")
+"""Settings only DeepSpeed has (refused under another framework)."""
+
+
+def is_deepspeed(plan) -> bool:
+    return plan.framework == "deepspeed"
+
+
+def overlap_comm_in_effect(plan) -> bool:
+    """DeepSpeed's ``overlap_comm``: as given, else on for ZeRO-3 only (``overlap_comm_valid``)."""
+    return plan.overlap_comm if plan.overlap_comm is not None else plan.zero_stage == 3
+
+
+def _deepspeed_value(plan, attr: str, default: float) -> float:
+    value = getattr(plan, attr)
+    return default if value is None else value
+
+
+def max_live_parameters_in_effect(plan) -> float | None:
+    """ZeRO-3's cap on gathered parameters: as given, else DeepSpeed's default under
+    DeepSpeed, else none."""
+    if plan.zero3_max_live_parameters is not None or not is_deepspeed(plan):
+        return plan.zero3_max_live_parameters
+    return DEEPSPEED_MAX_LIVE_PARAMETERS
+
+
+def persistence_threshold_in_effect(plan) -> float | None:
+    """DeepSpeed's ``stage3_param_persistence_threshold`` (None: not DeepSpeed, nothing persists)."""
+    if not is_deepspeed(plan):
+        return None
+    return _deepspeed_value(plan, "zero3_param_persistence_threshold", DEEPSPEED_PERSISTENCE_THRESHOLD)
+
+
+def layer_tensors(model: ModelSpec, tp: int) -> tuple[float, ...]:
+    """The parameter tensors (elements on one of ``tp`` ranks) of a transformer layer of a
+    model without layer patterns or MLA, in Megatron-Core's layout (the one
+    ``sim.inputs.model.layer_param_split`` counts): the two norms (weight, and bias under
+    LayerNorm, h each), the fused QKV weight and bias, the output projection and its bias,
+    the MLP's input (gate and up fused under SwiGLU) and output weights and their biases.
+    Column-parallel tensors are split over tp, row-parallel biases and norms are not."""
+    m, h, t = model, model.hidden_size, tp
+    qkv, f_up = m.q_dim + 2 * m.kv_dim, (2 if m.mlp == "swiglu" else 1) * m.ffn_hidden_size
+    norms = (h,) * (2 * (m.norm_params // h))
+    weights = (h * qkv / t, m.q_dim * h / t, h * f_up / t, m.ffn_hidden_size * h / t)
+    biases = (qkv / t, h, f_up / t, h) if m.bias else ()
+    return norms + weights + biases
+
+
+def _persistent(sizes, threshold: float | None) -> float:
+    return 0.0 if threshold is None else float(sum(n for n in sizes if n <= threshold))
+
+
+def persistent_params(model: ModelSpec, plan, layer: int) -> float:
+    """Elements of ``layer`` (-1: the embedding, ``num_layers``: the head) on one rank that
+    DeepSpeed never partitions: each tensor of at most the persistence threshold (none
+    outside DeepSpeed). The embedding's tensors are the word table (V·h/t) and the learned
+    positions; the head's the final norm and the untied output matrix (V·h/t)."""
+    threshold, h, t = persistence_threshold_in_effect(plan), model.hidden_size, plan.tp
+    if threshold is None:
+        return 0.0
+    if layer == -1:
+        pos = model.max_position_embeddings if model.position_embedding == "learned" else 0
+        return _persistent((model.vocab_size * h / t, pos * h / t), threshold)
+    if layer == model.num_layers:
+        norms = (h / t,) * (model.norm_params // h)  # the head's bytes count the final norm over tp too
+        return _persistent(norms + (() if model.tied_embeddings else (model.vocab_size * h / t,)), threshold)
+    return _persistent(layer_tensors(model, t), threshold)
+
+
+DEEPSPEED_FETCHES_PER_LAYER = 6
+"""Module hooks that fetch in one transformer layer, at least: the modules that hold its
+parameters in Megatron-Core's fused layout (two norms, QKV, projection, MLP in and out).
+Every module's pre-forward hook calls ``fetch_sub_module``, which prefetches a bucket;
+Hugging Face's unfused q, k, v, gate and up and the container modules add more."""
+
+
+def deepspeed_prefetch_depth(model: ModelSpec, plan) -> int:
+    """Layers gathered ahead of the one in use under DeepSpeed's ZeRO-3 (module doc): none
+    without a prefetch bucket; the live-parameter cap's when the layer's fetches times the
+    bucket reach its partitioned parameters (the frontier outruns the compute until
+    ``stage3_max_live_parameters`` stops it); else one."""
+    bucket = _deepspeed_value(plan, "zero3_prefetch_bucket_size", DEEPSPEED_PREFETCH_BUCKET)
+    per_layer = layer_params_per_rank(model, plan.tp) - persistent_params(model, plan, 0)
+    if bucket <= 0 or per_layer <= 0:
+        return 0
+    if DEEPSPEED_FETCHES_PER_LAYER * bucket < per_layer:
+        return 1
+    return max(0, int(max_live_parameters_in_effect(plan) // per_layer) - 1)
+
+
+def deepspeed_kept_layers(model: ModelSpec, plan, layers: list[int]) -> frozenset[int]:
+    """Layers (ids of ``layers``, in forward order: -1 the embedding, ``num_layers`` the
+    head) whose forward gather DeepSpeed keeps for the backward that follows: after a
+    module's forward, ``__params_to_release`` walks the trace on and keeps its parameters
+    when it meets them again before ``stage3_max_reuse_distance`` elements. From layer i the
+    walk crosses the forward of the layers after it and their backward (each layer one
+    module here, all its parameters counted) before it reaches i's backward."""
+    distance = _deepspeed_value(plan, "zero3_max_reuse_distance", DEEPSPEED_MAX_REUSE_DISTANCE)
+    t = plan.tp
+    size = {-1: model.embedding_params / t, model.num_layers: model.output_params / t}
+    kept, after = set(), 0.0
+    for lid in reversed(layers):
+        if 2 * after < distance:
+            kept.add(lid)
+        after += size.get(lid, layer_params_per_rank(model, t))
+    return frozenset(kept)

@@ -49,7 +49,8 @@ from sim.inputs.cuda_graphs import SCOPES as CUDA_GRAPH_SCOPES, check_cuda_graph
     parse_cuda_graph
 from sim.inputs.experts import DISPATCHERS, check_ep_overlap_plan, check_expert_model, check_expert_plan
 from sim.inputs.fields import setting
-from sim.inputs.frameworks import ATTENTION_KERNELS, BACKWARD_PREFETCH, FRAMEWORKS, check_framework_plan
+from sim.inputs.frameworks import (ATTENTION_KERNELS, BACKWARD_PREFETCH, FRAMEWORKS, check_deepspeed_model,
+                                   check_framework_plan)
 from sim.inputs.recompute import RECOMPUTE_METHODS, RECOMPUTE_MODULES, check_recompute_layers, check_recompute_model, \
     check_recompute_plan, modules_in_effect, parse_recompute_modules
 from sim.inputs.tp_overlap import parse as parse_tp_overlap
@@ -291,8 +292,9 @@ class ParallelPlan:
         choices=tuple(FRAMEWORKS),
         help="the training framework that ran: megatron (Megatron-Core / NeMo, what the presets are fitted to; the "
              "default), torchtitan (FSDP2, SDPA's FlashAttention-2), automodel (NeMo AutoModel: FSDP2, Transformer "
-             "Engine kernels) or llm-foundry (MPT on Composer's FSDP1: Triton flash attention, BACKWARD_POST "
-             "prefetch); sets the defaults of --attention-kernel and --backward-prefetch")
+             "Engine kernels), llm-foundry (MPT on Composer's FSDP1: Triton flash attention, BACKWARD_POST "
+             "prefetch) or deepspeed (DeepSpeed's ZeRO: trace prefetch, persistent small parameters, overlap_comm; "
+             "FlashAttention-2); sets the defaults of --attention-kernel and --backward-prefetch")
     """``sim.inputs.frameworks``; None: Megatron-Core."""
     attention_kernel: str | None = setting(
         choices=ATTENTION_KERNELS,
@@ -345,9 +347,28 @@ class ParallelPlan:
              "backward (FSDP2's reshard_after_forward, FSDP1's FULL_SHARD; default on); "
              "--no-reshard-after-forward keeps them until the layer's backward is done (FSDP1's SHARD_GRAD_OP)")
     """``sim.program.zero.add_param_gathers``."""
+    zero3_param_persistence_threshold: float | None = setting(
+        type=Number(float, minimum=0), metavar="PARAMS", tables=((_ZERO, "stage3_param_persistence_threshold"),),
+        help="DeepSpeed ZeRO-3: parameter tensors of at most this many elements are never partitioned, stay "
+             "gathered and are not fetched (stage3_param_persistence_threshold; default 1e5 under --framework "
+             "deepspeed, which alone has it)")
+    """``sim.inputs.frameworks.persistent_params``; None: DeepSpeed's default."""
+    zero3_max_reuse_distance: float | None = setting(
+        type=Number(float, minimum=0), metavar="PARAMS", tables=((_ZERO, "stage3_max_reuse_distance"),),
+        help="DeepSpeed ZeRO-3: a layer gathered for forward stays gathered for its backward when fewer "
+             "parameters than this are used in between (stage3_max_reuse_distance; default 1e9 under --framework "
+             "deepspeed, which alone has it)")
+    """``sim.inputs.frameworks.deepspeed_kept_layers``; None: DeepSpeed's default."""
+    overlap_comm: bool | None = setting(
+        kind="bool", tables=((_ZERO, "overlap_comm"),),
+        help="DeepSpeed: reduce the gradient buckets on a stream of their own, under backward; --no-overlap-comm "
+             "reduces them on the compute stream (default: on for --zero 3, off otherwise, DeepSpeed's; "
+             "--framework deepspeed only)")
+    """``sim.inputs.frameworks.overlap_comm_in_effect``; None: DeepSpeed's default."""
     zero_bucket_size_bytes: int | None = setting(
         name="zero_bucket_size", metavar="BYTES", convert=partial(parse_size, field="--zero-bucket-size"),
-        help="ZeRO-2/3 gradient reduce-scatter bucket, e.g. 500MB (default: --bucket-size)")
+        help="ZeRO-2/3 gradient reduce-scatter bucket, e.g. 500MB (default: --bucket-size; under --framework "
+             "deepspeed, ZeRO-1/2/3's reduce bucket, default reduce_bucket_size 5e8 elements)")
     """DeepSpeed ``reduce_bucket_size``; None uses ``bucket_size_bytes``."""
     fp8_param_gather: bool = setting(
         False, kind="switch",
@@ -677,6 +698,7 @@ class ParallelPlan:
         check_recompute_model(self, model)
         check_recompute_layers(self, model)
         check_cuda_graph_model(self, model)
+        check_deepspeed_model(self, model)
 
     @property
     def etp_size(self) -> int:

@@ -131,7 +131,11 @@ def plan_from_settings(p: PlanRequest, gpus: int | None, model: ModelSpec) -> Pa
             _plan_require(cond, "schedule", schedule, allowed)
         values.update(schedule="custom", schedule_file=schedule)
     bucket = values.get("zero3_prefetch_bucket_size")
-    if bucket is not None:
+    if values.get("framework") == "deepspeed":  # DeepSpeed's prefetch is its own (sim.inputs.frameworks)
+        _plan_require("zero3_prefetch_depth" not in values, "zero3_prefetch_depth", values.get("zero3_prefetch_depth"),
+                      "not a setting of framework deepspeed: DeepSpeed prefetches by elements, not layers: give "
+                      "--zero3-prefetch-bucket-size")
+    elif bucket is not None:
         _plan_require("zero3_prefetch_depth" not in values, "zero3_prefetch_bucket_size", bucket,
                       "give it or --zero3-prefetch-depth, not both")
         values["zero3_prefetch_depth"] = math.ceil(bucket / layer_params_per_rank(model, tp))

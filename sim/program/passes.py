@@ -257,7 +257,7 @@ def layer_uses(acts, kinds) -> list[tuple[str, int, int, int]]:
 def add_grad_sync(prog: Program, grad_bytes: Callable[[int, int], float], dp_group: Callable[[int], tuple[int, ...]],
                   bucket_bytes: float, overlap: bool = True, backward=("B", "W"), op: str = "allreduce",
                   every_microbatch: bool = False, bucket_memory: bool = False,
-                  label: str = "grad bucket") -> Program:
+                  label: str = "grad bucket", at_most: bool = False, on_compute: bool = False) -> Program:
     """Gradient buckets over the data-parallel group (stream ``dp``).
 
     Per rank, the layers' gradients (``grad_bytes(rank, layer)``) are packed, in the order
@@ -269,7 +269,9 @@ def add_grad_sync(prog: Program, grad_bytes: Callable[[int, int], float], dp_gro
     With ``bucket_memory`` the bucket's full-size gradients are counted (category
     ``buckets``) from its first layer's backward until its collective ends. Layers with no
     gradient of the kind (``grad_bytes`` 0: a dense layer's experts) are left out; ``label``
-    names the buckets.
+    names the buckets. DeepSpeed's buckets (``at_most``) hold at most ``bucket_bytes``
+    (``pack_buckets``); with ``on_compute`` each runs on the stream of the backward that
+    fills it, which waits for it (DeepSpeed without ``overlap_comm``).
     """
     out: dict[int, list[Action]] = {}
     for r, acts in prog.actions.items():
@@ -294,12 +296,13 @@ def add_grad_sync(prog: Program, grad_bytes: Callable[[int, int], float], dp_gro
         mem_start: dict[int, list[tuple]] = {}
         k = 0
         for grp in groups:
-            for nb, members in pack_buckets(grp, lambda u: grad_bytes(r, u[1]), bucket_bytes):
+            for nb, members in pack_buckets(grp, lambda u: grad_bytes(r, u[1]), bucket_bytes, at_most):
                 anchor = members[-1][3] if overlap else last_backward
                 layers = [u[1] for u in members]
                 tag = f" of {members[0][0]}" if every_microbatch else ""
                 act = Action(f"{label} {k} (layers {layers[0]}..{layers[-1]}){tag}", kind="collective", op=op,
-                             group=group, nbytes=nb, category="dp", stream="dp", deps=(lst[anchor].name,),
+                             group=group, nbytes=nb, category="dp",
+                             stream=lst[anchor].stream if on_compute else "dp", deps=(lst[anchor].name,),
                              mem=(("end", "buckets", -nb),) if bucket_memory else ())
                 after.setdefault(anchor, []).append(act)
                 if bucket_memory:
@@ -315,14 +318,20 @@ def add_grad_sync(prog: Program, grad_bytes: Callable[[int, int], float], dp_gro
     return prog.with_actions(out)
 
 
-def pack_buckets(items, size_of: Callable, bucket_bytes: float) -> list[tuple[float, list]]:
+def pack_buckets(items, size_of: Callable, bucket_bytes: float, at_most: bool = False) -> list[tuple[float, list]]:
     """``items`` in their order, packed into (bytes, members) buckets of at least
-    ``bucket_bytes`` (the last may hold less); items of ``size_of`` 0 are left out."""
+    ``bucket_bytes`` (the last may hold less); items of ``size_of`` 0 are left out. With
+    ``at_most`` (DeepSpeed's: a bucket is reduced when the next gradient would overflow it)
+    a bucket closes before the item that would take it over ``bucket_bytes``; an item
+    larger than that is a bucket of its own."""
     buckets, size, members = [], 0.0, []
     for item in items:
         nb = size_of(item)
         if not nb:
             continue
+        if at_most and members and size + nb > bucket_bytes:
+            buckets.append((size, members))
+            size, members = 0.0, []
         size += nb
         members.append(item)
         if size >= bucket_bytes:

@@ -47,12 +47,14 @@ argument list (``sim.session`` calls it).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 from typing import Callable
 
 from sim.errors import InputError
 from sim.inputs.experts import Folding
-from sim.inputs.frameworks import backward_prefetch_in_effect
+from sim.inputs.frameworks import (backward_prefetch_in_effect, deepspeed_kept_layers, is_deepspeed,
+                                   overlap_comm_in_effect, persistent_params)
 from sim.inputs.hardware import HardwareProfile
 from sim.inputs.model import ModelSpec, layer_param_split, mtp_param_split
 from sim.inputs.plan import ParallelPlan
@@ -161,9 +163,30 @@ def _expert_bytes(split: dict[int, list[float]]) -> Callable[[int, int], float]:
     return lambda rank, lid: split[lid][1] if lid in split else 0.0
 
 
+def _persistent_bytes(ctx: BuildContext) -> Callable[[int], float]:
+    """layer -> the 16-bit bytes of its parameters that DeepSpeed's ZeRO-3 never partitions
+    (``sim.inputs.frameworks.persistent_params``; 0 outside DeepSpeed): the embedding (-1),
+    a transformer layer, the head."""
+    model, plan = ctx.model, ctx.plan
+    got = {lid: 2.0 * persistent_params(model, plan, lid) for lid in (-1, 0, model.num_layers)}
+    return lambda lid: got[lid] if lid in (-1, model.num_layers) else got[0] if 0 <= lid < model.num_layers else 0.0
+
+
 def _sync_options(plan: ParallelPlan) -> dict:
     z = plan.zero_stage
+    if is_deepspeed(plan):  # sim.inputs.frameworks: DeepSpeed's reduction of the gradient buckets
+        return dict(op="reducescatter" if z == 3 else "allreduce", every_microbatch=z >= 2, bucket_memory=z >= 2,
+                    at_most=z >= 1, on_compute=z >= 1 and not overlap_comm_in_effect(plan))
     return dict(op="allreduce" if z == 0 else "reducescatter", every_microbatch=z >= 2, bucket_memory=z >= 2)
+
+
+def _sync_overlap(plan: ParallelPlan) -> bool:
+    """Whether the buckets are reduced under backward: as the plan says, and under DeepSpeed
+    for ZeRO-2/3 (backward hooks) and for ZeRO-1 with ``overlap_comm``; not without ZeRO
+    (the engine's all-reduce after backward)."""
+    if is_deepspeed(plan):
+        return plan.zero_stage >= 2 or plan.zero_stage == 1 and overlap_comm_in_effect(plan)
+    return plan.dp_overlap
 
 
 def _stage_of(plan: ParallelPlan) -> Callable[[int], int]:
@@ -262,13 +285,14 @@ def grad_sync(ctx: BuildContext, draft: Draft) -> Draft:
     bucket, sync = sync_bucket_bytes(plan), _sync_options(plan)
     scale = grad_reduce_scale(plan)
     dense = _grad_bytes(ctx)
+    overlap = _sync_overlap(plan)
     prog = passes.add_grad_sync(draft.program, lambda r, lid: scale * dense(r, lid), plan.dp_group, scale * bucket,
-                                plan.dp_overlap, **sync)
+                                overlap, **sync)
     split = _expert_split(ctx)
     if split:
         experts = _expert_bytes(split)
         prog = passes.add_grad_sync(prog, lambda r, lid: scale * experts(r, lid), ctx.folding.edp_group, scale * bucket,
-                                    plan.dp_overlap, label="expert grad bucket", **sync)
+                                    overlap, label="expert grad bucket", **sync)
     return draft.with_program(prog)
 
 
@@ -281,12 +305,15 @@ def zero3_gather(ctx: BuildContext, draft: Draft) -> Draft:
     plan = ctx.plan
     if plan.zero_stage != 3:
         return draft
-    depth = zero3_depth(ctx.model, plan)
+    model, depth = ctx.model, zero3_depth(ctx.model, plan)
     how = dict(backward_depth=0 if backward_prefetch_in_effect(plan) == "backward_post" else None,
                reshard_after_forward=plan.reshard_after_forward)
     grad_bytes, (fp8_saved, expert_share) = _grad_bytes(ctx), _fp8_gather_savings(ctx)
-    prog = zero.add_param_gathers(draft.program, lambda r, lid: grad_bytes(r, lid) - fp8_saved(lid), plan.dp_group,
-                                  depth, **how)
+    persistent = _persistent_bytes(ctx)
+    if is_deepspeed(plan):  # sim.inputs.frameworks: what DeepSpeed keeps for the backward right after
+        how["kept_layers"] = deepspeed_kept_layers(model, plan, list(range(-1, model.num_layers + 1)))
+    prog = zero.add_param_gathers(draft.program, lambda r, lid: grad_bytes(r, lid) - fp8_saved(lid) - persistent(lid),
+                                  plan.dp_group, depth, **how)
     split = _expert_split(ctx)
     if split:
         experts = _expert_bytes(split)
@@ -330,6 +357,15 @@ def param_gather(ctx: BuildContext, draft: Draft) -> Draft:
     weights (``fp8_param_gather``) in 1 byte instead of 2 (MXFP8 ones in BF16,
     ``_fp8_gather_savings``); the experts' over their group."""
     model, plan = ctx.model, ctx.plan
+    if plan.zero_stage == 3 and is_deepspeed(plan):  # DeepSpeed's persistent parameters, once after the step
+        done = "params to GPU" if plan.offload_optimizer else "optimizer"
+        stage_layers, stage = plan.stage_layers(model), _stage_of(plan)
+        persistent = _persistent_bytes(ctx)
+        nb = [stage_layers[s] * persistent(0) + (persistent(-1) if s == 0 else 0)
+              + (persistent(model.num_layers) if s == plan.pp - 1 else 0) for s in range(plan.pp)]
+        return draft.with_program(zero.add_param_allgather(draft.program, lambda r: nb[stage(r)], plan.dp_group,
+                                                           math.inf, done, lambda r: 1,
+                                                           label="persistent params allgather"))
     if plan.zero_stage not in (1, 2):
         return draft
     bucket, split, prog = sync_bucket_bytes(plan), _expert_split(ctx), draft.program

@@ -132,7 +132,7 @@ def _split(step: str) -> tuple[int, str, int]:
 def add_param_gathers(prog: Program, layer_bytes: Callable[[int, int], float],
                       dp_group: Callable[[int], tuple[int, ...]], depth: int,
                       label: str = "gather layer", backward_depth: int | None = None,
-                      reshard_after_forward: bool = True) -> Program:
+                      reshard_after_forward: bool = True, kept_layers: frozenset | None = None) -> Program:
     """ZeRO-3: all-gather a layer's parameters (stream ``zero``) before each use and free
     them after it. The gather for the i-th use may start once use i − depth − 1 is done,
     so ``depth`` layers are fetched ahead while earlier ones compute; in backward steps
@@ -140,7 +140,8 @@ def add_param_gathers(prog: Program, layer_bytes: Callable[[int, int], float],
     the layer used before it is done, ``sim.inputs.frameworks``). Without
     ``reshard_after_forward`` (FSDP1's SHARD_GRAD_OP) a layer gathered for a micro-batch's
     forward stays gathered until that micro-batch's backward of it is done, and backward
-    gathers nothing. Layers of ``layer_bytes`` 0 (a dense layer's experts) get no gather;
+    gathers nothing; with ``kept_layers`` only those layers are kept so (DeepSpeed's
+    ``stage3_max_reuse_distance``, ``sim.inputs.frameworks.deepspeed_kept_layers``). Layers of ``layer_bytes`` 0 (a dense layer's experts) get no gather;
     ``label`` names the gathers (``{label} {layer} for {step}``). Called again with the
     experts' bytes and group, a layer's expert gather follows its dense one on the same
     stream, as FSDP2 issues each module's all-gather on one stream."""
@@ -152,7 +153,8 @@ def add_param_gathers(prog: Program, layer_bytes: Callable[[int, int], float],
             out[r] = lst
             continue
         uses = layer_uses(lst, PIPELINE)  # (step, layer, first, last)
-        kept = {} if reshard_after_forward else _kept_until_backward(uses)
+        kept = _kept_until_backward(uses) if not reshard_after_forward else \
+            _kept_until_backward(uses, kept_layers) if kept_layers else {}
         before: dict[int, list[Action]] = {}
         extra_deps: dict[int, list[str]] = {}
         frees: dict[int, list[tuple]] = {}
@@ -179,13 +181,16 @@ def add_param_gathers(prog: Program, layer_bytes: Callable[[int, int], float],
     return prog.with_actions(out)
 
 
-def _kept_until_backward(uses) -> dict[int, int]:
+def _kept_until_backward(uses, layers: frozenset | None = None) -> dict[int, int]:
     """Without reshard after forward: index of each forward use (in ``uses``) -> the index
     of the last backward use of the same layer, chunk and micro-batch (where its gathered
-    parameters are freed), and each such backward use -> -1 (it gathers nothing)."""
+    parameters are freed), and each such backward use -> -1 (it gathers nothing); only of
+    the ``layers`` given, when given."""
     forward: dict[tuple, int] = {}
     out: dict[int, int] = {}
     for k, (step, layer, _first, _last) in enumerate(uses):
+        if layers is not None and layer not in layers:
+            continue
         stage, kind, mb = _split(step)
         key = (stage, mb, layer)
         if kind == "F":

@@ -43,15 +43,15 @@ import math
 from dataclasses import dataclass
 
 from sim.errors import require
+from sim.inputs.frameworks import (DEEPSPEED_BUCKET_ELEMS, DEEPSPEED_MAX_LIVE_PARAMETERS, deepspeed_prefetch_depth,
+                                   is_deepspeed)
 from sim.inputs.layers import DenseMLP, FullAttention
 from sim.inputs.model import ModelSpec, layer_param_split, layer_params_per_rank, mtp_param_split
 from sim.inputs.plan import ParallelPlan
 from sim.program.fp8 import BF16_BYTES, weight_copy_bytes
 
-DEEPSPEED_REDUCE_BUCKET_ELEMS = 500_000_000
+DEEPSPEED_REDUCE_BUCKET_ELEMS = DEEPSPEED_BUCKET_ELEMS
 """DeepSpeed's default ``zero_optimization.reduce_bucket_size`` (elements)."""
-DEEPSPEED_MAX_LIVE_PARAMETERS = 1_000_000_000
-"""DeepSpeed's default ``zero_optimization.stage3_max_live_parameters``."""
 
 
 @dataclass(frozen=True)
@@ -219,7 +219,10 @@ def zero3_gathered_param_bytes(layer_params: float, prefetch_layers: int = 1, pa
 
 def zero3_depth(model: ModelSpec, plan: ParallelPlan) -> int:
     """Layers gathered ahead under ZeRO-3: the plan's depth, capped so that at most
-    ``zero3_max_live_parameters`` gathered parameters are alive at once."""
+    ``zero3_max_live_parameters`` gathered parameters are alive at once; under DeepSpeed
+    its own (``sim.inputs.frameworks.deepspeed_prefetch_depth``)."""
+    if is_deepspeed(plan):
+        return deepspeed_prefetch_depth(model, plan)
     depth = plan.zero3_prefetch_depth
     if plan.zero3_max_live_parameters is not None:
         per_layer = layer_params_per_rank(model, plan.tp)
@@ -240,7 +243,11 @@ def sync_bucket_bytes(plan: ParallelPlan) -> float:
     Megatron-LM reduces them ("Set bucket_size to infinity if overlap_grad_reduce is
     False": megatron/core/distributed/distributed_data_parallel.py; the 2021 local DDP
     all-reduced its whole contiguous gradient buffer at once), its parameter all-gather
-    too."""
+    too. Under DeepSpeed every stage's bucket is ``zero_bucket_size_bytes`` when set, else
+    5e8 16-bit elements (``reduce_bucket_size``, ``allgather_bucket_size``, and the engine's
+    all-reduce bucket without ZeRO: ``sim.inputs.frameworks``)."""
+    if is_deepspeed(plan):
+        return plan.zero_bucket_size_bytes or grad_bucket_bytes()
     if plan.zero_stage >= 2:
         return plan.zero_bucket_size_bytes or plan.bucket_size_bytes
     return plan.bucket_size_bytes if plan.dp_overlap else math.inf
