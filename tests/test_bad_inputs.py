@@ -789,6 +789,8 @@ FLAG_CASES = [
      ["--zero3-prefetch-depth", "2", "not a setting of framework deepspeed", "--zero3-prefetch-bucket-size"]),
     (RUN[:-4] + ["--framework", "deepspeed", "--zero", "3", "--no-reshard-after-forward"],
      ["--reshard-after-forward", "not a setting of framework deepspeed"]),
+    (RUN[:-4] + ["--framework", "deepspeed", "--zero", "3", "--fp8-format", "hybrid", "--fp8-param-gather"],
+     ["--fp8-param-gather", "not a setting of framework deepspeed"]),
     (RUN + ["--framework", "deepspeed", "--no-overlap-grad-reduce"],
      ["--overlap-grad-reduce", "not a setting of framework deepspeed", "overlap_comm"]),
     (RUN[:-4] + ["--framework", "deepspeed", "--zero", "3", "--num-experts", "4", "--expert-model-parallel-size", "2"],

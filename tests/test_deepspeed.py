@@ -71,6 +71,9 @@ def test_max_reuse_distance_decides_what_backward_gathers_again():
     names = sorted(a.name for a in _collectives(plan, "allgather") if a.name.startswith("gather layer"))
     assert names == ["gather layer -1 for 0B0", "gather layer -1 for 0F0", "gather layer 0 for 0B0",
                      "gather layer 0 for 0F0", "gather layer 1 for 0F0"]
+    # two micro-batches: each forward's gathers are kept for its own backward, none across micro-batches
+    two = [a.name for a in _collectives(_plan(global_batch_size=4), "allgather") if a.name.startswith("gather layer")]
+    assert sorted(two) == sorted(f"gather layer {lid} for 0F{mb}" for lid in (-1, 0, 1) for mb in (0, 1))
     # distance 0: nothing is kept, every partitioned layer is gathered for forward and again for backward
     assert len([a for a in _collectives(_plan(zero3_max_reuse_distance=0), "allgather")
                 if a.name.startswith("gather layer")]) == 6

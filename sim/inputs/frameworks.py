@@ -190,6 +190,8 @@ def check_deepspeed_plan(plan) -> None:
              "Megatron-LM's; DeepSpeed all-gathers ZeRO-1/2's parameters after the step"),
             ("dp_overlap", "overlap_grad_reduce", plan.dp_overlap, plan.dp_overlap,
              "Megatron-LM's; DeepSpeed's is overlap_comm"),
+            ("fp8_param_gather", "fp8_param_gather", plan.fp8_param_gather, not plan.fp8_param_gather,
+             "Megatron-LM's (NeMo's fp8_params); DeepSpeed gathers 16-bit parameters"),
             ("pp", "pipeline_model_parallel_size", plan.pp, plan.pp == 1 or plan.zero_stage < 2,
              f"must be 1 under DeepSpeed with zero {plan.zero_stage} (its pipeline engine: \"ZeRO-2 and ZeRO-3 are "
              "incompatible with pipeline parallelism\")")):
