@@ -141,3 +141,26 @@ def test_megatron_zero3_is_unchanged():
     gathers = _collectives(plan, "allgather")
     assert len(gathers) == 2 * 4  # embedding, 2 layers, head; forward and backward
     assert sum(a.nbytes for a in gathers) == pytest.approx(2 * 2 * ((V + S) * H + 2 * LAYER + HEAD), rel=1e-12)
+
+
+def test_contiguous_gradients_buffers_are_resident_at_the_reduce_bucket_size():
+    # stage3.py allocates one buffer of reduce_bucket_size elements (5e8, 1e9 bytes in 16 bits) however small
+    # the model; stage_1_and_2.py one, and a second with overlap_comm. They hold the gradients being reduced,
+    # so no bucket memory comes and goes beside them; without contiguous_gradients it does, and no buffer
+    from sim.program.memory import stage_resident_bytes
+
+    def resident_buckets(**kw):
+        return stage_resident_bytes(TWO, _plan(**kw), 0, 0.0).get("buckets", 0.0)
+
+    assert resident_buckets() == 1e9
+    assert resident_buckets(zero_stage=2) == 1e9
+    assert resident_buckets(zero_stage=2, overlap_comm=True) == 2e9
+    assert resident_buckets(zero_stage=1, zero_bucket_size_bytes=4_000_000) == 4e6
+    assert resident_buckets(contiguous_gradients=False) == 0.0
+    assert resident_buckets(zero_stage=0) == 0.0
+
+    def bucket_mem(**kw):
+        return [m for a in _collectives(_plan(**kw), "reducescatter") for m in a.mem if m[1] == "buckets"]
+
+    assert bucket_mem() == []
+    assert bucket_mem(contiguous_gradients=False) == [("end", "buckets", -2 * (HEAD + 2 * LAYER + (V + S) * H))]

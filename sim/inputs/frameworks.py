@@ -171,8 +171,9 @@ def check_deepspeed_plan(plan) -> None:
         require(value is None or isinstance(value, (int, float)) and not isinstance(value, bool)
                 and math.isfinite(value) and value >= 0, f"plan: {field}", value,
                 "expected a finite number of parameters >= 0", setting=field)
-    require(plan.overlap_comm is None or isinstance(plan.overlap_comm, bool), "plan: overlap_comm", plan.overlap_comm,
-            "expected true or false", setting="overlap_comm")
+    for field in ("overlap_comm", "contiguous_gradients"):
+        require(getattr(plan, field) is None or isinstance(getattr(plan, field), bool), f"plan: {field}",
+                getattr(plan, field), "expected true or false", setting=field)
     if not is_deepspeed(plan):
         for field in DEEPSPEED_ONLY:
             require(getattr(plan, field) is None, f"plan: {field}", getattr(plan, field),
@@ -210,7 +211,8 @@ def check_deepspeed_model(plan, model: ModelSpec) -> None:
 
 
 # ---------------------------------------------------------------- DeepSpeed's ZeRO
-DEEPSPEED_ONLY = ("zero3_param_persistence_threshold", "zero3_max_reuse_distance", "overlap_comm")
+DEEPSPEED_ONLY = ("zero3_param_persistence_threshold", "zero3_max_reuse_distance", "overlap_comm",
+                  "contiguous_gradients")
 """Settings only DeepSpeed has (refused under another framework)."""
 
 
@@ -221,6 +223,18 @@ def is_deepspeed(plan) -> bool:
 def overlap_comm_in_effect(plan) -> bool:
     """DeepSpeed's ``overlap_comm``: as given, else on for ZeRO-3 only (``overlap_comm_valid``)."""
     return plan.overlap_comm if plan.overlap_comm is not None else plan.zero_stage == 3
+
+
+def bucket_buffers(plan) -> int:
+    """DeepSpeed's gradient bucket buffers of ``reduce_bucket_size`` elements, allocated
+    whatever the gradients' size with ``contiguous_gradients`` (on by default): one under
+    ZeRO-3 (stage3.py, after the optimizer states: ``bucket.buffer = torch.empty(
+    self.reduce_bucket_size, ...)``), one under ZeRO-1/2 and a second with ``overlap_comm``
+    (stage_1_and_2.py ``setup_buckets``: "double buffers to avoid data access conflict");
+    none without ZeRO or outside DeepSpeed."""
+    if not is_deepspeed(plan) or plan.zero_stage == 0 or plan.contiguous_gradients is False:
+        return 0
+    return 1 if plan.zero_stage == 3 else 1 + overlap_comm_in_effect(plan)
 
 
 def _deepspeed_value(plan, attr: str, default: float) -> float:

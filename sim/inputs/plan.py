@@ -365,6 +365,12 @@ class ParallelPlan:
              "reduces them on the compute stream (default: on for --zero 3, off otherwise, DeepSpeed's; "
              "--framework deepspeed only)")
     """``sim.inputs.frameworks.overlap_comm_in_effect``; None: DeepSpeed's default."""
+    contiguous_gradients: bool | None = setting(
+        kind="bool", tables=((_ZERO, "contiguous_gradients"),),
+        help="DeepSpeed: copy each gradient into a bucket buffer of the reduce bucket's size, allocated up front "
+             "(two under ZeRO-1/2 with --overlap-comm); --no-contiguous-gradients reduces the gradients where "
+             "they are (default on, DeepSpeed's; --framework deepspeed only)")
+    """``sim.inputs.frameworks.bucket_buffers``; None: DeepSpeed's default (on)."""
     zero_bucket_size_bytes: int | None = setting(
         name="zero_bucket_size", metavar="BYTES", convert=partial(parse_size, field="--zero-bucket-size"),
         help="ZeRO-2/3 gradient reduce-scatter bucket, e.g. 500MB (default: --bucket-size; under --framework "

@@ -53,7 +53,7 @@ from typing import Callable
 
 from sim.errors import InputError
 from sim.inputs.experts import Folding
-from sim.inputs.frameworks import (backward_prefetch_in_effect, deepspeed_kept_layers, is_deepspeed,
+from sim.inputs.frameworks import (backward_prefetch_in_effect, bucket_buffers, deepspeed_kept_layers, is_deepspeed,
                                    overlap_comm_in_effect, persistent_params)
 from sim.inputs.hardware import HardwareProfile
 from sim.inputs.model import ModelSpec, layer_param_split, mtp_param_split
@@ -175,7 +175,8 @@ def _persistent_bytes(ctx: BuildContext) -> Callable[[int], float]:
 def _sync_options(plan: ParallelPlan) -> dict:
     z = plan.zero_stage
     if is_deepspeed(plan):  # sim.inputs.frameworks: DeepSpeed's reduction of the gradient buckets
-        return dict(op="reducescatter" if z == 3 else "allreduce", every_microbatch=z >= 2, bucket_memory=z >= 2,
+        return dict(op="reducescatter" if z == 3 else "allreduce", every_microbatch=z >= 2,
+                    bucket_memory=z >= 2 and not bucket_buffers(plan),  # else in the buffers, resident (memory)
                     at_most=z >= 1, on_compute=z >= 1 and not overlap_comm_in_effect(plan))
     return dict(op="allreduce" if z == 0 else "reducescatter", every_microbatch=z >= 2, bucket_memory=z >= 2)
 

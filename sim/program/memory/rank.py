@@ -22,6 +22,7 @@ prefetched (ZeRO-3), at data parallelism above 1.
 
 from __future__ import annotations
 
+from sim.inputs.frameworks import bucket_buffers
 from sim.inputs.model import ModelSpec, layer_param_split, layer_params_per_rank
 from sim.inputs.plan import ParallelPlan
 from sim.program.memory.inflight import stage_activation_bytes
@@ -32,6 +33,7 @@ from sim.program.memory.states import (
     fp8_weight_copy_bytes,
     stage_model_states,
     stage_params_per_rank,
+    sync_bucket_bytes,
     zero3_gathered_param_bytes,
 )
 
@@ -42,9 +44,13 @@ def stage_resident_bytes(model: ModelSpec, plan: ParallelPlan, stage: int, reser
     under FP8 Transformer Engine's FP8 weight copies (with the parameters), and
     ``reserve_bytes``."""
     st = stage_model_states(model, plan, stage)
-    return {"parameters": st.params_bytes + fp8_weight_copy_bytes(model, plan, stage), "gradients": st.grads_bytes,
-            "optimizer": 0.0 if plan.offload_optimizer else st.optimizer_bytes,
-            "reserve": reserve_bytes}
+    out = {"parameters": st.params_bytes + fp8_weight_copy_bytes(model, plan, stage), "gradients": st.grads_bytes,
+           "optimizer": 0.0 if plan.offload_optimizer else st.optimizer_bytes,
+           "reserve": reserve_bytes}
+    buffers = bucket_buffers(plan)
+    if buffers:  # DeepSpeed's contiguous_gradients buffers (sim.inputs.frameworks.bucket_buffers)
+        out["buckets"] = buffers * sync_bucket_bytes(plan)  # 16-bit elements (the parameters' dtype)
+    return out
 
 
 def zero_temporary_bytes(model: ModelSpec, plan: ParallelPlan, stage_params: float) -> float:
