@@ -28,7 +28,8 @@ the schedule and the program so far):
     optimizer     the optimizer step on the GPU
     offload       or, with ``offload_optimizer``, on the host with its copies
     param_gather  ZeRO-1/2's parameter all-gather after the step (or overlapped ahead of
-                  the next forward); FP8 weights gathered in one byte
+                  the next forward); FP8 weights gathered in one byte; under DeepSpeed's
+                  ZeRO-3, its persistent parameters' all-gather after the step
     memory        resident model states and each micro-batch's stored activations
     expand        each template GPU's program copied onto every GPU of its stage
                   (reduced fidelity: one GPU per stage simulated, the rest shadows)
@@ -302,7 +303,10 @@ def zero3_gather(ctx: BuildContext, draft: Draft) -> Draft:
     depth ahead, and freed after it (``sim.program.zero.add_param_gathers``), FP8 weights
     (``fp8_param_gather``, Megatron-FSDP's) in 1 byte (``_fp8_gather_savings``): the dense ones
     over the data-parallel group, then an MoE layer's experts over their own data-parallel
-    group (FSDP2 with EP: the experts a module of their own, sharded over edp)."""
+    group (FSDP2 with EP: the experts a module of their own, sharded over edp). Under
+    DeepSpeed (``sim.inputs.frameworks``) without its persistent tensors, prefetched as its
+    trace does, and the layers reused within ``stage3_max_reuse_distance`` kept from forward
+    to backward."""
     plan = ctx.plan
     if plan.zero_stage != 3:
         return draft
@@ -356,7 +360,8 @@ def param_gather(ctx: BuildContext, draft: Draft) -> Draft:
     """ZeRO-1/2: the updated parameters all-gathered, after the optimizer step or, with
     ``overlap_param_gather``, bucket by bucket ahead of the next forward's first use; FP8
     weights (``fp8_param_gather``) in 1 byte instead of 2 (MXFP8 ones in BF16,
-    ``_fp8_gather_savings``); the experts' over their group."""
+    ``_fp8_gather_savings``); the experts' over their group. Under DeepSpeed's ZeRO-3, the
+    persistent tensors in one all-gather after the step (stage3.py ``_post_step``)."""
     model, plan = ctx.model, ctx.plan
     if plan.zero_stage == 3 and is_deepspeed(plan):  # DeepSpeed's persistent parameters, once after the step
         done = "params to GPU" if plan.offload_optimizer else "optimizer"
