@@ -113,6 +113,13 @@ def test_zero_1_and_2_all_reduce_their_buckets():
         assert not _collectives(plan, "reducescatter")
         assert [a.nbytes for a in reduced] == [total] * (2 if stage == 2 else 1)
         assert all(a.stream != "dp" for a in reduced)
+    # without ZeRO the engine all-reduces after backward (allreduce_gradients), 5e8 elements a bucket:
+    # one bucket here, waiting for the whole backward (the embedding's, the last) even with 2 micro-batches
+    _, prog = build_program(TWO, _plan(zero_stage=0, global_batch_size=4), H100, fidelity="reduced")
+    acts = prog.actions[0]
+    (bucket,) = [a for a in acts if a.op == "allreduce"]
+    last_backward = [a for a in acts if a.kind == "compute" and a.category == "B"][-1]
+    assert bucket.nbytes == total and bucket.deps == (last_backward.name,)
     # with overlap_comm the ZeRO-1 bucket is reduced on its own stream
     assert [a.stream for a in _collectives(_plan(zero_stage=1, overlap_comm=True), "allreduce")] == ["dp"]
 
