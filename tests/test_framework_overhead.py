@@ -7,7 +7,7 @@ from dataclasses import replace
 import pytest
 
 import sim
-from sim.calibrate.fit_runs import Simulations, fit_runs, parameter, prepare_rows, start_value
+from sim.calibrate.fit_runs import Simulations, fit_runs, fitted_profile, parameter, prepare_rows, start_value
 from sim.calibrate.runs_csv import read_runs
 from sim.errors import InputError
 from sim.inputs.hardware import HardwareProfile, load_profile
@@ -129,5 +129,10 @@ def test_only_the_frameworks_rows_see_its_overhead(tmp_path):
     assert report["mean_abs_error"] < 0.002 and report["initial_mean_abs_error"] > 0.05
     by_id = {g["id"]: g for g in report["groups"]}
     assert [by_id[f"g{k}"]["framework"] for k in (1, 2, 3, 4)] == ["megatron", "megatron", "torchtitan", "torchtitan"]
+    saved = tmp_path / "fitted.json"
+    fitted_profile(load_profile("a100-80gb"), report, "2026-12-06").save(saved)
+    again = load_profile(saved)
+    assert again.framework_kernel_overhead_s == {"torchtitan": fitted["framework_kernel_overhead_s.torchtitan"]}
+    assert "leave-one-group-out" in again.sources["framework_kernel_overhead_s.torchtitan"]
     # each torchtitan group held out is predicted by the other's overhead: the data are the model's, so within 1%
     assert all(abs(r["held_out_error"]) < 0.01 for r in report["rows"])
