@@ -49,9 +49,10 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from sim.errors import InputError
+from sim.inputs.frameworks import KERNEL_OVERHEAD_MAX_S, OVERHEAD_FRAMEWORKS
 from sim.inputs.hardware import HardwareProfile
 
-from sim.calibrate.fit_sims import (COLLECTIVE_MODEL, FIDELITY, Simulations, Store,  # noqa: F401 (re-exported)
+from sim.calibrate.fit_sims import (COLLECTIVE_MODEL, FIDELITY, FRAMEWORK_OVERHEAD, Simulations, Store,  # noqa: F401 (re-exported)
                                     prepare_rows, with_values, worker_pool)
 from sim.calibrate.fit_surrogate import Surrogate, fit_rounds
 
@@ -75,6 +76,8 @@ class Parameter:
     why: str
     default: bool = False
     """In the default set (``DEFAULT_PARAMETERS``, table order is the priority)."""
+    unset: float | None = None
+    """Where the fit starts when the profile leaves the field unset (None: the middle of the bounds)."""
 
 
 PARAMETERS = (
@@ -102,6 +105,11 @@ PARAMETERS = (
               "messages (REFERENCE.md); 60% allows congested fabrics"),
     Parameter("links.nvlink.efficiency", 0.60, 1.0, "fraction of the NVLink line rate NCCL achieves: 77% (A100) to "
               "82% (H100) all-reduce busbw of the per-direction rate"),
+    *(Parameter(f"{FRAMEWORK_OVERHEAD}.{name}", 0.0, KERNEL_OVERHEAD_MAX_S,
+                f"seconds each {name} kernel costs over Megatron-Core's (sim.inputs.frameworks): its eager "
+                "op-to-launch path and FSDP's module hooks between kernels; 0 with the host always ahead of the GPU, "
+                f"{KERNEL_OVERHEAD_MAX_S * 1e6:g} us the whole 5-25 us eager path exposed at every kernel; only "
+                f"{name} rows see it", unset=0.0) for name in OVERHEAD_FRAMEWORKS),
 )
 """Every parameter the fit may set: name (dotted path), bounds and why those bounds.
 Adding one is one line here."""
@@ -142,6 +150,8 @@ def get_value(profile: HardwareProfile, path: str) -> float | None:
     """The field at ``path`` (None where the profile leaves it unset)."""
     obj = profile
     for part in path.split("."):
+        if obj is None:  # an unset mapping (framework_kernel_overhead_s)
+            return None
         try:
             obj = obj[part] if isinstance(obj, dict) else getattr(obj, part)
         except (KeyError, AttributeError):
@@ -152,7 +162,9 @@ def get_value(profile: HardwareProfile, path: str) -> float | None:
 def start_value(profile: HardwareProfile, p: Parameter) -> float:
     """Where the fit starts: the profile's value, clipped into the bounds (unset: the middle)."""
     v = get_value(profile, p.path)
-    return (p.low + p.high) / 2 if v is None else min(max(v, p.low), p.high)
+    if v is None:
+        v = (p.low + p.high) / 2 if p.unset is None else p.unset
+    return min(max(v, p.low), p.high)
 
 
 @dataclass(frozen=True)

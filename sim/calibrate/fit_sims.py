@@ -22,6 +22,7 @@ from functools import lru_cache
 from pathlib import Path
 
 from sim.errors import InputError
+from sim.inputs.frameworks import OVERHEAD_FRAMEWORKS, framework_name
 from sim.inputs.hardware import HardwareProfile
 
 FIDELITY = "reduced"
@@ -93,12 +94,21 @@ class Store:
             return f.read(1)
 
 
+FRAMEWORK_OVERHEAD = "framework_kernel_overhead_s"
+"""The profile's mapping of per-framework kernel overheads (``sim.inputs.frameworks``): a
+parameter ``framework_kernel_overhead_s.NAME`` is seen only by NAME's rows."""
+
+
 def _set(obj, parts: list[str], value):
     if not parts:
         return value
     head, rest = parts[0], parts[1:]
+    if obj is None and parts[:-1] == [] and head in OVERHEAD_FRAMEWORKS:  # the unset mapping of FRAMEWORK_OVERHEAD
+        obj = {}
     if isinstance(obj, dict):
-        return {**obj, head: _set(obj[head], rest, value)}
+        if head not in obj and not (rest == [] and head in OVERHEAD_FRAMEWORKS):
+            raise KeyError(head)
+        return {**obj, head: _set(obj.get(head), rest, value)}
     if is_dataclass(obj) and head in {f.name for f in fields(obj)}:
         return replace(obj, **{head: _set(getattr(obj, head), rest, value)})
     raise KeyError(head)
@@ -121,8 +131,10 @@ class Simulations:
     A row is simulated at the values its simulation actually sees (``seen``): the GPU speed
     spread folded into the compute fraction as the simulator folds it
     (``sim.inputs.pacing.paced``: fraction x (1 − σ·e(N)) on the row's N GPUs, then no
-    spread), and the FP8 GEMM cap held at the profile's value on rows that do not train in
-    FP8 (they never read it). Vectors the simulation cannot tell apart share one
+    spread), the FP8 GEMM cap held at the profile's value on rows that do not train in
+    FP8 (they never read it), and a framework's kernel overhead
+    (``framework_kernel_overhead_s.NAME``) held at the profile's value (or 0) on rows of
+    other frameworks. Vectors the simulation cannot tell apart share one
     simulation, and ``slopes`` differentiates only along what a row sees, by the chain
     rule: one simulation per seen direction instead of one per parameter."""
 
@@ -137,6 +149,8 @@ class Simulations:
         self._f = names.index("sustained_compute_fraction") if "sustained_compute_fraction" in names else None
         self._sigma = names.index("gpu_speed_spread") if "gpu_speed_spread" in names else None
         self._fp8 = names.index("fp8_gemm_max_efficiency") if "fp8_gemm_max_efficiency" in names else None
+        self._frameworks = [(j, n.split(".", 1)[1]) for j, n in enumerate(names)
+                            if n.startswith(FRAMEWORK_OVERHEAD + ".")]
 
     def seen(self, row: int, values) -> tuple:
         """``values`` as row ``row``'s simulation sees them (see the class doc)."""
@@ -150,6 +164,10 @@ class Simulations:
         if self._fp8 is not None and plan.fp8_format is None:
             held = self.profile.fp8_gemm_max_efficiency
             out[self._fp8] = float(held) if held is not None else self.params[self._fp8].low
+        for j, name in self._frameworks:  # another framework's overhead: held where the profile has it
+            if framework_name(plan) != name:
+                held = (self.profile.framework_kernel_overhead_s or {}).get(name)
+                out[j] = float(held) if held is not None else self.params[j].low
         return tuple(out)
 
     def sensitive(self, rows, values) -> list[bool]:

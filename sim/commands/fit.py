@@ -62,7 +62,9 @@ def add_arguments(p) -> None:
     p.add_argument("--out", metavar="FITTED.json", help="write the fitted profile here")
     p.add_argument("--params", metavar="A,B", help="profile fields to fit, by dotted path (default: "
                                                    "sustained_compute_fraction, attention_max_efficiency, "
-                                                   "memory_efficiency, kernel_launch_s, fewer than the groups)")
+                                                   "memory_efficiency, kernel_launch_s, fewer than the groups); "
+                                                   "framework_kernel_overhead_s.NAME fits a PyTorch-native "
+                                                   "framework's per-kernel cost from its rows alone")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--cache", metavar="FILE", help="keep every simulated time in FILE (JSON lines) and reuse what "
                                                   "it holds: a fit stopped part-way and run again with the same "

@@ -77,6 +77,27 @@ all sizes are in elements, not bytes):
 - ZeRO-1/2's updated parameters are all-gathered in ``allgather_bucket_size`` pieces
   (runtime/utils.py ``all_gather_dp_groups``). ZeRO-2 and 3 refuse pipeline parallelism
   (runtime/pipe/engine.py: "ZeRO-2 and ZeRO-3 are incompatible with pipeline parallelism").
+
+``kernel_overhead`` (the PyTorch-native frameworks): each kernel of the framework's
+program costs the GPU ``o`` seconds more than the same kernel under Megatron-Core, whose
+rows the preset's ``kernel_launch_s`` and compute fraction are fitted to. The mechanism
+is the eager path between kernels: every op goes through Python, the autograd and ATen
+dispatchers and the backend before ``cudaLaunchKernel`` (5-25 us of CPU per op,
+``sim.program.launch.HOST_LAUNCH_S``'s source), and FSDP adds its module hooks to that
+path (PyTorch ``torch/distributed/fsdp/_fully_shard/_fsdp_state.py``: ``_pre_forward`` /
+``_post_forward`` / ``_pre_backward`` per wrapped module, which unshard, wait on the
+all-gather's event and copy out; torchtitan ``parallelize_llama`` wraps every
+transformer block). Where the host runs only a little ahead of the GPU (FSDP's
+all-gather waits at each block, ``limit_all_gathers`` in FSDP1 making the CPU wait on the
+all-gather two blocks back, the optimizer's ``foreach`` kernels launched in chunks of
+tensor lists) part of that CPU time shows between kernels on the GPU. How much depends on
+the framework and on the host, so it is a fitted number per GPU profile and framework:
+``HardwareProfile.framework_kernel_overhead_s[name]`` (``trainsim fit --params
+framework_kernel_overhead_s.torchtitan,...``), 0 where a profile gives none, between 0
+(the host always ahead) and ``KERNEL_OVERHEAD_MAX_S`` (the whole eager path exposed at
+every kernel). ``job_profile`` (``sim.program.build``) adds it to ``kernel_launch_s`` for
+the plan's framework: k kernels in a step then cost k·o more. Megatron-Core has none:
+its kernels are the ones ``kernel_launch_s`` is fitted to.
 """
 
 from __future__ import annotations
@@ -111,23 +132,50 @@ class Framework:
     attention_kernel: str
     backward_prefetch: str
     what: str
+    kernel_overhead: bool = False
+    """Its kernels pay a fitted per-kernel overhead over Megatron-Core's (module doc)."""
 
+
+KERNEL_OVERHEAD_MAX_S = 25e-6
+"""The most a framework's kernel may cost over Megatron-Core's: the whole op-to-launch
+path of eager PyTorch exposed on the GPU (5-25 us of CPU per op: Python ~1 us, pybind11
+~1, autograd 1-3, ATen dispatch 1-2, backend 1-5, cudaLaunchKernel 1-3 on CUDA 12; the
+source of ``sim.program.launch.HOST_LAUNCH_S``)."""
 
 FRAMEWORKS = {
     "megatron": Framework("te", "backward_pre", "Megatron-Core / NeMo with Transformer Engine (the presets' fits)"),
-    "torchtitan": Framework("fa2", "backward_pre", "torchtitan: FSDP2, SDPA attention (FlashAttention-2)"),
-    "automodel": Framework("te", "backward_pre", "NeMo AutoModel: FSDP2 with prefetch, Transformer Engine kernels"),
+    "torchtitan": Framework("fa2", "backward_pre", "torchtitan: FSDP2, SDPA attention (FlashAttention-2)", True),
+    "automodel": Framework("te", "backward_pre", "NeMo AutoModel: FSDP2 with prefetch, Transformer Engine kernels",
+                           True),
     "llm-foundry": Framework("triton", "backward_post",
-                             "llm-foundry MPT on Composer FSDP1: Triton flash attention, BACKWARD_POST prefetch"),
+                             "llm-foundry MPT on Composer FSDP1: Triton flash attention, BACKWARD_POST prefetch", True),
     "deepspeed": Framework("fa2", "backward_pre",
-                           "DeepSpeed ZeRO: hook-driven trace prefetch, persistent small parameters, FlashAttention-2"),
+                           "DeepSpeed ZeRO: hook-driven trace prefetch, persistent small parameters, FlashAttention-2",
+                           True),
 }
+OVERHEAD_FRAMEWORKS = tuple(name for name, f in FRAMEWORKS.items() if f.kernel_overhead)
+"""The frameworks whose kernels pay ``framework_kernel_overhead_s`` (module doc)."""
 DEFAULT_FRAMEWORK = "megatron"
 
 
 def framework_of(plan) -> Framework:
     """The plan's framework (Megatron-Core when none is given)."""
     return FRAMEWORKS[plan.framework or DEFAULT_FRAMEWORK]
+
+
+def framework_name(plan) -> str:
+    """The plan's framework's name (``DEFAULT_FRAMEWORK`` when none is given)."""
+    return plan.framework or DEFAULT_FRAMEWORK
+
+
+def kernel_overhead_s(plan, profile) -> float:
+    """Seconds each kernel of the plan's framework costs over Megatron-Core's on ``profile``:
+    the profile's fitted ``framework_kernel_overhead_s`` for it, 0 where it gives none or the
+    framework pays none (module doc)."""
+    name = framework_name(plan)
+    if not FRAMEWORKS[name].kernel_overhead or not profile.framework_kernel_overhead_s:
+        return 0.0
+    return float(profile.framework_kernel_overhead_s.get(name, 0.0))
 
 
 def attention_kernel_in_effect(plan) -> str:

@@ -43,8 +43,8 @@ from pydantic import TypeAdapter, ValidationError, with_config
 
 from sim.errors import InputError
 from sim.inputs.profile_checks import (
-    ATTENTION_KERNEL_SPEEDS, BASE_LATENCY_TABLE, BYTE_RATE, COUNT, FLAG, FRACTION, GEMM_TILES, LINK_KINDS, MAX_SPREAD,
-    IDLE_WATTS, NAME, NCCL_PROTOCOL_TABLE, PEAK_FLOPS, PROVENANCE, SECONDS, SOURCES, STRICT_KEYS, WATTS, Allowed,
+    ATTENTION_KERNEL_SPEEDS, BASE_LATENCY_TABLE, BYTE_RATE, COUNT, FLAG, FRACTION, FRAMEWORK_OVERHEADS, GEMM_TILES,
+    LINK_KINDS, MAX_SPREAD, IDLE_WATTS, NAME, NCCL_PROTOCOL_TABLE, PEAK_FLOPS, PROVENANCE, SECONDS, SOURCES, STRICT_KEYS, WATTS, Allowed,
     json_object, number, one_line_error)
 
 PRESETS = ("a100-80gb", "h100-sxm", "h200", "b200", "gb200", "gb300")
@@ -156,6 +156,12 @@ class HardwareProfile:
     bias-dropout-add; PyTorch's eager ops in the cross-entropy and the embedding), which
     run well below tuned library kernels (norms, flash attention: ``memory_efficiency``).
     None: the same as ``memory_efficiency``."""
+    framework_kernel_overhead_s: FRAMEWORK_OVERHEADS | None = None
+    """PyTorch-native framework (``sim.inputs.frameworks.OVERHEAD_FRAMEWORKS``) -> seconds
+    each of its kernels costs on this GPU over Megatron-Core's (the eager path and FSDP's
+    hooks between kernels, ``sim.inputs.frameworks``), fitted per framework by ``trainsim
+    fit --params framework_kernel_overhead_s.NAME``. None, or a framework it does not
+    list: 0."""
 
     sustained_compute_fraction: FRACTION = 1.0
     """Fraction of the microbenchmark throughput of compute-bound kernels (GEMMs and
@@ -386,7 +392,7 @@ class HardwareProfile:
             out[f.name] = v
         if not out["provenance"]:
             del out["provenance"]
-        for key in ("framework_kernel_efficiency", "attention_kernel_speed", "nccl_protocols", "nvls_efficiency",
+        for key in ("framework_kernel_efficiency", "framework_kernel_overhead_s", "attention_kernel_speed", "nccl_protocols", "nvls_efficiency",
                     "nvls_latency_s", "nccl_base_latency_s", "fp8_gemm_max_efficiency", "power_limit_w", "idle_power_w",
                     "mxfp8_gemm_relative_efficiency", "memory_bound_power_fraction", "communication_power_fraction",
                     "power_cap_w", "gpu_hour_price_usd"):

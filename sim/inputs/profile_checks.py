@@ -28,6 +28,7 @@ from pydantic import ConfigDict, Field, Strict, ValidationError, WrapValidator, 
 from typing_extensions import TypedDict
 
 from sim.errors import InputError
+from sim.inputs.frameworks import KERNEL_OVERHEAD_MAX_S, OVERHEAD_FRAMEWORKS
 
 LINK_KINDS = ("nvlink", "pcie", "ib", "ethernet")
 """Link kinds a profile prices (the ``kind`` strings of topology edges)."""
@@ -107,6 +108,13 @@ BASE_LATENCY_TABLE = json_object("NcclBaseLatencies", dict.fromkeys(
 ATTENTION_KERNEL_SPEEDS = Annotated[json_object("AttentionKernelSpeeds", dict.fromkeys(
     ("fa2", "triton"), json_object("AttentionKernelSpeed", {"forward": FRACTION, "backward": FRACTION})), total=False),
     Allowed("an object of kernel (fa2, triton) -> {forward, backward} fractions in (0, 1]")]
+
+FRAMEWORK_OVERHEADS = Annotated[json_object("FrameworkKernelOverheads", dict.fromkeys(
+    OVERHEAD_FRAMEWORKS, number(f"a number in [0, {KERNEL_OVERHEAD_MAX_S:g}] (seconds)", ge=0,
+                                le=KERNEL_OVERHEAD_MAX_S)), total=False),
+    Allowed(f"an object of framework ({', '.join(OVERHEAD_FRAMEWORKS)}) -> seconds per kernel in "
+            f"[0, {KERNEL_OVERHEAD_MAX_S:g}]")]
+
 
 
 # ------------------------------------------------------------------ errors

@@ -28,6 +28,7 @@ from typing import Callable
 
 from sim.errors import InputError
 from sim.inputs.experts import Folding
+from sim.inputs.frameworks import kernel_overhead_s
 from sim.inputs.hardware import HardwareProfile
 from sim.inputs.model import ModelSpec
 from sim.inputs.pacing import paced
@@ -42,7 +43,13 @@ FIDELITIES = ("full", "reduced")
 
 def job_profile(profile: HardwareProfile, plan: ParallelPlan) -> HardwareProfile:
     """``profile`` as the plan's job runs it: paced for its ``world_size`` GPUs
-    (``sim.inputs.pacing``). The program layer's one call of ``paced``."""
+    (``sim.inputs.pacing``; the program layer's one call of ``paced``), and each kernel
+    costing its framework's overhead over Megatron-Core's on top of ``kernel_launch_s``
+    (``sim.inputs.frameworks.kernel_overhead_s``; the profile then lists none, so that this
+    too is idempotent)."""
+    extra = kernel_overhead_s(plan, profile)
+    if extra:
+        profile = replace(profile, kernel_launch_s=profile.kernel_launch_s + extra, framework_kernel_overhead_s=None)
     return paced(profile, plan.world_size)
 
 
