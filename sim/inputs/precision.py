@@ -178,8 +178,8 @@ def check_precision_plan(plan) -> None:
     check(plan.fp4_recipe is None or plan.fp4_recipe in FP4_RECIPES, "fp4_recipe", plan.fp4_recipe,
           f"allowed: {', '.join(FP4_RECIPES)}, or None")
     check(plan.fp4_recipe is None or plan.fp8_format is None, "fp4_recipe", plan.fp4_recipe,
-          f"not with fp8_format {plan.fp8_format}: a GEMM runs in FP8 or in FP4 (Megatron-LM refuses --fp8-format "
-          "with --fp4-format; Megatron-Bridge's bf16_with_nvfp4_mixed sets fp8 None); leave one unset")
+          f"not with fp8_format {plan.fp8_format}: the GEMMs run in FP8 or in FP4 (Megatron-LM: '--fp4-format and "
+          "--fp8-format cannot be used simultaneously'); leave one unset")
     check(plan.fp8_recipe in FP8_RECIPE_CHOICES, "fp8_recipe", plan.fp8_recipe,
           f"allowed: {', '.join(FP8_RECIPE_CHOICES)}")
     check(plan.fp8_recipe == "delayed" or plan.fp8_format is not None, "fp8_recipe", plan.fp8_recipe,
