@@ -99,7 +99,8 @@ Recipes (``--fp8-recipe``, Megatron-LM's flag; TE 2.x's recipes, described in TE
 here from TE's code where a byte count depends on it). All of the above is ``delayed``
 (``DelayedScaling``, the default): one FP32 scale per tensor from an amax history, which
 the cast kernels record as they write and ``sim.program.amax`` reduces over the stage.
-The others change the kernels around the same GEMMs (``RECIPES``):
+The others change the kernels around the same GEMMs (``sim.inputs.precision.RECIPES``, where
+each recipe is one ``Recipe`` saying what this module asks of it):
 
 - ``tensorwise`` (``Float8CurrentScaling``): one scale per tensor from the tensor's own
   amax. "Quantization is a memory-bound operation that requires reading the tensor twice"
@@ -130,6 +131,19 @@ The others change the kernels around the same GEMMs (``RECIPES``):
   weights w·(1 + 4/16384) each). Its GEMMs (``Op.dtype`` "fp8_block") are software-
   emulated on Hopper (priced as FP8 GEMMs: no separate kernel figure) and run as MXFP8
   GEMMs on Blackwell ("the recipe is emulated with MXFP8").
+
+- ``nvfp4`` (``--fp4-recipe nvfp4``, ``NVFP4BlockScaling``; ``sim.inputs.precision``'s doc has
+  the format and its sources): E2M1 elements (1/2 byte) with an E4M3 scale per 16 (weights
+  16x16) and an FP32 scale per tensor. Each BF16 tensor is read for its amax first
+  (``<gemm>.amax``; the norms' outputs too, and all-reduced over the tensor-parallel group
+  where the tensor is gathered, as under ``tensorwise``), then quantized row-wise
+  (``<gemm>.quantize``, read 2G, write G·(1/2 + 1/16)) and column-wise through the random
+  Hadamard transform (``<gemm>.hadamard_quantize``, read 2G again, write G·(1/2 + 1/16);
+  TE's ``nvte_hadamard_transform_cast_fusion_columnwise``); weights get an amax pass and
+  one kernel writing both copies. No transposes. Its GEMMs (``Op.dtype`` "nvfp4") run at the
+  profile's fp4 peak (``HardwareProfile.gemm_efficiency(..., dtype="nvfp4")``). Every layer
+  runs NVFP4: the BF16 layers of NVIDIA's recipe (Megatron-LM's ``--first-last-layers-bf16``)
+  are not modelled, nor FP4 weights (``--fp4-param-gather``).
 
 Not modelled: userbuffers' atomic GEMMs, FP8 attention, FP8 weights
 (``fp8_param_gather``) under ``blockwise``, MXFP8 weights under ZeRO-3 (Megatron-FSDP turns
