@@ -72,6 +72,8 @@ class Recipe:
     """``Op.dtype`` of its GEMMs."""
     element_bytes: float = FP8_BYTES
     """Bytes of one quantized element (FP8 1, FP4 0.5)."""
+    flag: str = "--fp8-recipe"
+    """The flag that chooses it (Megatron-LM's): ``--fp8-recipe`` (with ``--fp8-format``) or ``--fp4-recipe``."""
     needs: str = "fp8"
     """What the GPU's profile must have: 'fp8' (an fp8 peak), 'mx' (``mx_block_scaling``) or
     'fp4' (an fp4 peak)."""
@@ -112,12 +114,12 @@ RECIPES = {
                     gathered_weight_bytes=BF16_BYTES, zero3_weights=False),
     "blockwise": Recipe("blockwise", FP8_BLOCK, FP8_BLOCK * FP8_BLOCK, AMAX_BYTES, "fp8_block", both_copies=True),
     "nvfp4": Recipe("nvfp4", NVFP4_BLOCK, NVFP4_BLOCK * NVFP4_BLOCK, 1, "nvfp4", element_bytes=FP4_BYTES,
-                    needs="fp4", amax_pass=True, both_copies=True, hadamard_wgrad=True),
+                    needs="fp4", flag="--fp4-recipe", amax_pass=True, both_copies=True, hadamard_wgrad=True),
 }
 """Every recipe by name (FP8's and FP4's)."""
-FP8_RECIPES = ("delayed", "tensorwise", "mxfp8", "blockwise")
+FP8_RECIPES = tuple(n for n, r in RECIPES.items() if r.flag == "--fp8-recipe")
 """``--fp8-recipe``'s recipes (Megatron-LM's choices, less 'custom')."""
-FP4_RECIPES = ("nvfp4",)
+FP4_RECIPES = tuple(n for n, r in RECIPES.items() if r.flag == "--fp4-recipe")
 """``--fp4-recipe``'s (Megatron-LM's choices)."""
 ALIASES = {"current-scaling": "tensorwise"}
 """Other names of a recipe (module doc)."""
@@ -134,14 +136,9 @@ class Precision:
     @property
     def label(self) -> str:
         """As reported: 'fp8-e4m3', 'fp8-hybrid' (delayed scaling), 'fp8-e4m3-mxfp8', 'nvfp4'."""
-        if self.recipe.element_bytes == FP4_BYTES:
+        if self.recipe.flag == "--fp4-recipe":
             return self.recipe.name
         return f"fp8-{self.format}" if self.recipe.history else f"fp8-{self.format}-{self.recipe.name}"
-
-    @property
-    def flag(self) -> str:
-        """The flag that chose the recipe."""
-        return "--fp4-recipe" if self.recipe.name in FP4_RECIPES else "--fp8-recipe"
 
 
 def label(precision: Precision | None) -> str:
@@ -221,7 +218,7 @@ def check_support(precision: Precision | None, profile, flag: str = "--fp8-forma
     if r.needs == "fp4":
         if "fp4" not in profile.peak_flops:
             able = [n for n in PRESETS if "fp4" in load_profile(n).peak_flops]
-            raise InputError(f"{precision.flag}: got '{r.name}'; GPU {profile.name} has no FP4 tensor cores (its "
+            raise InputError(f"{r.flag}: got '{r.name}'; GPU {profile.name} has no FP4 tensor cores (its "
                              f"profile's peak_flops has {', '.join(sorted(profile.peak_flops))}, no fp4); allowed on "
                              f"{profile.name}: leave it unset (BF16, or FP8 with --fp8-format); {r.name} needs a GPU "
                              f"with an fp4 peak ({', '.join(able)})")
