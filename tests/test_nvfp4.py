@@ -156,3 +156,13 @@ def test_each_recipe_says_what_it_needs_and_keeps():
     assert {n: r.needs for n, r in RECIPES.items()} == {"delayed": "fp8", "tensorwise": "fp8", "mxfp8": "mx",
                                                         "blockwise": "fp8", "nvfp4": "fp4"}
     assert ParallelPlan().precision is None
+
+
+def test_a_profile_with_an_fp4_efficiency_needs_an_fp4_peak():
+    from sim.inputs.hardware import HardwareProfile
+
+    d = GB200.to_dict()
+    assert HardwareProfile.from_dict(d).nvfp4_gemm_relative_efficiency == 0.726
+    del d["peak_flops"]["fp4"]
+    with pytest.raises(InputError, match="nvfp4_gemm_relative_efficiency.*no fp4"):
+        HardwareProfile.from_dict(d)
