@@ -808,6 +808,7 @@ FLAG_CASES = [
     (RUN + ["--fp8-recipe", "tensorwise"], ["--fp8-recipe", "tensorwise", "fp8_format"]),
     (RUN + ["--fp4-recipe", "nvfp4"], ["--fp4-recipe", "nvfp4", "h100-sxm", "no FP4 tensor cores", "b200"]),
     (RUN + ["--fp4-recipe", "nvfp4", "--fp8-format", "hybrid"], ["--fp4-recipe", "nvfp4", "fp8_format", "hybrid"]),
+    (RUN + ["--fp4-format", "e2m1"], ["--fp4-format", "e2m1", "h100-sxm", "no FP4 tensor cores"]),
     (["run", *TINY, *PLAN[2:], "--gpu", "a100-80gb", "--nccl-algo", "nvls"], ["nccl_algo", "nvls", "allowed: auto, ring"]),
     (RUN + ["--nccl-pxn-disable"], ["--nccl-pxn-disable", "True", "changes nothing", "dgx-h100x1-rail", "no rails"]),
     (RUN + ["--nccl-p2p-pxn-level", "3"], ["--nccl-p2p-pxn-level", "3", "allowed: 0, 1, 2"]),

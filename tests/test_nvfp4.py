@@ -145,6 +145,14 @@ def test_refused_on_hopper_and_ampere_and_with_fp8():
 
 
 # ------------------------------------------------------------------- the registry
+def test_megatron_s_fp4_format_flag_runs_the_same_recipe():
+    # Megatron-LM turns FP4 on with --fp4-format e2m1; its --fp4-recipe defaults to nvfp4
+    assert ParallelPlan(fp4_format="e2m1").precision == NVFP4
+    assert ParallelPlan(fp4_format="e2m1", fp4_recipe="nvfp4").precision == NVFP4
+    with pytest.raises(InputError, match="fp4_format: got 'e2m1'; not with fp8_format hybrid"):
+        ParallelPlan(fp4_format="e2m1", fp8_format="hybrid")
+
+
 def test_current_scaling_is_tensorwise():
     plan = ParallelPlan(fp8_format="e4m3", fp8_recipe="current-scaling")
     assert plan.fp8_recipe == "tensorwise" and plan.precision == fp8_precision("e4m3", "tensorwise")

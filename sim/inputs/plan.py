@@ -49,7 +49,7 @@ from sim.inputs.cuda_graphs import SCOPES as CUDA_GRAPH_SCOPES, check_cuda_graph
     parse_cuda_graph
 from sim.inputs.experts import DISPATCHERS, check_ep_overlap_plan, check_expert_model, check_expert_plan
 from sim.inputs.fields import setting
-from sim.inputs.precision import FP4_RECIPES, FP8_FORMATS, FP8_RECIPE_CHOICES, Precision, \
+from sim.inputs.precision import FP4_FORMAT, FP4_RECIPES, FP8_FORMATS, FP8_RECIPE_CHOICES, Precision, \
     canonical_fp8_recipe, check_precision_plan, check_precision_weights, precision_of
 from sim.inputs.frameworks import ATTENTION_KERNELS, BACKWARD_PREFETCH, FRAMEWORKS, check_framework_plan
 from sim.inputs.recompute import RECOMPUTE_METHODS, RECOMPUTE_MODULES, check_recompute_layers, check_recompute_model, \
@@ -312,7 +312,12 @@ class ParallelPlan:
         help="train the transformer layers' GEMMs in NVFP4 (Megatron-LM's --fp4-recipe; E2M1 with an E4M3 scale per "
              "16 elements and an FP32 scale per tensor, Transformer Engine's NVFP4BlockScaling); needs a GPU with an "
              "FP4 peak (B200, GB200, GB300); not with --fp8-format; default off")
-    """``sim.inputs.precision``; None: no FP4."""
+    """``sim.inputs.precision``; None: no FP4 (unless ``fp4_format`` is set)."""
+    fp4_format: str | None = setting(
+        choices=(FP4_FORMAT,),
+        help="train in FP4 as Megatron-LM's --fp4-format e2m1 does: the same as --fp4-recipe nvfp4 (its default "
+             "recipe); default off")
+    """``sim.inputs.precision``; None: FP4 only through ``fp4_recipe``."""
     zero_stage: int = setting(0, name="zero", type=int, choices=ZERO_STAGES, help="ZeRO stage (default 0)",
                               tables=(("plan", "zero"), (_ZERO, "stage")))
     """ZeRO stage over the dp group: 0 none, 1 optimizer states, 2 +gradients, 3 +parameters."""
@@ -501,7 +506,7 @@ class ParallelPlan:
         out = dataclasses.asdict(self)
         for name in ("layers_per_virtual_stage", "schedule_file", "zero3_prefetch_bucket_size", "pipeline_layout",
                      "recompute_modules", "recompute_method", "recompute_num_layers", "framework", "attention_kernel",
-                     "backward_prefetch",
+                     "backward_prefetch", "fp4_format",
                      "tp_comm_overlap_cfg"):
             if out[name] is None:
                 del out[name]

@@ -2,7 +2,7 @@
 
 A run trains its transformer layers' GEMMs in BF16 (``ParallelPlan.precision`` is None), in
 FP8 (``--fp8-format`` e4m3 or hybrid, scaled by ``--fp8-recipe``) or in NVFP4
-(``--fp4-recipe nvfp4``, Megatron-LM's flag; its ``--fp4-format`` has the one choice e2m1).
+(``--fp4-recipe nvfp4``, or Megatron-LM's ``--fp4-format e2m1``, whose default recipe that is).
 Each recipe is a ``Recipe`` in ``RECIPES`` with what the rest of the code asks of it: the
 bytes of an element and of its block scales, the ``Op.dtype`` of its GEMMs and the GPU
 feature they need, which kernels make the quantized copies (``sim.program.fp8`` builds them),
@@ -32,7 +32,7 @@ operands), at the profile's ``fp4`` peak.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from sim.errors import InputError, require
 
@@ -132,6 +132,8 @@ class Precision:
 
     format: str
     recipe: Recipe
+    given: tuple = field(default=(), compare=False)
+    """(flag, value) the user chose it with, for messages (not compared: the same precision either way)."""
 
     @property
     def label(self) -> str:
@@ -149,7 +151,9 @@ def label(precision: Precision | None) -> str:
 def precision_of(plan) -> Precision | None:
     """The plan's precision from its fields (``ParallelPlan.precision``); None: BF16."""
     if plan.fp4_recipe is not None:
-        return Precision(FP4_FORMAT, RECIPES[plan.fp4_recipe])
+        return Precision(FP4_FORMAT, RECIPES[plan.fp4_recipe], ("--fp4-recipe", plan.fp4_recipe))
+    if plan.fp4_format is not None:
+        return Precision(FP4_FORMAT, RECIPES[FP4_RECIPES[0]], ("--fp4-format", plan.fp4_format))
     if plan.fp8_format is None:
         return None
     return Precision(plan.fp8_format, RECIPES[ALIASES.get(plan.fp8_recipe, plan.fp8_recipe)])
@@ -174,6 +178,11 @@ def check_precision_plan(plan) -> None:
           f"allowed: {', '.join(FP8_FORMATS)}, or None for BF16")
     check(plan.fp4_recipe is None or plan.fp4_recipe in FP4_RECIPES, "fp4_recipe", plan.fp4_recipe,
           f"allowed: {', '.join(FP4_RECIPES)}, or None")
+    check(plan.fp4_format is None or plan.fp4_format == FP4_FORMAT, "fp4_format", plan.fp4_format,
+          f"allowed: {FP4_FORMAT}, or None")
+    check(plan.fp4_format is None or plan.fp8_format is None, "fp4_format", plan.fp4_format,
+          f"not with fp8_format {plan.fp8_format}: the GEMMs run in FP8 or in FP4 (Megatron-LM: '--fp4-format and "
+          "--fp8-format cannot be used simultaneously'); leave one unset")
     check(plan.fp4_recipe is None or plan.fp8_format is None, "fp4_recipe", plan.fp4_recipe,
           f"not with fp8_format {plan.fp8_format}: the GEMMs run in FP8 or in FP4 (Megatron-LM: '--fp4-format and "
           "--fp8-format cannot be used simultaneously'); leave one unset")
@@ -218,7 +227,8 @@ def check_support(precision: Precision | None, profile, flag: str = "--fp8-forma
     if r.needs == "fp4":
         if "fp4" not in profile.peak_flops:
             able = [n for n in PRESETS if "fp4" in load_profile(n).peak_flops]
-            raise InputError(f"{r.flag}: got '{r.name}'; GPU {profile.name} has no FP4 tensor cores (its "
+            flag, value = precision.given or (r.flag, r.name)
+            raise InputError(f"{flag}: got '{value}'; GPU {profile.name} has no FP4 tensor cores (its "
                              f"profile's peak_flops has {', '.join(sorted(profile.peak_flops))}, no fp4); allowed on "
                              f"{profile.name}: leave it unset (BF16, or FP8 with --fp8-format); {r.name} needs a GPU "
                              f"with an fp4 peak ({', '.join(able)})")
