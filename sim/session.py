@@ -18,7 +18,7 @@ from functools import partial
 from pathlib import Path
 
 from sim.program.actions import Program
-from sim.program.fp8 import check_fp8_support
+from sim.inputs.precision import check_support
 from sim.program.schedules import Schedule
 from sim.program.stage_balance import auto_layer_split, build_mixed
 from sim.program.build import BuildContext
@@ -132,7 +132,7 @@ def prepare(settings: RunSettings, model: ModelSpec | None = None, plan: Paralle
                          "pass schedule='path/to.csv' instead of a ParallelPlan")
     else:
         plan.check_model(model)
-    check_fp8_support(plan.fp8_format, profile, recipe=plan.fp8_recipe)
+    check_support(plan.precision, profile)
     schedule = schedule_from_settings(plan)
     if topo is None:
         topo = topology_from_settings(settings.cluster, plan.world_size, profile.name)

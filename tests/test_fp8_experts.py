@@ -8,6 +8,7 @@ from sim.inputs.model import llama
 from sim.inputs.plan import ParallelPlan
 from sim.inputs.topology_build import load_topology
 from sim.inputs.hardware import load_profile
+from sim.inputs.precision import fp8_precision
 from sim.program.fp8 import fp8_layer_work
 from sim.program.memory import fp8_weight_copy_bytes
 from sim.program.memory.states import stage_param_split
@@ -31,7 +32,7 @@ def test_expert_gemms_run_in_fp8_with_their_inputs_and_gradients_cast_and_transp
     # is cast and transposed at once: read 2 bytes, write 2 (FP8 and its transpose) per element.
     m = 3
     work = layer_work(TINY, 1, tp, tp > 1, moe=MoeShape(ep=1, etp=tp, load=S // tp * K))
-    ops = _items(fp8_layer_work(work, "hybrid", tp, tp > 1, microbatches=m, fp8_params=True))
+    ops = _items(fp8_layer_work(work, fp8_precision("hybrid"), tp, tp > 1, microbatches=m, fp8_params=True))
     rows = S // tp * K * tp  # the tokens' copies, gathered over etp = tp
     f = F // tp
     for g in ("moe.experts.up", "moe.experts.down"):

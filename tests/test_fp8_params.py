@@ -11,6 +11,7 @@ from sim.inputs.hardware import load_profile
 from sim.inputs.model import gpt
 from sim.inputs.plan import ParallelPlan
 from sim.inputs.topology_build import load_topology
+from sim.inputs.precision import fp8_precision
 from sim.program.fp8 import fp8_layer_work
 from sim.program.memory import fp8_weight_copy_bytes, stage_memory_bytes
 from sim.program.workload import layer_work
@@ -44,8 +45,8 @@ def test_the_gemm_weights_are_gathered_in_one_byte(overlap):
 def test_each_step_transposes_the_fp8_weights_instead_of_casting_them():
     m = 4
     work = layer_work(SMALL, 1, 1, False)
-    cast = {it.name: it for it in fp8_layer_work(work, "hybrid", microbatches=m).items if hasattr(it, "kind")}
-    kept = {it.name: it for it in fp8_layer_work(work, "hybrid", microbatches=m, fp8_params=True).items
+    cast = {it.name: it for it in fp8_layer_work(work, fp8_precision("hybrid"), microbatches=m).items if hasattr(it, "kind")}
+    kept = {it.name: it for it in fp8_layer_work(work, fp8_precision("hybrid"), microbatches=m, fp8_params=True).items
             if hasattr(it, "kind")}
     for gemm, w in (("attn.qkv", 3 * H * H), ("attn.proj", H * H), ("mlp.up", 4 * H * H), ("mlp.down", 4 * H * H)):
         a, b = cast[f"{gemm}.weight_to_fp8_t"], kept[f"{gemm}.weight_transpose"]
@@ -124,10 +125,10 @@ def test_mxfp8_weights_are_gathered_in_bf16_and_quantized_after():
     assert sum(s.nbytes for s in _gathers(runs[True])) == pytest.approx(2 * SMALL.num_params, rel=1e-12)
     assert sum(s.nbytes for s in _gathers(runs[False])) == pytest.approx(2 * SMALL.num_params, rel=1e-12)
     work = layer_work(SMALL, 1, 1, False)
-    cast = [(it.name, it.bytes_read, it.bytes_written) for it in fp8_layer_work(work, "e4m3", microbatches=4,
-                                                                                recipe="mxfp8").items]
-    kept = [(it.name, it.bytes_read, it.bytes_written) for it in fp8_layer_work(work, "e4m3", microbatches=4,
-                                                                                recipe="mxfp8", fp8_params=True).items]
+    cast = [(it.name, it.bytes_read, it.bytes_written) for it in fp8_layer_work(work, fp8_precision("e4m3", "mxfp8"),
+                                                                                microbatches=4).items]
+    kept = [(it.name, it.bytes_read, it.bytes_written) for it in fp8_layer_work(work, fp8_precision("e4m3", "mxfp8"),
+                                                                                microbatches=4, fp8_params=True).items]
     assert kept == cast and any(n.endswith("weight_quantize") for n, *_ in kept)
     mx = dict(dp=2, pp=2, global_batch_size=8, zero_stage=1, fp8_format="e4m3", fp8_recipe="mxfp8")
     # both copies, 1 byte plus one E8M0 byte per 32 (OCP MX v1.0), in place of the BF16 weight's 2

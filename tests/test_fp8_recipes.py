@@ -13,7 +13,8 @@ from sim.inputs.model import gpt
 from sim.inputs.plan import ParallelPlan
 from sim.inputs.topology_build import NODE_OF_GPU
 from sim.program.costs import op_time
-from sim.program.fp8 import fp8_layer_work, precision
+from sim.inputs.precision import RECIPES, Precision, fp8_precision, label
+from sim.program.fp8 import fp8_layer_work
 from sim.program.memory import activation_terms, fp8_weight_copy_bytes
 from sim.program.workload import layer_work
 
@@ -25,7 +26,7 @@ LAYER_GEMM_PARAMS = H * 3 * H + H * H + 2 * H * F  # QKV, projection, MLP up and
 
 
 def _ops(recipe, tp=1, sp=False):
-    work = fp8_layer_work(layer_work(MODEL, 1, tp, sp), "e4m3", tp, sp, 1, False, recipe)
+    work = fp8_layer_work(layer_work(MODEL, 1, tp, sp), fp8_precision("e4m3", recipe), tp, sp, 1, False)
     return {o.name: o for o in work.items if hasattr(o, "kind")}, work
 
 
@@ -47,7 +48,7 @@ def test_weight_copies_take_n_times_one_plus_the_scales_per_copy(recipe, per_cop
 
 @pytest.mark.parametrize("recipe,per_element", [("delayed", 1.0), ("mxfp8", 1 + 1 / 32), ("blockwise", 1 + 4 / 128)])
 def test_saved_gemm_inputs_carry_their_scales(recipe, per_element):
-    terms = activation_terms(MODEL, 1, fp8=True, fp8_recipe=recipe)
+    terms = activation_terms(MODEL, 1, precision=fp8_precision("e4m3", recipe))
     assert terms["attn.qkv.input"] == pytest.approx(S * H * per_element, rel=1e-12)
     assert terms["mlp.down.input"] == pytest.approx(S * F * per_element, rel=1e-12)
     assert terms["attn.q"] == 2 * S * H  # BF16 tensors are untouched
@@ -112,9 +113,12 @@ def test_mxfp8_gemms_run_at_their_relative_efficiency_and_blockwise_follows_the_
 def test_delayed_is_the_default_and_what_fp8_format_alone_runs():
     assert ParallelPlan().fp8_recipe == "delayed"
     work = layer_work(MODEL, 1, 2, True)
-    assert fp8_layer_work(work, "hybrid", 2, True) == fp8_layer_work(work, "hybrid", 2, True, 1, False, "delayed")
-    assert precision("hybrid") == precision("hybrid", "delayed") == "fp8-hybrid"
-    assert precision("e4m3", "mxfp8") == "fp8-e4m3-mxfp8"
+    assert ParallelPlan(fp8_format="hybrid").precision == Precision("hybrid", RECIPES["delayed"])
+    assert fp8_layer_work(work, fp8_precision("hybrid"), 2, True) == \
+        fp8_layer_work(work, Precision("hybrid", RECIPES["delayed"]), 2, True, 1, False)
+    assert label(fp8_precision("hybrid")) == label(fp8_precision("hybrid", "delayed")) == "fp8-hybrid"
+    assert label(fp8_precision("e4m3", "mxfp8")) == "fp8-e4m3-mxfp8"
+    assert label(None) == "bf16"
 
 
 def test_a_run_under_each_recipe():

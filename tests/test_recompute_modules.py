@@ -102,7 +102,7 @@ def test_each_module_recomputes_its_own_kernels():
 # ----------------------------------------------------------------------------------- memory
 def _freed(model, b, t, sp, modules, experts=None, base=("core_attn",)):
     def stored(mods):
-        return activation_bytes_per_layer(model, b, t, sp, "selective", True, False, experts, mods)
+        return activation_bytes_per_layer(model, b, t, sp, "selective", True, None, experts, mods)
     return stored(base) - stored(base + modules)
 
 

@@ -366,7 +366,7 @@ def fit_runs(path, gpu: str, names: list[str] | None = None, jobs: int = 1, cach
 
 def unsupported(run, profile: HardwareProfile) -> str | None:
     """Why a row cannot run on ``profile`` (an FP8 row on a GPU without an FP8 peak), or None."""
-    if run.values.get("fp8_format") and "fp8" not in profile.peak_flops:
+    if run.precision == "fp8" and "fp8" not in profile.peak_flops:
         return f"precision fp8: GPU {profile.name} has no fp8 peak"
     return None
 

@@ -161,7 +161,7 @@ class Simulations:
         if self._f is not None and self._sigma is not None:
             out[self._f] = out[self._f] * slowest_speed(out[self._sigma], plan.world_size)
             out[self._sigma] = 0.0
-        if self._fp8 is not None and plan.fp8_format is None:
+        if self._fp8 is not None and plan.precision is None:
             held = self.profile.fp8_gemm_max_efficiency
             out[self._fp8] = float(held) if held is not None else self.params[self._fp8].low
         for j, name in self._frameworks:  # another framework's overhead: held where the profile has it

@@ -32,7 +32,7 @@ from sim.inputs.flags import add_arguments as add_schema_arguments, flags_of, gi
 from sim.inputs.schema import FIELDS, RunSettings, fields_of
 from sim.inputs.experts import DISPATCHERS
 from sim.inputs.plan import RECOMPUTE, SCHEDULES, ParallelPlan
-from sim.program.fp8 import FP8_FORMATS, check_fp8_support
+from sim.inputs.precision import FP8_FORMATS, check_support, fp8_precision
 from sim.progress import ProgressBar
 from sim.studies.search import (
     DEFAULT_MARGIN,
@@ -331,7 +331,7 @@ def _run(args, start: float, progress: ProgressBar) -> int:
     require(args.wave >= 1, "--wave", args.wave, "expected an integer >= 1")
     space = space_from_args(args)
     for fmt in space.fp8_format:
-        check_fp8_support(fmt, profile)
+        check_support(fp8_precision(fmt), profile)
     check_rank_by(args.rank_by, profile)
     topo = topology_from_settings(settings.cluster, gpus, profile.name)
     require(gpus <= topo.num_gpus, "--gpus", gpus, f"topology {topo.name} has only {topo.num_gpus} GPUs")

@@ -211,6 +211,10 @@ class HardwareProfile:
     """An MXFP8 GEMM's throughput over a per-tensor-scaled FP8 GEMM's of the same shapes
     (``gemm_efficiency(..., dtype="mxfp8")`` caps at ``fp8_gemm_max_efficiency`` times
     this): the block-scaled kernels also load and apply the scales. None: 1."""
+    nvfp4_gemm_relative_efficiency: FRACTION | None = None
+    """An NVFP4 GEMM's fraction of the ``fp4`` peak over an MXFP8 GEMM's fraction of the
+    ``fp8`` peak (``gemm_efficiency(..., dtype="nvfp4")`` caps at the MXFP8 cap times this):
+    the FP4 kernels reach less of their peak than the FP8 ones. None: 1."""
     attention_kernel_speed: ATTENTION_KERNEL_SPEEDS | None = None
     """Attention kernel (``sim.inputs.frameworks``: 'fa2', 'triton') -> its forward and
     backward speed as a fraction of the kernel ``attention_max_efficiency`` stands for
@@ -287,6 +291,9 @@ class HardwareProfile:
         if self.fp8_gemm_max_efficiency is not None and "fp8" not in self.peak_flops:
             raise InputError(field="fp8_gemm_max_efficiency", value=self.fp8_gemm_max_efficiency,
                              allowed="peak_flops has no fp8 entry (give the GPU's fp8 peak, or leave the field out)")
+        if self.nvfp4_gemm_relative_efficiency is not None and "fp4" not in self.peak_flops:
+            raise InputError(field="nvfp4_gemm_relative_efficiency", value=self.nvfp4_gemm_relative_efficiency,
+                             allowed="peak_flops has no fp4 (give its fp4 peak, or leave the field out)")
         if self.mxfp8_gemm_relative_efficiency is not None and not self.mx_block_scaling:
             raise InputError(field="mxfp8_gemm_relative_efficiency", value=self.mxfp8_gemm_relative_efficiency,
                              allowed="mx_block_scaling is false (set it true, or leave the field out)")
@@ -333,7 +340,8 @@ class HardwareProfile:
         ``dtype="fp8"``: capped at ``fp8_gemm_max_efficiency``, with k0 longer by the
         fp8/bf16 peak ratio (the per-tile prologue and epilogue take the same time while
         the main loop over k runs that much faster); ``dtype="mxfp8"``: the same, its cap
-        times ``mxfp8_gemm_relative_efficiency``."""
+        times ``mxfp8_gemm_relative_efficiency``; ``dtype="nvfp4"``: MXFP8's cap times
+        ``nvfp4_gemm_relative_efficiency``, k0 longer by the fp4/bf16 peak ratio."""
         if min(m, n, k, batch) <= 0:
             raise InputError(f"gemm shape: got {m}x{n}x{k} (batch {batch}); expected positive sizes")
         sms = self.sm_count
@@ -346,11 +354,13 @@ class HardwareProfile:
                 wave_q = tiles / (math.ceil(tiles / sms) * sms)
                 best_q = max(best_q, rel * tile_q * wave_q)
         best, k0 = self.gemm_max_efficiency, self.gemm_k_overhead
-        if dtype in ("fp8", "mxfp8"):
+        if dtype in ("fp8", "mxfp8", "nvfp4"):
             best = self.fp8_gemm_max_efficiency or best
-            if dtype == "mxfp8":
+            if dtype in ("mxfp8", "nvfp4"):
                 best *= self.mxfp8_gemm_relative_efficiency or 1.0
-            k0 *= self.peak("fp8") / self.peak("bf16")
+            if dtype == "nvfp4":
+                best *= self.nvfp4_gemm_relative_efficiency or 1.0
+            k0 *= self.peak("fp4" if dtype == "nvfp4" else "fp8") / self.peak("bf16")
         return best * self.sustained_compute_fraction * min(1.0, best_q) * k / (k + k0)
 
     def attention_efficiency(self, seq_q: int, seq_k: int, head_dim: int, batch_heads: int) -> float:
@@ -394,7 +404,7 @@ class HardwareProfile:
             del out["provenance"]
         for key in ("framework_kernel_efficiency", "framework_kernel_overhead_s", "attention_kernel_speed", "nccl_protocols", "nvls_efficiency",
                     "nvls_latency_s", "nccl_base_latency_s", "fp8_gemm_max_efficiency", "power_limit_w", "idle_power_w",
-                    "mxfp8_gemm_relative_efficiency", "memory_bound_power_fraction", "communication_power_fraction",
+                    "mxfp8_gemm_relative_efficiency", "nvfp4_gemm_relative_efficiency", "memory_bound_power_fraction", "communication_power_fraction",
                     "power_cap_w", "gpu_hour_price_usd"):
             if out[key] is None:
                 del out[key]

@@ -51,6 +51,8 @@ from sim.inputs.experts import DISPATCHERS, check_ep_overlap_plan, check_expert_
 from sim.inputs.fields import setting
 from sim.inputs.frameworks import (ATTENTION_KERNELS, BACKWARD_PREFETCH, FRAMEWORKS, check_deepspeed_model,
                                    check_framework_plan)
+from sim.inputs.precision import FP4_FORMAT, FP4_RECIPES, FP8_FORMATS, FP8_RECIPE_CHOICES, Precision, \
+    canonical_fp8_recipe, check_precision_plan, check_precision_weights, precision_of
 from sim.inputs.recompute import RECOMPUTE_METHODS, RECOMPUTE_MODULES, check_recompute_layers, check_recompute_model, \
     check_recompute_plan, modules_in_effect, parse_recompute_modules
 from sim.inputs.tp_overlap import parse as parse_tp_overlap
@@ -61,15 +63,6 @@ from sim.units import NONNEGATIVE_INT, POSITIVE_INT, Number, parse_size
 
 RECOMPUTE = ("none", "selective", "full")
 ATTENTION = ("flash", "unfused")
-FP8_FORMATS = ("e4m3", "hybrid")
-"""Transformer Engine's FP8 formats (Megatron-LM ``--fp8-format``): all tensors E4M3, or E4M3
-forward and E5M2 gradients."""
-FP8_RECIPES = ("delayed", "tensorwise", "mxfp8", "blockwise")
-"""How Transformer Engine scales FP8 tensors (Megatron-LM ``--fp8-recipe``; ``sim.program.fp8``):
-a per-tensor scale from an amax history (its default), a per-tensor scale from the tensor's own
-amax, MXFP8's E8M0 scale per 32 elements, or DeepSeek-V3's FP32 scale per 1x128 / 128x128 block."""
-FP4_RECIPES = ("nvfp4",)
-"""Megatron-LM's ``--fp4-recipe`` choices (Transformer Engine's NVFP4BlockScaling); not modelled."""
 CROSS_ENTROPY = ("megatron", "megatron-fused", "pytorch")
 """How the loss is computed over the logits (``sim.program.workload.head_work``):
 Megatron-LM's vocab-parallel cross entropy (its default), the same fused by
@@ -309,16 +302,24 @@ class ParallelPlan:
              "(E4M3 forward, E5M2 gradients); needs a GPU with an FP8 peak (H100, H200, B200, GB200, GB300); default off (BF16)")
     """``sim.program.fp8``; None: BF16."""
     fp8_recipe: str = setting(
-        "delayed", choices=FP8_RECIPES,
+        "delayed", choices=FP8_RECIPE_CHOICES,
         help="with --fp8-format, how Transformer Engine scales FP8 tensors: delayed (a per-tensor scale from an "
-             "amax history; the default), tensorwise (per-tensor current scaling: an amax pass before each cast), "
+             "amax history; the default), tensorwise (per-tensor current scaling: an amax pass before each cast; "
+             "current-scaling is another name for it), "
              "mxfp8 (an E8M0 scale per 32 elements; Blackwell) or blockwise (FP32 scales per 1x128 and 128x128 "
              "blocks, DeepSeek-V3's)")
-    """``sim.program.fp8``'s ``RECIPES``."""
+    """``sim.inputs.precision``'s ``RECIPES`` (an alias is stored as the recipe it names)."""
     fp4_recipe: str | None = setting(
         choices=FP4_RECIPES,
-        help="train the GEMMs in NVFP4 (Megatron-LM's --fp4-recipe): not modelled yet, refused (docs/limits.md)")
-    """Always None: NVFP4 training is not modelled (``docs/limits.md``)."""
+        help="train the transformer layers' GEMMs in NVFP4 (Megatron-LM's --fp4-recipe; E2M1 with an E4M3 scale per "
+             "16 elements and an FP32 scale per tensor, Transformer Engine's NVFP4BlockScaling); needs a GPU with an "
+             "FP4 peak (B200, GB200, GB300); not with --fp8-format; default off")
+    """``sim.inputs.precision``; None: no FP4 (unless ``fp4_format`` is set)."""
+    fp4_format: str | None = setting(
+        choices=(FP4_FORMAT,),
+        help="train in FP4 as Megatron-LM's --fp4-format e2m1 does: the same as --fp4-recipe nvfp4 (its default "
+             "recipe); default off")
+    """``sim.inputs.precision``; None: FP4 only through ``fp4_recipe``."""
     zero_stage: int = setting(0, name="zero", type=int, choices=ZERO_STAGES, help="ZeRO stage (default 0)",
                               tables=(("plan", "zero"), (_ZERO, "stage")))
     """ZeRO stage over the dp group: 0 none, 1 optimizer states, 2 +gradients, 3 +parameters."""
@@ -436,15 +437,8 @@ class ParallelPlan:
         _check(self.cross_entropy != "pytorch" or self.tp == 1, "cross_entropy", self.cross_entropy,
                 "pytorch's cross entropy needs the whole vocabulary on one GPU (tp 1); use megatron or megatron-fused")
         _check(self.attention in ATTENTION, "attention", self.attention, f"allowed: {', '.join(ATTENTION)}")
-        _check(self.fp8_format is None or self.fp8_format in FP8_FORMATS, "fp8_format", self.fp8_format,
-                f"allowed: {', '.join(FP8_FORMATS)}, or None for BF16")
-        _check(self.fp4_recipe is None, "fp4_recipe", self.fp4_recipe,
-               "not modelled yet: leave it unset (NVFP4 training, docs/limits.md; FP8: --fp8-format, --fp8-recipe)")
-        _check(self.fp8_recipe in FP8_RECIPES, "fp8_recipe", self.fp8_recipe, f"allowed: {', '.join(FP8_RECIPES)}")
-        _check(self.fp8_recipe == "delayed" or self.fp8_format is not None, "fp8_recipe", self.fp8_recipe,
-               "needs fp8_format (e4m3 or hybrid): a recipe scales FP8 tensors; leave it unset in BF16")
-        _check(not self.fp8_param_gather or self.fp8_recipe in ("delayed", "tensorwise", "mxfp8"), "fp8_param_gather",
-               True, f"not modelled with fp8_recipe {self.fp8_recipe} (allowed with delayed, tensorwise or mxfp8)")
+        check_precision_plan(self)
+        object.__setattr__(self, "fp8_recipe", canonical_fp8_recipe(self.fp8_recipe))
         _check(self.recompute in RECOMPUTE, "recompute", self.recompute,
                 f"allowed: {', '.join(RECOMPUTE)}")
         object.__setattr__(self, "recompute_modules", check_recompute_plan(self))
@@ -472,16 +466,7 @@ class ParallelPlan:
         _check(not self.param_gather_overlap or self.zero_stage in (1, 2), "param_gather_overlap", True,
                 f"needs zero 1 or 2 (got {self.zero_stage}): it overlaps the sharded optimizer's parameter "
                 "all-gather (ZeRO-3 gathers every layer before each use anyway)")
-        _check(not self.fp8_param_gather or (self.fp8_format is not None and self.zero_stage in (1, 2, 3)),
-               "fp8_param_gather", True, f"needs fp8_format and zero 1, 2 or 3 (got {self.fp8_format or 'BF16'}, zero "
-               f"{self.zero_stage}): it keeps the sharded optimizer's weights in FP8 (Megatron-LM: distributed "
-               "optimizer or FSDP only)")
-        _check(not (self.fp8_param_gather and self.zero_stage == 3 and self.fp8_recipe == "mxfp8"), "fp8_param_gather",
-               True, "not modelled with zero 3 and fp8_recipe mxfp8 (allowed under zero 3: delayed or tensorwise; "
-               "Megatron-FSDP gathers MXFP8 weights without the gradient buffer)")
-        _check(not (self.fp8_param_gather and self.offload_optimizer and self.fp8_recipe != "delayed"),
-               "fp8_param_gather", True, f"with offload_optimizer needs fp8_recipe delayed (got {self.fp8_recipe}; "
-               "Megatron-LM refuses the optimizer CPU offload with FP8 weights of other recipes)")
+        check_precision_weights(self)
         _check(not (self.param_gather_overlap and self.offload_optimizer), "param_gather_overlap", True,
                 "not with offload_optimizer (the parameters come back from the host)")
         _check(not self.offload_optimizer or self.zero_stage >= 1, "offload_optimizer", True,
@@ -548,13 +533,18 @@ class ParallelPlan:
         out = dataclasses.asdict(self)
         for name in ("layers_per_virtual_stage", "schedule_file", "zero3_prefetch_bucket_size", "pipeline_layout",
                      "recompute_modules", "recompute_method", "recompute_num_layers", "framework", "attention_kernel",
-                     "backward_prefetch",
+                     "backward_prefetch", "fp4_format",
                      "tp_comm_overlap_cfg"):
             if out[name] is None:
                 del out[name]
         if out["reshard_after_forward"]:
             del out["reshard_after_forward"]
         return out
+
+    @property
+    def precision(self) -> Precision | None:
+        """The layers' GEMM precision as one object (``sim.inputs.precision``); None: BF16."""
+        return precision_of(self)
 
     @property
     def world_size(self) -> int:

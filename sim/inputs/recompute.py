@@ -96,7 +96,7 @@ def check_recompute_plan(plan) -> tuple[str, ...] | None:
     fp8 = [m for m in ("layernorm", "moe_act") if m in mods]
     # Megatron-Core (core_v0.14.0 on, megatron/core/transformer/transformer_config.py): "Delayed scaling does
     # not support moe_act and layernorm recompute for fp8"; current scaling and block scales may
-    require(plan.fp8_format is None or not fp8 or plan.fp8_recipe != "delayed", f"plan: {FIELD}", ",".join(fp8),
+    require(plan.precision is None or not fp8 or not plan.precision.recipe.history, f"plan: {FIELD}", ",".join(fp8),
             "not with fp8_recipe delayed: FP8 delayed scaling cannot recompute moe_act or layernorm (Megatron-Core's "
             "rule; tensorwise, mxfp8 and blockwise can)", setting=FIELD)
     return mods

@@ -118,11 +118,11 @@ def op_time(op: Op, profile: HardwareProfile, dtype: str = "bf16") -> float:
     if op.kind == "gemm":
         m, n, k = op.shape
         kernel = dtype
-        if op.dtype != "bf16":  # an FP8 GEMM: sim.program.fp8
-            dtype, kernel = "fp8", gemm_kernel(op.dtype, profile)
-            if "fp8" not in profile.peak_flops:
-                raise InputError(f"fp8_format: GPU {profile.name} has no FP8 peak (peak_flops has "
-                                 f"{', '.join(sorted(profile.peak_flops))}); FP8 GEMMs need one (H100, H200)")
+        if op.dtype != "bf16":  # an FP8 or FP4 GEMM: sim.program.fp8
+            dtype, kernel = gemm_kernel(op.dtype, profile)
+            if dtype not in profile.peak_flops:
+                raise InputError(f"precision: GPU {profile.name} has no {dtype.upper()} peak (peak_flops has "
+                                 f"{', '.join(sorted(profile.peak_flops))}); {op.dtype} GEMMs need one")
         rate = profile.peak(dtype) * profile.gemm_efficiency(m, n, k, op.batch, kernel)
     elif op.kind == "attention":
         sq, sk, d = op.shape

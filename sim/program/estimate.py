@@ -17,7 +17,7 @@ parameter). Collectives run over the slowest link their group spans: ``nvlink`` 
 every group of that dimension stays inside a node under the plan's ``placement``, else
 ``ib``; a data-parallel group across nodes runs one ring per member on a node.
 
-Under FP8 (``plan.fp8_format``) the layers' work is what ``sim.program.fp8`` makes of it
+Under FP8 or FP4 (``plan.precision``) the layers' work is what ``sim.program.fp8`` makes of it
 (FP8 GEMMs at the fp8 peak, Transformer Engine's casts and transposes around them), the
 same work the simulator runs, and each chunk's forward and backward of a micro-batch ends
 with delayed scaling's amax all-reduce over the stage's tp·dp·cp GPUs
@@ -43,7 +43,7 @@ from sim.inputs.plan import ParallelPlan
 from sim.inputs.recompute import layer_recompute
 from sim.program.build import BuildContext
 from sim.program.amax import GEMMS_PER_LAYER, reduction_bytes, stage_groups
-from sim.program.fp8 import check_fp8_support
+from sim.inputs.precision import check_support
 from sim.program.costs import (
     collective_time,
     grad_reduce_scale,
@@ -201,7 +201,7 @@ def _amax_time(model: ModelSpec, plan: ParallelPlan, profile: HardwareProfile, g
     stage's tp·dp·cp GPUs (``sim.program.amax``); 0 without FP8 or with one GPU a stage."""
     group = stage_groups(plan)
     n = plan.tp * plan.dp_cp
-    if not plan.fp8_format or plan.fp8_recipe != "delayed" or n < 2:
+    if plan.precision is None or not plan.precision.recipe.history or n < 2:
         return lambda stage, ph: 0.0
     p, v = plan.pp, plan.vpp
 
@@ -236,7 +236,7 @@ def estimate_in(ctx: BuildContext, *, dtype: str = "bf16", flash_attention: bool
                 dp_channels: int | None = None) -> Estimate:
     """``estimate`` of the context's job, priced on its (paced) profile."""
     model, plan, profile, gpus_per_node = ctx.model, ctx.plan, ctx.profile, ctx.gpus_per_node
-    check_fp8_support(plan.fp8_format, profile, recipe=plan.fp8_recipe)
+    check_support(plan.precision, profile)
     links = _links(plan, gpus_per_node)
     b, t, p, v, m = plan.micro_batch_size, plan.tp, plan.pp, plan.vpp, plan.num_microbatches
     sp = plan.sequence_parallel

@@ -99,7 +99,8 @@ Recipes (``--fp8-recipe``, Megatron-LM's flag; TE 2.x's recipes, described in TE
 here from TE's code where a byte count depends on it). All of the above is ``delayed``
 (``DelayedScaling``, the default): one FP32 scale per tensor from an amax history, which
 the cast kernels record as they write and ``sim.program.amax`` reduces over the stage.
-The others change the kernels around the same GEMMs (``RECIPES``):
+The others change the kernels around the same GEMMs (``sim.inputs.precision.RECIPES``, where
+each recipe is one ``Recipe`` saying what this module asks of it):
 
 - ``tensorwise`` (``Float8CurrentScaling``): one scale per tensor from the tensor's own
   amax. "Quantization is a memory-bound operation that requires reading the tensor twice"
@@ -131,6 +132,19 @@ The others change the kernels around the same GEMMs (``RECIPES``):
   emulated on Hopper (priced as FP8 GEMMs: no separate kernel figure) and run as MXFP8
   GEMMs on Blackwell ("the recipe is emulated with MXFP8").
 
+- ``nvfp4`` (``--fp4-recipe nvfp4``, ``NVFP4BlockScaling``; ``sim.inputs.precision``'s doc has
+  the format and its sources): E2M1 elements (1/2 byte) with an E4M3 scale per 16 (weights
+  16x16) and an FP32 scale per tensor. Each BF16 tensor is read for its amax first
+  (``<gemm>.amax``; the norms' outputs too, and all-reduced over the tensor-parallel group
+  where the tensor is gathered, as under ``tensorwise``), then quantized row-wise
+  (``<gemm>.quantize``, read 2G, write G·(1/2 + 1/16)) and column-wise through the random
+  Hadamard transform (``<gemm>.hadamard_quantize``, read 2G again, write G·(1/2 + 1/16);
+  TE's ``nvte_hadamard_transform_cast_fusion_columnwise``); weights get an amax pass and
+  one kernel writing both copies. No transposes. Its GEMMs (``Op.dtype`` "nvfp4") run at the
+  profile's fp4 peak (``HardwareProfile.gemm_efficiency(..., dtype="nvfp4")``). Every layer
+  runs NVFP4: the BF16 layers of NVIDIA's recipe (Megatron-LM's ``--first-last-layers-bf16``)
+  are not modelled, nor FP4 weights (``--fp4-param-gather``).
+
 Not modelled: userbuffers' atomic GEMMs, FP8 attention, FP8 weights
 (``fp8_param_gather``) under ``blockwise``, MXFP8 weights under ZeRO-3 (Megatron-FSDP turns
 ``reuse_grad_buf_for_mxfp8_param_ag`` off and gathers them otherwise), the block-scaled recipes' scale
@@ -141,59 +155,11 @@ per-tensor recipes keep TE 1.13's Hopper path on every GPU).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
-from sim.errors import InputError, require
-from sim.inputs.plan import FP8_RECIPES
+from sim.errors import require
+from sim.inputs.precision import AMAX_BYTES, BF16_BYTES, FP8_BYTES, Precision, Recipe
 from sim.program.ops import Comm
-
-FP8_FORMATS = ("e4m3", "hybrid")
-BF16_BYTES = 2
-FP8_BYTES = 1
-AMAX_BYTES = 4
-"""An amax is one FP32."""
-
-
-@dataclass(frozen=True)
-class Recipe:
-    """How a recipe scales FP8 tensors, as the kernels around the GEMMs see it (module doc)."""
-
-    name: str
-    block: int
-    """Consecutive elements of an activation or gradient sharing one scale; 0: one per tensor."""
-    weight_block: int
-    """Elements of a weight sharing one scale; 0: one per tensor."""
-    scale_bytes: int
-    """Bytes of one block scale (E8M0: 1; FP32: 4)."""
-    gemm_dtype: str
-    """``Op.dtype`` of its GEMMs."""
-    amax_pass: bool = False
-    """Current scaling: each cast of a BF16 tensor reads it once more for its amax first."""
-    both_copies: bool = False
-    """Row- and column-wise copies quantized from BF16 at once (no FP8 transposes)."""
-
-    def copy_bytes(self, weight: bool = False) -> float:
-        """Bytes per element of one quantized copy with its block scales: 1 + scale/block."""
-        block = self.weight_block if weight else self.block
-        return FP8_BYTES + self.scale_bytes / block if block else FP8_BYTES
-
-    @property
-    def history(self) -> bool:
-        """Delayed scaling's amax history, reduced over the stage (``sim.program.amax``)."""
-        return self.name == "delayed"
-
-
-MX_BLOCK = 32
-"""MXFP8: elements per E8M0 scale (OCP Microscaling Formats (MX) v1.0, Table 1: MXFP8 k = 32)."""
-FP8_BLOCK = 128
-"""Blockwise: elements per FP32 scale along a row (1x128); weights 128x128 (TE's Float8BlockScaling)."""
-RECIPES = {
-    "delayed": Recipe("delayed", 0, 0, AMAX_BYTES, "fp8"),
-    "tensorwise": Recipe("tensorwise", 0, 0, AMAX_BYTES, "fp8", amax_pass=True),
-    "mxfp8": Recipe("mxfp8", MX_BLOCK, MX_BLOCK, 1, "mxfp8", both_copies=True),
-    "blockwise": Recipe("blockwise", FP8_BLOCK, FP8_BLOCK * FP8_BLOCK, AMAX_BYTES, "fp8_block", both_copies=True),
-}
-assert tuple(RECIPES) == FP8_RECIPES
 
 FP8_GEMMS = ("attn.qkv", "attn.proj", "mlp.up", "mlp.down")
 """The forward GEMMs a transformer layer runs in FP8 (the weight GEMMs of TE's linear modules)."""
@@ -209,72 +175,45 @@ FP8_GATHERS = {"attn.all_gather": "attn.qkv", "mlp.all_gather": "mlp.up",
 """Sequence-parallel all-gathers that carry FP8, and the GEMM each feeds."""
 GRAD_GATHERS = ("attn.all_gather.grad", "mlp.all_gather.grad")
 """The output-gradient gathers: under the block-scaled recipes they carry both copies."""
+GEMM_KERNELS = {"fp8": ("fp8", "fp8"), "mxfp8": ("fp8", "mxfp8"), "nvfp4": ("fp4", "nvfp4")}
+"""``Op.dtype`` of a low-precision GEMM -> (the profile's peak it runs at, its kernel for
+``HardwareProfile.gemm_efficiency``)."""
 
 
-def precision(fp8_format: str | None, recipe: str = "delayed") -> str:
-    """The run's precision as reported: 'bf16', 'fp8-e4m3' or 'fp8-hybrid' (delayed scaling),
-    and the recipe after it otherwise ('fp8-e4m3-mxfp8')."""
-    if fp8_format is None:
-        return "bf16"
-    return f"fp8-{fp8_format}" if recipe == "delayed" else f"fp8-{fp8_format}-{recipe}"
-
-
-def check_fp8_support(fp8_format: str | None, profile, flag: str = "--fp8-format", recipe: str = "delayed") -> None:
-    """A one-line error when ``fp8_format`` is set and the GPU has no FP8 peak (A100), or
-    when the recipe is ``mxfp8`` and the GPU has no MX block-scaled tensor cores
-    (``HardwareProfile.mx_block_scaling``: Hopper, Ampere)."""
-    if fp8_format is None:
-        return
-    from sim.inputs.hardware import PRESETS, load_profile
-
-    if "fp8" not in profile.peak_flops:
-        able = [n for n in PRESETS if "fp8" in load_profile(n).peak_flops]
-        raise InputError(f"{flag}: got {fp8_format!r}; GPU {profile.name} has no FP8 tensor cores (its profile's "
-                         f"peak_flops has {', '.join(sorted(profile.peak_flops))}, no fp8); allowed on {profile.name}: "
-                         f"leave it unset (BF16); {' or '.join(FP8_FORMATS)} need a GPU with an fp8 peak "
-                         f"({', '.join(able)})")
-    if recipe == "mxfp8" and not profile.mx_block_scaling:
-        able = [n for n in PRESETS if load_profile(n).mx_block_scaling]
-        here = [r for r in FP8_RECIPES if r != "mxfp8"]
-        raise InputError(f"--fp8-recipe: got 'mxfp8'; GPU {profile.name} has no MX block-scaled tensor cores (its "
-                         f"profile's mx_block_scaling is false); allowed on {profile.name}: {', '.join(here)}; "
-                         f"mxfp8 needs a GPU with mx_block_scaling ({', '.join(able)})")
-
-
-def weight_copy_bytes(recipe: str = "delayed") -> float:
-    """Bytes per GEMM weight parameter of TE's FP8 weight copies under ``recipe``: the
+def weight_copy_bytes(recipe: Recipe) -> float:
+    """Bytes per GEMM weight parameter of TE's quantized weight copies under ``recipe``: the
     copy for the forward and the one for the input gradient (the transpose, or the
     column-wise copy), each with its block scales: 2 per-tensor, 2·(1 + 1/32) under
-    MXFP8, 2·(1 + 4/16384) under 128x128 blocks."""
-    return 2 * RECIPES[recipe].copy_bytes(weight=True)
+    MXFP8, 2·(1 + 4/16384) under 128x128 blocks, 2·(1/2 + 1/256) under NVFP4."""
+    return 2 * recipe.copy_bytes(weight=True)
 
 
-def gathered_weight_bytes(recipe: str = "delayed") -> float:
+def gathered_weight_bytes(recipe: Recipe) -> float:
     """Bytes per FP8 GEMM weight parameter that a parameter all-gather moves when the
-    weights are kept in FP8 (``fp8_param_gather``, module doc): 1 under the per-tensor
-    recipes (the scale is not gathered: each rank computes it from the amax all-reduced
-    over the data-parallel group); 2 under ``mxfp8``, gathered in BF16 through the
-    gradient buffer and quantized after (Megatron-Core's
+    weights are kept in FP8 (``fp8_params``, module doc): ``Recipe.gathered_weight_bytes``,
+    1 under the per-tensor recipes (the scale is not gathered: each rank computes it from
+    the amax all-reduced over the data-parallel group); 2 under ``mxfp8``, gathered in BF16
+    through the gradient buffer and quantized after (Megatron-Core's
     ``reuse_grad_buf_for_mxfp8_param_ag``)."""
-    require(recipe in ("delayed", "tensorwise", "mxfp8"), "fp8_recipe", recipe,
+    require(recipe.gathered_weight_bytes is not None, "fp8_recipe", recipe.name,
             "FP8 weights are modelled with delayed, tensorwise or mxfp8")
-    return BF16_BYTES if RECIPES[recipe].both_copies else FP8_BYTES
+    return recipe.gathered_weight_bytes
 
 
-def saved_input_bytes(recipe: str = "delayed") -> float:
-    """Bytes per element of the FP8 copy of a GEMM input saved for the weight gradient
+def saved_input_bytes(recipe: Recipe) -> float:
+    """Bytes per element of the quantized copy of a GEMM input saved for the weight gradient
     (the column-wise copy with its scales under the block-scaled recipes)."""
-    return RECIPES[recipe].copy_bytes()
+    return recipe.copy_bytes()
 
 
-def gemm_kernel(dtype: str, profile) -> str:
-    """The GEMM kernel an FP8 ``Op.dtype`` runs on ``profile`` ('fp8' or 'mxfp8', for
-    ``HardwareProfile.gemm_efficiency``): blockwise GEMMs are emulated with MXFP8 where the
-    tensor cores read block scales (TE's FP8 blockwise page), and priced as per-tensor FP8
-    GEMMs elsewhere."""
+def gemm_kernel(dtype: str, profile) -> tuple[str, str]:
+    """(peak, kernel) a low-precision ``Op.dtype`` runs at on ``profile``: the profile's peak
+    to price it with and its kernel for ``HardwareProfile.gemm_efficiency``. Blockwise GEMMs
+    are emulated with MXFP8 where the tensor cores read block scales (TE's FP8 blockwise
+    page), and priced as per-tensor FP8 GEMMs elsewhere."""
     if dtype == "fp8_block":
-        return "mxfp8" if profile.mx_block_scaling else "fp8"
-    return dtype
+        return "fp8", "mxfp8" if profile.mx_block_scaling else "fp8"
+    return GEMM_KERNELS[dtype]
 
 
 def _role(name: str) -> tuple[str | None, str | None]:
@@ -301,10 +240,10 @@ def _amax_all_reduce(op):
                 nbytes=float(AMAX_BYTES), recompute=op.recompute)
 
 
-def _as_fp8(op, dtype: str = "fp8"):
-    """The GEMM with FP8 operands (1 byte each) and its BF16 output."""
+def _as_low(op, recipe: Recipe):
+    """The GEMM with quantized operands (``recipe.element_bytes`` each) and its BF16 output."""
     m, n, k = op.shape
-    return replace(op, dtype=dtype, bytes_read=float(FP8_BYTES * (m * k + k * n) * op.batch))
+    return replace(op, dtype=recipe.gemm_dtype, bytes_read=float(recipe.element_bytes * (m * k + k * n) * op.batch))
 
 
 def _insert_before(out: list, items: list) -> None:
@@ -317,7 +256,7 @@ def _insert_before(out: list, items: list) -> None:
 
 
 def _gather_bytes(name: str, recipe: Recipe) -> float:
-    """Bytes per element an FP8 all-gather carries: 1 under the per-tensor recipes; the
+    """Bytes per element a quantized all-gather carries: 1 under the per-tensor recipes; the
     block-scaled ones carry each copy with its scales, both copies for an output gradient."""
     if not recipe.both_copies:
         return FP8_BYTES
@@ -326,36 +265,40 @@ def _gather_bytes(name: str, recipe: Recipe) -> float:
 
 def _cast(it, suffix: str, recipe: Recipe, read: float, elements: float, gathered: bool = False,
           amax_known: bool = False) -> list:
-    """The kernels that make the FP8 operand(s) of ``elements`` BF16 elements (``read`` =
-    2·elements bytes) under ``recipe``: ``suffix`` is the per-tensor kernel ('to_fp8' one
-    copy, 'to_fp8_t' with its transpose); block-scaled recipes quantize both copies instead;
-    current scaling reads the tensor for its amax first (unless the kernel that wrote it
-    computed it: ``amax_known``), and all-reduces it over the tensor-parallel group when
-    the tensor is ``gathered``."""
+    """The kernels that make the quantized operand(s) of ``elements`` BF16 elements (``read``
+    = 2·elements bytes) under ``recipe``: ``suffix`` is the per-tensor kernel ('to_fp8' one
+    copy, 'to_fp8_t' with its transpose); block-scaled recipes quantize both copies instead
+    (NVFP4: the column-wise one through the Hadamard transform, a kernel that reads the
+    tensor again); recipes with a per-tensor scale from the tensor's own amax read it for
+    that first (unless the kernel that wrote it computed it: ``amax_known``), and all-reduce
+    it over the tensor-parallel group when the tensor is ``gathered``."""
     if recipe.both_copies:
-        return [_memory(it, "quantize", read, 2 * recipe.copy_bytes() * elements)]
-    copies = 2 if suffix.endswith("_t") else 1
-    out = [_memory(it, suffix, read, copies * FP8_BYTES * elements)]
+        copy = recipe.copy_bytes() * elements
+        if recipe.hadamard_wgrad:
+            out = [_memory(it, "quantize", read, copy), _memory(it, "hadamard_quantize", read, copy)]
+        else:
+            out = [_memory(it, "quantize", read, 2 * copy)]
+    else:
+        copies = 2 if suffix.endswith("_t") else 1
+        out = [_memory(it, suffix, read, copies * FP8_BYTES * elements)]
     if recipe.amax_pass:
+        amax_known = amax_known and recipe.norm_amax
         out[:0] = ([] if amax_known else [_memory(it, "amax", read, 0.0)]) + ([_amax_all_reduce(it)] if gathered else [])
     return out
 
 
-def fp8_layer_work(work, fp8_format: str | None, tp: int = 1, sequence_parallel: bool = False,
-                   microbatches: int = 1, fp8_params: bool = False, recipe: str = "delayed"):
-    """One transformer layer's ``Work`` as TE runs it in FP8 (the module doc); ``work``
-    itself when ``fp8_format`` is None. ``sequence_parallel``: in effect (tp > 1);
+def fp8_layer_work(work, precision: Precision | None, tp: int = 1, sequence_parallel: bool = False,
+                   microbatches: int = 1, fp8_params: bool = False):
+    """One transformer layer's ``Work`` as TE runs it under ``precision`` (the module doc);
+    ``work`` itself when it is None (BF16). ``sequence_parallel``: in effect (tp > 1);
     ``microbatches``: the m that share each step's weight casts; ``fp8_params``: the
     weights are kept in FP8 (``--fp8-param-gather``), so each step only transposes them
-    (MXFP8 weights: gathered in BF16 and quantized into both copies, as without them);
-    ``recipe``: ``RECIPES``' key."""
-    if fp8_format is None:
+    (MXFP8 weights: gathered in BF16 and quantized into both copies, as without them)."""
+    if precision is None:
         return work
-    require(fp8_format in FP8_FORMATS, "fp8_format", fp8_format, f"allowed: {', '.join(FP8_FORMATS)}")
-    require(recipe in RECIPES, "fp8_recipe", recipe, f"allowed: {', '.join(RECIPES)}")
     require(isinstance(microbatches, int) and microbatches > 0, "microbatches", microbatches,
             "expected an integer > 0")
-    r = RECIPES[recipe]
+    r = precision.recipe
     sp = sequence_parallel and tp > 1
     norms = set(NORM_FUSED.values())
     out: list = []
@@ -374,7 +317,7 @@ def fp8_layer_work(work, fp8_format: str | None, tp: int = 1, sequence_parallel:
             out.append(it)
             continue
         m, n, k = it.shape
-        gemm = _as_fp8(it, r.gemm_dtype)
+        gemm = _as_low(it, r)
         expert = base in EXPERT_GEMMS
         gsp = sp and not expert  # sequence parallelism as this GEMM's TE module runs it
         if role == "fwd":
@@ -382,7 +325,7 @@ def fp8_layer_work(work, fp8_format: str | None, tp: int = 1, sequence_parallel:
             x = m * k * it.batch
             if base in ROW_PARALLEL or expert:
                 pre += _cast(it, "to_fp8" if gsp else "to_fp8_t", r, BF16_BYTES * x, x)
-            elif not r.history:  # the norm wrote BF16 (its amax fused): the local shard is cast
+            elif not r.history:  # the norm wrote BF16: the local shard is cast
                 local = x / tp if sp else x
                 pre += _cast(it, "to_fp8" if sp else "to_fp8_t", r, BF16_BYTES * local, local, gathered=sp,
                              amax_known=True)
@@ -390,12 +333,13 @@ def fp8_layer_work(work, fp8_format: str | None, tp: int = 1, sequence_parallel:
                 w = k * n * it.batch / microbatches
                 if fp8_params and not r.both_copies:  # the FP8 weight is the parameter: only its transpose is made
                     pre.append(_memory(it, "weight_transpose", FP8_BYTES * w, FP8_BYTES * w))
-                elif r.both_copies:
-                    pre.append(_memory(it, "weight_quantize", BF16_BYTES * w, 2 * r.copy_bytes(weight=True) * w))
                 else:
                     if r.amax_pass:
                         pre.append(_memory(it, "weight_amax", BF16_BYTES * w, 0.0))
-                    pre.append(_memory(it, "weight_to_fp8_t", BF16_BYTES * w, 2 * FP8_BYTES * w))
+                    if r.both_copies:
+                        pre.append(_memory(it, "weight_quantize", BF16_BYTES * w, 2 * r.copy_bytes(weight=True) * w))
+                    else:
+                        pre.append(_memory(it, "weight_to_fp8_t", BF16_BYTES * w, 2 * FP8_BYTES * w))
             _insert_before(out, pre)
             out.append(gemm)
         elif role == "dgrad":

@@ -132,7 +132,7 @@ def _fp8_gather_savings(ctx: BuildContext) -> tuple[Callable[[int], float], floa
     model, plan = ctx.model, ctx.plan
     if not plan.fp8_param_gather:
         return (lambda lid: 0.0), 1.0
-    kept = gathered_weight_bytes(plan.fp8_recipe)
+    kept = gathered_weight_bytes(plan.precision.recipe)
     saved = BF16_BYTES - kept
     return (lambda lid: saved * fp8_layer_weights(model, plan.tp, lid)), kept / BF16_BYTES
 
@@ -265,7 +265,7 @@ def fp8_amax(ctx: BuildContext, draft: Draft) -> Draft:
     """FP8 delayed scaling's amax all-reduces over the stage's GPUs (``sim.program.amax``),
     before the sends, which wait for them; nothing in BF16 or under a recipe without an amax
     history (``sim.program.fp8``)."""
-    if ctx.plan.fp8_format is None or ctx.plan.fp8_recipe != "delayed":
+    if ctx.plan.precision is None or not ctx.plan.precision.recipe.history:
         return draft
     return draft.with_program(add_amax_reductions(draft.program, stage_groups(ctx.plan),
                                                   chunk_gemms(ctx.model, ctx.plan), ctx.nccl))

@@ -47,6 +47,7 @@ from sim.inputs.layers import FullAttention, Layer, standard_layer
 from sim.inputs.model import ModelSpec
 from sim.inputs.moe import mla_projections
 from sim.inputs.plan import ATTENTION, CROSS_ENTROPY, RECOMPUTE, ParallelPlan
+from sim.inputs.precision import Precision
 from sim.inputs.recompute import layer_recompute, modules_in_effect, mtp_recompute
 from sim.program.fp8 import fp8_layer_work
 from sim.program.loss import loss_backward, loss_forward
@@ -521,8 +522,8 @@ def plan_layer_work(model: ModelSpec, plan: ParallelPlan, moe: MoeShape | None =
     (``sim.inputs.recompute.layer_recompute``), default the plan's."""
     rec = plan.recompute if recompute is None else recompute
     return layer_as_run(model, plan.micro_batch_size, plan.tp, plan.sequence_parallel, rec, plan.attention, moe,
-                  plan.fp8_format, plan.num_microbatches, plan.cp, plan.cp_comm_type,
-                  plan.gradient_accumulation_fusion, plan.fp8_param_gather, plan.recompute_modules, plan.fp8_recipe,
+                  plan.precision, plan.num_microbatches, plan.cp, plan.cp_comm_type,
+                  plan.gradient_accumulation_fusion, plan.fp8_param_gather, plan.recompute_modules,
                   attention_kernel_in_effect(plan), layer)
 
 
@@ -533,16 +534,15 @@ def local_sequence(model: ModelSpec, cp: int) -> ModelSpec:
 
 @lru_cache(maxsize=4096)
 def layer_as_run(model: ModelSpec, b: int, t: int, sp: bool, recompute: str = "none", attention: str = "flash",
-                 moe: MoeShape | None = None, fp8_format: str | None = None, microbatches: int = 1, cp: int = 1,
-                 cp_comm: str = "p2p", fused_accumulation: bool = True, fp8_params: bool = False,
-                 modules: tuple | None = None, fp8_recipe: str = "delayed", kernel: str = "te",
-                 layer: Layer | None = None) -> Work:
+                 moe: MoeShape | None = None, precision: Precision | None = None, microbatches: int = 1,
+                 cp: int = 1, cp_comm: str = "p2p", fused_accumulation: bool = True, fp8_params: bool = False,
+                 modules: tuple | None = None, kernel: str = "te", layer: Layer | None = None) -> Work:
     """``plan_layer_work`` from the plan's settings, cached: ``layer_work`` with its attention
-    run by ``kernel`` (``with_attention_kernel``), then the FP8 casts (``sim.program.fp8``)
+    run by ``kernel`` (``with_attention_kernel``), then the casts of ``precision`` (``sim.program.fp8``)
     and unfused gradient accumulation (``accumulate_wgrads``)."""
     work = with_attention_kernel(layer_work(model, b, t, sp, recompute, attention=attention, moe=moe, cp=cp,
                                             cp_comm=cp_comm, modules=modules, layer=layer), kernel)
-    return accumulate_wgrads(fp8_layer_work(work, fp8_format, t, sp, microbatches, fp8_params, fp8_recipe),
+    return accumulate_wgrads(fp8_layer_work(work, precision, t, sp, microbatches, fp8_params),
                              fused_accumulation)
 
 

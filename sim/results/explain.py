@@ -40,8 +40,8 @@ PARTS = ("layer", "moe layer", "embedding", "head")
 def _op_row(op: Op, profile: HardwareProfile, dtype: str = "bf16") -> dict:
     t = op_time(op, profile, dtype)
     kernel = dtype
-    if op.dtype != "bf16":  # (an FP8 GEMM: sim.program.fp8)
-        dtype, kernel = "fp8", gemm_kernel(op.dtype, profile)
+    if op.dtype != "bf16":  # (an FP8 or FP4 GEMM: sim.program.fp8)
+        dtype, kernel = gemm_kernel(op.dtype, profile)
     moved = op.bytes_read + op.bytes_written
     busy = t - profile.kernel_launch_s - bias_pass_time(op, profile)  # (a CPU's bias pass: not the GEMM's bound)
     if op.kind == "gemm":

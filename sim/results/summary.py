@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from sim.inputs.cost import run_cost
 from sim.program.estimate import estimate, model_flops_per_sequence, plan_flops_per_sequence
-from sim.program.fp8 import precision
+from sim.inputs.precision import label
 from sim.results.energy import run_energy
 from sim.results.memory_timeline import highest_peak
 from sim.results.metrics import iteration_metrics
@@ -45,7 +45,7 @@ def summarize(run) -> dict:
     return {
         "model": model.name, "params": model.num_params, "active_params": model.active_params, "gpu": profile.name, "topology": run.topology.name,
         "gpus": plan.world_size, "schedule": run.schedule.name, "plan": plan.summary(), "fidelity": run.fidelity,
-        "precision": precision(plan.fp8_format, plan.fp8_recipe),
+        "precision": label(plan.precision),
         "fidelity_reason": run.fidelity_reason, "collective_model": run.collective_model,
         "simulated_gpus": len(run.program.actions),
         **met,

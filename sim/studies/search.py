@@ -91,7 +91,7 @@ from sim.inputs.frameworks import attention_kernel_in_effect
 from sim.inputs.hardware import HardwareProfile
 from sim.inputs.model import ModelSpec
 from sim.inputs.plan import RECOMPUTE, SCHEDULES, ZERO_STAGES, ParallelPlan
-from sim.program.fp8 import FP8_FORMATS
+from sim.inputs.precision import FP8_FORMATS, Precision
 from sim.program.stage_balance import auto_layer_split
 from sim.program.dispatch import default_layout
 from sim.program.workload import edge_works, layer_as_run, plan_edge_works
@@ -283,17 +283,16 @@ def _variants(model, gbs, space, dp, tp, pp, mbs, cp=1) -> list[ParallelPlan]:
 
 @lru_cache(maxsize=4096)
 def _phases(model: ModelSpec, profile: HardwareProfile, b: int, t: int, sp: bool, recompute: str,
-            tp_link: str, fp8_format: str | None = None, microbatches: int = 1, cross_entropy: str = "megatron",
+            tp_link: str, precision: Precision | None = None, microbatches: int = 1, cross_entropy: str = "megatron",
             fused_accumulation: bool = True, attention: str = "flash", modules: tuple | None = None,
-            fp8_recipe: str = "delayed", kernel: str = "te") -> tuple:
+            kernel: str = "te") -> tuple:
     """Per phase F, B, W: (phase, layer_s, embedding_s, head_s, layer_s), compute plus tp
     collectives, for the layer, embedding and head as the plan runs them (``sim.program.workload``)."""
     def times(work):
         return work_times(work, profile, t, tp_link)
 
-    layer = times(layer_as_run(model, b, t, sp, recompute, attention, None, fp8_format, microbatches,
-                               fused_accumulation=fused_accumulation, modules=modules, fp8_recipe=fp8_recipe,
-                               kernel=kernel))
+    layer = times(layer_as_run(model, b, t, sp, recompute, attention, None, precision, microbatches,
+                               fused_accumulation=fused_accumulation, modules=modules, kernel=kernel))
     emb, head = (times(w) for w in edge_works(model, b, t, sp, cross_entropy, fused_accumulation))
     return tuple((ph, sum(layer[ph]), sum(emb[ph]), sum(head[ph]), sum(layer[ph])) for ph in ("F", "B", "W"))
 
@@ -382,8 +381,8 @@ def bound_s(ctx: BuildContext, est: Estimate) -> float:
         ph = _layered_phases(model, plan, profile, est, gpus_per_node, ep)
     else:
         ph = _phases(model, profile, plan.micro_batch_size, plan.tp, plan.sequence_parallel, plan.recompute,
-                     est.links["tp"], plan.fp8_format, m, plan.cross_entropy, plan.gradient_accumulation_fusion,
-                     plan.attention, plan.recompute_modules, plan.fp8_recipe, attention_kernel_in_effect(plan))
+                     est.links["tp"], plan.precision, m, plan.cross_entropy, plan.gradient_accumulation_fusion,
+                     plan.attention, plan.recompute_modules, attention_kernel_in_effect(plan))
     ranks, a2a = [], []  # per pipeline rank: (F, B, W) seconds per micro-batch over its chunks; all-to-all seconds
     kinds = _kind_phases(model, plan, profile, est, gpus_per_node, ep) if model.layers is not None else None
     for r in range(p):

@@ -12,11 +12,11 @@ dropout masks:
     tp + sp + selective         sbh·34/t
     full recompute              2sbh  (the layer input; /t under sequence parallelism)
 
-Under FP8 training (``plan.fp8_format``) Transformer Engine saves the FP8 cast of each FP8
+Under FP8 or FP4 training (``plan.precision``) Transformer Engine saves the quantized cast of each FP8
 GEMM's input for its weight gradient (the norm's FP8 output for QKV and MLP-up, the FP8
 input or its transpose for the projection and MLP-down: ``save_for_backward`` in TE's
 ``layernorm_linear.py`` and ``linear.py``), 1 byte per element instead of 2; the norms'
-inputs, Q, K, V and the activation's input stay 16-bit (``activation_terms(fp8=True)``).
+inputs, Q, K, V and the activation's input stay 16-bit (``activation_terms(precision=...)``).
 
 ``activation_terms`` itemizes the same tensors (LayerNorm inputs, QKV input, Q, K, V,
 softmax and its dropout, projection input, GeLU input and output, dropout masks) so
@@ -51,20 +51,21 @@ from sim.inputs.layers import FullAttention, Layer
 from sim.inputs.model import ModelSpec
 from sim.inputs.plan import RECOMPUTE, ParallelPlan
 from sim.inputs.recompute import keeps_checkpoint, layer_recompute, modules_in_effect, mtp_recompute
+from sim.inputs.precision import Precision
 from sim.program.fp8 import saved_input_bytes
 
 
 def activation_terms(model: ModelSpec, micro_batch: int, tp: int = 1, sequence_parallel: bool = False,
-                     recompute: str = "none", flash_attention: bool = True, fp8: bool = False,
+                     recompute: str = "none", flash_attention: bool = True, precision: Precision | None = None,
                      experts: tuple[int, int] | None = None, modules: tuple | None = None,
-                     fp8_recipe: str = "delayed", layer: Layer | None = None) -> dict:
+                     layer: Layer | None = None) -> dict:
     """Bytes each stored tensor of one layer takes for one micro-batch on one rank
-    (``fp8``: the FP8 GEMMs' inputs are stored in 1 byte, with their block scales under a
-    block-scaled ``fp8_recipe`` (``sim.program.fp8.saved_input_bytes``), see the module doc;
+    (``precision``: the FP8 GEMMs' inputs are stored in 1 byte (NVFP4's in 1/2), with their block
+    scales under a block-scaled recipe (``sim.program.fp8.saved_input_bytes``), see the module doc;
     ``experts``: (ep, etp) of an MoE layer under balanced routing, ``moe_terms``;
     ``modules``: what ``selective`` recomputes, default the attention core, ``recomputed_terms``;
     ``layer``: the layer's kinds under a layer pattern, each block's own tensors, ``kind_terms``)."""
-    g = saved_input_bytes(fp8_recipe) if fp8 else 2
+    g = 2 if precision is None else saved_input_bytes(precision.recipe)
     mods = modules_in_effect(recompute, modules)
     if layer is not None:
         terms = kind_terms(model, layer, micro_batch, tp, sequence_parallel, recompute, flash_attention, g,
@@ -223,14 +224,14 @@ def moe_terms(m: ModelSpec, b: int, t: int, sp: bool, experts: tuple[int, int]) 
 
 def activation_bytes_per_layer(model: ModelSpec, micro_batch: int, tp: int = 1,
                                sequence_parallel: bool = False, recompute: str = "none",
-                               flash_attention: bool = True, fp8: bool = False,
+                               flash_attention: bool = True, precision: Precision | None = None,
                                experts: tuple[int, int] | None = None, modules: tuple | None = None,
-                               fp8_recipe: str = "delayed", layer: Layer | None = None) -> float:
+                               layer: Layer | None = None) -> float:
     """Activation bytes one layer stores for one micro-batch on one rank (Korthikanti Table 2
     when ``flash_attention`` is False and the layer is GPT-style; ``experts``: an MoE layer's;
     ``modules``: what ``selective`` recomputes)."""
     return sum(activation_terms(model, micro_batch, tp, sequence_parallel, recompute,
-                                flash_attention, fp8, experts, modules, fp8_recipe, layer).values())
+                                flash_attention, precision, experts, modules, layer).values())
 
 
 def plan_layer_bytes(model: ModelSpec, plan: ParallelPlan, flash_attention: bool, moe: bool,
@@ -241,8 +242,8 @@ def plan_layer_bytes(model: ModelSpec, plan: ParallelPlan, flash_attention: bool
     rec = plan.recompute if recompute is None else recompute
     mods = plan.recompute_modules if rec == plan.recompute else None
     return activation_bytes_per_layer(model, plan.micro_batch_size, plan.tp, plan.sequence_parallel, rec,
-                                      flash_attention, plan.fp8_format is not None,
-                                      (plan.ep, plan.etp_size) if moe else None, mods, plan.fp8_recipe, layer)
+                                      flash_attention, plan.precision,
+                                      (plan.ep, plan.etp_size) if moe else None, mods, layer)
 
 
 def _kind_bytes(model: ModelSpec, plan: ParallelPlan, flash_attention: bool, recompute: str | None = None) -> dict:
@@ -369,13 +370,12 @@ def recompute_working_bytes(model: ModelSpec, plan: ParallelPlan) -> float:
             plan.recompute_num_layers, max(len(plan.layer_range(model, vs)) for vs in range(plan.pp * plan.vpp)))
         if model.layers is not None:
             return group * max(activation_bytes_per_layer(model, plan.micro_batch_size, plan.tp, plan.sequence_parallel,
-                                                          "none", fp8=plan.fp8_format is not None,
+                                                          "none", precision=plan.precision,
                                                           experts=(plan.ep, plan.etp_size) if lay.is_moe else None,
-                                                          fp8_recipe=plan.fp8_recipe, layer=lay)
+                                                          layer=lay)
                                for lay in model.layer_kinds) / plan.cp
         return group * activation_bytes_per_layer(model, plan.micro_batch_size, plan.tp, plan.sequence_parallel,
-                                                  "none", fp8=plan.fp8_format is not None,
-                                                  fp8_recipe=plan.fp8_recipe) / plan.cp
+                                                  "none", precision=plan.precision) / plan.cp
     mods = plan.recomputed_modules
     if not set(mods) - {"core_attn"}:
         return 0.0
@@ -383,8 +383,8 @@ def recompute_working_bytes(model: ModelSpec, plan: ParallelPlan) -> float:
 
     def layer(moe: bool, modules: tuple, lay: Layer | None = None) -> float:
         return activation_bytes_per_layer(model, plan.micro_batch_size, plan.tp, plan.sequence_parallel, "selective",
-                                          plan.attention == "flash", plan.fp8_format is not None,
-                                          (plan.ep, plan.etp_size) if moe else None, modules, plan.fp8_recipe, lay)
+                                          plan.attention == "flash", plan.precision,
+                                          (plan.ep, plan.etp_size) if moe else None, modules, lay)
 
     if model.layers is not None:
         return max(layer(lay.is_moe, core, lay) - layer(lay.is_moe, mods, lay) for lay in model.layer_kinds) / plan.cp

@@ -48,6 +48,7 @@ from sim.inputs.frameworks import (DEEPSPEED_BUCKET_ELEMS, DEEPSPEED_MAX_LIVE_PA
 from sim.inputs.layers import DenseMLP, FullAttention
 from sim.inputs.model import ModelSpec, layer_param_split, layer_params_per_rank, mtp_param_split
 from sim.inputs.plan import ParallelPlan
+from sim.inputs.precision import RECIPES
 from sim.program.fp8 import BF16_BYTES, weight_copy_bytes
 
 DEEPSPEED_REDUCE_BUCKET_ELEMS = DEEPSPEED_BUCKET_ELEMS
@@ -145,7 +146,7 @@ def stage_model_states(model: ModelSpec, plan: ParallelPlan, stage: int) -> Mode
                        a.optimizer_bytes + b.optimizer_bytes)
 
 
-FP8_WEIGHT_COPY_BYTES = weight_copy_bytes("delayed")
+FP8_WEIGHT_COPY_BYTES = weight_copy_bytes(RECIPES["delayed"])
 """FP8 training: bytes per transformer-layer GEMM weight parameter of Transformer Engine's FP8
 copies, the FP8 weight and its transpose for the input-gradient GEMM (TE's
 ``get_fp8_workspace`` keeps both while gradients are enabled), beside the 16-bit weight;
@@ -171,15 +172,15 @@ def fp8_layer_weights(model: ModelSpec, tp: int, layer: int) -> float:
 def fp8_weight_copy_bytes(model: ModelSpec, plan: ParallelPlan, stage: int) -> float:
     """The FP8 weight copies (``weight_copy_bytes`` of the plan's recipe per parameter, ``fp8_layer_weights``)
     of the layers a rank of pipeline stage ``stage`` holds; not sharded by ZeRO (they are
-    TE's buffers). 0 in BF16. With FP8 weights (``fp8_param_gather``) the copies take
+    TE's buffers). 0 in BF16; under NVFP4 2·(1/2 + 1/256) bytes. With FP8 weights (``fp8_param_gather``) the copies take
     the 16-bit weight's 2 bytes, already in the parameters, so only what they hold beyond
     2 bytes counts: 0 per-tensor (the FP8 weight and its transpose), 2·(1 + 1/32) − 2 under
     MXFP8 (both copies with their scales; the BF16 gather lives in the gradient buffer,
     ``sim.program.fp8``'s module doc). The routed experts' GEMMs run in FP8 too: their
     weights (``stage_param_split``'s expert share) have copies as well."""
-    if plan.fp8_format is None:
+    if plan.precision is None:
         return 0.0
-    per_param = weight_copy_bytes(plan.fp8_recipe) - (BF16_BYTES if plan.fp8_param_gather else 0)
+    per_param = weight_copy_bytes(plan.precision.recipe) - (BF16_BYTES if plan.fp8_param_gather else 0)
     ids = [i for c in range(plan.vpp) for i in plan.layer_range(model, c * plan.pp + stage)]
     experts = stage_param_split(model, plan, stage)[1]
     return per_param * (sum(fp8_layer_weights(model, plan.tp, i) for i in ids) + experts)
