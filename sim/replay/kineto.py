@@ -184,7 +184,16 @@ def read_kineto(source, step: int | None = None, *, default_rank: int = 0) -> Ra
                                      "expected an integer (an id PyTorch's profiler writes)")
         events.append(e)
     gpu = [e for e in events if e.get("cat") in _GPU_CATS]
+    world = info.get("world_size") if isinstance(info.get("world_size"), int) else None
     if not gpu:
+        from sim.replay.cpu import is_cpu_trace, read_cpu
+
+        if is_cpu_trace(data):  # a CPU job's, communicating through gloo (sim.replay.cpu)
+            graph = read_cpu(data, events, steps_of(data), step, rank, info)
+            graph.meta.update(world_size=world, device_name="", step=step if step is not None else
+                              (max(steps_of(data)) if steps_of(data) else None), steps=sorted(steps_of(data)),
+                              pg_config=info.get("pg_config"), backend="gloo")
+            return graph
         raise InputError(f"{where}: no GPU kernels (events with cat 'kernel', 'gpu_memcpy' or 'gpu_memset'); "
                          "replay needs a trace recorded with ProfilerActivity.CUDA")
     steps = steps_of(data)
@@ -235,7 +244,6 @@ def read_kineto(source, step: int | None = None, *, default_rank: int = 0) -> Ra
                     shapes[a["External id"]] = shape
     builder = _Builder(rank, where, t0, info, comm_args, shapes)
     graph = builder.build(runtime, mine, carried, syncs)
-    world = info.get("world_size") if isinstance(info.get("world_size"), int) else None
     devices = data.get("deviceProperties") or []
     device_name = devices[0].get("name", "") if devices and isinstance(devices[0], dict) else ""
     graph.meta.update(world_size=world, device_name=device_name, step=chosen,
