@@ -168,7 +168,11 @@ def read_cpu(data: dict, events: list, steps: dict, step: int | None, rank: int,
         if w is not None:
             used[gname] = work[gname].index(w) + 1
         done = float(w["ts"]) + float(w.get("dur", 0)) if w is not None else ce
-        post = b.host(label(anchor, cs), (cs - anchor) * 1e-6)
+        b.host(label(anchor, cs), (cs - anchor) * 1e-6)
+        # gloo's work starts where its event does, within the call (a collective's on a
+        # runloop thread once the call queued it; a send's or receive's when the call returns)
+        ws = min(max(float(w["ts"]), cs), ce) if w is not None else ce
+        post = b.host(e["name"], (ws - max(anchor, cs)) * 1e-6)
         fields = _fields(e, w, op, comm_args, groups, rank)
         measured = (done - cs) * 1e-6
         if fields["kind"] == "comm":
@@ -177,7 +181,7 @@ def read_cpu(data: dict, events: list, steps: dict, step: int | None, rank: int,
             fields["kind"], "gloo")
         node = b.add(e["name"].removeprefix("c10d::"), lane=lane, duration_s=measured, category="comm",
                      ctrl=(post,), **fields)
-        b.host(e["name"], (ce - max(anchor, cs)) * 1e-6)  # (gloo's host side: posting, writing to the socket)
+        b.host(e["name"], (ce - max(anchor, ws)) * 1e-6)  # (the rest of the call: kept as measured)
         anchor = max(anchor, ce)
         # Where the host waited for it (see the module doc).
         inside = next((iv for iv in busy if iv[0] < done < iv[1]), None)
