@@ -48,6 +48,7 @@ import re
 
 from sim.errors import InputError
 from sim.replay.graph import Node, RankGraph
+from sim.replay.pytorch_names import COLLECTIVE_NAMES as _OPS, DTYPE_BYTES, ranks_of as _ranks
 
 _C10D = re.compile(r"^c10d::(\w+)$")
 _GLOO = re.compile(r"^gloo:(\w+)$")
@@ -246,8 +247,6 @@ def _groups(info: dict, rank: int) -> tuple[list[tuple], tuple | None]:
 def _fields(e: dict, w: dict | None, op: str, comm_args: dict, groups: tuple, rank: int) -> dict:
     """A call's communication fields (``Node``'s), or ``{"kind": "comm"}`` when the trace does
     not tell its size or partners (see the module doc)."""
-    from sim.replay.kineto import _OPS, DTYPE_BYTES, _ranks
-
     a = e.get("args") or {}
     wa = (w or {}).get("args") or {}
     types = wa.get("Input type") if isinstance(wa.get("Input type"), list) else []

@@ -266,9 +266,9 @@ def replay(graphs: list[RankGraph], *, gpu: str | None = None, topology: str | N
         traced_profile = profile_from_settings(RunSettings.from_values({"gpu": traced_gpu}).cluster)
         full = scale_gpu(full, traced_profile, profile)
     if cpu:  # the machine as validate simulates it: a "gpu" per process, joined by the fitted link
-        from sim.calibrate.validate import _profile_link, machine_topology
+        from sim.calibrate.validate import machine_topology, profile_link
 
-        topo = machine_topology(world, profile, _profile_link(profile))
+        topo = machine_topology(world, profile, profile_link(profile))
     else:
         topo = topology_from_settings(settings.cluster, world, profile.name)
     replayed = to_program(full)
