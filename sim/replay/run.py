@@ -281,6 +281,7 @@ def replay(graphs: list[RankGraph], *, gpu: str | None = None, topology: str | N
     from sim.replay.report import summarize_replay
 
     summary = summarize_replay(trace, replayed, graphs, profile, topo)
+    summary["cpu_trace"] = cpu
     # (--gpu is a what-if only when the trace names its own GPU; else it is the GPU the trace ran on)
     scaled = gpu if traced_gpu is not None and gpu != traced_gpu else None
     summary["what_if"] = {k: v for k, v in (("gpu", scaled), ("gpus", gpus), ("topology", topology),
