@@ -151,6 +151,10 @@ def test_cli_cpu_traces_need_the_machines_profile(capsys):
     assert err.count("\n") == 0 and "--gpu" in err and "PROFILE.json" in err
     assert main(["replay", *files, "--gpu", PROFILE, "--topology", "dgx-h100"]) == 2
     assert "--topology" in capsys.readouterr().err
+    gpu_trace = str(Path(__file__).parent / "data" / "replay-dp2" / "trace_rank1.json.gz")
+    assert main(["replay", files[0], gpu_trace, "--gpu", PROFILE]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "trace_rank1.json.gz" in err and "mixed" in err
     out = io.StringIO()
     with redirect_stdout(out):
         assert main(["replay", *files, "--gpu", PROFILE, "--json"]) == 0

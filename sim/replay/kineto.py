@@ -181,7 +181,8 @@ def read_kineto(source, step: int | None = None, *, default_rank: int = 0) -> Ra
                               pg_config=info.get("pg_config"), backend="gloo")
             return graph
         raise InputError(f"{where}: no GPU kernels (events with cat 'kernel', 'gpu_memcpy' or 'gpu_memset'); "
-                         "replay needs a trace recorded with ProfilerActivity.CUDA")
+                         "replay needs a trace recorded with ProfilerActivity.CUDA, or a CPU job's "
+                         "that communicates through gloo")
     steps = steps_of(data)
     if step is not None and step not in steps:
         have = ", ".join(map(str, sorted(steps))) or "none (the trace has no ProfilerStep spans)"
