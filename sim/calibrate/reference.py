@@ -30,7 +30,7 @@ timed iteration (outside its timing) tells how fast the machine was meanwhile (a
 machine's other work shows there). Iterations after the warm-up are timed; one more
 runs under ``torch.profiler`` (``record_shapes``: the communication's sizes) and each rank
 writes its Chrome trace (``trace_rank{r}.json``) when a trace directory is given; its timed
-span (barrier to end) is the trace's ``ProfilerStep#0``, which ``trainsim replay`` replays.
+span (from the barrier's end to the iteration's) is the trace's ``ProfilerStep#0``, which ``trainsim replay`` replays.
 """
 
 from __future__ import annotations
