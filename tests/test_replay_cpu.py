@@ -160,3 +160,27 @@ def test_cli_cpu_traces_need_the_machines_profile(capsys):
         assert main(["replay", *files, "--gpu", PROFILE, "--json"]) == 0
     s = json.loads(out.getvalue())
     assert s["world_size"] == 2 and s["step"] == 0 and s["comm_measured"] == 0
+
+
+def test_experiment_replays_a_validate_directory(tmp_path):
+    """experiments/replay_validate.py on a validate --out layout (the committed 1F1B run;
+    validate measured 186.4 ms for its timed iteration, README in tests/data/replay-cpu)."""
+    import gzip
+    import shutil
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "experiments"))
+    from replay_validate import rows
+
+    (tmp_path / "traces" / "1f1b").mkdir(parents=True)
+    for r in (0, 1):
+        with gzip.open(DATA / "1f1b" / f"trace_rank{r}.json.gz", "rb") as f:
+            (tmp_path / "traces" / "1f1b" / f"trace_rank{r}.json").write_bytes(f.read())
+    shutil.copy(PROFILE, tmp_path / "profile.json")
+    (tmp_path / "report.json").write_text(json.dumps({"configs": {"1f1b": {
+        "measured": {"iteration_s": 0.18637510700136772}, "measured_iterations_s": [0.18637510700136772]}}}))
+    [row] = rows(tmp_path)
+    assert row["config"] == "1f1b" and row["ranks"] == 2
+    assert row["replay_vs_traced"] == pytest.approx((row["replay_s"] - row["traced_s"]) / row["traced_s"])
+    assert abs(row["replay_vs_traced"]) < 0.05
+    assert row["replay_vs_measured"] == pytest.approx((row["replay_s"] - 0.18637510700136772) / 0.18637510700136772)
