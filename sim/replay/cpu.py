@@ -24,16 +24,18 @@ the main thread's operators, the host waited from the end of the last operator b
 gap until the completion; when it completed while an operator was running, the host did not
 block, and the wait is put after that operator.
 
-Nodes, on lane ``cpu <tid>`` in the host's order: the host's time between calls (kept as
-measured, less the time blocked in a wait and the ``c10d::`` operators' own time, which is
-gloo's work, re-priced); each call's communication (a collective on lane ``gloo``, a send or
-receive on a lane of its peer and direction, so that a batch of sends and receives runs at
-once, as gloo's unbound buffers do), depending on the host node before it; each wait, a
-zero-length node on the host lane depending on the communication; the host's time from the
-last call to the step's end. A collective's group: ``record_param_comms``' ``Process Group
-Ranks``, else the only process group of ``distributedInfo.pg_config`` besides the default
-one that holds this rank (the default one when there is no other), else the collective stays
-at its measured duration (``comm``, counted in ``meta["unpriced_comm"]``). A barrier is an
+Nodes, on lane ``cpu <tid>`` in the host's order: the host's time between calls, a node
+per outermost operator or annotation of the main thread (its part of the interval; the
+time between operators goes with the next), kept as measured less the time blocked in a
+wait; each call's own time as measured, split where gloo's work began; each call's
+communication (a collective on lane ``gloo``, a send or receive on a lane of its peer and
+direction, so that a batch of sends and receives runs at once, as gloo's unbound buffers
+do), depending on the host up to where gloo's work began; each wait, a zero-length node on
+the host lane depending on the communication; the host's time from the last call to the
+step's end. A collective's group: ``record_param_comms``' ``Process Group Ranks``, else the
+only process group of ``distributedInfo.pg_config`` besides the default one that holds
+this rank (the default one when there is no other), else the collective stays at its
+measured duration (``comm``, counted in ``meta["unpriced_comm"]``). A barrier is an
 all-reduce of its one byte.
 
 Not modelled: the CPU time the processes take from each other (ranks of one machine share
@@ -144,15 +146,25 @@ def read_cpu(data: dict, events: list, steps: dict, step: int | None, rank: int,
     spans = [e for e in ops if e.get("tid") == main and t0 <= e["ts"] < t1 and not _GLOO.match(e["name"])
              and not e["name"].startswith("ProfilerStep#") and not _C10D.match(e["name"])]
 
-    def label(a: float, z: float) -> str:
-        """What the host did in [a, z]: the operator or annotation of the main thread that
-        covers most of it (the first such, so the outermost)."""
-        best, name = 0.0, "host"
-        for e in spans:
-            cover = min(z, e["ts"] + e.get("dur", 0)) - max(a, e["ts"])
-            if cover > best * 1.0001:
-                best, name = cover, e["name"]
-        return name
+    top, reach = [], -1.0  # the main thread's outermost operators and annotations, in order
+    for e in sorted(spans, key=lambda e: (e["ts"], -e.get("dur", 0))):
+        if e["ts"] >= reach:
+            top.append(e)
+            reach = e["ts"] + e.get("dur", 0)
+
+    def host_time(a: float, z: float) -> None:
+        """The host's time in [a, z]: a node per outermost operator or annotation in it (its
+        part inside), in thread order; the time between them goes with the next one."""
+        start = a
+        for e in top:
+            ea, ez = float(e["ts"]), float(e["ts"]) + float(e.get("dur", 0))
+            if ez <= a or ea >= z:
+                continue
+            end = min(z, ez)
+            b.host(e["name"], (end - start) * 1e-6)
+            start = end
+        if z > start:
+            b.host("host", (z - start) * 1e-6)
 
     groups = _groups(info, rank)
     used: dict[str, int] = {}
@@ -161,7 +173,7 @@ def read_cpu(data: dict, events: list, steps: dict, step: int | None, rank: int,
     pending = []  # (wait time, resume time, order, comm node)
     for order, (e, op) in enumerate(calls):
         cs, ce = float(e["ts"]), float(e["ts"]) + float(e.get("dur", 0))
-        anchor = b.waits_before(pending, cs, anchor, label)
+        anchor = b.waits_before(pending, cs, anchor, host_time)
         gname = _GLOO_OF[op]
         k = used.get(gname, 0)
         candidates = [w for w in work.get(gname, ())[k:] if w["ts"] >= cs - 1.0]
@@ -169,7 +181,7 @@ def read_cpu(data: dict, events: list, steps: dict, step: int | None, rank: int,
         if w is not None:
             used[gname] = work[gname].index(w) + 1
         done = float(w["ts"]) + float(w.get("dur", 0)) if w is not None else ce
-        b.host(label(anchor, cs), (cs - anchor) * 1e-6)
+        host_time(anchor, cs)
         # gloo's work starts where its event does, within the call (a collective's on a
         # runloop thread once the call queued it; a send's or receive's when the call returns)
         ws = min(max(float(w["ts"]), cs), ce) if w is not None else ce
@@ -192,8 +204,8 @@ def read_cpu(data: dict, events: list, steps: dict, step: int | None, rank: int,
             before = [iv[1] for iv in busy if iv[1] <= done]
             wait_at, resume = (max(before) if before else done), done
         pending.append((max(wait_at, ce), resume, order, node))
-    anchor = b.waits_before(pending, float("inf"), anchor, label)
-    b.host(label(anchor, t1), max(0.0, t1 - anchor) * 1e-6)
+    anchor = b.waits_before(pending, float("inf"), anchor, host_time)
+    host_time(anchor, t1)
     return RankGraph(rank, tuple(b.nodes), where, (t1 - t0) * 1e-6,
                      {"unpriced_comm": b.unpriced, "cpu_trace": True})
 
@@ -217,13 +229,13 @@ class _Builder:
         self.prev = i
         return i
 
-    def waits_before(self, pending: list, limit: float, anchor: float, label) -> float:
+    def waits_before(self, pending: list, limit: float, anchor: float, host_time) -> float:
         """The waits due before host time ``limit``, in time order; the new anchor."""
         due = sorted((p for p in pending if p[0] <= limit), key=lambda p: (p[0], p[2]))
         for p in due:
             pending.remove(p)
             wait_at, resume, _, node = p
-            self.host(label(anchor, wait_at), max(0.0, wait_at - anchor) * 1e-6)
+            host_time(anchor, wait_at)
             self.host(f"wait for {self.nodes[node].name}", 0.0, data=(node,))
             anchor = max(anchor, resume, wait_at)
         return anchor
