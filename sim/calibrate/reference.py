@@ -28,8 +28,9 @@ Timing: a barrier starts each iteration; every step, wait and all-reduce is brac
 iteration's time is the slowest rank's. A probe GEMM timed on every rank before each
 timed iteration (outside its timing) tells how fast the machine was meanwhile (a shared
 machine's other work shows there). Iterations after the warm-up are timed; one more
-runs under ``torch.profiler`` and each rank writes its Chrome trace
-(``trace_rank{r}.json``) when a trace directory is given.
+runs under ``torch.profiler`` (``record_shapes``: the communication's sizes) and each rank
+writes its Chrome trace (``trace_rank{r}.json``) when a trace directory is given; its timed
+span (from the barrier's end to the iteration's) is the trace's ``ProfilerStep#0``, which ``trainsim replay`` replays.
 """
 
 from __future__ import annotations
@@ -177,6 +178,8 @@ def _worker(ctx: Context, payload: dict) -> dict:
         t0w = time.perf_counter()
         t0 = clock.mark()
         steal0, busy0, own0 = host_steal_s(), host_busy_s(), time.process_time()
+        step = record("ProfilerStep#0")  # (the timed iteration, as the trace's step: trainsim replay's --step 0)
+        step.__enter__()
 
         def span(name, kind, cat, a, z):
             spans.append((name, kind, cat, a, z))
@@ -238,6 +241,7 @@ def _worker(ctx: Context, payload: dict) -> dict:
         span("optimizer", "compute", "opt", a, clock.mark())
         ctx.sync()
         total = time.perf_counter() - t0w
+        step.__exit__(None, None, None)
         spans = [(n, k, c, clock.seconds(t0, x), clock.seconds(t0, z)) for n, k, c, x, z in spans]
         loss = float(sum(losses)) if losses else math.nan
         steal1, busy1, own1 = host_steal_s(), host_busy_s(), time.process_time()
@@ -280,7 +284,7 @@ def _worker(ctx: Context, payload: dict) -> dict:
         from torch.profiler import ProfilerActivity, profile, record_function
 
         acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if ctx.is_cuda else [])
-        with profile(activities=acts) as prof:
+        with profile(activities=acts, record_shapes=True) as prof:
             iteration(record_function)
         trace_file = str(Path(payload["trace_dir"]) / f"trace_rank{ctx.rank}.json")
         prof.export_chrome_trace(trace_file)

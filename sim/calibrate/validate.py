@@ -256,7 +256,7 @@ def run_validation(configs, *, procs: int, profile: HardwareProfile, model: Mode
     from sim.session import Job, simulate_training
 
     element_bytes = int(profile.provenance.get("element_bytes", 4 if profile.provenance.get("backend") == "gloo" else 2))
-    link = link or _profile_link(profile)
+    link = link or profile_link(profile)
     sprof = sim_profile(profile, element_bytes)
     topo = machine_topology(procs, sprof, link, hosts=len(profile.provenance.get("hosts", [])) or 1)
     rows, details = [], {}
@@ -311,7 +311,7 @@ def probe_shape(model: ModelSpec, plan: ParallelPlan) -> tuple:
     return (m, n, k, layout)
 
 
-def _profile_link(profile: HardwareProfile) -> str:
+def profile_link(profile: HardwareProfile) -> str:
     for key in profile.sources:
         if key.startswith("links.") and "fitted" in profile.sources[key]:
             return key.split(".", 1)[1]

@@ -151,11 +151,10 @@ def _print(s: dict) -> None:
     print(f"  traced step        {format_time(M):>12}{err}" if M else
           "  traced step        (none in these traces)")
     t = s["rank_times"]
-    print(f"  on rank {s['critical_rank']} (the last to finish):")
-    print(f"    kernels          {format_time(t['kernel_s']):>12}  {t['kernel_s'] / T * 100:5.1f}%")
-    print(f"    communication    {format_time(t['comm_s']):>12}  {t['comm_s'] / T * 100:5.1f}%   "
-          f"exposed {format_time(t['exposed_comm_s'])}")
-    print(f"    GPU idle         {format_time(t['gpu_idle_s']):>12}  {t['gpu_idle_s'] / T * 100:5.1f}%")
+    if s.get("cpu_trace"):  # (no GPU: the host's threads are the compute, in the critical path below)
+        print(f"  on rank {s['critical_rank']} (the last to finish): a CPU job, its compute on the host")
+    else:
+        _print_gpu_times(s, t, T)
     if s["comm_measured"] or s["comm_unmatched"]:
         print(f"  communication at its measured duration: {s['comm_measured']} kernel(s) without size or partners "
               f"in the trace, {s['comm_unmatched']} without a matching partner")
@@ -165,3 +164,11 @@ def _print(s: dict) -> None:
     print("  longest on it:")
     for item in s["critical_path"]["top"][:5]:
         print(f"    {item['category']:<10} {item['name'][:60]:<60} {format_time(item['seconds']):>12}")
+
+
+def _print_gpu_times(s: dict, t: dict, T: float) -> None:
+    print(f"  on rank {s['critical_rank']} (the last to finish):")
+    print(f"    kernels          {format_time(t['kernel_s']):>12}  {t['kernel_s'] / T * 100:5.1f}%")
+    print(f"    communication    {format_time(t['comm_s']):>12}  {t['comm_s'] / T * 100:5.1f}%   "
+          f"exposed {format_time(t['exposed_comm_s'])}")
+    print(f"    GPU idle         {format_time(t['gpu_idle_s']):>12}  {t['gpu_idle_s'] / T * 100:5.1f}%")

@@ -48,13 +48,14 @@ Nodes:
 
 from __future__ import annotations
 
-import ast
 import re
 from functools import lru_cache
 
 from sim.calibrate.kineto import load_kineto
 from sim.errors import InputError
+from sim.replay.cpu import is_cpu_trace, read_cpu
 from sim.replay.graph import Node, RankGraph
+from sim.replay.pytorch_names import COLLECTIVE_NAMES as _OPS, DTYPE_BYTES, ranks_of as _ranks
 
 NCCL = re.compile(r"^nccl(Dev)?Kernel_", re.I)
 _STEP = re.compile(r"^ProfilerStep#(\d+)$")
@@ -66,19 +67,6 @@ _ID_ARGS = ("correlation", "stream", "External id", "wait_on_stream", "wait_on_c
 _BLOCKING = ("cudaDeviceSynchronize", "cudaStreamSynchronize", "cudaEventSynchronize")
 _BLOCKING_COPIES = ("cudaMemcpy", "cudaMemcpy2D", "cudaMemcpyToSymbol", "cudaMemcpyFromSymbol")
 """Copies the host waits for (not the ...Async ones)."""
-DTYPE_BYTES = {"float": 4, "float32": 4, "double": 8, "float64": 8, "half": 2, "float16": 2, "bfloat16": 2,
-               "int": 4, "int32": 4, "long": 8, "int64": 8, "short": 2, "int16": 2, "char": 1, "int8": 1,
-               "byte": 1, "uint8": 1, "bool": 1, "float8_e4m3fn": 1, "float8_e5m2": 1}
-"""Bytes per element of the ``dtype`` names PyTorch writes (``Float``, ``BFloat16``, ...)."""
-_OPS = {"allreduce": "allreduce", "all_reduce": "allreduce", "allreduce_coalesced": "allreduce",
-        "allgather": "allgather", "all_gather": "allgather", "_allgather_base": "allgather",
-        "all_gather_into_tensor": "allgather", "allgather_into_tensor_coalesced": "allgather",
-        "reduce_scatter": "reducescatter", "_reduce_scatter_base": "reducescatter",
-        "reduce_scatter_tensor": "reducescatter", "reduce_scatter_tensor_coalesced": "reducescatter",
-        "reducescatter": "reducescatter", "broadcast": "broadcast", "all_to_all": "alltoall",
-        "all_to_allv": "alltoall", "alltoall": "alltoall", "alltoall_base": "alltoall",
-        "send": "send", "recv": "recv"}
-"""PyTorch's ``Collective name`` values -> trainsim's ops (send/recv: point-to-point)."""
 _GEMM_OPS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm")
 _ATTENTION_OPS = {"aten::_scaled_dot_product_flash_attention": 0,
                   "aten::_scaled_dot_product_efficient_attention": 0,
@@ -184,9 +172,17 @@ def read_kineto(source, step: int | None = None, *, default_rank: int = 0) -> Ra
                                      "expected an integer (an id PyTorch's profiler writes)")
         events.append(e)
     gpu = [e for e in events if e.get("cat") in _GPU_CATS]
+    world = info.get("world_size") if isinstance(info.get("world_size"), int) else None
     if not gpu:
+        if is_cpu_trace(data):  # a CPU job's, communicating through gloo (sim.replay.cpu)
+            graph = read_cpu(data, events, steps_of(data), step, rank, info)
+            graph.meta.update(world_size=world, device_name="", step=step if step is not None else
+                              (max(steps_of(data)) if steps_of(data) else None), steps=sorted(steps_of(data)),
+                              pg_config=info.get("pg_config"), backend="gloo")
+            return graph
         raise InputError(f"{where}: no GPU kernels (events with cat 'kernel', 'gpu_memcpy' or 'gpu_memset'); "
-                         "replay needs a trace recorded with ProfilerActivity.CUDA")
+                         "replay needs a trace recorded with ProfilerActivity.CUDA, or a CPU job's "
+                         "that communicates through gloo")
     steps = steps_of(data)
     if step is not None and step not in steps:
         have = ", ".join(map(str, sorted(steps))) or "none (the trace has no ProfilerStep spans)"
@@ -235,7 +231,6 @@ def read_kineto(source, step: int | None = None, *, default_rank: int = 0) -> Ra
                     shapes[a["External id"]] = shape
     builder = _Builder(rank, where, t0, info, comm_args, shapes)
     graph = builder.build(runtime, mine, carried, syncs)
-    world = info.get("world_size") if isinstance(info.get("world_size"), int) else None
     devices = data.get("deviceProperties") or []
     device_name = devices[0].get("name", "") if devices and isinstance(devices[0], dict) else ""
     graph.meta.update(world_size=world, device_name=device_name, step=chosen,
@@ -464,21 +459,6 @@ class _Builder:
         if "trainsim slows compute" in a:
             out["slows_compute"] = bool(a["trainsim slows compute"])
         return out
-
-
-def _ranks(text) -> tuple[int, ...] | None:
-    if isinstance(text, (list, tuple)):
-        vals = text
-    elif isinstance(text, str) and text.strip().startswith("["):
-        try:
-            vals = ast.literal_eval(text.strip())
-        except (ValueError, SyntaxError):
-            return None
-    else:
-        return None
-    if not isinstance(vals, (list, tuple)) or not all(isinstance(v, int) and not isinstance(v, bool) for v in vals):
-        return None
-    return tuple(vals)
 
 
 @lru_cache(maxsize=65536)

@@ -81,6 +81,23 @@ def check_same_job(graphs: list[RankGraph]) -> None:
 
 
 
+def _check_cpu(graphs: list[RankGraph], gpu, **network) -> None:
+    """A CPU job's traces (``sim.replay.cpu``): all of them, replayed with the profile fitted on
+    that machine (``--gpu PROFILE.json``) on the machine's own topology."""
+    g = next(g for g in graphs if not g.meta.get("cpu_trace")) if not all(g.meta.get("cpu_trace") for g in graphs) \
+        else None
+    if g is not None:
+        raise InputError(f"{g.source}: a GPU job's trace, mixed with CPU (gloo) traces: traces of different jobs")
+    if gpu is None or not str(gpu).endswith(".json"):
+        raise InputError(f"--gpu: got {gpu!r}; {graphs[0].source} is a CPU job's trace (gloo, no GPU kernels): give "
+                         "the profile trainsim calibrate or validate fitted on that machine (PROFILE.json, validate "
+                         "--out's profile.json)")
+    given = [k for k, v in network.items() if v is not None]
+    if given:
+        raise InputError(f"--{given[0].replace('_', '-')}: got {network[given[0]]!r}; a CPU job's trace replays on "
+                         "its own machine's topology (one process per device, joined by the profile's fitted link)")
+
+
 def data_parallel_groups(graphs: dict[int, RankGraph], flag: str = "--data-parallel-size") -> tuple[int, int, list]:
     """(D, stride, groups) of the job's data-parallel groups (see the module doc); ``flag``
     is the what-if an error names."""
@@ -226,7 +243,11 @@ def replay(graphs: list[RankGraph], *, gpu: str | None = None, topology: str | N
         raise InputError(f"{g.source}: distributedInfo.rank: got {g.rank}; the job's world size is {world}")
     device = graphs[0].meta.get("device_name", "")
     traced_gpu = gpu_of_device(device)
-    if traced_gpu is None and gpu is None:
+    cpu = any(g.meta.get("cpu_trace") for g in graphs)
+    if cpu:
+        _check_cpu(graphs, gpu, topology=topology, fabric=fabric, oversubscription=oversubscription, nodes=nodes,
+                   gpus_per_node=gpus_per_node)
+    elif traced_gpu is None and gpu is None:
         raise InputError(f"{graphs[0].source}: deviceProperties: GPU {device or '(none)'!r} is not one trainsim has a "
                          "profile for; give --gpu (a100-80gb, h100-sxm, h200, b200, gb200, gb300 or a profile .json)")
     full, cloned = complete(by_rank, world)
@@ -244,7 +265,12 @@ def replay(graphs: list[RankGraph], *, gpu: str | None = None, topology: str | N
     if gpu is not None and traced_gpu is not None and gpu != traced_gpu:
         traced_profile = profile_from_settings(RunSettings.from_values({"gpu": traced_gpu}).cluster)
         full = scale_gpu(full, traced_profile, profile)
-    topo = topology_from_settings(settings.cluster, world, profile.name)
+    if cpu:  # the machine as validate simulates it: a "gpu" per process, joined by the fitted link
+        from sim.calibrate.validate import machine_topology, profile_link
+
+        topo = machine_topology(world, profile, profile_link(profile))
+    else:
+        topo = topology_from_settings(settings.cluster, world, profile.name)
     replayed = to_program(full)
     replayed.cloned = cloned
     nccl = NcclModel.from_profile(profile).forcing("auto", "auto")
@@ -255,6 +281,7 @@ def replay(graphs: list[RankGraph], *, gpu: str | None = None, topology: str | N
     from sim.replay.report import summarize_replay
 
     summary = summarize_replay(trace, replayed, graphs, profile, topo)
+    summary["cpu_trace"] = cpu
     # (--gpu is a what-if only when the trace names its own GPU; else it is the GPU the trace ran on)
     scaled = gpu if traced_gpu is not None and gpu != traced_gpu else None
     summary["what_if"] = {k: v for k, v in (("gpu", scaled), ("gpus", gpus), ("topology", topology),
