@@ -137,7 +137,18 @@ def op_time(op: Op, profile: HardwareProfile, dtype: str = "bf16") -> float:
         rate = profile.peak("fp32") if "fp32" in profile.peak_flops else profile.peak(dtype)
     compute = op.flops / rate if op.flops else 0.0
     memory = (op.bytes_read + op.bytes_written) / profile.memory_rate(op.framework)
-    return max(compute, memory) + bias_pass_time(op, profile) + profile.kernel_launch_s
+    return max(compute, memory) + bias_pass_time(op, profile) + launches(op) * profile.kernel_launch_s
+
+
+def launches(op: Op) -> int:
+    """How many times ``op`` pays the profile's fixed per-kernel cost (``kernel_launch_s``, "added
+    to every kernel"): a memory-bound op once per kernel it is made of, one after another on its
+    stream (``Op.kernels``: PyTorch's ops of an unfused router or permutation, Transformer
+    Engine's per-expert casts); a GEMM or attention op once (a grouped GEMM on several streams:
+    once per round, ``gemm_compute_time``)."""
+    if op.kind == "gemm" and op.streams and op.batch > 1:
+        return -(-op.batch // min(op.batch, op.streams))
+    return op.kernels if op.kind == "memory" else 1
 
 
 def gemm_compute_time(op: Op, profile: HardwareProfile, dtype: str, kernel: str) -> tuple[float, int]:
