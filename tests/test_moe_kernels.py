@@ -238,3 +238,37 @@ def test_shared_experts_overlap_the_exchange_in_the_trace():
     assert beside                                                    # compute runs while the dispatch moves
     span = lambda spans: max(s.end_s for s in spans) - min(s.start_s for s in spans)  # noqa: E731
     assert span(f) < span(forward(plain))
+
+
+def test_grouped_gemm_runs_one_kernel_per_expert_on_four_streams():
+    """Transformer Engine's grouped GEMM launches one cuBLAS GEMM per local expert on 4 streams
+    in turn (``GROUPED_GEMM_STREAMS``): by hand on a GPU of 100 SMs with one 128 x 128 tile, no
+    k overhead and no caps, 10 experts of 256 x 256 x 4096 (4 tiles each) run as rounds of 4, 4
+    and 2 GEMMs: 16 tiles fill 0.16 of the SMs, 8 tiles 0.08; one batched kernel would fill 0.40."""
+    from sim.program.costs import gemm_compute_time
+    from sim.program.ops import Op
+    from sim.program.workload_moe import GROUPED_GEMM_STREAMS
+
+    assert GROUPED_GEMM_STREAMS == 4
+    gpu = replace(H100, sm_count=100, gemm_tiles=((128, 128, 1.0),), gemm_k_overhead=0.0, gemm_max_efficiency=1.0,
+                  sustained_compute_fraction=1.0, gpu_speed_spread=0.0)
+    m = n = 256
+    k, b, e = 4096, 10, 2
+    one = 2.0 * m * n * k
+    op = Op("g", "F", "gemm", one * b, e * (m * k + k * n) * b, e * m * n * b, e * m * n * b, (m, n, k), b,
+            kernels=b, streams=4)
+    peak = gpu.peak("bf16")
+    compute, rounds = gemm_compute_time(op, gpu, "bf16", "bf16")
+    assert rounds == 3
+    assert compute == pytest.approx(8 * one / (peak * 0.16) + 2 * one / (peak * 0.08), rel=1e-12)  # 75 one/peak
+    memory = (op.bytes_read + op.bytes_written) / gpu.memory_rate(False)
+    assert compute > memory
+    assert op_time(op, gpu) == pytest.approx(compute + 3 * gpu.kernel_launch_s, rel=1e-12)
+    batched = replace(op, streams=0)  # the same GEMMs as one batched kernel: 40 tiles, 0.40 of the SMs
+    assert op_time(batched, gpu) == pytest.approx(max(10 * one / (peak * 0.40), memory) + gpu.kernel_launch_s,
+                                                  rel=1e-12)
+    # the MoE layer's expert GEMMs, forward, input and weight gradients, all run so
+    plan = ParallelPlan(dp=16, ep=16, global_batch_size=16)
+    work = _layer(MOE, plan)
+    experts = [i for i in work.items if i.name.startswith("moe.experts.") and getattr(i, "kind", "") == "gemm"]
+    assert len(experts) == 6 and all(i.streams == 4 and i.kernels == i.batch == 2 for i in experts)

@@ -123,6 +123,10 @@ def op_time(op: Op, profile: HardwareProfile, dtype: str = "bf16") -> float:
             if dtype not in profile.peak_flops:
                 raise InputError(f"precision: GPU {profile.name} has no {dtype.upper()} peak (peak_flops has "
                                  f"{', '.join(sorted(profile.peak_flops))}); {op.dtype} GEMMs need one")
+        if op.streams and op.batch > 1:  # one kernel per GEMM on a few streams
+            compute, rounds = gemm_compute_time(op, profile, dtype, kernel)
+            memory = (op.bytes_read + op.bytes_written) / profile.memory_rate(op.framework)
+            return max(compute, memory) + bias_pass_time(op, profile) + rounds * profile.kernel_launch_s
         rate = profile.peak(dtype) * profile.gemm_efficiency(m, n, k, op.batch, kernel)
     elif op.kind == "attention":
         sq, sk, d = op.shape
@@ -133,7 +137,38 @@ def op_time(op: Op, profile: HardwareProfile, dtype: str = "bf16") -> float:
         rate = profile.peak("fp32") if "fp32" in profile.peak_flops else profile.peak(dtype)
     compute = op.flops / rate if op.flops else 0.0
     memory = (op.bytes_read + op.bytes_written) / profile.memory_rate(op.framework)
-    return max(compute, memory) + bias_pass_time(op, profile) + profile.kernel_launch_s
+    return max(compute, memory) + bias_pass_time(op, profile) + launches(op) * profile.kernel_launch_s
+
+
+def launches(op: Op) -> int:
+    """How many times ``op`` pays the profile's fixed per-kernel cost (``kernel_launch_s``, "added
+    to every kernel"): a memory-bound op once per kernel it is made of, one after another on its
+    stream (``Op.kernels``: PyTorch's ops of an unfused router or permutation, Transformer
+    Engine's per-expert casts); a GEMM or attention op once (a grouped GEMM on several streams:
+    once per round, ``gemm_compute_time``)."""
+    if op.kind == "gemm" and op.streams and op.batch > 1:
+        return -(-op.batch // min(op.batch, op.streams))
+    return op.kernels if op.kind == "memory" else 1
+
+
+def gemm_compute_time(op: Op, profile: HardwareProfile, dtype: str, kernel: str) -> tuple[float, int]:
+    """(compute seconds, rounds) of a GEMM op whose ``batch`` GEMMs run as separate kernels
+    taken in turn by ``op.streams`` streams: Transformer Engine's grouped GEMM
+    (``general_grouped_gemm`` -> ``nvte_multi_stream_cublas_gemm``, transformer_engine/common/
+    gemm/cublaslt_gemm.cu) launches one cuBLAS GEMM per local expert, the i-th on compute stream
+    i mod ``num_compute_streams`` = 4 (transformer_engine/common/util/multi_stream.h). At most
+    ``streams`` of them run at once, so a round of c concurrent GEMMs fills the SMs with the
+    tiles of c GEMMs, not of the whole batch (``gemm_efficiency`` at batch c), and each round
+    starts with a kernel launch; ``batch`` GEMMs take ceil(batch / streams) rounds, the last
+    with the remainder."""
+    m, n, k = op.shape
+    c = max(1, min(op.batch, op.streams))
+    full, rest = divmod(op.batch, c)
+    per = 2.0 * m * n * k
+    t = full * c * per / (profile.peak(dtype) * profile.gemm_efficiency(m, n, k, c, kernel))
+    if rest:
+        t += rest * per / (profile.peak(dtype) * profile.gemm_efficiency(m, n, k, rest, kernel))
+    return t, full + (1 if rest else 0)
 
 
 def bias_pass_time(op: Op, profile: HardwareProfile) -> float:

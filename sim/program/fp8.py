@@ -230,7 +230,7 @@ def _memory(op, suffix: str, read: float, written: float):
     """A memory-bound TE kernel that serves GEMM ``op`` (same phase and recompute flag)."""
     return replace(op, name=f"{op.name}.{suffix}", kind="memory", flops=0.0, bytes_read=float(read),
                    bytes_written=float(written), output_bytes=float(written), shape=(), batch=1, dtype="bf16",
-                   framework=False)
+                   framework=False, streams=0)
 
 
 def _amax_all_reduce(op):
@@ -281,10 +281,27 @@ def _cast(it, suffix: str, recipe: Recipe, read: float, elements: float, gathere
     else:
         copies = 2 if suffix.endswith("_t") else 1
         out = [_memory(it, suffix, read, copies * FP8_BYTES * elements)]
+        if it.name.split(".")[:2] == ["moe", "experts"]:
+            out[0] = replace(out[0], kernels=_expert_cast_kernels(it.kernels, suffix, recipe))
     if recipe.amax_pass:
         amax_known = amax_known and recipe.norm_amax
         out[:0] = ([] if amax_known else [_memory(it, "amax", read, 0.0)]) + ([_amax_all_reduce(it)] if gathered else [])
     return out
+
+
+def _expert_cast_kernels(experts: int, suffix: str, recipe: Recipe) -> int:
+    """Kernels of the cast of a grouped GEMM's operand split over ``experts`` local experts
+    (Transformer Engine's ``GroupedLinear``: ``tex.split_quantize`` -> ``multi_tensor_quantize_impl``,
+    transformer_engine/pytorch/csrc/extensions/cast.cpp): delayed scaling with both copies runs
+    one fused kernel for all (``nvte_multi_cast_transpose``, "only have fused kernel for FP8
+    delayed scaling"); every other recipe quantizes each expert's split on its own, and
+    current scaling's ``Float8CurrentScalingQuantizer::quantize`` (csrc/quantizer.cpp) runs
+    ``nvte_compute_amax``, ``nvte_compute_scale_from_amax`` and ``nvte_quantize_v2`` per split:
+    the amax pass (``<gemm>.amax``, one kernel per expert, as the GEMM op carries) and here
+    the scale and the cast, two per expert. Block-scaled recipes: one kernel per expert."""
+    if recipe.history:
+        return 1 if suffix.endswith("_t") else experts
+    return 2 * experts if recipe.amax_pass else experts
 
 
 def fp8_layer_work(work, precision: Precision | None, tp: int = 1, sequence_parallel: bool = False,
@@ -331,15 +348,18 @@ def fp8_layer_work(work, precision: Precision | None, tp: int = 1, sequence_para
                              amax_known=True)
             if not it.recompute:
                 w = k * n * it.batch / microbatches
+                # each step's weight casts run in its first micro-batch (TE caches them: is_first_microbatch),
+                # a grouped GEMM's one kernel per expert weight: per micro-batch, ceil(kernels / microbatches)
+                wt = replace(it, kernels=-(-it.kernels // microbatches))
                 if fp8_params and not r.both_copies:  # the FP8 weight is the parameter: only its transpose is made
-                    pre.append(_memory(it, "weight_transpose", FP8_BYTES * w, FP8_BYTES * w))
+                    pre.append(_memory(wt, "weight_transpose", FP8_BYTES * w, FP8_BYTES * w))
                 else:
                     if r.amax_pass:
-                        pre.append(_memory(it, "weight_amax", BF16_BYTES * w, 0.0))
+                        pre.append(_memory(wt, "weight_amax", BF16_BYTES * w, 0.0))
                     if r.both_copies:
-                        pre.append(_memory(it, "weight_quantize", BF16_BYTES * w, 2 * r.copy_bytes(weight=True) * w))
+                        pre.append(_memory(wt, "weight_quantize", BF16_BYTES * w, 2 * r.copy_bytes(weight=True) * w))
                     else:
-                        pre.append(_memory(it, "weight_to_fp8_t", BF16_BYTES * w, 2 * FP8_BYTES * w))
+                        pre.append(_memory(wt, "weight_to_fp8_t", BF16_BYTES * w, 2 * FP8_BYTES * w))
             _insert_before(out, pre)
             out.append(gemm)
         elif role == "dgrad":

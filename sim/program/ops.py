@@ -57,6 +57,10 @@ class Op:
     sms_held: int = 0
     """SMs another kernel holds while this one runs beside it (DeepEP's, ``sim.program.workload_moe``):
     priced on the rest (``sim.inputs.tp_overlap.margin_profile``)."""
+    streams: int = 0
+    """A GEMM's ``batch`` run as separate kernels, one per GEMM, taken in turn by this many
+    streams (Transformer Engine's grouped GEMM, ``sim.program.costs.gemm_compute_time``); 0:
+    one batched kernel."""
 
 
 @dataclass(frozen=True)
@@ -141,11 +145,12 @@ class Builder:
     def __init__(self, name: str, e: int):
         self.name, self.e, self.items, self.phase = name, e, [], "F"
 
-    def gemm(self, name, m, n, k, batch=1, bias=False, after=None, kernels=1, sms_held=0):
+    def gemm(self, name, m, n, k, batch=1, bias=False, after=None, kernels=1, sms_held=0, streams=0):
         e = self.e
         self.items.append(Op(name, self.phase, "gemm", 2.0 * m * n * k * batch,
                              e * (m * k + k * n) * batch, e * m * n * batch, e * m * n * batch,
-                             (m, n, k), batch, bias=bool(bias), after=after, kernels=kernels, sms_held=sms_held))
+                             (m, n, k), batch, bias=bool(bias), after=after, kernels=kernels, sms_held=sms_held,
+                             streams=streams))
 
     def mem(self, name, read, written, flops=0.0, output=None, framework=False, after=None, kernels=1,
             host_sync=False, sms_held=0):

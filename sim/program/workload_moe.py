@@ -31,8 +31,9 @@ routing is balanced. Every rank is given the busiest one's expert work, since th
 all-to-all cannot finish before it, and the all-to-alls move L·h per rank (the busiest
 rank's receive, what its links must carry): nccl-tests' all-to-all size, the send buffer,
 is L·h·bytes, so a balanced all-to-all of ep ranks moves T·k·h·bytes·(ep−1)/ep over the
-links of each. Grouped GEMMs are priced as E/ep GEMMs of L/(E/ep) rows each (one batched
-op; the per-expert spread of the counts is not).
+links of each. Grouped GEMMs are priced as E/ep GEMMs of L/(E/ep) rows each (one
+op; the per-expert spread of the counts is not), run as Transformer Engine runs them: one
+cuBLAS kernel per expert, four streams taking them in turn (``GROUPED_GEMM_STREAMS``).
 
 MLA (DeepSeek-V2/V3, ``sim.inputs.moe``): the query and key/value projections are the
 real down- and up-projections with their RMSNorms; the down-projections are replicated
@@ -131,6 +132,12 @@ def _expert_rows(m, shape: MoeShape) -> tuple[int, int, int, int]:
     rows = max(1, -(-shape.load * shape.etp // local))
     return rows, local, f, (2 if m.mlp == "swiglu" else 1) * f
 
+
+GROUPED_GEMM_STREAMS = 4
+"""Streams Transformer Engine's grouped GEMM (Megatron-Core's ``TEGroupedMLP``, ``--moe-grouped-gemm``:
+``te.pytorch.GroupedLinear`` -> ``general_grouped_gemm`` -> ``nvte_multi_stream_cublas_gemm``) puts
+its one-cuBLAS-GEMM-per-expert kernels on, in turn: ``num_compute_streams`` = 4
+(transformer_engine/common/util/multi_stream.h); priced by ``sim.program.costs.gemm_compute_time``."""
 
 DEEPEP_SMS = 20
 """SMs DeepEP's dispatch and combine kernels hold while they run: ``deep_ep.Buffer.num_sms``'s
@@ -262,13 +269,13 @@ def moe_forward(w, m, b: int, t: int, sp: bool, shape: MoeShape) -> None:
         after = None
     rows, local, f, f_up = _expert_rows(m, shape)
     lone = not shape.graphed and group == 1  # no exchange: the grouped GEMM's m_splits to the host
-    w.gemm("moe.experts.up", rows, f_up, h, batch=local, after=after, kernels=local)
+    w.gemm("moe.experts.up", rows, f_up, h, batch=local, after=after, kernels=local, streams=GROUPED_GEMM_STREAMS)
     if lone:
         w.items[-1] = replace(w.items[-1], host_sync=True)
     n = rows * local
     read = (2 if m.mlp == "swiglu" else 1) * n * f
     w.mem(f"moe.experts.{m.mlp}", e * read, e * n * f, _ACT_FLOPS[m.mlp] * n * f, framework=True)
-    w.gemm("moe.experts.down", rows, h, f, batch=local, kernels=local)
+    w.gemm("moe.experts.down", rows, h, f, batch=local, kernels=local, streams=GROUPED_GEMM_STREAMS)
     if _sorts(m, shape):
         _sort_chunks(w, m, shape, "moe.unsort_chunks")
     after = None if gathered else _exchange(
@@ -304,12 +311,13 @@ def moe_backward(w, m, b: int, t: int, sp: bool, shape: MoeShape) -> None:
         _sort_chunks(w, m, shape, "moe.unsort_chunks.grad", after=after)
         after = None
     rows, local, f, f_up = _expert_rows(m, shape)
-    w.gemm("moe.experts.down.dgrad", rows, f, h, batch=local, after=after, kernels=local)
+    w.gemm("moe.experts.down.dgrad", rows, f, h, batch=local, after=after, kernels=local,
+           streams=GROUPED_GEMM_STREAMS)
     n = rows * local
     read = (3 if m.mlp == "swiglu" else 2) * n * f
     wrote = (2 if m.mlp == "swiglu" else 1) * n * f
     w.mem(f"moe.experts.{m.mlp}.grad", e * read, e * wrote, 2 * _ACT_FLOPS[m.mlp] * n * f, framework=True)
-    w.gemm("moe.experts.up.dgrad", rows, h, f_up, batch=local, kernels=local)
+    w.gemm("moe.experts.up.dgrad", rows, h, f_up, batch=local, kernels=local, streams=GROUPED_GEMM_STREAMS)
     if _sorts(m, shape):
         _sort_chunks(w, m, shape, "moe.sort_chunks.grad")
     after = None if gathered else _exchange(
@@ -376,8 +384,8 @@ def moe_wgrads(w, m, b: int, t: int, sp: bool, shape: MoeShape) -> None:
     """An MoE block's weight gradients: experts (grouped), shared experts, router."""
     h, E = m.hidden_size, m.num_experts
     rows, local, f, f_up = _expert_rows(m, shape)
-    w.gemm("moe.experts.down.wgrad", f, h, rows, batch=local)
-    w.gemm("moe.experts.up.wgrad", h, f_up, rows, batch=local)
+    w.gemm("moe.experts.down.wgrad", f, h, rows, batch=local, kernels=local, streams=GROUPED_GEMM_STREAMS)
+    w.gemm("moe.experts.up.wgrad", h, f_up, rows, batch=local, kernels=local, streams=GROUPED_GEMM_STREAMS)
     _shared(w, m, b, t, sp, "W")
     w.gemm("moe.router.wgrad", h, E, _tokens(m, b, t, sp))
 

@@ -43,7 +43,7 @@ import numpy as np
 
 from sim.errors import InputError
 from sim.program.build import job_profile
-from sim.program.costs import bias_pass_time, op_time
+from sim.program.costs import bias_pass_time, launches, op_time
 from sim.program.schedules import Step
 from sim.program.workload import chunk_work
 from sim.results.trace import Span, Trace
@@ -236,7 +236,7 @@ def compute_bound(op, profile) -> bool:
     """Whether an op's time is its roofline's compute term (``sim.program.costs.op_time``:
     max(compute, memory) + bias pass + launch), not its memory term."""
     memory = (op.bytes_read + op.bytes_written) / profile.memory_rate(op.framework)
-    compute = op_time(op, profile) - bias_pass_time(op, profile) - profile.kernel_launch_s
+    compute = op_time(op, profile) - bias_pass_time(op, profile) - launches(op) * profile.kernel_launch_s
     return op.flops > 0 and compute > memory * (1.0 + 1e-9)
 
 

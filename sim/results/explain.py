@@ -23,7 +23,7 @@ from sim.inputs.hardware import HardwareProfile
 from sim.inputs.model import ModelSpec
 from sim.inputs.pacing import slowest_speed
 from sim.inputs.plan import ParallelPlan
-from sim.program.costs import bias_pass_time, collective_time, op_time
+from sim.program.costs import bias_pass_time, collective_time, gemm_compute_time, launches, op_time
 from sim.program.build import BuildContext
 from sim.program.estimate import estimate_in, group_comm_time
 from sim.inputs.experts import Folding
@@ -43,13 +43,17 @@ def _op_row(op: Op, profile: HardwareProfile, dtype: str = "bf16") -> dict:
     if op.dtype != "bf16":  # (an FP8 or FP4 GEMM: sim.program.fp8)
         dtype, kernel = gemm_kernel(op.dtype, profile)
     moved = op.bytes_read + op.bytes_written
-    busy = t - profile.kernel_launch_s - bias_pass_time(op, profile)  # (a CPU's bias pass: not the GEMM's bound)
-    if op.kind == "gemm":
+    fixed = launches(op)
+    if op.kind == "gemm" and op.streams and op.batch > 1:  # one kernel per GEMM on a few streams
+        grouped_s, fixed = gemm_compute_time(op, profile, dtype, kernel)
+        eff = op.flops / (profile.peak(dtype) * grouped_s)
+    elif op.kind == "gemm":
         eff = profile.gemm_efficiency(*op.shape, op.batch, kernel)
     elif op.kind == "attention":
         eff = profile.attention_efficiency(*op.shape, op.batch)
     else:
         eff = profile.memory_efficiency
+    busy = t - fixed * profile.kernel_launch_s - bias_pass_time(op, profile)  # (a CPU's bias pass: not the bound)
     compute_s = op.flops / (profile.peak(dtype) * eff) if op.kind in ("gemm", "attention") and op.flops else 0.0
     bound = "compute" if op.kind in ("gemm", "attention") and compute_s >= busy - 1e-15 else "memory"
     return {
