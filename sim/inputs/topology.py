@@ -86,6 +86,10 @@ class Topology:
         self._rails: bool | None = None
         self._members: dict[int, list[str]] = {}  # node -> its GPUs in rank order
         self._by_node: dict[int, dict[int, str]] = {}  # node -> its GPUs by local index
+        self.memo: dict = {}
+        """Values derived from this topology's graph and routes by other layers (NCCL's tuner's
+        choices: ``sim.engine.tuner``), kept with it so that every simulation on it (a fit's
+        many) reuses them; a copy with other routes (``with_pxn``) starts its own."""
 
     # ----------------------------------------------------------------- validation
     def _validate(self) -> None:
@@ -187,7 +191,7 @@ class Topology:
             return self
         other = copy.copy(self)
         other.pxn_level = level
-        other._route_cache, other._relays = {}, {}
+        other._route_cache, other._relays, other.memo = {}, {}, {}
         return other
 
     def has_rails(self) -> bool:
