@@ -268,10 +268,14 @@ def rate_caps(steps, op: str, ranks, nbytes: float, topology, efficiency: dict, 
     if share >= 1 and math.isinf(per_connection):
         return None
     caps = []
+    bottlenecks: dict = {}  # route -> its slowest link's capacity (steps share routes: every channel's ring)
+    route = topology.route
     for s in steps:
-        links = s.path or topology.route(s.src, s.dst)
-        bottleneck = min((bw * efficiency.get(kind, 1.0) for bw, kind in route_links(topology, links)),
-                         default=math.inf)
+        links = s.path or route(s.src, s.dst)
+        bottleneck = bottlenecks.get(links)
+        if bottleneck is None:
+            bottleneck = bottlenecks[links] = min((bw * efficiency.get(kind, 1.0)
+                                                   for bw, kind in route_links(topology, links)), default=math.inf)
         caps.append(min(bottleneck * share, per_connection))
     return caps
 

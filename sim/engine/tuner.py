@@ -51,13 +51,24 @@ def estimate(steps, topology, efficiency: dict, model: NcclModel, protocol: str,
     finish = [0.0] * len(steps)
     capped = [0.0] * len(steps)
     load: dict = {}
+    get = load.get
     for i, s in enumerate(steps):
         lat, nbytes, links = transfer_cost(s, topology, efficiency, model, protocol, algo, step_s)
-        finish[i] = lat + max((finish[d] for d in s.deps), default=0.0)
-        if caps is not None:
-            capped[i] = nbytes / caps[i] + max((capped[d] for d in s.deps), default=0.0)
+        deps = s.deps
+        if not deps:
+            finish[i] = lat + 0.0
+            if caps is not None:
+                capped[i] = nbytes / caps[i] + 0.0
+        elif len(deps) == 1:
+            finish[i] = lat + finish[deps[0]]
+            if caps is not None:
+                capped[i] = nbytes / caps[i] + capped[deps[0]]
+        else:
+            finish[i] = lat + max([finish[d] for d in deps])
+            if caps is not None:
+                capped[i] = nbytes / caps[i] + max([capped[d] for d in deps])
         for l in links:
-            load[l] = load.get(l, 0.0) + nbytes
+            load[l] = get(l, 0.0) + nbytes
     bw = max((b / (bw_kind[0] * efficiency.get(bw_kind[1], 1.0))
               for (l, b), bw_kind in zip(load.items(), route_links(topology, tuple(load)))), default=0.0)
     return base_s + max(finish, default=0.0) + max(bw, max(capped, default=0.0))
