@@ -469,3 +469,27 @@ def test_a_parameter_that_ends_at_its_bound_is_warned_about(truth, tmp_path):
     code, stdout, err2 = _cli(["fit", str(data), "--gpu", "a100-80gb", "--params", "sustained_compute_fraction",
                                "--json"])
     assert json.loads(stdout)["parameters"][0]["at_bound"] == "high" and err2 == err
+
+
+def test_rows_of_the_same_settings_share_their_simulations(truth, tmp_path):
+    # A run two sources published (the same settings, two measured times): one simulation
+    # serves both rows, which get the time a row prepared on its own gets, in one process
+    # and in worker processes alike.
+    from sim.calibrate.fit_sims import row_time_s, with_values, worker_pool
+
+    rows = _rows("a", truth, sizes=(8,))
+    again = dict(rows[0], source="test a again", measured_iteration_time_s=repr(2 * float(rows[0][
+        "measured_iteration_time_s"])))
+    runs = read_runs(_write(tmp_path / "runs.csv", rows + [again]))
+    profile, params = load_profile("a100-80gb"), [parameter("sustained_compute_fraction")]
+    prepared = prepare_rows(runs, "a100-80gb")
+    assert prepared[0] is prepared[1]
+    alone = prepare_rows(runs[:1], "a100-80gb")[0]
+    expected = {v: row_time_s(alone, with_values(profile, params, (v,))) for v in (0.7, 0.8)}
+    sims = Simulations(profile, params, prepared)
+    assert sims.times([0, 1], (0.7,)) == [expected[0.7]] * 2 and sims.count == 1
+    with worker_pool(2, "a100-80gb", params, runs, "runs.csv") as pool:
+        sims = Simulations(profile, params, prepared, pool)
+        sims.ensure([(1, (0.8,)), (0, (0.8,)), (0, (0.7,))])
+    assert sims.count == 2
+    assert sims.cache == {(1, (0.8,)): expected[0.8], (0, (0.8,)): expected[0.8], (0, (0.7,)): expected[0.7]}

@@ -173,3 +173,26 @@ def test_the_sweep_prints_the_choices_draws_the_curve_and_stays_importable(tmp_p
     for line in rows[1:]:
         size, auto = int(line.split(",")[0]), float(line.split(",")[1])
         assert printed[size]["busbw_Bps"] == pytest.approx(auto, abs=0.006e9)
+
+
+def test_the_tuners_memo_answers_only_the_question_it_was_asked():
+    # choose and alone_time are remembered with the topology (Topology.memo): asked again,
+    # and asked with other efficiencies, another NCCL model or size, they answer as a fresh
+    # topology does; a PXN level's copy is made once and keeps its own memo.
+    from sim.engine.tuner import alone_time
+
+    topo = load_topology("dgx-h100", nodes=2)
+    slow_ib = {**EFF, "ib": 0.05}
+    ll_only = MODEL.forcing(None, "ll")
+    for eff, model in ((EFF, MODEL), (slow_ib, MODEL), (EFF, ll_only), (EFF, MODEL)):
+        for size in (4096, 64 * 2**20):
+            fresh = load_topology("dgx-h100", nodes=2)
+            assert choose("allreduce", range(16), size, topo, eff, model) == \
+                choose("allreduce", range(16), size, fresh, eff, model)
+            assert alone_time("allreduce", tuple(range(16)), size, topo, eff, model) == \
+                alone_time("allreduce", tuple(range(16)), size, fresh, eff, model)
+    assert alone_time("allreduce", tuple(range(16)), 64 * 2**20, topo, slow_ib, MODEL) > \
+        alone_time("allreduce", tuple(range(16)), 64 * 2**20, topo, EFF, MODEL)
+    other = 1 if topo.pxn_level != 1 else 0
+    assert topo.with_pxn(other) is topo.with_pxn(other) and topo.with_pxn(other).memo is not topo.memo
+    assert topo.with_pxn(other).with_pxn(topo.pxn_level) is topo

@@ -136,11 +136,18 @@ class Simulations:
     (``framework_kernel_overhead_s.NAME``) held at the profile's value (or 0) on rows of
     other frameworks. Vectors the simulation cannot tell apart share one
     simulation, and ``slopes`` differentiates only along what a row sees, by the chain
-    rule: one simulation per seen direction instead of one per parameter."""
+    rule: one simulation per seen direction instead of one per parameter. Rows of the same
+    settings (``prepare_rows`` gives them one ``Prepared``: a run two sources published) share
+    each simulation (``shared``, under the first such row, ``canon``), while each row keeps
+    its own entries in ``cache`` as if simulated for it."""
 
     def __init__(self, profile: HardwareProfile, params, prepared: list, pool=None, store: "Store | None" = None):
         self.profile, self.params, self.prepared = profile, tuple(params), list(prepared)
         self.cache: dict = {}
+        first: dict = {}
+        self.canon = [first.setdefault(id(p), i) for i, p in enumerate(self.prepared)]
+        """Each row's first row of the same ``Prepared`` run."""
+        self.shared: dict = {}  # (canon row, values) -> simulated time
         self.count, self.seconds, self.reused = 0, 0.0, 0
         self._probed: dict = {}  # row -> (seen values, {seen direction: d time / d seen value}) of its last probes
         self.pool = pool
@@ -196,10 +203,13 @@ class Simulations:
                 self.time_s(row, key)
             return
         todo.sort(key=lambda j: -self.prepared[j[0]].plan.world_size)
+        need = list(dict.fromkeys(c for c in ((self.canon[i], z) for i, z in todo) if c not in self.shared))
         start = time.monotonic()
-        for job, t in zip(todo, self.pool.map(_worker_time, todo)):
-            self._keep(job, t)
-        self.count += len(todo)
+        for job, t in zip(need, self.pool.map(_worker_time, need)):
+            self.shared[job] = t
+        for row, z in todo:
+            self._keep((row, z), self.shared[(self.canon[row], z)])
+        self.count += len(need)
         self.seconds += time.monotonic() - start
 
     def _keep(self, job, t: float) -> None:
@@ -263,10 +273,13 @@ class Simulations:
             self.cache[key] = t
             self.reused += 1
         if key not in self.cache:
-            start = time.monotonic()
-            self._keep(key, row_time_s(self.prepared[row], with_values(self.profile, self.params, key[1])))
-            self.count += 1
-            self.seconds += time.monotonic() - start
+            one = (self.canon[row], key[1])
+            if one not in self.shared:
+                start = time.monotonic()
+                self.shared[one] = row_time_s(self.prepared[row], with_values(self.profile, self.params, key[1]))
+                self.count += 1
+                self.seconds += time.monotonic() - start
+            self._keep(key, self.shared[one])
         return self.cache[key]
 
 
@@ -321,9 +334,15 @@ def prepare_rows(runs, gpu: str, where: str = "RUNS.csv") -> list:
     from sim.session import prepare
 
     out = []
+    same: dict = {}  # a row's settings -> its Prepared (rows of the same settings share one: ``Simulations``)
     for r in runs:
+        key = tuple(sorted((k, repr(v)) for k, v in r.values.items()))
+        if key in same:
+            out.append(same[key])
+            continue
         try:
-            out.append(prepare(RunSettings.from_values({**r.values, "gpu": gpu, "fidelity": FIDELITY})))
+            out.append(same.setdefault(key, prepare(RunSettings.from_values({**r.values, "gpu": gpu,
+                                                                              "fidelity": FIDELITY}))))
         except InputError as exc:
             raise InputError(f"{r.file or where}: line {r.line}: {exc}") from None
     return out

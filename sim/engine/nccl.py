@@ -158,11 +158,34 @@ def transfer_cost(step, topology, efficiency: dict, model: NcclModel, protocol: 
         if step.lead_bytes and model.arch is not None:  # (the NVLS pipeline's first round of chunks)
             lead = step.lead_bytes / (g.edges[links[0]]["bandwidth_Bps"] * model.nvls_efficiency)
         return model.nvls_latency_s * bool(step.latency_steps) + lead, step.nbytes * eff / model.nvls_efficiency, links
-    kinds = {g.edges[l]["kind"] for l in links}
-    medium = next((k for k in ("ethernet", "ib", "pcie", "nvlink") if k in kinds), "local")  # (as the network's)
-    lat, nbytes = protocol_cost(sum(g.edges[l]["latency_s"] for l in links), medium, step.nbytes,
-                                step.latency_steps, model, protocol, algo, step_s)
+    medium, latency_s = route_facts(topology, links)
+    lat, nbytes = protocol_cost(latency_s, medium, step.nbytes, step.latency_steps, model, protocol, algo, step_s)
     return lat, nbytes, links
+
+
+def route_facts(topology, links: tuple) -> tuple[str, float]:
+    """(slowest medium, summed latency in seconds) of the route ``links``, as the network
+    has them; remembered with the topology (``Topology.memo``): a tuner's estimate asks
+    for the same routes step after step."""
+    key = ("route", links)
+    got = topology.memo.get(key)
+    if got is None:
+        g = topology.graph
+        kinds = {g.edges[l]["kind"] for l in links}
+        medium = next((k for k in ("ethernet", "ib", "pcie", "nvlink") if k in kinds), "local")  # (as the network's)
+        got = topology.memo[key] = (medium, sum(g.edges[l]["latency_s"] for l in links))
+    return got
+
+
+def route_links(topology, links: tuple) -> tuple[tuple[float, str], ...]:
+    """(bandwidth_Bps, kind) of each link of the route ``links``, in order; remembered with
+    the topology (``Topology.memo``)."""
+    key = ("links", links)
+    got = topology.memo.get(key)
+    if got is None:
+        g = topology.graph
+        got = topology.memo[key] = tuple((g.edges[l]["bandwidth_Bps"], g.edges[l]["kind"]) for l in links)
+    return got
 
 
 def hop_latency(model: NcclModel, algo: str, protocol: str, medium: str) -> float:
@@ -244,12 +267,15 @@ def rate_caps(steps, op: str, ranks, nbytes: float, topology, efficiency: dict, 
         per_connection /= (2 if nodes > 1 else 1) * 2 * (n - 1) / n
     if share >= 1 and math.isinf(per_connection):
         return None
-    g = topology.graph
     caps = []
+    bottlenecks: dict = {}  # route -> its slowest link's capacity (steps share routes: every channel's ring)
+    route = topology.route
     for s in steps:
-        links = s.path or topology.route(s.src, s.dst)
-        bottleneck = min((g.edges[l]["bandwidth_Bps"] * efficiency.get(g.edges[l]["kind"], 1.0) for l in links),
-                         default=math.inf)
+        links = s.path or route(s.src, s.dst)
+        bottleneck = bottlenecks.get(links)
+        if bottleneck is None:
+            bottleneck = bottlenecks[links] = min((bw * efficiency.get(kind, 1.0)
+                                                   for bw, kind in route_links(topology, links)), default=math.inf)
         caps.append(min(bottleneck * share, per_connection))
     return caps
 

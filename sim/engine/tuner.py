@@ -18,7 +18,7 @@ import math
 
 from sim.engine.algorithms import build
 from sim.engine.nccl import (DEFAULT_MODEL, POINT_TO_POINT_OPS, PROTOCOLS, NcclModel, base_latency, nvls_capable,
-                             rate_caps, ring_step_latency, transfer_cost)
+                             rate_caps, ring_step_latency, route_links, transfer_cost)
 from sim.inputs.topology import default_channels, ranks_by_node
 
 
@@ -48,19 +48,29 @@ def estimate(steps, topology, efficiency: dict, model: NcclModel, protocol: str,
     link's bytes over its capacity or, where steps have rate ``caps``
     (``sim.engine.nccl.rate_caps``), the longest chain of capped steps' bytes over their
     caps, whichever is longer."""
-    g = topology.graph
     finish = [0.0] * len(steps)
     capped = [0.0] * len(steps)
     load: dict = {}
+    get = load.get
     for i, s in enumerate(steps):
         lat, nbytes, links = transfer_cost(s, topology, efficiency, model, protocol, algo, step_s)
-        finish[i] = lat + max((finish[d] for d in s.deps), default=0.0)
-        if caps is not None:
-            capped[i] = nbytes / caps[i] + max((capped[d] for d in s.deps), default=0.0)
+        deps = s.deps
+        if not deps:
+            finish[i] = lat + 0.0
+            if caps is not None:
+                capped[i] = nbytes / caps[i] + 0.0
+        elif len(deps) == 1:
+            finish[i] = lat + finish[deps[0]]
+            if caps is not None:
+                capped[i] = nbytes / caps[i] + capped[deps[0]]
+        else:
+            finish[i] = lat + max([finish[d] for d in deps])
+            if caps is not None:
+                capped[i] = nbytes / caps[i] + max([capped[d] for d in deps])
         for l in links:
-            load[l] = load.get(l, 0.0) + nbytes
-    bw = max((b / (g.edges[l]["bandwidth_Bps"] * efficiency.get(g.edges[l]["kind"], 1.0)) for l, b in load.items()),
-             default=0.0)
+            load[l] = get(l, 0.0) + nbytes
+    bw = max((b / (bw_kind[0] * efficiency.get(bw_kind[1], 1.0))
+              for (l, b), bw_kind in zip(load.items(), route_links(topology, tuple(load)))), default=0.0)
     return base_s + max(finish, default=0.0) + max(bw, max(capped, default=0.0))
 
 
@@ -81,8 +91,29 @@ def collective_time(op: str, ranks, nbytes: float, topology, efficiency: dict, m
                     ring_step_latency(model, op, ranks, topology, algo, protocol))
 
 
+def _memo_key(what: str, op: str, ranks, nbytes: float, efficiency: dict | None, model: NcclModel, *rest) -> tuple:
+    """The key of a tuner result in the topology's ``memo``: everything it is computed from
+    besides the topology (the efficiencies and the NCCL model by value: a fit's simulations
+    make new but equal ones)."""
+    return (what, op, tuple(ranks), nbytes, tuple(sorted((efficiency or {}).items())), repr(model), *rest)
+
+
 def choose(op: str, ranks, nbytes: float, topology, efficiency: dict | None = None, model: NcclModel | None = None,
            algo: str = "auto", protocol: str = "auto", base: bool = True) -> tuple[str, str]:
+    """``_choose``, remembered with the topology (``Topology.memo``): a run asks the same
+    question once per group of a kind, and a fit's every simulation asks the same ones."""
+    model = model or DEFAULT_MODEL
+    if op in POINT_TO_POINT_OPS:
+        return ("ring", "simple" if protocol == "auto" else protocol)
+    key = _memo_key("choose", op, ranks, nbytes, efficiency, model, algo, protocol, base)
+    got = topology.memo.get(key)
+    if got is None:
+        got = topology.memo[key] = _choose(op, ranks, nbytes, topology, efficiency, model, algo, protocol, base)
+    return got
+
+
+def _choose(op: str, ranks, nbytes: float, topology, efficiency: dict | None = None, model: NcclModel | None = None,
+            algo: str = "auto", protocol: str = "auto", base: bool = True) -> tuple[str, str]:
     """The (algorithm, protocol) NCCL's tuner would run: the fastest enabled pair by
     ``estimate`` with all the communicator's channels (``collective_time``; as NCCL, the
     channels a small size leaves idle are dropped after the choice); ``algo`` or
@@ -137,7 +168,16 @@ def alone_time(op: str, ranks, nbytes: float, topology, efficiency: dict, model:
     """Seconds a collective takes with nothing else on the network, under what the engine
     runs for it (``sim.engine.collectives.Collectives.choose``: ``model.algo`` and
     ``model.protocol`` where set and runnable, else the tuner's choice): ``estimate`` of
-    its steps with its base latency, which is the flow model's time when nothing contends."""
+    its steps with its base latency, which is the flow model's time when nothing contends.
+    Remembered with the topology (``Topology.memo``), as ``choose``."""
+    key = _memo_key("alone", op, ranks, nbytes, efficiency, model)
+    got = topology.memo.get(key)
+    if got is None:
+        got = topology.memo[key] = _alone_time(op, ranks, nbytes, topology, efficiency, model)
+    return got
+
+
+def _alone_time(op: str, ranks, nbytes: float, topology, efficiency: dict, model: NcclModel) -> float:
     algo, protocol = model.algo or "auto", model.protocol or "auto"
     if not runnable(op, ranks, topology, algo):
         algo = "auto"

@@ -86,6 +86,11 @@ class Topology:
         self._rails: bool | None = None
         self._members: dict[int, list[str]] = {}  # node -> its GPUs in rank order
         self._by_node: dict[int, dict[int, str]] = {}  # node -> its GPUs by local index
+        self._pxn_copies: dict[int, Topology] = {}  # PXN level -> this topology at that level (``with_pxn``)
+        self.memo: dict = {}
+        """Values derived from this topology's graph and routes by other layers (NCCL's tuner's
+        choices: ``sim.engine.tuner``), kept with it so that every simulation on it (a fit's
+        many) reuses them; a copy with other routes (``with_pxn``) starts its own."""
 
     # ----------------------------------------------------------------- validation
     def _validate(self) -> None:
@@ -185,9 +190,12 @@ class Topology:
                              allowed=f"allowed: {', '.join(map(str, PXN_LEVELS))}", setting="nccl_p2p_pxn_level")
         if level == self.pxn_level:
             return self
-        other = copy.copy(self)
-        other.pxn_level = level
-        other._route_cache, other._relays = {}, {}
+        other = self._pxn_copies.get(level)  # (one copy per level: its routes and memo serve every run on it)
+        if other is None:
+            self._pxn_copies.setdefault(self.pxn_level, self)
+            other = self._pxn_copies[level] = copy.copy(self)  # (sharing _pxn_copies: the same graph)
+            other.pxn_level = level
+            other._route_cache, other._relays, other.memo = {}, {}, {}
         return other
 
     def has_rails(self) -> bool:

@@ -237,12 +237,18 @@ def layer_uses(acts, kinds) -> list[tuple[str, int, int, int]]:
     interleaves (``sim.program.ep_overlap``) is one stretch, from its first piece to its last."""
     uses: list[list] = []
     at: dict[tuple, list] = {}  # (step, layer) -> its entry
+    kind_of: dict[str, str] = {}  # step -> its kind (``step_kind`` reads only the name's part before a dot)
     for i, a in enumerate(acts):
         if a.layer is None or a.kind not in ("compute", "comm", "collective"):
             continue
-        if (a.category if a.category in ("F", "B", "I", "W") else step_kind(a.name)) not in kinds:
-            continue
         step = a.name.split(".")[0]
+        kind = a.category
+        if kind not in ("F", "B", "I", "W"):
+            kind = kind_of.get(step)
+            if kind is None:
+                kind = kind_of[step] = step_kind(step)
+        if kind not in kinds:
+            continue
         if uses and uses[-1][0] == step and uses[-1][1] == a.layer:
             uses[-1][3] = i
             continue
