@@ -18,7 +18,6 @@ from __future__ import annotations
 import contextlib
 import json
 import math
-import re
 import sys
 import time
 from pathlib import Path
@@ -153,12 +152,17 @@ def space_from_args(args) -> SearchSpace:
         require(args.max_tp > 0, "--max-tp", args.max_tp, "expected an integer > 0")
     try:
         return _space(args)
-    except InputError as exc:  # SearchSpace names its fields; say which flag
-        msg = str(exc)
-        for field, flag in (("zero_stage", "zero"), ("micro_batch_size", "micro-batch-size"),
-                            ("sequence_parallel", "sequence-parallel"), ("max_tp", "max-tp")):
-            msg = msg.replace(f"search: {field}:", f"--{flag}:")
-        raise InputError(re.sub(r"^search: (\w+):", r"--\1:", msg)) from None
+    except InputError as exc:  # SearchSpace names its attribute (``setting``); say which flag
+        flag = _SPACE_FLAGS.get(exc.setting) if exc.allowed is not None else None
+        if flag is None:
+            raise
+        raise InputError(field=flag, value=exc.value, allowed=exc.allowed, shown=exc.shown) from None
+
+
+_SPACE_FLAGS = {name: "--" + name.replace("_", "-") for name in (
+    "tp", "pp", "vpp", "micro_batch_size", "schedule", "recompute", "sequence_parallel", "ep", "etp", "cp",
+    "dispatcher", "fp8_format", "max_tp")} | {"zero_stage": "--zero"}
+"""The flag of each ``SearchSpace`` attribute (the search space's flags, ``add_arguments``)."""
 
 
 def _space(args) -> SearchSpace:

@@ -139,26 +139,27 @@ class SearchSpace:
     alltoall, allgather and flex for a plan with ep > 1, alltoall otherwise)."""
 
     def __post_init__(self):
+        def need(cond: bool, name: str, v, allowed: str) -> None:  # the error names the attribute as data
+            require(cond, f"search: {name}", v, allowed, setting=name)
+
         for name in ("tp", "pp", "vpp", "micro_batch_size", "ep", "etp", "cp"):
             for v in getattr(self, name) or ():
-                require(isinstance(v, int) and not isinstance(v, bool) and v > 0, f"search: {name}", v,
-                        "expected integers > 0")
+                need(isinstance(v, int) and not isinstance(v, bool) and v > 0, name, v, "expected integers > 0")
         for v in self.zero_stage or ():
-            require(v in ZERO_STAGES and not isinstance(v, bool), "search: zero_stage", v, "allowed: 0, 1, 2, 3")
+            need(v in ZERO_STAGES and not isinstance(v, bool), "zero_stage", v, "allowed: 0, 1, 2, 3")
         for v in self.schedule or ():
-            require(v in SCHEDULES and v != "custom", "search: schedule", v,
-                    f"allowed: {', '.join(s for s in SCHEDULES if s != 'custom')}")
+            need(v in SCHEDULES and v != "custom", "schedule", v,
+                 f"allowed: {', '.join(s for s in SCHEDULES if s != 'custom')}")
         for v in self.recompute or ():
-            require(v in RECOMPUTE, "search: recompute", v, f"allowed: {', '.join(RECOMPUTE)}")
+            need(v in RECOMPUTE, "recompute", v, f"allowed: {', '.join(RECOMPUTE)}")
         for v in self.dispatcher or ():
-            require(v in DISPATCHERS, "search: dispatcher", v, f"allowed: {', '.join(DISPATCHERS)}")
+            need(v in DISPATCHERS, "dispatcher", v, f"allowed: {', '.join(DISPATCHERS)}")
         for v in self.sequence_parallel or ():
-            require(isinstance(v, bool), "search: sequence_parallel", v, "expected true or false")
-        require(isinstance(self.fp8_format, tuple) and self.fp8_format, "search: fp8_format", self.fp8_format,
-                "expected a non-empty tuple")
+            need(isinstance(v, bool), "sequence_parallel", v, "expected true or false")
+        need(isinstance(self.fp8_format, tuple) and self.fp8_format, "fp8_format", self.fp8_format,
+             "expected a non-empty tuple")
         for v in self.fp8_format:
-            require(v is None or v in FP8_FORMATS, "search: fp8_format", v,
-                    f"allowed: {', '.join(FP8_FORMATS)}, or None for BF16")
+            need(v is None or v in FP8_FORMATS, "fp8_format", v, f"allowed: {', '.join(FP8_FORMATS)}, or None for BF16")
 
     def allows(self, name: str, value) -> bool:
         allowed = getattr(self, name)
