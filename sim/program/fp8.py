@@ -229,16 +229,17 @@ def check_fp8_support(fp8_format: str | None, profile, flag: str = "--fp8-format
 
     if "fp8" not in profile.peak_flops:
         able = [n for n in PRESETS if "fp8" in load_profile(n).peak_flops]
-        raise InputError(f"{flag}: got {fp8_format!r}; GPU {profile.name} has no FP8 tensor cores (its profile's "
-                         f"peak_flops has {', '.join(sorted(profile.peak_flops))}, no fp8); allowed on {profile.name}: "
-                         f"leave it unset (BF16); {' or '.join(FP8_FORMATS)} need a GPU with an fp8 peak "
-                         f"({', '.join(able)})")
+        raise InputError(field=flag, value=fp8_format, setting="fp8_format", allowed=(
+            f"GPU {profile.name} has no FP8 tensor cores (its profile's "
+            f"peak_flops has {', '.join(sorted(profile.peak_flops))}, no fp8); allowed on {profile.name}: "
+            f"leave it unset (BF16); {' or '.join(FP8_FORMATS)} need a GPU with an fp8 peak ({', '.join(able)})"))
     if recipe == "mxfp8" and not profile.mx_block_scaling:
         able = [n for n in PRESETS if load_profile(n).mx_block_scaling]
         here = [r for r in FP8_RECIPES if r != "mxfp8"]
-        raise InputError(f"--fp8-recipe: got 'mxfp8'; GPU {profile.name} has no MX block-scaled tensor cores (its "
-                         f"profile's mx_block_scaling is false); allowed on {profile.name}: {', '.join(here)}; "
-                         f"mxfp8 needs a GPU with mx_block_scaling ({', '.join(able)})")
+        raise InputError(field="--fp8-recipe", value="mxfp8", setting="fp8_recipe", allowed=(
+            f"GPU {profile.name} has no MX block-scaled tensor cores (its "
+            f"profile's mx_block_scaling is false); allowed on {profile.name}: {', '.join(here)}; "
+            f"mxfp8 needs a GPU with mx_block_scaling ({', '.join(able)})"))
 
 
 def weight_copy_bytes(recipe: str = "delayed") -> float:
