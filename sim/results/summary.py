@@ -13,8 +13,7 @@ from __future__ import annotations
 
 
 from sim.inputs.cost import run_cost
-from sim.program.estimate import estimate, model_flops_per_sequence, plan_flops_per_sequence
-from sim.program.fp8 import precision
+from sim.program.api import estimate, model_flops_per_sequence, plan_flops_per_sequence, precision
 from sim.results.energy import run_energy
 from sim.results.memory_timeline import highest_peak
 from sim.results.metrics import iteration_metrics

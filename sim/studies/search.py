@@ -83,18 +83,15 @@ import math
 from dataclasses import asdict, dataclass, field, replace
 from functools import lru_cache
 
-from sim.program.costs import transfer_time, work_times
+from sim.program.api import (
+    auto_layer_split, BuildContext, default_layout, edge_works, estimate_of, Estimate, FP8_FORMATS,
+    group_comm_time, layer_as_run, layer_phase_times, moe_layer_groups, plan_edge_works, transfer_time, work_times,
+)
 from sim.errors import InputError, require
-from sim.program.build import BuildContext
-from sim.program.estimate import Estimate, estimate_in, group_comm_time, layer_phase_times, moe_layer_groups
 from sim.inputs.frameworks import attention_kernel_in_effect
 from sim.inputs.hardware import HardwareProfile
 from sim.inputs.model import ModelSpec
 from sim.inputs.plan import RECOMPUTE, SCHEDULES, ZERO_STAGES, ParallelPlan
-from sim.program.fp8 import FP8_FORMATS
-from sim.program.stage_balance import auto_layer_split
-from sim.program.dispatch import default_layout
-from sim.program.workload import edge_works, layer_as_run, plan_edge_works
 from sim.inputs.experts import DISPATCHERS, Folding
 
 DEFAULT_MARGIN = 1.1
@@ -494,8 +491,7 @@ def _estimate(job: tuple) -> list[Candidate]:
     for plan in plans:
         if plan.layer_split == "auto":
             plan = balanced_plan(model, plan, profile, splits)
-        ctx = BuildContext.create(model, plan, profile, gpus_per_node=gpus_per_node)
-        est = estimate_in(ctx)
+        ctx, est = estimate_of(model, plan, profile, gpus_per_node=gpus_per_node)
         c = Candidate(plan, plan_key(plan), est, bound_s(ctx, est))
         if not est.fits:
             c.status = "pruned: memory"
@@ -547,8 +543,7 @@ def split_failures(model: ModelSpec, cands: list[Candidate], profile: HardwarePr
     for c in pool[:tries]:
         for split in even_splits(model, c.plan):
             try:
-                est = estimate_in(BuildContext.create(model, replace(c.plan, layer_split=split), profile,
-                                                      gpus_per_node=gpus_per_node))
+                _, est = estimate_of(model, replace(c.plan, layer_split=split), profile, gpus_per_node=gpus_per_node)
             except InputError:
                 continue
             if est.fits:
