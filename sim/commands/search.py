@@ -22,7 +22,7 @@ import sys
 import time
 from pathlib import Path
 
-from sim.commands.settings import CLUSTER_FLAGS, HARDWARE_FLAGS, MODEL_FLAGS, say_defaults
+from sim.commands.settings import MODEL_FLAGS, NETWORK_FLAGS, say_defaults
 from sim.errors import InputError, require
 from sim.fileio import check_output_dir, read_json, write_text_atomic
 from sim.inputs.pinning import crossing
@@ -69,7 +69,7 @@ def add_executor_arguments(p) -> None:
     ex.add_argument("--json", action="store_true", help="print one JSON object")
 
 
-SEARCH_FLAGS = [*MODEL_FLAGS, *HARDWARE_FLAGS[:2], "nodes", "gpus_per_node", "power_limit_w", *CLUSTER_FLAGS[1:],
+SEARCH_FLAGS = [*MODEL_FLAGS, "gpu", "gpus", "nodes", "gpus_per_node", "power_limit_w", *NETWORK_FLAGS,
                 "gpu_hour_price"]
 """The run settings search takes as flags: the model and the cluster (the plan is what it searches)."""
 
