@@ -93,15 +93,11 @@ from sim.inputs.hardware import HardwareProfile
 from sim.inputs.model import ModelSpec
 from sim.inputs.plan import RECOMPUTE, SCHEDULES, ZERO_STAGES, ParallelPlan
 from sim.inputs.experts import DISPATCHERS, Folding
+from sim.inputs.schema_commands import DEFAULT_MARGIN as _DEFAULT_MARGIN, LONG_SEQUENCE as _LONG_SEQUENCE
 
-DEFAULT_MARGIN = 1.1
-"""The estimate's error factor for pruning (see the module doc): how far below its bound
-a plan's simulated time may come (bound / simulated ≤ margin). Measured with
-``experiments/bench_sweep.py`` (seed 1): over 180 valid plans (120 of an 8-layer GPT on
-16 H100s, 60 of an 8-layer Llama-style model with grouped-query attention on 32),
-bound / simulated time ranged 0.22–0.943, median 0.82; 1.1 leaves about 17% above the
-largest. A larger value prunes less and is safer; ``math.inf`` simulates every plan that
-fits."""
+DEFAULT_MARGIN = _DEFAULT_MARGIN
+"""The estimate's error factor for pruning (see the module doc; declared, with how it was
+measured, where ``trainsim search --margin`` takes it: ``sim.inputs.schema_commands``)."""
 
 PIPELINE_SCHEDULES = tuple(s for s in SCHEDULES if s not in ("interleaved", "custom"))
 PLAN_COLUMNS = ("dp", "tp", "pp", "vpp", "micro_batch_size", "zero_stage", "schedule", "recompute",
@@ -215,9 +211,10 @@ def enumerate_plans(model: ModelSpec, gpus: int, global_batch_size: int, space: 
     return plans
 
 
-LONG_SEQUENCE = 16384
+LONG_SEQUENCE = _LONG_SEQUENCE
 """From this sequence length on, ``enumerate_plans`` tries context parallelism by default
-(shorter sequences rarely need it, and it multiplies the plans)."""
+(shorter sequences rarely need it, and it multiplies the plans; declared with the option
+whose default it sets, ``sim.inputs.schema_commands``)."""
 
 
 def _with_experts(model, space, plans: list[ParallelPlan], gpus_per_node: int = 8) -> list[ParallelPlan]:

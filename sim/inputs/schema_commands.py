@@ -1,0 +1,96 @@
+"""The settings of the commands that take more than a run's (``sim.inputs.schema``): what
+``trainsim search`` searches, ``trainsim collective`` times and ``trainsim validate``
+measures. Each is a frozen dataclass of ``setting(...)`` fields, as the run's sections are,
+and the command's parser is built from it (``sim.inputs.flags.add_section``): a flag, its
+help, type, choices and default are written once, here. They are not run settings: no
+experiment-file table, no keyword of ``sim.run``."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+from sim.inputs.experts import DISPATCHERS
+from sim.inputs.fields import setting
+from sim.inputs.plan import RECOMPUTE, SCHEDULES
+from sim.inputs.schema import FIELDS
+from sim.units import POSITIVE_INT, Duration, Number
+
+DEFAULT_MARGIN = 1.1
+"""The estimate's error factor for pruning (``sim.studies.search``): how far below its bound
+a plan's simulated time may come (bound / simulated ≤ margin). Measured with
+``experiments/bench_sweep.py`` (seed 1): over 180 valid plans (120 of an 8-layer GPT on
+16 H100s, 60 of an 8-layer Llama-style model with grouped-query attention on 32),
+bound / simulated time ranged 0.22–0.943, median 0.82; 1.1 leaves about 17% above the
+largest. A larger value prunes less and is safer; ``math.inf`` simulates every plan that
+fits."""
+LONG_SEQUENCE = 16384
+"""From this sequence length on, ``enumerate_plans`` tries context parallelism by default
+(shorter sequences rarely need it, and it multiplies the plans)."""
+
+
+def searched(setting_name: str, help: str):
+    """A searched plan setting: a comma-separated list under the run setting's flags, its
+    short alias first (``--tp``), then the flag ``trainsim run`` takes
+    (``--tensor-model-parallel-size``), so that both names work on every command."""
+    f = FIELDS[setting_name]
+    flags = (*f.aliases, f.flag)
+    return setting(help=help, flag=flags[0], aliases=flags[1:])
+
+
+@dataclass(frozen=True)
+class SearchBatch:
+    """The batch ``trainsim search`` plans for."""
+
+    TABLE: ClassVar[str | None] = None
+    GROUP: ClassVar[str | None] = "batch"
+
+    global_batch_size: int | None = setting(type=POSITIVE_INT, required=True, help="sequences per optimizer step")
+
+
+@dataclass(frozen=True)
+class SearchSpaceOptions:
+    """What ``trainsim search`` searches (``sim.studies.search.SearchSpace``, from these
+    comma-separated lists) and how it prunes."""
+
+    TABLE: ClassVar[str | None] = None
+    GROUP: ClassVar[str | None] = "search space (comma-separated lists; default every valid value)"
+
+    tp: str | None = searched("tensor_model_parallel_size", "tensor-parallel sizes (default: divisors up to --max-tp)")
+    max_tp: int | None = setting(type=POSITIVE_INT, help="largest tensor-parallel size (default --gpus-per-node)")
+    pp: str | None = searched("pipeline_model_parallel_size", "pipeline-parallel sizes")
+    vpp: str | None = searched("num_virtual_stages_per_pipeline_rank", "model chunks per pipeline stage")
+    micro_batch_size: str | None = setting(help="micro-batch sizes")
+    zero: str | None = setting(help="ZeRO stages, of 0,1,2,3")
+    schedule: str | None = setting(help=f"pipeline schedules, of {','.join(x for x in SCHEDULES if x != 'custom')}")
+    recompute: str | None = searched("recompute_granularity", f"recompute granularities, of {','.join(RECOMPUTE)}")
+    sequence_parallel: str | None = setting(help="on, off or on,off")
+    ep: str | None = searched("expert_model_parallel_size",
+                              "expert-parallel sizes (default: every divisor of the experts that folds into a "
+                              "pipeline stage's GPUs)")
+    etp: str | None = searched("expert_tensor_parallel_size",
+                               "expert tensor-parallel sizes (default: 1 and the plan's tp for a mixture of experts)")
+    dispatcher: str | None = searched("moe_token_dispatcher_type",
+                                      f"MoE token dispatchers, of {','.join(DISPATCHERS)} (default: every one for a "
+                                      "plan with ep > 1, alltoall otherwise)")
+    cp: str | None = searched("context_parallel_size",
+                              f"context-parallel sizes (default 1,2,4,8 from {LONG_SEQUENCE} tokens on, else 1)")
+    fp8_format: str | None = setting(help="precisions: off (BF16), e4m3, hybrid, e.g. off,hybrid to compare BF16 with "
+                                          "FP8 (default off; FP8 needs a GPU with an fp8 peak)")
+    margin: float = setting(DEFAULT_MARGIN, type=Number(float, minimum=1, allow_inf=True),
+                            help=f"the estimate's error factor: a plan is simulated unless its estimated bound / margin "
+                                 f"exceeds the second-best simulated time (default {DEFAULT_MARGIN}; inf: no time "
+                                 "pruning)")
+    wave: int = setting(16, type=POSITIVE_INT, help="plans simulated between pruning checks (default 16)")
+    max_time: float | None = setting(
+        type=Duration(), metavar="DURATION",
+        help="stop the simulations after this long (from the command's start: 90s, 10m, 1h30m) and report "
+             "the best plan so far (default: no limit; Ctrl-C and SIGTERM also stop with the best so far)")
+    screen: str = setting("on", choices=("on", "off"),
+                          help="on: a plan with at least 6 x pp micro-batches (not gpipe) is first simulated at 2 x pp "
+                               "and 4 x pp and its time extrapolated; the plans listed are simulated in full (default "
+                               "on); off: every plan in full")
+
+
+SEARCH_SPACE_ATTR = {"zero": "zero_stage"}
+"""``SearchSpace`` attributes named otherwise than their option (``--zero`` fills ``zero_stage``)."""
