@@ -14,6 +14,8 @@ from sim.inputs.experts import DISPATCHERS
 from sim.inputs.fields import setting
 from sim.inputs.plan import RECOMPUTE, SCHEDULES
 from sim.inputs.schema import FIELDS
+from sim.inputs.schema_sim import COLLECTIVE_MODELS, COLLECTIVE_OPS, NCCL_ALGOS, NCCL_PROTOCOLS
+from sim.inputs.topology_nodes import FABRICS, OVERSUBSCRIPTION
 from sim.units import POSITIVE_INT, Duration, Number
 
 DEFAULT_MARGIN = 1.1
@@ -94,3 +96,49 @@ class SearchSpaceOptions:
 
 SEARCH_SPACE_ATTR = {"zero": "zero_stage"}
 """``SearchSpace`` attributes named otherwise than their option (``--zero`` fills ``zero_stage``)."""
+
+
+_ALGOS_SHOWN = (*NCCL_ALGOS[1:], NCCL_ALGOS[0])  # (auto last, as its help explains it)
+
+
+@dataclass(frozen=True)
+class CollectiveOptions:
+    """What ``trainsim collective`` times: one collective on a topology, as nccl-tests runs it."""
+
+    TABLE: ClassVar[str | None] = None
+    GROUP: ClassVar[str | None] = None
+
+    op: str = setting("allreduce", help=f"one of {', '.join(COLLECTIVE_OPS)} (default allreduce)")
+    size: str = setting("1GiB", help="buffer size, e.g. 1GiB, 256MB, 4096 (default 1GiB)")
+    gpus: int | None = setting(type=POSITIVE_INT, help="GPUs taking part, ranks 0..N-1 (default: all)")
+    topology: str = setting("dgx-h100", help="built-in name (dgx-a100, dgx-h100, dgx-h200, ...) or a TOML file "
+                                             "(default dgx-h100)")
+    nodes: int | None = setting(type=POSITIVE_INT, help="number of nodes (default: enough for --gpus)")
+    fabric: str | None = setting(help=f"inter-node fabric: {' | '.join(FABRICS)} (default rail)")
+    oversubscription: float | None = setting(type=OVERSUBSCRIPTION, help="leaf uplink oversubscription (default 1)")
+    algo: str = setting("auto", help=f"{' | '.join(_ALGOS_SHOWN)} (default auto: NCCL's tuner's choice, "
+                                     "as NCCL_ALGO overrides it)")
+    protocol: str = setting("auto", help=f"{' | '.join((*NCCL_PROTOCOLS[1:], NCCL_PROTOCOLS[0]))} (default auto: "
+                                         "NCCL's choice by size)")
+    sweep: str | None = setting(metavar="MIN:MAX", help="print nccl-tests style rows (all_reduce_perf columns) for "
+                                                        "sizes MIN..MAX in factor-2 steps")
+    collective_model: str = setting("flows", choices=COLLECTIVE_MODELS,
+                                    help="flows: each ring hop one flow for the whole collective; steps: 2(n-1) "
+                                         "lock-step rounds (default flows; the timeline shows each step with steps)")
+    channels: int | None = setting(type=POSITIVE_INT, help="rings run at once by ring algorithms (default: GPUs per "
+                                                           "node when the group spans nodes, else 1)")
+    gpu: str | None = setting(help="hardware profile whose link efficiencies apply (default: the topology's GPU, "
+                                   "e.g. h100-sxm for dgx-h100; none for hand-written graphs)")
+    line_rate: bool = setting(False, kind="switch", help="ignore link efficiencies: links at their line rate")
+
+
+@dataclass(frozen=True)
+class CollectiveOutput:
+    """Where ``trainsim collective`` reports."""
+
+    TABLE: ClassVar[str | None] = None
+    GROUP: ClassVar[str | None] = None
+
+    json: bool = setting(False, kind="switch", help="print one JSON object instead of a table")
+    out: str | None = setting(help="directory for trace.json, timeline.png and summary.json (with --sweep: "
+                                   "busbw.png, busbw.csv)")

@@ -24,6 +24,9 @@ COLLECTIVE_MODELS = ("flows", "steps")
 """How the engine runs a ring collective: ``flows``, each hop of each channel one flow
 carrying all its steps' bytes while the collective runs, every hop at once; or ``steps``,
 2(n-1) lock-step rounds of n transfers (``sim.engine.algorithms``)."""
+COLLECTIVE_OPS = ("allreduce", "reducescatter", "allgather", "broadcast", "alltoall", "shift", "sendrecv")
+"""Collective operations an action may name (``sim.engine.algorithms`` builds each;
+``sim.program.actions.OPS``, ``trainsim collective --op``)."""
 NCCL_ALGOS = ("auto", "ring", "tree", "nvls", "nvls_tree", "hierarchical")
 """What ``nccl_algo`` takes (``sim.engine.algorithms``, ``sim.engine.algorithms_nccl``)."""
 NCCL_PROTOCOLS = ("auto", "ll", "ll128", "simple")

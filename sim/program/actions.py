@@ -46,8 +46,9 @@ from dataclasses import dataclass, field
 from functools import wraps
 
 from sim.errors import InputError
+from sim.inputs.schema_sim import COLLECTIVE_OPS
 
-OPS = ("allreduce", "reducescatter", "allgather", "broadcast", "alltoall", "shift", "sendrecv")
+OPS = COLLECTIVE_OPS
 """Collective operations an action may name (``sim.engine.algorithms`` builds each)."""
 ALGOS = ("ring", "hierarchical", "tree", "nvls", "nvls_tree", "auto")
 """Collective algorithms (``sim.engine.algorithms``, ``sim.engine.algorithms_nccl``); auto:
