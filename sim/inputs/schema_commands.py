@@ -16,7 +16,7 @@ from sim.inputs.plan import RECOMPUTE, SCHEDULES
 from sim.inputs.schema import FIELDS
 from sim.inputs.schema_sim import COLLECTIVE_MODELS, COLLECTIVE_OPS, NCCL_ALGOS, NCCL_PROTOCOLS
 from sim.inputs.topology_nodes import FABRICS, OVERSUBSCRIPTION
-from sim.units import POSITIVE_INT, Duration, Number
+from sim.units import NONNEGATIVE_INT, POSITIVE_INT, Duration, Number
 
 DEFAULT_MARGIN = 1.1
 """The estimate's error factor for pruning (``sim.studies.search``): how far below its bound
@@ -142,3 +142,58 @@ class CollectiveOutput:
     json: bool = setting(False, kind="switch", help="print one JSON object instead of a table")
     out: str | None = setting(help="directory for trace.json, timeline.png and summary.json (with --sweep: "
                                    "busbw.png, busbw.csv)")
+
+
+@dataclass(frozen=True)
+class ValidateOptions:
+    """What ``trainsim validate`` runs for real and compares with its simulation."""
+
+    TABLE: ClassVar[str | None] = None
+    GROUP: ClassVar[str | None] = None
+
+    procs: int = setting(2, type=POSITIVE_INT, help="processes (GPUs) of the reference run (default 2)")
+    configs: str | None = setting(help="comma-separated, from dp, gpipe, 1f1b, dp-pp "
+                                       "(default all that fit: dp-pp needs --procs 4 or more)")
+    profile: str | None = setting(metavar="PROFILE.json", help="use this profile instead of calibrating now")
+    link: str | None = setting(help="link kind joining the processes in the simulated topology "
+                                    "(default: the one the profile's calibration fitted)")
+    quick: bool = setting(False, kind="switch", help="a smaller model and fewer iterations (for tests)")
+
+
+VALIDATE_MODEL = ("num_layers", "hidden_size", "num_attention_heads", "vocab_size", "seq_length", "micro_batch_size")
+"""The run settings ``trainsim validate`` takes for its reference model and batch, listed
+with ``ValidateBatch`` (defaults: the reference model's, ``sim.calibrate.validate``, and
+``VALIDATE_DEFAULTS``)."""
+VALIDATE_DEFAULTS = {"micro_batch_size": 2}
+"""Where ``trainsim validate``'s default differs from a run's (2 sequences a micro-batch)."""
+VALIDATE_HELPS = {"micro_batch_size": "sequences per micro-batch (default 2)"}
+"""Their help, which says so."""
+
+
+@dataclass(frozen=True)
+class ValidateBatch:
+    """How long ``trainsim validate``'s reference run trains."""
+
+    TABLE: ClassVar[str | None] = None
+    GROUP: ClassVar[str | None] = "reference model and batch (defaults: a 4-layer, 256-wide GPT; smaller with --quick)"
+
+    num_microbatches: int | None = setting(type=POSITIVE_INT, help="per replica (default 4; 2 with --quick)")
+    warmup: int | None = setting(type=NONNEGATIVE_INT, help="untimed iterations first (default 2; 1 with --quick)")
+    iters: int | None = setting(type=POSITIVE_INT, help="timed iterations (default 5; 3 with --quick)")
+
+
+@dataclass(frozen=True)
+class ValidateOutput:
+    """How ``trainsim validate`` counts iterations and where it reports."""
+
+    TABLE: ClassVar[str | None] = None
+    GROUP: ClassVar[str | None] = None
+
+    probe_tolerance: float | None = setting(
+        type=Number(float, above=0, allow_inf=True), metavar="FRACTION",
+        help="count only timed iterations between which the probe GEMM ran within this fraction of the "
+             "profile's prediction on every rank, with at most 2%% of the CPU stolen, running up to 4x "
+             "--iters to find them (default 0.1; inf counts every iteration): a shared machine's slow "
+             "spells then do not show up as error")
+    out: str | None = setting(metavar="DIR", help="write report.json, table.txt, profile.json, traces and PNGs here")
+    json: bool = setting(False, kind="switch", help="print one JSON object")
