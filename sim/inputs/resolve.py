@@ -64,7 +64,7 @@ def with_moe_settings(model: ModelSpec, m: ModelSettings) -> ModelSpec:
     try:
         return replace(model, **changes)
     except InputError as exc:
-        raise (exc.renamed(f"--{exc.setting.replace('_', '-')}") if exc.setting in changes else exc) from None
+        raise (exc.renamed(FIELDS[exc.setting].flag) if exc.setting in changes else exc) from None
 
 
 class _StrictParser(argparse.ArgumentParser):
@@ -143,7 +143,7 @@ def plan_from_settings(p: PlanRequest, gpus: int | None, model: ModelSpec) -> Pa
 
 
 def _plan_require(cond: bool, attr: str, value, allowed: str) -> None:
-    require(cond, f"--{PLAN_FIELDS[attr].name.replace('_', '-')}", value, allowed, setting=attr)
+    require(cond, PLAN_FIELDS[attr].flag, value, allowed, setting=attr)
 
 
 def profile_from_settings(c: ClusterSettings):
