@@ -28,7 +28,7 @@ from sim.fileio import check_output_dir, read_json, write_text_atomic
 from sim.inputs.pinning import crossing
 from sim.inputs.resolve import model_from_settings, profile_from_settings, topology_from_settings
 from sim.inputs.flags import add_arguments as add_schema_arguments, add_section, flags_of, given
-from sim.inputs.schema_commands import SEARCH_SPACE_ATTR, SearchBatch, SearchSpaceOptions
+from sim.inputs.schema_commands import SEARCH_SPACE_ATTR, ExecutorOptions, SearchBatch, SearchSpaceOptions
 from sim.inputs.fields import fields_of_class
 from sim.inputs.schema import FIELDS, RunSettings, fields_of
 from sim.inputs.plan import ParallelPlan
@@ -43,29 +43,17 @@ from sim.studies.search import (
 )
 from sim.studies.search_explain import describe_plan, explain
 from sim.studies.sweep import RESULTS_FILE, ResultsLog, Runner, make_context
-from sim.studies.sweep_results import RANK_BY, csv_text, pareto, rank, tokens_per_joule
-from sim.units import NONNEGATIVE_INT, POSITIVE_INT, format_bytes, format_duration, format_time
+from sim.studies.sweep_results import csv_text, pareto, rank, tokens_per_joule
+from sim.units import format_bytes, format_duration, format_time
 
 NAME = "search"
 HELP = "Find the best parallel plan: enumerate, prune with the analytic model, simulate the rest, rank."
 
 
 def add_executor_arguments(p) -> None:
-    """--workers, --dask, --out, --resume, --top, --json (shared with ``trainsim sweep``)."""
-    ex = p.add_argument_group("execution and output")
-    ex.add_argument("--workers", type=NONNEGATIVE_INT, default=None,
-                    help="local worker processes (default: the core count; 0 runs in this process)")
-    ex.add_argument("--dask", metavar="ADDRESS",
-                    help="run on a Dask cluster: tcp://HOST:8786, or 'local' to start a LocalCluster "
-                         "of --workers processes (needs trainsim[sweep])")
-    ex.add_argument("--out", metavar="DIR",
-                    help="write results.jsonl, results.csv, pareto.png and a JSON summary here")
-    ex.add_argument("--resume", action="store_true", help="continue the sweep in --out, skipping finished plans")
-    ex.add_argument("--top", type=POSITIVE_INT, default=5, help="plans to list (default 5)")
-    ex.add_argument("--rank-by", choices=RANK_BY, default="throughput",
-                    help="rank plans by tokens/s (throughput, the default), by tokens per joule of GPU energy, or by "
-                         "cost: dollars per million tokens (needs --gpu-hour-price, or a price in the profile)")
-    ex.add_argument("--json", action="store_true", help="print one JSON object")
+    """--workers, --dask, --out, --resume, --top, --rank-by, --json (shared with ``trainsim sweep``;
+    ``sim.inputs.schema_commands.ExecutorOptions``)."""
+    add_section(p, ExecutorOptions)
 
 
 SEARCH_FLAGS = [*MODEL_FLAGS, "gpu", "gpus", "nodes", "gpus_per_node", "power_limit_w", *NETWORK_FLAGS,

@@ -197,3 +197,33 @@ class ValidateOutput:
              "spells then do not show up as error")
     out: str | None = setting(metavar="DIR", help="write report.json, table.txt, profile.json, traces and PNGs here")
     json: bool = setting(False, kind="switch", help="print one JSON object")
+
+
+RANK_BY = ("throughput", "tokens-per-joule", "cost")
+"""What ``search``, ``sweep`` and ``compare`` rank plans by (``--rank-by``): tokens/s (the
+fastest first; the batch is the same, so the shortest iteration), tokens per joule (the
+least energy per token first, ``sim.results.energy``), or cost (the fewest US dollars per
+million tokens first at the GPU-hour price given, ``sim.inputs.cost``; on GPUs of one price
+the same order as throughput, on a mixed cluster the price of each type counts)."""
+
+
+@dataclass(frozen=True)
+class ExecutorOptions:
+    """Where ``trainsim search`` and ``trainsim sweep`` run their simulations and what they report."""
+
+    TABLE: ClassVar[str | None] = None
+    GROUP: ClassVar[str | None] = "execution and output"
+
+    workers: int | None = setting(type=NONNEGATIVE_INT, help="local worker processes (default: the core count; 0 runs "
+                                                             "in this process)")
+    dask: str | None = setting(metavar="ADDRESS", help="run on a Dask cluster: tcp://HOST:8786, or 'local' to start a "
+                                                       "LocalCluster of --workers processes (needs trainsim[sweep])")
+    out: str | None = setting(metavar="DIR", help="write results.jsonl, results.csv, pareto.png and a JSON summary "
+                                                  "here")
+    resume: bool = setting(False, kind="switch", help="continue the sweep in --out, skipping finished plans")
+    top: int = setting(5, type=POSITIVE_INT, help="plans to list (default 5)")
+    rank_by: str = setting("throughput", choices=RANK_BY,
+                           help="rank plans by tokens/s (throughput, the default), by tokens per joule of GPU energy, "
+                                "or by cost: dollars per million tokens (needs --gpu-hour-price, or a price in the "
+                                "profile)")
+    json: bool = setting(False, kind="switch", help="print one JSON object")
