@@ -227,3 +227,40 @@ class ExecutorOptions:
                                 "or by cost: dollars per million tokens (needs --gpu-hour-price, or a price in the "
                                 "profile)")
     json: bool = setting(False, kind="switch", help="print one JSON object")
+
+
+def comma_list(kind):
+    """An option's type: a comma-separated list of ``kind`` (``str`` or ``int``); refused, what
+    argparse reports under the flag: ``got 'x'; expected a comma-separated list of integers``."""
+    import argparse
+
+    what = f"a comma-separated list of {'integers' if kind is int else 'names'}"
+
+    def parse(text: str):
+        items = [t.strip() for t in text.split(",") if t.strip()]
+        try:
+            if items:
+                return [kind(t) for t in items]
+        except ValueError:
+            pass
+        raise argparse.ArgumentTypeError(f"got {text!r}; expected {what}")
+    parse.__name__ = "list"
+    return parse
+
+
+@dataclass(frozen=True)
+class CompareOptions:
+    """What ``trainsim compare`` compares besides an experiment file's ``[[plans]]``."""
+
+    TABLE: ClassVar[str | None] = None
+    GROUP: ClassVar[str | None] = "what to compare"
+
+    schedules: list | None = setting(
+        type=comma_list(str), metavar="LIST",
+        help=f"pipeline schedules to compare, e.g. gpipe,1f1b ({', '.join(s for s in SCHEDULES if s != 'custom')}); "
+             "interleaved takes --num-virtual-stages-per-pipeline-rank (default 2 where the layers split "
+             "evenly into pp x 2 chunks), the others one chunk per rank")
+    zero_stages: list | None = setting(type=comma_list(int), metavar="LIST", help="ZeRO stages to compare, e.g. 0,1,2,3")
+    rank_by: str = setting("throughput", choices=RANK_BY,
+                           help="what marks the best plan: tokens/s (throughput, the default), tokens per joule of GPU "
+                                "energy, or cost: the fewest dollars per million tokens (needs --gpu-hour-price)")
