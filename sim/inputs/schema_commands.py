@@ -264,3 +264,17 @@ class CompareOptions:
     rank_by: str = setting("throughput", choices=RANK_BY,
                            help="what marks the best plan: tokens/s (throughput, the default), tokens per joule of GPU "
                                 "energy, or cost: the fewest dollars per million tokens (needs --gpu-hour-price)")
+
+
+@dataclass(frozen=True)
+class DemoOptions:
+    """What ``trainsim demo`` runs: a small training step and an all-reduce on DGX H100 nodes."""
+
+    TABLE: ClassVar[str | None] = None
+    GROUP: ClassVar[str | None] = None
+
+    out: str = setting("out/demo", help="output directory (default out/demo)")
+    nodes: int | None = setting(type=POSITIVE_INT, help="DGX H100 nodes of the all-reduce (default 4)")
+    gpus: int | None = setting(type=POSITIVE_INT, help="GPUs of the all-reduce, whole DGX H100 nodes of 8 (default: "
+                                                       "all GPUs of --nodes)")
+    json: bool = setting(False, kind="switch", help="print the results as one JSON object")
