@@ -91,3 +91,15 @@ def test_a_search_space_error_carries_its_attribute_and_the_command_names_the_fl
     code, _, err = _cli(["search", "--model", "llama2-7b", "--gpus", "8", "--global-batch-size", "8",
                          "--zero", "0,5"])
     assert code == 2 and err == "trainsim: error: --zero: got 5; allowed: 0, 1, 2, 3\n"
+
+
+def test_the_collective_vocabulary_is_declared_once_for_the_engine_and_the_settings():
+    """``trainsim collective`` lists the ops, algorithms and protocols the engine builds, from
+    inputs (``schema_sim``): the program's names are those, and the run setting ``nccl_algo``
+    / ``nccl_protocol`` takes the same algorithms and protocols (in its own order)."""
+    from sim.inputs.schema_sim import (COLLECTIVE_ALGOS, COLLECTIVE_OPS, COLLECTIVE_PROTOCOLS, NCCL_ALGOS,
+                                       NCCL_PROTOCOLS)
+    from sim.program.actions import ALGOS, OPS, PROTOCOLS
+
+    assert (OPS, ALGOS, PROTOCOLS) == (COLLECTIVE_OPS, COLLECTIVE_ALGOS, COLLECTIVE_PROTOCOLS)
+    assert set(NCCL_ALGOS) == set(ALGOS) and set(NCCL_PROTOCOLS) == set(PROTOCOLS)

@@ -14,7 +14,7 @@ from sim.inputs.experts import DISPATCHERS
 from sim.inputs.fields import setting
 from sim.inputs.plan import RECOMPUTE, SCHEDULES
 from sim.inputs.schema import FIELDS
-from sim.inputs.schema_sim import COLLECTIVE_MODELS, COLLECTIVE_OPS, NCCL_ALGOS, NCCL_PROTOCOLS
+from sim.inputs.schema_sim import COLLECTIVE_ALGOS, COLLECTIVE_MODELS, COLLECTIVE_OPS, COLLECTIVE_PROTOCOLS
 from sim.inputs.topology_nodes import FABRICS, OVERSUBSCRIPTION
 from sim.units import NONNEGATIVE_INT, POSITIVE_INT, Duration, Number
 
@@ -98,9 +98,6 @@ SEARCH_SPACE_ATTR = {"zero": "zero_stage"}
 """``SearchSpace`` attributes named otherwise than their option (``--zero`` fills ``zero_stage``)."""
 
 
-_ALGOS_SHOWN = (*NCCL_ALGOS[1:], NCCL_ALGOS[0])  # (auto last, as its help explains it)
-
-
 @dataclass(frozen=True)
 class CollectiveOptions:
     """What ``trainsim collective`` times: one collective on a topology, as nccl-tests runs it."""
@@ -116,9 +113,9 @@ class CollectiveOptions:
     nodes: int | None = setting(type=POSITIVE_INT, help="number of nodes (default: enough for --gpus)")
     fabric: str | None = setting(help=f"inter-node fabric: {' | '.join(FABRICS)} (default rail)")
     oversubscription: float | None = setting(type=OVERSUBSCRIPTION, help="leaf uplink oversubscription (default 1)")
-    algo: str = setting("auto", help=f"{' | '.join(_ALGOS_SHOWN)} (default auto: NCCL's tuner's choice, "
+    algo: str = setting("auto", help=f"{' | '.join(COLLECTIVE_ALGOS)} (default auto: NCCL's tuner's choice, "
                                      "as NCCL_ALGO overrides it)")
-    protocol: str = setting("auto", help=f"{' | '.join((*NCCL_PROTOCOLS[1:], NCCL_PROTOCOLS[0]))} (default auto: "
+    protocol: str = setting("auto", help=f"{' | '.join(COLLECTIVE_PROTOCOLS)} (default auto: "
                                          "NCCL's choice by size)")
     sweep: str | None = setting(metavar="MIN:MAX", help="print nccl-tests style rows (all_reduce_perf columns) for "
                                                         "sizes MIN..MAX in factor-2 steps")
