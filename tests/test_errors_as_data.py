@@ -103,3 +103,13 @@ def test_the_collective_vocabulary_is_declared_once_for_the_engine_and_the_setti
 
     assert (OPS, ALGOS, PROTOCOLS) == (COLLECTIVE_OPS, COLLECTIVE_ALGOS, COLLECTIVE_PROTOCOLS)
     assert set(NCCL_ALGOS) == set(ALGOS) and set(NCCL_PROTOCOLS) == set(PROTOCOLS)
+
+
+def test_more_gpus_than_the_topology_holds_is_named_by_the_file_line_or_the_flag(tmp_path):
+    text = '[model]\npreset = "llama2-7b"\n\n[cluster]\ngpu = "h100-sxm"\ntopology = "dgx-h100"\nnodes = 1\ngpus = 16\n'
+    path = tmp_path / "g.toml"
+    path.write_text(text)
+    why = "got 16; topology dgx-h100x1-rail has 8 GPUs (--nodes 1)"
+    assert _cli(["run", str(path)]) == (2, "", f"trainsim: error: {path}:{_line_of(text, 'gpus =')}: cluster.gpus: {why}\n")
+    assert _cli(["run", "--model", "llama2-7b", "--gpu", "h100-sxm", "--topology", "dgx-h100", "--nodes", "1",
+                 "--gpus", "16"]) == (2, "", f"trainsim: error: --gpus: {why}\n")
