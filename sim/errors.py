@@ -25,7 +25,26 @@ class InputError(ValueError):
         """Where the value was written (an experiment file and its line), when it was."""
         self.shown = shown
         """How the value is written in the message (default its repr; a flag's text as typed)."""
-        super().__init__(message if message is not None else f"{field}: {self.detail}")
+        super().__init__(message if message is not None else f"{self.place}{field}: {self.detail}")
+
+    @property
+    def place(self) -> str:
+        """Where the value was written, as the message begins: ``'e.toml:12: '``, ``'e.toml: '``
+        or ``''``."""
+        if self.path is None:
+            return ""
+        return f"{self.path}:{self.line}: " if self.line is not None else f"{self.path}: "
+
+    def in_file(self, path, line: int | None = None) -> "InputError":
+        """The same error as met while reading the file ``path``: itself when it names that
+        file already (``self.path``), else its message after the file's name, with the file
+        recorded (and its value, what is allowed and its setting kept)."""
+        path = str(path)
+        if self.path == path:
+            return self
+        place = f"{path}:{line}: " if line is not None else f"{path}: "
+        return InputError(f"{place}{self}", field=self.field, value=self.value, allowed=self.allowed,
+                          setting=self.setting, shown=self.shown, path=path, line=line)
 
     @property
     def detail(self) -> str:
@@ -57,8 +76,11 @@ class DeadlockError(RuntimeError):
         )
 
 
-def require(cond: bool, field: str, value, allowed: str, *, setting: str | None = None) -> None:
+def require(cond: bool, field: str, value, allowed: str, *, setting: str | None = None,
+            path: str | None = None) -> None:
     """Raise ``InputError('<field>: got <value>; <allowed>')`` unless ``cond``; ``setting``:
-    the schema setting it is about (see ``InputError``)."""
+    the schema setting it is about (see ``InputError``); ``path``: the file the value was
+    read from (``'config.json: <field>: ...'``)."""
     if not cond:
-        raise InputError(field=field, value=value, allowed=allowed, setting=setting)
+        raise InputError(field=field, value=value, allowed=allowed, setting=setting,
+                         path=None if path is None else str(path))

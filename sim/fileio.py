@@ -40,7 +40,7 @@ def read_bytes(path: str | Path, what: str | None = None) -> bytes:
         why = "is a directory, expected a file (cannot read it)"
     except OSError as exc:
         why = f"cannot read it ({exc.strerror or exc})"
-    raise InputError(f"{pre}{p}: {why}", value=str(path), allowed=why)
+    raise InputError(f"{pre}{p}: {why}", value=str(path), allowed=why, path=None if what else str(p))
 
 
 def decode(data: bytes, where: str, allow_empty: bool = False) -> str:
@@ -51,9 +51,10 @@ def decode(data: bytes, where: str, allow_empty: bool = False) -> str:
     except UnicodeDecodeError as exc:
         line = data[: exc.start].count(b"\n") + 1
         raise InputError(f"{where}:{line}: not UTF-8 text (byte 0x{data[exc.start]:02x} at offset {exc.start}); "
-                         "expected a text file (binary or another encoding?)") from None
+                         "expected a text file (binary or another encoding?)", path=where, line=line) from None
     if not allow_empty and not text.strip():
-        raise InputError(f"{where}: the file is empty" + (" (0 bytes)" if not data else " (only whitespace)"))
+        raise InputError(f"{where}: the file is empty" + (" (0 bytes)" if not data else " (only whitespace)"),
+                         path=where)
     return text
 
 
@@ -70,7 +71,8 @@ def loads_json(text: str, where: str):
     except json.JSONDecodeError as exc:
         last = exc.lineno >= len(text.rstrip().splitlines())
         hint = "; the file looks truncated" if last else ""
-        raise InputError(f"{where}:{exc.lineno}: not valid JSON ({exc.msg}, column {exc.colno}){hint}") from None
+        raise InputError(f"{where}:{exc.lineno}: not valid JSON ({exc.msg}, column {exc.colno}){hint}",
+                         path=where, line=exc.lineno) from None
 
 
 def read_json(path: str | Path, what: str | None = None):

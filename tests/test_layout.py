@@ -154,3 +154,13 @@ def test_only_results_draw():
                     if n == lib or n.startswith(lib + "."):
                         users[lib].add(name)
     assert all(m.startswith("sim.results.") for m in users["matplotlib"]), users["matplotlib"]
+
+
+def test_studies_and_results_use_program_through_its_api():
+    """studies/ and results/ reach program/ only through ``sim.program.api`` (issue 52, item 7):
+    its internals (the build context's fields, the workload's tables) can change behind it."""
+    _, graph = _graph()
+    reached = sorted((m, t) for m, targets in graph.items() for t in targets
+                     if m.startswith(("sim.studies", "sim.results")) and t.startswith("sim.program")
+                     and t != "sim.program.api")
+    assert reached == []

@@ -16,12 +16,11 @@ from sim.engine.algorithms import ALGOS, OPS
 from sim.engine.nccl import NcclModel
 from sim.program.actions import PROTOCOLS
 from sim.errors import InputError
-from sim.inputs.schema import COLLECTIVE_MODELS
 from sim.results.export import write_chrome, write_json_atomic
 from sim.fileio import check_output_dir
-from sim.inputs.topology_build import FABRICS, OVERSUBSCRIPTION, FabricSpec, load_topology
+from sim.inputs.topology_build import FABRICS, FabricSpec, load_topology
 from sim.studies.collective import run_collective
-from sim.units import POSITIVE_INT, format_bytes, format_time, parse_size
+from sim.units import format_bytes, format_time, parse_size
 
 NAME = "collective"
 HELP = "Simulate one collective (all-reduce, all-gather, ...) and report time, algbw and busbw."
@@ -35,34 +34,12 @@ _ALIASES = {"all_reduce": "allreduce", "all-reduce": "allreduce", "all_gather": 
 
 
 def add_arguments(p) -> None:
-    p.add_argument("--op", default="allreduce", help=f"one of {', '.join(OPS)} (default allreduce)")
-    p.add_argument("--size", default="1GiB", help="buffer size, e.g. 1GiB, 256MB, 4096 (default 1GiB)")
-    p.add_argument("--gpus", type=POSITIVE_INT, default=None, help="GPUs taking part, ranks 0..N-1 (default: all)")
-    p.add_argument("--topology", default="dgx-h100",
-                   help="built-in name (dgx-a100, dgx-h100, dgx-h200, ...) or a TOML file (default dgx-h100)")
-    p.add_argument("--nodes", type=POSITIVE_INT, default=None, help="number of nodes (default: enough for --gpus)")
-    p.add_argument("--fabric", default=None, help=f"inter-node fabric: {' | '.join(FABRICS)} (default rail)")
-    p.add_argument("--oversubscription", type=OVERSUBSCRIPTION, default=None, help="leaf uplink oversubscription (default 1)")
-    p.add_argument("--algo", default="auto", help=f"{' | '.join(ALGOS)} (default auto: NCCL's tuner's choice, "
-                                                  "as NCCL_ALGO overrides it)")
-    p.add_argument("--protocol", default="auto", help=f"{' | '.join(PROTOCOLS)} (default auto: NCCL's choice by size)")
-    p.add_argument("--sweep", default=None, metavar="MIN:MAX",
-                   help="print nccl-tests style rows (all_reduce_perf columns) for sizes MIN..MAX in factor-2 steps")
-    p.add_argument("--collective-model", choices=COLLECTIVE_MODELS, default="flows",
-                   help="flows: each ring hop one flow for the whole collective; steps: 2(n-1) lock-step rounds "
-                        "(default flows; the timeline shows each step with steps)")
-    p.add_argument("--channels", type=POSITIVE_INT, default=None,
-                   help="rings run at once by ring algorithms (default: GPUs per node when the group spans nodes, else 1)")
-    p.add_argument("--gpu", default=None,
-                   help="hardware profile whose link efficiencies apply (default: the topology's GPU, e.g. h100-sxm "
-                        "for dgx-h100; none for hand-written graphs)")
-    p.add_argument("--line-rate", action="store_true", help="ignore link efficiencies: links at their line rate")
-    from sim.inputs.flags import add_arguments as add_setting_flags
+    from sim.inputs.flags import add_arguments as add_setting_flags, add_section
+    from sim.inputs.schema_commands import CollectiveOptions, CollectiveOutput
 
+    add_section(p, CollectiveOptions)
     add_setting_flags(p, PXN_FLAGS)
-    p.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
-    p.add_argument("--out", default=None,
-                   help="directory for trace.json, timeline.png and summary.json (with --sweep: busbw.png, busbw.csv)")
+    add_section(p, CollectiveOutput)
 
 
 def _topology(args):
@@ -148,7 +125,4 @@ def _check_algo(algo: str, op: str, gpus: int, topo) -> None:
     if algo in ("nvls", "nvls_tree") and op != "sendrecv" and 2 <= gpus <= topo.num_gpus:
         from sim.engine.algorithms_nccl import check_nvls
 
-        try:
-            check_nvls(op, list(range(gpus)), topo, algo)
-        except InputError as exc:
-            raise InputError(f"--{exc}") from None
+        check_nvls(op, list(range(gpus)), topo, algo, field="--algo")

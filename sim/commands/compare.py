@@ -25,47 +25,23 @@ from sim.inputs.schema import RunSettings
 from sim.errors import InputError
 from sim.inputs.flags import add_arguments as add_schema_arguments
 from sim.inputs.variants import fit_vpp_to_schedule
-from sim.studies.sweep_results import RANK_BY, tokens_per_joule
+from sim.studies.sweep_results import tokens_per_joule
 from sim.units import format_bytes
 
 NAME = "compare"
 HELP = "Simulate several plans (an experiment file's [[plans]], or --schedules / --zero-stages) side by side."
 
 
-def _list(kind):
-    import argparse
-
-    what = f"a comma-separated list of {'integers' if kind is int else 'names'}"
-
-    def parse(text: str):
-        items = [t.strip() for t in text.split(",") if t.strip()]
-        try:
-            if items:
-                return [kind(t) for t in items]
-        except ValueError:
-            pass
-        raise argparse.ArgumentTypeError(f"got {text!r}; expected {what}")
-    parse.__name__ = "list"
-    return parse
-
-
 def add_arguments(p) -> None:
-    from sim.inputs.plan import SCHEDULES
+    from sim.inputs.flags import add_section
+    from sim.inputs.schema_commands import CompareOptions
 
     p.add_argument("experiment", nargs="?", metavar="FILE",
                    help="an experiment .toml, usually with [[plans]] (flags after it override it for every plan)")
     add_schema_arguments(p, RUN_FLAGS, helps={
         "out": "directory for compare.png, compare.json and each plan's outputs in DIR/<plan>/",
         "kineto": "directory for each plan's PyTorch-profiler-shaped traces, in DIR/<plan>/trace_rank{r}.json"})
-    g = p.add_argument_group("what to compare")
-    g.add_argument("--schedules", type=_list(str), metavar="LIST",
-                   help=f"pipeline schedules to compare, e.g. gpipe,1f1b ({', '.join(s for s in SCHEDULES if s != 'custom')}); "
-                        "interleaved takes --num-virtual-stages-per-pipeline-rank (default 2 where the layers split "
-                        "evenly into pp x 2 chunks), the others one chunk per rank")
-    g.add_argument("--zero-stages", type=_list(int), metavar="LIST", help="ZeRO stages to compare, e.g. 0,1,2,3")
-    g.add_argument("--rank-by", choices=RANK_BY, default="throughput",
-                   help="what marks the best plan: tokens/s (throughput, the default), tokens per joule of GPU energy, "
-                        "or cost: the fewest dollars per million tokens (needs --gpu-hour-price)")
+    add_section(p, CompareOptions)
 
 
 def run(args) -> int:

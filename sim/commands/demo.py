@@ -18,7 +18,7 @@ from pathlib import Path
 from sim.studies.collective import run_collective
 from sim.results.export import write_chrome, write_json_atomic
 from sim.inputs.topology_build import load_topology
-from sim.units import POSITIVE_INT, format_bytes, format_microbatches, format_time
+from sim.units import format_bytes, format_microbatches, format_time
 
 NAME = "demo"
 HELP = ("Run the built-in demo (Llama 2 7B under each pipeline schedule on 16 GPUs, then a flat ring vs "
@@ -28,11 +28,10 @@ SIZES = [2**20 * 4**k for k in range(7)]  # 1 MiB .. 4 GiB
 
 
 def add_arguments(p) -> None:
-    p.add_argument("--out", default="out/demo", help="output directory (default out/demo)")
-    p.add_argument("--nodes", type=POSITIVE_INT, default=None, help="DGX H100 nodes of the all-reduce (default 4)")
-    p.add_argument("--gpus", type=POSITIVE_INT, default=None,
-                   help="GPUs of the all-reduce, whole DGX H100 nodes of 8 (default: all GPUs of --nodes)")
-    p.add_argument("--json", action="store_true", help="print the results as one JSON object")
+    from sim.inputs.flags import add_section
+    from sim.inputs.schema_commands import DemoOptions
+
+    add_section(p, DemoOptions)
 
 
 def _training(out: Path) -> list[dict]:

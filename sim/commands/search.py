@@ -18,25 +18,23 @@ from __future__ import annotations
 import contextlib
 import json
 import math
-import re
 import sys
 import time
 from pathlib import Path
 
-from sim.commands.settings import CLUSTER_FLAGS, HARDWARE_FLAGS, MODEL_FLAGS, say_defaults
+from sim.commands.settings import MODEL_FLAGS, NETWORK_FLAGS, say_defaults
 from sim.errors import InputError, require
 from sim.fileio import check_output_dir, read_json, write_text_atomic
 from sim.inputs.pinning import crossing
 from sim.inputs.resolve import model_from_settings, profile_from_settings, topology_from_settings
-from sim.inputs.flags import add_arguments as add_schema_arguments, flags_of, given
+from sim.inputs.flags import add_arguments as add_schema_arguments, add_section, flags_of, given
+from sim.inputs.schema_commands import SEARCH_SPACE_ATTR, ExecutorOptions, SearchBatch, SearchSpaceOptions
+from sim.inputs.fields import fields_of_class
 from sim.inputs.schema import FIELDS, RunSettings, fields_of
-from sim.inputs.experts import DISPATCHERS
-from sim.inputs.plan import RECOMPUTE, SCHEDULES, ParallelPlan
+from sim.inputs.plan import ParallelPlan
 from sim.inputs.precision import FP8_FORMATS, check_support, fp8_precision
 from sim.progress import ProgressBar
 from sim.studies.search import (
-    DEFAULT_MARGIN,
-    LONG_SEQUENCE,
     SearchSpace,
     candidates,
     enumerate_plans,
@@ -45,85 +43,30 @@ from sim.studies.search import (
 )
 from sim.studies.search_explain import describe_plan, explain
 from sim.studies.sweep import RESULTS_FILE, ResultsLog, Runner, make_context
-from sim.studies.sweep_results import RANK_BY, csv_text, pareto, rank, tokens_per_joule
-from sim.units import NONNEGATIVE_INT, POSITIVE_INT, Duration, Number, format_bytes, format_duration, format_time
+from sim.studies.sweep_results import csv_text, pareto, rank, tokens_per_joule
+from sim.units import format_bytes, format_duration, format_time
 
 NAME = "search"
 HELP = "Find the best parallel plan: enumerate, prune with the analytic model, simulate the rest, rank."
 
 
 def add_executor_arguments(p) -> None:
-    """--workers, --dask, --out, --resume, --top, --json (shared with ``trainsim sweep``)."""
-    ex = p.add_argument_group("execution and output")
-    ex.add_argument("--workers", type=NONNEGATIVE_INT, default=None,
-                    help="local worker processes (default: the core count; 0 runs in this process)")
-    ex.add_argument("--dask", metavar="ADDRESS",
-                    help="run on a Dask cluster: tcp://HOST:8786, or 'local' to start a LocalCluster "
-                         "of --workers processes (needs trainsim[sweep])")
-    ex.add_argument("--out", metavar="DIR",
-                    help="write results.jsonl, results.csv, pareto.png and a JSON summary here")
-    ex.add_argument("--resume", action="store_true", help="continue the sweep in --out, skipping finished plans")
-    ex.add_argument("--top", type=POSITIVE_INT, default=5, help="plans to list (default 5)")
-    ex.add_argument("--rank-by", choices=RANK_BY, default="throughput",
-                    help="rank plans by tokens/s (throughput, the default), by tokens per joule of GPU energy, or by "
-                         "cost: dollars per million tokens (needs --gpu-hour-price, or a price in the profile)")
-    ex.add_argument("--json", action="store_true", help="print one JSON object")
+    """--workers, --dask, --out, --resume, --top, --rank-by, --json (shared with ``trainsim sweep``;
+    ``sim.inputs.schema_commands.ExecutorOptions``)."""
+    add_section(p, ExecutorOptions)
 
 
-SEARCH_FLAGS = [*MODEL_FLAGS, *HARDWARE_FLAGS[:2], "nodes", "gpus_per_node", "power_limit_w", *CLUSTER_FLAGS[1:],
+SEARCH_FLAGS = [*MODEL_FLAGS, "gpu", "gpus", "nodes", "gpus_per_node", "power_limit_w", *NETWORK_FLAGS,
                 "gpu_hour_price"]
 """The run settings search takes as flags: the model and the cluster (the plan is what it searches)."""
-
-
-def _flags(setting: str) -> tuple[str, ...]:
-    """A searched setting's flags: its short alias first (``--tp``), then the flag ``trainsim run``
-    takes (``--tensor-model-parallel-size``), so that both names work on every command."""
-    f = FIELDS[setting]
-    return (*f.aliases, f.flag)
 
 
 def add_arguments(p) -> None:
     add_schema_arguments(p, SEARCH_FLAGS, groups={"hardware": "cluster"}, helps={
         "gpus": "total GPUs (default: all GPUs of --nodes)",
         "nodes": "nodes in the cluster (default: enough for --gpus)"})
-    b = p.add_argument_group("batch")
-    b.add_argument("--global-batch-size", type=POSITIVE_INT, required=True, help="sequences per optimizer step")
-    s = p.add_argument_group("search space (comma-separated lists; default every valid value)")
-    s.add_argument(*_flags("tensor_model_parallel_size"), dest="tp",
-                   help="tensor-parallel sizes (default: divisors up to --max-tp)")
-    s.add_argument("--max-tp", type=POSITIVE_INT, help="largest tensor-parallel size (default --gpus-per-node)")
-    s.add_argument(*_flags("pipeline_model_parallel_size"), dest="pp", help="pipeline-parallel sizes")
-    s.add_argument(*_flags("num_virtual_stages_per_pipeline_rank"), dest="vpp",
-                   help="model chunks per pipeline stage")
-    s.add_argument("--micro-batch-size", help="micro-batch sizes")
-    s.add_argument("--zero", help="ZeRO stages, of 0,1,2,3")
-    s.add_argument("--schedule", help=f"pipeline schedules, of {','.join(x for x in SCHEDULES if x != 'custom')}")
-    s.add_argument(*_flags("recompute_granularity"), dest="recompute",
-                   help=f"recompute granularities, of {','.join(RECOMPUTE)}")
-    s.add_argument("--sequence-parallel", help="on, off or on,off")
-    s.add_argument(*_flags("expert_model_parallel_size"), dest="ep",
-                   help="expert-parallel sizes (default: every divisor of the experts that folds into a "
-                        "pipeline stage's GPUs)")
-    s.add_argument(*_flags("expert_tensor_parallel_size"), dest="etp",
-                   help="expert tensor-parallel sizes (default: 1 and the plan's tp for a mixture of experts)")
-    s.add_argument(*_flags("moe_token_dispatcher_type"), dest="dispatcher",
-                   help=f"MoE token dispatchers, of {','.join(DISPATCHERS)} (default: every one for a "
-                        "plan with ep > 1, alltoall otherwise)")
-    s.add_argument(*_flags("context_parallel_size"), dest="cp",
-                   help=f"context-parallel sizes (default 1,2,4,8 from {LONG_SEQUENCE} tokens on, else 1)")
-    s.add_argument("--fp8-format", help="precisions: off (BF16), e4m3, hybrid, e.g. off,hybrid to compare BF16 with "
-                                        "FP8 (default off; FP8 needs a GPU with an fp8 peak)")
-    s.add_argument("--margin", type=Number(float, minimum=1, allow_inf=True), default=DEFAULT_MARGIN,
-                   help=f"the estimate's error factor: a plan is simulated unless its estimated bound / margin "
-                        f"exceeds the second-best simulated time (default {DEFAULT_MARGIN}; inf: no time pruning)")
-    s.add_argument("--wave", type=POSITIVE_INT, default=16, help="plans simulated between pruning checks (default 16)")
-    s.add_argument("--max-time", type=Duration(), metavar="DURATION",
-                   help="stop the simulations after this long (from the command's start: 90s, 10m, 1h30m) and report "
-                        "the best plan so far (default: no limit; Ctrl-C and SIGTERM also stop with the best so far)")
-    s.add_argument("--screen", choices=("on", "off"), default="on",
-                   help="on: a plan with at least 6 x pp micro-batches (not gpipe) is first simulated at 2 x pp and "
-                        "4 x pp and its time extrapolated; the plans listed are simulated in full (default on); "
-                        "off: every plan in full")
+    add_section(p, SearchBatch)
+    add_section(p, SearchSpaceOptions)
     add_executor_arguments(p)
 
 
@@ -131,7 +74,7 @@ def _list(args, name: str, kind=int):
     text = getattr(args, name)
     if text is None:
         return None
-    flag = "--" + name.replace("_", "-")
+    flag = _OPTION[name].flag
     items = [x.strip() for x in str(text).split(",") if x.strip()]
     require(items, flag, text, "expected a comma-separated list")
     out = []
@@ -153,12 +96,16 @@ def space_from_args(args) -> SearchSpace:
         require(args.max_tp > 0, "--max-tp", args.max_tp, "expected an integer > 0")
     try:
         return _space(args)
-    except InputError as exc:  # SearchSpace names its fields; say which flag
-        msg = str(exc)
-        for field, flag in (("zero_stage", "zero"), ("micro_batch_size", "micro-batch-size"),
-                            ("sequence_parallel", "sequence-parallel"), ("max_tp", "max-tp")):
-            msg = msg.replace(f"search: {field}:", f"--{flag}:")
-        raise InputError(re.sub(r"^search: (\w+):", r"--\1:", msg)) from None
+    except InputError as exc:  # SearchSpace names its attribute (``setting``); say which flag
+        flag = _SPACE_FLAGS.get(exc.setting) if exc.allowed is not None else None
+        if flag is None:
+            raise
+        raise InputError(field=flag, value=exc.value, allowed=exc.allowed, shown=exc.shown) from None
+
+
+_OPTION = {f.name: f for f in fields_of_class(SearchSpaceOptions, "search")}
+_SPACE_FLAGS = {SEARCH_SPACE_ATTR.get(name, name): f.flag for name, f in _OPTION.items()}
+"""The flag of each ``SearchSpace`` attribute (``sim.inputs.schema_commands.SearchSpaceOptions``)."""
 
 
 def _space(args) -> SearchSpace:

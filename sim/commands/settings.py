@@ -16,11 +16,13 @@ from sim.inputs.schema import RunSettings, fields_of
 
 MODEL_FLAGS = fields_of("model")
 HARDWARE_FLAGS = ["gpu", "gpus", "gpus_per_node", "power_limit_w"]
-CLUSTER_FLAGS = ["nodes", "topology", "fabric", "oversubscription", "pin_to_nvlink_domain"]
+"""The GPUs: which, how many, how many a node holds, their power cap."""
+NETWORK_FLAGS = ["topology", "fabric", "oversubscription", "pin_to_nvlink_domain"]
+"""How the nodes are joined (``--nodes`` is listed by each command, where its help reads best)."""
 ESTIMATE_FLAGS = [*MODEL_FLAGS, *HARDWARE_FLAGS, "nodes", *fields_of("plan"), "json"]
 """What ``trainsim estimate`` takes: the model, the GPUs (``--gpus`` or ``--nodes``, as on
 every command that describes a cluster) and the plan."""
-RUN_FLAGS = [*ESTIMATE_FLAGS, *CLUSTER_FLAGS[1:], "gpu_hour_price", *fields_of("simulation"), "out", "kineto"]
+RUN_FLAGS = [*ESTIMATE_FLAGS, *NETWORK_FLAGS, "gpu_hour_price", *fields_of("simulation"), "out", "kineto"]
 """What ``trainsim run`` (and ``compare``) take: all of it."""
 
 

@@ -21,39 +21,24 @@ import os
 from pathlib import Path
 
 from sim.errors import InputError
-from sim.units import NONNEGATIVE_INT, POSITIVE_INT, Number
-
-TOLERANCE = Number(float, above=0, allow_inf=True)
 
 NAME = "validate"
 HELP = "Train a small GPT for real across local processes and compare it with its simulation."
 
 
 def add_arguments(p) -> None:
-    p.add_argument("--procs", type=POSITIVE_INT, default=2, help="processes (GPUs) of the reference run (default 2)")
-    p.add_argument("--configs", help="comma-separated, from dp, gpipe, 1f1b, dp-pp "
-                                     "(default all that fit: dp-pp needs --procs 4 or more)")
-    p.add_argument("--profile", metavar="PROFILE.json", help="use this profile instead of calibrating now")
-    p.add_argument("--link", help="link kind joining the processes in the simulated topology "
-                                  "(default: the one the profile's calibration fitted)")
-    p.add_argument("--quick", action="store_true", help="a smaller model and fewer iterations (for tests)")
-    g = p.add_argument_group("reference model and batch (defaults: a 4-layer, 256-wide GPT; smaller with --quick)")
-    g.add_argument("--num-layers", type=POSITIVE_INT)
-    g.add_argument("--hidden-size", type=POSITIVE_INT)
-    g.add_argument("--num-attention-heads", type=POSITIVE_INT)
-    g.add_argument("--vocab-size", type=POSITIVE_INT)
-    g.add_argument("--seq-length", type=POSITIVE_INT)
-    g.add_argument("--micro-batch-size", type=POSITIVE_INT, default=2)
-    g.add_argument("--num-microbatches", type=POSITIVE_INT, help="per replica (default 4; 2 with --quick)")
-    g.add_argument("--warmup", type=NONNEGATIVE_INT, help="untimed iterations first (default 2; 1 with --quick)")
-    g.add_argument("--iters", type=POSITIVE_INT, help="timed iterations (default 5; 3 with --quick)")
-    p.add_argument("--probe-tolerance", type=TOLERANCE, metavar="FRACTION",
-                   help="count only timed iterations between which the probe GEMM ran within this fraction of the "
-                        "profile's prediction on every rank, with at most 2%% of the CPU stolen, running up to 4x "
-                        "--iters to find them (default 0.1; inf counts every iteration): a shared machine's slow "
-                        "spells then do not show up as error")
-    p.add_argument("--out", metavar="DIR", help="write report.json, table.txt, profile.json, traces and PNGs here")
-    p.add_argument("--json", action="store_true", help="print one JSON object")
+    from sim.inputs.fields import defaults_of_class, fields_of_class
+    from sim.inputs.flags import add_fields, add_section
+    from sim.inputs.schema import FIELDS
+    from sim.inputs.schema_commands import (VALIDATE_DEFAULTS, VALIDATE_HELPS, VALIDATE_MODEL, ValidateBatch,
+                                            ValidateOptions, ValidateOutput)
+
+    add_section(p, ValidateOptions)
+    batch = [FIELDS[n] for n in VALIDATE_MODEL]  # the run's settings, in validate's own section
+    add_fields(p, [*batch, *fields_of_class(ValidateBatch, "validate")],
+               groups={f.group: ValidateBatch.GROUP for f in batch},
+               defaults={**defaults_of_class(ValidateBatch), **VALIDATE_DEFAULTS}, helps=VALIDATE_HELPS)
+    add_section(p, ValidateOutput)
 
 
 def _positive(name: str, value) -> None:

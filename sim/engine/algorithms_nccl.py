@@ -107,25 +107,26 @@ def nvls_steps(b, ranks: list[int], op: str, nbytes: float, topology, label: str
         b.add(r, r, down, gate, f"{label} {op} from switch", path=((sw, gpu),), nvls=True, lead_bytes=lead)
 
 
-def check_nvls(op: str, ranks: list[int], topology, algo: str) -> list[list[int]]:
-    """The group's ranks by node, after checking ``algo`` (nvls, nvls_tree) can run."""
+def check_nvls(op: str, ranks: list[int], topology, algo: str, field: str = "algo") -> list[list[int]]:
+    """The group's ranks by node, after checking ``algo`` (nvls, nvls_tree) can run; ``field``
+    names it in an error (``--algo`` on the command line)."""
     from sim.engine.nccl import nvls_capable
 
     if op not in (("allreduce", "reducescatter", "allgather") if algo == "nvls" else ("allreduce",)):
-        raise InputError(f"algo: got {algo!r} for op {op!r}; {algo} runs "
+        raise InputError(f"{field}: got {algo!r} for op {op!r}; {algo} runs "
                          + ("allreduce, reducescatter, allgather" if algo == "nvls" else "allreduce"))
     if not nvls_capable(topology, ranks):
-        raise InputError(f"algo: got {algo!r}; topology {topology.name} has no NVLink SHARP "
+        raise InputError(f"{field}: got {algo!r}; topology {topology.name} has no NVLink SHARP "
                          "(nvlink_sharp = false on its NVSwitch; H100/H200/B200/GB200 NVSwitch only); allowed: ring, tree, hierarchical")
     nodes = list(ranks_by_node(topology, ranks).values())
     if algo == "nvls" and len(nodes) > 1:
-        raise InputError(f"algo: got 'nvls' for a group on {len(nodes)} nodes; nvls runs inside one node "
+        raise InputError(f"{field}: got 'nvls' for a group on {len(nodes)} nodes; nvls runs inside one node "
                          "(across nodes: nvls_tree)")
     if algo == "nvls_tree":
         if len(nodes) < 2:
-            raise InputError("algo: got 'nvls_tree' for a group on one node; nvls_tree runs across nodes (one node: nvls)")
+            raise InputError(f"{field}: got 'nvls_tree' for a group on one node; nvls_tree runs across nodes (one node: nvls)")
         if len({len(m) for m in nodes}) > 1:
-            raise InputError(f"algo: nvls_tree needs the same number of ranks on every node; got "
+            raise InputError(f"{field}: nvls_tree needs the same number of ranks on every node; got "
                              f"{sorted(len(m) for m in nodes)}")
     return nodes
 

@@ -83,11 +83,9 @@ class Where:
                                          "shown": cause.shown}
         if self.f is None:
             return InputError(f"{key}: {message}", field=key, **keep)
-        if self.line is None:
-            exc = self.f.error(key, message)
-            return InputError(str(exc), field=key, path=str(self.f.path), **keep)
-        return InputError(f"{self.f.path}:{self.line}: {key}: {message}", field=key, path=str(self.f.path),
-                          line=self.line, **keep)
+        line = self.line if self.line is not None else self.f.line(key)  # (not given: where the key is written)
+        place = f"{self.f.path}:{line}: " if line is not None else f"{self.f.path}: "
+        return InputError(f"{place}{key}: {message}", field=key, path=str(self.f.path), line=line, **keep)
 
 
 @dataclass
@@ -120,7 +118,7 @@ class Experiment:
             if p.name == name:
                 return p
         raise InputError(f"{self.path}: plans: no plan named {name!r}; the file has "
-                         f"{', '.join(repr(p.name) for p in self.plans) or 'no [[plans]]'}")
+                         f"{', '.join(repr(p.name) for p in self.plans) or 'no [[plans]]'}", path=str(self.path))
 
     @property
     def has_model(self) -> bool:
@@ -195,7 +193,7 @@ def read_experiment(path: str | Path) -> Experiment:
     data = f.data
     if not data:
         raise InputError(f"{f.path}: empty: no tables, only comments; expected [model], [cluster] and [plan] "
-                         "tables, or [[plans]]")
+                         "tables, or [[plans]]", path=str(f.path))
     f.check_keys(data, TOP_KEYS | {"plans"}, "")
     settings: dict[str, Setting] = {}
     for table in TABLES:
@@ -309,7 +307,7 @@ def blame(exc: InputError, path, settings: dict[str, Setting], skip=frozenset())
     value names and that failed to load is reported at that value. An error about no value
     of the file gets the file's name in front. ``skip``: settings given elsewhere (flags
     typed after the file), whose errors are left as they are."""
-    if str(exc).startswith(str(path)):
+    if _names_file(exc, path):
         return exc
     f = schema.setting_field(exc.setting or exc.field or "")
     if f is not None and exc.allowed is not None:
@@ -317,10 +315,15 @@ def blame(exc: InputError, path, settings: dict[str, Setting], skip=frozenset())
             return exc
         if f.name in settings:
             return named_in(exc, settings)
-    msg = str(exc)
     for dest, s in settings.items():  # a file named by a value (hf_config, topology, schedule, gpu) failed to load
         is_path = schema.FIELDS[dest].path
         if dest not in skip and is_path is not None and isinstance(s.value, str) and is_path(s.value) \
-                and s.where.f is not None and (msg.startswith(s.value) or exc.value == s.value):
-            return s.where.error(s.key, f"{s.value}: {exc.allowed}" if exc.value == s.value and exc.allowed else msg)
-    return InputError(f"{path}: {msg}")
+                and s.where.f is not None and (_names_file(exc, s.value) or exc.value == s.value):
+            return s.where.error(s.key, f"{s.value}: {exc.allowed}" if exc.value == s.value and exc.allowed
+                                 else str(exc))
+    return exc.in_file(path)
+
+
+def _names_file(exc: InputError, path) -> bool:
+    """Whether ``exc`` is about a value read from the file ``path`` (and names it)."""
+    return exc.path is not None and Path(exc.path) == Path(path)

@@ -47,6 +47,8 @@ class Field:
     aliases: tuple[str, ...] = ()
     """Short flags that stand for it on every command that takes it (``--tp`` for
     ``--tensor-model-parallel-size``); ``trainsim search`` takes the same names for its lists."""
+    required: bool = False
+    """A command's option that must be given (``trainsim search --global-batch-size``)."""
 
 
 SECTION_GROUP = object()
@@ -54,11 +56,36 @@ SECTION_GROUP = object()
 
 def setting(default=None, *, help=None, type=None, choices=None, kind: str = "value", flag: str | None = None,
             metavar: str | None = None, group=SECTION_GROUP, tables=None, path=None, name: str | None = None,
-            convert=None, aliases: tuple[str, ...] = ()):
+            convert=None, aliases: tuple[str, ...] = (), required: bool = False):
     """A dataclass field with its schema entry (``Field``) in the metadata."""
     return field(default=default, metadata={"schema": (Field(
         flag, help, type, tuple(choices) if choices is not None else None, kind, metavar, None,
-        None if tables is None else tuple(tables), path, name, convert, aliases=tuple(aliases)), group)})
+        None if tables is None else tuple(tables), path, name, convert, aliases=tuple(aliases),
+        required=required), group)})
+
+
+def fields_of_class(cls, section: str, default_group: str | None = None) -> list[Field]:
+    """The settings a section class declares (its fields that carry ``setting(...)``), with
+    their name, flag (``--with-dashes``), ``--help`` section (the class's ``GROUP``, else
+    ``default_group``) and experiment-file tables (the class's ``TABLE``) filled in."""
+    out = []
+    for f in dataclasses.fields(cls):
+        if "schema" not in f.metadata:
+            continue  # not a setting (ParallelPlan.dp: the GPUs fix it)
+        meta, group = f.metadata["schema"]
+        name = meta.name or f.name
+        table = cls.TABLE if hasattr(cls, "TABLE") else section
+        out.append(dataclasses.replace(
+            meta, name=name, attr=f.name, section=section, flag=meta.flag or "--" + name.replace("_", "-"),
+            group=(getattr(cls, "GROUP", default_group) if group is SECTION_GROUP else group),
+            tables=meta.tables if meta.tables is not None else (((table, name),) if table else ())))
+    return out
+
+
+def defaults_of_class(cls) -> dict[str, object]:
+    """A section class's defaults, by setting name."""
+    return {(f.metadata["schema"][0].name or f.name): f.default for f in dataclasses.fields(cls)
+            if "schema" in f.metadata}
 
 
 def check_section(obj) -> None:

@@ -14,15 +14,18 @@ import difflib
 from typing import Mapping
 
 from sim.errors import InputError
-from sim.inputs.fields import Field
+from sim.inputs.fields import Field, defaults_of_class, fields_of_class
 from sim.inputs.schema import FIELDS
 from sim.units import Number
 
 
 def help_of(name: str) -> str | None:
     """A field's help text (some list what is installed: presets, schedules)."""
-    h = FIELDS[name].help
-    return h() if callable(h) else h
+    return _help(FIELDS[name])
+
+
+def _help(f: Field) -> str | None:
+    return f.help() if callable(f.help) else f.help
 
 
 def add_arguments(parser: argparse.ArgumentParser, names, *, groups: Mapping[str, str] | None = None,
@@ -31,18 +34,34 @@ def add_arguments(parser: argparse.ArgumentParser, names, *, groups: Mapping[str
     (``groups`` renames a section; ``helps`` replaces a field's help). Every flag's
     default is None, so that a parsed namespace says which flags were typed
     (``given``); the schema holds the defaults."""
+    add_fields(parser, [FIELDS[name] for name in names], groups=groups, helps=helps)
+
+
+def add_section(parser: argparse.ArgumentParser, cls, *, groups: Mapping[str, str] | None = None) -> None:
+    """Add the flags of a command's own options, declared as a section class of
+    ``setting(...)`` fields (``sim.inputs.schema_commands``), with the class's defaults."""
+    add_fields(parser, fields_of_class(cls, cls.__name__), groups=groups, defaults=defaults_of_class(cls))
+
+
+def add_fields(parser: argparse.ArgumentParser, fields, *, groups: Mapping[str, str] | None = None,
+               helps: Mapping[str, str] | None = None, defaults: Mapping[str, object] | None = None) -> None:
+    """Add the flags of schema entries ``fields`` (see ``add_arguments``); ``defaults``:
+    the parsed defaults by name (None for those not named)."""
     sections: dict = {}
-    for name in names:
-        f = FIELDS[name]
+    for f in fields:
+        name = f.name
         target = parser
         if f.group is not None:
             title = (groups or {}).get(f.group, f.group)
             if title not in sections:
                 sections[title] = parser.add_argument_group(title)
             target = sections[title]
-        kw: dict = {"dest": name, "default": None, "help": (helps or {}).get(name, help_of(name))}
+        kw: dict = {"dest": name, "default": (defaults or {}).get(name), "help": (helps or {}).get(name, _help(f))}
+        if f.required:
+            kw["required"] = True
         if f.kind == "switch":
             kw["action"] = "store_true"
+            kw["default"] = bool(kw["default"]) if defaults is not None else None
         elif f.kind == "bool":
             kw["action"] = argparse.BooleanOptionalAction
         else:

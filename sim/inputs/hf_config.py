@@ -64,8 +64,8 @@ _LLAMA_TYPES = ("llama", "mistral", "qwen2", "qwen3", "mixtral", "qwen3_moe", "q
 def _hf_int(cfg: dict, key: str, where: str, default=None) -> int:
     v = cfg.get(key, default)
     if v is None:
-        raise InputError(f"{where}: {key}: missing; expected an integer > 0")
-    positive_int(f"{where}: {key}", v)
+        raise InputError(f"{where}: {key}: missing; expected an integer > 0", field=key, path=where)
+    positive_int(key, v, path=where)
     return v
 
 
@@ -94,17 +94,23 @@ def model_from_hf_config(source: str | Path | dict, seq_length: int | None = Non
         cfg = _read(source)
     else:
         cfg = source
-    require(isinstance(cfg, dict), where, type(cfg).__name__, "expected a JSON object")
+    if not isinstance(cfg, dict):
+        raise InputError(f"{where}: got {type(cfg).__name__!r}; expected a JSON object", value=type(cfg).__name__,
+                         allowed="expected a JSON object", path=where)
     try:
         return _from_hf(cfg, where, seq_length, name)
     except InputError as exc:  # e.g. heads that do not divide the width: still name the file
-        msg = str(exc)
-        raise (exc if msg.startswith(where) else InputError(f"{where}: {msg}")) from None
+        raise exc.in_file(where) from None
+
+
+def _require(where: str, cond: bool, key: str, value, allowed: str) -> None:
+    """``require`` for the key ``key`` of the config file ``where``: ``'<where>: <key>: got ...'``."""
+    require(cond, key, value, allowed, path=where)
 
 
 def _hf_bool(cfg: dict, key: str, where: str, default: bool) -> bool:
     v = cfg.get(key, default)
-    require(isinstance(v, bool), f"{where}: {key}", v, "expected true or false")
+    _require(where, isinstance(v, bool), f"{key}", v, "expected true or false")
     return v
 
 
@@ -112,7 +118,7 @@ def _hf_dropout(cfg: dict, key: str, where: str) -> float:
     v = cfg.get(key, 0.1)
     if v is None:
         return 0.0
-    require(isinstance(v, (int, float)) and not isinstance(v, bool) and 0 <= v <= 1, f"{where}: {key}", v,
+    _require(where, isinstance(v, (int, float)) and not isinstance(v, bool) and 0 <= v <= 1, f"{key}", v,
             "expected a probability in [0, 1]")
     return float(v)
 
@@ -131,7 +137,7 @@ def _from_hf(cfg: dict, where: str, seq_length: int | None, name: str | None) ->
                    max_position_embeddings=n_pos, dropout=drop)
     if mtype in FAMILY_TYPES:
         return _family(cfg, mtype, where, seq_length, str(name))
-    require(mtype in _LLAMA_TYPES, f"{where}: model_type", mtype,
+    _require(where, mtype in _LLAMA_TYPES, "model_type", mtype,
             f"supported: gpt2, {', '.join(_LLAMA_TYPES + FAMILY_TYPES)}; any other decoder-only model runs from its "
             "shape with Megatron-LM's flags instead of --hf-config (--num-layers, --hidden-size, "
             "--num-attention-heads, --ffn-hidden-size, --vocab-size, --seq-length, ...)")
@@ -160,7 +166,7 @@ def _hf_name(cfg: dict, where: str) -> str | None:
     (``meta-llama/Meta-Llama-3-8B`` -> ``Meta-Llama-3-8B``), else ``model_type``, else the
     first of ``architectures``; the file's folder only when the file names nothing."""
     path = cfg.get("_name_or_path")
-    require(path is None or isinstance(path, str), f"{where}: _name_or_path", path, "expected a string")
+    _require(where, path is None or isinstance(path, str), "_name_or_path", path, "expected a string")
     arch = cfg.get("architectures")
     for candidate in (Path(path).name if path else None, cfg.get("model_type"),
                       arch[0] if isinstance(arch, list) and arch else None):
@@ -181,7 +187,7 @@ def _hf_moe(cfg: dict, mtype: str, where: str) -> dict:
         if cfg.get("shared_expert_intermediate_size"):
             kw["moe_shared_expert_intermediate_size"] = _hf_int(cfg, "shared_expert_intermediate_size", where)
         dense = cfg.get("mlp_only_layers") or []
-        require(dense == [], f"{where}: mlp_only_layers", dense, "only [] is supported (every sparse step is MoE)")
+        _require(where, dense == [], "mlp_only_layers", dense, "only [] is supported (every sparse step is MoE)")
     elif mtype in ("deepseek_v2", "deepseek_v3"):
         kw = {"num_experts": _hf_int(cfg, "n_routed_experts", where),
               "moe_ffn_hidden_size": _hf_int(cfg, "moe_intermediate_size", where),
@@ -195,7 +201,7 @@ def _hf_moe(cfg: dict, mtype: str, where: str) -> dict:
             kw["q_lora_rank"] = _hf_int(cfg, "q_lora_rank", where)
         shared = cfg.get("n_shared_experts") or 0
         if shared:
-            positive_int(f"{where}: n_shared_experts", shared)
+            positive_int("n_shared_experts", shared, path=where)
             kw["moe_shared_expert_intermediate_size"] = shared * kw["moe_ffn_hidden_size"]
     else:
         return kw
@@ -272,10 +278,10 @@ def _layer_list(cfg: dict, key: str, where: str, n: int, allowed: dict) -> list 
     v = cfg.get(key)
     if v is None:
         return None
-    require(isinstance(v, list) and len(v) == n, f"{where}: {key}", f"{len(v) if isinstance(v, list) else v}",
+    _require(where, isinstance(v, list) and len(v) == n, f"{key}", f"{len(v) if isinstance(v, list) else v}",
             f"expected a list of num_hidden_layers = {n} entries")
     for i, x in enumerate(v):
-        require(x in allowed, f"{where}: {key}[{i}]", x, f"allowed: {', '.join(map(str, allowed))}")
+        _require(where, x in allowed, f"{key}[{i}]", x, f"allowed: {', '.join(map(str, allowed))}")
     return [allowed[x] for x in v]
 
 
@@ -300,10 +306,10 @@ def _family(cfg: dict, mtype: str, where: str, seq_length: int | None, name: str
     s = seq_length or training_seq_length(cfg, max_pos if max_pos is not None else HF_SEQ_LENGTH)[0]
     if mtype == "mamba2":
         heads, hd = _hf_int(cfg, "num_heads", where), _hf_int(cfg, "head_dim", where)
-        require(not _hf_bool(cfg, "use_bias", where, False), f"{where}: use_bias", True,
+        _require(where, not _hf_bool(cfg, "use_bias", where, False), "use_bias", True,
                 "only false is modelled (the published Mamba-2 checkpoints have no projection biases)")
         expand = cfg.get("expand", 2)
-        require(heads * hd == expand * h, f"{where}: num_heads", heads,
+        _require(where, heads * hd == expand * h, "num_heads", heads,
                 f"num_heads x head_dim = {heads * hd} must be expand x hidden_size = {expand * h}")
         mixer = Mamba2(heads=heads, head_dim=hd, state=_hf_int(cfg, "state_size", where),
                        groups=_hf_int(cfg, "n_groups", where, 1), conv=_hf_int(cfg, "conv_kernel", where, 4),
@@ -325,7 +331,7 @@ def _family(cfg: dict, mtype: str, where: str, seq_length: int | None, name: str
             [(i + 1) % 4 != 0 for i in range(n)]
         chunk = cfg.get("attention_chunk_size")
         if chunk is not None:
-            positive_int(f"{where}: attention_chunk_size", chunk)
+            positive_int("attention_chunk_size", chunk, path=where)
         layers = tuple(Layer(ChunkedAttention(window=chunk) if chunk and rope[i] else FullAttention(),
                              MoE() if i in moe_ids else DenseMLP()) for i in range(n))
         f_expert = _hf_int(cfg, "intermediate_size", where)
@@ -346,7 +352,7 @@ def _family(cfg: dict, mtype: str, where: str, seq_length: int | None, name: str
     if gemma:
         window = _hf_int(cfg, "sliding_window", where)
         pattern = cfg.get("sliding_window_pattern", 6 if mtype != "gemma2" else 2)
-        positive_int(f"{where}: sliding_window_pattern", pattern)
+        positive_int("sliding_window_pattern", pattern, path=where)
         kinds = _layer_list(cfg, "layer_types", where, n, {"sliding_attention": "sliding", "full_attention": "full"}) \
             or ["full" if (i + 1) % pattern == 0 else "sliding" for i in range(n)]
         layers = tuple(Layer(SlidingWindowAttention(window=window) if k == "sliding" else FullAttention(), DenseMLP())
@@ -366,17 +372,17 @@ def _family(cfg: dict, mtype: str, where: str, seq_length: int | None, name: str
                      mtp_num_layers=cfg.get("num_nextn_predict_layers", 0) or 0, **extra, **kw)
     if mtype == "nemotron_h":
         pattern = cfg.get("hybrid_override_pattern")
-        require(isinstance(pattern, str) and len(pattern) == n, f"{where}: hybrid_override_pattern", pattern,
+        _require(where, isinstance(pattern, str) and len(pattern) == n, "hybrid_override_pattern", pattern,
                 f"expected a string of num_hidden_layers = {n} characters")
         act = cfg.get("mlp_hidden_act", "relu2")
-        require(act == "relu2", f"{where}: mlp_hidden_act", act, "only relu2 (an ungated MLP) is modelled")
+        _require(where, act == "relu2", "mlp_hidden_act", act, "only relu2 (an ungated MLP) is modelled")
         mamba = Mamba2(heads=_hf_int(cfg, "mamba_num_heads", where), head_dim=_hf_int(cfg, "mamba_head_dim", where),
                        state=_hf_int(cfg, "ssm_state_size", where), groups=_hf_int(cfg, "n_groups", where, 1),
                        conv=_hf_int(cfg, "conv_kernel", where, 4), chunk=_hf_int(cfg, "chunk_size", where, 256))
-        require(not _hf_bool(cfg, "use_bias", where, False), f"{where}: use_bias", True, "only false is modelled")
+        _require(where, not _hf_bool(cfg, "use_bias", where, False), "use_bias", True, "only false is modelled")
         blocks = {"M": Layer(mamba, None), "*": Layer(FullAttention(), None), "-": Layer(None, DenseMLP())}
         for i, c in enumerate(pattern):
-            require(c in blocks, f"{where}: hybrid_override_pattern[{i}]", c,
+            _require(where, c in blocks, f"hybrid_override_pattern[{i}]", c,
                     "allowed layer kinds: M (Mamba-2), * (attention), - (MLP)")
         return llama(name, n, h, heads, kv, _hf_int(cfg, "intermediate_size", where), vocab, s, mlp="relu2",
                      layers=tuple(blocks[c] for c in pattern), **kw)
@@ -391,7 +397,7 @@ def _family(cfg: dict, mtype: str, where: str, seq_length: int | None, name: str
                         conv=_hf_int(cfg, "linear_conv_kernel_dim", where, 4))
     step = _hf_int(cfg, "decoder_sparse_step", where, 1)
     dense = cfg.get("mlp_only_layers") or []
-    require(isinstance(dense, list) and all(isinstance(i, int) for i in dense), f"{where}: mlp_only_layers", dense,
+    _require(where, isinstance(dense, list) and all(isinstance(i, int) for i in dense), "mlp_only_layers", dense,
             "expected a list of layer indices")
     layers = tuple(Layer(FullAttention(output_gate=True) if k == "full" else gdn,
                          MoE() if i not in dense and (i + 1) % step == 0 else DenseMLP())

@@ -5,35 +5,32 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 from sim.errors import InputError
 from sim.inputs.model import ModelSpec
+from sim.inputs.schema import FIELDS, setting_field
+from sim.inputs.schema_model import ModelSettings
 
 
 _MEGATRON_SHAPE = ("num_layers", "hidden_size", "num_attention_heads", "vocab_size", "seq_length")
-
-# The flag that sets each ModelSpec field a shape given by flags can get wrong, so that an
-# error names what the user typed (``--num-attention-heads``, not ``num_attention_heads``).
-_MEGATRON_FLAGS = {f: "--" + f.replace("_", "-") for f in
-                   ("num_layers", "hidden_size", "num_attention_heads", "ffn_hidden_size", "vocab_size",
-                    "seq_length", "max_position_embeddings")}
-_MEGATRON_FLAGS["num_key_value_heads"] = "--num-query-groups"
-MOE_FIELDS = ("kv_channels", "num_experts", "moe_router_topk", "moe_router_num_groups", "moe_router_group_topk",
-              "moe_ffn_hidden_size",
-              "moe_shared_expert_intermediate_size", "moe_layer_freq", "moe_first_k_dense", "q_lora_rank",
-              "kv_lora_rank", "qk_head_dim", "qk_pos_emb_head_dim", "v_head_dim")
-"""ModelSpec fields with a flag of the same name (``--num-experts``, ...), passed through when set."""
-MOE_FIELDS += ("mtp_num_layers",)  # multi-token prediction (--mtp-num-layers), passed through the same way
-_MEGATRON_FLAGS.update({f: "--" + f.replace("_", "-") for f in MOE_FIELDS})
+_GIVEN_AS_IS = {f.name for f in dataclasses.fields(ModelSpec)} - {"num_layers", "hidden_size", "num_attention_heads",
+                                                                "ffn_hidden_size", "vocab_size", "seq_length",
+                                                                "max_position_embeddings"}
+MOE_FIELDS = tuple(f.name for f in dataclasses.fields(ModelSettings) if f.name in _GIVEN_AS_IS)
+"""ModelSpec fields with a setting of the same name (``--num-experts``, MLA's, ``--mtp-num-layers``):
+passed through when set. (The settings that ``ModelSpec`` holds otherwise, such as
+``--num-query-groups`` as ``num_key_value_heads``, are converted below.)"""
 
 
 def _name_megatron_flags(exc: InputError, name: str) -> InputError:
     """``model megatron: num_attention_heads: got 7; must divide hidden_size 512`` as
-    ``--num-attention-heads: got 7; must divide hidden_size 512`` (from the error's fields). The reason keeps the
+    ``--num-attention-heads: got 7; must divide hidden_size 512`` (from the error's fields: the
+    schema's flag of the ``ModelSpec`` attribute it is about). The reason keeps the
     field names: an experiment file's shape comes through here too, and ``blame`` puts
     the file's key in front, where a flag in the reason would read oddly."""
-    if exc.setting not in _MEGATRON_FLAGS or exc.allowed is None:
-        return exc
-    return exc.renamed(_MEGATRON_FLAGS[exc.setting])
+    f = setting_field(exc.setting) if exc.setting is not None and exc.allowed is not None else None
+    return exc.renamed(f.flag) if f is not None and f.section == "model" else exc
 
 
 def model_from_megatron_settings(ns, name: str = "megatron") -> ModelSpec:
@@ -41,8 +38,8 @@ def model_from_megatron_settings(ns, name: str = "megatron") -> ModelSpec:
     ``hidden_size``, ... ``normalization``, ``position_embedding_type``)."""
     for key in _MEGATRON_SHAPE:
         if getattr(ns, key, None) is None:
-            raise InputError(f"--{key.replace('_', '-')}: missing; required to describe the model with Megatron "
-                             f"flags (--{' --'.join(k.replace('_', '-') for k in _MEGATRON_SHAPE)})")
+            raise InputError(f"{FIELDS[key].flag}: missing; required to describe the model with Megatron "
+                             f"flags ({' '.join(FIELDS[k].flag for k in _MEGATRON_SHAPE)})")
     kv = ns.num_query_groups if ns.group_query_attention else None
     if ns.group_query_attention and kv is None:
         raise InputError("--num-query-groups: missing; required with --group-query-attention")

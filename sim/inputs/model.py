@@ -38,10 +38,11 @@ NORM_KINDS = ("layernorm", "rmsnorm")
 POSITION_KINDS = ("learned", "rope")
 
 
-def positive_int(field: str, value, setting: str | None = None) -> None:
-    """Require ``value`` to be an integer > 0 (``field`` names it in the error)."""
+def positive_int(field: str, value, setting: str | None = None, path: str | None = None) -> None:
+    """Require ``value`` to be an integer > 0 (``field`` names it in the error; ``path``:
+    the file it was read from)."""
     require(isinstance(value, int) and not isinstance(value, bool) and value > 0,
-            field, value, "expected an integer > 0", setting=setting)
+            field, value, "expected an integer > 0", setting=setting, path=path)
 
 
 def _require(cond: bool, where: str, attr: str, value, allowed: str) -> None:

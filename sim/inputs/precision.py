@@ -228,20 +228,21 @@ def check_support(precision: Precision | None, profile, flag: str = "--fp8-forma
         if "fp4" not in profile.peak_flops:
             able = [n for n in PRESETS if "fp4" in load_profile(n).peak_flops]
             flag, value = precision.given or (r.flag, r.name)
-            raise InputError(f"{flag}: got '{value}'; GPU {profile.name} has no FP4 tensor cores (its "
-                             f"profile's peak_flops has {', '.join(sorted(profile.peak_flops))}, no fp4); allowed on "
-                             f"{profile.name}: leave it unset (BF16, or FP8 with --fp8-format); {r.name} needs a GPU "
-                             f"with an fp4 peak ({', '.join(able)})")
+            raise InputError(field=flag, value=value, setting=flag.lstrip("-").replace("-", "_"), allowed=(
+                f"GPU {profile.name} has no FP4 tensor cores (its profile's peak_flops has "
+                f"{', '.join(sorted(profile.peak_flops))}, no fp4); allowed on {profile.name}: leave it unset (BF16, "
+                f"or FP8 with --fp8-format); {r.name} needs a GPU with an fp4 peak ({', '.join(able)})"))
         return
     if "fp8" not in profile.peak_flops:
         able = [n for n in PRESETS if "fp8" in load_profile(n).peak_flops]
-        raise InputError(f"{flag}: got {precision.format!r}; GPU {profile.name} has no FP8 tensor cores (its profile's "
-                         f"peak_flops has {', '.join(sorted(profile.peak_flops))}, no fp8); allowed on {profile.name}: "
-                         f"leave it unset (BF16); {' or '.join(FP8_FORMATS)} need a GPU with an fp8 peak "
-                         f"({', '.join(able)})")
+        raise InputError(field=flag, value=precision.format, setting="fp8_format", allowed=(
+            f"GPU {profile.name} has no FP8 tensor cores (its profile's peak_flops has "
+            f"{', '.join(sorted(profile.peak_flops))}, no fp8); allowed on {profile.name}: leave it unset (BF16); "
+            f"{' or '.join(FP8_FORMATS)} need a GPU with an fp8 peak ({', '.join(able)})"))
     if r.needs == "mx" and not profile.mx_block_scaling:
         able = [n for n in PRESETS if load_profile(n).mx_block_scaling]
         here = [n for n in FP8_RECIPES if RECIPES[n].needs != "mx"]
-        raise InputError(f"--fp8-recipe: got '{r.name}'; GPU {profile.name} has no MX block-scaled tensor cores (its "
-                         f"profile's mx_block_scaling is false); allowed on {profile.name}: {', '.join(here)}; "
-                         f"{r.name} needs a GPU with mx_block_scaling ({', '.join(able)})")
+        raise InputError(field="--fp8-recipe", value=r.name, setting="fp8_recipe", allowed=(
+            f"GPU {profile.name} has no MX block-scaled tensor cores (its profile's mx_block_scaling is false); "
+            f"allowed on {profile.name}: {', '.join(here)}; {r.name} needs a GPU with mx_block_scaling "
+            f"({', '.join(able)})"))

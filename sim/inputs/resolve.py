@@ -64,7 +64,7 @@ def with_moe_settings(model: ModelSpec, m: ModelSettings) -> ModelSpec:
     try:
         return replace(model, **changes)
     except InputError as exc:
-        raise (exc.renamed(f"--{exc.setting.replace('_', '-')}") if exc.setting in changes else exc) from None
+        raise (exc.renamed(FIELDS[exc.setting].flag) if exc.setting in changes else exc) from None
 
 
 class _StrictParser(argparse.ArgumentParser):
@@ -147,7 +147,7 @@ def plan_from_settings(p: PlanRequest, gpus: int | None, model: ModelSpec) -> Pa
 
 
 def _plan_require(cond: bool, attr: str, value, allowed: str) -> None:
-    require(cond, f"--{PLAN_FIELDS[attr].name.replace('_', '-')}", value, allowed, setting=attr)
+    require(cond, PLAN_FIELDS[attr].flag, value, allowed, setting=attr)
 
 
 def profile_from_settings(c: ClusterSettings):
@@ -176,9 +176,10 @@ def topology_from_settings(c: ClusterSettings, world: int, profile_name: str) ->
     topo = load_topology(topo_name, nodes=c.nodes, fabric=fabric, min_gpus=world, flag="--topology",
                          gpus_per_node=c.gpus_per_node)
     if topo.num_gpus < world:
-        raise InputError(f"--gpus: got {world}; topology {topo.name} has {topo.num_gpus} GPUs"
+        raise InputError(field="--gpus", value=world, setting="gpus" if c.gpus == world else None,
+                         allowed=f"topology {topo.name} has {topo.num_gpus} GPUs"
                          + (f" (--nodes {c.nodes})" if c.nodes is not None else ""))
     if c.gpus_per_node is not None and topo.gpus_per_node != c.gpus_per_node:
-        raise InputError(f"--gpus-per-node: got {c.gpus_per_node}; topology {topo.name} has "
-                         f"{topo.gpus_per_node} GPUs per node")
+        raise InputError(field="--gpus-per-node", value=c.gpus_per_node, setting="gpus_per_node",
+                         allowed=f"topology {topo.name} has {topo.gpus_per_node} GPUs per node")
     return topo

@@ -31,7 +31,7 @@ from typing import ClassVar, Mapping
 
 from sim.errors import InputError
 from sim.inputs.cost import PRICE
-from sim.inputs.fields import SECTION_GROUP, Field, check_section, setting, why_not_field
+from sim.inputs.fields import Field, check_section, fields_of_class, setting, why_not_field
 from sim.inputs.plan import ParallelPlan
 from sim.inputs.schema_model import ModelSettings
 from sim.inputs.schema_sim import (  # noqa: F401 (re-exported: the bounds the other modules use)
@@ -187,20 +187,8 @@ def section_of(section: str, values: Mapping[str, object]):
 
 
 def _settings(section: str, cls) -> list[Field]:
-    """A section's settings (the fields that carry ``setting(...)``), with their defaults filled
-    in from their names and the section."""
-    out = []
-    for f in dataclasses.fields(cls):
-        if "schema" not in f.metadata:
-            continue  # not a setting (ParallelPlan.dp: the GPUs fix it)
-        meta, group = f.metadata["schema"]
-        name = meta.name or f.name
-        table = cls.TABLE if hasattr(cls, "TABLE") else section
-        out.append(dataclasses.replace(
-            meta, name=name, attr=f.name, section=section, flag=meta.flag or "--" + name.replace("_", "-"),
-            group=(getattr(cls, "GROUP", _PLAN_GROUP) if group is SECTION_GROUP else group),
-            tables=meta.tables if meta.tables is not None else (((table, name),) if table else ())))
-    return out
+    """A section's settings, with their defaults filled in from their names and the section."""
+    return fields_of_class(cls, section, _PLAN_GROUP)
 
 
 _PLAN_GROUP = "parallelism and batch (Megatron-LM flags)"

@@ -24,6 +24,14 @@ COLLECTIVE_MODELS = ("flows", "steps")
 """How the engine runs a ring collective: ``flows``, each hop of each channel one flow
 carrying all its steps' bytes while the collective runs, every hop at once; or ``steps``,
 2(n-1) lock-step rounds of n transfers (``sim.engine.algorithms``)."""
+COLLECTIVE_OPS = ("allreduce", "reducescatter", "allgather", "broadcast", "alltoall", "shift", "sendrecv")
+"""Collective operations an action may name (``sim.engine.algorithms`` builds each;
+``sim.program.actions.OPS``, ``trainsim collective --op``)."""
+COLLECTIVE_ALGOS = ("ring", "hierarchical", "tree", "nvls", "nvls_tree", "auto")
+"""Collective algorithms (``sim.engine.algorithms``, ``sim.engine.algorithms_nccl``); auto:
+NCCL's choice (``sim.engine.nccl``; ``sim.program.actions.ALGOS``, ``trainsim collective --algo``)."""
+COLLECTIVE_PROTOCOLS = ("ll", "ll128", "simple", "auto")
+"""NCCL protocols (``sim.engine.nccl``); auto: NCCL's choice by size (``sim.program.actions.PROTOCOLS``)."""
 NCCL_ALGOS = ("auto", "ring", "tree", "nvls", "nvls_tree", "hierarchical")
 """What ``nccl_algo`` takes (``sim.engine.algorithms``, ``sim.engine.algorithms_nccl``)."""
 NCCL_PROTOCOLS = ("auto", "ll", "ll128", "simple")

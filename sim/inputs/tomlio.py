@@ -26,14 +26,15 @@ class TomlFile:
         try:
             self.data = tomllib.loads(self.text)
         except tomllib.TOMLDecodeError as exc:
+            # tomllib's own message: Python 3.14 gives the line as ``lineno``, 3.11-3.13 only
+            # inside the text (the only message read back here, and it is the library's)
             msg = str(exc)
             m = re.search(r"\(at line (\d+), column \d+\)$", msg)
-            if m:
-                line = int(m.group(1))
-            else:  # "(at end of document)": the last line
+            line = getattr(exc, "lineno", None) or (int(m.group(1)) if m else None)
+            if line is None:  # "(at end of document)": the last line
                 line = max(1, len(self.text.rstrip("\n").split("\n")))
                 msg += "; the file looks truncated"
-            raise InputError(f"{self.path}:{line}: not valid TOML ({msg})") from None
+            raise InputError(f"{self.path}:{line}: not valid TOML ({msg})", path=str(self.path), line=line) from None
 
     def table(self, data: dict, key: str, prefix: str = "", default=None) -> dict:
         """``data[key]`` checked to be a table (``{}`` or ``default`` when absent)."""
@@ -56,17 +57,27 @@ class TomlFile:
                 raise self.error(f"{key}[{i}]", f"got {item!r}; expected a table ([[{key}]])")
         return value
 
-    def where(self, key: str) -> str:
-        """``'file.toml:12: key'`` where the key is first written, or ``'file.toml: key'``."""
+    def line(self, key: str) -> int | None:
+        """The line where ``key`` (its last dotted part) is first written, or None."""
         leaf = key.rsplit(".", 1)[-1].split("[")[0]
         pat = re.compile(rf"^\s*(\[\[?\s*)?{re.escape(leaf)}\s*(=|\]|\.)")
         for i, line in enumerate(self.text.splitlines(), start=1):
             if pat.match(line):
-                return f"{self.path}:{i}: {key}"
-        return f"{self.path}: {key}"
+                return i
+        return None
+
+    def where(self, key: str) -> str:
+        """``'file.toml:12: key'`` where the key is first written, or ``'file.toml: key'``."""
+        line = self.line(key)
+        return f"{self.path}:{line}: {key}" if line is not None else f"{self.path}: {key}"
 
     def error(self, key: str, message: str) -> InputError:
-        return InputError(f"{self.where(key)}: {message}")
+        """The error ``'file.toml:12: key: message'``, with the file, line and key recorded."""
+        return InputError(f"{self.where(key)}: {message}", field=key, path=str(self.path), line=self.line(key))
+
+    def missing(self, key: str) -> InputError:
+        """A required key that is not there: ``'file.toml: key: missing required field'``."""
+        return InputError(f"{self.path}: {key}: missing required field", field=key, path=str(self.path))
 
     def check_keys(self, table: dict, allowed: set[str] | dict, prefix: str, required=()) -> None:
         """Unknown keys and missing required keys are errors naming the key."""
@@ -80,14 +91,14 @@ class TomlFile:
                 )
         for key in required:
             if key not in table:
-                raise InputError(f"{self.path}: {prefix}{key}: missing required field")
+                raise self.missing(f"{prefix}{key}")
 
     def number(self, table: dict, key: str, prefix: str, *, positive=False, default=None,
                integer=False, minimum=None) -> float:
         """A finite number (int or float in TOML) at ``table[key]``, checked."""
         if key not in table:
             if default is None:
-                raise InputError(f"{self.path}: {prefix}{key}: missing required field")
+                raise self.missing(f"{prefix}{key}")
             return default
         value = table[key]
         kinds = (int,) if integer else (int, float)
@@ -105,7 +116,7 @@ class TomlFile:
     def string(self, table: dict, key: str, prefix: str, *, choices=None, default=None) -> str:
         if key not in table:
             if default is None:
-                raise InputError(f"{self.path}: {prefix}{key}: missing required field")
+                raise self.missing(f"{prefix}{key}")
             return default
         value = table[key]
         if not isinstance(value, str):
@@ -165,5 +176,4 @@ def line_of(f: TomlFile, table: str, key: str | None, occurrence: int = 0) -> in
 
 
 def where_line(f: TomlFile, key: str) -> int | None:
-    m = re.match(r".*:(\d+): ", f.where(key) + " ")
-    return int(m.group(1)) if m else None
+    return f.line(key)

@@ -105,13 +105,7 @@ def _parse_fabric(f: TomlFile, t: dict) -> FabricSpec:
             switch_latency_s=f.number(t, "switch_latency_us", p, default=0.5, minimum=0) * US,
         )
     except InputError as exc:
-        raise _in_file(f, exc) from None
-
-
-def _in_file(f: TomlFile, exc: InputError) -> InputError:
-    """``exc`` prefixed with the file's name unless it already names it."""
-    msg = str(exc)
-    return exc if msg.startswith(str(f.path)) else InputError(f"{f.path}: {msg}")
+        raise exc.in_file(f.path) from None
 
 
 def _name(f: TomlFile, table: dict, key: str, prefix: str, default: str) -> str:
@@ -151,7 +145,7 @@ def _parse_graph(f: TomlFile, data: dict) -> Topology:
     try:
         return Topology(g, _name(f, data, "name", "", f.path.stem))
     except InputError as exc:
-        raise _in_file(f, exc) from None
+        raise exc.in_file(f.path) from None
 
 
 def _resolve(name_or_path: str, flag: str = "topology") -> Path:
@@ -195,7 +189,7 @@ def _cluster_node(f: TomlFile, node_ref: str, k: int | None) -> NodeSpec:
 def load_node_spec(name_or_path: str) -> NodeSpec:
     f = TomlFile(_resolve(name_or_path))
     if "node" not in f.data:
-        raise InputError(f"{f.path}: not a node file (it has no [node] table)")
+        raise InputError(f"{f.path}: not a node file (it has no [node] table)", path=str(f.path))
     return _parse_node(f, f.table(f.data, "node"))
 
 
@@ -244,7 +238,7 @@ def load_topology(name_or_path: str, nodes: int | None = None, fabric: FabricSpe
             n = nodes if nodes is not None else counts[0]
             return build_cluster(specs[0], n, fab, name=(cname or None) if nodes is None else None)
         except InputError as exc:
-            raise _in_file(f, exc) from None
+            raise exc.in_file(f.path) from None
     if "node" in data:
         spec = used_gpus(_parse_node(f, f.table(data, "node")), gpus_per_node, flag)
         fab = fabric or _parse_fabric(f, f.table(data, "fabric"))
@@ -253,8 +247,8 @@ def load_topology(name_or_path: str, nodes: int | None = None, fabric: FabricSpe
         try:
             return build_cluster(spec, nodes, fab)
         except InputError as exc:
-            raise _in_file(f, exc) from None
-    raise InputError(f"{f.path}: no [node], [cluster] or [[device]] table; nothing to build")
+            raise exc.in_file(f.path) from None
+    raise InputError(f"{f.path}: no [node], [cluster] or [[device]] table; nothing to build", path=str(f.path))
 
 
 def used_gpus(spec: NodeSpec, gpus: int | None, flag: str = "topology") -> NodeSpec:

@@ -46,13 +46,14 @@ from dataclasses import dataclass, field
 from functools import wraps
 
 from sim.errors import InputError
+from sim.inputs.schema_sim import COLLECTIVE_ALGOS, COLLECTIVE_OPS, COLLECTIVE_PROTOCOLS
 
-OPS = ("allreduce", "reducescatter", "allgather", "broadcast", "alltoall", "shift", "sendrecv")
+OPS = COLLECTIVE_OPS
 """Collective operations an action may name (``sim.engine.algorithms`` builds each)."""
-ALGOS = ("ring", "hierarchical", "tree", "nvls", "nvls_tree", "auto")
+ALGOS = COLLECTIVE_ALGOS
 """Collective algorithms (``sim.engine.algorithms``, ``sim.engine.algorithms_nccl``); auto:
 NCCL's choice (``sim.engine.nccl``)."""
-PROTOCOLS = ("ll", "ll128", "simple", "auto")
+PROTOCOLS = COLLECTIVE_PROTOCOLS
 """NCCL protocols (``sim.engine.nccl``); auto: NCCL's choice by size."""
 FLOW_PIECES = 4
 """Transfers a ring hop's flow is cut into under the ``flows`` collective model (each pays

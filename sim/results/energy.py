@@ -42,10 +42,7 @@ from typing import Callable, Iterable
 import numpy as np
 
 from sim.errors import InputError
-from sim.program.build import job_profile
-from sim.program.costs import bias_pass_time, launches, op_time
-from sim.program.schedules import Step
-from sim.program.workload import chunk_work
+from sim.program.api import bias_pass_time, chunk_work, job_profile, launches, op_time, Step
 from sim.results.trace import Span, Trace
 
 STATES = ("compute_bound", "memory_bound", "communication", "idle")

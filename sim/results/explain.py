@@ -23,14 +23,12 @@ from sim.inputs.hardware import HardwareProfile
 from sim.inputs.model import ModelSpec
 from sim.inputs.pacing import slowest_speed
 from sim.inputs.plan import ParallelPlan
-from sim.program.costs import bias_pass_time, collective_time, gemm_compute_time, launches, op_time
-from sim.program.build import BuildContext
-from sim.program.estimate import estimate_in, group_comm_time
+from sim.program.api import (
+    bias_pass_time, collective_time, gemm_compute_time, launches, Comm, default_layout, dispatch_groups, estimate_of, gemm_kernel,
+    group_comm_time, group_sizes, HOST_LAUNCH_S, issue_bound, local_sequence, moe_shape, Op, op_time,
+    plan_edge_works, plan_layer_work, Work,
+)
 from sim.inputs.experts import Folding
-from sim.program.fp8 import gemm_kernel
-from sim.program.dispatch import default_layout, dispatch_groups, group_sizes, moe_shape
-from sim.program.launch import HOST_LAUNCH_S, issue_bound
-from sim.program.workload import Comm, Op, Work, local_sequence, plan_edge_works, plan_layer_work
 from sim.units import format_bytes, format_time
 
 PARTS = ("layer", "moe layer", "embedding", "head")
@@ -127,8 +125,7 @@ def explain(model: ModelSpec, plan: ParallelPlan, profile: HardwareProfile, gpus
     """The report as a dict (the JSON ``trainsim explain --json`` prints)."""
     pace = {"gpus": plan.world_size, "gpu_speed_spread": profile.gpu_speed_spread,
             "slowest_speed": slowest_speed(profile.gpu_speed_spread, plan.world_size)}
-    ctx = BuildContext.create(model, plan, profile, gpus_per_node=gpus_per_node)
-    est = estimate_in(ctx)
+    ctx, est = estimate_of(model, plan, profile, gpus_per_node=gpus_per_node)
     profile = ctx.profile  # (paced: as the estimate prices the kernels)
     link = est.links["tp"]
     b, t = plan.micro_batch_size, plan.tp

@@ -24,7 +24,7 @@ Figures follow the definitions users already know:
 
 from __future__ import annotations
 
-from sim.program.launch import LAUNCH_CATEGORY
+from sim.program.api import LAUNCH_CATEGORY
 from sim.results.trace import Trace
 
 PIPELINE = ("F", "B", "I", "W")

@@ -6,7 +6,7 @@ sum of every GPU's own peak, the figure that compares across clusters."""
 
 from __future__ import annotations
 
-from sim.program.stage_balance import stage_profiles, stage_time_s
+from sim.program.api import stage_profiles, stage_time_s
 
 
 def mixed_report(run, summary: dict, auto: bool = False) -> dict:

@@ -9,7 +9,7 @@ token dispatcher ran (``sim.program.dispatch``)."""
 from __future__ import annotations
 
 from sim.inputs.experts import Folding
-from sim.program.routing import Routing
+from sim.program.api import Routing
 from sim.units import format_time
 
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 
 from sim.inputs.cost import run_cost
-from sim.program.estimate import estimate, model_flops_per_sequence, plan_flops_per_sequence
+from sim.program.api import estimate, model_flops_per_sequence, plan_flops_per_sequence
 from sim.inputs.precision import label
 from sim.results.energy import run_energy
 from sim.results.memory_timeline import highest_peak

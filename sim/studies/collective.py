@@ -19,7 +19,7 @@ from sim.engine.core import simulate
 from sim.engine.nccl import DEFAULT_MODEL, NcclModel, base_latency
 from sim.engine.tuner import choose
 from sim.errors import InputError
-from sim.program.actions import Action, Program
+from sim.program.api import Action, Program
 
 
 def bus_factor(op: str, n: int) -> float:

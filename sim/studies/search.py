@@ -83,28 +83,22 @@ import math
 from dataclasses import asdict, dataclass, field, replace
 from functools import lru_cache
 
-from sim.program.costs import transfer_time, work_times
+from sim.program.api import (
+    auto_layer_split, BuildContext, default_layout, edge_works, estimate_of, Estimate,
+    group_comm_time, layer_as_run, layer_phase_times, moe_layer_groups, plan_edge_works, transfer_time, work_times,
+)
 from sim.errors import InputError, require
-from sim.program.build import BuildContext
-from sim.program.estimate import Estimate, estimate_in, group_comm_time, layer_phase_times, moe_layer_groups
 from sim.inputs.frameworks import attention_kernel_in_effect
 from sim.inputs.hardware import HardwareProfile
 from sim.inputs.model import ModelSpec
 from sim.inputs.plan import RECOMPUTE, SCHEDULES, ZERO_STAGES, ParallelPlan
 from sim.inputs.precision import FP8_FORMATS, Precision
-from sim.program.stage_balance import auto_layer_split
-from sim.program.dispatch import default_layout
-from sim.program.workload import edge_works, layer_as_run, plan_edge_works
 from sim.inputs.experts import DISPATCHERS, Folding
+from sim.inputs.schema_commands import DEFAULT_MARGIN as _DEFAULT_MARGIN, LONG_SEQUENCE as _LONG_SEQUENCE
 
-DEFAULT_MARGIN = 1.1
-"""The estimate's error factor for pruning (see the module doc): how far below its bound
-a plan's simulated time may come (bound / simulated ≤ margin). Measured with
-``experiments/bench_sweep.py`` (seed 1): over 180 valid plans (120 of an 8-layer GPT on
-16 H100s, 60 of an 8-layer Llama-style model with grouped-query attention on 32),
-bound / simulated time ranged 0.22–0.943, median 0.82; 1.1 leaves about 17% above the
-largest. A larger value prunes less and is safer; ``math.inf`` simulates every plan that
-fits."""
+DEFAULT_MARGIN = _DEFAULT_MARGIN
+"""The estimate's error factor for pruning (see the module doc; declared, with how it was
+measured, where ``trainsim search --margin`` takes it: ``sim.inputs.schema_commands``)."""
 
 PIPELINE_SCHEDULES = tuple(s for s in SCHEDULES if s not in ("interleaved", "custom"))
 PLAN_COLUMNS = ("dp", "tp", "pp", "vpp", "micro_batch_size", "zero_stage", "schedule", "recompute",
@@ -139,26 +133,27 @@ class SearchSpace:
     alltoall, allgather and flex for a plan with ep > 1, alltoall otherwise)."""
 
     def __post_init__(self):
+        def need(cond: bool, name: str, v, allowed: str) -> None:  # the error names the attribute as data
+            require(cond, f"search: {name}", v, allowed, setting=name)
+
         for name in ("tp", "pp", "vpp", "micro_batch_size", "ep", "etp", "cp"):
             for v in getattr(self, name) or ():
-                require(isinstance(v, int) and not isinstance(v, bool) and v > 0, f"search: {name}", v,
-                        "expected integers > 0")
+                need(isinstance(v, int) and not isinstance(v, bool) and v > 0, name, v, "expected integers > 0")
         for v in self.zero_stage or ():
-            require(v in ZERO_STAGES and not isinstance(v, bool), "search: zero_stage", v, "allowed: 0, 1, 2, 3")
+            need(v in ZERO_STAGES and not isinstance(v, bool), "zero_stage", v, "allowed: 0, 1, 2, 3")
         for v in self.schedule or ():
-            require(v in SCHEDULES and v != "custom", "search: schedule", v,
-                    f"allowed: {', '.join(s for s in SCHEDULES if s != 'custom')}")
+            need(v in SCHEDULES and v != "custom", "schedule", v,
+                 f"allowed: {', '.join(s for s in SCHEDULES if s != 'custom')}")
         for v in self.recompute or ():
-            require(v in RECOMPUTE, "search: recompute", v, f"allowed: {', '.join(RECOMPUTE)}")
+            need(v in RECOMPUTE, "recompute", v, f"allowed: {', '.join(RECOMPUTE)}")
         for v in self.dispatcher or ():
-            require(v in DISPATCHERS, "search: dispatcher", v, f"allowed: {', '.join(DISPATCHERS)}")
+            need(v in DISPATCHERS, "dispatcher", v, f"allowed: {', '.join(DISPATCHERS)}")
         for v in self.sequence_parallel or ():
-            require(isinstance(v, bool), "search: sequence_parallel", v, "expected true or false")
-        require(isinstance(self.fp8_format, tuple) and self.fp8_format, "search: fp8_format", self.fp8_format,
-                "expected a non-empty tuple")
+            need(isinstance(v, bool), "sequence_parallel", v, "expected true or false")
+        need(isinstance(self.fp8_format, tuple) and self.fp8_format, "fp8_format", self.fp8_format,
+             "expected a non-empty tuple")
         for v in self.fp8_format:
-            require(v is None or v in FP8_FORMATS, "search: fp8_format", v,
-                    f"allowed: {', '.join(FP8_FORMATS)}, or None for BF16")
+            need(v is None or v in FP8_FORMATS, "fp8_format", v, f"allowed: {', '.join(FP8_FORMATS)}, or None for BF16")
 
     def allows(self, name: str, value) -> bool:
         allowed = getattr(self, name)
@@ -217,9 +212,10 @@ def enumerate_plans(model: ModelSpec, gpus: int, global_batch_size: int, space: 
     return plans
 
 
-LONG_SEQUENCE = 16384
+LONG_SEQUENCE = _LONG_SEQUENCE
 """From this sequence length on, ``enumerate_plans`` tries context parallelism by default
-(shorter sequences rarely need it, and it multiplies the plans)."""
+(shorter sequences rarely need it, and it multiplies the plans; declared with the option
+whose default it sets, ``sim.inputs.schema_commands``)."""
 
 
 def _with_experts(model, space, plans: list[ParallelPlan], gpus_per_node: int = 8) -> list[ParallelPlan]:
@@ -492,8 +488,7 @@ def _estimate(job: tuple) -> list[Candidate]:
     for plan in plans:
         if plan.layer_split == "auto":
             plan = balanced_plan(model, plan, profile, splits)
-        ctx = BuildContext.create(model, plan, profile, gpus_per_node=gpus_per_node)
-        est = estimate_in(ctx)
+        ctx, est = estimate_of(model, plan, profile, gpus_per_node=gpus_per_node)
         c = Candidate(plan, plan_key(plan), est, bound_s(ctx, est))
         if not est.fits:
             c.status = "pruned: memory"
@@ -545,8 +540,7 @@ def split_failures(model: ModelSpec, cands: list[Candidate], profile: HardwarePr
     for c in pool[:tries]:
         for split in even_splits(model, c.plan):
             try:
-                est = estimate_in(BuildContext.create(model, replace(c.plan, layer_split=split), profile,
-                                                      gpus_per_node=gpus_per_node))
+                _, est = estimate_of(model, replace(c.plan, layer_split=split), profile, gpus_per_node=gpus_per_node)
             except InputError:
                 continue
             if est.fits:

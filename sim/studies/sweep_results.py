@@ -17,6 +17,7 @@ import math
 from pathlib import Path
 
 from sim.errors import InputError
+from sim.inputs.schema_commands import RANK_BY as _RANK_BY
 from sim.studies.search import PLAN_COLUMNS
 
 
@@ -73,12 +74,8 @@ class ResultsLog:
             self._fh = None
 
 
-RANK_BY = ("throughput", "tokens-per-joule", "cost")
-"""What ``search``, ``sweep`` and ``compare`` rank plans by (``--rank-by``): tokens/s (the
-fastest first; the batch is the same, so the shortest iteration), tokens per joule (the
-least energy per token first, ``sim.results.energy``), or cost (the fewest US dollars per
-million tokens first at the GPU-hour price given, ``sim.inputs.cost``; on GPUs of one price
-the same order as throughput, on a mixed cluster the price of each type counts)."""
+RANK_BY = _RANK_BY
+"""What plans are ranked by (``sim.inputs.schema_commands.RANK_BY``, where ``--rank-by`` is declared)."""
 RANK_KEY = {"throughput": "iteration_time_s", "tokens-per-joule": "energy_per_token_j",
             "cost": "cost_per_million_tokens_usd"}
 """The summary figure each ranking sorts by, smallest first."""

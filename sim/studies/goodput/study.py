@@ -26,7 +26,7 @@ import math
 from dataclasses import dataclass
 
 from sim.errors import InputError
-from sim.program.memory import model_state_bytes
+from sim.program.api import model_state_bytes
 from sim.engine.campaign import LOSS_KINDS, CampaignConfig, simulate_campaign
 from sim.studies.goodput.failures import FailureModel
 from sim.studies.goodput.optimum import SEARCH_FAILURES, daly_goodput, daly_interval_s, search_interval, \
