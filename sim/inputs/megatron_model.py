@@ -77,8 +77,8 @@ def pattern_segments(pattern: str) -> list[str]:
     require(isinstance(pattern, str) and pattern.replace("|", "") != "", PATTERN, pattern,
             "expected one letter per layer: M (Mamba-2), * (attention), - (MLP), E (mixture of experts)",
             setting="hybrid_override_pattern")
-    require("/" not in pattern, PATTERN, pattern, "MTP patterns after '/' are not modelled (use --mtp-num-layers "
-            "on a model without a pattern)", setting="hybrid_override_pattern")
+    require("/" not in pattern, PATTERN, pattern, "MTP patterns after '/' are not modelled",
+            setting="hybrid_override_pattern")
     for i, c in enumerate(pattern.replace("|", "")):
         require(c in HYBRID_LETTERS, PATTERN, pattern, f"letter {i} is {c!r}; allowed: "
                 + ", ".join(f"{k} ({v})" for k, v in HYBRID_LETTERS.items()) + ", | between pipeline stages",
