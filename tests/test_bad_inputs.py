@@ -496,6 +496,11 @@ def test_bad_hybrid_pattern(bad, flags, mentions):
     bad(["estimate", *TINY, *PLAN, *flags], *mentions)
 
 
+def test_search_refuses_a_pattern_that_fixes_the_stages(bad):
+    bad(["search", *TINY, "--gpu", "h100-sxm", "--gpus", "4", "--global-batch-size", "8",
+         "--hybrid-override-pattern", "M-|M*"], "--hybrid-override-pattern", "the search chooses them")
+
+
 def test_hybrid_pattern_is_for_megatron_shapes_only(bad):
     bad(["estimate", "--model", "llama3-8b", *PLAN, "--hybrid-override-pattern", "M" * 32],
         "--hybrid-override-pattern", "Megatron shape flags")
