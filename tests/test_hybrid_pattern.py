@@ -47,3 +47,17 @@ def test_pipes_place_the_layers_on_the_virtual_stages(pattern, pp, per_stage):
     plan = plan_from_settings(s.plan, 8, model, s.model.hybrid_override_pattern)
     assert plan.vpp == len(per_stage) // pp
     assert plan.stage_layers(model) == per_stage
+
+
+def test_an_experiment_files_model_table_takes_the_pattern(tmp_path):
+    from sim.inputs.experiment import read_experiment, values_of
+
+    path = tmp_path / "hybrid.toml"
+    path.write_text('[model]\nnum_layers = 8\nhidden_size = 1024\nnum_attention_heads = 8\nvocab_size = 32000\n'
+                    'seq_length = 4096\nhybrid_override_pattern = "M-M*M-|M*"\nmamba_state_dim = 64\n\n'
+                    '[cluster]\ngpu = "h100-sxm"\ngpus = 8\n\n[plan]\npipeline_model_parallel_size = 2\n'
+                    'global_batch_size = 16\n')
+    s = RunSettings.from_values(values_of(read_experiment(path).settings))
+    model = model_from_settings(s.model)
+    assert model.layers[0].mixer.state == 64 and model.layers.count(model.layers[3]) == 2  # the two attention layers
+    assert plan_from_settings(s.plan, 8, model, s.model.hybrid_override_pattern).stage_layers(model) == (6, 2)
