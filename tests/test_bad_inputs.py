@@ -481,6 +481,31 @@ def test_mamba_layer_plan_rules(bad, tmp_path, flags, mentions):
          "--global-batch-size", "8", *flags], *mentions)
 
 
+@pytest.mark.parametrize("flags,mentions", [
+    # a hybrid layer pattern (Megatron-Core's letters, issue 53): one line each, exit 2
+    (["--hybrid-override-pattern", "M-M"], ["--hybrid-override-pattern", "'M-M'", "has 3 layers", "--num-layers is 4"]),
+    (["--hybrid-override-pattern", "M-Mx"], ["--hybrid-override-pattern", "'x'", "allowed: M (Mamba-2)"]),
+    (["--hybrid-override-pattern", "M-M*/M"], ["--hybrid-override-pattern", "MTP patterns"]),
+    (["--hybrid-override-pattern", "M-*E"], ["--hybrid-override-pattern", "needs --num-experts"]),
+    (["--hybrid-override-pattern", "M-|M*", "--layer-split", "1,3"], ["--hybrid-override-pattern", "--layer-split"]),
+    (["--hybrid-override-pattern", "M-M*", "--mamba-num-groups", "3"], ["--mamba-num-groups", "3", "heads 16"]),
+    (["--mamba-state-dim", "64"], ["--mamba-state-dim", "64", "--hybrid-override-pattern"]),
+    (["--pipeline-model-parallel-layout", "EM-|M*L"], ["--pipeline-model-parallel-layout", "every decoder layer t"]),
+])
+def test_bad_hybrid_pattern(bad, flags, mentions):
+    bad(["estimate", *TINY, *PLAN, *flags], *mentions)
+
+
+def test_search_refuses_a_pattern_that_fixes_the_stages(bad):
+    bad(["search", *TINY, "--gpu", "h100-sxm", "--gpus", "4", "--global-batch-size", "8",
+         "--hybrid-override-pattern", "M-|M*"], "--hybrid-override-pattern", "the search chooses them")
+
+
+def test_hybrid_pattern_is_for_megatron_shapes_only(bad):
+    bad(["estimate", "--model", "llama3-8b", *PLAN, "--hybrid-override-pattern", "M" * 32],
+        "--hybrid-override-pattern", "Megatron shape flags")
+
+
 def test_seq_length_beyond_learned_positions_names_the_file(bad, tmp_path):
     path = _write(tmp_path, "config.json", json.dumps(GPT2))
     bad(["estimate", "--hf-config", path, *PLAN, "--seq-length", "1024"], path, "seq_length", "1024")

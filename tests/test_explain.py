@@ -104,3 +104,24 @@ def test_the_kernel_and_shape_columns_fit_their_longest_cells(report):
     assert line.split()[1] == longest["name"]
     for comm in (r for r in rows if r["kind"].endswith(" comm")):  # the collective's cell whole, link included
         assert any(f"{comm['collective']} " in x and f"over {comm['ranks']} ({comm['link']})" in x for x in lines)
+
+
+def test_a_layer_pattern_shows_one_part_per_distinct_layer_with_its_count_and_time():
+    # Nemotron-H's stack: Mamba-2, MLP and attention layers (54 + 54 + 10 = 118, the preset's
+    # pattern); each part is that layer as the estimate and --layer-split auto price it
+    from sim.program.estimate import layer_phase_times
+    model = preset("nemotron-h-56b")
+    plan = ParallelPlan(dp=1, tp=8, pp=2, micro_batch_size=1, global_batch_size=8)
+    profile = load_profile("h100-sxm")
+    rep = explain(model, plan, profile)
+    kinds = [n for n, p in rep["parts"].items() if "layer_kind" in p]
+    assert "layer" not in rep["parts"] and "moe layer" not in rep["parts"]
+    assert [rep["parts"][n]["layer_kind"] for n in kinds] == [lay.describe() for lay in model.layer_kinds]
+    assert [rep["parts"][n]["count"] for n in kinds] == [54, 54, 10]
+    paced_profile = paced(profile, plan.world_size)
+    for name, lay in zip(kinds, model.layer_kinds):
+        expected = layer_phase_times(model, plan, paced_profile, "nvlink", 8, "bf16", False, lay)
+        assert rep["parts"][name]["total_s"] == pytest.approx(sum(c + x for c, x in expected.values()), rel=1e-9)
+    text = render(rep)
+    assert "layer 1 of 3: mamba2(" in text and "(54 of the 118 layers)" in text
+    assert "layer 3 of 3: attention (10 of the 118 layers)" in text

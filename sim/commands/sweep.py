@@ -132,7 +132,8 @@ def points(path: str):
             values.update(v)
         desc = " ".join(f"{name}={json.dumps(v)}" for (name, _), (v, _) in zip(axes, combo))
         try:
-            plan = plan_from_settings(RunSettings.from_values(values).plan, gpus, model)
+            run = RunSettings.from_values(values)
+            plan = plan_from_settings(run.plan, gpus, model, run.model.hybrid_override_pattern)
         except InputError as exc:
             key = "invalid: " + desc
             if key not in seen:

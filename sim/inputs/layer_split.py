@@ -27,6 +27,13 @@ top: E opens virtual stage 0 and L closes the last one (a stage before E or afte
 hold nothing), and the ``m`` layers sit in the last virtual stage with L (Megatron-LM also
 lets them stand on a rank of their own; that is not modelled). Example: DeepSeek-V3's 61
 layers on pp 8 with its MTP layer on the last stage, ``Et*7|(t*8|)*6,t*6mL`` (7 + 6·8 + 6).
+
+**Layers of several kinds** (``sim.inputs.layers``: Nemotron-H's Mamba-2, attention and MLP
+layers, Qwen3-Next's linear and full attention) are each a ``t``: Megatron-LM's ``LayerType``
+has embedding, decoder, mtp and loss only, and a layout places the model's layers in order
+whatever their kinds. Megatron-Core's hybrid models place theirs with ``|`` in the hybrid
+pattern instead (``--hybrid-override-pattern``, ``sim.inputs.megatron_model.pattern_layout``);
+a layout with the pattern's letters (M, *, -) is refused with that reason.
 """
 
 from __future__ import annotations
@@ -209,6 +216,10 @@ def parse_layout(text: str) -> tuple[str, ...]:
     s = _CHAR.sub(lambda g: g.group(1) * int(g.group(2)), s)
     stages = tuple(s.split("|"))
     bad = sorted({c for st in stages for c in st if c not in LAYOUT_CHARS})
+    if bad and set(bad) <= set("M*-"):  # a hybrid pattern's letters (Megatron-Core's Symbols)
+        raise _layout_error(text, f"has {''.join(bad)!r}: Megatron-LM's layout names every decoder layer t, whatever "
+                                  "its kind (the model says the kinds); a hybrid pattern's letters go in "
+                                  "--hybrid-override-pattern, whose | places them on the stages")
     if bad:
         raise _layout_error(text, f"has {''.join(bad)!r} after unrolling; allowed: E (embedding), t (transformer "
                                   "layer), m (MTP layer), L (loss), | between stages, commas, (...)*N and x*N")

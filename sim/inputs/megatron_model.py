@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import dataclasses
 
-from sim.errors import InputError
+from sim.errors import InputError, require
+from sim.inputs.layers import DenseMLP, FullAttention, Layer, Mamba2, MoE
 from sim.inputs.model import ModelSpec
 from sim.inputs.schema import FIELDS, setting_field
 from sim.inputs.schema_model import ModelSettings
@@ -44,6 +45,7 @@ def model_from_megatron_settings(ns, name: str = "megatron") -> ModelSpec:
     if ns.group_query_attention and kv is None:
         raise InputError("--num-query-groups: missing; required with --group-query-attention")
     ffn = ns.ffn_hidden_size or 4 * ns.hidden_size
+    layers = hybrid_layers(ns)
     try:
         return ModelSpec(
             name, ns.num_layers, ns.hidden_size, ns.num_attention_heads, ffn, ns.vocab_size,
@@ -52,7 +54,72 @@ def model_from_megatron_settings(ns, name: str = "megatron") -> ModelSpec:
             position_embedding="learned" if ns.position_embedding_type == "learned_absolute" else "rope",
             max_position_embeddings=ns.max_position_embeddings,
             tied_embeddings=not ns.untie_embeddings_and_output_weights, bias=not ns.disable_bias_linear,
-            dropout=(ns.attention_dropout or 0) > 0 or (ns.hidden_dropout or 0) > 0,
+            dropout=(ns.attention_dropout or 0) > 0 or (ns.hidden_dropout or 0) > 0, layers=layers,
             **{f: getattr(ns, f) for f in MOE_FIELDS if getattr(ns, f, None) is not None})
     except InputError as exc:
         raise _name_megatron_flags(exc, name) from None
+
+
+# ------------------------------------------------------------------ hybrid patterns
+PATTERN = "--hybrid-override-pattern"
+HYBRID_LETTERS = {"M": "Mamba-2", "*": "attention", "-": "MLP", "E": "mixture of experts"}
+"""Megatron-Core's hybrid layer symbols (megatron/core/ssm/mamba_hybrid_layer_allocation.py,
+``Symbols``): one block per layer, as Nemotron-H's ``hybrid_override_pattern``."""
+MAMBA_FLAGS = ("mamba_state_dim", "mamba_head_dim", "mamba_num_groups", "mamba_num_heads")
+
+
+def pattern_segments(pattern: str) -> list[str]:
+    """The pattern's pipeline segments (split at ``|``; one segment without any), each
+    checked to hold only Megatron-Core's layer letters; ``/`` (its MTP patterns) refused."""
+    require(isinstance(pattern, str) and pattern.replace("|", "") != "", PATTERN, pattern,
+            "expected one letter per layer: M (Mamba-2), * (attention), - (MLP), E (mixture of experts)",
+            setting="hybrid_override_pattern")
+    require("/" not in pattern, PATTERN, pattern, "MTP patterns after '/' are not modelled",
+            setting="hybrid_override_pattern")
+    for i, c in enumerate(pattern.replace("|", "")):
+        require(c in HYBRID_LETTERS, PATTERN, pattern, f"letter {i} is {c!r}; allowed: "
+                + ", ".join(f"{k} ({v})" for k, v in HYBRID_LETTERS.items()) + ", | between pipeline stages",
+                setting="hybrid_override_pattern")
+    return pattern.split("|")
+
+
+def pattern_layout(pattern: str | None) -> str | None:
+    """The pipeline layout (``--pipeline-model-parallel-layout``'s string) that the ``|`` of a
+    pattern set: Megatron-Core gives segment k (in virtual-stage order, ``vp_stage·pp +
+    pp_rank``: its ``select_pipeline_segment``) to that virtual stage, the embedding to the
+    first and the loss to the last; None without a ``|``."""
+    if pattern is None or "|" not in pattern:
+        return None
+    return "|".join(("E" if k == 0 else "") + "t" * len(seg) + ("L" if k == len(segs) - 1 else "")
+                    for segs in [pattern_segments(pattern)] for k, seg in enumerate(segs))
+
+
+def hybrid_layers(ns) -> tuple | None:
+    """The layers of ``--hybrid-override-pattern`` (None without one): M a Mamba-2 mixer of
+    ``--mamba-*`` (Megatron-LM's defaults: state 128, head width 64, 8 groups, heads
+    2·hidden/head width from its expand of 2; conv 4 taps and chunks of 128, MambaMixer's),
+    * full attention, - the model's MLP, E a mixture of experts; each a layer of one block."""
+    pattern = getattr(ns, "hybrid_override_pattern", None)
+    if pattern is None:
+        for f in MAMBA_FLAGS:
+            require(getattr(ns, f, None) is None, f"--{f.replace('_', '-')}", getattr(ns, f, None),
+                    f"sets the Mamba-2 layers of {PATTERN}, which is not given", setting=f)
+        return None
+    letters = "".join(pattern_segments(pattern))
+    require(len(letters) == ns.num_layers, PATTERN, pattern,
+            f"has {len(letters)} layers; --num-layers is {ns.num_layers}", setting="hybrid_override_pattern")
+    require("E" not in letters or ns.num_experts is not None, PATTERN, pattern,
+            "E (a mixture of experts) needs --num-experts", setting="hybrid_override_pattern")
+    head_dim = ns.mamba_head_dim or 64            # Megatron-LM arguments.py: --mamba-head-dim 64
+    if ns.mamba_num_heads is None:                # MambaMixer: d_inner = expand (2) x hidden, heads = d_inner / headdim
+        require(2 * ns.hidden_size % head_dim == 0, "--mamba-head-dim", head_dim,
+                f"must divide 2 x hidden size {2 * ns.hidden_size} (or give --mamba-num-heads)",
+                setting="mamba_head_dim")
+    heads = ns.mamba_num_heads or 2 * ns.hidden_size // head_dim
+    mamba = Mamba2(heads=heads, head_dim=head_dim, state=ns.mamba_state_dim or 128,  # --mamba-state-dim 128
+                   groups=ns.mamba_num_groups or 8, conv=4, chunk=128)  # --mamba-num-groups 8; d_conv 4, chunk 128
+    require(heads % mamba.groups == 0, "--mamba-num-groups", mamba.groups, f"must divide the Mamba-2 heads {heads}",
+            setting="mamba_num_groups")
+    blocks = {"M": Layer(mamba, None), "*": Layer(FullAttention(), None), "-": Layer(None, DenseMLP()),
+              "E": Layer(None, MoE())}
+    return tuple(blocks[c] for c in letters)

@@ -16,7 +16,7 @@ from typing import Sequence
 
 from sim.errors import InputError, require
 from sim.inputs.hf_config import model_from_hf_config
-from sim.inputs.megatron_model import MOE_FIELDS, model_from_megatron_settings
+from sim.inputs.megatron_model import MAMBA_FLAGS, MOE_FIELDS, model_from_megatron_settings, pattern_layout
 from sim.inputs.model import PRESETS, ModelSpec, layer_params_per_rank, preset, with_seq_length
 from sim.inputs.placement import DEFAULT_PLACEMENT
 from sim.inputs.plan import SCHEDULES, ParallelPlan
@@ -44,6 +44,11 @@ def model_from_settings(m: ModelSettings) -> ModelSpec:
     if len(chosen) != 1:
         raise InputError(f"model: got {', '.join(chosen) or 'nothing'}; give exactly one of --model PRESET, "
                          "--hf-config PATH or Megatron flags (--num-layers --hidden-size ...)")
+    if not megatron:
+        for f in ("hybrid_override_pattern",) + MAMBA_FLAGS:
+            require(getattr(m, f) is None, f"--{f.replace('_', '-')}", getattr(m, f),
+                    "describes a model given by Megatron shape flags (--num-layers --hidden-size ...), not a "
+                    "preset or a config.json", setting=f)
     if m.model:
         require(m.model in PRESETS, "--model", m.model, f"allowed presets: {', '.join(PRESETS)}")
         model = preset(m.model)
@@ -94,14 +99,25 @@ def model_from_megatron_args(argv: Sequence[str], name: str = "megatron") -> Mod
     return model_from_megatron_settings(ModelSettings(**given(ns)), name)
 
 
-def plan_from_settings(p: PlanRequest, gpus: int | None, model: ModelSpec) -> ParallelPlan:
+def plan_from_settings(p: PlanRequest, gpus: int | None, model: ModelSpec, pattern: str | None = None) -> ParallelPlan:
     """The ``ParallelPlan`` of the plan settings ``p`` on ``gpus`` GPUs (None: tp x pp x cp),
     checked against the model. What the plan cannot know alone is filled in here: ``dp`` from
     the GPUs, ``vpp`` from ``--num-layers-per-virtual-pipeline-stage`` and the ZeRO-3 prefetch
     depth from DeepSpeed's bucket size (both need the model's layers), the schedule file; every
     other value goes to the plan as its field's ``convert`` makes it, and the plan checks its
-    own rules."""
+    own rules. ``pattern``: the model's ``--hybrid-override-pattern``, whose ``|`` set the
+    plan's pipeline layout (``sim.inputs.megatron_model.pattern_layout``) unless it splits the
+    layers another way."""
     given = dict(p.given)
+    layout = pattern_layout(pattern)
+    if layout is not None:
+        other = [a for a in ("pipeline_layout", "layer_split", "first_stage_layers", "last_stage_layers",
+                             "account_for_embedding", "account_for_loss") if given.get(a)]
+        require(not other, "--hybrid-override-pattern", pattern,
+                "its | already places the layers on the pipeline stages; cannot be combined with "
+                + ", ".join(f"--{PLAN_FIELDS[a].name.replace('_', '-')}" for a in other),
+                setting="hybrid_override_pattern")
+        given["pipeline_layout"] = layout
     tp, pp, cp = given.get("tp", 1), given.get("pp", 1), given.get("cp", 1)
     gpus = gpus if gpus is not None else tp * pp * cp
     require(gpus > 0 and gpus % (tp * pp * cp) == 0, "--gpus", gpus,

@@ -18,6 +18,7 @@ def _model_presets() -> str:
 
 _MOE = "mixture of experts (Megatron-LM flags)"
 _MLA = "multi-head latent attention (Megatron-LM flags)"
+_HYBRID = "hybrid layer pattern (Megatron-LM flags)"
 _DROPOUT = "dropout probability (default 0.1; > 0 adds the dropout kernels)"
 
 
@@ -85,6 +86,18 @@ class ModelSettings:
     qk_pos_emb_head_dim: int | None = setting(help="MLA: per-head rotary query/key width", type=POSITIVE_INT,
                                               group=_MLA)
     v_head_dim: int | None = setting(help="MLA: per-head value width", type=POSITIVE_INT, group=_MLA)
+    hybrid_override_pattern: str | None = setting(
+        help="a hybrid model's layers, one letter each as Megatron-Core's hybrid models take them: M Mamba-2, "
+             "* attention, - MLP, E mixture of experts (with --num-experts); as many letters as --num-layers; "
+             "| between pipeline stages (virtual-stage order) places them", metavar="PATTERN", group=_HYBRID)
+    mamba_state_dim: int | None = setting(help="Mamba-2 state size (default 128, Megatron-LM's)", type=POSITIVE_INT,
+                                          group=_HYBRID)
+    mamba_head_dim: int | None = setting(help="Mamba-2 head width (default 64, Megatron-LM's)", type=POSITIVE_INT,
+                                         group=_HYBRID)
+    mamba_num_groups: int | None = setting(help="Mamba-2 B/C groups (default 8, Megatron-LM's)", type=POSITIVE_INT,
+                                           group=_HYBRID)
+    mamba_num_heads: int | None = setting(help="Mamba-2 heads (default: 2 x hidden size / --mamba-head-dim, "
+                                               "Megatron-LM's expand 2)", type=POSITIVE_INT, group=_HYBRID)
     mtp_num_layers: int | None = setting(
         help="multi-token-prediction modules after the last layer, each a transformer layer of the model's kind, a "
              "projection and the shared output head and loss again (DeepSeek-V3 trains with 1; default 0: off, as in "

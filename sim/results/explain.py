@@ -131,28 +131,31 @@ def explain(model: ModelSpec, plan: ParallelPlan, profile: HardwareProfile, gpus
     b, t = plan.micro_batch_size, plan.tp
     local = local_sequence(model, plan.cp)
     embedding, head = plan_edge_works(model, plan)
-    # under a layer pattern (sim.inputs.layers) the first dense and the first MoE layer of the stack
-    dense_kind = next((lay for lay in model.layer_kinds if not lay.is_moe), None) if model.layers is not None else None
-    moe_kind = next((lay for lay in model.layer_kinds if lay.is_moe), None) if model.layers is not None else None
-    works = {"layer": plan_layer_work(model, plan, None, dense_kind),
-             "embedding": embedding,
-             "head": head}
-    if model.layers is not None and dense_kind is None:
-        del works["layer"]
+    works = {"layer": plan_layer_work(model, plan)} if model.layers is None else {}
+    works.update(embedding=embedding, head=head)
+    counts: dict = {}
     groups = {"cp": plan.cp_group(0)}
     sizes = {}
+    moe = None
     if model.moe:  # an MoE layer under balanced routing, moved by the plan's dispatcher
         tokens = b * local.seq_length // (t if plan.sp else 1)
         layout = default_layout(plan, gpus_per_node)
         lid = next(i for i in range(model.num_layers) if model.is_moe_layer(i))
         moe = moe_shape(model, plan, lid, tokens * model.moe_router_topk, layout)
-        works["moe layer"] = plan_layer_work(model, plan, moe, moe_kind)
+        if model.layers is None:
+            works["moe layer"] = plan_layer_work(model, plan, moe)
         fold = Folding(plan)
         groups.update(ep=fold.ep_group(0), etp=fold.etp_group(0))
         sizes = group_sizes(plan, layout)
         groups.update({g: dispatch_groups(fold, 0, lambda r: r // gpus_per_node)[g] for g in sizes if sizes[g] > 1})
+    if model.layers is not None:  # a layer pattern (sim.inputs.layers): one part per distinct layer, in stack order
+        for k, lay in enumerate(model.layer_kinds):
+            works[f"layer {k + 1}"] = plan_layer_work(model, plan, moe if lay.is_moe else None, lay)
+            counts[f"layer {k + 1}"] = (lay.describe(), model.layers.count(lay), lay.is_moe)
     links = {k: "nvlink" if len({r // gpus_per_node for r in g}) == 1 else "ib" for k, g in groups.items()}
     parts = {name: _part(w, plan, link, profile, links, sizes) for name, w in works.items()}
+    for name, (kind, count, is_moe) in counts.items():
+        parts[name].update(layer_kind=kind, count=count, moe=is_moe)
     layers = plan.stage_layers(model)
     per_stage = [sum(layers[c * plan.pp + r] for c in range(plan.vpp)) for r in range(plan.pp)]
     return {
@@ -198,9 +201,15 @@ def render(report: dict) -> str:
             "moe layer": "one mixture-of-experts layer (balanced routing)"}
     if "moe layer" in report["parts"]:
         what["layer"] = "one dense transformer layer"
-    for name in [n for n in ("layer", "moe layer") if n in report["parts"]] + ["embedding", "head"]:
+    kinds = [n for n, part in report["parts"].items() if "layer_kind" in part]  # a layer pattern's layers
+    for name in [n for n in ("layer", "moe layer") if n in report["parts"]] + kinds + ["embedding", "head"]:
         part = report["parts"][name]
-        out.append(f"{what[name]}")
+        if name in kinds:
+            out.append(f"{name} of {len(kinds)}: {part['layer_kind']} ({part['count']} of the "
+                       f"{sum(report['parts'][n]['count'] for n in kinds)} layers"
+                       f"{', balanced routing' if part['moe'] else ''})")
+        else:
+            out.append(f"{what[name]}")
         nw = max([26] + [len(r["name"]) + 1 for r in part["rows"]])  # columns as wide as their longest cell
         sw = max([38] + [len(_cell_shape(r)) + 1 for r in part["rows"]])
         out.append(f"  {'ph':<3}{'kernel':<{nw}}{'kind':<10}{'shape':<{sw}}{'GFLOP':>9}{'moved':>12}"
