@@ -33,7 +33,7 @@ from sim.inputs.model import ModelSpec
 from sim.inputs.plan import ParallelPlan
 from sim.inputs.cost import priced
 from sim.inputs.power import capped
-from sim.inputs.pinning import check_pinned
+from sim.inputs.rules import check_cluster
 from sim.inputs.resolve import model_from_settings, plan_from_settings, profile_from_settings, topology_from_settings
 from sim.inputs.schema import AUTO_FULL_FIDELITY_EVENTS, RunSettings, SimulationSettings
 from sim.inputs.mixed_gpus import MixedGpus, mixed_gpus
@@ -103,7 +103,7 @@ class Prepared(Job):
 def schedule_from_settings(plan: ParallelPlan) -> Schedule | None:
     """The ``Schedule`` of ``schedule = "FILE.csv"``, checked against the plan's pipeline
     size, model chunks and micro-batches (None for a built-in schedule)."""
-    if plan.schedule != "custom":
+    if not plan.pipeline.from_file:
         return None
     from sim.program.schedule_io import load_schedule_csv
 
@@ -127,7 +127,7 @@ def prepare(settings: RunSettings, model: ModelSpec | None = None, plan: Paralle
     topo = topology_from_settings(settings.cluster, gpus, profile.name) if gpus is not None else None
     if plan is None:
         plan = plan_from_settings(settings.plan, settings.cluster.total_gpus(), model)
-    elif plan.schedule == "custom" and plan.schedule_file is None:
+    elif plan.pipeline.from_file and plan.schedule_file is None:
         raise InputError("plan: a ParallelPlan with schedule 'custom' needs its CSV: "
                          "pass schedule='path/to.csv' instead of a ParallelPlan")
     else:
@@ -140,7 +140,7 @@ def prepare(settings: RunSettings, model: ModelSpec | None = None, plan: Paralle
     check_pxn(topo, pxn_disable=settings.simulation.nccl_pxn_disable,
               pxn_level=settings.simulation.nccl_p2p_pxn_level)
     topo = topo.with_pxn(settings.simulation.pxn_level)
-    check_pinned(plan, settings.cluster.pinned(), topo.gpus_per_node, f"on {topo.name}")
+    check_cluster(plan, settings.cluster.pinned(), topo, f"on {topo.name}")
     mixed = mixed_gpus(topo, plan.world_size, profile)
     if mixed is not None:  # (every type under the cap: --power-limit-w applies to every GPU)
         mixed = replace(mixed, profiles={n: priced(capped(p, settings.cluster.power_limit_w), settings.cluster.prices())

@@ -40,7 +40,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from sim.errors import require
 
 ATTENTION_KERNELS = ("te", "fa2", "triton")
 BACKWARD_PREFETCH = ("backward_pre", "backward_post")
@@ -73,7 +72,7 @@ def framework_of(plan) -> Framework:
 def attention_kernel_in_effect(plan) -> str:
     """The attention kernel the plan runs: the one given, else its framework's ('te' under
     unfused attention, which has no attention kernel to price)."""
-    if plan.attention != "flash":
+    if not plan.attention_mode.fused:
         return "te"
     return plan.attention_kernel or framework_of(plan).attention_kernel
 
@@ -82,21 +81,3 @@ def backward_prefetch_in_effect(plan) -> str:
     """How ZeRO-3 prefetches in backward: as given, else as its framework does."""
     return plan.backward_prefetch or framework_of(plan).backward_prefetch
 
-
-def check_framework_plan(plan) -> None:
-    """The plan's rules for these settings (``ParallelPlan.__post_init__``)."""
-    for field, value, allowed in (("framework", plan.framework, tuple(FRAMEWORKS)),
-                                  ("attention_kernel", plan.attention_kernel, ATTENTION_KERNELS),
-                                  ("backward_prefetch", plan.backward_prefetch, BACKWARD_PREFETCH)):
-        require(value is None or value in allowed, f"plan: {field}", value, f"allowed: {', '.join(allowed)}",
-                setting=field)
-    require(plan.attention_kernel is None or plan.attention == "flash", "plan: attention_kernel",
-            plan.attention_kernel, "a fused kernel needs attention flash (unfused attention runs GEMMs and a "
-            "softmax, no attention kernel)", setting="attention_kernel")
-    require(isinstance(plan.reshard_after_forward, bool), "plan: reshard_after_forward", plan.reshard_after_forward,
-            "expected true or false", setting="reshard_after_forward")
-    for field, value, default in (("backward_prefetch", plan.backward_prefetch, None),
-                                  ("reshard_after_forward", plan.reshard_after_forward, True)):
-        require(value == default or plan.zero_stage == 3, f"plan: {field}", value,
-                f"needs zero 3 (got {plan.zero_stage}): it says how FSDP / ZeRO-3 gathers the parameters",
-                setting=field)
