@@ -17,7 +17,7 @@ def test_the_plan_offers_exactly_the_registries_names():
     assert ZERO_STAGES == (0, 1, 2, 3)
 
 
-@pytest.mark.parametrize("name", [n for n in BUILT if n != "interleaved"])
+@pytest.mark.parametrize("name", [n for n in BUILT if st.PIPELINE_SCHEDULES[n].one_chunk])
 def test_one_chunk_schedules_split_and_hold_what_their_steps_say(name):
     """``split_backward`` and ``held_one_chunk`` against the steps ``sim.program.schedules``
     builds: a W step exists exactly when the backward is split, and each rank's peak of
@@ -28,6 +28,20 @@ def test_one_chunk_schedules_split_and_hold_what_their_steps_say(name):
     assert ("W" in kinds) == strategy.split_backward
     assert strategy.one_chunk and not strategy.interleaved and not strategy.from_file
     assert in_flight(sched) == tuple(strategy.held_one_chunk(p, r, m) for r in range(p))
+
+
+def test_looped_bfs_holds_what_its_steps_say_on_every_chunk():
+    """The strategy's "m" (every forward before any backward), on each of the v chunks, against
+    the steps ``sim.program.schedules.looped_bfs`` builds; one more schedule is one registry entry
+    and its builder."""
+    p, v, m = 4, 3, 8
+    strategy = st.PIPELINE_SCHEDULES["looped-bfs"]
+    assert not strategy.one_chunk and not strategy.interleaved and not strategy.from_file
+    assert not strategy.split_backward and not strategy.periodic
+    assert in_flight(build_schedule("looped-bfs", p, m, vpp=v)) == tuple(
+        v * strategy.held_one_chunk(p, r, m) for r in range(p))
+    plan = ParallelPlan(dp=1, pp=p, vpp=v, global_batch_size=m, schedule="looped-bfs")
+    assert plan.pipeline is strategy and plan.vpp == v
 
 
 def test_interleaved_and_custom_are_not_one_chunk():

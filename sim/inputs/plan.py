@@ -384,8 +384,6 @@ class ParallelPlan:
     """DDP gradient bucket size in bytes."""
 
     def __post_init__(self):
-        # each field alone: its type and bounds, and the values the plan fills in; the rules
-        # between fields are ``sim.inputs.rules.check_plan``'s, run once at the end
         for f in ("dp", "tp", "pp", "vpp", "micro_batch_size"):
             _pos(f, getattr(self, f))
         if self.global_batch_size is None:
@@ -395,6 +393,8 @@ class ParallelPlan:
                   "gradient_accumulation_fusion", "param_gather_overlap", "fp8_param_gather", "offload_optimizer",
                   "overlap_moe_expert_parallel_comm", "moe_permute_fusion", "moe_shared_expert_overlap"):
             _bool(f, getattr(self, f))
+        # (each field alone here: its type and bounds, and the values the plan fills in; the rules
+        # between fields are ``sim.inputs.rules.check_plan``'s, run once at the end)
         _check(self.cross_entropy in CROSS_ENTROPY, "cross_entropy", self.cross_entropy,
                 f"allowed: {', '.join(CROSS_ENTROPY)}")
         # FP8 (the precision's own rules, kept here until it is a strategy of its own)

@@ -30,21 +30,25 @@ class PipelineSchedule:
 
     name: str
     chunks: str
-    """"one": one model chunk per rank (vpp = 1); "many": interleaved, vpp > 1; "any": a
-    user's schedule file, whatever its rows say."""
+    """"one": one model chunk per rank (vpp = 1); "many": vpp > 1 (Megatron-LM's interleaved
+    1F1B); "any": as many as vpp says."""
     bubble_weight_passes: int = 0
     """Zero Bubble (Qi et al., ICLR 2024, §3): the weight-gradient passes each stage's bubble
     is filled with, (p − 1)·max(0, F + B − k·W); 0: the bubble is (p − 1)/v·(F + B + W)."""
     in_flight_one_chunk: str = "p - stage"
     """Micro-batches a stage of one chunk holds at its peak: "p - stage" (1F1B), "p" (ZB-H1,
     its paper's §3.1: the same memory as 1F1B's first stage on every stage), "2p - 1"
-    (ZB-H2, §3.1), "m" (GPipe: every forward before any backward)."""
+    (ZB-H2, §3.1), "m" (GPipe, looped BFS: every forward before any backward; each chunk holds m)."""
     pipedream_flush: bool = False
     """1F1B (PipeDream-Flush, Narayanan et al. 2021): a rank's first backward waits for the
     later ranks' forward and backward of micro-batch 0."""
     periodic: bool = True
     """From a few pipeline depths of micro-batches on, each more adds one steady-state period
-    and no memory (not GPipe, whose memory grows with them; not a user's file)."""
+    and no memory (not GPipe or looped BFS, whose memory grows with them; not a user's file)."""
+    from_file: bool = False
+    """A user's schedule .csv (``ParallelPlan.schedule_file``)."""
+    searched: bool = True
+    """``trainsim search`` tries it without being asked (``--schedule`` names the others)."""
 
     @property
     def split_backward(self) -> bool:
@@ -58,12 +62,8 @@ class PipelineSchedule:
 
     @property
     def interleaved(self) -> bool:
+        """Megatron-LM's interleaved 1F1B: vpp > 1, micro-batches in groups of pp."""
         return self.chunks == "many"
-
-    @property
-    def from_file(self) -> bool:
-        """A user's schedule .csv (``ParallelPlan.schedule_file``)."""
-        return self.chunks == "any"
 
     def held_one_chunk(self, pp: int, stage: int, microbatches: int) -> int:
         """``in_flight_one_chunk`` for ``pp`` stages and ``microbatches``."""
@@ -76,7 +76,11 @@ PIPELINE_SCHEDULES: dict[str, PipelineSchedule] = {s.name: s for s in (
     PipelineSchedule("interleaved", "many"),  # Megatron-LM's interleaved 1F1B (Narayanan et al. 2021, §2.2)
     PipelineSchedule("zb-h1", "one", bubble_weight_passes=1, in_flight_one_chunk="p"),
     PipelineSchedule("zb-h2", "one", bubble_weight_passes=2, in_flight_one_chunk="2p - 1"),
-    PipelineSchedule("custom", "any", periodic=False),
+    # breadth-first (Lamy-Poirier, MLSys 2023; PyTorch's ScheduleLoopedBFS, torchtitan's LoopedBFS): each
+    # chunk's forwards for every micro-batch, then the backwards; every chunk holds all m micro-batches
+    # (not searched unless asked: the same bubble as interleaved 1F1B with m·v activations held)
+    PipelineSchedule("looped-bfs", "any", in_flight_one_chunk="m", periodic=False, searched=False),
+    PipelineSchedule("custom", "any", periodic=False, from_file=True, searched=False),
 )}
 """Every pipeline schedule a plan may name ("custom": set from ``--schedule FILE.csv``)."""
 

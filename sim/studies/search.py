@@ -108,6 +108,8 @@ largest. A larger value prunes less and is safer; ``math.inf`` simulates every p
 fits."""
 
 PIPELINE_SCHEDULES = tuple(s for s in SCHEDULES if schedule_named(s).one_chunk)
+ASKED_SCHEDULES = tuple(s for s in SCHEDULES if not schedule_named(s).searched and not schedule_named(s).from_file)
+"""Schedules a search tries only where ``--schedule`` names them, at every vpp (looped BFS)."""
 PLAN_COLUMNS = ("dp", "tp", "pp", "vpp", "micro_batch_size", "zero_stage", "schedule", "recompute",
                 "sequence_parallel")
 """The plan fields a search varies (the columns of its CSV)."""
@@ -265,6 +267,8 @@ def _variants(model, gbs, space, dp, tp, pp, mbs, cp=1) -> list[ParallelPlan]:
     else:
         shapes += [(1, s) for s in PIPELINE_SCHEDULES]
         shapes += [(v, "interleaved") for v in _interleavings(model, pp) if m % pp == 0]
+        shapes += [(v, s) for s in ASKED_SCHEDULES if s in (space.schedule or ())
+                   for v in (1, *_interleavings(model, pp))]
     out = []
     for vpp, schedule in shapes:
         if not (space.allows("vpp", vpp) and space.allows("schedule", schedule)):
