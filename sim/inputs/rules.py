@@ -9,17 +9,19 @@ rules that tie fields together live here and run once, before any program is bui
   experts, CUDA graphs, context parallelism, the framework settings, recomputation.
 * ``check_model(plan, model)``: what needs the model (``ParallelPlan.check_model``).
 * ``check_cluster(plan, pinned, topology, where)``: what needs the resolved cluster
-  (pinned groups inside NVLink domains, ``sim.session.prepare``).
+  (pinned groups inside NVLink domains, ``sim.session.prepare``); ``check_nccl_algo``: a
+  forced NVLS needs NVLink SHARP on the topology; ``check_power_cap``: a power cap the GPU's
+  profile allows (``sim.inputs.power.capped``).
 
-The FP8 rules (``fp8_*``, ``sim.program.fp8.check_fp8_support``) stay with the precision
-code for now.
+The FP8 rules (``fp8_*`` in ``ParallelPlan.__post_init__``, ``sim.program.fp8.check_fp8_support``)
+stay with the precision code for now, and the PXN settings with ``sim.inputs.topology.check_pxn``.
 """
 
 from __future__ import annotations
 
 import math
 
-from sim.errors import require
+from sim.errors import InputError, require
 from sim.inputs.context_parallel import CP_COMM_TYPES
 from sim.inputs.cuda_graphs import FIELD as _CUDA_GRAPH_FIELD, COVERS_MOE
 from sim.inputs.experts import DISPATCHERS
@@ -28,9 +30,10 @@ from sim.inputs.pinning import check_pinned
 from sim.inputs.recompute import EXPERT_MODULES, FIELD as _RECOMPUTE_FIELD, parse_recompute_modules
 from sim.inputs.layer_split import FIRST, LAST, check_layer_split, check_layout
 from sim.inputs.strategies import attention_named, recompute_named, schedule_named
+from sim.inputs.topology import nvls_capable
 from sim.inputs.tp_overlap import parse as parse_tp_overlap
 
-__all__ = ["check_plan", "check_model", "check_cluster", "vpp_of_layout"]
+__all__ = ["check_plan", "check_model", "check_cluster", "check_nccl_algo", "check_power_cap", "vpp_of_layout"]
 
 
 def _check(cond: bool, field: str, value, allowed: str) -> None:
@@ -148,6 +151,27 @@ def check_cluster(plan, pinned, topology, where: str) -> None:
     """The rules that need the resolved cluster: groups pinned inside an NVLink domain
     (``sim.inputs.pinning``)."""
     check_pinned(plan, pinned, topology.gpus_per_node, where)
+
+
+def check_power_cap(profile, cap_w: float, flag: str = "--power-limit-w") -> None:
+    """A power cap the GPU can run under (``sim.inputs.power.capped``): above its idle power
+    and at most its board limit, which its profile must give."""
+    if profile.power_limit_w is None or profile.idle_power_w is None:
+        raise InputError(field=flag, value=cap_w, setting="power_limit_w", shown=f"{cap_w:g}",
+                         allowed=f"profile {profile.name} gives no power_limit_w and idle_power_w (add them to its "
+                                 "JSON to cap its power)")
+    if not profile.idle_power_w < cap_w <= profile.power_limit_w:
+        raise InputError(field=flag, value=cap_w, setting="power_limit_w", shown=f"{cap_w:g}",
+                         allowed=f"watts above the idle power and at most the power limit of {profile.name}: "
+                                 f"({profile.idle_power_w:g}, {profile.power_limit_w:g}]")
+
+
+def check_nccl_algo(algo: str, topology) -> None:
+    """A run-wide ``nccl_algo`` the topology can never run is an input error (NVLS
+    without NVLink SHARP); one line naming the field, the value and what is allowed."""
+    if algo in ("nvls", "nvls_tree") and not nvls_capable(topology, range(topology.num_gpus)):
+        raise InputError(f"nccl_algo: got {algo!r}; topology {topology.name} has no NVLink SHARP (nvlink_sharp = "
+                         "false on its NVSwitch; H100/H200/B200/GB200 NVSwitch only); allowed: auto, ring, tree, hierarchical")
 
 
 # (experts.py)
