@@ -25,7 +25,7 @@ from sim.program.build import BuildContext
 from sim.program.training import build
 from sim.engine.core import simulate
 from sim.engine.nccl import NcclModel
-from sim.engine.tuner import alone_time, check_forced
+from sim.engine.tuner import alone_time
 from sim.errors import InputError
 from sim.gc_tuning import simulation_pause
 from sim.inputs.hardware import HardwareProfile
@@ -33,7 +33,7 @@ from sim.inputs.model import ModelSpec
 from sim.inputs.plan import ParallelPlan
 from sim.inputs.cost import priced
 from sim.inputs.power import capped
-from sim.inputs.pinning import check_pinned
+from sim.inputs.rules import check_cluster, check_nccl_algo
 from sim.inputs.resolve import model_from_settings, plan_from_settings, profile_from_settings, topology_from_settings
 from sim.inputs.schema import AUTO_FULL_FIDELITY_EVENTS, RunSettings, SimulationSettings
 from sim.inputs.mixed_gpus import MixedGpus, mixed_gpus
@@ -103,7 +103,7 @@ class Prepared(Job):
 def schedule_from_settings(plan: ParallelPlan) -> Schedule | None:
     """The ``Schedule`` of ``schedule = "FILE.csv"``, checked against the plan's pipeline
     size, model chunks and micro-batches (None for a built-in schedule)."""
-    if plan.schedule != "custom":
+    if not plan.pipeline.from_file:
         return None
     from sim.program.schedule_io import load_schedule_csv
 
@@ -128,7 +128,7 @@ def prepare(settings: RunSettings, model: ModelSpec | None = None, plan: Paralle
     if plan is None:
         plan = plan_from_settings(settings.plan, settings.cluster.total_gpus(), model,
                                   settings.model.hybrid_override_pattern)
-    elif plan.schedule == "custom" and plan.schedule_file is None:
+    elif plan.pipeline.from_file and plan.schedule_file is None:
         raise InputError("plan: a ParallelPlan with schedule 'custom' needs its CSV: "
                          "pass schedule='path/to.csv' instead of a ParallelPlan")
     else:
@@ -137,11 +137,11 @@ def prepare(settings: RunSettings, model: ModelSpec | None = None, plan: Paralle
     schedule = schedule_from_settings(plan)
     if topo is None:
         topo = topology_from_settings(settings.cluster, plan.world_size, profile.name)
-    check_forced(settings.simulation.nccl_algo, topo)
+    check_nccl_algo(settings.simulation.nccl_algo, topo)
     check_pxn(topo, pxn_disable=settings.simulation.nccl_pxn_disable,
               pxn_level=settings.simulation.nccl_p2p_pxn_level)
     topo = topo.with_pxn(settings.simulation.pxn_level)
-    check_pinned(plan, settings.cluster.pinned(), topo.gpus_per_node, f"on {topo.name}")
+    check_cluster(plan, settings.cluster.pinned(), topo, f"on {topo.name}")
     mixed = mixed_gpus(topo, plan.world_size, profile)
     if mixed is not None:  # (every type under the cap: --power-limit-w applies to every GPU)
         mixed = replace(mixed, profiles={n: priced(capped(p, settings.cluster.power_limit_w), settings.cluster.prices())
@@ -177,7 +177,7 @@ def simulate_training(job: Job, settings: SimulationSettings | None = None, *,
         topology = degrade(topology, stragglers.links)
     if job.mixed is not None:
         fidelity, reason = per_gpu_fidelity(fidelity, "GPUs of several types")
-    check_forced(settings.nccl_algo, topology)
+    check_nccl_algo(settings.nccl_algo, topology)
     topology = topology.with_pxn(settings.pxn_level)  # (NCCL_PXN_DISABLE, NCCL_P2P_PXN_LEVEL: the sends' routes)
     nccl = NcclModel.from_profile(profile).forcing(settings.nccl_algo, settings.nccl_protocol)
     eff = profile.link_efficiencies()

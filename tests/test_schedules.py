@@ -16,7 +16,8 @@ import pytest
 from sim.engine.core import simulate
 from sim.errors import InputError
 from sim.program.schedule_io import _unit_run, from_csv, load_schedule_csv, render, to_csv, validate
-from sim.program.schedules import (SCHEDULES, Schedule, Step, build_schedule, in_flight, interleaved, one_f_one_b,
+from sim.program.schedules import (SCHEDULES, Schedule, Step, build_schedule, in_flight, interleaved, looped_bfs,
+                                   one_f_one_b,
                                  step_deps, to_program, zb_h1)
 
 
@@ -44,6 +45,8 @@ def _all_schedules():
             yield build_schedule(name, p, m)
     for p, v, k in [(1, 2, 3), (2, 2, 1), (2, 3, 2), (3, 2, 3), (4, 2, 2), (4, 4, 3), (8, 3, 2)]:
         yield build_schedule("interleaved", p, k * p, vpp=v)
+    for p, v, m in [(1, 2, 3), (2, 1, 3), (2, 2, 1), (2, 3, 5), (4, 2, 4), (4, 3, 9)]:
+        yield build_schedule("looped-bfs", p, m, vpp=v)
 
 
 ALL = list(_all_schedules())
@@ -112,7 +115,7 @@ def test_to_program_actions_carry_names_kinds_and_cross_rank_deps():
 def test_every_schedule_validates_and_runs_each_pass_once():
     for s in ALL:
         validate(s)
-        kinds = {"B"} if s.name in ("gpipe", "1f1b", "interleaved") else {"I", "W"}
+        kinds = {"B"} if s.name in ("gpipe", "1f1b", "interleaved", "looped-bfs") else {"I", "W"}
         steps = [st for row in s.ranks for st in row]
         assert len(steps) == len(set(steps)) == s.num_stages * s.num_microbatches * (1 + len(kinds))
         assert {st.kind for st in steps} == {"F"} | kinds
@@ -200,6 +203,25 @@ def test_zero_bubble_when_w_is_longer_than_f(make_star, tf, ti, tw):
     h2 = max(_window_bubbles(_run(build_schedule("zb-h2", p, m), d, make_star), p))
     assert h1 == (p - 1) * (tf + ti - min(tw, tf)) > (p - 1) * (tf + ti - tw)
     assert h2 == (p - 1) * max(0.0, tf + ti - 2 * min(tw, tf)) > (p - 1) * (tf + ti - 2 * tw)
+
+
+def test_looped_bfs_order_matches_pytorch_by_hand():
+    # torch.distributed.pipelining.ScheduleLoopedBFS: rank r's chunks r, r + p, ... each run every
+    # micro-batch's forward; then the chunks in reverse, each chunk's micro-batches last first
+    s = looped_bfs(2, 2, 3)
+    assert str(s).splitlines() == ["0F0 0F1 0F2 2F0 2F1 2F2 2B2 2B1 2B0 0B2 0B1 0B0",
+                                   "1F0 1F1 1F2 3F0 3F1 3F2 3B2 3B1 3B0 1B2 1B1 1B0"]
+
+
+@pytest.mark.parametrize("p,v,k", [(2, 2, 1), (2, 2, 4), (2, 4, 3), (3, 3, 2), (4, 2, 1), (4, 2, 4), (4, 4, 2), (8, 2, 2)])
+def test_looped_bfs_bubble_is_interleavings_when_m_is_at_least_p(make_star, p, v, k):
+    """Breadth-first (Lamy-Poirier 2023): with m >= p a rank never waits between its chunks,
+    so the fill and drain are p - 1 chunk passes each way, (p - 1)(t_f + t_b)/v, as interleaved
+    1F1B's; derived by hand from the start times c·m + j + r (unit chunk passes)."""
+    m, tf, tb = k * p, 1.0, 2.0
+    tr = _run(looped_bfs(p, v, m), _times(tf / v, tb / v), make_star)  # each chunk holds 1/v of the layers
+    assert tr.end_s == pytest.approx(m * (tf + tb) + (p - 1) * (tf + tb) / v, rel=1e-12)
+    assert in_flight(looped_bfs(p, v, m)) == (m * v,) * p  # every forward before any backward: all of them
 
 
 # ---------------------------------------------------------------- memory in flight
@@ -338,7 +360,7 @@ def test_build_schedule_rejects_bad_names_and_combinations():
     ]:
         with pytest.raises(InputError, match=says):
             build_schedule(*args)
-    assert set(SCHEDULES) == {"gpipe", "1f1b", "interleaved", "zb-h1", "zb-h2"}
+    assert set(SCHEDULES) == {"gpipe", "1f1b", "interleaved", "zb-h1", "zb-h2", "looped-bfs"}
 
 
 def test_schedules_are_deterministic_hashable_data():

@@ -14,6 +14,7 @@ from sim.errors import InputError
 from sim.inputs.hardware import load_profile
 from sim.inputs.model import gpt, preset
 from sim.inputs.plan import RECOMPUTE, SCHEDULES, ParallelPlan
+from sim.inputs.strategies import schedule_named
 from sim.studies.search import (
     DEFAULT_MARGIN,
     SearchSpace,
@@ -37,7 +38,7 @@ SPACE = SearchSpace(tp=(1, 2), pp=(1, 2, 4), micro_batch_size=(1, 2), zero_stage
                     schedule=("1f1b", "zb-h1", "interleaved"), recompute=("none",), sequence_parallel=(False,))
 
 
-def _brute_force(model, gpus, gbs, max_tp=8):
+def _brute_force(model, gpus, gbs, max_tp=8, schedules=tuple(s for s in SCHEDULES if schedule_named(s).searched)):
     """Every plan ParallelPlan and check_model accept, by trying every combination; the
     search's conventions: sp only with tp > 1, ZeRO only with dp > 1, no schedule choice
     without a pipeline, tp within a node."""
@@ -48,7 +49,7 @@ def _brute_force(model, gpus, gbs, max_tp=8):
             continue
         dp = gpus // (tp * pp)
         for vpp, mbs, z, sched, rec, sp in itertools.product(range(1, 9), range(1, gbs + 1), range(4),
-                                                            [s for s in SCHEDULES if s != "custom"], RECOMPUTE,
+                                                            schedules, RECOMPUTE,
                                                             (False, True)):
             if (sp and tp == 1) or (z and dp == 1) or (pp == 1 and sched != "1f1b"):
                 continue
@@ -74,6 +75,17 @@ def test_enumeration_is_every_plan_the_plan_validation_accepts():
                         ("schedule", {"gpipe", "1f1b", "zb-h1", "zb-h2", "interleaved"})):
         assert {getattr(p, field) for p in plans} == want, field
     assert {p.micro_batch_size for p in plans if p.dp == 1} == {1, 2, 4, 8}
+
+
+def test_a_schedule_searched_only_when_asked_is_enumerated_at_every_plan_it_runs():
+    """Looped BFS (``strategies.PipelineSchedule.searched`` False): absent from the default
+    space, and where ``--schedule`` names it, every plan the validation accepts with it."""
+    model = gpt("enum", 4, 512, 8, 4096, 256)
+    assert "looped-bfs" not in {p.schedule for p in enumerate_plans(model, 8, 8)}
+    asked = enumerate_plans(model, 8, 8, SearchSpace(schedule=("1f1b", "looped-bfs")))
+    got = {plan_key(p) for p in asked if p.schedule == "looped-bfs"}
+    assert got and got == _brute_force(model, 8, 8, schedules=("looped-bfs",))
+    assert {p.vpp for p in asked if p.schedule == "looped-bfs"} == {1, 2}
 
 
 def test_space_narrows_and_checks_its_values():

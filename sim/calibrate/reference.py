@@ -56,7 +56,7 @@ def check_supported(model: ModelSpec, plan: ParallelPlan) -> None:
         raise InputError(f"plan: tp: got {plan.tp}; the reference run implements data and pipeline parallelism (tp = 1)")
     if plan.schedule not in SCHEDULES or plan.vpp != 1:
         raise InputError(f"plan: schedule: got {plan.schedule!r}; the reference run implements {', '.join(SCHEDULES)}")
-    if plan.recompute != "none" or plan.zero_stage != 0 or plan.sequence_parallel:
+    if plan.recompute_policy.recomputes or plan.zero.shards_optimizer or plan.sequence_parallel:
         raise InputError("plan: the reference run implements recompute 'none', ZeRO-0 and no sequence parallelism")
     if model.mlp != "gelu" or model.norm != "layernorm" or model.position_embedding != "learned":
         raise InputError(f"model {model.name}: the reference run builds GPT layers (gelu, layernorm, learned positions)")

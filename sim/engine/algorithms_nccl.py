@@ -92,7 +92,7 @@ def nvls_steps(b, ranks: list[int], op: str, nbytes: float, topology, label: str
                pipelined: bool = True) -> None:
     """Each GPU's traffic to and from its NVLink-SHARP switch for ``op`` (module doc); with
     ``pipelined`` (single-node NVLS) the way back carries NVLS's chunked pipeline lead."""
-    from sim.engine.nccl import nvswitch_of
+    from sim.inputs.topology import nvswitch_of
 
     from sim.engine.nccl_tuning import nvls_lead_bytes
 
@@ -110,7 +110,7 @@ def nvls_steps(b, ranks: list[int], op: str, nbytes: float, topology, label: str
 def check_nvls(op: str, ranks: list[int], topology, algo: str, field: str = "algo") -> list[list[int]]:
     """The group's ranks by node, after checking ``algo`` (nvls, nvls_tree) can run; ``field``
     names it in an error (``--algo`` on the command line)."""
-    from sim.engine.nccl import nvls_capable
+    from sim.inputs.topology import nvls_capable
 
     if op not in (("allreduce", "reducescatter", "allgather") if algo == "nvls" else ("allreduce",)):
         raise InputError(f"{field}: got {algo!r} for op {op!r}; {algo} runs "

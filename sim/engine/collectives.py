@@ -21,10 +21,10 @@ from sim.engine import algorithms as collectives
 from sim.engine.kernel import Environment
 from sim.engine.network import Network
 from sim.errors import InputError
-from sim.engine.nccl import (DEFAULT_MODEL, POINT_TO_POINT_OPS, base_latency, nvls_capable, protocol_cost, rate_caps,
+from sim.engine.nccl import (DEFAULT_MODEL, POINT_TO_POINT_OPS, base_latency, protocol_cost, rate_caps,
                              ring_step_latency, transfer_cost)
 from sim.engine.tuner import choose, runnable
-from sim.inputs.topology import Topology, default_channels, ranks_by_node
+from sim.inputs.topology import Topology, default_channels, nvls_capable, ranks_by_node
 
 
 BUNDLED_OPS = ("alltoall",)

@@ -280,17 +280,3 @@ def rate_caps(steps, op: str, ranks, nbytes: float, topology, efficiency: dict, 
     return caps
 
 
-def nvls_capable(topology, ranks) -> bool:
-    """Every GPU of ``ranks`` hangs off an NVSwitch with NVLink SHARP."""
-    return all(nvswitch_of(topology, r) is not None for r in ranks)
-
-
-def nvswitch_of(topology, rank: int):
-    """The NVLink-SHARP NVSwitch device next to GPU ``rank``, or None."""
-    g = topology.graph
-    gpu = topology.gpu(rank)
-    for n in sorted(g.neighbors(gpu)):
-        d = g.nodes[n]
-        if d["kind"] == "nvswitch" and d.get("nvlink_sharp"):
-            return n
-    return None

@@ -17,9 +17,9 @@ from __future__ import annotations
 import math
 
 from sim.engine.algorithms import build
-from sim.engine.nccl import (DEFAULT_MODEL, POINT_TO_POINT_OPS, PROTOCOLS, NcclModel, base_latency, nvls_capable,
-                             rate_caps, ring_step_latency, route_links, transfer_cost)
-from sim.inputs.topology import default_channels, ranks_by_node
+from sim.engine.nccl import (DEFAULT_MODEL, POINT_TO_POINT_OPS, PROTOCOLS, NcclModel, base_latency, rate_caps,
+                             ring_step_latency, route_links, transfer_cost)
+from sim.inputs.topology import default_channels, nvls_capable, ranks_by_node
 
 
 def candidates(op: str, nodes: int, sharp: bool, equal_nodes: bool) -> list[tuple[str, str]]:
@@ -152,16 +152,6 @@ def runnable(op: str, ranks, topology, algo: str) -> bool:
     by_node = ranks_by_node(topology, ranks)
     ok = candidates(op, len(by_node), nvls_capable(topology, ranks), len({len(v) for v in by_node.values()}) == 1)
     return any(a == algo for a, _ in ok)
-
-
-def check_forced(algo: str, topology) -> None:
-    """A run-wide ``nccl_algo`` the topology can never run is an input error (NVLS
-    without NVLink SHARP); one line naming the field, the value and what is allowed."""
-    from sim.errors import InputError
-
-    if algo in ("nvls", "nvls_tree") and not nvls_capable(topology, range(topology.num_gpus)):
-        raise InputError(f"nccl_algo: got {algo!r}; topology {topology.name} has no NVLink SHARP (nvlink_sharp = "
-                         "false on its NVSwitch; H100/H200/B200/GB200 NVSwitch only); allowed: auto, ring, tree, hierarchical")
 
 
 def alone_time(op: str, ranks, nbytes: float, topology, efficiency: dict, model: NcclModel) -> float:

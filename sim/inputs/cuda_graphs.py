@@ -34,12 +34,11 @@ recompute needs ``full_iteration``; ``full_iteration`` stands alone.
 
 from __future__ import annotations
 
-from sim.errors import require
 from sim.inputs.fields import name_list
 
 FIELD = "cuda_graph"
 SCOPES = ("full", "attn", "mlp", "moe", "moe_router", "moe_preprocess", "full_iteration")
-_COVERS_MOE = ("full", "moe", "full_iteration")
+COVERS_MOE = ("full", "moe", "full_iteration")
 
 
 def parse_cuda_graph(value) -> tuple[str, ...] | None:
@@ -56,48 +55,8 @@ class CudaGraphs:
 
     def covers_moe_block(self) -> bool:
         """Whether a graph covers a whole MoE block, so that its kernels cost the host nothing."""
-        return any(s in self.scopes for s in _COVERS_MOE)
+        return any(s in self.scopes for s in COVERS_MOE)
 
     def __bool__(self) -> bool:
         return bool(self.scopes)
 
-
-def check_cuda_graph_plan(plan) -> None:
-    """The rules that need the plan alone (``ParallelPlan.__post_init__``)."""
-    scopes = plan.cuda_graph
-    if not scopes:
-        return
-    where = f"plan: {FIELD}"
-    require(not ("moe" in scopes and "moe_router" in scopes), where, "moe moe_router",
-            "not both moe and moe_router (Megatron-Core's rule: moe already captures the router)", setting=FIELD)
-    require("moe_preprocess" not in scopes or "moe_router" in scopes, where, "moe_preprocess",
-            "needs moe_router as well (Megatron-Core graphs the preprocess only with the router)", setting=FIELD)
-    require("full_iteration" not in scopes or len(scopes) == 1, where, " ".join(scopes),
-            "full_iteration stands alone (it captures the whole iteration)", setting=FIELD)
-    require(plan.recompute != "full" or scopes == ("full_iteration",), where, " ".join(scopes),
-            "with recompute_granularity full only full_iteration (Megatron-Core's rule)", setting=FIELD)
-    require(not ("moe_preprocess" in scopes and plan.dispatcher == "alltoall"
-                 and plan.moe_capacity_factor is not None), where, "moe_preprocess",
-            "not with the alltoall dispatcher and a capacity factor: its preprocess copies token counts to the host "
-            "(Megatron-Core's rule)", setting=FIELD)
-
-
-def check_cuda_graph_model(plan, model) -> None:
-    """The rules that need the model (``ParallelPlan.check_model``)."""
-    scopes = plan.cuda_graph
-    if not scopes:
-        return
-    where = f"plan: {FIELD}"
-    for s in ("moe", "moe_router", "moe_preprocess"):
-        require(s not in scopes or model.moe, where, s, f"{model.name} has no experts (an MoE scope needs "
-                "--num-experts)", setting=FIELD)
-    if not model.moe:
-        return
-    dense = any(not model.is_moe_layer(i) for i in range(model.num_layers))
-    require("mlp" not in scopes or dense, where, "mlp",
-            f"{model.name} has no dense layer (every layer is MoE; mlp graphs a dense layer's MLP)", setting=FIELD)
-    covering = [s for s in scopes if s in _COVERS_MOE]
-    require(not covering or plan.moe_capacity_factor is not None, where, covering[0] if covering else None,
-            "captures the MoE block, which needs drop-padding MoE (moe_expert_capacity_factor set): dropless MoE "
-            "copies its token counts to the host mid-block, which a graph cannot capture (Megatron-Core's rule)",
-            setting=FIELD)

@@ -102,10 +102,8 @@ its kernels are the ones ``kernel_launch_s`` is fitted to.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
-from sim.errors import require
 from sim.inputs.model import ModelSpec, layer_params_per_rank
 
 DEEPSPEED_PREFETCH_BUCKET = 50_000_000
@@ -181,7 +179,7 @@ def kernel_overhead_s(plan, profile) -> float:
 def attention_kernel_in_effect(plan) -> str:
     """The attention kernel the plan runs: the one given, else its framework's ('te' under
     unfused attention, which has no attention kernel to price)."""
-    if plan.attention != "flash":
+    if not plan.attention_mode.fused:
         return "te"
     return plan.attention_kernel or framework_of(plan).attention_kernel
 
@@ -189,73 +187,6 @@ def attention_kernel_in_effect(plan) -> str:
 def backward_prefetch_in_effect(plan) -> str:
     """How ZeRO-3 prefetches in backward: as given, else as its framework does."""
     return plan.backward_prefetch or framework_of(plan).backward_prefetch
-
-
-def check_framework_plan(plan) -> None:
-    """The plan's rules for these settings (``ParallelPlan.__post_init__``)."""
-    for field, value, allowed in (("framework", plan.framework, tuple(FRAMEWORKS)),
-                                  ("attention_kernel", plan.attention_kernel, ATTENTION_KERNELS),
-                                  ("backward_prefetch", plan.backward_prefetch, BACKWARD_PREFETCH)):
-        require(value is None or value in allowed, f"plan: {field}", value, f"allowed: {', '.join(allowed)}",
-                setting=field)
-    require(plan.attention_kernel is None or plan.attention == "flash", "plan: attention_kernel",
-            plan.attention_kernel, "a fused kernel needs attention flash (unfused attention runs GEMMs and a "
-            "softmax, no attention kernel)", setting="attention_kernel")
-    require(isinstance(plan.reshard_after_forward, bool), "plan: reshard_after_forward", plan.reshard_after_forward,
-            "expected true or false", setting="reshard_after_forward")
-    for field, value, default in (("backward_prefetch", plan.backward_prefetch, None),
-                                  ("reshard_after_forward", plan.reshard_after_forward, True)):
-        require(value == default or plan.zero_stage == 3, f"plan: {field}", value,
-                f"needs zero 3 (got {plan.zero_stage}): it says how FSDP / ZeRO-3 gathers the parameters",
-                setting=field)
-    check_deepspeed_plan(plan)
-
-
-def check_deepspeed_plan(plan) -> None:
-    """DeepSpeed's own settings only under it, with their bounds; and under it none of the
-    settings of the frameworks it is not (FSDP's, Megatron-LM's)."""
-    for field in ("zero3_param_persistence_threshold", "zero3_max_reuse_distance"):
-        value = getattr(plan, field)
-        require(value is None or isinstance(value, (int, float)) and not isinstance(value, bool)
-                and math.isfinite(value) and value >= 0, f"plan: {field}", value,
-                "expected a finite number of parameters >= 0", setting=field)
-    for field in ("overlap_comm", "contiguous_gradients"):
-        require(getattr(plan, field) is None or isinstance(getattr(plan, field), bool), f"plan: {field}",
-                getattr(plan, field), "expected true or false", setting=field)
-    if not is_deepspeed(plan):
-        for field in DEEPSPEED_ONLY:
-            require(getattr(plan, field) is None, f"plan: {field}", getattr(plan, field),
-                    f"DeepSpeed's setting: needs framework deepspeed (got {plan.framework or DEFAULT_FRAMEWORK})",
-                    setting=field)
-        return
-    for field, setting, value, ok, why in (
-            ("backward_prefetch", "backward_prefetch", plan.backward_prefetch, plan.backward_prefetch is None,
-             "FSDP1's; DeepSpeed prefetches along its trace (zero3_prefetch_bucket_size)"),
-            ("reshard_after_forward", "reshard_after_forward", plan.reshard_after_forward, plan.reshard_after_forward,
-             "FSDP's; DeepSpeed keeps what is reused within zero3_max_reuse_distance"),
-            ("zero3_prefetch_depth", "zero3_prefetch_depth", plan.zero3_prefetch_depth, plan.zero3_prefetch_depth == 1,
-             "DeepSpeed prefetches by elements, not layers: give zero3_prefetch_bucket_size"),
-            ("param_gather_overlap", "overlap_param_gather", plan.param_gather_overlap, not plan.param_gather_overlap,
-             "Megatron-LM's; DeepSpeed all-gathers ZeRO-1/2's parameters after the step"),
-            ("dp_overlap", "overlap_grad_reduce", plan.dp_overlap, plan.dp_overlap,
-             "Megatron-LM's; DeepSpeed's is overlap_comm"),
-            ("fp8_param_gather", "fp8_param_gather", plan.fp8_param_gather, not plan.fp8_param_gather,
-             "Megatron-LM's (NeMo's fp8_params); DeepSpeed gathers 16-bit parameters"),
-            ("pp", "pipeline_model_parallel_size", plan.pp, plan.pp == 1 or plan.zero_stage < 2,
-             f"must be 1 under DeepSpeed with zero {plan.zero_stage} (its pipeline engine: \"ZeRO-2 and ZeRO-3 are "
-             "incompatible with pipeline parallelism\")")):
-        require(ok, f"plan: {field}", value, f"not a setting of framework deepspeed: {why}" if field != "pp" else why,
-                setting=setting)
-
-
-def check_deepspeed_model(plan, model: ModelSpec) -> None:
-    """DeepSpeed's ZeRO-3 is modelled per tensor (``layer_tensors``) for standard layers only."""
-    if not is_deepspeed(plan) or plan.zero_stage != 3:
-        return
-    what = ("layer patterns" if model.layers is not None else "MLA" if model.mla
-            else "experts" if model.num_experts is not None else None)
-    require(what is None, "plan: framework", "deepspeed", f"with zero 3 not modelled for a model with {what} "
-            f"({model.name}): its tensors are counted for standard transformer layers only", setting="framework")
 
 
 # ---------------------------------------------------------------- DeepSpeed's ZeRO

@@ -43,33 +43,28 @@ import math
 from dataclasses import dataclass
 from functools import partial
 
-from sim.inputs import placement as _pl
-from sim.inputs.context_parallel import check_context_model, check_context_plan
-from sim.inputs.cuda_graphs import SCOPES as CUDA_GRAPH_SCOPES, check_cuda_graph_model, check_cuda_graph_plan, \
-    parse_cuda_graph
-from sim.inputs.experts import DISPATCHERS, check_ep_overlap_plan, check_expert_model, check_expert_plan
+from sim.inputs import placement as _pl, rules as _rules, strategies as _st
+from sim.inputs.cuda_graphs import SCOPES as CUDA_GRAPH_SCOPES, parse_cuda_graph
+from sim.inputs.experts import DISPATCHERS
 from sim.inputs.fields import setting
-from sim.inputs.frameworks import (ATTENTION_KERNELS, BACKWARD_PREFETCH, FRAMEWORKS, check_deepspeed_model,
-                                   check_framework_plan)
+from sim.inputs.frameworks import ATTENTION_KERNELS, BACKWARD_PREFETCH, FRAMEWORKS
 from sim.inputs.precision import FP4_FORMAT, FP4_RECIPES, FP8_FORMATS, FP8_RECIPE_CHOICES, Precision, \
     canonical_fp8_recipe, check_precision_plan, check_precision_weights, precision_of
-from sim.inputs.recompute import RECOMPUTE_METHODS, RECOMPUTE_MODULES, check_recompute_layers, check_recompute_model, \
-    check_recompute_plan, modules_in_effect, parse_recompute_modules
-from sim.inputs.tp_overlap import parse as parse_tp_overlap
-from sim.inputs.layer_split import FIRST, LAST, check_layer_split, check_layout, parse_layer_split, parse_layout, \
+from sim.inputs.recompute import RECOMPUTE_METHODS, RECOMPUTE_MODULES, modules_in_effect, parse_recompute_modules
+from sim.inputs.layer_split import parse_layer_split, parse_layout, \
     split_layers
 from sim.errors import require
 from sim.units import NONNEGATIVE_INT, POSITIVE_INT, Number, parse_size
 
-RECOMPUTE = ("none", "selective", "full")
-ATTENTION = ("flash", "unfused")
+RECOMPUTE = tuple(_st.RECOMPUTE_POLICIES)
+ATTENTION = tuple(_st.ATTENTION_MODES)
 CROSS_ENTROPY = ("megatron", "megatron-fused", "pytorch")
 """How the loss is computed over the logits (``sim.program.workload.head_work``):
 Megatron-LM's vocab-parallel cross entropy (its default), the same fused by
 ``--cross-entropy-loss-fusion``, or ``torch.nn.functional.cross_entropy`` in the training
 dtype (tp 1 only; what ``trainsim validate``'s reference runs)."""
-ZERO_STAGES = (0, 1, 2, 3)
-SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb-h1", "zb-h2", "custom")
+ZERO_STAGES = tuple(_st.ZERO)
+SCHEDULES = tuple(_st.PIPELINE_SCHEDULES)
 DDP_BUCKET_BYTES = 25 * 2**20
 """PyTorch DDP's default bucket: ``bucket_cap_mb=25``, i.e. 25 MiB (torch.nn.parallel.DistributedDataParallel)."""
 
@@ -425,33 +420,14 @@ class ParallelPlan:
                   "gradient_accumulation_fusion", "param_gather_overlap", "fp8_param_gather", "offload_optimizer",
                   "overlap_moe_expert_parallel_comm", "moe_permute_fusion", "moe_shared_expert_overlap"):
             _bool(f, getattr(self, f))
-        _check(not self.tp_comm_overlap or self.tp == 1 or self.sequence_parallel, "tp_comm_overlap", True,
-                "needs sequence_parallel (it overlaps the sequence-parallel all-gathers and reduce-scatters with "
-                "the GEMMs beside them)")
-        _check(self.tp_comm_overlap_cfg is None or self.tp_comm_overlap, "tp_comm_overlap_cfg",
-                self.tp_comm_overlap_cfg, "needs tp_comm_overlap (the configuration of its overlap)")
-        if self.tp_comm_overlap_cfg is not None:
-            parse_tp_overlap(self.tp_comm_overlap_cfg)
+        # (each field alone here: its type and bounds, and the values the plan fills in; the rules
+        # between fields are ``sim.inputs.rules.check_plan``'s, run once at the end)
         _check(self.cross_entropy in CROSS_ENTROPY, "cross_entropy", self.cross_entropy,
                 f"allowed: {', '.join(CROSS_ENTROPY)}")
-        _check(self.cross_entropy != "pytorch" or self.tp == 1, "cross_entropy", self.cross_entropy,
-                "pytorch's cross entropy needs the whole vocabulary on one GPU (tp 1); use megatron or megatron-fused")
-        _check(self.attention in ATTENTION, "attention", self.attention, f"allowed: {', '.join(ATTENTION)}")
+        # precision: its own rules (sim.inputs.precision)
         check_precision_plan(self)
         object.__setattr__(self, "fp8_recipe", canonical_fp8_recipe(self.fp8_recipe))
-        _check(self.recompute in RECOMPUTE, "recompute", self.recompute,
-                f"allowed: {', '.join(RECOMPUTE)}")
-        object.__setattr__(self, "recompute_modules", check_recompute_plan(self))
         _check(self.zero_stage in ZERO_STAGES and not isinstance(self.zero_stage, bool), "zero_stage", self.zero_stage, "allowed: 0, 1, 2, 3")
-        per_step = self.micro_batch_size * self.dp
-        _check(self.global_batch_size % per_step == 0, "global_batch_size",
-                self.global_batch_size,
-                f"must be a multiple of micro_batch_size x dp = {self.micro_batch_size} x {self.dp} = {per_step}")
-        if self.pipeline_layout is not None:
-            self._vpp_from_layout()
-        if self.vpp > 1:
-            _check(self.pp > 1, "vpp", self.vpp, "interleaving needs pp > 1")
-        self._check_schedule()
         _pos("bucket_size_bytes", self.bucket_size_bytes)
         _check(isinstance(self.zero3_prefetch_depth, int) and not isinstance(self.zero3_prefetch_depth, bool)
                 and self.zero3_prefetch_depth >= 0, "zero3_prefetch_depth", self.zero3_prefetch_depth,
@@ -463,67 +439,16 @@ class ParallelPlan:
                     and not isinstance(self.zero3_max_live_parameters, bool)
                     and math.isfinite(self.zero3_max_live_parameters) and self.zero3_max_live_parameters > 0, "zero3_max_live_parameters", self.zero3_max_live_parameters,
                     "expected a finite number > 0 (leave it unset for no cap)")
-        _check(not self.param_gather_overlap or self.zero_stage in (1, 2), "param_gather_overlap", True,
-                f"needs zero 1 or 2 (got {self.zero_stage}): it overlaps the sharded optimizer's parameter "
-                "all-gather (ZeRO-3 gathers every layer before each use anyway)")
         check_precision_weights(self)
-        _check(not (self.param_gather_overlap and self.offload_optimizer), "param_gather_overlap", True,
-                "not with offload_optimizer (the parameters come back from the host)")
-        _check(not self.offload_optimizer or self.zero_stage >= 1, "offload_optimizer", True,
-                "needs ZeRO stage 1, 2 or 3 (the optimizer states offloaded are the sharded ones)")
         _pl.parse_placement(self.placement)
-        self._check_uneven()
-        check_expert_plan(self)
-        check_ep_overlap_plan(self)
+        if self.recompute_modules is not None:
+            object.__setattr__(self, "recompute_modules", parse_recompute_modules(self.recompute_modules))
         object.__setattr__(self, "cuda_graph", parse_cuda_graph(self.cuda_graph))
-        check_cuda_graph_plan(self)
-        check_context_plan(self)
-        check_framework_plan(self)
-
-    def _check_schedule(self) -> None:
+        if self.pipeline_layout is not None:  # (a layout of pp·k stages sets vpp = k)
+            object.__setattr__(self, "vpp", _rules.vpp_of_layout(self))
         if self.schedule is None:
             object.__setattr__(self, "schedule", "interleaved" if self.vpp > 1 else "1f1b")
-        s = self.schedule
-        _check(s in SCHEDULES, "schedule", s, f"allowed: {', '.join(SCHEDULES)}")
-        if self.vpp > 1:
-            _check(s in ("interleaved", "custom"), "vpp", self.vpp,
-                    f"schedule {s!r} runs one model chunk per stage (vpp = 1); "
-                    "use schedule 'interleaved' (or 'custom') for vpp > 1")
-        elif s == "interleaved":
-            _check(self.pp == 1, "schedule", s,
-                    "interleaved 1F1B needs vpp > 1 model chunks per stage "
-                    "(--num-layers-per-virtual-pipeline-stage)")
-        if s == "interleaved":
-            _check(self.num_microbatches % self.pp == 0, "global_batch_size",
-                    self.global_batch_size,
-                    f"interleaved 1F1B needs the number of micro-batches ({self.num_microbatches}) "
-                    f"to be a multiple of pp = {self.pp} (Megatron-LM's rule)")
-
-    def _vpp_from_layout(self) -> None:
-        """A layout of pp·k stages sets vpp = k; a vpp given beside it must agree."""
-        vpp = check_layout(self)
-        _check(self.vpp in (1, vpp), "vpp", self.vpp,
-               f"the pipeline layout's {vpp * self.pp} stages over pp = {self.pp} make vpp {vpp}; give one or "
-               "the other")
-        object.__setattr__(self, "vpp", vpp)
-
-    def _check_uneven(self) -> None:
-        if self.layer_split is not None:
-            check_layer_split(self)
-        for attr, field, value in (("first_stage_layers", FIRST, self.first_stage_layers),
-                                   ("last_stage_layers", LAST, self.last_stage_layers)):
-            if value is None:
-                continue
-            for cond, allowed in (  # in order, each only once the ones before it hold
-                    (lambda: isinstance(value, int) and not isinstance(value, bool) and value > 0,
-                     "expected an integer > 0"),
-                    (lambda: self.pp > 1, "an uneven first/last stage needs pp > 1"),
-                    (lambda: value % self.vpp == 0,
-                     f"must be a multiple of vpp = {self.vpp} (each of the stage's chunks gets the same layers)"),
-                    (lambda: not (self.account_for_embedding or self.account_for_loss),
-                     "cannot be combined with account_for_embedding / account_for_loss (Megatron-LM rejects the "
-                     "combination too)")):
-                require(cond(), f"plan: {field}", value, allowed, setting=attr)
+        _rules.check_plan(self)
 
     def summary(self) -> dict:
         """The plan's fields as JSON-ready values; the settings that only set other fields
@@ -561,6 +486,31 @@ class ParallelPlan:
         d, p, t = self.coords(rank)
         base = d - d % self.cp
         return tuple(self.rank(dp=base + i, pp=p, tp=t) for i in range(self.cp))
+
+    @property
+    def pipeline(self) -> _st.PipelineSchedule:
+        """The schedule's strategy (``sim.inputs.strategies``)."""
+        return _st.schedule_named(self.schedule)
+
+    @property
+    def token_dispatcher(self) -> _st.TokenDispatcher:
+        """The MoE token dispatcher's strategy (``sim.inputs.strategies``)."""
+        return _st.dispatcher_named(self.dispatcher)
+
+    @property
+    def attention_mode(self) -> _st.AttentionMode:
+        """How attention runs (``sim.inputs.strategies``)."""
+        return _st.attention_named(self.attention)
+
+    @property
+    def recompute_policy(self) -> _st.RecomputePolicy:
+        """The activation recomputation's strategy (``sim.inputs.strategies``)."""
+        return _st.recompute_named(self.recompute)
+
+    @property
+    def zero(self) -> _st.ZeroStage:
+        """What the ZeRO stage shards (``sim.inputs.strategies``)."""
+        return _st.zero_stage_of(self.zero_stage)
 
     @property
     def num_microbatches(self) -> int:
@@ -676,25 +626,9 @@ class ParallelPlan:
         return cls(dp=world_size // (tp * pp * cp), **kw)
 
     def check_model(self, model) -> None:
-        """Checks that need the model: each factor must split the layer it cuts, and the
-        layers must split over the (virtual) pipeline stages."""
-        self.stage_layers(model)
-        if model.layers is not None:  # each layer kind's own tensor/context-parallel rules (sim.inputs.layers)
-            for lay in model.layer_kinds:
-                for kind in lay.blocks:
-                    kind.check_plan(model, self)
-        else:
-            for field, value in (("num_attention_heads", model.num_attention_heads),
-                                 ("num_key_value_heads", model.num_key_value_heads),
-                                 ("ffn_hidden_size", model.ffn_hidden_size)):
-                _check(value % self.tp == 0, "tp", self.tp,
-                        f"must divide {field} {value} of {model.name}")
-        check_expert_model(self, model)
-        check_context_model(self, model)
-        check_recompute_model(self, model)
-        check_recompute_layers(self, model)
-        check_cuda_graph_model(self, model)
-        check_deepspeed_model(self, model)
+        """Checks that need the model (``sim.inputs.rules.check_model``): each factor must split
+        the layer it cuts, and the layers must split over the (virtual) pipeline stages."""
+        _rules.check_model(self, model)
 
     @property
     def etp_size(self) -> int:

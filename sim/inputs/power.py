@@ -29,8 +29,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from sim.errors import InputError
 from sim.inputs.hardware import HardwareProfile
+from sim.inputs.rules import check_power_cap
 
 
 def clock_ratio(profile: HardwareProfile, cap_w: float) -> float:
@@ -46,14 +46,7 @@ def capped(profile: HardwareProfile, cap_w: float | None, flag: str = "--power-l
     A cap above the board's limit or not above the idle power is a one-line ``InputError``."""
     if cap_w is None:
         return profile
-    if profile.power_limit_w is None or profile.idle_power_w is None:
-        raise InputError(field=flag, value=cap_w, setting="power_limit_w", shown=f"{cap_w:g}",
-                         allowed=f"profile {profile.name} gives no power_limit_w and idle_power_w (add them to its "
-                                 "JSON to cap its power)")
-    if not profile.idle_power_w < cap_w <= profile.power_limit_w:
-        raise InputError(field=flag, value=cap_w, setting="power_limit_w", shown=f"{cap_w:g}",
-                         allowed=f"watts above the idle power and at most the power limit of {profile.name}: "
-                                 f"({profile.idle_power_w:g}, {profile.power_limit_w:g}]")
+    check_power_cap(profile, cap_w, flag)
     before = clock_ratio(profile, profile.power_cap_w) if profile.power_cap_w is not None else 1.0
     return replace(profile, power_cap_w=float(cap_w),
                    sustained_compute_fraction=profile.sustained_compute_fraction * clock_ratio(profile, cap_w) / before)

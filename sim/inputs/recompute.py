@@ -54,8 +54,8 @@ recompute"); under block the MTP layers do not recompute (Megatron-Core skips th
 
 from __future__ import annotations
 
-from sim.errors import require
 from sim.inputs.fields import name_list
+from sim.inputs.strategies import RECOMPUTE_POLICIES
 
 RECOMPUTE_MODULES = ("core_attn", "layernorm", "mla_up_proj", "mlp", "moe", "moe_act", "shared_experts")
 """Megatron-Core's ``recompute_modules`` choices that trainsim models (module doc)."""
@@ -77,86 +77,17 @@ def parse_recompute_modules(value) -> tuple[str, ...] | None:
 def modules_in_effect(recompute: str, modules=None) -> tuple[str, ...]:
     """The modules recomputed under granularity ``recompute``: none for 'none' and 'full'
     (full recomputes the whole layer), ``modules`` or ``DEFAULT_MODULES`` for 'selective'."""
-    if recompute != "selective":
+    policy = RECOMPUTE_POLICIES.get(recompute)
+    if policy is None or not policy.by_module:
         return ()
     return DEFAULT_MODULES if modules is None else tuple(modules)
-
-
-def check_recompute_plan(plan) -> tuple[str, ...] | None:
-    """The plan's own rules (``ParallelPlan.__post_init__``): modules are known names, only
-    beside ``selective``, and not ``moe_act`` or ``layernorm`` under FP8 delayed scaling. Returns them as
-    ``parse_recompute_modules`` orders them (the plan keeps that)."""
-    _check_method(plan)
-    if plan.recompute_modules is None:
-        return None
-    mods = parse_recompute_modules(plan.recompute_modules)
-    require(plan.recompute == "selective", f"plan: {FIELD}", ",".join(mods),
-            f"needs recompute_granularity selective (got {plan.recompute}): 'full' recomputes the whole layer, "
-            "'none' nothing", setting=FIELD)
-    fp8 = [m for m in ("layernorm", "moe_act") if m in mods]
-    # Megatron-Core (core_v0.14.0 on, megatron/core/transformer/transformer_config.py): "Delayed scaling does
-    # not support moe_act and layernorm recompute for fp8"; current scaling and block scales may
-    require(plan.precision is None or not fp8 or not plan.precision.recipe.history, f"plan: {FIELD}", ",".join(fp8),
-            "not with fp8_recipe delayed: FP8 delayed scaling cannot recompute moe_act or layernorm (Megatron-Core's "
-            "rule; tensorwise, mxfp8 and blockwise can)", setting=FIELD)
-    return mods
-
-
-def check_recompute_model(plan, model) -> None:
-    """Checks that need the model (``ParallelPlan.check_model``): each module is one the
-    model has."""
-    mods = plan.recompute_modules or ()
-    name = getattr(model, "name", "the model")
-    for m in mods:
-        if m in EXPERT_MODULES:
-            require(model.moe, f"plan: {FIELD}", m, f"{name} has no experts (a dense model: use mlp)", setting=FIELD)
-        if m == "shared_experts":
-            require(bool(model.moe_shared_expert_intermediate_size), f"plan: {FIELD}", m,
-                    f"{name} has no shared experts", setting=FIELD)
-        if m == "mla_up_proj":
-            require(model.mla, f"plan: {FIELD}", m, f"{name} has no multi-latent attention (MLA)", setting=FIELD)
-        if m == "mlp":
-            require(model.num_moe_layers < model.num_layers, f"plan: {FIELD}", m,
-                    f"every layer of {name} is an MoE layer (mlp recomputes dense MLPs only; use moe or moe_act)",
-                    setting=FIELD)
-
-
-def _check_method(plan) -> None:
-    """``recompute_method`` and ``recompute_num_layers``: both or neither, and only under full."""
-    method, n = plan.recompute_method, plan.recompute_num_layers
-    if method is not None:
-        require(plan.recompute == "full", "plan: recompute_method", method,
-                f"needs recompute_granularity full (got {plan.recompute}): the method picks which layers fully "
-                "recompute", setting="recompute_method")
-        require(n is not None, "plan: recompute_num_layers", None,
-                f"needs a number of layers (1 or more) with recompute_method {method} (Megatron-Core: between 1 and "
-                "num_layers_per_pipeline_rank)", setting="recompute_num_layers")
-    elif n is not None:
-        require(False, "plan: recompute_num_layers", n,
-                "needs recompute_method block or uniform and recompute_granularity full (Megatron-Core: under "
-                "selective recompute_num_layers must be None)", setting="recompute_num_layers")
-
-
-def check_recompute_layers(plan, model) -> None:
-    """``recompute_num_layers`` against the model: at most the layers of one pipeline rank,
-    and 1 under uniform when the model has multi-token-prediction layers."""
-    n = plan.recompute_num_layers
-    if n is None:
-        return
-    per_rank = model.num_layers // plan.pp
-    require(n <= per_rank, "plan: recompute_num_layers", n,
-            f"between 1 and num_layers_per_pipeline_rank: {per_rank} (Megatron-Core's range)",
-            setting="recompute_num_layers")
-    require(plan.recompute_method != "uniform" or n == 1 or not model.mtp_num_layers, "plan: recompute_num_layers", n,
-            f"must be 1 under recompute_method uniform with multi-token prediction ({model.mtp_num_layers} MTP "
-            "layers; Megatron-Core's MTP recompute)", setting="recompute_num_layers")
 
 
 def layer_recompute(plan, position: int) -> str:
     """The granularity the layer at ``position`` (0-based) of its model chunk runs under:
     the plan's, except under a recompute method (module doc): block recomputes the first
     ``recompute_num_layers`` ('full') and not the rest ('none'); uniform all ('full')."""
-    if plan.recompute != "full" or plan.recompute_method is None:
+    if not plan.recompute_policy.whole_layer or plan.recompute_method is None:
         return plan.recompute
     if plan.recompute_method == "block":
         return "full" if position < plan.recompute_num_layers else "none"

@@ -459,3 +459,19 @@ def default_channels(topology: Topology, ranks) -> int:
     if len(groups) < 2:
         return 1
     return min(len(v) for v in groups.values())
+
+
+def nvls_capable(topology, ranks) -> bool:
+    """Every GPU of ``ranks`` hangs off an NVSwitch with NVLink SHARP."""
+    return all(nvswitch_of(topology, r) is not None for r in ranks)
+
+
+def nvswitch_of(topology, rank: int):
+    """The NVLink-SHARP NVSwitch device next to GPU ``rank``, or None."""
+    g = topology.graph
+    gpu = topology.gpu(rank)
+    for n in sorted(g.neighbors(gpu)):
+        d = g.nodes[n]
+        if d["kind"] == "nvswitch" and d.get("nvlink_sharp"):
+            return n
+    return None

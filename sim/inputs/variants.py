@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 
 from sim.errors import InputError
 from sim.inputs.experiment import Experiment, Setting, settings_from_values
+from sim.inputs.strategies import PIPELINE_SCHEDULES
 
 
 def plan_settings(plan) -> tuple[dict[str, Setting], object]:
@@ -113,7 +114,8 @@ def fit_vpp_to_schedule(v: Variant, settings: dict[str, Setting], num_layers) ->
         return settings
     schedule = axis.value
     out = dict(settings)
-    if schedule == "interleaved":
+    strategy = PIPELINE_SCHEDULES.get(schedule)  # (None: a schedule file)
+    if strategy is not None and strategy.interleaved:
         vpp = out.get("num_virtual_stages_per_pipeline_rank")
         if (vpp is None or vpp.value == 1) and "num_layers_per_virtual_pipeline_stage" not in out:
             pp = out["pipeline_model_parallel_size"].value if "pipeline_model_parallel_size" in out else 1
@@ -121,7 +123,7 @@ def fit_vpp_to_schedule(v: Variant, settings: dict[str, Setting], num_layers) ->
                 out["num_virtual_stages_per_pipeline_rank"] = Setting(
                     "num_virtual_stages_per_pipeline_rank", "num_virtual_stages_per_pipeline_rank", INTERLEAVED_VPP,
                     axis.where)
-    elif schedule in ("gpipe", "1f1b", "zb-h1", "zb-h2"):
+    elif strategy is not None and strategy.one_chunk:
         for key in VPP_SETTINGS:
             out.pop(key, None)
     return out

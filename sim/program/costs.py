@@ -90,6 +90,7 @@ from __future__ import annotations
 
 from sim.errors import InputError, require
 from sim.inputs.hardware import HardwareProfile
+from sim.inputs.strategies import PipelineSchedule, schedule_named, zero_stage_of
 from sim.inputs.profile_checks import NCCL_BASE_LATENCY_S
 from sim.program.fp8 import gemm_kernel
 from sim.program.workload import PHASES, Op, Work
@@ -272,14 +273,12 @@ def cpu_optimizer_step_time(local_params: float, profile: HardwareProfile, gpus_
 
 
 # ------------------------------------------------------------ analytic step terms
-def pipeline_bubble_time(schedule: str, pp: int, vpp: int, t_f: float, t_b: float, t_w: float) -> float:
+def pipeline_bubble_time(schedule: PipelineSchedule | str, pp: int, vpp: int, t_f: float, t_b: float, t_w: float) -> float:
     """Pipeline bubble of one step for the slowest stage's per-micro-batch phase times
     (the table of the module doc)."""
-    p, v = pp, vpp
-    if schedule == "zb-h1":
-        return (p - 1) * max(0.0, t_f + t_b - t_w)
-    if schedule == "zb-h2":
-        return (p - 1) * max(0.0, t_f + t_b - 2 * t_w)
+    p, v, k = pp, vpp, schedule_named(schedule).bubble_weight_passes
+    if k:
+        return (p - 1) * max(0.0, t_f + t_b - k * t_w)
     return (p - 1) / v * (t_f + t_b + t_w)
 
 
@@ -317,8 +316,9 @@ def grad_sync_time(zero_stage: int, grad_bytes: float, dp: int, microbatches: in
         scale = reduce_scale if collective in ("all_reduce", "reduce_scatter") else 1.0
         return collective_time(collective, scale * grad_bytes, dp, kind, profile, channels=channels)
 
-    if zero_stage <= 1:
+    zero = zero_stage_of(zero_stage)
+    if not zero.shards_grads:
         return ring("all_reduce")
-    if zero_stage == 2:
+    if zero.reduce_scatters_each_backward:
         return m * ring("reduce_scatter") + ring("all_gather")
     return m * (2 * ring("all_gather") + ring("reduce_scatter"))

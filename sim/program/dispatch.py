@@ -93,7 +93,7 @@ def ep_layout(plan, node_of) -> EpLayout:
     seen: dict[int, int] = {}
     nodes = tuple(seen.setdefault(node_of(r), len(seen)) for r in group)
     counts = np.bincount(nodes)
-    require(plan.dispatcher != "flex" or len(set(counts.tolist())) == 1, "plan: moe_token_dispatcher_type",
+    require(not plan.token_dispatcher.deepep or len(set(counts.tolist())) == 1, "plan: moe_token_dispatcher_type",
             plan.dispatcher, f"flex needs each expert-parallel group to have as many GPUs on every node it spans; "
             f"the first has {', '.join(map(str, counts.tolist()))}")
     return EpLayout(nodes)
@@ -106,10 +106,10 @@ def default_layout(plan, gpus_per_node: int = 8) -> EpLayout:
 
 def group_sizes(plan, layout: EpLayout | None) -> dict[str, int]:
     """Ranks in each of ``DISPATCH_GROUPS`` (1 where the plan's dispatcher has no use for it)."""
-    d = plan.dispatcher
-    return {"tpep": plan.ep * plan.etp_size if d == "allgather" else 1,
-            "ep_rail": layout.nodes if d == "flex" and layout is not None else 1,
-            "ep_node": layout.per_node if d == "flex" and layout is not None else 1}
+    d = plan.token_dispatcher
+    return {"tpep": plan.ep * plan.etp_size if d.gathers else 1,
+            "ep_rail": layout.nodes if d.deepep and layout is not None else 1,
+            "ep_node": layout.per_node if d.deepep and layout is not None else 1}
 
 
 def dispatch_groups(folding: Folding, rank: int, node_of) -> dict[str, tuple[int, ...]]:
@@ -153,11 +153,11 @@ def moe_shape(model, plan, layer: int, load: int, layout: EpLayout | None = None
     on ``layout`` (default: nodes of 8 GPUs) and ``routing`` (default: balanced)."""
     kernels = dict(permute_fusion=plan.moe_permute_fusion, shared_overlap=plan.moe_shared_expert_overlap,
                    graphed=CudaGraphs(plan.cuda_graph).covers_moe_block(), dropless=plan.moe_capacity_factor is None)
-    if plan.dispatcher != "flex":
-        return MoeShape(plan.ep, plan.etp_size, load, plan.dispatcher, **kernels)
+    if not plan.token_dispatcher.deepep:
+        return MoeShape(plan.ep, plan.etp_size, load, plan.token_dispatcher, **kernels)
     routing = routing if routing is not None else _balanced(model, plan)
     layout = layout if layout is not None else default_layout(plan)
     d_node, d_rank = flex_tokens(routing, layer, layout)
     scale = load / (routing.tokens_per_rank * routing.k)
     T = routing.tokens_per_rank
-    return MoeShape(plan.ep, plan.etp_size, load, "flex", T * d_node * scale, T * d_rank * scale, **kernels)
+    return MoeShape(plan.ep, plan.etp_size, load, plan.token_dispatcher, T * d_node * scale, T * d_rank * scale, **kernels)

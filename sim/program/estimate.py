@@ -41,6 +41,7 @@ from sim.inputs.hardware import HardwareProfile
 from sim.inputs.model import ModelSpec
 from sim.inputs.plan import ParallelPlan
 from sim.inputs.recompute import layer_recompute
+from sim.inputs.strategies import RECOMPUTE_POLICIES
 from sim.program.build import BuildContext
 from sim.program.amax import GEMMS_PER_LAYER, reduction_bytes, stage_groups
 from sim.inputs.precision import check_support
@@ -138,7 +139,7 @@ def plan_flops_per_sequence(model: ModelSpec, plan: ParallelPlan) -> float:
                 - layer_work(model, 1, moe=shape).flops(kinds=_MATMUL))
     for vs in range(plan.pp * plan.vpp):
         for pos, lid in enumerate(plan.layer_range(model, vs)):
-            if layer_recompute(plan, pos) == "full":
+            if RECOMPUTE_POLICIES[layer_recompute(plan, pos)].whole_layer:
                 total += extra(lid)
     return total
 
@@ -304,7 +305,7 @@ def estimate_in(ctx: BuildContext, *, dtype: str = "bf16", flash_attention: bool
         "compute": m * compute_mb,
         "tp_comm": m * tp_mb,
         "amax": m * amax_mb,
-        "pipeline_bubble": pipeline_bubble_time(plan.schedule, p, v, t_f, t_b, t_w),
+        "pipeline_bubble": pipeline_bubble_time(plan.pipeline, p, v, t_f, t_b, t_w),
         "pp_comm": pp_comm,
         "dp_comm": grad_sync_time(z, model_state_bytes(psi).grads_bytes, dp, m, dp_link, profile, channels=ch,
                                   reduce_scale=grad_reduce_scale(plan)),

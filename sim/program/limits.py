@@ -61,7 +61,7 @@ def estimate_events(model, plan, fidelity: str = "full", topology=None, coalesce
     flows = collective_model == "flows" or reduced
     gpus = plan.pp if reduced else plan.world_size
     m, vpp = plan.num_microbatches, plan.vpp
-    kinds = 3 if plan.schedule in ("zb-h1", "zb-h2") else 2
+    kinds = 3 if plan.pipeline.split_backward else 2
     steps = m * vpp * kinds
     layers = model.num_layers / (plan.pp * vpp) + 1  # + embedding or head on the end stages
     fits = topology is not None and plan.world_size <= topology.num_gpus
@@ -76,17 +76,17 @@ def estimate_events(model, plan, fidelity: str = "full", topology=None, coalesce
     per_layer = _EVENTS_PER_COMPUTE
     if plan.tp > 1 and not coalesced:  # two collectives per layer and step
         per_layer += 2 * _ring_hops(plan.tp, "allreduce", flows) * _EVENTS_PER_HOP
-    elif plan.tp > 1 and plan.dp_cp > 1 and plan.zero_stage >= 2:  # coalesced, but per layer
+    elif plan.tp > 1 and plan.dp_cp > 1 and plan.zero.shards_grads:  # coalesced, but per layer
         per_layer += _EVENTS_PER_COMPUTE
-    if plan.dp_cp > 1 and plan.zero_stage == 3:
+    if plan.dp_cp > 1 and plan.zero.shards_params:
         per_layer += _ring_hops(plan.dp_cp, "allgather", flows) * dp_rings * _EVENTS_PER_HOP
         if model.moe:  # an MoE layer's experts gathered over their own data-parallel group as well
             edp = plan.tp * plan.dp_cp // (plan.ep * plan.etp_size)
             per_layer += (_ring_hops(edp, "allgather", flows) * dp_rings * _EVENTS_PER_HOP
                           * model.num_moe_layers / model.num_layers)
-    if plan.dp_cp > 1 and plan.zero_stage == 2:  # a reduce-scatter per layer in each backward step
+    if plan.dp_cp > 1 and plan.zero.reduce_scatters_each_backward:  # a reduce-scatter per layer in each backward step
         per_layer += _ring_hops(plan.dp_cp, "reducescatter", flows) * dp_rings * _EVENTS_PER_HOP / kinds
-    if coalesced and not (plan.dp_cp > 1 and plan.zero_stage >= 2):  # a step is one compute and one comm
+    if coalesced and not (plan.dp_cp > 1 and plan.zero.shards_grads):  # a step is one compute and one comm
         per_step = 2 * _EVENTS_PER_COMPUTE + layers * (per_layer - _EVENTS_PER_COMPUTE)
     else:
         per_step = layers * per_layer + (_EVENTS_PER_COMPUTE if coalesced else 0)

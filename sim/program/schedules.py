@@ -59,7 +59,7 @@ from sim.program.actions import Action, Program
 from sim.errors import InputError
 
 KINDS = ("F", "B", "I", "W")
-SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb-h1", "zb-h2")
+SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb-h1", "zb-h2", "looped-bfs")
 
 _STEP_RE = re.compile(r"(0|[1-9][0-9]*)([FBIW])(0|[1-9][0-9]*)")
 
@@ -261,6 +261,21 @@ def interleaved(pp: int, vpp: int, m: int, extra_warmup: int = 0) -> Schedule:
     return Schedule("interleaved", pp, vpp, m, tuple(ranks))
 
 
+def looped_bfs(pp: int, vpp: int, m: int) -> Schedule:
+    """Breadth-first pipeline parallelism (Lamy-Poirier, "Breadth-First Pipeline
+    Parallelism", MLSys 2023; PyTorch's ``ScheduleLoopedBFS``, whose
+    ``_calculate_single_rank_operations`` gives this order): rank r runs the forwards of
+    every micro-batch through its chunk 0, then through chunk 1, and so on; then the
+    backwards chunk by chunk in reverse, each chunk's micro-batches last first. Any vpp
+    (1: GPipe with the backwards reversed) and any m; every chunk holds all m micro-batches
+    at the end of the forwards, as GPipe does."""
+    _check("looped-bfs", pp, m, vpp)
+    ranks = tuple(tuple(Step(c * pp + r, "F", j) for c in range(vpp) for j in range(m))
+                  + tuple(Step(c * pp + r, "B", j) for c in reversed(range(vpp)) for j in reversed(range(m)))
+                  for r in range(pp))
+    return Schedule("looped-bfs", pp, vpp, m, ranks)
+
+
 def zb_h1(pp: int, m: int) -> Schedule:
     """ZB-H1: 1F1B with I in place of B; rank r runs W(j-r) right after I(j), and the
     last r W passes at the end (so at most p micro-batches are in flight)."""
@@ -325,6 +340,9 @@ def build_schedule(name: str, pp: int, num_microbatches: int, vpp: int = 1) -> S
         raise InputError(f"schedule: got {name!r}; allowed: {', '.join(SCHEDULES)} (or a CSV file)")
     if name == "interleaved":
         return interleaved(pp, vpp, num_microbatches)
+    if name == "looped-bfs":
+        return looped_bfs(pp, vpp, num_microbatches)
     if vpp != 1:
-        raise InputError(f"schedule {name}: vpp: got {vpp!r}; only 'interleaved' runs more than one chunk per rank")
+        raise InputError(f"schedule {name}: vpp: got {vpp!r}; only 'interleaved' and 'looped-bfs' run more than one "
+                         "chunk per rank")
     return {"gpipe": gpipe, "1f1b": one_f_one_b, "zb-h1": zb_h1, "zb-h2": zb_h2}[name](pp, num_microbatches)

@@ -239,9 +239,9 @@ def layer_steps(schedule: Schedule, plan: ParallelPlan):
     def keep(step: Step) -> bool:
         if plan.dp_cp == 1:
             return False
-        if plan.zero_stage == 3:
+        if plan.zero.shards_params:
             return True
-        if plan.zero_stage == 2:
+        if plan.zero.reduce_scatters_each_backward:
             return step.kind in ("B", "W")
         return step in last
 

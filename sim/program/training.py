@@ -236,14 +236,14 @@ def layers(ctx: BuildContext, draft: Draft) -> Draft:
     tensor-, context- and expert-parallel groups (``sim.program.segments``)."""
     plan, folding = ctx.plan, ctx.folding
     node_of = _node_of(ctx)
-    layout = ep_layout(plan, node_of) if folding is not None and plan.dispatcher == "flex" else None
+    layout = ep_layout(plan, node_of) if folding is not None and plan.token_dispatcher.deepep else None
     segments = StepSegments(ctx.model, plan, ctx.profile, ctx.tp_price, layer_steps(draft.schedule, plan), layout)
 
     def other_groups(r: int) -> dict:
         out = {"cp": plan.cp_group(r)} if plan.cp > 1 else {}
         if folding is not None:
             out.update(ep=folding.ep_group(r), etp=folding.etp_group(r))
-            if plan.dispatcher != "alltoall":
+            if not plan.token_dispatcher.exchanges_all_to_all:
                 out.update(dispatch_groups(folding, r, node_of))
         return out
 
@@ -308,7 +308,7 @@ def zero3_gather(ctx: BuildContext, draft: Draft) -> Draft:
     trace does, and the layers reused within ``stage3_max_reuse_distance`` kept from forward
     to backward."""
     plan = ctx.plan
-    if plan.zero_stage != 3:
+    if not plan.zero.shards_params:
         return draft
     model, depth = ctx.model, zero3_depth(ctx.model, plan)
     how = dict(backward_depth=0 if backward_prefetch_in_effect(plan) == "backward_post" else None,
@@ -363,7 +363,7 @@ def param_gather(ctx: BuildContext, draft: Draft) -> Draft:
     ``_fp8_gather_savings``); the experts' over their group. Under DeepSpeed's ZeRO-3, the
     persistent tensors in one all-gather after the step (stage3.py ``_post_step``)."""
     model, plan = ctx.model, ctx.plan
-    if plan.zero_stage == 3 and is_deepspeed(plan):  # DeepSpeed's persistent parameters, once after the step
+    if plan.zero.shards_params and is_deepspeed(plan):  # DeepSpeed's persistent parameters, once after the step
         done = "params to GPU" if plan.offload_optimizer else "optimizer"
         stage_layers, stage = plan.stage_layers(model), _stage_of(plan)
         persistent = _persistent_bytes(ctx)
@@ -372,7 +372,7 @@ def param_gather(ctx: BuildContext, draft: Draft) -> Draft:
         return draft.with_program(zero.add_param_allgather(draft.program, lambda r: nb[stage(r)], plan.dp_group,
                                                            math.inf, done, lambda r: 1,
                                                            label="persistent params allgather"))
-    if plan.zero_stage not in (1, 2):
+    if not plan.zero.gathers_after_step:
         return draft
     bucket, split, prog = sync_bucket_bytes(plan), _expert_split(ctx), draft.program
     grad_bytes, (fp8_saved, expert_share) = _grad_bytes(ctx), _fp8_gather_savings(ctx)
@@ -437,7 +437,7 @@ def expand(ctx: BuildContext, draft: Draft) -> Draft:
         own_nics = ctx.topology is None or _own_nics(ctx.topology)
         keep = lambda g: plan.coords(g)[0] == 0 and (not own_nics or plan.coords(g)[2] == 0)  # noqa: E731
     rep_of, moved, groups_of = copy_maps(plan, ctx.folding)
-    if ctx.folding is not None and plan.dispatcher != "alltoall":
+    if ctx.folding is not None and not plan.token_dispatcher.exchanges_all_to_all:
         groups_of = _with_dispatch_groups(groups_of, rep_of, ctx.folding, _node_of(ctx))
     return draft.with_program(passes.expand(draft.program, plan.world_size, rep_of, moved, keep, groups_of))
 

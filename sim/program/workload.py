@@ -43,6 +43,7 @@ from functools import lru_cache, singledispatch
 
 from sim.errors import require
 from sim.inputs.frameworks import attention_kernel_in_effect
+from sim.inputs.strategies import ATTENTION_MODES, RECOMPUTE_POLICIES
 from sim.inputs.layers import FullAttention, Layer, standard_layer
 from sim.inputs.model import ModelSpec
 from sim.inputs.moe import mla_projections
@@ -105,7 +106,7 @@ def _attention_forward(w: Builder, m: ModelSpec, b: int, t: int, attention: str,
     heads, d = m.num_attention_heads // t, m.head_dim
     width, out, d_qk, d_v = attention_widths(m)
     n_tok, qkv = b * s, width // t
-    if attention == "flash":
+    if ATTENTION_MODES[attention].fused:
         w.attention("attn.core", 2 * b * s * k * heads * (d_qk + d_v), e * n_tok * qkv,
                     e * n_tok * out / t + 4 * b * heads * s, e * n_tok * out / t, s, d, b * heads,
                     seq_k=None if keys is None else k)
@@ -132,7 +133,7 @@ def _attention_backward(w: Builder, m: ModelSpec, b: int, t: int, attention: str
     heads, d = m.num_attention_heads // t, m.head_dim
     width, out, d_qk, d_v = attention_widths(m)
     n_tok, qkv = b * s, width // t
-    if attention == "flash":
+    if ATTENTION_MODES[attention].fused:
         w.attention("attn.core.grad", 4 * b * s * k * heads * (d_qk + d_v),
                     e * (n_tok * qkv + 2 * n_tok * out / t) + 4 * b * heads * s,
                     e * n_tok * qkv, e * n_tok * qkv, s, d, b * heads, seq_k=None if keys is None else k)
@@ -246,9 +247,9 @@ def layer_work(model: ModelSpec, micro_batch: int, tp: int = 1, sequence_paralle
 
     w.phase = "B"
     start = len(w.items)
-    if recompute == "full":
+    if RECOMPUTE_POLICIES[recompute].whole_layer:
         _layer_forward(w, m, b, t, sp, attention, moe, ctx, layer)
-    elif recompute == "selective":
+    elif RECOMPUTE_POLICIES[recompute].by_module:
         mods = modules_in_effect(recompute, modules)
         w.items += _recomputed_modules(m, b, t, sp, attention, moe, ctx, mods, e, layer)
         if "core_attn" in mods and layer.mixer is not None:

@@ -47,6 +47,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from sim.inputs.moe import mla_projections
+from sim.inputs.strategies import TOKEN_DISPATCHERS, TokenDispatcher
 
 _ACT_FLOPS = {"gelu": 10, "swiglu": 6}
 
@@ -59,8 +60,8 @@ class MoeShape:
     ep: int
     etp: int
     load: int
-    dispatcher: str = "alltoall"
-    """``sim.program.dispatch``: alltoall, allgather or flex."""
+    dispatcher: TokenDispatcher = TOKEN_DISPATCHERS["alltoall"]
+    """``sim.program.dispatch``: alltoall, allgather or flex (``sim.inputs.strategies``)."""
     rail: float = 0.0
     """flex: tokens per rank of the inter-node exchange (the engine's all-to-all buffer)."""
     node: float = 0.0
@@ -225,7 +226,7 @@ def _sort_chunks(w, m, shape: MoeShape, name: str, after=None) -> None:
 
 
 def _sorts(m, shape: MoeShape) -> bool:
-    return shape.dispatcher == "alltoall" and m.num_experts // shape.ep > 1 and shape.ep * shape.etp > 1
+    return shape.dispatcher.exchanges_all_to_all and m.num_experts // shape.ep > 1 and shape.ep * shape.etp > 1
 
 
 def _sync_on_exchange(shape: MoeShape) -> bool:
@@ -235,9 +236,9 @@ def _sync_on_exchange(shape: MoeShape) -> bool:
     capacity factor: "before_permutation_1"; allgather: after its gather; no exchange)."""
     if shape.graphed:
         return False
-    if shape.dispatcher == "flex":
+    if shape.dispatcher.deepep:
         return True
-    return shape.dispatcher == "alltoall" and shape.dropless and shape.ep * shape.etp > 1
+    return shape.dispatcher.exchanges_all_to_all and shape.dropless and shape.ep * shape.etp > 1
 
 
 def moe_forward(w, m, b: int, t: int, sp: bool, shape: MoeShape) -> None:
@@ -245,14 +246,14 @@ def moe_forward(w, m, b: int, t: int, sp: bool, shape: MoeShape) -> None:
     e, h, E, k = w.e, m.hidden_size, m.num_experts, m.moe_router_topk
     T = _tokens(m, b, t, sp)
     overlap = bool(shape.shared_overlap and m.moe_shared_expert_intermediate_size)
-    sms = DEEPEP_SMS if shape.dispatcher == "flex" else 0
+    sms = DEEPEP_SMS if shape.dispatcher.deepep else 0
     if overlap:
         _shared(w, m, b, t, sp, "F.in")
     else:
         _shared(w, m, b, t, sp, "F")
     w.gemm("moe.router", T, E, h)
     _router(w, m, T, grad=False)
-    gathered = shape.dispatcher == "allgather"
+    gathered = shape.dispatcher.gathers
     group = shape.etp * shape.ep
     copies = shape.load * shape.etp if gathered else T * k  # the copies this rank permutes
     if gathered:  # the allgather dispatcher permutes after its gather, the rows of its whole group
@@ -293,12 +294,12 @@ def moe_backward(w, m, b: int, t: int, sp: bool, shape: MoeShape) -> None:
     e, h, E, k = w.e, m.hidden_size, m.num_experts, m.moe_router_topk
     T = _tokens(m, b, t, sp)
     overlap = bool(shape.shared_overlap and m.moe_shared_expert_intermediate_size)
-    sms = DEEPEP_SMS if shape.dispatcher == "flex" else 0
+    sms = DEEPEP_SMS if shape.dispatcher.deepep else 0
     if overlap:
         _shared(w, m, b, t, sp, "B.out")
     else:
         _shared(w, m, b, t, sp, "B")
-    gathered = shape.dispatcher == "allgather"
+    gathered = shape.dispatcher.gathers
     group = shape.etp * shape.ep
     copies = shape.load * shape.etp if gathered else T * k
     if gathered:
@@ -348,14 +349,14 @@ def _exchange(w, m, shape: MoeShape, T: int, what: str, sync: bool = False, besi
     stem, _, grad = what.partition(".")
     suffix = ".grad" if grad else ""
     gather = "all_gather" if what in ("dispatch", "combine.grad") else "reduce_scatter"  # towards the experts
-    if shape.dispatcher == "allgather":
+    if shape.dispatcher.gathers:
         n = shape.etp * shape.ep
         if stem == "dispatch":  # the routing map (1 byte a flag, no gradient) and the probabilities
             w.comm(f"moe.dispatch.allgather.routing{suffix}", gather,
                    T * n * m.num_experts * (e + (0 if grad else 1)), group="tpep")
         w.comm(f"moe.{stem}.allgather{suffix}", gather, e * T * n * h, group="tpep")
         return None
-    if shape.dispatcher == "flex":
+    if shape.dispatcher.deepep:
         rail, node = f"moe.{stem}.rdma{suffix}", f"moe.{stem}.nvl{suffix}"
         w.comm(rail, "all_to_all", e * shape.rail * h, group="ep_rail", side=True, host_sync=sync)
         if beside is None:

@@ -93,6 +93,7 @@ from sim.inputs.hardware import HardwareProfile
 from sim.inputs.model import ModelSpec
 from sim.inputs.plan import RECOMPUTE, SCHEDULES, ZERO_STAGES, ParallelPlan
 from sim.inputs.precision import FP8_FORMATS, Precision
+from sim.inputs.strategies import schedule_named
 from sim.inputs.experts import DISPATCHERS, Folding
 from sim.inputs.schema_commands import DEFAULT_MARGIN as _DEFAULT_MARGIN, LONG_SEQUENCE as _LONG_SEQUENCE
 
@@ -100,7 +101,9 @@ DEFAULT_MARGIN = _DEFAULT_MARGIN
 """The estimate's error factor for pruning (see the module doc; declared, with how it was
 measured, where ``trainsim search --margin`` takes it: ``sim.inputs.schema_commands``)."""
 
-PIPELINE_SCHEDULES = tuple(s for s in SCHEDULES if s not in ("interleaved", "custom"))
+PIPELINE_SCHEDULES = tuple(s for s in SCHEDULES if schedule_named(s).one_chunk)
+ASKED_SCHEDULES = tuple(s for s in SCHEDULES if not schedule_named(s).searched and not schedule_named(s).from_file)
+"""Schedules a search tries only where ``--schedule`` names them, at every vpp (looped BFS)."""
 PLAN_COLUMNS = ("dp", "tp", "pp", "vpp", "micro_batch_size", "zero_stage", "schedule", "recompute",
                 "sequence_parallel")
 """The plan fields a search varies (the columns of its CSV)."""
@@ -142,8 +145,8 @@ class SearchSpace:
         for v in self.zero_stage or ():
             need(v in ZERO_STAGES and not isinstance(v, bool), "zero_stage", v, "allowed: 0, 1, 2, 3")
         for v in self.schedule or ():
-            need(v in SCHEDULES and v != "custom", "schedule", v,
-                 f"allowed: {', '.join(s for s in SCHEDULES if s != 'custom')}")
+            need(v in SCHEDULES and not schedule_named(v).from_file, "schedule", v,
+                 f"allowed: {', '.join(s for s in SCHEDULES if not schedule_named(s).from_file)}")
         for v in self.recompute or ():
             need(v in RECOMPUTE, "recompute", v, f"allowed: {', '.join(RECOMPUTE)}")
         for v in self.dispatcher or ():
@@ -232,7 +235,7 @@ def _with_experts(model, space, plans: list[ParallelPlan], gpus_per_node: int = 
             try:
                 cand = replace(plan, ep=ep, etp=None if etp == plan.tp else etp, dispatcher=d)
                 cand.check_model(model)
-                if d == "flex":
+                if cand.token_dispatcher.deepep:
                     default_layout(cand, gpus_per_node)
             except InputError:
                 continue
@@ -260,6 +263,8 @@ def _variants(model, gbs, space, dp, tp, pp, mbs, cp=1) -> list[ParallelPlan]:
     else:
         shapes += [(1, s) for s in PIPELINE_SCHEDULES]
         shapes += [(v, "interleaved") for v in _interleavings(model, pp) if m % pp == 0]
+        shapes += [(v, s) for s in ASKED_SCHEDULES if s in (space.schedule or ())
+                   for v in (1, *_interleavings(model, pp))]
     out = []
     for vpp, schedule in shapes:
         if not (space.allows("vpp", vpp) and space.allows("schedule", schedule)):
@@ -335,7 +340,7 @@ def _ep_times(model, plan, profile, gpus_per_node) -> dict:
     if not model.moe or plan.ep == 1:
         return out
     work, sizes, link = moe_layer_groups(model, plan, gpus_per_node, True)
-    group = Folding(plan).ep_group(0) if plan.dispatcher != "allgather" else Folding(plan).tp_ep_group(0)
+    group = Folding(plan).ep_group(0) if not plan.token_dispatcher.gathers else Folding(plan).tp_ep_group(0)
     n, k = len(group), sum(1 for r in group if r // gpus_per_node == group[0] // gpus_per_node)
     for ph in out:
         priced = least = beside = 0.0
@@ -402,10 +407,9 @@ def bound_s(ctx: BuildContext, est: Estimate) -> float:
         return _pipeline_floor(ranks, own, plan) + est.time["optimizer"]
     slowest = max(range(p), key=lambda r: own[r])
     others = [ranks[r] for r in range(p) if r != slowest]
-    if plan.schedule == "zb-h1":
-        bubble = sum(max(0.0, f + b - w) for f, b, w in others)
-    elif plan.schedule == "zb-h2":
-        bubble = sum(max(0.0, f + b - 2 * w) for f, b, w in others)
+    k = plan.pipeline.bubble_weight_passes  # (Zero Bubble: W passes fill each bubble)
+    if k:
+        bubble = sum(max(0.0, f + b - k * w) for f, b, w in others)
     else:
         bubble = sum(f + b + w for f, b, w in others) / v
     # the other ranks' all-to-alls can run while the slowest rank computes: out of the bubble
@@ -427,7 +431,7 @@ def _pipeline_floor(ranks: list, own: list, plan) -> float:
     for r in range(p):
         before = sum(f + b + w for f, b, w in ranks[:r]) / v
         after = 0.0
-        if plan.schedule == "1f1b" and v == 1:
+        if plan.pipeline.pipedream_flush and v == 1:
             after = max(0.0, sum(f + b for f, b, _ in ranks[r + 1:]) - (p - 1 - r) * ranks[r][0])
         floor = max(floor, own[r] + before + after)
     return floor
@@ -705,7 +709,7 @@ def screen_sizes(plan: ParallelPlan) -> tuple[int, int] | None:
     simulations."""
     a = plan.pp * (plan.vpp + 1)
     b = a + 2 * plan.pp
-    if plan.schedule in ("gpipe", "custom") or plan.num_microbatches <= a + b:
+    if not plan.pipeline.periodic or plan.num_microbatches <= a + b:
         return None
     return a, b
 

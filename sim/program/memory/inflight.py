@@ -16,6 +16,9 @@ schedule, for stage i of p, m micro-batches and v chunks per stage
                                        Qi et al. (W deferred to the tail)
     interleaved  min(2(p − i − 1) + (v − 1)·p + 1, m·v) chunk-micro-batches; m·v when
                                        m = p (Megatron then runs every forward first)
+    looped-bfs   m on each of v chunks all of a chunk's forwards, chunk after chunk,
+                                       before any backward (breadth-first, PyTorch's
+                                       ScheduleLoopedBFS)
 
 These are the counts of the generated schedules (``sim.program.schedules``) themselves:
 walking each rank's steps and counting the pairs between their F and their last
@@ -65,10 +68,10 @@ def inflight_per_chunk(plan: ParallelPlan, stage: int, weights: tuple | None = N
     the weighted sum is highest; by default every chunk weighs the same (the peak count)."""
     p, v, m = plan.pp, plan.vpp, plan.num_microbatches
     require(isinstance(stage, int) and 0 <= stage < p, "stage", stage, f"expected 0..{p - 1}")
-    if plan.schedule == "gpipe":
-        return (m,)
+    if plan.pipeline.in_flight_one_chunk == "m":  # (GPipe, looped BFS: every forward before any backward)
+        return (m,) * v
     if v == 1:
-        held = {"zb-h1": p, "zb-h2": 2 * p - 1}.get(plan.schedule, p - stage)
+        held = plan.pipeline.held_one_chunk(p, stage, m)
         if plan.overlap_moe_expert_parallel_comm:  # (p = 1) one forward ahead of each backward
             held += 1
         return (min(held, m),)
@@ -112,7 +115,7 @@ def stage_activation_bytes(model: ModelSpec, plan: ParallelPlan, stage: int,
     their sum is highest."""
     plan.check_model(model)
     if flash_attention is None:  # (the plan's attention)
-        flash_attention = plan.attention == "flash"
+        flash_attention = plan.attention_mode.fused
     b, t, sp = plan.micro_batch_size, plan.tp, plan.sequence_parallel
     p, v = plan.pp, plan.vpp
     emb = embedding_activation_bytes(model, b, t, sp) if stage == 0 else 0.0

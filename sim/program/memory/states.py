@@ -49,6 +49,7 @@ from sim.inputs.layers import DenseMLP, FullAttention
 from sim.inputs.model import ModelSpec, layer_param_split, layer_params_per_rank, mtp_param_split
 from sim.inputs.plan import ParallelPlan
 from sim.inputs.precision import RECIPES
+from sim.inputs.strategies import zero_stage_of
 from sim.program.fp8 import BF16_BYTES, weight_copy_bytes
 
 DEEPSPEED_REDUCE_BUCKET_ELEMS = DEEPSPEED_BUCKET_ELEMS
@@ -74,17 +75,17 @@ def model_state_bytes(num_params: float, dp: int = 1, zero_stage: int = 0, *, pa
     ranks under ZeRO stage ``zero_stage`` (see the module doc)."""
     require(num_params >= 0, "num_params", num_params, "expected a count >= 0")
     require(isinstance(dp, int) and dp > 0, "dp", dp, "expected an integer > 0")
-    require(zero_stage in (0, 1, 2, 3), "zero_stage", zero_stage, "allowed: 0, 1, 2, 3")
+    zero = zero_stage_of(zero_stage)
     p, g, o = param_bytes * num_params, grad_bytes * num_params, optimizer_bytes * num_params
-    return ModelStates(p / dp if zero_stage >= 3 else p,
-                       g / dp if zero_stage >= 2 else g,
-                       o / dp if zero_stage >= 1 else o)
+    return ModelStates(p / dp if zero.shards_params else p,
+                       g / dp if zero.shards_grads else g,
+                       o / dp if zero.shards_optimizer else o)
 
 
 def optimizer_shard_params(num_params: float, dp: int, zero_stage: int) -> float:
     """Parameters whose optimizer step one of ``dp`` ranks runs: all ``num_params``
     without ZeRO, its 1/Nd shard from ZeRO-1 on."""
-    return num_params / dp if zero_stage >= 1 else num_params
+    return num_params / dp if zero_stage_of(zero_stage).shards_optimizer else num_params
 
 
 # ------------------------------------------------------------------ parameters
@@ -249,6 +250,6 @@ def sync_bucket_bytes(plan: ParallelPlan) -> float:
     all-reduce bucket without ZeRO: ``sim.inputs.frameworks``)."""
     if is_deepspeed(plan):
         return plan.zero_bucket_size_bytes or grad_bucket_bytes()
-    if plan.zero_stage >= 2:
+    if plan.zero.shards_grads:
         return plan.zero_bucket_size_bytes or plan.bucket_size_bytes
     return plan.bucket_size_bytes if plan.dp_overlap else math.inf
