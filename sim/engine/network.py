@@ -264,9 +264,10 @@ class Network:
             used = self._used = {l for r in self._route.values() for l in r[0]}
             g = self.topology.graph
             for gpu in self.topology.gpus:
-                for n in g.neighbors(gpu):
-                    if g.nodes[n]["kind"] == "cpu":
-                        used.update((self._link_id[(gpu, n)], self._link_id[(n, gpu)]))
+                if any(g.nodes[n]["kind"] == "cpu" for n in g.neighbors(gpu)):
+                    r = g.nodes[gpu]["rank"]
+                    for a, b in self.topology.host_route(r):
+                        used.update((self._link_id[(a, b)], self._link_id[(b, a)]))
         return used
 
     def start_bundle(self, bundle: Bundle, nbytes: float, label: str, callback, arg) -> None:
@@ -287,11 +288,14 @@ class Network:
             self._join(flow)
 
     def transfer_host(self, rank: int, nbytes: float, to_host: bool, label: str = "") -> Event:
-        """Copy ``nbytes`` between GPU ``rank`` and its host CPU over their PCIe link."""
+        """Copy ``nbytes`` between GPU ``rank`` and its host CPU over their PCIe link (or a
+        Grace superchip's NVLink-C2C: medium ``nvlink``)."""
         done = self.env.event()
-        links = tuple(self._link_id[l] for l in self.topology.host_route(rank, to_host))
-        latency = sum(self.topology.graph.edges[l]["latency_s"] for l in self.topology.host_route(rank, to_host))
-        flow = _Flow(links, nbytes, None, done, rank, rank, self.env.now, label, "pcie",
+        route = self.topology.host_route(rank, to_host)
+        links = tuple(self._link_id[l] for l in route)
+        latency = sum(self.topology.graph.edges[l]["latency_s"] for l in route)
+        medium = "pcie" if any(self.link_kinds[l] == "pcie" for l in links) else "nvlink"
+        flow = _Flow(links, nbytes, None, done, rank, rank, self.env.now, label, medium,
                      min((self.capacity[l] for l in links), default=math.inf))
         self.active += 1
         for l in links:

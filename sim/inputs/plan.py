@@ -386,6 +386,13 @@ class ParallelPlan:
     offload_optimizer: bool = setting(False, kind="switch", tables=((_ZERO, "offload_optimizer"),),
                                       help="ZeRO-Offload: optimizer states in host memory, optimizer step on the CPU")
     """Gradients go to the host and updated parameters come back over PCIe."""
+    cpu_offloading_num_layers: int | None = setting(
+        type=POSITIVE_INT,
+        help="activation offload to host memory (Megatron-Core's cpu_offloading with cpu_offloading_num_layers, "
+             "activations only, as Megatron-Bridge's GB200/GB300 recipes set it): the saved activations of the "
+             "first N transformer layers go to the host on a copy stream in forward and come back before their "
+             "backward (Transformer Engine's cpu_offload; default off)")
+    """``sim.program.activation_offload``; None: off."""
     gradient_accumulation_fusion: bool = setting(
         True, kind="bool",
         help="weight-gradient GEMMs accumulate into the fp32 main gradients (default on, Megatron-LM's); "

@@ -76,6 +76,14 @@ def check_plan(plan) -> None:
            "not with offload_optimizer (the parameters come back from the host)")
     _check(not plan.offload_optimizer or zero.shards_optimizer, "offload_optimizer", True,
            "needs ZeRO stage 1, 2 or 3 (the optimizer states offloaded are the sharded ones)")
+    if plan.cpu_offloading_num_layers is not None:  # Megatron-Core's TransformerConfig.__post_init__ refuses these
+        _check(plan.pp == 1, "cpu_offloading_num_layers", plan.cpu_offloading_num_layers,
+               f"needs pp 1 (got {plan.pp}): Megatron-Core has no CPU offloading with pipeline parallelism")
+        _check(plan.recompute == "none", "cpu_offloading_num_layers", plan.cpu_offloading_num_layers,
+               f"needs recompute_granularity none (got {plan.recompute}): Megatron-Core's CPU offloading does not "
+               "work with activation recomputation")
+        _check(plan.cuda_graph is None, "cpu_offloading_num_layers", plan.cpu_offloading_num_layers,
+               "not with cuda_graph: Megatron-Core refuses CUDA graphs with CPU offloading")
     _check_uneven(plan)
     check_expert_plan(plan)
     check_ep_overlap_plan(plan)
@@ -97,6 +105,9 @@ def check_model(plan, model) -> None:
                              ("num_key_value_heads", model.num_key_value_heads),
                              ("ffn_hidden_size", model.ffn_hidden_size)):
             _check(value % plan.tp == 0, "tp", plan.tp, f"must divide {field} {value} of {model.name}")
+    n = plan.cpu_offloading_num_layers
+    _check(n is None or n < model.num_layers, "cpu_offloading_num_layers", n,
+           f"must be less than num_layers {model.num_layers} (Megatron-Core's rule)")
     check_expert_model(plan, model)
     check_context_model(plan, model)
     check_recompute_model(plan, model)

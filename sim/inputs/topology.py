@@ -359,13 +359,22 @@ class Topology:
         return [{u}, *(level - {u} for level in inner)]
 
     def host_route(self, rank: int, to_host: bool = True) -> tuple[Link, ...]:
-        """The link between GPU ``rank`` and its host CPU, in the direction of the copy."""
+        """The links between GPU ``rank`` and its host CPU's memory, in the direction of the
+        copy: its PCIe link, or on a Grace superchip its NVLink-C2C port and the C2C link the
+        superchip's GPUs share (``sim.inputs.topology_nodes.add_node``)."""
         g = self.gpu(rank)
-        cpus = sorted(n for n in self.graph.neighbors(g) if self.graph.nodes[n]["kind"] == "cpu")
-        if not cpus:
+        path = [g]
+        while True:
+            cpus = sorted(n for n in self.graph.neighbors(path[-1])
+                          if self.graph.nodes[n]["kind"] == "cpu" and n not in path)
+            if not cpus:
+                break
+            path.append(cpus[0])
+        if len(path) == 1:
             raise InputError(f"topology {self.name}: rank {rank} has no link to a device of kind 'cpu' "
-                             "(optimizer offload needs one)")
-        return ((g, cpus[0]),) if to_host else ((cpus[0], g),)
+                             "(optimizer and activation offload need one)")
+        links = tuple(zip(path, path[1:]))
+        return links if to_host else tuple((b, a) for a, b in reversed(links))
 
     def path_latency_s(self, src: int, dst: int) -> float:
         """Sum of the link latencies on the route from ``src`` to ``dst``."""

@@ -59,7 +59,7 @@ def builtin_names() -> list[str]:
 _NODE_KEYS = {
     "name", "gpus", "gpu_profile", "nvlink_bandwidth_GBps", "nvlink_latency_us",
     "pcie_bandwidth_GBps", "pcie_latency_us", "nics", "nic_kind", "nic_bandwidth_GBps", "nic_latency_us",
-    "nvlink_sharp",
+    "nvlink_sharp", "host_link", "host_bandwidth_GBps", "host_latency_us", "gpus_per_host",
 }
 _FABRIC_KEYS = {"type", "nodes_per_leaf", "spines", "oversubscription", "switch_latency_us"}
 _DEVICE_KEYS = {"id", "kind", "rank", "node", "gpu_profile"}
@@ -83,7 +83,25 @@ def _parse_node(f: TomlFile, t: dict) -> NodeSpec:
         nic_bandwidth_Bps=num(t, "nic_bandwidth_GBps", p, default=25.0, positive=True) * GB,
         nic_latency_s=num(t, "nic_latency_us", p, default=1.0, minimum=0) * US,
         nvlink_sharp=_flag(f, t, "nvlink_sharp", p),
+        **_host(f, t, p),
     )
+
+
+def _host(f: TomlFile, t: dict, p: str) -> dict:
+    """The GPU-host link keys: ``host_link`` pcie (default; the PCIe keys price it) or c2c
+    (a Grace superchip: ``host_bandwidth_GBps`` per direction, ``gpus_per_host`` GPUs on it)."""
+    link = f.string(t, "host_link", p, choices=("pcie", "c2c"), default="pcie")
+    if link == "pcie":
+        for key in ("host_bandwidth_GBps", "host_latency_us", "gpus_per_host"):
+            if key in t:
+                raise f.error(p + key, f"got {t[key]!r}; only with host_link = \"c2c\" (PCIe takes pcie_bandwidth_GBps)")
+        return {}
+    gpus = int(f.number(t, "gpus", p, integer=True, positive=True))
+    per = int(f.number(t, "gpus_per_host", p, integer=True, positive=True, default=2))
+    if gpus % per:
+        raise f.error(p + "gpus_per_host", f"got {per}; expected a divisor of gpus ({gpus})")
+    return dict(host_link="c2c", host_bandwidth_Bps=f.number(t, "host_bandwidth_GBps", p, positive=True) * GB,
+                host_latency_s=f.number(t, "host_latency_us", p, default=0.5, minimum=0) * US, gpus_per_host=per)
 
 
 def _flag(f: TomlFile, t: dict, key: str, prefix: str) -> bool:

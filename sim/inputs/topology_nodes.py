@@ -59,6 +59,15 @@ class NodeSpec:
     nic_kind: str
     nic_bandwidth_Bps: float
     nic_latency_s: float
+    host_link: str = "pcie"
+    """How a GPU reaches its host CPU's memory: ``pcie`` (x86 servers: each GPU on its own
+    PCIe link, ``pcie_bandwidth_Bps``) or ``c2c`` (Grace superchips, GB200/GB300: NVLink-C2C,
+    ``host_bandwidth_Bps`` per direction per superchip, shared by its ``gpus_per_host`` GPUs)."""
+    host_bandwidth_Bps: float = 0.0
+    """NVLink-C2C per direction, per superchip (``host_link`` c2c only)."""
+    host_latency_s: float = 0.0
+    gpus_per_host: int = 1
+    """GPUs per Grace CPU (``host_link`` c2c): 2 on a GB200/GB300 superchip."""
     nvlink_sharp: bool = False
     """The NVSwitch reduces and multicasts (NVLink SHARP, third-generation NVSwitch: DGX
     H100/H200; NVLink 5 switches: DGX B200, GB200 NVL72; not DGX A100): NCCL's NVLS
@@ -101,17 +110,31 @@ def add_node(g: nx.Graph, spec: NodeSpec, index: int, first_rank: int | None = N
     node's ``gpu_profile``.
 
     Each GPU has its own PCIe link to the host CPU (its memory), which is what
-    optimizer offload crosses; the CPU never carries GPU-to-GPU traffic."""
+    optimizer and activation offload cross; the CPU never carries GPU-to-GPU traffic.
+    With ``host_link`` c2c (a Grace superchip) the GPUs of superchip k reach device
+    ``c2c{k}`` (kind cpu) each on a link of the full C2C bandwidth, and ``c2c{k}`` reaches
+    ``grace{k}`` (kind cpu, the superchip's memory) on one link of that bandwidth: the two
+    GPUs' copies share it (``Topology.host_route`` crosses both links)."""
     nvs = f"node{index}/nvswitch"
     g.add_node(nvs, kind="nvswitch", node=index, nvlink_sharp=bool(spec.nvlink_sharp))
     cpu = f"node{index}/cpu"
-    g.add_node(cpu, kind="cpu", node=index)
+    if spec.host_link != "c2c":
+        g.add_node(cpu, kind="cpu", node=index)
     for i in range(spec.gpus):
         gpu = f"node{index}/gpu{i}"
         g.add_node(gpu, kind="gpu", rank=index * spec.gpus + i if first_rank is None else first_rank + i, node=index,
                    local=i, **({"gpu_profile": spec.gpu_profile} if spec.gpu_profile else {}))
         add_link(g, gpu, nvs, "nvlink", spec.nvlink_bandwidth_Bps, spec.nvlink_latency_s)
-        add_link(g, gpu, cpu, "pcie", spec.pcie_bandwidth_Bps, spec.pcie_latency_s)
+        if spec.host_link == "c2c":
+            k = i // spec.gpus_per_host
+            hub, grace = f"node{index}/c2c{k}", f"node{index}/grace{k}"
+            if hub not in g:
+                g.add_node(hub, kind="cpu", node=index)
+                g.add_node(grace, kind="cpu", node=index)
+                add_link(g, hub, grace, "nvlink", spec.host_bandwidth_Bps, 0.0)
+            add_link(g, gpu, hub, "nvlink", spec.host_bandwidth_Bps, spec.host_latency_s)
+        else:
+            add_link(g, gpu, cpu, "pcie", spec.pcie_bandwidth_Bps, spec.pcie_latency_s)
     for j in range(spec.nics):
         nic = f"node{index}/nic{j}"
         g.add_node(nic, kind="nic", node=index, rail=j)

@@ -63,6 +63,7 @@ from sim.inputs.topology import Topology
 from sim.program import passes
 from sim.program import zero
 from sim.program.actions import Program
+from sim.program.activation_offload import add_activation_offload
 from sim.program.amax import add_amax_reductions, chunk_gemms, stage_groups
 from sim.program.build import BuildContext
 from sim.program.costs import cpu_optimizer_step_time, grad_reduce_scale, optimizer_step_time
@@ -426,6 +427,16 @@ def memory(ctx: BuildContext, draft: Draft) -> Draft:
     return draft.with_program(zero.add_resident(prog, lambda rank: resident[stage(rank)]))
 
 
+def activation_offload(ctx: BuildContext, draft: Draft) -> Draft:
+    """With ``cpu_offloading_num_layers``: the first N layers' activations to the host and back
+    around their backward (``sim.program.activation_offload``; pp 1, so stage 0's layers)."""
+    n = ctx.plan.cpu_offloading_num_layers
+    if not n:
+        return draft
+    parts = chunk_activation_parts(ctx.model, ctx.plan, 0)  # (layer id -> bytes per micro-batch)
+    return draft.with_program(add_activation_offload(draft.program, ctx.model.num_layers, n, parts))
+
+
 def expand(ctx: BuildContext, draft: Draft) -> Draft:
     """Each template GPU's program onto every GPU of its stage (``passes.expand``). Under
     reduced fidelity only dp index 0 is simulated (and tp index 0 where each GPU has a NIC
@@ -468,7 +479,8 @@ PIPELINE: tuple[tuple[str, Callable[[BuildContext, Draft], Draft]], ...] = (
     ("limits", limits), ("schedule", schedule), ("stages", stages), ("layers", layers), ("ep_overlap", ep_overlap),
     ("fp8_amax", fp8_amax),
     ("p2p", p2p), ("grad_sync", grad_sync), ("zero3_gather", zero3_gather), ("optimizer", optimizer),
-    ("offload", offload), ("param_gather", param_gather), ("memory", memory), ("expand", expand),
+    ("offload", offload), ("param_gather", param_gather), ("memory", memory),
+    ("activation_offload", activation_offload), ("expand", expand),
 )
 PASSES = tuple(name for name, _ in PIPELINE)
 """The passes' names, in the order ``build`` runs them (module doc)."""
