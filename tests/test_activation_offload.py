@@ -97,3 +97,17 @@ def test_offload_refuses_what_megatron_core_refuses(kw, match):
 def test_offload_needs_fewer_layers_than_the_model():
     with pytest.raises(InputError, match="cpu_offloading_num_layers.*less than num_layers 8"):
         ParallelPlan(dp=4, global_batch_size=8, cpu_offloading_num_layers=8).check_model(MODEL)
+
+
+def test_bad_offload_input_is_one_line_and_exit_2(tmp_path, capsys):
+    from sim.cli import main
+
+    base = ["run", "--model", "llama3-8b", "--gpus", "8", "--global-batch-size", "8"]
+    bad = tmp_path / "pcie-node.toml"
+    bad.write_text("[node]\ngpus = 8\nnvlink_bandwidth_GBps = 450\nhost_bandwidth_GBps = 100\n")
+    for argv, text in ((["--pp", "2", "--cpu-offloading-num-layers", "4"], "--cpu-offloading-num-layers: got 4; needs pp 1"),
+                       (["--cpu-offloading-num-layers", "32"], "got 32; must be less than num_layers 32"),
+                       (["--topology", str(bad)], 'node.host_bandwidth_GBps: got 100; only with host_link = "c2c"')):
+        assert main(base + argv) == 2
+        err = capsys.readouterr().err
+        assert text in err and err.count("\n") == 1 and "Traceback" not in err

@@ -8,7 +8,7 @@ as per-rank actions (``actions``). ``build`` holds the ``BuildContext`` every pa
 (model, plan, topology, the profile paced once for the job, the build options);
 ``training`` is the pipeline of named passes over it (``training.PASSES``: limits,
 schedule, stages, layers, fp8_amax, p2p, grad_sync, zero3_gather, optimizer, offload,
-param_gather, memory, expand), each adding one thing with the numbers from ``costs``
+param_gather, memory, activation_offload, expand), each adding one thing with the numbers from ``costs``
 and ``memory`` through the program passes of ``passes``, ``zero`` and ``amax``;
 ``segments`` cuts a step into its layers and their collectives; ``limits`` estimates
 the events a simulation would take and refuses an absurd one; ``estimate`` is the

@@ -34,6 +34,8 @@ Megatron-Core allows it only with pp 1, no recomputation and no CUDA graphs
 
 from __future__ import annotations
 
+from bisect import bisect_left, bisect_right
+
 from sim.program.actions import Action, Program
 from sim.program.passes import layer_uses
 
@@ -71,8 +73,12 @@ def add_activation_offload(prog: Program, num_layers: int, num_offload: int, lay
         extra_deps: dict[int, list] = {}
         extra_mem: dict[int, list] = {}
         compute = [i for i, a in enumerate(lst) if a.stream == "compute" or (not a.stream and a.kind in ("compute", "comm"))]
-        nxt = {i: compute[k + 1] for k, i in enumerate(compute[:-1])}
-        prv = {i: compute[k - 1] for k, i in enumerate(compute) if k}
+
+        def nxt(i: int) -> int:  # the first compute-stream action after index i
+            return compute[bisect_right(compute, i)]
+
+        def prv(i: int) -> int:  # the last compute-stream action before index i
+            return compute[bisect_left(compute, i) - 1]
         for step in steps:
             if "F" not in step:  # (steps are named <stage><kind><micro-batch>: 0F3, 0B3)
                 continue
@@ -86,7 +92,7 @@ def add_activation_offload(prog: Program, num_layers: int, num_offload: int, lay
                        deps=(lst[span[(step, 0)][1]].name,)))
             for k in range(num_offload):
                 end = span[(step, win[k])][1]
-                follow = nxt[end]  # the compute after layer w(k): waits for group k's copy, frees its memory
+                follow = nxt(end)  # the compute after layer w(k): waits for group k's copy, frees its memory
                 extra_deps.setdefault(follow, []).append(d2h[k])
                 extra_mem.setdefault(follow, []).append(("start", "activations", -nb[k]))
                 if k + 1 < num_offload:
@@ -98,7 +104,7 @@ def add_activation_offload(prog: Program, num_layers: int, num_offload: int, lay
                 first = span[(back, win[k])][0]
                 if k + 1 < num_offload:
                     extra_deps.setdefault(first, []).append(h2d[k + 1])
-                deps = (lst[prv[first]].name,) + ((h2d[k + 1],) if k + 1 < num_offload else ())
+                deps = (lst[prv(first)].name,) + ((h2d[k + 1],) if k + 1 < num_offload else ())
                 before.setdefault(first, []).append(
                     Action(h2d[k], kind="copy", op="h2d", nbytes=nb[k], category="offload", stream=H2D_STREAM,
                            deps=deps, mem=(("start", "activations", nb[k]),)))

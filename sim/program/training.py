@@ -31,6 +31,8 @@ the schedule and the program so far):
                   the next forward); FP8 weights gathered in one byte; under DeepSpeed's
                   ZeRO-3, its persistent parameters' all-gather after the step
     memory        resident model states and each micro-batch's stored activations
+    activation_offload  with ``cpu_offloading_num_layers``, the first N layers' activations
+                  to the host and back (``sim.program.activation_offload``)
     expand        each template GPU's program copied onto every GPU of its stage
                   (reduced fidelity: one GPU per stage simulated, the rest shadows)
 
