@@ -111,3 +111,15 @@ def test_bad_offload_input_is_one_line_and_exit_2(tmp_path, capsys):
         assert main(base + argv) == 2
         err = capsys.readouterr().err
         assert text in err and err.count("\n") == 1 and "Traceback" not in err
+
+
+def test_the_superchips_two_gpus_share_its_c2c():
+    # full fidelity: GPUs 0 and 1 (one superchip) copy the same bytes at the same moments, so
+    # each gets half of the 450 GB/s
+    plan = ParallelPlan(dp=4, global_batch_size=8, micro_batch_size=2, zero_stage=3, cpu_offloading_num_layers=4)
+    run = simulate_training(Job(MODEL, plan, load_profile("gb200"), load_topology("gb200-nvl72")),
+                            SimulationSettings(fidelity="full"))
+    eff = load_profile("gb200").links["nvlink"].efficiency
+    first = {s.rank: s for s in run.trace.spans if s.name == "offload layer 0 of 0F0"}
+    assert first[0].start_s == pytest.approx(first[1].start_s, rel=1e-9)
+    assert first[0].end_s - first[0].start_s == pytest.approx(0.5e-6 + 2 * LAYER_BYTES / (450e9 * eff), rel=1e-6)

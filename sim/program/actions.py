@@ -20,7 +20,7 @@ Kinds of action:
   ``group`` of two or more simulated ranks, it is a meeting: each member's action of the
   same name starts when the last member is ready to start its own.
 - ``copy``: ``nbytes`` between the GPU and its host CPU (``op`` "d2h" or "h2d") over
-  their PCIe link (optimizer offload).
+  their host route: PCIe, or NVLink-C2C on a Grace superchip (optimizer and activation offload).
 - ``collective``: ``op`` over ``group`` with ``nbytes`` (see ``sim.engine.algorithms``).
   Every rank of the group runs the same action; it starts when all have arrived, and
   each rank's action ends when its own part of the transfers is done. The n-th untagged
