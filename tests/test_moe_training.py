@@ -162,3 +162,42 @@ def test_zero3_with_experts_simulates_alike_at_full_and_reduced_fidelity():
     assert gathers == {edp} and len(edp) == 2
     # sharding the states costs the gathers' time: ZeRO-3 is slower than ZeRO-1 here
     assert full.trace.end_s > _run(ParallelPlan(dp=8, ep=4, global_batch_size=16, zero_stage=1)).trace.end_s
+
+
+def test_gpt_oss_clamp_and_expert_bias_by_hand():
+    # GPT-OSS's experts (Megatron-Core TEGroupedMLP at Megatron-LM cba6b0ed): the activation's
+    # clamp runs as chunk + two clamps + cat, and fc2's bias is added per local expert as
+    # t + b * p with FP32 router probabilities, then cat and cast back (_apply_bias).
+    from dataclasses import replace
+
+    oss = replace(TINY, activation_clamp=7.0, moe_expert_bias=True)
+    shape = MoeShape(ep=2, etp=1, load=256 * 2)        # 4 experts over 2 ranks: 2 local, 512 copies
+    w, plain = layer_work(oss, 1, moe=shape), layer_work(TINY, 1, moe=shape)
+    n, f, h, local = 512, 512, 512, 2
+    nf, N = n * f, n * h                               # 262144 elements each (f = h = 512 here)
+    clamp, clamp_g = _item(w, "moe.experts.clamp"), _item(w, "moe.experts.clamp.grad")
+    # forward: clamp(gate) and clamp(linear) read and write n·f bf16 each, cat 2n·f: 4 n·f·2 bytes each way
+    assert (clamp.bytes_read, clamp.bytes_written, clamp.kernels) == (8 * nf, 8 * nf, 3) == (2097152, 2097152, 3)
+    # backward: two clamp gradients read (grad, input) and write n·f; chunk's backward cats 2n·f
+    assert (clamp_g.bytes_read, clamp_g.bytes_written, clamp_g.kernels) == (2 * 6 * nf, 2 * 4 * nf, 3)
+    bias, bias_g = _item(w, "moe.experts.down.bias"), _item(w, "moe.experts.down.bias.grad")
+    # forward per element: b*p writes 4; add reads 2 + 4, writes 4; cat reads 4, writes 4; .to reads 4,
+    # writes 2: read 14, written 14 bytes, plus the n FP32 probabilities; 2 kernels per expert + cat + cast
+    assert (bias.bytes_read, bias.bytes_written, bias.kernels) == (14 * N + 4 * n, 14 * N, 2 * local + 2)
+    # backward per element: .to's 2 -> 4; cast 4 -> 2; two multiplies 4 -> 4 and two sums reading 4;
+    # split's cat 2 -> 2: read 2 + 4·5 + 2 = 24, written 4 + 2 + 8 + 2 = 16; 5 kernels per expert + 2
+    assert (bias_g.bytes_read, bias_g.bytes_written, bias_g.kernels) == (24 * N, 16 * N, 5 * local + 2)
+    names = [i.name for i in w.items]
+    assert names.index("moe.experts.clamp") < names.index("moe.experts.swiglu") < names.index("moe.experts.down") \
+        < names.index("moe.experts.down.bias")
+    assert names.index("moe.experts.down.bias.grad") < names.index("moe.experts.down.dgrad") \
+        < names.index("moe.experts.swiglu.grad") < names.index("moe.experts.clamp.grad")
+    # every other kernel is the plain model's
+    extra = {"moe.experts.clamp", "moe.experts.clamp.grad", "moe.experts.down.bias", "moe.experts.down.bias.grad"}
+    assert [i for i in w.items if i.name not in extra] == list(plain.items)
+    # stored for backward: the clamped copy, 2n·f bf16, that the fused activation saves (the clamps keep
+    # the up projection's output, stored already)
+    from sim.program.memory.activations import moe_terms
+
+    a, b = moe_terms(oss, 1, 1, False, (2, 1)), moe_terms(TINY, 1, 1, False, (2, 1))
+    assert {k: v for k, v in a.items() if b.get(k) != v} == {"moe.experts.clamped": 2 * 2 * nf}

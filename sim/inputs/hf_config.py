@@ -232,8 +232,9 @@ FAMILY_KEYS = {
                      "for_llm_compressor", "cache_implementation", "no_rope_layer_interval", "layer_types")),
     "gpt_oss": (("hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "head_dim",
                  "intermediate_size", "num_local_experts", "num_experts_per_tok", "experts_per_token", "sliding_window",
-                 "layer_types", "vocab_size", "max_position_embeddings", "tie_word_embeddings", "attention_bias"),
-                ("swiglu_limit", "initial_context_length", "quantization_config", "num_experts_per_tok_note")),
+                 "layer_types", "vocab_size", "max_position_embeddings", "tie_word_embeddings", "attention_bias",
+                 "swiglu_limit"),
+                ("initial_context_length", "quantization_config", "num_experts_per_tok_note")),
     "gemma": (("hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "head_dim",
                "intermediate_size", "sliding_window", "sliding_window_pattern", "layer_types", "vocab_size",
                "max_position_embeddings", "tie_word_embeddings", "attention_bias"),
@@ -347,8 +348,13 @@ def _family(cfg: dict, mtype: str, where: str, seq_length: int | None, name: str
                        for k in kinds)
         topk = "num_experts_per_tok" if cfg.get("num_experts_per_tok") is not None else "experts_per_token"
         f = _hf_int(cfg, "intermediate_size", where)
+        limit = cfg.get("swiglu_limit")
+        _require(where, limit is None or (isinstance(limit, (int, float)) and not isinstance(limit, bool)
+                                          and limit > 0), "swiglu_limit", limit, "expected a number > 0")
+        # HF's GptOssExperts always carry gate_up_proj_bias and down_proj_bias (modeling_gpt_oss.py)
         return llama(name, n, h, heads, kv, f, vocab, s, num_experts=_hf_int(cfg, "num_local_experts", where),
-                     moe_router_topk=_hf_int(cfg, topk, where), layers=layers, **kw)
+                     moe_router_topk=_hf_int(cfg, topk, where), layers=layers, moe_expert_bias=True,
+                     activation_clamp=None if limit is None else float(limit), **kw)
     if gemma:
         window = _hf_int(cfg, "sliding_window", where)
         pattern = cfg.get("sliding_window_pattern", 6 if mtype != "gemma2" else 2)

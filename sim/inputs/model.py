@@ -126,6 +126,15 @@ class ModelSpec:
     RMS-normalized halves, one transformer layer of the model's kind and the shared output
     head. They run after the last transformer layer (``sim.program.workload.mtp_works``);
     their parameters are not in ``num_params`` (DeepSeek-V3's 671B leaves them out too)."""
+    activation_clamp: float | None = None
+    """The experts' gated activation clamped before it runs (Megatron-Core's
+    ``activation_func_clamp_value``; GPT-OSS 7.0, HF ``swiglu_limit``): the gate half to at most
+    the value, the linear half to ±value, as eager kernels (``sim.program.workload_moe``); None: none."""
+    moe_expert_bias: bool = False
+    """The routed experts' linear layers carry biases (GPT-OSS: HF ``mlp1_bias``/``mlp2_bias``,
+    Megatron-Bridge's ``add_bias_linear`` on a ``TEGroupedMLP``); apart from ``bias``, which GLM-4.5
+    sets for its attention only. The down projection's bias is added per expert
+    (``sim.program.workload_moe``)."""
     layers: tuple | None = None
     """The layer sequence, one ``sim.inputs.layers.Layer`` (mixer and MLP kinds) per layer,
     for models whose layers differ in kind (sliding/chunked/full attention, Mamba-2, Gated
@@ -376,7 +385,7 @@ def _gpt_oss(name: str, num_layers: int, experts: int) -> ModelSpec:
     layers = tuple(Layer(SlidingWindowAttention(window=128) if i % 2 == 0 else FullAttention(), MoE())
                    for i in range(num_layers))
     return llama(name, num_layers, 2880, 64, 8, 2880, 201088, 4096, kv_channels=64, bias=True, num_experts=experts,
-                 moe_router_topk=4, layers=layers)
+                 moe_router_topk=4, layers=layers, activation_clamp=7.0, moe_expert_bias=True)
 
 
 def _nemotron_h_pattern() -> str:

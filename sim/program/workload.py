@@ -307,7 +307,7 @@ def _in_module(name: str, module: str, mla_up: tuple, moe: bool, act: str) -> bo
     if module == "moe":
         return moe and name.startswith("moe.")
     if module == "moe_act":
-        return moe and name == f"moe.experts.{act}"
+        return moe and name in (f"moe.experts.{act}", "moe.experts.clamp")  # the clamp is in bias_act_func
     return module == "shared_experts" and moe and name.startswith("moe.shared.")
 
 

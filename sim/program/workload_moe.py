@@ -134,6 +134,50 @@ def _expert_rows(m, shape: MoeShape) -> tuple[int, int, int, int]:
     return rows, local, f, (2 if m.mlp == "swiglu" else 1) * f
 
 
+PROBS_BYTES = 4
+"""The router's probabilities, FP32 (Megatron-Core's ``TEGroupedMLP._apply_bias`` casts ``t + b * p``
+back to the activations' dtype because the product with them is FP32)."""
+
+
+def _clamp(w, n: int, f: int, grad: bool) -> None:
+    """GPT-OSS's clamp before its gated activation (``ModelSpec.activation_clamp``). Megatron-Core
+    (``megatron/core/fusions/fused_bias_geglu.py``, ``weighted_bias_quick_geglu_impl``, at the
+    Megatron-LM commit cba6b0ed of Megatron-Bridge r0.2.0, NeMo 25.11) runs it eagerly outside
+    the fused activation: ``chunk`` the [n, 2f] up projection, ``clamp`` each half (two kernels,
+    each reading and writing n·f), ``torch.cat`` them back (2n·f read and written); the fused
+    activation then reads the copy. Backward: the two clamps' gradients (each reads the
+    gradient and its saved input, writes n·f; ``cat``'s backward is views) and ``chunk``'s
+    backward, a ``cat`` of the two halves' gradients (2n·f read and written)."""
+    e = w.e
+    if grad:
+        w.mem("moe.experts.clamp.grad", e * 6 * n * f, e * 4 * n * f, 2 * n * f, kernels=3)
+    else:
+        w.mem("moe.experts.clamp", e * 4 * n * f, e * 4 * n * f, 2 * n * f, kernels=3)
+
+
+def _down_bias(w, n: int, h: int, local: int, grad: bool, after=None) -> None:
+    """The experts' down-projection bias (``ModelSpec.moe_expert_bias``). Megatron-Core's
+    ``TEGroupedMLP`` builds ``linear_fc2`` with ``skip_bias_add=True`` and adds the bias itself,
+    weighted by each copy's router probability, in ``_apply_bias`` (``megatron/core/transformer/
+    moe/experts.py`` at Megatron-LM cba6b0ed): a Python loop over the local experts of
+    ``t + b * p`` on each expert's rows (the product FP32, ``PROBS_BYTES``: one kernel writing
+    it, one adding), ``torch.cat`` of the FP32 pieces and ``.to`` the activations' dtype. Over
+    all n copies of width h (N = n·h elements, e bytes each): read (e + 12)·N, written (e + 12)·N,
+    2·local + 2 kernels. Backward (PyTorch autograd of the same ops): ``.to``'s (read e·N,
+    write 4·N), then per expert the add's cast of the gradient to ``t``'s dtype (read 4, write
+    e per element), the product's two gradients, each a multiply (read 4, write 4) and a
+    sum (read 4: the bias's over the rows, the probability's over the width), then ``split``'s
+    backward, a ``cat`` of the pieces (read and write e): read (20 + 2e)·N, written
+    (12 + 2e)·N, 5·local + 2 kernels. The bias gradient comes out of these sums; there is no
+    weight-gradient GEMM for it."""
+    e, N, p = w.e, n * h, PROBS_BYTES
+    if grad:
+        w.mem("moe.experts.down.bias.grad", (5 * p + 2 * e) * N, (3 * p + 2 * e) * N, 4 * N,
+              kernels=5 * local + 2, after=after)
+    else:
+        w.mem("moe.experts.down.bias", (e + 3 * p) * N + p * n, (e + 3 * p) * N, 2 * N, kernels=2 * local + 2)
+
+
 GROUPED_GEMM_STREAMS = 4
 """Streams Transformer Engine's grouped GEMM (Megatron-Core's ``TEGroupedMLP``, ``--moe-grouped-gemm``:
 ``te.pytorch.GroupedLinear`` -> ``general_grouped_gemm`` -> ``nvte_multi_stream_cublas_gemm``) puts
@@ -274,9 +318,13 @@ def moe_forward(w, m, b: int, t: int, sp: bool, shape: MoeShape) -> None:
     if lone:
         w.items[-1] = replace(w.items[-1], host_sync=True)
     n = rows * local
+    if m.activation_clamp is not None:
+        _clamp(w, n, f, grad=False)
     read = (2 if m.mlp == "swiglu" else 1) * n * f
     w.mem(f"moe.experts.{m.mlp}", e * read, e * n * f, _ACT_FLOPS[m.mlp] * n * f, framework=True)
     w.gemm("moe.experts.down", rows, h, f, batch=local, kernels=local, streams=GROUPED_GEMM_STREAMS)
+    if m.moe_expert_bias:
+        _down_bias(w, n, h, local, grad=False)
     if _sorts(m, shape):
         _sort_chunks(w, m, shape, "moe.unsort_chunks")
     after = None if gathered else _exchange(
@@ -312,12 +360,17 @@ def moe_backward(w, m, b: int, t: int, sp: bool, shape: MoeShape) -> None:
         _sort_chunks(w, m, shape, "moe.unsort_chunks.grad", after=after)
         after = None
     rows, local, f, f_up = _expert_rows(m, shape)
+    n = rows * local
+    if m.moe_expert_bias:
+        _down_bias(w, n, h, local, grad=True, after=after)
+        after = None
     w.gemm("moe.experts.down.dgrad", rows, f, h, batch=local, after=after, kernels=local,
            streams=GROUPED_GEMM_STREAMS)
-    n = rows * local
     read = (3 if m.mlp == "swiglu" else 2) * n * f
     wrote = (2 if m.mlp == "swiglu" else 1) * n * f
     w.mem(f"moe.experts.{m.mlp}.grad", e * read, e * wrote, 2 * _ACT_FLOPS[m.mlp] * n * f, framework=True)
+    if m.activation_clamp is not None:
+        _clamp(w, n, f, grad=True)
     w.gemm("moe.experts.up.dgrad", rows, h, f_up, batch=local, kernels=local, streams=GROUPED_GEMM_STREAMS)
     if _sorts(m, shape):
         _sort_chunks(w, m, shape, "moe.sort_chunks.grad")

@@ -170,7 +170,7 @@ _DROPPED = {
     "layernorm": ("attn.qkv.input", "mlp.up.input", "moe.shared.up.input", "moe.input"),
     "mla_up_proj": ("attn.q", "attn.k", "attn.v"),
     "mlp": ("mlp.gelu.input", "mlp.relu2.input", "mlp.gate", "mlp.up", "mlp.down.input"),
-    "moe_act": ("moe.experts.down.input",),
+    "moe_act": ("moe.experts.down.input", "moe.experts.clamped"),
     "shared_experts": ("moe.shared.act", "moe.shared.down.input"),
 }
 """What each recomputed module frees (``sim.inputs.recompute``): layernorm its outputs, which
@@ -214,6 +214,8 @@ def moe_terms(m: ModelSpec, b: int, t: int, sp: bool, experts: tuple[int, int]) 
         out["moe.experts.gelu.input"] = 2 * n * f / etp
     else:
         out["moe.experts.gate"] = out["moe.experts.up"] = 2 * n * f / etp
+    if m.activation_clamp is not None:  # the clamped copy (cat of the halves) the fused activation saves,
+        out["moe.experts.clamped"] = 4 * n * f / etp  # beside the up output the clamps keep (sim.program.workload_moe)
     fs = m.moe_shared_expert_intermediate_size
     if fs:
         full = b * m.seq_length
