@@ -85,12 +85,18 @@ PIPELINE_SCHEDULES: dict[str, PipelineSchedule] = {s.name: s for s in (
 """Every pipeline schedule a plan may name ("custom": set from ``--schedule FILE.csv``)."""
 
 
+def _named(registry: dict, cls: type, name, field: str, setting: str):
+    """``registry``'s strategy called ``name`` (``name`` itself when it is one already); an
+    unknown name is refused naming the plan's ``field`` and what is allowed."""
+    if isinstance(name, cls):
+        return name
+    require(name in registry, f"plan: {field}", name, f"allowed: {', '.join(registry)}", setting=setting)
+    return registry[name]
+
+
 def schedule_named(name: str | PipelineSchedule) -> PipelineSchedule:
     """The strategy of this name (itself, given one)."""
-    if isinstance(name, PipelineSchedule):
-        return name
-    require(name in PIPELINE_SCHEDULES, "plan: schedule", name, f"allowed: {', '.join(PIPELINE_SCHEDULES)}", setting="schedule")
-    return PIPELINE_SCHEDULES[name]
+    return _named(PIPELINE_SCHEDULES, PipelineSchedule, name, "schedule", "schedule")
 
 
 # ------------------------------------------------------------------ token dispatchers
@@ -133,11 +139,7 @@ TOKEN_DISPATCHERS: dict[str, TokenDispatcher] = {d.name: d for d in (
 
 def dispatcher_named(name: str | TokenDispatcher) -> TokenDispatcher:
     """The strategy of this name (itself, given one)."""
-    if isinstance(name, TokenDispatcher):
-        return name
-    require(name in TOKEN_DISPATCHERS, "plan: moe_token_dispatcher_type", name, f"allowed: {', '.join(TOKEN_DISPATCHERS)}",
-            setting="dispatcher")
-    return TOKEN_DISPATCHERS[name]
+    return _named(TOKEN_DISPATCHERS, TokenDispatcher, name, "moe_token_dispatcher_type", "dispatcher")
 
 
 # ------------------------------------------------------------------ attention
@@ -157,10 +159,7 @@ ATTENTION_MODES: dict[str, AttentionMode] = {a.name: a for a in (AttentionMode("
 
 def attention_named(name: str | AttentionMode) -> AttentionMode:
     """The strategy of this name (itself, given one)."""
-    if isinstance(name, AttentionMode):
-        return name
-    require(name in ATTENTION_MODES, "plan: attention", name, f"allowed: {', '.join(ATTENTION_MODES)}", setting="attention")
-    return ATTENTION_MODES[name]
+    return _named(ATTENTION_MODES, AttentionMode, name, "attention", "attention")
 
 
 # ------------------------------------------------------------------ activation recomputation
@@ -185,10 +184,7 @@ RECOMPUTE_POLICIES: dict[str, RecomputePolicy] = {r.name: r for r in (
 
 def recompute_named(name: str | RecomputePolicy) -> RecomputePolicy:
     """The strategy of this name (itself, given one)."""
-    if isinstance(name, RecomputePolicy):
-        return name
-    require(name in RECOMPUTE_POLICIES, "plan: recompute", name, f"allowed: {', '.join(RECOMPUTE_POLICIES)}", setting="recompute")
-    return RECOMPUTE_POLICIES[name]
+    return _named(RECOMPUTE_POLICIES, RecomputePolicy, name, "recompute", "recompute")
 
 
 # ------------------------------------------------------------------ ZeRO stages
