@@ -316,6 +316,12 @@ def _dp(b: dict) -> float:
     return b["exposed dp + ZeRO-1 gather_s"]
 
 
+def _speedup(before_s: float, after_s: float) -> str:
+    """'x1.12 faster' or 'x1.02 slower' (a ratio above 1 either way)."""
+    r = before_s / after_s
+    return f"x{r:.2f} faster" if r >= 1 else f"x{1 / r:.2f} slower"
+
+
 def answer_lines(best: list[dict], same: dict, rows: list[dict], models: list[str]) -> list[str]:
     """The answer, from the results: per model GB200's gain over B200 and H100, the B200's
     best plan on GB200 (chip and rack, the same plan), what re-planning for the rack adds,
@@ -333,8 +339,8 @@ def answer_lines(best: list[dict], same: dict, rows: list[dict], models: list[st
         text = (f"{LABELS[m]}: GB200 NVL72 {g['tokens_per_s_per_gpu']:,.0f} tokens/s per GPU, "
                 f"x{g['tokens_per_s_per_gpu'] / b['tokens_per_s_per_gpu']:.2f} B200 and "
                 f"x{g['tokens_per_s_per_gpu'] / h['tokens_per_s_per_gpu']:.2f} H100. "
-                f"B200's best plan ({b['best_plan']}) runs x{b['iteration_time_s'] / x['iteration_time_s']:.2f} "
-                f"faster on GB200: compute {b['compute_s']:.2f} -> {x['compute_s']:.2f} s, exposed data-parallel "
+                f"B200's best plan ({b['best_plan']}) runs {_speedup(b['iteration_time_s'], x['iteration_time_s'])} "
+                f"on GB200: compute {b['compute_s']:.2f} -> {x['compute_s']:.2f} s, exposed data-parallel "
                 f"traffic {_dp(b):.2f} -> {_dp(x):.2f} s ({where})")
         if preset(m).moe:
             text += (f", exposed token exchange {b['exposed ep (token exchange)_s']:.2f} -> "
