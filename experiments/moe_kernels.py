@@ -109,7 +109,7 @@ def main(argv=None) -> dict:
         ax.set_yticks(ys, [r["dispatcher"] for r in mine])
         ax.set_title(f"{label} ({'2 DGX nodes' if label == 'H100' else 'one NVL72 rack'})", fontsize=10)
         ax.set_xlabel("ms per MoE layer and micro-batch (F + B + W)")
-    axes[0].legend(loc="lower right", fontsize=8)
+    axes[-1].legend(loc="center right", fontsize=8)  # the GB200 panel has the room
     fig.suptitle("DeepSeek-V3 MoE layer on 16 GPUs, ep 16: where the time goes per token dispatcher", fontsize=11)
     save(fig, args.out / f"{NAME}.png")
     return {"rows": rows}
