@@ -251,3 +251,23 @@ def test_a_bias_pass_does_not_make_a_gemm_memory_bound_in_explain():
     g = Op("g", "F", "gemm", 2 * 256 * 256 * 64, 10, 40, 40, (256, 256, 64), bias=True)
     row = _op_row(g, p)
     assert row["bound"] == "compute" and row["time_s"] == pytest.approx(2 * 256 * 256 * 64 / 50.0 + 80 / 10.0 + 1.0)
+
+
+def test_a_causal_flash_kernel_is_priced_on_the_blocks_up_to_the_diagonal():
+    # issue 50 (Llama 3 8B on 8 B200, seq 8192, 32 heads of 128, micro-batch 2): with 128-key
+    # blocks query block i computes i + 1 of the T = 64 key blocks, so the kernel does
+    # sum(i + 1) / T² = 65/128 of the non-causal count the FLOPs follow.
+    from sim.inputs.hardware import causal_work_fraction
+
+    assert causal_work_fraction(8192) == 65 / 128
+    assert causal_work_fraction(128) == 1.0  # one block, the diagonal, computed whole
+    assert causal_work_fraction(1_000_000) == pytest.approx(0.5, abs=1e-4)
+    b200 = replace(load_profile("b200"), sustained_compute_fraction=1.0)
+    tiles = 64 * 64  # 128-query tiles x (2 sequences x 32 heads)
+    wave_q = tiles / (-(-tiles // 148) * 148)  # 4096 CTAs on 148 SMs: 28 waves of 148
+    by_hand = 0.717 * wave_q * 8192 / (8192 + 304) / (65 / 128)
+    assert b200.attention_efficiency(8192, 8192, 128, 64) == pytest.approx(by_hand, rel=1e-12)
+    # the forward kernel of one layer alone (4·s²·d per head on the FLOP count, 2.199 TFLOP):
+    # 0.726 ms at 2,250 TFLOP/s, where pricing the whole square gave 1.430 ms
+    op = Op("attn.core", "F", "attention", 4 * 8192**2 * 128 * 64, 0.0, 0.0, 0.0, (8192, 8192, 128), 64)
+    assert op_time(op, replace(b200, kernel_launch_s=0.0)) == pytest.approx(0.7263e-3, rel=1e-4)

@@ -165,7 +165,8 @@ def build_profile(meas: dict, *, name: str | None = None, base: str | None = Non
                        + f"; relative efficiencies fitted by coordinate descent; {how}"),
         "attention_max_efficiency": (f"fitted to causal scaled_dot_product_attention forward and backward at "
                                      f"{a['points'] // 2} shapes, counted with the non-causal FLOPs trainsim uses "
-                                     f"(4bs^2h forward, 8bs^2h backward), RMS log error {a['rms_log_error']:.3f}"
+                                     f"(4bs^2h forward, 8bs^2h backward) of which a causal kernel computes "
+                                     f"causal_work_fraction (the blocks up to the diagonal), RMS log error {a['rms_log_error']:.3f}"
                                      + (f", capped at 1 (unclipped {a['unclipped']:.2f})" if a["clipped"] else "")
                                      + f"; {how}"),
         "sustained_compute_fraction": ("1: microbenchmarks time kernels alone, for a short while; `trainsim fit` "

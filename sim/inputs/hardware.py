@@ -43,11 +43,33 @@ from pydantic import TypeAdapter, ValidationError, with_config
 
 from sim.errors import InputError
 from sim.inputs.profile_checks import (
-    ATTENTION_KERNEL_SPEEDS, BASE_LATENCY_TABLE, BYTE_RATE, COUNT, FLAG, FRACTION, FRAMEWORK_OVERHEADS, GEMM_TILES,
+    ATTENTION_KERNEL_SPEEDS, BASE_LATENCY_TABLE, BYTE_RATE, COUNT, EFFICIENCY_CEILINGS, FLAG, FRACTION, FRAMEWORK_OVERHEADS, GEMM_TILES,
     LINK_KINDS, MAX_SPREAD, IDLE_WATTS, NAME, NCCL_PROTOCOL_TABLE, PEAK_FLOPS, PROVENANCE, SECONDS, SOURCES, STRICT_KEYS, WATTS, Allowed,
     json_object, number, one_line_error)
 
 PRESETS = ("a100-80gb", "h100-sxm", "h200", "b200", "gb200", "gb300")
+
+CAUSAL_KEY_BLOCK = 128
+"""Keys per block a flash-attention kernel's inner loop takes (FlashAttention-2/3's kBlockN
+for head dim 128 on Hopper and Blackwell, FlashAttention-4's 128x128 tiles; cuDNN's fused
+attention tiles alike)."""
+
+
+def causal_work_fraction(seq_k: int) -> float:
+    """The share of the project's attention FLOP count (non-causal, the papers' convention:
+    every query against all ``seq_k`` keys) that a causal flash kernel computes. The kernel
+    stops each query block's loop over key blocks at the diagonal (Dao-AILab/flash-attention
+    csrc/flash_attn/src/flash_fwd_kernel.h: ``n_block_max = min(n_block_max, ceil_div((m_block
+    + 1) * kBlockM + seqlen_k - seqlen_q, kBlockN))`` when ``Is_causal``; hopper/block.h
+    ``get_n_block_min_max`` the same; the backward likewise), computing the diagonal block
+    whole: with T = seq_k / 128 blocks, query block i computes i + 1 of them, (T + 1) / 2T of
+    the T² = 1/2 + 64/seq_k. The kernels' published throughputs (FlashAttention's
+    benchmarks/benchmark_flash_attention.py ``flops``: 4·b·s²·h·d // (2 if causal else 1);
+    the FlashAttention-3 and -4 papers, cuDNN's) count the work done, which is what
+    ``attention_max_efficiency`` is. Context parallelism's off-diagonal ring steps (whole
+    half blocks, no diagonal) are priced the same, 64/seq_k slow."""
+    return min(1.0, 0.5 + CAUSAL_KEY_BLOCK / (2.0 * seq_k))
+
 
 
 @with_config(STRICT_KEYS)
@@ -193,6 +215,14 @@ class HardwareProfile:
     (``gemm_efficiency(..., dtype="fp8")``), measured on a kernel alone, or fitted to FP8
     training runs (``trainsim fit``), which sustain less of it than BF16 runs do of theirs.
     None: the same as ``gemm_max_efficiency``."""
+    efficiency_ceilings: EFFICIENCY_CEILINGS | None = None
+    """Efficiency field (``gemm_max_efficiency``, ``fp8_gemm_max_efficiency``,
+    ``attention_max_efficiency``) -> the most this GPU's own measurements say a kernel of
+    that kind achieves alone (the best GEMM of a Maximum Achievable Matmul FLOPS search, the
+    best published flash-attention kernel), each with its source in ``sources``. No kernel
+    in a training step beats the best one measured alone, so ``trainsim fit`` bounds each
+    field by it (``sim.calibrate.fit_runs.ceiling``) and its report says where a fit ended
+    there. None, or a field it does not list: only the fit's own physical bounds."""
     gemm_bias_epilogue: FLAG = True
     """A linear layer's bias is added in its GEMM's epilogue, at no cost (cuBLASLt,
     Transformer Engine). False: a pass first writes the bias into the output, which the
@@ -364,15 +394,19 @@ class HardwareProfile:
         return best * self.sustained_compute_fraction * min(1.0, best_q) * k / (k + k0)
 
     def attention_efficiency(self, seq_q: int, seq_k: int, head_dim: int, batch_heads: int) -> float:
-        """Fraction of peak a flash-attention kernel reaches: one CTA per 128 query rows
-        of one (sequence, head), wave-quantized over the SMs, a k0 cost per tile in units
-        of the keys it loops over, capped at ``attention_max_efficiency`` (times the
-        ``sustained_compute_fraction`` of a training step)."""
+        """Fraction of peak a causal flash-attention kernel reaches on the project's FLOP
+        count (the papers' non-causal 4·s·seq_k·d per head, twice the causal work:
+        ``sim.program.workload``): one CTA per 128 query rows of one (sequence, head),
+        wave-quantized over the SMs, a k0 cost per tile in units of the keys it loops over,
+        capped at ``attention_max_efficiency`` (times the ``sustained_compute_fraction`` of a
+        training step), which is the kernel's throughput on the work it does, and divided
+        by the share of that count the kernel computes (``causal_work_fraction``): it skips
+        the key blocks above the diagonal."""
         tiles = math.ceil(seq_q / 128) * batch_heads
         tile_q = seq_q / (math.ceil(seq_q / 128) * 128)
         wave_q = tiles / (math.ceil(tiles / self.sm_count) * self.sm_count)
         return (self.attention_max_efficiency * self.sustained_compute_fraction * tile_q * wave_q
-                * seq_k / (seq_k + self.gemm_k_overhead))
+                * seq_k / (seq_k + self.gemm_k_overhead)) / causal_work_fraction(seq_k)
 
     def attention_speed(self, kernel: str, backward: bool) -> float:
         """Speed of attention ``kernel``'s forward (or ``backward``) pass relative to the
@@ -403,7 +437,7 @@ class HardwareProfile:
         if not out["provenance"]:
             del out["provenance"]
         for key in ("framework_kernel_efficiency", "framework_kernel_overhead_s", "attention_kernel_speed", "nccl_protocols", "nvls_efficiency",
-                    "nvls_latency_s", "nccl_base_latency_s", "fp8_gemm_max_efficiency", "power_limit_w", "idle_power_w",
+                    "nvls_latency_s", "nccl_base_latency_s", "fp8_gemm_max_efficiency", "efficiency_ceilings", "power_limit_w", "idle_power_w",
                     "mxfp8_gemm_relative_efficiency", "nvfp4_gemm_relative_efficiency", "memory_bound_power_fraction", "communication_power_fraction",
                     "power_cap_w", "gpu_hour_price_usd"):
             if out[key] is None:
