@@ -7,11 +7,18 @@ step's critical path takes 1/efficiency of its work, the rest (exposed communica
 launches) does not move. So near the points where a row was simulated its time is,
 to well under the fit's tolerance,
 
-    t(z) = t(z0) + Σ_k b_k · (g_k(z_k) − g_k(z0_k)),
+    t(z) = t(z0) + Σ_k b_k · (g_k(z) − g_k(z0)),
 
-z0 the row's simulated point nearest to where the fit is, g_k = 1/z for an efficiency
-or fraction (time goes as its reciprocal) and z itself otherwise (a launch cost, a
-spread), and the b_k fitted by linear least squares to the row's other simulated points.
+z0 the row's simulated point nearest to where the fit is, and g_k composed as the
+simulator composes the rates: a GEMM or attention kernel runs at peak × its efficiency
+cap × the compute fraction f (``HardwareProfile.gemm_efficiency``,
+``attention_efficiency``), so for such a cap e (``COMPUTE_EFFICIENCIES``) g = 1/(f·e), its
+kernels' time, exactly; for the fraction itself and any other efficiency (time goes as its
+reciprocal) g = 1/z, and z itself otherwise (a launch cost, a spread); the b_k fitted by
+linear least squares to the row's other simulated points. (A sum of 1/f and 1/e apart is
+exact in neither's slope once the other moves: its slopes, which a fit's residuals of a few
+percent multiply, were off by the cross term, and held-out fits on few rows moved by 20
+times the fit's tolerance.)
 Each row is first simulated at the start and once more along each direction it sees, a
 step of ``PROBE_STEP`` of the parameter's range towards its middle: far enough that the
 held-out fits, which move the fraction by about 1%, interpolate between simulations.
@@ -43,6 +50,13 @@ ROUNDS = 8
 """Most rounds (each simulates every row once) of the fit on every row."""
 
 
+COMPUTE_EFFICIENCIES = ("gemm_max_efficiency", "fp8_gemm_max_efficiency", "attention_max_efficiency")
+"""The efficiency caps the compute fraction multiplies (``HardwareProfile.gemm_efficiency``:
+``best * sustained_compute_fraction * ...``; ``attention_efficiency`` the same): a kernel
+capped by one of them takes time ∝ 1/(fraction × cap)."""
+FRACTION = "sustained_compute_fraction"
+
+
 def _reciprocal(param) -> bool:
     """Time goes as the reciprocal of an efficiency or a fraction (compute or bytes at that rate)."""
     return param.path.endswith(("efficiency", "fraction"))
@@ -56,10 +70,19 @@ class Surrogate:
         self.sims = sims
         self.params = sims.params
         self.recip = [_reciprocal(p) for p in self.params]
+        names = [p.path for p in self.params]
+        f = names.index(FRACTION) if FRACTION in names else None
+        self.times_fraction = [f is not None and n in COMPUTE_EFFICIENCIES for n in names]
+        """Per parameter, whether its basis is 1/(fraction × it) (``COMPUTE_EFFICIENCIES``)."""
+        self.fraction = f
 
     def g(self, z) -> np.ndarray:
+        """The model's basis at the seen values ``z`` (module doc)."""
         z = np.asarray(z, float)
-        return np.where(self.recip, 1.0 / np.where(self.recip, z, 1.0), z)
+        out = np.where(self.recip, 1.0 / np.where(self.recip, z, 1.0), z)
+        if self.fraction is not None:
+            out = np.where(self.times_fraction, out / z[self.fraction], out)
+        return out
 
     def moved(self, row: int, values) -> list[int]:
         """The seen directions of ``row`` that move with some parameter."""
