@@ -17,8 +17,14 @@ kernels' time, exactly; for the fraction itself and any other efficiency (time g
 reciprocal) g = 1/z, and z itself otherwise (a launch cost, a spread); the b_k fitted by
 linear least squares to the row's other simulated points. (A sum of 1/f and 1/e apart is
 exact in neither's slope once the other moves: its slopes, which a fit's residuals of a few
-percent multiply, were off by the cross term, and held-out fits on few rows moved by 20
-times the fit's tolerance.)
+percent multiply, were off by the cross term.)
+
+A row whose time has a kink among those points (a critical-path switch: an overlapped
+collective becoming exposed as the compute speeds up, ``max`` of two such sums) fits
+none of them exactly; the model of such a row (``kinked``) is then its one-sided
+differences at the anchor, probed there at ``KINK_STEP`` (the finite differences' own
+step): the piece the anchor is on, as the plain path sees it. (A row shows a kink once it
+has more points near its anchor than directions: from the first round on.)
 Each row is first simulated at the start and once more along each direction it sees, a
 step of ``PROBE_STEP`` of the parameter's range towards its middle: far enough that the
 held-out fits, which move the fraction by about 1%, interpolate between simulations.
@@ -32,7 +38,7 @@ has no step left to take. Each round costs one simulation per row instead of one
 row and seen direction, and the fit takes two to four rounds where finite differences
 took seven evaluations. The held-out fits start from that answer, whose simulations,
 with the probes, already surround their minima: each is one solve of the model, with no
-simulation, and its group's rows are then simulated at its answer (the held-out errors
+simulation but a kinked row's differences at its anchor, and its group's rows are then simulated at its answer (the held-out errors
 are real simulations); how far the model's prediction for them was from the simulation
 (``Surrogate.check``) is in the report, a measure of the model where nothing checks it.
 """
@@ -48,6 +54,12 @@ LOCAL = 3
 (every direction), where they span what it sees (else to all its points)."""
 ROUNDS = 8
 """Most rounds (each simulates every row once) of the fit on every row."""
+SMOOTH = 1e-9
+"""A row's model that misses one of the points it was fitted to by more than this (relative)
+is not one smooth piece there (module doc: a kink)."""
+KINK_STEP = 1e-3
+"""A kinked row's probes at its anchor: this fraction of each parameter's range (the finite
+differences' own step, ``sim.calibrate.fit_runs.DIFF_STEP``)."""
 
 
 COMPUTE_EFFICIENCIES = ("gemm_max_efficiency", "fp8_gemm_max_efficiency", "attention_max_efficiency")
@@ -75,6 +87,8 @@ class Surrogate:
         self.times_fraction = [f is not None and n in COMPUTE_EFFICIENCIES for n in names]
         """Per parameter, whether its basis is 1/(fraction × it) (``COMPUTE_EFFICIENCIES``)."""
         self.fraction = f
+        self.kinked: set = set()
+        """Rows whose model missed its points (``SMOOTH``): modelled by differences at the anchor."""
 
     def g(self, z) -> np.ndarray:
         """The model's basis at the seen values ``z`` (module doc)."""
@@ -134,7 +148,26 @@ class Surrogate:
                                f"{len(moved)} seen directions")
         y = np.array([pts[n][1] - t0 for n in chosen])
         b = np.linalg.lstsq(a, y, rcond=None)[0]
+        if row in self.kinked or float(np.max(np.abs(a @ b - y))) > SMOOTH * abs(t0):
+            self.kinked.add(row)
+            return z0, t0, moved, self._differences(row, z0, t0, moved)
         return z0, t0, moved, b
+
+    def _differences(self, row: int, z0, t0, moved) -> np.ndarray:
+        """A kinked row's b: one-sided differences at its anchor ``z0`` (simulated here if
+        not yet), a ``KINK_STEP`` of each range towards its middle."""
+        jobs = []
+        for k in moved:
+            p = self.params[k]
+            zk = [float(v) for v in z0]
+            step = KINK_STEP * (p.high - p.low)
+            zk[k] += step if zk[k] < (p.low + p.high) / 2 else -step
+            jobs.append((row, tuple(zk)))
+        self.sims.ensure(jobs)
+        g0 = self.g(z0)
+        a = np.array([(self.g(z) - g0)[moved] for _, z in jobs])
+        y = np.array([self.sims.cache[j] - t0 for j in jobs])
+        return np.linalg.solve(a, y)
 
     def predict(self, row: int, model, values) -> float:
         z0, t0, moved, b = model
