@@ -82,9 +82,10 @@ def test_gemm_and_attention_fits_recover_a_known_profile():
     att = []
     for b, h, s, d in ((1, 16, 1024, 128), (1, 16, 4096, 128), (2, 32, 2048, 128)):
         q = truth.attention_efficiency(s, s, d, b * h)
+        qb = truth.attention_efficiency(s, s, d, b * h, backward=True)  # the backward kernel: 0.692 of it
         att.append({"batch": b, "heads": h, "seq": s, "head_dim": d,
                     "forward_s": 4.0 * b * s * s * h * d / (truth.peak() * q) + truth.kernel_launch_s,
-                    "backward_s": 8.0 * b * s * s * h * d / (truth.peak() * q) + truth.kernel_launch_s})
+                    "backward_s": 8.0 * b * s * s * h * d / (truth.peak() * qb) + truth.kernel_launch_s})
     a = fit_attention(att, truth, truth.kernel_launch_s)
     assert a["attention_max_efficiency"] == pytest.approx(0.55, rel=1e-6)
 

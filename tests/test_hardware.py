@@ -265,9 +265,31 @@ def test_a_causal_flash_kernel_is_priced_on_the_blocks_up_to_the_diagonal():
     b200 = replace(load_profile("b200"), sustained_compute_fraction=1.0)
     tiles = 64 * 64  # 128-query tiles x (2 sequences x 32 heads)
     wave_q = tiles / (-(-tiles // 148) * 148)  # 4096 CTAs on 148 SMs: 28 waves of 148
-    by_hand = 0.717 * wave_q * 8192 / (8192 + 304) / (65 / 128)
+    # (and the causal kernel's 0.95 of the non-causal one's throughput on its work, beyond the diagonal)
+    by_hand = 0.717 * wave_q * 8192 / (8192 + 304) / (65 / 128) * 0.95
     assert b200.attention_efficiency(8192, 8192, 128, 64) == pytest.approx(by_hand, rel=1e-12)
     # the forward kernel of one layer alone (4·s²·d per head on the FLOP count, 2.199 TFLOP):
-    # 0.726 ms at 2,250 TFLOP/s, where pricing the whole square gave 1.430 ms
+    # 2.199 / (2,250 x 0.717 x 0.98842 x 0.96422 / 0.50781 x 0.95 = 2,876 TFLOP/s) = 0.7645 ms,
+    # where pricing the whole square at the non-causal kernel's rate gave 1.430 ms
     op = Op("attn.core", "F", "attention", 4 * 8192**2 * 128 * 64, 0.0, 0.0, 0.0, (8192, 8192, 128), 64)
-    assert op_time(op, replace(b200, kernel_launch_s=0.0)) == pytest.approx(0.7263e-3, rel=1e-4)
+    assert op_time(op, replace(b200, kernel_launch_s=0.0)) == pytest.approx(0.7645e-3, rel=1e-4)
+
+
+def test_the_backward_and_causal_flash_kernels_run_below_the_non_causal_forward():
+    # FlashAttention-3 paper, H100, head dim 128, 16k tokens: backward 561 TFLOP/s on 2.5x the
+    # forward's count, non-causal forward 648, causal forward 616 on half the square
+    h100 = replace(load_profile("h100-sxm"), sustained_compute_fraction=1.0, kernel_launch_s=0.0)
+    assert h100.attention_backward_relative_efficiency == pytest.approx(561 * 2 / 2.5 / 648, abs=1e-3)
+    assert h100.attention_causal_relative_efficiency == pytest.approx(616 / 648 / (0.5 / (0.5 + 64 / 16384)), abs=1e-2)
+    fwd = h100.attention_efficiency(16384, 16384, 128, 16)
+    assert h100.attention_efficiency(16384, 16384, 128, 16, backward=True) == pytest.approx(fwd * 0.692, rel=1e-12)
+    # the backward op (8·s²·d per head, recomputation not counted) takes 2/0.692 = 2.890 of the
+    # forward's time; a recomputed forward in the backward phase runs the forward kernel
+    shape, batch, flops = (16384, 16384, 128), 16, 4 * 16384**2 * 128 * 16
+    f = op_time(Op("attn.core", "F", "attention", flops, 0.0, 0.0, 0.0, shape, batch), h100)
+    b = op_time(Op("attn.core", "B", "attention", 2 * flops, 0.0, 0.0, 0.0, shape, batch), h100)
+    r = op_time(Op("attn.core", "B", "attention", flops, 0.0, 0.0, 0.0, shape, batch, recompute=True), h100)
+    assert b / f == pytest.approx(2 / 0.692, rel=1e-12) and r == pytest.approx(f, rel=1e-12)
+    # a profile that gives neither prices both passes as the non-causal forward (1)
+    bare = replace(h100, attention_backward_relative_efficiency=None, attention_causal_relative_efficiency=None)
+    assert bare.attention_efficiency(16384, 16384, 128, 16, backward=True) == pytest.approx(fwd / 0.95, rel=1e-12)

@@ -172,14 +172,16 @@ def fit_gemm(records, profile: HardwareProfile, launch_s: float, dtype: str = "b
 
 def fit_attention(records, profile: HardwareProfile, launch_s: float, dtype: str = "bf16") -> dict:
     """``attention_max_efficiency`` from forward and backward times (``profile`` gives the
-    peak, SM count and k0)."""
+    peak, SM count, k0 and the backward's and causal kernel's relative efficiencies, which
+    the measured kernels are taken to share)."""
     peak = profile.peak(dtype)
     unit = replace(profile, attention_max_efficiency=1.0, sustained_compute_fraction=1.0)
     a, t = [], []
     for r in records:
         b, h, s, d = r["batch"], r["heads"], r["seq"], r["head_dim"]
-        q = unit.attention_efficiency(s, s, d, b * h)
-        for flops, time_s in ((4.0 * b * s * s * h * d, r["forward_s"]), (8.0 * b * s * s * h * d, r["backward_s"])):
+        for flops, time_s, q in ((4.0 * b * s * s * h * d, r["forward_s"], unit.attention_efficiency(s, s, d, b * h)),
+                                 (8.0 * b * s * s * h * d, r["backward_s"],
+                                  unit.attention_efficiency(s, s, d, b * h, backward=True))):
             if time_s > 0:
                 a.append(flops / (peak * q))
                 t.append(time_s)

@@ -245,6 +245,18 @@ class HardwareProfile:
     """An NVFP4 GEMM's fraction of the ``fp4`` peak over an MXFP8 GEMM's fraction of the
     ``fp8`` peak (``gemm_efficiency(..., dtype="nvfp4")`` caps at the MXFP8 cap times this):
     the FP4 kernels reach less of their peak than the FP8 ones. None: 1."""
+    attention_backward_relative_efficiency: FRACTION | None = None
+    """A flash-attention backward kernel's throughput on the project's count of its work
+    (8·s·seq_k·d per head, twice the forward's: ``sim.program.workload``) over the forward
+    kernel's on its own, at the same shapes (``attention_efficiency(..., backward=True)``
+    takes this times the forward's): the backward runs five matmuls to the forward's two,
+    with the dQ accumulation and softmax recomputation between, and reaches less of the peak
+    (FlashAttention-2 and -3 papers). None: 1 (priced as the forward)."""
+    attention_causal_relative_efficiency: FRACTION | None = None
+    """A causal flash-attention kernel's throughput on the work it does over the non-causal
+    kernel's (``attention_max_efficiency``), beyond the whole diagonal blocks it computes
+    (``causal_work_fraction``, priced apart): the masking of the diagonal blocks and the
+    query blocks' unequal loops, the tail of the last wave. None: 1."""
     attention_kernel_speed: ATTENTION_KERNEL_SPEEDS | None = None
     """Attention kernel (``sim.inputs.frameworks``: 'fa2', 'triton') -> its forward and
     backward speed as a fraction of the kernel ``attention_max_efficiency`` stands for
@@ -393,7 +405,8 @@ class HardwareProfile:
             k0 *= self.peak("fp4" if dtype == "nvfp4" else "fp8") / self.peak("bf16")
         return best * self.sustained_compute_fraction * min(1.0, best_q) * k / (k + k0)
 
-    def attention_efficiency(self, seq_q: int, seq_k: int, head_dim: int, batch_heads: int) -> float:
+    def attention_efficiency(self, seq_q: int, seq_k: int, head_dim: int, batch_heads: int,
+                             backward: bool = False) -> float:
         """Fraction of peak a causal flash-attention kernel reaches on the project's FLOP
         count (the papers' non-causal 4·s·seq_k·d per head, twice the causal work:
         ``sim.program.workload``): one CTA per 128 query rows of one (sequence, head),
@@ -401,12 +414,16 @@ class HardwareProfile:
         capped at ``attention_max_efficiency`` (times the ``sustained_compute_fraction`` of a
         training step), which is the kernel's throughput on the work it does, and divided
         by the share of that count the kernel computes (``causal_work_fraction``): it skips
-        the key blocks above the diagonal."""
+        the key blocks above the diagonal. Times ``attention_causal_relative_efficiency``
+        (a causal kernel's throughput on its work over the non-causal one's), and for the
+        ``backward`` kernel ``attention_backward_relative_efficiency``."""
         tiles = math.ceil(seq_q / 128) * batch_heads
         tile_q = seq_q / (math.ceil(seq_q / 128) * 128)
         wave_q = tiles / (math.ceil(tiles / self.sm_count) * self.sm_count)
         return (self.attention_max_efficiency * self.sustained_compute_fraction * tile_q * wave_q
-                * seq_k / (seq_k + self.gemm_k_overhead)) / causal_work_fraction(seq_k)
+                * seq_k / (seq_k + self.gemm_k_overhead)) / causal_work_fraction(seq_k) \
+            * (self.attention_causal_relative_efficiency or 1.0) \
+            * ((self.attention_backward_relative_efficiency or 1.0) if backward else 1.0)
 
     def attention_speed(self, kernel: str, backward: bool) -> float:
         """Speed of attention ``kernel``'s forward (or ``backward``) pass relative to the
@@ -437,7 +454,8 @@ class HardwareProfile:
         if not out["provenance"]:
             del out["provenance"]
         for key in ("framework_kernel_efficiency", "framework_kernel_overhead_s", "attention_kernel_speed", "nccl_protocols", "nvls_efficiency",
-                    "nvls_latency_s", "nccl_base_latency_s", "fp8_gemm_max_efficiency", "efficiency_ceilings", "power_limit_w", "idle_power_w",
+                    "nvls_latency_s", "nccl_base_latency_s", "fp8_gemm_max_efficiency", "efficiency_ceilings", "attention_backward_relative_efficiency",
+                    "attention_causal_relative_efficiency", "power_limit_w", "idle_power_w",
                     "mxfp8_gemm_relative_efficiency", "nvfp4_gemm_relative_efficiency", "memory_bound_power_fraction", "communication_power_fraction",
                     "power_cap_w", "gpu_hour_price_usd"):
             if out[key] is None:

@@ -131,9 +131,10 @@ def op_time(op: Op, profile: HardwareProfile, dtype: str = "bf16") -> float:
         rate = profile.peak(dtype) * profile.gemm_efficiency(m, n, k, op.batch, kernel)
     elif op.kind == "attention":
         sq, sk, d = op.shape
-        rate = profile.peak(dtype) * profile.attention_efficiency(sq, sk, d, op.batch)
+        backward = op.phase == "B" and not op.recompute  # (a recomputed forward runs the forward kernel)
+        rate = profile.peak(dtype) * profile.attention_efficiency(sq, sk, d, op.batch, backward=backward)
         if op.kernel != "te":  # another kernel than the profile's own (sim.inputs.frameworks)
-            rate *= profile.attention_speed(op.kernel, backward=op.phase == "B" and not op.recompute)
+            rate *= profile.attention_speed(op.kernel, backward=backward)
     else:
         rate = profile.peak("fp32") if "fp32" in profile.peak_flops else profile.peak(dtype)
     compute = op.flops / rate if op.flops else 0.0

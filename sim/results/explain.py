@@ -48,7 +48,7 @@ def _op_row(op: Op, profile: HardwareProfile, dtype: str = "bf16") -> dict:
     elif op.kind == "gemm":
         eff = profile.gemm_efficiency(*op.shape, op.batch, kernel)
     elif op.kind == "attention":
-        eff = profile.attention_efficiency(*op.shape, op.batch)
+        eff = profile.attention_efficiency(*op.shape, op.batch, backward=op.phase == "B" and not op.recompute)
     else:
         eff = profile.memory_efficiency
     busy = t - fixed * profile.kernel_launch_s - bias_pass_time(op, profile)  # (a CPU's bias pass: not the bound)
