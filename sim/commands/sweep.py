@@ -133,7 +133,7 @@ def points(path: str):
         desc = " ".join(f"{name}={json.dumps(v)}" for (name, _), (v, _) in zip(axes, combo))
         try:
             run = RunSettings.from_values(values)
-            plan = plan_from_settings(run.plan, gpus, model, run.model.hybrid_override_pattern)
+            plan = plan_from_settings(run.plan, gpus, model)
         except InputError as exc:
             key = "invalid: " + desc
             if key not in seen:

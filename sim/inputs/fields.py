@@ -49,6 +49,10 @@ class Field:
     ``--tensor-model-parallel-size``); ``trainsim search`` takes the same names for its lists."""
     required: bool = False
     """A command's option that must be given (``trainsim search --global-batch-size``)."""
+    spec: str | None = None
+    """A model setting's ``sim.inputs.model.ModelSpec`` attribute, where it is not the setting's
+    own name (``swiglu`` fills ``mlp``, through ``convert``); "" for a setting that fills none
+    (filled in by ``sim.inputs.schema_model``)."""
 
 
 SECTION_GROUP = object()
@@ -56,12 +60,12 @@ SECTION_GROUP = object()
 
 def setting(default=None, *, help=None, type=None, choices=None, kind: str = "value", flag: str | None = None,
             metavar: str | None = None, group=SECTION_GROUP, tables=None, path=None, name: str | None = None,
-            convert=None, aliases: tuple[str, ...] = (), required: bool = False):
+            convert=None, aliases: tuple[str, ...] = (), required: bool = False, spec: str | None = None):
     """A dataclass field with its schema entry (``Field``) in the metadata."""
     return field(default=default, metadata={"schema": (Field(
         flag, help, type, tuple(choices) if choices is not None else None, kind, metavar, None,
         None if tables is None else tuple(tables), path, name, convert, aliases=tuple(aliases),
-        required=required), group)})
+        required=required, spec=spec), group)})
 
 
 def fields_of_class(cls, section: str, default_group: str | None = None) -> list[Field]:

@@ -140,6 +140,10 @@ class ModelSpec:
     for models whose layers differ in kind (sliding/chunked/full attention, Mamba-2, Gated
     DeltaNet, MLP-only layers); None: every layer full attention (or MLA) with a dense MLP
     or, where ``is_moe_layer`` says, an MoE block, as before layer kinds existed."""
+    hybrid_override_pattern: str | None = None
+    """The Megatron-Core hybrid pattern the layers were built from (``--hybrid-override-pattern``,
+    ``sim.inputs.megatron_model``), kept for its ``|``: they place the layers on the pipeline
+    stages, which the plan takes (``sim.inputs.resolve.plan_from_settings``); None: none given."""
 
     def __post_init__(self):
         where = f"model {self.name}"
@@ -180,6 +184,11 @@ class ModelSpec:
                     k.check(self, where)
             _require(self.moe or not any(lay.is_moe for lay in self.layers), where, "layers", "moe",
                      "an MoE layer needs num_experts")
+        if self.hybrid_override_pattern is not None:
+            _require(isinstance(self.hybrid_override_pattern, str) and self.layers is not None
+                     and len(self.hybrid_override_pattern.replace("|", "")) == self.num_layers, where,
+                     "hybrid_override_pattern", self.hybrid_override_pattern,
+                     f"expected one letter per layer ({self.num_layers}), with the layers built from it")
 
     # ------------------------------------------------------------------ shape
     @property
@@ -338,10 +347,12 @@ class ModelSpec:
 
 
 def model_dict(model: ModelSpec) -> dict:
-    """The spec as plain data (a run log's context): its fields, with ``layers`` left out when
-    None (as before layer kinds existed, so earlier logs still match) and otherwise one
-    description per layer (``sim.inputs.layers.Layer.describe``)."""
+    """The spec as plain data (a run log's context): its fields, with ``layers`` and
+    ``hybrid_override_pattern`` left out when None (as before they existed, so earlier logs still
+    match) and ``layers`` otherwise one description per layer (``sim.inputs.layers.Layer.describe``)."""
     d = asdict(model)
+    if model.hybrid_override_pattern is None:
+        del d["hybrid_override_pattern"]
     if model.layers is None:
         del d["layers"]
     else:

@@ -33,7 +33,7 @@ from sim.errors import InputError
 from sim.inputs.cost import PRICE
 from sim.inputs.fields import Field, check_section, fields_of_class, setting, why_not_field
 from sim.inputs.plan import ParallelPlan
-from sim.inputs.schema_model import ModelSettings
+from sim.inputs.schema_model import SPEC_SETTINGS, ModelSettings
 from sim.inputs.schema_sim import (  # noqa: F401 (re-exported: the bounds the other modules use)
     AUTO_FULL_FIDELITY_EVENTS, COLLECTIVE_MODELS, DEFAULT_MAX_EVENTS, FIDELITIES, NCCL_ALGOS, NCCL_PROTOCOLS,
     OutputSettings, SimulationSettings)
@@ -214,12 +214,7 @@ def setting_field(setting: str) -> Field | None:
     """The schema entry an error's ``setting`` (or ``field``) names: a setting (``gpus``), its
     flag (``--gpus``), a plan attribute (``tp``) or a ``ModelSpec`` attribute; None for none."""
     return (FIELDS.get(setting) or BY_FLAG.get(setting) or _PLAN_ATTRS.get(setting)
-            or FIELDS.get(_MODEL_SPEC_SETTINGS.get(setting, "")))
-
-
-_MODEL_SPEC_SETTINGS = {"num_key_value_heads": "num_query_groups", "mlp": "swiglu", "norm": "normalization",
-                        "position_embedding": "position_embedding_type"}
-"""``ModelSpec`` attributes (the model built from the settings) named otherwise as settings."""
+            or FIELDS.get(SPEC_SETTINGS.get(setting, "")))
 
 
 def fields_of(*sections: str) -> list[str]:
