@@ -58,7 +58,10 @@ LIST_TABLES = ("plan", "zero_optimization")
 
 
 def add_arguments(p) -> None:
-    p.add_argument("experiment", metavar="FILE", help="an experiment .toml whose plan fields may be lists")
+    from sim.inputs.flags import add_section
+    from sim.inputs.schema_commands import SweepFile
+
+    add_section(p, SweepFile)
     add_executor_arguments(p)
 
 
