@@ -203,7 +203,10 @@ def test_no_command_declares_a_flag_by_hand():
 @pytest.mark.parametrize("argv,want", [
     # positional arguments from fields: one or more (fit's runs), an optional file, a required one
     (["fit", "a.csv", "b.csv", "--gpu", "h100-sxm"], {"runs": ["a.csv", "b.csv"], "jobs": 1, "json": False}),
-    (["goodput"], {"experiment": None, "days": 54.0, "seed": 0, "hot_spares": "unlimited"}),
+    (["goodput"], {"experiment": None, "days": 54.0, "seed": 0, "hot_spares": None, "checkpoint_interval": None,
+                   "storage_bandwidth": None}),  # (None: unlimited spares, the best interval, the default storage)
+    (["goodput", "--hot-spares", "2", "--checkpoint-interval", "600", "--storage-bandwidth", "500GB"],
+     {"hot_spares": 2, "checkpoint_interval": 600.0, "storage_bandwidth": 5e11}),
     (["sweep", "e.toml"], {"experiment": "e.toml"}),
     (["import-trace", "t.json", "--top", "3"], {"traces": ["t.json"], "top": 3, "level": "auto"}),
     (["replay", "r0.json", "--step", "2"], {"traces": ["r0.json"], "step": 2, "data_parallel_size": None}),
@@ -220,6 +223,8 @@ def test_command_options_parse_with_their_declared_defaults(argv, want):
     (["import-trace", "t.json", "--level", "ops"], "--level: got ops; allowed: auto, kernels, annotations, cpu_ops"),
     (["import-nccl-tests", "l.txt", "--link", "wifi"], "--link: got wifi; allowed: nvlink, pcie, ib, ethernet"),
     (["goodput", "--days", "40000"], "--days: got 40000; expected a finite number > 0 <= 36500"),
+    (["goodput", "--hot-spares", "x"], "--hot-spares: got 'x'; expected an integer >= 0 or unlimited"),
+    (["goodput", "--storage-bandwidth", "0"], "--storage-bandwidth: got '0'; expected a bandwidth > 0 bytes/s"),
 ])
 def test_a_command_options_bad_value_is_refused_by_its_field(argv, err, capsys):
     assert main(argv) == 2

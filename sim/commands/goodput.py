@@ -30,32 +30,11 @@ from sim.progress import Progress
 from sim.studies.goodput import Study, checkpoint_of, daly_goodput, device_counts, \
     load_failures, preset_names, run_study
 from sim.studies.goodput.timeline import busiest_window, progress_points, window_spans
-from sim.units import parse_size
 
 NAME = "goodput"
 HELP = ("Simulate a training campaign over days (failures, detection, restarts, checkpoints, hot spares) and report "
         "goodput and the best checkpoint interval.")
 _FLAGS = [f for f in RUN_FLAGS if f not in ("kineto", "gpu_hour_price")]  # (a campaign reports no cost yet)
-
-
-def _interval(text: str):
-    if text == "auto":
-        return None
-    try:
-        v = float(text)
-    except ValueError:
-        v = math.nan
-    if not (v > 0 and math.isfinite(v)):
-        raise InputError(f"--checkpoint-interval: got {text!r}; expected a number of seconds > 0 or auto")
-    return v
-
-
-def _spares(text: str):
-    if text == "unlimited":
-        return None
-    if not text.isdigit():
-        raise InputError(f"--hot-spares: got {text!r}; expected an integer >= 0 or unlimited")
-    return int(text)
 
 
 def add_arguments(p) -> None:
@@ -68,12 +47,8 @@ def add_arguments(p) -> None:
 
 def run(args) -> int:
     check_output_dir(args.out, "--out")
-    interval = _interval(args.checkpoint_interval)
-    spares = _spares(args.hot_spares)
-    storage = DEFAULT_STORAGE_BPS if args.storage_bandwidth is None else \
-        float(parse_size(args.storage_bandwidth, "--storage-bandwidth"))
-    if storage <= 0:
-        raise InputError(f"--storage-bandwidth: got {args.storage_bandwidth!r}; expected a bandwidth > 0 bytes/s")
+    interval, spares = args.checkpoint_interval, args.hot_spares  # (None: auto, unlimited)
+    storage = DEFAULT_STORAGE_BPS if args.storage_bandwidth is None else args.storage_bandwidth
     failures = load_failures(args.failures)
     exp, settings = settings_of(args)
     try:

@@ -9,8 +9,11 @@ experiment-file table, no keyword of ``sim.run``."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import ClassVar
+
+from sim.errors import require
 
 from sim.inputs.experts import DISPATCHERS
 from sim.inputs.fields import setting
@@ -19,7 +22,7 @@ from sim.inputs.profile_checks import LINK_KINDS
 from sim.inputs.schema import FIELDS
 from sim.inputs.schema_sim import COLLECTIVE_ALGOS, COLLECTIVE_MODELS, COLLECTIVE_OPS, COLLECTIVE_PROTOCOLS
 from sim.inputs.topology_nodes import FABRICS, OVERSUBSCRIPTION
-from sim.units import NONNEGATIVE_INT, POSITIVE_INT, Duration, Number
+from sim.units import NONNEGATIVE_INT, POSITIVE_INT, Duration, Number, parse_size
 
 DEFAULT_MARGIN = 1.1
 """The estimate's error factor for pruning (``sim.studies.search``): how far below its bound
@@ -452,6 +455,33 @@ DEFAULT_STORAGE_BPS = 2e12
 """Checkpoint storage, aggregate bytes/s: 2 TB/s, the sustained throughput of Meta's
 Tectonic file system that stored Llama 3's checkpoints (Dubey et al. 2024, "The Llama 3
 Herd of Models", section 3.3.1; 7 TB/s peak). A typical cluster's file system is slower."""
+def _checkpoint_interval(text: str) -> float | None:
+    """``--checkpoint-interval``: training seconds > 0, or auto (None: the best interval)."""
+    if text == "auto":
+        return None
+    try:
+        v = float(text)
+    except ValueError:
+        v = math.nan
+    require(v > 0 and math.isfinite(v), "--checkpoint-interval", text, "expected a number of seconds > 0 or auto")
+    return v
+
+
+def _hot_spares(text: str) -> int | None:
+    """``--hot-spares``: spare nodes >= 0, or unlimited (None)."""
+    if text == "unlimited":
+        return None
+    require(text.isdigit(), "--hot-spares", text, "expected an integer >= 0 or unlimited")
+    return int(text)
+
+
+def _storage_bandwidth(text: str) -> float:
+    """``--storage-bandwidth``: aggregate bytes/s > 0, with a unit as sizes take them (``500GB``)."""
+    v = float(parse_size(text, "--storage-bandwidth"))
+    require(v > 0, "--storage-bandwidth", text, "expected a bandwidth > 0 bytes/s")
+    return v
+
+
 MAX_DAYS = 36500
 """The longest campaign ``trainsim goodput`` takes (100 years: it steps from interruption to
 interruption, so only the count of interruptions costs time)."""
@@ -470,18 +500,18 @@ class GoodputCampaign:
     days: float = setting(54.0, type=Number(float, above=0, maximum=MAX_DAYS),
                           help="wall-clock length of the campaign, days (default 54; up to 36,500: the campaign "
                                "steps from interruption to interruption, never iteration by iteration)")
-    checkpoint_interval: str = setting("auto", metavar="S|auto",
+    checkpoint_interval: float | None = setting("auto", type=_checkpoint_interval, metavar="S|auto",
                                        help="training seconds between checkpoint saves, rounded to whole "
                                             "iterations; auto: the interval with the best simulated goodput "
                                             "(default auto)")
     seed: int = setting(0, type=NONNEGATIVE_INT, help="seed of the failure draws (default 0)")
-    hot_spares: str = setting("unlimited", metavar="N|unlimited",
+    hot_spares: int | None = setting("unlimited", type=_hot_spares, metavar="N|unlimited",
                               help="spare nodes that replace a failed one at once; a failed node returns after its "
                                    "repair time; with none free the job waits (default unlimited)")
     async_save: bool = setting(False, kind="switch",
                                help="asynchronous checkpoint saves: training stalls only for the copy to host "
                                     "memory, the write runs in the background (Megatron-LM --async-save)")
-    storage_bandwidth: str | None = setting(metavar="BYTES",
+    storage_bandwidth: float | None = setting(type=_storage_bandwidth, metavar="BYTES",
                                             help="checkpoint storage's aggregate bandwidth per second, shared by all "
                                                  "writers, e.g. 500GB (default "
                                                  f"{DEFAULT_STORAGE_BPS / 1e12:g}TB: Llama 3's Tectonic, sustained)")
