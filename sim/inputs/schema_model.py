@@ -149,15 +149,16 @@ MODEL_FIELDS: tuple[Field, ...] = tuple(_with_spec(f) for f in fields_of_class(M
 SHAPE = ("num_layers", "hidden_size", "num_attention_heads", "ffn_hidden_size", "vocab_size")
 """The settings that describe a model by Megatron-LM's shape flags: any of them given, the model
 is theirs (not a preset's or a config.json's)."""
+MEGATRON_ONLY = tuple(f.name for f in MODEL_FIELDS if f.group == _HYBRID)
+"""The settings of a hybrid layer pattern: they build a Megatron-flag model's layers, and describe
+no preset or config.json."""
 PRESET_OVERRIDES = tuple(f.name for f in MODEL_FIELDS if f.spec == f.name and f.convert is None
-                         and f.name not in SHAPE and defaults_of_class(ModelSettings)[f.name] is None)
+                         and f.name not in SHAPE + MEGATRON_ONLY and defaults_of_class(ModelSettings)[f.name] is None)
 """The settings given on top of a preset's or config.json's model (``--num-experts 16``,
-``--kv-channels``, MLA's): those without a default that fill the ``ModelSpec`` attribute of
-their name as they are, the shape aside."""
+``--kv-channels``, MLA's, ``--max-position-embeddings``; ``--seq-length`` as
+``sim.inputs.model.with_seq_length`` sets it): those without a default that fill the
+``ModelSpec`` attribute of their name as they are, the shape and a hybrid pattern aside."""
 SPEC_SETTINGS = {f.spec: f.name for f in MODEL_FIELDS if f.spec and f.spec != f.name
                  and sum(g.spec == f.spec for g in MODEL_FIELDS) == 1}
 """The ``ModelSpec`` attributes one setting of another name fills, with that setting's name
 (``mlp``: ``swiglu``)."""
-MEGATRON_ONLY = tuple(f.name for f in MODEL_FIELDS if f.group == _HYBRID)
-"""The settings of a hybrid layer pattern: they build a Megatron-flag model's layers, and describe
-no preset or config.json."""
