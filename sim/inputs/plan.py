@@ -41,7 +41,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass
-from functools import partial
+from functools import cached_property, partial
 
 from sim.inputs import placement as _pl, rules as _rules, strategies as _st
 from sim.inputs.cuda_graphs import SCOPES as CUDA_GRAPH_SCOPES, parse_cuda_graph
@@ -51,6 +51,7 @@ from sim.inputs.frameworks import ATTENTION_KERNELS, BACKWARD_PREFETCH, FRAMEWOR
 from sim.inputs.precision import FP4_FORMAT, FP4_RECIPES, FP8_FORMATS, FP8_RECIPE_CHOICES, Precision, \
     canonical_fp8_recipe, check_precision_plan, check_precision_weights, precision_of
 from sim.inputs.recompute import RECOMPUTE_METHODS, RECOMPUTE_MODULES, modules_in_effect, parse_recompute_modules
+from sim.inputs.plan_sections import PlanSections
 from sim.inputs.layer_split import parse_layer_split, parse_layout, \
     split_layers
 from sim.errors import require
@@ -472,6 +473,12 @@ class ParallelPlan:
         if out["reshard_after_forward"]:
             del out["reshard_after_forward"]
         return out
+
+    @cached_property
+    def sections(self) -> PlanSections:
+        """The plan in its typed sections (``sim.inputs.plan_sections``): ``plan.sections.moe``
+        holds the MoE fields, frozen and hashable, for the functions that read them whole."""
+        return PlanSections.of(self)
 
     @property
     def precision(self) -> Precision | None:
