@@ -3,6 +3,8 @@ each holding the plan's own values, hashable for the caches that key on them."""
 
 import dataclasses
 
+import pytest
+
 from sim.inputs.plan import ParallelPlan
 from sim.inputs.plan_sections import SECTION_OF, SECTIONS, PlanSections
 
@@ -48,3 +50,91 @@ def test_a_layers_own_recompute_is_the_section_with_that_granularity():
     assert r.at(None) is r and r.at("selective") is r
     assert r.at("full") == dataclasses.replace(r, recompute="full")
     assert SECTION_OF["recompute_modules"] == "recompute" and SECTION_OF["tp"] == "parallelism"
+
+
+# ------------------------------------------------------------ TOML tables and --help groups
+from sim.errors import InputError  # noqa: E402
+from sim.inputs.experiment import PLAN_SECTION_KEYS, read_experiment  # noqa: E402
+from sim.inputs.schema import FIELDS  # noqa: E402
+
+_FLAT = """[model]
+preset = "mixtral-8x7b"
+[plan]
+zero = 1
+tensor_model_parallel_size = 2
+sequence_parallel = true
+pipeline_model_parallel_size = 2
+expert_model_parallel_size = 4
+recompute_granularity = "selective"
+recompute_modules = ["moe_act"]
+"""
+_SECTIONED = """[model]
+preset = "mixtral-8x7b"
+[plan]
+zero = 1
+[plan.parallelism]
+tensor_model_parallel_size = 2
+sequence_parallel = true
+[plan.pipeline]
+pipeline_model_parallel_size = 2
+[plan.moe]
+expert_model_parallel_size = 4
+[plan.recompute]
+recompute_granularity = "selective"
+recompute_modules = ["moe_act"]
+"""
+
+
+def _values(exp) -> dict:
+    return {k: s.value for k, s in exp.settings.items()}
+
+
+def test_a_plan_key_may_be_written_in_its_sections_table_with_the_same_settings(tmp_path):
+    (tmp_path / "flat.toml").write_text(_FLAT)
+    (tmp_path / "sections.toml").write_text(_SECTIONED)
+    flat, sectioned = (read_experiment(tmp_path / n) for n in ("flat.toml", "sections.toml"))
+    assert _values(flat) == _values(sectioned)
+    assert sectioned.settings["expert_model_parallel_size"].key == "plan.moe.expert_model_parallel_size"
+    assert sectioned.settings["expert_model_parallel_size"].where.line == 11  # its own line, for errors
+    # ``zero = 1`` under [plan] stays the plan key: a section's table is a table, a key is not
+    assert flat.settings["zero"].value == sectioned.settings["zero"].value == 1
+
+
+@pytest.mark.parametrize("extra, message", [
+    ("[plan.moe]\ntensor_model_parallel_size = 4\n",
+     "bad.toml:7: plan.moe.tensor_model_parallel_size: a key of the parallelism section: write it in "
+     "plan.parallelism or plan, not plan.moe"),
+    ("[plan.moe]\nexpert_model_parallel_size = 0\n", "bad.toml:7: plan.moe.expert_model_parallel_size: got 0; "
+                                                     "expected an integer >= 1"),
+    ("[plan.parallelism]\ntensor_model_parallel_size = 4\n",
+     "bad.toml:7: plan.parallelism.tensor_model_parallel_size: given twice: also as "
+     "plan.tensor_model_parallel_size; give it once"),
+    ("[plan.moe]\nexpert_model_paralel_size = 4\n", "bad.toml:7: plan.moe.expert_model_paralel_size: unknown key "
+                                                    "(did you mean 'expert_model_parallel_size'?)"),
+])
+def test_a_bad_key_in_a_sections_table_names_file_line_and_table(tmp_path, extra, message):
+    f = tmp_path / "bad.toml"
+    f.write_text('[model]\npreset = "mixtral-8x7b"\n[plan]\ntensor_model_parallel_size = 2\n\n' + extra)
+    with pytest.raises(InputError) as e:
+        read_experiment(f)
+    assert str(e.value).startswith(str(f.parent / message))
+
+
+def test_a_plans_entry_takes_section_tables_too(tmp_path):
+    f = tmp_path / "plans.toml"
+    f.write_text('[model]\npreset = "llama2-7b"\n[[plans]]\nname = "a"\nzero = 1\n'
+                 '[[plans]]\nname = "b"\n[plans.zero]\nzero = 3\n[plans.recompute]\nrecompute_granularity = "full"\n')
+    a, b = read_experiment(f).plans
+    assert {k: s.value for k, s in a.settings.items()} == {"zero": 1}
+    assert {k: s.value for k, s in b.settings.items()} == {"zero": 3, "recompute_granularity": "full"}
+    assert b.settings["zero"].key == "plans[1].zero.zero"
+
+
+def test_the_help_groups_and_the_tables_follow_the_sections():
+    for name, f in FIELDS.items():
+        if f.section == "plan":
+            section = SECTIONS[SECTION_OF[f.attr]]
+            assert f.group == section.TITLE, name       # one --help group per section
+            if "plan" in dict(f.tables):  # (DeepSpeed's keys are [zero_optimization]'s alone)
+                assert PLAN_SECTION_KEYS[SECTION_OF[f.attr]][dict(f.tables)["plan"]] == name
+    assert len({cls.TITLE for cls in SECTIONS.values()}) == len(SECTIONS)
