@@ -138,3 +138,23 @@ def test_the_help_groups_and_the_tables_follow_the_sections():
             if "plan" in dict(f.tables):  # (DeepSpeed's keys are [zero_optimization]'s alone)
                 assert PLAN_SECTION_KEYS[SECTION_OF[f.attr]][dict(f.tables)["plan"]] == name
     assert len({cls.TITLE for cls in SECTIONS.values()}) == len(SECTIONS)
+
+
+# ------------------------------------------------------------ bounds declared once
+@pytest.mark.parametrize("attr, setting, bad", [
+    ("tp", "tensor_model_parallel_size", 0), ("ep", "expert_model_parallel_size", -2),
+    ("cp", "context_parallel_size", 1.5), ("moe_capacity_factor", "moe_expert_capacity_factor", 0.0),
+    ("zero_stage", "zero", 4), ("zero3_max_live_parameters", "zero3_max_live_parameters", float("inf")),
+    ("zero3_param_persistence_threshold", "zero3_param_persistence_threshold", -1),
+    ("fp8_format", "fp8_format", "e5m2"), ("dispatcher", "moe_token_dispatcher_type", "deepep-ll"),
+    ("overlap_comm", "overlap_comm", "yes"), ("sequence_parallel", "sequence_parallel", 1),
+])
+def test_a_plan_built_in_python_is_refused_by_its_fields_one_declaration(attr, setting, bad):
+    # the bound lives in the schema alone: the plan's refusal says what the flag's says
+    from sim.inputs.schema import why_not
+
+    with pytest.raises(InputError) as e:
+        ParallelPlan(**{attr: bad})
+    assert e.value.setting == attr and e.value.value == bad
+    assert f"got {bad!r}; {e.value.allowed}" == why_not(setting, bad)
+    assert str(e.value).startswith(f"plan: {'moe_token_dispatcher_type' if attr == 'dispatcher' else attr}: ")
