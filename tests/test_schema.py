@@ -67,7 +67,7 @@ def test_a_new_setting_is_one_field_and_reaches_toml_api_and_cli(tmp_path):
     pkg = tmp_path / "sim"
     shutil.copytree(ROOT / "sim", pkg, ignore=shutil.ignore_patterns("__pycache__"))
     src = (pkg / "inputs" / "plan.py").read_text()
-    anchor = "\n    def __post_init__(self):\n        for f in (\"dp\", "
+    anchor = "\n    def __post_init__(self):\n"
     assert src.count(anchor) == 1
     (pkg / "inputs" / "plan.py").write_text(src.replace(anchor, NEW_FIELD + anchor))
     good = tmp_path / "good.toml"

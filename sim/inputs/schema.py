@@ -33,6 +33,7 @@ from sim.errors import InputError
 from sim.inputs.cost import PRICE
 from sim.inputs.fields import Field, check_section, fields_of_class, setting, why_not_field
 from sim.inputs.plan import ParallelPlan
+from sim.inputs.plan_sections import SECTION_OF as SECTION_OF_PLAN_FIELD, SECTIONS as PLAN_SECTIONS
 from sim.inputs.schema_model import SPEC_SETTINGS, ModelSettings
 from sim.inputs.schema_sim import (  # noqa: F401 (re-exported: the bounds the other modules use)
     AUTO_FULL_FIDELITY_EVENTS, COLLECTIVE_MODELS, DEFAULT_MAX_EVENTS, FIDELITIES, NCCL_ALGOS, NCCL_PROTOCOLS,
@@ -187,8 +188,14 @@ def section_of(section: str, values: Mapping[str, object]):
 
 
 def _settings(section: str, cls) -> list[Field]:
-    """A section's settings, with their defaults filled in from their names and the section."""
-    return fields_of_class(cls, section, _PLAN_GROUP)
+    """A section's settings, with their defaults filled in from their names and the section; a
+    plan field that names no ``--help`` group of its own is listed in its plan section's
+    (``sim.inputs.plan_sections``: parallelism and batch, pipeline, precision, ZeRO, ...)."""
+    out = fields_of_class(cls, section, _PLAN_GROUP)
+    if section != "plan":
+        return out
+    return [dataclasses.replace(f, group=PLAN_SECTIONS[SECTION_OF_PLAN_FIELD[f.attr]].TITLE)
+            if f.group == _PLAN_GROUP and f.attr in SECTION_OF_PLAN_FIELD else f for f in out]
 
 
 _PLAN_GROUP = "parallelism and batch (Megatron-LM flags)"
