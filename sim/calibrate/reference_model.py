@@ -1,10 +1,13 @@
 """The reference GPT that ``trainsim validate`` trains for real and ``trainsim calibrate``
-times at a tiny shape for the framework's per-kernel cost (``bench_framework``): plain
+times at a tiny shape for the framework's per-kernel cost (``bench_framework``), and under
+the PyTorch profiler for what the profiler costs per operator (``bench_profiler``): plain
 PyTorch modules with the kernels trainsim's workload lists for a GPT
 (``sim.program.workload``).
 """
 
 from __future__ import annotations
+
+import statistics
 
 from sim.calibrate import require_torch
 from sim.calibrate.launch import Context, measure, training_dtype
@@ -93,3 +96,63 @@ def bench_framework(ctx: Context, repeats: int, warmup: int) -> dict:
 
     t = measure(ctx, step, warmup=warmup, repeats=repeats)
     return {"model": dict(FRAMEWORK_SHAPE), "kernels": kernels, "step_s": t, "per_kernel_s": t / kernels}
+
+
+PROFILER_BENCH_FLOPS = 2e10
+"""Most FLOPs (6 x parameters x tokens) of the micro-batch ``bench_profiler`` times at the
+model's own shape; a larger model is timed at ``FRAMEWORK_SHAPE`` (on a CPU, seconds per
+sample)."""
+
+
+def bench_profiler(ctx: Context, model: ModelSpec | None, micro_batch: int, repeats: int, warmup: int) -> dict:
+    """What the PyTorch profiler costs the host thread per operator it records, as
+    ``trainsim validate``'s reference run profiles (``ProfilerActivity.CPU``,
+    ``record_shapes=True``; ``sim.calibrate.reference``): forward and backward of one
+    micro-batch of the reference GPT (all layers on one stage, inside one
+    ``record_function`` annotation as the reference run's steps are), timed alternately
+    without and under a profiler session of its own. Per round, the thread's CPU time under
+    the profiler less that without it, over the events the profiler recorded; the median
+    over the rounds. CPU time, not wall time: the profiler's callbacks run on the thread that
+    runs the operators, so on a core of its own that is the wall time they add, and it does
+    not move with what else the machine runs. At ``model``'s shape where it is small enough
+    (``PROFILER_BENCH_FLOPS``), else at ``FRAMEWORK_SHAPE`` with micro-batch 1: the cost per
+    operator grows with the operators' working set (on this project's 2-vCPU EPYC, under
+    load 13, 2026-12-06: 1.2 us at ``FRAMEWORK_SHAPE`` and 3.1 us at the default reference GPT's)."""
+    import time
+
+    torch = require_torch()
+    from torch.profiler import ProfilerActivity, profile, record_function
+
+    if model is None or 6.0 * model.num_params * micro_batch * model.seq_length > PROFILER_BENCH_FLOPS:
+        model, micro_batch = gpt("framework-probe", tied_embeddings=False, dropout=False, **FRAMEWORK_SHAPE), 1
+    gen = torch.Generator().manual_seed(7)
+    stage = reference_gpt(torch, model, True, True, model.num_layers).to(ctx.device, training_dtype(ctx))
+    for q in stage.parameters():
+        q.grad = torch.zeros_like(q)
+    tok, tgt = (torch.randint(0, model.vocab_size, (micro_batch, model.seq_length), generator=gen).to(ctx.device)
+                for _ in range(2))
+
+    def step() -> float:
+        t0 = time.thread_time()
+        with record_function("step"):
+            y = stage(tok)
+            torch.nn.functional.cross_entropy(y.float().view(-1, model.vocab_size), tgt.view(-1)).backward()
+        ctx.sync()
+        return time.thread_time() - t0
+
+    for _ in range(max(1, warmup)):
+        step()
+    with profile(activities=[ProfilerActivity.CPU], record_shapes=True):  # (the profiler's own first start)
+        step()
+    extra, events, plain = [], 0, []
+    for _ in range(max(3, repeats)):
+        plain.append(step())
+        with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
+            traced = step()
+        events = len(prof.events())
+        extra.append(traced - plain[-1])
+    per_op = max(0.0, statistics.median(extra) / events) if events else 0.0
+    return {"model": {"num_layers": model.num_layers, "hidden_size": model.hidden_size,
+                      "seq_length": model.seq_length, "vocab_size": model.vocab_size},
+            "micro_batch_size": micro_batch, "events": events, "step_cpu_s": statistics.median(plain),
+            "extra_cpu_s": statistics.median(extra), "per_op_s": per_op}
