@@ -359,7 +359,7 @@ def run_microbenchmarks(ctx: Context, model: ModelSpec | None, plan: ParallelPla
         "memory": bench_memory(ctx, sorted(mem_sizes), r, w),
         "copy": bench_copy(ctx, p["copy_bytes"], r, w),
         "framework": None if ctx.is_cuda else bench_framework(ctx, r, w),  # (sim.calibrate.reference_model)
-        "profiler": None if ctx.is_cuda else bench_profiler(ctx, model, plan.micro_batch_size if plan else 1, r, w),
+        "profiler": None if ctx.is_cuda else bench_profiler(ctx, model, plan, r, w),
         "element_bytes": torch.tensor([], dtype=training_dtype(ctx)).element_size(),
     }
 

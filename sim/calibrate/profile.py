@@ -218,10 +218,11 @@ def build_profile(meas: dict, *, name: str | None = None, base: str | None = Non
         prof = replace(prof, profiler_op_overhead_s=pr["per_op_s"])
         shape = ", ".join(f"{k} {v}" for k, v in pr["model"].items())
         src["profiler_op_overhead_s"] = (
-            f"measured: forward and backward of one micro-batch of the reference GPT ({shape}; micro-batch "
-            f"{pr['micro_batch_size']}) took {pr['extra_cpu_s'] * 1e3:.2f} ms more of its thread's CPU time under "
-            f"torch.profiler (CPU activity, record_shapes) than without it (median over rounds, "
-            f"{pr['step_cpu_s'] * 1e3:.1f} ms without), for the {pr['events']} events it recorded; {how}")
+            f"measured: a training iteration of the reference GPT on one process ({shape}; "
+            f"{pr['microbatches']} micro-batch(es) of {pr['micro_batch_size']}, Adam) took {pr['extra_cpu_s'] * 1e3:.2f} "
+            f"ms more of its thread's CPU time under torch.profiler (CPU activity, record_shapes) than without it "
+            f"(median over rounds, {pr['iteration_cpu_s'] * 1e3:.1f} ms without), for the {pr['events']} events it "
+            f"recorded; {how}")
     prof = replace(prof, sources=src, provenance=prov)
     return prof, fits
 
