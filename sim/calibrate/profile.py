@@ -221,8 +221,8 @@ def build_profile(meas: dict, *, name: str | None = None, base: str | None = Non
             f"measured: a training iteration of the reference GPT on one process ({shape}; "
             f"{pr['microbatches']} micro-batch(es) of {pr['micro_batch_size']}, Adam) took {pr['extra_cpu_s'] * 1e3:.2f} "
             f"ms more of its thread's CPU time under torch.profiler (CPU activity, record_shapes) than without it "
-            f"(median over rounds, {pr['iteration_cpu_s'] * 1e3:.1f} ms without), for the {pr['events']} events it "
-            f"recorded; {how}")
+            f"(the least of {len(pr['rounds_cpu_s']['plain'])} rounds each way, {pr['iteration_cpu_s'] * 1e3:.1f} ms "
+            f"without), for the {pr['events']} events it recorded; {how}")
     prof = replace(prof, sources=src, provenance=prov)
     return prof, fits
 

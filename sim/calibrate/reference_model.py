@@ -7,8 +7,6 @@ PyTorch modules with the kernels trainsim's workload lists for a GPT
 
 from __future__ import annotations
 
-import statistics
-
 from sim.calibrate import require_torch
 from sim.calibrate.launch import Context, measure, training_dtype
 from sim.inputs.model import ModelSpec, gpt
@@ -104,6 +102,10 @@ model's own shape; a larger model is timed at ``FRAMEWORK_SHAPE`` (on a CPU, sec
 sample)."""
 
 
+PROFILER_BENCH_ROUNDS = 7
+"""Iterations ``bench_profiler`` times each way, at least."""
+
+
 def bench_profiler(ctx: Context, model: ModelSpec | None, plan: ParallelPlan | None, repeats: int,
                    warmup: int) -> dict:
     """What the PyTorch profiler costs the host thread per operator it records, as
@@ -112,8 +114,11 @@ def bench_profiler(ctx: Context, model: ModelSpec | None, plan: ParallelPlan | N
     reference GPT on one process (all layers on one stage; ``plan``'s micro-batches, each
     forward and backward inside a ``record_function`` annotation as the reference run's
     steps are, then Adam's step), timed alternately without and under a profiler session of
-    its own. Per round, the thread's CPU time under the profiler less that without it, over
-    the events the profiler recorded; the median over the rounds.
+    its own, ``PROFILER_BENCH_ROUNDS`` times each. The cost per event: the least CPU time the
+    thread took under the profiler less the least it took without, over the events the
+    profiler recorded in one iteration. The least of each, not a median of differences:
+    on a shared machine the other work only ever adds to a thread's CPU time (its caches
+    evicted), by tens of percent under a load of 15 on 2 CPUs, where the profiler adds a few.
 
     A whole iteration, not one operator or one step: the cost per event is not the same
     across a session (on this project's 2-vCPU EPYC, 2026-12-06, one forward and backward
@@ -157,15 +162,16 @@ def bench_profiler(ctx: Context, model: ModelSpec | None, plan: ParallelPlan | N
         iteration()
     with profile(activities=[ProfilerActivity.CPU], record_shapes=True):  # (the profiler's own first start)
         iteration()
-    extra, events, plain = [], 0, []
-    for _ in range(max(5, repeats)):
+    events, plain, traced = 0, [], []
+    for _ in range(max(PROFILER_BENCH_ROUNDS, repeats)):
         plain.append(iteration())
         with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
-            traced = iteration()
+            traced.append(iteration())
         events = len(prof.events())
-        extra.append(traced - plain[-1])
-    per_op = max(0.0, statistics.median(extra) / events) if events else 0.0
+    extra = min(traced) - min(plain)
+    per_op = max(0.0, extra / events) if events else 0.0
     return {"model": {"num_layers": model.num_layers, "hidden_size": model.hidden_size,
                       "seq_length": model.seq_length, "vocab_size": model.vocab_size},
-            "micro_batch_size": mb, "microbatches": m, "events": events, "iteration_cpu_s": statistics.median(plain),
-            "extra_cpu_s": statistics.median(extra), "per_op_s": per_op}
+            "micro_batch_size": mb, "microbatches": m, "events": events, "iteration_cpu_s": min(plain),
+            "traced_cpu_s": min(traced), "extra_cpu_s": extra, "per_op_s": per_op,
+            "rounds_cpu_s": {"plain": plain, "traced": traced}}
