@@ -388,6 +388,7 @@ def merge_ranks(per_rank: list[dict]) -> dict:
         out["framework"] = fw
     if first.get("profiler"):
         pr = dict(first["profiler"])
-        pr["per_op_s"] = statistics.median(r["profiler"]["per_op_s"] for r in per_rank)
+        pr["per_op_s_ranks"] = [r["profiler"]["per_op_s"] for r in per_rank]
+        pr["per_op_s"] = statistics.median(pr["per_op_s_ranks"])
         out["profiler"] = pr
     return out

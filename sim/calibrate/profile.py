@@ -217,12 +217,13 @@ def build_profile(meas: dict, *, name: str | None = None, base: str | None = Non
     if pr and not cuda:  # (reference_model.bench_profiler: the profiler's callbacks on the host thread)
         prof = replace(prof, profiler_op_overhead_s=pr["per_op_s"])
         shape = ", ".join(f"{k} {v}" for k, v in pr["model"].items())
+        ranks = ", ".join(f"{v * 1e6:.2f}" for v in pr.get("per_op_s_ranks", [pr["per_op_s"]]))
         src["profiler_op_overhead_s"] = (
-            f"measured: a training iteration of the reference GPT on one process ({shape}; "
-            f"{pr['microbatches']} micro-batch(es) of {pr['micro_batch_size']}, Adam) took {pr['extra_cpu_s'] * 1e3:.2f} "
-            f"ms more of its thread's CPU time under torch.profiler (CPU activity, record_shapes) than without it "
-            f"(the least of {len(pr['rounds_cpu_s']['plain'])} rounds each way, {pr['iteration_cpu_s'] * 1e3:.1f} ms "
-            f"without), for the {pr['events']} events it recorded; {how}")
+            f"measured: a training iteration of the reference GPT on each process ({shape}; "
+            f"{pr['microbatches']} micro-batch(es) of {pr['micro_batch_size']}, Adam; {pr['events']} events recorded), "
+            f"the least of {len(pr['rounds_cpu_s']['plain'])} rounds of its thread's CPU time under torch.profiler "
+            f"(CPU activity, record_shapes) less the least without it, over the events: {ranks} us per event on the "
+            f"ranks (none below 0), their median; {how}")
     prof = replace(prof, sources=src, provenance=prov)
     return prof, fits
 
