@@ -32,6 +32,7 @@ BAD = [
     ("nccl_base_latency_s.ring.simple", -1, "a number >= 0 (seconds)"),
     ("gpu_speed_spread", 0.11, "a fraction in [0, 0.1]"),
     ("gemm_bias_epilogue", 1, "true or false"),
+    ("profiler_op_overhead_s", -2e-6, "a number >= 0 (seconds)"),
     ("name", "", "a non-empty string"),
 ]
 

@@ -117,6 +117,10 @@ def _print(s: dict) -> None:
     t = s["rank_times"]
     if s.get("cpu_trace"):  # (no GPU: the host's threads are the compute, in the critical path below)
         print(f"  on rank {s['critical_rank']} (the last to finish): a CPU job, its compute on the host")
+        r = str(s["critical_rank"])
+        if s.get("profiler_op_overhead_s") and r in s.get("profiler_removed_s", {}):
+            print(f"  profiler's cost taken off: {format_time(s['profiler_removed_s'][r])} on rank {r} "
+                  f"({s['profiler_events'][r]} recorded events x {s['profiler_op_overhead_s'] * 1e6:.2f} us)")
     else:
         _print_gpu_times(s, t, T)
     if s["comm_measured"] or s["comm_unmatched"]:

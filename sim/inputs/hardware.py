@@ -247,6 +247,14 @@ class HardwareProfile:
     """What an hour of this GPU costs, US dollars (a rental price, or the purchase and running
     cost amortized): the run's cost per iteration and per million tokens (``sim.inputs.cost``;
     ``--gpu-hour-price`` overrides it). None: not given (no cost figures; no preset gives one)."""
+    profiler_op_overhead_s: SECONDS | None = None
+    """Seconds the PyTorch profiler adds to the host thread for each operator or annotation
+    it records (``torch.profiler.profile(activities=[CPU], record_shapes=True)``, as
+    ``trainsim validate``'s reference run traces): its callbacks at each operator's start and
+    end. ``trainsim replay`` takes it off a CPU trace's host time, once per event recorded
+    there (``sim.replay.cpu``), so that the replay is of the job without the profiler.
+    Measured by ``trainsim calibrate`` on a CPU (``reference_model.bench_profiler``). None:
+    not measured (the replay keeps the traced host time)."""
 
     def memory_rate(self, framework: bool = False) -> float:
         """Bytes/s a memory-bound kernel moves: a tuned library kernel's, or with
@@ -405,7 +413,7 @@ class HardwareProfile:
         for key in ("framework_kernel_efficiency", "framework_kernel_overhead_s", "attention_kernel_speed", "nccl_protocols", "nvls_efficiency",
                     "nvls_latency_s", "nccl_base_latency_s", "fp8_gemm_max_efficiency", "power_limit_w", "idle_power_w",
                     "mxfp8_gemm_relative_efficiency", "nvfp4_gemm_relative_efficiency", "memory_bound_power_fraction", "communication_power_fraction",
-                    "power_cap_w", "gpu_hour_price_usd"):
+                    "power_cap_w", "gpu_hour_price_usd", "profiler_op_overhead_s"):
             if out[key] is None:
                 del out[key]
         if out["gemm_bias_epilogue"]:
