@@ -295,3 +295,21 @@ def test_qwen3_query_and_key_norms_by_hand():
     assert not [i for i in plain.items if "qk_norm" in i.name]
     assert preset("qwen3-30b-a3b").qk_layernorm and preset("qwen3-235b-a22b").qk_layernorm
     assert not preset("deepseek-v3").qk_layernorm
+
+
+def test_the_alltoall_dispatcher_gathers_the_token_counts_before_permuting():
+    """Dropless alltoall over ep 16: each rank's 32 int64 counts per expert gathered from the 16
+    (Megatron-Core's preprocess, gather_from_sequence_parallel_region over the tp-ep group),
+    32 x 8 x 16 = 4,096 bytes, on the expert-parallel group, before the permutation; the forward
+    only. None with a capacity factor (drop-and-pad returns first), with flex (DeepEP's dispatch
+    exchanges its counts) or allgather (it gathers the routing map)."""
+    plan = ParallelPlan(dp=16, ep=16, global_batch_size=16)
+    work = _layer(MOE, plan)
+    names = [i.name for i in work.items if i.phase == "F"]
+    c = _items(work)["moe.dispatch.counts"]
+    assert (c.collective, c.nbytes, c.group, c.side, c.host_sync) == ("all_gather", 32 * 8 * 16, "ep", False, False)
+    assert names.index("moe.dispatch.counts") == names.index("moe.permute.map") - 1
+    assert not [i for i in work.items if i.phase != "F" and "counts" in i.name]
+    for other in (replace(plan, moe_capacity_factor=1.0), replace(plan, dispatcher="flex"),
+                  replace(plan, dispatcher="allgather")):
+        assert not [i for i in _layer(MOE, other).items if "counts" in i.name]

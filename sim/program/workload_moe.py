@@ -315,6 +315,27 @@ def _sync_on_exchange(shape: MoeShape) -> bool:
     return shape.dispatcher.exchanges_all_to_all and shape.dropless and shape.ep * shape.etp > 1
 
 
+COUNT_BYTES = 8
+"""Bytes of one token count (int64: ``routing_map.sum(dim=0).long()``)."""
+
+
+def _gathers_counts(shape: MoeShape) -> bool:
+    """Whether the forward gathers every rank's token counts per expert before its permutation:
+    the dropless alltoall dispatcher with an exchange (Megatron-Core
+    ``MoEAlltoAllTokenDispatcher.preprocess``: ``num_global_tokens_per_expert =
+    gather_from_sequence_parallel_region(num_local_tokens_per_expert, group=self.tp_ep_group)``,
+    E int64 counts from each of the etp·ep ranks, from which it takes the all-to-all's splits and
+    the local experts' counts that it copies to the host). A blocking ``all_gather_into_tensor``: the
+    compute stream waits for it (PyTorch's ProcessGroupNCCL), so the permutation after it does
+    too; a few kilobytes, so its time is the collective's latency. Priced over the expert-parallel
+    group (with etp > 1 Megatron-Core gathers over etp·ep ranks; the bytes stay as small). None
+    with a capacity factor (drop-and-pad returns before it), in the flex dispatcher (DeepEP
+    exchanges its counts inside its own dispatch) or in the allgather one (it gathers the
+    routing map itself)."""
+    return (shape.dropless and shape.dispatcher.exchanges_all_to_all and not shape.dispatcher.deepep
+            and not shape.dispatcher.gathers and shape.ep > 1)
+
+
 def moe_forward(w, m, b: int, t: int, sp: bool, shape: MoeShape) -> None:
     """An MoE block's forward between its norm and its residual add (module doc)."""
     e, h, E, k = w.e, m.hidden_size, m.num_experts, m.moe_router_topk
@@ -342,6 +363,8 @@ def moe_forward(w, m, b: int, t: int, sp: bool, shape: MoeShape) -> None:
         # count from the capacity (``torch.full`` on the host) and returns before any device-to-host
         # copy: its ``cuda_sync_point`` stays "no_sync" (megatron/core/transformer/moe/
         # token_dispatcher.py). Its "before_permutation_1" is drop without padding, not simulated.
+        if _gathers_counts(shape):
+            w.comm("moe.dispatch.counts", "all_gather", COUNT_BYTES * E * group, group="ep")
         _permute(w, m, T, T * k, E, shape, grad=False)
         after = _exchange(w, m, shape, T, "dispatch", sync=_sync_on_exchange(shape),
                           beside=(lambda: _shared(w, m, b, t, sp, "F.up", sms_held=sms)) if overlap else None)
