@@ -315,6 +315,13 @@ def _sync_on_exchange(shape: MoeShape) -> bool:
     return shape.dispatcher.exchanges_all_to_all and shape.dropless and shape.ep * shape.etp > 1
 
 
+COUNTS_OP = "moe.dispatch.counts"
+"""The token-count all-gather (``_gathers_counts``). Under ``--overlap-moe-expert-parallel-comm``
+it stays on the compute stream (``sim.program.ep_overlap``): Megatron-Core's combined 1F1B runs
+``MoELayer.router_and_preprocess`` (the router and the dispatcher's ``dispatch_preprocess``: the
+counts and the permutation) in the attention node, on the compute stream; only the dispatch and
+combine nodes' all-to-alls go to the communication stream."""
+
 COUNT_BYTES = 8
 """Bytes of one token count (int64: ``routing_map.sum(dim=0).long()``)."""
 
@@ -364,7 +371,7 @@ def moe_forward(w, m, b: int, t: int, sp: bool, shape: MoeShape) -> None:
         # copy: its ``cuda_sync_point`` stays "no_sync" (megatron/core/transformer/moe/
         # token_dispatcher.py). Its "before_permutation_1" is drop without padding, not simulated.
         if _gathers_counts(shape):
-            w.comm("moe.dispatch.counts", "all_gather", COUNT_BYTES * E * group, group="ep")
+            w.comm(COUNTS_OP, "all_gather", COUNT_BYTES * E * group, group="ep")
         _permute(w, m, T, T * k, E, shape, grad=False)
         after = _exchange(w, m, shape, T, "dispatch", sync=_sync_on_exchange(shape),
                           beside=(lambda: _shared(w, m, b, t, sp, "F.up", sms_held=sms)) if overlap else None)
