@@ -318,9 +318,10 @@ def _sync_on_exchange(shape: MoeShape) -> bool:
 COUNTS_OP = "moe.dispatch.counts"
 """The token-count all-gather (``_gathers_counts``). Under ``--overlap-moe-expert-parallel-comm``
 it stays on the compute stream (``sim.program.ep_overlap``): Megatron-Core's combined 1F1B runs
-``MoELayer.router_and_preprocess`` (the router and the dispatcher's ``dispatch_preprocess``: the
-counts and the permutation) in the attention node, on the compute stream; only the dispatch and
-combine nodes' all-to-alls go to the communication stream."""
+"pre mlp layernorm->router->dispatch preprocess" (the counts and the permutation) in the attention
+node, on the compute stream (``build_transformer_layer_callables``'s ``submodule_attn_forward``,
+megatron/core/models/gpt/fine_grained_callables.py); only the dispatch and combine nodes'
+all-to-alls go to the communication stream."""
 
 COUNT_BYTES = 8
 """Bytes of one token count (int64: ``routing_map.sum(dim=0).long()``)."""
