@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import heapq
 import math
+from operator import attrgetter
 
 from simpy import Event
 
@@ -494,8 +495,8 @@ class Network:
                           f"t={self.env.now!r}, over its capacity {cap:.6g} B/s")
 
 
-def _flow_key(f: _Flow):
-    return (f.start, f.src, f.dst, f.label, f.nbytes)
+_flow_key = attrgetter("start", "src", "dst", "label", "nbytes")
+"""A flow's place in the order rates are set and timers drawn: (start, src, dst, label, nbytes)."""
 
 
 def _max_min_rates(flows: set[_Flow], links: set[int], capacity: list[float], flows_on: list[set]) -> dict:
