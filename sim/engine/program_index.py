@@ -196,13 +196,11 @@ def _index(ix: ProgramIndex, program: Program) -> None:
         if len(shape.dep_src):
             srcs.append(at[:, shape.dep_src].ravel())
             dsts.append(at[:, shape.dep_dst].ravel())
-        # each stream's members on every rank of the class at once (a column per stream)
-        columns = [at[:, ks].tolist() for ks in shape.slots]
-        for q, (r, row) in enumerate(zip(rs, at.tolist())):
+        for r, row in zip(rs, at.tolist()):
             consume(map(acts.__setitem__, row, actions[r]))
             pos_of[r] = shape.pos
             local_of[r] = row
-            stream_of[r] = [(name, column[q]) for name, column in zip(shape.names, columns)]
+            stream_of[r] = [(name, [row[k] for k in ks]) for name, ks in zip(shape.names, shape.slots)]
         if shape.cross:
             cross_src, cross_dst = [], []
             for r in rs:
