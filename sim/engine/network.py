@@ -448,9 +448,10 @@ class Network:
             if l in links:
                 continue
             links.add(l)
-            for f in flows_on[l]:
-                if f not in flows:
-                    flows.add(f)
+            new = flows_on[l] - flows  # (a set difference: a spine link's hundreds of flows at C speed)
+            if new:
+                flows |= new
+                for f in new:
                     if f.bundle is None:
                         stack.extend(f.links)
                     else:
