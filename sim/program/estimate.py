@@ -104,6 +104,7 @@ def _links(plan: ParallelPlan, gpus_per_node: int) -> dict:
             for d in ("tp", "dp", "pp")}
 
 
+@lru_cache(maxsize=64)  # (of the model alone: a search asks it of every plan)
 def model_flops_per_sequence(model: ModelSpec, recompute: str = "none", modules: tuple | None = None) -> float:
     """GEMM and attention FLOPs of forward and backward for one sequence (incl. recompute
     when given, ``modules`` what selective recomputes); the sum Korthikanti's Eq. 7 (none)
