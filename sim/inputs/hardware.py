@@ -296,6 +296,7 @@ class HardwareProfile:
         (``PYTHONHASHSEED``), so a worker hashes the profile it receives afresh."""
         state = dict(self.__dict__)
         state.pop("_content_hash", None)
+        state.pop("_paced", None)  # (``sim.inputs.pacing.paced``'s copies, made again where needed)
         return state
 
     def __post_init__(self):
