@@ -126,8 +126,7 @@ def prepare(settings: RunSettings, model: ModelSpec | None = None, plan: Paralle
     # the cluster first: a plan for GPUs the cluster does not have is not worth checking
     topo = topology_from_settings(settings.cluster, gpus, profile.name) if gpus is not None else None
     if plan is None:
-        plan = plan_from_settings(settings.plan, settings.cluster.total_gpus(), model,
-                                  settings.model.hybrid_override_pattern)
+        plan = plan_from_settings(settings.plan, settings.cluster.total_gpus(), model)
     elif plan.pipeline.from_file and plan.schedule_file is None:
         raise InputError("plan: a ParallelPlan with schedule 'custom' needs its CSV: "
                          "pass schedule='path/to.csv' instead of a ParallelPlan")

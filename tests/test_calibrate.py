@@ -154,8 +154,17 @@ def test_calibrate_command_on_this_machine(tmp_path, capsys):
         assert prof.kernel_launch_s == pytest.approx(fw["step_s"] / fw["kernels"])
         assert "tiny shape" in prof.sources["kernel_launch_s"] and prov["kernel_launch_alone_s"] >= 0
         assert prof.gemm_bias_epilogue is False and "addmm" in prof.sources["gemm_bias_epilogue"]
+        # The profiler's cost per recorded event, at the model's shape: its callbacks cost
+        # the thread something for each of the (hundreds of) operators a step records.
+        pr = micro["profiler"]
+        assert pr["model"]["hidden_size"] == 64 and pr["micro_batch_size"] == 2 and pr["events"] > fw["kernels"]
+        first = pr["per_op_s_ranks"][0]  # (rank 0's own figures, as the merged record keeps them)
+        assert first == pytest.approx(max(0.0, pr["extra_cpu_s"]) / pr["events"])
+        assert pr["extra_cpu_s"] == pytest.approx(pr["traced_cpu_s"] - pr["iteration_cpu_s"])
+        assert prof.profiler_op_overhead_s == pytest.approx(pr["per_op_s"]) and prof.profiler_op_overhead_s > 0
+        assert "torch.profiler" in prof.sources["profiler_op_overhead_s"] and len(pr["per_op_s_ranks"]) == 2
     else:
-        assert fw is None
+        assert fw is None and micro["profiler"] is None and prof.profiler_op_overhead_s is None
     # The profile drives a simulation.
     assert main(["estimate", "--gpu", str(out), "--num-layers", "2", "--hidden-size", "64",
                  "--num-attention-heads", "2", "--vocab-size", "256", "--seq-length", "32"]) == 0

@@ -14,6 +14,7 @@ from sim.inputs.schema import SimulationSettings
 from sim.inputs.topology_build import load_topology
 from sim.program.build import BuildContext
 from sim.program.ep_overlap import EP_STREAM, overlap_schedule, steady_pairs
+from sim.program.workload_moe import COUNTS_OP
 from sim.program.launch import LAUNCH_CATEGORY
 from sim.program.memory.inflight import inflight_chunks
 from sim.program.schedules import interleaved
@@ -80,7 +81,11 @@ def test_the_pass_interleaves_a_pair_layer_by_layer_with_all_to_alls_on_their_st
         seen.add(a.name)
     # the warm-up forward and the last backward keep their all-to-alls on the compute stream
     ep = [a for a in after if a.kind == "collective" and a.category == "ep"]
-    assert {a.name.split(".")[0] for a in ep if a.stream == "compute"} == {"0F0", "0B1"}
+    counts = [a for a in ep if a.name.endswith(" " + COUNTS_OP)]
+    assert {a.name.split(".")[0] for a in ep if a.stream == "compute" and a not in counts} == {"0F0", "0B1"}
+    # the forwards' token-count gathers stay on the compute stream, paired or not (Megatron's
+    # router_and_preprocess runs in the attention node): one per MoE layer of each forward
+    assert all(a.stream == "compute" for a in counts) and len(counts) == 4 * 2
     # in the pair (F1, B0), per MoE layer: B's combine gradient, F's dispatch, B's dispatch gradient, F's combine
     comm = [a for a in after if a.stream == EP_STREAM]
     assert [a.name.split(".")[0] for a in comm] == ["0B0", "0F1"] * 8          # 4 layers x 2 each
@@ -120,6 +125,22 @@ def _pieces(trace, step):
     return out
 
 
+def _fold_counts(pieces: dict) -> dict:
+    """``_pieces`` with the forward's token-count all-gather (``COUNTS_OP``: on the compute stream,
+    between the router and the permutation) and the compute piece after it added to the compute
+    piece before it: one run, the closed form's A0."""
+    out: dict = {}
+    merge = False
+    for name, (cat, t) in pieces.items():
+        if name.endswith(" " + COUNTS_OP) or merge:
+            last = next(reversed(out))
+            out[last] = (out[last][0], out[last][1] + t)
+            merge = not merge
+            continue
+        out[name] = (cat, t)
+    return out
+
+
 @pytest.mark.parametrize("hidden, topk, gpus", [
     (2048, 8, 8),       # one node: each all-to-all shorter than the compute beside it, all hidden
     (4096, 1, 16),      # two nodes: the all-to-alls over InfiniBand outlast some of it
@@ -138,7 +159,7 @@ def test_two_micro_batches_match_the_closed_form(hidden, topk, gpus):
     kw = dict(dp=gpus, ep=gpus, global_batch_size=2 * gpus)
     plain = _run(model, ParallelPlan(**kw), QUIET, nodes=gpus // 8).trace
     over = _run(model, ParallelPlan(**kw, overlap_moe_expert_parallel_comm=True), QUIET, nodes=gpus // 8).trace
-    f1, b0 = _pieces(plain, "0F1"), _pieces(plain, "0B0")
+    f1, b0 = _fold_counts(_pieces(plain, "0F1")), _pieces(plain, "0B0")
     # forward: embedding, A0, dispatch, experts, combine, A2, output layer; backward the reverse
     cats = ["F", "F", "ep", "F", "ep", "F", "F"]
     assert [c for c, _ in f1.values()] == cats and [c for c, _ in b0.values()] == [

@@ -44,9 +44,17 @@ def test_no_pattern_no_layers():
 def test_pipes_place_the_layers_on_the_virtual_stages(pattern, pp, per_stage):
     s = settings({"hybrid_override_pattern": pattern}, {"pipeline_model_parallel_size": pp})
     model = model_from_settings(s.model)
-    plan = plan_from_settings(s.plan, 8, model, s.model.hybrid_override_pattern)
+    plan = plan_from_settings(s.plan, 8, model)
     assert plan.vpp == len(per_stage) // pp
     assert plan.stage_layers(model) == per_stage
+
+
+def test_the_pattern_travels_with_the_model():
+    # The plan takes the | from the model itself: no caller passes the pattern along.
+    s = settings({"hybrid_override_pattern": "M-M*M-|M*"}, {"pipeline_model_parallel_size": 2})
+    model = model_from_settings(s.model)
+    assert model.hybrid_override_pattern == "M-M*M-|M*"
+    assert plan_from_settings(s.plan, 8, model).pipeline_layout == "E" + "t" * 6 + "|ttL"  # 6 layers, then 2
 
 
 def test_an_experiment_files_model_table_takes_the_pattern(tmp_path):
@@ -60,4 +68,4 @@ def test_an_experiment_files_model_table_takes_the_pattern(tmp_path):
     s = RunSettings.from_values(values_of(read_experiment(path).settings))
     model = model_from_settings(s.model)
     assert model.layers[0].mixer.state == 64 and model.layers.count(model.layers[3]) == 2  # the two attention layers
-    assert plan_from_settings(s.plan, 8, model, s.model.hybrid_override_pattern).stage_layers(model) == (6, 2)
+    assert plan_from_settings(s.plan, 8, model).stage_layers(model) == (6, 2)

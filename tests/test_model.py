@@ -163,6 +163,52 @@ def test_megatron_args_import():
     assert ll.num_params == preset("llama3-8b").num_params
 
 
+def test_megatron_flags_fill_every_attribute_of_the_spec_they_name():
+    # Each renamed setting's declared conversion (sim.inputs.schema_model), checked whole: the
+    # Llama 3 8B flags, dropout off, give the preset field for field, its name aside.
+    from dataclasses import replace
+
+    ll = model_from_megatron_args(["--num-layers", "32", "--hidden-size", "4096", "--num-attention-heads", "32",
+                                   "--ffn-hidden-size", "14336", "--vocab-size", "128256", "--seq-length", "8192",
+                                   "--group-query-attention", "--num-query-groups", "8", "--swiglu",
+                                   "--normalization", "RMSNorm", "--position-embedding-type", "rope",
+                                   "--untie-embeddings-and-output-weights", "--disable-bias-linear",
+                                   "--attention-dropout", "0", "--hidden-dropout", "0"], name="llama3-8b")
+    assert ll == preset("llama3-8b")
+    # one dropout left on keeps the dropout kernels (Megatron-LM: either probability > 0)
+    on = model_from_megatron_args(["--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4",
+                                   "--vocab-size", "100", "--seq-length", "16", "--attention-dropout", "0"])
+    assert on.dropout and replace(on, dropout=False) == model_from_megatron_args(
+        ["--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4", "--vocab-size", "100",
+         "--seq-length", "16", "--attention-dropout", "0", "--hidden-dropout", "0"])
+
+
+def test_each_model_setting_names_the_spec_attribute_it_fills():
+    # One declaration: a setting fills the ModelSpec attribute of its name, or the one its field
+    # names; the few that fill none choose the model (preset, config) or build its layers.
+    import dataclasses
+
+    from sim.inputs.model import ModelSpec
+    from sim.inputs.schema_model import MEGATRON_ONLY, MODEL_FIELDS, SPEC_SETTINGS
+
+    attrs = {f.name for f in dataclasses.fields(ModelSpec)}
+    assert all(f.spec in attrs for f in MODEL_FIELDS if f.spec)
+    assert {f.name for f in MODEL_FIELDS if not f.spec} == {"model", "hf_config", "group_query_attention",
+                                                             *MEGATRON_ONLY} - {"hybrid_override_pattern"}
+    assert SPEC_SETTINGS == {"num_key_value_heads": "num_query_groups", "mlp": "swiglu", "norm": "normalization",
+                             "position_embedding": "position_embedding_type",
+                             "tied_embeddings": "untie_embeddings_and_output_weights", "bias": "disable_bias_linear"}
+
+
+def test_a_position_limit_given_on_a_preset_is_taken():
+    # GPT-2 XL's learned table is 1024 x 1600; --max-position-embeddings 2048 doubles its rows.
+    from sim.inputs.resolve import model_from_settings
+    from sim.inputs.schema import RunSettings
+
+    m = model_from_settings(RunSettings.from_values({"model": "gpt2-1.5b", "max_position_embeddings": 2048}).model)
+    assert m.embedding_params - preset("gpt2-1.5b").embedding_params == 1024 * 1600
+
+
 def one_line_error(fn, *words):
     with pytest.raises(InputError) as info:
         fn()

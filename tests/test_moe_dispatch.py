@@ -37,7 +37,9 @@ def test_alltoall_sends_every_copy_so_half_of_them_cross_nodes():
     # 2T copies in the send buffer, T of them cross; node-limited routing does not change it.
     for model in (TINY, GROUPED):
         c = _comms(model, "alltoall")
-        assert set(c) == {"moe.dispatch", "moe.combine", "moe.dispatch.grad", "moe.combine.grad"}
+        # and the forward's all-gather of each rank's int64 count per expert (sim.program.workload_moe)
+        assert set(c) == {"moe.dispatch.counts", "moe.dispatch", "moe.combine", "moe.dispatch.grad", "moe.combine.grad"}
+        assert c["moe.dispatch.counts"].nbytes == 8 * model.num_experts * 4
         assert c["moe.dispatch"].nbytes == 2 * T * H * E2
         assert c["moe.dispatch"].nbytes * 2 / 4 == T * H * E2      # the other node's 2 ranks' shares
 
@@ -125,7 +127,12 @@ def test_each_dispatcher_is_named_in_the_trace_and_flex_crosses_less(tmp_path):
         run = _run(_plan(d), topo)
         got = {s.name.split(" ", 1)[1] for s in run.trace.spans if s.rank == 0 and s.category == "ep"}
         assert names <= got
-        ib[d] = sum(t.nbytes for t in run.trace.transfers if t.src == 0 and t.medium == "ib" and " moe." in t.label)
+        ib[d] = sum(t.nbytes for t in run.trace.transfers if t.src == 0 and t.medium == "ib" and " moe." in t.label
+                    and "counts" not in t.label)
+        if d == "alltoall":  # its token counts cross too: a few bytes per layer, apart from the copies
+            counts = sum(t.nbytes for t in run.trace.transfers if t.src == 0 and t.medium == "ib"
+                         and "moe.dispatch.counts" in t.label)
+            assert 0 < counts <= 4 * 8 * TINY.num_experts * 4                # 4 layers, at most the gathered bytes
     assert ib["alltoall"] == pytest.approx(4 * 4 * T * H * E2)              # T copies cross per exchange
     assert ib["flex"] == pytest.approx(ib["alltoall"] * 5 / 6)
 

@@ -112,6 +112,9 @@ def test_hf_configs_of_mixtral_qwen3_moe_and_deepseek_v3():
             "max_position_embeddings": 40960, "num_experts": 128, "num_experts_per_tok": 8,
             "moe_intermediate_size": 1536, "decoder_sparse_step": 1, "mlp_only_layers": []}
     assert model_from_hf_config(qwen, seq_length=4096).num_params == preset("qwen3-235b-a22b").num_params
+    # transformers' Qwen3 attention norms each query and key head (q_norm, k_norm); Mixtral's does not
+    assert model_from_hf_config(qwen, seq_length=4096).qk_layernorm
+    assert not model_from_hf_config(mixtral, seq_length=4096).qk_layernorm
     ds = {"model_type": "deepseek_v3", "hidden_size": 7168, "intermediate_size": 18432, "num_hidden_layers": 61,
           "num_attention_heads": 128, "num_key_value_heads": 128, "vocab_size": 129280,
           "max_position_embeddings": 163840, "n_routed_experts": 256, "n_shared_experts": 1,

@@ -32,6 +32,7 @@ BAD = [
     ("nccl_base_latency_s.ring.simple", -1, "a number >= 0 (seconds)"),
     ("gpu_speed_spread", 0.11, "a fraction in [0, 0.1]"),
     ("gemm_bias_epilogue", 1, "true or false"),
+    ("profiler_op_overhead_s", -2e-6, "a number >= 0 (seconds)"),
     ("name", "", "a non-empty string"),
 ]
 
@@ -97,6 +98,11 @@ def test_keys_are_named_with_what_is_allowed():
         "sources: got 'colour'; expected keys naming fields: name, ": _set(d, "sources.colour", "x"),
         "fp8_gemm_max_efficiency: got 0.5; peak_flops has no fp8 entry":
             {**d, "peak_flops": {"bf16": 1e15}, "fp8_gemm_max_efficiency": 0.5},
+        # a ceiling is for one of the three efficiency fields trainsim fit bounds, and is a fraction
+        "efficiency_ceilings: unknown key 'gemm_k_overhead'; expected one of gemm_max_efficiency, "
+        "fp8_gemm_max_efficiency, attention_max_efficiency": _set(d, "efficiency_ceilings.gemm_k_overhead", 0.5),
+        "efficiency_ceilings.gemm_max_efficiency: got 1.5; expected a fraction in (0, 1]":
+            _set(d, "efficiency_ceilings.gemm_max_efficiency", 1.5),
     }
     for says, data in cases.items():
         with pytest.raises(InputError) as e:

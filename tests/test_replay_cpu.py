@@ -82,6 +82,35 @@ def test_a_receive_waits_for_the_send_priced_on_the_fitted_link():
     assert r.summary["iteration_time_s"] > 810 * US + link.latency_s
 
 
+def test_the_profilers_cost_comes_off_each_event_it_recorded(tmp_path):
+    """With the profile's cost per recorded event c, each host node is shorter by c for every
+    operator or annotation that began in it. In ``_pair`` (with N operators nested in rank
+    0's F and M in rank 1's B) rank 1 finishes last: its B follows the transfer, which
+    starts when rank 0's send call reaches gloo. So the step is shorter by c x (the events
+    rank 0 recorded before gloo's send began: its step span, F, the N nested and the
+    send call) + c x (rank 1's B and the M nested)."""
+    from dataclasses import replace
+
+    c, n_f, m_b = 2 * US, 20, 10
+    r0, r1 = _pair()
+    r0["traceEvents"] += [{"ph": "X", "cat": "cpu_op", "name": "aten::mm", "pid": 7, "tid": 7, "ts": 10 + 10 * i,
+                           "dur": 5, "args": {}} for i in range(n_f)]
+    r1["traceEvents"] += [{"ph": "X", "cat": "cpu_op", "name": "aten::mm", "pid": 7, "tid": 7, "ts": 410 + 20 * i,
+                           "dur": 5, "args": {}} for i in range(m_b)]
+    g = [read_kineto(r0), read_kineto(r1)]
+    assert [n.recorded_ops for n in g[0].nodes if n.name == "F"] == [n_f + 2]  # (with ProfilerStep#0)
+    kept = replay(g, gpu=PROFILE).summary
+    assert "profiler_removed_s" not in kept or not kept["profiler_op_overhead_s"]
+    path = tmp_path / "profile.json"
+    replace(load_profile(PROFILE), profiler_op_overhead_s=c).save(path)
+    off = replay(g, gpu=str(path)).summary
+    expected = kept["iteration_time_s"] - c * (n_f + 3) - c * (m_b + 1)
+    assert off["iteration_time_s"] == pytest.approx(expected, rel=1e-9)
+    assert off["traced_step_s"] == kept["traced_step_s"]  # (what the trace measured stays)
+    assert off["profiler_events"]["1"] >= m_b + 1
+    assert off["profiler_removed_s"]["1"] == pytest.approx(c * off["profiler_events"]["1"])
+
+
 def test_a_collective_waits_for_the_slower_rank():
     """Both ranks all-reduce; rank 1 reaches it 200 us later, so rank 0 waits."""
     def rank(r, before):

@@ -67,7 +67,7 @@ def test_a_new_setting_is_one_field_and_reaches_toml_api_and_cli(tmp_path):
     pkg = tmp_path / "sim"
     shutil.copytree(ROOT / "sim", pkg, ignore=shutil.ignore_patterns("__pycache__"))
     src = (pkg / "inputs" / "plan.py").read_text()
-    anchor = "\n    def __post_init__(self):\n        for f in (\"dp\", "
+    anchor = "\n    def __post_init__(self):\n"
     assert src.count(anchor) == 1
     (pkg / "inputs" / "plan.py").write_text(src.replace(anchor, NEW_FIELD + anchor))
     good = tmp_path / "good.toml"
@@ -187,3 +187,45 @@ def test_an_error_carries_its_setting_value_allowed_and_where_it_was_written(tmp
         sim.run(model="llama2-7b", tensor_model_parallel_size=3)
     assert str(api.value) == f"tensor_model_parallel_size: got 3; {e.allowed}" and api.value.path is None
     assert main(["run", "--model", "llama2-7b", "--tensor-model-parallel-size", "3"]) == 2
+
+
+def test_no_command_declares_a_flag_by_hand():
+    # Every command's flags and positional arguments come from schema fields (sim.inputs.schema,
+    # sim.inputs.schema_commands): no add_argument call is left in sim/commands.
+    import ast
+
+    root = Path(__file__).resolve().parents[1] / "sim" / "commands"
+    calls = [(p.name, node.lineno) for p in sorted(root.glob("*.py")) for node in ast.walk(ast.parse(p.read_text()))
+             if isinstance(node, ast.Call) and getattr(node.func, "attr", None) == "add_argument"]
+    assert calls == []
+
+
+@pytest.mark.parametrize("argv,want", [
+    # positional arguments from fields: one or more (fit's runs), an optional file, a required one
+    (["fit", "a.csv", "b.csv", "--gpu", "h100-sxm"], {"runs": ["a.csv", "b.csv"], "jobs": 1, "json": False}),
+    (["goodput"], {"experiment": None, "days": 54.0, "seed": 0, "hot_spares": None, "checkpoint_interval": None,
+                   "storage_bandwidth": None}),  # (None: unlimited spares, the best interval, the default storage)
+    (["goodput", "--hot-spares", "2", "--checkpoint-interval", "600", "--storage-bandwidth", "500GB"],
+     {"hot_spares": 2, "checkpoint_interval": 600.0, "storage_bandwidth": 5e11}),
+    (["sweep", "e.toml"], {"experiment": "e.toml"}),
+    (["import-trace", "t.json", "--top", "3"], {"traces": ["t.json"], "top": 3, "level": "auto"}),
+    (["replay", "r0.json", "--step", "2"], {"traces": ["r0.json"], "step": 2, "data_parallel_size": None}),
+    (["import-nccl-tests", "l.txt"], {"logs": ["l.txt"], "link": "ib", "links_per_rank": 1, "min_size": "0"}),
+    (["calibrate", "--link", "pcie"], {"link": "pcie", "out": "calibrated.json", "procs": None}),
+])
+def test_command_options_parse_with_their_declared_defaults(argv, want):
+    ns = vars(build_parser().parse_args(argv))
+    assert {k: ns[k] for k in want} == want
+
+
+@pytest.mark.parametrize("argv,err", [
+    (["fit", "a.csv", "--gpu", "h100-sxm", "--jobs", "x"], "--jobs: got 'x'; expected an integer >= 1"),
+    (["import-trace", "t.json", "--level", "ops"], "--level: got ops; allowed: auto, kernels, annotations, cpu_ops"),
+    (["import-nccl-tests", "l.txt", "--link", "wifi"], "--link: got wifi; allowed: nvlink, pcie, ib, ethernet"),
+    (["goodput", "--days", "40000"], "--days: got 40000; expected a finite number > 0 <= 36500"),
+    (["goodput", "--hot-spares", "x"], "--hot-spares: got 'x'; expected an integer >= 0 or unlimited"),
+    (["goodput", "--storage-bandwidth", "0"], "--storage-bandwidth: got '0'; expected a bandwidth > 0 bytes/s"),
+])
+def test_a_command_options_bad_value_is_refused_by_its_field(argv, err, capsys):
+    assert main(argv) == 2
+    assert capsys.readouterr().err == f"trainsim: error: {err}\n"

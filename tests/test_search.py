@@ -1,7 +1,7 @@
 """Configuration search: enumeration, pruning that never drops the winner, explanation, CLI."""
 
 import itertools
-from dataclasses import asdict
+from dataclasses import asdict, replace
 import json
 import math
 import random
@@ -403,8 +403,13 @@ def test_the_bound_charges_unfused_gradient_accumulation_in_every_layer():
     from sim.studies.search import _phases
 
     model, profile = gpt("acc", 4, 1024, 16, 32000, 1024), load_profile("h100-sxm")
-    args = (model, profile, 1, 2, True, "none", "nvlink", None, 4, "megatron")
-    fused, unfused = _phases(*args, True), _phases(*args, False)
+    plan = ParallelPlan(tp=2, sequence_parallel=True, global_batch_size=4)  # m = 4
+
+    def phases(p):
+        s = p.sections
+        return _phases(model, profile, "nvlink", s.parallelism, s.recompute, s.precision, s.framework)
+
+    fused, unfused = phases(plan), phases(replace(plan, gradient_accumulation_fusion=False))
     wgrads = [o for o in layer_work(model, 1, 2, True, "none").ops("W") if o.kind == "gemm"]
     # one framework (PyTorch) elementwise kernel per weight gradient: 10 B and one add per weight, plus its launch
     weights = [o.shape[0] * o.shape[1] for o in wgrads]
@@ -426,8 +431,8 @@ def test_the_bound_prices_the_layer_the_plan_runs_even_with_unfused_attention():
              for a in ("flash", "unfused")]
     layers = []
     for plan in plans:
-        ph = _phases(model, profile, 1, 2, True, "none", "nvlink", None, plan.num_microbatches, "megatron", True,
-                     plan.attention)
+        s = plan.sections
+        ph = _phases(model, profile, "nvlink", s.parallelism, s.recompute, s.precision, s.framework)
         expect = work_times(plan_layer_work(model, plan), profile, 2, "nvlink")
         for name, layer_s, *_ in ph:
             assert layer_s == pytest.approx(sum(expect[name]), rel=1e-12)

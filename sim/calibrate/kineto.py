@@ -39,10 +39,11 @@ import re
 import zlib
 
 from sim.errors import InputError
+from sim.inputs.schema_commands import KINETO_LEVELS
 from sim.program.schedules import Step
 from sim.results.trace import Span, Trace
 
-LEVELS = ("auto", "kernels", "annotations", "cpu_ops")
+LEVELS = KINETO_LEVELS  # (declared with --level, sim.inputs.schema_commands)
 _NCCL = re.compile(r"^nccl(Dev)?Kernel_", re.I)
 
 

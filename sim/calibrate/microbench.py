@@ -44,7 +44,7 @@ import statistics
 
 from sim.calibrate import require_torch
 from sim.calibrate.launch import Context, measure, measure_many, training_dtype
-from sim.calibrate.reference_model import bench_framework
+from sim.calibrate.reference_model import bench_framework, bench_profiler
 from sim.inputs.model import ModelSpec
 from sim.inputs.plan import ParallelPlan
 from sim.program.workload import chunk_work
@@ -359,6 +359,7 @@ def run_microbenchmarks(ctx: Context, model: ModelSpec | None, plan: ParallelPla
         "memory": bench_memory(ctx, sorted(mem_sizes), r, w),
         "copy": bench_copy(ctx, p["copy_bytes"], r, w),
         "framework": None if ctx.is_cuda else bench_framework(ctx, r, w),  # (sim.calibrate.reference_model)
+        "profiler": None if ctx.is_cuda else bench_profiler(ctx, model, plan, r, w),
         "element_bytes": torch.tensor([], dtype=training_dtype(ctx)).element_size(),
     }
 
@@ -385,4 +386,9 @@ def merge_ranks(per_rank: list[dict]) -> dict:
         fw["step_s"] = statistics.median(r["framework"]["step_s"] for r in per_rank)
         fw["per_kernel_s"] = fw["step_s"] / fw["kernels"]
         out["framework"] = fw
+    if first.get("profiler"):
+        pr = dict(first["profiler"])
+        pr["per_op_s_ranks"] = [r["profiler"]["per_op_s"] for r in per_rank]
+        pr["per_op_s"] = statistics.median(pr["per_op_s_ranks"])
+        out["profiler"] = pr
     return out

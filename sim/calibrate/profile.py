@@ -15,7 +15,8 @@ What is measured and what is taken from elsewhere:
   ``kernel_launch_s`` (on a GPU the intercept of the memory-bound kernels' fit; on a CPU,
   which runs the framework and the kernels on one thread, the fixed cost per kernel of a
   tiny training step, ``microbench.bench_framework``; the intercept is kept in
-  ``provenance['kernel_launch_alone_s']``), ``hbm_bandwidth_Bps`` (a large copy) and α-β of the link kind the
+  ``provenance['kernel_launch_alone_s']``), ``hbm_bandwidth_Bps`` (a large copy), on a CPU
+  ``profiler_op_overhead_s`` (``reference_model.bench_profiler``), and α-β of the link kind the
   processes talk over (``--link``; default ``nvlink`` between GPUs of one node,
   ``ib`` across nodes, ``ethernet`` for CPU processes over loopback TCP);
 - from the device: SM count and memory capacity (on a CPU: threads per process and RAM);
@@ -213,6 +214,17 @@ def build_profile(meas: dict, *, name: str | None = None, base: str | None = Non
     prov.update(tool="trainsim calibrate", hosts=meas["hosts"], quick_sweep=meas["quick"],
                 base_profile=basep.name if basep is not None else None, dtype=micro["dtype"],
                 element_bytes=micro["element_bytes"], kernel_launch_alone_s=launch)
+    pr = micro.get("profiler")
+    if pr and not cuda:  # (reference_model.bench_profiler: the profiler's callbacks on the host thread)
+        prof = replace(prof, profiler_op_overhead_s=pr["per_op_s"])
+        shape = ", ".join(f"{k} {v}" for k, v in pr["model"].items())
+        ranks = ", ".join(f"{v * 1e6:.2f}" for v in pr.get("per_op_s_ranks", [pr["per_op_s"]]))
+        src["profiler_op_overhead_s"] = (
+            f"measured: a training iteration of the reference GPT on each process ({shape}; "
+            f"{pr['microbatches']} micro-batch(es) of {pr['micro_batch_size']}, Adam; {pr['events']} events recorded), "
+            f"the least of {len(pr['rounds_cpu_s']['plain'])} rounds of its thread's CPU time under torch.profiler "
+            f"(CPU activity, record_shapes) less the least without it, over the events: {ranks} us per event on the "
+            f"ranks (none below 0), their median; {how}")
     prof = replace(prof, sources=src, provenance=prov)
     return prof, fits
 

@@ -31,6 +31,9 @@ machine's other work shows there). Iterations after the warm-up are timed; one m
 runs under ``torch.profiler`` (``record_shapes``: the communication's sizes) and each rank
 writes its Chrome trace (``trace_rank{r}.json``) when a trace directory is given; its timed
 span (from the barrier's end to the iteration's) is the trace's ``ProfilerStep#0``, which ``trainsim replay`` replays.
+That iteration's own timing is the result's ``traced`` (as an entry of ``iterations``): it
+runs slower than the others by the profiler's cost per recorded operator
+(``HardwareProfile.profiler_op_overhead_s``), which the replay takes off.
 """
 
 from __future__ import annotations
@@ -279,24 +282,25 @@ def _worker(ctx: Context, payload: dict) -> dict:
             ok = bool(flag.item())
         it["steady"] = ok
         iters.append(it)
-    trace_file = None
+    trace_file, traced = None, None
     if payload.get("trace_dir"):
         from torch.profiler import ProfilerActivity, profile, record_function
 
         acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if ctx.is_cuda else [])
         with profile(activities=acts, record_shapes=True) as prof:
-            iteration(record_function)
+            traced = iteration(record_function)
         trace_file = str(Path(payload["trace_dir"]) / f"trace_rank{ctx.rank}.json")
         prof.export_chrome_trace(trace_file)
+    timed = iters + ([traced] if traced is not None else [])
     if ctx.world > 1:  # an iteration takes as long as its slowest rank
-        t = torch.tensor([it["time_s"] for it in iters], dtype=torch.float64, device=ctx.device)
+        t = torch.tensor([it["time_s"] for it in timed], dtype=torch.float64, device=ctx.device)
         dist.all_reduce(t, op=dist.ReduceOp.MAX)
-        for it, v in zip(iters, t.tolist()):
+        for it, v in zip(timed, t.tolist()):
             it["iteration_s"] = v
     else:
-        for it in iters:
+        for it in timed:
             it["iteration_s"] = it["time_s"]
-    return {"rank": ctx.rank, "coords": (d, p), "iterations": iters, "trace_file": trace_file,
+    return {"rank": ctx.rank, "coords": (d, p), "iterations": iters, "trace_file": trace_file, "traced": traced,
             "probe_s": [t for t in probe if t is not None]}
 
 

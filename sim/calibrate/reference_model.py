@@ -1,5 +1,6 @@
 """The reference GPT that ``trainsim validate`` trains for real and ``trainsim calibrate``
-times at a tiny shape for the framework's per-kernel cost (``bench_framework``): plain
+times at a tiny shape for the framework's per-kernel cost (``bench_framework``), and under
+the PyTorch profiler for what the profiler costs per operator (``bench_profiler``): plain
 PyTorch modules with the kernels trainsim's workload lists for a GPT
 (``sim.program.workload``).
 """
@@ -93,3 +94,84 @@ def bench_framework(ctx: Context, repeats: int, warmup: int) -> dict:
 
     t = measure(ctx, step, warmup=warmup, repeats=repeats)
     return {"model": dict(FRAMEWORK_SHAPE), "kernels": kernels, "step_s": t, "per_kernel_s": t / kernels}
+
+
+PROFILER_BENCH_FLOPS = 5e10
+"""Most FLOPs (6 x parameters x tokens) of the iteration ``bench_profiler`` times at the
+model's own shape; a larger model is timed at ``FRAMEWORK_SHAPE`` (on a CPU, seconds per
+sample)."""
+
+
+PROFILER_BENCH_ROUNDS = 7
+"""Iterations ``bench_profiler`` times each way, at least."""
+
+
+def bench_profiler(ctx: Context, model: ModelSpec | None, plan: ParallelPlan | None, repeats: int,
+                   warmup: int) -> dict:
+    """What the PyTorch profiler costs the host thread per operator it records, as
+    ``trainsim validate``'s reference run profiles (``ProfilerActivity.CPU``,
+    ``record_shapes=True``; ``sim.calibrate.reference``): a training iteration of the
+    reference GPT on one process (all layers on one stage; ``plan``'s micro-batches, each
+    forward and backward inside a ``record_function`` annotation as the reference run's
+    steps are, then Adam's step), timed alternately without and under a profiler session of
+    its own, ``PROFILER_BENCH_ROUNDS`` times each. The cost per event: the least CPU time the
+    thread took under the profiler less the least it took without, over the events the
+    profiler recorded in one iteration. The least of each, not a median of differences:
+    on a shared machine the other work only ever adds to a thread's CPU time (its caches
+    evicted), by tens of percent under a load of 15 on 2 CPUs, where the profiler adds a few.
+
+    A whole iteration, not one operator or one step: the cost per event is not the same
+    across a session (on this project's 2-vCPU EPYC, 2026-12-06, one forward and backward
+    alone in a session measured 0.9 to 1.7 us per event, where the reference run's 1F1B
+    iteration, profiled and not in turns in the same processes, took 3.8 to 5.0 us per
+    event more). CPU time, not wall time: the profiler's callbacks run on the thread that
+    runs the operators, so on a core of its own that is the wall time they add, and it does
+    not move with what else the machine runs. At ``model``'s shape where it is small enough
+    (``PROFILER_BENCH_FLOPS``), else at ``FRAMEWORK_SHAPE`` with one micro-batch of 1."""
+    import time
+
+    torch = require_torch()
+    from torch.profiler import ProfilerActivity, profile, record_function
+
+    mb, m = (plan.micro_batch_size, plan.num_microbatches) if plan is not None else (1, 1)
+    if model is None or 6.0 * model.num_params * mb * m * model.seq_length > PROFILER_BENCH_FLOPS:
+        model, mb, m = gpt("framework-probe", tied_embeddings=False, dropout=False, **FRAMEWORK_SHAPE), 1, 1
+    gen = torch.Generator().manual_seed(7)
+    stage = reference_gpt(torch, model, True, True, model.num_layers).to(ctx.device, training_dtype(ctx))
+    for q in stage.parameters():  # (gradients accumulate into standing buffers, as the reference run's)
+        q.grad = torch.zeros_like(q)
+    opt = torch.optim.Adam(stage.parameters(), lr=1e-4)
+    data = [tuple(torch.randint(0, model.vocab_size, (mb, model.seq_length), generator=gen).to(ctx.device)
+                  for _ in range(2)) for _ in range(m)]
+
+    def iteration() -> float:
+        t0 = time.thread_time()
+        for i, (tok, tgt) in enumerate(data):
+            with record_function(f"F{i}"):
+                loss = torch.nn.functional.cross_entropy(stage(tok).float().view(-1, model.vocab_size), tgt.view(-1))
+            with record_function(f"B{i}"):
+                loss.backward()
+        with record_function("optimizer"):
+            opt.step()
+            for q in stage.parameters():
+                q.grad.zero_()
+        ctx.sync()
+        return time.thread_time() - t0
+
+    for _ in range(max(1, warmup)):
+        iteration()
+    with profile(activities=[ProfilerActivity.CPU], record_shapes=True):  # (the profiler's own first start)
+        iteration()
+    events, plain, traced = 0, [], []
+    for _ in range(max(PROFILER_BENCH_ROUNDS, repeats)):
+        plain.append(iteration())
+        with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
+            traced.append(iteration())
+        events = len(prof.events())
+    extra = min(traced) - min(plain)
+    per_op = max(0.0, extra / events) if events else 0.0
+    return {"model": {"num_layers": model.num_layers, "hidden_size": model.hidden_size,
+                      "seq_length": model.seq_length, "vocab_size": model.vocab_size},
+            "micro_batch_size": mb, "microbatches": m, "events": events, "iteration_cpu_s": min(plain),
+            "traced_cpu_s": min(traced), "extra_cpu_s": extra, "per_op_s": per_op,
+            "rounds_cpu_s": {"plain": plain, "traced": traced}}

@@ -280,6 +280,8 @@ def run_validation(configs, *, procs: int, profile: HardwareProfile, model: Mode
                                     "num_microbatches": plan.num_microbatches},
                            "measured": meas, "simulated": sim,
                            "measured_iterations_s": [it["iteration_s"] for it in results[0]["iterations"]],
+                           # (the profiled iteration, which the traces hold: slower by the profiler's cost)
+                           "traced_iteration_s": (results[0].get("traced") or {}).get("iteration_s"),
                            "steady_iterations": [i for i, ok in enumerate(steady) if ok],
                            "steady": sum(steady) >= iters, "tolerance": tolerance,
                            "steal_s": [it.get("steal_s") for it in results[0]["iterations"]],

@@ -15,41 +15,28 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from sim.commands.settings import MODEL_FLAGS
 from sim.errors import InputError
-from sim.inputs.flags import add_arguments as add_schema_arguments, given
+from sim.inputs.flags import add_arguments as add_schema_arguments, add_section, given
 from sim.inputs.schema import RunSettings
-from sim.units import POSITIVE_INT
+from sim.inputs.schema_commands import CALIBRATE_SETTINGS, CalibrateMeasurement, CalibrateOutput
 
-CALIBRATE_FLAGS = [*MODEL_FLAGS, "tensor_model_parallel_size", "micro_batch_size", "sequence_parallel"]
-"""The run settings calibration takes: the model and what changes its GEMM shapes."""
 NAME = "calibrate"
 HELP = "Measure this machine with real kernels and collectives; write a hardware profile JSON."
 
 
 def add_arguments(p) -> None:
-    add_schema_arguments(p, CALIBRATE_FLAGS, groups={
+    add_schema_arguments(p, CALIBRATE_SETTINGS, groups={
         "model (one of)": "model whose GEMM shapes to measure (optional; one of)",
         "parallelism and batch (Megatron-LM flags)": "plan (what changes the GEMM shapes)"})
-    m = p.add_argument_group("measurement")
-    m.add_argument("--procs", type=POSITIVE_INT, help="processes to start (default: one per GPU, 2 on CPU; "
-                                             "under torchrun the job's ranks)")
-    m.add_argument("--quick", action="store_true", help="a short sweep (seconds on a CPU)")
-    m.add_argument("--base", metavar="PROFILE", help="profile to take peak FLOP/s, tiles and unmeasured links from "
-                                                    "(default: the preset matching the GPU's name; none on CPU)")
-    m.add_argument("--link", help="link kind the processes talk over (default nvlink on one GPU node, ib across "
-                                  "nodes, ethernet for CPU processes)")
-    m.add_argument("--name", help="profile name (default calibrated-<device>)")
-    p.add_argument("--out", default="calibrated.json", help="profile JSON to write (default calibrated.json)")
-    p.add_argument("--measurements", metavar="FILE", help="also write every raw measurement and fit as JSON")
-    p.add_argument("--json", action="store_true", help="print the profile as JSON instead of a summary")
+    add_section(p, CalibrateMeasurement)
+    add_section(p, CalibrateOutput)
 
 
 def _model_and_plan(args):
     from sim.inputs.plan import ParallelPlan
     from sim.inputs.resolve import has_model, model_from_settings
 
-    settings = RunSettings.from_values({k: v for k, v in given(args).items() if k in CALIBRATE_FLAGS})
+    settings = RunSettings.from_values({k: v for k, v in given(args).items() if k in CALIBRATE_SETTINGS})
     if not has_model(settings.model):
         if settings.model.seq_length is not None:
             raise InputError("--seq-length: given without a model; add --model, --hf-config or Megatron shape flags")
@@ -65,14 +52,12 @@ def _model_and_plan(args):
 def run(args) -> int:
     from sim.calibrate import CalibrationError, require_torch
     from sim.fileio import check_output_file, write_json_atomic
-    from sim.inputs.hardware import LINK_KINDS, load_profile
+    from sim.inputs.hardware import load_profile
 
     # Every input error before torch is imported and anything is measured.
     model, plan = _model_and_plan(args)
     out = check_output_file(args.out, "--out", suffix=".json")
     check_output_file(args.measurements, "--measurements")
-    if args.link is not None and args.link not in LINK_KINDS:
-        raise InputError(f"--link: got {args.link!r}; allowed: {', '.join(LINK_KINDS)}")
     if args.base is not None:
         load_profile(args.base, flag="--base")
     require_torch()

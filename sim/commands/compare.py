@@ -36,8 +36,6 @@ def add_arguments(p) -> None:
     from sim.inputs.flags import add_section
     from sim.inputs.schema_commands import CompareOptions
 
-    p.add_argument("experiment", nargs="?", metavar="FILE",
-                   help="an experiment .toml, usually with [[plans]] (flags after it override it for every plan)")
     add_schema_arguments(p, RUN_FLAGS, helps={
         "out": "directory for compare.png, compare.json and each plan's outputs in DIR/<plan>/",
         "kineto": "directory for each plan's PyTorch-profiler-shaped traces, in DIR/<plan>/trace_rank{r}.json"})

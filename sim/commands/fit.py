@@ -53,25 +53,10 @@ HELP = "Fit a hardware profile's efficiencies to measured training runs (CSV); r
 
 
 def add_arguments(p) -> None:
-    p.add_argument("runs", metavar="RUNS.csv", nargs="+", help="measured runs: trainsim run's settings as columns "
-                                                               "plus measured_iteration_time_s (several files: read "
-                                                               "as one table)")
-    p.add_argument("--gpu", required=True, metavar="PROFILE",
-                   help="preset (a100-80gb, h100-sxm, h200, b200, gb200, gb300) or profile .json to fit; rows of "
-                        "other GPUs are left out")
-    p.add_argument("--out", metavar="FITTED.json", help="write the fitted profile here")
-    p.add_argument("--params", metavar="A,B", help="profile fields to fit, by dotted path (default: "
-                                                   "sustained_compute_fraction, attention_max_efficiency, "
-                                                   "memory_efficiency, kernel_launch_s, fewer than the groups); "
-                                                   "framework_kernel_overhead_s.NAME fits a PyTorch-native "
-                                                   "framework's per-kernel cost from its rows alone")
-    p.add_argument("--json", action="store_true", help="print one JSON object")
-    p.add_argument("--cache", metavar="FILE", help="keep every simulated time in FILE (JSON lines) and reuse what "
-                                                  "it holds: a fit stopped part-way and run again with the same "
-                                                  "file simulates only what it had not (any change to trainsim, the "
-                                                  "profile or a row makes new entries)")
-    p.add_argument("--jobs", type=int, default=1, metavar="N",
-                   help="simulate N rows at once in worker processes (default 1; the report is the same)")
+    from sim.inputs.flags import add_section
+    from sim.inputs.schema_commands import FitOptions
+
+    add_section(p, FitOptions)
 
 
 def run(args) -> int:
@@ -83,8 +68,6 @@ def run(args) -> int:
     from sim.progress import Progress
 
     check_output_file(args.out, "--out", suffix=".json")
-    if args.jobs < 1:
-        raise InputError(f"--jobs: got {args.jobs}; expected an integer >= 1")
     names = None
     if args.params is not None:
         names = [n.strip() for n in args.params.split(",")]

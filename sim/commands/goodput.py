@@ -23,77 +23,32 @@ from sim.commands.settings import RUN_FLAGS, say_defaults
 from sim.errors import InputError
 from sim.fileio import check_output_dir, write_json_atomic
 from sim.inputs.experiment import blame, values_of
-from sim.inputs.flags import add_arguments as add_schema_arguments
+from sim.inputs.flags import add_arguments as add_schema_arguments, add_section
 from sim.inputs.schema import RunSettings
+from sim.inputs.schema_commands import DEFAULT_STORAGE_BPS, ExperimentFile, GoodputCampaign
 from sim.progress import Progress
-from sim.studies.goodput import DEFAULT_STORAGE_BPS, Study, checkpoint_of, daly_goodput, device_counts, \
+from sim.studies.goodput import Study, checkpoint_of, daly_goodput, device_counts, \
     load_failures, preset_names, run_study
 from sim.studies.goodput.timeline import busiest_window, progress_points, window_spans
-from sim.units import NONNEGATIVE_INT, Number, parse_size
 
 NAME = "goodput"
 HELP = ("Simulate a training campaign over days (failures, detection, restarts, checkpoints, hot spares) and report "
         "goodput and the best checkpoint interval.")
 _FLAGS = [f for f in RUN_FLAGS if f not in ("kineto", "gpu_hour_price")]  # (a campaign reports no cost yet)
-DAYS = Number(float, above=0, maximum=36500)
-
-
-def _interval(text: str):
-    if text == "auto":
-        return None
-    try:
-        v = float(text)
-    except ValueError:
-        v = math.nan
-    if not (v > 0 and math.isfinite(v)):
-        raise InputError(f"--checkpoint-interval: got {text!r}; expected a number of seconds > 0 or auto")
-    return v
-
-
-def _spares(text: str):
-    if text == "unlimited":
-        return None
-    if not text.isdigit():
-        raise InputError(f"--hot-spares: got {text!r}; expected an integer >= 0 or unlimited")
-    return int(text)
 
 
 def add_arguments(p) -> None:
-    p.add_argument("experiment", nargs="?", metavar="FILE", help="an experiment .toml (flags after it override it)")
+    add_section(p, ExperimentFile)
     add_schema_arguments(p, _FLAGS, helps={
         "out": "directory for goodput.json and the pictures (goodput_timeline.png, goodput_interval.png)",
         "json": "print one JSON object"})
-    g = p.add_argument_group("campaign")
-    g.add_argument("--failures", default="llama3", metavar="PRESET|FILE.toml",
-                   help=f"failure rates per device-hour and costs: {', '.join(preset_names())} or a TOML file "
-                        "(default llama3: the Llama 3 paper's interruption table)")
-    g.add_argument("--days", type=DAYS, default=54.0, help="wall-clock length of the campaign, days (default 54; up to 36,500: the campaign steps from "
-                        "interruption to interruption, never iteration by iteration)")
-    g.add_argument("--checkpoint-interval", type=str, default="auto", metavar="S|auto",
-                   help="training seconds between checkpoint saves, rounded to whole iterations; auto: the "
-                        "interval with the best simulated goodput (default auto)")
-    g.add_argument("--seed", type=NONNEGATIVE_INT, default=0, help="seed of the failure draws (default 0)")
-    g.add_argument("--hot-spares", type=str, default="unlimited", metavar="N|unlimited",
-                   help="spare nodes that replace a failed one at once; a failed node returns after its repair "
-                        "time; with none free the job waits (default unlimited)")
-    g.add_argument("--async-save", action="store_true",
-                   help="asynchronous checkpoint saves: training stalls only for the copy to host memory, the "
-                        "write runs in the background (Megatron-LM --async-save)")
-    g.add_argument("--storage-bandwidth", type=str, default=None, metavar="BYTES",
-                   help="checkpoint storage's aggregate bandwidth per second, shared by all writers, e.g. 500GB "
-                        f"(default {DEFAULT_STORAGE_BPS / 1e12:g}TB: Llama 3's Tectonic, sustained)")
-    g.add_argument("--step-time-s", type=Number(float, above=0), default=None, metavar="S",
-                   help="seconds per training iteration; skips the iteration's simulation")
+    add_section(p, GoodputCampaign, formats={"presets": ", ".join(preset_names())})
 
 
 def run(args) -> int:
     check_output_dir(args.out, "--out")
-    interval = _interval(args.checkpoint_interval)
-    spares = _spares(args.hot_spares)
-    storage = DEFAULT_STORAGE_BPS if args.storage_bandwidth is None else \
-        float(parse_size(args.storage_bandwidth, "--storage-bandwidth"))
-    if storage <= 0:
-        raise InputError(f"--storage-bandwidth: got {args.storage_bandwidth!r}; expected a bandwidth > 0 bytes/s")
+    interval, spares = args.checkpoint_interval, args.hot_spares  # (None: auto, unlimited)
+    storage = DEFAULT_STORAGE_BPS if args.storage_bandwidth is None else args.storage_bandwidth
     failures = load_failures(args.failures)
     exp, settings = settings_of(args)
     try:

@@ -21,38 +21,24 @@ from __future__ import annotations
 import json
 
 from sim.errors import InputError
-from sim.units import POSITIVE_INT
 
 NAME = "import-nccl-tests"
 HELP = "Fit a link kind's latency and bandwidth from nccl-tests logs; optionally write them into a profile."
 
 
 def add_arguments(p) -> None:
-    p.add_argument("logs", nargs="+", metavar="LOG", help="nccl-tests output files (text or JSON)")
-    p.add_argument("--op", help="collective, when the log does not say (all_reduce, all_gather, reduce_scatter, "
-                                "alltoall, broadcast, reduce, send_recv)")
-    p.add_argument("--ranks", type=POSITIVE_INT, help="ranks of the run, when the log does not say")
-    p.add_argument("--min-size", default="0", help="leave out smaller messages from the fit (e.g. 1MiB)")
-    p.add_argument("--link", default="ib", help="link kind the fit describes (default ib)")
-    p.add_argument("--links-per-rank", type=POSITIVE_INT, default=1,
-                   help="links (NICs) one rank's traffic is spread over; B is divided among them (default 1)")
-    p.add_argument("--profile", metavar="IN", help="profile (preset name or .json) to update")
-    p.add_argument("--out", metavar="OUT.json", help="write the updated profile here (needs --profile)")
-    p.add_argument("--topology", help="topology the logs ran on, to check the algorithm a log names (default: the "
-                                      "built-in DGX node of --profile's GPU)")
-    p.add_argument("--json", action="store_true", help="print one JSON object")
+    from sim.inputs.flags import add_section
+    from sim.inputs.schema_commands import ImportNcclTestsOptions
+
+    add_section(p, ImportNcclTestsOptions)
 
 
 def run(args) -> int:
     from sim.calibrate.nccl_tests import apply_to_profile, base_latency_for, fit_link, link_model, load_nccl_tests
     from sim.fileio import check_output_file, write_json_atomic
-    from sim.inputs.hardware import LINK_KINDS, load_profile
+    from sim.inputs.hardware import load_profile
     from sim.units import parse_size
 
-    if args.link not in LINK_KINDS:
-        raise InputError(f"--link: got {args.link!r}; allowed: {', '.join(LINK_KINDS)}")
-    if args.links_per_rank < 1:
-        raise InputError(f"--links-per-rank: got {args.links_per_rank}; expected an integer >= 1")
     if args.out and not args.profile:
         raise InputError("--out: needs --profile (the profile to write the fitted link into)")
     check_output_file(args.out, "--out", suffix=".json")

@@ -11,31 +11,21 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from sim.units import POSITIVE_INT
-
 NAME = "import-trace"
 HELP = "Per-op times and a timeline PNG from PyTorch profiler (Kineto) traces, one per rank."
 
 
 def add_arguments(p) -> None:
-    from sim.calibrate.kineto import LEVELS
+    from sim.inputs.flags import add_section
+    from sim.inputs.schema_commands import ImportTraceOptions
 
-    p.add_argument("traces", nargs="+", metavar="TRACE", help="Chrome trace JSON files from torch.profiler")
-    p.add_argument("--level", choices=LEVELS, default="auto",
-                   help="what becomes a span: GPU kernels, record_function annotations or top-level CPU ops")
-    p.add_argument("--top", type=POSITIVE_INT, default=15, help="ops to list (default 15)")
-    p.add_argument("--out", metavar="DIR", help="write timeline.png and trace.json (Perfetto) here")
-    p.add_argument("--json", action="store_true", help="print one JSON object")
+    add_section(p, ImportTraceOptions)
 
 
 def run(args) -> int:
     from sim.calibrate.kineto import op_times, trace_from_kineto
-    from sim.errors import InputError
-
     from sim.fileio import check_output_dir
 
-    if args.top < 1:
-        raise InputError(f"--top: got {args.top}; expected an integer >= 1")
     check_output_dir(args.out, "--out")
     trace = trace_from_kineto(args.traces, level=args.level)
     per_file = [(str(path), op_times(path)) for path in args.traces]

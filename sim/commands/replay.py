@@ -18,53 +18,17 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from sim.inputs.flags import add_arguments as add_schema_arguments
-from sim.units import POSITIVE_INT, format_time
+from sim.inputs.flags import add_arguments as add_schema_arguments, add_section
+from sim.inputs.schema_commands import REPLAY_HELPS, REPLAY_SETTINGS, ReplayOptions
+from sim.units import format_time
 
 NAME = "replay"
 HELP = "Replay PyTorch profiler (Kineto) traces or Chakra execution traces of a real job on the simulated cluster, and ask what-ifs."
-FLAGS = ["gpu", "gpus", "topology", "nodes", "gpus_per_node", "fabric", "oversubscription", "json", "out", "export_chakra"]
-_HELPS = {
-    "gpu": "GPU profile to replay on (default: the trace's deviceProperties); another GPU scales the kernels "
-           "by class (GEMM and attention by sustained FLOP/s, the rest by sustained HBM bandwidth)",
-    "gpus": "what-if: the traced job on N GPUs, grown or shrunk by whole data-parallel replicas (N a multiple of "
-            "one replica's GPUs; --data-parallel-size N/that says the same) (default: the traced world size)",
-    "out": "directory for summary.json, trace.json (Perfetto) and timeline.png",
-    "export_chakra": "directory for the replayed program as Chakra execution traces, trainsim.{r}.et per rank and "
-                     "comm_group.json (every rank of the job, clones included)",
-}
 
 
 def add_arguments(p) -> None:
-    from sim.units import NONNEGATIVE_INT
-
-    p.add_argument("traces", nargs="+", metavar="TRACE", help="Kineto trace files (.json, .json.gz), one per traced rank; or Chakra "
-                   "execution traces (NAME.<r>.et, one per rank; comm_group.json beside them is read)")
-    p.add_argument("--comm-group", metavar="FILE", help="Chakra ETs' comm-group file (default: comm_group.json "
-                   "beside the first ET)")
-    p.add_argument("--step", type=_number(NONNEGATIVE_INT, "--step"), metavar="N",
-                   help="replay ProfilerStep#N (default: the traces' last step, or the whole window without steps)")
-    p.add_argument("--data-parallel-size", type=_number(POSITIVE_INT, "--data-parallel-size"), metavar="N",
-                   help="what-if: N data-parallel replicas (each rank's kernels kept, gradient collectives over the "
-                        "new groups)")
-    add_schema_arguments(p, FLAGS, helps=_HELPS)
-
-
-def _number(kind, flag):
-    import argparse
-
-    def convert(text):
-        try:
-            v = kind.kind(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"got {text!r}; expected {kind.describe()}") from None
-        why = kind.allowed(v)
-        if why is not None:
-            raise argparse.ArgumentTypeError(f"got {text}; {why}")
-        return v
-
-    convert.__name__ = flag
-    return convert
+    add_section(p, ReplayOptions)
+    add_schema_arguments(p, REPLAY_SETTINGS, helps=REPLAY_HELPS)
 
 
 def run(args) -> int:
@@ -153,6 +117,10 @@ def _print(s: dict) -> None:
     t = s["rank_times"]
     if s.get("cpu_trace"):  # (no GPU: the host's threads are the compute, in the critical path below)
         print(f"  on rank {s['critical_rank']} (the last to finish): a CPU job, its compute on the host")
+        r = str(s["critical_rank"])
+        if s.get("profiler_op_overhead_s") and r in s.get("profiler_removed_s", {}):
+            print(f"  profiler's cost taken off: {format_time(s['profiler_removed_s'][r])} on rank {r} "
+                  f"({s['profiler_events'][r]} recorded events x {s['profiler_op_overhead_s'] * 1e6:.2f} us)")
     else:
         _print_gpu_times(s, t, T)
     if s["comm_measured"] or s["comm_unmatched"]:

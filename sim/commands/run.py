@@ -34,7 +34,10 @@ HELP = "Simulate one training iteration (every GPU's compute and communication) 
 
 
 def add_arguments(p) -> None:
-    p.add_argument("experiment", nargs="?", metavar="FILE", help="an experiment .toml (flags after it override it)")
+    from sim.inputs.flags import add_section
+    from sim.inputs.schema_commands import ExperimentFile
+
+    add_section(p, ExperimentFile)
     add_schema_arguments(p, [*RUN_FLAGS, "export_chakra"])
 
 

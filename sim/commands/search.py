@@ -267,7 +267,7 @@ def _run(args, start: float, progress: ProgressBar) -> int:
     check_executor_args(args)
     settings = RunSettings.from_values({k: v for k, v in given(args).items() if k in SEARCH_FLAGS})
     model = model_from_settings(settings.model)
-    pattern = settings.model.hybrid_override_pattern
+    pattern = model.hybrid_override_pattern
     require(pattern is None or "|" not in pattern, "--hybrid-override-pattern", pattern,
             "its | fixes the pipeline stages, and the search chooses them; give the pattern without |")
     say_defaults(settings.model)

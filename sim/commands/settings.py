@@ -54,8 +54,7 @@ def analytic_inputs(args):
     settings = run_settings(args)
     model = model_from_settings(settings.model)
     say_defaults(settings.model)
-    plan = plan_from_settings(settings.plan, settings.cluster.total_gpus(), model,
-                              settings.model.hybrid_override_pattern)
+    plan = plan_from_settings(settings.plan, settings.cluster.total_gpus(), model)
     profile = profile_from_settings(settings.cluster)
     if plan.layer_split == "auto":  # (balanced on the one GPU type, as ``sim.session.prepare`` does)
         from sim.program.stage_balance import auto_layer_split

@@ -58,7 +58,10 @@ LIST_TABLES = ("plan", "zero_optimization")
 
 
 def add_arguments(p) -> None:
-    p.add_argument("experiment", metavar="FILE", help="an experiment .toml whose plan fields may be lists")
+    from sim.inputs.flags import add_section
+    from sim.inputs.schema_commands import SweepFile
+
+    add_section(p, SweepFile)
     add_executor_arguments(p)
 
 
@@ -133,7 +136,7 @@ def points(path: str):
         desc = " ".join(f"{name}={json.dumps(v)}" for (name, _), (v, _) in zip(axes, combo))
         try:
             run = RunSettings.from_values(values)
-            plan = plan_from_settings(run.plan, gpus, model, run.model.hybrid_override_pattern)
+            plan = plan_from_settings(run.plan, gpus, model)
         except InputError as exc:
             key = "invalid: " + desc
             if key not in seen:

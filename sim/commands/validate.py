@@ -51,7 +51,7 @@ def run(args) -> int:
     from sim.calibrate import validate as v
     from sim.calibrate.reference import check_supported
     from sim.fileio import check_output_dir, write_json_atomic, write_text_atomic
-    from sim.inputs.hardware import LINK_KINDS, load_profile
+    from sim.inputs.hardware import load_profile
 
     for name in ("procs", "num_layers", "hidden_size", "num_attention_heads", "vocab_size", "seq_length",
                  "micro_batch_size", "num_microbatches", "iters"):
@@ -74,8 +74,6 @@ def run(args) -> int:
     for plan in plans.values():  # every input error before anything runs
         plan.check_model(model)
         check_supported(model, plan)
-    if args.link is not None and args.link not in LINK_KINDS:
-        raise InputError(f"--link: got {args.link!r}; allowed: {', '.join(LINK_KINDS)}")
     out = check_output_dir(args.out, "--out")
     given = load_profile(args.profile, flag="--profile") if args.profile else None
     require_torch()

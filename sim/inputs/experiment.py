@@ -12,6 +12,14 @@ field is checked wherever it comes from: unknown keys, wrong types and unknown t
 are errors naming the file, line and key. Flags typed on the command line after a file
 override it, field by field.
 
+The plan's keys may also be written in the table of their section (``sim.inputs.plan_sections``),
+a sub-table of [plan] named for it, each key once, in one place or the other:
+
+    [plan.parallelism]  tensor_model_parallel_size = 8, micro_batch_size = 1, ...
+    [plan.pipeline]     pipeline_model_parallel_size = 16, schedule = "interleaved", ...
+    [plan.moe]          expert_model_parallel_size = 8, moe_token_dispatcher_type = "flex", ...
+    [plan.precision]    fp8_format = "hybrid", ...   (also zero, recompute, overlap, framework)
+
 A file for ``trainsim compare`` also lists several plans, each a ``[[plans]]`` table
 with a ``name`` (unique), an optional ``description``, any [plan] key and an optional
 ``[plans.zero_optimization]`` sub-table; a plan's keys override the file's [plan]:
@@ -33,6 +41,7 @@ from typing import NamedTuple
 
 from sim.errors import InputError
 from sim.inputs import schema
+from sim.inputs.plan_sections import SECTION_OF as _SECTION_OF
 from sim.inputs.tomlio import TomlFile, line_of, where_line
 
 TABLES = {table: {field: key for key, field in keys.items()} for table, keys in schema.tables().items()}
@@ -173,6 +182,40 @@ def _offload_table(f: TomlFile, z: dict, prefix: str, at, sub: str, occurrence: 
     return {**z, "offload_optimizer": OFFLOAD_DEVICES[device]}
 
 
+PLAN_SECTION_KEYS: dict[str, dict[str, str]] = {}
+"""Per plan section (``sim.inputs.plan_sections``), the keys its [plan.SECTION] table may hold and
+the field each is: the plan keys of that section's fields."""
+for _field, _key in TABLES["plan"].items():  # (a field in no section yet is a key of [plan] alone)
+    if schema.FIELDS[_field].attr in _SECTION_OF:
+        PLAN_SECTION_KEYS.setdefault(_SECTION_OF[schema.FIELDS[_field].attr], {})[_key] = _field
+del _field, _key
+
+
+def _section_tables(f: TomlFile, table: dict, prefix: str, where_of) -> tuple[dict, dict[str, Setting]]:
+    """A [plan] (or [[plans]]) table's keys besides its section sub-tables ([plan.moe], ...; a
+    key named like a section but not a table, ``zero = 3``, is the plan key), and the settings
+    of those sub-tables, each checked as its field is; ``where_of(section, key)`` is where a
+    sub-table's key is written. A key given in a sub-table and its parent table too is refused."""
+    rest, out = {}, {}
+    for name, value in table.items():
+        if name not in PLAN_SECTION_KEYS or not isinstance(value, dict):
+            rest[name] = value
+            continue
+        at = lambda k, name=name: where_of(name, k)  # noqa: E731
+        for k in value:
+            other = next((sec for sec, keys in PLAN_SECTION_KEYS.items() if k in keys), name)
+            if other != name:
+                raise at(k).error(f"{prefix}{name}.{k}", f"a key of the {other} section: write it in "
+                                                         f"{prefix}{other} or {prefix[:-1]}, not {prefix}{name}")
+        _unknown(at, f"{prefix}{name}.", value, PLAN_SECTION_KEYS[name])
+        out.update(_table_settings(f, at, "plan", value, f"{prefix}{name}."))
+    for dest, setting in out.items():
+        key = key_of(dest, "plan")
+        if key in rest:
+            raise setting.where.error(setting.key, f"given twice: also as {prefix}{key}; give it once")
+    return rest, out
+
+
 def _unknown(where, prefix: str, table: dict, allowed) -> None:
     for key in table:
         if key not in allowed:
@@ -201,6 +244,10 @@ def read_experiment(path: str | Path) -> Experiment:
         if not isinstance(t, dict):
             raise f.error(table, f"got {t!r}; expected a table [{table}]")
         keys = {key: field for field, key in TABLES[table].items()}
+        if table == "plan":  # the sections' sub-tables, [plan.moe] ...
+            t, sub = _section_tables(f, t, "plan.", lambda sec, k: Where(f, line_of(f, f"plan.{sec}", k)
+                                                                         or where_line(f, f"plan.{sec}.{k}")))
+            settings.update(sub)
         _unknown(lambda k, table=table: Where(f, line_of(f, table, k) or where_line(f, f"{table}.{k}")),
                  f"{table}.", t, keys)
         if table == "zero_optimization":
@@ -235,6 +282,8 @@ def _read_plans(f: TomlFile, plans) -> list[PlanEntry]:
         at = lambda k, i=i, head=head: Where(f, line_of(f, "plans", k, i) if k else head)  # noqa: E731
         if not isinstance(entry, dict):
             raise at(None).error(f"plans[{i}]", f"got {entry!r}; expected a table with a name and plan keys")
+        entry, sub = _section_tables(  # [plans.moe] ...
+            f, entry, f"plans[{i}].", lambda sec, k, i=i, head=head: Where(f, line_of(f, f"plans.{sec}", k, i) or head))
         _unknown(at, f"plans[{i}].", entry, allowed)
         name = entry.get("name")
         if name is None:
@@ -249,7 +298,7 @@ def _read_plans(f: TomlFile, plans) -> list[PlanEntry]:
         if not isinstance(desc, str):
             raise at("description").error(f"plans[{i}].description", f"got {desc!r}; expected a string")
         values = {k: v for k, v in entry.items() if k in plan_keys}
-        settings = _table_settings(f, at, "plan", values, f"plans[{i}].")
+        settings = {**_table_settings(f, at, "plan", values, f"plans[{i}]."), **sub}
         z = entry.get("zero_optimization", {})
         zat = lambda k, i=i, head=head: Where(f, line_of(f, "plans.zero_optimization", k, i) or head)  # noqa: E731
         if not isinstance(z, dict):

@@ -25,8 +25,10 @@ class Field:
     """How a command-line string becomes the value (a ``sim.units.Number``, ``int``, ...)."""
     choices: tuple | None = None
     kind: str = "value"
-    """``value`` (takes one argument), ``switch`` (present = true), ``bool`` (``--x``/``--no-x``) or
-    ``list`` (one or more arguments; a list or a string in a file or the API)."""
+    """``value`` (takes one argument), ``switch`` (present = true), ``bool`` (``--x``/``--no-x``),
+    ``list`` (one or more arguments; a list or a string in a file or the API), or for a command's
+    positional arguments ``arguments`` (one or more) and ``argument`` (one; optional unless
+    ``required``)."""
     metavar: str | None = None
     group: str | None = None
     """The ``--help`` section it is listed in (default: its section's; None: the command's own options)."""
@@ -39,7 +41,8 @@ class Field:
     """The setting's name (keyword of ``sim.run``, experiment-file key, flag with dashes) when it is
     not the attribute's: ``ParallelPlan.tp`` is the setting ``tensor_model_parallel_size``."""
     convert: Callable | None = None
-    """How a user's value becomes the attribute's (``bucket_size`` "25MiB" -> bytes); None: as is."""
+    """How a user's value becomes the attribute's of what is built from it (the plan's: ``bucket_size``
+    "25MiB" -> bytes; the ``ModelSpec``'s: ``swiglu`` True -> "swiglu"); None: as is."""
     attr: str | None = None
     """The attribute that holds it (filled in by ``sim.inputs.schema``)."""
     section: str | None = None
@@ -49,6 +52,10 @@ class Field:
     ``--tensor-model-parallel-size``); ``trainsim search`` takes the same names for its lists."""
     required: bool = False
     """A command's option that must be given (``trainsim search --global-batch-size``)."""
+    spec: str | None = None
+    """A model setting's ``sim.inputs.model.ModelSpec`` attribute, where it is not the setting's
+    own name (``swiglu`` fills ``mlp``, through ``convert``); None: the attribute of its own name,
+    or none (``sim.inputs.schema_model.MODEL_FIELDS`` fills it in, "" for none)."""
 
 
 SECTION_GROUP = object()
@@ -56,12 +63,12 @@ SECTION_GROUP = object()
 
 def setting(default=None, *, help=None, type=None, choices=None, kind: str = "value", flag: str | None = None,
             metavar: str | None = None, group=SECTION_GROUP, tables=None, path=None, name: str | None = None,
-            convert=None, aliases: tuple[str, ...] = (), required: bool = False):
+            convert=None, aliases: tuple[str, ...] = (), required: bool = False, spec: str | None = None):
     """A dataclass field with its schema entry (``Field``) in the metadata."""
     return field(default=default, metadata={"schema": (Field(
         flag, help, type, tuple(choices) if choices is not None else None, kind, metavar, None,
         None if tables is None else tuple(tables), path, name, convert, aliases=tuple(aliases),
-        required=required), group)})
+        required=required, spec=spec), group)})
 
 
 def fields_of_class(cls, section: str, default_group: str | None = None) -> list[Field]:

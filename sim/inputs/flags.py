@@ -37,16 +37,26 @@ def add_arguments(parser: argparse.ArgumentParser, names, *, groups: Mapping[str
     add_fields(parser, [FIELDS[name] for name in names], groups=groups, helps=helps)
 
 
-def add_section(parser: argparse.ArgumentParser, cls, *, groups: Mapping[str, str] | None = None) -> None:
-    """Add the flags of a command's own options, declared as a section class of
-    ``setting(...)`` fields (``sim.inputs.schema_commands``), with the class's defaults."""
-    add_fields(parser, fields_of_class(cls, cls.__name__), groups=groups, defaults=defaults_of_class(cls))
+def add_section(parser: argparse.ArgumentParser, cls, *, groups: Mapping[str, str] | None = None,
+                formats: Mapping[str, str] | None = None) -> None:
+    """Add the flags (and positional arguments) of a command's own options, declared as a section
+    class of ``setting(...)`` fields (``sim.inputs.schema_commands``), with the class's defaults.
+    ``formats``: what a help's ``{name}`` stands for, where it lists what a higher layer holds
+    (``trainsim goodput``'s failure presets)."""
+    add_fields(parser, fields_of_class(cls, cls.__name__), groups=groups, defaults=defaults_of_class(cls),
+               formats=formats)
+
+
+POSITIONAL = {"arguments": "+", "argument": "?"}
+"""The kinds of a command's positional arguments, with their argparse ``nargs`` (an ``argument``
+that is ``required`` is exactly one)."""
 
 
 def add_fields(parser: argparse.ArgumentParser, fields, *, groups: Mapping[str, str] | None = None,
-               helps: Mapping[str, str] | None = None, defaults: Mapping[str, object] | None = None) -> None:
+               helps: Mapping[str, str] | None = None, defaults: Mapping[str, object] | None = None,
+               formats: Mapping[str, str] | None = None) -> None:
     """Add the flags of schema entries ``fields`` (see ``add_arguments``); ``defaults``:
-    the parsed defaults by name (None for those not named)."""
+    the parsed defaults by name (None for those not named); ``formats``: see ``add_section``."""
     sections: dict = {}
     for f in fields:
         name = f.name
@@ -56,7 +66,15 @@ def add_fields(parser: argparse.ArgumentParser, fields, *, groups: Mapping[str, 
             if title not in sections:
                 sections[title] = parser.add_argument_group(title)
             target = sections[title]
-        kw: dict = {"dest": name, "default": (defaults or {}).get(name), "help": (helps or {}).get(name, _help(f))}
+        text = (helps or {}).get(name, _help(f))
+        text = text.format(**formats) if formats and text else text
+        if f.kind in POSITIONAL:  # (a required ``argument``: exactly one)
+            nargs = None if f.required and f.kind == "argument" else POSITIONAL[f.kind]
+            target.add_argument(name, metavar=f.metavar, help=text,
+                                **({"nargs": nargs} if nargs else {}),
+                                **({"default": (defaults or {}).get(name)} if nargs == "?" else {}))
+            continue
+        kw: dict = {"dest": name, "default": (defaults or {}).get(name), "help": text}
         if f.required:
             kw["required"] = True
         if f.kind == "switch":

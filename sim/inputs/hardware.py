@@ -289,6 +289,14 @@ class HardwareProfile:
     """What an hour of this GPU costs, US dollars (a rental price, or the purchase and running
     cost amortized): the run's cost per iteration and per million tokens (``sim.inputs.cost``;
     ``--gpu-hour-price`` overrides it). None: not given (no cost figures; no preset gives one)."""
+    profiler_op_overhead_s: SECONDS | None = None
+    """Seconds the PyTorch profiler adds to the host thread for each operator or annotation
+    it records (``torch.profiler.profile(activities=[CPU], record_shapes=True)``, as
+    ``trainsim validate``'s reference run traces): its callbacks at each operator's start and
+    end. ``trainsim replay`` takes it off a CPU trace's host time, once per event recorded
+    there (``sim.replay.cpu``), so that the replay is of the job without the profiler.
+    Measured by ``trainsim calibrate`` on a CPU (``reference_model.bench_profiler``). None:
+    not measured (the replay keeps the traced host time)."""
 
     def memory_rate(self, framework: bool = False) -> float:
         """Bytes/s a memory-bound kernel moves: a tuned library kernel's, or with
@@ -322,6 +330,7 @@ class HardwareProfile:
         (``PYTHONHASHSEED``), so a worker hashes the profile it receives afresh."""
         state = dict(self.__dict__)
         state.pop("_content_hash", None)
+        state.pop("_paced", None)  # (``sim.inputs.pacing.paced``'s copies, made again where needed)
         return state
 
     def __post_init__(self):
@@ -457,7 +466,7 @@ class HardwareProfile:
                     "nvls_latency_s", "nccl_base_latency_s", "fp8_gemm_max_efficiency", "efficiency_ceilings", "attention_backward_relative_efficiency",
                     "attention_causal_relative_efficiency", "power_limit_w", "idle_power_w",
                     "mxfp8_gemm_relative_efficiency", "nvfp4_gemm_relative_efficiency", "memory_bound_power_fraction", "communication_power_fraction",
-                    "power_cap_w", "gpu_hour_price_usd"):
+                    "power_cap_w", "gpu_hour_price_usd", "profiler_op_overhead_s"):
             if out[key] is None:
                 del out[key]
         if out["gemm_bias_epilogue"]:

@@ -149,6 +149,8 @@ def _from_hf(cfg: dict, where: str, seq_length: int | None, name: str | None) ->
     kw = _hf_moe(cfg, mtype, where)
     if cfg.get("head_dim") is not None and "kv_lora_rank" not in kw:
         kw["kv_channels"] = _hf_int(cfg, "head_dim", where)
+    if mtype in ("qwen3", "qwen3_moe"):  # transformers' Qwen3Attention: q_norm and k_norm on every head
+        kw["qk_layernorm"] = True
     if mtype == "mistral" and cfg.get("sliding_window") is not None:  # Mistral 7B v0.1: every layer windowed
         from sim.inputs.layers import DenseMLP, Layer, SlidingWindowAttention
 

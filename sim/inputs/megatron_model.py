@@ -5,23 +5,14 @@
 
 from __future__ import annotations
 
-import dataclasses
-
 from sim.errors import InputError, require
 from sim.inputs.layers import DenseMLP, FullAttention, Layer, Mamba2, MoE
 from sim.inputs.model import ModelSpec
 from sim.inputs.schema import FIELDS, setting_field
-from sim.inputs.schema_model import ModelSettings
+from sim.inputs.schema_model import MEGATRON_ONLY, ModelSettings
 
 
 _MEGATRON_SHAPE = ("num_layers", "hidden_size", "num_attention_heads", "vocab_size", "seq_length")
-_GIVEN_AS_IS = {f.name for f in dataclasses.fields(ModelSpec)} - {"num_layers", "hidden_size", "num_attention_heads",
-                                                                "ffn_hidden_size", "vocab_size", "seq_length",
-                                                                "max_position_embeddings"}
-MOE_FIELDS = tuple(f.name for f in dataclasses.fields(ModelSettings) if f.name in _GIVEN_AS_IS)
-"""ModelSpec fields with a setting of the same name (``--num-experts``, MLA's, ``--mtp-num-layers``):
-passed through when set. (The settings that ``ModelSpec`` holds otherwise, such as
-``--num-query-groups`` as ``num_key_value_heads``, are converted below.)"""
 
 
 def _name_megatron_flags(exc: InputError, name: str) -> InputError:
@@ -34,7 +25,7 @@ def _name_megatron_flags(exc: InputError, name: str) -> InputError:
     return exc.renamed(f.flag) if f is not None and f.section == "model" else exc
 
 
-def model_from_megatron_settings(ns, name: str = "megatron") -> ModelSpec:
+def model_from_megatron_settings(ns: ModelSettings, name: str = "megatron") -> ModelSpec:
     """A spec from Megatron-LM shape settings (``sim.inputs.schema.ModelSettings``: ``num_layers``,
     ``hidden_size``, ... ``normalization``, ``position_embedding_type``)."""
     for key in _MEGATRON_SHAPE:
@@ -44,18 +35,11 @@ def model_from_megatron_settings(ns, name: str = "megatron") -> ModelSpec:
     kv = ns.num_query_groups if ns.group_query_attention else None
     if ns.group_query_attention and kv is None:
         raise InputError("--num-query-groups: missing; required with --group-query-attention")
-    ffn = ns.ffn_hidden_size or 4 * ns.hidden_size
-    layers = hybrid_layers(ns)
+    values = ns.spec_values()  # each setting as the ModelSpec attribute its field declares (sim.inputs.schema_model)
+    values.update(ffn_hidden_size=ns.ffn_hidden_size or 4 * ns.hidden_size, num_key_value_heads=kv,
+                  layers=hybrid_layers(ns))
     try:
-        return ModelSpec(
-            name, ns.num_layers, ns.hidden_size, ns.num_attention_heads, ffn, ns.vocab_size,
-            ns.seq_length, num_key_value_heads=kv, mlp="swiglu" if ns.swiglu else "gelu",
-            norm=ns.normalization.lower(),
-            position_embedding="learned" if ns.position_embedding_type == "learned_absolute" else "rope",
-            max_position_embeddings=ns.max_position_embeddings,
-            tied_embeddings=not ns.untie_embeddings_and_output_weights, bias=not ns.disable_bias_linear,
-            dropout=(ns.attention_dropout or 0) > 0 or (ns.hidden_dropout or 0) > 0, layers=layers,
-            **{f: getattr(ns, f) for f in MOE_FIELDS if getattr(ns, f, None) is not None})
+        return ModelSpec(name, **values)
     except InputError as exc:
         raise _name_megatron_flags(exc, name) from None
 
@@ -65,7 +49,6 @@ PATTERN = "--hybrid-override-pattern"
 HYBRID_LETTERS = {"M": "Mamba-2", "*": "attention", "-": "MLP", "E": "mixture of experts"}
 """Megatron-Core's hybrid layer symbols (megatron/core/ssm/mamba_hybrid_layer_allocation.py,
 ``Symbols``): one block per layer, as Nemotron-H's ``hybrid_override_pattern``."""
-MAMBA_FLAGS = ("mamba_state_dim", "mamba_head_dim", "mamba_num_groups", "mamba_num_heads")
 
 
 def pattern_segments(pattern: str) -> list[str]:
@@ -101,8 +84,8 @@ def hybrid_layers(ns) -> tuple | None:
     * full attention, - the model's MLP, E a mixture of experts; each a layer of one block."""
     pattern = getattr(ns, "hybrid_override_pattern", None)
     if pattern is None:
-        for f in MAMBA_FLAGS:
-            require(getattr(ns, f, None) is None, f"--{f.replace('_', '-')}", getattr(ns, f, None),
+        for f in MEGATRON_ONLY:  # the --mamba-* settings
+            require(getattr(ns, f, None) is None, FIELDS[f].flag, getattr(ns, f, None),
                     f"sets the Mamba-2 layers of {PATTERN}, which is not given", setting=f)
         return None
     letters = "".join(pattern_segments(pattern))

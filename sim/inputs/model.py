@@ -130,6 +130,14 @@ class ModelSpec:
     """The experts' gated activation clamped before it runs (Megatron-Core's
     ``activation_func_clamp_value``; GPT-OSS 7.0, HF ``swiglu_limit``): the gate half to at most
     the value, the linear half to ±value, as eager kernels (``sim.program.workload_moe``); None: none."""
+    qk_layernorm: bool = False
+    """RMSNorm over each query and key head after the QKV projection (Megatron-Core
+    ``--qk-layernorm``: ``SelfAttention.get_query_key_value_tensors`` runs ``q_layernorm`` and
+    ``k_layernorm``, Transformer Engine norms of width ``kv_channels``, on every head; Qwen3 and
+    Qwen3-MoE: Megatron-Bridge's ``Qwen3ModelProvider``/``Qwen3MoEModelProvider`` set
+    ``qk_layernorm=True``, Hugging Face's ``Qwen3Attention`` has ``q_norm``/``k_norm``). Priced as
+    two norm kernels forward and their gradients (``sim.program.workload_moe.qkv_forward``); the
+    2 x head-width weights a layer are left out of ``num_params``."""
     moe_expert_bias: bool = False
     """The routed experts' linear layers carry biases (GPT-OSS: HF ``mlp1_bias``/``mlp2_bias``,
     Megatron-Bridge's ``add_bias_linear`` on a ``TEGroupedMLP``); apart from ``bias``, which GLM-4.5
@@ -140,6 +148,10 @@ class ModelSpec:
     for models whose layers differ in kind (sliding/chunked/full attention, Mamba-2, Gated
     DeltaNet, MLP-only layers); None: every layer full attention (or MLA) with a dense MLP
     or, where ``is_moe_layer`` says, an MoE block, as before layer kinds existed."""
+    hybrid_override_pattern: str | None = None
+    """The Megatron-Core hybrid pattern the layers were built from (``--hybrid-override-pattern``,
+    ``sim.inputs.megatron_model``), kept for its ``|``: they place the layers on the pipeline
+    stages, which the plan takes (``sim.inputs.resolve.plan_from_settings``); None: none given."""
 
     def __post_init__(self):
         where = f"model {self.name}"
@@ -180,6 +192,11 @@ class ModelSpec:
                     k.check(self, where)
             _require(self.moe or not any(lay.is_moe for lay in self.layers), where, "layers", "moe",
                      "an MoE layer needs num_experts")
+        if self.hybrid_override_pattern is not None:
+            _require(isinstance(self.hybrid_override_pattern, str) and self.layers is not None
+                     and len(self.hybrid_override_pattern.replace("|", "")) == self.num_layers, where,
+                     "hybrid_override_pattern", self.hybrid_override_pattern,
+                     f"expected one letter per layer ({self.num_layers}), with the layers built from it")
 
     # ------------------------------------------------------------------ shape
     @property
@@ -338,10 +355,12 @@ class ModelSpec:
 
 
 def model_dict(model: ModelSpec) -> dict:
-    """The spec as plain data (a run log's context): its fields, with ``layers`` left out when
-    None (as before layer kinds existed, so earlier logs still match) and otherwise one
-    description per layer (``sim.inputs.layers.Layer.describe``)."""
+    """The spec as plain data (a run log's context): its fields, with ``layers`` and
+    ``hybrid_override_pattern`` left out when None (as before they existed, so earlier logs still
+    match) and ``layers`` otherwise one description per layer (``sim.inputs.layers.Layer.describe``)."""
     d = asdict(model)
+    if model.hybrid_override_pattern is None:
+        del d["hybrid_override_pattern"]
     if model.layers is None:
         del d["layers"]
     else:
@@ -442,7 +461,7 @@ _PRESETS = {
     # 128 with 64 query heads (q width 8192 > h); trained at 4096 tokens (Qwen3 report §3.2).
     "qwen3-235b-a22b": lambda: llama("qwen3-235b-a22b", 94, 4096, 64, 4, 12288, 151936, 4096,
                                      kv_channels=128, num_experts=128, moe_router_topk=8,
-                                     moe_ffn_hidden_size=1536),
+                                     moe_ffn_hidden_size=1536, qk_layernorm=True),
     # DeepSeek-V3 (deepseek-ai/DeepSeek-V3 config.json; Liu et al. 2024): MLA, 3 dense layers
     # of 18432, then 256 routed experts of 2048 (top-8, from 4 of 8 groups: n_group 8, topk_group 4)
     # and one shared; 671B total, 37B active,
@@ -466,10 +485,12 @@ _PRESETS = {
     # Qwen3-30B-A3B (ModelZoo model_configs/benchmarking/Qwen3-30B-A3B.yaml, same commit): 48 layers,
     # h 2048, 32 heads of 128 with 4 query groups, 128 experts of 768, top-8, untied; vocabulary
     # 151936 (the tokenizer's padded to a multiple of 1187, as the yaml asks; Qwen/Qwen3-30B-A3B
-    # config.json). Its qk-layernorm (2 x 128 weights a layer) is not modelled. Published: 30.5B
+    # config.json). Its qk-layernorm (qk_layernorm: Qwen3MoEModelProvider) is priced; its 2 x 128
+    # weights a layer are not counted. Published: 30.5B
     # total, 3.3B active (Qwen3 report).
     "qwen3-30b-a3b": lambda: llama("qwen3-30b-a3b", 48, 2048, 32, 4, 6144, 151936, 4096, kv_channels=128,
-                                   num_experts=128, moe_router_topk=8, moe_ffn_hidden_size=768),
+                                   num_experts=128, moe_router_topk=8, moe_ffn_hidden_size=768,
+                                   qk_layernorm=True),
     # Grok-1 (xai-org/grok-1 model.py and run.py): 8 experts top-2, gated MLP of 32768
     # (widening factor 8 × 2/3), tied embeddings, 8192 tokens; 314B total (xAI).
     "grok-1": lambda: llama("grok-1", 64, 6144, 48, 8, 32768, 131072, 8192, tied_embeddings=True,

@@ -39,21 +39,21 @@ multi-token-prediction modules) on the last virtual stage, whichever split is us
 from __future__ import annotations
 
 import dataclasses
-import math
 from dataclasses import dataclass
-from functools import partial
+from functools import cached_property, lru_cache, partial
 
 from sim.inputs import placement as _pl, rules as _rules, strategies as _st
 from sim.inputs.cuda_graphs import SCOPES as CUDA_GRAPH_SCOPES, parse_cuda_graph
 from sim.inputs.experts import DISPATCHERS
-from sim.inputs.fields import setting
+from sim.inputs.fields import fields_of_class, setting, why_not_field
 from sim.inputs.frameworks import ATTENTION_KERNELS, BACKWARD_PREFETCH, FRAMEWORKS
 from sim.inputs.precision import FP4_FORMAT, FP4_RECIPES, FP8_FORMATS, FP8_RECIPE_CHOICES, Precision, \
     canonical_fp8_recipe, check_precision_plan, check_precision_weights, precision_of
 from sim.inputs.recompute import RECOMPUTE_METHODS, RECOMPUTE_MODULES, modules_in_effect, parse_recompute_modules
+from sim.inputs.plan_sections import PlanSections
 from sim.inputs.layer_split import parse_layer_split, parse_layout, \
     split_layers
-from sim.errors import require
+from sim.errors import InputError, require
 from sim.units import NONNEGATIVE_INT, POSITIVE_INT, Number, parse_size
 
 RECOMPUTE = tuple(_st.RECOMPUTE_POLICIES)
@@ -82,10 +82,6 @@ def _cross_entropy(fused: bool) -> str:
 def _pos(field: str, value) -> None:
     require(isinstance(value, int) and not isinstance(value, bool) and value > 0,
             f"plan: {field}", value, "expected an integer > 0", setting=field)
-
-
-def _bool(field: str, value) -> None:
-    require(isinstance(value, bool), f"plan: {field}", value, "expected true or false", setting=field)
 
 
 def _check(cond: bool, field: str, value, allowed: str) -> None:
@@ -418,34 +414,20 @@ class ParallelPlan:
     """DDP gradient bucket size in bytes."""
 
     def __post_init__(self):
-        for f in ("dp", "tp", "pp", "vpp", "micro_batch_size"):
-            _pos(f, getattr(self, f))
+        _pos("dp", self.dp)  # (not a setting: the GPUs fix it)
+        # each field alone, against its one declaration: the schema's (``_check_fields``); the
+        # values the plan fills in; then the rules between fields, ``sim.inputs.rules.check_plan``'s
+        _check_fields(self)
         if self.global_batch_size is None:
             object.__setattr__(self, "global_batch_size", self.micro_batch_size * self.dp)
-        _pos("global_batch_size", self.global_batch_size)
-        for f in ("sequence_parallel", "dp_overlap", "grad_reduce_fp32", "account_for_embedding", "account_for_loss", "tp_comm_overlap",
-                  "gradient_accumulation_fusion", "param_gather_overlap", "fp8_param_gather", "offload_optimizer",
-                  "overlap_moe_expert_parallel_comm", "moe_permute_fusion", "moe_shared_expert_overlap"):
-            _bool(f, getattr(self, f))
-        # (each field alone here: its type and bounds, and the values the plan fills in; the rules
-        # between fields are ``sim.inputs.rules.check_plan``'s, run once at the end)
-        _check(self.cross_entropy in CROSS_ENTROPY, "cross_entropy", self.cross_entropy,
+        _check(self.cross_entropy in CROSS_ENTROPY, "cross_entropy", self.cross_entropy,  # (converted from a switch)
                 f"allowed: {', '.join(CROSS_ENTROPY)}")
         # precision: its own rules (sim.inputs.precision)
         check_precision_plan(self)
         object.__setattr__(self, "fp8_recipe", canonical_fp8_recipe(self.fp8_recipe))
-        _check(self.zero_stage in ZERO_STAGES and not isinstance(self.zero_stage, bool), "zero_stage", self.zero_stage, "allowed: 0, 1, 2, 3")
-        _pos("bucket_size_bytes", self.bucket_size_bytes)
-        _check(isinstance(self.zero3_prefetch_depth, int) and not isinstance(self.zero3_prefetch_depth, bool)
-                and self.zero3_prefetch_depth >= 0, "zero3_prefetch_depth", self.zero3_prefetch_depth,
-                "expected an integer >= 0")
+        _pos("bucket_size_bytes", self.bucket_size_bytes)  # (converted from a size: "25MiB")
         if self.zero_bucket_size_bytes is not None:
             _pos("zero_bucket_size_bytes", self.zero_bucket_size_bytes)
-        if self.zero3_max_live_parameters is not None:
-            _check(isinstance(self.zero3_max_live_parameters, (int, float))
-                    and not isinstance(self.zero3_max_live_parameters, bool)
-                    and math.isfinite(self.zero3_max_live_parameters) and self.zero3_max_live_parameters > 0, "zero3_max_live_parameters", self.zero3_max_live_parameters,
-                    "expected a finite number > 0 (leave it unset for no cap)")
         check_precision_weights(self)
         _pl.parse_placement(self.placement)
         if self.recompute_modules is not None:
@@ -472,6 +454,12 @@ class ParallelPlan:
         if out["reshard_after_forward"]:
             del out["reshard_after_forward"]
         return out
+
+    @cached_property
+    def sections(self) -> PlanSections:
+        """The plan in its typed sections (``sim.inputs.plan_sections``): ``plan.sections.moe``
+        holds the MoE fields, frozen and hashable, for the functions that read them whole."""
+        return PlanSections.of(self)
 
     @property
     def precision(self) -> Precision | None:
@@ -641,3 +629,33 @@ class ParallelPlan:
     def etp_size(self) -> int:
         """Expert tensor-parallel size in effect (``etp``, default tp)."""
         return self.tp if self.etp is None else self.etp
+
+
+_LABELS = {"dispatcher": "moe_token_dispatcher_type"}
+"""Fields whose errors name their setting, the attribute's name being the program's own."""
+_CHECKED_BY_RULES = ("first_stage_layers", "last_stage_layers")
+"""Bounds checked in order with the field's other rules (``sim.inputs.rules``), naming its flag."""
+
+
+@lru_cache(maxsize=1)
+def _declared() -> tuple:
+    """(attribute, schema entry, default) of each plan setting whose attribute holds the value as
+    given (no ``convert``): what ``_check_fields`` checks."""
+    defaults = {f.name: f.default for f in dataclasses.fields(ParallelPlan)}
+    return tuple((f.attr, f, defaults[f.attr]) for f in fields_of_class(ParallelPlan, "plan")
+                 if f.convert is None and f.attr not in _CHECKED_BY_RULES)
+
+
+def _check_fields(plan: ParallelPlan) -> None:
+    """Each field of ``plan`` against its declaration (``setting(...)``: type, bounds, choices,
+    ``sim.inputs.fields.why_not_field``), the one place its bounds live, so that a plan built
+    in Python is refused as a flag or a file's key is, naming the attribute (``plan: tp: got 0;
+    expected an integer >= 1``). A value left at its default is not checked again."""
+    for attr, f, default in _declared():
+        value = getattr(plan, attr)
+        if value is default or (value == default and type(value) is type(default)):
+            continue
+        why = why_not_field(f, value)
+        if why is not None:
+            name = _LABELS.get(attr, attr)
+            raise InputError(field=f"plan: {name}", value=value, allowed=why, setting=attr)

@@ -16,37 +16,35 @@ from typing import Sequence
 
 from sim.errors import InputError, require
 from sim.inputs.hf_config import model_from_hf_config
-from sim.inputs.megatron_model import MAMBA_FLAGS, MOE_FIELDS, model_from_megatron_settings, pattern_layout
+from sim.inputs.megatron_model import model_from_megatron_settings, pattern_layout
 from sim.inputs.model import PRESETS, ModelSpec, layer_params_per_rank, preset, with_seq_length
 from sim.inputs.placement import DEFAULT_PLACEMENT
 from sim.inputs.plan import SCHEDULES, ParallelPlan
 from sim.inputs.flags import add_arguments, did_you_mean, given
 from sim.inputs.schema import FIELDS, ClusterSettings, ModelSettings, PlanRequest, fields_of
+from sim.inputs.schema_model import MEGATRON_ONLY, PRESET_OVERRIDES, SHAPE
 from sim.inputs.topology import Topology
 from sim.inputs.topology_build import NODE_OF_GPU  # noqa: F401 (re-exported)
 
 PLAN_FIELDS = {f.attr: f for f in FIELDS.values() if f.section == "plan"}
 """The plan's settings by ``ParallelPlan`` attribute."""
 
-_SHAPE = ("num_layers", "hidden_size", "num_attention_heads", "ffn_hidden_size", "vocab_size")
-
-
 def has_model(m: ModelSettings) -> bool:
     """Whether the settings name a model at all (a preset, a config.json or a shape)."""
-    return bool(m.model or m.hf_config or any(getattr(m, k) is not None for k in _SHAPE))
+    return bool(m.model or m.hf_config or any(getattr(m, k) is not None for k in SHAPE))
 
 
 def model_from_settings(m: ModelSettings) -> ModelSpec:
     """The ModelSpec the settings describe (exactly one source)."""
-    megatron = any(getattr(m, k) is not None for k in _SHAPE)
+    megatron = any(getattr(m, k) is not None for k in SHAPE)
     chosen = [n for n, on in (("--model", m.model), ("--hf-config", m.hf_config),
                               ("Megatron shape flags", megatron)) if on]
     if len(chosen) != 1:
         raise InputError(f"model: got {', '.join(chosen) or 'nothing'}; give exactly one of --model PRESET, "
                          "--hf-config PATH or Megatron flags (--num-layers --hidden-size ...)")
     if not megatron:
-        for f in ("hybrid_override_pattern",) + MAMBA_FLAGS:
-            require(getattr(m, f) is None, f"--{f.replace('_', '-')}", getattr(m, f),
+        for f in MEGATRON_ONLY:
+            require(getattr(m, f) is None, FIELDS[f].flag, getattr(m, f),
                     "describes a model given by Megatron shape flags (--num-layers --hidden-size ...), not a "
                     "preset or a config.json", setting=f)
     if m.model:
@@ -62,8 +60,8 @@ def model_from_settings(m: ModelSettings) -> ModelSpec:
 
 def with_moe_settings(model: ModelSpec, m: ModelSettings) -> ModelSpec:
     """A preset's or config.json's model with the MoE/MLA flags given on top (``--num-experts 16``,
-    ``--moe-router-topk 1``, ...); an error names the flag."""
-    changes = {f: getattr(m, f) for f in MOE_FIELDS if getattr(m, f) is not None}
+    ``--moe-router-topk 1``, ...: ``sim.inputs.schema_model.PRESET_OVERRIDES``); an error names the flag."""
+    changes = {f: getattr(m, f) for f in PRESET_OVERRIDES if getattr(m, f) is not None}
     if not changes:
         return model
     try:
@@ -99,16 +97,17 @@ def model_from_megatron_args(argv: Sequence[str], name: str = "megatron") -> Mod
     return model_from_megatron_settings(ModelSettings(**given(ns)), name)
 
 
-def plan_from_settings(p: PlanRequest, gpus: int | None, model: ModelSpec, pattern: str | None = None) -> ParallelPlan:
+def plan_from_settings(p: PlanRequest, gpus: int | None, model: ModelSpec) -> ParallelPlan:
     """The ``ParallelPlan`` of the plan settings ``p`` on ``gpus`` GPUs (None: tp x pp x cp),
     checked against the model. What the plan cannot know alone is filled in here: ``dp`` from
     the GPUs, ``vpp`` from ``--num-layers-per-virtual-pipeline-stage`` and the ZeRO-3 prefetch
-    depth from DeepSpeed's bucket size (both need the model's layers), the schedule file; every
-    other value goes to the plan as its field's ``convert`` makes it, and the plan checks its
-    own rules. ``pattern``: the model's ``--hybrid-override-pattern``, whose ``|`` set the
-    plan's pipeline layout (``sim.inputs.megatron_model.pattern_layout``) unless it splits the
-    layers another way."""
+    depth from DeepSpeed's bucket size (both need the model's layers), the schedule file, and the
+    pipeline layout that the ``|`` of the model's hybrid pattern set
+    (``sim.inputs.megatron_model.pattern_layout``) unless the plan splits the layers another way;
+    every other value goes to the plan as its field's ``convert`` makes it, and the plan checks
+    its own rules."""
     given = dict(p.given)
+    pattern = model.hybrid_override_pattern
     layout = pattern_layout(pattern)
     if layout is not None:
         other = [a for a in ("pipeline_layout", "layer_split", "first_stage_layers", "last_stage_layers",

@@ -19,14 +19,9 @@ stay with the precision code for now, and the PXN settings with ``sim.inputs.top
 
 from __future__ import annotations
 
-import math
-
 from sim.errors import InputError, require
-from sim.inputs.context_parallel import CP_COMM_TYPES
 from sim.inputs.cuda_graphs import FIELD as _CUDA_GRAPH_FIELD, COVERS_MOE
-from sim.inputs.experts import DISPATCHERS
-from sim.inputs.frameworks import (ATTENTION_KERNELS, BACKWARD_PREFETCH, DEEPSPEED_ONLY, DEFAULT_FRAMEWORK, FRAMEWORKS,
-                                   is_deepspeed)
+from sim.inputs.frameworks import DEEPSPEED_ONLY, DEFAULT_FRAMEWORK, is_deepspeed
 from sim.inputs.model import ModelSpec
 from sim.inputs.pinning import check_pinned
 from sim.inputs.recompute import EXPERT_MODULES, FIELD as _RECOMPUTE_FIELD, parse_recompute_modules
@@ -41,11 +36,6 @@ __all__ = ["check_plan", "check_model", "check_cluster", "check_nccl_algo", "che
 def _check(cond: bool, field: str, value, allowed: str) -> None:
     """``require`` for the plan's attribute ``field`` (named as the user wrote it by the front end)."""
     require(cond, f"plan: {field}", value, allowed, setting=field)
-
-
-def _pos(field: str, value) -> None:
-    require(isinstance(value, int) and not isinstance(value, bool) and value > 0, f"plan: {field}", value,
-            "expected an integer > 0")
 
 
 def check_plan(plan) -> None:
@@ -190,20 +180,10 @@ def check_nccl_algo(algo: str, topology) -> None:
 
 # (experts.py)
 def check_expert_plan(plan) -> None:
-    """The expert-parallel fields on their own (``ParallelPlan.__post_init__``)."""
-    _pos("ep", plan.ep)
-    if plan.etp is not None:
-        _pos("etp", plan.etp)
+    """The expert-parallel fields with the others (``ParallelPlan.__post_init__``; each field's
+    type and bounds are its declaration's, ``sim.inputs.plan._check_fields``)."""
     require(isinstance(plan.moe_routing, str) and plan.moe_routing, "plan: moe_routing", plan.moe_routing,
             "expected balanced, zipf:S, dirichlet:A or a histogram file")
-    cf = plan.moe_capacity_factor
-    if cf is not None:
-        require(isinstance(cf, (int, float)) and not isinstance(cf, bool) and math.isfinite(cf) and cf > 0,
-                "plan: moe_capacity_factor", cf, "expected a finite number > 0 (leave it unset for dropless)")
-    require(isinstance(plan.moe_seed, int) and not isinstance(plan.moe_seed, bool), "plan: moe_seed", plan.moe_seed,
-            "expected an integer")
-    require(plan.dispatcher in DISPATCHERS, "plan: moe_token_dispatcher_type", plan.dispatcher,
-            f"allowed: {', '.join(DISPATCHERS)}", setting="dispatcher")
     require(not plan.token_dispatcher.needs_ep or plan.ep > 1, "plan: moe_token_dispatcher_type", plan.dispatcher,
             f"needs expert parallelism (expert_model_parallel_size > 1, got {plan.ep}); with ep 1 the experts are "
             "local and only alltoall (no exchange) applies", setting="dispatcher")
@@ -310,11 +290,8 @@ def check_sharded_experts(plan, model) -> None:
 
 # (context_parallel.py)
 def check_context_plan(plan) -> None:
-    """The context-parallel fields on their own (``ParallelPlan.__post_init__``)."""
-    require(isinstance(plan.cp, int) and not isinstance(plan.cp, bool) and plan.cp > 0, "plan: cp", plan.cp,
-            "expected an integer > 0")
-    require(plan.cp_comm_type in CP_COMM_TYPES, "plan: cp_comm_type", plan.cp_comm_type,
-            f"allowed: {', '.join(CP_COMM_TYPES)}")
+    """The context-parallel fields with the others (``ParallelPlan.__post_init__``; each field's
+    type and bounds are its declaration's)."""
     if plan.cp > 1:
         require(plan.attention_mode.fused, "plan: attention", plan.attention,
                 "context parallelism needs flash attention (Megatron-LM runs it through Transformer Engine)")
@@ -334,17 +311,11 @@ def check_context_model(plan, model) -> None:
 
 # (frameworks.py)
 def check_framework_plan(plan) -> None:
-    """The plan's rules for these settings (``ParallelPlan.__post_init__``)."""
-    for field, value, allowed in (("framework", plan.framework, tuple(FRAMEWORKS)),
-                                  ("attention_kernel", plan.attention_kernel, ATTENTION_KERNELS),
-                                  ("backward_prefetch", plan.backward_prefetch, BACKWARD_PREFETCH)):
-        require(value is None or value in allowed, f"plan: {field}", value, f"allowed: {', '.join(allowed)}",
-                setting=field)
+    """The plan's rules for these settings (``ParallelPlan.__post_init__``; their choices are
+    their declarations')."""
     require(plan.attention_kernel is None or plan.attention_mode.fused, "plan: attention_kernel",
             plan.attention_kernel, "a fused kernel needs attention flash (unfused attention runs GEMMs and a "
             "softmax, no attention kernel)", setting="attention_kernel")
-    require(isinstance(plan.reshard_after_forward, bool), "plan: reshard_after_forward", plan.reshard_after_forward,
-            "expected true or false", setting="reshard_after_forward")
     for field, value, default in (("backward_prefetch", plan.backward_prefetch, None),
                                   ("reshard_after_forward", plan.reshard_after_forward, True)):
         require(value == default or plan.zero.shards_params, f"plan: {field}", value,
@@ -353,16 +324,8 @@ def check_framework_plan(plan) -> None:
     check_deepspeed_plan(plan)
 
 def check_deepspeed_plan(plan) -> None:
-    """DeepSpeed's own settings only under it, with their bounds; and under it none of the
-    settings of the frameworks it is not (FSDP's, Megatron-LM's)."""
-    for field in ("zero3_param_persistence_threshold", "zero3_max_reuse_distance"):
-        value = getattr(plan, field)
-        require(value is None or isinstance(value, (int, float)) and not isinstance(value, bool)
-                and math.isfinite(value) and value >= 0, f"plan: {field}", value,
-                "expected a finite number of parameters >= 0", setting=field)
-    for field in ("overlap_comm", "contiguous_gradients"):
-        require(getattr(plan, field) is None or isinstance(getattr(plan, field), bool), f"plan: {field}",
-                getattr(plan, field), "expected true or false", setting=field)
+    """DeepSpeed's own settings only under it (their bounds are their declarations'); and under
+    it none of the settings of the frameworks it is not (FSDP's, Megatron-LM's)."""
     if not is_deepspeed(plan):
         for field in DEEPSPEED_ONLY:
             require(getattr(plan, field) is None, f"plan: {field}", getattr(plan, field),

@@ -33,7 +33,8 @@ from sim.errors import InputError
 from sim.inputs.cost import PRICE
 from sim.inputs.fields import Field, check_section, fields_of_class, setting, why_not_field
 from sim.inputs.plan import ParallelPlan
-from sim.inputs.schema_model import ModelSettings
+from sim.inputs.plan_sections import SECTION_OF as SECTION_OF_PLAN_FIELD, SECTIONS as PLAN_SECTIONS
+from sim.inputs.schema_model import SPEC_SETTINGS, ModelSettings
 from sim.inputs.schema_sim import (  # noqa: F401 (re-exported: the bounds the other modules use)
     AUTO_FULL_FIDELITY_EVENTS, COLLECTIVE_MODELS, DEFAULT_MAX_EVENTS, FIDELITIES, NCCL_ALGOS, NCCL_PROTOCOLS,
     OutputSettings, SimulationSettings)
@@ -187,8 +188,14 @@ def section_of(section: str, values: Mapping[str, object]):
 
 
 def _settings(section: str, cls) -> list[Field]:
-    """A section's settings, with their defaults filled in from their names and the section."""
-    return fields_of_class(cls, section, _PLAN_GROUP)
+    """A section's settings, with their defaults filled in from their names and the section; a
+    plan field that names no ``--help`` group of its own is listed in its plan section's
+    (``sim.inputs.plan_sections``: parallelism and batch, pipeline, precision, ZeRO, ...)."""
+    out = fields_of_class(cls, section, _PLAN_GROUP)
+    if section != "plan":
+        return out
+    return [dataclasses.replace(f, group=PLAN_SECTIONS[SECTION_OF_PLAN_FIELD[f.attr]].TITLE)
+            if f.group == _PLAN_GROUP and f.attr in SECTION_OF_PLAN_FIELD else f for f in out]
 
 
 _PLAN_GROUP = "parallelism and batch (Megatron-LM flags)"
@@ -214,12 +221,7 @@ def setting_field(setting: str) -> Field | None:
     """The schema entry an error's ``setting`` (or ``field``) names: a setting (``gpus``), its
     flag (``--gpus``), a plan attribute (``tp``) or a ``ModelSpec`` attribute; None for none."""
     return (FIELDS.get(setting) or BY_FLAG.get(setting) or _PLAN_ATTRS.get(setting)
-            or FIELDS.get(_MODEL_SPEC_SETTINGS.get(setting, "")))
-
-
-_MODEL_SPEC_SETTINGS = {"num_key_value_heads": "num_query_groups", "mlp": "swiglu", "norm": "normalization",
-                        "position_embedding": "position_embedding_type"}
-"""``ModelSpec`` attributes (the model built from the settings) named otherwise as settings."""
+            or FIELDS.get(SPEC_SETTINGS.get(setting, "")))
 
 
 def fields_of(*sections: str) -> list[str]:

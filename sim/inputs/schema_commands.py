@@ -1,22 +1,28 @@
 """The settings of the commands that take more than a run's (``sim.inputs.schema``): what
 ``trainsim search`` searches, ``trainsim collective`` times and ``trainsim validate``
-measures. Each is a frozen dataclass of ``setting(...)`` fields, as the run's sections are,
-and the command's parser is built from it (``sim.inputs.flags.add_section``): a flag, its
-help, type, choices and default are written once, here. They are not run settings: no
+measures; what ``calibrate``, ``fit``, ``import-nccl-tests``, ``import-trace``, ``replay`` and
+``goodput`` read (their positional arguments too), and which run settings each takes. Each
+is a frozen dataclass of ``setting(...)`` fields, as the run's sections are, and the
+command's parser is built from it (``sim.inputs.flags.add_section``): a flag, its help,
+type, choices and default are written once, here. They are not run settings: no
 experiment-file table, no keyword of ``sim.run``."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import ClassVar
+
+from sim.errors import require
 
 from sim.inputs.experts import DISPATCHERS
 from sim.inputs.fields import setting
 from sim.inputs.plan import RECOMPUTE, SCHEDULES
+from sim.inputs.profile_checks import LINK_KINDS
 from sim.inputs.schema import FIELDS
 from sim.inputs.schema_sim import COLLECTIVE_ALGOS, COLLECTIVE_MODELS, COLLECTIVE_OPS, COLLECTIVE_PROTOCOLS
 from sim.inputs.topology_nodes import FABRICS, OVERSUBSCRIPTION
-from sim.units import NONNEGATIVE_INT, POSITIVE_INT, Duration, Number
+from sim.units import NONNEGATIVE_INT, POSITIVE_INT, Duration, Number, parse_size
 
 DEFAULT_MARGIN = 1.1
 """The estimate's error factor for pruning (``sim.studies.search``): how far below its bound
@@ -152,7 +158,8 @@ class ValidateOptions:
     configs: str | None = setting(help="comma-separated, from dp, gpipe, 1f1b, dp-pp "
                                        "(default all that fit: dp-pp needs --procs 4 or more)")
     profile: str | None = setting(metavar="PROFILE.json", help="use this profile instead of calibrating now")
-    link: str | None = setting(help="link kind joining the processes in the simulated topology "
+    link: str | None = setting(choices=LINK_KINDS, metavar="LINK",
+                               help="link kind joining the processes in the simulated topology "
                                     "(default: the one the profile's calibration fitted)")
     quick: bool = setting(False, kind="switch", help="a smaller model and fewer iterations (for tests)")
 
@@ -252,6 +259,10 @@ class CompareOptions:
     TABLE: ClassVar[str | None] = None
     GROUP: ClassVar[str | None] = "what to compare"
 
+    experiment: str | None = setting(kind="argument", metavar="FILE", group=None,
+                                     help="an experiment .toml, usually with [[plans]] (flags after it override it "
+                                          "for every plan)")
+
     schedules: list | None = setting(
         type=comma_list(str), metavar="LIST",
         help=f"pipeline schedules to compare, e.g. gpipe,1f1b ({', '.join(s for s in SCHEDULES if s != 'custom')}); "
@@ -275,3 +286,234 @@ class DemoOptions:
     gpus: int | None = setting(type=POSITIVE_INT, help="GPUs of the all-reduce, whole DGX H100 nodes of 8 (default: "
                                                        "all GPUs of --nodes)")
     json: bool = setting(False, kind="switch", help="print the results as one JSON object")
+
+
+@dataclass(frozen=True)
+class ExperimentFile:
+    """The experiment file ``trainsim run`` and ``trainsim goodput`` may start from."""
+
+    TABLE: ClassVar[str | None] = None
+    GROUP: ClassVar[str | None] = None
+
+    experiment: str | None = setting(kind="argument", metavar="FILE",
+                                     help="an experiment .toml (flags after it override it)")
+
+
+@dataclass(frozen=True)
+class SweepFile:
+    """The experiment file ``trainsim sweep`` expands."""
+
+    TABLE: ClassVar[str | None] = None
+    GROUP: ClassVar[str | None] = None
+
+    experiment: str | None = setting(kind="argument", required=True, metavar="FILE",
+                                     help="an experiment .toml whose plan fields may be lists")
+
+
+CALIBRATE_SETTINGS = [*(n for n, f in FIELDS.items() if f.section == "model"), "tensor_model_parallel_size",
+                      "micro_batch_size", "sequence_parallel"]
+"""The run settings ``trainsim calibrate`` takes: the model and what changes its GEMM shapes."""
+
+
+@dataclass(frozen=True)
+class CalibrateMeasurement:
+    """What ``trainsim calibrate`` measures, on how many processes, over which link."""
+
+    TABLE: ClassVar[str | None] = None
+    GROUP: ClassVar[str | None] = "measurement"
+
+    procs: int | None = setting(type=POSITIVE_INT, help="processes to start (default: one per GPU, 2 on CPU; under "
+                                                        "torchrun the job's ranks)")
+    quick: bool = setting(False, kind="switch", help="a short sweep (seconds on a CPU)")
+    base: str | None = setting(metavar="PROFILE", help="profile to take peak FLOP/s, tiles and unmeasured links from "
+                                                       "(default: the preset matching the GPU's name; none on CPU)")
+    link: str | None = setting(choices=LINK_KINDS, metavar="LINK",
+                               help="link kind the processes talk over (default nvlink on one GPU node, ib across "
+                                    "nodes, ethernet for CPU processes)")
+    name: str | None = setting(help="profile name (default calibrated-<device>)")
+
+
+@dataclass(frozen=True)
+class CalibrateOutput:
+    """Where ``trainsim calibrate`` writes the profile."""
+
+    TABLE: ClassVar[str | None] = None
+    GROUP: ClassVar[str | None] = None
+
+    out: str = setting("calibrated.json", help="profile JSON to write (default calibrated.json)")
+    measurements: str | None = setting(metavar="FILE", help="also write every raw measurement and fit as JSON")
+    json: bool = setting(False, kind="switch", help="print the profile as JSON instead of a summary")
+
+
+@dataclass(frozen=True)
+class FitOptions:
+    """What ``trainsim fit`` fits, to which runs, and where it reports."""
+
+    TABLE: ClassVar[str | None] = None
+    GROUP: ClassVar[str | None] = None
+
+    runs: tuple | None = setting(kind="arguments", metavar="RUNS.csv",
+                                 help="measured runs: trainsim run's settings as columns plus "
+                                      "measured_iteration_time_s (several files: read as one table)")
+    gpu: str | None = setting(required=True, metavar="PROFILE",
+                              help="preset (a100-80gb, h100-sxm, h200, b200, gb200, gb300) or profile .json to fit; "
+                                   "rows of other GPUs are left out")
+    out: str | None = setting(metavar="FITTED.json", help="write the fitted profile here")
+    params: str | None = setting(metavar="A,B", help="profile fields to fit, by dotted path (default: "
+                                                     "sustained_compute_fraction, attention_max_efficiency, "
+                                                     "memory_efficiency, kernel_launch_s, fewer than the groups); "
+                                                     "framework_kernel_overhead_s.NAME fits a PyTorch-native "
+                                                     "framework's per-kernel cost from its rows alone")
+    json: bool = setting(False, kind="switch", help="print one JSON object")
+    cache: str | None = setting(metavar="FILE", help="keep every simulated time in FILE (JSON lines) and reuse what "
+                                                     "it holds: a fit stopped part-way and run again with the same "
+                                                     "file simulates only what it had not (any change to trainsim, "
+                                                     "the profile or a row makes new entries)")
+    jobs: int = setting(1, type=POSITIVE_INT, metavar="N",
+                        help="simulate N rows at once in worker processes (default 1; the report is the same)")
+
+
+@dataclass(frozen=True)
+class ImportNcclTestsOptions:
+    """What ``trainsim import-nccl-tests`` reads, fits and writes."""
+
+    TABLE: ClassVar[str | None] = None
+    GROUP: ClassVar[str | None] = None
+
+    logs: tuple | None = setting(kind="arguments", metavar="LOG", help="nccl-tests output files (text or JSON)")
+    op: str | None = setting(help="collective, when the log does not say (all_reduce, all_gather, reduce_scatter, "
+                                   "alltoall, broadcast, reduce, send_recv)")
+    ranks: int | None = setting(type=POSITIVE_INT, help="ranks of the run, when the log does not say")
+    min_size: str = setting("0", help="leave out smaller messages from the fit (e.g. 1MiB)")
+    link: str = setting("ib", choices=LINK_KINDS, metavar="LINK", help="link kind the fit describes (default ib)")
+    links_per_rank: int = setting(1, type=POSITIVE_INT, help="links (NICs) one rank's traffic is spread over; B is "
+                                                             "divided among them (default 1)")
+    profile: str | None = setting(metavar="IN", help="profile (preset name or .json) to update")
+    out: str | None = setting(metavar="OUT.json", help="write the updated profile here (needs --profile)")
+    topology: str | None = setting(help="topology the logs ran on, to check the algorithm a log names (default: the "
+                                        "built-in DGX node of --profile's GPU)")
+    json: bool = setting(False, kind="switch", help="print one JSON object")
+
+
+KINETO_LEVELS = ("auto", "kernels", "annotations", "cpu_ops")
+"""What becomes a span of a Kineto trace (``sim.calibrate.kineto``): GPU kernels, record_function
+annotations or top-level CPU operators; auto: kernels where there are any."""
+
+
+@dataclass(frozen=True)
+class ImportTraceOptions:
+    """What ``trainsim import-trace`` reads and reports."""
+
+    TABLE: ClassVar[str | None] = None
+    GROUP: ClassVar[str | None] = None
+
+    traces: tuple | None = setting(kind="arguments", metavar="TRACE",
+                                   help="Chrome trace JSON files from torch.profiler")
+    level: str = setting("auto", choices=KINETO_LEVELS,
+                         help="what becomes a span: GPU kernels, record_function annotations or top-level CPU ops")
+    top: int = setting(15, type=POSITIVE_INT, help="ops to list (default 15)")
+    out: str | None = setting(metavar="DIR", help="write timeline.png and trace.json (Perfetto) here")
+    json: bool = setting(False, kind="switch", help="print one JSON object")
+
+
+@dataclass(frozen=True)
+class ReplayOptions:
+    """What ``trainsim replay`` replays (its what-ifs of the cluster are run settings)."""
+
+    TABLE: ClassVar[str | None] = None
+    GROUP: ClassVar[str | None] = None
+
+    traces: tuple | None = setting(kind="arguments", metavar="TRACE",
+                                   help="Kineto trace files (.json, .json.gz), one per traced rank; or Chakra "
+                                        "execution traces (NAME.<r>.et, one per rank; comm_group.json beside them "
+                                        "is read)")
+    comm_group: str | None = setting(metavar="FILE", help="Chakra ETs' comm-group file (default: comm_group.json "
+                                                          "beside the first ET)")
+    step: int | None = setting(type=NONNEGATIVE_INT, metavar="N",
+                               help="replay ProfilerStep#N (default: the traces' last step, or the whole window "
+                                    "without steps)")
+    data_parallel_size: int | None = setting(type=POSITIVE_INT, metavar="N",
+                                             help="what-if: N data-parallel replicas (each rank's kernels kept, "
+                                                  "gradient collectives over the new groups)")
+
+
+REPLAY_SETTINGS = ["gpu", "gpus", "topology", "nodes", "gpus_per_node", "fabric", "oversubscription", "json", "out",
+                   "export_chakra"]
+"""The run settings ``trainsim replay`` takes: another GPU or cluster to replay on, and its outputs."""
+REPLAY_HELPS = {
+    "gpu": "GPU profile to replay on (default: the trace's deviceProperties); another GPU scales the kernels "
+           "by class (GEMM and attention by sustained FLOP/s, the rest by sustained HBM bandwidth)",
+    "gpus": "what-if: the traced job on N GPUs, grown or shrunk by whole data-parallel replicas (N a multiple of "
+            "one replica's GPUs; --data-parallel-size N/that says the same) (default: the traced world size)",
+    "out": "directory for summary.json, trace.json (Perfetto) and timeline.png",
+    "export_chakra": "directory for the replayed program as Chakra execution traces, trainsim.{r}.et per rank and "
+                     "comm_group.json (every rank of the job, clones included)",
+}
+"""Their help where replay reads them otherwise than ``trainsim run``."""
+
+DEFAULT_STORAGE_BPS = 2e12
+"""Checkpoint storage, aggregate bytes/s: 2 TB/s, the sustained throughput of Meta's
+Tectonic file system that stored Llama 3's checkpoints (Dubey et al. 2024, "The Llama 3
+Herd of Models", section 3.3.1; 7 TB/s peak). A typical cluster's file system is slower."""
+def _checkpoint_interval(text: str) -> float | None:
+    """``--checkpoint-interval``: training seconds > 0, or auto (None: the best interval)."""
+    if text == "auto":
+        return None
+    try:
+        v = float(text)
+    except ValueError:
+        v = math.nan
+    require(v > 0 and math.isfinite(v), "--checkpoint-interval", text, "expected a number of seconds > 0 or auto")
+    return v
+
+
+def _hot_spares(text: str) -> int | None:
+    """``--hot-spares``: spare nodes >= 0, or unlimited (None)."""
+    if text == "unlimited":
+        return None
+    require(text.isdigit(), "--hot-spares", text, "expected an integer >= 0 or unlimited")
+    return int(text)
+
+
+def _storage_bandwidth(text: str) -> float:
+    """``--storage-bandwidth``: aggregate bytes/s > 0, with a unit as sizes take them (``500GB``)."""
+    v = float(parse_size(text, "--storage-bandwidth"))
+    require(v > 0, "--storage-bandwidth", text, "expected a bandwidth > 0 bytes/s")
+    return v
+
+
+MAX_DAYS = 36500
+"""The longest campaign ``trainsim goodput`` takes (100 years: it steps from interruption to
+interruption, so only the count of interruptions costs time)."""
+
+
+@dataclass(frozen=True)
+class GoodputCampaign:
+    """The training campaign ``trainsim goodput`` simulates: how long, what fails, how it saves."""
+
+    TABLE: ClassVar[str | None] = None
+    GROUP: ClassVar[str | None] = "campaign"
+
+    failures: str = setting("llama3", metavar="PRESET|FILE.toml",
+                            help="failure rates per device-hour and costs: {presets} or a TOML file (default llama3: "
+                                 "the Llama 3 paper's interruption table)")
+    days: float = setting(54.0, type=Number(float, above=0, maximum=MAX_DAYS),
+                          help="wall-clock length of the campaign, days (default 54; up to 36,500: the campaign "
+                               "steps from interruption to interruption, never iteration by iteration)")
+    checkpoint_interval: float | None = setting("auto", type=_checkpoint_interval, metavar="S|auto",
+                                       help="training seconds between checkpoint saves, rounded to whole "
+                                            "iterations; auto: the interval with the best simulated goodput "
+                                            "(default auto)")
+    seed: int = setting(0, type=NONNEGATIVE_INT, help="seed of the failure draws (default 0)")
+    hot_spares: int | None = setting("unlimited", type=_hot_spares, metavar="N|unlimited",
+                              help="spare nodes that replace a failed one at once; a failed node returns after its "
+                                   "repair time; with none free the job waits (default unlimited)")
+    async_save: bool = setting(False, kind="switch",
+                               help="asynchronous checkpoint saves: training stalls only for the copy to host "
+                                    "memory, the write runs in the background (Megatron-LM --async-save)")
+    storage_bandwidth: float | None = setting(type=_storage_bandwidth, metavar="BYTES",
+                                            help="checkpoint storage's aggregate bandwidth per second, shared by all "
+                                                 "writers, e.g. 500GB (default "
+                                                 f"{DEFAULT_STORAGE_BPS / 1e12:g}TB: Llama 3's Tectonic, sustained)")
+    step_time_s: float | None = setting(type=Number(float, above=0), metavar="S",
+                                        help="seconds per training iteration; skips the iteration's simulation")

@@ -66,6 +66,7 @@ from typing import Callable
 
 from sim.program.actions import Action, Program
 from sim.program.schedules import Schedule, Step, interleaved
+from sim.program.workload_moe import COUNTS_OP
 
 EP_STREAM = "ep-comm"
 """The stream the overlapped all-to-alls run on (Megatron-Core's communication stream)."""
@@ -93,8 +94,10 @@ def steady_pairs(schedule: Schedule, pipeline_rank: int) -> list[tuple[str, str]
 
 
 def is_ep_collective(a: Action) -> bool:
-    """An expert-parallel (or expert-tensor-parallel) collective of an MoE layer's dispatch or combine."""
-    return a.kind == "collective" and a.category == "ep"
+    """An expert-parallel (or expert-tensor-parallel) collective of an MoE layer's dispatch or combine
+    (not the token-count gather before the permutation, which Megatron runs on the compute
+    stream: ``sim.program.workload_moe.COUNTS_OP``)."""
+    return a.kind == "collective" and a.category == "ep" and not a.name.endswith(" " + COUNTS_OP)
 
 
 def add_ep_overlap(prog: Program, pairs: Callable[[int], list[tuple[str, str]]],

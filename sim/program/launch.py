@@ -8,8 +8,8 @@ synchronisation: the host waits for the GPU to drain, then launches what follows
 kernel at a time, and a GPU whose kernels are shorter than their launches waits for each.
 A mixture-of-experts layer has such a synchronisation in every forward (Megatron-Core's
 token dispatchers copy the token counts to the host: the alltoall dispatcher before its
-all-to-all, ``cuda_sync_point`` "before_ep_alltoall" (or "before_permutation_1" with a
-capacity factor); the allgather dispatcher's ``tokens_per_expert.cpu()`` after its
+all-to-all, ``cuda_sync_point`` "before_ep_alltoall"; none with a capacity factor, which
+the simulator runs as drop-and-pad, whose counts the host knows ("no_sync"); the allgather dispatcher's ``tokens_per_expert.cpu()`` after its
 all-gather; DeepEP's dispatch, which waits on the host for the received count) and, after
 it, many small kernels: Transformer Engine's grouped GEMM launches one cuBLAS GEMM per local
 expert, and the unfused permutation a dozen PyTorch ops. Dense layers have no

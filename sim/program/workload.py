@@ -42,13 +42,12 @@ from dataclasses import replace
 from functools import lru_cache, singledispatch
 
 from sim.errors import require
-from sim.inputs.frameworks import attention_kernel_in_effect
 from sim.inputs.strategies import ATTENTION_MODES, RECOMPUTE_POLICIES
 from sim.inputs.layers import FullAttention, Layer, standard_layer
 from sim.inputs.model import ModelSpec
 from sim.inputs.moe import mla_projections
 from sim.inputs.plan import ATTENTION, CROSS_ENTROPY, RECOMPUTE, ParallelPlan
-from sim.inputs.precision import Precision
+from sim.inputs.plan_sections import FrameworkPlan, ParallelismPlan, PrecisionPlan, RecomputePlan
 from sim.inputs.recompute import layer_recompute, modules_in_effect, mtp_recompute
 from sim.program.fp8 import fp8_layer_work
 from sim.program.loss import loss_backward, loss_forward
@@ -521,11 +520,8 @@ def plan_layer_work(model: ModelSpec, plan: ParallelPlan, moe: MoeShape | None =
     ``layer``: its kinds (``sim.inputs.layers``; None: the model's standard layer);
     ``recompute``: the layer's own granularity under a recompute method
     (``sim.inputs.recompute.layer_recompute``), default the plan's."""
-    rec = plan.recompute if recompute is None else recompute
-    return layer_as_run(model, plan.micro_batch_size, plan.tp, plan.sequence_parallel, rec, plan.attention, moe,
-                  plan.precision, plan.num_microbatches, plan.cp, plan.cp_comm_type,
-                  plan.gradient_accumulation_fusion, plan.fp8_param_gather, plan.recompute_modules,
-                  attention_kernel_in_effect(plan), layer)
+    s = plan.sections
+    return layer_as_run(model, s.parallelism, s.recompute.at(recompute), s.precision, s.framework, moe, layer)
 
 
 def local_sequence(model: ModelSpec, cp: int) -> ModelSpec:
@@ -534,17 +530,19 @@ def local_sequence(model: ModelSpec, cp: int) -> ModelSpec:
 
 
 @lru_cache(maxsize=4096)
-def layer_as_run(model: ModelSpec, b: int, t: int, sp: bool, recompute: str = "none", attention: str = "flash",
-                 moe: MoeShape | None = None, precision: Precision | None = None, microbatches: int = 1,
-                 cp: int = 1, cp_comm: str = "p2p", fused_accumulation: bool = True, fp8_params: bool = False,
-                 modules: tuple | None = None, kernel: str = "te", layer: Layer | None = None) -> Work:
-    """``plan_layer_work`` from the plan's settings, cached: ``layer_work`` with its attention
-    run by ``kernel`` (``with_attention_kernel``), then the casts of ``precision`` (``sim.program.fp8``)
-    and unfused gradient accumulation (``accumulate_wgrads``)."""
-    work = with_attention_kernel(layer_work(model, b, t, sp, recompute, attention=attention, moe=moe, cp=cp,
-                                            cp_comm=cp_comm, modules=modules, layer=layer), kernel)
-    return accumulate_wgrads(fp8_layer_work(work, precision, t, sp, microbatches, fp8_params),
-                             fused_accumulation)
+def layer_as_run(model: ModelSpec, par: ParallelismPlan, rec: RecomputePlan, prec: PrecisionPlan,
+                 fw: FrameworkPlan, moe: MoeShape | None = None, layer: Layer | None = None) -> Work:
+    """``plan_layer_work`` from the plan's sections (``sim.inputs.plan_sections``), cached on
+    them: ``layer_work`` on the rank's micro-batch, tp and cp share with ``rec``'s recompute and
+    ``fw``'s attention, its attention run by ``fw``'s kernel (``with_attention_kernel``), then
+    the casts of ``prec``'s precision over ``par``'s micro-batches (``sim.program.fp8``) and
+    unfused gradient accumulation (``accumulate_wgrads``)."""
+    t, sp = par.tp, par.sequence_parallel
+    work = with_attention_kernel(layer_work(model, par.micro_batch_size, t, sp, rec.recompute, attention=fw.attention,
+                                            moe=moe, cp=par.cp, cp_comm=par.cp_comm_type,
+                                            modules=rec.recompute_modules, layer=layer), fw.kernel)
+    return accumulate_wgrads(fp8_layer_work(work, prec.precision, t, sp, par.num_microbatches, prec.fp8_param_gather),
+                             fw.gradient_accumulation_fusion)
 
 
 def p2p_bytes(model: ModelSpec, micro_batch: int, tp: int = 1, sequence_parallel: bool = False,

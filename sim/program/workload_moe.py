@@ -86,10 +86,37 @@ def attention_widths(m) -> tuple[int, int, int, int]:
     return m.q_dim + 2 * m.kv_dim, m.q_dim, m.head_dim, m.head_dim
 
 
+QK_NORM_FLOPS = 5
+"""FLOPs per element of an RMSNorm forward (square, sum, scale by 1/rms, by the weight; as the
+layer norms, ``sim.program.workload._NORM_FLOPS``)."""
+
+
+def _qk_norm(w, m, n_tok: int, t: int, grad: bool) -> None:
+    """``--qk-layernorm`` (``ModelSpec.qk_layernorm``): Megatron-Core's ``SelfAttention`` runs
+    ``q_layernorm`` on the query [s, b, heads, d] and ``k_layernorm`` on the key [s, b, groups, d]
+    (``get_query_key_value_tensors``), each a Transformer Engine RMSNorm over rows of d = head
+    width: one kernel each forward, which reads the e-byte input and writes the e-byte output (and
+    one fp32 1/rms per row); backward TE's ``rmsnorm_bwd`` reads the gradient, the input and the
+    1/rms and writes the input's gradient and per-block partial sums of the weight's gradient,
+    which a second kernel reduces: two kernels each. Elements per rank: the token count times the
+    query width, and the key width, over the tensor-parallel size (heads are split)."""
+    e = w.e
+    rows_q, rows_k = n_tok * m.num_attention_heads // t, n_tok * max(1, m.num_key_value_heads // t)
+    n = (rows_q + rows_k) * m.head_dim
+    rows = rows_q + rows_k
+    if grad:
+        w.mem("attn.qk_norm.grad", 2 * e * n + 4 * rows, e * n, 2 * QK_NORM_FLOPS * n, output=e * n, kernels=4)
+    else:
+        w.mem("attn.qk_norm", e * n, e * n + 4 * rows, QK_NORM_FLOPS * n, output=e * n, kernels=2)
+
+
 def qkv_forward(w, m, n_tok: int, t: int) -> None:
-    """The query/key/value projections: one GEMM, or MLA's projections and norms."""
+    """The query/key/value projections: one GEMM, or MLA's projections and norms; then
+    Qwen3's per-head query and key norms (``_qk_norm``)."""
     if not m.mla:
         w.gemm("attn.qkv", n_tok, attention_widths(m)[0] // t, m.hidden_size, bias=m.bias)
+        if m.qk_layernorm:
+            _qk_norm(w, m, n_tok, t, grad=False)
         return
     for name, i, o, split in mla_projections(m):
         w.gemm(name, n_tok, o // t if split else o, i)
@@ -101,6 +128,8 @@ def qkv_forward(w, m, n_tok: int, t: int) -> None:
 def qkv_dgrad(w, m, n_tok: int, t: int) -> None:
     """Input gradients of the projections, in reverse."""
     if not m.mla:
+        if m.qk_layernorm:
+            _qk_norm(w, m, n_tok, t, grad=True)
         w.gemm("attn.qkv.dgrad", n_tok, m.hidden_size, attention_widths(m)[0] // t)
         return
     for name, i, o, split in reversed(mla_projections(m)):
@@ -276,13 +305,43 @@ def _sorts(m, shape: MoeShape) -> bool:
 def _sync_on_exchange(shape: MoeShape) -> bool:
     """Whether the host synchronisation of the forward (``sim.program.launch``) comes with the
     exchange (dropless alltoall with an exchange: "before_ep_alltoall"; flex: DeepEP's dispatch
-    waits on the host for the received count) rather than at the permutation (alltoall with a
-    capacity factor: "before_permutation_1"; allgather: after its gather; no exchange)."""
+    waits on the host for the received count) rather than elsewhere (allgather: after its gather;
+    no exchange: the grouped GEMM's counts) or nowhere (a capacity factor, run as drop-and-pad:
+    "no_sync", see ``moe_forward``)."""
     if shape.graphed:
         return False
     if shape.dispatcher.deepep:
         return True
     return shape.dispatcher.exchanges_all_to_all and shape.dropless and shape.ep * shape.etp > 1
+
+
+COUNTS_OP = "moe.dispatch.counts"
+"""The token-count all-gather (``_gathers_counts``). Under ``--overlap-moe-expert-parallel-comm``
+it stays on the compute stream (``sim.program.ep_overlap``): Megatron-Core's combined 1F1B runs
+"pre mlp layernorm->router->dispatch preprocess" (the counts and the permutation) in the attention
+node, on the compute stream (``build_transformer_layer_callables``'s ``submodule_attn_forward``,
+megatron/core/models/gpt/fine_grained_callables.py); only the dispatch and combine nodes'
+all-to-alls go to the communication stream."""
+
+COUNT_BYTES = 8
+"""Bytes of one token count (int64: ``routing_map.sum(dim=0).long()``)."""
+
+
+def _gathers_counts(shape: MoeShape) -> bool:
+    """Whether the forward gathers every rank's token counts per expert before its permutation:
+    the dropless alltoall dispatcher with an exchange (Megatron-Core
+    ``MoEAlltoAllTokenDispatcher.preprocess``: ``num_global_tokens_per_expert =
+    gather_from_sequence_parallel_region(num_local_tokens_per_expert, group=self.tp_ep_group)``,
+    E int64 counts from each of the etp·ep ranks, from which it takes the all-to-all's splits and
+    the local experts' counts that it copies to the host). A blocking ``all_gather_into_tensor``: the
+    compute stream waits for it (PyTorch's ProcessGroupNCCL), so the permutation after it does
+    too; a few kilobytes, so its time is the collective's latency. Priced over the expert-parallel
+    group (with etp > 1 Megatron-Core gathers over etp·ep ranks; the bytes stay as small). None
+    with a capacity factor (drop-and-pad returns before it), in the flex dispatcher (DeepEP
+    exchanges its counts inside its own dispatch) or in the allgather one (it gathers the
+    routing map itself)."""
+    return (shape.dropless and shape.dispatcher.exchanges_all_to_all and not shape.dispatcher.deepep
+            and not shape.dispatcher.gathers and shape.ep > 1)
 
 
 def moe_forward(w, m, b: int, t: int, sp: bool, shape: MoeShape) -> None:
@@ -305,15 +364,23 @@ def moe_forward(w, m, b: int, t: int, sp: bool, shape: MoeShape) -> None:
         _permute(w, m, T * group, shape.load * shape.etp, E // shape.ep, shape, grad=False, sync=not shape.graphed)
         after = None
     else:
-        _permute(w, m, T, T * k, E, shape, grad=False, sync=not shape.graphed and not _sync_on_exchange(shape)
-                 and group > 1)
+        # No synchronisation at the permutation: dropless, it is the exchange's (``_sync_on_exchange``);
+        # with a capacity factor, which the simulator runs as drop-and-pad (Megatron-Core's
+        # ``moe_pad_expert_input_to_capacity``, as Megatron-Bridge's ``apply_moe_token_drop`` sets it
+        # and as the CUDA-graph rule assumes), ``MoEAlltoAllTokenDispatcher.preprocess`` knows every
+        # count from the capacity (``torch.full`` on the host) and returns before any device-to-host
+        # copy: its ``cuda_sync_point`` stays "no_sync" (megatron/core/transformer/moe/
+        # token_dispatcher.py). Its "before_permutation_1" is drop without padding, not simulated.
+        if _gathers_counts(shape):
+            w.comm(COUNTS_OP, "all_gather", COUNT_BYTES * E * group, group="ep")
+        _permute(w, m, T, T * k, E, shape, grad=False)
         after = _exchange(w, m, shape, T, "dispatch", sync=_sync_on_exchange(shape),
                           beside=(lambda: _shared(w, m, b, t, sp, "F.up", sms_held=sms)) if overlap else None)
     if _sorts(m, shape):
         _sort_chunks(w, m, shape, "moe.sort_chunks", after=after)
         after = None
     rows, local, f, f_up = _expert_rows(m, shape)
-    lone = not shape.graphed and group == 1  # no exchange: the grouped GEMM's m_splits to the host
+    lone = not shape.graphed and shape.dropless and group == 1  # no exchange: the grouped GEMM's m_splits to the host
     w.gemm("moe.experts.up", rows, f_up, h, batch=local, after=after, kernels=local, streams=GROUPED_GEMM_STREAMS)
     if lone:
         w.items[-1] = replace(w.items[-1], host_sync=True)

@@ -38,6 +38,13 @@ this rank (the default one when there is no other), else the collective stays at
 measured duration (``comm``, counted in ``meta["unpriced_comm"]``). A barrier is an
 all-reduce of its one byte.
 
+The profiler's own cost: each operator and annotation it records costs the thread that runs
+it a little (its callbacks at the start and end; with ``record_shapes``, the inputs' shapes
+too), so the traced iteration ran slower than the same iteration unprofiled. Each host node
+counts the events that began in it (``Node.recorded_ops``); ``sim.replay.run.replay`` takes
+``HardwareProfile.profiler_op_overhead_s`` (measured by ``trainsim calibrate``) off per
+event (``without_profiler``).
+
 Not modelled: the CPU time the processes take from each other (ranks of one machine share
 its cores; the replay gives each rank its own), and the compute's slowdown while gloo's
 threads move data beside it (the measured operators already ran so).
@@ -45,6 +52,7 @@ threads move data beside it (the measured operators already ran so).
 
 from __future__ import annotations
 
+import bisect
 import math
 import re
 
@@ -161,14 +169,14 @@ def read_cpu(data: dict, events: list, steps: dict, step: int | None, rank: int,
             if ez <= a or ea >= z:
                 continue
             end = min(z, ez)
-            b.host(e["name"], (end - start) * 1e-6)
+            b.host(e["name"], start, end)
             start = end
         if z > start:
-            b.host("host", (z - start) * 1e-6)
+            b.host("host", start, z)
 
     groups = _groups(info, rank)
     used: dict[str, int] = {}
-    b = _Builder(rank, main)
+    b = _Builder(rank, main, sorted(float(e["ts"]) for e in ops if e.get("tid") == main))
     anchor = t0
     pending = []  # (wait time, resume time, order, comm node)
     for order, (e, op) in enumerate(calls):
@@ -185,7 +193,7 @@ def read_cpu(data: dict, events: list, steps: dict, step: int | None, rank: int,
         # gloo's work starts where its event does, within the call (a collective's on a
         # runloop thread once the call queued it; a send's or receive's when the call returns)
         ws = min(max(float(w["ts"]), cs), ce) if w is not None else ce
-        post = b.host(e["name"], (ws - max(anchor, cs)) * 1e-6)
+        post = b.host(e["name"], max(anchor, cs), ws)
         fields = _fields(e, w, op, comm_args, groups, rank)
         measured = (done - cs) * 1e-6
         if fields["kind"] == "comm":
@@ -194,7 +202,7 @@ def read_cpu(data: dict, events: list, steps: dict, step: int | None, rank: int,
             fields["kind"], "gloo")
         node = b.add(e["name"].removeprefix("c10d::"), lane=lane, duration_s=measured, category="comm",
                      ctrl=(post,), **fields)
-        b.host(e["name"], (ce - max(anchor, ws)) * 1e-6)  # (the rest of the call: kept as measured)
+        b.host(e["name"], max(anchor, ws), ce)  # (the rest of the call: kept as measured)
         anchor = max(anchor, ce)
         # Where the host waited for it (see the module doc).
         inside = next((iv for iv in busy if iv[0] < done < iv[1]), None)
@@ -210,9 +218,28 @@ def read_cpu(data: dict, events: list, steps: dict, step: int | None, rank: int,
                      {"unpriced_comm": b.unpriced, "cpu_trace": True})
 
 
+def without_profiler(graph: RankGraph, per_op_s: float) -> RankGraph:
+    """``graph`` with each host node's time less ``per_op_s`` for every operator or annotation
+    the profiler recorded in it (``Node.recorded_ops``; not below zero): the job as it runs
+    without the profiler, whose callbacks at each recorded operator's start and end run on
+    the thread that runs the operators (``HardwareProfile.profiler_op_overhead_s``). The
+    time taken off is ``meta["profiler_removed_s"]``."""
+    nodes, removed = [], 0.0
+    for n in graph.nodes:
+        if n.recorded_ops and n.category == "cpu":
+            d = max(0.0, n.duration_s - n.recorded_ops * per_op_s)
+            removed += n.duration_s - d
+            n = n._replace(duration_s=d)
+        nodes.append(n)
+    return RankGraph(graph.rank, tuple(nodes), graph.source, graph.traced_step_s,
+                     {**graph.meta, "profiler_removed_s": removed,
+                      "recorded_ops": sum(n.recorded_ops for n in graph.nodes)})
+
+
 class _Builder:
-    def __init__(self, rank: int, main):
+    def __init__(self, rank: int, main, starts: list):
         self.rank, self.lane = rank, f"cpu {main}"
+        self.starts = starts  # (the main thread's recorded events' start times, sorted)
         self.nodes: list[Node] = []
         self.prev: int | None = None
         self.unpriced = 0
@@ -223,9 +250,12 @@ class _Builder:
                                data_deps=tuple(data), **kw))
         return i
 
-    def host(self, name: str, duration_s: float, data=()) -> int:
-        i = self.add(name, lane=self.lane, duration_s=max(0.0, duration_s), category="cpu",
-                     ctrl=() if self.prev is None else (self.prev,), data=data)
+    def host(self, name: str, a_us: float, z_us: float, data=()) -> int:
+        """The host's time from ``a_us`` to ``z_us`` (the trace's microseconds), with the
+        profiler's events that began in it."""
+        n = bisect.bisect_left(self.starts, z_us) - bisect.bisect_left(self.starts, a_us) if z_us > a_us else 0
+        i = self.add(name, lane=self.lane, duration_s=max(0.0, (z_us - a_us) * 1e-6), category="cpu",
+                     ctrl=() if self.prev is None else (self.prev,), data=data, recorded_ops=n)
         self.prev = i
         return i
 
@@ -236,7 +266,7 @@ class _Builder:
             pending.remove(p)
             wait_at, resume, _, node = p
             host_time(anchor, wait_at)
-            self.host(f"wait for {self.nodes[node].name}", 0.0, data=(node,))
+            self.host(f"wait for {self.nodes[node].name}", 0.0, 0.0, data=(node,))
             anchor = max(anchor, resume, wait_at)
         return anchor
 

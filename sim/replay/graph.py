@@ -85,6 +85,10 @@ class Node(NamedTuple):
     slows_compute: bool = True
     """Whether a collective holds SMs the compute beside it is not priced without
     (``Action.slows_compute``)."""
+    recorded_ops: int = 0
+    """Host time of a CPU trace (``sim.replay.cpu``): how many operators and annotations the
+    profiler recorded on the thread within it, each of which cost the thread
+    ``HardwareProfile.profiler_op_overhead_s`` more than without the profiler."""
 
     @property
     def deps(self) -> tuple:

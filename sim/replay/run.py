@@ -35,6 +35,10 @@ What-ifs:
   rates (peak x the profile's GEMM / attention efficiency cap), memory-bound and unclassified kernels by the ratio of
   sustained HBM bandwidths; host time is kept; communication is re-priced by the network
   model of the new GPU's node.
+
+A CPU job's traces (``sim.replay.cpu``) replay less the profiler's cost: the profile's
+``profiler_op_overhead_s`` per operator the profiler recorded on a host thread
+(``sim.replay.cpu.without_profiler``), so that the replay is of the job unprofiled.
 """
 
 from __future__ import annotations
@@ -265,6 +269,10 @@ def replay(graphs: list[RankGraph], *, gpu: str | None = None, topology: str | N
     if gpu is not None and traced_gpu is not None and gpu != traced_gpu:
         traced_profile = profile_from_settings(RunSettings.from_values({"gpu": traced_gpu}).cluster)
         full = scale_gpu(full, traced_profile, profile)
+    if cpu and profile.profiler_op_overhead_s:  # (the job without the profiler's cost per recorded op)
+        from sim.replay.cpu import without_profiler
+
+        full = {r: without_profiler(g, profile.profiler_op_overhead_s) for r, g in full.items()}
     if cpu:  # the machine as validate simulates it: a "gpu" per process, joined by the fitted link
         from sim.calibrate.validate import machine_topology, profile_link
 
@@ -282,6 +290,11 @@ def replay(graphs: list[RankGraph], *, gpu: str | None = None, topology: str | N
 
     summary = summarize_replay(trace, replayed, graphs, profile, topo)
     summary["cpu_trace"] = cpu
+    if cpu:  # (the profiler's cost taken off, on the traced ranks: sim.replay.cpu.without_profiler)
+        traced_full = [full[g.rank] for g in graphs]
+        summary["profiler_op_overhead_s"] = profile.profiler_op_overhead_s
+        summary["profiler_removed_s"] = {str(g.rank): g.meta.get("profiler_removed_s", 0.0) for g in traced_full}
+        summary["profiler_events"] = {str(g.rank): sum(n.recorded_ops for n in g.nodes) for g in traced_full}
     # (--gpu is a what-if only when the trace names its own GPU; else it is the GPU the trace ran on)
     scaled = gpu if traced_gpu is not None and gpu != traced_gpu else None
     summary["what_if"] = {k: v for k, v in (("gpu", scaled), ("gpus", gpus), ("topology", topology),

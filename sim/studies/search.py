@@ -88,11 +88,11 @@ from sim.program.api import (
     group_comm_time, layer_as_run, layer_phase_times, moe_layer_groups, plan_edge_works, transfer_time, work_times,
 )
 from sim.errors import InputError, require
-from sim.inputs.frameworks import attention_kernel_in_effect
 from sim.inputs.hardware import HardwareProfile
 from sim.inputs.model import ModelSpec
 from sim.inputs.plan import RECOMPUTE, SCHEDULES, ZERO_STAGES, ParallelPlan
-from sim.inputs.precision import FP8_FORMATS, Precision
+from sim.inputs.plan_sections import FrameworkPlan, ParallelismPlan, PrecisionPlan, RecomputePlan
+from sim.inputs.precision import FP8_FORMATS
 from sim.inputs.strategies import schedule_named
 from sim.inputs.experts import DISPATCHERS, Folding
 from sim.inputs.schema_commands import DEFAULT_MARGIN as _DEFAULT_MARGIN, LONG_SEQUENCE as _LONG_SEQUENCE
@@ -283,18 +283,18 @@ def _variants(model, gbs, space, dp, tp, pp, mbs, cp=1) -> list[ParallelPlan]:
 
 
 @lru_cache(maxsize=4096)
-def _phases(model: ModelSpec, profile: HardwareProfile, b: int, t: int, sp: bool, recompute: str,
-            tp_link: str, precision: Precision | None = None, microbatches: int = 1, cross_entropy: str = "megatron",
-            fused_accumulation: bool = True, attention: str = "flash", modules: tuple | None = None,
-            kernel: str = "te") -> tuple:
+def _phases(model: ModelSpec, profile: HardwareProfile, tp_link: str, par: ParallelismPlan, rec: RecomputePlan,
+            prec: PrecisionPlan, fw: FrameworkPlan) -> tuple:
     """Per phase F, B, W: (phase, layer_s, embedding_s, head_s, layer_s), compute plus tp
-    collectives, for the layer, embedding and head as the plan runs them (``sim.program.workload``)."""
+    collectives, for the layer, embedding and head as the plan's sections run them
+    (``sim.program.workload``), cached on the sections."""
+    b, t, sp = par.micro_batch_size, par.tp, par.sequence_parallel
+
     def times(work):
         return work_times(work, profile, t, tp_link)
 
-    layer = times(layer_as_run(model, b, t, sp, recompute, attention, None, precision, microbatches,
-                               fused_accumulation=fused_accumulation, modules=modules, kernel=kernel))
-    emb, head = (times(w) for w in edge_works(model, b, t, sp, cross_entropy, fused_accumulation))
+    layer = times(layer_as_run(model, par, rec, prec, fw))
+    emb, head = (times(w) for w in edge_works(model, b, t, sp, fw.cross_entropy, fw.gradient_accumulation_fusion))
     return tuple((ph, sum(layer[ph]), sum(emb[ph]), sum(head[ph]), sum(layer[ph])) for ph in ("F", "B", "W"))
 
 
@@ -381,9 +381,8 @@ def bound_s(ctx: BuildContext, est: Estimate) -> float:
     if model.moe or plan.cp > 1 or model.layers is not None:
         ph = _layered_phases(model, plan, profile, est, gpus_per_node, ep)
     else:
-        ph = _phases(model, profile, plan.micro_batch_size, plan.tp, plan.sequence_parallel, plan.recompute,
-                     est.links["tp"], plan.precision, m, plan.cross_entropy, plan.gradient_accumulation_fusion,
-                     plan.attention, plan.recompute_modules, attention_kernel_in_effect(plan))
+        sec = plan.sections
+        ph = _phases(model, profile, est.links["tp"], sec.parallelism, sec.recompute, sec.precision, sec.framework)
     ranks, a2a = [], []  # per pipeline rank: (F, B, W) seconds per micro-batch over its chunks; all-to-all seconds
     kinds = _kind_phases(model, plan, profile, est, gpus_per_node, ep) if model.layers is not None else None
     for r in range(p):

@@ -44,6 +44,7 @@ layer's full set of tensors while it runs (``recompute_working_bytes``).
 
 from __future__ import annotations
 
+from dataclasses import dataclass, replace
 from functools import singledispatch
 
 from sim.errors import require
@@ -51,6 +52,7 @@ from sim.inputs.layers import FullAttention, Layer
 from sim.inputs.strategies import RECOMPUTE_POLICIES
 from sim.inputs.model import ModelSpec
 from sim.inputs.plan import RECOMPUTE, ParallelPlan
+from sim.inputs.plan_sections import ParallelismPlan, PrecisionPlan, RecomputePlan
 from sim.inputs.recompute import keeps_checkpoint, layer_recompute, modules_in_effect, mtp_recompute
 from sim.inputs.precision import Precision
 from sim.program.fp8 import saved_input_bytes
@@ -66,14 +68,30 @@ def activation_terms(model: ModelSpec, micro_batch: int, tp: int = 1, sequence_p
     ``experts``: (ep, etp) of an MoE layer under balanced routing, ``moe_terms``;
     ``modules``: what ``selective`` recomputes, default the attention core, ``recomputed_terms``;
     ``layer``: the layer's kinds under a layer pattern, each block's own tensors, ``kind_terms``)."""
-    g = 2 if precision is None else saved_input_bytes(precision.recipe)
-    mods = modules_in_effect(recompute, modules)
-    if layer is not None:
-        terms = kind_terms(model, layer, micro_batch, tp, sequence_parallel, recompute, flash_attention, g,
-                           experts, mods)
-    else:
-        terms = _stored_terms(model, micro_batch, tp, sequence_parallel, recompute, flash_attention, g, experts, mods)
+    require(recompute in RECOMPUTE, "recompute", recompute, f"allowed: {', '.join(RECOMPUTE)}")
+    key = Storing(micro_batch, tp, sequence_parallel and tp > 1, recompute, flash_attention,
+                  2 if precision is None else saved_input_bytes(precision.recipe), experts,
+                  modules_in_effect(recompute, modules))
+    terms = kind_terms(model, layer, key) if layer is not None else _stored_terms(model, key)
     return {k: v for k, v in terms.items() if v}
+
+
+@dataclass(frozen=True)
+class Storing:
+    """What decides the tensors a layer stores on one rank besides the model: the rank's
+    micro-batch ``b``, tensor-parallel size ``t`` and sequence parallelism in effect ``sp``, the
+    recompute granularity and the modules recomputed (``mods``, ``modules_in_effect``'s),
+    whether attention is fused (``flash``), the bytes per element of a stored GEMM input
+    (``g``) and an MoE layer's (ep, etp) (``experts``; None: dense)."""
+
+    b: int
+    t: int
+    sp: bool
+    recompute: str
+    flash: bool
+    g: float
+    experts: tuple[int, int] | None
+    mods: tuple
 
 
 def attention_terms(m: ModelSpec, b: int, t: int, sp: bool, g: float, flash_attention: bool, mods: tuple) -> dict:
@@ -114,20 +132,17 @@ def _mlp_terms(m: ModelSpec, sbh: float, t: int, rep: int, g: float) -> dict:
     return terms
 
 
-def _stored_terms(model: ModelSpec, micro_batch: int, tp: int, sequence_parallel: bool, recompute: str,
-                  flash_attention: bool, g: float, experts: tuple[int, int] | None, mods: tuple) -> dict:
-    """``activation_terms``' tensors, ``g`` bytes per element of a stored GEMM input."""
-    require(recompute in RECOMPUTE, "recompute", recompute, f"allowed: {', '.join(RECOMPUTE)}")
-    m, b, t = model, micro_batch, tp
+def _stored_terms(model: ModelSpec, k: Storing) -> dict:
+    """``activation_terms``' tensors, ``k.g`` bytes per element of a stored GEMM input."""
+    m, b, t, sp, g, experts, mods = model, k.b, k.t, k.sp, k.g, k.experts, k.mods
     s, h = m.seq_length, m.hidden_size
-    sp = sequence_parallel and t > 1
     sbh = s * b * h
     rep = t if sp else 1                     # divisor of the non-tensor-parallel regions
-    if RECOMPUTE_POLICIES[recompute].whole_layer:
+    if RECOMPUTE_POLICIES[k.recompute].whole_layer:
         return {"layer.input": 2 * sbh / rep}
     mask = 1 if m.dropout else 0
     terms = {"attn.norm.input": 2 * sbh / rep}
-    terms.update(attention_terms(m, b, t, sp, g, flash_attention, mods))
+    terms.update(attention_terms(m, b, t, sp, g, k.flash, mods))
     terms["attn.dropout_mask"] = mask * sbh / rep
     terms["mlp.norm.input"] = 2 * sbh / rep
     if experts is not None:
@@ -139,17 +154,15 @@ def _stored_terms(model: ModelSpec, micro_batch: int, tp: int, sequence_parallel
     return recomputed_terms(terms, mods, 2 * sbh / rep)
 
 
-def kind_terms(m: ModelSpec, layer: Layer, b: int, t: int, sequence_parallel: bool, recompute: str,
-               flash_attention: bool, g: float, experts: tuple[int, int] | None, mods: tuple) -> dict:
+def kind_terms(m: ModelSpec, layer: Layer, k: Storing) -> dict:
     """A layer of a model with a layer pattern, block by block: each block's norm input,
     the block's own tensors (its kind's ``stored``; a dense MLP's or an MoE block's as in
     every other model) and its dropout mask; then what the recomputed modules free.
     Full recomputation keeps the layer input alone."""
-    require(recompute in RECOMPUTE, "recompute", recompute, f"allowed: {', '.join(RECOMPUTE)}")
-    sp = sequence_parallel and t > 1
+    b, t, sp, g, mods = k.b, k.t, k.sp, k.g, k.mods
     sbh = m.seq_length * b * m.hidden_size
     rep = t if sp else 1
-    if RECOMPUTE_POLICIES[recompute].whole_layer:
+    if RECOMPUTE_POLICIES[k.recompute].whole_layer:
         return {"layer.input": 2 * sbh / rep}
     mask = 1 if m.dropout else 0
     terms: dict = {}
@@ -157,9 +170,9 @@ def kind_terms(m: ModelSpec, layer: Layer, b: int, t: int, sequence_parallel: bo
         blk = kind.block
         terms[f"{blk}.norm.input"] = 2 * sbh / rep
         if kind.mixes:
-            terms.update(mixer_stored(kind, m, b, t, sp, g, flash_attention, mods))
+            terms.update(mixer_stored(kind, m, b, t, sp, g, k.flash, mods))
         elif layer.is_moe:
-            terms.update(moe_terms(m, b, t, sp, experts or (1, t)))
+            terms.update(moe_terms(m, b, t, sp, k.experts or (1, t)))
         else:
             terms.update(_mlp_terms(m, sbh, t, rep, g))
         terms[f"{blk}.dropout_mask"] = mask * sbh / rep
@@ -242,11 +255,20 @@ def plan_layer_bytes(model: ModelSpec, plan: ParallelPlan, flash_attention: bool
     """``activation_bytes_per_layer`` of a dense (``moe`` False) or MoE layer as ``plan`` runs
     it (``recompute``: another granularity than the plan's, without its modules; ``layer``:
     its kinds under a layer pattern)."""
-    rec = plan.recompute if recompute is None else recompute
-    mods = plan.recompute_modules if rec == plan.recompute else None
-    return activation_bytes_per_layer(model, plan.micro_batch_size, plan.tp, plan.sequence_parallel, rec,
-                                      flash_attention, plan.precision,
-                                      (plan.ep, plan.etp_size) if moe else None, mods, layer)
+    s = plan.sections
+    rec = s.recompute if recompute is None or recompute == plan.recompute else \
+        replace(s.recompute, recompute=recompute, recompute_modules=None)
+    return layer_bytes(model, s.parallelism, rec, s.precision, flash_attention,
+                       (plan.ep, plan.etp_size) if moe else None, layer)
+
+
+def layer_bytes(model: ModelSpec, par: ParallelismPlan, rec: RecomputePlan, prec: PrecisionPlan,
+                flash_attention: bool, experts: tuple[int, int] | None = None, layer: Layer | None = None) -> float:
+    """``activation_bytes_per_layer`` from the plan's sections (``sim.inputs.plan_sections``):
+    ``par``'s micro-batch and tensor/sequence parallelism, ``rec``'s granularity and modules,
+    ``prec``'s precision."""
+    return activation_bytes_per_layer(model, par.micro_batch_size, par.tp, par.sequence_parallel, rec.recompute,
+                                      flash_attention, prec.precision, experts, rec.recompute_modules, layer)
 
 
 def _kind_bytes(model: ModelSpec, plan: ParallelPlan, flash_attention: bool, recompute: str | None = None) -> dict:
@@ -368,26 +390,25 @@ def recompute_working_bytes(model: ModelSpec, plan: ParallelPlan) -> float:
     (its stored bytes with the attention core alone recomputed less those with the modules;
     the larger of a dense and an MoE layer's), held while that layer's backward runs; the
     attention core's few regenerated bytes are left out, as they always were. 0 otherwise."""
+    sec = plan.sections
     if plan.recompute_policy.whole_layer:  # under uniform, a group of recompute_num_layers re-runs its forward at once
         group = 1 if plan.recompute_method != "uniform" else min(  # (no group longer than a chunk)
             plan.recompute_num_layers, max(len(plan.layer_range(model, vs)) for vs in range(plan.pp * plan.vpp)))
+        kept = replace(sec.recompute, recompute="none", recompute_modules=None)  # (a layer as without recompute)
         if model.layers is not None:
-            return group * max(activation_bytes_per_layer(model, plan.micro_batch_size, plan.tp, plan.sequence_parallel,
-                                                          "none", precision=plan.precision,
-                                                          experts=(plan.ep, plan.etp_size) if lay.is_moe else None,
-                                                          layer=lay)
+            return group * max(layer_bytes(model, sec.parallelism, kept, sec.precision, True,
+                                           (plan.ep, plan.etp_size) if lay.is_moe else None, lay)
                                for lay in model.layer_kinds) / plan.cp
-        return group * activation_bytes_per_layer(model, plan.micro_batch_size, plan.tp, plan.sequence_parallel,
-                                                  "none", precision=plan.precision) / plan.cp
+        return group * layer_bytes(model, sec.parallelism, kept, sec.precision, True) / plan.cp
     mods = plan.recomputed_modules
     if not set(mods) - {"core_attn"}:
         return 0.0
     core = tuple(m for m in mods if m == "core_attn")
 
     def layer(moe: bool, modules: tuple, lay: Layer | None = None) -> float:
-        return activation_bytes_per_layer(model, plan.micro_batch_size, plan.tp, plan.sequence_parallel, "selective",
-                                          plan.attention_mode.fused, plan.precision,
-                                          (plan.ep, plan.etp_size) if moe else None, modules, lay)
+        rec = replace(sec.recompute, recompute="selective", recompute_modules=modules)
+        return layer_bytes(model, sec.parallelism, rec, sec.precision, plan.attention_mode.fused,
+                           (plan.ep, plan.etp_size) if moe else None, lay)
 
     if model.layers is not None:
         return max(layer(lay.is_moe, core, lay) - layer(lay.is_moe, mods, lay) for lay in model.layer_kinds) / plan.cp

@@ -22,7 +22,8 @@ often to checkpoint.
 from sim.engine.campaign import Campaign, CampaignConfig, simulate_campaign
 from sim.studies.goodput.failures import DEVICE_KINDS, Cause, FailureModel, device_counts, load_failures, preset_names
 from sim.studies.goodput.optimum import daly_goodput, daly_interval_s, search_interval, young_interval_s
-from sim.studies.goodput.study import DEFAULT_STORAGE_BPS, Checkpoint, Study, checkpoint_of, run_study
+from sim.inputs.schema_commands import DEFAULT_STORAGE_BPS  # (the default of goodput's --storage-bandwidth)
+from sim.studies.goodput.study import Checkpoint, Study, checkpoint_of, run_study
 
 __all__ = ["Campaign", "CampaignConfig", "simulate_campaign", "DEVICE_KINDS", "Cause", "FailureModel", "device_counts",
            "load_failures", "preset_names", "daly_goodput", "daly_interval_s", "search_interval", "young_interval_s",

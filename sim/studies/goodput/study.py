@@ -32,10 +32,6 @@ from sim.studies.goodput.failures import FailureModel
 from sim.studies.goodput.optimum import SEARCH_FAILURES, daly_goodput, daly_interval_s, search_interval, \
     young_interval_s
 
-DEFAULT_STORAGE_BPS = 2e12
-"""Checkpoint storage, aggregate bytes/s: 2 TB/s, the sustained throughput of Meta's
-Tectonic file system that stored Llama 3's checkpoints (Dubey et al. 2024, "The Llama 3
-Herd of Models", section 3.3.1; 7 TB/s peak). A typical cluster's file system is slower."""
 DAY_S = 86400.0
 
 
