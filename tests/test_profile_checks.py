@@ -103,6 +103,11 @@ def test_keys_are_named_with_what_is_allowed():
         "fp8_gemm_max_efficiency, attention_max_efficiency": _set(d, "efficiency_ceilings.gemm_k_overhead", 0.5),
         "efficiency_ceilings.gemm_max_efficiency: got 1.5; expected a fraction in (0, 1]":
             _set(d, "efficiency_ceilings.gemm_max_efficiency", 1.5),
+        # the backward and causal kernels' throughput relative to the non-causal forward's
+        "attention_backward_relative_efficiency: got 1.2; expected a fraction in (0, 1]":
+            {**d, "attention_backward_relative_efficiency": 1.2},
+        "attention_causal_relative_efficiency: got 0; expected a fraction in (0, 1]":
+            {**d, "attention_causal_relative_efficiency": 0},
     }
     for says, data in cases.items():
         with pytest.raises(InputError) as e:
