@@ -92,11 +92,12 @@ def run(args) -> int:
                                     args.protocol, nccl)
     if args.out:
         out = Path(args.out)
-        from sim.results.plot import plot_timeline
+        from sim.results.plot import TimelineView, plot_timeline
 
         write_chrome(trace, out / "trace.json")
-        plot_timeline(trace, out / "timeline.png", show_transfers=True, max_lanes=32,
-                      title=f"{op} ({summary['algo']}) of {format_bytes(nbytes)} on {gpus} GPUs, {topo.name}")
+        plot_timeline(trace, out / "timeline.png", TimelineView(
+            show_transfers=True, max_lanes=32,
+            title=f"{op} ({summary['algo']}) of {format_bytes(nbytes)} on {gpus} GPUs, {topo.name}"))
         write_json_atomic(summary, out / "summary.json")
     if args.json:
         # strict JSON: a non-finite bandwidth (zero time) is null, never Infinity

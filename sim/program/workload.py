@@ -107,8 +107,7 @@ def _attention_forward(w: Builder, m: ModelSpec, b: int, t: int, attention: str,
     n_tok, qkv = b * s, width // t
     if ATTENTION_MODES[attention].fused:
         w.attention("attn.core", 2 * b * s * k * heads * (d_qk + d_v), e * n_tok * qkv,
-                    e * n_tok * out / t + 4 * b * heads * s, e * n_tok * out / t, s, d, b * heads,
-                    seq_k=None if keys is None else k)
+                    e * n_tok * out / t + 4 * b * heads * s, e * n_tok * out / t, (s, k, d), b * heads)
         return
     bh = b * heads
     scores = bh * s * s
@@ -135,7 +134,7 @@ def _attention_backward(w: Builder, m: ModelSpec, b: int, t: int, attention: str
     if ATTENTION_MODES[attention].fused:
         w.attention("attn.core.grad", 4 * b * s * k * heads * (d_qk + d_v),
                     e * (n_tok * qkv + 2 * n_tok * out / t) + 4 * b * heads * s,
-                    e * n_tok * qkv, e * n_tok * qkv, s, d, b * heads, seq_k=None if keys is None else k)
+                    e * n_tok * qkv, e * n_tok * qkv, (s, k, d), b * heads)
         return
     bh = b * heads
     scores = bh * s * s
