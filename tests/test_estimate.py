@@ -152,9 +152,9 @@ def test_zero_bubble_closed_forms():
     # Micro-batches stashed on stage i: GPipe all 8, 1F1B p - i; ZB-H1 p = 4 and ZB-H2
     # 2p - 1 = 7 on every stage, since a micro-batch's activations stay until its W (so the
     # last stage keeps p micro-batches' logits under ZB-H1 where 1F1B keeps one).
-    from sim.program.memory import activation_bytes_per_layer, embedding_activation_bytes, head_activation_bytes
+    from sim.program.memory import Storing, activation_bytes_per_layer, embedding_activation_bytes, head_activation_bytes
     held = {"gpipe": lambda i: 8, "1f1b": lambda i: p - i, "zb-h1": lambda i: p, "zb-h2": lambda i: 2 * p - 1}
-    per_layer, on_first, on_last = (activation_bytes_per_layer(m, 1), embedding_activation_bytes(m, 1),
+    per_layer, on_first, on_last = (activation_bytes_per_layer(m, Storing.of(1)), embedding_activation_bytes(m, 1),
                                     head_activation_bytes(m, 1))
     for s, e in est.items():
         i = e.worst_stage

@@ -22,7 +22,7 @@ from sim.program.costs import op_time
 from sim.program.estimate import estimate
 from sim.inputs.precision import fp8_precision
 from sim.program.fp8 import fp8_layer_work
-from sim.program.memory import activation_bytes_per_layer, fp8_weight_copy_bytes, stage_memory_bytes
+from sim.program.memory import Storing, activation_bytes_per_layer, fp8_weight_copy_bytes, stage_memory_bytes
 from sim.program.workload import chunk_work, layer_work
 from sim.studies.search import SearchSpace, enumerate_plans, plan_key
 
@@ -195,7 +195,8 @@ def test_memory_fp8_weight_copies_and_fp8_saved_inputs():
     # input sbf/t, one byte each instead of two (no sequence parallelism: rep = 1).
     sbh = s * b * h
     saved = sbh + sbh / t + sbh + s * b * f / t
-    assert activation_bytes_per_layer(model, b, t) - activation_bytes_per_layer(model, b, t, precision=fp8_precision("e4m3")) \
+    assert activation_bytes_per_layer(model, Storing.of(b, t)) \
+        - activation_bytes_per_layer(model, Storing.of(b, t, precision=fp8_precision("e4m3"))) \
         == pytest.approx(saved)
     m8, m16 = stage_memory_bytes(model, plan, 0), stage_memory_bytes(model, bf16, 0)
     assert m8["weights"] - m16["weights"] == fp8_weight_copy_bytes(model, plan, 0)

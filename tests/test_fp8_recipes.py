@@ -15,7 +15,7 @@ from sim.inputs.topology_build import NODE_OF_GPU
 from sim.program.costs import op_time
 from sim.inputs.precision import RECIPES, Precision, fp8_precision, label
 from sim.program.fp8 import fp8_layer_work
-from sim.program.memory import activation_terms, fp8_weight_copy_bytes
+from sim.program.memory import Storing, activation_terms, fp8_weight_copy_bytes
 from sim.program.workload import layer_work
 
 B200 = load_profile("b200")
@@ -48,7 +48,7 @@ def test_weight_copies_take_n_times_one_plus_the_scales_per_copy(recipe, per_cop
 
 @pytest.mark.parametrize("recipe,per_element", [("delayed", 1.0), ("mxfp8", 1 + 1 / 32), ("blockwise", 1 + 4 / 128)])
 def test_saved_gemm_inputs_carry_their_scales(recipe, per_element):
-    terms = activation_terms(MODEL, 1, precision=fp8_precision("e4m3", recipe))
+    terms = activation_terms(MODEL, Storing.of(1, precision=fp8_precision("e4m3", recipe)))
     assert terms["attn.qkv.input"] == pytest.approx(S * H * per_element, rel=1e-12)
     assert terms["mlp.down.input"] == pytest.approx(S * F * per_element, rel=1e-12)
     assert terms["attn.q"] == 2 * S * H  # BF16 tensors are untouched

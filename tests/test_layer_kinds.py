@@ -12,7 +12,7 @@ from sim.inputs.layers import (KINDS, ChunkedAttention, DenseMLP, FullAttention,
 from sim.inputs.model import llama, preset
 from sim.inputs.plan import ParallelPlan
 from sim.program.estimate import model_flops_per_sequence
-from sim.program.memory.activations import activation_terms
+from sim.program.memory.activations import Storing, activation_terms
 from sim.program.stage_balance import auto_layer_split, layer_costs
 from sim.program.workload import layer_work
 from sim.program.workload_moe import MoeShape
@@ -50,8 +50,8 @@ def test_explicit_standard_layers_cost_exactly_what_the_model_without_a_pattern_
         a = layer_work(base, 1, 2, True, rec)
         b = layer_work(explicit, 1, 2, True, rec, layer=explicit.layers[0])
         assert a.items == b.items
-        assert activation_terms(base, 1, 2, True, rec) == activation_terms(explicit, 1, 2, True, rec,
-                                                                           layer=explicit.layers[0])
+        key = Storing.of(1, 2, True, rec)
+        assert activation_terms(base, key) == activation_terms(explicit, key, layer=explicit.layers[0])
     assert model_flops_per_sequence(explicit) == pytest.approx(model_flops_per_sequence(base), rel=1e-12)
 
 
@@ -98,8 +98,8 @@ def test_window_attention_stores_what_full_attention_stores_under_flash():
     # flash keeps a log-sum-exp per query row, whatever the window; K and V are b·s·kv wide
     win = small([Layer(SlidingWindowAttention(window=128), DenseMLP())])
     full = small([Layer(FullAttention(), DenseMLP())])
-    a = activation_terms(win, 1, layer=win.layers[0])
-    assert a == activation_terms(full, 1, layer=full.layers[0])
+    a = activation_terms(win, Storing.of(1), layer=win.layers[0])
+    assert a == activation_terms(full, Storing.of(1), layer=full.layers[0])
     assert a["attn.k"] == a["attn.v"] == 2 * 1024 * 256 and a["attn.softmax.lse"] == 4 * 4 * 1024
 
 
@@ -137,10 +137,10 @@ def test_mamba2_ssd_flops_per_chunk_by_hand():
 
 def test_mamba2_stores_its_chunk_states_and_full_recompute_its_input_only():
     m = small([Layer(MAMBA, None)])
-    t = activation_terms(m, 1, layer=m.layers[0])
+    t = activation_terms(m, Storing.of(1), layer=m.layers[0])
     assert t["mamba.ssd.states"] == 4 * 8 * 16 * 64 * 64  # fp32, 8 chunks of H·P·N
     assert t["mamba.norm.input"] == 2 * 1024 * 256
-    assert activation_terms(m, 1, recompute="full", layer=m.layers[0]) == {"layer.input": 2 * 1024 * 256}
+    assert activation_terms(m, Storing.of(1, recompute="full"), layer=m.layers[0]) == {"layer.input": 2 * 1024 * 256}
     # selective recompute of the attention core has nothing to recompute in a Mamba layer
     sel = layer_work(m, 1, recompute="selective", layer=m.layers[0])
     assert not [i for i in sel.items if i.recompute]

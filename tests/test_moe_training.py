@@ -116,10 +116,10 @@ def test_run_reports_active_params_and_the_routing(tmp_path):
 
 
 def test_moe_layer_activations_count_every_routed_copy():
-    from sim.program.memory.activations import activation_bytes_per_layer, activation_terms
+    from sim.program.memory.activations import Storing, activation_bytes_per_layer, activation_terms
 
-    dense = activation_terms(TINY, 1)
-    moe = activation_terms(TINY, 1, experts=(2, 1))
+    dense = activation_terms(TINY, Storing.of(1))
+    moe = activation_terms(TINY, Storing.of(1, experts=(2, 1)))
     T, k, h, f, E = 256, 2, 512, 512, 4
     R = T * k
     by_hand = 4 * T * E + 2 * R * h + 2 * R * f + 2 * R * h + 2 * 2 * R * f   # probs, up in, down in, out, gate+up
@@ -128,7 +128,7 @@ def test_moe_layer_activations_count_every_routed_copy():
     assert sum(moe.values()) == pytest.approx(sum(dense.values()) - sum(mlp.values()) + by_hand)
     from sim.program.memory import chunk_activation_bytes, embedding_activation_bytes, head_activation_bytes
 
-    per = activation_bytes_per_layer(TINY, 1, experts=(2, 1))
+    per = activation_bytes_per_layer(TINY, Storing.of(1, experts=(2, 1)))
     stored = chunk_activation_bytes(TINY, ParallelPlan(dp=2, ep=2), 0)   # one stage: the 4 MoE layers, both ends
     assert stored == pytest.approx(4 * per + embedding_activation_bytes(TINY, 1) + head_activation_bytes(TINY, 1))
 

@@ -22,7 +22,7 @@ from sim.inputs.model import ModelSpec
 from sim.inputs.plan import ParallelPlan
 from sim.inputs.topology_build import load_topology
 from sim.program.actions import Action, Program
-from sim.program.tp import TP_COMM_STREAM, add_tp_collectives, overlapped_layer
+from sim.program.tp import TP_COMM_STREAM, ItemReader, add_tp_collectives, overlapped_layer
 from sim.program.training import build_program
 from sim.program.workload import Comm, Op
 from sim.inputs.schema import SimulationSettings
@@ -211,8 +211,8 @@ def test_tp_overlap_chunks_pay_no_base_latency_and_a_plain_allreduce_does(make_s
     # [3,5], gemm1 [9,15], proj [15,17], all-reduce [17, 21 + base], residual.
     items = [_memory("attn.norm", 1), Comm("attn.all_gather", "F", "all_gather", 8.0), _gemm("attn.qkv", 12),
              _gemm("attn.proj", 2), Comm("attn.all_reduce", "F", "all_reduce", 4.0), _memory("attn.residual", 1)]
-    segs = overlapped_layer(items, 0, lambda op: op.flops, 2, lambda it: isinstance(it, Comm),
-                            lambda c: OPS[c.collective])
+    segs = overlapped_layer(items, 0, 2, ItemReader(lambda op: op.flops, lambda it: isinstance(it, Comm),
+                                                    lambda c: OPS[c.collective]))
     prog = add_tp_collectives(Program({r: [Action("0F0", category="F")] for r in range(2)}), lambda r, a: segs,
                               lambda r: (0, 1))
     colls = [a for a in prog.actions[0] if a.kind == "collective"]

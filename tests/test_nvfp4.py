@@ -15,7 +15,7 @@ from sim.inputs.plan import ParallelPlan
 from sim.inputs.precision import RECIPES, check_support, fp8_precision
 from sim.program.costs import op_time
 from sim.program.fp8 import fp8_layer_work
-from sim.program.memory import activation_terms, fp8_weight_copy_bytes
+from sim.program.memory import Storing, activation_terms, fp8_weight_copy_bytes
 from sim.program.ops import Op
 from sim.program.workload import layer_work
 
@@ -114,7 +114,7 @@ def test_nvfp4_all_reduces_the_amax_of_gathered_tensors_and_gathers_fp4():
 def test_weight_copies_and_saved_inputs_in_fp4():
     plan = ParallelPlan(fp4_recipe="nvfp4")
     assert fp8_weight_copy_bytes(MODEL, plan, 0) == pytest.approx(2 * L * LAYER_GEMM_PARAMS * (0.5 + 1 / 256))
-    terms = activation_terms(MODEL, 1, precision=NVFP4)
+    terms = activation_terms(MODEL, Storing.of(1, precision=NVFP4))
     assert terms["mlp.down.input"] == pytest.approx(S * F * (0.5 + 1 / 16), rel=1e-12)
     assert terms["attn.q"] == 2 * S * H  # BF16 tensors are untouched
 

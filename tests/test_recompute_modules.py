@@ -17,7 +17,7 @@ from sim.inputs.plan import ParallelPlan
 from sim.inputs.recompute import parse_recompute_modules
 from sim.program.costs import op_time
 from sim.program.estimate import estimate, model_flops_per_sequence
-from sim.program.memory import activation_bytes_per_layer, recompute_working_bytes
+from sim.program.memory import Storing, activation_bytes_per_layer, recompute_working_bytes
 from sim.program.workload import Comm, layer_work
 from sim.program.workload_moe import MoeShape
 
@@ -102,7 +102,7 @@ def test_each_module_recomputes_its_own_kernels():
 # ----------------------------------------------------------------------------------- memory
 def _freed(model, b, t, sp, modules, experts=None, base=("core_attn",)):
     def stored(mods):
-        return activation_bytes_per_layer(model, b, t, sp, "selective", True, None, experts, mods)
+        return activation_bytes_per_layer(model, Storing.of(b, t, sp, "selective", True, None, experts, mods))
     return stored(base) - stored(base + modules)
 
 

@@ -11,7 +11,7 @@ import sim
 from sim.cli import main
 from sim.engine.core import simulate
 from sim.program.actions import Action, Program
-from sim.program.tp import TP_COMM_STREAM, add_tp_collectives, overlapped_layer
+from sim.program.tp import TP_COMM_STREAM, ItemReader, add_tp_collectives, overlapped_layer
 from sim.program.workload import Comm, Op
 
 OPS = {"all_gather": "allgather", "reduce_scatter": "reducescatter", "all_reduce": "allreduce"}
@@ -29,8 +29,8 @@ def _run(items, star, tp=2, sigma=0.0):
     """The items as one step on each of ``tp`` ranks, an op taking its FLOPs in seconds,
     on a star of 1 B/s links (a collective of S bytes over 2 ranks: S/2 s); ``sigma``: the
     engine's overlap slowdown."""
-    segs = overlapped_layer(items, 0, lambda op: op.flops, tp, lambda it: isinstance(it, Comm),
-                            lambda c: OPS[c.collective])
+    segs = overlapped_layer(items, 0, tp, ItemReader(lambda op: op.flops, lambda it: isinstance(it, Comm),
+                                                     lambda c: OPS[c.collective]))
     prog = Program({r: [Action("0F0", category="F")] for r in range(tp)})
     out = add_tp_collectives(prog, lambda r, a: segs, lambda r: tuple(range(tp)))
     return simulate(out, star([1.0] * tp), overlap_slowdown=sigma)
@@ -190,9 +190,9 @@ def _run_cfg(items, star, cfg, tp=2, sigma=0.0, sms=8, comm_s=0.0):
     ``comm_s``: the estimate of a userbuffers kernel's time (``comm_of``)."""
     from sim.inputs.tp_overlap import overlaps
 
-    segs = overlapped_layer(items, 0, lambda op, held=0: op.flops * 16 / (16 - held), tp,
-                            lambda it: isinstance(it, Comm), lambda c: OPS[c.collective],
-                            cfg=overlaps(cfg), comm_of=lambda op, nbytes: comm_s)
+    read = ItemReader(lambda op, held=0: op.flops * 16 / (16 - held), lambda it: isinstance(it, Comm),
+                      lambda c: OPS[c.collective], comm_of=lambda op, nbytes: comm_s)
+    segs = overlapped_layer(items, 0, tp, read, cfg=overlaps(cfg))
     prog = Program({r: [Action("0F0", category="F")] for r in range(tp)})
     out = add_tp_collectives(prog, lambda r, a: segs, lambda r: tuple(range(tp)))
     return simulate(out, star([1.0] * tp), overlap_slowdown=sigma)
