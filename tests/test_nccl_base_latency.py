@@ -11,7 +11,7 @@ from dataclasses import replace
 import pytest
 
 from sim.cli import main
-from sim.studies.collective import run_collective
+from sim.studies.collective import CollectiveOptions, run_collective
 from sim.engine.algorithms import build
 from sim.engine.core import simulate
 from sim.engine.nccl import NcclModel, rate_caps
@@ -44,7 +44,7 @@ def _table(scale: float = 1.0, **over) -> dict:
 
 def _time(op, n, S, topo, algo, protocol, profile=H100):
     model = NcclModel.from_profile(profile)
-    return run_collective(op, S, n, topo, algo, None, profile.link_efficiencies(), "flows", protocol, model)[1]
+    return run_collective(op, S, n, topo, CollectiveOptions(algo=algo, link_efficiency=profile.link_efficiencies(), protocol=protocol, nccl=model))[1]
 
 
 def test_presets_carry_nccls_table_with_its_source():
@@ -78,7 +78,7 @@ def test_small_ring_ll_allreduce_on_one_dgx_h100_is_the_base_plus_the_hops():
     assert s["base_latency_s"] == pytest.approx(6.6e-6, rel=1e-12)
     # the tuner picks ring LL for it, and the steps model agrees with the flows
     assert _time("allreduce", n, S, topo, "auto", "auto")["time_s"] == pytest.approx(want, rel=1e-9)
-    steps = run_collective("allreduce", S, n, topo, "ring", None, EFF, "steps", "ll", MODEL)[1]
+    steps = run_collective("allreduce", S, n, topo, CollectiveOptions(algo="ring", link_efficiency=EFF, collective_model="steps", protocol="ll", nccl=MODEL))[1]
     assert steps["time_s"] == pytest.approx(want, rel=1e-9)
 
 

@@ -134,11 +134,11 @@ def test_ranks_that_look_alike_are_drawn_once_with_their_count():
     # near-identical lanes
     import matplotlib.pyplot as plt
 
-    from sim.commands.collective import run_collective
+    from sim.commands.collective import CollectiveOptions, run_collective
     from sim.results.plot import timeline_figure
 
     topo = load_topology("dgx-h100", nodes=2)
-    trace, _ = run_collective("allreduce", 2**30, 16, topo, "hierarchical")
+    trace, _ = run_collective("allreduce", 2**30, 16, topo, CollectiveOptions(algo="hierarchical"))
     fig = timeline_figure(trace, TimelineView("t", show_transfers=True, max_lanes=32))
     labels = [t.get_text() for t in fig.axes[0].get_yticklabels()]
     counts = [int(x.split("×")[1].split()[0]) if "×" in x else 1 for x in labels if x.endswith("sends")]

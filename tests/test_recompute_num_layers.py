@@ -19,7 +19,7 @@ from sim.inputs.plan import ParallelPlan
 from sim.program.costs import op_time
 from sim.program.estimate import model_flops_per_sequence, plan_flops_per_sequence
 from sim.program.memory import Storing, activation_bytes_per_layer, chunk_activation_bytes, recompute_working_bytes
-from sim.program.workload import chunk_work, layer_work
+from sim.program.workload import LayerRun, chunk_work, layer_work
 
 # s 16, h 64, 8 heads (head dim 8) over 2 K/V groups, SwiGLU of 160, vocab 100, no dropout
 S, H, F, KV = 16, 64, 160, 2 * 8
@@ -93,7 +93,7 @@ def test_block_adds_the_recomputed_forwards_to_the_iteration():
     full = sim.run(**kw, recompute_granularity="full")
     every = sim.run(**kw, recompute_granularity="full", recompute_method="block", recompute_num_layers=4)
     profile = none.run.profile
-    fwd = sum(op_time(o, profile) for o in layer_work(m, 1).ops("F"))
+    fwd = sum(op_time(o, profile) for o in layer_work(m, LayerRun(1)).ops("F"))
     assert fwd > 0
     assert one.iteration_time_s - none.iteration_time_s == pytest.approx(2 * fwd, rel=1e-6)
     assert every.iteration_time_s == pytest.approx(full.iteration_time_s, rel=1e-12)

@@ -149,9 +149,9 @@ def test_input_gradient_scatter_runs_whole_beside_the_weight_gradient(make_star)
 def test_te_order_moves_each_weight_gradient_after_its_input_gradient():
     from sim.inputs.model import gpt
     from sim.program.tp import te_order
-    from sim.program.workload import layer_work
+    from sim.program.workload import LayerRun, layer_work
 
-    w = layer_work(gpt("g", 2, 1024, 8, 1000, 64), 1, tp=2, sequence_parallel=True)
+    w = layer_work(gpt("g", 2, 1024, 8, 1000, 64), LayerRun(1, tp=2, sequence_parallel=True))
     names = [it.name for it in te_order(list(w.phase("B") + w.phase("W")))]
     assert names == ["mlp.residual.grad", "mlp.all_gather.grad", "mlp.down.dgrad", "mlp.gelu.grad", "mlp.up.dgrad",
                      "mlp.reduce_scatter.grad", "mlp.up.all_gather.input", "mlp.up.wgrad", "mlp.norm.grad",

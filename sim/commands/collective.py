@@ -19,7 +19,7 @@ from sim.errors import InputError
 from sim.results.export import write_chrome, write_json_atomic
 from sim.fileio import check_output_dir
 from sim.inputs.topology_build import FABRICS, FabricSpec, load_topology
-from sim.studies.collective import run_collective
+from sim.studies.collective import CollectiveOptions, run_collective
 from sim.units import format_bytes, format_time, parse_size
 
 NAME = "collective"
@@ -88,8 +88,9 @@ def run(args) -> int:
         from sim.commands.collective_sweep import print_sweep
 
         return print_sweep(args, op, gpus, topo, eff, nccl)
-    trace, summary = run_collective(op, nbytes, gpus, topo, args.algo, args.channels, eff, args.collective_model,
-                                    args.protocol, nccl)
+    how = CollectiveOptions(algo=args.algo, channels=args.channels, link_efficiency=eff,
+                            collective_model=args.collective_model, protocol=args.protocol, nccl=nccl)
+    trace, summary = run_collective(op, nbytes, gpus, topo, how)
     if args.out:
         out = Path(args.out)
         from sim.results.plot import TimelineView, plot_timeline

@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from sim.studies.collective import run_collective
+from sim.studies.collective import CollectiveOptions, run_collective
 from sim.results.export import write_chrome, write_json_atomic
 from sim.inputs.topology_build import load_topology
 from sim.units import format_bytes, format_microbatches, format_time
@@ -89,7 +89,8 @@ def run(args) -> int:
     for size in SIZES:
         row = {"size_bytes": size}
         for algo in ("ring", "hierarchical"):
-            trace, s = run_collective("allreduce", size, gpus, topo, algo, link_efficiency=eff)
+            trace, s = run_collective("allreduce", size, gpus, topo,
+                                      CollectiveOptions(algo=algo, link_efficiency=eff))
             row[algo] = {"time_s": s["time_s"], "busbw_Bps": s["busbw_Bps"], "ib_bytes": s["bytes_by_link_kind"].get("ib", 0.0)}
             if size == 2**30:
                 write_chrome(trace, out / f"allreduce-{algo}.trace.json")

@@ -33,14 +33,15 @@ def add_arguments(p) -> None:
 
 def run(args) -> int:
     from sim.fileio import check_output_dir
-    from sim.replay.run import replay
+    from sim.replay.run import WhatIf, replay
 
     check_output_dir(args.out, "--out")
     check_output_dir(args.export_chakra, "--export-chakra")
     graphs = _read(args)
-    result = replay(graphs, gpu=args.gpu, topology=args.topology, fabric=args.fabric,
-                    oversubscription=args.oversubscription, nodes=args.nodes, gpus_per_node=args.gpus_per_node,
-                    data_parallel_size=args.data_parallel_size, gpus=args.gpus)
+    result = replay(graphs, WhatIf(gpu=args.gpu, topology=args.topology, fabric=args.fabric,
+                                   oversubscription=args.oversubscription, nodes=args.nodes,
+                                   gpus_per_node=args.gpus_per_node, data_parallel_size=args.data_parallel_size,
+                                   gpus=args.gpus))
     s = result.summary
     s["files"] = [str(p) for p in args.traces]
     chakra = None
