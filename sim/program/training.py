@@ -177,14 +177,18 @@ def _persistent_bytes(ctx: BuildContext) -> Callable[[int], float]:
 
 
 def _sync_options(plan: ParallelPlan, bucket_bytes: float) -> passes.GradSync:
-    z, overlap = plan.zero_stage, _sync_overlap(plan)
+    """How the gradient buckets are reduced under the plan's ZeRO stage (``sim.inputs.strategies.ZeroStage``):
+    reduce-scattered into shards once it shards anything (DeepSpeed: only once it shards the
+    parameters), every micro-batch once it shards the gradients."""
+    zero, overlap = plan.sections.zero.zero, _sync_overlap(plan)
     if is_deepspeed(plan):  # sim.inputs.frameworks: DeepSpeed's reduction of the gradient buckets
-        return passes.GradSync(bucket_bytes, overlap, op="reducescatter" if z == 3 else "allreduce",
-                               every_microbatch=z >= 2,
-                               bucket_memory=z >= 2 and not bucket_buffers(plan),  # else in the buffers (memory)
-                               at_most=z >= 1, on_compute=z >= 1 and not overlap_comm_in_effect(plan))
-    return passes.GradSync(bucket_bytes, overlap, op="allreduce" if z == 0 else "reducescatter",
-                           every_microbatch=z >= 2, bucket_memory=z >= 2)
+        return passes.GradSync(bucket_bytes, overlap, op="reducescatter" if zero.shards_params else "allreduce",
+                               every_microbatch=zero.shards_grads,
+                               bucket_memory=zero.shards_grads and not bucket_buffers(plan),  # else in the buffers
+                               at_most=zero.shards_optimizer,
+                               on_compute=zero.shards_optimizer and not overlap_comm_in_effect(plan))
+    return passes.GradSync(bucket_bytes, overlap, op="reducescatter" if zero.shards_optimizer else "allreduce",
+                           every_microbatch=zero.shards_grads, bucket_memory=zero.shards_grads)
 
 
 def _sync_overlap(plan: ParallelPlan) -> bool:
@@ -192,7 +196,8 @@ def _sync_overlap(plan: ParallelPlan) -> bool:
     for ZeRO-2/3 (backward hooks) and for ZeRO-1 with ``overlap_comm``; not without ZeRO
     (the engine's all-reduce after backward)."""
     if is_deepspeed(plan):
-        return plan.zero_stage >= 2 or plan.zero_stage == 1 and overlap_comm_in_effect(plan)
+        zero = plan.sections.zero.zero  # (ZeRO-1 is the stage that shards the optimizer but not the gradients)
+        return zero.shards_grads or zero.shards_optimizer and overlap_comm_in_effect(plan)
     return plan.dp_overlap
 
 
