@@ -21,6 +21,16 @@ loop is, best of 3 runs of the engine on the same program; a longer one, once.
 
     python experiments/bench_scale.py [--repeat 2] [--limit 600] [--only reduced|full] [--case TEXT]
                                       [--collective-models flows,steps]
+    python experiments/bench_scale.py --search --fit --suite [--repeat 1] [--limit 1800]
+
+``--search``, ``--fit`` and ``--suite`` each add one long row of issue 55's table, timed in a
+fresh process (wall time, and the CPU time of the command and all its workers, which on a
+shared machine says more): ``trainsim search`` of DeepSeek-V3 on 1,024 H100s over its layouts
+(``SEARCH``, about 10 minutes before issue 55), ``trainsim fit --gpu h100-sxm`` with every
+held-out fit (``FIT``, about 11 minutes) and ``make test`` in a fresh clone of the committed tree
+(installs included, about 7 minutes). ``--search-args`` and ``--fit-args`` replace the
+command's arguments (to try the flags on a small case), ``--suite-target`` the make target.
+With any of them only those rows run.
 
 ``--case replay`` runs only ``trainsim replay`` of 64 ranks' synthetic Kineto traces of
 2,000 kernels each (``sim.replay.synthetic``), the command's wall time from the files
@@ -65,6 +75,13 @@ CASES = [
     ("deepseek-v3 1024xH100 zipf", "deepseek-v3", "h100-sxm", 128, 2, 8, 4096,
      _DEEPSEEK + ["--moe-routing", "zipf:1.2"]),
 ]
+SEARCH = ("search --model deepseek-v3 --gpu h100-sxm --gpus 1024 --global-batch-size 4096 --zero 1 "
+          "--schedule 1f1b,interleaved --micro-batch-size 1 --workers 2")
+"""Issue 55's search row: every ep, etp, tp, pp, vpp, recompute and dispatcher of DeepSeek-V3 on
+1,024 H100s (7,086 plans; docs/search.md)."""
+FIT = ("fit ../shared/fit-data/published_runs.csv experiments/fit-data/fsdp_runs.csv --gpu h100-sxm "
+       "--params sustained_compute_fraction,fp8_gemm_max_efficiency,gpu_speed_spread --jobs 2")
+"""Issue 55's fit row: the H100 refit with every held-out fit (docs/accuracy.md, the refit of 2026-12-05)."""
 REDUCED_ONLY = ("deepseek-v3",)
 """Cases run at reduced fidelity only (what ``--fidelity auto`` picks for them): at full
 fidelity their 4,096 sequences are tens of millions of events on every GPU."""
@@ -182,6 +199,77 @@ def replay_case(ranks: int = 64, kernels: int = 2000, limit: float = 600) -> dic
                 "iteration_s": s["iteration_time_s"], "traced_s": s["traced_step_s"]}
 
 
+def _timed(argv: list[str], limit: float, cwd) -> dict:
+    """Run ``argv`` in a fresh process: its wall time and the CPU time (user + sys) of it and
+    every process it waited for (the workers of search and fit), or why it did not finish."""
+    import resource
+
+    cpu0 = resource.getrusage(resource.RUSAGE_CHILDREN)
+    t = time.perf_counter()
+    try:
+        out = subprocess.run(argv, capture_output=True, text=True, timeout=limit, cwd=cwd)
+    except subprocess.TimeoutExpired:
+        return {"skipped": f"over the {limit:.0f} s limit"}
+    wall = time.perf_counter() - t
+    cpu1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+    if out.returncode != 0:
+        return {"skipped": (out.stderr.strip().splitlines() or ["failed"])[-1]}
+    return {"wall_s": wall, "cpu_s": cpu1.ru_utime + cpu1.ru_stime - cpu0.ru_utime - cpu0.ru_stime,
+            "stdout": out.stdout}
+
+
+def command_case(kind: str, args: str, limit: float) -> dict:
+    """``trainsim search`` or ``trainsim fit`` with ``args`` and ``--json``: wall and CPU time,
+    and what it found (the best plan and its time; the fitted values and held-out error)."""
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    r = _timed([sys.executable, "-m", "sim", *args.split(), "--json"], limit, root)
+    if "skipped" in r:
+        return r
+    obj = json.loads(r.pop("stdout"))
+    if kind == "search":
+        r["found"] = (f"best {obj['best']['key']}, {obj['best']['iteration_time_s']:.3f} s; "
+                      f"{obj['plans']} plans, {obj['evaluated']} simulated")
+    else:
+        vals = ", ".join(f"{p['name']} {p['fitted']:.4g}" for p in obj["parameters"])
+        r["found"] = (f"{vals}; mean |error| {obj['mean_abs_error']:.2%}, held out {obj['loo_mean_abs_error']:.2%}; "
+                      f"{obj['simulations']} simulations")
+    return r
+
+
+def suite_case(target: str, limit: float) -> dict:
+    """``make TARGET`` (default ``test``: installs, the wheel check and the whole suite) in a
+    fresh clone of the committed tree, as CI runs it."""
+    import tempfile
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    with tempfile.TemporaryDirectory() as d:
+        subprocess.run(["git", "clone", "-q", str(root), str(Path(d) / "clone")], check=True)
+        r = _timed(["make", target], limit, Path(d) / "clone")
+    r.pop("stdout", None)
+    if "skipped" not in r:
+        r["found"] = f"make {target} in a fresh clone"
+    return r
+
+
+def long_rows(args) -> None:
+    """The rows of ``--search``, ``--fit`` and ``--suite`` (medians of ``--repeat`` runs)."""
+    print(f"{'case':<24} {'wall s':>8} {'CPU s':>8}  result")
+    todo = [("search", lambda: command_case("search", args.search_args, args.limit)) if args.search else None,
+            ("fit", lambda: command_case("fit", args.fit_args, args.limit)) if args.fit else None,
+            ("suite", lambda: suite_case(args.suite_target, args.limit)) if args.suite else None]
+    for name, fn in filter(None, todo):
+        runs = [fn() for _ in range(args.repeat)]
+        done = [r for r in runs if "skipped" not in r]
+        if not done:
+            print(f"{name:<24} skipped: {runs[0]['skipped']}", flush=True)
+            continue
+        print(f"{name:<24} {statistics.median(r['wall_s'] for r in done):8.1f} "
+              f"{statistics.median(r['cpu_s'] for r in done):8.1f}  {done[0]['found']}", flush=True)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--repeat", type=int, default=2, help="runs per case; the median is printed (default 2)")
@@ -192,7 +280,16 @@ def main() -> int:
     ap.add_argument("--collective-models", default="flows,steps",
                     help="collective models to run at full fidelity, comma-separated (default flows,steps; "
                          "reduced fidelity always runs flows)")
+    ap.add_argument("--search", action="store_true", help="time trainsim search of DeepSeek-V3 on 1,024 H100s (SEARCH)")
+    ap.add_argument("--search-args", default=SEARCH, help="the search's arguments instead of SEARCH's")
+    ap.add_argument("--fit", action="store_true", help="time trainsim fit --gpu h100-sxm with its held-out fits (FIT)")
+    ap.add_argument("--fit-args", default=FIT, help="the fit's arguments instead of FIT's")
+    ap.add_argument("--suite", action="store_true", help="time make test in a fresh clone of the committed tree")
+    ap.add_argument("--suite-target", default="test", help="the make target of --suite (default test)")
     args = ap.parse_args()
+    if args.search or args.fit or args.suite:
+        long_rows(args)
+        return 0
     print("wall s: one simulated iteration end to end (topology, program, engine); set-up s: the engine's")
     print("indexing of the program, routing and collective planning before the clock starts; loop s: its")
     print("event loop; trace s: assembling the trace after it; events/s: SimPy events per second of the")

@@ -327,8 +327,71 @@ def format_output(block: Block, stdout: str) -> str:
     return "\n".join(lines)
 
 
-def run_block(block: Block) -> str:
-    """Run a block's command (or Python example) in the repository root; its new text."""
+_FORK_SERVER = r"""
+import json, os, sys, traceback
+sys.path.insert(0, os.getcwd())
+import sim.cli
+sim.cli.build_parser()  # (imports every command's module, once, before the forks)
+for line in sys.stdin:
+    argv, out, err = json.loads(line)
+    pid = os.fork()
+    if pid == 0:  # the command, in a fresh fork of this process: as `python -m sim ARGV` would run it
+        null = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(null, 0)
+        for fd, path in ((1, out), (2, err)):
+            os.dup2(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644), fd)
+        sys.argv = [sim.cli.__file__, *argv]
+        try:
+            code = sim.cli.main(argv)
+        except SystemExit as exc:
+            code = exc.code if isinstance(exc.code, int) else 0 if exc.code is None else (print(exc.code, file=sys.stderr), 1)[1]
+        except BaseException:
+            traceback.print_exc()
+            code = 1
+        import atexit
+        atexit._run_exitfuncs()  # (what the interpreter runs at its exit: pools, temporary files)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    print(os.waitstatus_to_exitcode(status), flush=True)
+"""
+
+
+class Commands:
+    """Runs ``trainsim`` commands as ``python -m sim`` would, each in a fork of one process that
+    imported trainsim once (started with the environment of ``_env``): the drift check runs
+    dozens of them, and a fresh interpreter spends most of a small command's second importing."""
+
+    def __init__(self):
+        self._proc = None
+
+    def run(self, argv: list[str]) -> tuple[int, str, str]:
+        """(exit status, stdout, stderr) of ``trainsim ARGV`` in the repository root."""
+        import json
+
+        if self._proc is None:
+            self._proc = subprocess.Popen([sys.executable, "-c", _FORK_SERVER], cwd=ROOT, env=_env(),
+                                          stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        with tempfile.TemporaryDirectory() as tmp:
+            out, err = Path(tmp) / "stdout", Path(tmp) / "stderr"
+            self._proc.stdin.write(json.dumps([argv, str(out), str(err)]) + "\n")
+            self._proc.stdin.flush()
+            code = self._proc.stdout.readline()
+            if not code:
+                raise RuntimeError(f"the process that runs the commands ended (exit {self._proc.wait()})")
+            return int(code), out.read_text(encoding="utf-8"), err.read_text(encoding="utf-8")
+
+    def close(self) -> None:
+        if self._proc is not None:
+            self._proc.stdin.close()
+            self._proc.wait()
+            self._proc = None
+
+
+def run_block(block: Block, commands: Commands | None = None) -> str:
+    """Run a block's command (or Python example) in the repository root; its new text. With
+    ``commands``, a ``trainsim`` command runs in a fork of its process (``Commands``)."""
     with tempfile.TemporaryDirectory() as tmp:
         if block.command == "python":
             script = Path(tmp) / "example.py"
@@ -336,12 +399,16 @@ def run_block(block: Block) -> str:
             argv = [sys.executable, str(script)]
         else:
             argv = _argv(block.command)
-        proc = subprocess.run(argv, cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=1800)
+        if commands is not None and argv[1:3] == ["-m", "sim"]:
+            code, stdout, stderr = commands.run(argv[3:])
+        else:
+            proc = subprocess.run(argv, cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=1800)
+            code, stdout, stderr = proc.returncode, proc.stdout, proc.stderr
     want = int(block.options.get("exit", "0"))
-    if proc.returncode != want:
-        raise RuntimeError(f"{block.where}: `{block.command}` exited {proc.returncode}, expected {want}\n"
-                           f"{proc.stderr[-2000:]}")
-    out = proc.stdout + (proc.stderr if want else "")
+    if code != want:
+        raise RuntimeError(f"{block.where}: `{block.command}` exited {code}, expected {want}\n"
+                           f"{stderr[-2000:]}")
+    out = stdout + (stderr if want else "")
     return format_output(block, out)
 
 
@@ -358,6 +425,14 @@ def _image(block: Block) -> tuple[Path, Path] | None:
 def regenerate(paths: list[Path], check: bool, quick: bool, images: bool = True, log=print) -> list[str]:
     """Run every marked block of ``paths``; rewrite them, or (check) only report. Returns
     one message per block that drifted."""
+    commands = Commands()
+    try:
+        return _regenerate(paths, check, quick, images, log, commands)
+    finally:
+        commands.close()
+
+
+def _regenerate(paths, check, quick, images, log, commands) -> list[str]:
     drift = []
     for path in paths:
         text = path.read_text(encoding="utf-8")
@@ -366,7 +441,7 @@ def regenerate(paths: list[Path], check: bool, quick: bool, images: bool = True,
         blocks = [b for b in find_blocks(path, with_toc(text)) if not (quick and b.slow)]
         lines = with_toc(text).split("\n")
         for b in reversed(blocks):     # from the end, so earlier indices stay valid
-            new = run_block(b)
+            new = run_block(b, commands)
             opening = "```" + b.options.get("fence", "")
             if lines[b.start] != opening:
                 drift.append(f"{b.where}: the output's fence should open with {opening}")

@@ -170,7 +170,10 @@ def test_a_held_out_fit_keeps_a_parameter_none_of_its_rows_reads_where_it_starte
                      "--params", "sustained_compute_fraction,fp8_gemm_max_efficiency"])
     assert code == 0
     report = json.loads(out.getvalue())
-    cap = load_profile("h100-sxm").fp8_gemm_max_efficiency
+    # where the fit starts: the preset's cap, or the profile's ceiling for it where that is lower
+    cap = min(load_profile("h100-sxm").fp8_gemm_max_efficiency,
+              load_profile("h100-sxm").efficiency_ceilings["fp8_gemm_max_efficiency"])
+    assert {p["name"]: p["initial"] for p in report["parameters"]}["fp8_gemm_max_efficiency"] == cap
     fitted = {p["name"]: p["fitted"] for p in report["parameters"]}
     assert fitted["fp8_gemm_max_efficiency"] != pytest.approx(cap, rel=1e-3)  # the FP8 row pulls it in the full fit
     [fp8] = [g for g in report["groups"] if g["precision"] == "fp8"]

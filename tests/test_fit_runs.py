@@ -493,3 +493,52 @@ def test_rows_of_the_same_settings_share_their_simulations(truth, tmp_path):
         sims.ensure([(1, (0.8,)), (0, (0.8,)), (0, (0.7,))])
     assert sims.count == 2
     assert sims.cache == {(1, (0.8,)): expected[0.8], (0, (0.8,)): expected[0.8], (0, (0.7,)): expected[0.7]}
+
+
+def test_an_efficiency_ends_at_the_profiles_ceiling_and_the_report_says_so(truth, tmp_path):
+    # issue 50: the B200 fit of 2026-12-06 put fp8_gemm_max_efficiency at 0.893, above the
+    # B200's own best measured FP8 GEMM (0.763). Here the runs were made with attention at
+    # 0.55 (TRUTH); the profile fitted says no attention kernel it ran alone beat 0.50, so the
+    # fit, whose unconstrained optimum is 0.55, must stop at 0.50 and say that the ceiling set it.
+    from sim.calibrate.fit_runs import bound_warning
+
+    data = _write(tmp_path / "runs.csv", _rows("ab", truth))
+    base = replace(load_profile(truth), attention_max_efficiency=0.45)
+    free, capped = tmp_path / "free.json", tmp_path / "capped.json"
+    base.save(free)
+    replace(base, efficiency_ceilings={"attention_max_efficiency": 0.50},
+            sources={**base.sources, "efficiency_ceilings": "test: a kernel measured alone at 0.50"}).save(capped)
+    args = ["--params", "attention_max_efficiency", "--json"]
+    code, stdout, err = _cli(["fit", str(data), "--gpu", str(free), *args])
+    free_report = json.loads(stdout)
+    (p,) = free_report["parameters"]
+    assert code == 0 and p["fitted"] == pytest.approx(TRUTH["attention_max_efficiency"], rel=0.01)
+    assert (p["ceiling"], p["at_ceiling"], err) == (0.73, False, "")  # a100's own ceiling: above the truth
+    code, stdout, err = _cli(["fit", str(data), "--gpu", str(capped), *args])
+    report = json.loads(stdout)
+    (p,) = report["parameters"]
+    assert code == 0
+    assert p["fitted"] == pytest.approx(0.50, abs=0.5e-3 * (0.50 - 0.30))  # at the ceiling, within AT_BOUND
+    assert (p["high"], p["ceiling"], p["physical_high"]) == (0.50, 0.50, 0.90)
+    assert p["at_bound"] == "high" and p["at_ceiling"] is True
+    assert p["ceiling_source"] == "test: a kernel measured alone at 0.50"
+    assert report["mean_abs_error"] > 10 * free_report["mean_abs_error"]  # the runs ask for more than it gives
+    assert err == f"trainsim: warning: {bound_warning(p)}\n" and "ended at its ceiling" in err
+    code, text, _ = _cli(["fit", str(data), "--gpu", str(capped), "--params", "attention_max_efficiency"])
+    assert "<- at its ceiling (the profile's best measured kernel)" in text
+
+
+def test_a_start_above_the_ceiling_starts_at_the_ceiling():
+    # The GB300 preset's fitted FP8 cap (0.789) lies above its ceiling (the GB200's measured 0.723):
+    # a refit starts from the ceiling, and the parameters without a ceiling keep their bounds.
+    from sim.calibrate.fit_runs import bounded, ceiling
+
+    gb300 = load_profile("gb300")
+    fp8, frac = parameter("fp8_gemm_max_efficiency"), parameter("sustained_compute_fraction")
+    assert ceiling(gb300, fp8) == gb300.efficiency_ceilings["fp8_gemm_max_efficiency"] == 0.723
+    assert ceiling(gb300, frac) is None
+    (b_fp8, b_frac) = bounded(gb300, (fp8, frac))
+    assert (b_fp8.low, b_fp8.high) == (fp8.low, 0.723) and b_frac == frac
+    assert gb300.fp8_gemm_max_efficiency > 0.723 and start_value(gb300, b_fp8) == 0.723
+    b200 = load_profile("b200")  # the bound the 2026-12-06 fit (0.893) went through
+    assert bounded(b200, (fp8,))[0].high == pytest.approx(3432.5 / 4500, abs=5e-4)

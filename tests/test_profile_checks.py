@@ -98,6 +98,11 @@ def test_keys_are_named_with_what_is_allowed():
         "sources: got 'colour'; expected keys naming fields: name, ": _set(d, "sources.colour", "x"),
         "fp8_gemm_max_efficiency: got 0.5; peak_flops has no fp8 entry":
             {**d, "peak_flops": {"bf16": 1e15}, "fp8_gemm_max_efficiency": 0.5},
+        # a ceiling is for one of the three efficiency fields trainsim fit bounds, and is a fraction
+        "efficiency_ceilings: unknown key 'gemm_k_overhead'; expected one of gemm_max_efficiency, "
+        "fp8_gemm_max_efficiency, attention_max_efficiency": _set(d, "efficiency_ceilings.gemm_k_overhead", 0.5),
+        "efficiency_ceilings.gemm_max_efficiency: got 1.5; expected a fraction in (0, 1]":
+            _set(d, "efficiency_ceilings.gemm_max_efficiency", 1.5),
     }
     for says, data in cases.items():
         with pytest.raises(InputError) as e:

@@ -83,12 +83,14 @@ def test_each_module_recomputes_its_own_kernels():
         ["moe.experts.swiglu"]
     shared = names(layer_work(MOE, LayerRun(2, recompute="selective", modules=("shared_experts",)), moe=shape))
     assert shared == ["moe.shared.up", "moe.shared.swiglu", "moe.shared.down"]
-    # moe reruns the whole block, its dispatch and combine all-to-alls over the ep group included
+    # moe reruns the whole block, its dispatch and combine all-to-alls over the ep group included, and the
+    # dropless alltoall dispatcher's token-count all-gather before the dispatch (Megatron-Core's preprocess
+    # runs again when the block is recomputed)
     moe = layer_work(MOE, LayerRun(2, recompute="selective", modules=("moe",)), moe=shape)
     fwd_block = [i for i in moe.phase("F") if i.name.startswith("moe.")]
     assert names(moe) == [i.name for i in fwd_block]
     assert [c.name for c in _recomputed(moe) if isinstance(c, Comm) and c.group == "ep"] == \
-        ["moe.dispatch", "moe.combine"]
+        ["moe.dispatch.counts", "moe.dispatch", "moe.combine"]
     # mla_up_proj: the per-head up-projections (not the replicated down-projections)
     up = _recomputed(layer_work(MLA, LayerRun(1, recompute="selective", modules=("mla_up_proj",))))
     assert [i.name for i in up] == ["attn.q_up", "attn.kv_up"]

@@ -171,3 +171,21 @@ def test_routes_are_shortest_paths_with_gpus_as_endpoints_only(name, nodes, fabr
                 assert pxn.route(src, dst) == t.route(src, via) + t.route(via, dst)
                 check(src, via, t.route(src, via))
                 check(via, dst, t.route(via, dst))
+
+
+@pytest.mark.parametrize("name,nodes,fabric", [
+    ("dgx-h100", 24, FabricSpec(type="rail", nodes_per_leaf=4, spines=2)),
+    ("dgx-a100", 9, FabricSpec(type="fat-tree", nodes_per_leaf=2, spines=3)),
+])
+def test_hops_kept_per_twin_class_are_each_pairs_shortest_path_length(name, nodes, fabric):
+    # A rail fabric's leaves all reach the same spines (false twins), and NICs on one leaf
+    # too: hops are searched once per pair of twin classes (Topology._core_hops). Each pair
+    # must still get its own shortest path length in the transit graph (networkx, all pairs).
+    t = load_topology(name, nodes=nodes, fabric=fabric)
+    core = t._core_graph()
+    lengths = dict(nx.all_pairs_shortest_path_length(core))
+    devices = sorted(core)
+    switches = [x for x in devices if t.graph.nodes[x]["kind"] == "switch"]
+    for a in switches + devices[::11]:
+        for b in switches + devices[::13]:
+            assert t._core_hops(a, b) == lengths[a].get(b), (a, b)

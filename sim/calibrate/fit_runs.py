@@ -159,6 +159,21 @@ def get_value(profile: HardwareProfile, path: str) -> float | None:
     return None if obj is None else float(obj)
 
 
+def ceiling(profile: HardwareProfile, p: Parameter) -> float | None:
+    """The most ``p`` may be on ``profile``: what the profile's own measurements say a kernel
+    of that kind achieves alone (``HardwareProfile.efficiency_ceilings``, its source in the
+    profile's ``sources``), where that is below the parameter's physical bound; None where the
+    profile gives none. A training step's kernels run no faster than the best one measured
+    alone, so a fit above it would be making up for something the model leaves out."""
+    c = (profile.efficiency_ceilings or {}).get(p.path)
+    return c if c is not None and c < p.high else None
+
+
+def bounded(profile: HardwareProfile, params) -> tuple:
+    """``params`` with each upper bound lowered to the profile's ceiling for it (``ceiling``)."""
+    return tuple(p if (c := ceiling(profile, p)) is None else replace(p, high=max(c, p.low)) for p in params)
+
+
 def start_value(profile: HardwareProfile, p: Parameter) -> float:
     """Where the fit starts: the profile's value, clipped into the bounds (unset: the middle)."""
     v = get_value(profile, p.path)
@@ -260,6 +275,11 @@ def at_bound(value: float, low: float, high: float) -> str | None:
 def bound_warning(p: dict) -> str:
     """One line saying that a fitted parameter (a report's ``parameters`` entry) ended at a bound."""
     side = "upper" if p["at_bound"] == "high" else "lower"
+    if p.get("at_ceiling"):
+        return (f"{p['name']} ended at its ceiling ({p['initial']:.4g} -> {p['fitted']:.4g}, the most the profile's "
+                f"efficiency_ceilings allows: {p['ceiling']:g}, the best such kernel measured alone): the runs pull it "
+                f"further, so the ceiling set it and the other parameters absorbed the rest; what the model leaves "
+                f"out of those runs is not this kernel's speed")
     return (f"{p['name']} ended at its {side} bound ({p['initial']:.4g} -> {p['fitted']:.4g}, bounds "
             f"[{p['low']:g}, {p['high']:g}]): the runs pull it further, so the bound set it and the other "
             f"parameters absorbed the rest; check those runs' settings, or fit without it (--params)")
@@ -318,6 +338,8 @@ def fit_runs(path, gpu: str, names: list[str] | None = None, jobs: int = 1, cach
         params, how = choose_parameters(names, len(order))
     except InputError as exc:
         raise InputError(f"{path}: {exc}") from None
+    physical = params
+    params = bounded(profile, params)  # each efficiency at most the profile's measured best (ceiling)
     start = [start_value(profile, p) for p in params]
     prepared = prepare_rows(used, gpu, str(path))
     measured = [r.measured_s for r in used]
@@ -351,8 +373,13 @@ def fit_runs(path, gpu: str, names: list[str] | None = None, jobs: int = 1, cach
         "gpu": profile.name, "profile": str(gpu), "data": str(path), "data_sha256": sha,
         "fidelity": FIDELITY, "collective_model": COLLECTIVE_MODEL, "parameters_chosen": how,
         "parameters": [{"name": p.path, "low": p.low, "high": p.high, "initial": s, "fitted": v, "why": p.why,
-                        "at_bound": at_bound(v, p.low, p.high)}
-                       for p, s, v in zip(params, start, res["full"].values)],
+                        "at_bound": at_bound(v, p.low, p.high),
+                        **({"ceiling": p.high, "physical_high": q.high,
+                            "ceiling_source": profile.sources.get("efficiency_ceilings", "the profile's efficiency_ceilings"),
+                            "at_ceiling": at_bound(v, p.low, p.high) == "high",
+                            "profile_value": get_value(profile, p.path)}
+                           if p.high < q.high else {})}
+                       for p, q, s, v in zip(params, physical, start, res["full"].values)],
         "evaluations": res["full"].evaluations, "method": "model" if fast else "differences",
         "model_max_error": res["model_error"], "groups": group_rows, "rows": rows, "skipped": skipped,
         "left_out": left_out, "blank_cells": {c: {"value": _shown(BLANKS[c][0]), "why": BLANKS[c][1]} for c in filled},

@@ -112,6 +112,10 @@ def _print(r: dict) -> None:
     print(f"\nparameters ({r['parameters_chosen']}):")
     for p in r["parameters"]:
         edge = {"low": "   <- at its lower bound", "high": "   <- at its upper bound"}.get(p.get("at_bound"), "")
+        if p.get("at_ceiling"):
+            edge = "   <- at its ceiling (the profile's best measured kernel)"
+        elif "ceiling" in p:
+            edge += f"   (upper bound: the profile's ceiling; physical {p['physical_high']:g})"
         print(f"  {p['name']:<26} {p['initial']:.4g} -> {p['fitted']:.4g}   bounds [{p['low']:g}, {p['high']:g}]{edge}")
     print("\ngroups (each held out in turn; its rows predicted by a fit without it):")
     for g in r["groups"]:

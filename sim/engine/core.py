@@ -142,6 +142,7 @@ class _Engine:
         if unfinished:
             raise DeadlockError(explain_deadlock(self, unfinished), env.now)
         t2 = time.perf_counter()
+        self._drop_loop_state()
         self.spans = self._spans()
         if not self._spans_in_order():
             self.spans.sort(key=_SPAN_ORDER)
@@ -164,6 +165,22 @@ class _Engine:
     _RUN_STATE = tuple(f"_{n}" for n in "acts rank_of streams members pending dependents nxt key_of needed barrier_of "
                        "partner p2p dur mem_start mem_end start end busy_start link_of arrived pair_link sends "
                        "collectives slowable ready".split())
+
+    _TRACE_STATE = ("_acts", "_streams", "_members", "_start", "_end", "_busy_start", "_link_of")
+    """What ``_spans`` reads of the run state."""
+
+    def _drop_loop_state(self) -> None:
+        """Empty what only the event loop read (counts, dependents, durations, pairs, the
+        compute slowdown's state) once it has ended without a deadlock, before the spans
+        are made: their memory then serves the spans instead of adding to the peak."""
+        keep = self._TRACE_STATE
+        for name in self._RUN_STATE:
+            value = self.__dict__.get(name)
+            if name not in keep and isinstance(value, (list, dict, bytearray, deque)):
+                value.clear()
+        if self.__dict__.get("_slow") is not None:
+            self._slow.release()
+            self._slow = None
 
     def release(self) -> None:
         """Let go of the run's state once its trace is made. The event loop's closures and

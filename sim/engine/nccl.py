@@ -183,8 +183,17 @@ def route_links(topology, links: tuple) -> tuple[tuple[float, str], ...]:
     key = ("links", links)
     got = topology.memo.get(key)
     if got is None:
-        g = topology.graph
-        got = topology.memo[key] = tuple((g.edges[l]["bandwidth_Bps"], g.edges[l]["kind"]) for l in links)
+        facts = topology.memo.get("link facts")
+        if facts is None:
+            facts = topology.memo["link facts"] = {}
+        out = []
+        for l in links:  # (a link's facts kept once: routes share their links)
+            f = facts.get(l)
+            if f is None:
+                e = topology.graph.edges[l]
+                f = facts[l] = (e["bandwidth_Bps"], e["kind"])
+            out.append(f)
+        got = topology.memo[key] = tuple(out)
     return got
 
 

@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import heapq
 import math
+from operator import attrgetter
 
 from simpy import Event
 
@@ -114,6 +115,7 @@ class Network:
         self.capacity: list[float] = []
         self.link_names: list[tuple[str, str]] = []
         self.link_kinds: list[str] = []
+        self._latency: list[float] = []  # each link's latency_s (its route's latency: their sum, as Topology.path_latency_s)
         for u, v, d in sorted(topology.graph.edges(data=True), key=lambda e: (str(e[0]), str(e[1]))):
             cap = d["bandwidth_Bps"] * eff.get(d["kind"], 1.0)
             for a, b in ((u, v), (v, u)):
@@ -121,6 +123,7 @@ class Network:
                 self.capacity.append(cap)
                 self.link_names.append((a, b))
                 self.link_kinds.append(d["kind"])
+                self._latency.append(d["latency_s"])
         self._flows_on: list[set[_Flow]] = [set() for _ in self.capacity]
         self._host_bytes: dict[int, float] = {}  # carried by host copies, per link
         self._route: dict[tuple[int, int], tuple[tuple[int, ...], float, str, float, list[float]]] = {}
@@ -335,11 +338,12 @@ class Network:
 
     def _make_route(self, src: int, dst: int) -> tuple[tuple[int, ...], float, str, float]:
         """``route``'s first four items, made anew."""
-        ids = tuple(self._link_id[l] for l in self.topology.route(src, dst))
-        kinds = {self.link_kinds[i] for i in ids}
+        ids = tuple(map(self._link_id.__getitem__, self.topology.route(src, dst)))
+        kinds = set(map(self.link_kinds.__getitem__, ids))
         medium = next((k for k in ("ethernet", "ib", "pcie", "nvlink") if k in kinds), "local")
-        bottleneck = min((self.capacity[i] for i in ids), default=math.inf)
-        return ids, self.topology.path_latency_s(src, dst), medium, bottleneck
+        bottleneck = min(map(self.capacity.__getitem__, ids), default=math.inf)
+        # (Topology.path_latency_s's sum: the same links' latencies in the same order)
+        return ids, sum(map(self._latency.__getitem__, ids)), medium, bottleneck
 
     def _join(self, flow: _Flow) -> None:
         """The flow's latency is over: its bytes start to move."""
@@ -444,9 +448,10 @@ class Network:
             if l in links:
                 continue
             links.add(l)
-            for f in flows_on[l]:
-                if f not in flows:
-                    flows.add(f)
+            new = flows_on[l] - flows  # (a set difference: a spine link's hundreds of flows at C speed)
+            if new:
+                flows |= new
+                for f in new:
                     if f.bundle is None:
                         stack.extend(f.links)
                     else:
@@ -491,8 +496,8 @@ class Network:
                           f"t={self.env.now!r}, over its capacity {cap:.6g} B/s")
 
 
-def _flow_key(f: _Flow):
-    return (f.start, f.src, f.dst, f.label, f.nbytes)
+_flow_key = attrgetter("start", "src", "dst", "label", "nbytes")
+"""A flow's place in the order rates are set and timers drawn: (start, src, dst, label, nbytes)."""
 
 
 def _max_min_rates(flows: set[_Flow], links: set[int], capacity: list[float], flows_on: list[set]) -> dict:
@@ -510,7 +515,7 @@ def _max_min_rates(flows: set[_Flow], links: set[int], capacity: list[float], fl
     rate: dict[_Flow, float] = {}
     left = {l: capacity[l] for l in links if not math.isinf(capacity[l])}
     count = {l: len(flows_on[l]) for l in left}
-    heap = [(left[l] / count[l], l) for l in sorted(left) if count[l] > 0]
+    heap = []
     alone: dict[int, _Flow] = {}  # heap key (< 0) -> the bundle its own links bound
     for f in sorted((f for f in flows if f.bundle is not None), key=_flow_key):
         weight_of = f.bundle.weight_of
@@ -521,7 +526,9 @@ def _max_min_rates(flows: set[_Flow], links: set[int], capacity: list[float], fl
             key = -1 - len(alone)
             alone[key] = f
             heap.append((own[0], key))
-    heap = [(left[l] / count[l], l) if l >= 0 else (share, l) for share, l in heap]
+    # (each link's share once its bundles' weights count; the entries are distinct, so the
+    # heap pops them in one order whatever order they are listed in)
+    heap += [(left[l] / c, l) for l, c in count.items() if c > 0]
     heapq.heapify(heap)
     unfrozen = set(flows)
     while unfrozen and heap:

@@ -43,7 +43,7 @@ from pydantic import TypeAdapter, ValidationError, with_config
 
 from sim.errors import InputError
 from sim.inputs.profile_checks import (
-    ATTENTION_KERNEL_SPEEDS, BASE_LATENCY_TABLE, BYTE_RATE, COUNT, FLAG, FRACTION, FRAMEWORK_OVERHEADS, GEMM_TILES,
+    ATTENTION_KERNEL_SPEEDS, BASE_LATENCY_TABLE, BYTE_RATE, COUNT, EFFICIENCY_CEILINGS, FLAG, FRACTION, FRAMEWORK_OVERHEADS, GEMM_TILES,
     LINK_KINDS, MAX_SPREAD, IDLE_WATTS, NAME, NCCL_PROTOCOL_TABLE, PEAK_FLOPS, PROVENANCE, SECONDS, SOURCES, STRICT_KEYS, WATTS, Allowed,
     json_object, number, one_line_error)
 
@@ -193,6 +193,14 @@ class HardwareProfile:
     (``gemm_efficiency(..., dtype="fp8")``), measured on a kernel alone, or fitted to FP8
     training runs (``trainsim fit``), which sustain less of it than BF16 runs do of theirs.
     None: the same as ``gemm_max_efficiency``."""
+    efficiency_ceilings: EFFICIENCY_CEILINGS | None = None
+    """Efficiency field (``gemm_max_efficiency``, ``fp8_gemm_max_efficiency``,
+    ``attention_max_efficiency``) -> the most this GPU's own measurements say a kernel of
+    that kind achieves alone (the best GEMM of a Maximum Achievable Matmul FLOPS search, the
+    best published flash-attention kernel), each with its source in ``sources``. No kernel
+    in a training step beats the best one measured alone, so ``trainsim fit`` bounds each
+    field by it (``sim.calibrate.fit_runs.ceiling``) and its report says where a fit ended
+    there. None, or a field it does not list: only the fit's own physical bounds."""
     gemm_bias_epilogue: FLAG = True
     """A linear layer's bias is added in its GEMM's epilogue, at no cost (cuBLASLt,
     Transformer Engine). False: a pass first writes the bias into the output, which the
@@ -288,6 +296,7 @@ class HardwareProfile:
         (``PYTHONHASHSEED``), so a worker hashes the profile it receives afresh."""
         state = dict(self.__dict__)
         state.pop("_content_hash", None)
+        state.pop("_paced", None)  # (``sim.inputs.pacing.paced``'s copies, made again where needed)
         return state
 
     def __post_init__(self):
@@ -411,7 +420,7 @@ class HardwareProfile:
         if not out["provenance"]:
             del out["provenance"]
         for key in ("framework_kernel_efficiency", "framework_kernel_overhead_s", "attention_kernel_speed", "nccl_protocols", "nvls_efficiency",
-                    "nvls_latency_s", "nccl_base_latency_s", "fp8_gemm_max_efficiency", "power_limit_w", "idle_power_w",
+                    "nvls_latency_s", "nccl_base_latency_s", "fp8_gemm_max_efficiency", "efficiency_ceilings", "power_limit_w", "idle_power_w",
                     "mxfp8_gemm_relative_efficiency", "nvfp4_gemm_relative_efficiency", "memory_bound_power_fraction", "communication_power_fraction",
                     "power_cap_w", "gpu_hour_price_usd", "profiler_op_overhead_s"):
             if out[key] is None:

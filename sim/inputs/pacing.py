@@ -57,5 +57,11 @@ def paced(profile: HardwareProfile, gpus: int) -> HardwareProfile:
     no spread left to apply again."""
     if not profile.gpu_speed_spread or gpus <= 1:
         return profile
-    return replace(profile, sustained_compute_fraction=profile.sustained_compute_fraction
-                   * slowest_speed(profile.gpu_speed_spread, gpus), gpu_speed_spread=0.0)
+    # kept on the profile object (as its hash is, ``HardwareProfile.__hash__``): a search paces
+    # one profile for thousands of plans, and each new copy would be validated and hashed afresh
+    # by every cache keyed on a profile
+    kept = profile.__dict__.setdefault("_paced", {})
+    if gpus not in kept:
+        kept[gpus] = replace(profile, sustained_compute_fraction=profile.sustained_compute_fraction
+                             * slowest_speed(profile.gpu_speed_spread, gpus), gpu_speed_spread=0.0)
+    return kept[gpus]

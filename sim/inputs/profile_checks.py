@@ -109,6 +109,11 @@ ATTENTION_KERNEL_SPEEDS = Annotated[json_object("AttentionKernelSpeeds", dict.fr
     ("fa2", "triton"), json_object("AttentionKernelSpeed", {"forward": FRACTION, "backward": FRACTION})), total=False),
     Allowed("an object of kernel (fa2, triton) -> {forward, backward} fractions in (0, 1]")]
 
+CEILING_FIELDS = ("gemm_max_efficiency", "fp8_gemm_max_efficiency", "attention_max_efficiency")
+"""The efficiency fields a profile may give a ceiling for (``HardwareProfile.efficiency_ceilings``)."""
+EFFICIENCY_CEILINGS = Annotated[json_object("EfficiencyCeilings", dict.fromkeys(CEILING_FIELDS, FRACTION), total=False),
+    Allowed(f"an object of field ({', '.join(CEILING_FIELDS)}) -> a fraction in (0, 1]")]
+
 FRAMEWORK_OVERHEADS = Annotated[json_object("FrameworkKernelOverheads", dict.fromkeys(
     OVERHEAD_FRAMEWORKS, number(f"a number in [0, {KERNEL_OVERHEAD_MAX_S:g}] (seconds)", ge=0,
                                 le=KERNEL_OVERHEAD_MAX_S)), total=False),

@@ -82,9 +82,17 @@ class Topology:
         self._hops: dict[tuple, int | None] = {}  # (u, v) -> hops between them in the core graph
         self._bfs: dict[tuple, list[set]] = {}  # (u, cutoff) -> nodes by distance from u
         self._stems: dict[str, str] = {}
+        self._twins: dict[str, str] = {}  # core device -> the first met with its very neighbours (_twin)
+        self._twin_of: dict[frozenset, str] = {}
+        self._ends: dict[str, list] = {}  # GPU -> its core neighbours, with their link's width and kind (_core_ends)
+        self._meets: dict[tuple, list] = {}  # (levels' sources and distances) -> nodes in both, sorted (_mids)
+        self._steps: dict[tuple, list] = {}  # (source, cutoff, distance, node) -> its next hops towards the source
+        self._nics: dict[str, list[str]] = {}  # GPU -> its NICs (_nics_of)
+        self._firsts: dict[str, str] = {}  # NIC -> the first GPU whose own NIC it is (_pxn_relay)
         self._relays: dict[tuple[int, int], int | None] = {}  # (src, dst) -> PXN relay rank
         self._rails: bool | None = None
         self._members: dict[int, list[str]] = {}  # node -> its GPUs in rank order
+        self._node_list: list[int] | None = None  # rank -> its node (node_of)
         self._by_node: dict[int, dict[int, str]] = {}  # node -> its GPUs by local index
         self._pxn_copies: dict[int, Topology] = {}  # PXN level -> this topology at that level (``with_pxn``)
         self.memo: dict = {}
@@ -140,7 +148,12 @@ class Topology:
 
     def node_of(self, rank: int) -> int:
         """The host (node index) a GPU rank sits in."""
-        return self.graph.nodes[self.gpu(rank)]["node"]
+        nodes = self._node_list
+        if nodes is None:
+            nodes = self._node_list = [self.graph.nodes[n]["node"] for n in self.gpus]
+        if not 0 <= rank < len(nodes):
+            self.gpu(rank)  # (its error)
+        return nodes[rank]
 
     @property
     def gpus_per_node(self) -> int:
@@ -239,8 +252,10 @@ class Topology:
         nic = nics[0]
         if self.pxn_level == 1 and nic in self._nics_of(s):
             return None  # ("if needed": the sender reaches that NIC on its own PCIe)
-        first = min((self._local_index(x), x) for x in g.neighbors(nic) if g.nodes[x]["kind"] == "gpu"
-                    and self._nics_of(x)[:1] == [nic])[1]
+        first = self._firsts.get(nic)
+        if first is None:
+            first = self._firsts[nic] = min((self._local_index(x), x) for x in g.neighbors(nic)
+                                            if g.nodes[x]["kind"] == "gpu" and self._nics_of(x)[:1] == [nic])[1]
         return None if first == s else g.nodes[first]["rank"]
 
     def _local_index(self, gpu: str) -> int:
@@ -267,8 +282,11 @@ class Topology:
 
     def _nics_of(self, gpu: str) -> list[str]:
         """The NICs a GPU reaches on its own PCIe, in name order (its own NIC first)."""
-        g = self.graph
-        return sorted(n for n in g.neighbors(gpu) if g.nodes[n]["kind"] == "nic")
+        got = self._nics.get(gpu)
+        if got is None:
+            g = self.graph
+            got = self._nics[gpu] = sorted(n for n in g.neighbors(gpu) if g.nodes[n]["kind"] == "nic")
+        return got
 
     def _direct(self, src: int, dst: int) -> tuple[Link, ...]:
         """The shortest route from GPU ``src`` to GPU ``dst`` (no relay)."""
@@ -284,23 +302,20 @@ class Topology:
 
     def _core_path(self, s: str, d: str, h: int) -> list[str]:
         """A shortest path between the transit devices next to GPUs s and d; among
-        equal ones, a deterministic choice by the hash ``h`` (ECMP)."""
-        core = self._core_graph()
-        firsts = sorted(n for n in self.graph.neighbors(s) if n in core)
-        lasts = sorted(n for n in self.graph.neighbors(d) if n in core)
+        equal ones, a deterministic choice by the hash ``h`` (ECMP). What a pair's choice
+        is made from (hops, meeting points, next hops) is kept per switch and distance, not
+        per pair (``_core_hops``, ``_mids``, ``_walk_to``)."""
         best, ends = None, []
-        g = self.graph
-        for a in firsts:
-            for b in lasts:
+        lasts = self._core_ends(d)
+        for a, width_a, kind_a in self._core_ends(s):
+            for b, width_b, kind_b in lasts:
                 n = self._core_hops(a, b)
                 if n is None:
                     continue
                 # Fewest hops first; among those, the widest links out of s and into d,
                 # then the better kind of link, so GPUs of a node that share a NIC talk
                 # through the NVSwitch, not over PCIe.
-                ea, eb = g.edges[s, a], g.edges[b, d]
-                score = (n, -min(ea["bandwidth_Bps"], eb["bandwidth_Bps"]),
-                         max(_KIND_ORDER.get(ea["kind"], 9), _KIND_ORDER.get(eb["kind"], 9)))
+                score = (n, -min(width_a, width_b), max(kind_a, kind_b))
                 if best is None or score < best:
                     best, ends = score, [(a, b)]
                 elif score == best:
@@ -314,9 +329,69 @@ class Topology:
         # Nodes on shortest a-b paths: half-way nodes x with dist(a, x) = m and
         # dist(x, b) = best - m; then walk back to a and on to b, one hop at a time.
         m = (best + 1) // 2
-        da, db = self._core_levels(a, m), self._core_levels(b, best - m)
-        mid = _pick(sorted(x for x in da[m] if x in db[best - m]), h)
-        return _walk(core, da, mid, m, h)[::-1] + _walk(core, db, mid, best - m, h)[1:]
+        mid = _pick(self._mids(a, m, b, best - m), h)
+        return self._walk_to(a, m, mid, h)[::-1] + self._walk_to(b, best - m, mid, h)[1:]
+
+    def _core_ends(self, gpu: str) -> list[tuple[str, float, int]]:
+        """The core devices next to ``gpu`` in name order, each with its link's bandwidth
+        and its kind's rank in ``_KIND_ORDER`` (kept per GPU)."""
+        got = self._ends.get(gpu)
+        if got is None:
+            core, g = self._core_graph(), self.graph
+            got = self._ends[gpu] = [(a, g.edges[gpu, a]["bandwidth_Bps"], _KIND_ORDER.get(g.edges[gpu, a]["kind"], 9))
+                                     for a in sorted(n for n in g.neighbors(gpu) if n in core)]
+        return got
+
+    def _side(self, u: str, k: int) -> tuple[str, int, list[set]]:
+        """What ``_core_levels(u, k)`` is made from: (source, shift, levels), the levels of
+        ``u``'s stem one hop further out without ``u`` (shift 1) when it hangs off one and
+        ``k > 0``, else ``u``'s own (shift 0)."""
+        r = self._stem(u)
+        if r == u or k == 0:
+            return u, 0, self._core_levels(u, k)
+        return r, 1, self._core_levels(r, k - 1)
+
+    def _mids(self, a: str, m: int, b: str, n: int) -> list[str]:
+        """The nodes ``m`` hops from ``a`` and ``n`` from ``b``, sorted (``_core_levels(a, m)[m]``
+        and ``_core_levels(b, n)[n]`` met), from their stems' levels, kept per stem."""
+        ra, sa, la = self._side(a, m)
+        rb, sb, lb = self._side(b, n)
+        key = (ra, m - sa, rb, n - sb)
+        both = self._meets.get(key)
+        if both is None:
+            x, y = la[m - sa], lb[n - sb]
+            both = self._meets[key] = sorted(v for v in x if v in y)
+        if sa or sb:  # (u is not in the levels made from its stem)
+            return [v for v in both if not (sa and v == a) and not (sb and v == b)]
+        return both
+
+    def _walk_to(self, u: str, k: int, x: str, h: int) -> list[str]:
+        """``_walk`` over ``_core_levels(u, k)``: from ``x`` (``k`` hops from ``u``) back to
+        ``u``, one hop at a time; among equal next hops, the choice by hash ``h``. A node's
+        next hops are kept per (stem, distance)."""
+        r, shift, levels = self._side(u, k)
+        adj = self._core_graph().adj
+        path = [x]
+        while k > 0:
+            j = k - 1 - shift  # (the level below, in the levels of r)
+            if j < 0:  # (u itself, one hop from its stem)
+                options = [u] if u in adj[x] else []
+            else:
+                key = (r, len(levels), j, x)
+                options = self._steps.get(key)
+                if options is None:
+                    below, near = levels[j], adj[x]
+                    if len(below) <= len(near):
+                        options = [y for y in below if y in near]
+                    else:
+                        options = [y for y in near if y in below]
+                    options = self._steps[key] = sorted(options)
+                if shift:
+                    options = [y for y in options if y != u]
+            x = _pick(options, h)
+            path.append(x)
+            k -= 1
+        return path
 
     def _stem(self, u: str) -> str:
         """The one core neighbour of ``u`` if it has just one (a NIC's switch), else ``u``:
@@ -329,21 +404,41 @@ class Topology:
         return r
 
     def _core_hops(self, a: str, b: str) -> int | None:
-        """Hops between a and b in the core graph (None: no path), through their stems."""
+        """Hops between a and b in the core graph (None: no path), through their stems,
+        and between stems through their twins (``_twin``): a search per pair of twin
+        classes, not per pair of switches (a rail fabric's leaves are all twins)."""
         if a == b:
             return 0
         ra, rb = self._stem(a), self._stem(b)
         if ra == b or rb == a:
             return 1
-        key = (ra, rb)
-        if key not in self._hops:
-            try:
-                n = len(nx.bidirectional_shortest_path(self._core_graph(), ra, rb)) - 1
-            except nx.NetworkXNoPath:
-                n = None
-            self._hops[key] = self._hops[(rb, ra)] = n  # (links go both ways: the way back is as long)
-        n = self._hops[key]
+        if ra == rb:
+            n = 0
+        else:
+            ta, tb = self._twin(ra), self._twin(rb)
+            if ta == tb:  # (same neighbours, not each other's: two hops apart, if they have any)
+                n = 2 if self._core_graph().adj[ra] else None
+            else:
+                key = (ta, tb)
+                if key not in self._hops:
+                    try:
+                        n = len(nx.bidirectional_shortest_path(self._core_graph(), ta, tb)) - 1
+                    except nx.NetworkXNoPath:
+                        n = None
+                    self._hops[key] = self._hops[(tb, ta)] = n  # (links go both ways: the way back is as long)
+                n = self._hops[key]
         return None if n is None else n + (ra != a) + (rb != b)
+
+    def _twin(self, u: str) -> str:
+        """The first core device met with exactly ``u``'s neighbours (its class of false
+        twins). Twins u, v are not adjacent (no device is its own neighbour) and every
+        other device x is as far from u as from v (a path's first hop from one is a
+        neighbour of the other), so hops between stems are hops between their twins'
+        representatives, when the two classes differ."""
+        t = self._twins.get(u)
+        if t is None:
+            t = self._twins[u] = self._twin_of.setdefault(frozenset(self._core_graph().adj[u]), u)
+        return t
 
     def _core_levels(self, u: str, cutoff: int) -> list[set]:
         """Core nodes by distance from ``u`` up to ``cutoff`` (``levels[k]``: k hops away),
@@ -407,25 +502,6 @@ def _levels(dist: dict) -> list[set]:
     for x, k in dist.items():
         levels[k].add(x)
     return levels
-
-
-def _walk(core: nx.Graph, levels: list[set], x, k: int, h: int) -> list:
-    """From ``x`` (``k`` hops from the source of ``levels``) back to the source, one hop at
-    a time; among equal next hops, the choice by hash ``h``. Checks the smaller of the
-    next level and ``x``'s neighbours (a spine has hundreds of neighbours, the level
-    towards a NIC one or two nodes)."""
-    path = [x]
-    while k > 0:
-        below = levels[k - 1]
-        adj = core.adj[x]
-        if len(below) <= len(adj):
-            options = [y for y in below if y in adj]
-        else:
-            options = [y for y in adj if y in below]
-        x = _pick(sorted(options), h)
-        path.append(x)
-        k -= 1
-    return path
 
 
 _KIND_ORDER = {"nvlink": 0, "pcie": 1, "ib": 2, "ethernet": 3}

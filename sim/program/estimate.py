@@ -36,6 +36,7 @@ and temporaries, as ``sim.program.memory`` adds them up (``stage_memory_bytes``)
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
+from functools import lru_cache
 
 from sim.inputs.hardware import HardwareProfile
 from sim.inputs.model import ModelSpec
@@ -103,6 +104,7 @@ def _links(plan: ParallelPlan, gpus_per_node: int) -> dict:
             for d in ("tp", "dp", "pp")}
 
 
+@lru_cache(maxsize=64)  # (of the model alone: a search asks it of every plan)
 def model_flops_per_sequence(model: ModelSpec, recompute: str = "none", modules: tuple | None = None) -> float:
     """GEMM and attention FLOPs of forward and backward for one sequence (incl. recompute
     when given, ``modules`` what selective recomputes); the sum Korthikanti's Eq. 7 (none)
@@ -152,6 +154,14 @@ def group_comm_time(c, n: int, link: str, profile: HardwareProfile) -> float:
 
 def layer_phase_times(model: ModelSpec, plan: ParallelPlan, profile: HardwareProfile, tp_link: str,
                  gpus_per_node: int, dtype: str, moe: bool, layer=None) -> dict:
+    """``_layer_phase_times`` (its doc), a copy of the remembered answer: ``estimate_in`` and a
+    search's bound (``sim.studies.search.bound_s``) each ask it of the same plan."""
+    return dict(_layer_phase_times(model, plan, profile, tp_link, gpus_per_node, dtype, moe, layer))
+
+
+@lru_cache(maxsize=64)
+def _layer_phase_times(model: ModelSpec, plan: ParallelPlan, profile: HardwareProfile, tp_link: str,
+                       gpus_per_node: int, dtype: str, moe: bool, layer=None) -> dict:
     """Per phase (compute_s, comm_s) of one layer and micro-batch (an MoE one under balanced
     routing): tensor-parallel collectives as ``work_times`` prices them, and each
     expert- or context-parallel one as the bytes leaving a rank ((n-1)/n of the buffer;
@@ -181,19 +191,38 @@ def moe_layer_groups(model: ModelSpec, plan: ParallelPlan, gpus_per_node: int, m
     dispatcher's groups on nodes of ``gpus_per_node`` GPUs (``sim.program.dispatch``)."""
     b, t = plan.micro_batch_size, plan.tp
     tokens = b * model.seq_length // plan.cp // (t if plan.sp else 1)
-    layout = default_layout(plan, gpus_per_node) if moe else None
+    layout, sizes, link = _layer_groups(plan, gpus_per_node, moe)
     lid = next((i for i in range(model.num_layers) if model.is_moe_layer(i)), 0)
     shape = moe_shape(model, plan, lid, tokens * model.moe_router_topk, layout) if moe else None
     work = plan_layer_work(model, plan, shape, layer)
-    sizes = {"cp": plan.cp}
-    groups = {"cp": plan.cp_group(0)}
-    if moe:
-        fold = Folding(plan)
-        sizes.update(ep=plan.ep, etp=plan.etp_size, **group_sizes(plan, layout))
-        groups.update(ep=fold.ep_group(0), etp=fold.etp_group(0),
-                      **dispatch_groups(fold, 0, lambda r: r // gpus_per_node))
-    link = {k: "nvlink" if len({r // gpus_per_node for r in g}) == 1 else "ib" for k, g in groups.items()}
-    return work, sizes, link
+    return work, dict(sizes), dict(link)
+
+
+_GROUPS: dict = {}
+"""``_layer_groups``' answers by the plan fields they depend on (a search asks for them of
+thousands of plans that share a few layouts, and each walks its groups rank by rank)."""
+
+
+def _layer_groups(plan: ParallelPlan, gpus_per_node: int, moe: bool) -> tuple:
+    """(the first expert-parallel group's layout, the size of each group, the link each
+    crosses) of ``moe_layer_groups``. They depend only on the sizes, the placement and the
+    dispatcher (``Folding``, ``sim.program.dispatch``), which key them."""
+    key = (plan.tp, plan.pp, plan.dp, plan.cp, plan.ep, plan.etp_size, plan.placement, plan.dispatcher,
+           gpus_per_node, moe)
+    if key not in _GROUPS:
+        layout = default_layout(plan, gpus_per_node) if moe else None
+        sizes = {"cp": plan.cp}
+        groups = {"cp": plan.cp_group(0)}
+        if moe:
+            fold = Folding(plan)
+            sizes.update(ep=plan.ep, etp=plan.etp_size, **group_sizes(plan, layout))
+            groups.update(ep=fold.ep_group(0), etp=fold.etp_group(0),
+                          **dispatch_groups(fold, 0, lambda r: r // gpus_per_node))
+        link = {k: "nvlink" if len({r // gpus_per_node for r in g}) == 1 else "ib" for k, g in groups.items()}
+        if len(_GROUPS) >= 4096:
+            _GROUPS.clear()
+        _GROUPS[key] = layout, sizes, link
+    return _GROUPS[key]
 
 
 def _amax_time(model: ModelSpec, plan: ParallelPlan, profile: HardwareProfile, gpus_per_node: int):

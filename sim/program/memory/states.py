@@ -41,6 +41,7 @@ from __future__ import annotations
 import math
 
 from dataclasses import dataclass
+from functools import lru_cache
 
 from sim.errors import require
 from sim.inputs.frameworks import (DEEPSPEED_BUCKET_ELEMS, DEEPSPEED_MAX_LIVE_PARAMETERS, deepspeed_prefetch_depth,
@@ -97,10 +98,13 @@ def stage_params_per_rank(model: ModelSpec, plan: ParallelPlan, stage: int) -> f
     return dense + experts
 
 
+@lru_cache(maxsize=256)
 def stage_param_split(model: ModelSpec, plan: ParallelPlan, stage: int) -> tuple[float, float]:
     """(dense, expert) parameters one rank of pipeline stage ``stage`` holds: the routed
     experts' (a mixture of experts' num_experts/ep per layer, split over etp; their states
-    are sharded over the expert data-parallel group) and everything else."""
+    are sharded over the expert data-parallel group) and everything else. Remembered: the
+    estimate asks it of each stage three times (``sim.program.estimate``), a search of
+    thousands of plans."""
     plan.check_model(model)
     require(0 <= stage < plan.pp, "stage", stage, f"expected 0..{plan.pp - 1}")
     t, h = plan.tp, model.hidden_size
