@@ -26,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import GB, ROOT, fmt_bytes, parallel_map, parse_args, pyplot, save, write_csv, write_json  # noqa: E402
 from common import write_verdict  # noqa: E402
 
-from sim.studies.collective import run_collective  # noqa: E402
+from sim.studies.collective import CollectiveOptions, run_collective  # noqa: E402
 from sim.engine.nccl import NcclModel  # noqa: E402
 from sim.engine.tuner import choose, runnable  # noqa: E402
 from sim.inputs.hardware import load_profile  # noqa: E402
@@ -60,7 +60,8 @@ def algos_for(cluster: str, op: str = "allreduce") -> list[str]:
 def simulate_point(point) -> dict:
     cluster, algo, nbytes = point
     topo, eff, nccl = _setup(cluster)
-    _, s = run_collective("allreduce", nbytes, topo.num_gpus, topo, algo, None, eff, "flows", "auto", nccl)
+    _, s = run_collective("allreduce", nbytes, topo.num_gpus, topo,
+                          CollectiveOptions(algo=algo, link_efficiency=eff, protocol="auto", nccl=nccl))
     return {"cluster": cluster, "algo": algo, "size_bytes": nbytes, "ran_algo": s["algo"], "protocol": s["protocol"],
             "time_s": s["time_s"], "busbw_GBps": s["busbw_Bps"] / GB}
 

@@ -29,7 +29,7 @@ sys.path.insert(0, str(ROOT))
 
 def rows(out: Path) -> list[dict]:
     from sim.replay.kineto import read_kineto
-    from sim.replay.run import replay
+    from sim.replay.run import WhatIf, replay
 
     from dataclasses import replace
 
@@ -44,8 +44,8 @@ def rows(out: Path) -> list[dict]:
     for config, d in report["configs"].items():
         files = sorted((out / "traces" / config).glob("trace_rank*.json"))
         graphs = [read_kineto(str(f)) for f in files]
-        s = replay(graphs, gpu=str(profile)).summary
-        with_prof = replay(graphs, gpu=str(kept)).summary["iteration_time_s"]
+        s = replay(graphs, WhatIf(gpu=str(profile))).summary
+        with_prof = replay(graphs, WhatIf(gpu=str(kept))).summary["iteration_time_s"]
         measured, traced, replayed = d["measured"]["iteration_s"], s["traced_step_s"], s["iteration_time_s"]
         profiled = d.get("traced_iteration_s")  # (validate's own timing of the profiled iteration)
         result.append({"config": config, "ranks": len(files), "measured_s": measured, "traced_s": traced,

@@ -99,7 +99,7 @@ def _timelines(out: Path) -> None:
     from sim.calibrate.kineto import load_kineto
     from sim.replay.kineto import NCCL, kernel_category, read_kineto, steps_of
     from sim.replay.run import replay
-    from sim.results.plot import plot_timeline
+    from sim.results.plot import TimelineView, plot_timeline
     from sim.results.trace import Span, Trace
 
     path = SHARED / "hta-nccl-allreduce-2ranks-rank0.json.gz"
@@ -117,14 +117,13 @@ def _timelines(out: Path) -> None:
                               (e["ts"] + e["dur"] - t0) * 1e-6))
     spans.sort(key=lambda s: (s.rank, s.stream, s.start_s, s.end_s))
     measured = Trace(spans, [], {}, {}, ranks={0: {"node": 0, "device": "gpu0"}})
-    plot_timeline(measured, out / "replay-real-measured.png",
-                  title=f"measured: ProfilerStep#6 of rank 0, GPU streams, {graph.traced_step_s * 1e3:.1f} ms",
-                  collapse=False)
+    plot_timeline(measured, out / "replay-real-measured.png", TimelineView(
+        title=f"measured: ProfilerStep#6 of rank 0, GPU streams, {graph.traced_step_s * 1e3:.1f} ms", collapse=False))
     r = replay([graph])
     gpu = Trace([s for s in r.trace.spans if s.rank == 0 and s.stream.startswith("stream")], [], {}, {},
                 ranks={0: {"node": 0, "device": "gpu0"}})
-    plot_timeline(gpu, out / "replay-real-replayed.png",
-                  title=f"replayed: GPU streams, {r.summary['iteration_time_s'] * 1e3:.1f} ms", collapse=False)
+    plot_timeline(gpu, out / "replay-real-replayed.png", TimelineView(
+        title=f"replayed: GPU streams, {r.summary['iteration_time_s'] * 1e3:.1f} ms", collapse=False))
 
 
 def what_ifs(out: Path) -> list[dict]:

@@ -270,7 +270,7 @@ def _dp_cp(plan, index: int) -> str:
 def write_outputs(run: TrainingRun, summary: dict, out: Path) -> None:
     """summary.json, trace.json (Perfetto), timeline.png and memory.png in ``out``."""
     from sim.results.export import write_chrome, write_json_atomic
-    from sim.results.plot import plot_memory, plot_timeline
+    from sim.results.plot import TimelineView, plot_memory, plot_timeline
 
     plan = run.plan
     if plan.pp > 1:
@@ -284,8 +284,8 @@ def write_outputs(run: TrainingRun, summary: dict, out: Path) -> None:
     extra = (f" x cp {plan.cp}" if plan.cp > 1 else "") + (f", ep {plan.ep}" if plan.ep > 1 else "")
     title = (f"{run.model.name}, {plan.world_size} GPUs (dp {plan.dp} x tp {plan.tp} x pp {plan.pp}{extra}), "
              f"{run.schedule.name}, m={plan.num_microbatches}: {summary['iteration_time_s'] * 1e3:.1f} ms")
-    plot_timeline(run.trace, out / "timeline.png", title=title, ranks=set(ranks), lane_names=names,
-                  lane_of_span=_lane)
+    plot_timeline(run.trace, out / "timeline.png", TimelineView(title=title, ranks=frozenset(ranks), lane_names=names,
+                                                                lane_of_span=_lane))
     plot_memory(run.trace, out / "memory.png", ranks, names, run.profile.hbm_capacity_bytes,
                 title=f"{run.model.name}: memory per GPU over one iteration ({run.schedule.name}, ZeRO-{plan.zero_stage})")
     write_json_atomic(summary, out / "summary.json")
@@ -293,13 +293,14 @@ def write_outputs(run: TrainingRun, summary: dict, out: Path) -> None:
 
 def write_kineto_files(training_run: TrainingRun, out: str | Path) -> list[Path]:
     """The Kineto-shaped traces of a run, one ``trace_rank{r}.json`` per simulated GPU."""
-    from sim.results.export_kineto import collective_claims, collective_groups, cross_stream_waits, write_kineto
+    from sim.results.export_kineto import (KinetoRun, collective_claims, collective_groups, cross_stream_waits,
+                                           write_kineto)
 
-    return write_kineto(training_run.trace, out, world_size=training_run.plan.world_size,
-                        device_name=training_run.profile.name,
-                        memory_bytes=training_run.profile.hbm_capacity_bytes,
-                        groups=collective_groups(training_run.program), names=rank_names(training_run),
-                        waits=cross_stream_waits(training_run.program), claims=collective_claims(training_run.program))
+    program = training_run.program
+    return write_kineto(training_run.trace, out, KinetoRun(
+        world_size=training_run.plan.world_size, device_name=training_run.profile.name,
+        memory_bytes=training_run.profile.hbm_capacity_bytes, groups=collective_groups(program),
+        names=rank_names(training_run), waits=cross_stream_waits(program), claims=collective_claims(program)))
 
 
 def write_chakra_files(training_run: TrainingRun, out: str | Path):

@@ -23,7 +23,7 @@ from sim.inputs.plan import ParallelPlan
 from sim.inputs.resolve import NODE_OF_GPU
 from sim.inputs.topology_build import load_topology
 from sim.program.actions import Action, Program
-from sim.studies.collective import run_collective
+from sim.studies.collective import CollectiveOptions, run_collective
 from sim.studies.search import SearchSpace, enumerate_plans
 from sim.inputs.model import preset
 
@@ -181,7 +181,7 @@ def test_nvls_inside_the_rack_is_the_switch_reduction_closed_form():
     # line rate, no profile: each of the 72 GPUs sends and receives S(n+1)/n through the switch
     t = load_topology("gb200-nvl72")
     S, n = 2**30, 72
-    _, s = run_collective("allreduce", S, n, t, "nvls", None, None, "flows", "simple", None)
+    _, s = run_collective("allreduce", S, n, t, CollectiveOptions(algo="nvls", protocol="simple"))
     assert s["time_s"] == pytest.approx(25e-6 + S * (n + 1) / n / 900e9, rel=1e-6)
 
 
@@ -202,7 +202,7 @@ def test_a_group_across_racks_is_ib_limited():
     # one GPU in each of two racks: one NIC each way, 50 GB/s at 95% (ConnectX-7)
     t = load_topology("gb200-nvl72", min_gpus=144)
     eff, model = GB200.link_efficiencies(), NcclModel.from_profile(GB200)
-    inside = run_collective("allreduce", 2**30, 2, t, "ring", None, eff, "flows", "simple", model)[1]
+    inside = run_collective("allreduce", 2**30, 2, t, CollectiveOptions(algo="ring", link_efficiency=eff, protocol="simple", nccl=model))[1]
     across = t.bottleneck_Bps(0, 72) * eff["ib"]
     assert t.bottleneck_Bps(0, 72) == 50e9
     prog = Program({r: [Action("x", kind="collective", op="allreduce", group=(0, 72), nbytes=2**30, algo="ring")]

@@ -385,9 +385,9 @@ def test_replay_of_astra_sim_all_reduce():
     """One 1 MB all-reduce over 4 ranks and nothing else: the replayed step is that
     collective, priced by the network model."""
     from sim.replay.chakra import chakra_graphs
-    from sim.replay.run import replay
+    from sim.replay.run import WhatIf, replay
 
-    r = replay(chakra_graphs(sorted(DATA.glob("all_reduce.*.et"))), gpu="h100-sxm")
+    r = replay(chakra_graphs(sorted(DATA.glob("all_reduce.*.et"))), WhatIf(gpu="h100-sxm"))
     s = r.summary
     assert s["world_size"] == 4 and s["traced_step_s"] == 0.0
     assert list(s["critical_path"]["by_category_s"]) == ["allreduce"]
@@ -405,9 +405,9 @@ def test_replay_of_astra_sim_msccl_ring_runs_with_eager_sends():
     receive) the ring completes. Each rank reduces 7 chunks of 7 µs: 49 µs of kernels, all
     on the critical path, plus 14 chunk transfers."""
     from sim.replay.chakra import chakra_graphs
-    from sim.replay.run import replay
+    from sim.replay.run import WhatIf, replay
 
-    s = replay(chakra_graphs(sorted((DATA / "custom_allreduce").glob("*.et.gz"))), gpu="h100-sxm").summary
+    s = replay(chakra_graphs(sorted((DATA / "custom_allreduce").glob("*.et.gz"))), WhatIf(gpu="h100-sxm")).summary
     assert s["world_size"] == 8 and s["comm_unmatched"] == 0
     assert s["rank_times"]["kernel_s"] == pytest.approx(7 * 7e-6)
     assert s["critical_path"]["by_category_s"]["kernel"] == pytest.approx(7 * 7e-6)
@@ -646,12 +646,12 @@ def test_replay_of_a_pytorch_converted_et():
     kernels run one at a time on one lane, as ASTRA-sim runs a rank's GPU nodes, so the
     GPU's busy time is the sum of their durations; host operators run on the CPU lane."""
     from sim.replay.chakra import chakra_graphs
-    from sim.replay.run import replay
+    from sim.replay.run import WhatIf, replay
 
     (g,) = chakra_graphs([DATA / "pytorch" / "chakra.0.et.gz"])
     gpu = sum(n.duration_s for n in g.nodes if n.kind == "compute" and n.lane == "stream compute")
     assert {n.lane for n in g.nodes if n.category == "cpu"} == {"cpu 0"}
-    s = replay([g], gpu="h100-sxm").summary
+    s = replay([g], WhatIf(gpu="h100-sxm")).summary
     assert s["world_size"] == 1
     assert s["rank_times"]["kernel_s"] == pytest.approx(gpu)
     assert s["iteration_time_s"] >= gpu

@@ -9,7 +9,7 @@ from sim.inputs.model import llama
 from sim.inputs.plan import ParallelPlan
 from sim.inputs.topology_build import load_topology
 from sim.program.memory import chunk_activation_bytes, stage_memory_bytes
-from sim.program.workload import layer_work
+from sim.program.workload import LayerRun, layer_work
 from sim.inputs.schema import SimulationSettings
 from sim.session import Job, simulate_training
 
@@ -19,12 +19,12 @@ A100 = load_profile("a100-80gb")
 
 
 def test_ring_attention_exchanges_each_key_value_chunk_once_per_step():
-    w = layer_work(TINY, 1, cp=2)
+    w = layer_work(TINY, LayerRun(1, cp=2))
     shifts = [c for c in w.comms("F") if c.group == "cp"]
     # one exchange (cp - 1) of the local chunk's K and V: (s/cp) tokens x 256 wide x 2 bytes
     assert [(c.collective, c.side, c.nbytes) for c in shifts] == [("shift", True, 2048 * 256 * 2)]
     steps = [o for o in w.ops("F") if o.name.startswith("attn.core.cp")]
-    full = layer_work(TINY, 1).ops("F")
+    full = layer_work(TINY, LayerRun(1)).ops("F")
     core = next(o for o in full if o.name == "attn.core")
     assert len(steps) == 2 and sum(o.flops for o in steps) == pytest.approx(core.flops / 2)
     assert steps[0].shape == (2048, 2048, 64) and steps[1].after == "attn.cp.kv1"
@@ -34,7 +34,7 @@ def test_ring_attention_exchanges_each_key_value_chunk_once_per_step():
 
 
 def test_all_gather_variant_gathers_the_whole_sequence_keys_and_values():
-    w = layer_work(TINY, 1, cp=4, cp_comm="all-gather")
+    w = layer_work(TINY, LayerRun(1, cp=4, cp_comm="all-gather"))
     ag = next(c for c in w.comms("F") if c.group == "cp")
     assert (ag.collective, ag.nbytes) == ("all_gather", 4096 * 256 * 2)
     core = next(o for o in w.ops("F") if o.name == "attn.core")

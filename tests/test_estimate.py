@@ -12,7 +12,7 @@ from sim.program.estimate import estimate, model_flops_per_sequence
 from sim.inputs.hardware import load_profile
 from sim.inputs.model import preset
 from sim.inputs.plan import ParallelPlan
-from sim.program.workload import embedding_work, head_work, layer_work
+from sim.program.workload import LayerRun, embedding_work, head_work, layer_work
 
 A100 = load_profile("a100-80gb")
 
@@ -100,7 +100,7 @@ def test_single_gpu_step_is_the_sum_of_op_times():
     plan = ParallelPlan(micro_batch_size=2, global_batch_size=8)
     est = estimate(m, plan, A100)
     ops = [*embedding_work(m, 2).ops(), *head_work(m, 2).ops()]
-    per_mb = sum(op_time(o, A100) for o in ops) + m.num_layers * sum(op_time(o, A100) for o in layer_work(m, 2).ops())
+    per_mb = sum(op_time(o, A100) for o in ops) + m.num_layers * sum(op_time(o, A100) for o in layer_work(m, LayerRun(2)).ops())
     assert est.time["compute"] == pytest.approx(4 * per_mb, rel=1e-12)
     assert est.time["tp_comm"] == est.time["pipeline_bubble"] == est.time["dp_comm"] == 0
     parts = sum(v for k, v in est.time.items() if k != "step")
@@ -139,7 +139,7 @@ def test_zero_bubble_closed_forms():
     est = {s: estimate(m, ParallelPlan(pp=p, global_batch_size=8, schedule=s), A100)
            for s in ("gpipe", "1f1b", "zb-h1", "zb-h2")}
     slowest = paced(A100, p)  # (4 GPUs: the expected slowest one's pace, gpu_speed_spread)
-    layer, head, emb = (work_times(w, slowest) for w in (layer_work(m, 1), head_work(m, 1), embedding_work(m, 1)))
+    layer, head, emb = (work_times(w, slowest) for w in (layer_work(m, LayerRun(1)), head_work(m, 1), embedding_work(m, 1)))
     n = m.num_layers // p
     stages = [{ph: n * layer[ph][0] + (emb[ph][0] if s == 0 else 0) + (head[ph][0] if s == p - 1 else 0)
                for ph in "FBW"} for s in range(p)]
@@ -152,9 +152,9 @@ def test_zero_bubble_closed_forms():
     # Micro-batches stashed on stage i: GPipe all 8, 1F1B p - i; ZB-H1 p = 4 and ZB-H2
     # 2p - 1 = 7 on every stage, since a micro-batch's activations stay until its W (so the
     # last stage keeps p micro-batches' logits under ZB-H1 where 1F1B keeps one).
-    from sim.program.memory import activation_bytes_per_layer, embedding_activation_bytes, head_activation_bytes
+    from sim.program.memory import Storing, activation_bytes_per_layer, embedding_activation_bytes, head_activation_bytes
     held = {"gpipe": lambda i: 8, "1f1b": lambda i: p - i, "zb-h1": lambda i: p, "zb-h2": lambda i: 2 * p - 1}
-    per_layer, on_first, on_last = (activation_bytes_per_layer(m, 1), embedding_activation_bytes(m, 1),
+    per_layer, on_first, on_last = (activation_bytes_per_layer(m, Storing.of(1)), embedding_activation_bytes(m, 1),
                                     head_activation_bytes(m, 1))
     for s, e in est.items():
         i = e.worst_stage

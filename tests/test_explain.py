@@ -10,7 +10,7 @@ from sim.inputs.model import preset
 from sim.inputs.plan import ParallelPlan
 from sim.inputs.pacing import paced
 from sim.program.costs import work_times
-from sim.program.workload import layer_work
+from sim.program.workload import LayerRun, layer_work
 from sim.results.explain import explain, render
 
 
@@ -25,7 +25,7 @@ def test_layer_totals_are_what_the_cost_model_charges(report):
     model, plan, profile, rep = report
     # work_times sums every op and tp collective of the layer per phase (the estimate's path)
     # (on the profile as a synchronous job of the plan's size runs it: its slowest GPU's pace)
-    expected = work_times(layer_work(model, 1, 8, False, "full"), paced(profile, plan.world_size), tp=8,
+    expected = work_times(layer_work(model, LayerRun(1, 8, False, "full")), paced(profile, plan.world_size), tp=8,
                           tp_link="nvlink")
     phases = rep["parts"]["layer"]["phases"]
     for ph in ("F", "B", "W"):

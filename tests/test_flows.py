@@ -8,7 +8,7 @@ contends the two give the same time, which is the ring's closed form.
 
 import pytest
 
-from sim.studies.collective import run_collective
+from sim.studies.collective import CollectiveOptions, run_collective
 from sim.engine.core import simulate
 from sim.inputs.topology_build import load_topology
 from sim.program.actions import FLOW_PIECES, Action, Program
@@ -27,8 +27,8 @@ H100 = load_profile("h100-sxm")
 def test_flows_and_steps_agree_within_one_percent_when_nothing_contends(op, n, size):
     topo = load_topology("dgx-h100", nodes=max(1, n // 8))
     eff = H100.link_efficiencies()
-    _, flows = run_collective(op, size, n, topo, link_efficiency=eff, collective_model="flows")
-    _, steps = run_collective(op, size, n, topo, link_efficiency=eff, collective_model="steps")
+    _, flows = run_collective(op, size, n, topo, CollectiveOptions(link_efficiency=eff, collective_model="flows"))
+    _, steps = run_collective(op, size, n, topo, CollectiveOptions(link_efficiency=eff, collective_model="steps"))
     assert flows["time_s"] == pytest.approx(steps["time_s"], rel=0.01)
     if op in ("allreduce", "reducescatter", "allgather"):
         # events grow with n: each hop of each channel is at most FLOW_PIECES transfers
@@ -45,7 +45,7 @@ def test_flows_match_the_ring_closed_form(n):
     t = load_topology("dgx-h100")
     S = 2**30
     alpha, B = t.path_latency_s(0, 1), t.bottleneck_Bps(0, 1)
-    _, s = run_collective("allreduce", S, n, t, collective_model="flows")
+    _, s = run_collective("allreduce", S, n, t, CollectiveOptions(collective_model="flows"))
     assert s["time_s"] == pytest.approx(8.4e-6 + 2 * (n - 1) * (alpha + S / (n * B)), rel=1e-9)
 
 
@@ -104,7 +104,7 @@ def test_alltoall_on_a_switch_takes_the_closed_form(model):
     t = load_topology("dgx-h100")
     n, S = 8, 2**30
     alpha, B = t.path_latency_s(0, 1), t.bottleneck_Bps(0, 1)
-    trace, s = run_collective("alltoall", S, n, t, collective_model=model)
+    trace, s = run_collective("alltoall", S, n, t, CollectiveOptions(collective_model=model))
     assert s["time_s"] == pytest.approx(alpha + (n - 1) / n * S / B, rel=1e-9)
     assert s["transfers"] == (n if model == "flows" else n * (n - 1))
     assert trace.bytes_by_link_kind()["nvlink"] == pytest.approx(2 * n * (n - 1) * S / n)  # up and down
@@ -132,7 +132,7 @@ def test_alltoall_across_two_nodes_takes_its_most_loaded_links_time(model, pxn):
                     sends.setdefault(link, []).append(t.path_latency_s(r, q))
     end = max(min(lat) + len(lat) * S / n / g.edges[link]["bandwidth_Bps"] for link, lat in sends.items())
     assert any(x.startswith("spine") for link in sends for x in link) == (pxn == 0)
-    _, s = run_collective("alltoall", S, n, t, collective_model=model)
+    _, s = run_collective("alltoall", S, n, t, CollectiveOptions(collective_model=model))
     assert s["time_s"] == pytest.approx(end, rel=1e-9)
 
 

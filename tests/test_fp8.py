@@ -22,8 +22,8 @@ from sim.program.costs import op_time
 from sim.program.estimate import estimate
 from sim.inputs.precision import fp8_precision
 from sim.program.fp8 import fp8_layer_work
-from sim.program.memory import activation_bytes_per_layer, fp8_weight_copy_bytes, stage_memory_bytes
-from sim.program.workload import chunk_work, layer_work
+from sim.program.memory import Storing, activation_bytes_per_layer, fp8_weight_copy_bytes, stage_memory_bytes
+from sim.program.workload import LayerRun, chunk_work, layer_work
 from sim.studies.search import SearchSpace, enumerate_plans, plan_key
 
 H100 = load_profile("h100-sxm")
@@ -68,7 +68,7 @@ def test_a_gemm_bound_layer_gains_the_peak_ratio_less_the_casts(m):
     # all at the HBM rate of tuned kernels; nothing else changes.
     p = _flat(H100)
     n_tok, h, f = LAYER.seq_length, LAYER.hidden_size, LAYER.ffn_hidden_size
-    bf16 = layer_work(LAYER, 1)
+    bf16 = layer_work(LAYER, LayerRun(1))
     fp8 = fp8_layer_work(bf16, fp8_precision("hybrid"), microbatches=m)
     for o in bf16.ops() + fp8.ops():
         if o.kind == "gemm":  # the premise: compute-bound under the roofline in both precisions
@@ -95,7 +95,7 @@ def test_sequence_parallel_casts_and_fp8_gathers():
     #   wgrad     transposes of every FP8 input: MLP-down 2Nf/t, MLP-up 2Nh, projection 2Nh/t, QKV 2Nh
     p, t, m = _flat(H100), 2, 4
     n_tok, h, f = LAYER.seq_length, LAYER.hidden_size, LAYER.ffn_hidden_size
-    bf16 = layer_work(LAYER, 1, t, True)
+    bf16 = layer_work(LAYER, LayerRun(1, t, True))
     fp8 = fp8_layer_work(bf16, fp8_precision("e4m3"), t, True, m)
     for coll, factor in (("all_gather", 0.5), ("reduce_scatter", 1.0)):
         assert sum(c.nbytes for c in fp8.comms() if c.collective == coll) == \
@@ -122,7 +122,7 @@ def test_what_stays_bf16_and_the_formats_cost_the_same():
         assert layer.flops(phase, kinds=("gemm", "attention")) == bf16.flops(phase, kinds=("gemm", "attention"))
     e4m3 = chunk_work(model, replace(plan, fp8_format="e4m3"), 0)[1]
     assert _time(e4m3, H100) == _time(layer, H100) != _time(bf16, H100)
-    unfused = fp8_layer_work(layer_work(model, 1, attention="unfused"), fp8_precision("hybrid"))
+    unfused = fp8_layer_work(layer_work(model, LayerRun(1, attention="unfused")), fp8_precision("hybrid"))
     assert all(o.dtype == "bf16" for o in unfused.ops() if o.name.startswith(("attn.scores", "attn.context")))
     assert fp8_layer_work(bf16, None) is bf16
 
@@ -195,7 +195,8 @@ def test_memory_fp8_weight_copies_and_fp8_saved_inputs():
     # input sbf/t, one byte each instead of two (no sequence parallelism: rep = 1).
     sbh = s * b * h
     saved = sbh + sbh / t + sbh + s * b * f / t
-    assert activation_bytes_per_layer(model, b, t) - activation_bytes_per_layer(model, b, t, precision=fp8_precision("e4m3")) \
+    assert activation_bytes_per_layer(model, Storing.of(b, t)) \
+        - activation_bytes_per_layer(model, Storing.of(b, t, precision=fp8_precision("e4m3"))) \
         == pytest.approx(saved)
     m8, m16 = stage_memory_bytes(model, plan, 0), stage_memory_bytes(model, bf16, 0)
     assert m8["weights"] - m16["weights"] == fp8_weight_copy_bytes(model, plan, 0)
@@ -251,7 +252,7 @@ def test_explain_lists_the_fp8_kernels():
 
     plan = ParallelPlan(tp=2, sequence_parallel=True, global_batch_size=4, fp8_format="hybrid")
     rows = {r["name"]: r for r in explain(LAYER, plan, H100)["parts"]["layer"]["rows"]}
-    work = fp8_layer_work(layer_work(LAYER, 1, 2, True), fp8_precision("hybrid"), 2, True, 4)
+    work = fp8_layer_work(layer_work(LAYER, LayerRun(1, 2, True)), fp8_precision("hybrid"), 2, True, 4)
     assert list(rows) == [i.name for i in work.items]
     pace = paced(H100, plan.world_size)  # explain prices the job's pace, as the simulator does
     for o in work.ops():

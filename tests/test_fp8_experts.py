@@ -12,7 +12,7 @@ from sim.inputs.precision import fp8_precision
 from sim.program.fp8 import fp8_layer_work
 from sim.program.memory import fp8_weight_copy_bytes
 from sim.program.memory.states import stage_param_split
-from sim.program.workload import layer_work
+from sim.program.workload import LayerRun, layer_work
 from sim.program.workload_moe import MoeShape
 from sim.session import Job, simulate_training
 
@@ -31,7 +31,7 @@ def test_expert_gemms_run_in_fp8_with_their_inputs_and_gradients_cast_and_transp
     # Inside an expert TE sees no sequence parallelism, so every FP8 input of an expert GEMM
     # is cast and transposed at once: read 2 bytes, write 2 (FP8 and its transpose) per element.
     m = 3
-    work = layer_work(TINY, 1, tp, tp > 1, moe=MoeShape(ep=1, etp=tp, load=S // tp * K))
+    work = layer_work(TINY, LayerRun(1, tp, tp > 1), moe=MoeShape(ep=1, etp=tp, load=S // tp * K))
     ops = _items(fp8_layer_work(work, fp8_precision("hybrid"), tp, tp > 1, microbatches=m, fp8_params=True))
     rows = S // tp * K * tp  # the tokens' copies, gathered over etp = tp
     f = F // tp
@@ -71,7 +71,7 @@ def test_expert_casts_run_one_kernel_per_expert_as_te_quantizes_each_split():
     kernel pays the profile's fixed per-kernel cost."""
     from sim.program.costs import op_time
 
-    work = layer_work(TINY, 1, 1, False, moe=MoeShape(ep=1, etp=1, load=S * K))
+    work = layer_work(TINY, LayerRun(1, 1, False), moe=MoeShape(ep=1, etp=1, load=S * K))
     kernels = {}
     for fmt, recipe in (("hybrid", "tensorwise"), ("hybrid", "delayed"), ("e4m3", "mxfp8")):
         ops = _items(fp8_layer_work(work, fp8_precision(fmt, recipe), 1, False, microbatches=8))
@@ -89,5 +89,5 @@ def test_expert_casts_run_one_kernel_per_expert_as_te_quantizes_each_split():
     moved = (cast.bytes_read + cast.bytes_written) / gpu.memory_rate(False)
     assert op_time(cast, gpu) == pytest.approx(moved + 2 * E * gpu.kernel_launch_s, rel=1e-12)
     # a dense layer's casts are untouched: one kernel each
-    dense = _items(fp8_layer_work(layer_work(TINY, 1, 1, False), fp8_precision("hybrid", "tensorwise"), 1, False))
+    dense = _items(fp8_layer_work(layer_work(TINY, LayerRun(1, 1, False)), fp8_precision("hybrid", "tensorwise"), 1, False))
     assert all(o.kernels == 1 for o in dense.values() if hasattr(o, "kernels"))

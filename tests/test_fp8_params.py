@@ -14,7 +14,7 @@ from sim.inputs.topology_build import load_topology
 from sim.inputs.precision import fp8_precision
 from sim.program.fp8 import fp8_layer_work
 from sim.program.memory import fp8_weight_copy_bytes, stage_memory_bytes
-from sim.program.workload import layer_work
+from sim.program.workload import LayerRun, layer_work
 from sim.session import Job, simulate_training
 
 H100 = load_profile("h100-sxm")
@@ -44,7 +44,7 @@ def test_the_gemm_weights_are_gathered_in_one_byte(overlap):
 
 def test_each_step_transposes_the_fp8_weights_instead_of_casting_them():
     m = 4
-    work = layer_work(SMALL, 1, 1, False)
+    work = layer_work(SMALL, LayerRun(1, 1, False))
     cast = {it.name: it for it in fp8_layer_work(work, fp8_precision("hybrid"), microbatches=m).items if hasattr(it, "kind")}
     kept = {it.name: it for it in fp8_layer_work(work, fp8_precision("hybrid"), microbatches=m, fp8_params=True).items
             if hasattr(it, "kind")}
@@ -124,7 +124,7 @@ def test_mxfp8_weights_are_gathered_in_bf16_and_quantized_after():
         runs[fp8_params] = simulate_training(Job(SMALL, plan, b200, topo))
     assert sum(s.nbytes for s in _gathers(runs[True])) == pytest.approx(2 * SMALL.num_params, rel=1e-12)
     assert sum(s.nbytes for s in _gathers(runs[False])) == pytest.approx(2 * SMALL.num_params, rel=1e-12)
-    work = layer_work(SMALL, 1, 1, False)
+    work = layer_work(SMALL, LayerRun(1, 1, False))
     cast = [(it.name, it.bytes_read, it.bytes_written) for it in fp8_layer_work(work, fp8_precision("e4m3", "mxfp8"),
                                                                                 microbatches=4).items]
     kept = [(it.name, it.bytes_read, it.bytes_written) for it in fp8_layer_work(work, fp8_precision("e4m3", "mxfp8"),

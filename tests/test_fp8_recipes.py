@@ -15,8 +15,8 @@ from sim.inputs.topology_build import NODE_OF_GPU
 from sim.program.costs import op_time
 from sim.inputs.precision import RECIPES, Precision, fp8_precision, label
 from sim.program.fp8 import fp8_layer_work
-from sim.program.memory import activation_terms, fp8_weight_copy_bytes
-from sim.program.workload import layer_work
+from sim.program.memory import Storing, activation_terms, fp8_weight_copy_bytes
+from sim.program.workload import LayerRun, layer_work
 
 B200 = load_profile("b200")
 H100 = load_profile("h100-sxm")
@@ -26,7 +26,7 @@ LAYER_GEMM_PARAMS = H * 3 * H + H * H + 2 * H * F  # QKV, projection, MLP up and
 
 
 def _ops(recipe, tp=1, sp=False):
-    work = fp8_layer_work(layer_work(MODEL, 1, tp, sp), fp8_precision("e4m3", recipe), tp, sp, 1, False)
+    work = fp8_layer_work(layer_work(MODEL, LayerRun(1, tp, sp)), fp8_precision("e4m3", recipe), tp, sp, 1, False)
     return {o.name: o for o in work.items if hasattr(o, "kind")}, work
 
 
@@ -48,7 +48,7 @@ def test_weight_copies_take_n_times_one_plus_the_scales_per_copy(recipe, per_cop
 
 @pytest.mark.parametrize("recipe,per_element", [("delayed", 1.0), ("mxfp8", 1 + 1 / 32), ("blockwise", 1 + 4 / 128)])
 def test_saved_gemm_inputs_carry_their_scales(recipe, per_element):
-    terms = activation_terms(MODEL, 1, precision=fp8_precision("e4m3", recipe))
+    terms = activation_terms(MODEL, Storing.of(1, precision=fp8_precision("e4m3", recipe)))
     assert terms["attn.qkv.input"] == pytest.approx(S * H * per_element, rel=1e-12)
     assert terms["mlp.down.input"] == pytest.approx(S * F * per_element, rel=1e-12)
     assert terms["attn.q"] == 2 * S * H  # BF16 tensors are untouched
@@ -63,7 +63,7 @@ def test_mxfp8_quantizes_both_copies_in_one_memory_bound_kernel():
     assert op_time(q, B200) == pytest.approx(_hbm_time(2 * g, 2 * g * 33 / 32, B200), rel=1e-12)
     # no FP8 transposes, and the norms write BF16 (quantized after them)
     assert not [n for n in ops if n.endswith(".transpose") or n.endswith("_t")]
-    bf16 = {o.name: o for o in layer_work(MODEL, 1).items if hasattr(o, "kind")}
+    bf16 = {o.name: o for o in layer_work(MODEL, LayerRun(1)).items if hasattr(o, "kind")}
     assert ops["attn.norm"].bytes_written == bf16["attn.norm"].bytes_written
     assert ops["mlp.down"].dtype == "mxfp8"
 
@@ -112,7 +112,7 @@ def test_mxfp8_gemms_run_at_their_relative_efficiency_and_blockwise_follows_the_
 # ------------------------------------------------------------ delayed unchanged
 def test_delayed_is_the_default_and_what_fp8_format_alone_runs():
     assert ParallelPlan().fp8_recipe == "delayed"
-    work = layer_work(MODEL, 1, 2, True)
+    work = layer_work(MODEL, LayerRun(1, 2, True))
     assert ParallelPlan(fp8_format="hybrid").precision == Precision("hybrid", RECIPES["delayed"])
     assert fp8_layer_work(work, fp8_precision("hybrid"), 2, True) == \
         fp8_layer_work(work, Precision("hybrid", RECIPES["delayed"]), 2, True, 1, False)

@@ -14,7 +14,7 @@ import matplotlib.pyplot as plt
 import pytest
 
 from sim.cli import main
-from sim.results.plot import COMPACT_LANES, MAX_BARS, timeline_figure
+from sim.results.plot import COMPACT_LANES, MAX_BARS, TimelineView, timeline_figure
 from sim.results.trace import Span, Trace
 
 
@@ -37,7 +37,7 @@ def _title_and_labels(fig):
 
 
 def test_a_small_pipeline_is_drawn_whole_with_every_lane():
-    fig = timeline_figure(_pipeline(4, 16), "t")
+    fig = timeline_figure(_pipeline(4, 16), TimelineView("t"))
     title, labels, (_, x1) = _title_and_labels(fig)
     assert title == "t" and len(labels) == 8 and x1 == pytest.approx(_pipeline(4, 16).end_s * 1e3 * 1.01)
     plt.close(fig)
@@ -46,7 +46,7 @@ def test_a_small_pipeline_is_drawn_whole_with_every_lane():
 def test_many_stages_and_micro_batches_show_one_lane_per_stage_and_a_window():
     # the issue: DeepSeek-V3 at pp 32 with 512 micro-batches was solid bands, "first 17 of 32 kinds of rank"
     trace = _pipeline(32, 512)
-    fig = timeline_figure(trace, "t", lane_names={r: f"stage {r}" for r in range(32)})
+    fig = timeline_figure(trace, TimelineView("t", lane_names={r: f"stage {r}" for r in range(32)}))
     title, labels, (_, x1) = _title_and_labels(fig)
     assert 64 > COMPACT_LANES
     assert labels[:3] == ["stage 0 · compute", "stage 0 · pp", "stage 1 · compute"]

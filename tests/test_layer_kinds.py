@@ -12,9 +12,9 @@ from sim.inputs.layers import (KINDS, ChunkedAttention, DenseMLP, FullAttention,
 from sim.inputs.model import llama, preset
 from sim.inputs.plan import ParallelPlan
 from sim.program.estimate import model_flops_per_sequence
-from sim.program.memory.activations import activation_terms
+from sim.program.memory.activations import Storing, activation_terms
 from sim.program.stage_balance import auto_layer_split, layer_costs
-from sim.program.workload import layer_work
+from sim.program.workload import LayerRun, layer_work
 from sim.program.workload_moe import MoeShape
 
 H100 = load_profile("h100-sxm")
@@ -47,11 +47,11 @@ def test_explicit_standard_layers_cost_exactly_what_the_model_without_a_pattern_
                      layers=(Layer(FullAttention(), DenseMLP()),) * 32)
     assert explicit.num_params == base.num_params and explicit.active_params == base.active_params
     for rec in ("none", "selective", "full"):
-        a = layer_work(base, 1, 2, True, rec)
-        b = layer_work(explicit, 1, 2, True, rec, layer=explicit.layers[0])
+        a = layer_work(base, LayerRun(1, 2, True, rec))
+        b = layer_work(explicit, LayerRun(1, 2, True, rec), layer=explicit.layers[0])
         assert a.items == b.items
-        assert activation_terms(base, 1, 2, True, rec) == activation_terms(explicit, 1, 2, True, rec,
-                                                                           layer=explicit.layers[0])
+        key = Storing.of(1, 2, True, rec)
+        assert activation_terms(base, key) == activation_terms(explicit, key, layer=explicit.layers[0])
     assert model_flops_per_sequence(explicit) == pytest.approx(model_flops_per_sequence(base), rel=1e-12)
 
 
@@ -59,7 +59,7 @@ def test_explicit_standard_layers_cost_exactly_what_the_model_without_a_pattern_
 def test_sliding_window_attention_flops_follow_the_band_not_s_squared():
     s, w, heads, d = 1024, 128, 4, 64
     m = small([Layer(SlidingWindowAttention(window=w), DenseMLP())], s=s)
-    op = core(layer_work(m, 1, layer=m.layers[0]))
+    op = core(layer_work(m, LayerRun(1), layer=m.layers[0]))
     # the causal band, doubled to the papers' non-causal convention: a query at i sees
     # min(i+1, w) keys; sum = w(w+1)/2 + (s-w)w = 122,944 query-key pairs
     pairs = w * (w + 1) // 2 + (s - w) * w
@@ -67,7 +67,7 @@ def test_sliding_window_attention_flops_follow_the_band_not_s_squared():
     assert op.flops == 2 * s * 240 * heads * (2 * d)  # 2w - w^2/s = 240 keys per query
     assert near(op.flops, 2 * pairs * 2 * heads * (2 * d), 1e-3)
     assert op.shape == (s, 240, d)  # the flash kernel priced at s queries against the band
-    backward = core(layer_work(m, 1, layer=m.layers[0]), "attn.core.grad")
+    backward = core(layer_work(m, LayerRun(1), layer=m.layers[0]), "attn.core.grad")
     assert backward.flops == 2 * op.flops
 
 
@@ -75,18 +75,18 @@ def test_a_window_at_128k_costs_its_width_and_full_attention_s():
     s = 131072
     win = small([Layer(SlidingWindowAttention(window=128), DenseMLP())], s=s)
     full = small([Layer(FullAttention(), DenseMLP())], s=s)
-    ratio = core(layer_work(win, 1, layer=win.layers[0])).flops / core(layer_work(full, 1, layer=full.layers[0])).flops
+    ratio = core(layer_work(win, LayerRun(1), layer=win.layers[0])).flops / core(layer_work(full, LayerRun(1), layer=full.layers[0])).flops
     assert ratio == 256 / s  # 2·128 − 128²/131072 = 255.875 keys, rounded to 256
 
 
 def test_chunked_attention_sees_its_chunk_and_a_long_chunk_is_full_attention():
     m = small([Layer(ChunkedAttention(window=256), DenseMLP())], s=1024)
-    op = core(layer_work(m, 1, layer=m.layers[0]))
+    op = core(layer_work(m, LayerRun(1), layer=m.layers[0]))
     # each chunk's causal c²/2 pairs doubled: c keys per query
     assert op.flops == 2 * 1024 * 256 * 4 * 128 and op.shape == (1024, 256, 64)
     longer = small([Layer(ChunkedAttention(window=8192), DenseMLP())], s=1024)
     full = small([Layer(FullAttention(), DenseMLP())], s=1024)
-    assert layer_work(longer, 1, layer=longer.layers[0]).items == layer_work(full, 1, layer=full.layers[0]).items
+    assert layer_work(longer, LayerRun(1), layer=longer.layers[0]).items == layer_work(full, LayerRun(1), layer=full.layers[0]).items
 
 
 def test_a_window_longer_than_the_sequence_is_refused():
@@ -98,8 +98,8 @@ def test_window_attention_stores_what_full_attention_stores_under_flash():
     # flash keeps a log-sum-exp per query row, whatever the window; K and V are b·s·kv wide
     win = small([Layer(SlidingWindowAttention(window=128), DenseMLP())])
     full = small([Layer(FullAttention(), DenseMLP())])
-    a = activation_terms(win, 1, layer=win.layers[0])
-    assert a == activation_terms(full, 1, layer=full.layers[0])
+    a = activation_terms(win, Storing.of(1), layer=win.layers[0])
+    assert a == activation_terms(full, Storing.of(1), layer=full.layers[0])
     assert a["attn.k"] == a["attn.v"] == 2 * 1024 * 256 and a["attn.softmax.lse"] == 4 * 4 * 1024
 
 
@@ -123,7 +123,7 @@ def test_mamba2_ssd_flops_per_chunk_by_hand():
     assert per_chunk == 71_303_168
     assert MAMBA.ssd_flops(1, T) == (T // Q) * per_chunk == 570_425_344
     m = small([Layer(MAMBA, None)], s=T)
-    work = layer_work(m, 1, layer=m.layers[0])
+    work = layer_work(m, LayerRun(1), layer=m.layers[0])
     fwd = {op.name: op.flops for op in work.items if op.phase == "F" and op.kind == "gemm"}
     assert fwd["mamba.in_proj"] == 2 * T * 2320 * 256 and fwd["mamba.out_proj"] == 2 * T * 256 * 1024
     assert sum(v for k, v in fwd.items() if k.startswith("mamba.ssd")) == 570_425_344
@@ -137,12 +137,12 @@ def test_mamba2_ssd_flops_per_chunk_by_hand():
 
 def test_mamba2_stores_its_chunk_states_and_full_recompute_its_input_only():
     m = small([Layer(MAMBA, None)])
-    t = activation_terms(m, 1, layer=m.layers[0])
+    t = activation_terms(m, Storing.of(1), layer=m.layers[0])
     assert t["mamba.ssd.states"] == 4 * 8 * 16 * 64 * 64  # fp32, 8 chunks of H·P·N
     assert t["mamba.norm.input"] == 2 * 1024 * 256
-    assert activation_terms(m, 1, recompute="full", layer=m.layers[0]) == {"layer.input": 2 * 1024 * 256}
+    assert activation_terms(m, Storing.of(1, recompute="full"), layer=m.layers[0]) == {"layer.input": 2 * 1024 * 256}
     # selective recompute of the attention core has nothing to recompute in a Mamba layer
-    sel = layer_work(m, 1, recompute="selective", layer=m.layers[0])
+    sel = layer_work(m, LayerRun(1, recompute="selective"), layer=m.layers[0])
     assert not [i for i in sel.items if i.recompute]
 
 
@@ -176,8 +176,8 @@ def test_gated_deltanet_parameters_and_chunk_flops_by_hand():
 def test_linear_attention_has_no_s_squared_term():
     a = small([Layer(GDN, DenseMLP())], s=1024)
     b = small([Layer(GDN, DenseMLP())], s=2048)
-    fa = layer_work(a, 1, layer=a.layers[0]).flops()
-    fb = layer_work(b, 1, layer=b.layers[0]).flops()
+    fa = layer_work(a, LayerRun(1), layer=a.layers[0]).flops()
+    fb = layer_work(b, LayerRun(1), layer=b.layers[0]).flops()
     assert fb == pytest.approx(2 * fa, rel=1e-9)
 
 
@@ -275,4 +275,4 @@ def test_each_new_preset_builds_a_layer_and_its_model_flops(name):
     assert model_flops_per_sequence(m) > 0
     lay = m.layer(m.num_layers - 1)
     moe = MoeShape(1, 1, m.seq_length * m.moe_router_topk) if lay.is_moe else None
-    assert layer_work(m, 1, layer=lay if m.layers is not None else None, moe=moe).flops() > 0
+    assert layer_work(m, LayerRun(1), layer=lay if m.layers is not None else None, moe=moe).flops() > 0

@@ -15,7 +15,7 @@ from sim.inputs.plan import ParallelPlan
 from sim.program.memory.states import stage_params_per_rank
 from sim.program.stage_balance import auto_layer_split, balanced_split, layer_costs, stage_profiles, stage_time_s
 from sim.program.ops import OP_KINDS
-from sim.program.workload import chunk_work, head_work, layer_work
+from sim.program.workload import LayerRun, chunk_work, head_work, layer_work
 
 H100 = load_profile("h100-sxm")
 MATMUL = ("gemm", "attention")
@@ -187,7 +187,7 @@ def test_mtp_adds_the_hand_counted_flops_and_params_on_the_last_stage():
     assert flops(mtp, 0) == flops(base, 0)
     # one more transformer layer, the projection M (2h -> h) forward, dgrad and wgrad, one more output head
     n = b * s
-    want = layer_work(base, b).flops(kinds=MATMUL) + 3 * (2 * n * h * 2 * h) + head_work(base, b).flops(kinds=MATMUL)
+    want = layer_work(base, LayerRun(b)).flops(kinds=MATMUL) + 3 * (2 * n * h * 2 * h) + head_work(base, b).flops(kinds=MATMUL)
     assert flops(mtp, 1) - flops(base, 1) == pytest.approx(want, rel=1e-12)
     assert head_work(base, b).flops(kinds=MATMUL) == 3 * 2 * n * V * h  # (logits forward, dgrad, wgrad)
     # parameters: the layer, 2h·h of projection, three LayerNorms (2h each); tied and shared embedding

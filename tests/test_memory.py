@@ -5,6 +5,7 @@ import pytest
 
 from sim.errors import InputError
 from sim.program.memory import (
+    Storing,
     activation_bytes_per_layer,
     activation_terms,
     chunk_activation_bytes,
@@ -100,25 +101,25 @@ def test_korthikanti_table2_every_case(name, b):
         ("full", t, False): 2 * sbh,
     }
     for (recompute, tp, sp), expected in cases.items():
-        got = activation_bytes_per_layer(m, b, tp, sp, recompute, flash_attention=False)
+        got = activation_bytes_per_layer(m, Storing.of(b, tp, sp, recompute, flash_attention=False))
         assert got == pytest.approx(expected, rel=1e-12), (recompute, tp, sp)
     # Under sequence parallelism Megatron keeps the full-recompute checkpoint sharded too.
-    assert activation_bytes_per_layer(m, b, t, True, "full") == pytest.approx(2 * sbh / t)
+    assert activation_bytes_per_layer(m, Storing.of(b, t, True, "full")) == pytest.approx(2 * sbh / t)
 
 
 def test_flash_attention_stores_no_s_squared_tensor():
     m = preset("gpt-175b")
     b, t = 1, 8
     s, a = m.seq_length, m.num_attention_heads
-    flash = activation_bytes_per_layer(m, b, t, True, "none", flash_attention=True)
-    sel = activation_bytes_per_layer(m, b, t, True, "selective", flash_attention=False)
+    flash = activation_bytes_per_layer(m, Storing.of(b, t, True, "none", flash_attention=True))
+    sel = activation_bytes_per_layer(m, Storing.of(b, t, True, "selective", flash_attention=False))
     assert flash == pytest.approx(sel + 4 * a * s * b / t)     # + fp32 log-sum-exp per row
 
 
 def test_llama_terms_by_hand():
     # s=16, b=2, h=64, a=8, kv=2, ffn=160, no dropout, tp=2, sp: every term by hand.
     m = llama("t", 2, 64, 8, 2, 160, 100, 16)
-    terms = activation_terms(m, 2, tp=2, sequence_parallel=True, recompute="selective")
+    terms = activation_terms(m, Storing.of(2, tp=2, sequence_parallel=True, recompute="selective"))
     sbh = 16 * 2 * 64
     assert terms == {
         "attn.norm.input": 2 * sbh / 2, "attn.qkv.input": 2 * sbh / 2,
@@ -136,7 +137,7 @@ def test_pipeline_inflight_counts():
     for p, v in ((4, 2), (8, 3), (2, 4)):
         pl = ParallelPlan(pp=p, vpp=v, global_batch_size=8 * p)
         m = gpt("x", p * v * 2, 64, 4, 100, 16, dropout=False)
-        per_layer = activation_bytes_per_layer(m, 1)
+        per_layer = activation_bytes_per_layer(m, Storing.of(1))
         layers_per_stage = m.num_layers // p
         first = stage_activation_bytes(m, pl, 0)
         assert first == pytest.approx(p * layers_per_stage * per_layer * (1 + (p - 1) / (p * v)))
@@ -243,7 +244,7 @@ def test_interleaved_inflight_by_chunk_follows_megatron_order():
 def test_gpipe_holds_every_microbatch_on_every_stage():
     m = preset("gpt-22b")                              # dropout: the embedding stores a mask
     plan = ParallelPlan(pp=4, global_batch_size=8, schedule="gpipe")
-    per_layer = activation_bytes_per_layer(m, 1)
+    per_layer = activation_bytes_per_layer(m, Storing.of(1))
     assert stage_activation_bytes(m, plan, 0) == pytest.approx(
         8 * 12 * per_layer + 8 * embedding_activation_bytes(m, 1))
     assert stage_activation_bytes(m, plan, 1) == pytest.approx(8 * 12 * per_layer)
@@ -255,7 +256,7 @@ def test_gpipe_holds_every_microbatch_on_every_stage():
 def test_uneven_stages_memory():
     m = preset("llama3-8b")
     plan = ParallelPlan(pp=4, global_batch_size=8, first_stage_layers=5)     # 5, 9, 9, 9
-    per_layer = activation_bytes_per_layer(m, 1)
+    per_layer = activation_bytes_per_layer(m, Storing.of(1))
     assert stage_activation_bytes(m, plan, 0) == pytest.approx(4 * 5 * per_layer)
     assert stage_activation_bytes(m, plan, 1) == pytest.approx(3 * 9 * per_layer)
     lp = layer_params_per_rank(m)
@@ -272,7 +273,8 @@ def test_uneven_stages_memory():
     # interleaved with uneven chunks: rank 0 holds chunk 0 (7 layers) and chunk 1 (8 layers)
     pi = ParallelPlan(pp=8, vpp=2, global_batch_size=16, account_for_embedding=True, account_for_loss=True)
     held = inflight_per_chunk(pi, 0)                                           # Megatron order
-    assert stage_activation_bytes(big, pi, 0) == pytest.approx((held[0] * 7 + held[1] * 8) * activation_bytes_per_layer(big, 1))
+    assert stage_activation_bytes(big, pi, 0) == pytest.approx((held[0] * 7 + held[1] * 8)
+                                                               * activation_bytes_per_layer(big, Storing.of(1)))
 
 
 def test_stage_params_add_up():
@@ -335,7 +337,7 @@ def test_what_a_rank_holds():
     # a chunk stores its layers' tensors plus the embedding's (first) and the head's (last);
     # GPipe holds every micro-batch's
     gp = ParallelPlan(pp=2, schedule="gpipe", micro_batch_size=1, global_batch_size=4)
-    b = activation_bytes_per_layer(m, 1)
+    b = activation_bytes_per_layer(m, Storing.of(1))
     layers = gp.stage_layers(m)
     assert chunk_activation_bytes(m, gp, 0) == layers[0] * b + embedding_activation_bytes(m, 1)
     assert chunk_activation_bytes(m, gp, 1) == layers[1] * b + head_activation_bytes(m, 1)
@@ -343,7 +345,7 @@ def test_what_a_rank_holds():
         assert stage_activation_bytes(m, gp, s) == pytest.approx(4 * chunk_activation_bytes(m, gp, s), rel=1e-12)
     assert recompute_working_bytes(m, gp) == 0.0
     full = ParallelPlan(recompute="full")
-    assert recompute_working_bytes(m, full) == activation_bytes_per_layer(m, 1, recompute="none")
+    assert recompute_working_bytes(m, full) == activation_bytes_per_layer(m, Storing.of(1, recompute="none"))
     # the estimate's temporaries: one DeepSpeed bucket, plus ZeRO-3's gathered layer and one ahead
     z3 = ParallelPlan(dp=8, zero_stage=3, global_batch_size=8)
     psi = stage_params_per_rank(m, z3, 0)

@@ -14,7 +14,7 @@ from sim.inputs.schema import SimulationSettings
 from sim.inputs.topology_build import load_topology
 from sim.program.dispatch import EpLayout, dispatch_groups, ep_layout, moe_shape
 from sim.inputs.experts import Folding
-from sim.program.workload import layer_work
+from sim.program.workload import LayerRun, layer_work
 from sim.session import Job, simulate_training
 
 T, H, E2 = 256, 512, 2                       # tokens per rank, hidden size, bytes per element
@@ -29,7 +29,7 @@ def _plan(dispatcher, **kw):
 
 def _comms(model, dispatcher, load=T * 2):
     shape = moe_shape(model, _plan(dispatcher), 0, load, TWO_BY_TWO)
-    return {c.name: c for c in layer_work(model, 1, moe=shape).comms()}
+    return {c.name: c for c in layer_work(model, LayerRun(1), moe=shape).comms()}
 
 
 def test_alltoall_sends_every_copy_so_half_of_them_cross_nodes():

@@ -12,7 +12,7 @@ from sim.inputs.plan import ParallelPlan
 from sim.inputs.topology_build import load_topology
 from sim.program.memory.states import stage_model_states, stage_param_split
 from sim.program.training import build_program
-from sim.program.workload import chunk_work, layer_work
+from sim.program.workload import LayerRun, chunk_work, layer_work
 from sim.program.workload_moe import MoeShape
 from sim.inputs.hardware import load_profile
 from sim.inputs.schema import SimulationSettings
@@ -29,18 +29,18 @@ def _item(work, name):
 def test_balanced_dispatch_carries_every_routed_token_copy():
     # T = 256 tokens, k = 2: 512 copies of h = 512 in bf16 leave each rank's send buffer;
     # nccl-tests' all-to-all size is that buffer, of which (ep-1)/ep crosses links.
-    w = layer_work(TINY, 1, moe=MoeShape(ep=4, etp=1, load=256 * 2))
+    w = layer_work(TINY, LayerRun(1), moe=MoeShape(ep=4, etp=1, load=256 * 2))
     for name in ("moe.dispatch", "moe.combine", "moe.dispatch.grad", "moe.combine.grad"):
         c = _item(w, name)
         assert (c.collective, c.group, c.nbytes) == ("all_to_all", "ep", 256 * 2 * 512 * 2)
     up = _item(w, "moe.experts.up")
     assert up.shape == (512, 2 * 512, 512) and up.batch == 1      # 4/4 = 1 local expert, all 512 copies
-    assert not any(i.name.startswith("moe.dispatch") for i in layer_work(TINY, 1, moe=MoeShape(1, 1, 512)).items)
+    assert not any(i.name.startswith("moe.dispatch") for i in layer_work(TINY, LayerRun(1), moe=MoeShape(1, 1, 512)).items)
 
 
 def test_moe_layer_flops_are_the_active_parameters():
     # forward GEMM FLOPs per token: 2 x (attention weights + k experts + router), plus attention's s-terms
-    w = layer_work(TINY, 1, moe=MoeShape(1, 1, 256 * 2))
+    w = layer_work(TINY, LayerRun(1), moe=MoeShape(1, 1, 256 * 2))
     gemm_f = sum(o.flops for o in w.ops("F") if o.kind == "gemm")
     h, f, E, k, s = 512, 512, 4, 2, 256
     weights = 4 * h * h + k * 3 * h * f + h * E
@@ -116,10 +116,10 @@ def test_run_reports_active_params_and_the_routing(tmp_path):
 
 
 def test_moe_layer_activations_count_every_routed_copy():
-    from sim.program.memory.activations import activation_bytes_per_layer, activation_terms
+    from sim.program.memory.activations import Storing, activation_bytes_per_layer, activation_terms
 
-    dense = activation_terms(TINY, 1)
-    moe = activation_terms(TINY, 1, experts=(2, 1))
+    dense = activation_terms(TINY, Storing.of(1))
+    moe = activation_terms(TINY, Storing.of(1, experts=(2, 1)))
     T, k, h, f, E = 256, 2, 512, 512, 4
     R = T * k
     by_hand = 4 * T * E + 2 * R * h + 2 * R * f + 2 * R * h + 2 * 2 * R * f   # probs, up in, down in, out, gate+up
@@ -128,7 +128,7 @@ def test_moe_layer_activations_count_every_routed_copy():
     assert sum(moe.values()) == pytest.approx(sum(dense.values()) - sum(mlp.values()) + by_hand)
     from sim.program.memory import chunk_activation_bytes, embedding_activation_bytes, head_activation_bytes
 
-    per = activation_bytes_per_layer(TINY, 1, experts=(2, 1))
+    per = activation_bytes_per_layer(TINY, Storing.of(1, experts=(2, 1)))
     stored = chunk_activation_bytes(TINY, ParallelPlan(dp=2, ep=2), 0)   # one stage: the 4 MoE layers, both ends
     assert stored == pytest.approx(4 * per + embedding_activation_bytes(TINY, 1) + head_activation_bytes(TINY, 1))
 
@@ -172,7 +172,7 @@ def test_gpt_oss_clamp_and_expert_bias_by_hand():
 
     oss = replace(TINY, activation_clamp=7.0, moe_expert_bias=True)
     shape = MoeShape(ep=2, etp=1, load=256 * 2)        # 4 experts over 2 ranks: 2 local, 512 copies
-    w, plain = layer_work(oss, 1, moe=shape), layer_work(TINY, 1, moe=shape)
+    w, plain = layer_work(oss, LayerRun(1), moe=shape), layer_work(TINY, LayerRun(1), moe=shape)
     n, f, h, local = 512, 512, 512, 2
     nf, N = n * f, n * h                               # 262144 elements each (f = h = 512 here)
     clamp, clamp_g = _item(w, "moe.experts.clamp"), _item(w, "moe.experts.clamp.grad")

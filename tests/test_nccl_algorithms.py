@@ -5,7 +5,7 @@ import math
 import pytest
 
 from sim.cli import main
-from sim.studies.collective import run_collective
+from sim.studies.collective import CollectiveOptions, run_collective
 from sim.engine.nccl import NcclModel
 from sim.engine.tuner import choose
 from sim.inputs.hardware import load_profile
@@ -20,7 +20,7 @@ EFF, MODEL = H100.link_efficiencies(), NcclModel.from_profile(H100)
 
 
 def _busbw(topo, algo, size, gpus=None, protocol="simple", eff=EFF, model=MODEL):
-    _, s = run_collective("allreduce", size, gpus or topo.num_gpus, topo, algo, None, eff, "flows", protocol, model)
+    _, s = run_collective("allreduce", size, gpus or topo.num_gpus, topo, CollectiveOptions(algo=algo, link_efficiency=eff, protocol=protocol, nccl=model))
     return s
 
 

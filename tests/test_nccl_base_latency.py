@@ -11,7 +11,7 @@ from dataclasses import replace
 import pytest
 
 from sim.cli import main
-from sim.studies.collective import run_collective
+from sim.studies.collective import CollectiveOptions, run_collective
 from sim.engine.algorithms import build
 from sim.engine.core import simulate
 from sim.engine.nccl import NcclModel, rate_caps
@@ -22,7 +22,7 @@ from sim.inputs.model import ModelSpec
 from sim.inputs.plan import ParallelPlan
 from sim.inputs.topology_build import load_topology
 from sim.program.actions import Action, Program
-from sim.program.tp import TP_COMM_STREAM, add_tp_collectives, overlapped_layer
+from sim.program.tp import TP_COMM_STREAM, ItemReader, add_tp_collectives, overlapped_layer
 from sim.program.training import build_program
 from sim.program.workload import Comm, Op
 from sim.inputs.schema import SimulationSettings
@@ -44,7 +44,7 @@ def _table(scale: float = 1.0, **over) -> dict:
 
 def _time(op, n, S, topo, algo, protocol, profile=H100):
     model = NcclModel.from_profile(profile)
-    return run_collective(op, S, n, topo, algo, None, profile.link_efficiencies(), "flows", protocol, model)[1]
+    return run_collective(op, S, n, topo, CollectiveOptions(algo=algo, link_efficiency=profile.link_efficiencies(), protocol=protocol, nccl=model))[1]
 
 
 def test_presets_carry_nccls_table_with_its_source():
@@ -78,7 +78,7 @@ def test_small_ring_ll_allreduce_on_one_dgx_h100_is_the_base_plus_the_hops():
     assert s["base_latency_s"] == pytest.approx(6.6e-6, rel=1e-12)
     # the tuner picks ring LL for it, and the steps model agrees with the flows
     assert _time("allreduce", n, S, topo, "auto", "auto")["time_s"] == pytest.approx(want, rel=1e-9)
-    steps = run_collective("allreduce", S, n, topo, "ring", None, EFF, "steps", "ll", MODEL)[1]
+    steps = run_collective("allreduce", S, n, topo, CollectiveOptions(algo="ring", link_efficiency=EFF, collective_model="steps", protocol="ll", nccl=MODEL))[1]
     assert steps["time_s"] == pytest.approx(want, rel=1e-9)
 
 
@@ -211,8 +211,8 @@ def test_tp_overlap_chunks_pay_no_base_latency_and_a_plain_allreduce_does(make_s
     # [3,5], gemm1 [9,15], proj [15,17], all-reduce [17, 21 + base], residual.
     items = [_memory("attn.norm", 1), Comm("attn.all_gather", "F", "all_gather", 8.0), _gemm("attn.qkv", 12),
              _gemm("attn.proj", 2), Comm("attn.all_reduce", "F", "all_reduce", 4.0), _memory("attn.residual", 1)]
-    segs = overlapped_layer(items, 0, lambda op: op.flops, 2, lambda it: isinstance(it, Comm),
-                            lambda c: OPS[c.collective])
+    segs = overlapped_layer(items, 0, 2, ItemReader(lambda op: op.flops, lambda it: isinstance(it, Comm),
+                                                    lambda c: OPS[c.collective]))
     prog = add_tp_collectives(Program({r: [Action("0F0", category="F")] for r in range(2)}), lambda r, a: segs,
                               lambda r: (0, 1))
     colls = [a for a in prog.actions[0] if a.kind == "collective"]

@@ -17,7 +17,7 @@ from sim.engine.nccl_tuning import channels_used, nvls_chunk_bytes, tree_correct
 from sim.engine.tuner import choose
 from sim.inputs.hardware import load_profile
 from sim.inputs.topology_build import load_topology
-from sim.studies.collective import run_collective
+from sim.studies.collective import CollectiveOptions, run_collective
 
 H100 = load_profile("h100-sxm")
 MODEL = NcclModel.from_profile(H100)
@@ -31,7 +31,7 @@ BUSBW = {"ll": min(141e9, 0.5 * B), "ll128": min(0.92 * B, 12 * 36.7e9), "simple
 
 
 def _time(S, algo, protocol):
-    return run_collective("allreduce", S, N, TOPO, algo, None, EFF, "flows", protocol, MODEL)[1]["time_s"]
+    return run_collective("allreduce", S, N, TOPO, CollectiveOptions(algo=algo, link_efficiency=EFF, protocol=protocol, nccl=MODEL))[1]["time_s"]
 
 
 def _ring_model(S, p, nc=24):
@@ -67,7 +67,7 @@ def test_the_crossovers_lie_where_the_formulas_put_them():
 
 def test_tiny_messages_cost_ncclls_latency():
     # 8 bytes, tuner's choice: ring LL, NCCL's 15.0 us (6.6 + 14 x 0.6), the bytes nothing
-    t = run_collective("allreduce", 8, N, TOPO, "auto", None, EFF, "flows", "auto", MODEL)[1]
+    t = run_collective("allreduce", 8, N, TOPO, CollectiveOptions(algo="auto", link_efficiency=EFF, protocol="auto", nccl=MODEL))[1]
     assert (t["algo"], t["protocol"]) == ("ring", "ll")
     assert t["time_s"] == pytest.approx(15.0e-6, rel=1e-3)
 
@@ -140,7 +140,7 @@ def test_large_messages_keep_their_plateau():
 
 def test_without_an_architecture_collectives_are_the_links_closed_forms():
     # a hand-written profile-less run (line rate, the default model): no channels, caps or chunks
-    t = run_collective("allreduce", 4096, N, TOPO, "ring", None, None, "flows", "simple", None)[1]["time_s"]
+    t = run_collective("allreduce", 4096, N, TOPO, CollectiveOptions(algo="ring", protocol="simple"))[1]["time_s"]
     alpha = TOPO.path_latency_s(0, 1)
     assert t == pytest.approx(8.4e-6 + 14 * (alpha + 4096 / N / 450e9), rel=1e-9)
 
@@ -150,9 +150,9 @@ def test_a_ring_across_nodes_pays_nccls_intra_and_inter_step_latencies():
     # 2(16-1) = 30 steps 2(2-1) = 2 cross the network at 14 us (hwLatencies[NET][RING]) and 28
     # stay on NVLink at 3.4 us (ncclTopoTuneModel's ring latency)
     topo = load_topology("dgx-h100", nodes=2)
-    t = run_collective("allreduce", 0, 16, topo, "ring", None, EFF, "flows", "simple", MODEL)[1]["time_s"]
+    t = run_collective("allreduce", 0, 16, topo, CollectiveOptions(algo="ring", link_efficiency=EFF, protocol="simple", nccl=MODEL))[1]["time_s"]
     assert t == pytest.approx(8.4e-6 + 28 * 3.4e-6 + 2 * 14e-6, rel=1e-9)
-    t = run_collective("allgather", 0, 16, topo, "ring", None, EFF, "flows", "ll", MODEL)[1]["time_s"]
+    t = run_collective("allgather", 0, 16, topo, CollectiveOptions(algo="ring", link_efficiency=EFF, protocol="ll", nccl=MODEL))[1]["time_s"]
     assert t == pytest.approx(6.6e-6 + 14 * 0.6e-6 + 1 * 2.7e-6, rel=1e-9)
 
 

@@ -15,9 +15,9 @@ from sim.inputs.plan import ParallelPlan
 from sim.inputs.precision import RECIPES, check_support, fp8_precision
 from sim.program.costs import op_time
 from sim.program.fp8 import fp8_layer_work
-from sim.program.memory import activation_terms, fp8_weight_copy_bytes
+from sim.program.memory import Storing, activation_terms, fp8_weight_copy_bytes
 from sim.program.ops import Op
-from sim.program.workload import layer_work
+from sim.program.workload import LayerRun, layer_work
 
 GB200 = load_profile("gb200")
 GB300 = load_profile("gb300")
@@ -29,7 +29,7 @@ LAYER_GEMM_PARAMS = H * 3 * H + H * H + 2 * H * F  # QKV, projection, MLP up and
 
 
 def _ops(precision, tp=1, sp=False, m=1):
-    work = fp8_layer_work(layer_work(MODEL, 1, tp, sp), precision, tp, sp, m)
+    work = fp8_layer_work(layer_work(MODEL, LayerRun(1, tp, sp)), precision, tp, sp, m)
     return {o.name: o for o in work.items if hasattr(o, "kind")}, work
 
 
@@ -105,7 +105,7 @@ def test_nvfp4_all_reduces_the_amax_of_gathered_tensors_and_gathers_fp4():
     assert sorted(n for n in comms if n.endswith(".amax.all_reduce")) == [
         "attn.proj.dgrad.amax.all_reduce", "attn.qkv.amax.all_reduce",
         "mlp.down.dgrad.amax.all_reduce", "mlp.up.amax.all_reduce"]
-    bf16 = {c.name: c for c in layer_work(MODEL, 1, 2, True).items if not hasattr(c, "kind")}
+    bf16 = {c.name: c for c in layer_work(MODEL, LayerRun(1, 2, True)).items if not hasattr(c, "kind")}
     # the forward input's gather carries the row-wise FP4 copy with its scales: (1/2 + 1/16) of 2 bytes
     assert comms["mlp.all_gather"].nbytes == pytest.approx(bf16["mlp.all_gather"].nbytes * (0.5 + 1 / 16) / 2)
 
@@ -114,7 +114,7 @@ def test_nvfp4_all_reduces_the_amax_of_gathered_tensors_and_gathers_fp4():
 def test_weight_copies_and_saved_inputs_in_fp4():
     plan = ParallelPlan(fp4_recipe="nvfp4")
     assert fp8_weight_copy_bytes(MODEL, plan, 0) == pytest.approx(2 * L * LAYER_GEMM_PARAMS * (0.5 + 1 / 256))
-    terms = activation_terms(MODEL, 1, precision=NVFP4)
+    terms = activation_terms(MODEL, Storing.of(1, precision=NVFP4))
     assert terms["mlp.down.input"] == pytest.approx(S * F * (0.5 + 1 / 16), rel=1e-12)
     assert terms["attn.q"] == 2 * S * H  # BF16 tensors are untouched
 

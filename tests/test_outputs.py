@@ -7,7 +7,7 @@ import pytest
 from sim.program.actions import Action, Program
 from sim.engine.core import simulate
 from sim.results.export import to_chrome, write_chrome
-from sim.results.plot import plot_timeline
+from sim.results.plot import TimelineView, plot_timeline
 from sim.inputs.topology_build import load_topology
 
 
@@ -61,7 +61,7 @@ def test_same_input_gives_byte_identical_trace(tmp_path):
 
 def test_timeline_png_is_written(tmp_path):
     tr = simulate(_program(), load_topology("dgx-h100", nodes=2))
-    p = plot_timeline(tr, tmp_path / "t.png", title="test", show_transfers=True)
+    p = plot_timeline(tr, tmp_path / "t.png", TimelineView(title="test", show_transfers=True))
     data = p.read_bytes()
     assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 10_000
     assert not list(tmp_path.glob(".*"))  # no temporary file left behind
@@ -116,7 +116,7 @@ def test_pipeline_sends_are_drawn_visibly_wide_in_the_picture_only():
     spans = [Span(0, "compute", f"0F{i}", "compute", "F", i * 0.06, i * 0.06 + 0.05) for i in range(16)]
     spans += [Span(0, "pp", f"send 0F{i}", "send", "pp", i * 0.06 + 0.05, i * 0.06 + 0.05 + 5e-6) for i in range(16)]
     trace = Trace(spans, [], {}, {})
-    fig = timeline_figure(trace, "t", lane_names={0: "stage 0"})
+    fig = timeline_figure(trace, TimelineView("t", lane_names={0: "stage 0"}))
     ax = fig.axes[0]
     labels = [t.get_text() for t in ax.get_yticklabels()]
     pp = labels.index("stage 0 · pp")
@@ -134,12 +134,12 @@ def test_ranks_that_look_alike_are_drawn_once_with_their_count():
     # near-identical lanes
     import matplotlib.pyplot as plt
 
-    from sim.commands.collective import run_collective
+    from sim.commands.collective import CollectiveOptions, run_collective
     from sim.results.plot import timeline_figure
 
     topo = load_topology("dgx-h100", nodes=2)
-    trace, _ = run_collective("allreduce", 2**30, 16, topo, "hierarchical")
-    fig = timeline_figure(trace, "t", show_transfers=True, max_lanes=32)
+    trace, _ = run_collective("allreduce", 2**30, 16, topo, CollectiveOptions(algo="hierarchical"))
+    fig = timeline_figure(trace, TimelineView("t", show_transfers=True, max_lanes=32))
     labels = [t.get_text() for t in fig.axes[0].get_yticklabels()]
     counts = [int(x.split("×")[1].split()[0]) if "×" in x else 1 for x in labels if x.endswith("sends")]
     assert sum(counts) == 16 and len(counts) < 16  # every rank counted once, alike ones drawn once
@@ -149,7 +149,7 @@ def test_ranks_that_look_alike_are_drawn_once_with_their_count():
 
     spans = [Span(r, "compute", "0F0", "compute", "F", 0.01 * r, 0.01 * r + 0.05) for r in range(3)]
     spans.append(Span(3, "compute", "0F0", "compute", "F", 0.0, 0.05))
-    fig = timeline_figure(Trace(spans, [], {}, {}), "t")
+    fig = timeline_figure(Trace(spans, [], {}, {}), TimelineView("t"))
     assert [t.get_text() for t in fig.axes[0].get_yticklabels()] == ["rank 0 ×2", "rank 1", "rank 2"]
     plt.close(fig)
 
@@ -164,7 +164,7 @@ def test_context_parallel_ranks_and_traffic_are_labelled_cp(tmp_path, monkeypatc
     from sim.session import Job, simulate_training, summarize, write_outputs
 
     drawn = {}
-    monkeypatch.setattr(sim.results.plot, "plot_timeline", lambda trace, path, **kw: drawn.update(kw))
+    monkeypatch.setattr(sim.results.plot, "plot_timeline", lambda trace, path, view: drawn.update(vars(view)))
     monkeypatch.setattr(sim.results.plot, "plot_memory", lambda *a, **kw: None)
     model = llama("tiny-cp", 2, 512, 8, 2, 1024, 2000, 4096)
     plan = ParallelPlan(dp=2, cp=2, global_batch_size=4)

@@ -58,10 +58,10 @@ def test_grad_buckets_fill_in_backward_order_and_start_early(make_star):
     def rank_prog():
         return [Action(f"B{l}", duration_s=1.0, category="B", layer=l) for l in (3, 2, 1, 0)]
     prog = Program({0: rank_prog(), 1: rank_prog()})
-    out = passes.add_grad_sync(prog, lambda r, l: 1.0, lambda r: (0, 1), bucket_bytes=2.0, overlap=True)
+    out = passes.add_grad_sync(prog, lambda r, l: 1.0, lambda r: (0, 1), passes.GradSync(bucket_bytes=2.0, overlap=True))
     buckets = [a for a in out.actions[0] if a.category == "dp"]
     assert [(b.nbytes, b.deps) for b in buckets] == [(2.0, ("B2",)), (2.0, ("B0",))]
-    late = passes.add_grad_sync(prog, lambda r, l: 1.0, lambda r: (0, 1), bucket_bytes=2.0, overlap=False)
+    late = passes.add_grad_sync(prog, lambda r, l: 1.0, lambda r: (0, 1), passes.GradSync(bucket_bytes=2.0, overlap=False))
     assert [b.deps for b in late.actions[0] if b.category == "dp"] == [("B0",), ("B0",)]
     # Overlap hides the first bucket behind the last two layers' backward.
     star = make_star([1.0, 1.0])

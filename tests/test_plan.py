@@ -253,11 +253,13 @@ def test_model_checks_name_tp_and_the_dimension_it_cuts():
 def test_a_huge_layer_count_that_pp_does_not_divide_is_refused_at_once():
     # Found by `make fuzz` (--num-layers 99999999999): the message lists the divisors that
     # would work, and finding them used to try every number up to the layer count.
+    from dataclasses import replace
+
     from sim.inputs.plan import split_layers
 
     n = 99_999_999_999  # = 3^2 x 21649 x 513239
     with pytest.raises(InputError, match=r"3, 9, 21649, 64947, 194841, 513239, 1539717, 4619151") as e:
-        split_layers(n, 4)
+        split_layers(n, replace(ParallelPlan().sections.pipeline, pp=4))
     assert "\n" not in str(e.value)
     # every number listed divides n, and none in between is missed
     from sim.inputs.layer_split import divisors_text as _divisors

@@ -169,8 +169,7 @@ def _splits(model: ModelSpec, pp: int, vpp: int) -> list[dict]:
     ok = []
     for kw in cands:
         try:
-            split_layers(model.num_layers, pp, vpp, kw.get("first_stage_layers"), kw.get("last_stage_layers"),
-                         kw.get("account_for_embedding", False), kw.get("account_for_loss", False))
+            split_layers(model.num_layers, replace(ParallelPlan().sections.pipeline, pp=pp, vpp=vpp, **kw))
         except InputError:
             continue
         ok.append(kw)

@@ -23,7 +23,7 @@ from sim.inputs.schema import SimulationSettings
 from sim.inputs.topology import check_pxn
 from sim.inputs.topology_build import FabricSpec, load_topology
 from sim.session import Job, simulate_training
-from sim.studies.collective import run_collective
+from sim.studies.collective import CollectiveOptions, run_collective
 
 H100 = load_profile("h100-sxm")
 EFF = H100.link_efficiencies()
@@ -38,7 +38,7 @@ def _spine_bytes(trace) -> float:
 def test_alltoall_across_nodes_is_nic_bound_and_stays_off_the_spines(nodes):
     t = load_topology("dgx-h100", nodes=nodes)
     n, S = 8 * nodes, 2**28
-    trace, s = run_collective("alltoall", S, n, t, link_efficiency=EFF, nccl=NcclModel.from_profile(H100))
+    trace, s = run_collective("alltoall", S, n, t, CollectiveOptions(link_efficiency=EFF, nccl=NcclModel.from_profile(H100)))
     assert (s["algo"], s["protocol"]) == ("ring", "simple")          # (Simple: the bytes as they are)
     assert _spine_bytes(trace) == 0
     alpha = t.path_latency_s(0, 8)                                     # GPU 0 to GPU 0 of the next node
@@ -56,8 +56,8 @@ def test_two_node_alltoall_climbs_to_the_spines_without_pxn():
     # downlinks (oversubscription 1): 12.5 GB/s each, spread by ECMP, so far below the NICs.
     t = load_topology("dgx-h100", nodes=2)
     S = 2**28
-    on, with_pxn = run_collective("alltoall", S, 16, t, link_efficiency=EFF)
-    off, without = run_collective("alltoall", S, 16, t.with_pxn(0), link_efficiency=EFF)
+    on, with_pxn = run_collective("alltoall", S, 16, t, CollectiveOptions(link_efficiency=EFF))
+    off, without = run_collective("alltoall", S, 16, t.with_pxn(0), CollectiveOptions(link_efficiency=EFF))
     assert _spine_bytes(on) == 0
     assert _spine_bytes(off) == pytest.approx(2 * 8 * 7 * S / 16 * 2)   # 112 cross-rail sends, up and down
     assert without["time_s"] > 4 * with_pxn["time_s"]
@@ -73,7 +73,7 @@ def test_sendrecv_to_another_rail_goes_over_nvlink_then_the_destinations_rail(le
     assert any(x.startswith("spine") for link in route for x in link) != relayed
     S = 2**28
     bottleneck = min(t.graph.edges[l]["bandwidth_Bps"] * EFF[t.graph.edges[l]["kind"]] for l in route)
-    _, s = run_collective("sendrecv", S, 16, t, link_efficiency=EFF)
+    _, s = run_collective("sendrecv", S, 16, t, CollectiveOptions(link_efficiency=EFF))
     assert s["time_s"] == pytest.approx(t.path_latency_s(0, 15) + S / bottleneck, rel=1e-9)
     if relayed:
         assert bottleneck == NIC_BPS                                     # the NIC, not NVLink or PCIe
@@ -103,8 +103,8 @@ def test_pxn_changes_no_ring_tree_or_pipeline_hop():
     # the same local index: PXN has nothing to relay, and the times are the same.
     t = load_topology("dgx-h100", nodes=2)
     for op in ("allreduce", "allgather", "reducescatter"):
-        a = run_collective(op, 2**28, 16, t, link_efficiency=EFF)[1]["time_s"]
-        assert run_collective(op, 2**28, 16, t.with_pxn(0), link_efficiency=EFF)[1]["time_s"] == a
+        a = run_collective(op, 2**28, 16, t, CollectiveOptions(link_efficiency=EFF))[1]["time_s"]
+        assert run_collective(op, 2**28, 16, t.with_pxn(0), CollectiveOptions(link_efficiency=EFF))[1]["time_s"] == a
     assert all(t.relay(r, r + 8) is None for r in range(8))
 
 
@@ -165,7 +165,7 @@ def test_allgather_dispatcher_rings_stay_on_their_rails_with_or_without_pxn():
     assert off.trace.end_s == run.trace.end_s
     _, a = _first(run, "moe.dispatch.allgather")
     t = load_topology("dgx-h100", nodes=2)
-    _, s = run_collective("allgather", a.nbytes, 16, t, algo="ring", protocol="simple", channels=8)
+    _, s = run_collective("allgather", a.nbytes, 16, t, CollectiveOptions(algo="ring", protocol="simple", channels=8))
     base = base_latency(DEFAULT_MODEL, "allgather", range(16), t, "ring", "simple")
     assert s["time_s"] == pytest.approx(base + 15 * t.path_latency_s(7, 15) + 15 / 16 * a.nbytes / 8 / 50e9,
                                         rel=1e-9)

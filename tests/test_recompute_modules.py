@@ -17,8 +17,8 @@ from sim.inputs.plan import ParallelPlan
 from sim.inputs.recompute import parse_recompute_modules
 from sim.program.costs import op_time
 from sim.program.estimate import estimate, model_flops_per_sequence
-from sim.program.memory import activation_bytes_per_layer, recompute_working_bytes
-from sim.program.workload import Comm, layer_work
+from sim.program.memory import Storing, activation_bytes_per_layer, recompute_working_bytes
+from sim.program.workload import Comm, LayerRun, layer_work
 from sim.program.workload_moe import MoeShape
 
 H100 = load_profile("h100-sxm")
@@ -39,8 +39,8 @@ def _recomputed(work):
 # ------------------------------------------------------------------------------------ costs
 def test_mlp_recompute_runs_the_mlp_forward_again():
     b, t = 2, 2
-    base = layer_work(DENSE, b, t, True, "selective")
-    mlp = layer_work(DENSE, b, t, True, "selective", modules=("core_attn", "mlp"))
+    base = layer_work(DENSE, LayerRun(b, t, True, "selective"))
+    mlp = layer_work(DENSE, LayerRun(b, t, True, "selective", modules=("core_attn", "mlp")))
     extra = [i for i in _recomputed(mlp) if i not in _recomputed(base)]
     # the MLP block between its norm and its residual: gather, up (gate and up), SwiGLU, down, reduce-scatter
     assert [i.name for i in extra] == ["mlp.all_gather", "mlp.up", "mlp.swiglu", "mlp.down", "mlp.reduce_scatter"]
@@ -61,7 +61,7 @@ def test_mlp_recompute_adds_the_mlp_forward_time_to_the_iteration():
     base = sim.run(**kw)
     mlp = sim.run(**kw, recompute_modules=["core_attn", "mlp"])
     profile = base.run.profile
-    ops = [i for i in layer_work(DENSE, 1).phase("F") if i.name in ("mlp.up", "mlp.swiglu", "mlp.down")]
+    ops = [i for i in layer_work(DENSE, LayerRun(1)).phase("F") if i.name in ("mlp.up", "mlp.swiglu", "mlp.down")]
     one = sum(op_time(o, profile) for o in ops)
     assert one > 0
     assert mlp.iteration_time_s - base.iteration_time_s == pytest.approx(2 * 2 * one, rel=1e-9)
@@ -78,31 +78,33 @@ def test_mlp_recompute_adds_the_mlp_forward_time_to_the_iteration():
 def test_each_module_recomputes_its_own_kernels():
     shape = MoeShape(ep=2, etp=1, load=2 * 16 * 2)                     # b 2, s 16, top-2, balanced
     names = lambda work: [i.name for i in _recomputed(work)]  # noqa: E731
-    assert names(layer_work(DENSE, 1, recompute="selective", modules=("layernorm",))) == ["attn.norm", "mlp.norm"]
-    assert names(layer_work(MOE, 2, recompute="selective", moe=shape, modules=("moe_act",))) == \
+    assert names(layer_work(DENSE, LayerRun(1, recompute="selective", modules=("layernorm",)))) == ["attn.norm", "mlp.norm"]
+    assert names(layer_work(MOE, LayerRun(2, recompute="selective", modules=("moe_act",)), moe=shape)) == \
         ["moe.experts.swiglu"]
-    shared = names(layer_work(MOE, 2, recompute="selective", moe=shape, modules=("shared_experts",)))
+    shared = names(layer_work(MOE, LayerRun(2, recompute="selective", modules=("shared_experts",)), moe=shape))
     assert shared == ["moe.shared.up", "moe.shared.swiglu", "moe.shared.down"]
-    # moe reruns the whole block, its dispatch and combine all-to-alls over the ep group included
-    moe = layer_work(MOE, 2, recompute="selective", moe=shape, modules=("moe",))
+    # moe reruns the whole block, its dispatch and combine all-to-alls over the ep group included, and the
+    # dropless alltoall dispatcher's token-count all-gather before the dispatch (Megatron-Core's preprocess
+    # runs again when the block is recomputed)
+    moe = layer_work(MOE, LayerRun(2, recompute="selective", modules=("moe",)), moe=shape)
     fwd_block = [i for i in moe.phase("F") if i.name.startswith("moe.")]
     assert names(moe) == [i.name for i in fwd_block]
     assert [c.name for c in _recomputed(moe) if isinstance(c, Comm) and c.group == "ep"] == \
-        ["moe.dispatch", "moe.combine"]
+        ["moe.dispatch.counts", "moe.dispatch", "moe.combine"]
     # mla_up_proj: the per-head up-projections (not the replicated down-projections)
-    up = _recomputed(layer_work(MLA, 1, recompute="selective", modules=("mla_up_proj",)))
+    up = _recomputed(layer_work(MLA, LayerRun(1, recompute="selective", modules=("mla_up_proj",))))
     assert [i.name for i in up] == ["attn.q_up", "attn.kv_up"]
     assert [i.flops for i in up] == [2 * 16 * (4 * (16 + 8)) * 32, 2 * 16 * (4 * (16 + 16)) * 16]
     # mlp leaves MoE layers alone; core_attn alone is the default selective
-    assert names(layer_work(MOE, 2, recompute="selective", moe=shape, modules=("mlp",))) == []
-    assert layer_work(DENSE, 1, recompute="selective", modules=("core_attn",)) == \
-        layer_work(DENSE, 1, recompute="selective")
+    assert names(layer_work(MOE, LayerRun(2, recompute="selective", modules=("mlp",)), moe=shape)) == []
+    assert layer_work(DENSE, LayerRun(1, recompute="selective", modules=("core_attn",))) == \
+        layer_work(DENSE, LayerRun(1, recompute="selective"))
 
 
 # ----------------------------------------------------------------------------------- memory
 def _freed(model, b, t, sp, modules, experts=None, base=("core_attn",)):
     def stored(mods):
-        return activation_bytes_per_layer(model, b, t, sp, "selective", True, None, experts, mods)
+        return activation_bytes_per_layer(model, Storing.of(b, t, sp, "selective", True, None, experts, mods))
     return stored(base) - stored(base + modules)
 
 

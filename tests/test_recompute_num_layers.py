@@ -18,8 +18,8 @@ from sim.inputs.model import llama
 from sim.inputs.plan import ParallelPlan
 from sim.program.costs import op_time
 from sim.program.estimate import model_flops_per_sequence, plan_flops_per_sequence
-from sim.program.memory import activation_bytes_per_layer, chunk_activation_bytes, recompute_working_bytes
-from sim.program.workload import chunk_work, layer_work
+from sim.program.memory import Storing, activation_bytes_per_layer, chunk_activation_bytes, recompute_working_bytes
+from sim.program.workload import LayerRun, chunk_work, layer_work
 
 # s 16, h 64, 8 heads (head dim 8) over 2 K/V groups, SwiGLU of 160, vocab 100, no dropout
 S, H, F, KV = 16, 64, 160, 2 * 8
@@ -93,7 +93,7 @@ def test_block_adds_the_recomputed_forwards_to_the_iteration():
     full = sim.run(**kw, recompute_granularity="full")
     every = sim.run(**kw, recompute_granularity="full", recompute_method="block", recompute_num_layers=4)
     profile = none.run.profile
-    fwd = sum(op_time(o, profile) for o in layer_work(m, 1).ops("F"))
+    fwd = sum(op_time(o, profile) for o in layer_work(m, LayerRun(1)).ops("F"))
     assert fwd > 0
     assert one.iteration_time_s - none.iteration_time_s == pytest.approx(2 * fwd, rel=1e-6)
     assert every.iteration_time_s == pytest.approx(full.iteration_time_s, rel=1e-12)
@@ -109,7 +109,7 @@ def _bytes(m, plan, vs=0):
 def test_block_stores_inputs_of_the_recomputed_layers_and_everything_of_the_rest():
     m = model(6)
     plan = ParallelPlan(global_batch_size=1, recompute="full", recompute_method="block", recompute_num_layers=2)
-    everything = activation_bytes_per_layer(m, 1)  # a layer without recompute
+    everything = activation_bytes_per_layer(m, Storing.of(1))  # a layer without recompute
     assert everything > 2 * S * H
     assert _bytes(m, plan) == pytest.approx(2 * (2 * S * H) + 4 * everything)   # the 2sbh input (bf16) of 2
     assert recompute_working_bytes(m, plan) == pytest.approx(everything)        # one layer re-run at a time
@@ -120,7 +120,7 @@ def test_uniform_stores_one_input_per_group(layers, n):
     m = model(layers)
     plan = ParallelPlan(global_batch_size=1, recompute="full", recompute_method="uniform", recompute_num_layers=n)
     assert _bytes(m, plan) == pytest.approx(math.ceil(layers / n) * 2 * S * H)
-    assert recompute_working_bytes(m, plan) == pytest.approx(n * activation_bytes_per_layer(m, 1))
+    assert recompute_working_bytes(m, plan) == pytest.approx(n * activation_bytes_per_layer(m, Storing.of(1)))
 
 
 def test_full_without_a_method_is_unchanged():
@@ -174,7 +174,7 @@ def test_uniform_groups_stop_at_the_chunk():
     m = model(8)
     plan = ParallelPlan(pp=2, vpp=2, global_batch_size=4, recompute="full", recompute_method="uniform",
                         recompute_num_layers=4)
-    assert recompute_working_bytes(m, plan) == pytest.approx(2 * activation_bytes_per_layer(m, 1))
+    assert recompute_working_bytes(m, plan) == pytest.approx(2 * activation_bytes_per_layer(m, Storing.of(1)))
     assert _bytes(m, plan, 1) == pytest.approx(2 * S * H)
 
 

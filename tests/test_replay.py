@@ -26,7 +26,7 @@ from sim.cli import main
 from sim.program.actions import Action, Program
 from sim.replay.graph import Node, RankGraph
 from sim.replay.kineto import read_kineto
-from sim.replay.run import replay
+from sim.replay.run import WhatIf, replay
 
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "traces"
 US = 1e-6
@@ -60,7 +60,7 @@ def doc(events, rank=0, world=1, device=H100):
 
 
 def replayed(*docs, **kw):
-    return replay([read_kineto(d) for d in docs], **kw)
+    return replay([read_kineto(d) for d in docs], WhatIf(**kw))
 
 
 def span_end(result, rank, prefix):

@@ -20,7 +20,7 @@ import pytest
 from sim.cli import main
 from sim.inputs.hardware import load_profile
 from sim.replay.kineto import read_kineto
-from sim.replay.run import replay
+from sim.replay.run import WhatIf, replay
 
 DATA = Path(__file__).parent / "data" / "replay-cpu"
 PROFILE = str(DATA / "profile.json")
@@ -68,7 +68,7 @@ def test_a_receive_waits_for_the_send_priced_on_the_fitted_link():
     assert wait.lane == "cpu 7" and wait.duration_s == 0
     # Rank 1 after the wait: 500 us of B (its blocked time, 5..400 us, is the replay's to work out).
     assert sum(n.duration_s for n in g1.nodes if n.id > wait.id) == pytest.approx(500 * US)
-    r = replay([g0, g1], gpu=PROFILE)
+    r = replay([g0, g1], WhatIf(gpu=PROFILE))
     # The send starts when rank 0's call does (310 us: gloo's event), and a transfer
     # between two processes costs alpha + S/B on the fitted link (sim.calibrate.validate's
     # machine topology: two links of alpha/2 each).
@@ -99,11 +99,11 @@ def test_the_profilers_cost_comes_off_each_event_it_recorded(tmp_path):
                            "dur": 5, "args": {}} for i in range(m_b)]
     g = [read_kineto(r0), read_kineto(r1)]
     assert [n.recorded_ops for n in g[0].nodes if n.name == "F"] == [n_f + 2]  # (with ProfilerStep#0)
-    kept = replay(g, gpu=PROFILE).summary
+    kept = replay(g, WhatIf(gpu=PROFILE)).summary
     assert "profiler_removed_s" not in kept or not kept["profiler_op_overhead_s"]
     path = tmp_path / "profile.json"
     replace(load_profile(PROFILE), profiler_op_overhead_s=c).save(path)
-    off = replay(g, gpu=str(path)).summary
+    off = replay(g, WhatIf(gpu=str(path))).summary
     expected = kept["iteration_time_s"] - c * (n_f + 3) - c * (m_b + 1)
     assert off["iteration_time_s"] == pytest.approx(expected, rel=1e-9)
     assert off["traced_step_s"] == kept["traced_step_s"]  # (what the trace measured stays)
@@ -123,7 +123,7 @@ def test_a_collective_waits_for_the_slower_rank():
     g = [read_kineto(rank(0, 100)), read_kineto(rank(1, 300))]
     [c] = [n for n in g[0].nodes if n.kind == "collective"]
     assert (c.op, c.group, c.nbytes) == ("allreduce", (0, 1), 10000.0)
-    r = replay(g, gpu=PROFILE)
+    r = replay(g, WhatIf(gpu=PROFILE))
     spans = [s for s in r.trace.spans if s.rank == 0 and s.name.startswith("allreduce_")]
     assert spans[0].start_s == pytest.approx(105 * US)  # (rank 0's gloo work: 5 us into its call)
     # It moves data only once rank 1's starts (305 us): it ends later.
@@ -167,7 +167,7 @@ def test_validate_dp_trace_structure():
 
 @pytest.mark.parametrize("config", ["dp", "1f1b"])
 def test_validate_traces_replay_their_own_step(config):
-    r = replay(_validate_traces(config), gpu=PROFILE)
+    r = replay(_validate_traces(config), WhatIf(gpu=PROFILE))
     s = r.summary
     assert s["traced_step_s"] > 0.1
     assert abs(s["iteration_time_s"] - s["traced_step_s"]) <= 0.05 * s["traced_step_s"]

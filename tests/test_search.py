@@ -399,7 +399,7 @@ def test_search_cli_input_errors_are_one_line_and_write_nothing(capsys, tmp_path
 def test_the_bound_charges_unfused_gradient_accumulation_in_every_layer():
     # --no-gradient-accumulation-fusion adds main_grad.add_ after each weight gradient: 10 B per local weight
     # (read the bf16 gradient and the fp32 main gradient, write the main gradient), in the layers as in the head
-    from sim.program.workload import layer_work
+    from sim.program.workload import LayerRun, layer_work
     from sim.studies.search import _phases
 
     model, profile = gpt("acc", 4, 1024, 16, 32000, 1024), load_profile("h100-sxm")
@@ -410,7 +410,7 @@ def test_the_bound_charges_unfused_gradient_accumulation_in_every_layer():
         return _phases(model, profile, "nvlink", s.parallelism, s.recompute, s.precision, s.framework)
 
     fused, unfused = phases(plan), phases(replace(plan, gradient_accumulation_fusion=False))
-    wgrads = [o for o in layer_work(model, 1, 2, True, "none").ops("W") if o.kind == "gemm"]
+    wgrads = [o for o in layer_work(model, LayerRun(1, 2, True, "none")).ops("W") if o.kind == "gemm"]
     # one framework (PyTorch) elementwise kernel per weight gradient: 10 B and one add per weight, plus its launch
     weights = [o.shape[0] * o.shape[1] for o in wgrads]
     extra = sum(max(n / profile.peak("fp32"), 10 * n / profile.memory_rate(True)) + profile.kernel_launch_s

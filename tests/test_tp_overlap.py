@@ -11,7 +11,7 @@ import sim
 from sim.cli import main
 from sim.engine.core import simulate
 from sim.program.actions import Action, Program
-from sim.program.tp import TP_COMM_STREAM, add_tp_collectives, overlapped_layer
+from sim.program.tp import TP_COMM_STREAM, ItemReader, add_tp_collectives, overlapped_layer
 from sim.program.workload import Comm, Op
 
 OPS = {"all_gather": "allgather", "reduce_scatter": "reducescatter", "all_reduce": "allreduce"}
@@ -29,8 +29,8 @@ def _run(items, star, tp=2, sigma=0.0):
     """The items as one step on each of ``tp`` ranks, an op taking its FLOPs in seconds,
     on a star of 1 B/s links (a collective of S bytes over 2 ranks: S/2 s); ``sigma``: the
     engine's overlap slowdown."""
-    segs = overlapped_layer(items, 0, lambda op: op.flops, tp, lambda it: isinstance(it, Comm),
-                            lambda c: OPS[c.collective])
+    segs = overlapped_layer(items, 0, tp, ItemReader(lambda op: op.flops, lambda it: isinstance(it, Comm),
+                                                     lambda c: OPS[c.collective]))
     prog = Program({r: [Action("0F0", category="F")] for r in range(tp)})
     out = add_tp_collectives(prog, lambda r, a: segs, lambda r: tuple(range(tp)))
     return simulate(out, star([1.0] * tp), overlap_slowdown=sigma)
@@ -149,9 +149,9 @@ def test_input_gradient_scatter_runs_whole_beside_the_weight_gradient(make_star)
 def test_te_order_moves_each_weight_gradient_after_its_input_gradient():
     from sim.inputs.model import gpt
     from sim.program.tp import te_order
-    from sim.program.workload import layer_work
+    from sim.program.workload import LayerRun, layer_work
 
-    w = layer_work(gpt("g", 2, 1024, 8, 1000, 64), 1, tp=2, sequence_parallel=True)
+    w = layer_work(gpt("g", 2, 1024, 8, 1000, 64), LayerRun(1, tp=2, sequence_parallel=True))
     names = [it.name for it in te_order(list(w.phase("B") + w.phase("W")))]
     assert names == ["mlp.residual.grad", "mlp.all_gather.grad", "mlp.down.dgrad", "mlp.gelu.grad", "mlp.up.dgrad",
                      "mlp.reduce_scatter.grad", "mlp.up.all_gather.input", "mlp.up.wgrad", "mlp.norm.grad",
@@ -190,9 +190,9 @@ def _run_cfg(items, star, cfg, tp=2, sigma=0.0, sms=8, comm_s=0.0):
     ``comm_s``: the estimate of a userbuffers kernel's time (``comm_of``)."""
     from sim.inputs.tp_overlap import overlaps
 
-    segs = overlapped_layer(items, 0, lambda op, held=0: op.flops * 16 / (16 - held), tp,
-                            lambda it: isinstance(it, Comm), lambda c: OPS[c.collective],
-                            cfg=overlaps(cfg), comm_of=lambda op, nbytes: comm_s)
+    read = ItemReader(lambda op, held=0: op.flops * 16 / (16 - held), lambda it: isinstance(it, Comm),
+                      lambda c: OPS[c.collective], comm_of=lambda op, nbytes: comm_s)
+    segs = overlapped_layer(items, 0, tp, read, cfg=overlaps(cfg))
     prog = Program({r: [Action("0F0", category="F")] for r in range(tp)})
     out = add_tp_collectives(prog, lambda r, a: segs, lambda r: tuple(range(tp)))
     return simulate(out, star([1.0] * tp), overlap_slowdown=sigma)

@@ -7,7 +7,7 @@ import pytest
 
 from sim.errors import InputError
 from sim.inputs.model import gpt, llama, preset
-from sim.program.workload import Op, embedding_work, head_work, layer_work, p2p_bytes
+from sim.program.workload import LayerRun, Op, embedding_work, head_work, layer_work, p2p_bytes
 
 MATMUL = ("gemm", "attention")
 
@@ -18,7 +18,7 @@ def test_fbw_match_zero_bubble_table(name, b):
     # Qi et al. (ICLR 2024): F = sbh(24h+4s), B = sbh(24h+8s), W = sbh·24h per layer.
     m = preset(name)
     s, h = m.seq_length, m.hidden_size
-    w = layer_work(m, b)
+    w = layer_work(m, LayerRun(b))
     assert w.flops("F", kinds=MATMUL) == pytest.approx(s * b * h * (24 * h + 4 * s), rel=1e-12)
     assert w.flops("B", kinds=MATMUL) == pytest.approx(s * b * h * (24 * h + 8 * s), rel=1e-12)
     assert w.flops("W", kinds=MATMUL) == pytest.approx(s * b * h * 24 * h, rel=1e-12)
@@ -27,8 +27,8 @@ def test_fbw_match_zero_bubble_table(name, b):
 @pytest.mark.parametrize("tp,sp", [(2, False), (8, False), (8, True)])
 def test_tensor_parallel_splits_every_matmul(tp, sp):
     m = preset("gpt-175b")
-    whole = layer_work(m, 1)
-    part = layer_work(m, 1, tp=tp, sequence_parallel=sp)
+    whole = layer_work(m, LayerRun(1))
+    part = layer_work(m, LayerRun(1, tp=tp, sequence_parallel=sp))
     for phase in "FBW":
         assert part.flops(phase, kinds=MATMUL) * tp == pytest.approx(whole.flops(phase, kinds=MATMUL), rel=1e-12)
 
@@ -39,7 +39,7 @@ def test_megatron_eq3_full_recompute_gpt3_175b():
         m = preset(name)
         B, s, l, h, V = 1536, m.seq_length, m.num_layers, m.hidden_size, m.vocab_size
         eq3 = 96 * B * s * l * h * h * (1 + s / (6 * h) + V / (16 * l * h))
-        layer, head = layer_work(m, 1, recompute="full"), head_work(m, 1)
+        layer, head = layer_work(m, LayerRun(1, recompute="full")), head_work(m, 1)
         matmul = B * (l * layer.flops(kinds=MATMUL) + head.flops(kinds=MATMUL))
         everything = B * (l * layer.flops() + head.flops() + embedding_work(m, 1).flops())
         assert matmul == pytest.approx(eq3, rel=1e-12)        # the same sum, term by term
@@ -53,10 +53,10 @@ def test_korthikanti_eq7_and_selective_recompute(name):
     B, s, L, h, V = 1024, m.seq_length, m.num_layers, m.hidden_size, m.vocab_size
     eq7 = 72 * B * L * s * h * h * (1 + s / (6 * h) + V / (12 * h * L))
     head = head_work(m, 1).flops(kinds=MATMUL)
-    model_flops = B * (L * layer_work(m, 1).flops(kinds=MATMUL) + head)
+    model_flops = B * (L * layer_work(m, LayerRun(1)).flops(kinds=MATMUL) + head)
     assert model_flops == pytest.approx(eq7, rel=1e-12)
     # Selective recompute re-runs the attention core's forward (4bs²h per layer) once.
-    sel = B * (L * layer_work(m, 1, recompute="selective").flops(kinds=MATMUL) + head)
+    sel = B * (L * layer_work(m, LayerRun(1, recompute="selective")).flops(kinds=MATMUL) + head)
     assert sel - model_flops == pytest.approx(4 * B * L * s * s * h, rel=1e-9)
     # Eq. 8 (72BLsh²(1 + s/(3h) + V/(12hL))) charges 12BLs²h for it: the attention core's
     # forward *and* backward a second time. We charge only the forward that actually reruns.
@@ -65,7 +65,7 @@ def test_korthikanti_eq7_and_selective_recompute(name):
 
 
 def test_full_recompute_reruns_the_forward_at_the_start_of_b():
-    w = layer_work(preset("gpt-22b"), 2, tp=4, recompute="full")
+    w = layer_work(preset("gpt-22b"), LayerRun(2, tp=4, recompute="full"))
     b_items = w.phase("B")
     fwd = w.phase("F")
     rerun = [i for i in b_items if i.recompute]
@@ -78,23 +78,23 @@ def test_tp_collectives_and_sizes():
     m = preset("gpt-22b")
     b, t = 2, 8
     sbh2 = 2 * b * m.seq_length * m.hidden_size
-    plain = layer_work(m, b, tp=t)
+    plain = layer_work(m, LayerRun(b, tp=t))
     assert [(c.phase, c.collective) for c in plain.comms()] == [
         ("F", "all_reduce"), ("F", "all_reduce"), ("B", "all_reduce"), ("B", "all_reduce")]
     assert all(c.nbytes == sbh2 for c in plain.comms())
-    sp = layer_work(m, b, tp=t, sequence_parallel=True)
+    sp = layer_work(m, LayerRun(b, tp=t, sequence_parallel=True))
     kinds = [(c.phase, c.collective) for c in sp.comms()]
     assert kinds.count(("F", "all_gather")) == 2 and kinds.count(("F", "reduce_scatter")) == 2
     assert kinds.count(("B", "all_gather")) == 2 and kinds.count(("B", "reduce_scatter")) == 2
     assert kinds.count(("W", "all_gather")) == 2          # re-gather of sharded inputs for dW
     assert all(c.nbytes == sbh2 for c in sp.comms())
-    assert layer_work(m, b, tp=1, sequence_parallel=True).comms() == ()
+    assert layer_work(m, LayerRun(b, tp=1, sequence_parallel=True)).comms() == ()
 
 
 def test_sequence_parallel_shrinks_norms_not_gemms():
     m = preset("gpt-22b")
-    a = {o.name: o for o in layer_work(m, 1, tp=8).ops("F")}
-    s = {o.name: o for o in layer_work(m, 1, tp=8, sequence_parallel=True).ops("F")}
+    a = {o.name: o for o in layer_work(m, LayerRun(1, tp=8)).ops("F")}
+    s = {o.name: o for o in layer_work(m, LayerRun(1, tp=8, sequence_parallel=True)).ops("F")}
     assert s["attn.norm"].output_bytes * 8 == a["attn.norm"].output_bytes
     assert s["mlp.residual"].output_bytes * 8 == a["mlp.residual"].output_bytes
     assert s["attn.qkv"].flops == a["attn.qkv"].flops
@@ -103,7 +103,7 @@ def test_sequence_parallel_shrinks_norms_not_gemms():
 def test_tiny_layer_by_hand():
     # b=1, s=4, h=8, 2 heads, ffn 32, tp=1: hand-computed shapes and bytes.
     m = gpt("tiny", 1, 8, 2, 10, 4)
-    ops = {o.name: o for o in layer_work(m, 1).ops()}
+    ops = {o.name: o for o in layer_work(m, LayerRun(1)).ops()}
     qkv = ops["attn.qkv"]
     assert qkv.shape == (4, 24, 8) and qkv.flops == 2 * 4 * 24 * 8
     assert qkv.bytes_read == 2 * (4 * 8 + 8 * 24) and qkv.bytes_written == 2 * 4 * 24
@@ -116,13 +116,13 @@ def test_tiny_layer_by_hand():
 
 def test_llama_gqa_swiglu_shapes():
     m = preset("llama3-8b")
-    ops = {o.name: o for o in layer_work(m, 1, tp=8).ops()}
+    ops = {o.name: o for o in layer_work(m, LayerRun(1, tp=8)).ops()}
     assert ops["attn.qkv"].shape == (8192, (4096 + 2 * 1024) // 8, 4096)
     assert ops["mlp.up"].shape == (8192, 2 * 14336 // 8, 4096)     # gate and up, fused
     assert ops["mlp.swiglu"].bytes_read == 2 * 2 * 8192 * 14336 // 8
     assert ops["mlp.residual"].bytes_written == 2 * 8192 * 4096    # no dropout mask in Llama
     m2 = llama("t", 1, 64, 8, 2, 128, 100, 16)
-    f = layer_work(m2, 1).flops("F", kinds=MATMUL)
+    f = layer_work(m2, LayerRun(1)).flops("F", kinds=MATMUL)
     s, h, kv, ff = 16, 64, 16, 128
     assert f == 2 * s * h * (h + 2 * kv) + 4 * s * s * h + 2 * s * h * h + 2 * s * h * 2 * ff + 2 * s * ff * h
 
@@ -139,10 +139,10 @@ def test_head_and_embedding():
 
 def test_bad_tp_is_one_line_error():
     with pytest.raises(InputError) as info:
-        layer_work(preset("gpt2-1.5b"), 1, tp=2)     # 25 heads
+        layer_work(preset("gpt2-1.5b"), LayerRun(1, tp=2))     # 25 heads
     assert "num_attention_heads 25" in str(info.value) and "\n" not in str(info.value)
     with pytest.raises(InputError, match="recompute"):
-        layer_work(preset("gpt2-1.5b"), 1, recompute="some")
+        layer_work(preset("gpt2-1.5b"), LayerRun(1, recompute="some"))
 
 
 def test_chunk_work_places_embedding_and_head():
@@ -167,12 +167,12 @@ def test_unfused_attention_has_flash_flops_and_moves_the_scores():
     (4·b·s²·h/t forward, 8·b·s²·h/t backward), but the b·(a/t)·s² bf16 scores are written
     by QKᵀ, read and written by the softmax and read by AV."""
     from sim.inputs.model import preset
-    from sim.program.workload import layer_work
+    from sim.program.workload import LayerRun, layer_work
 
     m = preset("gpt3-175b")
     b, t, s, h, a = 1, 8, m.seq_length, m.hidden_size, m.num_attention_heads
-    flash = layer_work(m, b, t, attention="flash")
-    unfused = layer_work(m, b, t, attention="unfused")
+    flash = layer_work(m, LayerRun(b, t, attention="flash"))
+    unfused = layer_work(m, LayerRun(b, t, attention="unfused"))
     for phase in ("F", "B", "W"):
         assert unfused.flops(phase, kinds=("gemm", "attention")) == pytest.approx(
             flash.flops(phase, kinds=("gemm", "attention")), rel=1e-12)
@@ -210,10 +210,10 @@ def test_attention_flag_reaches_the_run(capsys):
 def test_forward_linear_gemms_carry_their_bias():
     # GPT's linear layers have biases (added in the forward GEMM), Llama's none; the
     # gradients' GEMMs never add one.
-    gemms = [op for op in layer_work(gpt("g", 2, 64, 2, 256, 32), 1).ops() if op.kind == "gemm"]
+    gemms = [op for op in layer_work(gpt("g", 2, 64, 2, 256, 32), LayerRun(1)).ops() if op.kind == "gemm"]
     assert {op.name for op in gemms if op.bias} == {"attn.qkv", "attn.proj", "mlp.up", "mlp.down"}
     assert all(op.phase == "F" for op in gemms if op.bias)
-    assert not any(op.bias for op in layer_work(llama("l", 2, 64, 2, 2, 256, 512, 32), 1).ops())
+    assert not any(op.bias for op in layer_work(llama("l", 2, 64, 2, 2, 256, 512, 32), LayerRun(1)).ops())
 
 
 def test_unfused_gradient_accumulation_adds_a_pass_per_weight_gradient():
@@ -224,7 +224,7 @@ def test_unfused_gradient_accumulation_adds_a_pass_per_weight_gradient():
     from sim.program.workload import accumulate_wgrads, chunk_work
 
     h, t = 64, 2
-    layer = layer_work(gpt("g", 2, h, 2, 256, 32), 1, tp=t)
+    layer = layer_work(gpt("g", 2, h, 2, 256, 32), LayerRun(1, tp=t))
     assert accumulate_wgrads(layer, fused=True) is layer
     extra = [o for o in accumulate_wgrads(layer, fused=False).ops() if o.name.endswith(".accumulate")]
     assert [o.name for o in extra] == [f"{n}.wgrad.accumulate" for n in ("mlp.down", "mlp.up", "attn.proj", "attn.qkv")]

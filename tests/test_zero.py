@@ -108,9 +108,9 @@ def test_peak_gathered_memory_grows_with_depth_by_one_layer_each():
 
 def test_gpipe_activations_grow_with_m_and_1f1b_stays_at_p():
     # Stage 1 of 4 (no embedding, no head): 2 layers of SMALL per stage.
-    from sim.program.memory import activation_bytes_per_layer
+    from sim.program.memory import Storing, activation_bytes_per_layer
 
-    per_mb = 2 * activation_bytes_per_layer(SMALL, 1)
+    per_mb = 2 * activation_bytes_per_layer(SMALL, Storing.of(1))
     topo = load_topology("dgx-h100")
     for m in (4, 8, 16):
         acts = {}
@@ -316,7 +316,7 @@ def test_first_stage_activation_peak_follows_each_schedules_rule(schedule, vpp):
     # p·v·(1 + (p-1)/(p·v)) (Korthikanti et al. 2022). No dropout, so the embedding stores
     # nothing and a chunk-micro-batch is its chunk's layers' activations. Measured on the
     # memory timeline of rank 0.
-    from sim.program.memory import activation_bytes_per_layer
+    from sim.program.memory import Storing, activation_bytes_per_layer
 
     p, m, v = 4, 8, vpp
     expected = {"1f1b": p, "zb-h1": p, "zb-h2": 2 * p - 1, "interleaved": p * v * (1 + (p - 1) / (p * v))}[schedule]
@@ -324,7 +324,7 @@ def test_first_stage_activation_peak_follows_each_schedules_rule(schedule, vpp):
     plan = ParallelPlan(pp=p, vpp=v, global_batch_size=m, schedule=schedule)
     run = simulate_training(Job(model, plan, H100, load_topology("dgx-h100")))
     _, series = timeline(run.trace, plan.rank(pp=0))
-    per_chunk_mb = model.num_layers // (p * v) * activation_bytes_per_layer(model, 1)
+    per_chunk_mb = model.num_layers // (p * v) * activation_bytes_per_layer(model, Storing.of(1))
     assert max(series["activations"]) == pytest.approx(expected * per_chunk_mb, rel=1e-12)
 
 

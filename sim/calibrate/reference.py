@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import math
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from sim.calibrate import require_torch
@@ -389,20 +390,33 @@ def _probe(torch, ctx: Context, shape) -> float | None:
     return bench_gemms(ctx, [(m, n, k, 1, layout)], repeats=3, warmup=1, sweep=False)[0]["time_s"]
 
 
-def run_reference(model: ModelSpec, plan: ParallelPlan, *, warmup: int = 2, iters: int = 5,
-                  trace_dir: str | Path | None = None, probe: tuple | None = None,
-                  probe_predicted_s: float | None = None, tolerance: float | None = None,
-                  max_iters: int | None = None) -> list | None:
-    """Train ``iters`` timed iterations (after ``warmup``) on ``plan.world_size`` processes;
-    each rank's result (None on a torchrun job's other ranks). With ``probe`` (m, n, k,
-    layout), every rank also times that GEMM before each timed iteration and after the last
-    (``probe_s``: one more than the iterations). With ``tolerance`` (and the probe's
-    ``probe_predicted_s``), an iteration is ``steady`` only if ``machine_as_calibrated``, and
-    iterations run until ``iters`` are steady or ``max_iters`` (default ``iters``) ran."""
+@dataclass(frozen=True)
+class Timing:
+    """How the reference run times its iterations (``run_reference``)."""
+
+    warmup: int = 2
+    iters: int = 5
+    """Timed iterations (after ``warmup``)."""
+    probe: tuple | None = None
+    """(m, n, k, layout): a GEMM every rank also times before each timed iteration and after
+    the last (``probe_s``: one more than the iterations)."""
+    probe_predicted_s: float | None = None
+    tolerance: float | None = None
+    """With it (and the probe's ``probe_predicted_s``), an iteration is ``steady`` only if
+    ``machine_as_calibrated``, and iterations run until ``iters`` are steady or ``max_iters``
+    (None: ``iters``) ran."""
+    max_iters: int | None = None
+
+
+def run_reference(model: ModelSpec, plan: ParallelPlan, timing: Timing = Timing(), *,
+                  trace_dir: str | Path | None = None) -> list | None:
+    """Train ``timing.iters`` timed iterations (after ``timing.warmup``) on ``plan.world_size``
+    processes, as ``timing`` says; each rank's result (None on a torchrun job's other ranks)."""
     check_supported(model, plan)
     if trace_dir is not None:
         Path(trace_dir).mkdir(parents=True, exist_ok=True)
-    payload = {"model": model, "plan": plan, "warmup": warmup, "iters": iters,
-               "trace_dir": str(trace_dir) if trace_dir else None, "probe": probe,
-               "probe_predicted_s": probe_predicted_s, "tolerance": tolerance, "max_iters": max_iters}
+    payload = {"model": model, "plan": plan, "warmup": timing.warmup, "iters": timing.iters,
+               "trace_dir": str(trace_dir) if trace_dir else None, "probe": timing.probe,
+               "probe_predicted_s": timing.probe_predicted_s, "tolerance": timing.tolerance,
+               "max_iters": timing.max_iters}
     return run_workers(_worker, plan.world_size, payload)

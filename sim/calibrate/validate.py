@@ -41,6 +41,7 @@ from pathlib import Path
 
 import networkx as nx
 
+from sim.calibrate.reference import Timing
 from sim.errors import InputError
 from sim.inputs.hardware import HardwareProfile, LinkModel
 from sim.results.metrics import rank_breakdown
@@ -239,14 +240,14 @@ MAX_ITERS_FACTOR = 4
 """With the gate, at most this many times ``iters`` timed iterations run to find ``iters`` steady ones."""
 
 
-def run_validation(configs, *, procs: int, profile: HardwareProfile, model: ModelSpec, micro_batch: int = 2,
-                   microbatches: int = 4, warmup: int = 2, iters: int = 5, out: Path | None = None,
-                   link: str | None = None, tolerance: float | None = None) -> dict | None:
-    """Run each configuration for real and simulated; the report (None on a torchrun
-    job's other ranks). With ``out``, writes each configuration's profiler traces under
+def run_validation(plans: dict[str, ParallelPlan], *, profile: HardwareProfile, model: ModelSpec,
+                   timing: Timing = Timing(), out: Path | None = None, link: str | None = None) -> dict | None:
+    """Run each configuration's plan (``config_plan``'s, by name, all on the same processes)
+    for real and simulated, timed as ``timing`` says; the report (None on a torchrun job's
+    other ranks). With ``out``, writes each configuration's profiler traces under
     ``out/traces/CONFIG/`` and a PNG ``out/CONFIG.png`` (measured above simulated).
 
-    With ``tolerance`` (a fraction), the measured side takes only iterations that ran on the
+    With ``timing.tolerance`` (a fraction), the measured side takes only iterations that ran on the
     machine as calibrated (``sim.calibrate.reference.machine_as_calibrated``), running up to
     ``MAX_ITERS_FACTOR`` x ``iters`` to find ``iters`` of them; a configuration that found
     fewer is marked ``steady: false`` (its figures are over the steady iterations it found,
@@ -255,19 +256,19 @@ def run_validation(configs, *, procs: int, profile: HardwareProfile, model: Mode
     from sim.calibrate.reference import run_reference
     from sim.session import Job, simulate_training
 
+    procs = next(iter(plans.values())).world_size
+    iters, tolerance = timing.iters, timing.tolerance
+
     element_bytes = int(profile.provenance.get("element_bytes", 4 if profile.provenance.get("backend") == "gloo" else 2))
     link = link or profile_link(profile)
     sprof = sim_profile(profile, element_bytes)
     topo = machine_topology(procs, sprof, link, hosts=len(profile.provenance.get("hosts", [])) or 1)
     rows, details = [], {}
-    for config in configs:
-        plan = config_plan(config, procs, micro_batch, microbatches)
+    for config, plan in plans.items():
         trace_dir = (out / "traces" / config) if out is not None else None
         probe = probe_shape(model, plan)
         predicted = probe_prediction_s(profile, probe)
-        results = run_reference(model, plan, warmup=warmup, iters=iters, trace_dir=trace_dir, probe=probe,
-                                probe_predicted_s=predicted, tolerance=tolerance,
-                                max_iters=iters * MAX_ITERS_FACTOR if tolerance is not None else iters)
+        results = run_reference(model, plan, probe_timing(timing, probe, predicted), trace_dir=trace_dir)
         if results is None:
             return None
         probe_s = [t for r in results for t in r.get("probe_s", [])]
@@ -303,6 +304,13 @@ def run_validation(configs, *, procs: int, profile: HardwareProfile, model: Mode
                                     "num_attention_heads": model.num_attention_heads, "vocab_size": model.vocab_size,
                                     "seq_length": model.seq_length},
             "profile": profile.name}
+
+
+def probe_timing(timing: Timing, probe: tuple, predicted_s: float | None = None) -> Timing:
+    """``timing`` with the probe GEMM ``probe`` (``probe_shape``) and its prediction, running up
+    to ``MAX_ITERS_FACTOR`` x ``iters`` when a tolerance gates the iterations."""
+    max_iters = timing.iters * MAX_ITERS_FACTOR if timing.tolerance is not None else timing.iters
+    return replace(timing, probe=probe, probe_predicted_s=predicted_s, max_iters=max_iters)
 
 
 def probe_shape(model: ModelSpec, plan: ParallelPlan) -> tuple:

@@ -19,7 +19,7 @@ from sim.errors import InputError
 from sim.results.export import write_chrome, write_json_atomic
 from sim.fileio import check_output_dir
 from sim.inputs.topology_build import FABRICS, FabricSpec, load_topology
-from sim.studies.collective import run_collective
+from sim.studies.collective import CollectiveOptions, run_collective
 from sim.units import format_bytes, format_time, parse_size
 
 NAME = "collective"
@@ -88,15 +88,17 @@ def run(args) -> int:
         from sim.commands.collective_sweep import print_sweep
 
         return print_sweep(args, op, gpus, topo, eff, nccl)
-    trace, summary = run_collective(op, nbytes, gpus, topo, args.algo, args.channels, eff, args.collective_model,
-                                    args.protocol, nccl)
+    how = CollectiveOptions(algo=args.algo, channels=args.channels, link_efficiency=eff,
+                            collective_model=args.collective_model, protocol=args.protocol, nccl=nccl)
+    trace, summary = run_collective(op, nbytes, gpus, topo, how)
     if args.out:
         out = Path(args.out)
-        from sim.results.plot import plot_timeline
+        from sim.results.plot import TimelineView, plot_timeline
 
         write_chrome(trace, out / "trace.json")
-        plot_timeline(trace, out / "timeline.png", show_transfers=True, max_lanes=32,
-                      title=f"{op} ({summary['algo']}) of {format_bytes(nbytes)} on {gpus} GPUs, {topo.name}")
+        plot_timeline(trace, out / "timeline.png", TimelineView(
+            show_transfers=True, max_lanes=32,
+            title=f"{op} ({summary['algo']}) of {format_bytes(nbytes)} on {gpus} GPUs, {topo.name}"))
         write_json_atomic(summary, out / "summary.json")
     if args.json:
         # strict JSON: a non-finite bandwidth (zero time) is null, never Infinity

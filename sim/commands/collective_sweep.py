@@ -17,7 +17,7 @@ from pathlib import Path
 from sim.engine.nccl import PROTOCOLS
 from sim.engine.tuner import runnable
 from sim.errors import InputError
-from sim.studies.collective import run_collective
+from sim.studies.collective import CollectiveOptions, run_collective
 from sim.units import format_bytes, parse_size
 
 _TYPE_BYTES = 4  # float, nccl-tests' default -d float
@@ -50,10 +50,11 @@ def print_sweep(args, op: str, gpus: int, topo, eff, nccl) -> int:
     print("#        (B)    (elements)                               (us)  (GB/s)  (GB/s)            (us)  (GB/s)  (GB/s)")
     total = 0.0
     chosen = []
+    how = CollectiveOptions(algo=args.algo, channels=args.channels, link_efficiency=eff,
+                            collective_model=args.collective_model, protocol=args.protocol, nccl=nccl)
     for size in sizes:
         size -= size % _TYPE_BYTES if size >= _TYPE_BYTES else 0
-        _, s = run_collective(op, size, gpus, topo, args.algo, args.channels, eff, args.collective_model,
-                              args.protocol, nccl)
+        _, s = run_collective(op, size, gpus, topo, how)
         t_us = s["time_s"] * 1e6
         algbw, busbw = s["algbw_Bps"] / 1e9, s["busbw_Bps"] / 1e9
         total += busbw
@@ -97,8 +98,9 @@ def _write_picture(args, op: str, gpus: int, topo, eff, nccl, chosen: list[tuple
             if args.algo != "auto" and (args.algo.startswith("nvls") and p != "simple"
                                         or not runnable(op, range(gpus), topo, args.algo)):
                 continue
-            runs = [run_collective(op, n, gpus, topo, args.algo, args.channels, eff, args.collective_model, p,
-                                   nccl)[1] for n in sizes]
+            how = CollectiveOptions(algo=args.algo, channels=args.channels, link_efficiency=eff,
+                                    collective_model=args.collective_model, protocol=p, nccl=nccl)
+            runs = [run_collective(op, n, gpus, topo, how)[1] for n in sizes]
             curves[f"{p} forced ({runs[-1]['algo']} at {format_bytes(sizes[-1])})"] = (sizes, [r["busbw_Bps"]
                                                                                             for r in runs])
     title = f"{op} bus bandwidth on {gpus} GPUs of {topo.describe()}"

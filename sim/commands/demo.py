@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from sim.studies.collective import run_collective
+from sim.studies.collective import CollectiveOptions, run_collective
 from sim.results.export import write_chrome, write_json_atomic
 from sim.inputs.topology_build import load_topology
 from sim.units import format_bytes, format_microbatches, format_time
@@ -82,19 +82,20 @@ def run(args) -> int:
     topo = load_topology("dgx-h100", nodes=nodes)
     gpus = topo.num_gpus
     from sim.inputs.hardware import load_profile
-    from sim.results.plot import plot_busbw, plot_timeline
+    from sim.results.plot import TimelineView, plot_busbw, plot_timeline
 
     eff = load_profile("h100-sxm").link_efficiencies()  # achieved fractions of line rate
     rows = []
     for size in SIZES:
         row = {"size_bytes": size}
         for algo in ("ring", "hierarchical"):
-            trace, s = run_collective("allreduce", size, gpus, topo, algo, link_efficiency=eff)
+            trace, s = run_collective("allreduce", size, gpus, topo,
+                                      CollectiveOptions(algo=algo, link_efficiency=eff))
             row[algo] = {"time_s": s["time_s"], "busbw_Bps": s["busbw_Bps"], "ib_bytes": s["bytes_by_link_kind"].get("ib", 0.0)}
             if size == 2**30:
                 write_chrome(trace, out / f"allreduce-{algo}.trace.json")
-                plot_timeline(trace, out / f"allreduce-{algo}.png", show_transfers=True, max_lanes=32,
-                              title=f"all-reduce ({algo}) of 1 GiB on {gpus} GPUs, {topo.name}")
+                plot_timeline(trace, out / f"allreduce-{algo}.png", TimelineView(
+                    show_transfers=True, max_lanes=32, title=f"all-reduce ({algo}) of 1 GiB on {gpus} GPUs, {topo.name}"))
         rows.append(row)
     plot_busbw(rows, out / "allreduce-busbw.png", topo.name, gpus)
     result = {"topology": topo.name, "gpus": gpus, "rows": rows}

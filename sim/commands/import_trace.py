@@ -31,12 +31,12 @@ def run(args) -> int:
     per_file = [(str(path), op_times(path)) for path in args.traces]
     if args.out:
         from sim.results.export import write_chrome
-        from sim.results.plot import plot_timeline
+        from sim.results.plot import TimelineView, plot_timeline
 
         out = Path(args.out)
         write_chrome(trace, out / "trace.json")
-        plot_timeline(trace, out / "timeline.png", title=f"measured: {len(args.traces)} rank(s), "
-                      f"{trace.end_s * 1e3:.2f} ms")
+        plot_timeline(trace, out / "timeline.png", TimelineView(title=f"measured: {len(args.traces)} rank(s), "
+                                                                      f"{trace.end_s * 1e3:.2f} ms"))
     if args.json:
         print(json.dumps({"end_s": trace.end_s, "spans": len(trace.spans),
                           "files": {p: t for p, t in per_file}}, sort_keys=True))

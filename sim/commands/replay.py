@@ -33,14 +33,15 @@ def add_arguments(p) -> None:
 
 def run(args) -> int:
     from sim.fileio import check_output_dir
-    from sim.replay.run import replay
+    from sim.replay.run import WhatIf, replay
 
     check_output_dir(args.out, "--out")
     check_output_dir(args.export_chakra, "--export-chakra")
     graphs = _read(args)
-    result = replay(graphs, gpu=args.gpu, topology=args.topology, fabric=args.fabric,
-                    oversubscription=args.oversubscription, nodes=args.nodes, gpus_per_node=args.gpus_per_node,
-                    data_parallel_size=args.data_parallel_size, gpus=args.gpus)
+    result = replay(graphs, WhatIf(gpu=args.gpu, topology=args.topology, fabric=args.fabric,
+                                   oversubscription=args.oversubscription, nodes=args.nodes,
+                                   gpus_per_node=args.gpus_per_node, data_parallel_size=args.data_parallel_size,
+                                   gpus=args.gpus))
     s = result.summary
     s["files"] = [str(p) for p in args.traces]
     chakra = None
@@ -88,15 +89,16 @@ def _read(args) -> list:
 
 def write_outputs(result, out: Path) -> None:
     from sim.results.export import write_chrome, write_json_atomic
-    from sim.results.plot import plot_timeline
+    from sim.results.plot import TimelineView, plot_timeline
 
     s = result.summary
     ranks = sorted(result.trace.streams())[:4]
     write_chrome(result.trace, out / "trace.json")
-    plot_timeline(result.trace, out / "timeline.png", ranks=set(ranks),
-                  title=f"replay of step {s['step'] if s['step'] is not None else '(whole window)'} on "
-                        f"{s['world_size']} x {s['gpu']}: {s['iteration_time_s'] * 1e3:.2f} ms "
-                        f"(traced {s['traced_step_s'] * 1e3:.2f} ms)")
+    plot_timeline(result.trace, out / "timeline.png", TimelineView(
+        ranks=frozenset(ranks),
+        title=f"replay of step {s['step'] if s['step'] is not None else '(whole window)'} on "
+              f"{s['world_size']} x {s['gpu']}: {s['iteration_time_s'] * 1e3:.2f} ms "
+              f"(traced {s['traced_step_s'] * 1e3:.2f} ms)"))
     write_json_atomic(s, out / "summary.json")
 
 

@@ -48,6 +48,7 @@ def _positive(name: str, value) -> None:
 
 def run(args) -> int:
     from sim.calibrate import CalibrationError, require_torch
+    from sim.calibrate.reference import Timing
     from sim.calibrate import validate as v
     from sim.calibrate.reference import check_supported
     from sim.fileio import check_output_dir, write_json_atomic, write_text_atomic
@@ -96,9 +97,8 @@ def run(args) -> int:
                 return _follow(model, plans, warmup, iters, out, tol)
             profile = result[0]
         load_before = os.getloadavg()
-        report = v.run_validation(configs, procs=args.procs, profile=profile, model=model,
-                                  micro_batch=args.micro_batch_size, microbatches=m,
-                                  warmup=warmup, iters=iters, out=out, link=args.link, tolerance=tol)
+        report = v.run_validation(plans, profile=profile, model=model, timing=Timing(warmup, iters, tolerance=tol),
+                                  out=out, link=args.link)
     except CalibrationError as exc:
         print(f"trainsim: validation failed: {exc}")
         return 1
@@ -135,13 +135,11 @@ def run(args) -> int:
 def _follow(model, plans: dict, warmup: int, iters: int, out: Path | None, tolerance: float | None) -> int:
     """A non-zero rank of a torchrun job: take part in the reference runs as rank 0 does (it has
     no profile, so its own probes do not gate; rank 0's do, and every rank follows its decision)."""
-    from sim.calibrate.reference import run_reference
+    from sim.calibrate.reference import Timing, run_reference
 
-    from sim.calibrate.validate import MAX_ITERS_FACTOR, probe_shape
+    from sim.calibrate.validate import probe_shape, probe_timing
 
     for config, plan in plans.items():
-        run_reference(model, plan, warmup=warmup, iters=iters,
-                      trace_dir=(out / "traces" / config) if out is not None else None,
-                      probe=probe_shape(model, plan), tolerance=tolerance,
-                      max_iters=iters * MAX_ITERS_FACTOR if tolerance is not None else iters)
+        run_reference(model, plan, probe_timing(Timing(warmup, iters, tolerance=tolerance), probe_shape(model, plan)),
+                      trace_dir=(out / "traces" / config) if out is not None else None)
     return 0

@@ -201,7 +201,7 @@ def is_deepspeed(plan) -> bool:
 
 def overlap_comm_in_effect(plan) -> bool:
     """DeepSpeed's ``overlap_comm``: as given, else on for ZeRO-3 only (``overlap_comm_valid``)."""
-    return plan.overlap_comm if plan.overlap_comm is not None else plan.zero_stage == 3
+    return plan.overlap_comm if plan.overlap_comm is not None else plan.zero.shards_params
 
 
 def bucket_buffers(plan) -> int:
@@ -211,9 +211,9 @@ def bucket_buffers(plan) -> int:
     self.reduce_bucket_size, ...)``), one under ZeRO-1/2 and a second with ``overlap_comm``
     (stage_1_and_2.py ``setup_buckets``: "double buffers to avoid data access conflict");
     none without ZeRO or outside DeepSpeed."""
-    if not is_deepspeed(plan) or plan.zero_stage == 0 or plan.contiguous_gradients is False:
+    if not is_deepspeed(plan) or not plan.zero.shards_optimizer or plan.contiguous_gradients is False:
         return 0
-    return 1 if plan.zero_stage == 3 else 1 + overlap_comm_in_effect(plan)
+    return 1 if plan.zero.shards_params else 1 + overlap_comm_in_effect(plan)
 
 
 def _deepspeed_value(plan, attr: str, default: float) -> float:

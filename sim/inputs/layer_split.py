@@ -109,16 +109,20 @@ def divisors_text(n: int, limit: int = 8) -> str:
     return ", ".join(map(str, ds)) or "none"
 
 
-def split_layers(num_layers: int, pp: int, vpp: int = 1, first: int | None = None,
-                 last: int | None = None, account_for_embedding: bool = False,
-                 account_for_loss: bool = False, name: str = "the model", split: tuple | str | None = None,
-                 layout: tuple | None = None, mtp_num_layers: int = 0) -> tuple:
-    """Layers per virtual stage (index ``chunk·pp + pp_rank``): Megatron-LM's split (see
-    ``sim.inputs.plan``), ``split`` (``--layer-split``: per rank or per virtual stage; "auto"
-    spreads them as evenly as possible until the session balances them) or ``layout`` (the
-    parsed ``--pipeline-model-parallel-layout``, checked against the model's ``num_layers``
-    and ``mtp_num_layers``); an ``InputError`` naming the flag when it cannot be done."""
-    L, p, v = num_layers, pp, vpp
+def split_layers(num_layers: int, pipeline, name: str = "the model", mtp_num_layers: int = 0) -> tuple:
+    """Layers per virtual stage (index ``chunk·pp + pp_rank``) of a model of ``num_layers``
+    (``name``'s) as the plan's ``pipeline`` section (``sim.inputs.plan_sections.PipelinePlan``)
+    says: Megatron-LM's split of its pp x vpp stages (see ``sim.inputs.plan``; uneven with
+    ``first_stage_layers``, ``last_stage_layers``, ``account_for_embedding``,
+    ``account_for_loss``), ``layer_split`` (``--layer-split``: per rank or per virtual stage;
+    "auto" spreads them as evenly as possible until the session balances them) or
+    ``pipeline_layout`` (``--pipeline-model-parallel-layout``, checked against the model's
+    ``num_layers`` and ``mtp_num_layers``); an ``InputError`` naming the flag when it cannot
+    be done."""
+    L, p, v = num_layers, pipeline.pp, pipeline.vpp
+    first, last, split = pipeline.first_stage_layers, pipeline.last_stage_layers, pipeline.layer_split
+    account_for_embedding, account_for_loss = pipeline.account_for_embedding, pipeline.account_for_loss
+    layout = None if pipeline.pipeline_layout is None else parse_layout(pipeline.pipeline_layout)
     if layout is not None:
         return layout_layers(layout, L, mtp_num_layers, name)
     if split == "auto":

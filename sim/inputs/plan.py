@@ -51,8 +51,7 @@ from sim.inputs.precision import FP4_FORMAT, FP4_RECIPES, FP8_FORMATS, FP8_RECIP
     canonical_fp8_recipe, check_precision_plan, check_precision_weights, precision_of
 from sim.inputs.recompute import RECOMPUTE_METHODS, RECOMPUTE_MODULES, modules_in_effect, parse_recompute_modules
 from sim.inputs.plan_sections import PlanSections
-from sim.inputs.layer_split import parse_layer_split, parse_layout, \
-    split_layers
+from sim.inputs.layer_split import parse_layer_split, split_layers
 from sim.errors import InputError, require
 from sim.units import NONNEGATIVE_INT, POSITIVE_INT, Number, parse_size
 
@@ -585,11 +584,8 @@ class ParallelPlan:
     # ----------------------------------------------------------- layer split
     def stage_layers(self, model) -> tuple:
         """Transformer layers of each virtual stage; index ``chunk·pp + pp_rank``."""
-        layout = None if self.pipeline_layout is None else parse_layout(self.pipeline_layout)
-        return split_layers(model.num_layers, self.pp, self.vpp, self.first_stage_layers,
-                            self.last_stage_layers, self.account_for_embedding,
-                            self.account_for_loss, getattr(model, "name", "the model"), self.layer_split,
-                            layout, getattr(model, "mtp_num_layers", 0))
+        return split_layers(model.num_layers, self.sections.pipeline, getattr(model, "name", "the model"),
+                            getattr(model, "mtp_num_layers", 0))
 
     def layer_range(self, model, virtual_stage: int) -> range:
         """Global indices of the transformer layers of ``virtual_stage``."""

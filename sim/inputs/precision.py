@@ -195,11 +195,11 @@ def check_precision_weights(plan) -> None:
     if not plan.fp8_param_gather:
         return
     recipe = RECIPES[canonical_fp8_recipe(plan.fp8_recipe)]
-    require(plan.fp8_format is not None and plan.zero_stage in (1, 2, 3), "plan: fp8_param_gather", True,
+    require(plan.fp8_format is not None and plan.zero.shards_optimizer, "plan: fp8_param_gather", True,
             f"needs fp8_format and zero 1, 2 or 3 (got {plan.fp8_format or 'BF16'}, zero {plan.zero_stage}): it keeps "
             "the sharded optimizer's weights in FP8 (Megatron-LM: distributed optimizer or FSDP only)",
             setting="fp8_param_gather")
-    require(recipe.zero3_weights or plan.zero_stage != 3, "plan: fp8_param_gather", True,
+    require(recipe.zero3_weights or not plan.zero.shards_params, "plan: fp8_param_gather", True,
             f"not modelled with zero 3 and fp8_recipe {recipe.name} (allowed under zero 3: delayed or tensorwise; "
             "Megatron-FSDP gathers MXFP8 weights without the gradient buffer)", setting="fp8_param_gather")
     require(recipe.offload_weights or not plan.offload_optimizer, "plan: fp8_param_gather", True,

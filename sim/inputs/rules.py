@@ -69,7 +69,7 @@ def check_plan(plan) -> None:
     if plan.cpu_offloading_num_layers is not None:  # Megatron-Core's TransformerConfig.__post_init__ refuses these
         _check(plan.pp == 1, "cpu_offloading_num_layers", plan.cpu_offloading_num_layers,
                f"needs pp 1 (got {plan.pp}): Megatron-Core has no CPU offloading with pipeline parallelism")
-        _check(plan.recompute == "none", "cpu_offloading_num_layers", plan.cpu_offloading_num_layers,
+        _check(not plan.recompute_policy.recomputes, "cpu_offloading_num_layers", plan.cpu_offloading_num_layers,
                f"needs recompute_granularity none (got {plan.recompute}): Megatron-Core's CPU offloading does not "
                "work with activation recomputation")
         _check(plan.cuda_graph is None, "cpu_offloading_num_layers", plan.cpu_offloading_num_layers,
@@ -354,7 +354,7 @@ def check_deepspeed_plan(plan) -> None:
 
 def check_deepspeed_model(plan, model: ModelSpec) -> None:
     """DeepSpeed's ZeRO-3 is modelled per tensor (``layer_tensors``) for standard layers only."""
-    if not is_deepspeed(plan) or plan.zero_stage != 3:
+    if not is_deepspeed(plan) or not plan.zero.shards_params:
         return
     what = ("layer patterns" if model.layers is not None else "MLA" if model.mla
             else "experts" if model.num_experts is not None else None)

@@ -46,14 +46,14 @@ def cp_attention_forward(w, m, b: int, t: int, cp: int, cp_comm: str) -> None:
     lse = 4 * b * heads * s
     if cp_comm == "all-gather":
         w.comm("attn.cp.all_gather", "all_gather", e * n_tok * cp * kv, group="cp")
-        w.attention("attn.core", flops, e * n_tok * (q + cp * kv), e * n_tok * out + lse, e * n_tok * out, s, d,
-                    b * heads, seq_k=s * cp)
+        w.attention("attn.core", flops, e * n_tok * (q + cp * kv), e * n_tok * out + lse, e * n_tok * out,
+                    (s, s * cp, d), b * heads)
         return
     for j in range(cp):
         if j + 1 < cp:
             w.comm(f"attn.cp.kv{j + 1}", "shift", e * n_tok * kv, group="cp", side=True)
-        w.attention(f"attn.core.cp{j}", flops / cp, e * n_tok * (q + kv), e * n_tok * out + lse, e * n_tok * out, s, d,
-                    b * heads, after=f"attn.cp.kv{j}" if j else None)
+        w.attention(f"attn.core.cp{j}", flops / cp, e * n_tok * (q + kv), e * n_tok * out + lse, e * n_tok * out,
+                    (s, s, d), b * heads, after=f"attn.cp.kv{j}" if j else None)
 
 
 def cp_attention_backward(w, m, b: int, t: int, cp: int, cp_comm: str) -> None:
@@ -68,13 +68,13 @@ def cp_attention_backward(w, m, b: int, t: int, cp: int, cp_comm: str) -> None:
     if cp_comm == "all-gather":
         w.comm("attn.cp.all_gather.grad", "all_gather", e * n_tok * cp * kv, group="cp")
         w.attention("attn.core.grad", flops, e * n_tok * (q + cp * kv + 2 * out) + lse, e * n_tok * (q + cp * kv),
-                    e * n_tok * (q + kv), s, d, b * heads, seq_k=s * cp)
+                    e * n_tok * (q + kv), (s, s * cp, d), b * heads)
         w.comm("attn.cp.reduce_scatter.grad", "reduce_scatter", e * n_tok * cp * kv, group="cp")
         return
     for j in range(cp):
         if j + 1 < cp:  # the next key/value chunk and the gradients accumulated for it so far
             w.comm(f"attn.cp.kv{j + 1}.grad", "shift", 2 * e * n_tok * kv, group="cp", side=True)
         w.attention(f"attn.core.grad.cp{j}", flops / cp, e * n_tok * (q + 2 * kv + 2 * out) + lse,
-                    e * n_tok * (q + 2 * kv), e * n_tok * (q + 2 * kv), s, d, b * heads,
+                    e * n_tok * (q + 2 * kv), e * n_tok * (q + 2 * kv), (s, s, d), b * heads,
                     after=f"attn.cp.kv{j}.grad" if j else None)
     w.comm("attn.cp.dkv.home", "shift", e * n_tok * kv, group="cp")  # each chunk's gradient back to its rank

@@ -60,7 +60,7 @@ from sim.program.memory import model_state_bytes, optimizer_shard_params, stage_
 from sim.inputs.experts import Folding
 from sim.program.dispatch import DISPATCH_GROUPS, default_layout, dispatch_groups, group_sizes, moe_shape
 from sim.program.workload_moe import MoeShape
-from sim.program.workload import (Work, head_work, layer_work, mtp_works, p2p_bytes, plan_edge_works,
+from sim.program.workload import (LayerRun, Work, head_work, layer_work, mtp_works, p2p_bytes, plan_edge_works,
                                   plan_layer_work)
 
 _MATMUL = ("gemm", "attention")
@@ -112,17 +112,17 @@ def model_flops_per_sequence(model: ModelSpec, recompute: str = "none", modules:
     parameters each token uses (router, its k experts, shared experts): MFU counts
     active-parameter FLOPs. Under a layer pattern each layer by its kinds (a window's band,
     a Mamba-2 or Gated DeltaNet layer's projections and chunked products)."""
+    run = LayerRun(1, recompute=recompute, modules=modules)
     if model.layers is not None:
         moe = MoeShape(1, 1, model.seq_length * model.moe_router_topk) if model.moe else None
-        per = {lay: layer_work(model, 1, recompute=recompute, moe=moe if lay.is_moe else None, modules=modules,
-                               layer=lay).flops(kinds=_MATMUL) for lay in model.layer_kinds}
+        per = {lay: layer_work(model, run, moe=moe if lay.is_moe else None, layer=lay).flops(kinds=_MATMUL)
+               for lay in model.layer_kinds}
         return head_work(model, 1).flops(kinds=_MATMUL) + sum(per[model.layer(i)] for i in range(model.num_layers))
-    layer = layer_work(model, 1, recompute=recompute, modules=modules).flops(kinds=_MATMUL)
+    layer = layer_work(model, run).flops(kinds=_MATMUL)
     total = (model.num_layers - model.num_moe_layers) * layer + head_work(model, 1).flops(kinds=_MATMUL)
     if model.moe:  # a mixture of experts: active-parameter FLOPs (each token's k experts, balanced)
         moe = MoeShape(1, 1, model.seq_length * model.moe_router_topk)
-        total += model.num_moe_layers * layer_work(model, 1, recompute=recompute, moe=moe,
-                                                   modules=modules).flops(kinds=_MATMUL)
+        total += model.num_moe_layers * layer_work(model, run, moe=moe).flops(kinds=_MATMUL)
     return total
 
 
@@ -137,8 +137,8 @@ def plan_flops_per_sequence(model: ModelSpec, plan: ParallelPlan) -> float:
 
     def extra(lid: int) -> float:
         shape = moe if model.is_moe_layer(lid) else None
-        return (layer_work(model, 1, recompute="full", moe=shape).flops(kinds=_MATMUL)
-                - layer_work(model, 1, moe=shape).flops(kinds=_MATMUL))
+        return (layer_work(model, LayerRun(1, recompute="full"), moe=shape).flops(kinds=_MATMUL)
+                - layer_work(model, LayerRun(1), moe=shape).flops(kinds=_MATMUL))
     for vs in range(plan.pp * plan.vpp):
         for pos, lid in enumerate(plan.layer_range(model, vs)):
             if RECOMPUTE_POLICIES[layer_recompute(plan, pos)].whole_layer:

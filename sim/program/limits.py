@@ -108,7 +108,9 @@ def estimate_events(model, plan, fidelity: str = "full", topology=None, coalesce
 def _moe_events_per_step(model, plan, layers: float, flows: bool, reduced: bool) -> float:
     """A pipeline step's events for its MoE layers' collectives on one simulated GPU: two
     all-to-alls over ep per forward or backward (``sim.program.workload_moe``), and the
-    expert-tensor-parallel all-gather and reduce-scatter beside each when etp > 1."""
+    expert-tensor-parallel all-gather and reduce-scatter beside each when etp > 1, and the dropless
+    alltoall dispatcher's token-count all-gather over ep in each forward (``COUNTS_OP``), averaged
+    over the step kinds."""
     moe_layers = layers * model.num_moe_layers / model.num_layers
     per_layer = 0.0
     if plan.ep > 1:
@@ -116,6 +118,11 @@ def _moe_events_per_step(model, plan, layers: float, flows: bool, reduced: bool)
         per_layer += 2 * (_EVENTS_PER_BUNDLE / simulated if flows else (plan.ep - 1) * _EVENTS_PER_HOP)
     if plan.etp_size > 1:
         per_layer += 2 * _ring_hops(plan.etp_size, "allgather", flows) * _EVENTS_PER_HOP
+    d = plan.token_dispatcher
+    if (plan.ep > 1 and plan.moe_capacity_factor is None and d.exchanges_all_to_all and not d.deepep
+            and not d.gathers):  # the dropless alltoall dispatcher's token-count all-gather, forward only
+        per_layer += _ring_hops(plan.ep, "allgather", flows) * _EVENTS_PER_HOP / (3 if plan.pipeline.split_backward
+                                                                                else 2)
     return moe_layers * per_layer
 
 

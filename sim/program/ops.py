@@ -145,22 +145,24 @@ class Builder:
     def __init__(self, name: str, e: int):
         self.name, self.e, self.items, self.phase = name, e, [], "F"
 
-    def gemm(self, name, m, n, k, batch=1, bias=False, after=None, kernels=1, sms_held=0, streams=0):
+    # ``**op``: the appended ``Op``'s own optional fields by name (``bias``, ``after``,
+    # ``kernels``, ``host_sync``, ``sms_held``, ``streams``, ``framework``), as ``Op`` declares them.
+    def gemm(self, name, m, n, k, batch=1, **op):
+        """An ``m x k`` by ``k x n`` GEMM (``batch`` of them): 2mnk FLOPs, its operands read once."""
         e = self.e
         self.items.append(Op(name, self.phase, "gemm", 2.0 * m * n * k * batch,
                              e * (m * k + k * n) * batch, e * m * n * batch, e * m * n * batch,
-                             (m, n, k), batch, bias=bool(bias), after=after, kernels=kernels, sms_held=sms_held,
-                             streams=streams))
+                             (m, n, k), batch, **{**op, "bias": bool(op.get("bias", False))}))
 
-    def mem(self, name, read, written, flops=0.0, output=None, framework=False, after=None, kernels=1,
-            host_sync=False, sms_held=0):
+    def mem(self, name, read, written, flops=0.0, output=None, **op):
+        """A memory-bound kernel; ``output``: the bytes it leaves for the next op (default ``written``)."""
         self.items.append(Op(name, self.phase, "memory", float(flops), float(read), float(written),
-                             float(written if output is None else output), framework=framework, after=after,
-                             kernels=kernels, host_sync=host_sync, sms_held=sms_held))
+                             float(written if output is None else output), **op))
 
-    def attention(self, name, flops, read, written, output, seq, head_dim, batch, seq_k=None, after=None):
+    def attention(self, name, flops, read, written, output, shape, batch, after=None):
+        """An attention core; ``shape``: (query length, key length, head dim), ``batch``: b x heads."""
         self.items.append(Op(name, self.phase, "attention", float(flops), float(read), float(written),
-                             float(output), (seq, seq if seq_k is None else seq_k, head_dim), batch, after=after))
+                             float(output), tuple(shape), batch, after=after))
 
     def comm(self, name, collective, nbytes, group="tp", side=False, host_sync=False):
         self.items.append(Comm(name, self.phase, collective, float(nbytes), group=group, side=side,

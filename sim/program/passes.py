@@ -32,6 +32,7 @@ dependencies on a step mean "the step is complete".
 from __future__ import annotations
 
 from collections import deque
+from dataclasses import dataclass
 from functools import partial
 from itertools import repeat
 from typing import Callable
@@ -260,11 +261,25 @@ def layer_uses(acts, kinds) -> list[tuple[str, int, int, int]]:
     return [tuple(u) for u in uses]
 
 
+@dataclass(frozen=True)
+class GradSync:
+    """How the gradients are bucketed and reduced (``add_grad_sync`` says what each does):
+    DDP's buckets by default, DeepSpeed's with ``at_most`` and ``on_compute``."""
+
+    bucket_bytes: float
+    overlap: bool = True
+    backward: tuple[str, ...] = ("B", "W")
+    op: str = "allreduce"
+    every_microbatch: bool = False
+    bucket_memory: bool = False
+    label: str = "grad bucket"
+    at_most: bool = False
+    on_compute: bool = False
+
+
 def add_grad_sync(prog: Program, grad_bytes: Callable[[int, int], float], dp_group: Callable[[int], tuple[int, ...]],
-                  bucket_bytes: float, overlap: bool = True, backward=("B", "W"), op: str = "allreduce",
-                  every_microbatch: bool = False, bucket_memory: bool = False,
-                  label: str = "grad bucket", at_most: bool = False, on_compute: bool = False) -> Program:
-    """Gradient buckets over the data-parallel group (stream ``dp``).
+                  sync: GradSync) -> Program:
+    """Gradient buckets over the data-parallel group (stream ``dp``), as ``sync`` says.
 
     Per rank, the layers' gradients (``grad_bytes(rank, layer)``) are packed, in the order
     they become ready, into buckets of at least ``bucket_bytes``; each bucket's ``op``
@@ -279,11 +294,14 @@ def add_grad_sync(prog: Program, grad_bytes: Callable[[int, int], float], dp_gro
     (``pack_buckets``); with ``on_compute`` each runs on the stream of the backward that
     fills it, which waits for it (DeepSpeed without ``overlap_comm``).
     """
+    bucket_bytes, overlap, op, label = sync.bucket_bytes, sync.overlap, sync.op, sync.label
+    every_microbatch, bucket_memory, at_most, on_compute = (sync.every_microbatch, sync.bucket_memory,
+                                                            sync.at_most, sync.on_compute)
     out: dict[int, list[Action]] = {}
     for r, acts in prog.actions.items():
         group = dp_group(r)
         lst = list(acts)
-        uses = layer_uses(lst, backward)
+        uses = layer_uses(lst, sync.backward)
         if len(group) < 2 or not uses:
             out[r] = lst
             continue

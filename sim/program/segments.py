@@ -37,7 +37,7 @@ from sim.program.launch import HOST_LAUNCH_S
 from sim.program.routing import Routing
 from sim.program.schedules import Schedule, Step
 from sim.inputs.tp_overlap import margin_profile, overlaps
-from sim.program.tp import overlapped_layer
+from sim.program.tp import ItemReader, overlapped_layer
 from sim.program.workload import Comm, chunk_work
 
 _COLLECTIVE = {"all_reduce": "allreduce", "all_gather": "allgather", "reduce_scatter": "reducescatter",
@@ -104,10 +104,9 @@ class StepSegments:
         for lid, items in parts:
             if self.plan.tp_comm_overlap and self.plan.tp > 1:
                 live = [it for it in items if not isinstance(it, Comm) or self._sizes[it.group] > 1]
-                segs += overlapped_layer(live, lid, self._time_on, self.plan.tp,
-                                         lambda it: isinstance(it, Comm), lambda c: _COLLECTIVE[c.collective],
-                                         base=len(segs), group_of=lambda c: c.group, label_of=_label,
-                                         cfg=self._overlaps, comm_of=self._ub_comm_s)
+                read = ItemReader(self._time_on, lambda it: isinstance(it, Comm), lambda c: _COLLECTIVE[c.collective],
+                                  group_of=lambda c: c.group, label_of=_label, comm_of=self._ub_comm_s)
+                segs += overlapped_layer(live, lid, self.plan.tp, read, base=len(segs), cfg=self._overlaps)
                 continue
             dur = flops = 0.0
             side: dict[str, int] = {}  # side collectives of the layer by name -> their segment's position

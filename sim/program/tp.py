@@ -128,21 +128,34 @@ def claim(s: Segment) -> dict:
     return {"transport": "direct", "slows_compute": not (s.op == "allgather" or s.sms_priced)}
 
 
-def overlapped_layer(items, layer, time_of: Callable, tp: int, is_comm: Callable, op_of: Callable,
-                     base: int = 0, group_of: Callable = lambda c: "tp",
-                     label_of: Callable = lambda c: "", cfg: dict | None = None,
-                     comm_of: Callable | None = None) -> list[Segment]:
-    """One layer's ``items`` (ops and collectives of one phase, in order) as segments with
-    each all-gather → GEMM and GEMM → reduce-scatter pair cut into ``tp`` overlapped chunks
-    (see the module doc). ``time_of(op)`` prices an op, ``is_comm(item)`` tells a collective,
-    ``op_of(comm)`` its engine op (allgather, reducescatter, allreduce). ``base``: how many
-    segments of the step come before these (``Segment.waits`` counts in the whole step).
-    ``group_of(comm)``: the group it runs over; only tensor-parallel ones overlap;
-    ``label_of(comm)``: its ``Segment.label``. ``cfg``: Transformer Engine's overlap per GEMM
-    (``sim.inputs.tp_overlap.overlaps``; None: the model without one, module doc); with it
-    ``time_of(op, sms_held)`` prices a GEMM on the SMs an overlap leaves it, and
+@dataclass(frozen=True)
+class ItemReader:
+    """How ``overlapped_layer`` reads a layer's items: ``time_of(op)`` prices an op,
+    ``is_comm(item)`` tells a collective, ``op_of(comm)`` its engine op (allgather,
+    reducescatter, allreduce), ``group_of(comm)`` the group it runs over (only tensor-parallel
+    ones overlap), ``label_of(comm)`` its ``Segment.label``. Under a Transformer Engine overlap
+    configuration ``time_of(op, sms_held)`` prices a GEMM on the SMs an overlap leaves it, and
     ``comm_of(op, nbytes)`` estimates the seconds a userbuffers kernel without an SM margin
     runs beside it (``gemm_beside``)."""
+
+    time_of: Callable
+    is_comm: Callable
+    op_of: Callable
+    group_of: Callable = lambda c: "tp"
+    label_of: Callable = lambda c: ""
+    comm_of: Callable | None = None
+
+
+def overlapped_layer(items, layer, tp: int, read: ItemReader, base: int = 0,
+                     cfg: dict | None = None) -> list[Segment]:
+    """One layer's ``items`` (ops and collectives of one phase, in order, read as ``read``
+    says) as segments with each all-gather → GEMM and GEMM → reduce-scatter pair cut into
+    ``tp`` overlapped chunks (see the module doc). ``base``: how many segments of the step
+    come before these (``Segment.waits`` counts in the whole step). ``cfg``: Transformer
+    Engine's overlap per GEMM (``sim.inputs.tp_overlap.overlaps``; None: the model without
+    one, module doc)."""
+    time_of, is_comm, op_of = read.time_of, read.is_comm, read.op_of
+    group_of, label_of, comm_of = read.group_of, read.label_of, read.comm_of
     items = te_order(items)
 
     def overlap(op):

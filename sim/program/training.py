@@ -72,7 +72,7 @@ from sim.program.costs import cpu_optimizer_step_time, grad_reduce_scale, optimi
 from sim.program.ep_overlap import add_ep_overlap, overlap_schedule, steady_pairs
 from sim.program.dispatch import dispatch_groups, ep_layout
 from sim.program.fp8 import BF16_BYTES, gathered_weight_bytes
-from sim.program.limits import DEFAULT_MAX_EVENTS, check_size
+from sim.program.limits import check_size
 from sim.program.memory import (
     chunk_activation_parts,
     fp8_layer_weights,
@@ -176,13 +176,19 @@ def _persistent_bytes(ctx: BuildContext) -> Callable[[int], float]:
     return lambda lid: got[lid] if lid in (-1, model.num_layers) else got[0] if 0 <= lid < model.num_layers else 0.0
 
 
-def _sync_options(plan: ParallelPlan) -> dict:
-    z = plan.zero_stage
+def _sync_options(plan: ParallelPlan, bucket_bytes: float) -> passes.GradSync:
+    """How the gradient buckets are reduced under the plan's ZeRO stage (``sim.inputs.strategies.ZeroStage``):
+    reduce-scattered into shards once it shards anything (DeepSpeed: only once it shards the
+    parameters), every micro-batch once it shards the gradients."""
+    zero, overlap = plan.sections.zero.zero, _sync_overlap(plan)
     if is_deepspeed(plan):  # sim.inputs.frameworks: DeepSpeed's reduction of the gradient buckets
-        return dict(op="reducescatter" if z == 3 else "allreduce", every_microbatch=z >= 2,
-                    bucket_memory=z >= 2 and not bucket_buffers(plan),  # else in the buffers, resident (memory)
-                    at_most=z >= 1, on_compute=z >= 1 and not overlap_comm_in_effect(plan))
-    return dict(op="allreduce" if z == 0 else "reducescatter", every_microbatch=z >= 2, bucket_memory=z >= 2)
+        return passes.GradSync(bucket_bytes, overlap, op="reducescatter" if zero.shards_params else "allreduce",
+                               every_microbatch=zero.shards_grads,
+                               bucket_memory=zero.shards_grads and not bucket_buffers(plan),  # else in the buffers
+                               at_most=zero.shards_optimizer,
+                               on_compute=zero.shards_optimizer and not overlap_comm_in_effect(plan))
+    return passes.GradSync(bucket_bytes, overlap, op="reducescatter" if zero.shards_optimizer else "allreduce",
+                           every_microbatch=zero.shards_grads, bucket_memory=zero.shards_grads)
 
 
 def _sync_overlap(plan: ParallelPlan) -> bool:
@@ -190,7 +196,8 @@ def _sync_overlap(plan: ParallelPlan) -> bool:
     for ZeRO-2/3 (backward hooks) and for ZeRO-1 with ``overlap_comm``; not without ZeRO
     (the engine's all-reduce after backward)."""
     if is_deepspeed(plan):
-        return plan.zero_stage >= 2 or plan.zero_stage == 1 and overlap_comm_in_effect(plan)
+        zero = plan.sections.zero.zero  # (ZeRO-1 is the stage that shards the optimizer but not the gradients)
+        return zero.shards_grads or zero.shards_optimizer and overlap_comm_in_effect(plan)
     return plan.dp_overlap
 
 
@@ -287,17 +294,15 @@ def grad_sync(ctx: BuildContext, draft: Draft) -> Draft:
     ZeRO, every micro-batch under ZeRO-2/3), then the experts' over the ranks that hold the
     same experts."""
     plan = ctx.plan
-    bucket, sync = sync_bucket_bytes(plan), _sync_options(plan)
     scale = grad_reduce_scale(plan)
+    sync = _sync_options(plan, scale * sync_bucket_bytes(plan))
     dense = _grad_bytes(ctx)
-    overlap = _sync_overlap(plan)
-    prog = passes.add_grad_sync(draft.program, lambda r, lid: scale * dense(r, lid), plan.dp_group, scale * bucket,
-                                overlap, **sync)
+    prog = passes.add_grad_sync(draft.program, lambda r, lid: scale * dense(r, lid), plan.dp_group, sync)
     split = _expert_split(ctx)
     if split:
         experts = _expert_bytes(split)
-        prog = passes.add_grad_sync(prog, lambda r, lid: scale * experts(r, lid), ctx.folding.edp_group, scale * bucket,
-                                    overlap, label="expert grad bucket", **sync)
+        prog = passes.add_grad_sync(prog, lambda r, lid: scale * experts(r, lid), ctx.folding.edp_group,
+                                    replace(sync, label="expert grad bucket"))
     return draft.with_program(prog)
 
 
@@ -513,13 +518,13 @@ def build(ctx: BuildContext) -> tuple[Schedule, Program]:
     return draft.schedule, draft.program
 
 
-def build_program(model: ModelSpec, plan: ParallelPlan, profile: HardwareProfile,
-                  schedule: Schedule | None = None, fidelity: str = "full",
-                  gpus_per_node: int = 8, topology: Topology | None = None,
-                  coalesce_tp: bool = True, max_events: float | None = DEFAULT_MAX_EVENTS,
-                  collective_model: str = "flows", nccl=None) -> tuple[Schedule, Program]:
+def build_program(model: ModelSpec, plan: ParallelPlan, profile: HardwareProfile, topology: Topology | None = None,
+                  **options) -> tuple[Schedule, Program]:
     """The iteration program of ``plan``: every GPU's compute and communication
-    (``build`` on ``BuildContext.create`` of the arguments, the profile paced for the job).
+    (``build`` on ``BuildContext.create`` of the arguments, the profile paced for the job;
+    ``options``: ``BuildContext``'s build options by name, its defaults for the others:
+    ``schedule``, ``fidelity``, ``gpus_per_node``, ``coalesce_tp``, ``max_events``,
+    ``collective_model``, ``nccl``).
 
     ``fidelity="reduced"`` simulates one GPU per pipeline stage (dp index 0, tp index
     0). The other GPUs do the same work at the same times, so they are shadows: they take
@@ -533,9 +538,7 @@ def build_program(model: ModelSpec, plan: ParallelPlan, profile: HardwareProfile
     A plan whose simulation would exceed ``max_events`` SimPy events (None: no limit) is
     refused before anything is built (``sim.program.limits``).
     """
-    return build(BuildContext.create(model, plan, profile, topology, schedule=schedule, fidelity=fidelity,
-                                     gpus_per_node=gpus_per_node, coalesce_tp=coalesce_tp, max_events=max_events,
-                                     collective_model=collective_model, nccl=nccl))
+    return build(BuildContext.create(model, plan, profile, topology, **options))
 
 
 def copy_maps(plan: ParallelPlan, folding: Folding | None = None):

@@ -38,7 +38,7 @@ which read and write the b·(a/t)·s² scores (same FLOPs, far more bytes). Acti
 from __future__ import annotations
 
 import math
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from functools import lru_cache, singledispatch
 
 from sim.errors import require
@@ -48,6 +48,7 @@ from sim.inputs.model import ModelSpec
 from sim.inputs.moe import mla_projections
 from sim.inputs.plan import ATTENTION, CROSS_ENTROPY, RECOMPUTE, ParallelPlan
 from sim.inputs.plan_sections import FrameworkPlan, ParallelismPlan, PrecisionPlan, RecomputePlan
+from sim.inputs.precision import BF16_BYTES
 from sim.inputs.recompute import layer_recompute, modules_in_effect, mtp_recompute
 from sim.program.fp8 import fp8_layer_work
 from sim.program.loss import loss_backward, loss_forward
@@ -107,8 +108,7 @@ def _attention_forward(w: Builder, m: ModelSpec, b: int, t: int, attention: str,
     n_tok, qkv = b * s, width // t
     if ATTENTION_MODES[attention].fused:
         w.attention("attn.core", 2 * b * s * k * heads * (d_qk + d_v), e * n_tok * qkv,
-                    e * n_tok * out / t + 4 * b * heads * s, e * n_tok * out / t, s, d, b * heads,
-                    seq_k=None if keys is None else k)
+                    e * n_tok * out / t + 4 * b * heads * s, e * n_tok * out / t, (s, k, d), b * heads)
         return
     bh = b * heads
     scores = bh * s * s
@@ -135,7 +135,7 @@ def _attention_backward(w: Builder, m: ModelSpec, b: int, t: int, attention: str
     if ATTENTION_MODES[attention].fused:
         w.attention("attn.core.grad", 4 * b * s * k * heads * (d_qk + d_v),
                     e * (n_tok * qkv + 2 * n_tok * out / t) + 4 * b * heads * s,
-                    e * n_tok * qkv, e * n_tok * qkv, s, d, b * heads, seq_k=None if keys is None else k)
+                    e * n_tok * qkv, e * n_tok * qkv, (s, k, d), b * heads)
         return
     bh = b * heads
     scores = bh * s * s
@@ -185,11 +185,48 @@ def _mlp_forward(w: Builder, m: ModelSpec, n_tok: int, f: int) -> None:
     w.gemm("mlp.down", n_tok, m.hidden_size, f, bias=m.bias)
 
 
-def _layer_forward(w: Builder, m: ModelSpec, b: int, t: int, sp: bool, attention: str = "flash",
-                   moe: MoeShape | None = None, cp: tuple = (1, "p2p"), layer: Layer | None = None) -> None:
-    """Append one layer's forward (ops and collectives) to ``w`` in its current phase;
-    ``moe``: the layer's MLP is a mixture of experts (``sim.program.workload_moe``);
-    ``layer``: its kinds (``sim.inputs.layers``; default the model's standard layer)."""
+@dataclass(frozen=True)
+class LayerRun:
+    """How one tensor-parallel rank runs a layer for one micro-batch (``layer_work``): its
+    ``micro_batch``, tensor-parallel size ``tp`` and ``sequence_parallel``, the recompute
+    granularity (``recompute``, ``ParallelPlan.recompute``; ``modules``: what ``selective``
+    recomputes, ``sim.inputs.recompute``, default the attention core), ``attention``: "flash"
+    or "unfused" (``ParallelPlan.attention``), the context-parallel size ``cp`` (the rank's
+    s/cp tokens) and ``cp_comm``, how attention gets the rest (``sim.program.context_parallel``)."""
+
+    micro_batch: int = 1
+    tp: int = 1
+    sequence_parallel: bool = False
+    recompute: str = "none"
+    attention: str = "flash"
+    cp: int = 1
+    cp_comm: str = "p2p"
+    modules: tuple | None = None
+
+    @classmethod
+    def of(cls, par: ParallelismPlan, rec: RecomputePlan, fw: FrameworkPlan) -> "LayerRun":
+        """The layer as a plan's sections run it."""
+        return cls(par.micro_batch_size, par.tp, par.sequence_parallel, rec.recompute, fw.attention, par.cp,
+                   par.cp_comm_type, rec.recompute_modules)
+
+    @property
+    def sp(self) -> bool:
+        """Sequence parallelism in effect (requested and tp > 1)."""
+        return self.sequence_parallel and self.tp > 1
+
+    @property
+    def ctx(self) -> tuple:
+        """(cp, cp_comm), as the attention builders take them."""
+        return (self.cp, self.cp_comm)
+
+
+def _layer_forward(w: Builder, m: ModelSpec, run: LayerRun, moe: MoeShape | None = None,
+                   layer: Layer | None = None) -> None:
+    """Append one layer's forward (ops and collectives) as ``run`` says to ``w`` in its current
+    phase (``m``: the model as the rank's context-parallel share sees it); ``moe``: the layer's
+    MLP is a mixture of experts (``sim.program.workload_moe``); ``layer``: its kinds
+    (``sim.inputs.layers``; default the model's standard layer)."""
+    b, t, sp, attention, cp = run.micro_batch, run.tp, run.sp, run.attention, run.ctx
     e, s, h = w.e, m.seq_length, m.hidden_size
     n_tok = b * s
     nn = n_tok // t if sp else n_tok                 # tokens seen by norms/dropout/residuals
@@ -217,21 +254,16 @@ def _layer_forward(w: Builder, m: ModelSpec, b: int, t: int, sp: bool, attention
         w.mem(f"{blk}.residual", 2 * e * nn * h, e * nn * h + mask, 3 * nn * h, output=e * nn * h, framework=True)
 
 
-def layer_work(model: ModelSpec, micro_batch: int, tp: int = 1, sequence_parallel: bool = False,
-               recompute: str = "none", dtype_bytes: int = 2, attention: str = "flash",
-               moe: MoeShape | None = None, cp: int = 1, cp_comm: str = "p2p", modules: tuple | None = None,
+def layer_work(model: ModelSpec, run: LayerRun = LayerRun(), moe: MoeShape | None = None,
                layer: Layer | None = None) -> Work:
-    """One transformer layer's F, B and W for one micro-batch on one tensor-parallel rank
-    (``attention``: "flash" or "unfused", ``ParallelPlan.attention``; ``moe``: how its
-    mixture of experts runs, None for a dense layer; ``cp``: context-parallel size, the
-    rank's s/cp tokens, and ``cp_comm`` how attention gets the rest, ``sim.program.context_parallel``;
-    ``modules``: what ``selective`` recomputes, ``sim.inputs.recompute``, default the attention core;
-    ``layer``: the layer's kinds, ``sim.inputs.layers``, default the model's standard layer)."""
-    _check(model, micro_batch, tp, recompute, layer)
-    require(attention in ATTENTION, "attention", attention, f"allowed: {', '.join(ATTENTION)}")
-    m, b, t, e = local_sequence(model, cp), micro_batch, tp, dtype_bytes
-    ctx = (cp, cp_comm)
-    sp = sequence_parallel and t > 1
+    """One transformer layer's F, B and W for one micro-batch on one tensor-parallel rank, as
+    ``run`` says (activations in BF16; ``moe``: how its mixture of experts runs, None for a
+    dense layer; ``layer``: the layer's kinds, ``sim.inputs.layers``, default the model's
+    standard layer)."""
+    _check(model, run.micro_batch, run.tp, run.recompute, layer)
+    require(run.attention in ATTENTION, "attention", run.attention, f"allowed: {', '.join(ATTENTION)}")
+    m, b, t, e = local_sequence(model, run.cp), run.micro_batch, run.tp, BF16_BYTES
+    attention, recompute, modules, ctx, sp = run.attention, run.recompute, run.modules, run.ctx, run.sp
     s, h = m.seq_length, m.hidden_size
     n_tok = b * s
     nn = n_tok // t if sp else n_tok
@@ -242,15 +274,15 @@ def layer_work(model: ModelSpec, micro_batch: int, tp: int = 1, sequence_paralle
     layer = layer or standard_layer(m, moe is not None)
 
     w = Builder("layer", e)
-    _layer_forward(w, m, b, t, sp, attention, moe, ctx, layer)
+    _layer_forward(w, m, run, moe, layer)
 
     w.phase = "B"
     start = len(w.items)
     if RECOMPUTE_POLICIES[recompute].whole_layer:
-        _layer_forward(w, m, b, t, sp, attention, moe, ctx, layer)
+        _layer_forward(w, m, run, moe, layer)
     elif RECOMPUTE_POLICIES[recompute].by_module:
         mods = modules_in_effect(recompute, modules)
-        w.items += _recomputed_modules(m, b, t, sp, attention, moe, ctx, mods, e, layer)
+        w.items += _recomputed_modules(m, run, moe, mods, e, layer)
         if "core_attn" in mods and layer.mixer is not None:
             mixer_recompute_core(layer.mixer, w, m, b, t, attention, ctx)
     w.items[start:] = [_as_recompute(i) for i in w.items[start:]]
@@ -310,8 +342,8 @@ def _in_module(name: str, module: str, mla_up: tuple, moe: bool, act: str) -> bo
     return module == "shared_experts" and moe and name.startswith("moe.shared.")
 
 
-def _recomputed_modules(m: ModelSpec, b: int, t: int, sp: bool, attention: str, moe: MoeShape | None,
-                        ctx: tuple, modules: tuple, e: int, layer: Layer | None = None) -> list:
+def _recomputed_modules(m: ModelSpec, run: LayerRun, moe: MoeShape | None, modules: tuple, e: int,
+                        layer: Layer | None = None) -> list:
     """The forward items that ``modules`` run again at the start of backward (besides the
     attention core), in forward order: the layer's forward filtered by module, so that a
     recomputed kernel or collective is the forward's own (``moe`` reruns the router, the
@@ -320,7 +352,7 @@ def _recomputed_modules(m: ModelSpec, b: int, t: int, sp: bool, attention: str, 
     if not mods:
         return []
     fwd = Builder("layer", e)
-    _layer_forward(fwd, m, b, t, sp, attention, moe, ctx, layer)
+    _layer_forward(fwd, m, run, moe, layer)
     mla_up = tuple(name for name, _, _, split in mla_projections(m) if split) if m.mla else ()
     return [i for i in fwd.items if any(_in_module(i.name, mod, mla_up, moe is not None, m.mlp) for mod in mods)]
 
@@ -538,9 +570,7 @@ def layer_as_run(model: ModelSpec, par: ParallelismPlan, rec: RecomputePlan, pre
     the casts of ``prec``'s precision over ``par``'s micro-batches (``sim.program.fp8``) and
     unfused gradient accumulation (``accumulate_wgrads``)."""
     t, sp = par.tp, par.sequence_parallel
-    work = with_attention_kernel(layer_work(model, par.micro_batch_size, t, sp, rec.recompute, attention=fw.attention,
-                                            moe=moe, cp=par.cp, cp_comm=par.cp_comm_type,
-                                            modules=rec.recompute_modules, layer=layer), fw.kernel)
+    work = with_attention_kernel(layer_work(model, LayerRun.of(par, rec, fw), moe, layer), fw.kernel)
     return accumulate_wgrads(fp8_layer_work(work, prec.precision, t, sp, par.num_microbatches, prec.fp8_param_gather),
                              fw.gradient_accumulation_fusion)
 

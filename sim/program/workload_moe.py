@@ -238,32 +238,31 @@ def _router(w, m, T: int, grad: bool) -> None:
     w.mem("moe.router.scores.grad", 8 * TE, e * TE, 8 * TE, framework=True, kernels=2)
 
 
-def _permute(w, m, rows: int, copies: int, experts: int, shape: MoeShape, grad: bool, after=None,
-             sync=False) -> None:
+def _permute(w, m, rows: int, copies: int, experts: int, shape: MoeShape, grad: bool, **first) -> None:
     """Permutation of the routed copies into expert order (Megatron-Core ``moe_utils.permute``)
     over a routing map of ``rows`` tokens × ``experts`` experts holding ``copies`` copies:
     unfused, the routing map transposed and turned into token indices (``masked_select``), the
     probabilities likewise, then ``index_select`` gathers every copy (about ten PyTorch ops);
     fused (``--moe-permute-fusion``, Transformer Engine's ``moe_permute_with_probs``), a row-id
     map built from the routing map in a few kernels, then one kernel that reads each token once
-    and writes its copies. Backward: the copies' gradients summed back into the ``rows``."""
+    and writes its copies. Backward: the copies' gradients summed back into the ``rows``.
+    ``first``: the first kernel's own ``Op`` fields (``after``, ``host_sync``)."""
     e, h = w.e, m.hidden_size
     R, TE = copies, rows * experts
     fused = shape.permute_fusion
     if not grad:
         if fused:
-            w.mem("moe.permute.map", TE, 8 * TE, TE, framework=True, kernels=3, after=after, host_sync=sync)
+            w.mem("moe.permute.map", TE, 8 * TE, TE, framework=True, kernels=3, **first)
             w.mem("moe.permute", e * rows * h + 12 * TE, e * R * h + 4 * R, 0, output=e * R * h, kernels=1)
         else:
-            w.mem("moe.permute.map", 19 * TE, 5 * TE + 12 * R, TE, framework=True, kernels=9, after=after,
-                  host_sync=sync)
+            w.mem("moe.permute.map", 19 * TE, 5 * TE + 12 * R, TE, framework=True, kernels=9, **first)
             w.mem("moe.permute", e * R * h + 8 * R, e * R * h, output=e * R * h, framework=True, kernels=1)
         return
     if fused:
-        w.mem("moe.permute.grad", e * R * h + 12 * TE, e * rows * h, R * h, kernels=1, after=after)
+        w.mem("moe.permute.grad", e * R * h + 12 * TE, e * rows * h, R * h, kernels=1, **first)
     else:
         w.mem("moe.permute.grad", e * R * h + 8 * R, 2 * e * rows * h, R * h, output=e * rows * h, framework=True,
-              kernels=3, after=after)
+              kernels=3, **first)
 
 
 def _unpermute(w, m, rows: int, copies: int, shape: MoeShape, grad: bool, after=None) -> None:
@@ -361,7 +360,7 @@ def moe_forward(w, m, b: int, t: int, sp: bool, shape: MoeShape) -> None:
     copies = shape.load * shape.etp if gathered else T * k  # the copies this rank permutes
     if gathered:  # the allgather dispatcher permutes after its gather, the rows of its whole group
         _exchange(w, m, shape, T, "dispatch")
-        _permute(w, m, T * group, shape.load * shape.etp, E // shape.ep, shape, grad=False, sync=not shape.graphed)
+        _permute(w, m, T * group, shape.load * shape.etp, E // shape.ep, shape, grad=False, host_sync=not shape.graphed)
         after = None
     else:
         # No synchronisation at the permutation: dropless, it is the exchange's (``_sync_on_exchange``);

@@ -227,11 +227,28 @@ def scale_gpu(graphs: dict[int, RankGraph], traced_profile, new_profile) -> dict
     return out
 
 
-def replay(graphs: list[RankGraph], *, gpu: str | None = None, topology: str | None = None,
-           fabric: str | None = None, oversubscription: float | None = None, nodes: int | None = None,
-           data_parallel_size: int | None = None, gpus_per_node: int | None = None,
-           gpus: int | None = None) -> ReplayRun:
-    """Replay the traced ranks ``graphs`` (see the module doc)."""
+@dataclass(frozen=True)
+class WhatIf:
+    """What a replay changes of the traced job (each None: as traced; ``trainsim replay``'s
+    flags of the same names): the GPU (a name or a profile .json), the cluster (``topology``,
+    ``fabric``, ``oversubscription``, ``nodes``, ``gpus_per_node``) and the job's size
+    (``data_parallel_size`` replicas, or ``gpus`` in all)."""
+
+    gpu: str | None = None
+    topology: str | None = None
+    fabric: str | None = None
+    oversubscription: float | None = None
+    nodes: int | None = None
+    data_parallel_size: int | None = None
+    gpus_per_node: int | None = None
+    gpus: int | None = None
+
+
+def replay(graphs: list[RankGraph], what_if: WhatIf = WhatIf()) -> ReplayRun:
+    """Replay the traced ranks ``graphs`` (see the module doc) as ``what_if`` says."""
+    gpu, topology, fabric, oversubscription = what_if.gpu, what_if.topology, what_if.fabric, what_if.oversubscription
+    nodes, data_parallel_size, gpus_per_node, gpus = (what_if.nodes, what_if.data_parallel_size,
+                                                      what_if.gpus_per_node, what_if.gpus)
     from sim.engine.core import simulate
     from sim.engine.nccl import NcclModel
     from sim.inputs.resolve import profile_from_settings, topology_from_settings

@@ -58,6 +58,8 @@ and its compute/communication overlap the share of NCCL-kernel time under comput
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from sim.fileio import write_json_atomic
@@ -110,24 +112,42 @@ def _nccl(span: Span, group_size: int) -> tuple[str, dict]:
                   "Group size": group_size, "dtype": "BFloat16", "In split size": "[]", "Out split size": "[]"}
 
 
-def to_kineto(trace: Trace, rank: int, *, world_size: int | None = None, device_name: str = "",
-              memory_bytes: float = 0.0, groups: dict | None = None, name: str = "", wait: bool = False,
-              offset_us: int | None = None, waits: dict | None = None, claims: dict | None = None) -> dict:
-    """Rank ``rank`` of ``trace`` as a Kineto trace dict (see the module doc).
+@dataclass(frozen=True)
+class KinetoRun:
+    """What the Kineto traces of a run say beyond its spans: the job (world size, the GPU's
+    name and memory) and, per rank, what its program knows (``collective_groups``,
+    ``rank_names``, ``cross_stream_waits``, ``collective_claims``)."""
 
-    ``groups`` maps a collective's span name to its process group (ranks), for the
+    world_size: int | None = None
+    """None: the trace's ranks."""
+    device_name: str = ""
+    memory_bytes: float = 0.0
+    groups: Mapping[int, Mapping[str, tuple]] = field(default_factory=dict)
+    names: Mapping[int, str] = field(default_factory=dict)
+    waits: Mapping[int, Mapping[str, tuple]] = field(default_factory=dict)
+    claims: Mapping[int, Mapping[str, tuple]] = field(default_factory=dict)
+
+
+def to_kineto(trace: Trace, rank: int, run: KinetoRun = KinetoRun(), *, wait: bool = False,
+              offset_us: int | None = None) -> dict:
+    """Rank ``rank`` of ``trace`` as a Kineto trace dict (see the module doc), with what
+    ``run`` says of that rank.
+
+    ``run.groups[rank]`` maps a collective's span name to its process group (ranks), for the
     ``Group size`` and ``Process Group Ranks`` args; without it the group size is 0.
     ``wait=True`` starts communication kernels when their action was issued rather than
     when data started to move (the time spent waiting for peers is then kernel time).
     ``offset_us`` is added to every time (default: whole seconds, enough to keep the
     launches placed before time zero positive); ranks of one run must share it.
-    ``waits`` maps a span's name to the names of the actions of this rank on other
+    ``run.waits[rank]`` maps a span's name to the names of the actions of this rank on other
     streams it waited for (``cross_stream_waits``): each becomes a ``cudaEventRecord``
     after the awaited kernel's launch, a ``cudaStreamWaitEvent`` before the waiting
     kernel's launch, and a ``cuda_sync`` ``Stream Wait Event`` on the waiting stream, as
-    PyTorch records them. ``claims`` maps a collective's span name to its claim where it is
+    PyTorch records them. ``run.claims[rank]`` maps a collective's span name to its claim where it is
     not the default (``collective_claims``), written to the kernel's args.
     """
+    world_size, device_name, memory_bytes = run.world_size, run.device_name, run.memory_bytes
+    name, waits = run.names.get(rank, ""), run.waits.get(rank)
     info = trace.ranks.get(rank, {})
     device = str(info.get("device", ""))
     local = int(device.rsplit("gpu", 1)[-1]) if "gpu" in device and device.rsplit("gpu", 1)[-1].isdigit() else 0
@@ -139,8 +159,8 @@ def to_kineto(trace: Trace, rank: int, *, world_size: int | None = None, device_
     stream_ids: dict[str, int] = {"compute": COMPUTE_STREAM}
     for st in sorted({s.stream for s in spans if s.stream not in ("compute", "cpu")}):
         stream_ids[st] = COMPUTE_STREAM + 6 + 4 * len(stream_ids)  # 13, 17, 21, ... like NCCL's streams
-    groups = groups or {}
-    claims = claims or {}
+    groups = run.groups.get(rank) or {}
+    claims = run.claims.get(rank) or {}
     gpu: list[dict] = []
     cpu_ops: list[dict] = []
     for sp in spans:
@@ -328,18 +348,13 @@ def cross_stream_waits(program) -> dict[int, dict[str, tuple]]:
     return out
 
 
-def write_kineto(trace: Trace, out_dir: str | Path, *, ranks=None, world_size: int | None = None,
-                 device_name: str = "", memory_bytes: float = 0.0, groups: dict | None = None,
-                 names: dict[int, str] | None = None, wait: bool = False, waits: dict | None = None,
-                 claims: dict | None = None) -> list[Path]:
+def write_kineto(trace: Trace, out_dir: str | Path, run: KinetoRun = KinetoRun(), *, ranks=None,
+                 wait: bool = False) -> list[Path]:
     """Write ``trace_rank{r}.json`` for each rank (default every simulated rank) into
-    ``out_dir``; each file is written through a temporary file and a rename."""
+    ``out_dir`` (``to_kineto``); each file is written through a temporary file and a rename."""
     out = Path(out_dir)
     chosen = sorted(trace.streams()) if ranks is None else sorted(ranks)
-    docs = [(r, to_kineto(trace, r, world_size=world_size, device_name=device_name, memory_bytes=memory_bytes,
-                          groups=(groups or {}).get(r), name=(names or {}).get(r, ""), wait=wait, offset_us=0,
-                          waits=(waits or {}).get(r), claims=(claims or {}).get(r)))
-            for r in chosen]
+    docs = [(r, to_kineto(trace, r, run, wait=wait, offset_us=0)) for r in chosen]
     # One clock for all ranks, as on one cluster with synchronised hosts.
     timed = [[e for e in doc["traceEvents"] if e.get("ph") != "M"] for _, doc in docs]
     offset = _offset(timed)

@@ -9,6 +9,8 @@ waiting are visible as gaps.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 
 import matplotlib
@@ -52,14 +54,31 @@ def category_colour(category: str, extra: dict[str, str]) -> str:
     return extra[category]
 
 
-def plot_timeline(trace: Trace, path: str | Path, title: str = "", lane_names: dict[int, str] | None = None,
-                  max_lanes: int = 64, show_transfers: bool = False, ranks=None, lane_of_stream=None,
-                  lane_of_span=None, collapse: bool = True, max_bars: int | None = None,
-                  compact_lanes: int | None = None) -> Path:
+@dataclass(frozen=True)
+class TimelineView:
+    """How ``timeline_figure`` draws a trace: which ranks and lanes, and how much of it
+    (each field's meaning is in ``timeline_figure``'s docstring)."""
+
+    title: str = ""
+    lane_names: Mapping[int, str] | None = None
+    """A rank's lane label (default ``rank N``)."""
+    max_lanes: int = 64
+    show_transfers: bool = False
+    ranks: frozenset | None = None
+    """The ranks to draw (None: all)."""
+    lane_of_stream: Callable[[str], str] | None = None
+    lane_of_span: Callable | None = None
+    collapse: bool = True
+    max_bars: int | None = None
+    """None: ``MAX_BARS``."""
+    compact_lanes: int | None = None
+    """None: ``COMPACT_LANES``."""
+
+
+def plot_timeline(trace: Trace, path: str | Path, view: TimelineView = TimelineView()) -> Path:
     """Draw the trace as a Gantt PNG at ``path`` (written atomically) and return the path
     (``timeline_figure`` says how)."""
-    return save_png(timeline_figure(trace, title, lane_names, max_lanes, show_transfers, ranks, lane_of_stream,
-                                    lane_of_span, collapse, max_bars, compact_lanes), path)
+    return save_png(timeline_figure(trace, view), path)
 
 
 MAX_BARS = 160
@@ -78,10 +97,8 @@ second-long step and would otherwise vanish. Only the picture widens them, never
 trace."""
 
 
-def timeline_figure(trace: Trace, title: str = "", lane_names: dict[int, str] | None = None, max_lanes: int = 64,
-                    show_transfers: bool = False, ranks=None, lane_of_stream=None, lane_of_span=None,
-                    collapse: bool = True, max_bars: int | None = None, compact_lanes: int | None = None):
-    """``plot_timeline``'s figure.
+def timeline_figure(trace: Trace, view: TimelineView = TimelineView()):
+    """``plot_timeline``'s figure, drawn as ``view`` says.
 
     ``ranks`` picks the ranks to draw (default all); ``lane_of_stream`` maps a stream
     name to a lane name, so several streams can share a lane (e.g. every ``pp`` stream),
@@ -98,8 +115,11 @@ def timeline_figure(trace: Trace, title: str = "", lane_names: dict[int, str] | 
     ``MAX_BARS``), only a window from the start is drawn, in which no lane shows more. The
     title says what was left out.
     """
-    max_bars = MAX_BARS if max_bars is None else max_bars
-    compact_lanes = COMPACT_LANES if compact_lanes is None else compact_lanes
+    title, lane_names, max_lanes, show_transfers, ranks = (view.title, view.lane_names, view.max_lanes,
+                                                           view.show_transfers, view.ranks)
+    lane_of_stream, lane_of_span, collapse = view.lane_of_stream, view.lane_of_span, view.collapse
+    max_bars = MAX_BARS if view.max_bars is None else view.max_bars
+    compact_lanes = COMPACT_LANES if view.compact_lanes is None else view.compact_lanes
     merge = lane_of_stream or (lambda s: s)
     lane_fn = lane_of_span or (lambda sp: merge(sp.stream))
     streams: dict[int, list[str]] = {}

@@ -14,6 +14,8 @@ experiments sweep it over sizes and algorithms.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
+from dataclasses import dataclass
 
 from sim.engine.core import simulate
 from sim.engine.nccl import DEFAULT_MODEL, NcclModel, base_latency
@@ -33,13 +35,27 @@ def bus_factor(op: str, n: int) -> float:
     return 1.0
 
 
-def run_collective(op: str, nbytes: int, gpus: int, topo, algo: str = "ring", channels: int | None = None,
-                   link_efficiency: dict[str, float] | None = None, collective_model: str = "flows",
-                   protocol: str = "simple", nccl: NcclModel | None = None):
-    """Simulate one collective on ranks 0..gpus-1 of ``topo``; return (trace, summary dict).
-    ``link_efficiency`` scales link kinds' line rates (a profile's achieved fractions);
-    ``collective_model`` is "flows" or "steps" (``sim.engine.algorithms``); ``algo`` and
-    ``protocol`` "auto" are NCCL's choice (``sim.engine.nccl``), reported in the summary."""
+@dataclass(frozen=True)
+class CollectiveOptions:
+    """How ``run_collective`` runs its collective: NCCL's ``algo``, ``protocol`` ("auto" for
+    either: NCCL's choice, ``sim.engine.nccl``, reported in the summary) and ``channels``
+    (None: the algorithm's own); ``link_efficiency`` scales link kinds' line rates (a
+    profile's achieved fractions); ``collective_model`` is "flows" or "steps"
+    (``sim.engine.algorithms``); ``nccl``: the tuning model (None: the default one)."""
+
+    algo: str = "ring"
+    channels: int | None = None
+    link_efficiency: Mapping[str, float] | None = None
+    collective_model: str = "flows"
+    protocol: str = "simple"
+    nccl: NcclModel | None = None
+
+
+def run_collective(op: str, nbytes: int, gpus: int, topo, options: CollectiveOptions = CollectiveOptions()):
+    """Simulate one collective on ranks 0..gpus-1 of ``topo``, as ``options`` say; return
+    (trace, summary dict)."""
+    algo, channels, link_efficiency = options.algo, options.channels, options.link_efficiency
+    collective_model, protocol, nccl = options.collective_model, options.protocol, options.nccl
     if gpus > topo.num_gpus:
         raise InputError(f"--gpus: got {gpus}; topology {topo.name} has only {topo.num_gpus} GPUs")
     if op == "sendrecv":

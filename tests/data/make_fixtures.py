@@ -120,12 +120,12 @@ def _bench(ctx, _):
 
 
 def kineto():
-    from sim.calibrate.reference import run_reference
+    from sim.calibrate.reference import Timing, run_reference
     from sim.calibrate.validate import config_plan, default_model
 
     model = default_model(True, num_layers=2, hidden_size=32, num_attention_heads=2, vocab_size=64, seq_length=16)
     with tempfile.TemporaryDirectory() as tmp:
-        res = run_reference(model, config_plan("1f1b", 2, 1, 2), warmup=1, iters=1, trace_dir=tmp)
+        res = run_reference(model, config_plan("1f1b", 2, 1, 2), Timing(warmup=1, iters=1), trace_dir=tmp)
         for r in res:
             data = json.loads(Path(r["trace_file"]).read_text())
             data["traceName"] = f"kineto_rank{r['rank']}.json"

@@ -21,6 +21,7 @@ program's actions as allocations and frees; ``sim.program.estimate`` adds them u
 """
 
 from sim.program.memory.activations import (
+    Storing,
     activation_bytes_per_layer,
     activation_terms,
     chunk_activation_bytes,
@@ -51,7 +52,7 @@ from sim.program.memory.states import (
 )
 
 __all__ = [
-    "DEEPSPEED_MAX_LIVE_PARAMETERS", "DEEPSPEED_REDUCE_BUCKET_ELEMS", "ModelStates",
+    "DEEPSPEED_MAX_LIVE_PARAMETERS", "DEEPSPEED_REDUCE_BUCKET_ELEMS", "ModelStates", "Storing",
     "activation_bytes_per_layer", "activation_terms", "chunk_activation_bytes", "chunk_activation_parts",
     "embedding_activation_bytes",
     "fp8_layer_weights",

@@ -16,7 +16,7 @@ Under FP8 or FP4 training (``plan.precision``) Transformer Engine saves the quan
 GEMM's input for its weight gradient (the norm's FP8 output for QKV and MLP-up, the FP8
 input or its transpose for the projection and MLP-down: ``save_for_backward`` in TE's
 ``layernorm_linear.py`` and ``linear.py``), 1 byte per element instead of 2; the norms'
-inputs, Q, K, V and the activation's input stay 16-bit (``activation_terms(precision=...)``).
+inputs, Q, K, V and the activation's input stay 16-bit (``Storing.of(precision=...)``).
 
 ``activation_terms`` itemizes the same tensors (LayerNorm inputs, QKV input, Q, K, V,
 softmax and its dropout, projection input, GeLU input and output, dropout masks) so
@@ -58,20 +58,10 @@ from sim.inputs.precision import Precision
 from sim.program.fp8 import saved_input_bytes
 
 
-def activation_terms(model: ModelSpec, micro_batch: int, tp: int = 1, sequence_parallel: bool = False,
-                     recompute: str = "none", flash_attention: bool = True, precision: Precision | None = None,
-                     experts: tuple[int, int] | None = None, modules: tuple | None = None,
-                     layer: Layer | None = None) -> dict:
-    """Bytes each stored tensor of one layer takes for one micro-batch on one rank
-    (``precision``: the FP8 GEMMs' inputs are stored in 1 byte (NVFP4's in 1/2), with their block
-    scales under a block-scaled recipe (``sim.program.fp8.saved_input_bytes``), see the module doc;
-    ``experts``: (ep, etp) of an MoE layer under balanced routing, ``moe_terms``;
-    ``modules``: what ``selective`` recomputes, default the attention core, ``recomputed_terms``;
-    ``layer``: the layer's kinds under a layer pattern, each block's own tensors, ``kind_terms``)."""
-    require(recompute in RECOMPUTE, "recompute", recompute, f"allowed: {', '.join(RECOMPUTE)}")
-    key = Storing(micro_batch, tp, sequence_parallel and tp > 1, recompute, flash_attention,
-                  2 if precision is None else saved_input_bytes(precision.recipe), experts,
-                  modules_in_effect(recompute, modules))
+def activation_terms(model: ModelSpec, key: "Storing", layer: Layer | None = None) -> dict:
+    """Bytes each stored tensor of one layer takes for one micro-batch on one rank, as ``key``
+    (``Storing.of``) says it runs (``layer``: the layer's kinds under a layer pattern, each
+    block's own tensors, ``kind_terms``)."""
     terms = kind_terms(model, layer, key) if layer is not None else _stored_terms(model, key)
     return {k: v for k, v in terms.items() if v}
 
@@ -92,6 +82,21 @@ class Storing:
     g: float
     experts: tuple[int, int] | None
     mods: tuple
+
+    @classmethod
+    def of(cls, micro_batch: int, tp: int = 1, sequence_parallel: bool = False, recompute: str = "none",
+           flash_attention: bool = True, precision: Precision | None = None,
+           experts: tuple[int, int] | None = None, modules: tuple | None = None) -> "Storing":
+        """The key of a layer run on ``micro_batch`` per rank, ``tp`` and ``sequence_parallel``,
+        recomputing ``recompute`` (``modules``: what ``selective`` recomputes, default the
+        attention core, ``recomputed_terms``), with ``flash_attention`` or not, in ``precision``
+        (the FP8 GEMMs' inputs are stored in 1 byte (NVFP4's in 1/2), with their block scales
+        under a block-scaled recipe, ``sim.program.fp8.saved_input_bytes``; see the module doc),
+        an MoE layer's ``experts`` (ep, etp) under balanced routing (``moe_terms``)."""
+        require(recompute in RECOMPUTE, "recompute", recompute, f"allowed: {', '.join(RECOMPUTE)}")
+        return cls(micro_batch, tp, sequence_parallel and tp > 1, recompute, flash_attention,
+                   2 if precision is None else saved_input_bytes(precision.recipe), experts,
+                   modules_in_effect(recompute, modules))
 
 
 def attention_terms(m: ModelSpec, b: int, t: int, sp: bool, g: float, flash_attention: bool, mods: tuple) -> dict:
@@ -238,16 +243,10 @@ def moe_terms(m: ModelSpec, b: int, t: int, sp: bool, experts: tuple[int, int]) 
     return out
 
 
-def activation_bytes_per_layer(model: ModelSpec, micro_batch: int, tp: int = 1,
-                               sequence_parallel: bool = False, recompute: str = "none",
-                               flash_attention: bool = True, precision: Precision | None = None,
-                               experts: tuple[int, int] | None = None, modules: tuple | None = None,
-                               layer: Layer | None = None) -> float:
-    """Activation bytes one layer stores for one micro-batch on one rank (Korthikanti Table 2
-    when ``flash_attention`` is False and the layer is GPT-style; ``experts``: an MoE layer's;
-    ``modules``: what ``selective`` recomputes)."""
-    return sum(activation_terms(model, micro_batch, tp, sequence_parallel, recompute,
-                                flash_attention, precision, experts, modules, layer).values())
+def activation_bytes_per_layer(model: ModelSpec, key: Storing, layer: Layer | None = None) -> float:
+    """Activation bytes one layer stores for one micro-batch on one rank, as ``key`` says it
+    runs (Korthikanti Table 2 when attention is unfused and the layer is GPT-style)."""
+    return sum(activation_terms(model, key, layer).values())
 
 
 def plan_layer_bytes(model: ModelSpec, plan: ParallelPlan, flash_attention: bool, moe: bool,
@@ -267,8 +266,9 @@ def layer_bytes(model: ModelSpec, par: ParallelismPlan, rec: RecomputePlan, prec
     """``activation_bytes_per_layer`` from the plan's sections (``sim.inputs.plan_sections``):
     ``par``'s micro-batch and tensor/sequence parallelism, ``rec``'s granularity and modules,
     ``prec``'s precision."""
-    return activation_bytes_per_layer(model, par.micro_batch_size, par.tp, par.sequence_parallel, rec.recompute,
-                                      flash_attention, prec.precision, experts, rec.recompute_modules, layer)
+    return activation_bytes_per_layer(model, Storing.of(par.micro_batch_size, par.tp, par.sequence_parallel,
+                                                        rec.recompute, flash_attention, prec.precision, experts,
+                                                        rec.recompute_modules), layer)
 
 
 def _kind_bytes(model: ModelSpec, plan: ParallelPlan, flash_attention: bool, recompute: str | None = None) -> dict:

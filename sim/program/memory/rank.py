@@ -57,11 +57,11 @@ def zero_temporary_bytes(model: ModelSpec, plan: ParallelPlan, stage_params: flo
     """The estimate's temporaries on a rank holding ``stage_params`` parameters: one
     DeepSpeed-default gradient bucket (at most the rank's gradients) under ZeRO ≥ 1, and
     ZeRO-3's gathered weights of the layer in use and one ahead, when dp > 1."""
-    z, dp = plan.zero_stage, plan.dp_cp
+    zero, dp = plan.sections.zero.zero, plan.dp_cp  # (sim.inputs.strategies.ZeroStage)
     temp = 0.0
-    if z >= 1 and dp > 1:
+    if zero.shards_optimizer and dp > 1:
         temp += grad_bucket_bytes(min(stage_params, float(DEEPSPEED_REDUCE_BUCKET_ELEMS)))
-    if z == 3 and dp > 1:
+    if zero.shards_params and dp > 1:
         temp += zero3_gathered_param_bytes(zero3_layer_gather_params(model, plan))
     return temp
 
