@@ -467,10 +467,9 @@ class Network:
             new_rate = {f: f.bottleneck}
         else:
             new_rate = _max_min_rates(flows, links, self.capacity, self._flows_on)
-        for f in sorted(flows, key=_flow_key):
+        # (only flows whose rate changes draw timers; sorted, they draw them in a fixed order)
+        for f in sorted([f for f in flows if new_rate[f] != f.rate], key=_flow_key):
             r = new_rate[f]
-            if r == f.rate:
-                continue
             f.rate = r
             f.version += 1
             left = max(f.remaining, 0.0)
@@ -517,7 +516,8 @@ def _max_min_rates(flows: set[_Flow], links: set[int], capacity: list[float], fl
     count = {l: len(flows_on[l]) for l in left}
     heap = []
     alone: dict[int, _Flow] = {}  # heap key (< 0) -> the bundle its own links bound
-    for f in sorted((f for f in flows if f.bundle is not None), key=_flow_key):
+    bundles = sorted((f for f in flows if f.bundle is not None), key=_flow_key)
+    for f in bundles:
         weight_of = f.bundle.weight_of
         for m in _common(count, weight_of):
             count[m] += weight_of[m] - 1
@@ -545,8 +545,18 @@ def _max_min_rates(flows: set[_Flow], links: set[int], capacity: list[float], fl
         if current > share * (1 + _EPS) + _EPS:
             heapq.heappush(heap, (current, l))
             continue
-        for f in sorted(flows_on[l] & unfrozen, key=_flow_key):
-            _freeze(f, current, rate, unfrozen, left, count)
+        if bundles:  # (a bundle takes its weight times the share: the order of the subtractions counts)
+            for f in sorted(flows_on[l] & unfrozen, key=_flow_key):
+                _freeze(f, current, rate, unfrozen, left, count)
+        else:  # each flow takes the same share off each link: any order leaves the same capacities
+            batch = flows_on[l] & unfrozen
+            unfrozen -= batch
+            for f in batch:  # (_freeze's work, inline)
+                rate[f] = current
+                for m in f.links:
+                    if m in left:
+                        left[m] -= current
+                        count[m] -= 1
     for f in unfrozen:  # flows that cross only infinite links
         rate[f] = math.inf
     return rate
