@@ -122,6 +122,10 @@ def process_pool(workers: int, method: str = "spawn", initializer=None, initargs
                                   initargs=(os.getpid(), initializer, tuple(initargs)))
 
 
+MANAGER_GONE_S = 10.0
+"""How long a killed pool's manager thread is waited for (it ends once it sees the workers gone)."""
+
+
 def worker_pids(pool) -> list[int]:
     """The process ids of a local pool's workers (started so far)."""
     return sorted((getattr(pool, "_processes", None) or {}).keys())
@@ -137,7 +141,12 @@ def end_pool(pool, kill: bool) -> None:
     cancels what is left when an exception, a Ctrl-C, leaves it) makes that thread raise
     ``InvalidStateError`` and print its traceback (``concurrent.futures.process``, Python
     3.11). So those calls are dropped first, the workers go next, and the pool shuts down
-    without cancelling anything."""
+    without cancelling anything.
+
+    The pool's manager thread is then waited for (a few seconds): it closes the pool's wakeup
+    pipe as it ends, and if it were still ending when the interpreter exits, the exit hook
+    of ``concurrent.futures.process`` could write to that pipe as it closes and print a
+    ``Bad file descriptor`` traceback (a race seen under load, Python 3.11)."""
     if pool is None:
         return
     if not kill:
@@ -157,7 +166,10 @@ def end_pool(pool, kill: bool) -> None:
         if p.is_alive():
             p.kill()
             p.join(1)
+    manager = getattr(pool, "_executor_manager_thread", None)
     pool.shutdown(wait=False)
+    if manager is not None and manager.is_alive():
+        manager.join(MANAGER_GONE_S)
 
 
 @contextlib.contextmanager
