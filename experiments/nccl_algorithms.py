@@ -27,7 +27,7 @@ from common import GB, ROOT, fmt_bytes, parallel_map, parse_args, pyplot, save, 
 from common import write_verdict  # noqa: E402
 
 from sim.studies.collective import CollectiveOptions, run_collective  # noqa: E402
-from sim.engine.nccl import NcclModel  # noqa: E402
+from sim.engine.nccl import NcclModel, TunerRequest  # noqa: E402
 from sim.engine.tuner import choose, runnable  # noqa: E402
 from sim.inputs.hardware import load_profile  # noqa: E402
 from sim.inputs.topology_build import load_topology  # noqa: E402
@@ -73,7 +73,7 @@ def auto_table(sizes: list[int]) -> list[dict]:
         for cluster in CLUSTERS:
             topo, eff, nccl = _setup(cluster)
             ranks = tuple(range(topo.num_gpus))
-            picks = [(s, choose(op, ranks, s, topo, eff, nccl)) for s in sizes]
+            picks = [(s, choose(TunerRequest(op, ranks, s, topo, eff, nccl))) for s in sizes]
             start = 0
             for i in range(1, len(picks) + 1):
                 if i == len(picks) or picks[i][1] != picks[start][1]:

@@ -13,7 +13,7 @@ import pytest
 
 from sim.cli import main
 from sim.engine.core import simulate
-from sim.engine.nccl import NcclModel
+from sim.engine.nccl import NcclModel, TunerRequest
 from sim.engine.tuner import choose
 from sim.errors import InputError
 from sim.inputs.experts import Folding
@@ -189,13 +189,14 @@ def test_tuner_runs_nvls_in_a_rack_and_nvls_tree_across_racks():
     eff, model = GB200.link_efficiencies(), NcclModel.from_profile(GB200)
     one, two = load_topology("gb200-nvl72"), load_topology("gb200-nvl72", min_gpus=144)
     S = 8 * 2**30
-    assert choose("allreduce", range(72), S, one, eff, model) == ("nvls", "simple")
-    assert choose("allreduce", range(144), S, two, eff, model)[0] == "nvls_tree"
+    assert choose(TunerRequest("allreduce", range(72), S, one, eff, model)) == ("nvls", "simple")
+    assert choose(TunerRequest("allreduce", range(144), S, two, eff, model))[0] == "nvls_tree"
     # a small all-reduce on 72 GPUs: a ring's 2 x 71 hops cost more than NVLS's 25 us
-    assert choose("allreduce", range(72), 8, one, eff, model) == ("nvls", "simple")
+    assert choose(TunerRequest("allreduce", range(72), 8, one, eff, model)) == ("nvls", "simple")
     # on 8 GPUs of a DGX B200 the ring's LL protocol wins at small sizes, as on an H100 node
     dgx = load_topology("dgx-b200")
-    assert choose("allreduce", range(8), 8, dgx, B200.link_efficiencies(), NcclModel.from_profile(B200))[1] == "ll"
+    assert choose(TunerRequest("allreduce", range(8), 8, dgx, B200.link_efficiencies(),
+                               NcclModel.from_profile(B200)))[1] == "ll"
 
 
 def test_a_group_across_racks_is_ib_limited():

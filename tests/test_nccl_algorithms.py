@@ -6,7 +6,7 @@ import pytest
 
 from sim.cli import main
 from sim.studies.collective import CollectiveOptions, run_collective
-from sim.engine.nccl import NcclModel
+from sim.engine.nccl import NcclModel, TunerRequest
 from sim.engine.tuner import choose
 from sim.inputs.hardware import load_profile
 from sim.inputs.topology_build import load_topology
@@ -65,11 +65,11 @@ def test_protocols_change_alpha_and_beta_as_nccl_constants_say():
 
 def test_auto_picks_nccl_like_choices():
     one = load_topology("dgx-h100")
-    assert choose("allreduce", range(8), 8, one, EFF, MODEL)[1] == "ll"
-    assert choose("allreduce", range(8), 8 * 2**30, one, EFF, MODEL) == ("nvls", "simple")
+    assert choose(TunerRequest("allreduce", range(8), 8, one, EFF, MODEL))[1] == "ll"
+    assert choose(TunerRequest("allreduce", range(8), 8 * 2**30, one, EFF, MODEL)) == ("nvls", "simple")
     a100 = load_topology("dgx-a100")
-    assert choose("allreduce", range(8), 8 * 2**30, a100)[0] != "nvls"
-    assert choose("allgather", range(8), 2**30, one, EFF, MODEL)[0] in ("ring", "nvls")
+    assert choose(TunerRequest("allreduce", range(8), 8 * 2**30, a100))[0] != "nvls"
+    assert choose(TunerRequest("allgather", range(8), 2**30, one, EFF, MODEL))[0] in ("ring", "nvls")
 
 
 def test_ring_plateau_on_h100_is_370():

@@ -14,7 +14,7 @@ from sim.cli import main
 from sim.studies.collective import CollectiveOptions, run_collective
 from sim.engine.algorithms import build
 from sim.engine.core import simulate
-from sim.engine.nccl import NcclModel, rate_caps
+from sim.engine.nccl import NcclModel, TunerRequest, rate_caps
 from sim.engine.tuner import alone_time, estimate
 from sim.errors import InputError
 from sim.inputs.hardware import HardwareProfile, load_profile
@@ -289,7 +289,9 @@ def test_a_userbuffers_chunk_is_priced_and_chosen_without_the_base():
     model, eff = NcclModel.from_profile(a100).forcing("auto", "auto"), a100.link_efficiencies()
     n, S = 8, 8 * 2**20
     steps = build("allgather", range(n), S, topo, "ring", fluid=True)
-    hops = {p: estimate(steps, topo, eff, model, p) for p in PROTOS}
+    # (the links alone: not an NCCL kernel, base False)
+    direct = {p: TunerRequest("allgather", range(n), S, topo, eff, model, "ring", p, base=False) for p in PROTOS}
+    hops = {p: estimate(steps, direct[p]) for p in PROTOS}
     base = {p: v * 1e-6 for p, v in zip(PROTOS, NCCL_US["ring"])}
 
     def run(ub: bool) -> float:
@@ -301,8 +303,8 @@ def test_a_userbuffers_chunk_is_priced_and_chosen_without_the_base():
     assert run(True) == pytest.approx(min(hops.values()), rel=1e-9)
     # as an NCCL collective its steps pay NCCL's per-step latencies and its protocol caps too
     # (sim.engine.nccl_tuning; 8 MiB keeps all channels)
-    nccl = {p: estimate(steps, topo, eff, model, p, base[p], rate_caps(steps, "allgather", range(n), S, topo, eff,
-                                                                      model, "ring", p, 1), "ring") for p in PROTOS}
+    kernel = {p: TunerRequest("allgather", range(n), S, topo, eff, model, "ring", p) for p in PROTOS}
+    nccl = {p: estimate(steps, kernel[p], base[p], rate_caps(steps, kernel[p], 1)) for p in PROTOS}
     assert run(False) == pytest.approx(min(nccl.values()), rel=1e-9)
     # (LL128 moves the bytes fastest on the links alone; as an NCCL kernel LL128 wins too, its
     # 14 us base against Simple's 8.4 us made up by 7 steps at 1.9 us against 3.4 us)

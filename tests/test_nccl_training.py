@@ -3,7 +3,7 @@ every collective of an iteration with the tuner's choice or the forced one."""
 
 import pytest
 
-from sim.engine.nccl import NcclModel
+from sim.engine.nccl import NcclModel, TunerRequest
 from sim.engine.tuner import choose
 from sim.inputs.hardware import load_profile
 from sim.inputs.model import ModelSpec
@@ -55,7 +55,7 @@ def test_tp8_allreduce_in_an_h100_step_runs_nvls_and_saves_what_the_closed_forms
             for a in ("auto", "ring")}
     colls = _tp_collectives(runs["auto"])
     assert colls and all(a.op == "allreduce" for a in colls)
-    picks = {a.nbytes: choose(a.op, a.group, a.nbytes, topo, eff, model, protocol="simple")[0] for a in colls}
+    picks = {a.nbytes: choose(TunerRequest(a.op, a.group, a.nbytes, topo, eff, model, protocol="simple"))[0] for a in colls}
     assert picks[2048 * 4096 * 2] == "nvls"  # each layer's activations (s·h 16-bit values)
     # ring Simple runs nc of NCCL's 24 channels (topoGetAlgoInfo): one below 2 x 512 threads x
     # 64 B (the 8 KiB ones), all 24 from 24 x 512 x 64 B = 768 KiB (the 16 MiB ones)
@@ -80,8 +80,8 @@ def test_a100_never_picks_nvls():
         for op in ("allreduce", "allgather", "reducescatter"):
             for n in {2, 8, 8 * nodes}:
                 for S in (8, 2**16, 2**22, 2**28, 2**33):
-                    assert not choose(op, range(n), S, topo, A100.link_efficiencies(),
-                                      NcclModel.from_profile(A100))[0].startswith("nvls")
+                    assert not choose(TunerRequest(op, range(n), S, topo, A100.link_efficiencies(),
+                                                   NcclModel.from_profile(A100)))[0].startswith("nvls")
     # and a training step on A100 under auto equals one that rules NVLS out (ring or tree)
     topo = load_topology("dgx-a100")
     runs = [simulate_training(Job(MODEL, TP8, A100, topo),

@@ -12,7 +12,7 @@ against the formulas of NCCL's own model, computed here by hand for 8 H100s of o
 
 import pytest
 
-from sim.engine.nccl import NcclModel
+from sim.engine.nccl import NcclModel, TunerRequest
 from sim.engine.nccl_tuning import channels_used, nvls_chunk_bytes, tree_correction
 from sim.engine.tuner import choose
 from sim.inputs.hardware import load_profile
@@ -51,7 +51,7 @@ def test_ring_picks_the_protocol_of_nccls_model_and_takes_its_time(S):
     # the hand estimates cross (LL vs LL128: 25.6 us = S*1.75*(1/141 - 1/340.4) GB/s)
     est = {p: _ring_model(S, p) for p in LAT}
     want = min(est, key=est.get)
-    assert choose("allreduce", range(N), S, TOPO, EFF, MODEL, algo="ring") == ("ring", want)
+    assert choose(TunerRequest("allreduce", range(N), S, TOPO, EFF, MODEL, algo="ring")) == ("ring", want)
     assert _time(S, "ring", want) == pytest.approx(est[want], rel=1e-9)
     assert want == ("ll" if S <= 2 * 2**20 else "ll128" if S <= 32 * 2**20 else "simple")
 
@@ -62,7 +62,7 @@ def test_the_crossovers_lie_where_the_formulas_put_them():
     assert 3.4e6 < cross_ll < 3.6e6 and 37e6 < cross_simple < 38e6
     for S, p in ((cross_ll * 0.98, "ll"), (cross_ll * 1.02, "ll128"), (cross_simple * 0.98, "ll128"),
                  (cross_simple * 1.02, "simple")):
-        assert choose("allreduce", range(N), int(S), TOPO, EFF, MODEL, algo="ring")[1] == p
+        assert choose(TunerRequest("allreduce", range(N), int(S), TOPO, EFF, MODEL, algo="ring"))[1] == p
 
 
 def test_tiny_messages_cost_ncclls_latency():
@@ -110,7 +110,7 @@ def test_nvls_pays_one_round_of_chunks_before_the_way_back():
     assert _time(S, "nvls", "simple") == pytest.approx(want, rel=1e-9)
     # and NCCL's choice for it: NVLS beats the ring's best (LL128 at 16 MiB)
     assert want < min(_ring_model(S, p) for p in LAT)
-    assert choose("allreduce", range(N), S, TOPO, EFF, MODEL) == ("nvls", "simple")
+    assert choose(TunerRequest("allreduce", range(N), S, TOPO, EFF, MODEL)) == ("nvls", "simple")
     # chunk sizes at the ends: 16 KiB below 2 rounds of 32 KiB chunks, 128 KiB from 1 GiB
     assert nvls_chunk_bytes(8 * 2**20 - 1, 8) == 16 * 1024 and nvls_chunk_bytes(2**30, 8) == 128 * 1024
 
@@ -187,8 +187,8 @@ def test_the_tuners_memo_answers_only_the_question_it_was_asked():
     for eff, model in ((EFF, MODEL), (slow_ib, MODEL), (EFF, ll_only), (EFF, MODEL)):
         for size in (4096, 64 * 2**20):
             fresh = load_topology("dgx-h100", nodes=2)
-            assert choose("allreduce", range(16), size, topo, eff, model) == \
-                choose("allreduce", range(16), size, fresh, eff, model)
+            assert choose(TunerRequest("allreduce", range(16), size, topo, eff, model)) == \
+                choose(TunerRequest("allreduce", range(16), size, fresh, eff, model))
             assert alone_time("allreduce", tuple(range(16)), size, topo, eff, model) == \
                 alone_time("allreduce", tuple(range(16)), size, fresh, eff, model)
     assert alone_time("allreduce", tuple(range(16)), 64 * 2**20, topo, slow_ib, MODEL) > \

@@ -136,8 +136,8 @@ def test_max_min_rates_match_progressive_filling_bit_for_bit():
     rnd = random.Random(55)
     for trial in range(40):
         capacity = [rnd.choice([25e9, 50e9, 100e9, 400e9]) * rnd.uniform(0.5, 1.0) for _ in range(12)]
-        flows = [_Flow(tuple(rnd.sample(range(12), rnd.randint(1, 4))), 1e6, None, None, k, k + 1, 0.0, f"f{k}",
-                       "ib", 0.0) for k in range(rnd.randint(2, 30))]
+        flows = [_Flow((tuple(rnd.sample(range(12), rnd.randint(1, 4))), 0.0, "ib", 0.0, None), 1e6, None, None, k,
+                       k + 1, 0.0, f"f{k}") for k in range(rnd.randint(2, 30))]
         flows_on = [set() for _ in capacity]
         for f in flows:
             for l in f.links:

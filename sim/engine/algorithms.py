@@ -103,10 +103,16 @@ class _Builder:
         self.steps: list[Transfer] = []
         self.fluid = fluid
 
-    def add(self, src, dst, nbytes, deps, label, latency_steps: int = 1, path: tuple = (), nvls: bool = False,
-            lead_bytes: float = 0.0) -> int:
-        self.steps.append(Transfer(src, dst, nbytes, tuple(sorted(set(deps))), label, latency_steps, path, nvls,
-                                   lead_bytes))
+    def add(self, src, dst, nbytes, deps, label, latency_steps: int = 1) -> int:
+        """A step from ``src`` to ``dst`` on its route, after ``deps``; its index."""
+        self.steps.append(Transfer(src, dst, nbytes, tuple(sorted(set(deps))), label, latency_steps))
+        return len(self.steps) - 1
+
+    def add_nvls(self, rank, link: tuple, nbytes, deps, label, lead_bytes: float = 0.0) -> int:
+        """An NVLS step of GPU ``rank`` over the one directed device ``link`` between it and
+        its NVSwitch (``Transfer.path``, ``Transfer.nvls``, ``Transfer.lead_bytes``), after
+        ``deps``; its index."""
+        self.steps.append(Transfer(rank, rank, nbytes, tuple(sorted(set(deps))), label, 1, (link,), True, lead_bytes))
         return len(self.steps) - 1
 
     def ring(self, order: list[int], nsteps: int, chunk: float, label: str,

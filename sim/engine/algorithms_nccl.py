@@ -103,8 +103,8 @@ def nvls_steps(b, ranks: list[int], op: str, nbytes: float, topology, label: str
     for r in ranks:
         sw = nvswitch_of(topology, r)
         gpu = topology.gpu(r)
-        b.add(r, r, up, gate, f"{label} {op} to switch", path=((gpu, sw),), nvls=True)
-        b.add(r, r, down, gate, f"{label} {op} from switch", path=((sw, gpu),), nvls=True, lead_bytes=lead)
+        b.add_nvls(r, (gpu, sw), up, gate, f"{label} {op} to switch")
+        b.add_nvls(r, (sw, gpu), down, gate, f"{label} {op} from switch", lead_bytes=lead)
 
 
 def check_nvls(op: str, ranks: list[int], topology, algo: str, field: str = "algo") -> list[list[int]]:

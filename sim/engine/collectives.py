@@ -18,13 +18,12 @@ from __future__ import annotations
 
 from sim.program.actions import Action
 from sim.engine import algorithms as collectives
-from sim.engine.kernel import Environment
 from sim.engine.network import Network
 from sim.errors import InputError
-from sim.engine.nccl import (DEFAULT_MODEL, POINT_TO_POINT_OPS, base_latency, protocol_cost, rate_caps,
-                             ring_step_latency, transfer_cost)
+from sim.engine.nccl import (DEFAULT_MODEL, POINT_TO_POINT_OPS, TunerRequest, base_latency, protocol_cost,
+                             rate_caps, ring_step_latency, transfer_cost)
 from sim.engine.tuner import choose, runnable
-from sim.inputs.topology import Topology, default_channels, nvls_capable, ranks_by_node
+from sim.inputs.topology import default_channels, nvls_capable, ranks_by_node
 
 
 BUNDLED_OPS = ("alltoall",)
@@ -53,12 +52,11 @@ def holds_no_sms(a: Action) -> bool:
 
 
 class Collectives:
-    """The engine's collectives. ``finish(i, busy_start, link_id)`` is the engine's: it
-    ends action ``i`` now."""
+    """The engine's collectives on network ``net`` (its clock and topology theirs).
+    ``finish(i, busy_start, link_id)`` is the engine's: it ends action ``i`` now."""
 
-    def __init__(self, env: Environment, net: Network, topology: Topology, shadows, fluid: bool,
-                 key_of: list, needed: dict, finish, nccl=None):
-        self.env, self.net, self.topology = env, net, topology
+    def __init__(self, net: Network, shadows, fluid: bool, key_of: list, needed: dict, finish, nccl=None):
+        self.env, self.net, self.topology = net.env, net, net.topology
         self.shadows, self.fluid = shadows, fluid
         self.key_of, self.needed, self.finish = key_of, needed, finish
         self._open: dict[tuple, _Rendezvous] = {}
@@ -213,8 +211,8 @@ class Collectives:
             if algo != "auto" and protocol != "auto":
                 c = (algo, protocol)
             else:
-                c = choose(a.op, a.group, a.nbytes, self.topology, self.efficiency(), self.nccl, algo, protocol,
-                           base=a.transport == "nccl")
+                c = choose(TunerRequest(a.op, a.group, a.nbytes, self.topology, self.efficiency(), self.nccl, algo,
+                                        protocol, base=a.transport == "nccl"))
             self._choices[key] = c
         return c
 
@@ -272,8 +270,8 @@ class Collectives:
         (``sim.engine.nccl.rate_caps``): a capped step crosses a link of its own of the cap's
         capacity too (``Network.private_link``), which bounds its rate under max-min
         sharing as the channels NCCL runs bound it."""
-        caps = rate_caps(steps, a.op, a.group, a.nbytes, self.topology, self.efficiency(), self.nccl, algo, protocol,
-                         a.channels or default_channels(self.topology, a.group))
+        caps = rate_caps(steps, TunerRequest(a.op, a.group, a.nbytes, self.topology, self.efficiency(), self.nccl, algo,
+                                             protocol), a.channels or default_channels(self.topology, a.group))
         if caps is None:
             return args
         out = []

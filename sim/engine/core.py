@@ -356,8 +356,8 @@ class _Engine:
                     (plain if pair[0] in quiet else counted)(i, pair)
         else:
             join_p2p = self._p2p_join(finish)
-        self._coll = Collectives(env, self.net, self.topology, self.program.shadows, self.fluid, self._key_of,
-                                 self._needed, nccl_finish, self.nccl)
+        self._coll = Collectives(self.net, self.program.shadows, self.fluid, self._key_of, self._needed, nccl_finish,
+                                 self.nccl)
         self._coll.on_begin, self._coll.plain_finish = began, finish
         join_collective = self._coll.join
         self._finish, self._start_ready = finish, start_ready

@@ -127,6 +127,48 @@ all-to-all, ring attention's exchange, pipeline transfers), outside its collecti
 table: no base latency."""
 
 
+@dataclass(frozen=True)
+class TunerRequest:
+    """One collective as NCCL's tuning model prices it: ``op`` over ``ranks`` with buffer
+    ``nbytes`` (nccl-tests' size, as ``sim.engine.algorithms.build`` takes it) on
+    ``topology``, whose link kinds run at ``efficiency`` of their line rate (None: line
+    rate), under ``model`` (None: ``DEFAULT_MODEL``); ``algo`` and ``protocol`` "auto" for
+    the tuner's choice or fixed (as NCCL_ALGO and NCCL_PROTO do); ``base`` False: not an
+    NCCL kernel (``Action.transport`` ``direct``), which pays no base latency, no NCCL
+    per-step latency and no rate cap: priced on its links alone. What the tuner
+    (``sim.engine.tuner``: ``choose``, ``collective_time``, ``estimate``) and ``rate_caps``
+    take: the values that travel together from the engine's collectives, the session's
+    pricing of a collective alone and ``trainsim collective``."""
+
+    op: str
+    ranks: tuple
+    nbytes: float
+    topology: object
+    efficiency: dict | None = None
+    model: NcclModel | None = None
+    algo: str = "auto"
+    protocol: str = "auto"
+    base: bool = True
+
+    def __post_init__(self):
+        object.__setattr__(self, "ranks", tuple(self.ranks))
+        if self.efficiency is None:
+            object.__setattr__(self, "efficiency", {})
+        if self.model is None:
+            object.__setattr__(self, "model", DEFAULT_MODEL)
+
+    def running(self, algo: str, protocol: str) -> "TunerRequest":
+        """This request under (``algo``, ``protocol``)."""
+        return replace(self, algo=algo, protocol=protocol)
+
+    @property
+    def nccl_algo(self) -> str | None:
+        """The NCCL algorithm whose per-step latencies its steps pay under NCCL's tuning
+        model (``protocol_cost``): ``algo``, or None for a collective priced on its routes
+        (not an NCCL kernel, ``base`` False, or a point-to-point op)."""
+        return self.algo if self.base and self.op not in POINT_TO_POINT_OPS else None
+
+
 def base_latency(model: NcclModel, op: str, ranks, topology, algo: str, protocol: str) -> float:
     """Seconds NCCL collective ``op`` over ``ranks`` under (``algo``, ``protocol``) pays
     once before its first transfer (the module doc): ``model.base_latency_s[algo][protocol]``;
@@ -251,9 +293,9 @@ def protocol_cost(latency_s: float, medium: str, nbytes: float, latency_steps: i
     return lat, nbytes
 
 
-def rate_caps(steps, op: str, ranks, nbytes: float, topology, efficiency: dict, model: NcclModel, algo: str,
-              protocol: str, channels: int, all_channels: bool = False) -> list[float] | None:
-    """Each step's rate cap (wire B/s) under NCCL's tuning model (``sim.engine.nccl_tuning``),
+def rate_caps(steps, request: TunerRequest, channels: int, all_channels: bool = False) -> list[float] | None:
+    """Each step's rate cap (wire B/s) under NCCL's tuning model (``sim.engine.nccl_tuning``)
+    for collective ``request`` under its (``algo``, ``protocol``),
     or None where it sets none (no architecture, NVLS, hierarchical, point-to-point, one
     rank): at most ``nc / C`` of the step's route bottleneck (the channels the size keeps),
     times a tree's refinement and size correction over the protocol's wire fraction, and at
@@ -262,7 +304,9 @@ def rate_caps(steps, op: str, ranks, nbytes: float, topology, efficiency: dict, 
     ``channels`` × ``trees`` trees busBw / (channels · trees · 2(n−1)/n). ``all_channels``:
     as if every channel of the communicator ran, as NCCL's tuner prices a choice
     (``ncclTopoGetAlgoTime`` knows nothing of the channels ``topoGetAlgoInfo`` drops after)."""
-    ranks = list(ranks)
+    op, nbytes, topology, efficiency, model = (request.op, request.nbytes, request.topology, request.efficiency,
+                                               request.model)
+    algo, protocol, ranks = request.algo, request.protocol, request.ranks
     if model.arch is None or algo not in ("ring", "tree") or op in POINT_TO_POINT_OPS or len(ranks) < 2:
         return None
     nodes = len(ranks_by_node(topology, ranks))

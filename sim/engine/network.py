@@ -86,16 +86,16 @@ class _Flow:
     __slots__ = ("links", "remaining", "rate", "last_t", "version", "callback", "arg", "src", "dst", "nbytes", "start",
                  "label", "medium", "bottleneck", "bundle")
 
-    def __init__(self, links, nbytes, callback, arg, src, dst, start, label, medium, bottleneck):
-        self.links = links
-        self.bottleneck = bottleneck
+    def __init__(self, route, nbytes, callback, arg, src, dst, start, label):
+        """A flow of ``nbytes`` on ``route`` (as ``Network.route`` gives it: links, latency,
+        medium, bottleneck capacity, bytes carried)."""
+        self.links, _, self.medium, self.bottleneck, _ = route
         self.remaining = float(nbytes)
         self.rate = 0.0
         self.last_t = start
         self.version = 0
         self.callback, self.arg = callback, arg  # on arrival: callback(arg) is called, or event arg triggered
         self.src, self.dst, self.nbytes, self.start, self.label = src, dst, nbytes, start, label
-        self.medium = medium
         self.bundle = None
 
 
@@ -298,8 +298,9 @@ class Network:
         links = tuple(self._link_id[l] for l in route)
         latency = sum(self.topology.graph.edges[l]["latency_s"] for l in route)
         medium = "pcie" if any(self.link_kinds[l] == "pcie" for l in links) else "nvlink"
-        flow = _Flow(links, nbytes, None, done, rank, rank, self.env.now, label, medium,
-                     min((self.capacity[l] for l in links), default=math.inf))
+        bottleneck = min((self.capacity[l] for l in links), default=math.inf)
+        # (a route of its own, not kept: its bytes are counted in _host_bytes)
+        flow = _Flow((links, latency, medium, bottleneck, None), nbytes, None, done, rank, rank, self.env.now, label)
         self.active += 1
         for l in links:
             self._host_bytes[l] = self._host_bytes.get(l, 0.0) + nbytes

@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 
 from sim.engine.algorithms import build
-from sim.engine.nccl import (DEFAULT_MODEL, POINT_TO_POINT_OPS, PROTOCOLS, NcclModel, base_latency, rate_caps,
+from sim.engine.nccl import (POINT_TO_POINT_OPS, PROTOCOLS, NcclModel, TunerRequest, base_latency, rate_caps,
                              ring_step_latency, route_links, transfer_cost)
 from sim.inputs.topology import default_channels, nvls_capable, ranks_by_node
 
@@ -40,14 +40,18 @@ def candidates(op: str, nodes: int, sharp: bool, equal_nodes: bool) -> list[tupl
     return out
 
 
-def estimate(steps, topology, efficiency: dict, model: NcclModel, protocol: str, base_s: float = 0.0,
-             caps: list[float] | None = None, algo: str | None = None, step_s: float | None = None) -> float:
-    """Seconds the steps take by the tuner's estimate: the collective's base latency
-    ``base_s`` (``sim.engine.nccl.base_latency``, paid before the first transfer), plus the
-    longest chain of latencies (through dependencies), plus the most loaded directed
-    link's bytes over its capacity or, where steps have rate ``caps``
-    (``sim.engine.nccl.rate_caps``), the longest chain of capped steps' bytes over their
-    caps, whichever is longer."""
+def estimate(steps, request: TunerRequest, base_s: float = 0.0, caps: list[float] | None = None,
+             step_s: float | None = None) -> float:
+    """Seconds the steps of collective ``request`` take under its ``protocol`` by the
+    tuner's estimate: the collective's base latency ``base_s``
+    (``sim.engine.nccl.base_latency``, paid before the first transfer), plus the longest
+    chain of latencies (through dependencies; NCCL's per-step latencies of its
+    ``nccl_algo`` where it has one, ``step_s`` where given: ``ring_step_latency``), plus
+    the most loaded directed link's bytes over its capacity or, where steps have rate
+    ``caps`` (``sim.engine.nccl.rate_caps``), the longest chain of capped steps' bytes over
+    their caps, whichever is longer."""
+    topology, efficiency, model = request.topology, request.efficiency, request.model
+    protocol, algo = request.protocol, request.nccl_algo
     finish = [0.0] * len(steps)
     capped = [0.0] * len(steps)
     load: dict = {}
@@ -74,54 +78,52 @@ def estimate(steps, topology, efficiency: dict, model: NcclModel, protocol: str,
     return base_s + max(finish, default=0.0) + max(bw, max(capped, default=0.0))
 
 
-def collective_time(op: str, ranks, nbytes: float, topology, efficiency: dict, model: NcclModel, algo: str,
-                    protocol: str, base: bool = True, steps=None, all_channels: bool = False) -> float:
-    """``estimate`` of ``op`` under (``algo``, ``protocol``) as an NCCL collective: its base
-    latency, NCCL's per-step latencies and its tuning-model rate caps
+def collective_time(request: TunerRequest, steps=None, all_channels: bool = False) -> float:
+    """``estimate`` of ``request`` under its (``algo``, ``protocol``) as an NCCL collective:
+    its base latency, NCCL's per-step latencies and its tuning-model rate caps
     (``sim.engine.nccl.rate_caps``), on the channels NCCL runs for the size or, with
     ``all_channels``, on all of them, as NCCL's tuner prices its choice. ``base`` False:
-    not an NCCL kernel (``Action.transport`` ``direct``), priced on the links alone."""
-    steps = build(op, ranks, nbytes, topology, algo, fluid=True) if steps is None else steps
-    if not base or op in POINT_TO_POINT_OPS:
-        return estimate(steps, topology, efficiency, model, protocol)
-    caps = rate_caps(steps, op, ranks, nbytes, topology, efficiency, model, algo, protocol,
-                     default_channels(topology, ranks), all_channels)
-    return estimate(steps, topology, efficiency, model, protocol, base_latency(model, op, ranks, topology, algo,
-                                                                               protocol), caps, algo,
-                    ring_step_latency(model, op, ranks, topology, algo, protocol))
+    not an NCCL kernel (``Action.transport`` ``direct``), priced on the links alone, as
+    point-to-point ops are. ``steps``: its steps where already built (fluid)."""
+    r = request
+    steps = build(r.op, r.ranks, r.nbytes, r.topology, r.algo, fluid=True) if steps is None else steps
+    if r.nccl_algo is None:
+        return estimate(steps, r)
+    caps = rate_caps(steps, r, default_channels(r.topology, r.ranks), all_channels)
+    return estimate(steps, r, base_latency(r.model, r.op, r.ranks, r.topology, r.algo, r.protocol), caps,
+                    ring_step_latency(r.model, r.op, r.ranks, r.topology, r.algo, r.protocol))
 
 
-def _memo_key(what: str, op: str, ranks, nbytes: float, efficiency: dict | None, model: NcclModel, *rest) -> tuple:
+def _memo_key(what: str, request: TunerRequest) -> tuple:
     """The key of a tuner result in the topology's ``memo``: everything it is computed from
     besides the topology (the efficiencies and the NCCL model by value: a fit's simulations
     make new but equal ones)."""
-    return (what, op, tuple(ranks), nbytes, tuple(sorted((efficiency or {}).items())), repr(model), *rest)
+    r = request
+    return (what, r.op, r.ranks, r.nbytes, tuple(sorted(r.efficiency.items())), repr(r.model), r.algo, r.protocol,
+            r.base)
 
 
-def choose(op: str, ranks, nbytes: float, topology, efficiency: dict | None = None, model: NcclModel | None = None,
-           algo: str = "auto", protocol: str = "auto", base: bool = True) -> tuple[str, str]:
+def choose(request: TunerRequest) -> tuple[str, str]:
     """``_choose``, remembered with the topology (``Topology.memo``): a run asks the same
     question once per group of a kind, and a fit's every simulation asks the same ones."""
-    model = model or DEFAULT_MODEL
-    if op in POINT_TO_POINT_OPS:
-        return ("ring", "simple" if protocol == "auto" else protocol)
-    key = _memo_key("choose", op, ranks, nbytes, efficiency, model, algo, protocol, base)
-    got = topology.memo.get(key)
+    if request.op in POINT_TO_POINT_OPS:
+        return ("ring", "simple" if request.protocol == "auto" else request.protocol)
+    key = _memo_key("choose", request)
+    memo = request.topology.memo
+    got = memo.get(key)
     if got is None:
-        got = topology.memo[key] = _choose(op, ranks, nbytes, topology, efficiency, model, algo, protocol, base)
+        got = memo[key] = _choose(request)
     return got
 
 
-def _choose(op: str, ranks, nbytes: float, topology, efficiency: dict | None = None, model: NcclModel | None = None,
-            algo: str = "auto", protocol: str = "auto", base: bool = True) -> tuple[str, str]:
-    """The (algorithm, protocol) NCCL's tuner would run: the fastest enabled pair by
-    ``estimate`` with all the communicator's channels (``collective_time``; as NCCL, the
-    channels a small size leaves idle are dropped after the choice); ``algo`` or
-    ``protocol`` other than "auto" fixes that part (as
-    NCCL_ALGO and NCCL_PROTO do). ``base`` False: a collective that pays no base latency
+def _choose(request: TunerRequest) -> tuple[str, str]:
+    """The (algorithm, protocol) NCCL's tuner would run ``request`` with: the fastest
+    enabled pair by ``estimate`` with all the communicator's channels
+    (``collective_time``; as NCCL, the channels a small size leaves idle are dropped after
+    the choice); ``algo`` or ``protocol`` other than "auto" fixes that part (as NCCL_ALGO
+    and NCCL_PROTO do). ``base`` False: a collective that pays no base latency
     (``Action.transport`` ``direct``), the fastest by its transfers alone."""
-    model = model or DEFAULT_MODEL
-    efficiency = efficiency or {}
+    op, ranks, topology, algo, protocol = request.op, request.ranks, request.topology, request.algo, request.protocol
     if op in POINT_TO_POINT_OPS:
         return ("ring", "simple" if protocol == "auto" else protocol)
     by_node = ranks_by_node(topology, ranks)
@@ -135,8 +137,8 @@ def _choose(op: str, ranks, nbytes: float, topology, efficiency: dict | None = N
     built: dict = {}
     for a, p in options:
         if a not in built:
-            built[a] = build(op, ranks, nbytes, topology, a, fluid=True)
-        t = collective_time(op, ranks, nbytes, topology, efficiency, model, a, p, base, built[a], all_channels=True)
+            built[a] = build(op, ranks, request.nbytes, topology, a, fluid=True)
+        t = collective_time(request.running(a, p), built[a], all_channels=True)
         if best is None or t < best_t * (1 - 1e-9):  # (the first when none is finite: a free network)
             best, best_t = (a, p), t
     return best
@@ -160,18 +162,18 @@ def alone_time(op: str, ranks, nbytes: float, topology, efficiency: dict, model:
     ``model.protocol`` where set and runnable, else the tuner's choice): ``estimate`` of
     its steps with its base latency, which is the flow model's time when nothing contends.
     Remembered with the topology (``Topology.memo``), as ``choose``."""
-    key = _memo_key("alone", op, ranks, nbytes, efficiency, model)
+    request = TunerRequest(op, ranks, nbytes, topology, efficiency, model)
+    key = _memo_key("alone", request)
     got = topology.memo.get(key)
     if got is None:
-        got = topology.memo[key] = _alone_time(op, ranks, nbytes, topology, efficiency, model)
+        got = topology.memo[key] = _alone_time(request)
     return got
 
 
-def _alone_time(op: str, ranks, nbytes: float, topology, efficiency: dict, model: NcclModel) -> float:
-    algo, protocol = model.algo or "auto", model.protocol or "auto"
-    if not runnable(op, ranks, topology, algo):
+def _alone_time(request: TunerRequest) -> float:
+    algo, protocol = request.model.algo or "auto", request.model.protocol or "auto"
+    if not runnable(request.op, request.ranks, request.topology, algo):
         algo = "auto"
     if algo == "auto" or protocol == "auto":
-        algo, protocol = choose(op, ranks, nbytes, topology, efficiency, model, algo, protocol)
-    return collective_time(op, ranks, nbytes, topology, efficiency, model, algo, protocol)
-
+        algo, protocol = choose(request.running(algo, protocol))
+    return collective_time(request.running(algo, protocol))

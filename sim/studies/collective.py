@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from sim.engine.core import simulate
-from sim.engine.nccl import DEFAULT_MODEL, NcclModel, base_latency
+from sim.engine.nccl import DEFAULT_MODEL, NcclModel, TunerRequest, base_latency
 from sim.engine.tuner import choose
 from sim.errors import InputError
 from sim.program.api import Action, Program
@@ -71,7 +71,7 @@ def run_collective(op: str, nbytes: int, gpus: int, topo, options: CollectiveOpt
         if channels is not None and channels < 1:
             raise InputError(f"--channels: got {channels}; expected an integer >= 1")
         if "auto" in (algo, protocol):
-            algo, protocol = choose(op, group, nbytes, topo, link_efficiency, nccl, algo, protocol)
+            algo, protocol = choose(TunerRequest(op, group, nbytes, topo, link_efficiency, nccl, algo, protocol))
         prog = Program({r: [Action(op, kind="collective", op=op, group=group, nbytes=nbytes, algo=algo,
                                    protocol=protocol, channels=channels or 0)] for r in group})
     trace = simulate(prog, topo, link_efficiency=link_efficiency, fluid_collectives=collective_model == "flows",
