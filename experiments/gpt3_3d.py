@@ -113,10 +113,7 @@ def best_plan(quick: bool, workers: int) -> dict:
         return parallel_map(_search_simulate, batch, workers)
 
     wave = max(2, 2 * workers)
-    try:
-        res = S.search(cands, simulate, margin=1.05, exact=1, wave=wave)
-    except TypeError:  # an older signature: search(model, plans, profile, simulate, ...)
-        res = S.search(MODEL, plans, profile, simulate, margin=1.05, exact=1, wave=wave)
+    res = S.search(cands, simulate, S.SearchOptions(margin=1.05, exact=1, wave=wave))
     ranked = [{"key": r["key"], "iteration_s": r["summary"]["iteration_time_s"], "plan": _plan_dict(r)}
               for r in res.ranked]
     lines = explain(res.ranked[0], res.ranked[1] if len(res.ranked) > 1 else None)

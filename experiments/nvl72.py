@@ -63,7 +63,7 @@ from sim.inputs.hardware import load_profile  # noqa: E402
 from sim.inputs.model import preset  # noqa: E402
 from sim.inputs.plan import ParallelPlan  # noqa: E402
 from sim.inputs.topology_build import load_topology  # noqa: E402
-from sim.studies.search import DEFAULT_MARGIN, candidates, search  # noqa: E402
+from sim.studies.search import DEFAULT_MARGIN, SearchOptions, candidates, search  # noqa: E402
 from sim.studies.sweep import evaluate, make_context  # noqa: E402
 
 NAME = "nvl72"
@@ -181,7 +181,7 @@ def search_one(system: str, model_name: str, specs: list[dict], batch: int, pool
         return list(pool.map(_evaluate, jobs)) if pool else [_evaluate(j) for j in jobs]
 
     t0 = time.monotonic()
-    result = search(cands, simulate, margin=DEFAULT_MARGIN, wave=WAVE, screen=True, final=2)
+    result = search(cands, simulate, SearchOptions(margin=DEFAULT_MARGIN, wave=WAVE, screen=True, final=2))
     print(f"nvl72: {model_name} on {system}: {result.counts['evaluated']} of {len(cands)} candidates evaluated "
           f"in {time.monotonic() - t0:.0f} s", file=sys.stderr, flush=True)
     rows, records = [], {}

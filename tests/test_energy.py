@@ -26,7 +26,8 @@ from sim.program.costs import op_time
 from sim.program.ops import Op
 from sim.results.energy import PowerStates, compute_bound, gpu_energy, iteration_energy
 from sim.results.trace import Span, Trace
-from sim.studies.search import DEFAULT_MARGIN, SearchSpace, candidates, enumerate_plans, plan_key, search
+from sim.studies.search import (DEFAULT_MARGIN, SearchOptions, SearchSpace, candidates, enumerate_plans, plan_key,
+                                search)
 
 H100 = load_profile("h100-sxm")
 TINY = {"num_layers": 4, "hidden_size": 512, "num_attention_heads": 8, "vocab_size": 8192, "seq_length": 512}
@@ -181,7 +182,7 @@ def test_search_by_energy_never_prunes_the_best_two(cands, seed):
                                                              "energy_per_iteration_j": e, "energy_per_token_j": e}})
         return out
 
-    res = search(cands, simulate, rank_by="tokens-per-joule", idle_power_w=H100.idle_power_w, wave=4)
+    res = search(cands, simulate, SearchOptions(rank_by="tokens-per-joule", idle_power_w=H100.idle_power_w, wave=4))
     fits = [c for c in cands if c.estimate.fits]
     truth = sorted(fits, key=lambda c: (watts[c.key] * bound[c.key] * time_f[c.key], c.key))
     assert [r["key"] for r in res.ranked[:2]] == [c.key for c in truth[:2]]

@@ -55,7 +55,8 @@ def test_tp8_allreduce_in_an_h100_step_runs_nvls_and_saves_what_the_closed_forms
             for a in ("auto", "ring")}
     colls = _tp_collectives(runs["auto"])
     assert colls and all(a.op == "allreduce" for a in colls)
-    picks = {a.nbytes: choose(TunerRequest(a.op, a.group, a.nbytes, topo, eff, model, protocol="simple"))[0] for a in colls}
+    picks = {a.nbytes: choose(TunerRequest(a.op, a.group, a.nbytes, topo, eff, model, protocol="simple"))[0]
+             for a in colls}
     assert picks[2048 * 4096 * 2] == "nvls"  # each layer's activations (s·h 16-bit values)
     # ring Simple runs nc of NCCL's 24 channels (topoGetAlgoInfo): one below 2 x 512 threads x
     # 64 B (the 8 KiB ones), all 24 from 24 x 512 x 64 B = 768 KiB (the 16 MiB ones)

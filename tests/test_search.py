@@ -17,6 +17,7 @@ from sim.inputs.plan import RECOMPUTE, SCHEDULES, ParallelPlan
 from sim.inputs.strategies import schedule_named
 from sim.studies.search import (
     DEFAULT_MARGIN,
+    SearchOptions,
     SearchSpace,
     candidates,
     enumerate_plans,
@@ -108,7 +109,7 @@ def test_search_finds_the_winner_of_an_exhaustive_simulation():
     ctx = make_context(TINY, H100, load_topology("dgx-h100", nodes=2))
     cands = candidates(TINY, plans, H100)
     with Runner(workers=2, progress=False) as runner:
-        full = search(cands, lambda ps: runner.run(ctx, ps), margin=math.inf)
+        full = search(cands, lambda ps: runner.run(ctx, ps), SearchOptions(margin=math.inf))
     assert full.counts["evaluated"] == full.counts["ok"] == 44
     by_key = {c.key: c.record for c in full.candidates}
     asked = []
@@ -117,7 +118,7 @@ def test_search_finds_the_winner_of_an_exhaustive_simulation():
         asked.extend(ps)
         return [by_key[plan_key(p)] for p in ps]
 
-    pruned = search(cands, simulate, wave=4)
+    pruned = search(cands, simulate, SearchOptions(wave=4))
     assert pruned.best["key"] == full.best["key"]
     assert pruned.ranked[1]["key"] == full.ranked[1]["key"]  # the runner-up is exact too
     assert 0 < pruned.counts["evaluated"] == len(asked) < 44
@@ -140,7 +141,7 @@ def test_search_over_every_valid_plan_finds_the_exhaustive_winner():
     ctx = make_context(model, H100, load_topology("dgx-h100", nodes=2))
     cands = candidates(model, plans, H100)
     with Runner(workers=0, progress=False) as runner:
-        full = search(cands, lambda ps: runner.run(ctx, ps), margin=math.inf)
+        full = search(cands, lambda ps: runner.run(ctx, ps), SearchOptions(margin=math.inf))
         assert full.counts["evaluated"] == full.counts["ok"] == 240
         by_key = {c.key: c.record for c in full.candidates}
         exhaustive = sorted((r for r in by_key.values() if r["summary"]["fits"]),
@@ -242,7 +243,7 @@ def test_a_simulator_faster_than_the_margin_allows_can_be_missed(big):
     hidden = max(fits, key=lambda c: c.bound_s).key
     sim = _fake_simulator(big, lambda k: 0.01 if k == hidden else 1.0)
     assert search(big, sim).best["key"] != hidden
-    assert search(big, sim, margin=math.inf).best["key"] == hidden
+    assert search(big, sim, SearchOptions(margin=math.inf)).best["key"] == hidden
 
 
 def test_explain_names_what_makes_the_difference():

@@ -190,7 +190,7 @@ def test_a_signal_stops_the_search_with_the_best_so_far_and_nothing_leaked(sig, 
 
 def test_the_count_of_simulations_falls_as_the_pruning_learns_and_ends_exact():
     from sim.inputs.topology_build import load_topology
-    from sim.studies.search import search, screen_sizes
+    from sim.studies.search import SearchOptions, search, screen_sizes
     from sim.studies.sweep import evaluate, make_context
 
     model = gpt("tiny", 4, 512, 8, 4096, 256)
@@ -205,7 +205,8 @@ def test_the_count_of_simulations_falls_as_the_pruning_learns_and_ends_exact():
         ran.extend(plans)
         return [evaluate(ctx, p) for p in plans]
 
-    result = search(cands, simulate, wave=2, screen=True, final=2, planned=lambda n: told.append((len(ran), n)))
+    result = search(cands, simulate, SearchOptions(wave=2, screen=True, final=2),
+                    planned=lambda n: told.append((len(ran), n)))
     fits = [c for c in cands if c.estimate.fits]
     screenable = sum(screen_sizes(c.plan) is not None for c in fits)
     most = len(fits) + screenable + min(2, screenable)

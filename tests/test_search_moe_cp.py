@@ -8,8 +8,8 @@ import math
 from dataclasses import replace
 
 from sim.inputs.plan import ParallelPlan
-from sim.studies.search import (DEFAULT_MARGIN, SearchSpace, candidates, enumerate_plans, extrapolate, plan_key,
-                                screen_sizes, screened_plans, search)
+from sim.studies.search import (DEFAULT_MARGIN, SearchOptions, SearchSpace, candidates, enumerate_plans, extrapolate,
+                                plan_key, screen_sizes, screened_plans, search)
 from sim.studies.sweep import Runner, make_context
 from sim.inputs.schema import SimulationSettings
 from sim.session import Job, simulate_training, summarize
@@ -102,11 +102,11 @@ def test_the_moe_bound_is_a_true_lower_bound_and_pruning_keeps_the_best():
     assert any(isinstance(c.plan.layer_split, tuple) for c in cands)      # pp 2 over 3 layers
     ctx = make_context(model, H100, topo)
     with Runner(0) as runner:
-        full = search(cands, lambda plans: runner.run(ctx, plans), margin=float("inf"))
+        full = search(cands, lambda plans: runner.run(ctx, plans), SearchOptions(margin=float("inf")))
         for c in full.candidates:
             if c.record is not None and c.record["status"] == "ok":
                 assert c.bound_s <= c.record["summary"]["iteration_time_s"], c.key
-        tight = search(cands, lambda plans: runner.run(ctx, plans), margin=1.0, wave=2)
+        tight = search(cands, lambda plans: runner.run(ctx, plans), SearchOptions(margin=1.0, wave=2))
     assert tight.best["key"] == full.best["key"] and tight.ranked[1]["key"] == full.ranked[1]["key"]
     assert tight.counts["pruned_time"] > 0
 
@@ -164,8 +164,8 @@ def test_a_screened_search_ranks_what_a_full_one_ranks():
     cands = candidates(model, enumerate_plans(model, 16, 128, space), H100)
     ctx = make_context(model, H100, load_topology("dgx-h100", nodes=2))
     with Runner(workers=0, progress=False) as runner:
-        full = search(cands, lambda ps: runner.run(ctx, ps), margin=math.inf)
-        screened = search(cands, lambda ps: runner.run(ctx, ps), margin=math.inf, screen=True, final=2)
+        full = search(cands, lambda ps: runner.run(ctx, ps), SearchOptions(margin=math.inf))
+        screened = search(cands, lambda ps: runner.run(ctx, ps), SearchOptions(margin=math.inf, screen=True, final=2))
     assert full.counts["ok"] == len(cands) == 6
     assert [r["key"] for r in screened.ranked[:2]] == [r["key"] for r in full.ranked[:2]]
     # pp 1 (8 micro-batches) and pp 2 under 1f1b (16) are screened, interleaved (16 <= 6 + 10) is not;

@@ -35,6 +35,7 @@ from sim.inputs.plan import ParallelPlan
 from sim.inputs.precision import FP8_FORMATS, check_support, fp8_precision
 from sim.progress import ProgressBar
 from sim.studies.search import (
+    SearchOptions,
     SearchSpace,
     candidates,
     enumerate_plans,
@@ -313,12 +314,12 @@ def _run(args, start: float, progress: ProgressBar) -> int:
         if args.max_time is not None:
             runner.deadline = start + args.max_time
         # the count of simulations the pruning may still run, corrected before each wave
-        result = search(cands, lambda plans: runner.run(ctx, plans, progress=progress), margin=args.margin,
-                        wave=args.wave, screen=screen, final=max(args.top, 2),
-                        # the cluster's GPUs are fixed: cost per token goes with time, so prune by time
-                        rank_by="throughput" if args.rank_by == "cost" else args.rank_by,
-                        idle_power_w=profile.idle_power_w, planned=progress.set_total, stoppable=True,
-                        finished=log.done)
+        options = SearchOptions(margin=args.margin, wave=args.wave, screen=screen, final=max(args.top, 2),
+                                # the cluster's GPUs are fixed: cost per token goes with time, so prune by time
+                                rank_by="throughput" if args.rank_by == "cost" else args.rank_by,
+                                idle_power_w=profile.idle_power_w)
+        result = search(cands, lambda plans: runner.run(ctx, plans, progress=progress), options,
+                        planned=progress.set_total, stoppable=True, finished=log.done)
         if result.stopped:
             runner.close(kill=True)  # the simulations under way go with the workers
     ranked = rank(result.ranked, args.rank_by)

@@ -554,14 +554,10 @@ def split_failures(model: ModelSpec, cands: list[Candidate], profile: HardwarePr
     return out
 
 
-def search(cands: list[Candidate], simulate, *, margin: float = DEFAULT_MARGIN, exact: int = 2,
-           wave: int = 16, screen: bool = False, final: int | None = None, rank_by: str = "throughput",
-           idle_power_w: float | None = None, planned=None, stoppable: bool = False,
-           finished: dict | None = None) -> SearchResult:
-    """Prune ``cands`` (from ``candidates``) and simulate the survivors with
-    ``simulate(plans) -> records`` (one record per plan, in order;
-    ``sim.studies.sweep.Runner.run`` gives them). ``cands`` are left as they are; the
-    result holds copies.
+@dataclass(frozen=True)
+class SearchOptions:
+    """How ``search`` prunes and simulates; checked when made (``require``: the field, the
+    value, what is allowed).
 
     ``screen``: a plan with many micro-batches is first simulated at two small counts and
     its time extrapolated (``screen_sizes``; status ``"screened"``); after the pruning, the
@@ -572,7 +568,67 @@ def search(cands: list[Candidate], simulate, *, margin: float = DEFAULT_MARGIN, 
     batch is fixed, so by energy per iteration) and prunes by a floor of a plan's energy:
     every GPU at ``idle_power_w`` for its estimated bound / margin, which no simulated
     iteration undercuts (``idle · T <= energy`` for every GPU). It prunes far less than
-    time does; it neither screens nor skips heavier recompute (both reason about time).
+    time does; it neither screens nor skips heavier recompute (both reason about time)."""
+
+    margin: float = DEFAULT_MARGIN
+    """The estimate's error factor: a plan whose bound / margin is above the ``exact``-th
+    best simulated so far is pruned (inf: no time pruning)."""
+    exact: int = 2
+    """How many of the best plans the pruning keeps exact (the threshold is the exact-th best)."""
+    wave: int = 16
+    """Plans simulated at once between prunings."""
+    screen: bool = False
+    final: int | None = None
+    rank_by: str = "throughput"
+    """throughput or tokens-per-joule."""
+    idle_power_w: float | None = None
+    """A GPU's idle power (the floor of the energy bound), needed to rank by tokens-per-joule."""
+
+    def __post_init__(self):
+        require(self.rank_by in ("throughput", "tokens-per-joule"), "search: rank_by", self.rank_by,
+                "allowed: throughput, tokens-per-joule")
+        require(not self.by_energy or (self.idle_power_w is not None and self.idle_power_w >= 0),
+                "search: idle_power_w", self.idle_power_w,
+                "watts >= 0 (the floor of the energy bound), needed to rank by tokens-per-joule")
+        margin, exact, wave, final = self.margin, self.exact, self.wave, self.finalists
+        require(isinstance(margin, (int, float)) and not math.isnan(margin) and margin >= 1, "search: margin",
+                margin, "expected a number >= 1 (inf: no time pruning)")
+        require(isinstance(exact, int) and exact >= 1, "search: exact", exact, "expected an integer >= 1")
+        require(isinstance(wave, int) and wave >= 1, "search: wave", wave, "expected an integer >= 1")
+        require(isinstance(final, int) and final >= 1, "search: final", final, "expected an integer >= 1")
+
+    @property
+    def by_energy(self) -> bool:
+        """Ranked (and pruned) by energy, not time."""
+        return self.rank_by == "tokens-per-joule"
+
+    @property
+    def screens(self) -> bool:
+        """Whether plans are screened (never when ranked by energy)."""
+        return self.screen and not self.by_energy
+
+    @property
+    def finalists(self) -> int:
+        """How many screened finalists are simulated in full (``final``, default ``exact``)."""
+        return self.exact if self.final is None else self.final
+
+    def floor_of(self, c: Candidate) -> float:
+        """The least a candidate can cost by its bound: time, or with ``by_energy`` every
+        GPU at ``idle_power_w`` for that time."""
+        return c.bound_s / self.margin * (c.plan.world_size * self.idle_power_w if self.by_energy else 1.0)
+
+    def runs_of(self, c: Candidate) -> int:
+        """Simulations a candidate takes: two where it is screened."""
+        return 2 if self.screens and screen_sizes(c.plan) else 1
+
+
+def search(cands: list[Candidate], simulate, options: SearchOptions = SearchOptions(), *, planned=None,
+           stoppable: bool = False, finished: dict | None = None) -> SearchResult:
+    """Prune ``cands`` (from ``candidates``) and simulate the survivors with
+    ``simulate(plans) -> records`` (one record per plan, in order;
+    ``sim.studies.sweep.Runner.run`` gives them), as ``options`` say (``SearchOptions``:
+    margin, waves, screening, ranking). ``cands`` are left as they are; the result holds
+    copies.
 
     ``planned(n)``, when given, is told before each wave how many simulations the search
     may still run in all (those run so far, the runs of every plan left that the pruning
@@ -590,18 +646,7 @@ def search(cands: list[Candidate], simulate, *, margin: float = DEFAULT_MARGIN, 
     from sim.studies.sweep_executors import TimeBudgetSpent
     from sim.workers import Terminated
 
-    require(rank_by in ("throughput", "tokens-per-joule"), "search: rank_by", rank_by,
-            "allowed: throughput, tokens-per-joule")
-    by_energy = rank_by == "tokens-per-joule"
-    require(not by_energy or (idle_power_w is not None and idle_power_w >= 0), "search: idle_power_w",
-            idle_power_w, "watts >= 0 (the floor of the energy bound), needed to rank by tokens-per-joule")
-    screen = screen and not by_energy
-    require(isinstance(margin, (int, float)) and not math.isnan(margin) and margin >= 1, "search: margin",
-            margin, "expected a number >= 1 (inf: no time pruning)")
-    require(isinstance(exact, int) and exact >= 1, "search: exact", exact, "expected an integer >= 1")
-    require(isinstance(wave, int) and wave >= 1, "search: wave", wave, "expected an integer >= 1")
-    final = exact if final is None else final
-    require(isinstance(final, int) and final >= 1, "search: final", final, "expected an integer >= 1")
+    by_energy, final = options.by_energy, options.finalists
     cands = [Candidate(c.plan, c.key, c.estimate, c.bound_s, "pending" if c.estimate.fits else "pruned: memory")
              for c in cands]
     order = sorted((c for c in cands if c.status == "pending"), key=lambda c: (c.bound_s, c.key))
@@ -614,16 +659,9 @@ def search(cands: list[Candidate], simulate, *, margin: float = DEFAULT_MARGIN, 
         spent[0] += len(plans)
         return recs
 
-    def floor_of(c) -> float:
-        return c.bound_s / margin * (c.plan.world_size * idle_power_w if by_energy else 1.0)
-
-    def runs_of(c) -> int:
-        return 2 if screen and screen_sizes(c.plan) else 1
-
     stopped = None
     try:
-        _waves(order, run, planned, spent, floor_of, runs_of, times, lightest, exact, margin, wave, screen, final,
-               by_energy)
+        _waves(order, run, options, planned, spent, times, lightest)
         key = (lambda s: s["energy_per_token_j"]) if by_energy else (lambda s: s["iteration_time_s"])
         finalists = sorted((c for c in cands if c.record is not None and _ran_and_fit(c.record)),
                            key=lambda c: (key(c.record["summary"]), c.key))[:final]
@@ -655,12 +693,16 @@ def search(cands: list[Candidate], simulate, *, margin: float = DEFAULT_MARGIN, 
               "pruned_dominated": sum(c.status == "pruned: dominated" for c in cands),
               "not_simulated": sum(c.status == "not simulated" for c in cands), "simulations": spent[0]}
     counts["pruned"] = counts["pruned_memory"] + counts["pruned_time"] + counts["pruned_dominated"]
-    return SearchResult(cands, ranked, margin, counts, stopped)
+    return SearchResult(cands, ranked, options.margin, counts, stopped)
 
 
-def _waves(order, run, planned, spent, floor_of, runs_of, times, lightest, exact, margin, wave, screen, final,
-           by_energy) -> None:
-    """``search``'s waves over ``order`` (candidates by bound), pruning before each."""
+def _waves(order, run, options: SearchOptions, planned, spent, times, lightest) -> None:
+    """``search``'s waves over ``order`` (candidates by bound), pruning before each;
+    ``spent`` (simulations run, a one-item list), ``times`` (the simulated plans' times or
+    energies) and ``lightest`` (recompute family -> its least recompute that ran and fit)
+    are the search's, updated as the waves run."""
+    exact, margin, wave, screen, final = options.exact, options.margin, options.wave, options.screens, options.finalists
+    by_energy, floor_of, runs_of = options.by_energy, options.floor_of, options.runs_of
     i = 0
     while i < len(order):
         threshold = sorted(times)[exact - 1] if len(times) >= exact else math.inf
