@@ -32,13 +32,19 @@ the synchronisation and the launches with it.
 
 from __future__ import annotations
 
-HOST_LAUNCH_S = 5e-6
-"""CPU seconds per kernel launched by PyTorch eager: the lower end of the 5–25 µs that the
-op-to-kernel path costs (Python ~1 µs, pybind11 ~1, autograd 1–3, ATen dispatch 1–2,
-backend 1–5, cudaLaunchKernel 1–3 on CUDA 12; "From PyTorch op to kernel launch",
-jiahuanglin.xyz gpu_kernel_serving lesson 18), consistent with the PyTorch blog "Accelerating
-PyTorch with CUDA Graphs" (2021: launch overheads of a few microseconds each, which graphs
-remove). An assumption, not fitted."""
+HOST_LAUNCH_S = 6.71e-6
+"""CPU seconds per kernel launched by PyTorch eager, measured: the median over five runs of
+``experiments/host_ops.py`` (2026-12-06, torch 2.13.0 on CPU, one thread of an AMD EPYC
+family 25 model 17 under KVM; ``experiments/measured/host-ops-2026-12-06.json``), which times
+an unfused Megatron-Core-like MoE block's forward (router, permutation, per-expert GEMMs,
+unpermutation) on tiny tensors with the thread's CPU clock: 6.71 µs per op that would launch
+a kernel (its view ops, which launch none, counted in the time but not the ops). That is the
+Python call, the autograd recording and the ATen dispatcher, plus a CPU kernel of a few
+hundred flops (1.3 µs for a whole tiny ``torch.add``). Not in it: the CUDA caching allocator
+and ``cudaLaunchKernel`` (1–3 µs on CUDA 12, "From PyTorch op to kernel launch",
+jiahuanglin.xyz gpu_kernel_serving lesson 18), Transformer Engine's and Megatron-Core's
+Python, and a DGX's own CPU. So a lower bound, measured, where the previous 5 µs was the low
+end of that source's 5–25 µs, an assumption below what the measured part alone costs."""
 
 HOST_STREAM = "cpu"
 """The stream host pieces run on (the host's, as ZeRO-Offload's optimizer step: not GPU
