@@ -108,15 +108,16 @@ class Surrogate:
             out |= {k for k, (a, b) in enumerate(zip(self.sims.seen(row, y), base)) if a != b}
         return sorted(out)
 
-    def probes(self, rows, values) -> list:
-        """The (row, seen) simulations at ``values`` and along each direction each row sees."""
+    def probes(self, rows, values, fraction: float = PROBE_STEP) -> list:
+        """The (row, seen) simulations at ``values`` and along each direction each row sees,
+        ``fraction`` of the parameter's range towards its middle."""
         jobs = []
         for i in rows:
             z = self.sims.seen(i, values)
             jobs.append((i, z))
             for k in self.moved(i, values):
                 p = self.params[k]
-                step = PROBE_STEP * (p.high - p.low)
+                step = fraction * (p.high - p.low)
                 zk = list(z)
                 zk[k] += step if z[k] < (p.low + p.high) / 2 else -step
                 jobs.append((i, tuple(zk)))
@@ -228,6 +229,6 @@ def fit_rounds(sur: Surrogate, rows, measured, weights, start, free, tolerance: 
             break
         sur.sims.ensure([(i, sur.sims.seen(i, nxt)) for i in rows])  # every row at the model's minimum
         x, n = nxt, n + 1
-    if moved(x, start) > PROBE_STEP / 2:
-        sur.sims.ensure(sur.probes(rows, x))  # far from the start's probes (the held-out fits' models): probe here
+    if moved(x, start) > PROBE_STEP / 2:  # far from the start's probes (the held-out fits' models): probe here,
+        sur.sims.ensure(sur.probes(rows, x, KINK_STEP))  # where a kinked row's differences are (Surrogate._differences)
     return x, n, status
