@@ -384,7 +384,8 @@ def fit_runs(path, gpu: str, names: list[str] | None = None, jobs: int = 1, cach
                             "profile_value": get_value(profile, p.path)}
                            if p.high < q.high else {})}
                        for p, q, s, v in zip(params, physical, start, res["full"].values)],
-        "evaluations": res["full"].evaluations, "method": "model" if fast else "differences",
+        "evaluations": res["full"].evaluations, "fit_status": res["full"].status,
+        "method": "model" if fast else "differences",
         "model_max_error": res["model_error"], "groups": group_rows, "rows": rows, "skipped": skipped,
         "left_out": left_out, "blank_cells": {c: {"value": _shown(BLANKS[c][0]), "why": BLANKS[c][1]} for c in filled},
         "by_source": {text: {"settings": {k: _shown(v) for k, v in settings.items()}, "why": why}
