@@ -249,7 +249,7 @@ def fit_and_hold_out(sims: Simulations, measured: list[float], groups: list, sta
         # the weights are recomputed as if the group had never been in the file (they do not change)
         if fast:  # one solve of the model, whose simulations surround the minimum: no simulation
             per_group[g] = Fit(sur.solve(train, measured, weights, warm, seen)[0], 0, "the model's minimum")
-            models[g] = {i: sur.model(i, warm) for i in mine[g]}
+            models[g] = sur.models(mine[g], warm)
         else:
             per_group[g] = fit(sims, train, measured, weights, warm, free=seen)
     sims.ensure([(i, sims.seen(i, per_group[g].values)) for g in per_group for i in mine[g]])  # all at once

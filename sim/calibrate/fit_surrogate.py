@@ -135,9 +135,11 @@ class Surrogate:
     def _points(self, row: int):
         return [(np.array(z), t) for (r, z), t in self.sims.cache.items() if r == row and len(z) == len(self.params)]
 
-    def model(self, row: int, values):
+    def model(self, row: int, values, pending: list | None = None):
         """(z0, t0, moved directions, their b) of ``row`` anchored at its simulated point
-        nearest ``values`` (in each parameter's range)."""
+        nearest ``values`` (in each parameter's range). With ``pending``, a kinked row's
+        differences not simulated yet are added to it instead (and None returned): ``models``
+        simulates them all at once."""
         moved = self.moved(row, values)
         z = np.array(self.sims.seen(row, values))
         pts = self._points(row)
@@ -160,10 +162,20 @@ class Surrogate:
         b = np.linalg.lstsq(a, y, rcond=None)[0]
         if row in self.kinked or float(np.max(np.abs(a @ b - y))) > SMOOTH * abs(t0):
             self.kinked.add(row)
-            return z0, t0, moved, self._differences(row, z0, t0, moved)
+            d = self._differences(row, z0, t0, moved, pending)
+            return None if d is None else (z0, t0, moved, d)
         return z0, t0, moved, b
 
-    def _differences(self, row: int, z0, t0, moved) -> np.ndarray:
+    def models(self, rows, values) -> dict:
+        """Each of ``rows``' model at ``values`` (``model``), the kinked rows' differences
+        simulated in one batch (in the pool's workers at once)."""
+        pending: list = []
+        for i in rows:
+            self.model(i, values, pending)
+        self.sims.ensure(pending)
+        return {i: self.model(i, values) for i in rows}
+
+    def _differences(self, row: int, z0, t0, moved, pending: list | None = None) -> np.ndarray | None:
         """A kinked row's b: one-sided differences at its anchor ``z0`` (simulated here if
         not yet), a ``KINK_STEP`` of each range towards its middle."""
         jobs = []
@@ -173,6 +185,9 @@ class Surrogate:
             step = KINK_STEP * (p.high - p.low)
             zk[k] += step if zk[k] < (p.low + p.high) / 2 else -step
             jobs.append((row, tuple(zk)))
+        if pending is not None and any(j not in self.sims.cache for j in jobs):
+            pending += jobs
+            return None
         self.sims.ensure(jobs)
         g0 = self.g(z0)
         a = np.array([(self.g(z) - g0)[moved] for _, z in jobs])
@@ -192,7 +207,7 @@ class Surrogate:
         the models (anchored at ``start``) they were found with."""
         from scipy.optimize import least_squares
 
-        models = {i: self.model(i, start) for i in rows}
+        models = self.models(rows, start)
         on = [j for j, f in enumerate(free) if f]
         low = np.array([p.low for p in self.params])
         span = np.array([p.high - p.low for p in self.params])
