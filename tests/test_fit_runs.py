@@ -449,6 +449,9 @@ def test_the_model_of_a_row_is_exact_where_time_is_a_plus_b_over_the_fraction():
     sur = Surrogate(sims)
     values, evaluations, _ = fit_rounds(sur, [0, 1, 2], measured, [1.0] * 3, (0.9, 10e-6), [True, True], TOLERANCE)
     assert values == pytest.approx(truth, rel=1e-6) and evaluations == 2
+    # per row: the start, a probe along each direction, the one round; its points all on one
+    # smooth piece, a row takes no probes at the answer (Surrogate.smooth)
+    assert len(sims.cache) == 3 * (1 + 2 + 1)
     point = (0.7, 15e-6)
     for i, (a, b, c) in enumerate(rows):
         assert sur.predict(i, sur.model(i, (0.9, 10e-6)), point) == pytest.approx(a + b / 0.7 + c * 15e-6, rel=1e-12)

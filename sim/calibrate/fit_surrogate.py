@@ -43,7 +43,8 @@ residuals 1.48e-2, 1.51e-2, 1.48e-2, 2.66e-2, ... for eight rounds, 124 simulati
 returned a point 12% worse than its first round's.) A fit that ends over 1% of a range
 from its start probes every row there, a ``KINK_STEP`` along each direction: where a
 kinked row's differences are (so they cost nothing more), and a point near the answer
-for a smooth row's model. Each round costs one simulation per row instead of one per
+for a smooth row's model; a row whose points, more of them than its directions, all lie
+on one model (``Surrogate.smooth``) needs none. Each round costs one simulation per row instead of one per
 row and seen direction, and the fit takes two to four rounds where finite differences
 took seven evaluations. The held-out fits start from that answer, whose simulations,
 with the probes, already surround their minima: each is one solve of the model, with no
@@ -166,6 +167,27 @@ class Surrogate:
             return None if d is None else (z0, t0, moved, d)
         return z0, t0, moved, b
 
+    def smooth(self, row: int, values) -> bool:
+        """Whether ``row``'s simulated points, more of them than the directions it sees, all
+        lie on one model (within ``SMOOTH``) with the one nearest ``values``: a row whose
+        model needs no more points there (``fit_rounds``: no probes at its answer)."""
+        moved = self.moved(row, values)
+        if row in self.kinked or not moved:
+            return row not in self.kinked
+        z = np.array(self.sims.seen(row, values))
+        pts = self._points(row)
+        span = np.array([p.high - p.low for p in self.params])
+        k0 = min(range(len(pts)), key=lambda n: (float(np.sum(((pts[n][0] - z) / span) ** 2)), n))
+        z0, t0 = pts[k0]
+        g0 = self.g(z0)
+        others = [n for n in range(len(pts)) if n != k0]
+        a = np.array([(self.g(pts[n][0]) - g0)[moved] for n in others]).reshape(len(others), len(moved))
+        if len(others) <= len(moved) or np.linalg.matrix_rank(a) < len(moved):
+            return False
+        y = np.array([pts[n][1] - t0 for n in others])
+        b = np.linalg.lstsq(a, y, rcond=None)[0]
+        return float(np.max(np.abs(a @ b - y))) <= SMOOTH * abs(t0)
+
     def models(self, rows, values) -> dict:
         """Each of ``rows``' model at ``values`` (``model``), the kinked rows' differences
         simulated in one batch (in the pool's workers at once)."""
@@ -264,5 +286,6 @@ def fit_rounds(sur: Surrogate, rows, measured, weights, start, free, tolerance: 
         else:  # the step crossed a kink the model did not see (module doc): half of it
             nxt, best_moved = tuple((a + b) / 2 for a, b in zip(x, nxt)), False
     if moved(x, start) > PROBE_STEP / 2:  # far from the start's probes (the held-out fits' models): probe here,
-        sur.sims.ensure(sur.probes(rows, x, KINK_STEP))  # where a kinked row's differences are (Surrogate._differences)
+        # where a kinked row's differences are (Surrogate._differences), each row whose points are not one smooth piece
+        sur.sims.ensure(sur.probes([i for i in rows if not sur.smooth(i, x)], x, KINK_STEP))
     return x, n, status
