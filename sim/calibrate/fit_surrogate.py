@@ -36,11 +36,13 @@ answer, and again, until a round moves the scaled parameters by less than
 the report's fitted errors) are real simulations, and at which the model, exact there,
 has no step left to take. A round whose simulations fit worse (weighted squared
 residuals) than the point it stepped from crossed a kink that point's model did not see:
-the fit steps back to half that step, and again, until a round fits better (the fit goes
-on from there) or the step is under the tolerance (the point is the answer). (The B200
-fit of 2026-12-06 went on from such rounds instead, from one piece to the other: squared
-residuals 1.48e-2, 1.51e-2, 1.48e-2, 2.66e-2, ... for eight rounds, 124 simulations, and
-returned a point 12% worse than its first round's.) A fit that ends over 1% of a range
+the fit tries half that step, and goes on from there if it fits better, else ends at the
+point (its status says so). The B200 fit of 2026-12-06 went on from such rounds instead,
+from one piece to the other (squared residuals 1.48e-2, 1.51e-2, 1.48e-2, 2.66e-2, ...)
+for eight rounds, 124 simulations, and returned a point whose squared residuals were 12%
+above its first round's; halving again and again there only crept back to that first
+round's point, a round each time (its kink at the point itself, its differences taken on
+the other side of it). A fit that ends over 1% of a range
 from its start probes every row there, a ``KINK_STEP`` along each direction: where a
 kinked row's differences are (so they cost nothing more), and a point near the answer
 for a smooth row's model; a row whose points, more of them than its directions, all lie
@@ -267,13 +269,12 @@ def fit_rounds(sur: Surrogate, rows, measured, weights, start, free, tolerance: 
         return sum(((t / measured[i] - 1.0) * weights[i]) ** 2 for i, t in zip(rows, sur.sims.times(rows, values)))
 
     sur.sims.ensure(sur.probes(rows, start))
-    x, n, best_moved = tuple(float(v) for v in start), 1, True
+    x, n, back = tuple(float(v) for v in start), 1, False
     best = cost(x)
     nxt = sur.solve(rows, measured, weights, x, free)[0]
     while True:
         if moved(nxt, x) < tolerance:
-            status = ("the model's minimum is at the last simulated point" if n == 1 or best_moved else
-                      "the steps back from a round that fit worse came within the tolerance of the last point")
+            status = "the model's minimum is at the last simulated point"
             break
         if n > ROUNDS:
             status = f"stopped after {ROUNDS} rounds, still moving"
@@ -281,10 +282,13 @@ def fit_rounds(sur: Surrogate, rows, measured, weights, start, free, tolerance: 
         sur.sims.ensure([(i, sur.sims.seen(i, nxt)) for i in rows])  # every row at the model's minimum
         n += 1
         if (c := cost(nxt)) < best:
-            x, best, best_moved = nxt, c, True
+            x, best, back = nxt, c, False
             nxt = sur.solve(rows, measured, weights, x, free)[0]
-        else:  # the step crossed a kink the model did not see (module doc): half of it
-            nxt, best_moved = tuple((a + b) / 2 for a, b in zip(x, nxt)), False
+        elif not back:  # the step crossed a kink the model did not see (module doc): half of it
+            nxt, back = tuple((a + b) / 2 for a, b in zip(x, nxt)), True
+        else:
+            status = "a round fit worse than the last point, and so did half its step: the last point"
+            break
     if moved(x, start) > PROBE_STEP / 2:  # far from the start's probes (the held-out fits' models): probe here,
         # where a kinked row's differences are (Surrogate._differences), each row whose points are not one smooth piece
         sur.sims.ensure(sur.probes([i for i in rows if not sur.smooth(i, x)], x, KINK_STEP))
