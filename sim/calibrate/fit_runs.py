@@ -241,6 +241,7 @@ def fit_and_hold_out(sims: Simulations, measured: list[float], groups: list, sta
     full = (Fit(*fit_rounds(sur, rows, measured, weights, start, free, TOLERANCE)) if fast
             else fit(sims, rows, measured, weights, start, free=free))
     per_group, mine, models = {}, {}, {}
+    sims.phase = "held-out fits"
     for g in sorted(set(groups)):
         train = [i for i in rows if groups[i] != g]
         mine[g] = [i for i in rows if groups[i] == g]
@@ -252,6 +253,7 @@ def fit_and_hold_out(sims: Simulations, measured: list[float], groups: list, sta
             models[g] = sur.models(mine[g], warm)
         else:
             per_group[g] = fit(sims, train, measured, weights, warm, free=seen)
+    sims.phase = "held-out rows"
     sims.ensure([(i, sims.seen(i, per_group[g].values)) for g in per_group for i in mine[g]])  # all at once
     held_out, model_error = [None] * len(rows), []
     for g, part in per_group.items():
@@ -392,7 +394,8 @@ def fit_runs(path, gpu: str, names: list[str] | None = None, jobs: int = 1, cach
                       for text, settings, why in BY_SOURCE + tuple((t + FP8_ROWS, s, w) for t, s, w in FP8_BY_SOURCE)
                       if any(text in r.by_source for r in used)},
         **summary, "by_gpu": {profile.name: summary},
-        "simulations": sims.count, "reused": sims.reused, "wall_s": time.monotonic() - started,
+        "simulations": sims.count, "simulations_by_phase": dict(sims.by_phase), "reused": sims.reused,
+        "wall_s": time.monotonic() - started,
     }
 
 

@@ -196,7 +196,9 @@ class Surrogate:
         pending: list = []
         for i in rows:
             self.model(i, values, pending)
+        phase, self.sims.phase = self.sims.phase, "differences"
         self.sims.ensure(pending)
+        self.sims.phase = phase
         return {i: self.model(i, values) for i in rows}
 
     def _differences(self, row: int, z0, t0, moved, pending: list | None = None) -> np.ndarray | None:
@@ -268,7 +270,9 @@ def fit_rounds(sur: Surrogate, rows, measured, weights, start, free, tolerance: 
     def cost(values) -> float:  # the weighted squared residuals of the rows' simulations at values
         return sum(((t / measured[i] - 1.0) * weights[i]) ** 2 for i, t in zip(rows, sur.sims.times(rows, values)))
 
+    sur.sims.phase = "start and its probes"
     sur.sims.ensure(sur.probes(rows, start))
+    sur.sims.phase = "rounds"
     x, n, back = tuple(float(v) for v in start), 1, False
     best = cost(x)
     nxt = sur.solve(rows, measured, weights, x, free)[0]
@@ -291,5 +295,6 @@ def fit_rounds(sur: Surrogate, rows, measured, weights, start, free, tolerance: 
             break
     if moved(x, start) > PROBE_STEP / 2:  # far from the start's probes (the held-out fits' models): probe here,
         # where a kinked row's differences are (Surrogate._differences), each row whose points are not one smooth piece
+        sur.sims.phase = "probes at the answer"
         sur.sims.ensure(sur.probes([i for i in rows if not sur.smooth(i, x)], x, KINK_STEP))
     return x, n, status

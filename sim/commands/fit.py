@@ -39,6 +39,9 @@ writes the fitted profile, its ``sources`` naming the fit.
                                         fit_runs(fast=False)): null
     simulations, reused, wall_s         simulations run (the cache's misses), times taken from --cache's
                                         file, and seconds taken (these change from run to run)
+    simulations_by_phase                {what for: simulations run}: the start and its probes, the rounds,
+                                        kinked rows' differences, probes at the answer, the held-out
+                                        fits (plain path: their evaluations), the held-out rows at theirs
     out                                 the profile written, or null
 """
 
