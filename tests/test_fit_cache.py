@@ -48,7 +48,10 @@ def test_a_second_fit_with_the_same_cache_simulates_nothing_and_reports_the_same
     assert len(cache.read_text().splitlines()) == first["simulations"]  # one line per simulation
     code, again = _fit([str(data), "--cache", str(cache)])
     assert code == 0 and again["simulations"] == 0 and again["reused"] == first["simulations"]
-    for k in ("wall_s", "simulations", "reused"):
+    # every simulation is counted under what it was for; the second fit simulated nothing
+    assert sum(first["simulations_by_phase"].values()) == first["simulations"] and again["simulations_by_phase"] == {}
+    assert first["simulations_by_phase"]["start and its probes"] > 0 and first["simulations_by_phase"]["held-out rows"] > 0
+    for k in ("wall_s", "simulations", "reused", "simulations_by_phase"):
         first.pop(k), again.pop(k)
     assert again == first
     # a fit killed mid-write leaves a broken last line: it is skipped, the rest reused

@@ -449,6 +449,9 @@ def test_the_model_of_a_row_is_exact_where_time_is_a_plus_b_over_the_fraction():
     sur = Surrogate(sims)
     values, evaluations, _ = fit_rounds(sur, [0, 1, 2], measured, [1.0] * 3, (0.9, 10e-6), [True, True], TOLERANCE)
     assert values == pytest.approx(truth, rel=1e-6) and evaluations == 2
+    # per row: the start, a probe along each direction, the one round; its points all on one
+    # smooth piece, a row takes no probes at the answer (Surrogate.smooth)
+    assert len(sims.cache) == 3 * (1 + 2 + 1)
     point = (0.7, 15e-6)
     for i, (a, b, c) in enumerate(rows):
         assert sur.predict(i, sur.model(i, (0.9, 10e-6)), point) == pytest.approx(a + b / 0.7 + c * 15e-6, rel=1e-12)
@@ -525,6 +528,28 @@ def test_a_row_with_a_kink_among_its_points_is_modelled_by_differences_at_its_an
     assert slope == pytest.approx([m, 0.0], abs=1e-9)
     near = (0.91, e + 0.01)  # on the same piece: exact
     assert sur.predict(0, model, near) == pytest.approx(k + m / 0.91, rel=1e-12)
+
+
+def test_a_round_that_fits_worse_is_stepped_back_from_not_taken():
+    # one row, the larger of a collective k + 0.1/f (flat in f) and the compute 1 + 2/f; k = 3.3
+    # puts the kink at f = 1.9 / 2.3 = 0.826. Measured at f = 0.7 (compute: 3.857 s); from f =
+    # 0.95 (collective: 3.405 s) the model's slope, 0.1 per unit of 1/f, asks for f = 0.18, so
+    # the first round lands on the bound 0.6: 4.333 s, squared residual 0.0153 against the
+    # start's 0.0137. That round is not taken: half its step, f = 0.775 (3.581 s, 0.0051), is,
+    # and its differences (the compute's piece) lead to f = 0.7, where the residual is 0.
+    from sim.calibrate.fit_surrogate import Surrogate, fit_rounds
+
+    params = [parameter("sustained_compute_fraction"), parameter("attention_max_efficiency")]
+    sims = _Composed(params, [(1.0, 2.0, 0.0)], kink={0: (3.3, 0.1)})
+    measured = [sims.time(0, (0.7, 0.6))]
+    assert measured[0] == pytest.approx(1 + 2 / 0.7, rel=1e-15)
+    sur = Surrogate(sims)
+    values, evaluations, status = fit_rounds(sur, [0], measured, [1.0], (0.95, 0.6), [True, False], TOLERANCE)
+    assert values[0] == pytest.approx(0.7, abs=TOLERANCE * 0.4) and values[1] == 0.6
+    simulated = [z[0] for _, z in sims.cache]
+    assert any(f == pytest.approx(0.6, abs=1e-12) for f in simulated)  # the round not taken
+    assert any(f == pytest.approx(0.775, abs=1e-12) for f in simulated)  # half its step
+    assert status == "the model's minimum is at the last simulated point" and evaluations == 4
 
 
 def test_a_parameter_that_ends_at_its_bound_is_warned_about(truth, tmp_path):

@@ -241,6 +241,7 @@ def fit_and_hold_out(sims: Simulations, measured: list[float], groups: list, sta
     full = (Fit(*fit_rounds(sur, rows, measured, weights, start, free, TOLERANCE)) if fast
             else fit(sims, rows, measured, weights, start, free=free))
     per_group, mine, models = {}, {}, {}
+    sims.phase = "held-out fits"
     for g in sorted(set(groups)):
         train = [i for i in rows if groups[i] != g]
         mine[g] = [i for i in rows if groups[i] == g]
@@ -249,9 +250,10 @@ def fit_and_hold_out(sims: Simulations, measured: list[float], groups: list, sta
         # the weights are recomputed as if the group had never been in the file (they do not change)
         if fast:  # one solve of the model, whose simulations surround the minimum: no simulation
             per_group[g] = Fit(sur.solve(train, measured, weights, warm, seen)[0], 0, "the model's minimum")
-            models[g] = {i: sur.model(i, warm) for i in mine[g]}
+            models[g] = sur.models(mine[g], warm)
         else:
             per_group[g] = fit(sims, train, measured, weights, warm, free=seen)
+    sims.phase = "held-out rows"
     sims.ensure([(i, sims.seen(i, per_group[g].values)) for g in per_group for i in mine[g]])  # all at once
     held_out, model_error = [None] * len(rows), []
     for g, part in per_group.items():
@@ -384,14 +386,16 @@ def fit_runs(path, gpu: str, names: list[str] | None = None, jobs: int = 1, cach
                             "profile_value": get_value(profile, p.path)}
                            if p.high < q.high else {})}
                        for p, q, s, v in zip(params, physical, start, res["full"].values)],
-        "evaluations": res["full"].evaluations, "method": "model" if fast else "differences",
+        "evaluations": res["full"].evaluations, "fit_status": res["full"].status,
+        "method": "model" if fast else "differences",
         "model_max_error": res["model_error"], "groups": group_rows, "rows": rows, "skipped": skipped,
         "left_out": left_out, "blank_cells": {c: {"value": _shown(BLANKS[c][0]), "why": BLANKS[c][1]} for c in filled},
         "by_source": {text: {"settings": {k: _shown(v) for k, v in settings.items()}, "why": why}
                       for text, settings, why in BY_SOURCE + tuple((t + FP8_ROWS, s, w) for t, s, w in FP8_BY_SOURCE)
                       if any(text in r.by_source for r in used)},
         **summary, "by_gpu": {profile.name: summary},
-        "simulations": sims.count, "reused": sims.reused, "wall_s": time.monotonic() - started,
+        "simulations": sims.count, "simulations_by_phase": dict(sims.by_phase), "reused": sims.reused,
+        "wall_s": time.monotonic() - started,
     }
 
 

@@ -149,6 +149,9 @@ class Simulations:
         """Each row's first row of the same ``Prepared`` run."""
         self.shared: dict = {}  # (canon row, values) -> simulated time
         self.count, self.seconds, self.reused = 0, 0.0, 0
+        self.phase = "fit"
+        """What the simulations run now are for (``by_phase``: the report's ``simulations_by_phase``)."""
+        self.by_phase: dict = {}
         self._probed: dict = {}  # row -> (seen values, {seen direction: d time / d seen value}) of its last probes
         self.pool = pool
         self.store = store
@@ -210,6 +213,7 @@ class Simulations:
         for row, z in todo:
             self._keep((row, z), self.shared[(self.canon[row], z)])
         self.count += len(need)
+        self.by_phase[self.phase] = self.by_phase.get(self.phase, 0) + len(need)
         self.seconds += time.monotonic() - start
 
     def _keep(self, job, t: float) -> None:
@@ -278,6 +282,7 @@ class Simulations:
                 start = time.monotonic()
                 self.shared[one] = row_time_s(self.prepared[row], with_values(self.profile, self.params, key[1]))
                 self.count += 1
+                self.by_phase[self.phase] = self.by_phase.get(self.phase, 0) + 1
                 self.seconds += time.monotonic() - start
             self._keep(key, self.shared[one])
         return self.cache[key]

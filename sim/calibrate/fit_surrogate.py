@@ -34,7 +34,19 @@ The fit on every row (``fit_rounds``) minimises the weighted residuals of that m
 answer, and again, until a round moves the scaled parameters by less than
 ``TOLERANCE``: the answer returned is the last simulated point, whose residuals (and
 the report's fitted errors) are real simulations, and at which the model, exact there,
-has no step left to take. Each round costs one simulation per row instead of one per
+has no step left to take. A round whose simulations fit worse (weighted squared
+residuals) than the point it stepped from crossed a kink that point's model did not see:
+the fit tries half that step, and goes on from there if it fits better, else ends at the
+point (its status says so). The B200 fit of 2026-12-06 went on from such rounds instead,
+from one piece to the other (squared residuals 1.48e-2, 1.51e-2, 1.48e-2, 2.66e-2, ...)
+for eight rounds, 124 simulations, and returned a point whose squared residuals were 12%
+above its first round's; halving again and again there only crept back to that first
+round's point, a round each time (its kink at the point itself, its differences taken on
+the other side of it). A fit that ends over 1% of a range
+from its start probes every row there, a ``KINK_STEP`` along each direction: where a
+kinked row's differences are (so they cost nothing more), and a point near the answer
+for a smooth row's model; a row whose points, more of them than its directions, all lie
+on one model (``Surrogate.smooth``) needs none. Each round costs one simulation per row instead of one per
 row and seen direction, and the fit takes two to four rounds where finite differences
 took seven evaluations. The held-out fits start from that answer, whose simulations,
 with the probes, already surround their minima: each is one solve of the model, with no
@@ -108,15 +120,16 @@ class Surrogate:
             out |= {k for k, (a, b) in enumerate(zip(self.sims.seen(row, y), base)) if a != b}
         return sorted(out)
 
-    def probes(self, rows, values) -> list:
-        """The (row, seen) simulations at ``values`` and along each direction each row sees."""
+    def probes(self, rows, values, fraction: float = PROBE_STEP) -> list:
+        """The (row, seen) simulations at ``values`` and along each direction each row sees,
+        ``fraction`` of the parameter's range towards its middle."""
         jobs = []
         for i in rows:
             z = self.sims.seen(i, values)
             jobs.append((i, z))
             for k in self.moved(i, values):
                 p = self.params[k]
-                step = PROBE_STEP * (p.high - p.low)
+                step = fraction * (p.high - p.low)
                 zk = list(z)
                 zk[k] += step if z[k] < (p.low + p.high) / 2 else -step
                 jobs.append((i, tuple(zk)))
@@ -125,9 +138,11 @@ class Surrogate:
     def _points(self, row: int):
         return [(np.array(z), t) for (r, z), t in self.sims.cache.items() if r == row and len(z) == len(self.params)]
 
-    def model(self, row: int, values):
+    def model(self, row: int, values, pending: list | None = None):
         """(z0, t0, moved directions, their b) of ``row`` anchored at its simulated point
-        nearest ``values`` (in each parameter's range)."""
+        nearest ``values`` (in each parameter's range). With ``pending``, a kinked row's
+        differences not simulated yet are added to it instead (and None returned): ``models``
+        simulates them all at once."""
         moved = self.moved(row, values)
         z = np.array(self.sims.seen(row, values))
         pts = self._points(row)
@@ -150,10 +165,43 @@ class Surrogate:
         b = np.linalg.lstsq(a, y, rcond=None)[0]
         if row in self.kinked or float(np.max(np.abs(a @ b - y))) > SMOOTH * abs(t0):
             self.kinked.add(row)
-            return z0, t0, moved, self._differences(row, z0, t0, moved)
+            d = self._differences(row, z0, t0, moved, pending)
+            return None if d is None else (z0, t0, moved, d)
         return z0, t0, moved, b
 
-    def _differences(self, row: int, z0, t0, moved) -> np.ndarray:
+    def smooth(self, row: int, values) -> bool:
+        """Whether ``row``'s simulated points, more of them than the directions it sees, all
+        lie on one model (within ``SMOOTH``) with the one nearest ``values``: a row whose
+        model needs no more points there (``fit_rounds``: no probes at its answer)."""
+        moved = self.moved(row, values)
+        if row in self.kinked or not moved:
+            return row not in self.kinked
+        z = np.array(self.sims.seen(row, values))
+        pts = self._points(row)
+        span = np.array([p.high - p.low for p in self.params])
+        k0 = min(range(len(pts)), key=lambda n: (float(np.sum(((pts[n][0] - z) / span) ** 2)), n))
+        z0, t0 = pts[k0]
+        g0 = self.g(z0)
+        others = [n for n in range(len(pts)) if n != k0]
+        a = np.array([(self.g(pts[n][0]) - g0)[moved] for n in others]).reshape(len(others), len(moved))
+        if len(others) <= len(moved) or np.linalg.matrix_rank(a) < len(moved):
+            return False
+        y = np.array([pts[n][1] - t0 for n in others])
+        b = np.linalg.lstsq(a, y, rcond=None)[0]
+        return float(np.max(np.abs(a @ b - y))) <= SMOOTH * abs(t0)
+
+    def models(self, rows, values) -> dict:
+        """Each of ``rows``' model at ``values`` (``model``), the kinked rows' differences
+        simulated in one batch (in the pool's workers at once)."""
+        pending: list = []
+        for i in rows:
+            self.model(i, values, pending)
+        phase, self.sims.phase = self.sims.phase, "differences"
+        self.sims.ensure(pending)
+        self.sims.phase = phase
+        return {i: self.model(i, values) for i in rows}
+
+    def _differences(self, row: int, z0, t0, moved, pending: list | None = None) -> np.ndarray | None:
         """A kinked row's b: one-sided differences at its anchor ``z0`` (simulated here if
         not yet), a ``KINK_STEP`` of each range towards its middle."""
         jobs = []
@@ -163,6 +211,9 @@ class Surrogate:
             step = KINK_STEP * (p.high - p.low)
             zk[k] += step if zk[k] < (p.low + p.high) / 2 else -step
             jobs.append((row, tuple(zk)))
+        if pending is not None and any(j not in self.sims.cache for j in jobs):
+            pending += jobs
+            return None
         self.sims.ensure(jobs)
         g0 = self.g(z0)
         a = np.array([(self.g(z) - g0)[moved] for _, z in jobs])
@@ -182,7 +233,7 @@ class Surrogate:
         the models (anchored at ``start``) they were found with."""
         from scipy.optimize import least_squares
 
-        models = {i: self.model(i, start) for i in rows}
+        models = self.models(rows, start)
         on = [j for j, f in enumerate(free) if f]
         low = np.array([p.low for p in self.params])
         span = np.array([p.high - p.low for p in self.params])
@@ -216,10 +267,16 @@ def fit_rounds(sur: Surrogate, rows, measured, weights, start, free, tolerance: 
     def moved(a, b) -> float:
         return float(np.max(np.abs((np.array(a) - np.array(b)) / span), initial=0.0))
 
+    def cost(values) -> float:  # the weighted squared residuals of the rows' simulations at values
+        return sum(((t / measured[i] - 1.0) * weights[i]) ** 2 for i, t in zip(rows, sur.sims.times(rows, values)))
+
+    sur.sims.phase = "start and its probes"
     sur.sims.ensure(sur.probes(rows, start))
-    x, n = tuple(float(v) for v in start), 1
+    sur.sims.phase = "rounds"
+    x, n, back = tuple(float(v) for v in start), 1, False
+    best = cost(x)
+    nxt = sur.solve(rows, measured, weights, x, free)[0]
     while True:
-        nxt = sur.solve(rows, measured, weights, x, free)[0]
         if moved(nxt, x) < tolerance:
             status = "the model's minimum is at the last simulated point"
             break
@@ -227,7 +284,17 @@ def fit_rounds(sur: Surrogate, rows, measured, weights, start, free, tolerance: 
             status = f"stopped after {ROUNDS} rounds, still moving"
             break
         sur.sims.ensure([(i, sur.sims.seen(i, nxt)) for i in rows])  # every row at the model's minimum
-        x, n = nxt, n + 1
-    if moved(x, start) > PROBE_STEP / 2:
-        sur.sims.ensure(sur.probes(rows, x))  # far from the start's probes (the held-out fits' models): probe here
+        n += 1
+        if (c := cost(nxt)) < best:
+            x, best, back = nxt, c, False
+            nxt = sur.solve(rows, measured, weights, x, free)[0]
+        elif not back:  # the step crossed a kink the model did not see (module doc): half of it
+            nxt, back = tuple((a + b) / 2 for a, b in zip(x, nxt)), True
+        else:
+            status = "a round fit worse than the last point, and so did half its step: the last point"
+            break
+    if moved(x, start) > PROBE_STEP / 2:  # far from the start's probes (the held-out fits' models): probe here,
+        # where a kinked row's differences are (Surrogate._differences), each row whose points are not one smooth piece
+        sur.sims.phase = "probes at the answer"
+        sur.sims.ensure(sur.probes([i for i in rows if not sur.smooth(i, x)], x, KINK_STEP))
     return x, n, status

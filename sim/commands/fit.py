@@ -31,6 +31,7 @@ writes the fitted profile, its ``sources`` naming the fit.
     loo_mean_abs_error, loo_max_abs_error
     by_gpu                              {gpu: the same counts and errors}, per GPU type
     evaluations                         residual evaluations of the fit on every row (each simulates every row)
+    fit_status                          why the fit on every row stopped (scipy's message on the plain path)
     method, model_max_error             "model": fitted on each row's model of its time, checked by simulating
                                         (sim.calibrate.fit_surrogate); the largest |relative error| of that model
                                         at the held-out rows' simulations (the one place no simulation checks
@@ -38,6 +39,9 @@ writes the fitted profile, its ``sources`` naming the fit.
                                         fit_runs(fast=False)): null
     simulations, reused, wall_s         simulations run (the cache's misses), times taken from --cache's
                                         file, and seconds taken (these change from run to run)
+    simulations_by_phase                {what for: simulations run}: the start and its probes, the rounds,
+                                        kinked rows' differences, probes at the answer, the held-out
+                                        fits (plain path: their evaluations), the held-out rows at theirs
     out                                 the profile written, or null
 """
 
