@@ -259,90 +259,89 @@ class _Engine:
         link_ids = count(1)  # a transfer's id, drawn when the first of its pair arrives
         draining = False
 
-        def drain():
-            """Start the ready actions, in the order they became ready (each one's start
-            inline: a call per action costs)."""
-            nonlocal draining
-            draining = True
-            now = env.now
-            try:
-                while ready:
-                    i = popleft()
-                    b = barrier_of[i]
-                    if b is not None:  # ready; the group starts when its last member is
-                        b[0] -= 1
-                        b[1].append(i)
-                        if not b[0]:  # released: the members start next, in the order they came
-                            for j in b[1]:
-                                barrier_of[j] = None
-                            ready.extendleft(reversed(b[1]))
-                        continue
-                    start[i] = now
-                    m = mem_start[i]
-                    if m is not None:
-                        r = rank_of[i]
-                        for category, nbytes in m:
-                            memory.append((now, r, category, nbytes))
-                    d = dur[i]
-                    if d is not None:  # compute or comm
-                        if d > 0:
-                            if slowable is None or not slowable[i]:
-                                at(now + d, finish, i)
-                            else:
-                                slow_start(i, d, now)
-                        else:
-                            finish(i)
-                        continue
-                    p = p2p[i]
-                    if p is not None:
-                        if arrived[partner[i]]:  # the second of a send/recv pair: the transfer starts
-                            join_p2p(i, p)
-                        else:  # the first waits for its partner
-                            arrived[i] = 1
-                            pair_link[i] = next(link_ids)
-                        continue
-                    a = acts[i]
-                    kind = a.kind
-                    if kind == "collective":
-                        join_collective(rank_of[i], a, i)
-                    elif kind == "copy":
-                        copy(i, a, now)
-                    else:  # a send or recv with no partner: waits for ever (a deadlock)
-                        arrived[i] = 1
-            finally:
-                draining = False
-
         def finish(i, bstart=None, lid=None):
-            now = end[i] = env.now
-            m = mem_end[i]
-            if m is not None:
-                r = rank_of[i]
-                for category, nbytes in m:
-                    memory.append((now, r, category, nbytes))
-            if bstart is not None:
-                busy_start[i] = bstart
-                link_of[i] = lid
-            j = nxt[i]
-            if j >= 0:
-                pending[j] -= 1
-                if not pending[j]:
-                    ready.append(j)
-            deps = dependents[i]
-            if deps:
-                for j in deps:
+            """End action ``i`` now (``i`` < 0: none) and start what that makes ready, in
+            the order it became ready: each one's start inline, here (a call per action
+            costs), unless a start further up the stack is already doing it."""
+            nonlocal draining
+            now = env.now
+            if i >= 0:
+                end[i] = now
+                m = mem_end[i]
+                if m is not None:
+                    r = rank_of[i]
+                    for category, nbytes in m:
+                        memory.append((now, r, category, nbytes))
+                if bstart is not None:
+                    busy_start[i] = bstart
+                    link_of[i] = lid
+                j = nxt[i]
+                if j >= 0:
                     pending[j] -= 1
                     if not pending[j]:
                         ready.append(j)
+                deps = dependents[i]
+                if deps:
+                    for j in deps:
+                        pending[j] -= 1
+                        if not pending[j]:
+                            ready.append(j)
             if ready and not draining:  # (nothing made ready: nothing to start)
-                drain()
+                draining = True
+                try:
+                    while ready:
+                        i = popleft()
+                        b = barrier_of[i]
+                        if b is not None:  # ready; the group starts when its last member is
+                            b[0] -= 1
+                            b[1].append(i)
+                            if not b[0]:  # released: the members start next, in the order they came
+                                for j in b[1]:
+                                    barrier_of[j] = None
+                                ready.extendleft(reversed(b[1]))
+                            continue
+                        start[i] = now
+                        m = mem_start[i]
+                        if m is not None:
+                            r = rank_of[i]
+                            for category, nbytes in m:
+                                memory.append((now, r, category, nbytes))
+                        d = dur[i]
+                        if d is not None:  # compute or comm
+                            if d > 0:
+                                if slowable is None or not slowable[i]:
+                                    at(now + d, finish, i)
+                                else:
+                                    slow_start(i, d, now)
+                            else:
+                                finish(i)
+                            continue
+                        p = p2p[i]
+                        if p is not None:
+                            if arrived[partner[i]]:  # the second of a send/recv pair: the transfer starts
+                                join_p2p(i, p)
+                            else:  # the first waits for its partner
+                                arrived[i] = 1
+                                pair_link[i] = next(link_ids)
+                            continue
+                        a = acts[i]
+                        kind = a.kind
+                        if kind == "collective":
+                            join_collective(rank_of[i], a, i)
+                        elif kind == "copy":
+                            copy(i, a, now)
+                        else:  # a send or recv with no partner: waits for ever (a deadlock)
+                            arrived[i] = 1
+                finally:
+                    draining = False
 
         def start_ready():
             ready.extend(mine[0] for mine in members if mine and not pending[mine[0]])
-            drain()
+            finish(-1)
 
         slowable = slow_start = began = None
         nccl_finish = finish  # (sends', receives' and collectives' ends, which count NCCL kernels)
-        self._closures, self._slow = (finish, start_ready, drain), None  # (what release() unties)
+        self._closures, self._slow = (finish, start_ready), None  # (what release() unties)
         if self._overlap_slowdown > 0:
             self._slow = Slowdown(self._slowable, self._rank_of, self.env, finish, at, self._overlap_slowdown)
             slowable, slow_start, nccl_finish, began = (self._slow.slowable, self._slow.start,
