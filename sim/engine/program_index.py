@@ -30,6 +30,11 @@ to know before the clock starts is computed once here.
 - ``barrier_of[i]``: for a ``comm`` action with a group of two or more simulated ranks,
   the barrier its members share, ``[members still to arrive, indices arrived]`` (state
   the run mutates: build a new index per run).
+
+Every list that names an action holds the same int object for it (``members``, ``nxt``,
+``dependents``, ``partner``, ``p2p``, ``sends``), and ``rank_of`` one object per rank:
+numpy's ``tolist`` makes a new int per entry, 32 bytes each, which at 16,384 GPUs (2.4
+million actions) was about 250 MB more at the run's peak.
 """
 
 from __future__ import annotations
@@ -52,7 +57,7 @@ class ProgramIndex:
 
     __slots__ = ("acts", "rank_of", "streams", "members", "ids", "order", "pending", "dependents",
                  "key_of", "partner", "p2p", "needed", "barrier_of",
-                 "dur", "mem_start", "mem_end", "nxt", "shapes", "sends", "collectives", "slowable")
+                 "dur", "mem_start", "mem_end", "nxt", "shapes", "sends", "collectives", "slowable", "ints")
 
 
 def index_program(program: Program) -> ProgramIndex:
@@ -179,6 +184,7 @@ def _index(ix: ProgramIndex, program: Program) -> None:
     same_dur: dict = {}  # one object per distinct duration, and per distinct memory change
     same_mem: dict = {}
     shapes = []
+    ints: list = [None] * n  # every index as one int object, shared by every list that names it
     for t, rs in classes.items():
         lst = actions[t]
         shape = _Shape(lst)
@@ -197,6 +203,7 @@ def _index(ix: ProgramIndex, program: Program) -> None:
             srcs.append(at[:, shape.dep_src].ravel())
             dsts.append(at[:, shape.dep_dst].ravel())
         for r, row in zip(rs, at.tolist()):
+            consume(map(ints.__setitem__, row, row))
             consume(map(acts.__setitem__, row, actions[r]))
             pos_of[r] = shape.pos
             local_of[r] = row
@@ -240,13 +247,17 @@ def _index(ix: ProgramIndex, program: Program) -> None:
         sizes = np.diff(np.append(first, len(src)))
         for size in np.unique(sizes).tolist():
             at = first[sizes == size]
-            columns = [dst[at + c].tolist() for c in range(size)]
+            columns = [list(map(ints.__getitem__, dst[at + c].tolist())) for c in range(size)]
             consume(map(dependents.__setitem__, src[at].tolist(), zip(*columns)))
-    ix.acts, ix.rank_of, ix.streams, ix.members = acts, rank_a.tolist(), streams, members
+    rank_ints = list(range(int(rank_a.max(initial=-1)) + 1))  # (each rank as one object too)
+    ix.acts, ix.rank_of, ix.streams, ix.members = acts, list(map(rank_ints.__getitem__, rank_a.tolist())), streams, members
     pending = pending_a.tolist()
     if max(pending, default=0) < 256:  # the usual case: a byte each is quicker to count down
         pending = bytearray(pending)
-    ix.ids, ix.pending, ix.dependents, ix.nxt = _Ids(pos_of, local_of), pending, dependents, nxt_a.tolist()
+    ints.append(-1)  # (ints[-1]: "none", in nxt)
+    ix.ids, ix.pending, ix.dependents = _Ids(pos_of, local_of), pending, dependents
+    ix.nxt = list(map(ints.__getitem__, nxt_a.tolist()))
+    ix.ints = ints
     ix.shapes, ix.slowable = shapes, bytearray(slow_a.tobytes())
     ix.dur, ix.mem_start, ix.mem_end = dur_a.tolist(), mem_start_a.tolist(), mem_end_a.tolist()
 
@@ -313,7 +324,7 @@ def _match(ix: ProgramIndex, program: Program) -> None:
             barrier_of[i] = b
     ix.key_of, ix.partner, ix.p2p, ix.needed, ix.barrier_of = key_of, partner, p2p, needed, barrier_of
     ix.collectives = sorted(colls)
-    ix.shapes = None
+    ix.shapes = ix.ints = None
 
 
 def _pair(ix: ProgramIndex, program: Program) -> tuple[list, list, list]:
@@ -367,8 +378,10 @@ def _pair(ix: ProgramIndex, program: Program) -> tuple[list, list, list]:
             f"program: recv {recv_a.name!r} on rank {ix.rank_of[ri]} expects {recv_a.nbytes} bytes but the matching "
             f"send {send.name!r} on rank {ix.rank_of[si]} sends {send.nbytes}"
         )
-    sends = idx[s_].tolist()
-    for si, ri, a_, b_, nb, lab in zip(sends, idx[r_].tolist(), rank[s_].tolist(), rank[r_].tolist(),
+    ints, ranks = ix.ints, ix.rank_of  # (the index's int objects: a rank is rank_of's, an index ints')
+    sends = list(map(ints.__getitem__, idx[s_].tolist()))
+    recvs = list(map(ints.__getitem__, idx[r_].tolist()))
+    for si, ri, a_, b_, nb, lab in zip(sends, recvs, map(ranks.__getitem__, sends), map(ranks.__getitem__, recvs),
                                        size[s_].tolist(), label[s_].tolist()):
         partner[si], partner[ri] = ri, si
         p2p[si] = p2p[ri] = (si, ri, a_, b_, nb, lab)
