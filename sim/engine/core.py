@@ -38,7 +38,7 @@ from sim.engine.program_index import index_program
 from sim.errors import DeadlockError, InputError
 from sim.gc_tuning import simulation_pause
 from sim.inputs.topology import Topology
-from sim.results.trace import Span, Trace
+from sim.results.trace import MemoryLog, Span, Trace
 
 _tuple_new = tuple.__new__  # a Span without the named tuple's Python-level __new__
 _SPAN_ORDER = attrgetter("rank", "stream", "start_s", "end_s", "name")  # the trace's order
@@ -106,7 +106,7 @@ class _Engine:
         self.calls = Calls(self.env)
         self.net = Network(self.env, topology, link_efficiency, check=check, calls=self.calls)
         self.spans: list[Span] = []
-        self.memory: list[tuple[float, int, str, float]] = []
+        self.memory: list = []  # (time, rank, changes) of each start or end that changes memory, flat (MemoryLog)
         t0 = time.perf_counter()
         ix = index_program(program)
         if gpu_slowdown:
@@ -150,7 +150,8 @@ class _Engine:
         link_bytes = {self.net.link_names[i]: b for i, b in carried.items()}
         kinds = {self.net.link_names[i]: self.net.link_kinds[i] for i in carried}
         ranks = {r: {"node": self.topology.node_of(r), "device": self.topology.gpu(r)} for r in self.program.ranks}
-        trace = Trace(self.spans, list(self.net.records), link_bytes, kinds, ranks, self.topology.name, self.memory)
+        trace = Trace(self.spans, list(self.net.records), link_bytes, kinds, ranks, self.topology.name,
+                      MemoryLog(self.memory))
         trace.stats = {"events": env.events_processed, "queue_entries": self.calls.entries + self.net.events_triggered,
                        "actions": len(self.program),
                        "transfers": len(trace.transfers), "simulated_gpus": len(self.program.actions),
@@ -250,7 +251,7 @@ class _Engine:
         start, end = self._start, self._end
         busy_start, link_of = self._busy_start, self._link_of
         barrier_of = self._barrier_of
-        memory = self.memory
+        record = self.memory.extend  # (a memory change: its time, rank and changes; MemoryLog)
         dur, mem_start, mem_end = self._dur, self._mem_start, self._mem_end
         ready = self._ready
         popleft = ready.popleft
@@ -269,9 +270,7 @@ class _Engine:
                 end[i] = now
                 m = mem_end[i]
                 if m is not None:
-                    r = rank_of[i]
-                    for category, nbytes in m:
-                        memory.append((now, r, category, nbytes))
+                    record((now, rank_of[i], m))
                 if bstart is not None:
                     busy_start[i] = bstart
                     link_of[i] = lid
@@ -303,9 +302,7 @@ class _Engine:
                         start[i] = now
                         m = mem_start[i]
                         if m is not None:
-                            r = rank_of[i]
-                            for category, nbytes in m:
-                                memory.append((now, r, category, nbytes))
+                            record((now, rank_of[i], m))
                         d = dur[i]
                         if d is not None:  # compute or comm
                             if d > 0:
