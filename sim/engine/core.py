@@ -224,7 +224,7 @@ class _Engine:
         if self._streams != sorted(self._streams):
             return False
         spans = self.spans
-        starts = [s.start_s for s in spans]
+        starts = list(map(self._start.__getitem__, chain.from_iterable(self._members)))  # (each span's start_s)
         ties = compress(count(), map(eq, starts, islice(starts, 1, None)))  # k where spans k, k+1 start together
         return all(spans[k].stream != spans[k + 1].stream or spans[k].rank != spans[k + 1].rank
                    or _SPAN_ORDER(spans[k]) <= _SPAN_ORDER(spans[k + 1]) for k in ties)
