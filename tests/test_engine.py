@@ -376,3 +376,25 @@ def test_a_receive_waiting_for_its_send_does_not_slow_compute(make_star):
     assert (spans["r0"].start_s, spans["r0"].busy_start_s, spans["r0"].end_s) == (0.0, 2.0, 3.0)
     assert spans["H"].end_s == pytest.approx(5.0 + 1.0 - 1.0 / (1 + sigma), rel=1e-12)
 
+
+
+def test_memory_changes_read_as_the_list_of_changes_in_order(make_star):
+    """The engine keeps memory changes compactly (``sim.results.trace.MemoryLog``); the
+    trace still reads them as (time, rank, category, bytes) in the order they happened,
+    hand-computed here: "a" (0-1 s) holds 4 bytes of "act" and leaves 8 of "w" that "c"
+    (1-1.25 s) frees; "b" on rank 1 (0.5-1.5 s, after "z") holds 2 bytes of "w"."""
+    from sim.results.trace import MemoryLog
+
+    prog = Program({0: [Action("a", duration_s=1.0, mem=(("start", "act", 4), ("end", "act", -4), ("end", "w", 8))),
+                        Action("c", duration_s=0.25, mem=(("end", "w", -8),))],
+                    1: [Action("z", duration_s=0.5),
+                        Action("b", duration_s=1.0, mem=(("start", "w", 2), ("end", "w", -2)))]})
+    mem = simulate(prog, make_star([1.0, 1.0])).memory
+    want = [(0.0, 0, "act", 4.0), (0.5, 1, "w", 2.0), (1.0, 0, "act", -4.0), (1.0, 0, "w", 8.0),
+            (1.25, 0, "w", -8.0), (1.5, 1, "w", -2.0)]
+    assert isinstance(mem, MemoryLog)
+    assert list(mem) == want and mem == want and want == mem and mem == tuple(want) and mem != want[:5]
+    assert len(mem) == 6 and mem[0] == want[0] and mem[-1] == want[-1] and mem[1:3] == want[1:3]
+    assert {r for _, r, _, _ in mem} == {0, 1}
+    with pytest.raises(IndexError):
+        mem[6]

@@ -90,20 +90,21 @@ class Slowdown:
                 since[r] = now
             busy[r] += 1
 
-        def idle(r: int, now: float) -> None:
-            """Rank ``r``'s last NCCL kernel has ended: what was called at the slow rate, sooner."""
-            total[r] += now - since[r]
-            mine = slowed.pop(r, None)
-            if mine:
-                for j in sorted(mine):
-                    done = (now - t0[j]) - (total[r] - c0[j]) * k
-                    call(j, r, now, max(0.0, left_of[j] - done))
+        def sooner(r: int, now: float, mine: set) -> None:
+            """Rank ``r``'s last NCCL kernel has ended (its busy total is brought up to
+            ``now``): ``mine``, called at the slow rate, sooner."""
+            for j in sorted(mine):
+                done = (now - t0[j]) - (total[r] - c0[j]) * k
+                call(j, r, now, max(0.0, left_of[j] - done))
 
         def nccl_finish(i, bstart=None, lid=None) -> None:
             r = rank_of[i]
             busy[r] -= 1
-            if not busy[r]:
-                idle(r, env.now)
+            if not busy[r]:  # (the rank's last NCCL kernel has ended: inline, as in delivered below)
+                now = env.now
+                total[r] += now - since[r]
+                if r in slowed:
+                    sooner(r, now, slowed.pop(r))
             finish(i, bstart, lid)
 
         def p2p_join(start, partner, pair_link):
@@ -113,12 +114,16 @@ class Slowdown:
                 si, ri, src, dst, began, lid = pair
                 now = env.now
                 busy[src] -= 1
-                if not busy[src]:
-                    idle(src, now)
+                if not busy[src]:  # (its last NCCL kernel has ended: its busy total, then what it slowed)
+                    total[src] += now - since[src]
+                    if src in slowed:
+                        sooner(src, now, slowed.pop(src))
                 finish(si, began, lid)
                 busy[dst] -= 1
                 if not busy[dst]:
-                    idle(dst, now)
+                    total[dst] += now - since[dst]
+                    if dst in slowed:
+                        sooner(dst, now, slowed.pop(dst))
                 finish(ri, began, lid)
 
             def join_p2p(i: int, pair: tuple) -> None:
