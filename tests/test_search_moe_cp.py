@@ -1,6 +1,8 @@
 """search with mixtures of experts and long sequences: expert- and context-parallel sizes
 are enumerated, and the pruning bound stays below the simulated time."""
 
+import pytest
+
 from sim.inputs.hardware import load_profile
 from sim.inputs.model import llama
 from sim.inputs.topology_build import load_topology
@@ -177,3 +179,79 @@ def test_a_screened_search_ranks_what_a_full_one_ranks():
     by_key = {c.key: c.record["summary"]["iteration_time_s"] for c in full.candidates}
     for c in screened.candidates:
         assert abs(c.record["summary"]["iteration_time_s"] / by_key[c.key] - 1) < 2e-3
+
+
+def test_a_pruned_screened_moe_search_keeps_the_best_two_and_cuts_on_first_runs():
+    # The default margin is 1 for a mixture of experts (its bound is a true lower bound, the
+    # test above) and a screened plan may be ruled out by its first, cheaper run:
+    # T(a) + (m - a) x the bound's growth per micro-batch already exceeds the second best.
+    # Against every plan simulated in full, the pruned search keeps the best two.
+    from sim.studies.search import first_run_floor, plan_margin
+
+    model, space = MOE, SearchSpace(tp=(1,), pp=(1, 2), zero_stage=(1,), recompute=("none",), micro_batch_size=(1,),
+                                    ep=(2, 4, 8), schedule=("1f1b",))
+    cands = candidates(model, enumerate_plans(model, 16, 128, space), H100)
+    assert all(c.lower_bound and plan_margin(c, None) == 1.0 for c in cands)
+    assert plan_margin(cands[0], 1.1) == 1.1                              # a given margin holds for every plan
+    ctx = make_context(model, H100, load_topology("dgx-h100", nodes=2))
+    with Runner(workers=0, progress=False) as runner:
+        full = search(cands, lambda ps: runner.run(ctx, ps), margin=math.inf)
+        ran = []
+        pruned = search(cands, lambda ps: ran.extend(plan_key(p) for p in ps) or runner.run(ctx, ps), screen=True,
+                        final=2, wave=2)
+        every = search(cands, lambda ps: runner.run(ctx, ps), margin=math.inf, screen=True, final=2, wave=2)
+        # the floor from a first run never exceeds the time the screening extrapolates to
+        for c in cands:
+            sizes = screen_sizes(c.plan)
+            if sizes:
+                first, second = runner.run(ctx, screened_plans(c.plan, sizes))
+                t = extrapolate(c.plan, sizes, [first, second])["summary"]["iteration_time_s"]
+                assert first_run_floor(c, sizes, first, 1.0) <= t, c.key
+    assert full.counts["ok"] == len(cands)
+    assert [r["key"] for r in pruned.ranked[:2]] == [r["key"] for r in full.ranked[:2]]
+    assert pruned.counts["pruned_time"] > 0 and pruned.counts["simulations"] < every.counts["simulations"]
+    assert ran and all(r["key"] in runner.log.done for r in pruned.ranked)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_a_first_screening_run_prunes_without_losing_the_best_two(seed):
+    # A simulator that keeps what pruning rests on, at random: each plan's time at m
+    # micro-batches is T(m) = bound·f + (m - M)·slope·g, f >= 1 (never below the bound at its
+    # own M) and 1 <= g <= f (a steady period never below the bound's growth per micro-batch;
+    # T(a) > 0). Plans whose first run's floor passes the second best lose their second run,
+    # and the best two are those of the exhaustive ranking.
+    import random
+    import re
+
+    from sim.studies.search import first_run_floor
+
+    rng = random.Random(seed)
+    model, space = MOE, SearchSpace(tp=(1, 2), pp=(1, 2), zero_stage=(1,), recompute=("none",),
+                                    micro_batch_size=(1,), ep=(2, 4, 8), schedule=("1f1b",))
+    cands = candidates(model, enumerate_plans(model, 16, 256, space), H100)
+    assert all(c.lower_bound and c.slope_s > 0 for c in cands)
+    by_key = {re.sub(r"-gbs\d+", "", c.key): c for c in cands}
+    fg = {c.key: (f := rng.uniform(1.0, 1.5), rng.uniform(1.0, f)) for c in cands}
+    ran = []
+
+    def time_at(c, m):
+        f, g = fg[c.key]
+        return c.bound_s * f + (m - c.plan.num_microbatches) * c.slope_s * g
+
+    def simulate(plans):
+        ran.extend(plan_key(p) for p in plans)
+        return [{"key": plan_key(p), "plan": {}, "status": "ok",
+                 "summary": {"iteration_time_s": time_at(by_key[re.sub(r"-gbs\d+", "", plan_key(p))],
+                                                         p.num_microbatches), "fits": True}} for p in plans]
+
+    res = search(cands, simulate, screen=True, final=2, wave=4)
+    truth = sorted((c for c in cands if c.estimate.fits), key=lambda c: (time_at(c, c.plan.num_microbatches), c.key))
+    assert [r["key"] for r in res.ranked[:2]] == [c.key for c in truth[:2]]
+    cut = [c for c in res.candidates if c.status == "pruned: time" and screen_sizes(c.plan)
+           and plan_key(screened_plans(c.plan, screen_sizes(c.plan))[0]) in ran]
+    assert cut, "no plan was ruled out by its first screening run"
+    for c in cut:  # rightly: its floor passes the second best, and the floor is below its time
+        sizes = screen_sizes(c.plan)
+        first = {"summary": {"iteration_time_s": time_at(c, sizes[0])}}
+        floor = first_run_floor(c, sizes, first, 1.0)
+        assert time_at(truth[1], truth[1].plan.num_microbatches) < floor <= time_at(c, c.plan.num_microbatches)
