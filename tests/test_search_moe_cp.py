@@ -10,8 +10,8 @@ import math
 from dataclasses import replace
 
 from sim.inputs.plan import ParallelPlan
-from sim.studies.search import (DEFAULT_MARGIN, SearchSpace, candidates, enumerate_plans, extrapolate, plan_key,
-                                screen_sizes, screened_plans, search)
+from sim.studies.search import (DEFAULT_MARGIN, SearchSpace, candidates, enumerate_plans, extrapolate,
+                                first_run_floor, plan_key, plan_margin, screen_sizes, screened_plans, search)
 from sim.studies.sweep import Runner, make_context
 from sim.inputs.schema import SimulationSettings
 from sim.session import Job, simulate_training, summarize
@@ -168,6 +168,17 @@ def test_a_screened_search_ranks_what_a_full_one_ranks():
     with Runner(workers=0, progress=False) as runner:
         full = search(cands, lambda ps: runner.run(ctx, ps), margin=math.inf)
         screened = search(cands, lambda ps: runner.run(ctx, ps), margin=math.inf, screen=True, final=2)
+        # pruned at the default margin (1: the bound of a mixture of experts is a true lower bound),
+        # screened plans cut on their first run where its floor passes the second best
+        pruned = search(cands, lambda ps: runner.run(ctx, ps), screen=True, final=2, wave=2)
+        floors = {c.key: (first_run_floor(c, screen_sizes(c.plan), runner.run(ctx, screened_plans(
+            c.plan, screen_sizes(c.plan)))[0], plan_margin(c, None))) for c in cands if screen_sizes(c.plan)}
+    assert all(c.lower_bound and plan_margin(c, None) == 1.0 and plan_margin(c, 1.1) == 1.1 for c in cands)
+    assert [r["key"] for r in pruned.ranked[:2]] == [r["key"] for r in full.ranked[:2]]
+    assert pruned.counts["simulations"] <= screened.counts["simulations"]
+    for c in screened.candidates:  # the floor from a first run never exceeds the extrapolated time
+        if c.status == "screened":
+            assert floors[c.key] <= c.record["summary"]["iteration_time_s"], c.key
     assert full.counts["ok"] == len(cands) == 6
     assert [r["key"] for r in screened.ranked[:2]] == [r["key"] for r in full.ranked[:2]]
     # pp 1 (8 micro-batches) and pp 2 under 1f1b (16) are screened, interleaved (16 <= 6 + 10) is not;
@@ -181,38 +192,6 @@ def test_a_screened_search_ranks_what_a_full_one_ranks():
         assert abs(c.record["summary"]["iteration_time_s"] / by_key[c.key] - 1) < 2e-3
 
 
-def test_a_pruned_screened_moe_search_keeps_the_best_two_and_cuts_on_first_runs():
-    # The default margin is 1 for a mixture of experts (its bound is a true lower bound, the
-    # test above) and a screened plan may be ruled out by its first, cheaper run:
-    # T(a) + (m - a) x the bound's growth per micro-batch already exceeds the second best.
-    # Against every plan simulated in full, the pruned search keeps the best two.
-    from sim.studies.search import first_run_floor, plan_margin
-
-    model, space = MOE, SearchSpace(tp=(1,), pp=(1, 2), zero_stage=(1,), recompute=("none",), micro_batch_size=(1,),
-                                    ep=(2, 4, 8), schedule=("1f1b",))
-    cands = candidates(model, enumerate_plans(model, 16, 128, space), H100)
-    assert all(c.lower_bound and plan_margin(c, None) == 1.0 for c in cands)
-    assert plan_margin(cands[0], 1.1) == 1.1                              # a given margin holds for every plan
-    ctx = make_context(model, H100, load_topology("dgx-h100", nodes=2))
-    with Runner(workers=0, progress=False) as runner:
-        full = search(cands, lambda ps: runner.run(ctx, ps), margin=math.inf)
-        ran = []
-        pruned = search(cands, lambda ps: ran.extend(plan_key(p) for p in ps) or runner.run(ctx, ps), screen=True,
-                        final=2, wave=2)
-        every = search(cands, lambda ps: runner.run(ctx, ps), margin=math.inf, screen=True, final=2, wave=2)
-        # the floor from a first run never exceeds the time the screening extrapolates to
-        for c in cands:
-            sizes = screen_sizes(c.plan)
-            if sizes:
-                first, second = runner.run(ctx, screened_plans(c.plan, sizes))
-                t = extrapolate(c.plan, sizes, [first, second])["summary"]["iteration_time_s"]
-                assert first_run_floor(c, sizes, first, 1.0) <= t, c.key
-    assert full.counts["ok"] == len(cands)
-    assert [r["key"] for r in pruned.ranked[:2]] == [r["key"] for r in full.ranked[:2]]
-    assert pruned.counts["pruned_time"] > 0 and pruned.counts["simulations"] < every.counts["simulations"]
-    assert ran and all(r["key"] in runner.log.done for r in pruned.ranked)
-
-
 @pytest.mark.parametrize("seed", range(6))
 def test_a_first_screening_run_prunes_without_losing_the_best_two(seed):
     # A simulator that keeps what pruning rests on, at random: each plan's time at m
@@ -222,8 +201,6 @@ def test_a_first_screening_run_prunes_without_losing_the_best_two(seed):
     # and the best two are those of the exhaustive ranking.
     import random
     import re
-
-    from sim.studies.search import first_run_floor
 
     rng = random.Random(seed)
     model, space = MOE, SearchSpace(tp=(1, 2), pp=(1, 2), zero_stage=(1,), recompute=("none",),
