@@ -1,6 +1,8 @@
 """search with mixtures of experts and long sequences: expert- and context-parallel sizes
 are enumerated, and the pruning bound stays below the simulated time."""
 
+import pytest
+
 from sim.inputs.hardware import load_profile
 from sim.inputs.model import llama
 from sim.inputs.topology_build import load_topology
@@ -9,7 +11,7 @@ from dataclasses import replace
 
 from sim.inputs.plan import ParallelPlan
 from sim.studies.search import (DEFAULT_MARGIN, SearchOptions, SearchSpace, candidates, enumerate_plans, extrapolate,
-                                plan_key, screen_sizes, screened_plans, search)
+                                first_run_floor, plan_key, plan_margin, screen_sizes, screened_plans, search)
 from sim.studies.sweep import Runner, make_context
 from sim.inputs.schema import SimulationSettings
 from sim.session import Job, simulate_training, summarize
@@ -166,6 +168,17 @@ def test_a_screened_search_ranks_what_a_full_one_ranks():
     with Runner(workers=0, progress=False) as runner:
         full = search(cands, lambda ps: runner.run(ctx, ps), SearchOptions(margin=math.inf))
         screened = search(cands, lambda ps: runner.run(ctx, ps), SearchOptions(margin=math.inf, screen=True, final=2))
+        # pruned at the default margin (1: the bound of a mixture of experts is a true lower bound),
+        # screened plans cut on their first run where its floor passes the second best
+        pruned = search(cands, lambda ps: runner.run(ctx, ps), SearchOptions(screen=True, final=2, wave=2))
+        floors = {c.key: (first_run_floor(c, screen_sizes(c.plan), runner.run(ctx, screened_plans(
+            c.plan, screen_sizes(c.plan)))[0], plan_margin(c, None))) for c in cands if screen_sizes(c.plan)}
+    assert all(c.lower_bound and plan_margin(c, None) == 1.0 and plan_margin(c, 1.1) == 1.1 for c in cands)
+    assert [r["key"] for r in pruned.ranked[:2]] == [r["key"] for r in full.ranked[:2]]
+    assert pruned.counts["simulations"] <= screened.counts["simulations"]
+    for c in screened.candidates:  # the floor from a first run never exceeds the extrapolated time
+        if c.status == "screened":
+            assert floors[c.key] <= c.record["summary"]["iteration_time_s"], c.key
     assert full.counts["ok"] == len(cands) == 6
     assert [r["key"] for r in screened.ranked[:2]] == [r["key"] for r in full.ranked[:2]]
     # pp 1 (8 micro-batches) and pp 2 under 1f1b (16) are screened, interleaved (16 <= 6 + 10) is not;
@@ -177,3 +190,45 @@ def test_a_screened_search_ranks_what_a_full_one_ranks():
     by_key = {c.key: c.record["summary"]["iteration_time_s"] for c in full.candidates}
     for c in screened.candidates:
         assert abs(c.record["summary"]["iteration_time_s"] / by_key[c.key] - 1) < 2e-3
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_a_first_screening_run_prunes_without_losing_the_best_two(seed):
+    # A simulator that keeps what pruning rests on, at random: each plan's time at m
+    # micro-batches is T(m) = bound·f + (m - M)·slope·g, f >= 1 (never below the bound at its
+    # own M) and 1 <= g <= f (a steady period never below the bound's growth per micro-batch;
+    # T(a) > 0). Plans whose first run's floor passes the second best lose their second run,
+    # and the best two are those of the exhaustive ranking.
+    import random
+    import re
+
+    rng = random.Random(seed)
+    model, space = MOE, SearchSpace(tp=(1, 2), pp=(1, 2), zero_stage=(1,), recompute=("none",),
+                                    micro_batch_size=(1,), ep=(2, 4, 8), schedule=("1f1b",))
+    cands = candidates(model, enumerate_plans(model, 16, 256, space), H100)
+    assert all(c.lower_bound and c.slope_s > 0 for c in cands)
+    by_key = {re.sub(r"-gbs\d+", "", c.key): c for c in cands}
+    fg = {c.key: (f := rng.uniform(1.0, 1.5), rng.uniform(1.0, f)) for c in cands}
+    ran = []
+
+    def time_at(c, m):
+        f, g = fg[c.key]
+        return c.bound_s * f + (m - c.plan.num_microbatches) * c.slope_s * g
+
+    def simulate(plans):
+        ran.extend(plan_key(p) for p in plans)
+        return [{"key": plan_key(p), "plan": {}, "status": "ok",
+                 "summary": {"iteration_time_s": time_at(by_key[re.sub(r"-gbs\d+", "", plan_key(p))],
+                                                         p.num_microbatches), "fits": True}} for p in plans]
+
+    res = search(cands, simulate, SearchOptions(screen=True, final=2, wave=4))
+    truth = sorted((c for c in cands if c.estimate.fits), key=lambda c: (time_at(c, c.plan.num_microbatches), c.key))
+    assert [r["key"] for r in res.ranked[:2]] == [c.key for c in truth[:2]]
+    cut = [c for c in res.candidates if c.status == "pruned: time" and screen_sizes(c.plan)
+           and plan_key(screened_plans(c.plan, screen_sizes(c.plan))[0]) in ran]
+    assert cut, "no plan was ruled out by its first screening run"
+    for c in cut:  # rightly: its floor passes the second best, and the floor is below its time
+        sizes = screen_sizes(c.plan)
+        first = {"summary": {"iteration_time_s": time_at(c, sizes[0])}}
+        floor = first_run_floor(c, sizes, first, 1.0)
+        assert time_at(truth[1], truth[1].plan.num_microbatches) < floor <= time_at(c, c.plan.num_microbatches)

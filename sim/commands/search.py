@@ -35,6 +35,7 @@ from sim.inputs.plan import ParallelPlan
 from sim.inputs.precision import FP8_FORMATS, check_support, fp8_precision
 from sim.progress import ProgressBar
 from sim.studies.search import (
+    DEFAULT_MARGIN,
     SearchOptions,
     SearchSpace,
     candidates,
@@ -278,7 +279,8 @@ def _run(args, start: float, progress: ProgressBar) -> int:
         raise InputError("--gpus: missing; give --gpus N or --nodes N")
     require(gpus > 0, "--gpus", gpus, "expected an integer > 0")
     require(args.global_batch_size > 0, "--global-batch-size", args.global_batch_size, "expected an integer > 0")
-    require(args.margin >= 1, "--margin", args.margin, "expected a number >= 1 (inf: no time pruning)")
+    require(args.margin is None or args.margin >= 1, "--margin", args.margin,
+            "expected a number >= 1 (inf: no time pruning)")
     require(args.wave >= 1, "--wave", args.wave, "expected an integer >= 1")
     space = space_from_args(args)
     for fmt in space.fp8_format:
@@ -299,6 +301,9 @@ def _run(args, start: float, progress: ProgressBar) -> int:
                 f"no plan of the space keeps those groups inside one NVLink domain of {topo.gpus_per_node} GPUs")
         plans = inside
     ctx = make_context(model, profile, topo)
+    # the margin the pruning uses: the given one, else 1 where the bound is a true lower bound
+    # (a mixture of experts' plans, ``sim.studies.search.plan_margin``) and the default for the rest
+    margin = args.margin if args.margin is not None else 1.0 if model.moe else DEFAULT_MARGIN
     from dataclasses import asdict
 
     from sim.inputs.model import model_dict
@@ -341,7 +346,7 @@ def _run(args, start: float, progress: ProgressBar) -> int:
            "pruned_memory": c["pruned_memory"], "pruned_time": c["pruned_time"],
            "pruned_dominated": c["pruned_dominated"], "screened": c["screened"], "plans": c["plans"],
            "does_not_fit": c["does_not_fit"], "crossing_domains": crossing_domains,
-           "margin": args.margin if math.isfinite(args.margin) else None, "rank_by": args.rank_by}
+           "margin": margin if math.isfinite(margin) else None, "rank_by": args.rank_by}
     if args.out:
         rows = [{"key": cd.key, "status": cd.status, "plan": asdict(cd.plan),
                  "summary": cd.record["summary"] if cd.record and cd.status != "screened" else None,
@@ -361,13 +366,13 @@ def _run(args, start: float, progress: ProgressBar) -> int:
         return code
     print(model.describe())
     print(f"{gpus} x {profile.name} on {topo.describe()}; global batch {args.global_batch_size} x {model.seq_length} tokens")
-    margin = f"x {args.margin:g}" if math.isfinite(args.margin) else "off"
+    margin_shown = f"x {margin:g}" if math.isfinite(margin) else "off"
     wall = time.monotonic() - start  # all of the command's work: estimates, simulations, outputs
     screened = f"{c['screened']} only at fewer micro-batches, " if c["screened"] else ""
     dominated = (f", {c['pruned_dominated']} recompute more than a plan that ran and fit"
                  if c["pruned_dominated"] else "")
     print(f"{c['plans']} plans: {c['pruned_memory']} do not fit in memory, {c['pruned_time']} cannot beat the "
-          f"best two (estimate margin {margin}){dominated}, {c['evaluated']} simulated ({screened}{c['failed']} "
+          f"best two (estimate margin {margin_shown}){dominated}, {c['evaluated']} simulated ({screened}{c['failed']} "
           f"failed) in {wall:.1f} s (wall time)")
     if crossing_domains:
         print(f"{crossing_domains} more plan(s) left out: a group pinned by --pin-to-nvlink-domain "

@@ -85,10 +85,11 @@ class SearchSpaceOptions:
                               f"context-parallel sizes (default 1,2,4,8 from {LONG_SEQUENCE} tokens on, else 1)")
     fp8_format: str | None = setting(help="precisions: off (BF16), e4m3, hybrid, e.g. off,hybrid to compare BF16 with "
                                           "FP8 (default off; FP8 needs a GPU with an fp8 peak)")
-    margin: float = setting(DEFAULT_MARGIN, type=Number(float, minimum=1, allow_inf=True),
-                            help=f"the estimate's error factor: a plan is simulated unless its estimated bound / margin "
-                                 f"exceeds the second-best simulated time (default {DEFAULT_MARGIN}; inf: no time "
-                                 "pruning)")
+    margin: float | None = setting(type=Number(float, minimum=1, allow_inf=True),
+                                   help=f"the estimate's error factor: a plan is simulated unless its estimated bound / "
+                                        f"margin exceeds the second-best simulated time (default {DEFAULT_MARGIN}, and 1 "
+                                        "for a mixture of experts, whose bound is a true lower bound; inf: no time "
+                                        "pruning)")
     wave: int = setting(16, type=POSITIVE_INT, help="plans simulated between pruning checks (default 16)")
     max_time: float | None = setting(
         type=Duration(), metavar="DURATION",

@@ -133,8 +133,21 @@ def _balanced(model, plan) -> Routing:
 
 def flex_tokens(routing: Routing, layer: int, layout: EpLayout) -> tuple[float, float]:
     """(D_node, D_rank): the distinct nodes and distinct ranks of the group a token
-    reaches, expected (``Routing.reach``; the module doc)."""
-    return _flex_ratios(routing, layer if routing.kind != "balanced" else -1, layout)
+    reaches, expected (``Routing.reach``; the module doc). Under balanced routing they
+    depend only on the experts, k, the router's groups and the layout, which key them across
+    plans (a search prices thousands of plans on a few layouts)."""
+    if routing.kind != "balanced":
+        return _flex_ratios(routing, layer, layout)
+    key = (routing.E, routing.k, routing.ep, routing.groups, routing.group_topk, layout)
+    if key not in _BALANCED_REACH:
+        if len(_BALANCED_REACH) >= 4096:
+            _BALANCED_REACH.clear()
+        _BALANCED_REACH[key] = _flex_ratios(routing, -1, layout)
+    return _BALANCED_REACH[key]
+
+
+_BALANCED_REACH: dict = {}
+"""``flex_tokens``' answers under balanced routing, by what they depend on."""
 
 
 @lru_cache(maxsize=4096)

@@ -62,7 +62,15 @@ them is enough to compare with BF16.
    (``DEFAULT_MARGIN``): the simulator must never be more than ``margin`` times faster
    than the bound, i.e. ``bound / simulated ≤ margin`` for every plan, and then pruning
    never drops the best two. ``measure_margin`` and ``experiments/bench_sweep.py``
-   measure that ratio on a sample. Waves have a fixed size, so which plans are simulated,
+   measure that ratio on a sample. Where the bound is a true lower bound (a mixture of
+   experts, with each of the three dispatchers: ``Candidate.lower_bound``) no error factor
+   is needed, and unless a margin is given the search prunes those plans at margin 1
+   (``plan_margin``). A screened plan (step 2's screening, ``screen_sizes``) runs its
+   cheaper screening first, with the wave's full runs; its first run at a micro-batches
+   gives a tighter floor, T(a) + (m − a)·slope / margin with slope the bound's growth per
+   micro-batch (``first_run_floor``). The second runs go in order of that floor, the
+   lowest two first; then a plan whose floor exceeds the second best so far is pruned
+   without its second run. Waves have a fixed size, so which plans are simulated,
    and so every result, does not depend on the executor or the number of workers.
    A plan is also skipped (``pruned: dominated``) when a plan of its *recompute family*
    (the same plan but for its recompute, ``recompute_family``) with less recompute has
@@ -375,6 +383,14 @@ def bound_s(ctx: BuildContext, est: Estimate) -> float:
     prices them on the context's paced profile; expert-parallel all-to-alls at their least
     time, ``_ep_times``), and the bubble without the other ranks' all-to-alls, which can
     run while the slowest rank computes."""
+    return bound_parts(ctx, est)[0]
+
+
+def bound_parts(ctx: BuildContext, est: Estimate) -> tuple[float, float]:
+    """(``bound_s``, its growth per micro-batch): the largest over the pipeline ranks of
+    their own work per micro-batch (the m·T term's T, each rank's own rather than the
+    slowest's where they differ), which no steady-state period undercuts where the bound
+    holds at every micro-batch count (``search``'s screening prunes with it)."""
     model, plan, profile, gpus_per_node = ctx.model, ctx.plan, ctx.profile, ctx.gpus_per_node
     p, v, m = plan.pp, plan.vpp, plan.num_microbatches
     ep = _ep_times(model, plan, profile, gpus_per_node)
@@ -396,14 +412,17 @@ def bound_s(ctx: BuildContext, est: Estimate) -> float:
                                + (head if r == p - 1 else 0.0) for _, lay, emb, head, moe in ph))
         a2a.append(n_moe * sum(least for _, least in ep.values()))
     own = [m * sum(ranks[r]) for r in range(p)]  # each rank's own work over the micro-batches
+    per = [sum(ranks[r]) for r in range(p)]  # and its growth per micro-batch
     if plan.overlap_moe_expert_parallel_comm:
         # a pair's all-to-alls can run beside the other micro-batch's compute, one at a time on
         # their stream; without pipelining micro-batch 0's forward and the last backward run alone
         for r in range(p):
             compute = sum(ranks[r]) - a2a[r]
             own[r] = max(m * compute + (a2a[r] if p == 1 else 0.0), m * a2a[r])
+            per[r] = max(compute, a2a[r])
+    slope = max(per)
     if model.moe:
-        return _pipeline_floor(ranks, own, plan) + est.time["optimizer"]
+        return _pipeline_floor(ranks, own, plan) + est.time["optimizer"], slope
     slowest = max(range(p), key=lambda r: own[r])
     others = [ranks[r] for r in range(p) if r != slowest]
     k = plan.pipeline.bubble_weight_passes  # (Zero Bubble: W passes fill each bubble)
@@ -413,7 +432,7 @@ def bound_s(ctx: BuildContext, est: Estimate) -> float:
         bubble = sum(f + b + w for f, b, w in others) / v
     # the other ranks' all-to-alls can run while the slowest rank computes: out of the bubble
     bubble = max(0.0, bubble - sum(a2a[r] for r in range(p) if r != slowest) / v)
-    return own[slowest] + bubble + est.time["optimizer"]
+    return own[slowest] + bubble + est.time["optimizer"], slope
 
 
 def _pipeline_floor(ranks: list, own: list, plan) -> float:
@@ -448,6 +467,13 @@ class Candidate:
     """'pruned: memory', 'pruned: time', or the simulation's status ('ok', 'error', 'crashed')."""
     record: dict | None = None
     """The simulation's record (``sim.studies.sweep.evaluate``) when it was simulated."""
+    slope_s: float = 0.0
+    """The bound's growth per micro-batch (``bound_parts``): with the bound's margin, the least
+    steady-state period, which ``search`` extrapolates a screening's first run with."""
+    lower_bound: bool = False
+    """``bound_s`` is a true lower bound of the simulated time (a mixture of experts'
+    ``_pipeline_floor``, with every dispatcher's exchanges at their least time): the search's
+    default margin prunes it at 1 (``plan_margin``)."""
 
 
 @dataclass
@@ -492,7 +518,8 @@ def _estimate(job: tuple) -> list[Candidate]:
         if plan.layer_split == "auto":
             plan = balanced_plan(model, plan, profile, splits)
         ctx, est = estimate_of(model, plan, profile, gpus_per_node=gpus_per_node)
-        c = Candidate(plan, plan_key(plan), est, bound_s(ctx, est))
+        bound, slope = bound_parts(ctx, est)
+        c = Candidate(plan, plan_key(plan), est, bound, slope_s=slope, lower_bound=model.moe)
         if not est.fits:
             c.status = "pruned: memory"
         out.append(c)
@@ -570,9 +597,10 @@ class SearchOptions:
     iteration undercuts (``idle · T <= energy`` for every GPU). It prunes far less than
     time does; it neither screens nor skips heavier recompute (both reason about time)."""
 
-    margin: float = DEFAULT_MARGIN
+    margin: float | None = None
     """The estimate's error factor: a plan whose bound / margin is above the ``exact``-th
-    best simulated so far is pruned (inf: no time pruning)."""
+    best simulated so far is pruned (inf: no time pruning); None: ``plan_margin``'s, 1 where a
+    plan's bound is a true lower bound (the mixtures of experts) and ``DEFAULT_MARGIN`` else."""
     exact: int = 2
     """How many of the best plans the pruning keeps exact (the threshold is the exact-th best)."""
     wave: int = 16
@@ -591,8 +619,8 @@ class SearchOptions:
                 "search: idle_power_w", self.idle_power_w,
                 "watts >= 0 (the floor of the energy bound), needed to rank by tokens-per-joule")
         margin, exact, wave, final = self.margin, self.exact, self.wave, self.finalists
-        require(isinstance(margin, (int, float)) and not math.isnan(margin) and margin >= 1, "search: margin",
-                margin, "expected a number >= 1 (inf: no time pruning)")
+        require(margin is None or isinstance(margin, (int, float)) and not math.isnan(margin) and margin >= 1,
+                "search: margin", margin, "expected a number >= 1 (inf: no time pruning), or None (plan_margin's)")
         require(isinstance(exact, int) and exact >= 1, "search: exact", exact, "expected an integer >= 1")
         require(isinstance(wave, int) and wave >= 1, "search: wave", wave, "expected an integer >= 1")
         require(isinstance(final, int) and final >= 1, "search: final", final, "expected an integer >= 1")
@@ -615,7 +643,7 @@ class SearchOptions:
     def floor_of(self, c: Candidate) -> float:
         """The least a candidate can cost by its bound: time, or with ``by_energy`` every
         GPU at ``idle_power_w`` for that time."""
-        return c.bound_s / self.margin * (c.plan.world_size * self.idle_power_w if self.by_energy else 1.0)
+        return c.bound_s / plan_margin(c, self.margin) * (c.plan.world_size * self.idle_power_w if self.by_energy else 1.0)
 
     def runs_of(self, c: Candidate) -> int:
         """Simulations a candidate takes: two where it is screened."""
@@ -647,8 +675,8 @@ def search(cands: list[Candidate], simulate, options: SearchOptions = SearchOpti
     from sim.workers import Terminated
 
     by_energy, final = options.by_energy, options.finalists
-    cands = [Candidate(c.plan, c.key, c.estimate, c.bound_s, "pending" if c.estimate.fits else "pruned: memory")
-             for c in cands]
+    cands = [Candidate(c.plan, c.key, c.estimate, c.bound_s, "pending" if c.estimate.fits else "pruned: memory",
+                       slope_s=c.slope_s, lower_bound=c.lower_bound) for c in cands]
     order = sorted((c for c in cands if c.status == "pending"), key=lambda c: (c.bound_s, c.key))
     times: list[float] = []
     lightest: dict = {}  # recompute family -> the least recompute among its plans that ran and fit
@@ -696,6 +724,16 @@ def search(cands: list[Candidate], simulate, options: SearchOptions = SearchOpti
     return SearchResult(cands, ranked, options.margin, counts, stopped)
 
 
+def plan_margin(c: Candidate, margin: float | None) -> float:
+    """The margin ``search`` prunes ``c`` with: ``margin`` when given (``trainsim search
+    --margin``), else 1 where ``c``'s bound is a true lower bound (``Candidate.lower_bound``:
+    no plan simulates faster than it, so no error factor is needed; the mixtures of experts,
+    every dispatcher, tests/test_search_moe_cp.py) and ``DEFAULT_MARGIN`` for the rest."""
+    if margin is not None:
+        return margin
+    return 1.0 if c.lower_bound else DEFAULT_MARGIN
+
+
 def _waves(order, run, options: SearchOptions, planned, spent, times, lightest) -> None:
     """``search``'s waves over ``order`` (candidates by bound), pruning before each;
     ``spent`` (simulations run, a one-item list), ``times`` (the simulated plans' times or
@@ -719,11 +757,23 @@ def _waves(order, run, options: SearchOptions, planned, spent, times, lightest) 
         while i < len(order) and len(batch) < wave:
             c, i = order[i], i + 1
             family, weight = recompute_family(c.plan)
-            if lightest.get(family, weight) < weight and math.isfinite(margin) and not by_energy:
+            if lightest.get(family, weight) < weight and math.isfinite(plan_margin(c, margin)) and not by_energy:
                 c.status = "pruned: dominated"
             else:
                 batch.append(c)
-        for c, rec in zip(batch, _simulate_wave(batch, run, screen)):
+        def floor(c, sizes, first) -> float:  # the least time a screening's first run allows
+            mc = plan_margin(c, margin)
+            return first_run_floor(c, sizes, first, mc) if math.isfinite(mc) else -math.inf
+
+        def bar(recs) -> float:  # the second best of the times so far and the wave's
+            known = sorted(times + [r["summary"]["iteration_time_s"] for r in recs if _ran_and_fit(r)])
+            return known[exact - 1] if len(known) >= exact else math.inf
+
+        cut = screen and not by_energy
+        for c, rec in zip(batch, _simulate_wave(batch, run, screen, floor if cut else None, bar, lead=exact)):
+            if rec is None:  # its first screening run rules it out
+                c.status = "pruned: time"
+                continue
             c.record, c.status = rec, rec["status"]
             if _ran_and_fit(rec):
                 s = rec["summary"]
@@ -774,21 +824,51 @@ def extrapolate(plan: ParallelPlan, sizes: tuple[int, int], records: list[dict])
             "screened": {"microbatches": [a, b], "iteration_time_s": [ta, tb]}}
 
 
-def _simulate_wave(batch: list[Candidate], simulate, screen: bool) -> list[dict]:
+def _simulate_wave(batch: list[Candidate], simulate, screen: bool, floor=None, threshold=None,
+                   lead: int = 2) -> list[dict | None]:
     """Records for a wave's candidates: screened where ``screen`` and ``screen_sizes``
-    allow (all of the wave's runs in one call, so they run in parallel), else in full; a
-    plan whose screening runs failed is simulated in full."""
+    allow, else in full; a plan whose screening runs failed is simulated in full.
+
+    The cheaper run of each screening goes first, with the full runs (one call, so they run
+    in parallel). With ``floor(candidate, sizes, first_record)`` (the least time its first
+    run allows, ``first_run_floor``) and ``threshold(records)`` (the time a plan must beat,
+    given the wave's records so far), the second runs then go in order of that floor: the
+    ``lead`` lowest first, then, once their times are known, every other plan whose floor
+    is still below the threshold (a plan above it gets None: ``search`` marks it pruned)."""
     sizes = [screen_sizes(c.plan) if screen else None for c in batch]
-    runs = [p for c, sz in zip(batch, sizes) for p in ([c.plan] if sz is None else screened_plans(c.plan, sz))]
-    recs, out, k = simulate(runs) if runs else [], [], 0
-    for c, sz in zip(batch, sizes):
-        n = 1 if sz is None else 2
-        out.append(recs[k] if sz is None else extrapolate(c.plan, sz, recs[k:k + n]))
-        k += n
-    redo = [i for i, r in enumerate(out) if r is None]
+    first = [c.plan if sz is None else screened_plans(c.plan, sz)[0] for c, sz in zip(batch, sizes)]
+    recs = simulate(first) if first else []
+    out: list = [r if sz is None else None for r, sz in zip(recs, sizes)]
+    redo = [i for i, (r, sz) in enumerate(zip(recs, sizes)) if sz is not None and r["status"] != "ok"]
+    second = [i for i, (r, sz) in enumerate(zip(recs, sizes)) if sz is not None and r["status"] == "ok"]
+    if floor is not None:
+        low = {i: floor(batch[i], sizes[i], recs[i]) for i in second}
+        second.sort(key=lambda i: (low[i], batch[i].key))
+    parts = [second] if floor is None else [second[:lead], second[lead:]]
+    for k, part in enumerate(parts):
+        if k and floor is not None:  # what the wave's runs so far leave to beat
+            bar = threshold([r for r in out if r is not None])
+            part = [i for i in part if low[i] <= bar]
+        for i, rec in zip(part, simulate([screened_plans(batch[i].plan, sizes[i])[1] for i in part])
+                          if part else []):
+            out[i] = extrapolate(batch[i].plan, sizes[i], [recs[i], rec])
+            if out[i] is None:
+                redo.append(i)
+    redo.sort()
     for i, rec in zip(redo, simulate([batch[i].plan for i in redo]) if redo else []):
         out[i] = rec
     return out
+
+
+def first_run_floor(c: Candidate, sizes: tuple[int, int], record: dict, margin: float) -> float:
+    """The least time ``c``'s screening can extrapolate to, from its first run alone (at
+    a = ``sizes[0]`` micro-batches, ``record``): T(a) + (m − a)·slope / margin, with slope the
+    bound's growth per micro-batch (``Candidate.slope_s``). Where the bound / margin stays
+    below the simulated time at every micro-batch count (what pruning by the bound rests on),
+    it stays below T(a) + (m − a)·s for every large m, so s, the steady-state period the
+    screening extrapolates with, is at least slope / margin."""
+    a, m = sizes[0], c.plan.num_microbatches
+    return record["summary"]["iteration_time_s"] + (m - a) * c.slope_s / margin
 
 
 RECOMPUTE_WEIGHT = {"none": 0, "selective": 1, "full": 2}

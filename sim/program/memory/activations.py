@@ -300,11 +300,17 @@ def layer_parts(model: ModelSpec, plan: ParallelPlan, virtual_stage: int, flash_
     ``recompute_num_layers`` store their input only, the rest everything; under uniform the
     first layer of each group stores the group's input and the others nothing."""
     ids = list(plan.layer_range(model, virtual_stage))
-    out = {}
+    out, priced = {}, {}  # (moe, granularity) -> bytes: the chunk's layers are of a few kinds
     for pos, lid in enumerate(ids):
         rec = layer_recompute(plan, pos)
         keep = not RECOMPUTE_POLICIES[rec].whole_layer or keeps_checkpoint(plan, pos)
-        out[lid] = plan_layer_bytes(model, plan, flash_attention, model.is_moe_layer(lid), rec) if keep else 0.0
+        if not keep:
+            out[lid] = 0.0
+            continue
+        kind = (model.is_moe_layer(lid), rec)
+        if kind not in priced:
+            priced[kind] = plan_layer_bytes(model, plan, flash_attention, kind[0], rec)
+        out[lid] = priced[kind]
     return out
 
 
