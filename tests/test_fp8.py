@@ -143,6 +143,36 @@ def test_fp8_gemm_efficiency_caps_and_stretches_k0():
     assert "fp8_gemm_max_efficiency" in p.sources and "fp8_gemm_max_efficiency" in load_profile("h200").sources
 
 
+# DeepGEMM's FP8 GEMM throughputs on an H800 (the H100's SMs and FP8 peak, 1,979 TFLOP/s dense),
+# NVCC 12.8, as deepseek-ai/DeepGEMM's README published them with its first release (February 2025,
+# "Performance": normal GEMMs for dense models and grouped GEMMs for MoE models, contiguous layout;
+# a kernel microbenchmark, not a training run): (groups, M per group, N, K) -> TFLOP/s.
+DEEPGEMM_H800 = {(1, 4096, 2112, 7168): 1058, (1, 4096, 24576, 1536): 990, (1, 4096, 32768, 512): 590,
+                 (1, 4096, 7168, 16384): 1358, (1, 4096, 4096, 7168): 1304, (1, 4096, 7168, 2048): 1025,
+                 (4, 8192, 4096, 7168): 1297, (4, 8192, 7168, 2048): 1099,
+                 (8, 4096, 4096, 7168): 1288, (8, 4096, 7168, 2048): 1093}
+
+
+def test_fp8_gemm_shape_model_ramps_with_k_as_deepgemm_measured():
+    """The FP8 GEMM model's fall with K and N (k0 stretched by the FP8/BF16 peak ratio, the tile
+    and wave terms) against DeepGEMM's measured FP8 GEMMs at M of 4,096-8,192 per group, the
+    per-expert M of the Megatron-Bridge MoE rows (1,024-8,192) and K down to 512 (Qwen3's expert
+    GEMMs have K of 768-4,096): each shape's measured over modelled throughput, relative to the
+    largest K's (4,096 x 7,168 x 16,384), stays within 6% down to K = 1,536 (grouped K = 2,048:
+    within 1.2%), and the model is 8% fast at K = 512. So the FP8 rate's ramp with size is
+    not what makes a small MoE layer's FP8 GEMMs fast in the simulator (docs/accuracy.md)."""
+    p = replace(H100, sustained_compute_fraction=1.0)  # a kernel benchmark: no training-step clocks
+    peak = p.peak("fp8") / 1e12
+    assert peak == pytest.approx(1979, rel=1e-3)
+    ratio = {s: t / (peak * p.gemm_efficiency(s[1], s[2], s[3], batch=s[0], dtype="fp8"))
+             for s, t in DEEPGEMM_H800.items()}
+    ref = ratio[(1, 4096, 7168, 16384)]
+    rel = {s: r / ref for s, r in ratio.items()}
+    assert all(abs(r - 1) < 0.06 for s, r in rel.items() if s[3] >= 1536)
+    assert all(abs(r - 1) < 0.012 for s, r in rel.items() if s[0] > 1)  # the grouped (contiguous) GEMMs
+    assert rel[(1, 4096, 32768, 512)] == pytest.approx(0.917, abs=0.005)
+
+
 # Transformer Engine's GEMM benchmark, as its documentation's worked example prints it
 # (docs/examples/gemm_profiling/gemm_profiling.rst, "Worked Example: 5B Model on H200", pre-quantized
 # mode): the 12 GEMMs of one layer of hidden 4,096 and MLP 16,384 at 31 x 512 = 15,872 tokens, on an

@@ -66,9 +66,9 @@ def test_expert_weights_are_gathered_in_one_byte_and_their_fp8_copies_held():
 
 def test_expert_casts_run_one_kernel_per_expert_as_te_quantizes_each_split():
     """TE's GroupedLinear quantizes each expert's split on its own (``multi_tensor_quantize_impl``),
-    except delayed scaling's one fused cast-transpose of all splits; current scaling launches an
-    amax, a scale and a cast per split. E = 4 local experts (ep = 1), m = 8 micro-batches; each
-    kernel pays the profile's fixed per-kernel cost."""
+    except delayed scaling's one fused cast-transpose of all splits; current scaling launches a
+    zeroing of the amax, an amax, a scale and a cast per split. E = 4 local experts (ep = 1), m = 8
+    micro-batches; each kernel pays the profile's fixed per-kernel cost."""
     from sim.program.costs import op_time
 
     work = layer_work(TINY, LayerRun(1, 1, False), moe=MoeShape(ep=1, etp=1, load=S * K))
@@ -76,7 +76,8 @@ def test_expert_casts_run_one_kernel_per_expert_as_te_quantizes_each_split():
     for fmt, recipe in (("hybrid", "tensorwise"), ("hybrid", "delayed"), ("e4m3", "mxfp8")):
         ops = _items(fp8_layer_work(work, fp8_precision(fmt, recipe), 1, False, microbatches=8))
         kernels[recipe] = {n: o.kernels for n, o in ops.items() if n.startswith("moe.experts.up.")}
-    assert kernels["tensorwise"]["moe.experts.up.amax"] == E  # nvte_compute_amax per split
+    # nvte_compute_amax per split: its amax zeroed (launch_amax_kernel's memset), then the amax kernel
+    assert kernels["tensorwise"]["moe.experts.up.amax"] == 2 * E
     assert kernels["tensorwise"]["moe.experts.up.to_fp8_t"] == 2 * E  # scale from amax, cast, per split
     assert kernels["tensorwise"]["moe.experts.up.dgrad.to_fp8_t"] == 2 * E
     assert kernels["delayed"]["moe.experts.up.to_fp8_t"] == 1  # nvte_multi_cast_transpose, all splits
@@ -88,6 +89,10 @@ def test_expert_casts_run_one_kernel_per_expert_as_te_quantizes_each_split():
     cast = ops["moe.experts.up.to_fp8_t"]
     moved = (cast.bytes_read + cast.bytes_written) / gpu.memory_rate(False)
     assert op_time(cast, gpu) == pytest.approx(moved + 2 * E * gpu.kernel_launch_s, rel=1e-12)
-    # a dense layer's casts are untouched: one kernel each
+    amax = ops["moe.experts.up.amax"]
+    moved = (amax.bytes_read + amax.bytes_written) / gpu.memory_rate(False)
+    assert op_time(amax, gpu) == pytest.approx(moved + 2 * E * gpu.kernel_launch_s, rel=1e-12)
+    # a dense layer's casts are one kernel each, its amax passes two (zero, then the amax kernel)
     dense = _items(fp8_layer_work(layer_work(TINY, LayerRun(1, 1, False)), fp8_precision("hybrid", "tensorwise"), 1, False))
-    assert all(o.kernels == 1 for o in dense.values() if hasattr(o, "kernels"))
+    assert [n for n in dense if n.endswith(".amax")]
+    assert all(o.kernels == (2 if n.endswith(".amax") else 1) for n, o in dense.items() if hasattr(o, "kernels"))

@@ -82,6 +82,15 @@ class Recipe:
     norms then write the FP8 input of the GEMM after them."""
     amax_pass: bool = False
     """Each cast of a BF16 tensor reads it once more for its per-tensor amax first."""
+    amax_kernels: int = 1
+    """GPU operations of one amax pass over one tensor (one expert's split of a grouped GEMM's
+    operand): per-tensor current scaling's ``nvte_compute_amax`` (Transformer Engine,
+    transformer_engine/common/recipe/current_scaling.cu, ``launch_amax_kernel``) first zeroes
+    the FP32 amax it then updates with atomic maxima ("Zero out amax so we can update with
+    atomic max": ``cudaMemsetAsync(amax, 0, sizeof(float), stream)`` in TE 2.x, a
+    ``zero_amax_kernel<<<1, 1>>>`` in later releases), then runs ``amax_kernel``: two, each
+    paying the profile's fixed per-kernel cost. NVFP4 computes its amax otherwise
+    (``nvte_hadamard_transform_amax`` with the random Hadamard transform): one, not checked."""
     norm_amax: bool = False
     """The norm kernel computes its output's amax as it writes it (no amax pass for the
     LayerNormLinear GEMMs' inputs: TE's ``FUSED_NORM_AMAX_FP8``)."""
@@ -107,7 +116,7 @@ class Recipe:
 RECIPES = {
     "delayed": Recipe("delayed", 0, 0, AMAX_BYTES, "fp8", history=True, gathered_weight_bytes=FP8_BYTES,
                       offload_weights=True),
-    "tensorwise": Recipe("tensorwise", 0, 0, AMAX_BYTES, "fp8", amax_pass=True, norm_amax=True,
+    "tensorwise": Recipe("tensorwise", 0, 0, AMAX_BYTES, "fp8", amax_pass=True, amax_kernels=2, norm_amax=True,
                          gathered_weight_bytes=FP8_BYTES),
     # MXFP8 weights are gathered in BF16 through the gradient buffer (sim.program.fp8's doc)
     "mxfp8": Recipe("mxfp8", MX_BLOCK, MX_BLOCK, 1, "mxfp8", needs="mx", both_copies=True,

@@ -285,7 +285,8 @@ def _cast(it, suffix: str, recipe: Recipe, read: float, elements: float, gathere
             out[0] = replace(out[0], kernels=_expert_cast_kernels(it.kernels, suffix, recipe))
     if recipe.amax_pass:
         amax_known = amax_known and recipe.norm_amax
-        out[:0] = ([] if amax_known else [_memory(it, "amax", read, 0.0)]) + ([_amax_all_reduce(it)] if gathered else [])
+        amax = replace(_memory(it, "amax", read, 0.0), kernels=recipe.amax_kernels * it.kernels)  # per split
+        out[:0] = ([] if amax_known else [amax]) + ([_amax_all_reduce(it)] if gathered else [])
     return out
 
 
@@ -297,8 +298,8 @@ def _expert_cast_kernels(experts: int, suffix: str, recipe: Recipe) -> int:
     delayed scaling"); every other recipe quantizes each expert's split on its own, and
     current scaling's ``Float8CurrentScalingQuantizer::quantize`` (csrc/quantizer.cpp) runs
     ``nvte_compute_amax``, ``nvte_compute_scale_from_amax`` and ``nvte_quantize_v2`` per split:
-    the amax pass (``<gemm>.amax``, one kernel per expert, as the GEMM op carries) and here
-    the scale and the cast, two per expert. Block-scaled recipes: one kernel per expert."""
+    the amax pass (``<gemm>.amax``: per expert, as the GEMM op carries, the amax zeroed and
+    the amax kernel, ``Recipe.amax_kernels``) and here the scale and the cast, two per expert. Block-scaled recipes: one kernel per expert."""
     if recipe.history:
         return 1 if suffix.endswith("_t") else experts
     return 2 * experts if recipe.amax_pass else experts
