@@ -58,13 +58,14 @@ def test_build_program_is_the_passes_on_the_context():
 
 
 def test_the_context_paces_the_profile_once():
-    ctx = _ctx(dp=8, global_batch_size=8)
-    assert ctx.profile.sustained_compute_fraction == H100.sustained_compute_fraction * slowest_speed(
-        H100.gpu_speed_spread, 8)
-    assert ctx.profile.gpu_speed_spread == 0.0 and H100.gpu_speed_spread > 0
+    spread = replace(H100, gpu_speed_spread=0.02)  # a spread to pace by (the preset's fitted one may be 0)
+    ctx = BuildContext.create(TWO, ParallelPlan(dp=8, global_batch_size=8), spread, fidelity="full")
+    assert ctx.profile.sustained_compute_fraction == spread.sustained_compute_fraction * slowest_speed(0.02, 8)
+    assert ctx.profile.gpu_speed_spread == 0.0
     again = BuildContext.create(TWO, ctx.plan, ctx.profile)  # pacing a paced profile changes nothing
     assert again.profile == ctx.profile
-    assert _ctx(dp=1).profile == H100  # one GPU: nothing to wait for
+    one = BuildContext.create(TWO, ParallelPlan(dp=1, global_batch_size=4), spread, fidelity="full")
+    assert one.profile == spread  # one GPU: nothing to wait for
     other = replace(load_profile("a100-80gb"), gpu_speed_spread=0.03)  # a mixed cluster's other GPU type
     assert ctx.on(other).profile.sustained_compute_fraction == other.sustained_compute_fraction * slowest_speed(
         0.03, 8)
