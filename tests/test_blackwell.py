@@ -63,8 +63,9 @@ def test_gemm_caps_are_the_measured_best_kernels():
     assert B200.attention_max_efficiency == pytest.approx(1613 / 2250, abs=5e-4)
     # The FP8 cap and the sustained fraction of each Blackwell preset are its own fit (the report of
     # record): B200 to its NeMo 25.02 rows, GB200 and GB300 to their Megatron-Bridge rows; the B200
-    # and GB200 caps stay below the best FP8 kernel measured alone.
-    for p, name in ((B200, "b200-fit-report-2026-12-05.json"), (GB200, "gb200-fit-report-2026-12-06.json"),
+    # and GB200 caps stay at or below the best FP8 kernel measured alone (the profile's ceiling, that
+    # measurement to three digits).
+    for p, name in ((B200, "b200-fit-report-2026-12-06-refit.json"), (GB200, "gb200-fit-report-2026-12-06.json"),
                     (load_profile("gb300"), "gb300-fit-report-2026-12-06.json")):
         report = json.loads((ROOT / "experiments/fit-cache" / name).read_text())
         assert report["gpu"] == p.name
@@ -72,7 +73,9 @@ def test_gemm_caps_are_the_measured_best_kernels():
         assert p.fp8_gemm_max_efficiency == pytest.approx(fitted["fp8_gemm_max_efficiency"], abs=1e-6)
         assert p.sustained_compute_fraction == pytest.approx(fitted["sustained_compute_fraction"], abs=1e-5)
         assert report["data_sha256"] in p.sources["sustained_compute_fraction"] or name.startswith("b200")
-    assert B200.fp8_gemm_max_efficiency < 3432.5 / 4500 and GB200.fp8_gemm_max_efficiency < 3615.6 / 5000
+    for p, mamf in ((B200, 3432.5 / 4500), (GB200, 3615.6 / 5000)):
+        ceiling = p.efficiency_ceilings["fp8_gemm_max_efficiency"]
+        assert ceiling == pytest.approx(mamf, abs=5e-4) and p.fp8_gemm_max_efficiency <= ceiling
     # a large square GEMM reaches the cap times the sustained fraction, no more
     for p in (B200, GB200):
         assert p.gemm_efficiency(8192, 8192, 8192) <= p.gemm_max_efficiency * p.sustained_compute_fraction
