@@ -481,7 +481,8 @@ class SearchResult:
     candidates: list[Candidate]
     ranked: list[dict]
     """Simulated plans that ran, best first: records with ``summary``."""
-    margin: float
+    margin: float | None
+    """The margin given (``SearchOptions.margin``); None: each plan's ``plan_margin``."""
     counts: dict = field(default_factory=dict)
     stopped: str | None = None
     """Why the search ended before it was done ("SIGINT", "SIGTERM", "max-time"), or None."""
