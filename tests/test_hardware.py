@@ -293,3 +293,56 @@ def test_the_backward_and_causal_flash_kernels_run_below_the_non_causal_forward(
     # a profile that gives neither prices both passes as the non-causal forward (1)
     bare = replace(h100, attention_backward_relative_efficiency=None, attention_causal_relative_efficiency=None)
     assert bare.attention_efficiency(16384, 16384, 128, 16, backward=True) == pytest.approx(fwd / 0.95, rel=1e-12)
+
+
+def test_a_flash_forward_at_other_head_widths_follows_its_exponentials():
+    # Per score a flash forward runs 2·(d_qk + d_v) = 4d matmul FLOPs on the tensor cores and one
+    # exponential on the special-function unit, one after the other; with ρ tensor FLOPs per
+    # exponential its throughput on the FLOPs is 4d/(4d + ρ) of the tensor cores', relative to
+    # the head of 128 that attention_max_efficiency was measured at.
+    h100 = replace(load_profile("h100-sxm"), sustained_compute_fraction=1.0, kernel_launch_s=0.0)
+    assert h100.tensor_flops_per_exp == 256  # FlashAttention-3 paper: 989 TFLOP/s matmul, 3.9 TFLOP/s exp
+    assert 989 / 3.9 == pytest.approx(256, rel=0.01)
+    assert h100.attention_head_factor(4 * 64) == pytest.approx((256 / 512) / (512 / 768), rel=1e-12)  # 0.75
+    assert h100.attention_head_factor(4 * 128) == 1.0
+    assert h100.attention_head_factor(4 * 256) == pytest.approx((1024 / 1280) / (512 / 768), rel=1e-12)  # 1.2
+    # against the FlashAttention-3 paper's H100 figures (FP16 forward, non-causal; head 64, 128,
+    # 256 at 8k and 16k tokens: 496, 646, 746 and 497, 648, 756 TFLOP/s), within 5%: not fitted
+    for d, measured in ((64, (496 / 646, 497 / 648)), (256, (746 / 646, 756 / 648))):
+        for m in measured:
+            assert h100.attention_head_factor(4 * d) == pytest.approx(m, rel=0.05)
+    # the efficiency and an op's time carry it: the forward only, the backward as at 128
+    fwd128 = h100.attention_efficiency(16384, 16384, 128, 16)
+    assert h100.attention_efficiency(16384, 16384, 64, 32) == pytest.approx(fwd128 * 0.75, rel=1e-12)
+    assert h100.attention_efficiency(16384, 16384, 64, 32, backward=True) == pytest.approx(
+        h100.attention_efficiency(16384, 16384, 128, 16, backward=True), rel=1e-12)
+    shape, flops = (16384, 16384, 64), 4 * 16384**2 * 64 * 32  # the same FLOPs as 16 heads of 128
+    f64 = op_time(Op("attn.core", "F", "attention", flops, 0.0, 0.0, 0.0, shape, 32), h100)
+    f128 = op_time(Op("attn.core", "F", "attention", flops, 0.0, 0.0, 0.0, (16384, 16384, 128), 16), h100)
+    assert f64 / f128 == pytest.approx(1 / 0.75, rel=1e-12)
+    # a profile without ρ prices every head as 128 wide
+    assert replace(h100, tensor_flops_per_exp=None).attention_efficiency(16384, 16384, 64, 32) == pytest.approx(fwd128)
+
+
+def test_blackwell_prices_the_exponential_twice_as_dear_as_hopper_and_blackwell_ultra_as_hopper():
+    # B200/GB200: 8,192 BF16 tensor FLOPs per clock per SM over 16 exponentials (FlashAttention-4
+    # paper); GB300 (Blackwell Ultra) doubles the exponential unit (NVIDIA's Blackwell Ultra softmax note)
+    b200, gb200, gb300 = (load_profile(g) for g in ("b200", "gb200", "gb300"))
+    assert b200.tensor_flops_per_exp == gb200.tensor_flops_per_exp == 8192 / 16
+    assert gb300.tensor_flops_per_exp == gb200.tensor_flops_per_exp / 2
+    assert gb200.attention_head_factor(4 * 64) == pytest.approx((256 / 768) / (512 / 1024), rel=1e-12)  # 2/3
+    # MLA (DeepSeek-V3: query/key 192, value 128): 2·(192 + 128) = 640 FLOPs a score, priced from
+    # the op's FLOPs, not from its 192-wide shape: 640/1152 over 512/1024 = 1.111 of a head of 128
+    g = replace(gb200, sustained_compute_fraction=1.0, kernel_launch_s=0.0)
+    s, bh = 4096, 128
+    mla = Op("attn.core", "F", "attention", 2 * (192 + 128) * s * s * bh, 0.0, 0.0, 0.0, (s, s, 192), bh)
+    plain = Op("attn.core", "F", "attention", 4 * 128 * s * s * bh, 0.0, 0.0, 0.0, (s, s, 128), bh)
+    # 1.25 times the FLOPs at 1/1.111 of the time per FLOP: 1.25 x 0.9 = 1.125
+    assert op_time(mla, g) / op_time(plain, g) == pytest.approx(1.25 * 0.5 / (640 / 1152), rel=1e-12)
+
+
+def test_a_bad_tensor_flops_per_exp_is_a_one_line_error(tmp_path):
+    good = load_profile("h100-sxm").to_dict()
+    with pytest.raises(InputError) as info:
+        load_profile(_write(tmp_path, dict(good, tensor_flops_per_exp=0)))
+    one_line(info, "bad.json", "tensor_flops_per_exp", "0")

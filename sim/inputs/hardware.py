@@ -55,6 +55,12 @@ for head dim 128 on Hopper and Blackwell, FlashAttention-4's 128x128 tiles; cuDN
 attention tiles alike)."""
 
 
+ATTENTION_REFERENCE_HEAD_DIM = 128
+"""The head width of the flash-attention benchmarks the profiles' ``attention_max_efficiency``
+comes from (FlashAttention-3's H100 figures, FlashAttention-4's B200 figure: head dim 128);
+``HardwareProfile.attention_head_factor`` is 1 there."""
+
+
 def causal_work_fraction(seq_k: int) -> float:
     """The share of the project's attention FLOP count (non-causal, the papers' convention:
     every query against all ``seq_k`` keys) that a causal flash kernel computes. The kernel
@@ -257,6 +263,12 @@ class HardwareProfile:
     kernel's (``attention_max_efficiency``), beyond the whole diagonal blocks it computes
     (``causal_work_fraction``, priced apart): the masking of the diagonal blocks and the
     query blocks' unequal loops, the tail of the last wave. None: 1."""
+    tensor_flops_per_exp: number("a number > 0 (tensor-core FLOPs per exponential)", gt=0) | None = None
+    """BF16 tensor-core FLOPs per clock per SM over the exponentials per clock per SM of the
+    special-function unit (``MUFU.EX2``), one number per GPU generation: a flash-attention
+    forward computes one exponential per score and 2·(d_qk + d_v) matmul FLOPs per score, so
+    the smaller the head, the larger the softmax's share of the kernel's time
+    (``attention_head_factor``). None: no head-width term (every head priced as 128 wide)."""
     attention_kernel_speed: ATTENTION_KERNEL_SPEEDS | None = None
     """Attention kernel (``sim.inputs.frameworks``: 'fa2', 'triton') -> its forward and
     backward speed as a fraction of the kernel ``attention_max_efficiency`` stands for
@@ -415,7 +427,7 @@ class HardwareProfile:
         return best * self.sustained_compute_fraction * min(1.0, best_q) * k / (k + k0)
 
     def attention_efficiency(self, seq_q: int, seq_k: int, head_dim: int, batch_heads: int,
-                             backward: bool = False) -> float:
+                             backward: bool = False, mma_flops_per_score: float | None = None) -> float:
         """Fraction of peak a causal flash-attention kernel reaches on the project's FLOP
         count (the papers' non-causal 4·s·seq_k·d per head, twice the causal work:
         ``sim.program.workload``): one CTA per 128 query rows of one (sequence, head),
@@ -425,14 +437,35 @@ class HardwareProfile:
         by the share of that count the kernel computes (``causal_work_fraction``): it skips
         the key blocks above the diagonal. Times ``attention_causal_relative_efficiency``
         (a causal kernel's throughput on its work over the non-causal one's), and for the
-        ``backward`` kernel ``attention_backward_relative_efficiency``."""
+        ``backward`` kernel ``attention_backward_relative_efficiency``; the forward times
+        ``attention_head_factor`` (``mma_flops_per_score``: its matmul FLOPs per score,
+        2·(d_qk + d_v); None: 4·``head_dim``)."""
+        head = 1.0 if backward else self.attention_head_factor(
+            4.0 * head_dim if mma_flops_per_score is None else mma_flops_per_score)
         tiles = math.ceil(seq_q / 128) * batch_heads
         tile_q = seq_q / (math.ceil(seq_q / 128) * 128)
         wave_q = tiles / (math.ceil(tiles / self.sm_count) * self.sm_count)
         return (self.attention_max_efficiency * self.sustained_compute_fraction * tile_q * wave_q
                 * seq_k / (seq_k + self.gemm_k_overhead)) / causal_work_fraction(seq_k) \
             * (self.attention_causal_relative_efficiency or 1.0) \
-            * ((self.attention_backward_relative_efficiency or 1.0) if backward else 1.0)
+            * ((self.attention_backward_relative_efficiency or 1.0) if backward else 1.0) * head
+
+    def attention_head_factor(self, mma_flops_per_score: float) -> float:
+        """A flash-attention forward's throughput at ``mma_flops_per_score`` matmul FLOPs per
+        score (4·d for a head d wide; 2·(d_qk + d_v) under MLA) over its throughput at
+        ``ATTENTION_REFERENCE_HEAD_DIM``, the head width ``attention_max_efficiency`` was
+        measured at. Per score the kernel runs F matmul FLOPs on the tensor cores and one
+        exponential on the special-function unit, F/ρ and 1 of the unit's clocks
+        (ρ = ``tensor_flops_per_exp``), one after the other (BMM1, softmax, BMM2: the
+        FlashAttention-3 and -4 papers' and NVIDIA's Blackwell Ultra softmax note's
+        pipeline), so its throughput on the FLOPs is F/(F + ρ) of the tensor cores'. 1 where
+        the profile gives no ρ. The backward is left as measured at head 128: FlashAttention-4
+        finds it bound by shared-memory traffic, which grows with the head like its FLOPs."""
+        rho = self.tensor_flops_per_exp
+        if rho is None:
+            return 1.0
+        ref = 4.0 * ATTENTION_REFERENCE_HEAD_DIM
+        return (mma_flops_per_score / (mma_flops_per_score + rho)) / (ref / (ref + rho))
 
     def attention_speed(self, kernel: str, backward: bool) -> float:
         """Speed of attention ``kernel``'s forward (or ``backward``) pass relative to the
@@ -464,7 +497,7 @@ class HardwareProfile:
             del out["provenance"]
         for key in ("framework_kernel_efficiency", "framework_kernel_overhead_s", "attention_kernel_speed", "nccl_protocols", "nvls_efficiency",
                     "nvls_latency_s", "nccl_base_latency_s", "fp8_gemm_max_efficiency", "efficiency_ceilings", "attention_backward_relative_efficiency",
-                    "attention_causal_relative_efficiency", "power_limit_w", "idle_power_w",
+                    "attention_causal_relative_efficiency", "tensor_flops_per_exp", "power_limit_w", "idle_power_w",
                     "mxfp8_gemm_relative_efficiency", "nvfp4_gemm_relative_efficiency", "memory_bound_power_fraction", "communication_power_fraction",
                     "power_cap_w", "gpu_hour_price_usd", "profiler_op_overhead_s"):
             if out[key] is None:

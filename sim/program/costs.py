@@ -132,7 +132,8 @@ def op_time(op: Op, profile: HardwareProfile, dtype: str = "bf16") -> float:
     elif op.kind == "attention":
         sq, sk, d = op.shape
         backward = op.phase == "B" and not op.recompute  # (a recomputed forward runs the forward kernel)
-        rate = profile.peak(dtype) * profile.attention_efficiency(sq, sk, d, op.batch, backward=backward)
+        rate = profile.peak(dtype) * profile.attention_efficiency(sq, sk, d, op.batch, backward=backward,
+                                                                  mma_flops_per_score=mma_flops_per_score(op))
         if op.kernel != "te":  # another kernel than the profile's own (sim.inputs.frameworks)
             rate *= profile.attention_speed(op.kernel, backward=backward)
     else:
@@ -140,6 +141,13 @@ def op_time(op: Op, profile: HardwareProfile, dtype: str = "bf16") -> float:
     compute = op.flops / rate if op.flops else 0.0
     memory = (op.bytes_read + op.bytes_written) / profile.memory_rate(op.framework)
     return max(compute, memory) + bias_pass_time(op, profile) + launches(op) * profile.kernel_launch_s
+
+
+def mma_flops_per_score(op: Op) -> float | None:
+    """An attention op's matmul FLOPs per (query, key) score on the project's count (the
+    forward's 2·(d_qk + d_v); ``sim.program.workload``), None where it has none."""
+    sq, sk, _ = op.shape
+    return op.flops / (op.batch * sq * sk) if op.flops and op.batch and sq and sk else None
 
 
 def launches(op: Op) -> int:

@@ -25,7 +25,7 @@ from sim.inputs.pacing import slowest_speed
 from sim.inputs.plan import ParallelPlan
 from sim.program.api import (
     bias_pass_time, collective_time, gemm_compute_time, launches, Comm, default_layout, dispatch_groups, estimate_of, gemm_kernel,
-    group_comm_time, group_sizes, HOST_LAUNCH_S, issue_bound, local_sequence, moe_shape, Op, op_time,
+    group_comm_time, group_sizes, HOST_LAUNCH_S, issue_bound, local_sequence, mma_flops_per_score, moe_shape, Op, op_time,
     plan_edge_works, plan_layer_work, Work,
 )
 from sim.inputs.experts import Folding
@@ -48,7 +48,8 @@ def _op_row(op: Op, profile: HardwareProfile, dtype: str = "bf16") -> dict:
     elif op.kind == "gemm":
         eff = profile.gemm_efficiency(*op.shape, op.batch, kernel)
     elif op.kind == "attention":
-        eff = profile.attention_efficiency(*op.shape, op.batch, backward=op.phase == "B" and not op.recompute)
+        eff = profile.attention_efficiency(*op.shape, op.batch, backward=op.phase == "B" and not op.recompute,
+                                           mma_flops_per_score=mma_flops_per_score(op))
     else:
         eff = profile.memory_efficiency
     busy = t - fixed * profile.kernel_launch_s - bias_pass_time(op, profile)  # (a CPU's bias pass: not the bound)
