@@ -146,3 +146,34 @@ def test_max_min_rates_match_progressive_filling_bit_for_bit():
         got = _max_min_rates(set(flows), links, capacity, flows_on)
         want = _progressive_filling(flows, [c if l in links else math.inf for l, c in enumerate(capacity)])
         assert {f: got[f] for f in flows} == want, trial
+
+
+def test_max_min_rates_with_links_of_their_own_match_progressive_filling():
+    # Each flow crosses links no other flow crosses (a GPU's own NIC links, some tighter
+    # than the shared ones, some tied with them or with each other) and a few shared ones:
+    # the engine, which keeps only each flow's tightest own link, gives exactly the rates
+    # of plain progressive filling over every link.
+    import random
+
+    from sim.engine.network import _Flow, _max_min_rates
+
+    rnd = random.Random(56)
+    for trial in range(60):
+        shared = 4
+        capacity = [rnd.choice([50e9, 100e9, 200e9]) for _ in range(shared)]
+        flows = []
+        for k in range(rnd.randint(2, 12)):
+            mine = []
+            for _ in range(rnd.randint(1, 3)):  # links of its own, capacities that often tie
+                mine.append(len(capacity))
+                capacity.append(rnd.choice([25e9, 50e9, 100e9, 400e9]))
+            links = tuple(rnd.sample(range(shared), rnd.randint(0, 2))) + tuple(mine)
+            flows.append(_Flow((links, 0.0, "ib", 0.0, None), 1e6, None, None, k, k + 1, 0.0, f"f{k}"))
+        flows_on = [set() for _ in capacity]
+        for f in flows:
+            for l in f.links:
+                flows_on[l].add(f)
+        links = {l for f in flows for l in f.links}
+        got = _max_min_rates(set(flows), links, capacity, flows_on)
+        want = _progressive_filling(flows, [c if l in links else math.inf for l, c in enumerate(capacity)])
+        assert {f: got[f] for f in flows} == want, trial

@@ -513,12 +513,14 @@ def _max_min_rates(flows: set[_Flow], links: set[int], capacity: list[float], fl
     the tightest of those bounds it as a link of its own would (its share, capacity over
     weight, never changes), one heap entry (numbered below zero).
     """
+    bundles = sorted((f for f in flows if f.bundle is not None), key=_flow_key)
+    if not bundles:
+        return _max_min_plain(flows, links, capacity, flows_on)
     rate: dict[_Flow, float] = {}
     left = {l: capacity[l] for l in links if not math.isinf(capacity[l])}
     count = {l: len(flows_on[l]) for l in left}
     heap = []
     alone: dict[int, _Flow] = {}  # heap key (< 0) -> the bundle its own links bound
-    bundles = sorted((f for f in flows if f.bundle is not None), key=_flow_key)
     for f in bundles:
         weight_of = f.bundle.weight_of
         for m in _common(count, weight_of):
@@ -547,20 +549,61 @@ def _max_min_rates(flows: set[_Flow], links: set[int], capacity: list[float], fl
         if current > share * (1 + _EPS) + _EPS:
             heapq.heappush(heap, (current, l))
             continue
-        if bundles:  # (a bundle takes its weight times the share: the order of the subtractions counts)
-            for f in sorted(flows_on[l] & unfrozen, key=_flow_key):
-                _freeze(f, current, rate, unfrozen, left, count)
-        else:  # each flow takes the same share off each link: any order leaves the same capacities
-            batch = flows_on[l] & unfrozen
-            unfrozen -= batch
-            for f in batch:  # (_freeze's work, inline)
-                rate[f] = current
-                for m in f.links:
-                    if m in left:
-                        left[m] -= current
-                        count[m] -= 1
+        # (a bundle takes its weight times the share: the order of the subtractions counts)
+        for f in sorted(flows_on[l] & unfrozen, key=_flow_key):
+            _freeze(f, current, rate, unfrozen, left, count)
     for f in unfrozen:  # flows that cross only infinite links
         rate[f] = math.inf
+    return rate
+
+
+def _max_min_plain(flows: set[_Flow], links: set[int], capacity: list[float], flows_on: list[set]) -> dict:
+    """``_max_min_rates`` when no flow is a bundle, with less to do for the links that one
+    flow has to itself: in a large fabric more than half of a component's links (a GPU's
+    own NIC links). Such a link's share is its capacity until its flow is frozen, and
+    nothing else reads it, so it is left out of the capacities and counts that frozen
+    flows take their shares off. Its heap entry is the same, (capacity, link): when it
+    comes off the heap its flow, if not frozen yet, stops at that capacity, where the full
+    bookkeeping would stop it (the share of one flow on an untouched link); if frozen,
+    the entry is passed over, as a link with no flow left would be."""
+    rate: dict[_Flow, float] = {}
+    inf = math.inf
+    on_links = dict(zip(links, map(len, map(flows_on.__getitem__, links))))  # link -> how many flows cross it
+    count = {l: n for l, n in on_links.items() if n > 1 and capacity[l] != inf}
+    left = {l: capacity[l] for l in count}
+    heap = [(capacity[l] / n, l) for l, n in on_links.items() if n and capacity[l] != inf]
+    heapq.heapify(heap)  # (the entries are distinct: the order they are listed in does not count)
+    unfrozen = set(flows)
+    heappop, heappush = heapq.heappop, heapq.heappush
+    while unfrozen and heap:
+        share, l = heappop(heap)
+        c = count.get(l)
+        if c is None:  # a link of one flow's own: it stops at its capacity, if nothing stopped it before
+            for f in flows_on[l]:
+                if f in unfrozen:
+                    unfrozen.discard(f)
+                    rate[f] = share
+                    for m in f.links:
+                        if m in left:
+                            left[m] -= share
+                            count[m] -= 1
+            continue
+        if c == 0:
+            continue
+        current = max(left[l], 0.0) / c
+        if current > share * (1 + _EPS) + _EPS:
+            heappush(heap, (current, l))
+            continue
+        batch = flows_on[l] & unfrozen  # (each flow takes the same share off each link: any order will do)
+        unfrozen -= batch
+        for f in batch:
+            rate[f] = current
+            for m in f.links:
+                if m in left:
+                    left[m] -= current
+                    count[m] -= 1
+    for f in unfrozen:  # flows that cross only infinite links
+        rate[f] = inf
     return rate
 
 
