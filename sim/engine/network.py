@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import heapq
 import math
+from collections import Counter
 from operator import attrgetter
 
 from simpy import Event
@@ -134,6 +135,7 @@ class Network:
         self._sealed = False
         self._folded: set[int] = set()  # links folded into bundles' own (seal)
         self._used: set[int] | None = None
+        self._recent: dict[frozenset, dict] = {}  # the last components' rates by route (``_rates``)
         self.bundle_records: set[int] = set()
         """Indices in ``records`` of the records bundles left (a source's members sent one way together)."""
         self._at = self.calls.at
@@ -468,7 +470,7 @@ class Network:
             (f,) = flows
             new_rate = {f: f.bottleneck}
         else:
-            new_rate = _max_min_rates(flows, links, self.capacity, self._flows_on)
+            new_rate = self._rates(flows, links)
         # (only flows whose rate changes draw timers; sorted, they draw them in a fixed order)
         for f in sorted([f for f in flows if new_rate[f] != f.rate], key=_flow_key):
             r = new_rate[f]
@@ -481,6 +483,31 @@ class Network:
             self._at(now + delay, self._timer_call, (f, f.version))
         if self.check:
             self._check_capacity(links)
+
+    RECENT = 16
+    """How many components' rates ``_rates`` keeps (the last ones met)."""
+
+    def _rates(self, flows: set[_Flow], links: set[int]) -> dict:
+        """``_max_min_rates`` of a component, kept for the next component that is the
+        same: without bundles, a component's rates depend only on how many of its flows
+        take each route (a flow's links; flows on the same links are frozen together, so
+        they get the same rate) and on the links' capacities, which do not change once
+        set. A training step repeats a few shapes: the gradient buckets' all-reduces meet
+        the same components bucket after bucket (at 16,384 GPUs, 96 of 197 re-allocations
+        over about 4,000 flows each), a few re-allocations apart, so the last ``RECENT``
+        are kept."""
+        if self._bundles:  # (a bundle's rate depends on more than its links)
+            return _max_min_rates(flows, links, self.capacity, self._flows_on)
+        key = frozenset(Counter(map(_route_of, flows)).items())
+        recent = self._recent
+        by_route = recent.get(key)
+        if by_route is not None:
+            return {f: by_route[f.links] for f in flows}
+        rate = _max_min_rates(flows, links, self.capacity, self._flows_on)
+        recent[key] = {f.links: r for f, r in rate.items()}
+        if len(recent) > self.RECENT:
+            del recent[next(iter(recent))]  # (the oldest)
+        return rate
 
     def _check_capacity(self, links) -> None:
         """Debug mode: the flows on each link together stay within its capacity."""
@@ -497,6 +524,7 @@ class Network:
                           f"t={self.env.now!r}, over its capacity {cap:.6g} B/s")
 
 
+_route_of = attrgetter("links")
 _flow_key = attrgetter("start", "src", "dst", "label", "nbytes")
 """A flow's place in the order rates are set and timers drawn: (start, src, dst, label, nbytes)."""
 
