@@ -207,7 +207,7 @@ def _index(ix: ProgramIndex, program: Program) -> None:
             consume(map(acts.__setitem__, row, actions[r]))
             pos_of[r] = shape.pos
             local_of[r] = row
-            stream_of[r] = [(name, [row[k] for k in ks]) for name, ks in zip(shape.names, shape.slots)]
+            stream_of[r] = [(name, list(map(row.__getitem__, ks))) for name, ks in zip(shape.names, shape.slots)]
         if shape.cross:
             cross_src, cross_dst = [], []
             for r in rs:
