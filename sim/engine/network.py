@@ -7,6 +7,9 @@ until some link is full; the flows crossing that link are frozen at their share,
 filling continues for the rest (Bertsekas & Gallager, *Data Networks*, 6.5.2). Rates are
 recomputed whenever a flow starts or ends, only for the flows connected to it through
 shared links, and flows that start or end at the same instant are handled in one batch.
+Without bundles, a component met again (as many flows on each route as before) takes the
+rates worked out for it last time (``Network._rates``): a training step's gradient
+buckets meet the same few components over and over.
 
 So an uncontended transfer of S bytes takes ``latency + S / bottleneck_bandwidth``; two
 flows over one link take twice as long as one; the two directions of a full-duplex link
