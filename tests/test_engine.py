@@ -398,3 +398,31 @@ def test_memory_changes_read_as_the_list_of_changes_in_order(make_star):
     assert {r for _, r, _, _ in mem} == {0, 1}
     with pytest.raises(IndexError):
         mem[6]
+
+
+def test_ranks_like_another_send_quietly_as_their_own_actions_say(make_star):
+    # Ranks 2 and 3 copy ranks 0 and 1 (``Program.like``: the engine indexes 0's and 1's
+    # lists once for both), one send of each pair leaving the SMs to compute. Indexed as
+    # copies or each on its own, the run is the same; and the quiet send slows less than
+    # a send that holds SMs would (the check has teeth).
+    t = make_star([10.0, 10.0, 10.0, 10.0])
+    sigma = 0.25
+
+    def prog(quiet: bool, like: bool) -> Program:
+        acts = {}
+        for src, dst in ((0, 1), (2, 3)):
+            acts[src] = [Action("C", duration_s=10.0),
+                         Action("a", kind="send", peer=dst, nbytes=10, stream="comm"),
+                         Action("b", kind="send", peer=dst, nbytes=10, stream="comm", slows_compute=not quiet)]
+            acts[dst] = [Action("ra", kind="recv", peer=src, nbytes=10), Action("rb", kind="recv", peer=src, nbytes=10)]
+        return Program(acts, check=True, like={2: 0, 3: 1} if like else None)
+
+    def ends(p: Program) -> list:
+        return [(s.rank, s.name, s.start_s, s.end_s) for s in simulate(p, t, overlap_slowdown=sigma).spans]
+
+    assert ends(prog(True, True)) == ends(prog(True, False))
+    assert ends(prog(False, True)) == ends(prog(False, False))
+    c_quiet = {(r, n): e for r, n, _, e in ends(prog(True, True))}
+    c_held = {(r, n): e for r, n, _, e in ends(prog(False, True))}
+    assert c_quiet[(2, "C")] == c_quiet[(0, "C")] == pytest.approx(1.0 + 10.0 - 1.0 / (1 + sigma), rel=1e-12)
+    assert c_held[(2, "C")] == c_held[(0, "C")] == pytest.approx(2.0 + 10.0 - 2.0 / (1 + sigma), rel=1e-12)

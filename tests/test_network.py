@@ -146,3 +146,78 @@ def test_max_min_rates_match_progressive_filling_bit_for_bit():
         got = _max_min_rates(set(flows), links, capacity, flows_on)
         want = _progressive_filling(flows, [c if l in links else math.inf for l, c in enumerate(capacity)])
         assert {f: got[f] for f in flows} == want, trial
+
+
+def test_max_min_rates_with_links_of_their_own_match_progressive_filling():
+    # Each flow crosses links no other flow crosses (a GPU's own NIC links, some tighter
+    # than the shared ones, some tied with them or with each other) and a few shared ones:
+    # the engine, which keeps only each flow's tightest own link, gives exactly the rates
+    # of plain progressive filling over every link.
+    import random
+
+    from sim.engine.network import _Flow, _max_min_rates
+
+    rnd = random.Random(56)
+    for trial in range(60):
+        shared = 4
+        capacity = [rnd.choice([50e9, 100e9, 200e9]) for _ in range(shared)]
+        flows = []
+        for k in range(rnd.randint(2, 12)):
+            mine = []
+            for _ in range(rnd.randint(1, 3)):  # links of its own, capacities that often tie
+                mine.append(len(capacity))
+                capacity.append(rnd.choice([25e9, 50e9, 100e9, 400e9]))
+            links = tuple(rnd.sample(range(shared), rnd.randint(0, 2))) + tuple(mine)
+            flows.append(_Flow((links, 0.0, "ib", 0.0, None), 1e6, None, None, k, k + 1, 0.0, f"f{k}"))
+        flows_on = [set() for _ in capacity]
+        for f in flows:
+            for l in f.links:
+                flows_on[l].add(f)
+        links = {l for f in flows for l in f.links}
+        got = _max_min_rates(set(flows), links, capacity, flows_on)
+        want = _progressive_filling(flows, [c if l in links else math.inf for l, c in enumerate(capacity)])
+        assert {f: got[f] for f in flows} == want, trial
+
+
+def test_components_met_again_take_their_kept_rates(make_star, monkeypatch):
+    # Three rounds of the same contention (the hand-computed case above, on a star: A 0->1
+    # shares gpu0's uplink with B 0->2, B limited by gpu2's link), each round's sends after
+    # the round before: the second and third rounds meet the components of the first, and
+    # take the rates kept from it (``Network.RECENT``). The run is the same, to the bit, as
+    # one that keeps none, and each round takes the hand-computed 8.4 s.
+    import sim.engine.network as network
+    from sim.engine.network import Network
+
+    t = make_star([10.0, 100.0, 2.0])
+    acts = {0: [], 1: [], 2: []}
+    for k in range(3):
+        after = (f"A{k - 1}", f"B{k - 1}") if k else ()
+        acts[0] += [Action(f"A{k}", kind="send", peer=1, nbytes=80, stream="a", deps=after),
+                    Action(f"B{k}", kind="send", peer=2, nbytes=4, stream="b", deps=after)]
+        acts[1].append(Action(f"rA{k}", kind="recv", peer=0, nbytes=80, stream="a"))
+        acts[2].append(Action(f"rB{k}", kind="recv", peer=0, nbytes=4, stream="b"))
+    prog = Program(acts)
+    met = []
+    rates = Network._rates
+
+    def counting(self, flows, links):
+        met.append(frozenset(f.links for f in flows))
+        return rates(self, flows, links)
+
+    filled = []
+    fill = network._max_min_rates
+
+    def filling(*args):
+        filled.append(1)
+        return fill(*args)
+
+    monkeypatch.setattr(Network, "_rates", counting)
+    monkeypatch.setattr(network, "_max_min_rates", filling)
+    kept = [(s.rank, s.name, s.start_s, s.end_s) for s in simulate(prog, t).spans]
+    assert len(met) > len(set(met)) and len(filled) == len(set(met))  # (met again: rates kept, not filled again)
+    monkeypatch.setattr(Network, "RECENT", 0)
+    filled.clear()
+    assert [(s.rank, s.name, s.start_s, s.end_s) for s in simulate(prog, t).spans] == kept
+    assert len(filled) > len(set(met))
+    ends = {name: e for _, name, _, e in kept}
+    assert [ends[f"A{k}"] for k in range(3)] == pytest.approx([8.4, 16.8, 25.2], rel=1e-12)

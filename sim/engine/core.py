@@ -116,7 +116,7 @@ class _Engine:
         self._pending, self._dependents, self._nxt = ix.pending, ix.dependents, ix.nxt
         self._key_of, self._needed, self._barrier_of = ix.key_of, ix.needed, ix.barrier_of
         self._partner, self._p2p = ix.partner, ix.p2p
-        self._sends, self._collectives, self._slowable = ix.sends, ix.collectives, ix.slowable
+        self._sends, self._quiet, self._collectives, self._slowable = ix.sends, ix.quiet, ix.collectives, ix.slowable
         self._dur, self._mem_start, self._mem_end = ix.dur, ix.mem_start, ix.mem_end
         n = len(ix.acts)
         self._start = [0.0] * n
@@ -164,7 +164,7 @@ class _Engine:
         return trace
 
     _RUN_STATE = tuple(f"_{n}" for n in "acts rank_of streams members pending dependents nxt key_of needed barrier_of "
-                       "partner p2p dur mem_start mem_end start end busy_start link_of arrived pair_link sends "
+                       "partner p2p dur mem_start mem_end start end busy_start link_of arrived pair_link sends quiet "
                        "collectives slowable ready".split())
 
     _TRACE_STATE = ("_acts", "_rank_of", "_streams", "_members", "_start", "_end", "_busy_start", "_link_of")
@@ -177,7 +177,7 @@ class _Engine:
         keep = self._TRACE_STATE
         for name in self._RUN_STATE:
             value = self.__dict__.get(name)
-            if name not in keep and isinstance(value, (list, dict, bytearray, deque)):
+            if name not in keep and isinstance(value, (list, dict, set, bytearray, deque)):
                 value.clear()
         if self.__dict__.get("_slow") is not None:
             self._slow.release()
@@ -190,7 +190,7 @@ class _Engine:
         that state: emptied here (the index's arrays are the engine's own), each run leaves
         a few small objects behind, not its millions of entries."""
         for value in map(self.__dict__.get, self._RUN_STATE):
-            if isinstance(value, (list, dict, bytearray, deque)):
+            if isinstance(value, (list, dict, set, bytearray, deque)):
                 value.clear()
         for fn in self.__dict__.get("_closures", ()):
             for cell in getattr(fn, "__closure__", None) or ():  # the hot path's closures name each other
@@ -345,7 +345,7 @@ class _Engine:
             slowable, slow_start, nccl_finish, began = (self._slow.slowable, self._slow.start,
                                                         self._slow.nccl_finish, self._slow.nccl_started)
             join_p2p = self._slow.p2p_join(self.net.start, self._partner, self._pair_link)
-            quiet = {i for i in self._sends if not acts[i].slows_compute}
+            quiet = self._quiet
             if quiet:  # (sends that leave the SMs to compute, ``Action.slows_compute``: not counted)
                 counted, plain = join_p2p, self._p2p_join(finish)
 

@@ -7,6 +7,9 @@ until some link is full; the flows crossing that link are frozen at their share,
 filling continues for the rest (Bertsekas & Gallager, *Data Networks*, 6.5.2). Rates are
 recomputed whenever a flow starts or ends, only for the flows connected to it through
 shared links, and flows that start or end at the same instant are handled in one batch.
+Without bundles, a component met again (as many flows on each route as before) takes the
+rates worked out for it last time (``Network._rates``): a training step's gradient
+buckets meet the same few components over and over.
 
 So an uncontended transfer of S bytes takes ``latency + S / bottleneck_bandwidth``; two
 flows over one link take twice as long as one; the two directions of a full-duplex link
@@ -39,6 +42,7 @@ from __future__ import annotations
 
 import heapq
 import math
+from collections import Counter
 from operator import attrgetter
 
 from simpy import Event
@@ -134,6 +138,7 @@ class Network:
         self._sealed = False
         self._folded: set[int] = set()  # links folded into bundles' own (seal)
         self._used: set[int] | None = None
+        self._recent: dict[frozenset, dict] = {}  # the last components' rates by route (``_rates``)
         self.bundle_records: set[int] = set()
         """Indices in ``records`` of the records bundles left (a source's members sent one way together)."""
         self._at = self.calls.at
@@ -468,7 +473,7 @@ class Network:
             (f,) = flows
             new_rate = {f: f.bottleneck}
         else:
-            new_rate = _max_min_rates(flows, links, self.capacity, self._flows_on)
+            new_rate = self._rates(flows, links)
         # (only flows whose rate changes draw timers; sorted, they draw them in a fixed order)
         for f in sorted([f for f in flows if new_rate[f] != f.rate], key=_flow_key):
             r = new_rate[f]
@@ -481,6 +486,31 @@ class Network:
             self._at(now + delay, self._timer_call, (f, f.version))
         if self.check:
             self._check_capacity(links)
+
+    RECENT = 16
+    """How many components' rates ``_rates`` keeps (the last ones met)."""
+
+    def _rates(self, flows: set[_Flow], links: set[int]) -> dict:
+        """``_max_min_rates`` of a component, kept for the next component that is the
+        same: without bundles, a component's rates depend only on how many of its flows
+        take each route (a flow's links; flows on the same links are frozen together, so
+        they get the same rate) and on the links' capacities, which do not change once
+        set. A training step repeats a few shapes: the gradient buckets' all-reduces meet
+        the same components bucket after bucket (at 16,384 GPUs, 96 of 197 re-allocations
+        over about 4,000 flows each), a few re-allocations apart, so the last ``RECENT``
+        are kept."""
+        if self._bundles:  # (a bundle's rate depends on more than its links)
+            return _max_min_rates(flows, links, self.capacity, self._flows_on)
+        key = frozenset(Counter(map(_route_of, flows)).items())
+        recent = self._recent
+        by_route = recent.get(key)
+        if by_route is not None:
+            return {f: by_route[f.links] for f in flows}
+        rate = _max_min_rates(flows, links, self.capacity, self._flows_on)
+        recent[key] = {f.links: r for f, r in rate.items()}
+        if len(recent) > self.RECENT:
+            del recent[next(iter(recent))]  # (the oldest)
+        return rate
 
     def _check_capacity(self, links) -> None:
         """Debug mode: the flows on each link together stay within its capacity."""
@@ -497,6 +527,7 @@ class Network:
                           f"t={self.env.now!r}, over its capacity {cap:.6g} B/s")
 
 
+_route_of = attrgetter("links")
 _flow_key = attrgetter("start", "src", "dst", "label", "nbytes")
 """A flow's place in the order rates are set and timers drawn: (start, src, dst, label, nbytes)."""
 
@@ -513,12 +544,14 @@ def _max_min_rates(flows: set[_Flow], links: set[int], capacity: list[float], fl
     the tightest of those bounds it as a link of its own would (its share, capacity over
     weight, never changes), one heap entry (numbered below zero).
     """
+    bundles = sorted((f for f in flows if f.bundle is not None), key=_flow_key)
+    if not bundles:
+        return _max_min_plain(flows, links, capacity, flows_on)
     rate: dict[_Flow, float] = {}
     left = {l: capacity[l] for l in links if not math.isinf(capacity[l])}
     count = {l: len(flows_on[l]) for l in left}
     heap = []
     alone: dict[int, _Flow] = {}  # heap key (< 0) -> the bundle its own links bound
-    bundles = sorted((f for f in flows if f.bundle is not None), key=_flow_key)
     for f in bundles:
         weight_of = f.bundle.weight_of
         for m in _common(count, weight_of):
@@ -547,20 +580,61 @@ def _max_min_rates(flows: set[_Flow], links: set[int], capacity: list[float], fl
         if current > share * (1 + _EPS) + _EPS:
             heapq.heappush(heap, (current, l))
             continue
-        if bundles:  # (a bundle takes its weight times the share: the order of the subtractions counts)
-            for f in sorted(flows_on[l] & unfrozen, key=_flow_key):
-                _freeze(f, current, rate, unfrozen, left, count)
-        else:  # each flow takes the same share off each link: any order leaves the same capacities
-            batch = flows_on[l] & unfrozen
-            unfrozen -= batch
-            for f in batch:  # (_freeze's work, inline)
-                rate[f] = current
-                for m in f.links:
-                    if m in left:
-                        left[m] -= current
-                        count[m] -= 1
+        # (a bundle takes its weight times the share: the order of the subtractions counts)
+        for f in sorted(flows_on[l] & unfrozen, key=_flow_key):
+            _freeze(f, current, rate, unfrozen, left, count)
     for f in unfrozen:  # flows that cross only infinite links
         rate[f] = math.inf
+    return rate
+
+
+def _max_min_plain(flows: set[_Flow], links: set[int], capacity: list[float], flows_on: list[set]) -> dict:
+    """``_max_min_rates`` when no flow is a bundle, with less to do for the links that one
+    flow has to itself: in a large fabric more than half of a component's links (a GPU's
+    own NIC links). Such a link's share is its capacity until its flow is frozen, and
+    nothing else reads it, so it is left out of the capacities and counts that frozen
+    flows take their shares off. Its heap entry is the same, (capacity, link): when it
+    comes off the heap its flow, if not frozen yet, stops at that capacity, where the full
+    bookkeeping would stop it (the share of one flow on an untouched link); if frozen,
+    the entry is passed over, as a link with no flow left would be."""
+    rate: dict[_Flow, float] = {}
+    inf = math.inf
+    on_links = dict(zip(links, map(len, map(flows_on.__getitem__, links))))  # link -> how many flows cross it
+    count = {l: n for l, n in on_links.items() if n > 1 and capacity[l] != inf}
+    left = {l: capacity[l] for l in count}
+    heap = [(capacity[l] / n, l) for l, n in on_links.items() if n and capacity[l] != inf]
+    heapq.heapify(heap)  # (the entries are distinct: the order they are listed in does not count)
+    unfrozen = set(flows)
+    heappop, heappush = heapq.heappop, heapq.heappush
+    while unfrozen and heap:
+        share, l = heappop(heap)
+        c = count.get(l)
+        if c is None:  # a link of one flow's own: it stops at its capacity, if nothing stopped it before
+            for f in flows_on[l]:
+                if f in unfrozen:
+                    unfrozen.discard(f)
+                    rate[f] = share
+                    for m in f.links:
+                        if m in left:
+                            left[m] -= share
+                            count[m] -= 1
+            continue
+        if c == 0:
+            continue
+        current = max(left[l], 0.0) / c
+        if current > share * (1 + _EPS) + _EPS:
+            heappush(heap, (current, l))
+            continue
+        batch = flows_on[l] & unfrozen  # (each flow takes the same share off each link: any order will do)
+        unfrozen -= batch
+        for f in batch:
+            rate[f] = current
+            for m in f.links:
+                if m in left:
+                    left[m] -= current
+                    count[m] -= 1
+    for f in unfrozen:  # flows that cross only infinite links
+        rate[f] = inf
     return rate
 
 

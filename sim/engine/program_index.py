@@ -22,8 +22,10 @@ to know before the clock starts is computed once here.
   name the send's.
 - ``slowable[i]``: 1 for a compute action on a GPU stream (any but ``cpu``), the actions
   that concurrent NCCL kernels slow (``sim.engine.slowdown``); a ``bytearray``.
-- ``sends``: the sends that meet a recv, in index order; ``collectives``: the indices of
-  the collective actions, in index order.
+- ``sends``: the sends that meet a recv, in index order; ``quiet``: those of them that
+  leave the SMs to the compute beside them (``Action.slows_compute`` false), a set read
+  from each stage program's shape; ``collectives``: the indices of the collective
+  actions, in index order.
 - ``key_of[i]``: the meeting key of a collective (its sorted group and its tag, or its
   sequence number on that group).
 - ``needed[group]``: the simulated members of a group (shadows arrive implicitly).
@@ -59,7 +61,7 @@ class ProgramIndex:
 
     __slots__ = ("acts", "rank_of", "streams", "members", "ids", "order", "pending", "dependents",
                  "key_of", "partner", "p2p", "needed", "barrier_of",
-                 "dur", "mem_start", "mem_end", "nxt", "shapes", "sends", "collectives", "slowable")
+                 "dur", "mem_start", "mem_end", "nxt", "shapes", "sends", "quiet", "collectives", "slowable")
 
 
 def index_program(program: Program) -> ProgramIndex:
@@ -205,7 +207,7 @@ def _index(ix: ProgramIndex, program: Program) -> None:
             consume(map(acts.__setitem__, row, actions[r]))
             pos_of[r] = shape.pos
             local_of[r] = row
-            stream_of[r] = [(name, [row[k] for k in ks]) for name, ks in zip(shape.names, shape.slots)]
+            stream_of[r] = [(name, list(map(row.__getitem__, ks))) for name, ks in zip(shape.names, shape.slots)]
         if shape.cross:
             cross_src, cross_dst = [], []
             for r in rs:
@@ -274,7 +276,7 @@ def _objects(values: list) -> np.ndarray:
 def _match(ix: ProgramIndex, program: Program) -> None:
     acts, rank_of = ix.acts, ix.rank_of
     n = len(acts)
-    partner, p2p, ix.sends = _pair(ix, program)
+    partner, p2p, ix.sends, ix.quiet = _pair(ix, program)
     key_of: list = [None] * n
     coll_seq: dict[tuple, int] = {}
     sorted_group: dict[tuple, tuple] = {}
@@ -324,9 +326,9 @@ def _match(ix: ProgramIndex, program: Program) -> None:
     ix.shapes = None
 
 
-def _pair(ix: ProgramIndex, program: Program) -> tuple[list, list, list]:
-    """``partner``, ``p2p`` (see the module doc) and the sends that met a recv, in index
-    order. The n-th send from a to b with a tag
+def _pair(ix: ProgramIndex, program: Program) -> tuple[list, list, list, set]:
+    """``partner``, ``p2p`` (see the module doc), the sends that met a recv, in index
+    order, and the set of those that do not slow compute (``quiet``). The n-th send from a to b with a tag
     meets the n-th recv on b from a with that tag, counting in each rank's program
     order: every send and recv is numbered within its (source, destination, tag, kind)
     by sorting (numpy), and equal numbers meet."""
@@ -334,7 +336,7 @@ def _pair(ix: ProgramIndex, program: Program) -> tuple[list, list, list]:
     partner = [-1] * n
     p2p: list = [None] * n
     tags: dict[str, int] = {}
-    parts = []  # per class: (indices, ranks, peers, positions, kinds, tags, sizes, labels)
+    parts = []  # per class: (indices, ranks, peers, positions, kinds, tags, sizes, labels, quiet)
     for shape, rs, at in ix.shapes:
         if not shape.p2p:
             continue
@@ -344,14 +346,15 @@ def _pair(ix: ProgramIndex, program: Program) -> tuple[list, list, list]:
         tag = np.array([tags.setdefault(tmpl[k].tag, len(tags)) for k in ks], dtype=np.int64)
         sizes = _column([tmpl[k].nbytes for k in ks])
         labels = _column([f"{tmpl[k].category or 'p2p'} {tmpl[k].name}" for k in ks])
+        quiet = np.array([not tmpl[k].slows_compute for k in ks], dtype=bool)  # (a ``like`` rank's, the same)
         peers = [a.peer for r in rs for a in map(program.actions[r].__getitem__, ks)]
         parts.append((at[:, ks].ravel(), np.repeat(np.array(rs, dtype=np.int64), len(ks)),
                       np.array(peers, dtype=np.int64), np.tile(np.array(ks, dtype=np.int64), len(rs)),
                       np.tile(kinds, len(rs)), np.tile(tag, len(rs)), np.tile(sizes, len(rs)),
-                      np.tile(labels, len(rs))))
+                      np.tile(labels, len(rs)), np.tile(quiet, len(rs))))
     if not parts:
-        return partner, p2p, []
-    idx, rank, peer, pos, recv, tag, size, label = (np.concatenate(c) for c in zip(*parts))
+        return partner, p2p, [], set()
+    idx, rank, peer, pos, recv, tag, size, label, quiet = (np.concatenate(c) for c in zip(*parts))
     src = np.where(recv == 1, peer, rank)
     dst = np.where(recv == 1, rank, peer)
     o = np.lexsort((pos, recv, tag, dst, src))  # by (source, destination, tag, kind), then program order
@@ -381,7 +384,7 @@ def _pair(ix: ProgramIndex, program: Program) -> tuple[list, list, list]:
         a_, b_ = ranks[si], ranks[ri]
         partner[si], partner[ri] = ri, si
         p2p[si] = p2p[ri] = (si, ri, a_, b_, nb, lab)
-    return partner, p2p, sends
+    return partner, p2p, sends, set(idx[s_[quiet[s_]]].tolist())
 
 
 def _partner_of(order: np.ndarray, sends: np.ndarray, recvs: np.ndarray) -> np.ndarray:

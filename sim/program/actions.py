@@ -228,8 +228,9 @@ class Program:
         self.shadows = frozenset(int(r) for r in shadows) - set(self.actions)
         self.like = like or {}
         """Rank g -> rank t when g's actions are t's with other ranks renamed: at every
-        position the same name, kind, stream, duration, memory changes and same-rank
-        dependencies; only peers, groups and the ranks of dependencies differ (what
+        position the same name, kind, stream, duration, memory changes, same-rank
+        dependencies and every other field; only peers, groups and the ranks of
+        dependencies differ (what
         ``sim.program.passes.expand`` makes). The engine then indexes t's structure once
         for all of them. Ranks not listed are indexed on their own."""
         self.checked = False

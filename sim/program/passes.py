@@ -99,7 +99,7 @@ def expand(template: Program, world_size: int, rep_of: Callable[[int], int], mov
     # sends and receives by peer, actions with a group and nothing else by group, the rest.
     by_peer: dict[int, dict[int, tuple[list, list]]] = {}
     by_group: dict[int, dict[tuple, tuple[list, list]]] = {}
-    other: dict[int, list[tuple[int, Action]]] = {}
+    other: dict[int, list[tuple[int, Action, bool]]] = {}  # (position, action, whether it has cross-rank deps)
     for r, lst in template.actions.items():
         peers, grouped, rest = by_peer[r], by_group[r], other[r] = {}, {}, []
         for k, a in enumerate(lst):
@@ -109,7 +109,7 @@ def expand(template: Program, world_size: int, rep_of: Callable[[int], int], mov
             elif a.group and a.peer is None and not cross:
                 ks, acts = grouped.setdefault(a.group, ([], []))
             elif cross or a.peer is not None or a.group:
-                rest.append((k, a))
+                rest.append((k, a, cross))
                 continue
             else:
                 continue
@@ -146,13 +146,13 @@ def expand(template: Program, world_size: int, rep_of: Callable[[int], int], mov
             if made is None:
                 made = shared[key] = [evolve(a, group=grp) for a in these]
             consume(map(acts.__setitem__, ks, made))
-        for k, a in other[rep]:
+        for k, a, cross in other[rep]:
             changes = {}
             if a.group:
                 changes["group"] = group_of(a.group)
             if a.peer is not None:
                 changes["peer"] = moved(a.peer, g)
-            if any(d.__class__ is not str for d in a.deps):
+            if cross:
                 changes["deps"] = tuple(d if d.__class__ is str else (moved(d[0], g), d[1]) for d in a.deps)
             acts[k] = evolve(a, **changes)
         out[g] = acts
