@@ -35,7 +35,8 @@ range) are chosen so that trainsim's simulated iteration times match the measure
   its rows sees (such a parameter stays where it starts, and the fit on every row would
   carry the held-out rows' pull into it). On the fast path a held-out fit is one solve of
   the rows' models, whose simulations (start, probes, rounds) surround its minimum; its
-  group's rows are then simulated at its answer. A fit needs fewer parameters than groups, so
+  group's rows are then simulated at its answer, but those whose model covers it, checked by
+  simulating the farthest of them (``fit_and_hold_out``). A fit needs fewer parameters than groups, so
   each held-out fit still has at least as many groups as parameters.
 """
 
