@@ -9,7 +9,6 @@ import contextlib
 import csv
 import io
 import json
-import math
 from dataclasses import replace
 from pathlib import Path
 
@@ -713,35 +712,3 @@ def test_a_held_out_row_whose_model_covers_its_point_takes_the_models_time_check
         assert res["held_out"][i] == sims.time(i, values[g])
     assert res["held_out"][check] == pytest.approx((a + b / v) * 1.001, rel=1e-12)
     assert res["model_error"] == pytest.approx(1 - 1 / 1.001, rel=1e-9)  # (its largest |error|)
-
-
-def test_after_a_worse_round_the_point_whose_model_asks_for_no_step_is_the_answer():
-    # Two rows of the compute's form 1 + 2/f, measured so that the start, f = 0.70, is their least
-    # squares optimum (row 0 0.5% too fast, row 1 too slow by what balances it). Row 0 also has a
-    # collective k + 0.1/f that the compute hides below f = 0.704: between the start and its probe
-    # (0.708, towards the middle), so the probe's chord makes row 0 look flat and the model asks for
-    # a slower f, where both rows fit worse. Solved again at the start, row 0's three points are not
-    # one piece: its differences there (f = 0.7004, the compute's piece) give its true slope, the
-    # model asks for no step, and the start is the answer: no half step is simulated.
-    from sim.calibrate.fit_surrogate import KINK_STEP, Surrogate, fit_rounds
-
-    params = [parameter("sustained_compute_fraction"), parameter("attention_max_efficiency")]
-    x, fk, m = 0.70, 0.704, 0.1
-    k = 1 + 2 / fk - m / fk
-    sims = _Composed(params, [(1.0, 2.0, 0.0), (1.0, 2.0, 0.0)], kink={0: (k, m)})
-    t = 1 + 2 / x
-    u0 = 1.005 / t  # 1 / measured of row 0
-    # row 1's 1/measured u1 such that the cost's derivative at x is 0: (t·u0 - 1)·u0 + (t·u1 - 1)·u1 = 0
-    c = (t * u0 - 1) * u0
-    u1 = (1 - math.sqrt(1 - 4 * t * c)) / (2 * t) if c < 0 else (1 + math.sqrt(1 - 4 * t * c)) / (2 * t)
-    measured = [1 / u0, 1 / u1]
-    assert measured[1] > t > measured[0]  # row 0 measured faster than simulated at x, row 1 slower
-    sur = Surrogate(sims)
-    values, evaluations, status = fit_rounds(sur, [0, 1], measured, [1.0, 1.0], (x, 0.6), [True, False], TOLERANCE)
-    assert values == (x, 0.6) and evaluations == 2
-    assert status == "the model's minimum is at the last simulated point"
-    step = KINK_STEP * (1.0 - 0.6)
-    simulated = sorted({z[0] for _, z in sims.cache})
-    assert simulated[0] < x and any(f == pytest.approx(x + step, abs=1e-12) for f in simulated)  # round, differences
-    # the round's point and no half step between it and x
-    assert len(simulated) == 4 and not any(simulated[0] < f < x for f in simulated)

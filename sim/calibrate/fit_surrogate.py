@@ -36,11 +36,8 @@ answer, and again, until a round moves the scaled parameters by less than
 the report's fitted errors) are real simulations, and at which the model, exact there,
 has no step left to take. A round whose simulations fit worse (weighted squared
 residuals) than the point it stepped from crossed a kink that point's model did not see:
-the fit solves the model at that point again, with the round's points (a row they show
-kinked takes its differences there, which the held-out fits need if the fit ends there), and
-ends there if it asks for no step (the B200 fit from its preset, whose answer it is: 5 of
-36 simulations saved); else it tries half that step, and goes on from there if it fits
-better, else ends at the point (its status says so). The B200 fit of 2026-12-06 went on from such rounds instead,
+the fit tries half that step, and goes on from there if it fits better, else ends at the
+point (its status says so). The B200 fit of 2026-12-06 went on from such rounds instead,
 from one piece to the other (squared residuals 1.48e-2, 1.51e-2, 1.48e-2, 2.66e-2, ...)
 for eight rounds, 124 simulations, and returned a point whose squared residuals were 12%
 above its first round's; halving again and again there only crept back to that first
@@ -325,13 +322,7 @@ def fit_rounds(sur: Surrogate, rows, measured, weights, start, free, tolerance: 
         if (c := cost(nxt)) < best:
             x, best, back = nxt, c, False
             nxt = sur.solve(rows, measured, weights, x, free)[0]
-        elif not back:  # the step crossed a kink the model did not see (module doc)
-            # the model at x again, the round's points showing the kink (a kinked row's differences
-            # at x: the held-out fits' models if the fit ends here): if it asks for no step, x is
-            # its minimum; else half the step
-            if moved(sur.solve(rows, measured, weights, x, free)[0], x) < tolerance:
-                status = "the model's minimum is at the last simulated point"
-                break
+        elif not back:  # the step crossed a kink the model did not see (module doc): half of it
             nxt, back = tuple((a + b) / 2 for a, b in zip(x, nxt)), True
         else:
             status = "a round fit worse than the last point, and so did half its step: the last point"
