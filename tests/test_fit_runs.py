@@ -640,3 +640,75 @@ def test_a_start_above_the_ceiling_starts_at_the_ceiling():
     assert gb300.fp8_gemm_max_efficiency > 0.723 and start_value(gb300, b_fp8) == 0.723
     b200 = load_profile("b200")  # the bound the 2026-12-06 fit (0.893) went through
     assert bounded(b200, (fp8,))[0].high == pytest.approx(3432.5 / 4500, abs=5e-4)
+
+
+class _Rows(_ClosedForm):
+    """Stands in for ``Simulations`` in ``fit_and_hold_out``: row i's time is a_i + b_i / f (the
+    model's own form), plus, with ``bump`` {row: (f, half width, height)}, a tent of that height
+    around f (zero outside it), every simulation counted by phase."""
+
+    phase = "fit"
+
+    def __init__(self, params, coefficients, bump=None):
+        super().__init__(params, coefficients)
+        self.bump, self.phase_count = bump or {}, {}
+
+    def time(self, i, f):
+        a, b = self.coefficients[i]
+        x, w, h = self.bump.get(i, (0.0, 1.0, 0.0))
+        return a + b / f + h * max(0.0, 1.0 - abs(f - x) / w)
+
+    def ensure(self, jobs):
+        for i, z in dict.fromkeys(jobs):
+            if (i, z) not in self.cache:
+                self.cache[(i, z)] = self.time(i, z[0])
+                self.phase_count[self.phase] = self.phase_count.get(self.phase, 0) + 1
+
+    def sensitive(self, rows, values):
+        return [True] * len(self.params)
+
+
+def test_a_held_out_row_whose_model_covers_its_point_takes_the_models_time_checked_once():
+    # Three groups of two rows, t = a + b/f. From the start (f = 0.8) each row is simulated there,
+    # at its probe (f = 0.792) and at the fit's round (near 0.797): held-out fits that land between
+    # those points (or within KINK_STEP of them) are covered by the rows' models, which go through
+    # them all; on this form the model's time is the simulation's (to rounding). One covered row
+    # (the farthest from its simulations) is simulated to check it, the others not at all.
+    from sim.calibrate.fit_runs import HELD_OUT_CHECK, fit_and_hold_out
+
+    params = [parameter("sustained_compute_fraction")]
+    coefficients = [(1.0, 2.0), (0.5, 2.2), (2.0, 1.0), (1.5, 1.3), (0.3, 3.0), (0.2, 3.1)]
+    groups = ["g1", "g1", "g2", "g2", "g3", "g3"]
+    # measured at f = 0.797, each group a little off (+0.2%, -0.1%, -0.1%)
+    off = {"g1": 1.002, "g2": 0.999, "g3": 0.999}
+    measured = [(a + b / 0.797) * off[g] for (a, b), g in zip(coefficients, groups)]
+    sims = _Rows(params, coefficients)
+    res = fit_and_hold_out(sims, measured, groups, (0.8,))
+    values = {g: p.values[0] for g, p in res["per_group"].items()}
+    assert all(0.792 < v < 0.8 for v in values.values())
+    for i, ((a, b), g) in enumerate(zip(coefficients, groups)):
+        assert res["held_out"][i] == pytest.approx(a + b / values[g], rel=1e-12)
+    by = res["held_out_by"]
+    assert by.count("model") == 5 and by.count("simulation") == 1
+    check = by.index("simulation")
+    assert res["held_out_check"]["row"] == check
+    assert res["held_out_check"]["model_s"] == pytest.approx(res["held_out_check"]["simulated_s"], rel=1e-12)
+    assert sims.phase_count["held-out rows"] == 1 and res["model_error"] < HELD_OUT_CHECK
+    # the check is the covered row farthest from its other simulations (start, probe, the fit's round)
+    gap = {i: min(abs(values[groups[i]] - z[0]) for r, z in sims.cache if r == i and z != (values[groups[i]],))
+           for i in range(6)}
+    assert check == max(range(6), key=lambda i: (gap[i], -i))
+
+    # a bump the model cannot see (zero at every point simulated before: the fits run as above)
+    # at the checked row's held-out point, 0.1% of its time: the check misses by more than
+    # HELD_OUT_CHECK, so every held-out row is simulated, and takes its simulation's time
+    v = values[groups[check]]
+    a, b = coefficients[check]
+    sims = _Rows(params, coefficients, bump={check: (v, gap[check] / 2, 1e-3 * (a + b / v))})
+    res = fit_and_hold_out(sims, measured, groups, (0.8,))
+    assert {g: p.values[0] for g, p in res["per_group"].items()} == values
+    assert res["held_out_by"] == ["simulation"] * 6 and sims.phase_count["held-out rows"] == 6
+    for i, g in enumerate(groups):
+        assert res["held_out"][i] == sims.time(i, values[g])
+    assert res["held_out"][check] == pytest.approx((a + b / v) * 1.001, rel=1e-12)
+    assert res["model_error"] == pytest.approx(1 - 1 / 1.001, rel=1e-9)  # (its largest |error|)

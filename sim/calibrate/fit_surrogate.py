@@ -50,9 +50,13 @@ on one model (``Surrogate.smooth``) needs none. Each round costs one simulation 
 row and seen direction, and the fit takes two to four rounds where finite differences
 took seven evaluations. The held-out fits start from that answer, whose simulations,
 with the probes, already surround their minima: each is one solve of the model, with no
-simulation but a kinked row's differences at its anchor, and its group's rows are then simulated at its answer (the held-out errors
-are real simulations); how far the model's prediction for them was from the simulation
-(``Surrogate.check``) is in the report, a measure of the model where nothing checks it.
+simulation but a kinked row's differences at its anchor. Its group's rows are then simulated
+at its answer, but for those whose model covers it (``Surrogate.covers``: a row not kinked,
+the point within the simulations its model goes through, or a ``KINK_STEP`` beyond them),
+which take the model's time: of those the one farthest from its simulations is simulated, and
+if the model missed it by more than ``sim.calibrate.fit_runs.HELD_OUT_CHECK`` all are. How far
+the model's prediction was from the simulated ones (``Surrogate.check``) is in the report, a
+measure of the model where nothing else checks it.
 """
 
 from __future__ import annotations
@@ -101,6 +105,8 @@ class Surrogate:
         self.fraction = f
         self.kinked: set = set()
         """Rows whose model missed its points (``SMOOTH``): modelled by differences at the anchor."""
+        self._fitted: dict = {}
+        """(row, anchor) -> the seen points (anchor first) its smooth model was fitted to (``covers``)."""
 
     def g(self, z) -> np.ndarray:
         """The model's basis at the seen values ``z`` (module doc)."""
@@ -167,7 +173,35 @@ class Surrogate:
             self.kinked.add(row)
             d = self._differences(row, z0, t0, moved, pending)
             return None if d is None else (z0, t0, moved, d)
+        self._fitted[(row, tuple(z0))] = np.array([z0] + [pts[n][0] for n in chosen])
         return z0, t0, moved, b
+
+    def covers(self, row: int, model, values) -> bool:
+        """Whether ``model`` of ``row`` (``model``) stands for the row's simulation at ``values``
+        (``fit_and_hold_out``: a held-out row's time): the row is not kinked, what it sees
+        there differs from the anchor only along the directions the model moves, and along
+        each lies within the points the model was fitted to, widened by ``KINK_STEP`` of the
+        range (the finite differences' own step, over which the plain path takes a row for
+        linear): there the model interpolates simulations it goes through."""
+        z0, _, moved, _ = model
+        z = np.array(self.sims.seen(row, values))
+        if row in self.kinked or any(z[k] != z0[k] for k in range(len(z)) if k not in moved):
+            return False
+        if not moved:  # a row that sees no parameter: its time does not move
+            return True
+        pts = self._fitted.get((row, tuple(z0)))
+        if pts is None:
+            return False
+        span = np.array([p.high - p.low for p in self.params])[moved]
+        lo, hi = pts[:, moved].min(axis=0) - KINK_STEP * span, pts[:, moved].max(axis=0) + KINK_STEP * span
+        return bool(np.all((z[moved] >= lo) & (z[moved] <= hi)))
+
+    def distance(self, row: int, values) -> float:
+        """How far (the largest fraction of a range) what ``row`` sees at ``values`` is from
+        its nearest simulated point."""
+        z = np.array(self.sims.seen(row, values))
+        span = np.array([p.high - p.low for p in self.params])
+        return min(float(np.max(np.abs(zp - z) / span)) for zp, _ in self._points(row))
 
     def smooth(self, row: int, values) -> bool:
         """Whether ``row``'s simulated points, more of them than the directions it sees, all

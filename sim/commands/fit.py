@@ -17,7 +17,9 @@ writes the fitted profile, its ``sources`` naming the fit.
     parameters                          [{name, low, high, initial, fitted, why}]
     parameters_chosen                   "--params", "the default set", or why fewer were fitted
     rows                                [{line, group, gpus, measured_s, initial_s, fitted_s, held_out_s,
-                                          initial_error, fitted_error, held_out_error, blank_cells}]
+                                          initial_error, fitted_error, held_out_error, held_out_by, blank_cells}]:
+                                        held_out_by "simulation", or "model" where the row's model covered its
+                                        held-out point (sim.calibrate.fit_runs.fit_and_hold_out)
     groups                              [{id, source, precision, framework, model, lines, held_out_fit,
                                           loo_mean_abs_error}]
     skipped                             [{line, reason}]: rows of this GPU not simulated (needs, precision)
@@ -37,6 +39,9 @@ writes the fitted profile, its ``sources`` naming the fit.
                                         at the held-out rows' simulations (the one place no simulation checks
                                         it: the held-out fits are solved on it). "differences" (the plain path,
                                         fit_runs(fast=False)): null
+    held_out_check                      {line, model_s, simulated_s}: the held-out row of those the model covered
+                                        farthest from its simulations, simulated to check the model (all of them
+                                        are simulated when it missed by more than HELD_OUT_CHECK); null if none
     simulations, reused, wall_s         simulations run (the cache's misses), times taken from --cache's
                                         file, and seconds taken (these change from run to run)
     simulations_by_phase                {what for: simulations run}: the start and its probes, the rounds,
@@ -150,5 +155,13 @@ def _print(r: dict) -> None:
     if r["model_max_error"] is not None:
         print(f"held-out fits solved on each row's model of its time: at the held-out rows it was within "
               f"{r['model_max_error']:.3%} of their simulations")
+    by_model = [_line(row) for row in r["rows"] if row.get("held_out_by") == "model"]
+    c = r.get("held_out_check")
+    if c:
+        miss = abs(c["model_s"] / c["simulated_s"] - 1.0)
+        print(f"held-out times of lines {', '.join(by_model)} are their rows' models' (each between simulations "
+              f"of its row); line {_line(c)}, the farthest from its, simulated: the model within {miss:.1e}"
+              if by_model else f"held-out rows all simulated: the model missed the one checked (line {_line(c)}) "
+              f"by {miss:.1e}")
     if r["out"]:
         print(f"wrote {r['out']} (profile {r['gpu']} with the fitted values; sources name the fit)")
