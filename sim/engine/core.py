@@ -83,7 +83,8 @@ class _Engine:
     ``dependents[i]`` lists the actions waiting for it. An action starts when its count
     reaches zero. A compute action is one call to finish it, due when its time is up
     (``sim.engine.kernel.Calls``: one SimPy event each, though calls due at one instant
-    mostly share a queue entry); sends, receives, copies and collectives finish from the
+    mostly share a queue entry; the members of a grouped comm, which start together, share
+    one call when they take the same time); sends, receives, copies and collectives finish from the
     network's calls and events. Finishing an action
     releases the next one on its stream, then its dependents; actions that become ready
     at the same instant start in the order they became ready (a queue, not recursion), so
