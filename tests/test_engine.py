@@ -171,6 +171,32 @@ def test_a_grouped_comm_starts_when_its_last_member_is_ready(make_star):
                                                                                   (2, 3.0, 3.5)]
 
 
+def test_a_grouped_comms_members_share_one_timer_and_end_in_the_order_they_came(make_star):
+    # Ranks 0, 2, 1 are ready at 1, 2, 3 s; the 0.5 s comm runs 3-3.5 s on all three. Its
+    # members take the same time, so one timer ends them all: 3 compute timers + 1 = 4
+    # events (the zero-length "z" after it take none). They end in the order they came,
+    # each followed at once by what that releases: the memory log at 3.5 s reads rank 0's
+    # comm end (+1 byte), its "z" start (-1), then rank 2's, then rank 1's.
+    t = make_star([1.0] * 3)
+    g = (0, 1, 2)
+    def program(comm_s):
+        return Program({r: [Action("a", duration_s=float(d)),
+                            Action("c", kind="comm", group=g, duration_s=comm_s[r], mem=(("end", "c", r + 1),)),
+                            Action("z", duration_s=0.0, mem=(("start", "c", -(r + 1)),))]
+                        for r, d in ((0, 1), (1, 3), (2, 2))})
+
+    tr = simulate(program((0.5, 0.5, 0.5)), t)
+    assert tr.stats["events"] == 4
+    assert [(s.rank, s.start_s, s.end_s) for s in tr.spans if s.name == "c"] == [(r, 3.0, 3.5) for r in range(3)]
+    assert list(tr.memory) == [(3.5, 0, "c", 1.0), (3.5, 0, "c", -1.0), (3.5, 2, "c", 3.0), (3.5, 2, "c", -3.0),
+                               (3.5, 1, "c", 2.0), (3.5, 1, "c", -2.0)]
+    # A member that takes another time (here 0.25 s) keeps a timer each: 3 + 3 events.
+    tr = simulate(program((0.5, 0.25, 0.5)), t)
+    assert tr.stats["events"] == 6
+    assert [(s.rank, s.start_s, s.end_s) for s in tr.spans if s.name == "c"] == [(0, 3.0, 3.5), (1, 3.0, 3.25),
+                                                                                  (2, 3.0, 3.5)]
+
+
 def test_a_grouped_comm_waits_only_for_simulated_members(make_star):
     # Rank 2 is a shadow (not simulated): the comm starts when ranks 0 and 1 are ready.
     t = make_star([1.0] * 3)

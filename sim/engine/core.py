@@ -83,7 +83,8 @@ class _Engine:
     ``dependents[i]`` lists the actions waiting for it. An action starts when its count
     reaches zero. A compute action is one call to finish it, due when its time is up
     (``sim.engine.kernel.Calls``: one SimPy event each, though calls due at one instant
-    mostly share a queue entry); sends, receives, copies and collectives finish from the
+    mostly share a queue entry; the members of a grouped comm, which start together, share
+    one call when they take the same time); sends, receives, copies and collectives finish from the
     network's calls and events. Finishing an action
     releases the next one on its stream, then its dependents; actions that become ready
     at the same instant start in the order they became ready (a queue, not recursion), so
@@ -296,9 +297,20 @@ class _Engine:
                             b[0] -= 1
                             b[1].append(i)
                             if not b[0]:  # released: the members start next, in the order they came
-                                for j in b[1]:
-                                    barrier_of[j] = None
-                                ready.extendleft(reversed(b[1]))
+                                group = b[1]
+                                d = dur[group[0]]
+                                if d and d > 0 and one_timer_ends(group, d):  # (one timer ends them all)
+                                    for j in group:
+                                        barrier_of[j] = None
+                                        start[j] = now
+                                        m = mem_start[j]
+                                        if m is not None:
+                                            record((now, rank_of[j], m))
+                                    at(now + d, finish_all, group)
+                                else:
+                                    for j in group:
+                                        barrier_of[j] = None
+                                    ready.extendleft(reversed(group))
                             continue
                         start[i] = now
                         m = mem_start[i]
@@ -332,6 +344,20 @@ class _Engine:
                             arrived[i] = 1
                 finally:
                     draining = False
+
+        def finish_all(group):
+            """End a released barrier's members, in the order they came: what each one's own
+            timer would have done, those timers' ids being consecutive and their time one."""
+            for j in group:
+                finish(j)
+
+        def one_timer_ends(group, d):
+            """Whether every member of a released barrier takes ``d`` and runs on a plain
+            timer (none of them slowed by concurrent NCCL kernels)."""
+            for j in group:
+                if dur[j] != d or (slowable is not None and slowable[j]):
+                    return False
+            return True
 
         def start_ready():
             ready.extend(mine[0] for mine in members if mine and not pending[mine[0]])

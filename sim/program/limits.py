@@ -9,7 +9,8 @@ is above the limit (``DEFAULT_MAX_EVENTS``, raised with ``--max-events`` or the
 
 The estimate counts, per simulated GPU, what the passes create: a compute segment per
 layer and pipeline step, the tensor-parallel collectives of each layer, the pipeline
-sends and receives, ZeRO-3's parameter gathers, ZeRO-2's per-micro-batch
+sends and receives (coalesced tensor-parallel collectives: one timer shared by the
+group's simulated GPUs), ZeRO-3's parameter gathers, ZeRO-2's per-micro-batch
 reduce-scatters and the data-parallel gradient buckets; each collective costs about
 three events per ring hop of the rank. A mixture of experts adds its all-to-alls, about
 three events each under the flow model (one bundle of flows for the whole group,
@@ -73,11 +74,15 @@ def estimate_events(model, plan, fidelity: str = "full", topology=None, coalesce
         if coalesced is None:
             coalesced = isolated_tp_pricer(plan, topology, {}) is not None
     coalesced = bool(coalesced)
+    # A coalesced collective is a priced comm action on each member of its tensor-parallel
+    # group; the simulated members start together and share one timer (sim.engine.core's
+    # barriers). Reduced fidelity simulates one member (the others are shadows).
+    comm = _EVENTS_PER_COMPUTE / (1 if reduced else plan.tp)
     per_layer = _EVENTS_PER_COMPUTE
     if plan.tp > 1 and not coalesced:  # two collectives per layer and step
         per_layer += 2 * _ring_hops(plan.tp, "allreduce", flows) * _EVENTS_PER_HOP
     elif plan.tp > 1 and plan.dp_cp > 1 and plan.zero.shards_grads:  # coalesced, but per layer
-        per_layer += _EVENTS_PER_COMPUTE
+        per_layer += comm
     if plan.dp_cp > 1 and plan.zero.shards_params:
         per_layer += _ring_hops(plan.dp_cp, "allgather", flows) * dp_rings * _EVENTS_PER_HOP
         if model.moe:  # an MoE layer's experts gathered over their own data-parallel group as well
@@ -87,7 +92,7 @@ def estimate_events(model, plan, fidelity: str = "full", topology=None, coalesce
     if plan.dp_cp > 1 and plan.zero.reduce_scatters_each_backward:  # a reduce-scatter per layer in each backward step
         per_layer += _ring_hops(plan.dp_cp, "reducescatter", flows) * dp_rings * _EVENTS_PER_HOP / kinds
     if coalesced and not (plan.dp_cp > 1 and plan.zero.shards_grads):  # a step is one compute and one comm
-        per_step = 2 * _EVENTS_PER_COMPUTE + layers * (per_layer - _EVENTS_PER_COMPUTE)
+        per_step = _EVENTS_PER_COMPUTE + comm + layers * (per_layer - _EVENTS_PER_COMPUTE)
     else:
         per_step = layers * per_layer + (_EVENTS_PER_COMPUTE if coalesced else 0)
     per_step += 2 * _EVENTS_PER_P2P if plan.pp > 1 else 0
