@@ -695,7 +695,12 @@ def search(cands: list[Candidate], simulate, options: SearchOptions = SearchOpti
     spent = [0]  # simulations run so far
 
     def run(plans: list) -> list[dict]:
-        recs = simulate(plans)
+        # the longest first (a simulation's time goes with its micro-batches), so that the
+        # workers finish a call together; the records come back in the plans' order
+        order = sorted(range(len(plans)), key=lambda i: -plans[i].num_microbatches)
+        recs = [None] * len(plans)
+        for i, rec in zip(order, simulate([plans[i] for i in order])):
+            recs[i] = rec
         spent[0] += len(plans)
         return recs
 
