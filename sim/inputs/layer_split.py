@@ -109,6 +109,14 @@ def divisors_text(n: int, limit: int = 8) -> str:
     return ", ".join(map(str, ds)) or "none"
 
 
+@lru_cache(maxsize=1024)
+def split_layers_cached(num_layers: int, pipeline, name: str = "the model", mtp_num_layers: int = 0) -> tuple:
+    """``split_layers``, remembered (its answer is a tuple, and ``pipeline`` a frozen
+    section): ``ParallelPlan.layer_range`` asks it for every stage of every plan a search
+    estimates. A split that cannot be done raises each time, as ``split_layers`` does."""
+    return split_layers(num_layers, pipeline, name, mtp_num_layers)
+
+
 def split_layers(num_layers: int, pipeline, name: str = "the model", mtp_num_layers: int = 0) -> tuple:
     """Layers per virtual stage (index ``chunk·pp + pp_rank``) of a model of ``num_layers``
     (``name``'s) as the plan's ``pipeline`` section (``sim.inputs.plan_sections.PipelinePlan``)

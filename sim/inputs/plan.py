@@ -51,7 +51,7 @@ from sim.inputs.precision import FP4_FORMAT, FP4_RECIPES, FP8_FORMATS, FP8_RECIP
     canonical_fp8_recipe, check_precision_plan, check_precision_weights, precision_of
 from sim.inputs.recompute import RECOMPUTE_METHODS, RECOMPUTE_MODULES, modules_in_effect, parse_recompute_modules
 from sim.inputs.plan_sections import PlanSections
-from sim.inputs.layer_split import parse_layer_split, split_layers
+from sim.inputs.layer_split import parse_layer_split, split_layers, split_layers_cached
 from sim.errors import InputError, require
 from sim.units import NONNEGATIVE_INT, POSITIVE_INT, Number, parse_size
 
@@ -584,8 +584,13 @@ class ParallelPlan:
     # ----------------------------------------------------------- layer split
     def stage_layers(self, model) -> tuple:
         """Transformer layers of each virtual stage; index ``chunk·pp + pp_rank``."""
-        return split_layers(model.num_layers, self.sections.pipeline, getattr(model, "name", "the model"),
-                            getattr(model, "mtp_num_layers", 0))
+        args = (model.num_layers, self.sections.pipeline, getattr(model, "name", "the model"),
+                getattr(model, "mtp_num_layers", 0))
+        try:
+            hash(args)
+        except TypeError:  # (a split given as a list: worked out each time)
+            return split_layers(*args)
+        return split_layers_cached(*args)
 
     def layer_range(self, model, virtual_stage: int) -> range:
         """Global indices of the transformer layers of ``virtual_stage``."""

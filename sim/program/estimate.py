@@ -35,12 +35,13 @@ and temporaries, as ``sim.program.memory`` adds them up (``stage_memory_bytes``)
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from functools import lru_cache
 
 from sim.inputs.hardware import HardwareProfile
 from sim.inputs.model import ModelSpec
 from sim.inputs.plan import ParallelPlan
+from sim.inputs.plan_sections import OverlapPlan, PipelinePlan, ZeroPlan
 from sim.inputs.recompute import layer_recompute
 from sim.inputs.strategies import RECOMPUTE_POLICIES
 from sim.program.build import BuildContext
@@ -154,12 +155,39 @@ def group_comm_time(c, n: int, link: str, profile: HardwareProfile) -> float:
 
 def layer_phase_times(model: ModelSpec, plan: ParallelPlan, profile: HardwareProfile, tp_link: str,
                  gpus_per_node: int, dtype: str, moe: bool, layer=None) -> dict:
-    """``_layer_phase_times`` (its doc), a copy of the remembered answer: ``estimate_in`` and a
-    search's bound (``sim.studies.search.bound_s``) each ask it of the same plan."""
-    return dict(_layer_phase_times(model, plan, profile, tp_link, gpus_per_node, dtype, moe, layer))
+    """``_layer_phase_times`` (its doc), a copy of the remembered answer: ``estimate_in``, a
+    search's bound (``sim.studies.search.bound_s``) and the balanced split
+    (``sim.program.stage_balance``) each ask it of the same plan, and a search of plans that
+    differ only in their pipeline chunks, schedule or layer split (``layer_key``)."""
+    key = (model, layer_key(plan), profile, tp_link, gpus_per_node, dtype, moe, layer)
+    hit = _LAYER_PHASES.get(key)
+    if hit is None:
+        if len(_LAYER_PHASES) >= 4096:
+            _LAYER_PHASES.clear()
+        hit = _LAYER_PHASES[key] = _layer_phase_times(model, plan, profile, tp_link, gpus_per_node, dtype, moe, layer)
+    return dict(hit)
 
 
-@lru_cache(maxsize=64)
+_LAYER_PHASES: dict = {}
+"""``layer_phase_times``' answers by ``layer_key``."""
+
+_NOT_PER_LAYER = {f.name for section in (PipelinePlan, ZeroPlan, OverlapPlan) for f in fields(section)} - {"pp"}
+_PER_LAYER = tuple(f.name for f in fields(ParallelPlan) if f.name not in _NOT_PER_LAYER)
+
+
+def layer_key(plan: ParallelPlan) -> tuple:
+    """What one layer's work and price per micro-batch depend on: every plan field but those
+    of the pipeline section (``sim.inputs.plan_sections.PipelinePlan``: the model chunks, the
+    schedule, the layer split and what sets them, which place the layers on the stages
+    without changing any layer), the ZeRO section (the model states and their collectives,
+    outside the layer's work) and the overlap section (what the simulator overlaps; the
+    estimate adds up). A layer's work is ``layer_as_run`` of the parallelism, recompute,
+    precision and framework sections, its expert-parallel groups ``_layer_groups``' of the
+    sizes, placement and dispatcher. The pipeline depth stays in: with the GPUs fixed it sets
+    where the expert-parallel groups fall."""
+    return tuple(getattr(plan, name) for name in _PER_LAYER)
+
+
 def _layer_phase_times(model: ModelSpec, plan: ParallelPlan, profile: HardwareProfile, tp_link: str,
                        gpus_per_node: int, dtype: str, moe: bool, layer=None) -> dict:
     """Per phase (compute_s, comm_s) of one layer and micro-batch (an MoE one under balanced
@@ -249,6 +277,43 @@ def _amax_time(model: ModelSpec, plan: ParallelPlan, profile: HardwareProfile, g
     return time
 
 
+_LAYER_TIMES: dict = {}
+"""``estimate_in``'s per-layer prices (``_layer_times``) by ``layer_key``: a search prices
+thousands of plans that differ only in how their layers sit on the stages."""
+
+
+def _layer_times(model: ModelSpec, plan: ParallelPlan, profile: HardwareProfile, tp_link: str, gpus_per_node: int,
+                 dtype: str) -> tuple:
+    """Per phase (compute_s, tp_comm_s) of one micro-batch: (a dense layer, an MoE layer, a
+    dense layer that keeps its activations under recompute method block, each layer kind
+    under a layer pattern (else None), the embedding, the head with the MTP modules)."""
+    t = plan.tp
+    kind_t = None
+
+    def phases(work):
+        """Per phase (compute_s, tp_comm_s) of one micro-batch."""
+        return work_times(work, profile, t, tp_link, dtype)
+
+    if plan.cp == 1:
+        layer_t = phases(plan_layer_work(model, plan))
+    else:
+        layer_t = layer_phase_times(model, plan, profile, tp_link, gpus_per_node, dtype, False)
+    moe_t = layer_phase_times(model, plan, profile, tp_link, gpus_per_node, dtype, True) if model.moe else layer_t
+    # recompute method block: the dense layers past the first recompute_num_layers of a chunk do not recompute
+    # (MoE layers and context parallelism are priced at the plan's granularity, an upper bound)
+    kept_t = phases(plan_layer_work(model, plan, recompute="none")) \
+        if plan.recompute_method == "block" and plan.cp == 1 else layer_t
+    if model.layers is not None:  # each distinct layer priced by its kinds
+        kind_t = {lay: layer_phase_times(model, plan, profile, tp_link, gpus_per_node, dtype, lay.is_moe, lay)
+                  for lay in model.layer_kinds}
+        layer_t = moe_t = kind_t[model.layer(0)]
+    emb_t, head_t = (phases(w) for w in plan_edge_works(model, plan))
+    for k in range(model.mtp_num_layers):  # multi-token prediction: its own work, and its layer's at its kind's
+        own, kind = phases(mtp_works(model, plan, k)[0]), moe_t if model.is_moe_layer(model.num_layers + k) else layer_t
+        head_t = {ph: tuple(a + b + c for a, b, c in zip(head_t[ph], own[ph], kind[ph])) for ph in head_t}
+    return layer_t, moe_t, kept_t, kind_t, emb_t, head_t
+
+
 def estimate(model: ModelSpec, plan: ParallelPlan, profile: HardwareProfile, *,
              gpus_per_node: int = 8, dtype: str = "bf16", flash_attention: bool | None = None,
              dp_channels: int | None = None) -> Estimate:
@@ -272,27 +337,12 @@ def estimate_in(ctx: BuildContext, *, dtype: str = "bf16", flash_attention: bool
     sp = plan.sequence_parallel
     layers = plan.stage_layers(model)
 
-    def phases(work):
-        """Per phase (compute_s, tp_comm_s) of one micro-batch."""
-        return work_times(work, profile, t, links["tp"], dtype)
-
-    if plan.cp == 1:
-        layer_t = phases(plan_layer_work(model, plan))
-    else:
-        layer_t = layer_phase_times(model, plan, profile, links["tp"], gpus_per_node, dtype, False)
-    moe_t = layer_phase_times(model, plan, profile, links["tp"], gpus_per_node, dtype, True) if model.moe else layer_t
-    # recompute method block: the dense layers past the first recompute_num_layers of a chunk do not recompute
-    # (MoE layers and context parallelism are priced at the plan's granularity, an upper bound)
-    kept_t = phases(plan_layer_work(model, plan, recompute="none")) \
-        if plan.recompute_method == "block" and plan.cp == 1 else layer_t
-    if model.layers is not None:  # each distinct layer priced by its kinds
-        kind_t = {lay: layer_phase_times(model, plan, profile, links["tp"], gpus_per_node, dtype, lay.is_moe, lay)
-                  for lay in model.layer_kinds}
-        layer_t = moe_t = kind_t[model.layer(0)]
-    emb_t, head_t = (phases(w) for w in plan_edge_works(model, plan))
-    for k in range(model.mtp_num_layers):  # multi-token prediction: its own work, and its layer's at its kind's
-        own, kind = phases(mtp_works(model, plan, k)[0]), moe_t if model.is_moe_layer(model.num_layers + k) else layer_t
-        head_t = {ph: tuple(a + b + c for a, b, c in zip(head_t[ph], own[ph], kind[ph])) for ph in head_t}
+    key = (model, layer_key(plan), profile, links["tp"], gpus_per_node, dtype)
+    if key not in _LAYER_TIMES:
+        if len(_LAYER_TIMES) >= 4096:
+            _LAYER_TIMES.clear()
+        _LAYER_TIMES[key] = _layer_times(model, plan, profile, links["tp"], gpus_per_node, dtype)
+    layer_t, moe_t, kept_t, kind_t, emb_t, head_t = _LAYER_TIMES[key]
     amax = _amax_time(model, plan, profile, gpus_per_node)
     stage_times = []          # per stage: {phase: (compute_s, tp_comm_s, amax_s)}
     for stage in range(p):

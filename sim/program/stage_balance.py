@@ -39,7 +39,7 @@ from sim.program.actions import Program
 from sim.program.build import job_profile
 from sim.program.costs import work_times
 from sim.inputs.layer_split import virtual_split
-from sim.program.estimate import layer_phase_times
+from sim.program.estimate import layer_key, layer_phase_times
 from sim.program.workload import mtp_works, plan_edge_works, plan_layer_work
 
 
@@ -80,7 +80,22 @@ def _layer_cost(model: ModelSpec, plan: ParallelPlan, profile: HardwareProfile, 
 
 def layer_costs(model: ModelSpec, plan: ParallelPlan, profile: HardwareProfile) -> tuple[list[float], float, float]:
     """(seconds of each transformer layer, of the embedding, of the head and MTP) per
-    micro-batch on ``profile``."""
+    micro-batch on ``profile``. They do not depend on how the layers are placed on the stages
+    (``layer_key``), so a search's plans that differ only in that share them."""
+    key = (model, layer_key(plan), profile)
+    hit = _LAYER_COSTS.get(key)
+    if hit is None:
+        if len(_LAYER_COSTS) >= 1024:
+            _LAYER_COSTS.clear()
+        hit = _LAYER_COSTS[key] = _layer_costs(model, plan, profile)
+    return list(hit[0]), hit[1], hit[2]
+
+
+_LAYER_COSTS: dict = {}
+"""``layer_costs``' answers by ``layer_key``."""
+
+
+def _layer_costs(model: ModelSpec, plan: ParallelPlan, profile: HardwareProfile) -> tuple[list[float], float, float]:
     if model.layers is not None:  # mixed layers: each distinct layer priced by its kinds
         by_kind = {lay: sum(c + x for c, x in layer_phase_times(model, plan, profile, "nvlink", 8, "bf16", lay.is_moe,
                                                                  lay).values()) for lay in model.layer_kinds}

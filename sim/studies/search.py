@@ -93,7 +93,7 @@ from functools import lru_cache
 
 from sim.program.api import (
     auto_layer_split, BuildContext, default_layout, edge_works, estimate_of, Estimate,
-    group_comm_time, layer_as_run, layer_phase_times, moe_layer_groups, plan_edge_works, transfer_time, work_times,
+    group_comm_time, layer_as_run, layer_key, layer_phase_times, moe_layer_groups, plan_edge_works, transfer_time, work_times,
 )
 from sim.errors import InputError, require
 from sim.inputs.hardware import HardwareProfile
@@ -393,10 +393,17 @@ def bound_parts(ctx: BuildContext, est: Estimate) -> tuple[float, float]:
     holds at every micro-batch count (``search``'s screening prunes with it)."""
     model, plan, profile, gpus_per_node = ctx.model, ctx.plan, ctx.profile, ctx.gpus_per_node
     p, v, m = plan.pp, plan.vpp, plan.num_microbatches
-    ep = _ep_times(model, plan, profile, gpus_per_node)
-    if model.moe or plan.cp > 1 or model.layers is not None:
-        ph = _layered_phases(model, plan, profile, est, gpus_per_node, ep)
-    else:
+    layered = model.moe or plan.cp > 1 or model.layers is not None
+    # a layer's prices depend on no field of the pipeline, ZeRO or overlap sections (``layer_key``):
+    # plans that differ only in those (a search's vpp, schedules, layer splits) share them
+    key = (model, layer_key(plan), profile, gpus_per_node, est.links["tp"], layered)
+    if key not in _LAYER_PRICES:
+        if len(_LAYER_PRICES) >= 4096:
+            _LAYER_PRICES.clear()
+        ep = _ep_times(model, plan, profile, gpus_per_node)
+        _LAYER_PRICES[key] = ep, _layered_phases(model, plan, profile, est, gpus_per_node, ep) if layered else None
+    ep, ph = _LAYER_PRICES[key]
+    if not layered:
         sec = plan.sections
         ph = _phases(model, profile, est.links["tp"], sec.parallelism, sec.recompute, sec.precision, sec.framework)
     ranks, a2a = [], []  # per pipeline rank: (F, B, W) seconds per micro-batch over its chunks; all-to-all seconds
@@ -433,6 +440,10 @@ def bound_parts(ctx: BuildContext, est: Estimate) -> tuple[float, float]:
     # the other ranks' all-to-alls can run while the slowest rank computes: out of the bubble
     bubble = max(0.0, bubble - sum(a2a[r] for r in range(p) if r != slowest) / v)
     return own[slowest] + bubble + est.time["optimizer"], slope
+
+
+_LAYER_PRICES: dict = {}
+"""``bound_parts``' per-layer prices (``_ep_times``, ``_layered_phases``) by ``layer_key``."""
 
 
 def _pipeline_floor(ranks: list, own: list, plan) -> float:
@@ -684,7 +695,12 @@ def search(cands: list[Candidate], simulate, options: SearchOptions = SearchOpti
     spent = [0]  # simulations run so far
 
     def run(plans: list) -> list[dict]:
-        recs = simulate(plans)
+        # the longest first (a simulation's time goes with its micro-batches), so that the
+        # workers finish a call together; the records come back in the plans' order
+        order = sorted(range(len(plans)), key=lambda i: -plans[i].num_microbatches)
+        recs = [None] * len(plans)
+        for i, rec in zip(order, simulate([plans[i] for i in order])):
+            recs[i] = rec
         spent[0] += len(plans)
         return recs
 
