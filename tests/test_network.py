@@ -125,27 +125,38 @@ def _progressive_filling(flows, capacity):
     return rate
 
 
+def _engine_rates(flows, capacity):
+    """The engine's max-min rates of ``flows`` (``_max_min_rates``) on links of ``capacity``."""
+    from sim.engine.network import _max_min_rates
+
+    flows_on = [set() for _ in capacity]
+    for f in flows:
+        for l in f.links:
+            flows_on[l].add(f)
+    got = _max_min_rates(set(flows), {l for f in flows for l in f.links}, capacity, flows_on)
+    return {f: got[f] for f in flows}
+
+
+def _filling_rates(flows, capacity):
+    """Plain progressive filling's rates of ``flows`` over the links they cross."""
+    links = {l for f in flows for l in f.links}
+    return _progressive_filling(flows, [c if l in links else math.inf for l, c in enumerate(capacity)])
+
+
 def test_max_min_rates_match_progressive_filling_bit_for_bit():
     # Random flows over random links (no bundle): the engine's heap, which freezes a
     # bottleneck's flows in no particular order, gives exactly the rates of plain
     # progressive filling in a fixed order (each flow takes the same share off each link).
     import random
 
-    from sim.engine.network import _Flow, _max_min_rates
+    from sim.engine.network import _Flow
 
     rnd = random.Random(55)
     for trial in range(40):
         capacity = [rnd.choice([25e9, 50e9, 100e9, 400e9]) * rnd.uniform(0.5, 1.0) for _ in range(12)]
         flows = [_Flow((tuple(rnd.sample(range(12), rnd.randint(1, 4))), 0.0, "ib", 0.0, None), 1e6, None, None, k,
                        k + 1, 0.0, f"f{k}") for k in range(rnd.randint(2, 30))]
-        flows_on = [set() for _ in capacity]
-        for f in flows:
-            for l in f.links:
-                flows_on[l].add(f)
-        links = {l for f in flows for l in f.links}
-        got = _max_min_rates(set(flows), links, capacity, flows_on)
-        want = _progressive_filling(flows, [c if l in links else math.inf for l, c in enumerate(capacity)])
-        assert {f: got[f] for f in flows} == want, trial
+        assert _engine_rates(flows, capacity) == _filling_rates(flows, capacity), trial
 
 
 def test_max_min_rates_with_links_of_their_own_match_progressive_filling():
@@ -155,7 +166,7 @@ def test_max_min_rates_with_links_of_their_own_match_progressive_filling():
     # of plain progressive filling over every link.
     import random
 
-    from sim.engine.network import _Flow, _max_min_rates
+    from sim.engine.network import _Flow
 
     rnd = random.Random(56)
     for trial in range(60):
@@ -169,14 +180,7 @@ def test_max_min_rates_with_links_of_their_own_match_progressive_filling():
                 capacity.append(rnd.choice([25e9, 50e9, 100e9, 400e9]))
             links = tuple(rnd.sample(range(shared), rnd.randint(0, 2))) + tuple(mine)
             flows.append(_Flow((links, 0.0, "ib", 0.0, None), 1e6, None, None, k, k + 1, 0.0, f"f{k}"))
-        flows_on = [set() for _ in capacity]
-        for f in flows:
-            for l in f.links:
-                flows_on[l].add(f)
-        links = {l for f in flows for l in f.links}
-        got = _max_min_rates(set(flows), links, capacity, flows_on)
-        want = _progressive_filling(flows, [c if l in links else math.inf for l, c in enumerate(capacity)])
-        assert {f: got[f] for f in flows} == want, trial
+        assert _engine_rates(flows, capacity) == _filling_rates(flows, capacity), trial
 
 
 def test_components_met_again_take_their_kept_rates(make_star, monkeypatch):
