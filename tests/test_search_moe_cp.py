@@ -113,6 +113,35 @@ def test_the_moe_bound_is_a_true_lower_bound_and_pruning_keeps_the_best():
     assert tight.counts["pruned_time"] > 0
 
 
+def test_flex_with_one_rank_a_node_counts_each_inter_node_exchange():
+    """flex with the expert-parallel group one rank a node (tp = etp = 8 over two nodes): no
+    intra-node exchange runs beside the inter-node ones, so the dispatch's and the combine's each
+    take their own time. The bound's least time counts both (not only the last), and stays
+    below the simulated time."""
+    from sim.program.api import group_comm_time, moe_layer_groups
+    from sim.studies.search import _ep_times
+
+    topo = load_topology("dgx-h100", nodes=2)
+    model = llama("a2a-heavy", 3, 2048, 16, 16, 256, 1000, 2048, num_experts=16, moe_router_topk=8,
+                  moe_ffn_hidden_size=64)
+    plan = ParallelPlan(dp=2, tp=8, pp=1, ep=2, dispatcher="flex", sequence_parallel=True, micro_batch_size=1,
+                        global_batch_size=32, zero_stage=1)
+    work, sizes, link = moe_layer_groups(model, plan, 8, True)
+    assert (sizes["ep_rail"], sizes["ep_node"], link["ep_rail"]) == (2, 1, "ib")
+    least = _ep_times(model, plan, H100, 8)
+    for ph in ("F", "B"):
+        rails = [group_comm_time(c, 2, "ib", H100) for c in work.comms(ph) if c.group == "ep_rail"]
+        assert len(rails) == 2 and min(rails) > 0                # the dispatch and the combine (or their gradients)
+        assert least[ph][1] == pytest.approx(sum(rails), rel=1e-12)
+    run = simulate_training(Job(model, plan, H100, topo), SimulationSettings(fidelity="full"))
+    exchanges = [s.end_s - s.start_s for s in run.trace.spans if s.rank == 0 and s.category == "ep"]
+    per_layer = (least["F"][1] + least["B"][1]) * plan.num_microbatches
+    moe_layers = sum(map(model.is_moe_layer, range(model.num_layers)))
+    assert sum(exchanges) >= moe_layers * per_layer * (1 - 1e-9)   # each ran at least its least time
+    (c,) = candidates(model, [plan], H100)
+    assert c.bound_s <= run.trace.end_s, (c.bound_s, run.trace.end_s)
+
+
 def test_the_moe_bound_stays_a_lower_bound_with_the_all_to_all_overlap():
     """With --overlap-moe-expert-parallel-comm the slowest rank's all-to-alls may hide under another
     micro-batch's compute: the bound leaves them out, and stays at or below the simulated time."""
@@ -173,6 +202,22 @@ def test_a_screened_search_ranks_what_a_full_one_ranks():
         pruned = search(cands, lambda ps: runner.run(ctx, ps), SearchOptions(screen=True, final=2, wave=2))
         floors = {c.key: (first_run_floor(c, screen_sizes(c.plan), runner.run(ctx, screened_plans(
             c.plan, screen_sizes(c.plan)))[0], plan_margin(c, None))) for c in cands if screen_sizes(c.plan)}
+        done = dict(runner.log.done)
+    # the command's way: the screening runs' records hold only what the search reads of them
+    # (a runner of its own, which has simulated nothing yet)
+    with Runner(workers=0, progress=False) as own:
+        light = search(cands, lambda ps, screening=(): own.run(ctx, ps, screening=screening),
+                       SearchOptions(margin=math.inf, screen=True, final=2), screening_records=True)
+        marked = {k: r for k, r in own.log.done.items() if r["summary"].get("screening")}
+    assert [(c.key, c.status, c.record["summary"]["iteration_time_s"]) for c in light.candidates] == \
+        [(c.key, c.status, c.record["summary"]["iteration_time_s"]) for c in screened.candidates]
+    assert light.ranked == screened.ranked
+    assert len(marked) == 2 * sum(1 for c in cands if screen_sizes(c.plan))   # (margin inf: every screening ran twice)
+    for k, r in marked.items():  # the same time, fit and peak as the full summary's, and nothing else it costs
+        full_summary = done[k]["summary"]
+        assert (r["summary"]["iteration_time_s"], r["summary"]["fits"], r["summary"]["memory"]["peak_bytes"]) == \
+            (full_summary["iteration_time_s"], full_summary["fits"], full_summary["memory"]["peak_bytes"])
+        assert "energy_per_iteration_j" not in r["summary"] and "exposed_comm_s" not in r["summary"]
     assert all(c.lower_bound and plan_margin(c, None) == 1.0 and plan_margin(c, 1.1) == 1.1 for c in cands)
     assert [r["key"] for r in pruned.ranked[:2]] == [r["key"] for r in full.ranked[:2]]
     assert pruned.counts["simulations"] <= screened.counts["simulations"]

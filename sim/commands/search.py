@@ -323,8 +323,9 @@ def _run(args, start: float, progress: ProgressBar) -> int:
                                 # the cluster's GPUs are fixed: cost per token goes with time, so prune by time
                                 rank_by="throughput" if args.rank_by == "cost" else args.rank_by,
                                 idle_power_w=profile.idle_power_w)
-        result = search(cands, lambda plans: runner.run(ctx, plans, progress=progress), options,
-                        planned=progress.set_total, stoppable=True, finished=log.done)
+        result = search(cands, lambda plans, screening=(): runner.run(ctx, plans, progress=progress,
+                                                                      screening=screening), options,
+                        planned=progress.set_total, stoppable=True, finished=log.done, screening_records=True)
         if result.stopped:
             runner.close(kill=True)  # the simulations under way go with the workers
     ranked = rank(result.ranked, args.rank_by)

@@ -62,3 +62,17 @@ def summarize(run) -> dict:
         "estimate_iteration_time_s": est.time["step"],
         "actions": len(run.program), "transfers": len(run.trace.transfers),
     }
+
+
+def screening_summary(run) -> dict:
+    """What a search reads of a screening run (``sim.studies.search.extrapolate``): the
+    iteration time and whether the highest memory peak fits, with that peak. The same
+    values ``summarize`` gives (``iteration_time_s`` is the trace's end, ``fits`` its peak
+    against the GPU's memory), without the breakdowns, energy, cost and estimate that only a
+    full summary shows: a screening run's own figures are never printed (its plan's time
+    is extrapolated from two of them)."""
+    pk = highest_peak(run.trace)
+    capacity = run.profile.hbm_capacity_bytes
+    return {"iteration_time_s": run.trace.end_s, "fits": pk.total_bytes <= capacity,
+            "memory": {"peak_bytes": pk.total_bytes}, "memory_capacity_bytes": capacity, "fidelity": run.fidelity,
+            "screening": True}

@@ -343,7 +343,14 @@ def _ep_times(model, plan, profile, gpus_per_node) -> dict:
     (balanced routing: each peer gets 1/n); an all-gather or reduce-scatter over n ranks, k
     a node (``allgather``), at least the larger of the other nodes' share (n−k)/n entering
     through the node's k NICs and the node peers' (k−1)/n over NVLink; flex's two exchanges
-    run at once, each already priced at its own link's least time, so at least the larger."""
+    run at once, each already priced at its own link's least time, so at least the larger;
+    where the intra-node one has a single rank (the group has one rank on each node: etp = tp
+    with tp·etp filling a node, or a group of one rank a node), the inter-node exchange runs
+    alone, each of them (the dispatch and the combine) at its own time.
+
+    ``priced`` is what ``layer_phase_times`` adds for them (its flex pricing keeps only the
+    last inter-node exchange that has no intra-node one beside it), so that ``least`` replaces
+    exactly that; ``least`` counts every exchange the simulator runs."""
     out = {ph: (0.0, 0.0) for ph in ("F", "B", "W")}
     if not model.moe or plan.ep == 1:
         return out
@@ -351,7 +358,7 @@ def _ep_times(model, plan, profile, gpus_per_node) -> dict:
     group = Folding(plan).ep_group(0) if not plan.token_dispatcher.gathers else Folding(plan).tp_ep_group(0)
     n, k = len(group), sum(1 for r in group if r // gpus_per_node == group[0] // gpus_per_node)
     for ph in out:
-        priced = least = beside = 0.0
+        priced = least = beside = alone = 0.0  # beside: as the estimate pairs them; alone: a pending inter-node one
         for c in work.comms(ph):
             if c.group in ("ep", "tpep") and sizes[c.group] > 1:
                 if k == n:  # inside one node
@@ -368,11 +375,13 @@ def _ep_times(model, plan, profile, gpus_per_node) -> dict:
             elif c.group in ("ep_rail", "ep_node") and sizes[c.group] > 1:
                 t = group_comm_time(c, sizes[c.group], link[c.group], profile)
                 if c.side:
-                    beside = t
+                    least, beside, alone = least + alone, t, t  # (a pending one without a partner ran alone)
                 else:
-                    t, beside = max(t, beside), 0.0
-                    priced, least = priced + t, least + t
-        out[ph] = (out[ph][0] + priced + beside, out[ph][1] + least + beside)
+                    priced, least = priced + max(t, beside), least + max(t, alone)
+                    beside = alone = 0.0
+            elif c.group == "ep_node" and not c.side:  # the intra-node exchange of one rank: the
+                least, alone = least + alone, 0.0          # inter-node one before it ran alone
+        out[ph] = (out[ph][0] + priced + beside, out[ph][1] + least + alone)
     return out
 
 
@@ -663,7 +672,7 @@ class SearchOptions:
 
 
 def search(cands: list[Candidate], simulate, options: SearchOptions = SearchOptions(), *, planned=None,
-           stoppable: bool = False, finished: dict | None = None) -> SearchResult:
+           stoppable: bool = False, finished: dict | None = None, screening_records: bool = False) -> SearchResult:
     """Prune ``cands`` (from ``candidates``) and simulate the survivors with
     ``simulate(plans) -> records`` (one record per plan, in order;
     ``sim.studies.sweep.Runner.run`` gives them), as ``options`` say (``SearchOptions``:
@@ -682,7 +691,11 @@ def search(cands: list[Candidate], simulate, options: SearchOptions = SearchOpti
     with what it has (``SearchResult.stopped`` says which; the plans not simulated are
     ``"not simulated"``), taking the records of the interrupted wave that had finished from
     ``finished`` (records by key, ``sim.studies.sweep.Runner.log.done``). The caller ends
-    its workers."""
+    its workers.
+
+    ``screening_records``: ``simulate`` takes ``screening``, the keys of the plans it is given
+    that are screening runs (``Runner.run``'s, which makes their records only what
+    ``extrapolate`` reads)."""
     from sim.studies.sweep_executors import TimeBudgetSpent
     from sim.workers import Terminated
 
@@ -694,12 +707,14 @@ def search(cands: list[Candidate], simulate, options: SearchOptions = SearchOpti
     lightest: dict = {}  # recompute family -> the least recompute among its plans that ran and fit
     spent = [0]  # simulations run so far
 
-    def run(plans: list) -> list[dict]:
+    def run(plans: list, screening: frozenset = frozenset()) -> list[dict]:
         # the longest first (a simulation's time goes with its micro-batches), so that the
         # workers finish a call together; the records come back in the plans' order
         order = sorted(range(len(plans)), key=lambda i: -plans[i].num_microbatches)
         recs = [None] * len(plans)
-        for i, rec in zip(order, simulate([plans[i] for i in order])):
+        given = [plans[i] for i in order]
+        for i, rec in zip(order, simulate(given, screening=screening) if screening_records and screening
+                          else simulate(given)):
             recs[i] = rec
         spent[0] += len(plans)
         return recs
@@ -845,6 +860,7 @@ def _simulate_wave(batch: list[Candidate], simulate, screen: bool, floor=None, t
                    lead: int = 2) -> list[dict | None]:
     """Records for a wave's candidates: screened where ``screen`` and ``screen_sizes``
     allow, else in full; a plan whose screening runs failed is simulated in full.
+    ``simulate(plans, screening)`` (``search``'s) is told the keys of the screening runs.
 
     The cheaper run of each screening goes first, with the full runs (one call, so they run
     in parallel). With ``floor(candidate, sizes, first_record)`` (the least time its first
@@ -854,7 +870,7 @@ def _simulate_wave(batch: list[Candidate], simulate, screen: bool, floor=None, t
     is still below the threshold (a plan above it gets None: ``search`` marks it pruned)."""
     sizes = [screen_sizes(c.plan) if screen else None for c in batch]
     first = [c.plan if sz is None else screened_plans(c.plan, sz)[0] for c, sz in zip(batch, sizes)]
-    recs = simulate(first) if first else []
+    recs = simulate(first, frozenset(plan_key(p) for p, sz in zip(first, sizes) if sz is not None)) if first else []
     out: list = [r if sz is None else None for r, sz in zip(recs, sizes)]
     redo = [i for i, (r, sz) in enumerate(zip(recs, sizes)) if sz is not None and r["status"] != "ok"]
     second = [i for i, (r, sz) in enumerate(zip(recs, sizes)) if sz is not None and r["status"] == "ok"]
@@ -866,8 +882,8 @@ def _simulate_wave(batch: list[Candidate], simulate, screen: bool, floor=None, t
         if k and floor is not None:  # what the wave's runs so far leave to beat
             bar = threshold([r for r in out if r is not None])
             part = [i for i in part if low[i] <= bar]
-        for i, rec in zip(part, simulate([screened_plans(batch[i].plan, sizes[i])[1] for i in part])
-                          if part else []):
+        runs = [screened_plans(batch[i].plan, sizes[i])[1] for i in part]
+        for i, rec in zip(part, simulate(runs, frozenset(map(plan_key, runs))) if part else []):
             out[i] = extrapolate(batch[i].plan, sizes[i], [recs[i], rec])
             if out[i] is None:
                 redo.append(i)

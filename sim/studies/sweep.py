@@ -94,6 +94,7 @@ class Runner:
         self._startup_log: StartupLog | None = None
         self.startup_failures = 0
         """Local pools in a row whose workers all died before finishing start-up."""
+        self._screening: frozenset = frozenset()  # the keys ``run`` runs as screenings
         self.deadline: float | None = None
         """A ``time.monotonic()`` time after which ``run`` raises ``TimeBudgetSpent`` (points
         still running are left to ``close(kill=True)``; those finished are in the log)."""
@@ -145,12 +146,15 @@ class Runner:
 
     # -- running
     def run(self, ctx: Context, plans: list[ParallelPlan], label: str = "", progress: Progress | None = None,
-            start: float | None = None) -> list[dict]:
+            start: float | None = None, screening=()) -> list[dict]:
         """Records for ``plans`` in the same order: from the results file where finished
         there, else simulated (and appended as they finish). ``label`` names the progress
         display, ``start`` is when the command's work began (its elapsed time counts from
         there); a caller that runs several batches (the search's waves) passes its own
-        ``progress`` instead, which this counts on and leaves open."""
+        ``progress`` instead, which this counts on and leaves open. ``screening``: the keys
+        of plans that are a search's screening runs (``evaluate(..., screening=True)``: a
+        record with only what the search reads)."""
+        self._screening = frozenset(screening)
         keys = [plan_key(p) for p in plans]
         todo = [(k, p) for k, p in zip(keys, plans) if k not in self.log.done]
         todo = list({k: (k, p) for k, p in todo}.values())
@@ -180,11 +184,12 @@ class Runner:
             futures = [self._pool.submit(fn, item) for item in items]
         return [f.result() for f in futures]
 
-    def _submit(self, ctx, plan):
+    def _submit(self, ctx, plan, key: str = ""):
+        extra = {"screening": True} if key in self._screening else {}
         if isinstance(self._pool, cf.ProcessPoolExecutor):  # it may start a worker: see sigint_blocked
             with sigint_blocked():
-                return self._pool.submit(self.fn, ctx, plan)
-        return self._pool.submit(self.fn, ctx, plan)
+                return self._pool.submit(self.fn, ctx, plan, **extra)
+        return self._pool.submit(self.fn, ctx, plan, **extra)
 
     def _record(self, rec: dict) -> None:
         self.log.append(rec)
@@ -208,11 +213,11 @@ class Runner:
             if suspects:  # after a worker died: one at a time, so a death points at its point
                 if not inflight:
                     k, p = item = suspects.popleft()
-                    inflight[self._submit(ctx, p)] = item
+                    inflight[self._submit(ctx, p, k)] = item
             else:
                 while queue and len(inflight) < limit:
                     item = queue.popleft()
-                    inflight[self._submit(ctx, item[1])] = item
+                    inflight[self._submit(ctx, item[1], item[0])] = item
             left = None if self.deadline is None else max(0.0, self.deadline - time.monotonic())
             done, _ = cf.wait(inflight, timeout=left, return_when=cf.FIRST_COMPLETED)
             if not done:

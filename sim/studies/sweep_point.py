@@ -70,17 +70,22 @@ def _topology(ctx: Context):
     return topo
 
 
-def evaluate(ctx: Context, plan: ParallelPlan) -> dict:
+def evaluate(ctx: Context, plan: ParallelPlan, screening: bool = False) -> dict:
     """Simulate one point, at the fidelity ``trainsim run`` would choose (``auto``), and
-    return its record (never raises for a bad plan)."""
+    return its record (never raises for a bad plan). ``screening``: a search's screening run,
+    whose record's summary is only what the search reads of it
+    (``sim.results.summary.screening_summary``: the time, the fit and the peak), not the
+    full summary (its breakdowns and energy cost about 6% of a simulation)."""
     from sim.session import summarize
     from sim.inputs.schema import SimulationSettings
+    from sim.results.summary import screening_summary
     from sim.session import Job, simulate_training
 
     rec = {"key": plan_key(plan), "plan": asdict(plan), "status": "ok", "error": None, "summary": None}
     try:
         job = Job(ctx.model, plan, ctx.profile, ctx.topology())
-        rec["summary"] = summarize(simulate_training(job, SimulationSettings(fidelity="auto")))
+        run = simulate_training(job, SimulationSettings(fidelity="auto"))
+        rec["summary"] = screening_summary(run) if screening else summarize(run)
     except Exception as exc:  # recorded, and the sweep goes on
         rec["status"] = "error"
         rec["error"] = one_line(exc)
