@@ -42,7 +42,8 @@ them is enough to compare with BF16.
    of experts' token exchanges are priced at their least time (an all-to-all's bytes for
    peers on the rank's node over NVLink while the rest cross the network; the allgather
    dispatcher's other nodes' share through the node's NICs while the node's peers' comes
-   over NVLink; flex's inter-node and intra-node exchanges at once, ``_ep_times``), and the
+   over NVLink; flex's inter-node and intra-node exchanges at once, and an inter-node one
+   alone where its group has one rank a node, ``_ep_times``), and the
    bubble leaves out the other ranks' exchanges, which can run while the slowest rank computes. With
    ``overlap_moe_expert_parallel_comm`` (``sim.program.ep_overlap``) the slowest rank's
    m·T becomes max(m·C + A₁, m·A), C its compute and A its all-to-alls per micro-batch:
