@@ -116,8 +116,8 @@ def test_the_moe_bound_is_a_true_lower_bound_and_pruning_keeps_the_best():
 def test_flex_with_one_rank_a_node_counts_each_inter_node_exchange():
     """flex with the expert-parallel group one rank a node (tp = etp = 8 over two nodes): no
     intra-node exchange runs beside the inter-node ones, so the dispatch's and the combine's each
-    take their own time. The bound's least time counts both (not only the last), and stays
-    below the simulated time."""
+    take their own time. The estimate and the bound's least time count both (not only the
+    last), and the bound stays below the simulated time."""
     from sim.program.api import group_comm_time, moe_layer_groups
     from sim.studies.search import _ep_times
 
@@ -133,6 +133,7 @@ def test_flex_with_one_rank_a_node_counts_each_inter_node_exchange():
         rails = [group_comm_time(c, 2, "ib", H100) for c in work.comms(ph) if c.group == "ep_rail"]
         assert len(rails) == 2 and min(rails) > 0                # the dispatch and the combine (or their gradients)
         assert least[ph][1] == pytest.approx(sum(rails), rel=1e-12)
+        assert least[ph][0] == pytest.approx(sum(rails), rel=1e-12)  # the estimate prices each too
     run = simulate_training(Job(model, plan, H100, topo), SimulationSettings(fidelity="full"))
     exchanges = [s.end_s - s.start_s for s in run.trace.spans if s.rank == 0 and s.category == "ep"]
     per_layer = (least["F"][1] + least["B"][1]) * plan.num_microbatches

@@ -204,7 +204,8 @@ def _layer_phase_times(model: ModelSpec, plan: ParallelPlan, profile: HardwarePr
         beside = 0.0  # flex's inter-node exchange, which runs beside the intra-node one after it
         for c in work.comms(ph):
             n = sizes.get(c.group, 1)
-            if n > 1 and c.side and c.group in DISPATCH_GROUPS:
+            if n > 1 and c.side and c.group in DISPATCH_GROUPS:  # one still pending had no intra-
+                comm += beside                                      # node partner: it ran alone
                 beside = group_comm_time(c, n, link[c.group], profile)
             elif n > 1 and not c.side:
                 comm += max(beside, group_comm_time(c, n, link[c.group], profile))

@@ -349,9 +349,8 @@ def _ep_times(model, plan, profile, gpus_per_node) -> dict:
     with tp·etp filling a node, or a group of one rank a node), the inter-node exchange runs
     alone, each of them (the dispatch and the combine) at its own time.
 
-    ``priced`` is what ``layer_phase_times`` adds for them (its flex pricing keeps only the
-    last inter-node exchange that has no intra-node one beside it), so that ``least`` replaces
-    exactly that; ``least`` counts every exchange the simulator runs."""
+    ``priced`` is what ``layer_phase_times`` adds for them, so that ``least`` replaces exactly
+    that; both count every exchange the simulator runs."""
     out = {ph: (0.0, 0.0) for ph in ("F", "B", "W")}
     if not model.moe or plan.ep == 1:
         return out
@@ -375,8 +374,8 @@ def _ep_times(model, plan, profile, gpus_per_node) -> dict:
                                  transfer_time(c.nbytes * (k - 1) / n, "nvlink", profile))
             elif c.group in ("ep_rail", "ep_node") and sizes[c.group] > 1:
                 t = group_comm_time(c, sizes[c.group], link[c.group], profile)
-                if c.side:
-                    least, beside, alone = least + alone, t, t  # (a pending one without a partner ran alone)
+                if c.side:  # (a pending one without a partner ran alone, in both)
+                    priced, least, beside, alone = priced + beside, least + alone, t, t
                 else:
                     priced, least = priced + max(t, beside), least + max(t, alone)
                     beside = alone = 0.0
