@@ -401,12 +401,14 @@ class ParallelPlan:
     dp_overlap: bool = setting(True, name="overlap_grad_reduce", kind="bool",
                                help="overlap the data-parallel gradient all-reduce with backward (default on)")
     """DDP buckets are reduced as soon as their gradients are ready; False syncs after the whole backward."""
-    grad_reduce_fp32: bool = setting(
-        False, name="accumulate_allreduce_grads_in_fp32", kind="bool",
+    grad_reduce_fp32: bool | None = setting(
+        name="accumulate_allreduce_grads_in_fp32", kind="bool",
         help="reduce the data-parallel gradients in fp32, 4 bytes a parameter (Megatron-LM's default for bf16, its "
-             "gradient buffer being the fp32 main gradients; default off: 16-bit, as PyTorch DDP and NeMo's "
+             "gradient buffer being the fp32 main gradients; default: the framework's, off but for the FSDP of "
+             "llm-foundry and torchtitan under --zero 3 (reduce_dtype float32): 16-bit, as PyTorch DDP and NeMo's "
              "distributed optimizer with grad_sync_dtype bf16 reduce them)")
-    """``GRAD_REDUCE_BYTES``: bytes per parameter the gradient all-reduce or reduce-scatter moves."""
+    """``GRAD_REDUCE_BYTES``: bytes per parameter the gradient all-reduce or reduce-scatter moves;
+    None: the framework's (``sim.inputs.frameworks.grad_reduce_fp32_in_effect``)."""
     bucket_size_bytes: int = setting(
         DDP_BUCKET_BYTES, name="bucket_size", metavar="BYTES", convert=partial(parse_size, field="--bucket-size"),
         help=f"gradient bucket size, e.g. 25MiB (default {DDP_BUCKET_BYTES // 2**20} MiB, PyTorch DDP's)")
