@@ -444,12 +444,12 @@ class ParallelPlan:
         """The plan's fields as JSON-ready values; the settings that only set other fields
         (``layers_per_virtual_stage`` sets vpp, ``zero3_prefetch_bucket_size`` the depth), the
         pipeline layout, the schedule file and the framework settings are left out when not given
-        (``reshard_after_forward`` when on, its default)."""
+        (``reshard_after_forward`` when on, its default; ``grad_reduce_fp32`` when the framework's)."""
         out = dataclasses.asdict(self)
         for name in ("layers_per_virtual_stage", "schedule_file", "zero3_prefetch_bucket_size", "pipeline_layout",
                      "recompute_modules", "recompute_method", "recompute_num_layers", "framework", "attention_kernel",
                      "backward_prefetch", "fp4_format",
-                     "tp_comm_overlap_cfg"):
+                     "tp_comm_overlap_cfg", "grad_reduce_fp32"):
             if out[name] is None:
                 del out[name]
         if out["reshard_after_forward"]:
