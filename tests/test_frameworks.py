@@ -62,10 +62,14 @@ def test_backward_post_issues_each_backward_gather_once_the_layer_before_it_is_d
         acts = prog.actions[0]
         names = {a.name: i for i, a in enumerate(acts)}
         out = {}
+        def waits_for(d):  # (FSDP's copy-in before a gather waits for what the gather waited for: sim.program.fsdp)
+            b = acts[names[d]]
+            return [x for e in b.deps for x in waits_for(e)] if b.category == "fsdp" else [b.layer]
+
         for a in acts:
             if a.kind == "collective" and a.op == "allgather" and " for 0B" in a.name:
                 layer = int(a.name.split()[2])
-                out[layer] = [acts[names[d]].layer for d in a.deps]
+                out[layer] = sorted({x for d in a.deps for x in waits_for(d)})
         return out
 
     # backward runs the head (layer 3), then layers 2, 1, 0, then the embedding (-1). BACKWARD_PRE

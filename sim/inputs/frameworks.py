@@ -132,6 +132,12 @@ class Framework:
     what: str
     kernel_overhead: bool = False
     """Its kernels pay a fitted per-kernel overhead over Megatron-Core's (module doc)."""
+    fsdp: str = ""
+    """Which PyTorch FSDP runs its ZeRO-3 (``FSDP_KINDS``; "" none: Megatron-Core's and
+    DeepSpeed's own), whose memory-bound copies ``sim.program.fsdp`` adds."""
+    reduce_fp32: bool = False
+    """Its FSDP reduce-scatters the gradients in fp32 (``MixedPrecision(reduce_dtype=float32)``),
+    4 bytes a parameter (module doc)."""
 
 
 KERNEL_OVERHEAD_MAX_S = 25e-6
@@ -140,13 +146,26 @@ path of eager PyTorch exposed on the GPU (5-25 us of CPU per op: Python ~1 us, p
 ~1, autograd 1-3, ATen dispatch 1-2, backend 1-5, cudaLaunchKernel 1-3 on CUDA 12; the
 source of ``sim.program.launch.HOST_LAUNCH_S``)."""
 
+FSDP_KINDS = ("fsdp1", "fsdp2")
+"""PyTorch's two FSDPs: FSDP1 (``FullyShardedDataParallel``, one flat parameter per wrapped
+module) and FSDP2 (``fully_shard``, one DTensor per parameter)."""
+
 FRAMEWORKS = {
     "megatron": Framework("te", "backward_pre", "Megatron-Core / NeMo with Transformer Engine (the presets' fits)"),
-    "torchtitan": Framework("fa2", "backward_pre", "torchtitan: FSDP2, SDPA attention (FlashAttention-2)", True),
+    # torchtitan: MixedPrecisionPolicy(param_dtype=mixed_precision_param, reduce_dtype=mixed_precision_reduce),
+    # whose defaults are bfloat16 and float32 (torchtitan config ``training.mixed_precision_reduce``)
+    "torchtitan": Framework("fa2", "backward_pre", "torchtitan: FSDP2, SDPA attention (FlashAttention-2)", True,
+                            fsdp="fsdp2", reduce_fp32=True),
+    # AutoModel: FSDP2Manager's mp_policy default of its 2025 versions (the F15 row's yaml @ 2013a4dd6 gives none):
+    # MixedPrecisionPolicy(param_dtype=bfloat16, reduce_dtype=bfloat16, output_dtype=bfloat16); later versions
+    # reduce in float32 (an assumption: the version the row ran is not pinned further)
     "automodel": Framework("te", "backward_pre", "NeMo AutoModel: FSDP2 with prefetch, Transformer Engine kernels",
-                           True),
+                           True, fsdp="fsdp2"),
+    # llm-foundry's H100 and A100-80GB rows: "MP Mode DEFAULT", Composer's get_mixed_precision
+    # (composer/trainer/mosaic_fsdp_utils.py of the torch 2.0 era): param_dtype bf16, reduce_dtype float32
     "llm-foundry": Framework("triton", "backward_post",
-                             "llm-foundry MPT on Composer FSDP1: Triton flash attention, BACKWARD_POST prefetch", True),
+                             "llm-foundry MPT on Composer FSDP1: Triton flash attention, BACKWARD_POST prefetch", True,
+                             fsdp="fsdp1", reduce_fp32=True),
     "deepspeed": Framework("fa2", "backward_pre",
                            "DeepSpeed ZeRO: hook-driven trace prefetch, persistent small parameters, FlashAttention-2",
                            True),
@@ -174,6 +193,22 @@ def kernel_overhead_s(plan, profile) -> float:
     if not FRAMEWORKS[name].kernel_overhead or not profile.framework_kernel_overhead_s:
         return 0.0
     return float(profile.framework_kernel_overhead_s.get(name, 0.0))
+
+
+def fsdp_of(plan) -> str:
+    """The PyTorch FSDP that runs the plan's ZeRO-3 ("fsdp1", "fsdp2"), "" when none does
+    (another framework, or a ZeRO stage that does not shard the parameters)."""
+    return framework_of(plan).fsdp if plan.zero.shards_params else ""
+
+
+def grad_reduce_fp32_in_effect(plan) -> bool:
+    """Whether the data-parallel gradients are reduced in fp32: as given
+    (``accumulate_allreduce_grads_in_fp32``), else as the framework's FSDP does under ZeRO-3
+    (``Framework.reduce_fp32``), else not (16-bit, Megatron-Core's distributed optimizer
+    with grad_sync_dtype bf16 and PyTorch DDP)."""
+    if plan.grad_reduce_fp32 is not None:
+        return plan.grad_reduce_fp32
+    return bool(fsdp_of(plan)) and framework_of(plan).reduce_fp32
 
 
 def attention_kernel_in_effect(plan) -> str:

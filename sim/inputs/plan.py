@@ -401,12 +401,14 @@ class ParallelPlan:
     dp_overlap: bool = setting(True, name="overlap_grad_reduce", kind="bool",
                                help="overlap the data-parallel gradient all-reduce with backward (default on)")
     """DDP buckets are reduced as soon as their gradients are ready; False syncs after the whole backward."""
-    grad_reduce_fp32: bool = setting(
-        False, name="accumulate_allreduce_grads_in_fp32", kind="bool",
+    grad_reduce_fp32: bool | None = setting(
+        name="accumulate_allreduce_grads_in_fp32", kind="bool",
         help="reduce the data-parallel gradients in fp32, 4 bytes a parameter (Megatron-LM's default for bf16, its "
-             "gradient buffer being the fp32 main gradients; default off: 16-bit, as PyTorch DDP and NeMo's "
+             "gradient buffer being the fp32 main gradients; default: the framework's, off but for the FSDP of "
+             "llm-foundry and torchtitan under --zero 3 (reduce_dtype float32): 16-bit, as PyTorch DDP and NeMo's "
              "distributed optimizer with grad_sync_dtype bf16 reduce them)")
-    """``GRAD_REDUCE_BYTES``: bytes per parameter the gradient all-reduce or reduce-scatter moves."""
+    """``GRAD_REDUCE_BYTES``: bytes per parameter the gradient all-reduce or reduce-scatter moves;
+    None: the framework's (``sim.inputs.frameworks.grad_reduce_fp32_in_effect``)."""
     bucket_size_bytes: int = setting(
         DDP_BUCKET_BYTES, name="bucket_size", metavar="BYTES", convert=partial(parse_size, field="--bucket-size"),
         help=f"gradient bucket size, e.g. 25MiB (default {DDP_BUCKET_BYTES // 2**20} MiB, PyTorch DDP's)")
@@ -442,12 +444,12 @@ class ParallelPlan:
         """The plan's fields as JSON-ready values; the settings that only set other fields
         (``layers_per_virtual_stage`` sets vpp, ``zero3_prefetch_bucket_size`` the depth), the
         pipeline layout, the schedule file and the framework settings are left out when not given
-        (``reshard_after_forward`` when on, its default)."""
+        (``reshard_after_forward`` when on, its default; ``grad_reduce_fp32`` when the framework's)."""
         out = dataclasses.asdict(self)
         for name in ("layers_per_virtual_stage", "schedule_file", "zero3_prefetch_bucket_size", "pipeline_layout",
                      "recompute_modules", "recompute_method", "recompute_num_layers", "framework", "attention_kernel",
                      "backward_prefetch", "fp4_format",
-                     "tp_comm_overlap_cfg"):
+                     "tp_comm_overlap_cfg", "grad_reduce_fp32"):
             if out[name] is None:
                 del out[name]
         if out["reshard_after_forward"]:

@@ -131,7 +131,7 @@ class ZeroPlan(_Section):
     zero_bucket_size_bytes: int | None
     offload_optimizer: bool
     bucket_size_bytes: int
-    grad_reduce_fp32: bool
+    grad_reduce_fp32: bool | None
 
     @property
     def zero(self) -> _st.ZeroStage:

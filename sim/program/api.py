@@ -24,8 +24,9 @@ from sim.program.dispatch import default_layout, dispatch_groups, group_sizes, m
 from sim.program.estimate import (Estimate, estimate, estimate_in, group_comm_time, layer_key, layer_phase_times,
                                   model_flops_per_sequence, moe_layer_groups, plan_flops_per_sequence)
 from sim.program.fp8 import gemm_kernel
+from sim.program.fsdp import copy_time, fsdp_copies
 from sim.program.launch import HOST_LAUNCH_S, LAUNCH_CATEGORY, issue_bound
-from sim.program.memory import model_state_bytes
+from sim.program.memory import layer_param_bytes, model_state_bytes
 from sim.program.routing import Routing
 from sim.program.schedules import Step
 from sim.program.stage_balance import auto_layer_split, stage_profiles, stage_time_s
@@ -47,11 +48,31 @@ def estimate_of(model: ModelSpec, plan: ParallelPlan, profile: HardwareProfile, 
     return ctx, estimate_in(ctx)
 
 
+def fsdp_copy_rows(ctx: BuildContext) -> dict | None:
+    """PyTorch FSDP's copies around one transformer layer's gather and reduce-scatter
+    (``sim.program.fsdp``) as the simulator prices them on ``ctx``'s GPU: what, when, on
+    which stream, bytes moved and seconds per occurrence; None when no FSDP runs the plan's
+    ZeRO-3."""
+    from sim.inputs.frameworks import framework_name, fsdp_of, grad_reduce_fp32_in_effect
+    plan, profile = ctx.plan, ctx.profile
+    fsdp = fsdp_of(plan)
+    copies = fsdp_copies(fsdp, grad_reduce_fp32_in_effect(plan))
+    ranks = len(plan.dp_group(0))
+    if not copies or ranks < 2:
+        return None
+    elements = layer_param_bytes(ctx.model, plan.tp, 0) / 2
+    rate = profile.memory_rate()
+    rows = [{"copy": c.what, "when": c.when, "stream": c.stream, "of": c.of, "bytes": c.nbytes(elements, ranks),
+             "time_s": copy_time(c, elements, ranks, rate, profile.kernel_launch_s)} for c in copies]
+    return {"fsdp": fsdp, "framework": framework_name(plan), "layer_elements": elements, "ranks": ranks,
+            "reduce_fp32": grad_reduce_fp32_in_effect(plan), "rows": rows}
+
+
 __all__ = [
     "Action", "BuildContext", "Comm", "Estimate", "HOST_LAUNCH_S", "LAUNCH_CATEGORY", "Op",
     "Program", "Routing", "Step", "Work", "auto_layer_split", "bias_pass_time", "chunk_work", "collective_time",
     "context", "default_layout", "dispatch_groups", "edge_works", "estimate", "estimate_in", "estimate_of",
-    "gemm_compute_time", "gemm_kernel", "group_comm_time", "group_sizes", "issue_bound", "job_profile", "launches", "mma_flops_per_score", "layer_as_run",
+    "fsdp_copy_rows", "gemm_compute_time", "gemm_kernel", "group_comm_time", "group_sizes", "issue_bound", "job_profile", "launches", "mma_flops_per_score", "layer_as_run",
     "layer_key", "layer_phase_times", "local_sequence", "model_flops_per_sequence", "model_state_bytes", "moe_layer_groups",
     "moe_shape", "op_time", "plan_edge_works", "plan_flops_per_sequence", "plan_layer_work",
     "stage_profiles", "stage_time_s", "transfer_time", "work_times",

@@ -90,6 +90,7 @@ from __future__ import annotations
 
 from sim.errors import InputError, require
 from sim.inputs.hardware import HardwareProfile
+from sim.inputs.frameworks import grad_reduce_fp32_in_effect
 from sim.inputs.strategies import PipelineSchedule, schedule_named, zero_stage_of
 from sim.inputs.profile_checks import NCCL_BASE_LATENCY_S
 from sim.program.fp8 import gemm_kernel
@@ -306,8 +307,9 @@ fp32", megatron/arguments.py; its local DDP all-reduces the fp32 gradient buffer
 
 
 def grad_reduce_scale(plan) -> float:
-    """How many times a 16-bit gradient's bytes the plan's gradient reductions move."""
-    return GRAD_REDUCE_BYTES[plan.grad_reduce_fp32] / GRAD_REDUCE_BYTES[False]
+    """How many times a 16-bit gradient's bytes the plan's gradient reductions move (fp32
+    as given, else as the framework's FSDP reduces: ``grad_reduce_fp32_in_effect``)."""
+    return GRAD_REDUCE_BYTES[grad_reduce_fp32_in_effect(plan)] / GRAD_REDUCE_BYTES[False]
 
 
 def grad_sync_time(zero_stage: int, grad_bytes: float, dp: int, microbatches: int, kind: str,

@@ -24,7 +24,8 @@ the schedule and the program so far):
     zero3_gather  ZeRO-3's per-layer parameter all-gathers, prefetched as the framework
                   does (``backward_prefetch``), kept from forward to backward without
                   ``reshard_after_forward`` (an MoE layer's experts over their own
-                  data-parallel group)
+                  data-parallel group); under PyTorch FSDP (llm-foundry's FSDP1, torchtitan's
+                  and AutoModel's FSDP2) its copies around them (``sim.program.fsdp``)
     optimizer     the optimizer step on the GPU
     offload       or, with ``offload_optimizer``, on the host with its copies
     param_gather  ZeRO-1/2's parameter all-gather after the step (or overlapped ahead of
@@ -56,8 +57,8 @@ from typing import Callable
 
 from sim.errors import InputError
 from sim.inputs.experts import Folding
-from sim.inputs.frameworks import (backward_prefetch_in_effect, bucket_buffers, deepspeed_kept_layers, is_deepspeed,
-                                   overlap_comm_in_effect, persistent_params)
+from sim.inputs.frameworks import (backward_prefetch_in_effect, bucket_buffers, deepspeed_kept_layers, fsdp_of,
+                                   grad_reduce_fp32_in_effect, is_deepspeed, overlap_comm_in_effect, persistent_params)
 from sim.inputs.hardware import HardwareProfile
 from sim.inputs.model import ModelSpec, layer_param_split, mtp_param_split
 from sim.inputs.plan import ParallelPlan
@@ -68,10 +69,11 @@ from sim.program.actions import Program
 from sim.program.activation_offload import add_activation_offload
 from sim.program.amax import add_amax_reductions, chunk_gemms, stage_groups
 from sim.program.build import BuildContext
-from sim.program.costs import cpu_optimizer_step_time, grad_reduce_scale, optimizer_step_time
+from sim.program.costs import GRAD_REDUCE_BYTES, cpu_optimizer_step_time, grad_reduce_scale, optimizer_step_time
 from sim.program.ep_overlap import add_ep_overlap, overlap_schedule, steady_pairs
 from sim.program.dispatch import dispatch_groups, ep_layout
 from sim.program.fp8 import BF16_BYTES, gathered_weight_bytes
+from sim.program.fsdp import add_fsdp_copies, fsdp_copies
 from sim.program.limits import check_size
 from sim.program.memory import (
     chunk_activation_parts,
@@ -332,6 +334,10 @@ def zero3_gather(ctx: BuildContext, draft: Draft) -> Draft:
         experts = _expert_bytes(split)
         prog = zero.add_param_gathers(prog, lambda r, lid: expert_share * experts(r, lid), ctx.folding.edp_group,
                                       depth, label="gather experts of layer", **how)
+    # PyTorch FSDP's own copies around each gather and reduce-scatter (sim.program.fsdp), once both are placed
+    copies = fsdp_copies(fsdp_of(plan), grad_reduce_fp32_in_effect(plan))
+    prog = add_fsdp_copies(prog, copies, GRAD_REDUCE_BYTES[grad_reduce_fp32_in_effect(plan)],
+                           ctx.profile.memory_rate(), ctx.profile.kernel_launch_s)
     return draft.with_program(prog)
 
 

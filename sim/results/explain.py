@@ -24,7 +24,7 @@ from sim.inputs.model import ModelSpec
 from sim.inputs.pacing import slowest_speed
 from sim.inputs.plan import ParallelPlan
 from sim.program.api import (
-    bias_pass_time, collective_time, gemm_compute_time, launches, Comm, default_layout, dispatch_groups, estimate_of, gemm_kernel,
+    bias_pass_time, collective_time, fsdp_copy_rows, gemm_compute_time, launches, Comm, default_layout, dispatch_groups, estimate_of, gemm_kernel,
     group_comm_time, group_sizes, HOST_LAUNCH_S, issue_bound, local_sequence, mma_flops_per_score, moe_shape, Op, op_time,
     plan_edge_works, plan_layer_work, Work,
 )
@@ -171,6 +171,7 @@ def explain(model: ModelSpec, plan: ParallelPlan, profile: HardwareProfile, gpus
         "parts": parts,
         "layers_per_stage": per_stage,
         "estimate": dict(est.time),
+        **({"fsdp_copies": fsdp} if (fsdp := fsdp_copy_rows(ctx)) else {}),
     }
 
 
@@ -236,6 +237,18 @@ def render(report: dict) -> str:
                        f"against {format_time(la['gpu_s'])} of GPU compute; launched one by one onto an idle GPU "
                        f"they would end after {format_time(la['issue_bound_s'])} (the exchanges between let the host "
                        f"catch up: the simulator times it; --cuda-graph moe removes the wait)")
+        out.append("")
+    fsdp = report.get("fsdp_copies")
+    if fsdp:  # PyTorch FSDP's own copies (sim.program.fsdp)
+        out.append(f"{fsdp['framework']}'s {fsdp['fsdp'].upper()} copies around one layer's gather and reduce-scatter "
+                   f"({fsdp['layer_elements'] / 1e6:.1f}M elements over {fsdp['ranks']} ranks, gradients reduced in "
+                   f"{'fp32' if fsdp['reduce_fp32'] else 'bf16'}); each is a memory-bound kernel, per occurrence:")
+        out.append(f"  {'when':<13}{'stream':<9}{'copy':<58}{'moved':>12}{'time':>11}")
+        for r in fsdp["rows"]:
+            out.append(f"  {r['when']:<13}{r['stream']:<9}{r['copy']:<58}{format_bytes(r['bytes']):>12}"
+                       f"{format_time(r['time_s']):>11}")
+        out.append("  (gather: each all-gather of the layer, forward and backward; reduce: each reduce-scatter, every "
+                   "micro-batch; accumulate: from the second micro-batch on)")
         out.append("")
     e = report["estimate"]
     out.append(f"per iteration (first-order estimate, no overlap; layers per stage "

@@ -1,0 +1,223 @@
+"""PyTorch FSDP's own memory-bound copies around its ZeRO-3 collectives.
+
+Megatron-Core's rows, which the presets are fitted to, gather and reduce straight from and
+into their buffers; PyTorch's two FSDPs copy the bytes on the way, and each copy is a
+memory-bound kernel of its own. What each copies, when and on which stream, read from
+PyTorch's source (pytorch/pytorch, torch/distributed/fsdp/; FSDP1 in ``_flat_param.py`` and
+``_runtime_utils.py``, FSDP2 in ``_fully_shard/_fsdp_collectives.py`` and
+``_fsdp_param_group.py``), with the parameters kept in fp32 and gathered in bf16
+(``param_dtype``) as every framework here runs them, and the gradients reduced in the
+framework's ``reduce_dtype`` (``sim.inputs.frameworks.Framework.reduce_fp32``). U is a
+layer's unsharded elements, S = U/n its shard on one of the n ranks of the group.
+
+FSDP1 (``FullyShardedDataParallel``, one flat parameter per wrapped block):
+
+- before each all-gather, ``FlatParamHandle.pre_unshard`` -> ``_use_low_precision_shard``:
+  ``_mp_shard.copy_(flat_param._local_shard)``, the fp32 shard cast to bf16 (read 4S, write
+  2S), on the pre-unshard stream (``_unshard(state, handle, unshard_stream,
+  pre_unshard_stream)``), a side stream the all-gather's stream waits for. The all-gather
+  then reads that shard and writes the padded unsharded flat parameter directly; the
+  parameters are views of it (``_use_unsharded_views``: ``split`` and ``view``): no copy-in,
+  no copy-out.
+- in backward, autograd's gradient of those views: the views come from ``torch.split`` of
+  the flat parameter (``_get_unflat_views_aligned`` / ``_unaligned``), whose backward
+  concatenates every view's gradient into one unsharded flat gradient (read 2U, write 2U),
+  on the compute stream, before the flat parameter's post-backward hook runs.
+- ``_post_backward_hook``: on the post-backward stream, ``flat_param.grad.to(reduce_dtype)``
+  when that is fp32 (read 2U, write 4U); ``_reduce_grad`` then reduce-scatters on the same
+  stream (the simulator's ``dp`` stream). ``_get_reduce_scatter_tensors`` pads with
+  ``F.pad`` (a copy) only when U is not a multiple of n, which ``use_orig_params``
+  (``_init_flat_param_and_metadata``: "Pad to be divisible by world size to avoid a copy for
+  the post-backward reduce-scatter") and the rows' layer sizes rule out: not modelled.
+- after it, ``_accumulate_sharded_grad``: ``_saved_grad_shard += sharded_grad`` from the
+  second micro-batch of a step on (read 2 shards, write one, in ``reduce_dtype``); with a
+  bf16 ``reduce_dtype``, ``_cast_grad_to_param_dtype`` casts the reduced shard to fp32
+  (read 2S, write 4S). Both on the post-backward stream.
+- not a copy: ``limit_all_gathers`` makes the CPU wait for the all-gather two blocks back
+  (``_free_event_queue``), and the unsharded buffer's ``_alloc_storage`` / ``_free_storage``
+  resize a storage through the caching allocator: no kernel either.
+
+FSDP2 (``fully_shard``, one DTensor per parameter):
+
+- copy-in, on ``all_gather_copy_in_stream`` (``FSDPCommContext.get_all_gather_streams``: a
+  stream of its own in the forward and pre-backward hooks): ``_get_param_all_gather_inputs``
+  casts the fp32 shards into one bf16 buffer with ``torch._foreach_copy_`` (read 4S, write
+  2S), and ``all_gather_copy_in`` copies that into the all-gather's input slice of its
+  output (``torch._foreach_copy_``, read 2S, write 2S).
+- copy-out, ``foreach_all_gather_copy_out`` from ``FSDPParamGroup.wait_for_unshard`` on the
+  current (compute) stream: ``split_with_sizes_copy`` of the gathered buffer into each
+  parameter's unsharded storage (read 2U, write 2U).
+- ``foreach_reduce``: ``foreach_reduce_scatter_copy_in`` (``torch._chunk_cat``) of the
+  bf16 gradients into the reduce-scatter's input in ``reduce_dtype`` (read 2U, write 2U or
+  4U) on the current (compute) stream, which the reduce-scatter stream then waits for;
+  after the reduce-scatter, on its stream, ``_to_dtype_if_needed`` casts a bf16 result to
+  the fp32 parameters' dtype (read 2S, write 4S; none when reduced in fp32), and from the
+  second micro-batch on ``sharded_param.grad._local_tensor += new_sharded_grad`` (fp32:
+  read 8S, write 4S).
+
+Each copy is priced as a memory-bound library kernel: bytes read and written at the
+profile's ``memory_rate()`` (``hbm_bandwidth_Bps · memory_efficiency``) plus
+``kernel_launch_s`` per kernel (``copy_time``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from sim.program.actions import Action, Program
+
+PARAM_BYTES, GATHER_BYTES, GRAD_BYTES = 4, 2, 2
+"""fp32 parameters (the sharded masters), bf16 gathered parameters (``param_dtype``), bf16
+gradients (computed in the gathered parameters' dtype)."""
+
+WHEN = ("gather", "reduce", "after_reduce", "accumulate")
+"""When a copy runs: before each all-gather (its input) or after it (its output, before the
+layer's first kernel); before each reduce-scatter; after it; after it from a step's second
+micro-batch on."""
+STREAMS = ("copy_in", "compute", "reduce")
+"""Where: FSDP's side stream before the all-gather (FSDP1's pre-unshard stream, FSDP2's
+all-gather copy-in stream), the compute stream, or the reduce-scatter's own stream."""
+COPY_IN_STREAM = "fsdp_copy_in"
+"""The simulator's name of FSDP's copy-in side stream."""
+
+
+@dataclass(frozen=True)
+class Copy:
+    """One of FSDP's copies: the function that makes it, when it runs (``WHEN``), on which
+    stream (``STREAMS``), the bytes read and written per element of the shard or of the
+    unsharded layer (``of``), and its kernels."""
+
+    what: str
+    when: str
+    stream: str
+    of: str  # "shard" or "unsharded"
+    read: float
+    written: float
+    kernels: int = 1
+
+    def nbytes(self, unsharded: float, ranks: int) -> float:
+        """Bytes read and written for a layer of ``unsharded`` elements sharded over ``ranks``."""
+        n = unsharded if self.of == "unsharded" else unsharded / ranks
+        return (self.read + self.written) * n
+
+
+def fsdp_copies(fsdp: str, reduce_fp32: bool) -> tuple[Copy, ...]:
+    """FSDP1's or FSDP2's copies (module doc), with gradients reduced in fp32 or in bf16."""
+    r = 4 if reduce_fp32 else GRAD_BYTES
+    if fsdp == "fsdp1":
+        out = [Copy("_use_low_precision_shard (fp32 shard -> bf16)", "gather", "copy_in", "shard",
+                    PARAM_BYTES, GATHER_BYTES),
+               Copy("split backward: cat of the views' gradients", "reduce", "compute", "unsharded",
+                    GRAD_BYTES, GRAD_BYTES)]
+        if reduce_fp32:
+            out.append(Copy("_post_backward_hook grad.to(reduce_dtype)", "reduce", "reduce", "unsharded",
+                            GRAD_BYTES, r))
+        else:
+            out.append(Copy("_cast_grad_to_param_dtype", "after_reduce", "reduce", "shard", GRAD_BYTES, PARAM_BYTES))
+        out.append(Copy("_accumulate_sharded_grad (+=)", "accumulate", "reduce", "shard", 2 * r, r))
+        return tuple(out)
+    if fsdp == "fsdp2":
+        out = [Copy("_get_param_all_gather_inputs _foreach_copy_ (fp32 -> bf16)", "gather", "copy_in", "shard",
+                    PARAM_BYTES, GATHER_BYTES),
+               Copy("all_gather_copy_in _foreach_copy_", "gather", "copy_in", "shard", GATHER_BYTES, GATHER_BYTES),
+               Copy("foreach_all_gather_copy_out split_with_sizes_copy", "gather", "compute", "unsharded",
+                    GATHER_BYTES, GATHER_BYTES),
+               Copy("foreach_reduce_scatter_copy_in _chunk_cat", "reduce", "compute", "unsharded", GRAD_BYTES, r)]
+        if not reduce_fp32:
+            out.append(Copy("foreach_reduce _to_dtype_if_needed", "after_reduce", "reduce", "shard",
+                            GRAD_BYTES, PARAM_BYTES))
+        out.append(Copy("foreach_reduce grad += (accumulate)", "accumulate", "reduce", "shard",
+                        2 * PARAM_BYTES, PARAM_BYTES))
+        return tuple(out)
+    return ()
+
+
+def copy_time(copy: Copy, unsharded: float, ranks: int, rate_Bps: float, launch_s: float) -> float:
+    """Seconds of ``copy`` for a layer of ``unsharded`` elements over ``ranks``: its bytes
+    at ``rate_Bps`` plus ``launch_s`` per kernel."""
+    return copy.nbytes(unsharded, ranks) / rate_Bps + copy.kernels * launch_s
+
+
+def _microbatch(name: str) -> int | None:
+    """The micro-batch of a per-micro-batch bucket's name (``... of 2B3`` -> 3)."""
+    _, sep, step = name.rpartition(" of ")
+    if not sep:
+        return None
+    digits = ""
+    for ch in reversed(step):
+        if not ch.isdigit():
+            break
+        digits = ch + digits
+    return int(digits) if digits else None
+
+
+def add_fsdp_copies(prog: Program, copies: tuple[Copy, ...], reduce_bytes: float, rate_Bps: float,
+                    launch_s: float) -> Program:
+    """FSDP's copies (``fsdp_copies``) around each ZeRO-3 parameter all-gather (category
+    ``zero`` on stream ``zero``, ``sim.program.zero.add_param_gathers``: 2 bytes an element)
+    and each gradient reduce-scatter (category ``dp``, ``sim.program.passes.add_grad_sync``:
+    ``reduce_bytes`` an element). Copy-in copies run on ``COPY_IN_STREAM`` and the all-gather
+    waits for them; a gather's compute copy (its copy-out) runs on the stream of the first
+    action that waits for the gather, just before it; a reduce-scatter's copies run after
+    the backward it waits for (compute) and on its stream (reduce), and the reduce-scatter
+    waits for them; the after-reduce and accumulate copies follow it on its stream. Category
+    ``fsdp``; names ``fsdp <what> for <collective>``."""
+    if not copies:
+        return prog
+    by_when: dict[str, list[Copy]] = {}
+    for c in copies:
+        by_when.setdefault(c.when, []).append(c)
+
+    def act(c: Copy, target: Action, unsharded: float, stream: str, deps: tuple) -> Action:
+        return Action.new(f"fsdp {c.what} for {target.name}", duration_s=copy_time(c, unsharded, len(target.group),
+                                                                                   rate_Bps, launch_s),
+                          nbytes=c.nbytes(unsharded, len(target.group)), category="fsdp", stream=stream, deps=deps)
+
+    out = {}
+    for r, acts in prog.actions.items():
+        lst = list(acts)
+        stream_of = {a.name: a.stream for a in lst}
+        copy_outs: dict[str, tuple] = {}  # gather name -> (gather, elements, its output copies): before its first user
+        new: list[Action] = []
+        for a in lst:
+            if a.kind == "collective" and a.op == "allgather" and a.category == "zero" and a.stream == "zero":
+                u = a.nbytes / GATHER_BYTES
+                deps, pre = a.deps, []
+                for c in by_when.get("gather", ()):
+                    if c.stream == "copy_in":
+                        pre.append(act(c, a, u, COPY_IN_STREAM, deps))
+                        deps = (pre[-1].name,)
+                new.extend(pre)
+                a = a.evolve(deps=a.deps + (pre[-1].name,)) if pre else a
+                new.append(a)
+                outs = [c for c in by_when.get("gather", ()) if c.stream != "copy_in"]
+                if outs:
+                    copy_outs[a.name] = (a, u, outs)
+                continue
+            if a.kind == "collective" and a.op == "reducescatter" and a.category == "dp":
+                u = a.nbytes / reduce_bytes
+                anchor = a.deps[0] if a.deps else None
+                deps, pre = a.deps, []
+                for c in by_when.get("reduce", ()):
+                    stream = stream_of.get(anchor, "compute") if c.stream == "compute" else a.stream
+                    pre.append(act(c, a, u, stream, deps))
+                    deps = (pre[-1].name,)
+                new.extend(pre)
+                new.append(a.evolve(deps=a.deps + tuple(p.name for p in pre[-1:])) if pre else a)
+                prev = a.name
+                mb = _microbatch(a.name)
+                for c in by_when.get("after_reduce", []) + (by_when.get("accumulate", []) if mb else []):
+                    new.append(act(c, a, u, a.stream, (prev,)))
+                    prev = new[-1].name
+                continue
+            waits = [d for d in a.deps if isinstance(d, str) and d in copy_outs]
+            for g in waits:
+                gather, u, cs = copy_outs.pop(g)
+                prev = g
+                for c in cs:
+                    new.append(act(c, gather, u, a.stream, (prev,)))
+                    prev = new[-1].name
+                a = a.evolve(deps=a.deps + (prev,))
+            new.append(a)
+        out[r] = new
+    return prog.with_actions(out)
