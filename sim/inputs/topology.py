@@ -92,7 +92,7 @@ class Topology:
         self._nics: dict[str, list[str]] = {}  # GPU -> its NICs (_nics_of)
         self._firsts: dict[str, str] = {}  # NIC -> the first GPU whose own NIC it is (_pxn_relay)
         self._relays: dict[tuple[int, int], int | None] = {}  # (src, dst) -> PXN relay rank
-        self._vias: dict[tuple[int, int], int | None] = {}  # (src, destination's local index) -> the same
+        self._vias: dict[int, dict[int, int | None]] = {}  # src -> destination's local index -> the same
         self._rank_locals: list[int] | None = None  # rank -> its local index (_pxn_relay)
         self._rails: bool | None = None
         self._members: dict[int, list[str]] = {}  # node -> its GPUs in rank order
@@ -252,10 +252,13 @@ class Topology:
         locals_ = self._rank_locals
         if locals_ is None:
             locals_ = self._rank_locals = [self._local_index(x) for x in self.gpus]
-        key = (src, locals_[dst])
-        via = self._vias.get(key, self._vias)
-        if via is self._vias:
-            via = self._vias[key] = self._pxn_relay_to(src, key[1])
+        local = locals_[dst]
+        mine = self._vias.get(src)
+        if mine is None:
+            mine = self._vias[src] = {}
+        via = mine.get(local, mine)
+        if via is mine:
+            via = mine[local] = self._pxn_relay_to(src, local)
         return via
 
     def _pxn_relay_to(self, src: int, local: int) -> int | None:
