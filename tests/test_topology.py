@@ -141,6 +141,7 @@ def test_unknown_topology_name_lists_choices():
     ("dgx-h100", 4, None),
     ("dgx-a100", 6, FabricSpec(type="fat-tree", nodes_per_leaf=2, spines=3, oversubscription=2.0)),
     ("a100-fattree-8nodes-2to1", None, None),
+    ("dgx-h100", 12, FabricSpec(type="rail", nodes_per_leaf=4, spines=2)),
 ])
 def test_routes_are_shortest_paths_with_gpus_as_endpoints_only(name, nodes, fabric):
     # Independent check with networkx on the whole graph: drop every GPU and CPU but the
@@ -189,3 +190,26 @@ def test_hops_kept_per_twin_class_are_each_pairs_shortest_path_length(name, node
     for a in switches + devices[::11]:
         for b in switches + devices[::13]:
             assert t._core_hops(a, b) == lengths[a].get(b), (a, b)
+
+
+@pytest.mark.parametrize("name,nodes,fabric", [
+    ("dgx-h100", 16, FabricSpec(type="rail", nodes_per_leaf=4, spines=2)),
+    ("dgx-a100", 9, FabricSpec(type="fat-tree", nodes_per_leaf=2, spines=3)),
+    ("a100-fattree-8nodes-2to1", None, None),
+])
+def test_routes_between_devices_on_switches_are_the_searched_ones(name, nodes, fabric, monkeypatch):
+    # Ends that hang off switches (NICs on their leaves) take the half-way node kept per
+    # pair of switches (Topology._hung_path) instead of the hop-by-hop search (_mids,
+    # _walk_to): every pair's route, PXN's relays included, must be the one the search
+    # gives, ECMP choice and all.
+    fast = load_topology(name, nodes=nodes, fabric=fabric)
+    searched = load_topology(name, nodes=nodes, fabric=fabric)
+    monkeypatch.setattr(searched, "_hung_path", lambda *args: None)
+    shortcuts = []
+    hung = fast._hung_path
+    monkeypatch.setattr(fast, "_hung_path", lambda *args: shortcuts.append(hung(*args)) or shortcuts[-1])
+    n = fast.num_gpus
+    for src in range(n):
+        for dst in range(n):
+            assert fast.route(src, dst) == searched.route(src, dst), (src, dst)
+    assert sum(p is not None for p in shortcuts) > n  # (the shortcut was taken)

@@ -45,6 +45,8 @@ import math
 from collections import Counter
 from operator import attrgetter
 
+import numpy as np
+
 from simpy import Event
 
 from sim.engine.kernel import Calls, Environment
@@ -593,21 +595,45 @@ def _max_min_plain(flows: set[_Flow], links: set[int], capacity: list[float], fl
     flow has to itself: in a large fabric more than half of a component's links (a GPU's
     own NIC links). Such a link's share is its capacity until its flow is frozen, and
     nothing else reads it, so it is left out of the capacities and counts that frozen
-    flows take their shares off. Its heap entry is the same, (capacity, link): when it
-    comes off the heap its flow, if not frozen yet, stops at that capacity, where the full
-    bookkeeping would stop it (the share of one flow on an untouched link); if frozen,
-    the entry is passed over, as a link with no flow left would be."""
+    flows take their shares off. Its entry is the same, (capacity, link): when it comes
+    up its flow, if not frozen yet, stops at that capacity, where the full bookkeeping
+    would stop it (the share of one flow on an untouched link); if frozen, the entry is
+    passed over, as a link with no flow left would be.
+
+    The links' first entries, (capacity / flows, link), are made at once (numpy) and read
+    in order from a sorted list; only the entries pushed back (a share that grew) go on a
+    heap. The next entry is the smaller of the two heads: the entries come up in the
+    order one heap of them all would give, and a large component, which is done once
+    every flow is frozen, never makes the entries it does not reach."""
     rate: dict[_Flow, float] = {}
     inf = math.inf
-    on_links = dict(zip(links, map(len, map(flows_on.__getitem__, links))))  # link -> how many flows cross it
-    count = {l: n for l, n in on_links.items() if n > 1 and capacity[l] != inf}
-    left = {l: capacity[l] for l in count}
-    heap = [(capacity[l] / n, l) for l, n in on_links.items() if n and capacity[l] != inf]
-    heapq.heapify(heap)  # (the entries are distinct: the order they are listed in does not count)
+    ids = list(links)
+    n_of = np.fromiter(map(len, map(flows_on.__getitem__, ids)), dtype=np.int64, count=len(ids))
+    cap_of = np.fromiter(map(capacity.__getitem__, ids), dtype=np.float64, count=len(ids))
+    ids_a = np.array(ids, dtype=np.int64)
+    finite = cap_of != inf
+    shared = finite & (n_of > 1)
+    count = dict(zip(ids_a[shared].tolist(), n_of[shared].tolist()))  # link -> flows not frozen yet
+    left = dict(zip(ids_a[shared].tolist(), cap_of[shared].tolist()))  # link -> capacity not taken yet
+    used = finite & (n_of > 0)
+    share_of, link_of = cap_of[used] / n_of[used], ids_a[used]  # (IEEE division: as Python's)
+    order = np.lexsort((link_of, share_of))  # (by share, then link: as the tuples compare)
+    shares, firsts = share_of[order].tolist(), link_of[order].tolist()
+    k, end = 0, len(shares)
+    heap: list = []  # (share, link) pushed back
     unfrozen = set(flows)
     heappop, heappush = heapq.heappop, heapq.heappush
-    while unfrozen and heap:
-        share, l = heappop(heap)
+    while unfrozen:
+        if k < end:
+            share, l = shares[k], firsts[k]
+            if heap and heap[0] < (share, l):
+                share, l = heappop(heap)
+            else:
+                k += 1
+        elif heap:
+            share, l = heappop(heap)
+        else:
+            break
         c = count.get(l)
         if c is None:  # a link of one flow's own: it stops at its capacity, if nothing stopped it before
             for f in flows_on[l]:

@@ -85,11 +85,15 @@ class Topology:
         self._twins: dict[str, str] = {}  # core device -> the first met with its very neighbours (_twin)
         self._twin_of: dict[frozenset, str] = {}
         self._ends: dict[str, list] = {}  # GPU -> its core neighbours, with their link's width and kind (_core_ends)
+        self._stem_ends: dict[str, list] = {}  # GPU -> the same with their stems and twins (_end_stems)
         self._meets: dict[tuple, list] = {}  # (levels' sources and distances) -> nodes in both, sorted (_mids)
         self._steps: dict[tuple, list] = {}  # (source, cutoff, distance, node) -> its next hops towards the source
+        self._between: dict[tuple, list] = {}  # (switch, switch) two hops apart -> the half-way nodes (_hung_path)
         self._nics: dict[str, list[str]] = {}  # GPU -> its NICs (_nics_of)
         self._firsts: dict[str, str] = {}  # NIC -> the first GPU whose own NIC it is (_pxn_relay)
         self._relays: dict[tuple[int, int], int | None] = {}  # (src, dst) -> PXN relay rank
+        self._vias: dict[int, dict[int, int | None]] = {}  # src -> destination's local index -> the same
+        self._rank_locals: list[int] | None = None  # rank -> its local index (_pxn_relay)
         self._rails: bool | None = None
         self._members: dict[int, list[str]] = {}  # node -> its GPUs in rank order
         self._node_list: list[int] | None = None  # rank -> its node (node_of)
@@ -208,7 +212,7 @@ class Topology:
             self._pxn_copies.setdefault(self.pxn_level, self)
             other = self._pxn_copies[level] = copy.copy(self)  # (sharing _pxn_copies: the same graph)
             other.pxn_level = level
-            other._route_cache, other._relays, other.memo = {}, {}, {}
+            other._route_cache, other._relays, other._vias, other.memo = {}, {}, {}, {}
         return other
 
     def has_rails(self) -> bool:
@@ -243,9 +247,24 @@ class Topology:
         return via
 
     def _pxn_relay(self, src: int, dst: int) -> int | None:
+        """``relay`` between nodes: it depends on the destination through its local index
+        only, so it is worked out once per (sender, local index)."""
+        locals_ = self._rank_locals
+        if locals_ is None:
+            locals_ = self._rank_locals = [self._local_index(x) for x in self.gpus]
+        local = locals_[dst]
+        mine = self._vias.get(src)
+        if mine is None:
+            mine = self._vias[src] = {}
+        via = mine.get(local, mine)
+        if via is mine:
+            via = mine[local] = self._pxn_relay_to(src, local)
+        return via
+
+    def _pxn_relay_to(self, src: int, local: int) -> int | None:
         g = self.graph
-        s, d = self.gpu(src), self.gpu(dst)
-        peer = self._local_gpus(g.nodes[s]["node"]).get(self._local_index(d))
+        s = self.gpu(src)
+        peer = self._local_gpus(g.nodes[s]["node"]).get(local)
         nics = self._nics_of(peer) if peer is not None else []
         if not nics:
             return None
@@ -306,10 +325,23 @@ class Topology:
         is made from (hops, meeting points, next hops) is kept per switch and distance, not
         per pair (``_core_hops``, ``_mids``, ``_walk_to``)."""
         best, ends = None, []
-        lasts = self._core_ends(d)
-        for a, width_a, kind_a in self._core_ends(s):
-            for b, width_b, kind_b in lasts:
-                n = self._core_hops(a, b)
+        lasts = self._end_stems(d)
+        hops, core_hops, adj = self._hops, self._core_hops, self._core_graph().adj
+        for a, ra, ta, hung_a, width_a, kind_a in self._end_stems(s):
+            for b, rb, tb, hung_b, width_b, kind_b in lasts:
+                # _core_hops(a, b), its usual cases inline (the rest through it)
+                if a == b or ra == b or rb == a:
+                    n = core_hops(a, b)
+                elif ta != tb:
+                    n = hops.get((ta, tb), hops)
+                    if n is hops:
+                        n = core_hops(a, b)
+                    elif n is not None:
+                        n += hung_a + hung_b
+                elif ra == rb:
+                    n = hung_a + hung_b
+                else:
+                    n = 2 + hung_a + hung_b if adj[ra] else None
                 if n is None:
                     continue
                 # Fewest hops first; among those, the widest links out of s and into d,
@@ -326,11 +358,44 @@ class Topology:
         a, b = _pick(ends, h)
         if best == 0:
             return [a]
+        hung = self._hung_path(a, b, best, h)
+        if hung is not None:
+            return hung
         # Nodes on shortest a-b paths: half-way nodes x with dist(a, x) = m and
         # dist(x, b) = best - m; then walk back to a and on to b, one hop at a time.
         m = (best + 1) // 2
         mid = _pick(self._mids(a, m, b, best - m), h)
         return self._walk_to(a, m, mid, h)[::-1] + self._walk_to(b, best - m, mid, h)[1:]
+
+    def _hung_path(self, a: str, b: str, hops: int, h: int) -> list[str] | None:
+        """The path the search below finds between ``a`` and ``b``, ``hops`` apart, when
+        both hang off a switch (their stems: a NIC on its leaf) and the two switches are
+        one, or two hops apart (two leaves of a fabric); else None. Then the half-way
+        nodes are the two switches' common neighbours (``_mids``, kept per pair of
+        switches), and the walks back from one of them to each end have one option a hop
+        (``_walk_to``): the route is the ends, their switches and the neighbour that hash
+        ``h`` picks, as the search would pick it, without its per-pair steps."""
+        ra, rb = self._stem(a), self._stem(b)
+        if ra == a or rb == b:
+            return None
+        if ra == rb:
+            return [a, ra, b] if hops == 2 else None
+        if hops != 4:
+            return None
+        key = (ra, rb)
+        mids = self._between.get(key)
+        if mids is None:  # (neither end is a neighbour of the other's switch: the same for all that hang there)
+            mids = self._between[key] = self._mids(a, 2, b, 2)
+        return [a, ra, _pick(mids, h), rb, b]
+
+    def _end_stems(self, gpu: str) -> list[tuple[str, str, str, int, float, int]]:
+        """``_core_ends`` with each device's stem, its stem's twin and whether it hangs off
+        its stem (1 or 0), what ``_core_hops`` reads of it (kept per GPU)."""
+        got = self._stem_ends.get(gpu)
+        if got is None:
+            got = self._stem_ends[gpu] = [(a, self._stem(a), self._twin(self._stem(a)), int(self._stem(a) != a), w, k)
+                                          for a, w, k in self._core_ends(gpu)]
+        return got
 
     def _core_ends(self, gpu: str) -> list[tuple[str, float, int]]:
         """The core devices next to ``gpu`` in name order, each with its link's bandwidth
