@@ -457,6 +457,38 @@ def test_the_model_of_a_row_is_exact_where_time_is_a_plus_b_over_the_fraction():
         assert sur.predict(i, sur.model(i, (0.9, 10e-6)), point) == pytest.approx(a + b / 0.7 + c * 15e-6, rel=1e-12)
 
 
+def test_a_fit_whose_start_is_within_the_start_tolerance_of_its_minimum_takes_no_round():
+    # rows of the model's own form (a + b/f + c·launch), measured at the truth: from the start
+    # and one probe per direction the model's minimum is the truth exactly. A start 5e-4 of the
+    # fraction's range from it (under START_TOLERANCE, the finite differences' 1e-3) ends there,
+    # with the start and its probes simulated and no round; 2e-3 away it takes the one round,
+    # which lands on the truth (two evaluations, as from afar)
+    from sim.calibrate.fit_runs import START_TOLERANCE
+    from sim.calibrate.fit_surrogate import Surrogate, fit_rounds
+
+    params = [parameter("sustained_compute_fraction"), parameter("kernel_launch_s")]
+    rows = [(1.0, 2.0, 1e4), (0.5, 4.0, 3e4), (2.0, 1.0, 5e3)]
+    truth = (0.8, 5e-6)
+    measured = [a + b / truth[0] + c * truth[1] for a, b, c in rows]
+    assert START_TOLERANCE == 1e-3
+    for away, rounds in ((5e-4, 0), (2e-3, 1)):
+        start = (truth[0] + away * 0.4, truth[1])
+        sims = _ClosedForm(params, rows)
+        values, evaluations, status = fit_rounds(Surrogate(sims), [0, 1, 2], measured, [1.0] * 3, start,
+                                                 [True, True], TOLERANCE, START_TOLERANCE)
+        assert evaluations == 1 + rounds and len(sims.cache) == 3 * (1 + 2 + rounds)
+        if rounds:
+            assert values == pytest.approx(truth, rel=1e-9)
+            assert status == "the model's minimum is at the last simulated point"
+        else:
+            assert values == start and status.endswith("of each range of the start: the start")
+    # without a start tolerance (the plain default: TOLERANCE) the close start takes its round too
+    sims = _ClosedForm(params, rows)
+    values, evaluations, _ = fit_rounds(Surrogate(sims), [0, 1, 2], measured, [1.0] * 3,
+                                        (truth[0] + 5e-4 * 0.4, truth[1]), [True, True], TOLERANCE)
+    assert evaluations == 2 and values == pytest.approx(truth, rel=1e-9)
+
+
 class _Composed(_ClosedForm):
     """Row i's time is a_i + b_i / f + c_i / (f · e) (GEMMs at the fraction, attention at the
     fraction times its cap, as the simulator composes them), or with ``kink`` the larger of

@@ -65,6 +65,15 @@ stops; its ``ftol`` (relative change of cost) is TOLERANCE², out of the way: on
 with residuals of a few percent the cost is flat along one direction, and stopping on its
 step left a held-out fit 15 TOLERANCEs from its minimum (tests/test_fit_runs.py, group c
 held out: attention_max_efficiency 0.5650 against 0.5659)."""
+START_TOLERANCE = DIFF_STEP
+"""A first step of the fast path's model smaller than this fraction of every parameter's range
+is not simulated: the fit ends at its start (``sim.calibrate.fit_surrogate.fit_rounds``; a
+refit from a profile already fitted to the rows). It is the finite differences' own step, the
+distance over which the plain path takes a row's time for linear; the answer is then within
+it of the model's minimum. On the fraction (range 0.4, at least 0.6) that moves a row's time
+by at most 0.4e-3 / 0.6 = 6.7e-4 relative (compute time goes as 1/fraction, the rest does
+not move), a fitted error by under 1e-3 absolute, where the round would simulate every row
+(module doc of ``sim.calibrate.fit_surrogate``: on the H100 rows 157 simulations against 80)."""
 GRADIENT_TOLERANCE = 1e-8
 """``gtol`` (scipy's default; the gradient is absolute: a looser one stops small residuals short)."""
 MAX_EVALUATIONS = 30
@@ -239,7 +248,7 @@ def fit_and_hold_out(sims: Simulations, measured: list[float], groups: list, sta
     weights = group_weights(groups)
     sur = Surrogate(sims) if fast else None
     free = sims.sensitive(rows, start)
-    full = (Fit(*fit_rounds(sur, rows, measured, weights, start, free, TOLERANCE)) if fast
+    full = (Fit(*fit_rounds(sur, rows, measured, weights, start, free, TOLERANCE, START_TOLERANCE)) if fast
             else fit(sims, rows, measured, weights, start, free=free))
     per_group, mine, models = {}, {}, {}
     sims.phase = "held-out fits"

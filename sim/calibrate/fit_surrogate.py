@@ -34,7 +34,17 @@ The fit on every row (``fit_rounds``) minimises the weighted residuals of that m
 answer, and again, until a round moves the scaled parameters by less than
 ``TOLERANCE``: the answer returned is the last simulated point, whose residuals (and
 the report's fitted errors) are real simulations, and at which the model, exact there,
-has no step left to take. A round whose simulations fit worse (weighted squared
+has no step left to take. A fit whose first step would move no scaled parameter by
+``START_TOLERANCE`` (``sim.calibrate.fit_runs``: the finite differences' own step) ends
+at the start without a round: a refit from a profile already fitted to these rows after a
+small change to the simulator. (The H100 refit of 2026-12-06 from the preset, whose rows a
+cost change had moved by 0.1-0.5 points, asked for a step of 2.2e-4 of the fraction's
+range; its round simulated every row 8.8e-5 from the start, and those three points per
+row, so close together, were not one smooth piece within ``SMOOTH``, so the held-out fits
+took 26 differences and simulated 29 held-out rows instead of 10: 157 simulations
+against 80.) Later rounds go on to ``TOLERANCE``: the fit is then converging from afar,
+and stopping such a step at ``START_TOLERANCE`` left the test fits of
+tests/test_fit_runs.py 4.4e-4 of a range from finite differences' minimum. A round whose simulations fit worse (weighted squared
 residuals) than the point it stepped from crossed a kink that point's model did not see:
 the fit tries half that step, and goes on from there if it fits better, else ends at the
 point (its status says so). The B200 fit of 2026-12-06 went on from such rounds instead,
@@ -293,9 +303,14 @@ class Surrogate:
         return [self.predict(i, models[i], values) / t - 1.0 for i, t in zip(rows, self.sims.times(rows, values))]
 
 
-def fit_rounds(sur: Surrogate, rows, measured, weights, start, free, tolerance: float):
+def fit_rounds(sur: Surrogate, rows, measured, weights, start, free, tolerance: float,
+               start_tolerance: float | None = None):
     """The fit on ``rows`` by rounds (module doc): (values, evaluations, status), the
-    evaluations being the points at which every row was simulated (the start included)."""
+    evaluations being the points at which every row was simulated (the start included).
+    Rounds go on until the model's next step moves no scaled parameter by ``tolerance``;
+    ``start_tolerance`` (default ``tolerance``; ``sim.calibrate.fit_runs.START_TOLERANCE``):
+    a first step smaller than it is not simulated, and the fit ends at the start."""
+    start_tolerance = tolerance if start_tolerance is None else start_tolerance
     span = np.array([p.high - p.low for p in sur.params])
 
     def moved(a, b) -> float:
@@ -313,6 +328,9 @@ def fit_rounds(sur: Surrogate, rows, measured, weights, start, free, tolerance: 
     while True:
         if moved(nxt, x) < tolerance:
             status = "the model's minimum is at the last simulated point"
+            break
+        if n == 1 and moved(nxt, x) < start_tolerance:
+            status = f"the model's minimum is within {start_tolerance:g} of each range of the start: the start"
             break
         if n > ROUNDS:
             status = f"stopped after {ROUNDS} rounds, still moving"
