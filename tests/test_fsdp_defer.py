@@ -117,3 +117,20 @@ def test_the_estimate_holds_the_unsharded_gradients_across_micro_batches():
     one = dict(kw, global_batch_size=2)  # one micro-batch: nothing held across micro-batches
     assert stage_memory_bytes(TINY, ParallelPlan(**one), 0) == \
         stage_memory_bytes(TINY, ParallelPlan(**one, defer_fsdp_grad_sync=False), 0)
+
+
+def test_under_pipelining_the_stage_reduces_after_its_last_backward():
+    # pp 2 over 4 GPUs (dp 2), 2 micro-batches: torch pipelining runs FSDP's post-backward for the whole
+    # stage once its last backward is done, so each reduce-scatter waits for the end of that step
+    plan = ParallelPlan(dp=2, pp=2, global_batch_size=4, micro_batch_size=1, zero_bucket_size_bytes=1, zero_stage=3,
+                        framework="automodel")
+    _, prog = build_program(gpt("tiny4", 4, H, 4, 512, 256), plan, H100, fidelity="reduced")
+    for acts in prog.actions.values():
+        scatters = [a for a in acts if a.kind == "collective" and a.op == "reducescatter"]
+        assert scatters
+        backward = [a for a in acts if a.kind == "compute" and a.category in ("B", "W")]
+        last = {}
+        for a in backward:
+            last[a.name.split(".")[0]] = a.name
+        for s in scatters:
+            assert s.deps[0] in last.values() and s.deps[0].split(".")[0].endswith("B1")

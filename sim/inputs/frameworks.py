@@ -103,9 +103,9 @@ first backward of the step until that reduce-scatter ends. The 70B row's yaml se
 OOM``): its row says so (``defer_fsdp_grad_sync`` false). Under pipeline parallelism
 PyTorch's ``_PipelineStageBase.backward_maybe_with_nosync`` also turns the sync off for
 every backward but the stage's last, then runs each group's ``post_backward`` after that
-last backward (not under it), with ``reshard_after_backward`` False: the parameters stay
-gathered between micro-batches; neither is modelled (the reduce-scatters follow each
-layer's last backward as without pipelining).
+last backward (not under it: modelled, ``GradSync.after_step``), with
+``reshard_after_backward`` False: the parameters stay gathered between micro-batches (not
+modelled).
 
 ``kernel_overhead`` (the PyTorch-native frameworks): each kernel of the framework's
 program costs the GPU ``o`` seconds more than the same kernel under Megatron-Core, whose

@@ -193,7 +193,7 @@ def _sync_options(plan: ParallelPlan, bucket_bytes: float) -> passes.GradSync:
     deferred = defer_grad_sync_in_effect(plan)  # FSDP's: once per step, the unsharded gradients held till then
     return passes.GradSync(bucket_bytes, overlap, op="reducescatter" if zero.shards_optimizer else "allreduce",
                            every_microbatch=zero.shards_grads and not deferred, bucket_memory=zero.shards_grads,
-                           held_from_first=deferred)
+                           held_from_first=deferred, after_step=deferred and plan.pp > 1)
 
 
 def _sync_overlap(plan: ParallelPlan) -> bool:
