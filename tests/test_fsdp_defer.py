@@ -3,6 +3,9 @@
 unsharded gradient adds, the gradients held, by hand on a small model; one micro-batch and
 the other frameworks unchanged."""
 
+import dataclasses
+from pathlib import Path
+
 import pytest
 
 from sim.errors import InputError
@@ -134,3 +137,18 @@ def test_under_pipelining_the_stage_reduces_after_its_last_backward():
             last[a.name.split(".")[0]] = a.name
         for s in scatters:
             assert s.deps[0] in last.values() and s.deps[0].split(".")[0].endswith("B1")
+
+
+def test_the_70b_rows_yaml_says_deferral_runs_out_of_memory_and_so_does_the_estimate():
+    # fsdp_runs.csv's AutoModel row ran defer_fsdp_grad_sync False: "Must be False with GA>1: True ->
+    # delayed resharding -> OOM" (its yaml). Deferred, its 70B unsharded bf16 gradients (140 GB) are held.
+    from sim.calibrate.fit_sims import prepare_rows
+    from sim.calibrate.runs_csv import read_runs
+
+    (row,) = [r for r in read_runs(Path(__file__).parent.parent / "experiments/fit-data/fsdp_runs.csv") if r.values.get("framework") == "automodel"]
+    assert row.values["defer_fsdp_grad_sync"] is False
+    (p,) = prepare_rows([row], "h100-sxm")
+    hbm = p.profile.hbm_capacity_bytes
+    off = stage_memory_bytes(p.model, p.plan, 0)["total"]
+    on = stage_memory_bytes(p.model, dataclasses.replace(p.plan, defer_fsdp_grad_sync=None), 0)["total"]
+    assert off < hbm < on
