@@ -78,6 +78,35 @@ all sizes are in elements, not bytes):
   (runtime/utils.py ``all_gather_dp_groups``). ZeRO-2 and 3 refuse pipeline parallelism
   (runtime/pipe/engine.py: "ZeRO-2 and ZeRO-3 are incompatible with pipeline parallelism").
 
+Deferred gradient sync (NeMo AutoModel's ``defer_fsdp_grad_sync``, read from
+NVIDIA-NeMo/Automodel at the commits its rows name): the train recipe's
+``get_sync_ctx(model, is_optim_step, defer_fsdp_grad_sync)`` (nemo_automodel/components/
+distributed/utils.py) calls FSDP2's ``model.set_requires_gradient_sync(is_optim_step)``
+before each micro-batch's forward and backward: True only on the last micro-batch of the
+step. ``defer_fsdp_grad_sync`` is ``FSDP2Config``'s field, default True (components/
+distributed/config.py @ 2013a4dd6: "Defer FSDP gradient sync to final micro-batch"; at
+89e3a9fdd604 and 8d9bfb90e3d8, October 2025, the call has no flag: always deferred). In
+PyTorch's FSDP2 (torch/distributed/fsdp/_fully_shard/_fsdp_param_group.py
+``post_backward``) a group that does not reduce its gradients only reshards its parameters
+(``reshard_after_backward`` is left at its default, True: the next micro-batch gathers
+them again) and keeps the unsharded gradients on the unsharded parameters (bf16 under
+AutoModel's ``reduce_dtype`` bf16; ``to_accumulated_grad_if_needed`` upcasts them to
+fp32 when ``reduce_dtype`` is fp32); the next micro-batch's backward adds into them
+(autograd's ``AccumulateGrad``: ``grad += new_grad``, a memory-bound add of U elements;
+``accumulate_unsharded_grad_if_needed`` in fp32). So a layer has one reduce-scatter (and
+one of each of its reduce-side copies, ``sim.program.fsdp``) per step, after the last
+micro-batch's backward of it, none of the sharded accumulations, an add of its unsharded
+gradients per micro-batch after the first, and its unsharded gradients held from its
+first backward of the step until that reduce-scatter ends. The 70B row's yaml sets it off
+(examples/llm_pretrain/custom_llama3_1_70b_pretrain_benchmark_8nodes.yaml @ 2013a4dd6:
+``defer_fsdp_grad_sync: False   # Must be False with GA>1: True → delayed resharding →
+OOM``): its row says so (``defer_fsdp_grad_sync`` false). Under pipeline parallelism
+PyTorch's ``_PipelineStageBase.backward_maybe_with_nosync`` also turns the sync off for
+every backward but the stage's last, then runs each group's ``post_backward`` after that
+last backward (not under it: modelled, ``GradSync.after_step``), with
+``reshard_after_backward`` False: the parameters stay gathered between micro-batches (not
+modelled).
+
 ``kernel_overhead`` (the PyTorch-native frameworks): each kernel of the framework's
 program costs the GPU ``o`` seconds more than the same kernel under Megatron-Core, whose
 rows the preset's ``kernel_launch_s`` and compute fraction are fitted to. The mechanism
@@ -138,6 +167,10 @@ class Framework:
     reduce_fp32: bool = False
     """Its FSDP reduce-scatters the gradients in fp32 (``MixedPrecision(reduce_dtype=float32)``),
     4 bytes a parameter (module doc)."""
+    defer_grad_sync: bool = False
+    """Under gradient accumulation its FSDP reduce-scatters the gradients once per step, after
+    the last micro-batch's backward, not after every micro-batch's (module doc, "Deferred
+    gradient sync")."""
 
 
 KERNEL_OVERHEAD_MAX_S = 25e-6
@@ -159,8 +192,9 @@ FRAMEWORKS = {
     # AutoModel: FSDP2Manager's mp_policy default of its 2025 versions (the F15 row's yaml @ 2013a4dd6 gives none):
     # MixedPrecisionPolicy(param_dtype=bfloat16, reduce_dtype=bfloat16, output_dtype=bfloat16); later versions
     # reduce in float32 (an assumption: the version the row ran is not pinned further)
+    # and its defer_fsdp_grad_sync default True (module doc, "Deferred gradient sync")
     "automodel": Framework("te", "backward_pre", "NeMo AutoModel: FSDP2 with prefetch, Transformer Engine kernels",
-                           True, fsdp="fsdp2"),
+                           True, fsdp="fsdp2", defer_grad_sync=True),
     # llm-foundry's H100 and A100-80GB rows: "MP Mode DEFAULT", Composer's get_mixed_precision
     # (composer/trainer/mosaic_fsdp_utils.py of the torch 2.0 era): param_dtype bf16, reduce_dtype float32
     "llm-foundry": Framework("triton", "backward_post",
@@ -209,6 +243,17 @@ def grad_reduce_fp32_in_effect(plan) -> bool:
     if plan.grad_reduce_fp32 is not None:
         return plan.grad_reduce_fp32
     return bool(fsdp_of(plan)) and framework_of(plan).reduce_fp32
+
+
+def defer_grad_sync_in_effect(plan) -> bool:
+    """Whether ZeRO-3's gradients are reduce-scattered once per step, after the last
+    micro-batch (module doc, "Deferred gradient sync"): as given (``defer_fsdp_grad_sync``),
+    else as the framework's FSDP does; never without a PyTorch FSDP running ZeRO-3."""
+    if not fsdp_of(plan):
+        return False
+    if plan.defer_fsdp_grad_sync is not None:
+        return plan.defer_fsdp_grad_sync
+    return framework_of(plan).defer_grad_sync
 
 
 def attention_kernel_in_effect(plan) -> str:

@@ -338,6 +338,12 @@ class ParallelPlan:
              "backward (FSDP2's reshard_after_forward, FSDP1's FULL_SHARD; default on); "
              "--no-reshard-after-forward keeps them until the layer's backward is done (FSDP1's SHARD_GRAD_OP)")
     """``sim.program.zero.add_param_gathers``."""
+    defer_fsdp_grad_sync: bool | None = setting(
+        kind="bool",
+        help="ZeRO-3 / FSDP with gradient accumulation: reduce-scatter each layer's gradients once per step, after "
+             "the last micro-batch's backward, keeping the unsharded gradients until then (NeMo AutoModel's "
+             "defer_fsdp_grad_sync); default: the framework's, on for automodel, off otherwise (every micro-batch)")
+    """``sim.inputs.frameworks.defer_grad_sync_in_effect``; None: the framework's."""
     zero3_param_persistence_threshold: float | None = setting(
         type=Number(float, minimum=0), metavar="PARAMS", tables=((_ZERO, "stage3_param_persistence_threshold"),),
         help="DeepSpeed ZeRO-3: parameter tensors of at most this many elements are never partitioned, stay "
@@ -444,12 +450,13 @@ class ParallelPlan:
         """The plan's fields as JSON-ready values; the settings that only set other fields
         (``layers_per_virtual_stage`` sets vpp, ``zero3_prefetch_bucket_size`` the depth), the
         pipeline layout, the schedule file and the framework settings are left out when not given
-        (``reshard_after_forward`` when on, its default; ``grad_reduce_fp32`` when the framework's)."""
+        (``reshard_after_forward`` when on, its default; ``grad_reduce_fp32`` and
+        ``defer_fsdp_grad_sync`` when the framework's)."""
         out = dataclasses.asdict(self)
         for name in ("layers_per_virtual_stage", "schedule_file", "zero3_prefetch_bucket_size", "pipeline_layout",
                      "recompute_modules", "recompute_method", "recompute_num_layers", "framework", "attention_kernel",
                      "backward_prefetch", "fp4_format",
-                     "tp_comm_overlap_cfg", "grad_reduce_fp32"):
+                     "tp_comm_overlap_cfg", "grad_reduce_fp32", "defer_fsdp_grad_sync"):
             if out[name] is None:
                 del out[name]
         if out["reshard_after_forward"]:

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from sim.errors import InputError, require
 from sim.inputs.cuda_graphs import FIELD as _CUDA_GRAPH_FIELD, COVERS_MOE
-from sim.inputs.frameworks import DEEPSPEED_ONLY, DEFAULT_FRAMEWORK, is_deepspeed
+from sim.inputs.frameworks import DEEPSPEED_ONLY, DEFAULT_FRAMEWORK, framework_of, is_deepspeed
 from sim.inputs.model import ModelSpec
 from sim.inputs.pinning import check_pinned
 from sim.inputs.recompute import EXPERT_MODULES, FIELD as _RECOMPUTE_FIELD, parse_recompute_modules
@@ -317,10 +317,15 @@ def check_framework_plan(plan) -> None:
             plan.attention_kernel, "a fused kernel needs attention flash (unfused attention runs GEMMs and a "
             "softmax, no attention kernel)", setting="attention_kernel")
     for field, value, default in (("backward_prefetch", plan.backward_prefetch, None),
-                                  ("reshard_after_forward", plan.reshard_after_forward, True)):
+                                  ("reshard_after_forward", plan.reshard_after_forward, True),
+                                  ("defer_fsdp_grad_sync", plan.defer_fsdp_grad_sync, None)):
         require(value == default or plan.zero.shards_params, f"plan: {field}", value,
-                f"needs zero 3 (got {plan.zero_stage}): it says how FSDP / ZeRO-3 gathers the parameters",
-                setting=field)
+                f"needs zero 3 (got {plan.zero_stage}): it says how FSDP / ZeRO-3 gathers the parameters or reduces "
+                "the gradients", setting=field)
+    require(plan.defer_fsdp_grad_sync is None or framework_of(plan).fsdp == "fsdp2", "plan: defer_fsdp_grad_sync",
+            plan.defer_fsdp_grad_sync, "FSDP2's set_requires_gradient_sync: needs a framework whose ZeRO-3 is "
+            f"PyTorch FSDP2 (automodel, torchtitan; got {plan.framework or DEFAULT_FRAMEWORK})",
+            setting="defer_fsdp_grad_sync")
     check_deepspeed_plan(plan)
 
 def check_deepspeed_plan(plan) -> None:

@@ -55,6 +55,18 @@ FSDP2 (``fully_shard``, one DTensor per parameter):
   second micro-batch on ``sharded_param.grad._local_tensor += new_sharded_grad`` (fp32:
   read 8S, write 4S).
 
+Under the deferred gradient sync (NeMo AutoModel's ``defer_fsdp_grad_sync``,
+``sim.inputs.frameworks`` module doc) each layer's reduce-scatter and its reduce-side copies
+come once per step, after the last micro-batch's backward, with no sharded accumulation;
+instead, on the compute stream right after each backward of the layer
+(``deferred_accumulations``): FSDP2's ``FSDPParamGroup.post_backward`` ->
+``FSDPParam.to_accumulated_grad_if_needed`` after the first micro-batch when reduced in fp32
+(``unsharded_grad.to(reduce_dtype)``: read 2U, write 4U), and from the second micro-batch
+on the add into the held unsharded gradients: in bf16 autograd's ``AccumulateGrad``
+(``grad += new_grad``: read 2U + 2U, write 2U), in fp32
+``accumulate_unsharded_grad_if_needed`` (``unsharded_accumulated_grad += grad``: read
+4U + 2U, write 4U).
+
 Each copy is priced as a memory-bound library kernel: bytes read and written at the
 profile's ``memory_rate()`` (``hbm_bandwidth_Bps · memory_efficiency``) plus
 ``kernel_launch_s`` per kernel (``copy_time``).
@@ -219,5 +231,70 @@ def add_fsdp_copies(prog: Program, copies: tuple[Copy, ...], reduce_bytes: float
                     prev = new[-1].name
                 a = a.evolve(deps=a.deps + (prev,))
             new.append(a)
+        out[r] = new
+    return prog.with_actions(out)
+
+
+def deferred_accumulations(reduce_fp32: bool) -> tuple[Copy | None, Copy]:
+    """Under the deferred gradient sync (module doc): the copy after a layer's first backward
+    of the step (None in bf16) and the add after each later one, on the compute stream."""
+    if reduce_fp32:
+        return (Copy("to_accumulated_grad_if_needed (bf16 -> fp32)", "first_backward", "compute", "unsharded",
+                     GRAD_BYTES, 4),
+                Copy("accumulate_unsharded_grad_if_needed (+=)", "later_backward", "compute", "unsharded",
+                     4 + GRAD_BYTES, 4))
+    return None, Copy("AccumulateGrad grad += (unsharded)", "later_backward", "compute", "unsharded",
+                      2 * GRAD_BYTES, GRAD_BYTES)
+
+
+def _step_microbatch(step: str) -> tuple[str, int]:
+    """A pipeline step's stage and micro-batch (``2B3`` -> ("2", 3))."""
+    for i, ch in enumerate(step):
+        if ch.isalpha():
+            return step[:i], int(step[i + 1:])
+    raise ValueError(f"not a step name: {step!r}")
+
+
+def add_deferred_accumulations(prog: Program, first: Copy | None, later: Copy, elements, dp_group, rate_Bps: float,
+                               launch_s: float, label: str = "layer") -> Program:
+    """The deferred gradient sync's copies (``deferred_accumulations``): after each layer's
+    last backward piece of each micro-batch (its W step under a split backward), on that
+    piece's stream, ``first`` for the layer's first micro-batch of the step, ``later`` for
+    the others; ``elements(rank, layer)`` the layer's unsharded elements (0: none), on ranks
+    whose ``dp_group`` has two ranks or more (where the gradients are reduce-scattered); nothing
+    for a layer with one micro-batch (that one syncs at once). Category ``fsdp``; names ``fsdp <what> for {label} <layer> of <step>``."""
+    from sim.program.passes import layer_uses
+
+    out = {}
+    for r, acts in prog.actions.items():
+        lst = list(acts)
+        if len(dp_group(r)) < 2:
+            out[r] = lst
+            continue
+        last: dict[tuple, tuple] = {}  # (layer, stage, micro-batch) -> (step, index of its last piece)
+        for step, layer, _i, j in layer_uses(lst, ("B", "W")):
+            stage, mb = _step_microbatch(step.split(".")[0])
+            key = (layer, stage, mb)
+            if key not in last or j > last[key][1]:
+                last[key] = (step, j)
+        seen: set = set()
+        count: dict = {}
+        for layer, _stage, _mb in last:
+            count[layer] = count.get(layer, 0) + 1
+        after: dict[int, list[Action]] = {}
+        for (layer, _stage, _mb), (step, j) in sorted(last.items(), key=lambda kv: kv[1][1]):
+            n = elements(r, layer)
+            c = later if layer in seen else first
+            seen.add(layer)
+            if not n or c is None or count[layer] == 1:  # (a step's only backward reduces at once: no upcast)
+                continue
+            a = lst[j]
+            after.setdefault(j, []).append(Action.new(
+                f"fsdp {c.what} for {label} {layer} of {step}", duration_s=copy_time(c, n, 1, rate_Bps, launch_s),
+                nbytes=c.nbytes(n, 1), category="fsdp", stream=a.stream, deps=(a.name,)))
+        new = []
+        for i, a in enumerate(lst):
+            new.append(a)
+            new.extend(after.get(i, ()))
         out[r] = new
     return prog.with_actions(out)

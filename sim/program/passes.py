@@ -275,6 +275,8 @@ class GradSync:
     label: str = "grad bucket"
     at_most: bool = False
     on_compute: bool = False
+    held_from_first: bool = False
+    after_step: bool = False
 
 
 def add_grad_sync(prog: Program, grad_bytes: Callable[[int, int], float], dp_group: Callable[[int], tuple[int, ...]],
@@ -290,7 +292,13 @@ def add_grad_sync(prog: Program, grad_bytes: Callable[[int, int], float], dp_gro
     With ``bucket_memory`` the bucket's full-size gradients are counted (category
     ``buckets``) from its first layer's backward until its collective ends. Layers with no
     gradient of the kind (``grad_bytes`` 0: a dense layer's experts) are left out; ``label``
-    names the buckets. DeepSpeed's buckets (``at_most``) hold at most ``bucket_bytes``
+    names the buckets. With ``held_from_first`` (and not ``every_microbatch``: FSDP's
+    deferred gradient sync, ``sim.inputs.frameworks.defer_grad_sync_in_effect``) the
+    bucket's memory is counted from its layers' first backward of the step, where their
+    unsharded gradients start to accumulate; with ``after_step`` a bucket starts only once the
+    whole backward step of its last layer is done (PyTorch pipelining's
+    ``backward_maybe_with_nosync``: FSDP's post-backward run for the whole stage after its
+    last backward). DeepSpeed's buckets (``at_most``) hold at most ``bucket_bytes``
     (``pack_buckets``); with ``on_compute`` each runs on the stream of the backward that
     fills it, which waits for it (DeepSpeed without ``overlap_comm``).
     """
@@ -318,10 +326,17 @@ def add_grad_sync(prog: Program, grad_bytes: Callable[[int, int], float], dp_gro
             groups = [sorted(final.values(), key=lambda u: (u[3], -u[1]))]
         after: dict[int, list[Action]] = {}
         mem_start: dict[int, list[tuple]] = {}
+        first_use: dict[int, int] = {}  # layer -> index of its first backward use
+        for u in uses:
+            first_use.setdefault(u[1], u[2])
+        step_end: dict[str, int] = {}  # backward step -> index of its last piece
+        for u in uses:
+            step_end[u[0]] = max(step_end.get(u[0], u[3]), u[3])
         k = 0
         for grp in groups:
             for nb, members in pack_buckets(grp, lambda u: grad_bytes(r, u[1]), bucket_bytes, at_most):
-                anchor = members[-1][3] if overlap else last_backward
+                anchor = (step_end[members[-1][0]] if sync.after_step else members[-1][3]) if overlap \
+                    else last_backward
                 layers = [u[1] for u in members]
                 tag = f" of {members[0][0]}" if every_microbatch else ""
                 act = Action(f"{label} {k} (layers {layers[0]}..{layers[-1]}){tag}", kind="collective", op=op,
@@ -330,7 +345,8 @@ def add_grad_sync(prog: Program, grad_bytes: Callable[[int, int], float], dp_gro
                              mem=(("end", "buckets", -nb),) if bucket_memory else ())
                 after.setdefault(anchor, []).append(act)
                 if bucket_memory:
-                    mem_start.setdefault(members[0][2], []).append(("start", "buckets", nb))
+                    start = min(first_use[u[1]] for u in members) if sync.held_from_first else members[0][2]
+                    mem_start.setdefault(start, []).append(("start", "buckets", nb))
                 k += 1
         new = []
         for i, a in enumerate(lst):

@@ -57,8 +57,8 @@ from typing import Callable
 
 from sim.errors import InputError
 from sim.inputs.experts import Folding
-from sim.inputs.frameworks import (backward_prefetch_in_effect, bucket_buffers, deepspeed_kept_layers, fsdp_of,
-                                   grad_reduce_fp32_in_effect, is_deepspeed, overlap_comm_in_effect, persistent_params)
+from sim.inputs.frameworks import (backward_prefetch_in_effect, bucket_buffers, deepspeed_kept_layers,
+                                   defer_grad_sync_in_effect, fsdp_of, grad_reduce_fp32_in_effect, is_deepspeed, overlap_comm_in_effect, persistent_params)
 from sim.inputs.hardware import HardwareProfile
 from sim.inputs.model import ModelSpec, layer_param_split, mtp_param_split
 from sim.inputs.plan import ParallelPlan
@@ -73,7 +73,8 @@ from sim.program.costs import GRAD_REDUCE_BYTES, cpu_optimizer_step_time, grad_r
 from sim.program.ep_overlap import add_ep_overlap, overlap_schedule, steady_pairs
 from sim.program.dispatch import dispatch_groups, ep_layout
 from sim.program.fp8 import BF16_BYTES, gathered_weight_bytes
-from sim.program.fsdp import add_fsdp_copies, fsdp_copies
+from sim.program.fsdp import (GRAD_BYTES, add_deferred_accumulations, add_fsdp_copies, deferred_accumulations,
+                              fsdp_copies)
 from sim.program.limits import check_size
 from sim.program.memory import (
     chunk_activation_parts,
@@ -189,8 +190,10 @@ def _sync_options(plan: ParallelPlan, bucket_bytes: float) -> passes.GradSync:
                                bucket_memory=zero.shards_grads and not bucket_buffers(plan),  # else in the buffers
                                at_most=zero.shards_optimizer,
                                on_compute=zero.shards_optimizer and not overlap_comm_in_effect(plan))
+    deferred = defer_grad_sync_in_effect(plan)  # FSDP's: once per step, the unsharded gradients held till then
     return passes.GradSync(bucket_bytes, overlap, op="reducescatter" if zero.shards_optimizer else "allreduce",
-                           every_microbatch=zero.shards_grads, bucket_memory=zero.shards_grads)
+                           every_microbatch=zero.shards_grads and not deferred, bucket_memory=zero.shards_grads,
+                           held_from_first=deferred, after_step=deferred and plan.pp > 1)
 
 
 def _sync_overlap(plan: ParallelPlan) -> bool:
@@ -338,6 +341,14 @@ def zero3_gather(ctx: BuildContext, draft: Draft) -> Draft:
     copies = fsdp_copies(fsdp_of(plan), grad_reduce_fp32_in_effect(plan))
     prog = add_fsdp_copies(prog, copies, GRAD_REDUCE_BYTES[grad_reduce_fp32_in_effect(plan)],
                            ctx.profile.memory_rate(), ctx.profile.kernel_launch_s)
+    if defer_grad_sync_in_effect(plan):  # the unsharded gradients accumulated across micro-batches (sim.program.fsdp)
+        first, later = deferred_accumulations(grad_reduce_fp32_in_effect(plan))
+        prog = add_deferred_accumulations(prog, first, later, lambda r, lid: grad_bytes(r, lid) / GRAD_BYTES,
+                                          plan.dp_group, ctx.profile.memory_rate(), ctx.profile.kernel_launch_s)
+        if split:
+            prog = add_deferred_accumulations(prog, first, later, lambda r, lid: experts(r, lid) / GRAD_BYTES,
+                                              ctx.folding.edp_group, ctx.profile.memory_rate(),
+                                              ctx.profile.kernel_launch_s, label="experts of layer")
     return draft.with_program(prog)
 
 

@@ -6,7 +6,9 @@ A rank of pipeline stage i holds, for its Ψ_i parameters over Nd data-parallel 
                   + the profile's reserve (CUDA context, allocator slack)
     activations   each in-flight micro-batch's stored tensors (``activations``,
                   ``inflight``)
-    temporaries   gradient buckets being reduced; ZeRO-3's gathered weights
+    temporaries   gradient buckets being reduced (under FSDP's deferred gradient sync
+                  the unsharded gradients held across micro-batches); ZeRO-3's
+                  gathered weights
 
 With the optimizer offloaded (ZeRO-Offload) the optimizer states live in host memory and
 the GPU holds none of them.
@@ -22,7 +24,7 @@ prefetched (ZeRO-3), at data parallelism above 1.
 
 from __future__ import annotations
 
-from sim.inputs.frameworks import bucket_buffers
+from sim.inputs.frameworks import bucket_buffers, defer_grad_sync_in_effect, grad_reduce_fp32_in_effect
 from sim.inputs.model import ModelSpec, layer_param_split, layer_params_per_rank
 from sim.inputs.plan import ParallelPlan
 from sim.program.memory.inflight import stage_activation_bytes
@@ -56,11 +58,17 @@ def stage_resident_bytes(model: ModelSpec, plan: ParallelPlan, stage: int, reser
 def zero_temporary_bytes(model: ModelSpec, plan: ParallelPlan, stage_params: float) -> float:
     """The estimate's temporaries on a rank holding ``stage_params`` parameters: one
     DeepSpeed-default gradient bucket (at most the rank's gradients) under ZeRO ≥ 1, and
-    ZeRO-3's gathered weights of the layer in use and one ahead, when dp > 1."""
+    ZeRO-3's gathered weights of the layer in use and one ahead, when dp > 1; under FSDP's
+    deferred gradient sync with more than one micro-batch, the rank's unsharded gradients
+    in the reduction's dtype instead of the bucket (held from the first micro-batch's
+    backward to the last one's reduce-scatters, ``sim.inputs.frameworks``)."""
     zero, dp = plan.sections.zero.zero, plan.dp_cp  # (sim.inputs.strategies.ZeroStage)
     temp = 0.0
     if zero.shards_optimizer and dp > 1:
-        temp += grad_bucket_bytes(min(stage_params, float(DEEPSPEED_REDUCE_BUCKET_ELEMS)))
+        if defer_grad_sync_in_effect(plan) and plan.num_microbatches > 1:
+            temp += stage_params * (4 if grad_reduce_fp32_in_effect(plan) else 2)
+        else:
+            temp += grad_bucket_bytes(min(stage_params, float(DEEPSPEED_REDUCE_BUCKET_ELEMS)))
     if zero.shards_params and dp > 1:
         temp += zero3_gathered_param_bytes(zero3_layer_gather_params(model, plan))
     return temp
