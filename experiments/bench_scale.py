@@ -26,8 +26,9 @@ loop is, best of 3 runs of the engine on the same program; a longer one, once.
 ``--search``, ``--fit`` and ``--suite`` each add one long row of issue 55's table, timed in a
 fresh process (wall time, and the CPU time of the command and all its workers, which on a
 shared machine says more): ``trainsim search`` of DeepSeek-V3 on 1,024 H100s over its layouts
-(``SEARCH``, about 6 minutes on a quiet machine on 2026-12-06, 10 before issue 55), ``trainsim fit
---gpu h100-sxm`` with every held-out fit (``FIT``, 6 to 10 minutes that day, 11 before) and ``make
+(``SEARCH``, about 3 minutes on a quiet machine on the evening of 2026-12-06, 10 before issue 55),
+``trainsim fit --gpu h100-sxm`` with every held-out fit (``FIT``, 5 to 10 minutes that day, 11
+before) and ``make
 test`` in a fresh clone of the committed tree (installs included, about 6 minutes; docs/limits.md
 has the dated runs). ``--search-args`` and ``--fit-args`` replace the
 command's arguments (to try the flags on a small case), ``--suite-target`` the make target.
