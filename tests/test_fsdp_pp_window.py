@@ -97,3 +97,19 @@ def test_other_plans_gather_per_use(kw):
     # Megatron, torchtitan (no deferral) and no pipeline: a gather per forward and per backward use
     plan = _plan(**kw)
     assert len(_of_layer1(_acts(plan), "allgather")) == 2 * plan.num_microbatches  # (4 pipelined, 2 with dp 4)
+
+
+def test_the_estimate_holds_the_stage_gathered_under_pipelining():
+    from sim.program.memory import stage_memory_bytes, stage_params_per_rank
+    from sim.program.memory.rank import zero3_layer_gather_params
+    from sim.program.memory.states import zero3_gathered_param_bytes
+
+    on, off = _plan(), _plan(framework="torchtitan")  # torchtitan: not deferred, no window
+    params = stage_params_per_rank(TINY4, on, 0)  # stage 0: 2 layers and the embedding
+    mem_on, mem_off = stage_memory_bytes(TINY4, on, 0), stage_memory_bytes(TINY4, off, 0)
+    held_off = zero3_gathered_param_bytes(zero3_layer_gather_params(TINY4, off))
+    # under the window the whole stage's bf16 weights are gathered instead of a layer and one ahead;
+    # the other temporaries differ by the deferred gradients only (automodel: the stage's bf16 gradients)
+    from sim.program.memory.states import DEEPSPEED_REDUCE_BUCKET_ELEMS, grad_bucket_bytes
+    bucket = grad_bucket_bytes(min(params, float(DEEPSPEED_REDUCE_BUCKET_ELEMS)))
+    assert mem_on["temporaries"] - mem_off["temporaries"] == pytest.approx((2 * params - held_off) + (2 * params - bucket))
