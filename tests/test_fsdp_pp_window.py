@@ -113,3 +113,15 @@ def test_the_estimate_holds_the_stage_gathered_under_pipelining():
     from sim.program.memory.states import DEEPSPEED_REDUCE_BUCKET_ELEMS, grad_bucket_bytes
     bucket = grad_bucket_bytes(min(params, float(DEEPSPEED_REDUCE_BUCKET_ELEMS)))
     assert mem_on["temporaries"] - mem_off["temporaries"] == pytest.approx((2 * params - held_off) + (2 * params - bucket))
+
+
+def test_each_call_runs_the_schedule_with_its_own_fill_and_drain():
+    # 1F1B on pp 2 with 2 micro-batches, rank 0: F0 F1 B0 B1 (one warm-up forward); two calls of it
+    _, prog = build_program(TINY4, _plan(pp_call_microbatches=2, schedule="1f1b"), H100, fidelity="reduced")
+    steps = []
+    for a in prog.actions[0]:
+        if a.kind == "compute" and a.category in ("F", "B"):
+            st = a.name.split(".")[0]
+            if not steps or steps[-1] != st:
+                steps.append(st)
+    assert steps == ["0F0", "0F1", "0B0", "0B1", "0F2", "0F3", "0B2", "0B3"]

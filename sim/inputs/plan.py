@@ -348,9 +348,9 @@ class ParallelPlan:
         type=Number(int, minimum=1), metavar="M",
         help="ZeRO-3 under FSDP2 with pipeline parallelism: micro-batches per call of the pipeline schedule (torch "
              "pipelining's schedule.step; NeMo AutoModel: step_scheduler.local_batch_size / micro_batch_size, one "
-             "call per accumulation step); each stage's parameters stay gathered and its gradients unreduced "
-             "across a call, synced after its last backward; must divide the micro-batches; default: all of the "
-             "step's (one call)")
+             "call per accumulation step): the schedule runs once per call, each with its own fill and drain, and "
+             "each stage's parameters stay gathered and its gradients unreduced across a call, synced after its "
+             "last backward; must divide the micro-batches; default: all of the step's (one call)")
     """``sim.inputs.frameworks.pp_sync_window``; None: one call per step."""
     zero3_param_persistence_threshold: float | None = setting(
         type=Number(float, minimum=0), metavar="PARAMS", tables=((_ZERO, "stage3_param_persistence_threshold"),),

@@ -91,7 +91,7 @@ from sim.program.memory import (
 )
 from sim.program.memory.states import expert_data_parallel, stage_param_split
 from sim.program.schedule_io import validate
-from sim.program.schedules import Schedule, Step, build_schedule, to_program
+from sim.program.schedules import Schedule, Step, build_schedule, repeated, to_program
 from sim.program.segments import StepSegments, layer_steps
 from sim.program.workload import p2p_bytes
 
@@ -223,10 +223,15 @@ def limits(ctx: BuildContext, draft: Draft) -> Draft:
 
 def schedule(ctx: BuildContext, draft: Draft) -> Draft:
     """The plan's pipeline schedule (or the context's own, which must fit the plan), one
-    compute action per step on each pipeline rank, cross-rank deps free for now."""
+    compute action per step on each pipeline rank, cross-rank deps free for now; with
+    ``pp_call_microbatches`` the schedule of that many micro-batches once per call
+    (``sim.program.schedules.repeated``)."""
     plan, sched = ctx.plan, ctx.schedule
     if sched is None and plan.overlap_moe_expert_parallel_comm:  # Megatron's order for it (sim.program.ep_overlap)
         sched = overlap_schedule(plan.pp, plan.vpp, plan.num_microbatches)
+    elif sched is None and plan.pp_call_microbatches:  # one schedule call per accumulation step (AutoModel's)
+        calls = plan.num_microbatches // plan.pp_call_microbatches
+        sched = repeated(build_schedule(plan.schedule, plan.pp, plan.pp_call_microbatches, plan.vpp), calls)
     elif sched is None:
         sched = build_schedule(plan.schedule, plan.pp, plan.num_microbatches, plan.vpp)
     elif (sched.pp, sched.vpp, sched.num_microbatches) != (plan.pp, plan.vpp, plan.num_microbatches):
