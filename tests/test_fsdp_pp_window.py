@@ -125,3 +125,11 @@ def test_each_call_runs_the_schedule_with_its_own_fill_and_drain():
             if not steps or steps[-1] != st:
                 steps.append(st)
     assert steps == ["0F0", "0F1", "0B0", "0B1", "0F2", "0F3", "0B2", "0B3"]
+
+
+def test_the_estimate_counts_a_fill_and_drain_per_call():
+    from sim.program.estimate import estimate
+
+    one, two = estimate(TINY4, _plan(), H100).time, estimate(TINY4, _plan(pp_call_microbatches=2), H100).time
+    assert two["pipeline_bubble"] == pytest.approx(2 * one["pipeline_bubble"]) and one["pipeline_bubble"] > 0
+    assert two["compute"] == one["compute"]

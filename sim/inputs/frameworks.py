@@ -277,6 +277,12 @@ def pp_sync_window(plan) -> int | None:
     return plan.pp_call_microbatches or plan.num_microbatches
 
 
+def schedule_calls(plan) -> int:
+    """How many times a step runs the pipeline schedule (``pp_call_microbatches``: one call
+    per that many micro-batches, AutoModel's one per accumulation step; else once)."""
+    return plan.num_microbatches // plan.pp_call_microbatches if plan.pp_call_microbatches else 1
+
+
 def attention_kernel_in_effect(plan) -> str:
     """The attention kernel the plan runs: the one given, else its framework's ('te' under
     unfused attention, which has no attention kernel to price)."""
