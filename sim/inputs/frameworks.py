@@ -104,8 +104,12 @@ OOM``): its row says so (``defer_fsdp_grad_sync`` false). Under pipeline paralle
 PyTorch's ``_PipelineStageBase.backward_maybe_with_nosync`` also turns the sync off for
 every backward but the stage's last, then runs each group's ``post_backward`` after that
 last backward (not under it: modelled, ``GradSync.after_step``), with
-``reshard_after_backward`` False: the parameters stay gathered between micro-batches (not
-modelled).
+``reshard_after_backward`` False: the parameters stay gathered between micro-batches, so
+each layer is gathered once per schedule call (and per forward of a micro-batch too when
+``reshard_after_forward`` is on; NeMo AutoModel's MoE parallelizer turns it off under
+pipelining, components/moe/parallelizer.py @ 89e3a9fdd604: ``reshard_after_forward=not
+pp_enabled``) and held until the call's last backward of it. A call's micro-batches are the
+sync window (``pp_sync_window``): AutoModel calls the schedule once per accumulation step.
 
 ``kernel_overhead`` (the PyTorch-native frameworks): each kernel of the framework's
 program costs the GPU ``o`` seconds more than the same kernel under Megatron-Core, whose
@@ -254,6 +258,29 @@ def defer_grad_sync_in_effect(plan) -> bool:
     if plan.defer_fsdp_grad_sync is not None:
         return plan.defer_fsdp_grad_sync
     return framework_of(plan).defer_grad_sync
+
+
+def pp_sync_window(plan) -> int | None:
+    """Under FSDP2 with pipeline parallelism (module doc, "Deferred gradient sync"), the
+    micro-batches of one call of the pipeline schedule (``pp_call_microbatches``, else all of
+    the step's): torch pipelining's ``backward_maybe_with_nosync`` keeps each stage's
+    parameters gathered (``reshard_after_backward`` False) and its gradients unreduced
+    (``requires_gradient_sync`` False) across them and runs FSDP's ``post_backward`` after
+    the stage's last backward of the call. NeMo AutoModel calls the schedule once per
+    accumulation step with ``local_batch_size / micro_batch_size`` micro-batches
+    (recipes/llm/train_ft.py ``_forward_backward_step``: ``self.pp.info.schedule.step``;
+    components/distributed/pipelining/functional.py: ``n_microbatches = local_batch_size //
+    microbatch_size``; at 89e3a9fdd604). None where it does not apply: no FSDP2, no
+    pipeline, or FSDP's gradient sync not deferred."""
+    if fsdp_of(plan) != "fsdp2" or plan.pp < 2 or not defer_grad_sync_in_effect(plan):
+        return None
+    return plan.pp_call_microbatches or plan.num_microbatches
+
+
+def schedule_calls(plan) -> int:
+    """How many times a step runs the pipeline schedule (``pp_call_microbatches``: one call
+    per that many micro-batches, AutoModel's one per accumulation step; else once)."""
+    return plan.num_microbatches // plan.pp_call_microbatches if plan.pp_call_microbatches else 1
 
 
 def attention_kernel_in_effect(plan) -> str:

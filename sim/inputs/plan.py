@@ -344,6 +344,14 @@ class ParallelPlan:
              "the last micro-batch's backward, keeping the unsharded gradients until then (NeMo AutoModel's "
              "defer_fsdp_grad_sync); default: the framework's, on for automodel, off otherwise (every micro-batch)")
     """``sim.inputs.frameworks.defer_grad_sync_in_effect``; None: the framework's."""
+    pp_call_microbatches: int | None = setting(
+        type=Number(int, minimum=1), metavar="M",
+        help="ZeRO-3 under FSDP2 with pipeline parallelism: micro-batches per call of the pipeline schedule (torch "
+             "pipelining's schedule.step; NeMo AutoModel: step_scheduler.local_batch_size / micro_batch_size, one "
+             "call per accumulation step): the schedule runs once per call, each with its own fill and drain, and "
+             "each stage's parameters stay gathered and its gradients unreduced across a call, synced after its "
+             "last backward; must divide the micro-batches; default: all of the step's (one call)")
+    """``sim.inputs.frameworks.pp_sync_window``; None: one call per step."""
     zero3_param_persistence_threshold: float | None = setting(
         type=Number(float, minimum=0), metavar="PARAMS", tables=((_ZERO, "stage3_param_persistence_threshold"),),
         help="DeepSpeed ZeRO-3: parameter tensors of at most this many elements are never partitioned, stay "
@@ -451,12 +459,12 @@ class ParallelPlan:
         (``layers_per_virtual_stage`` sets vpp, ``zero3_prefetch_bucket_size`` the depth), the
         pipeline layout, the schedule file and the framework settings are left out when not given
         (``reshard_after_forward`` when on, its default; ``grad_reduce_fp32`` and
-        ``defer_fsdp_grad_sync`` when the framework's)."""
+        ``defer_fsdp_grad_sync`` when the framework's; ``pp_call_microbatches`` when not given)."""
         out = dataclasses.asdict(self)
         for name in ("layers_per_virtual_stage", "schedule_file", "zero3_prefetch_bucket_size", "pipeline_layout",
                      "recompute_modules", "recompute_method", "recompute_num_layers", "framework", "attention_kernel",
                      "backward_prefetch", "fp4_format",
-                     "tp_comm_overlap_cfg", "grad_reduce_fp32", "defer_fsdp_grad_sync"):
+                     "tp_comm_overlap_cfg", "grad_reduce_fp32", "defer_fsdp_grad_sync", "pp_call_microbatches"):
             if out[name] is None:
                 del out[name]
         if out["reshard_after_forward"]:

@@ -125,6 +125,7 @@ class ZeroPlan(_Section):
     zero3_max_live_parameters: float | None
     reshard_after_forward: bool
     defer_fsdp_grad_sync: bool | None
+    pp_call_microbatches: int | None
     zero3_param_persistence_threshold: float | None
     zero3_max_reuse_distance: float | None
     overlap_comm: bool | None

@@ -326,6 +326,14 @@ def check_framework_plan(plan) -> None:
             plan.defer_fsdp_grad_sync, "FSDP2's set_requires_gradient_sync: needs a framework whose ZeRO-3 is "
             f"PyTorch FSDP2 (automodel, torchtitan; got {plan.framework or DEFAULT_FRAMEWORK})",
             setting="defer_fsdp_grad_sync")
+    if plan.pp_call_microbatches is not None:
+        require(plan.zero.shards_params and framework_of(plan).fsdp == "fsdp2" and plan.pp > 1,
+                "plan: pp_call_microbatches", plan.pp_call_microbatches, "needs zero 3 under a framework whose ZeRO-3 "
+                f"is PyTorch FSDP2 (automodel, torchtitan; got {plan.framework or DEFAULT_FRAMEWORK}, zero "
+                f"{plan.zero_stage}) and pp > 1 (got {plan.pp})", setting="pp_call_microbatches")
+        require(plan.num_microbatches % plan.pp_call_microbatches == 0, "plan: pp_call_microbatches",
+                plan.pp_call_microbatches, f"a divisor of the step's {plan.num_microbatches} micro-batches per "
+                "pipeline", setting="pp_call_microbatches")
     check_deepspeed_plan(plan)
 
 def check_deepspeed_plan(plan) -> None:

@@ -256,13 +256,16 @@ def _step_microbatch(step: str) -> tuple[str, int]:
 
 
 def add_deferred_accumulations(prog: Program, first: Copy | None, later: Copy, elements, dp_group, rate_Bps: float,
-                               launch_s: float, label: str = "layer") -> Program:
+                               launch_s: float, label: str = "layer", window: int | None = None) -> Program:
     """The deferred gradient sync's copies (``deferred_accumulations``): after each layer's
     last backward piece of each micro-batch (its W step under a split backward), on that
     piece's stream, ``first`` for the layer's first micro-batch of the step, ``later`` for
     the others; ``elements(rank, layer)`` the layer's unsharded elements (0: none), on ranks
     whose ``dp_group`` has two ranks or more (where the gradients are reduce-scattered); nothing
-    for a layer with one micro-batch (that one syncs at once). Category ``fsdp``; names ``fsdp <what> for {label} <layer> of <step>``."""
+    for a layer with one micro-batch (that one syncs at once). With ``window`` the gradients
+    sync once per ``window`` micro-batches (one pipeline-schedule call,
+    ``sim.inputs.frameworks.pp_sync_window``): each window starts afresh (``first``, then
+    ``later``). Category ``fsdp``; names ``fsdp <what> for {label} <layer> of <step>``."""
     from sim.program.passes import layer_uses
 
     out = {}
@@ -279,14 +282,16 @@ def add_deferred_accumulations(prog: Program, first: Copy | None, later: Copy, e
                 last[key] = (step, j)
         seen: set = set()
         count: dict = {}
-        for layer, _stage, _mb in last:
-            count[layer] = count.get(layer, 0) + 1
+        for layer, _stage, mb in last:
+            key = (layer, mb // window if window else 0)
+            count[key] = count.get(key, 0) + 1
         after: dict[int, list[Action]] = {}
-        for (layer, _stage, _mb), (step, j) in sorted(last.items(), key=lambda kv: kv[1][1]):
+        for (layer, _stage, mb), (step, j) in sorted(last.items(), key=lambda kv: kv[1][1]):
             n = elements(r, layer)
-            c = later if layer in seen else first
-            seen.add(layer)
-            if not n or c is None or count[layer] == 1:  # (a step's only backward reduces at once: no upcast)
+            key = (layer, mb // window if window else 0)  # the layer in its sync window
+            c = later if key in seen else first
+            seen.add(key)
+            if not n or c is None or count[key] == 1:  # (a window's only backward reduces at once: no upcast)
                 continue
             a = lst[j]
             after.setdefault(j, []).append(Action.new(

@@ -277,6 +277,7 @@ class GradSync:
     on_compute: bool = False
     held_from_first: bool = False
     after_step: bool = False
+    window: int | None = None
 
 
 def add_grad_sync(prog: Program, grad_bytes: Callable[[int, int], float], dp_group: Callable[[int], tuple[int, ...]],
@@ -298,7 +299,10 @@ def add_grad_sync(prog: Program, grad_bytes: Callable[[int, int], float], dp_gro
     unsharded gradients start to accumulate; with ``after_step`` a bucket starts only once the
     whole backward step of its last layer is done (PyTorch pipelining's
     ``backward_maybe_with_nosync``: FSDP's post-backward run for the whole stage after its
-    last backward). DeepSpeed's buckets (``at_most``) hold at most ``bucket_bytes``
+    last backward). With ``window`` (not ``every_microbatch``) the gradients sync once per
+    ``window`` micro-batches (0..window-1, then the next ``window``: one call of the
+    pipeline schedule each, ``sim.inputs.frameworks.pp_sync_window``), after each layer's
+    last backward of the window, held from its first backward of the window. DeepSpeed's buckets (``at_most``) hold at most ``bucket_bytes``
     (``pack_buckets``); with ``on_compute`` each runs on the stream of the backward that
     fills it, which waits for it (DeepSpeed without ``overlap_comm``).
     """
@@ -320,15 +324,18 @@ def add_grad_sync(prog: Program, grad_bytes: Callable[[int, int], float], dp_gro
                 rounds.setdefault(u[0], []).append(u)
             groups = list(rounds.values())
         else:
-            final: dict[int, tuple] = {}
+            final: dict[tuple, tuple] = {}
             for u in uses:
-                final[u[1]] = u  # the last use of each layer: its gradient is final
-            groups = [sorted(final.values(), key=lambda u: (u[3], -u[1]))]
+                final[(_window(u[0], sync.window), u[1])] = u  # the last use of each layer: its gradient is final
+            by_window: dict[int, list] = {}
+            for (w, _layer), u in final.items():
+                by_window.setdefault(w, []).append(u)
+            groups = [sorted(us, key=lambda u: (u[3], -u[1])) for _w, us in sorted(by_window.items())]
         after: dict[int, list[Action]] = {}
         mem_start: dict[int, list[tuple]] = {}
-        first_use: dict[int, int] = {}  # layer -> index of its first backward use
+        first_use: dict[tuple, int] = {}  # (window, layer) -> index of its first backward use
         for u in uses:
-            first_use.setdefault(u[1], u[2])
+            first_use.setdefault((_window(u[0], sync.window), u[1]), u[2])
         step_end: dict[str, int] = {}  # backward step -> index of its last piece
         for u in uses:
             step_end[u[0]] = max(step_end.get(u[0], u[3]), u[3])
@@ -345,7 +352,8 @@ def add_grad_sync(prog: Program, grad_bytes: Callable[[int, int], float], dp_gro
                              mem=(("end", "buckets", -nb),) if bucket_memory else ())
                 after.setdefault(anchor, []).append(act)
                 if bucket_memory:
-                    start = min(first_use[u[1]] for u in members) if sync.held_from_first else members[0][2]
+                    start = min(first_use[(_window(u[0], sync.window), u[1])] for u in members) \
+                        if sync.held_from_first else members[0][2]
                     mem_start.setdefault(start, []).append(("start", "buckets", nb))
                 k += 1
         new = []
@@ -356,6 +364,17 @@ def add_grad_sync(prog: Program, grad_bytes: Callable[[int, int], float], dp_gro
             new.extend(after.get(i, ()))
         out[r] = new
     return prog.with_actions(out)
+
+
+def _window(step: str, window: int | None) -> int:
+    """The sync window of a pipeline step (``2B5`` -> micro-batch 5 // ``window``); 0 without one."""
+    if not window:
+        return 0
+    name = step.split(".")[0]
+    i = len(name)
+    while i and name[i - 1].isdigit():
+        i -= 1
+    return int(name[i:]) // window
 
 
 def pack_buckets(items, size_of: Callable, bucket_bytes: float, at_most: bool = False) -> list[tuple[float, list]]:

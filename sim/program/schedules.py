@@ -334,6 +334,17 @@ def zb_h2(pp: int, m: int) -> Schedule:
     return Schedule("zb-h2", pp, 1, m, tuple(tuple(row) for row in rows))
 
 
+def repeated(schedule: Schedule, calls: int) -> Schedule:
+    """``schedule`` run ``calls`` times one after another, call c's micro-batches numbered
+    from c·m: what a framework that calls torch pipelining's ``schedule.step`` once per
+    accumulation step runs (NeMo AutoModel, ``sim.inputs.frameworks.pp_sync_window``), each
+    call with its own fill and drain."""
+    m = schedule.num_microbatches
+    rows = tuple(tuple(Step(st.stage, st.kind, st.mb + c * m) for c in range(calls) for st in row)
+                 for row in schedule.ranks)
+    return Schedule(schedule.name, schedule.pp, schedule.vpp, m * calls, rows)
+
+
 def build_schedule(name: str, pp: int, num_microbatches: int, vpp: int = 1) -> Schedule:
     """The named schedule (one of ``SCHEDULES``) for ``pp`` ranks and ``num_microbatches``."""
     if name not in SCHEDULES:

@@ -58,7 +58,8 @@ from typing import Callable
 from sim.errors import InputError
 from sim.inputs.experts import Folding
 from sim.inputs.frameworks import (backward_prefetch_in_effect, bucket_buffers, deepspeed_kept_layers,
-                                   defer_grad_sync_in_effect, fsdp_of, grad_reduce_fp32_in_effect, is_deepspeed, overlap_comm_in_effect, persistent_params)
+                                   defer_grad_sync_in_effect, fsdp_of, grad_reduce_fp32_in_effect, is_deepspeed, overlap_comm_in_effect, persistent_params,
+                                   pp_sync_window)
 from sim.inputs.hardware import HardwareProfile
 from sim.inputs.model import ModelSpec, layer_param_split, mtp_param_split
 from sim.inputs.plan import ParallelPlan
@@ -90,7 +91,7 @@ from sim.program.memory import (
 )
 from sim.program.memory.states import expert_data_parallel, stage_param_split
 from sim.program.schedule_io import validate
-from sim.program.schedules import Schedule, Step, build_schedule, to_program
+from sim.program.schedules import Schedule, Step, build_schedule, repeated, to_program
 from sim.program.segments import StepSegments, layer_steps
 from sim.program.workload import p2p_bytes
 
@@ -193,7 +194,8 @@ def _sync_options(plan: ParallelPlan, bucket_bytes: float) -> passes.GradSync:
     deferred = defer_grad_sync_in_effect(plan)  # FSDP's: once per step, the unsharded gradients held till then
     return passes.GradSync(bucket_bytes, overlap, op="reducescatter" if zero.shards_optimizer else "allreduce",
                            every_microbatch=zero.shards_grads and not deferred, bucket_memory=zero.shards_grads,
-                           held_from_first=deferred, after_step=deferred and plan.pp > 1)
+                           held_from_first=deferred, after_step=deferred and plan.pp > 1,
+                           window=pp_sync_window(plan))  # once per pipeline-schedule call under FSDP2
 
 
 def _sync_overlap(plan: ParallelPlan) -> bool:
@@ -221,10 +223,15 @@ def limits(ctx: BuildContext, draft: Draft) -> Draft:
 
 def schedule(ctx: BuildContext, draft: Draft) -> Draft:
     """The plan's pipeline schedule (or the context's own, which must fit the plan), one
-    compute action per step on each pipeline rank, cross-rank deps free for now."""
+    compute action per step on each pipeline rank, cross-rank deps free for now; with
+    ``pp_call_microbatches`` the schedule of that many micro-batches once per call
+    (``sim.program.schedules.repeated``)."""
     plan, sched = ctx.plan, ctx.schedule
     if sched is None and plan.overlap_moe_expert_parallel_comm:  # Megatron's order for it (sim.program.ep_overlap)
         sched = overlap_schedule(plan.pp, plan.vpp, plan.num_microbatches)
+    elif sched is None and plan.pp_call_microbatches:  # one schedule call per accumulation step (AutoModel's)
+        calls = plan.num_microbatches // plan.pp_call_microbatches
+        sched = repeated(build_schedule(plan.schedule, plan.pp, plan.pp_call_microbatches, plan.vpp), calls)
     elif sched is None:
         sched = build_schedule(plan.schedule, plan.pp, plan.num_microbatches, plan.vpp)
     elif (sched.pp, sched.vpp, sched.num_microbatches) != (plan.pp, plan.vpp, plan.num_microbatches):
@@ -325,7 +332,7 @@ def zero3_gather(ctx: BuildContext, draft: Draft) -> Draft:
         return draft
     model, depth = ctx.model, zero3_depth(ctx.model, plan)
     how = dict(backward_depth=0 if backward_prefetch_in_effect(plan) == "backward_post" else None,
-               reshard_after_forward=plan.reshard_after_forward)
+               reshard_after_forward=plan.reshard_after_forward, window=pp_sync_window(plan))
     grad_bytes, (fp8_saved, expert_share) = _grad_bytes(ctx), _fp8_gather_savings(ctx)
     persistent = _persistent_bytes(ctx)
     if is_deepspeed(plan):  # sim.inputs.frameworks: what DeepSpeed keeps for the backward right after
@@ -343,12 +350,14 @@ def zero3_gather(ctx: BuildContext, draft: Draft) -> Draft:
                            ctx.profile.memory_rate(), ctx.profile.kernel_launch_s)
     if defer_grad_sync_in_effect(plan):  # the unsharded gradients accumulated across micro-batches (sim.program.fsdp)
         first, later = deferred_accumulations(grad_reduce_fp32_in_effect(plan))
+        window = pp_sync_window(plan)
         prog = add_deferred_accumulations(prog, first, later, lambda r, lid: grad_bytes(r, lid) / GRAD_BYTES,
-                                          plan.dp_group, ctx.profile.memory_rate(), ctx.profile.kernel_launch_s)
+                                          plan.dp_group, ctx.profile.memory_rate(), ctx.profile.kernel_launch_s,
+                                          window=window)
         if split:
             prog = add_deferred_accumulations(prog, first, later, lambda r, lid: experts(r, lid) / GRAD_BYTES,
                                               ctx.folding.edp_group, ctx.profile.memory_rate(),
-                                              ctx.profile.kernel_launch_s, label="experts of layer")
+                                              ctx.profile.kernel_launch_s, label="experts of layer", window=window)
     return draft.with_program(prog)
 
 

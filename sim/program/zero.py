@@ -132,7 +132,8 @@ def _split(step: str) -> tuple[int, str, int]:
 def add_param_gathers(prog: Program, layer_bytes: Callable[[int, int], float],
                       dp_group: Callable[[int], tuple[int, ...]], depth: int,
                       label: str = "gather layer", backward_depth: int | None = None,
-                      reshard_after_forward: bool = True, kept_layers: frozenset | None = None) -> Program:
+                      reshard_after_forward: bool = True, kept_layers: frozenset | None = None,
+                      window: int | None = None) -> Program:
     """ZeRO-3: all-gather a layer's parameters (stream ``zero``) before each use and free
     them after it. The gather for the i-th use may start once use i − depth − 1 is done,
     so ``depth`` layers are fetched ahead while earlier ones compute; in backward steps
@@ -141,7 +142,13 @@ def add_param_gathers(prog: Program, layer_bytes: Callable[[int, int], float],
     ``reshard_after_forward`` (FSDP1's SHARD_GRAD_OP) a layer gathered for a micro-batch's
     forward stays gathered until that micro-batch's backward of it is done, and backward
     gathers nothing; with ``kept_layers`` only those layers are kept so (DeepSpeed's
-    ``stage3_max_reuse_distance``, ``sim.inputs.frameworks.deepspeed_kept_layers``). Layers of ``layer_bytes`` 0 (a dense layer's experts) get no gather;
+    ``stage3_max_reuse_distance``, ``sim.inputs.frameworks.deepspeed_kept_layers``). With
+    ``window`` (FSDP2 under pipelining, ``sim.inputs.frameworks.pp_sync_window``: torch's
+    ``backward_maybe_with_nosync`` sets ``reshard_after_backward`` False on every backward but
+    the stage's last of the schedule call) a layer's first backward use of each ``window``
+    micro-batches gathers and the gathered parameters stay until its last backward use of
+    the window; without ``reshard_after_forward`` its first forward use of the window gathers
+    and they stay till then (one gather per layer per window). Layers of ``layer_bytes`` 0 (a dense layer's experts) get no gather;
     ``label`` names the gathers (``{label} {layer} for {step}``). Called again with the
     experts' bytes and group, a layer's expert gather follows its dense one on the same
     stream, as FSDP2 issues each module's all-gather on one stream."""
@@ -153,8 +160,11 @@ def add_param_gathers(prog: Program, layer_bytes: Callable[[int, int], float],
             out[r] = lst
             continue
         uses = layer_uses(lst, PIPELINE)  # (step, layer, first, last)
-        kept = _kept_until_backward(uses) if not reshard_after_forward else \
-            _kept_until_backward(uses, kept_layers) if kept_layers else {}
+        if window:
+            kept = _kept_through_window(uses, window, reshard_after_forward)
+        else:
+            kept = _kept_until_backward(uses) if not reshard_after_forward else \
+                _kept_until_backward(uses, kept_layers) if kept_layers else {}
         before: dict[int, list[Action]] = {}
         extra_deps: dict[int, list[str]] = {}
         frees: dict[int, list[tuple]] = {}
@@ -198,6 +208,26 @@ def _kept_until_backward(uses, layers: frozenset | None = None) -> dict[int, int
         elif key in forward:
             out[forward[key]] = k
             out[k] = -1
+    return out
+
+
+def _kept_through_window(uses, window: int, reshard_after_forward: bool) -> dict[int, int]:
+    """FSDP2 under pipelining (``add_param_gathers``' ``window``): index of each use (in
+    ``uses``) that gathers -> the index of the use after which the parameters are freed, and
+    each use that finds them gathered -> -1. Per layer and window of ``window`` micro-batches
+    (of its virtual stage): its first backward use gathers and keeps them to its last one of
+    the window; without ``reshard_after_forward`` its first forward use does, for every use
+    of the window. Forward uses under ``reshard_after_forward`` gather and free as usual."""
+    groups: dict[tuple, list[int]] = {}
+    for k, (step, layer, _first, _last) in enumerate(uses):
+        stage, kind, mb = _split(step)
+        if reshard_after_forward and kind == "F":
+            continue
+        groups.setdefault((stage, layer, mb // window), []).append(k)
+    out: dict[int, int] = {}
+    for ks in groups.values():
+        out.update({k: -1 for k in ks[1:]})
+        out[ks[0]] = ks[-1]
     return out
 
 

@@ -24,7 +24,7 @@ prefetched (ZeRO-3), at data parallelism above 1.
 
 from __future__ import annotations
 
-from sim.inputs.frameworks import bucket_buffers, defer_grad_sync_in_effect, grad_reduce_fp32_in_effect
+from sim.inputs.frameworks import bucket_buffers, defer_grad_sync_in_effect, grad_reduce_fp32_in_effect, pp_sync_window
 from sim.inputs.model import ModelSpec, layer_param_split, layer_params_per_rank
 from sim.inputs.plan import ParallelPlan
 from sim.program.memory.inflight import stage_activation_bytes
@@ -34,6 +34,7 @@ from sim.program.memory.states import (
     grad_bucket_bytes,
     fp8_weight_copy_bytes,
     stage_model_states,
+    stage_param_split,
     stage_params_per_rank,
     sync_bucket_bytes,
     zero3_gathered_param_bytes,
@@ -55,13 +56,18 @@ def stage_resident_bytes(model: ModelSpec, plan: ParallelPlan, stage: int, reser
     return out
 
 
-def zero_temporary_bytes(model: ModelSpec, plan: ParallelPlan, stage_params: float) -> float:
+def zero_temporary_bytes(model: ModelSpec, plan: ParallelPlan, stage_params: float,
+                         stage_split: tuple[float, float] | None = None) -> float:
     """The estimate's temporaries on a rank holding ``stage_params`` parameters: one
     DeepSpeed-default gradient bucket (at most the rank's gradients) under ZeRO ≥ 1, and
     ZeRO-3's gathered weights of the layer in use and one ahead, when dp > 1; under FSDP's
     deferred gradient sync with more than one micro-batch, the rank's unsharded gradients
     in the reduction's dtype instead of the bucket (held from the first micro-batch's
-    backward to the last one's reduce-scatters, ``sim.inputs.frameworks``)."""
+    backward to the last one's reduce-scatters, ``sim.inputs.frameworks``). Under FSDP2 with
+    pipelining (``sim.inputs.frameworks.pp_sync_window``) the stage's gathered weights
+    instead, all of them (``stage_split``: its dense and expert parameters; the experts only
+    where their data-parallel group shards them): torch pipelining keeps them gathered until
+    the stage's last backward of the schedule call."""
     zero, dp = plan.sections.zero.zero, plan.dp_cp  # (sim.inputs.strategies.ZeroStage)
     temp = 0.0
     if zero.shards_optimizer and dp > 1:
@@ -70,7 +76,12 @@ def zero_temporary_bytes(model: ModelSpec, plan: ParallelPlan, stage_params: flo
         else:
             temp += grad_bucket_bytes(min(stage_params, float(DEEPSPEED_REDUCE_BUCKET_ELEMS)))
     if zero.shards_params and dp > 1:
-        temp += zero3_gathered_param_bytes(zero3_layer_gather_params(model, plan))
+        layer = zero3_gathered_param_bytes(zero3_layer_gather_params(model, plan))
+        if pp_sync_window(plan) and stage_split is not None:
+            dense, experts = stage_split
+            layer = max(layer, zero3_gathered_param_bytes(
+                dense + (experts if expert_data_parallel(plan) > 1 else 0.0), prefetch_layers=0))
+        temp += layer
     return temp
 
 
@@ -99,6 +110,6 @@ def stage_memory_bytes(model: ModelSpec, plan: ParallelPlan, stage: int,
     mem = {"weights": states.params_bytes + fp8_weight_copy_bytes(model, plan, stage), "gradients": states.grads_bytes,
            "optimizer": states.optimizer_bytes,
            "activations": stage_activation_bytes(model, plan, stage, flash_attention),
-           "temporaries": zero_temporary_bytes(model, plan, params)}
+           "temporaries": zero_temporary_bytes(model, plan, params, stage_param_split(model, plan, stage))}
     mem["total"] = sum(mem.values())
     return mem
