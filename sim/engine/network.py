@@ -448,7 +448,7 @@ class Network:
         # bound its rate alone (``_max_min_rates``). Found a layer at a time with set
         # unions (a component of thousands of flows over ten thousand links); what it holds,
         # not the order it is found in, is what the rates depend on.
-        flows_on = self._flows_on
+        flows_on, bundles = self._flows_on, self._bundles
         links: set[int] = set(self._dirty)
         self._dirty.clear()
         flows: set[_Flow] = set()
@@ -459,10 +459,13 @@ class Network:
             if not new:
                 break
             flows |= new
-            reach = set().union(*[f.links for f in new if f.bundle is None])
-            for f in new:
-                if f.bundle is not None:
-                    reach.update(m for m in f.links if len(flows_on[m]) > 1)
+            if not bundles:  # (no bundle in the network: every flow's links, read in C)
+                reach = set().union(*map(_route_of, new))
+            else:
+                reach = set().union(*[f.links for f in new if f.bundle is None])
+                for f in new:
+                    if f.bundle is not None:
+                        reach.update(m for m in f.links if len(flows_on[m]) > 1)
             frontier = reach - links
             links |= frontier
         if not flows:
