@@ -197,3 +197,21 @@ def test_capacity_is_printed_as_the_text_prints_it_in_every_picture(tmp_path, mo
     assert capacity and all("79.65 GiB" in t for t in capacity), capacity
     for fig in figs:
         plt.close(fig)
+
+
+def test_a_traces_makespan_is_read_once_and_again_when_its_spans_change():
+    """``Trace.end_s`` is the latest span end (a hand-made trace), kept between reads, and read
+    afresh when the span list is replaced or grows."""
+    import copy
+
+    from sim.results.trace import Span, Trace
+
+    spans = [Span(0, "compute", f"0F{i}", "compute", "F", i * 1.0, i * 1.0 + 0.5) for i in range(4)]
+    trace = Trace(spans, [], {}, {})
+    assert trace.end_s == 3.5 and trace.end_s == 3.5
+    trace.spans.append(Span(1, "compute", "1F0", "compute", "F", 0.0, 9.0))
+    assert trace.end_s == 9.0                      # grown: read again
+    other = copy.copy(trace)
+    other.spans = spans[:2]
+    assert other.end_s == 1.5 and trace.end_s == 9.0  # replaced on a copy: each its own
+    assert Trace([], [], {}, {}).end_s == 0.0
