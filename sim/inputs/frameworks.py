@@ -111,6 +111,17 @@ pipelining, components/moe/parallelizer.py @ 89e3a9fdd604: ``reshard_after_forwa
 pp_enabled``) and held until the call's last backward of it. A call's micro-batches are the
 sync window (``pp_sync_window``): AutoModel calls the schedule once per accumulation step.
 
+Reduce dtype by parallelizer (``Framework.moe_reduce_fp32``, ``expert_reduce_fp32``): NeMo
+AutoModel shards a dense model with ``FSDP2Manager``'s policy (bf16 reductions, above) but a
+model with routed experts with its MoE parallelizer (components/moe/parallelizer.py @
+89e3a9fdd604, the M rows' ``parallelizer`` target), whose ``apply_fsdp`` takes no policy from
+the recipe and makes ``MixedPrecisionPolicy(param_dtype=bfloat16, reduce_dtype=float32,
+output_dtype=bfloat16)`` for the transformer blocks, embedding and head, while the grouped
+experts' own ``fully_shard`` over the expert-shard mesh gets no policy (torch's default: the
+parameters' dtype, bf16). So the dense gradients of an AutoModel MoE model are
+reduce-scattered in fp32 (with FSDP2's fp32 copies, ``sim.program.fsdp``) and the experts'
+in bf16. ``accumulate_allreduce_grads_in_fp32`` given sets every gradient's.
+
 ``kernel_overhead`` (the PyTorch-native frameworks): each kernel of the framework's
 program costs the GPU ``o`` seconds more than the same kernel under Megatron-Core, whose
 rows the preset's ``kernel_launch_s`` and compute fraction are fitted to. The mechanism
@@ -171,6 +182,13 @@ class Framework:
     reduce_fp32: bool = False
     """Its FSDP reduce-scatters the gradients in fp32 (``MixedPrecision(reduce_dtype=float32)``),
     4 bytes a parameter (module doc)."""
+    moe_reduce_fp32: bool | None = None
+    """For a model with routed experts, the reduce dtype of the FSDP units around its dense
+    parameters (attention, shared experts, router, embedding, head) when the framework shards
+    an MoE model with another parallelizer than a dense one; None: as ``reduce_fp32``."""
+    expert_reduce_fp32: bool | None = None
+    """The reduce dtype of the routed experts' own FSDP unit (FSDP2 over the expert
+    data-parallel group); None: as the dense parameters of the same model."""
     defer_grad_sync: bool = False
     """Under gradient accumulation its FSDP reduce-scatters the gradients once per step, after
     the last micro-batch's backward, not after every micro-batch's (module doc, "Deferred
@@ -197,8 +215,15 @@ FRAMEWORKS = {
     # MixedPrecisionPolicy(param_dtype=bfloat16, reduce_dtype=bfloat16, output_dtype=bfloat16); later versions
     # reduce in float32 (an assumption: the version the row ran is not pinned further)
     # and its defer_fsdp_grad_sync default True (module doc, "Deferred gradient sync")
+    # Its MoE models go through another parallelizer (components/moe/parallelizer.py, the M rows' yaml
+    # ``parallelizer: _target_: nemo_automodel.components.moe.parallelizer.parallelize_model`` @ 89e3a9fdd604):
+    # ``apply_fsdp`` is called without an mp_policy, so its default MixedPrecisionPolicy(param_dtype=bfloat16,
+    # reduce_dtype=float32, output_dtype=bfloat16) shards every transformer block, the embedding and the head;
+    # the grouped experts get ``fully_shard(experts, mesh=ep_shard_mesh, ...)`` with no mp_policy at all
+    # (torch's default: no cast, the parameters' own dtype, bfloat16 from the model's ``self.to(dtype)``).
     "automodel": Framework("te", "backward_pre", "NeMo AutoModel: FSDP2 with prefetch, Transformer Engine kernels",
-                           True, fsdp="fsdp2", defer_grad_sync=True),
+                           True, fsdp="fsdp2", defer_grad_sync=True, moe_reduce_fp32=True,
+                           expert_reduce_fp32=False),
     # llm-foundry's H100 and A100-80GB rows: "MP Mode DEFAULT", Composer's get_mixed_precision
     # (composer/trainer/mosaic_fsdp_utils.py of the torch 2.0 era): param_dtype bf16, reduce_dtype float32
     "llm-foundry": Framework("triton", "backward_post",
@@ -239,14 +264,22 @@ def fsdp_of(plan) -> str:
     return framework_of(plan).fsdp if plan.zero.shards_params else ""
 
 
-def grad_reduce_fp32_in_effect(plan) -> bool:
+def grad_reduce_fp32_in_effect(plan, moe: bool = False, experts: bool = False) -> bool:
     """Whether the data-parallel gradients are reduced in fp32: as given
-    (``accumulate_allreduce_grads_in_fp32``), else as the framework's FSDP does under ZeRO-3
-    (``Framework.reduce_fp32``), else not (16-bit, Megatron-Core's distributed optimizer
-    with grad_sync_dtype bf16 and PyTorch DDP)."""
+    (``accumulate_allreduce_grads_in_fp32``, every gradient), else as the framework's FSDP
+    does under ZeRO-3 (``Framework.reduce_fp32``; for a model with routed experts, ``moe``,
+    ``Framework.moe_reduce_fp32`` for its dense parameters and, ``experts``, the routed
+    experts' ``Framework.expert_reduce_fp32``), else not (16-bit, Megatron-Core's
+    distributed optimizer with grad_sync_dtype bf16 and PyTorch DDP)."""
     if plan.grad_reduce_fp32 is not None:
         return plan.grad_reduce_fp32
-    return bool(fsdp_of(plan)) and framework_of(plan).reduce_fp32
+    if not fsdp_of(plan):
+        return False
+    f = framework_of(plan)
+    dense = f.reduce_fp32 if not moe or f.moe_reduce_fp32 is None else f.moe_reduce_fp32
+    if experts and f.expert_reduce_fp32 is not None:
+        return f.expert_reduce_fp32
+    return dense
 
 
 def defer_grad_sync_in_effect(plan) -> bool:

@@ -56,7 +56,8 @@ def fsdp_copy_rows(ctx: BuildContext) -> dict | None:
     from sim.inputs.frameworks import framework_name, fsdp_of, grad_reduce_fp32_in_effect
     plan, profile = ctx.plan, ctx.profile
     fsdp = fsdp_of(plan)
-    copies = fsdp_copies(fsdp, grad_reduce_fp32_in_effect(plan))
+    fp32 = grad_reduce_fp32_in_effect(plan, ctx.model.moe)  # a dense layer's (layer 0's) dtype
+    copies = fsdp_copies(fsdp, fp32)
     ranks = len(plan.dp_group(0))
     if not copies or ranks < 2:
         return None
@@ -65,7 +66,7 @@ def fsdp_copy_rows(ctx: BuildContext) -> dict | None:
     rows = [{"copy": c.what, "when": c.when, "stream": c.stream, "of": c.of, "bytes": c.nbytes(elements, ranks),
              "time_s": copy_time(c, elements, ranks, rate, profile.kernel_launch_s)} for c in copies]
     return {"fsdp": fsdp, "framework": framework_name(plan), "layer_elements": elements, "ranks": ranks,
-            "reduce_fp32": grad_reduce_fp32_in_effect(plan), "rows": rows}
+            "reduce_fp32": fp32, "rows": rows}
 
 
 __all__ = [

@@ -306,10 +306,11 @@ by default since "bfloat16 requires gradient accumulation and all-reduce to be d
 fp32", megatron/arguments.py; its local DDP all-reduces the fp32 gradient buffer)."""
 
 
-def grad_reduce_scale(plan) -> float:
+def grad_reduce_scale(plan, moe: bool = False, experts: bool = False) -> float:
     """How many times a 16-bit gradient's bytes the plan's gradient reductions move (fp32
-    as given, else as the framework's FSDP reduces: ``grad_reduce_fp32_in_effect``)."""
-    return GRAD_REDUCE_BYTES[grad_reduce_fp32_in_effect(plan)] / GRAD_REDUCE_BYTES[False]
+    as given, else as the framework's FSDP reduces: ``grad_reduce_fp32_in_effect``; ``moe``
+    a model with routed experts, ``experts`` the routed experts' gradients)."""
+    return GRAD_REDUCE_BYTES[grad_reduce_fp32_in_effect(plan, moe, experts)] / GRAD_REDUCE_BYTES[False]
 
 
 def grad_sync_time(zero_stage: int, grad_bytes: float, dp: int, microbatches: int, kind: str,

@@ -57,7 +57,8 @@ from sim.program.costs import (
     transfer_time,
     work_times,
 )
-from sim.program.memory import model_state_bytes, optimizer_shard_params, stage_memory_bytes, stage_params_per_rank
+from sim.program.memory import (model_state_bytes, optimizer_shard_params, stage_memory_bytes, stage_param_split,
+                                stage_params_per_rank)
 from sim.inputs.experts import Folding
 from sim.inputs.frameworks import schedule_calls
 from sim.program.dispatch import DISPATCH_GROUPS, default_layout, dispatch_groups, group_sizes, moe_shape
@@ -376,6 +377,11 @@ def estimate_in(ctx: BuildContext, *, dtype: str = "bf16", flash_attention: bool
 
     params = [stage_params_per_rank(model, plan, s) for s in range(p)]
     psi = max(params)
+    # the reductions' bytes per 16-bit gradient byte, the routed experts' in their own dtype where it differs
+    # (sim.inputs.frameworks: reduce dtype by parallelizer), weighted by the largest stage's split
+    dense_x, expert_x = stage_param_split(model, plan, params.index(psi))
+    reduce_scale = (dense_x * grad_reduce_scale(plan, model.moe) + expert_x * grad_reduce_scale(plan, model.moe, True)) \
+        / max(dense_x + expert_x, 1.0)
     dp, z, dp_link = plan.dp_cp, plan.zero_stage, links["dp"]
     # A dp group spanning nodes runs one ring per member on a node (NCCL channels), each
     # through its own NIC (sim.inputs.topology.default_channels).
@@ -390,7 +396,7 @@ def estimate_in(ctx: BuildContext, *, dtype: str = "bf16", flash_attention: bool
         "pipeline_bubble": pipeline_bubble_time(plan.pipeline, p, v, t_f, t_b, t_w) * schedule_calls(plan),
         "pp_comm": pp_comm,
         "dp_comm": grad_sync_time(z, model_state_bytes(psi).grads_bytes, dp, m, dp_link, profile, channels=ch,
-                                  reduce_scale=grad_reduce_scale(plan)),
+                                  reduce_scale=reduce_scale),
         "optimizer": optimizer_step_time(optimizer_shard_params(psi, dp, z), profile),
     }
     time["step"] = sum(time.values())

@@ -163,8 +163,15 @@ def _microbatch(name: str) -> int | None:
     return int(digits) if digits else None
 
 
+def _by_when(copies: tuple[Copy, ...]) -> dict[str, list[Copy]]:
+    out: dict[str, list[Copy]] = {}
+    for c in copies:
+        out.setdefault(c.when, []).append(c)
+    return out
+
+
 def add_fsdp_copies(prog: Program, copies: tuple[Copy, ...], reduce_bytes: float, rate_Bps: float,
-                    launch_s: float) -> Program:
+                    launch_s: float, experts: tuple[str, tuple[Copy, ...], float] | None = None) -> Program:
     """FSDP's copies (``fsdp_copies``) around each ZeRO-3 parameter all-gather (category
     ``zero`` on stream ``zero``, ``sim.program.zero.add_param_gathers``: 2 bytes an element)
     and each gradient reduce-scatter (category ``dp``, ``sim.program.passes.add_grad_sync``:
@@ -172,13 +179,15 @@ def add_fsdp_copies(prog: Program, copies: tuple[Copy, ...], reduce_bytes: float
     waits for them; a gather's compute copy (its copy-out) runs on the stream of the first
     action that waits for the gather, just before it; a reduce-scatter's copies run after
     the backward it waits for (compute) and on its stream (reduce), and the reduce-scatter
-    waits for them; the after-reduce and accumulate copies follow it on its stream. Category
-    ``fsdp``; names ``fsdp <what> for <collective>``."""
+    waits for them; the after-reduce and accumulate copies follow it on its stream. With
+    ``experts`` (a name prefix, copies, bytes an element) the reduce-scatters whose names start
+    with that prefix take those copies and bytes instead (the routed experts reduced in another
+    dtype). Category ``fsdp``; names ``fsdp <what> for <collective>``."""
     if not copies:
         return prog
-    by_when: dict[str, list[Copy]] = {}
-    for c in copies:
-        by_when.setdefault(c.when, []).append(c)
+    by_when = _by_when(copies)
+    prefix, e_when, e_bytes = (experts[0], _by_when(experts[1]), experts[2]) if experts else ("", by_when,
+                                                                                              reduce_bytes)
 
     def act(c: Copy, target: Action, unsharded: float, stream: str, deps: tuple) -> Action:
         return Action.new(f"fsdp {c.what} for {target.name}", duration_s=copy_time(c, unsharded, len(target.group),
@@ -207,10 +216,11 @@ def add_fsdp_copies(prog: Program, copies: tuple[Copy, ...], reduce_bytes: float
                     copy_outs[a.name] = (a, u, outs)
                 continue
             if a.kind == "collective" and a.op == "reducescatter" and a.category == "dp":
-                u = a.nbytes / reduce_bytes
+                when, nb = (e_when, e_bytes) if prefix and a.name.startswith(prefix) else (by_when, reduce_bytes)
+                u = a.nbytes / nb
                 anchor = a.deps[0] if a.deps else None
                 deps, pre = a.deps, []
-                for c in by_when.get("reduce", ()):
+                for c in when.get("reduce", ()):
                     stream = stream_of.get(anchor, "compute") if c.stream == "compute" else a.stream
                     pre.append(act(c, a, u, stream, deps))
                     deps = (pre[-1].name,)
@@ -218,7 +228,7 @@ def add_fsdp_copies(prog: Program, copies: tuple[Copy, ...], reduce_bytes: float
                 new.append(a.evolve(deps=a.deps + tuple(p.name for p in pre[-1:])) if pre else a)
                 prev = a.name
                 mb = _microbatch(a.name)
-                for c in by_when.get("after_reduce", []) + (by_when.get("accumulate", []) if mb else []):
+                for c in when.get("after_reduce", []) + (when.get("accumulate", []) if mb else []):
                     new.append(act(c, a, u, a.stream, (prev,)))
                     prev = new[-1].name
                 continue

@@ -167,6 +167,11 @@ def _mtp_dense_bytes(ctx: BuildContext) -> dict[int, float]:
                                               + (copy if k == 0 else 0.0)) for k in range(model.mtp_num_layers)}
 
 
+EXPERT_GRAD_LABEL = "expert grad bucket"
+"""The name of the routed experts' gradient reductions (``grad_sync``), by which FSDP's
+copies tell them from the dense ones (``sim.program.fsdp.add_fsdp_copies``)."""
+
+
 def _expert_bytes(split: dict[int, list[float]]) -> Callable[[int, int], float]:
     return lambda rank, lid: split[lid][1] if lid in split else 0.0
 
@@ -305,16 +310,16 @@ def grad_sync(ctx: BuildContext, draft: Draft) -> Draft:
     """Gradient buckets over the data-parallel group (all-reduced; reduce-scattered under
     ZeRO, every micro-batch under ZeRO-2/3), then the experts' over the ranks that hold the
     same experts."""
-    plan = ctx.plan
-    scale = grad_reduce_scale(plan)
+    plan, moe = ctx.plan, ctx.model.moe
+    scale = grad_reduce_scale(plan, moe)
     sync = _sync_options(plan, scale * sync_bucket_bytes(plan))
     dense = _grad_bytes(ctx)
     prog = passes.add_grad_sync(draft.program, lambda r, lid: scale * dense(r, lid), plan.dp_group, sync)
     split = _expert_split(ctx)
     if split:
-        experts = _expert_bytes(split)
-        prog = passes.add_grad_sync(prog, lambda r, lid: scale * experts(r, lid), ctx.folding.edp_group,
-                                    replace(sync, label="expert grad bucket"))
+        experts, e_scale = _expert_bytes(split), grad_reduce_scale(plan, moe, experts=True)
+        prog = passes.add_grad_sync(prog, lambda r, lid: e_scale * experts(r, lid), ctx.folding.edp_group,
+                                    replace(sync, label=EXPERT_GRAD_LABEL))
     return draft.with_program(prog)
 
 
@@ -344,17 +349,21 @@ def zero3_gather(ctx: BuildContext, draft: Draft) -> Draft:
         experts = _expert_bytes(split)
         prog = zero.add_param_gathers(prog, lambda r, lid: expert_share * experts(r, lid), ctx.folding.edp_group,
                                       depth, label="gather experts of layer", **how)
-    # PyTorch FSDP's own copies around each gather and reduce-scatter (sim.program.fsdp), once both are placed
-    copies = fsdp_copies(fsdp_of(plan), grad_reduce_fp32_in_effect(plan))
-    prog = add_fsdp_copies(prog, copies, GRAD_REDUCE_BYTES[grad_reduce_fp32_in_effect(plan)],
-                           ctx.profile.memory_rate(), ctx.profile.kernel_launch_s)
+    # PyTorch FSDP's own copies around each gather and reduce-scatter (sim.program.fsdp), once both are placed;
+    # the experts' reduce-scatters in their own dtype (sim.inputs.frameworks: reduce dtype by parallelizer)
+    fp32 = grad_reduce_fp32_in_effect(plan, model.moe)
+    e_fp32 = grad_reduce_fp32_in_effect(plan, model.moe, experts=True)
+    prog = add_fsdp_copies(prog, fsdp_copies(fsdp_of(plan), fp32), GRAD_REDUCE_BYTES[fp32],
+                           ctx.profile.memory_rate(), ctx.profile.kernel_launch_s,
+                           experts=(EXPERT_GRAD_LABEL, fsdp_copies(fsdp_of(plan), e_fp32), GRAD_REDUCE_BYTES[e_fp32]))
     if defer_grad_sync_in_effect(plan):  # the unsharded gradients accumulated across micro-batches (sim.program.fsdp)
-        first, later = deferred_accumulations(grad_reduce_fp32_in_effect(plan))
+        first, later = deferred_accumulations(fp32)
         window = pp_sync_window(plan)
         prog = add_deferred_accumulations(prog, first, later, lambda r, lid: grad_bytes(r, lid) / GRAD_BYTES,
                                           plan.dp_group, ctx.profile.memory_rate(), ctx.profile.kernel_launch_s,
                                           window=window)
         if split:
+            first, later = deferred_accumulations(e_fp32)
             prog = add_deferred_accumulations(prog, first, later, lambda r, lid: experts(r, lid) / GRAD_BYTES,
                                               ctx.folding.edp_group, ctx.profile.memory_rate(),
                                               ctx.profile.kernel_launch_s, label="experts of layer", window=window)

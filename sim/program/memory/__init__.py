@@ -45,6 +45,7 @@ from sim.program.memory.states import (
     offload_copy_bytes,
     optimizer_shard_params,
     param_allgather_bytes,
+    stage_param_split,
     stage_params_per_rank,
     sync_bucket_bytes,
     zero3_depth,
@@ -60,6 +61,6 @@ __all__ = [
     "grad_bucket_bytes", "head_activation_bytes", "inflight_chunks", "inflight_per_chunk", "layer_param_bytes",
     "layer_params_per_rank", "model_state_bytes", "offload_copy_bytes", "optimizer_shard_params",
     "param_allgather_bytes", "recompute_working_bytes", "stage_activation_bytes", "stage_memory_bytes",
-    "stage_params_per_rank", "stage_resident_bytes", "sync_bucket_bytes", "zero3_depth",
+    "stage_param_split", "stage_params_per_rank", "stage_resident_bytes", "sync_bucket_bytes", "zero3_depth",
     "zero3_gathered_param_bytes", "zero_temporary_bytes",
 ]

@@ -71,8 +71,10 @@ def zero_temporary_bytes(model: ModelSpec, plan: ParallelPlan, stage_params: flo
     zero, dp = plan.sections.zero.zero, plan.dp_cp  # (sim.inputs.strategies.ZeroStage)
     temp = 0.0
     if zero.shards_optimizer and dp > 1:
-        if defer_grad_sync_in_effect(plan) and plan.num_microbatches > 1:
-            temp += stage_params * (4 if grad_reduce_fp32_in_effect(plan) else 2)
+        if defer_grad_sync_in_effect(plan) and plan.num_microbatches > 1:  # experts in their own dtype
+            experts = stage_split[1] if stage_split is not None else 0.0
+            temp += sum(n * (4 if grad_reduce_fp32_in_effect(plan, model.moe, part) else 2)
+                        for n, part in ((stage_params - experts, False), (experts, True)))
         else:
             temp += grad_bucket_bytes(min(stage_params, float(DEEPSPEED_REDUCE_BUCKET_ELEMS)))
     if zero.shards_params and dp > 1:
