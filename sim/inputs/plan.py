@@ -419,8 +419,9 @@ class ParallelPlan:
         name="accumulate_allreduce_grads_in_fp32", kind="bool",
         help="reduce the data-parallel gradients in fp32, 4 bytes a parameter (Megatron-LM's default for bf16, its "
              "gradient buffer being the fp32 main gradients; default: the framework's, off but for the FSDP of "
-             "llm-foundry and torchtitan under --zero 3 (reduce_dtype float32): 16-bit, as PyTorch DDP and NeMo's "
-             "distributed optimizer with grad_sync_dtype bf16 reduce them)")
+             "llm-foundry and torchtitan under --zero 3 (reduce_dtype float32) and of automodel's MoE models but their "
+             "routed experts: 16-bit, as PyTorch DDP and NeMo's distributed optimizer with grad_sync_dtype bf16 "
+             "reduce them; given, it sets every gradient's)")
     """``GRAD_REDUCE_BYTES``: bytes per parameter the gradient all-reduce or reduce-scatter moves;
     None: the framework's (``sim.inputs.frameworks.grad_reduce_fp32_in_effect``)."""
     bucket_size_bytes: int = setting(

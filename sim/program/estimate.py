@@ -379,9 +379,10 @@ def estimate_in(ctx: BuildContext, *, dtype: str = "bf16", flash_attention: bool
     psi = max(params)
     # the reductions' bytes per 16-bit gradient byte, the routed experts' in their own dtype where it differs
     # (sim.inputs.frameworks: reduce dtype by parallelizer), weighted by the largest stage's split
-    dense_x, expert_x = stage_param_split(model, plan, params.index(psi))
-    reduce_scale = (dense_x * grad_reduce_scale(plan, model.moe) + expert_x * grad_reduce_scale(plan, model.moe, True)) \
-        / max(dense_x + expert_x, 1.0)
+    reduce_scale, expert_scale = grad_reduce_scale(plan, model.moe), grad_reduce_scale(plan, model.moe, True)
+    if expert_scale != reduce_scale:
+        dense_x, expert_x = stage_param_split(model, plan, params.index(psi))
+        reduce_scale = (dense_x * reduce_scale + expert_x * expert_scale) / max(dense_x + expert_x, 1.0)
     dp, z, dp_link = plan.dp_cp, plan.zero_stage, links["dp"]
     # A dp group spanning nodes runs one ring per member on a node (NCCL channels), each
     # through its own NIC (sim.inputs.topology.default_channels).
