@@ -40,7 +40,8 @@ def test_the_window_is_one_schedule_call():
     assert pp_sync_window(_plan()) == 4  # one call: all 4 micro-batches
     assert pp_sync_window(_plan(pp_call_microbatches=2)) == 2
     assert pp_sync_window(_plan(pp=1, dp=4)) is None  # no pipeline: FSDP's own hooks
-    assert pp_sync_window(_plan(framework="torchtitan")) is None  # not deferred there (every micro-batch)
+    # torchtitan's FSDP2 is torch pipelining's too (backward_maybe_with_nosync), whatever the framework defers
+    assert pp_sync_window(_plan(framework="torchtitan")) == 4
     assert pp_sync_window(_plan(framework="megatron")) is None
 
 
@@ -91,10 +92,10 @@ def test_ga1_pipelined_plan_unchanged_by_its_own_window():
     assert [(x.name, x.nbytes, x.deps, x.mem) for x in a] == [(x.name, x.nbytes, x.deps, x.mem) for x in b]
 
 
-@pytest.mark.parametrize("kw", [dict(framework="megatron"), dict(framework="torchtitan"),
-                                dict(pp=1, dp=4)])
+@pytest.mark.parametrize("kw", [dict(framework="megatron"), dict(pp=1, dp=4), dict(pp=1, dp=4, framework="torchtitan")])
 def test_other_plans_gather_per_use(kw):
-    # Megatron, torchtitan (no deferral) and no pipeline: a gather per forward and per backward use
+    # Megatron and no pipeline (torchtitan's FSDP2 then reshards after forward): a gather per forward and
+    # per backward use
     plan = _plan(**kw)
     assert len(_of_layer1(_acts(plan), "allgather")) == 2 * plan.num_microbatches  # (4 pipelined, 2 with dp 4)
 
@@ -104,7 +105,7 @@ def test_the_estimate_holds_the_stage_gathered_under_pipelining():
     from sim.program.memory.rank import zero3_layer_gather_params
     from sim.program.memory.states import zero3_gathered_param_bytes
 
-    on, off = _plan(), _plan(framework="torchtitan")  # torchtitan: not deferred, no window
+    on, off = _plan(), _plan(framework="megatron")  # Megatron-Core's ZeRO-3: not deferred, no window
     params = stage_params_per_rank(TINY4, on, 0)  # stage 0: 2 layers and the embedding
     mem_on, mem_off = stage_memory_bytes(TINY4, on, 0), stage_memory_bytes(TINY4, off, 0)
     held_off = zero3_gathered_param_bytes(zero3_layer_gather_params(TINY4, off))
@@ -133,3 +134,25 @@ def test_the_estimate_counts_a_fill_and_drain_per_call():
     one, two = estimate(TINY4, _plan(), H100).time, estimate(TINY4, _plan(pp_call_microbatches=2), H100).time
     assert two["pipeline_bubble"] == pytest.approx(2 * one["pipeline_bubble"]) and one["pipeline_bubble"] > 0
     assert two["compute"] == one["compute"]
+
+
+def test_torchtitan_under_pipelining_keeps_its_layers_gathered_through_the_call():
+    # torchtitan's reshard_after_forward_policy "default" (not pp_enabled) and torch's pipeline stage: per
+    # call one gather per layer at its first forward, one fp32 reduce-scatter after the stage's last backward
+    acts = _acts(_plan(framework="torchtitan", pp_call_microbatches=2))
+    gathers, scatters = _of_layer1(acts, "allgather"), _of_layer1(acts, "reducescatter")
+    assert [g.name.rpartition(" for ")[2] for g in gathers] == ["0F0", "0F2"]
+    assert [a.nbytes for a in gathers] == [2 * LAYER] * 2
+    assert [a.nbytes for a in scatters] == [4 * LAYER] * 2  # torchtitan reduces in fp32
+    assert [s.deps[0].split(".")[0] for s in scatters] == ["0B1", "0B3"]
+    # resharding after forward given: every forward gathers again, backward once per call
+    steps = [g.name.rpartition(" for ")[2] for g in _of_layer1(
+        _acts(_plan(framework="torchtitan", pp_call_microbatches=2, reshard_after_forward=True)), "allgather")]
+    assert sorted(s for s in steps if "F" in s) == ["0F0", "0F1", "0F2", "0F3"]
+    assert sorted(s for s in steps if "B" in s) == ["0B0", "0B2"]
+
+
+def test_fsdp2_grad_sync_under_pipelining_cannot_be_turned_off():
+    with pytest.raises(InputError, match="defer_fsdp_grad_sync.*pipelining"):
+        _plan(defer_fsdp_grad_sync=False)
+    assert pp_sync_window(_plan(pp=1, dp=4, defer_fsdp_grad_sync=False)) is None  # without a pipeline: allowed

@@ -284,13 +284,28 @@ def grad_reduce_fp32_in_effect(plan, moe: bool = False, experts: bool = False) -
 
 def defer_grad_sync_in_effect(plan) -> bool:
     """Whether ZeRO-3's gradients are reduce-scattered once per step, after the last
-    micro-batch (module doc, "Deferred gradient sync"): as given (``defer_fsdp_grad_sync``),
-    else as the framework's FSDP does; never without a PyTorch FSDP running ZeRO-3."""
+    micro-batch (module doc, "Deferred gradient sync"): always under FSDP2 with pipelining
+    (torch pipelining's ``backward_maybe_with_nosync``, whatever the framework says), else as
+    given (``defer_fsdp_grad_sync``), else as the framework's FSDP does; never without a
+    PyTorch FSDP running ZeRO-3."""
     if not fsdp_of(plan):
         return False
+    if fsdp_of(plan) == "fsdp2" and plan.pp > 1:
+        return True
     if plan.defer_fsdp_grad_sync is not None:
         return plan.defer_fsdp_grad_sync
     return framework_of(plan).defer_grad_sync
+
+
+def reshard_after_forward_in_effect(plan) -> bool:
+    """Whether ZeRO-3 frees a layer's gathered parameters after its forward (module doc): as
+    given (``reshard_after_forward``), else not for torchtitan under pipelining (its
+    ``reshard_after_forward_policy`` "default": ``reshard_after_forward = not pp_enabled``,
+    torchtitan/models/llama3/infra/parallelize.py ``apply_fsdp``), else yes (FSDP's default,
+    FSDP1's FULL_SHARD)."""
+    if plan.reshard_after_forward is not None:
+        return plan.reshard_after_forward
+    return not (framework_name(plan) == "torchtitan" and plan.pp > 1)
 
 
 def pp_sync_window(plan) -> int | None:
@@ -303,9 +318,10 @@ def pp_sync_window(plan) -> int | None:
     accumulation step with ``local_batch_size / micro_batch_size`` micro-batches
     (recipes/llm/train_ft.py ``_forward_backward_step``: ``self.pp.info.schedule.step``;
     components/distributed/pipelining/functional.py: ``n_microbatches = local_batch_size //
-    microbatch_size``; at 89e3a9fdd604). None where it does not apply: no FSDP2, no
-    pipeline, or FSDP's gradient sync not deferred."""
-    if fsdp_of(plan) != "fsdp2" or plan.pp < 2 or not defer_grad_sync_in_effect(plan):
+    microbatch_size``; at 89e3a9fdd604), and torchtitan too (train.py ``forward_backward_step``,
+    one ``pp_schedule.step`` per gradient-accumulation step). None where it does not apply: no FSDP2 or no
+    pipeline."""
+    if fsdp_of(plan) != "fsdp2" or plan.pp < 2:
         return None
     return plan.pp_call_microbatches or plan.num_microbatches
 

@@ -332,17 +332,21 @@ class ParallelPlan:
              "(once the layer after it has its gradients: each layer's backward waits for its gather; Composer's "
              "default); default: the framework's")
     """``sim.inputs.frameworks``; None: the framework's."""
-    reshard_after_forward: bool = setting(
-        True, kind="bool",
+    reshard_after_forward: bool | None = setting(
+        kind="bool",
         help="ZeRO-3 / FSDP: free each layer's gathered parameters after its forward and gather them again for "
-             "backward (FSDP2's reshard_after_forward, FSDP1's FULL_SHARD; default on); "
-             "--no-reshard-after-forward keeps them until the layer's backward is done (FSDP1's SHARD_GRAD_OP)")
-    """``sim.program.zero.add_param_gathers``."""
+             "backward (FSDP2's reshard_after_forward, FSDP1's FULL_SHARD); "
+             "--no-reshard-after-forward keeps them until the layer's backward is done (FSDP1's SHARD_GRAD_OP); "
+             "default: the framework's, off for torchtitan under pipelining (its reshard_after_forward_policy "
+             "'default': not pp_enabled), on otherwise")
+    """``sim.program.zero.add_param_gathers``; None: the framework's
+    (``sim.inputs.frameworks.reshard_after_forward_in_effect``)."""
     defer_fsdp_grad_sync: bool | None = setting(
         kind="bool",
         help="ZeRO-3 / FSDP with gradient accumulation: reduce-scatter each layer's gradients once per step, after "
              "the last micro-batch's backward, keeping the unsharded gradients until then (NeMo AutoModel's "
-             "defer_fsdp_grad_sync); default: the framework's, on for automodel, off otherwise (every micro-batch)")
+             "defer_fsdp_grad_sync); default: the framework's, on for automodel, off otherwise (every micro-batch); "
+             "always on under pipelining, where torch's pipeline stage defers it (backward_maybe_with_nosync)")
     """``sim.inputs.frameworks.defer_grad_sync_in_effect``; None: the framework's."""
     pp_call_microbatches: int | None = setting(
         type=Number(int, minimum=1), metavar="M",
@@ -459,17 +463,16 @@ class ParallelPlan:
         """The plan's fields as JSON-ready values; the settings that only set other fields
         (``layers_per_virtual_stage`` sets vpp, ``zero3_prefetch_bucket_size`` the depth), the
         pipeline layout, the schedule file and the framework settings are left out when not given
-        (``reshard_after_forward`` when on, its default; ``grad_reduce_fp32`` and
-        ``defer_fsdp_grad_sync`` when the framework's; ``pp_call_microbatches`` when not given)."""
+        (``reshard_after_forward``, ``grad_reduce_fp32`` and ``defer_fsdp_grad_sync`` when the
+        framework's; ``pp_call_microbatches`` when not given)."""
         out = dataclasses.asdict(self)
         for name in ("layers_per_virtual_stage", "schedule_file", "zero3_prefetch_bucket_size", "pipeline_layout",
                      "recompute_modules", "recompute_method", "recompute_num_layers", "framework", "attention_kernel",
                      "backward_prefetch", "fp4_format",
-                     "tp_comm_overlap_cfg", "grad_reduce_fp32", "defer_fsdp_grad_sync", "pp_call_microbatches"):
+                     "tp_comm_overlap_cfg", "grad_reduce_fp32", "defer_fsdp_grad_sync", "pp_call_microbatches",
+                     "reshard_after_forward"):
             if out[name] is None:
                 del out[name]
-        if out["reshard_after_forward"]:
-            del out["reshard_after_forward"]
         return out
 
     @cached_property

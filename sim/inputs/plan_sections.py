@@ -123,7 +123,7 @@ class ZeroPlan(_Section):
     zero3_prefetch_depth: int
     zero3_prefetch_bucket_size: float | None
     zero3_max_live_parameters: float | None
-    reshard_after_forward: bool
+    reshard_after_forward: bool | None
     defer_fsdp_grad_sync: bool | None
     pp_call_microbatches: int | None
     zero3_param_persistence_threshold: float | None

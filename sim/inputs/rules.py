@@ -317,7 +317,7 @@ def check_framework_plan(plan) -> None:
             plan.attention_kernel, "a fused kernel needs attention flash (unfused attention runs GEMMs and a "
             "softmax, no attention kernel)", setting="attention_kernel")
     for field, value, default in (("backward_prefetch", plan.backward_prefetch, None),
-                                  ("reshard_after_forward", plan.reshard_after_forward, True),
+                                  ("reshard_after_forward", plan.reshard_after_forward, None),
                                   ("defer_fsdp_grad_sync", plan.defer_fsdp_grad_sync, None)):
         require(value == default or plan.zero.shards_params, f"plan: {field}", value,
                 f"needs zero 3 (got {plan.zero_stage}): it says how FSDP / ZeRO-3 gathers the parameters or reduces "
@@ -325,6 +325,10 @@ def check_framework_plan(plan) -> None:
     require(plan.defer_fsdp_grad_sync is None or framework_of(plan).fsdp == "fsdp2", "plan: defer_fsdp_grad_sync",
             plan.defer_fsdp_grad_sync, "FSDP2's set_requires_gradient_sync: needs a framework whose ZeRO-3 is "
             f"PyTorch FSDP2 (automodel, torchtitan; got {plan.framework or DEFAULT_FRAMEWORK})",
+            setting="defer_fsdp_grad_sync")
+    require(plan.defer_fsdp_grad_sync is not False or plan.pp < 2, "plan: defer_fsdp_grad_sync", False,
+            f"under pipelining (pp {plan.pp}) torch's pipeline stage defers FSDP2's gradient sync to the stage's "
+            "last backward of each schedule call (backward_maybe_with_nosync): leave it unset or on",
             setting="defer_fsdp_grad_sync")
     if plan.pp_call_microbatches is not None:
         require(plan.zero.shards_params and framework_of(plan).fsdp == "fsdp2" and plan.pp > 1,
@@ -348,7 +352,8 @@ def check_deepspeed_plan(plan) -> None:
     for field, setting, value, ok, why in (
             ("backward_prefetch", "backward_prefetch", plan.backward_prefetch, plan.backward_prefetch is None,
              "FSDP1's; DeepSpeed prefetches along its trace (zero3_prefetch_bucket_size)"),
-            ("reshard_after_forward", "reshard_after_forward", plan.reshard_after_forward, plan.reshard_after_forward,
+            ("reshard_after_forward", "reshard_after_forward", plan.reshard_after_forward,
+             plan.reshard_after_forward is not False,
              "FSDP's; DeepSpeed keeps what is reused within zero3_max_reuse_distance"),
             ("zero3_prefetch_depth", "zero3_prefetch_depth", plan.zero3_prefetch_depth, plan.zero3_prefetch_depth == 1,
              "DeepSpeed prefetches by elements, not layers: give zero3_prefetch_bucket_size"),

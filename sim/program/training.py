@@ -58,7 +58,8 @@ from typing import Callable
 from sim.errors import InputError
 from sim.inputs.experts import Folding
 from sim.inputs.frameworks import (backward_prefetch_in_effect, bucket_buffers, deepspeed_kept_layers,
-                                   defer_grad_sync_in_effect, fsdp_of, grad_reduce_fp32_in_effect, is_deepspeed, overlap_comm_in_effect, persistent_params,
+                                   defer_grad_sync_in_effect, fsdp_of, grad_reduce_fp32_in_effect,
+                                   reshard_after_forward_in_effect, is_deepspeed, overlap_comm_in_effect, persistent_params,
                                    pp_sync_window)
 from sim.inputs.hardware import HardwareProfile
 from sim.inputs.model import ModelSpec, layer_param_split, mtp_param_split
@@ -337,7 +338,7 @@ def zero3_gather(ctx: BuildContext, draft: Draft) -> Draft:
         return draft
     model, depth = ctx.model, zero3_depth(ctx.model, plan)
     how = dict(backward_depth=0 if backward_prefetch_in_effect(plan) == "backward_post" else None,
-               reshard_after_forward=plan.reshard_after_forward, window=pp_sync_window(plan))
+               reshard_after_forward=reshard_after_forward_in_effect(plan), window=pp_sync_window(plan))
     grad_bytes, (fp8_saved, expert_share) = _grad_bytes(ctx), _fp8_gather_savings(ctx)
     persistent = _persistent_bytes(ctx)
     if is_deepspeed(plan):  # sim.inputs.frameworks: what DeepSpeed keeps for the backward right after
