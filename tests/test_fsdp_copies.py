@@ -7,7 +7,7 @@ import pytest
 from sim.inputs.hardware import load_profile
 from sim.inputs.model import gpt
 from sim.inputs.plan import ParallelPlan
-from sim.program.fsdp import COPY_IN_STREAM, copy_time, fsdp_copies
+from sim.program.fsdp import COPY_IN_STREAM, REDUCE_STREAM, copy_time, fsdp_copies
 from sim.program.training import build_program
 
 H100 = load_profile("h100-sxm")
@@ -71,18 +71,19 @@ def test_fsdp1_copies_sit_on_their_streams_around_each_gather_and_reduce_scatter
         cast = by[g.deps[-1]]
         assert cast.stream == COPY_IN_STREAM and cast.nbytes == 6 * LAYER / 2
         assert cast.duration_s == pytest.approx(6 * LAYER / 2 / rate + H100.kernel_launch_s, rel=1e-12)
-    # each reduce-scatter moves fp32 gradients (Composer's DEFAULT) and waits for the cast on its own
-    # stream, which waits for the views' gradient cat on the compute stream
+    # each reduce-scatter moves fp32 gradients (Composer's DEFAULT) and waits for the cast on the
+    # post-backward stream it is issued from, which waits for the views' gradient cat on the compute
+    # stream; the reduce-scatter runs on the data-parallel group's NCCL stream (sim.program.process_group_streams)
     layer_rs = [s for s in scatters if "(layers 1..1)" in s.name]
     assert len(layer_rs) == 2 and all(s.nbytes == 4 * LAYER for s in layer_rs)
     for s in layer_rs:
         cast = by[s.deps[-1]]
         cat = by[cast.deps[0]]
-        assert (cast.stream, cast.nbytes) == (s.stream, 6 * LAYER)
+        assert (cast.stream, s.stream, cast.nbytes) == (REDUCE_STREAM, "dp", 6 * LAYER)
         assert cat.stream == "compute" and cat.nbytes == 4 * LAYER and cat.deps == s.deps[:1]
     # the shard accumulation follows the second micro-batch's reduce-scatters only
     acc = [a for a in copies if a.name.startswith("fsdp _accumulate_sharded_grad")]
-    assert acc and all(" of 0B1" in a.name for a in acc) and all(a.stream == "dp" for a in acc)
+    assert acc and all(" of 0B1" in a.name for a in acc) and all(a.stream == REDUCE_STREAM for a in acc)
     assert len(acc) == len([s for s in scatters if " of 0B1" in s.name])
 
 

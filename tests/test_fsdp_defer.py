@@ -72,7 +72,12 @@ def test_two_micro_batches_by_hand():
     (add1,) = [a for a in adds if " layer 1 of " in a.name]
     assert add1.name.endswith(" of 0B1") and add1.stream == "compute" and add1.nbytes == 6 * LAYER
     assert add1.duration_s == pytest.approx(6 * LAYER / H100.memory_rate() + H100.kernel_launch_s, rel=1e-12)
-    assert index[add1.deps[0]] < index[add1.name] < index[rs.name]
+    # on the compute stream after the backward, before the reduce-scatter's copy-in that the
+    # reduce-scatter waits for (the reduce-scatter itself sits right after its anchor, on the
+    # group's stream: sim.program.process_group_streams)
+    (cat1,) = [a for a in copy_in if a.name.endswith(f" for {rs.name}")]
+    assert index[add1.deps[0]] < index[add1.name] < index[cat1.name] and cat1.name in rs.deps
+    assert add1.stream == cat1.stream == "compute"
     assert not [a for a in every if a.name.startswith("fsdp AccumulateGrad")]
     # the layer's unsharded gradients (2 bytes an element) are held from its first backward (0B0) to the
     # reduce-scatter's end

@@ -45,7 +45,8 @@ def _added(before, after, rank):
 
 def test_the_pipeline_is_these_passes_in_this_order():
     assert PASSES == ("limits", "schedule", "stages", "layers", "ep_overlap", "fp8_amax", "p2p", "grad_sync",
-                      "zero3_gather", "optimizer", "offload", "param_gather", "memory", "activation_offload", "expand")
+                      "zero3_gather", "process_group_streams", "optimizer", "offload", "param_gather", "memory",
+                      "activation_offload", "expand")
     with pytest.raises(InputError, match=r"^pass: got 'zero'; allowed: limits, schedule"):
         run_passes(_ctx(), stop="zero")
 

@@ -24,8 +24,9 @@ FSDP1 (``FullyShardedDataParallel``, one flat parameter per wrapped block):
   concatenates every view's gradient into one unsharded flat gradient (read 2U, write 2U),
   on the compute stream, before the flat parameter's post-backward hook runs.
 - ``_post_backward_hook``: on the post-backward stream, ``flat_param.grad.to(reduce_dtype)``
-  when that is fp32 (read 2U, write 4U); ``_reduce_grad`` then reduce-scatters on the same
-  stream (the simulator's ``dp`` stream). ``_get_reduce_scatter_tensors`` pads with
+  when that is fp32 (read 2U, write 4U); ``_reduce_grad`` then issues the reduce-scatter
+  from the same stream (the simulator's ``REDUCE_STREAM``; the collective runs on the
+  process group's NCCL stream, ``sim.program.process_group_streams``). ``_get_reduce_scatter_tensors`` pads with
   ``F.pad`` (a copy) only when U is not a multiple of n, which ``use_orig_params``
   (``_init_flat_param_and_metadata``: "Pad to be divisible by world size to avoid a copy for
   the post-backward reduce-scatter") and the rows' layer sizes rule out: not modelled.
@@ -50,9 +51,9 @@ FSDP2 (``fully_shard``, one DTensor per parameter):
 - ``foreach_reduce``: ``foreach_reduce_scatter_copy_in`` (``torch._chunk_cat``) of the
   bf16 gradients into the reduce-scatter's input in ``reduce_dtype`` (read 2U, write 2U or
   4U) on the current (compute) stream, which the reduce-scatter stream then waits for;
-  after the reduce-scatter, on its stream, ``_to_dtype_if_needed`` casts a bf16 result to
-  the fp32 parameters' dtype (read 2S, write 4S; none when reduced in fp32), and from the
-  second micro-batch on ``sharded_param.grad._local_tensor += new_sharded_grad`` (fp32:
+  after the reduce-scatter, on the stream it is issued from (``reduce_scatter_stream``),
+  ``_to_dtype_if_needed`` casts a bf16 result to the fp32 parameters' dtype (read 2S, write
+  4S; none when reduced in fp32), and from the second micro-batch on ``sharded_param.grad._local_tensor += new_sharded_grad`` (fp32:
   read 8S, write 4S).
 
 Under the deferred gradient sync (NeMo AutoModel's ``defer_fsdp_grad_sync``,
@@ -88,9 +89,15 @@ layer's first kernel); before each reduce-scatter; after it; after it from a ste
 micro-batch on."""
 STREAMS = ("copy_in", "compute", "reduce")
 """Where: FSDP's side stream before the all-gather (FSDP1's pre-unshard stream, FSDP2's
-all-gather copy-in stream), the compute stream, or the reduce-scatter's own stream."""
+all-gather copy-in stream), the compute stream, or the stream FSDP issues the
+reduce-scatter from (``REDUCE_STREAM``)."""
 COPY_IN_STREAM = "fsdp_copy_in"
 """The simulator's name of FSDP's copy-in side stream."""
+REDUCE_STREAM = "fsdp_reduce"
+"""The simulator's name of the stream FSDP issues its reduce-scatters from and runs the copies
+around them on (FSDP1's ``_post_backward_stream``, FSDP2's ``reduce_scatter_stream``): a CUDA
+stream of FSDP's own; the reduce-scatter itself runs on its process group's NCCL stream
+(``sim.program.process_group_streams``), which waits for it."""
 
 
 @dataclass(frozen=True)
@@ -178,11 +185,12 @@ def add_fsdp_copies(prog: Program, copies: tuple[Copy, ...], reduce_bytes: float
     ``reduce_bytes`` an element). Copy-in copies run on ``COPY_IN_STREAM`` and the all-gather
     waits for them; a gather's compute copy (its copy-out) runs on the stream of the first
     action that waits for the gather, just before it; a reduce-scatter's copies run after
-    the backward it waits for (compute) and on its stream (reduce), and the reduce-scatter
-    waits for them; the after-reduce and accumulate copies follow it on its stream. With
-    ``experts`` (a name prefix, copies, bytes an element) the reduce-scatters whose names start
-    with that prefix take those copies and bytes instead (the routed experts reduced in another
-    dtype). Category ``fsdp``; names ``fsdp <what> for <collective>``."""
+    the backward it waits for (compute) and on ``REDUCE_STREAM`` (reduce), and the
+    reduce-scatter waits for them; the after-reduce and accumulate copies follow it on
+    ``REDUCE_STREAM``. With ``experts`` (a name prefix, copies, bytes an element) the
+    reduce-scatters whose names start with that prefix take those copies and bytes instead
+    (the routed experts reduced in another dtype). Category ``fsdp``; names ``fsdp <what>
+    for <collective>``."""
     if not copies:
         return prog
     by_when = _by_when(copies)
@@ -221,7 +229,7 @@ def add_fsdp_copies(prog: Program, copies: tuple[Copy, ...], reduce_bytes: float
                 anchor = a.deps[0] if a.deps else None
                 deps, pre = a.deps, []
                 for c in when.get("reduce", ()):
-                    stream = stream_of.get(anchor, "compute") if c.stream == "compute" else a.stream
+                    stream = stream_of.get(anchor, "compute") if c.stream == "compute" else REDUCE_STREAM
                     pre.append(act(c, a, u, stream, deps))
                     deps = (pre[-1].name,)
                 new.extend(pre)
@@ -229,7 +237,7 @@ def add_fsdp_copies(prog: Program, copies: tuple[Copy, ...], reduce_bytes: float
                 prev = a.name
                 mb = _microbatch(a.name)
                 for c in when.get("after_reduce", []) + (when.get("accumulate", []) if mb else []):
-                    new.append(act(c, a, u, a.stream, (prev,)))
+                    new.append(act(c, a, u, REDUCE_STREAM, (prev,)))
                     prev = new[-1].name
                 continue
             waits = [d for d in a.deps if isinstance(d, str) and d in copy_outs]

@@ -26,6 +26,9 @@ the schedule and the program so far):
                   ``reshard_after_forward`` (an MoE layer's experts over their own
                   data-parallel group); under PyTorch FSDP (llm-foundry's FSDP1, torchtitan's
                   and AutoModel's FSDP2) its copies around them (``sim.program.fsdp``)
+    process_group_streams  every data-parallel collective (gathers, gradient buckets) on
+                  its process group's one NCCL stream, in the order it is issued
+                  (``sim.program.process_group_streams``)
     optimizer     the optimizer step on the GPU
     offload       or, with ``offload_optimizer``, on the host with its copies
     param_gather  ZeRO-1/2's parameter all-gather after the step (or overlapped ahead of
@@ -91,6 +94,7 @@ from sim.program.memory import (
     zero3_depth,
 )
 from sim.program.memory.states import expert_data_parallel, stage_param_split
+from sim.program.process_group_streams import group_streams, put_on_group_streams
 from sim.program.schedule_io import validate
 from sim.program.schedules import Schedule, Step, build_schedule, repeated, to_program
 from sim.program.segments import StepSegments, layer_steps
@@ -371,6 +375,23 @@ def zero3_gather(ctx: BuildContext, draft: Draft) -> Draft:
     return draft.with_program(prog)
 
 
+def process_group_streams(ctx: BuildContext, draft: Draft) -> Draft:
+    """Each rank's data-parallel collectives so far (gradient buckets, ZeRO-3 gathers) on
+    their process group's stream, the dense group's and the experts' apart, each right after
+    the action it is issued after; at one such action FSDP1's BACKWARD_POST all-gathers before
+    the reduce-scatter, the others' reductions first
+    (``sim.program.process_group_streams``). The optimizer's and ``param_gather``'s, added
+    after it, are made on those streams in issue order."""
+    plan = ctx.plan
+    gathers_first = fsdp_of(plan) == "fsdp1" and backward_prefetch_in_effect(plan) == "backward_post"
+    return draft.with_program(put_on_group_streams(draft.program, _group_streams(ctx), gathers_first))
+
+
+def _group_streams(ctx: BuildContext) -> Callable[[int], dict[tuple, str]]:
+    """rank -> {data-parallel group: its stream} (``sim.program.process_group_streams.group_streams``)."""
+    return group_streams(ctx.plan.dp_group, ctx.folding.edp_group if _expert_split(ctx) else None)
+
+
 def optimizer(ctx: BuildContext, draft: Draft) -> Draft:
     """The optimizer step on the GPU, over the rank's shard of its stage's parameters
     (dense over dp·cp, experts over their data-parallel group); not when offloaded."""
@@ -426,7 +447,8 @@ def param_gather(ctx: BuildContext, draft: Draft) -> Draft:
         if split:
             experts = _expert_bytes(split)
             prog = zero.add_param_allgather_ahead(prog, lambda r, lid: expert_share * experts(r, lid),
-                                                  ctx.folding.edp_group, bucket, label="expert param allgather")
+                                                  ctx.folding.edp_group, bucket, label="expert param allgather",
+                                                  stream=_expert_stream(ctx))
         return draft.with_program(prog)
     done = "params to GPU" if plan.offload_optimizer else "optimizer"  # the step's last action
     psi_split, stage = _param_split(ctx), _stage_of(plan)
@@ -443,8 +465,15 @@ def param_gather(ctx: BuildContext, draft: Draft) -> Draft:
     prog = zero.add_param_allgather(prog, lambda r: gathered[stage(r)], plan.dp_group, bucket, done, tensors)
     if split:
         prog = zero.add_param_allgather(prog, lambda r: expert_share * param_allgather_bytes(psi_split[stage(r)][1]),
-                                        ctx.folding.edp_group, bucket, done, tensors, label="expert param allgather")
+                                        ctx.folding.edp_group, bucket, done, tensors, label="expert param allgather",
+                                        stream=_expert_stream(ctx))
     return draft.with_program(prog)
+
+
+def _expert_stream(ctx: BuildContext) -> Callable[[int], str]:
+    """rank -> the stream of its experts' data-parallel process group (``_group_streams``)."""
+    streams = _group_streams(ctx)
+    return lambda r: streams(r)[tuple(ctx.folding.edp_group(r))]
 
 
 def memory(ctx: BuildContext, draft: Draft) -> Draft:
@@ -521,7 +550,8 @@ def _param_split(ctx: BuildContext) -> list[tuple[float, float]]:
 PIPELINE: tuple[tuple[str, Callable[[BuildContext, Draft], Draft]], ...] = (
     ("limits", limits), ("schedule", schedule), ("stages", stages), ("layers", layers), ("ep_overlap", ep_overlap),
     ("fp8_amax", fp8_amax),
-    ("p2p", p2p), ("grad_sync", grad_sync), ("zero3_gather", zero3_gather), ("optimizer", optimizer),
+    ("p2p", p2p), ("grad_sync", grad_sync), ("zero3_gather", zero3_gather),
+    ("process_group_streams", process_group_streams), ("optimizer", optimizer),
     ("offload", offload), ("param_gather", param_gather), ("memory", memory),
     ("activation_offload", activation_offload), ("expand", expand),
 )

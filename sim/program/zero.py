@@ -233,7 +233,7 @@ def _kept_through_window(uses, window: int, reshard_after_forward: bool) -> dict
 
 def add_param_allgather_ahead(prog: Program, layer_bytes: Callable[[int, int], float],
                               dp_group: Callable[[int], tuple[int, ...]], bucket_bytes: float,
-                              label: str = "param allgather") -> Program:
+                              label: str = "param allgather", stream: Callable[[int], str] | None = None) -> Program:
     """ZeRO-1/2 with the parameter all-gather overlapped (Megatron-LM
     ``--overlap-param-gather``): the previous step's updated parameters are all-gathered
     during this step's forward. Layers (``layer_bytes(rank, layer)``, 0 for none) are packed
@@ -241,8 +241,9 @@ def add_param_allgather_ahead(prog: Program, layer_bytes: Callable[[int, int], f
     Bucket 0 is gathered at the start of the step; bucket k + 1 is dispatched when the
     forward reaches bucket k (Megatron's forward pre-hook waits for a bucket and dispatches
     the next), and a bucket's first use waits for its gather. Stream ``dp``, category
-    ``zero``. In steady state this is the same traffic as ``add_param_allgather``, moved
-    from the end of one step into the next one's forward."""
+    ``zero`` (``stream(rank)`` instead of ``dp`` when given: the stream of the group's process
+    group, ``sim.program.process_group_streams``). In steady state this is the same traffic as
+    ``add_param_allgather``, moved from the end of one step into the next one's forward."""
     out = {}
     for r, acts in prog.actions.items():
         group = dp_group(r)
@@ -250,6 +251,7 @@ def add_param_allgather_ahead(prog: Program, layer_bytes: Callable[[int, int], f
         if len(group) < 2:
             out[r] = lst
             continue
+        on = stream(r) if stream is not None else "dp"
         first: dict[int, int] = {}  # layer -> index of its first forward use
         for _step, layer, start, _end in layer_uses(lst, ("F",)):
             first.setdefault(layer, start)
@@ -269,7 +271,7 @@ def add_param_allgather_ahead(prog: Program, layer_bytes: Callable[[int, int], f
                     j -= 1
                 deps = (lst[j].name,) if j >= 0 else ()
             before.setdefault(at, []).append(Action(name, kind="collective", op="allgather", group=group, nbytes=nb,
-                                                    category="zero", stream="dp", deps=deps))
+                                                    category="zero", stream=on, deps=deps))
             for i in members:
                 waits.setdefault(i, []).append(name)
         new = []
@@ -302,12 +304,14 @@ def add_offloaded_optimizer(prog: Program, shard_bytes: Callable[[int], float], 
 
 def add_param_allgather(prog: Program, param_bytes: Callable[[int], float], dp_group: Callable[[int], tuple[int, ...]],
                         bucket_bytes: float, after: str = "optimizer",
-                        max_buckets: Callable[[int], int] | None = None, label: str = "param allgather") -> Program:
+                        max_buckets: Callable[[int], int] | None = None, label: str = "param allgather",
+                        stream: Callable[[int], str] | None = None) -> Program:
     """ZeRO-1/2: after the optimizer step (action ``after``), all-gather the updated
     16-bit parameters (``param_bytes(rank)`` in all) over the dp group in buckets
     (stream ``dp``, category ``zero``: ZeRO's parameter traffic, reported apart from the
     gradient sync). At most ``max_buckets(rank)`` buckets (a bucket holds whole parameter
-    tensors, so no more buckets than the rank has layers), however small ``bucket_bytes``."""
+    tensors, so no more buckets than the rank has layers), however small ``bucket_bytes``;
+    on ``stream(rank)`` instead of ``dp`` when given (``sim.program.process_group_streams``)."""
     out = {}
     for r, acts in prog.actions.items():
         group = dp_group(r)
@@ -317,9 +321,10 @@ def add_param_allgather(prog: Program, param_bytes: Callable[[int], float], dp_g
             out[r] = lst
             continue
         n = max(1, int(min(total // bucket_bytes, max_buckets(r) if max_buckets else math.inf)))
+        on = stream(r) if stream is not None else "dp"
         for k in range(n):
             nb = total / n
             lst.append(Action(f"{label} {k}", kind="collective", op="allgather", group=group, nbytes=nb,
-                              category="zero", stream="dp", deps=(after,)))
+                              category="zero", stream=on, deps=(after,)))
         out[r] = lst
     return prog.with_actions(out)
