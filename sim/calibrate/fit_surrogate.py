@@ -82,7 +82,17 @@ ROUNDS = 8
 """Most rounds (each simulates every row once) of the fit on every row."""
 SMOOTH = 1e-9
 """A row's model that misses one of the points it was fitted to by more than this (relative)
-is not one smooth piece there (module doc: a kink)."""
+is not one smooth piece there (module doc: a kink, or a curve, ``CURVED``)."""
+HELD_OUT_CHECK = 1e-5
+"""How far (relative) the model of the held-out row it checks may be from that row's simulation
+(``sim.calibrate.fit_runs.fit_and_hold_out``) for the other rows its model covers to keep the
+model's times: a held-out error (a few percent) moves by under 0.001 of a percentage point."""
+CURVED = HELD_OUT_CHECK
+"""A row whose points lie on no straight piece (``SMOOTH``) but on one curved in the model's
+basis (a parabola in each direction's g, within ``SMOOTH``) that departs from its chord by at
+most this fraction of the row's time over the points' span is curved, not kinked (module doc):
+its model keeps that curvature. It is the held-out check's own tolerance: a bend the check
+would let pass between a model and a simulation is no kink worth simulating differences for."""
 KINK_STEP = 1e-3
 """A kinked row's probes at its anchor: this fraction of each parameter's range (the finite
 differences' own step, ``sim.calibrate.fit_runs.DIFF_STEP``)."""
@@ -114,7 +124,9 @@ class Surrogate:
         """Per parameter, whether its basis is 1/(fraction × it) (``COMPUTE_EFFICIENCIES``)."""
         self.fraction = f
         self.kinked: set = set()
-        """Rows whose model missed its points (``SMOOTH``): modelled by differences at the anchor."""
+        """Rows whose points lie on no one smooth piece (``_shape``): modelled by differences at the anchor."""
+        self.curved: set = set()
+        """Rows whose points lie on a curved piece, not a straight one (``_shape``; reported, not used)."""
         self._fitted: dict = {}
         """(row, anchor) -> the seen points (anchor first) its smooth model was fitted to (``covers``)."""
 
@@ -154,20 +166,58 @@ class Surrogate:
     def _points(self, row: int):
         return [(np.array(z), t) for (r, z), t in self.sims.cache.items() if r == row and len(z) == len(self.params)]
 
-    def model(self, row: int, values, pending: list | None = None):
-        """(z0, t0, moved directions, their b) of ``row`` anchored at its simulated point
-        nearest ``values`` (in each parameter's range). With ``pending``, a kinked row's
-        differences not simulated yet are added to it instead (and None returned): ``models``
-        simulates them all at once."""
+    def _anchor(self, row: int, values):
+        """``row``'s simulated points, the index of the one nearest ``values`` (in each
+        parameter's range: the anchor) and the seen directions that move."""
         moved = self.moved(row, values)
         z = np.array(self.sims.seen(row, values))
         pts = self._points(row)
         span = np.array([p.high - p.low for p in self.params])
         k0 = min(range(len(pts)), key=lambda n: (float(np.sum(((pts[n][0] - z) / span) ** 2)), n))
+        return pts, k0, moved
+
+    def _shape(self, pts, k0: int, chosen: list, moved: list):
+        """The slopes b and curvatures c (module doc) that ``pts[chosen]`` give about the anchor
+        ``pts[k0]``: (b, c, "straight") where a straight piece goes through them within
+        ``SMOOTH``; (b, c, "curved") where one with curvature along some directions does and
+        bends off straight by at most ``CURVED`` of the anchor's time over their span (c zero
+        along the directions its points cannot tell a curvature on); else (None, None, "kinked")."""
+        z0, t0 = pts[k0]
+        g0 = self.g(z0)
+        m = len(moved)
+        a = np.array([(self.g(pts[n][0]) - g0)[moved] for n in chosen]).reshape(len(chosen), m)
+        y = np.array([pts[n][1] - t0 for n in chosen])
+        b = np.linalg.lstsq(a, y, rcond=None)[0]
+        if float(np.max(np.abs(a @ b - y), initial=0.0)) <= SMOOTH * abs(t0):
+            return b, np.zeros(m), "straight"
+        cols = []  # a curvature along each direction whose points, beyond the slopes' own, tell it
+        for k in range(m):
+            trial = np.hstack([a, a[:, cols + [k]] ** 2])
+            if trial.shape[1] <= len(chosen) and np.linalg.matrix_rank(trial) == trial.shape[1]:
+                cols.append(k)
+        if not cols:
+            return None, None, "kinked"
+        full = np.hstack([a, a[:, cols] ** 2])
+        coef = np.linalg.lstsq(full, y, rcond=None)[0]
+        c = np.zeros(m)
+        c[cols] = coef[m:]
+        spread = np.ptp(np.vstack([a, np.zeros(m)]), axis=0)  # each direction's span of the points, anchor included
+        bend = float(np.sum(np.abs(c) * spread ** 2)) / 4  # the most a parabola departs from its chord over its span
+        if float(np.max(np.abs(full @ coef - y))) <= SMOOTH * abs(t0) and bend <= CURVED * abs(t0):
+            return coef[:m], c, "curved"
+        return None, None, "kinked"
+
+    def model(self, row: int, values, pending: list | None = None):
+        """(z0, t0, moved directions, their b, their c) of ``row`` anchored at its simulated
+        point nearest ``values`` (in each parameter's range). With ``pending``, a kinked row's
+        differences not simulated yet are added to it instead (and None returned): ``models``
+        simulates them all at once."""
+        pts, k0, moved = self._anchor(row, values)
         z0, t0 = pts[k0]
         if not moved:
-            return z0, t0, moved, np.zeros(0)
+            return z0, t0, moved, np.zeros(0), np.zeros(0)
         g0 = self.g(z0)
+        span = np.array([p.high - p.low for p in self.params])
         near = [n for n, (zp, _) in enumerate(pts) if n != k0
                 and float(np.max(np.abs(zp - z0)[moved] / span[moved])) <= LOCAL * PROBE_STEP]
         for chosen in (near, [n for n in range(len(pts)) if n != k0]):  # the nearby points, else every point
@@ -177,14 +227,15 @@ class Surrogate:
         else:
             raise RuntimeError(f"fit model of row {row}: too few simulated points ({len(pts)}) for "
                                f"{len(moved)} seen directions")
-        y = np.array([pts[n][1] - t0 for n in chosen])
-        b = np.linalg.lstsq(a, y, rcond=None)[0]
-        if row in self.kinked or float(np.max(np.abs(a @ b - y))) > SMOOTH * abs(t0):
+        b, c, shape = (None, None, "kinked") if row in self.kinked else self._shape(pts, k0, chosen, moved)
+        if shape == "kinked":
             self.kinked.add(row)
             d = self._differences(row, z0, t0, moved, pending)
-            return None if d is None else (z0, t0, moved, d)
+            return None if d is None else (z0, t0, moved, d, np.zeros(len(moved)))
+        if shape == "curved":
+            self.curved.add(row)
         self._fitted[(row, tuple(z0))] = np.array([z0] + [pts[n][0] for n in chosen])
-        return z0, t0, moved, b
+        return z0, t0, moved, b, c
 
     def covers(self, row: int, model, values) -> bool:
         """Whether ``model`` of ``row`` (``model``) stands for the row's simulation at ``values``
@@ -193,7 +244,7 @@ class Surrogate:
         each lies within the points the model was fitted to, widened by ``KINK_STEP`` of the
         range (the finite differences' own step, over which the plain path takes a row for
         linear): there the model interpolates simulations it goes through."""
-        z0, _, moved, _ = model
+        z0, _, moved, _, _ = model
         z = np.array(self.sims.seen(row, values))
         if row in self.kinked or any(z[k] != z0[k] for k in range(len(z)) if k not in moved):
             return False
@@ -215,24 +266,18 @@ class Surrogate:
 
     def smooth(self, row: int, values) -> bool:
         """Whether ``row``'s simulated points, more of them than the directions it sees, all
-        lie on one model (within ``SMOOTH``) with the one nearest ``values``: a row whose
-        model needs no more points there (``fit_rounds``: no probes at its answer)."""
-        moved = self.moved(row, values)
+        lie on one model (straight within ``SMOOTH``, or curved within ``CURVED``: ``_shape``)
+        with the one nearest ``values``: a row whose model needs no more points there
+        (``fit_rounds``: no probes at its answer)."""
+        pts, k0, moved = self._anchor(row, values)
         if row in self.kinked or not moved:
             return row not in self.kinked
-        z = np.array(self.sims.seen(row, values))
-        pts = self._points(row)
-        span = np.array([p.high - p.low for p in self.params])
-        k0 = min(range(len(pts)), key=lambda n: (float(np.sum(((pts[n][0] - z) / span) ** 2)), n))
-        z0, t0 = pts[k0]
-        g0 = self.g(z0)
+        z0 = pts[k0][0]
         others = [n for n in range(len(pts)) if n != k0]
-        a = np.array([(self.g(pts[n][0]) - g0)[moved] for n in others]).reshape(len(others), len(moved))
+        a = np.array([(self.g(pts[n][0]) - self.g(z0))[moved] for n in others]).reshape(len(others), len(moved))
         if len(others) <= len(moved) or np.linalg.matrix_rank(a) < len(moved):
             return False
-        y = np.array([pts[n][1] - t0 for n in others])
-        b = np.linalg.lstsq(a, y, rcond=None)[0]
-        return float(np.max(np.abs(a @ b - y))) <= SMOOTH * abs(t0)
+        return self._shape(pts, k0, others, moved)[2] != "kinked"
 
     def models(self, rows, values) -> dict:
         """Each of ``rows``' model at ``values`` (``model``), the kinked rows' differences
@@ -265,11 +310,11 @@ class Surrogate:
         return np.linalg.solve(a, y)
 
     def predict(self, row: int, model, values) -> float:
-        z0, t0, moved, b = model
+        z0, t0, moved, b, c = model
         if not moved:
             return float(t0)
-        dz = self.g(self.sims.seen(row, values)) - self.g(z0)
-        return float(t0 + dz[moved] @ b)
+        dz = (self.g(self.sims.seen(row, values)) - self.g(z0))[moved]
+        return float(t0 + dz @ b + dz ** 2 @ c)
 
     def solve(self, rows, measured, weights, start, free, tol: float = 1e-12):
         """The values minimising the model's weighted relative residuals of ``rows`` from
