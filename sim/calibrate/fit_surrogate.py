@@ -24,7 +24,17 @@ collective becoming exposed as the compute speeds up, ``max`` of two such sums) 
 none of them exactly; the model of such a row (``kinked``) is then its one-sided
 differences at the anchor, probed there at ``KINK_STEP`` (the finite differences' own
 step): the piece the anchor is on, as the plain path sees it. (A row shows a kink once it
-has more points near its anchor than directions: from the first round on.)
+has more points near its anchor than directions: from the first round on.) But a row's time
+also bends without any one such switch: each time the order of two events on its critical
+path changes as the compute speeds up, the slope changes a little, and over a few percent of
+a range those many small changes add up to a curve (the H100 rows of 2026-12-06: 13 rows
+whose start, probe and round missed a straight line by 2e-8 to 1.8e-6 of their time, where a
+kink that matters moves a row by a collective's exposed time). So a row whose points lie on no
+straight piece but on one parabola in each direction's basis (within ``SMOOTH``; its curvature
+along a direction only where the points beyond the slopes' tell it) that bends off its chord
+by at most ``CURVED`` of its time over their span is ``curved``: its model adds
+Σ_k c_k · (g_k(z) − g_k(z0))², exact at the anchor with the slopes there, not the chord's,
+and costs no differences; it covers a held-out point between its points as a straight row's does.
 Each row is first simulated at the start and once more along each direction it sees, a
 step of ``PROBE_STEP`` of the parameter's range towards its middle: far enough that the
 held-out fits, which move the fraction by about 1%, interpolate between simulations.
@@ -40,9 +50,9 @@ at the start without a round: a refit from a profile already fitted to these row
 small change to the simulator. (The H100 refit of 2026-12-06 from the preset, whose rows a
 cost change had moved by 0.1-0.5 points, asked for a step of 2.2e-4 of the fraction's
 range; its round simulated every row 8.8e-5 from the start, and those three points per
-row, so close together, were not one smooth piece within ``SMOOTH``, so the held-out fits
-took 26 differences and simulated 29 held-out rows instead of 10: 157 simulations
-against 80.) Later rounds go on to ``TOLERANCE``: the fit is then converging from afar,
+row, so close together, were not one straight piece within ``SMOOTH``; modelled as kinked,
+the held-out fits took 26 differences and simulated 29 held-out rows instead of 10: 157
+simulations against 80. Such rows are curved now.) Later rounds go on to ``TOLERANCE``: the fit is then converging from afar,
 and stopping such a step at ``START_TOLERANCE`` left the test fits of
 tests/test_fit_runs.py 4.4e-4 of a range from finite differences' minimum. A round whose simulations fit worse (weighted squared
 residuals) than the point it stepped from crossed a kink that point's model did not see:
@@ -55,16 +65,16 @@ round's point, a round each time (its kink at the point itself, its differences 
 the other side of it). A fit that ends over 1% of a range
 from its start probes every row there, a ``KINK_STEP`` along each direction: where a
 kinked row's differences are (so they cost nothing more), and a point near the answer
-for a smooth row's model; a row whose points, more of them than its directions, all lie
-on one model (``Surrogate.smooth``) needs none. Each round costs one simulation per row instead of one per
+for a curved or kinked row's model; a row whose points, more of them than its directions, all
+lie on one straight piece (``Surrogate.smooth``) needs none. Each round costs one simulation per row instead of one per
 row and seen direction, and the fit takes two to four rounds where finite differences
 took seven evaluations. The held-out fits start from that answer, whose simulations,
 with the probes, already surround their minima: each is one solve of the model, with no
 simulation but a kinked row's differences at its anchor. Its group's rows are then simulated
 at its answer, but for those whose model covers it (``Surrogate.covers``: a row not kinked,
-the point within the simulations its model goes through, or a ``KINK_STEP`` beyond them),
+straight or curved, the point within the simulations its model goes through, or a ``KINK_STEP`` beyond them),
 which take the model's time: of those the one farthest from its simulations is simulated, and
-if the model missed it by more than ``sim.calibrate.fit_runs.HELD_OUT_CHECK`` all are. How far
+if the model missed it by more than ``HELD_OUT_CHECK`` all are. How far
 the model's prediction was from the simulated ones (``Surrogate.check``) is in the report, a
 measure of the model where nothing else checks it.
 """
@@ -266,9 +276,11 @@ class Surrogate:
 
     def smooth(self, row: int, values) -> bool:
         """Whether ``row``'s simulated points, more of them than the directions it sees, all
-        lie on one model (straight within ``SMOOTH``, or curved within ``CURVED``: ``_shape``)
-        with the one nearest ``values``: a row whose model needs no more points there
-        (``fit_rounds``: no probes at its answer)."""
+        lie on one straight piece (within ``SMOOTH``: ``_shape``) with the one nearest
+        ``values``: a row whose model needs no more points there (``fit_rounds``: no probes at
+        its answer). A curved row is probed there: the slopes of a parabola through points a
+        few percent of a range apart are not the slopes where the fit ended, and its held-out
+        fits solve there."""
         pts, k0, moved = self._anchor(row, values)
         if row in self.kinked or not moved:
             return row not in self.kinked
@@ -277,7 +289,7 @@ class Surrogate:
         a = np.array([(self.g(pts[n][0]) - self.g(z0))[moved] for n in others]).reshape(len(others), len(moved))
         if len(others) <= len(moved) or np.linalg.matrix_rank(a) < len(moved):
             return False
-        return self._shape(pts, k0, others, moved)[2] != "kinked"
+        return self._shape(pts, k0, others, moved)[2] == "straight"
 
     def models(self, rows, values) -> dict:
         """Each of ``rows``' model at ``values`` (``model``), the kinked rows' differences
