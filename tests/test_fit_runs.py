@@ -829,3 +829,26 @@ def test_a_row_with_a_jump_among_its_points_is_still_simulated():
     assert res["held_out"][1] == sims.time(1, v)
     others = [i for i, by in enumerate(res["held_out_by"]) if by == "model"]
     assert others and 1 not in others
+
+
+@pytest.mark.parametrize("times_curved, shape", [(0.5, "curved"), (2.0, "kinked")])
+def test_a_bend_up_to_curved_is_a_curve_and_past_it_a_kink(times_curved, shape):
+    # t = 1 + 2/f + c/f² at f = 0.8 (start), 0.792 (its probe) and 0.797 (a round): the parabola
+    # through them bends off its chord by c (1/0.792 - 1/0.8)² / 4 over their span; c set so that
+    # the bend is half CURVED of the time at the anchor (0.797) (curved: modelled with its
+    # curvature, no differences) or twice it (kinked: differences at the anchor, simulated):
+    # c D/4 = k CURVED (1 + 2/0.797 + c/0.797²)
+    from sim.calibrate.fit_surrogate import CURVED, Surrogate
+
+    params = [parameter("sustained_compute_fraction")]
+    d, k = (1 / 0.792 - 1 / 0.8) ** 2, times_curved * CURVED
+    c = k * (1 + 2 / 0.797) / (d / 4 - k / 0.797 ** 2)
+    sims = _Bent(params, [(1.0, 2.0, c)])
+    sims.ensure([(0, (f,)) for f in (0.8, 0.792, 0.797)])
+    model = Surrogate(sims).models([0], (0.797,))[0]
+    assert (shape == "curved") == ("differences" not in sims.phase_count)
+    if shape == "curved":
+        assert model[4] == pytest.approx([c], rel=1e-6)
+        assert Surrogate(sims).predict(0, model, (0.795,)) == pytest.approx(sims.time(0, 0.795), rel=1e-12)
+    else:
+        assert sims.phase_count["differences"] == 1 and not model[4].any()
