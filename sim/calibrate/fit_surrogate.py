@@ -27,9 +27,13 @@ step): the piece the anchor is on, as the plain path sees it. (A row shows a kin
 has more points near its anchor than directions: from the first round on.) But a row's time
 also bends without any one such switch: each time the order of two events on its critical
 path changes as the compute speeds up, the slope changes a little, and over a few percent of
-a range those many small changes add up to a curve (the H100 rows of 2026-12-06: 13 rows
-whose start, probe and round missed a straight line by 2e-8 to 1.8e-6 of their time, where a
-kink that matters moves a row by a collective's exposed time). So a row whose points lie on no
+a range those many small changes add up to a curve. (The H100 refit of 2026-12-06 from its
+preset, moved by FSDP's copies: 20 of its 32 rows missed a straight line through their start,
+probe and round by 2.3e-8 to 4.5e-6 of their time, their parabolas bending by 3.4e-8 to 6.6e-6.
+Simulated at ten fractions from 0.8527 to 0.8632, the row of published_runs.csv line 18 (128
+GPUs) has a slope in 1/f that drifts 3.4308, 3.4302, 3.4296, ... 3.4281, then 3.4283 s: no
+one switch but many small ones, and the parabola through three of the points is within 4.7e-7
+of the other seven. A kink that matters moves a row by a collective's exposed time.) So a row whose points lie on no
 straight piece but on one parabola in each direction's basis (within ``SMOOTH``; its curvature
 along a direction only where the points beyond the slopes' tell it) that bends off its chord
 by at most ``CURVED`` of its time over their span is ``curved``: its model adds
