@@ -774,10 +774,10 @@ def _bent_measured(coefficients, at=0.797):
 
 def test_a_row_curved_in_the_fraction_is_modelled_with_its_curvature_not_simulated_again():
     # t = a + b/f + c/f² curves in 1/f: after the start, its probe (f = 0.8, 0.792) and the fit's
-    # round (near 0.797) its three points lie on no straight line in 1/f (row 0 misses by about
-    # c (Δ1/f)² ~ 0.02 x 1.26e-2 x 4.7e-3 = 1.2e-6 s, 3e-7 of its time, over SMOOTH) but on one
-    # parabola, whose bend over the points' span, c x (1.26e-2)² / 4 = 8e-7 s (2e-7 of the time),
-    # is under CURVED: the row is curved, not kinked. Its model, quadratic in 1/f about the anchor,
+    # round (near 0.797) its three points lie on no straight line in 1/f (row 0's middle point is
+    # c x 4.7e-3 x 7.9e-3 = 7.5e-7 s off the chord; the best line misses by 4.9e-7 s, 1.4e-7 of
+    # its time, over SMOOTH) but on one parabola, whose bend over the points' span,
+    # c x (1.26e-2)² / 4 = 8e-7 s (2.2e-7 of the time), is under CURVED: the row is curved, not kinked. Its model, quadratic in 1/f about the anchor,
     # is this form exactly: no differences are taken, and every held-out row between its points
     # takes the model's time (the one checked: simulated), equal to the row's time at its held-out
     # fraction.
