@@ -12,6 +12,7 @@ import json
 from dataclasses import replace
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 import sim
@@ -555,9 +556,10 @@ def test_a_row_with_a_kink_among_its_points_is_modelled_by_differences_at_its_an
     # f 0.9 -> 0.8996, e 0.6 -> 0.59957, which slows the compute by 1/0.9 x (1/0.59957 - 1/0.6)
     # = 0.0013 of the gap 3.1667 x (1/0.896 - 1/0.9) = 0.0157) stay on it: t = k + m/f, whose
     # coefficients on 1/f and 1/(f·e) are m and 0
-    z0, t0, moved, slope = model
+    z0, t0, moved, slope, curve = model
     assert t0 == pytest.approx(k + m / 0.9, rel=1e-15)
     assert slope == pytest.approx([m, 0.0], abs=1e-9)
+    assert not curve.any()  # (differences: a straight piece)
     near = (0.91, e + 0.01)  # on the same piece: exact
     assert sur.predict(0, model, near) == pytest.approx(k + m / 0.91, rel=1e-12)
 
@@ -744,3 +746,109 @@ def test_a_held_out_row_whose_model_covers_its_point_takes_the_models_time_check
         assert res["held_out"][i] == sims.time(i, values[g])
     assert res["held_out"][check] == pytest.approx((a + b / v) * 1.001, rel=1e-12)
     assert res["model_error"] == pytest.approx(1 - 1 / 1.001, rel=1e-9)  # (its largest |error|)
+
+
+class _Bent(_Rows):
+    """Row i's time is a_i + b_i / f + c_i / f² (compute that goes as 1/f, and a part of the step
+    that curves in it), plus, with ``jump`` {row: (f, height)}, that height below f (a plan that
+    crosses a threshold: a collective exposed once the compute is slower than it)."""
+
+    def __init__(self, params, coefficients, jump=None):
+        super().__init__(params, coefficients)
+        self.jump = jump or {}
+
+    def time(self, i, f):
+        a, b, c = self.coefficients[i]
+        x, h = self.jump.get(i, (0.0, 0.0))
+        return a + b / f + c / f ** 2 + (h if f < x else 0.0)
+
+
+_BENT = [(1.0, 2.0, 0.02), (0.5, 2.2, 0.05), (2.0, 1.0, 0.01), (1.5, 1.3, 0.03), (0.3, 3.0, 0.04), (0.2, 3.1, 0.02)]
+_GROUPS = ["g1", "g1", "g2", "g2", "g3", "g3"]
+
+
+def _bent_measured(coefficients, at=0.797):
+    off = {"g1": 1.002, "g2": 0.999, "g3": 0.999}  # each group a little off its fit, as in the test above
+    return [(a + b / at + c / at ** 2) * off[g] for (a, b, c), g in zip(coefficients, _GROUPS)]
+
+
+def test_a_row_curved_in_the_fraction_is_modelled_with_its_curvature_not_simulated_again():
+    # t = a + b/f + c/f² curves in 1/f: after the start, its probe (f = 0.8, 0.792) and the fit's
+    # round (near 0.797) its three points lie on no straight line in 1/f (row 0's middle point is
+    # c x 4.7e-3 x 7.9e-3 = 7.5e-7 s off the chord; the best line misses by 4.9e-7 s, 1.4e-7 of
+    # its time, over SMOOTH) but on one parabola, whose bend over the points' span,
+    # c x (1.26e-2)² / 4 = 8e-7 s (2.2e-7 of the time), is under CURVED: the row is curved, not kinked. Its model, quadratic in 1/f about the anchor,
+    # is this form exactly: no differences are taken, and every held-out row between its points
+    # takes the model's time (the one checked: simulated), equal to the row's time at its held-out
+    # fraction.
+    from sim.calibrate.fit_runs import fit_and_hold_out
+    from sim.calibrate.fit_surrogate import CURVED, SMOOTH, Surrogate
+
+    params = [parameter("sustained_compute_fraction")]
+    sims = _Bent(params, _BENT)
+    res = fit_and_hold_out(sims, _bent_measured(_BENT), _GROUPS, (0.8,))
+    assert "differences" not in sims.phase_count
+    values = {g: p.values[0] for g, p in res["per_group"].items()}
+    for i, g in enumerate(_GROUPS):
+        a, b, c = _BENT[i]
+        assert res["held_out"][i] == pytest.approx(a + b / values[g] + c / values[g] ** 2, rel=1e-12)
+    covered = [i for i, g in enumerate(_GROUPS) if 0.792 - 4e-4 <= values[g] <= 0.8 + 4e-4]
+    assert len(covered) >= 4 and res["held_out_by"].count("simulation") == 6 - len(covered) + 1
+    assert sims.phase_count["held-out rows"] == 6 - len(covered) + 1
+    # the fit on every row: the fraction where the weighted residuals of the simulated times are least
+    f = res["full"].values[0]
+    sur = Surrogate(sims)
+    for i in range(6):
+        model = sur.model(i, (f,))
+        z0, t0, moved, b, c = model
+        a_, b_, c_ = _BENT[i]
+        points = sorted(z[0] for r, z in sims.cache if r == i)
+        g = [1 / p for p in points]
+        line = np.polyfit(g, [a_ + b_ * x + c_ * x * x for x in g], 1)
+        miss = max(abs(np.polyval(line, x) - (a_ + b_ * x + c_ * x * x)) for x in g)
+        assert SMOOTH * t0 < miss and c_ * (max(g) - min(g)) ** 2 / 4 < CURVED * t0  # curved, within CURVED
+        assert c == pytest.approx([c_], rel=1e-6)  # the row's own curvature
+        assert sur.predict(i, model, (0.75,)) == pytest.approx(a_ + b_ / 0.75 + c_ / 0.75 ** 2, rel=1e-9)
+    assert sur.curved == set(range(6)) and not sur.kinked
+
+
+def test_a_row_with_a_jump_among_its_points_is_still_simulated():
+    # Row 1 as above but 0.5% slower below f = 0.799 (a jump between its start at 0.8 and its probe
+    # at 0.792 and round near 0.797): its points lie on no straight line, and the parabola through
+    # them bends by about the jump's height, far over CURVED. It is kinked: modelled by differences
+    # at its anchor (simulated), and its held-out time simulated, the row's time with the jump.
+    from sim.calibrate.fit_runs import fit_and_hold_out
+
+    params = [parameter("sustained_compute_fraction")]
+    a, b, c = _BENT[1]
+    sims = _Bent(params, _BENT, jump={1: (0.799, 5e-3 * (a + b / 0.8 + c / 0.64))})
+    res = fit_and_hold_out(sims, _bent_measured(_BENT), _GROUPS, (0.8,))
+    assert sims.phase_count["differences"] >= 1
+    assert res["held_out_by"][1] == "simulation"
+    v = res["per_group"]["g1"].values[0]
+    assert res["held_out"][1] == sims.time(1, v)
+    others = [i for i, by in enumerate(res["held_out_by"]) if by == "model"]
+    assert others and 1 not in others
+
+
+@pytest.mark.parametrize("times_curved, shape", [(0.5, "curved"), (2.0, "kinked")])
+def test_a_bend_up_to_curved_is_a_curve_and_past_it_a_kink(times_curved, shape):
+    # t = 1 + 2/f + c/f² at f = 0.8 (start), 0.792 (its probe) and 0.797 (a round): the parabola
+    # through them bends off its chord by c (1/0.792 - 1/0.8)² / 4 over their span; c set so that
+    # the bend is half CURVED of the time at the anchor (0.797) (curved: modelled with its
+    # curvature, no differences) or twice it (kinked: differences at the anchor, simulated):
+    # c D/4 = k CURVED (1 + 2/0.797 + c/0.797²)
+    from sim.calibrate.fit_surrogate import CURVED, Surrogate
+
+    params = [parameter("sustained_compute_fraction")]
+    d, k = (1 / 0.792 - 1 / 0.8) ** 2, times_curved * CURVED
+    c = k * (1 + 2 / 0.797) / (d / 4 - k / 0.797 ** 2)
+    sims = _Bent(params, [(1.0, 2.0, c)])
+    sims.ensure([(0, (f,)) for f in (0.8, 0.792, 0.797)])
+    model = Surrogate(sims).models([0], (0.797,))[0]
+    assert (shape == "curved") == ("differences" not in sims.phase_count)
+    if shape == "curved":
+        assert model[4] == pytest.approx([c], rel=1e-6)
+        assert Surrogate(sims).predict(0, model, (0.795,)) == pytest.approx(sims.time(0, 0.795), rel=1e-12)
+    else:
+        assert sims.phase_count["differences"] == 1 and not model[4].any()

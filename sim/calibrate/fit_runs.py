@@ -55,7 +55,7 @@ from sim.inputs.hardware import HardwareProfile
 
 from sim.calibrate.fit_sims import (COLLECTIVE_MODEL, FIDELITY, FRAMEWORK_OVERHEAD, Simulations, Store,  # noqa: F401 (re-exported)
                                     prepare_rows, with_values, worker_pool)
-from sim.calibrate.fit_surrogate import Surrogate, fit_rounds
+from sim.calibrate.fit_surrogate import HELD_OUT_CHECK, Surrogate, fit_rounds
 
 DIFF_STEP = 1e-3
 """Finite-difference step, as a fraction of each parameter's range."""
@@ -294,12 +294,6 @@ def fit_and_hold_out(sims: Simulations, measured: list[float], groups: list, sta
             "held_out_by": ["model" if any((g, i) in by_model for g in per_group) else "simulation" for i in rows],
             "held_out_check": checked,
             "model_error": max(map(abs, model_error)) if fast and model_error else None}
-
-
-HELD_OUT_CHECK = 1e-5
-"""How far (relative) the model of the held-out row it checks may be from that row's simulation
-(``fit_and_hold_out``) for the other rows its model covers to keep the model's times: a held-out
-error (a few percent) moves by under 0.001 of a percentage point."""
 
 
 AT_BOUND = 1e-3
