@@ -56,6 +56,8 @@ from sim.results.trace import TransferRecord
 _tuple_new = tuple.__new__  # a TransferRecord without the named tuple's Python-level __new__
 _new_object = object.__new__
 _EPS = 1e-12
+_MEDIA = ("ethernet", "ib", "pcie", "nvlink", "local")
+"""A route's medium: the first of these that one of its links is (``local``: none is)."""
 
 
 class Bundle:
@@ -130,6 +132,8 @@ class Network:
                 self.link_names.append((a, b))
                 self.link_kinds.append(d["kind"])
                 self._latency.append(d["latency_s"])
+        self._medium_rank = [_MEDIA.index(k) if k in _MEDIA else len(_MEDIA) - 1 for k in self.link_kinds]
+        """Each topology link's kind's place in ``_MEDIA`` (a route's medium: its links' first)."""
         self._flows_on: list[set[_Flow]] = [set() for _ in self.capacity]
         self._host_bytes: dict[int, float] = {}  # carried by host copies, per link
         self._route: dict[tuple[int, int], tuple[tuple[int, ...], float, str, float, list[float]]] = {}
@@ -347,8 +351,8 @@ class Network:
     def _make_route(self, src: int, dst: int) -> tuple[tuple[int, ...], float, str, float]:
         """``route``'s first four items, made anew."""
         ids = tuple(map(self._link_id.__getitem__, self.topology.route(src, dst)))
-        kinds = set(map(self.link_kinds.__getitem__, ids))
-        medium = next((k for k in ("ethernet", "ib", "pcie", "nvlink") if k in kinds), "local")
+        # (the first of ethernet, ib, pcie, nvlink that a link of the route is, else local)
+        medium = _MEDIA[min(map(self._medium_rank.__getitem__, ids), default=len(_MEDIA) - 1)]
         bottleneck = min(map(self.capacity.__getitem__, ids), default=math.inf)
         # (Topology.path_latency_s's sum: the same links' latencies in the same order)
         return ids, sum(map(self._latency.__getitem__, ids)), medium, bottleneck
