@@ -21,7 +21,6 @@ the action it is stuck on and what that action waits for. A simulation never han
 from __future__ import annotations
 
 import time
-from array import array
 from collections import deque
 from functools import partial
 from itertools import chain, compress, count, islice
@@ -181,8 +180,6 @@ class _Engine:
             value = self.__dict__.get(name)
             if name not in keep and isinstance(value, (list, dict, set, bytearray, deque)):
                 value.clear()
-            elif name not in keep and isinstance(value, array):
-                del value[:]
         if self.__dict__.get("_slow") is not None:
             self._slow.release()
             self._slow = None
@@ -196,8 +193,6 @@ class _Engine:
         for value in map(self.__dict__.get, self._RUN_STATE):
             if isinstance(value, (list, dict, set, bytearray, deque)):
                 value.clear()
-            elif isinstance(value, array):
-                del value[:]
         for fn in self.__dict__.get("_closures", ()):
             for cell in getattr(fn, "__closure__", None) or ():  # the hot path's closures name each other
                 cell.cell_contents = None

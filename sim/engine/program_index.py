@@ -5,7 +5,7 @@ to know before the clock starts is computed once here.
   (rank, stream name); ``members[sid]`` the actions of a stream in order; ``ids`` maps
   (rank, name) to an index. Indices go round the streams (see ``_index``).
 - ``pending[i]`` counts action i's dependencies, and one more for the action before it
-  on its stream, if any: ``nxt[j]`` (or -1; an ``array`` of 64-bit integers). It is a ``bytearray`` when every count fits
+  on its stream, if any: ``nxt[j]`` (or -1). It is a ``bytearray`` when every count fits
   in a byte. ``dependents[j]`` lists the actions that name j in their ``deps``.
 - ``dur[i]``: the duration of a compute or comm action (None for the others);
   ``mem_start[i]``, ``mem_end[i]``: its memory changes, as (category, bytes) pairs, when
@@ -33,19 +33,20 @@ to know before the clock starts is computed once here.
   the barrier its members share, ``[members still to arrive, indices arrived]`` (state
   the run mutates: build a new index per run).
 
-``rank_of`` holds one object per rank: numpy's ``tolist`` makes a new int per entry, 32
-bytes each (about 75 MB per list at 16,384 GPUs, 2.4 million actions). ``nxt`` is an
-``array`` filled by numpy, class by class, in 8 bytes an entry and no int objects (the run
-reads one entry per action, an int made as it is read): set entry by entry from each
-stream's members, a stream's actions a rank's worth apart, it took about 0.35 s at
-16,384 GPUs, most of it waiting for memory. (The other lists of indices still come from
+``nxt`` holds the int objects of ``members`` (made from them), and ``rank_of`` one object
+per rank: numpy's ``tolist`` makes a new int per entry, 32 bytes each (about 75 MB per
+list at 16,384 GPUs, 2.4 million actions). ``nxt`` is set class by class in numpy, from an
+object array of the rows' ints: set entry by entry from each stream's members, a
+stream's actions a rank's worth apart, it took about 0.35 s at 16,384 GPUs, most of it
+waiting for memory. (An ``array`` of integers would be quicker still to make, but the
+run would make an int at each read, and those, freed among the run's floats, left the
+peak 30 MB higher at 1,024 GPUs.) (The other lists of indices still come from
 ``tolist``: mapping them onto one object per index reads memory at random, about 0.2 s
 a list at 1,024 GPUs.)
 """
 
 from __future__ import annotations
 
-from array import array
 from collections import deque
 from functools import partial
 from itertools import repeat
@@ -180,7 +181,7 @@ def _index(ix: ProgramIndex, program: Program) -> None:
     mem_start_a = np.empty(n, dtype=object)
     mem_end_a = np.empty(n, dtype=object)
     pending_a = np.empty(n, dtype=np.int64)
-    nxt_a = np.empty(n, dtype=np.int64)
+    nxt_o = np.empty(n, dtype=object)  # (the rows' own int objects: see the module doc)
     slow_a = np.zeros(n, dtype=np.uint8)
     srcs, dsts = [], []
     streams: list[tuple[int, str]] = []
@@ -203,12 +204,14 @@ def _index(ix: ProgramIndex, program: Program) -> None:
         mem_start_a[at] = _objects([None if x is None else same_mem.setdefault(x, x) for x in shape.mem_start])
         mem_end_a[at] = _objects([None if x is None else same_mem.setdefault(x, x) for x in shape.mem_end])
         pending_a[at] = shape.pending
-        nxt_a[at] = np.where(shape.nxt >= 0, at[:, shape.nxt], -1)  # (the next position's index on its stream)
         slow_a[at] = shape.slowable
         if len(shape.dep_src):
             srcs.append(at[:, shape.dep_src].ravel())
             dsts.append(at[:, shape.dep_dst].ravel())
-        for r, row in zip(rs, at.tolist()):
+        rows = at.tolist()
+        # each position's next on its stream, as the int objects of the rows (the members'), set in C
+        nxt_o[at] = np.where(shape.nxt >= 0, np.array(rows, dtype=object).reshape(at.shape)[:, shape.nxt], -1)
+        for r, row in zip(rs, rows):
             consume(map(rank_of.__setitem__, row, repeat(r)))  # (one int object per rank)
             consume(map(acts.__setitem__, row, actions[r]))
             pos_of[r] = shape.pos
@@ -232,8 +235,8 @@ def _index(ix: ProgramIndex, program: Program) -> None:
         for name, mine in stream_of[r]:
             streams.append((r, name))
             members.append(mine)
-    nxt = array("q", nxt_a.tobytes())
-    del nxt_a
+    nxt = nxt_o.tolist()  # (nxt_o is freed on return, with the other arrays: freed here, before the lists
+    # below are made, glibc would take them from its heap, not map them, and the run's end keep 45 MB more)
     src_all: list[int] = []
     dst_all: list[int] = []
     for s_, d_ in zip(srcs, dsts):
