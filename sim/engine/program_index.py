@@ -49,7 +49,7 @@ from __future__ import annotations
 
 from collections import deque
 from functools import partial
-from itertools import repeat
+from itertools import chain
 
 import numpy as np
 
@@ -176,7 +176,8 @@ def _index(ix: ProgramIndex, program: Program) -> None:
         if t not in actions or len(actions[t]) != len(actions[r]):
             t = r
         classes.setdefault(t, []).append(r)
-    acts: list = [None] * n
+    acts_o = np.empty(n, dtype=object)
+    rank_o = np.empty(n, dtype=object)
     dur_a = np.empty(n, dtype=object)
     mem_start_a = np.empty(n, dtype=object)
     mem_end_a = np.empty(n, dtype=object)
@@ -192,7 +193,6 @@ def _index(ix: ProgramIndex, program: Program) -> None:
     same_dur: dict = {}  # one object per distinct duration, and per distinct memory change
     same_mem: dict = {}
     shapes = []
-    rank_of: list = [0] * n
     for t, rs in classes.items():
         lst = actions[t]
         shape = _Shape(lst)
@@ -209,11 +209,14 @@ def _index(ix: ProgramIndex, program: Program) -> None:
             srcs.append(at[:, shape.dep_src].ravel())
             dsts.append(at[:, shape.dep_dst].ravel())
         rows = at.tolist()
-        # each position's next on its stream, as the int objects of the rows (the members'), set in C
+        # Each position's next on its stream (as the int objects of the rows: the members'),
+        # each rank's actions and its rank (one int object per rank), set in C: set entry by
+        # entry, a rank's list lands a rank's worth apart, and the time goes in waiting for memory.
         nxt_o[at] = np.where(shape.nxt >= 0, np.array(rows, dtype=object).reshape(at.shape)[:, shape.nxt], -1)
+        acts_o[at] = np.fromiter(chain.from_iterable(map(actions.__getitem__, rs)), dtype=object,
+                                 count=len(rs) * m).reshape(at.shape)
+        rank_o[at] = np.array(rs, dtype=object)[:, None]
         for r, row in zip(rs, rows):
-            consume(map(rank_of.__setitem__, row, repeat(r)))  # (one int object per rank)
-            consume(map(acts.__setitem__, row, actions[r]))
             pos_of[r] = shape.pos
             local_of[r] = row
             stream_of[r] = [(name, list(map(row.__getitem__, ks))) for name, ks in zip(shape.names, shape.slots)]
@@ -235,8 +238,9 @@ def _index(ix: ProgramIndex, program: Program) -> None:
         for name, mine in stream_of[r]:
             streams.append((r, name))
             members.append(mine)
-    nxt = nxt_o.tolist()  # (nxt_o is freed on return, with the other arrays: freed here, before the lists
-    # below are made, glibc would take them from its heap, not map them, and the run's end keep 45 MB more)
+    # (the arrays are freed on return, together: freed here, before the lists below are made,
+    # glibc would take those from its heap, not map them, and the run's end keep 45 MB more)
+    nxt, acts, rank_of = nxt_o.tolist(), acts_o.tolist(), rank_o.tolist()
     src_all: list[int] = []
     dst_all: list[int] = []
     for s_, d_ in zip(srcs, dsts):
