@@ -1,7 +1,11 @@
 """A program as arrays, for the engine: every action gets an index, and what the run needs
 to know before the clock starts is computed once here.
 
-- ``acts``, ``rank_of``: each action and the rank it runs on; ``streams`` lists
+- ``acts``, ``rank_of``: each action and the rank it runs on; ``shown[i]``: an action with
+  the fields of ``acts[i]`` that its span shows, but for a send's or recv's peer (its
+  partner's rank), the same object for every rank ``like`` another at that position (its
+  template's: ``Program.like``; the rank's own where another kind names a peer). The spans
+  read these few thousand objects instead of millions (``sim.engine.core``); ``streams`` lists
   (rank, stream name); ``members[sid]`` the actions of a stream in order; ``ids`` maps
   (rank, name) to an index. Indices go round the streams (see ``_index``).
 - ``pending[i]`` counts action i's dependencies, and one more for the action before it
@@ -64,7 +68,7 @@ consume = partial(deque, maxlen=0)
 class ProgramIndex:
     """What ``index_program`` returns (see the module doc)."""
 
-    __slots__ = ("acts", "rank_of", "streams", "members", "ids", "order", "pending", "dependents",
+    __slots__ = ("acts", "shown", "rank_of", "streams", "members", "ids", "order", "pending", "dependents",
                  "key_of", "partner", "p2p", "needed", "barrier_of",
                  "dur", "mem_start", "mem_end", "nxt", "shapes", "sends", "quiet", "collectives", "slowable")
 
@@ -177,6 +181,7 @@ def _index(ix: ProgramIndex, program: Program) -> None:
             t = r
         classes.setdefault(t, []).append(r)
     acts_o = np.empty(n, dtype=object)
+    shown_o = np.empty(n, dtype=object)
     rank_o = np.empty(n, dtype=object)
     dur_a = np.empty(n, dtype=object)
     mem_start_a = np.empty(n, dtype=object)
@@ -213,8 +218,14 @@ def _index(ix: ProgramIndex, program: Program) -> None:
         # each rank's actions and its rank (one int object per rank), set in C: set entry by
         # entry, a rank's list lands a rank's worth apart, and the time goes in waiting for memory.
         nxt_o[at] = np.where(shape.nxt >= 0, np.array(rows, dtype=object).reshape(at.shape)[:, shape.nxt], -1)
-        acts_o[at] = np.fromiter(chain.from_iterable(map(actions.__getitem__, rs)), dtype=object,
-                                 count=len(rs) * m).reshape(at.shape)
+        block = np.fromiter(chain.from_iterable(map(actions.__getitem__, rs)), dtype=object,
+                            count=len(rs) * m).reshape(at.shape)
+        acts_o[at] = block
+        shown_o[at] = np.fromiter(lst, dtype=object, count=m)  # (the template's, for every rank of the class)
+        peered = [k for k, a in enumerate(lst) if a.peer is not None and a.kind != "send" and a.kind != "recv"]
+        if peered:  # (each rank's own: peers differ between like ranks; a send's or recv's is its partner's rank)
+            shown_o[at[:, peered]] = block[:, peered]
+        del block
         rank_o[at] = np.array(rs, dtype=object)[:, None]
         for r, row in zip(rs, rows):
             pos_of[r] = shape.pos
@@ -240,7 +251,7 @@ def _index(ix: ProgramIndex, program: Program) -> None:
             members.append(mine)
     # (the arrays are freed on return, together: freed here, before the lists below are made,
     # glibc would take those from its heap, not map them, and the run's end keep 45 MB more)
-    nxt, acts, rank_of = nxt_o.tolist(), acts_o.tolist(), rank_o.tolist()
+    nxt, acts, rank_of, shown = nxt_o.tolist(), acts_o.tolist(), rank_o.tolist(), shown_o.tolist()
     src_all: list[int] = []
     dst_all: list[int] = []
     for s_, d_ in zip(srcs, dsts):
@@ -264,7 +275,7 @@ def _index(ix: ProgramIndex, program: Program) -> None:
             at = first[sizes == size]
             columns = [dst[at + c].tolist() for c in range(size)]
             consume(map(dependents.__setitem__, src[at].tolist(), zip(*columns)))
-    ix.acts, ix.rank_of, ix.streams, ix.members = acts, rank_of, streams, members
+    ix.acts, ix.shown, ix.rank_of, ix.streams, ix.members = acts, shown, rank_of, streams, members
     pending = pending_a.tolist()
     if max(pending, default=0) < 256:  # the usual case: a byte each is quicker to count down
         pending = bytearray(pending)
