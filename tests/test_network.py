@@ -225,3 +225,38 @@ def test_components_met_again_take_their_kept_rates(make_star, monkeypatch):
     assert len(filled) > len(set(met))
     ends = {name: e for _, name, _, e in kept}
     assert [ends[f"A{k}"] for k in range(3)] == pytest.approx([8.4, 16.8, 25.2], rel=1e-12)
+
+
+def test_kept_rates_are_told_by_route_tuple(make_star, monkeypatch):
+    # The hand-computed case above three times, 10 s apart, flows started on the network
+    # directly: A 0->1 (80 B) and B 0->2 (4 B) meet on gpu0's uplink, B ends 2 s after
+    # the round starts and A 8.4 s after. In the second round A's route is a tuple of its
+    # own with the same links: a component not met before (``Network._rates`` tells
+    # routes by their tuples), so its rates are filled again, the same; the third round
+    # is the first again, and takes the kept rates.
+    import sim.engine.network as network
+    from sim.engine.kernel import Environment
+    from sim.engine.network import Network
+
+    env = Environment()
+    net = Network(env, make_star([10.0, 100.0, 2.0]))
+    filled = []
+    fill = network._max_min_rates
+    monkeypatch.setattr(network, "_max_min_rates", lambda *args: filled.append(1) or fill(*args))
+    ends = {}
+
+    def round_(k):
+        a, b = net.route(0, 1), net.route(0, 2)
+        if k == 1:
+            a = (tuple(list(a[0])),) + a[1:]
+            assert a[0] == net.route(0, 1)[0] and a[0] is not net.route(0, 1)[0]
+        net.start(a, 0, 1, 80, "A", 1, lambda key: ends.__setitem__(key, env.now), ("A", k))
+        net.start(b, 0, 2, 4, "B", 1, lambda key: ends.__setitem__(key, env.now), ("B", k))
+
+    for k in range(3):
+        net.calls.at(10.0 * k, round_, k)
+    env.run()
+    for k in range(3):
+        assert ends[("B", k)] - 10.0 * k == pytest.approx(2.0, rel=1e-12)
+        assert ends[("A", k)] - 10.0 * k == pytest.approx(8.4, rel=1e-12)
+    assert len(filled) == 2  # rounds 0 and 1; round 2 took round 0's

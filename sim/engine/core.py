@@ -112,7 +112,7 @@ class _Engine:
         ix = index_program(program)
         if gpu_slowdown:
             slow_down(ix.dur, ix.slowable, ix.rank_of, gpu_slowdown)
-        self._acts, self._rank_of = ix.acts, ix.rank_of
+        self._acts, self._shown, self._rank_of = ix.acts, ix.shown, ix.rank_of
         self._streams, self._members, self._ids = ix.streams, ix.members, ix.ids
         self._pending, self._dependents, self._nxt = ix.pending, ix.dependents, ix.nxt
         self._key_of, self._needed, self._barrier_of = ix.key_of, ix.needed, ix.barrier_of
@@ -164,11 +164,12 @@ class _Engine:
             invariants.check(self.program, trace, self.net)
         return trace
 
-    _RUN_STATE = tuple(f"_{n}" for n in "acts rank_of streams members pending dependents nxt key_of needed barrier_of "
+    _RUN_STATE = tuple(f"_{n}" for n in "acts shown rank_of streams members pending dependents nxt key_of needed barrier_of "
                        "partner p2p dur mem_start mem_end start end busy_start link_of arrived pair_link sends quiet "
                        "collectives slowable ready".split())
 
-    _TRACE_STATE = ("_acts", "_rank_of", "_streams", "_members", "_start", "_end", "_busy_start", "_link_of")
+    _TRACE_STATE = ("_shown", "_rank_of", "_partner", "_streams", "_members", "_start", "_end", "_busy_start",
+                    "_link_of")
     """What ``_spans`` reads of the run state."""
 
     def _drop_loop_state(self) -> None:
@@ -235,11 +236,15 @@ class _Engine:
         Made in index order (the run's lists read front to back, not a stream's actions
         a rank's worth apart: about a third less time at 1,024 GPUs), then put in stream
         order (each stream's actions are its ``members``; a stream is its actions'
-        ``stream``)."""
+        ``stream``). What a span shows of its action is read from ``shown`` (the index's:
+        one action per position of like ranks, a few thousand objects), not from each
+        rank's own, and a send's or recv's peer is its partner's rank (every one met its
+        partner: the run ended without a deadlock)."""
+        rank_of = self._rank_of
         made = [_tuple_new(Span, (r, a.stream, a.name, a.kind, a.category or (a.op or a.kind), s, e, a.nbytes,
-                                  a.flops, a.peer, a.op, link, s if b is None else b, a.layer))
-                for r, a, s, e, b, link in zip(self._rank_of, self._acts, self._start, self._end, self._busy_start,
-                                               self._link_of)]
+                                  a.flops, a.peer if p < 0 else rank_of[p], a.op, link, s if b is None else b, a.layer))
+                for r, a, s, e, b, link, p in zip(rank_of, self._shown, self._start, self._end, self._busy_start,
+                                                  self._link_of, self._partner)]
         return list(map(made.__getitem__, chain.from_iterable(self._members)))
 
     def _build_core(self) -> None:

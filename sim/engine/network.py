@@ -56,6 +56,8 @@ from sim.results.trace import TransferRecord
 _tuple_new = tuple.__new__  # a TransferRecord without the named tuple's Python-level __new__
 _new_object = object.__new__
 _EPS = 1e-12
+_MEDIA = ("ethernet", "ib", "pcie", "nvlink", "local")
+"""A route's medium: the first of these that one of its links is (``local``: none is)."""
 
 
 class Bundle:
@@ -130,6 +132,8 @@ class Network:
                 self.link_names.append((a, b))
                 self.link_kinds.append(d["kind"])
                 self._latency.append(d["latency_s"])
+        self._medium_rank = [_MEDIA.index(k) if k in _MEDIA else len(_MEDIA) - 1 for k in self.link_kinds]
+        """Each topology link's kind's place in ``_MEDIA`` (a route's medium: its links' first)."""
         self._flows_on: list[set[_Flow]] = [set() for _ in self.capacity]
         self._host_bytes: dict[int, float] = {}  # carried by host copies, per link
         self._route: dict[tuple[int, int], tuple[tuple[int, ...], float, str, float, list[float]]] = {}
@@ -140,7 +144,7 @@ class Network:
         self._sealed = False
         self._folded: set[int] = set()  # links folded into bundles' own (seal)
         self._used: set[int] | None = None
-        self._recent: dict[frozenset, dict] = {}  # the last components' rates by route (``_rates``)
+        self._recent: dict[frozenset, tuple] = {}  # the last components' routes, and rates by route id (``_rates``)
         self.bundle_records: set[int] = set()
         """Indices in ``records`` of the records bundles left (a source's members sent one way together)."""
         self._at = self.calls.at
@@ -347,8 +351,8 @@ class Network:
     def _make_route(self, src: int, dst: int) -> tuple[tuple[int, ...], float, str, float]:
         """``route``'s first four items, made anew."""
         ids = tuple(map(self._link_id.__getitem__, self.topology.route(src, dst)))
-        kinds = set(map(self.link_kinds.__getitem__, ids))
-        medium = next((k for k in ("ethernet", "ib", "pcie", "nvlink") if k in kinds), "local")
+        # (the first of ethernet, ib, pcie, nvlink that a link of the route is, else local)
+        medium = _MEDIA[min(map(self._medium_rank.__getitem__, ids), default=len(_MEDIA) - 1)]
         bottleneck = min(map(self.capacity.__getitem__, ids), default=math.inf)
         # (Topology.path_latency_s's sum: the same links' latencies in the same order)
         return ids, sum(map(self._latency.__getitem__, ids)), medium, bottleneck
@@ -392,12 +396,12 @@ class Network:
 
     def _finish(self, flow: _Flow) -> None:
         now = self.env.now
-        flows_on = self._flows_on
+        flows_on, dirty = self._flows_on, self._dirty
         for l in flow.links:  # (a flow that never joined its links has none left: see _join)
             fl = flows_on[l]
             fl.remove(flow)
             if fl:  # the flows left on this link may now go faster
-                self._dirty.add(l)
+                dirty.add(l)
         flow.remaining = 0.0
         self.active -= 1
         if flow.bundle is None:
@@ -410,7 +414,7 @@ class Network:
         else:
             self.events_triggered += 1
             flow.arg.succeed()
-        if self._dirty:
+        if dirty:
             self._request_reallocation()
 
     def _bundle_records(self, flow: _Flow, now: float) -> None:
@@ -503,16 +507,30 @@ class Network:
         set. A training step repeats a few shapes: the gradient buckets' all-reduces meet
         the same components bucket after bucket (at 16,384 GPUs, 96 of 197 re-allocations
         over about 4,000 flows each), a few re-allocations apart, so the last ``RECENT``
-        are kept."""
+        are kept.
+
+        A route is told by its tuple's identity, not its links: flows take their routes'
+        tuples from the network's tables (``route``, the collectives' plans), so the flows
+        of one route share one tuple, and ids hash and compare without reading a link (a
+        tuple's hash is not kept, and reading its links from memory is most of the cost:
+        a key of ids took 0.29 s a run at 16,384 GPUs where the links' took 0.78, the
+        same run, interleaved). Where every flow has a route of its own (the usual case)
+        the key is the set of ids, else the ids with their counts. Two tuples of the same
+        links count as two routes: a component then differs from one met before where
+        it need not, and its rates are worked out again, the same. A kept component
+        holds its routes' tuples, so their ids are not reused while it is kept."""
         if self._bundles:  # (a bundle's rate depends on more than its links)
             return _max_min_rates(flows, links, self.capacity, self._flows_on)
-        key = frozenset(Counter(map(_route_of, flows)).items())
+        ids = list(map(id, map(_route_of, flows)))
+        key = frozenset(ids)
+        if len(key) != len(ids):  # (some flows share a route: how many, too)
+            key = frozenset(Counter(ids).items())
         recent = self._recent
-        by_route = recent.get(key)
-        if by_route is not None:
-            return {f: by_route[f.links] for f in flows}
+        kept = recent.get(key)
+        if kept is not None:
+            return dict(zip(flows, map(kept[1].__getitem__, ids)))  # (the set read in the same order as ids)
         rate = _max_min_rates(flows, links, self.capacity, self._flows_on)
-        recent[key] = {f.links: r for f, r in rate.items()}
+        recent[key] = ([f.links for f in flows], dict(zip(ids, map(rate.__getitem__, flows))))
         if len(recent) > self.RECENT:
             del recent[next(iter(recent))]  # (the oldest)
         return rate

@@ -1,7 +1,11 @@
 """A program as arrays, for the engine: every action gets an index, and what the run needs
 to know before the clock starts is computed once here.
 
-- ``acts``, ``rank_of``: each action and the rank it runs on; ``streams`` lists
+- ``acts``, ``rank_of``: each action and the rank it runs on; ``shown[i]``: an action with
+  the fields of ``acts[i]`` that its span shows, but for a send's or recv's peer (its
+  partner's rank), the same object for every rank ``like`` another at that position (its
+  template's: ``Program.like``; the rank's own where another kind names a peer). The spans
+  read these few thousand objects instead of millions (``sim.engine.core``); ``streams`` lists
   (rank, stream name); ``members[sid]`` the actions of a stream in order; ``ids`` maps
   (rank, name) to an index. Indices go round the streams (see ``_index``).
 - ``pending[i]`` counts action i's dependencies, and one more for the action before it
@@ -35,7 +39,12 @@ to know before the clock starts is computed once here.
 
 ``nxt`` holds the int objects of ``members`` (made from them), and ``rank_of`` one object
 per rank: numpy's ``tolist`` makes a new int per entry, 32 bytes each (about 75 MB per
-list at 16,384 GPUs, 2.4 million actions). (The other lists of indices still come from
+list at 16,384 GPUs, 2.4 million actions). ``nxt`` is set class by class in numpy, from an
+object array of the rows' ints: set entry by entry from each stream's members, a
+stream's actions a rank's worth apart, it took about 0.35 s at 16,384 GPUs, most of it
+waiting for memory. (An ``array`` of integers would be quicker still to make, but the
+run would make an int at each read, and those, freed among the run's floats, left the
+peak 30 MB higher at 1,024 GPUs.) (The other lists of indices still come from
 ``tolist``: mapping them onto one object per index reads memory at random, about 0.2 s
 a list at 1,024 GPUs.)
 """
@@ -44,7 +53,7 @@ from __future__ import annotations
 
 from collections import deque
 from functools import partial
-from itertools import islice, repeat
+from itertools import chain
 
 import numpy as np
 
@@ -59,7 +68,7 @@ consume = partial(deque, maxlen=0)
 class ProgramIndex:
     """What ``index_program`` returns (see the module doc)."""
 
-    __slots__ = ("acts", "rank_of", "streams", "members", "ids", "order", "pending", "dependents",
+    __slots__ = ("acts", "shown", "rank_of", "streams", "members", "ids", "order", "pending", "dependents",
                  "key_of", "partner", "p2p", "needed", "barrier_of",
                  "dur", "mem_start", "mem_end", "nxt", "shapes", "sends", "quiet", "collectives", "slowable")
 
@@ -171,11 +180,14 @@ def _index(ix: ProgramIndex, program: Program) -> None:
         if t not in actions or len(actions[t]) != len(actions[r]):
             t = r
         classes.setdefault(t, []).append(r)
-    acts: list = [None] * n
+    acts_o = np.empty(n, dtype=object)
+    shown_o = np.empty(n, dtype=object)
+    rank_o = np.empty(n, dtype=object)
     dur_a = np.empty(n, dtype=object)
     mem_start_a = np.empty(n, dtype=object)
     mem_end_a = np.empty(n, dtype=object)
     pending_a = np.empty(n, dtype=np.int64)
+    nxt_o = np.empty(n, dtype=object)  # (the rows' own int objects: see the module doc)
     slow_a = np.zeros(n, dtype=np.uint8)
     srcs, dsts = [], []
     streams: list[tuple[int, str]] = []
@@ -186,7 +198,6 @@ def _index(ix: ProgramIndex, program: Program) -> None:
     same_dur: dict = {}  # one object per distinct duration, and per distinct memory change
     same_mem: dict = {}
     shapes = []
-    rank_of: list = [0] * n
     for t, rs in classes.items():
         lst = actions[t]
         shape = _Shape(lst)
@@ -202,9 +213,21 @@ def _index(ix: ProgramIndex, program: Program) -> None:
         if len(shape.dep_src):
             srcs.append(at[:, shape.dep_src].ravel())
             dsts.append(at[:, shape.dep_dst].ravel())
-        for r, row in zip(rs, at.tolist()):
-            consume(map(rank_of.__setitem__, row, repeat(r)))  # (one int object per rank)
-            consume(map(acts.__setitem__, row, actions[r]))
+        rows = at.tolist()
+        # Each position's next on its stream (as the int objects of the rows: the members'),
+        # each rank's actions and its rank (one int object per rank), set in C: set entry by
+        # entry, a rank's list lands a rank's worth apart, and the time goes in waiting for memory.
+        nxt_o[at] = np.where(shape.nxt >= 0, np.array(rows, dtype=object).reshape(at.shape)[:, shape.nxt], -1)
+        block = np.fromiter(chain.from_iterable(map(actions.__getitem__, rs)), dtype=object,
+                            count=len(rs) * m).reshape(at.shape)
+        acts_o[at] = block
+        shown_o[at] = np.fromiter(lst, dtype=object, count=m)  # (the template's, for every rank of the class)
+        peered = [k for k, a in enumerate(lst) if a.peer is not None and a.kind != "send" and a.kind != "recv"]
+        if peered:  # (each rank's own: peers differ between like ranks; a send's or recv's is its partner's rank)
+            shown_o[at[:, peered]] = block[:, peered]
+        del block
+        rank_o[at] = np.array(rs, dtype=object)[:, None]
+        for r, row in zip(rs, rows):
             pos_of[r] = shape.pos
             local_of[r] = row
             stream_of[r] = [(name, list(map(row.__getitem__, ks))) for name, ks in zip(shape.names, shape.slots)]
@@ -222,12 +245,13 @@ def _index(ix: ProgramIndex, program: Program) -> None:
                         cross_dst.append(row[k])
             srcs.append(cross_src)  # (resolved below, once every rank's table exists)
             dsts.append(cross_dst)
-    nxt: list = [-1] * n
     for r in ranks:
         for name, mine in stream_of[r]:
             streams.append((r, name))
             members.append(mine)
-            consume(map(nxt.__setitem__, mine, islice(mine, 1, None)))  # (each action's next on its stream)
+    # (the arrays are freed on return, together: freed here, before the lists below are made,
+    # glibc would take those from its heap, not map them, and the run's end keep 45 MB more)
+    nxt, acts, rank_of, shown = nxt_o.tolist(), acts_o.tolist(), rank_o.tolist(), shown_o.tolist()
     src_all: list[int] = []
     dst_all: list[int] = []
     for s_, d_ in zip(srcs, dsts):
@@ -251,7 +275,7 @@ def _index(ix: ProgramIndex, program: Program) -> None:
             at = first[sizes == size]
             columns = [dst[at + c].tolist() for c in range(size)]
             consume(map(dependents.__setitem__, src[at].tolist(), zip(*columns)))
-    ix.acts, ix.rank_of, ix.streams, ix.members = acts, rank_of, streams, members
+    ix.acts, ix.shown, ix.rank_of, ix.streams, ix.members = acts, shown, rank_of, streams, members
     pending = pending_a.tolist()
     if max(pending, default=0) < 256:  # the usual case: a byte each is quicker to count down
         pending = bytearray(pending)

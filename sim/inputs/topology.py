@@ -91,7 +91,6 @@ class Topology:
         self._between: dict[tuple, list] = {}  # (switch, switch) two hops apart -> the half-way nodes (_hung_path)
         self._nics: dict[str, list[str]] = {}  # GPU -> its NICs (_nics_of)
         self._firsts: dict[str, str] = {}  # NIC -> the first GPU whose own NIC it is (_pxn_relay)
-        self._relays: dict[tuple[int, int], int | None] = {}  # (src, dst) -> PXN relay rank
         self._vias: dict[int, dict[int, int | None]] = {}  # src -> destination's local index -> the same
         self._rank_locals: list[int] | None = None  # rank -> its local index (_pxn_relay)
         self._rails: bool | None = None
@@ -212,7 +211,7 @@ class Topology:
             self._pxn_copies.setdefault(self.pxn_level, self)
             other = self._pxn_copies[level] = copy.copy(self)  # (sharing _pxn_copies: the same graph)
             other.pxn_level = level
-            other._route_cache, other._relays, other._vias, other.memo = {}, {}, {}, {}
+            other._route_cache, other._vias, other.memo = {}, {}, {}
         return other
 
     def has_rails(self) -> bool:
@@ -237,14 +236,9 @@ class Topology:
         proxy rank; module doc), or None when it goes straight: PXN off, the same node, no
         rails, no GPU of the destination's local index on the sender's node, or the sender
         itself sending by that NIC."""
-        key = (src, dst)
-        if key in self._relays:
-            return self._relays[key]
-        via = None
         if self.pxn_level > 0 and src != dst and self.node_of(src) != self.node_of(dst) and self.has_rails():
-            via = self._pxn_relay(src, dst)
-        self._relays[key] = via
-        return via
+            return self._pxn_relay(src, dst)  # (kept per sender and local index: _vias)
+        return None
 
     def _pxn_relay(self, src: int, dst: int) -> int | None:
         """``relay`` between nodes: it depends on the destination through its local index
@@ -326,9 +320,9 @@ class Topology:
         per pair (``_core_hops``, ``_mids``, ``_walk_to``)."""
         best, ends = None, []
         lasts = self._end_stems(d)
-        hops, core_hops, adj = self._hops, self._core_hops, self._core_graph().adj
-        for a, ra, ta, hung_a, width_a, kind_a in self._end_stems(s):
-            for b, rb, tb, hung_b, width_b, kind_b in lasts:
+        hops, core_hops = self._hops, self._core_hops
+        for a, ra, ta, hung_a, width_a, kind_a, open_a in self._end_stems(s):
+            for b, rb, tb, hung_b, width_b, kind_b, _ in lasts:
                 # _core_hops(a, b), its usual cases inline (the rest through it)
                 if a == b or ra == b or rb == a:
                     n = core_hops(a, b)
@@ -341,7 +335,7 @@ class Topology:
                 elif ra == rb:
                     n = hung_a + hung_b
                 else:
-                    n = 2 + hung_a + hung_b if adj[ra] else None
+                    n = 2 + hung_a + hung_b if open_a else None
                 if n is None:
                     continue
                 # Fewest hops first; among those, the widest links out of s and into d,
@@ -349,16 +343,16 @@ class Topology:
                 # through the NVSwitch, not over PCIe.
                 score = (n, -min(width_a, width_b), max(kind_a, kind_b))
                 if best is None or score < best:
-                    best, ends = score, [(a, b)]
+                    best, ends = score, [(a, b, ra, rb)]
                 elif score == best:
-                    ends.append((a, b))
+                    ends.append((a, b, ra, rb))
         if best is None:
             raise InputError(f"topology {self.name}: no route from {s} to {d}")
         best = best[0]
-        a, b = _pick(ends, h)
+        a, b, ra, rb = ends[h % len(ends)]  # (_pick)
         if best == 0:
             return [a]
-        hung = self._hung_path(a, b, best, h)
+        hung = self._hung_path(a, b, best, h, ra, rb)
         if hung is not None:
             return hung
         # Nodes on shortest a-b paths: half-way nodes x with dist(a, x) = m and
@@ -367,15 +361,18 @@ class Topology:
         mid = _pick(self._mids(a, m, b, best - m), h)
         return self._walk_to(a, m, mid, h)[::-1] + self._walk_to(b, best - m, mid, h)[1:]
 
-    def _hung_path(self, a: str, b: str, hops: int, h: int) -> list[str] | None:
+    def _hung_path(self, a: str, b: str, hops: int, h: int, ra: str | None = None,
+                   rb: str | None = None) -> list[str] | None:
         """The path the search below finds between ``a`` and ``b``, ``hops`` apart, when
         both hang off a switch (their stems: a NIC on its leaf) and the two switches are
         one, or two hops apart (two leaves of a fabric); else None. Then the half-way
         nodes are the two switches' common neighbours (``_mids``, kept per pair of
         switches), and the walks back from one of them to each end have one option a hop
         (``_walk_to``): the route is the ends, their switches and the neighbour that hash
-        ``h`` picks, as the search would pick it, without its per-pair steps."""
-        ra, rb = self._stem(a), self._stem(b)
+        ``h`` picks, as the search would pick it, without its per-pair steps. (``ra``,
+        ``rb``: the stems of ``a`` and ``b``, where the caller has them.)"""
+        if ra is None or rb is None:
+            ra, rb = self._stem(a), self._stem(b)
         if ra == a or rb == b:
             return None
         if ra == rb:
@@ -386,15 +383,17 @@ class Topology:
         mids = self._between.get(key)
         if mids is None:  # (neither end is a neighbour of the other's switch: the same for all that hang there)
             mids = self._between[key] = self._mids(a, 2, b, 2)
-        return [a, ra, _pick(mids, h), rb, b]
+        return [a, ra, mids[h % len(mids)], rb, b]  # (_pick)
 
-    def _end_stems(self, gpu: str) -> list[tuple[str, str, str, int, float, int]]:
-        """``_core_ends`` with each device's stem, its stem's twin and whether it hangs off
-        its stem (1 or 0), what ``_core_hops`` reads of it (kept per GPU)."""
+    def _end_stems(self, gpu: str) -> list[tuple[str, str, str, int, float, int, bool]]:
+        """``_core_ends`` with each device's stem, its stem's twin, whether it hangs off
+        its stem (1 or 0) and whether its stem has a core neighbour, what ``_core_hops``
+        and ``_core_path`` read of it (kept per GPU)."""
         got = self._stem_ends.get(gpu)
         if got is None:
-            got = self._stem_ends[gpu] = [(a, self._stem(a), self._twin(self._stem(a)), int(self._stem(a) != a), w, k)
-                                          for a, w, k in self._core_ends(gpu)]
+            adj = self._core_graph().adj
+            got = self._stem_ends[gpu] = [(a, r, self._twin(r), int(r != a), w, k, len(adj[r]) > 0)
+                                          for a, w, k in self._core_ends(gpu) for r in (self._stem(a),)]
         return got
 
     def _core_ends(self, gpu: str) -> list[tuple[str, float, int]]:
