@@ -57,6 +57,8 @@ the compute stream, FSDP's reduce stream ``sim.program.fsdp.REDUCE_STREAM``).
 
 from __future__ import annotations
 
+from itertools import count
+from operator import attrgetter
 from typing import Callable
 
 from sim.program.actions import Action, Program
@@ -81,8 +83,8 @@ def group_streams(dense: Callable[[int], tuple], experts: Callable[[int], tuple]
     return of
 
 
-def _moves(a: Action) -> bool:
-    return a.kind == "collective" and a.category in ("dp", "zero") and a.stream in MOVED_STREAMS
+MOVED_CATEGORIES = ("dp", "zero")
+"""The categories of the data-parallel collectives (gradient buckets, parameter gathers)."""
 
 
 def put_on_group_streams(prog: Program, streams: Callable[[int], dict[tuple, str]],
@@ -93,31 +95,42 @@ def put_on_group_streams(prog: Program, streams: Callable[[int], dict[tuple, str
     reductions before all-gathers without. A collective over a group ``streams`` does not name
     is left as it is."""
     out = {}
+    name_of = attrgetter("name")
     for r, acts in prog.actions.items():
         mine = streams(r)
         lst = list(acts)
-        moving = [a for a in lst if _moves(a) and a.group in mine]
+        # (one comprehension over the list: this runs over every action of every program a search builds)
+        moving = [a for a in lst if a.kind == "collective" and a.category in MOVED_CATEGORIES
+                  and a.stream in MOVED_STREAMS and a.group in mine]
         if not moving:
             out[r] = lst
             continue
-        by_name = {a.name: a for a in lst}
-        moved = {a.name for a in moving}
+        copies = {a.name: a for a in lst if a.category == "fsdp"}  # what an anchor is followed back through
         after: dict[str | None, list[tuple[int, int, Action]]] = {}
         for k, a in enumerate(moving):
-            anchor = _anchor(a, by_name)
+            anchor = _anchor(a, copies)
             is_gather = a.op == "allgather"
             tie = (0 if is_gather else 1) if gathers_first else (1 if is_gather else 0)
             after.setdefault(anchor, []).append((tie, k, a.evolve(stream=mine[a.group])))
         for got in after.values():
             got.sort(key=lambda x: x[:2])
+        # the list copied in slices between the positions that change: the moved collectives (left
+        # out) and the anchors (each followed by what is issued after it)
+        index = dict(zip(map(name_of, lst), count()))
+        moved_at = {index[a.name] for a in moving}
+        cuts = sorted(moved_at | {index[n] for n in after if n is not None and n in index})
         new: list[Action] = []
         _place(None, after, new)
-        for a in lst:
-            if a.name in moved:
+        prev = 0
+        for i in cuts:
+            new.extend(lst[prev:i])
+            prev = i + 1
+            if i in moved_at:
                 continue
+            a = lst[i]
             new.append(a)
-            if a.name in after:
-                _place(a.name, after, new)
+            _place(a.name, after, new)
+        new.extend(lst[prev:])
         for name in list(after):  # an anchor that is not on this rank: those collectives last, in order
             _place(name, after, new)
         out[r] = new
@@ -135,16 +148,17 @@ def _place(name: str | None, after: dict, new: list[Action]) -> None:
         stack.extend(reversed(after.pop(c.name, ())))
 
 
-def _anchor(a: Action, by_name: dict[str, Action]) -> str | None:
+def _anchor(a: Action, copies: dict[str, Action]) -> str | None:
     """The action ``a`` is issued after (module doc): its first same-rank dependency, followed
-    back through FSDP's copies (category ``fsdp``) to theirs; None for the start."""
+    back through FSDP's copies (``copies``: the rank's actions of category ``fsdp``, by name)
+    to theirs; None for the start."""
     seen = set()
     while True:
         first = next((d for d in a.deps if d.__class__ is str), None)
         if first is None or first in seen:
             return None
         seen.add(first)
-        dep = by_name.get(first)
+        dep = copies.get(first)
         if dep is None or dep.category != "fsdp":
             return first
         a = dep
