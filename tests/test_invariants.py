@@ -42,6 +42,8 @@ def run():
     ParallelPlan(dp=4, pp=2, micro_batch_size=1, global_batch_size=8, zero_stage=3, zero3_prefetch_depth=2),
     ParallelPlan(dp=8, micro_batch_size=1, global_batch_size=8, zero_stage=2, offload_optimizer=True),
     ParallelPlan(pp=4, vpp=1, global_batch_size=8, schedule="zb-h2"),
+    # DeepSpeed's contiguous-gradient bucket buffer: allocated up front, resident in 'buckets'
+    ParallelPlan(dp=4, micro_batch_size=1, global_batch_size=8, zero_stage=3, framework="deepspeed"),
 ])
 def test_real_runs_satisfy_every_invariant(plan):
     topo = load_topology("dgx-h100", nodes=2)
@@ -124,6 +126,10 @@ def test_memory_left_over_at_the_end_is_caught(run):
     t = _broken(run)
     t.memory.append((t.end_s, 1, "optimizer", -4096.0))
     with pytest.raises(InvariantError, match="'optimizer' on rank 1 ends the iteration"):
+        check(run.program, t)
+    t = _broken(run)  # a transient category with nothing resident in it must end empty
+    t.memory.append((t.end_s, 0, "buckets", 1e9))
+    with pytest.raises(InvariantError, match="'buckets' on rank 0 ends the iteration at 1e\\+09 bytes, not the resident 0"):
         check(run.program, t)
 
 

@@ -19,7 +19,8 @@ Checked after the run, from the program and its trace (``check``):
 - **memory never goes negative** in any category on any rank, and at the end of the
   iteration every category is back to what the ``resident memory`` action put there
   (parameters, gradients, optimizer states, reserve; zero for activations, gathered
-  parameters and gradient buckets).
+  parameters and gradient buckets, except buffers allocated up front: DeepSpeed's
+  contiguous-gradient bucket buffers, resident in ``buckets``).
 
 Checked while the engine runs (``sim.engine.core`` and ``sim.engine.network`` call ``violation``):
 
@@ -40,9 +41,6 @@ import os
 
 REL_TOL = 1e-9
 """Relative slack for floating-point sums (times, rates, bytes)."""
-
-TRANSIENT = ("activations", "gathered", "buckets")
-"""Memory categories that must be empty again at the end of an iteration."""
 
 RESIDENT_ACTION = "resident memory"
 """The action the passes use to allocate the resident model states (``sim.program.zero``)."""
@@ -159,9 +157,7 @@ def _check_memory(program, trace) -> None:
         if v < -REL_TOL * max(scale[k], 1.0) - 1e-6:
             violation(f"memory in {c!r} on rank {r} went negative ({v:.6g} bytes) at t={t!r}")
     for (r, c), v in sorted(level.items()):
-        want = resident.get(r, {}).get(c, 0.0)
-        if c in TRANSIENT:
-            want = 0.0
+        want = resident.get(r, {}).get(c, 0.0)  # 0 for the transient ones unless allocated up front
         if abs(v - want) > REL_TOL * max(scale[(r, c)], 1.0) + 1e-6:
             violation(f"memory in {c!r} on rank {r} ends the iteration at {v:.6g} bytes, not the resident "
                       f"{want:.6g}")
