@@ -21,6 +21,11 @@ below it can also be given on its own (a given one wins over the framework's):
                                                        ("flash_attention_2"), Megatron-DeepSpeed's
                                                        --use-flash-attn-v2: FlashAttention-2 either way
 
+What the framework's FSDP or DeepSpeed ZeRO does with the plan's own settings over it is
+resolved once per plan into a ``ShardingStrategy`` (``ParallelPlan.sharding``, made by
+``sharding_of`` with the rules below): the program's passes and the memory estimate read its
+values, and no other module compares the plan's framework with a name.
+
 ``attention_kernel`` (``HardwareProfile.attention_kernel_speed``): 'te' is the kernel the
 profile's ``attention_max_efficiency`` stands for (FlashAttention-3 / cuDNN on Hopper,
 FlashAttention-2 on Ampere); 'fa2' is FlashAttention-2 (Dao 2023), which on Hopper uses
@@ -109,7 +114,8 @@ each layer is gathered once per schedule call (and per forward of a micro-batch 
 ``reshard_after_forward`` is on; NeMo AutoModel's MoE parallelizer turns it off under
 pipelining, components/moe/parallelizer.py @ 89e3a9fdd604: ``reshard_after_forward=not
 pp_enabled``) and held until the call's last backward of it. A call's micro-batches are the
-sync window (``ShardingStrategy.pp_sync_window``): AutoModel calls the schedule once per accumulation step.
+sync window (``ShardingStrategy.pp_sync_window``): AutoModel calls the schedule once per
+accumulation step.
 
 Reduce dtype by parallelizer (``Framework.moe_reduce_fp32``, ``expert_reduce_fp32``): NeMo
 AutoModel shards a dense model with ``FSDP2Manager``'s policy (bf16 reductions, above) but a
@@ -286,7 +292,7 @@ class ShardingStrategy:
     FSDP or DeepSpeed ZeRO with the plan's own settings over the framework's (a given one
     wins), resolved once per plan (``ParallelPlan.sharding``, made by ``sharding_of``). Every
     value the program and the memory estimate read of FSDP and DeepSpeed is here; no other
-    module asks the plan which framework ran."""
+    module compares the plan's framework with a name."""
 
     kind: str
     """Whose sharding runs the plan: "fsdp1" or "fsdp2" (``FSDP_KINDS``: PyTorch's FSDP, under
