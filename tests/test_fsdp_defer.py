@@ -9,7 +9,6 @@ from pathlib import Path
 import pytest
 
 from sim.errors import InputError
-from sim.inputs.frameworks import defer_grad_sync_in_effect
 from sim.inputs.hardware import load_profile
 from sim.inputs.model import gpt
 from sim.inputs.plan import ParallelPlan
@@ -35,13 +34,12 @@ def _layer1_scatters(acts):
 
 
 def test_automodel_defers_by_default_and_a_given_setting_wins():
-    assert defer_grad_sync_in_effect(ParallelPlan(dp=2, zero_stage=3, framework="automodel"))
-    assert not defer_grad_sync_in_effect(ParallelPlan(dp=2, zero_stage=3, framework="automodel",
-                                                      defer_fsdp_grad_sync=False))
-    assert defer_grad_sync_in_effect(ParallelPlan(dp=2, zero_stage=3, framework="torchtitan",
-                                                  defer_fsdp_grad_sync=True))
-    assert not defer_grad_sync_in_effect(ParallelPlan(dp=2, zero_stage=3, framework="torchtitan"))
-    assert not defer_grad_sync_in_effect(ParallelPlan(dp=2, zero_stage=2, framework="automodel"))
+    assert ParallelPlan(dp=2, zero_stage=3, framework="automodel").sharding.defer_grad_sync
+    given_off = ParallelPlan(dp=2, zero_stage=3, framework="automodel", defer_fsdp_grad_sync=False)
+    assert not given_off.sharding.defer_grad_sync
+    assert ParallelPlan(dp=2, zero_stage=3, framework="torchtitan", defer_fsdp_grad_sync=True).sharding.defer_grad_sync
+    assert not ParallelPlan(dp=2, zero_stage=3, framework="torchtitan").sharding.defer_grad_sync
+    assert not ParallelPlan(dp=2, zero_stage=2, framework="automodel").sharding.defer_grad_sync
 
 
 @pytest.mark.parametrize("kw", [dict(), dict(framework="megatron"), dict(framework="llm-foundry"),

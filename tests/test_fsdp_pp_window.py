@@ -1,4 +1,4 @@
-"""FSDP2 under pipeline parallelism (``sim.inputs.frameworks.pp_sync_window``): torch
+"""FSDP2 under pipeline parallelism (``ParallelPlan.sharding.pp_sync_window``): torch
 pipelining keeps each stage's parameters gathered and its gradients unreduced across one call
 of the schedule (``backward_maybe_with_nosync``), and NeMo AutoModel calls it once per
 accumulation step (``pp_call_microbatches``). Per call, by hand on a tiny model: the
@@ -8,7 +8,6 @@ the non-pipelined and Megatron plans unchanged."""
 import pytest
 
 from sim.errors import InputError
-from sim.inputs.frameworks import pp_sync_window
 from sim.inputs.hardware import load_profile
 from sim.inputs.model import gpt
 from sim.inputs.plan import ParallelPlan
@@ -37,12 +36,12 @@ def _of_layer1(acts, op):
 
 
 def test_the_window_is_one_schedule_call():
-    assert pp_sync_window(_plan()) == 4  # one call: all 4 micro-batches
-    assert pp_sync_window(_plan(pp_call_microbatches=2)) == 2
-    assert pp_sync_window(_plan(pp=1, dp=4)) is None  # no pipeline: FSDP's own hooks
+    assert _plan().sharding.pp_sync_window == 4  # one call: all 4 micro-batches
+    assert _plan(pp_call_microbatches=2).sharding.pp_sync_window == 2
+    assert _plan(pp=1, dp=4).sharding.pp_sync_window is None  # no pipeline: FSDP's own hooks
     # torchtitan's FSDP2 is torch pipelining's too (backward_maybe_with_nosync), whatever the framework defers
-    assert pp_sync_window(_plan(framework="torchtitan")) == 4
-    assert pp_sync_window(_plan(framework="megatron")) is None
+    assert _plan(framework="torchtitan").sharding.pp_sync_window == 4
+    assert _plan(framework="megatron").sharding.pp_sync_window is None
 
 
 @pytest.mark.parametrize("kw, why", [(dict(pp_call_microbatches=3), "divisor"),
@@ -155,4 +154,4 @@ def test_torchtitan_under_pipelining_keeps_its_layers_gathered_through_the_call(
 def test_fsdp2_grad_sync_under_pipelining_cannot_be_turned_off():
     with pytest.raises(InputError, match="defer_fsdp_grad_sync.*pipelining"):
         _plan(defer_fsdp_grad_sync=False)
-    assert pp_sync_window(_plan(pp=1, dp=4, defer_fsdp_grad_sync=False)) is None  # without a pipeline: allowed
+    assert _plan(pp=1, dp=4, defer_fsdp_grad_sync=False).sharding.pp_sync_window is None  # without a pipeline: allowed

@@ -6,7 +6,6 @@ experts' policy-less ``fully_shard``). Checked by hand on a tiny MoE layer over 
 import pytest
 
 from sim.inputs.experts import Folding
-from sim.inputs.frameworks import grad_reduce_fp32_in_effect
 from sim.inputs.hardware import load_profile
 from sim.inputs.model import layer_param_split, llama
 from sim.inputs.plan import ParallelPlan
@@ -31,15 +30,15 @@ def _plan(**kw):
 ])
 def test_each_frameworks_reduce_dtype_by_part(framework, dense_model, moe_dense, experts):
     plan = _plan(framework=framework)
-    assert grad_reduce_fp32_in_effect(plan) is dense_model
-    assert grad_reduce_fp32_in_effect(plan, moe=True) is moe_dense
-    assert grad_reduce_fp32_in_effect(plan, moe=True, experts=True) is experts
+    assert plan.sharding.reduce_fp32() is dense_model
+    assert plan.sharding.reduce_fp32(moe=True) is moe_dense
+    assert plan.sharding.reduce_fp32(moe=True, experts=True) is experts
 
 
 def test_a_given_reduce_dtype_sets_every_part():
     for given in (True, False):
         plan = _plan(grad_reduce_fp32=given)
-        assert {grad_reduce_fp32_in_effect(plan, m, x) for m in (False, True) for x in (False, True)} == {given}
+        assert {plan.sharding.reduce_fp32(m, x) for m in (False, True) for x in (False, True)} == {given}
 
 
 def _reductions(acts, prefix):

@@ -21,6 +21,11 @@ below it can also be given on its own (a given one wins over the framework's):
                                                        ("flash_attention_2"), Megatron-DeepSpeed's
                                                        --use-flash-attn-v2: FlashAttention-2 either way
 
+What the framework's FSDP or DeepSpeed ZeRO does with the plan's own settings over it is
+resolved once per plan into a ``ShardingStrategy`` (``ParallelPlan.sharding``, made by
+``sharding_of`` with the rules below): the program's passes and the memory estimate read its
+values, and no other module compares the plan's framework with a name.
+
 ``attention_kernel`` (``HardwareProfile.attention_kernel_speed``): 'te' is the kernel the
 profile's ``attention_max_efficiency`` stands for (FlashAttention-3 / cuDNN on Hopper,
 FlashAttention-2 on Ampere); 'fa2' is FlashAttention-2 (Dao 2023), which on Hopper uses
@@ -109,7 +114,8 @@ each layer is gathered once per schedule call (and per forward of a micro-batch 
 ``reshard_after_forward`` is on; NeMo AutoModel's MoE parallelizer turns it off under
 pipelining, components/moe/parallelizer.py @ 89e3a9fdd604: ``reshard_after_forward=not
 pp_enabled``) and held until the call's last backward of it. A call's micro-batches are the
-sync window (``pp_sync_window``): AutoModel calls the schedule once per accumulation step.
+sync window (``ShardingStrategy.pp_sync_window``): AutoModel calls the schedule once per
+accumulation step.
 
 Reduce dtype by parallelizer (``Framework.moe_reduce_fp32``, ``expert_reduce_fp32``): NeMo
 AutoModel shards a dense model with ``FSDP2Manager``'s policy (bf16 reductions, above) but a
@@ -193,6 +199,13 @@ class Framework:
     """Under gradient accumulation its FSDP reduce-scatters the gradients once per step, after
     the last micro-batch's backward, not after every micro-batch's (module doc, "Deferred
     gradient sync")."""
+    reshard_under_pp: bool = True
+    """Its FSDP frees a layer's gathered parameters after its forward under pipeline parallelism
+    too; False: torchtitan's ``reshard_after_forward_policy`` "default" (``reshard_after_forward
+    = not pp_enabled``, torchtitan/models/llama3/infra/parallelize.py ``apply_fsdp``)."""
+    deepspeed: bool = False
+    """Its data parallelism is DeepSpeed's engine and ZeRO (module doc, "DeepSpeed's ZeRO"),
+    whatever the stage."""
 
 
 KERNEL_OVERHEAD_MAX_S = 25e-6
@@ -210,7 +223,7 @@ FRAMEWORKS = {
     # torchtitan: MixedPrecisionPolicy(param_dtype=mixed_precision_param, reduce_dtype=mixed_precision_reduce),
     # whose defaults are bfloat16 and float32 (torchtitan config ``training.mixed_precision_reduce``)
     "torchtitan": Framework("fa2", "backward_pre", "torchtitan: FSDP2, SDPA attention (FlashAttention-2)", True,
-                            fsdp="fsdp2", reduce_fp32=True),
+                            fsdp="fsdp2", reduce_fp32=True, reshard_under_pp=False),
     # AutoModel: FSDP2Manager's mp_policy default of its 2025 versions (the F15 row's yaml @ 2013a4dd6 gives none):
     # MixedPrecisionPolicy(param_dtype=bfloat16, reduce_dtype=bfloat16, output_dtype=bfloat16); later versions
     # reduce in float32 (an assumption: the version the row ran is not pinned further)
@@ -231,7 +244,7 @@ FRAMEWORKS = {
                              fsdp="fsdp1", reduce_fp32=True),
     "deepspeed": Framework("fa2", "backward_pre",
                            "DeepSpeed ZeRO: hook-driven trace prefetch, persistent small parameters, FlashAttention-2",
-                           True),
+                           True, deepspeed=True),
 }
 OVERHEAD_FRAMEWORKS = tuple(name for name, f in FRAMEWORKS.items() if f.kernel_overhead)
 """The frameworks whose kernels pay ``framework_kernel_overhead_s`` (module doc)."""
@@ -241,6 +254,12 @@ DEFAULT_FRAMEWORK = "megatron"
 def framework_of(plan) -> Framework:
     """The plan's framework (Megatron-Core when none is given)."""
     return FRAMEWORKS[plan.framework or DEFAULT_FRAMEWORK]
+
+
+def framework_named(name: str | None) -> Framework | None:
+    """The framework called ``name`` (Megatron-Core for None); None for a name none has (the
+    plan refuses it, naming the choices)."""
+    return FRAMEWORKS.get(name or DEFAULT_FRAMEWORK)
 
 
 def framework_name(plan) -> str:
@@ -258,80 +277,6 @@ def kernel_overhead_s(plan, profile) -> float:
     return float(profile.framework_kernel_overhead_s.get(name, 0.0))
 
 
-def fsdp_of(plan) -> str:
-    """The PyTorch FSDP that runs the plan's ZeRO-3 ("fsdp1", "fsdp2"), "" when none does
-    (another framework, or a ZeRO stage that does not shard the parameters)."""
-    return framework_of(plan).fsdp if plan.zero.shards_params else ""
-
-
-def grad_reduce_fp32_in_effect(plan, moe: bool = False, experts: bool = False) -> bool:
-    """Whether the data-parallel gradients are reduced in fp32: as given
-    (``accumulate_allreduce_grads_in_fp32``, every gradient), else as the framework's FSDP
-    does under ZeRO-3 (``Framework.reduce_fp32``; for a model with routed experts, ``moe``,
-    ``Framework.moe_reduce_fp32`` for its dense parameters and, ``experts``, the routed
-    experts' ``Framework.expert_reduce_fp32``), else not (16-bit, Megatron-Core's
-    distributed optimizer with grad_sync_dtype bf16 and PyTorch DDP)."""
-    if plan.grad_reduce_fp32 is not None:
-        return plan.grad_reduce_fp32
-    if not fsdp_of(plan):
-        return False
-    f = framework_of(plan)
-    dense = f.reduce_fp32 if not moe or f.moe_reduce_fp32 is None else f.moe_reduce_fp32
-    if experts and f.expert_reduce_fp32 is not None:
-        return f.expert_reduce_fp32
-    return dense
-
-
-def defer_grad_sync_in_effect(plan) -> bool:
-    """Whether ZeRO-3's gradients are reduce-scattered once per step, after the last
-    micro-batch (module doc, "Deferred gradient sync"): always under FSDP2 with pipelining
-    (torch pipelining's ``backward_maybe_with_nosync``, whatever the framework says), else as
-    given (``defer_fsdp_grad_sync``), else as the framework's FSDP does; never without a
-    PyTorch FSDP running ZeRO-3."""
-    if not fsdp_of(plan):
-        return False
-    if fsdp_of(plan) == "fsdp2" and plan.pp > 1:
-        return True
-    if plan.defer_fsdp_grad_sync is not None:
-        return plan.defer_fsdp_grad_sync
-    return framework_of(plan).defer_grad_sync
-
-
-def reshard_after_forward_in_effect(plan) -> bool:
-    """Whether ZeRO-3 frees a layer's gathered parameters after its forward (module doc): as
-    given (``reshard_after_forward``), else not for torchtitan under pipelining (its
-    ``reshard_after_forward_policy`` "default": ``reshard_after_forward = not pp_enabled``,
-    torchtitan/models/llama3/infra/parallelize.py ``apply_fsdp``), else yes (FSDP's default,
-    FSDP1's FULL_SHARD)."""
-    if plan.reshard_after_forward is not None:
-        return plan.reshard_after_forward
-    return not (framework_name(plan) == "torchtitan" and plan.pp > 1)
-
-
-def pp_sync_window(plan) -> int | None:
-    """Under FSDP2 with pipeline parallelism (module doc, "Deferred gradient sync"), the
-    micro-batches of one call of the pipeline schedule (``pp_call_microbatches``, else all of
-    the step's): torch pipelining's ``backward_maybe_with_nosync`` keeps each stage's
-    parameters gathered (``reshard_after_backward`` False) and its gradients unreduced
-    (``requires_gradient_sync`` False) across them and runs FSDP's ``post_backward`` after
-    the stage's last backward of the call. NeMo AutoModel calls the schedule once per
-    accumulation step with ``local_batch_size / micro_batch_size`` micro-batches
-    (recipes/llm/train_ft.py ``_forward_backward_step``: ``self.pp.info.schedule.step``;
-    components/distributed/pipelining/functional.py: ``n_microbatches = local_batch_size //
-    microbatch_size``; at 89e3a9fdd604), and torchtitan too (train.py ``forward_backward_step``,
-    one ``pp_schedule.step`` per gradient-accumulation step). None where it does not apply: no FSDP2 or no
-    pipeline."""
-    if fsdp_of(plan) != "fsdp2" or plan.pp < 2:
-        return None
-    return plan.pp_call_microbatches or plan.num_microbatches
-
-
-def schedule_calls(plan) -> int:
-    """How many times a step runs the pipeline schedule (``pp_call_microbatches``: one call
-    per that many micro-batches, AutoModel's one per accumulation step; else once)."""
-    return plan.num_microbatches // plan.pp_call_microbatches if plan.pp_call_microbatches else 1
-
-
 def attention_kernel_in_effect(plan) -> str:
     """The attention kernel the plan runs: the one given, else its framework's ('te' under
     unfused attention, which has no attention kernel to price)."""
@@ -340,56 +285,168 @@ def attention_kernel_in_effect(plan) -> str:
     return plan.attention_kernel or framework_of(plan).attention_kernel
 
 
-def backward_prefetch_in_effect(plan) -> str:
-    """How ZeRO-3 prefetches in backward: as given, else as its framework does."""
-    return plan.backward_prefetch or framework_of(plan).backward_prefetch
+# ---------------------------------------------------------------- the plan's sharding, resolved
+@dataclass(frozen=True)
+class ShardingStrategy:
+    """How the plan's data-parallel states are gathered, reduced and held: its framework's
+    FSDP or DeepSpeed ZeRO with the plan's own settings over the framework's (a given one
+    wins), resolved once per plan (``ParallelPlan.sharding``, made by ``sharding_of``). Every
+    value the program and the memory estimate read of FSDP and DeepSpeed is here; no other
+    module compares the plan's framework with a name."""
+
+    kind: str
+    """Whose sharding runs the plan: "fsdp1" or "fsdp2" (``FSDP_KINDS``: PyTorch's FSDP, under
+    ZeRO-3 only), "deepspeed" (DeepSpeed's engine, any stage), "" (Megatron-Core's DDP and
+    distributed optimizer; a PyTorch framework below ZeRO-3)."""
+    reduce_fp32_dense: bool
+    """The gradients of a model without routed experts are reduced in fp32 (``reduce_fp32``)."""
+    reduce_fp32_moe_dense: bool
+    """The dense parameters' gradients of a model with routed experts are reduced in fp32."""
+    reduce_fp32_experts: bool | None
+    """The routed experts' gradients are reduced in fp32; None: as the same model's dense ones."""
+    defer_grad_sync: bool
+    """ZeRO-3's gradients reduce-scattered once per step (or schedule call), after the last
+    micro-batch's backward (module doc, "Deferred gradient sync")."""
+    reshard_after_forward: bool
+    """ZeRO-3 frees a layer's gathered parameters after its forward (module doc)."""
+    backward_prefetch: str
+    """How ZeRO-3 prefetches in backward (``BACKWARD_PREFETCH``)."""
+    pp_sync_window: int | None
+    """Under FSDP2 with pipelining, the micro-batches of one pipeline-schedule call, across
+    which the stage's parameters stay gathered and its gradients unreduced; None: no FSDP2 or
+    no pipeline (``sharding_of``)."""
+    schedule_calls: int
+    """How many times a step runs the pipeline schedule (``pp_call_microbatches``: one call per
+    that many micro-batches, AutoModel's one per accumulation step; else once)."""
+    overlap_comm: bool
+    """DeepSpeed's ``overlap_comm``: as given, else on for ZeRO-3 only (``overlap_comm_valid``)."""
+    bucket_buffers: int
+    """DeepSpeed's gradient bucket buffers of ``reduce_bucket_size`` elements, allocated whatever
+    the gradients' size with ``contiguous_gradients`` (on by default): one under ZeRO-3
+    (stage3.py, after the optimizer states: ``bucket.buffer = torch.empty(
+    self.reduce_bucket_size, ...)``), one under ZeRO-1/2 and a second with ``overlap_comm``
+    (stage_1_and_2.py ``setup_buckets``: "double buffers to avoid data access conflict");
+    none without ZeRO or outside DeepSpeed."""
+    max_live_parameters: float | None
+    """ZeRO-3's cap on gathered parameters (elements): as given, else DeepSpeed's default
+    under DeepSpeed, else none."""
+    persistence_threshold: float | None
+    """DeepSpeed's ``stage3_param_persistence_threshold`` (elements; None: not DeepSpeed,
+    nothing persists)."""
+    prefetch_bucket_size: float
+    """DeepSpeed's ``stage3_prefetch_bucket_size`` (elements): as given, else its default."""
+    max_reuse_distance: float
+    """DeepSpeed's ``stage3_max_reuse_distance`` (elements): as given, else its default."""
+
+    @property
+    def fsdp(self) -> str:
+        """The PyTorch FSDP that runs the plan's ZeRO-3 ("fsdp1", "fsdp2"), "" when none does
+        (another framework, or a ZeRO stage that does not shard the parameters)."""
+        return self.kind if self.kind in FSDP_KINDS else ""
+
+    @property
+    def fsdp2(self) -> bool:
+        """PyTorch's FSDP2 (``fully_shard``) runs the plan's ZeRO-3."""
+        return self.kind == "fsdp2"
+
+    @property
+    def deepspeed(self) -> bool:
+        """DeepSpeed's engine runs the plan's data parallelism (module doc)."""
+        return self.kind == "deepspeed"
+
+    @property
+    def prefetch_after_backward(self) -> bool:
+        """FSDP1's BACKWARD_POST: a layer's backward all-gather is issued once the layer after it
+        has its gradients, so each layer's backward waits for its own gather (module doc)."""
+        return self.backward_prefetch == "backward_post"
+
+    @property
+    def gathers_before_reduce(self) -> bool:
+        """FSDP1 with BACKWARD_POST issues a layer's all-gather in the post-backward hook before
+        the reduce-scatter beside it (``_post_backward_reshard`` -> ``_prefetch_handle``); the
+        others' reductions go first (``sim.program.process_group_streams``)."""
+        return self.kind == "fsdp1" and self.prefetch_after_backward
+
+    def reduce_fp32(self, moe: bool = False, experts: bool = False) -> bool:
+        """Whether the data-parallel gradients are reduced in fp32: as given
+        (``accumulate_allreduce_grads_in_fp32``, every gradient), else as the framework's FSDP
+        does under ZeRO-3 (``Framework.reduce_fp32``; for a model with routed experts, ``moe``,
+        ``Framework.moe_reduce_fp32`` for its dense parameters and, ``experts``, the routed
+        experts' ``Framework.expert_reduce_fp32``), else not (16-bit, Megatron-Core's
+        distributed optimizer with grad_sync_dtype bf16 and PyTorch DDP)."""
+        if experts and self.reduce_fp32_experts is not None:
+            return self.reduce_fp32_experts
+        return self.reduce_fp32_moe_dense if moe else self.reduce_fp32_dense
+
+
+def _given(value, default):
+    return default if value is None else value
+
+
+def sharding_of(plan) -> ShardingStrategy:
+    """The plan's ``ShardingStrategy``: its framework's (``FRAMEWORKS``) with the plan's
+    settings over it. The rules, each from the source the module doc names:
+
+    - the FSDP runs only under ZeRO-3; DeepSpeed's engine at any stage;
+    - reduce dtype: ``grad_reduce_fp32`` given sets every gradient's; else the framework's
+      FSDP's per parallelizer (dense, MoE-dense, experts), else 16-bit;
+    - deferred gradient sync: always under FSDP2 with pipelining (torch pipelining's
+      ``backward_maybe_with_nosync``, whatever is given), else as given
+      (``defer_fsdp_grad_sync``), else the framework's; never without a PyTorch FSDP;
+    - ``reshard_after_forward``: as given, else not where the framework keeps the gathered
+      parameters under pipelining (``Framework.reshard_under_pp``), else yes (FSDP's
+      default, FSDP1's FULL_SHARD);
+    - the sync window under FSDP2 with pipelining: ``pp_call_microbatches``, else all of the
+      step's micro-batches. NeMo AutoModel calls the schedule once per accumulation step with
+      ``local_batch_size / micro_batch_size`` micro-batches (recipes/llm/train_ft.py
+      ``_forward_backward_step``: ``self.pp.info.schedule.step``; components/distributed/
+      pipelining/functional.py: ``n_microbatches = local_batch_size // microbatch_size``; at
+      89e3a9fdd604), and torchtitan too (train.py ``forward_backward_step``, one
+      ``pp_schedule.step`` per gradient-accumulation step);
+    - DeepSpeed's values as given, else ``DeepSpeedZeroConfig``'s defaults (``DEEPSPEED_*``)."""
+    f = framework_of(plan)
+    zero = plan.zero
+    kind = "deepspeed" if f.deepspeed else f.fsdp if zero.shards_params else ""
+    fsdp = kind if kind in FSDP_KINDS else ""
+    if plan.grad_reduce_fp32 is not None:
+        dense = moe_dense = experts = plan.grad_reduce_fp32
+    elif not fsdp:
+        dense = moe_dense = experts = False
+    else:
+        dense, experts = f.reduce_fp32, f.expert_reduce_fp32
+        moe_dense = _given(f.moe_reduce_fp32, dense)
+    if not fsdp:
+        defer = False
+    elif fsdp == "fsdp2" and plan.pp > 1:
+        defer = True
+    else:
+        defer = _given(plan.defer_fsdp_grad_sync, f.defer_grad_sync)
+    overlap_comm = _given(plan.overlap_comm, zero.shards_params)
+    if not f.deepspeed or not zero.shards_optimizer or plan.contiguous_gradients is False:
+        buffers = 0
+    else:
+        buffers = 1 if zero.shards_params else 1 + overlap_comm
+    return ShardingStrategy(
+        kind=kind, reduce_fp32_dense=dense, reduce_fp32_moe_dense=moe_dense, reduce_fp32_experts=experts,
+        defer_grad_sync=defer,
+        reshard_after_forward=_given(plan.reshard_after_forward, f.reshard_under_pp or plan.pp <= 1),
+        backward_prefetch=plan.backward_prefetch or f.backward_prefetch,
+        pp_sync_window=(plan.pp_call_microbatches or plan.num_microbatches) if fsdp == "fsdp2" and plan.pp > 1
+        else None,
+        schedule_calls=plan.num_microbatches // plan.pp_call_microbatches if plan.pp_call_microbatches else 1,
+        overlap_comm=overlap_comm, bucket_buffers=buffers,
+        max_live_parameters=plan.zero3_max_live_parameters
+        if plan.zero3_max_live_parameters is not None or not f.deepspeed else DEEPSPEED_MAX_LIVE_PARAMETERS,
+        persistence_threshold=_given(plan.zero3_param_persistence_threshold, DEEPSPEED_PERSISTENCE_THRESHOLD)
+        if f.deepspeed else None,
+        prefetch_bucket_size=_given(plan.zero3_prefetch_bucket_size, DEEPSPEED_PREFETCH_BUCKET),
+        max_reuse_distance=_given(plan.zero3_max_reuse_distance, DEEPSPEED_MAX_REUSE_DISTANCE))
 
 
 # ---------------------------------------------------------------- DeepSpeed's ZeRO
 DEEPSPEED_ONLY = ("zero3_param_persistence_threshold", "zero3_max_reuse_distance", "overlap_comm",
                   "contiguous_gradients")
 """Settings only DeepSpeed has (refused under another framework)."""
-
-
-def is_deepspeed(plan) -> bool:
-    return plan.framework == "deepspeed"
-
-
-def overlap_comm_in_effect(plan) -> bool:
-    """DeepSpeed's ``overlap_comm``: as given, else on for ZeRO-3 only (``overlap_comm_valid``)."""
-    return plan.overlap_comm if plan.overlap_comm is not None else plan.zero.shards_params
-
-
-def bucket_buffers(plan) -> int:
-    """DeepSpeed's gradient bucket buffers of ``reduce_bucket_size`` elements, allocated
-    whatever the gradients' size with ``contiguous_gradients`` (on by default): one under
-    ZeRO-3 (stage3.py, after the optimizer states: ``bucket.buffer = torch.empty(
-    self.reduce_bucket_size, ...)``), one under ZeRO-1/2 and a second with ``overlap_comm``
-    (stage_1_and_2.py ``setup_buckets``: "double buffers to avoid data access conflict");
-    none without ZeRO or outside DeepSpeed."""
-    if not is_deepspeed(plan) or not plan.zero.shards_optimizer or plan.contiguous_gradients is False:
-        return 0
-    return 1 if plan.zero.shards_params else 1 + overlap_comm_in_effect(plan)
-
-
-def _deepspeed_value(plan, attr: str, default: float) -> float:
-    value = getattr(plan, attr)
-    return default if value is None else value
-
-
-def max_live_parameters_in_effect(plan) -> float | None:
-    """ZeRO-3's cap on gathered parameters: as given, else DeepSpeed's default under
-    DeepSpeed, else none."""
-    if plan.zero3_max_live_parameters is not None or not is_deepspeed(plan):
-        return plan.zero3_max_live_parameters
-    return DEEPSPEED_MAX_LIVE_PARAMETERS
-
-
-def persistence_threshold_in_effect(plan) -> float | None:
-    """DeepSpeed's ``stage3_param_persistence_threshold`` (None: not DeepSpeed, nothing persists)."""
-    if not is_deepspeed(plan):
-        return None
-    return _deepspeed_value(plan, "zero3_param_persistence_threshold", DEEPSPEED_PERSISTENCE_THRESHOLD)
 
 
 def layer_tensors(model: ModelSpec, tp: int) -> tuple[float, ...]:
@@ -416,7 +473,7 @@ def persistent_params(model: ModelSpec, plan, layer: int) -> float:
     DeepSpeed never partitions: each tensor of at most the persistence threshold (none
     outside DeepSpeed). The embedding's tensors are the word table (V·h/t) and the learned
     positions; the head's the final norm and the untied output matrix (V·h/t)."""
-    threshold, h, t = persistence_threshold_in_effect(plan), model.hidden_size, plan.tp
+    threshold, h, t = plan.sharding.persistence_threshold, model.hidden_size, plan.tp
     if threshold is None:
         return 0.0
     if layer == -1:
@@ -440,13 +497,13 @@ def deepspeed_prefetch_depth(model: ModelSpec, plan) -> int:
     without a prefetch bucket; the live-parameter cap's when the layer's fetches times the
     bucket reach its partitioned parameters (the frontier outruns the compute until
     ``stage3_max_live_parameters`` stops it); else one."""
-    bucket = _deepspeed_value(plan, "zero3_prefetch_bucket_size", DEEPSPEED_PREFETCH_BUCKET)
+    bucket = plan.sharding.prefetch_bucket_size
     per_layer = layer_params_per_rank(model, plan.tp) - persistent_params(model, plan, 0)
     if bucket <= 0 or per_layer <= 0:
         return 0
     if DEEPSPEED_FETCHES_PER_LAYER * bucket < per_layer:
         return 1
-    return max(0, int(max_live_parameters_in_effect(plan) // per_layer) - 1)
+    return max(0, int(plan.sharding.max_live_parameters // per_layer) - 1)
 
 
 def deepspeed_kept_layers(model: ModelSpec, plan, layers: list[int]) -> frozenset[int]:
@@ -456,7 +513,7 @@ def deepspeed_kept_layers(model: ModelSpec, plan, layers: list[int]) -> frozense
     when it meets them again before ``stage3_max_reuse_distance`` elements. From layer i the
     walk crosses the forward of the layers after it and their backward (each layer one
     module here, all its parameters counted) before it reaches i's backward."""
-    distance = _deepspeed_value(plan, "zero3_max_reuse_distance", DEEPSPEED_MAX_REUSE_DISTANCE)
+    distance = plan.sharding.max_reuse_distance
     t = plan.tp
     size = {-1: model.embedding_params / t, model.num_layers: model.output_params / t}
     kept, after = set(), 0.0

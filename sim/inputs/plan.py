@@ -46,7 +46,7 @@ from sim.inputs import placement as _pl, rules as _rules, strategies as _st
 from sim.inputs.cuda_graphs import SCOPES as CUDA_GRAPH_SCOPES, parse_cuda_graph
 from sim.inputs.experts import DISPATCHERS
 from sim.inputs.fields import fields_of_class, setting, why_not_field
-from sim.inputs.frameworks import ATTENTION_KERNELS, BACKWARD_PREFETCH, FRAMEWORKS
+from sim.inputs.frameworks import ATTENTION_KERNELS, BACKWARD_PREFETCH, FRAMEWORKS, ShardingStrategy, sharding_of
 from sim.inputs.precision import FP4_FORMAT, FP4_RECIPES, FP8_FORMATS, FP8_RECIPE_CHOICES, Precision, \
     canonical_fp8_recipe, check_precision_plan, check_precision_weights, precision_of
 from sim.inputs.recompute import RECOMPUTE_METHODS, RECOMPUTE_MODULES, modules_in_effect, parse_recompute_modules
@@ -340,14 +340,14 @@ class ParallelPlan:
              "default: the framework's, off for torchtitan under pipelining (its reshard_after_forward_policy "
              "'default': not pp_enabled), on otherwise")
     """``sim.program.zero.add_param_gathers``; None: the framework's
-    (``sim.inputs.frameworks.reshard_after_forward_in_effect``)."""
+    (``ParallelPlan.sharding``, ``sim.inputs.frameworks.sharding_of``)."""
     defer_fsdp_grad_sync: bool | None = setting(
         kind="bool",
         help="ZeRO-3 / FSDP with gradient accumulation: reduce-scatter each layer's gradients once per step, after "
              "the last micro-batch's backward, keeping the unsharded gradients until then (NeMo AutoModel's "
              "defer_fsdp_grad_sync); default: the framework's, on for automodel, off otherwise (every micro-batch); "
              "always on under pipelining, where torch's pipeline stage defers it (backward_maybe_with_nosync)")
-    """``sim.inputs.frameworks.defer_grad_sync_in_effect``; None: the framework's."""
+    """``ParallelPlan.sharding.defer_grad_sync``; None: the framework's."""
     pp_call_microbatches: int | None = setting(
         type=Number(int, minimum=1), metavar="M",
         help="ZeRO-3 under FSDP2 with pipeline parallelism: micro-batches per call of the pipeline schedule (torch "
@@ -355,7 +355,7 @@ class ParallelPlan:
              "call per accumulation step): the schedule runs once per call, each with its own fill and drain, and "
              "each stage's parameters stay gathered and its gradients unreduced across a call, synced after its "
              "last backward; must divide the micro-batches; default: all of the step's (one call)")
-    """``sim.inputs.frameworks.pp_sync_window``; None: one call per step."""
+    """``ParallelPlan.sharding.pp_sync_window``; None: one call per step."""
     zero3_param_persistence_threshold: float | None = setting(
         type=Number(float, minimum=0), metavar="PARAMS", tables=((_ZERO, "stage3_param_persistence_threshold"),),
         help="DeepSpeed ZeRO-3: parameter tensors of at most this many elements are never partitioned, stay "
@@ -373,13 +373,13 @@ class ParallelPlan:
         help="DeepSpeed: reduce the gradient buckets on a stream of their own, under backward; --no-overlap-comm "
              "reduces them on the compute stream (default: on for --zero 3, off otherwise, DeepSpeed's; "
              "--framework deepspeed only)")
-    """``sim.inputs.frameworks.overlap_comm_in_effect``; None: DeepSpeed's default."""
+    """``ParallelPlan.sharding.overlap_comm``; None: DeepSpeed's default."""
     contiguous_gradients: bool | None = setting(
         kind="bool", tables=((_ZERO, "contiguous_gradients"),),
         help="DeepSpeed: copy each gradient into a bucket buffer of the reduce bucket's size, allocated up front "
              "(two under ZeRO-1/2 with --overlap-comm); --no-contiguous-gradients reduces the gradients where "
              "they are (default on, DeepSpeed's; --framework deepspeed only)")
-    """``sim.inputs.frameworks.bucket_buffers``; None: DeepSpeed's default (on)."""
+    """``ParallelPlan.sharding.bucket_buffers``; None: DeepSpeed's default (on)."""
     zero_bucket_size_bytes: int | None = setting(
         name="zero_bucket_size", metavar="BYTES", convert=partial(parse_size, field="--zero-bucket-size"),
         help="ZeRO-2/3 gradient reduce-scatter bucket, e.g. 500MB (default: --bucket-size; under --framework "
@@ -427,7 +427,7 @@ class ParallelPlan:
              "routed experts: 16-bit, as PyTorch DDP and NeMo's distributed optimizer with grad_sync_dtype bf16 "
              "reduce them; given, it sets every gradient's)")
     """``GRAD_REDUCE_BYTES``: bytes per parameter the gradient all-reduce or reduce-scatter moves;
-    None: the framework's (``sim.inputs.frameworks.grad_reduce_fp32_in_effect``)."""
+    None: the framework's (``ParallelPlan.sharding.reduce_fp32``)."""
     bucket_size_bytes: int = setting(
         DDP_BUCKET_BYTES, name="bucket_size", metavar="BYTES", convert=partial(parse_size, field="--bucket-size"),
         help=f"gradient bucket size, e.g. 25MiB (default {DDP_BUCKET_BYTES // 2**20} MiB, PyTorch DDP's)")
@@ -526,6 +526,13 @@ class ParallelPlan:
     def zero(self) -> _st.ZeroStage:
         """What the ZeRO stage shards (``sim.inputs.strategies``)."""
         return _st.zero_stage_of(self.zero_stage)
+
+    @cached_property
+    def sharding(self) -> ShardingStrategy:
+        """How the data-parallel states are gathered, reduced and held: the framework's FSDP or
+        DeepSpeed ZeRO with the plan's own settings over it, resolved once
+        (``sim.inputs.frameworks.sharding_of``)."""
+        return sharding_of(self)
 
     @property
     def num_microbatches(self) -> int:

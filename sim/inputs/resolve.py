@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Sequence
 
 from sim.errors import InputError, require
+from sim.inputs.frameworks import framework_named
 from sim.inputs.hf_config import model_from_hf_config
 from sim.inputs.megatron_model import model_from_megatron_settings, pattern_layout
 from sim.inputs.model import PRESETS, ModelSpec, layer_params_per_rank, preset, with_seq_length
@@ -146,7 +147,8 @@ def plan_from_settings(p: PlanRequest, gpus: int | None, model: ModelSpec) -> Pa
             _plan_require(cond, "schedule", schedule, allowed)
         values.update(schedule="custom", schedule_file=schedule)
     bucket = values.get("zero3_prefetch_bucket_size")
-    if values.get("framework") == "deepspeed":  # DeepSpeed's prefetch is its own (sim.inputs.frameworks)
+    framework = framework_named(values.get("framework"))
+    if framework is not None and framework.deepspeed:  # DeepSpeed's prefetch is its own (sim.inputs.frameworks)
         _plan_require("zero3_prefetch_depth" not in values, "zero3_prefetch_depth", values.get("zero3_prefetch_depth"),
                       "not a setting of framework deepspeed: DeepSpeed prefetches by elements, not layers: give "
                       "--zero3-prefetch-bucket-size")

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from sim.errors import InputError, require
 from sim.inputs.cuda_graphs import FIELD as _CUDA_GRAPH_FIELD, COVERS_MOE
-from sim.inputs.frameworks import DEEPSPEED_ONLY, DEFAULT_FRAMEWORK, framework_of, is_deepspeed
+from sim.inputs.frameworks import DEEPSPEED_ONLY, DEFAULT_FRAMEWORK
 from sim.inputs.model import ModelSpec
 from sim.inputs.pinning import check_pinned
 from sim.inputs.recompute import EXPERT_MODULES, FIELD as _RECOMPUTE_FIELD, parse_recompute_modules
@@ -322,7 +322,7 @@ def check_framework_plan(plan) -> None:
         require(value == default or plan.zero.shards_params, f"plan: {field}", value,
                 f"needs zero 3 (got {plan.zero_stage}): it says how FSDP / ZeRO-3 gathers the parameters or reduces "
                 "the gradients", setting=field)
-    require(plan.defer_fsdp_grad_sync is None or framework_of(plan).fsdp == "fsdp2", "plan: defer_fsdp_grad_sync",
+    require(plan.defer_fsdp_grad_sync is None or plan.sharding.fsdp2, "plan: defer_fsdp_grad_sync",
             plan.defer_fsdp_grad_sync, "FSDP2's set_requires_gradient_sync: needs a framework whose ZeRO-3 is "
             f"PyTorch FSDP2 (automodel, torchtitan; got {plan.framework or DEFAULT_FRAMEWORK})",
             setting="defer_fsdp_grad_sync")
@@ -331,7 +331,7 @@ def check_framework_plan(plan) -> None:
             "last backward of each schedule call (backward_maybe_with_nosync): leave it unset or on",
             setting="defer_fsdp_grad_sync")
     if plan.pp_call_microbatches is not None:
-        require(plan.zero.shards_params and framework_of(plan).fsdp == "fsdp2" and plan.pp > 1,
+        require(plan.sharding.fsdp2 and plan.pp > 1,
                 "plan: pp_call_microbatches", plan.pp_call_microbatches, "needs zero 3 under a framework whose ZeRO-3 "
                 f"is PyTorch FSDP2 (automodel, torchtitan; got {plan.framework or DEFAULT_FRAMEWORK}, zero "
                 f"{plan.zero_stage}) and pp > 1 (got {plan.pp})", setting="pp_call_microbatches")
@@ -343,7 +343,7 @@ def check_framework_plan(plan) -> None:
 def check_deepspeed_plan(plan) -> None:
     """DeepSpeed's own settings only under it (their bounds are their declarations'); and under
     it none of the settings of the frameworks it is not (FSDP's, Megatron-LM's)."""
-    if not is_deepspeed(plan):
+    if not plan.sharding.deepspeed:
         for field in DEEPSPEED_ONLY:
             require(getattr(plan, field) is None, f"plan: {field}", getattr(plan, field),
                     f"DeepSpeed's setting: needs framework deepspeed (got {plan.framework or DEFAULT_FRAMEWORK})",
@@ -372,7 +372,7 @@ def check_deepspeed_plan(plan) -> None:
 
 def check_deepspeed_model(plan, model: ModelSpec) -> None:
     """DeepSpeed's ZeRO-3 is modelled per tensor (``layer_tensors``) for standard layers only."""
-    if not is_deepspeed(plan) or not plan.zero.shards_params:
+    if not plan.sharding.deepspeed or not plan.zero.shards_params:
         return
     what = ("layer patterns" if model.layers is not None else "MLA" if model.mla
             else "experts" if model.num_experts is not None else None)

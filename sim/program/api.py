@@ -53,10 +53,10 @@ def fsdp_copy_rows(ctx: BuildContext) -> dict | None:
     (``sim.program.fsdp``) as the simulator prices them on ``ctx``'s GPU: what, when, on
     which stream, bytes moved and seconds per occurrence; None when no FSDP runs the plan's
     ZeRO-3."""
-    from sim.inputs.frameworks import framework_name, fsdp_of, grad_reduce_fp32_in_effect
+    from sim.inputs.frameworks import framework_name
     plan, profile = ctx.plan, ctx.profile
-    fsdp = fsdp_of(plan)
-    fp32 = grad_reduce_fp32_in_effect(plan, ctx.model.moe)  # a dense layer's (layer 0's) dtype
+    fsdp = plan.sharding.fsdp
+    fp32 = plan.sharding.reduce_fp32(ctx.model.moe)  # a dense layer's (layer 0's) dtype
     copies = fsdp_copies(fsdp, fp32)
     ranks = len(plan.dp_group(0))
     if not copies or ranks < 2:

@@ -90,7 +90,6 @@ from __future__ import annotations
 
 from sim.errors import InputError, require
 from sim.inputs.hardware import HardwareProfile
-from sim.inputs.frameworks import grad_reduce_fp32_in_effect
 from sim.inputs.strategies import PipelineSchedule, schedule_named, zero_stage_of
 from sim.inputs.profile_checks import NCCL_BASE_LATENCY_S
 from sim.program.fp8 import gemm_kernel
@@ -308,9 +307,9 @@ fp32", megatron/arguments.py; its local DDP all-reduces the fp32 gradient buffer
 
 def grad_reduce_scale(plan, moe: bool = False, experts: bool = False) -> float:
     """How many times a 16-bit gradient's bytes the plan's gradient reductions move (fp32
-    as given, else as the framework's FSDP reduces: ``grad_reduce_fp32_in_effect``; ``moe``
+    as given, else as the framework's FSDP reduces: ``ParallelPlan.sharding.reduce_fp32``; ``moe``
     a model with routed experts, ``experts`` the routed experts' gradients)."""
-    return GRAD_REDUCE_BYTES[grad_reduce_fp32_in_effect(plan, moe, experts)] / GRAD_REDUCE_BYTES[False]
+    return GRAD_REDUCE_BYTES[plan.sharding.reduce_fp32(moe, experts)] / GRAD_REDUCE_BYTES[False]
 
 
 def grad_sync_time(zero_stage: int, grad_bytes: float, dp: int, microbatches: int, kind: str,

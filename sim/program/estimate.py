@@ -60,7 +60,6 @@ from sim.program.costs import (
 from sim.program.memory import (model_state_bytes, optimizer_shard_params, stage_memory_bytes, stage_param_split,
                                 stage_params_per_rank)
 from sim.inputs.experts import Folding
-from sim.inputs.frameworks import schedule_calls
 from sim.program.dispatch import DISPATCH_GROUPS, default_layout, dispatch_groups, group_sizes, moe_shape
 from sim.program.workload_moe import MoeShape
 from sim.program.workload import (LayerRun, Work, head_work, layer_work, mtp_works, p2p_bytes, plan_edge_works,
@@ -394,7 +393,7 @@ def estimate_in(ctx: BuildContext, *, dtype: str = "bf16", flash_attention: bool
         "tp_comm": m * tp_mb,
         "amax": m * amax_mb,
         # one fill and drain per call of the schedule (pp_call_microbatches: sim.program.schedules.repeated)
-        "pipeline_bubble": pipeline_bubble_time(plan.pipeline, p, v, t_f, t_b, t_w) * schedule_calls(plan),
+        "pipeline_bubble": pipeline_bubble_time(plan.pipeline, p, v, t_f, t_b, t_w) * plan.sharding.schedule_calls,
         "pp_comm": pp_comm,
         "dp_comm": grad_sync_time(z, model_state_bytes(psi).grads_bytes, dp, m, dp_link, profile, channels=ch,
                                   reduce_scale=reduce_scale),

@@ -282,7 +282,7 @@ def add_deferred_accumulations(prog: Program, first: Copy | None, later: Copy, e
     whose ``dp_group`` has two ranks or more (where the gradients are reduce-scattered); nothing
     for a layer with one micro-batch (that one syncs at once). With ``window`` the gradients
     sync once per ``window`` micro-batches (one pipeline-schedule call,
-    ``sim.inputs.frameworks.pp_sync_window``): each window starts afresh (``first``, then
+    ``ParallelPlan.sharding.pp_sync_window``): each window starts afresh (``first``, then
     ``later``). Category ``fsdp``; names ``fsdp <what> for {label} <layer> of <step>``."""
     from sim.program.passes import layer_uses
 

@@ -294,14 +294,14 @@ def add_grad_sync(prog: Program, grad_bytes: Callable[[int, int], float], dp_gro
     ``buckets``) from its first layer's backward until its collective ends. Layers with no
     gradient of the kind (``grad_bytes`` 0: a dense layer's experts) are left out; ``label``
     names the buckets. With ``held_from_first`` (and not ``every_microbatch``: FSDP's
-    deferred gradient sync, ``sim.inputs.frameworks.defer_grad_sync_in_effect``) the
+    deferred gradient sync, ``ParallelPlan.sharding.defer_grad_sync``) the
     bucket's memory is counted from its layers' first backward of the step, where their
     unsharded gradients start to accumulate; with ``after_step`` a bucket starts only once the
     whole backward step of its last layer is done (PyTorch pipelining's
     ``backward_maybe_with_nosync``: FSDP's post-backward run for the whole stage after its
     last backward). With ``window`` (not ``every_microbatch``) the gradients sync once per
     ``window`` micro-batches (0..window-1, then the next ``window``: one call of the
-    pipeline schedule each, ``sim.inputs.frameworks.pp_sync_window``), after each layer's
+    pipeline schedule each, ``ParallelPlan.sharding.pp_sync_window``), after each layer's
     last backward of the window, held from its first backward of the window. DeepSpeed's buckets (``at_most``) hold at most ``bucket_bytes``
     (``pack_buckets``); with ``on_compute`` each runs on the stream of the backward that
     fills it, which waits for it (DeepSpeed without ``overlap_comm``).

@@ -337,7 +337,7 @@ def zb_h2(pp: int, m: int) -> Schedule:
 def repeated(schedule: Schedule, calls: int) -> Schedule:
     """``schedule`` run ``calls`` times one after another, call c's micro-batches numbered
     from c·m: what a framework that calls torch pipelining's ``schedule.step`` once per
-    accumulation step runs (NeMo AutoModel, ``sim.inputs.frameworks.pp_sync_window``), each
+    accumulation step runs (NeMo AutoModel, ``ParallelPlan.sharding.pp_sync_window``), each
     call with its own fill and drain."""
     m = schedule.num_microbatches
     rows = tuple(tuple(Step(st.stage, st.kind, st.mb + c * m) for c in range(calls) for st in row)

@@ -60,10 +60,7 @@ from typing import Callable
 
 from sim.errors import InputError
 from sim.inputs.experts import Folding
-from sim.inputs.frameworks import (backward_prefetch_in_effect, bucket_buffers, deepspeed_kept_layers,
-                                   defer_grad_sync_in_effect, fsdp_of, grad_reduce_fp32_in_effect,
-                                   reshard_after_forward_in_effect, is_deepspeed, overlap_comm_in_effect, persistent_params,
-                                   pp_sync_window)
+from sim.inputs.frameworks import deepspeed_kept_layers, persistent_params
 from sim.inputs.hardware import HardwareProfile
 from sim.inputs.model import ModelSpec, layer_param_split, mtp_param_split
 from sim.inputs.plan import ParallelPlan
@@ -194,27 +191,27 @@ def _sync_options(plan: ParallelPlan, bucket_bytes: float) -> passes.GradSync:
     """How the gradient buckets are reduced under the plan's ZeRO stage (``sim.inputs.strategies.ZeroStage``):
     reduce-scattered into shards once it shards anything (DeepSpeed: only once it shards the
     parameters), every micro-batch once it shards the gradients."""
-    zero, overlap = plan.sections.zero.zero, _sync_overlap(plan)
-    if is_deepspeed(plan):  # sim.inputs.frameworks: DeepSpeed's reduction of the gradient buckets
+    zero, overlap, sharding = plan.sections.zero.zero, _sync_overlap(plan), plan.sharding
+    if sharding.deepspeed:  # sim.inputs.frameworks: DeepSpeed's reduction of the gradient buckets
         return passes.GradSync(bucket_bytes, overlap, op="reducescatter" if zero.shards_params else "allreduce",
                                every_microbatch=zero.shards_grads,
-                               bucket_memory=zero.shards_grads and not bucket_buffers(plan),  # else in the buffers
+                               bucket_memory=zero.shards_grads and not sharding.bucket_buffers,  # else in the buffers
                                at_most=zero.shards_optimizer,
-                               on_compute=zero.shards_optimizer and not overlap_comm_in_effect(plan))
-    deferred = defer_grad_sync_in_effect(plan)  # FSDP's: once per step, the unsharded gradients held till then
+                               on_compute=zero.shards_optimizer and not sharding.overlap_comm)
+    deferred = sharding.defer_grad_sync  # FSDP's: once per step, the unsharded gradients held till then
     return passes.GradSync(bucket_bytes, overlap, op="reducescatter" if zero.shards_optimizer else "allreduce",
                            every_microbatch=zero.shards_grads and not deferred, bucket_memory=zero.shards_grads,
                            held_from_first=deferred, after_step=deferred and plan.pp > 1,
-                           window=pp_sync_window(plan))  # once per pipeline-schedule call under FSDP2
+                           window=sharding.pp_sync_window)  # once per pipeline-schedule call under FSDP2
 
 
 def _sync_overlap(plan: ParallelPlan) -> bool:
     """Whether the buckets are reduced under backward: as the plan says, and under DeepSpeed
     for ZeRO-2/3 (backward hooks) and for ZeRO-1 with ``overlap_comm``; not without ZeRO
     (the engine's all-reduce after backward)."""
-    if is_deepspeed(plan):
+    if plan.sharding.deepspeed:
         zero = plan.sections.zero.zero  # (ZeRO-1 is the stage that shards the optimizer but not the gradients)
-        return zero.shards_grads or zero.shards_optimizer and overlap_comm_in_effect(plan)
+        return zero.shards_grads or zero.shards_optimizer and plan.sharding.overlap_comm
     return plan.dp_overlap
 
 
@@ -240,8 +237,8 @@ def schedule(ctx: BuildContext, draft: Draft) -> Draft:
     if sched is None and plan.overlap_moe_expert_parallel_comm:  # Megatron's order for it (sim.program.ep_overlap)
         sched = overlap_schedule(plan.pp, plan.vpp, plan.num_microbatches)
     elif sched is None and plan.pp_call_microbatches:  # one schedule call per accumulation step (AutoModel's)
-        calls = plan.num_microbatches // plan.pp_call_microbatches
-        sched = repeated(build_schedule(plan.schedule, plan.pp, plan.pp_call_microbatches, plan.vpp), calls)
+        sched = repeated(build_schedule(plan.schedule, plan.pp, plan.pp_call_microbatches, plan.vpp),
+                         plan.sharding.schedule_calls)
     elif sched is None:
         sched = build_schedule(plan.schedule, plan.pp, plan.num_microbatches, plan.vpp)
     elif (sched.pp, sched.vpp, sched.num_microbatches) != (plan.pp, plan.vpp, plan.num_microbatches):
@@ -340,12 +337,12 @@ def zero3_gather(ctx: BuildContext, draft: Draft) -> Draft:
     plan = ctx.plan
     if not plan.zero.shards_params:
         return draft
-    model, depth = ctx.model, zero3_depth(ctx.model, plan)
-    how = dict(backward_depth=0 if backward_prefetch_in_effect(plan) == "backward_post" else None,
-               reshard_after_forward=reshard_after_forward_in_effect(plan), window=pp_sync_window(plan))
+    model, depth, sharding = ctx.model, zero3_depth(ctx.model, plan), plan.sharding
+    how = dict(backward_depth=0 if sharding.prefetch_after_backward else None,
+               reshard_after_forward=sharding.reshard_after_forward, window=sharding.pp_sync_window)
     grad_bytes, (fp8_saved, expert_share) = _grad_bytes(ctx), _fp8_gather_savings(ctx)
     persistent = _persistent_bytes(ctx)
-    if is_deepspeed(plan):  # sim.inputs.frameworks: what DeepSpeed keeps for the backward right after
+    if sharding.deepspeed:  # sim.inputs.frameworks: what DeepSpeed keeps for the backward right after
         how["kept_layers"] = deepspeed_kept_layers(model, plan, list(range(-1, model.num_layers + 1)))
     prog = zero.add_param_gathers(draft.program, lambda r, lid: grad_bytes(r, lid) - fp8_saved(lid) - persistent(lid),
                                   plan.dp_group, depth, **how)
@@ -356,14 +353,14 @@ def zero3_gather(ctx: BuildContext, draft: Draft) -> Draft:
                                       depth, label="gather experts of layer", **how)
     # PyTorch FSDP's own copies around each gather and reduce-scatter (sim.program.fsdp), once both are placed;
     # the experts' reduce-scatters in their own dtype (sim.inputs.frameworks: reduce dtype by parallelizer)
-    fp32 = grad_reduce_fp32_in_effect(plan, model.moe)
-    e_fp32 = grad_reduce_fp32_in_effect(plan, model.moe, experts=True)
-    prog = add_fsdp_copies(prog, fsdp_copies(fsdp_of(plan), fp32), GRAD_REDUCE_BYTES[fp32],
+    fp32 = sharding.reduce_fp32(model.moe)
+    e_fp32 = sharding.reduce_fp32(model.moe, experts=True)
+    prog = add_fsdp_copies(prog, fsdp_copies(sharding.fsdp, fp32), GRAD_REDUCE_BYTES[fp32],
                            ctx.profile.memory_rate(), ctx.profile.kernel_launch_s,
-                           experts=(EXPERT_GRAD_LABEL, fsdp_copies(fsdp_of(plan), e_fp32), GRAD_REDUCE_BYTES[e_fp32]))
-    if defer_grad_sync_in_effect(plan):  # the unsharded gradients accumulated across micro-batches (sim.program.fsdp)
+                           experts=(EXPERT_GRAD_LABEL, fsdp_copies(sharding.fsdp, e_fp32), GRAD_REDUCE_BYTES[e_fp32]))
+    if sharding.defer_grad_sync:  # the unsharded gradients accumulated across micro-batches (sim.program.fsdp)
         first, later = deferred_accumulations(fp32)
-        window = pp_sync_window(plan)
+        window = sharding.pp_sync_window
         prog = add_deferred_accumulations(prog, first, later, lambda r, lid: grad_bytes(r, lid) / GRAD_BYTES,
                                           plan.dp_group, ctx.profile.memory_rate(), ctx.profile.kernel_launch_s,
                                           window=window)
@@ -383,8 +380,8 @@ def process_group_streams(ctx: BuildContext, draft: Draft) -> Draft:
     (``sim.program.process_group_streams``). The optimizer's and ``param_gather``'s, added
     after it, are made on those streams in issue order."""
     plan = ctx.plan
-    gathers_first = fsdp_of(plan) == "fsdp1" and backward_prefetch_in_effect(plan) == "backward_post"
-    return draft.with_program(put_on_group_streams(draft.program, _group_streams(ctx), gathers_first))
+    return draft.with_program(put_on_group_streams(draft.program, _group_streams(ctx),
+                                                   plan.sharding.gathers_before_reduce))
 
 
 def _group_streams(ctx: BuildContext) -> Callable[[int], dict[tuple, str]]:
@@ -428,7 +425,7 @@ def param_gather(ctx: BuildContext, draft: Draft) -> Draft:
     ``_fp8_gather_savings``); the experts' over their group. Under DeepSpeed's ZeRO-3, the
     persistent tensors in one all-gather after the step (stage3.py ``_post_step``)."""
     model, plan = ctx.model, ctx.plan
-    if plan.zero.shards_params and is_deepspeed(plan):  # DeepSpeed's persistent parameters, once after the step
+    if plan.zero.shards_params and plan.sharding.deepspeed:  # DeepSpeed's persistent parameters, once after the step
         done = "params to GPU" if plan.offload_optimizer else "optimizer"
         stage_layers, stage = plan.stage_layers(model), _stage_of(plan)
         persistent = _persistent_bytes(ctx)

@@ -143,7 +143,7 @@ def add_param_gathers(prog: Program, layer_bytes: Callable[[int, int], float],
     forward stays gathered until that micro-batch's backward of it is done, and backward
     gathers nothing; with ``kept_layers`` only those layers are kept so (DeepSpeed's
     ``stage3_max_reuse_distance``, ``sim.inputs.frameworks.deepspeed_kept_layers``). With
-    ``window`` (FSDP2 under pipelining, ``sim.inputs.frameworks.pp_sync_window``: torch's
+    ``window`` (FSDP2 under pipelining, ``ParallelPlan.sharding.pp_sync_window``: torch's
     ``backward_maybe_with_nosync`` sets ``reshard_after_backward`` False on every backward but
     the stage's last of the schedule call) a layer's first backward use of each ``window``
     micro-batches gathers and the gathered parameters stay until its last backward use of

@@ -24,7 +24,6 @@ prefetched (ZeRO-3), at data parallelism above 1.
 
 from __future__ import annotations
 
-from sim.inputs.frameworks import bucket_buffers, defer_grad_sync_in_effect, grad_reduce_fp32_in_effect, pp_sync_window
 from sim.inputs.model import ModelSpec, layer_param_split, layer_params_per_rank
 from sim.inputs.plan import ParallelPlan
 from sim.program.memory.inflight import stage_activation_bytes
@@ -50,8 +49,8 @@ def stage_resident_bytes(model: ModelSpec, plan: ParallelPlan, stage: int, reser
     out = {"parameters": st.params_bytes + fp8_weight_copy_bytes(model, plan, stage), "gradients": st.grads_bytes,
            "optimizer": 0.0 if plan.offload_optimizer else st.optimizer_bytes,
            "reserve": reserve_bytes}
-    buffers = bucket_buffers(plan)
-    if buffers:  # DeepSpeed's contiguous_gradients buffers (sim.inputs.frameworks.bucket_buffers)
+    buffers = plan.sharding.bucket_buffers
+    if buffers:  # DeepSpeed's contiguous_gradients buffers (sim.inputs.frameworks.ShardingStrategy.bucket_buffers)
         out["buckets"] = buffers * sync_bucket_bytes(plan)  # 16-bit elements (the parameters' dtype)
     return out
 
@@ -64,22 +63,22 @@ def zero_temporary_bytes(model: ModelSpec, plan: ParallelPlan, stage_params: flo
     deferred gradient sync with more than one micro-batch, the rank's unsharded gradients
     in the reduction's dtype instead of the bucket (held from the first micro-batch's
     backward to the last one's reduce-scatters, ``sim.inputs.frameworks``). Under FSDP2 with
-    pipelining (``sim.inputs.frameworks.pp_sync_window``) the stage's gathered weights
+    pipelining (``ParallelPlan.sharding.pp_sync_window``) the stage's gathered weights
     instead, all of them (``stage_split``: its dense and expert parameters; the experts only
     where their data-parallel group shards them): torch pipelining keeps them gathered until
     the stage's last backward of the schedule call."""
-    zero, dp = plan.sections.zero.zero, plan.dp_cp  # (sim.inputs.strategies.ZeroStage)
+    zero, dp, sharding = plan.sections.zero.zero, plan.dp_cp, plan.sharding  # (sim.inputs.strategies.ZeroStage)
     temp = 0.0
     if zero.shards_optimizer and dp > 1:
-        if defer_grad_sync_in_effect(plan) and plan.num_microbatches > 1:  # experts in their own dtype
+        if sharding.defer_grad_sync and plan.num_microbatches > 1:  # experts in their own dtype
             experts = stage_split[1] if stage_split is not None else 0.0
-            temp += sum(n * (4 if grad_reduce_fp32_in_effect(plan, model.moe, part) else 2)
+            temp += sum(n * (4 if sharding.reduce_fp32(model.moe, part) else 2)
                         for n, part in ((stage_params - experts, False), (experts, True)))
         else:
             temp += grad_bucket_bytes(min(stage_params, float(DEEPSPEED_REDUCE_BUCKET_ELEMS)))
     if zero.shards_params and dp > 1:
         layer = zero3_gathered_param_bytes(zero3_layer_gather_params(model, plan))
-        if pp_sync_window(plan) and stage_split is not None:
+        if sharding.pp_sync_window and stage_split is not None:
             dense, experts = stage_split
             layer = max(layer, zero3_gathered_param_bytes(
                 dense + (experts if expert_data_parallel(plan) > 1 else 0.0), prefetch_layers=0))

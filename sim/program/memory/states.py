@@ -44,8 +44,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from sim.errors import require
-from sim.inputs.frameworks import (DEEPSPEED_BUCKET_ELEMS, DEEPSPEED_MAX_LIVE_PARAMETERS, deepspeed_prefetch_depth,
-                                   is_deepspeed)
+from sim.inputs.frameworks import DEEPSPEED_BUCKET_ELEMS, DEEPSPEED_MAX_LIVE_PARAMETERS, deepspeed_prefetch_depth
 from sim.inputs.layers import DenseMLP, FullAttention
 from sim.inputs.model import ModelSpec, layer_param_split, layer_params_per_rank, mtp_param_split
 from sim.inputs.plan import ParallelPlan
@@ -227,12 +226,12 @@ def zero3_depth(model: ModelSpec, plan: ParallelPlan) -> int:
     """Layers gathered ahead under ZeRO-3: the plan's depth, capped so that at most
     ``zero3_max_live_parameters`` gathered parameters are alive at once; under DeepSpeed
     its own (``sim.inputs.frameworks.deepspeed_prefetch_depth``)."""
-    if is_deepspeed(plan):
+    if plan.sharding.deepspeed:
         return deepspeed_prefetch_depth(model, plan)
-    depth = plan.zero3_prefetch_depth
-    if plan.zero3_max_live_parameters is not None:
+    depth, live = plan.zero3_prefetch_depth, plan.sharding.max_live_parameters
+    if live is not None:
         per_layer = layer_params_per_rank(model, plan.tp)
-        depth = min(depth, max(0, int(plan.zero3_max_live_parameters // per_layer) - 1))
+        depth = min(depth, max(0, int(live // per_layer) - 1))
     return depth
 
 
@@ -252,7 +251,7 @@ def sync_bucket_bytes(plan: ParallelPlan) -> float:
     too. Under DeepSpeed every stage's bucket is ``zero_bucket_size_bytes`` when set, else
     5e8 16-bit elements (``reduce_bucket_size``, ``allgather_bucket_size``, and the engine's
     all-reduce bucket without ZeRO: ``sim.inputs.frameworks``)."""
-    if is_deepspeed(plan):
+    if plan.sharding.deepspeed:
         return plan.zero_bucket_size_bytes or grad_bucket_bytes()
     if plan.zero.shards_grads:
         return plan.zero_bucket_size_bytes or plan.bucket_size_bytes
