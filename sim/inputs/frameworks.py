@@ -33,8 +33,21 @@ profile gives each kernel's forward and backward speed relative to its own.
 with BACKWARD_PRE a layer's all-gather for backward is issued in the pre-backward hook of
 the layer after it, so it runs under that layer's backward; with BACKWARD_POST it is
 issued in that layer's post-backward hook (``_post_backward_reshard`` ->
-``_prefetch_handle``), once its gradients are computed, so each layer's backward waits for
-its own all-gather (overlapped only with the reduce-scatter beside it).
+``_prefetch_handle``), which the host runs once it has launched that layer's backward
+kernels, not once the GPU has run them (torch 2.1 ``_runtime_utils.py``, the version of
+llm-foundry's benchmark image ``mosaicml/pytorch:2.1.0_cu121``). The host runs ahead of
+the GPU, held back by ``limit_all_gathers`` (llm-foundry's ``fsdp_config`` sets it:
+scripts/train/yamls/pretrain/mpt-*.yaml @ v0.3.0): ``_reshard`` records a free event on
+the compute stream after each layer's backward, and ``_unshard`` waits on the host for the
+event two reshards back before it gathers (``_FreeEventQueue``, at most two), so the
+post-backward hook of layer i issues layer i−1's gather once the GPU has finished layer
+i+1's backward, as layer i's starts. On the group's one NCCL stream it follows layer
+i+1's reduce-scatter, issued one hook before (``sim.program.process_group_streams``): the
+gather runs under layer i's backward, as BACKWARD_PRE's one layer ahead does
+(``sim.program.training.zero3_gather``). Only a host slower than the GPU would make each
+layer's backward wait for its own gather; the host's eager launches
+(``sim.program.launch.HOST_LAUNCH_S`` a kernel, tens of kernels a layer) are far shorter
+than these layers' kernels.
 ``reshard_after_forward`` is FSDP2's (``fully_shard(reshard_after_forward=...)``); False
 is FSDP1's SHARD_GRAD_OP: a layer's parameters gathered in forward stay until its backward
 is done, so backward gathers nothing (``sim.program.zero.add_param_gathers``).

@@ -341,7 +341,9 @@ def zero3_gather(ctx: BuildContext, draft: Draft) -> Draft:
     if not plan.zero.shards_params:
         return draft
     model, depth = ctx.model, zero3_depth(ctx.model, plan)
-    how = dict(backward_depth=0 if backward_prefetch_in_effect(plan) == "backward_post" else None,
+    # FSDP1's BACKWARD_POST: the gather of layer i-1 issued once the GPU has finished layer i+1 (the host one
+    # layer ahead under limit_all_gathers, sim.inputs.frameworks), whatever the prefetch depth
+    how = dict(backward_depth=1 if backward_prefetch_in_effect(plan) == "backward_post" else None,
                reshard_after_forward=reshard_after_forward_in_effect(plan), window=pp_sync_window(plan))
     grad_bytes, (fp8_saved, expert_share) = _grad_bytes(ctx), _fp8_gather_savings(ctx)
     persistent = _persistent_bytes(ctx)
@@ -378,13 +380,12 @@ def zero3_gather(ctx: BuildContext, draft: Draft) -> Draft:
 def process_group_streams(ctx: BuildContext, draft: Draft) -> Draft:
     """Each rank's data-parallel collectives so far (gradient buckets, ZeRO-3 gathers) on
     their process group's stream, the dense group's and the experts' apart, each right after
-    the action it is issued after; at one such action FSDP1's BACKWARD_POST all-gathers before
-    the reduce-scatter, the others' reductions first
+    the action it is issued after; at one such action the reductions first
     (``sim.program.process_group_streams``). The optimizer's and ``param_gather``'s, added
     after it, are made on those streams in issue order."""
-    plan = ctx.plan
-    gathers_first = fsdp_of(plan) == "fsdp1" and backward_prefetch_in_effect(plan) == "backward_post"
-    return draft.with_program(put_on_group_streams(draft.program, _group_streams(ctx), gathers_first))
+    # (FSDP1's BACKWARD_POST too: the gather of layer i-1 shares its anchor, layer i+1's backward, with layer
+    # i+1's reduce-scatter, which the host issued one post-backward hook before it: reductions first)
+    return draft.with_program(put_on_group_streams(draft.program, _group_streams(ctx)))
 
 
 def _group_streams(ctx: BuildContext) -> Callable[[int], dict[tuple, str]]:
