@@ -38,10 +38,11 @@ def test_each_copy_of_a_small_layer_moves_the_bytes_pytorch_reads_and_writes():
     # FSDP1 reducing in bf16 (Composer's PURE): no unsharded cast, the divides in bf16; the reduced
     # shard cast to fp32 after the post-divide
     pure = {c.what: (c.when, c.stream, c.nbytes(u, n)) for c in fsdp_copies("fsdp1", False)}
-    assert [w for w, (when, stream, _) in pure.items() if stream == "reduce" and when != "accumulate"] == [
-        "_reduce_grad _div_if_needed (gradient pre-divide)", "_reduce_grad _div_if_needed (gradient post-divide)",
-        "_cast_grad_to_param_dtype"]
-    assert pure["_reduce_grad _div_if_needed (gradient pre-divide)"] == ("reduce", "reduce", 1000 * (2 + 2))
+    assert [w for w, (when, _, _) in pure.items() if when in ("reduce", "after_reduce")] == [
+        "split backward: cat of the views' gradients", "_reduce_grad _div_if_needed (gradient pre-divide)",
+        "_reduce_grad _div_if_needed (gradient post-divide)", "_cast_grad_to_param_dtype"]
+    # (the unsharded pre-divide priced on the compute stream, as the fp32 cast: sim.program.fsdp)
+    assert pure["_reduce_grad _div_if_needed (gradient pre-divide)"] == ("reduce", "compute", 1000 * (2 + 2))
     assert pure["_cast_grad_to_param_dtype"] == ("after_reduce", "reduce", 250 * (2 + 4))
     assert pure["_accumulate_sharded_grad (+=)"] == ("accumulate", "reduce", 250 * (4 + 2))
     f2 = fsdp_copies("fsdp2", True)
@@ -79,9 +80,11 @@ def test_fsdp1_copies_sit_on_their_streams_around_each_gather_and_reduce_scatter
         cast = by[g.deps[-1]]
         assert cast.stream == COPY_IN_STREAM and cast.nbytes == 6 * LAYER / 2
         assert cast.duration_s == pytest.approx(6 * LAYER / 2 / rate + H100.kernel_launch_s, rel=1e-12)
-    # each reduce-scatter moves fp32 gradients (Composer's DEFAULT) and waits for the cast on the
-    # post-backward stream it is issued from, which waits for the views' gradient cat on the compute
-    # stream; the reduce-scatter runs on the data-parallel group's NCCL stream (sim.program.process_group_streams)
+    # each reduce-scatter moves fp32 gradients (Composer's DEFAULT) and waits for the cast, which waits
+    # for the views' gradient cat; FSDP runs the cast on its post-backward stream, but a kernel over the
+    # whole unsharded gradient takes the SMs the backward's GEMMs would use: priced on the compute
+    # stream (sim.program.fsdp); the reduce-scatter runs on the data-parallel group's NCCL stream
+    # (sim.program.process_group_streams)
     layer_rs = [s for s in scatters if "(layers 1..1)" in s.name]
     assert len(layer_rs) == 2 and all(s.nbytes == 4 * LAYER for s in layer_rs)
     for s in layer_rs:
@@ -89,8 +92,8 @@ def test_fsdp1_copies_sit_on_their_streams_around_each_gather_and_reduce_scatter
         divide = by[s.deps[-1]]
         cast = by[divide.deps[0]]
         cat = by[cast.deps[0]]
-        assert (divide.stream, divide.nbytes) == (REDUCE_STREAM, 8 * LAYER) and "pre-divide" in divide.name
-        assert (cast.stream, s.stream, cast.nbytes) == (REDUCE_STREAM, "dp", 6 * LAYER)
+        assert (divide.stream, divide.nbytes) == ("compute", 8 * LAYER) and "pre-divide" in divide.name
+        assert (cast.stream, s.stream, cast.nbytes) == ("compute", "dp", 6 * LAYER)
         assert cat.stream == "compute" and cat.nbytes == 4 * LAYER and cat.deps == s.deps[:1]
     assert not [a for a in copies if "post-divide" in a.name]
     # the shard accumulation follows the second micro-batch's reduce-scatters only

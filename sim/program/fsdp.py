@@ -32,6 +32,17 @@ FSDP1 (``FullyShardedDataParallel``, one flat parameter per wrapped block):
   ``F.pad`` (a copy) only when U is not a multiple of n, which ``use_orig_params``
   (``_init_flat_param_and_metadata``: "Pad to be divisible by world size to avoid a copy for
   the post-backward reduce-scatter") and the rows' layer sizes rule out: not modelled.
+  These two unsharded kernels are priced on the compute stream, where the backward's
+  kernels run, not beside them: each is an elementwise kernel over the layer's whole
+  gradient, thousands of thread blocks, and a block runs only on an SM with registers and
+  shared memory to spare (CUDA C++ Programming Guide, "Concurrent Kernel Execution": kernels
+  of different streams run at once only as resources allow). A block of a Hopper GEMM takes
+  an SM's registers whole (CUTLASS 3's warp-specialized kernels,
+  ``sm90_gemm_tma_warpspecialized_cooperative.hpp``: 232 registers for each of 256 MMA
+  threads and 40 for 128 load threads, 64,512 of the 65,536, and most of the shared memory
+  for its pipeline stages; cuBLAS's Hopper kernels are taken to be alike: an assumption),
+  so the copy's blocks and the backward's take turns on the SMs and the copy costs the
+  backward its own time. The shard-sized copies (1/n of these) stay on their streams.
 - after it, ``_div_if_needed(new_sharded_grad, _gradient_postdivide_factor)`` divides the
   reduced shard (read and write S elements). The factors (``_init_core_state``, torch 2.1
   ``_init_utils.py``; ``DefaultState._get_gradient_predivide_factor``): the pre-divide factor
@@ -138,10 +149,11 @@ def fsdp_copies(fsdp: str, reduce_fp32: bool) -> tuple[Copy, ...]:
                     PARAM_BYTES, GATHER_BYTES),
                Copy("split backward: cat of the views' gradients", "reduce", "compute", "unsharded",
                     GRAD_BYTES, GRAD_BYTES)]
+        # (the unsharded ones on the post-backward stream priced on the compute stream: module doc)
         if reduce_fp32:
-            out.append(Copy("_post_backward_hook grad.to(reduce_dtype)", "reduce", "reduce", "unsharded",
+            out.append(Copy("_post_backward_hook grad.to(reduce_dtype)", "reduce", "compute", "unsharded",
                             GRAD_BYTES, r))
-        out += [Copy("_reduce_grad _div_if_needed (gradient pre-divide)", "reduce", "reduce", "unsharded", r, r),
+        out += [Copy("_reduce_grad _div_if_needed (gradient pre-divide)", "reduce", "compute", "unsharded", r, r),
                 Copy("_reduce_grad _div_if_needed (gradient post-divide)", "after_reduce", "reduce", "shard", r, r,
                      min_ranks=3)]
         if not reduce_fp32:
