@@ -143,3 +143,19 @@ def test_a_kernel_the_profile_has_no_speed_for_is_refused():
     op = next(o for o in work.ops() if o.kind == "attention")
     with pytest.raises(InputError, match=r"attention_kernel: got 'fa2'.*profile b200.*attention_kernel_speed: te\)"):
         op_time(op, b200)
+
+
+def test_llm_foundry_steps_composers_unfused_adamw_and_fsdp1s_clipping():
+    # Composer's DecoupledAdamW, one eager op after another on fp32 tensors (84 bytes a parameter, no
+    # weight decay), and FSDP1's clip_grad_norm_ (a norm, read 4, and a scale, read and write 4): 96
+    # bytes a local parameter against Megatron-Core's 46 (Adam 28, norm 4, clipping 8, weight copy 6)
+    def step_s(framework):
+        _, prog = build_program(TINY, _plan(framework=framework), H100, fidelity="reduced")
+        (opt,) = [a for a in prog.actions[0] if a.name == "optimizer"]
+        return opt.duration_s
+
+    local = (3 * (12 * H * H + 13 * H) + 512 * H + 256 * H + 2 * H) / 2  # ZeRO-3 over 2 ranks
+    rate = H100.hbm_bandwidth_Bps * H100.memory_efficiency
+    assert step_s("llm-foundry") == pytest.approx(96 * local / rate, rel=1e-12)
+    assert step_s("megatron") == pytest.approx(46 * local / rate, rel=1e-12)
+    assert step_s("torchtitan") == step_s("megatron")

@@ -206,6 +206,9 @@ class Framework:
     """Under gradient accumulation its FSDP reduce-scatters the gradients once per step, after
     the last micro-batch's backward, not after every micro-batch's (module doc, "Deferred
     gradient sync")."""
+    optimizer: str = "megatron"
+    """Its optimizer step, by name (``sim.program.costs.OPTIMIZER_BYTES_PER_PARAM``: the bytes
+    each moves per local parameter, with the gradient clipping its recipes run)."""
 
 
 KERNEL_OVERHEAD_MAX_S = 25e-6
@@ -239,9 +242,10 @@ FRAMEWORKS = {
                            expert_reduce_fp32=False),
     # llm-foundry's H100 and A100-80GB rows: "MP Mode DEFAULT", Composer's get_mixed_precision
     # (composer/trainer/mosaic_fsdp_utils.py of the torch 2.0 era): param_dtype bf16, reduce_dtype float32
+    # its optimizer: Composer's unfused DecoupledAdamW and FSDP1's clip_grad_norm_ (sim.program.costs)
     "llm-foundry": Framework("triton", "backward_post",
                              "llm-foundry MPT on Composer FSDP1: Triton flash attention, BACKWARD_POST prefetch", True,
-                             fsdp="fsdp1", reduce_fp32=True),
+                             fsdp="fsdp1", reduce_fp32=True, optimizer="composer"),
     "deepspeed": Framework("fa2", "backward_pre",
                            "DeepSpeed ZeRO: hook-driven trace prefetch, persistent small parameters, FlashAttention-2",
                            True),

@@ -61,7 +61,7 @@ from typing import Callable
 from sim.errors import InputError
 from sim.inputs.experts import Folding
 from sim.inputs.frameworks import (backward_prefetch_in_effect, bucket_buffers, deepspeed_kept_layers,
-                                   defer_grad_sync_in_effect, fsdp_of, grad_reduce_fp32_in_effect,
+                                   defer_grad_sync_in_effect, framework_of, fsdp_of, grad_reduce_fp32_in_effect,
                                    reshard_after_forward_in_effect, is_deepspeed, overlap_comm_in_effect, persistent_params,
                                    pp_sync_window)
 from sim.inputs.hardware import HardwareProfile
@@ -74,7 +74,8 @@ from sim.program.actions import Program
 from sim.program.activation_offload import add_activation_offload
 from sim.program.amax import add_amax_reductions, chunk_gemms, stage_groups
 from sim.program.build import BuildContext
-from sim.program.costs import GRAD_REDUCE_BYTES, cpu_optimizer_step_time, grad_reduce_scale, optimizer_step_time
+from sim.program.costs import (GRAD_REDUCE_BYTES, OPTIMIZER_BYTES_PER_PARAM, cpu_optimizer_step_time,
+                               grad_reduce_scale, optimizer_step_time)
 from sim.program.ep_overlap import add_ep_overlap, overlap_schedule, steady_pairs
 from sim.program.dispatch import dispatch_groups, ep_layout
 from sim.program.fp8 import BF16_BYTES, gathered_weight_bytes
@@ -400,8 +401,9 @@ def optimizer(ctx: BuildContext, draft: Draft) -> Draft:
     if plan.offload_optimizer:
         return draft
     z, edp = plan.zero_stage, expert_data_parallel(plan)
+    per_param = OPTIMIZER_BYTES_PER_PARAM[framework_of(plan).optimizer]  # (Composer's unfused AdamW: sim.program.costs)
     step_s = [optimizer_step_time(optimizer_shard_params(d, plan.dp_cp, z) + optimizer_shard_params(x, edp, z),
-                                  ctx.profile) for d, x in _param_split(ctx)]
+                                  ctx.profile, per_param) for d, x in _param_split(ctx)]
     stage = _stage_of(plan)
     return draft.with_program(passes.add_optimizer(draft.program, lambda r: step_s[stage(r)]))
 
