@@ -30,12 +30,21 @@ def test_each_copy_of_a_small_layer_moves_the_bytes_pytorch_reads_and_writes():
         "_use_low_precision_shard (fp32 shard -> bf16)": (250 * (4 + 2), 1.5 + 1),   # read 4S, write 2S
         "split backward: cat of the views' gradients": (1000 * (2 + 2), 4.0 + 1),    # read 2U, write 2U
         "_post_backward_hook grad.to(reduce_dtype)": (1000 * (2 + 4), 6.0 + 1),      # read 2U, write 4U
+        # _reduce_grad's _div_if_needed: the fp32 unsharded gradient before the reduce-scatter, the shard after
+        "_reduce_grad _div_if_needed (gradient pre-divide)": (1000 * (4 + 4), 8.0 + 1),
+        "_reduce_grad _div_if_needed (gradient post-divide)": (250 * (4 + 4), 2.0 + 1),
         "_accumulate_sharded_grad (+=)": (250 * (8 + 4), 3.0 + 1),                  # fp32: read 2 shards, write 1
     }
-    # FSDP1 reducing in bf16 (Composer's PURE): no unsharded cast; the reduced shard cast to fp32
-    pure = _copies("fsdp1", False)
-    assert ("reduce", "reduce") not in pure and pure[("after_reduce", "reduce")].nbytes(u, n) == 250 * (2 + 4)
-    assert pure[("accumulate", "reduce")].nbytes(u, n) == 250 * (4 + 2)
+    # FSDP1 reducing in bf16 (Composer's PURE): no unsharded cast, the divides in bf16; the reduced
+    # shard cast to fp32 after the post-divide
+    pure = {c.what: (c.when, c.stream, c.nbytes(u, n)) for c in fsdp_copies("fsdp1", False)}
+    assert [w for w, (when, _, _) in pure.items() if when in ("reduce", "after_reduce")] == [
+        "split backward: cat of the views' gradients", "_reduce_grad _div_if_needed (gradient pre-divide)",
+        "_reduce_grad _div_if_needed (gradient post-divide)", "_cast_grad_to_param_dtype"]
+    # (the unsharded pre-divide priced on the compute stream, as the fp32 cast: sim.program.fsdp)
+    assert pure["_reduce_grad _div_if_needed (gradient pre-divide)"] == ("reduce", "compute", 1000 * (2 + 2))
+    assert pure["_cast_grad_to_param_dtype"] == ("after_reduce", "reduce", 250 * (2 + 4))
+    assert pure["_accumulate_sharded_grad (+=)"] == ("accumulate", "reduce", 250 * (4 + 2))
     f2 = fsdp_copies("fsdp2", True)
     got = {c.what: (c.when, c.stream, c.nbytes(u, n)) for c in f2}
     assert got == {
@@ -71,16 +80,22 @@ def test_fsdp1_copies_sit_on_their_streams_around_each_gather_and_reduce_scatter
         cast = by[g.deps[-1]]
         assert cast.stream == COPY_IN_STREAM and cast.nbytes == 6 * LAYER / 2
         assert cast.duration_s == pytest.approx(6 * LAYER / 2 / rate + H100.kernel_launch_s, rel=1e-12)
-    # each reduce-scatter moves fp32 gradients (Composer's DEFAULT) and waits for the cast on the
-    # post-backward stream it is issued from, which waits for the views' gradient cat on the compute
-    # stream; the reduce-scatter runs on the data-parallel group's NCCL stream (sim.program.process_group_streams)
+    # each reduce-scatter moves fp32 gradients (Composer's DEFAULT) and waits for the cast, which waits
+    # for the views' gradient cat; FSDP runs the cast on its post-backward stream, but a kernel over the
+    # whole unsharded gradient takes the SMs the backward's GEMMs would use: priced on the compute
+    # stream (sim.program.fsdp); the reduce-scatter runs on the data-parallel group's NCCL stream
+    # (sim.program.process_group_streams)
     layer_rs = [s for s in scatters if "(layers 1..1)" in s.name]
     assert len(layer_rs) == 2 and all(s.nbytes == 4 * LAYER for s in layer_rs)
     for s in layer_rs:
-        cast = by[s.deps[-1]]
+        # (then the in-place pre-divide of the fp32 gradient: 2 ranks, factor 2; no post-divide, factor 2/2 = 1)
+        divide = by[s.deps[-1]]
+        cast = by[divide.deps[0]]
         cat = by[cast.deps[0]]
-        assert (cast.stream, s.stream, cast.nbytes) == (REDUCE_STREAM, "dp", 6 * LAYER)
+        assert (divide.stream, divide.nbytes) == ("compute", 8 * LAYER) and "pre-divide" in divide.name
+        assert (cast.stream, s.stream, cast.nbytes) == ("compute", "dp", 6 * LAYER)
         assert cat.stream == "compute" and cat.nbytes == 4 * LAYER and cat.deps == s.deps[:1]
+    assert not [a for a in copies if "post-divide" in a.name]
     # the shard accumulation follows the second micro-batch's reduce-scatters only
     acc = [a for a in copies if a.name.startswith("fsdp _accumulate_sharded_grad")]
     assert acc and all(" of 0B1" in a.name for a in acc) and all(a.stream == REDUCE_STREAM for a in acc)
@@ -121,3 +136,20 @@ def test_a_given_reduce_dtype_wins_over_the_frameworks():
     assert rs(fp32) == [2 * n for n in rs(bf16)]
     assert not [a for a in bf16 if a.name.startswith("fsdp _post_backward_hook")]
     assert [a for a in bf16 if a.name.startswith("fsdp _cast_grad_to_param_dtype")]
+
+
+def _torch_divide_factors(n):
+    """torch 2.1's ``DefaultState._get_gradient_predivide_factor`` and ``_init_core_state``'s
+    post-divide n / f, written out again for the check."""
+    f = 1
+    while n % f == 0 and n / f > f:
+        f *= 2
+    return f, n / f
+
+
+@pytest.mark.parametrize("ranks", [2, 3, 4, 8, 64, 128])
+def test_fsdp1_divides_where_torchs_factors_are_over_one(ranks):
+    pre, post = _torch_divide_factors(ranks)  # 2: (2, 1); 4: (2, 2); 8: (4, 2); 64: (8, 8); 128: (16, 8)
+    f1 = {c.what: c for c in fsdp_copies("fsdp1", True)}
+    runs = lambda what: ranks >= f1[f"_reduce_grad _div_if_needed (gradient {what})"].min_ranks  # noqa: E731
+    assert (runs("pre-divide"), runs("post-divide")) == (pre > 1, post > 1)

@@ -45,13 +45,15 @@ def _three_layers() -> Program:
     return Program({0: acts(), 1: acts()})
 
 
-def _fsdp(gathers_first: bool) -> Program:
-    """ZeRO-3 on ``_three_layers``: gathers one layer ahead in forward, none ahead in backward
-    (FSDP1's BACKWARD_POST), a reduce-scatter per layer after its backward, then one stream."""
+def _fsdp(gathers_first: bool, backward_depth: int = 0) -> Program:
+    """ZeRO-3 on ``_three_layers``: gathers one layer ahead in forward, ``backward_depth`` ahead
+    in backward (0: a host in step with the GPU issuing FSDP1's BACKWARD_POST gathers; 1: the
+    host one layer ahead, as FSDP1's ``limit_all_gathers`` holds it), a reduce-scatter per
+    layer after its backward, then one stream."""
     group = lambda r: (0, 1)  # noqa: E731
     prog = passes.add_grad_sync(_three_layers(), lambda r, lid: N, group,
                                 passes.GradSync(1.0, op="reducescatter", every_microbatch=True))
-    prog = zero.add_param_gathers(prog, lambda r, lid: N, group, depth=1, backward_depth=0)
+    prog = zero.add_param_gathers(prog, lambda r, lid: N, group, depth=1, backward_depth=backward_depth)
     return put_on_group_streams(prog, group_streams(group), gathers_first)
 
 
@@ -60,7 +62,7 @@ def _stream_log(prog):
     return [(s.name, s.start_s, s.end_s) for s in tr.spans_of(0, DENSE_STREAM)], tr.end_s
 
 
-def test_fsdp1_backward_post_order_and_step_time_by_hand():
+def test_fsdp1_backward_post_order_and_step_time_by_hand_with_a_host_in_step_with_the_gpu():
     prog = _fsdp(gathers_first=True)
     assert {a.stream for a in prog.actions[0] if a.kind == "collective"} == {DENSE_STREAM}
     log, end = _stream_log(prog)
@@ -83,6 +85,29 @@ def test_fsdp1_backward_post_order_and_step_time_by_hand():
     for (_, s, e), (_, ws, we) in zip(log, want):
         assert (s, e) == (pytest.approx(ws, rel=1e-12), pytest.approx(we, rel=1e-12))
     assert end == pytest.approx(5 * c + 3 * F_S + 3 * B_S, rel=1e-12)  # 23 s + 5 latencies
+
+
+def test_fsdp1_backward_post_with_the_host_one_layer_ahead_by_hand():
+    # FSDP1's BACKWARD_POST as the simulator builds it (sim.program.training.zero3_gather): the gather of
+    # layer i-1 issued in layer i's post-backward hook, which limit_all_gathers lets the host reach once the
+    # GPU has finished layer i+1 (depth 1 in backward), behind layer i+1's reduce-scatter, issued one hook
+    # earlier (reductions first at their shared anchor)
+    log, end = _stream_log(_fsdp(gathers_first=False, backward_depth=1))
+    c = C
+    want = [("gather layer 0 for 0F0", 0.0, c), ("gather layer 1 for 0F0", c, 2 * c),
+            ("gather layer 2 for 0F0", c + F_S, 2 * c + F_S),          # F0 from c to c + 2, F1 to c + 4
+            ("gather layer 2 for 0B0", c + 2 * F_S, 2 * c + 2 * F_S),  # once F1 is done; F2 to c + 6
+            ("gather layer 1 for 0B0", c + 3 * F_S, 2 * c + 3 * F_S),  # once F2 is done, under B2 (c + 6 to c + 10)
+            ("grad bucket 0 (layers 2..2) of 0B0", c + 3 * F_S + B_S, 2 * c + 3 * F_S + B_S),
+            # anchored at B2 too, after its reduce-scatter: runs under B1 (c + 10 to c + 14)
+            ("gather layer 0 for 0B0", 2 * c + 3 * F_S + B_S, 3 * c + 3 * F_S + B_S),
+            ("grad bucket 1 (layers 1..1) of 0B0", c + 3 * F_S + 2 * B_S, 2 * c + 3 * F_S + 2 * B_S),
+            # B0 from c + 14 to c + 18: no backward waits for its gather
+            ("grad bucket 2 (layers 0..0) of 0B0", c + 3 * F_S + 3 * B_S, 2 * c + 3 * F_S + 3 * B_S)]
+    assert [x[0] for x in log] == [w[0] for w in want]
+    for (_, s, e), (_, ws, we) in zip(log, want):
+        assert (s, e) == (pytest.approx(ws, rel=1e-12), pytest.approx(we, rel=1e-12))
+    assert end == pytest.approx(2 * c + 3 * F_S + 3 * B_S, rel=1e-12)  # 20 s + 2 latencies: 3 c less than in step
 
 
 def test_a_gather_and_a_reduce_scatter_issued_together_run_one_after_the_other():

@@ -57,7 +57,6 @@ def test_each_framework_resolves_to_its_sources_values(framework):
     assert (s.reduce_fp32(), s.reduce_fp32(moe=True), s.reduce_fp32(moe=True, experts=True)) == \
         (dense, moe_dense, experts)
     assert (s.defer_grad_sync, s.reshard_after_forward, s.backward_prefetch) == (defer, reshard, prefetch)
-    assert s.gathers_before_reduce == (framework == "llm-foundry")  # FSDP1 with BACKWARD_POST only
     assert s.pp_sync_window is None and s.schedule_calls == 1  # no pipeline: one call, FSDP's own hooks
 
 
@@ -86,7 +85,6 @@ def test_given_fsdp_settings_win_over_the_frameworks():
     assert not sgo.reshard_after_forward and sgo.kind == "fsdp1"
     pre = _plan("llm-foundry", backward_prefetch="backward_pre").sharding
     assert pre.backward_prefetch == "backward_pre" and not pre.prefetch_after_backward
-    assert not pre.gathers_before_reduce
     assert _plan("torchtitan", backward_prefetch="backward_post").sharding.prefetch_after_backward
 
 

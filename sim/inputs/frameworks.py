@@ -38,8 +38,21 @@ profile gives each kernel's forward and backward speed relative to its own.
 with BACKWARD_PRE a layer's all-gather for backward is issued in the pre-backward hook of
 the layer after it, so it runs under that layer's backward; with BACKWARD_POST it is
 issued in that layer's post-backward hook (``_post_backward_reshard`` ->
-``_prefetch_handle``), once its gradients are computed, so each layer's backward waits for
-its own all-gather (overlapped only with the reduce-scatter beside it).
+``_prefetch_handle``), which the host runs once it has launched that layer's backward
+kernels, not once the GPU has run them (torch 2.1 ``_runtime_utils.py``, the version of
+llm-foundry's benchmark image ``mosaicml/pytorch:2.1.0_cu121``). The host runs ahead of
+the GPU, held back by ``limit_all_gathers`` (llm-foundry's ``fsdp_config`` sets it:
+scripts/train/yamls/pretrain/mpt-*.yaml @ v0.3.0): ``_reshard`` records a free event on
+the compute stream after each layer's backward, and ``_unshard`` waits on the host for the
+event two reshards back before it gathers (``_FreeEventQueue``, at most two), so the
+post-backward hook of layer i issues layer i−1's gather once the GPU has finished layer
+i+1's backward, as layer i's starts. On the group's one NCCL stream it follows layer
+i+1's reduce-scatter, issued one hook before (``sim.program.process_group_streams``): the
+gather runs under layer i's backward, as BACKWARD_PRE's one layer ahead does
+(``sim.program.training.zero3_gather``). Only a host slower than the GPU would make each
+layer's backward wait for its own gather; the host's eager launches
+(``sim.program.launch.HOST_LAUNCH_S`` a kernel, tens of kernels a layer) are far shorter
+than these layers' kernels.
 ``reshard_after_forward`` is FSDP2's (``fully_shard(reshard_after_forward=...)``); False
 is FSDP1's SHARD_GRAD_OP: a layer's parameters gathered in forward stay until its backward
 is done, so backward gathers nothing (``sim.program.zero.add_param_gathers``).
@@ -206,6 +219,9 @@ class Framework:
     deepspeed: bool = False
     """Its data parallelism is DeepSpeed's engine and ZeRO (module doc, "DeepSpeed's ZeRO"),
     whatever the stage."""
+    optimizer: str = "megatron"
+    """Its optimizer step, by name (``sim.program.costs.OPTIMIZER_BYTES_PER_PARAM``: the bytes
+    each moves per local parameter, with the gradient clipping its recipes run)."""
 
 
 KERNEL_OVERHEAD_MAX_S = 25e-6
@@ -239,9 +255,10 @@ FRAMEWORKS = {
                            expert_reduce_fp32=False),
     # llm-foundry's H100 and A100-80GB rows: "MP Mode DEFAULT", Composer's get_mixed_precision
     # (composer/trainer/mosaic_fsdp_utils.py of the torch 2.0 era): param_dtype bf16, reduce_dtype float32
+    # its optimizer: Composer's unfused DecoupledAdamW and FSDP1's clip_grad_norm_ (sim.program.costs)
     "llm-foundry": Framework("triton", "backward_post",
                              "llm-foundry MPT on Composer FSDP1: Triton flash attention, BACKWARD_POST prefetch", True,
-                             fsdp="fsdp1", reduce_fp32=True),
+                             fsdp="fsdp1", reduce_fp32=True, optimizer="composer"),
     "deepspeed": Framework("fa2", "backward_pre",
                            "DeepSpeed ZeRO: hook-driven trace prefetch, persistent small parameters, FlashAttention-2",
                            True, deepspeed=True),
@@ -356,16 +373,10 @@ class ShardingStrategy:
 
     @property
     def prefetch_after_backward(self) -> bool:
-        """FSDP1's BACKWARD_POST: a layer's backward all-gather is issued once the layer after it
-        has its gradients, so each layer's backward waits for its own gather (module doc)."""
+        """FSDP1's BACKWARD_POST: a layer's backward all-gather is issued in the post-backward hook
+        of the layer after it, with the host one layer ahead of the GPU under ``limit_all_gathers``
+        (``sim.program.training.zero3_gather``: backward depth 1, reductions first)."""
         return self.backward_prefetch == "backward_post"
-
-    @property
-    def gathers_before_reduce(self) -> bool:
-        """FSDP1 with BACKWARD_POST issues a layer's all-gather in the post-backward hook before
-        the reduce-scatter beside it (``_post_backward_reshard`` -> ``_prefetch_handle``); the
-        others' reductions go first (``sim.program.process_group_streams``)."""
-        return self.kind == "fsdp1" and self.prefetch_after_backward
 
     def reduce_fp32(self, moe: bool = False, experts: bool = False) -> bool:
         """Whether the data-parallel gradients are reduced in fp32: as given

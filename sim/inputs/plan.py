@@ -329,8 +329,9 @@ class ParallelPlan:
         choices=BACKWARD_PREFETCH,
         help="ZeRO-3 / FSDP: when a layer's all-gather for backward is issued (PyTorch FSDP1's names): backward_pre "
              "(under the backward of the layer after it, up to --zero3-prefetch-depth layers ahead) or backward_post "
-             "(once the layer after it has its gradients: each layer's backward waits for its gather; Composer's "
-             "default); default: the framework's")
+             "(in the post-backward hook of the layer after it, which FSDP1's limit_all_gathers lets the host reach "
+             "as the GPU starts that layer's backward: the gather runs under it, after the previous layer's "
+             "reduce-scatter; Composer's default); default: the framework's")
     """``sim.inputs.frameworks``; None: the framework's."""
     reshard_after_forward: bool | None = setting(
         kind="bool",

@@ -64,7 +64,8 @@ def fsdp_copy_rows(ctx: BuildContext) -> dict | None:
     elements = layer_param_bytes(ctx.model, plan.tp, 0) / 2
     rate = profile.memory_rate()
     rows = [{"copy": c.what, "when": c.when, "stream": c.stream, "of": c.of, "bytes": c.nbytes(elements, ranks),
-             "time_s": copy_time(c, elements, ranks, rate, profile.kernel_launch_s)} for c in copies]
+             "time_s": copy_time(c, elements, ranks, rate, profile.kernel_launch_s)} for c in copies
+            if ranks >= c.min_ranks]
     return {"fsdp": fsdp, "framework": framework_name(plan), "layer_elements": elements, "ranks": ranks,
             "reduce_fp32": fp32, "rows": rows}
 

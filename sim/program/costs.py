@@ -108,6 +108,24 @@ OPTIMIZER_STEP_BYTES_PER_PARAM = (ADAM_BYTES_PER_PARAM + GRAD_NORM_BYTES_PER_PAR
                                   + PARAM_COPY_BYTES_PER_PARAM)
 """Bytes mixed-precision Adam moves per local parameter: read the fp32 weight, momentum
 and variance (12) and the 16-bit gradient (2); write the 12 and the 16-bit weight (2)."""
+COMPOSER_ADAMW_BYTES_PER_PARAM = 84
+"""Composer's ``DecoupledAdamW`` (mosaicml/composer v0.16.4, composer/optim/
+decoupled_weight_decay.py ``adamw``, llm-foundry's MPT benchmark optimizer): one eager
+in-place op after another on each parameter's fp32 tensors, none fused, with the fp32
+sharded gradient FSDP1 leaves: ``exp_avg.mul_`` (read 4, write 4), ``.add_(grad)`` (8, 4),
+``exp_avg_sq.mul_`` (4, 4), ``.addcmul_(grad, grad)`` (12, 4), ``exp_avg_sq.sqrt()`` (4, 4),
+``/ sqrt(bias_correction2)`` (4, 4), ``.add_(eps)`` (4, 4), ``param.addcdiv_(exp_avg,
+denom)`` (12, 4): 84 bytes; ``param.mul_`` only with weight decay, 0 in the MPT yamls
+(scripts/train/yamls/pretrain/mpt-*.yaml @ v0.3.0). The fp32 weight is what FSDP1 gathers
+from (its bf16 cast is the gather's copy-in, ``sim.program.fsdp``): no weight copy."""
+FSDP1_CLIP_BYTES_PER_PARAM = 12
+"""FSDP1's ``clip_grad_norm_`` (torch 2.1 fully_sharded_data_parallel.py; Composer's
+``gradient_clipping`` algorithm, ``clipping_type: norm`` in the MPT yamls, calls it after
+every batch): ``torch.linalg.vector_norm`` of each fp32 gradient (read 4), then
+``grad.mul_(clip_coef_clamped)`` (read 4, write 4)."""
+OPTIMIZER_BYTES_PER_PARAM = {"megatron": OPTIMIZER_STEP_BYTES_PER_PARAM,
+                             "composer": COMPOSER_ADAMW_BYTES_PER_PARAM + FSDP1_CLIP_BYTES_PER_PARAM}
+"""Bytes per local parameter of each framework's optimizer step (``sim.inputs.frameworks.Framework.optimizer``)."""
 
 _RING_FACTOR = {"all_reduce": 2, "all_gather": 1, "reduce_scatter": 1,
                 "allreduce": 2, "allgather": 1, "reducescatter": 1}
@@ -263,11 +281,13 @@ def nccl_base_latency(profile: HardwareProfile, algo: str = "ring", protocol: st
 
 
 # ---------------------------------------------------------------- optimizer step
-def optimizer_step_time(local_params: float, profile: HardwareProfile) -> float:
+def optimizer_step_time(local_params: float, profile: HardwareProfile,
+                        bytes_per_param: float = OPTIMIZER_STEP_BYTES_PER_PARAM) -> float:
     """Seconds of the memory-bound optimizer step over ``local_params`` parameters on the
     GPU (Adam, the gradient norm, clipping and the weight copy):
-    46·Ψ_local / (hbm_bandwidth · memory_efficiency)."""
-    return OPTIMIZER_STEP_BYTES_PER_PARAM * local_params / (profile.hbm_bandwidth_Bps * profile.memory_efficiency)
+    46·Ψ_local / (hbm_bandwidth · memory_efficiency), or ``bytes_per_param`` for another
+    framework's optimizer (``OPTIMIZER_BYTES_PER_PARAM``)."""
+    return bytes_per_param * local_params / (profile.hbm_bandwidth_Bps * profile.memory_efficiency)
 
 
 def cpu_optimizer_step_time(local_params: float, profile: HardwareProfile, gpus_per_host: int) -> float:

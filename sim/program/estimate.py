@@ -48,6 +48,7 @@ from sim.program.build import BuildContext
 from sim.program.amax import GEMMS_PER_LAYER, reduction_bytes, stage_groups
 from sim.inputs.precision import check_support
 from sim.program.costs import (
+    OPTIMIZER_BYTES_PER_PARAM,
     collective_time,
     grad_reduce_scale,
     grad_sync_time,
@@ -60,6 +61,7 @@ from sim.program.costs import (
 from sim.program.memory import (model_state_bytes, optimizer_shard_params, stage_memory_bytes, stage_param_split,
                                 stage_params_per_rank)
 from sim.inputs.experts import Folding
+from sim.inputs.frameworks import framework_of
 from sim.program.dispatch import DISPATCH_GROUPS, default_layout, dispatch_groups, group_sizes, moe_shape
 from sim.program.workload_moe import MoeShape
 from sim.program.workload import (LayerRun, Work, head_work, layer_work, mtp_works, p2p_bytes, plan_edge_works,
@@ -397,7 +399,8 @@ def estimate_in(ctx: BuildContext, *, dtype: str = "bf16", flash_attention: bool
         "pp_comm": pp_comm,
         "dp_comm": grad_sync_time(z, model_state_bytes(psi).grads_bytes, dp, m, dp_link, profile, channels=ch,
                                   reduce_scale=reduce_scale),
-        "optimizer": optimizer_step_time(optimizer_shard_params(psi, dp, z), profile),
+        "optimizer": optimizer_step_time(optimizer_shard_params(psi, dp, z), profile,
+                                         OPTIMIZER_BYTES_PER_PARAM[framework_of(plan).optimizer]),
     }
     time["step"] = sum(time.values())
 

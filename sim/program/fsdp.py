@@ -24,13 +24,32 @@ FSDP1 (``FullyShardedDataParallel``, one flat parameter per wrapped block):
   concatenates every view's gradient into one unsharded flat gradient (read 2U, write 2U),
   on the compute stream, before the flat parameter's post-backward hook runs.
 - ``_post_backward_hook``: on the post-backward stream, ``flat_param.grad.to(reduce_dtype)``
-  when that is fp32 (read 2U, write 4U); ``_reduce_grad`` then issues the reduce-scatter
-  from the same stream (the simulator's ``REDUCE_STREAM``; the collective runs on the
+  when that is fp32 (read 2U, write 4U); ``_reduce_grad`` then divides the unsharded gradient
+  in place by the pre-divide factor, ``_div_if_needed(padded_unsharded_grad,
+  _gradient_predivide_factor)`` (``tensor.div_``: read and write U elements of
+  ``reduce_dtype``), and issues the reduce-scatter from the same stream (the simulator's ``REDUCE_STREAM``; the collective runs on the
   process group's NCCL stream, ``sim.program.process_group_streams``). ``_get_reduce_scatter_tensors`` pads with
   ``F.pad`` (a copy) only when U is not a multiple of n, which ``use_orig_params``
   (``_init_flat_param_and_metadata``: "Pad to be divisible by world size to avoid a copy for
   the post-backward reduce-scatter") and the rows' layer sizes rule out: not modelled.
-- after it, ``_accumulate_sharded_grad``: ``_saved_grad_shard += sharded_grad`` from the
+  These two unsharded kernels are priced on the compute stream, where the backward's
+  kernels run, not beside them: each is an elementwise kernel over the layer's whole
+  gradient, thousands of thread blocks, and a block runs only on an SM with registers and
+  shared memory to spare (CUDA C++ Programming Guide, "Concurrent Kernel Execution": kernels
+  of different streams run at once only as resources allow). A block of a Hopper GEMM takes
+  an SM's registers whole (CUTLASS 3's warp-specialized kernels,
+  ``sm90_gemm_tma_warpspecialized_cooperative.hpp``: 232 registers for each of 256 MMA
+  threads and 40 for 128 load threads, 64,512 of the 65,536, and most of the shared memory
+  for its pipeline stages; cuBLAS's Hopper kernels are taken to be alike: an assumption),
+  so the copy's blocks and the backward's take turns on the SMs and the copy costs the
+  backward its own time. The shard-sized copies (1/n of these) stay on their streams.
+- after it, ``_div_if_needed(new_sharded_grad, _gradient_postdivide_factor)`` divides the
+  reduced shard (read and write S elements). The factors (``_init_core_state``, torch 2.1
+  ``_init_utils.py``; ``DefaultState._get_gradient_predivide_factor``): the pre-divide factor
+  f doubles from 1 while n is a multiple of f and n/f > f, the post-divide is n/f, and each
+  divides only when its factor is over 1: the pre-divide on every group of 2 ranks or more,
+  the post-divide from 3 ranks on (n = 2: f = 2, n/f = 1; n = 64: 8 and 8).
+- then ``_accumulate_sharded_grad``: ``_saved_grad_shard += sharded_grad`` from the
   second micro-batch of a step on (read 2 shards, write one, in ``reduce_dtype``); with a
   bf16 ``reduce_dtype``, ``_cast_grad_to_param_dtype`` casts the reduced shard to fp32
   (read 2S, write 4S). Both on the post-backward stream.
@@ -113,6 +132,8 @@ class Copy:
     read: float
     written: float
     kernels: int = 1
+    min_ranks: int = 2
+    """It runs only where the group has at least this many ranks (FSDP1's post-divide: 3)."""
 
     def nbytes(self, unsharded: float, ranks: int) -> float:
         """Bytes read and written for a layer of ``unsharded`` elements sharded over ``ranks``."""
@@ -128,10 +149,14 @@ def fsdp_copies(fsdp: str, reduce_fp32: bool) -> tuple[Copy, ...]:
                     PARAM_BYTES, GATHER_BYTES),
                Copy("split backward: cat of the views' gradients", "reduce", "compute", "unsharded",
                     GRAD_BYTES, GRAD_BYTES)]
+        # (the unsharded ones on the post-backward stream priced on the compute stream: module doc)
         if reduce_fp32:
-            out.append(Copy("_post_backward_hook grad.to(reduce_dtype)", "reduce", "reduce", "unsharded",
+            out.append(Copy("_post_backward_hook grad.to(reduce_dtype)", "reduce", "compute", "unsharded",
                             GRAD_BYTES, r))
-        else:
+        out += [Copy("_reduce_grad _div_if_needed (gradient pre-divide)", "reduce", "compute", "unsharded", r, r),
+                Copy("_reduce_grad _div_if_needed (gradient post-divide)", "after_reduce", "reduce", "shard", r, r,
+                     min_ranks=3)]
+        if not reduce_fp32:
             out.append(Copy("_cast_grad_to_param_dtype", "after_reduce", "reduce", "shard", GRAD_BYTES, PARAM_BYTES))
         out.append(Copy("_accumulate_sharded_grad (+=)", "accumulate", "reduce", "shard", 2 * r, r))
         return tuple(out)
@@ -229,6 +254,8 @@ def add_fsdp_copies(prog: Program, copies: tuple[Copy, ...], reduce_bytes: float
                 anchor = a.deps[0] if a.deps else None
                 deps, pre = a.deps, []
                 for c in when.get("reduce", ()):
+                    if len(a.group) < c.min_ranks:
+                        continue
                     stream = stream_of.get(anchor, "compute") if c.stream == "compute" else REDUCE_STREAM
                     pre.append(act(c, a, u, stream, deps))
                     deps = (pre[-1].name,)
@@ -237,6 +264,8 @@ def add_fsdp_copies(prog: Program, copies: tuple[Copy, ...], reduce_bytes: float
                 prev = a.name
                 mb = _microbatch(a.name)
                 for c in when.get("after_reduce", []) + (when.get("accumulate", []) if mb else []):
+                    if len(a.group) < c.min_ranks:
+                        continue
                     new.append(act(c, a, u, REDUCE_STREAM, (prev,)))
                     prev = new[-1].name
                 continue

@@ -39,7 +39,11 @@ Two collectives issued at one anchor go in the order the framework's hook issues
 
 - FSDP1 with ``backward_prefetch`` BACKWARD_POST: ``_post_backward_hook`` calls
   ``_post_backward_reshard`` (which prefetches: the next layer's all-gather) before
-  ``_reduce_grad`` (the layer's reduce-scatter): gathers first (``gathers_first``).
+  ``_reduce_grad`` (the layer's reduce-scatter), but the host issues that gather only once
+  the GPU has finished the layer before (``limit_all_gathers``, ``sim.inputs.frameworks``),
+  so it shares its anchor with that layer's reduce-scatter, issued one hook earlier:
+  reductions first. ``gathers_first`` is the order for a host that keeps in step with the
+  GPU (the gather anchored at the layer whose hook issues it).
 - FSDP2: the layer's ``post_backward`` (``FSDPParamGroup.post_backward`` -> ``foreach_reduce``,
   the reduce-scatter) runs from the autograd node on the layer's inputs, before the tensor
   hook on the previous layer's output runs its ``_pre_backward`` (``FSDPState._pre_backward``

@@ -60,7 +60,7 @@ from typing import Callable
 
 from sim.errors import InputError
 from sim.inputs.experts import Folding
-from sim.inputs.frameworks import deepspeed_kept_layers, persistent_params
+from sim.inputs.frameworks import deepspeed_kept_layers, framework_of, persistent_params
 from sim.inputs.hardware import HardwareProfile
 from sim.inputs.model import ModelSpec, layer_param_split, mtp_param_split
 from sim.inputs.plan import ParallelPlan
@@ -71,7 +71,8 @@ from sim.program.actions import Program
 from sim.program.activation_offload import add_activation_offload
 from sim.program.amax import add_amax_reductions, chunk_gemms, stage_groups
 from sim.program.build import BuildContext
-from sim.program.costs import GRAD_REDUCE_BYTES, cpu_optimizer_step_time, grad_reduce_scale, optimizer_step_time
+from sim.program.costs import (GRAD_REDUCE_BYTES, OPTIMIZER_BYTES_PER_PARAM, cpu_optimizer_step_time,
+                               grad_reduce_scale, optimizer_step_time)
 from sim.program.ep_overlap import add_ep_overlap, overlap_schedule, steady_pairs
 from sim.program.dispatch import dispatch_groups, ep_layout
 from sim.program.fp8 import BF16_BYTES, gathered_weight_bytes
@@ -338,7 +339,9 @@ def zero3_gather(ctx: BuildContext, draft: Draft) -> Draft:
     if not plan.zero.shards_params:
         return draft
     model, depth, sharding = ctx.model, zero3_depth(ctx.model, plan), plan.sharding
-    how = dict(backward_depth=0 if sharding.prefetch_after_backward else None,
+    # FSDP1's BACKWARD_POST: the gather of layer i-1 issued once the GPU has finished layer i+1 (the host one
+    # layer ahead under limit_all_gathers, sim.inputs.frameworks), whatever the prefetch depth
+    how = dict(backward_depth=1 if sharding.prefetch_after_backward else None,
                reshard_after_forward=sharding.reshard_after_forward, window=sharding.pp_sync_window)
     grad_bytes, (fp8_saved, expert_share) = _grad_bytes(ctx), _fp8_gather_savings(ctx)
     persistent = _persistent_bytes(ctx)
@@ -375,13 +378,12 @@ def zero3_gather(ctx: BuildContext, draft: Draft) -> Draft:
 def process_group_streams(ctx: BuildContext, draft: Draft) -> Draft:
     """Each rank's data-parallel collectives so far (gradient buckets, ZeRO-3 gathers) on
     their process group's stream, the dense group's and the experts' apart, each right after
-    the action it is issued after; at one such action FSDP1's BACKWARD_POST all-gathers before
-    the reduce-scatter, the others' reductions first
+    the action it is issued after; at one such action the reductions first
     (``sim.program.process_group_streams``). The optimizer's and ``param_gather``'s, added
     after it, are made on those streams in issue order."""
-    plan = ctx.plan
-    return draft.with_program(put_on_group_streams(draft.program, _group_streams(ctx),
-                                                   plan.sharding.gathers_before_reduce))
+    # (FSDP1's BACKWARD_POST too: the gather of layer i-1 shares its anchor, layer i+1's backward, with layer
+    # i+1's reduce-scatter, which the host issued one post-backward hook before it: reductions first)
+    return draft.with_program(put_on_group_streams(draft.program, _group_streams(ctx)))
 
 
 def _group_streams(ctx: BuildContext) -> Callable[[int], dict[tuple, str]]:
@@ -396,8 +398,9 @@ def optimizer(ctx: BuildContext, draft: Draft) -> Draft:
     if plan.offload_optimizer:
         return draft
     z, edp = plan.zero_stage, expert_data_parallel(plan)
+    per_param = OPTIMIZER_BYTES_PER_PARAM[framework_of(plan).optimizer]  # (Composer's unfused AdamW: sim.program.costs)
     step_s = [optimizer_step_time(optimizer_shard_params(d, plan.dp_cp, z) + optimizer_shard_params(x, edp, z),
-                                  ctx.profile) for d, x in _param_split(ctx)]
+                                  ctx.profile, per_param) for d, x in _param_split(ctx)]
     stage = _stage_of(plan)
     return draft.with_program(passes.add_optimizer(draft.program, lambda r: step_s[stage(r)]))
 

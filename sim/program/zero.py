@@ -137,8 +137,9 @@ def add_param_gathers(prog: Program, layer_bytes: Callable[[int, int], float],
     """ZeRO-3: all-gather a layer's parameters (stream ``zero``) before each use and free
     them after it. The gather for the i-th use may start once use i − depth − 1 is done,
     so ``depth`` layers are fetched ahead while earlier ones compute; in backward steps
-    ``backward_depth`` ahead when given (0: FSDP1's BACKWARD_POST, the gather issued once
-    the layer used before it is done, ``sim.inputs.frameworks``). Without
+    ``backward_depth`` ahead when given (FSDP1's BACKWARD_POST: 1, the host one layer ahead
+    under ``limit_all_gathers``, ``sim.inputs.frameworks``; 0 would be a host in step with the
+    GPU, the gather issued once the layer used before it is done). Without
     ``reshard_after_forward`` (FSDP1's SHARD_GRAD_OP) a layer gathered for a micro-batch's
     forward stays gathered until that micro-batch's backward of it is done, and backward
     gathers nothing; with ``kept_layers`` only those layers are kept so (DeepSpeed's
