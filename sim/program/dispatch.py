@@ -61,7 +61,7 @@ from sim.errors import require
 from sim.inputs.cuda_graphs import CudaGraphs
 from sim.inputs.experts import Folding
 from sim.program.routing import Routing
-from sim.program.workload_moe import MoeShape
+from sim.program.workload_moe import MoeShape, quant_align
 
 DISPATCH_GROUPS = ("tpep", "ep_rail", "ep_node")
 """The groups the dispatchers add (``sim.program.ops.GROUPS``): the etp × ep group
@@ -165,7 +165,8 @@ def moe_shape(model, plan, layer: int, load: int, layout: EpLayout | None = None
     ``load`` of token copies: flex's two exchanges in tokens per rank (the module doc),
     on ``layout`` (default: nodes of 8 GPUs) and ``routing`` (default: balanced)."""
     kernels = dict(permute_fusion=plan.moe_permute_fusion, shared_overlap=plan.moe_shared_expert_overlap,
-                   graphed=CudaGraphs(plan.cuda_graph).covers_moe_block(), dropless=plan.moe_capacity_factor is None)
+                   graphed=CudaGraphs(plan.cuda_graph).covers_moe_block(), dropless=plan.moe_capacity_factor is None,
+                   quant_align=quant_align(None if plan.precision is None else plan.precision.recipe.name))
     if not plan.token_dispatcher.deepep:
         return MoeShape(plan.ep, plan.etp_size, load, plan.token_dispatcher, **kernels)
     routing = routing if routing is not None else _balanced(model, plan)

@@ -74,6 +74,10 @@ class MoeShape:
     """A CUDA graph covers the block (``sim.inputs.cuda_graphs``): no host synchronisation in it."""
     dropless: bool = True
     """No capacity factor (where the alltoall dispatcher synchronises, ``_sync_on_exchange``)."""
+    quant_align: int = 0
+    """Under FP8 or FP4: the multiple of rows each expert's split must have for Transformer Engine's
+    quantized grouped GEMM (``quant_align``), which ``TEGroupedMLP`` pads its input to (``_quant_pad``);
+    0 in BF16."""
 
 
 def attention_widths(m) -> tuple[int, int, int, int]:
@@ -161,6 +165,59 @@ def _expert_rows(m, shape: MoeShape) -> tuple[int, int, int, int]:
     f = m.moe_ffn_hidden_size // shape.etp
     rows = max(1, -(-shape.load * shape.etp // local))
     return rows, local, f, (2 if m.mlp == "swiglu" else 1) * f
+
+
+def quant_align(recipe: str | None) -> int:
+    """Rows per expert split that Transformer Engine's quantized grouped GEMM needs, by recipe
+    name (None: BF16, no padding): ``Fp8Padding``'s ``align_size``, "32 for MXFP8 and 16 for
+    others" (transformer_engine/pytorch/module/fp8_padding.py at TE v2.9, the NeMo 25.11
+    container's, and v2.7: ``32 if FP8GlobalStateManager.get_fp8_recipe().mxfp8() else 16``)."""
+    if recipe is None:
+        return 0
+    return 32 if recipe == "mxfp8" else 16
+
+
+def quant_pad_rows(shape: MoeShape, rows: int) -> float:
+    """Rows ``TEGroupedMLP`` adds to each local expert's split before its quantized grouped GEMM
+    (0: none, and no padding kernel runs). Megatron-Core's ``TEGroupedMLP.forward``
+    (megatron/core/transformer/moe/experts.py at Megatron-LM cba6b0ed, Megatron-Bridge r0.2.0's)
+    calls ``Fp8Padding`` under ``config.fp8 or config.fp4``, which returns its input untouched
+    when every split is already a multiple of the alignment ("no padding needed"). With a
+    capacity factor (drop-and-pad) every local expert receives the same ``rows``: padded by
+    (−rows) mod align, usually 0. Dropless, the splits are the routed counts, which the
+    dispatcher does not align (Megatron-Core's ``moe_router_padding_for_quantization``, which
+    would, is off in the recipes and not a trainsim setting) and which even forced load
+    balancing draws at random (``RandomSTE``: normal logits per rank, moe_utils.py): a split's
+    residue modulo align is then about uniform, so (align − 1)/2 rows per expert on average."""
+    a = shape.quant_align
+    if not a:
+        return 0.0
+    if not shape.dropless:
+        return float(-rows % a)
+    return (a - 1) / 2
+
+
+def _quant_pad(w, m, n: int, local: int, pad: float, what: str, after=None) -> None:
+    """``TEGroupedMLP``'s padding of the grouped GEMMs' rows (``quant_pad_rows``; ``n`` rows of
+    the local experts, ``local`` of them, ``pad`` rows added to each), as Transformer Engine runs
+    it (transformer_engine/pytorch/module/fp8_padding.py and fp8_unpadding.py, TE v2.9): one
+    ``tex.fused_multi_row_padding`` kernel copies the [n, h] input into a new [n', h] tensor with
+    every split padded (n' = n + local·pad rows), and another pads the router probabilities
+    [n, 1] (FP32, ``PROBS_BYTES``); after the down projection ``Fp8Unpadding``'s
+    ``fused_multi_row_unpadding`` copies [n', h] back to [n, h]. Backward, each the other way
+    round: the output gradient padded before the down projection's input gradient, the input's
+    gradient and the probabilities' unpadded after the up projection's. ``what``: 'pad',
+    'unpad', 'unpad.grad' (the unpadding's backward, a padding) or 'pad.grad'."""
+    e, h, p = w.e, m.hidden_size, PROBS_BYTES
+    n2 = n + local * pad
+    if what == "pad":
+        w.mem("moe.experts.pad", e * n * h + p * n, e * n2 * h + p * n2, output=e * n2 * h, kernels=2, after=after)
+    elif what == "unpad":
+        w.mem("moe.experts.unpad", e * n2 * h, e * n * h, kernels=1)
+    elif what == "unpad.grad":
+        w.mem("moe.experts.unpad.grad", e * n * h, e * n2 * h, kernels=1, after=after)
+    else:
+        w.mem("moe.experts.pad.grad", e * n2 * h + p * n2, e * n * h + p * n, output=e * n * h, kernels=2)
 
 
 PROBS_BYTES = 4
@@ -379,6 +436,10 @@ def moe_forward(w, m, b: int, t: int, sp: bool, shape: MoeShape) -> None:
         _sort_chunks(w, m, shape, "moe.sort_chunks", after=after)
         after = None
     rows, local, f, f_up = _expert_rows(m, shape)
+    pad = quant_pad_rows(shape, rows)
+    if pad:
+        _quant_pad(w, m, rows * local, local, pad, "pad", after=after)
+        after = None
     lone = not shape.graphed and shape.dropless and group == 1  # no exchange: the grouped GEMM's m_splits to the host
     w.gemm("moe.experts.up", rows, f_up, h, batch=local, after=after, kernels=local, streams=GROUPED_GEMM_STREAMS)
     if lone:
@@ -389,6 +450,8 @@ def moe_forward(w, m, b: int, t: int, sp: bool, shape: MoeShape) -> None:
     read = (2 if m.mlp == "swiglu" else 1) * n * f
     w.mem(f"moe.experts.{m.mlp}", e * read, e * n * f, _ACT_FLOPS[m.mlp] * n * f, framework=True)
     w.gemm("moe.experts.down", rows, h, f, batch=local, kernels=local, streams=GROUPED_GEMM_STREAMS)
+    if pad:
+        _quant_pad(w, m, n, local, pad, "unpad")
     if m.moe_expert_bias:
         _down_bias(w, n, h, local, grad=False)
     if _sorts(m, shape):
@@ -427,8 +490,12 @@ def moe_backward(w, m, b: int, t: int, sp: bool, shape: MoeShape) -> None:
         after = None
     rows, local, f, f_up = _expert_rows(m, shape)
     n = rows * local
+    pad = quant_pad_rows(shape, rows)
     if m.moe_expert_bias:
         _down_bias(w, n, h, local, grad=True, after=after)
+        after = None
+    if pad:
+        _quant_pad(w, m, n, local, pad, "unpad.grad", after=after)
         after = None
     w.gemm("moe.experts.down.dgrad", rows, f, h, batch=local, after=after, kernels=local,
            streams=GROUPED_GEMM_STREAMS)
@@ -438,6 +505,8 @@ def moe_backward(w, m, b: int, t: int, sp: bool, shape: MoeShape) -> None:
     if m.activation_clamp is not None:
         _clamp(w, n, f, grad=True)
     w.gemm("moe.experts.up.dgrad", rows, h, f_up, batch=local, kernels=local, streams=GROUPED_GEMM_STREAMS)
+    if pad:
+        _quant_pad(w, m, n, local, pad, "pad.grad")
     if _sorts(m, shape):
         _sort_chunks(w, m, shape, "moe.sort_chunks.grad")
     after = None if gathered else _exchange(
