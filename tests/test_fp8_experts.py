@@ -156,3 +156,12 @@ def test_moe_shape_takes_the_alignment_from_the_plans_recipe():
     assert moe_shape(TINY, ParallelPlan(**base), 0, S * K).quant_align == 0
     assert moe_shape(TINY, ParallelPlan(**base, fp8_format="hybrid", fp8_recipe="tensorwise"), 0, S * K).quant_align == 16
     assert moe_shape(TINY, ParallelPlan(**base, fp8_format="e4m3", fp8_recipe="mxfp8"), 0, S * K).quant_align == 32
+
+
+def test_only_megatron_core_pads_the_expert_splits():
+    # the padding is Megatron-Core's TEGroupedMLP's: another framework's experts get none here
+    from sim.program.dispatch import moe_shape
+
+    plan = dict(dp=4, ep=4, micro_batch_size=1, global_batch_size=8, fp8_format="hybrid", fp8_recipe="tensorwise")
+    assert moe_shape(TINY, ParallelPlan(**plan, framework="megatron"), 0, S * K).quant_align == 16
+    assert moe_shape(TINY, ParallelPlan(**plan, framework="automodel"), 0, S * K).quant_align == 0
