@@ -175,7 +175,7 @@ def moe_shape(model, plan, layer: int, load: int, layout: EpLayout | None = None
     on ``layout`` (default: nodes of 8 GPUs) and ``routing`` (default: balanced)."""
     kernels = dict(permute_fusion=plan.moe_permute_fusion, shared_overlap=plan.moe_shared_expert_overlap,
                    graphed=CudaGraphs(plan.cuda_graph).covers_moe_block(), dropless=plan.moe_capacity_factor is None,
-                   quant_align=_quant_align(plan))
+                   capacity_factor=plan.moe_capacity_factor, quant_align=_quant_align(plan))
     if not plan.token_dispatcher.deepep:
         return MoeShape(plan.ep, plan.etp_size, load, plan.token_dispatcher, **kernels)
     routing = routing if routing is not None else _balanced(model, plan)

@@ -44,6 +44,7 @@ qk + rope = 192 wide and values of 128 (DeepSeek-V3).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 
 from sim.inputs.moe import mla_projections
@@ -74,6 +75,8 @@ class MoeShape:
     """A CUDA graph covers the block (``sim.inputs.cuda_graphs``): no host synchronisation in it."""
     dropless: bool = True
     """No capacity factor (where the alltoall dispatcher synchronises, ``_sync_on_exchange``)."""
+    capacity_factor: float | None = None
+    """``--moe-expert-capacity-factor`` (None: dropless): the router's token dropping (``_capacity``)."""
     quant_align: int = 0
     """Under FP8 or FP4: the multiple of rows each expert's split must have for Transformer Engine's
     quantized grouped GEMM (``quant_align``), which ``TEGroupedMLP`` pads its input to (``_quant_pad``);
@@ -276,7 +279,7 @@ default, 20 (DeepEP's README sets it with ``Buffer.set_num_sms``; Megatron-Core'
 ``moe_flex_dispatcher_num_sms`` leaves the backend's default, "historical default 20")."""
 
 
-def _router(w, m, T: int, grad: bool) -> None:
+def _router(w, m, T: int, grad: bool, shape: MoeShape | None = None) -> None:
     """The router after its score GEMM (Megatron-Core ``TopKRouter.routing``, unfused): the
     score function (softmax, or DeepSeek-V3's sigmoid: the same pass) over the T × E logits in
     fp32, top-k, the routing map (1 byte) and the probabilities (fp32) scattered into T × E,
@@ -288,11 +291,53 @@ def _router(w, m, T: int, grad: bool) -> None:
     if not grad:
         w.mem("moe.router.scores", e * TE, 4 * TE, 8 * TE, framework=True, kernels=2)
         w.mem("moe.router.topk", 4 * TE, 5 * TE + 12 * R, 8 * TE, framework=True, kernels=5)
+        if shape is not None and shape.capacity_factor is not None:
+            _capacity(w, m, T, shape.capacity_factor, grad=False)
         w.mem("moe.router.aux_loss", 5 * TE, 8 * E, 2 * TE, framework=True, kernels=6)
         return
     w.mem("moe.router.aux_loss.grad", 4 * TE, 4 * TE, TE, framework=True, kernels=4)
+    if shape is not None and shape.capacity_factor is not None:
+        _capacity(w, m, T, shape.capacity_factor, grad=True)
     w.mem("moe.router.topk.grad", 4 * TE + 12 * R, 4 * TE, 2 * TE, framework=True, kernels=3)
     w.mem("moe.router.scores.grad", 8 * TE, e * TE, 8 * TE, framework=True, kernels=2)
+
+
+TOPK_RADIX_PASSES = 4
+"""Passes over its input of PyTorch's multi-block radix select (``torch.topk`` on CUDA,
+aten/src/ATen/native/cuda/TensorTopK.cu, namespace ``mbtopk``: ``RADIX_BITS = 8``, so 32/8 = 4
+digit passes over FP32 values, each ``radixFindKthValues`` reading every element), which
+``should_use_multiblock`` picks for the router's [T, E] probabilities along the tokens (E slices,
+80-200 of them of at least 5,000 elements, or 200-800 of at least 3,000: PyTorch PR 74267's
+heuristic); ``gatherTopK`` then reads them once more to write the k values and indices."""
+TOPK_KERNELS = 10
+"""Kernels of that ``torch.topk`` (TensorTopK.cu, ``mbtopk::launch``): per digit pass
+``radixFindKthValues`` and ``computeDigitCumSum`` (8), then ``computeBlockwiseWithinKCounts``
+and ``gatherTopK``; its CUB prefix scans (``inclusive_sum_by_key``) and fills are left out."""
+
+
+def _capacity(w, m, T: int, cf: float, grad: bool) -> None:
+    """The router's token dropping under a capacity factor (Megatron-Core
+    ``moe_utils.apply_router_token_dropping``, called by ``TopKRouter.routing`` when
+    ``moe_expert_capacity_factor`` is set; the same at core_r0.14.0, NeMo 25.09's, and Megatron-LM
+    cba6b0ed, 25.11's): each expert keeps the C = ⌈T·k/E · cf⌉ tokens of highest probability
+    (``get_capacity``), found by ``torch.topk(routing_probs, k=C, dim=0)`` over the FP32 [T, E]
+    probabilities (``TOPK_RADIX_PASSES`` + 1 reads of them, C·E values and int64 indices
+    written, ``TOPK_KERNELS``); then ``zeros_like(probs).scatter(0, indices, 1).bool()`` (a
+    zero-fill of T·E FP32; the out-of-place scatter, a copy of it and the C·E ones written from
+    the indices; the cast to bool) and, padding to capacity as ``apply_moe_token_drop`` sets, ``probs * mask`` (reads both,
+    writes FP32). Backward: the product's gradient, the output gradient times the mask."""
+    E, k = m.num_experts, m.moe_router_topk
+    TE = T * E
+    CE = math.ceil(T * k / E * cf) * E
+    if grad:
+        w.mem("moe.router.capacity.grad", 4 * TE + TE, 4 * TE, TE, framework=True, kernels=1)
+        return
+    w.mem("moe.router.capacity.topk", (TOPK_RADIX_PASSES + 1) * 4 * TE, 12 * CE, 0, framework=True,
+          kernels=TOPK_KERNELS)
+    # zeros_like (write 4TE); the out-of-place scatter: a copy (4TE each way), then the ones (read the
+    # 8-byte indices, write 4CE); .bool() (read 4TE, write TE); probs * mask (read 4TE + TE, write 4TE)
+    w.mem("moe.router.capacity.mask", 4 * TE + 8 * CE + 4 * TE + 5 * TE, 4 * TE + 4 * TE + 4 * CE + TE + 4 * TE, TE,
+          framework=True, kernels=5)
 
 
 def _permute(w, m, rows: int, copies: int, experts: int, shape: MoeShape, grad: bool, **first) -> None:
@@ -411,7 +456,7 @@ def moe_forward(w, m, b: int, t: int, sp: bool, shape: MoeShape) -> None:
     else:
         _shared(w, m, b, t, sp, "F")
     w.gemm("moe.router", T, E, h)
-    _router(w, m, T, grad=False)
+    _router(w, m, T, grad=False, shape=shape)
     gathered = shape.dispatcher.gathers
     group = shape.etp * shape.ep
     copies = shape.load * shape.etp if gathered else T * k  # the copies this rank permutes
@@ -518,7 +563,7 @@ def moe_backward(w, m, b: int, t: int, sp: bool, shape: MoeShape) -> None:
         _permute(w, m, T, copies, E, shape, grad=True, after=after)
     if gathered:
         _exchange(w, m, shape, T, "dispatch.grad")
-    _router(w, m, T, grad=True)
+    _router(w, m, T, grad=True, shape=shape)
     w.gemm("moe.router.dgrad", T, h, E)
     if overlap:
         _shared(w, m, b, t, sp, "B.in")
