@@ -568,3 +568,30 @@ def test_attention_kinds_gain_grows_with_the_context(out_root):
     for v in ("sliding", "hybrid Mamba-2", "linear attention"):
         gain = {s: by[("full", s)]["step_s"] / by[(v, s)]["step_s"] for s in (short, long)}
         assert gain[long] > gain[short] and gain[long] > 1, (v, gain)
+
+
+def test_moe_layer_gap_implies_a_layer_from_the_step_by_hand():
+    # experiments/moe_layer_gap.py: step = (1 + bubble) * m * (L * t_layer + t_edges), bubble =
+    # (pp - 1) / (vpp * m) (the interleaved schedule's); 16 micro-batches of 48 layers, edges 40 ms:
+    # 11.0 s -> (11.0 - 0.64) / 768 = 13.49 ms; with pp 2, vpp 24 and 32 micro-batches the bubble is 1/768.
+    import moe_layer_gap
+
+    assert moe_layer_gap.implied_layer_s(11.0, 16, 48, 0.040) == pytest.approx((11.0 - 16 * 0.040) / 768)
+    assert moe_layer_gap.implied_layer_s(12.0, 32, 24, 0.0, pp=2, vpp=24) == pytest.approx(12.0 / (1 + 1 / 768) / 768)
+    kinds = {("all_to_all", "ep comm"): "a2a/comm", ("attn.core", "attention"): "attention",
+             ("moe.experts.up", "gemm"): "expert gemm", ("attn.qkv", "gemm"): "other gemm",
+             ("moe.permute", "memory"): "memory"}
+    assert {k: moe_layer_gap.category({"name": k[0], "kind": k[1]}) for k in kinds} == kinds
+
+
+def test_moe_layer_gap_sums_explains_layer_by_category():
+    # One Megatron-Bridge MoE row (25.09 B200 Qwen3-30B-A3B, line 54): the categories add up to
+    # the layer explain charges, and the implied layer follows from the measured step.
+    import moe_layer_gap
+    from sim.calibrate.runs_csv import read_runs
+
+    run = next(r for r in read_runs(EXPERIMENTS / "fit-data" / "megatron_bridge_runs.csv") if r.line == 54)
+    g = moe_layer_gap.layer_gap(run)
+    assert sum(g["by_category_s"].values()) == pytest.approx(g["simulated_layer_s"], rel=1e-9)
+    assert g["microbatches"] == 512 // 8 and g["layers"] == 48 and g["micro_batch_size"] == 1
+    assert 0 < g["implied_layer_s"] < run.measured_s / (64 * 48)

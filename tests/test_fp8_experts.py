@@ -96,3 +96,72 @@ def test_expert_casts_run_one_kernel_per_expert_as_te_quantizes_each_split():
     dense = _items(fp8_layer_work(layer_work(TINY, LayerRun(1, 1, False)), fp8_precision("hybrid", "tensorwise"), 1, False))
     assert [n for n in dense if n.endswith(".amax")]
     assert all(o.kernels == (2 if n.endswith(".amax") else 1) for n, o in dense.items() if hasattr(o, "kernels"))
+
+
+def test_te_pads_each_expert_split_for_the_quantized_grouped_gemm_by_hand():
+    """Megatron-Core's TEGroupedMLP pads every local expert's split to Transformer Engine's
+    alignment under FP8 (Fp8Padding: 16 rows, 32 under MXFP8) and unpads the down projection's
+    output; TE returns the input untouched when the splits are aligned. Dropless, the routed
+    counts are not: (align - 1)/2 rows per expert on average. E = 4 local experts of 128 rows
+    (T = 256 tokens, k = 2, ep = 1), h = 512, BF16 activations, FP32 probabilities."""
+    from sim.program.costs import op_time
+    from sim.program.workload_moe import quant_align, quant_pad_rows
+
+    assert (quant_align(None), quant_align("tensorwise"), quant_align("delayed"), quant_align("mxfp8")) == (0, 16, 16, 32)
+    n, local, e = S * K, E, 2
+    for align in (16, 32):
+        shape = MoeShape(ep=1, etp=1, load=S * K, quant_align=align)
+        pad = (align - 1) / 2
+        assert quant_pad_rows(shape, n // local) == pad
+        n2 = n + local * pad  # the padded rows
+        ops = _items(fp8_layer_work(layer_work(TINY, LayerRun(1, 1, False), moe=shape),
+                                    fp8_precision("e4m3", "mxfp8" if align == 32 else "tensorwise"), 1, False))
+        expect = {"moe.experts.pad": (e * n * H + 4 * n, e * n2 * H + 4 * n2, 2),  # hidden states and probs
+                  "moe.experts.unpad": (e * n2 * H, e * n * H, 1),
+                  "moe.experts.unpad.grad": (e * n * H, e * n2 * H, 1),   # the unpadding's backward pads
+                  "moe.experts.pad.grad": (e * n2 * H + 4 * n2, e * n * H + 4 * n, 2)}
+        gpu = load_profile("h100-sxm")
+        for name, (read, written, kernels) in expect.items():
+            op = ops[name]
+            assert (op.bytes_read, op.bytes_written, op.kernels) == pytest.approx((read, written, kernels)), name
+            # memory-bound: its bytes at the profile's library-kernel rate, plus each kernel's fixed cost
+            t = (read + written) / (gpu.hbm_bandwidth_Bps * gpu.memory_efficiency) + kernels * gpu.kernel_launch_s
+            assert op_time(op, gpu) == pytest.approx(t, rel=1e-12), name
+        names = [i.name for i in layer_work(TINY, LayerRun(1, 1, False), moe=shape).items]
+        for before, after in (("moe.experts.pad", "moe.experts.up"), ("moe.experts.down", "moe.experts.unpad"),
+                              ("moe.experts.unpad.grad", "moe.experts.down.dgrad"),
+                              ("moe.experts.up.dgrad", "moe.experts.pad.grad")):
+            assert names.index(after) == names.index(before) + 1, (before, after)
+
+
+def test_aligned_splits_and_bf16_run_no_padding_kernel():
+    """Drop-and-pad (a capacity factor) gives every local expert the same rows: padded by
+    (-rows) mod align, nothing when they are a multiple (TE's "no padding needed"); BF16 never pads."""
+    from sim.program.workload_moe import quant_pad_rows
+
+    def names(shape):
+        return {i.name for i in layer_work(TINY, LayerRun(1, 1, False), moe=shape).items}
+
+    aligned = MoeShape(ep=1, etp=1, load=S * K, dropless=False, quant_align=32)  # 128 rows per expert
+    assert quant_pad_rows(aligned, 128) == 0 and not {n for n in names(aligned) if ".pad" in n or "unpad" in n}
+    odd = MoeShape(ep=1, etp=1, load=400, dropless=False, quant_align=32)  # 100 rows per expert: 28 more
+    assert quant_pad_rows(odd, 100) == 28 and "moe.experts.pad" in names(odd)
+    assert not {n for n in names(MoeShape(ep=1, etp=1, load=S * K)) if "pad" in n}
+
+
+def test_moe_shape_takes_the_alignment_from_the_plans_recipe():
+    from sim.program.dispatch import moe_shape
+
+    base = dict(dp=4, ep=4, micro_batch_size=1, global_batch_size=8)
+    assert moe_shape(TINY, ParallelPlan(**base), 0, S * K).quant_align == 0
+    assert moe_shape(TINY, ParallelPlan(**base, fp8_format="hybrid", fp8_recipe="tensorwise"), 0, S * K).quant_align == 16
+    assert moe_shape(TINY, ParallelPlan(**base, fp8_format="e4m3", fp8_recipe="mxfp8"), 0, S * K).quant_align == 32
+
+
+def test_only_megatron_core_pads_the_expert_splits():
+    # the padding is Megatron-Core's TEGroupedMLP's: another framework's experts get none here
+    from sim.program.dispatch import moe_shape
+
+    plan = dict(dp=4, ep=4, micro_batch_size=1, global_batch_size=8, fp8_format="hybrid", fp8_recipe="tensorwise")
+    assert moe_shape(TINY, ParallelPlan(**plan, framework="megatron"), 0, S * K).quant_align == 16
+    assert moe_shape(TINY, ParallelPlan(**plan, framework="automodel"), 0, S * K).quant_align == 0

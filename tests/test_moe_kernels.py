@@ -313,3 +313,30 @@ def test_the_alltoall_dispatcher_gathers_the_token_counts_before_permuting():
     for other in (replace(plan, moe_capacity_factor=1.0), replace(plan, dispatcher="flex"),
                   replace(plan, dispatcher="allgather")):
         assert not [i for i in _layer(MOE, other).items if "counts" in i.name]
+
+
+def test_token_dropping_router_kernels_by_hand():
+    """--moe-expert-capacity-factor 1.0: Megatron-Core's apply_router_token_dropping keeps each
+    expert's C = ceil(T*k/E * cf) tokens of highest probability. T = 1024 tokens, E = 32, k = 4:
+    C = 128, C*E = 4096. torch.topk(probs, C, dim=0) over the FP32 [1024, 32] probabilities: 4
+    radix passes and a gather read them (5 x 4 x 32,768 bytes), the C*E values (FP32) and
+    indices (int64) are written, in 10 kernels; the mask: zeros_like, the out-of-place scatter
+    (a copy, then the ones), .bool(), probs * mask; backward the product's gradient. Each a
+    framework kernel: its bytes at the profile's framework rate plus its launches. Dropless:
+    none of them."""
+    plan = ParallelPlan(ep=8, dp=8, micro_batch_size=1, global_batch_size=8, moe_capacity_factor=1.0)
+    T, E = 1024, 32
+    TE, CE = T * E, 128 * E
+    f, b = _items(_layer(MOE, plan)), _items(_layer(MOE, plan), "B")
+    topk, mask, grad = f["moe.router.capacity.topk"], f["moe.router.capacity.mask"], b["moe.router.capacity.grad"]
+    assert (topk.bytes_read, topk.bytes_written, topk.kernels) == (5 * 4 * TE, 12 * CE, 10)
+    assert (mask.bytes_read, mask.bytes_written, mask.kernels) == (13 * TE + 8 * CE, 13 * TE + 4 * CE, 5)
+    assert (grad.bytes_read, grad.bytes_written, grad.kernels) == (5 * TE, 4 * TE, 1)
+    rate = H100.hbm_bandwidth_Bps * (H100.framework_kernel_efficiency or H100.memory_efficiency)
+    for op in (topk, mask, grad):
+        assert op_time(op, H100) == pytest.approx((op.bytes_read + op.bytes_written) / rate
+                                                  + op.kernels * H100.kernel_launch_s, rel=1e-12), op.name
+    names = [i.name for i in _layer(MOE, plan).items if i.phase == "F"]
+    assert names.index("moe.router.capacity.topk") == names.index("moe.router.topk") + 1
+    dropless = _layer(MOE, replace(plan, moe_capacity_factor=None))
+    assert not [i for i in dropless.items if "capacity" in i.name]

@@ -60,8 +60,9 @@ import numpy as np
 from sim.errors import require
 from sim.inputs.cuda_graphs import CudaGraphs
 from sim.inputs.experts import Folding
+from sim.inputs.frameworks import framework_name
 from sim.program.routing import Routing
-from sim.program.workload_moe import MoeShape
+from sim.program.workload_moe import MoeShape, quant_align
 
 DISPATCH_GROUPS = ("tpep", "ep_rail", "ep_node")
 """The groups the dispatchers add (``sim.program.ops.GROUPS``): the etp × ep group
@@ -159,13 +160,22 @@ def _flex_ratios(routing: Routing, layer: int, layout: EpLayout) -> tuple[float,
     return float(sum(nodes.values())), float(sum(ranks.values()))
 
 
+def _quant_align(plan) -> int:
+    """``MoeShape.quant_align`` of the plan: its recipe's (``workload_moe.quant_align``) where
+    Megatron-Core's ``TEGroupedMLP`` runs the experts (the padding is its own), else 0."""
+    if plan.precision is None or framework_name(plan) != "megatron":
+        return 0
+    return quant_align(plan.precision.recipe.name)
+
+
 def moe_shape(model, plan, layer: int, load: int, layout: EpLayout | None = None,
               routing: Routing | None = None) -> MoeShape:
     """The MoE shape of ``layer`` as the plan's dispatcher runs it, for a busiest-rank
     ``load`` of token copies: flex's two exchanges in tokens per rank (the module doc),
     on ``layout`` (default: nodes of 8 GPUs) and ``routing`` (default: balanced)."""
     kernels = dict(permute_fusion=plan.moe_permute_fusion, shared_overlap=plan.moe_shared_expert_overlap,
-                   graphed=CudaGraphs(plan.cuda_graph).covers_moe_block(), dropless=plan.moe_capacity_factor is None)
+                   graphed=CudaGraphs(plan.cuda_graph).covers_moe_block(), dropless=plan.moe_capacity_factor is None,
+                   capacity_factor=plan.moe_capacity_factor, quant_align=_quant_align(plan))
     if not plan.token_dispatcher.deepep:
         return MoeShape(plan.ep, plan.etp_size, load, plan.token_dispatcher, **kernels)
     routing = routing if routing is not None else _balanced(model, plan)

@@ -44,6 +44,7 @@ qk + rope = 192 wide and values of 128 (DeepSeek-V3).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 
 from sim.inputs.moe import mla_projections
@@ -74,6 +75,12 @@ class MoeShape:
     """A CUDA graph covers the block (``sim.inputs.cuda_graphs``): no host synchronisation in it."""
     dropless: bool = True
     """No capacity factor (where the alltoall dispatcher synchronises, ``_sync_on_exchange``)."""
+    capacity_factor: float | None = None
+    """``--moe-expert-capacity-factor`` (None: dropless): the router's token dropping (``_capacity``)."""
+    quant_align: int = 0
+    """Under FP8 or FP4: the multiple of rows each expert's split must have for Transformer Engine's
+    quantized grouped GEMM (``quant_align``), which ``TEGroupedMLP`` pads its input to (``_quant_pad``);
+    0 in BF16."""
 
 
 def attention_widths(m) -> tuple[int, int, int, int]:
@@ -163,6 +170,59 @@ def _expert_rows(m, shape: MoeShape) -> tuple[int, int, int, int]:
     return rows, local, f, (2 if m.mlp == "swiglu" else 1) * f
 
 
+def quant_align(recipe: str | None) -> int:
+    """Rows per expert split that Transformer Engine's quantized grouped GEMM needs, by recipe
+    name (None: BF16, no padding): ``Fp8Padding``'s ``align_size``, "32 for MXFP8 and 16 for
+    others" (transformer_engine/pytorch/module/fp8_padding.py at TE v2.9, the NeMo 25.11
+    container's, and v2.7: ``32 if FP8GlobalStateManager.get_fp8_recipe().mxfp8() else 16``)."""
+    if recipe is None:
+        return 0
+    return 32 if recipe == "mxfp8" else 16
+
+
+def quant_pad_rows(shape: MoeShape, rows: int) -> float:
+    """Rows ``TEGroupedMLP`` adds to each local expert's split before its quantized grouped GEMM
+    (0: none, and no padding kernel runs). Megatron-Core's ``TEGroupedMLP.forward``
+    (megatron/core/transformer/moe/experts.py at Megatron-LM cba6b0ed, Megatron-Bridge r0.2.0's)
+    calls ``Fp8Padding`` under ``config.fp8 or config.fp4``, which returns its input untouched
+    when every split is already a multiple of the alignment ("no padding needed"). With a
+    capacity factor (drop-and-pad) every local expert receives the same ``rows``: padded by
+    (−rows) mod align, usually 0. Dropless, the splits are the routed counts, which the
+    dispatcher does not align (Megatron-Core's ``moe_router_padding_for_quantization``, which
+    would, is off in the recipes and not a trainsim setting) and which even forced load
+    balancing draws at random (``RandomSTE``: normal logits per rank, moe_utils.py): a split's
+    residue modulo align is then about uniform, so (align − 1)/2 rows per expert on average."""
+    a = shape.quant_align
+    if not a:
+        return 0.0
+    if not shape.dropless:
+        return float(-rows % a)
+    return (a - 1) / 2
+
+
+def _quant_pad(w, m, n: int, local: int, pad: float, what: str, after=None) -> None:
+    """``TEGroupedMLP``'s padding of the grouped GEMMs' rows (``quant_pad_rows``; ``n`` rows of
+    the local experts, ``local`` of them, ``pad`` rows added to each), as Transformer Engine runs
+    it (transformer_engine/pytorch/module/fp8_padding.py and fp8_unpadding.py, TE v2.9): one
+    ``tex.fused_multi_row_padding`` kernel copies the [n, h] input into a new [n', h] tensor with
+    every split padded (n' = n + local·pad rows), and another pads the router probabilities
+    [n, 1] (FP32, ``PROBS_BYTES``); after the down projection ``Fp8Unpadding``'s
+    ``fused_multi_row_unpadding`` copies [n', h] back to [n, h]. Backward, each the other way
+    round: the output gradient padded before the down projection's input gradient, the input's
+    gradient and the probabilities' unpadded after the up projection's. ``what``: 'pad',
+    'unpad', 'unpad.grad' (the unpadding's backward, a padding) or 'pad.grad'."""
+    e, h, p = w.e, m.hidden_size, PROBS_BYTES
+    n2 = n + local * pad
+    if what == "pad":
+        w.mem("moe.experts.pad", e * n * h + p * n, e * n2 * h + p * n2, output=e * n2 * h, kernels=2, after=after)
+    elif what == "unpad":
+        w.mem("moe.experts.unpad", e * n2 * h, e * n * h, kernels=1)
+    elif what == "unpad.grad":
+        w.mem("moe.experts.unpad.grad", e * n * h, e * n2 * h, kernels=1, after=after)
+    else:
+        w.mem("moe.experts.pad.grad", e * n2 * h + p * n2, e * n * h + p * n, output=e * n * h, kernels=2)
+
+
 PROBS_BYTES = 4
 """The router's probabilities, FP32 (Megatron-Core's ``TEGroupedMLP._apply_bias`` casts ``t + b * p``
 back to the activations' dtype because the product with them is FP32)."""
@@ -219,7 +279,7 @@ default, 20 (DeepEP's README sets it with ``Buffer.set_num_sms``; Megatron-Core'
 ``moe_flex_dispatcher_num_sms`` leaves the backend's default, "historical default 20")."""
 
 
-def _router(w, m, T: int, grad: bool) -> None:
+def _router(w, m, T: int, grad: bool, shape: MoeShape | None = None) -> None:
     """The router after its score GEMM (Megatron-Core ``TopKRouter.routing``, unfused): the
     score function (softmax, or DeepSeek-V3's sigmoid: the same pass) over the T × E logits in
     fp32, top-k, the routing map (1 byte) and the probabilities (fp32) scattered into T × E,
@@ -231,11 +291,53 @@ def _router(w, m, T: int, grad: bool) -> None:
     if not grad:
         w.mem("moe.router.scores", e * TE, 4 * TE, 8 * TE, framework=True, kernels=2)
         w.mem("moe.router.topk", 4 * TE, 5 * TE + 12 * R, 8 * TE, framework=True, kernels=5)
+        if shape is not None and shape.capacity_factor is not None:
+            _capacity(w, m, T, shape.capacity_factor, grad=False)
         w.mem("moe.router.aux_loss", 5 * TE, 8 * E, 2 * TE, framework=True, kernels=6)
         return
     w.mem("moe.router.aux_loss.grad", 4 * TE, 4 * TE, TE, framework=True, kernels=4)
+    if shape is not None and shape.capacity_factor is not None:
+        _capacity(w, m, T, shape.capacity_factor, grad=True)
     w.mem("moe.router.topk.grad", 4 * TE + 12 * R, 4 * TE, 2 * TE, framework=True, kernels=3)
     w.mem("moe.router.scores.grad", 8 * TE, e * TE, 8 * TE, framework=True, kernels=2)
+
+
+TOPK_RADIX_PASSES = 4
+"""Passes over its input of PyTorch's multi-block radix select (``torch.topk`` on CUDA,
+aten/src/ATen/native/cuda/TensorTopK.cu, namespace ``mbtopk``: ``RADIX_BITS = 8``, so 32/8 = 4
+digit passes over FP32 values, each ``radixFindKthValues`` reading every element), which
+``should_use_multiblock`` picks for the router's [T, E] probabilities along the tokens (E slices,
+80-200 of them of at least 5,000 elements, or 200-800 of at least 3,000: PyTorch PR 74267's
+heuristic); ``gatherTopK`` then reads them once more to write the k values and indices."""
+TOPK_KERNELS = 10
+"""Kernels of that ``torch.topk`` (TensorTopK.cu, ``mbtopk::launch``): per digit pass
+``radixFindKthValues`` and ``computeDigitCumSum`` (8), then ``computeBlockwiseWithinKCounts``
+and ``gatherTopK``; its CUB prefix scans (``inclusive_sum_by_key``) and fills are left out."""
+
+
+def _capacity(w, m, T: int, cf: float, grad: bool) -> None:
+    """The router's token dropping under a capacity factor (Megatron-Core
+    ``moe_utils.apply_router_token_dropping``, called by ``TopKRouter.routing`` when
+    ``moe_expert_capacity_factor`` is set; the same at core_r0.14.0, NeMo 25.09's, and Megatron-LM
+    cba6b0ed, 25.11's): each expert keeps the C = ⌈T·k/E · cf⌉ tokens of highest probability
+    (``get_capacity``), found by ``torch.topk(routing_probs, k=C, dim=0)`` over the FP32 [T, E]
+    probabilities (``TOPK_RADIX_PASSES`` + 1 reads of them, C·E values and int64 indices
+    written, ``TOPK_KERNELS``); then ``zeros_like(probs).scatter(0, indices, 1).bool()`` (a
+    zero-fill of T·E FP32; the out-of-place scatter, a copy of it and the C·E ones written from
+    the indices; the cast to bool) and, padding to capacity as ``apply_moe_token_drop`` sets, ``probs * mask`` (reads both,
+    writes FP32). Backward: the product's gradient, the output gradient times the mask."""
+    E, k = m.num_experts, m.moe_router_topk
+    TE = T * E
+    CE = math.ceil(T * k / E * cf) * E
+    if grad:
+        w.mem("moe.router.capacity.grad", 4 * TE + TE, 4 * TE, TE, framework=True, kernels=1)
+        return
+    w.mem("moe.router.capacity.topk", (TOPK_RADIX_PASSES + 1) * 4 * TE, 12 * CE, 0, framework=True,
+          kernels=TOPK_KERNELS)
+    # zeros_like (write 4TE); the out-of-place scatter: a copy (4TE each way), then the ones (read the
+    # 8-byte indices, write 4CE); .bool() (read 4TE, write TE); probs * mask (read 4TE + TE, write 4TE)
+    w.mem("moe.router.capacity.mask", 4 * TE + 8 * CE + 4 * TE + 5 * TE, 4 * TE + 4 * TE + 4 * CE + TE + 4 * TE, TE,
+          framework=True, kernels=5)
 
 
 def _permute(w, m, rows: int, copies: int, experts: int, shape: MoeShape, grad: bool, **first) -> None:
@@ -354,7 +456,7 @@ def moe_forward(w, m, b: int, t: int, sp: bool, shape: MoeShape) -> None:
     else:
         _shared(w, m, b, t, sp, "F")
     w.gemm("moe.router", T, E, h)
-    _router(w, m, T, grad=False)
+    _router(w, m, T, grad=False, shape=shape)
     gathered = shape.dispatcher.gathers
     group = shape.etp * shape.ep
     copies = shape.load * shape.etp if gathered else T * k  # the copies this rank permutes
@@ -379,6 +481,10 @@ def moe_forward(w, m, b: int, t: int, sp: bool, shape: MoeShape) -> None:
         _sort_chunks(w, m, shape, "moe.sort_chunks", after=after)
         after = None
     rows, local, f, f_up = _expert_rows(m, shape)
+    pad = quant_pad_rows(shape, rows)
+    if pad:
+        _quant_pad(w, m, rows * local, local, pad, "pad", after=after)
+        after = None
     lone = not shape.graphed and shape.dropless and group == 1  # no exchange: the grouped GEMM's m_splits to the host
     w.gemm("moe.experts.up", rows, f_up, h, batch=local, after=after, kernels=local, streams=GROUPED_GEMM_STREAMS)
     if lone:
@@ -389,6 +495,8 @@ def moe_forward(w, m, b: int, t: int, sp: bool, shape: MoeShape) -> None:
     read = (2 if m.mlp == "swiglu" else 1) * n * f
     w.mem(f"moe.experts.{m.mlp}", e * read, e * n * f, _ACT_FLOPS[m.mlp] * n * f, framework=True)
     w.gemm("moe.experts.down", rows, h, f, batch=local, kernels=local, streams=GROUPED_GEMM_STREAMS)
+    if pad:
+        _quant_pad(w, m, n, local, pad, "unpad")
     if m.moe_expert_bias:
         _down_bias(w, n, h, local, grad=False)
     if _sorts(m, shape):
@@ -427,8 +535,12 @@ def moe_backward(w, m, b: int, t: int, sp: bool, shape: MoeShape) -> None:
         after = None
     rows, local, f, f_up = _expert_rows(m, shape)
     n = rows * local
+    pad = quant_pad_rows(shape, rows)
     if m.moe_expert_bias:
         _down_bias(w, n, h, local, grad=True, after=after)
+        after = None
+    if pad:
+        _quant_pad(w, m, n, local, pad, "unpad.grad", after=after)
         after = None
     w.gemm("moe.experts.down.dgrad", rows, f, h, batch=local, after=after, kernels=local,
            streams=GROUPED_GEMM_STREAMS)
@@ -438,6 +550,8 @@ def moe_backward(w, m, b: int, t: int, sp: bool, shape: MoeShape) -> None:
     if m.activation_clamp is not None:
         _clamp(w, n, f, grad=True)
     w.gemm("moe.experts.up.dgrad", rows, h, f_up, batch=local, kernels=local, streams=GROUPED_GEMM_STREAMS)
+    if pad:
+        _quant_pad(w, m, n, local, pad, "pad.grad")
     if _sorts(m, shape):
         _sort_chunks(w, m, shape, "moe.sort_chunks.grad")
     after = None if gathered else _exchange(
@@ -449,7 +563,7 @@ def moe_backward(w, m, b: int, t: int, sp: bool, shape: MoeShape) -> None:
         _permute(w, m, T, copies, E, shape, grad=True, after=after)
     if gathered:
         _exchange(w, m, shape, T, "dispatch.grad")
-    _router(w, m, T, grad=True)
+    _router(w, m, T, grad=True, shape=shape)
     w.gemm("moe.router.dgrad", T, h, E)
     if overlap:
         _shared(w, m, b, t, sp, "B.in")
