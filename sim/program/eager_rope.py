@@ -1,4 +1,4 @@
-"""MLA's rotary embedding as eager PyTorch runs it (NeMo AutoModel's DeepSeek-V3 / Kimi-K2).
+"""The rotary embedding as eager PyTorch runs it in NeMo AutoModel's own MoE models.
 
 trainsim's MLA (``sim.program.workload_moe.qkv_forward``) prices the projections, their norms
 and the attention core; like Megatron-Core's, whose rows the presets are fitted to, it has no
@@ -29,6 +29,27 @@ d the no-rope query width (element counts, the byte sizes in the code below):
   multiply's (the gradient times the conjugate frequencies), the upcast's (fp32 to bf16), and
   ``torch.split``'s, which concatenates the two query gradients into q's [N, H, d + r] (the
   ``cat``'s own backward only slices: views); the same three on k_pe's gradient.
+
+AutoModel's Qwen3-MoE attention (components/models/qwen3_moe/layers.py ``Qwen3MoeAttention.forward``
+@ 8d9bfb90e3d8, the M4 row's) rotates the whole query and key heads after their per-head norms
+with GPT-OSS's ``_apply_rotary_emb`` (components/models/gpt_oss/layers.py), the rotate-half form
+in the activations' dtype:
+
+    cos, sin = cos.unsqueeze(-2).to(x.dtype), sin.unsqueeze(-2).to(x.dtype)   # fp32 [b, s, d/2]
+    x1, x2 = torch.chunk(x, 2, dim=-1)                                         # views
+    o1 = x1 * cos - x2 * sin
+    o2 = x2 * cos + x1 * sin
+    return torch.cat((o1, o2), dim=-1)
+
+so per tensor of n elements (rows of head width d; ``rotate_half_ops``): forward the two casts
+of the b·s·d/2 fp32 angles, four half-size products (each reads n/2 elements and the angles,
+writes n/2), the subtraction and the addition (each reads n, writes n/2) and the ``cat`` (reads
+and writes n); backward the four products' gradients (the gradient times cos or sin), the
+subtraction's negation, autograd's sums of the two gradients x1 and x2 each receive (each reads
+n, writes n/2), and ``chunk``'s backward, a ``cat`` of them (the forward ``cat``'s backward and
+the addition's only pass views on). Megatron-Core's rows run Transformer Engine's fused rope
+(``apply_rope_fusion``), unpriced like its MLA kernels. AutoModel's dense models are Hugging
+Face's with its Liger kernels (a fused rope), so only a model with routed experts gets these.
 
 The key's concatenation (``torch.cat([k_nope, k_pe.expand(...)])``) is not added: Megatron-Core's
 fused kernel for the key and value writes as much, so neither framework's is priced. Under
@@ -82,18 +103,53 @@ def rope_ops(model: ModelSpec, tokens: int, tp: int, phase: str, grad: bool, rec
     return q + k
 
 
-def with_eager_mla_rope(work: Work, model: ModelSpec, micro_batch: int, tp: int, eager: bool) -> Work:
-    """``work`` (an MLA layer's) with AutoModel's eager rope kernels (module doc) when ``eager``
-    (``Framework.eager_mla_rope``): the forward ones after each query up-projection (the
-    recomputed one too), the backward ones before its input gradient. Unchanged otherwise."""
-    if not eager or not model.mla:
+def rotate_half_ops(model: ModelSpec, tokens: int, tp: int, phase: str, grad: bool, recompute: bool = False,
+                    dtype_bytes: int = 2) -> list[Op]:
+    """GPT-OSS's ``_apply_rotary_emb`` (module doc) on the query's and the key's heads of
+    ``tokens`` tokens on one of ``tp`` ranks: forward, or ``grad`` its backward."""
+    e, d = dtype_bytes, model.head_dim
+    angles = tokens * d / 2  # cos (and sin): b x s x d/2 fp32, cast to the activations' dtype per call
+    out = []
+    for name, heads in (("attn.q_rope", model.num_attention_heads // tp),
+                        ("attn.k_rope", max(1, model.num_key_value_heads // tp))):
+        n = tokens * heads * d
+
+        def op(kind: str, read: float, written: float, flops: float, _name=name) -> Op:
+            return Op(f"{_name}{'.grad' if grad else ''}.{kind}", phase, "memory", float(flops), float(read),
+                      float(written), float(written), recompute=recompute, framework=True)
+
+        product = [op(f"mul{i}", e * (n / 2 + angles), e * n / 2, n / 2) for i in range(4)]
+        if not grad:  # the angles' casts, x1·cos, x2·sin, their difference, x2·cos, x1·sin, their sum, cat
+            casts = [op(f"{w}.cast", FP32_BYTES * angles, e * angles, 0.0) for w in ("cos", "sin")]
+            diff, total = (op(k, e * n, e * n / 2, n / 2) for k in ("sub", "add"))
+            out += casts + product[:2] + [diff] + product[2:] + [total] + [op("cat", e * n, e * n, 0.0)]
+        else:  # the products' gradients, -grad(o1), the sums into x1 and x2, chunk's cat
+            sums = [op(f"sum{i}", e * n, e * n / 2, n / 2) for i in range(2)]
+            out += product[2:] + [op("neg", e * n / 2, e * n / 2, n / 2)] + product[:2] + sums + \
+                [op("chunk_cat", e * n, e * n, 0.0)]
+    return out
+
+
+def with_eager_rope(work: Work, model: ModelSpec, micro_batch: int, tp: int, eager: bool) -> Work:
+    """``work`` with AutoModel's eager rope kernels (module doc) when ``eager``
+    (``Framework.eager_rope``) and the model is one of AutoModel's own (routed experts) with
+    rotary positions: MLA's after each query up-projection (the recomputed one too) and its
+    gradients before the up-projection's input gradient; otherwise the rotate-half form after the
+    query and key projections (after their per-head norms, ``attn.qk_norm``, where there are
+    any) and its gradients before theirs. Unchanged otherwise."""
+    if not eager or not model.moe or (not model.mla and model.position_embedding != "rope"):
         return work
     tokens = micro_batch * model.seq_length
+    if model.mla:
+        ops, after, before = rope_ops, "attn.q_up", "attn.q_up.dgrad"
+    else:
+        ops, after = rotate_half_ops, "attn.qk_norm" if model.qk_layernorm else "attn.qkv"
+        before = "attn.qk_norm.grad" if model.qk_layernorm else "attn.qkv.dgrad"
     items = []
     for it in work.items:
-        if isinstance(it, Op) and it.name == "attn.q_up.dgrad":
-            items += rope_ops(model, tokens, tp, it.phase, grad=True)
+        if isinstance(it, Op) and it.name == before:
+            items += ops(model, tokens, tp, it.phase, grad=True)
         items.append(it)
-        if isinstance(it, Op) and it.name == "attn.q_up":
-            items += [replace(o, recompute=it.recompute) for o in rope_ops(model, tokens, tp, it.phase, grad=False)]
+        if isinstance(it, Op) and it.name == after:
+            items += [replace(o, recompute=it.recompute) for o in ops(model, tokens, tp, it.phase, grad=False)]
     return Work(work.name, tuple(items))
