@@ -88,3 +88,28 @@ def test_deferred_gradients_held_in_each_parts_dtype():
     got = zero_temporary_bytes(TINY, plan, params, (dense, experts))
     held_fp32 = zero_temporary_bytes(TINY, _plan(grad_reduce_fp32=True), params, (dense, experts))
     assert held_fp32 - got == pytest.approx(2 * experts)   # the experts' 2 bytes less an element
+
+
+def _expert_adds(acts):
+    return [a for a in acts if a.name.startswith("fsdp AccumulateGrad") and "experts of layer" in a.name]
+
+
+def test_experts_alone_on_their_rank_still_accumulate_in_autograd():
+    # dp 2 = ep 2: edp 1, so AutoModel's MoE parallelizer leaves the experts out of FSDP (ignored_params) and
+    # autograd adds each micro-batch's gradient into .grad from the second on: 3 micro-batches, 2 adds a layer
+    # of the rank's 2 experts' 3 x 512 x 512 bf16 elements, each reading 2 + 2 and writing 2 bytes an element
+    plan = _plan(dp=2, ep=2, global_batch_size=6)
+    _, prog = build_program(TINY, plan, A100, fidelity="reduced")
+    adds = _expert_adds(prog.actions[0])
+    experts = 2 * 3 * 512 * 512
+    assert [a.name.rpartition(" of ")[2] for a in adds if " layer 0 " in a.name] == ["0B1", "0B2"]
+    assert len(adds) == 2 * TINY.num_layers
+    assert {a.nbytes for a in adds} == {(2 + 2 + 2) * experts}
+    # with edp 2 (dp 4) they are FSDP's: the same adds, as before, from the deferred sync
+    _, sharded = build_program(TINY, _plan(global_batch_size=12), A100, fidelity="reduced")
+    assert len(_expert_adds(sharded.actions[0])) == 2 * TINY.num_layers
+
+
+def test_a_single_micro_batch_adds_nothing():
+    _, prog = build_program(TINY, _plan(dp=2, ep=2, global_batch_size=2), A100, fidelity="reduced")
+    assert _expert_adds(prog.actions[0]) == []

@@ -219,6 +219,10 @@ class Framework:
     deepspeed: bool = False
     """Its data parallelism is DeepSpeed's engine and ZeRO (module doc, "DeepSpeed's ZeRO"),
     whatever the stage."""
+    eager_rope: bool = False
+    """Its own MoE models rotate the query and key with eager PyTorch ops (MLA: an fp32 upcast, a
+    complex multiply, a downcast and the query's concatenation; others the rotate-half form) where
+    Megatron-Core runs fused rope kernels (``sim.program.eager_rope``)."""
     optimizer: str = "megatron"
     """Its optimizer step, by name (``sim.program.costs.OPTIMIZER_BYTES_PER_PARAM``: the bytes
     each moves per local parameter, with the gradient clipping its recipes run)."""
@@ -250,9 +254,13 @@ FRAMEWORKS = {
     # reduce_dtype=float32, output_dtype=bfloat16) shards every transformer block, the embedding and the head;
     # the grouped experts get ``fully_shard(experts, mesh=ep_shard_mesh, ...)`` with no mp_policy at all
     # (torch's default: no cast, the parameters' own dtype, bfloat16 from the model's ``self.to(dtype)``).
+    # Its DeepSeek-V3 / Kimi-K2 MLA (components/models/deepseek_v3/layers.py ``MLA.forward`` @ 89e3a9fdd604)
+    # applies rope_utils.apply_rotary_emb (x.float(), complex multiply, .to(bf16)) and torch.cat, and its Qwen3-MoE
+    # (components/models/qwen3_moe/layers.py @ 8d9bfb90e3d8) gpt_oss/layers.py's rotate-half _apply_rotary_emb:
+    # eager_rope (its dense models are Hugging Face's with Liger's fused rope).
     "automodel": Framework("te", "backward_pre", "NeMo AutoModel: FSDP2 with prefetch, Transformer Engine kernels",
                            True, fsdp="fsdp2", defer_grad_sync=True, moe_reduce_fp32=True,
-                           expert_reduce_fp32=False),
+                           expert_reduce_fp32=False, eager_rope=True),
     # llm-foundry's H100 and A100-80GB rows: "MP Mode DEFAULT", Composer's get_mixed_precision
     # (composer/trainer/mosaic_fsdp_utils.py of the torch 2.0 era): param_dtype bf16, reduce_dtype float32
     # its optimizer: Composer's unfused DecoupledAdamW and FSDP1's clip_grad_norm_ (sim.program.costs)

@@ -87,6 +87,16 @@ on the add into the held unsharded gradients: in bf16 autograd's ``AccumulateGra
 ``accumulate_unsharded_grad_if_needed`` (``unsharded_accumulated_grad += grad``: read
 4U + 2U, write 4U).
 
+Parameters whose data-parallel group has one rank are not under FSDP at all, and autograd
+accumulates their gradients across micro-batches just the same (``alone`` in
+``add_deferred_accumulations``): NeMo AutoModel's MoE parallelizer
+(components/moe/parallelizer.py ``apply_fsdp`` @ 89e3a9fdd604) shards the grouped experts only
+when the expert-shard mesh has more than one rank (``ep_shard_enabled``), and otherwise passes
+them to the block's ``fully_shard`` as ``ignored_params``; their gradients then stay in the
+parameters' dtype (bf16, no mixed-precision policy) and from the second micro-batch on
+``AccumulateGrad`` adds each new one into ``.grad`` (read 2U + 2U, write 2U) after the layer's
+backward, every micro-batch of the step (no sync window: nothing is reduced).
+
 Each copy is priced as a memory-bound library kernel: bytes read and written at the
 profile's ``memory_rate()`` (``hbm_bandwidth_Bps · memory_efficiency``) plus
 ``kernel_launch_s`` per kernel (``copy_time``).
@@ -303,7 +313,8 @@ def _step_microbatch(step: str) -> tuple[str, int]:
 
 
 def add_deferred_accumulations(prog: Program, first: Copy | None, later: Copy, elements, dp_group, rate_Bps: float,
-                               launch_s: float, label: str = "layer", window: int | None = None) -> Program:
+                               launch_s: float, label: str = "layer", window: int | None = None,
+                               alone: Copy | None = None) -> Program:
     """The deferred gradient sync's copies (``deferred_accumulations``): after each layer's
     last backward piece of each micro-batch (its W step under a split backward), on that
     piece's stream, ``first`` for the layer's first micro-batch of the step, ``later`` for
@@ -312,15 +323,20 @@ def add_deferred_accumulations(prog: Program, first: Copy | None, later: Copy, e
     for a layer with one micro-batch (that one syncs at once). With ``window`` the gradients
     sync once per ``window`` micro-batches (one pipeline-schedule call,
     ``ParallelPlan.sharding.pp_sync_window``): each window starts afresh (``first``, then
-    ``later``). Category ``fsdp``; names ``fsdp <what> for {label} <layer> of <step>``."""
+    ``later``). With ``alone`` (autograd's add, module doc), on ranks whose group has one rank
+    that add after each of the layer's backwards but its first of the step, whatever the window.
+    Category ``fsdp``; names ``fsdp <what> for {label} <layer> of <step>``."""
     from sim.program.passes import layer_uses
 
     out = {}
     for r, acts in prog.actions.items():
         lst = list(acts)
-        if len(dp_group(r)) < 2:
+        single = len(dp_group(r)) < 2
+        if single and alone is None:
             out[r] = lst
             continue
+        if single:  # outside FSDP: autograd's add from the step's second micro-batch, nothing reduced
+            first, later, window = None, alone, None
         last: dict[tuple, tuple] = {}  # (layer, stage, micro-batch) -> (step, index of its last piece)
         for step, layer, _i, j in layer_uses(lst, ("B", "W")):
             stage, mb = _step_microbatch(step.split(".")[0])

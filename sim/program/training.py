@@ -369,9 +369,11 @@ def zero3_gather(ctx: BuildContext, draft: Draft) -> Draft:
                                           window=window)
         if split:
             first, later = deferred_accumulations(e_fp32)
+            # experts alone on their rank (edp 1) are outside FSDP: autograd still accumulates them (sim.program.fsdp)
             prog = add_deferred_accumulations(prog, first, later, lambda r, lid: experts(r, lid) / GRAD_BYTES,
                                               ctx.folding.edp_group, ctx.profile.memory_rate(),
-                                              ctx.profile.kernel_launch_s, label="experts of layer", window=window)
+                                              ctx.profile.kernel_launch_s, label="experts of layer", window=window,
+                                              alone=deferred_accumulations(False)[1])
     return draft.with_program(prog)
 
 

@@ -50,6 +50,8 @@ from sim.inputs.plan import ATTENTION, CROSS_ENTROPY, RECOMPUTE, ParallelPlan
 from sim.inputs.plan_sections import FrameworkPlan, ParallelismPlan, PrecisionPlan, RecomputePlan
 from sim.inputs.precision import BF16_BYTES
 from sim.inputs.recompute import layer_recompute, modules_in_effect, mtp_recompute
+from sim.inputs.frameworks import framework_named
+from sim.program.eager_rope import with_eager_rope
 from sim.program.fp8 import fp8_layer_work
 from sim.program.loss import loss_backward, loss_forward
 from sim.program.ops import (COLLECTIVES, MAIN_GRAD_BYTES, OP_KINDS, PHASES, Builder, Comm, Op,  # noqa: F401
@@ -571,6 +573,7 @@ def layer_as_run(model: ModelSpec, par: ParallelismPlan, rec: RecomputePlan, pre
     unfused gradient accumulation (``accumulate_wgrads``)."""
     t, sp = par.tp, par.sequence_parallel
     work = with_attention_kernel(layer_work(model, LayerRun.of(par, rec, fw), moe, layer), fw.kernel)
+    work = with_eager_rope(work, model, par.micro_batch_size, t, framework_named(fw.framework).eager_rope)
     return accumulate_wgrads(fp8_layer_work(work, prec.precision, t, sp, par.num_microbatches, prec.fp8_param_gather),
                              fw.gradient_accumulation_fusion)
 
