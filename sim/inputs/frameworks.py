@@ -223,6 +223,10 @@ class Framework:
     """Its own MoE models rotate the query and key with eager PyTorch ops (MLA: an fp32 upcast, a
     complex multiply, a downcast and the query's concatenation; others the rotate-half form) where
     Megatron-Core runs fused rope kernels (``sim.program.eager_rope``)."""
+    pads_expert_splits: bool = False
+    """Its experts run in Megatron-Core's ``TEGroupedMLP``, which under FP8/FP4 pads each local
+    expert's rows to Transformer Engine's alignment (``Fp8Padding``/``Fp8Unpadding``,
+    ``sim.program.workload_moe.quant_align``)."""
     optimizer: str = "megatron"
     """Its optimizer step, by name (``sim.program.costs.OPTIMIZER_BYTES_PER_PARAM``: the bytes
     each moves per local parameter, with the gradient clipping its recipes run)."""
@@ -239,7 +243,8 @@ FSDP_KINDS = ("fsdp1", "fsdp2")
 module) and FSDP2 (``fully_shard``, one DTensor per parameter)."""
 
 FRAMEWORKS = {
-    "megatron": Framework("te", "backward_pre", "Megatron-Core / NeMo with Transformer Engine (the presets' fits)"),
+    "megatron": Framework("te", "backward_pre", "Megatron-Core / NeMo with Transformer Engine (the presets' fits)",
+                          pads_expert_splits=True),
     # torchtitan: MixedPrecisionPolicy(param_dtype=mixed_precision_param, reduce_dtype=mixed_precision_reduce),
     # whose defaults are bfloat16 and float32 (torchtitan config ``training.mixed_precision_reduce``)
     "torchtitan": Framework("fa2", "backward_pre", "torchtitan: FSDP2, SDPA attention (FlashAttention-2)", True,

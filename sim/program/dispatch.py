@@ -60,7 +60,7 @@ import numpy as np
 from sim.errors import require
 from sim.inputs.cuda_graphs import CudaGraphs
 from sim.inputs.experts import Folding
-from sim.inputs.frameworks import framework_name
+from sim.inputs.frameworks import framework_of
 from sim.program.routing import Routing
 from sim.program.workload_moe import MoeShape, quant_align
 
@@ -163,7 +163,7 @@ def _flex_ratios(routing: Routing, layer: int, layout: EpLayout) -> tuple[float,
 def _quant_align(plan) -> int:
     """``MoeShape.quant_align`` of the plan: its recipe's (``workload_moe.quant_align``) where
     Megatron-Core's ``TEGroupedMLP`` runs the experts (the padding is its own), else 0."""
-    if plan.precision is None or framework_name(plan) != "megatron":
+    if plan.precision is None or not framework_of(plan).pads_expert_splits:
         return 0
     return quant_align(plan.precision.recipe.name)
 
