@@ -153,6 +153,7 @@ class _Engine:
         ranks = {r: {"node": self.topology.node_of(r), "device": self.topology.gpu(r)} for r in self.program.ranks}
         trace = Trace(self.spans, list(self.net.records), link_bytes, kinds, ranks, self.topology.name,
                       MemoryLog(self.memory))
+        trace.known_end_s(max(self._end, default=0.0))  # (every span's end is its action's: the same latest one)
         trace.stats = {"events": env.events_processed, "queue_entries": self.calls.entries + self.net.events_triggered,
                        "actions": len(self.program),
                        "transfers": len(trace.transfers), "simulated_gpus": len(self.program.actions),
