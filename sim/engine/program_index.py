@@ -305,49 +305,51 @@ def _match(ix: ProgramIndex, program: Program) -> None:
     partner, p2p, ix.pairs, ix.quiet = _pair(ix, program)
     ix.sends = ix.pairs[0]
     key_of: list = [None] * n
-    coll_seq: dict[tuple, int] = {}
     sorted_group: dict[tuple, tuple] = {}
-    grouped: dict[tuple, None] = {}  # the groups of collective and comm actions, in order met
-    comms: list[tuple[int, object]] = []
+    shadows = program.shadows
+    needed: dict[tuple, int] = {}  # the groups of collective and comm actions, in order met: simulated members
+    barrier_of: list = [None] * n
+    barriers: dict[tuple, list] = {}
     colls: list[int] = []
     for shape, rs, at in ix.shapes:
         if not shape.coll and not shape.comm:
             continue
+        coll_ks, comm_ks = shape.coll, shape.comm
         for r, row in zip(rs, at.tolist()):
             lst = program.actions[r]
-            for k in shape.coll:  # in program order: "the n-th collective on a group"
+            seq: dict[tuple, int] = {}  # this rank's collectives met so far on each group
+            for k in coll_ks:  # in program order: "the n-th collective on a group"
                 a = lst[k]
-                grouped[a.group] = None
-                group = sorted_group.get(a.group)
+                g = a.group
+                if g not in needed:
+                    needed[g] = sum(1 for x in g if x not in shadows)
+                group = sorted_group.get(g)
                 if group is None:
-                    group = sorted_group[a.group] = tuple(sorted(a.group))
+                    group = sorted_group[g] = tuple(sorted(g))
                 if a.tag:
                     key = (group, "tag", a.tag)
                 else:
-                    c = coll_seq.get((group, r), 0)
-                    coll_seq[(group, r)] = c + 1
+                    c = seq.get(group, 0)
+                    seq[group] = c + 1
                     key = (group, "seq", c)
-                key_of[row[k]] = key
-                colls.append(row[k])
-            for k in shape.comm:
+                i = row[k]
+                key_of[i] = key
+                colls.append(i)
+            for k in comm_ks:  # a grouped comm's barrier, shared by its members (made as met: no second pass)
                 a = lst[k]
-                grouped[a.group] = None
-                comms.append((row[k], a))
-    shadows = program.shadows
-    needed = {g: sum(1 for x in g if x not in shadows) for g in grouped}
-    barrier_of: list = [None] * n
-    barriers: dict[tuple, list] = {}
-    for i, a in comms:
-        g = a.group
-        if len(g) > 1 and needed[g] > 1:
-            group = sorted_group.get(g)
-            if group is None:
-                group = sorted_group[g] = tuple(sorted(g))
-            key = (group, a.name)
-            b = barriers.get(key)
-            if b is None:
-                b = barriers[key] = [needed[g], []]
-            barrier_of[i] = b
+                g = a.group
+                need = needed.get(g)
+                if need is None:
+                    need = needed[g] = sum(1 for x in g if x not in shadows)
+                if len(g) > 1 and need > 1:
+                    group = sorted_group.get(g)
+                    if group is None:
+                        group = sorted_group[g] = tuple(sorted(g))
+                    key = (group, a.name)
+                    b = barriers.get(key)
+                    if b is None:
+                        b = barriers[key] = [need, []]
+                    barrier_of[row[k]] = b
     ix.key_of, ix.partner, ix.p2p, ix.needed, ix.barrier_of = key_of, partner, p2p, needed, barrier_of
     ix.collectives = sorted(colls)
     ix.shapes = None
