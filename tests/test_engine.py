@@ -254,6 +254,18 @@ def test_spans_come_in_rank_stream_start_end_name_order(make_star):
     assert [r[2] for r in _log(simulate(prog, make_star([1.0])))] == ["a", "b", "c"]  # in order already
 
 
+def test_the_engines_makespan_is_its_latest_span_end(make_star):
+    # The engine hands the trace its makespan from the actions' ends (Trace.known_end_s):
+    # the same as the latest end read from the spans themselves, here 6 s (the tiny two-stage
+    # program: G0 ends at 6 s), and on a program whose last action is a send, not compute.
+    trace = simulate(_two_stage(), make_star([10.0, 10.0]))
+    assert trace.end_s == 6.0 == max(s.end_s for s in trace.spans)
+    prog = Program({0: [Action("F0", duration_s=1.0), Action("s0", kind="send", peer=1, nbytes=40, deps=("F0",))],
+                    1: [Action("r0", kind="recv", peer=0, nbytes=40)]})
+    trace = simulate(prog, make_star([10.0, 10.0]))  # 40 B at 10 B/s after F0: ends at 1 + 4 s
+    assert trace.end_s == 5.0 == max(s.end_s for s in trace.spans)
+
+
 def test_completions_at_one_instant_are_each_an_event_and_keep_their_order(make_star):
     # Four ranks of five 1 s actions: every completion is due at the same instants as three
     # others (the engine queues those together). Each still counts as one event, the

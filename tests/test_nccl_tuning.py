@@ -196,3 +196,38 @@ def test_the_tuners_memo_answers_only_the_question_it_was_asked():
     other = 1 if topo.pxn_level != 1 else 0
     assert topo.with_pxn(other) is topo.with_pxn(other) and topo.with_pxn(other).memo is not topo.memo
     assert topo.with_pxn(other).with_pxn(topo.pxn_level) is topo
+
+
+
+@pytest.mark.parametrize("protocol, S", [("simple", 2**17), ("ll", 2**14)])
+def test_the_engines_rate_caps_from_its_link_ids_are_the_tuners_from_the_routes(protocol, S):
+    # The engine hands rate_caps each step's route bottleneck from its network's link ids
+    # (Collectives._capped); the tuner reads each route's links from the topology. A ring
+    # all-reduce over 4 nodes at a size that keeps few channels, where the caps follow the
+    # routes' bottlenecks (NVLink and IB steps, two caps): both give every step the same
+    # cap, no more than its route's slowest link times that link kind's efficiency.
+    from sim.engine.algorithms import build
+    from sim.engine.collectives import Collectives
+    from sim.engine.kernel import Environment
+    from sim.engine.nccl import rate_caps
+    from sim.engine.network import Network
+    from sim.inputs.topology import default_channels
+    from sim.program.actions import Action
+
+    t = load_topology("dgx-h100", nodes=4)
+    group = tuple(range(32))
+    net = Network(Environment(0.0), t, EFF)
+    coll = Collectives(net, (), True, [], {}, None, MODEL)
+    steps = build("allreduce", group, S, t, "ring", fluid=True)
+    args = coll._step_args(steps, protocol, "ring", 0.0)
+    a = Action("ar", kind="collective", op="allreduce", group=group, nbytes=S, algo="ring", protocol=protocol)
+    capped = coll._capped(args, steps, a, "ring", protocol)
+    caps = rate_caps(steps, TunerRequest("allreduce", group, S, t, coll.efficiency(), MODEL, "ring", protocol),
+                     default_channels(t, group))
+    assert caps is not None and len(caps) == len(steps) and len(set(caps)) == 2
+    assert all(len(r[0][0]) == len(b[0][0]) + 1 for r, b in zip(capped, args))  # (each capped: a link of its own)
+    for (route, *_), cap, st in zip(capped, caps, steps):
+        assert route[3] == cap
+        slowest = min(t.link(u, v)["bandwidth_Bps"] * EFF.get(t.link(u, v)["kind"], 1.0)
+                      for u, v in t.route(st.src, st.dst))
+        assert cap < slowest

@@ -16,6 +16,8 @@ Used by ``sim.engine.core`` only; it drives no SimPy event of its own beyond the
 
 from __future__ import annotations
 
+import math
+
 from sim.program.actions import Action
 from sim.engine import algorithms as collectives
 from sim.engine.network import Network
@@ -69,6 +71,7 @@ class Collectives:
         self._shapes: dict[tuple, tuple] = {}  # group -> what the tuner's choice depends on (``_shape``)
         self._gpu_links: dict[int, tuple] = {}
         self._efficiency: dict | None = None
+        self._tuner_capacity: list[float] | None = None  # per topology link id (``_capped``)
         self.on_begin = None
         """Called as ``on_begin(rank, now)`` for each simulated member when a collective's
         data starts to move (the engine's overlap slowdown), if set; not for collectives
@@ -189,10 +192,11 @@ class Collectives:
         """Each link kind's capacity over its line rate (the profile's efficiencies)."""
         if self._efficiency is not None:
             return self._efficiency
-        net, g = self.net, self.topology.graph
+        net, kinds = self.net, self.net.link_kinds
         out = self._efficiency = {}
-        for i, (u, v) in enumerate(net.link_names):
-            out.setdefault(net.link_kinds[i], net.capacity[i] / g.edges[u, v]["bandwidth_Bps"])
+        for kind in dict.fromkeys(kinds):  # (each kind's first link, found in C: no pass over every link in Python)
+            i = kinds.index(kind)
+            out[kind] = net.capacity[i] / net.bandwidth[i]
         return out
 
     def choose(self, a: Action) -> tuple[str, str]:
@@ -270,8 +274,14 @@ class Collectives:
         (``sim.engine.nccl.rate_caps``): a capped step crosses a link of its own of the cap's
         capacity too (``Network.private_link``), which bounds its rate under max-min
         sharing as the channels NCCL runs bound it."""
-        caps = rate_caps(steps, TunerRequest(a.op, a.group, a.nbytes, self.topology, self.efficiency(), self.nccl, algo,
-                                             protocol), a.channels or default_channels(self.topology, a.group))
+        eff = self.efficiency()
+        if self._tuner_capacity is None:  # (each link's bandwidth_Bps times its kind's efficiency, as rate_caps has it)
+            net = self.net
+            self._tuner_capacity = [bw * eff.get(kind, 1.0) for bw, kind in zip(net.bandwidth, net.link_kinds)]
+        tcap = self._tuner_capacity  # (the steps' routes' link ids, before any private link below)
+        caps = rate_caps(steps, TunerRequest(a.op, a.group, a.nbytes, self.topology, eff, self.nccl, algo, protocol),
+                         a.channels or default_channels(self.topology, a.group),
+                         bottlenecks=[min(map(tcap.__getitem__, arg[0][0]), default=math.inf) for arg in args])
         if caps is None:
             return args
         out = []

@@ -116,7 +116,7 @@ class _Engine:
         self._streams, self._members, self._ids = ix.streams, ix.members, ix.ids
         self._pending, self._dependents, self._nxt = ix.pending, ix.dependents, ix.nxt
         self._key_of, self._needed, self._barrier_of = ix.key_of, ix.needed, ix.barrier_of
-        self._partner, self._p2p = ix.partner, ix.p2p
+        self._partner, self._p2p, self._pairs = ix.partner, ix.p2p, ix.pairs
         self._sends, self._quiet, self._collectives, self._slowable = ix.sends, ix.quiet, ix.collectives, ix.slowable
         self._dur, self._mem_start, self._mem_end = ix.dur, ix.mem_start, ix.mem_end
         n = len(ix.acts)
@@ -153,6 +153,7 @@ class _Engine:
         ranks = {r: {"node": self.topology.node_of(r), "device": self.topology.gpu(r)} for r in self.program.ranks}
         trace = Trace(self.spans, list(self.net.records), link_bytes, kinds, ranks, self.topology.name,
                       MemoryLog(self.memory))
+        trace.known_end_s(max(self._end, default=0.0))  # (every span's end is its action's: the same latest one)
         trace.stats = {"events": env.events_processed, "queue_entries": self.calls.entries + self.net.events_triggered,
                        "actions": len(self.program),
                        "transfers": len(trace.transfers), "simulated_gpus": len(self.program.actions),
@@ -206,15 +207,23 @@ class _Engine:
     def _prepare(self) -> None:
         """Set-up before the clock starts: the route of every point-to-point pair and the
         steps of every distinct collective (routing is the costly part); then the network
-        is sealed (``Network.seal``). Each matched
-        pair's entry in ``p2p`` gets its route, so the run need not look it up."""
+        is sealed (``Network.seal``). Each matched pair's entry in ``p2p`` is made here, with
+        its route, so the run need not look it up (``sim.engine.program_index``: ``pairs``)."""
         acts, plan = self._acts, self._coll.plan_steps
         for i in self._collectives:
             plan(acts[i])
-        p2p, route = self._p2p, self.net.route
-        for i in self._sends:  # once per pair, at its send
-            pair = p2p[i]
-            p2p[i] = p2p[pair[1]] = (*pair, route(pair[2], pair[3]))
+        p2p, route, rank_of = self._p2p, self.net.route, self._rank_of
+        made: dict[int, dict] = {}  # source -> destination -> route (int keys: no pair tuple, no call per send)
+        for si, ri, nbytes, label in zip(*self._pairs):  # in the sends' index order: routes made as they come
+            src, dst = rank_of[si], rank_of[ri]  # (rank_of's int objects, not one more per pair)
+            mine = made.get(src)
+            if mine is None:
+                mine = made[src] = {}
+            r = mine.get(dst)
+            if r is None:
+                r = mine[dst] = route(src, dst)
+            p2p[si] = p2p[ri] = (si, ri, src, dst, nbytes, label, r)
+        self._pairs = None  # (made: its lists are not kept through the run)
         self.net.seal()  # (every route is made: bundles may fold the links only they cross)
 
     def _spans_in_order(self) -> bool:

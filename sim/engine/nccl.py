@@ -293,7 +293,8 @@ def protocol_cost(latency_s: float, medium: str, nbytes: float, latency_steps: i
     return lat, nbytes
 
 
-def rate_caps(steps, request: TunerRequest, channels: int, all_channels: bool = False) -> list[float] | None:
+def rate_caps(steps, request: TunerRequest, channels: int, all_channels: bool = False,
+              bottlenecks: list[float] | None = None) -> list[float] | None:
     """Each step's rate cap (wire B/s) under NCCL's tuning model (``sim.engine.nccl_tuning``)
     for collective ``request`` under its (``algo``, ``protocol``),
     or None where it sets none (no architecture, NVLS, hierarchical, point-to-point, one
@@ -303,7 +304,10 @@ def rate_caps(steps, request: TunerRequest, channels: int, all_channels: bool = 
     hop of one of ``channels`` rings moves busBw / channels, a tree edge of one of
     ``channels`` × ``trees`` trees busBw / (channels · trees · 2(n−1)/n). ``all_channels``:
     as if every channel of the communicator ran, as NCCL's tuner prices a choice
-    (``ncclTopoGetAlgoTime`` knows nothing of the channels ``topoGetAlgoInfo`` drops after)."""
+    (``ncclTopoGetAlgoTime`` knows nothing of the channels ``topoGetAlgoInfo`` drops after).
+    ``bottlenecks``: each step's route bottleneck as worked out below (its links' least
+    ``bandwidth_Bps`` times its kind's efficiency), where the caller has it at hand (the
+    engine, from its network's link ids: no route looked up again by its links)."""
     op, nbytes, topology, efficiency, model = (request.op, request.nbytes, request.topology, request.efficiency,
                                                request.model)
     algo, protocol, ranks = request.algo, request.protocol, request.ranks
@@ -320,15 +324,17 @@ def rate_caps(steps, request: TunerRequest, channels: int, all_channels: bool = 
         per_connection /= (2 if nodes > 1 else 1) * 2 * (n - 1) / n
     if share >= 1 and math.isinf(per_connection):
         return None
+    if bottlenecks is not None:
+        return [min(bottleneck * share, per_connection) for bottleneck in bottlenecks]
     caps = []
-    bottlenecks: dict = {}  # route -> its slowest link's capacity (steps share routes: every channel's ring)
+    by_route: dict = {}  # route -> its slowest link's capacity (steps share routes: every channel's ring)
     route = topology.route
     for s in steps:
         links = s.path or route(s.src, s.dst)
-        bottleneck = bottlenecks.get(links)
+        bottleneck = by_route.get(links)
         if bottleneck is None:
-            bottleneck = bottlenecks[links] = min((bw * efficiency.get(kind, 1.0)
-                                                   for bw, kind in route_links(topology, links)), default=math.inf)
+            bottleneck = by_route[links] = min((bw * efficiency.get(kind, 1.0)
+                                                for bw, kind in route_links(topology, links)), default=math.inf)
         caps.append(min(bottleneck * share, per_connection))
     return caps
 

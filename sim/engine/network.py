@@ -124,6 +124,8 @@ class Network:
         self.link_names: list[tuple[str, str]] = []
         self.link_kinds: list[str] = []
         self._latency: list[float] = []  # each link's latency_s (its route's latency: their sum, as Topology.path_latency_s)
+        self.bandwidth: list[float] = []
+        """Each topology link's ``bandwidth_Bps`` (line rate; ``capacity`` is after efficiency)."""
         for u, v, d in sorted(topology.graph.edges(data=True), key=lambda e: (str(e[0]), str(e[1]))):
             cap = d["bandwidth_Bps"] * eff.get(d["kind"], 1.0)
             for a, b in ((u, v), (v, u)):
@@ -132,6 +134,7 @@ class Network:
                 self.link_names.append((a, b))
                 self.link_kinds.append(d["kind"])
                 self._latency.append(d["latency_s"])
+                self.bandwidth.append(d["bandwidth_Bps"])
         self._medium_rank = [_MEDIA.index(k) if k in _MEDIA else len(_MEDIA) - 1 for k in self.link_kinds]
         """Each topology link's kind's place in ``_MEDIA`` (a route's medium: its links' first)."""
         self._flows_on: list[set[_Flow]] = [set() for _ in self.capacity]

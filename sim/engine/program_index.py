@@ -21,12 +21,14 @@ to know before the clock starts is computed once here.
 - ``partner[i]``: the send or recv that action i meets (or -1). The n-th send from a to b
   with a given tag (or none) meets the n-th recv on b from a with that tag, counted in
   each rank's program order across its streams. ``p2p[i]``, shared by both of a matched
-  pair: (send index, recv index, source rank, destination rank, bytes, transfer label),
-  to which the engine adds the route; None for the others. A recv that names a size must
-  name the send's.
+  pair: (send index, recv index, source rank, destination rank, bytes, transfer label,
+  route), made by the engine's set-up from ``pairs`` once it has the routes; None for the
+  others (and for all of them until then). A recv that names a size must name the send's.
 - ``slowable[i]``: 1 for a compute action on a GPU stream (any but ``cpu``), the actions
   that concurrent NCCL kernels slow (``sim.engine.slowdown``); a ``bytearray``.
-- ``sends``: the sends that meet a recv, in index order; ``quiet``: those of them that
+- ``sends``: the sends that meet a recv, in index order, and ``pairs``, four lists in that
+  order: those sends, the recvs they meet, their bytes and their transfer labels (what
+  ``p2p`` is made from); ``quiet``: those of the sends that
   leave the SMs to the compute beside them (``Action.slows_compute`` false), a set read
   from each stage program's shape; ``collectives``: the indices of the collective
   actions, in index order.
@@ -69,7 +71,7 @@ class ProgramIndex:
     """What ``index_program`` returns (see the module doc)."""
 
     __slots__ = ("acts", "shown", "rank_of", "streams", "members", "ids", "order", "pending", "dependents",
-                 "key_of", "partner", "p2p", "needed", "barrier_of",
+                 "key_of", "partner", "p2p", "pairs", "needed", "barrier_of",
                  "dur", "mem_start", "mem_end", "nxt", "shapes", "sends", "quiet", "collectives", "slowable")
 
 
@@ -298,61 +300,65 @@ def _objects(values: list) -> np.ndarray:
 
 
 def _match(ix: ProgramIndex, program: Program) -> None:
-    acts, rank_of = ix.acts, ix.rank_of
+    acts = ix.acts
     n = len(acts)
-    partner, p2p, ix.sends, ix.quiet = _pair(ix, program)
+    partner, p2p, ix.pairs, ix.quiet = _pair(ix, program)
+    ix.sends = ix.pairs[0]
     key_of: list = [None] * n
-    coll_seq: dict[tuple, int] = {}
     sorted_group: dict[tuple, tuple] = {}
-    grouped: dict[tuple, None] = {}  # the groups of collective and comm actions, in order met
-    comms: list[tuple[int, object]] = []
+    shadows = program.shadows
+    needed: dict[tuple, int] = {}  # the groups of collective and comm actions, in order met: simulated members
+    barrier_of: list = [None] * n
+    barriers: dict[tuple, list] = {}
     colls: list[int] = []
     for shape, rs, at in ix.shapes:
         if not shape.coll and not shape.comm:
             continue
+        coll_ks, comm_ks = shape.coll, shape.comm
         for r, row in zip(rs, at.tolist()):
             lst = program.actions[r]
-            for k in shape.coll:  # in program order: "the n-th collective on a group"
+            seq: dict[tuple, int] = {}  # this rank's collectives met so far on each group
+            for k in coll_ks:  # in program order: "the n-th collective on a group"
                 a = lst[k]
-                grouped[a.group] = None
-                group = sorted_group.get(a.group)
+                g = a.group
+                if g not in needed:
+                    needed[g] = sum(1 for x in g if x not in shadows)
+                group = sorted_group.get(g)
                 if group is None:
-                    group = sorted_group[a.group] = tuple(sorted(a.group))
+                    group = sorted_group[g] = tuple(sorted(g))
                 if a.tag:
                     key = (group, "tag", a.tag)
                 else:
-                    c = coll_seq.get((group, r), 0)
-                    coll_seq[(group, r)] = c + 1
+                    c = seq.get(group, 0)
+                    seq[group] = c + 1
                     key = (group, "seq", c)
-                key_of[row[k]] = key
-                colls.append(row[k])
-            for k in shape.comm:
+                i = row[k]
+                key_of[i] = key
+                colls.append(i)
+            for k in comm_ks:  # a grouped comm's barrier, shared by its members (made as met: no second pass)
                 a = lst[k]
-                grouped[a.group] = None
-                comms.append((row[k], a))
-    shadows = program.shadows
-    needed = {g: sum(1 for x in g if x not in shadows) for g in grouped}
-    barrier_of: list = [None] * n
-    barriers: dict[tuple, list] = {}
-    for i, a in comms:
-        g = a.group
-        if len(g) > 1 and needed[g] > 1:
-            group = sorted_group.get(g)
-            if group is None:
-                group = sorted_group[g] = tuple(sorted(g))
-            key = (group, a.name)
-            b = barriers.get(key)
-            if b is None:
-                b = barriers[key] = [needed[g], []]
-            barrier_of[i] = b
+                g = a.group
+                need = needed.get(g)
+                if need is None:
+                    need = needed[g] = sum(1 for x in g if x not in shadows)
+                if len(g) > 1 and need > 1:
+                    group = sorted_group.get(g)
+                    if group is None:
+                        group = sorted_group[g] = tuple(sorted(g))
+                    key = (group, a.name)
+                    b = barriers.get(key)
+                    if b is None:
+                        b = barriers[key] = [need, []]
+                    barrier_of[row[k]] = b
     ix.key_of, ix.partner, ix.p2p, ix.needed, ix.barrier_of = key_of, partner, p2p, needed, barrier_of
     ix.collectives = sorted(colls)
     ix.shapes = None
 
 
-def _pair(ix: ProgramIndex, program: Program) -> tuple[list, list, list, set]:
-    """``partner``, ``p2p`` (see the module doc), the sends that met a recv, in index
-    order, and the set of those that do not slow compute (``quiet``). The n-th send from a to b with a tag
+def _pair(ix: ProgramIndex, program: Program) -> tuple[list, list, tuple, set]:
+    """``partner``, ``p2p`` (see the module doc: its entries are the engine's to make),
+    ``pairs`` (the sends that met a recv, in index order, their recvs, bytes and labels),
+    and the set of those sends that do not slow compute (``quiet``). The n-th send from a to b with a tag
     meets the n-th recv on b from a with that tag, counting in each rank's program
     order: every send and recv is numbered within its (source, destination, tag, kind)
     by sorting (numpy), and equal numbers meet."""
@@ -377,7 +383,7 @@ def _pair(ix: ProgramIndex, program: Program) -> tuple[list, list, list, set]:
                       np.tile(kinds, len(rs)), np.tile(tag, len(rs)), np.tile(sizes, len(rs)),
                       np.tile(labels, len(rs)), np.tile(quiet, len(rs))))
     if not parts:
-        return partner, p2p, [], set()
+        return partner, p2p, ([], [], [], []), set()
     idx, rank, peer, pos, recv, tag, size, label, quiet = (np.concatenate(c) for c in zip(*parts))
     src = np.where(recv == 1, peer, rank)
     dst = np.where(recv == 1, rank, peer)
@@ -402,13 +408,10 @@ def _pair(ix: ProgramIndex, program: Program) -> tuple[list, list, list, set]:
             f"program: recv {recv_a.name!r} on rank {ix.rank_of[ri]} expects {recv_a.nbytes} bytes but the matching "
             f"send {send.name!r} on rank {ix.rank_of[si]} sends {send.nbytes}"
         )
-    sends = idx[s_].tolist()
-    ranks = ix.rank_of  # (rank_of's int objects, not one more per pair)
-    for si, ri, nb, lab in zip(sends, idx[r_].tolist(), size[s_].tolist(), label[s_].tolist()):
-        a_, b_ = ranks[si], ranks[ri]
-        partner[si], partner[ri] = ri, si
-        p2p[si] = p2p[ri] = (si, ri, a_, b_, nb, lab)
-    return partner, p2p, sends, set(idx[s_[quiet[s_]]].tolist())
+    sends, recvs = idx[s_].tolist(), idx[r_].tolist()
+    consume(map(partner.__setitem__, sends, recvs))  # (each index in one pair: set in C, no tuple per pair)
+    consume(map(partner.__setitem__, recvs, sends))
+    return partner, p2p, (sends, recvs, size[s_].tolist(), label[s_].tolist()), set(idx[s_[quiet[s_]]].tolist())
 
 
 def _partner_of(order: np.ndarray, sends: np.ndarray, recvs: np.ndarray) -> np.ndarray:

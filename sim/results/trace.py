@@ -157,6 +157,13 @@ class Trace:
         self._end = (self.spans, len(self.spans), end)
         return end
 
+    def known_end_s(self, end_s: float) -> None:
+        """Keep ``end_s`` as the makespan of the spans as they are now, for a maker that
+        already has every span's end at hand (the engine: its per-action list, one pass in
+        C where reading it back from the spans took about 0.5 s at 16,384 GPUs). It must be
+        the latest ``end_s`` of the spans (``tests/test_engine.py`` checks the engine's)."""
+        self._end = (self.spans, len(self.spans), end_s)
+
     def spans_of(self, rank: int, stream: str | None = None) -> list[Span]:
         return [s for s in self.spans if s.rank == rank and (stream is None or s.stream == stream)]
 
