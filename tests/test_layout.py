@@ -11,6 +11,7 @@ line count (docs/architecture.md).
 import ast
 import subprocess
 import sys
+from functools import cache
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -45,11 +46,17 @@ def _modules() -> dict[str, Path]:
     return out
 
 
+@cache
+def _tree(path: Path) -> ast.Module:
+    """A module's syntax tree, parsed once for all the tests here (they only read it)."""
+    return ast.parse(path.read_text())
+
+
 def _imports(name: str, path: Path, modules) -> set[str]:
     """The sim modules ``name`` imports, at the top or inside functions."""
     package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
     found = set()
-    for node in ast.walk(ast.parse(path.read_text())):
+    for node in ast.walk(_tree(path)):
         if isinstance(node, ast.ImportFrom):
             if node.level:
                 base = package.split(".")[: len(package.split(".")) - node.level + 1]
@@ -69,7 +76,9 @@ def _layer(module: str) -> int:
     return LAYERS[best]
 
 
+@cache
 def _graph():
+    """The sim modules and what each imports, read once for all the tests here (they only read it)."""
     modules = _modules()
     return modules, {m: _imports(m, p, modules) for m, p in modules.items()}
 
@@ -120,7 +129,7 @@ def test_no_private_name_is_imported_from_another_module():
     modules, _ = _graph()
     found = []
     for name, path in modules.items():
-        for node in ast.walk(ast.parse(path.read_text())):
+        for node in ast.walk(_tree(path)):
             if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("sim"):
                 found += [f"{name}: {node.module}.{a.name}" for a in node.names
                           if a.name.startswith("_") and not a.name.startswith("__")]
@@ -146,7 +155,7 @@ def test_only_results_draw():
     modules, _ = _graph()
     users = {"matplotlib": set()}
     for name, path in modules.items():
-        for node in ast.walk(ast.parse(path.read_text())):
+        for node in ast.walk(_tree(path)):
             names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
                 [node.module or ""] if isinstance(node, ast.ImportFrom) else []
             for n in names:
