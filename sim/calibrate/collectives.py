@@ -3,8 +3,12 @@
 Run inside the calibration workers (``sim.calibrate.launch``): NCCL between GPUs, gloo
 between CPU processes over loopback. For each size of a sweep, every rank runs the op
 back to back (as nccl-tests does: warm-up, then a timed loop whose length all ranks
-agree on), the per-op time is the slowest rank's, and the median of a few such samples
-is kept. Sizes follow nccl-tests: S is the buffer on one rank (the all-reduced tensor,
+agree on), the per-op time is the slowest rank's, and the least of a few such samples
+is kept: a sample is only ever lengthened by other work on the machine (a gloo rank that
+loses its core mid-loop), never shortened, so the least is the op's own cost (the reason
+Python's ``timeit`` documentation gives for taking the minimum). With the median, two of
+three samples slowed at one size could leave the sweep not growing with size, and the
+α-β fit refused it. Sizes follow nccl-tests: S is the buffer on one rank (the all-reduced tensor,
 the all-gather output, the reduce-scatter input) and ``algbw = S / t``, ``busbw =
 algbw × factor`` with factor 2(n−1)/n for all-reduce, (n−1)/n for all-gather and
 reduce-scatter and 1 for send/recv. Send/recv is a ping-pong between ranks 0 and 1;
@@ -15,7 +19,6 @@ half the round trip is one transfer.
 
 from __future__ import annotations
 
-import statistics
 import time
 import warnings
 
@@ -105,7 +108,7 @@ def bench_collectives(ctx: Context, sizes, repeats: int = 5, ops=OPS) -> list[di
                     dist.barrier()
                     t = measure(ctx, fn, warmup=1, repeats=1, inner=inner) if fn is not None else 0.0
                     samples.append(_agree_max(torch, dist, ctx, t))
-                t = statistics.median(samples)
+                t = min(samples)  # the least-disturbed sample (module doc)
                 if op == "send_recv":
                     t /= 2.0  # a ping-pong is two transfers
                 algbw = nbytes / t

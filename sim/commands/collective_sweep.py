@@ -63,7 +63,7 @@ def print_sweep(args, op: str, gpus: int, topo, eff, nccl) -> int:
         root = 0 if op in ("broadcast",) else -1
         cols = f"{t_us:8.2f} {algbw:7.2f} {busbw:7.2f} {0:6d}"
         print(f"{size:12d}  {count:12d}  {'float':>8}  {_REDOP[op]:>6}  {root:6d}  {cols}  {cols}")
-    print(f"# Out of bounds values : 0 OK")
+    print("# Out of bounds values : 0 OK")
     print(f"# Avg bus bandwidth    : {total / len(sizes):.4f} ")
     print("#")
     for lo, hi, choice in _runs(chosen):
