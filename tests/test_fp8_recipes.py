@@ -142,3 +142,41 @@ def test_gb300_profile_and_rack():
     assert gb300.link("ib").bandwidth_Bps == 2 * gb200.link("ib").bandwidth_Bps  # ConnectX-8 800G
     assert gb300.mx_block_scaling and NODE_OF_GPU["gb300"] == "gb300-nvl72"
     assert set(gb300.to_dict()) - {"sources"} <= {k.split(".")[0] for k in gb300.sources} | {"name"}
+
+
+# ------------------------------------------------------------- scale swizzle
+def test_mxfp8_swizzles_both_operands_scales_before_every_gemm():
+    # Transformer Engine 2.7/2.9 swizzle MXFP8 scales inside each GEMM call: per operand one
+    # kernel reading its E8M0 scales (one byte per 32 elements) and writing them swizzled.
+    ops, work = _ops("mxfp8")
+    gemms = [o.name for o in work.items if getattr(o, "kind", None) == "gemm" and o.dtype == "mxfp8"]
+    assert len(gemms) == 12  # QKV, projection, MLP up and down: forward, input and weight gradients
+    names = [o.name for o in work.items]
+    for g in gemms:
+        assert names.index(g + ".swizzle") < names.index(g), g
+    m, n, k = S, F, H  # MLP-up's forward: the input S x H and the weight H x F
+    sw = ops["mlp.up.swizzle"]
+    assert (sw.bytes_read, sw.bytes_written, sw.kernels) == ((m * k + k * n) / 32, (m * k + k * n) / 32, 2)
+    by_hand = 2 * (m * k + k * n) / 32 / (B200.hbm_bandwidth_Bps * B200.memory_efficiency) + 2 * B200.kernel_launch_s
+    assert op_time(sw, B200) == pytest.approx(by_hand, rel=1e-12)
+    wg = ops["mlp.down.wgrad.swizzle"]  # the saved input S x F and the output gradient S x H, column-wise
+    assert wg.bytes_read == (F * S + S * H) / 32
+    for recipe in ("delayed", "tensorwise", "blockwise", "nvfp4"):
+        assert not [o for o in _ops(recipe)[0] if o.endswith(".swizzle")], recipe
+
+
+def test_a_grouped_gemm_swizzles_its_experts_in_one_kernel_per_operand():
+    from sim.program.fp8 import SWIZZLE_TENSORS_PER_KERNEL
+    from sim.program.workload_moe import MoeShape
+    e, k_top = 4, 2
+    tiny = gpt("recipe-moe", L, H, 8, 4096, S, num_experts=e, moe_router_topk=k_top, moe_ffn_hidden_size=F)
+    work = fp8_layer_work(layer_work(tiny, LayerRun(1), moe=MoeShape(ep=1, etp=1, load=S * k_top)),
+                          fp8_precision("e4m3", "mxfp8"), 1, False, 1, False)
+    ops = {o.name: o for o in work.items if hasattr(o, "kind")}
+    rows = S * k_top // e  # balanced: each expert's copies
+    up = ops["moe.experts.up"]
+    assert (up.shape[0], up.shape[2], up.batch) == (rows, H, e)
+    scales = (rows * H + H * up.shape[1]) * e / 32  # every expert's input split and weight
+    sw = ops["moe.experts.up.swizzle"]
+    assert (sw.bytes_read, sw.bytes_written) == (scales, scales)
+    assert sw.kernels == 2 and e <= SWIZZLE_TENSORS_PER_KERNEL  # multi_tensor_swizzle_scaling_factors: one launch each

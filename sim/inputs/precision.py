@@ -106,6 +106,13 @@ class Recipe:
     """FP8 weights modelled under ZeRO-3 (Megatron-FSDP)."""
     offload_weights: bool = False
     """FP8 weights allowed with the optimizer's CPU offload."""
+    swizzled_scales: bool = False
+    """Before each of its GEMMs, both operands' block scales are copied into the layout the
+    block-scaled tensor cores read (``sim.program.fp8``'s ``swizzle``): Transformer Engine
+    2.7 and 2.9 (Megatron-Bridge 25.09's and 25.11's) quantize MXFP8 scales in plain row-major
+    order and swizzle them inside every GEMM call (``swizzle_scaling_factors`` in
+    ``te_general_gemm``, ``multi_tensor_swizzle_scaling_factors`` in ``te_general_grouped_gemm``,
+    transformer_engine/pytorch/csrc/extensions/gemm.cpp and csrc/util.cpp)."""
 
     def copy_bytes(self, weight: bool = False) -> float:
         """Bytes per element of one quantized copy with its block scales: element + scale/block."""
@@ -120,7 +127,7 @@ RECIPES = {
                          gathered_weight_bytes=FP8_BYTES),
     # MXFP8 weights are gathered in BF16 through the gradient buffer (sim.program.fp8's doc)
     "mxfp8": Recipe("mxfp8", MX_BLOCK, MX_BLOCK, 1, "mxfp8", needs="mx", both_copies=True,
-                    gathered_weight_bytes=BF16_BYTES, zero3_weights=False),
+                    gathered_weight_bytes=BF16_BYTES, zero3_weights=False, swizzled_scales=True),
     "blockwise": Recipe("blockwise", FP8_BLOCK, FP8_BLOCK * FP8_BLOCK, AMAX_BYTES, "fp8_block", both_copies=True),
     "nvfp4": Recipe("nvfp4", NVFP4_BLOCK, NVFP4_BLOCK * NVFP4_BLOCK, 1, "nvfp4", element_bytes=FP4_BYTES,
                     needs="fp4", flag="--fp4-recipe", amax_pass=True, both_copies=True, hadamard_wgrad=True),

@@ -145,10 +145,17 @@ each recipe is one ``Recipe`` saying what this module asks of it):
   runs NVFP4: the BF16 layers of NVIDIA's recipe (Megatron-LM's ``--first-last-layers-bf16``)
   are not modelled, nor FP4 weights (``--fp4-param-gather``).
 
+Scale swizzle (``mxfp8``): the tensor cores read block scales in a tiled, interleaved layout
+(128 × 4 tiles), which Transformer Engine 2.7 and 2.9's quantize kernels do not write; each
+GEMM call copies both operands' scales into it first (``<gemm>.swizzle``, one kernel per
+operand reading and writing 1/32 of its elements in bytes: ``_swizzle``), the weights' on
+every micro-batch too.
+
 Not modelled: userbuffers' atomic GEMMs, FP8 attention, FP8 weights
 (``fp8_param_gather``) under ``blockwise``, MXFP8 weights under ZeRO-3 (Megatron-FSDP turns
-``reuse_grad_buf_for_mxfp8_param_ag`` off and gathers them otherwise), the block-scaled recipes' scale
-swizzle after an all-gather (a pass over the scales, 1/32 of the data), and Blackwell's
+``reuse_grad_buf_for_mxfp8_param_ag`` off and gathers them otherwise), the other block-scaled
+recipes' scale handling before their GEMMs (NVFP4's swizzle, blockwise's conversion to MXFP8
+scales on Blackwell), and Blackwell's
 native column-wise access to per-tensor FP8 (TE 2.x drops the transposes there; the
 per-tensor recipes keep TE 1.13's Hopper path on every GPU).
 """
@@ -244,6 +251,28 @@ def _as_low(op, recipe: Recipe):
     """The GEMM with quantized operands (``recipe.element_bytes`` each) and its BF16 output."""
     m, n, k = op.shape
     return replace(op, dtype=recipe.gemm_dtype, bytes_read=float(recipe.element_bytes * (m * k + k * n) * op.batch))
+
+
+SWIZZLE_TENSORS_PER_KERNEL = 64
+"""Tensors one multi-tensor swizzle kernel takes (``kMaxTensorsPerKernel`` in Transformer
+Engine's transformer_engine/common/swizzle/swizzle.cu, 2.7 and 2.9: "Args must be <4 KB")."""
+
+
+def _swizzle(op, gemm, recipe: Recipe) -> list:
+    """The block scales of both operands of the low-precision GEMM ``gemm`` (shape m × n × k,
+    ``batch`` of them; operands m × k and k × n) copied into the tensor cores' layout before it
+    runs, under a recipe with ``swizzled_scales`` (``Recipe.swizzled_scales``): one memory-bound
+    kernel per operand, reading its scales and writing them swizzled, (m·k + k·n) · batch ·
+    scale_bytes / block bytes each way. A grouped GEMM (``batch`` local experts) swizzles each
+    operand's splits in one multi-tensor kernel per ``SWIZZLE_TENSORS_PER_KERNEL``
+    (``multi_tensor_swizzle_scaling_factors``); a single GEMM one kernel per operand
+    (``swizzle_scaling_factors``). Recomputed GEMMs swizzle again (every GEMM call does)."""
+    if not recipe.swizzled_scales:
+        return []
+    m, n, k = gemm.shape
+    scales = (m * k + k * n) * gemm.batch * recipe.scale_bytes / recipe.block
+    kernels = 2 * -(-gemm.batch // SWIZZLE_TENSORS_PER_KERNEL)
+    return [replace(_memory(op, "swizzle", scales, scales), kernels=kernels)]
 
 
 def _insert_before(out: list, items: list) -> None:
@@ -361,19 +390,21 @@ def fp8_layer_work(work, precision: Precision | None, tp: int = 1, sequence_para
                         pre.append(_memory(wt, "weight_quantize", BF16_BYTES * w, 2 * r.copy_bytes(weight=True) * w))
                     else:
                         pre.append(_memory(wt, "weight_to_fp8_t", BF16_BYTES * w, 2 * FP8_BYTES * w))
-            _insert_before(out, pre)
+            _insert_before(out, pre + _swizzle(it, gemm, r))
             out.append(gemm)
         elif role == "dgrad":
             g = m * k * it.batch  # the output gradient, tokens x the forward GEMM's outputs
             if base in ROW_PARALLEL and gsp:  # the local shard cast before its all-gather; transposed once gathered
-                _insert_before(out, _cast(it, "to_fp8", r, BF16_BYTES * g / tp, g / tp, gathered=True))
+                _insert_before(out, _cast(it, "to_fp8", r, BF16_BYTES * g / tp, g / tp, gathered=True)
+                               + _swizzle(it, gemm, r))
                 out.append(gemm)
                 if not r.both_copies:
                     out.append(_memory(it, "transpose", FP8_BYTES * g, FP8_BYTES * g))
             else:
-                _insert_before(out, _cast(it, "to_fp8_t", r, BF16_BYTES * g, g))
+                _insert_before(out, _cast(it, "to_fp8_t", r, BF16_BYTES * g, g) + _swizzle(it, gemm, r))
                 out.append(gemm)
         else:  # wgrad
+            _insert_before(out, _swizzle(it, gemm, r))
             out.append(gemm)
             if not r.both_copies and ((base in NORM_FUSED and r.history) or gsp):
                 x = m * k * it.batch  # the saved FP8 input, inputs x tokens
