@@ -166,7 +166,11 @@ def expand(template: Program, world_size: int, rep_of: Callable[[int], int], mov
 
 def add_p2p(prog: Program, nbytes: Callable[[Action], float]) -> Program:
     """Replace each cross-rank dependency by a send after the producer and a receive before
-    the consumer (``nbytes(consumer)`` bytes, category ``pp``)."""
+    the consumer (``nbytes(consumer)`` bytes, category ``pp``). A producer's output crosses
+    to a rank once: when several actions there depend on it (the pieces of a step that
+    ``add_tp_collectives`` split, say the layer norm and the sequence-parallel all-gather that
+    both read the stage's input), they share the one receive, as Megatron-Core's
+    ``p2p_communication`` sends one tensor per stage boundary and micro-batch."""
     acts = {r: list(a) for r, a in prog.actions.items()}
     pos_of: dict[int, dict[str, int]] = {}  # per rank: name -> position, made when first needed
 
@@ -178,6 +182,7 @@ def add_p2p(prog: Program, nbytes: Callable[[Action], float]) -> Program:
 
     sends: dict[int, dict[str, list[Action]]] = {r: {} for r in acts}
     recvs: dict[int, list[tuple[int, Action]]] = {r: [] for r in acts}
+    received: dict[tuple[int, int, str], str] = {}  # (rank, source, producer) -> its one receive's name
     for r, lst in acts.items():
         for i, a in enumerate(lst):
             if not a.deps:
@@ -193,6 +198,10 @@ def add_p2p(prog: Program, nbytes: Callable[[Action], float]) -> Program:
                     deps.append(d)
                     continue
                 src, producer = d
+                got = received.get((r, src, producer))
+                if got is not None:  # the tensor is on this rank already: another piece of the step took it
+                    deps.append(got)
+                    continue
                 tag = f"{producer}>{a.name}"
                 size = nbytes(a)
                 send = Action.new(f"send {producer} for {a.name}", kind="send", peer=r, nbytes=size, tag=tag,
@@ -205,6 +214,7 @@ def add_p2p(prog: Program, nbytes: Callable[[Action], float]) -> Program:
                 else:
                     got.append(send)
                 recvs[r].append((positions(src)[producer], recv))
+                received[(r, src, producer)] = recv.name
                 deps.append(recv.name)
             lst[i] = a.evolve(deps=tuple(deps))
     out: dict[int, list[Action]] = {}
