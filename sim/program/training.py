@@ -317,12 +317,25 @@ transfer inside a node runs on 2 channels per NVLink of its path (the same funct
 
 def p2p(ctx: BuildContext, draft: Draft) -> Draft:
     """Every cross-stage dependency as a send and a receive of one micro-batch's activations
-    (or their gradients). A transfer between nodes leaves the SMs to the compute beside it
+    (or their gradients). A transfer over the network leaves the SMs to the compute beside it
     (``P2P_NET_CHANNELS``)."""
     plan, topo = ctx.plan, ctx.topology
     act_bytes = p2p_bytes(ctx.model, plan.micro_batch_size, plan.tp, plan.sequence_parallel, cp=plan.cp)
-    between_nodes = None if topo is None else (lambda src, dst: topo.node_of(src) != topo.node_of(dst))
-    return draft.with_program(passes.add_p2p(draft.program, lambda consumer: act_bytes, quiet=between_nodes))
+    return draft.with_program(passes.add_p2p(draft.program, lambda consumer: act_bytes,
+                                             quiet=None if topo is None else _through_a_nic(topo)))
+
+
+def _through_a_nic(topo):
+    """(src, dst) -> whether the route between the two GPUs crosses a network link (InfiniBand or
+    Ethernet), memoised: NCCL's net transport, on ``P2P_NET_CHANNELS`` channels."""
+    seen: dict[tuple[int, int], bool] = {}
+
+    def crosses(src: int, dst: int) -> bool:
+        got = seen.get((src, dst))
+        if got is None:
+            got = seen[(src, dst)] = any(k in ("ib", "ethernet") for k in topo.route_kinds(src, dst))
+        return got
+    return crosses
 
 
 def grad_sync(ctx: BuildContext, draft: Draft) -> Draft:
