@@ -30,3 +30,14 @@ def test_rows_take_the_scripts_optimizer_fp8_weights_and_tp_overlap():
         assert v["tp_comm_overlap"] == (v["model"] in ("llama3-70b", "llama3-405b"))
     assert ROWS["mixtral-8x22b"].values["micro_batch_size"] == 1  # the table's swapped GBS/MBS, as the config has it
     assert len({r.group for r in ROWS.values()}) == 5
+
+
+def test_rows_graph_the_layers_where_the_b200_configs_say_cuda_graphs_1():
+    """model_configs_b200.csv @ d3f25b121048: cuda_graphs 1 for the 8B, 70B and 8x7B pre-training rows, 0 for the
+    405B and 8x22B; the scripts set ``enable_cuda_graph``, which Megatron-Core 791b70e0 (NeMo 25.02's manifest)
+    applies to the whole TransformerLayer: the ``full`` scope."""
+    graphed = {m: r.values.get("cuda_graph") for m, r in ROWS.items()}
+    assert graphed == {"llama3-8b": "full", "llama3-70b": "full", "llama3-405b": None,
+                       "mixtral-8x7b": "full", "mixtral-8x22b": None}
+    # the graphed MoE row drops and pads (Megatron-Core graphs an MoE block only with a capacity factor)
+    assert ROWS["mixtral-8x7b"].values["moe_expert_capacity_factor"] == 1.0

@@ -87,3 +87,40 @@ def test_breakdown_hand_computed(make_star):
     b1 = rank_breakdown(tr, 1)
     assert b1["exposed_comm_s"]["pp"] == pytest.approx(2.0) and b1["idle_s"] == pytest.approx(2.0)
     assert critical_rank(tr) == 0
+
+
+def test_add_p2p_sends_a_producer_output_once_to_a_rank_whose_pieces_all_read_it(make_star):
+    # Stage 1's forward split in two pieces (a norm, then a collective of the normed input, as
+    # add_tp_collectives leaves a TP layer), both reading stage 0's output: one 10 B transfer,
+    # not two (Megatron-Core sends one tensor per stage boundary and micro-batch).
+    prog = Program({
+        0: [Action("0F0", duration_s=1.0, category="F", layer=0)],
+        1: [Action("1F0.0", duration_s=1.0, category="F", layer=1, deps=((0, "0F0"),)),
+            Action("1F0", duration_s=1.0, category="F", layer=1, deps=((0, "0F0"), "1F0.0"))],
+    })
+    out = passes.add_p2p(prog, lambda consumer: 10.0)
+    sends = [a for a in out.actions[0] if a.kind == "send"]
+    recvs = [a for a in out.actions[1] if a.kind == "recv"]
+    assert len(sends) == 1 and len(recvs) == 1
+    assert [a.deps for a in out.actions[1] if a.kind != "recv"] == [(recvs[0].name,), (recvs[0].name, "1F0.0")]
+    # 1 s of stage 0, one 1 s transfer (10 B at 10 B/s), then the two 1 s pieces: 4 s, not 5
+    assert simulate(out, make_star([10.0, 10.0])).end_s == pytest.approx(4.0)
+
+
+def test_add_p2p_quiet_transfers_leave_the_compute_beside_them_at_full_speed(make_star):
+    # Rank 0 sends 10 B (1 s at 10 B/s) while its second compute (2 s) runs. With sigma = 0.5
+    # a counted send slows that compute for the second it overlaps: 1 s at 1/1.5 speed does
+    # 2/3 s of work, the last 4/3 s run alone, so it ends at 1 + 1 + 4/3 = 10/3 s; a quiet send
+    # (NCCL's 2 channels to a peer on another node, training.P2P_NET_CHANNELS) leaves it at 3 s.
+    def prog():
+        return Program({
+            0: [Action("0F0", duration_s=1.0, category="F", layer=0),
+                Action("0X0", duration_s=2.0, category="F", layer=0, deps=("0F0",))],
+            1: [Action("1F0", duration_s=0.5, category="F", layer=1, deps=((0, "0F0"),))],
+        })
+    counted = passes.add_p2p(prog(), lambda c: 10.0)
+    quiet = passes.add_p2p(prog(), lambda c: 10.0, quiet=lambda src, dst: (src, dst) == (0, 1))
+    assert [a.slows_compute for acts in quiet.actions.values() for a in acts if a.kind in ("send", "recv")] == [False, False]
+    star = make_star([10.0, 10.0])
+    ends = [max(s.end_s for s in simulate(p, star, overlap_slowdown=0.5).spans if s.name == "0X0") for p in (counted, quiet)]
+    assert ends == [pytest.approx(10 / 3), pytest.approx(3.0)]

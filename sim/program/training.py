@@ -301,12 +301,41 @@ def fp8_amax(ctx: BuildContext, draft: Draft) -> Draft:
                                                   chunk_gemms(ctx.model, ctx.plan), ctx.nccl))
 
 
+P2P_NET_CHANNELS = 2
+"""Thread blocks (one SM each) of an NCCL send or receive to a peer on another node, which is
+what a pipeline transfer between nodes holds: NCCL's ``ncclTopoGetNchannels`` (NVIDIA/nccl
+v2.25.1-1 ``src/graph/paths.cc``, the NCCL of the NGC 25.01 PyTorch image that NeMo 25.02 is
+built on; the same in 2.28) starts a remote peer from 2 channels per NIC and keeps 2 where one
+NIC drives the GPU (DGX H100/B200: one NIC per GPU), unless ``NCCL_NCHANNELS_PER_NET_PEER`` sets
+it. Two SMs of 132 (H100) or 148 (B200), and HBM traffic at the NIC's 50 GB/s, under 1% of its
+bandwidth: such a transfer slows the compute beside it by about 1.5%, not by the
+``overlap_compute_slowdown`` measured beside collectives that run on many channels (Lee et al.
+2025), so the engine does not count it (``Action.slows_compute``); the 1.5% is left out. A
+transfer inside a node runs on 2 channels per NVLink of its path (the same function:
+``2*max(1, bw/nvlBw)``) and at NVLink speed through HBM, and is counted."""
+
+
 def p2p(ctx: BuildContext, draft: Draft) -> Draft:
     """Every cross-stage dependency as a send and a receive of one micro-batch's activations
-    (or their gradients)."""
-    plan = ctx.plan
+    (or their gradients). A transfer over the network leaves the SMs to the compute beside it
+    (``P2P_NET_CHANNELS``)."""
+    plan, topo = ctx.plan, ctx.topology
     act_bytes = p2p_bytes(ctx.model, plan.micro_batch_size, plan.tp, plan.sequence_parallel, cp=plan.cp)
-    return draft.with_program(passes.add_p2p(draft.program, lambda consumer: act_bytes))
+    return draft.with_program(passes.add_p2p(draft.program, lambda consumer: act_bytes,
+                                             quiet=None if topo is None else _through_a_nic(topo)))
+
+
+def _through_a_nic(topo):
+    """(src, dst) -> whether the route between the two GPUs crosses a network link (InfiniBand or
+    Ethernet), memoised: NCCL's net transport, on ``P2P_NET_CHANNELS`` channels."""
+    seen: dict[tuple[int, int], bool] = {}
+
+    def crosses(src: int, dst: int) -> bool:
+        got = seen.get((src, dst))
+        if got is None:
+            got = seen[(src, dst)] = any(k in ("ib", "ethernet") for k in topo.route_kinds(src, dst))
+        return got
+    return crosses
 
 
 def grad_sync(ctx: BuildContext, draft: Draft) -> Draft:
