@@ -211,7 +211,8 @@ def label(precision: Precision | None) -> str:
     return "bf16" if precision is None else precision.label
 
 
-_TE_FORM = "a release number such as 2.9 or 1.14.0 (MAJOR.MINOR[.PATCH], a 'v' before it and a '+local' part after it allowed)"
+_TE_FORM = ("a release number such as 2.9 or 1.14.0 (MAJOR.MINOR[.PATCH], a 'v' before it and a '+local' part "
+            "after it allowed)")
 
 
 def te_version(text) -> tuple:
