@@ -14,6 +14,7 @@ from sim.inputs.plan import ParallelPlan
 from sim.inputs.precision import CURRENT_TE, NON_TN_FP8_SINCE, RECIPES, Precision, te_version
 from sim.program.costs import op_time
 from sim.program.fp8 import fp8_layer_work
+from sim.program.memory import fp8_weight_copy_bytes, stage_memory_bytes
 from sim.program.workload import LayerRun, layer_work, plan_layer_work
 from sim.program.workload_moe import MoeShape
 
@@ -134,3 +135,21 @@ def test_a_plan_carries_the_release_into_the_layer_it_builds():
         assert bool(_transposing(_names(work))) is transposes, (te, gpu and gpu.name)
     assert ParallelPlan(**plan).summary().get("transformer_engine") is None  # the default is not printed
     assert ParallelPlan(transformer_engine="2.7", **plan).summary()["transformer_engine"] == "2.7"
+
+
+def test_a_blackwell_rank_holds_one_fp8_copy_of_each_per_tensor_weight_under_te_2():
+    """TE 1.x keeps the FP8 weight and its transpose (2 bytes a GEMM weight parameter beside the
+    BF16 weight); TE 2.x on Blackwell keeps the FP8 weight alone (1 byte), and with FP8 weights
+    (``fp8_param_gather``) the FP8 weight is the parameter: 1 byte where the 16-bit weight's 2
+    are counted, -1. MXFP8 keeps both quantized copies on every GPU."""
+    gemm_weights = MODEL.num_layers * GEMM_PARAMS  # pp 1, tp 1: the rank holds every layer
+    for fp8_params, old, new in ((False, 2, 1), (True, 0, -1)):
+        plans = {te: ParallelPlan(dp=2, global_batch_size=2, zero_stage=1, fp8_format="hybrid",
+                                  fp8_param_gather=fp8_params, transformer_engine=te) for te in ("1.14", "2.9")}
+        assert fp8_weight_copy_bytes(MODEL, plans["1.14"], 0, True) == pytest.approx(old * gemm_weights)
+        assert fp8_weight_copy_bytes(MODEL, plans["2.9"], 0, True) == pytest.approx(new * gemm_weights)
+        assert fp8_weight_copy_bytes(MODEL, plans["2.9"], 0, False) == pytest.approx(old * gemm_weights)  # Hopper
+        weights = {te: stage_memory_bytes(MODEL, plan, 0, any_layout=True)["weights"] for te, plan in plans.items()}
+        assert weights["1.14"] - weights["2.9"] == pytest.approx(gemm_weights)
+    mx = ParallelPlan(dp=2, global_batch_size=2, fp8_format="e4m3", fp8_recipe="mxfp8")
+    assert fp8_weight_copy_bytes(MODEL, mx, 0, True) == pytest.approx(2 * (1 + 1 / 32) * gemm_weights)

@@ -64,8 +64,8 @@ from sim.inputs.experts import Folding
 from sim.inputs.frameworks import framework_of
 from sim.program.dispatch import DISPATCH_GROUPS, default_layout, dispatch_groups, group_sizes, moe_shape
 from sim.program.workload_moe import MoeShape
-from sim.program.workload import (LayerRun, Work, head_work, layer_work, mtp_works, p2p_bytes, plan_edge_works,
-                                  plan_layer_work)
+from sim.program.workload import (LayerRun, Work, fp8_any_layout, head_work, layer_work, mtp_works, p2p_bytes,
+                                  plan_edge_works, plan_layer_work)
 
 _MATMUL = ("gemm", "attention")
 
@@ -406,7 +406,8 @@ def estimate_in(ctx: BuildContext, *, dtype: str = "bf16", flash_attention: bool
     }
     time["step"] = sum(time.values())
 
-    memories = [stage_memory_bytes(model, plan, stage, flash_attention) for stage in range(p)]
+    any_layout = fp8_any_layout(profile)
+    memories = [stage_memory_bytes(model, plan, stage, flash_attention, any_layout) for stage in range(p)]
     worst = max(range(p), key=lambda s: memories[s]["total"])
 
     seqs = plan.global_batch_size

@@ -166,7 +166,9 @@ grouped GEMM's splits then cast one by one, TE's fused ``nvte_multi_cast_transpo
 copies), the weights are cast into one copy (``weight_to_fp8``, read 2 write 1 byte per
 parameter) or, kept in FP8 (``fp8_params``), used as they are, and the transposes of gathered
 inputs and output gradients (``<gemm>.wgrad.transpose``, ``<gemm>.dgrad.transpose``) and of the
-norms' FP8 outputs are not run. Hopper, and TE 1.x on any GPU, run the path above.
+norms' FP8 outputs are not run; a rank holds one FP8 copy of each such weight, 1 byte a
+parameter (``weight_copy_bytes``; with FP8 weights, the FP8 weight alone). Hopper, and TE 1.x
+on any GPU, run the path above.
 """
 
 from __future__ import annotations
@@ -196,12 +198,15 @@ GEMM_KERNELS = {"fp8": ("fp8", "fp8"), "mxfp8": ("fp8", "mxfp8"), "nvfp4": ("fp4
 ``HardwareProfile.gemm_efficiency``)."""
 
 
-def weight_copy_bytes(recipe: Recipe) -> float:
+def weight_copy_bytes(recipe: Recipe, transposes: bool = True) -> float:
     """Bytes per GEMM weight parameter of TE's quantized weight copies under ``recipe``: the
     copy for the forward and the one for the input gradient (the transpose, or the
     column-wise copy), each with its block scales: 2 per-tensor, 2·(1 + 1/32) under
-    MXFP8, 2·(1 + 4/16384) under 128x128 blocks, 2·(1/2 + 1/256) under NVFP4."""
-    return 2 * recipe.copy_bytes(weight=True)
+    MXFP8, 2·(1 + 4/16384) under 128x128 blocks, 2·(1/2 + 1/256) under NVFP4. A per-tensor
+    weight without its transpose (``transposes`` False: ``Precision.makes_fp8_transposes``,
+    Blackwell under TE 2.0 or later) is the one copy: 1."""
+    copies = 2 if transposes or recipe.both_copies else 1
+    return copies * recipe.copy_bytes(weight=True)
 
 
 def gathered_weight_bytes(recipe: Recipe) -> float:
