@@ -191,14 +191,19 @@ BY_SOURCE = (
      "the 25.09 yamls) and cross_entropy_fusion_impl 'te' (set_common_perf_overrides; the 25.09 yamls); a row's own "
      "cell wins (Megatron-FSDP rows: zero 3; the recipes that turn a gather or reduce overlap off)"),
     ("NeMo 25.02, DGX-B200", {"zero": 1, "overlap_param_gather": True, "cross_entropy_loss_fusion": True,
-                              "bucket_size": 128 * 2**20 * 2},
+                              "bucket_size": 128 * 2**20 * 2, "transformer_engine": "1.14"},
      "NeMo 2.0's performance scripts as the B200 table ran them (NVIDIA/NeMo scripts/performance @ d3f25b121048, "
      "2025-03-08, the first commit whose model_configs_b200.csv has every row's layout, Llama 3.1 405B's 128 GPUs "
      "among them): every recipe's optimizer is distributed_fused_adam with overlap_grad_reduce and "
      "overlap_param_gather (nemo/collections/llm/recipes/*.py), and MegatronCommOverlapCallback sets a DDP "
      "bucket_size of 128 * 1024 * 1024 parameters when dp > 1 (megatron_comm_overlap.py), 256 MiB of the BF16 "
      "gradients the scripts reduce (grad_reduce_in_fp32 = False); GPTConfig's cross_entropy_loss_fusion defaults "
-     "to True (nemo/collections/llm/gpt/model/base.py)"),
+     "to True (nemo/collections/llm/gpt/model/base.py); and the container's Transformer Engine: NeMo r2.2.0's "
+     "requirements/manifest.json builds on nvcr.io/nvidia/pytorch:25.01-py3, whose Transformer Engine is 1.14.0 "
+     "(the release_v1.14 branch: no non-TN FP8 path, so per-tensor FP8 casts write their transposes on Blackwell "
+     "as on Hopper; TE 2.0, the first release without them there, came out in February 2025, and NeMo's fix "
+     "for running it, 'Fix for te v2.0' #12273 of 2025-03-04, is not in v2.2.0); not confirmed from the "
+     "container itself"),
 )
 """Settings a source's rows take where the file has no column or a blank cell: the
 framework or model facts of that source, each with the reason. A filled cell wins; a

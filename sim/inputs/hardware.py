@@ -243,6 +243,13 @@ class HardwareProfile:
     """The tensor cores multiply MX block-scaled operands, reading one E8M0 scale per 32
     elements themselves (OCP Microscaling Formats v1.0; Blackwell's block-scaled MMA):
     ``--fp8-recipe mxfp8`` runs only where this is true (``sim.program.fp8``)."""
+    fp8_gemm_any_layout: FLAG = False
+    """The FP8 GEMMs take their operands in any layout. False (Hopper, Ada): cuBLASLt runs FP8
+    GEMMs in the TN layout only ("A must be transposed and B non-transposed", cublasLtMatmul's FP8
+    requirements), so Transformer Engine keeps a transposed FP8 copy of every operand a GEMM
+    reads the other way; True (Blackwell, SM 10.x): it reads the one copy either way, and TE
+    from 2.0 makes no transposed copies of per-tensor FP8 (``sim.inputs.precision.NON_TN_FP8_SINCE``,
+    ``sim.program.fp8``)."""
     mxfp8_gemm_relative_efficiency: FRACTION | None = None
     """An MXFP8 GEMM's throughput over a per-tensor-scaled FP8 GEMM's of the same shapes
     (``gemm_efficiency(..., dtype="mxfp8")`` caps at ``fp8_gemm_max_efficiency`` times
@@ -504,8 +511,9 @@ class HardwareProfile:
                 del out[key]
         if out["gemm_bias_epilogue"]:
             del out["gemm_bias_epilogue"]
-        if not out["mx_block_scaling"]:
-            del out["mx_block_scaling"]
+        for flag in ("mx_block_scaling", "fp8_gemm_any_layout"):
+            if not out[flag]:
+                del out[flag]
         return out
 
     @classmethod

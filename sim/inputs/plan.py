@@ -47,8 +47,8 @@ from sim.inputs.cuda_graphs import SCOPES as CUDA_GRAPH_SCOPES, parse_cuda_graph
 from sim.inputs.experts import DISPATCHERS
 from sim.inputs.fields import fields_of_class, setting, why_not_field
 from sim.inputs.frameworks import ATTENTION_KERNELS, BACKWARD_PREFETCH, FRAMEWORKS, ShardingStrategy, sharding_of
-from sim.inputs.precision import FP4_FORMAT, FP4_RECIPES, FP8_FORMATS, FP8_RECIPE_CHOICES, Precision, \
-    canonical_fp8_recipe, check_precision_plan, check_precision_weights, precision_of
+from sim.inputs.precision import CURRENT_TE, FP4_FORMAT, FP4_RECIPES, FP8_FORMATS, FP8_RECIPE_CHOICES, TE_VERSION, \
+    Precision, canonical_fp8_recipe, check_precision_plan, check_precision_weights, precision_of
 from sim.inputs.recompute import RECOMPUTE_METHODS, RECOMPUTE_MODULES, modules_in_effect, parse_recompute_modules
 from sim.inputs.plan_sections import PlanSections
 from sim.inputs.layer_split import parse_layer_split, split_layers, split_layers_cached
@@ -310,6 +310,13 @@ class ParallelPlan:
         help="train in FP4 as Megatron-LM's --fp4-format e2m1 does: the same as --fp4-recipe nvfp4 (its default "
              "recipe); default off")
     """``sim.inputs.precision``; None: FP4 only through ``fp4_recipe``."""
+    transformer_engine: str | None = setting(
+        type=TE_VERSION, metavar="VERSION",
+        help=f"the Transformer Engine release that runs FP8 and FP4, e.g. 2.9 or 1.14.0: from 2.0, per-tensor FP8 "
+             f"(delayed, tensorwise) on a GPU whose FP8 GEMMs take any operand layout (B200, GB200, GB300) makes no "
+             f"transposed FP8 copies; each recipe needs the release that added it (tensorwise 2.2, mxfp8 2.0, "
+             f"blockwise 2.3, nvfp4 2.8); default {CURRENT_TE}, the newest release")
+    """``sim.inputs.precision.te_version``; None: ``CURRENT_TE``."""
     zero_stage: int = setting(0, name="zero", type=int, choices=ZERO_STAGES, help="ZeRO stage (default 0)",
                               tables=(("plan", "zero"), (_ZERO, "stage")))
     """ZeRO stage over the dp group: 0 none, 1 optimizer states, 2 +gradients, 3 +parameters."""
@@ -469,7 +476,7 @@ class ParallelPlan:
         out = dataclasses.asdict(self)
         for name in ("layers_per_virtual_stage", "schedule_file", "zero3_prefetch_bucket_size", "pipeline_layout",
                      "recompute_modules", "recompute_method", "recompute_num_layers", "framework", "attention_kernel",
-                     "backward_prefetch", "fp4_format",
+                     "backward_prefetch", "fp4_format", "transformer_engine",
                      "tp_comm_overlap_cfg", "grad_reduce_fp32", "defer_fsdp_grad_sync", "pp_call_microbatches",
                      "reshard_after_forward"):
             if out[name] is None:

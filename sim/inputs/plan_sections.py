@@ -96,7 +96,8 @@ class MoePlan(_Section):
 
 @dataclass(frozen=True)
 class PrecisionPlan(_Section):
-    """The GEMMs' number format (FP8 or FP4) and recipe, and FP8 weights."""
+    """The GEMMs' number format (FP8 or FP4) and recipe, FP8 weights, and the Transformer Engine
+    release that runs them."""
 
     TITLE = "precision (FP8 and FP4)"
     fp8_format: str | None
@@ -104,6 +105,7 @@ class PrecisionPlan(_Section):
     fp4_recipe: str | None
     fp4_format: str | None
     fp8_param_gather: bool
+    transformer_engine: str | None
 
     @property
     def precision(self):

@@ -28,6 +28,15 @@ copies of the input and of the output gradient, ``nvte_hadamard_transform_cast_f
 a kernel of its own); stochastic rounding of gradients (inside the quantize kernel: no bytes).
 Its fprop, dgrad and wgrad GEMMs all run in FP4 (TE's recipe quantizes all three GEMMs'
 operands), at the profile's ``fp4`` peak.
+
+The Transformer Engine release (``transformer_engine``, a plan setting: "2.9", "1.14.0"; default
+``CURRENT_TE``, the newest release) decides two things. Whether the recipe exists in it (each
+``Recipe.since``: TE's ``transformer_engine/common/recipe/__init__.py`` first defines
+``MXFP8BlockScaling`` in 2.0, ``Float8CurrentScaling`` in 2.2, ``Float8BlockScaling`` in 2.3 and
+``NVFP4BlockScaling`` in 2.8; ``DelayedScaling`` is older than every release trainsim models). And
+whether a per-tensor recipe makes transposed FP8 copies on a GPU whose FP8 GEMMs take any operand
+layout (``HardwareProfile.fp8_gemm_any_layout``: Blackwell): from TE 2.0 (``NON_TN_FP8_SINCE``) it
+does not (``Precision.makes_fp8_transposes``; the kernels are ``sim.program.fp8``'s).
 """
 
 from __future__ import annotations
@@ -54,6 +63,23 @@ FP8_BLOCK = 128
 """Blockwise: elements per FP32 scale along a row (1x128); weights 128x128 (TE's Float8BlockScaling)."""
 NVFP4_BLOCK = 16
 """NVFP4: elements per E4M3 scale (TE's NVFP4 page; arXiv 2509.25149 §2); weights 16x16."""
+CURRENT_TE = "2.18"
+"""The Transformer Engine release a plan runs when it names none (``transformer_engine``): the
+newest release, NVIDIA/TransformerEngine's tag v2.18. Only ``NON_TN_FP8_SINCE`` and the recipes'
+``since`` tell releases apart here, so any release from 2.8 on runs the same."""
+NON_TN_FP8_SINCE = (2, 0)
+"""The first Transformer Engine release whose per-tensor FP8 tensors hold no transposed copy on a
+GPU whose FP8 GEMMs take any layout. TE 2.0 (transformer_engine/pytorch/utils.py
+``non_tn_fp8_gemm_supported``: compute capability >= 10.0) allocates a ``Float8Quantizer``'s
+column-wise data only where the GEMMs need TN operands (csrc/extensions/quantizer.cpp:
+``create_transpose = columnwise_usage && !non_tn_fp8_gemm_supported()``), never makes the
+transpose on demand there (tensor/float8_tensor.py ``update_usage``), and its GEMM reads the
+row-wise data with the layout flag flipped (common/gemm/cublaslt_gemm.cu: only ``arch < 100``
+swaps in the column-wise data). From 2.3 the check is the C API's
+``nvte_is_non_tn_fp8_gemm_supported()`` (common/transformer_engine.cpp: SM 10.x and >= 13.0),
+and ``Float8CurrentScalingQuantizer`` follows it as ``Float8Quantizer`` does (2.7's and 2.9's
+csrc/quantizer.cpp: ``with_transpose = columnwise_usage && !nvte_is_non_tn_fp8_gemm_supported()``).
+TE 1.x (1.13, 1.14) has no such check: every FP8 copy is cast and transposed as on Hopper."""
 
 
 @dataclass(frozen=True)
@@ -106,6 +132,8 @@ class Recipe:
     """FP8 weights modelled under ZeRO-3 (Megatron-FSDP)."""
     offload_weights: bool = False
     """FP8 weights allowed with the optimizer's CPU offload."""
+    since: tuple = (0,)
+    """The first Transformer Engine release that has the recipe (the module doc)."""
     swizzled_scales: bool = False
     """Before each of its GEMMs, both operands' block scales are copied into the layout the
     block-scaled tensor cores read (``sim.program.fp8``'s ``swizzle``): Transformer Engine
@@ -124,13 +152,15 @@ RECIPES = {
     "delayed": Recipe("delayed", 0, 0, AMAX_BYTES, "fp8", history=True, gathered_weight_bytes=FP8_BYTES,
                       offload_weights=True),
     "tensorwise": Recipe("tensorwise", 0, 0, AMAX_BYTES, "fp8", amax_pass=True, amax_kernels=2, norm_amax=True,
-                         gathered_weight_bytes=FP8_BYTES),
+                         gathered_weight_bytes=FP8_BYTES, since=(2, 2)),
     # MXFP8 weights are gathered in BF16 through the gradient buffer (sim.program.fp8's doc)
     "mxfp8": Recipe("mxfp8", MX_BLOCK, MX_BLOCK, 1, "mxfp8", needs="mx", both_copies=True,
-                    gathered_weight_bytes=BF16_BYTES, zero3_weights=False, swizzled_scales=True),
-    "blockwise": Recipe("blockwise", FP8_BLOCK, FP8_BLOCK * FP8_BLOCK, AMAX_BYTES, "fp8_block", both_copies=True),
+                    gathered_weight_bytes=BF16_BYTES, zero3_weights=False, swizzled_scales=True, since=(2, 0)),
+    "blockwise": Recipe("blockwise", FP8_BLOCK, FP8_BLOCK * FP8_BLOCK, AMAX_BYTES, "fp8_block", both_copies=True,
+                        since=(2, 3)),
     "nvfp4": Recipe("nvfp4", NVFP4_BLOCK, NVFP4_BLOCK * NVFP4_BLOCK, 1, "nvfp4", element_bytes=FP4_BYTES,
-                    needs="fp4", flag="--fp4-recipe", amax_pass=True, both_copies=True, hadamard_wgrad=True),
+                    needs="fp4", flag="--fp4-recipe", amax_pass=True, both_copies=True, hadamard_wgrad=True,
+                    since=(2, 8)),
 }
 """Every recipe by name (FP8's and FP4's)."""
 FP8_RECIPES = tuple(n for n, r in RECIPES.items() if r.flag == "--fp8-recipe")
@@ -150,6 +180,23 @@ class Precision:
     recipe: Recipe
     given: tuple = field(default=(), compare=False)
     """(flag, value) the user chose it with, for messages (not compared: the same precision either way)."""
+    transformer_engine: tuple = field(default=None)
+    """The Transformer Engine release that runs it, as numbers ((2, 9)); None: ``CURRENT_TE``."""
+
+    def __post_init__(self):
+        if self.transformer_engine is None:
+            object.__setattr__(self, "transformer_engine", te_version(CURRENT_TE))
+
+    def makes_fp8_transposes(self, any_layout: bool) -> bool:
+        """Whether Transformer Engine makes transposed FP8 copies of the GEMMs' operands (casts
+        that write two copies, transposes of gathered tensors and of weights) on a GPU whose
+        FP8 GEMMs take any operand layout (``any_layout``: ``HardwareProfile.fp8_gemm_any_layout``)
+        or only TN ones: a per-tensor recipe does unless the GPU takes any layout and the release
+        is ``NON_TN_FP8_SINCE`` or later (module doc); the block-scaled recipes make no transposes
+        (their column-wise copies are quantized from BF16: ``Recipe.both_copies``)."""
+        if self.recipe.both_copies:
+            return False
+        return not (any_layout and self.transformer_engine >= NON_TN_FP8_SINCE)
 
     @property
     def label(self) -> str:
@@ -164,15 +211,57 @@ def label(precision: Precision | None) -> str:
     return "bf16" if precision is None else precision.label
 
 
+_TE_FORM = ("a release number such as 2.9 or 1.14.0 (MAJOR.MINOR[.PATCH], a 'v' before it and a '+local' part "
+            "after it allowed)")
+
+
+def te_version(text) -> tuple:
+    """A Transformer Engine release as numbers: '2.9' -> (2, 9), 'v1.14.0+87fbe81' -> (1, 14, 0)
+    (a tag's 'v' and a build's '+local' part dropped); anything else is an ``InputError``
+    naming ``transformer_engine`` (a number is refused: written as one, 2.10 reads 2.1)."""
+    parts = None
+    if isinstance(text, str):
+        core = text.strip()
+        core = core[1:] if core[:1] in ("v", "V") else core
+        core = core.split("+", 1)[0]
+        pieces = core.split(".")
+        if 2 <= len(pieces) <= 3 and all(p.isdigit() and p.isascii() for p in pieces):
+            parts = tuple(int(p) for p in pieces)
+    if parts is None:
+        raise InputError(field="plan: transformer_engine", value=text, setting="transformer_engine",
+                         allowed=f"expected {_TE_FORM}" + ("" if isinstance(text, str) else
+                                                          ", as a string (a number reads 2.10 as 2.1)"))
+    return parts
+
+
+class _TeVersion:
+    """The ``transformer_engine`` setting's type: the flag's text as is; ``allowed(value)`` what a
+    value from a file or the API is refused for (None when allowed)."""
+
+    def __call__(self, text: str) -> str:
+        return text
+
+    def allowed(self, value) -> str | None:
+        try:
+            te_version(value)
+        except InputError as exc:
+            return exc.allowed
+        return None
+
+
+TE_VERSION = _TeVersion()
+
+
 def precision_of(plan) -> Precision | None:
     """The plan's precision from its fields (``ParallelPlan.precision``); None: BF16."""
+    te = te_version(plan.transformer_engine or CURRENT_TE)
     if plan.fp4_recipe is not None:
-        return Precision(FP4_FORMAT, RECIPES[plan.fp4_recipe], ("--fp4-recipe", plan.fp4_recipe))
+        return Precision(FP4_FORMAT, RECIPES[plan.fp4_recipe], ("--fp4-recipe", plan.fp4_recipe), te)
     if plan.fp4_format is not None:
-        return Precision(FP4_FORMAT, RECIPES[FP4_RECIPES[0]], ("--fp4-format", plan.fp4_format))
+        return Precision(FP4_FORMAT, RECIPES[FP4_RECIPES[0]], ("--fp4-format", plan.fp4_format), te)
     if plan.fp8_format is None:
         return None
-    return Precision(plan.fp8_format, RECIPES[ALIASES.get(plan.fp8_recipe, plan.fp8_recipe)])
+    return Precision(plan.fp8_format, RECIPES[ALIASES.get(plan.fp8_recipe, plan.fp8_recipe)], transformer_engine=te)
 
 
 def fp8_precision(fp8_format: str | None, recipe: str = "delayed") -> Precision | None:
@@ -200,6 +289,14 @@ def check_precision_plan(plan) -> None:
     check(plan.fp8_recipe == "delayed" or plan.fp8_format is not None, "fp8_recipe", plan.fp8_recipe,
           "needs fp8_format (e4m3 or hybrid): a recipe scales FP8 tensors; leave it unset in BF16")
     recipe = RECIPES[canonical_fp8_recipe(plan.fp8_recipe)]
+    low = (RECIPES[plan.fp4_recipe or FP4_RECIPES[0]] if plan.fp4_recipe or plan.fp4_format
+           else recipe if plan.fp8_format else None)
+    te_text = plan.transformer_engine or CURRENT_TE
+    if low is not None and te_version(te_text) < low.since:
+        since = ".".join(map(str, low.since))
+        check(False, "transformer_engine", te_text,
+              f"{low.name} needs Transformer Engine {since} or later (the release that added it); give "
+              f"{since} or later, or another recipe")
     if plan.fp8_param_gather:
         able = [n for n in FP8_RECIPES if RECIPES[n].gathered_weight_bytes is not None]
         check(recipe.gathered_weight_bytes is not None, "fp8_param_gather", True,

@@ -30,8 +30,8 @@ from sim.program.memory import layer_param_bytes, model_state_bytes
 from sim.program.routing import Routing
 from sim.program.schedules import Step
 from sim.program.stage_balance import auto_layer_split, stage_profiles, stage_time_s
-from sim.program.workload import (Comm, Op, Work, chunk_work, edge_works, layer_as_run, local_sequence,
-                                  plan_edge_works, plan_layer_work)
+from sim.program.workload import (Comm, Op, Work, chunk_work, edge_works, fp8_any_layout, layer_as_run,
+                                  local_sequence, plan_edge_works, plan_layer_work)
 
 
 def context(model: ModelSpec, plan: ParallelPlan, profile: HardwareProfile, *,
@@ -74,7 +74,7 @@ __all__ = [
     "Action", "BuildContext", "Comm", "Estimate", "HOST_LAUNCH_S", "LAUNCH_CATEGORY", "Op",
     "Program", "Routing", "Step", "Work", "auto_layer_split", "bias_pass_time", "chunk_work", "collective_time",
     "context", "default_layout", "dispatch_groups", "edge_works", "estimate", "estimate_in", "estimate_of",
-    "fsdp_copy_rows", "gemm_compute_time", "gemm_kernel", "group_comm_time", "group_sizes", "issue_bound", "job_profile", "launches", "mma_flops_per_score", "layer_as_run",
+    "fsdp_copy_rows", "fp8_any_layout", "gemm_compute_time", "gemm_kernel", "group_comm_time", "group_sizes", "issue_bound", "job_profile", "launches", "mma_flops_per_score", "layer_as_run",
     "layer_key", "layer_phase_times", "local_sequence", "model_flops_per_sequence", "model_state_bytes", "moe_layer_groups",
     "moe_shape", "op_time", "plan_edge_works", "plan_flops_per_sequence", "plan_layer_work",
     "stage_profiles", "stage_time_s", "transfer_time", "work_times",

@@ -64,8 +64,8 @@ from sim.inputs.experts import Folding
 from sim.inputs.frameworks import framework_of
 from sim.program.dispatch import DISPATCH_GROUPS, default_layout, dispatch_groups, group_sizes, moe_shape
 from sim.program.workload_moe import MoeShape
-from sim.program.workload import (LayerRun, Work, head_work, layer_work, mtp_works, p2p_bytes, plan_edge_works,
-                                  plan_layer_work)
+from sim.program.workload import (LayerRun, Work, fp8_any_layout, head_work, layer_work, mtp_works, p2p_bytes,
+                                  plan_edge_works, plan_layer_work)
 
 _MATMUL = ("gemm", "attention")
 
@@ -199,7 +199,7 @@ def _layer_phase_times(model: ModelSpec, plan: ParallelPlan, profile: HardwarePr
     all of it for a ring shift) over the link its group crosses (NVLink inside a node,
     else the network). Ring attention's exchanges beside the attention compute are taken
     as hidden under it. ``layer``: its kinds under a layer pattern (``sim.inputs.layers``)."""
-    work, sizes, link = moe_layer_groups(model, plan, gpus_per_node, moe, layer)
+    work, sizes, link = moe_layer_groups(model, plan, gpus_per_node, moe, layer, profile)
     base = work_times(Work(work.name, tuple(i for i in work.items if getattr(i, "group", "tp") == "tp")),
                       profile, plan.tp, tp_link, dtype)
     out = {}
@@ -217,16 +217,18 @@ def _layer_phase_times(model: ModelSpec, plan: ParallelPlan, profile: HardwarePr
     return out
 
 
-def moe_layer_groups(model: ModelSpec, plan: ParallelPlan, gpus_per_node: int, moe: bool, layer=None):
+def moe_layer_groups(model: ModelSpec, plan: ParallelPlan, gpus_per_node: int, moe: bool, layer=None,
+                     profile: HardwareProfile | None = None):
     """(one layer's work under balanced routing, the size of each group its collectives run
     over, the link each group crosses: NVLink inside a node, else the network), the token
-    dispatcher's groups on nodes of ``gpus_per_node`` GPUs (``sim.program.dispatch``)."""
+    dispatcher's groups on nodes of ``gpus_per_node`` GPUs (``sim.program.dispatch``); ``profile``: the
+    GPU, for its FP8 kernels (``plan_layer_work``)."""
     b, t = plan.micro_batch_size, plan.tp
     tokens = b * model.seq_length // plan.cp // (t if plan.sp else 1)
     layout, sizes, link = _layer_groups(plan, gpus_per_node, moe)
     lid = next((i for i in range(model.num_layers) if model.is_moe_layer(i)), 0)
     shape = moe_shape(model, plan, lid, tokens * model.moe_router_topk, layout) if moe else None
-    work = plan_layer_work(model, plan, shape, layer)
+    work = plan_layer_work(model, plan, shape, layer, profile=profile)
     return work, dict(sizes), dict(link)
 
 
@@ -299,13 +301,13 @@ def _layer_times(model: ModelSpec, plan: ParallelPlan, profile: HardwareProfile,
         return work_times(work, profile, t, tp_link, dtype)
 
     if plan.cp == 1:
-        layer_t = phases(plan_layer_work(model, plan))
+        layer_t = phases(plan_layer_work(model, plan, profile=profile))
     else:
         layer_t = layer_phase_times(model, plan, profile, tp_link, gpus_per_node, dtype, False)
     moe_t = layer_phase_times(model, plan, profile, tp_link, gpus_per_node, dtype, True) if model.moe else layer_t
     # recompute method block: the dense layers past the first recompute_num_layers of a chunk do not recompute
     # (MoE layers and context parallelism are priced at the plan's granularity, an upper bound)
-    kept_t = phases(plan_layer_work(model, plan, recompute="none")) \
+    kept_t = phases(plan_layer_work(model, plan, recompute="none", profile=profile)) \
         if plan.recompute_method == "block" and plan.cp == 1 else layer_t
     if model.layers is not None:  # each distinct layer priced by its kinds
         kind_t = {lay: layer_phase_times(model, plan, profile, tp_link, gpus_per_node, dtype, lay.is_moe, lay)
@@ -313,7 +315,7 @@ def _layer_times(model: ModelSpec, plan: ParallelPlan, profile: HardwareProfile,
         layer_t = moe_t = kind_t[model.layer(0)]
     emb_t, head_t = (phases(w) for w in plan_edge_works(model, plan))
     for k in range(model.mtp_num_layers):  # multi-token prediction: its own work, and its layer's at its kind's
-        own, kind = phases(mtp_works(model, plan, k)[0]), moe_t if model.is_moe_layer(model.num_layers + k) else layer_t
+        own, kind = phases(mtp_works(model, plan, k, profile=profile)[0]), moe_t if model.is_moe_layer(model.num_layers + k) else layer_t
         head_t = {ph: tuple(a + b + c for a, b, c in zip(head_t[ph], own[ph], kind[ph])) for ph in head_t}
     return layer_t, moe_t, kept_t, kind_t, emb_t, head_t
 
@@ -404,7 +406,8 @@ def estimate_in(ctx: BuildContext, *, dtype: str = "bf16", flash_attention: bool
     }
     time["step"] = sum(time.values())
 
-    memories = [stage_memory_bytes(model, plan, stage, flash_attention) for stage in range(p)]
+    any_layout = fp8_any_layout(profile)
+    memories = [stage_memory_bytes(model, plan, stage, flash_attention, any_layout) for stage in range(p)]
     worst = max(range(p), key=lambda s: memories[s]["total"])
 
     seqs = plan.global_batch_size

@@ -155,9 +155,20 @@ Not modelled: userbuffers' atomic GEMMs, FP8 attention, FP8 weights
 (``fp8_param_gather``) under ``blockwise``, MXFP8 weights under ZeRO-3 (Megatron-FSDP turns
 ``reuse_grad_buf_for_mxfp8_param_ag`` off and gathers them otherwise), the other block-scaled
 recipes' scale handling before their GEMMs (NVFP4's swizzle, blockwise's conversion to MXFP8
-scales on Blackwell), and Blackwell's
-native column-wise access to per-tensor FP8 (TE 2.x drops the transposes there; the
-per-tensor recipes keep TE 1.13's Hopper path on every GPU).
+scales on Blackwell).
+
+Blackwell (``any_layout``: the profile's ``fp8_gemm_any_layout``) under Transformer Engine 2.0 or
+later (``Precision.makes_fp8_transposes``; the release and its sources are
+``sim.inputs.precision``'s ``NON_TN_FP8_SINCE``): a per-tensor FP8 tensor is one row-wise copy,
+which each GEMM reads in whichever layout it needs, so no FP8 transpose is made. Every cast above
+writes the one copy (``to_fp8``, read 2G write G, where Hopper's ``to_fp8_t`` writes 2G; a
+grouped GEMM's splits then cast one by one, TE's fused ``nvte_multi_cast_transpose`` wanting both
+copies), the weights are cast into one copy (``weight_to_fp8``, read 2 write 1 byte per
+parameter) or, kept in FP8 (``fp8_params``), used as they are, and the transposes of gathered
+inputs and output gradients (``<gemm>.wgrad.transpose``, ``<gemm>.dgrad.transpose``) and of the
+norms' FP8 outputs are not run; a rank holds one FP8 copy of each such weight, 1 byte a
+parameter (``weight_copy_bytes``; with FP8 weights, the FP8 weight alone). Hopper, and TE 1.x
+on any GPU, run the path above.
 """
 
 from __future__ import annotations
@@ -187,12 +198,15 @@ GEMM_KERNELS = {"fp8": ("fp8", "fp8"), "mxfp8": ("fp8", "mxfp8"), "nvfp4": ("fp4
 ``HardwareProfile.gemm_efficiency``)."""
 
 
-def weight_copy_bytes(recipe: Recipe) -> float:
+def weight_copy_bytes(recipe: Recipe, transposes: bool = True) -> float:
     """Bytes per GEMM weight parameter of TE's quantized weight copies under ``recipe``: the
     copy for the forward and the one for the input gradient (the transpose, or the
     column-wise copy), each with its block scales: 2 per-tensor, 2·(1 + 1/32) under
-    MXFP8, 2·(1 + 4/16384) under 128x128 blocks, 2·(1/2 + 1/256) under NVFP4."""
-    return 2 * recipe.copy_bytes(weight=True)
+    MXFP8, 2·(1 + 4/16384) under 128x128 blocks, 2·(1/2 + 1/256) under NVFP4. A per-tensor
+    weight without its transpose (``transposes`` False: ``Precision.makes_fp8_transposes``,
+    Blackwell under TE 2.0 or later) is the one copy: 1."""
+    copies = 2 if transposes or recipe.both_copies else 1
+    return copies * recipe.copy_bytes(weight=True)
 
 
 def gathered_weight_bytes(recipe: Recipe) -> float:
@@ -335,17 +349,21 @@ def _expert_cast_kernels(experts: int, suffix: str, recipe: Recipe) -> int:
 
 
 def fp8_layer_work(work, precision: Precision | None, tp: int = 1, sequence_parallel: bool = False,
-                   microbatches: int = 1, fp8_params: bool = False):
+                   microbatches: int = 1, fp8_params: bool = False, any_layout: bool = False):
     """One transformer layer's ``Work`` as TE runs it under ``precision`` (the module doc);
     ``work`` itself when it is None (BF16). ``sequence_parallel``: in effect (tp > 1);
     ``microbatches``: the m that share each step's weight casts; ``fp8_params``: the
     weights are kept in FP8 (``--fp8-param-gather``), so each step only transposes them
-    (MXFP8 weights: gathered in BF16 and quantized into both copies, as without them)."""
+    (MXFP8 weights: gathered in BF16 and quantized into both copies, as without them);
+    ``any_layout``: the GPU's FP8 GEMMs take any operand layout (``HardwareProfile.fp8_gemm_any_layout``),
+    so that a per-tensor recipe under TE 2.0 or later makes no FP8 transposes (module doc)."""
     if precision is None:
         return work
     require(isinstance(microbatches, int) and microbatches > 0, "microbatches", microbatches,
             "expected an integer > 0")
     r = precision.recipe
+    tr = precision.makes_fp8_transposes(any_layout)  # per-tensor copies cast with their transposes
+    cast_t = "to_fp8_t" if tr else "to_fp8"  # a cast whose copy the weight gradient reads too
     sp = sequence_parallel and tp > 1
     norms = set(NORM_FUSED.values())
     out: list = []
@@ -371,10 +389,10 @@ def fp8_layer_work(work, precision: Precision | None, tp: int = 1, sequence_para
             pre = []
             x = m * k * it.batch
             if base in ROW_PARALLEL or expert:
-                pre += _cast(it, "to_fp8" if gsp else "to_fp8_t", r, BF16_BYTES * x, x)
+                pre += _cast(it, "to_fp8" if gsp else cast_t, r, BF16_BYTES * x, x)
             elif not r.history:  # the norm wrote BF16: the local shard is cast
                 local = x / tp if sp else x
-                pre += _cast(it, "to_fp8" if sp else "to_fp8_t", r, BF16_BYTES * local, local, gathered=sp,
+                pre += _cast(it, "to_fp8" if sp else cast_t, r, BF16_BYTES * local, local, gathered=sp,
                              amax_known=True)
             if not it.recompute:
                 w = k * n * it.batch / microbatches
@@ -382,14 +400,16 @@ def fp8_layer_work(work, precision: Precision | None, tp: int = 1, sequence_para
                 # a grouped GEMM's one kernel per expert weight: per micro-batch, ceil(kernels / microbatches)
                 wt = replace(it, kernels=-(-it.kernels // microbatches))
                 if fp8_params and not r.both_copies:  # the FP8 weight is the parameter: only its transpose is made
-                    pre.append(_memory(wt, "weight_transpose", FP8_BYTES * w, FP8_BYTES * w))
+                    if tr:
+                        pre.append(_memory(wt, "weight_transpose", FP8_BYTES * w, FP8_BYTES * w))
                 else:
                     if r.amax_pass:
                         pre.append(_memory(wt, "weight_amax", BF16_BYTES * w, 0.0))
                     if r.both_copies:
                         pre.append(_memory(wt, "weight_quantize", BF16_BYTES * w, 2 * r.copy_bytes(weight=True) * w))
                     else:
-                        pre.append(_memory(wt, "weight_to_fp8_t", BF16_BYTES * w, 2 * FP8_BYTES * w))
+                        copies = 2 if tr else 1
+                        pre.append(_memory(wt, f"weight_{cast_t}", BF16_BYTES * w, copies * FP8_BYTES * w))
             _insert_before(out, pre + _swizzle(it, gemm, r))
             out.append(gemm)
         elif role == "dgrad":
@@ -398,15 +418,15 @@ def fp8_layer_work(work, precision: Precision | None, tp: int = 1, sequence_para
                 _insert_before(out, _cast(it, "to_fp8", r, BF16_BYTES * g / tp, g / tp, gathered=True)
                                + _swizzle(it, gemm, r))
                 out.append(gemm)
-                if not r.both_copies:
+                if tr:
                     out.append(_memory(it, "transpose", FP8_BYTES * g, FP8_BYTES * g))
             else:
-                _insert_before(out, _cast(it, "to_fp8_t", r, BF16_BYTES * g, g) + _swizzle(it, gemm, r))
+                _insert_before(out, _cast(it, cast_t, r, BF16_BYTES * g, g) + _swizzle(it, gemm, r))
                 out.append(gemm)
         else:  # wgrad
             _insert_before(out, _swizzle(it, gemm, r))
             out.append(gemm)
-            if not r.both_copies and ((base in NORM_FUSED and r.history) or gsp):
+            if tr and ((base in NORM_FUSED and r.history) or gsp):
                 x = m * k * it.batch  # the saved FP8 input, inputs x tokens
                 out.append(_memory(it, "transpose", FP8_BYTES * x, FP8_BYTES * x))
     return replace(work, items=tuple(out))

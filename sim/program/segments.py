@@ -74,7 +74,7 @@ class StepSegments:
         """(layer id, Work) of a virtual stage in forward order: -1 embedding, L the head,
         L + 1 + k multi-token-prediction module k (``mb``: the micro-batch, for the expert
         loads of uneven routing)."""
-        works = chunk_work(self.model, self.plan, stage, mb, self.routing, self.layout)
+        works = chunk_work(self.model, self.plan, stage, mb, self.routing, self.layout, self.profile)
         ids = list(self.plan.layer_range(self.model, stage))
         out, k, mtp = [], 0, self.model.num_layers + 1
         for w in works:

@@ -62,7 +62,7 @@ def head_cost(model: ModelSpec, plan: ParallelPlan, profile: HardwareProfile) ->
     price of a layer of its kind)."""
     total = _total(plan_edge_works(model, plan)[1], plan, profile)
     for k in range(model.mtp_num_layers):
-        module, _ = mtp_works(model, plan, k)
+        module, _ = mtp_works(model, plan, k, profile=profile)
         total += _total(module, plan, profile) + _layer_cost(model, plan, profile, model.is_moe_layer(
             model.num_layers + k))
     return total
@@ -74,7 +74,7 @@ def _layer_cost(model: ModelSpec, plan: ParallelPlan, profile: HardwareProfile, 
     with context parallelism a dense one too, as the estimate prices it (``work_times`` prices
     only tensor-parallel collectives, and the layer's ring-attention exchanges run over cp)."""
     if not moe and plan.cp == 1:
-        return _total(plan_layer_work(model, plan), plan, profile)
+        return _total(plan_layer_work(model, plan, profile=profile), plan, profile)
     return sum(c + x for c, x in layer_phase_times(model, plan, profile, "nvlink", 8, "bf16", moe).values())
 
 

@@ -513,7 +513,8 @@ def memory(ctx: BuildContext, draft: Draft) -> Draft:
     recompute, or selective recompute of modules, a layer's working set during backward); the bytes are
     ``sim.program.memory``'s."""
     model, plan = ctx.model, ctx.plan
-    resident = [stage_resident_bytes(model, plan, s, ctx.profile.memory_reserve_bytes) for s in range(plan.pp)]
+    resident = [stage_resident_bytes(model, plan, s, ctx.profile.memory_reserve_bytes,
+                                     ctx.profile.fp8_gemm_any_layout) for s in range(plan.pp)]
     chunk = [chunk_activation_parts(model, plan, vs) for vs in range(plan.pp * plan.vpp)]
     stage_of: dict[str, int] = {}
 

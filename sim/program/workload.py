@@ -425,7 +425,7 @@ def head_work(model: ModelSpec, micro_batch: int, tp: int = 1, sequence_parallel
 
 
 def chunk_work(model: ModelSpec, plan: ParallelPlan, virtual_stage: int, mb: int | None = None,
-               routing=None, layout=None) -> list:
+               routing=None, layout=None, profile=None) -> list:
     """The works of one model chunk in execution order: the embedding (virtual stage 0
     only), its layers (``plan.stage_layers(model)`` of them, so uneven splits are
     honoured; dense layers share one ``Work``) and the head with the loss (last virtual
@@ -433,7 +433,8 @@ def chunk_work(model: ModelSpec, plan: ParallelPlan, virtual_stage: int, mb: int
     interleaved assignment). A mixture of experts' layers take the busiest expert rank's
     tokens of micro-batch ``mb`` from ``routing`` (``sim.program.routing.Routing``), or the
     balanced load without them, moved by the plan's token dispatcher on the expert-parallel
-    group's ``layout`` (``sim.program.dispatch``; default: nodes of 8 GPUs)."""
+    group's ``layout`` (``sim.program.dispatch``; default: nodes of 8 GPUs). ``profile``: the
+    GPU that runs it, for the FP8 kernels that depend on it (``plan_layer_work``)."""
     n = plan.pp * plan.vpp
     require(isinstance(virtual_stage, int) and 0 <= virtual_stage < n, "virtual_stage", virtual_stage,
             f"expected 0..{n - 1} (pp x vpp = {plan.pp} x {plan.vpp})")
@@ -448,17 +449,17 @@ def chunk_work(model: ModelSpec, plan: ParallelPlan, virtual_stage: int, mb: int
                 model.moe_router_topk
             moe = moe_shape(model, plan, lid, load, layout, routing)
         works.append(plan_layer_work(model, plan, moe, model.layers[lid] if model.layers is not None else None,
-                                     recompute=layer_recompute(plan, pos)))
+                                     recompute=layer_recompute(plan, pos), profile=profile))
     embedding, head = plan_edge_works(model, plan)  # the embedding and the head see the rank's tokens only
     if virtual_stage == 0:
         works.insert(0, embedding)
     if virtual_stage == n - 1:
-        works += [mtp_work(model, plan, k, layout) for k in range(model.mtp_num_layers)]
+        works += [mtp_work(model, plan, k, layout, profile) for k in range(model.mtp_num_layers)]
         works.append(head)
     return works
 
 
-def mtp_works(model: ModelSpec, plan: ParallelPlan, k: int, layout=None) -> tuple[Work, Work]:
+def mtp_works(model: ModelSpec, plan: ParallelPlan, k: int, layout=None, profile=None) -> tuple[Work, Work]:
     """Multi-token-prediction module ``k`` as ``plan`` runs it on the last virtual stage:
     (its own work, its transformer layer's). DeepSeek-V3 (arXiv 2412.19437 §2.2, Eqs. 21-23):
     h'ᵢᵏ = Mₖ[RMSNorm(hᵢᵏ⁻¹); RMSNorm(Emb(tᵢ₊ₖ))], hᵏ = TRMₖ(h'ᵏ), Pᵏ = OutHead(hᵏ), the
@@ -479,7 +480,7 @@ def mtp_works(model: ModelSpec, plan: ParallelPlan, k: int, layout=None) -> tupl
     proj = _mtp_projection(local, b, t, plan.sequence_parallel)
     items = tuple(replace(i, name=f"mtp.{i.name}") for i in embedding.items + proj.items + head.items)
     return Work("mtp", items), plan_layer_work(model, plan, moe, model.layer(lid) if model.layers is not None else None,
-                                               recompute=mtp_recompute(plan))
+                                               recompute=mtp_recompute(plan), profile=profile)
 
 
 def _mtp_projection(m: ModelSpec, b: int, t: int, sequence_parallel: bool, dtype_bytes: int = 2) -> Work:
@@ -516,11 +517,11 @@ def _mtp_projection(m: ModelSpec, b: int, t: int, sequence_parallel: bool, dtype
     return w.build()
 
 
-def mtp_work(model: ModelSpec, plan: ParallelPlan, k: int, layout=None) -> Work:
+def mtp_work(model: ModelSpec, plan: ParallelPlan, k: int, layout=None, profile=None) -> Work:
     """``mtp_works`` as one piece of the chunk, in the order it runs: in forward the
     embedding, norms and projection, the layer, the output head and loss; in backward the
     reverse; then the weight gradients."""
-    own, layer = mtp_works(model, plan, k, layout)
+    own, layer = mtp_works(model, plan, k, layout, profile)
     head = [i for i in own.items if i.name.startswith(("mtp.head.", "mtp.loss"))]
     pre = [i for i in own.items if i not in head]
     items = []
@@ -548,14 +549,23 @@ def edge_works(model: ModelSpec, b: int, t: int, sp: bool, cross_entropy: str = 
 
 
 def plan_layer_work(model: ModelSpec, plan: ParallelPlan, moe: MoeShape | None = None,
-                    layer: Layer | None = None, recompute: str | None = None) -> Work:
+                    layer: Layer | None = None, recompute: str | None = None, profile=None) -> Work:
     """One layer's work as ``plan`` runs it (``layer_work``, then FP8 casts and unfused
     gradient accumulation as the plan says); ``moe``: its expert shape, None for dense;
     ``layer``: its kinds (``sim.inputs.layers``; None: the model's standard layer);
     ``recompute``: the layer's own granularity under a recompute method
-    (``sim.inputs.recompute.layer_recompute``), default the plan's."""
+    (``sim.inputs.recompute.layer_recompute``), default the plan's; ``profile``: the GPU that runs
+    it, whose ``fp8_gemm_any_layout`` decides whether per-tensor FP8 makes transposes
+    (``sim.program.fp8``; None: a GPU whose FP8 GEMMs take TN operands only, Hopper's)."""
     s = plan.sections
-    return layer_as_run(model, s.parallelism, s.recompute.at(recompute), s.precision, s.framework, moe, layer)
+    return layer_as_run(model, s.parallelism, s.recompute.at(recompute), s.precision, s.framework, moe, layer,
+                        any_layout=fp8_any_layout(profile))
+
+
+def fp8_any_layout(profile) -> bool:
+    """Whether ``profile``'s FP8 GEMMs take any operand layout (``HardwareProfile.fp8_gemm_any_layout``);
+    False for None."""
+    return profile is not None and profile.fp8_gemm_any_layout
 
 
 def local_sequence(model: ModelSpec, cp: int) -> ModelSpec:
@@ -565,17 +575,19 @@ def local_sequence(model: ModelSpec, cp: int) -> ModelSpec:
 
 @lru_cache(maxsize=4096)
 def layer_as_run(model: ModelSpec, par: ParallelismPlan, rec: RecomputePlan, prec: PrecisionPlan,
-                 fw: FrameworkPlan, moe: MoeShape | None = None, layer: Layer | None = None) -> Work:
+                 fw: FrameworkPlan, moe: MoeShape | None = None, layer: Layer | None = None,
+                 any_layout: bool = False) -> Work:
     """``plan_layer_work`` from the plan's sections (``sim.inputs.plan_sections``), cached on
     them: ``layer_work`` on the rank's micro-batch, tp and cp share with ``rec``'s recompute and
     ``fw``'s attention, its attention run by ``fw``'s kernel (``with_attention_kernel``), then
-    the casts of ``prec``'s precision over ``par``'s micro-batches (``sim.program.fp8``) and
-    unfused gradient accumulation (``accumulate_wgrads``)."""
+    the casts of ``prec``'s precision over ``par``'s micro-batches on a GPU whose FP8 GEMMs take
+    any layout or not (``any_layout``, ``sim.program.fp8``) and unfused gradient accumulation
+    (``accumulate_wgrads``)."""
     t, sp = par.tp, par.sequence_parallel
     work = with_attention_kernel(layer_work(model, LayerRun.of(par, rec, fw), moe, layer), fw.kernel)
     work = with_eager_rope(work, model, par.micro_batch_size, t, framework_named(fw.framework).eager_rope)
-    return accumulate_wgrads(fp8_layer_work(work, prec.precision, t, sp, par.num_microbatches, prec.fp8_param_gather),
-                             fw.gradient_accumulation_fusion)
+    return accumulate_wgrads(fp8_layer_work(work, prec.precision, t, sp, par.num_microbatches, prec.fp8_param_gather,
+                                            any_layout), fw.gradient_accumulation_fusion)
 
 
 def p2p_bytes(model: ModelSpec, micro_batch: int, tp: int = 1, sequence_parallel: bool = False,

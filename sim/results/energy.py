@@ -198,7 +198,7 @@ def step_compute_fractions(model, plan, profile) -> Callable[[Span], float]:
         key = (stage, kind)
         if key not in cache:
             bound = total = 0.0
-            for work in chunk_work(model, plan, stage):
+            for work in chunk_work(model, plan, stage, profile=prof):
                 for phase in phases[kind]:
                     for op in work.ops(phase):
                         t = op_time(op, prof)

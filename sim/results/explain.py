@@ -132,7 +132,7 @@ def explain(model: ModelSpec, plan: ParallelPlan, profile: HardwareProfile, gpus
     b, t = plan.micro_batch_size, plan.tp
     local = local_sequence(model, plan.cp)
     embedding, head = plan_edge_works(model, plan)
-    works = {"layer": plan_layer_work(model, plan)} if model.layers is None else {}
+    works = {"layer": plan_layer_work(model, plan, profile=profile)} if model.layers is None else {}
     works.update(embedding=embedding, head=head)
     counts: dict = {}
     groups = {"cp": plan.cp_group(0)}
@@ -144,14 +144,14 @@ def explain(model: ModelSpec, plan: ParallelPlan, profile: HardwareProfile, gpus
         lid = next(i for i in range(model.num_layers) if model.is_moe_layer(i))
         moe = moe_shape(model, plan, lid, tokens * model.moe_router_topk, layout)
         if model.layers is None:
-            works["moe layer"] = plan_layer_work(model, plan, moe)
+            works["moe layer"] = plan_layer_work(model, plan, moe, profile=profile)
         fold = Folding(plan)
         groups.update(ep=fold.ep_group(0), etp=fold.etp_group(0))
         sizes = group_sizes(plan, layout)
         groups.update({g: dispatch_groups(fold, 0, lambda r: r // gpus_per_node)[g] for g in sizes if sizes[g] > 1})
     if model.layers is not None:  # a layer pattern (sim.inputs.layers): one part per distinct layer, in stack order
         for k, lay in enumerate(model.layer_kinds):
-            works[f"layer {k + 1}"] = plan_layer_work(model, plan, moe if lay.is_moe else None, lay)
+            works[f"layer {k + 1}"] = plan_layer_work(model, plan, moe if lay.is_moe else None, lay, profile=profile)
             counts[f"layer {k + 1}"] = (lay.describe(), model.layers.count(lay), lay.is_moe)
     links = {k: "nvlink" if len({r // gpus_per_node for r in g}) == 1 else "ib" for k, g in groups.items()}
     parts = {name: _part(w, plan, link, profile, links, sizes) for name, w in works.items()}

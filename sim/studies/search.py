@@ -94,7 +94,7 @@ from functools import lru_cache
 
 from sim.program.api import (
     auto_layer_split, BuildContext, default_layout, edge_works, estimate_of, Estimate,
-    group_comm_time, layer_as_run, layer_key, layer_phase_times, moe_layer_groups, plan_edge_works, transfer_time, work_times,
+    fp8_any_layout, group_comm_time, layer_as_run, layer_key, layer_phase_times, moe_layer_groups, plan_edge_works, transfer_time, work_times,
 )
 from sim.errors import InputError, require
 from sim.inputs.hardware import HardwareProfile
@@ -302,7 +302,7 @@ def _phases(model: ModelSpec, profile: HardwareProfile, tp_link: str, par: Paral
     def times(work):
         return work_times(work, profile, t, tp_link)
 
-    layer = times(layer_as_run(model, par, rec, prec, fw))
+    layer = times(layer_as_run(model, par, rec, prec, fw, any_layout=fp8_any_layout(profile)))
     emb, head = (times(w) for w in edge_works(model, b, t, sp, fw.cross_entropy, fw.gradient_accumulation_fusion))
     return tuple((ph, sum(layer[ph]), sum(emb[ph]), sum(head[ph]), sum(layer[ph])) for ph in ("F", "B", "W"))
 
@@ -354,7 +354,7 @@ def _ep_times(model, plan, profile, gpus_per_node) -> dict:
     out = {ph: (0.0, 0.0) for ph in ("F", "B", "W")}
     if not model.moe or plan.ep == 1:
         return out
-    work, sizes, link = moe_layer_groups(model, plan, gpus_per_node, True)
+    work, sizes, link = moe_layer_groups(model, plan, gpus_per_node, True, profile=profile)
     group = Folding(plan).ep_group(0) if not plan.token_dispatcher.gathers else Folding(plan).tp_ep_group(0)
     n, k = len(group), sum(1 for r in group if r // gpus_per_node == group[0] // gpus_per_node)
     for ph in out:

@@ -40,13 +40,15 @@ from sim.program.memory.states import (
 )
 
 
-def stage_resident_bytes(model: ModelSpec, plan: ParallelPlan, stage: int, reserve_bytes: float) -> dict:
+def stage_resident_bytes(model: ModelSpec, plan: ParallelPlan, stage: int, reserve_bytes: float,
+                         any_layout: bool = False) -> dict:
     """Bytes per category a rank of pipeline stage ``stage`` holds from the start of the
     iteration: its sharded model states (none of the optimizer's when it is offloaded),
     under FP8 Transformer Engine's FP8 weight copies (with the parameters), and
     ``reserve_bytes``."""
     st = stage_model_states(model, plan, stage)
-    out = {"parameters": st.params_bytes + fp8_weight_copy_bytes(model, plan, stage), "gradients": st.grads_bytes,
+    out = {"parameters": st.params_bytes + fp8_weight_copy_bytes(model, plan, stage, any_layout),
+           "gradients": st.grads_bytes,
            "optimizer": 0.0 if plan.offload_optimizer else st.optimizer_bytes,
            "reserve": reserve_bytes}
     buffers = plan.sharding.bucket_buffers
@@ -103,12 +105,13 @@ def zero3_layer_gather_params(model: ModelSpec, plan: ParallelPlan) -> float:
 
 
 def stage_memory_bytes(model: ModelSpec, plan: ParallelPlan, stage: int,
-                       flash_attention: bool | None = None) -> dict:
+                       flash_attention: bool | None = None, any_layout: bool = False) -> dict:
     """The estimate's peak on a rank of pipeline stage ``stage``, bytes: weights,
     gradients, optimizer, activations, temporaries and their total."""
     params = stage_params_per_rank(model, plan, stage)
     states = stage_model_states(model, plan, stage)
-    mem = {"weights": states.params_bytes + fp8_weight_copy_bytes(model, plan, stage), "gradients": states.grads_bytes,
+    mem = {"weights": states.params_bytes + fp8_weight_copy_bytes(model, plan, stage, any_layout),
+           "gradients": states.grads_bytes,
            "optimizer": states.optimizer_bytes,
            "activations": stage_activation_bytes(model, plan, stage, flash_attention),
            "temporaries": zero_temporary_bytes(model, plan, params, stage_param_split(model, plan, stage))}

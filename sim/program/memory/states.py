@@ -173,7 +173,7 @@ def fp8_layer_weights(model: ModelSpec, tp: int, layer: int) -> float:
     return (attention + (0 if model.is_moe_layer(layer) else mlp)) / tp
 
 
-def fp8_weight_copy_bytes(model: ModelSpec, plan: ParallelPlan, stage: int) -> float:
+def fp8_weight_copy_bytes(model: ModelSpec, plan: ParallelPlan, stage: int, any_layout: bool = False) -> float:
     """The FP8 weight copies (``weight_copy_bytes`` of the plan's recipe per parameter, ``fp8_layer_weights``)
     of the layers a rank of pipeline stage ``stage`` holds; not sharded by ZeRO (they are
     TE's buffers). 0 in BF16; under NVFP4 2·(1/2 + 1/256) bytes. With FP8 weights (``fp8_param_gather``) the copies take
@@ -181,10 +181,14 @@ def fp8_weight_copy_bytes(model: ModelSpec, plan: ParallelPlan, stage: int) -> f
     2 bytes counts: 0 per-tensor (the FP8 weight and its transpose), 2·(1 + 1/32) − 2 under
     MXFP8 (both copies with their scales; the BF16 gather lives in the gradient buffer,
     ``sim.program.fp8``'s module doc). The routed experts' GEMMs run in FP8 too: their
-    weights (``stage_param_split``'s expert share) have copies as well."""
+    weights (``stage_param_split``'s expert share) have copies as well. On a GPU whose FP8
+    GEMMs take any layout (``any_layout``) a per-tensor weight under TE 2.0 or later has no
+    transpose (``Precision.makes_fp8_transposes``): 1 byte a parameter, and with FP8 weights
+    1 − 2 (the FP8 weight alone where the 16-bit one is counted)."""
     if plan.precision is None:
         return 0.0
-    per_param = weight_copy_bytes(plan.precision.recipe) - (BF16_BYTES if plan.fp8_param_gather else 0)
+    transposes = plan.precision.makes_fp8_transposes(any_layout)
+    per_param = weight_copy_bytes(plan.precision.recipe, transposes) - (BF16_BYTES if plan.fp8_param_gather else 0)
     ids = [i for c in range(plan.vpp) for i in plan.layer_range(model, c * plan.pp + stage)]
     experts = stage_param_split(model, plan, stage)[1]
     return per_param * (sum(fp8_layer_weights(model, plan.tp, i) for i in ids) + experts)
