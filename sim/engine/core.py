@@ -210,8 +210,12 @@ class _Engine:
         is sealed (``Network.seal``). Each matched pair's entry in ``p2p`` is made here, with
         its route, so the run need not look it up (``sim.engine.program_index``: ``pairs``)."""
         acts, plan = self._acts, self._coll.plan_steps
+        planned: set[int] = set()  # (ids: the members of a collective share its action, planned once)
         for i in self._collectives:
-            plan(acts[i])
+            a = acts[i]
+            if id(a) not in planned:
+                planned.add(id(a))
+                plan(a)
         p2p, route, rank_of = self._p2p, self.net.route, self._rank_of
         made: dict[int, dict] = {}  # source -> destination -> route (int keys: no pair tuple, no call per send)
         for si, ri, nbytes, label in zip(*self._pairs):  # in the sends' index order: routes made as they come
