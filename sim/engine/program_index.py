@@ -192,7 +192,6 @@ def _index(ix: ProgramIndex, program: Program) -> None:
     nxt_o = np.empty(n, dtype=object)  # (the rows' own int objects: see the module doc)
     slow_a = np.zeros(n, dtype=np.uint8)
     srcs, dsts = [], []
-    crossing = []  # (template list, shape, ranks, indices) of the classes with positions that name another rank
     streams: list[tuple[int, str]] = []
     members: list[list[int]] = []
     pos_of: dict[int, dict[str, int]] = {}
@@ -235,7 +234,19 @@ def _index(ix: ProgramIndex, program: Program) -> None:
             local_of[r] = row
             stream_of[r] = [(name, list(map(row.__getitem__, ks))) for name, ks in zip(shape.names, shape.slots)]
         if shape.cross:
-            crossing.append((lst, shape, rs, at))  # (resolved below, once every rank's table exists)
+            cross_src, cross_dst = [], []
+            for r in rs:
+                lst_r, row = actions[r], local_of[r]
+                for k in shape.cross:
+                    for d in lst_r[k].deps:
+                        j = row[pos_of[r][d]] if d.__class__ is str else None
+                        if j is None:
+                            dr, dn = d
+                            j = ("x", dr, dn)
+                        cross_src.append(j)
+                        cross_dst.append(row[k])
+            srcs.append(cross_src)  # (resolved below, once every rank's table exists)
+            dsts.append(cross_dst)
     for r in ranks:
         for name, mine in stream_of[r]:
             streams.append((r, name))
@@ -243,26 +254,15 @@ def _index(ix: ProgramIndex, program: Program) -> None:
     # (the arrays are freed on return, together: freed here, before the lists below are made,
     # glibc would take those from its heap, not map them, and the run's end keep 45 MB more)
     nxt, acts, rank_of, shown = nxt_o.tolist(), acts_o.tolist(), rank_o.tolist(), shown_o.tolist()
-    # The dependencies of the positions that name another rank: those on the rank's own
-    # actions (names, the same on every rank of the class) at once, as above; those on
-    # another rank's action one by one, from each rank's own (their ranks differ).
-    for lst, shape, rs, at in crossing:
-        cross_src, cross_dst = [], []
-        for k in shape.cross:
-            own = [shape.pos[d] for d in lst[k].deps if d.__class__ is str]
-            if own:
-                srcs.append(at[:, own].ravel())
-                dsts.append(np.repeat(at[:, k], len(own)))
-            other = [q for q, d in enumerate(lst[k].deps) if d.__class__ is not str]
-            for r, row in zip(rs, at[:, k].tolist()):
-                deps = actions[r][k].deps
-                for q in other:
-                    dr, dn = deps[q]
-                    cross_src.append(local_of[dr][pos_of[dr][dn]])
-                    cross_dst.append(row)
-        srcs.append(np.array(cross_src, dtype=np.int64))
-        dsts.append(np.array(cross_dst, dtype=np.int64))
-    src_all, dst_all = srcs, dsts
+    src_all: list[int] = []
+    dst_all: list[int] = []
+    for s_, d_ in zip(srcs, dsts):
+        if isinstance(s_, list):
+            s_ = np.array([j if j.__class__ is not tuple else local_of[j[1]][pos_of[j[1]][j[2]]] for j in s_],
+                          dtype=np.int64)
+            d_ = np.array(d_, dtype=np.int64)
+        src_all.append(s_)
+        dst_all.append(d_)
     dependents: list = [None] * n
     if src_all:
         src = np.concatenate(src_all)
@@ -310,7 +310,6 @@ def _match(ix: ProgramIndex, program: Program) -> None:
     needed: dict[tuple, int] = {}  # the groups of collective and comm actions, in order met: simulated members
     barrier_of: list = [None] * n
     barriers: dict[tuple, list] = {}
-    barrier_by_action: dict[int, list | None] = {}  # id(comm action) -> its barrier (None: none)
     colls: list[int] = []
     for shape, rs, at in ix.shapes:
         if not shape.coll and not shape.comm:
@@ -338,12 +337,6 @@ def _match(ix: ProgramIndex, program: Program) -> None:
                 colls.append(i)
             for k in comm_ks:  # a grouped comm's barrier, shared by its members (made as met: no second pass)
                 a = lst[k]
-                b = barrier_by_action.get(id(a), barrier_by_action)
-                if b is not barrier_by_action:  # (the same object met on another member: the same barrier)
-                    if b is not None:
-                        barrier_of[row[k]] = b
-                    continue
-                barrier_by_action[id(a)] = None
                 g = a.group
                 need = needed.get(g)
                 if need is None:
@@ -356,7 +349,7 @@ def _match(ix: ProgramIndex, program: Program) -> None:
                     b = barriers.get(key)
                     if b is None:
                         b = barriers[key] = [need, []]
-                    barrier_of[row[k]] = barrier_by_action[id(a)] = b
+                    barrier_of[row[k]] = b
     ix.key_of, ix.partner, ix.p2p, ix.needed, ix.barrier_of = key_of, partner, p2p, needed, barrier_of
     ix.collectives = sorted(colls)
     ix.shapes = None
