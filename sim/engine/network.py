@@ -477,19 +477,20 @@ class Network:
             links |= frontier
         if not flows:
             return
-        for f in flows:  # bring progress up to now at the old rate
-            if f.rate > 0:
-                f.remaining -= f.rate * (now - f.last_t)
-            f.last_t = now
         if len(flows) == 1:  # alone: its route's bottleneck (what progressive filling gives)
             (f,) = flows
             rates = [f.bottleneck]
         else:
-            rates = self._rates(flows, links)
-        # (only flows whose rate changes draw timers; sorted, they draw them in a fixed order)
+            rates = self._rates(flows, links)  # (which reads no flow's progress or rate)
+        # Each flow's progress brought up to now at its old rate; only flows whose rate
+        # changes draw timers, sorted, so that they draw them in a fixed order.
         changed = []
         for f, r in zip(flows, rates):  # (the set read in the same order as by _rates)
-            if r != f.rate:
+            old = f.rate
+            if old > 0:
+                f.remaining -= old * (now - f.last_t)
+            f.last_t = now
+            if r != old:
                 f.rate = r
                 f.version += 1
                 changed.append(f)
