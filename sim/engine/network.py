@@ -510,8 +510,8 @@ class Network:
 
     def _rates(self, flows: set[_Flow], links: set[int]) -> list[float]:
         """``_max_min_rates`` of a component, as a list in the order the set ``flows`` is
-        read (unchanged meanwhile, a set is read in one order), kept for the next component that is the
-        same: without bundles, a component's rates depend only on how many of its flows
+        read (a set left unchanged is read in one order), kept for the next component that
+        is the same: without bundles, a component's rates depend only on how many of its flows
         take each route (a flow's links; flows on the same links are frozen together, so
         they get the same rate) and on the links' capacities, which do not change once
         set. A training step repeats a few shapes: the gradient buckets' all-reduces meet
