@@ -34,7 +34,7 @@ from sim.engine.gpu_speed import slow_down
 from sim.engine.kernel import Calls, CheckingEnvironment, Environment
 from sim.engine.network import Network
 from sim.engine.slowdown import Slowdown
-from sim.engine.program_index import index_program
+from sim.engine.program_index import consume, index_program
 from sim.errors import DeadlockError, InputError
 from sim.gc_tuning import simulation_pause
 from sim.inputs.topology import Topology
@@ -210,19 +210,24 @@ class _Engine:
         is sealed (``Network.seal``). Each matched pair's entry in ``p2p`` is made here, with
         its route, so the run need not look it up (``sim.engine.program_index``: ``pairs``)."""
         acts, plan = self._acts, self._coll.plan_steps
+        planned: set[int] = set()  # (ids: the members of a collective share its action, planned once)
         for i in self._collectives:
-            plan(acts[i])
+            a = acts[i]
+            if id(a) not in planned:
+                planned.add(id(a))
+                plan(a)
         p2p, route, rank_of = self._p2p, self.net.route, self._rank_of
-        made: dict[int, dict] = {}  # source -> destination -> route (int keys: no pair tuple, no call per send)
-        for si, ri, nbytes, label in zip(*self._pairs):  # in the sends' index order: routes made as they come
-            src, dst = rank_of[si], rank_of[ri]  # (rank_of's int objects, not one more per pair)
-            mine = made.get(src)
-            if mine is None:
-                mine = made[src] = {}
-            r = mine.get(dst)
-            if r is None:
-                r = mine[dst] = route(src, dst)
-            p2p[si] = p2p[ri] = (si, ri, src, dst, nbytes, label, r)
+        sends, recvs, nbytes, labels = self._pairs
+        srcs = list(map(rank_of.__getitem__, sends))  # (rank_of's int objects, not one more per pair)
+        dsts = list(map(rank_of.__getitem__, recvs))
+        pairs = list(zip(srcs, dsts))
+        made = dict.fromkeys(pairs)  # each (source, destination) once, in the sends' index order
+        for pair in made:  # (routes made in the order they come, as one by one)
+            made[pair] = route(*pair)
+        entries = list(zip(sends, recvs, srcs, dsts, nbytes, labels, map(made.__getitem__, pairs)))
+        del pairs, made
+        consume(map(p2p.__setitem__, sends, entries))  # (set in C: no Python step per pair)
+        consume(map(p2p.__setitem__, recvs, entries))
         self._pairs = None  # (made: its lists are not kept through the run)
         self.net.seal()  # (every route is made: bundles may fold the links only they cross)
 

@@ -477,20 +477,26 @@ class Network:
             links |= frontier
         if not flows:
             return
-        for f in flows:  # bring progress up to now at the old rate
-            if f.rate > 0:
-                f.remaining -= f.rate * (now - f.last_t)
-            f.last_t = now
         if len(flows) == 1:  # alone: its route's bottleneck (what progressive filling gives)
             (f,) = flows
-            new_rate = {f: f.bottleneck}
+            rates = [f.bottleneck]
         else:
-            new_rate = self._rates(flows, links)
-        # (only flows whose rate changes draw timers; sorted, they draw them in a fixed order)
-        for f in sorted([f for f in flows if new_rate[f] != f.rate], key=_flow_key):
-            r = new_rate[f]
-            f.rate = r
-            f.version += 1
+            rates = self._rates(flows, links)  # (which reads no flow's progress or rate)
+        # Each flow's progress brought up to now at its old rate; only flows whose rate
+        # changes draw timers, sorted, so that they draw them in a fixed order.
+        changed = []
+        for f, r in zip(flows, rates):  # (the set read in the same order as by _rates)
+            old = f.rate
+            if old > 0:
+                f.remaining -= old * (now - f.last_t)
+            f.last_t = now
+            if r != old:
+                f.rate = r
+                f.version += 1
+                changed.append(f)
+        changed.sort(key=_flow_key)
+        for f in changed:
+            r = f.rate
             left = max(f.remaining, 0.0)
             delay = left / r if r > 0 else math.inf
             if math.isinf(delay):
@@ -502,9 +508,10 @@ class Network:
     RECENT = 16
     """How many components' rates ``_rates`` keeps (the last ones met)."""
 
-    def _rates(self, flows: set[_Flow], links: set[int]) -> dict:
-        """``_max_min_rates`` of a component, kept for the next component that is the
-        same: without bundles, a component's rates depend only on how many of its flows
+    def _rates(self, flows: set[_Flow], links: set[int]) -> list[float]:
+        """``_max_min_rates`` of a component, as a list in the order the set ``flows`` is
+        read (a set left unchanged is read in one order), kept for the next component that
+        is the same: without bundles, a component's rates depend only on how many of its flows
         take each route (a flow's links; flows on the same links are frozen together, so
         they get the same rate) and on the links' capacities, which do not change once
         set. A training step repeats a few shapes: the gradient buckets' all-reduces meet
@@ -523,7 +530,7 @@ class Network:
         it need not, and its rates are worked out again, the same. A kept component
         holds its routes' tuples, so their ids are not reused while it is kept."""
         if self._bundles:  # (a bundle's rate depends on more than its links)
-            return _max_min_rates(flows, links, self.capacity, self._flows_on)
+            return list(map(_max_min_rates(flows, links, self.capacity, self._flows_on).__getitem__, flows))
         ids = list(map(id, map(_route_of, flows)))
         key = frozenset(ids)
         if len(key) != len(ids):  # (some flows share a route: how many, too)
@@ -531,12 +538,12 @@ class Network:
         recent = self._recent
         kept = recent.get(key)
         if kept is not None:
-            return dict(zip(flows, map(kept[1].__getitem__, ids)))  # (the set read in the same order as ids)
-        rate = _max_min_rates(flows, links, self.capacity, self._flows_on)
-        recent[key] = ([f.links for f in flows], dict(zip(ids, map(rate.__getitem__, flows))))
+            return list(map(kept[1].__getitem__, ids))  # (the set read in the same order as ids)
+        rates = list(map(_max_min_rates(flows, links, self.capacity, self._flows_on).__getitem__, flows))
+        recent[key] = ([f.links for f in flows], dict(zip(ids, rates)))
         if len(recent) > self.RECENT:
             del recent[next(iter(recent))]  # (the oldest)
-        return rate
+        return rates
 
     def _check_capacity(self, links) -> None:
         """Debug mode: the flows on each link together stay within its capacity."""

@@ -146,15 +146,13 @@ def expand(template: Program, world_size: int, rep_of: Callable[[int], int], mov
             if made is None:
                 made = shared[key] = [evolve(a, group=grp) for a in these]
             consume(map(acts.__setitem__, ks, made))
-        for k, a, cross in other[rep]:
-            changes = {}
+        for k, a, cross in other[rep]:  # (evolve's copy, its fields set straight: no dict of changes)
+            b = evolve(a) if a.peer is None else with_peer(a, moved(a.peer, g))
             if a.group:
-                changes["group"] = group_of(a.group)
-            if a.peer is not None:
-                changes["peer"] = moved(a.peer, g)
+                b.group = group_of(a.group)
             if cross:
-                changes["deps"] = tuple(d if d.__class__ is str else (moved(d[0], g), d[1]) for d in a.deps)
-            acts[k] = evolve(a, **changes)
+                b.deps = tuple([d if d.__class__ is str else (moved(d[0], g), d[1]) for d in a.deps])
+            acts[k] = b
         out[g] = acts
     prog = Program(out, shadows, check=False, like={g: rep_of(g) for g in out})
     # Names, same-rank dependencies and groups' sizes are the template's; peers, groups and

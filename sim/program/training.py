@@ -665,6 +665,7 @@ def copy_maps(plan: ParallelPlan, folding: Folding | None = None):
 
     tp_groups: dict[int, tuple] = {}  # by first member
     dp_groups: dict[int, tuple] = {}
+    rep_groups: dict[int, tuple] = {}  # template GPU -> its tp and dp groups (the plan's, made once per stage)
 
     def groups_of(g: int) -> dict[tuple, tuple]:
         rep = rep_of(g)
@@ -674,7 +675,10 @@ def copy_maps(plan: ParallelPlan, folding: Folding | None = None):
             tp_groups[tg] = tuple(tg + i * st for i in range(nt))
         if dg not in dp_groups:
             dp_groups[dg] = tuple(dg + i * sd for i in range(nd))
-        return {plan.tp_group(rep): tp_groups[tg], plan.dp_group(rep): dp_groups[dg]}
+        mine = rep_groups.get(rep)
+        if mine is None:
+            mine = rep_groups[rep] = (plan.tp_group(rep), plan.dp_group(rep))
+        return {mine[0]: tp_groups[tg], mine[1]: dp_groups[dg]}
 
     if folding is not None and (plan.ep > 1 or plan.etp_size != plan.tp):
         moved = folding.moved  # noqa: F811 (the expert groups need the folded digits)
