@@ -140,3 +140,24 @@ def test_activations_grow_through_each_forward_and_the_peak_falls_within_the_ite
     falls = sum(b < a for a, b in zip(after, after[1:]))
     assert falls >= model.num_layers * plan.num_microbatches  # freed layer by layer in every backward
     assert act[-1] == pytest.approx(0.0, abs=1.0)
+
+
+def test_ring_attention_merges_outputs_and_accumulates_gradients_at_the_busiest_rank():
+    # TINY at cp 4: 1024 local tokens (b 1); queries 8 x 64 = 512 wide, keys and values 256 wide;
+    # 2-byte elements; lse 4 bytes x 8 heads x 1024 tokens per step.
+    cp, n, q, kv, e = 4, 1024, 512, 256, 2
+    w = layer_work(TINY, LayerRun(1, cp=cp))
+    merge = next(o for o in w.ops("F") if o.name == "attn.cp.out_correction")
+    lse = 4 * 8 * n
+    # rank cp - 1 merges cp whole partial outputs (read out and the step's, write out) into a zeroed output
+    assert merge.bytes_read == pytest.approx(cp * (2 * e * n * q + 2 * lse))
+    assert merge.bytes_written == pytest.approx((cp + 1) * e * n * q)
+    names = [o.name for o in w.ops("F")]
+    assert names.index("attn.cp.out_correction") == names.index("attn.core.cp3") + 1
+    acc = [o for o in w.ops("B") if o.name.startswith("attn.cp.grad_accumulation")]
+    # q (512) >= kv/2 (128): rank cp - 1, whose later steps cover all its queries and half the chunk;
+    # step 0 copies dq (read 1, write 1) and cats then copies dkv (read 2, write 2), later steps add
+    # (dq read 2, write 1; dkv read 3, write 2)
+    assert [(o.bytes_read, o.bytes_written) for o in acc] == [
+        (e * n * (q + 2 * kv), e * n * (q + 2 * kv))] + [
+        (e * n * (2 * q + 3 * 0.5 * kv), e * n * (q + 2 * 0.5 * kv))] * (cp - 1)

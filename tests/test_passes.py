@@ -124,3 +124,28 @@ def test_add_p2p_quiet_transfers_leave_the_compute_beside_them_at_full_speed(mak
     star = make_star([10.0, 10.0])
     ends = [max(s.end_s for s in simulate(p, star, overlap_slowdown=0.5).spans if s.name == "0X0") for p in (counted, quiet)]
     assert ends == [pytest.approx(10 / 3), pytest.approx(3.0)]
+
+
+def test_grad_bucket_prep_runs_on_the_backward_stream_before_the_collective(make_star):
+    # 4 layers of 1 s backward (3, 2, 1, 0), 1 B of grads each, 2 B buckets; each bucket's prep
+    # takes 0.25 s per byte (0.5 s), on the compute stream right after the bucket's last backward.
+    def rank_prog():
+        return [Action(f"B{l}", duration_s=1.0, category="B", layer=l) for l in (3, 2, 1, 0)]
+    prog = Program({0: rank_prog(), 1: rank_prog()})
+    plain = passes.GradSync(bucket_bytes=2.0, overlap=True)
+    out = passes.add_grad_sync(prog, lambda r, l: 1.0, lambda r: (0, 1), passes.GradSync(
+        bucket_bytes=2.0, overlap=True, prep_s=lambda nb: 0.25 * nb))
+    preps = [a for a in out.actions[0] if a.category == passes.PREP_CATEGORY]
+    buckets = [a for a in out.actions[0] if a.category == "dp"]
+    assert [(p.duration_s, p.stream, p.deps) for p in preps] == [(0.5, "compute", ("B2",)), (0.5, "compute", ("B0",))]
+    assert [b.deps for b in buckets] == [(preps[0].name,), (preps[1].name,)]
+    assert [a.name for a in out.actions[0]].index(preps[0].name) == 2  # before B1 on the stream
+    # Each all-reduce: NCCL's base latency a = 8.4 us, then 2 steps of 1 B at 1 B/s (2 s).
+    # Without prep: bucket 0 runs 2 .. 4 + a, bucket 1 (ready at 4) queues behind it on the dp
+    # stream: ends 6 + 2a. With it: B1 and B0 start 0.5 s later (the first prep), the last
+    # bucket waits for its own prep too: ready at 5, after bucket 0 (2.5 .. 4.5 + a): 7 + a.
+    a = 8.4e-6
+    star = make_star([1.0, 1.0])
+    base = simulate(passes.add_grad_sync(prog, lambda r, l: 1.0, lambda r: (0, 1), plain), star).end_s
+    assert base == pytest.approx(6.0 + 2 * a, rel=1e-12)
+    assert simulate(out, star).end_s == pytest.approx(7.0 + a, rel=1e-12)

@@ -131,14 +131,18 @@ BY_SOURCE = (
     # (text the row's source contains, settings it has no column for, why); a setting's value may be a
     # function of the row's other values (None: not set)
     ("Narayanan et al. SC'21", {"attention": "unfused", "num_layers_per_virtual_pipeline_stage": _sc21_layers_per_virtual_stage,
-                                "overlap_grad_reduce": False, "accumulate_allreduce_grads_in_fp32": True},
+                                "overlap_grad_reduce": False, "accumulate_allreduce_grads_in_fp32": True,
+                                "check_for_nan_in_grad": False},
      "Megatron-LM in 2021 had no fused attention kernel (FlashAttention, Dao et al., came in 2022; Megatron-LM's "
      "--use-flash-attn later): its core attention wrote the s x s scores (QK^T, fused scale-mask-softmax, dropout, AV); "
      "the paper's run scripts (NVIDIA/Megatron-LM examples/sc21) run these models interleaved "
      "(--num-layers-per-virtual-pipeline-stage 2 for 175B at tp 8, pp 12 in run_figure_12.sh; 1 for 530B at tp 8, "
      "pp 35 in run_table_1.sh) with DDP=local: Megatron-LM's local DDP all-reduces the gradient buffer after the "
      "whole backward (megatron/training.py train_step: allreduce_gradients() after forward_backward_func), in fp32 "
-     "for bf16 (megatron/arguments.py: 'bfloat16 requires gradient accumulation and all-reduce to be done in fp32')"),
+     "for bf16 (megatron/arguments.py: 'bfloat16 requires gradient accumulation and all-reduce to be done in fp32'); "
+     "it divides the buffer by the data-parallel size in place before its all-reduce (megatron/model/distributed.py "
+     "allreduce_gradients: buffer_.data /= dp, the scaling pass of sim.program.training.grad_prep) and checks no "
+     "NaN before it (DDP's check_for_nan_in_grad came in 2023)"),
     ("Nemotron-4 340B", {"position_embedding_type": "rope", "disable_bias_linear": True,
                          "untie_embeddings_and_output_weights": True, "hidden_dropout": 0.0, "attention_dropout": 0.0,
                          "recompute_granularity": "selective", "cross_entropy_loss_fusion": True,
@@ -167,12 +171,18 @@ BY_SOURCE = (
      "MPT's defaults (llm-foundry MPTConfig: attn_pdrop, resid_pdrop and emb_pdrop 0.0; learned positions, biases, "
      "LayerNorm and tied embeddings as trainsim's defaults; the benchmark's NumParams, 6,658,859,008 for MPT-7B at "
      "2048 tokens, counts the biases and the learned positions)"),
-    ("NVIDIA/dgxc-benchmarking", {"zero": 1, "overlap_param_gather": True},
+    ("NVIDIA/dgxc-benchmarking", {"zero": 1, "overlap_param_gather": True, "check_for_nan_in_grad": False,
+                                  "ddp_average_in_collective": True},
      "every DGX Cloud benchmark's configuration shards the optimizer (NVIDIA/dgxc-benchmarking v25.02: "
      "gpt3_175b_hydra.yaml, nemotron4-340b-synth.yaml, llama3.1_8b.yaml and llama3.1_405b.yaml: optim name "
      "distributed_fused_adam with overlap_grad_sync and overlap_param_sync true, grad_sync_dtype bf16): the "
      "gradients are reduce-scattered during the last micro-batch's backward, each rank updates its shard, and the "
-     "updated parameters are all-gathered during the next step's forward (ZeRO-1 with the gather overlapped)"),
+     "updated parameters are all-gathered during the next step's forward (ZeRO-1 with the gather overlapped); "
+     "distributed_fused_adam is NeMo 1.0's Apex optimizer, not Megatron-Core's DDP (megatron_base_model.py: "
+     "use_mcore_dist_optim only for optim name mcore_distributed_optim), whose bucket reduce-scatter averages in "
+     "the collective (ReduceOp.AVG with average_grad_sync) with no NaN check or scaling pass before it "
+     "(NVIDIA/apex apex/contrib/optimizers/distributed_fused_adam.py _start_bucket_grad_sync): no per-bucket "
+     "kernels (check_for_nan_in_grad off, ddp_average_in_collective on, sim.program.training.grad_prep)"),
     ("nemo_megatron/README_175b", {"tp_comm_overlap": True, "tp_comm_overlap_cfg": "dgxc-25.02-gpt3-175b"},
      "the benchmark's configuration (NVIDIA/dgxc-benchmarking v25.02 nemo_megatron/gpt3_175b_hydra.yaml: "
      "ub_tp_comm_overlap: true, which its configure.sh does not override; BF16 and FP8 rows alike; and its "
@@ -183,22 +193,31 @@ BY_SOURCE = (
      "llama3.1_8b.yaml, tp 1, has it false)"),
     ("NVIDIA-NeMo/Megatron-Bridge docs/performance-summary-archive.md",
      {"zero": 1, "overlap_param_gather": True, "overlap_grad_reduce": True, "cross_entropy_loss_fusion": True,
-      "accumulate_allreduce_grads_in_fp32": False},
+      "accumulate_allreduce_grads_in_fp32": False, "check_for_nan_in_grad": True, "ddp_average_in_collective": True},
      "Megatron-Bridge's performance recipes of releases 25.09 (fa0315ae) and 25.11 (branch r0.2.0): every model "
      "recipe's optimizer is distributed_fused_adam with DistributedDataParallelConfig(overlap_grad_reduce=True, "
      "overlap_param_gather=True, use_distributed_optimizer=True) (src/megatron/bridge/recipes/llama/llama3.py, "
      "deepseek/deepseek_v3.py, qwen/qwen3_moe.py), the scripts set grad_reduce_in_fp32 False (set_*_common_configs, "
-     "the 25.09 yamls) and cross_entropy_fusion_impl 'te' (set_common_perf_overrides; the 25.09 yamls); a row's own "
+     "the 25.09 yamls) and cross_entropy_fusion_impl 'te' (set_common_perf_overrides; the 25.09 yamls); the recipes' "
+     "DDP configs set check_for_nan_in_grad=True and average_in_collective=True (llama3.py, qwen3_moe.py, "
+     "deepseek_v3.py; the scripts turn the latter off only for Megatron-FSDP, utils/helpers.py): a norm over each "
+     "bucket and the experts' 1/ep scaling before the reduce (sim.program.training.grad_prep); a row's own "
      "cell wins (Megatron-FSDP rows: zero 3; the recipes that turn a gather or reduce overlap off)"),
     ("NeMo 25.02, DGX-B200", {"zero": 1, "overlap_param_gather": True, "cross_entropy_loss_fusion": True,
-                              "bucket_size": 128 * 2**20 * 2, "transformer_engine": "1.14"},
+                              "bucket_size": 128 * 2**20 * 2, "check_for_nan_in_grad": True,
+                              "ddp_average_in_collective": True, "transformer_engine": "1.14"},
      "NeMo 2.0's performance scripts as the B200 table ran them (NVIDIA/NeMo scripts/performance @ d3f25b121048, "
      "2025-03-08, the first commit whose model_configs_b200.csv has every row's layout, Llama 3.1 405B's 128 GPUs "
      "among them): every recipe's optimizer is distributed_fused_adam with overlap_grad_reduce and "
      "overlap_param_gather (nemo/collections/llm/recipes/*.py), and MegatronCommOverlapCallback sets a DDP "
      "bucket_size of 128 * 1024 * 1024 parameters when dp > 1 (megatron_comm_overlap.py), 256 MiB of the BF16 "
      "gradients the scripts reduce (grad_reduce_in_fp32 = False); GPTConfig's cross_entropy_loss_fusion defaults "
-     "to True (nemo/collections/llm/gpt/model/base.py); and the container's Transformer Engine: NeMo r2.2.0's "
+     "to True (nemo/collections/llm/gpt/model/base.py); each recipe's DistributedDataParallelConfig has "
+     "check_for_nan_in_grad=True and average_in_collective=True (llama3_8b.py, llama3_70b.py, llama31_405b.py, "
+     "mixtral_8x7b.py, mixtral_8x22b.py trainer()), which Megatron-Core 791b70e0's DDP runs as a norm over each "
+     "bucket and, for the experts' buckets, a 1/ep scaling pass before the reduce-scatter "
+     "(sim.program.training.grad_prep); pretrain_mixtral_8x22b.py turns average_in_collective off where etp != tp "
+     "(the row's own cell); and the container's Transformer Engine: NeMo r2.2.0's "
      "requirements/manifest.json builds on nvcr.io/nvidia/pytorch:25.01-py3, whose Transformer Engine is 1.14.0 "
      "(the release_v1.14 branch: no non-TN FP8 path, so per-tensor FP8 casts write their transposes on Blackwell "
      "as on Hopper; TE 2.0, the first release without them there, came out in February 2025, and NeMo's fix "

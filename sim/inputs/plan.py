@@ -436,6 +436,19 @@ class ParallelPlan:
              "reduce them; given, it sets every gradient's)")
     """``GRAD_REDUCE_BYTES``: bytes per parameter the gradient all-reduce or reduce-scatter moves;
     None: the framework's (``ParallelPlan.sharding.reduce_fp32``)."""
+    check_for_nan_in_grad: bool = setting(
+        True, kind="bool",
+        help="Megatron-Core's DDP takes the L2 norm of each gradient bucket before its reduction, a pass over the "
+             "bucket on the compute stream (DistributedDataParallelConfig.check_for_nan_in_grad: on in Megatron-LM, "
+             "--check-for-nan-in-loss-and-grad, and in NeMo's recipes; default on)")
+    """``sim.program.training.grad_prep``: one read of each bucket's gradients before its collective."""
+    ddp_average_in_collective: bool = setting(
+        False, kind="bool",
+        help="Megatron-Core's DDP averages the gradients in the collective (NCCL's AVG) instead of scaling each "
+             "bucket by 1/dp in place before it (DistributedDataParallelConfig.average_in_collective; experts' "
+             "buckets are still scaled, by 1/ep; default off, Megatron-LM's --ddp-average-in-collective; NeMo's "
+             "recipes turn it on)")
+    """``sim.program.training.grad_prep``: which buckets Megatron-Core scales in place before their collective."""
     bucket_size_bytes: int = setting(
         DDP_BUCKET_BYTES, name="bucket_size", metavar="BYTES", convert=partial(parse_size, field="--bucket-size"),
         help=f"gradient bucket size, e.g. 25MiB (default {DDP_BUCKET_BYTES // 2**20} MiB, PyTorch DDP's)")

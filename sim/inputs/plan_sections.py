@@ -136,6 +136,8 @@ class ZeroPlan(_Section):
     offload_optimizer: bool
     bucket_size_bytes: int
     grad_reduce_fp32: bool | None
+    check_for_nan_in_grad: bool
+    ddp_average_in_collective: bool
 
     @property
     def zero(self) -> _st.ZeroStage:

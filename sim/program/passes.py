@@ -273,6 +273,10 @@ def layer_uses(acts, kinds) -> list[tuple[str, int, int, int]]:
     return [tuple(u) for u in uses]
 
 
+PREP_CATEGORY = "grad_prep"
+"""The category of the kernels a gradient bucket runs before its collective (``GradSync.prep_s``)."""
+
+
 @dataclass(frozen=True)
 class GradSync:
     """How the gradients are bucketed and reduced (``add_grad_sync`` says what each does):
@@ -290,6 +294,10 @@ class GradSync:
     held_from_first: bool = False
     after_step: bool = False
     window: int | None = None
+    prep_s: Callable[[float], float] | None = None
+    """Seconds of the kernels that run over a bucket of ``nb`` bytes on the compute stream right
+    before its collective is issued (Megatron-Core's ``start_grad_sync``: the NaN check's norm, the
+    in-place gradient scaling; ``sim.program.training.grad_prep``); None: none."""
 
 
 def add_grad_sync(prog: Program, grad_bytes: Callable[[int, int], float], dp_group: Callable[[int], tuple[int, ...]],
@@ -316,7 +324,9 @@ def add_grad_sync(prog: Program, grad_bytes: Callable[[int, int], float], dp_gro
     pipeline schedule each, ``ParallelPlan.sharding.pp_sync_window``), after each layer's
     last backward of the window, held from its first backward of the window. DeepSpeed's buckets (``at_most``) hold at most ``bucket_bytes``
     (``pack_buckets``); with ``on_compute`` each runs on the stream of the backward that
-    fills it, which waits for it (DeepSpeed without ``overlap_comm``).
+    fills it, which waits for it (DeepSpeed without ``overlap_comm``). With ``prep_s`` each
+    bucket's collective waits for a kernel of that many seconds on the stream of the backward it
+    follows, issued right after that backward (``GradSync.prep_s``).
     """
     bucket_bytes, overlap, op, label = sync.bucket_bytes, sync.overlap, sync.op, sync.label
     every_microbatch, bucket_memory, at_most, on_compute = (sync.every_microbatch, sync.bucket_memory,
@@ -358,9 +368,16 @@ def add_grad_sync(prog: Program, grad_bytes: Callable[[int, int], float], dp_gro
                     else last_backward
                 layers = [u[1] for u in members]
                 tag = f" of {members[0][0]}" if every_microbatch else ""
-                act = Action(f"{label} {k} (layers {layers[0]}..{layers[-1]}){tag}", kind="collective", op=op,
+                name = f"{label} {k} (layers {layers[0]}..{layers[-1]}){tag}"
+                dep = lst[anchor].name
+                if sync.prep_s is not None:
+                    prep = Action(f"ddp prep for {name}", duration_s=sync.prep_s(nb), category=PREP_CATEGORY,
+                                  stream=lst[anchor].stream, deps=(dep,))
+                    after.setdefault(anchor, []).append(prep)
+                    dep = prep.name
+                act = Action(name, kind="collective", op=op,
                              group=group, nbytes=nb, category="dp",
-                             stream=lst[anchor].stream if on_compute else "dp", deps=(lst[anchor].name,),
+                             stream=lst[anchor].stream if on_compute else "dp", deps=(dep,),
                              mem=(("end", "buckets", -nb),) if bucket_memory else ())
                 after.setdefault(anchor, []).append(act)
                 if bucket_memory:

@@ -60,7 +60,8 @@ from typing import Callable
 
 from sim.errors import InputError
 from sim.inputs.experts import Folding
-from sim.inputs.frameworks import deepspeed_kept_layers, framework_of, persistent_params
+from sim.inputs.frameworks import (DEFAULT_FRAMEWORK, FRAMEWORKS, deepspeed_kept_layers, framework_of,
+                                   persistent_params)
 from sim.inputs.hardware import HardwareProfile
 from sim.inputs.model import ModelSpec, layer_param_split, mtp_param_split
 from sim.inputs.plan import ParallelPlan
@@ -346,13 +347,55 @@ def grad_sync(ctx: BuildContext, draft: Draft) -> Draft:
     scale = grad_reduce_scale(plan, moe)
     sync = _sync_options(plan, scale * sync_bucket_bytes(plan))
     dense = _grad_bytes(ctx)
-    prog = passes.add_grad_sync(draft.program, lambda r, lid: scale * dense(r, lid), plan.dp_group, sync)
+    prog = passes.add_grad_sync(draft.program, lambda r, lid: scale * dense(r, lid), plan.dp_group,
+                                replace(sync, prep_s=grad_prep(ctx, experts=False)))
     split = _expert_split(ctx)
     if split:
         experts, e_scale = _expert_bytes(split), grad_reduce_scale(plan, moe, experts=True)
         prog = passes.add_grad_sync(prog, lambda r, lid: e_scale * experts(r, lid), ctx.folding.edp_group,
-                                    replace(sync, label=EXPERT_GRAD_LABEL))
+                                    replace(sync, label=EXPERT_GRAD_LABEL, prep_s=grad_prep(ctx, experts=True)))
     return draft.with_program(prog)
+
+
+def grad_prep(ctx: BuildContext, experts: bool) -> Callable[[float], float] | None:
+    """Seconds of the kernels Megatron-Core's DDP runs over a gradient bucket of ``nb`` bytes (its
+    gradients in the reduce dtype: the buffer's ``grad_data``) on the compute stream before the
+    bucket's collective, as a function of ``nb``; None where there are none, or outside
+    Megatron-Core's own DDP (other frameworks, ZeRO-3's Megatron-FSDP).
+
+    ``_ParamAndGradBucketGroup.start_grad_sync`` (NVIDIA/Megatron-LM 791b70e0, the Megatron-Core
+    of the NeMo 25.02 container: megatron/core/distributed/param_and_grad_buffer.py), called from
+    the gradient hook of the bucket's last parameter on the default stream, runs two passes before
+    it issues the reduce-scatter or all-reduce:
+
+    - with ``check_for_nan_in_grad`` (``ParallelPlan.check_for_nan_in_grad``), ``grad_data.norm(p=2)``
+      for each bucket: one read of its gradients (``CHECK_NAN_BYTES_PER_BYTE``). The rerun state
+      machine that would look at the result is off (``RerunMode.DISABLED``, its default, which
+      neither Megatron-LM's default ``--rerun-mode disabled`` nor NeMo changes), so no host sync;
+    - where ``gradient_scaling_factor`` is not 1, ``grad_data *= gradient_scaling_factor``: a read
+      and a write (``SCALE_BYTES_PER_BYTE``). ``DistributedDataParallel.__init__`` sets it to
+      1/(dp·cp) for every bucket unless ``average_in_collective``
+      (``ParallelPlan.ddp_average_in_collective``), and then to 1 for the dense buckets and
+      1/ep for the experts' (NCCL's AVG over the expert data-parallel group leaves the 1/ep).
+
+    Each pass is one kernel (``kernel_launch_s``) at the profile's memory rate."""
+    plan = ctx.plan
+    if framework_of(plan) is not FRAMEWORKS[DEFAULT_FRAMEWORK] or plan.zero.shards_params:
+        return None
+    scaled = (plan.ep > 1) if (experts and plan.ddp_average_in_collective) else not plan.ddp_average_in_collective
+    per_byte = (CHECK_NAN_BYTES_PER_BYTE if plan.check_for_nan_in_grad else 0.0) + (
+        SCALE_BYTES_PER_BYTE if scaled else 0.0)
+    kernels = int(plan.check_for_nan_in_grad) + int(scaled)
+    if not kernels:
+        return None
+    rate, launch = ctx.profile.memory_rate(), ctx.profile.kernel_launch_s
+    return lambda nb: per_byte * nb / rate + kernels * launch
+
+
+CHECK_NAN_BYTES_PER_BYTE = 1.0
+"""Bytes the NaN check's norm moves per byte of a bucket's gradients: it reads them once."""
+SCALE_BYTES_PER_BYTE = 2.0
+"""Bytes the in-place gradient scaling moves per byte of a bucket's gradients: a read and a write."""
 
 
 def zero3_gather(ctx: BuildContext, draft: Draft) -> Draft:
