@@ -66,7 +66,7 @@ def test_gemm_caps_are_the_measured_best_kernels():
     # and GB200 caps stay at or below the best FP8 kernel measured alone (the profile's ceiling, that
     # measurement to three digits).
     for p, name in ((B200, "b200-fit-report-2026-12-06-cp-merge.json"), (GB200, "gb200-fit-report-2026-12-06.json"),
-                    (load_profile("gb300"), "gb300-fit-report-2026-12-06.json")):
+                    (load_profile("gb300"), "gb300-fit-report-2026-12-06-night.json")):
         report = json.loads((ROOT / "experiments/fit-cache" / name).read_text())
         assert report["gpu"] == p.name
         fitted = {q["name"]: q["fitted"] for q in report["parameters"]}
