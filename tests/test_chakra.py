@@ -125,11 +125,13 @@ def test_round_trip_of_a_tiny_plan(tiny_run, tmp_path):
     gradient all-reduce over the two data-parallel replicas of its stage (one bucket), of
     the stage's bf16 gradients: stage 0 the word and position embeddings and layer 0
     (V*h + s*h + 12h^2 + 13h parameters), stage 1 layer 1 and the final layernorm
-    (12h^2 + 13h + 2h; the tied output head's gradient is the embedding's); 10 compute
+    (12h^2 + 13h + 2h; the tied output head's gradient is the embedding's); 11 compute
     actions: per micro-batch a forward and a backward in two pieces each (stage 0: the
-    embedding and layer 0; stage 1: layer 1 and the head), the resident-memory marker and
-    the optimizer step. Control dependencies chain each stream: compute (9 actions, 8),
-    each p2p stream (2 actions, 1 each), the marker and the all-reduce (alone: 0) = 10."""
+    embedding and layer 0; stage 1: layer 1 and the head), Megatron-Core DDP's passes over
+    the bucket before its all-reduce (the NaN check's norm and the 1/dp scaling, one action
+    on the compute stream), the resident-memory marker and the optimizer step. Control
+    dependencies chain each stream: compute (10 actions, 9), each p2p stream (2 actions, 1
+    each), the marker and the all-reduce (alone: 0) = 11."""
     program = tiny_run.program
     export = write_chakra(program, tmp_path, world_size=4)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["comm_group.json", *(f"trainsim.{r}.et" for r in range(4))]
@@ -141,13 +143,13 @@ def test_round_trip_of_a_tiny_plan(tiny_run, tmp_path):
     for r, et in graph.items():
         stage = tiny_run.plan.coords(r)[1]
         kinds = Counter(n.kind for n in et.nodes)
-        assert kinds == {"compute": 10, "send": 2, "recv": 2, "collective": 1}, r
+        assert kinds == {"compute": 11, "send": 2, "recv": 2, "collective": 1}, r
         assert [n.nbytes for n in et.nodes if n.kind in ("send", "recv")] == [p2p] * 4
         (ar,) = [n for n in et.nodes if n.kind == "collective"]
         assert (ar.op, ar.nbytes) == ("allreduce", grads[stage])
         same_stage = tuple(q for q in range(4) if tiny_run.plan.coords(q)[1] == stage)
         assert ar.group == same_stage and groups[ar.pg_name] == list(same_stage)
-        assert sum(len(n.ctrl_deps) for n in et.nodes) == 10
+        assert sum(len(n.ctrl_deps) for n in et.nodes) == 11
         # ... and equal to the program's own, counted here from its actions:
         acts = program.actions[r]
         assert len(et.nodes) == len(acts)

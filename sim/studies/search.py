@@ -789,7 +789,9 @@ def _waves(order, run, options: SearchOptions, planned, spent, times, lightest) 
         while i < len(order) and len(batch) < wave:
             c, i = order[i], i + 1
             family, weight = recompute_family(c.plan)
-            if lightest.get(family, weight) < weight and math.isfinite(plan_margin(c, margin)) and not by_energy:
+            if floor_of(c) > threshold:  # (plans' margins differ, so a later plan's floor may pass the threshold)
+                c.status = "pruned: time"  # as `planned` counted it: it cannot beat the best so far
+            elif lightest.get(family, weight) < weight and math.isfinite(plan_margin(c, margin)) and not by_energy:
                 c.status = "pruned: dominated"
             else:
                 batch.append(c)
