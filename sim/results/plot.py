@@ -38,7 +38,7 @@ COLOURS = {
 LABELS = {"F": "forward", "B": "backward", "I": "backward (input grad)", "W": "backward (weight grad)",
           "pp": "pipeline p2p", "tp": "tensor-parallel comm", "dp": "data-parallel comm", "opt": "optimizer",
           "ep": "expert-parallel comm (all-to-all)", "cp": "context-parallel comm (ring attention)",
-          "amax": "FP8 amax all-reduce",
+          "amax": "FP8 amax all-reduce", "grad_prep": "gradient NaN check and scaling",
           "via nvlink": "transfer over NVLink", "via pcie": "transfer over PCIe",
           "via ib": "transfer over InfiniBand", "via ethernet": "transfer over Ethernet"}
 """Legend text for the categories whose names are short codes (others are shown as they are)."""
