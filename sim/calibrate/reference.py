@@ -48,6 +48,7 @@ from sim.calibrate.launch import Context, run_workers, training_dtype
 from sim.calibrate.reference_model import reference_gpt
 from sim.errors import InputError
 from sim.inputs.model import ModelSpec
+from sim.program.memory.states import ddp_bucket_bytes
 from sim.inputs.plan import ParallelPlan
 from sim.program.schedules import build_schedule
 
@@ -152,7 +153,9 @@ def _worker(ctx: Context, payload: dict) -> dict:
     # as Megatron-LM's DDP keeps them): backward accumulates straight into the buffers,
     # and the all-reduce needs no packing or copy-back.
     flats = []
-    for bucket in _buckets(stage.parameters(), plan.bucket_size_bytes):
+    # (Megatron-Core's DDP puts a later pipeline stage's gradients in one bucket: sim.inputs.frameworks.GRAD_BUCKETS)
+    one = plan.sharding.grad_buckets == "megatron-core" and p > 0
+    for bucket in _buckets(stage.parameters(), math.inf if one else ddp_bucket_bytes(plan)):
         flat = torch.zeros(sum(q.numel() for q in bucket), device=ctx.device, dtype=dt)
         off = 0
         for q in bucket:

@@ -172,7 +172,7 @@ BY_SOURCE = (
      "LayerNorm and tied embeddings as trainsim's defaults; the benchmark's NumParams, 6,658,859,008 for MPT-7B at "
      "2048 tokens, counts the biases and the learned positions)"),
     ("NVIDIA/dgxc-benchmarking", {"zero": 1, "overlap_param_gather": True, "check_for_nan_in_grad": False,
-                                  "ddp_average_in_collective": True},
+                                  "ddp_average_in_collective": True, "grad_buckets": "uniform"},
      "every DGX Cloud benchmark's configuration shards the optimizer (NVIDIA/dgxc-benchmarking v25.02: "
      "gpt3_175b_hydra.yaml, nemotron4-340b-synth.yaml, llama3.1_8b.yaml and llama3.1_405b.yaml: optim name "
      "distributed_fused_adam with overlap_grad_sync and overlap_param_sync true, grad_sync_dtype bf16): the "
@@ -182,7 +182,10 @@ BY_SOURCE = (
      "use_mcore_dist_optim only for optim name mcore_distributed_optim), whose bucket reduce-scatter averages in "
      "the collective (ReduceOp.AVG with average_grad_sync) with no NaN check or scaling pass before it "
      "(NVIDIA/apex apex/contrib/optimizers/distributed_fused_adam.py _start_bucket_grad_sync): no per-bucket "
-     "kernels (check_for_nan_in_grad off, ddp_average_in_collective on, sim.program.training.grad_prep)"),
+     "kernels (check_for_nan_in_grad off, ddp_average_in_collective on, sim.program.training.grad_prep); and its "
+     "buckets are Apex's, every parameter alike on every pipeline stage, not Megatron-Core DDP's one bucket per "
+     "later stage (grad_buckets uniform, sim.inputs.frameworks.GRAD_BUCKETS; the bucket size left at the "
+     "default 25 MiB: not checked against the benchmark's bucket_cap_mb)"),
     ("nemo_megatron/README_175b", {"tp_comm_overlap": True, "tp_comm_overlap_cfg": "dgxc-25.02-gpt3-175b"},
      "the benchmark's configuration (NVIDIA/dgxc-benchmarking v25.02 nemo_megatron/gpt3_175b_hydra.yaml: "
      "ub_tp_comm_overlap: true, which its configure.sh does not override; BF16 and FP8 rows alike; and its "
@@ -193,7 +196,8 @@ BY_SOURCE = (
      "llama3.1_8b.yaml, tp 1, has it false)"),
     ("NVIDIA-NeMo/Megatron-Bridge docs/performance-summary-archive.md",
      {"zero": 1, "overlap_param_gather": True, "overlap_grad_reduce": True, "cross_entropy_loss_fusion": True,
-      "accumulate_allreduce_grads_in_fp32": False, "check_for_nan_in_grad": True, "ddp_average_in_collective": True},
+      "accumulate_allreduce_grads_in_fp32": False, "check_for_nan_in_grad": True, "ddp_average_in_collective": True,
+      "bucket_size": 128 * 2**20 * 2},
      "Megatron-Bridge's performance recipes of releases 25.09 (fa0315ae) and 25.11 (branch r0.2.0): every model "
      "recipe's optimizer is distributed_fused_adam with DistributedDataParallelConfig(overlap_grad_reduce=True, "
      "overlap_param_gather=True, use_distributed_optimizer=True) (src/megatron/bridge/recipes/llama/llama3.py, "
@@ -201,7 +205,12 @@ BY_SOURCE = (
      "the 25.09 yamls) and cross_entropy_fusion_impl 'te' (set_common_perf_overrides; the 25.09 yamls); the recipes' "
      "DDP configs set check_for_nan_in_grad=True and average_in_collective=True (llama3.py, qwen3_moe.py, "
      "deepseek_v3.py; the scripts turn the latter off only for Megatron-FSDP, utils/helpers.py): a norm over each "
-     "bucket and the experts' 1/ep scaling before the reduce (sim.program.training.grad_prep); a row's own "
+     "bucket and the experts' 1/ep scaling before the reduce (sim.program.training.grad_prep); the DDP bucket is "
+     "128 * 1024 * 1024 parameters (256 MiB of BF16 gradients) where the recipe passes a CommOverlapConfig and dp > "
+     "1 (src/megatron/bridge/training/comm_overlap.py _get_optimizer_overlap_cfgs, applied to the DDP config "
+     "under the distributed optimizer: the Llama 3, Llama 3.1, Qwen3 and DeepSeek-V3 performance configs; GPT-OSS's "
+     "passes none, its rows' bucket_size cell Megatron-Core's default), under Megatron-Core's bucketing, one bucket "
+     "a chunk on later stages and chunks (sim.inputs.frameworks.GRAD_BUCKETS); a row's own "
      "cell wins (Megatron-FSDP rows: zero 3; the recipes that turn a gather or reduce overlap off)"),
     ("NeMo 25.02, DGX-B200", {"zero": 1, "overlap_param_gather": True, "cross_entropy_loss_fusion": True,
                               "bucket_size": 128 * 2**20 * 2, "check_for_nan_in_grad": True,

@@ -227,6 +227,9 @@ class Framework:
     """Its experts run in Megatron-Core's ``TEGroupedMLP``, which under FP8/FP4 pads each local
     expert's rows to Transformer Engine's alignment (``Fp8Padding``/``Fp8Unpadding``,
     ``sim.program.workload_moe.quant_align``)."""
+    grad_buckets: str = "uniform"
+    """How its data-parallel wrapper below ZeRO-3 buckets the gradients (``GRAD_BUCKETS``):
+    "megatron-core" (Megatron-Core's DDP) or "uniform" (PyTorch DDP's: every stage alike)."""
     optimizer: str = "megatron"
     """Its optimizer step, by name (``sim.program.costs.OPTIMIZER_BYTES_PER_PARAM``: the bytes
     each moves per local parameter, with the gradient clipping its recipes run)."""
@@ -242,9 +245,31 @@ FSDP_KINDS = ("fsdp1", "fsdp2")
 """PyTorch's two FSDPs: FSDP1 (``FullyShardedDataParallel``, one flat parameter per wrapped
 module) and FSDP2 (``fully_shard``, one DTensor per parameter)."""
 
+GRAD_BUCKETS = ("megatron-core", "uniform")
+"""How the gradients are packed into data-parallel buckets below ZeRO-3 (``--grad-buckets``):
+
+- "megatron-core": Megatron-Core's ``DistributedDataParallel`` (megatron/core/distributed/
+  distributed_data_parallel.py, the same in core 0.11's 791b70e0 and core_v0.15.0). Each model
+  chunk is wrapped on its own, so no bucket spans two chunks; its bucket is
+  ``DistributedDataParallelConfig.bucket_size`` parameters, by default
+  ``max(40000000, 1000000 * data_parallel_world_size)`` ("larger DP sizes need larger buckets");
+  and it turns bucketing off, one bucket for all of a chunk's gradients, on a pipeline stage
+  after the first ("if disable_bucketing or pp_rank > 0: self.bucket_size = None": their
+  data-parallel communication is off the critical path) and on every model chunk after the
+  first (Megatron-LM's and Megatron-Bridge's ``get_model``/``_ddp_wrap``:
+  ``disable_bucketing=(model_chunk_idx > 0)``; NeMo 2.0's megatron_parallel.py the same). The
+  parameter all-gather of its distributed optimizer runs over the same buckets.
+- "uniform": PyTorch DDP's ``bucket_cap_mb`` (25 MiB by default) on every stage and chunk, and
+  NeMo 1.0's Apex ``DistributedFusedAdam``, which buckets every parameter alike."""
+
+MEGATRON_CORE_BUCKET_PARAMS = 40_000_000
+"""Megatron-Core DDP's default bucket floor, in parameters (``GRAD_BUCKETS``); the bucket is
+the larger of it and ``MEGATRON_CORE_BUCKET_PARAMS_PER_DP`` times the data-parallel size."""
+MEGATRON_CORE_BUCKET_PARAMS_PER_DP = 1_000_000
+
 FRAMEWORKS = {
     "megatron": Framework("te", "backward_pre", "Megatron-Core / NeMo with Transformer Engine (the presets' fits)",
-                          pads_expert_splits=True),
+                          pads_expert_splits=True, grad_buckets="megatron-core"),
     # torchtitan: MixedPrecisionPolicy(param_dtype=mixed_precision_param, reduce_dtype=mixed_precision_reduce),
     # whose defaults are bfloat16 and float32 (torchtitan config ``training.mixed_precision_reduce``)
     "torchtitan": Framework("fa2", "backward_pre", "torchtitan: FSDP2, SDPA attention (FlashAttention-2)", True,
@@ -348,6 +373,10 @@ class ShardingStrategy:
     schedule_calls: int
     """How many times a step runs the pipeline schedule (``pp_call_microbatches``: one call per
     that many micro-batches, AutoModel's one per accumulation step; else once)."""
+    grad_buckets: str
+    """How the gradients below ZeRO-3 are bucketed (``GRAD_BUCKETS``): the plan's
+    ``grad_buckets`` if given, else the framework's; "uniform" where FSDP or DeepSpeed runs the
+    plan (they bucket by their own rules)."""
     overlap_comm: bool
     """DeepSpeed's ``overlap_comm``: as given, else on for ZeRO-3 only (``overlap_comm_valid``)."""
     bucket_buffers: int
@@ -458,6 +487,7 @@ def sharding_of(plan) -> ShardingStrategy:
         pp_sync_window=(plan.pp_call_microbatches or plan.num_microbatches) if fsdp == "fsdp2" and plan.pp > 1
         else None,
         schedule_calls=plan.num_microbatches // plan.pp_call_microbatches if plan.pp_call_microbatches else 1,
+        grad_buckets="uniform" if kind else (plan.grad_buckets or f.grad_buckets),
         overlap_comm=overlap_comm, bucket_buffers=buffers,
         max_live_parameters=plan.zero3_max_live_parameters
         if plan.zero3_max_live_parameters is not None or not f.deepspeed else DEEPSPEED_MAX_LIVE_PARAMETERS,

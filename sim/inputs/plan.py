@@ -46,7 +46,8 @@ from sim.inputs import placement as _pl, rules as _rules, strategies as _st
 from sim.inputs.cuda_graphs import SCOPES as CUDA_GRAPH_SCOPES, parse_cuda_graph
 from sim.inputs.experts import DISPATCHERS
 from sim.inputs.fields import fields_of_class, setting, why_not_field
-from sim.inputs.frameworks import ATTENTION_KERNELS, BACKWARD_PREFETCH, FRAMEWORKS, ShardingStrategy, sharding_of
+from sim.inputs.frameworks import ATTENTION_KERNELS, BACKWARD_PREFETCH, FRAMEWORKS, GRAD_BUCKETS, ShardingStrategy, \
+    sharding_of
 from sim.inputs.precision import CURRENT_TE, FP4_FORMAT, FP4_RECIPES, FP8_FORMATS, FP8_RECIPE_CHOICES, TE_VERSION, \
     Precision, canonical_fp8_recipe, check_precision_plan, check_precision_weights, precision_of
 from sim.inputs.recompute import RECOMPUTE_METHODS, RECOMPUTE_MODULES, modules_in_effect, parse_recompute_modules
@@ -449,10 +450,19 @@ class ParallelPlan:
              "buckets are still scaled, by 1/ep; default off, Megatron-LM's --ddp-average-in-collective; NeMo's "
              "recipes turn it on)")
     """``sim.program.training.grad_prep``: which buckets Megatron-Core scales in place before their collective."""
-    bucket_size_bytes: int = setting(
-        DDP_BUCKET_BYTES, name="bucket_size", metavar="BYTES", convert=partial(parse_size, field="--bucket-size"),
-        help=f"gradient bucket size, e.g. 25MiB (default {DDP_BUCKET_BYTES // 2**20} MiB, PyTorch DDP's)")
-    """DDP gradient bucket size in bytes."""
+    bucket_size_bytes: int | None = setting(
+        name="bucket_size", metavar="BYTES", convert=partial(parse_size, field="--bucket-size"),
+        help="gradient bucket size in 16-bit bytes, e.g. 25MiB (default: the framework's: under Megatron-Core "
+             "max(40M, 1M x dp) parameters, 2 bytes each; else PyTorch DDP's 25 MiB)")
+    """DDP gradient bucket size in bytes of 16-bit gradients; None: the framework's
+    (``sim.program.memory.states.ddp_bucket_bytes``)."""
+    grad_buckets: str | None = setting(
+        choices=GRAD_BUCKETS,
+        help="how the gradients are packed into data-parallel buckets below ZeRO-3: megatron-core (a bucket "
+             "never spans two model chunks; one bucket for a whole chunk on pipeline stages after the first and "
+             "on model chunks after the first, as Megatron-Core's DDP) or uniform (--bucket-size everywhere, "
+             "PyTorch DDP's and Apex's distributed Adam's); default: the framework's")
+    """``ParallelPlan.sharding.grad_buckets``; None: the framework's (``sim.inputs.frameworks.GRAD_BUCKETS``)."""
 
     def __post_init__(self):
         _pos("dp", self.dp)  # (not a setting: the GPUs fix it)
@@ -466,7 +476,8 @@ class ParallelPlan:
         # precision: its own rules (sim.inputs.precision)
         check_precision_plan(self)
         object.__setattr__(self, "fp8_recipe", canonical_fp8_recipe(self.fp8_recipe))
-        _pos("bucket_size_bytes", self.bucket_size_bytes)  # (converted from a size: "25MiB")
+        if self.bucket_size_bytes is not None:
+            _pos("bucket_size_bytes", self.bucket_size_bytes)  # (converted from a size: "25MiB")
         if self.zero_bucket_size_bytes is not None:
             _pos("zero_bucket_size_bytes", self.zero_bucket_size_bytes)
         check_precision_weights(self)

@@ -134,7 +134,8 @@ class ZeroPlan(_Section):
     contiguous_gradients: bool | None
     zero_bucket_size_bytes: int | None
     offload_optimizer: bool
-    bucket_size_bytes: int
+    bucket_size_bytes: int | None
+    grad_buckets: str | None
     grad_reduce_fp32: bool | None
     check_for_nan_in_grad: bool
     ddp_average_in_collective: bool

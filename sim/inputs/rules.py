@@ -338,6 +338,10 @@ def check_framework_plan(plan) -> None:
         require(plan.num_microbatches % plan.pp_call_microbatches == 0, "plan: pp_call_microbatches",
                 plan.pp_call_microbatches, f"a divisor of the step's {plan.num_microbatches} micro-batches per "
                 "pipeline", setting="pp_call_microbatches")
+    require(plan.grad_buckets is None or not (plan.sharding.deepspeed or plan.sharding.fsdp), "plan: grad_buckets",
+            plan.grad_buckets, "says how DDP and Megatron-Core's distributed optimizer bucket the gradients: not under "
+            f"{'DeepSpeed' if plan.sharding.deepspeed else 'FSDP'}, which buckets by its own rules (leave it unset)",
+            setting="grad_buckets")
     check_deepspeed_plan(plan)
 
 def check_deepspeed_plan(plan) -> None:

@@ -33,6 +33,7 @@ from sim.errors import InputError
 from sim.inputs.schema import DEFAULT_MAX_EVENTS
 from sim.inputs.topology import default_channels
 from sim.program.actions import FLOW_PIECES
+from sim.program.memory.states import ddp_bucket_bytes
 
 _EVENTS_PER_HOP = 3  # a transfer's latency, its finish and its completion (plus re-allocations if shared)
 _EVENTS_PER_COMPUTE = 1  # its timeout
@@ -103,7 +104,7 @@ def estimate_events(model, plan, fidelity: str = "full", topology=None, coalesce
         sync = _moe_sync_events(model, plan, flows, dp_rings)
     elif plan.dp_cp > 1:
         grad_bytes = 2.0 * model.num_params / (plan.tp * plan.pp)
-        buckets = max(1.0, grad_bytes / max(plan.bucket_size_bytes, 1)) if plan.dp_overlap else 1.0  # (one bucket)
+        buckets = max(1.0, grad_bytes / max(ddp_bucket_bytes(plan), 1)) if plan.dp_overlap else 1.0  # (one bucket)
         sync = buckets * _ring_hops(plan.dp_cp, "allreduce", flows) * dp_rings * _EVENTS_PER_HOP
     events = gpus * (steps * per_step + sync)
     return {"events": events, "simulated_gpus": gpus, "steps_per_gpu": steps, "events_per_step": per_step,
@@ -138,10 +139,14 @@ def _moe_sync_events(model, plan, flows: bool, rings: int) -> float:
 
     dense, experts = max(stage_param_split(model, plan, s) for s in range(plan.pp))
     events = 0.0
+    pieces = max(plan.stage_layers(model)) * plan.vpp + 2  # ZeRO-1/2's gather after the step: a piece a tensor
     for params, group in ((dense, plan.dp_cp), (experts, expert_data_parallel(plan))):
         if group > 1 and params:
-            buckets = max(1.0, 2.0 * params / max(plan.bucket_size_bytes, 1))
+            buckets = max(1.0, 2.0 * params / max(ddp_bucket_bytes(plan), 1))
             events += buckets * _ring_hops(group, "allreduce", flows) * rings * _EVENTS_PER_HOP
+            if plan.zero.gathers_after_step:  # the updated parameters' all-gather, over the buckets when overlapped
+                gathers = buckets if plan.param_gather_overlap else pieces
+                events += gathers * _ring_hops(group, "allgather", flows) * rings * _EVENTS_PER_HOP
     return events
 
 

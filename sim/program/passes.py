@@ -298,6 +298,11 @@ class GradSync:
     """Seconds of the kernels that run over a bucket of ``nb`` bytes on the compute stream right
     before its collective is issued (Megatron-Core's ``start_grad_sync``: the NaN check's norm, the
     in-place gradient scaling; ``sim.program.training.grad_prep``); None: none."""
+    unit: Callable[[int, int], tuple[int, float]] | None = None
+    """(rank, layer) -> (its bucketing unit, that unit's bucket bytes): buckets never span two
+    units, each packed to its own size (Megatron-Core's DDP, one per model chunk, a later
+    stage's and chunk's a single bucket: ``sim.inputs.frameworks.GRAD_BUCKETS``); None: every
+    layer in one unit of ``bucket_bytes``."""
 
 
 def add_grad_sync(prog: Program, grad_bytes: Callable[[int, int], float], dp_group: Callable[[int], tuple[int, ...]],
@@ -324,7 +329,8 @@ def add_grad_sync(prog: Program, grad_bytes: Callable[[int, int], float], dp_gro
     pipeline schedule each, ``ParallelPlan.sharding.pp_sync_window``), after each layer's
     last backward of the window, held from its first backward of the window. DeepSpeed's buckets (``at_most``) hold at most ``bucket_bytes``
     (``pack_buckets``); with ``on_compute`` each runs on the stream of the backward that
-    fills it, which waits for it (DeepSpeed without ``overlap_comm``). With ``prep_s`` each
+    fills it, which waits for it (DeepSpeed without ``overlap_comm``). With ``unit`` the layers of
+    each unit are packed on their own, at the unit's size (``GradSync.unit``). With ``prep_s`` each
     bucket's collective waits for a kernel of that many seconds on the stream of the backward it
     follows, issued right after that backward (``GradSync.prep_s``).
     """
@@ -363,7 +369,8 @@ def add_grad_sync(prog: Program, grad_bytes: Callable[[int, int], float], dp_gro
             step_end[u[0]] = max(step_end.get(u[0], u[3]), u[3])
         k = 0
         for grp in groups:
-            for nb, members in pack_buckets(grp, lambda u: grad_bytes(r, u[1]), bucket_bytes, at_most):
+            unit = None if sync.unit is None else (lambda u, r=r: sync.unit(r, u[1]))
+            for nb, members in pack_units(grp, lambda u: grad_bytes(r, u[1]), bucket_bytes, at_most, unit):
                 anchor = (step_end[members[-1][0]] if sync.after_step else members[-1][3]) if overlap \
                     else last_backward
                 layers = [u[1] for u in members]
@@ -428,6 +435,23 @@ def pack_buckets(items, size_of: Callable, bucket_bytes: float, at_most: bool = 
     if members:
         buckets.append((size, members))
     return buckets
+
+
+def pack_units(items, size_of: Callable, bucket_bytes: float, at_most: bool = False,
+               unit_of: Callable | None = None, by_first: bool = False) -> list[tuple[float, list]]:
+    """``pack_buckets`` within each unit: ``unit_of(item)`` -> (unit, its bucket bytes); the
+    items of a unit, in their order, packed to that unit's size (no bucket spans two units),
+    and the buckets of all units in the order of their last item (``by_first``: their first)
+    in ``items``. Without ``unit_of``, ``pack_buckets`` of all the items at ``bucket_bytes``."""
+    if unit_of is None:
+        return pack_buckets(items, size_of, bucket_bytes, at_most)
+    parts: dict = {}
+    for i, item in enumerate(items):
+        parts.setdefault(unit_of(item), []).append((i, item))
+    packed = [(nb, members) for (_unit, nbytes), part in parts.items()
+              for nb, members in pack_buckets(part, lambda p: size_of(p[1]), nbytes, at_most)]
+    packed.sort(key=lambda b: b[1][0][0] if by_first else b[1][-1][0])
+    return [(nb, [item for _i, item in members]) for nb, members in packed]
 
 
 def last_of_each_stream(acts) -> tuple[str, ...]:

@@ -339,6 +339,25 @@ def _through_a_nic(topo):
     return crosses
 
 
+def _bucket_units(ctx: BuildContext, bucket_bytes: float) -> Callable[[int, int], tuple[int, float]] | None:
+    """Under Megatron-Core's bucketing (``sim.inputs.frameworks.GRAD_BUCKETS``): (rank, layer) ->
+    (the layer's model chunk on that rank, its bucket bytes): ``bucket_bytes`` on the first
+    pipeline stage's first chunk, one bucket for the whole chunk (infinite) on every other
+    stage and chunk; the embedding is the first chunk's, the head and the multi-token-prediction
+    modules the last chunk's. None under uniform buckets or without overlapped buckets."""
+    plan, model = ctx.plan, ctx.model
+    if plan.sharding.grad_buckets != "megatron-core" or math.isinf(bucket_bytes):
+        return None
+    chunk = {lid: c for c in range(plan.vpp) for s in range(plan.pp) for lid in plan.layer_range(model, c * plan.pp + s)}
+    last, stage = plan.vpp - 1, _stage_of(plan)
+
+    def unit(rank: int, lid: int) -> tuple[int, float]:
+        c = 0 if lid < 0 else chunk.get(lid, last)
+        return c, (bucket_bytes if c == 0 and stage(rank) == 0 else math.inf)
+
+    return unit
+
+
 def grad_sync(ctx: BuildContext, draft: Draft) -> Draft:
     """Gradient buckets over the data-parallel group (all-reduced; reduce-scattered under
     ZeRO, every micro-batch under ZeRO-2/3), then the experts' over the ranks that hold the
@@ -346,6 +365,8 @@ def grad_sync(ctx: BuildContext, draft: Draft) -> Draft:
     plan, moe = ctx.plan, ctx.model.moe
     scale = grad_reduce_scale(plan, moe)
     sync = _sync_options(plan, scale * sync_bucket_bytes(plan))
+    if not sync.every_microbatch:  # (a sync per micro-batch is ZeRO-2's, not Megatron-Core's DDP)
+        sync = replace(sync, unit=_bucket_units(ctx, sync.bucket_bytes))
     dense = _grad_bytes(ctx)
     prog = passes.add_grad_sync(draft.program, lambda r, lid: scale * dense(r, lid), plan.dp_group,
                                 replace(sync, prep_s=grad_prep(ctx, experts=False)))
@@ -516,13 +537,14 @@ def param_gather(ctx: BuildContext, draft: Draft) -> Draft:
     bucket, split, prog = sync_bucket_bytes(plan), _expert_split(ctx), draft.program
     grad_bytes, (fp8_saved, expert_share) = _grad_bytes(ctx), _fp8_gather_savings(ctx)
     if plan.param_gather_overlap:
+        unit = _bucket_units(ctx, bucket)  # (the distributed optimizer gathers over the gradients' buckets)
         prog = zero.add_param_allgather_ahead(prog, lambda r, lid: grad_bytes(r, lid) - fp8_saved(lid),
-                                              plan.dp_group, bucket)
+                                              plan.dp_group, bucket, unit=unit)
         if split:
             experts = _expert_bytes(split)
             prog = zero.add_param_allgather_ahead(prog, lambda r, lid: expert_share * experts(r, lid),
                                                   ctx.folding.edp_group, bucket, label="expert param allgather",
-                                                  stream=_expert_stream(ctx))
+                                                  stream=_expert_stream(ctx), unit=unit)
         return draft.with_program(prog)
     done = "params to GPU" if plan.offload_optimizer else "optimizer"  # the step's last action
     psi_split, stage = _param_split(ctx), _stage_of(plan)

@@ -38,7 +38,7 @@ import math
 from typing import Callable
 
 from sim.program.actions import Action, Program
-from sim.program.passes import last_of_each_stream, layer_uses, pack_buckets
+from sim.program.passes import last_of_each_stream, layer_uses, pack_units
 
 PIPELINE = ("F", "B", "I", "W")
 
@@ -234,13 +234,15 @@ def _kept_through_window(uses, window: int, reshard_after_forward: bool) -> dict
 
 def add_param_allgather_ahead(prog: Program, layer_bytes: Callable[[int, int], float],
                               dp_group: Callable[[int], tuple[int, ...]], bucket_bytes: float,
-                              label: str = "param allgather", stream: Callable[[int], str] | None = None) -> Program:
+                              label: str = "param allgather", stream: Callable[[int], str] | None = None,
+                              unit: Callable[[int, int], tuple[int, float]] | None = None) -> Program:
     """ZeRO-1/2 with the parameter all-gather overlapped (Megatron-LM
     ``--overlap-param-gather``): the previous step's updated parameters are all-gathered
     during this step's forward. Layers (``layer_bytes(rank, layer)``, 0 for none) are packed
-    in the order of their first forward use into buckets of at least ``bucket_bytes``.
-    Bucket 0 is gathered at the start of the step; bucket k + 1 is dispatched when the
-    forward reaches bucket k (Megatron's forward pre-hook waits for a bucket and dispatches
+    in the order of their first forward use into buckets of at least ``bucket_bytes`` (with
+    ``unit``, each unit's layers on their own at its size: ``sim.program.passes.pack_units``,
+    the buckets in the order of their first use). Bucket 0 is gathered at the start of the
+    step; bucket k + 1 is dispatched when the forward reaches bucket k (Megatron's forward pre-hook waits for a bucket and dispatches
     the next), and a bucket's first use waits for its gather. Stream ``dp``, category
     ``zero`` (``stream(rank)`` instead of ``dp`` when given: the stream of the group's process
     group, ``sim.program.process_group_streams``). In steady state this is the same traffic as
@@ -257,8 +259,10 @@ def add_param_allgather_ahead(prog: Program, layer_bytes: Callable[[int, int], f
         for _step, layer, start, _end in layer_uses(lst, ("F",)):
             first.setdefault(layer, start)
         order = sorted(first.items(), key=lambda kv: kv[1])
+        unit_of = None if unit is None else (lambda kv, r=r: unit(r, kv[0]))
         buckets = [(nb, [start for _, start in members])
-                   for nb, members in pack_buckets(order, lambda kv: layer_bytes(r, kv[0]), bucket_bytes)]
+                   for nb, members in pack_units(order, lambda kv: layer_bytes(r, kv[0]), bucket_bytes,
+                                                 unit_of=unit_of, by_first=True)]
         before: dict[int, list[Action]] = {}
         waits: dict[int, list[str]] = {}
         for k, (nb, members) in enumerate(buckets):

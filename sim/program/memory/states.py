@@ -44,10 +44,11 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from sim.errors import require
-from sim.inputs.frameworks import DEEPSPEED_BUCKET_ELEMS, DEEPSPEED_MAX_LIVE_PARAMETERS, deepspeed_prefetch_depth
+from sim.inputs.frameworks import DEEPSPEED_BUCKET_ELEMS, DEEPSPEED_MAX_LIVE_PARAMETERS, MEGATRON_CORE_BUCKET_PARAMS, \
+    MEGATRON_CORE_BUCKET_PARAMS_PER_DP, deepspeed_prefetch_depth
 from sim.inputs.layers import DenseMLP, FullAttention
 from sim.inputs.model import ModelSpec, layer_param_split, layer_params_per_rank, mtp_param_split
-from sim.inputs.plan import ParallelPlan
+from sim.inputs.plan import DDP_BUCKET_BYTES, ParallelPlan
 from sim.inputs.precision import RECIPES
 from sim.inputs.strategies import zero_stage_of
 from sim.program.fp8 import BF16_BYTES, weight_copy_bytes
@@ -245,9 +246,22 @@ def grad_bucket_bytes(bucket_elems: float = DEEPSPEED_REDUCE_BUCKET_ELEMS, grad_
     return grad_bytes * bucket_elems
 
 
+def ddp_bucket_bytes(plan: ParallelPlan) -> float:
+    """The DDP bucket in bytes of 16-bit gradients: ``bucket_size_bytes`` when given, else the
+    framework's: under Megatron-Core's bucketing (``sim.inputs.frameworks.GRAD_BUCKETS``)
+    max(40,000,000, 1,000,000 x dp) parameters, 2 bytes each; else PyTorch DDP's 25 MiB
+    (``sim.inputs.plan.DDP_BUCKET_BYTES``)."""
+
+    if plan.bucket_size_bytes is not None:
+        return plan.bucket_size_bytes
+    if plan.sharding.grad_buckets == "megatron-core":
+        return 2.0 * max(MEGATRON_CORE_BUCKET_PARAMS, MEGATRON_CORE_BUCKET_PARAMS_PER_DP * plan.dp)
+    return DDP_BUCKET_BYTES
+
+
 def sync_bucket_bytes(plan: ParallelPlan) -> float:
     """Bytes per gradient bucket the simulated sync packs: ZeRO-2/3's own reduce bucket
-    (``zero_bucket_size_bytes``) when set, else the DDP bucket (``bucket_size_bytes``);
+    (``zero_bucket_size_bytes``) when set, else the DDP bucket (``ddp_bucket_bytes``);
     without ``overlap_grad_reduce`` (ZeRO 0/1) one bucket of all the gradients, as
     Megatron-LM reduces them ("Set bucket_size to infinity if overlap_grad_reduce is
     False": megatron/core/distributed/distributed_data_parallel.py; the 2021 local DDP
@@ -258,5 +272,5 @@ def sync_bucket_bytes(plan: ParallelPlan) -> float:
     if plan.sharding.deepspeed:
         return plan.zero_bucket_size_bytes or grad_bucket_bytes()
     if plan.zero.shards_grads:
-        return plan.zero_bucket_size_bytes or plan.bucket_size_bytes
-    return plan.bucket_size_bytes if plan.dp_overlap else math.inf
+        return plan.zero_bucket_size_bytes or ddp_bucket_bytes(plan)
+    return ddp_bucket_bytes(plan) if plan.dp_overlap else math.inf
