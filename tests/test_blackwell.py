@@ -65,7 +65,7 @@ def test_gemm_caps_are_the_measured_best_kernels():
     # record): B200 to its NeMo 25.02 rows, GB200 and GB300 to their Megatron-Bridge rows; the B200
     # and GB200 caps stay at or below the best FP8 kernel measured alone (the profile's ceiling, that
     # measurement to three digits).
-    for p, name in ((B200, "b200-fit-report-2026-12-06-cp-merge.json"), (GB200, "gb200-fit-report-2026-12-06.json"),
+    for p, name in ((B200, "b200-fit-report-2026-12-07-buckets.json"), (GB200, "gb200-fit-report-2026-12-06.json"),
                     (load_profile("gb300"), "gb300-fit-report-2026-12-06-night.json")):
         report = json.loads((ROOT / "experiments/fit-cache" / name).read_text())
         assert report["gpu"] == p.name

@@ -231,7 +231,7 @@ def attention_shapes(model: ModelSpec | None, plan: ParallelPlan | None, quick: 
 
 
 def bench_attention(ctx: Context, shapes, repeats: int, warmup: int) -> list[dict]:
-    torch = require_torch()
+    require_torch()
     import torch.nn.functional as F
 
     dt = training_dtype(ctx)

@@ -196,8 +196,7 @@ BY_SOURCE = (
      "llama3.1_8b.yaml, tp 1, has it false)"),
     ("NVIDIA-NeMo/Megatron-Bridge docs/performance-summary-archive.md",
      {"zero": 1, "overlap_param_gather": True, "overlap_grad_reduce": True, "cross_entropy_loss_fusion": True,
-      "accumulate_allreduce_grads_in_fp32": False, "check_for_nan_in_grad": True, "ddp_average_in_collective": True,
-      "bucket_size": 128 * 2**20 * 2},
+      "accumulate_allreduce_grads_in_fp32": False, "check_for_nan_in_grad": True, "ddp_average_in_collective": True},
      "Megatron-Bridge's performance recipes of releases 25.09 (fa0315ae) and 25.11 (branch r0.2.0): every model "
      "recipe's optimizer is distributed_fused_adam with DistributedDataParallelConfig(overlap_grad_reduce=True, "
      "overlap_param_gather=True, use_distributed_optimizer=True) (src/megatron/bridge/recipes/llama/llama3.py, "
@@ -205,12 +204,10 @@ BY_SOURCE = (
      "the 25.09 yamls) and cross_entropy_fusion_impl 'te' (set_common_perf_overrides; the 25.09 yamls); the recipes' "
      "DDP configs set check_for_nan_in_grad=True and average_in_collective=True (llama3.py, qwen3_moe.py, "
      "deepseek_v3.py; the scripts turn the latter off only for Megatron-FSDP, utils/helpers.py): a norm over each "
-     "bucket and the experts' 1/ep scaling before the reduce (sim.program.training.grad_prep); the DDP bucket is "
-     "128 * 1024 * 1024 parameters (256 MiB of BF16 gradients) where the recipe passes a CommOverlapConfig and dp > "
-     "1 (src/megatron/bridge/training/comm_overlap.py _get_optimizer_overlap_cfgs, applied to the DDP config "
-     "under the distributed optimizer: the Llama 3, Llama 3.1, Qwen3 and DeepSeek-V3 performance configs; GPT-OSS's "
-     "passes none, its rows' bucket_size cell Megatron-Core's default), under Megatron-Core's bucketing, one bucket "
-     "a chunk on later stages and chunks (sim.inputs.frameworks.GRAD_BUCKETS); a row's own "
+     "bucket and the experts' 1/ep scaling before the reduce (sim.program.training.grad_prep); the DDP buckets "
+     "are Megatron-Core's (sim.inputs.frameworks.GRAD_BUCKETS: one a chunk on later stages and chunks), of the "
+     "size each row's bucket_size cell gives (the file's notes: 128M parameters where the recipe passes a "
+     "CommOverlapConfig); a row's own "
      "cell wins (Megatron-FSDP rows: zero 3; the recipes that turn a gather or reduce overlap off)"),
     ("NeMo 25.02, DGX-B200", {"zero": 1, "overlap_param_gather": True, "cross_entropy_loss_fusion": True,
                               "bucket_size": 128 * 2**20 * 2, "check_for_nan_in_grad": True,

@@ -341,7 +341,6 @@ def estimate_in(ctx: BuildContext, *, dtype: str = "bf16", flash_attention: bool
     links = _links(plan, gpus_per_node)
     b, t, p, v, m = plan.micro_batch_size, plan.tp, plan.pp, plan.vpp, plan.num_microbatches
     sp = plan.sequence_parallel
-    layers = plan.stage_layers(model)
 
     key = (model, layer_key(plan), profile, links["tp"], gpus_per_node, dtype)
     if key not in _LAYER_TIMES:

@@ -438,7 +438,7 @@ def chunk_work(model: ModelSpec, plan: ParallelPlan, virtual_stage: int, mb: int
     n = plan.pp * plan.vpp
     require(isinstance(virtual_stage, int) and 0 <= virtual_stage < n, "virtual_stage", virtual_stage,
             f"expected 0..{n - 1} (pp x vpp = {plan.pp} x {plan.vpp})")
-    b, t, sp = plan.micro_batch_size, plan.tp, plan.sequence_parallel
+    b, t = plan.micro_batch_size, plan.tp
     plan.check_model(model)
     works = []
     for pos, lid in enumerate(plan.layer_range(model, virtual_stage)):

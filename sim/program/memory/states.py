@@ -261,7 +261,8 @@ def ddp_bucket_bytes(plan: ParallelPlan) -> float:
 
 def sync_bucket_bytes(plan: ParallelPlan) -> float:
     """Bytes per gradient bucket the simulated sync packs: ZeRO-2/3's own reduce bucket
-    (``zero_bucket_size_bytes``) when set, else the DDP bucket (``ddp_bucket_bytes``);
+    (``zero_bucket_size_bytes``) when set, else the given DDP bucket or PyTorch DDP's 25 MiB;
+    below ZeRO-2 the DDP bucket (``ddp_bucket_bytes``);
     without ``overlap_grad_reduce`` (ZeRO 0/1) one bucket of all the gradients, as
     Megatron-LM reduces them ("Set bucket_size to infinity if overlap_grad_reduce is
     False": megatron/core/distributed/distributed_data_parallel.py; the 2021 local DDP
@@ -271,6 +272,6 @@ def sync_bucket_bytes(plan: ParallelPlan) -> float:
     all-reduce bucket without ZeRO: ``sim.inputs.frameworks``)."""
     if plan.sharding.deepspeed:
         return plan.zero_bucket_size_bytes or grad_bucket_bytes()
-    if plan.zero.shards_grads:
-        return plan.zero_bucket_size_bytes or ddp_bucket_bytes(plan)
+    if plan.zero.shards_grads:  # (not Megatron-Core's DDP: Megatron-FSDP and ZeRO-2 reduce by their own units)
+        return plan.zero_bucket_size_bytes or plan.bucket_size_bytes or DDP_BUCKET_BYTES
     return ddp_bucket_bytes(plan) if plan.dp_overlap else math.inf
