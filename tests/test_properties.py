@@ -742,7 +742,8 @@ _BAD_PLAN = {
     "schedule": ["bogus", "", 3, "interleaved"],  # interleaved with vpp = 1 and pp = 2
     "sequence_parallel": [1, "yes", None],
     "dp_overlap": [0, "no"],
-    "bucket_size_bytes": [0, -1, 2.5, math.nan, math.inf, None],
+    "bucket_size_bytes": [0, -1, 2.5, math.nan, math.inf],  # (None: the framework's)
+    "grad_buckets": ["per-layer", "", 1, "Megatron-Core"],
     "placement": ["tp-tp-dp", "x", "", "tp-pp", None, "tp-pp-dp-ep"],
     "zero3_prefetch_depth": [-1, 1.5, True, math.nan, None],
     "zero_bucket_size_bytes": [0, -1, 1.5, math.nan],
