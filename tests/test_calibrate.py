@@ -161,7 +161,10 @@ def test_calibrate_command_on_this_machine(tmp_path, capsys):
         first = pr["per_op_s_ranks"][0]  # (rank 0's own figures, as the merged record keeps them)
         assert first == pytest.approx(max(0.0, pr["extra_cpu_s"]) / pr["events"])
         assert pr["extra_cpu_s"] == pytest.approx(pr["traced_cpu_s"] - pr["iteration_cpu_s"])
-        assert prof.profiler_op_overhead_s == pytest.approx(pr["per_op_s"]) and prof.profiler_op_overhead_s > 0
+        # (0 is a measurement too: under torch 2.13 on this machine's CPU the profiled and the plain iteration
+        # both take about 4 ms for 1,636 events, 2026-12-07, so the least of 11 rounds each way may differ by
+        # either sign, and a cost below the noise is clamped to 0)
+        assert prof.profiler_op_overhead_s == pytest.approx(pr["per_op_s"]) and prof.profiler_op_overhead_s >= 0
         assert "torch.profiler" in prof.sources["profiler_op_overhead_s"] and len(pr["per_op_s_ranks"]) == 2
     else:
         assert fw is None and micro["profiler"] is None and prof.profiler_op_overhead_s is None
