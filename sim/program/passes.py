@@ -368,8 +368,8 @@ def add_grad_sync(prog: Program, grad_bytes: Callable[[int, int], float], dp_gro
         for u in uses:
             step_end[u[0]] = max(step_end.get(u[0], u[3]), u[3])
         k = 0
+        unit = None if sync.unit is None else (lambda u, r=r: sync.unit(r, u[1]))
         for grp in groups:
-            unit = None if sync.unit is None else (lambda u, r=r: sync.unit(r, u[1]))
             for nb, members in pack_units(grp, lambda u: grad_bytes(r, u[1]), bucket_bytes, at_most, unit):
                 anchor = (step_end[members[-1][0]] if sync.after_step else members[-1][3]) if overlap \
                     else last_backward

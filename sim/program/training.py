@@ -348,7 +348,8 @@ def _bucket_units(ctx: BuildContext, bucket_bytes: float) -> Callable[[int, int]
     plan, model = ctx.plan, ctx.model
     if plan.sharding.grad_buckets != "megatron-core" or math.isinf(bucket_bytes):
         return None
-    chunk = {lid: c for c in range(plan.vpp) for s in range(plan.pp) for lid in plan.layer_range(model, c * plan.pp + s)}
+    chunk = {lid: c for c in range(plan.vpp) for s in range(plan.pp)
+             for lid in plan.layer_range(model, c * plan.pp + s)}
     last, stage = plan.vpp - 1, _stage_of(plan)
 
     def unit(rank: int, lid: int) -> tuple[int, float]:

@@ -242,8 +242,9 @@ def add_param_allgather_ahead(prog: Program, layer_bytes: Callable[[int, int], f
     in the order of their first forward use into buckets of at least ``bucket_bytes`` (with
     ``unit``, each unit's layers on their own at its size: ``sim.program.passes.pack_units``,
     the buckets in the order of their first use). Bucket 0 is gathered at the start of the
-    step; bucket k + 1 is dispatched when the forward reaches bucket k (Megatron's forward pre-hook waits for a bucket and dispatches
-    the next), and a bucket's first use waits for its gather. Stream ``dp``, category
+    step; bucket k + 1 is dispatched when the forward reaches bucket k (Megatron's forward
+    pre-hook waits for a bucket and dispatches the next), and a bucket's first use waits for
+    its gather. Stream ``dp``, category
     ``zero`` (``stream(rank)`` instead of ``dp`` when given: the stream of the group's process
     group, ``sim.program.process_group_streams``). In steady state this is the same traffic as
     ``add_param_allgather``, moved from the end of one step into the next one's forward."""
