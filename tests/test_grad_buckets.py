@@ -26,9 +26,9 @@ def test_the_megatron_core_default_bucket_grows_with_the_data_parallel_size(dp, 
 def test_a_given_bucket_and_other_frameworks_keep_their_size():
     assert ddp_bucket_bytes(ParallelPlan(dp=64, global_batch_size=64, bucket_size_bytes=2**20)) == 2**20
     assert ddp_bucket_bytes(ParallelPlan(dp=64, global_batch_size=64, grad_buckets="uniform")) == DDP_BUCKET_BYTES
-    assert ParallelPlan(dp=64, global_batch_size=64).sharding.grad_buckets == "megatron-core"
+    assert ParallelPlan(dp=64, global_batch_size=64).sharding.grad_buckets.name == "megatron-core"
     # FSDP and DeepSpeed bucket by their own rules: never Megatron-Core's
-    assert ParallelPlan(dp=64, global_batch_size=64, zero_stage=3, framework="torchtitan").sharding.grad_buckets \
+    assert ParallelPlan(dp=64, global_batch_size=64, zero_stage=3, framework="torchtitan").sharding.grad_buckets.name \
         == "uniform"
 
 

@@ -154,8 +154,7 @@ def _worker(ctx: Context, payload: dict) -> dict:
     # and the all-reduce needs no packing or copy-back.
     flats = []
     # (Megatron-Core's DDP puts a later pipeline stage's gradients in one bucket: sim.inputs.frameworks.GRAD_BUCKETS)
-    one = plan.sharding.grad_buckets == "megatron-core" and p > 0
-    for bucket in _buckets(stage.parameters(), math.inf if one else ddp_bucket_bytes(plan)):
+    for bucket in _buckets(stage.parameters(), plan.sharding.grad_buckets.unit_bytes(p, 0, ddp_bucket_bytes(plan))):
         flat = torch.zeros(sum(q.numel() for q in bucket), device=ctx.device, dtype=dt)
         off = 0
         for q in bucket:

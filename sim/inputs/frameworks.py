@@ -165,6 +165,7 @@ its kernels are the ones ``kernel_launch_s`` is fitted to.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from sim.inputs.model import ModelSpec, layer_params_per_rank
@@ -245,7 +246,40 @@ FSDP_KINDS = ("fsdp1", "fsdp2")
 """PyTorch's two FSDPs: FSDP1 (``FullyShardedDataParallel``, one flat parameter per wrapped
 module) and FSDP2 (``fully_shard``, one DTensor per parameter)."""
 
-GRAD_BUCKETS = ("megatron-core", "uniform")
+PYTORCH_DDP_BUCKET_BYTES = 25 * 2**20
+"""PyTorch DDP's default bucket: ``bucket_cap_mb=25``, i.e. 25 MiB (torch.nn.parallel.DistributedDataParallel)."""
+
+MEGATRON_CORE_BUCKET_PARAMS = 40_000_000
+"""Megatron-Core DDP's default bucket floor, in parameters (``GRAD_BUCKETS``); the bucket is
+the larger of it and ``MEGATRON_CORE_BUCKET_PARAMS_PER_DP`` times the data-parallel size."""
+MEGATRON_CORE_BUCKET_PARAMS_PER_DP = 1_000_000
+
+
+@dataclass(frozen=True)
+class GradBuckets:
+    """How a data-parallel wrapper below ZeRO-3 packs the gradients into buckets
+    (``GRAD_BUCKETS``, ``--grad-buckets``): its default bucket, and whether a stage and
+    model chunk other than the first reduce their gradients as one bucket."""
+
+    name: str
+    per_chunk: bool
+    """Each model chunk its own DDP instance: no bucket spans two chunks, and only the first
+    stage's first chunk is cut into buckets (Megatron-Core's)."""
+
+    def default_bytes(self, dp: int) -> float:
+        """The bucket in bytes of 16-bit gradients when none is given."""
+        if self.per_chunk:
+            return 2.0 * max(MEGATRON_CORE_BUCKET_PARAMS, MEGATRON_CORE_BUCKET_PARAMS_PER_DP * dp)
+        return PYTORCH_DDP_BUCKET_BYTES
+
+    def unit_bytes(self, stage: int, chunk: int, bucket_bytes: float) -> float:
+        """The bucket of model chunk ``chunk`` on pipeline stage ``stage``: ``bucket_bytes``, or
+        all of the chunk's gradients at once (infinite) where Megatron-Core turns bucketing off."""
+        return bucket_bytes if not self.per_chunk or (stage == 0 and chunk == 0) else math.inf
+
+
+GRAD_BUCKETS = {"megatron-core": GradBuckets("megatron-core", per_chunk=True),
+                "uniform": GradBuckets("uniform", per_chunk=False)}
 """How the gradients are packed into data-parallel buckets below ZeRO-3 (``--grad-buckets``):
 
 - "megatron-core": Megatron-Core's ``DistributedDataParallel`` (megatron/core/distributed/
@@ -261,11 +295,6 @@ GRAD_BUCKETS = ("megatron-core", "uniform")
   parameter all-gather of its distributed optimizer runs over the same buckets.
 - "uniform": PyTorch DDP's ``bucket_cap_mb`` (25 MiB by default) on every stage and chunk, and
   NeMo 1.0's Apex ``DistributedFusedAdam``, which buckets every parameter alike."""
-
-MEGATRON_CORE_BUCKET_PARAMS = 40_000_000
-"""Megatron-Core DDP's default bucket floor, in parameters (``GRAD_BUCKETS``); the bucket is
-the larger of it and ``MEGATRON_CORE_BUCKET_PARAMS_PER_DP`` times the data-parallel size."""
-MEGATRON_CORE_BUCKET_PARAMS_PER_DP = 1_000_000
 
 FRAMEWORKS = {
     "megatron": Framework("te", "backward_pre", "Megatron-Core / NeMo with Transformer Engine (the presets' fits)",
@@ -373,9 +402,9 @@ class ShardingStrategy:
     schedule_calls: int
     """How many times a step runs the pipeline schedule (``pp_call_microbatches``: one call per
     that many micro-batches, AutoModel's one per accumulation step; else once)."""
-    grad_buckets: str
+    grad_buckets: GradBuckets
     """How the gradients below ZeRO-3 are bucketed (``GRAD_BUCKETS``): the plan's
-    ``grad_buckets`` if given, else the framework's; "uniform" where FSDP or DeepSpeed runs the
+    ``grad_buckets`` if given, else the framework's; uniform where FSDP or DeepSpeed runs the
     plan (they bucket by their own rules)."""
     overlap_comm: bool
     """DeepSpeed's ``overlap_comm``: as given, else on for ZeRO-3 only (``overlap_comm_valid``)."""
@@ -487,7 +516,7 @@ def sharding_of(plan) -> ShardingStrategy:
         pp_sync_window=(plan.pp_call_microbatches or plan.num_microbatches) if fsdp == "fsdp2" and plan.pp > 1
         else None,
         schedule_calls=plan.num_microbatches // plan.pp_call_microbatches if plan.pp_call_microbatches else 1,
-        grad_buckets="uniform" if kind else (plan.grad_buckets or f.grad_buckets),
+        grad_buckets=GRAD_BUCKETS["uniform" if kind else (plan.grad_buckets or f.grad_buckets)],
         overlap_comm=overlap_comm, bucket_buffers=buffers,
         max_live_parameters=plan.zero3_max_live_parameters
         if plan.zero3_max_live_parameters is not None or not f.deepspeed else DEEPSPEED_MAX_LIVE_PARAMETERS,

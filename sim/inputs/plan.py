@@ -46,8 +46,8 @@ from sim.inputs import placement as _pl, rules as _rules, strategies as _st
 from sim.inputs.cuda_graphs import SCOPES as CUDA_GRAPH_SCOPES, parse_cuda_graph
 from sim.inputs.experts import DISPATCHERS
 from sim.inputs.fields import fields_of_class, setting, why_not_field
-from sim.inputs.frameworks import ATTENTION_KERNELS, BACKWARD_PREFETCH, FRAMEWORKS, GRAD_BUCKETS, ShardingStrategy, \
-    sharding_of
+from sim.inputs.frameworks import ATTENTION_KERNELS, BACKWARD_PREFETCH, FRAMEWORKS, GRAD_BUCKETS, \
+    PYTORCH_DDP_BUCKET_BYTES, ShardingStrategy, sharding_of
 from sim.inputs.precision import CURRENT_TE, FP4_FORMAT, FP4_RECIPES, FP8_FORMATS, FP8_RECIPE_CHOICES, TE_VERSION, \
     Precision, canonical_fp8_recipe, check_precision_plan, check_precision_weights, precision_of
 from sim.inputs.recompute import RECOMPUTE_METHODS, RECOMPUTE_MODULES, modules_in_effect, parse_recompute_modules
@@ -65,8 +65,8 @@ Megatron-LM's vocab-parallel cross entropy (its default), the same fused by
 dtype (tp 1 only; what ``trainsim validate``'s reference runs)."""
 ZERO_STAGES = tuple(_st.ZERO)
 SCHEDULES = tuple(_st.PIPELINE_SCHEDULES)
-DDP_BUCKET_BYTES = 25 * 2**20
-"""PyTorch DDP's default bucket: ``bucket_cap_mb=25``, i.e. 25 MiB (torch.nn.parallel.DistributedDataParallel)."""
+DDP_BUCKET_BYTES = PYTORCH_DDP_BUCKET_BYTES
+"""PyTorch DDP's default bucket, 25 MiB (``sim.inputs.frameworks.PYTORCH_DDP_BUCKET_BYTES``)."""
 
 
 
@@ -457,7 +457,7 @@ class ParallelPlan:
     """DDP gradient bucket size in bytes of 16-bit gradients; None: the framework's
     (``sim.program.memory.states.ddp_bucket_bytes``)."""
     grad_buckets: str | None = setting(
-        choices=GRAD_BUCKETS,
+        choices=tuple(GRAD_BUCKETS),
         help="how the gradients are packed into data-parallel buckets below ZeRO-3: megatron-core (a bucket "
              "never spans two model chunks; one bucket for a whole chunk on pipeline stages after the first and "
              "on model chunks after the first, as Megatron-Core's DDP) or uniform (--bucket-size everywhere, "

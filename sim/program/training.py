@@ -345,8 +345,8 @@ def _bucket_units(ctx: BuildContext, bucket_bytes: float) -> Callable[[int, int]
     pipeline stage's first chunk, one bucket for the whole chunk (infinite) on every other
     stage and chunk; the embedding is the first chunk's, the head and the multi-token-prediction
     modules the last chunk's. None under uniform buckets or without overlapped buckets."""
-    plan, model = ctx.plan, ctx.model
-    if plan.sharding.grad_buckets != "megatron-core" or math.isinf(bucket_bytes):
+    plan, model, buckets = ctx.plan, ctx.model, ctx.plan.sharding.grad_buckets
+    if not buckets.per_chunk or math.isinf(bucket_bytes):
         return None
     chunk = {lid: c for c in range(plan.vpp) for s in range(plan.pp)
              for lid in plan.layer_range(model, c * plan.pp + s)}
@@ -354,7 +354,7 @@ def _bucket_units(ctx: BuildContext, bucket_bytes: float) -> Callable[[int, int]
 
     def unit(rank: int, lid: int) -> tuple[int, float]:
         c = 0 if lid < 0 else chunk.get(lid, last)
-        return c, (bucket_bytes if c == 0 and stage(rank) == 0 else math.inf)
+        return c, buckets.unit_bytes(stage(rank), c, bucket_bytes)
 
     return unit
 

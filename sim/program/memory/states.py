@@ -44,8 +44,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from sim.errors import require
-from sim.inputs.frameworks import DEEPSPEED_BUCKET_ELEMS, DEEPSPEED_MAX_LIVE_PARAMETERS, MEGATRON_CORE_BUCKET_PARAMS, \
-    MEGATRON_CORE_BUCKET_PARAMS_PER_DP, deepspeed_prefetch_depth
+from sim.inputs.frameworks import DEEPSPEED_BUCKET_ELEMS, DEEPSPEED_MAX_LIVE_PARAMETERS, deepspeed_prefetch_depth
 from sim.inputs.layers import DenseMLP, FullAttention
 from sim.inputs.model import ModelSpec, layer_param_split, layer_params_per_rank, mtp_param_split
 from sim.inputs.plan import DDP_BUCKET_BYTES, ParallelPlan
@@ -254,9 +253,7 @@ def ddp_bucket_bytes(plan: ParallelPlan) -> float:
 
     if plan.bucket_size_bytes is not None:
         return plan.bucket_size_bytes
-    if plan.sharding.grad_buckets == "megatron-core":
-        return 2.0 * max(MEGATRON_CORE_BUCKET_PARAMS, MEGATRON_CORE_BUCKET_PARAMS_PER_DP * plan.dp)
-    return DDP_BUCKET_BYTES
+    return plan.sharding.grad_buckets.default_bytes(plan.dp)
 
 
 def sync_bucket_bytes(plan: ParallelPlan) -> float:
