@@ -84,3 +84,27 @@ def test_the_parameter_gather_follows_the_same_buckets():
     # stage 0 in the order of first use, 0.9 layers a bucket: the embedding with layer 0, then layers 1, 2, 3
     assert [s.nbytes for s in _buckets(plan, 0, label="param allgather")] == pytest.approx(
         [emb + LAYER, LAYER, LAYER, LAYER])
+
+
+def test_apex_reduces_a_chunk_at_a_time_under_interleaving():
+    # NeMo 1.0 + Apex DistributedFusedAdam: one effective bucket per model chunk, whatever the bucket size; 8
+    # layers over pp 2 x vpp 2, chunks of 2 layers. Stage 0: chunk 0 (embedding, layers 0, 1), chunk 1 (4, 5);
+    # stage 1: chunk 0 (2, 3), chunk 1 (6, 7 and the head). Reduced in backward order: the last chunk first.
+    plan = ParallelPlan(dp=8, pp=2, vpp=2, global_batch_size=16, bucket_size_bytes=int(0.9 * LAYER),
+                        grad_buckets="apex")
+    emb, head = layer_param_bytes(MODEL, 1, -1), layer_param_bytes(MODEL, 1, MODEL.num_layers)
+    got = _per_rank(plan)
+    assert [s.nbytes for s in got[0]] == pytest.approx([2 * LAYER, 2 * LAYER + emb])
+    assert [s.nbytes for s in got[plan.rank(dp=0, pp=1)]] == pytest.approx([2 * LAYER + head, 2 * LAYER])
+
+
+def test_apex_reduces_a_layer_at_a_time_without_interleaving():
+    # Without interleaving one effective bucket per layer; the parameters in no layer (the embedding on stage 0,
+    # the head on stage 1) go with the stage's first layer, reduced last (NeMo's buckets[-1] after the reverse).
+    plan = ParallelPlan(dp=8, pp=2, global_batch_size=16, grad_buckets="apex")
+    emb, head = layer_param_bytes(MODEL, 1, -1), layer_param_bytes(MODEL, 1, MODEL.num_layers)
+    got = _per_rank(plan)
+    assert [s.nbytes for s in got[0]] == pytest.approx([LAYER, LAYER, LAYER, LAYER + emb])  # layers 3, 2, 1, 0
+    assert [s.nbytes for s in got[plan.rank(dp=0, pp=1)]] == pytest.approx([LAYER, LAYER, LAYER, LAYER + head])
+    # its default bucket: Apex's bucket_cap_mb=100 MiB
+    assert ddp_bucket_bytes(plan) == 100 * 2**20

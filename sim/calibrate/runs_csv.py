@@ -171,8 +171,18 @@ BY_SOURCE = (
      "MPT's defaults (llm-foundry MPTConfig: attn_pdrop, resid_pdrop and emb_pdrop 0.0; learned positions, biases, "
      "LayerNorm and tied embeddings as trainsim's defaults; the benchmark's NumParams, 6,658,859,008 for MPT-7B at "
      "2048 tokens, counts the biases and the learned positions)"),
+    ("nemotron/README_15b.md @ 8f5cbb3799ea", {"grad_buckets": "megatron-core"},
+     "the v25.02 Nemotron-4 15B benchmark alone runs Megatron-Core's distributed optimizer (NVIDIA/dgxc-benchmarking "
+     "v25.02 nemotron/nemotron4-15b-synth.yaml: optim name mcore_distributed_optim; v25.01 had "
+     "distributed_fused_adam), which NeMo 1.0 wraps in Megatron-Core's DDP (NeMo v2.2.0 megatron_gpt_model.py "
+     "setup_mcore_distributed_parallel: bucket_size from optim.ddp_bucket_size, unset, so Megatron-Core's default; "
+     "disable_bucketing for every model chunk after the first): sim.inputs.frameworks.GRAD_BUCKETS megatron-core"),
+    ("nemotron/README.md @ 1f6d9f40e411", {"grad_buckets": "megatron-core"},
+     "v25.05.04 ran NeMo 2.0 (NeMo 25.04), whose MegatronStrategy wraps every model chunk in Megatron-Core's DDP "
+     "(sim.inputs.frameworks.GRAD_BUCKETS megatron-core; the bucket left at Megatron-Core's default, not checked "
+     "against a MegatronCommOverlapCallback's 128M parameters)"),
     ("NVIDIA/dgxc-benchmarking", {"zero": 1, "overlap_param_gather": True, "check_for_nan_in_grad": False,
-                                  "ddp_average_in_collective": True, "grad_buckets": "uniform"},
+                                  "ddp_average_in_collective": True, "grad_buckets": "apex"},
      "every DGX Cloud benchmark's configuration shards the optimizer (NVIDIA/dgxc-benchmarking v25.02: "
      "gpt3_175b_hydra.yaml, nemotron4-340b-synth.yaml, llama3.1_8b.yaml and llama3.1_405b.yaml: optim name "
      "distributed_fused_adam with overlap_grad_sync and overlap_param_sync true, grad_sync_dtype bf16): the "
@@ -183,9 +193,12 @@ BY_SOURCE = (
      "the collective (ReduceOp.AVG with average_grad_sync) with no NaN check or scaling pass before it "
      "(NVIDIA/apex apex/contrib/optimizers/distributed_fused_adam.py _start_bucket_grad_sync): no per-bucket "
      "kernels (check_for_nan_in_grad off, ddp_average_in_collective on, sim.program.training.grad_prep); and its "
-     "buckets are Apex's, every parameter alike on every pipeline stage, not Megatron-Core DDP's one bucket per "
-     "later stage (grad_buckets uniform, sim.inputs.frameworks.GRAD_BUCKETS; the bucket size left at the "
-     "default 25 MiB: not checked against the benchmark's bucket_cap_mb)"),
+     "buckets are Apex's as NeMo 1.0 groups them: one effective bucket a model chunk under interleaving (GPT-3 "
+     "175B, Nemotron-4 340B, Llama 3.1 405B), else a transformer layer (Llama 3.1 8B), the embedding and the head "
+     "with the stage's first (NeMo v2.2.0 megatron_gpt_model.py configure_optimizers: init_params_bucket per "
+     "virtual stage or layer), not Megatron-Core DDP's (grad_buckets apex, sim.inputs.frameworks.GRAD_BUCKETS); "
+     "each group's Apex buckets of bucket_cap_mb (v25.02: 220 MiB GPT-3 175B, 50 Nemotron-4 340B, 75 Llama 3.1 "
+     "8B, 125 405B) start together, which trainsim runs as one collective"),
     ("nemo_megatron/README_175b", {"tp_comm_overlap": True, "tp_comm_overlap_cfg": "dgxc-25.02-gpt3-175b"},
      "the benchmark's configuration (NVIDIA/dgxc-benchmarking v25.02 nemo_megatron/gpt3_175b_hydra.yaml: "
      "ub_tp_comm_overlap: true, which its configure.sh does not override; BF16 and FP8 rows alike; and its "

@@ -254,6 +254,11 @@ MEGATRON_CORE_BUCKET_PARAMS = 40_000_000
 the larger of it and ``MEGATRON_CORE_BUCKET_PARAMS_PER_DP`` times the data-parallel size."""
 MEGATRON_CORE_BUCKET_PARAMS_PER_DP = 1_000_000
 
+APEX_BUCKET_BYTES = 100 * 2**20
+"""Apex ``DistributedFusedAdam``'s default bucket: ``bucket_cap_mb=100.0`` MiB of the gradient
+sync dtype (NVIDIA/apex apex/contrib/optimizers/distributed_fused_adam.py: ``bucket_size =
+1024 * 1024 * bucket_cap_mb / dtype_size`` elements)."""
+
 
 @dataclass(frozen=True)
 class GradBuckets:
@@ -265,21 +270,29 @@ class GradBuckets:
     per_chunk: bool
     """Each model chunk its own DDP instance: no bucket spans two chunks, and only the first
     stage's first chunk is cut into buckets (Megatron-Core's)."""
+    whole_units: bool = False
+    """Each model chunk under interleaved pipelining, else each transformer layer, is one
+    effective bucket, reduced when its last gradient is ready; the embedding and the head go
+    with the stage's first layer (NeMo 1.0's Apex ``DistributedFusedAdam``)."""
 
     def default_bytes(self, dp: int) -> float:
         """The bucket in bytes of 16-bit gradients when none is given."""
         if self.per_chunk:
             return 2.0 * max(MEGATRON_CORE_BUCKET_PARAMS, MEGATRON_CORE_BUCKET_PARAMS_PER_DP * dp)
-        return PYTORCH_DDP_BUCKET_BYTES
+        return APEX_BUCKET_BYTES if self.whole_units else PYTORCH_DDP_BUCKET_BYTES
 
     def unit_bytes(self, stage: int, chunk: int, bucket_bytes: float) -> float:
         """The bucket of model chunk ``chunk`` on pipeline stage ``stage``: ``bucket_bytes``, or
-        all of the chunk's gradients at once (infinite) where Megatron-Core turns bucketing off."""
+        all of the unit's gradients at once (infinite) where Megatron-Core turns bucketing off
+        and under whole units (whose Apex buckets of ``bucket_bytes`` start together)."""
+        if self.whole_units:
+            return math.inf
         return bucket_bytes if not self.per_chunk or (stage == 0 and chunk == 0) else math.inf
 
 
 GRAD_BUCKETS = {"megatron-core": GradBuckets("megatron-core", per_chunk=True),
-                "uniform": GradBuckets("uniform", per_chunk=False)}
+                "uniform": GradBuckets("uniform", per_chunk=False),
+                "apex": GradBuckets("apex", per_chunk=False, whole_units=True)}
 """How the gradients are packed into data-parallel buckets below ZeRO-3 (``--grad-buckets``):
 
 - "megatron-core": Megatron-Core's ``DistributedDataParallel`` (megatron/core/distributed/
@@ -293,8 +306,19 @@ GRAD_BUCKETS = {"megatron-core": GradBuckets("megatron-core", per_chunk=True),
   first (Megatron-LM's and Megatron-Bridge's ``get_model``/``_ddp_wrap``:
   ``disable_bucketing=(model_chunk_idx > 0)``; NeMo 2.0's megatron_parallel.py the same). The
   parameter all-gather of its distributed optimizer runs over the same buckets.
-- "uniform": PyTorch DDP's ``bucket_cap_mb`` (25 MiB by default) on every stage and chunk, and
-  NeMo 1.0's Apex ``DistributedFusedAdam``, which buckets every parameter alike."""
+- "uniform": PyTorch DDP's ``bucket_cap_mb`` (25 MiB by default) on every stage and chunk.
+- "apex": NeMo 1.0's Apex ``DistributedFusedAdam`` (optim name ``distributed_fused_adam``, NeMo
+  v2.2.0 nemo/collections/nlp/models/language_modeling/megatron_gpt_model.py
+  ``configure_optimizers``): NeMo hands it one parameter group per model chunk under
+  interleaved pipelining, else per transformer layer, the groups in reverse order and every
+  parameter in none of them (the embedding, the head, the final norm) added to the last, the
+  stage's first layer or chunk; Apex's ``init_params_bucket`` makes each group one effective
+  bucket ("configured so they all perform communication together": every Apex bucket of the
+  group waits for all of its parameters, and no bucket spans two groups). Its buckets of
+  ``bucket_cap_mb`` (100 MiB by default) start together, which trainsim runs as one collective
+  a group; the distributed optimizer's overlapped parameter sync runs over the same groups.
+  (The sequence-parallel norms' gradients, which NeMo syncs after the backward, are a rounding
+  error here and go with their layer.)"""
 
 FRAMEWORKS = {
     "megatron": Framework("te", "backward_pre", "Megatron-Core / NeMo with Transformer Engine (the presets' fits)",

@@ -460,8 +460,9 @@ class ParallelPlan:
         choices=tuple(GRAD_BUCKETS),
         help="how the gradients are packed into data-parallel buckets below ZeRO-3: megatron-core (a bucket "
              "never spans two model chunks; one bucket for a whole chunk on pipeline stages after the first and "
-             "on model chunks after the first, as Megatron-Core's DDP) or uniform (--bucket-size everywhere, "
-             "PyTorch DDP's and Apex's distributed Adam's); default: the framework's")
+             "on model chunks after the first, as Megatron-Core's DDP), uniform (--bucket-size everywhere, as "
+             "PyTorch DDP) or apex (one bucket a model chunk under interleaving, else a layer, as NeMo 1.0's "
+             "Apex distributed Adam); default: the framework's")
     """``ParallelPlan.sharding.grad_buckets``; None: the framework's (``sim.inputs.frameworks.GRAD_BUCKETS``)."""
 
     def __post_init__(self):

@@ -340,17 +340,27 @@ def _through_a_nic(topo):
 
 
 def _bucket_units(ctx: BuildContext, bucket_bytes: float) -> Callable[[int, int], tuple[int, float]] | None:
-    """Under Megatron-Core's bucketing (``sim.inputs.frameworks.GRAD_BUCKETS``): (rank, layer) ->
-    (the layer's model chunk on that rank, its bucket bytes): ``bucket_bytes`` on the first
-    pipeline stage's first chunk, one bucket for the whole chunk (infinite) on every other
-    stage and chunk; the embedding is the first chunk's, the head and the multi-token-prediction
-    modules the last chunk's. None under uniform buckets or without overlapped buckets."""
+    """Under Megatron-Core's or Apex's bucketing (``sim.inputs.frameworks.GRAD_BUCKETS``):
+    (rank, layer) -> (the layer's unit on that rank, its bucket bytes). Megatron-Core's unit is
+    the model chunk: ``bucket_bytes`` on the first pipeline stage's first chunk, one bucket for
+    the whole chunk (infinite) on every other stage and chunk; the embedding is the first
+    chunk's, the head and the multi-token-prediction modules the last chunk's. Apex's
+    (``whole_units``) is the model chunk under interleaving, the same way, else the layer, the
+    embedding and the head with the stage's first layer; each one bucket. None under uniform
+    buckets or without overlapped buckets."""
     plan, model, buckets = ctx.plan, ctx.model, ctx.plan.sharding.grad_buckets
-    if not buckets.per_chunk or math.isinf(bucket_bytes):
+    if not (buckets.per_chunk or buckets.whole_units) or (math.isinf(bucket_bytes) and not buckets.whole_units):
         return None
     chunk = {lid: c for c in range(plan.vpp) for s in range(plan.pp)
              for lid in plan.layer_range(model, c * plan.pp + s)}
     last, stage = plan.vpp - 1, _stage_of(plan)
+    if buckets.whole_units and plan.vpp == 1:  # one unit a layer; the rest with the stage's first layer
+        first = {s: next(iter(plan.layer_range(model, s)), -1) for s in range(plan.pp)}
+
+        def layer_unit(rank: int, lid: int) -> tuple[int, float]:
+            return (lid if lid in chunk else first[stage(rank)]), math.inf
+
+        return layer_unit
 
     def unit(rank: int, lid: int) -> tuple[int, float]:
         c = 0 if lid < 0 else chunk.get(lid, last)
