@@ -57,8 +57,8 @@ attention tiles alike)."""
 
 ATTENTION_REFERENCE_HEAD_DIM = 128
 """The head width of the flash-attention benchmarks the profiles' ``attention_max_efficiency``
-comes from (FlashAttention-3's H100 figures, FlashAttention-4's B200 figure: head dim 128);
-``HardwareProfile.attention_head_factor`` is 1 there."""
+comes from (FlashAttention-3's H100 figures, cuDNN's SDPA training benchmark on the Blackwell
+GPUs: head dim 128); ``HardwareProfile.attention_head_factor`` is 1 there."""
 
 
 def causal_work_fraction(seq_k: int) -> float:
@@ -221,6 +221,9 @@ class HardwareProfile:
     (``gemm_efficiency(..., dtype="fp8")``), measured on a kernel alone, or fitted to FP8
     training runs (``trainsim fit``), which sustain less of it than BF16 runs do of theirs.
     None: the same as ``gemm_max_efficiency``."""
+    attention_k_overhead: number("a number >= 0 (units of keys)", ge=0) | None = None
+    """The attention kernel's k0: its fixed cost per query tile in units of the keys the tile
+    loops over (``attention_efficiency``: s / (s + k0)). None: ``gemm_k_overhead``."""
     efficiency_ceilings: EFFICIENCY_CEILINGS | None = None
     """Efficiency field (``gemm_max_efficiency``, ``fp8_gemm_max_efficiency``,
     ``attention_max_efficiency``) -> the most this GPU's own measurements say a kernel of
@@ -438,7 +441,8 @@ class HardwareProfile:
         """Fraction of peak a causal flash-attention kernel reaches on the project's FLOP
         count (the papers' non-causal 4·s·seq_k·d per head, twice the causal work:
         ``sim.program.workload``): one CTA per 128 query rows of one (sequence, head),
-        wave-quantized over the SMs, a k0 cost per tile in units of the keys it loops over,
+        wave-quantized over the SMs, a k0 cost per tile in units of the keys it loops over
+        (``attention_keys_overhead``),
         capped at ``attention_max_efficiency`` (times the ``sustained_compute_fraction`` of a
         training step), which is the kernel's throughput on the work it does, and divided
         by the share of that count the kernel computes (``causal_work_fraction``): it skips
@@ -453,9 +457,14 @@ class HardwareProfile:
         tile_q = seq_q / (math.ceil(seq_q / 128) * 128)
         wave_q = tiles / (math.ceil(tiles / self.sm_count) * self.sm_count)
         return (self.attention_max_efficiency * self.sustained_compute_fraction * tile_q * wave_q
-                * seq_k / (seq_k + self.gemm_k_overhead)) / causal_work_fraction(seq_k) \
+                * seq_k / (seq_k + self.attention_keys_overhead)) / causal_work_fraction(seq_k) \
             * (self.attention_causal_relative_efficiency or 1.0) \
             * ((self.attention_backward_relative_efficiency or 1.0) if backward else 1.0) * head
+
+    @property
+    def attention_keys_overhead(self) -> float:
+        """The attention kernel's k0 in keys: ``attention_k_overhead``, else ``gemm_k_overhead``."""
+        return self.gemm_k_overhead if self.attention_k_overhead is None else self.attention_k_overhead
 
     def attention_head_factor(self, mma_flops_per_score: float) -> float:
         """A flash-attention forward's throughput at ``mma_flops_per_score`` matmul FLOPs per
@@ -504,7 +513,7 @@ class HardwareProfile:
             del out["provenance"]
         for key in ("framework_kernel_efficiency", "framework_kernel_overhead_s", "attention_kernel_speed", "nccl_protocols", "nvls_efficiency",
                     "nvls_latency_s", "nccl_base_latency_s", "fp8_gemm_max_efficiency", "efficiency_ceilings", "attention_backward_relative_efficiency",
-                    "attention_causal_relative_efficiency", "tensor_flops_per_exp", "power_limit_w", "idle_power_w",
+                    "attention_causal_relative_efficiency", "attention_k_overhead", "tensor_flops_per_exp", "power_limit_w", "idle_power_w",
                     "mxfp8_gemm_relative_efficiency", "nvfp4_gemm_relative_efficiency", "memory_bound_power_fraction", "communication_power_fraction",
                     "power_cap_w", "gpu_hour_price_usd", "profiler_op_overhead_s"):
             if out[key] is None:
