@@ -9,7 +9,9 @@ length 512 to 131,072, TFLOP/s on the work done (the forward 2·s²·h·d, the b
 times it). The B200 and GB300 runs used cuDNN 9.13.0 (PyTorch 25.09 container,
 ``pyt_cudnn``), the version of the Megatron-Bridge 25.09 and 25.11 containers (9.13.x); the
 GB200 run used 9.17.0 (``cudnn_fe``), a later and faster release, and is shown only for
-comparison.
+comparison. The B200's earlier run of the same benchmark (the file @ cb560b92: PyTorch 25.06,
+cuDNN 9.10.2) is within 2.2% of 9.13.0's at every length, forward and backward: the Blackwell
+kernel did not change between those releases.
 
 Each time is one call between two CUDA events on an idle GPU (``benchmark_single_sdpa.py``:
 ``start_event.record()``, the call, ``end_event.record()``, the median of 15 calls), so it
