@@ -349,7 +349,7 @@ def _bucket_units(ctx: BuildContext, bucket_bytes: float) -> Callable[[int, int]
     embedding and the head with the stage's first layer; each one bucket. None under uniform
     buckets or without overlapped buckets."""
     plan, model, buckets = ctx.plan, ctx.model, ctx.plan.sharding.grad_buckets
-    if not (buckets.per_chunk or buckets.whole_units) or (math.isinf(bucket_bytes) and not buckets.whole_units):
+    if not buckets.whole_units and (not buckets.per_chunk or math.isinf(bucket_bytes)):
         return None
     chunk = {lid: c for c in range(plan.vpp) for s in range(plan.pp)
              for lid in plan.layer_range(model, c * plan.pp + s)}
