@@ -110,6 +110,29 @@ def test_attention_is_cudnns_kernel_plus_a_constant_call_time(gpu, times):
                                                                   p.attention_backward_relative_efficiency)
 
 
+def test_a_blackwell_gemm_is_its_tiles_work_plus_a_fixed_kernel_time():
+    # XLA's cuBLAS kernel throughputs for the B200 (openxla/xla xla/service/gpu/model/
+    # default_matmul_perf_table.txtpb @ 336bb15c, entry sm_100_B200, BF16, b = 1), TFLOP/s by (m, n, k)
+    points = {(2048, 2048, 256): 276.097, (4096, 4096, 256): 514.706, (4096, 2048, 512): 652.334,
+              (4096, 1024, 1024): 715.649, (2048, 4096, 2048): 1172.847, (2048, 2048, 4096): 1208.488,
+              (4096, 4096, 4096): 1416.867}
+    p = dataclasses.replace(B200, sustained_compute_fraction=1.0)
+    work = {s: 2.0 * s[0] * s[1] * s[2] / (p.peak("bf16") * p.gemm_efficiency(*s)) for s in points}
+    measured = {s: 2.0 * s[0] * s[1] * s[2] / (v * 1e12) for s, v in points.items()}
+
+    def worst(fixed_s):
+        # the table's own clock: one scale of the priced work, least squares on the relative error (closed form)
+        a = (sum(work[s] / measured[s] * (1 - fixed_s / measured[s]) for s in points)
+             / sum((work[s] / measured[s]) ** 2 for s in points))
+        return max(abs((a * work[s] + fixed_s) / measured[s] - 1) for s in points)
+
+    # the profile's k0 and tiles with its GEMM kernel's fixed time give every shape within 3%, from 8 us to 97 us;
+    # with only the 3 us every kernel pays, the small shapes are 10% or more off
+    assert B200.gemm_fixed_s == pytest.approx(4.82e-6) and GB200.gemm_fixed_s == B200.gemm_fixed_s
+    assert worst(B200.gemm_fixed_s) < 0.03
+    assert worst(B200.kernel_launch_s) > 0.10
+
+
 def test_nvls_efficiency_reproduces_the_8_gpu_measurements():
     # busbw = 2(n-1)/(n+1) * 900 GB/s * eff at n = 8: 830 GB/s on 8 B200 (NVIDIA/nccl#1807),
     # 811 GB/s on 8 GB200 over two trays (multi-node NVLink)

@@ -221,6 +221,11 @@ class HardwareProfile:
     (``gemm_efficiency(..., dtype="fp8")``), measured on a kernel alone, or fitted to FP8
     training runs (``trainsim fit``), which sustain less of it than BF16 runs do of theirs.
     None: the same as ``gemm_max_efficiency``."""
+    gemm_kernel_fixed_s: SECONDS | None = None
+    """A GEMM kernel's fixed seconds beyond its tiles' work (``gemm_efficiency``): the launch,
+    the first tiles' pipeline fill and the last ones' drain that no k0 per tile accounts for,
+    paid once per kernel (once per round of a grouped GEMM on several streams:
+    ``sim.program.costs.fixed_time``). None: ``kernel_launch_s``, every kernel's cost."""
     attention_k_overhead: number("a number >= 0 (units of keys)", ge=0) | None = None
     """The attention kernel's k0: its fixed cost per query tile in units of the keys the tile
     loops over (``attention_efficiency``: s / (s + k0)). None: ``gemm_k_overhead``."""
@@ -462,6 +467,11 @@ class HardwareProfile:
             * ((self.attention_backward_relative_efficiency or 1.0) if backward else 1.0) * head
 
     @property
+    def gemm_fixed_s(self) -> float:
+        """A GEMM kernel's fixed seconds: ``gemm_kernel_fixed_s``, else ``kernel_launch_s``."""
+        return self.kernel_launch_s if self.gemm_kernel_fixed_s is None else self.gemm_kernel_fixed_s
+
+    @property
     def attention_keys_overhead(self) -> float:
         """The attention kernel's k0 in keys: ``attention_k_overhead``, else ``gemm_k_overhead``."""
         return self.gemm_k_overhead if self.attention_k_overhead is None else self.attention_k_overhead
@@ -513,7 +523,7 @@ class HardwareProfile:
             del out["provenance"]
         for key in ("framework_kernel_efficiency", "framework_kernel_overhead_s", "attention_kernel_speed", "nccl_protocols", "nvls_efficiency",
                     "nvls_latency_s", "nccl_base_latency_s", "fp8_gemm_max_efficiency", "efficiency_ceilings", "attention_backward_relative_efficiency",
-                    "attention_causal_relative_efficiency", "attention_k_overhead", "tensor_flops_per_exp", "power_limit_w", "idle_power_w",
+                    "attention_causal_relative_efficiency", "attention_k_overhead", "gemm_kernel_fixed_s", "tensor_flops_per_exp", "power_limit_w", "idle_power_w",
                     "mxfp8_gemm_relative_efficiency", "nvfp4_gemm_relative_efficiency", "memory_bound_power_fraction", "communication_power_fraction",
                     "power_cap_w", "gpu_hour_price_usd", "profiler_op_overhead_s"):
             if out[key] is None:

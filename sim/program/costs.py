@@ -143,9 +143,9 @@ def op_time(op: Op, profile: HardwareProfile, dtype: str = "bf16") -> float:
                 raise InputError(f"precision: GPU {profile.name} has no {dtype.upper()} peak (peak_flops has "
                                  f"{', '.join(sorted(profile.peak_flops))}); {op.dtype} GEMMs need one")
         if op.streams and op.batch > 1:  # one kernel per GEMM on a few streams
-            compute, rounds = gemm_compute_time(op, profile, dtype, kernel)
+            compute, _ = gemm_compute_time(op, profile, dtype, kernel)
             memory = (op.bytes_read + op.bytes_written) / profile.memory_rate(op.framework)
-            return max(compute, memory) + bias_pass_time(op, profile) + rounds * profile.kernel_launch_s
+            return max(compute, memory) + bias_pass_time(op, profile) + fixed_time(op, profile)
         rate = profile.peak(dtype) * profile.gemm_efficiency(m, n, k, op.batch, kernel)
     elif op.kind == "attention":
         sq, sk, d = op.shape
@@ -158,7 +158,14 @@ def op_time(op: Op, profile: HardwareProfile, dtype: str = "bf16") -> float:
         rate = profile.peak("fp32") if "fp32" in profile.peak_flops else profile.peak(dtype)
     compute = op.flops / rate if op.flops else 0.0
     memory = (op.bytes_read + op.bytes_written) / profile.memory_rate(op.framework)
-    return max(compute, memory) + bias_pass_time(op, profile) + launches(op) * profile.kernel_launch_s
+    return max(compute, memory) + bias_pass_time(op, profile) + fixed_time(op, profile)
+
+
+def fixed_time(op: Op, profile: HardwareProfile) -> float:
+    """The fixed seconds ``op`` pays beside its roofline: ``launches`` times the profile's
+    per-kernel cost, a GEMM's ``gemm_fixed_s`` (the GEMM kernel's own, measured on Blackwell),
+    any other kernel's ``kernel_launch_s``."""
+    return launches(op) * (profile.gemm_fixed_s if op.kind == "gemm" else profile.kernel_launch_s)
 
 
 def mma_flops_per_score(op: Op) -> float | None:

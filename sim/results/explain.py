@@ -24,7 +24,7 @@ from sim.inputs.model import ModelSpec
 from sim.inputs.pacing import slowest_speed
 from sim.inputs.plan import ParallelPlan
 from sim.program.api import (
-    bias_pass_time, collective_time, fsdp_copy_rows, gemm_compute_time, launches, Comm, default_layout, dispatch_groups, estimate_of, gemm_kernel,
+    bias_pass_time, collective_time, fixed_time, fsdp_copy_rows, gemm_compute_time, Comm, default_layout, dispatch_groups, estimate_of, gemm_kernel,
     group_comm_time, group_sizes, HOST_LAUNCH_S, issue_bound, local_sequence, mma_flops_per_score, moe_shape, Op, op_time,
     plan_edge_works, plan_layer_work, Work,
 )
@@ -41,9 +41,8 @@ def _op_row(op: Op, profile: HardwareProfile, dtype: str = "bf16") -> dict:
     if op.dtype != "bf16":  # (an FP8 or FP4 GEMM: sim.program.fp8)
         dtype, kernel = gemm_kernel(op.dtype, profile)
     moved = op.bytes_read + op.bytes_written
-    fixed = launches(op)
     if op.kind == "gemm" and op.streams and op.batch > 1:  # one kernel per GEMM on a few streams
-        grouped_s, fixed = gemm_compute_time(op, profile, dtype, kernel)
+        grouped_s, _ = gemm_compute_time(op, profile, dtype, kernel)
         eff = op.flops / (profile.peak(dtype) * grouped_s)
     elif op.kind == "gemm":
         eff = profile.gemm_efficiency(*op.shape, op.batch, kernel)
@@ -52,7 +51,7 @@ def _op_row(op: Op, profile: HardwareProfile, dtype: str = "bf16") -> dict:
                                            mma_flops_per_score=mma_flops_per_score(op))
     else:
         eff = profile.memory_efficiency
-    busy = t - fixed * profile.kernel_launch_s - bias_pass_time(op, profile)  # (a CPU's bias pass: not the bound)
+    busy = t - fixed_time(op, profile) - bias_pass_time(op, profile)  # (a CPU's bias pass: not the bound)
     compute_s = op.flops / (profile.peak(dtype) * eff) if op.kind in ("gemm", "attention") and op.flops else 0.0
     bound = "compute" if op.kind in ("gemm", "attention") and compute_s >= busy - 1e-15 else "memory"
     return {
