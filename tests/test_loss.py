@@ -1,6 +1,7 @@
 """The loss and the embedding's backward, kernel by kernel, as the frameworks run them:
 Megatron-LM's vocab-parallel cross entropy (megatron/core/tensor_parallel/cross_entropy.py),
 its fused form (megatron/core/fusions/fused_cross_entropy.py, --cross-entropy-loss-fusion),
+Transformer Engine's (transformer_engine/pytorch/triton/cross_entropy.py, --cross-entropy-fusion-impl te),
 PyTorch's cross_entropy, and PyTorch's dense embedding backward."""
 
 import pytest
@@ -49,6 +50,30 @@ def test_fused_cross_entropy_moves_32_bytes_per_logit(tp):
     assert [c.nbytes for c in comms] == ([4 * n_tok, 8 * n_tok] if tp > 1 else [])
 
 
+@pytest.mark.parametrize("tp", [1, 4])
+def test_transformer_engines_cross_entropy_moves_10_bytes_per_logit(tp):
+    # TE 2.7's parallel_cross_entropy: online_softmax_kernel reads the bf16 logits (2) and writes the row's max,
+    # sum and target logit (3 floats a token); cross_entropy_kernel reads the logits again (2), and the gathered
+    # 3 floats of each of the tp ranks, and writes the gradient over them (2) and the token's loss (a float):
+    # 6 forward; the backward's element_mul_kernel scales the gradient in place (2 + 2) = 4.
+    n_tok, v = S, V // tp
+    ops, comms = _loss("te", tp)
+    assert [o.name for o in ops] == ["head.loss.online_softmax", "head.loss.grad_in_place", "head.loss.grad"]
+    assert sum(o.bytes_read + o.bytes_written for o in ops if o.phase == "F") == 6 * n_tok * v + (12 + 12 * tp + 4) * n_tok
+    assert sum(o.bytes_read + o.bytes_written for o in ops if o.phase == "B") == 4 * n_tok * v
+    assert not any(o.framework for o in ops)  # TE's own kernels, at the library kernels' rate
+    # the tp ranks all-gather each one's three floats per token
+    assert [(c.collective, c.nbytes) for c in comms] == ([("all_gather", 12 * n_tok * tp)] if tp > 1 else [])
+
+
+def test_the_fusion_impl_picks_the_kernels_of_the_fused_loss():
+    fused = {"cross_entropy": "megatron-fused"}
+    assert ParallelPlan(**fused, cross_entropy_impl="te").loss_kernels == "te"
+    assert ParallelPlan(**fused).loss_kernels == "megatron-fused"
+    assert ParallelPlan().loss_kernels == "megatron"
+    assert ParallelPlan(**fused, cross_entropy_impl="te").sections.framework.loss_kernels == "te"
+
+
 @pytest.mark.parametrize("e", [2, 4])
 def test_pytorch_cross_entropy_in_the_training_dtype(e):
     # log_softmax (read, write), nll_loss's zero-filled gradient (write), log_softmax's
@@ -59,8 +84,10 @@ def test_pytorch_cross_entropy_in_the_training_dtype(e):
 
 
 def test_bad_cross_entropy_is_one_line():
-    with pytest.raises(InputError, match="plan: cross_entropy.*allowed: megatron, megatron-fused, pytorch"):
+    with pytest.raises(InputError, match="plan: cross_entropy.*allowed: megatron, megatron-fused, te, pytorch"):
         ParallelPlan(cross_entropy="liger")
+    with pytest.raises(InputError, match="cross_entropy_fusion_impl.*changes nothing without cross_entropy_loss_fusion"):
+        ParallelPlan(cross_entropy_impl="te")
     with pytest.raises(InputError, match="plan: cross_entropy.*tp 1"):
         ParallelPlan(tp=2, cross_entropy="pytorch")
     with pytest.raises(InputError, match="cross_entropy"):

@@ -209,15 +209,19 @@ BY_SOURCE = (
      "llama3.1_8b.yaml, tp 1, has it false)"),
     ("NVIDIA-NeMo/Megatron-Bridge docs/performance-summary-archive.md",
      {"zero": 1, "overlap_param_gather": True, "overlap_grad_reduce": True, "cross_entropy_loss_fusion": True,
-      "accumulate_allreduce_grads_in_fp32": False, "check_for_nan_in_grad": True, "ddp_average_in_collective": True},
+      "cross_entropy_fusion_impl": "te", "accumulate_allreduce_grads_in_fp32": False, "check_for_nan_in_grad": False,
+      "ddp_average_in_collective": True},
      "Megatron-Bridge's performance recipes of releases 25.09 (fa0315ae) and 25.11 (branch r0.2.0): every model "
      "recipe's optimizer is distributed_fused_adam with DistributedDataParallelConfig(overlap_grad_reduce=True, "
      "overlap_param_gather=True, use_distributed_optimizer=True) (src/megatron/bridge/recipes/llama/llama3.py, "
      "deepseek/deepseek_v3.py, qwen/qwen3_moe.py), the scripts set grad_reduce_in_fp32 False (set_*_common_configs, "
-     "the 25.09 yamls) and cross_entropy_fusion_impl 'te' (set_common_perf_overrides; the 25.09 yamls); the recipes' "
-     "DDP configs set check_for_nan_in_grad=True and average_in_collective=True (llama3.py, qwen3_moe.py, "
-     "deepseek_v3.py; the scripts turn the latter off only for Megatron-FSDP, utils/helpers.py): a norm over each "
-     "bucket and the experts' 1/ep scaling before the reduce (sim.program.training.grad_prep); the DDP buckets "
+     "the 25.09 yamls) and cross_entropy_fusion_impl 'te' (set_common_perf_overrides; the 25.09 yamls): Transformer "
+     "Engine's fused loss (sim.program.loss); the recipes' DDP configs set check_for_nan_in_grad=True and "
+     "average_in_collective=True (llama3.py, qwen3_moe.py, deepseek_v3.py), and the performance scripts turn the "
+     "NaN check off (25.11: set_common_perf_overrides, recipe.ddp.check_for_nan_in_grad = False; 25.09: every "
+     "model's yaml, ddp: check_for_nan_in_grad: false) and average_in_collective off only for Megatron-FSDP "
+     "(utils/helpers.py): the experts' 1/ep scaling before the reduce and no norm (sim.program.training.grad_prep); "
+     "the DDP buckets "
      "are Megatron-Core's (sim.inputs.frameworks.GRAD_BUCKETS: one a chunk on later stages and chunks), of the "
      "size each row's bucket_size cell gives (the file's notes: 128M parameters where the recipe passes a "
      "CommOverlapConfig); a row's own "

@@ -51,18 +51,23 @@ from sim.inputs.frameworks import ATTENTION_KERNELS, BACKWARD_PREFETCH, FRAMEWOR
 from sim.inputs.precision import CURRENT_TE, FP4_FORMAT, FP4_RECIPES, FP8_FORMATS, FP8_RECIPE_CHOICES, TE_VERSION, \
     Precision, canonical_fp8_recipe, check_precision_plan, check_precision_weights, precision_of
 from sim.inputs.recompute import RECOMPUTE_METHODS, RECOMPUTE_MODULES, modules_in_effect, parse_recompute_modules
-from sim.inputs.plan_sections import PlanSections
+from sim.inputs.plan_sections import PlanSections, loss_kernels
 from sim.inputs.layer_split import parse_layer_split, split_layers, split_layers_cached
 from sim.errors import InputError, require
 from sim.units import NONNEGATIVE_INT, POSITIVE_INT, Number, parse_size
 
 RECOMPUTE = tuple(_st.RECOMPUTE_POLICIES)
 ATTENTION = tuple(_st.ATTENTION_MODES)
-CROSS_ENTROPY = ("megatron", "megatron-fused", "pytorch")
+CROSS_ENTROPY = ("megatron", "megatron-fused", "te", "pytorch")
 """How the loss is computed over the logits (``sim.program.workload.head_work``):
 Megatron-LM's vocab-parallel cross entropy (its default), the same fused by
-``--cross-entropy-loss-fusion``, or ``torch.nn.functional.cross_entropy`` in the training
-dtype (tp 1 only; what ``trainsim validate``'s reference runs)."""
+``--cross-entropy-loss-fusion``, Transformer Engine's fused kernels (the fusion with
+``--cross-entropy-fusion-impl te``: ``ParallelPlan.loss_kernels``), or
+``torch.nn.functional.cross_entropy`` in the training dtype (tp 1 only; what ``trainsim
+validate``'s reference runs)."""
+CROSS_ENTROPY_FUSION_IMPLS = ("native", "te")
+"""Megatron-Core's ``--cross-entropy-fusion-impl``: which fused cross entropy
+``--cross-entropy-loss-fusion`` runs (``megatron/core/models/common/language_module``)."""
 ZERO_STAGES = tuple(_st.ZERO)
 SCHEDULES = tuple(_st.PIPELINE_SCHEDULES)
 DDP_BUCKET_BYTES = PYTORCH_DDP_BUCKET_BYTES
@@ -425,6 +430,12 @@ class ParallelPlan:
         help="the loss's vocab-parallel cross entropy in Megatron-LM's fused kernels (torch.compile: 32 bytes per "
              "logit over forward and backward, against 52 unfused; default off, as in Megatron-LM)")
     """``CROSS_ENTROPY``: the loss's kernels over the b·s × V/t logits."""
+    cross_entropy_impl: str = setting(
+        "native", name="cross_entropy_fusion_impl", choices=CROSS_ENTROPY_FUSION_IMPLS,
+        help="which fused cross entropy --cross-entropy-loss-fusion runs: Megatron-LM's own (native, default) or "
+             "Transformer Engine's Triton kernels (te: an online softmax, then the gradient written over the "
+             "logits in the forward; 10 bytes per bf16 logit over forward and backward)")
+    """``CROSS_ENTROPY_FUSION_IMPLS``; ``loss_kernels`` combines it with ``cross_entropy``."""
     dp_overlap: bool = setting(True, name="overlap_grad_reduce", kind="bool",
                                help="overlap the data-parallel gradient all-reduce with backward (default on)")
     """DDP buckets are reduced as soon as their gradients are ready; False syncs after the whole backward."""
@@ -549,6 +560,11 @@ class ParallelPlan:
     def attention_mode(self) -> _st.AttentionMode:
         """How attention runs (``sim.inputs.strategies``)."""
         return _st.attention_named(self.attention)
+
+    @property
+    def loss_kernels(self) -> str:
+        """The loss's kernels (``CROSS_ENTROPY``): the fused loss in its implementation's."""
+        return loss_kernels(self.cross_entropy, self.cross_entropy_impl)
 
     @property
     def recompute_policy(self) -> _st.RecomputePolicy:

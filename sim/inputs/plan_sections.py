@@ -181,6 +181,15 @@ class OverlapPlan(_Section):
     param_gather_overlap: bool
 
 
+def loss_kernels(cross_entropy: str, fusion_impl: str) -> str:
+    """The loss's kernels (``sim.inputs.plan.CROSS_ENTROPY``) for ``--cross-entropy-loss-fusion`` as
+    ``cross_entropy`` and ``--cross-entropy-fusion-impl`` as ``fusion_impl``: Transformer
+    Engine's where the fused loss runs its (Megatron-Core's ``compute_language_model_loss``:
+    ``te_parallel_cross_entropy`` if ``cross_entropy_fusion_impl == 'te'``, else
+    ``fused_vocab_parallel_cross_entropy``)."""
+    return "te" if cross_entropy == "megatron-fused" and fusion_impl == "te" else cross_entropy
+
+
 @dataclass(frozen=True)
 class FrameworkPlan(_Section):
     """The training framework and the kernels it runs: attention, the loss, gradient
@@ -192,6 +201,7 @@ class FrameworkPlan(_Section):
     attention: str
     backward_prefetch: str | None
     cross_entropy: str
+    cross_entropy_impl: str
     gradient_accumulation_fusion: bool
     cuda_graph: tuple[str, ...] | None
 
@@ -199,6 +209,11 @@ class FrameworkPlan(_Section):
     def attention_mode(self) -> _st.AttentionMode:
         """How attention runs (``sim.inputs.strategies``)."""
         return _st.attention_named(self.attention)
+
+    @property
+    def loss_kernels(self) -> str:
+        """The loss's kernels (``loss_kernels``)."""
+        return loss_kernels(self.cross_entropy, self.cross_entropy_impl)
 
     @property
     def kernel(self) -> str:

@@ -49,6 +49,9 @@ def check_plan(plan) -> None:
         parse_tp_overlap(plan.tp_comm_overlap_cfg)
     _check(plan.cross_entropy != "pytorch" or plan.tp == 1, "cross_entropy", plan.cross_entropy,
            "pytorch's cross entropy needs the whole vocabulary on one GPU (tp 1); use megatron or megatron-fused")
+    _check(plan.cross_entropy_impl == "native" or plan.cross_entropy == "megatron-fused", "cross_entropy_fusion_impl",
+           plan.cross_entropy_impl, "changes nothing without cross_entropy_loss_fusion (Megatron-Core runs its "
+           "unfused loss); add --cross-entropy-loss-fusion or leave it native")
     attention_named(plan.attention)  # (the names each registry knows: the settings' choices)
     recompute_named(plan.recompute)
     check_recompute_plan(plan)

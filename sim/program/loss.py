@@ -1,8 +1,8 @@
 """The loss's kernels over the logits, as the frameworks run them: Megatron-LM's
 vocab-parallel cross entropy, unfused or fused (``--cross-entropy-loss-fusion``), and
 PyTorch's ``cross_entropy`` (``sim.inputs.plan.CROSS_ENTROPY``). Bytes per logit element
-with bf16 logits, forward + backward: 38 + 14 = 52 unfused, 22 + 10 = 32 fused, and
-2e + 4e in the training dtype's e bytes for PyTorch's."""
+with bf16 logits, forward + backward: 38 + 14 = 52 unfused, 22 + 10 = 32 fused, 6 + 4 = 10
+for Transformer Engine's, and 2e + 4e in the training dtype's e bytes for PyTorch's."""
 
 from __future__ import annotations
 
@@ -29,6 +29,16 @@ def loss_forward(w: Builder, impl: str, n_tok: int, v: int, t: int) -> None:
 
     if impl == "pytorch":
         w.mem("head.loss.log_softmax", e * n, e * n, 4 * n, framework=True)
+        return
+    if impl == "te":
+        # Transformer Engine's parallel_cross_entropy (transformer_engine/pytorch/triton/cross_entropy.py, TE 2.7):
+        # online_softmax_kernel reads each row once for its max, sum and target logit (3 floats a token), the tp
+        # ranks all-gather those, and cross_entropy_kernel reads the row again and writes the gradient over the
+        # logits in their dtype, so the backward only scales it (library kernels: memory_efficiency)
+        w.mem("head.loss.online_softmax", e * n, 3 * f * n_tok, 3 * n)
+        if t > 1:
+            w.comm("head.loss.all_gather.max_sum", "all_gather", 3 * f * n_tok * t)
+        w.mem("head.loss.grad_in_place", e * n + 3 * f * n_tok * t, e * n + f * n_tok, 3 * n, output=e * n)
         return
     if impl == "megatron-fused":
         w.mem("head.loss.max", e * n, f * n + f * n_tok, n, output=f * n, framework=True)  # the cast with the max
@@ -58,7 +68,9 @@ def loss_backward(w: Builder, impl: str, n_tok: int, v: int) -> None:
     gradient of the logits' shape and scatters −1/n at the targets, then log-softmax's
     backward reads it and the log-probabilities and writes the gradient."""
     e, n, f = w.e, n_tok * v, 4
-    if impl == "pytorch":
+    if impl == "te":  # cross_entropy_backward: element_mul_kernel scales the gradient the forward wrote, in place
+        w.mem("head.loss.grad", e * n, e * n, n, output=e * n)
+    elif impl == "pytorch":
         w.mem("head.loss.nll.grad", 0, e * n, framework=True)
         w.mem("head.loss.grad", 2 * e * n, e * n, 3 * n, framework=True)
     elif impl == "megatron-fused":

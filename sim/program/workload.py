@@ -537,7 +537,7 @@ def plan_edge_works(model: ModelSpec, plan: ParallelPlan) -> tuple[Work, Work]:
     weight gradient's accumulation pass)."""
     local = local_sequence(model, plan.cp)
     b, t, sp = plan.micro_batch_size, plan.tp, plan.sequence_parallel
-    return edge_works(local, b, t, sp, plan.cross_entropy, plan.gradient_accumulation_fusion)
+    return edge_works(local, b, t, sp, plan.loss_kernels, plan.gradient_accumulation_fusion)
 
 
 @lru_cache(maxsize=256)
