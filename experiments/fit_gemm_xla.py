@@ -129,11 +129,19 @@ def fit(dtype: str, k0: float | None = None, fixed_s: float | None = None, min_o
 
 def main() -> None:
     print(f"{SOURCE}; shapes with m*n >= 2048 x 2048 (25), least squares on log time")
+    ratio = load_profile("b200").peak("fp8") / load_profile("b200").peak("bf16")
+    fixed_s = fit("bf16", k0=H100_K0)["t0"]
+    print(f"  (FP8 k0 in FP8 k: the model's is BF16's k0 x the peak ratio, {ratio:.0f} x {H100_K0} = "
+          f"{ratio * H100_K0:.0f})")
     for dtype in ("bf16", "fp8"):
-        for label, kw in (("k0 and fixed time free", {}), (f"k0 held at {H100_K0}", {"k0": H100_K0}),
-                          ("fixed time held at 3 us", {"fixed_s": 3e-6})):
+        scale = ratio if dtype == "fp8" else 1.0
+        for label, kw in (("k0 and fixed time free", {}), (f"k0 held at {scale * H100_K0:.0f}", {"k0": H100_K0}),
+                          ("fixed time held at 3 us", {"fixed_s": 3e-6}),
+                          (f"fixed time held at bf16's {fixed_s * 1e6:.2f} us", {"fixed_s": fixed_s})):
+            if dtype == "bf16" and "bf16's" in label:
+                continue
             got = fit(dtype, **kw)
-            print(f"  {dtype} {label}: cap {got['cap']:.3f}, k0 {got['k0']:.0f}, fixed {got['t0'] * 1e6:.2f} us; "
+            print(f"  {dtype} {label}: cap {got['cap']:.3f}, k0 {got['k0'] * scale:.0f}, fixed {got['t0'] * 1e6:.2f} us; "
                   f"rms {got['rms']:.3f}, max {got['max']:.3f}")
     got = fit("bf16", k0=H100_K0)
     print(f"bf16 at k0 {H100_K0}, fixed {got['t0'] * 1e6:.2f} us: measured / priced time per shape (m x n, by k)")

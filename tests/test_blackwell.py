@@ -133,6 +133,20 @@ def test_a_blackwell_gemm_is_its_tiles_work_plus_a_fixed_kernel_time():
     assert worst(B200.kernel_launch_s) > 0.10
 
 
+def test_explain_charges_a_blackwell_gemm_its_own_fixed_time():
+    # each kernel's row is its roofline plus its fixed time: a GEMM's own on Blackwell, any other kernel's launch cost
+    from sim.inputs.model import preset
+    from sim.results.explain import explain, render
+
+    rep = explain(preset("llama3-8b"), ParallelPlan(micro_batch_size=1, global_batch_size=8), GB200, gpus_per_node=8)
+    rows = rep["parts"]["layer"]["rows"]
+    gemm = next(r for r in rows if r["kind"] == "gemm" and r["bound"] == "compute")
+    norm = next(r for r in rows if r["kind"] == "memory")
+    assert gemm["time_s"] - gemm["flops"] / (GB200.peak("bf16") * gemm["efficiency"]) == pytest.approx(4.82e-6)
+    assert norm["time_s"] - norm["bytes"] / (GB200.hbm_bandwidth_Bps * norm["efficiency"]) == pytest.approx(3e-6)
+    assert "3.00 us launch cost; a GEMM, 4.82 us instead" in render(rep)
+
+
 def test_nvls_efficiency_reproduces_the_8_gpu_measurements():
     # busbw = 2(n-1)/(n+1) * 900 GB/s * eff at n = 8: 830 GB/s on 8 B200 (NVIDIA/nccl#1807),
     # 811 GB/s on 8 GB200 over two trays (multi-node NVLink)

@@ -166,6 +166,7 @@ def explain(model: ModelSpec, plan: ParallelPlan, profile: HardwareProfile, gpus
                  "recompute": plan.recompute_label, "zero_stage": plan.zero_stage},
         "tp_link": link,
         "kernel_launch_s": profile.kernel_launch_s,
+        "gemm_fixed_s": profile.gemm_fixed_s,
         "pace": pace,
         "parts": parts,
         "layers_per_stage": per_stage,
@@ -190,7 +191,10 @@ def render(report: dict) -> str:
            f"sequence parallel {'on' if p['sequence_parallel'] else 'off'}, micro-batch {p['micro_batch_size']}, "
            f"recompute {p['recompute']}",
            "Times are what the simulator charges one GPU for one micro-batch "
-           f"(each kernel includes the profile's {format_time(report['kernel_launch_s'])} launch cost). "
+           f"(each kernel includes the profile's {format_time(report['kernel_launch_s'])} launch cost"
+           + (f"; a GEMM, {format_time(report['gemm_fixed_s'])} instead"
+              if report.get("gemm_fixed_s", report["kernel_launch_s"]) != report["kernel_launch_s"] else "")
+           + "). "
            "Phases: F forward, R recomputed forward, B input gradient, W weight gradient.",
            ""]
     pace = report["pace"]
