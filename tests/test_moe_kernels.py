@@ -340,3 +340,40 @@ def test_token_dropping_router_kernels_by_hand():
     assert names.index("moe.router.capacity.topk") == names.index("moe.router.topk") + 1
     dropless = _layer(MOE, replace(plan, moe_capacity_factor=None))
     assert not [i for i in dropless.items if "capacity" in i.name]
+
+
+def test_the_moe_blocks_memory_kernels_stream_at_their_own_relative_rate():
+    """``moe_memory_relative_efficiency`` r: a memory-bound kernel of the MoE block moves its
+    bytes at hbm x memory_efficiency x r (a framework kernel at its own rate x r); the dense
+    part of the layer, the GEMMs and an unset r (None) price as before."""
+    plan = ParallelPlan(dp=16, ep=16, global_batch_size=16)
+    f = _items(_layer(MOE, plan))
+    slow = replace(H100, moe_memory_relative_efficiency=0.5)
+    assert slow.memory_rate(False, moe=True) == pytest.approx(H100.hbm_bandwidth_Bps * H100.memory_efficiency * 0.5)
+    assert slow.memory_rate(True, moe=True) == pytest.approx(H100.memory_rate(True) * 0.5)
+    assert H100.moe_memory_relative_efficiency is None and H100.memory_rate(False, moe=True) == H100.memory_rate(False)
+    # the unfused permutation's gather (a framework kernel, one launch): bytes / (rate x r) + launch
+    p = f["moe.permute"]
+    moved = p.bytes_read + p.bytes_written
+    assert op_time(p, slow) == pytest.approx(moved / (H100.memory_rate(True) * 0.5) + p.kernels * H100.kernel_launch_s,
+                                             rel=1e-12)
+    # not the block's: the attention's norm, and the experts' GEMM (compute-bound here) keep their time
+    dense = next(i for i in _layer(MOE, plan).items if isinstance(i, Op) and i.kind == "memory"
+                 and not i.name.startswith("moe."))
+    assert op_time(dense, slow) == op_time(dense, H100)
+    assert op_time(f["moe.experts.up"], slow) == op_time(f["moe.experts.up"], H100)
+    # the profile keeps the field through its JSON form, and drops it when unset
+    assert slow.to_dict()["moe_memory_relative_efficiency"] == 0.5
+    assert "moe_memory_relative_efficiency" not in H100.to_dict()
+
+
+def test_explain_reports_the_rate_the_moe_blocks_kernels_stream_at():
+    from sim.results.explain import explain
+    plan = ParallelPlan(dp=16, ep=16, global_batch_size=16)
+    rows = {r["name"]: r for part in explain(MOE, plan, replace(H100, moe_memory_relative_efficiency=0.5),
+                                             gpus_per_node=8)["parts"].values() for r in part["rows"]}
+    # (unfused, the router's ops, the permutation and the chunk sorts are PyTorch's own kernels:
+    # the framework rate; the norm is Transformer Engine's: the library rate)
+    for name in ("moe.router.scores", "moe.permute", "moe.sort_chunks"):
+        assert rows[name]["efficiency"] == pytest.approx(H100.framework_kernel_efficiency * 0.5)
+    assert rows["attn.norm"]["efficiency"] == pytest.approx(H100.memory_efficiency)

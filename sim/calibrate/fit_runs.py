@@ -111,6 +111,10 @@ PARAMETERS = (
               "~90%; short fused elementwise kernels less", True),
     Parameter("framework_kernel_efficiency", 0.30, 0.95, "fraction of HBM peak the framework's own elementwise "
               "kernels (torch.compile fusions, eager cross-entropy) reach: below hand-written kernels, above 30%"),
+    Parameter("moe_memory_relative_efficiency", 0.20, 1.0, "rate of a mixture-of-experts block's memory-bound "
+              "kernels (token permutation, chunk sorts, padding, the experts' casts and activation) over the other "
+              "memory-bound kernels': 1 streams like them; 0.2 lets them take five times as long (no kernel benchmark of "
+              "Megatron-Core's MoE block bounds it tighter: experiments/moe_residuals.py)", unset=1.0),
     Parameter("kernel_launch_s", 0.0, 20e-6, "fixed per-kernel cost: CUDA launch latency is 2-5 us, framework "
               "overhead per op adds a few more; 20 us would mean the CPU, not the GPU, sets the pace", True),
     Parameter("gpu_speed_spread", 0.0, 0.05, "GPU-to-GPU speed spread (sim.inputs.pacing): 8% mean, 22% most variation "

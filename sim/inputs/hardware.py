@@ -266,6 +266,12 @@ class HardwareProfile:
     """An NVFP4 GEMM's fraction of the ``fp4`` peak over an MXFP8 GEMM's fraction of the
     ``fp8`` peak (``gemm_efficiency(..., dtype="nvfp4")`` caps at the MXFP8 cap times this):
     the FP4 kernels reach less of their peak than the FP8 ones. None: 1."""
+    moe_memory_relative_efficiency: FRACTION | None = None
+    """The rate the memory-bound kernels of a mixture-of-experts block (from its router to its
+    combine: the router's elementwise ops, the token permutation and its inverse, the chunk
+    sorts, the experts' padding, casts and activation; ``sim.program.costs.in_moe_block``)
+    stream at, over the rate the profile's other memory-bound kernels of their kind reach
+    (``memory_rate(..., moe=True)``). None: 1 (priced as any memory-bound kernel)."""
     attention_backward_relative_efficiency: FRACTION | None = None
     """A flash-attention backward kernel's throughput on the project's count of its work
     (8·s·seq_k·d per head, twice the forward's: ``sim.program.workload``) over the forward
@@ -325,11 +331,14 @@ class HardwareProfile:
     Measured by ``trainsim calibrate`` on a CPU (``reference_model.bench_profiler``). None:
     not measured (the replay keeps the traced host time)."""
 
-    def memory_rate(self, framework: bool = False) -> float:
+    def memory_rate(self, framework: bool = False, moe: bool = False) -> float:
         """Bytes/s a memory-bound kernel moves: a tuned library kernel's, or with
-        ``framework`` one of the framework's own (``framework_kernel_efficiency``)."""
+        ``framework`` one of the framework's own (``framework_kernel_efficiency``); with
+        ``moe`` one of a mixture-of-experts block's, times ``moe_memory_relative_efficiency``."""
         eff = self.framework_kernel_efficiency if framework and self.framework_kernel_efficiency else \
             self.memory_efficiency
+        if moe and self.moe_memory_relative_efficiency is not None:
+            eff *= self.moe_memory_relative_efficiency
         return self.hbm_bandwidth_Bps * eff
     sources: SOURCES = field(default_factory=dict, compare=False)
     """Field -> where its number comes from (datasheet, measurement, assumption)."""
@@ -524,7 +533,7 @@ class HardwareProfile:
         for key in ("framework_kernel_efficiency", "framework_kernel_overhead_s", "attention_kernel_speed", "nccl_protocols", "nvls_efficiency",
                     "nvls_latency_s", "nccl_base_latency_s", "fp8_gemm_max_efficiency", "efficiency_ceilings", "attention_backward_relative_efficiency",
                     "attention_causal_relative_efficiency", "attention_k_overhead", "gemm_kernel_fixed_s", "tensor_flops_per_exp", "power_limit_w", "idle_power_w",
-                    "mxfp8_gemm_relative_efficiency", "nvfp4_gemm_relative_efficiency", "memory_bound_power_fraction", "communication_power_fraction",
+                    "mxfp8_gemm_relative_efficiency", "nvfp4_gemm_relative_efficiency", "moe_memory_relative_efficiency", "memory_bound_power_fraction", "communication_power_fraction",
                     "power_cap_w", "gpu_hour_price_usd", "profiler_op_overhead_s"):
             if out[key] is None:
                 del out[key]

@@ -18,7 +18,7 @@ from sim.inputs.model import ModelSpec
 from sim.inputs.plan import ParallelPlan
 from sim.program.actions import Action, Program
 from sim.program.build import BuildContext, job_profile
-from sim.program.costs import (bias_pass_time, collective_time, fixed_time, gemm_compute_time, launches, mma_flops_per_score, op_time,
+from sim.program.costs import (bias_pass_time, collective_time, fixed_time, gemm_compute_time, in_moe_block, launches, mma_flops_per_score, op_time,
                                transfer_time, work_times)
 from sim.program.dispatch import default_layout, dispatch_groups, group_sizes, moe_shape
 from sim.program.estimate import (Estimate, estimate, estimate_in, group_comm_time, layer_key, layer_phase_times,
@@ -74,7 +74,7 @@ __all__ = [
     "Action", "BuildContext", "Comm", "Estimate", "HOST_LAUNCH_S", "LAUNCH_CATEGORY", "Op",
     "Program", "Routing", "Step", "Work", "auto_layer_split", "bias_pass_time", "chunk_work", "collective_time",
     "context", "default_layout", "dispatch_groups", "edge_works", "estimate", "estimate_in", "estimate_of",
-    "fixed_time", "fsdp_copy_rows", "fp8_any_layout", "gemm_compute_time", "gemm_kernel", "group_comm_time", "group_sizes", "issue_bound", "job_profile", "launches", "mma_flops_per_score", "layer_as_run",
+    "fixed_time", "fsdp_copy_rows", "in_moe_block", "fp8_any_layout", "gemm_compute_time", "gemm_kernel", "group_comm_time", "group_sizes", "issue_bound", "job_profile", "launches", "mma_flops_per_score", "layer_as_run",
     "layer_key", "layer_phase_times", "local_sequence", "model_flops_per_sequence", "model_state_bytes", "moe_layer_groups",
     "moe_shape", "op_time", "plan_edge_works", "plan_flops_per_sequence", "plan_layer_work",
     "stage_profiles", "stage_time_s", "transfer_time", "work_times",

@@ -144,7 +144,7 @@ def op_time(op: Op, profile: HardwareProfile, dtype: str = "bf16") -> float:
                                  f"{', '.join(sorted(profile.peak_flops))}); {op.dtype} GEMMs need one")
         if op.streams and op.batch > 1:  # one kernel per GEMM on a few streams
             compute, _ = gemm_compute_time(op, profile, dtype, kernel)
-            memory = (op.bytes_read + op.bytes_written) / profile.memory_rate(op.framework)
+            memory = (op.bytes_read + op.bytes_written) / profile.memory_rate(op.framework, in_moe_block(op))
             return max(compute, memory) + bias_pass_time(op, profile) + fixed_time(op, profile)
         rate = profile.peak(dtype) * profile.gemm_efficiency(m, n, k, op.batch, kernel)
     elif op.kind == "attention":
@@ -157,8 +157,19 @@ def op_time(op: Op, profile: HardwareProfile, dtype: str = "bf16") -> float:
     else:
         rate = profile.peak("fp32") if "fp32" in profile.peak_flops else profile.peak(dtype)
     compute = op.flops / rate if op.flops else 0.0
-    memory = (op.bytes_read + op.bytes_written) / profile.memory_rate(op.framework)
+    memory = (op.bytes_read + op.bytes_written) / profile.memory_rate(op.framework, in_moe_block(op))
     return max(compute, memory) + bias_pass_time(op, profile) + fixed_time(op, profile)
+
+
+MOE_BLOCK_PREFIX = "moe."
+"""The name every op of a mixture-of-experts block carries (``sim.program.workload_moe``: the
+router, the dispatch and combine, the experts, the shared experts)."""
+
+
+def in_moe_block(op: Op) -> bool:
+    """Whether ``op`` is a kernel of a mixture-of-experts block (``MOE_BLOCK_PREFIX``): its
+    memory-bound kernels stream at the profile's ``memory_rate(..., moe=True)``."""
+    return op.name.startswith(MOE_BLOCK_PREFIX)
 
 
 def fixed_time(op: Op, profile: HardwareProfile) -> float:

@@ -42,7 +42,7 @@ from typing import Callable, Iterable
 import numpy as np
 
 from sim.errors import InputError
-from sim.program.api import bias_pass_time, chunk_work, fixed_time, job_profile, op_time, Step
+from sim.program.api import bias_pass_time, chunk_work, fixed_time, in_moe_block, job_profile, op_time, Step
 from sim.results.trace import Span, Trace
 
 STATES = ("compute_bound", "memory_bound", "communication", "idle")
@@ -232,7 +232,7 @@ def step_compute_fractions(model, plan, profile) -> Callable[[Span], float]:
 def compute_bound(op, profile) -> bool:
     """Whether an op's time is its roofline's compute term (``sim.program.costs.op_time``:
     max(compute, memory) + bias pass + launch), not its memory term."""
-    memory = (op.bytes_read + op.bytes_written) / profile.memory_rate(op.framework)
+    memory = (op.bytes_read + op.bytes_written) / profile.memory_rate(op.framework, in_moe_block(op))
     compute = op_time(op, profile) - bias_pass_time(op, profile) - fixed_time(op, profile)
     return op.flops > 0 and compute > memory * (1.0 + 1e-9)
 

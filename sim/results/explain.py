@@ -25,7 +25,7 @@ from sim.inputs.pacing import slowest_speed
 from sim.inputs.plan import ParallelPlan
 from sim.program.api import (
     bias_pass_time, collective_time, fixed_time, fsdp_copy_rows, gemm_compute_time, Comm, default_layout, dispatch_groups, estimate_of, gemm_kernel,
-    group_comm_time, group_sizes, HOST_LAUNCH_S, issue_bound, local_sequence, mma_flops_per_score, moe_shape, Op, op_time,
+    group_comm_time, group_sizes, HOST_LAUNCH_S, in_moe_block, issue_bound, local_sequence, mma_flops_per_score, moe_shape, Op, op_time,
     plan_edge_works, plan_layer_work, Work,
 )
 from sim.inputs.experts import Folding
@@ -50,7 +50,7 @@ def _op_row(op: Op, profile: HardwareProfile, dtype: str = "bf16") -> dict:
         eff = profile.attention_efficiency(*op.shape, op.batch, backward=op.phase == "B" and not op.recompute,
                                            mma_flops_per_score=mma_flops_per_score(op))
     else:
-        eff = profile.memory_efficiency
+        eff = profile.memory_rate(op.framework, in_moe_block(op)) / profile.hbm_bandwidth_Bps
     busy = t - fixed_time(op, profile) - bias_pass_time(op, profile)  # (a CPU's bias pass: not the bound)
     compute_s = op.flops / (profile.peak(dtype) * eff) if op.kind in ("gemm", "attention") and op.flops else 0.0
     bound = "compute" if op.kind in ("gemm", "attention") and compute_s >= busy - 1e-15 else "memory"
