@@ -271,7 +271,8 @@ class HardwareProfile:
     combine: the router's elementwise ops, the token permutation and its inverse, the chunk
     sorts, the experts' padding, casts and activation; ``sim.program.costs.in_moe_block``)
     stream at, over the rate the profile's other memory-bound kernels of their kind reach
-    (``memory_rate(..., moe=True)``). None: 1 (priced as any memory-bound kernel)."""
+    (``memory_rate(..., moe=True)``); the block's GEMMs take it in their rooflines' memory term
+    too, which binds only the router's small GEMM. None: 1 (priced as any memory-bound kernel)."""
     attention_backward_relative_efficiency: FRACTION | None = None
     """A flash-attention backward kernel's throughput on the project's count of its work
     (8·s·seq_k·d per head, twice the forward's: ``sim.program.workload``) over the forward
