@@ -87,10 +87,11 @@ def test_expert_casts_run_one_kernel_per_expert_as_te_quantizes_each_split():
     gpu = load_profile("h100-sxm")
     ops = _items(fp8_layer_work(work, fp8_precision("hybrid", "tensorwise"), 1, False, microbatches=8))
     cast = ops["moe.experts.up.to_fp8_t"]
-    moved = (cast.bytes_read + cast.bytes_written) / gpu.memory_rate(False)
+    # an expert's cast is one of the MoE block's memory-bound kernels (moe_memory_relative_efficiency)
+    moved = (cast.bytes_read + cast.bytes_written) / gpu.memory_rate(False, moe=True)
     assert op_time(cast, gpu) == pytest.approx(moved + 2 * E * gpu.kernel_launch_s, rel=1e-12)
     amax = ops["moe.experts.up.amax"]
-    moved = (amax.bytes_read + amax.bytes_written) / gpu.memory_rate(False)
+    moved = (amax.bytes_read + amax.bytes_written) / gpu.memory_rate(False, moe=True)
     assert op_time(amax, gpu) == pytest.approx(moved + 2 * E * gpu.kernel_launch_s, rel=1e-12)
     # a dense layer's casts are one kernel each, its amax passes two (zero, then the amax kernel)
     dense = _items(fp8_layer_work(layer_work(TINY, LayerRun(1, 1, False)), fp8_precision("hybrid", "tensorwise"), 1, False))
@@ -124,8 +125,10 @@ def test_te_pads_each_expert_split_for_the_quantized_grouped_gemm_by_hand():
         for name, (read, written, kernels) in expect.items():
             op = ops[name]
             assert (op.bytes_read, op.bytes_written, op.kernels) == pytest.approx((read, written, kernels)), name
-            # memory-bound: its bytes at the profile's library-kernel rate, plus each kernel's fixed cost
-            t = (read + written) / (gpu.hbm_bandwidth_Bps * gpu.memory_efficiency) + kernels * gpu.kernel_launch_s
+            # memory-bound: its bytes at the profile's library-kernel rate times the MoE block's
+            # relative rate (1 when unset), plus each kernel's fixed cost
+            rate = gpu.hbm_bandwidth_Bps * gpu.memory_efficiency * (gpu.moe_memory_relative_efficiency or 1)
+            t = (read + written) / rate + kernels * gpu.kernel_launch_s
             assert op_time(op, gpu) == pytest.approx(t, rel=1e-12), name
         names = [i.name for i in layer_work(TINY, LayerRun(1, 1, False), moe=shape).items]
         for before, after in (("moe.experts.pad", "moe.experts.up"), ("moe.experts.down", "moe.experts.unpad"),

@@ -332,7 +332,9 @@ def test_token_dropping_router_kernels_by_hand():
     assert (topk.bytes_read, topk.bytes_written, topk.kernels) == (5 * 4 * TE, 12 * CE, 10)
     assert (mask.bytes_read, mask.bytes_written, mask.kernels) == (13 * TE + 8 * CE, 13 * TE + 4 * CE, 5)
     assert (grad.bytes_read, grad.bytes_written, grad.kernels) == (5 * TE, 4 * TE, 1)
-    rate = H100.hbm_bandwidth_Bps * (H100.framework_kernel_efficiency or H100.memory_efficiency)
+    # in the MoE block: at its own relative rate (moe_memory_relative_efficiency, 1 when unset)
+    rate = (H100.hbm_bandwidth_Bps * (H100.framework_kernel_efficiency or H100.memory_efficiency)
+            * (H100.moe_memory_relative_efficiency or 1))
     for op in (topk, mask, grad):
         assert op_time(op, H100) == pytest.approx((op.bytes_read + op.bytes_written) / rate
                                                   + op.kernels * H100.kernel_launch_s, rel=1e-12), op.name
@@ -351,7 +353,8 @@ def test_the_moe_blocks_memory_kernels_stream_at_their_own_relative_rate():
     slow = replace(H100, moe_memory_relative_efficiency=0.5)
     assert slow.memory_rate(False, moe=True) == pytest.approx(H100.hbm_bandwidth_Bps * H100.memory_efficiency * 0.5)
     assert slow.memory_rate(True, moe=True) == pytest.approx(H100.memory_rate(True) * 0.5)
-    assert H100.moe_memory_relative_efficiency is None and H100.memory_rate(False, moe=True) == H100.memory_rate(False)
+    unset = replace(H100, moe_memory_relative_efficiency=None)
+    assert unset.memory_rate(False, moe=True) == unset.memory_rate(False)
     # the unfused permutation's gather (a framework kernel, one launch): bytes / (rate x r) + launch
     p = f["moe.permute"]
     moved = p.bytes_read + p.bytes_written
@@ -360,11 +363,11 @@ def test_the_moe_blocks_memory_kernels_stream_at_their_own_relative_rate():
     # not the block's: the attention's norm, and the experts' GEMM (compute-bound here) keep their time
     dense = next(i for i in _layer(MOE, plan).items if isinstance(i, Op) and i.kind == "memory"
                  and not i.name.startswith("moe."))
-    assert op_time(dense, slow) == op_time(dense, H100)
-    assert op_time(f["moe.experts.up"], slow) == op_time(f["moe.experts.up"], H100)
+    assert op_time(dense, slow) == op_time(dense, unset)
+    assert op_time(f["moe.experts.up"], slow) == op_time(f["moe.experts.up"], unset)
     # the profile keeps the field through its JSON form, and drops it when unset
     assert slow.to_dict()["moe_memory_relative_efficiency"] == 0.5
-    assert "moe_memory_relative_efficiency" not in H100.to_dict()
+    assert "moe_memory_relative_efficiency" not in unset.to_dict()
 
 
 def test_explain_reports_the_rate_the_moe_blocks_kernels_stream_at():
