@@ -124,6 +124,33 @@ def regress(rows: list[dict], kind: str | None, per_gpu: bool) -> tuple[dict, np
     return dict(zip(names, coef)), (y - x @ coef) / m
 
 
+BOOTSTRAP = 2000
+"""Resamplings of the rows (with replacement, numpy's default generator, seed 0) behind the
+joint fit's ranges."""
+
+
+def regress_joint(rows: list[dict], kinds: tuple[str, ...]) -> tuple[dict, np.ndarray]:
+    """As ``regress``, with one shared coefficient for each of ``kinds`` at once."""
+    gpus = sorted({d["gpu"] for d in rows})
+    x = np.array([[d.get("compute", 0.0) if d["gpu"] == g else 0.0 for g in gpus] + [d.get(k, 0.0) for k in kinds]
+                  for d in rows])
+    m = np.array([d["measured_s"] for d in rows])
+    y = m - np.array([d["simulated_s"] for d in rows])
+    coef, *_ = np.linalg.lstsq(x / m[:, None], y / m, rcond=None)
+    return dict(zip(kinds, coef[len(gpus):])), (y - x @ coef) / m
+
+
+def bootstrap(rows: list[dict], kinds: tuple[str, ...]) -> tuple[dict, dict]:
+    """The 5th and 95th percentiles of ``regress_joint``'s coefficients over ``BOOTSTRAP``
+    resamplings of ``rows``."""
+    rng = np.random.default_rng(0)
+    draws = np.array([[c[k] for k in kinds] for c in (
+        regress_joint([rows[i] for i in rng.integers(0, len(rows), len(rows))], kinds)[0]
+        for _ in range(BOOTSTRAP))])
+    low, high = np.percentile(draws, [5, 95], axis=0)
+    return dict(zip(kinds, low)), dict(zip(kinds, high))
+
+
 def report(rows: list[dict]) -> None:
     kept = [d for d in rows if d["line"] not in LEFT_OUT]
     print(f"{len(kept)} rows ({len(rows) - len(kept)} left out: lines "
@@ -143,6 +170,14 @@ def report(rows: list[dict]) -> None:
             per = " (" + ", ".join(f"{k.split()[1]} {v:.2f}" for k, v in cg.items() if k.startswith(kind)) + ")"
         print(f"{label:<42}{100 * np.sqrt(np.mean(res ** 2)):6.1f}%{100 * np.mean(abs(res)):6.1f}%"
               f"{100 * np.max(abs(res)):6.1f}%  {shared}{per}")
+    print()
+    families = ("moe_gather", "moe_act", "moe_cast")
+    coef, res = regress_joint(kept, families)
+    low, high = bootstrap(kept, families)
+    print(f"the block's three families fitted together ({100 * np.sqrt(np.mean(res ** 2)):.1f}% rms), with the "
+          f"5-95% range of {BOOTSTRAP} resamplings of the rows:")
+    for k in families:
+        print(f"  {k:<12}{coef[k]:6.2f}   ({low[k]:.2f} to {high[k]:.2f})")
 
 
 def main(argv=None) -> int:
