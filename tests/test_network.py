@@ -260,3 +260,39 @@ def test_kept_rates_are_told_by_route_tuple(make_star, monkeypatch):
         assert ends[("B", k)] - 10.0 * k == pytest.approx(2.0, rel=1e-12)
         assert ends[("A", k)] - 10.0 * k == pytest.approx(8.4, rel=1e-12)
     assert len(filled) == 2  # rounds 0 and 1; round 2 took round 0's
+
+
+def test_components_with_bundles_met_again_take_their_kept_rates(monkeypatch):
+    # A training step of a small mixture of experts over 2 DGX H100 nodes (ep 16, dp 16): each
+    # all-to-all is one bundle of flows, and its components come back layer after layer and
+    # micro-batch after micro-batch. ``Network._bundled_rates`` keeps their rates; the step is
+    # the same, to the bit (every span, every link's bytes), as one that fills every
+    # component again, and fills fewer of them.
+    import sim.engine.network as network
+    from sim.engine.network import Network
+    from sim.inputs.hardware import load_profile
+    from sim.inputs.model import llama
+    from sim.inputs.plan import ParallelPlan
+    from sim.inputs.schema import SimulationSettings
+    from sim.inputs.topology_build import load_topology
+    from sim.session import Job, simulate_training
+
+    model = llama("moe-16", 2, 512, 8, 8, 1024, 2000, 256, num_experts=16, moe_router_topk=2,
+                  moe_ffn_hidden_size=512)
+    job = Job(model, ParallelPlan(dp=16, ep=16, global_batch_size=64), load_profile("h100-sxm"),
+              load_topology("dgx-h100", nodes=2))
+    filled = []
+    fill = network._max_min_rates
+    monkeypatch.setattr(network, "_max_min_rates", lambda *args: filled.append(1) or fill(*args))
+
+    def run():
+        filled.clear()
+        trace = simulate_training(job, SimulationSettings(fidelity="full", collective_model="flows")).trace
+        return [(s.rank, s.name, s.start_s, s.end_s) for s in trace.spans], sorted(trace.link_bytes.items())
+
+    kept, kept_filled = run(), len(filled)
+    calls = []
+    monkeypatch.setattr(Network, "_bundled_rates", lambda self, flows, links: calls.append(1) or list(
+        map(network._max_min_rates(flows, links, self.capacity, self._flows_on).__getitem__, flows)))
+    assert run() == kept
+    assert len(filled) == len(calls) > 2 * kept_filled > 0
