@@ -121,6 +121,31 @@ def test_a_row_is_simulated_at_what_it_sees_and_differentiated_by_the_chain_rule
     assert grad[2] == 0.0 and grad[0] < 0 < grad[1]  # faster GPUs, shorter step; more spread, longer
 
 
+def test_a_row_without_experts_never_sees_the_moe_blocks_rate(tmp_path):
+    # only a mixture-of-experts block's kernels read moe_memory_relative_efficiency
+    # (sim.program.costs.in_moe_block): a dense row's simulation is one at any rate, so it is
+    # simulated once and its slope along the rate is 0 without a difference; an MoE row sees it
+    moe = dict(ROW, source="test moe", sequence_parallel="true", num_experts=8, moe_router_topk=2, moe_ffn_hidden_size=256,
+               expert_model_parallel_size=4, gpus=8, global_batch_size=16, measured_iteration_time_s="0.08")
+    path = tmp_path / "runs.csv"
+    with open(path, "w", newline="") as fh:
+        rows = [dict(ROW, gpus=8, global_batch_size=16, measured_iteration_time_s="0.05"), moe]
+        w = csv.DictWriter(fh, fieldnames=list(moe))
+        w.writeheader()
+        w.writerows([{k: r.get(k, "") for k in moe} for r in rows])
+    a100 = load_profile("a100-80gb")
+    params = (parameter("sustained_compute_fraction"), parameter("moe_memory_relative_efficiency"))
+    sims = Simulations(a100, params, prepare_rows(read_runs(path), "a100-80gb"))
+    assert sims.seen(0, (0.8, 0.5)) == sims.seen(0, (0.8, 0.9)) == (0.8, params[1].low)
+    assert sims.seen(1, (0.8, 0.5)) == (0.8, 0.5)
+    assert sims.sensitive([0], (0.8, 0.5)) == [True, False] and sims.sensitive([1], (0.8, 0.5)) == [True, True]
+    [dense, routed] = sims.slopes([0, 1], (0.8, 0.5), (4e-4, 8e-4))
+    assert dense[1] == 0.0 and dense[0] < 0 and routed[1] < 0  # a slower MoE block, a longer step
+    assert sims.count == 2 + 3  # the dense row at its point and one step; the MoE row at its point and two
+    # the held value is the dense row's time at any rate, simulated
+    assert sims.times([0], (0.8, 0.5)) == [sims.time_s(0, (0.8, 0.9))]
+
+
 def test_a_parameter_no_row_sees_is_found_out_without_simulating(tmp_path):
     # the held-out fits start such a parameter from the profile, not from the fit that saw the held-out rows
     names = ("sustained_compute_fraction", "fp8_gemm_max_efficiency", "gpu_speed_spread")

@@ -296,3 +296,41 @@ def test_components_with_bundles_met_again_take_their_kept_rates(monkeypatch):
         map(network._max_min_rates(flows, links, self.capacity, self._flows_on).__getitem__, flows)))
     assert run() == kept
     assert len(filled) == len(calls) > 2 * kept_filled > 0
+
+
+
+def test_a_bundles_meeting_links_are_those_another_flow_crosses():
+    # ``_reallocate`` reaches out from a bundle only over the links where it meets another
+    # flow, kept as flows join and finish (``_Flow.meets``) rather than read off its hundreds
+    # of links. Two all-to-all bundles over the same 2 x 8 GPUs, of different sizes, a plain
+    # flow across their nodes, and a bundle over other GPUs start together: at every event
+    # each live bundle's kept set is its definition, its links that another flow crosses,
+    # and the rates are max-min fair (debug mode checks every link's capacity).
+    import simpy
+
+    from sim.engine.network import Network
+    from sim.inputs.topology_build import load_topology
+
+    env = simpy.Environment()
+    net = Network(env, load_topology("dgx-h100", nodes=4), check=True)
+    group = [(s, d) for s in range(16) for d in range(16) if s != d]
+    a, b = net.bundle(group), net.bundle(group)
+    c = net.bundle([(s, d) for s in range(16, 24) for d in range(16, 24) if s != d])
+    plain = net.route(3, 12)
+    net.seal()
+    done = []
+    for bundle, nbytes in ((a, 4e6), (b, 2e6), (c, 3e6)):
+        net.start_bundle(bundle, nbytes, "a2a", done.append, bundle)
+    net.start(plain, 3, 12, 8e6, "p2p", 1, done.append, "plain")
+    seen = []
+    while env.peek() < float("inf"):
+        env.step()
+        for f in {f for fl in net._flows_on for f in fl}:
+            if f.bundle is None:
+                assert f.meets is None
+            else:
+                assert f.meets == {l for l in f.links if len(net._flows_on[l]) > 1}
+                seen.append((f.bundle is c, len(f.meets)))
+    assert len(done) == 4 and not any(net._flows_on)
+    assert any(n == len(a.links) == 96 for is_c, n in seen if not is_c)  # (a and b meet on every link they cross)
+    assert all(n == 0 for is_c, n in seen if is_c)  # (c's nodes carry nothing else)

@@ -124,6 +124,10 @@ def with_values(profile: HardwareProfile, params, values) -> HardwareProfile:
     return profile
 
 
+MOE_RATE = "moe_memory_relative_efficiency"
+"""The MoE block's memory rate, which rows of models without experts never read (``Simulations.seen``)."""
+
+
 class Simulations:
     """Each row's prepared run and its simulated iteration time per parameter vector
     (cached); ``pool``: an executor whose workers simulate rows (``worker_pool``), or None.
@@ -132,7 +136,9 @@ class Simulations:
     spread folded into the compute fraction as the simulator folds it
     (``sim.inputs.pacing.paced``: fraction x (1 − σ·e(N)) on the row's N GPUs, then no
     spread), the FP8 GEMM cap held at the profile's value on rows that do not train in
-    FP8 (they never read it), and a framework's kernel overhead
+    FP8 (they never read it), the MoE block's memory rate (``moe_memory_relative_efficiency``)
+    held the same way on rows of models without experts (only a mixture-of-experts block's
+    kernels read it: ``sim.program.costs.in_moe_block``), and a framework's kernel overhead
     (``framework_kernel_overhead_s.NAME``) held at the profile's value (or 0) on rows of
     other frameworks. Vectors the simulation cannot tell apart share one
     simulation, and ``slopes`` differentiates only along what a row sees, by the chain
@@ -159,6 +165,7 @@ class Simulations:
         self._f = names.index("sustained_compute_fraction") if "sustained_compute_fraction" in names else None
         self._sigma = names.index("gpu_speed_spread") if "gpu_speed_spread" in names else None
         self._fp8 = names.index("fp8_gemm_max_efficiency") if "fp8_gemm_max_efficiency" in names else None
+        self._moe = names.index(MOE_RATE) if MOE_RATE in names else None
         self._frameworks = [(j, n.split(".", 1)[1]) for j, n in enumerate(names)
                             if n.startswith(FRAMEWORK_OVERHEAD + ".")]
 
@@ -174,6 +181,9 @@ class Simulations:
         if self._fp8 is not None and plan.precision is None:
             held = self.profile.fp8_gemm_max_efficiency
             out[self._fp8] = float(held) if held is not None else self.params[self._fp8].low
+        if self._moe is not None and not self.prepared[row].model.num_moe_layers:
+            held = self.profile.moe_memory_relative_efficiency
+            out[self._moe] = float(held) if held is not None else self.params[self._moe].low
         for j, name in self._frameworks:  # another framework's overhead: held where the profile has it
             if framework_name(plan) != name:
                 held = (self.profile.framework_kernel_overhead_s or {}).get(name)

@@ -92,7 +92,7 @@ class Bundle:
 
 class _Flow:
     __slots__ = ("links", "remaining", "rate", "last_t", "version", "callback", "arg", "src", "dst", "nbytes", "start",
-                 "label", "medium", "bottleneck", "bundle")
+                 "label", "medium", "bottleneck", "bundle", "meets", "ident")
 
     def __init__(self, route, nbytes, callback, arg, src, dst, start, label):
         """A flow of ``nbytes`` on ``route`` (as ``Network.route`` gives it: links, latency,
@@ -104,7 +104,8 @@ class _Flow:
         self.version = 0
         self.callback, self.arg = callback, arg  # on arrival: callback(arg) is called, or event arg triggered
         self.src, self.dst, self.nbytes, self.start, self.label = src, dst, nbytes, start, label
-        self.bundle = None
+        self.bundle = self.meets = None
+        self.ident = id(self.links)
 
 
 class Network:
@@ -178,7 +179,8 @@ class Network:
             links, bottleneck, float(nbytes), 0.0, now, 0
         flow.callback, flow.arg, flow.src, flow.dst, flow.nbytes, flow.start, flow.label, flow.medium = \
             callback, arg, src, dst, nbytes, now, label, medium
-        flow.bundle = None
+        flow.bundle = flow.meets = None
+        flow.ident = id(links)  # (what tells its route apart in a component's key: _rates, _bundled_rates)
         self.active += 1
         carried[0] += nbytes
         if latency > 0:
@@ -299,6 +301,8 @@ class Network:
         flow.callback, flow.arg, flow.src, flow.dst, flow.nbytes, flow.start, flow.label, flow.medium = \
             callback, arg, bundle.src, bundle.dst, nbytes, now, label, "bundle"
         flow.bundle = bundle
+        flow.meets = set()  # (its links that another flow crosses too: _join and _finish keep them)
+        flow.ident = id(bundle)
         self.active += 1
         bundle.carried[0] += nbytes
         if bundle.latency_s > 0:
@@ -373,16 +377,23 @@ class Network:
             return
         flows_on = self._flows_on
         shared = False
+        meets = flow.meets  # (a bundle's: the links where it meets others)
         for l in links:
             fl = flows_on[l]
             if fl:
                 shared = True
+                if len(fl) == 1:  # (the flow already there meets another here now)
+                    for o in fl:
+                        if o.meets is not None:
+                            o.meets.add(l)
+                if meets is not None:
+                    meets.add(l)
             fl.add(flow)
         if shared:  # rates change on its links: re-allocated in one batch at this instant
-            if flow.bundle is None:
+            if meets is None:
                 self._dirty.update(links)
             else:  # (only where it meets others: see _reallocate)
-                self._dirty.update(l for l in links if len(flows_on[l]) > 1)
+                self._dirty.update(meets)
             self._request_reallocation()
             return
         # Alone on every link of its route: max-min gives it the route's bottleneck, and
@@ -407,6 +418,10 @@ class Network:
             fl.remove(flow)
             if fl:  # the flows left on this link may now go faster
                 dirty.add(l)
+                if len(fl) == 1:  # (the one left has it to itself again)
+                    for o in fl:
+                        if o.meets is not None:
+                            o.meets.discard(l)
         flow.remaining = 0.0
         self.active -= 1
         if flow.bundle is None:
@@ -453,8 +468,10 @@ class Network:
         self._pending = False
         now = self.env.now
         # The component: flows reachable from the dirty links through shared links. Of a
-        # bundle's links (hundreds) only those it shares are taken: those it has to itself
-        # bound its rate alone (``_max_min_rates``). Found a layer at a time with set
+        # bundle's links (hundreds) only those it shares are taken (``_Flow.meets``, kept as
+        # flows join and finish, not read off its links here: on DeepSeek-V3 at 1,024 H100s
+        # that reading was half of the loop): those it has to itself bound its rate alone
+        # (``_max_min_rates``). Found a layer at a time with set
         # unions (a component of thousands of flows over ten thousand links); what it holds,
         # not the order it is found in, is what the rates depend on.
         flows_on, bundles = self._flows_on, self._bundles
@@ -471,10 +488,7 @@ class Network:
             if not bundles:  # (no bundle in the network: every flow's links, read in C)
                 reach = set().union(*map(_route_of, new))
             else:
-                reach = set().union(*[f.links for f in new if f.bundle is None])
-                for f in new:
-                    if f.bundle is not None:
-                        reach.update(m for m in f.links if len(flows_on[m]) > 1)
+                reach = set().union(*[f.links if f.meets is None else f.meets for f in new])
             frontier = reach - links
             links |= frontier
         if not flows:
@@ -567,8 +581,11 @@ class Network:
         component holds its routes and bundles, so their ids are not reused while it is kept.
         Rates are kept by identity only where the flows of one identity got one rate (flows on
         the same links freeze together)."""
-        ids = [id(f.links) if f.bundle is None else id(f.bundle) for f in flows]
-        key = (frozenset(Counter(ids).items()), frozenset(links))
+        ids = list(map(_ident_of, flows))
+        counts = frozenset(ids)
+        if len(counts) != len(ids):  # (some flows share a route or bundle: how many, too)
+            counts = frozenset(Counter(ids).items())
+        key = (counts, frozenset(links))
         recent = self._recent_bundled
         kept = recent.get(key)
         if kept is not None:
@@ -600,6 +617,7 @@ class Network:
 
 
 _route_of = attrgetter("links")
+_ident_of = attrgetter("ident")
 _flow_key = attrgetter("start", "src", "dst", "label", "nbytes")
 """A flow's place in the order rates are set and timers drawn: (start, src, dst, label, nbytes)."""
 
