@@ -292,8 +292,9 @@ def test_components_with_bundles_met_again_take_their_kept_rates(monkeypatch):
 
     kept, kept_filled = run(), len(filled)
     calls = []
-    monkeypatch.setattr(Network, "_bundled_rates", lambda self, flows, links: calls.append(1) or list(
-        map(network._max_min_rates(flows, links, self.capacity, self._flows_on).__getitem__, flows)))
+    monkeypatch.setattr(Network, "_bundled_rates", lambda self, flows: calls.append(1) or list(
+        map(network._max_min_rates(flows, network._links_of(flows), self.capacity, self._flows_on).__getitem__,
+            flows)))
     assert run() == kept
     assert len(filled) == len(calls) > 2 * kept_filled > 0
 

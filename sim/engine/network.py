@@ -92,7 +92,7 @@ class Bundle:
 
 class _Flow:
     __slots__ = ("links", "remaining", "rate", "last_t", "version", "callback", "arg", "src", "dst", "nbytes", "start",
-                 "label", "medium", "bottleneck", "bundle", "meets", "ident")
+                 "label", "medium", "bottleneck", "bundle", "meets", "ident", "peers")
 
     def __init__(self, route, nbytes, callback, arg, src, dst, start, label):
         """A flow of ``nbytes`` on ``route`` (as ``Network.route`` gives it: links, latency,
@@ -104,7 +104,7 @@ class _Flow:
         self.version = 0
         self.callback, self.arg = callback, arg  # on arrival: callback(arg) is called, or event arg triggered
         self.src, self.dst, self.nbytes, self.start, self.label = src, dst, nbytes, start, label
-        self.bundle = self.meets = None
+        self.bundle = self.meets = self.peers = None
         self.ident = id(self.links)
 
 
@@ -142,6 +142,8 @@ class Network:
         self._host_bytes: dict[int, float] = {}  # carried by host copies, per link
         self._route: dict[tuple[int, int], tuple[tuple[int, ...], float, str, float, list[float]]] = {}
         self._dirty: set[int] = set()
+        self._seeds: set[_Flow] = set()
+        """Bundles whose component changed since the last re-allocation (``_reallocate``)."""
         self._pending = False
         self.records: list[TransferRecord] = []
         self._bundles: list[Bundle] = []  # every bundle made (link_bytes)
@@ -179,7 +181,7 @@ class Network:
             links, bottleneck, float(nbytes), 0.0, now, 0
         flow.callback, flow.arg, flow.src, flow.dst, flow.nbytes, flow.start, flow.label, flow.medium = \
             callback, arg, src, dst, nbytes, now, label, medium
-        flow.bundle = flow.meets = None
+        flow.bundle = flow.meets = flow.peers = None
         flow.ident = id(links)  # (what tells its route apart in a component's key: _rates, _bundled_rates)
         self.active += 1
         carried[0] += nbytes
@@ -302,6 +304,7 @@ class Network:
             callback, arg, bundle.src, bundle.dst, nbytes, now, label, "bundle"
         flow.bundle = bundle
         flow.meets = set()  # (its links that another flow crosses too: _join and _finish keep them)
+        flow.peers = set()  # (the flows it shares a link with: the same)
         flow.ident = id(bundle)
         self.active += 1
         bundle.carried[0] += nbytes
@@ -378,6 +381,7 @@ class Network:
         flows_on = self._flows_on
         shared = False
         meets = flow.meets  # (a bundle's: the links where it meets others)
+        pair = bool(self._bundles)  # (who meets a bundle: kept where there are bundles, see _reallocate)
         for l in links:
             fl = flows_on[l]
             if fl:
@@ -388,12 +392,16 @@ class Network:
                             o.meets.add(l)
                 if meets is not None:
                     meets.add(l)
+                if pair:
+                    for o in fl:
+                        if o.bundle is not None or meets is not None:
+                            _meet(o, flow)
             fl.add(flow)
         if shared:  # rates change on its links: re-allocated in one batch at this instant
             if meets is None:
                 self._dirty.update(links)
-            else:  # (only where it meets others: see _reallocate)
-                self._dirty.update(meets)
+            else:  # (its component: see _reallocate)
+                self._seeds.add(flow)
             self._request_reallocation()
             return
         # Alone on every link of its route: max-min gives it the route's bottleneck, and
@@ -412,7 +420,8 @@ class Network:
 
     def _finish(self, flow: _Flow) -> None:
         now = self.env.now
-        flows_on, dirty = self._flows_on, self._dirty
+        flows_on = self._flows_on
+        dirty = self._dirty if flow.bundle is None else _NOWHERE  # (a bundle's: its peers, below)
         for l in flow.links:  # (a flow that never joined its links has none left: see _join)
             fl = flows_on[l]
             fl.remove(flow)
@@ -422,6 +431,13 @@ class Network:
                     for o in fl:
                         if o.meets is not None:
                             o.meets.discard(l)
+        peers = flow.peers
+        if peers:  # (it meets nobody now; a bundle's peers are where its rates may change)
+            for o in peers:
+                o.peers.discard(flow)
+            if flow.bundle is not None:
+                self._seeds.update(peers)
+            flow.peers = None
         flow.remaining = 0.0
         self.active -= 1
         if flow.bundle is None:
@@ -434,7 +450,7 @@ class Network:
         else:
             self.events_triggered += 1
             flow.arg.succeed()
-        if dirty:
+        if self._dirty or self._seeds:
             self._request_reallocation()
 
     def _bundle_records(self, flow: _Flow, now: float) -> None:
@@ -474,28 +490,30 @@ class Network:
         # (``_max_min_rates``). Found a layer at a time with set
         # unions (a component of thousands of flows over ten thousand links); what it holds,
         # not the order it is found in, is what the rates depend on.
-        flows_on, bundles = self._flows_on, self._bundles
-        links: set[int] = set(self._dirty)
-        self._dirty.clear()
-        flows: set[_Flow] = set()
-        frontier = links
-        while frontier:
-            new = set().union(*map(flows_on.__getitem__, frontier))
-            new -= flows
-            if not new:
-                break
-            flows |= new
-            if not bundles:  # (no bundle in the network: every flow's links, read in C)
-                reach = set().union(*map(_route_of, new))
-            else:
-                reach = set().union(*[f.links if f.meets is None else f.meets for f in new])
-            frontier = reach - links
-            links |= frontier
+        flows_on = self._flows_on
+        if self._bundles:
+            flows = self._component()
+            links = None
+        else:
+            links: set[int] = set(self._dirty)
+            self._dirty.clear()
+            flows: set[_Flow] = set()
+            frontier = links
+            while frontier:  # (no bundle in the network: every flow's links, read in C)
+                new = set().union(*map(flows_on.__getitem__, frontier))
+                new -= flows
+                if not new:
+                    break
+                flows |= new
+                frontier = set().union(*map(_route_of, new)) - links
+                links |= frontier
         if not flows:
             return
         if len(flows) == 1:  # alone: its route's bottleneck (what progressive filling gives)
             (f,) = flows
             rates = [f.bottleneck]
+        elif links is None:
+            rates = self._bundled_rates(flows)
         else:
             rates = self._rates(flows, links)  # (which reads no flow's progress or rate)
         # Each flow's progress brought up to now at its old rate; only flows whose rate
@@ -519,7 +537,37 @@ class Network:
                 continue
             self._at(now + delay, self._timer_call, (f, f.version))
         if self.check:
-            self._check_capacity(links)
+            self._check_capacity(_links_of(flows) if links is None else links)
+
+    def _component(self) -> set:
+        """The flows whose rates may have changed, where the network has bundles: the
+        component of each changed bundle (``_seeds``: one that joined others, or met one
+        that finished) and of each flow on a changed link (a plain flow's, ``_dirty``), found
+        over flows, not links: a plain flow reaches the flows on its few links, a bundle the
+        flows it meets (``_Flow.peers``, kept as flows join and finish), which are those on
+        the links it shares. Its hundreds of links are not read, nor are the links of the
+        component unless its rates must be worked out (``_bundled_rates``)."""
+        flows_on = self._flows_on
+        seeds = self._seeds
+        flows = {f for f in seeds if f.remaining > 0}  # (less one that has finished since)
+        seeds.clear()
+        if self._dirty:
+            flows.update(*map(flows_on.__getitem__, self._dirty))
+            self._dirty.clear()
+        frontier = flows
+        while frontier:
+            new = set()
+            for f in frontier:
+                if f.bundle is None:
+                    new.update(*map(flows_on.__getitem__, f.links))
+                else:
+                    new |= f.peers
+            new -= flows
+            if not new:
+                break
+            flows = flows | new
+            frontier = new
+        return flows
 
     RECENT = 16
     """How many components' rates ``_rates`` keeps (the last ones met)."""
@@ -545,8 +593,6 @@ class Network:
         links count as two routes: a component then differs from one met before where
         it need not, and its rates are worked out again, the same. A kept component
         holds its routes' tuples, so their ids are not reused while it is kept."""
-        if self._bundles:  # (a bundle's rate depends on more than its links)
-            return self._bundled_rates(flows, links)
         ids = list(map(id, map(_route_of, flows)))
         key = frozenset(ids)
         if len(key) != len(ids):  # (some flows share a route: how many, too)
@@ -562,18 +608,22 @@ class Network:
         return rates
 
     BUNDLED_LINKS = 2_000_000
-    """How many links the keys ``_bundled_rates`` keeps may hold together (the oldest go first):
-    the 4,214 components of the run below fit, in about 50 MB."""
+    """How many links the components ``_bundled_rates`` keeps may span together (the oldest go
+    first): the 3,660 components of the run below fit."""
 
-    def _bundled_rates(self, flows: set[_Flow], links: set[int]) -> list[float]:
+    def _bundled_rates(self, flows: set[_Flow]) -> list[float]:
         """``_rates`` of a component with bundles, kept for the next component that is the
         same. Its rates are ``_max_min_rates``', a function of what each flow crosses (a
-        plain flow its route, a bundle its weighted links), of the component's ``links``
-        (which decide which of a bundle's links count as its own) and of the capacities,
+        plain flow its route, a bundle its weighted links), of the component's links
+        (``_links_of``: which of a bundle's links count as its own) and of the capacities,
         which do not change once set; every flow on those links is in the component, so
-        their counts follow. So the key is the flows' routes and bundles by identity, with
-        how many of each (a bundle is made once per group and protocol, a route once per
-        pair: ``Network.bundles``, ``route``), and the set of links. An EP-overlapped
+        their counts follow, and the links themselves follow from the flows: a bundle meets
+        others exactly where their routes or bundles cross its own. So the key is the flows'
+        routes and bundles by identity, with how many of each (a bundle is made once per
+        group and protocol, a route once per pair: ``Network.bundles``, ``route``), and the
+        links are read only when the rates are worked out. (Before 2026-12-07's
+        ``_component`` the key held the links too, with links marked changed that no flow of
+        the component still shared: 4,214 keys where 3,660 component shapes met.) An EP-overlapped
         MoE schedule meets a few thousand such components hundreds of thousands of times
         (Qwen3-235B-A22B on 256 H100s, Megatron-Bridge 25.11's layout: 461,431 re-allocations,
         4,214 components; 109 s of simulation without this, 40 s with it), further apart than
@@ -582,22 +632,22 @@ class Network:
         Rates are kept by identity only where the flows of one identity got one rate (flows on
         the same links freeze together)."""
         ids = list(map(_ident_of, flows))
-        counts = frozenset(ids)
-        if len(counts) != len(ids):  # (some flows share a route or bundle: how many, too)
-            counts = frozenset(Counter(ids).items())
-        key = (counts, frozenset(links))
+        key = frozenset(ids)
+        if len(key) != len(ids):  # (some flows share a route or bundle: how many, too)
+            key = frozenset(Counter(ids).items())
         recent = self._recent_bundled
         kept = recent.get(key)
         if kept is not None:
             return list(map(kept[1].__getitem__, ids))  # (the set read in the same order as ids)
+        links = _links_of(flows)
         rates = list(map(_max_min_rates(flows, links, self.capacity, self._flows_on).__getitem__, flows))
         by_id: dict[int, float] = {}
         if all(by_id.setdefault(i, r) == r for i, r in zip(ids, rates)):
-            recent[key] = ([f.links if f.bundle is None else f.bundle for f in flows], by_id)
-            self._recent_bundled_links += len(key[1])
+            recent[key] = ([f.links if f.bundle is None else f.bundle for f in flows], by_id, len(links))
+            self._recent_bundled_links += len(links)
             while self._recent_bundled_links > self.BUNDLED_LINKS and len(recent) > 1:
                 old = next(iter(recent))  # (the oldest)
-                self._recent_bundled_links -= len(old[1])
+                self._recent_bundled_links -= recent[old][2]
                 del recent[old]
         return rates
 
@@ -618,6 +668,34 @@ class Network:
 
 _route_of = attrgetter("links")
 _ident_of = attrgetter("ident")
+
+
+class _Nowhere:
+    """A set that keeps nothing (``_finish``: a bundle marks no links)."""
+
+    __slots__ = ()
+
+    def add(self, _item) -> None:
+        pass
+
+
+_NOWHERE = _Nowhere()
+
+
+def _meet(a: _Flow, b: _Flow) -> None:
+    """Flows ``a`` and ``b``, one of them a bundle, share a link: each is the other's peer."""
+    if a.peers is None:
+        a.peers = set()
+    if b.peers is None:
+        b.peers = set()
+    a.peers.add(b)
+    b.peers.add(a)
+
+
+def _links_of(flows) -> set[int]:
+    """A component's links, as ``_max_min_rates`` takes them: a plain flow's route, and the
+    links where a bundle meets the others (those it has to itself bound it apart)."""
+    return set().union(*[f.links if f.bundle is None else f.meets for f in flows])
 _flow_key = attrgetter("start", "src", "dst", "label", "nbytes")
 """A flow's place in the order rates are set and timers drawn: (start, src, dst, label, nbytes)."""
 
