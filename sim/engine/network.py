@@ -381,7 +381,7 @@ class Network:
         flows_on = self._flows_on
         shared = False
         meets = flow.meets  # (a bundle's: the links where it meets others)
-        pair = bool(self._bundles)  # (who meets a bundle: kept where there are bundles, see _reallocate)
+        met = set() if self._bundles else None  # (who it meets: kept where there are bundles, see _reallocate)
         for l in links:
             fl = flows_on[l]
             if fl:
@@ -392,11 +392,13 @@ class Network:
                             o.meets.add(l)
                 if meets is not None:
                     meets.add(l)
-                if pair:
-                    for o in fl:
-                        if o.bundle is not None or meets is not None:
-                            _meet(o, flow)
+                if met is not None:
+                    met |= fl
             fl.add(flow)
+        if met:  # each pair once, however many links it shares
+            for o in met:
+                if o.bundle is not None or meets is not None:
+                    _meet(o, flow)
         if shared:  # rates change on its links: re-allocated in one batch at this instant
             if meets is None:
                 self._dirty.update(links)
