@@ -305,8 +305,9 @@ def test_a_bundles_meeting_links_are_those_another_flow_crosses():
     # flow, kept as flows join and finish (``_Flow.meets``) rather than read off its hundreds
     # of links. Two all-to-all bundles over the same 2 x 8 GPUs, of different sizes, a plain
     # flow across their nodes, and a bundle over other GPUs start together: at every event
-    # each live bundle's kept set is its definition, its links that another flow crosses,
-    # and the rates are max-min fair (debug mode checks every link's capacity).
+    # each live bundle's kept sets are their definitions, its links that another flow crosses
+    # and the flows on them (a plain flow keeps the bundles it meets), and the rates are
+    # max-min fair (debug mode checks every link's capacity).
     import simpy
 
     from sim.engine.network import Network
@@ -323,15 +324,20 @@ def test_a_bundles_meeting_links_are_those_another_flow_crosses():
     for bundle, nbytes in ((a, 4e6), (b, 2e6), (c, 3e6)):
         net.start_bundle(bundle, nbytes, "a2a", done.append, bundle)
     net.start(plain, 3, 12, 8e6, "p2p", 1, done.append, "plain")
-    seen = []
+    seen, plain_met = [], []
     while env.peek() < float("inf"):
         env.step()
         for f in {f for fl in net._flows_on for f in fl}:
+            others = {o for l in f.links for o in net._flows_on[l]} - {f}
             if f.bundle is None:
                 assert f.meets is None
+                assert (f.peers or set()) == {o for o in others if o.bundle is not None}
+                plain_met.append(bool(f.peers))
             else:
                 assert f.meets == {l for l in f.links if len(net._flows_on[l]) > 1}
+                assert f.peers == others  # (the flows it meets: what _component reaches)
                 seen.append((f.bundle is c, len(f.meets)))
     assert len(done) == 4 and not any(net._flows_on)
     assert any(n == len(a.links) == 96 for is_c, n in seen if not is_c)  # (a and b meet on every link they cross)
     assert all(n == 0 for is_c, n in seen if is_c)  # (c's nodes carry nothing else)
+    assert any(plain_met)  # (the plain flow crosses a's and b's links)

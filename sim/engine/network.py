@@ -143,7 +143,8 @@ class Network:
         self._route: dict[tuple[int, int], tuple[tuple[int, ...], float, str, float, list[float]]] = {}
         self._dirty: set[int] = set()
         self._seeds: set[_Flow] = set()
-        """Bundles whose component changed since the last re-allocation (``_reallocate``)."""
+        """Flows whose component changed since the last re-allocation, where there are bundles: a
+        bundle that joined others, the flows a finished bundle met (``_component``)."""
         self._pending = False
         self.records: list[TransferRecord] = []
         self._bundles: list[Bundle] = []  # every bundle made (link_bytes)
@@ -485,13 +486,12 @@ class Network:
         """Max-min fair rates for every flow connected to a changed link."""
         self._pending = False
         now = self.env.now
-        # The component: flows reachable from the dirty links through shared links. Of a
-        # bundle's links (hundreds) only those it shares are taken (``_Flow.meets``, kept as
-        # flows join and finish, not read off its links here: on DeepSeek-V3 at 1,024 H100s
-        # that reading was half of the loop): those it has to itself bound its rate alone
-        # (``_max_min_rates``). Found a layer at a time with set
-        # unions (a component of thousands of flows over ten thousand links); what it holds,
-        # not the order it is found in, is what the rates depend on.
+        # The component: flows reachable from the dirty links through shared links, found a
+        # layer at a time with set unions (a component of thousands of flows over ten
+        # thousand links); what it holds, not the order it is found in, is what the rates
+        # depend on. Where there are bundles, over flows instead (``_component``): a bundle's
+        # hundreds of links are not read (on DeepSeek-V3 at 1,024 H100s that reading was
+        # half of the loop).
         flows_on = self._flows_on
         if self._bundles:
             flows = self._component()
@@ -698,6 +698,8 @@ def _links_of(flows) -> set[int]:
     """A component's links, as ``_max_min_rates`` takes them: a plain flow's route, and the
     links where a bundle meets the others (those it has to itself bound it apart)."""
     return set().union(*[f.links if f.bundle is None else f.meets for f in flows])
+
+
 _flow_key = attrgetter("start", "src", "dst", "label", "nbytes")
 """A flow's place in the order rates are set and timers drawn: (start, src, dst, label, nbytes)."""
 
