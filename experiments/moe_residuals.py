@@ -43,7 +43,9 @@ LEFT_OUT = (25, 27)
 """Rows left out of the regression: B200 GPT-OSS 120B (25.11) publishes half the GB200 row's
 throughput per token at a smaller layout, and B200 Qwen3-235B-A22B (25.11) is 25% slower than the
 same model and GPU in 25.09 (the tables' own inconsistencies, as line 26's; their misses, 47% and
-35%, would set any coefficient alone)."""
+35%, would set any coefficient alone). Line 25 ran the table's EP 8 when
+moe-residuals-2026-12-07.json was simulated; the row runs its recipe's EP 64 since (its notes), which
+explains its throughput (B200 -9.7% at the preset, was -47%), so a new ``--simulate`` run may keep it."""
 
 
 def family(name: str) -> str:
