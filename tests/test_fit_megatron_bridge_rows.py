@@ -165,6 +165,12 @@ def test_recipe_settings_reach_the_rows():
     for r in RUNS:  # Megatron-Core's rank order; 64 GPUs per NVL72 rack (the executors' --segment 16)
         assert r.values["placement"] == "tp-dp-pp"
         assert r.values.get("gpus_per_node") == (64 if r.gpu in ("gb200", "gb300") else None)
+    # GPT-OSS 120B: every Blackwell recipe replaces the base config's EP 8 with 64 (and MBS 4); the B200
+    # table prints 8, but the recipe with its MBS 4 has 64 (GPT_OSS_120B_B200_BF16_BASE_CONFIG, r0.2.0)
+    oss = {r.gpu: r.values for r in RUNS if r.values.get("model") == "gpt-oss-120b"}
+    assert {g: v["expert_model_parallel_size"] for g, v in oss.items()} == {
+        "gb300": 64, "gb200": 64, "b200": 64, "h100-sxm": 8}
+    assert oss["b200"]["micro_batch_size"] == 4 and oss["h100-sxm"]["pipeline_model_parallel_size"] == 4
     for r in RUNS:  # force-balanced routing in every MoE row
         if "expert_model_parallel_size" in r.values:
             assert r.values["moe_routing"] == "balanced"
