@@ -4,6 +4,7 @@ kernel, and Megatron-Core's default unchanged."""
 import pytest
 
 from sim.errors import InputError
+from sim.inputs.frameworks import p2p_blocks
 from sim.inputs.hardware import load_profile
 from sim.inputs.model import gpt
 from sim.inputs.plan import ParallelPlan
@@ -159,3 +160,37 @@ def test_llm_foundry_steps_composers_unfused_adamw_and_fsdp1s_clipping():
     assert step_s("llm-foundry") == pytest.approx(96 * local / rate, rel=1e-12)
     assert step_s("megatron") == pytest.approx(46 * local / rate, rel=1e-12)
     assert step_s("torchtitan") == step_s("megatron")
+
+
+@pytest.mark.parametrize("kw, blocks", [
+    (dict(pp=2, global_batch_size=4), True),                               # Megatron-Core's 1F1B
+    (dict(pp=2, vpp=2, global_batch_size=4), False),                       # interleaved: overlap_p2p_comm
+    (dict(pp=2, global_batch_size=4, framework="torchtitan"), False),      # torch.distributed.pipelining
+    (dict(pp=1, global_batch_size=4), False),                              # no pipeline
+    (dict(pp=2, global_batch_size=4, schedule="zb-h1"), False),            # not Megatron-Core's 1F1B
+])
+def test_only_megatron_cores_non_interleaved_1f1b_waits_for_its_pipeline_sends(kw, blocks):
+    assert p2p_blocks(ParallelPlan(**kw)) is blocks
+
+
+def test_a_megatron_1f1b_rank_starts_no_step_before_its_last_send_is_done():
+    # Two DGX H100 nodes, one stage each (pp 2 over InfiniBand): every compute action after a
+    # send starts once that send has finished; the interleaved schedule's sends run beside.
+    model, profile = gpt("pp-test", 4, 1024, 8, 32000, 2048), H100
+    topo = load_topology("dgx-h100", nodes=2)
+
+    def sends_then_steps(plan):
+        run = simulate_training(Job(model, plan, profile, topo))
+        spans = sorted((s for s in run.trace.spans if s.rank == 0), key=lambda s: s.start_s)
+        gaps = []
+        for i, s in enumerate(spans):
+            if s.kind == "send":
+                nxt = next((t for t in spans[i + 1:] if t.kind == "compute" and t.start_s >= s.start_s), None)
+                if nxt is not None:
+                    gaps.append(nxt.start_s - s.end_s)
+        return gaps
+
+    blocking = sends_then_steps(ParallelPlan(tp=8, pp=2, global_batch_size=8))
+    assert blocking and min(blocking) >= -1e-12
+    beside = sends_then_steps(ParallelPlan(tp=8, pp=2, vpp=2, global_batch_size=8))
+    assert beside and min(beside) < 0

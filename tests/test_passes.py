@@ -149,3 +149,37 @@ def test_grad_bucket_prep_runs_on_the_backward_stream_before_the_collective(make
     base = simulate(passes.add_grad_sync(prog, lambda r, l: 1.0, lambda r: (0, 1), plain), star).end_s
     assert base == pytest.approx(6.0 + 2 * a, rel=1e-12)
     assert simulate(out, star).end_s == pytest.approx(7.0 + a, rel=1e-12)
+
+
+def _one_f_one_b_two_stages():
+    # Megatron-Core's 1F1B on 2 stages, 2 micro-batches: stage 0 runs F0 F1 B0 B1, stage 1
+    # F0 B0 F1 B1; forwards 1 s, backwards 2 s on both stages.
+    return Program({
+        0: [Action("0F0", duration_s=1.0, category="F", layer=0),
+            Action("0F1", duration_s=1.0, category="F", layer=0, deps=("0F0",)),
+            Action("0B0", duration_s=2.0, category="B", layer=0, deps=((1, "1B0"),)),
+            Action("0B1", duration_s=2.0, category="B", layer=0, deps=((1, "1B1"),))],
+        1: [Action("1F0", duration_s=1.0, category="F", layer=1, deps=((0, "0F0"),)),
+            Action("1B0", duration_s=2.0, category="B", layer=1, deps=("1F0",)),
+            Action("1F1", duration_s=1.0, category="F", layer=1, deps=((0, "0F1"),)),
+            Action("1B1", duration_s=2.0, category="B", layer=1, deps=("1F1",))],
+    })
+
+
+def test_blocking_sends_put_each_transfer_on_the_senders_own_path(make_star):
+    # Each transfer takes T = 1 s (10 B at 10 B/s). Sends beside the next step, by hand:
+    # stage 0 F0 [0,1] F1 [1,2]; stage 1 F0 [2,3] B0 [3,5] F1 [5,6] B1 [6,8]; the gradients
+    # reach stage 0 at 6 and 9: B0 [6,8], B1 [9,11]. Step 11 s = f + 2f + 2b + b + 2T.
+    prog = _one_f_one_b_two_stages()
+    star = make_star([10.0, 10.0])
+    assert simulate(passes.add_p2p(prog, lambda c: 10.0), star).end_s == pytest.approx(11.0)
+    # Waiting for each send (Megatron-Core's non-interleaved 1F1B): stage 0 F0 [0,1], send
+    # [1,2], F1 [2,3], send [3,4]; stage 1 F0 [2,3] B0 [3,5], send [5,6], F1 [6,7] B1 [7,9],
+    # send [9,10]; stage 0 B0 [6,8], B1 [10,12]: one more T, 12 s.
+    blocking = passes.add_p2p(prog, lambda c: 10.0, blocking=True)
+    assert simulate(blocking, star).end_s == pytest.approx(12.0)
+    # The waits are the sends before each rank's next compute action, nothing else.
+    waits = {a.name: [d for d in a.deps if d.startswith("send")] for acts in blocking.actions.values()
+             for a in acts if a.kind == "compute"}
+    # (stage 1's last send, B1's gradient, has no step after it to hold)
+    assert {n: len(w) for n, w in waits.items() if w} == {"0F1": 1, "0B0": 1, "1F1": 1}

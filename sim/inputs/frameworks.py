@@ -234,6 +234,9 @@ class Framework:
     optimizer: str = "megatron"
     """Its optimizer step, by name (``sim.program.costs.OPTIMIZER_BYTES_PER_PARAM``: the bytes
     each moves per local parameter, with the gradient clipping its recipes run)."""
+    blocking_p2p: tuple[str, ...] = ()
+    """The pipeline schedules (``sim.inputs.strategies.PIPELINE_SCHEDULES`` names) under which a
+    rank waits for each of its pipeline sends before its next step (``p2p_blocks``)."""
 
 
 KERNEL_OVERHEAD_MAX_S = 25e-6
@@ -322,7 +325,7 @@ GRAD_BUCKETS = {"megatron-core": GradBuckets("megatron-core", per_chunk=True),
 
 FRAMEWORKS = {
     "megatron": Framework("te", "backward_pre", "Megatron-Core / NeMo with Transformer Engine (the presets' fits)",
-                          pads_expert_splits=True, grad_buckets="megatron-core"),
+                          pads_expert_splits=True, grad_buckets="megatron-core", blocking_p2p=("1f1b",)),
     # torchtitan: MixedPrecisionPolicy(param_dtype=mixed_precision_param, reduce_dtype=mixed_precision_reduce),
     # whose defaults are bfloat16 and float32 (torchtitan config ``training.mixed_precision_reduce``)
     "torchtitan": Framework("fa2", "backward_pre", "torchtitan: FSDP2, SDPA attention (FlashAttention-2)", True,
@@ -383,6 +386,27 @@ def kernel_overhead_s(plan, profile) -> float:
     if not FRAMEWORKS[name].kernel_overhead or not profile.framework_kernel_overhead_s:
         return 0.0
     return float(profile.framework_kernel_overhead_s.get(name, 0.0))
+
+
+def p2p_blocks(plan) -> bool:
+    """Whether each rank waits for its pipeline sends to finish before its next step.
+
+    Megatron-Core's non-interleaved 1F1B (``forward_backward_pipelining_without_interleaving``,
+    megatron/core/pipeline_parallel/schedules.py) exchanges each step's tensors through
+    ``p2p_communication``'s ``send_forward``, ``send_forward_recv_backward``,
+    ``send_backward_recv_forward`` and ``send_backward``, all of which call ``_communicate`` with
+    ``wait_on_reqs=True``: the isend's request is waited on (``req.wait()``, which makes the
+    compute stream wait for the NCCL transfer) before the schedule runs its next forward or
+    backward, and, with ``batch_p2p_comm`` (Megatron-Bridge and NeMo set it for pp > 1 without
+    interleaving: ``comm_overlap.py``), ``torch.cuda.synchronize()`` follows. So a stage's send
+    of one micro-batch's activations (or their gradient) lies on its own critical path, where an
+    asynchronous send would run beside its next step. The interleaved schedule overlaps them
+    (``overlap_p2p_comm``, which Megatron-LM turns on by default and Megatron-Bridge and NeMo
+    set for vpp > 1: ``wait_on_reqs=not overlap_p2p_comm``), and the PyTorch-native frameworks'
+    ``torch.distributed.pipelining`` schedules are left as asynchronous sends. The host
+    synchronisation itself is not priced: the host relaunches the next step's kernels ahead of
+    them. Checked in Megatron-LM d98e8a64 (2026-08) and Megatron-Bridge r0.2.0 @ 0465189601951."""
+    return plan.pp > 1 and plan.schedule in framework_of(plan).blocking_p2p
 
 
 def attention_kernel_in_effect(plan) -> str:

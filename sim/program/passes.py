@@ -163,7 +163,7 @@ def expand(template: Program, world_size: int, rep_of: Callable[[int], int], mov
 
 
 def add_p2p(prog: Program, nbytes: Callable[[Action], float],
-            quiet: Callable[[int, int], bool] | None = None) -> Program:
+            quiet: Callable[[int, int], bool] | None = None, blocking: bool = False) -> Program:
     """Replace each cross-rank dependency by a send after the producer and a receive before
     the consumer (``nbytes(consumer)`` bytes, category ``pp``). A producer's output crosses
     to a rank once: when several actions there depend on it (the pieces of a step that
@@ -171,7 +171,9 @@ def add_p2p(prog: Program, nbytes: Callable[[Action], float],
     both read the stage's input), they share the one receive, as Megatron-Core's
     ``p2p_communication`` sends one tensor per stage boundary and micro-batch. ``quiet(src,
     dst)``: the transfers whose NCCL kernels leave the SMs to the compute beside them
-    (``Action.slows_compute`` false, ``sim.engine.slowdown``)."""
+    (``Action.slows_compute`` false, ``sim.engine.slowdown``). ``blocking``: each rank's next
+    compute action after a send waits for that send to finish (Megatron-Core's non-interleaved
+    1F1B, ``sim.inputs.frameworks.p2p_blocks``); otherwise a send runs beside what follows it."""
     acts = {r: list(a) for r, a in prog.actions.items()}
     pos_of: dict[int, dict[str, int]] = {}  # per rank: name -> position, made when first needed
 
@@ -232,8 +234,22 @@ def add_p2p(prog: Program, nbytes: Callable[[Action], float],
                 new += mine[lst[k].name]
                 prev = k + 1
         new += lst[prev:]
-        out[r] = new
+        out[r] = _wait_for_sends(new) if blocking else new
     return prog.with_actions(out)
+
+
+def _wait_for_sends(actions: list[Action]) -> list[Action]:
+    """``actions`` with each send's name added to the dependencies of the first compute action
+    after it (``add_p2p``'s ``blocking``)."""
+    out, pending = [], []
+    for a in actions:
+        if a.kind == "send":
+            pending.append(a.name)
+        elif pending and a.kind == "compute":
+            a = a.evolve(deps=tuple(a.deps) + tuple(pending))
+            pending = []
+        out.append(a)
+    return out
 
 
 def step_kind(name: str) -> str:

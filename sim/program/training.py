@@ -60,7 +60,7 @@ from typing import Callable
 
 from sim.errors import InputError
 from sim.inputs.experts import Folding
-from sim.inputs.frameworks import (DEFAULT_FRAMEWORK, FRAMEWORKS, deepspeed_kept_layers, framework_of,
+from sim.inputs.frameworks import (DEFAULT_FRAMEWORK, FRAMEWORKS, deepspeed_kept_layers, framework_of, p2p_blocks,
                                    persistent_params)
 from sim.inputs.hardware import HardwareProfile
 from sim.inputs.model import ModelSpec, layer_param_split, mtp_param_split
@@ -319,11 +319,13 @@ transfer inside a node runs on 2 channels per NVLink of its path (the same funct
 def p2p(ctx: BuildContext, draft: Draft) -> Draft:
     """Every cross-stage dependency as a send and a receive of one micro-batch's activations
     (or their gradients). A transfer over the network leaves the SMs to the compute beside it
-    (``P2P_NET_CHANNELS``)."""
+    (``P2P_NET_CHANNELS``). Under Megatron-Core's non-interleaved 1F1B a rank waits for each send
+    before its next step (``sim.inputs.frameworks.p2p_blocks``)."""
     plan, topo = ctx.plan, ctx.topology
     act_bytes = p2p_bytes(ctx.model, plan.micro_batch_size, plan.tp, plan.sequence_parallel, cp=plan.cp)
     return draft.with_program(passes.add_p2p(draft.program, lambda consumer: act_bytes,
-                                             quiet=None if topo is None else _through_a_nic(topo)))
+                                             quiet=None if topo is None else _through_a_nic(topo),
+                                             blocking=p2p_blocks(plan)))
 
 
 def _through_a_nic(topo):
