@@ -403,7 +403,9 @@ def p2p_blocks(plan) -> bool:
     asynchronous send would run beside its next step. The interleaved schedule overlaps them
     (``overlap_p2p_comm``, which Megatron-LM turns on by default and Megatron-Bridge and NeMo
     set for vpp > 1: ``wait_on_reqs=not overlap_p2p_comm``), and the PyTorch-native frameworks'
-    ``torch.distributed.pipelining`` schedules are left as asynchronous sends. The host
+    ``torch.distributed.pipelining`` schedules send beside their next step too (``Schedule1F1B``
+    and ``ScheduleGPipe`` keep each send's work in ``fwd_sends_to_wait`` / ``bwd_sends_to_wait``
+    and wait on them later: torch/distributed/pipelining/schedules.py, "Delay send waits"). The host
     synchronisation itself is not priced: the host relaunches the next step's kernels ahead of
     them. Checked in Megatron-LM d98e8a64 (2026-08) and Megatron-Bridge r0.2.0 @ 0465189601951."""
     return plan.pp > 1 and plan.schedule in framework_of(plan).blocking_p2p
