@@ -183,3 +183,16 @@ def test_blocking_sends_put_each_transfer_on_the_senders_own_path(make_star):
              for a in acts if a.kind == "compute"}
     # (stage 1's last send, B1's gradient, has no step after it to hold)
     assert {n: len(w) for n, w in waits.items() if w} == {"0F1": 1, "0B0": 1, "1F1": 1}
+
+
+def test_a_blocking_send_holds_everything_up_to_the_next_compute_step():
+    # After a send, the next step's side-stream work (TE's overlapped tensor-parallel chunks)
+    # waits for it as well as the step's first compute action; later actions are held by that one.
+    acts = [Action("0F0", duration_s=1.0, category="F"),
+            Action("send 0F0", kind="send", peer=1, nbytes=1.0, stream="pp>1", deps=("0F0",)),
+            Action("0F1.chunk", kind="comm", duration_s=0.5, stream="tp-comm", category="tp"),
+            Action("0F1", duration_s=1.0, category="F"),
+            Action("0F1.next", kind="comm", duration_s=0.5, stream="tp-comm", category="tp", deps=("0F1",))]
+    out = {a.name: a.deps for a in passes._wait_for_sends(acts)}
+    assert out == {"0F0": (), "send 0F0": ("0F0",), "0F1.chunk": ("send 0F0",), "0F1": ("send 0F0",),
+                   "0F1.next": ("0F1",)}

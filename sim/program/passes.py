@@ -239,15 +239,17 @@ def add_p2p(prog: Program, nbytes: Callable[[Action], float],
 
 
 def _wait_for_sends(actions: list[Action]) -> list[Action]:
-    """``actions`` with each send's name added to the dependencies of the first compute action
-    after it (``add_p2p``'s ``blocking``)."""
+    """``actions`` with each send's name added to the dependencies of every action after it up
+    to and with the first compute action (``add_p2p``'s ``blocking``): the next step's
+    collectives on streams of their own (TE's overlapped tensor-parallel chunks) wait too."""
     out, pending = [], []
     for a in actions:
         if a.kind == "send":
             pending.append(a.name)
-        elif pending and a.kind == "compute":
+        elif pending and a.kind != "recv":
             a = a.evolve(deps=tuple(a.deps) + tuple(pending))
-            pending = []
+            if a.kind == "compute":
+                pending = []
         out.append(a)
     return out
 
