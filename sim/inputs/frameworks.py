@@ -234,9 +234,10 @@ class Framework:
     optimizer: str = "megatron"
     """Its optimizer step, by name (``sim.program.costs.OPTIMIZER_BYTES_PER_PARAM``: the bytes
     each moves per local parameter, with the gradient clipping its recipes run)."""
-    blocking_p2p: tuple[str, ...] = ()
-    """The pipeline schedules (``sim.inputs.strategies.PIPELINE_SCHEDULES`` names) under which a
-    rank waits for each of its pipeline sends before its next step (``p2p_blocks``)."""
+    megatron_schedules: bool = False
+    """Its pipeline schedules are Megatron-Core's (megatron/core/pipeline_parallel/schedules.py),
+    whose sends wait where the schedule says so (``p2p_blocks``); otherwise PyTorch's
+    ``torch.distributed.pipelining``."""
 
 
 KERNEL_OVERHEAD_MAX_S = 25e-6
@@ -325,7 +326,7 @@ GRAD_BUCKETS = {"megatron-core": GradBuckets("megatron-core", per_chunk=True),
 
 FRAMEWORKS = {
     "megatron": Framework("te", "backward_pre", "Megatron-Core / NeMo with Transformer Engine (the presets' fits)",
-                          pads_expert_splits=True, grad_buckets="megatron-core", blocking_p2p=("1f1b",)),
+                          pads_expert_splits=True, grad_buckets="megatron-core", megatron_schedules=True),
     # torchtitan: MixedPrecisionPolicy(param_dtype=mixed_precision_param, reduce_dtype=mixed_precision_reduce),
     # whose defaults are bfloat16 and float32 (torchtitan config ``training.mixed_precision_reduce``)
     "torchtitan": Framework("fa2", "backward_pre", "torchtitan: FSDP2, SDPA attention (FlashAttention-2)", True,
@@ -408,7 +409,7 @@ def p2p_blocks(plan) -> bool:
     and wait on them later: torch/distributed/pipelining/schedules.py, "Delay send waits"). The host
     synchronisation itself is not priced: the host relaunches the next step's kernels ahead of
     them. Checked in Megatron-LM d98e8a64 (2026-08) and Megatron-Bridge r0.2.0 @ 0465189601951."""
-    return plan.pp > 1 and plan.schedule in framework_of(plan).blocking_p2p
+    return plan.pp > 1 and plan.pipeline.waits_for_sends and framework_of(plan).megatron_schedules
 
 
 def attention_kernel_in_effect(plan) -> str:

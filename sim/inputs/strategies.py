@@ -49,6 +49,11 @@ class PipelineSchedule:
     """A user's schedule .csv (``ParallelPlan.schedule_file``)."""
     searched: bool = True
     """``trainsim search`` tries it without being asked (``--schedule`` names the others)."""
+    waits_for_sends: bool = False
+    """Megatron-Core's own implementation waits for each pipeline send before the rank's next step
+    (``forward_backward_pipelining_without_interleaving``: ``p2p_communication._communicate`` with
+    ``wait_on_reqs=True``); its interleaved schedule overlaps them (``overlap_p2p_comm``). Applies
+    where the framework runs Megatron-Core's schedules (``sim.inputs.frameworks.p2p_blocks``)."""
 
     @property
     def split_backward(self) -> bool:
@@ -72,7 +77,7 @@ class PipelineSchedule:
 
 PIPELINE_SCHEDULES: dict[str, PipelineSchedule] = {s.name: s for s in (
     PipelineSchedule("gpipe", "one", in_flight_one_chunk="m", periodic=False),  # GPipe (Huang et al. 2019)
-    PipelineSchedule("1f1b", "one", pipedream_flush=True),
+    PipelineSchedule("1f1b", "one", pipedream_flush=True, waits_for_sends=True),
     PipelineSchedule("interleaved", "many"),  # Megatron-LM's interleaved 1F1B (Narayanan et al. 2021, §2.2)
     PipelineSchedule("zb-h1", "one", bubble_weight_passes=1, in_flight_one_chunk="p"),
     PipelineSchedule("zb-h2", "one", bubble_weight_passes=2, in_flight_one_chunk="2p - 1"),
