@@ -171,9 +171,10 @@ def add_p2p(prog: Program, nbytes: Callable[[Action], float],
     both read the stage's input), they share the one receive, as Megatron-Core's
     ``p2p_communication`` sends one tensor per stage boundary and micro-batch. ``quiet(src,
     dst)``: the transfers whose NCCL kernels leave the SMs to the compute beside them
-    (``Action.slows_compute`` false, ``sim.engine.slowdown``). ``blocking``: each rank's next
-    compute action after a send waits for that send to finish (Megatron-Core's non-interleaved
-    1F1B, ``sim.inputs.frameworks.p2p_blocks``); otherwise a send runs beside what follows it."""
+    (``Action.slows_compute`` false, ``sim.engine.slowdown``). ``blocking``: what a rank runs after a
+    send, up to and with its next compute action, waits for that send to finish (Megatron-Core's
+    non-interleaved 1F1B, ``sim.inputs.frameworks.p2p_blocks``; ``_wait_for_sends``); otherwise a
+    send runs beside what follows it."""
     acts = {r: list(a) for r, a in prog.actions.items()}
     pos_of: dict[int, dict[str, int]] = {}  # per rank: name -> position, made when first needed
 
