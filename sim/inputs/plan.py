@@ -231,6 +231,19 @@ class ParallelPlan:
              "the tp x ep group, the outputs reduce-scattered back) or flex (DeepEP: each token crosses InfiniBand "
              "once per node it reaches, then NVLink to its experts' GPUs); allgather and flex need ep > 1")
     """``sim.program.dispatch``."""
+    moe_flex_dispatcher_backend: str = setting(
+        "deepep", choices=tuple(_st.FLEX_BACKENDS), group=_EXPERTS,
+        help="the flex dispatcher's kernels (Megatron-Core's --moe-flex-dispatcher-backend): deepep (DeepEP, then "
+             "Transformer Engine's permutation; the default) or hybridep (HybridEP, Megatron-Core's backend for an "
+             "NVL72 rack: its permutation pads each expert's rows for FP8 GEMMs, so no padding kernels run); needs "
+             "moe_token_dispatcher_type flex")
+    """``sim.inputs.strategies.FLEX_BACKENDS``."""
+    moe_flex_num_sms: int | None = setting(
+        type=POSITIVE_INT, group=_EXPERTS,
+        help="SMs the flex dispatcher's kernels hold while they run, taken from the shared experts beside them "
+             "(Megatron-Core's moe_deepep_num_sms / moe_hybridep_num_sms; default the backend's: 20 DeepEP, "
+             "16 HybridEP); needs moe_token_dispatcher_type flex")
+    """``sim.program.workload_moe``: ``MoeShape.sms``."""
     moe_permute_fusion: bool = setting(
         False, kind="switch", group=_EXPERTS,
         help="fuse the token permutation and unpermutation into Transformer Engine's moe_permute kernels (one "
@@ -554,7 +567,7 @@ class ParallelPlan:
     @property
     def token_dispatcher(self) -> _st.TokenDispatcher:
         """The MoE token dispatcher's strategy (``sim.inputs.strategies``)."""
-        return _st.dispatcher_named(self.dispatcher)
+        return _st.dispatcher_named(self.dispatcher, self.moe_flex_dispatcher_backend)
 
     @property
     def attention_mode(self) -> _st.AttentionMode:

@@ -89,6 +89,8 @@ class MoePlan(_Section):
     moe_capacity_factor: float | None
     moe_seed: int
     dispatcher: str
+    moe_flex_dispatcher_backend: str
+    moe_flex_num_sms: int | None
     overlap_moe_expert_parallel_comm: bool
     moe_permute_fusion: bool
     moe_shared_expert_overlap: bool

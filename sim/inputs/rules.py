@@ -190,6 +190,11 @@ def check_expert_plan(plan) -> None:
     require(not plan.token_dispatcher.needs_ep or plan.ep > 1, "plan: moe_token_dispatcher_type", plan.dispatcher,
             f"needs expert parallelism (expert_model_parallel_size > 1, got {plan.ep}); with ep 1 the experts are "
             "local and only alltoall (no exchange) applies", setting="dispatcher")
+    for field, value, default in (("moe_flex_dispatcher_backend", plan.moe_flex_dispatcher_backend, "deepep"),
+                                  ("moe_flex_num_sms", plan.moe_flex_num_sms, None)):
+        require(value == default or plan.token_dispatcher.backend, f"plan: {field}", value,
+                f"needs moe_token_dispatcher_type flex (got {plan.dispatcher}): it sets the flex dispatcher's kernels",
+                setting=field)
     folded = plan.ep * plan.etp_size
     require((plan.tp * plan.dp_cp) % folded == 0, "plan: expert_model_parallel_size", plan.ep,
             f"ep x etp = {plan.ep} x {plan.etp_size} must divide the tp x dp x cp = {plan.tp} x {plan.dp} x "

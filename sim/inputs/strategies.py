@@ -14,12 +14,12 @@ asks its new property), plus its tests.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from sim.errors import require
 
 __all__ = ["PipelineSchedule", "TokenDispatcher", "AttentionMode", "RecomputePolicy", "ZeroStage",
-           "PIPELINE_SCHEDULES", "TOKEN_DISPATCHERS", "ATTENTION_MODES", "RECOMPUTE_POLICIES", "ZERO",
+           "PIPELINE_SCHEDULES", "TOKEN_DISPATCHERS", "FLEX_BACKENDS", "ATTENTION_MODES", "RECOMPUTE_POLICIES", "ZERO",
            "schedule_named", "dispatcher_named", "attention_named", "recompute_named", "zero_stage_of"]
 
 
@@ -115,11 +115,21 @@ class TokenDispatcher:
     """allgather: the tokens all-gathered over the tp × ep group, the outputs
     reduce-scattered back; the permutation runs after the gather."""
     deepep: bool = False
-    """flex (DeepEP's normal kernels, Megatron-Core ``fused_a2a.py``): each token crosses
-    InfiniBand once per node it reaches, then NVLink; kernels on SMs of their own; the host
-    waits for the received count; the same GPUs on every node of the group."""
+    """flex (DeepEP's normal kernels, Megatron-Core ``fused_a2a.py``; HybridEP exchanges the
+    same way): each token crosses InfiniBand once per node it reaches, then NVLink; kernels on
+    SMs of their own; the host waits for the received count; the same GPUs on every node of
+    the group."""
     needs_ep: bool = False
     """Refused without expert parallelism (ep > 1)."""
+    backend: str = ""
+    """flex: Megatron-Core's ``--moe-flex-dispatcher-backend`` (``FLEX_BACKENDS``)."""
+    num_sms: int = 0
+    """flex: SMs its dispatch and combine kernels hold by default (Megatron-Core's
+    ``moe_deepep_num_sms`` / ``moe_hybridep_num_sms``; ``ParallelPlan.moe_flex_num_sms`` sets them)."""
+    pads_expert_rows: bool = False
+    """Its permutation writes each local expert's rows padded to the quantized grouped GEMM's
+    multiple (HybridEP's ``pad_multiple``), so under FP8 or FP4 ``TEGroupedMLP`` finds the splits
+    aligned and runs no padding kernels of its own (``sim.program.workload_moe.quant_pad_rows``)."""
 
     @property
     def exchanges_all_to_all(self) -> bool:
@@ -137,14 +147,33 @@ class TokenDispatcher:
 TOKEN_DISPATCHERS: dict[str, TokenDispatcher] = {d.name: d for d in (
     TokenDispatcher("alltoall"),
     TokenDispatcher("allgather", gathers=True, needs_ep=True),
-    TokenDispatcher("flex", deepep=True, needs_ep=True),
+    TokenDispatcher("flex", deepep=True, needs_ep=True, backend="deepep", num_sms=20),
 )}
 """Megatron-Core's token dispatchers (``megatron/core/transformer/moe/token_dispatcher.py``)."""
 
+FLEX_BACKENDS: dict[str, TokenDispatcher] = {
+    "deepep": TOKEN_DISPATCHERS["flex"],
+    "hybridep": replace(TOKEN_DISPATCHERS["flex"], backend="hybridep", num_sms=16, pads_expert_rows=True),
+}
+"""The flex dispatcher's backends (Megatron-Core's ``--moe-flex-dispatcher-backend``;
+``_DeepepManager`` and ``_HybridEPManager`` in ``token_dispatcher.py`` at Megatron-LM cba6b0ed,
+the Megatron-Core of Megatron-Bridge 25.11). deepep, the default: DeepEP's normal kernels, then
+Transformer Engine's permutation of the received tokens (``moe_permute``), which
+``TEGroupedMLP`` pads under FP8 itself; 20 SMs (``moe_deepep_num_sms``). hybridep: DeepEP's
+hybrid-ep branch (``HybridEPBuffer.dispatch_with_permute`` / ``combine_with_unpermute``), its own
+permute kernel after the exchange writing each local expert's rows padded to ``pad_multiple``
+(Megatron-Core passes the FP8 recipe's alignment, ``get_fp8_align_size``) and its unpermute
+before the combine; 16 SMs (``moe_hybridep_num_sms``). Megatron-Core's only backend for a
+multi-node NVLink domain (NVL72). Both exchange the same way (``sim.program.dispatch``) and
+price their permutations as Transformer Engine's."""
 
-def dispatcher_named(name: str | TokenDispatcher) -> TokenDispatcher:
-    """The strategy of this name (itself, given one)."""
-    return _named(TOKEN_DISPATCHERS, TokenDispatcher, name, "moe_token_dispatcher_type", "dispatcher")
+
+def dispatcher_named(name: str | TokenDispatcher, backend: str = "deepep") -> TokenDispatcher:
+    """The strategy of this name (itself, given one); flex runs on ``backend`` (``FLEX_BACKENDS``)."""
+    d = _named(TOKEN_DISPATCHERS, TokenDispatcher, name, "moe_token_dispatcher_type", "dispatcher")
+    if not d.backend or isinstance(name, TokenDispatcher):
+        return d
+    return _named(FLEX_BACKENDS, TokenDispatcher, backend, "moe_flex_dispatcher_backend", "moe_flex_dispatcher_backend")
 
 
 # ------------------------------------------------------------------ attention

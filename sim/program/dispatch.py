@@ -178,6 +178,7 @@ def moe_shape(model, plan, layer: int, load: int, layout: EpLayout | None = None
                    capacity_factor=plan.moe_capacity_factor, quant_align=_quant_align(plan))
     if not plan.token_dispatcher.deepep:
         return MoeShape(plan.ep, plan.etp_size, load, plan.token_dispatcher, **kernels)
+    kernels["sms"] = plan.moe_flex_num_sms or plan.token_dispatcher.num_sms
     routing = routing if routing is not None else _balanced(model, plan)
     layout = layout if layout is not None else default_layout(plan)
     d_node, d_rank = flex_tokens(routing, layer, layout)

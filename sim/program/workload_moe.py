@@ -77,6 +77,8 @@ class MoeShape:
     """No capacity factor (where the alltoall dispatcher synchronises, ``_sync_on_exchange``)."""
     capacity_factor: float | None = None
     """``--moe-expert-capacity-factor`` (None: dropless): the router's token dropping (``_capacity``)."""
+    sms: int = 0
+    """flex: SMs its dispatch and combine kernels hold while they run (``DEEPEP_SMS`` by default)."""
     quant_align: int = 0
     """Under FP8 or FP4: the multiple of rows each expert's split must have for Transformer Engine's
     quantized grouped GEMM (``quant_align``), which ``TEGroupedMLP`` pads its input to (``_quant_pad``);
@@ -191,9 +193,11 @@ def quant_pad_rows(shape: MoeShape, rows: int) -> float:
     dispatcher does not align (Megatron-Core's ``moe_router_padding_for_quantization``, which
     would, is off in the recipes and not a trainsim setting) and which even forced load
     balancing draws at random (``RandomSTE``: normal logits per rank, moe_utils.py): a split's
-    residue modulo align is then about uniform, so (align − 1)/2 rows per expert on average."""
+    residue modulo align is then about uniform, so (align − 1)/2 rows per expert on average.
+    The flex dispatcher's HybridEP backend aligns them in its own permutation (``pad_multiple``,
+    ``TokenDispatcher.pads_expert_rows``): none."""
     a = shape.quant_align
-    if not a:
+    if not a or shape.dispatcher.pads_expert_rows:  # HybridEP's permutation pads them (FLEX_BACKENDS)
         return 0.0
     if not shape.dropless:
         return float(-rows % a)
@@ -273,10 +277,11 @@ GROUPED_GEMM_STREAMS = 4
 its one-cuBLAS-GEMM-per-expert kernels on, in turn: ``num_compute_streams`` = 4
 (transformer_engine/common/util/multi_stream.h); priced by ``sim.program.costs.gemm_compute_time``."""
 
-DEEPEP_SMS = 20
-"""SMs DeepEP's dispatch and combine kernels hold while they run: ``deep_ep.Buffer.num_sms``'s
-default, 20 (DeepEP's README sets it with ``Buffer.set_num_sms``; Megatron-Core's
-``moe_flex_dispatcher_num_sms`` leaves the backend's default, "historical default 20")."""
+DEEPEP_SMS = TOKEN_DISPATCHERS["flex"].num_sms
+"""SMs DeepEP's dispatch and combine kernels hold while they run, 20: ``deep_ep.Buffer.num_sms``'s
+default (DeepEP's README sets it with ``Buffer.set_num_sms``; Megatron-Core's ``moe_deepep_num_sms``
+keeps it). HybridEP's are Megatron-Core's ``moe_hybridep_num_sms``, 16 (``FLEX_BACKENDS``); a
+plan's ``moe_flex_num_sms`` sets either (``MoeShape.sms``)."""
 
 
 def _router(w, m, T: int, grad: bool, shape: MoeShape | None = None) -> None:
@@ -450,7 +455,7 @@ def moe_forward(w, m, b: int, t: int, sp: bool, shape: MoeShape) -> None:
     e, h, E, k = w.e, m.hidden_size, m.num_experts, m.moe_router_topk
     T = _tokens(m, b, t, sp)
     overlap = bool(shape.shared_overlap and m.moe_shared_expert_intermediate_size)
-    sms = DEEPEP_SMS if shape.dispatcher.deepep else 0
+    sms = shape.sms
     if overlap:
         _shared(w, m, b, t, sp, "F.in")
     else:
@@ -516,7 +521,7 @@ def moe_backward(w, m, b: int, t: int, sp: bool, shape: MoeShape) -> None:
     e, h, E, k = w.e, m.hidden_size, m.num_experts, m.moe_router_topk
     T = _tokens(m, b, t, sp)
     overlap = bool(shape.shared_overlap and m.moe_shared_expert_intermediate_size)
-    sms = DEEPEP_SMS if shape.dispatcher.deepep else 0
+    sms = shape.sms
     if overlap:
         _shared(w, m, b, t, sp, "B.out")
     else:
