@@ -56,6 +56,15 @@ def test_relative_links_and_anchors_resolve(page):
     assert broken == [], f"{page.relative_to(ROOT)}: " + "; ".join(broken)
 
 
+def test_no_page_keeps_a_placeholder_for_text_still_to_write():
+    # a whole line of capitals and underscores (H100_PLACEHOLDER) is a marker someone meant to
+    # replace; prose never is one
+    marker = re.compile(r"^[A-Z0-9]+(_[A-Z0-9]+)+$")
+    left = [f"{p.relative_to(ROOT)}:{i}" for p in DOCS for i, line in enumerate(p.read_text().splitlines(), 1)
+            if marker.match(line.strip())]
+    assert left == []
+
+
 def test_every_page_is_reached_from_the_index_and_has_a_table_of_contents():
     index = (ROOT / "docs" / "README.md").read_text()
     for page in sorted((ROOT / "docs").glob("*.md")):

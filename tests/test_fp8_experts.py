@@ -168,3 +168,43 @@ def test_only_megatron_core_pads_the_expert_splits():
     plan = dict(dp=4, ep=4, micro_batch_size=1, global_batch_size=8, fp8_format="hybrid", fp8_recipe="tensorwise")
     assert moe_shape(TINY, ParallelPlan(**plan, framework="megatron"), 0, S * K).quant_align == 16
     assert moe_shape(TINY, ParallelPlan(**plan, framework="automodel"), 0, S * K).quant_align == 0
+
+
+def test_hybridep_pads_the_expert_rows_in_its_own_permutation():
+    """Megatron-Core's HybridEP backend (``--moe-flex-dispatcher-backend hybridep``) passes the FP8
+    recipe's alignment to its dispatch as ``pad_multiple`` (``_HybridEPManager.dispatch``,
+    token_dispatcher.py at Megatron-LM cba6b0ed), whose permute kernel writes each local expert's rows
+    padded to it; TEGroupedMLP's Fp8Padding then finds the splits aligned and returns its input.
+    DeepEP's backend leaves them unaligned (no ``moe_router_padding_for_quantization``), so
+    TEGroupedMLP pads. Everything else in the layer is the same: the HybridEP layer's ops are the
+    DeepEP layer's less its four padding kernels."""
+    from sim.program.dispatch import moe_shape
+
+    base = dict(dp=4, ep=4, micro_batch_size=1, global_batch_size=8, fp8_format="e4m3", fp8_recipe="mxfp8",
+                dispatcher="flex")
+    work = {}
+    for backend in ("deepep", "hybridep"):
+        plan = ParallelPlan(**base, moe_flex_dispatcher_backend=backend)
+        shape = moe_shape(TINY, plan, 0, S * K)
+        assert shape.quant_align == 32 and shape.dispatcher.backend == backend
+        work[backend] = fp8_layer_work(layer_work(TINY, LayerRun(1, 1, False), moe=shape),
+                                       fp8_precision("e4m3", "mxfp8"), 1, False)
+    pads = {"moe.experts.pad", "moe.experts.unpad", "moe.experts.unpad.grad", "moe.experts.pad.grad"}
+    deepep, hybridep = ([i for i in work[b].items] for b in ("deepep", "hybridep"))
+    assert {i.name for i in deepep} & pads == pads
+    key = lambda i: (i.name, i.phase, getattr(i, "bytes_read", None), getattr(i, "nbytes", None))  # noqa: E731
+    assert [key(i) for i in deepep if i.name not in pads] == [key(i) for i in hybridep]
+    # what waited for the exchange before the padding now waits for it itself
+    first = {i.name: i for i in hybridep}["moe.experts.up.quantize"]
+    assert first.after == {i.name: i for i in deepep}["moe.experts.pad"].after == "moe.dispatch.rdma"
+
+
+def test_the_flex_backends_hold_their_own_sms_unless_the_plan_says():
+    """Megatron-Core's defaults: moe_deepep_num_sms 20, moe_hybridep_num_sms 16 (TransformerConfig at
+    cba6b0ed); Megatron-Bridge's performance recipes set HybridEP's to 32 (``moe_flex_num_sms``)."""
+    from sim.program.dispatch import moe_shape
+
+    base = dict(dp=4, ep=4, micro_batch_size=1, global_batch_size=8, dispatcher="flex")
+    sms = lambda **kw: moe_shape(TINY, ParallelPlan(**base, **kw), 0, S * K).sms  # noqa: E731
+    assert (sms(), sms(moe_flex_dispatcher_backend="hybridep"),
+            sms(moe_flex_dispatcher_backend="hybridep", moe_flex_num_sms=32)) == (20, 16, 32)

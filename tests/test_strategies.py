@@ -1,6 +1,8 @@
 """Strategies as objects (sim.inputs.strategies): each registry's behaviour checked against
 what the rest of the simulator builds or the papers define, and the plan resolving its fields."""
 
+from dataclasses import replace
+
 import pytest
 
 from sim.errors import InputError
@@ -79,3 +81,28 @@ def test_a_name_outside_a_registry_is_one_line_naming_the_field():
         st.dispatcher_named("deepep-ll")
     with pytest.raises(InputError, match=r"^plan: schedule: got 'zb-v'"):
         ParallelPlan(pp=2, schedule="zb-v")
+
+
+def test_the_flex_dispatcher_runs_on_its_backend():
+    plan = ParallelPlan(dp=8, ep=8, global_batch_size=8, dispatcher="flex")
+    assert plan.token_dispatcher is st.FLEX_BACKENDS["deepep"] is st.TOKEN_DISPATCHERS["flex"]
+    hybrid = replace(plan, moe_flex_dispatcher_backend="hybridep").token_dispatcher
+    assert hybrid is st.FLEX_BACKENDS["hybridep"]
+    assert hybrid.deepep and hybrid.pads_expert_rows and not plan.token_dispatcher.pads_expert_rows
+    assert (plan.token_dispatcher.num_sms, hybrid.num_sms) == (20, 16)
+
+
+@pytest.mark.parametrize("field, value", [("moe_flex_dispatcher_backend", "hybridep"), ("moe_flex_num_sms", 32)])
+def test_a_flex_setting_without_the_flex_dispatcher_is_refused(field, value):
+    with pytest.raises(InputError, match=rf"^plan: {field}: got '?{value}'?; needs moe_token_dispatcher_type flex "
+                                         r"\(got alltoall\)"):
+        ParallelPlan(dp=8, ep=8, global_batch_size=8, **{field: value})
+
+
+def test_a_flex_setting_on_the_command_line_is_one_line_and_exit_2(capsys):
+    from sim.cli import main
+
+    rc = main(["run", "--model", "mixtral-8x7b", "--gpus", "16", "--ep", "8", "--moe-flex-dispatcher-backend",
+               "hybridep"])
+    err = capsys.readouterr().err
+    assert rc == 2 and err.count("\n") == 1 and "needs moe_token_dispatcher_type flex" in err
