@@ -194,9 +194,9 @@ def test_hybridep_pads_the_expert_rows_in_its_own_permutation():
     assert {i.name for i in deepep} & pads == pads
     key = lambda i: (i.name, i.phase, getattr(i, "bytes_read", None), getattr(i, "nbytes", None))  # noqa: E731
     assert [key(i) for i in deepep if i.name not in pads] == [key(i) for i in hybridep]
-    # what waited for the exchange before the padding now waits for it itself
-    first = {i.name: i for i in hybridep}["moe.experts.up.quantize"]
-    assert first.after == {i.name: i for i in deepep}["moe.experts.pad"].after == "moe.dispatch.rdma"
+    # both permute the received tokens once the exchange is done
+    assert {i.name: i for i in hybridep}["moe.permute.map"].after == "moe.dispatch.rdma"
+    assert {i.name: i for i in deepep}["moe.permute.map"].after == "moe.dispatch.rdma"
 
 
 def test_the_flex_backends_hold_their_own_sms_unless_the_plan_says():

@@ -183,12 +183,16 @@ def test_shared_experts_beside_deepeps_exchanges_run_on_the_sms_it_leaves():
     items = [i for i in _layer(model, plan).items if i.phase == "F"]
     names = [i.name for i in items]
     # up-projection and activation beside both exchanges (issued on their own stream), which the experts wait for
-    assert names.index("moe.dispatch.nvl") < names.index("moe.shared.up") < names.index("moe.experts.up")
-    assert names.index("moe.combine.nvl") < names.index("moe.shared.down") < names.index("moe.unpermute")
+    # flex permutes the tokens it received, after the dispatch, and restores them before the combine,
+    # whose own kernel sums each token's returned rows: the residual add is what waits for it
+    assert names.index("moe.dispatch.nvl") < names.index("moe.shared.up") < names.index("moe.permute.map") \
+        < names.index("moe.experts.up")
+    assert names.index("moe.unpermute") < names.index("moe.combine.nvl") < names.index("moe.shared.down") \
+        < names.index("mlp.residual")
     f = {i.name: i for i in items}
     assert f["moe.dispatch.rdma"].side and f["moe.dispatch.nvl"].side
-    assert f["moe.experts.up"].after == ("moe.dispatch.rdma", "moe.dispatch.nvl")
-    assert f["moe.unpermute"].after == ("moe.combine.rdma", "moe.combine.nvl")
+    assert f["moe.permute.map"].after == ("moe.dispatch.rdma", "moe.dispatch.nvl")
+    assert f["mlp.residual"].after == ("moe.combine.rdma", "moe.combine.nvl")
     assert names.index("moe.shared.up") > names.index("moe.router")           # after the router, not before it
     shared = [i for i in items if i.name.startswith("moe.shared.") and isinstance(i, Op)]
     assert shared and all(i.sms_held == DEEPEP_SMS == 20 for i in shared)
@@ -380,3 +384,26 @@ def test_explain_reports_the_rate_the_moe_blocks_kernels_stream_at():
     for name in ("moe.router.scores", "moe.permute", "moe.sort_chunks"):
         assert rows[name]["efficiency"] == pytest.approx(H100.framework_kernel_efficiency * 0.5)
     assert rows["attn.norm"]["efficiency"] == pytest.approx(H100.memory_efficiency)
+
+
+def test_flex_permutes_the_tokens_each_rank_received_by_hand():
+    """Megatron-Core's flex dispatcher sends each token once to every rank holding one of its experts and
+    permutes on the receiving rank (``_DeepepManager.get_permuted_hidden_states_by_experts``): the fused
+    permutation reads each received token once and writes its local copies; the unpermutation before the
+    combine sums them back into the received rows. 32 experts over ep 16 (2 local), top-4, 1,024 tokens:
+    a token reaches D = 16 (1 - C(30,4)/C(32,4)) distinct ranks on average (equally popular experts), so a
+    rank receives T·D tokens and, balanced, T·k = 4,096 copies."""
+    from math import comb
+
+    plan = ParallelPlan(dp=16, ep=16, global_batch_size=16, dispatcher="flex", moe_permute_fusion=True)
+    f, b = _items(_layer(MOE, plan)), _items(_layer(MOE, plan), "B")
+    e, h, T, local, R = 2, 1024, 1024, 2, 4096
+    recv = T * 16 * (1 - comb(30, 4) / comb(32, 4))
+    assert f["moe.permute"].bytes_read == pytest.approx(e * recv * h + 12 * recv * local)
+    assert f["moe.permute"].bytes_written == e * R * h + 4 * R
+    assert f["moe.unpermute"].bytes_read == e * R * h + 4 * R
+    assert f["moe.unpermute"].bytes_written == pytest.approx(e * recv * h)
+    assert b["moe.permute.grad"].bytes_written == pytest.approx(e * recv * h)
+    # the alltoall dispatcher permutes its own tokens' copies before sending them: T rows read
+    a = _items(_layer(MOE, replace(plan, dispatcher="alltoall")))
+    assert a["moe.permute"].bytes_read == e * T * h + 12 * T * 32

@@ -240,8 +240,9 @@ def _layer_forward(w: Builder, m: ModelSpec, run: LayerRun, moe: MoeShape | None
     for kind in layer.blocks:
         blk = kind.block
         w.mem(f"{blk}.norm", e * (nn * h + m.norm_params), e * nn * h, norm_flops * nn * h)
+        after = None
         if kind.owns_tp_comms:
-            moe_forward(w, m, b, t, sp, moe)
+            after = moe_forward(w, m, b, t, sp, moe)
         else:
             if t > 1 and sp:
                 w.comm(f"{blk}.all_gather", "all_gather", e * n_tok * h)
@@ -253,7 +254,8 @@ def _layer_forward(w: Builder, m: ModelSpec, run: LayerRun, moe: MoeShape | None
                 w.comm(f"{blk}.{'reduce_scatter' if sp else 'all_reduce'}",
                        "reduce_scatter" if sp else "all_reduce", e * n_tok * h)
         # bias + dropout + residual add, fused as in Megatron-LM
-        w.mem(f"{blk}.residual", 2 * e * nn * h, e * nn * h + mask, 3 * nn * h, output=e * nn * h, framework=True)
+        w.mem(f"{blk}.residual", 2 * e * nn * h, e * nn * h + mask, 3 * nn * h, output=e * nn * h, framework=True,
+              after=after)
 
 
 def layer_work(model: ModelSpec, run: LayerRun = LayerRun(), moe: MoeShape | None = None,

@@ -284,7 +284,7 @@ keeps it). HybridEP's are Megatron-Core's ``moe_hybridep_num_sms``, 16 (``FLEX_B
 plan's ``moe_flex_num_sms`` sets either (``MoeShape.sms``)."""
 
 
-def _router(w, m, T: int, grad: bool, shape: MoeShape | None = None) -> None:
+def _router(w, m, T: int, grad: bool, shape: MoeShape | None = None, after=None) -> None:
     """The router after its score GEMM (Megatron-Core ``TopKRouter.routing``, unfused): the
     score function (softmax, or DeepSeek-V3's sigmoid: the same pass) over the T × E logits in
     fp32, top-k, the routing map (1 byte) and the probabilities (fp32) scattered into T × E,
@@ -300,7 +300,7 @@ def _router(w, m, T: int, grad: bool, shape: MoeShape | None = None) -> None:
             _capacity(w, m, T, shape.capacity_factor, grad=False)
         w.mem("moe.router.aux_loss", 5 * TE, 8 * E, 2 * TE, framework=True, kernels=6)
         return
-    w.mem("moe.router.aux_loss.grad", 4 * TE, 4 * TE, TE, framework=True, kernels=4)
+    w.mem("moe.router.aux_loss.grad", 4 * TE, 4 * TE, TE, framework=True, kernels=4, after=after)
     if shape is not None and shape.capacity_factor is not None:
         _capacity(w, m, T, shape.capacity_factor, grad=True)
     w.mem("moe.router.topk.grad", 4 * TE + 12 * R, 4 * TE, 2 * TE, framework=True, kernels=3)
@@ -370,6 +370,18 @@ def _permute(w, m, rows: int, copies: int, experts: int, shape: MoeShape, grad: 
     else:
         w.mem("moe.permute.grad", e * R * h + 8 * R, 2 * e * rows * h, R * h, output=e * rows * h, framework=True,
               kernels=3, **first)
+
+
+def _received_tokens(shape: MoeShape) -> float:
+    """The tokens a rank receives from the flex dispatcher's exchange, each once whatever the
+    number of its local experts it reaches (``MoeShape.node``: T·D_rank when balanced), which
+    Megatron-Core permutes into local-expert order after the dispatch and back before the
+    combine: DeepEP's backend with Transformer Engine's permutation
+    (``_DeepepManager.get_permuted_hidden_states_by_experts`` / ``get_restored_hidden_states_by_experts``,
+    token_dispatcher.py at Megatron-LM cba6b0ed), HybridEP's with its own permute and unpermute
+    kernels around its exchange (``dispatch_with_permute``, ``combine_with_unpermute``). The
+    combine kernel sums the ranks' returned rows of each token."""
+    return shape.node
 
 
 def _unpermute(w, m, rows: int, copies: int, shape: MoeShape, grad: bool, after=None) -> None:
@@ -450,8 +462,10 @@ def _gathers_counts(shape: MoeShape) -> bool:
             and not shape.dispatcher.gathers and shape.ep > 1)
 
 
-def moe_forward(w, m, b: int, t: int, sp: bool, shape: MoeShape) -> None:
-    """An MoE block's forward between its norm and its residual add (module doc)."""
+def moe_forward(w, m, b: int, t: int, sp: bool, shape: MoeShape) -> str | tuple | None:
+    """An MoE block's forward between its norm and its residual add (module doc); returns the
+    side collective the residual add must wait for (flex's combine, whose received rows its own
+    kernel sums), or None."""
     e, h, E, k = w.e, m.hidden_size, m.num_experts, m.moe_router_topk
     T = _tokens(m, b, t, sp)
     overlap = bool(shape.shared_overlap and m.moe_shared_expert_intermediate_size)
@@ -463,8 +477,9 @@ def moe_forward(w, m, b: int, t: int, sp: bool, shape: MoeShape) -> None:
     w.gemm("moe.router", T, E, h)
     _router(w, m, T, grad=False, shape=shape)
     gathered = shape.dispatcher.gathers
+    received = shape.dispatcher.deepep  # flex permutes the tokens it received (``_received_tokens``)
     group = shape.etp * shape.ep
-    copies = shape.load * shape.etp if gathered else T * k  # the copies this rank permutes
+    copies = shape.load * shape.etp if gathered or received else T * k  # the copies this rank permutes
     if gathered:  # the allgather dispatcher permutes after its gather, the rows of its whole group
         _exchange(w, m, shape, T, "dispatch")
         _permute(w, m, T * group, shape.load * shape.etp, E // shape.ep, shape, grad=False, host_sync=not shape.graphed)
@@ -479,9 +494,13 @@ def moe_forward(w, m, b: int, t: int, sp: bool, shape: MoeShape) -> None:
         # token_dispatcher.py). Its "before_permutation_1" is drop without padding, not simulated.
         if _gathers_counts(shape):
             w.comm(COUNTS_OP, "all_gather", COUNT_BYTES * E * group, group="ep")
-        _permute(w, m, T, T * k, E, shape, grad=False)
+        if not received:
+            _permute(w, m, T, T * k, E, shape, grad=False)
         after = _exchange(w, m, shape, T, "dispatch", sync=_sync_on_exchange(shape),
                           beside=(lambda: _shared(w, m, b, t, sp, "F.up", sms_held=sms)) if overlap else None)
+        if received:
+            _permute(w, m, _received_tokens(shape), copies, E // shape.ep, shape, grad=False, after=after)
+            after = None
     if _sorts(m, shape):
         _sort_chunks(w, m, shape, "moe.sort_chunks", after=after)
         after = None
@@ -506,14 +525,19 @@ def moe_forward(w, m, b: int, t: int, sp: bool, shape: MoeShape) -> None:
         _down_bias(w, n, h, local, grad=False)
     if _sorts(m, shape):
         _sort_chunks(w, m, shape, "moe.unsort_chunks")
+    if received:
+        _unpermute(w, m, _received_tokens(shape), copies, shape, grad=False)
     after = None if gathered else _exchange(
         w, m, shape, T, "combine",
         beside=(lambda: _shared(w, m, b, t, sp, "F.down", sms_held=sms)) if overlap else None)
-    _unpermute(w, m, T * group if gathered else T, copies, shape, grad=False, after=after)
+    if not received:
+        _unpermute(w, m, T * group if gathered else T, copies, shape, grad=False, after=after)
+        after = None
     if gathered:
         _exchange(w, m, shape, T, "combine")
     if overlap:
         _shared(w, m, b, t, sp, "F.out")
+    return after
 
 
 def moe_backward(w, m, b: int, t: int, sp: bool, shape: MoeShape) -> None:
@@ -527,14 +551,19 @@ def moe_backward(w, m, b: int, t: int, sp: bool, shape: MoeShape) -> None:
     else:
         _shared(w, m, b, t, sp, "B")
     gathered = shape.dispatcher.gathers
+    received = shape.dispatcher.deepep
     group = shape.etp * shape.ep
-    copies = shape.load * shape.etp if gathered else T * k
+    copies = shape.load * shape.etp if gathered or received else T * k
     if gathered:
         _exchange(w, m, shape, T, "combine.grad")
-    _unpermute(w, m, T * group if gathered else T, copies, shape, grad=True)
+    if not received:
+        _unpermute(w, m, T * group if gathered else T, copies, shape, grad=True)
     after = None if gathered else _exchange(
         w, m, shape, T, "combine.grad", beside=(lambda: _shared(w, m, b, t, sp, "B.down", sms_held=sms))
         if overlap else None)
+    if received:
+        _unpermute(w, m, _received_tokens(shape), copies, shape, grad=True, after=after)
+        after = None
     if _sorts(m, shape):
         _sort_chunks(w, m, shape, "moe.unsort_chunks.grad", after=after)
         after = None
@@ -559,16 +588,19 @@ def moe_backward(w, m, b: int, t: int, sp: bool, shape: MoeShape) -> None:
         _quant_pad(w, m, n, local, pad, "pad.grad")
     if _sorts(m, shape):
         _sort_chunks(w, m, shape, "moe.sort_chunks.grad")
+    if received:
+        _permute(w, m, _received_tokens(shape), copies, E // shape.ep, shape, grad=True)
     after = None if gathered else _exchange(
         w, m, shape, T, "dispatch.grad", beside=(lambda: _shared(w, m, b, t, sp, "B.up", sms_held=sms))
         if overlap else None)
     if gathered:
         _permute(w, m, T * group, copies, E // shape.ep, shape, grad=True)
-    else:
+    elif not received:
         _permute(w, m, T, copies, E, shape, grad=True, after=after)
+        after = None
     if gathered:
         _exchange(w, m, shape, T, "dispatch.grad")
-    _router(w, m, T, grad=True, shape=shape)
+    _router(w, m, T, grad=True, shape=shape, after=after)
     w.gemm("moe.router.dgrad", T, h, E)
     if overlap:
         _shared(w, m, b, t, sp, "B.in")
