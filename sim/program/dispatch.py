@@ -36,7 +36,12 @@ when balanced). The three dispatchers move them differently:
   the expected distinct ranks a token reaches (what each rank receives on average). Both
   come from ``Routing.reach`` (hypergeometric, exact for equally popular experts); under
   uneven routing both scale with the busiest rank's load over the mean (L / (T·k)), as
-  the all-to-all's bytes do. What follows the dispatch waits for both. DeepEP's kernels
+  the all-to-all's bytes do. What follows the dispatch waits for both: the permutation of
+  the T·D_rank tokens the rank received into its local experts' order (Megatron-Core
+  permutes after the exchange, and restores them before the combine, whose kernel sums each
+  token's returned rows; ``sim.program.workload_moe``). Its backends (``--moe-flex-dispatcher-backend``,
+  ``sim.inputs.strategies.FLEX_BACKENDS``) exchange alike: DeepEP's, and HybridEP's, whose
+  permutation pads each local expert's rows for the quantized GEMMs. DeepEP's kernels
   are not NCCL's, and the engine's all-to-all pays no NCCL base latency anyway
   (``sim.engine.nccl.POINT_TO_POINT_OPS``); its per-hop latencies are the links'.
 
