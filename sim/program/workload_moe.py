@@ -20,8 +20,9 @@ sequence parallelism for MoE with tp > 1) to k experts each, R = T·k copies:
     weights   the experts' grouped weight GEMMs, the shared experts' and the router's (W)
 
 The allgather and flex dispatchers exchange differently (``_exchange``; the allgather one
-permutes the rows it gathered, the flex one the tokens each rank received: ``_received_tokens``). ``--moe-permute-fusion`` prices the permutations as
-Transformer Engine's fused kernels; the shared experts beside DeepEP's exchanges run on the
+permutes the rows it gathered, the flex one the tokens each rank received:
+``_received_tokens``). ``--moe-permute-fusion`` prices the permutations as Transformer
+Engine's fused kernels; the shared experts beside DeepEP's exchanges run on the
 SMs DeepEP's kernels leave (``DEEPEP_SMS``). Each op carries the kernels the host launches
 for it and where the host synchronises with the GPU (``Op.kernels``, ``Op.host_sync``:
 ``sim.program.launch``), unless a CUDA graph covers the block (``MoeShape.graphed``).
