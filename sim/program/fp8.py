@@ -55,8 +55,14 @@ GroupedLinear; ``megatron/core/models/gpt/gpt_layer_specs.py``), so under ``fp8_
 FP8 as well. Their input comes from the token dispatcher (BF16, not a norm) and TE runs
 them without sequence parallelism, so each forward input is cast and transposed at once
 (``to_fp8_t``, read 2G write 2G), each output gradient too, and the weight gradients need
-no transpose of their own. The shared experts (``moe.shared.*``) and the router stay BF16
-here.
+no transpose of their own. The shared experts (``moe.shared.up`` and ``.down``) are TE
+linears as well, run like the routed experts' (their input cast by their own module, no
+sequence-parallel gather of their own), except that the up-projection keeps its BF16 input and
+casts it again for its weight gradient (``SAVES_ORIGINAL_INPUT``). Multi-head latent attention's
+five projections (``MLA_GEMMS``) run in FP8 too: the down-projections (and a query projection
+without a low-rank query) cast their BF16 input, and the up-projections, ``LayerNormLinear``
+modules that fuse the compressed query's and key/value's norms, take their input from that norm
+as QKV does from its own. The router stays BF16 (a plain PyTorch linear).
 
 Amax: TE's cast kernels record each tensor's absolute maximum as they write it, so the
 scaling statistics cost no pass of their own. Their reduction across the stage (one small
@@ -179,14 +185,37 @@ from sim.errors import require
 from sim.inputs.precision import AMAX_BYTES, BF16_BYTES, FP8_BYTES, Precision, Recipe
 from sim.program.ops import Comm
 
-FP8_GEMMS = ("attn.qkv", "attn.proj", "mlp.up", "mlp.down")
+MLA_GEMMS = ("attn.q", "attn.q_down", "attn.kv_down", "attn.q_up", "attn.kv_up")
+"""Multi-head latent attention's projections (``sim.inputs.moe.mla_projections``), each a
+Transformer Engine linear in Megatron-Core's MLA spec (``get_gpt_layer_with_transformer_engine_spec``,
+megatron/core/models/gpt/gpt_layer_specs.py at Megatron-LM cba6b0ed: the down-projections
+``backend.linear()`` = ``TELinear``, the up-projections ``TELayerNormColumnParallelLinear`` with
+the query and key/value norms fused in, ``linear_q_proj`` ``TEColumnParallelLinear``), so FP8
+under ``fp8_autocast`` (module doc)."""
+SHARED_GEMMS = ("moe.shared.up", "moe.shared.down")
+"""The shared experts' two linears (Megatron-Core's ``SharedExpertMLP``, an ``MLP`` of
+``TEColumnParallelLinear`` and ``TERowParallelLinear``: ``get_moe_module_spec``,
+megatron/core/models/gpt/moe_module_specs.py): FP8 too (module doc)."""
+FP8_GEMMS = ("attn.qkv", "attn.proj", "mlp.up", "mlp.down") + MLA_GEMMS + SHARED_GEMMS
 """The forward GEMMs a transformer layer runs in FP8 (the weight GEMMs of TE's linear modules)."""
-NORM_FUSED = {"attn.qkv": "attn.norm", "mlp.up": "mlp.norm"}
+NORM_FUSED = {"attn.qkv": "attn.norm", "mlp.up": "mlp.norm",
+              "attn.q_up": "attn.q_down.norm", "attn.kv_up": "attn.kv_down.norm"}
 """LayerNormLinear GEMMs and the norm that writes their FP8 input."""
 ROW_PARALLEL = ("attn.proj", "mlp.down")
 EXPERT_GEMMS = ("moe.experts.up", "moe.experts.down")
 """The routed experts' GEMMs (module doc): FP8, inputs cast and transposed as a row-parallel
 GEMM's without sequence parallelism."""
+SP_GEMMS = ("attn.qkv", "attn.proj", "mlp.up", "mlp.down")
+"""GEMMs whose TE module gathers its input or reduce-scatters its output under sequence
+parallelism (the others' collectives, where they have any, stay BF16 and apart)."""
+CAST_INPUT = ROW_PARALLEL + EXPERT_GEMMS + ("attn.q", "attn.q_down", "attn.kv_down") + SHARED_GEMMS
+"""GEMMs whose BF16 input their own TE module casts (no norm writes it quantized)."""
+SAVES_ORIGINAL_INPUT = ("moe.shared.up",)
+"""GEMMs whose module keeps its BF16 input for the weight gradient and quantizes it again there
+(TE's ``save_original_input``): Megatron-Core's ``SharedExpertMLP`` sets it on ``linear_fc1``
+under FP8 with Transformer Engine 2.6 or later, unless the shared experts are recomputed
+(megatron/core/transformer/moe/shared_experts.py at cba6b0ed: ``set_save_original_input``), so
+the forward casts the copy it multiplies and the weight gradient casts the other from BF16."""
 FP8_GATHERS = {"attn.all_gather": "attn.qkv", "mlp.all_gather": "mlp.up",
                "attn.all_gather.grad": "attn.proj", "mlp.all_gather.grad": "mlp.down",
                "attn.qkv.all_gather.input": "attn.qkv", "mlp.up.all_gather.input": "mlp.up"}
@@ -307,15 +336,20 @@ def _gather_bytes(name: str, recipe: Recipe) -> float:
 
 
 def _cast(it, suffix: str, recipe: Recipe, read: float, elements: float, gathered: bool = False,
-          amax_known: bool = False) -> list:
+          amax_known: bool = False, usage: str = "both") -> list:
     """The kernels that make the quantized operand(s) of ``elements`` BF16 elements (``read``
     = 2·elements bytes) under ``recipe``: ``suffix`` is the per-tensor kernel ('to_fp8' one
     copy, 'to_fp8_t' with its transpose); block-scaled recipes quantize both copies instead
     (NVFP4: the column-wise one through the Hadamard transform, a kernel that reads the
     tensor again); recipes with a per-tensor scale from the tensor's own amax read it for
     that first (unless the kernel that wrote it computed it: ``amax_known``), and all-reduce
-    it over the tensor-parallel group when the tensor is ``gathered``."""
-    if recipe.both_copies:
+    it over the tensor-parallel group when the tensor is ``gathered``. ``usage`` 'row' or
+    'column': one copy only, the forward's or the weight gradient's (a quantizer with one
+    usage, ``SAVES_ORIGINAL_INPUT``; per-tensor, ``suffix`` then names a one-copy kernel)."""
+    if recipe.both_copies and usage != "both":
+        column = usage == "column" and recipe.hadamard_wgrad
+        out = [_memory(it, "hadamard_quantize" if column else "quantize", read, recipe.copy_bytes() * elements)]
+    elif recipe.both_copies:
         copy = recipe.copy_bytes() * elements
         if recipe.hadamard_wgrad:
             out = [_memory(it, "quantize", read, copy), _memory(it, "hadamard_quantize", read, copy)]
@@ -383,16 +417,17 @@ def fp8_layer_work(work, precision: Precision | None, tp: int = 1, sequence_para
             continue
         m, n, k = it.shape
         gemm = _as_low(it, r)
-        expert = base in EXPERT_GEMMS
-        gsp = sp and not expert  # sequence parallelism as this GEMM's TE module runs it
+        gsp = sp and base in SP_GEMMS  # sequence parallelism as this GEMM's TE module runs it
         if role == "fwd":
             pre = []
             x = m * k * it.batch
-            if base in ROW_PARALLEL or expert:
+            if base in SAVES_ORIGINAL_INPUT:  # the forward's copy only; the weight gradient casts the other
+                pre += _cast(it, "to_fp8", r, BF16_BYTES * x, x, usage="row")
+            elif base in CAST_INPUT:
                 pre += _cast(it, "to_fp8" if gsp else cast_t, r, BF16_BYTES * x, x)
             elif not r.history:  # the norm wrote BF16: the local shard is cast
-                local = x / tp if sp else x
-                pre += _cast(it, "to_fp8" if sp else cast_t, r, BF16_BYTES * local, local, gathered=sp,
+                local = x / tp if gsp else x
+                pre += _cast(it, "to_fp8" if gsp else cast_t, r, BF16_BYTES * local, local, gathered=gsp,
                              amax_known=True)
             if not it.recompute:
                 w = k * n * it.batch / microbatches
@@ -424,6 +459,9 @@ def fp8_layer_work(work, precision: Precision | None, tp: int = 1, sequence_para
                 _insert_before(out, _cast(it, cast_t, r, BF16_BYTES * g, g) + _swizzle(it, gemm, r))
                 out.append(gemm)
         else:  # wgrad
+            if base in SAVES_ORIGINAL_INPUT:  # its saved BF16 input, inputs x tokens, cast for this GEMM
+                x = m * k * it.batch
+                _insert_before(out, _cast(it, "to_fp8", r, BF16_BYTES * x, x, usage="column"))
             _insert_before(out, _swizzle(it, gemm, r))
             out.append(gemm)
             if tr and ((base in NORM_FUSED and r.history) or gsp):

@@ -47,6 +47,7 @@ from sim.errors import require
 from sim.inputs.frameworks import DEEPSPEED_BUCKET_ELEMS, DEEPSPEED_MAX_LIVE_PARAMETERS, deepspeed_prefetch_depth
 from sim.inputs.layers import DenseMLP, FullAttention
 from sim.inputs.model import ModelSpec, layer_param_split, layer_params_per_rank, mtp_param_split
+from sim.inputs.moe import mla_projections
 from sim.inputs.plan import DDP_BUCKET_BYTES, ParallelPlan
 from sim.inputs.precision import RECIPES
 from sim.inputs.strategies import zero_stage_of
@@ -158,19 +159,30 @@ under the block-scaled recipes both copies carry their scales (``weight_copy_byt
 
 
 def fp8_layer_weights(model: ModelSpec, tp: int, layer: int) -> float:
-    """Parameters of layer ``layer``'s FP8 GEMM weights (QKV, projection and MLP) on one of
-    ``tp`` ranks; of a mixture-of-experts layer only its attention weights (its routed
-    experts' are split by ep and etp, ``fp8_weight_copy_bytes`` counts them; its router
-    stays BF16); 0 for the embedding (-1) and the head (``num_layers``)."""
+    """Parameters of layer ``layer``'s FP8 GEMM weights on one of ``tp`` ranks
+    (``sim.program.fp8.FP8_GEMMS``): its attention's (QKV and projection, or MLA's five
+    projections, the down-projections replicated on every rank, and its projection) and its
+    dense MLP's, or of a mixture-of-experts layer its shared experts' (its routed experts' are
+    split by ep and etp, ``fp8_weight_copy_bytes`` counts them; its router stays BF16); 0 for
+    the embedding (-1) and the head (``num_layers``)."""
     if not 0 <= layer < model.num_layers:
         return 0.0
-    h, kv, f = model.hidden_size, model.kv_dim, model.ffn_hidden_size
-    attention, mlp = h * (h + 2 * kv) + h * h, (3 if model.mlp == "swiglu" else 2) * h * f
-    if model.layers is not None:  # only attention and dense MLP blocks run FP8 GEMMs (sim.program.fp8)
+    h = model.hidden_size
+    width = 3 if model.mlp == "swiglu" else 2
+    mlp = width * h * model.ffn_hidden_size / tp
+    shared = width * h * (model.moe_shared_expert_intermediate_size or 0) / tp
+    if model.mla:
+        projections = mla_projections(model)
+        attention = (sum(i * o for _, i, o, split in projections if split) / tp
+                     + sum(i * o for _, i, o, split in projections if not split)
+                     + model.num_attention_heads * model.v_head_dim * h / tp)
+    else:
+        attention = (h * (model.q_dim + 2 * model.kv_dim) + model.q_dim * h) / tp
+    if model.layers is not None:  # only attention, dense MLP and MoE blocks run FP8 GEMMs (sim.program.fp8)
         lay = model.layer(layer)
         return ((attention if isinstance(lay.mixer, FullAttention) else 0)
-                + (mlp if isinstance(lay.mlp, DenseMLP) else 0)) / tp
-    return (attention + (0 if model.is_moe_layer(layer) else mlp)) / tp
+                + (mlp if isinstance(lay.mlp, DenseMLP) else shared if lay.is_moe else 0))
+    return attention + (shared if model.is_moe_layer(layer) else mlp)
 
 
 def fp8_weight_copy_bytes(model: ModelSpec, plan: ParallelPlan, stage: int, any_layout: bool = False) -> float:
