@@ -176,8 +176,10 @@ def test_hybridep_pads_the_expert_rows_in_its_own_permutation():
     token_dispatcher.py at Megatron-LM cba6b0ed), whose permute kernel writes each local expert's rows
     padded to it; TEGroupedMLP's Fp8Padding then finds the splits aligned and returns its input.
     DeepEP's backend leaves them unaligned (no ``moe_router_padding_for_quantization``), so
-    TEGroupedMLP pads. Everything else in the layer is the same: the HybridEP layer's ops are the
-    DeepEP layer's less its four padding kernels."""
+    TEGroupedMLP pads. HybridEP's forward dispatch also gathers every rank's routing map and runs
+    its metadata kernel on it (``HybridEPBuffer.dispatch_with_permute``). Everything else in the
+    layer is the same: the HybridEP layer's ops are the DeepEP layer's less its four padding
+    kernels, with those two before the forward exchange."""
     from sim.program.dispatch import moe_shape
 
     base = dict(dp=4, ep=4, micro_batch_size=1, global_batch_size=8, fp8_format="e4m3", fp8_recipe="mxfp8",
@@ -193,7 +195,17 @@ def test_hybridep_pads_the_expert_rows_in_its_own_permutation():
     deepep, hybridep = ([i for i in work[b].items] for b in ("deepep", "hybridep"))
     assert {i.name for i in deepep} & pads == pads
     key = lambda i: (i.name, i.phase, getattr(i, "bytes_read", None), getattr(i, "nbytes", None))  # noqa: E731
-    assert [key(i) for i in deepep if i.name not in pads] == [key(i) for i in hybridep]
+    extra = {"moe.dispatch.routing_map", "moe.dispatch.metadata"}
+    assert [key(i) for i in deepep if i.name not in pads] == [key(i) for i in hybridep if i.name not in extra]
+    # T = 256 tokens a rank, E = 4 experts, ep 4: a 256 x 4 map of 1-byte flags from each of 4 ranks;
+    # the kernel reads the 4,096 gathered flags and writes an int32 rank map of 256 x 4 entries and
+    # a 256 x 4 local-expert map (one local expert a rank); right before the exchange
+    got = {i.name: i for i in hybridep}
+    assert (got["moe.dispatch.routing_map"].collective, got["moe.dispatch.routing_map"].nbytes) == ("all_gather", 4096)
+    assert (got["moe.dispatch.metadata"].bytes_read, got["moe.dispatch.metadata"].bytes_written) == (4096, 4 * 1024 + 1024)
+    names = [i.name for i in hybridep]
+    assert names.index("moe.dispatch.metadata") + 1 == names.index("moe.dispatch.rdma")
+    assert not extra & {i.name for i in deepep}
     # both permute the received tokens once the exchange is done
     assert {i.name: i for i in hybridep}["moe.permute.map"].after == "moe.dispatch.rdma"
     assert {i.name: i for i in deepep}["moe.permute.map"].after == "moe.dispatch.rdma"

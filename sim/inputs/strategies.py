@@ -126,6 +126,9 @@ class TokenDispatcher:
     num_sms: int = 0
     """flex: SMs its dispatch and combine kernels hold by default (Megatron-Core's
     ``moe_deepep_num_sms`` / ``moe_hybridep_num_sms``; ``ParallelPlan.moe_flex_num_sms`` sets them)."""
+    gathers_routing_map: bool = False
+    """Its forward dispatch all-gathers every rank's routing map and runs a metadata kernel on
+    it before the exchange (HybridEP; ``sim.program.workload_moe._routing_map``)."""
     pads_expert_rows: bool = False
     """Its permutation writes each local expert's rows padded to the quantized grouped GEMM's
     multiple (HybridEP's ``pad_multiple``), so under FP8 or FP4 ``TEGroupedMLP`` finds the splits
@@ -153,7 +156,8 @@ TOKEN_DISPATCHERS: dict[str, TokenDispatcher] = {d.name: d for d in (
 
 FLEX_BACKENDS: dict[str, TokenDispatcher] = {
     "deepep": TOKEN_DISPATCHERS["flex"],
-    "hybridep": replace(TOKEN_DISPATCHERS["flex"], backend="hybridep", num_sms=16, pads_expert_rows=True),
+    "hybridep": replace(TOKEN_DISPATCHERS["flex"], backend="hybridep", num_sms=16, pads_expert_rows=True,
+                        gathers_routing_map=True),
 }
 """The flex dispatcher's backends (Megatron-Core's ``--moe-flex-dispatcher-backend``;
 ``_DeepepManager`` and ``_HybridEPManager`` in ``token_dispatcher.py`` at Megatron-LM cba6b0ed,
@@ -163,7 +167,8 @@ Transformer Engine's permutation of the received tokens (``moe_permute``), which
 hybrid-ep branch (``HybridEPBuffer.dispatch_with_permute`` / ``combine_with_unpermute``), its own
 permute kernel after the exchange writing each local expert's rows padded to ``pad_multiple``
 (Megatron-Core passes the FP8 recipe's alignment, ``get_fp8_align_size``) and its unpermute
-before the combine; 16 SMs (``moe_hybridep_num_sms``). Megatron-Core's only backend for a
+before the combine, and before its forward exchange a gather of every rank's routing map with a
+metadata kernel on it; 16 SMs (``moe_hybridep_num_sms``). Megatron-Core's only backend for a
 multi-node NVLink domain (NVL72). Both exchange the same way (``sim.program.dispatch``) and
 price their permutations as Transformer Engine's."""
 

@@ -607,6 +607,24 @@ def moe_backward(w, m, b: int, t: int, sp: bool, shape: MoeShape) -> None:
         _shared(w, m, b, t, sp, "B.in")
 
 
+ROUTING_MAP_OP = "moe.dispatch.routing_map"
+"""HybridEP's gather of every rank's routing map before its forward dispatch (``_routing_map``)."""
+
+
+def _routing_map(w, m, shape: MoeShape, T: int) -> None:
+    """HybridEP's forward dispatch before its exchange (``HybridEPBuffer.dispatch_with_permute``
+    without a handle, DeepEP's hybrid-ep branch at 1dddd19, 2025-11-18, and after): the [T, E]
+    boolean routing map of every rank of the expert-parallel group all-gathered
+    (``torch.distributed.all_gather_into_tensor``, 1 byte a flag, T·ep·E bytes gathered) and
+    its metadata-preprocessing kernel (``Executor::metadata_preprocessing``), which reads the
+    gathered map and writes the token-to-rank map (int32, T·ep) and each received token's
+    local-expert map (T·ep × E/ep flags). The backward's exchanges reuse this handle; DeepEP's
+    own backend counts inside its dispatch instead."""
+    E, group = m.num_experts, shape.ep * shape.etp
+    w.comm(ROUTING_MAP_OP, "all_gather", T * group * E, group="ep")
+    w.mem("moe.dispatch.metadata", T * group * E, 4 * T * group + T * E, 0.0)
+
+
 def _exchange(w, m, shape: MoeShape, T: int, what: str, sync: bool = False, beside=None) -> str | tuple | None:
     """The collectives that move the tokens to the experts (``what``: dispatch, combine,
     dispatch.grad or combine.grad) as ``shape.dispatcher`` runs them (``sim.program.dispatch``);
@@ -628,6 +646,8 @@ def _exchange(w, m, shape: MoeShape, T: int, what: str, sync: bool = False, besi
         w.comm(f"moe.{stem}.allgather{suffix}", gather, e * T * n * h, group="tpep")
         return None
     if shape.dispatcher.deepep:
+        if what == "dispatch" and shape.dispatcher.gathers_routing_map:
+            _routing_map(w, m, shape, T)
         rail, node = f"moe.{stem}.rdma{suffix}", f"moe.{stem}.nvl{suffix}"
         w.comm(rail, "all_to_all", e * shape.rail * h, group="ep_rail", side=True, host_sync=sync)
         if beside is None:
