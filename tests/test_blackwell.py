@@ -67,9 +67,9 @@ def test_gemm_caps_are_the_measured_best_kernels():
     # Megatron-Bridge rows with the GB200's rate (the same die); the B200 and GB200 caps stay at or
     # below the best FP8 kernel measured alone (the profile's ceiling, that measurement to three digits).
     assert B200.moe_memory_relative_efficiency == GB200.moe_memory_relative_efficiency
-    for p, name in ((B200, "b200-fit-report-2026-12-07-flex-receiver.json"),
-                    (GB200, "gb200-fit-report-2026-12-07-flex-receiver.json"),
-                    (load_profile("gb300"), "gb300-fit-report-2026-12-07-flex-receiver.json")):
+    for p, name in ((B200, "b200-fit-report-2026-12-07-mla-fp8.json"),
+                    (GB200, "gb200-fit-report-2026-12-07-mla-fp8.json"),
+                    (load_profile("gb300"), "gb300-fit-report-2026-12-07-mla-fp8.json")):
         report = json.loads((ROOT / "experiments/fit-cache" / name).read_text())
         assert report["gpu"] == p.name
         fitted = {q["name"]: q["fitted"] for q in report["parameters"]}
