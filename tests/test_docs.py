@@ -213,7 +213,7 @@ def test_the_readme_accuracy_table_quotes_the_fit_reports():
     import itertools
     import json
 
-    reports = {"H100": "h100-sxm-fit-report-2026-12-07-flex-receiver.json", "A100": "a100-80gb-fit-report-2026-12-06-night.json"}
+    reports = {"H100": "h100-sxm-fit-report-2026-12-07-mla-fp8.json", "A100": "a100-80gb-fit-report-2026-12-06-night.json"}
     readme = (ROOT / "README.md").read_text()
     rows = re.findall(r"^\| (H100|A100) \| ([a-z-]+): [^|]* \((?:\d+ groups, )?(\d+)\) \| ([^|]+) \| ([^|]+) \| ([^|]+) \|$",
                       readme, re.M)
