@@ -196,7 +196,10 @@ SHARED_GEMMS = ("moe.shared.up", "moe.shared.down")
 """The shared experts' two linears (Megatron-Core's ``SharedExpertMLP``, an ``MLP`` of
 ``TEColumnParallelLinear`` and ``TERowParallelLinear``: ``get_moe_module_spec``,
 megatron/core/models/gpt/moe_module_specs.py): FP8 too (module doc)."""
-FP8_GEMMS = ("attn.qkv", "attn.proj", "mlp.up", "mlp.down") + MLA_GEMMS + SHARED_GEMMS
+SP_GEMMS = ("attn.qkv", "attn.proj", "mlp.up", "mlp.down")
+"""The dense layer's four GEMMs, whose TE modules gather their input or reduce-scatter their output
+under sequence parallelism (the others' collectives, where they have any, stay BF16 and apart)."""
+FP8_GEMMS = SP_GEMMS + MLA_GEMMS + SHARED_GEMMS
 """The forward GEMMs a transformer layer runs in FP8 (the weight GEMMs of TE's linear modules)."""
 NORM_FUSED = {"attn.qkv": "attn.norm", "mlp.up": "mlp.norm",
               "attn.q_up": "attn.q_down.norm", "attn.kv_up": "attn.kv_down.norm"}
@@ -205,9 +208,6 @@ ROW_PARALLEL = ("attn.proj", "mlp.down")
 EXPERT_GEMMS = ("moe.experts.up", "moe.experts.down")
 """The routed experts' GEMMs (module doc): FP8, inputs cast and transposed as a row-parallel
 GEMM's without sequence parallelism."""
-SP_GEMMS = ("attn.qkv", "attn.proj", "mlp.up", "mlp.down")
-"""GEMMs whose TE module gathers its input or reduce-scatters its output under sequence
-parallelism (the others' collectives, where they have any, stay BF16 and apart)."""
 CAST_INPUT = ROW_PARALLEL + EXPERT_GEMMS + ("attn.q", "attn.q_down", "attn.kv_down") + SHARED_GEMMS
 """GEMMs whose BF16 input their own TE module casts (no norm writes it quantized)."""
 SAVES_ORIGINAL_INPUT = ("moe.shared.up",)
