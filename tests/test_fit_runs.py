@@ -385,6 +385,37 @@ def test_several_files_fit_as_one_table(truth, tmp_path):
     assert code == 2 and f"{bad}: line 2: column gpus" in err and err.count("\n") == 1
 
 
+def test_scale_floor_is_the_least_error_one_scale_leaves():
+    from sim.calibrate.fit_runs import scale_floor
+
+    # two rows, the model 25% further over one than the other: at best one is right, the other 20% off
+    assert scale_floor([1.0, 1.25]) == (pytest.approx(0.2), pytest.approx(0.8))
+    assert scale_floor([1.1]) == (0.0, pytest.approx(1 / 1.1))
+    # three: the scale that puts the middle one right, |0.9/1.0 - 1| + |1.2/1.0 - 1| = 0.3 (at the others: 0.4, 0.5)
+    assert scale_floor([0.9, 1.0, 1.2])[0] == pytest.approx(0.3)
+    with pytest.raises(ValueError):
+        scale_floor([1.0, 0.0])
+
+
+def test_a_job_measured_twice_apart_is_reported_with_the_error_it_leaves(truth, tmp_path):
+    # The same run from a second source, measured 25% slower: one simulation times both rows, so whatever
+    # the fit does the model's time over the measured one differs by 25% between them, and the pair keeps
+    # at least 1 - 1/1.25 = 20% of |error| between its two rows.
+    rows = _rows("ab", truth, sizes=(8,))
+    again = dict(rows[0], source="test a again",
+                 measured_iteration_time_s=repr(1.25 * float(rows[0]["measured_iteration_time_s"])))
+    data = _write(tmp_path / "runs.csv", rows + [again])
+    report = fit_runs(data, "a100-80gb", ["sustained_compute_fraction"])
+    (job,) = report["same_job"]
+    assert job["lines"] == [2, 4] and "8 GPUs" in job["job"]
+    assert job["spread"] == pytest.approx(0.25) and job["floor_abs_error_sum"] == pytest.approx(0.2)
+    assert report["same_job_floor"] == pytest.approx(0.2 / 3)
+    fitted = [abs(r["fitted_error"]) for r in report["rows"]]
+    assert fitted[0] + fitted[2] >= 0.2 - 1e-9   # the fit itself cannot do better on the pair
+    code, text, _ = _cli(["fit", str(data), "--gpu", "a100-80gb", "--params", "sustained_compute_fraction"])
+    assert code == 0 and "  lines 2, 4 (" in text and "25.0% apart, so at least 10.0% mean |error|" in text
+
+
 def test_the_model_path_gives_the_answers_of_finite_differences_with_fewer_simulations(truth, tmp_path):
     # sim.calibrate.fit_surrogate: the fit on each row's model of time, checked by simulating,
     # against least squares on simulations with finite differences at every step

@@ -329,6 +329,45 @@ def mean_abs(errors) -> float:
     return float(np.mean(np.abs(errors))) if len(errors) else 0.0
 
 
+SAME_JOB_SHOWN = 0.02
+"""Jobs whose rows the fitted model gets wrong by amounts further apart than this (relative)
+are printed (``same_job``); the report lists them all."""
+
+
+def scale_floor(ratios) -> tuple[float, float]:
+    """The least Σ|s·a − 1| over one scale s of every ratio a in ``ratios`` (the model's
+    time over the measured one, rows of one job), and that s. The sum is convex and
+    piecewise linear in s with its kinks at s = 1/a, so the least is at one of them:
+    whatever moves the job's time as a whole leaves at least this error on its rows."""
+    a = [float(x) for x in ratios]
+    if not a or min(a) <= 0:
+        raise ValueError(f"ratios: got {ratios!r}; expected positive numbers")
+    best = min((sum(abs(x / k - 1.0) for x in a), 1.0 / k) for k in a)
+    return best[0], best[1]
+
+
+def same_job(runs, measured, fitted) -> list[dict]:
+    """Rows of one job (the same model and sequence, precision, GPU count, global batch and
+    framework: ``_describe`` and those) among ``runs``, with the fitted model's time over
+    the measured one per row, how far apart those ratios are, and ``scale_floor``'s least
+    error: what no fitted parameter that scales the job's time as a whole can remove (a
+    setting the rows differ in that the model leaves out, or data that disagree). Largest
+    floor first; jobs of one row are not listed."""
+    by: dict = {}
+    for i, r in enumerate(runs):
+        key = (_describe(r), r.values.get("gpus"), r.values.get("global_batch_size"), r.framework)
+        by.setdefault(key, []).append(i)
+    out = []
+    for (what, gpus, batch, framework), rows in by.items():
+        if len(rows) < 2:
+            continue
+        ratios = [fitted[i] / measured[i] for i in rows]
+        floor, _ = scale_floor(ratios)
+        out.append({"rows": rows, "job": f"{what}, {gpus} GPUs, global batch {batch}, {framework}",
+                    "spread": max(ratios) / min(ratios) - 1.0, "floor_abs_error_sum": floor})
+    return sorted(out, key=lambda j: (-j["floor_abs_error_sum"], j["rows"][0]))
+
+
 # ---------------------------------------------------------------- the whole job
 def _describe(run) -> str:
     v = run.values
@@ -410,6 +449,8 @@ def fit_runs(path, gpu: str, names: list[str] | None = None, jobs: int = 1, cach
                "mean_abs_error": mean_abs(fit_e), "max_abs_error": float(max(abs(e) for e in fit_e)),
                "loo_mean_abs_error": mean_abs(loo_e), "loo_max_abs_error": float(max(abs(e) for e in loo_e))}
     filled = sorted({c for r in used for c in r.filled})
+    jobs = [{"lines": [rows[i]["line"] if len(paths) == 1 else f"{rows[i]['file']}:{rows[i]['line']}"
+                       for i in j.pop("rows")], **j} for j in same_job(used, measured, res["fitted"])]
     return {
         "gpu": profile.name, "profile": str(gpu), "data": str(path), "data_sha256": sha,
         "fidelity": FIDELITY, "collective_model": COLLECTIVE_MODEL, "parameters_chosen": how,
@@ -427,6 +468,7 @@ def fit_runs(path, gpu: str, names: list[str] | None = None, jobs: int = 1, cach
         "held_out_check": None if res["held_out_check"] is None else
         {**at(used[res["held_out_check"]["row"]]), **{k: v for k, v in res["held_out_check"].items() if k != "row"}},
         "groups": group_rows, "rows": rows, "skipped": skipped,
+        "same_job": jobs, "same_job_floor": sum(j["floor_abs_error_sum"] for j in jobs) / len(used),
         "left_out": left_out, "blank_cells": {c: {"value": _shown(BLANKS[c][0]), "why": BLANKS[c][1]} for c in filled},
         "by_source": {text: {"settings": {k: _shown(v) for k, v in settings.items()}, "why": why}
                       for text, settings, why in BY_SOURCE + tuple((t + FP8_ROWS, s, w) for t, s, w in FP8_BY_SOURCE)

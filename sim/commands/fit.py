@@ -22,6 +22,13 @@ writes the fitted profile, its ``sources`` naming the fit.
                                         held-out point (sim.calibrate.fit_runs.fit_and_hold_out)
     groups                              [{id, source, precision, framework, model, lines, held_out_fit,
                                           loo_mean_abs_error}]
+    same_job                            [{lines, job, spread, floor_abs_error_sum}]: rows of one job (model, sequence,
+                                        precision, GPUs, global batch, framework), the fitted model's time over the
+                                        measured one apart by ``spread`` (max / min - 1) between them; the least
+                                        sum of |error| over those rows of any one scale of the job's time
+                                        (sim.calibrate.fit_runs.same_job), largest first
+    same_job_floor                      the sum of those over every job, over the row count: the least mean |error|
+                                        they leave whatever scales each job's time
     skipped                             [{line, reason}]: rows of this GPU not simulated (needs, precision)
     (with several files each row, skipped and left_out entry also has its ``file``, and a group's
     ``lines`` are ``file:line``)
@@ -114,6 +121,10 @@ def _pct(x: float) -> str:
 
 
 def _print(r: dict) -> None:
+    from pathlib import Path
+
+    from sim.calibrate.fit_runs import SAME_JOB_SHOWN
+
     print(f"trainsim fit: {r['gpu']} ({r['profile']}) to {r['data']}")
     print(f"  sha256 {r['data_sha256']}")
     print(f"  {r['row_count']} rows in {r['group_count']} groups, simulated at {r['fidelity']} fidelity (the runs are "
@@ -138,6 +149,16 @@ def _print(r: dict) -> None:
         print(f"{_line(row):>5} {row['group']:>5} {row['gpus']:>6} {row['measured_s']:8.3f} s " + " ".join(cells))
     print(f"\nmean |error|: initial {r['initial_mean_abs_error']:.1%}, fitted {r['mean_abs_error']:.1%} "
           f"(max {r['max_abs_error']:.1%}), held out {r['loo_mean_abs_error']:.1%} (max {r['loo_max_abs_error']:.1%})")
+    shown = [j for j in r.get("same_job", []) if j["spread"] > SAME_JOB_SHOWN]
+    if shown:
+        print("rows of one job that the fitted model misses by different amounts (a fitted parameter moves a job's "
+              "time as a whole, so it cannot separate them: a setting they differ in that trainsim leaves out, or "
+              "measurements that disagree):")
+        for j in shown:
+            lines = ", ".join(Path(str(x)).name for x in j["lines"])  # (a.csv:3 where the fit read several files)
+            print(f"  lines {lines} ({j['job']}): {j['spread']:.1%} apart, so at least "
+                  f"{j['floor_abs_error_sum'] / len(j['lines']):.1%} mean |error| on these rows")
+        print(f"  rows of one job hold the mean |error| over all rows to at least {r['same_job_floor']:.1%}")
     if r["blank_cells"]:
         print("blank cells took: " + "; ".join(f"{c} = {v['value']} ({v['why']})" for c, v in r["blank_cells"].items()))
     for text, v in r.get("by_source", {}).items():
