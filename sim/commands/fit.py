@@ -151,9 +151,8 @@ def _print(r: dict) -> None:
           f"(max {r['max_abs_error']:.1%}), held out {r['loo_mean_abs_error']:.1%} (max {r['loo_max_abs_error']:.1%})")
     shown = [j for j in r.get("same_job", []) if j["spread"] > SAME_JOB_SHOWN]
     if shown:
-        print("rows of one job that the fitted model misses by different amounts (a fitted parameter moves a job's "
-              "time as a whole, so it cannot separate them: a setting they differ in that trainsim leaves out, or "
-              "measurements that disagree):")
+        print("rows of one job missed by different amounts (no fitted parameter separates them: a setting they "
+              "differ in that trainsim leaves out, or measurements that disagree):")
         for j in shown:
             lines = ", ".join(Path(str(x)).name for x in j["lines"])  # (a.csv:3 where the fit read several files)
             print(f"  lines {lines} ({j['job']}): {j['spread']:.1%} apart, so at least "
