@@ -17,7 +17,7 @@ import pytest
 
 import sim
 from sim.calibrate.fit_runs import (DEFAULT_PARAMETERS, TOLERANCE, Simulations, choose_parameters, fit, fit_runs,
-                                    group_weights, parameter, prepare_rows, start_value)
+                                    group_weights, mean_abs, parameter, prepare_rows, start_value)
 from sim.calibrate.runs_csv import read_runs
 from sim.cli import main
 from sim.errors import InputError
@@ -884,3 +884,34 @@ def test_a_bend_up_to_curved_is_a_curve_and_past_it_a_kink(times_curved, shape):
         assert Surrogate(sims).predict(0, model, (0.795,)) == pytest.approx(sims.time(0, 0.795), rel=1e-12)
     else:
         assert sims.phase_count["differences"] == 1 and not model[4].any()
+
+
+def test_least_absolute_errors_follow_the_rows_that_agree_where_squares_split_the_difference():
+    # Four groups of one row, t = b/f, three measured at f = 0.8 and one at 0.65 (a row the
+    # model cannot match: its job measured elsewhere 19% slower). A row's relative error at f
+    # is f*/f - 1, so least squares (the default loss) puts 1/f at sum(f*)/sum(f*^2):
+    # f = (3 x 0.64 + 0.4225) / 3.05 = 0.768033. Least absolute errors put it at the median
+    # of 1/f* weighted by f*: 1/0.8 (weight 2.4 against 0.65), f = 0.8, less the soft-L1
+    # smoothing (ABSOLUTE_SCALE 0.005: the three rows at 0.8 pulled 1.1e-3 off by the fourth).
+    # Held out, least squares moves 0.8's rows to 0.756667 without their own (+5.73% each) and
+    # least absolute errors to about 0.8 (the other two 0.8 rows outweigh 0.65): a mean |error|
+    # of (3 x 5.73 + 18.75) / 4 = 8.98% against about 4.8%. The row at 0.65 comes out -18.75%
+    # both ways.
+    from sim.calibrate.fit_runs import fit_and_hold_out
+
+    params = [parameter("sustained_compute_fraction")]
+    coefficients = [(0.0, 2.0), (0.0, 1.5), (0.0, 3.0), (0.0, 2.5)]
+    truth = [0.8, 0.8, 0.8, 0.65]
+    measured = [b / f for (_, b), f in zip(coefficients, truth)]
+    groups = ["g1", "g2", "g3", "g4"]
+    res = {loss: fit_and_hold_out(_Rows(params, coefficients), measured, groups, (0.9,), loss=loss)
+           for loss in ("squares", "absolute")}
+    assert res["squares"]["full"].values[0] == pytest.approx(2.3425 / 3.05, abs=1e-4)
+    assert abs(res["absolute"]["full"].values[0] - 0.8) < 2e-3
+    held = {loss: [t / m - 1 for t, m in zip(r["held_out"], measured)] for loss, r in res.items()}
+    assert held["squares"][:3] == pytest.approx([0.8 / (1.7025 / 2.25) - 1] * 3, abs=1e-3)
+    assert all(abs(e) < 4e-3 for e in held["absolute"][:3])
+    assert held["squares"][3] == pytest.approx(-0.1875, abs=1e-3)
+    assert held["absolute"][3] == pytest.approx(-0.1875, abs=3e-3)
+    assert mean_abs(held["squares"]) == pytest.approx((3 * (0.8 / (1.7025 / 2.25) - 1) + 0.1875) / 4, abs=1e-3)
+    assert mean_abs(held["absolute"]) < 0.05

@@ -17,7 +17,9 @@ range) are chosen so that trainsim's simulated iteration times match the measure
   deterministic, so the report is the same but for ``wall_s``).
 - **Objective.** Relative residuals, predicted / measured − 1, each weighted by
   1/√(rows of its group) so that every group weighs the same (a weak-scaling table's
-  rows are near copies; five of them are not five times the evidence).
+  rows are near copies; five of them are not five times the evidence), their squares
+  summed; with ``loss="absolute"`` (``trainsim fit --loss absolute``) their absolute values,
+  each weighted by 1/(rows of its group) (``sim.calibrate.fit_surrogate.LOSSES``).
   ``scipy.optimize.least_squares`` (trust-region reflective, bounded) works on the
   parameters scaled to [0, 1], its Jacobian by forward differences of 1e-3 of each range
   (the simulator's output is piecewise smooth in its costs) taken along what each row's
@@ -55,7 +57,7 @@ from sim.inputs.hardware import HardwareProfile
 
 from sim.calibrate.fit_sims import (COLLECTIVE_MODEL, FIDELITY, FRAMEWORK_OVERHEAD, Simulations, Store,  # noqa: F401 (re-exported)
                                     prepare_rows, with_values, worker_pool)
-from sim.calibrate.fit_surrogate import HELD_OUT_CHECK, Surrogate, fit_rounds
+from sim.calibrate.fit_surrogate import HELD_OUT_CHECK, LOSSES, Surrogate, fit_rounds, scipy_loss
 
 DIFF_STEP = 1e-3
 """Finite-difference step, as a fraction of each parameter's range."""
@@ -207,9 +209,9 @@ class Fit:
     status: str
 
 
-def fit(sims: Simulations, rows: list[int], measured, weights, start, free=None) -> Fit:
+def fit(sims: Simulations, rows: list[int], measured, weights, start, free=None, loss: str = "squares") -> Fit:
     """The parameter values (physical units) that minimise the weighted relative residuals
-    of ``rows``, from ``start``; ``free`` (one bool per parameter, default all) says which
+    of ``rows`` (their ``loss``: ``LOSSES``), from ``start``; ``free`` (one bool per parameter, default all) says which
     may move: the others stay at their ``start`` values (a parameter none of the rows reads
     has no say in their residuals, and a bounded trust-region step would still move it)."""
     from scipy.optimize import least_squares
@@ -235,25 +237,33 @@ def fit(sims: Simulations, rows: list[int], measured, weights, start, free=None)
         return np.array([[g[j] * span[j] * weights[i] / measured[i] for j in on] for i, g in zip(rows, slopes)])
 
     res = least_squares(residuals, u_start[on], jac=jacobian, bounds=(0.0, 1.0), method="trf", x_scale=1.0,
-                        ftol=TOLERANCE ** 2, xtol=TOLERANCE, gtol=GRADIENT_TOLERANCE, max_nfev=MAX_EVALUATIONS)
+                        ftol=TOLERANCE ** 2, xtol=TOLERANCE, gtol=GRADIENT_TOLERANCE, max_nfev=MAX_EVALUATIONS,
+                        **scipy_loss(loss))
     return Fit(tuple(float(v) for v in point(res.x)), int(res.nfev), res.message)
 
 
-def group_weights(groups: list) -> list[float]:
-    """1/√(rows in the row's group): every group weighs the same."""
+def group_weights(groups: list, loss: str = "squares") -> list[float]:
+    """Each row's weight, so that every group weighs the same: 1/√(rows in the row's group)
+    on a residual whose square is summed, 1/(rows in it) on one whose absolute value is."""
+    if loss not in LOSSES:
+        raise ValueError(f"loss {loss!r}: expected one of {', '.join(LOSSES)}")
+    if loss == "absolute":
+        return [1.0 / groups.count(g) for g in groups]
     return [1.0 / math.sqrt(groups.count(g)) for g in groups]
 
 
-def fit_and_hold_out(sims: Simulations, measured: list[float], groups: list, start, fast: bool = True) -> dict:
+def fit_and_hold_out(sims: Simulations, measured: list[float], groups: list, start, fast: bool = True,
+                     loss: str = "squares") -> dict:
     """The fit on every row, and per group the fit without it and its rows' predictions;
     ``fast``: by the model of each row (``sim.calibrate.fit_surrogate``), else by finite
-    differences of simulations at every step (``fit``)."""
+    differences of simulations at every step (``fit``); ``loss``: what each fit makes least
+    of the weighted relative errors (``LOSSES``)."""
     rows = list(range(len(measured)))
-    weights = group_weights(groups)
+    weights = group_weights(groups, loss)
     sur = Surrogate(sims) if fast else None
     free = sims.sensitive(rows, start)
-    full = (Fit(*fit_rounds(sur, rows, measured, weights, start, free, TOLERANCE, START_TOLERANCE)) if fast
-            else fit(sims, rows, measured, weights, start, free=free))
+    full = (Fit(*fit_rounds(sur, rows, measured, weights, start, free, TOLERANCE, START_TOLERANCE, loss)) if fast
+            else fit(sims, rows, measured, weights, start, free=free, loss=loss))
     per_group, mine, models = {}, {}, {}
     sims.phase = "held-out fits"
     for g in sorted(set(groups)):
@@ -263,10 +273,10 @@ def fit_and_hold_out(sims: Simulations, measured: list[float], groups: list, sta
         warm = [v if s else s0 for v, s, s0 in zip(full.values, seen, start)]
         # the weights are recomputed as if the group had never been in the file (they do not change)
         if fast:  # one solve of the model, whose simulations surround the minimum: no simulation
-            per_group[g] = Fit(sur.solve(train, measured, weights, warm, seen)[0], 0, "the model's minimum")
+            per_group[g] = Fit(sur.solve(train, measured, weights, warm, seen, loss=loss)[0], 0, "the model's minimum")
             models[g] = sur.models(mine[g], warm)
         else:
-            per_group[g] = fit(sims, train, measured, weights, warm, free=seen)
+            per_group[g] = fit(sims, train, measured, weights, warm, free=seen, loss=loss)
     sims.phase = "held-out rows"
     # on the fast path a row whose model covers its held-out point (Surrogate.covers) takes the
     # model's time, the one such row farthest from its simulations is simulated to check it, and
@@ -378,14 +388,16 @@ def _describe(run) -> str:
     return f"{v['num_layers']} layers, hidden {v['hidden_size']}, {activation}, seq {v['seq_length']}, {run.precision}"
 
 
-def fit_runs(path, gpu: str, names: list[str] | None = None, jobs: int = 1, cache=None, fast: bool = True) -> dict:
+def fit_runs(path, gpu: str, names: list[str] | None = None, jobs: int = 1, cache=None, fast: bool = True,
+             loss: str = "squares") -> dict:
     """Read ``path`` (a runs file, or a list of them read as one: each row keeps its
     file), fit the profile ``gpu`` (a preset or a profile .json) to its rows of
     that GPU, hold out each group in turn, and return the report (see ``sim.commands.fit``
     for its keys); ``jobs``: worker processes simulating rows at once; ``cache``: a file
     of simulated times kept across runs (``sim.calibrate.fit_sims.Store``), or None;
     ``fast``: fit each row's model (``sim.calibrate.fit_surrogate``) rather than finite
-    differences of simulations at every step (``fit``; the same answers, slower)."""
+    differences of simulations at every step (``fit``; the same answers, slower); ``loss``: what
+    the fits make least of the rows' weighted relative errors (``LOSSES``)."""
     import hashlib
     from pathlib import Path
 
@@ -426,7 +438,7 @@ def fit_runs(path, gpu: str, names: list[str] | None = None, jobs: int = 1, cach
     with worker_pool(jobs, gpu, params, used, str(path)) if jobs > 1 else contextlib.nullcontext() as pool:
         store = Store(cache, profile, params, used) if cache is not None else None
         sims = Simulations(profile, params, prepared, pool, store)
-        res = fit_and_hold_out(sims, measured, groups, start, fast)
+        res = fit_and_hold_out(sims, measured, groups, start, fast, loss)
 
     def errors(key):
         return [t / m - 1.0 for t, m in zip(res[key], measured)]
@@ -463,7 +475,7 @@ def fit_runs(path, gpu: str, names: list[str] | None = None, jobs: int = 1, cach
                            if p.high < q.high else {})}
                        for p, q, s, v in zip(params, physical, start, res["full"].values)],
         "evaluations": res["full"].evaluations, "fit_status": res["full"].status,
-        "method": "model" if fast else "differences",
+        "method": "model" if fast else "differences", "loss": loss,
         "model_max_error": res["model_error"],
         "held_out_check": None if res["held_out_check"] is None else
         {**at(used[res["held_out_check"]["row"]]), **{k: v for k, v in res["held_out_check"].items() if k != "row"}},
@@ -503,12 +515,14 @@ def fitted_profile(profile: HardwareProfile, report: dict, date: str) -> Hardwar
         sources[p["name"]] = (
             f"trainsim fit {date}: fitted to {', '.join(Path(p).name for p in report['data'].split(', '))} "
             f"(sha256 {report['data_sha256']}), "
-            f"{report['row_count']} {report['gpu']} rows in {report['group_count']} groups, parameters {names}: "
+            f"{report['row_count']} {report['gpu']} rows in {report['group_count']} groups, parameters {names}"
+            f"{', least absolute errors' if report.get('loss') == 'absolute' else ''}: "
             f"{p['fitted']:.6g} within [{p['low']:g}, {p['high']:g}] (was {p['initial']:.6g}); mean |error| "
             f"{report['mean_abs_error']:.1%} fitted, {report['loo_mean_abs_error']:.1%} leave-one-group-out")
     fit_info = {"command": "trainsim fit", "date": date, "data": report["data"], "data_sha256": report["data_sha256"],
                 "base_profile": report["profile"], "parameters": {p["name"]: p["fitted"] for p in report["parameters"]},
                 "initial": {p["name"]: p["initial"] for p in report["parameters"]}, "rows": report["row_count"],
                 "groups": report["group_count"], "mean_abs_error": report["mean_abs_error"],
-                "loo_mean_abs_error": report["loo_mean_abs_error"], "fidelity": report["fidelity"]}
+                "loo_mean_abs_error": report["loo_mean_abs_error"], "fidelity": report["fidelity"],
+                "loss": report.get("loss", "squares")}
     return replace(out, sources=sources, provenance={**profile.provenance, "fit": fit_info})

@@ -41,6 +41,8 @@ writes the fitted profile, its ``sources`` naming the fit.
     by_gpu                              {gpu: the same counts and errors}, per GPU type
     evaluations                         residual evaluations of the fit on every row (each simulates every row)
     fit_status                          why the fit on every row stopped (scipy's message on the plain path)
+    loss                                what the fits made least of the rows' weighted relative errors:
+                                        "squares" (the default) or "absolute" (--loss; sim.calibrate.fit_surrogate.LOSSES)
     method, model_max_error             "model": fitted on each row's model of its time, checked by simulating
                                         (sim.calibrate.fit_surrogate); the largest |relative error| of that model
                                         at the held-out rows' simulations (the one place no simulation checks
@@ -95,7 +97,7 @@ def run(args) -> int:
     with Progress() as bar:
         bar.update(f"fitting {profile.name} to {', '.join(args.runs)}")
         runs = args.runs[0] if len(args.runs) == 1 else args.runs
-        report = fit_runs(runs, args.gpu, names, jobs=args.jobs, cache=args.cache)
+        report = fit_runs(runs, args.gpu, names, jobs=args.jobs, cache=args.cache, loss=args.loss)
     report["out"] = args.out
     if args.out:
         fitted_profile(profile, report, datetime.date.today().isoformat()).save(args.out)
@@ -129,7 +131,8 @@ def _print(r: dict) -> None:
     print(f"  sha256 {r['data_sha256']}")
     print(f"  {r['row_count']} rows in {r['group_count']} groups, simulated at {r['fidelity']} fidelity (the runs are "
           f"symmetric: one GPU per pipeline stage), {r['collective_model']} collectives")
-    print(f"\nparameters ({r['parameters_chosen']}):")
+    least = "" if r.get("loss", "squares") == "squares" else ", least absolute errors (--loss absolute)"
+    print(f"\nparameters ({r['parameters_chosen']}{least}):")
     for p in r["parameters"]:
         edge = {"low": "   <- at its lower bound", "high": "   <- at its upper bound"}.get(p.get("at_bound"), "")
         if p.get("at_ceiling"):

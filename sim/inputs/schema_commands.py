@@ -372,6 +372,10 @@ class FitOptions:
                                                      "the profile or a row makes new entries)")
     jobs: int = setting(1, type=POSITIVE_INT, metavar="N",
                         help="simulate N rows at once in worker processes (default 1; the report is the same)")
+    loss: str = setting("squares", choices=("squares", "absolute"), metavar="LOSS",
+                        help="what the fit makes least: squares (default), the squared relative errors; absolute, "
+                             "their absolute values (the mean |error| the report gives), so that a few rows the "
+                             "model cannot match (two measurements of one job far apart) pull it less")
 
 
 @dataclass(frozen=True)
