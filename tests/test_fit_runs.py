@@ -915,3 +915,27 @@ def test_least_absolute_errors_follow_the_rows_that_agree_where_squares_split_th
     assert held["absolute"][3] == pytest.approx(-0.1875, abs=3e-3)
     assert mean_abs(held["squares"]) == pytest.approx((3 * (0.8 / (1.7025 / 2.25) - 1) + 0.1875) / 4, abs=1e-3)
     assert mean_abs(held["absolute"]) < 0.05
+
+
+def test_a_held_out_fit_moves_from_the_answer_only_by_what_its_group_pulls():
+    # Three rows t = b/f measured at f = 0.75 and a fourth whose time does not depend on f; the
+    # three are 10% slower below f = 0.785 (a kink: a collective exposed once the compute is
+    # slower), which the start (0.8) and its probe (0.792) do not see. The model's minimum, 0.75,
+    # and half the step to it simulate worse than the start, so the fit ends at 0.8 (their errors
+    # 0.75/0.8 - 1 = -6.25%). Leaving out the fourth row's group leaves every residual that
+    # depends on f as it was, so its held-out fit is the fit's own answer, 0.8; a solve of the
+    # rows' model alone would go to 0.75 whichever group it left out, and put the three rows at
+    # 0.825/0.75 - 1 = +10% held out instead of the -6.25% their own fit leaves them.
+    from sim.calibrate.fit_runs import fit_and_hold_out
+
+    params = [parameter("sustained_compute_fraction")]
+    coefficients = [(0.0, 2.0, 0.0), (0.0, 1.5, 0.0), (0.0, 3.0, 0.0), (5.0, 0.0, 0.0)]
+    measured = [2.0 / 0.75, 1.5 / 0.75, 3.0 / 0.75, 5.0]
+    sims = _Bent(params, coefficients, jump={i: (0.785, 0.1 * coefficients[i][1] / 0.785) for i in range(3)})
+    res = fit_and_hold_out(sims, measured, ["g1", "g2", "g3", "g4"], (0.8,))
+    assert res["full"].values == (0.8,) and "worse than the last point" in res["full"].status
+    assert res["per_group"]["g4"].values[0] == pytest.approx(0.8, abs=1e-12)
+    for g in ("g1", "g2", "g3"):  # the other rows agree: leaving one out moves nothing either
+        assert res["per_group"][g].values[0] == pytest.approx(0.8, abs=1e-9)
+    held = [t / m - 1 for t, m in zip(res["held_out"], measured)]
+    assert held == pytest.approx([0.75 / 0.8 - 1] * 3 + [0.0], abs=1e-9)
